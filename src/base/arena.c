@@ -1,0 +1,178 @@
+/*
+ * Host arenas: one large anonymous mapping per use (the host tier of a rank, staging buffers).
+ *
+ * Fail closed. A HugeTLB mapping without MAP_NORESERVE reserves its pages at mmap time, so a
+ * shortage is an mmap error here rather than SIGBUS on first touch later; ordinary pages are
+ * populated up front with MADV_POPULATE_WRITE (Linux 5.14+), which reports ENOMEM instead of
+ * faulting lazily in the middle of a transfer. Older kernels answer EINVAL and we fall back to
+ * writing one byte per page. MADV_DONTFORK keeps the buffers out of children (a fork after the
+ * memory is registered with a NIC or GPU would otherwise copy-on-write pinned pages).
+ *
+ * Sizes are rounded up to the page size in use and never to a power of two: a 768 GiB tier
+ * must not become 1 TiB.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "base/error.h"
+#include "base/log.h"
+#include "base/util.h"
+
+#ifndef MAP_HUGE_SHIFT
+#define MAP_HUGE_SHIFT 26
+#endif
+#ifndef MAP_HUGE_2MB
+#define MAP_HUGE_2MB (21 << MAP_HUGE_SHIFT)
+#endif
+#ifndef MAP_HUGE_1GB
+#define MAP_HUGE_1GB (30 << MAP_HUGE_SHIFT)
+#endif
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+
+struct kvt_arena {
+    void *base;
+    size_t size;
+    size_t page;
+    size_t used;
+};
+
+void kvt_arena_config_init(kvt_arena_config *cfg)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->flags = KVT_ARENA_POPULATE | KVT_ARENA_DONTFORK | KVT_ARENA_THP;
+}
+
+static int populate(void *p, size_t size, size_t page)
+{
+    if (madvise(p, size, MADV_POPULATE_WRITE) == 0)
+        return 0;
+    int e = errno;
+    if (e != EINVAL)
+        return kvt_fail_errno(e, "arena: cannot populate %zu bytes (MADV_POPULATE_WRITE)", size);
+    /* Kernel without MADV_POPULATE_WRITE: touch each page. */
+    volatile unsigned char *c = p;
+    for (size_t off = 0; off < size; off += page)
+        c[off] = 0;
+    return 0;
+}
+
+static int map_region(size_t size, size_t page, int huge_flags, void **out)
+{
+    int flags = MAP_PRIVATE | MAP_ANONYMOUS | huge_flags;
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, flags, -1, 0);
+    if (p == MAP_FAILED) {
+        int e = errno;
+        if (huge_flags)
+            return kvt_fail(KVT_ENOMEM,
+                            "arena: cannot map %zu bytes in %zu MiB huge pages (%s): reserve "
+                            "%zu pages (e.g. /sys/kernel/mm/hugepages/hugepages-%zukB/"
+                            "nr_hugepages) or do not ask for huge pages",
+                            size, page >> 20, strerror(e), size / page, page >> 10);
+        return kvt_fail_errno(e, "arena: cannot map %zu bytes", size);
+    }
+    *out = p;
+    return 0;
+}
+
+int kvt_arena_create(const kvt_arena_config *cfg, kvt_arena **out)
+{
+    *out = NULL;
+    if (!cfg || cfg->size == 0)
+        return kvt_fail(KVT_EINVAL, "arena: size must be positive");
+    unsigned fl = cfg->flags;
+    if ((fl & KVT_ARENA_HUGE_2M) && (fl & KVT_ARENA_HUGE_1G))
+        return kvt_fail(KVT_EINVAL, "arena: choose 2 MiB or 1 GiB huge pages, not both");
+
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    int huge_flags = 0;
+    if (fl & KVT_ARENA_HUGE_2M) {
+        page = 2u << 20;
+        huge_flags = MAP_HUGETLB | MAP_HUGE_2MB;
+    } else if (fl & KVT_ARENA_HUGE_1G) {
+        page = 1u << 30;
+        huge_flags = MAP_HUGETLB | MAP_HUGE_1GB;
+    }
+    size_t size;
+    if (!kvt_round_up_sz(cfg->size, page, &size))
+        return kvt_fail(KVT_EINVAL, "arena: size %zu overflows when rounded to pages", cfg->size);
+
+    void *p = NULL;
+    int rc = map_region(size, page, huge_flags, &p);
+    if (rc != 0 && huge_flags && (fl & KVT_ARENA_HUGE_FALLBACK)) {
+        KVT_LOG_W("%s; falling back to normal pages", kvt_last_error());
+        page = (size_t)sysconf(_SC_PAGESIZE);
+        huge_flags = 0;
+        if (!kvt_round_up_sz(cfg->size, page, &size))
+            return kvt_fail(KVT_EINVAL, "arena: size overflow");
+        rc = map_region(size, page, 0, &p);
+    }
+    if (rc != 0)
+        return rc;
+
+    if (!huge_flags && (fl & KVT_ARENA_THP))
+        (void)madvise(p, size, MADV_HUGEPAGE); /* advisory; THP may be disabled */
+    if ((fl & KVT_ARENA_DONTFORK) && madvise(p, size, MADV_DONTFORK) != 0) {
+        rc = kvt_fail_errno(errno, "arena: MADV_DONTFORK on %zu bytes", size);
+        munmap(p, size);
+        return rc;
+    }
+    if (fl & KVT_ARENA_POPULATE) {
+        rc = populate(p, size, page);
+        if (rc != 0) {
+            munmap(p, size);
+            return rc;
+        }
+    }
+    kvt_arena *a = calloc(1, sizeof(*a));
+    if (!a) {
+        munmap(p, size);
+        return kvt_fail(KVT_ENOMEM, "arena: out of memory");
+    }
+    a->base = p;
+    a->size = size;
+    a->page = page;
+    *out = a;
+    return 0;
+}
+
+void kvt_arena_destroy(kvt_arena *a)
+{
+    if (!a)
+        return;
+    munmap(a->base, a->size);
+    free(a);
+}
+
+void *kvt_arena_base(const kvt_arena *a)
+{
+    return a->base;
+}
+
+size_t kvt_arena_size(const kvt_arena *a)
+{
+    return a->size;
+}
+
+size_t kvt_arena_page_size(const kvt_arena *a)
+{
+    return a->page;
+}
+
+int kvt_arena_alloc(kvt_arena *a, size_t size, size_t align, void **out)
+{
+    *out = NULL;
+    if (align == 0 || (align & (align - 1)) != 0)
+        return kvt_fail(KVT_EINVAL, "arena: alignment %zu is not a power of two", align);
+    size_t start;
+    if (!kvt_round_up_sz(a->used, align, &start) || start > a->size || size > a->size - start)
+        return kvt_fail(KVT_ENOSPC, "arena: %zu bytes (align %zu) do not fit: %zu of %zu used",
+                        size, align, a->used, a->size);
+    a->used = start + size;
+    *out = (char *)a->base + start;
+    return 0;
+}

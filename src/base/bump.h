@@ -1,0 +1,20 @@
+/*
+ * Allocation side of kvt_bump (the type and clear/release are public, in base.h).
+ */
+#ifndef KVT_BASE_BUMP_H
+#define KVT_BASE_BUMP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvtier/base.h"
+
+/* n bytes aligned to 8; NULL when out of memory. */
+void *kvt_bump_alloc(kvt_bump *b, size_t n);
+/* NUL-terminated copy of len bytes; NULL when out of memory. */
+char *kvt_bump_strdup(kvt_bump *b, const char *s, uint32_t len);
+/* Makes sure the next allocations totalling n bytes (strdup: len + 1 each, plus up to 7 bytes
+ * of alignment per call) succeed without allocating; KVT_ENOMEM otherwise. */
+int kvt_bump_reserve(kvt_bump *b, size_t n);
+
+#endif

@@ -1,0 +1,19 @@
+/*
+ * Internal side of the error model: set the thread-local detail message and return the code
+ * in one expression, so every failure path reads `return kvt_fail(KVT_EINVAL, "...", ...);`.
+ */
+#ifndef KVT_BASE_ERROR_H
+#define KVT_BASE_ERROR_H
+
+#include "kvtier/base.h"
+
+/* Formats the detail message for this thread and returns err. */
+int kvt_fail(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Like kvt_fail with KVT_ESYS, appending ": strerror(errno_value)". */
+int kvt_fail_errno(int errno_value, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Prefixes the current detail message with "prefix: " (adds context on the way up). */
+int kvt_fail_wrap(int err, const char *prefix);
+/* Clears the detail message (successful public calls need not call it). */
+void kvt_clear_error(void);
+
+#endif

@@ -1,0 +1,76 @@
+/*
+ * Open-addressing multimap from a 64-bit hash to a 32-bit value.
+ *
+ * Design: callers keep their keys elsewhere (an entry array) and store here only the key's
+ * 64-bit hash and the entry's index. A lookup walks the probe sequence, and the caller compares
+ * its full key for every value whose hash matches; equal hashes may therefore appear any
+ * number of times (a multimap), which is what a prefix cache with duplicate blocks needs.
+ *
+ * Linear probing with backward-shift deletion: no tombstones, so lookups stay short however
+ * many inserts and removals a long-running pool performs. The table is allocated once at init
+ * with at least twice as many slots as the capacity (load factor <= 1/2, so a probe always
+ * meets an empty slot) and never grows: inserting past the capacity fails with KVT_ENOSPC.
+ * Nothing allocates after init.
+ *
+ * Not thread-safe; the owner serialises access.
+ */
+#ifndef KVT_BASE_MAP_H
+#define KVT_BASE_MAP_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef struct kvt_map_slot {
+    uint64_t hash;
+    uint32_t value;
+    uint32_t used;
+} kvt_map_slot;
+
+typedef struct kvt_map {
+    kvt_map_slot *slots;
+    uint64_t mask;     /* number of slots - 1 */
+    uint32_t count;    /* values stored */
+    uint32_t capacity; /* most values that may be stored */
+} kvt_map;
+
+/* Allocates a table for up to capacity values (capacity >= 1). */
+int kvt_map_init(kvt_map *m, uint32_t capacity);
+void kvt_map_free(kvt_map *m);
+/* Adds (hash, value); duplicates are allowed. KVT_ENOSPC when full. */
+int kvt_map_insert(kvt_map *m, uint64_t hash, uint32_t value);
+/* Removes one (hash, value) pair; false if absent. */
+bool kvt_map_remove(kvt_map *m, uint64_t hash, uint32_t value);
+/* Removes everything, keeping the table. */
+void kvt_map_clear(kvt_map *m);
+
+/* Iteration over the values stored under one hash:
+ *     uint64_t pos = kvt_map_probe_start(m, h); uint32_t v;
+ *     while (kvt_map_probe_next(m, h, &pos, &v)) { ...compare full key of v... }
+ * The map must not be modified during the walk. */
+static inline uint64_t kvt_map_probe_start(const kvt_map *m, uint64_t hash)
+{
+    return hash & m->mask;
+}
+
+static inline bool kvt_map_probe_next(const kvt_map *m, uint64_t hash, uint64_t *pos,
+                                      uint32_t *value)
+{
+    for (;;) {
+        const kvt_map_slot *s = &m->slots[*pos & m->mask];
+        if (!s->used)
+            return false;
+        (*pos)++;
+        if (s->hash == hash) {
+            *value = s->value;
+            return true;
+        }
+    }
+}
+
+/* Hints the CPU to fetch the first probe slot of hash. */
+static inline void kvt_map_prefetch(const kvt_map *m, uint64_t hash)
+{
+    __builtin_prefetch(&m->slots[hash & m->mask], 0, 1);
+}
+
+#endif

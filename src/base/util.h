@@ -1,0 +1,63 @@
+/*
+ * Small helpers shared by every layer: branch hints, min/max, alignment and overflow-checked
+ * arithmetic. Header-only.
+ */
+#ifndef KVT_BASE_UTIL_H
+#define KVT_BASE_UTIL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define KVT_LIKELY(x)    __builtin_expect(!!(x), 1)
+#define KVT_UNLIKELY(x)  __builtin_expect(!!(x), 0)
+#define KVT_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+#define KVT_CACHELINE    64
+
+#define kvt_container_of(ptr, type, member) ((type *)((char *)(ptr)-offsetof(type, member)))
+
+static inline size_t kvt_min_sz(size_t a, size_t b)
+{
+    return a < b ? a : b;
+}
+
+static inline uint32_t kvt_min_u32(uint32_t a, uint32_t b)
+{
+    return a < b ? a : b;
+}
+
+static inline uint32_t kvt_max_u32(uint32_t a, uint32_t b)
+{
+    return a > b ? a : b;
+}
+
+static inline uint64_t kvt_gcd_u64(uint64_t a, uint64_t b)
+{
+    while (b) {
+        uint64_t t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
+/* Rounds x up to a multiple of a (any a > 0); false on overflow. */
+static inline bool kvt_round_up_sz(size_t x, size_t a, size_t *out)
+{
+    size_t r = x % a;
+    if (r == 0) {
+        *out = x;
+        return true;
+    }
+    return !__builtin_add_overflow(x, a - r, out);
+}
+
+/* Smallest power of two >= x (x <= 2^63). */
+static inline uint64_t kvt_pow2_ceil(uint64_t x)
+{
+    if (x <= 1)
+        return 1;
+    return 1ull << (64 - __builtin_clzll(x - 1));
+}
+
+#endif
