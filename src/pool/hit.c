@@ -1,0 +1,213 @@
+/*
+ * Longest prefix-cache hit, per group kind and across groups (vLLM's single-type managers and
+ * hybrid coordinator, find_longest_cache_hit).
+ *
+ * Per group of block size bs, with "align" the scheduler block size:
+ *   full      scan left to right until the first miss; with EAGLE drop the last block; then
+ *             drop blocks until the length is a multiple of align.
+ *   sliding   need = max(1, ceil((window - 1) / bs)) consecutive cached blocks (+1 with EAGLE);
+ *             scan right to left for the rightmost such run whose right edge is aligned (after
+ *             the EAGLE drop); blocks left of the run are null. With no such run, the run of
+ *             cached blocks at the very start still counts (the window never filled). Then
+ *             the EAGLE drop and alignment as for full attention.
+ *   mamba     scan right to left for the rightmost cached block with an aligned right edge;
+ *             everything left of it is null. (EAGLE does not apply.)
+ *
+ * Across groups the coordinator iterates to a fixed point: every group searches with the
+ * length the previous groups agreed on, until no group shortens it. Full attention is
+ * downward-closed (a hit of L blocks contains every shorter hit), so after its first search
+ * it is only truncated. With exactly two groups, full attention first, one pass suffices.
+ *
+ * Full-attention scans dominate lookup cost (one map probe per block, each a likely cache
+ * miss on a large pool), so that loop computes key hashes a few blocks ahead and prefetches
+ * their map slots: the probes of consecutive blocks then overlap in the memory system.
+ */
+#include "base/error.h"
+#include "base/util.h"
+#include "pool/pool_internal.h"
+
+#define PREFETCH_AHEAD 8u
+
+static inline const uint8_t *hash_at(const struct kvt_pool *p, const uint8_t *hashes, uint32_t step,
+                                     uint32_t j)
+{
+    return hashes + ((size_t)(j + 1) * step - 1) * p->hash_len;
+}
+
+static inline uint32_t lookup_at(const struct kvt_pool *p, const uint8_t *hashes, uint32_t step,
+                                 uint32_t g, uint32_t j)
+{
+    const uint8_t *h = hash_at(p, hashes, step, j);
+    return kvt_pool_find(p, h, g, kvt_pool_key_hash(p, h, g));
+}
+
+/* Drops trailing blocks until n * bs is a multiple of align. */
+static uint32_t align_down(uint32_t n, uint32_t bs, uint32_t align)
+{
+    if (bs == align)
+        return n;
+    return (uint32_t)(((uint64_t)n * bs / align) * align / bs);
+}
+
+static uint32_t scan_full(const struct kvt_pool *p, const uint8_t *hashes, uint32_t g, uint32_t n,
+                          uint32_t *out)
+{
+    uint32_t step = p->hash_step[g];
+    uint64_t kh[PREFETCH_AHEAD];
+    uint32_t pre = kvt_min_u32(n, PREFETCH_AHEAD);
+    for (uint32_t j = 0; j < pre; j++) {
+        kh[j] = kvt_pool_key_hash(p, hash_at(p, hashes, step, j), g);
+        kvt_map_prefetch(&p->map, kh[j]);
+    }
+    uint32_t j = 0;
+    for (; j < n; j++) {
+        uint64_t h = kh[j % PREFETCH_AHEAD];
+        if (j + PREFETCH_AHEAD < n) {
+            uint64_t ahead = kvt_pool_key_hash(p, hash_at(p, hashes, step, j + PREFETCH_AHEAD), g);
+            kh[(j + PREFETCH_AHEAD) % PREFETCH_AHEAD] = ahead;
+            kvt_map_prefetch(&p->map, ahead);
+        }
+        uint32_t b = kvt_pool_find(p, hash_at(p, hashes, step, j), g, h);
+        if (b == KVT_BLOCK_NONE)
+            break;
+        out[j] = b;
+    }
+    if (p->cfg.eagle && j > 0)
+        j--;
+    return align_down(j, p->cfg.groups[g].block_size, p->sched_bs);
+}
+
+static uint32_t scan_sliding(const struct kvt_pool *p, const uint8_t *hashes, uint32_t g,
+                             uint32_t n, uint32_t *out)
+{
+    const kvt_group_spec *s = &p->cfg.groups[g];
+    uint32_t bs = s->block_size, align = p->sched_bs, step = p->hash_step[g];
+    uint32_t need = (s->sliding_window - 1 + bs - 1) / bs;
+    if (need < 1)
+        need = 1;
+    if (p->cfg.eagle)
+        need++;
+    uint32_t run = 0, len = 0;
+    bool found = false;
+    for (uint32_t i = n; i-- > 0;) {
+        uint32_t b = lookup_at(p, hashes, step, g, i);
+        if (b == KVT_BLOCK_NONE) {
+            run = 0;
+            continue;
+        }
+        if (run == 0 && bs != align) {
+            uint64_t kept = p->cfg.eagle ? i : (uint64_t)i + 1;
+            if (kept * bs % align != 0)
+                continue;
+        }
+        out[i] = b;
+        if (++run >= need) {
+            len = i + run;
+            for (uint32_t k = 0; k < i; k++)
+                out[k] = KVT_NULL_BLOCK;
+            found = true;
+            break;
+        }
+    }
+    if (!found)
+        len = align_down(run, bs, align); /* the run at the very start: out[0..run) is set */
+    if (p->cfg.eagle && len > 0)
+        len = align_down(len - 1, bs, align);
+    return len;
+}
+
+static uint32_t scan_mamba(const struct kvt_pool *p, const uint8_t *hashes, uint32_t g, uint32_t n,
+                           uint32_t *out)
+{
+    uint32_t bs = p->cfg.groups[g].block_size, align = p->sched_bs, step = p->hash_step[g];
+    for (uint32_t i = n; i-- > 0;) {
+        if (bs != align && (uint64_t)(i + 1) * bs % align != 0)
+            continue;
+        uint32_t b = lookup_at(p, hashes, step, g, i);
+        if (b == KVT_BLOCK_NONE)
+            continue;
+        for (uint32_t k = 0; k < i; k++)
+            out[k] = KVT_NULL_BLOCK;
+        out[i] = b;
+        return i + 1;
+    }
+    return 0;
+}
+
+/* Blocks of group g that cover at most max_len tokens. */
+static uint32_t search_group(const struct kvt_pool *p, const uint8_t *hashes, uint32_t g,
+                             uint32_t max_len, uint32_t *out)
+{
+    uint32_t n = max_len / p->cfg.groups[g].block_size;
+    if (n == 0)
+        return 0;
+    switch (p->cfg.groups[g].kind) {
+    case KVT_GROUP_SLIDING:
+        return scan_sliding(p, hashes, g, n, out);
+    case KVT_GROUP_MAMBA:
+        return scan_mamba(p, hashes, g, n, out);
+    default:
+        return scan_full(p, hashes, g, n, out);
+    }
+}
+
+static uint32_t clamp_length(const kvt_pool *p, uint32_t n_hashes, uint32_t max_length)
+{
+    uint64_t avail = (uint64_t)n_hashes * p->cfg.hash_block_size;
+    return avail < max_length ? (uint32_t)avail : max_length;
+}
+
+uint32_t kvt_pool_hit_capacity(const kvt_pool *p, uint32_t group, uint32_t n_hashes,
+                               uint32_t max_length)
+{
+    if (group >= p->cfg.n_groups)
+        return 0;
+    return clamp_length(p, n_hashes, max_length) / p->cfg.groups[group].block_size;
+}
+
+int kvt_pool_find_longest_hit(const kvt_pool *p, const uint8_t *hashes, uint32_t n_hashes,
+                              uint32_t max_length, uint32_t *const *blocks, kvt_hit *hit)
+{
+    if (!hit || !blocks || (n_hashes && !hashes))
+        return kvt_fail(KVT_EINVAL, "pool: find_longest_hit: NULL argument");
+    uint32_t ng = p->cfg.n_groups;
+    uint32_t hit_len = clamp_length(p, n_hashes, max_length);
+    for (uint32_t g = 0; g < ng; g++)
+        if (!blocks[g] && hit_len / p->cfg.groups[g].block_size)
+            return kvt_fail(KVT_EINVAL, "pool: find_longest_hit: output for group %u is NULL", g);
+    memset(hit, 0, sizeof(*hit));
+
+    if (ng == 1) {
+        uint32_t n = search_group(p, hashes, 0, hit_len, blocks[0]);
+        hit->n_blocks[0] = n;
+        hit->length = n * p->cfg.groups[0].block_size;
+        return 0;
+    }
+
+    bool searched[KVT_MAX_GROUPS] = {false};
+    uint32_t *n = hit->n_blocks;
+    for (;;) {
+        uint32_t curr = hit_len;
+        for (uint32_t k = 0; k < ng; k++) {
+            uint32_t g = p->order[k];
+            uint32_t bs = p->cfg.groups[g].block_size;
+            if (p->cfg.groups[g].kind == KVT_GROUP_FULL && searched[g]) {
+                n[g] = kvt_min_u32(n[g], curr / bs);
+            } else {
+                n[g] = search_group(p, hashes, g, curr, blocks[g]);
+                searched[g] = true;
+            }
+            curr = n[g] * bs;
+        }
+        if (curr >= hit_len)
+            break;
+        hit_len = curr;
+        if (p->simple_hybrid)
+            break;
+    }
+    for (uint32_t g = 0; g < ng; g++)
+        if (p->cfg.groups[g].kind == KVT_GROUP_FULL)
+            n[g] = kvt_min_u32(n[g], hit_len / p->cfg.groups[g].block_size);
+    hit->length = hit_len;
+    return 0;
+}

@@ -1,0 +1,486 @@
+/*
+ * Block pool: reference counts, the LRU free queue, the multi-key prefix-hash index and cache
+ * events. The public header states the semantics (vLLM BlockPool); this file keeps three
+ * invariants that every function preserves:
+ *
+ *   1. A non-null block is in the free queue exactly when its ref count is zero; n_free is the
+ *      queue's length. The null block is never in the queue and its count never changes.
+ *   2. Every key of a block is one entry on that block's chain and one slot in the map; the
+ *      map holds nothing else. n_cached counts blocks whose chain is non-empty.
+ *   3. Entries are preallocated for (num_blocks - 1) * keys_per_block keys, and a block never
+ *      carries more than keys_per_block, so an insert never runs out of entries or map slots.
+ *
+ * Every public call validates all of its input first and only then mutates, so an error leaves
+ * the pool unchanged. The one two-pass exception, kvt_pool_free, undoes its first pass before
+ * failing.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/error.h"
+#include "base/util.h"
+#include "pool/pool_internal.h"
+
+#define MAX_KEYS_PER_BLOCK 64u
+
+void kvt_pool_config_init(kvt_pool_config *cfg)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->hash_len = KVT_BLOCK_HASH_LEN;
+    cfg->keys_per_block = 1;
+    cfg->hash_block_size = 16;
+    cfg->n_groups = 1;
+    cfg->groups[0].kind = KVT_GROUP_FULL;
+    cfg->groups[0].block_size = 16;
+}
+
+static int validate_config(const kvt_pool_config *c, uint32_t *sched_bs)
+{
+    if (c->num_blocks < 2 || c->num_blocks == UINT32_MAX)
+        return kvt_fail(KVT_EINVAL,
+                        "pool: num_blocks %u must be in 2..%u (block 0 is the null "
+                        "block)",
+                        c->num_blocks, UINT32_MAX - 1);
+    if (c->hash_len < 1 || c->hash_len > KVT_HASH_MAX)
+        return kvt_fail(KVT_EINVAL, "pool: hash_len %u must be in 1..%u", c->hash_len,
+                        KVT_HASH_MAX);
+    if (c->keys_per_block < 1 || c->keys_per_block > MAX_KEYS_PER_BLOCK)
+        return kvt_fail(KVT_EINVAL, "pool: keys_per_block %u must be in 1..%u", c->keys_per_block,
+                        MAX_KEYS_PER_BLOCK);
+    uint64_t n_keys = (uint64_t)(c->num_blocks - 1) * c->keys_per_block;
+    if (n_keys > (1u << 31))
+        return kvt_fail(KVT_EINVAL, "pool: %llu keys (num_blocks x keys_per_block) exceed 2^31",
+                        (unsigned long long)n_keys);
+    if (c->n_groups < 1 || c->n_groups > KVT_MAX_GROUPS)
+        return kvt_fail(KVT_EINVAL, "pool: n_groups %u must be in 1..%u", c->n_groups,
+                        KVT_MAX_GROUPS);
+    if (c->hash_block_size < 1)
+        return kvt_fail(KVT_EINVAL, "pool: hash_block_size must be positive");
+    uint64_t lcm = 1;
+    for (uint32_t g = 0; g < c->n_groups; g++) {
+        const kvt_group_spec *s = &c->groups[g];
+        if (s->kind > KVT_GROUP_MAMBA)
+            return kvt_fail(KVT_EINVAL, "pool: group %u has unknown kind %u", g, s->kind);
+        if (s->block_size < 1 || s->block_size % c->hash_block_size != 0)
+            return kvt_fail(KVT_EINVAL,
+                            "pool: group %u block_size %u must be a positive "
+                            "multiple of hash_block_size %u",
+                            g, s->block_size, c->hash_block_size);
+        if (s->kind == KVT_GROUP_SLIDING && s->sliding_window < 1)
+            return kvt_fail(KVT_EINVAL, "pool: sliding-window group %u needs sliding_window >= 1",
+                            g);
+        lcm = lcm / kvt_gcd_u64(lcm, s->block_size) * s->block_size;
+        if (lcm > UINT32_MAX)
+            return kvt_fail(KVT_EINVAL, "pool: LCM of the group block sizes exceeds 2^32");
+    }
+    if (c->scheduler_block_size == 0) {
+        *sched_bs = (uint32_t)lcm;
+    } else {
+        for (uint32_t g = 0; g < c->n_groups; g++)
+            if (c->scheduler_block_size % c->groups[g].block_size != 0)
+                return kvt_fail(KVT_EINVAL,
+                                "pool: scheduler_block_size %u is not a multiple of "
+                                "group %u block_size %u",
+                                c->scheduler_block_size, g, c->groups[g].block_size);
+        *sched_bs = c->scheduler_block_size;
+    }
+    return 0;
+}
+
+int kvt_pool_create(const kvt_pool_config *cfg, kvt_pool **out)
+{
+    *out = NULL;
+    if (!cfg)
+        return kvt_fail(KVT_EINVAL, "pool: config is NULL");
+    uint32_t sched_bs = 0;
+    int rc = validate_config(cfg, &sched_bs);
+    if (rc)
+        return rc;
+
+    kvt_pool *p = calloc(1, sizeof(*p));
+    if (!p)
+        return kvt_fail(KVT_ENOMEM, "pool: out of memory");
+    p->cfg = *cfg;
+    p->nb = cfg->num_blocks;
+    p->hash_len = cfg->hash_len;
+    p->sched_bs = sched_bs;
+    uint32_t n_entries = (p->nb - 1) * cfg->keys_per_block;
+    p->entry_stride = (sizeof(struct kvt_entry) + p->hash_len + 7) & ~(size_t)7;
+    p->blocks = calloc(p->nb, sizeof(*p->blocks));
+    p->entries = malloc((size_t)n_entries * p->entry_stride);
+    if (cfg->event_capacity)
+        p->ev = calloc(cfg->event_capacity, sizeof(*p->ev));
+    if (!p->blocks || !p->entries || (cfg->event_capacity && !p->ev)) {
+        kvt_pool_destroy(p);
+        return kvt_fail(KVT_ENOMEM, "pool: cannot allocate %u blocks", p->nb);
+    }
+    rc = kvt_map_init(&p->map, n_entries);
+    if (rc) {
+        kvt_pool_destroy(p);
+        return kvt_fail_wrap(rc, "pool");
+    }
+    p->ev_cap = cfg->event_capacity;
+
+    for (uint32_t i = 0; i < n_entries; i++)
+        kvt_pool_entry(p, i)->next = i + 1 < n_entries ? i + 1 : KVT_ENTRY_NONE;
+    p->entry_free = 0;
+
+    kvt_list_init(&p->free_q);
+    for (uint32_t i = 0; i < p->nb; i++) {
+        struct kvt_block *b = &p->blocks[i];
+        kvt_list_init(&b->link);
+        b->keys = KVT_ENTRY_NONE;
+        if (i == KVT_NULL_BLOCK)
+            b->is_null = 1;
+        else
+            kvt_list_push_back(&p->free_q, &b->link);
+    }
+    p->n_free = p->nb - 1;
+
+    uint32_t k = 0;
+    for (uint32_t g = 0; g < cfg->n_groups; g++) {
+        p->hash_step[g] = cfg->groups[g].block_size / cfg->hash_block_size;
+        if (cfg->groups[g].kind == KVT_GROUP_FULL)
+            p->order[k++] = g;
+    }
+    for (uint32_t g = 0; g < cfg->n_groups; g++)
+        if (cfg->groups[g].kind != KVT_GROUP_FULL)
+            p->order[k++] = g;
+    p->simple_hybrid = cfg->n_groups == 2 && cfg->groups[p->order[0]].kind == KVT_GROUP_FULL;
+    *out = p;
+    return 0;
+}
+
+void kvt_pool_destroy(kvt_pool *p)
+{
+    if (!p)
+        return;
+    kvt_map_free(&p->map);
+    free(p->blocks);
+    free(p->entries);
+    free(p->ev);
+    free(p);
+}
+
+uint32_t kvt_pool_num_blocks(const kvt_pool *p)
+{
+    return p->nb;
+}
+
+uint32_t kvt_pool_num_free(const kvt_pool *p)
+{
+    return p->n_free;
+}
+
+uint32_t kvt_pool_num_cached(const kvt_pool *p)
+{
+    return p->n_cached;
+}
+
+double kvt_pool_usage(const kvt_pool *p)
+{
+    return 1.0 - (double)p->n_free / (double)(p->nb - 1);
+}
+
+/* ---- events ---------------------------------------------------------------------------- */
+
+static void emit(kvt_pool *p, uint32_t type, uint32_t block, const struct kvt_entry *e)
+{
+    if (p->ev_cap == 0)
+        return;
+    if (p->ev_len == p->ev_cap) {
+        p->ev_dropped++;
+        return;
+    }
+    kvt_pool_event *ev = &p->ev[(p->ev_head + p->ev_len) % p->ev_cap];
+    memset(ev, 0, sizeof(*ev));
+    ev->type = type;
+    ev->block = block;
+    if (e) {
+        ev->group = e->group;
+        ev->num_tokens = e->num_tokens;
+        memcpy(ev->hash, e->hash, p->hash_len);
+    }
+    p->ev_len++;
+}
+
+uint32_t kvt_pool_take_events(kvt_pool *p, kvt_pool_event *out, uint32_t cap, uint64_t *dropped)
+{
+    uint32_t n = 0;
+    if (out)
+        n = kvt_min_u32(cap, p->ev_len);
+    for (uint32_t i = 0; i < n; i++)
+        out[i] = p->ev[(p->ev_head + i) % p->ev_cap];
+    if (n) {
+        p->ev_head = (p->ev_head + n) % p->ev_cap;
+        p->ev_len -= n;
+    }
+    if (dropped) {
+        *dropped = p->ev_dropped;
+        p->ev_dropped = 0;
+    }
+    return n;
+}
+
+/* ---- keys ------------------------------------------------------------------------------ */
+
+static void drop_keys(kvt_pool *p, uint32_t id)
+{
+    struct kvt_block *b = &p->blocks[id];
+    uint32_t idx = b->keys;
+    if (idx == KVT_ENTRY_NONE)
+        return;
+    while (idx != KVT_ENTRY_NONE) {
+        struct kvt_entry *e = kvt_pool_entry(p, idx);
+        uint32_t next = e->next;
+        kvt_map_remove(&p->map, kvt_pool_key_hash(p, e->hash, e->group), idx);
+        emit(p, KVT_POOL_EV_REMOVED, id, e);
+        e->next = p->entry_free;
+        p->entry_free = idx;
+        idx = next;
+    }
+    b->keys = KVT_ENTRY_NONE;
+    b->n_keys = 0;
+    p->n_cached--;
+}
+
+static int check_ids(const kvt_pool *p, const char *op, const uint32_t *ids, uint32_t n)
+{
+    if (n && !ids)
+        return kvt_fail(KVT_EINVAL, "pool: %s: ids is NULL", op);
+    for (uint32_t i = 0; i < n; i++)
+        if (ids[i] >= p->nb)
+            return kvt_fail(KVT_ERANGE, "pool: %s: block %u out of range (pool has %u blocks)", op,
+                            ids[i], p->nb);
+    return 0;
+}
+
+int kvt_pool_insert(kvt_pool *p, uint32_t id, const uint8_t *hash, uint32_t group,
+                    uint32_t num_tokens)
+{
+    if (!hash)
+        return kvt_fail(KVT_EINVAL, "pool: insert: hash is NULL");
+    if (id == KVT_NULL_BLOCK || id >= p->nb)
+        return kvt_fail(KVT_ERANGE, "pool: insert: block %u is %s", id,
+                        id == KVT_NULL_BLOCK ? "the null block" : "out of range");
+    if (group >= p->cfg.n_groups)
+        return kvt_fail(KVT_ERANGE, "pool: insert: group %u out of range (%u groups)", group,
+                        p->cfg.n_groups);
+    if (num_tokens < 1 || num_tokens > p->cfg.groups[group].block_size)
+        return kvt_fail(KVT_ERANGE, "pool: insert: num_tokens %u must be in 1..%u", num_tokens,
+                        p->cfg.groups[group].block_size);
+    struct kvt_block *b = &p->blocks[id];
+    if (b->ref == 0)
+        return kvt_fail(KVT_ESTATE,
+                        "pool: insert: block %u is free; only referenced blocks "
+                        "can be cached",
+                        id);
+    uint32_t last = KVT_ENTRY_NONE;
+    for (uint32_t idx = b->keys; idx != KVT_ENTRY_NONE; idx = kvt_pool_entry(p, idx)->next) {
+        const struct kvt_entry *e = kvt_pool_entry(p, idx);
+        if (e->group == group && memcmp(e->hash, hash, p->hash_len) == 0)
+            return 0;
+        last = idx;
+    }
+    if (b->n_keys >= p->cfg.keys_per_block)
+        return kvt_fail(KVT_ELIMIT,
+                        "pool: insert: block %u already carries %u keys (the "
+                        "keys_per_block limit)",
+                        id, b->n_keys);
+
+    uint32_t idx = p->entry_free;
+    struct kvt_entry *e = kvt_pool_entry(p, idx);
+    p->entry_free = e->next;
+    e->block = id;
+    e->group = group;
+    e->num_tokens = num_tokens;
+    e->next = KVT_ENTRY_NONE;
+    memcpy(e->hash, hash, p->hash_len);
+    /* Cannot fail: the map has a slot for every entry (invariant 3). */
+    (void)kvt_map_insert(&p->map, kvt_pool_key_hash(p, hash, group), idx);
+    if (last == KVT_ENTRY_NONE) {
+        b->keys = idx;
+        p->n_cached++;
+    } else {
+        kvt_pool_entry(p, last)->next = idx;
+    }
+    b->n_keys++;
+    emit(p, KVT_POOL_EV_STORED, id, e);
+    return 0;
+}
+
+int kvt_pool_lookup(const kvt_pool *p, const uint8_t *hash, uint32_t group, uint32_t *block)
+{
+    if (!hash || !block)
+        return kvt_fail(KVT_EINVAL, "pool: lookup: NULL argument");
+    if (group >= p->cfg.n_groups)
+        return kvt_fail(KVT_ERANGE, "pool: lookup: group %u out of range (%u groups)", group,
+                        p->cfg.n_groups);
+    uint32_t b = kvt_pool_find(p, hash, group, kvt_pool_key_hash(p, hash, group));
+    *block = b;
+    return b != KVT_BLOCK_NONE;
+}
+
+int kvt_pool_evict(kvt_pool *p, const uint32_t *ids, uint32_t n)
+{
+    int rc = check_ids(p, "evict", ids, n);
+    if (rc)
+        return rc;
+    for (uint32_t i = 0; i < n; i++)
+        drop_keys(p, ids[i]);
+    return 0;
+}
+
+int kvt_pool_reset_prefix_cache(kvt_pool *p)
+{
+    uint32_t used = p->nb - 1 - p->n_free;
+    if (used)
+        return kvt_fail(KVT_EBUSY, "pool: reset_prefix_cache: %u blocks are still referenced",
+                        used);
+    for (uint32_t id = 1; id < p->nb && p->n_cached; id++) {
+        struct kvt_block *b = &p->blocks[id];
+        uint32_t idx = b->keys;
+        if (idx == KVT_ENTRY_NONE)
+            continue;
+        while (idx != KVT_ENTRY_NONE) {
+            struct kvt_entry *e = kvt_pool_entry(p, idx);
+            uint32_t next = e->next;
+            e->next = p->entry_free;
+            p->entry_free = idx;
+            idx = next;
+        }
+        b->keys = KVT_ENTRY_NONE;
+        b->n_keys = 0;
+        p->n_cached--;
+    }
+    kvt_map_clear(&p->map);
+    emit(p, KVT_POOL_EV_ALL_CLEARED, KVT_NULL_BLOCK, NULL);
+    return 0;
+}
+
+/* ---- references ------------------------------------------------------------------------ */
+
+int kvt_pool_alloc(kvt_pool *p, uint32_t n, uint32_t *ids)
+{
+    if (n && !ids)
+        return kvt_fail(KVT_EINVAL, "pool: alloc: ids is NULL");
+    if (n > p->n_free)
+        return kvt_fail(KVT_ENOSPC, "pool: alloc: %u blocks requested, %u free", n, p->n_free);
+    for (uint32_t i = 0; i < n; i++) {
+        kvt_list *node = p->free_q.next;
+        kvt_list_remove(node);
+        struct kvt_block *b = kvt_list_entry(node, struct kvt_block, link);
+        uint32_t id = (uint32_t)(b - p->blocks);
+        drop_keys(p, id);
+        b->ref = 1;
+        ids[i] = id;
+    }
+    p->n_free -= n;
+    return 0;
+}
+
+int kvt_pool_touch(kvt_pool *p, const uint32_t *ids, uint32_t n)
+{
+    int rc = check_ids(p, "touch", ids, n);
+    if (rc)
+        return rc;
+    for (uint32_t i = 0; i < n; i++)
+        if (p->blocks[ids[i]].ref > UINT32_MAX - n)
+            return kvt_fail(KVT_ELIMIT, "pool: touch: block %u reference count would overflow",
+                            ids[i]);
+    for (uint32_t i = 0; i < n; i++) {
+        struct kvt_block *b = &p->blocks[ids[i]];
+        if (b->is_null)
+            continue;
+        if (b->ref == 0) {
+            kvt_list_remove(&b->link);
+            p->n_free--;
+        }
+        b->ref++;
+    }
+    return 0;
+}
+
+int kvt_pool_free(kvt_pool *p, const uint32_t *ids, uint32_t n)
+{
+    int rc = check_ids(p, "free", ids, n);
+    if (rc)
+        return rc;
+    for (uint32_t i = 0; i < n; i++) {
+        struct kvt_block *b = &p->blocks[ids[i]];
+        if (b->is_null)
+            continue;
+        if (b->ref == 0) {
+            for (uint32_t j = 0; j < i; j++)
+                if (!p->blocks[ids[j]].is_null)
+                    p->blocks[ids[j]].ref++;
+            return kvt_fail(KVT_ESTATE,
+                            "pool: free: block %u has no reference left (double "
+                            "free?)",
+                            ids[i]);
+        }
+        b->ref--;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        struct kvt_block *b = &p->blocks[ids[i]];
+        if (!b->is_null && b->ref == 0 && !kvt_list_linked(&b->link)) {
+            kvt_list_push_back(&p->free_q, &b->link);
+            p->n_free++;
+        }
+    }
+    return 0;
+}
+
+/* ---- inspection ------------------------------------------------------------------------ */
+
+int kvt_pool_block_info(const kvt_pool *p, uint32_t id, kvt_block_info *info)
+{
+    if (!info)
+        return kvt_fail(KVT_EINVAL, "pool: block_info: info is NULL");
+    if (id >= p->nb)
+        return kvt_fail(KVT_ERANGE, "pool: block_info: block %u out of range (%u blocks)", id,
+                        p->nb);
+    const struct kvt_block *b = &p->blocks[id];
+    info->ref_cnt = b->ref;
+    info->n_keys = b->n_keys;
+    info->is_null = b->is_null;
+    info->is_free = kvt_list_linked(&b->link);
+    return 0;
+}
+
+int kvt_pool_block_keys(const kvt_pool *p, uint32_t id, kvt_pool_key *keys, uint32_t cap,
+                        uint32_t *n)
+{
+    if (!n || (cap && !keys))
+        return kvt_fail(KVT_EINVAL, "pool: block_keys: NULL argument");
+    if (id >= p->nb)
+        return kvt_fail(KVT_ERANGE, "pool: block_keys: block %u out of range (%u blocks)", id,
+                        p->nb);
+    uint32_t i = 0;
+    for (uint32_t idx = p->blocks[id].keys; idx != KVT_ENTRY_NONE;
+         idx = kvt_pool_entry(p, idx)->next, i++) {
+        if (i >= cap)
+            continue;
+        const struct kvt_entry *e = kvt_pool_entry(p, idx);
+        memset(&keys[i], 0, sizeof(keys[i]));
+        memcpy(keys[i].hash, e->hash, p->hash_len);
+        keys[i].group = e->group;
+        keys[i].num_tokens = e->num_tokens;
+    }
+    *n = i;
+    return 0;
+}
+
+uint32_t kvt_pool_lru_first(const kvt_pool *p)
+{
+    const kvt_list *n = kvt_list_first(&p->free_q);
+    return n ? (uint32_t)(kvt_list_entry(n, struct kvt_block, link) - p->blocks) : KVT_BLOCK_NONE;
+}
+
+uint32_t kvt_pool_lru_next(const kvt_pool *p, uint32_t id)
+{
+    if (id >= p->nb || !kvt_list_linked(&p->blocks[id].link))
+        return KVT_BLOCK_NONE;
+    const kvt_list *n = kvt_list_next(&p->free_q, &p->blocks[id].link);
+    return n ? (uint32_t)(kvt_list_entry(n, struct kvt_block, link) - p->blocks) : KVT_BLOCK_NONE;
+}

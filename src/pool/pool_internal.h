@@ -1,0 +1,85 @@
+/*
+ * Internal layout of kvt_pool, shared by pool.c (blocks, keys, events) and hit.c (longest-hit
+ * search). Nothing here is installed.
+ */
+#ifndef KVT_POOL_INTERNAL_H
+#define KVT_POOL_INTERNAL_H
+
+#include <string.h>
+
+#include "base/hash.h"
+#include "base/list.h"
+#include "base/map.h"
+#include "kvtier/pool.h"
+
+#define KVT_ENTRY_NONE UINT32_MAX
+
+struct kvt_block {
+    kvt_list link;   /* free-queue node; detached (points to itself) while referenced */
+    uint32_t ref;    /* references held by requests and transfers */
+    uint32_t keys;   /* first key entry, KVT_ENTRY_NONE when uncached */
+    uint16_t n_keys; /* keys on the entry chain */
+    uint8_t is_null;
+};
+
+/* One key of one block. Entries live in a flat array of entry_stride bytes each; the hash
+ * bytes follow the fixed fields. `next` chains the keys of a block in insertion order, or the
+ * free entries. */
+struct kvt_entry {
+    uint32_t block;
+    uint32_t group;
+    uint32_t num_tokens;
+    uint32_t next;
+    uint8_t hash[];
+};
+
+struct kvt_pool {
+    kvt_pool_config cfg;
+    uint32_t nb;       /* total blocks */
+    uint32_t hash_len; /* bytes per hash */
+    uint32_t sched_bs; /* hit lengths are multiples of this */
+    uint32_t n_free;
+    uint32_t n_cached;
+    struct kvt_block *blocks;
+    kvt_list free_q; /* head = LRU */
+
+    kvt_map map; /* key hash -> entry index */
+    unsigned char *entries;
+    size_t entry_stride;
+    uint32_t entry_free; /* free-entry chain */
+
+    kvt_pool_event *ev;
+    uint32_t ev_cap, ev_head, ev_len;
+    uint64_t ev_dropped;
+
+    uint32_t order[KVT_MAX_GROUPS];     /* search order: full-attention groups first */
+    uint32_t hash_step[KVT_MAX_GROUPS]; /* hashes per block of each group */
+    bool simple_hybrid;                 /* two groups, the first searched is full attention */
+};
+
+static inline struct kvt_entry *kvt_pool_entry(const struct kvt_pool *p, uint32_t idx)
+{
+    return (struct kvt_entry *)(p->entries + (size_t)idx * p->entry_stride);
+}
+
+static inline uint64_t kvt_pool_key_hash(const struct kvt_pool *p, const uint8_t *hash,
+                                         uint32_t group)
+{
+    return kvt_xxh3_64(hash, p->hash_len, group);
+}
+
+/* Block carrying (hash, group) whose key hash is kh, or KVT_BLOCK_NONE. */
+static inline uint32_t kvt_pool_find(const struct kvt_pool *p, const uint8_t *hash, uint32_t group,
+                                     uint64_t kh)
+{
+    uint64_t pos = kvt_map_probe_start(&p->map, kh);
+    uint32_t idx;
+    while (kvt_map_probe_next(&p->map, kh, &pos, &idx)) {
+        const struct kvt_entry *e = kvt_pool_entry(p, idx);
+        if (e->group == group && memcmp(e->hash, hash, p->hash_len) == 0)
+            return e->block;
+    }
+    return KVT_BLOCK_NONE;
+}
+
+#endif
