@@ -1,0 +1,13 @@
+/*
+ * kvtier: KV-cache offload and encoder-cache transfer for LLM inference engines.
+ * Including this header includes every public module.
+ */
+#ifndef KVTIER_H
+#define KVTIER_H
+
+#include "kvtier/base.h"
+#include "kvtier/meta.h"
+#include "kvtier/pool.h"
+#include "kvtier/version.h"
+
+#endif

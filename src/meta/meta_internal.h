@@ -1,0 +1,30 @@
+/*
+ * Helpers shared by the metadata sources: array growth, string checks and copies, the string
+ * sets of the encoder-cache worker metadata.
+ */
+#ifndef KVT_META_INTERNAL_H
+#define KVT_META_INTERNAL_H
+
+#include "base/bump.h"
+#include "meta/wire.h"
+
+/* Grows *arr (elements of elem bytes, capacity *cap) to hold need elements. */
+int kvt_meta_grow(void **arr, uint32_t *cap, uint32_t need, size_t elem);
+
+/* Checks a string field: length within [min_len, KVT_META_MAX_STR], no NUL byte. */
+int kvt_meta_check_str(kvt_str s, uint32_t min_len, const char *what);
+
+/* Copies s into b; the result points into b. */
+int kvt_meta_copy_str(kvt_bump *b, const char *s, uint32_t len, kvt_str *out);
+
+/* Bytewise order of strings, shorter prefix first. */
+int kvt_str_cmp(kvt_str a, kvt_str b);
+bool kvt_str_equal(kvt_str a, kvt_str b);
+
+/* Strings sets (sorted, unique). */
+int kvt_strset_add(kvt_strset *set, kvt_bump *b, const char *s, uint32_t len);
+void kvt_strset_release(kvt_strset *set);
+int kvt_strset_validate(const kvt_strset *set, const char *what);
+bool kvt_strset_equal(const kvt_strset *a, const kvt_strset *b);
+
+#endif
