@@ -1,0 +1,74 @@
+/*
+ * Error codes, names, and the thread-local detail message.
+ */
+#include <pthread.h>
+
+#include "base/error.h"
+#include "kvt_test.h"
+
+static void every_code_has_a_name_and_a_text(void **state)
+{
+    (void)state;
+    for (int e = 0; e >= KVT_EUNSUPPORTED; e--) {
+        assert_string_not_equal(kvt_err_name(e), "KVT_E?");
+        assert_string_not_equal(kvt_strerror(e), "unknown error");
+    }
+    assert_string_equal(kvt_err_name(KVT_EPROTO), "KVT_EPROTO");
+    assert_string_equal(kvt_err_name(-999), "KVT_E?");
+    assert_string_equal(kvt_strerror(12345), "unknown error");
+}
+
+static void failure_message_is_kept_and_wrapped(void **state)
+{
+    (void)state;
+    assert_int_equal(kvt_fail(KVT_ERANGE, "block %u out of range", 7u), KVT_ERANGE);
+    assert_string_equal(kvt_last_error(), "block 7 out of range");
+    assert_int_equal(kvt_fail_wrap(KVT_EPROTO, "decode"), KVT_EPROTO);
+    assert_string_equal(kvt_last_error(), "decode: block 7 out of range");
+    assert_int_equal(kvt_fail_errno(2, "open %s", "x"), KVT_ESYS);
+    assert_non_null(strstr(kvt_last_error(), "open x: "));
+    kvt_clear_error();
+    assert_string_equal(kvt_last_error(), "");
+}
+
+static void long_messages_are_truncated_not_overflowed(void **state)
+{
+    (void)state;
+    char big[2000];
+    memset(big, 'a', sizeof(big) - 1);
+    big[sizeof(big) - 1] = '\0';
+    kvt_fail(KVT_EINVAL, "%s", big);
+    assert_true(strlen(kvt_last_error()) < 600);
+    kvt_fail_wrap(KVT_EINVAL, big);
+    assert_true(strlen(kvt_last_error()) < 600);
+    kvt_fail_errno(5, "%s", big);
+    assert_true(strlen(kvt_last_error()) < 600);
+}
+
+static void *other_thread(void *arg)
+{
+    (void)arg;
+    kvt_fail(KVT_EIO, "from the other thread");
+    return NULL;
+}
+
+static void messages_are_per_thread(void **state)
+{
+    (void)state;
+    kvt_fail(KVT_EINVAL, "mine");
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, other_thread, NULL), 0);
+    pthread_join(t, NULL);
+    assert_string_equal(kvt_last_error(), "mine");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(every_code_has_a_name_and_a_text),
+        cmocka_unit_test(failure_message_is_kept_and_wrapped),
+        cmocka_unit_test(long_messages_are_truncated_not_overflowed),
+        cmocka_unit_test(messages_are_per_thread),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,68 @@
+/*
+ * Common includes and helpers for kvtier's cmocka tests.
+ */
+#ifndef KVT_TEST_H
+#define KVT_TEST_H
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "kvtier/kvtier.h"
+
+/* Asserts a kvtier call succeeded, printing its message otherwise. */
+#define KVT_OK_(call)                                                                              \
+    do {                                                                                           \
+        int rc_ = (call);                                                                          \
+        if (rc_ != 0)                                                                              \
+            fail_msg("%s -> %s: %s", #call, kvt_err_name(rc_), kvt_last_error());                  \
+    } while (0)
+
+/* Asserts a kvtier call failed with the given code and left a message. */
+#define KVT_ERR_(call, code)                                                                       \
+    do {                                                                                           \
+        int rc_ = (call);                                                                          \
+        if (rc_ != (code))                                                                         \
+            fail_msg("%s -> %s (%d), expected %s", #call, kvt_err_name(rc_), rc_,                  \
+                     kvt_err_name(code));                                                          \
+        assert_true(kvt_last_error()[0] != '\0');                                                  \
+    } while (0)
+
+/* Multiplier for randomized test lengths (KVTIER_TEST_SCALE, default 1). */
+static inline double kvt_test_scale(void)
+{
+    const char *s = getenv("KVTIER_TEST_SCALE");
+    double v = s ? atof(s) : 1.0;
+    return v > 0 ? v : 1.0;
+}
+
+/* Seed from KVTIER_TEST_SEED, else from the clock (printed by the caller on failure). */
+static inline uint64_t kvt_test_seed(void)
+{
+    const char *s = getenv("KVTIER_TEST_SEED");
+    if (s && *s)
+        return strtoull(s, NULL, 0);
+    return kvt_monotonic_ns() ^ ((uint64_t)getpid() << 32);
+}
+
+static inline uint64_t kvt_test_rand(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static inline uint32_t kvt_test_below(uint64_t *s, uint32_t n)
+{
+    return (uint32_t)(kvt_test_rand(s) % n);
+}
+
+#endif

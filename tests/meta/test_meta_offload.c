@@ -1,0 +1,315 @@
+/*
+ * KV-offload metadata: builders, the seed's invariants, aggregation of worker reports, and the
+ * wire encoding (round trips and the decoder's rejections, each named after the rule).
+ */
+#include "kvt_test.h"
+#include "meta/wire_builder.h"
+
+static void roundtrip(const kvt_offload_meta *m, kvt_offload_meta *back)
+{
+    size_t need = kvt_offload_meta_encoded_size(m), len;
+    unsigned char *buf = malloc(need);
+    KVT_OK_(kvt_offload_meta_encode(m, buf, need, &len));
+    assert_int_equal(len, need);
+    KVT_OK_(kvt_offload_meta_decode(back, buf, len));
+    assert_true(kvt_offload_meta_equal(m, back));
+    free(buf);
+}
+
+static void empty_step_has_no_events_and_round_trips(void **state)
+{
+    (void)state;
+    kvt_offload_meta m, back;
+    kvt_offload_meta_init(&m);
+    kvt_offload_meta_init(&back);
+    assert_int_equal(m.load_event, KVT_NO_EVENT);
+    assert_int_equal(m.store_event, KVT_NO_EVENT);
+    KVT_OK_(kvt_offload_meta_validate(&m));
+    roundtrip(&m, &back);
+    assert_int_equal(kvt_offload_meta_encoded_size(&m), 12 + 8 + 8 + 4 + 8 + 8 + 1);
+    kvt_offload_meta_release(&m);
+    kvt_offload_meta_release(&back);
+}
+
+static void full_step_round_trips_and_reuses_its_memory(void **state)
+{
+    (void)state;
+    kvt_offload_meta m, back;
+    kvt_offload_meta_init(&m);
+    kvt_offload_meta_init(&back);
+    for (int step = 0; step < 3; step++) {
+        kvt_offload_meta_clear(&m);
+        m.load_event = 5 + step;
+        for (uint32_t i = 0; i < 300; i++)
+            KVT_OK_(kvt_offload_meta_add_load(&m, 1 + i, 1000 + i));
+        KVT_OK_(kvt_offload_meta_add_load_req(&m, 2, "old-request", 11));
+        KVT_OK_(kvt_offload_meta_add_load_req(&m, 5 + step, "r1", 2));
+        KVT_OK_(kvt_offload_meta_add_load_req(&m, 5 + step, "r2", 2));
+        m.store_event = 9;
+        KVT_OK_(kvt_offload_meta_add_store(&m, 7, 8));
+        m.need_flush = step == 1;
+        roundtrip(&m, &back);
+        assert_int_equal(back.n_load_events, 2);
+        assert_int_equal(back.load_req_first[1], 1);
+        assert_int_equal(back.load_req_first[2], 3);
+        assert_string_equal(back.load_req_ids[2].ptr, "r2");
+        assert_int_equal(back.need_flush, step == 1);
+    }
+    kvt_offload_meta_release(&m);
+    kvt_offload_meta_release(&back);
+}
+
+static void load_events_must_ascend(void **state)
+{
+    (void)state;
+    kvt_offload_meta m;
+    kvt_offload_meta_init(&m);
+    KVT_OK_(kvt_offload_meta_add_load_req(&m, 4, "a", 1));
+    KVT_ERR_(kvt_offload_meta_add_load_req(&m, 3, "b", 1), KVT_EINVAL);
+    KVT_ERR_(kvt_offload_meta_add_load_req(&m, -1, "b", 1), KVT_EINVAL);
+    KVT_ERR_(kvt_offload_meta_add_load_req(&m, 5, "", 0), KVT_EINVAL);
+    KVT_ERR_(kvt_offload_meta_add_load_req(&m, 5, "a\0b", 3), KVT_EINVAL);
+    assert_int_equal(m.n_load_events, 1);
+    assert_int_equal(m.n_load_reqs, 1);
+    kvt_offload_meta_release(&m);
+}
+
+static void event_is_none_exactly_when_its_lists_are_empty(void **state)
+{
+    (void)state;
+    kvt_offload_meta m;
+    kvt_offload_meta_init(&m);
+    KVT_OK_(kvt_offload_meta_add_store(&m, 1, 2));
+    KVT_ERR_(kvt_offload_meta_validate(&m), KVT_EINVAL); /* blocks without an event */
+    m.store_event = 0;
+    KVT_OK_(kvt_offload_meta_validate(&m));
+    m.load_event = 3; /* an event without blocks */
+    KVT_ERR_(kvt_offload_meta_validate(&m), KVT_EINVAL);
+    m.load_event = -2;
+    KVT_ERR_(kvt_offload_meta_validate(&m), KVT_EINVAL);
+    unsigned char buf[256];
+    size_t len;
+    KVT_ERR_(kvt_offload_meta_encode(&m, buf, sizeof(buf), &len), KVT_EINVAL);
+    kvt_offload_meta_release(&m);
+}
+
+static void null_block_never_appears_in_a_transfer(void **state)
+{
+    (void)state;
+    kvt_offload_meta m;
+    kvt_offload_meta_init(&m);
+    m.store_event = 1;
+    KVT_OK_(kvt_offload_meta_add_store(&m, 4, 0));
+    KVT_ERR_(kvt_offload_meta_validate(&m), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "null block"));
+    kvt_offload_meta_release(&m);
+}
+
+static void this_steps_load_event_is_listed_with_its_requests(void **state)
+{
+    (void)state;
+    kvt_offload_meta m;
+    kvt_offload_meta_init(&m);
+    m.load_event = 6;
+    KVT_OK_(kvt_offload_meta_add_load(&m, 2, 3));
+    KVT_ERR_(kvt_offload_meta_validate(&m), KVT_EINVAL);
+    KVT_OK_(kvt_offload_meta_add_load_req(&m, 5, "x", 1));
+    KVT_ERR_(kvt_offload_meta_validate(&m), KVT_EINVAL);
+    KVT_OK_(kvt_offload_meta_add_load_req(&m, 6, "y", 1));
+    KVT_OK_(kvt_offload_meta_validate(&m));
+    kvt_offload_meta_release(&m);
+}
+
+static void encode_reports_a_small_buffer(void **state)
+{
+    (void)state;
+    kvt_offload_meta m;
+    kvt_offload_meta_init(&m);
+    unsigned char buf[8];
+    size_t len;
+    KVT_ERR_(kvt_offload_meta_encode(&m, buf, sizeof(buf), &len), KVT_ENOSPC);
+    KVT_ERR_(kvt_offload_meta_encode(&m, NULL, 100, &len), KVT_EINVAL);
+    kvt_offload_meta_release(&m);
+}
+
+/* Hand-built messages that break one rule each. */
+static void wb_offload(wb *w, int64_t load_ev, uint32_t n_g, uint32_t n_c, int64_t ev_key,
+                       uint32_t n_reqs, uint8_t flush)
+{
+    wb_begin(w, KVT_META_OFFLOAD);
+    wb_u64(w, (uint64_t)load_ev);
+    wb_u32(w, n_g);
+    for (uint32_t i = 0; i < n_g; i++)
+        wb_u32(w, 10 + i);
+    wb_u32(w, n_c);
+    for (uint32_t i = 0; i < n_c; i++)
+        wb_u32(w, 20 + i);
+    wb_u32(w, ev_key >= 0 ? 1 : 0);
+    if (ev_key >= 0) {
+        wb_u64(w, (uint64_t)ev_key);
+        wb_u32(w, n_reqs);
+        for (uint32_t i = 0; i < n_reqs; i++)
+            wb_str(w, "req", 3);
+    }
+    wb_u64(w, (uint64_t)-1);
+    wb_u32(w, 0);
+    wb_u32(w, 0);
+    wb_u8(w, flush);
+    wb_done(w);
+}
+
+static void decoder_enforces_the_invariants(void **state)
+{
+    (void)state;
+    kvt_offload_meta m;
+    kvt_offload_meta_init(&m);
+    wb w;
+    wb_offload(&w, 3, 2, 2, 3, 1, 0);
+    KVT_OK_(kvt_offload_meta_decode(&m, w.b, w.n));
+    assert_int_equal(m.n_loads, 2);
+    wb_offload(&w, 3, 2, 1, 3, 1, 0); /* pairwise lengths differ */
+    KVT_ERR_(kvt_offload_meta_decode(&m, w.b, w.n), KVT_EPROTO);
+    assert_non_null(strstr(kvt_last_error(), "load_cpu_blocks has 1"));
+    assert_int_equal(m.n_loads, 0);    /* left empty */
+    wb_offload(&w, -1, 2, 2, 3, 1, 0); /* no event but blocks */
+    KVT_ERR_(kvt_offload_meta_decode(&m, w.b, w.n), KVT_EPROTO);
+    wb_offload(&w, 3, 2, 2, 3, 0, 0); /* event with no requests */
+    KVT_ERR_(kvt_offload_meta_decode(&m, w.b, w.n), KVT_EPROTO);
+    wb_offload(&w, 3, 2, 2, 4, 1, 0); /* this step's event unlisted */
+    KVT_ERR_(kvt_offload_meta_decode(&m, w.b, w.n), KVT_EPROTO);
+    wb_offload(&w, 3, 2, 2, 3, 1, 2); /* need_flush not a bool */
+    KVT_ERR_(kvt_offload_meta_decode(&m, w.b, w.n), KVT_EPROTO);
+    wb_offload(&w, 3, 2, 2, 3, 1, 0);
+    w.b[w.n++] = 0; /* trailing byte (header still says the old length) */
+    KVT_ERR_(kvt_offload_meta_decode(&m, w.b, w.n), KVT_EPROTO);
+    wb_done(&w); /* now the header covers it: a trailing byte after the body */
+    KVT_ERR_(kvt_offload_meta_decode(&m, w.b, w.n), KVT_EPROTO);
+    assert_non_null(strstr(kvt_last_error(), "trailing"));
+    kvt_offload_meta_release(&m);
+}
+
+static void decoder_bounds_request_ids(void **state)
+{
+    (void)state;
+    kvt_offload_meta m;
+    kvt_offload_meta_init(&m);
+    wb *w = calloc(1, sizeof(wb));
+    wb_begin(w, KVT_META_OFFLOAD);
+    wb_u64(w, (uint64_t)-1);
+    wb_u32(w, 0);
+    wb_u32(w, 0);
+    wb_u32(w, 1);
+    wb_u64(w, 1);
+    wb_u32(w, 1);
+    wb_u32(w, KVT_META_MAX_STR + 1); /* one byte over the limit; bytes omitted */
+    wb_done(w);
+    KVT_ERR_(kvt_offload_meta_decode(&m, w->b, w->n), KVT_ELIMIT);
+    kvt_offload_meta_release(&m);
+    free(w);
+}
+
+/* ---- worker metadata ------------------------------------------------------------------- */
+
+static void worker_reports_sum_per_event(void **state)
+{
+    (void)state;
+    kvt_offload_worker_meta a, b;
+    kvt_offload_worker_meta_init(&a);
+    kvt_offload_worker_meta_init(&b);
+    KVT_OK_(kvt_offload_worker_meta_add(&a, 5, 1));
+    KVT_OK_(kvt_offload_worker_meta_add(&a, 2, 1));
+    KVT_OK_(kvt_offload_worker_meta_add(&a, 5, 1));
+    assert_int_equal(a.n_completed, 2);
+    assert_int_equal(a.events[0], 2);
+    assert_int_equal(a.counts[1], 2);
+    KVT_OK_(kvt_offload_worker_meta_add(&b, 3, 1));
+    KVT_OK_(kvt_offload_worker_meta_add(&b, 5, 1));
+    KVT_OK_(kvt_offload_worker_meta_add(&b, 9, 4));
+    KVT_OK_(kvt_offload_worker_meta_aggregate(&a, &b));
+    int64_t ev[] = {2, 3, 5, 9};
+    uint32_t ct[] = {1, 1, 3, 4};
+    assert_int_equal(a.n_completed, 4);
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(a.events[i], ev[i]);
+        assert_int_equal(a.counts[i], ct[i]);
+    }
+    kvt_offload_worker_meta empty;
+    kvt_offload_worker_meta_init(&empty);
+    KVT_OK_(kvt_offload_worker_meta_aggregate(&empty, &a));
+    assert_true(kvt_offload_worker_meta_equal(&empty, &a));
+    KVT_ERR_(kvt_offload_worker_meta_add(&a, -1, 1), KVT_EINVAL);
+    KVT_ERR_(kvt_offload_worker_meta_add(&a, 1, 0), KVT_EINVAL);
+    kvt_offload_worker_meta_release(&a);
+    kvt_offload_worker_meta_release(&b);
+    kvt_offload_worker_meta_release(&empty);
+}
+
+static void aggregate_overflow_fails_and_changes_nothing(void **state)
+{
+    (void)state;
+    kvt_offload_worker_meta a, b;
+    kvt_offload_worker_meta_init(&a);
+    kvt_offload_worker_meta_init(&b);
+    KVT_OK_(kvt_offload_worker_meta_add(&a, 1, 1));
+    KVT_OK_(kvt_offload_worker_meta_add(&a, 7, UINT32_MAX));
+    KVT_OK_(kvt_offload_worker_meta_add(&b, 0, 1));
+    KVT_OK_(kvt_offload_worker_meta_add(&b, 7, 1));
+    KVT_ERR_(kvt_offload_worker_meta_aggregate(&a, &b), KVT_ELIMIT);
+    assert_int_equal(a.n_completed, 2);
+    assert_int_equal(a.events[0], 1);
+    assert_int_equal(a.counts[1], UINT32_MAX);
+    kvt_offload_worker_meta_release(&a);
+    kvt_offload_worker_meta_release(&b);
+}
+
+static void worker_report_round_trips_and_decoder_wants_ascending_events(void **state)
+{
+    (void)state;
+    kvt_offload_worker_meta a, back;
+    kvt_offload_worker_meta_init(&a);
+    kvt_offload_worker_meta_init(&back);
+    KVT_OK_(kvt_offload_worker_meta_add(&a, 11, 1));
+    KVT_OK_(kvt_offload_worker_meta_add(&a, 12, 2));
+    unsigned char buf[64];
+    size_t len;
+    KVT_OK_(kvt_offload_worker_meta_encode(&a, buf, sizeof(buf), &len));
+    KVT_OK_(kvt_offload_worker_meta_decode(&back, buf, len));
+    assert_true(kvt_offload_worker_meta_equal(&a, &back));
+    wb w;
+    wb_begin(&w, KVT_META_OFFLOAD_WORKER);
+    wb_u32(&w, 2);
+    wb_u64(&w, 12);
+    wb_u32(&w, 1);
+    wb_u64(&w, 11);
+    wb_u32(&w, 1);
+    wb_done(&w);
+    KVT_ERR_(kvt_offload_worker_meta_decode(&back, w.b, w.n), KVT_EPROTO);
+    assert_int_equal(back.n_completed, 0);
+    w.n = 12;
+    wb_u32(&w, 1);
+    wb_u64(&w, 3);
+    wb_u32(&w, 0); /* count 0 */
+    wb_done(&w);
+    KVT_ERR_(kvt_offload_worker_meta_decode(&back, w.b, w.n), KVT_EPROTO);
+    kvt_offload_worker_meta_release(&a);
+    kvt_offload_worker_meta_release(&back);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(empty_step_has_no_events_and_round_trips),
+        cmocka_unit_test(full_step_round_trips_and_reuses_its_memory),
+        cmocka_unit_test(load_events_must_ascend),
+        cmocka_unit_test(event_is_none_exactly_when_its_lists_are_empty),
+        cmocka_unit_test(null_block_never_appears_in_a_transfer),
+        cmocka_unit_test(this_steps_load_event_is_listed_with_its_requests),
+        cmocka_unit_test(encode_reports_a_small_buffer),
+        cmocka_unit_test(decoder_enforces_the_invariants),
+        cmocka_unit_test(decoder_bounds_request_ids),
+        cmocka_unit_test(worker_reports_sum_per_event),
+        cmocka_unit_test(aggregate_overflow_fails_and_changes_nothing),
+        cmocka_unit_test(worker_report_round_trips_and_decoder_wants_ascending_events),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
