@@ -1,0 +1,58 @@
+/*
+ * Shared helpers of the benchmarks: options, a seeded PRNG, timing and a tiny JSON writer.
+ * Every benchmark prints exactly one JSON object with --json (and readable lines otherwise).
+ */
+#ifndef KVT_BENCH_UTIL_H
+#define KVT_BENCH_UTIL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+typedef struct kvt_bench_opts {
+    bool json;
+    double seconds; /* time budget per measured phase */
+    uint64_t seed;
+    uint32_t blocks; /* pool size override (0 = the benchmark's default) */
+} kvt_bench_opts;
+
+typedef struct kvt_bench {
+    const char *name;
+    const char *what;
+    int (*run)(const kvt_bench_opts *opts);
+} kvt_bench;
+
+extern const kvt_bench kvt_bench_pool;
+
+/* splitmix64: deterministic, seedable, good enough for workloads. */
+static inline uint64_t kvt_rand_next(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static inline uint32_t kvt_rand_below(uint64_t *s, uint32_t n)
+{
+    return (uint32_t)(((kvt_rand_next(s) >> 32) * (uint64_t)n) >> 32);
+}
+
+double kvt_now_s(void);
+
+/* Minimal JSON object writer: kvt_json_begin, then fields, then kvt_json_end. */
+typedef struct kvt_json {
+    FILE *f;
+    int n;
+} kvt_json;
+
+void kvt_json_begin(kvt_json *j, FILE *f);
+void kvt_json_str(kvt_json *j, const char *key, const char *val);
+void kvt_json_num(kvt_json *j, const char *key, double val);
+void kvt_json_int(kvt_json *j, const char *key, long long val);
+void kvt_json_end(kvt_json *j);
+
+/* Host description for reports: cores and CPU model. */
+void kvt_json_host(kvt_json *j);
+
+#endif

@@ -1,0 +1,132 @@
+/*
+ * The kvtier command-line tool: `kvtier demo`, `kvtier bench <name> [--json]`, --help and
+ * --version. Subcommands live in their own files; this file only parses arguments.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench_util.h"
+#include "demo.h"
+#include "kvtier/kvtier.h"
+
+static const kvt_bench *const benches[] = {&kvt_bench_pool};
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "kvtier %s - KV-cache offload and encoder-cache transfer for LLM inference engines\n"
+            "\n"
+            "usage:\n"
+            "  kvtier demo [--seed N]             run the end-to-end demonstration\n"
+            "  kvtier bench <name> [options]      run a benchmark\n"
+            "      --json          print one JSON object\n"
+            "      --seconds S     time budget per measured phase (default 2)\n"
+            "      --seed N        workload seed (default 1)\n"
+            "      --blocks N      pool size where the benchmark has one\n"
+            "  kvtier bench --list                list the benchmarks\n"
+            "  kvtier --help | --version\n"
+            "\n"
+            "environment: KVTIER_LOG=off|error|warn|info|debug|trace (default warn)\n",
+            kvt_version());
+}
+
+static int parse_u64(const char *s, uint64_t *v)
+{
+    char *end;
+    unsigned long long x = strtoull(s, &end, 10);
+    if (!*s || *end)
+        return -1;
+    *v = x;
+    return 0;
+}
+
+static int cmd_bench(int argc, char **argv)
+{
+    kvt_bench_opts o = {.json = false, .seconds = 2.0, .seed = 1, .blocks = 0};
+    const char *name = NULL;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        uint64_t v;
+        if (strcmp(a, "--json") == 0) {
+            o.json = true;
+        } else if (strcmp(a, "--list") == 0) {
+            for (size_t k = 0; k < sizeof(benches) / sizeof(benches[0]); k++)
+                printf("%-8s %s\n", benches[k]->name, benches[k]->what);
+            return 0;
+        } else if (strcmp(a, "--seconds") == 0 && i + 1 < argc) {
+            char *end;
+            o.seconds = strtod(argv[++i], &end);
+            if (*end || o.seconds <= 0 || o.seconds > 3600) {
+                fprintf(stderr, "kvtier bench: --seconds wants a number in (0, 3600]\n");
+                return 2;
+            }
+        } else if (strcmp(a, "--seed") == 0 && i + 1 < argc) {
+            if (parse_u64(argv[++i], &o.seed)) {
+                fprintf(stderr, "kvtier bench: --seed wants an integer\n");
+                return 2;
+            }
+        } else if (strcmp(a, "--blocks") == 0 && i + 1 < argc) {
+            if (parse_u64(argv[++i], &v) || v < 2 || v > UINT32_MAX - 1) {
+                fprintf(stderr, "kvtier bench: --blocks wants an integer in 2..2^32-2\n");
+                return 2;
+            }
+            o.blocks = (uint32_t)v;
+        } else if (a[0] != '-' && !name) {
+            name = a;
+        } else {
+            fprintf(stderr, "kvtier bench: unknown argument '%s'\n", a);
+            return 2;
+        }
+    }
+    if (!name) {
+        fprintf(stderr, "kvtier bench: which benchmark? (kvtier bench --list)\n");
+        return 2;
+    }
+    for (size_t k = 0; k < sizeof(benches) / sizeof(benches[0]); k++)
+        if (strcmp(benches[k]->name, name) == 0)
+            return benches[k]->run(&o);
+    fprintf(stderr, "kvtier bench: no benchmark named '%s' (kvtier bench --list)\n", name);
+    return 2;
+}
+
+static int cmd_demo(int argc, char **argv)
+{
+    uint64_t seed = 1;
+    for (int i = 0; i < argc; i++) {
+        if (strcmp(argv[i], "--seed") == 0 && i + 1 < argc) {
+            if (parse_u64(argv[++i], &seed)) {
+                fprintf(stderr, "kvtier demo: --seed wants an integer\n");
+                return 2;
+            }
+        } else {
+            fprintf(stderr, "kvtier demo: unknown argument '%s'\n", argv[i]);
+            return 2;
+        }
+    }
+    return kvt_demo_run(seed);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 || strcmp(cmd, "help") == 0) {
+        usage(stdout);
+        return 0;
+    }
+    if (strcmp(cmd, "--version") == 0) {
+        printf("kvtier %s\n", kvt_version());
+        return 0;
+    }
+    if (strcmp(cmd, "bench") == 0)
+        return cmd_bench(argc - 2, argv + 2);
+    if (strcmp(cmd, "demo") == 0)
+        return cmd_demo(argc - 2, argv + 2);
+    fprintf(stderr, "kvtier: unknown command '%s'\n\n", cmd);
+    usage(stderr);
+    return 2;
+}
