@@ -1,0 +1,84 @@
+# kvtier top-level Makefile. Every target first installs missing Debian packages
+# (scripts/install-deps), then configures and builds with CMake.
+#
+#   make demo          build and run the end-to-end demonstration
+#   make test          build and run the unit tests (ctest)
+#   make bench         run the benchmarks (JSON)
+#   make install       install library, headers, kvtier.pc and the CLI under PREFIX
+#   make test-asan     tests under AddressSanitizer + UndefinedBehaviorSanitizer
+#   make test-tsan     threaded tests under ThreadSanitizer
+#   make fuzz          run every libFuzzer target for FUZZ_SECONDS each
+#   make format-check  clang-format check (CI); `make format` rewrites
+
+BUILD        ?= build
+PREFIX       ?= /usr/local
+FUZZ_SECONDS ?= 30
+JOBS         ?= $(shell nproc)
+CMAKE_FLAGS  ?=
+SOURCES       = $(shell find include src tests tools bench fuzz -name '*.[ch]')
+FUZZ_TARGETS  = offload_meta offload_worker_meta ec_meta ec_worker_meta ec_load_spec ec_push_spec
+
+.PHONY: all deps build test demo bench install test-asan test-tsan fuzz fuzz-build fuzz-corpus \
+        format format-check clean
+
+all: build
+
+deps:
+	@scripts/install-deps
+
+build: deps
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_FLAGS) >/dev/null
+	@cmake --build $(BUILD) -j$(JOBS)
+
+test: build
+	cd $(BUILD) && ctest --output-on-failure -j$(JOBS)
+
+demo: build
+	$(BUILD)/bin/kvtier demo
+
+bench: build
+	$(BUILD)/bin/kvtier bench pool --json
+
+install: build
+	cmake --install $(BUILD) --prefix $(PREFIX)
+
+test-asan: deps
+	@cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DKVT_SANITIZE=address >/dev/null
+	@cmake --build build-asan -j$(JOBS)
+	cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+	    ctest --output-on-failure -j$(JOBS)
+
+test-tsan: deps
+	@cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DKVT_SANITIZE=thread >/dev/null
+	@cmake --build build-tsan -j$(JOBS)
+	cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -L threaded
+
+fuzz-build: deps
+	@CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVT_FUZZ=ON \
+	    -DKVT_SANITIZE=address -DKVT_BUILD_TESTS=OFF >/dev/null
+	@cmake --build build-fuzz -j$(JOBS)
+
+# Each target fuzzes for FUZZ_SECONDS from the committed seeds; new inputs go to a scratch
+# corpus under build-fuzz/, never into the repository.
+fuzz: fuzz-build
+	@set -e; for t in $(FUZZ_TARGETS); do \
+	    mkdir -p build-fuzz/corpus/$$t; \
+	    echo "fuzz_$$t: $(FUZZ_SECONDS) s"; \
+	    build-fuzz/fuzz/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
+	        build-fuzz/corpus/$$t fuzz/corpus/$$t 2>build-fuzz/fuzz_$$t.log \
+	        || { tail -50 build-fuzz/fuzz_$$t.log; exit 1; }; \
+	    grep -E '^stat::number_of_executed_units|^stat::new_units_added' build-fuzz/fuzz_$$t.log \
+	        | sed 's/^/    /'; \
+	done
+
+fuzz-corpus: fuzz-build
+	build-fuzz/fuzz/make_corpus fuzz/corpus
+
+format:
+	clang-format -i $(SOURCES)
+
+format-check: deps
+	clang-format --dry-run -Werror $(SOURCES)
+
+clean:
+	rm -rf build build-asan build-tsan build-fuzz
