@@ -9,6 +9,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "base/rand.h"
+
 typedef struct kvt_bench_opts {
     bool json;
     double seconds; /* time budget per measured phase */
@@ -23,20 +25,6 @@ typedef struct kvt_bench {
 } kvt_bench;
 
 extern const kvt_bench kvt_bench_pool;
-
-/* splitmix64: deterministic, seedable, good enough for workloads. */
-static inline uint64_t kvt_rand_next(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static inline uint32_t kvt_rand_below(uint64_t *s, uint32_t n)
-{
-    return (uint32_t)(((kvt_rand_next(s) >> 32) * (uint64_t)n) >> 32);
-}
 
 double kvt_now_s(void);
 

@@ -15,6 +15,7 @@
 
 #include <cmocka.h>
 
+#include "base/rand.h"
 #include "kvtier/kvtier.h"
 
 /* Asserts a kvtier call succeeded, printing its message otherwise. */
@@ -54,15 +55,12 @@ static inline uint64_t kvt_test_seed(void)
 
 static inline uint64_t kvt_test_rand(uint64_t *s)
 {
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
+    return kvt_rand_next(s);
 }
 
 static inline uint32_t kvt_test_below(uint64_t *s, uint32_t n)
 {
-    return (uint32_t)(kvt_test_rand(s) % n);
+    return kvt_rand_below(s, n);
 }
 
 #endif

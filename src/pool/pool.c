@@ -224,7 +224,10 @@ uint32_t kvt_pool_take_events(kvt_pool *p, kvt_pool_event *out, uint32_t cap, ui
 
 /* ---- keys ------------------------------------------------------------------------------ */
 
-static void drop_keys(kvt_pool *p, uint32_t id)
+/* Returns every key entry of block id to the free chain. With `unindex` each key also leaves
+ * the map and emits a removed event; reset_prefix_cache passes false because it clears the
+ * whole map and emits a single all-cleared event instead. */
+static void release_keys(kvt_pool *p, uint32_t id, bool unindex)
 {
     struct kvt_block *b = &p->blocks[id];
     uint32_t idx = b->keys;
@@ -233,8 +236,10 @@ static void drop_keys(kvt_pool *p, uint32_t id)
     while (idx != KVT_ENTRY_NONE) {
         struct kvt_entry *e = kvt_pool_entry(p, idx);
         uint32_t next = e->next;
-        kvt_map_remove(&p->map, kvt_pool_key_hash(p, e->hash, e->group), idx);
-        emit(p, KVT_POOL_EV_REMOVED, id, e);
+        if (unindex) {
+            kvt_map_remove(&p->map, kvt_pool_key_hash(p, e->hash, e->group), idx);
+            emit(p, KVT_POOL_EV_REMOVED, id, e);
+        }
         e->next = p->entry_free;
         p->entry_free = idx;
         idx = next;
@@ -242,6 +247,11 @@ static void drop_keys(kvt_pool *p, uint32_t id)
     b->keys = KVT_ENTRY_NONE;
     b->n_keys = 0;
     p->n_cached--;
+}
+
+static void drop_keys(kvt_pool *p, uint32_t id)
+{
+    release_keys(p, id, true);
 }
 
 static int check_ids(const kvt_pool *p, const char *op, const uint32_t *ids, uint32_t n)
@@ -337,22 +347,8 @@ int kvt_pool_reset_prefix_cache(kvt_pool *p)
     if (used)
         return kvt_fail(KVT_EBUSY, "pool: reset_prefix_cache: %u blocks are still referenced",
                         used);
-    for (uint32_t id = 1; id < p->nb && p->n_cached; id++) {
-        struct kvt_block *b = &p->blocks[id];
-        uint32_t idx = b->keys;
-        if (idx == KVT_ENTRY_NONE)
-            continue;
-        while (idx != KVT_ENTRY_NONE) {
-            struct kvt_entry *e = kvt_pool_entry(p, idx);
-            uint32_t next = e->next;
-            e->next = p->entry_free;
-            p->entry_free = idx;
-            idx = next;
-        }
-        b->keys = KVT_ENTRY_NONE;
-        b->n_keys = 0;
-        p->n_cached--;
-    }
+    for (uint32_t id = 1; id < p->nb && p->n_cached; id++)
+        release_keys(p, id, false);
     kvt_map_clear(&p->map);
     emit(p, KVT_POOL_EV_ALL_CLEARED, KVT_NULL_BLOCK, NULL);
     return 0;
