@@ -82,7 +82,7 @@ static uint32_t scan_sliding(const struct kvt_pool *p, const uint8_t *hashes, ui
 {
     const kvt_group_spec *s = &p->cfg.groups[g];
     uint32_t bs = s->block_size, align = p->sched_bs, step = p->hash_step[g];
-    uint32_t need = (s->sliding_window - 1 + bs - 1) / bs;
+    uint64_t need = ((uint64_t)s->sliding_window - 1 + bs - 1) / bs;
     if (need < 1)
         need = 1;
     if (p->cfg.eagle)
