@@ -95,6 +95,10 @@ KVT_API int kvt_offload_meta_add_store(kvt_offload_meta *m, uint32_t gpu_block, 
  * requests of one event together (call repeatedly with the same event). */
 KVT_API int kvt_offload_meta_add_load_req(kvt_offload_meta *m, int64_t event, const char *req_id,
                                           uint32_t len);
+/* Makes room for that many more loads, stores, load events, load request ids and request-id
+ * bytes, so the adds that follow cannot fail. */
+KVT_API int kvt_offload_meta_reserve(kvt_offload_meta *m, uint32_t loads, uint32_t stores,
+                                     uint32_t events, uint32_t reqs, size_t req_bytes);
 /* Checks the invariants: pairwise lists of equal length; an event is KVT_NO_EVENT exactly when
  * its lists are empty; no null block (0) in any list; load events ascending, each with at least
  * one request; this step's load event listed among them; limits respected. */

@@ -75,6 +75,8 @@ KVT_API void kvt_pool_config_init(kvt_pool_config *cfg);
 KVT_API int kvt_pool_create(const kvt_pool_config *cfg, kvt_pool **out);
 KVT_API void kvt_pool_destroy(kvt_pool *pool);
 
+/* Copies the configuration the pool was created with. */
+KVT_API void kvt_pool_get_config(const kvt_pool *pool, kvt_pool_config *cfg);
 /* Total blocks, the null block included. */
 KVT_API uint32_t kvt_pool_num_blocks(const kvt_pool *pool);
 /* Blocks in the free queue (vLLM get_num_free_blocks): includes evictable cached blocks. */

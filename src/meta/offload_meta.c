@@ -66,6 +66,29 @@ static int grow_pair(uint32_t **a, uint32_t **b, uint32_t *cap, uint32_t need)
     return 0;
 }
 
+int kvt_offload_meta_reserve(kvt_offload_meta *m, uint32_t loads, uint32_t stores, uint32_t events,
+                             uint32_t reqs, size_t req_bytes)
+{
+    uint64_t nl = (uint64_t)m->n_loads + loads, ns = (uint64_t)m->n_stores + stores;
+    uint64_t ne = (uint64_t)m->n_load_events + events, nr = (uint64_t)m->n_load_reqs + reqs;
+    if (nl > KVT_META_MAX_BLOCKS || ns > KVT_META_MAX_BLOCKS || ne > KVT_META_MAX_ITEMS ||
+        nr > KVT_META_MAX_ITEMS)
+        return kvt_fail(KVT_ELIMIT, "meta: reserve beyond the message limits");
+    int rc;
+    if ((rc = grow_pair(&m->load_gpu_blocks, &m->load_cpu_blocks, &m->cap_loads, (uint32_t)nl)) ||
+        (rc =
+             grow_pair(&m->store_gpu_blocks, &m->store_cpu_blocks, &m->cap_stores, (uint32_t)ns)) ||
+        (rc = kvt_meta_grow((void **)&m->load_events, &m->cap_events, (uint32_t)ne,
+                            sizeof(int64_t))) ||
+        (rc = kvt_meta_grow((void **)&m->load_req_first, &m->cap_first, (uint32_t)ne + 1,
+                            sizeof(uint32_t))) ||
+        (rc =
+             kvt_meta_grow((void **)&m->load_req_ids, &m->cap_reqs, (uint32_t)nr, sizeof(kvt_str))))
+        return rc;
+    /* strdup takes len + 1 and up to 7 bytes of alignment per string */
+    return req_bytes || reqs ? kvt_bump_reserve(&m->strings, req_bytes + 8 * (size_t)reqs) : 0;
+}
+
 int kvt_offload_meta_add_load(kvt_offload_meta *m, uint32_t gpu_block, uint32_t cpu_block)
 {
     int rc = grow_pair(&m->load_gpu_blocks, &m->load_cpu_blocks, &m->cap_loads, m->n_loads + 1);

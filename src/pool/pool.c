@@ -162,6 +162,12 @@ void kvt_pool_destroy(kvt_pool *p)
     free(p);
 }
 
+void kvt_pool_get_config(const kvt_pool *p, kvt_pool_config *cfg)
+{
+    *cfg = p->cfg;
+    cfg->scheduler_block_size = p->sched_bs;
+}
+
 uint32_t kvt_pool_num_blocks(const kvt_pool *p)
 {
     return p->nb;

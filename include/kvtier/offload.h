@@ -1,0 +1,210 @@
+/*
+ * kvtier offload manager: the scheduler side of KV-cache offload (vLLM's
+ * SimpleCPUOffloadScheduler). It owns the host tier's block pool, decides every step which
+ * KV blocks to store from the engine's GPU pool to the host tier and which to load back,
+ * assigns event ids, and turns the workers' completion reports back into requests and
+ * findable blocks. It never touches KV bytes: workers do, driven by the kvt_offload_meta it
+ * writes each step.
+ *
+ * One engine step, in the order the engine calls it:
+ *
+ *   for each waiting request:
+ *       kvt_offload_match()          host-tier hit beyond the GPU hit; pins it
+ *       (engine allocates GPU blocks for GPU hit + accepted external tokens)
+ *       kvt_offload_after_alloc()    pairs host hit blocks with GPU blocks, queues the load
+ *   for each scheduled request:
+ *       kvt_offload_schedule()       eager mode: selects newly confirmed blocks to store
+ *   kvt_offload_build_meta()         this step's load and store events -> workers
+ *   (workers copy; engine collects their outputs)
+ *   kvt_offload_apply_output()       finished loads by request, store reports by event
+ *   for each finished request:
+ *       kvt_offload_request_finished()
+ *
+ * Invariants the manager keeps (spec kv-offload §7):
+ *   - a host block becomes findable only when all world_size workers reported its store;
+ *   - every in-flight transfer holds one reference on each GPU and host block it touches,
+ *     released exactly once, so the engine may free its own references at any time and no
+ *     GPU block targeted by a transfer can be handed out again;
+ *   - host hits are pinned from match until after_alloc (or request_finished), closing the
+ *     TOCTOU of vLLM #39702;
+ *   - event ids per direction only grow, even across reset.
+ *
+ * Errors: a call that fails (unknown request where one is required, block ids out of range,
+ * events the manager never issued, malformed arguments) returns a negative KVT_E* code with
+ * kvt_last_error() and changes nothing.
+ *
+ * Thread rules: single-threaded; the engine's scheduler thread makes every call. No call
+ * allocates memory after kvt_offload_create, except that a kvt_offload_meta grows its own
+ * arrays until it has seen its largest step.
+ */
+#ifndef KVTIER_OFFLOAD_H
+#define KVTIER_OFFLOAD_H
+
+#include "kvtier/base.h"
+#include "kvtier/meta.h"
+#include "kvtier/pool.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KVT_REQ_ID_MAX 256u /* longest request id, bytes */
+
+typedef struct kvt_offload_config {
+    uint32_t host_blocks;        /* host-tier blocks, null block included (kvt_offload_size_host) */
+    uint32_t world_size;         /* workers that must report each store event; default 1 */
+    bool lazy;                   /* store blocks only as they near eviction from the GPU (vLLM
+                                    lazy_offload); default false: eager write-through */
+    uint32_t max_requests;       /* requests tracked at once; default 4096 */
+    uint32_t max_batched_tokens; /* engine's per-step token budget (lazy watermark);
+                                    default 8192 */
+    uint32_t max_model_len;      /* longest request, tokens: bounds a host-tier search (a
+                                    longer prompt is searched up to it); default 1 Mi */
+    uint32_t keys_per_block;     /* keys a host block keeps (primary + secondary); default:
+                                    the GPU pool's */
+    uint32_t restore_budget;     /* eager: blocks per step re-stored after the host tier
+                                    evicted them while still in use on the GPU; default 256,
+                                    0 disables */
+    uint32_t event_capacity;     /* host-tier cache events kept; 0 = off (default) */
+    uint64_t block_bytes;        /* bytes one block occupies across all ranks (for the byte
+                                    counters); 0 = unknown */
+} kvt_offload_config;
+
+typedef struct kvt_offload kvt_offload;
+
+KVT_API void kvt_offload_config_init(kvt_offload_config *cfg);
+
+/* Host-tier size handshake, step 1: blocks that capacity_bytes holds at block_bytes each
+ * (null block slot included). KVT_EINVAL if that is fewer than 2. Workers then allocate that
+ * many and report what they actually got; see kvt_offload_lower_host_blocks. */
+KVT_API int kvt_offload_size_host(uint64_t capacity_bytes, uint64_t block_bytes, uint32_t *blocks);
+
+/* Creates a manager for the engine's GPU pool (not owned; it must outlive the manager and is
+ * used by the manager on the same thread). The host pool mirrors the GPU pool's KV-cache
+ * groups, hash length and block sizes. */
+KVT_API int kvt_offload_create(const kvt_offload_config *cfg, kvt_pool *gpu_pool,
+                               kvt_offload **out);
+KVT_API void kvt_offload_destroy(kvt_offload *m);
+
+/* Host-tier size handshake, step 2: lowers the host tier to the fewest blocks any worker
+ * allocated, so the manager never addresses a block some worker lacks. Only before the first
+ * transfer (KVT_ESTATE afterwards); raising is refused (KVT_EINVAL). */
+KVT_API int kvt_offload_lower_host_blocks(kvt_offload *m, uint32_t worker_blocks);
+
+/* The host tier's pool, for inspection (hits, keys, LRU); do not modify it. */
+KVT_API const kvt_pool *kvt_offload_host_pool(const kvt_offload *m);
+
+/* ---- per-step hooks -------------------------------------------------------------------- */
+
+/* get_num_new_matched_tokens. hashes: the request's chained block hashes (one per
+ * hash_block_size tokens, GPU pool's hash length), num_tokens its length, num_computed the
+ * GPU prefix hit (a multiple of the scheduler block size). Sets *hit_tokens to the host-tier
+ * hit beyond the GPU hit, capped so the last token is always recomputed; when it is > 0 the
+ * hit is pinned until after_alloc or request_finished, and the load is asynchronous. A second
+ * match for the same request releases the first pin. */
+KVT_API int kvt_offload_match(kvt_offload *m, const char *req_id, uint32_t req_id_len,
+                              const uint8_t *hashes, uint32_t n_hashes, uint32_t num_tokens,
+                              uint32_t num_computed, uint32_t *hit_tokens);
+
+/* update_state_after_alloc. blocks[g] / n_blocks[g]: the request's GPU block table per
+ * KV-cache group after allocation; num_external: tokens the engine accepted from the host hit
+ * (0..hit, a multiple of the scheduler block size; fewer than offered is fine). Registers the
+ * request for eager stores, pairs the accepted host blocks with the GPU blocks that follow the
+ * GPU hit, pins both sides and queues the load for the next build_meta. */
+KVT_API int kvt_offload_after_alloc(kvt_offload *m, const char *req_id, uint32_t req_id_len,
+                                    const uint32_t *const *blocks, const uint32_t *n_blocks,
+                                    uint32_t num_external);
+
+/* Eager mode, once per scheduled request per step before build_meta: blocks[g] / n_blocks[g]
+ * the current GPU block table, num_confirmed the tokens whose KV is computed and confirmed
+ * before this step runs (vLLM: num_computed_tokens - num_output_placeholders), num_scheduled
+ * this step's tokens, resumed true if the request resumed from preemption this step (its
+ * blocks were reallocated; stores restart from its first block). Selects confirmed, hashed
+ * blocks not yet stored or in flight (one-step lag). A request never registered by
+ * after_alloc (or cleared by reset) is skipped, as in vLLM. No-op in lazy mode. */
+KVT_API int kvt_offload_schedule(kvt_offload *m, const char *req_id, uint32_t req_id_len,
+                                 const uint32_t *const *blocks, const uint32_t *n_blocks,
+                                 uint32_t num_confirmed, uint32_t num_scheduled, bool resumed);
+
+/* build_connector_meta: writes this step's events into out (cleared first): at most one load
+ * event and one store event, load_event_to_reqs with every outstanding load event, and
+ * need_flush = preempted (a request was preempted this step). */
+KVT_API int kvt_offload_build_meta(kvt_offload *m, bool preempted, kvt_offload_meta *out);
+
+/* update_connector_output: finished_loads (request ids all workers reported, may be NULL when
+ * n is 0) and the workers' aggregated store reports (may be NULL). Store counts add up across
+ * steps; an event completes when world_size reports arrived, and only then do its blocks
+ * become findable. Reports for events already completed or abandoned are ignored (counted);
+ * an unknown request, a request without a load in flight, or an event never issued fails the
+ * whole call before anything is applied. */
+KVT_API int kvt_offload_apply_output(kvt_offload *m, const kvt_str *finished_loads, uint32_t n,
+                                     const kvt_offload_worker_meta *stores);
+
+/* request_finished (all groups). With eager stores, first queues the request's remaining
+ * confirmed blocks for the next store event (the final flush that vLLM #53498 lacked), then
+ * releases its pins; cleanup waits for transfers still in flight. The engine may free its GPU
+ * blocks right after: in-flight transfers hold their own references. Finishing a request the
+ * manager never saw is a no-op. */
+KVT_API int kvt_offload_request_finished(kvt_offload *m, const char *req_id, uint32_t req_id_len,
+                                         const uint32_t *const *blocks, const uint32_t *n_blocks,
+                                         uint32_t num_confirmed);
+
+/* reset (prefix-cache reset, weight update): abandons in-flight work and clears the host
+ * tier. Returns KVT_EBUSY ("not yet") while abandoned transfers or pinned hits remain; call
+ * again after their completions arrived. Event ids are never reused. */
+KVT_API int kvt_offload_reset(kvt_offload *m);
+
+/* True while transfers are in flight or stores are queued: the engine keeps stepping. */
+KVT_API bool kvt_offload_has_pending(const kvt_offload *m);
+
+/* Host-tier cache events (stored / removed / all cleared), as kvt_pool_take_events. */
+KVT_API uint32_t kvt_offload_take_events(kvt_offload *m, kvt_pool_event *out, uint32_t cap,
+                                         uint64_t *dropped);
+
+/* ---- metrics --------------------------------------------------------------------------- */
+
+typedef struct kvt_offload_stats {
+    /* counters */
+    uint64_t lookups;                 /* match calls that searched the host tier */
+    uint64_t lookup_tokens;           /* tokens those searches could have hit */
+    uint64_t hit_tokens;              /* tokens they hit */
+    uint64_t hit_blocks;              /* host blocks pinned by hits */
+    uint64_t hits_dropped;            /* hits not offered for lack of request slots or list room */
+    uint64_t load_events;             /* load events issued */
+    uint64_t load_blocks;             /* blocks in them */
+    uint64_t loads_completed;         /* blocks whose load completed (abandoned ones included) */
+    uint64_t store_events;            /* store events issued */
+    uint64_t store_blocks;            /* blocks in them */
+    uint64_t stores_completed;        /* blocks made findable */
+    uint64_t stores_abandoned;        /* blocks whose store completed after a reset (not cached) */
+    uint64_t store_skipped_cached;    /* already in the host tier */
+    uint64_t store_skipped_in_flight; /* already being stored */
+    uint64_t store_skipped_unhashed;  /* GPU block carries no hash (masked position) */
+    uint64_t store_skipped_null;      /* null block */
+    uint64_t store_dropped_full;      /* selection stopped: no host block free */
+    uint64_t restores;                /* blocks re-stored after a host-tier eviction */
+    uint64_t host_evictions;          /* cached host blocks reused for new stores */
+    uint64_t stale_reports;           /* store reports for completed or abandoned events */
+    uint64_t bytes_loaded, bytes_stored; /* blocks x block_bytes (0 if unknown) */
+    uint64_t resets;                     /* successful resets */
+    /* gauges */
+    uint32_t host_blocks;        /* usable host blocks */
+    uint32_t host_used_blocks;   /* referenced (pinned by hits or transfers) */
+    uint32_t host_cached_blocks; /* carrying keys */
+    uint32_t requests;           /* requests tracked */
+    uint32_t load_events_in_flight;
+    uint32_t store_events_in_flight;
+    uint32_t pending_store_blocks; /* queued + in flight (abandoned included): if this only
+                                      grows, a transfer is stuck */
+} kvt_offload_stats;
+
+KVT_API void kvt_offload_get_stats(const kvt_offload *m, kvt_offload_stats *s);
+/* Writes the stats in Prometheus text exposition format (kvtier_offload_* families) into buf;
+ * *len receives the length. KVT_ENOSPC (and the length needed in *len) if cap is too small. */
+KVT_API int kvt_offload_prometheus(const kvt_offload *m, char *buf, size_t cap, size_t *len);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVTIER_OFFLOAD_H */

@@ -1,0 +1,374 @@
+/*
+ * Loads: host tier -> GPU (spec kv-offload §2.5).
+ *
+ * Phase A (kvt_offload_match) searches the host tier beyond the GPU hit and pins every hit
+ * block, so no store can evict it before the engine has allocated GPU blocks (vLLM #39702).
+ * Phase B (kvt_offload_after_alloc) keeps only the prefix the engine accepted, pairs host
+ * block i of group g with the request's GPU block at (blocks before the hit end) - (accepted
+ * blocks) + i — the layout is | GPU hit | loaded from host | computed | — pins both sides for
+ * the copy, and releases the phase-A pin. The load waits in a queue until build_meta gives
+ * every queued request one shared load event; the workers report the request ids when all
+ * ranks are done, and then both pins are released.
+ */
+#include <inttypes.h>
+#include <string.h>
+
+#include "base/error.h"
+#include "offload/offload_internal.h"
+
+void ofl_release_hit(kvt_offload *m, struct ofl_req *r)
+{
+    if (!(r->flags & RQ_HIT))
+        return;
+    for (kvt_iditer it = kvt_idlist_begin(&m->hitpool, &r->hit); kvt_iditer_ok(&it);
+         kvt_iditer_next(&m->hitpool, &it)) {
+        uint32_t b = kvt_iditer_get(&m->hitpool, &it);
+        if (b != KVT_NULL_BLOCK)
+            (void)kvt_pool_free(m->host, &b, 1); /* our own pin: cannot fail */
+    }
+    kvt_idlist_release(&m->hitpool, &r->hit);
+    r->flags &= ~RQ_HIT;
+}
+
+int kvt_offload_match(kvt_offload *m, const char *id, uint32_t id_len, const uint8_t *hashes,
+                      uint32_t n_hashes, uint32_t num_tokens, uint32_t num_computed,
+                      uint32_t *hit_tokens)
+{
+    int rc = ofl_check_id(id, id_len);
+    if (rc)
+        return rc;
+    if (!hit_tokens || (n_hashes && !hashes))
+        return kvt_fail(KVT_EINVAL, "offload: match: NULL argument");
+    if (num_computed % m->sched_bs != 0)
+        return kvt_fail(KVT_EINVAL,
+                        "offload: match: GPU hit of %u tokens is not a multiple of "
+                        "the scheduler block size %u",
+                        num_computed, m->sched_bs);
+    *hit_tokens = 0;
+    struct ofl_req *r = ofl_req_find(m, id, id_len);
+    if (r)
+        ofl_release_hit(m, r); /* a retry after a failed allocation: the old pin goes */
+
+    uint32_t start = num_computed / m->gcfg.hash_block_size;
+    if (start >= n_hashes || num_tokens <= num_computed + 1) {
+        if (r)
+            ofl_req_maybe_release(m, r);
+        return 0;
+    }
+    uint32_t max_hit = num_tokens - 1 - num_computed;
+    if (max_hit > m->max_search_tokens)
+        max_hit = m->max_search_tokens;
+    kvt_hit hit;
+    rc = kvt_pool_find_longest_hit(m->host, hashes + (size_t)start * m->hash_len, n_hashes - start,
+                                   max_hit, m->search_out, &hit);
+    if (rc) {
+        if (r)
+            ofl_req_maybe_release(m, r);
+        return kvt_fail_wrap(rc, "offload: match");
+    }
+    uint64_t searchable = (uint64_t)(n_hashes - start) * m->gcfg.hash_block_size;
+    m->st.lookups++;
+    m->st.lookup_tokens += searchable < max_hit ? searchable : max_hit;
+    if (hit.length == 0) {
+        if (r)
+            ofl_req_maybe_release(m, r);
+        return 0;
+    }
+    uint32_t total = 0;
+    for (uint32_t g = 0; g < m->ng; g++)
+        total += hit.n_blocks[g];
+    if (!r)
+        r = ofl_req_get(m, id, id_len);
+    if (!r || !kvt_idpool_can_hold(&m->hitpool, &r->hit, total)) {
+        m->st.hits_dropped++;
+        if (r)
+            ofl_req_maybe_release(m, r);
+        return 0; /* not offering a hit is always safe */
+    }
+    uint32_t pinned = 0;
+    for (uint32_t g = 0; g < m->ng; g++) {
+        r->hit_n[g] = hit.n_blocks[g];
+        for (uint32_t i = 0; i < hit.n_blocks[g]; i++) {
+            uint32_t b = m->search_out[g][i];
+            (void)kvt_idlist_push(&m->hitpool, &r->hit, b); /* room checked above */
+            if (b != KVT_NULL_BLOCK) {
+                (void)kvt_pool_touch(m->host, &b, 1);
+                pinned++;
+            }
+        }
+    }
+    r->flags |= RQ_HIT;
+    r->hit_len = hit.length;
+    r->hit_computed = num_computed;
+    m->st.hit_tokens += hit.length;
+    m->st.hit_blocks += pinned;
+    *hit_tokens = hit.length;
+    return 0;
+}
+
+/* Position of the first loaded block of group g in the request's block table. */
+static uint32_t load_start(const kvt_offload *m, const struct ofl_req *r, uint32_t g,
+                           uint32_t num_external)
+{
+    uint32_t gbs = m->gcfg.groups[g].block_size;
+    uint32_t total = r->hit_computed + num_external;
+    return (total + gbs - 1) / gbs - num_external / gbs;
+}
+
+/* Checks every pair before anything changes; marks destinations to catch repeats. */
+static int check_pairs(kvt_offload *m, const struct ofl_req *r, const uint32_t *const *blocks,
+                       const uint32_t *n_blocks, uint32_t num_external)
+{
+    int rc = 0;
+    kvt_iditer it = kvt_idlist_begin(&m->hitpool, &r->hit);
+    for (uint32_t g = 0; g < m->ng && !rc; g++) {
+        uint32_t n_ext = num_external / m->gcfg.groups[g].block_size;
+        uint32_t start = load_start(m, r, g, num_external);
+        for (uint32_t i = 0; i < r->hit_n[g]; i++, kvt_iditer_next(&m->hitpool, &it)) {
+            uint32_t cpu = kvt_iditer_get(&m->hitpool, &it);
+            if (rc || i >= n_ext || cpu == KVT_NULL_BLOCK)
+                continue;
+            if ((uint64_t)start + i >= n_blocks[g]) {
+                rc = kvt_fail(KVT_EINVAL,
+                              "offload: after_alloc: group %u has %u GPU blocks; the "
+                              "load needs block %u",
+                              g, n_blocks[g], start + i);
+                continue;
+            }
+            uint32_t gpu = blocks[g][start + i];
+            if (gpu == KVT_NULL_BLOCK)
+                continue;
+            if (m->gload_src[gpu] != OFL_NONE || (m->gflags[gpu] & G_MARK)) {
+                rc = kvt_fail(KVT_ESTATE,
+                              "offload: after_alloc: GPU block %u is already the "
+                              "destination of a load",
+                              gpu);
+                continue;
+            }
+            m->gflags[gpu] |= G_MARK;
+        }
+    }
+    /* clear the marks */
+    for (uint32_t g = 0; g < m->ng; g++) {
+        uint32_t n_ext = num_external / m->gcfg.groups[g].block_size;
+        uint32_t start = load_start(m, r, g, num_external);
+        for (uint32_t i = 0; i < n_ext && (uint64_t)start + i < n_blocks[g]; i++)
+            m->gflags[blocks[g][start + i]] &= (uint8_t)~G_MARK;
+    }
+    return rc;
+}
+
+int kvt_offload_after_alloc(kvt_offload *m, const char *id, uint32_t id_len,
+                            const uint32_t *const *blocks, const uint32_t *n_blocks,
+                            uint32_t num_external)
+{
+    int rc = ofl_check_id(id, id_len);
+    if (rc || (rc = ofl_check_table(m, blocks, n_blocks, "after_alloc")))
+        return rc;
+    struct ofl_req *r = ofl_req_find(m, id, id_len);
+    if (num_external) {
+        if (!r || !(r->flags & RQ_HIT))
+            return kvt_fail(KVT_ESTATE,
+                            "offload: after_alloc: request %.*s accepted %u external "
+                            "tokens but has no pending host hit",
+                            (int)id_len, id, num_external);
+        if (num_external > r->hit_len || num_external % m->sched_bs)
+            return kvt_fail(KVT_EINVAL,
+                            "offload: after_alloc: %u external tokens: must be a "
+                            "multiple of %u and at most the %u offered",
+                            num_external, m->sched_bs, r->hit_len);
+        if (r->flags & (RQ_LOAD_QUEUED | RQ_LOAD_SENT))
+            return kvt_fail(KVT_ESTATE, "offload: after_alloc: request %.*s already has a load",
+                            (int)id_len, id);
+        if ((rc = check_pairs(m, r, blocks, n_blocks, num_external)))
+            return rc;
+    }
+    if (!m->cfg.lazy && !r && !(r = ofl_req_get(m, id, id_len)))
+        return kvt_fail_wrap(KVT_ENOSPC, "offload: after_alloc");
+    if (!r)
+        return 0;
+    if (!m->cfg.lazy && !(r->flags & RQ_FINISHED))
+        r->flags |= RQ_EAGER; /* idempotent: cursors survive a second call */
+
+    if (num_external && (r->flags & RQ_HIT)) {
+        uint32_t tail = OFL_NONE;
+        kvt_iditer it = kvt_idlist_begin(&m->hitpool, &r->hit);
+        for (uint32_t g = 0; g < m->ng; g++) {
+            uint32_t n_ext = num_external / m->gcfg.groups[g].block_size;
+            uint32_t start = load_start(m, r, g, num_external);
+            for (uint32_t i = 0; i < r->hit_n[g]; i++, kvt_iditer_next(&m->hitpool, &it)) {
+                uint32_t cpu = kvt_iditer_get(&m->hitpool, &it);
+                if (i >= n_ext || cpu == KVT_NULL_BLOCK)
+                    continue;
+                uint32_t gpu = blocks[g][start + i];
+                if (gpu == KVT_NULL_BLOCK)
+                    continue;
+                (void)kvt_pool_touch(m->host, &cpu, 1); /* load pin, before the hit pin goes */
+                (void)kvt_pool_touch(m->gpu, &gpu, 1);
+                m->gload_src[gpu] = cpu;
+                m->gload_next[gpu] = OFL_NONE;
+                if (tail == OFL_NONE)
+                    r->load_head = gpu;
+                else
+                    m->gload_next[tail] = gpu;
+                tail = gpu;
+                r->n_load++;
+            }
+        }
+        if (r->n_load) {
+            r->flags |= RQ_LOAD_QUEUED;
+            r->load_next = OFL_NONE;
+            uint32_t slot = ofl_req_slot(m, r);
+            if (m->loadq_tail == OFL_NONE)
+                m->loadq_head = slot;
+            else
+                m->reqs[m->loadq_tail].load_next = slot;
+            m->loadq_tail = slot;
+        }
+    }
+    ofl_release_hit(m, r);
+    ofl_req_maybe_release(m, r);
+    return 0;
+}
+
+/* Releases the pins of a request's load pairs. */
+static void release_load_pairs(kvt_offload *m, struct ofl_req *r)
+{
+    uint32_t gpu = r->load_head;
+    while (gpu != OFL_NONE) {
+        uint32_t next = m->gload_next[gpu];
+        uint32_t cpu = m->gload_src[gpu];
+        (void)kvt_pool_free(m->host, &cpu, 1);
+        (void)kvt_pool_free(m->gpu, &gpu, 1);
+        m->gload_src[gpu] = m->gload_next[gpu] = OFL_NONE;
+        gpu = next;
+    }
+    r->load_head = OFL_NONE;
+    r->n_load = 0;
+}
+
+void ofl_cancel_queued_load(kvt_offload *m, struct ofl_req *r)
+{
+    uint32_t slot = ofl_req_slot(m, r), prev = OFL_NONE;
+    for (uint32_t s = m->loadq_head; s != OFL_NONE; prev = s, s = m->reqs[s].load_next) {
+        if (s != slot)
+            continue;
+        if (prev == OFL_NONE)
+            m->loadq_head = r->load_next;
+        else
+            m->reqs[prev].load_next = r->load_next;
+        if (m->loadq_tail == slot)
+            m->loadq_tail = prev;
+        break;
+    }
+    release_load_pairs(m, r);
+    r->flags &= ~RQ_LOAD_QUEUED;
+}
+
+/* Reserves room in out for everything build_meta will write (loads, load_event_to_reqs and
+ * the queued stores), so that once an event is created nothing can fail. */
+int ofl_reserve_step(kvt_offload *m, kvt_offload_meta *out)
+{
+    uint32_t pairs = 0, reqs = 0, events = m->loads.n;
+    size_t bytes = 0;
+    if (m->loadq_head != OFL_NONE && m->loads.n < m->loads.cap) {
+        events++;
+        for (uint32_t s = m->loadq_head; s != OFL_NONE; s = m->reqs[s].load_next) {
+            pairs += m->reqs[s].n_load;
+            reqs++;
+            bytes += m->reqs[s].id_len + 1;
+        }
+    }
+    for (uint32_t i = m->loads.first; i != OFL_NONE; i = m->loads.e[i].next)
+        for (uint32_t s = m->loads.e[i].head; s != OFL_NONE; s = m->reqs[s].load_next) {
+            reqs++;
+            bytes += m->reqs[s].id_len + 1;
+        }
+    int rc = kvt_offload_meta_reserve(out, pairs, m->acc_n, events, reqs, bytes);
+    return rc ? kvt_fail_wrap(rc, "offload: build_meta") : 0;
+}
+
+void ofl_emit_loads(kvt_offload *m, kvt_offload_meta *out)
+{
+    if (m->loadq_head != OFL_NONE && m->loads.n < m->loads.cap) {
+        struct ofl_event *e = ofl_evtable_add(&m->loads, m->load_counter++);
+        uint32_t pairs = 0;
+        e->head = m->loadq_head;
+        e->tail = m->loadq_tail;
+        for (uint32_t s = m->loadq_head; s != OFL_NONE; s = m->reqs[s].load_next) {
+            struct ofl_req *r = &m->reqs[s];
+            r->flags = (r->flags & ~RQ_LOAD_QUEUED) | RQ_LOAD_SENT;
+            r->load_event = e->id;
+            e->n++;
+            pairs += r->n_load;
+            for (uint32_t g = r->load_head; g != OFL_NONE; g = m->gload_next[g])
+                (void)kvt_offload_meta_add_load(out, g, m->gload_src[g]);
+        }
+        m->loadq_head = m->loadq_tail = OFL_NONE;
+        out->load_event = e->id;
+        m->st.load_events++;
+        m->st.load_blocks += pairs;
+        m->transferred = true;
+    }
+    for (uint32_t i = m->loads.first; i != OFL_NONE; i = m->loads.e[i].next)
+        for (uint32_t s = m->loads.e[i].head; s != OFL_NONE; s = m->reqs[s].load_next)
+            (void)kvt_offload_meta_add_load_req(out, m->loads.e[i].id, m->reqs[s].id,
+                                                m->reqs[s].id_len);
+}
+
+int ofl_check_load_done(const kvt_offload *m, const kvt_str *ids, uint32_t n)
+{
+    if (n && !ids)
+        return kvt_fail(KVT_EINVAL, "offload: apply_output: finished_loads is NULL");
+    int rc = 0;
+    uint32_t i = 0;
+    for (; i < n && !rc; i++) {
+        if ((rc = ofl_check_id(ids[i].ptr, ids[i].len)))
+            break;
+        struct ofl_req *r = ofl_req_find(m, ids[i].ptr, ids[i].len);
+        if (!r)
+            rc = kvt_fail(KVT_ENOENT, "offload: apply_output: unknown request %.*s",
+                          (int)ids[i].len, ids[i].ptr);
+        else if (!(r->flags & RQ_LOAD_SENT) || (r->flags & RQ_LISTED))
+            rc = kvt_fail(KVT_ESTATE,
+                          "offload: apply_output: request %.*s has no load in "
+                          "flight (or is listed twice)",
+                          (int)ids[i].len, ids[i].ptr);
+        else
+            r->flags |= RQ_LISTED;
+    }
+    for (uint32_t k = 0; k < i; k++) {
+        struct ofl_req *r = ofl_req_find(m, ids[k].ptr, ids[k].len);
+        if (r)
+            r->flags &= ~(RQ_LISTED);
+    }
+    return rc;
+}
+
+void ofl_apply_load_done(kvt_offload *m, struct ofl_req *r)
+{
+    struct ofl_event *e = ofl_evtable_find(&m->loads, r->load_event);
+    if (e) {
+        uint32_t slot = ofl_req_slot(m, r), prev = OFL_NONE;
+        for (uint32_t s = e->head; s != OFL_NONE; prev = s, s = m->reqs[s].load_next) {
+            if (s != slot)
+                continue;
+            if (prev == OFL_NONE)
+                e->head = r->load_next;
+            else
+                m->reqs[prev].load_next = r->load_next;
+            if (e->tail == slot)
+                e->tail = prev;
+            break;
+        }
+        if (--e->n == 0)
+            ofl_evtable_remove(&m->loads, e);
+    }
+    m->st.loads_completed += r->n_load;
+    m->st.bytes_loaded += (uint64_t)r->n_load * m->cfg.block_bytes;
+    release_load_pairs(m, r);
+    r->flags &= ~(RQ_LOAD_SENT | RQ_LOAD_ABANDONED);
+    r->load_event = KVT_NO_EVENT;
+    r->load_next = OFL_NONE;
+    ofl_req_maybe_release(m, r);
+}

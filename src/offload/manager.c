@@ -1,0 +1,661 @@
+/*
+ * Offload manager: life cycle, the request table, the event tables, step assembly
+ * (build_meta, apply_output), reset and metrics. Loads live in load.c, stores in store.c; the
+ * shared state and its invariants are described in offload_internal.h.
+ *
+ * Requests are found by their string id through an open-addressing map from the id's XXH3 to
+ * a fixed slot. A slot lives while the request holds anything: a pinned hit, a load, stores
+ * queued or in flight (once finished), or an eager registration (while running). Finished
+ * requests that still wait for transfers sit on a list that is swept after every step.
+ */
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/error.h"
+#include "base/hash.h"
+#include "base/util.h"
+#include "offload/offload_internal.h"
+
+#define MAX_WORLD    65536u
+#define MAX_EVENTS   65536u
+#define MAX_REQUESTS (1u << 22)
+
+/* ---- event tables ---------------------------------------------------------------------- */
+
+static uint64_t event_hash(int64_t id)
+{
+    uint64_t z = (uint64_t)id + 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    return z ^ (z >> 31);
+}
+
+int ofl_evtable_init(struct ofl_evtable *t, uint32_t cap)
+{
+    memset(t, 0, sizeof(*t));
+    t->e = calloc(cap, sizeof(*t->e));
+    if (!t->e)
+        return kvt_fail(KVT_ENOMEM, "offload: cannot allocate %u event entries", cap);
+    int rc = kvt_map_init(&t->map, cap);
+    if (rc)
+        return rc;
+    t->cap = cap;
+    for (uint32_t i = 0; i < cap; i++)
+        t->e[i].next = i + 1 < cap ? i + 1 : OFL_NONE;
+    t->free_head = 0;
+    t->first = t->last = OFL_NONE;
+    return 0;
+}
+
+void ofl_evtable_free(struct ofl_evtable *t)
+{
+    free(t->e);
+    kvt_map_free(&t->map);
+    memset(t, 0, sizeof(*t));
+}
+
+struct ofl_event *ofl_evtable_find(const struct ofl_evtable *t, int64_t id)
+{
+    uint64_t h = event_hash(id), pos = kvt_map_probe_start(&t->map, h);
+    uint32_t idx;
+    while (kvt_map_probe_next(&t->map, h, &pos, &idx))
+        if (t->e[idx].id == id)
+            return &t->e[idx];
+    return NULL;
+}
+
+struct ofl_event *ofl_evtable_add(struct ofl_evtable *t, int64_t id)
+{
+    if (t->free_head == OFL_NONE)
+        return NULL;
+    uint32_t idx = t->free_head;
+    struct ofl_event *e = &t->e[idx];
+    t->free_head = e->next;
+    memset(e, 0, sizeof(*e));
+    e->id = id;
+    e->head = e->tail = OFL_NONE;
+    e->prev = t->last;
+    e->next = OFL_NONE;
+    if (t->last == OFL_NONE)
+        t->first = idx;
+    else
+        t->e[t->last].next = idx;
+    t->last = idx;
+    (void)kvt_map_insert(&t->map, event_hash(id), idx); /* room for every entry */
+    t->n++;
+    return e;
+}
+
+void ofl_evtable_remove(struct ofl_evtable *t, struct ofl_event *e)
+{
+    uint32_t idx = ofl_evtable_index(t, e);
+    kvt_map_remove(&t->map, event_hash(e->id), idx);
+    if (e->prev == OFL_NONE)
+        t->first = e->next;
+    else
+        t->e[e->prev].next = e->next;
+    if (e->next == OFL_NONE)
+        t->last = e->prev;
+    else
+        t->e[e->next].prev = e->prev;
+    e->next = t->free_head;
+    t->free_head = idx;
+    t->n--;
+}
+
+/* ---- requests -------------------------------------------------------------------------- */
+
+int ofl_check_id(const char *id, uint32_t len)
+{
+    if (!id || len == 0 || len > KVT_REQ_ID_MAX)
+        return kvt_fail(KVT_EINVAL, "offload: request id must be 1..%u bytes (got %u%s)",
+                        KVT_REQ_ID_MAX, len, id ? "" : ", NULL");
+    return 0;
+}
+
+struct ofl_req *ofl_req_find(const kvt_offload *m, const char *id, uint32_t len)
+{
+    uint64_t h = kvt_xxh3_64(id, len, 0), pos = kvt_map_probe_start(&m->req_map, h);
+    uint32_t slot;
+    while (kvt_map_probe_next(&m->req_map, h, &pos, &slot)) {
+        struct ofl_req *r = &m->reqs[slot];
+        if (r->id_len == len && memcmp(r->id, id, len) == 0)
+            return r;
+    }
+    return NULL;
+}
+
+struct ofl_req *ofl_req_get(kvt_offload *m, const char *id, uint32_t len)
+{
+    struct ofl_req *r = ofl_req_find(m, id, len);
+    if (r)
+        return r;
+    if (m->free_req == OFL_NONE) {
+        kvt_fail(KVT_ENOSPC, "offload: all %u request slots in use (max_requests)",
+                 m->cfg.max_requests);
+        return NULL;
+    }
+    uint32_t slot = m->free_req;
+    r = &m->reqs[slot];
+    m->free_req = r->free_next;
+    memset(r, 0, sizeof(*r));
+    r->used = true;
+    r->id_hash = kvt_xxh3_64(id, len, 0);
+    r->id_len = len;
+    memcpy(r->id, id, len);
+    kvt_idlist_init(&r->hit);
+    r->load_event = KVT_NO_EVENT;
+    r->last_store_event = KVT_NO_EVENT;
+    r->load_head = r->load_next = r->step_next = r->wait_next = OFL_NONE;
+    (void)kvt_map_insert(&m->req_map, r->id_hash, slot); /* room for every slot */
+    m->n_reqs++;
+    return r;
+}
+
+static bool req_busy(const kvt_offload *m, const struct ofl_req *r)
+{
+    if (r->flags & (RQ_HIT | RQ_LOAD_QUEUED | RQ_LOAD_SENT | RQ_STEP_STORE))
+        return true;
+    if (!(r->flags & RQ_FINISHED))
+        return (r->flags & RQ_EAGER) != 0;
+    return ofl_store_pending(m, r);
+}
+
+static void req_free(kvt_offload *m, struct ofl_req *r)
+{
+    uint32_t slot = ofl_req_slot(m, r);
+    kvt_map_remove(&m->req_map, r->id_hash, slot);
+    r->used = false;
+    r->free_next = m->free_req;
+    m->free_req = slot;
+    m->n_reqs--;
+}
+
+void ofl_req_maybe_release(kvt_offload *m, struct ofl_req *r)
+{
+    if (req_busy(m, r)) {
+        if ((r->flags & RQ_FINISHED) && !(r->flags & RQ_WAITING)) {
+            r->flags |= RQ_WAITING;
+            r->wait_next = m->wait_head;
+            m->wait_head = ofl_req_slot(m, r);
+        }
+        return;
+    }
+    if (!(r->flags & RQ_WAITING)) /* on the list: the next sweep frees it */
+        req_free(m, r);
+}
+
+/* Frees the finished requests whose transfers are all done. */
+static void sweep_waiting(kvt_offload *m)
+{
+    uint32_t s = m->wait_head;
+    m->wait_head = OFL_NONE;
+    while (s != OFL_NONE) {
+        struct ofl_req *r = &m->reqs[s];
+        s = r->wait_next;
+        r->flags &= ~RQ_WAITING;
+        ofl_req_maybe_release(m, r);
+    }
+}
+
+int ofl_check_table(const kvt_offload *m, const uint32_t *const *blocks, const uint32_t *n_blocks,
+                    const char *what)
+{
+    if (!blocks || !n_blocks)
+        return kvt_fail(KVT_EINVAL, "offload: %s: NULL block table", what);
+    for (uint32_t g = 0; g < m->ng; g++) {
+        if (n_blocks[g] && !blocks[g])
+            return kvt_fail(KVT_EINVAL, "offload: %s: group %u has %u blocks but no list", what, g,
+                            n_blocks[g]);
+        for (uint32_t j = 0; j < n_blocks[g]; j++)
+            if (blocks[g][j] >= m->gpu_nb)
+                return kvt_fail(KVT_ERANGE,
+                                "offload: %s: group %u block %u is GPU block %u, out "
+                                "of range (GPU pool has %u blocks)",
+                                what, g, j, blocks[g][j], m->gpu_nb);
+    }
+    return 0;
+}
+
+/* ---- life cycle ------------------------------------------------------------------------ */
+
+void kvt_offload_config_init(kvt_offload_config *cfg)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->world_size = 1;
+    cfg->max_requests = 4096;
+    cfg->max_batched_tokens = 8192;
+    cfg->restore_budget = 256;
+    cfg->max_model_len = 1u << 20;
+}
+
+int kvt_offload_size_host(uint64_t capacity_bytes, uint64_t block_bytes, uint32_t *blocks)
+{
+    if (!blocks || block_bytes == 0)
+        return kvt_fail(KVT_EINVAL, "offload: size_host: block_bytes must be positive");
+    uint64_t n = capacity_bytes / block_bytes;
+    if (n < 2)
+        return kvt_fail(KVT_EINVAL,
+                        "offload: %" PRIu64 " bytes hold %" PRIu64 " blocks of %" PRIu64
+                        " bytes; the host tier needs at least 2 (one is the null block)",
+                        capacity_bytes, n, block_bytes);
+    *blocks = n > UINT32_MAX - 1 ? UINT32_MAX - 1 : (uint32_t)n;
+    return 0;
+}
+
+/* Creates the host pool and the per-host-block arrays for host_nb blocks. */
+static int host_setup(kvt_offload *m, uint32_t host_nb)
+{
+    kvt_pool_config hc = m->gcfg;
+    hc.num_blocks = host_nb;
+    hc.keys_per_block = m->kpb;
+    hc.event_capacity = m->cfg.event_capacity;
+    int rc = kvt_pool_create(&hc, &m->host);
+    if (rc)
+        return kvt_fail_wrap(rc, "offload: host pool");
+    m->host_nb = host_nb;
+    m->hstore_src = malloc((size_t)host_nb * sizeof(uint32_t));
+    m->hstore_next = malloc((size_t)host_nb * sizeof(uint32_t));
+    m->hkeys = malloc((size_t)host_nb * m->kpb * m->key_stride);
+    m->hkeys_n = calloc(host_nb, 1);
+    m->scratch = malloc((size_t)host_nb * 2 * sizeof(uint32_t));
+    if (!m->hstore_src || !m->hstore_next || !m->hkeys || !m->hkeys_n || !m->scratch)
+        return kvt_fail(KVT_ENOMEM, "offload: cannot allocate state for %u host blocks", host_nb);
+    for (uint32_t i = 0; i < host_nb; i++)
+        m->hstore_src[i] = m->hstore_next[i] = OFL_NONE;
+    uint32_t cap = kvt_min_u32(host_nb, MAX_EVENTS);
+    return ofl_evtable_init(&m->stores, cap);
+}
+
+static void host_teardown(kvt_offload *m)
+{
+    kvt_pool_destroy(m->host);
+    m->host = NULL;
+    free(m->hstore_src);
+    free(m->hstore_next);
+    free(m->hkeys);
+    free(m->hkeys_n);
+    free(m->scratch);
+    m->hstore_src = m->hstore_next = m->scratch = NULL;
+    m->hkeys = m->hkeys_n = NULL;
+    ofl_evtable_free(&m->stores);
+}
+
+/* Lazy watermark (vLLM target_free): GPU blocks at the LRU head that should be safe to evict. */
+static uint32_t lazy_target(const kvt_offload *m)
+{
+    uint64_t t = 0;
+    for (uint32_t g = 0; g < m->ng; g++) {
+        const kvt_group_spec *s = &m->gcfg.groups[g];
+        uint64_t bs = s->block_size;
+        if (s->kind == KVT_GROUP_MAMBA)
+            t += 2;
+        else if (s->kind == KVT_GROUP_SLIDING)
+            t += (s->sliding_window + bs - 1) / bs + 1;
+        else
+            t += (m->cfg.max_batched_tokens + bs - 1) / bs;
+    }
+    t *= 2; /* 1 + WATERMARK_RATIO (1.0) */
+    return t > UINT32_MAX ? UINT32_MAX : (uint32_t)t;
+}
+
+static int validate_config(const kvt_offload_config *c, const kvt_pool *gpu)
+{
+    if (!gpu)
+        return kvt_fail(KVT_EINVAL, "offload: the GPU pool is NULL");
+    if (c->host_blocks < 2 || c->host_blocks == UINT32_MAX)
+        return kvt_fail(KVT_EINVAL,
+                        "offload: host_blocks %u must be at least 2 (see "
+                        "kvt_offload_size_host)",
+                        c->host_blocks);
+    if (c->world_size < 1 || c->world_size > MAX_WORLD)
+        return kvt_fail(KVT_EINVAL, "offload: world_size %u must be in 1..%u", c->world_size,
+                        MAX_WORLD);
+    if (c->max_requests < 1 || c->max_requests > MAX_REQUESTS)
+        return kvt_fail(KVT_EINVAL, "offload: max_requests %u must be in 1..%u", c->max_requests,
+                        MAX_REQUESTS);
+    if (c->max_model_len < 1)
+        return kvt_fail(KVT_EINVAL, "offload: max_model_len must be positive");
+    if (c->keys_per_block > 64)
+        return kvt_fail(KVT_EINVAL, "offload: keys_per_block %u exceeds 64", c->keys_per_block);
+    return 0;
+}
+
+int kvt_offload_create(const kvt_offload_config *cfg, kvt_pool *gpu, kvt_offload **out)
+{
+    if (!out)
+        return kvt_fail(KVT_EINVAL, "offload: out is NULL");
+    *out = NULL;
+    if (!cfg)
+        return kvt_fail(KVT_EINVAL, "offload: config is NULL");
+    int rc = validate_config(cfg, gpu);
+    if (rc)
+        return rc;
+    kvt_offload *m = calloc(1, sizeof(*m));
+    if (!m)
+        return kvt_fail(KVT_ENOMEM, "offload: out of memory");
+    m->cfg = *cfg;
+    m->gpu = gpu;
+    kvt_pool_get_config(gpu, &m->gcfg);
+    m->gpu_nb = kvt_pool_num_blocks(gpu);
+    m->ng = m->gcfg.n_groups;
+    m->hash_len = m->gcfg.hash_len;
+    m->sched_bs = m->gcfg.scheduler_block_size;
+    m->kpb = cfg->keys_per_block ? cfg->keys_per_block : m->gcfg.keys_per_block;
+    m->key_stride = m->hash_len + 2 * sizeof(uint32_t);
+    m->target_free = cfg->lazy ? lazy_target(m) : 0;
+    m->max_search_tokens = cfg->max_model_len;
+    m->loadq_head = m->loadq_tail = m->acc_head = m->acc_tail = OFL_NONE;
+    m->step_reqs = m->wait_head = m->lazy_cursor = OFL_NONE;
+
+    rc = host_setup(m, cfg->host_blocks);
+    uint32_t min_bs = UINT32_MAX, search_ids = 0;
+    for (uint32_t g = 0; g < m->ng && !rc; g++) {
+        uint32_t n = cfg->max_model_len / m->gcfg.groups[g].block_size + 1;
+        m->search_out[g] = malloc((size_t)n * sizeof(uint32_t));
+        if (!m->search_out[g])
+            rc = kvt_fail(KVT_ENOMEM, "offload: cannot allocate search buffers");
+        min_bs = kvt_min_u32(min_bs, m->gcfg.groups[g].block_size);
+        search_ids += n;
+    }
+    if (!rc) {
+        /* room for several concurrent maximal hits; a hit that does not fit is not offered */
+        uint64_t ids = (uint64_t)search_ids * 4 + 1024;
+        rc = kvt_idpool_init(&m->hitpool, ids > UINT32_MAX / 2 ? UINT32_MAX / 2 : (uint32_t)ids);
+    }
+    if (!rc) {
+        m->reqs = calloc(cfg->max_requests, sizeof(*m->reqs));
+        m->gload_src = malloc((size_t)m->gpu_nb * sizeof(uint32_t));
+        m->gload_next = malloc((size_t)m->gpu_nb * sizeof(uint32_t));
+        m->gflags = calloc(m->gpu_nb, 1);
+        m->restore = malloc((size_t)m->gpu_nb * sizeof(uint32_t));
+        uint32_t kmax = kvt_max_u32(m->kpb, m->gcfg.keys_per_block);
+        m->keys = malloc((size_t)kmax * sizeof(kvt_pool_key));
+        if (!m->reqs || !m->gload_src || !m->gload_next || !m->gflags || !m->restore || !m->keys)
+            rc = kvt_fail(KVT_ENOMEM, "offload: cannot allocate per-block state");
+    }
+    if (!rc)
+        rc = kvt_map_init(&m->req_map, cfg->max_requests);
+    if (!rc)
+        rc = ofl_evtable_init(&m->loads, kvt_min_u32(m->gpu_nb, MAX_EVENTS));
+    if (rc) {
+        kvt_offload_destroy(m);
+        return rc;
+    }
+    for (uint32_t i = 0; i < m->gpu_nb; i++)
+        m->gload_src[i] = m->gload_next[i] = OFL_NONE;
+    m->free_req = 0;
+    for (uint32_t i = 0; i < cfg->max_requests; i++)
+        m->reqs[i].free_next = i + 1 < cfg->max_requests ? i + 1 : OFL_NONE;
+    (void)min_bs;
+    *out = m;
+    return 0;
+}
+
+void kvt_offload_destroy(kvt_offload *m)
+{
+    if (!m)
+        return;
+    host_teardown(m);
+    for (uint32_t g = 0; g < KVT_MAX_GROUPS; g++)
+        free(m->search_out[g]);
+    kvt_idpool_free(&m->hitpool);
+    kvt_map_free(&m->req_map);
+    ofl_evtable_free(&m->loads);
+    free(m->reqs);
+    free(m->gload_src);
+    free(m->gload_next);
+    free(m->gflags);
+    free(m->restore);
+    free(m->keys);
+    free(m);
+}
+
+int kvt_offload_lower_host_blocks(kvt_offload *m, uint32_t worker_blocks)
+{
+    if (worker_blocks > m->host_nb)
+        return kvt_fail(KVT_EINVAL,
+                        "offload: a worker reported %u host blocks, more than the "
+                        "%u planned; the tier is only ever lowered",
+                        worker_blocks, m->host_nb);
+    if (worker_blocks < 2)
+        return kvt_fail(KVT_EINVAL,
+                        "offload: a worker allocated only %u host blocks (at least "
+                        "2 needed)",
+                        worker_blocks);
+    if (worker_blocks == m->host_nb)
+        return 0;
+    if (m->transferred || kvt_pool_num_free(m->host) != m->host_nb - 1 || m->acc_n)
+        return kvt_fail(KVT_ESTATE, "offload: the host tier can only be resized before its "
+                                    "first transfer and hit");
+    host_teardown(m);
+    return host_setup(m, worker_blocks);
+}
+
+const kvt_pool *kvt_offload_host_pool(const kvt_offload *m)
+{
+    return m->host;
+}
+
+/* ---- step ------------------------------------------------------------------------------ */
+
+int kvt_offload_build_meta(kvt_offload *m, bool preempted, kvt_offload_meta *out)
+{
+    if (!out)
+        return kvt_fail(KVT_EINVAL, "offload: build_meta: out is NULL");
+    kvt_offload_meta_clear(out);
+    if (m->cfg.lazy)
+        ofl_select_lazy(m);
+    else
+        ofl_select_restores(m);
+    int rc = ofl_reserve_step(m, out);
+    if (rc)
+        return rc; /* nothing issued: loads and stores stay queued for the next step */
+    ofl_emit_loads(m, out);
+    ofl_emit_stores(m, out);
+    out->need_flush = preempted;
+    sweep_waiting(m);
+    return 0;
+}
+
+int kvt_offload_apply_output(kvt_offload *m, const kvt_str *finished_loads, uint32_t n,
+                             const kvt_offload_worker_meta *stores)
+{
+    int rc = ofl_check_load_done(m, finished_loads, n);
+    if (rc)
+        return rc;
+    if (stores) {
+        if ((rc = kvt_offload_worker_meta_validate(stores)))
+            return kvt_fail_wrap(rc, "offload: apply_output");
+        for (uint32_t i = 0; i < stores->n_completed; i++)
+            if (stores->events[i] >= m->store_counter)
+                return kvt_fail(KVT_ERANGE,
+                                "offload: apply_output: store event %" PRId64
+                                " was never issued (next is %" PRId64 ")",
+                                stores->events[i], m->store_counter);
+    }
+    for (uint32_t i = 0; i < n; i++)
+        ofl_apply_load_done(m, ofl_req_find(m, finished_loads[i].ptr, finished_loads[i].len));
+    for (uint32_t i = 0; stores && i < stores->n_completed; i++) {
+        struct ofl_event *e = ofl_evtable_find(&m->stores, stores->events[i]);
+        if (!e) {
+            m->st.stale_reports++;
+            continue;
+        }
+        uint64_t total = (uint64_t)e->reported + stores->counts[i];
+        e->reported = total > UINT32_MAX ? UINT32_MAX : (uint32_t)total;
+        if (e->reported >= m->cfg.world_size)
+            ofl_complete_store(m, e);
+    }
+    sweep_waiting(m);
+    return 0;
+}
+
+int kvt_offload_reset(kvt_offload *m)
+{
+    /* 1. In-flight stores are abandoned: their blocks will be freed, never cached. */
+    for (uint32_t i = m->stores.first; i != OFL_NONE; i = m->stores.e[i].next) {
+        struct ofl_event *e = &m->stores.e[i];
+        if (e->abandoned)
+            continue;
+        e->abandoned = true;
+        for (uint32_t h = e->head; h != OFL_NONE; h = m->hstore_next[h])
+            m->gflags[m->hstore_src[h]] &= (uint8_t)~G_STORING;
+    }
+    /* 2. Stores queued for the next event and re-stores are dropped. */
+    ofl_release_accumulator(m);
+    while (m->rs_len) {
+        m->gflags[m->restore[m->rs_head]] &= (uint8_t)~G_RESTORE;
+        m->rs_head = (m->rs_head + 1) % m->gpu_nb;
+        m->rs_len--;
+    }
+    m->lazy_cursor = OFL_NONE;
+    /* 3. Requests forget their store state; loads never sent are cancelled, sent ones are
+     *    abandoned (their pins stay until the workers report them). */
+    for (uint32_t s = 0; s < m->cfg.max_requests; s++) {
+        struct ofl_req *r = &m->reqs[s];
+        if (!r->used)
+            continue;
+        r->flags &= ~RQ_EAGER;
+        r->last_store_event = KVT_NO_EVENT;
+        if (r->flags & RQ_LOAD_QUEUED)
+            ofl_cancel_queued_load(m, r);
+        if (r->flags & RQ_LOAD_SENT)
+            r->flags |= RQ_LOAD_ABANDONED;
+        ofl_req_maybe_release(m, r);
+    }
+    sweep_waiting(m);
+    if (m->stores.n || m->loads.n)
+        return kvt_fail(KVT_EBUSY, "offload: reset: %u store and %u load events still in flight",
+                        m->stores.n, m->loads.n);
+    int rc = kvt_pool_reset_prefix_cache(m->host);
+    if (rc)
+        return kvt_fail_wrap(KVT_EBUSY, "offload: reset: hits are still pinned");
+    m->st.resets++;
+    return 0;
+}
+
+bool kvt_offload_has_pending(const kvt_offload *m)
+{
+    return m->loads.n || m->stores.n || m->acc_n || m->loadq_head != OFL_NONE;
+}
+
+uint32_t kvt_offload_take_events(kvt_offload *m, kvt_pool_event *out, uint32_t cap,
+                                 uint64_t *dropped)
+{
+    return kvt_pool_take_events(m->host, out, cap, dropped);
+}
+
+/* ---- metrics --------------------------------------------------------------------------- */
+
+void kvt_offload_get_stats(const kvt_offload *m, kvt_offload_stats *s)
+{
+    *s = m->st;
+    s->host_blocks = m->host_nb - 1;
+    s->host_used_blocks = m->host_nb - 1 - kvt_pool_num_free(m->host);
+    s->host_cached_blocks = kvt_pool_num_cached(m->host);
+    s->requests = m->n_reqs;
+    s->load_events_in_flight = m->loads.n;
+    s->store_events_in_flight = m->stores.n;
+    uint32_t pending = m->acc_n;
+    for (uint32_t i = m->stores.first; i != OFL_NONE; i = m->stores.e[i].next)
+        pending += m->stores.e[i].n;
+    s->pending_store_blocks = pending;
+}
+
+struct prom {
+    char *buf;
+    size_t cap, len;
+};
+
+static void prom_put(struct prom *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void prom_put(struct prom *p, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    size_t room = p->len < p->cap ? p->cap - p->len : 0;
+    int n = vsnprintf(room ? p->buf + p->len : NULL, room, fmt, ap);
+    va_end(ap);
+    if (n > 0)
+        p->len += (size_t)n;
+}
+
+static void prom_metric(struct prom *p, const char *name, const char *type, const char *help,
+                        const char *labels, uint64_t v)
+{
+    prom_put(p, "# HELP kvtier_offload_%s %s\n# TYPE kvtier_offload_%s %s\n", name, help, name,
+             type);
+    prom_put(p, "kvtier_offload_%s%s %" PRIu64 "\n", name, labels, v);
+}
+
+int kvt_offload_prometheus(const kvt_offload *m, char *buf, size_t cap, size_t *len)
+{
+    if (!len || (cap && !buf))
+        return kvt_fail(KVT_EINVAL, "offload: prometheus: NULL argument");
+    kvt_offload_stats s;
+    kvt_offload_get_stats(m, &s);
+    struct prom p = {buf, cap, 0};
+    const struct {
+        const char *name, *help;
+        uint64_t v;
+    } counters[] = {
+        {"lookups_total", "Host-tier searches by match.", s.lookups},
+        {"lookup_tokens_total", "Tokens those searches could have hit.", s.lookup_tokens},
+        {"hit_tokens_total", "Tokens hit in the host tier.", s.hit_tokens},
+        {"hit_blocks_total", "Host blocks pinned by hits.", s.hit_blocks},
+        {"hits_dropped_total", "Hits not offered for lack of room.", s.hits_dropped},
+        {"load_events_total", "Load events issued.", s.load_events},
+        {"load_blocks_total", "Blocks in issued load events.", s.load_blocks},
+        {"loads_completed_total", "Blocks whose load completed.", s.loads_completed},
+        {"store_events_total", "Store events issued.", s.store_events},
+        {"store_blocks_total", "Blocks in issued store events.", s.store_blocks},
+        {"stores_completed_total", "Blocks made findable in the host tier.", s.stores_completed},
+        {"stores_abandoned_total", "Blocks whose store completed after a reset.",
+         s.stores_abandoned},
+        {"restores_total", "Blocks re-stored after a host-tier eviction.", s.restores},
+        {"host_evictions_total", "Cached host blocks reused for new stores.", s.host_evictions},
+        {"stale_reports_total", "Store reports for completed or abandoned events.",
+         s.stale_reports},
+        {"loaded_bytes_total", "Bytes loaded (blocks x block_bytes).", s.bytes_loaded},
+        {"stored_bytes_total", "Bytes stored (blocks x block_bytes).", s.bytes_stored},
+        {"resets_total", "Successful resets.", s.resets},
+    };
+    for (size_t i = 0; i < KVT_ARRAY_LEN(counters); i++)
+        prom_metric(&p, counters[i].name, "counter", counters[i].help, "", counters[i].v);
+    const struct {
+        const char *outcome;
+        uint64_t v;
+    } skipped[] = {
+        {"already_cached", s.store_skipped_cached}, {"in_flight", s.store_skipped_in_flight},
+        {"not_hashed", s.store_skipped_unhashed},   {"null_block", s.store_skipped_null},
+        {"host_full", s.store_dropped_full},
+    };
+    prom_put(&p, "# HELP kvtier_offload_store_skipped_blocks_total Blocks not stored, by "
+                 "reason.\n# TYPE kvtier_offload_store_skipped_blocks_total counter\n");
+    for (size_t i = 0; i < KVT_ARRAY_LEN(skipped); i++)
+        prom_put(&p, "kvtier_offload_store_skipped_blocks_total{reason=\"%s\"} %" PRIu64 "\n",
+                 skipped[i].outcome, skipped[i].v);
+    const struct {
+        const char *name, *help;
+        uint64_t v;
+    } gauges[] = {
+        {"host_blocks", "Usable host-tier blocks.", s.host_blocks},
+        {"host_used_blocks", "Host blocks pinned by hits or transfers.", s.host_used_blocks},
+        {"host_cached_blocks", "Host blocks that can be hit.", s.host_cached_blocks},
+        {"requests", "Requests tracked.", s.requests},
+        {"load_events_in_flight", "Load events not yet completed.", s.load_events_in_flight},
+        {"store_events_in_flight", "Store events not yet completed.", s.store_events_in_flight},
+        {"pending_store_blocks", "Blocks queued or in flight to the host tier.",
+         s.pending_store_blocks},
+    };
+    for (size_t i = 0; i < KVT_ARRAY_LEN(gauges); i++)
+        prom_metric(&p, gauges[i].name, "gauge", gauges[i].help, "", gauges[i].v);
+    *len = p.len;
+    if (p.len >= cap)
+        return kvt_fail(KVT_ENOSPC, "offload: prometheus: %zu bytes needed, buffer has %zu",
+                        p.len + 1, cap);
+    return 0;
+}

@@ -1,0 +1,177 @@
+/*
+ * Internal state of the offload manager, shared by manager.c (life cycle, step assembly,
+ * reset, metrics), load.c (match, after_alloc, loads) and store.c (eager, lazy, re-store,
+ * store completion).
+ *
+ * Everything is preallocated at create, sized from the pools and the config. Variable-length
+ * per-transfer lists are threaded through per-block arrays instead of being allocated:
+ *   - a request's load pairs: a list of destination GPU blocks (gload_next), each knowing
+ *     its host source (gload_src) — a GPU block is the destination of at most one load;
+ *   - a store event's pairs: a list of destination host blocks (hstore_next), each knowing its
+ *     GPU source (hstore_src) — a freshly allocated host block belongs to one store;
+ *   - requests of a load event, requests waiting for their transfers after finishing, and
+ *     requests with stores queued this step: lists through the request slots.
+ * Only phase-A hits (host blocks pinned between match and after_alloc, possibly shared by
+ * several requests) live in chunked id lists from a preallocated pool (base/idlist.h).
+ */
+#ifndef KVT_OFFLOAD_INTERNAL_H
+#define KVT_OFFLOAD_INTERNAL_H
+
+#include "base/idlist.h"
+#include "base/map.h"
+#include "kvtier/offload.h"
+
+#define OFL_NONE UINT32_MAX
+
+/* request flags */
+enum {
+    RQ_EAGER = 1u << 0,       /* registered for eager stores */
+    RQ_FINISHED = 1u << 1,    /* the engine finished it; cleanup waits for transfers */
+    RQ_HIT = 1u << 2,         /* phase-A hit pinned */
+    RQ_LOAD_QUEUED = 1u << 3, /* load recorded by after_alloc, no event yet */
+    RQ_LOAD_SENT = 1u << 4,   /* load event issued, completion pending */
+    RQ_LOAD_ABANDONED = 1u << 5,
+    RQ_STEP_STORE = 1u << 6, /* has stores queued for the next store event */
+    RQ_WAITING = 1u << 7,    /* on the finished-waiting list */
+    RQ_LISTED = 1u << 8      /* scratch mark while apply_output validates its input */
+};
+
+struct ofl_req {
+    uint64_t id_hash;
+    uint32_t id_len;
+    uint32_t flags;
+    char id[KVT_REQ_ID_MAX + 1];
+    /* phase A: pinned host hit, group 0's blocks then group 1's ... (null blocks included) */
+    kvt_idlist hit;
+    uint32_t hit_n[KVT_MAX_GROUPS];
+    uint32_t hit_len, hit_computed;
+    /* load */
+    int64_t load_event;
+    uint32_t load_head; /* first destination GPU block (gload_next chain) */
+    uint32_t n_load;
+    uint32_t load_next; /* in the queued-load list or in its load event's list */
+    /* eager stores */
+    uint32_t cursor[KVT_MAX_GROUPS];
+    int64_t last_store_event; /* -1: none */
+    uint32_t step_next;       /* in the step's store-request list */
+    uint32_t wait_next;       /* in the finished-waiting list */
+    uint32_t free_next;       /* in the free-slot list */
+    bool used;
+};
+
+/* An in-flight event: loads keep a list of request slots, stores a list of host blocks. */
+struct ofl_event {
+    int64_t id;
+    uint32_t head, tail, n;
+    uint32_t reported; /* stores: worker reports so far */
+    bool abandoned;
+    uint32_t prev, next; /* active list, ascending id */
+};
+
+struct ofl_evtable {
+    struct ofl_event *e;
+    uint32_t cap, n, free_head, first, last;
+    kvt_map map;
+};
+
+struct kvt_offload {
+    kvt_offload_config cfg;
+    kvt_pool *gpu, *host;
+    kvt_pool_config gcfg; /* the GPU pool's groups, hash and block sizes */
+    uint32_t gpu_nb, host_nb, ng, hash_len, kpb, sched_bs;
+    uint32_t target_free; /* lazy watermark, GPU blocks */
+    uint32_t max_search_tokens;
+
+    /* requests */
+    struct ofl_req *reqs;
+    uint32_t free_req;
+    uint32_t n_reqs;
+    kvt_map req_map;
+    kvt_idpool hitpool;
+
+    /* per GPU block */
+    uint32_t *gload_src, *gload_next;
+    uint8_t *gflags; /* G_* */
+    /* per host block */
+    uint32_t *hstore_src, *hstore_next;
+    uint8_t *hkeys; /* keys to register on completion: kpb x key_stride bytes per block */
+    uint8_t *hkeys_n;
+    size_t key_stride; /* hash_len + group + num_tokens */
+
+    /* queues of the step being assembled */
+    uint32_t loadq_head, loadq_tail;    /* requests with a load but no event yet */
+    uint32_t acc_head, acc_tail, acc_n; /* host blocks selected for the next store event */
+    uint32_t step_reqs;                 /* requests with stores in the accumulator */
+    uint32_t wait_head;                 /* finished requests waiting for transfers */
+
+    /* eager re-store of GPU blocks whose host copy was evicted */
+    uint32_t *restore;
+    uint32_t rs_head, rs_len;
+
+    struct ofl_evtable loads, stores;
+    int64_t load_counter, store_counter;
+    uint32_t lazy_cursor;
+
+    /* scratch */
+    uint32_t *search_out[KVT_MAX_GROUPS];
+    uint32_t *scratch; /* host_nb entries */
+    kvt_pool_key *keys;
+
+    kvt_offload_stats st;
+    bool transferred; /* any event issued yet (host size is fixed from then on) */
+};
+
+enum {
+    G_STORING = 1u << 0, /* source of an in-flight (non-abandoned) eager store */
+    G_RESTORE = 1u << 1, /* queued for re-store */
+    G_MARK = 1u << 2     /* scratch mark during validation */
+};
+
+/* event tables (manager.c) */
+int ofl_evtable_init(struct ofl_evtable *t, uint32_t cap);
+void ofl_evtable_free(struct ofl_evtable *t);
+struct ofl_event *ofl_evtable_find(const struct ofl_evtable *t, int64_t id);
+/* Appends an event with a larger id than every active one; NULL when full. */
+struct ofl_event *ofl_evtable_add(struct ofl_evtable *t, int64_t id);
+void ofl_evtable_remove(struct ofl_evtable *t, struct ofl_event *e);
+static inline uint32_t ofl_evtable_index(const struct ofl_evtable *t, const struct ofl_event *e)
+{
+    return (uint32_t)(e - t->e);
+}
+
+/* requests (manager.c) */
+struct ofl_req *ofl_req_find(const kvt_offload *m, const char *id, uint32_t len);
+/* Finds or creates; NULL with KVT_ENOSPC / KVT_EINVAL set when impossible. */
+struct ofl_req *ofl_req_get(kvt_offload *m, const char *id, uint32_t len);
+static inline uint32_t ofl_req_slot(const kvt_offload *m, const struct ofl_req *r)
+{
+    return (uint32_t)(r - m->reqs);
+}
+/* Frees the slot if the request holds nothing any more (no hit, load, queued or in-flight
+ * store, eager registration of a live request). */
+void ofl_req_maybe_release(kvt_offload *m, struct ofl_req *r);
+int ofl_check_id(const char *id, uint32_t len);
+int ofl_check_table(const kvt_offload *m, const uint32_t *const *blocks, const uint32_t *n_blocks,
+                    const char *what);
+
+/* loads (load.c) */
+void ofl_release_hit(kvt_offload *m, struct ofl_req *r);
+void ofl_cancel_queued_load(kvt_offload *m, struct ofl_req *r);
+int ofl_reserve_step(kvt_offload *m, kvt_offload_meta *out);
+void ofl_emit_loads(kvt_offload *m, kvt_offload_meta *out);
+int ofl_check_load_done(const kvt_offload *m, const kvt_str *ids, uint32_t n);
+void ofl_apply_load_done(kvt_offload *m, struct ofl_req *r);
+
+/* stores (store.c) */
+void ofl_emit_stores(kvt_offload *m, kvt_offload_meta *out);
+void ofl_complete_store(kvt_offload *m, struct ofl_event *e);
+void ofl_release_accumulator(kvt_offload *m);
+void ofl_select_lazy(kvt_offload *m);
+void ofl_select_restores(kvt_offload *m);
+bool ofl_store_pending(const kvt_offload *m, const struct ofl_req *r);
+/* Selects the blocks of one request in [cursor, ready) per group (eager rules). */
+void ofl_select_eager(kvt_offload *m, struct ofl_req *r, const uint32_t *const *blocks,
+                      const uint32_t *n_blocks, uint32_t num_confirmed);
+uint32_t ofl_store_budget(const kvt_offload *m);
+
+#endif

@@ -1,0 +1,371 @@
+/*
+ * Stores: GPU -> host tier (spec kv-offload §2.6-2.8).
+ *
+ * Eager (write-through): each scheduled request keeps a cursor per group over its confirmed
+ * full blocks; kvt_offload_schedule selects the blocks between the cursor and the confirmed
+ * end that are hashed, not already in the host tier and not already being stored, up to the
+ * host blocks the step may take (free blocks, cached ones included: storing evicts the host
+ * tier's LRU). request_finished runs the same selection once more with the final counts (the
+ * final flush). Going beyond vLLM, when a store evicts a cached host block whose GPU copy is
+ * still referenced by a running request, that GPU block is queued for a re-store, so a prefix
+ * that stays hot on the GPU does not silently drop out of the host tier (§2.6 FIXME).
+ *
+ * Lazy (write-back on pressure): each step walks the GPU free queue from a cursor and stores
+ * the hashed blocks nearest eviction, up to a watermark of target_free visited blocks.
+ *
+ * Every selected block gets a freshly allocated host block; the GPU block's keys (primary and
+ * secondary) are copied aside, both blocks are pinned, and the pair joins the accumulator
+ * that build_meta turns into one store event. When all world_size workers reported the event,
+ * the keys are registered on the host blocks — only then can they be found — and the pins go.
+ */
+#include <string.h>
+
+#include "base/error.h"
+#include "offload/offload_internal.h"
+
+static bool host_has_key(const kvt_offload *m, const kvt_pool_key *k)
+{
+    uint32_t b;
+    return kvt_pool_lookup(m->host, k->hash, k->group, &b) == 1;
+}
+
+/* Primary key of a GPU block; false if it has none. */
+static bool gpu_primary(const kvt_offload *m, uint32_t gpu, kvt_pool_key *k)
+{
+    uint32_t n = 0;
+    (void)kvt_pool_block_keys(m->gpu, gpu, k, 1, &n);
+    return n > 0;
+}
+
+static uint32_t gpu_ref(const kvt_offload *m, uint32_t gpu)
+{
+    kvt_block_info bi;
+    (void)kvt_pool_block_info(m->gpu, gpu, &bi);
+    return bi.ref_cnt;
+}
+
+/* Allocates n host blocks (n <= free). Eager mode first looks at the cached blocks about to be
+ * evicted: a GPU block that still carries the same key and is in use is queued for re-store. */
+static void host_alloc(kvt_offload *m, uint32_t n, uint32_t *ids)
+{
+    bool restore = !m->cfg.lazy && m->cfg.restore_budget > 0;
+    uint32_t h = kvt_pool_lru_first(m->host);
+    for (uint32_t i = 0; i < n && h != KVT_BLOCK_NONE; i++, h = kvt_pool_lru_next(m->host, h)) {
+        uint32_t nk = 0;
+        kvt_pool_key *k = &m->keys[0];
+        (void)kvt_pool_block_keys(m->host, h, k, 1, &nk);
+        if (!nk)
+            continue;
+        m->st.host_evictions++;
+        uint32_t gpu;
+        if (!restore || kvt_pool_lookup(m->gpu, k->hash, k->group, &gpu) != 1)
+            continue;
+        if ((m->gflags[gpu] & (G_STORING | G_RESTORE | G_MARK)) || gpu_ref(m, gpu) == 0 ||
+            m->rs_len == m->gpu_nb)
+            continue;
+        m->gflags[gpu] |= G_RESTORE;
+        m->restore[(m->rs_head + m->rs_len++) % m->gpu_nb] = gpu;
+    }
+    (void)kvt_pool_alloc(m->host, n, ids); /* n <= free: cannot fail */
+}
+
+/* Turns n selected GPU blocks (m->scratch[0..n), marked G_MARK) into queued store pairs. */
+static void commit_selection(kvt_offload *m, uint32_t n)
+{
+    uint32_t *gpus = m->scratch, *hosts = m->scratch + m->host_nb;
+    host_alloc(m, n, hosts);
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t g = gpus[i], h = hosts[i], nk = 0;
+        (void)kvt_pool_block_keys(m->gpu, g, m->keys, m->kpb, &nk);
+        if (nk > m->kpb)
+            nk = m->kpb;
+        uint8_t *dst = m->hkeys + (size_t)h * m->kpb * m->key_stride;
+        for (uint32_t k = 0; k < nk; k++, dst += m->key_stride) {
+            memcpy(dst, m->keys[k].hash, m->hash_len);
+            memcpy(dst + m->hash_len, &m->keys[k].group, sizeof(uint32_t));
+            memcpy(dst + m->hash_len + sizeof(uint32_t), &m->keys[k].num_tokens, sizeof(uint32_t));
+        }
+        m->hkeys_n[h] = (uint8_t)nk;
+        (void)kvt_pool_touch(m->gpu, &g, 1);
+        m->gflags[g] = (uint8_t)((m->gflags[g] & ~G_MARK) | G_STORING);
+        m->hstore_src[h] = g;
+        m->hstore_next[h] = OFL_NONE;
+        if (m->acc_tail == OFL_NONE)
+            m->acc_head = h;
+        else
+            m->hstore_next[m->acc_tail] = h;
+        m->acc_tail = h;
+    }
+    m->acc_n += n;
+}
+
+uint32_t ofl_store_budget(const kvt_offload *m)
+{
+    /* Free host blocks, cached ones included (storing evicts the LRU): each selection takes
+     * its blocks at once, so the count already reflects earlier selections and pins of the
+     * step. No room for another in-flight store event: select nothing. */
+    return m->stores.n < m->stores.cap ? kvt_pool_num_free(m->host) : 0;
+}
+
+/* Checks the block ids a selection over [cursor, ready) would read. */
+static int check_range(const kvt_offload *m, const struct ofl_req *r, const uint32_t *const *blocks,
+                       const uint32_t *n_blocks, uint32_t aligned)
+{
+    if (!blocks || !n_blocks)
+        return kvt_fail(KVT_EINVAL, "offload: NULL block table");
+    for (uint32_t g = 0; g < m->ng; g++) {
+        uint32_t ready = aligned / m->gcfg.groups[g].block_size;
+        if (ready > n_blocks[g])
+            ready = n_blocks[g];
+        if (ready > r->cursor[g] && !blocks[g])
+            return kvt_fail(KVT_EINVAL, "offload: group %u has no block list", g);
+        for (uint32_t j = r->cursor[g]; j < ready; j++)
+            if (blocks[g][j] >= m->gpu_nb)
+                return kvt_fail(KVT_ERANGE,
+                                "offload: group %u block %u is GPU block %u, out of "
+                                "range (GPU pool has %u blocks)",
+                                g, j, blocks[g][j], m->gpu_nb);
+    }
+    return 0;
+}
+
+void ofl_select_eager(kvt_offload *m, struct ofl_req *r, const uint32_t *const *blocks,
+                      const uint32_t *n_blocks, uint32_t num_confirmed)
+{
+    uint32_t budget = ofl_store_budget(m);
+    uint32_t aligned = num_confirmed / m->sched_bs * m->sched_bs, n = 0;
+    bool full = false;
+    kvt_pool_key k;
+    for (uint32_t g = 0; g < m->ng && !full; g++) {
+        uint32_t ready = aligned / m->gcfg.groups[g].block_size;
+        if (ready > n_blocks[g])
+            ready = n_blocks[g];
+        uint32_t j = r->cursor[g];
+        for (; j < ready; j++) {
+            uint32_t gpu = blocks[g][j];
+            if (gpu == KVT_NULL_BLOCK) {
+                m->st.store_skipped_null++;
+                continue;
+            }
+            if (!gpu_primary(m, gpu, &k)) {
+                m->st.store_skipped_unhashed++;
+                continue;
+            }
+            if (m->gflags[gpu] & (G_STORING | G_MARK)) {
+                m->st.store_skipped_in_flight++;
+                continue;
+            }
+            if (host_has_key(m, &k)) {
+                m->st.store_skipped_cached++;
+                continue;
+            }
+            if (n >= budget) {
+                m->st.store_dropped_full++;
+                full = true; /* retried next step from here */
+                break;
+            }
+            m->gflags[gpu] |= G_MARK;
+            m->scratch[n++] = gpu;
+        }
+        r->cursor[g] = j;
+    }
+    if (!n)
+        return;
+    commit_selection(m, n);
+    if (!(r->flags & RQ_STEP_STORE)) {
+        r->flags |= RQ_STEP_STORE;
+        r->step_next = m->step_reqs;
+        m->step_reqs = ofl_req_slot(m, r);
+    }
+}
+
+int kvt_offload_schedule(kvt_offload *m, const char *id, uint32_t id_len,
+                         const uint32_t *const *blocks, const uint32_t *n_blocks,
+                         uint32_t num_confirmed, uint32_t num_scheduled, bool resumed)
+{
+    int rc = ofl_check_id(id, id_len);
+    if (rc || m->cfg.lazy)
+        return rc;
+    struct ofl_req *r = ofl_req_find(m, id, id_len);
+    if (!r || !(r->flags & RQ_EAGER) || (r->flags & RQ_FINISHED))
+        return 0; /* unknown to the eager path, as in vLLM */
+    if (resumed)
+        memset(r->cursor, 0, sizeof(r->cursor)); /* its blocks were freed and reallocated */
+    if (num_scheduled == 0)
+        return 0;
+    uint32_t aligned = num_confirmed / m->sched_bs * m->sched_bs;
+    if ((rc = check_range(m, r, blocks, n_blocks, aligned)))
+        return kvt_fail_wrap(rc, "schedule");
+    ofl_select_eager(m, r, blocks, n_blocks, num_confirmed);
+    return 0;
+}
+
+int kvt_offload_request_finished(kvt_offload *m, const char *id, uint32_t id_len,
+                                 const uint32_t *const *blocks, const uint32_t *n_blocks,
+                                 uint32_t num_confirmed)
+{
+    int rc = ofl_check_id(id, id_len);
+    if (rc)
+        return rc;
+    struct ofl_req *r = ofl_req_find(m, id, id_len);
+    if (!r || (r->flags & RQ_FINISHED))
+        return 0;
+    bool flush = (r->flags & RQ_EAGER) && !m->cfg.lazy;
+    if (flush) {
+        uint32_t aligned = num_confirmed / m->sched_bs * m->sched_bs;
+        if ((rc = check_range(m, r, blocks, n_blocks, aligned)))
+            return kvt_fail_wrap(rc, "request_finished");
+    }
+    ofl_release_hit(m, r);
+    if (flush)
+        ofl_select_eager(m, r, blocks, n_blocks, num_confirmed); /* the final flush */
+    r->flags = (r->flags | RQ_FINISHED) & ~RQ_EAGER;
+    if (r->flags & RQ_LOAD_QUEUED)
+        ofl_cancel_queued_load(m, r);
+    ofl_req_maybe_release(m, r);
+    return 0;
+}
+
+void ofl_select_restores(kvt_offload *m)
+{
+    if (!m->rs_len)
+        return;
+    uint32_t budget = ofl_store_budget(m);
+    if (budget > m->cfg.restore_budget)
+        budget = m->cfg.restore_budget;
+    uint32_t n = 0, todo = m->rs_len;
+    kvt_pool_key k;
+    for (uint32_t i = 0; i < todo; i++) {
+        uint32_t gpu = m->restore[m->rs_head];
+        m->rs_head = (m->rs_head + 1) % m->gpu_nb;
+        m->rs_len--;
+        m->gflags[gpu] &= (uint8_t)~G_RESTORE;
+        if ((m->gflags[gpu] & (G_STORING | G_MARK)) || gpu_ref(m, gpu) == 0 ||
+            !gpu_primary(m, gpu, &k) || host_has_key(m, &k))
+            continue;      /* gone, being stored, or back in the host tier */
+        if (n >= budget) { /* still wanted: keep it queued for the next step */
+            m->gflags[gpu] |= G_RESTORE;
+            m->restore[(m->rs_head + m->rs_len++) % m->gpu_nb] = gpu;
+            continue;
+        }
+        m->gflags[gpu] |= G_MARK;
+        m->scratch[n++] = gpu;
+    }
+    if (!n)
+        return;
+    commit_selection(m, n);
+    m->st.restores += n;
+}
+
+void ofl_select_lazy(kvt_offload *m)
+{
+    if (m->target_free == 0)
+        return;
+    uint32_t budget = ofl_store_budget(m);
+    uint32_t node = KVT_BLOCK_NONE;
+    if (m->lazy_cursor != OFL_NONE)
+        node = kvt_pool_lru_next(m->gpu, m->lazy_cursor); /* NONE if the cursor was taken */
+    if (node == KVT_BLOCK_NONE) {
+        kvt_block_info bi;
+        bool cursor_free = m->lazy_cursor != OFL_NONE &&
+                           kvt_pool_block_info(m->gpu, m->lazy_cursor, &bi) == 0 && bi.is_free;
+        if (cursor_free)
+            return; /* the cursor is the tail: nothing new to look at */
+        node = kvt_pool_lru_first(m->gpu);
+    }
+    uint32_t visited = 0, n = 0, last = OFL_NONE;
+    kvt_pool_key k;
+    while (node != KVT_BLOCK_NONE && visited < m->target_free && n < budget) {
+        visited++;
+        if (!(m->gflags[node] & (G_STORING | G_MARK)) && gpu_primary(m, node, &k) &&
+            !host_has_key(m, &k)) {
+            m->gflags[node] |= G_MARK;
+            m->scratch[n++] = node;
+        }
+        last = node;
+        node = kvt_pool_lru_next(m->gpu, node);
+    }
+    if (visited)
+        m->lazy_cursor = last;
+    if (!n)
+        return;
+    commit_selection(m, n); /* touching takes the blocks out of the GPU free queue */
+}
+
+void ofl_emit_stores(kvt_offload *m, kvt_offload_meta *out)
+{
+    if (!m->acc_n)
+        return;
+    /* Room in the table is certain: selection stops while it is full (ofl_store_budget). */
+    struct ofl_event *e = ofl_evtable_add(&m->stores, m->store_counter++);
+    e->head = m->acc_head;
+    e->tail = m->acc_tail;
+    e->n = m->acc_n;
+    for (uint32_t h = e->head; h != OFL_NONE; h = m->hstore_next[h])
+        (void)kvt_offload_meta_add_store(out, m->hstore_src[h], h);
+    out->store_event = e->id;
+    for (uint32_t s = m->step_reqs; s != OFL_NONE; s = m->reqs[s].step_next) {
+        m->reqs[s].last_store_event = e->id;
+        m->reqs[s].flags &= ~RQ_STEP_STORE;
+    }
+    m->st.store_events++;
+    m->st.store_blocks += m->acc_n;
+    m->acc_head = m->acc_tail = OFL_NONE;
+    m->acc_n = 0;
+    m->step_reqs = OFL_NONE;
+    m->transferred = true;
+}
+
+void ofl_complete_store(kvt_offload *m, struct ofl_event *e)
+{
+    uint32_t h = e->head;
+    while (h != OFL_NONE) {
+        uint32_t next = m->hstore_next[h], g = m->hstore_src[h];
+        if (!e->abandoned) {
+            const uint8_t *k = m->hkeys + (size_t)h * m->kpb * m->key_stride;
+            for (uint32_t i = 0; i < m->hkeys_n[h]; i++, k += m->key_stride) {
+                uint32_t group, ntok;
+                memcpy(&group, k + m->hash_len, sizeof(group));
+                memcpy(&ntok, k + m->hash_len + sizeof(uint32_t), sizeof(ntok));
+                (void)kvt_pool_insert(m->host, h, k, group, ntok); /* now findable */
+            }
+            m->gflags[g] &= (uint8_t)~G_STORING;
+        }
+        (void)kvt_pool_free(m->host, &h, 1);
+        (void)kvt_pool_free(m->gpu, &g, 1);
+        m->hstore_src[h] = m->hstore_next[h] = OFL_NONE;
+        h = next;
+    }
+    if (e->abandoned)
+        m->st.stores_abandoned += e->n;
+    else
+        m->st.stores_completed += e->n;
+    m->st.bytes_stored += (uint64_t)e->n * m->cfg.block_bytes;
+    ofl_evtable_remove(&m->stores, e);
+}
+
+void ofl_release_accumulator(kvt_offload *m)
+{
+    uint32_t h = m->acc_head;
+    while (h != OFL_NONE) {
+        uint32_t next = m->hstore_next[h], g = m->hstore_src[h];
+        m->gflags[g] &= (uint8_t)~G_STORING;
+        (void)kvt_pool_free(m->host, &h, 1);
+        (void)kvt_pool_free(m->gpu, &g, 1);
+        m->hstore_src[h] = m->hstore_next[h] = OFL_NONE;
+        h = next;
+    }
+    for (uint32_t s = m->step_reqs; s != OFL_NONE; s = m->reqs[s].step_next)
+        m->reqs[s].flags &= ~RQ_STEP_STORE;
+    m->acc_head = m->acc_tail = OFL_NONE;
+    m->acc_n = 0;
+    m->step_reqs = OFL_NONE;
+}
+
+bool ofl_store_pending(const kvt_offload *m, const struct ofl_req *r)
+{
+    if (r->flags & RQ_STEP_STORE)
+        return true;
+    return r->last_store_event != KVT_NO_EVENT &&
+           ofl_evtable_find(&m->stores, r->last_store_event) != NULL;
+}

@@ -1,0 +1,812 @@
+/*
+ * Offload manager behaviours (spec kv-offload §2.5-2.10 and the manager tests of §5), one test
+ * per behaviour, named after it.
+ */
+#include "offload/sim.h"
+
+/* vLLM test_eager_store_and_load_roundtrip */
+static void stored_prompt_is_hit_and_loaded_back(void **state)
+{
+    (void)state;
+    sim s;
+    sim_init(&s, 64, 32, false, 1, 64);
+    sim_req a, b;
+    sim_req_make(&a, "a", 4 * SIM_BS + 1, 1, 4 * SIM_BS + 1, 0);
+    assert_int_equal(sim_admit(&s, &a, 0), 0);
+    sim_schedule(&s, &a, a.n_tokens, false);
+    sim_build(&s, false);
+    assert_int_equal(s.meta.store_event, KVT_NO_EVENT); /* nothing confirmed yet: one-step lag */
+    sim_compute(&s, &a, a.n_tokens);
+    sim_schedule(&s, &a, 1, false);
+    sim_build(&s, false);
+    assert_int_equal(s.meta.store_event, 0);
+    assert_int_equal(s.meta.n_stores, 4);
+    for (uint32_t i = 0; i < 4; i++)
+        assert_int_equal(s.meta.store_gpu_blocks[i], a.blocks[i]);
+    assert_false(sim_host_has(&s, &a, 0)); /* not findable before the report */
+    sim_report_store(&s, 0, 1);
+    for (uint32_t i = 0; i < 4; i++)
+        assert_true(sim_host_has(&s, &a, i));
+    sim_finish(&s, &a);
+    KVT_OK_(kvt_pool_reset_prefix_cache(s.gpu)); /* the GPU forgets: only the host has it */
+
+    sim_req_make(&b, "b", 4 * SIM_BS + 1, 1, 4 * SIM_BS + 1, 0);
+    assert_int_equal(sim_admit(&s, &b, UINT32_MAX), 4 * SIM_BS);
+    sim_build(&s, false);
+    assert_int_equal(s.meta.load_event, 0);
+    assert_int_equal(s.meta.n_loads, 4);
+    assert_int_equal(s.meta.n_load_events, 1);
+    assert_string_equal(s.meta.load_req_ids[0].ptr, "b");
+    for (uint32_t i = 0; i < 4; i++)
+        assert_int_equal(s.meta.load_gpu_blocks[i], b.blocks[i]);
+    assert_true(kvt_offload_has_pending(s.m));
+    sim_report_load(&s, &b);
+    assert_false(kvt_offload_has_pending(s.m));
+    kvt_offload_stats st;
+    kvt_offload_get_stats(s.m, &st);
+    assert_int_equal(st.host_used_blocks, 0);
+    assert_int_equal(st.loads_completed, 4);
+    assert_int_equal(st.bytes_loaded, 4000);
+    sim_finish(&s, &b);
+    assert_int_equal(kvt_pool_num_free(s.gpu), 63);
+    sim_fini(&s);
+}
+
+/* vLLM test_max_hit_len_cap_drops_last_full_block */
+static void exact_multiple_prompt_never_hits_its_last_block(void **state)
+{
+    (void)state;
+    sim s;
+    sim_init(&s, 64, 32, false, 1, 64);
+    sim_req a, b;
+    sim_req_make(&a, "a", 4 * SIM_BS, 1, 4 * SIM_BS, 0);
+    sim_store_prompt(&s, &a, 1);
+    KVT_OK_(kvt_pool_reset_prefix_cache(s.gpu));
+    sim_req_make(&b, "b", 4 * SIM_BS, 1, 4 * SIM_BS, 0);
+    assert_int_equal(sim_admit(&s, &b, UINT32_MAX), 3 * SIM_BS);
+    sim_fini(&s);
+}
+
+/* vLLM test_eager_duplicate_store_skipped */
+static void eager_skips_blocks_already_in_the_host_tier(void **state)
+{
+    (void)state;
+    sim s;
+    sim_init(&s, 64, 32, false, 1, 64);
+    sim_req a, b;
+    sim_req_make(&a, "a", 3 * SIM_BS + 1, 1, 3 * SIM_BS + 1, 0);
+    sim_store_prompt(&s, &a, 1);
+    KVT_OK_(kvt_pool_reset_prefix_cache(s.gpu));
+    sim_req_make(&b, "b", 3 * SIM_BS + 1, 1, 3 * SIM_BS + 1, 0);
+    sim_admit(&s, &b, 0); /* declines the hit: recomputes */
+    sim_schedule(&s, &b, b.n_tokens, false);
+    sim_build(&s, false);
+    sim_compute(&s, &b, b.n_tokens);
+    uint32_t before = kvt_pool_num_free(kvt_offload_host_pool(s.m));
+    sim_schedule(&s, &b, 1, false);
+    sim_build(&s, false);
+    assert_int_equal(s.meta.store_event, KVT_NO_EVENT);
+    assert_int_equal(kvt_pool_num_free(kvt_offload_host_pool(s.m)), before);
+    kvt_offload_stats st;
+    kvt_offload_get_stats(s.m, &st);
+    assert_int_equal(st.store_skipped_cached, 3);
+    sim_fini(&s);
+}
+
+/* vLLM test_eager_in_flight_store_dedup_across_steps */
+static void blocks_in_flight_are_not_stored_twice(void **state)
+{
+    (void)state;
+    sim s;
+    sim_init(&s, 64, 32, false, 1, 64);
+    sim_req a, b;
+    sim_req_make(&a, "a", 2 * SIM_BS + 1, 1, 2 * SIM_BS + 1, 0);
+    sim_admit(&s, &a, 0);
+    sim_compute(&s, &a, a.n_tokens);
+    sim_schedule(&s, &a, 1, false);
+    sim_build(&s, false);
+    int64_t ev = s.meta.store_event;
+    assert_int_equal(s.meta.n_stores, 2);
+    /* b shares a's GPU blocks (a GPU prefix hit) while a's store is in flight */
+    sim_req_make(&b, "b", 2 * SIM_BS + 5, 1, 2 * SIM_BS + 1, 1);
+    sim_admit(&s, &b, 0);
+    assert_int_equal(b.blocks[0], a.blocks[0]);
+    sim_compute(&s, &b, b.n_tokens);
+    uint32_t before = kvt_pool_num_free(kvt_offload_host_pool(s.m));
+    sim_schedule(&s, &b, 1, false);
+    sim_schedule(&s, &a, 1, false); /* and a again, one step later */
+    sim_build(&s, false);
+    assert_int_equal(s.meta.store_event, KVT_NO_EVENT);
+    assert_int_equal(kvt_pool_num_free(kvt_offload_host_pool(s.m)), before);
+    sim_report_store(&s, ev, 1);
+    assert_true(sim_host_has(&s, &a, 1));
+    kvt_offload_stats st;
+    kvt_offload_get_stats(s.m, &st);
+    assert_int_equal(st.store_skipped_in_flight, 2);
+    assert_int_equal(st.pending_store_blocks, 0);
+    sim_fini(&s);
+}
+
+/* vLLM test_lru_eviction_order: 5 host blocks (4 usable), storing c evicts a, keeps b and c. */
+static void host_tier_evicts_the_oldest_request_first(void **state)
+{
+    (void)state;
+    sim s;
+    sim_init(&s, 64, 5, false, 1, 64);
+    sim_req a, b, c;
+    sim_req_make(&a, "a", 2 * SIM_BS + 1, 1, 2 * SIM_BS + 1, 0);
+    sim_req_make(&b, "b", 2 * SIM_BS + 1, 2, 2 * SIM_BS + 1, 0);
+    sim_req_make(&c, "c", 2 * SIM_BS + 1, 3, 2 * SIM_BS + 1, 0);
+    sim_store_prompt(&s, &a, 1);
+    sim_store_prompt(&s, &b, 1);
+    sim_store_prompt(&s, &c, 1);
+    assert_false(sim_host_has(&s, &a, 0) || sim_host_has(&s, &a, 1));
+    assert_true(sim_host_has(&s, &b, 0) && sim_host_has(&s, &b, 1));
+    assert_true(sim_host_has(&s, &c, 0) && sim_host_has(&s, &c, 1));
+    kvt_offload_stats st;
+    kvt_offload_get_stats(s.m, &st);
+    assert_int_equal(st.host_evictions, 2);
+    sim_fini(&s);
+}
+
+/* vLLM test_touched_blocks_survive_eviction: a hit (load) refreshes a's host blocks, so c's
+ * store evicts b instead. */
+static void hit_blocks_move_to_the_back_of_the_host_lru(void **state)
+{
+    (void)state;
+    sim s;
+    sim_init(&s, 64, 5, false, 1, 64);
+    sim_req a, b, c, a2;
+    sim_req_make(&a, "a", 2 * SIM_BS + 1, 1, 2 * SIM_BS + 1, 0);
+    sim_req_make(&b, "b", 2 * SIM_BS + 1, 2, 2 * SIM_BS + 1, 0);
+    sim_req_make(&c, "c", 2 * SIM_BS + 1, 3, 2 * SIM_BS + 1, 0);
+    sim_store_prompt(&s, &a, 1);
+    sim_store_prompt(&s, &b, 1);
+    KVT_OK_(kvt_pool_reset_prefix_cache(s.gpu));
+    sim_req_make(&a2, "a2", 2 * SIM_BS + 1, 1, 2 * SIM_BS + 1, 0);
+    assert_int_equal(sim_admit(&s, &a2, UINT32_MAX), 2 * SIM_BS);
+    sim_build(&s, false);
+    sim_report_load(&s, &a2);
+    sim_finish(&s, &a2);
+    KVT_OK_(kvt_pool_reset_prefix_cache(s.gpu));
+    sim_store_prompt(&s, &c, 1);
+    assert_true(sim_host_has(&s, &a, 0) && sim_host_has(&s, &a, 1));
+    assert_false(sim_host_has(&s, &b, 0) || sim_host_has(&s, &b, 1));
+    sim_fini(&s);
+}
+
+/* vLLM test_inflight_finish_deferred_cleanup */
+static void finishing_during_a_load_defers_cleanup_until_it_completes(void **state)
+{
+    (void)state;
+    sim s;
+    sim_init(&s, 64, 32, false, 1, 64);
+    sim_req a, b;
+    sim_req_make(&a, "a", 3 * SIM_BS + 1, 1, 3 * SIM_BS + 1, 0);
+    sim_store_prompt(&s, &a, 1);
+    KVT_OK_(kvt_pool_reset_prefix_cache(s.gpu));
+    sim_req_make(&b, "b", 3 * SIM_BS + 1, 1, 3 * SIM_BS + 1, 0);
+    sim_admit(&s, &b, UINT32_MAX);
+    sim_build(&s, false);
+    uint32_t dst = b.blocks[0];
+    sim_finish(&s, &b); /* aborted while loading: the engine frees its blocks at once */
+    assert_int_equal(sim_gpu_ref(&s, dst), 1); /* the load still holds the destination */
+    kvt_offload_stats st;
+    kvt_offload_get_stats(s.m, &st);
+    assert_int_equal(st.host_used_blocks, 3);
+    assert_int_equal(st.requests, 1);
+    sim_report_load(&s, &b);
+    assert_int_equal(sim_gpu_ref(&s, dst), 0);
+    kvt_offload_get_stats(s.m, &st);
+    assert_int_equal(st.host_used_blocks, 0);
+    assert_int_equal(st.requests, 0);
+    sim_fini(&s);
+}
+
+/* vLLM test_eager_store_preemption_cleanup */
+static void finishing_during_a_store_defers_cleanup_until_it_completes(void **state)
+{
+    (void)state;
+    sim s;
+    sim_init(&s, 64, 32, false, 1, 64);
+    sim_req a;
+    sim_req_make(&a, "a", 3 * SIM_BS + 1, 1, 3 * SIM_BS + 1, 0);
+    sim_admit(&s, &a, 0);
+    sim_compute(&s, &a, a.n_tokens);
+    sim_schedule(&s, &a, 1, false);
+    sim_build(&s, false);
+    int64_t ev = s.meta.store_event;
+    uint32_t src = a.blocks[0];
+    sim_finish(&s, &a);
+    assert_int_equal(sim_gpu_ref(&s, src), 1); /* pinned by the store */
+    kvt_offload_stats st;
+    kvt_offload_get_stats(s.m, &st);
+    assert_int_equal(st.requests, 1);
+    assert_true(kvt_offload_has_pending(s.m));
+    sim_report_store(&s, ev, 1);
+    kvt_offload_get_stats(s.m, &st);
+    assert_int_equal(st.requests, 0);
+    assert_int_equal(sim_gpu_ref(&s, src), 0);
+    assert_false(kvt_offload_has_pending(s.m));
+    sim_fini(&s);
+}
+
+/* vLLM test_chunked_prefill_reads_live_block_ids */
+static void chunked_prefill_stores_only_the_new_blocks(void **state)
+{
+    (void)state;
+    sim s;
+    sim_init(&s, 64, 32, false, 1, 64);
+    sim_req a;
+    sim_req_make(&a, "a", 4 * SIM_BS + 1, 1, 4 * SIM_BS + 1, 0);
+    sim_admit(&s, &a, 0);
+    uint32_t all = a.n_blocks;
+    a.n_blocks = 2; /* the engine's block table grows chunk by chunk */
+    sim_schedule(&s, &a, 2 * SIM_BS, false);
+    sim_build(&s, false);
+    sim_compute(&s, &a, 2 * SIM_BS);
+    a.n_blocks = all;
+    sim_schedule(&s, &a, 2 * SIM_BS + 1, false);
+    sim_build(&s, false);
+    assert_int_equal(s.meta.n_stores, 2); /* chunk 1 */
+    int64_t ev1 = s.meta.store_event;
+    sim_compute(&s, &a, a.n_tokens);
+    sim_schedule(&s, &a, 1, false);
+    sim_build(&s, false);
+    assert_int_equal(s.meta.n_stores, 2); /* only chunk 2's blocks */
+    assert_int_equal(s.meta.store_gpu_blocks[0], a.blocks[2]);
+    assert_int_equal(s.meta.store_gpu_blocks[1], a.blocks[3]);
+    kvt_offload_stats st;
+    kvt_offload_get_stats(s.m, &st);
+    assert_int_equal(st.requests, 1);
+    sim_report_store(&s, ev1, 1);
+    sim_report_store(&s, s.meta.store_event, 1);
+    sim_fini(&s);
+}
+
+/* vLLM test_partial_gpu_prefix_plus_cpu_load: GPU hit 2 blocks, host hit 4 more offered, the
+ * engine accepts 2: the load targets exactly GPU blocks 2 and 3. */
+static void engine_accepting_fewer_tokens_loads_only_the_accepted_blocks(void **state)
+{
+    (void)state;
+    sim s;
+    sim_init(&s, 64, 32, false, 1, 64);
+    sim_req a, b;
+    sim_req_make(&a, "a", 6 * SIM_BS + 1, 1, 6 * SIM_BS + 1, 0);
+    sim_store_prompt(&s, &a, 1);
+    /* the GPU keeps only a's first two blocks */
+    KVT_OK_(kvt_pool_reset_prefix_cache(s.gpu));
+    uint32_t two[2];
+    KVT_OK_(kvt_pool_alloc(s.gpu, 2, two));
+    KVT_OK_(kvt_pool_insert(s.gpu, two[0], a.hashes, 0, SIM_BS));
+    KVT_OK_(kvt_pool_insert(s.gpu, two[1], a.hashes + KVT_BLOCK_HASH_LEN, 0, SIM_BS));
+    KVT_OK_(kvt_pool_free(s.gpu, two, 2));
+    sim_req_make(&b, "b", 6 * SIM_BS + 1, 1, 6 * SIM_BS + 1, 0);
+    uint32_t offered = sim_admit(&s, &b, 2 * SIM_BS);
+    assert_int_equal(b.gpu_hit, 2 * SIM_BS);
+    assert_int_equal(offered, 4 * SIM_BS);
+    sim_build(&s, false);
+    assert_int_equal(s.meta.n_loads, 2);
+    assert_int_equal(s.meta.load_gpu_blocks[0], b.blocks[2]);
+    assert_int_equal(s.meta.load_gpu_blocks[1], b.blocks[3]);
+    uint32_t hb;
+    assert_int_equal(
+        kvt_pool_lookup(kvt_offload_host_pool(s.m), a.hashes + 2 * KVT_BLOCK_HASH_LEN, 0, &hb), 1);
+    assert_int_equal(s.meta.load_cpu_blocks[0], hb);
+    kvt_offload_stats st;
+    kvt_offload_get_stats(s.m, &st);
+    assert_int_equal(st.host_used_blocks, 2); /* the declined part of the hit is unpinned */
+    sim_report_load(&s, &b);
+    sim_fini(&s);
+}
+
+/* vLLM test_toctou_cpu_hit_evicted_between_phases_no_crash (#39702) */
+static void hit_survives_eviction_pressure_between_match_and_allocation(void **state)
+{
+    (void)state;
+    sim s;
+    sim_init(&s, 64, 5, false, 1, 64);
+    sim_req a, b, c, d;
+    sim_req_make(&a, "a", 2 * SIM_BS + 1, 1, 2 * SIM_BS + 1, 0);
+    sim_store_prompt(&s, &a, 1);
+    KVT_OK_(kvt_pool_reset_prefix_cache(s.gpu));
+    sim_req_make(&b, "b", 2 * SIM_BS + 1, 1, 2 * SIM_BS + 1, 0);
+    uint32_t hit;
+    KVT_OK_(kvt_offload_match(s.m, "b", 1, b.hashes, b.n_hashes, b.n_tokens, 0, &hit));
+    assert_int_equal(hit, 2 * SIM_BS);
+    /* other requests fill the host tier before b is allocated */
+    sim_req_make(&c, "c", 2 * SIM_BS + 1, 2, 2 * SIM_BS + 1, 0);
+    sim_req_make(&d, "d", 2 * SIM_BS + 1, 3, 2 * SIM_BS + 1, 0);
+    sim_store_prompt(&s, &c, 1);
+    sim_store_prompt(&s, &d, 1); /* evicts c: a's pinned blocks cannot be taken */
+    assert_true(sim_host_has(&s, &a, 0) && sim_host_has(&s, &a, 1));
+    assert_false(sim_host_has(&s, &c, 0) || sim_host_has(&s, &c, 1));
+    assert_true(sim_host_has(&s, &d, 0) && sim_host_has(&s, &d, 1));
+    b.n_blocks = 3;
+    KVT_OK_(kvt_pool_alloc(s.gpu, 3, b.blocks));
+    const uint32_t *one[1] = {b.blocks};
+    uint32_t nb[1] = {3};
+    KVT_OK_(kvt_offload_after_alloc(s.m, "b", 1, one, nb, hit));
+    sim_build(&s, false);
+    assert_int_equal(s.meta.n_loads, 2);
+    sim_report_load(&s, &b);
+    sim_fini(&s);
+}
+
+static void a_second_match_releases_the_first_pin(void **state)
+{
+    (void)state;
+    sim s;
+    sim_init(&s, 64, 32, false, 1, 64);
+    sim_req a, b;
+    sim_req_make(&a, "a", 3 * SIM_BS + 1, 1, 3 * SIM_BS + 1, 0);
+    sim_store_prompt(&s, &a, 1);
+    sim_req_make(&b, "b", 3 * SIM_BS + 1, 1, 3 * SIM_BS + 1, 0);
+    uint32_t hit;
+    kvt_offload_stats st;
+    for (int i = 0; i < 3; i++) {
+        KVT_OK_(kvt_offload_match(s.m, "b", 1, b.hashes, b.n_hashes, b.n_tokens, 0, &hit));
+        kvt_offload_get_stats(s.m, &st);
+        assert_int_equal(st.host_used_blocks, 3);
+    }
+    KVT_OK_(kvt_offload_request_finished(s.m, "b", 1, NULL, NULL, 0)); /* never allocated */
+    kvt_offload_get_stats(s.m, &st);
+    assert_int_equal(st.host_used_blocks, 0);
+    assert_int_equal(st.requests, 0);
+    sim_fini(&s);
+}
+
+/* vLLM test_multi_group_null_blocks_skipped: full attention + sliding window. */
+static void null_blocks_never_appear_in_transfers(void **state)
+{
+    (void)state;
+    kvt_pool_config pc;
+    kvt_pool_config_init(&pc);
+    pc.num_blocks = 64;
+    pc.n_groups = 2;
+    pc.groups[1].kind = KVT_GROUP_SLIDING;
+    pc.groups[1].block_size = SIM_BS;
+    pc.groups[1].sliding_window = SIM_BS + 1; /* one block */
+    kvt_pool *gpu;
+    KVT_OK_(kvt_pool_create(&pc, &gpu));
+    kvt_offload_config oc;
+    kvt_offload_config_init(&oc);
+    oc.host_blocks = 32;
+    kvt_offload *m;
+    KVT_OK_(kvt_offload_create(&oc, gpu, &m));
+    sim_req r;
+    sim_req_make(&r, "r", 3 * SIM_BS + 1, 1, 3 * SIM_BS + 1, 0);
+    uint32_t fa[4], sw[4];
+    KVT_OK_(kvt_pool_alloc(gpu, 4, fa));
+    KVT_OK_(kvt_pool_alloc(gpu, 2, sw + 2));
+    sw[0] = sw[1] = KVT_NULL_BLOCK; /* outside the window */
+    for (uint32_t j = 0; j < 3; j++) {
+        KVT_OK_(kvt_pool_insert(gpu, fa[j], r.hashes + j * KVT_BLOCK_HASH_LEN, 0, SIM_BS));
+        if (j == 2)
+            KVT_OK_(kvt_pool_insert(gpu, sw[j], r.hashes + j * KVT_BLOCK_HASH_LEN, 1, SIM_BS));
+    }
+    const uint32_t *tab[2] = {fa, sw};
+    uint32_t nb[2] = {4, 4};
+    uint32_t hit;
+    KVT_OK_(kvt_offload_match(m, "r", 1, r.hashes, r.n_hashes, r.n_tokens, 0, &hit));
+    KVT_OK_(kvt_offload_after_alloc(m, "r", 1, tab, nb, 0));
+    KVT_OK_(kvt_offload_schedule(m, "r", 1, tab, nb, r.n_tokens, 1, false));
+    kvt_offload_meta meta;
+    kvt_offload_meta_init(&meta);
+    KVT_OK_(kvt_offload_build_meta(m, false, &meta));
+    assert_int_equal(meta.n_stores, 4); /* 3 full-attention blocks + the hashed window block */
+    for (uint32_t i = 0; i < meta.n_stores; i++)
+        assert_int_not_equal(meta.store_gpu_blocks[i], KVT_NULL_BLOCK);
+    kvt_offload_worker_meta wm;
+    kvt_offload_worker_meta_init(&wm);
+    KVT_OK_(kvt_offload_worker_meta_add(&wm, meta.store_event, 1));
+    KVT_OK_(kvt_offload_apply_output(m, NULL, 0, &wm));
+    KVT_OK_(kvt_offload_request_finished(m, "r", 1, tab, nb, r.n_tokens));
+    /* a second request hits both groups; null positions are not loaded */
+    KVT_OK_(kvt_pool_free(gpu, fa, 4));
+    KVT_OK_(kvt_pool_free(gpu, sw + 2, 2));
+    KVT_OK_(kvt_pool_reset_prefix_cache(gpu));
+    KVT_OK_(kvt_offload_match(m, "q", 1, r.hashes, r.n_hashes, r.n_tokens, 0, &hit));
+    assert_int_equal(hit, 3 * SIM_BS);
+    KVT_OK_(kvt_pool_alloc(gpu, 4, fa));
+    KVT_OK_(kvt_pool_alloc(gpu, 2, sw + 2));
+    KVT_OK_(kvt_offload_after_alloc(m, "q", 1, tab, nb, hit));
+    KVT_OK_(kvt_offload_build_meta(m, false, &meta));
+    assert_int_equal(meta.n_loads, 4); /* 3 + the one window block */
+    for (uint32_t i = 0; i < meta.n_loads; i++)
+        assert_int_not_equal(meta.load_gpu_blocks[i], KVT_NULL_BLOCK);
+    kvt_str q = {"q", 1};
+    KVT_OK_(kvt_offload_apply_output(m, &q, 1, NULL));
+    kvt_offload_meta_release(&meta);
+    kvt_offload_worker_meta_release(&wm);
+    kvt_offload_destroy(m);
+    kvt_pool_destroy(gpu);
+}
+
+/* #41704 / #53498: blocks confirmed in the request's last step are stored by the final
+ * flush in request_finished. */
+static void final_flush_stores_the_last_confirmed_blocks(void **state)
+{
+    (void)state;
+    sim s;
+    sim_init(&s, 64, 32, false, 1, 64);
+    sim_req a;
+    sim_req_make(&a, "a", 5 * SIM_BS + 1, 1, 5 * SIM_BS + 1, 0);
+    sim_admit(&s, &a, 0);
+    sim_schedule(&s, &a, a.n_tokens, false);
+    sim_build(&s, false);
+    sim_compute(&s, &a, a.n_tokens); /* the only step: prefill, then finished */
+    sim_finish(&s, &a);
+    sim_build(&s, false);
+    assert_int_equal(s.meta.n_stores, 5);
+    sim_report_store(&s, s.meta.store_event, 1);
+    for (uint32_t i = 0; i < 5; i++)
+        assert_true(sim_host_has(&s, &a, i));
+    assert_int_equal(kvt_pool_num_free(s.gpu), 63);
+    sim_fini(&s);
+}
+
+static void store_completes_only_when_every_worker_reported(void **state)
+{
+    (void)state;
+    sim s;
+    sim_init(&s, 64, 32, false, 3, 64);
+    sim_req a;
+    sim_req_make(&a, "a", 2 * SIM_BS + 1, 1, 2 * SIM_BS + 1, 0);
+    sim_admit(&s, &a, 0);
+    sim_compute(&s, &a, a.n_tokens);
+    sim_schedule(&s, &a, 1, false);
+    sim_build(&s, false);
+    int64_t ev = s.meta.store_event;
+    sim_report_store(&s, ev, 1);
+    assert_false(sim_host_has(&s, &a, 0));
+    sim_report_store(&s, ev, 1); /* a later step */
+    assert_false(sim_host_has(&s, &a, 0));
+    sim_report_store(&s, ev, 1);
+    assert_true(sim_host_has(&s, &a, 0) && sim_host_has(&s, &a, 1));
+    sim_report_store(&s, ev, 1); /* a stray extra report is ignored and counted */
+    kvt_offload_stats st;
+    kvt_offload_get_stats(s.m, &st);
+    assert_int_equal(st.stale_reports, 1);
+    assert_int_equal(st.stores_completed, 2);
+    sim_finish(&s, &a);
+    sim_fini(&s);
+}
+
+/* #53532: secondary keys of a GPU block are registered on its host copy through the pool. */
+static void secondary_keys_make_the_host_copy_findable_at_every_granularity(void **state)
+{
+    (void)state;
+    sim s;
+    sim_init(&s, 64, 32, false, 1, 64);
+    sim_req a;
+    sim_req_make(&a, "a", 2 * SIM_BS + 1, 1, 2 * SIM_BS + 1, 0);
+    sim_admit(&s, &a, 0);
+    sim_compute(&s, &a, a.n_tokens);
+    uint8_t sec[KVT_BLOCK_HASH_LEN] = {9, 9, 9};
+    KVT_OK_(kvt_pool_insert(s.gpu, a.blocks[0], sec, 0, 8));
+    sim_schedule(&s, &a, 1, false);
+    sim_build(&s, false);
+    sim_report_store(&s, s.meta.store_event, 1);
+    uint32_t h1, h2;
+    assert_int_equal(kvt_pool_lookup(kvt_offload_host_pool(s.m), a.hashes, 0, &h1), 1);
+    assert_int_equal(kvt_pool_lookup(kvt_offload_host_pool(s.m), sec, 0, &h2), 1);
+    assert_int_equal(h1, h2);
+    kvt_pool_key keys[4];
+    uint32_t n;
+    KVT_OK_(kvt_pool_block_keys(kvt_offload_host_pool(s.m), h1, keys, 4, &n));
+    assert_int_equal(n, 2);
+    assert_int_equal(keys[1].num_tokens, 8);
+    kvt_pool_event ev[16];
+    uint32_t ne = kvt_offload_take_events(s.m, ev, 16, NULL);
+    uint32_t stored = 0;
+    for (uint32_t i = 0; i < ne; i++)
+        stored += ev[i].type == KVT_POOL_EV_STORED;
+    assert_int_equal(stored, 3); /* 2 primary + 1 secondary, all at completion */
+    sim_finish(&s, &a);
+    sim_fini(&s);
+}
+
+/* Beyond vLLM's FIXME: a block the host tier evicts while it is still in use on the GPU is
+ * stored again. */
+static void block_evicted_from_host_while_in_use_on_gpu_is_stored_again(void **state)
+{
+    (void)state;
+    sim s;
+    sim_init(&s, 64, 3, false, 1, 64); /* 2 usable host blocks */
+    sim_req a, b;
+    sim_req_make(&a, "a", 2 * SIM_BS + 1, 1, 2 * SIM_BS + 1, 0);
+    sim_admit(&s, &a, 0);
+    sim_compute(&s, &a, a.n_tokens);
+    sim_schedule(&s, &a, 1, false);
+    sim_build(&s, false);
+    sim_report_store(&s, s.meta.store_event, 1); /* a stays running, its blocks on the GPU */
+    sim_req_make(&b, "b", 2 * SIM_BS + 1, 2, 2 * SIM_BS + 1, 0);
+    sim_store_prompt(&s, &b, 1); /* evicts a's two host copies */
+    assert_false(sim_host_has(&s, &a, 0) || sim_host_has(&s, &a, 1));
+    sim_schedule(&s, &a, 1, false);
+    sim_build(&s, false); /* the re-store goes out with the next event */
+    assert_int_equal(s.meta.n_stores, 2);
+    assert_int_equal(s.meta.store_gpu_blocks[0], a.blocks[0]);
+    sim_report_store(&s, s.meta.store_event, 1);
+    assert_true(sim_host_has(&s, &a, 0) && sim_host_has(&s, &a, 1));
+    kvt_offload_stats st;
+    kvt_offload_get_stats(s.m, &st);
+    assert_int_equal(st.restores, 2);
+    sim_finish(&s, &a);
+    sim_fini(&s);
+}
+
+/* vLLM test_lazy_store_and_load_roundtrip: only hashed blocks nearing eviction are stored. */
+static void lazy_mode_stores_hashed_blocks_at_the_gpu_lru_head(void **state)
+{
+    (void)state;
+    sim s;
+    /* max_batched 32 -> target_free = 2 x ceil(32/16) = 4 blocks watched at the LRU head */
+    sim_init(&s, 16, 32, true, 1, 32);
+    sim_req a, f;
+    sim_req_make(&a, "a", 2 * SIM_BS + 1, 1, 2 * SIM_BS + 1, 0);
+    sim_admit(&s, &a, 0);
+    sim_compute(&s, &a, a.n_tokens);
+    sim_schedule(&s, &a, 1, false); /* no-op in lazy mode */
+    sim_build(&s, false);
+    assert_int_equal(s.meta.store_event, KVT_NO_EVENT);
+    uint32_t a0 = a.blocks[0], a1 = a.blocks[1];
+    sim_finish(&s, &a); /* a's blocks go to the GPU free queue (tail first) */
+    /* fillers take the free blocks ahead of a's so a's drift to the head */
+    sim_req_make(&f, "f", 12 * SIM_BS, 5, 0, 5);
+    f.n_blocks = 12;
+    KVT_OK_(kvt_pool_alloc(s.gpu, 12, f.blocks));
+    sim_build(&s, false);
+    assert_int_equal(s.meta.n_stores, 2);
+    bool seen0 = false, seen1 = false;
+    for (uint32_t i = 0; i < 2; i++) {
+        seen0 |= s.meta.store_gpu_blocks[i] == a0;
+        seen1 |= s.meta.store_gpu_blocks[i] == a1;
+    }
+    assert_true(seen0 && seen1);
+    sim_report_store(&s, s.meta.store_event, 1);
+    assert_true(sim_host_has(&s, &a, 0) && sim_host_has(&s, &a, 1));
+    sim_build(&s, false);
+    assert_int_equal(s.meta.store_event, KVT_NO_EVENT); /* lazy dedup: already cached */
+    KVT_OK_(kvt_pool_free(s.gpu, f.blocks, 12));
+    sim_fini(&s);
+}
+
+/* vLLM test_reset_waits_for_pending_eager_store */
+static void reset_waits_for_an_abandoned_store_and_never_caches_it(void **state)
+{
+    (void)state;
+    sim s;
+    sim_init(&s, 64, 32, false, 1, 64);
+    sim_req a, x;
+    sim_req_make(&x, "x", 2 * SIM_BS + 1, 9, 2 * SIM_BS + 1, 0);
+    sim_store_prompt(&s, &x, 1);
+    sim_req_make(&a, "a", 2 * SIM_BS + 1, 1, 2 * SIM_BS + 1, 0);
+    sim_admit(&s, &a, 0);
+    sim_compute(&s, &a, a.n_tokens);
+    sim_schedule(&s, &a, 1, false);
+    sim_build(&s, false);
+    int64_t ev = s.meta.store_event;
+    sim_finish(&s, &a);
+    KVT_ERR_(kvt_offload_reset(s.m), KVT_EBUSY);
+    assert_true(kvt_offload_has_pending(s.m));
+    sim_report_store(&s, ev, 1);
+    assert_false(sim_host_has(&s, &a, 0)); /* abandoned: never findable */
+    KVT_OK_(kvt_offload_reset(s.m));
+    assert_false(sim_host_has(&s, &x, 0)); /* the host tier is cleared */
+    assert_int_equal(kvt_pool_num_free(s.gpu), 63);
+    kvt_offload_stats st;
+    kvt_offload_get_stats(s.m, &st);
+    assert_int_equal(st.stores_abandoned, 2);
+    assert_int_equal(st.resets, 1);
+    /* event ids keep counting */
+    sim_store_prompt(&s, &x, 1);
+    assert_true(sim_host_has(&s, &x, 0) && sim_host_has(&s, &x, 1));
+    kvt_offload_get_stats(s.m, &st);
+    assert_int_equal(st.store_events, (uint64_t)ev + 2); /* the new event is ev + 1 */
+    sim_fini(&s);
+}
+
+/* vLLM test_reset_waits_for_pending_load */
+static void reset_waits_for_an_abandoned_load(void **state)
+{
+    (void)state;
+    sim s;
+    sim_init(&s, 64, 32, false, 1, 64);
+    sim_req a, b, c;
+    sim_req_make(&a, "a", 2 * SIM_BS + 1, 1, 2 * SIM_BS + 1, 0);
+    sim_store_prompt(&s, &a, 1);
+    KVT_OK_(kvt_pool_reset_prefix_cache(s.gpu));
+    sim_req_make(&b, "b", 2 * SIM_BS + 1, 1, 2 * SIM_BS + 1, 0);
+    sim_admit(&s, &b, UINT32_MAX);
+    sim_build(&s, false); /* b's load is in flight */
+    sim_req_make(&c, "c", 2 * SIM_BS + 1, 1, 2 * SIM_BS + 1, 0);
+    sim_admit(&s, &c, UINT32_MAX); /* c's load is queued, never sent */
+    KVT_ERR_(kvt_offload_reset(s.m), KVT_EBUSY);
+    sim_finish(&s, &c); /* its queued load was cancelled by the reset */
+    sim_report_load(&s, &b);
+    sim_finish(&s, &b);
+    KVT_OK_(kvt_offload_reset(s.m));
+    assert_int_equal(kvt_pool_num_free(s.gpu), 63); /* only the null block is left */
+    kvt_offload_stats st;
+    kvt_offload_get_stats(s.m, &st);
+    assert_int_equal(st.host_used_blocks, 0);
+    assert_int_equal(st.host_cached_blocks, 0);
+    sim_fini(&s);
+}
+
+/* vLLM test_reset_waits_for_pending_lazy_store_and_clears_cpu_cache */
+static void reset_waits_for_a_lazy_store(void **state)
+{
+    (void)state;
+    sim s;
+    sim_init(&s, 16, 32, true, 1, 16);
+    sim_req a;
+    sim_req_make(&a, "a", 2 * SIM_BS + 1, 1, 2 * SIM_BS + 1, 0);
+    sim_admit(&s, &a, 0);
+    sim_compute(&s, &a, a.n_tokens);
+    sim_finish(&s, &a);
+    uint32_t fill[13];
+    KVT_OK_(kvt_pool_alloc(s.gpu, 13, fill)); /* a's blocks reach the LRU head */
+    sim_build(&s, false);
+    assert_int_equal(s.meta.n_stores, 2);
+    KVT_ERR_(kvt_offload_reset(s.m), KVT_EBUSY);
+    sim_report_store(&s, s.meta.store_event, 1);
+    KVT_OK_(kvt_offload_reset(s.m));
+    assert_false(sim_host_has(&s, &a, 0));
+    KVT_OK_(kvt_pool_free(s.gpu, fill, 13));
+    assert_int_equal(kvt_pool_num_free(s.gpu), 15);
+    sim_fini(&s);
+}
+
+static void preemption_asks_for_a_flush_and_a_resumed_request_rescans_its_blocks(void **state)
+{
+    (void)state;
+    sim s;
+    sim_init(&s, 64, 32, false, 1, 64);
+    sim_req a;
+    sim_req_make(&a, "a", 2 * SIM_BS + 1, 1, 2 * SIM_BS + 1, 0);
+    sim_admit(&s, &a, 0);
+    sim_compute(&s, &a, a.n_tokens);
+    sim_schedule(&s, &a, 1, false);
+    sim_build(&s, true);
+    assert_true(s.meta.need_flush);
+    sim_report_store(&s, s.meta.store_event, 1);
+    kvt_offload_stats st;
+    sim_schedule(&s, &a, 1, false); /* cursor past both blocks: nothing rescanned */
+    kvt_offload_get_stats(s.m, &st);
+    assert_int_equal(st.store_skipped_cached, 0);
+    /* preempted: the engine frees the blocks, later reallocates and recomputes them */
+    KVT_OK_(kvt_pool_free(s.gpu, a.blocks, a.n_blocks));
+    KVT_OK_(kvt_pool_reset_prefix_cache(s.gpu));
+    KVT_OK_(kvt_pool_alloc(s.gpu, a.n_blocks, a.blocks));
+    a.computed = 0;
+    sim_compute(&s, &a, a.n_tokens);
+    sim_schedule(&s, &a, 1, true); /* resumed: rescans from block 0 */
+    sim_build(&s, false);
+    assert_false(s.meta.need_flush);
+    kvt_offload_get_stats(s.m, &st);
+    assert_int_equal(st.store_skipped_cached, 2); /* the new blocks hold what is stored */
+    assert_int_equal(s.meta.store_event, KVT_NO_EVENT);
+    sim_finish(&s, &a);
+    sim_fini(&s);
+}
+
+static void caller_errors_are_reported_and_change_nothing(void **state)
+{
+    (void)state;
+    sim s;
+    sim_init(&s, 64, 32, false, 1, 64);
+    sim_req a;
+    sim_req_make(&a, "a", 2 * SIM_BS + 1, 1, 2 * SIM_BS + 1, 0);
+    sim_admit(&s, &a, 0);
+    sim_compute(&s, &a, a.n_tokens);
+    sim_schedule(&s, &a, 1, false);
+    sim_build(&s, false);
+    kvt_offload_stats before, after;
+    kvt_offload_get_stats(s.m, &before);
+    kvt_str ghost = {"ghost", 5}, self = {"a", 1};
+    KVT_ERR_(kvt_offload_apply_output(s.m, &ghost, 1, NULL), KVT_ENOENT);
+    KVT_ERR_(kvt_offload_apply_output(s.m, &self, 1, NULL), KVT_ESTATE); /* no load */
+    kvt_offload_worker_meta_clear(&s.wm);
+    KVT_OK_(kvt_offload_worker_meta_add(&s.wm, 0, 1));
+    KVT_OK_(kvt_offload_worker_meta_add(&s.wm, 99, 1));
+    KVT_ERR_(kvt_offload_apply_output(s.m, NULL, 0, &s.wm), KVT_ERANGE); /* never issued */
+    kvt_offload_get_stats(s.m, &after);
+    assert_memory_equal(&before, &after, sizeof(before)); /* event 0 was not applied either */
+    assert_false(sim_host_has(&s, &a, 0));
+    uint32_t bad[3] = {a.blocks[0], a.blocks[1], 64};
+    const uint32_t *tab[1] = {bad};
+    uint32_t nb[1] = {3};
+    KVT_ERR_(kvt_offload_after_alloc(s.m, "z", 1, tab, nb, 0), KVT_ERANGE);
+    nb[0] = 2;
+    KVT_ERR_(kvt_offload_after_alloc(s.m, "z", 1, tab, nb, 16), KVT_ESTATE); /* no hit */
+    KVT_ERR_(kvt_offload_match(s.m, "", 0, a.hashes, 1, 20, 0, &nb[0]), KVT_EINVAL);
+    KVT_ERR_(kvt_offload_match(s.m, "a", 1, a.hashes, 2, 40, 5, &nb[0]), KVT_EINVAL);
+    char long_id[KVT_REQ_ID_MAX + 2];
+    memset(long_id, 'x', sizeof(long_id));
+    KVT_ERR_(kvt_offload_schedule(s.m, long_id, KVT_REQ_ID_MAX + 1, tab, nb, 0, 1, false),
+             KVT_EINVAL);
+    kvt_offload_get_stats(s.m, &after);
+    assert_memory_equal(&before, &after, sizeof(before));
+    sim_report_store(&s, s.meta.store_event, 1);
+    sim_finish(&s, &a);
+    sim_fini(&s);
+}
+
+static void host_tier_size_comes_from_capacity_and_the_smallest_worker(void **state)
+{
+    (void)state;
+    uint32_t n;
+    KVT_OK_(kvt_offload_size_host(10ull << 30, 2u << 20, &n));
+    assert_int_equal(n, 5120);
+    KVT_ERR_(kvt_offload_size_host(3u << 20, 2u << 20, &n), KVT_EINVAL);
+    KVT_ERR_(kvt_offload_size_host(1, 0, &n), KVT_EINVAL);
+    sim s;
+    sim_init(&s, 64, 32, false, 1, 64);
+    KVT_ERR_(kvt_offload_lower_host_blocks(s.m, 40), KVT_EINVAL);
+    KVT_OK_(kvt_offload_lower_host_blocks(s.m, 20));
+    assert_int_equal(kvt_pool_num_blocks(kvt_offload_host_pool(s.m)), 20);
+    sim_req a;
+    sim_req_make(&a, "a", 2 * SIM_BS + 1, 1, 2 * SIM_BS + 1, 0);
+    sim_store_prompt(&s, &a, 1);
+    KVT_ERR_(kvt_offload_lower_host_blocks(s.m, 10), KVT_ESTATE);
+    sim_fini(&s);
+}
+
+static void metrics_count_activity_in_prometheus_text(void **state)
+{
+    (void)state;
+    sim s;
+    sim_init(&s, 64, 32, false, 1, 64);
+    sim_req a;
+    sim_req_make(&a, "a", 3 * SIM_BS + 1, 1, 3 * SIM_BS + 1, 0);
+    sim_store_prompt(&s, &a, 1);
+    char buf[8192];
+    size_t len;
+    KVT_OK_(kvt_offload_prometheus(s.m, buf, sizeof(buf), &len));
+    assert_int_equal(strlen(buf), len);
+    assert_non_null(strstr(buf, "# TYPE kvtier_offload_stores_completed_total counter\n"
+                                "kvtier_offload_stores_completed_total 3\n"));
+    assert_non_null(strstr(buf, "kvtier_offload_stored_bytes_total 3000\n"));
+    assert_non_null(strstr(buf, "kvtier_offload_host_cached_blocks 3\n"));
+    assert_non_null(
+        strstr(buf, "kvtier_offload_store_skipped_blocks_total{reason=\"host_full\"} 0"));
+    char small[64];
+    KVT_ERR_(kvt_offload_prometheus(s.m, small, sizeof(small), &len), KVT_ENOSPC);
+    assert_true(len > sizeof(small));
+    sim_fini(&s);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(stored_prompt_is_hit_and_loaded_back),
+        cmocka_unit_test(exact_multiple_prompt_never_hits_its_last_block),
+        cmocka_unit_test(eager_skips_blocks_already_in_the_host_tier),
+        cmocka_unit_test(blocks_in_flight_are_not_stored_twice),
+        cmocka_unit_test(host_tier_evicts_the_oldest_request_first),
+        cmocka_unit_test(hit_blocks_move_to_the_back_of_the_host_lru),
+        cmocka_unit_test(finishing_during_a_load_defers_cleanup_until_it_completes),
+        cmocka_unit_test(finishing_during_a_store_defers_cleanup_until_it_completes),
+        cmocka_unit_test(chunked_prefill_stores_only_the_new_blocks),
+        cmocka_unit_test(engine_accepting_fewer_tokens_loads_only_the_accepted_blocks),
+        cmocka_unit_test(hit_survives_eviction_pressure_between_match_and_allocation),
+        cmocka_unit_test(a_second_match_releases_the_first_pin),
+        cmocka_unit_test(null_blocks_never_appear_in_transfers),
+        cmocka_unit_test(final_flush_stores_the_last_confirmed_blocks),
+        cmocka_unit_test(store_completes_only_when_every_worker_reported),
+        cmocka_unit_test(secondary_keys_make_the_host_copy_findable_at_every_granularity),
+        cmocka_unit_test(block_evicted_from_host_while_in_use_on_gpu_is_stored_again),
+        cmocka_unit_test(lazy_mode_stores_hashed_blocks_at_the_gpu_lru_head),
+        cmocka_unit_test(reset_waits_for_an_abandoned_store_and_never_caches_it),
+        cmocka_unit_test(reset_waits_for_an_abandoned_load),
+        cmocka_unit_test(reset_waits_for_a_lazy_store),
+        cmocka_unit_test(preemption_asks_for_a_flush_and_a_resumed_request_rescans_its_blocks),
+        cmocka_unit_test(caller_errors_are_reported_and_change_nothing),
+        cmocka_unit_test(host_tier_size_comes_from_capacity_and_the_smallest_worker),
+        cmocka_unit_test(metrics_count_activity_in_prometheus_text),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
