@@ -55,7 +55,8 @@ typedef struct kvt_offload_config {
     uint32_t world_size;         /* workers that must report each store event; default 1 */
     bool lazy;                   /* store blocks only as they near eviction from the GPU (vLLM
                                     lazy_offload); default false: eager write-through */
-    uint32_t max_requests;       /* requests tracked at once; default 4096 */
+    uint32_t max_requests;       /* requests tracked at once (running, waiting with a pinned
+                                    hit, or finished with a load in flight); default 4096 */
     uint32_t max_batched_tokens; /* engine's per-step token budget (lazy watermark);
                                     default 8192 */
     uint32_t max_model_len;      /* longest request, tokens: bounds a host-tier search (a
@@ -142,8 +143,9 @@ KVT_API int kvt_offload_apply_output(kvt_offload *m, const kvt_str *finished_loa
 
 /* request_finished (all groups). With eager stores, first queues the request's remaining
  * confirmed blocks for the next store event (the final flush that vLLM #53498 lacked), then
- * releases its pins; cleanup waits for transfers still in flight. The engine may free its GPU
- * blocks right after: in-flight transfers hold their own references. Finishing a request the
+ * releases its pins. A load still in flight keeps the request's record until the workers report
+ * it; stores in flight need no record. The engine may free its GPU blocks right after: in-flight
+ * transfers hold their own references. Finishing a request the
  * manager never saw is a no-op. */
 KVT_API int kvt_offload_request_finished(kvt_offload *m, const char *req_id, uint32_t req_id_len,
                                          const uint32_t *const *blocks, const uint32_t *n_blocks,
@@ -170,6 +172,7 @@ typedef struct kvt_offload_stats {
     uint64_t hit_tokens;              /* tokens they hit */
     uint64_t hit_blocks;              /* host blocks pinned by hits */
     uint64_t hits_dropped;            /* hits not offered for lack of request slots or list room */
+    uint64_t untracked_requests;      /* eager requests not registered: request table full */
     uint64_t load_events;             /* load events issued */
     uint64_t load_blocks;             /* blocks in them */
     uint64_t loads_completed;         /* blocks whose load completed (abandoned ones included) */

@@ -184,7 +184,7 @@ int kvt_offload_after_alloc(kvt_offload *m, const char *id, uint32_t id_len,
             return rc;
     }
     if (!m->cfg.lazy && !r && !(r = ofl_req_get(m, id, id_len)))
-        return kvt_fail_wrap(KVT_ENOSPC, "offload: after_alloc");
+        m->st.untracked_requests++; /* table full: this request's blocks are not stored */
     if (!r)
         return 0;
     if (!m->cfg.lazy && !(r->flags & RQ_FINISHED))

@@ -147,20 +147,17 @@ struct ofl_req *ofl_req_get(kvt_offload *m, const char *id, uint32_t len)
     memcpy(r->id, id, len);
     kvt_idlist_init(&r->hit);
     r->load_event = KVT_NO_EVENT;
-    r->last_store_event = KVT_NO_EVENT;
-    r->load_head = r->load_next = r->step_next = r->wait_next = OFL_NONE;
+    r->load_head = r->load_next = r->wait_next = OFL_NONE;
     (void)kvt_map_insert(&m->req_map, r->id_hash, slot); /* room for every slot */
     m->n_reqs++;
     return r;
 }
 
-static bool req_busy(const kvt_offload *m, const struct ofl_req *r)
+static bool req_busy(const struct ofl_req *r)
 {
-    if (r->flags & (RQ_HIT | RQ_LOAD_QUEUED | RQ_LOAD_SENT | RQ_STEP_STORE))
+    if (r->flags & (RQ_HIT | RQ_LOAD_QUEUED | RQ_LOAD_SENT))
         return true;
-    if (!(r->flags & RQ_FINISHED))
-        return (r->flags & RQ_EAGER) != 0;
-    return ofl_store_pending(m, r);
+    return (r->flags & (RQ_EAGER | RQ_FINISHED)) == RQ_EAGER;
 }
 
 static void req_free(kvt_offload *m, struct ofl_req *r)
@@ -175,7 +172,7 @@ static void req_free(kvt_offload *m, struct ofl_req *r)
 
 void ofl_req_maybe_release(kvt_offload *m, struct ofl_req *r)
 {
-    if (req_busy(m, r)) {
+    if (req_busy(r)) {
         if ((r->flags & RQ_FINISHED) && !(r->flags & RQ_WAITING)) {
             r->flags |= RQ_WAITING;
             r->wait_next = m->wait_head;
@@ -348,7 +345,7 @@ int kvt_offload_create(const kvt_offload_config *cfg, kvt_pool *gpu, kvt_offload
     m->target_free = cfg->lazy ? lazy_target(m) : 0;
     m->max_search_tokens = cfg->max_model_len;
     m->loadq_head = m->loadq_tail = m->acc_head = m->acc_tail = OFL_NONE;
-    m->step_reqs = m->wait_head = m->lazy_cursor = OFL_NONE;
+    m->wait_head = m->lazy_cursor = OFL_NONE;
 
     rc = host_setup(m, cfg->host_blocks);
     uint32_t min_bs = UINT32_MAX, search_ids = 0;
@@ -512,14 +509,13 @@ int kvt_offload_reset(kvt_offload *m)
         m->rs_len--;
     }
     m->lazy_cursor = OFL_NONE;
-    /* 3. Requests forget their store state; loads never sent are cancelled, sent ones are
+    /* 3. Requests forget their eager registration; loads never sent are cancelled, sent ones are
      *    abandoned (their pins stay until the workers report them). */
     for (uint32_t s = 0; s < m->cfg.max_requests; s++) {
         struct ofl_req *r = &m->reqs[s];
         if (!r->used)
             continue;
         r->flags &= ~RQ_EAGER;
-        r->last_store_event = KVT_NO_EVENT;
         if (r->flags & RQ_LOAD_QUEUED)
             ofl_cancel_queued_load(m, r);
         if (r->flags & RQ_LOAD_SENT)
@@ -607,6 +603,8 @@ int kvt_offload_prometheus(const kvt_offload *m, char *buf, size_t cap, size_t *
         {"hit_tokens_total", "Tokens hit in the host tier.", s.hit_tokens},
         {"hit_blocks_total", "Host blocks pinned by hits.", s.hit_blocks},
         {"hits_dropped_total", "Hits not offered for lack of room.", s.hits_dropped},
+        {"untracked_requests_total", "Eager requests not registered: request table full.",
+         s.untracked_requests},
         {"load_events_total", "Load events issued.", s.load_events},
         {"load_blocks_total", "Blocks in issued load events.", s.load_blocks},
         {"loads_completed_total", "Blocks whose load completed.", s.loads_completed},

@@ -11,6 +11,8 @@
  *     GPU source (hstore_src) — a freshly allocated host block belongs to one store;
  *   - requests of a load event, requests waiting for their transfers after finishing, and
  *     requests with stores queued this step: lists through the request slots.
+ * A finished request keeps its slot only while its load is in flight: a store in flight holds
+ * its own references and completes through its event, whatever became of the request.
  * Only phase-A hits (host blocks pinned between match and after_alloc, possibly shared by
  * several requests) live in chunked id lists from a preallocated pool (base/idlist.h).
  */
@@ -31,9 +33,8 @@ enum {
     RQ_LOAD_QUEUED = 1u << 3, /* load recorded by after_alloc, no event yet */
     RQ_LOAD_SENT = 1u << 4,   /* load event issued, completion pending */
     RQ_LOAD_ABANDONED = 1u << 5,
-    RQ_STEP_STORE = 1u << 6, /* has stores queued for the next store event */
-    RQ_WAITING = 1u << 7,    /* on the finished-waiting list */
-    RQ_LISTED = 1u << 8      /* scratch mark while apply_output validates its input */
+    RQ_WAITING = 1u << 7, /* on the finished-waiting list */
+    RQ_LISTED = 1u << 8   /* scratch mark while apply_output validates its input */
 };
 
 struct ofl_req {
@@ -50,12 +51,10 @@ struct ofl_req {
     uint32_t load_head; /* first destination GPU block (gload_next chain) */
     uint32_t n_load;
     uint32_t load_next; /* in the queued-load list or in its load event's list */
-    /* eager stores */
+    /* eager stores (stores in flight are tracked by their events, not by requests) */
     uint32_t cursor[KVT_MAX_GROUPS];
-    int64_t last_store_event; /* -1: none */
-    uint32_t step_next;       /* in the step's store-request list */
-    uint32_t wait_next;       /* in the finished-waiting list */
-    uint32_t free_next;       /* in the free-slot list */
+    uint32_t wait_next; /* in the finished-waiting list */
+    uint32_t free_next; /* in the free-slot list */
     bool used;
 };
 
@@ -101,8 +100,7 @@ struct kvt_offload {
     /* queues of the step being assembled */
     uint32_t loadq_head, loadq_tail;    /* requests with a load but no event yet */
     uint32_t acc_head, acc_tail, acc_n; /* host blocks selected for the next store event */
-    uint32_t step_reqs;                 /* requests with stores in the accumulator */
-    uint32_t wait_head;                 /* finished requests waiting for transfers */
+    uint32_t wait_head;                 /* finished requests waiting for their load */
 
     /* eager re-store of GPU blocks whose host copy was evicted */
     uint32_t *restore;
@@ -147,8 +145,8 @@ static inline uint32_t ofl_req_slot(const kvt_offload *m, const struct ofl_req *
 {
     return (uint32_t)(r - m->reqs);
 }
-/* Frees the slot if the request holds nothing any more (no hit, load, queued or in-flight
- * store, eager registration of a live request). */
+/* Frees the slot if the request holds nothing any more (no hit, no load, no eager
+ * registration of a running request). */
 void ofl_req_maybe_release(kvt_offload *m, struct ofl_req *r);
 int ofl_check_id(const char *id, uint32_t len);
 int ofl_check_table(const kvt_offload *m, const uint32_t *const *blocks, const uint32_t *n_blocks,
@@ -168,7 +166,6 @@ void ofl_complete_store(kvt_offload *m, struct ofl_event *e);
 void ofl_release_accumulator(kvt_offload *m);
 void ofl_select_lazy(kvt_offload *m);
 void ofl_select_restores(kvt_offload *m);
-bool ofl_store_pending(const kvt_offload *m, const struct ofl_req *r);
 /* Selects the blocks of one request in [cursor, ready) per group (eager rules). */
 void ofl_select_eager(kvt_offload *m, struct ofl_req *r, const uint32_t *const *blocks,
                       const uint32_t *n_blocks, uint32_t num_confirmed);

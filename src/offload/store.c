@@ -172,11 +172,6 @@ void ofl_select_eager(kvt_offload *m, struct ofl_req *r, const uint32_t *const *
     if (!n)
         return;
     commit_selection(m, n);
-    if (!(r->flags & RQ_STEP_STORE)) {
-        r->flags |= RQ_STEP_STORE;
-        r->step_next = m->step_reqs;
-        m->step_reqs = ofl_req_slot(m, r);
-    }
 }
 
 int kvt_offload_schedule(kvt_offload *m, const char *id, uint32_t id_len,
@@ -304,15 +299,10 @@ void ofl_emit_stores(kvt_offload *m, kvt_offload_meta *out)
     for (uint32_t h = e->head; h != OFL_NONE; h = m->hstore_next[h])
         (void)kvt_offload_meta_add_store(out, m->hstore_src[h], h);
     out->store_event = e->id;
-    for (uint32_t s = m->step_reqs; s != OFL_NONE; s = m->reqs[s].step_next) {
-        m->reqs[s].last_store_event = e->id;
-        m->reqs[s].flags &= ~RQ_STEP_STORE;
-    }
     m->st.store_events++;
     m->st.store_blocks += m->acc_n;
     m->acc_head = m->acc_tail = OFL_NONE;
     m->acc_n = 0;
-    m->step_reqs = OFL_NONE;
     m->transferred = true;
 }
 
@@ -355,17 +345,6 @@ void ofl_release_accumulator(kvt_offload *m)
         m->hstore_src[h] = m->hstore_next[h] = OFL_NONE;
         h = next;
     }
-    for (uint32_t s = m->step_reqs; s != OFL_NONE; s = m->reqs[s].step_next)
-        m->reqs[s].flags &= ~RQ_STEP_STORE;
     m->acc_head = m->acc_tail = OFL_NONE;
     m->acc_n = 0;
-    m->step_reqs = OFL_NONE;
-}
-
-bool ofl_store_pending(const kvt_offload *m, const struct ofl_req *r)
-{
-    if (r->flags & RQ_STEP_STORE)
-        return true;
-    return r->last_store_event != KVT_NO_EVENT &&
-           ofl_evtable_find(&m->stores, r->last_store_event) != NULL;
 }

@@ -1,0 +1,639 @@
+/*
+ * Randomized model-based test of the offload manager.
+ *
+ * A small vLLM-like engine (waiting and running requests with shared prefixes, chunked
+ * prefill, decode, preemption, aborts, resets; eager or lazy; a GPU pool with prefix caching)
+ * drives kvt_offload, and world_size simulated workers execute every event the manager emits:
+ * each rank moves block contents (a per-rank tag derived from the block's hash) between a GPU
+ * array and a host array, completes events in order per direction after a random delay of its
+ * own, and its reports reach the manager one to three steps late, interleaved across steps.
+ * A need_flush makes every rank finish everything first.
+ *
+ * After every step the harness checks, from its own bookkeeping only:
+ *   - references: every GPU block's count equals the engine's own references plus the
+ *     transfers in flight that use it; every host block's equals the pending hits pinning it
+ *     plus its transfers in flight — so no reference leaked or was released twice;
+ *   - data: every host block the manager lets be found holds, on every rank, the contents
+ *     of the block its key names (so nothing became findable before all stores landed), and
+ *     every block a request computes from holds its own contents (loads brought the right
+ *     bytes);
+ *   - the engine is never handed a GPU block a transfer still uses;
+ *   - every event is completed exactly once (no stale or unknown reports);
+ * and at the end, after draining, both pools are fully free and the manager holds nothing.
+ *
+ * >= 200,000 manager calls per run (KVTIER_TEST_SCALE multiplies); the seed is printed on
+ * failure (KVTIER_TEST_SEED replays it).
+ */
+#include "kvt_test.h"
+
+#define BS        16
+#define MAXB      24
+#define MAXR      6
+#define MAX_RANKS 4
+#define MAX_EV    4096
+#define MAX_PAIRS 256
+#define MAX_GPU   128
+#define MAX_HOST  192
+#define HL        KVT_BLOCK_HASH_LEN
+#define HASH_SEED 7
+
+static uint64_t g_seed, g_step, g_ops;
+static kvt_offload_stats g_tot; /* summed over episodes, for the summary */
+
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            print_error("offload model: step %llu (replay with KVTIER_TEST_SEED=%llu): ",          \
+                        (unsigned long long)g_step, (unsigned long long)g_seed);                   \
+            fail_msg(__VA_ARGS__);                                                                 \
+        }                                                                                          \
+    } while (0)
+
+#define CALL(expr)                                                                                 \
+    do {                                                                                           \
+        g_ops++;                                                                                   \
+        int rc_ = (expr);                                                                          \
+        CHECK(rc_ == 0, "%s -> %s: %s", #expr, kvt_err_name(rc_), kvt_last_error());               \
+    } while (0)
+
+enum { R_WAITING, R_LOADING, R_RUNNING };
+
+struct req {
+    bool used;
+    char id[16];
+    uint32_t id_len;
+    int state;
+    uint32_t n_tokens, prompt, max_tokens;
+    uint32_t tokens[MAXB * BS];
+    uint8_t hashes[MAXB * HL];
+    uint32_t blocks[MAXB], n_blocks;
+    uint32_t computed;
+    uint32_t pins[MAXB], n_pins; /* host blocks pinned by its pending hit */
+    bool resumed;
+};
+
+struct wev {
+    int64_t id;
+    bool store;
+    uint32_t n;
+    uint32_t gpu[MAX_PAIRS], host[MAX_PAIRS];
+    uint32_t n_reqs;
+    char reqs[MAXR][16];
+    uint32_t done;    /* ranks that executed it */
+    uint32_t applied; /* store: reports the manager has applied; load: 1 once applied */
+};
+
+struct outbox { /* a report on its way to the scheduler */
+    uint64_t at;
+    bool store;
+    int64_t ev;
+    uint32_t idx; /* load: event slot */
+};
+
+static struct {
+    kvt_pool *gpu;
+    kvt_offload *m;
+    const kvt_pool *host;
+    uint32_t gpu_nb, host_nb, world;
+    bool lazy;
+    struct req reqs[MAXR];
+    uint64_t gcont[MAX_RANKS][MAX_GPU], hcont[MAX_RANKS][MAX_HOST];
+    struct wev ev[MAX_EV];
+    uint32_t n_ev;                  /* events ever issued this episode */
+    uint32_t rank_store[MAX_RANKS]; /* next store event index each rank executes */
+    uint32_t rank_load[MAX_RANKS];
+    uint32_t store_idx[MAX_EV], n_store_idx, load_idx[MAX_EV], n_load_idx;
+    struct outbox out[MAX_EV * MAX_RANKS];
+    uint32_t n_out;
+    uint32_t prefixes[4][6 * BS];
+    bool reset_pending;
+    kvt_offload_meta meta;
+    kvt_offload_worker_meta wm;
+    uint32_t next_id;
+    uint32_t g_live[MAX_GPU], h_live[MAX_HOST]; /* transfers in flight using each block */
+    uint32_t hist[8][MAXB * BS], hist_len[8];   /* finished conversations that may come back */
+} S;
+
+static uint64_t tag(const uint8_t *hash, uint32_t rank)
+{
+    return kvt_hash64(hash, HL, rank + 1);
+}
+
+/* ---- engine ---------------------------------------------------------------------------- */
+
+static void new_request(uint64_t *rng)
+{
+    for (uint32_t i = 0; i < MAXR; i++) {
+        struct req *r = &S.reqs[i];
+        if (r->used)
+            continue;
+        memset(r, 0, sizeof(*r));
+        r->used = true;
+        r->id_len = (uint32_t)snprintf(r->id, sizeof(r->id), "r%u", S.next_id++);
+        uint32_t h = kvt_test_below(rng, 8);
+        if (S.hist_len[h] && kvt_test_below(rng, 2)) {
+            /* a conversation returns: its whole history plus a new turn */
+            uint32_t own = 1 + kvt_test_below(rng, 40);
+            r->prompt = S.hist_len[h] + own;
+            memcpy(r->tokens, S.hist[h], S.hist_len[h] * sizeof(uint32_t));
+            for (uint32_t t = S.hist_len[h]; t < r->prompt; t++)
+                r->tokens[t] = 50000 + kvt_test_below(rng, 1000);
+        } else {
+            uint32_t p = kvt_test_below(rng, 4), shared = (2 + kvt_test_below(rng, 5)) * BS;
+            uint32_t own = 1 + kvt_test_below(rng, 60);
+            r->prompt = shared + own;
+            for (uint32_t t = 0; t < r->prompt; t++)
+                r->tokens[t] = t < shared ? S.prefixes[p][t] : 50000 + kvt_test_below(rng, 1000);
+        }
+        r->n_tokens = r->prompt;
+        r->max_tokens = r->prompt + 1 + kvt_test_below(rng, 40);
+        if (r->max_tokens > MAXB * BS)
+            r->max_tokens = MAXB * BS;
+        uint32_t n;
+        KVT_OK_(
+            kvt_hash_prompt(HASH_SEED, r->tokens, r->n_tokens, BS, NULL, 0, r->hashes, MAXB, &n));
+        r->state = R_WAITING;
+        return;
+    }
+}
+
+static uint32_t full_hashes(const struct req *r)
+{
+    return r->n_tokens / BS;
+}
+
+/* A GPU block used by a transfer the manager has not yet seen completed. */
+static bool gpu_in_transfer(uint32_t b)
+{
+    return S.g_live[b] > 0;
+}
+
+static void live(const struct wev *e, int d)
+{
+    for (uint32_t k = 0; k < e->n; k++) {
+        S.g_live[e->gpu[k]] += (uint32_t)d;
+        S.h_live[e->host[k]] += (uint32_t)d;
+    }
+}
+
+static bool engine_alloc(uint32_t n, uint32_t *ids)
+{
+    if (kvt_pool_num_free(S.gpu) < n)
+        return false;
+    KVT_OK_(kvt_pool_alloc(S.gpu, n, ids));
+    for (uint32_t i = 0; i < n; i++)
+        CHECK(!gpu_in_transfer(ids[i]),
+              "the engine was handed GPU block %u while a transfer "
+              "uses it",
+              ids[i]);
+    return true;
+}
+
+static void release_blocks(struct req *r)
+{
+    uint32_t rev[MAXB];
+    for (uint32_t i = 0; i < r->n_blocks; i++)
+        rev[i] = r->blocks[r->n_blocks - 1 - i];
+    KVT_OK_(kvt_pool_free(S.gpu, rev, r->n_blocks));
+    r->n_blocks = 0;
+}
+
+static void finish(struct req *r)
+{
+    const uint32_t *tab[1] = {r->blocks};
+    uint32_t nb[1] = {r->n_blocks};
+    CALL(kvt_offload_request_finished(S.m, r->id, r->id_len, tab, nb, r->computed));
+    r->n_pins = 0;
+    release_blocks(r);
+    r->used = false;
+}
+
+static void admit(struct req *r, uint64_t *rng)
+{
+    uint32_t out[MAXB], *outs[1] = {out};
+    kvt_hit gh;
+    uint32_t nh = full_hashes(r);
+    KVT_OK_(kvt_pool_find_longest_hit(S.gpu, r->hashes, nh, r->n_tokens - 1, outs, &gh));
+    /* predict the host blocks match will pin: the same search on the same state */
+    uint32_t pred[MAXB], *pouts[1] = {pred}, start = gh.length / BS;
+    kvt_hit hh = {0};
+    if (start < nh && r->n_tokens > gh.length + 1)
+        KVT_OK_(kvt_pool_find_longest_hit(S.host, r->hashes + start * HL, nh - start,
+                                          r->n_tokens - 1 - gh.length, pouts, &hh));
+    uint32_t hit;
+    CALL(kvt_offload_match(S.m, r->id, r->id_len, r->hashes, nh, r->n_tokens, gh.length, &hit));
+    CHECK(hit == hh.length, "match offered %u tokens, the host tier holds %u", hit, hh.length);
+    r->n_pins = hh.n_blocks[0];
+    memcpy(r->pins, pred, r->n_pins * sizeof(uint32_t));
+    uint32_t need = (r->n_tokens + BS - 1) / BS, evictable = 0;
+    for (uint32_t j = 0; j < gh.n_blocks[0]; j++) {
+        kvt_block_info bi;
+        KVT_OK_(kvt_pool_block_info(S.gpu, out[j], &bi));
+        evictable += bi.ref_cnt == 0; /* touching it takes it off the free queue */
+    }
+    if (kvt_pool_num_free(S.gpu) < need - gh.n_blocks[0] + evictable + 1)
+        return; /* no room: stays waiting, pinned; the next match re-pins */
+    KVT_OK_(kvt_pool_touch(S.gpu, out, gh.n_blocks[0]));
+    memcpy(r->blocks, out, gh.n_blocks[0] * sizeof(uint32_t));
+    if (!engine_alloc(need - gh.n_blocks[0], r->blocks + gh.n_blocks[0]))
+        CHECK(false, "allocation failed after the room check");
+    r->n_blocks = need;
+    uint32_t accept = 0;
+    uint32_t c = kvt_test_below(rng, 4);
+    if (hit && c)
+        accept = c == 1 ? hit : (kvt_test_below(rng, hit / BS + 1)) * BS;
+    const uint32_t *tab[1] = {r->blocks};
+    uint32_t nb[1] = {r->n_blocks};
+    CALL(kvt_offload_after_alloc(S.m, r->id, r->id_len, tab, nb, accept));
+    r->n_pins = 0;
+    r->computed = gh.length + accept;
+    r->state = accept ? R_LOADING : R_RUNNING;
+}
+
+/* The blocks a request computes from must hold their own contents on every rank. */
+static void verify_request(const struct req *r)
+{
+    for (uint32_t j = 0; j < r->computed / BS; j++)
+        for (uint32_t k = 0; k < S.world; k++)
+            CHECK(S.gcont[k][r->blocks[j]] == tag(r->hashes + j * HL, k),
+                  "request %s block %u (GPU %u) holds wrong contents on rank %u", r->id, j,
+                  r->blocks[j], k);
+}
+
+static void compute(struct req *r, uint32_t tokens)
+{
+    verify_request(r);
+    uint32_t from = r->computed / BS;
+    r->computed += tokens;
+    for (uint32_t j = from; j < r->computed / BS; j++) {
+        for (uint32_t k = 0; k < S.world; k++)
+            S.gcont[k][r->blocks[j]] = tag(r->hashes + j * HL, k);
+        kvt_block_info bi;
+        KVT_OK_(kvt_pool_block_info(S.gpu, r->blocks[j], &bi));
+        if (bi.n_keys == 0)
+            KVT_OK_(kvt_pool_insert(S.gpu, r->blocks[j], r->hashes + j * HL, 0, BS));
+    }
+}
+
+/* ---- workers --------------------------------------------------------------------------- */
+
+static void record_events(void)
+{
+    if (S.meta.load_event != KVT_NO_EVENT) {
+        CHECK(S.n_ev < MAX_EV && S.meta.n_loads <= MAX_PAIRS, "harness capacity");
+        struct wev *e = &S.ev[S.n_ev];
+        memset(e, 0, sizeof(*e));
+        e->id = S.meta.load_event;
+        e->n = S.meta.n_loads;
+        memcpy(e->gpu, S.meta.load_gpu_blocks, e->n * sizeof(uint32_t));
+        memcpy(e->host, S.meta.load_cpu_blocks, e->n * sizeof(uint32_t));
+        for (uint32_t i = 0; i < S.meta.n_load_events; i++)
+            if (S.meta.load_events[i] == e->id)
+                for (uint32_t k = S.meta.load_req_first[i]; k < S.meta.load_req_first[i + 1]; k++)
+                    snprintf(e->reqs[e->n_reqs++], 16, "%s", S.meta.load_req_ids[k].ptr);
+        live(e, 1);
+        S.load_idx[S.n_load_idx++] = S.n_ev++;
+    }
+    if (S.meta.store_event != KVT_NO_EVENT) {
+        CHECK(S.n_ev < MAX_EV && S.meta.n_stores <= MAX_PAIRS, "harness capacity");
+        struct wev *e = &S.ev[S.n_ev];
+        memset(e, 0, sizeof(*e));
+        e->id = S.meta.store_event;
+        e->store = true;
+        e->n = S.meta.n_stores;
+        memcpy(e->gpu, S.meta.store_gpu_blocks, e->n * sizeof(uint32_t));
+        memcpy(e->host, S.meta.store_cpu_blocks, e->n * sizeof(uint32_t));
+        live(e, 1);
+        S.store_idx[S.n_store_idx++] = S.n_ev++;
+    }
+}
+
+static void post(bool store, int64_t ev, uint32_t idx, uint64_t *rng)
+{
+    struct outbox *o = &S.out[S.n_out++];
+    o->at = g_step + 1 + kvt_test_below(rng, 3);
+    o->store = store;
+    o->ev = ev;
+    o->idx = idx;
+}
+
+/* Rank k executes up to `budget` of its next events per direction (all with flush). */
+static void run_workers(bool flush, uint64_t *rng)
+{
+    for (uint32_t k = 0; k < S.world; k++) {
+        uint32_t ns = flush ? UINT32_MAX : kvt_test_below(rng, 3);
+        for (; ns && S.rank_store[k] < S.n_store_idx; ns--) {
+            struct wev *e = &S.ev[S.store_idx[S.rank_store[k]++]];
+            for (uint32_t i = 0; i < e->n; i++)
+                S.hcont[k][e->host[i]] = S.gcont[k][e->gpu[i]];
+            e->done++;
+            post(true, e->id, 0, rng);
+        }
+        uint32_t nl = flush ? UINT32_MAX : kvt_test_below(rng, 3);
+        for (; nl && S.rank_load[k] < S.n_load_idx; nl--) {
+            uint32_t idx = S.load_idx[S.rank_load[k]++];
+            struct wev *e = &S.ev[idx];
+            for (uint32_t i = 0; i < e->n; i++)
+                S.gcont[k][e->gpu[i]] = S.hcont[k][e->host[i]];
+            if (++e->done == S.world) /* the output aggregator reports when all ranks did */
+                post(false, e->id, idx, rng);
+        }
+    }
+}
+
+static struct wev *find_store(int64_t id)
+{
+    for (uint32_t i = 0; i < S.n_store_idx; i++)
+        if (S.ev[S.store_idx[i]].id == id)
+            return &S.ev[S.store_idx[i]];
+    return NULL;
+}
+
+/* Delivers the reports due by now (or all of them), aggregated into one output. */
+static void deliver(bool all)
+{
+    kvt_offload_worker_meta_clear(&S.wm);
+    kvt_str ids[MAXR * 4];
+    uint32_t n_ids = 0;
+    struct wev *loads[MAX_EV];
+    uint32_t n_loads = 0;
+    uint32_t keep = 0;
+    for (uint32_t i = 0; i < S.n_out; i++) {
+        struct outbox *o = &S.out[i];
+        if (!all && o->at > g_step) {
+            S.out[keep++] = *o;
+            continue;
+        }
+        if (o->store) {
+            KVT_OK_(kvt_offload_worker_meta_add(&S.wm, o->ev, 1));
+        } else {
+            struct wev *e = &S.ev[o->idx];
+            for (uint32_t k = 0; k < e->n_reqs; k++)
+                ids[n_ids++] = (kvt_str){e->reqs[k], (uint32_t)strlen(e->reqs[k])};
+            loads[n_loads++] = e;
+        }
+    }
+    S.n_out = keep;
+    if (!n_ids && !S.wm.n_completed)
+        return;
+    CALL(kvt_offload_apply_output(S.m, ids, n_ids, &S.wm));
+    for (uint32_t i = 0; i < S.wm.n_completed; i++) {
+        struct wev *e = find_store(S.wm.events[i]);
+        bool was_live = e->applied < S.world;
+        e->applied += S.wm.counts[i];
+        if (was_live && e->applied >= S.world)
+            live(e, -1);
+    }
+    for (uint32_t i = 0; i < n_loads; i++) {
+        loads[i]->applied = 1;
+        live(loads[i], -1);
+    }
+    for (uint32_t k = 0; k < n_ids; k++)
+        for (uint32_t i = 0; i < MAXR; i++) {
+            struct req *r = &S.reqs[i];
+            if (r->used && r->state == R_LOADING && r->id_len == ids[k].len &&
+                memcmp(r->id, ids[k].ptr, r->id_len) == 0)
+                r->state = R_RUNNING;
+        }
+}
+
+/* ---- invariants ------------------------------------------------------------------------ */
+
+static void check_refs(void)
+{
+    uint32_t gexp[MAX_GPU] = {0}, hexp[MAX_HOST] = {0};
+    for (uint32_t i = 0; i < MAXR; i++) {
+        const struct req *r = &S.reqs[i];
+        if (!r->used)
+            continue;
+        for (uint32_t j = 0; j < r->n_blocks; j++)
+            gexp[r->blocks[j]]++;
+        for (uint32_t j = 0; j < r->n_pins; j++)
+            if (r->pins[j] != KVT_NULL_BLOCK)
+                hexp[r->pins[j]]++;
+    }
+    for (uint32_t b = 0; b < S.gpu_nb; b++)
+        gexp[b] += S.g_live[b];
+    for (uint32_t h = 0; h < S.host_nb; h++)
+        hexp[h] += S.h_live[h];
+    for (uint32_t b = 1; b < S.gpu_nb; b++) {
+        kvt_block_info bi;
+        KVT_OK_(kvt_pool_block_info(S.gpu, b, &bi));
+        CHECK(bi.ref_cnt == gexp[b], "GPU block %u has %u references, expected %u", b, bi.ref_cnt,
+              gexp[b]);
+    }
+    for (uint32_t h = 1; h < S.host_nb; h++) {
+        kvt_block_info bi;
+        KVT_OK_(kvt_pool_block_info(S.host, h, &bi));
+        CHECK(bi.ref_cnt == hexp[h], "host block %u has %u references, expected %u", h, bi.ref_cnt,
+              hexp[h]);
+    }
+}
+
+static void check_findable_data(void)
+{
+    for (uint32_t h = 1; h < S.host_nb; h++) {
+        kvt_pool_key k;
+        uint32_t n;
+        KVT_OK_(kvt_pool_block_keys(S.host, h, &k, 1, &n));
+        if (!n)
+            continue;
+        for (uint32_t r = 0; r < S.world; r++)
+            CHECK(S.hcont[r][h] == tag(k.hash, r),
+                  "host block %u is findable but rank %u holds "
+                  "other contents",
+                  h, r);
+    }
+    kvt_offload_stats st;
+    kvt_offload_get_stats(S.m, &st);
+    CHECK(st.stale_reports == 0, "%llu stale reports", (unsigned long long)st.stale_reports);
+}
+
+/* ---- episode --------------------------------------------------------------------------- */
+
+static void step(uint64_t *rng)
+{
+    g_step++;
+    if (kvt_test_below(rng, 3) == 0)
+        new_request(rng);
+    /* preempt a running request now and then (recompute, as vLLM v1 does) */
+    bool preempted = false;
+    if (kvt_test_below(rng, 25) == 0) {
+        struct req *r = &S.reqs[kvt_test_below(rng, MAXR)];
+        if (r->used && r->state == R_RUNNING) {
+            release_blocks(r);
+            r->computed = 0;
+            r->state = R_WAITING;
+            r->resumed = true;
+            preempted = true;
+        }
+    }
+    for (uint32_t i = 0; i < MAXR; i++)
+        if (S.reqs[i].used && S.reqs[i].state == R_WAITING)
+            admit(&S.reqs[i], rng);
+    /* schedule running requests: a prefill chunk or one decode token */
+    uint32_t sched[MAXR] = {0};
+    for (uint32_t i = 0; i < MAXR; i++) {
+        struct req *r = &S.reqs[i];
+        if (!r->used || r->state != R_RUNNING || r->computed >= r->max_tokens)
+            continue;
+        uint32_t t;
+        if (r->computed < r->n_tokens) {
+            t = r->n_tokens - r->computed;
+            uint32_t chunk = BS + kvt_test_below(rng, 3 * BS);
+            if (t > chunk)
+                t = chunk;
+        } else {
+            if (r->n_tokens / BS >= r->n_blocks) { /* the new token needs a new block */
+                if (!engine_alloc(1, &r->blocks[r->n_blocks]))
+                    continue; /* no room this step */
+                r->n_blocks++;
+            }
+            r->tokens[r->n_tokens++] = 60000 + kvt_test_below(rng, 1000);
+            if (r->n_tokens % BS == 0) {
+                uint32_t j = r->n_tokens / BS - 1;
+                KVT_OK_(kvt_hash_block(HASH_SEED, j ? r->hashes + (j - 1) * HL : NULL,
+                                       r->tokens + j * BS, BS, NULL, 0, r->hashes + j * HL));
+            }
+            t = 1;
+        }
+        const uint32_t *tab[1] = {r->blocks};
+        uint32_t nb[1] = {r->n_blocks};
+        CALL(kvt_offload_schedule(S.m, r->id, r->id_len, tab, nb, r->computed, t, r->resumed));
+        r->resumed = false;
+        sched[i] = t;
+    }
+    CALL(kvt_offload_build_meta(S.m, preempted, &S.meta));
+    KVT_OK_(kvt_offload_meta_validate(&S.meta));
+    CHECK(S.meta.need_flush == preempted, "need_flush");
+    record_events();
+    check_refs();
+    run_workers(S.meta.need_flush, rng);
+    for (uint32_t i = 0; i < MAXR; i++)
+        if (sched[i] && S.reqs[i].used)
+            compute(&S.reqs[i], sched[i]);
+    deliver(false);
+    check_findable_data();
+    /* finishes and aborts */
+    for (uint32_t i = 0; i < MAXR; i++) {
+        struct req *r = &S.reqs[i];
+        if (!r->used)
+            continue;
+        bool done = r->state == R_RUNNING && r->computed >= r->max_tokens;
+        if (done && r->n_tokens + 41 <= MAXB * BS) { /* remember it for a later turn */
+            uint32_t h = kvt_test_below(rng, 8);
+            memcpy(S.hist[h], r->tokens, r->n_tokens * sizeof(uint32_t));
+            S.hist_len[h] = r->n_tokens;
+        }
+        if (done || kvt_test_below(rng, 150) == 0)
+            finish(r);
+    }
+    if (S.reset_pending || kvt_test_below(rng, 600) == 0) {
+        g_ops++;
+        int rc = kvt_offload_reset(S.m);
+        CHECK(rc == 0 || rc == KVT_EBUSY, "reset returned %d", rc);
+        S.reset_pending = rc == KVT_EBUSY;
+    }
+    CHECK(S.n_ev < MAX_EV - 8, "harness event capacity");
+}
+
+static void episode(uint64_t *rng, uint64_t ops_goal)
+{
+    memset(&S, 0, sizeof(S));
+    S.gpu_nb = 48 + kvt_test_below(rng, MAX_GPU - 48 + 1);
+    S.host_nb = 8 + kvt_test_below(rng, MAX_HOST - 8 + 1);
+    S.world = 1 + kvt_test_below(rng, MAX_RANKS);
+    S.lazy = kvt_test_below(rng, 2);
+    for (uint32_t p = 0; p < 4; p++)
+        for (uint32_t t = 0; t < 6 * BS; t++)
+            S.prefixes[p][t] = 1000 * (p + 1) + t;
+    kvt_pool_config pc;
+    kvt_pool_config_init(&pc);
+    pc.num_blocks = S.gpu_nb;
+    KVT_OK_(kvt_pool_create(&pc, &S.gpu));
+    kvt_offload_config oc;
+    kvt_offload_config_init(&oc);
+    oc.host_blocks = S.host_nb;
+    oc.world_size = S.world;
+    oc.lazy = S.lazy;
+    oc.max_batched_tokens = BS * (1 + kvt_test_below(rng, 4));
+    uint32_t budgets[3] = {0, 2, 256};
+    oc.restore_budget = budgets[kvt_test_below(rng, 3)];
+    oc.max_requests = MAXR + 4;
+    KVT_OK_(kvt_offload_create(&oc, S.gpu, &S.m));
+    S.host = kvt_offload_host_pool(S.m);
+    kvt_offload_meta_init(&S.meta);
+    kvt_offload_worker_meta_init(&S.wm);
+
+    uint64_t start = g_ops;
+    while (g_ops - start < ops_goal && S.n_ev < MAX_EV - 64)
+        step(rng);
+
+    /* drain: finish everything, let the workers and reports catch up, reset until done */
+    for (uint32_t i = 0; i < MAXR; i++)
+        if (S.reqs[i].used)
+            finish(&S.reqs[i]);
+    for (int round = 0; round < 8; round++) {
+        g_step++;
+        CALL(kvt_offload_build_meta(S.m, false, &S.meta));
+        record_events();
+        check_refs();
+        run_workers(true, rng);
+        deliver(true);
+        check_findable_data();
+    }
+    CHECK(!kvt_offload_has_pending(S.m), "transfers still pending after draining");
+    CALL(kvt_offload_reset(S.m));
+    kvt_offload_stats st;
+    kvt_offload_get_stats(S.m, &st);
+    CHECK(st.requests == 0, "%u requests still tracked", st.requests);
+    g_tot.hit_tokens += st.hit_tokens;
+    g_tot.load_blocks += st.load_blocks;
+    g_tot.store_blocks += st.store_blocks;
+    g_tot.stores_abandoned += st.stores_abandoned;
+    g_tot.host_evictions += st.host_evictions;
+    g_tot.restores += st.restores;
+    g_tot.resets += st.resets;
+    g_tot.store_dropped_full += st.store_dropped_full;
+    CHECK(st.store_blocks == st.stores_completed + st.stores_abandoned, "store blocks unbalanced");
+    CHECK(st.load_blocks == st.loads_completed, "load blocks unbalanced");
+    CHECK(kvt_pool_num_free(S.gpu) == S.gpu_nb - 1, "GPU pool not fully free: %u of %u",
+          kvt_pool_num_free(S.gpu), S.gpu_nb - 1);
+    CHECK(kvt_pool_num_free(S.host) == S.host_nb - 1, "host pool not fully free");
+    check_refs();
+    kvt_offload_meta_release(&S.meta);
+    kvt_offload_worker_meta_release(&S.wm);
+    kvt_offload_destroy(S.m);
+    kvt_pool_destroy(S.gpu);
+}
+
+static void manager_keeps_every_invariant_under_random_traffic(void **state)
+{
+    (void)state;
+    g_seed = kvt_test_seed();
+    uint64_t rng = g_seed, goal = (uint64_t)(200000 * kvt_test_scale());
+    uint32_t episodes = 0;
+    g_ops = 0;
+    memset(&g_tot, 0, sizeof(g_tot));
+    while (g_ops < goal) {
+        episode(&rng, 5000 + kvt_test_below(&rng, 20000));
+        episodes++;
+    }
+    print_message("offload model: %llu manager calls in %u episodes, %llu steps (seed %llu): "
+                  "%llu hit tokens, %llu blocks loaded, %llu stored (%llu abandoned), %llu "
+                  "host evictions, %llu re-stores, %llu stores dropped for room, %llu resets\n",
+                  (unsigned long long)g_ops, episodes, (unsigned long long)g_step,
+                  (unsigned long long)g_seed, (unsigned long long)g_tot.hit_tokens,
+                  (unsigned long long)g_tot.load_blocks, (unsigned long long)g_tot.store_blocks,
+                  (unsigned long long)g_tot.stores_abandoned,
+                  (unsigned long long)g_tot.host_evictions, (unsigned long long)g_tot.restores,
+                  (unsigned long long)g_tot.store_dropped_full, (unsigned long long)g_tot.resets);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(manager_keeps_every_invariant_under_random_traffic),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
