@@ -243,7 +243,7 @@ static void release_keys(kvt_pool *p, uint32_t id, bool unindex)
         struct kvt_entry *e = kvt_pool_entry(p, idx);
         uint32_t next = e->next;
         if (unindex) {
-            kvt_map_remove(&p->map, kvt_pool_key_hash(p, e->hash, e->group), idx);
+            kvt_map_remove(&p->map, e->kh, idx);
             emit(p, KVT_POOL_EV_REMOVED, id, e);
         }
         e->next = p->entry_free;
@@ -311,9 +311,10 @@ int kvt_pool_insert(kvt_pool *p, uint32_t id, const uint8_t *hash, uint32_t grou
     e->group = group;
     e->num_tokens = num_tokens;
     e->next = KVT_ENTRY_NONE;
+    e->kh = kvt_pool_key_hash(p, hash, group);
     memcpy(e->hash, hash, p->hash_len);
     /* Cannot fail: the map has a slot for every entry (invariant 3). */
-    (void)kvt_map_insert(&p->map, kvt_pool_key_hash(p, hash, group), idx);
+    (void)kvt_map_insert(&p->map, e->kh, idx);
     if (last == KVT_ENTRY_NONE) {
         b->keys = idx;
         p->n_cached++;

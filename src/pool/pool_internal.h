@@ -26,6 +26,7 @@ struct kvt_block {
  * bytes follow the fixed fields. `next` chains the keys of a block in insertion order, or the
  * free entries. */
 struct kvt_entry {
+    uint64_t kh; /* key hash (map slot), kept so removal need not rehash */
     uint32_t block;
     uint32_t group;
     uint32_t num_tokens;
