@@ -107,12 +107,10 @@ void ofl_evtable_remove(struct ofl_evtable *t, struct ofl_event *e)
 
 /* ---- requests -------------------------------------------------------------------------- */
 
-int ofl_check_id(const char *id, uint32_t len)
+int ofl_fail_id(const char *id, uint32_t len)
 {
-    if (!id || len == 0 || len > KVT_REQ_ID_MAX)
-        return kvt_fail(KVT_EINVAL, "offload: request id must be 1..%u bytes (got %u%s)",
-                        KVT_REQ_ID_MAX, len, id ? "" : ", NULL");
-    return 0;
+    return kvt_fail(KVT_EINVAL, "offload: request id must be 1..%u bytes (got %u%s)",
+                    KVT_REQ_ID_MAX, len, id ? "" : ", NULL");
 }
 
 struct ofl_req *ofl_req_find(const kvt_offload *m, const char *id, uint32_t len)

@@ -148,7 +148,11 @@ static inline uint32_t ofl_req_slot(const kvt_offload *m, const struct ofl_req *
 /* Frees the slot if the request holds nothing any more (no hit, no load, no eager
  * registration of a running request). */
 void ofl_req_maybe_release(kvt_offload *m, struct ofl_req *r);
-int ofl_check_id(const char *id, uint32_t len);
+int ofl_fail_id(const char *id, uint32_t len);
+static inline int ofl_check_id(const char *id, uint32_t len)
+{
+    return (id && len && len <= KVT_REQ_ID_MAX) ? 0 : ofl_fail_id(id, len);
+}
 int ofl_check_table(const kvt_offload *m, const uint32_t *const *blocks, const uint32_t *n_blocks,
                     const char *what);
 

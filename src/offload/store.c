@@ -147,12 +147,12 @@ void ofl_select_eager(kvt_offload *m, struct ofl_req *r, const uint32_t *const *
                 m->st.store_skipped_null++;
                 continue;
             }
-            if (!gpu_primary(m, gpu, &k)) {
-                m->st.store_skipped_unhashed++;
+            if (m->gflags[gpu] & (G_STORING | G_MARK)) { /* cheapest test first */
+                m->st.store_skipped_in_flight++;
                 continue;
             }
-            if (m->gflags[gpu] & (G_STORING | G_MARK)) {
-                m->st.store_skipped_in_flight++;
+            if (!gpu_primary(m, gpu, &k)) {
+                m->st.store_skipped_unhashed++;
                 continue;
             }
             if (host_has_key(m, &k)) {
@@ -188,7 +188,16 @@ int kvt_offload_schedule(kvt_offload *m, const char *id, uint32_t id_len,
         memset(r->cursor, 0, sizeof(r->cursor)); /* its blocks were freed and reallocated */
     if (num_scheduled == 0)
         return 0;
+    if (!blocks || !n_blocks)
+        return kvt_fail(KVT_EINVAL, "offload: schedule: NULL block table");
     uint32_t aligned = num_confirmed / m->sched_bs * m->sched_bs;
+    bool news = false; /* most decode steps confirm no new full block: stop here */
+    for (uint32_t g = 0; g < m->ng && !news; g++) {
+        uint32_t ready = aligned / m->gcfg.groups[g].block_size;
+        news = (ready < n_blocks[g] ? ready : n_blocks[g]) > r->cursor[g];
+    }
+    if (!news)
+        return 0;
     if ((rc = check_range(m, r, blocks, n_blocks, aligned)))
         return kvt_fail_wrap(rc, "schedule");
     ofl_select_eager(m, r, blocks, n_blocks, num_confirmed);
