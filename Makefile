@@ -38,6 +38,7 @@ demo: build
 
 bench: build
 	$(BUILD)/bin/kvtier bench pool --json
+	$(BUILD)/bin/kvtier bench sched --json
 
 install: build
 	cmake --install $(BUILD) --prefix $(PREFIX)

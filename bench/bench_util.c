@@ -52,6 +52,12 @@ void kvt_json_int(kvt_json *j, const char *k, long long v)
     fprintf(j->f, "%lld", v);
 }
 
+void kvt_json_raw(kvt_json *j, const char *k, const char *json)
+{
+    key(j, k);
+    fputs(json, j->f);
+}
+
 void kvt_json_end(kvt_json *j)
 {
     fputs("}\n", j->f);

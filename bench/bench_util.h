@@ -25,6 +25,7 @@ typedef struct kvt_bench {
 } kvt_bench;
 
 extern const kvt_bench kvt_bench_pool;
+extern const kvt_bench kvt_bench_sched;
 
 double kvt_now_s(void);
 
@@ -38,6 +39,8 @@ void kvt_json_begin(kvt_json *j, FILE *f);
 void kvt_json_str(kvt_json *j, const char *key, const char *val);
 void kvt_json_num(kvt_json *j, const char *key, double val);
 void kvt_json_int(kvt_json *j, const char *key, long long val);
+/* A value that is already JSON text (an object or array). */
+void kvt_json_raw(kvt_json *j, const char *key, const char *json);
 void kvt_json_end(kvt_json *j);
 
 /* Host description for reports: cores and CPU model. */

@@ -10,7 +10,7 @@
 #include "demo.h"
 #include "kvtier/kvtier.h"
 
-static const kvt_bench *const benches[] = {&kvt_bench_pool};
+static const kvt_bench *const benches[] = {&kvt_bench_pool, &kvt_bench_sched};
 
 static void usage(FILE *f)
 {
