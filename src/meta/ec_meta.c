@@ -239,44 +239,45 @@ static int rd_push_body(kvt_rd *r, kvt_bump *b, kvt_ec_push_spec *s)
     return kvt_ec_push_spec_validate(s);
 }
 
-/* Maps a validation failure inside a decoder to KVT_EPROTO and prefixes the context. */
-static int decode_fail(int rc, const char *what)
+struct spec_ctx {
+    void *spec;
+    kvt_bump *strings;
+};
+
+static int load_body(void *obj, kvt_rd *r)
 {
-    return kvt_fail_wrap(rc == KVT_EINVAL ? KVT_EPROTO : rc, what);
+    struct spec_ctx *c = obj;
+    return rd_load_body(r, c->strings, c->spec);
+}
+
+static int push_body(void *obj, kvt_rd *r)
+{
+    struct spec_ctx *c = obj;
+    return rd_push_body(r, c->strings, c->spec);
 }
 
 int kvt_ec_load_spec_decode(kvt_ec_load_spec *s, kvt_bump *strings, const void *buf, size_t len)
 {
-    kvt_rd r;
     if (!s || !strings)
         return kvt_fail(KVT_EINVAL, "meta: decode load spec: NULL argument");
-    int rc = kvt_wire_begin(&r, buf, len, KVT_META_EC_LOAD_SPEC);
-    if (!rc)
-        rc = rd_load_body(&r, strings, s);
-    if (!rc)
-        rc = kvt_wire_end(&r);
-    if (rc) {
+    struct spec_ctx c = {s, strings};
+    int rc =
+        kvt_wire_decode(buf, len, KVT_META_EC_LOAD_SPEC, load_body, &c, "meta: decode load spec");
+    if (rc)
         memset(s, 0, sizeof(*s));
-        return decode_fail(rc, "meta: decode load spec");
-    }
-    return 0;
+    return rc;
 }
 
 int kvt_ec_push_spec_decode(kvt_ec_push_spec *s, kvt_bump *strings, const void *buf, size_t len)
 {
-    kvt_rd r;
     if (!s || !strings)
         return kvt_fail(KVT_EINVAL, "meta: decode push spec: NULL argument");
-    int rc = kvt_wire_begin(&r, buf, len, KVT_META_EC_PUSH_SPEC);
-    if (!rc)
-        rc = rd_push_body(&r, strings, s);
-    if (!rc)
-        rc = kvt_wire_end(&r);
-    if (rc) {
+    struct spec_ctx c = {s, strings};
+    int rc =
+        kvt_wire_decode(buf, len, KVT_META_EC_PUSH_SPEC, push_body, &c, "meta: decode push spec");
+    if (rc)
         memset(s, 0, sizeof(*s));
-        return decode_fail(rc, "meta: decode push spec");
-    }
-    return 0;
+    return rc;
 }
 
 /* ---- scheduler -> worker --------------------------------------------------------------- */
@@ -450,8 +451,9 @@ int kvt_ec_meta_encode(const kvt_ec_meta *m, void *buf, size_t cap, size_t *len)
 #define MIN_LOAD_BODY (4 + 8 + 1 + 4 + 4 + 1)
 #define MIN_PUSH_BODY (4 + 8 + 1 + 4 + 4 + 4 + 4)
 
-static int decode_ec(kvt_ec_meta *m, kvt_rd *r)
+static int decode_ec(void *obj, kvt_rd *r)
 {
+    kvt_ec_meta *m = obj;
     uint32_t n;
     int rc = rd_count(r, &n, KVT_META_MAX_ITEMS, MIN_LOAD_BODY, "loads");
     if (rc || (rc = kvt_meta_grow((void **)&m->loads, &m->cap_loads, n, sizeof(*m->loads))))
@@ -482,18 +484,12 @@ static int decode_ec(kvt_ec_meta *m, kvt_rd *r)
 
 int kvt_ec_meta_decode(kvt_ec_meta *m, const void *buf, size_t len)
 {
-    kvt_rd r;
     kvt_ec_meta_clear(m);
-    int rc = kvt_wire_begin(&r, buf, len, KVT_META_EC);
-    if (!rc)
-        rc = decode_ec(m, &r);
-    if (!rc)
-        rc = kvt_wire_end(&r);
-    if (rc) {
+    int rc =
+        kvt_wire_decode(buf, len, KVT_META_EC, decode_ec, m, "meta: decode encoder-cache metadata");
+    if (rc)
         kvt_ec_meta_clear(m);
-        return decode_fail(rc, "meta: decode encoder-cache metadata");
-    }
-    return 0;
+    return rc;
 }
 
 /* ---- worker -> scheduler --------------------------------------------------------------- */
@@ -738,20 +734,25 @@ static int rd_set(kvt_rd *r, kvt_bump *b, kvt_strset *set, const char *what)
     return 0;
 }
 
+static int decode_ec_worker(void *obj, kvt_rd *r)
+{
+    kvt_ec_worker_meta *m = obj;
+    int rc;
+    if ((rc = rd_set(r, &m->strings, &m->loaded, "loaded")) ||
+        (rc = rd_set(r, &m->strings, &m->failed_loads, "failed_loads")) ||
+        (rc = rd_set(r, &m->strings, &m->reclaimed, "reclaimed")) ||
+        (rc = rd_bool(r, &m->pending_saves, "pending_saves")) ||
+        (rc = rd_set(r, &m->strings, &m->failed_saves, "failed_saves")))
+        return rc;
+    return 0;
+}
+
 int kvt_ec_worker_meta_decode(kvt_ec_worker_meta *m, const void *buf, size_t len)
 {
-    kvt_rd r;
     kvt_ec_worker_meta_clear(m);
-    int rc = kvt_wire_begin(&r, buf, len, KVT_META_EC_WORKER);
-    if (!rc && !(rc = rd_set(&r, &m->strings, &m->loaded, "loaded")) &&
-        !(rc = rd_set(&r, &m->strings, &m->failed_loads, "failed_loads")) &&
-        !(rc = rd_set(&r, &m->strings, &m->reclaimed, "reclaimed")) &&
-        !(rc = rd_bool(&r, &m->pending_saves, "pending_saves")) &&
-        !(rc = rd_set(&r, &m->strings, &m->failed_saves, "failed_saves")))
-        rc = kvt_wire_end(&r);
-    if (rc) {
+    int rc = kvt_wire_decode(buf, len, KVT_META_EC_WORKER, decode_ec_worker, m,
+                             "meta: decode encoder-cache worker metadata");
+    if (rc)
         kvt_ec_worker_meta_clear(m);
-        return decode_fail(rc, "meta: decode encoder-cache worker metadata");
-    }
-    return 0;
+    return rc;
 }

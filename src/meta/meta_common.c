@@ -78,6 +78,18 @@ int kvt_wire_end(const kvt_rd *r)
     return 0;
 }
 
+int kvt_wire_decode(const void *buf, size_t len, uint32_t kind, kvt_body_fn body, void *obj,
+                    const char *what)
+{
+    kvt_rd r;
+    int rc = kvt_wire_begin(&r, buf, len, kind);
+    if (!rc)
+        rc = body(obj, &r);
+    if (!rc)
+        rc = kvt_wire_end(&r);
+    return rc ? kvt_fail_wrap(rc == KVT_EINVAL ? KVT_EPROTO : rc, what) : 0;
+}
+
 void kvt_wire_header(kvt_wr *w, uint32_t kind, size_t body_len)
 {
     memcpy(w->p, magic, 4);

@@ -339,8 +339,9 @@ static int rd_block_pair(kvt_rd *r, kvt_offload_meta *m, bool loads)
     return 0;
 }
 
-static int decode_offload(kvt_offload_meta *m, kvt_rd *r)
+static int decode_offload(void *obj, kvt_rd *r)
 {
+    kvt_offload_meta *m = obj;
     int rc;
     if ((rc = rd_i64(r, &m->load_event, "load_event")) || (rc = rd_block_pair(r, m, true)))
         return rc;
@@ -372,25 +373,17 @@ static int decode_offload(kvt_offload_meta *m, kvt_rd *r)
     if ((rc = rd_i64(r, &m->store_event, "store_event")) || (rc = rd_block_pair(r, m, false)) ||
         (rc = rd_bool(r, &m->need_flush, "need_flush")))
         return rc;
-    return 0;
+    return kvt_offload_meta_validate(m);
 }
 
 int kvt_offload_meta_decode(kvt_offload_meta *m, const void *buf, size_t len)
 {
-    kvt_rd r;
     kvt_offload_meta_clear(m);
-    int rc = kvt_wire_begin(&r, buf, len, KVT_META_OFFLOAD);
-    if (!rc)
-        rc = decode_offload(m, &r);
-    if (!rc)
-        rc = kvt_wire_end(&r);
-    if (!rc && (rc = kvt_offload_meta_validate(m)))
-        rc = KVT_EPROTO;
-    if (rc) {
+    int rc = kvt_wire_decode(buf, len, KVT_META_OFFLOAD, decode_offload, m,
+                             "meta: decode offload metadata");
+    if (rc)
         kvt_offload_meta_clear(m);
-        return kvt_fail_wrap(rc == KVT_EINVAL ? KVT_EPROTO : rc, "meta: decode offload metadata");
-    }
-    return 0;
+    return rc;
 }
 
 /* ---- worker -> scheduler --------------------------------------------------------------- */
@@ -569,8 +562,9 @@ int kvt_offload_worker_meta_encode(const kvt_offload_worker_meta *m, void *buf, 
     return 0;
 }
 
-static int decode_worker(kvt_offload_worker_meta *m, kvt_rd *r)
+static int decode_worker(void *obj, kvt_rd *r)
 {
+    kvt_offload_worker_meta *m = obj;
     uint32_t n;
     int rc = rd_count(r, &n, KVT_META_MAX_ITEMS, 12, "completed_store_events");
     if (rc || (rc = worker_reserve(m, n)))
@@ -585,23 +579,15 @@ static int decode_worker(kvt_offload_worker_meta *m, kvt_rd *r)
         m->counts[i] = count;
     }
     m->n_completed = n;
-    return 0;
+    return kvt_offload_worker_meta_validate(m);
 }
 
 int kvt_offload_worker_meta_decode(kvt_offload_worker_meta *m, const void *buf, size_t len)
 {
-    kvt_rd r;
     kvt_offload_worker_meta_clear(m);
-    int rc = kvt_wire_begin(&r, buf, len, KVT_META_OFFLOAD_WORKER);
-    if (!rc)
-        rc = decode_worker(m, &r);
-    if (!rc)
-        rc = kvt_wire_end(&r);
-    if (!rc && (rc = kvt_offload_worker_meta_validate(m)))
-        rc = KVT_EPROTO;
-    if (rc) {
+    int rc = kvt_wire_decode(buf, len, KVT_META_OFFLOAD_WORKER, decode_worker, m,
+                             "meta: decode worker metadata");
+    if (rc)
         kvt_offload_worker_meta_clear(m);
-        return kvt_fail_wrap(rc == KVT_EINVAL ? KVT_EPROTO : rc, "meta: decode worker metadata");
-    }
-    return 0;
+    return rc;
 }

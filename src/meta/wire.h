@@ -137,6 +137,14 @@ int kvt_wire_begin(kvt_rd *r, const void *buf, size_t len, uint32_t kind);
 /* Fails if bytes remain after the body. */
 int kvt_wire_end(const kvt_rd *r);
 
+/* Reads a message body into obj; returns 0 or a code. */
+typedef int (*kvt_body_fn)(void *obj, kvt_rd *r);
+/* One whole decode: header of `kind`, body, nothing after it. A validation failure inside the
+ * body (KVT_EINVAL) becomes KVT_EPROTO, and the message is prefixed with `what`. The caller
+ * empties its object when this fails. */
+int kvt_wire_decode(const void *buf, size_t len, uint32_t kind, kvt_body_fn body, void *obj,
+                    const char *what);
+
 typedef struct kvt_wr {
     uint8_t *p;
 } kvt_wr;

@@ -577,14 +577,6 @@ static void prom_put(struct prom *p, const char *fmt, ...)
         p->len += (size_t)n;
 }
 
-static void prom_metric(struct prom *p, const char *name, const char *type, const char *help,
-                        const char *labels, uint64_t v)
-{
-    prom_put(p, "# HELP kvtier_offload_%s %s\n# TYPE kvtier_offload_%s %s\n", name, help, name,
-             type);
-    prom_put(p, "kvtier_offload_%s%s %" PRIu64 "\n", name, labels, v);
-}
-
 int kvt_offload_prometheus(const kvt_offload *m, char *buf, size_t cap, size_t *len)
 {
     if (!len || (cap && !buf))
@@ -595,34 +587,50 @@ int kvt_offload_prometheus(const kvt_offload *m, char *buf, size_t cap, size_t *
     const struct {
         const char *name, *help;
         uint64_t v;
-    } counters[] = {
-        {"lookups_total", "Host-tier searches by match.", s.lookups},
-        {"lookup_tokens_total", "Tokens those searches could have hit.", s.lookup_tokens},
-        {"hit_tokens_total", "Tokens hit in the host tier.", s.hit_tokens},
-        {"hit_blocks_total", "Host blocks pinned by hits.", s.hit_blocks},
-        {"hits_dropped_total", "Hits not offered for lack of room.", s.hits_dropped},
+        bool gauge;
+    } metrics[] = {
+        {"lookups_total", "Host-tier searches by match.", s.lookups, false},
+        {"lookup_tokens_total", "Tokens those searches could have hit.", s.lookup_tokens, false},
+        {"hit_tokens_total", "Tokens hit in the host tier.", s.hit_tokens, false},
+        {"hit_blocks_total", "Host blocks pinned by hits.", s.hit_blocks, false},
+        {"hits_dropped_total", "Hits not offered for lack of room.", s.hits_dropped, false},
         {"untracked_requests_total", "Eager requests not registered: request table full.",
-         s.untracked_requests},
-        {"load_events_total", "Load events issued.", s.load_events},
-        {"load_blocks_total", "Blocks in issued load events.", s.load_blocks},
-        {"loads_completed_total", "Blocks whose load completed.", s.loads_completed},
-        {"store_events_total", "Store events issued.", s.store_events},
-        {"store_blocks_total", "Blocks in issued store events.", s.store_blocks},
-        {"stores_completed_total", "Blocks made findable in the host tier.", s.stores_completed},
+         s.untracked_requests, false},
+        {"load_events_total", "Load events issued.", s.load_events, false},
+        {"load_blocks_total", "Blocks in issued load events.", s.load_blocks, false},
+        {"loads_completed_total", "Blocks whose load completed.", s.loads_completed, false},
+        {"store_events_total", "Store events issued.", s.store_events, false},
+        {"store_blocks_total", "Blocks in issued store events.", s.store_blocks, false},
+        {"stores_completed_total", "Blocks made findable in the host tier.", s.stores_completed,
+         false},
         {"stores_abandoned_total", "Blocks whose store completed after a reset.",
-         s.stores_abandoned},
-        {"restores_total", "Blocks re-stored after a host-tier eviction.", s.restores},
-        {"host_evictions_total", "Cached host blocks reused for new stores.", s.host_evictions},
-        {"stale_reports_total", "Store reports for completed or abandoned events.",
-         s.stale_reports},
-        {"loaded_bytes_total", "Bytes loaded (blocks x block_bytes).", s.bytes_loaded},
-        {"stored_bytes_total", "Bytes stored (blocks x block_bytes).", s.bytes_stored},
-        {"resets_total", "Successful resets.", s.resets},
+         s.stores_abandoned, false},
+        {"restores_total", "Blocks re-stored after a host-tier eviction.", s.restores, false},
+        {"host_evictions_total", "Cached host blocks reused for new stores.", s.host_evictions,
+         false},
+        {"stale_reports_total", "Store reports for completed or abandoned events.", s.stale_reports,
+         false},
+        {"loaded_bytes_total", "Bytes loaded (blocks x block_bytes).", s.bytes_loaded, false},
+        {"stored_bytes_total", "Bytes stored (blocks x block_bytes).", s.bytes_stored, false},
+        {"resets_total", "Successful resets.", s.resets, false},
+        {"host_blocks", "Usable host-tier blocks.", s.host_blocks, true},
+        {"host_used_blocks", "Host blocks pinned by hits or transfers.", s.host_used_blocks, true},
+        {"host_cached_blocks", "Host blocks that can be hit.", s.host_cached_blocks, true},
+        {"requests", "Requests tracked.", s.requests, true},
+        {"load_events_in_flight", "Load events not yet completed.", s.load_events_in_flight, true},
+        {"store_events_in_flight", "Store events not yet completed.", s.store_events_in_flight,
+         true},
+        {"pending_store_blocks", "Blocks queued or in flight to the host tier.",
+         s.pending_store_blocks, true},
     };
-    for (size_t i = 0; i < KVT_ARRAY_LEN(counters); i++)
-        prom_metric(&p, counters[i].name, "counter", counters[i].help, "", counters[i].v);
+    for (size_t i = 0; i < KVT_ARRAY_LEN(metrics); i++)
+        prom_put(&p,
+                 "# HELP kvtier_offload_%s %s\n# TYPE kvtier_offload_%s %s\n"
+                 "kvtier_offload_%s %" PRIu64 "\n",
+                 metrics[i].name, metrics[i].help, metrics[i].name,
+                 metrics[i].gauge ? "gauge" : "counter", metrics[i].name, metrics[i].v);
     const struct {
-        const char *outcome;
+        const char *reason;
         uint64_t v;
     } skipped[] = {
         {"already_cached", s.store_skipped_cached}, {"in_flight", s.store_skipped_in_flight},
@@ -633,22 +641,7 @@ int kvt_offload_prometheus(const kvt_offload *m, char *buf, size_t cap, size_t *
                  "reason.\n# TYPE kvtier_offload_store_skipped_blocks_total counter\n");
     for (size_t i = 0; i < KVT_ARRAY_LEN(skipped); i++)
         prom_put(&p, "kvtier_offload_store_skipped_blocks_total{reason=\"%s\"} %" PRIu64 "\n",
-                 skipped[i].outcome, skipped[i].v);
-    const struct {
-        const char *name, *help;
-        uint64_t v;
-    } gauges[] = {
-        {"host_blocks", "Usable host-tier blocks.", s.host_blocks},
-        {"host_used_blocks", "Host blocks pinned by hits or transfers.", s.host_used_blocks},
-        {"host_cached_blocks", "Host blocks that can be hit.", s.host_cached_blocks},
-        {"requests", "Requests tracked.", s.requests},
-        {"load_events_in_flight", "Load events not yet completed.", s.load_events_in_flight},
-        {"store_events_in_flight", "Store events not yet completed.", s.store_events_in_flight},
-        {"pending_store_blocks", "Blocks queued or in flight to the host tier.",
-         s.pending_store_blocks},
-    };
-    for (size_t i = 0; i < KVT_ARRAY_LEN(gauges); i++)
-        prom_metric(&p, gauges[i].name, "gauge", gauges[i].help, "", gauges[i].v);
+                 skipped[i].reason, skipped[i].v);
     *len = p.len;
     if (p.len >= cap)
         return kvt_fail(KVT_ENOSPC, "offload: prometheus: %zu bytes needed, buffer has %zu",

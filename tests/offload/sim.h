@@ -157,6 +157,17 @@ static inline void sim_finish(sim *s, sim_req *r)
     r->n_blocks = 0;
 }
 
+/* Admits r without using a host hit, computes its whole prompt and runs the step that selects
+ * its full blocks; returns that step's store event. */
+static inline int64_t sim_admit_and_store(sim *s, sim_req *r)
+{
+    sim_admit(s, r, 0);
+    sim_compute(s, r, r->n_tokens);
+    sim_schedule(s, r, 1, false);
+    sim_build(s, false);
+    return s->meta.store_event;
+}
+
 /* Runs a request from admission to finish with everything stored: step 1 computes the whole
  * prompt, step 2 (one-step lag) stores its full blocks, the workers report. */
 static inline void sim_store_prompt(sim *s, sim_req *r, uint32_t ranks)

@@ -101,10 +101,7 @@ static void blocks_in_flight_are_not_stored_twice(void **state)
     sim_init(&s, 64, 32, false, 1, 64);
     sim_req a, b;
     sim_req_make(&a, "a", 2 * SIM_BS + 1, 1, 2 * SIM_BS + 1, 0);
-    sim_admit(&s, &a, 0);
-    sim_compute(&s, &a, a.n_tokens);
-    sim_schedule(&s, &a, 1, false);
-    sim_build(&s, false);
+    sim_admit_and_store(&s, &a);
     int64_t ev = s.meta.store_event;
     assert_int_equal(s.meta.n_stores, 2);
     /* b shares a's GPU blocks (a GPU prefix hit) while a's store is in flight */
@@ -213,10 +210,7 @@ static void finishing_during_a_store_keeps_the_blocks_pinned_until_it_completes(
     sim_init(&s, 64, 32, false, 1, 64);
     sim_req a;
     sim_req_make(&a, "a", 3 * SIM_BS + 1, 1, 3 * SIM_BS + 1, 0);
-    sim_admit(&s, &a, 0);
-    sim_compute(&s, &a, a.n_tokens);
-    sim_schedule(&s, &a, 1, false);
-    sim_build(&s, false);
+    sim_admit_and_store(&s, &a);
     int64_t ev = s.meta.store_event;
     uint32_t src = a.blocks[0];
     sim_finish(&s, &a);
@@ -454,10 +448,7 @@ static void store_completes_only_when_every_worker_reported(void **state)
     sim_init(&s, 64, 32, false, 3, 64);
     sim_req a;
     sim_req_make(&a, "a", 2 * SIM_BS + 1, 1, 2 * SIM_BS + 1, 0);
-    sim_admit(&s, &a, 0);
-    sim_compute(&s, &a, a.n_tokens);
-    sim_schedule(&s, &a, 1, false);
-    sim_build(&s, false);
+    sim_admit_and_store(&s, &a);
     int64_t ev = s.meta.store_event;
     sim_report_store(&s, ev, 1);
     assert_false(sim_host_has(&s, &a, 0));
@@ -517,10 +508,7 @@ static void block_evicted_from_host_while_in_use_on_gpu_is_stored_again(void **s
     sim_init(&s, 64, 3, false, 1, 64); /* 2 usable host blocks */
     sim_req a, b;
     sim_req_make(&a, "a", 2 * SIM_BS + 1, 1, 2 * SIM_BS + 1, 0);
-    sim_admit(&s, &a, 0);
-    sim_compute(&s, &a, a.n_tokens);
-    sim_schedule(&s, &a, 1, false);
-    sim_build(&s, false);
+    sim_admit_and_store(&s, &a);
     sim_report_store(&s, s.meta.store_event, 1); /* a stays running, its blocks on the GPU */
     sim_req_make(&b, "b", 2 * SIM_BS + 1, 2, 2 * SIM_BS + 1, 0);
     sim_store_prompt(&s, &b, 1); /* evicts a's two host copies */
@@ -584,10 +572,7 @@ static void reset_waits_for_an_abandoned_store_and_never_caches_it(void **state)
     sim_req_make(&x, "x", 2 * SIM_BS + 1, 9, 2 * SIM_BS + 1, 0);
     sim_store_prompt(&s, &x, 1);
     sim_req_make(&a, "a", 2 * SIM_BS + 1, 1, 2 * SIM_BS + 1, 0);
-    sim_admit(&s, &a, 0);
-    sim_compute(&s, &a, a.n_tokens);
-    sim_schedule(&s, &a, 1, false);
-    sim_build(&s, false);
+    sim_admit_and_store(&s, &a);
     int64_t ev = s.meta.store_event;
     sim_finish(&s, &a);
     KVT_ERR_(kvt_offload_reset(s.m), KVT_EBUSY);
@@ -701,10 +686,7 @@ static void caller_errors_are_reported_and_change_nothing(void **state)
     sim_init(&s, 64, 32, false, 1, 64);
     sim_req a;
     sim_req_make(&a, "a", 2 * SIM_BS + 1, 1, 2 * SIM_BS + 1, 0);
-    sim_admit(&s, &a, 0);
-    sim_compute(&s, &a, a.n_tokens);
-    sim_schedule(&s, &a, 1, false);
-    sim_build(&s, false);
+    sim_admit_and_store(&s, &a);
     kvt_offload_stats before, after;
     kvt_offload_get_stats(s.m, &before);
     kvt_str ghost = {"ghost", 5}, self = {"a", 1};
