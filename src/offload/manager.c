@@ -4,9 +4,9 @@
  * shared state and its invariants are described in offload_internal.h.
  *
  * Requests are found by their string id through an open-addressing map from the id's XXH3 to
- * a fixed slot. A slot lives while the request holds anything: a pinned hit, a load, stores
- * queued or in flight (once finished), or an eager registration (while running). Finished
- * requests that still wait for transfers sit on a list that is swept after every step.
+ * a fixed slot. A slot lives while the request holds anything: a pinned hit, a queued or
+ * in-flight load, or an eager registration (while running). Finished requests whose load is
+ * still in flight sit on a list that is swept after every step.
  */
 #include <inttypes.h>
 #include <stdarg.h>
@@ -346,13 +346,12 @@ int kvt_offload_create(const kvt_offload_config *cfg, kvt_pool *gpu, kvt_offload
     m->wait_head = m->lazy_cursor = OFL_NONE;
 
     rc = host_setup(m, cfg->host_blocks);
-    uint32_t min_bs = UINT32_MAX, search_ids = 0;
+    uint32_t search_ids = 0;
     for (uint32_t g = 0; g < m->ng && !rc; g++) {
         uint32_t n = cfg->max_model_len / m->gcfg.groups[g].block_size + 1;
         m->search_out[g] = malloc((size_t)n * sizeof(uint32_t));
         if (!m->search_out[g])
             rc = kvt_fail(KVT_ENOMEM, "offload: cannot allocate search buffers");
-        min_bs = kvt_min_u32(min_bs, m->gcfg.groups[g].block_size);
         search_ids += n;
     }
     if (!rc) {
@@ -384,7 +383,6 @@ int kvt_offload_create(const kvt_offload_config *cfg, kvt_pool *gpu, kvt_offload
     m->free_req = 0;
     for (uint32_t i = 0; i < cfg->max_requests; i++)
         m->reqs[i].free_next = i + 1 < cfg->max_requests ? i + 1 : OFL_NONE;
-    (void)min_bs;
     *out = m;
     return 0;
 }
