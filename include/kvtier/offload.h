@@ -171,6 +171,8 @@ typedef struct kvt_offload_stats {
     uint64_t lookup_tokens;           /* tokens those searches could have hit */
     uint64_t hit_tokens;              /* tokens they hit */
     uint64_t hit_blocks;              /* host blocks pinned by hits */
+    uint64_t miss_tokens;             /* searchable tokens the host tier did not have */
+    uint64_t miss_blocks;             /* the same in scheduler blocks (rounded down) */
     uint64_t hits_dropped;            /* hits not offered for lack of request slots or list room */
     uint64_t untracked_requests;      /* eager requests not registered: request table full */
     uint64_t load_events;             /* load events issued */

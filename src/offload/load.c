@@ -67,8 +67,12 @@ int kvt_offload_match(kvt_offload *m, const char *id, uint32_t id_len, const uin
         return kvt_fail_wrap(rc, "offload: match");
     }
     uint64_t searchable = (uint64_t)(n_hashes - start) * m->gcfg.hash_block_size;
+    if (searchable > max_hit)
+        searchable = max_hit;
     m->st.lookups++;
-    m->st.lookup_tokens += searchable < max_hit ? searchable : max_hit;
+    m->st.lookup_tokens += searchable;
+    m->st.miss_tokens += searchable - hit.length;
+    m->st.miss_blocks += (searchable - hit.length) / m->sched_bs;
     if (hit.length == 0) {
         if (r)
             ofl_req_maybe_release(m, r);

@@ -754,6 +754,23 @@ static void metrics_count_activity_in_prometheus_text(void **state)
                                 "kvtier_offload_stores_completed_total 3\n"));
     assert_non_null(strstr(buf, "kvtier_offload_stored_bytes_total 3000\n"));
     assert_non_null(strstr(buf, "kvtier_offload_host_cached_blocks 3\n"));
+    /* a second prompt sharing 2 of a's 3 blocks: 2 blocks hit, 1 (and the tail) missed */
+    sim_req b;
+    sim_req_make(&b, "b", 4 * SIM_BS + 1, 1, 2 * SIM_BS, 2);
+    KVT_OK_(kvt_pool_reset_prefix_cache(s.gpu));
+    uint32_t hit;
+    kvt_offload_stats st0, st;
+    kvt_offload_get_stats(s.m, &st0); /* a's own admission already missed 48 tokens */
+    assert_int_equal(st0.miss_tokens, 3 * SIM_BS);
+    KVT_OK_(kvt_offload_match(s.m, "b", 1, b.hashes, b.n_hashes, b.n_tokens, 0, &hit));
+    assert_int_equal(hit, 2 * SIM_BS);
+    kvt_offload_get_stats(s.m, &st);
+    assert_int_equal(st.hit_tokens - st0.hit_tokens, 2 * SIM_BS);
+    assert_int_equal(st.miss_tokens - st0.miss_tokens, 2 * SIM_BS);
+    assert_int_equal(st.miss_blocks - st0.miss_blocks, 2);
+    KVT_OK_(kvt_offload_prometheus(s.m, buf, sizeof(buf), &len));
+    assert_non_null(strstr(buf, "kvtier_offload_miss_blocks_total 5\n"));
+    KVT_OK_(kvt_offload_request_finished(s.m, "b", 1, NULL, NULL, 0));
     assert_non_null(
         strstr(buf, "kvtier_offload_store_skipped_blocks_total{reason=\"host_full\"} 0"));
     char small[64];
