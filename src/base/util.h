@@ -16,11 +16,6 @@
 
 #define kvt_container_of(ptr, type, member) ((type *)((char *)(ptr)-offsetof(type, member)))
 
-static inline size_t kvt_min_sz(size_t a, size_t b)
-{
-    return a < b ? a : b;
-}
-
 static inline uint32_t kvt_min_u32(uint32_t a, uint32_t b)
 {
     return a < b ? a : b;

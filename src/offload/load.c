@@ -167,7 +167,7 @@ int kvt_offload_after_alloc(kvt_offload *m, const char *id, uint32_t id_len,
                             uint32_t num_external)
 {
     int rc = ofl_check_id(id, id_len);
-    if (rc || (rc = ofl_check_table(m, blocks, n_blocks, "after_alloc")))
+    if (rc || (rc = ofl_check_span(m, blocks, n_blocks, NULL, UINT32_MAX, "after_alloc", NULL)))
         return rc;
     struct ofl_req *r = ofl_req_find(m, id, id_len);
     if (num_external) {
@@ -371,7 +371,7 @@ void ofl_apply_load_done(kvt_offload *m, struct ofl_req *r)
     m->st.loads_completed += r->n_load;
     m->st.bytes_loaded += (uint64_t)r->n_load * m->cfg.block_bytes;
     release_load_pairs(m, r);
-    r->flags &= ~(RQ_LOAD_SENT | RQ_LOAD_ABANDONED);
+    r->flags &= ~RQ_LOAD_SENT;
     r->load_event = KVT_NO_EVENT;
     r->load_next = OFL_NONE;
     ofl_req_maybe_release(m, r);

@@ -195,22 +195,31 @@ static void sweep_waiting(kvt_offload *m)
     }
 }
 
-int ofl_check_table(const kvt_offload *m, const uint32_t *const *blocks, const uint32_t *n_blocks,
-                    const char *what)
+int ofl_check_span(const kvt_offload *m, const uint32_t *const *blocks, const uint32_t *n_blocks,
+                   const uint32_t *from, uint32_t end_tokens, const char *what, bool *any)
 {
     if (!blocks || !n_blocks)
         return kvt_fail(KVT_EINVAL, "offload: %s: NULL block table", what);
+    bool found = false;
     for (uint32_t g = 0; g < m->ng; g++) {
-        if (n_blocks[g] && !blocks[g])
+        uint32_t start = from ? from[g] : 0, end = end_tokens / m->gcfg.groups[g].block_size;
+        if (end > n_blocks[g])
+            end = n_blocks[g];
+        if (end <= start)
+            continue;
+        found = true;
+        if (!blocks[g])
             return kvt_fail(KVT_EINVAL, "offload: %s: group %u has %u blocks but no list", what, g,
                             n_blocks[g]);
-        for (uint32_t j = 0; j < n_blocks[g]; j++)
+        for (uint32_t j = start; j < end; j++)
             if (blocks[g][j] >= m->gpu_nb)
                 return kvt_fail(KVT_ERANGE,
                                 "offload: %s: group %u block %u is GPU block %u, out "
                                 "of range (GPU pool has %u blocks)",
                                 what, g, j, blocks[g][j], m->gpu_nb);
     }
+    if (any)
+        *any = found;
     return 0;
 }
 
@@ -505,8 +514,8 @@ int kvt_offload_reset(kvt_offload *m)
         m->rs_len--;
     }
     m->lazy_cursor = OFL_NONE;
-    /* 3. Requests forget their eager registration; loads never sent are cancelled, sent ones are
-     *    abandoned (their pins stay until the workers report them). */
+    /* 3. Requests forget their eager registration; loads never sent are cancelled, sent ones
+     *    keep their pins until the workers report them and then clean up as usual. */
     for (uint32_t s = 0; s < m->cfg.max_requests; s++) {
         struct ofl_req *r = &m->reqs[s];
         if (!r->used)
@@ -514,8 +523,6 @@ int kvt_offload_reset(kvt_offload *m)
         r->flags &= ~RQ_EAGER;
         if (r->flags & RQ_LOAD_QUEUED)
             ofl_cancel_queued_load(m, r);
-        if (r->flags & RQ_LOAD_SENT)
-            r->flags |= RQ_LOAD_ABANDONED;
         ofl_req_maybe_release(m, r);
     }
     sweep_waiting(m);

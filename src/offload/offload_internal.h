@@ -32,9 +32,8 @@ enum {
     RQ_HIT = 1u << 2,         /* phase-A hit pinned */
     RQ_LOAD_QUEUED = 1u << 3, /* load recorded by after_alloc, no event yet */
     RQ_LOAD_SENT = 1u << 4,   /* load event issued, completion pending */
-    RQ_LOAD_ABANDONED = 1u << 5,
-    RQ_WAITING = 1u << 7, /* on the finished-waiting list */
-    RQ_LISTED = 1u << 8   /* scratch mark while apply_output validates its input */
+    RQ_WAITING = 1u << 7,     /* on the finished-waiting list */
+    RQ_LISTED = 1u << 8       /* scratch mark while apply_output validates its input */
 };
 
 struct ofl_req {
@@ -153,8 +152,11 @@ static inline int ofl_check_id(const char *id, uint32_t len)
 {
     return (id && len && len <= KVT_REQ_ID_MAX) ? 0 : ofl_fail_id(id, len);
 }
-int ofl_check_table(const kvt_offload *m, const uint32_t *const *blocks, const uint32_t *n_blocks,
-                    const char *what);
+/* Checks the GPU block ids a call will read: entries [from[g], end) of group g's table, with
+ * end = min(n_blocks[g], end_tokens / block_size_g); from NULL means 0, end_tokens UINT32_MAX
+ * the whole table. *any (may be NULL) says whether any group has entries in that span. */
+int ofl_check_span(const kvt_offload *m, const uint32_t *const *blocks, const uint32_t *n_blocks,
+                   const uint32_t *from, uint32_t end_tokens, const char *what, bool *any);
 
 /* loads (load.c) */
 void ofl_release_hit(kvt_offload *m, struct ofl_req *r);

@@ -107,28 +107,6 @@ uint32_t ofl_store_budget(const kvt_offload *m)
     return m->stores.n < m->stores.cap ? kvt_pool_num_free(m->host) : 0;
 }
 
-/* Checks the block ids a selection over [cursor, ready) would read. */
-static int check_range(const kvt_offload *m, const struct ofl_req *r, const uint32_t *const *blocks,
-                       const uint32_t *n_blocks, uint32_t aligned)
-{
-    if (!blocks || !n_blocks)
-        return kvt_fail(KVT_EINVAL, "offload: NULL block table");
-    for (uint32_t g = 0; g < m->ng; g++) {
-        uint32_t ready = aligned / m->gcfg.groups[g].block_size;
-        if (ready > n_blocks[g])
-            ready = n_blocks[g];
-        if (ready > r->cursor[g] && !blocks[g])
-            return kvt_fail(KVT_EINVAL, "offload: group %u has no block list", g);
-        for (uint32_t j = r->cursor[g]; j < ready; j++)
-            if (blocks[g][j] >= m->gpu_nb)
-                return kvt_fail(KVT_ERANGE,
-                                "offload: group %u block %u is GPU block %u, out of "
-                                "range (GPU pool has %u blocks)",
-                                g, j, blocks[g][j], m->gpu_nb);
-    }
-    return 0;
-}
-
 void ofl_select_eager(kvt_offload *m, struct ofl_req *r, const uint32_t *const *blocks,
                       const uint32_t *n_blocks, uint32_t num_confirmed)
 {
@@ -188,18 +166,11 @@ int kvt_offload_schedule(kvt_offload *m, const char *id, uint32_t id_len,
         memset(r->cursor, 0, sizeof(r->cursor)); /* its blocks were freed and reallocated */
     if (num_scheduled == 0)
         return 0;
-    if (!blocks || !n_blocks)
-        return kvt_fail(KVT_EINVAL, "offload: schedule: NULL block table");
+    /* most decode steps confirm no new full block: then the span is empty and we stop here */
     uint32_t aligned = num_confirmed / m->sched_bs * m->sched_bs;
-    bool news = false; /* most decode steps confirm no new full block: stop here */
-    for (uint32_t g = 0; g < m->ng && !news; g++) {
-        uint32_t ready = aligned / m->gcfg.groups[g].block_size;
-        news = (ready < n_blocks[g] ? ready : n_blocks[g]) > r->cursor[g];
-    }
-    if (!news)
-        return 0;
-    if ((rc = check_range(m, r, blocks, n_blocks, aligned)))
-        return kvt_fail_wrap(rc, "schedule");
+    bool news = false;
+    if ((rc = ofl_check_span(m, blocks, n_blocks, r->cursor, aligned, "schedule", &news)) || !news)
+        return rc;
     ofl_select_eager(m, r, blocks, n_blocks, num_confirmed);
     return 0;
 }
@@ -217,8 +188,9 @@ int kvt_offload_request_finished(kvt_offload *m, const char *id, uint32_t id_len
     bool flush = (r->flags & RQ_EAGER) && !m->cfg.lazy;
     if (flush) {
         uint32_t aligned = num_confirmed / m->sched_bs * m->sched_bs;
-        if ((rc = check_range(m, r, blocks, n_blocks, aligned)))
-            return kvt_fail_wrap(rc, "request_finished");
+        if ((rc =
+                 ofl_check_span(m, blocks, n_blocks, r->cursor, aligned, "request_finished", NULL)))
+            return rc;
     }
     ofl_release_hit(m, r);
     if (flush)
