@@ -6,9 +6,11 @@
 #define KVTIER_H
 
 #include "kvtier/base.h"
+#include "kvtier/copy.h"
 #include "kvtier/meta.h"
 #include "kvtier/offload.h"
 #include "kvtier/pool.h"
+#include "kvtier/worker.h"
 #include "kvtier/version.h"
 
 #endif

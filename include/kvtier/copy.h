@@ -1,0 +1,183 @@
+/*
+ * kvtier copy: the worker side's view of KV bytes and the engine that moves them.
+ *
+ *   kvt_layout   the engine's KV tensors on one device, reduced to regions: arrays of
+ *                num_blocks equally sized, equally strided pages (spec kv-offload §3.1).
+ *                Block b of region r lives at region_base[r] + b * block_bytes[r].
+ *   kvt_mirror   the host tier of one rank: for every region of a layout, a host array of
+ *                host_blocks pages of the same size, all in one arena (optionally HugeTLB),
+ *                pinned for DMA when CUDA is present.
+ *   kvt_copy     the copy engine: per-direction FIFO events (a store event copies device
+ *                blocks to host blocks, a load event host to device), region-major
+ *                descriptors with strictly ascending runs coalesced, a CPU backend (a pool
+ *                of copy threads all working on the event at the head) and a CUDA backend
+ *                (libcuda opened at run time; cuMemcpyBatchAsync on two lowest-priority
+ *                streams). Completions are reported in submission order as a high-water mark.
+ *
+ * Thread rules: a layout and a mirror are built by one thread and then only read. A kvt_copy
+ * is driven by one thread (submit, poll, flush, destroy); its copy threads are internal.
+ * Calls never block except kvt_copy_flush, kvt_copy_wait and kvt_copy_destroy.
+ */
+#ifndef KVTIER_COPY_H
+#define KVTIER_COPY_H
+
+#include "kvtier/base.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KVT_HOST_DEVICE (-1) /* kvt_kv_tensor.device for tensors in host memory */
+#define KVT_MAX_REGIONS 4096u
+#define KVT_MAX_TENSORS 4096u
+
+/* ---- layouts ----------------------------------------------------------------------------- */
+
+/* One KV tensor as the engine allocated it. The block dimension has block_dim_size entries
+ * (num_blocks times the physical pages per block, which must divide exactly) at block_stride
+ * bytes; the storage is viewed as (-1, num_blocks, block_bytes), one region per leading
+ * index (FlashAttention's K/V, head groups hoisted outside the block dimension); bytes past
+ * the last whole region are padding and are never copied. Tensors sharing a storage (the
+ * same device and storage address) are registered once. */
+typedef struct kvt_kv_tensor {
+    int32_t device;          /* CUDA ordinal, or KVT_HOST_DEVICE */
+    uint64_t storage;        /* address of the storage (not of a view into it) */
+    uint64_t storage_bytes;  /* bytes of the storage, padding included */
+    uint64_t block_dim_size; /* entries of the block dimension */
+    uint64_t block_stride;   /* bytes between consecutive entries of the block dimension */
+} kvt_kv_tensor;
+
+typedef struct kvt_region {
+    uint64_t base;        /* address of block 0 */
+    uint64_t block_bytes; /* bytes of one block (= the stride between blocks) */
+} kvt_region;
+
+typedef struct kvt_layout kvt_layout;
+
+/* An empty layout for num_blocks blocks (the engine's GPU pool size, null block included) on
+ * one device. */
+KVT_API int kvt_layout_create(int32_t device, uint32_t num_blocks, kvt_layout **out);
+KVT_API void kvt_layout_destroy(kvt_layout *l);
+/* Adds a tensor's regions. A tensor whose storage is already registered adds nothing if it
+ * derives the same block size (packed HMA: one backing tensor, one view per group) and fails
+ * with KVT_EINVAL if not. Fails with KVT_EINVAL on a device mismatch, a block dimension that
+ * is not a multiple of num_blocks, or a storage smaller than one region. */
+KVT_API int kvt_layout_add_tensor(kvt_layout *l, const kvt_kv_tensor *t);
+/* A cross-layer tensor (single KV-cache group): all layers of a block side by side, storage
+ * (num_blocks, num_layers, page_per_layer). storage_bytes must be a non-zero multiple of
+ * page_per_layer * num_layers * num_blocks; one region of storage_bytes / num_blocks. */
+KVT_API int kvt_layout_add_cross_layer(kvt_layout *l, uint64_t storage, uint64_t storage_bytes,
+                                       uint64_t page_per_layer, uint32_t num_layers);
+/* Adds one region directly (tests, engines with their own layout logic). */
+KVT_API int kvt_layout_add_region(kvt_layout *l, uint64_t base, uint64_t block_bytes);
+KVT_API uint32_t kvt_layout_num_regions(const kvt_layout *l);
+KVT_API uint32_t kvt_layout_num_blocks(const kvt_layout *l);
+KVT_API int32_t kvt_layout_device(const kvt_layout *l);
+KVT_API const kvt_region *kvt_layout_regions(const kvt_layout *l);
+/* Sum of the regions' block sizes: the bytes one block occupies on this rank. */
+KVT_API uint64_t kvt_layout_block_bytes(const kvt_layout *l);
+
+/* ---- host mirror ------------------------------------------------------------------------- */
+
+typedef struct kvt_mirror_config {
+    uint32_t host_blocks; /* pages per region, null block included (the manager's handshake) */
+    unsigned arena_flags; /* kvt_arena_flags; default POPULATE | DONTFORK | THP */
+    bool pin;             /* register with CUDA for DMA when a driver is present; default true.
+                             Without a driver, or if registration fails, the mirror stays
+                             unpinned (a warning is logged; copies still work, slower) */
+    uint64_t pin_chunk;   /* bytes per cuMemHostRegister call; default 64 GiB (one call
+                             >= 512 GiB fails on some systems) */
+} kvt_mirror_config;
+
+typedef struct kvt_mirror kvt_mirror;
+
+KVT_API void kvt_mirror_config_init(kvt_mirror_config *cfg);
+/* Allocates one arena holding a host array per region of layout (region-major: all pages of
+ * region 0, then region 1, ...), each array 4 KiB aligned, zero-filled by the kernel. The
+ * arena is sized exactly (rounded to the page size, never to a power of two). */
+KVT_API int kvt_mirror_create(const kvt_mirror_config *cfg, const kvt_layout *layout,
+                              kvt_mirror **out);
+/* Unpins and unmaps. The caller guarantees no copy still reads or writes it. */
+KVT_API void kvt_mirror_destroy(kvt_mirror *m);
+KVT_API uint32_t kvt_mirror_num_blocks(const kvt_mirror *m);
+KVT_API const kvt_region *kvt_mirror_regions(const kvt_mirror *m);
+KVT_API uint32_t kvt_mirror_num_regions(const kvt_mirror *m);
+KVT_API bool kvt_mirror_pinned(const kvt_mirror *m);
+/* Host blocks that fit in capacity_bytes for this layout: max(1, capacity / block bytes). */
+KVT_API uint32_t kvt_mirror_blocks_for(const kvt_layout *layout, uint64_t capacity_bytes);
+
+/* ---- copy engine ------------------------------------------------------------------------- */
+
+enum kvt_copy_dir {
+    KVT_COPY_STORE = 0, /* device -> host */
+    KVT_COPY_LOAD = 1   /* host -> device */
+};
+
+enum kvt_copy_backend {
+    KVT_BACKEND_AUTO = 0, /* CUDA for a layout on a CUDA device, else CPU */
+    KVT_BACKEND_CPU = 1,  /* copy threads (device memory is host memory) */
+    KVT_BACKEND_CUDA = 2  /* DMA through libcuda, loaded at run time */
+};
+
+typedef struct kvt_copy_config {
+    int backend;              /* kvt_copy_backend; default AUTO */
+    uint32_t threads;         /* CPU: copy threads; default 0 = the number of online cores */
+    uint32_t max_descriptors; /* descriptors per batch call; 0 = uncapped (default; the
+                                 environment variable KVTIER_MAX_BATCH_DESCRIPTORS > 0
+                                 overrides) */
+    uint32_t max_events;      /* events queued or in flight per direction; default 1024 */
+    uint64_t nt_min_bytes;    /* CPU: runs of at least this many bytes use non-temporal
+                                 stores; default 256 KiB; UINT64_MAX disables */
+    uint64_t chunk_bytes;     /* CPU: unit of work a copy thread takes; default 1 MiB */
+    bool force_fallback;      /* CUDA: use one cuMemcpyAsync per descriptor even when the
+                                 driver has cuMemcpyBatchAsync (testing, old drivers) */
+} kvt_copy_config;
+
+typedef struct kvt_copy kvt_copy;
+
+KVT_API void kvt_copy_config_init(kvt_copy_config *cfg);
+/* Creates the engine for device layout and host mirror (both borrowed; they must have the
+ * same regions' block sizes and outlive the engine). KVT_EUNSUPPORTED with a message naming
+ * the requirement when the CUDA backend is asked for and no usable driver is present. */
+KVT_API int kvt_copy_create(const kvt_copy_config *cfg, const kvt_layout *layout,
+                            const kvt_mirror *mirror, kvt_copy **out);
+/* Flushes, then stops the threads and frees everything. */
+KVT_API void kvt_copy_destroy(kvt_copy *c);
+/* The backend actually in use (KVT_BACKEND_CPU or KVT_BACKEND_CUDA). */
+KVT_API int kvt_copy_backend_kind(const kvt_copy *c);
+/* True if the CUDA batch primitive is in use (false: per-descriptor fallback or CPU). */
+KVT_API bool kvt_copy_batched(const kvt_copy *c);
+
+/* Queues one event: src[i] -> dst[i] for i < n (device -> host ids for stores, host ->
+ * device for loads). event must exceed every event submitted before in that direction.
+ * wait (CUDA: a CUevent, may be NULL) is a device-side dependency the copy waits for; the
+ * CPU backend ignores it. Every id is checked against the layout and the mirror before
+ * anything is queued: KVT_ERANGE names the first bad one. KVT_EBUSY when max_events are
+ * outstanding in this direction. Does not block: the copy threads issue the work. */
+KVT_API int kvt_copy_submit(kvt_copy *c, int dir, int64_t event, const uint32_t *src,
+                            const uint32_t *dst, uint32_t n, void *wait);
+/* Non-blocking completion check: advances the direction's high-water mark over the prefix of
+ * finished events (never looking past the first unfinished one) and returns it in *hwm
+ * (-1 before any completion). KVT_EIO if an event of this direction failed; the failed
+ * event is reported by kvt_copy_take_failed. */
+KVT_API int kvt_copy_poll(kvt_copy *c, int dir, int64_t *hwm);
+/* Failed events of a direction (complete but not copied, e.g. the driver rejected a batch),
+ * oldest first; up to cap ids into out, returns how many. Each is reported once. */
+KVT_API uint32_t kvt_copy_take_failed(kvt_copy *c, int dir, int64_t *out, uint32_t cap);
+/* Blocks until every event submitted so far, in both directions, has finished: first until
+ * the submission queue is drained, then until everything issued completed (spec §3.4). */
+KVT_API int kvt_copy_flush(kvt_copy *c);
+/* Events submitted and not yet reported by poll, in a direction. */
+KVT_API uint32_t kvt_copy_outstanding(const kvt_copy *c, int dir);
+
+/* CUDA helpers for engines and tests (KVT_EUNSUPPORTED without a driver). The engine's
+ * compute stream and events are plain CUstream / CUevent handles. */
+KVT_API bool kvt_cuda_available(void);
+/* Why kvt_cuda_available() is false ("libcuda.so.1: cannot open shared object file"). */
+KVT_API const char *kvt_cuda_unavailable_reason(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVTIER_COPY_H */

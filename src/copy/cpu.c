@@ -1,0 +1,197 @@
+/*
+ * CPU copy backend: device memory is host memory (CPU-only deployments, tests, benchmarks).
+ *
+ * A pool of copy threads serves the submission queue in order. Each job is cut into
+ * chunk_bytes pieces at submit; every thread takes the next piece of the job at the head of
+ * the queue, so all threads work on one event at a time and an event with one large block
+ * still uses every core. A thread that takes a job's last piece pops the job, letting the
+ * others start on the next event while the last pieces finish; the thread that completes the
+ * last piece marks the job DONE. Completion order per direction stays submission order
+ * because poll() reports a direction's jobs strictly in order.
+ *
+ * Runs of at least nt_min_bytes are copied with non-temporal stores: a regular store first
+ * reads the destination line (read-for-ownership), so a block copy moves three bytes for
+ * every two a streaming copy moves, and evicts the engine's working set from the cache.
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include "base/error.h"
+#include "copy/copy_internal.h"
+
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) static void nt_avx2(char *d, const char *s, size_t n)
+{
+    size_t head = (size_t)(-(uintptr_t)d) & 31;
+    if (head > n)
+        head = n;
+    memcpy(d, s, head);
+    d += head, s += head, n -= head;
+    for (; n >= 256; d += 256, s += 256, n -= 256) {
+        __m256i a = _mm256_loadu_si256((const __m256i *)s);
+        __m256i b = _mm256_loadu_si256((const __m256i *)(s + 32));
+        __m256i e = _mm256_loadu_si256((const __m256i *)(s + 64));
+        __m256i f = _mm256_loadu_si256((const __m256i *)(s + 96));
+        __m256i g = _mm256_loadu_si256((const __m256i *)(s + 128));
+        __m256i h = _mm256_loadu_si256((const __m256i *)(s + 160));
+        __m256i i = _mm256_loadu_si256((const __m256i *)(s + 192));
+        __m256i j = _mm256_loadu_si256((const __m256i *)(s + 224));
+        _mm256_stream_si256((__m256i *)d, a);
+        _mm256_stream_si256((__m256i *)(d + 32), b);
+        _mm256_stream_si256((__m256i *)(d + 64), e);
+        _mm256_stream_si256((__m256i *)(d + 96), f);
+        _mm256_stream_si256((__m256i *)(d + 128), g);
+        _mm256_stream_si256((__m256i *)(d + 160), h);
+        _mm256_stream_si256((__m256i *)(d + 192), i);
+        _mm256_stream_si256((__m256i *)(d + 224), j);
+    }
+    for (; n >= 32; d += 32, s += 32, n -= 32)
+        _mm256_stream_si256((__m256i *)d, _mm256_loadu_si256((const __m256i *)s));
+    _mm_sfence();
+    memcpy(d, s, n);
+}
+
+static void nt_sse2(char *d, const char *s, size_t n)
+{
+    size_t head = (size_t)(-(uintptr_t)d) & 15;
+    if (head > n)
+        head = n;
+    memcpy(d, s, head);
+    d += head, s += head, n -= head;
+    for (; n >= 64; d += 64, s += 64, n -= 64) {
+        __m128i a = _mm_loadu_si128((const __m128i *)s);
+        __m128i b = _mm_loadu_si128((const __m128i *)(s + 16));
+        __m128i e = _mm_loadu_si128((const __m128i *)(s + 32));
+        __m128i f = _mm_loadu_si128((const __m128i *)(s + 48));
+        _mm_stream_si128((__m128i *)d, a);
+        _mm_stream_si128((__m128i *)(d + 16), b);
+        _mm_stream_si128((__m128i *)(d + 32), e);
+        _mm_stream_si128((__m128i *)(d + 48), f);
+    }
+    _mm_sfence();
+    memcpy(d, s, n);
+}
+#endif
+
+void kvt_copy_bytes_nt(void *dst, const void *src, size_t n)
+{
+#if defined(__x86_64__)
+    static int have_avx2 = -1;
+    if (have_avx2 < 0)
+        have_avx2 = __builtin_cpu_supports("avx2") ? 1 : 0;
+    if (have_avx2)
+        nt_avx2(dst, src, n);
+    else
+        nt_sse2(dst, src, n);
+#else
+    memcpy(dst, src, n);
+#endif
+}
+
+static void copy_chunk(kvt_copy *c, const copy_job *j, uint32_t k)
+{
+    uint64_t left = c->cfg.chunk_bytes, off = j->chunk_off[k];
+    for (uint32_t d = j->chunk_desc[k]; d < j->n_descs && left > 0; d++, off = 0) {
+        const kvt_desc *x = &j->descs[d];
+        uint64_t n = x->size - off < left ? x->size - off : left;
+        char *dst = (char *)(uintptr_t)(x->dst + off);
+        const char *src = (const char *)(uintptr_t)(x->src + off);
+        if (x->size >= c->cfg.nt_min_bytes)
+            kvt_copy_bytes_nt(dst, src, n);
+        else
+            memcpy(dst, src, n);
+        left -= n;
+    }
+}
+
+static void *copy_thread(void *arg)
+{
+    kvt_copy *c = arg;
+    pthread_mutex_lock(&c->mu);
+    for (;;) {
+        copy_job *j = kvt_copy_queue_front(c);
+        if (!j) {
+            if (c->stop)
+                break;
+            pthread_cond_wait(&c->cv_work, &c->mu);
+            continue;
+        }
+        uint32_t k = j->next_chunk++;
+        if (j->next_chunk == j->n_chunks)
+            kvt_copy_queue_pop(c);
+        pthread_mutex_unlock(&c->mu);
+        copy_chunk(c, j, k);
+        pthread_mutex_lock(&c->mu);
+        if (++j->chunks_done == j->n_chunks)
+            kvt_copy_job_finish(c, j, true);
+    }
+    pthread_mutex_unlock(&c->mu);
+    return NULL;
+}
+
+static int cpu_start(kvt_copy *c)
+{
+    uint32_t n = c->cfg.threads;
+    if (n == 0) {
+        long on = sysconf(_SC_NPROCESSORS_ONLN);
+        n = on > 0 ? (uint32_t)on : 1;
+    }
+    if (n > 256)
+        return kvt_fail(KVT_EINVAL, "copy: %u copy threads (max 256)", n);
+    c->threads = calloc(n, sizeof(*c->threads));
+    if (!c->threads)
+        return kvt_fail(KVT_ENOMEM, "copy: out of memory");
+    for (uint32_t i = 0; i < n; i++) {
+        int e = pthread_create(&c->threads[i], NULL, copy_thread, c);
+        if (e) {
+            pthread_mutex_lock(&c->mu);
+            c->stop = true;
+            pthread_cond_broadcast(&c->cv_work);
+            pthread_mutex_unlock(&c->mu);
+            for (uint32_t k = 0; k < i; k++)
+                pthread_join(c->threads[k], NULL);
+            free(c->threads);
+            c->threads = NULL;
+            return kvt_fail_errno(e, "copy: cannot start copy thread %u", i);
+        }
+        c->n_threads++;
+    }
+    return 0;
+}
+
+static void cpu_stop(kvt_copy *c)
+{
+    for (uint32_t i = 0; i < c->n_threads; i++)
+        pthread_join(c->threads[i], NULL);
+    free(c->threads);
+    c->threads = NULL;
+    c->n_threads = 0;
+}
+
+/* CPU jobs never reach ISSUED. */
+static bool cpu_query(kvt_copy *c, copy_job *j)
+{
+    (void)c;
+    (void)j;
+    return false;
+}
+
+static bool cpu_sync(kvt_copy *c, copy_job *j)
+{
+    (void)c;
+    (void)j;
+    return true;
+}
+
+const copy_backend_ops kvt_copy_cpu_ops = {
+    .name = "cpu",
+    .start = cpu_start,
+    .stop = cpu_stop,
+    .query = cpu_query,
+    .sync = cpu_sync,
+};

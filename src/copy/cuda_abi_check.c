@@ -1,0 +1,45 @@
+/*
+ * Built only when the CUDA toolkit's cuda.h is found: asserts that the driver declarations in
+ * cuda_api.h match the real ones, so the dlopen'ed calls use the driver's ABI.
+ */
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <stddef.h>
+
+#include "copy/cuda_api.h"
+
+_Static_assert(sizeof(kvt_CUmemcpyAttributes) == sizeof(CUmemcpyAttributes), "attrs size");
+_Static_assert(offsetof(kvt_CUmemcpyAttributes, srcLocHint) ==
+                   offsetof(CUmemcpyAttributes, srcLocHint),
+               "srcLocHint");
+_Static_assert(offsetof(kvt_CUmemcpyAttributes, dstLocHint) ==
+                   offsetof(CUmemcpyAttributes, dstLocHint),
+               "dstLocHint");
+_Static_assert(offsetof(kvt_CUmemcpyAttributes, flags) == offsetof(CUmemcpyAttributes, flags),
+               "flags");
+_Static_assert(sizeof(kvt_CUmemLocation) == sizeof(CUmemLocation), "location");
+_Static_assert(sizeof(kvt_CUdeviceptr) == sizeof(CUdeviceptr), "deviceptr");
+_Static_assert((int)KVT_CUDA_ERROR_NOT_READY == (int)CUDA_ERROR_NOT_READY, "not ready");
+_Static_assert((int)KVT_CU_STREAM_NON_BLOCKING == (int)CU_STREAM_NON_BLOCKING, "non-blocking");
+_Static_assert((int)KVT_CU_EVENT_DISABLE_TIMING == (int)CU_EVENT_DISABLE_TIMING, "disable timing");
+_Static_assert((int)KVT_CU_MEMHOSTREGISTER_PORTABLE == (int)CU_MEMHOSTREGISTER_PORTABLE,
+               "portable");
+_Static_assert((int)KVT_CU_MEM_LOCATION_TYPE_DEVICE == (int)CU_MEM_LOCATION_TYPE_DEVICE,
+               "loc device");
+_Static_assert((int)KVT_CU_MEM_LOCATION_TYPE_HOST == (int)CU_MEM_LOCATION_TYPE_HOST, "loc host");
+_Static_assert((int)KVT_CU_MEMCPY_SRC_ACCESS_ORDER_STREAM == (int)CU_MEMCPY_SRC_ACCESS_ORDER_STREAM,
+               "order stream");
+_Static_assert((int)KVT_CU_MEMCPY_SRC_ACCESS_ORDER_ANY == (int)CU_MEMCPY_SRC_ACCESS_ORDER_ANY,
+               "order any");
+_Static_assert((int)KVT_CU_GET_PROC_ADDRESS_SUCCESS == (int)CU_GET_PROC_ADDRESS_SUCCESS,
+               "proc success");
+
+/* The 12.8 batch ABI we request by version. */
+static PFN_cuMemcpyBatchAsync_v12080 check_batch_abi;
+static kvt_pfn_memcpy_batch ours;
+void kvt_cuda_abi_check_unused(void);
+void kvt_cuda_abi_check_unused(void)
+{
+    ours = (kvt_pfn_memcpy_batch)check_batch_abi;
+    (void)ours;
+}

@@ -1,0 +1,152 @@
+/*
+ * Host mirror: the host tier of one rank. One arena backs every region's host array (region
+ * r block b at regions[r].base + b * block_bytes), sized exactly: host_blocks x the layout's
+ * bytes per block plus alignment, rounded to the page size and never to a power of two
+ * (a framework's pinned allocator would turn 100 GB into 128 GB, spec §3.1).
+ *
+ * Pinning uses cuMemHostRegister on the arena in chunks of pin_chunk bytes (one registration
+ * of >= 512 GiB fails on some systems, spec §6); without a driver the mirror stays unpinned.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/error.h"
+#include "base/log.h"
+#include "copy/copy_internal.h"
+
+#define REGION_ALIGN 4096u
+
+void kvt_mirror_config_init(kvt_mirror_config *cfg)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    kvt_arena_config ac;
+    kvt_arena_config_init(&ac);
+    cfg->arena_flags = ac.flags;
+    cfg->pin = true;
+    cfg->pin_chunk = 64ull << 30;
+}
+
+uint32_t kvt_mirror_blocks_for(const kvt_layout *layout, uint64_t capacity_bytes)
+{
+    uint64_t bpb = kvt_layout_block_bytes(layout);
+    if (bpb == 0)
+        return 1;
+    uint64_t n = capacity_bytes / bpb;
+    if (n < 1)
+        n = 1;
+    return n > UINT32_MAX ? UINT32_MAX : (uint32_t)n;
+}
+
+static void unpin(kvt_mirror *m)
+{
+    for (uint32_t i = 0; i < m->n_pins; i++)
+        kvt_cuda_host_unregister(m->pins[i]);
+    m->n_pins = 0;
+    m->pinned = false;
+}
+
+static void pin(kvt_mirror *m, uint64_t chunk)
+{
+    char *base = kvt_arena_base(m->arena);
+    size_t size = kvt_arena_size(m->arena), page = kvt_arena_page_size(m->arena);
+    if (chunk < page)
+        chunk = page;
+    chunk -= chunk % page;
+    uint32_t n = (uint32_t)((size + chunk - 1) / chunk);
+    m->pins = calloc(n, sizeof(*m->pins));
+    if (!m->pins) {
+        KVT_LOG_W("mirror: out of memory for the pin list; host tier stays unpinned");
+        return;
+    }
+    for (size_t off = 0; off < size; off += chunk) {
+        size_t len = size - off < chunk ? size - off : chunk;
+        if (kvt_cuda_host_register(base + off, len) != 0) {
+            KVT_LOG_W("mirror: cannot pin %zu bytes (%s); host tier stays unpinned, copies are "
+                      "slower",
+                      len, kvt_last_error());
+            unpin(m);
+            return;
+        }
+        m->pins[m->n_pins++] = base + off;
+    }
+    m->pinned = true;
+}
+
+int kvt_mirror_create(const kvt_mirror_config *cfg, const kvt_layout *layout, kvt_mirror **out)
+{
+    *out = NULL;
+    if (cfg->host_blocks == 0)
+        return kvt_fail(KVT_EINVAL, "mirror: host_blocks must be > 0");
+    if (layout->n_regions == 0)
+        return kvt_fail(KVT_EINVAL, "mirror: the layout has no regions");
+    uint64_t total = 0;
+    for (uint32_t r = 0; r < layout->n_regions; r++) {
+        uint64_t bytes;
+        if (__builtin_mul_overflow(layout->regions[r].block_bytes, (uint64_t)cfg->host_blocks,
+                                   &bytes) ||
+            __builtin_add_overflow(total, bytes + REGION_ALIGN, &total))
+            return kvt_fail(KVT_ERANGE, "mirror: %u host blocks overflow the address space",
+                            cfg->host_blocks);
+    }
+    kvt_mirror *m = calloc(1, sizeof(*m));
+    if (m)
+        m->regions = calloc(layout->n_regions, sizeof(*m->regions));
+    if (!m || !m->regions) {
+        free(m);
+        return kvt_fail(KVT_ENOMEM, "mirror: out of memory");
+    }
+    kvt_arena_config ac;
+    kvt_arena_config_init(&ac);
+    ac.size = total;
+    ac.flags = cfg->arena_flags;
+    int rc = kvt_arena_create(&ac, &m->arena);
+    if (rc) {
+        free(m->regions);
+        free(m);
+        return kvt_fail_wrap(rc, "mirror");
+    }
+    m->num_blocks = cfg->host_blocks;
+    m->n_regions = layout->n_regions;
+    for (uint32_t r = 0; r < layout->n_regions; r++) {
+        void *p;
+        uint64_t bpb = layout->regions[r].block_bytes;
+        /* cannot fail: the arena was sized for exactly these allocations */
+        kvt_arena_alloc(m->arena, bpb * cfg->host_blocks, REGION_ALIGN, &p);
+        m->regions[r] = (kvt_region){(uint64_t)(uintptr_t)p, bpb};
+    }
+    if (cfg->pin && kvt_cuda_available())
+        pin(m, cfg->pin_chunk);
+    *out = m;
+    return 0;
+}
+
+void kvt_mirror_destroy(kvt_mirror *m)
+{
+    if (!m)
+        return;
+    unpin(m);
+    free(m->pins);
+    kvt_arena_destroy(m->arena);
+    free(m->regions);
+    free(m);
+}
+
+uint32_t kvt_mirror_num_blocks(const kvt_mirror *m)
+{
+    return m->num_blocks;
+}
+
+const kvt_region *kvt_mirror_regions(const kvt_mirror *m)
+{
+    return m->regions;
+}
+
+uint32_t kvt_mirror_num_regions(const kvt_mirror *m)
+{
+    return m->n_regions;
+}
+
+bool kvt_mirror_pinned(const kvt_mirror *m)
+{
+    return m->pinned;
+}
