@@ -1,0 +1,368 @@
+/*
+ * The offload worker (spec kv-offload §3.3, §3.4): binds the manager's metadata, launches
+ * its copies after the forward, and turns copy completions into the per-step reports.
+ *
+ * Pending events are kept per direction in submission order (event ids only grow), so the
+ * copy engine's high-water mark settles a prefix of them at once. A pending load keeps a
+ * copy of its destination block ids, because a failure is reported as those ids and the
+ * metadata that named them may have been cleared by then. Finished load events are
+ * translated into request ids through the metadata bound when they finish: the manager
+ * lists every outstanding load event in every step's load_event_to_reqs (the hang the
+ * vllm-ascend review found when only the current event was listed cannot happen here).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/error.h"
+#include "base/log.h"
+#include "copy/copy_internal.h"
+#include "copy/cuda_api.h"
+#include "kvtier/worker.h"
+
+typedef struct pending_load {
+    int64_t event;
+    uint32_t n, cap;
+    uint32_t *blocks; /* destination device blocks */
+} pending_load;
+
+struct kvt_worker {
+    kvt_worker_config cfg;
+    const kvt_layout *layout;
+    const kvt_mirror *mirror;
+    kvt_copy *copy;
+    const kvt_offload_meta *meta;
+    bool submitted;
+    bool failed;
+    int64_t last_load, last_store;
+    pending_load *loads; /* FIFO: loads[0 .. n_loads) */
+    uint32_t n_loads, cap_loads;
+    int64_t *stores;
+    uint32_t n_stores, cap_stores;
+    kvt_offload_worker_meta done;
+    kvt_str *fin;
+    uint32_t n_fin, cap_fin;
+    uint32_t *invalid;
+    uint32_t n_invalid, cap_invalid;
+    kvt_CUevent compute_done; /* CUDA backend only */
+    kvt_CUcontext ctx;
+};
+
+void kvt_worker_config_init(kvt_worker_config *cfg)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    kvt_copy_config_init(&cfg->copy);
+}
+
+int kvt_worker_create(const kvt_worker_config *cfg, const kvt_layout *layout,
+                      const kvt_mirror *mirror, kvt_worker **out)
+{
+    *out = NULL;
+    kvt_worker *w = calloc(1, sizeof(*w));
+    if (!w)
+        return kvt_fail(KVT_ENOMEM, "worker: out of memory");
+    w->cfg = *cfg;
+    w->layout = layout;
+    w->mirror = mirror;
+    w->last_load = w->last_store = -1;
+    kvt_offload_worker_meta_init(&w->done);
+    int rc = kvt_copy_create(&cfg->copy, layout, mirror, &w->copy);
+    if (!rc && kvt_copy_backend_kind(w->copy) == KVT_BACKEND_CUDA) {
+        const kvt_cuda_api *cu = kvt_cuda();
+        rc = kvt_cuda_use_device(layout->device, &w->ctx);
+        kvt_CUresult r =
+            rc ? KVT_CUDA_SUCCESS : cu->EventCreate(&w->compute_done, KVT_CU_EVENT_DISABLE_TIMING);
+        if (r != KVT_CUDA_SUCCESS)
+            rc = kvt_fail(KVT_EIO, "worker: cuEventCreate: %s", kvt_cuda_err(r));
+    }
+    if (rc) {
+        kvt_copy_destroy(w->copy);
+        free(w);
+        return kvt_fail_wrap(rc, "worker");
+    }
+    *out = w;
+    return 0;
+}
+
+void kvt_worker_destroy(kvt_worker *w)
+{
+    if (!w)
+        return;
+    kvt_copy_destroy(w->copy);
+    if (w->compute_done)
+        kvt_cuda()->EventDestroy(w->compute_done);
+    for (uint32_t i = 0; i < w->cap_loads; i++)
+        free(w->loads[i].blocks);
+    free(w->loads);
+    free(w->stores);
+    free(w->fin);
+    free(w->invalid);
+    kvt_offload_worker_meta_release(&w->done);
+    free(w);
+}
+
+static int grow(void **p, uint32_t *cap, uint64_t need, size_t elem, bool zero)
+{
+    if (need <= *cap)
+        return 0;
+    if (need > UINT32_MAX / 2)
+        return kvt_fail(KVT_ELIMIT, "worker: list too long");
+    uint32_t n = *cap ? *cap : 16;
+    while (n < need)
+        n *= 2;
+    void *q = realloc(*p, (size_t)n * elem);
+    if (!q)
+        return kvt_fail(KVT_ENOMEM, "worker: out of memory");
+    if (zero)
+        memset((char *)q + (size_t)*cap * elem, 0, (size_t)(n - *cap) * elem);
+    *p = q;
+    *cap = n;
+    return 0;
+}
+
+static int check_ids(const kvt_worker *w, const char *what, const uint32_t *ids, uint32_t n,
+                     uint32_t limit)
+{
+    for (uint32_t i = 0; i < n; i++)
+        if (ids[i] >= limit)
+            return kvt_fail(KVT_ERANGE, "worker %u: %s block %u out of range (%u blocks)",
+                            w->cfg.rank, what, ids[i], limit);
+    return 0;
+}
+
+int kvt_worker_bind(kvt_worker *w, const kvt_offload_meta *meta)
+{
+    int rc = kvt_offload_meta_validate(meta);
+    if (rc)
+        return kvt_fail_wrap(rc, "worker: bind");
+    uint32_t dev = w->layout->num_blocks, host = w->mirror->num_blocks;
+    if ((rc = check_ids(w, "load device", meta->load_gpu_blocks, meta->n_loads, dev)) ||
+        (rc = check_ids(w, "load host", meta->load_cpu_blocks, meta->n_loads, host)) ||
+        (rc = check_ids(w, "store device", meta->store_gpu_blocks, meta->n_stores, dev)) ||
+        (rc = check_ids(w, "store host", meta->store_cpu_blocks, meta->n_stores, host)))
+        return rc;
+    if (meta->load_event != KVT_NO_EVENT && meta->load_event <= w->last_load)
+        return kvt_fail(KVT_EINVAL, "worker %u: load event %lld not above %lld", w->cfg.rank,
+                        (long long)meta->load_event, (long long)w->last_load);
+    if (meta->store_event != KVT_NO_EVENT && meta->store_event <= w->last_store)
+        return kvt_fail(KVT_EINVAL, "worker %u: store event %lld not above %lld", w->cfg.rank,
+                        (long long)meta->store_event, (long long)w->last_store);
+    if (w->meta && !w->submitted)
+        KVT_LOG_W("worker %u: metadata replaced before get_finished launched its copies",
+                  w->cfg.rank);
+    w->meta = meta;
+    w->submitted = false;
+    return 0;
+}
+
+void kvt_worker_clear(kvt_worker *w)
+{
+    if (w->meta && !w->submitted &&
+        (w->meta->load_event != KVT_NO_EVENT || w->meta->store_event != KVT_NO_EVENT))
+        KVT_LOG_W("worker %u: metadata cleared before get_finished launched its copies; "
+                  "load event %lld / store event %lld will never complete",
+                  w->cfg.rank, (long long)w->meta->load_event, (long long)w->meta->store_event);
+    w->meta = NULL;
+}
+
+int kvt_worker_handle_preemptions(kvt_worker *w)
+{
+    if (!w->meta || !w->meta->need_flush)
+        return 0;
+    return kvt_copy_flush(w->copy);
+}
+
+/* Records the compute-done point on the engine's stream (CUDA), returning the event. */
+static int compute_point(kvt_worker *w, void *stream, void **wait)
+{
+    *wait = NULL;
+    if (!w->compute_done)
+        return 0;
+    kvt_CUresult r = kvt_cuda()->EventRecord(w->compute_done, (kvt_CUstream)stream);
+    if (r != KVT_CUDA_SUCCESS)
+        return kvt_fail(KVT_EIO, "worker %u: recording the compute-done event: %s", w->cfg.rank,
+                        kvt_cuda_err(r));
+    *wait = w->compute_done;
+    return 0;
+}
+
+static int submit(kvt_worker *w, void *stream)
+{
+    const kvt_offload_meta *m = w->meta;
+    w->submitted = true;
+    if (m->load_event == KVT_NO_EVENT && m->store_event == KVT_NO_EVENT)
+        return 0;
+    void *wait;
+    int rc = compute_point(w, stream, &wait);
+    if (rc)
+        return rc;
+    if (m->load_event != KVT_NO_EVENT) {
+        rc = grow((void **)&w->loads, &w->cap_loads, w->n_loads + 1, sizeof(*w->loads), true);
+        pending_load *p = rc ? NULL : &w->loads[w->n_loads];
+        if (p)
+            rc = grow((void **)&p->blocks, &p->cap, m->n_loads, sizeof(uint32_t), false);
+        if (!rc)
+            rc = kvt_copy_submit(w->copy, KVT_COPY_LOAD, m->load_event, m->load_cpu_blocks,
+                                 m->load_gpu_blocks, m->n_loads, wait);
+        if (rc)
+            return kvt_fail_wrap(rc, "worker: load");
+        memcpy(p->blocks, m->load_gpu_blocks, m->n_loads * sizeof(uint32_t));
+        p->n = m->n_loads;
+        p->event = m->load_event;
+        w->n_loads++;
+        w->last_load = m->load_event;
+    }
+    if (m->store_event != KVT_NO_EVENT) {
+        rc = grow((void **)&w->stores, &w->cap_stores, w->n_stores + 1, sizeof(int64_t), false);
+        if (!rc)
+            rc = kvt_copy_submit(w->copy, KVT_COPY_STORE, m->store_event, m->store_gpu_blocks,
+                                 m->store_cpu_blocks, m->n_stores, wait);
+        if (rc)
+            return kvt_fail_wrap(rc, "worker: store");
+        w->stores[w->n_stores++] = m->store_event;
+        w->last_store = m->store_event;
+    }
+    return 0;
+}
+
+static bool event_in(const int64_t *ev, uint32_t n, int64_t e)
+{
+    for (uint32_t i = 0; i < n; i++)
+        if (ev[i] == e)
+            return true;
+    return false;
+}
+
+/* Appends the requests of finished load event e (from the bound metadata). */
+static int add_finished_reqs(kvt_worker *w, int64_t e)
+{
+    const kvt_offload_meta *m = w->meta;
+    uint32_t lo = 0, hi = m ? m->n_load_events : 0;
+    while (lo < hi) {
+        uint32_t mid = (lo + hi) / 2;
+        if (m->load_events[mid] < e)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (!m || lo == m->n_load_events || m->load_events[lo] != e) {
+        KVT_LOG_E("worker %u: finished load event %lld is not in load_event_to_reqs; its "
+                  "requests cannot be reported",
+                  w->cfg.rank, (long long)e);
+        return 0;
+    }
+    uint32_t a = m->load_req_first[lo], b = m->load_req_first[lo + 1];
+    int rc =
+        grow((void **)&w->fin, &w->cap_fin, (uint64_t)w->n_fin + (b - a), sizeof(kvt_str), false);
+    if (rc)
+        return rc;
+    for (uint32_t i = a; i < b; i++)
+        w->fin[w->n_fin++] = m->load_req_ids[i];
+    return 0;
+}
+
+static int poll_loads(kvt_worker *w)
+{
+    /* Without metadata finished loads cannot be translated: they wait for the next bind. */
+    if (w->n_loads == 0 || !w->meta)
+        return 0;
+    int64_t hwm, failed[64];
+    kvt_copy_poll(w->copy, KVT_COPY_LOAD, &hwm);
+    uint32_t n_failed = kvt_copy_take_failed(w->copy, KVT_COPY_LOAD, failed, 64);
+    uint32_t k = 0;
+    for (; k < w->n_loads && w->loads[k].event <= hwm; k++) {
+        pending_load *p = &w->loads[k];
+        int rc = add_finished_reqs(w, p->event);
+        if (!rc && event_in(failed, n_failed, p->event)) {
+            rc = grow((void **)&w->invalid, &w->cap_invalid, (uint64_t)w->n_invalid + p->n,
+                      sizeof(uint32_t), false);
+            if (!rc) {
+                memcpy(w->invalid + w->n_invalid, p->blocks, p->n * sizeof(uint32_t));
+                w->n_invalid += p->n;
+            }
+        }
+        if (rc)
+            return rc;
+    }
+    /* rotate the finished entries to the end so their block arrays are reused */
+    for (uint32_t i = 0; i < k; i++) {
+        pending_load t = w->loads[0];
+        memmove(w->loads, w->loads + 1, (w->n_loads - 1) * sizeof(*w->loads));
+        w->loads[w->n_loads - 1] = t;
+        w->n_loads--;
+    }
+    return 0;
+}
+
+static int poll_stores(kvt_worker *w)
+{
+    if (w->n_stores == 0)
+        return 0;
+    int64_t hwm, failed[64];
+    kvt_copy_poll(w->copy, KVT_COPY_STORE, &hwm);
+    uint32_t n_failed = kvt_copy_take_failed(w->copy, KVT_COPY_STORE, failed, 64);
+    if (n_failed) {
+        w->failed = true;
+        return kvt_fail(KVT_EIO, "worker %u: store event %lld failed; the rank must restart",
+                        w->cfg.rank, (long long)failed[0]);
+    }
+    uint32_t k = 0;
+    for (; k < w->n_stores && w->stores[k] <= hwm; k++) {
+        int rc = kvt_offload_worker_meta_add(&w->done, w->stores[k], 1);
+        if (rc)
+            return rc;
+    }
+    memmove(w->stores, w->stores + k, (w->n_stores - k) * sizeof(int64_t));
+    w->n_stores -= k;
+    return 0;
+}
+
+int kvt_worker_get_finished(kvt_worker *w, void *compute_stream, const kvt_str **reqs, uint32_t *n)
+{
+    *reqs = NULL;
+    *n = 0;
+    w->n_fin = 0;
+    if (w->failed)
+        return kvt_fail(KVT_EIO, "worker %u: a store failed earlier; the rank must restart",
+                        w->cfg.rank);
+    int rc = 0;
+    if (w->meta && !w->submitted)
+        rc = submit(w, compute_stream);
+    if (!rc)
+        rc = poll_loads(w);
+    if (!rc)
+        rc = poll_stores(w);
+    if (rc)
+        return rc;
+    *reqs = w->fin;
+    *n = w->n_fin;
+    return 0;
+}
+
+int kvt_worker_build_meta(kvt_worker *w, kvt_offload_worker_meta *out)
+{
+    kvt_offload_worker_meta_clear(out);
+    int rc = kvt_offload_worker_meta_aggregate(out, &w->done);
+    if (rc)
+        return rc;
+    kvt_offload_worker_meta_clear(&w->done);
+    return 0;
+}
+
+uint32_t kvt_worker_take_invalid_blocks(kvt_worker *w, uint32_t *out, uint32_t cap)
+{
+    uint32_t n = w->n_invalid < cap ? w->n_invalid : cap;
+    memcpy(out, w->invalid, n * sizeof(uint32_t));
+    memmove(w->invalid, w->invalid + n, (w->n_invalid - n) * sizeof(uint32_t));
+    w->n_invalid -= n;
+    return n;
+}
+
+uint32_t kvt_worker_pending(const kvt_worker *w, int dir)
+{
+    return dir == KVT_COPY_LOAD ? w->n_loads : dir == KVT_COPY_STORE ? w->n_stores : 0;
+}
+
+kvt_copy *kvt_worker_copy(kvt_worker *w)
+{
+    return w->copy;
+}
