@@ -15,7 +15,10 @@ typedef struct kvt_bench_opts {
     bool json;
     double seconds; /* time budget per measured phase */
     uint64_t seed;
-    uint32_t blocks; /* pool size override (0 = the benchmark's default) */
+    uint32_t blocks;     /* pool size override (0 = the benchmark's default) */
+    const char *backend; /* copy: "cpu" (default) or "cuda" */
+    double gib;          /* copy: GiB per direction (0 = the benchmark's default) */
+    uint32_t threads;    /* copy: CPU copy threads (0 = the number of cores) */
 } kvt_bench_opts;
 
 typedef struct kvt_bench {
@@ -26,6 +29,7 @@ typedef struct kvt_bench {
 
 extern const kvt_bench kvt_bench_pool;
 extern const kvt_bench kvt_bench_sched;
+extern const kvt_bench kvt_bench_copy;
 
 double kvt_now_s(void);
 

@@ -127,7 +127,7 @@ typedef struct kvt_copy_config {
                                  overrides) */
     uint32_t max_events;      /* events queued or in flight per direction; default 1024 */
     uint64_t nt_min_bytes;    /* CPU: runs of at least this many bytes use non-temporal
-                                 stores; default 256 KiB; UINT64_MAX disables */
+                                 stores; default 4 KiB; UINT64_MAX disables */
     uint64_t chunk_bytes;     /* CPU: unit of work a copy thread takes; default 1 MiB */
     bool force_fallback;      /* CUDA: use one cuMemcpyAsync per descriptor even when the
                                  driver has cuMemcpyBatchAsync (testing, old drivers) */
@@ -153,7 +153,10 @@ KVT_API bool kvt_copy_batched(const kvt_copy *c);
  * wait (CUDA: a CUevent, may be NULL) is a device-side dependency the copy waits for; the
  * CPU backend ignores it. Every id is checked against the layout and the mirror before
  * anything is queued: KVT_ERANGE names the first bad one. KVT_EBUSY when max_events are
- * outstanding in this direction. Does not block: the copy threads issue the work. */
+ * outstanding in this direction. Does not block: the copy threads issue the work.
+ * Events of one direction run in submission order; the two directions are not ordered with
+ * each other (as vLLM's two streams), so the caller never lets an in-flight store and load
+ * touch the same block (the offload manager's references guarantee it). */
 KVT_API int kvt_copy_submit(kvt_copy *c, int dir, int64_t event, const uint32_t *src,
                             const uint32_t *dst, uint32_t n, void *wait);
 /* Non-blocking completion check: advances the direction's high-water mark over the prefix of

@@ -27,7 +27,7 @@ void kvt_copy_config_init(kvt_copy_config *cfg)
     memset(cfg, 0, sizeof(*cfg));
     cfg->backend = KVT_BACKEND_AUTO;
     cfg->max_events = 1024;
-    cfg->nt_min_bytes = 256u << 10;
+    cfg->nt_min_bytes = 4096;
     cfg->chunk_bytes = 1u << 20;
 }
 

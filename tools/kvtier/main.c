@@ -10,7 +10,7 @@
 #include "demo.h"
 #include "kvtier/kvtier.h"
 
-static const kvt_bench *const benches[] = {&kvt_bench_pool, &kvt_bench_sched};
+static const kvt_bench *const benches[] = {&kvt_bench_pool, &kvt_bench_sched, &kvt_bench_copy};
 
 static void usage(FILE *f)
 {
@@ -24,6 +24,9 @@ static void usage(FILE *f)
             "      --seconds S     time budget per measured phase (default 2)\n"
             "      --seed N        workload seed (default 1)\n"
             "      --blocks N      pool size where the benchmark has one\n"
+            "      --backend B     copy: cpu (default) or cuda\n"
+            "      --gib G         copy: GiB moved per direction (default 1)\n"
+            "      --threads N     copy: CPU copy threads (default: the number of cores)\n"
             "  kvtier bench --list                list the benchmarks\n"
             "  kvtier --help | --version\n"
             "\n"
@@ -43,7 +46,7 @@ static int parse_u64(const char *s, uint64_t *v)
 
 static int cmd_bench(int argc, char **argv)
 {
-    kvt_bench_opts o = {.json = false, .seconds = 2.0, .seed = 1, .blocks = 0};
+    kvt_bench_opts o = {.json = false, .seconds = 2.0, .seed = 1, .blocks = 0, .backend = "cpu"};
     const char *name = NULL;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
@@ -72,6 +75,25 @@ static int cmd_bench(int argc, char **argv)
                 return 2;
             }
             o.blocks = (uint32_t)v;
+        } else if (strcmp(a, "--backend") == 0 && i + 1 < argc) {
+            o.backend = argv[++i];
+            if (strcmp(o.backend, "cpu") != 0 && strcmp(o.backend, "cuda") != 0) {
+                fprintf(stderr, "kvtier bench: --backend wants cpu or cuda\n");
+                return 2;
+            }
+        } else if (strcmp(a, "--gib") == 0 && i + 1 < argc) {
+            char *end;
+            o.gib = strtod(argv[++i], &end);
+            if (*end || o.gib <= 0 || o.gib > 1024) {
+                fprintf(stderr, "kvtier bench: --gib wants a number in (0, 1024]\n");
+                return 2;
+            }
+        } else if (strcmp(a, "--threads") == 0 && i + 1 < argc) {
+            if (parse_u64(argv[++i], &v) || v < 1 || v > 256) {
+                fprintf(stderr, "kvtier bench: --threads wants an integer in 1..256\n");
+                return 2;
+            }
+            o.threads = (uint32_t)v;
         } else if (a[0] != '-' && !name) {
             name = a;
         } else {

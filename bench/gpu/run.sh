@@ -1,0 +1,36 @@
+#!/bin/sh
+# GPU checks of the copy layer: builds kvtier (unless KVT_BUILD_DIR names a finished build),
+# runs the CUDA tests (which must not skip here) and the copy tests, then the copy benchmark
+# with the CUDA backend (2 MiB and 16 KiB blocks against cudaMemcpy of one contiguous pinned
+# buffer, per direction and both at once) and with the CPU backend. Results land in OUTDIR.
+#
+#   bench/gpu/run.sh OUTDIR            KVT_GIB: GiB per direction (default 4)
+set -u
+out=${1:?usage: bench/gpu/run.sh OUTDIR}
+mkdir -p "$out"
+build=${KVT_BUILD_DIR:-build-gpu}
+if [ -z "${KVT_BUILD_DIR:-}" ]; then
+    cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release >"$out/build.txt" 2>&1 &&
+        cmake --build "$build" -j"$(nproc)" >>"$out/build.txt" 2>&1 ||
+        { tail -30 "$out/build.txt"; exit 1; }
+fi
+nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width.current \
+    --format=csv >"$out/gpu.txt" 2>&1
+cat "$out/gpu.txt"
+status=0
+export KVT_REQUIRE_CUDA=1
+for t in test_copy_cuda test_copy test_worker test_offload_procs; do
+    if "$build/tests/$t" >"$out/$t.txt" 2>&1; then
+        echo "$t: ok"
+    else
+        echo "$t: FAILED"
+        tail -20 "$out/$t.txt"
+        status=1
+    fi
+done
+"$build/bin/kvtier" bench copy --backend cuda --json --gib "${KVT_GIB:-4}" \
+    >"$out/bench_copy_cuda.json" 2>"$out/bench_copy_cuda.err" || status=1
+"$build/bin/kvtier" bench copy --json >"$out/bench_copy_cpu.json" 2>"$out/bench_copy_cpu.err" ||
+    status=1
+cat "$out"/bench_copy_*.json "$out"/bench_copy_*.err
+exit $status

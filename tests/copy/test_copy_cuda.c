@@ -1,0 +1,303 @@
+/*
+ * The CUDA copy backend on a real GPU (skipped cleanly where kvt_cuda_available() is false):
+ * bytes stored and loaded back through cuMemcpyBatchAsync, the per-descriptor fallback and
+ * descriptor caps; stores ordered after the engine's compute stream through the wait event;
+ * ids rejected before anything moves; the worker end to end.
+ */
+#include "kvt_test.h"
+
+#include "copy/copy_internal.h"
+#include "copy/cuda_api.h"
+
+#define NB   64
+#define HB   96
+#define BPB0 (64u << 10)
+#define BPB1 4096u
+
+typedef struct grig {
+    const kvt_cuda_api *cu;
+    kvt_CUdeviceptr dev[2];
+    kvt_layout *layout;
+    kvt_mirror *mirror;
+    kvt_copy *copy;
+    kvt_CUstream compute;
+    unsigned char *pinned; /* staging for the compute stream */
+} grig;
+
+static const uint64_t BPB[2] = {BPB0, BPB1};
+
+static unsigned char pat(uint64_t tag, int r, uint64_t o)
+{
+    uint64_t x =
+        (tag + 1) * 0x9E3779B97F4A7C15ull ^ ((uint64_t)r << 40) ^ o * 0xD6E8FEB86659FD93ull;
+    return (unsigned char)(x >> 33 ^ x >> 52);
+}
+
+static int setup(void **state)
+{
+    if (!kvt_cuda_available()) {
+        /* On a machine that has a GPU, bench/gpu/run.sh sets KVT_REQUIRE_CUDA: a skip there
+         * would hide a broken driver load. */
+        if (getenv("KVT_REQUIRE_CUDA"))
+            fail_msg("KVT_REQUIRE_CUDA is set but CUDA is unavailable: %s",
+                     kvt_cuda_unavailable_reason());
+        printf("# CUDA tests skipped: %s\n", kvt_cuda_unavailable_reason());
+        *state = NULL;
+        return 0;
+    }
+    grig *g = calloc(1, sizeof(*g));
+    g->cu = kvt_cuda();
+    KVT_OK_(kvt_cuda_use_device(0, NULL));
+    KVT_OK_(kvt_layout_create(0, NB, &g->layout));
+    for (int r = 0; r < 2; r++) {
+        assert_int_equal(g->cu->MemAlloc(&g->dev[r], NB * BPB[r]), 0);
+        assert_int_equal(g->cu->MemsetD8(g->dev[r], 0, NB * BPB[r]), 0);
+        KVT_OK_(kvt_layout_add_region(g->layout, g->dev[r], BPB[r]));
+    }
+    kvt_mirror_config mc;
+    kvt_mirror_config_init(&mc);
+    mc.host_blocks = HB;
+    mc.pin_chunk = 1u << 20; /* several registrations */
+    KVT_OK_(kvt_mirror_create(&mc, g->layout, &g->mirror));
+    assert_true(kvt_mirror_pinned(g->mirror));
+    assert_int_equal(g->cu->StreamCreateWithPriority(&g->compute, KVT_CU_STREAM_NON_BLOCKING, 0),
+                     0);
+    assert_int_equal(g->cu->MemAllocHost((void **)&g->pinned, 256u << 20), 0);
+    *state = g;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    grig *g = *state;
+    if (!g)
+        return 0;
+    g->cu->StreamSynchronize(g->compute);
+    g->cu->StreamDestroy(g->compute);
+    g->cu->MemFreeHost(g->pinned);
+    kvt_mirror_destroy(g->mirror);
+    kvt_layout_destroy(g->layout);
+    for (int r = 0; r < 2; r++)
+        g->cu->MemFree(g->dev[r]);
+    free(g);
+    return 0;
+}
+
+#define NEED_GPU(g)                                                                                \
+    grig *g = *state;                                                                              \
+    if (!g)                                                                                        \
+        skip();
+
+static void fill_dev(grig *g, uint32_t b, uint64_t tag)
+{
+    unsigned char buf[BPB0];
+    for (int r = 0; r < 2; r++) {
+        for (uint64_t o = 0; o < BPB[r]; o++)
+            buf[o] = pat(tag, r, o);
+        assert_int_equal(g->cu->MemcpyHtoD(g->dev[r] + b * BPB[r], buf, BPB[r]), 0);
+    }
+}
+
+static void check_host(grig *g, uint32_t b, uint64_t tag)
+{
+    for (int r = 0; r < 2; r++) {
+        const unsigned char *p =
+            (const unsigned char *)(uintptr_t)kvt_mirror_regions(g->mirror)[r].base + b * BPB[r];
+        for (uint64_t o = 0; o < BPB[r]; o++)
+            if (p[o] != pat(tag, r, o))
+                fail_msg("host block %u region %d byte %llu", b, r, (unsigned long long)o);
+    }
+}
+
+static void check_dev(grig *g, uint32_t b, uint64_t tag)
+{
+    unsigned char buf[BPB0];
+    for (int r = 0; r < 2; r++) {
+        assert_int_equal(g->cu->MemcpyDtoH(buf, g->dev[r] + b * BPB[r], BPB[r]), 0);
+        for (uint64_t o = 0; o < BPB[r]; o++)
+            if (buf[o] != pat(tag, r, o))
+                fail_msg("device block %u region %d byte %llu", b, r, (unsigned long long)o);
+    }
+}
+
+static void wait_hwm(kvt_copy *c, int dir, int64_t ev)
+{
+    int64_t hwm = -1;
+    for (int i = 0; i < 200000 && hwm < ev; i++) {
+        KVT_OK_(kvt_copy_poll(c, dir, &hwm));
+        if (hwm < ev)
+            usleep(50);
+    }
+    assert_true(hwm >= ev);
+}
+
+static void roundtrip(grig *g, bool fallback, uint32_t max_desc)
+{
+    kvt_copy_config cc;
+    kvt_copy_config_init(&cc);
+    cc.force_fallback = fallback;
+    cc.max_descriptors = max_desc;
+    kvt_copy *c;
+    KVT_OK_(kvt_copy_create(&cc, g->layout, g->mirror, &c));
+    assert_int_equal(kvt_copy_backend_kind(c), KVT_BACKEND_CUDA);
+    assert_int_equal(kvt_copy_batched(c), !fallback && g->cu->MemcpyBatchAsync != NULL);
+    uint32_t src[20], dst[20], back[20];
+    for (uint32_t i = 0; i < 20; i++) {
+        src[i] = i < 10 ? 3 + i : 40 - 2 * (i - 10); /* one run, then scattered */
+        dst[i] = i < 10 ? 50 + i : 5 + 3 * (i - 10);
+        back[i] = (src[i] + 21) % NB;
+        fill_dev(g, src[i], 1000 * fallback + max_desc + src[i]);
+    }
+    KVT_OK_(kvt_copy_submit(c, KVT_COPY_STORE, 0, src, dst, 20, NULL));
+    wait_hwm(c, KVT_COPY_STORE, 0);
+    for (uint32_t i = 0; i < 20; i++)
+        check_host(g, dst[i], 1000 * fallback + max_desc + src[i]);
+    KVT_OK_(kvt_copy_submit(c, KVT_COPY_LOAD, 4, dst, back, 20, NULL));
+    KVT_OK_(kvt_copy_flush(c));
+    wait_hwm(c, KVT_COPY_LOAD, 4);
+    for (uint32_t i = 0; i < 20; i++)
+        check_dev(g, back[i], 1000 * fallback + max_desc + src[i]);
+    int64_t failed[2];
+    assert_int_equal(kvt_copy_take_failed(c, KVT_COPY_LOAD, failed, 2), 0);
+    kvt_copy_destroy(c);
+}
+
+static void test_cuda_roundtrip_batched(void **state)
+{
+    NEED_GPU(g);
+    if (!g->cu->MemcpyBatchAsync)
+        printf("# driver %d lacks cuMemcpyBatchAsync: %s\n", g->cu->driver_version,
+               g->cu->batch_missing);
+    roundtrip(g, false, 0);
+    roundtrip(g, false, 3);
+}
+
+static void test_cuda_roundtrip_fallback(void **state)
+{
+    NEED_GPU(g);
+    roundtrip(g, true, 0);
+}
+
+/* The engine writes block 7 on its compute stream behind 256 MiB of other work; a store
+ * that waits on the compute-done event must see the new bytes. */
+static void test_cuda_store_waits_for_compute(void **state)
+{
+    NEED_GPU(g);
+    kvt_copy_config cc;
+    kvt_copy_config_init(&cc);
+    kvt_copy *c;
+    KVT_OK_(kvt_copy_create(&cc, g->layout, g->mirror, &c));
+    kvt_CUdeviceptr scratch;
+    assert_int_equal(g->cu->MemAlloc(&scratch, 256u << 20), 0);
+    kvt_CUevent done;
+    assert_int_equal(g->cu->EventCreate(&done, KVT_CU_EVENT_DISABLE_TIMING), 0);
+    for (int round = 0; round < 5; round++) {
+        fill_dev(g, 7, 1);
+        uint64_t tag = 77 + round;
+        for (int r = 0; r < 2; r++)
+            for (uint64_t o = 0; o < BPB[r]; o++)
+                g->pinned[(r ? BPB0 : 0) + o] = pat(tag, r, o);
+        /* slow compute: a big copy, then the block's new contents */
+        assert_int_equal(g->cu->MemcpyAsync(scratch, (kvt_CUdeviceptr)(uintptr_t)g->pinned,
+                                            256u << 20, g->compute),
+                         0);
+        for (int r = 0; r < 2; r++)
+            assert_int_equal(
+                g->cu->MemcpyAsync(g->dev[r] + 7 * BPB[r],
+                                   (kvt_CUdeviceptr)(uintptr_t)(g->pinned + (r ? BPB0 : 0)), BPB[r],
+                                   g->compute),
+                0);
+        assert_int_equal(g->cu->EventRecord(done, g->compute), 0);
+        uint32_t s = 7, d = 11 + (uint32_t)round;
+        KVT_OK_(kvt_copy_submit(c, KVT_COPY_STORE, round, &s, &d, 1, done));
+        wait_hwm(c, KVT_COPY_STORE, round);
+        check_host(g, d, tag);
+    }
+    g->cu->EventDestroy(done);
+    g->cu->MemFree(scratch);
+    kvt_copy_destroy(c);
+}
+
+static void test_cuda_ids_checked(void **state)
+{
+    NEED_GPU(g);
+    kvt_copy_config cc;
+    kvt_copy_config_init(&cc);
+    kvt_copy *c;
+    KVT_OK_(kvt_copy_create(&cc, g->layout, g->mirror, &c));
+    uint32_t s[2] = {1, NB}, d[2] = {1, 2};
+    KVT_ERR_(kvt_copy_submit(c, KVT_COPY_STORE, 0, s, d, 2, NULL), KVT_ERANGE);
+    uint32_t hs[2] = {HB, 1};
+    KVT_ERR_(kvt_copy_submit(c, KVT_COPY_LOAD, 0, hs, d, 2, NULL), KVT_ERANGE);
+    assert_int_equal(kvt_copy_outstanding(c, KVT_COPY_STORE), 0);
+    kvt_copy_destroy(c);
+    /* the CPU backend refuses device memory */
+    cc.backend = KVT_BACKEND_CPU;
+    KVT_ERR_(kvt_copy_create(&cc, g->layout, g->mirror, &c), KVT_EINVAL);
+}
+
+/* The worker on the GPU: a store and a load through bind / get_finished with the engine's
+ * compute stream. */
+static void test_cuda_worker(void **state)
+{
+    NEED_GPU(g);
+    kvt_worker_config wc;
+    kvt_worker_config_init(&wc);
+    kvt_worker *w;
+    KVT_OK_(kvt_worker_create(&wc, g->layout, g->mirror, &w));
+    kvt_offload_meta m;
+    kvt_offload_meta_init(&m);
+    kvt_offload_worker_meta wm;
+    kvt_offload_worker_meta_init(&wm);
+    for (uint32_t b = 1; b <= 8; b++)
+        fill_dev(g, b, 500 + b);
+    m.store_event = 0;
+    for (uint32_t b = 1; b <= 8; b++)
+        KVT_OK_(kvt_offload_meta_add_store(&m, b, 80 + b));
+    KVT_OK_(kvt_worker_bind(w, &m));
+    const kvt_str *reqs;
+    uint32_t n;
+    KVT_OK_(kvt_worker_get_finished(w, g->compute, &reqs, &n));
+    kvt_worker_clear(w);
+    for (int i = 0; i < 200000; i++) {
+        KVT_OK_(kvt_worker_get_finished(w, g->compute, &reqs, &n));
+        KVT_OK_(kvt_worker_build_meta(w, &wm));
+        if (wm.n_completed)
+            break;
+        usleep(50);
+    }
+    assert_int_equal(wm.n_completed, 1);
+    for (uint32_t b = 1; b <= 8; b++)
+        check_host(g, 80 + b, 500 + b);
+    kvt_offload_meta_clear(&m);
+    m.load_event = 0;
+    for (uint32_t b = 1; b <= 8; b++)
+        KVT_OK_(kvt_offload_meta_add_load(&m, 30 + b, 80 + b));
+    KVT_OK_(kvt_offload_meta_add_load_req(&m, 0, "gpu-req", 7));
+    m.need_flush = true;
+    KVT_OK_(kvt_worker_bind(w, &m));
+    KVT_OK_(kvt_worker_get_finished(w, g->compute, &reqs, &n));
+    KVT_OK_(kvt_worker_handle_preemptions(w));
+    if (n == 0)
+        KVT_OK_(kvt_worker_get_finished(w, g->compute, &reqs, &n));
+    assert_int_equal(n, 1);
+    assert_string_equal(reqs[0].ptr, "gpu-req");
+    for (uint32_t b = 1; b <= 8; b++)
+        check_dev(g, 30 + b, 500 + b);
+    kvt_worker_clear(w);
+    kvt_worker_destroy(w);
+    kvt_offload_meta_release(&m);
+    kvt_offload_worker_meta_release(&wm);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_cuda_roundtrip_batched),
+        cmocka_unit_test(test_cuda_roundtrip_fallback),
+        cmocka_unit_test(test_cuda_store_waits_for_compute),
+        cmocka_unit_test(test_cuda_ids_checked),
+        cmocka_unit_test(test_cuda_worker),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
