@@ -16,7 +16,8 @@ FUZZ_SECONDS ?= 30
 JOBS         ?= $(shell nproc)
 CMAKE_FLAGS  ?=
 SOURCES       = $(shell find include src tests tools bench fuzz -name '*.[ch]')
-FUZZ_TARGETS  = offload_meta offload_worker_meta ec_meta ec_worker_meta ec_load_spec ec_push_spec
+FUZZ_TARGETS  = offload_meta offload_worker_meta ec_meta ec_worker_meta ec_load_spec ec_push_spec \
+                link
 
 .PHONY: all deps build test demo bench install test-asan test-tsan fuzz fuzz-build fuzz-corpus \
         format format-check clean
@@ -52,7 +53,8 @@ test-asan: deps
 test-tsan: deps
 	@cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DKVT_SANITIZE=thread >/dev/null
 	@cmake --build build-tsan -j$(JOBS)
-	cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -L threaded
+	cd build-tsan && TSAN_OPTIONS="halt_on_error=1 suppressions=$(CURDIR)/tests/tsan.supp" \
+	    ctest --output-on-failure -L threaded
 
 fuzz-build: deps
 	@CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVT_FUZZ=ON \

@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 
 #include "meta/meta_samples.h"
+#include "worker/link_internal.h"
 
 static const struct {
     uint32_t kind;
@@ -20,6 +21,43 @@ static const struct {
     {KVT_META_EC_LOAD_SPEC, "ec_load_spec"},
     {KVT_META_EC_PUSH_SPEC, "ec_push_spec"},
 };
+
+static int write_file(const char *path, const void *buf, size_t len)
+{
+    FILE *f = fopen(path, "wb");
+    if (!f || fwrite(buf, 1, len, f) != len || fclose(f) != 0) {
+        perror(path);
+        return 1;
+    }
+    return 0;
+}
+
+/* Seeds of fuzz_link: selector byte, then a header, a hello and a status frame. */
+static int link_seeds(const char *dir)
+{
+    char path[512];
+    snprintf(path, sizeof(path), "%s/link", dir);
+    if (mkdir(path, 0755) != 0 && errno != EEXIST) {
+        perror(path);
+        return 1;
+    }
+    uint8_t buf[256];
+    buf[0] = 0;
+    kvt_link_hdr_encode(buf + 1, 3, 42);
+    snprintf(path, sizeof(path), "%s/link/seed-0", dir);
+    if (write_file(path, buf, 1 + KVT_LINK_HDR_LEN))
+        return 1;
+    buf[0] = 1;
+    kvt_link_hello_encode(buf + 1, 1, 2, 4096);
+    snprintf(path, sizeof(path), "%s/link/seed-1", dir);
+    if (write_file(path, buf, 1 + KVT_LINK_HELLO_LEN))
+        return 1;
+    buf[0] = 2;
+    uint32_t inv[3] = {7, 9, 1000};
+    kvt_link_status_encode(buf + 1, 1, -12, inv, 3, "store failed", 12);
+    snprintf(path, sizeof(path), "%s/link/seed-2", dir);
+    return write_file(path, buf, 1 + kvt_link_status_size(3, 12));
+}
 
 int main(int argc, char **argv)
 {
@@ -44,13 +82,11 @@ int main(int argc, char **argv)
                 return 1;
             }
             snprintf(path, sizeof(path), "%s/%s/seed-%d", dir, targets[t].name, v);
-            FILE *f = fopen(path, "wb");
-            if (!f || fwrite(buf, 1, len, f) != len || fclose(f) != 0) {
-                perror(path);
-                return 1;
-            }
+            int rc = write_file(path, buf, len);
             free(buf);
+            if (rc)
+                return 1;
         }
     }
-    return 0;
+    return link_seeds(dir);
 }

@@ -154,9 +154,9 @@ KVT_API bool kvt_copy_batched(const kvt_copy *c);
  * CPU backend ignores it. Every id is checked against the layout and the mirror before
  * anything is queued: KVT_ERANGE names the first bad one. KVT_EBUSY when max_events are
  * outstanding in this direction. Does not block: the copy threads issue the work.
- * Events of one direction run in submission order; the two directions are not ordered with
- * each other (as vLLM's two streams), so the caller never lets an in-flight store and load
- * touch the same block (the offload manager's references guarantee it). */
+ * Events of one direction run one after the other, in submission order; the two directions are not
+ * ordered with each other (as vLLM's two streams), so the caller never lets an in-flight store and
+ * load touch the same block (the offload manager's references guarantee it). */
 KVT_API int kvt_copy_submit(kvt_copy *c, int dir, int64_t event, const uint32_t *src,
                             const uint32_t *dst, uint32_t n, void *wait);
 /* Non-blocking completion check: advances the direction's high-water mark over the prefix of

@@ -124,6 +124,7 @@ struct kvt_copy {
     copy_job **queue; /* submission queue, 2 * max_events */
     uint32_t q_head, q_tail, q_cap;
     bool stop;
+    uint32_t active[2]; /* CPU: jobs started and not done, per direction (0 or 1) */
     uint32_t n_threads;
     pthread_t *threads;
     void *be; /* backend state */

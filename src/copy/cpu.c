@@ -4,10 +4,11 @@
  * A pool of copy threads serves the submission queue in order. Each job is cut into
  * chunk_bytes pieces at submit; every thread takes the next piece of the job at the head of
  * the queue, so all threads work on one event at a time and an event with one large block
- * still uses every core. A thread that takes a job's last piece pops the job, letting the
- * others start on the next event while the last pieces finish; the thread that completes the
- * last piece marks the job DONE. Completion order per direction stays submission order
- * because poll() reports a direction's jobs strictly in order.
+ * still uses every core. A thread that takes a job's last piece pops the job; the next job
+ * starts at once if it belongs to the other direction, and once the last pieces are copied
+ * if it belongs to the same one: a direction's events run strictly one after the other, as
+ * on a CUDA stream, so a later event never races an earlier one on the same bytes. The
+ * thread that completes the last piece marks the job DONE.
  *
  * Runs of at least nt_min_bytes are copied with non-temporal stores: a regular store first
  * reads the destination line (read-for-ownership), so a block copy moves three bytes for
@@ -81,10 +82,8 @@ static void nt_sse2(char *d, const char *s, size_t n)
 void kvt_copy_bytes_nt(void *dst, const void *src, size_t n)
 {
 #if defined(__x86_64__)
-    static int have_avx2 = -1;
-    if (have_avx2 < 0)
-        have_avx2 = __builtin_cpu_supports("avx2") ? 1 : 0;
-    if (have_avx2)
+    /* reads the CPU model the compiler's runtime filled in before main */
+    if (__builtin_cpu_supports("avx2"))
         nt_avx2(dst, src, n);
     else
         nt_sse2(dst, src, n);
@@ -121,14 +120,25 @@ static void *copy_thread(void *arg)
             pthread_cond_wait(&c->cv_work, &c->mu);
             continue;
         }
+        /* a direction's events run one after the other, like a stream: wait for the tail
+         * of the previous one (at most one chunk per thread) before starting the next */
+        if (j->next_chunk == 0 && c->active[j->dir]) {
+            pthread_cond_wait(&c->cv_work, &c->mu);
+            continue;
+        }
+        if (j->next_chunk == 0)
+            c->active[j->dir]++;
         uint32_t k = j->next_chunk++;
         if (j->next_chunk == j->n_chunks)
             kvt_copy_queue_pop(c);
         pthread_mutex_unlock(&c->mu);
         copy_chunk(c, j, k);
         pthread_mutex_lock(&c->mu);
-        if (++j->chunks_done == j->n_chunks)
+        if (++j->chunks_done == j->n_chunks) {
+            c->active[j->dir]--;
             kvt_copy_job_finish(c, j, true);
+            pthread_cond_broadcast(&c->cv_work);
+        }
     }
     pthread_mutex_unlock(&c->mu);
     return NULL;

@@ -477,7 +477,8 @@ static int aggregate(kvt_link_sched *s, kvt_link_result *res)
         if (rc)
             return rc;
     }
-    qsort(s->invalid, s->n_invalid, sizeof(uint32_t), cmp_u32);
+    if (s->n_invalid > 1)
+        qsort(s->invalid, s->n_invalid, sizeof(uint32_t), cmp_u32);
     uint32_t k = 0;
     for (uint32_t i = 0; i < s->n_invalid; i++)
         if (k == 0 || s->invalid[k - 1] != s->invalid[i])

@@ -351,6 +351,8 @@ int kvt_worker_build_meta(kvt_worker *w, kvt_offload_worker_meta *out)
 uint32_t kvt_worker_take_invalid_blocks(kvt_worker *w, uint32_t *out, uint32_t cap)
 {
     uint32_t n = w->n_invalid < cap ? w->n_invalid : cap;
+    if (n == 0)
+        return 0;
     memcpy(out, w->invalid, n * sizeof(uint32_t));
     memmove(w->invalid, w->invalid + n, (w->n_invalid - n) * sizeof(uint32_t));
     w->n_invalid -= n;

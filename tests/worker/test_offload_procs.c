@@ -308,7 +308,8 @@ static uint32_t step(engine *e, bool preempted, kvt_str *fin_out, uint32_t cap)
     assert_int_equal(res.n_invalid, 0);
     KVT_OK_(kvt_offload_apply_output(e->s.m, res.finished_loads, res.n_finished, res.stores));
     uint32_t n = res.n_finished < cap ? res.n_finished : cap;
-    memcpy(fin_out, res.finished_loads, n * sizeof(kvt_str));
+    if (n)
+        memcpy(fin_out, res.finished_loads, n * sizeof(kvt_str));
     e->steps++;
     return res.n_finished;
 }
