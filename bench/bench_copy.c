@@ -6,8 +6,9 @@
  * block) the "device" holds 2n blocks and the host mirror 2n blocks, n blocks making the
  * bytes per direction. Stores copy device blocks [0, n) to host blocks [0, n), loads host
  * [n, 2n) to device [n, 2n), both through random permutations (so almost nothing
- * coalesces), in events of about 64 MiB as an engine's steps would submit them. Each phase
- * runs after a warm-up pass and is repeated; the best repetition counts, for kvtier and for
+ * coalesces), in events of about 64 MiB as an engine's steps would submit them. After a
+ * warm-up pass, the phases run REPS times, the CPU baseline alternating with them so that
+ * both see the same load on a shared machine; the best repetition counts, for kvtier and for
  * the baseline alike.
  *
  * Baselines: CPU backend, one contiguous memcpy of n blocks' bytes split evenly across the
@@ -79,20 +80,16 @@ static int submit_pass(copy_case *c, bool store, bool load)
     return rc;
 }
 
-static int timed_pass(copy_case *c, bool store, bool load, double *gbps)
+/* One timed pass; keeps the best rate seen in *best. */
+static int timed_pass(copy_case *c, bool store, bool load, double *best)
 {
-    double best = 0;
-    for (int r = 0; r < REPS; r++) {
-        double t0 = kvt_now_s();
-        int rc = submit_pass(c, store, load);
-        if (rc)
-            return rc;
-        double dt = kvt_now_s() - t0;
-        double g = (double)c->n * c->bs * (store + load) / dt / 1e9;
-        if (g > best)
-            best = g;
-    }
-    *gbps = best;
+    double t0 = kvt_now_s();
+    int rc = submit_pass(c, store, load);
+    if (rc)
+        return rc;
+    double g = (double)c->n * c->bs * (store + load) / (kvt_now_s() - t0) / 1e9;
+    if (g > *best)
+        *best = g;
     return 0;
 }
 
@@ -109,28 +106,24 @@ static void *memcpy_thread(void *arg)
     return NULL;
 }
 
-static double cpu_baseline(copy_case *c)
+/* One contiguous memcpy of the same bytes on the same number of threads; keeps the best. */
+static void cpu_baseline(copy_case *c, double *best)
 {
     char *dst = (char *)(uintptr_t)kvt_mirror_regions(c->mirror)[0].base;
     const char *src = (const char *)(uintptr_t)c->dev;
     size_t total = c->n * c->bs, per = total / c->threads;
-    double best = 0;
-    for (int r = 0; r < REPS; r++) {
-        pthread_t t[256];
-        span s[256];
-        double t0 = kvt_now_s();
-        for (uint32_t i = 0; i < c->threads; i++) {
-            s[i] =
-                (span){dst + i * per, src + i * per, i + 1 == c->threads ? total - i * per : per};
-            pthread_create(&t[i], NULL, memcpy_thread, &s[i]);
-        }
-        for (uint32_t i = 0; i < c->threads; i++)
-            pthread_join(t[i], NULL);
-        double g = (double)total / (kvt_now_s() - t0) / 1e9;
-        if (g > best)
-            best = g;
+    pthread_t t[256];
+    span s[256];
+    double t0 = kvt_now_s();
+    for (uint32_t i = 0; i < c->threads; i++) {
+        s[i] = (span){dst + i * per, src + i * per, i + 1 == c->threads ? total - i * per : per};
+        pthread_create(&t[i], NULL, memcpy_thread, &s[i]);
     }
-    return best;
+    for (uint32_t i = 0; i < c->threads; i++)
+        pthread_join(t[i], NULL);
+    double g = (double)total / (kvt_now_s() - t0) / 1e9;
+    if (g > *best)
+        *best = g;
 }
 
 /* cudaMemcpy-style baseline: contiguous pinned <-> device, per direction and both at once. */
@@ -212,6 +205,9 @@ static int case_init(copy_case *c, uint64_t seed)
     kvt_copy_config_init(&cc);
     cc.backend = c->cuda ? KVT_BACKEND_CUDA : KVT_BACKEND_CPU;
     cc.threads = c->threads;
+    /* CUDA variants for comparisons (bench/gpu/run.sh runs them) */
+    cc.force_fallback = getenv("KVTIER_BENCH_FALLBACK") != NULL;
+    cc.prefer_overlap = getenv("KVTIER_BENCH_PREFER_OVERLAP") != NULL;
     if ((rc = kvt_layout_create(c->cuda ? 0 : KVT_HOST_DEVICE, (uint32_t)(2 * c->n), &c->layout)) ||
         (rc = kvt_layout_add_region(c->layout, c->dev, c->bs)) ||
         (rc = kvt_mirror_create(&mc, c->layout, &c->mirror)) ||
@@ -252,16 +248,18 @@ static int run_case(const kvt_bench_opts *o, copy_case *c)
         rc = submit_pass(c, true, true); /* warm-up */
     if (!rc)
         rc = check_stores(c);
-    if (!rc)
+    /* CPU: baseline and kvtier passes alternate, so both see the same machine weather */
+    for (int r = 0; r < REPS && !rc; r++) {
+        if (!c->cuda)
+            cpu_baseline(c, &c->memcpy_gbps);
         rc = timed_pass(c, true, false, &c->store_gbps);
-    if (!rc)
-        rc = timed_pass(c, false, true, &c->load_gbps);
-    if (!rc)
-        rc = timed_pass(c, true, true, &c->both_gbps);
+        if (!rc)
+            rc = timed_pass(c, false, true, &c->load_gbps);
+        if (!rc)
+            rc = timed_pass(c, true, true, &c->both_gbps);
+    }
     if (!rc && c->cuda)
         rc = cuda_baseline(c);
-    else if (!rc)
-        c->memcpy_gbps = cpu_baseline(c);
     case_fini(c);
     return rc;
 }
@@ -309,7 +307,11 @@ static int run(const kvt_bench_opts *o)
         kvt_json_int(&j, "threads", cuda ? 1 : threads);
         kvt_json_int(&j, "bytes_per_direction", (long long)(m->n * m->bs));
         if (cuda) {
-            kvt_json_int(&j, "batched", kvt_cuda()->MemcpyBatchAsync != NULL);
+            kvt_json_int(&j, "batched",
+                         kvt_cuda()->MemcpyBatchAsync != NULL && !getenv("KVTIER_BENCH_FALLBACK"));
+            kvt_json_int(&j, "prefer_overlap", getenv("KVTIER_BENCH_PREFER_OVERLAP") != NULL);
+            const char *cap = getenv("KVTIER_MAX_BATCH_DESCRIPTORS");
+            kvt_json_int(&j, "max_descriptors", cap ? atoi(cap) : (int)KVT_CUDA_BATCH_DEFAULT);
             kvt_json_int(&j, "cuda_driver", kvt_cuda()->driver_version);
             kvt_json_num(&j, "cuda_memcpy_d2h_gbps", m->base_d2h);
             kvt_json_num(&j, "cuda_memcpy_h2d_gbps", m->base_h2d);

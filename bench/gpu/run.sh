@@ -5,6 +5,8 @@
 # buffer, per direction and both at once) and with the CPU backend. Results land in OUTDIR.
 #
 #   bench/gpu/run.sh OUTDIR            KVT_GIB: GiB per direction (default 4)
+#                                      KVT_VARIANTS=1: also the CUDA variants (fallback,
+#                                      overlap hint, 1024-descriptor batches)
 set -u
 out=${1:?usage: bench/gpu/run.sh OUTDIR}
 mkdir -p "$out"
@@ -32,5 +34,17 @@ done
     >"$out/bench_copy_cuda.json" 2>"$out/bench_copy_cuda.err" || status=1
 "$build/bin/kvtier" bench copy --json >"$out/bench_copy_cpu.json" 2>"$out/bench_copy_cpu.err" ||
     status=1
+# Variants of the CUDA path, for the record: per-descriptor cuMemcpyAsync, the driver's
+# overlap-with-compute hint, and batches capped at 1024 descriptors.
+if [ -n "${KVT_VARIANTS:-}" ]; then
+    g=${KVT_VARIANT_GIB:-2}
+    KVTIER_BENCH_FALLBACK=1 "$build/bin/kvtier" bench copy --backend cuda --json --gib "$g" \
+        >"$out/variant_fallback.json" 2>&1 || status=1
+    KVTIER_BENCH_PREFER_OVERLAP=1 "$build/bin/kvtier" bench copy --backend cuda --json \
+        --gib "$g" >"$out/variant_overlap.json" 2>&1 || status=1
+    KVTIER_MAX_BATCH_DESCRIPTORS=1024 "$build/bin/kvtier" bench copy --backend cuda --json \
+        --gib "$g" >"$out/variant_cap1024.json" 2>&1 || status=1
+    cat "$out"/variant_*.json
+fi
 cat "$out"/bench_copy_*.json "$out"/bench_copy_*.err
 exit $status

@@ -26,14 +26,23 @@
 #include "copy/copy_internal.h"
 
 #if defined(__x86_64__)
-__attribute__((target("avx2"))) static void nt_avx2(char *d, const char *s, size_t n)
+__attribute__((target("avx2"))) static void nt_avx2(char *d, const char *s, size_t n,
+                                                    const char *next, size_t next_n)
 {
+    size_t pf = 0;
     size_t head = (size_t)(-(uintptr_t)d) & 31;
     if (head > n)
         head = n;
     memcpy(d, s, head);
     d += head, s += head, n -= head;
     for (; n >= 256; d += 256, s += 256, n -= 256) {
+        if (pf < next_n) {
+            _mm_prefetch(next + pf, _MM_HINT_T0);
+            _mm_prefetch(next + pf + 64, _MM_HINT_T0);
+            _mm_prefetch(next + pf + 128, _MM_HINT_T0);
+            _mm_prefetch(next + pf + 192, _MM_HINT_T0);
+            pf += 256;
+        }
         __m256i a = _mm256_loadu_si256((const __m256i *)s);
         __m256i b = _mm256_loadu_si256((const __m256i *)(s + 32));
         __m256i e = _mm256_loadu_si256((const __m256i *)(s + 64));
@@ -79,17 +88,24 @@ static void nt_sse2(char *d, const char *s, size_t n)
 }
 #endif
 
-void kvt_copy_bytes_nt(void *dst, const void *src, size_t n)
+static void copy_nt_prefetch(void *dst, const void *src, size_t n, const void *next, size_t next_n)
 {
 #if defined(__x86_64__)
     /* reads the CPU model the compiler's runtime filled in before main */
     if (__builtin_cpu_supports("avx2"))
-        nt_avx2(dst, src, n);
+        nt_avx2(dst, src, n, next, next_n);
     else
         nt_sse2(dst, src, n);
 #else
+    (void)next;
+    (void)next_n;
     memcpy(dst, src, n);
 #endif
+}
+
+void kvt_copy_bytes_nt(void *dst, const void *src, size_t n)
+{
+    copy_nt_prefetch(dst, src, n, NULL, 0);
 }
 
 static void copy_chunk(kvt_copy *c, const copy_job *j, uint32_t k)
@@ -100,8 +116,18 @@ static void copy_chunk(kvt_copy *c, const copy_job *j, uint32_t k)
         uint64_t n = x->size - off < left ? x->size - off : left;
         char *dst = (char *)(uintptr_t)(x->dst + off);
         const char *src = (const char *)(uintptr_t)(x->src + off);
+        /* while copying this run, pull the start of the next one into the cache: runs are
+         * randomly placed, so the hardware prefetcher cannot see it coming */
+        const char *next = NULL;
+        size_t next_n = 0;
+        if (d + 1 < j->n_descs && left - n > 0) {
+            next = (const char *)(uintptr_t)x[1].src;
+            next_n = x[1].size < left - n ? x[1].size : left - n;
+            if (next_n > n)
+                next_n = n;
+        }
         if (x->size >= c->cfg.nt_min_bytes)
-            kvt_copy_bytes_nt(dst, src, n);
+            copy_nt_prefetch(dst, src, n, next, next_n);
         else
             memcpy(dst, src, n);
         left -= n;

@@ -267,7 +267,7 @@ static bool issue(kvt_copy *c, cuda_be *b, copy_job *j)
             b->srcs[i] = j->descs[i].src;
             b->sizes[i] = j->descs[i].size;
         }
-        uint32_t cap = c->cfg.max_descriptors ? c->cfg.max_descriptors : j->n_descs;
+        uint32_t cap = c->cfg.max_descriptors ? c->cfg.max_descriptors : KVT_CUDA_BATCH_DEFAULT;
         for (uint32_t at = 0; at < j->n_descs; at += cap) {
             size_t n = j->n_descs - at < cap ? j->n_descs - at : cap, attr_idx = 0, fail = 0;
             r = cu->MemcpyBatchAsync(b->dsts + at, b->srcs + at, b->sizes + at, n,
@@ -359,10 +359,11 @@ static int cuda_start(kvt_copy *c)
     }
     kvt_CUmemLocation dev = {KVT_CU_MEM_LOCATION_TYPE_DEVICE, device};
     kvt_CUmemLocation host = {KVT_CU_MEM_LOCATION_TYPE_HOST, 0};
+    unsigned flags = c->cfg.prefer_overlap ? KVT_CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE : 0;
     b->attrs[KVT_COPY_STORE] =
-        (kvt_CUmemcpyAttributes){KVT_CU_MEMCPY_SRC_ACCESS_ORDER_STREAM, dev, host, 0};
+        (kvt_CUmemcpyAttributes){KVT_CU_MEMCPY_SRC_ACCESS_ORDER_STREAM, dev, host, flags};
     b->attrs[KVT_COPY_LOAD] =
-        (kvt_CUmemcpyAttributes){KVT_CU_MEMCPY_SRC_ACCESS_ORDER_ANY, host, dev, 0};
+        (kvt_CUmemcpyAttributes){KVT_CU_MEMCPY_SRC_ACCESS_ORDER_ANY, host, dev, flags};
     b->batched = b->cu->MemcpyBatchAsync && !c->cfg.force_fallback;
     if (!b->cu->MemcpyBatchAsync)
         KVT_LOG_W("copy: %s; using one cuMemcpyAsync per descriptor", b->cu->batch_missing);

@@ -31,6 +31,9 @@ _Static_assert((int)KVT_CU_MEMCPY_SRC_ACCESS_ORDER_STREAM == (int)CU_MEMCPY_SRC_
                "order stream");
 _Static_assert((int)KVT_CU_MEMCPY_SRC_ACCESS_ORDER_ANY == (int)CU_MEMCPY_SRC_ACCESS_ORDER_ANY,
                "order any");
+_Static_assert((int)KVT_CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE ==
+                   (int)CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE,
+               "prefer overlap");
 _Static_assert((int)KVT_CU_GET_PROC_ADDRESS_SUCCESS == (int)CU_GET_PROC_ADDRESS_SUCCESS,
                "proc success");
 
