@@ -146,6 +146,8 @@ void kvt_copy_bytes_nt(void *dst, const void *src, size_t n);
 
 /* Engine helpers for backends (caller holds c->mu). */
 copy_job *kvt_copy_queue_front(struct kvt_copy *c);
+/* Waits on cv_work for a queued job; NULL once the engine stops with the queue empty. */
+copy_job *kvt_copy_wait_front(struct kvt_copy *c);
 void kvt_copy_queue_pop(struct kvt_copy *c);
 void kvt_copy_job_finish(struct kvt_copy *c, copy_job *j, bool ok);
 

@@ -139,13 +139,9 @@ static void *copy_thread(void *arg)
     kvt_copy *c = arg;
     pthread_mutex_lock(&c->mu);
     for (;;) {
-        copy_job *j = kvt_copy_queue_front(c);
-        if (!j) {
-            if (c->stop)
-                break;
-            pthread_cond_wait(&c->cv_work, &c->mu);
-            continue;
-        }
+        copy_job *j = kvt_copy_wait_front(c);
+        if (!j)
+            break;
         /* a direction's events run one after the other, like a stream: wait for the tail
          * of the previous one (at most one chunk per thread) before starting the next */
         if (j->next_chunk == 0 && c->active[j->dir]) {

@@ -304,13 +304,9 @@ static void *issue_thread(void *arg)
     b->cu->CtxSetCurrent(b->ctx);
     pthread_mutex_lock(&c->mu);
     for (;;) {
-        copy_job *j = kvt_copy_queue_front(c);
-        if (!j) {
-            if (c->stop)
-                break;
-            pthread_cond_wait(&c->cv_work, &c->mu);
-            continue;
-        }
+        copy_job *j = kvt_copy_wait_front(c);
+        if (!j)
+            break;
         pthread_mutex_unlock(&c->mu);
         bool ok = issue(c, b, j);
         pthread_mutex_lock(&c->mu);

@@ -17,6 +17,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/array.h"
 #include "base/error.h"
 #include "base/log.h"
 #include "base/util.h"
@@ -234,21 +235,8 @@ static int check_ids(const char *what, const uint32_t *ids, uint32_t n, uint32_t
 
 static int reserve(void **p, uint32_t *cap, uint64_t need, size_t elem)
 {
-    if (need <= *cap)
-        return 0;
-    if (need > UINT32_MAX)
-        return kvt_fail(KVT_ELIMIT, "copy: event too large");
-    uint64_t n = *cap ? *cap : 64;
-    while (n < need)
-        n *= 2;
-    if (n > UINT32_MAX)
-        n = need;
-    void *q = realloc(*p, n * elem);
-    if (!q)
-        return kvt_fail(KVT_ENOMEM, "copy: out of memory");
-    *p = q;
-    *cap = (uint32_t)n;
-    return 0;
+    int rc = kvt_array_grow(p, cap, need, elem);
+    return rc ? kvt_fail_wrap(rc, "copy") : 0;
 }
 
 /* Splits the job's byte stream into chunk_bytes pieces for the CPU copy threads. */
@@ -345,6 +333,16 @@ int kvt_copy_submit(kvt_copy *c, int dir, int64_t event, const uint32_t *src, co
 copy_job *kvt_copy_queue_front(kvt_copy *c)
 {
     return c->q_head == c->q_tail ? NULL : c->queue[c->q_head % c->q_cap];
+}
+
+copy_job *kvt_copy_wait_front(kvt_copy *c)
+{
+    for (;;) {
+        copy_job *j = kvt_copy_queue_front(c);
+        if (j || c->stop)
+            return j;
+        pthread_cond_wait(&c->cv_work, &c->mu);
+    }
 }
 
 void kvt_copy_queue_pop(kvt_copy *c)

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/array.h"
 #include "base/error.h"
 #include "copy/copy_internal.h"
 
@@ -42,17 +43,8 @@ void kvt_layout_destroy(kvt_layout *l)
 
 static int grow(kvt_region **arr, uint32_t *cap, uint32_t need)
 {
-    if (need <= *cap)
-        return 0;
-    uint32_t n = *cap ? *cap : 8;
-    while (n < need)
-        n *= 2;
-    kvt_region *p = realloc(*arr, (size_t)n * sizeof(*p));
-    if (!p)
-        return kvt_fail(KVT_ENOMEM, "layout: out of memory");
-    *arr = p;
-    *cap = n;
-    return 0;
+    int rc = kvt_array_grow((void **)arr, cap, need, sizeof(**arr));
+    return rc ? kvt_fail_wrap(rc, "layout") : 0;
 }
 
 int kvt_layout_add_region(kvt_layout *l, uint64_t base, uint64_t block_bytes)

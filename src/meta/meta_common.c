@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "base/util.h"
+#include "base/array.h"
 #include "meta/meta_internal.h"
 
 static const uint8_t magic[4] = {'K', 'V', 'T', 'M'};
@@ -113,19 +114,8 @@ int kvt_wire_check_out(const void *buf, size_t cap, size_t need, size_t *len)
 
 int kvt_meta_grow(void **arr, uint32_t *cap, uint32_t need, size_t elem)
 {
-    if (need <= *cap)
-        return 0;
-    uint64_t ncap = *cap ? (uint64_t)*cap * 2 : 16;
-    while (ncap < need)
-        ncap *= 2;
-    if (ncap > UINT32_MAX)
-        ncap = UINT32_MAX;
-    void *p = realloc(*arr, (size_t)ncap * elem);
-    if (!p)
-        return kvt_fail(KVT_ENOMEM, "meta: out of memory growing a list to %u entries", need);
-    *arr = p;
-    *cap = (uint32_t)ncap;
-    return 0;
+    int rc = kvt_array_grow(arr, cap, need, elem);
+    return rc ? kvt_fail_wrap(rc, "meta") : 0;
 }
 
 int kvt_meta_check_str(kvt_str s, uint32_t min_len, const char *what)

@@ -17,6 +17,7 @@
 #include <string.h>
 #include <zmq.h>
 
+#include "base/array.h"
 #include "base/bump.h"
 #include "base/error.h"
 #include "base/log.h"
@@ -97,14 +98,9 @@ static int recv_frames(void *sock, frames *fr)
 {
     frames_close(fr);
     for (;;) {
-        if (fr->n == fr->cap) {
-            uint32_t cap = fr->cap ? fr->cap * 2 : 8;
-            zmq_msg_t *p = realloc(fr->f, cap * sizeof(*p));
-            if (!p)
-                return kvt_fail(KVT_ENOMEM, "link: out of memory");
-            fr->f = p;
-            fr->cap = cap;
-        }
+        int rc = kvt_array_grow((void **)&fr->f, &fr->cap, fr->n + 1, sizeof(*fr->f));
+        if (rc)
+            return kvt_fail_wrap(rc, "link");
         zmq_msg_t *m = &fr->f[fr->n];
         zmq_msg_init(m);
         if (zmq_msg_recv(m, sock, 0) < 0) {
@@ -368,16 +364,10 @@ static int collect_one(kvt_link_sched *s, uint32_t *got)
 
 static int add_invalid(kvt_link_sched *s, const kvt_link_status *st)
 {
-    if (s->n_invalid + (uint64_t)st->n_invalid > s->cap_invalid) {
-        uint64_t cap = s->cap_invalid ? s->cap_invalid : 64;
-        while (cap < s->n_invalid + (uint64_t)st->n_invalid)
-            cap *= 2;
-        uint32_t *p = realloc(s->invalid, cap * sizeof(*p));
-        if (!p)
-            return kvt_fail(KVT_ENOMEM, "link: out of memory");
-        s->invalid = p;
-        s->cap_invalid = (uint32_t)cap;
-    }
+    int rc = kvt_array_grow((void **)&s->invalid, &s->cap_invalid,
+                            s->n_invalid + (uint64_t)st->n_invalid, sizeof(uint32_t));
+    if (rc)
+        return kvt_fail_wrap(rc, "link");
     for (uint32_t i = 0; i < st->n_invalid; i++) {
         const uint8_t *b = st->invalid + 4 * i;
         s->invalid[s->n_invalid++] =
@@ -400,14 +390,9 @@ static int count_finished(kvt_link_sched *s, const char *id, uint32_t len)
         if (s->pend[i].len == len && memcmp(s->pend[i].id, id, len) == 0)
             break;
     if (i == s->n_pend) {
-        if (s->n_pend == s->cap_pend) {
-            uint32_t cap = s->cap_pend ? s->cap_pend * 2 : 16;
-            pend_req *p = realloc(s->pend, cap * sizeof(*p));
-            if (!p)
-                return kvt_fail(KVT_ENOMEM, "link: out of memory");
-            s->pend = p;
-            s->cap_pend = cap;
-        }
+        int rc = kvt_array_grow((void **)&s->pend, &s->cap_pend, s->n_pend + 1, sizeof(*s->pend));
+        if (rc)
+            return kvt_fail_wrap(rc, "link");
         char *copy = malloc(len + 1);
         if (!copy)
             return kvt_fail(KVT_ENOMEM, "link: out of memory");
@@ -417,14 +402,9 @@ static int count_finished(kvt_link_sched *s, const char *id, uint32_t len)
     }
     if (++s->pend[i].count < s->world)
         return 0;
-    if (s->n_fin == s->cap_fin) {
-        uint32_t cap = s->cap_fin ? s->cap_fin * 2 : 16;
-        kvt_str *p = realloc(s->fin, cap * sizeof(*p));
-        if (!p)
-            return kvt_fail(KVT_ENOMEM, "link: out of memory");
-        s->fin = p;
-        s->cap_fin = cap;
-    }
+    int rc = kvt_array_grow((void **)&s->fin, &s->cap_fin, s->n_fin + 1, sizeof(*s->fin));
+    if (rc)
+        return kvt_fail_wrap(rc, "link");
     char *str = kvt_bump_strdup(&s->strings, id, len);
     if (!str)
         return kvt_fail(KVT_ENOMEM, "link: out of memory");

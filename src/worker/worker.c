@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/array.h"
 #include "base/error.h"
 #include "base/log.h"
 #include "copy/copy_internal.h"
@@ -102,20 +103,12 @@ void kvt_worker_destroy(kvt_worker *w)
 
 static int grow(void **p, uint32_t *cap, uint64_t need, size_t elem, bool zero)
 {
-    if (need <= *cap)
-        return 0;
-    if (need > UINT32_MAX / 2)
-        return kvt_fail(KVT_ELIMIT, "worker: list too long");
-    uint32_t n = *cap ? *cap : 16;
-    while (n < need)
-        n *= 2;
-    void *q = realloc(*p, (size_t)n * elem);
-    if (!q)
-        return kvt_fail(KVT_ENOMEM, "worker: out of memory");
-    if (zero)
-        memset((char *)q + (size_t)*cap * elem, 0, (size_t)(n - *cap) * elem);
-    *p = q;
-    *cap = n;
+    uint32_t old = *cap;
+    int rc = kvt_array_grow(p, cap, need, elem);
+    if (rc)
+        return kvt_fail_wrap(rc, "worker");
+    if (zero && *cap > old)
+        memset((char *)*p + (size_t)old * elem, 0, (size_t)(*cap - old) * elem);
     return 0;
 }
 
