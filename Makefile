@@ -40,6 +40,7 @@ demo: build
 bench: build
 	$(BUILD)/bin/kvtier bench pool --json
 	$(BUILD)/bin/kvtier bench sched --json
+	$(BUILD)/bin/kvtier bench copy --json
 
 install: build
 	cmake --install $(BUILD) --prefix $(PREFIX)
