@@ -1,0 +1,332 @@
+/*
+ * The disk tier: the rank's private file (stale file replaced, 0600, a symlink never
+ * followed, unlinked at shutdown), slot sizing, bytes stored and loaded back verified in
+ * direct and page-cache modes, ids checked first, and failures: an I/O error or a short
+ * transfer fails that block only (a store event listed as failed, a load's block listed as
+ * invalid, the rest of the event intact), a fatal error is sticky and names the file.
+ */
+#include <errno.h>
+#include <sys/stat.h>
+
+#include "kvt_test.h"
+
+#include "disk/disk_internal.h"
+
+#define DEV 40
+static const uint64_t BPB[3] = {8192, 3000, 64}; /* 11,256 bytes: padded to 12,288 */
+
+static char g_dir[256];
+
+typedef struct drig {
+    unsigned char *mem[3];
+    kvt_layout *layout;
+    kvt_disk *disk;
+    char base[300];
+} drig;
+
+static int make_dir(void **state)
+{
+    (void)state;
+    snprintf(g_dir, sizeof(g_dir), "kvt-disk-XXXXXX"); /* in the build tree, not tmpfs */
+    assert_non_null(mkdtemp(g_dir));
+    return 0;
+}
+
+static int remove_dir(void **state)
+{
+    (void)state;
+    rmdir(g_dir);
+    return 0;
+}
+
+static unsigned char pat(uint64_t tag, int r, uint64_t o)
+{
+    uint64_t x = (tag + 7) * 0x9E3779B97F4A7C15ull ^ (uint64_t)r << 52 ^ o * 0x2545F4914F6CDD1Dull;
+    return (unsigned char)(x >> 37);
+}
+
+static void fill(drig *g, uint32_t b, uint64_t tag)
+{
+    for (int r = 0; r < 3; r++)
+        for (uint64_t o = 0; o < BPB[r]; o++)
+            g->mem[r][b * BPB[r] + o] = pat(tag, r, o);
+}
+
+static void expect(drig *g, uint32_t b, uint64_t tag)
+{
+    for (int r = 0; r < 3; r++)
+        for (uint64_t o = 0; o < BPB[r]; o++)
+            if (g->mem[r][b * BPB[r] + o] != pat(tag, r, o))
+                fail_msg("block %u region %d byte %llu", b, r, (unsigned long long)o);
+}
+
+/* Returns false (and skips) when the file system refuses O_DIRECT. */
+static bool rig_open(drig *g, bool page_cache, uint32_t qd, uint64_t slots)
+{
+    memset(g, 0, sizeof(*g));
+    KVT_OK_(kvt_layout_create(KVT_HOST_DEVICE, DEV, &g->layout));
+    for (int r = 0; r < 3; r++) {
+        g->mem[r] = calloc(DEV, BPB[r]);
+        KVT_OK_(kvt_layout_add_region(g->layout, (uint64_t)(uintptr_t)g->mem[r], BPB[r]));
+    }
+    snprintf(g->base, sizeof(g->base), "%s/kv", g_dir);
+    kvt_disk_config dc;
+    kvt_disk_config_init(&dc);
+    dc.path = g->base;
+    dc.rank = 3;
+    dc.page_cache = page_cache;
+    dc.queue_depth = qd;
+    dc.capacity_bytes = slots * (page_cache ? 11256 : 12288) + 100;
+    int rc = kvt_disk_create(&dc, g->layout, &g->disk);
+    if (rc == KVT_ESYS && strstr(kvt_last_error(), "O_DIRECT")) {
+        printf("# %s\n", kvt_last_error());
+        return false;
+    }
+    KVT_OK_(rc);
+    return true;
+}
+
+static void rig_close(drig *g)
+{
+    kvt_disk_destroy(g->disk);
+    kvt_layout_destroy(g->layout);
+    for (int r = 0; r < 3; r++)
+        free(g->mem[r]);
+}
+
+static int64_t wait_event(kvt_disk *d, int dir, int64_t ev)
+{
+    int64_t hwm = -1;
+    for (int i = 0; i < 200000 && hwm < ev; i++) {
+        KVT_OK_(kvt_disk_poll(d, dir, &hwm));
+        if (hwm < ev)
+            usleep(50);
+    }
+    assert_true(hwm >= ev);
+    return hwm;
+}
+
+static void test_file_private_and_sized(void **state)
+{
+    (void)state;
+    char stale[320], target[320];
+    snprintf(stale, sizeof(stale), "%s/kv.rank3", g_dir);
+    snprintf(target, sizeof(target), "%s/victim", g_dir);
+    FILE *f = fopen(target, "w");
+    fputs("do not touch", f);
+    fclose(f);
+    assert_int_equal(symlink("victim", stale), 0); /* a planted link at the rank's path */
+    drig g;
+    if (!rig_open(&g, false, 4, 10) && !rig_open(&g, true, 4, 10))
+        fail();
+    struct stat st;
+    assert_int_equal(lstat(kvt_disk_path(g.disk), &st), 0);
+    assert_true(S_ISREG(st.st_mode));
+    assert_int_equal(st.st_mode & 0777, 0600);
+    assert_int_equal(kvt_disk_num_slots(g.disk), 10);
+    assert_int_equal((uint64_t)st.st_size, 10 * kvt_disk_slot_bytes(g.disk));
+    assert_int_equal(stat(target, &st), 0);
+    assert_int_equal(st.st_size, 12); /* the link's target was never written */
+    char path[320];
+    snprintf(path, sizeof(path), "%s", kvt_disk_path(g.disk));
+    rig_close(&g);
+    assert_int_equal(access(path, F_OK), -1); /* unlinked at shutdown */
+    unlink(target);
+}
+
+static void test_config_errors(void **state)
+{
+    (void)state;
+    kvt_layout *l;
+    KVT_OK_(kvt_layout_create(KVT_HOST_DEVICE, 4, &l));
+    KVT_OK_(kvt_layout_add_region(l, 4096, 5000));
+    kvt_disk_config dc;
+    kvt_disk_config_init(&dc);
+    kvt_disk *d;
+    KVT_ERR_(kvt_disk_create(&dc, l, &d), KVT_EINVAL); /* no path */
+    char base[300];
+    snprintf(base, sizeof(base), "%s/cfg", g_dir);
+    dc.path = base;
+    dc.capacity_bytes = 8191; /* one slot is 8192 */
+    KVT_ERR_(kvt_disk_create(&dc, l, &d), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "smaller than one disk slot"));
+    dc.capacity_bytes = 1 << 20;
+    dc.alignment = 3000;
+    KVT_ERR_(kvt_disk_create(&dc, l, &d), KVT_EINVAL);
+    dc.alignment = 4096;
+    dc.queue_depth = 0;
+    KVT_ERR_(kvt_disk_create(&dc, l, &d), KVT_EINVAL);
+    kvt_layout_destroy(l);
+    KVT_OK_(kvt_layout_create(0, 4, &l));
+    KVT_OK_(kvt_layout_add_region(l, 4096, 5000));
+    kvt_disk_config_init(&dc);
+    dc.path = base;
+    dc.capacity_bytes = 1 << 20;
+    KVT_ERR_(kvt_disk_create(&dc, l, &d), KVT_EUNSUPPORTED);
+    kvt_layout_destroy(l);
+    snprintf(base, sizeof(base), "%s/no/such/dir/kv", g_dir);
+    KVT_OK_(kvt_layout_create(KVT_HOST_DEVICE, 4, &l));
+    KVT_OK_(kvt_layout_add_region(l, 4096, 5000));
+    dc.path = base;
+    KVT_ERR_(kvt_disk_create(&dc, l, &d), KVT_ESYS);
+    assert_non_null(strstr(kvt_last_error(), "no/such/dir"));
+    kvt_layout_destroy(l);
+}
+
+static void roundtrip(bool page_cache, uint32_t qd)
+{
+    drig g;
+    if (!rig_open(&g, page_cache, qd, 64))
+        return;
+    uint64_t seed = kvt_test_seed();
+    uint64_t slot_tag[64] = {0};
+    int64_t sev = 0, lev = 0;
+    for (int round = 0; round < 12; round++) {
+        uint32_t n = 1 + kvt_test_below(&seed, 20), src[20], dst[20];
+        for (uint32_t i = 0; i < n; i++) {
+            src[i] = (uint32_t)(i * 2 + round) % DEV;
+            dst[i] = (uint32_t)(i * 3 + round * 5) % 64;
+            uint64_t tag = (uint64_t)round * 1000 + i;
+            fill(&g, src[i], tag);
+            slot_tag[dst[i]] = tag;
+        }
+        /* one event per block set: destinations distinct within it */
+        KVT_OK_(kvt_disk_submit(g.disk, KVT_COPY_STORE, sev, src, dst, n));
+        wait_event(g.disk, KVT_COPY_STORE, sev++);
+        uint32_t back[20];
+        for (uint32_t i = 0; i < n; i++)
+            back[i] = (src[i] + 20) % DEV;
+        KVT_OK_(kvt_disk_submit(g.disk, KVT_COPY_LOAD, lev, dst, back, n));
+        KVT_OK_(kvt_disk_flush(g.disk));
+        wait_event(g.disk, KVT_COPY_LOAD, lev++);
+        for (uint32_t i = 0; i < n; i++)
+            expect(&g, back[i], slot_tag[dst[i]]);
+    }
+    int64_t failed[4];
+    uint32_t inv[4];
+    assert_int_equal(kvt_disk_take_failed(g.disk, failed, 4), 0);
+    assert_int_equal(kvt_disk_take_invalid_blocks(g.disk, inv, 4), 0);
+    rig_close(&g);
+}
+
+static void test_roundtrip_direct(void **state)
+{
+    (void)state;
+    roundtrip(false, 1);
+    roundtrip(false, 8);
+}
+
+static void test_roundtrip_page_cache(void **state)
+{
+    (void)state;
+    roundtrip(true, 4);
+}
+
+static void test_ids_checked(void **state)
+{
+    (void)state;
+    drig g;
+    if (!rig_open(&g, false, 4, 8) && !rig_open(&g, true, 4, 8))
+        fail();
+    uint32_t a[2] = {1, DEV}, b[2] = {1, 2}, s[2] = {1, 8};
+    KVT_ERR_(kvt_disk_submit(g.disk, KVT_COPY_STORE, 0, a, b, 2), KVT_ERANGE);
+    KVT_ERR_(kvt_disk_submit(g.disk, KVT_COPY_STORE, 0, b, s, 2), KVT_ERANGE);
+    KVT_ERR_(kvt_disk_submit(g.disk, KVT_COPY_LOAD, 0, s, b, 2), KVT_ERANGE);
+    KVT_ERR_(kvt_disk_submit(g.disk, KVT_COPY_LOAD, 0, b, b, 0), KVT_EINVAL);
+    KVT_OK_(kvt_disk_submit(g.disk, KVT_COPY_STORE, 4, b, b, 2));
+    KVT_ERR_(kvt_disk_submit(g.disk, KVT_COPY_STORE, 4, b, b, 2), KVT_EINVAL);
+    KVT_OK_(kvt_disk_flush(g.disk));
+    assert_int_equal(kvt_disk_outstanding(g.disk, KVT_COPY_STORE), 1);
+    wait_event(g.disk, KVT_COPY_STORE, 4);
+    assert_int_equal(kvt_disk_outstanding(g.disk, KVT_COPY_STORE), 0);
+    rig_close(&g);
+}
+
+/* Fails the I/O of chosen slots: EIO for slot 5, a short transfer for slot 6. */
+static int faulty(void *ctx, int dir, uint32_t slot, int res)
+{
+    (void)ctx;
+    (void)dir;
+    if (slot == 5)
+        return -EIO;
+    if (slot == 6)
+        return res > 512 ? res - 512 : 0;
+    return res;
+}
+
+static void test_io_errors_fail_one_block(void **state)
+{
+    (void)state;
+    drig g;
+    if (!rig_open(&g, false, 2, 16) && !rig_open(&g, true, 2, 16))
+        fail();
+    /* healthy store of slots 5 and 6 first (to load from later) */
+    uint32_t src[4] = {1, 2, 3, 4}, dst[4] = {4, 5, 6, 7};
+    for (uint32_t i = 0; i < 4; i++)
+        fill(&g, src[i], 100 + i);
+    KVT_OK_(kvt_disk_submit(g.disk, KVT_COPY_STORE, 0, src, dst, 4));
+    wait_event(g.disk, KVT_COPY_STORE, 0);
+    kvt_disk_set_fault(g.disk, faulty, NULL);
+    /* a store touching slot 5: the event completes and is listed as failed */
+    uint32_t s2[2] = {8, 9}, d2[2] = {5, 9};
+    KVT_OK_(kvt_disk_submit(g.disk, KVT_COPY_STORE, 1, s2, d2, 2));
+    uint32_t s3[1] = {10}, d3[1] = {10};
+    KVT_OK_(kvt_disk_submit(g.disk, KVT_COPY_STORE, 2, s3, d3, 1));
+    wait_event(g.disk, KVT_COPY_STORE, 2);
+    int64_t failed[4];
+    assert_int_equal(kvt_disk_take_failed(g.disk, failed, 4), 1);
+    assert_int_equal(failed[0], 1);
+    assert_int_equal(kvt_disk_take_failed(g.disk, failed, 4), 0);
+    /* a load of slots 4..7 into device 20..23: 5 (EIO) and 6 (short) invalid, 4 and 7 fine */
+    uint32_t ls[4] = {4, 5, 6, 7}, ld[4] = {20, 21, 22, 23};
+    KVT_OK_(kvt_disk_submit(g.disk, KVT_COPY_LOAD, 0, ls, ld, 4));
+    wait_event(g.disk, KVT_COPY_LOAD, 0);
+    uint32_t inv[8];
+    uint32_t n = kvt_disk_take_invalid_blocks(g.disk, inv, 8);
+    assert_int_equal(n, 2);
+    assert_true((inv[0] == 21 && inv[1] == 22) || (inv[0] == 22 && inv[1] == 21));
+    expect(&g, 20, 100);
+    expect(&g, 23, 103);
+    assert_int_equal(kvt_disk_take_failed(g.disk, failed, 4), 0); /* loads are not "failed" */
+    rig_close(&g);
+}
+
+static int fatal_fault(void *ctx, int dir, uint32_t slot, int res)
+{
+    (void)ctx;
+    (void)dir;
+    return slot == 3 ? KVT_DISK_FAULT_FATAL : res;
+}
+
+static void test_fatal_is_sticky(void **state)
+{
+    (void)state;
+    drig g;
+    if (!rig_open(&g, false, 2, 8) && !rig_open(&g, true, 2, 8))
+        fail();
+    kvt_disk_set_fault(g.disk, fatal_fault, NULL);
+    uint32_t s[2] = {1, 2}, d[2] = {2, 3};
+    KVT_OK_(kvt_disk_submit(g.disk, KVT_COPY_STORE, 0, s, d, 2));
+    KVT_ERR_(kvt_disk_flush(g.disk), KVT_EIO);
+    assert_non_null(strstr(kvt_last_error(), "kv.rank3"));
+    assert_non_null(strstr(kvt_last_error(), "fatal"));
+    int64_t hwm;
+    KVT_ERR_(kvt_disk_poll(g.disk, KVT_COPY_STORE, &hwm), KVT_EIO);
+    KVT_ERR_(kvt_disk_poll(g.disk, KVT_COPY_LOAD, &hwm), KVT_EIO);
+    KVT_ERR_(kvt_disk_submit(g.disk, KVT_COPY_LOAD, 0, d, s, 2), KVT_EIO);
+    rig_close(&g);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_file_private_and_sized),
+        cmocka_unit_test(test_config_errors),
+        cmocka_unit_test(test_roundtrip_direct),
+        cmocka_unit_test(test_roundtrip_page_cache),
+        cmocka_unit_test(test_ids_checked),
+        cmocka_unit_test(test_io_errors_fail_one_block),
+        cmocka_unit_test(test_fatal_is_sticky),
+    };
+    return cmocka_run_group_tests(tests, make_dir, remove_dir);
+}
