@@ -41,6 +41,7 @@ bench: build
 	$(BUILD)/bin/kvtier bench pool --json
 	$(BUILD)/bin/kvtier bench sched --json
 	$(BUILD)/bin/kvtier bench copy --json
+	$(BUILD)/bin/kvtier bench disk --json --dir $(BUILD)
 
 install: build
 	cmake --install $(BUILD) --prefix $(PREFIX)

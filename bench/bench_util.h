@@ -19,6 +19,7 @@ typedef struct kvt_bench_opts {
     const char *backend; /* copy: "cpu" (default) or "cuda" */
     double gib;          /* copy: GiB per direction (0 = the benchmark's default) */
     uint32_t threads;    /* copy: CPU copy threads (0 = the number of cores) */
+    const char *dir;     /* disk: directory for the files (default: the current one) */
 } kvt_bench_opts;
 
 typedef struct kvt_bench {
@@ -30,6 +31,7 @@ typedef struct kvt_bench {
 extern const kvt_bench kvt_bench_pool;
 extern const kvt_bench kvt_bench_sched;
 extern const kvt_bench kvt_bench_copy;
+extern const kvt_bench kvt_bench_disk;
 
 double kvt_now_s(void);
 

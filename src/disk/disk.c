@@ -2,12 +2,15 @@
  * The disk tier (see kvtier/disk.h for the contract).
  *
  * Each direction is a pipeline: a thread, an io_uring, queue_depth staging buffers and a ring
- * of jobs (events). The thread runs its jobs in order. For every block of a job it takes a
- * free staging buffer (reaping a completion if none is free), then either gathers the block's
- * regions into it and queues a write of the slot (store), or queues a read of the slot
- * (load), whose completion scatters the buffer into the block's regions. Copies and disk I/O
- * of different blocks overlap; a job finishes when all its I/O completed and every buffer is
- * free again, so nothing still in flight can touch a buffer the next job reuses.
+ * of jobs (events). When every region's base and block size are multiples of the alignment
+ * (always with page_cache), the I/O is vectored straight from and into the blocks, one iovec
+ * per region plus one for the slot's padding, and the staging buffers stay unused. The thread runs
+ * its jobs in order. For every block of a job it takes a free staging buffer (reaping a completion
+ * if none is free), then either gathers the block's regions into it and queues a write of the slot
+ * (store), or queues a read of the slot (load), whose completion scatters the buffer into the
+ * block's regions. Copies and disk I/O of different blocks overlap; a job finishes when all its I/O
+ * completed and every buffer is free again, so nothing still in flight can touch a buffer the next
+ * job reuses.
  *
  * Locking: one mutex guards the job rings' positions and states, the failure lists and the
  * fatal error. A job's arrays belong to the submitting thread until the job is queued and to
@@ -21,7 +24,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <limits.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -46,7 +51,10 @@ typedef struct disk_pipe {
     int dir;
     pthread_t th;
     bool started, exited;
-    bool leak; /* I/O may still be in flight after a fatal error: never free its buffers */
+    bool leak;         /* I/O may still be in flight after a fatal error: never free its buffers */
+    bool zero_copy;    /* vectored I/O straight from/to the blocks (everything aligned) */
+    struct iovec *iov; /* zero copy: (n_regions + 1) per staging index */
+    unsigned char *pad_raw, *pad; /* zero copy: the slot's padding (zeros / a read sink) */
     struct io_uring ring;
     bool ring_ok, fixed_file, fixed_bufs;
     unsigned char *staging_raw, *staging;
@@ -162,7 +170,7 @@ static bool reap_one(disk_pipe *p, disk_job *j)
         return false;
     }
     if (res == (int)d->slot_bytes) {
-        if (p->dir == KVT_COPY_LOAD)
+        if (p->dir == KVT_COPY_LOAD && !p->zero_copy)
             scatter(d->layout, j->dst[i], buf_at(p, k));
         return true;
     }
@@ -194,7 +202,21 @@ static bool queue_io(disk_pipe *p, disk_job *j, uint32_t i, uint32_t k)
     int fd = p->fixed_file ? 0 : d->fd;
     unsigned char *b = buf_at(p, k);
     unsigned len = (unsigned)d->slot_bytes;
-    if (store && p->fixed_bufs)
+    if (p->zero_copy) {
+        const kvt_layout *l = d->layout;
+        uint32_t block = store ? j->src[i] : j->dst[i], cnt = l->n_regions;
+        struct iovec *iov = p->iov + (size_t)k * (l->n_regions + 1);
+        for (uint32_t r = 0; r < l->n_regions; r++)
+            iov[r] = (struct iovec){
+                (void *)(uintptr_t)(l->regions[r].base + block * l->regions[r].block_bytes),
+                l->regions[r].block_bytes};
+        if (d->slot_bytes > d->block_bytes)
+            iov[cnt++] = (struct iovec){p->pad, d->slot_bytes - d->block_bytes};
+        if (store)
+            io_uring_prep_writev(sqe, fd, iov, cnt, off);
+        else
+            io_uring_prep_readv(sqe, fd, iov, cnt, off);
+    } else if (store && p->fixed_bufs)
         io_uring_prep_write_fixed(sqe, fd, b, len, off, (int)k);
     else if (store)
         io_uring_prep_write(sqe, fd, b, len, off);
@@ -229,7 +251,7 @@ static bool run_job(disk_pipe *p, disk_job *j)
         if (!ok)
             break;
         uint32_t k = p->free_bufs[--p->n_free];
-        if (p->dir == KVT_COPY_STORE)
+        if (p->dir == KVT_COPY_STORE && !p->zero_copy)
             gather(d->layout, j->src[i], buf_at(p, k));
         ok = queue_io(p, j, i, k);
         if (!ok)
@@ -306,6 +328,18 @@ static int pipe_init(kvt_disk *d, int dir)
         (unsigned char *)(((uintptr_t)p->staging_raw + align - 1) & ~(uintptr_t)(align - 1));
     for (uint32_t k = 0; k < qd; k++)
         p->free_bufs[p->n_free++] = qd - 1 - k;
+    /* Zero copy when every region's blocks can be the target of direct I/O as they are. */
+    const kvt_layout *l = d->layout;
+    p->zero_copy = l->n_regions < IOV_MAX;
+    for (uint32_t r = 0; r < l->n_regions && p->zero_copy && !d->cfg.page_cache; r++)
+        p->zero_copy = l->regions[r].base % align == 0 && l->regions[r].block_bytes % align == 0;
+    if (p->zero_copy) {
+        p->iov = calloc((size_t)qd * (l->n_regions + 1), sizeof(*p->iov));
+        p->pad_raw = calloc(1, d->slot_bytes - d->block_bytes + 2 * align);
+        if (!p->iov || !p->pad_raw)
+            return kvt_fail(KVT_ENOMEM, "disk: out of memory");
+        p->pad = (unsigned char *)(((uintptr_t)p->pad_raw + align - 1) & ~(uintptr_t)(align - 1));
+    }
     int rc = io_uring_queue_init(qd, &p->ring, 0);
     if (rc < 0)
         return kvt_fail_errno(-rc, "disk: io_uring_queue_init(%u)", qd);
@@ -359,6 +393,8 @@ static void pipe_free(kvt_disk *d, disk_pipe *p)
     free(p->jobs);
     free(p->free_bufs);
     free(p->staging_raw);
+    free(p->iov);
+    free(p->pad_raw);
 }
 
 void kvt_disk_destroy(kvt_disk *d)

@@ -10,7 +10,8 @@
 #include "demo.h"
 #include "kvtier/kvtier.h"
 
-static const kvt_bench *const benches[] = {&kvt_bench_pool, &kvt_bench_sched, &kvt_bench_copy};
+static const kvt_bench *const benches[] = {&kvt_bench_pool, &kvt_bench_sched, &kvt_bench_copy,
+                                           &kvt_bench_disk};
 
 static void usage(FILE *f)
 {
@@ -25,8 +26,9 @@ static void usage(FILE *f)
             "      --seed N        workload seed (default 1)\n"
             "      --blocks N      pool size where the benchmark has one\n"
             "      --backend B     copy: cpu (default) or cuda\n"
-            "      --gib G         copy: GiB moved per direction (default 1)\n"
+            "      --gib G         copy, disk: GiB moved per direction (default 1)\n"
             "      --threads N     copy: CPU copy threads (default: the number of cores)\n"
+            "      --dir D         disk: directory of the test files (default: .)\n"
             "  kvtier bench --list                list the benchmarks\n"
             "  kvtier --help | --version\n"
             "\n"
@@ -88,6 +90,8 @@ static int cmd_bench(int argc, char **argv)
                 fprintf(stderr, "kvtier bench: --gib wants a number in (0, 1024]\n");
                 return 2;
             }
+        } else if (strcmp(a, "--dir") == 0 && i + 1 < argc) {
+            o.dir = argv[++i];
         } else if (strcmp(a, "--threads") == 0 && i + 1 < argc) {
             if (parse_u64(argv[++i], &v) || v < 1 || v > 256) {
                 fprintf(stderr, "kvtier bench: --threads wants an integer in 1..256\n");
