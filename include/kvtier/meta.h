@@ -35,7 +35,7 @@ extern "C" {
 #endif
 
 #define KVT_NO_EVENT        (-1) /* INVALID_JOB_ID: no event this step */
-#define KVT_META_VERSION    1u   /* wire version this build writes and reads */
+#define KVT_META_VERSION    2u   /* wire version this build writes and reads (2: failed stores) */
 #define KVT_META_HEADER_LEN 12u
 #define KVT_META_MAX_BLOCKS (1u << 24) /* block ids per list */
 #define KVT_META_MAX_ITEMS  (1u << 20) /* events, ids, specs or set members per list */
@@ -112,13 +112,19 @@ KVT_API int kvt_offload_meta_decode(kvt_offload_meta *m, const void *buf, size_t
 /* ---- KV offload: worker -> scheduler ---------------------------------------------------- */
 
 /* completed_store_events: {event: count}, events ascending and unique. A worker reports
- * {event: 1} once per finished store event; aggregation sums counts per event. */
+ * {event: 1} once per finished store event; aggregation sums counts per event.
+ * failed_store_events: finished store events of which some block could not be written (a
+ * disk I/O error): each is also in completed_store_events (the transfer is over and its
+ * references can go), but its blocks must never become findable. Ascending, unique;
+ * aggregation unites them. */
 typedef struct kvt_offload_worker_meta {
     uint32_t n_completed;
     int64_t *events;
     uint32_t *counts;
+    uint32_t n_failed;
+    int64_t *failed;
     /* private */
-    uint32_t cap;
+    uint32_t cap, cap_failed;
 } kvt_offload_worker_meta;
 
 KVT_API void kvt_offload_worker_meta_init(kvt_offload_worker_meta *m);
@@ -126,7 +132,12 @@ KVT_API void kvt_offload_worker_meta_clear(kvt_offload_worker_meta *m);
 KVT_API void kvt_offload_worker_meta_release(kvt_offload_worker_meta *m);
 /* Adds count to event's entry (creating it). event >= 0, count >= 1. */
 KVT_API int kvt_offload_worker_meta_add(kvt_offload_worker_meta *m, int64_t event, uint32_t count);
-/* dst += src, summing counts per event (vLLM aggregate). On failure dst is unchanged. */
+/* Marks event (already added as completed) as failed. */
+KVT_API int kvt_offload_worker_meta_add_failed(kvt_offload_worker_meta *m, int64_t event);
+/* True if event is in the failed set. */
+KVT_API bool kvt_offload_worker_meta_failed(const kvt_offload_worker_meta *m, int64_t event);
+/* dst += src, summing counts per event (vLLM aggregate) and uniting the failed sets. On
+ * failure dst is unchanged. */
 KVT_API int kvt_offload_worker_meta_aggregate(kvt_offload_worker_meta *dst,
                                               const kvt_offload_worker_meta *src);
 KVT_API int kvt_offload_worker_meta_validate(const kvt_offload_worker_meta *m);

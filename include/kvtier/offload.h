@@ -135,9 +135,11 @@ KVT_API int kvt_offload_build_meta(kvt_offload *m, bool preempted, kvt_offload_m
 /* update_connector_output: finished_loads (request ids all workers reported, may be NULL when
  * n is 0) and the workers' aggregated store reports (may be NULL). Store counts add up across
  * steps; an event completes when world_size reports arrived, and only then do its blocks
- * become findable. Reports for events already completed or abandoned are ignored (counted);
- * an unknown request, a request without a load in flight, or an event never issued fails the
- * whole call before anything is applied. */
+ * become findable — unless any worker listed it in failed_store_events, in which case its
+ * references are released and its blocks are never findable (counted in stores_failed). Reports for
+ * events already completed or abandoned are ignored (counted); an unknown request, a request
+ * without a load in flight, or an event never issued fails the whole call before anything is
+ * applied. */
 KVT_API int kvt_offload_apply_output(kvt_offload *m, const kvt_str *finished_loads, uint32_t n,
                                      const kvt_offload_worker_meta *stores);
 
@@ -182,6 +184,7 @@ typedef struct kvt_offload_stats {
     uint64_t store_blocks;            /* blocks in them */
     uint64_t stores_completed;        /* blocks made findable */
     uint64_t stores_abandoned;        /* blocks whose store completed after a reset (not cached) */
+    uint64_t stores_failed;           /* blocks of store events a worker reported failed */
     uint64_t store_skipped_cached;    /* already in the host tier */
     uint64_t store_skipped_in_flight; /* already being stored */
     uint64_t store_skipped_unhashed;  /* GPU block carries no hash (masked position) */

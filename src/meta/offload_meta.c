@@ -396,12 +396,14 @@ void kvt_offload_worker_meta_init(kvt_offload_worker_meta *m)
 void kvt_offload_worker_meta_clear(kvt_offload_worker_meta *m)
 {
     m->n_completed = 0;
+    m->n_failed = 0;
 }
 
 void kvt_offload_worker_meta_release(kvt_offload_worker_meta *m)
 {
     free(m->events);
     free(m->counts);
+    free(m->failed);
     kvt_offload_worker_meta_init(m);
 }
 
@@ -459,11 +461,66 @@ int kvt_offload_worker_meta_add(kvt_offload_worker_meta *m, int64_t event, uint3
     return 0;
 }
 
+static uint32_t failed_lower_bound(const kvt_offload_worker_meta *m, int64_t event)
+{
+    uint32_t lo = 0, hi = m->n_failed;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (m->failed[mid] < event)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+bool kvt_offload_worker_meta_failed(const kvt_offload_worker_meta *m, int64_t event)
+{
+    uint32_t i = failed_lower_bound(m, event);
+    return i < m->n_failed && m->failed[i] == event;
+}
+
+/* Inserts event into the failed set (no check that it is completed). */
+static int insert_failed(kvt_offload_worker_meta *m, int64_t event)
+{
+    uint32_t i = failed_lower_bound(m, event);
+    if (i < m->n_failed && m->failed[i] == event)
+        return 0;
+    if (m->n_failed >= KVT_META_MAX_ITEMS)
+        return kvt_fail(KVT_ELIMIT, "meta: more than %u failed store events", KVT_META_MAX_ITEMS);
+    int rc = kvt_meta_grow((void **)&m->failed, &m->cap_failed, m->n_failed + 1, sizeof(int64_t));
+    if (rc)
+        return rc;
+    memmove(&m->failed[i + 1], &m->failed[i], (size_t)(m->n_failed - i) * sizeof(int64_t));
+    m->failed[i] = event;
+    m->n_failed++;
+    return 0;
+}
+
+int kvt_offload_worker_meta_add_failed(kvt_offload_worker_meta *m, int64_t event)
+{
+    uint32_t i = event_lower_bound(m, event);
+    if (event < 0 || i == m->n_completed || m->events[i] != event)
+        return kvt_fail(KVT_EINVAL, "meta: failed store event %lld is not a completed store event",
+                        (long long)event);
+    return insert_failed(m, event);
+}
+
 int kvt_offload_worker_meta_aggregate(kvt_offload_worker_meta *dst,
                                       const kvt_offload_worker_meta *src)
 {
     if (!dst || !src)
         return kvt_fail(KVT_EINVAL, "meta: aggregate: NULL argument");
+    /* Room for the failed union first, so the merge below cannot fail half-way. */
+    if (src->n_failed) {
+        uint64_t need = (uint64_t)dst->n_failed + src->n_failed;
+        if (need > KVT_META_MAX_ITEMS)
+            return kvt_fail(KVT_ELIMIT, "meta: aggregate: too many failed store events");
+        int rc =
+            kvt_meta_grow((void **)&dst->failed, &dst->cap_failed, (uint32_t)need, sizeof(int64_t));
+        if (rc)
+            return rc;
+    }
     /* First pass: size of the union and overflow check, so a failure changes nothing. */
     uint32_t i = 0, j = 0, u = 0;
     while (i < dst->n_completed || j < src->n_completed) {
@@ -502,6 +559,8 @@ int kvt_offload_worker_meta_aggregate(kvt_offload_worker_meta *dst,
         }
     }
     dst->n_completed = u;
+    for (uint32_t k = 0; k < src->n_failed; k++)
+        (void)insert_failed(dst, src->failed[k]); /* room reserved above */
     return 0;
 }
 
@@ -524,6 +583,21 @@ int kvt_offload_worker_meta_validate(const kvt_offload_worker_meta *m)
             return kvt_fail(KVT_EINVAL, "completed_store_events: event %lld has count 0",
                             (long long)m->events[i]);
     }
+    if (m->n_failed > m->n_completed)
+        return kvt_fail(KVT_EINVAL, "failed_store_events: more entries than completed events");
+    if (m->n_failed && !m->failed)
+        return kvt_fail(KVT_EINVAL, "failed_store_events: NULL list");
+    for (uint32_t i = 0, j = 0; i < m->n_failed; i++) {
+        if (i && m->failed[i] <= m->failed[i - 1])
+            return kvt_fail(KVT_EINVAL, "failed_store_events: event %lld not ascending",
+                            (long long)m->failed[i]);
+        while (j < m->n_completed && m->events[j] < m->failed[i])
+            j++;
+        if (j == m->n_completed || m->events[j] != m->failed[i])
+            return kvt_fail(KVT_EINVAL,
+                            "failed_store_events: event %lld is not a completed store event",
+                            (long long)m->failed[i]);
+    }
     return 0;
 }
 
@@ -535,12 +609,17 @@ bool kvt_offload_worker_meta_equal(const kvt_offload_worker_meta *a,
     for (uint32_t i = 0; i < a->n_completed; i++)
         if (a->events[i] != b->events[i] || a->counts[i] != b->counts[i])
             return false;
+    if (a->n_failed != b->n_failed)
+        return false;
+    for (uint32_t i = 0; i < a->n_failed; i++)
+        if (a->failed[i] != b->failed[i])
+            return false;
     return true;
 }
 
 size_t kvt_offload_worker_meta_encoded_size(const kvt_offload_worker_meta *m)
 {
-    return KVT_META_HEADER_LEN + 4 + 12 * (size_t)m->n_completed;
+    return KVT_META_HEADER_LEN + 4 + 12 * (size_t)m->n_completed + 4 + 8 * (size_t)m->n_failed;
 }
 
 int kvt_offload_worker_meta_encode(const kvt_offload_worker_meta *m, void *buf, size_t cap,
@@ -559,6 +638,9 @@ int kvt_offload_worker_meta_encode(const kvt_offload_worker_meta *m, void *buf, 
         wr_u64(&w, (uint64_t)m->events[i]);
         wr_u32(&w, m->counts[i]);
     }
+    wr_u32(&w, m->n_failed);
+    for (uint32_t i = 0; i < m->n_failed; i++)
+        wr_u64(&w, (uint64_t)m->failed[i]);
     return 0;
 }
 
@@ -579,6 +661,14 @@ static int decode_worker(void *obj, kvt_rd *r)
         m->counts[i] = count;
     }
     m->n_completed = n;
+    if ((rc = rd_count(r, &n, KVT_META_MAX_ITEMS, 8, "failed_store_events")))
+        return rc;
+    if (n && (rc = kvt_meta_grow((void **)&m->failed, &m->cap_failed, n, sizeof(int64_t))))
+        return rc;
+    for (uint32_t i = 0; i < n; i++)
+        if ((rc = rd_i64(r, &m->failed[i], "failed store event")))
+            return rc;
+    m->n_failed = n;
     return kvt_offload_worker_meta_validate(m);
 }
 

@@ -486,6 +486,8 @@ int kvt_offload_apply_output(kvt_offload *m, const kvt_str *finished_loads, uint
             m->st.stale_reports++;
             continue;
         }
+        if (kvt_offload_worker_meta_failed(stores, stores->events[i]))
+            e->failed = true;
         uint64_t total = (uint64_t)e->reported + stores->counts[i];
         e->reported = total > UINT32_MAX ? UINT32_MAX : (uint32_t)total;
         if (e->reported >= m->cfg.world_size)
@@ -613,6 +615,8 @@ int kvt_offload_prometheus(const kvt_offload *m, char *buf, size_t cap, size_t *
          false},
         {"stores_abandoned_total", "Blocks whose store completed after a reset.",
          s.stores_abandoned, false},
+        {"stores_failed_total", "Blocks of store events a worker could not write (not cached).",
+         s.stores_failed, false},
         {"restores_total", "Blocks re-stored after a host-tier eviction.", s.restores, false},
         {"host_evictions_total", "Cached host blocks reused for new stores.", s.host_evictions,
          false},

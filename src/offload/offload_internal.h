@@ -63,6 +63,7 @@ struct ofl_event {
     uint32_t head, tail, n;
     uint32_t reported; /* stores: worker reports so far */
     bool abandoned;
+    bool failed;         /* stores: a worker could not write some block (never made findable) */
     uint32_t prev, next; /* active list, ascending id */
 };
 

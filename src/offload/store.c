@@ -294,7 +294,8 @@ void ofl_complete_store(kvt_offload *m, struct ofl_event *e)
         uint32_t next = m->hstore_next[h], g = m->hstore_src[h];
         if (!e->abandoned) {
             const uint8_t *k = m->hkeys + (size_t)h * m->kpb * m->key_stride;
-            for (uint32_t i = 0; i < m->hkeys_n[h]; i++, k += m->key_stride) {
+            /* a failed event's bytes may be wrong: its blocks never become findable */
+            for (uint32_t i = 0; !e->failed && i < m->hkeys_n[h]; i++, k += m->key_stride) {
                 uint32_t group, ntok;
                 memcpy(&group, k + m->hash_len, sizeof(group));
                 memcpy(&ntok, k + m->hash_len + sizeof(uint32_t), sizeof(ntok));
@@ -309,6 +310,8 @@ void ofl_complete_store(kvt_offload *m, struct ofl_event *e)
     }
     if (e->abandoned)
         m->st.stores_abandoned += e->n;
+    else if (e->failed)
+        m->st.stores_failed += e->n;
     else
         m->st.stores_completed += e->n;
     m->st.bytes_stored += (uint64_t)e->n * m->cfg.block_bytes;

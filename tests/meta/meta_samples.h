@@ -76,6 +76,8 @@ static inline unsigned char *kvt_sample_encode(uint32_t kind, int variant, size_
         kvt_offload_worker_meta_init(&m);
         for (int i = 0; i < variant * 2; i++)
             kvt_offload_worker_meta_add(&m, 100 - 7 * i, 1 + (uint32_t)i);
+        if (variant == 2)
+            kvt_offload_worker_meta_add_failed(&m, 93);
         need = kvt_offload_worker_meta_encoded_size(&m);
         buf = malloc(need);
         rc = buf ? kvt_offload_worker_meta_encode(&m, buf, need, len) : -1;

@@ -275,6 +275,27 @@ static void worker_report_round_trips_and_decoder_wants_ascending_events(void **
     KVT_OK_(kvt_offload_worker_meta_encode(&a, buf, sizeof(buf), &len));
     KVT_OK_(kvt_offload_worker_meta_decode(&back, buf, len));
     assert_true(kvt_offload_worker_meta_equal(&a, &back));
+    /* failed store events travel too, and only completed events can fail */
+    KVT_ERR_(kvt_offload_worker_meta_add_failed(&a, 13), KVT_EINVAL);
+    KVT_OK_(kvt_offload_worker_meta_add_failed(&a, 12));
+    KVT_OK_(kvt_offload_worker_meta_add_failed(&a, 12));
+    assert_int_equal(a.n_failed, 1);
+    assert_false(kvt_offload_worker_meta_equal(&a, &back));
+    KVT_OK_(kvt_offload_worker_meta_encode(&a, buf, sizeof(buf), &len));
+    KVT_OK_(kvt_offload_worker_meta_decode(&back, buf, len));
+    assert_true(kvt_offload_worker_meta_equal(&a, &back));
+    assert_true(kvt_offload_worker_meta_failed(&back, 12));
+    assert_false(kvt_offload_worker_meta_failed(&back, 11));
+    /* aggregation unites the failed sets */
+    kvt_offload_worker_meta c;
+    kvt_offload_worker_meta_init(&c);
+    KVT_OK_(kvt_offload_worker_meta_add(&c, 11, 1));
+    KVT_OK_(kvt_offload_worker_meta_add_failed(&c, 11));
+    KVT_OK_(kvt_offload_worker_meta_aggregate(&back, &c));
+    assert_int_equal(back.n_failed, 2);
+    assert_int_equal(back.counts[0], 2);
+    KVT_OK_(kvt_offload_worker_meta_validate(&back));
+    kvt_offload_worker_meta_release(&c);
     wb w;
     wb_begin(&w, KVT_META_OFFLOAD_WORKER);
     wb_u32(&w, 2);
@@ -282,9 +303,20 @@ static void worker_report_round_trips_and_decoder_wants_ascending_events(void **
     wb_u32(&w, 1);
     wb_u64(&w, 11);
     wb_u32(&w, 1);
+    wb_u32(&w, 0); /* no failed events */
     wb_done(&w);
     KVT_ERR_(kvt_offload_worker_meta_decode(&back, w.b, w.n), KVT_EPROTO);
     assert_int_equal(back.n_completed, 0);
+    /* a failed event must also be a completed one */
+    wb_begin(&w, KVT_META_OFFLOAD_WORKER);
+    wb_u32(&w, 1);
+    wb_u64(&w, 11);
+    wb_u32(&w, 1);
+    wb_u32(&w, 1);
+    wb_u64(&w, 12);
+    wb_done(&w);
+    KVT_ERR_(kvt_offload_worker_meta_decode(&back, w.b, w.n), KVT_EPROTO);
+    assert_int_equal(back.n_failed, 0);
     w.n = 12;
     wb_u32(&w, 1);
     wb_u64(&w, 3);

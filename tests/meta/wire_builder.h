@@ -43,7 +43,7 @@ static inline void wb_begin(wb *w, uint32_t kind)
     w->n = 0;
     memcpy(w->b, "KVTM", 4);
     w->n = 4;
-    wb_u8(w, 1);
+    wb_u8(w, (uint8_t)KVT_META_VERSION);
     wb_u8(w, 0);
     wb_u8(w, (uint8_t)kind);
     wb_u8(w, 0);

@@ -465,6 +465,43 @@ static void store_completes_only_when_every_worker_reported(void **state)
     sim_fini(&s);
 }
 
+/* A store event one worker could not write (a disk I/O error) completes — its references
+ * go — but its blocks never become findable, even though the other ranks wrote theirs. */
+static void failed_store_is_never_findable_and_releases_its_blocks(void **state)
+{
+    (void)state;
+    sim s;
+    sim_init(&s, 64, 32, false, 2, 64);
+    sim_req a;
+    sim_req_make(&a, "a", 2 * SIM_BS + 1, 1, 2 * SIM_BS + 1, 0);
+    sim_admit_and_store(&s, &a);
+    int64_t ev = s.meta.store_event;
+    sim_finish(&s, &a);
+    sim_report_store(&s, ev, 1); /* rank 0: fine */
+    kvt_offload_worker_meta_clear(&s.wm);
+    KVT_OK_(kvt_offload_worker_meta_add(&s.wm, ev, 1)); /* rank 1: done, with a failure */
+    KVT_OK_(kvt_offload_worker_meta_add_failed(&s.wm, ev));
+    KVT_OK_(kvt_offload_apply_output(s.m, NULL, 0, &s.wm));
+    assert_false(sim_host_has(&s, &a, 0));
+    assert_false(sim_host_has(&s, &a, 1));
+    kvt_offload_stats st;
+    kvt_offload_get_stats(s.m, &st);
+    assert_int_equal(st.stores_failed, 2);
+    assert_int_equal(st.stores_completed, 0);
+    assert_int_equal(st.host_used_blocks, 0);
+    assert_int_equal(st.store_events_in_flight, 0);
+    assert_false(kvt_offload_has_pending(s.m));
+    assert_int_equal(kvt_pool_num_free(s.gpu), 63); /* GPU blocks released too */
+    /* the next request with the same prefix stores it again, successfully */
+    sim_req b;
+    sim_req_make(&b, "b", 2 * SIM_BS + 1, 1, 2 * SIM_BS + 1, 0);
+    sim_admit_and_store(&s, &b);
+    sim_report_store(&s, s.meta.store_event, 2);
+    assert_true(sim_host_has(&s, &b, 0) && sim_host_has(&s, &b, 1));
+    sim_finish(&s, &b);
+    sim_fini(&s);
+}
+
 /* #53532: secondary keys of a GPU block are registered on its host copy through the pool. */
 static void secondary_keys_make_the_host_copy_findable_at_every_granularity(void **state)
 {
@@ -797,6 +834,7 @@ int main(void)
         cmocka_unit_test(null_blocks_never_appear_in_transfers),
         cmocka_unit_test(final_flush_stores_the_last_confirmed_blocks),
         cmocka_unit_test(store_completes_only_when_every_worker_reported),
+        cmocka_unit_test(failed_store_is_never_findable_and_releases_its_blocks),
         cmocka_unit_test(secondary_keys_make_the_host_copy_findable_at_every_granularity),
         cmocka_unit_test(block_evicted_from_host_while_in_use_on_gpu_is_stored_again),
         cmocka_unit_test(lazy_mode_stores_hashed_blocks_at_the_gpu_lru_head),
