@@ -34,6 +34,7 @@
 
 #include "kvtier/base.h"
 #include "kvtier/copy.h"
+#include "kvtier/disk.h"
 #include "kvtier/meta.h"
 
 #ifdef __cplusplus
@@ -52,6 +53,14 @@ KVT_API void kvt_worker_config_init(kvt_worker_config *cfg);
  * host tier); both are borrowed and must outlive the worker. */
 KVT_API int kvt_worker_create(const kvt_worker_config *cfg, const kvt_layout *layout,
                               const kvt_mirror *mirror, kvt_worker **out);
+/* A worker whose offload tier is a disk (spec §3.8.1: disk slots are the "host" blocks of
+ * the metadata, the manager's host pool sized to kvt_disk_num_slots). The disk is borrowed
+ * (destroy the worker first). An I/O error fails one transfer: a store is reported
+ * completed *and* failed (never findable), a load's failed blocks come back through
+ * kvt_worker_take_invalid_blocks. A fatal disk error turns the tier off: from then on every
+ * transfer fails at once, without I/O, and the engine keeps serving from its GPU. */
+KVT_API int kvt_worker_create_disk(const kvt_worker_config *cfg, const kvt_layout *layout,
+                                   kvt_disk *disk, kvt_worker **out);
 /* Waits for every copy, then frees the worker. */
 KVT_API void kvt_worker_destroy(kvt_worker *w);
 
@@ -78,9 +87,11 @@ KVT_API int kvt_worker_build_meta(kvt_worker *w, kvt_offload_worker_meta *out);
 KVT_API uint32_t kvt_worker_take_invalid_blocks(kvt_worker *w, uint32_t *out, uint32_t cap);
 /* clear_connector_metadata: forgets the bound metadata. */
 KVT_API void kvt_worker_clear(kvt_worker *w);
+/* Blocks until every transfer submitted so far has finished. */
+KVT_API int kvt_worker_flush(kvt_worker *w);
 /* Load / store events submitted and not yet reported. */
 KVT_API uint32_t kvt_worker_pending(const kvt_worker *w, int dir);
-/* The worker's copy engine (backend kind, outstanding counts). */
+/* The worker's copy engine (backend kind, outstanding counts); NULL for a disk worker. */
 KVT_API kvt_copy *kvt_worker_copy(kvt_worker *w);
 
 #ifdef __cplusplus

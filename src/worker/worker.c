@@ -18,6 +18,7 @@
 #include "base/log.h"
 #include "copy/copy_internal.h"
 #include "copy/cuda_api.h"
+#include "kvtier/disk.h"
 #include "kvtier/worker.h"
 
 typedef struct pending_load {
@@ -30,7 +31,12 @@ struct kvt_worker {
     kvt_worker_config cfg;
     const kvt_layout *layout;
     const kvt_mirror *mirror;
-    kvt_copy *copy;
+    kvt_copy *copy;       /* host tier: the copy engine (owned) ... */
+    kvt_disk *disk;       /* ... or disk as the tier (borrowed) */
+    uint32_t host_blocks; /* mirror blocks or disk slots */
+    bool tier_dead;       /* the disk failed fatally: transfers fail without I/O */
+    int64_t *fev;         /* scratch: failed events taken from the engine */
+    uint32_t cap_fev;
     const kvt_offload_meta *meta;
     bool submitted;
     bool failed;
@@ -64,6 +70,7 @@ int kvt_worker_create(const kvt_worker_config *cfg, const kvt_layout *layout,
     w->cfg = *cfg;
     w->layout = layout;
     w->mirror = mirror;
+    w->host_blocks = mirror->num_blocks;
     w->last_load = w->last_store = -1;
     kvt_offload_worker_meta_init(&w->done);
     int rc = kvt_copy_create(&cfg->copy, layout, mirror, &w->copy);
@@ -84,11 +91,31 @@ int kvt_worker_create(const kvt_worker_config *cfg, const kvt_layout *layout,
     return 0;
 }
 
+int kvt_worker_create_disk(const kvt_worker_config *cfg, const kvt_layout *layout, kvt_disk *disk,
+                           kvt_worker **out)
+{
+    *out = NULL;
+    kvt_worker *w = calloc(1, sizeof(*w));
+    if (!w)
+        return kvt_fail(KVT_ENOMEM, "worker: out of memory");
+    w->cfg = *cfg;
+    w->layout = layout;
+    w->disk = disk;
+    w->host_blocks = kvt_disk_num_slots(disk);
+    w->last_load = w->last_store = -1;
+    kvt_offload_worker_meta_init(&w->done);
+    *out = w;
+    return 0;
+}
+
 void kvt_worker_destroy(kvt_worker *w)
 {
     if (!w)
         return;
     kvt_copy_destroy(w->copy);
+    if (w->disk)
+        kvt_disk_flush(w->disk);
+    free(w->fev);
     if (w->compute_done)
         kvt_cuda()->EventDestroy(w->compute_done);
     for (uint32_t i = 0; i < w->cap_loads; i++)
@@ -127,7 +154,7 @@ int kvt_worker_bind(kvt_worker *w, const kvt_offload_meta *meta)
     int rc = kvt_offload_meta_validate(meta);
     if (rc)
         return kvt_fail_wrap(rc, "worker: bind");
-    uint32_t dev = w->layout->num_blocks, host = w->mirror->num_blocks;
+    uint32_t dev = w->layout->num_blocks, host = w->host_blocks;
     if ((rc = check_ids(w, "load device", meta->load_gpu_blocks, meta->n_loads, dev)) ||
         (rc = check_ids(w, "load host", meta->load_cpu_blocks, meta->n_loads, host)) ||
         (rc = check_ids(w, "store device", meta->store_gpu_blocks, meta->n_stores, dev)) ||
@@ -157,11 +184,77 @@ void kvt_worker_clear(kvt_worker *w)
     w->meta = NULL;
 }
 
+/* The disk failed fatally: from now on every transfer fails at once, without I/O, so the
+ * engine keeps serving from its GPU tier (stores never become findable, loads recompute). */
+static void kill_tier(kvt_worker *w)
+{
+    if (!w->tier_dead)
+        KVT_LOG_E("worker %u: %s; the disk tier is off, transfers fail until restart", w->cfg.rank,
+                  kvt_last_error());
+    w->tier_dead = true;
+}
+
+int kvt_worker_flush(kvt_worker *w)
+{
+    if (w->copy)
+        return kvt_copy_flush(w->copy);
+    if (!w->tier_dead && kvt_disk_flush(w->disk) == KVT_EIO)
+        kill_tier(w);
+    return 0;
+}
+
 int kvt_worker_handle_preemptions(kvt_worker *w)
 {
     if (!w->meta || !w->meta->need_flush)
         return 0;
-    return kvt_copy_flush(w->copy);
+    return kvt_worker_flush(w);
+}
+
+static int engine_submit(kvt_worker *w, int dir, int64_t event, const uint32_t *src,
+                         const uint32_t *dst, uint32_t n, void *wait)
+{
+    if (w->copy)
+        return kvt_copy_submit(w->copy, dir, event, src, dst, n, wait);
+    if (w->tier_dead)
+        return 0;
+    int rc = kvt_disk_submit(w->disk, dir, event, src, dst, n);
+    if (rc == KVT_EIO) {
+        kill_tier(w);
+        return 0;
+    }
+    return rc;
+}
+
+/* Takes every failed event of a direction from the engine into w->fev (none is dropped: a
+ * failed store reported as fine would make wrong bytes findable). */
+static int take_failed(kvt_worker *w, int dir, uint32_t *n)
+{
+    *n = 0;
+    for (;;) {
+        int rc = grow((void **)&w->fev, &w->cap_fev, (uint64_t)*n + 64, sizeof(int64_t), false);
+        if (rc)
+            return rc;
+        uint32_t got = w->copy ? kvt_copy_take_failed(w->copy, dir, w->fev + *n, 64)
+                       : dir == KVT_COPY_STORE && !w->tier_dead
+                           ? kvt_disk_take_failed(w->disk, w->fev + *n, 64)
+                           : 0;
+        *n += got;
+        if (got < 64)
+            return 0;
+    }
+}
+
+/* High-water mark of a direction; a dead disk tier has finished everything (failed). */
+static int64_t engine_poll(kvt_worker *w, int dir)
+{
+    int64_t hwm = -1;
+    if (w->copy) {
+        kvt_copy_poll(w->copy, dir, &hwm);
+        return hwm;
+    }
+    if (!w->tier_dead && kvt_disk_poll(w->disk, dir, &hwm) == KVT_EIO)
+        kill_tier(w);
+    return w->tier_dead ? INT64_MAX : hwm;
 }
 
 /* Records the compute-done point on the engine's stream (CUDA), returning the event. */
@@ -194,8 +287,8 @@ static int submit(kvt_worker *w, void *stream)
         if (p)
             rc = grow((void **)&p->blocks, &p->cap, m->n_loads, sizeof(uint32_t), false);
         if (!rc)
-            rc = kvt_copy_submit(w->copy, KVT_COPY_LOAD, m->load_event, m->load_cpu_blocks,
-                                 m->load_gpu_blocks, m->n_loads, wait);
+            rc = engine_submit(w, KVT_COPY_LOAD, m->load_event, m->load_cpu_blocks,
+                               m->load_gpu_blocks, m->n_loads, wait);
         if (rc)
             return kvt_fail_wrap(rc, "worker: load");
         memcpy(p->blocks, m->load_gpu_blocks, m->n_loads * sizeof(uint32_t));
@@ -207,8 +300,8 @@ static int submit(kvt_worker *w, void *stream)
     if (m->store_event != KVT_NO_EVENT) {
         rc = grow((void **)&w->stores, &w->cap_stores, w->n_stores + 1, sizeof(int64_t), false);
         if (!rc)
-            rc = kvt_copy_submit(w->copy, KVT_COPY_STORE, m->store_event, m->store_gpu_blocks,
-                                 m->store_cpu_blocks, m->n_stores, wait);
+            rc = engine_submit(w, KVT_COPY_STORE, m->store_event, m->store_gpu_blocks,
+                               m->store_cpu_blocks, m->n_stores, wait);
         if (rc)
             return kvt_fail_wrap(rc, "worker: store");
         w->stores[w->n_stores++] = m->store_event;
@@ -258,14 +351,28 @@ static int poll_loads(kvt_worker *w)
     /* Without metadata finished loads cannot be translated: they wait for the next bind. */
     if (w->n_loads == 0 || !w->meta)
         return 0;
-    int64_t hwm, failed[64];
-    kvt_copy_poll(w->copy, KVT_COPY_LOAD, &hwm);
-    uint32_t n_failed = kvt_copy_take_failed(w->copy, KVT_COPY_LOAD, failed, 64);
+    int64_t hwm = engine_poll(w, KVT_COPY_LOAD);
+    uint32_t n_failed;
+    int rc0 = take_failed(w, KVT_COPY_LOAD, &n_failed);
+    if (rc0)
+        return rc0;
+    const int64_t *failed = w->fev;
+    if (w->disk) { /* the disk knows which blocks failed; a dead tier fails them all */
+        uint32_t got;
+        do {
+            uint32_t need = (uint32_t)w->n_invalid + 256;
+            int rc = grow((void **)&w->invalid, &w->cap_invalid, need, sizeof(uint32_t), false);
+            if (rc)
+                return rc;
+            got = kvt_disk_take_invalid_blocks(w->disk, w->invalid + w->n_invalid, 256);
+            w->n_invalid += got;
+        } while (got == 256);
+    }
     uint32_t k = 0;
     for (; k < w->n_loads && w->loads[k].event <= hwm; k++) {
         pending_load *p = &w->loads[k];
         int rc = add_finished_reqs(w, p->event);
-        if (!rc && event_in(failed, n_failed, p->event)) {
+        if (!rc && (w->tier_dead || event_in(failed, n_failed, p->event))) {
             rc = grow((void **)&w->invalid, &w->cap_invalid, (uint64_t)w->n_invalid + p->n,
                       sizeof(uint32_t), false);
             if (!rc) {
@@ -290,17 +397,23 @@ static int poll_stores(kvt_worker *w)
 {
     if (w->n_stores == 0)
         return 0;
-    int64_t hwm, failed[64];
-    kvt_copy_poll(w->copy, KVT_COPY_STORE, &hwm);
-    uint32_t n_failed = kvt_copy_take_failed(w->copy, KVT_COPY_STORE, failed, 64);
-    if (n_failed) {
+    int64_t hwm = engine_poll(w, KVT_COPY_STORE);
+    uint32_t n_failed;
+    int rc0 = take_failed(w, KVT_COPY_STORE, &n_failed);
+    if (rc0)
+        return rc0;
+    const int64_t *failed = w->fev;
+    if (n_failed && w->copy) { /* a DMA failure: the device is in an unknown state */
         w->failed = true;
         return kvt_fail(KVT_EIO, "worker %u: store event %lld failed; the rank must restart",
                         w->cfg.rank, (long long)failed[0]);
     }
+    /* disk I/O errors fail the event only: reported completed and failed */
     uint32_t k = 0;
     for (; k < w->n_stores && w->stores[k] <= hwm; k++) {
         int rc = kvt_offload_worker_meta_add(&w->done, w->stores[k], 1);
+        if (!rc && (w->tier_dead || event_in(failed, n_failed, w->stores[k])))
+            rc = kvt_offload_worker_meta_add_failed(&w->done, w->stores[k]);
         if (rc)
             return rc;
     }

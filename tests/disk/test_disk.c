@@ -336,6 +336,156 @@ static void test_fatal_is_sticky(void **state)
     rig_close(&g);
 }
 
+/* ---- the worker on a disk tier ------------------------------------------------------------ */
+
+/* One step: bind, launch, wait for the disk, collect the reports. */
+static uint32_t worker_step(kvt_worker *w, kvt_offload_meta *m, kvt_offload_worker_meta *wm,
+                            const kvt_str **reqs)
+{
+    uint32_t n = 0;
+    KVT_OK_(kvt_worker_bind(w, m));
+    KVT_OK_(kvt_worker_handle_preemptions(w));
+    KVT_OK_(kvt_worker_get_finished(w, NULL, reqs, &n));
+    KVT_OK_(kvt_worker_flush(w));
+    uint32_t more;
+    const kvt_str *r2;
+    KVT_OK_(kvt_worker_get_finished(w, NULL, &r2, &more));
+    if (more) {
+        n = more;
+        *reqs = r2;
+    }
+    KVT_OK_(kvt_worker_build_meta(w, wm));
+    return n;
+}
+
+static void test_worker_on_disk(void **state)
+{
+    (void)state;
+    drig g;
+    if (!rig_open_as(&g, false, 4, 32, true) && !rig_open_as(&g, true, 4, 32, true))
+        fail();
+    kvt_worker_config wc;
+    kvt_worker_config_init(&wc);
+    kvt_worker *w;
+    KVT_OK_(kvt_worker_create_disk(&wc, g.layout, g.disk, &w));
+    assert_null(kvt_worker_copy(w));
+    kvt_offload_meta m;
+    kvt_offload_meta_init(&m);
+    kvt_offload_worker_meta wm;
+    kvt_offload_worker_meta_init(&wm);
+    const kvt_str *reqs;
+    for (uint32_t b = 1; b <= 4; b++)
+        fill(&g, b, 40 + b);
+    m.store_event = 0;
+    for (uint32_t b = 1; b <= 4; b++)
+        KVT_OK_(kvt_offload_meta_add_store(&m, b, 9 + b));
+    worker_step(w, &m, &wm, &reqs);
+    kvt_worker_clear(w);
+    assert_int_equal(wm.n_completed, 1);
+    assert_int_equal(wm.n_failed, 0);
+    /* slot 32 does not exist: refused at bind */
+    kvt_offload_meta_clear(&m);
+    m.store_event = 1;
+    KVT_OK_(kvt_offload_meta_add_store(&m, 1, 32));
+    KVT_ERR_(kvt_worker_bind(w, &m), KVT_ERANGE);
+    kvt_offload_meta_clear(&m);
+    m.load_event = 0;
+    for (uint32_t b = 1; b <= 4; b++)
+        KVT_OK_(kvt_offload_meta_add_load(&m, 20 + b, 9 + b));
+    KVT_OK_(kvt_offload_meta_add_load_req(&m, 0, "r1", 2));
+    assert_int_equal(worker_step(w, &m, &wm, &reqs), 1);
+    assert_string_equal(reqs[0].ptr, "r1");
+    kvt_worker_clear(w);
+    for (uint32_t b = 1; b <= 4; b++)
+        expect(&g, 20 + b, 40 + b);
+    uint32_t inv[4];
+    assert_int_equal(kvt_worker_take_invalid_blocks(w, inv, 4), 0);
+    kvt_worker_destroy(w);
+    kvt_offload_meta_release(&m);
+    kvt_offload_worker_meta_release(&wm);
+    rig_close(&g);
+}
+
+static int fault_slot(void *ctx, int dir, uint32_t slot, int res)
+{
+    uint32_t *which = ctx;
+    (void)dir;
+    if (slot == which[0])
+        return -EIO;
+    if (slot == which[1])
+        return KVT_DISK_FAULT_FATAL;
+    return res;
+}
+
+/* I/O errors fail single transfers; a fatal error turns the tier off and everything after it
+ * fails at once, while the worker keeps answering every step. */
+static void test_worker_disk_failures(void **state)
+{
+    (void)state;
+    drig g;
+    if (!rig_open_as(&g, false, 2, 32, false) && !rig_open_as(&g, true, 2, 32, false))
+        fail();
+    uint32_t which[2] = {11, UINT32_MAX};
+    kvt_disk_set_fault(g.disk, fault_slot, which);
+    kvt_worker_config wc;
+    kvt_worker_config_init(&wc);
+    kvt_worker *w;
+    KVT_OK_(kvt_worker_create_disk(&wc, g.layout, g.disk, &w));
+    kvt_offload_meta m;
+    kvt_offload_meta_init(&m);
+    kvt_offload_worker_meta wm;
+    kvt_offload_worker_meta_init(&wm);
+    const kvt_str *reqs;
+    /* store into slots 10..12, 11 fails: completed and failed */
+    m.store_event = 0;
+    for (uint32_t b = 1; b <= 3; b++)
+        KVT_OK_(kvt_offload_meta_add_store(&m, b, 9 + b));
+    worker_step(w, &m, &wm, &reqs);
+    kvt_worker_clear(w);
+    assert_int_equal(wm.n_completed, 1);
+    assert_int_equal(wm.n_failed, 1);
+    assert_true(kvt_offload_worker_meta_failed(&wm, 0));
+    /* load from 10..12: 11 fails, its destination is invalid, the request still finishes */
+    kvt_offload_meta_clear(&m);
+    m.load_event = 0;
+    for (uint32_t b = 0; b < 3; b++)
+        KVT_OK_(kvt_offload_meta_add_load(&m, 20 + b, 10 + b));
+    KVT_OK_(kvt_offload_meta_add_load_req(&m, 0, "r", 1));
+    assert_int_equal(worker_step(w, &m, &wm, &reqs), 1);
+    kvt_worker_clear(w);
+    uint32_t inv[8];
+    assert_int_equal(kvt_worker_take_invalid_blocks(w, inv, 8), 1);
+    assert_int_equal(inv[0], 21);
+    /* a fatal error on slot 5 */
+    which[1] = 5;
+    kvt_offload_meta_clear(&m);
+    m.store_event = 1;
+    KVT_OK_(kvt_offload_meta_add_store(&m, 4, 5));
+    KVT_OK_(kvt_offload_meta_add_store(&m, 5, 6));
+    worker_step(w, &m, &wm, &reqs);
+    kvt_worker_clear(w);
+    assert_true(kvt_offload_worker_meta_failed(&wm, 1));
+    /* the tier is off: the next store fails at once, the next load too, all reported */
+    kvt_offload_meta_clear(&m);
+    m.store_event = 2;
+    KVT_OK_(kvt_offload_meta_add_store(&m, 6, 7));
+    m.load_event = 1;
+    KVT_OK_(kvt_offload_meta_add_load(&m, 30, 10));
+    KVT_OK_(kvt_offload_meta_add_load(&m, 31, 12));
+    KVT_OK_(kvt_offload_meta_add_load_req(&m, 1, "s", 1));
+    assert_int_equal(worker_step(w, &m, &wm, &reqs), 1);
+    assert_string_equal(reqs[0].ptr, "s");
+    kvt_worker_clear(w);
+    assert_true(kvt_offload_worker_meta_failed(&wm, 2));
+    assert_int_equal(kvt_worker_take_invalid_blocks(w, inv, 8), 2);
+    assert_int_equal(kvt_worker_pending(w, KVT_COPY_LOAD), 0);
+    assert_int_equal(kvt_worker_pending(w, KVT_COPY_STORE), 0);
+    kvt_worker_destroy(w);
+    kvt_offload_meta_release(&m);
+    kvt_offload_worker_meta_release(&wm);
+    rig_close(&g);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -346,6 +496,8 @@ int main(void)
         cmocka_unit_test(test_ids_checked),
         cmocka_unit_test(test_io_errors_fail_one_block),
         cmocka_unit_test(test_fatal_is_sticky),
+        cmocka_unit_test(test_worker_on_disk),
+        cmocka_unit_test(test_worker_disk_failures),
     };
     return cmocka_run_group_tests(tests, make_dir, remove_dir);
 }

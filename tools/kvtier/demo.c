@@ -98,7 +98,7 @@ static int run_worker(struct engine *e)
     if (!rc)
         rc = kvt_worker_get_finished(e->worker, NULL, &fin, &n_fin);
     if (!rc)
-        rc = kvt_copy_flush(kvt_worker_copy(e->worker));
+        rc = kvt_worker_flush(e->worker);
     if (!rc)
         rc = kvt_worker_get_finished(e->worker, NULL, &fin, &n_fin);
     if (!rc)
