@@ -8,6 +8,7 @@
 #include "kvtier/base.h"
 #include "kvtier/copy.h"
 #include "kvtier/disk.h"
+#include "kvtier/ec.h"
 #include "kvtier/link.h"
 #include "kvtier/meta.h"
 #include "kvtier/offload.h"
