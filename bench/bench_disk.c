@@ -59,8 +59,8 @@ static int pass(kvt_disk *d, int dir, const uint32_t *blocks, const uint32_t *sl
     for (uint32_t at = 0; at < n; at += PER_EVT) {
         uint32_t k = n - at < PER_EVT ? n - at : PER_EVT;
         int rc = dir == KVT_COPY_STORE
-                     ? kvt_disk_submit(d, dir, (*ev)++, blocks + at, slots + at, k)
-                     : kvt_disk_submit(d, dir, (*ev)++, slots + at, blocks + at, k);
+                     ? kvt_disk_submit(d, dir, (*ev)++, blocks + at, slots + at, k, NULL)
+                     : kvt_disk_submit(d, dir, (*ev)++, slots + at, blocks + at, k, NULL);
         if (rc == KVT_EBUSY) {
             kvt_disk_flush(d);
             int64_t hwm;

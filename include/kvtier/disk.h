@@ -23,8 +23,9 @@
  * fatal and sticky: every later submit and poll fails with KVT_EIO naming the file and the
  * first error.
  *
- * This version moves bytes between the disk and layouts in host memory (the CPU backend's
- * devices); a layout on a CUDA device is refused with KVT_EUNSUPPORTED.
+ * Layouts in host memory are read and written in place when aligned (vectored I/O) or through
+ * the staging buffers; layouts on a CUDA device go through pinned staging buffers and a
+ * lowest-priority copy stream per pipeline (no GPUDirect Storage), after the job's wait event.
  *
  * Thread rules: one thread drives a kvt_disk; its pipelines' threads are internal.
  */
@@ -67,9 +68,11 @@ KVT_API const char *kvt_disk_path(const kvt_disk *d);
 
 /* Queues an event: KVT_COPY_STORE copies device blocks src[i] to slots dst[i], KVT_COPY_LOAD
  * slots src[i] to device blocks dst[i]. Ids are checked first (KVT_ERANGE); event ids grow
- * per direction; KVT_EBUSY when max_events are outstanding; KVT_EIO after a fatal error. */
+ * per direction; KVT_EBUSY when max_events are outstanding; KVT_EIO after a fatal error.
+ * wait (CUDA layouts: a CUevent, may be NULL; ignored for host layouts) is the compute point
+ * the job's device copies wait for. */
 KVT_API int kvt_disk_submit(kvt_disk *d, int dir, int64_t event, const uint32_t *src,
-                            const uint32_t *dst, uint32_t n);
+                            const uint32_t *dst, uint32_t n, void *wait);
 /* Non-blocking: the direction's high-water mark over finished events (-1 before any). */
 KVT_API int kvt_disk_poll(kvt_disk *d, int dir, int64_t *hwm);
 /* Finished store events with a failed block, oldest first; each reported once. */

@@ -34,6 +34,7 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "copy/copy_internal.h"
+#include "copy/cuda_api.h"
 #include "disk/disk_internal.h"
 
 enum { DJOB_FREE = 0, DJOB_QUEUED, DJOB_RUNNING, DJOB_DONE };
@@ -44,6 +45,7 @@ typedef struct disk_job {
     uint32_t *src, *dst;
     int state;
     bool failed; /* a block's I/O failed */
+    void *wait;  /* CUDA: event the job's device copies wait for */
 } disk_job;
 
 typedef struct disk_pipe {
@@ -54,6 +56,8 @@ typedef struct disk_pipe {
     bool leak;         /* I/O may still be in flight after a fatal error: never free its buffers */
     bool zero_copy;    /* vectored I/O straight from/to the blocks (everything aligned) */
     struct iovec *iov; /* zero copy: (n_regions + 1) per staging index */
+    bool staging_pinned;
+    kvt_CUstream stream;          /* CUDA layouts: device <-> staging copies */
     unsigned char *pad_raw, *pad; /* zero copy: the slot's padding (zeros / a read sink) */
     struct io_uring ring;
     bool ring_ok, fixed_file, fixed_bufs;
@@ -118,6 +122,31 @@ static void set_fatal(kvt_disk *d, const char *what, int err)
 
 /* ---- data movement ----------------------------------------------------------------------- */
 
+/* CUDA layouts: device block <-> staging buffer, one async copy per region, then a wait
+ * (the disk I/O of other blocks keeps running meanwhile). False on a device error. */
+static bool cuda_copy(disk_pipe *p, uint32_t block, unsigned char *buf, bool to_host)
+{
+    const kvt_cuda_api *cu = kvt_cuda();
+    const kvt_layout *l = p->d->layout;
+    kvt_CUresult r = KVT_CUDA_SUCCESS;
+    for (uint32_t i = 0; i < l->n_regions && r == KVT_CUDA_SUCCESS; i++) {
+        uint64_t bpb = l->regions[i].block_bytes, dev = l->regions[i].base + block * bpb;
+        kvt_CUdeviceptr host = (kvt_CUdeviceptr)(uintptr_t)buf;
+        r = to_host ? cu->MemcpyAsync(host, dev, bpb, p->stream)
+                    : cu->MemcpyAsync(dev, host, bpb, p->stream);
+        buf += bpb;
+    }
+    if (r == KVT_CUDA_SUCCESS)
+        r = cu->StreamSynchronize(p->stream);
+    if (r != KVT_CUDA_SUCCESS) {
+        pthread_mutex_lock(&p->d->mu);
+        set_fatal(p->d, kvt_cuda_err(r), EIO);
+        pthread_mutex_unlock(&p->d->mu);
+        return false;
+    }
+    return true;
+}
+
 static void gather(const kvt_layout *l, uint32_t block, unsigned char *buf)
 {
     for (uint32_t r = 0; r < l->n_regions; r++) {
@@ -170,6 +199,8 @@ static bool reap_one(disk_pipe *p, disk_job *j)
         return false;
     }
     if (res == (int)d->slot_bytes) {
+        if (p->dir == KVT_COPY_LOAD && p->stream)
+            return cuda_copy(p, j->dst[i], buf_at(p, k), false);
         if (p->dir == KVT_COPY_LOAD && !p->zero_copy)
             scatter(d->layout, j->dst[i], buf_at(p, k));
         return true;
@@ -245,15 +276,28 @@ static bool run_job(disk_pipe *p, disk_job *j)
 {
     kvt_disk *d = p->d;
     bool ok = true;
+    /* CUDA: the engine's compute point (stores: KV written; loads: the blocks' readers done) */
+    if (p->stream && j->wait) {
+        kvt_CUresult r = kvt_cuda()->StreamWaitEvent(p->stream, (kvt_CUevent)j->wait, 0);
+        if (r != KVT_CUDA_SUCCESS) {
+            pthread_mutex_lock(&d->mu);
+            set_fatal(d, kvt_cuda_err(r), EIO);
+            pthread_mutex_unlock(&d->mu);
+            return false;
+        }
+    }
     for (uint32_t i = 0; i < j->n && ok; i++) {
         while (p->n_free == 0 && ok)
             ok = reap_one(p, j);
         if (!ok)
             break;
         uint32_t k = p->free_bufs[--p->n_free];
-        if (p->dir == KVT_COPY_STORE && !p->zero_copy)
+        if (p->dir == KVT_COPY_STORE && p->stream)
+            ok = cuda_copy(p, j->src[i], buf_at(p, k), true);
+        else if (p->dir == KVT_COPY_STORE && !p->zero_copy)
             gather(d->layout, j->src[i], buf_at(p, k));
-        ok = queue_io(p, j, i, k);
+        if (ok)
+            ok = queue_io(p, j, i, k);
         if (!ok)
             p->n_free++;
     }
@@ -282,6 +326,8 @@ static void *pipe_thread(void *arg)
 {
     disk_pipe *p = arg;
     kvt_disk *d = p->d;
+    if (p->stream)
+        kvt_cuda_use_device(d->layout->device, NULL);
     pthread_mutex_lock(&d->mu);
     for (;;) {
         while (!d->stop && !d->fatal && p->next == p->tail)
@@ -330,7 +376,23 @@ static int pipe_init(kvt_disk *d, int dir)
         p->free_bufs[p->n_free++] = qd - 1 - k;
     /* Zero copy when every region's blocks can be the target of direct I/O as they are. */
     const kvt_layout *l = d->layout;
-    p->zero_copy = l->n_regions < IOV_MAX;
+    p->zero_copy = l->n_regions < IOV_MAX && l->device < 0;
+    if (l->device >= 0) { /* device memory: staged through pinned buffers on a copy stream */
+        const kvt_cuda_api *cu = kvt_cuda();
+        int least = 0, greatest = 0;
+        int rc = kvt_cuda_use_device(l->device, NULL);
+        if (rc)
+            return rc;
+        rc = kvt_cuda_host_register(p->staging, bytes);
+        if (rc)
+            return rc;
+        p->staging_pinned = true;
+        cu->CtxGetStreamPriorityRange(&least, &greatest);
+        kvt_CUresult r =
+            cu->StreamCreateWithPriority(&p->stream, KVT_CU_STREAM_NON_BLOCKING, least);
+        if (r != KVT_CUDA_SUCCESS)
+            return kvt_fail(KVT_EIO, "disk: cannot create a copy stream: %s", kvt_cuda_err(r));
+    }
     for (uint32_t r = 0; r < l->n_regions && p->zero_copy && !d->cfg.page_cache; r++)
         p->zero_copy = l->regions[r].base % align == 0 && l->regions[r].block_bytes % align == 0;
     if (p->zero_copy) {
@@ -386,6 +448,10 @@ static void pipe_free(kvt_disk *d, disk_pipe *p)
 {
     if (p->ring_ok)
         io_uring_queue_exit(&p->ring);
+    if (p->stream)
+        kvt_cuda()->StreamDestroy(p->stream);
+    if (p->staging_pinned)
+        kvt_cuda_host_unregister(p->staging);
     for (uint32_t i = 0; p->jobs && i < d->cfg.max_events; i++) {
         free(p->jobs[i].src);
         free(p->jobs[i].dst);
@@ -462,11 +528,11 @@ int kvt_disk_create(const kvt_disk_config *cfg, const kvt_layout *layout, kvt_di
     *out = NULL;
     if (!cfg->path || !cfg->path[0])
         return kvt_fail(KVT_EINVAL, "disk: path is required");
-    if (layout->device >= 0)
+    if (layout->device >= 0 && !kvt_cuda_available())
         return kvt_fail(KVT_EUNSUPPORTED,
-                        "disk: layouts on CUDA devices are not supported yet "
-                        "(device %d)",
-                        layout->device);
+                        "disk: a layout on CUDA device %d needs a CUDA "
+                        "driver: %s",
+                        layout->device, kvt_cuda_unavailable_reason());
     if (layout->n_regions == 0)
         return kvt_fail(KVT_EINVAL, "disk: the layout has no regions");
     uint32_t a = cfg->alignment;
@@ -544,7 +610,7 @@ static int check_ids(const char *what, const uint32_t *ids, uint32_t n, uint32_t
 }
 
 int kvt_disk_submit(kvt_disk *d, int dir, int64_t event, const uint32_t *src, const uint32_t *dst,
-                    uint32_t n)
+                    uint32_t n, void *wait)
 {
     if (dir != KVT_COPY_STORE && dir != KVT_COPY_LOAD)
         return kvt_fail(KVT_EINVAL, "disk: direction %d invalid", dir);
@@ -582,6 +648,7 @@ int kvt_disk_submit(kvt_disk *d, int dir, int64_t event, const uint32_t *src, co
     j->n = n;
     j->event = event;
     j->failed = false;
+    j->wait = wait;
     p->last_event = event;
     pthread_mutex_lock(&d->mu);
     j->state = DJOB_QUEUED;

@@ -217,7 +217,7 @@ static int engine_submit(kvt_worker *w, int dir, int64_t event, const uint32_t *
         return kvt_copy_submit(w->copy, dir, event, src, dst, n, wait);
     if (w->tier_dead)
         return 0;
-    int rc = kvt_disk_submit(w->disk, dir, event, src, dst, n);
+    int rc = kvt_disk_submit(w->disk, dir, event, src, dst, n, wait);
     if (rc == KVT_EIO) {
         kill_tier(w);
         return 0;

@@ -290,6 +290,48 @@ static void test_cuda_worker(void **state)
     kvt_offload_worker_meta_release(&wm);
 }
 
+/* The disk tier over device memory: blocks go through pinned staging buffers and a copy
+ * stream, after the engine's compute point; stored blocks come back byte for byte. */
+static void test_cuda_disk_roundtrip(void **state)
+{
+    NEED_GPU(g);
+    kvt_disk_config dc;
+    kvt_disk_config_init(&dc);
+    dc.path = "kvt-cuda-disk"; /* the current directory: the build tree, not tmpfs */
+    dc.capacity_bytes = 32 * (BPB0 + BPB1);
+    dc.queue_depth = 4;
+    kvt_disk *d;
+    int rc = kvt_disk_create(&dc, g->layout, &d);
+    if (rc == KVT_ESYS && strstr(kvt_last_error(), "O_DIRECT")) {
+        dc.page_cache = true;
+        rc = kvt_disk_create(&dc, g->layout, &d);
+    }
+    KVT_OK_(rc);
+    kvt_CUevent done;
+    assert_int_equal(g->cu->EventCreate(&done, KVT_CU_EVENT_DISABLE_TIMING), 0);
+    uint32_t src[6] = {1, 2, 3, 10, 11, 40}, slot[6] = {0, 1, 2, 7, 5, 30}, back[6];
+    for (uint32_t i = 0; i < 6; i++) {
+        fill_dev(g, src[i], 900 + i);
+        back[i] = 50 + i;
+    }
+    assert_int_equal(g->cu->EventRecord(done, g->compute), 0);
+    KVT_OK_(kvt_disk_submit(d, KVT_COPY_STORE, 0, src, slot, 6, done));
+    KVT_OK_(kvt_disk_flush(d));
+    KVT_OK_(kvt_disk_submit(d, KVT_COPY_LOAD, 0, slot, back, 6, done));
+    KVT_OK_(kvt_disk_flush(d));
+    int64_t hwm;
+    KVT_OK_(kvt_disk_poll(d, KVT_COPY_LOAD, &hwm));
+    assert_int_equal(hwm, 0);
+    int64_t failed[2];
+    uint32_t inv[2];
+    assert_int_equal(kvt_disk_take_failed(d, failed, 2), 0);
+    assert_int_equal(kvt_disk_take_invalid_blocks(d, inv, 2), 0);
+    for (uint32_t i = 0; i < 6; i++)
+        check_dev(g, back[i], 900 + i);
+    kvt_disk_destroy(d);
+    g->cu->EventDestroy(done);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -298,6 +340,7 @@ int main(void)
         cmocka_unit_test(test_cuda_store_waits_for_compute),
         cmocka_unit_test(test_cuda_ids_checked),
         cmocka_unit_test(test_cuda_worker),
+        cmocka_unit_test(test_cuda_disk_roundtrip),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -173,7 +173,8 @@ static void test_config_errors(void **state)
     kvt_disk_config_init(&dc);
     dc.path = base;
     dc.capacity_bytes = 1 << 20;
-    KVT_ERR_(kvt_disk_create(&dc, l, &d), KVT_EUNSUPPORTED);
+    if (!kvt_cuda_available()) /* device memory needs a driver */
+        KVT_ERR_(kvt_disk_create(&dc, l, &d), KVT_EUNSUPPORTED);
     kvt_layout_destroy(l);
     snprintf(base, sizeof(base), "%s/no/such/dir/kv", g_dir);
     KVT_OK_(kvt_layout_create(KVT_HOST_DEVICE, 4, &l));
@@ -202,12 +203,12 @@ static void roundtrip(bool page_cache, uint32_t qd, bool aligned)
             slot_tag[dst[i]] = tag;
         }
         /* one event per block set: destinations distinct within it */
-        KVT_OK_(kvt_disk_submit(g.disk, KVT_COPY_STORE, sev, src, dst, n));
+        KVT_OK_(kvt_disk_submit(g.disk, KVT_COPY_STORE, sev, src, dst, n, NULL));
         wait_event(g.disk, KVT_COPY_STORE, sev++);
         uint32_t back[20];
         for (uint32_t i = 0; i < n; i++)
             back[i] = (src[i] + 20) % DEV;
-        KVT_OK_(kvt_disk_submit(g.disk, KVT_COPY_LOAD, lev, dst, back, n));
+        KVT_OK_(kvt_disk_submit(g.disk, KVT_COPY_LOAD, lev, dst, back, n, NULL));
         KVT_OK_(kvt_disk_flush(g.disk));
         wait_event(g.disk, KVT_COPY_LOAD, lev++);
         for (uint32_t i = 0; i < n; i++)
@@ -242,12 +243,12 @@ static void test_ids_checked(void **state)
     if (!rig_open(&g, false, 4, 8) && !rig_open(&g, true, 4, 8))
         fail();
     uint32_t a[2] = {1, DEV}, b[2] = {1, 2}, s[2] = {1, 8};
-    KVT_ERR_(kvt_disk_submit(g.disk, KVT_COPY_STORE, 0, a, b, 2), KVT_ERANGE);
-    KVT_ERR_(kvt_disk_submit(g.disk, KVT_COPY_STORE, 0, b, s, 2), KVT_ERANGE);
-    KVT_ERR_(kvt_disk_submit(g.disk, KVT_COPY_LOAD, 0, s, b, 2), KVT_ERANGE);
-    KVT_ERR_(kvt_disk_submit(g.disk, KVT_COPY_LOAD, 0, b, b, 0), KVT_EINVAL);
-    KVT_OK_(kvt_disk_submit(g.disk, KVT_COPY_STORE, 4, b, b, 2));
-    KVT_ERR_(kvt_disk_submit(g.disk, KVT_COPY_STORE, 4, b, b, 2), KVT_EINVAL);
+    KVT_ERR_(kvt_disk_submit(g.disk, KVT_COPY_STORE, 0, a, b, 2, NULL), KVT_ERANGE);
+    KVT_ERR_(kvt_disk_submit(g.disk, KVT_COPY_STORE, 0, b, s, 2, NULL), KVT_ERANGE);
+    KVT_ERR_(kvt_disk_submit(g.disk, KVT_COPY_LOAD, 0, s, b, 2, NULL), KVT_ERANGE);
+    KVT_ERR_(kvt_disk_submit(g.disk, KVT_COPY_LOAD, 0, b, b, 0, NULL), KVT_EINVAL);
+    KVT_OK_(kvt_disk_submit(g.disk, KVT_COPY_STORE, 4, b, b, 2, NULL));
+    KVT_ERR_(kvt_disk_submit(g.disk, KVT_COPY_STORE, 4, b, b, 2, NULL), KVT_EINVAL);
     KVT_OK_(kvt_disk_flush(g.disk));
     assert_int_equal(kvt_disk_outstanding(g.disk, KVT_COPY_STORE), 1);
     wait_event(g.disk, KVT_COPY_STORE, 4);
@@ -276,14 +277,14 @@ static void io_errors(bool aligned)
     uint32_t src[4] = {1, 2, 3, 4}, dst[4] = {4, 5, 6, 7};
     for (uint32_t i = 0; i < 4; i++)
         fill(&g, src[i], 100 + i);
-    KVT_OK_(kvt_disk_submit(g.disk, KVT_COPY_STORE, 0, src, dst, 4));
+    KVT_OK_(kvt_disk_submit(g.disk, KVT_COPY_STORE, 0, src, dst, 4, NULL));
     wait_event(g.disk, KVT_COPY_STORE, 0);
     kvt_disk_set_fault(g.disk, faulty, NULL);
     /* a store touching slot 5: the event completes and is listed as failed */
     uint32_t s2[2] = {8, 9}, d2[2] = {5, 9};
-    KVT_OK_(kvt_disk_submit(g.disk, KVT_COPY_STORE, 1, s2, d2, 2));
+    KVT_OK_(kvt_disk_submit(g.disk, KVT_COPY_STORE, 1, s2, d2, 2, NULL));
     uint32_t s3[1] = {10}, d3[1] = {10};
-    KVT_OK_(kvt_disk_submit(g.disk, KVT_COPY_STORE, 2, s3, d3, 1));
+    KVT_OK_(kvt_disk_submit(g.disk, KVT_COPY_STORE, 2, s3, d3, 1, NULL));
     wait_event(g.disk, KVT_COPY_STORE, 2);
     int64_t failed[4];
     assert_int_equal(kvt_disk_take_failed(g.disk, failed, 4), 1);
@@ -291,7 +292,7 @@ static void io_errors(bool aligned)
     assert_int_equal(kvt_disk_take_failed(g.disk, failed, 4), 0);
     /* a load of slots 4..7 into device 20..23: 5 (EIO) and 6 (short) invalid, 4 and 7 fine */
     uint32_t ls[4] = {4, 5, 6, 7}, ld[4] = {20, 21, 22, 23};
-    KVT_OK_(kvt_disk_submit(g.disk, KVT_COPY_LOAD, 0, ls, ld, 4));
+    KVT_OK_(kvt_disk_submit(g.disk, KVT_COPY_LOAD, 0, ls, ld, 4, NULL));
     wait_event(g.disk, KVT_COPY_LOAD, 0);
     uint32_t inv[8];
     uint32_t n = kvt_disk_take_invalid_blocks(g.disk, inv, 8);
@@ -325,14 +326,14 @@ static void test_fatal_is_sticky(void **state)
         fail();
     kvt_disk_set_fault(g.disk, fatal_fault, NULL);
     uint32_t s[2] = {1, 2}, d[2] = {2, 3};
-    KVT_OK_(kvt_disk_submit(g.disk, KVT_COPY_STORE, 0, s, d, 2));
+    KVT_OK_(kvt_disk_submit(g.disk, KVT_COPY_STORE, 0, s, d, 2, NULL));
     KVT_ERR_(kvt_disk_flush(g.disk), KVT_EIO);
     assert_non_null(strstr(kvt_last_error(), "kv.rank3"));
     assert_non_null(strstr(kvt_last_error(), "fatal"));
     int64_t hwm;
     KVT_ERR_(kvt_disk_poll(g.disk, KVT_COPY_STORE, &hwm), KVT_EIO);
     KVT_ERR_(kvt_disk_poll(g.disk, KVT_COPY_LOAD, &hwm), KVT_EIO);
-    KVT_ERR_(kvt_disk_submit(g.disk, KVT_COPY_LOAD, 0, d, s, 2), KVT_EIO);
+    KVT_ERR_(kvt_disk_submit(g.disk, KVT_COPY_LOAD, 0, d, s, 2, NULL), KVT_EIO);
     rig_close(&g);
 }
 
