@@ -21,7 +21,7 @@ nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width
 cat "$out/gpu.txt"
 status=0
 export KVT_REQUIRE_CUDA=1
-for t in test_copy_cuda test_copy test_copy_model test_worker test_offload_procs; do
+for t in test_copy_cuda test_copy test_copy_model test_worker test_offload_procs test_disk; do
     if "$build/tests/$t" >"$out/$t.txt" 2>&1; then
         echo "$t: ok"
     else
