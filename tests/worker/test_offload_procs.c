@@ -12,12 +12,14 @@
  * region of those blocks and fails the step on the first mismatch. At the end each worker
  * writes how many blocks it verified; the test requires that every expected block was.
  */
+#include <errno.h>
 #include <stdint.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 
 #include "kvt_test.h"
 #include "base/error.h"
+#include "disk/disk_internal.h"
 #include "offload/sim.h"
 
 #define WORLD       2
@@ -29,6 +31,14 @@
 #define N_PROMPTS   14
 
 static char g_dir[64];
+static bool g_disk; /* the tier is each worker's disk file instead of host memory */
+
+/* Rank 1's disk cannot write slot 7: every store event that uses it fails on that rank. */
+static int fail_slot_7(void *ctx, int dir, uint32_t slot, int res)
+{
+    (void)ctx;
+    return dir == KVT_COPY_STORE && slot == 7 ? -EIO : res;
+}
 
 static unsigned char kv_byte(uint32_t rank, uint64_t tag, uint32_t region, uint64_t off)
 {
@@ -59,6 +69,7 @@ typedef struct wproc {
     unsigned char *kv, *mla;
     kvt_layout *layout;
     kvt_mirror *mirror;
+    kvt_disk *disk;
     kvt_worker *w;
     kvt_link_worker *link;
     expect ex[4096];
@@ -169,17 +180,43 @@ static int worker_main(uint32_t rank, const char *endpoint)
     if (kvt_layout_add_tensor(p.layout, &kv) || kvt_layout_add_tensor(p.layout, &kv) ||
         kvt_layout_add_tensor(p.layout, &mla) || kvt_layout_num_regions(p.layout) != 3)
         return 11;
-    kvt_mirror_config mc;
-    kvt_mirror_config_init(&mc);
-    mc.host_blocks = HOST_BLOCKS - 2 * rank; /* ranks allocate different sizes */
+    uint32_t host_blocks = HOST_BLOCKS - 2 * rank; /* ranks allocate different sizes */
     kvt_worker_config wc;
     kvt_worker_config_init(&wc);
     wc.rank = rank;
     wc.copy.threads = 2;
     wc.copy.chunk_bytes = 4096;
-    if (kvt_mirror_create(&mc, p.layout, &p.mirror) ||
-        kvt_worker_create(&wc, p.layout, p.mirror, &p.w) ||
-        kvt_link_worker_create(endpoint, rank, WORLD, mc.host_blocks, &p.link))
+    if (g_disk) {
+        char base[128];
+        snprintf(base, sizeof(base), "%s/kv", g_dir);
+        kvt_disk_config dc;
+        kvt_disk_config_init(&dc);
+        dc.path = base;
+        dc.rank = rank;
+        dc.queue_depth = 4;
+        uint64_t bpb = 2 * KV_BPB + MLA_BPB;
+        dc.capacity_bytes = host_blocks * ((bpb + 4095) / 4096 * 4096);
+        int rc = kvt_disk_create(&dc, p.layout, &p.disk);
+        if (rc == KVT_ESYS && strstr(kvt_last_error(), "O_DIRECT")) {
+            dc.page_cache = true;
+            dc.capacity_bytes = host_blocks * bpb;
+            rc = kvt_disk_create(&dc, p.layout, &p.disk);
+        }
+        if (rc || kvt_disk_num_slots(p.disk) != host_blocks)
+            return 16;
+        if (rank == 1)
+            kvt_disk_set_fault(p.disk, fail_slot_7, NULL);
+        if (kvt_worker_create_disk(&wc, p.layout, p.disk, &p.w))
+            return 17;
+    } else {
+        kvt_mirror_config mc;
+        kvt_mirror_config_init(&mc);
+        mc.host_blocks = host_blocks;
+        if (kvt_mirror_create(&mc, p.layout, &p.mirror) ||
+            kvt_worker_create(&wc, p.layout, p.mirror, &p.w))
+            return 12;
+    }
+    if (kvt_link_worker_create(endpoint, rank, WORLD, host_blocks, &p.link))
         return 12;
     kvt_offload_meta meta;
     kvt_offload_meta_init(&meta);
@@ -227,6 +264,7 @@ static int worker_main(uint32_t rank, const char *endpoint)
     fclose(f);
     kvt_link_worker_destroy(p.link);
     kvt_worker_destroy(p.w);
+    kvt_disk_destroy(p.disk);
     kvt_mirror_destroy(p.mirror);
     kvt_layout_destroy(p.layout);
     kvt_offload_meta_release(&meta);
@@ -247,6 +285,7 @@ typedef struct engine {
     unsigned char cbuf[1 << 15], ebuf[1 << 15];
     uint64_t expected_verified;
     uint32_t steps;
+    kvt_offload_stats stats;
 } engine;
 
 static void wr32(unsigned char **q, uint32_t v)
@@ -425,13 +464,15 @@ static void run_scheduler(engine *e, const char *endpoint)
         assert_int_equal(load_prompt(e, &gone, false), 0);
         drain(e);
     }
+    kvt_offload_get_stats(e->s.m, &e->stats);
     KVT_OK_(kvt_link_sched_stop(e->link));
 }
 
-static void test_two_workers_over_ipc(void **state)
+static void run_procs(bool disk)
 {
-    (void)state;
-    snprintf(g_dir, sizeof(g_dir), "/tmp/kvt-procs-XXXXXX");
+    g_disk = disk;
+    /* in the working directory (the build tree): a disk tier needs a real file system */
+    snprintf(g_dir, sizeof(g_dir), "kvt-procs-XXXXXX");
     assert_non_null(mkdtemp(g_dir));
     char endpoint[128];
     snprintf(endpoint, sizeof(endpoint), "ipc://%s/link", g_dir);
@@ -464,19 +505,42 @@ static void test_two_workers_over_ipc(void **state)
         total += v;
         unlink(path);
     }
-    printf("# %u steps, %llu blocks verified byte for byte across %u workers\n", e.steps,
-           (unsigned long long)total, WORLD);
+    printf("# %s: %u steps, %llu blocks verified byte for byte across %u workers, %llu stored "
+           "blocks failed\n",
+           disk ? "disk tier" : "host tier", e.steps, (unsigned long long)total, WORLD,
+           (unsigned long long)e.stats.stores_failed);
     assert_true(total > 0);
     assert_int_equal(total, e.expected_verified);
+    /* a failed write on one rank fails the event everywhere: never findable */
+    if (disk)
+        assert_true(e.stats.stores_failed > 0);
+    else
+        assert_int_equal(e.stats.stores_failed, 0);
     kvt_link_sched_destroy(e.link);
     sim_fini(&e.s);
+    memset(&e, 0, sizeof(e));
     rmdir(g_dir);
+}
+
+static void test_two_workers_over_ipc(void **state)
+{
+    (void)state;
+    run_procs(false);
+}
+
+/* The same script with each worker's tier on its own disk file; rank 1 cannot write one
+ * slot, so some store events fail there and must never become findable. */
+static void test_two_disk_workers_over_ipc(void **state)
+{
+    (void)state;
+    run_procs(true);
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_two_workers_over_ipc),
+        cmocka_unit_test(test_two_disk_workers_over_ipc),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
