@@ -47,6 +47,20 @@ static inline bool kvt_round_up_sz(size_t x, size_t a, size_t *out)
     return !__builtin_add_overflow(x, a - r, out);
 }
 
+/* First index of the ascending array a[0..n) whose value is >= v (n if none). */
+static inline uint32_t kvt_lower_bound_i64(const int64_t *a, uint32_t n, int64_t v)
+{
+    uint32_t lo = 0, hi = n;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (a[mid] < v)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
 /* Smallest power of two >= x (x <= 2^63). */
 static inline uint64_t kvt_pow2_ceil(uint64_t x)
 {

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/util.h"
 #include "meta/meta_internal.h"
 
 /* ---- scheduler -> worker --------------------------------------------------------------- */
@@ -424,15 +425,7 @@ static int worker_reserve(kvt_offload_worker_meta *m, uint32_t need)
 
 static uint32_t event_lower_bound(const kvt_offload_worker_meta *m, int64_t event)
 {
-    uint32_t lo = 0, hi = m->n_completed;
-    while (lo < hi) {
-        uint32_t mid = lo + (hi - lo) / 2;
-        if (m->events[mid] < event)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo;
+    return kvt_lower_bound_i64(m->events, m->n_completed, event);
 }
 
 int kvt_offload_worker_meta_add(kvt_offload_worker_meta *m, int64_t event, uint32_t count)
@@ -463,15 +456,7 @@ int kvt_offload_worker_meta_add(kvt_offload_worker_meta *m, int64_t event, uint3
 
 static uint32_t failed_lower_bound(const kvt_offload_worker_meta *m, int64_t event)
 {
-    uint32_t lo = 0, hi = m->n_failed;
-    while (lo < hi) {
-        uint32_t mid = lo + (hi - lo) / 2;
-        if (m->failed[mid] < event)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo;
+    return kvt_lower_bound_i64(m->failed, m->n_failed, event);
 }
 
 bool kvt_offload_worker_meta_failed(const kvt_offload_worker_meta *m, int64_t event)

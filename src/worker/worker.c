@@ -16,6 +16,7 @@
 #include "base/array.h"
 #include "base/error.h"
 #include "base/log.h"
+#include "base/util.h"
 #include "copy/copy_internal.h"
 #include "copy/cuda_api.h"
 #include "kvtier/disk.h"
@@ -322,14 +323,7 @@ static bool event_in(const int64_t *ev, uint32_t n, int64_t e)
 static int add_finished_reqs(kvt_worker *w, int64_t e)
 {
     const kvt_offload_meta *m = w->meta;
-    uint32_t lo = 0, hi = m ? m->n_load_events : 0;
-    while (lo < hi) {
-        uint32_t mid = (lo + hi) / 2;
-        if (m->load_events[mid] < e)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
+    uint32_t lo = m ? kvt_lower_bound_i64(m->load_events, m->n_load_events, e) : 0;
     if (!m || lo == m->n_load_events || m->load_events[lo] != e) {
         KVT_LOG_E("worker %u: finished load event %lld is not in load_event_to_reqs; its "
                   "requests cannot be reported",
