@@ -4,7 +4,7 @@
 #   make demo          build and run the end-to-end demonstration
 #   make test          build and run the unit tests (ctest)
 #   make bench         run the benchmarks (JSON)
-#   make install       install library, headers, kvtier.pc and the CLI under PREFIX
+#   make install       install library, headers, kvtier.pc, the CMake package and the CLI
 #   make test-asan     tests under AddressSanitizer + UndefinedBehaviorSanitizer
 #   make test-tsan     threaded tests under ThreadSanitizer
 #   make fuzz          run every libFuzzer target for FUZZ_SECONDS each
