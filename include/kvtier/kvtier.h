@@ -16,4 +16,16 @@
 #include "kvtier/worker.h"
 #include "kvtier/version.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* sizeof a public struct by its name ("kvt_offload_meta"), 0 if unknown: lets bindings that
+ * declare the structs themselves check them against this build. */
+KVT_API size_t kvt_sizeof(const char *type_name);
+
+#ifdef __cplusplus
+}
+#endif
+
 #endif

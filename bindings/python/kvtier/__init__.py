@@ -1,0 +1,514 @@
+"""kvtier: KV-cache offload for LLM inference engines (Python bindings).
+
+Pure standard library (ctypes) over libkvtier.so: nothing to build or install beyond the C
+library. Set KVTIER_LIB to the library's path if it is not found next to the package, in the
+source tree's build/ or on the system's library path.
+
+Scheduler side, one engine step (vLLM SimpleCPUOffloadConnector hooks in brackets)::
+
+    hit = mgr.match(req_id, hashes, num_tokens, num_computed)  # get_num_new_matched_tokens
+    mgr.after_alloc(req_id, block_ids, num_external)           # update_state_after_alloc
+    mgr.schedule(req_id, block_ids, confirmed, scheduled)      # eager stores
+    meta = mgr.build_meta(preempted)                           # build_connector_meta
+    ... workers run the step ...
+    mgr.apply_output(finished_loads, worker_meta)              # update_connector_output
+
+Worker side, per rank::
+
+    worker.bind(meta); worker.handle_preemptions()
+    ... forward ...
+    finished = worker.get_finished(stream)
+    report = worker.build_meta(); invalid = worker.take_invalid_blocks(); worker.clear()
+
+Every failure raises KvtierError carrying kvtier's code and message.
+"""
+import ctypes
+
+from . import _lib as L
+
+__all__ = ["KvtierError", "version", "hash_prompt", "Pool", "OffloadManager", "OffloadMeta",
+           "WorkerMeta", "Layout", "Mirror", "Worker", "STORE", "LOAD", "NO_EVENT"]
+
+STORE, LOAD, NO_EVENT = L.COPY_STORE, L.COPY_LOAD, L.NO_EVENT
+_lib = L.lib
+
+
+class KvtierError(Exception):
+    """A kvtier call failed: .code (negative KVT_E* value), .name ("KVT_EINVAL"), .message."""
+
+    def __init__(self, code, message):
+        self.code = code
+        self.name = _lib.kvt_err_name(code).decode()
+        self.message = message
+        super().__init__("%s: %s" % (self.name, message or _lib.kvt_strerror(code).decode()))
+
+
+def _check(rc):
+    if rc < 0:
+        raise KvtierError(rc, _lib.kvt_last_error().decode(errors="replace"))
+    return rc
+
+
+def version():
+    """The library's version string."""
+    return _lib.kvt_version().decode()
+
+
+def _u32_array(values):
+    values = list(values)
+    return (L.c_u32 * max(1, len(values)))(*values), len(values)
+
+
+def _bytes_ptr(b):
+    return ctypes.cast(ctypes.c_char_p(b), L.u8p)
+
+
+def hash_prompt(seed, tokens, block_size=16):
+    """Chained XXH3-128 block hashes of a prompt's full blocks (vLLM-compatible chaining),
+    one 16-byte string per block."""
+    toks, n = _u32_array(tokens)
+    cap = n // block_size + 1
+    out = (ctypes.c_uint8 * (cap * L.HASH_LEN))()
+    got = L.c_u32()
+    _check(_lib.kvt_hash_prompt(seed, toks, n, block_size, None, 0, out, cap, ctypes.byref(got)))
+    raw = bytes(out)
+    return [raw[i * L.HASH_LEN:(i + 1) * L.HASH_LEN] for i in range(got.value)]
+
+
+class _Handle:
+    _destroy = None
+
+    def close(self):
+        """Frees the object now (otherwise at garbage collection)."""
+        h, self._h = getattr(self, "_h", None), None
+        if h:
+            type(self)._destroy(h)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class Pool(_Handle):
+    """A block pool with prefix caching (vLLM BlockPool semantics), one full-attention group.
+
+    Block 0 is the null block; alloc hands out the least recently used free blocks (evicting
+    their cached keys); free puts blocks back in the given order (free a request's blocks tail
+    first)."""
+    _destroy = _lib.kvt_pool_destroy
+
+    def __init__(self, num_blocks, block_size=16, keys_per_block=1, event_capacity=0):
+        cfg = L.kvt_pool_config()
+        _lib.kvt_pool_config_init(ctypes.byref(cfg))
+        cfg.num_blocks = num_blocks
+        cfg.hash_block_size = block_size
+        cfg.groups[0].block_size = block_size
+        cfg.keys_per_block = keys_per_block
+        cfg.event_capacity = event_capacity
+        h = ctypes.c_void_p()
+        _check(_lib.kvt_pool_create(ctypes.byref(cfg), ctypes.byref(h)))
+        self._h = h
+        self.block_size = block_size
+
+    @property
+    def num_blocks(self):
+        return _lib.kvt_pool_num_blocks(self._h)
+
+    @property
+    def num_free(self):
+        return _lib.kvt_pool_num_free(self._h)
+
+    def alloc(self, n):
+        ids = (L.c_u32 * max(1, n))()
+        _check(_lib.kvt_pool_alloc(self._h, n, ids))
+        return list(ids[:n])
+
+    def touch(self, ids):
+        arr, n = _u32_array(ids)
+        _check(_lib.kvt_pool_touch(self._h, arr, n))
+
+    def free(self, ids):
+        arr, n = _u32_array(ids)
+        _check(_lib.kvt_pool_free(self._h, arr, n))
+
+    def insert(self, block, block_hash, num_tokens=None):
+        """Caches block under block_hash (it becomes findable)."""
+        _check(_lib.kvt_pool_insert(self._h, block, _bytes_ptr(block_hash), 0,
+                                    self.block_size if num_tokens is None else num_tokens))
+
+    def lookup(self, block_hash):
+        """A block cached under block_hash, or None."""
+        out = L.c_u32()
+        found = _check(_lib.kvt_pool_lookup(self._h, _bytes_ptr(block_hash), 0,
+                                            ctypes.byref(out)))
+        return out.value if found else None
+
+    def find_longest_hit(self, hashes, max_tokens):
+        """(tokens, block ids) of the longest cached prefix, at most max_tokens long."""
+        joined = b"".join(hashes)
+        cap = max(1, _lib.kvt_pool_hit_capacity(self._h, 0, len(hashes), max_tokens))
+        out = (L.c_u32 * cap)()
+        outs = (L.P(L.c_u32) * L.MAX_GROUPS)()
+        outs[0] = out
+        hit = L.kvt_hit()
+        _check(_lib.kvt_pool_find_longest_hit(self._h, _bytes_ptr(joined), len(hashes),
+                                              max_tokens, outs, ctypes.byref(hit)))
+        return hit.length, list(out[:hit.n_blocks[0]])
+
+    def reset_prefix_cache(self):
+        """Drops every cached key (blocks in use keep their contents)."""
+        _check(_lib.kvt_pool_reset_prefix_cache(self._h))
+
+    def ref_count(self, block):
+        info = L.kvt_block_info()
+        _check(_lib.kvt_pool_block_info(self._h, block, ctypes.byref(info)))
+        return info.ref_cnt
+
+
+class OffloadMeta:
+    """Scheduler -> worker metadata of one step (kvt_offload_meta)."""
+
+    def __init__(self):
+        self._m = L.kvt_offload_meta()
+        _lib.kvt_offload_meta_init(ctypes.byref(self._m))
+
+    def __del__(self):
+        _lib.kvt_offload_meta_release(ctypes.byref(self._m))
+
+    @property
+    def load_event(self):
+        return self._m.load_event
+
+    @property
+    def store_event(self):
+        return self._m.store_event
+
+    @property
+    def need_flush(self):
+        return self._m.need_flush
+
+    @property
+    def loads(self):
+        """[(gpu_block, host_block)] of this step's load event."""
+        m = self._m
+        return [(m.load_gpu_blocks[i], m.load_cpu_blocks[i]) for i in range(m.n_loads)]
+
+    @property
+    def stores(self):
+        """[(gpu_block, host_block)] of this step's store event."""
+        m = self._m
+        return [(m.store_gpu_blocks[i], m.store_cpu_blocks[i]) for i in range(m.n_stores)]
+
+    @property
+    def load_event_to_reqs(self):
+        """{event: [request ids]} of every outstanding load event."""
+        m = self._m
+        out = {}
+        for i in range(m.n_load_events):
+            ids = range(m.load_req_first[i], m.load_req_first[i + 1])
+            out[m.load_events[i]] = [m.load_req_ids[k].ptr[:m.load_req_ids[k].len].decode()
+                                     for k in ids]
+        return out
+
+    def encode(self):
+        """The wire encoding (docs/wire.md)."""
+        n = _lib.kvt_offload_meta_encoded_size(ctypes.byref(self._m))
+        buf = ctypes.create_string_buffer(n)
+        got = ctypes.c_size_t()
+        _check(_lib.kvt_offload_meta_encode(ctypes.byref(self._m), buf, n, ctypes.byref(got)))
+        return buf.raw[:got.value]
+
+    @classmethod
+    def decode(cls, data):
+        """Decodes and validates an encoded message (KvtierError on anything malformed)."""
+        self = cls()
+        _check(_lib.kvt_offload_meta_decode(ctypes.byref(self._m), data, len(data)))
+        return self
+
+
+class WorkerMeta:
+    """Worker -> scheduler report: {store event: count} and the failed store events."""
+
+    def __init__(self):
+        self._m = L.kvt_offload_worker_meta()
+        _lib.kvt_offload_worker_meta_init(ctypes.byref(self._m))
+
+    def __del__(self):
+        _lib.kvt_offload_worker_meta_release(ctypes.byref(self._m))
+
+    @property
+    def completed(self):
+        m = self._m
+        return {m.events[i]: m.counts[i] for i in range(m.n_completed)}
+
+    @property
+    def failed(self):
+        m = self._m
+        return {m.failed[i] for i in range(m.n_failed)}
+
+    def add(self, event, count=1):
+        _check(_lib.kvt_offload_worker_meta_add(ctypes.byref(self._m), event, count))
+
+    def add_failed(self, event):
+        _check(_lib.kvt_offload_worker_meta_add_failed(ctypes.byref(self._m), event))
+
+    def aggregate(self, other):
+        """self += other (counts summed, failed united), as vLLM's aggregate."""
+        _check(_lib.kvt_offload_worker_meta_aggregate(ctypes.byref(self._m),
+                                                      ctypes.byref(other._m)))
+
+    def encode(self):
+        n = _lib.kvt_offload_worker_meta_encoded_size(ctypes.byref(self._m))
+        buf = ctypes.create_string_buffer(n)
+        got = ctypes.c_size_t()
+        _check(_lib.kvt_offload_worker_meta_encode(ctypes.byref(self._m), buf, n,
+                                                   ctypes.byref(got)))
+        return buf.raw[:got.value]
+
+    @classmethod
+    def decode(cls, data):
+        self = cls()
+        _check(_lib.kvt_offload_worker_meta_decode(ctypes.byref(self._m), data, len(data)))
+        return self
+
+
+def _tables(block_ids):
+    """One group's block table (a list) or several (a list of lists) -> ctypes arguments."""
+    groups = block_ids if block_ids and isinstance(block_ids[0], (list, tuple)) else [block_ids]
+    arrays = [_u32_array(g) for g in groups]
+    ptrs = (L.P(L.c_u32) * len(arrays))(*[ctypes.cast(a, L.P(L.c_u32)) for a, _ in arrays])
+    counts = (L.c_u32 * len(arrays))(*[n for _, n in arrays])
+    return ptrs, counts, arrays
+
+
+class OffloadManager(_Handle):
+    """The scheduler side of KV offload (kvt_offload). gpu_pool is the engine's Pool."""
+    _destroy = _lib.kvt_offload_destroy
+
+    def __init__(self, gpu_pool, host_blocks, world_size=1, lazy=False, block_bytes=0,
+                 max_requests=4096, max_batched_tokens=8192):
+        cfg = L.kvt_offload_config()
+        _lib.kvt_offload_config_init(ctypes.byref(cfg))
+        cfg.host_blocks = host_blocks
+        cfg.world_size = world_size
+        cfg.lazy = lazy
+        cfg.block_bytes = block_bytes
+        cfg.max_requests = max_requests
+        cfg.max_batched_tokens = max_batched_tokens
+        h = ctypes.c_void_p()
+        _check(_lib.kvt_offload_create(ctypes.byref(cfg), gpu_pool._h, ctypes.byref(h)))
+        self._h = h
+        self._gpu = gpu_pool  # the manager uses it: keep it alive
+
+    @staticmethod
+    def size_host(capacity_bytes, block_bytes):
+        """Host blocks that capacity_bytes holds (null block included)."""
+        out = L.c_u32()
+        _check(_lib.kvt_offload_size_host(capacity_bytes, block_bytes, ctypes.byref(out)))
+        return out.value
+
+    def lower_host_blocks(self, blocks):
+        _check(_lib.kvt_offload_lower_host_blocks(self._h, blocks))
+
+    def match(self, req_id, hashes, num_tokens, num_computed):
+        """Host-tier hit in tokens beyond the GPU hit (pinned until after_alloc)."""
+        rid = req_id.encode()
+        joined = b"".join(hashes)
+        hit = L.c_u32()
+        _check(_lib.kvt_offload_match(self._h, rid, len(rid), _bytes_ptr(joined), len(hashes),
+                                      num_tokens, num_computed, ctypes.byref(hit)))
+        return hit.value
+
+    def after_alloc(self, req_id, block_ids, num_external):
+        rid = req_id.encode()
+        ptrs, counts, _keep = _tables(block_ids)
+        _check(_lib.kvt_offload_after_alloc(self._h, rid, len(rid), ptrs, counts, num_external))
+
+    def schedule(self, req_id, block_ids, num_confirmed, num_scheduled, resumed=False):
+        rid = req_id.encode()
+        ptrs, counts, _keep = _tables(block_ids)
+        _check(_lib.kvt_offload_schedule(self._h, rid, len(rid), ptrs, counts, num_confirmed,
+                                         num_scheduled, resumed))
+
+    def build_meta(self, preempted=False):
+        meta = OffloadMeta()
+        _check(_lib.kvt_offload_build_meta(self._h, preempted, ctypes.byref(meta._m)))
+        return meta
+
+    def apply_output(self, finished_loads=(), worker_meta=None):
+        ids = [r.encode() for r in finished_loads]
+        arr = (L.kvt_str * max(1, len(ids)))(*[L.kvt_str(b, len(b)) for b in ids])
+        wm = ctypes.byref(worker_meta._m) if worker_meta is not None else None
+        _check(_lib.kvt_offload_apply_output(self._h, arr, len(ids), wm))
+
+    def request_finished(self, req_id, block_ids, num_confirmed):
+        rid = req_id.encode()
+        ptrs, counts, _keep = _tables(block_ids)
+        _check(_lib.kvt_offload_request_finished(self._h, rid, len(rid), ptrs, counts,
+                                                 num_confirmed))
+
+    def reset(self):
+        """Prefix-cache reset. False means "not yet": transfers are still in flight."""
+        rc = _lib.kvt_offload_reset(self._h)
+        if rc == -7:  # KVT_EBUSY
+            return False
+        _check(rc)
+        return True
+
+    @property
+    def has_pending(self):
+        return bool(_lib.kvt_offload_has_pending(self._h))
+
+    def stats(self):
+        """Counters and gauges as a dict (kvt_offload_stats)."""
+        s = L.kvt_offload_stats()
+        _lib.kvt_offload_get_stats(self._h, ctypes.byref(s))
+        return {name: getattr(s, name) for name, _ in L.kvt_offload_stats._fields_}
+
+    def prometheus(self):
+        """The stats in Prometheus text exposition format."""
+        n = ctypes.c_size_t(0)
+        rc = _lib.kvt_offload_prometheus(self._h, None, 0, ctypes.byref(n))
+        buf = ctypes.create_string_buffer(n.value + 1)
+        _check(_lib.kvt_offload_prometheus(self._h, buf, len(buf), ctypes.byref(n)))
+        del rc
+        return buf.value.decode()
+
+
+def _address(obj):
+    """(address, bytes, device) of a writable buffer, numpy array or torch tensor."""
+    if hasattr(obj, "data_ptr"):  # torch.Tensor
+        dev = obj.device.index if obj.device.type == "cuda" else L.HOST_DEVICE
+        return obj.data_ptr(), obj.element_size() * obj.numel(), dev
+    if hasattr(obj, "__array_interface__"):  # numpy
+        return obj.__array_interface__["data"][0], obj.nbytes, L.HOST_DEVICE
+    view = memoryview(obj)
+    if view.readonly:
+        raise ValueError("kvtier: the buffer must be writable")
+    raw = (ctypes.c_char * view.nbytes).from_buffer(obj)
+    return ctypes.addressof(raw), view.nbytes, L.HOST_DEVICE
+
+
+class Layout(_Handle):
+    """The KV cache of one rank as regions of equally strided blocks (kvt_layout)."""
+    _destroy = _lib.kvt_layout_destroy
+
+    def __init__(self, num_blocks, device=L.HOST_DEVICE):
+        h = ctypes.c_void_p()
+        _check(_lib.kvt_layout_create(device, num_blocks, ctypes.byref(h)))
+        self._h = h
+        self._buffers = []  # keep the memory alive as long as the layout
+        self.num_blocks = num_blocks
+
+    def add_tensor(self, obj, block_dim_size, block_stride):
+        """A KV tensor whose storage is obj (buffer, numpy array or torch tensor): the block
+        dimension has block_dim_size entries block_stride bytes apart (spec §3.1)."""
+        addr, nbytes, dev = _address(obj)
+        t = L.kvt_kv_tensor(dev, addr, nbytes, block_dim_size, block_stride)
+        _check(_lib.kvt_layout_add_tensor(self._h, ctypes.byref(t)))
+        self._buffers.append(obj)
+
+    def add_buffer(self, obj, block_bytes):
+        """obj holds num_blocks blocks of block_bytes, one after the other: one region."""
+        addr, nbytes, _dev = _address(obj)
+        if nbytes < self.num_blocks * block_bytes:
+            raise ValueError("kvtier: buffer of %d bytes holds fewer than %d blocks of %d" % (
+                nbytes, self.num_blocks, block_bytes))
+        _check(_lib.kvt_layout_add_region(self._h, addr, block_bytes))
+        self._buffers.append(obj)
+
+    @property
+    def num_regions(self):
+        return _lib.kvt_layout_num_regions(self._h)
+
+    @property
+    def block_bytes(self):
+        return _lib.kvt_layout_block_bytes(self._h)
+
+
+class Mirror(_Handle):
+    """The host tier of one rank: a host array per region of the layout (kvt_mirror)."""
+    _destroy = _lib.kvt_mirror_destroy
+
+    def __init__(self, layout, host_blocks, pin=True):
+        cfg = L.kvt_mirror_config()
+        _lib.kvt_mirror_config_init(ctypes.byref(cfg))
+        cfg.host_blocks = host_blocks
+        cfg.pin = pin
+        h = ctypes.c_void_p()
+        _check(_lib.kvt_mirror_create(ctypes.byref(cfg), layout._h, ctypes.byref(h)))
+        self._h = h
+        self._layout = layout
+
+    def block(self, region, block):
+        """A memoryview of one host block of one region (valid while the mirror lives)."""
+        if region >= _lib.kvt_mirror_num_regions(self._h):
+            raise IndexError("region %d" % region)
+        if block >= _lib.kvt_mirror_num_blocks(self._h):
+            raise IndexError("block %d" % block)
+        r = _lib.kvt_mirror_regions(self._h)[region]
+        return memoryview((ctypes.c_char * r.block_bytes).from_address(
+            r.base + block * r.block_bytes)).cast("B")
+
+
+class Worker(_Handle):
+    """The worker side of one rank (kvt_worker) over a layout and its mirror."""
+    _destroy = _lib.kvt_worker_destroy
+
+    def __init__(self, layout, mirror, rank=0, threads=0):
+        cfg = L.kvt_worker_config()
+        _lib.kvt_worker_config_init(ctypes.byref(cfg))
+        cfg.rank = rank
+        cfg.copy.threads = threads
+        h = ctypes.c_void_p()
+        _check(_lib.kvt_worker_create(ctypes.byref(cfg), layout._h, mirror._h, ctypes.byref(h)))
+        self._h = h
+        self._keep = (layout, mirror)
+        self._meta = None
+
+    def bind(self, meta):
+        """bind_connector_metadata (meta: OffloadMeta, kept until clear)."""
+        _check(_lib.kvt_worker_bind(self._h, ctypes.byref(meta._m)))
+        self._meta = meta
+
+    def handle_preemptions(self):
+        _check(_lib.kvt_worker_handle_preemptions(self._h))
+
+    def get_finished(self, stream=None):
+        """Launches this step's copies (after a compute point on stream, a CUstream handle as
+        an int, e.g. torch.cuda.current_stream().cuda_stream) and returns the request ids
+        whose loads finished."""
+        reqs = L.P(L.kvt_str)()
+        n = L.c_u32()
+        _check(_lib.kvt_worker_get_finished(self._h, stream, ctypes.byref(reqs),
+                                            ctypes.byref(n)))
+        return [reqs[i].ptr[:reqs[i].len].decode() for i in range(n.value)]
+
+    def build_meta(self):
+        wm = WorkerMeta()
+        _check(_lib.kvt_worker_build_meta(self._h, ctypes.byref(wm._m)))
+        return wm
+
+    def take_invalid_blocks(self):
+        out = []
+        buf = (L.c_u32 * 256)()
+        while True:
+            n = _lib.kvt_worker_take_invalid_blocks(self._h, buf, 256)
+            out.extend(buf[:n])
+            if n < 256:
+                return out
+
+    def clear(self):
+        _lib.kvt_worker_clear(self._h)
+        self._meta = None
+
+    def flush(self):
+        _check(_lib.kvt_worker_flush(self._h))

@@ -1,0 +1,228 @@
+"""ctypes declarations of kvtier's C API (the subset the Python package wraps).
+
+Every struct mirrors its C declaration field for field, private fields included, so that
+kvtier can be handed memory Python allocated; at load time each size is checked against the
+library's own (kvt_sizeof), and a mismatch refuses to load rather than corrupting memory.
+"""
+import ctypes
+import ctypes.util
+import os
+
+c_u32, c_u64, c_i64, c_int, c_bool = (ctypes.c_uint32, ctypes.c_uint64, ctypes.c_int64,
+                                      ctypes.c_int, ctypes.c_bool)
+P = ctypes.POINTER
+MAX_GROUPS = 32
+HASH_LEN = 16
+HOST_DEVICE = -1
+COPY_STORE, COPY_LOAD = 0, 1
+NO_EVENT = -1
+
+
+def _find_library():
+    env = os.environ.get("KVTIER_LIB")
+    if env:
+        return env
+    here = os.path.dirname(os.path.abspath(__file__))
+    for rel in ("libkvtier.so.0", "../../../build/lib/libkvtier.so.0",
+                "../../../../lib/libkvtier.so.0"):
+        p = os.path.normpath(os.path.join(here, rel))
+        if os.path.exists(p):
+            return p
+    found = ctypes.util.find_library("kvtier")
+    if found:
+        return found
+    raise OSError("kvtier: libkvtier.so.0 not found; set KVTIER_LIB to its path")
+
+
+lib = ctypes.CDLL(_find_library())
+
+
+class kvt_str(ctypes.Structure):
+    _fields_ = [("ptr", ctypes.c_char_p), ("len", c_u32)]
+
+
+class kvt_bump(ctypes.Structure):
+    _fields_ = [("head", ctypes.c_void_p), ("cur", ctypes.c_void_p)]
+
+
+class kvt_group_spec(ctypes.Structure):
+    _fields_ = [("kind", c_u32), ("block_size", c_u32), ("sliding_window", c_u32)]
+
+
+class kvt_pool_config(ctypes.Structure):
+    _fields_ = [("num_blocks", c_u32), ("hash_len", c_u32), ("keys_per_block", c_u32),
+                ("event_capacity", c_u32), ("hash_block_size", c_u32),
+                ("scheduler_block_size", c_u32), ("eagle", c_bool), ("n_groups", c_u32),
+                ("groups", kvt_group_spec * MAX_GROUPS)]
+
+
+class kvt_hit(ctypes.Structure):
+    _fields_ = [("length", c_u32), ("n_blocks", c_u32 * MAX_GROUPS)]
+
+
+class kvt_block_info(ctypes.Structure):
+    _fields_ = [("ref_cnt", c_u32), ("n_keys", c_u32), ("is_null", c_bool),
+                ("is_free", c_bool)]
+
+
+class kvt_offload_config(ctypes.Structure):
+    _fields_ = [("host_blocks", c_u32), ("world_size", c_u32), ("lazy", c_bool),
+                ("max_requests", c_u32), ("max_batched_tokens", c_u32),
+                ("max_model_len", c_u32), ("keys_per_block", c_u32),
+                ("restore_budget", c_u32), ("event_capacity", c_u32), ("block_bytes", c_u64)]
+
+
+class kvt_offload_meta(ctypes.Structure):
+    _fields_ = [("load_event", c_i64), ("n_loads", c_u32), ("load_gpu_blocks", P(c_u32)),
+                ("load_cpu_blocks", P(c_u32)), ("n_load_events", c_u32),
+                ("load_events", P(c_i64)), ("load_req_first", P(c_u32)),
+                ("n_load_reqs", c_u32), ("load_req_ids", P(kvt_str)), ("store_event", c_i64),
+                ("n_stores", c_u32), ("store_gpu_blocks", P(c_u32)),
+                ("store_cpu_blocks", P(c_u32)), ("need_flush", c_bool), ("cap_loads", c_u32),
+                ("cap_events", c_u32), ("cap_first", c_u32), ("cap_reqs", c_u32),
+                ("cap_stores", c_u32), ("strings", kvt_bump)]
+
+
+class kvt_offload_worker_meta(ctypes.Structure):
+    _fields_ = [("n_completed", c_u32), ("events", P(c_i64)), ("counts", P(c_u32)),
+                ("n_failed", c_u32), ("failed", P(c_i64)), ("cap", c_u32),
+                ("cap_failed", c_u32)]
+
+
+STAT_COUNTERS = ("lookups", "lookup_tokens", "hit_tokens", "hit_blocks", "miss_tokens",
+                 "miss_blocks", "hits_dropped", "untracked_requests", "load_events",
+                 "load_blocks", "loads_completed", "store_events", "store_blocks",
+                 "stores_completed", "stores_abandoned", "stores_failed",
+                 "store_skipped_cached", "store_skipped_in_flight", "store_skipped_unhashed",
+                 "store_skipped_null", "store_dropped_full", "restores", "host_evictions",
+                 "stale_reports", "bytes_loaded", "bytes_stored", "resets")
+STAT_GAUGES = ("host_blocks", "host_used_blocks", "host_cached_blocks", "requests",
+               "load_events_in_flight", "store_events_in_flight", "pending_store_blocks")
+
+
+class kvt_offload_stats(ctypes.Structure):
+    _fields_ = [(n, c_u64) for n in STAT_COUNTERS] + [(n, c_u32) for n in STAT_GAUGES]
+
+
+class kvt_copy_config(ctypes.Structure):
+    _fields_ = [("backend", c_int), ("threads", c_u32), ("max_descriptors", c_u32),
+                ("max_events", c_u32), ("nt_min_bytes", c_u64), ("chunk_bytes", c_u64),
+                ("force_fallback", c_bool), ("prefer_overlap", c_bool)]
+
+
+class kvt_mirror_config(ctypes.Structure):
+    _fields_ = [("host_blocks", c_u32), ("arena_flags", ctypes.c_uint), ("pin", c_bool),
+                ("pin_chunk", c_u64)]
+
+
+class kvt_worker_config(ctypes.Structure):
+    _fields_ = [("rank", c_u32), ("copy", kvt_copy_config)]
+
+
+class kvt_region(ctypes.Structure):
+    _fields_ = [("base", c_u64), ("block_bytes", c_u64)]
+
+
+class kvt_kv_tensor(ctypes.Structure):
+    _fields_ = [("device", ctypes.c_int32), ("storage", c_u64), ("storage_bytes", c_u64),
+                ("block_dim_size", c_u64), ("block_stride", c_u64)]
+
+
+def _sig(name, res, *args):
+    f = getattr(lib, name)
+    f.restype = res
+    f.argtypes = list(args)
+    return f
+
+
+vp = ctypes.c_void_p
+cp = ctypes.c_char_p
+u8p = P(ctypes.c_uint8)
+_sig("kvt_sizeof", ctypes.c_size_t, cp)
+_sig("kvt_strerror", cp, c_int)
+_sig("kvt_err_name", cp, c_int)
+_sig("kvt_last_error", cp)
+_sig("kvt_version", cp)
+_sig("kvt_hash_prompt", c_int, c_u64, P(c_u32), c_u32, c_u32, u8p, ctypes.c_size_t, u8p, c_u32,
+     P(c_u32))
+# pool
+_sig("kvt_pool_config_init", None, P(kvt_pool_config))
+_sig("kvt_pool_create", c_int, P(kvt_pool_config), P(vp))
+_sig("kvt_pool_destroy", None, vp)
+_sig("kvt_pool_num_blocks", c_u32, vp)
+_sig("kvt_pool_num_free", c_u32, vp)
+_sig("kvt_pool_num_cached", c_u32, vp)
+_sig("kvt_pool_alloc", c_int, vp, c_u32, P(c_u32))
+_sig("kvt_pool_touch", c_int, vp, P(c_u32), c_u32)
+_sig("kvt_pool_free", c_int, vp, P(c_u32), c_u32)
+_sig("kvt_pool_insert", c_int, vp, c_u32, u8p, c_u32, c_u32)
+_sig("kvt_pool_lookup", c_int, vp, u8p, c_u32, P(c_u32))
+_sig("kvt_pool_block_info", c_int, vp, c_u32, P(kvt_block_info))
+_sig("kvt_pool_reset_prefix_cache", c_int, vp)
+_sig("kvt_pool_hit_capacity", c_u32, vp, c_u32, c_u32, c_u32)
+_sig("kvt_pool_find_longest_hit", c_int, vp, u8p, c_u32, c_u32, P(P(c_u32)), P(kvt_hit))
+# metadata
+for kind in ("kvt_offload_meta", "kvt_offload_worker_meta"):
+    t = kvt_offload_meta if kind == "kvt_offload_meta" else kvt_offload_worker_meta
+    _sig(kind + "_init", None, P(t))
+    _sig(kind + "_clear", None, P(t))
+    _sig(kind + "_release", None, P(t))
+    _sig(kind + "_validate", c_int, P(t))
+    _sig(kind + "_encoded_size", ctypes.c_size_t, P(t))
+    _sig(kind + "_encode", c_int, P(t), vp, ctypes.c_size_t, P(ctypes.c_size_t))
+    _sig(kind + "_decode", c_int, P(t), vp, ctypes.c_size_t)
+_sig("kvt_offload_meta_add_load", c_int, P(kvt_offload_meta), c_u32, c_u32)
+_sig("kvt_offload_meta_add_store", c_int, P(kvt_offload_meta), c_u32, c_u32)
+_sig("kvt_offload_meta_add_load_req", c_int, P(kvt_offload_meta), c_i64, cp, c_u32)
+_sig("kvt_offload_worker_meta_add", c_int, P(kvt_offload_worker_meta), c_i64, c_u32)
+_sig("kvt_offload_worker_meta_add_failed", c_int, P(kvt_offload_worker_meta), c_i64)
+_sig("kvt_offload_worker_meta_aggregate", c_int, P(kvt_offload_worker_meta),
+     P(kvt_offload_worker_meta))
+# offload manager
+_sig("kvt_offload_config_init", None, P(kvt_offload_config))
+_sig("kvt_offload_size_host", c_int, c_u64, c_u64, P(c_u32))
+_sig("kvt_offload_create", c_int, P(kvt_offload_config), vp, P(vp))
+_sig("kvt_offload_destroy", None, vp)
+_sig("kvt_offload_lower_host_blocks", c_int, vp, c_u32)
+_sig("kvt_offload_match", c_int, vp, cp, c_u32, u8p, c_u32, c_u32, c_u32, P(c_u32))
+_sig("kvt_offload_after_alloc", c_int, vp, cp, c_u32, P(P(c_u32)), P(c_u32), c_u32)
+_sig("kvt_offload_schedule", c_int, vp, cp, c_u32, P(P(c_u32)), P(c_u32), c_u32, c_u32, c_bool)
+_sig("kvt_offload_build_meta", c_int, vp, c_bool, P(kvt_offload_meta))
+_sig("kvt_offload_apply_output", c_int, vp, P(kvt_str), c_u32, P(kvt_offload_worker_meta))
+_sig("kvt_offload_request_finished", c_int, vp, cp, c_u32, P(P(c_u32)), P(c_u32), c_u32)
+_sig("kvt_offload_reset", c_int, vp)
+_sig("kvt_offload_has_pending", c_bool, vp)
+_sig("kvt_offload_get_stats", None, vp, P(kvt_offload_stats))
+_sig("kvt_offload_prometheus", c_int, vp, cp, ctypes.c_size_t, P(ctypes.c_size_t))
+# layouts, mirror, worker
+_sig("kvt_layout_create", c_int, ctypes.c_int32, c_u32, P(vp))
+_sig("kvt_layout_destroy", None, vp)
+_sig("kvt_layout_add_tensor", c_int, vp, P(kvt_kv_tensor))
+_sig("kvt_layout_add_region", c_int, vp, c_u64, c_u64)
+_sig("kvt_layout_num_regions", c_u32, vp)
+_sig("kvt_layout_block_bytes", c_u64, vp)
+_sig("kvt_mirror_config_init", None, P(kvt_mirror_config))
+_sig("kvt_mirror_create", c_int, P(kvt_mirror_config), vp, P(vp))
+_sig("kvt_mirror_destroy", None, vp)
+_sig("kvt_mirror_num_blocks", c_u32, vp)
+_sig("kvt_mirror_regions", P(kvt_region), vp)
+_sig("kvt_mirror_num_regions", c_u32, vp)
+_sig("kvt_worker_config_init", None, P(kvt_worker_config))
+_sig("kvt_worker_create", c_int, P(kvt_worker_config), vp, vp, P(vp))
+_sig("kvt_worker_destroy", None, vp)
+_sig("kvt_worker_bind", c_int, vp, P(kvt_offload_meta))
+_sig("kvt_worker_handle_preemptions", c_int, vp)
+_sig("kvt_worker_get_finished", c_int, vp, vp, P(P(kvt_str)), P(c_u32))
+_sig("kvt_worker_build_meta", c_int, vp, P(kvt_offload_worker_meta))
+_sig("kvt_worker_take_invalid_blocks", c_u32, vp, P(c_u32), c_u32)
+_sig("kvt_worker_clear", None, vp)
+_sig("kvt_worker_flush", c_int, vp)
+
+for _t in (kvt_str, kvt_bump, kvt_group_spec, kvt_pool_config, kvt_hit, kvt_block_info,
+           kvt_offload_config, kvt_offload_meta, kvt_offload_worker_meta, kvt_offload_stats,
+           kvt_copy_config, kvt_mirror_config, kvt_worker_config, kvt_region, kvt_kv_tensor):
+    _c = lib.kvt_sizeof(_t.__name__.encode())
+    if _c != ctypes.sizeof(_t):
+        raise ImportError("kvtier: %s is %d bytes in the library but %d in the bindings; "
+                          "the bindings do not match this libkvtier" % (
+                              _t.__name__, _c, ctypes.sizeof(_t)))

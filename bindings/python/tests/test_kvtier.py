@@ -1,0 +1,96 @@
+"""Tests of the Python bindings (run by ctest as test_python)."""
+import os
+import sys
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+sys.path.insert(0, os.path.join(HERE, "..", "examples"))
+import kvtier  # noqa: E402
+
+
+class Errors(unittest.TestCase):
+    def test_bad_config_raises_with_kvtiers_message(self):
+        with self.assertRaises(kvtier.KvtierError) as cm:
+            kvtier.Pool(1)
+        self.assertEqual(cm.exception.name, "KVT_EINVAL")
+        self.assertIn("num_blocks", cm.exception.message)
+        self.assertLess(cm.exception.code, 0)
+
+    def test_malformed_metadata_is_refused(self):
+        with self.assertRaises(kvtier.KvtierError) as cm:
+            kvtier.OffloadMeta.decode(b"KVTM" + b"\x00" * 20)
+        self.assertIn(cm.exception.name, ("KVT_EPROTO", "KVT_EVERSION"))
+
+
+class PoolTests(unittest.TestCase):
+    def test_alloc_insert_lookup_hit_free(self):
+        with kvtier.Pool(32, block_size=16) as pool:
+            hashes = kvtier.hash_prompt(1, range(50), 16)
+            self.assertEqual(len(hashes), 3)
+            self.assertTrue(all(len(h) == 16 for h in hashes))
+            ids = pool.alloc(4)
+            for b, h in zip(ids, hashes):
+                pool.insert(b, h)
+            self.assertEqual(pool.lookup(hashes[1]), ids[1])
+            pool.free(list(reversed(ids)))
+            self.assertEqual(pool.num_free, 31)
+            length, hit = pool.find_longest_hit(hashes, 49)
+            self.assertEqual(length, 48)
+            self.assertEqual(hit, ids[:3])
+            with self.assertRaises(kvtier.KvtierError):
+                pool.free([ids[0]])  # not referenced any more: a double free
+
+    def test_hash_prompt_is_deterministic_and_seeded(self):
+        a = kvtier.hash_prompt(7, range(32), 16)
+        self.assertEqual(a, kvtier.hash_prompt(7, range(32), 16))
+        self.assertNotEqual(a, kvtier.hash_prompt(8, range(32), 16))
+
+
+class MetaTests(unittest.TestCase):
+    def test_worker_report_round_trip_and_aggregate(self):
+        a = kvtier.WorkerMeta()
+        a.add(3)
+        a.add(5, 2)
+        a.add_failed(5)
+        b = kvtier.WorkerMeta.decode(a.encode())
+        self.assertEqual(b.completed, {3: 1, 5: 2})
+        self.assertEqual(b.failed, {5})
+        b.aggregate(a)
+        self.assertEqual(b.completed, {3: 2, 5: 4})
+        with self.assertRaises(kvtier.KvtierError):
+            a.add_failed(9)  # not a completed event
+
+
+class EngineStep(unittest.TestCase):
+    def test_second_turn_loads_the_prompt_from_the_host_tier(self):
+        import engine_step
+        first, second, stats = engine_step.main()
+        self.assertEqual(first["recomputed"], 83)
+        self.assertEqual(second["host_hit"], 80)
+        self.assertEqual(second["recomputed"], 3)
+        self.assertEqual(second["loaded_blocks"], 5)
+        self.assertEqual(stats["stores_completed"], 5)
+        self.assertEqual(stats["host_used_blocks"], 0)
+
+    def test_prometheus_text(self):
+        import engine_step
+        e = engine_step.Engine()
+        e.turn("r", list(range(40)))
+        text = e.mgr.prometheus()
+        self.assertIn("kvtier_offload_", text)
+
+    def test_layout_from_numpy(self):
+        try:
+            import numpy as np
+        except ImportError:
+            self.skipTest("numpy not installed")
+        kv = np.zeros((2, 8, 256), dtype=np.uint8)  # (K/V, blocks, bytes per block)
+        layout = kvtier.Layout(8)
+        layout.add_tensor(kv, block_dim_size=8, block_stride=256)
+        self.assertEqual(layout.num_regions, 2)
+        self.assertEqual(layout.block_bytes, 512)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,35 @@
+/*
+ * Sizes of the public structs by name, so bindings that declare them (bindings/python's
+ * ctypes mirror) can check at load time that their declarations match this build.
+ */
+#include <string.h>
+
+#include "kvtier/kvtier.h"
+
+#define SIZE(t)                                                                                    \
+    {                                                                                              \
+#t, sizeof(t)                                                                              \
+    }
+
+static const struct {
+    const char *name;
+    size_t size;
+} sizes[] = {
+    SIZE(kvt_pool_config),   SIZE(kvt_group_spec),
+    SIZE(kvt_hit),           SIZE(kvt_block_info),
+    SIZE(kvt_str),           SIZE(kvt_offload_config),
+    SIZE(kvt_offload_meta),  SIZE(kvt_offload_worker_meta),
+    SIZE(kvt_offload_stats), SIZE(kvt_bump),
+    SIZE(kvt_copy_config),   SIZE(kvt_mirror_config),
+    SIZE(kvt_worker_config), SIZE(kvt_region),
+    SIZE(kvt_kv_tensor),     SIZE(kvt_disk_config),
+    SIZE(kvt_link_result),   SIZE(kvt_slab_view),
+};
+
+size_t kvt_sizeof(const char *type_name)
+{
+    for (size_t i = 0; type_name && i < sizeof(sizes) / sizeof(sizes[0]); i++)
+        if (strcmp(sizes[i].name, type_name) == 0)
+            return sizes[i].size;
+    return 0;
+}
