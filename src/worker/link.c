@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <zmq.h>
 
 #include "base/array.h"
@@ -46,6 +47,7 @@ typedef struct pend_req {
 
 struct kvt_link_sched {
     void *ctx, *sock;
+    char ipc_path[256]; /* the socket file of an ipc:// endpoint, removed at destroy */
     uint32_t world;
     uint64_t step;
     uint8_t *buf;
@@ -219,6 +221,8 @@ int kvt_link_sched_create(const char *endpoint, uint32_t world_size, kvt_link_sc
         zmq_setsockopt(s->sock, ZMQ_ROUTER_MANDATORY, &mandatory, sizeof(mandatory));
         if (zmq_bind(s->sock, endpoint) != 0)
             rc = kvt_fail(KVT_EIO, "link: cannot bind %s: %s", endpoint, zmq_strerror(zmq_errno()));
+        else if (strncmp(endpoint, "ipc://", 6) == 0 && strlen(endpoint + 6) < sizeof(s->ipc_path))
+            strcpy(s->ipc_path, endpoint + 6);
     }
     if (rc) {
         kvt_link_sched_destroy(s);
@@ -236,6 +240,8 @@ void kvt_link_sched_destroy(kvt_link_sched *s)
         frames_free(&s->ranks[r].rep);
     frames_free(&s->in);
     close_socket(s->ctx, s->sock);
+    if (s->ipc_path[0])
+        unlink(s->ipc_path); /* ZeroMQ leaves the socket file behind */
     for (uint32_t i = 0; i < s->n_pend; i++)
         free(s->pend[i].id);
     free(s->pend);
