@@ -178,6 +178,22 @@ KVT_API int kvt_copy_flush(kvt_copy *c);
 /* Events submitted and not yet reported by poll, in a direction. */
 KVT_API uint32_t kvt_copy_outstanding(const kvt_copy *c, int dir);
 
+/* Counters per direction (index KVT_COPY_STORE / KVT_COPY_LOAD). */
+typedef struct kvt_copy_stats {
+    uint64_t events[2];        /* submitted */
+    uint64_t events_done[2];   /* reported by poll (failed ones included) */
+    uint64_t events_failed[2]; /* the backend could not complete them */
+    uint64_t blocks[2];        /* block pairs submitted */
+    uint64_t bytes[2];         /* bytes submitted */
+    uint64_t descriptors[2];   /* copies after coalescing, region-major */
+    uint32_t outstanding[2];   /* events submitted and not yet reported */
+} kvt_copy_stats;
+
+KVT_API void kvt_copy_get_stats(const kvt_copy *c, kvt_copy_stats *s);
+/* The stats in Prometheus text (kvtier_copy_* families, label direction="store"|"load");
+ * *len receives the length, KVT_ENOSPC (and the length needed) if cap is too small. */
+KVT_API int kvt_copy_prometheus(const kvt_copy *c, char *buf, size_t cap, size_t *len);
+
 /* CUDA helpers for engines and tests (KVT_EUNSUPPORTED without a driver). The engine's
  * compute stream and events are plain CUstream / CUevent handles. */
 KVT_API bool kvt_cuda_available(void);

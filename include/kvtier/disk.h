@@ -83,6 +83,20 @@ KVT_API uint32_t kvt_disk_take_invalid_blocks(kvt_disk *d, uint32_t *out, uint32
 KVT_API int kvt_disk_flush(kvt_disk *d);
 KVT_API uint32_t kvt_disk_outstanding(const kvt_disk *d, int dir);
 
+/* Counters per direction (index KVT_COPY_STORE = writes, KVT_COPY_LOAD = reads). */
+typedef struct kvt_disk_stats {
+    uint64_t events[2];      /* submitted */
+    uint64_t events_done[2]; /* finished (including those with failed blocks) */
+    uint64_t blocks[2];      /* blocks submitted */
+    uint64_t bytes[2];       /* slot bytes moved successfully */
+    uint64_t io_errors[2];   /* blocks whose I/O failed or was short */
+    uint32_t fatal;          /* 1 once a fatal error stopped the tier */
+} kvt_disk_stats;
+
+KVT_API void kvt_disk_get_stats(const kvt_disk *d, kvt_disk_stats *s);
+/* The stats in Prometheus text (kvtier_disk_* families, label direction="write"|"read"). */
+KVT_API int kvt_disk_prometheus(const kvt_disk *d, char *buf, size_t cap, size_t *len);
+
 #ifdef __cplusplus
 }
 #endif

@@ -131,6 +131,7 @@ struct kvt_copy {
     uint32_t q_head, q_tail, q_cap;
     bool stop;
     uint32_t active[2]; /* CPU: jobs started and not done, per direction (0 or 1) */
+    kvt_copy_stats st;  /* counters (under mu) */
     uint32_t n_threads;
     pthread_t *threads;
     void *be; /* backend state */

@@ -20,6 +20,7 @@
 #include "base/array.h"
 #include "base/error.h"
 #include "base/log.h"
+#include "base/prom.h"
 #include "base/util.h"
 #include "copy/copy_internal.h"
 
@@ -322,6 +323,10 @@ int kvt_copy_submit(kvt_copy *c, int dir, int64_t event, const uint32_t *src, co
     j->wait = wait;
     ring->last_event = event;
     pthread_mutex_lock(&c->mu);
+    c->st.events[dir]++;
+    c->st.blocks[dir] += n;
+    c->st.bytes[dir] += (uint64_t)n * kvt_layout_block_bytes(c->layout);
+    c->st.descriptors[dir] += j->n_descs;
     j->state = JOB_QUEUED;
     ring->tail++;
     c->queue[c->q_tail++ % c->q_cap] = j;
@@ -369,8 +374,11 @@ int kvt_copy_poll(kvt_copy *c, int dir, int64_t *hwm)
             break;
         if (j->state != JOB_DONE && j->state != JOB_FAILED)
             break;
-        if (j->state == JOB_FAILED)
+        if (j->state == JOB_FAILED) {
             ring->failed[ring->n_failed++] = j->event;
+            c->st.events_failed[dir]++;
+        }
+        c->st.events_done[dir]++;
         ring->hwm = j->event;
         j->state = JOB_FREE;
         ring->head++;
@@ -426,6 +434,49 @@ int kvt_copy_flush(kvt_copy *c)
     }
     pthread_mutex_unlock(&c->mu);
     return 0;
+}
+
+void kvt_copy_get_stats(const kvt_copy *c, kvt_copy_stats *s)
+{
+    kvt_copy *m = (kvt_copy *)c;
+    pthread_mutex_lock(&m->mu);
+    *s = c->st;
+    for (int d = 0; d < 2; d++)
+        s->outstanding[d] = c->ring[d].tail - c->ring[d].head;
+    pthread_mutex_unlock(&m->mu);
+}
+
+int kvt_copy_prometheus(const kvt_copy *c, char *buf, size_t cap, size_t *len)
+{
+    if (!len || (cap && !buf))
+        return kvt_fail(KVT_EINVAL, "copy: prometheus: NULL argument");
+    kvt_copy_stats s;
+    kvt_copy_get_stats(c, &s);
+    kvt_prom p = {buf, cap, 0};
+    static const char *const dir_name[2] = {"store", "load"};
+    const struct {
+        const char *name, *help;
+        const uint64_t *v;
+    } counters[] = {
+        {"events_total", "Copy events submitted.", s.events},
+        {"events_done_total", "Copy events completed (failed ones included).", s.events_done},
+        {"events_failed_total", "Copy events the backend could not complete.", s.events_failed},
+        {"blocks_total", "Block pairs submitted.", s.blocks},
+        {"bytes_total", "Bytes submitted.", s.bytes},
+        {"descriptors_total", "Copies after coalescing.", s.descriptors},
+    };
+    for (size_t i = 0; i < KVT_ARRAY_LEN(counters); i++) {
+        kvt_prom_family(&p, "kvtier_copy", counters[i].name, counters[i].help, false);
+        for (int d = 0; d < 2; d++)
+            kvt_prom_sample(&p, "kvtier_copy", counters[i].name, "direction", dir_name[d],
+                            counters[i].v[d]);
+    }
+    kvt_prom_family(&p, "kvtier_copy", "outstanding_events", "Events submitted, not reported.",
+                    true);
+    for (int d = 0; d < 2; d++)
+        kvt_prom_sample(&p, "kvtier_copy", "outstanding_events", "direction", dir_name[d],
+                        s.outstanding[d]);
+    return kvt_prom_finish(&p, len, "copy");
 }
 
 uint32_t kvt_copy_outstanding(const kvt_copy *c, int dir)

@@ -33,6 +33,7 @@
 #include "base/array.h"
 #include "base/error.h"
 #include "base/log.h"
+#include "base/prom.h"
 #include "copy/copy_internal.h"
 #include "copy/cuda_api.h"
 #include "disk/disk_internal.h"
@@ -85,6 +86,7 @@ struct kvt_disk {
     uint32_t n_invalid, cap_invalid;
     int fatal;
     char fatal_msg[4096 + 256];
+    kvt_disk_stats st; /* under mu */
     kvt_disk_fault_fn fault;
     void *fault_ctx;
 };
@@ -199,6 +201,9 @@ static bool reap_one(disk_pipe *p, disk_job *j)
         return false;
     }
     if (res == (int)d->slot_bytes) {
+        pthread_mutex_lock(&d->mu);
+        d->st.bytes[p->dir] += d->slot_bytes;
+        pthread_mutex_unlock(&d->mu);
         if (p->dir == KVT_COPY_LOAD && p->stream)
             return cuda_copy(p, j->dst[i], buf_at(p, k), false);
         if (p->dir == KVT_COPY_LOAD && !p->zero_copy)
@@ -210,6 +215,7 @@ static bool reap_one(disk_pipe *p, disk_job *j)
               slot, res < 0 ? strerror(-res) : "short transfer");
     pthread_mutex_lock(&d->mu);
     j->failed = true;
+    d->st.io_errors[p->dir]++;
     if (p->dir == KVT_COPY_LOAD && kvt_array_grow((void **)&d->invalid, &d->cap_invalid,
                                                   d->n_invalid + 1ull, sizeof(uint32_t)) == 0)
         d->invalid[d->n_invalid++] = j->dst[i];
@@ -342,6 +348,7 @@ static void *pipe_thread(void *arg)
             drain_after_fatal(p);
         pthread_mutex_lock(&d->mu);
         j->state = DJOB_DONE;
+        d->st.events_done[p->dir]++;
         if (!ok)
             j->failed = true;
         p->next++;
@@ -651,6 +658,8 @@ int kvt_disk_submit(kvt_disk *d, int dir, int64_t event, const uint32_t *src, co
     j->wait = wait;
     p->last_event = event;
     pthread_mutex_lock(&d->mu);
+    d->st.events[dir]++;
+    d->st.blocks[dir] += n;
     j->state = DJOB_QUEUED;
     p->tail++;
     pthread_cond_broadcast(&d->cv_work);
@@ -720,6 +729,44 @@ int kvt_disk_flush(kvt_disk *d)
     if (fatal)
         return kvt_fail(KVT_EIO, "%s", d->fatal_msg);
     return 0;
+}
+
+void kvt_disk_get_stats(const kvt_disk *d, kvt_disk_stats *s)
+{
+    kvt_disk *m = (kvt_disk *)d;
+    pthread_mutex_lock(&m->mu);
+    *s = d->st;
+    s->fatal = d->fatal != 0;
+    pthread_mutex_unlock(&m->mu);
+}
+
+int kvt_disk_prometheus(const kvt_disk *d, char *buf, size_t cap, size_t *len)
+{
+    if (!len || (cap && !buf))
+        return kvt_fail(KVT_EINVAL, "disk: prometheus: NULL argument");
+    kvt_disk_stats s;
+    kvt_disk_get_stats(d, &s);
+    kvt_prom p = {buf, cap, 0};
+    static const char *const dir_name[2] = {"write", "read"};
+    const struct {
+        const char *name, *help;
+        const uint64_t *v;
+    } counters[] = {
+        {"events_total", "Disk events submitted.", s.events},
+        {"events_done_total", "Disk events finished.", s.events_done},
+        {"blocks_total", "Blocks submitted.", s.blocks},
+        {"bytes_total", "Slot bytes moved successfully.", s.bytes},
+        {"io_errors_total", "Blocks whose I/O failed or was short.", s.io_errors},
+    };
+    for (size_t i = 0; i < sizeof(counters) / sizeof(counters[0]); i++) {
+        kvt_prom_family(&p, "kvtier_disk", counters[i].name, counters[i].help, false);
+        for (int k = 0; k < 2; k++)
+            kvt_prom_sample(&p, "kvtier_disk", counters[i].name, "direction", dir_name[k],
+                            counters[i].v[k]);
+    }
+    kvt_prom_metric(&p, "kvtier_disk", "fatal", "1 once a fatal error stopped the tier.", true,
+                    s.fatal);
+    return kvt_prom_finish(&p, len, "disk");
 }
 
 uint32_t kvt_disk_outstanding(const kvt_disk *d, int dir)

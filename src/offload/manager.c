@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "base/error.h"
+#include "base/prom.h"
 #include "base/hash.h"
 #include "base/util.h"
 #include "offload/offload_internal.h"
@@ -566,31 +567,13 @@ void kvt_offload_get_stats(const kvt_offload *m, kvt_offload_stats *s)
     s->pending_store_blocks = pending;
 }
 
-struct prom {
-    char *buf;
-    size_t cap, len;
-};
-
-static void prom_put(struct prom *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-static void prom_put(struct prom *p, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    size_t room = p->len < p->cap ? p->cap - p->len : 0;
-    int n = vsnprintf(room ? p->buf + p->len : NULL, room, fmt, ap);
-    va_end(ap);
-    if (n > 0)
-        p->len += (size_t)n;
-}
-
 int kvt_offload_prometheus(const kvt_offload *m, char *buf, size_t cap, size_t *len)
 {
     if (!len || (cap && !buf))
         return kvt_fail(KVT_EINVAL, "offload: prometheus: NULL argument");
     kvt_offload_stats s;
     kvt_offload_get_stats(m, &s);
-    struct prom p = {buf, cap, 0};
+    kvt_prom p = {buf, cap, 0};
     const struct {
         const char *name, *help;
         uint64_t v;
@@ -636,11 +619,8 @@ int kvt_offload_prometheus(const kvt_offload *m, char *buf, size_t cap, size_t *
          s.pending_store_blocks, true},
     };
     for (size_t i = 0; i < KVT_ARRAY_LEN(metrics); i++)
-        prom_put(&p,
-                 "# HELP kvtier_offload_%s %s\n# TYPE kvtier_offload_%s %s\n"
-                 "kvtier_offload_%s %" PRIu64 "\n",
-                 metrics[i].name, metrics[i].help, metrics[i].name,
-                 metrics[i].gauge ? "gauge" : "counter", metrics[i].name, metrics[i].v);
+        kvt_prom_metric(&p, "kvtier_offload", metrics[i].name, metrics[i].help, metrics[i].gauge,
+                        metrics[i].v);
     const struct {
         const char *reason;
         uint64_t v;
@@ -649,14 +629,10 @@ int kvt_offload_prometheus(const kvt_offload *m, char *buf, size_t cap, size_t *
         {"not_hashed", s.store_skipped_unhashed},   {"null_block", s.store_skipped_null},
         {"host_full", s.store_dropped_full},
     };
-    prom_put(&p, "# HELP kvtier_offload_store_skipped_blocks_total Blocks not stored, by "
-                 "reason.\n# TYPE kvtier_offload_store_skipped_blocks_total counter\n");
+    kvt_prom_family(&p, "kvtier_offload", "store_skipped_blocks_total",
+                    "Blocks not stored, by reason.", false);
     for (size_t i = 0; i < KVT_ARRAY_LEN(skipped); i++)
-        prom_put(&p, "kvtier_offload_store_skipped_blocks_total{reason=\"%s\"} %" PRIu64 "\n",
-                 skipped[i].reason, skipped[i].v);
-    *len = p.len;
-    if (p.len >= cap)
-        return kvt_fail(KVT_ENOSPC, "offload: prometheus: %zu bytes needed, buffer has %zu",
-                        p.len + 1, cap);
-    return 0;
+        kvt_prom_sample(&p, "kvtier_offload", "store_skipped_blocks_total", "reason",
+                        skipped[i].reason, skipped[i].v);
+    return kvt_prom_finish(&p, len, "offload");
 }

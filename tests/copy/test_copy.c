@@ -326,6 +326,23 @@ static void test_ids_checked_before_copy(void **state)
     int64_t failed[4];
     assert_int_equal(kvt_copy_take_failed(c, KVT_COPY_STORE, failed, 4), 0);
     check_block(&g, true, 1, 42);
+    /* counters: refused submits count nothing; 3 regions, blocks 3,4 -> 1,2 is one run */
+    kvt_copy_stats st;
+    kvt_copy_get_stats(c, &st);
+    assert_int_equal(st.events[KVT_COPY_STORE], 1);
+    assert_int_equal(st.events_done[KVT_COPY_STORE], 1);
+    assert_int_equal(st.blocks[KVT_COPY_STORE], 2);
+    assert_int_equal(st.bytes[KVT_COPY_STORE], 2 * (g.bpb[0] + g.bpb[1] + g.bpb[2]));
+    assert_int_equal(st.descriptors[KVT_COPY_STORE], 3);
+    assert_int_equal(st.events[KVT_COPY_LOAD], 1);
+    assert_int_equal(st.outstanding[KVT_COPY_LOAD], 1); /* not polled yet */
+    char text[4096];
+    size_t len;
+    KVT_ERR_(kvt_copy_prometheus(c, text, 16, &len), KVT_ENOSPC);
+    assert_true(len > 16);
+    KVT_OK_(kvt_copy_prometheus(c, text, sizeof(text), &len));
+    assert_non_null(strstr(text, "kvtier_copy_events_total{direction=\"store\"} 1\n"));
+    assert_non_null(strstr(text, "# TYPE kvtier_copy_outstanding_events gauge"));
     kvt_copy_destroy(c);
     rig_fini(&g);
 }

@@ -301,6 +301,18 @@ static void io_errors(bool aligned)
     expect(&g, 20, 100);
     expect(&g, 23, 103);
     assert_int_equal(kvt_disk_take_failed(g.disk, failed, 4), 0); /* loads are not "failed" */
+    kvt_disk_stats st;
+    kvt_disk_get_stats(g.disk, &st);
+    assert_int_equal(st.io_errors[KVT_COPY_STORE], 1);
+    assert_int_equal(st.io_errors[KVT_COPY_LOAD], 2);
+    assert_int_equal(st.events_done[KVT_COPY_STORE], 3);
+    assert_int_equal(st.blocks[KVT_COPY_LOAD], 4);
+    assert_int_equal(st.bytes[KVT_COPY_LOAD], 2 * kvt_disk_slot_bytes(g.disk));
+    assert_int_equal(st.fatal, 0);
+    char text[4096];
+    size_t len;
+    KVT_OK_(kvt_disk_prometheus(g.disk, text, sizeof(text), &len));
+    assert_non_null(strstr(text, "kvtier_disk_io_errors_total{direction=\"read\"} 2\n"));
     rig_close(&g);
 }
 

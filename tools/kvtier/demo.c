@@ -256,10 +256,36 @@ static int engine_open(struct engine *e, uint64_t seed, bool host_tier)
     return 0;
 }
 
+/* Prometheus text of the host-tier run (manager + copy engine), kept for --metrics-port. */
+static char *g_metrics;
+
+static void snapshot_metrics(struct engine *e)
+{
+    size_t a = 0, b = 0;
+    kvt_offload_prometheus(e->off, NULL, 0, &a);
+    kvt_copy_prometheus(kvt_worker_copy(e->worker), NULL, 0, &b);
+    free(g_metrics);
+    g_metrics = malloc(a + b + 2);
+    if (!g_metrics)
+        return;
+    size_t got;
+    if (kvt_offload_prometheus(e->off, g_metrics, a + 1, &got) != 0 ||
+        kvt_copy_prometheus(kvt_worker_copy(e->worker), g_metrics + got, b + 1, &got) != 0) {
+        free(g_metrics);
+        g_metrics = NULL;
+    }
+}
+
+const char *kvt_demo_metrics(void)
+{
+    return g_metrics;
+}
+
 static int engine_close(struct engine *e)
 {
     int bad = kvt_pool_num_free(e->gpu) != GPU_BLOCKS - 1;
     if (e->off) {
+        snapshot_metrics(e);
         kvt_offload_stats os;
         kvt_offload_get_stats(e->off, &os);
         bad |= kvt_offload_has_pending(e->off) || os.host_used_blocks != 0 || os.requests != 0;

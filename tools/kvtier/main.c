@@ -20,6 +20,9 @@ static void usage(FILE *f)
             "\n"
             "usage:\n"
             "  kvtier demo [--seed N]             run the end-to-end demonstration\n"
+            "      --metrics-port P  then serve the run's Prometheus metrics at :P/metrics\n"
+            "                        (0: any free port) until interrupted\n"
+            "      --metrics-seconds S  serve them for S seconds only\n"
             "  kvtier bench <name> [options]      run a benchmark\n"
             "      --json          print one JSON object\n"
             "      --seconds S     time budget per measured phase (default 2)\n"
@@ -118,11 +121,26 @@ static int cmd_bench(int argc, char **argv)
 
 static int cmd_demo(int argc, char **argv)
 {
-    uint64_t seed = 1;
+    uint64_t seed = 1, port = 0;
+    bool serve = false;
+    double seconds = -1;
     for (int i = 0; i < argc; i++) {
         if (strcmp(argv[i], "--seed") == 0 && i + 1 < argc) {
             if (parse_u64(argv[++i], &seed)) {
                 fprintf(stderr, "kvtier demo: --seed wants an integer\n");
+                return 2;
+            }
+        } else if (strcmp(argv[i], "--metrics-port") == 0 && i + 1 < argc) {
+            if (parse_u64(argv[++i], &port) || port > 65535) {
+                fprintf(stderr, "kvtier demo: --metrics-port wants a port 0..65535\n");
+                return 2;
+            }
+            serve = true;
+        } else if (strcmp(argv[i], "--metrics-seconds") == 0 && i + 1 < argc) {
+            char *end;
+            seconds = strtod(argv[++i], &end);
+            if (*end || seconds < 0) {
+                fprintf(stderr, "kvtier demo: --metrics-seconds wants a number >= 0\n");
                 return 2;
             }
         } else {
@@ -130,7 +148,10 @@ static int cmd_demo(int argc, char **argv)
             return 2;
         }
     }
-    return kvt_demo_run(seed);
+    int rc = kvt_demo_run(seed);
+    if (serve && kvt_demo_metrics())
+        rc |= kvt_serve_metrics((unsigned)port, kvt_demo_metrics(), seconds);
+    return rc;
 }
 
 int main(int argc, char **argv)

@@ -1,0 +1,31 @@
+/*
+ * Prometheus text exposition into a caller's buffer: the metrics writers of the offload
+ * manager, the copy engine and the disk tier share it. Writing past the buffer only counts
+ * bytes, so a caller learns the size it needs from one call.
+ */
+#ifndef KVT_BASE_PROM_H
+#define KVT_BASE_PROM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct kvt_prom {
+    char *buf;
+    size_t cap, len;
+} kvt_prom;
+
+void kvt_prom_put(kvt_prom *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* "# HELP / # TYPE" lines and one unlabelled sample of family prefix_name. */
+void kvt_prom_metric(kvt_prom *p, const char *prefix, const char *name, const char *help,
+                     bool gauge, uint64_t v);
+/* HELP/TYPE lines of a labelled family, then kvt_prom_sample for each label value. */
+void kvt_prom_family(kvt_prom *p, const char *prefix, const char *name, const char *help,
+                     bool gauge);
+void kvt_prom_sample(kvt_prom *p, const char *prefix, const char *name, const char *label,
+                     const char *value, uint64_t v);
+/* *len = bytes written (or needed); KVT_ENOSPC with a message naming `what` if they did not
+ * fit, 0 otherwise. */
+int kvt_prom_finish(const kvt_prom *p, size_t *len, const char *what);
+
+#endif

@@ -1,0 +1,41 @@
+"""`kvtier demo --metrics-port 0` serves the run's Prometheus text at /metrics (run by ctest)."""
+import os
+import re
+import subprocess
+import unittest
+import urllib.error
+import urllib.request
+
+
+class MetricsEndpoint(unittest.TestCase):
+    def test_demo_serves_offload_and_copy_metrics(self):
+        cli = os.environ["KVTIER_CLI"]
+        p = subprocess.Popen([cli, "demo", "--metrics-port", "0", "--metrics-seconds", "20"],
+                             stdout=subprocess.PIPE, text=True)
+        try:
+            port = None
+            for line in p.stdout:
+                m = re.search(r"serving metrics on http://127\.0\.0\.1:(\d+)/metrics", line)
+                if m:
+                    port = int(m.group(1))
+                    break
+            self.assertIsNotNone(port, "the demo never said where it serves")
+            with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=10) as r:
+                self.assertEqual(r.status, 200)
+                self.assertIn("text/plain", r.headers["Content-Type"])
+                text = r.read().decode()
+            self.assertRegex(text, r"(?m)^kvtier_offload_stores_completed_total [1-9]\d*$")
+            self.assertRegex(text, r'(?m)^kvtier_copy_events_total\{direction="load"\} [1-9]')
+            self.assertIn("# TYPE kvtier_offload_host_blocks gauge", text)
+            with self.assertRaises(urllib.error.HTTPError) as cm:
+                urllib.request.urlopen("http://127.0.0.1:%d/other" % port, timeout=10)
+            self.assertEqual(cm.exception.code, 404)
+        finally:
+            p.terminate()
+            p.wait(timeout=10)
+            p.stdout.close()
+        self.assertEqual(p.returncode, 0)
+
+
+if __name__ == "__main__":
+    unittest.main()

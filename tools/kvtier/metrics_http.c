@@ -1,0 +1,81 @@
+/*
+ * `kvtier demo --metrics-port N`: serves the run's Prometheus text at /metrics with
+ * libmicrohttpd (Debian's libmicrohttpd-dev), from its own polling thread. Any other path is
+ * 404. Runs for a given time or until SIGINT/SIGTERM.
+ */
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <sys/socket.h>
+#include <stdarg.h>
+#include <microhttpd.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "demo.h"
+
+static volatile sig_atomic_t g_stop;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    g_stop = 1;
+}
+
+static enum MHD_Result answer(void *cls, struct MHD_Connection *conn, const char *url,
+                              const char *method, const char *version, const char *upload,
+                              size_t *upload_size, void **state)
+{
+    (void)version;
+    (void)upload;
+    (void)upload_size;
+    (void)state;
+    const char *text = cls;
+    bool ok = strcmp(method, "GET") == 0 && strcmp(url, "/metrics") == 0;
+    const char *body = ok ? text : "not found: try /metrics\n";
+    struct MHD_Response *r =
+        MHD_create_response_from_buffer(strlen(body), (void *)body, MHD_RESPMEM_PERSISTENT);
+    if (!r)
+        return MHD_NO;
+    MHD_add_response_header(r, "Content-Type", ok ? "text/plain; version=0.0.4" : "text/plain");
+    enum MHD_Result ret = MHD_queue_response(conn, ok ? MHD_HTTP_OK : MHD_HTTP_NOT_FOUND, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+int kvt_serve_metrics(unsigned port, const char *text, double seconds)
+{
+    if (port > 65535) {
+        fprintf(stderr, "kvtier: metrics port %u out of range\n", port);
+        return 1;
+    }
+    struct MHD_Daemon *d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD, (uint16_t)port, NULL,
+                                            NULL, answer, (void *)text, MHD_OPTION_END);
+    if (!d) {
+        fprintf(stderr, "kvtier: cannot serve metrics on port %u (in use?)\n", port);
+        return 1;
+    }
+    const union MHD_DaemonInfo *info = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
+    printf("serving metrics on http://127.0.0.1:%u/metrics", info ? info->port : port);
+    if (seconds >= 0)
+        printf(" for %.0f s\n", seconds);
+    else
+        printf(" until interrupted\n");
+    fflush(stdout);
+    signal(SIGINT, on_signal);
+    signal(SIGTERM, on_signal);
+    struct timespec t0, now;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    while (!g_stop) {
+        usleep(50 * 1000);
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        double dt = (double)(now.tv_sec - t0.tv_sec) + (double)(now.tv_nsec - t0.tv_nsec) / 1e9;
+        if (seconds >= 0 && dt >= seconds)
+            break;
+    }
+    MHD_stop_daemon(d);
+    return 0;
+}
