@@ -24,6 +24,7 @@ static const struct {
     SIZE(kvt_worker_config), SIZE(kvt_region),
     SIZE(kvt_kv_tensor),     SIZE(kvt_disk_config),
     SIZE(kvt_link_result),   SIZE(kvt_slab_view),
+    SIZE(kvt_copy_stats),    SIZE(kvt_disk_stats),
 };
 
 size_t kvt_sizeof(const char *type_name)

@@ -27,7 +27,8 @@ import ctypes
 from . import _lib as L
 
 __all__ = ["KvtierError", "version", "hash_prompt", "Pool", "OffloadManager", "OffloadMeta",
-           "WorkerMeta", "Layout", "Mirror", "Worker", "STORE", "LOAD", "NO_EVENT"]
+           "WorkerMeta", "Layout", "Mirror", "Worker", "Disk", "LinkScheduler", "LinkWorker",
+           "STORE", "LOAD", "NO_EVENT"]
 
 STORE, LOAD, NO_EVENT = L.COPY_STORE, L.COPY_LOAD, L.NO_EVENT
 _lib = L.lib
@@ -187,13 +188,37 @@ class OffloadMeta:
     def load_event(self):
         return self._m.load_event
 
+    @load_event.setter
+    def load_event(self, v):
+        self._m.load_event = v
+
     @property
     def store_event(self):
         return self._m.store_event
 
+    @store_event.setter
+    def store_event(self, v):
+        self._m.store_event = v
+
     @property
     def need_flush(self):
         return self._m.need_flush
+
+    @need_flush.setter
+    def need_flush(self, v):
+        self._m.need_flush = bool(v)
+
+    def add_load(self, gpu_block, host_block):
+        _check(_lib.kvt_offload_meta_add_load(ctypes.byref(self._m), gpu_block, host_block))
+
+    def add_store(self, gpu_block, host_block):
+        _check(_lib.kvt_offload_meta_add_store(ctypes.byref(self._m), gpu_block, host_block))
+
+    def add_load_request(self, event, req_id):
+        """Lists req_id under load event `event` (events ascending, one event's requests
+        together)."""
+        b = req_id.encode()
+        _check(_lib.kvt_offload_meta_add_load_req(ctypes.byref(self._m), event, b, len(b)))
 
     @property
     def loads(self):
@@ -463,15 +488,23 @@ class Worker(_Handle):
     """The worker side of one rank (kvt_worker) over a layout and its mirror."""
     _destroy = _lib.kvt_worker_destroy
 
-    def __init__(self, layout, mirror, rank=0, threads=0):
+    def __init__(self, layout, mirror=None, rank=0, threads=0, disk=None):
+        """A worker over layout whose tier is mirror (host memory) or disk (a Disk)."""
         cfg = L.kvt_worker_config()
         _lib.kvt_worker_config_init(ctypes.byref(cfg))
         cfg.rank = rank
         cfg.copy.threads = threads
         h = ctypes.c_void_p()
-        _check(_lib.kvt_worker_create(ctypes.byref(cfg), layout._h, mirror._h, ctypes.byref(h)))
+        if (mirror is None) == (disk is None):
+            raise ValueError("kvtier: give a Worker either a mirror or a disk")
+        if disk is not None:
+            _check(_lib.kvt_worker_create_disk(ctypes.byref(cfg), layout._h, disk._h,
+                                               ctypes.byref(h)))
+        else:
+            _check(_lib.kvt_worker_create(ctypes.byref(cfg), layout._h, mirror._h,
+                                          ctypes.byref(h)))
         self._h = h
-        self._keep = (layout, mirror)
+        self._keep = (layout, mirror, disk)
         self._meta = None
 
     def bind(self, meta):
@@ -512,3 +545,107 @@ class Worker(_Handle):
 
     def flush(self):
         _check(_lib.kvt_worker_flush(self._h))
+
+class Disk(_Handle):
+    """The disk tier of one rank (kvt_disk): a private file path.rank<N> of slots. Close the
+    workers that use it first."""
+    _destroy = _lib.kvt_disk_destroy
+
+    def __init__(self, layout, path, capacity_bytes, rank=0, page_cache=False, queue_depth=16,
+                 alignment=4096):
+        cfg = L.kvt_disk_config()
+        _lib.kvt_disk_config_init(ctypes.byref(cfg))
+        path_b = path.encode()
+        cfg.path = path_b
+        cfg.rank = rank
+        cfg.capacity_bytes = capacity_bytes
+        cfg.page_cache = page_cache
+        cfg.queue_depth = queue_depth
+        cfg.alignment = alignment
+        h = ctypes.c_void_p()
+        _check(_lib.kvt_disk_create(ctypes.byref(cfg), layout._h, ctypes.byref(h)))
+        self._h = h
+        self._layout = layout
+
+    @property
+    def num_slots(self):
+        return _lib.kvt_disk_num_slots(self._h)
+
+    @property
+    def slot_bytes(self):
+        return _lib.kvt_disk_slot_bytes(self._h)
+
+    @property
+    def path(self):
+        return _lib.kvt_disk_path(self._h).decode()
+
+    def stats(self):
+        """Per-direction counters ([write, read]) and whether a fatal error stopped the tier."""
+        s = L.kvt_disk_stats()
+        _lib.kvt_disk_get_stats(self._h, ctypes.byref(s))
+        out = {name: list(getattr(s, name)) for name, _ in L.kvt_disk_stats._fields_[:-1]}
+        out["fatal"] = bool(s.fatal)
+        return out
+
+
+class LinkScheduler(_Handle):
+    """The scheduler end of the scheduler <-> worker link over ZeroMQ (kvt_link_sched)."""
+    _destroy = _lib.kvt_link_sched_destroy
+
+    def __init__(self, endpoint, world_size):
+        h = ctypes.c_void_p()
+        _check(_lib.kvt_link_sched_create(endpoint.encode(), world_size, ctypes.byref(h)))
+        self._h = h
+
+    def accept(self, timeout_ms=30000):
+        """Waits for every rank's hello; returns the smallest host tier any rank allocated."""
+        blocks = L.c_u32()
+        _check(_lib.kvt_link_sched_accept(self._h, timeout_ms, ctypes.byref(blocks)))
+        return blocks.value
+
+    def step(self, meta, payload=b"", timeout_ms=30000):
+        """Sends meta (and an opaque payload) to every rank and aggregates their replies:
+        (finished load request ids, WorkerMeta of the summed store reports, invalid GPU
+        blocks)."""
+        res = L.kvt_link_result()
+        _check(_lib.kvt_link_sched_step(self._h, ctypes.byref(meta._m), payload, len(payload),
+                                        timeout_ms, ctypes.byref(res)))
+        finished = [res.finished_loads[i].ptr[:res.finished_loads[i].len].decode()
+                    for i in range(res.n_finished)]
+        stores = WorkerMeta()
+        _check(_lib.kvt_offload_worker_meta_aggregate(ctypes.byref(stores._m), res.stores))
+        return finished, stores, [res.invalid_blocks[i] for i in range(res.n_invalid)]
+
+    def stop(self):
+        _check(_lib.kvt_link_sched_stop(self._h))
+
+
+class LinkWorker(_Handle):
+    """A rank's end of the link (kvt_link_worker); says hello with its host tier size."""
+    _destroy = _lib.kvt_link_worker_destroy
+
+    def __init__(self, endpoint, rank, world_size, host_blocks):
+        h = ctypes.c_void_p()
+        _check(_lib.kvt_link_worker_create(endpoint.encode(), rank, world_size, host_blocks,
+                                           ctypes.byref(h)))
+        self._h = h
+
+    def recv(self, timeout_ms=-1):
+        """The next step as (OffloadMeta, payload bytes), or None once the scheduler stopped."""
+        meta = OffloadMeta()
+        payload = ctypes.c_void_p()
+        n = ctypes.c_size_t()
+        stop = L.c_bool()
+        _check(_lib.kvt_link_worker_recv(self._h, timeout_ms, ctypes.byref(meta._m),
+                                         ctypes.byref(payload), ctypes.byref(n),
+                                         ctypes.byref(stop)))
+        if stop.value:
+            return None
+        return meta, (ctypes.string_at(payload.value, n.value) if n.value else b"")
+
+    def reply(self, finished=(), worker_meta=None, invalid=(), status=0):
+        ids = [r.encode() for r in finished]
+        arr = (L.kvt_str * max(1, len(ids)))(*[L.kvt_str(b, len(b)) for b in ids])
+        inv, n_inv = _u32_array(invalid)
+        wm = ctypes.byref(worker_meta._m) if worker_meta is not None else None
+        _check(_lib.kvt_link_worker_reply(self._h, status, arr, len(ids), wm, inv, n_inv))

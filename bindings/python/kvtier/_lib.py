@@ -128,6 +128,23 @@ class kvt_kv_tensor(ctypes.Structure):
                 ("block_dim_size", c_u64), ("block_stride", c_u64)]
 
 
+class kvt_disk_config(ctypes.Structure):
+    _fields_ = [("path", ctypes.c_char_p), ("rank", c_u32), ("capacity_bytes", c_u64),
+                ("alignment", c_u32), ("page_cache", c_bool), ("queue_depth", c_u32),
+                ("max_events", c_u32)]
+
+
+class kvt_disk_stats(ctypes.Structure):
+    _fields_ = [("events", c_u64 * 2), ("events_done", c_u64 * 2), ("blocks", c_u64 * 2),
+                ("bytes", c_u64 * 2), ("io_errors", c_u64 * 2), ("fatal", c_u32)]
+
+
+class kvt_link_result(ctypes.Structure):
+    _fields_ = [("finished_loads", P(kvt_str)), ("n_finished", c_u32),
+                ("stores", P(kvt_offload_worker_meta)), ("invalid_blocks", P(c_u32)),
+                ("n_invalid", c_u32)]
+
+
 def _sig(name, res, *args):
     f = getattr(lib, name)
     f.restype = res
@@ -217,10 +234,33 @@ _sig("kvt_worker_build_meta", c_int, vp, P(kvt_offload_worker_meta))
 _sig("kvt_worker_take_invalid_blocks", c_u32, vp, P(c_u32), c_u32)
 _sig("kvt_worker_clear", None, vp)
 _sig("kvt_worker_flush", c_int, vp)
+_sig("kvt_worker_create_disk", c_int, P(kvt_worker_config), vp, vp, P(vp))
+# disk
+_sig("kvt_disk_config_init", None, P(kvt_disk_config))
+_sig("kvt_disk_create", c_int, P(kvt_disk_config), vp, P(vp))
+_sig("kvt_disk_destroy", None, vp)
+_sig("kvt_disk_num_slots", c_u32, vp)
+_sig("kvt_disk_slot_bytes", c_u64, vp)
+_sig("kvt_disk_path", cp, vp)
+_sig("kvt_disk_get_stats", None, vp, P(kvt_disk_stats))
+# link
+_sig("kvt_link_sched_create", c_int, cp, c_u32, P(vp))
+_sig("kvt_link_sched_destroy", None, vp)
+_sig("kvt_link_sched_accept", c_int, vp, c_int, P(c_u32))
+_sig("kvt_link_sched_step", c_int, vp, P(kvt_offload_meta), cp, ctypes.c_size_t, c_int,
+     P(kvt_link_result))
+_sig("kvt_link_sched_stop", c_int, vp)
+_sig("kvt_link_worker_create", c_int, cp, c_u32, c_u32, c_u32, P(vp))
+_sig("kvt_link_worker_destroy", None, vp)
+_sig("kvt_link_worker_recv", c_int, vp, c_int, P(kvt_offload_meta), P(vp),
+     P(ctypes.c_size_t), P(c_bool))
+_sig("kvt_link_worker_reply", c_int, vp, c_int, P(kvt_str), c_u32, P(kvt_offload_worker_meta),
+     P(c_u32), c_u32)
 
 for _t in (kvt_str, kvt_bump, kvt_group_spec, kvt_pool_config, kvt_hit, kvt_block_info,
            kvt_offload_config, kvt_offload_meta, kvt_offload_worker_meta, kvt_offload_stats,
-           kvt_copy_config, kvt_mirror_config, kvt_worker_config, kvt_region, kvt_kv_tensor):
+           kvt_copy_config, kvt_mirror_config, kvt_worker_config, kvt_region, kvt_kv_tensor,
+           kvt_disk_config, kvt_disk_stats, kvt_link_result):
     _c = lib.kvt_sizeof(_t.__name__.encode())
     if _c != ctypes.sizeof(_t):
         raise ImportError("kvtier: %s is %d bytes in the library but %d in the bindings; "

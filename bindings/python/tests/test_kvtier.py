@@ -92,5 +92,75 @@ class EngineStep(unittest.TestCase):
         self.assertEqual(layout.block_bytes, 512)
 
 
+class DiskAndLink(unittest.TestCase):
+    def test_worker_on_a_disk_tier_round_trip(self):
+        import tempfile
+        with tempfile.TemporaryDirectory(dir=".") as d:  # the build tree: not tmpfs
+            dev = bytearray(16 * 4096)
+            layout = kvtier.Layout(16)
+            layout.add_buffer(dev, 4096)
+            try:
+                disk = kvtier.Disk(layout, os.path.join(d, "kv"), 8 * 4096)
+            except kvtier.KvtierError as e:  # a file system without O_DIRECT
+                self.assertIn("O_DIRECT", e.message)
+                disk = kvtier.Disk(layout, os.path.join(d, "kv"), 8 * 4096, page_cache=True)
+            self.assertEqual(disk.num_slots, 8)
+            worker = kvtier.Worker(layout, disk=disk)
+            dev[4096:8192] = bytes(range(256)) * 16          # block 1
+            wm = kvtier.WorkerMeta()
+            wm.add(0)
+            mgr_meta = kvtier.OffloadMeta.decode(self._store_meta())
+            worker.bind(mgr_meta)
+            worker.get_finished()
+            worker.flush()
+            worker.get_finished()
+            report = worker.build_meta()
+            worker.clear()
+            self.assertEqual(report.completed, {0: 1})
+            self.assertEqual(disk.stats()["blocks"], [1, 0])
+            worker.close()
+            disk.close()
+
+    @staticmethod
+    def _store_meta():
+        m = kvtier.OffloadMeta()  # store event 0: GPU block 1 -> slot / host block 3
+        m.store_event = 0
+        m.add_store(1, 3)
+        return m.encode()
+
+    def test_link_between_a_scheduler_and_a_worker_thread(self):
+        import threading
+        ep = "ipc://kvt-py-link-%d.sock" % os.getpid()
+        sched = kvtier.LinkScheduler(ep, 1)
+        seen = []
+
+        def rank():
+            w = kvtier.LinkWorker(ep, 0, 1, host_blocks=50)
+            while True:
+                step = w.recv(timeout_ms=10000)
+                if step is None:
+                    break
+                meta, payload = step
+                seen.append(payload)
+                report = kvtier.WorkerMeta()
+                if meta.store_event >= 0:
+                    report.add(meta.store_event)
+                w.reply(finished=["req-1"], worker_meta=report, invalid=[9])
+            w.close()
+
+        t = threading.Thread(target=rank)
+        t.start()
+        self.assertEqual(sched.accept(), 50)
+        meta = kvtier.OffloadMeta.decode(self._store_meta())
+        finished, stores, invalid = sched.step(meta, b"engine payload")
+        self.assertEqual(finished, ["req-1"])
+        self.assertEqual(stores.completed, {0: 1})
+        self.assertEqual(invalid, [9])
+        sched.stop()
+        t.join()
+        sched.close()
+        self.assertEqual(seen, [b"engine payload"])
+
+
 if __name__ == "__main__":
     unittest.main()
