@@ -7,6 +7,7 @@
 #   make install       install library, headers, kvtier.pc, the CMake package and the CLI
 #   make test-asan     tests under AddressSanitizer + UndefinedBehaviorSanitizer
 #   make test-tsan     threaded tests under ThreadSanitizer
+#   make coverage      line coverage of src/ by the test suite (gcovr)
 #   make fuzz          run every libFuzzer target for FUZZ_SECONDS each
 #   make format-check  clang-format check (CI); `make format` rewrites
 
@@ -19,7 +20,7 @@ SOURCES       = $(shell find include src tests tools bench fuzz -name '*.[ch]')
 FUZZ_TARGETS  = offload_meta offload_worker_meta ec_meta ec_worker_meta ec_load_spec ec_push_spec \
                 link
 
-.PHONY: all deps build test demo bench install test-asan test-tsan fuzz fuzz-build fuzz-corpus \
+.PHONY: all deps build test demo bench install test-asan test-tsan coverage fuzz fuzz-build fuzz-corpus \
         format format-check clean
 
 all: build
@@ -51,6 +52,17 @@ test-asan: deps
 	@cmake --build build-asan -j$(JOBS)
 	cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	    ctest --output-on-failure -j$(JOBS)
+
+# Line coverage of src/ by the whole test suite (gcovr), printed; HTML in build-cov/coverage/.
+coverage: deps
+	@cmake -S . -B build-cov -DCMAKE_BUILD_TYPE=Debug -DKVT_COVERAGE=ON >/dev/null
+	@cmake --build build-cov -j$(JOBS)
+	@find build-cov -name '*.gcda' -delete
+	cd build-cov && ctest -j$(JOBS) >/dev/null || (ctest --rerun-failed --output-on-failure; exit 1)
+	@mkdir -p build-cov/coverage
+	gcovr -r . build-cov --filter 'src/' --print-summary --html-details build-cov/coverage/index.html \
+	    --txt build-cov/coverage/summary.txt
+	@tail -n +1 build-cov/coverage/summary.txt | grep -E '^src/|^TOTAL' | sort -k4 -n | head -60
 
 test-tsan: deps
 	@cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DKVT_SANITIZE=thread >/dev/null
@@ -86,4 +98,4 @@ format-check: deps
 	clang-format --dry-run -Werror $(SOURCES)
 
 clean:
-	rm -rf build build-asan build-tsan build-fuzz
+	rm -rf build build-asan build-tsan build-fuzz build-cov
