@@ -112,7 +112,7 @@ int kvt_pool_create(const kvt_pool_config *cfg, kvt_pool **out)
         p->ev = calloc(cfg->event_capacity, sizeof(*p->ev));
     if (!p->blocks || !p->entries || (cfg->event_capacity && !p->ev)) {
         kvt_pool_destroy(p);
-        return kvt_fail(KVT_ENOMEM, "pool: cannot allocate %u blocks", p->nb);
+        return kvt_fail(KVT_ENOMEM, "pool: cannot allocate %u blocks", cfg->num_blocks);
     }
     rc = kvt_map_init(&p->map, n_entries);
     if (rc) {

@@ -1,0 +1,247 @@
+/*
+ * Allocation-failure sweep: every allocation kvtier makes (malloc, calloc, realloc in the
+ * library, wrapped at link time) is made to fail in turn, one per run of a scenario, for
+ * N = 1, 2, ... until a run makes fewer than N allocations. Each run must end with every
+ * call either succeeding or failing with KVT_ENOMEM and a message, never crashing; resources
+ * are released on every path (the AddressSanitizer build checks that nothing leaks); and the
+ * scenario, repeated without failures afterwards, still succeeds (nothing was left half
+ * done).
+ */
+#include "kvt_test.h"
+
+#include "copy/copy_internal.h"
+
+void *__real_malloc(size_t n);
+void *__real_calloc(size_t n, size_t m);
+void *__real_realloc(void *p, size_t n);
+void *__wrap_malloc(size_t n);
+void *__wrap_calloc(size_t n, size_t m);
+void *__wrap_realloc(void *p, size_t n);
+
+static _Thread_local long g_fail_at; /* 0: never; k: the k-th allocation fails */
+static _Thread_local long g_count;
+
+static bool should_fail(void)
+{
+    return g_fail_at && ++g_count == g_fail_at;
+}
+
+void *__wrap_malloc(size_t n)
+{
+    return should_fail() ? NULL : __real_malloc(n);
+}
+
+void *__wrap_calloc(size_t n, size_t m)
+{
+    return should_fail() ? NULL : __real_calloc(n, m);
+}
+
+void *__wrap_realloc(void *p, size_t n)
+{
+    return should_fail() ? NULL : __real_realloc(p, n);
+}
+
+#define TRY(call)                                                                                  \
+    do {                                                                                           \
+        rc = (call);                                                                               \
+        if (rc)                                                                                    \
+            goto out;                                                                              \
+    } while (0)
+
+/* Scheduler side: pools, the manager, a request stored and loaded back, metadata on the wire. */
+static int scenario_offload(void)
+{
+    int rc = 0;
+    kvt_pool *gpu = NULL;
+    kvt_offload *m = NULL;
+    kvt_offload_meta meta, back;
+    kvt_offload_worker_meta wm;
+    kvt_offload_meta_init(&meta);
+    kvt_offload_meta_init(&back);
+    kvt_offload_worker_meta_init(&wm);
+    unsigned char wire[4096];
+    size_t len;
+    kvt_pool_config pc;
+    kvt_pool_config_init(&pc);
+    pc.num_blocks = 64;
+    pc.event_capacity = 16;
+    TRY(kvt_pool_create(&pc, &gpu));
+    kvt_offload_config oc;
+    kvt_offload_config_init(&oc);
+    oc.host_blocks = 32;
+    oc.max_requests = 8;
+    oc.event_capacity = 16;
+    TRY(kvt_offload_create(&oc, gpu, &m));
+    uint32_t tokens[5 * 16 + 1], nh;
+    uint8_t hashes[8 * KVT_BLOCK_HASH_LEN];
+    for (uint32_t i = 0; i < 81; i++)
+        tokens[i] = i * 7;
+    TRY(kvt_hash_prompt(1, tokens, 81, 16, NULL, 0, hashes, 8, &nh));
+    for (int round = 0; round < 2; round++) {
+        char id[8];
+        snprintf(id, sizeof(id), "r%d", round);
+        uint32_t hit, blocks[6], nb[1] = {6};
+        const uint32_t *tab[1] = {blocks};
+        TRY(kvt_offload_match(m, id, 2, hashes, nh, 81, 0, &hit));
+        TRY(kvt_pool_alloc(gpu, 6, blocks));
+        TRY(kvt_offload_after_alloc(m, id, 2, tab, nb, hit));
+        for (uint32_t b = hit / 16; b < 5; b++)
+            TRY(kvt_pool_insert(gpu, blocks[b], hashes + b * KVT_BLOCK_HASH_LEN, 0, 16));
+        TRY(kvt_offload_schedule(m, id, 2, tab, nb, 81, 1, false));
+        TRY(kvt_offload_build_meta(m, false, &meta));
+        TRY(kvt_offload_meta_encode(&meta, wire, sizeof(wire), &len));
+        TRY(kvt_offload_meta_decode(&back, wire, len));
+        kvt_offload_worker_meta_clear(&wm);
+        if (meta.store_event != KVT_NO_EVENT)
+            TRY(kvt_offload_worker_meta_add(&wm, meta.store_event, 1));
+        kvt_str done = {id, 2};
+        TRY(kvt_offload_apply_output(m, &done, meta.load_event != KVT_NO_EVENT, &wm));
+        TRY(kvt_offload_request_finished(m, id, 2, tab, nb, 81));
+        uint32_t rev[6];
+        for (int i = 0; i < 6; i++)
+            rev[i] = blocks[5 - i];
+        TRY(kvt_pool_free(gpu, rev, 6));
+        TRY(kvt_pool_reset_prefix_cache(gpu));
+    }
+out:
+    kvt_offload_meta_release(&meta);
+    kvt_offload_meta_release(&back);
+    kvt_offload_worker_meta_release(&wm);
+    kvt_offload_destroy(m);
+    kvt_pool_destroy(gpu);
+    return rc;
+}
+
+/* Worker side: a layout, a mirror, a worker; a store and a load through it. */
+static int scenario_worker(void)
+{
+    int rc = 0;
+    static unsigned char dev[16 * 4096];
+    kvt_layout *l = NULL;
+    kvt_mirror *mi = NULL;
+    kvt_worker *w = NULL;
+    kvt_offload_meta meta;
+    kvt_offload_worker_meta wm;
+    kvt_offload_meta_init(&meta);
+    kvt_offload_worker_meta_init(&wm);
+    TRY(kvt_layout_create(KVT_HOST_DEVICE, 16, &l));
+    TRY(kvt_layout_add_region(l, (uint64_t)(uintptr_t)dev, 2048));
+    TRY(kvt_layout_add_region(l, (uint64_t)(uintptr_t)dev + 16 * 2048, 2048));
+    kvt_mirror_config mc;
+    kvt_mirror_config_init(&mc);
+    mc.host_blocks = 8;
+    TRY(kvt_mirror_create(&mc, l, &mi));
+    kvt_worker_config wc;
+    kvt_worker_config_init(&wc);
+    wc.copy.threads = 1;
+    wc.copy.max_events = 4;
+    TRY(kvt_worker_create(&wc, l, mi, &w));
+    meta.store_event = 0;
+    TRY(kvt_offload_meta_add_store(&meta, 3, 4));
+    TRY(kvt_worker_bind(w, &meta));
+    const kvt_str *fin;
+    uint32_t n;
+    TRY(kvt_worker_get_finished(w, NULL, &fin, &n));
+    TRY(kvt_worker_flush(w));
+    TRY(kvt_worker_get_finished(w, NULL, &fin, &n));
+    TRY(kvt_worker_build_meta(w, &wm));
+    kvt_worker_clear(w);
+    kvt_offload_meta_clear(&meta);
+    meta.load_event = 0;
+    TRY(kvt_offload_meta_add_load(&meta, 9, 4));
+    TRY(kvt_offload_meta_add_load_req(&meta, 0, "q", 1));
+    TRY(kvt_worker_bind(w, &meta));
+    TRY(kvt_worker_get_finished(w, NULL, &fin, &n));
+    TRY(kvt_worker_flush(w));
+    TRY(kvt_worker_get_finished(w, NULL, &fin, &n));
+out:
+    if (w)
+        kvt_worker_clear(w);
+    kvt_worker_destroy(w);
+    kvt_mirror_destroy(mi);
+    kvt_layout_destroy(l);
+    kvt_offload_meta_release(&meta);
+    kvt_offload_worker_meta_release(&wm);
+    return rc;
+}
+
+/* Encoder-cache metadata and the slab. */
+static int scenario_ec(void)
+{
+    int rc = 0;
+    kvt_ec_worker_meta a, b;
+    kvt_ec_worker_meta_init(&a);
+    kvt_ec_worker_meta_init(&b);
+    kvt_slab *s = NULL;
+    unsigned char wire[1024];
+    size_t len;
+    TRY(kvt_ec_worker_meta_add(&a, KVT_EC_LOADED, "img-1", 5));
+    TRY(kvt_ec_worker_meta_add(&a, KVT_EC_RECLAIMED, "img-2", 5));
+    TRY(kvt_ec_worker_meta_encode(&a, wire, sizeof(wire), &len));
+    TRY(kvt_ec_worker_meta_decode(&b, wire, len));
+    TRY(kvt_ec_worker_meta_aggregate(&b, &a));
+    TRY(kvt_slab_create(NULL, 1 << 16, &s));
+    kvt_slab_view v[8];
+    for (int i = 0; i < 8; i++)
+        TRY(kvt_slab_alloc(s, 1000, &v[i]));
+    for (int i = 0; i < 8; i += 2)
+        TRY(kvt_slab_free(s, &v[i]));
+    for (int i = 1; i < 8; i += 2)
+        TRY(kvt_slab_free(s, &v[i]));
+out:
+    kvt_slab_destroy(s);
+    kvt_ec_worker_meta_release(&a);
+    kvt_ec_worker_meta_release(&b);
+    return rc;
+}
+
+static void sweep(const char *name, int (*scenario)(void))
+{
+    long n = 1;
+    for (;; n++) {
+        g_fail_at = n;
+        g_count = 0;
+        int rc = scenario();
+        long made = g_count;
+        g_fail_at = 0;
+        if (rc != 0 && rc != KVT_ENOMEM)
+            fail_msg("%s: allocation %ld failed -> %s (%s), expected success or KVT_ENOMEM", name,
+                     n, kvt_err_name(rc), kvt_last_error());
+        if (rc == KVT_ENOMEM && kvt_last_error()[0] == '\0')
+            fail_msg("%s: allocation %ld: KVT_ENOMEM without a message", name, n);
+        if (made < n)
+            break; /* every allocation point was failed once */
+    }
+    int rc = scenario();
+    if (rc)
+        fail_msg("%s: the scenario fails without injected failures: %s", name, kvt_last_error());
+    printf("# %s: %ld allocation points each failed once\n", name, n - 1);
+}
+
+static void every_allocation_failure_is_reported_offload(void **state)
+{
+    (void)state;
+    sweep("offload", scenario_offload);
+}
+
+static void every_allocation_failure_is_reported_worker(void **state)
+{
+    (void)state;
+    sweep("worker", scenario_worker);
+}
+
+static void every_allocation_failure_is_reported_ec(void **state)
+{
+    (void)state;
+    sweep("ec", scenario_ec);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(every_allocation_failure_is_reported_offload),
+        cmocka_unit_test(every_allocation_failure_is_reported_worker),
+        cmocka_unit_test(every_allocation_failure_is_reported_ec),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
