@@ -165,6 +165,59 @@ out:
     return rc;
 }
 
+/* The disk tier under a worker: a store and a load through the file. */
+static int scenario_disk(void)
+{
+    int rc = 0;
+    static unsigned char dev[8 * 4096] __attribute__((aligned(4096)));
+    kvt_layout *l = NULL;
+    kvt_disk *d = NULL;
+    kvt_worker *w = NULL;
+    kvt_offload_meta meta;
+    kvt_offload_worker_meta wm;
+    kvt_offload_meta_init(&meta);
+    kvt_offload_worker_meta_init(&wm);
+    TRY(kvt_layout_create(KVT_HOST_DEVICE, 8, &l));
+    TRY(kvt_layout_add_region(l, (uint64_t)(uintptr_t)dev, 4096));
+    kvt_disk_config dc;
+    kvt_disk_config_init(&dc);
+    dc.path = "kvt-alloc-fail-disk";
+    dc.capacity_bytes = 8 * 4096;
+    dc.queue_depth = 2;
+    dc.page_cache = true; /* any file system */
+    TRY(kvt_disk_create(&dc, l, &d));
+    kvt_worker_config wc;
+    kvt_worker_config_init(&wc);
+    TRY(kvt_worker_create_disk(&wc, l, d, &w));
+    meta.store_event = 0;
+    TRY(kvt_offload_meta_add_store(&meta, 1, 2));
+    TRY(kvt_worker_bind(w, &meta));
+    const kvt_str *fin;
+    uint32_t n;
+    TRY(kvt_worker_get_finished(w, NULL, &fin, &n));
+    TRY(kvt_worker_flush(w));
+    TRY(kvt_worker_get_finished(w, NULL, &fin, &n));
+    TRY(kvt_worker_build_meta(w, &wm));
+    kvt_worker_clear(w);
+    kvt_offload_meta_clear(&meta);
+    meta.load_event = 0;
+    TRY(kvt_offload_meta_add_load(&meta, 5, 2));
+    TRY(kvt_offload_meta_add_load_req(&meta, 0, "q", 1));
+    TRY(kvt_worker_bind(w, &meta));
+    TRY(kvt_worker_get_finished(w, NULL, &fin, &n));
+    TRY(kvt_worker_flush(w));
+    TRY(kvt_worker_get_finished(w, NULL, &fin, &n));
+out:
+    if (w)
+        kvt_worker_clear(w);
+    kvt_worker_destroy(w);
+    kvt_disk_destroy(d);
+    kvt_layout_destroy(l);
+    kvt_offload_meta_release(&meta);
+    kvt_offload_worker_meta_release(&wm);
+    return rc;
+}
+
 /* Encoder-cache metadata and the slab. */
 static int scenario_ec(void)
 {
@@ -230,6 +283,12 @@ static void every_allocation_failure_is_reported_worker(void **state)
     sweep("worker", scenario_worker);
 }
 
+static void every_allocation_failure_is_reported_disk(void **state)
+{
+    (void)state;
+    sweep("disk", scenario_disk);
+}
+
 static void every_allocation_failure_is_reported_ec(void **state)
 {
     (void)state;
@@ -241,6 +300,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(every_allocation_failure_is_reported_offload),
         cmocka_unit_test(every_allocation_failure_is_reported_worker),
+        cmocka_unit_test(every_allocation_failure_is_reported_disk),
         cmocka_unit_test(every_allocation_failure_is_reported_ec),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
