@@ -112,6 +112,36 @@ out:
     return rc;
 }
 
+/* One step storing device block `dev` into host block `host`, then one loading it back into
+ * device block `back`, through worker w; the metadata and reports are the caller's. */
+static int store_then_load(kvt_worker *w, kvt_offload_meta *meta, kvt_offload_worker_meta *wm,
+                           uint32_t dev, uint32_t host, uint32_t back)
+{
+    int rc = 0;
+    const kvt_str *fin;
+    uint32_t n;
+    kvt_offload_meta_clear(meta);
+    meta->store_event = 0;
+    TRY(kvt_offload_meta_add_store(meta, dev, host));
+    TRY(kvt_worker_bind(w, meta));
+    TRY(kvt_worker_get_finished(w, NULL, &fin, &n));
+    TRY(kvt_worker_flush(w));
+    TRY(kvt_worker_get_finished(w, NULL, &fin, &n));
+    TRY(kvt_worker_build_meta(w, wm));
+    kvt_worker_clear(w);
+    kvt_offload_meta_clear(meta);
+    meta->load_event = 0;
+    TRY(kvt_offload_meta_add_load(meta, back, host));
+    TRY(kvt_offload_meta_add_load_req(meta, 0, "q", 1));
+    TRY(kvt_worker_bind(w, meta));
+    TRY(kvt_worker_get_finished(w, NULL, &fin, &n));
+    TRY(kvt_worker_flush(w));
+    TRY(kvt_worker_get_finished(w, NULL, &fin, &n));
+out:
+    kvt_worker_clear(w);
+    return rc;
+}
+
 /* Worker side: a layout, a mirror, a worker; a store and a load through it. */
 static int scenario_worker(void)
 {
@@ -136,27 +166,8 @@ static int scenario_worker(void)
     wc.copy.threads = 1;
     wc.copy.max_events = 4;
     TRY(kvt_worker_create(&wc, l, mi, &w));
-    meta.store_event = 0;
-    TRY(kvt_offload_meta_add_store(&meta, 3, 4));
-    TRY(kvt_worker_bind(w, &meta));
-    const kvt_str *fin;
-    uint32_t n;
-    TRY(kvt_worker_get_finished(w, NULL, &fin, &n));
-    TRY(kvt_worker_flush(w));
-    TRY(kvt_worker_get_finished(w, NULL, &fin, &n));
-    TRY(kvt_worker_build_meta(w, &wm));
-    kvt_worker_clear(w);
-    kvt_offload_meta_clear(&meta);
-    meta.load_event = 0;
-    TRY(kvt_offload_meta_add_load(&meta, 9, 4));
-    TRY(kvt_offload_meta_add_load_req(&meta, 0, "q", 1));
-    TRY(kvt_worker_bind(w, &meta));
-    TRY(kvt_worker_get_finished(w, NULL, &fin, &n));
-    TRY(kvt_worker_flush(w));
-    TRY(kvt_worker_get_finished(w, NULL, &fin, &n));
+    TRY(store_then_load(w, &meta, &wm, 3, 4, 9));
 out:
-    if (w)
-        kvt_worker_clear(w);
     kvt_worker_destroy(w);
     kvt_mirror_destroy(mi);
     kvt_layout_destroy(l);
@@ -189,27 +200,8 @@ static int scenario_disk(void)
     kvt_worker_config wc;
     kvt_worker_config_init(&wc);
     TRY(kvt_worker_create_disk(&wc, l, d, &w));
-    meta.store_event = 0;
-    TRY(kvt_offload_meta_add_store(&meta, 1, 2));
-    TRY(kvt_worker_bind(w, &meta));
-    const kvt_str *fin;
-    uint32_t n;
-    TRY(kvt_worker_get_finished(w, NULL, &fin, &n));
-    TRY(kvt_worker_flush(w));
-    TRY(kvt_worker_get_finished(w, NULL, &fin, &n));
-    TRY(kvt_worker_build_meta(w, &wm));
-    kvt_worker_clear(w);
-    kvt_offload_meta_clear(&meta);
-    meta.load_event = 0;
-    TRY(kvt_offload_meta_add_load(&meta, 5, 2));
-    TRY(kvt_offload_meta_add_load_req(&meta, 0, "q", 1));
-    TRY(kvt_worker_bind(w, &meta));
-    TRY(kvt_worker_get_finished(w, NULL, &fin, &n));
-    TRY(kvt_worker_flush(w));
-    TRY(kvt_worker_get_finished(w, NULL, &fin, &n));
+    TRY(store_then_load(w, &meta, &wm, 1, 2, 5));
 out:
-    if (w)
-        kvt_worker_clear(w);
     kvt_worker_destroy(w);
     kvt_disk_destroy(d);
     kvt_layout_destroy(l);
