@@ -130,8 +130,9 @@ struct kvt_copy {
     copy_job **queue; /* submission queue, 2 * max_events */
     uint32_t q_head, q_tail, q_cap;
     bool stop;
-    uint32_t active[2]; /* CPU: jobs started and not done, per direction (0 or 1) */
-    kvt_copy_stats st;  /* counters (under mu) */
+    uint32_t active[2];   /* CPU: jobs started and not done, per direction (0 or 1) */
+    kvt_copy_stats st;    /* counters (under mu) */
+    uint64_t block_bytes; /* the layout's bytes per block, for the byte counter */
     uint32_t n_threads;
     pthread_t *threads;
     void *be; /* backend state */

@@ -174,6 +174,7 @@ int kvt_copy_create(const kvt_copy_config *cfg, const kvt_layout *layout, const 
     }
     c->layout = layout;
     c->mirror = mirror;
+    c->block_bytes = kvt_layout_block_bytes(layout);
     c->ops = ops;
     c->kind = ops == &kvt_copy_cpu_ops ? KVT_BACKEND_CPU : KVT_BACKEND_CUDA;
     pthread_mutex_init(&c->mu, NULL);
@@ -325,7 +326,7 @@ int kvt_copy_submit(kvt_copy *c, int dir, int64_t event, const uint32_t *src, co
     pthread_mutex_lock(&c->mu);
     c->st.events[dir]++;
     c->st.blocks[dir] += n;
-    c->st.bytes[dir] += (uint64_t)n * kvt_layout_block_bytes(c->layout);
+    c->st.bytes[dir] += (uint64_t)n * c->block_bytes;
     c->st.descriptors[dir] += j->n_descs;
     j->state = JOB_QUEUED;
     ring->tail++;

@@ -45,8 +45,9 @@ typedef struct disk_job {
     uint32_t n, cap;
     uint32_t *src, *dst;
     int state;
-    bool failed; /* a block's I/O failed */
-    void *wait;  /* CUDA: event the job's device copies wait for */
+    bool failed;       /* a block's I/O failed */
+    uint64_t ok_bytes; /* slot bytes moved successfully (pipeline thread; counted at DONE) */
+    void *wait;        /* CUDA: event the job's device copies wait for */
 } disk_job;
 
 typedef struct disk_pipe {
@@ -201,9 +202,7 @@ static bool reap_one(disk_pipe *p, disk_job *j)
         return false;
     }
     if (res == (int)d->slot_bytes) {
-        pthread_mutex_lock(&d->mu);
-        d->st.bytes[p->dir] += d->slot_bytes;
-        pthread_mutex_unlock(&d->mu);
+        j->ok_bytes += d->slot_bytes;
         if (p->dir == KVT_COPY_LOAD && p->stream)
             return cuda_copy(p, j->dst[i], buf_at(p, k), false);
         if (p->dir == KVT_COPY_LOAD && !p->zero_copy)
@@ -349,6 +348,7 @@ static void *pipe_thread(void *arg)
         pthread_mutex_lock(&d->mu);
         j->state = DJOB_DONE;
         d->st.events_done[p->dir]++;
+        d->st.bytes[p->dir] += j->ok_bytes;
         if (!ok)
             j->failed = true;
         p->next++;
@@ -655,6 +655,7 @@ int kvt_disk_submit(kvt_disk *d, int dir, int64_t event, const uint32_t *src, co
     j->n = n;
     j->event = event;
     j->failed = false;
+    j->ok_bytes = 0;
     j->wait = wait;
     p->last_event = event;
     pthread_mutex_lock(&d->mu);

@@ -22,6 +22,7 @@
 #include "base/bump.h"
 #include "base/error.h"
 #include "base/log.h"
+#include "meta/wire.h"
 #include "worker/link_internal.h"
 
 #define MAX_FRAMES (3u + KVT_META_MAX_ITEMS)
@@ -37,7 +38,9 @@ typedef struct rank_slot {
     size_t id_len;
     bool known;
     bool replied;
-    frames rep;
+    frames rep;                 /* this step's reply, kept until the next step */
+    kvt_link_status st;         /* its status frame, decoded (points into rep) */
+    kvt_offload_worker_meta wm; /* its store report, decoded */
 } rank_slot;
 
 typedef struct pend_req {
@@ -59,7 +62,7 @@ struct kvt_link_sched {
     kvt_bump strings;
     kvt_str *fin;
     uint32_t n_fin, cap_fin;
-    kvt_offload_worker_meta stores, one;
+    kvt_offload_worker_meta stores;
     uint32_t *invalid;
     uint32_t n_invalid, cap_invalid;
 };
@@ -214,7 +217,8 @@ int kvt_link_sched_create(const char *endpoint, uint32_t world_size, kvt_link_sc
     }
     s->world = world_size;
     kvt_offload_worker_meta_init(&s->stores);
-    kvt_offload_worker_meta_init(&s->one);
+    for (uint32_t r = 0; r < world_size; r++)
+        kvt_offload_worker_meta_init(&s->ranks[r].wm);
     int rc = open_socket(ZMQ_ROUTER, &s->ctx, &s->sock);
     if (!rc) {
         int mandatory = 1;
@@ -236,8 +240,10 @@ void kvt_link_sched_destroy(kvt_link_sched *s)
 {
     if (!s)
         return;
-    for (uint32_t r = 0; s->ranks && r < s->world; r++)
+    for (uint32_t r = 0; s->ranks && r < s->world; r++) {
         frames_free(&s->ranks[r].rep);
+        kvt_offload_worker_meta_release(&s->ranks[r].wm);
+    }
     frames_free(&s->in);
     close_socket(s->ctx, s->sock);
     if (s->ipc_path[0])
@@ -251,7 +257,6 @@ void kvt_link_sched_destroy(kvt_link_sched *s)
     free(s->invalid);
     kvt_bump_release(&s->strings);
     kvt_offload_worker_meta_release(&s->stores);
-    kvt_offload_worker_meta_release(&s->one);
     free(s);
 }
 
@@ -359,10 +364,21 @@ static int collect_one(kvt_link_sched *s, uint32_t *got)
     if (rs->replied)
         return kvt_fail(KVT_EPROTO, "link: rank %u replied twice to step %llu", st.rank,
                         (unsigned long long)step);
-    /* keep the frames: swap the receive buffer with the rank's */
+    /* keep the frames: swap the receive buffer with the rank's (the message array moves with
+     * it, so st still points into it), then decode the rest */
     frames t = rs->rep;
     rs->rep = s->in;
     s->in = t;
+    rs->st = st;
+    frames *f = &rs->rep;
+    rc = kvt_offload_worker_meta_decode(&rs->wm, zmq_msg_data(&f->f[3]), zmq_msg_size(&f->f[3]));
+    for (uint32_t k = 4; !rc && k < f->n; k++) {
+        size_t n = zmq_msg_size(&f->f[k]);
+        if (n == 0 || n > KVT_META_MAX_STR)
+            rc = kvt_fail(KVT_EPROTO, "link: rank %u: request id of %zu bytes", st.rank, n);
+    }
+    if (rc)
+        return kvt_fail_wrap(rc, "link: reply");
     rs->replied = true;
     (*got)++;
     return 0;
@@ -375,9 +391,7 @@ static int add_invalid(kvt_link_sched *s, const kvt_link_status *st)
     if (rc)
         return kvt_fail_wrap(rc, "link");
     for (uint32_t i = 0; i < st->n_invalid; i++) {
-        const uint8_t *b = st->invalid + 4 * i;
-        s->invalid[s->n_invalid++] =
-            (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
+        s->invalid[s->n_invalid++] = ld_le32(st->invalid + 4 * i);
     }
     return 0;
 }
@@ -420,44 +434,23 @@ static int count_finished(kvt_link_sched *s, const char *id, uint32_t len)
     return 0;
 }
 
-/* All replies are in: validate every one, then aggregate. */
+/* All replies are in, each validated and decoded as it arrived: report the first rank that
+ * failed, else aggregate. */
 static int aggregate(kvt_link_sched *s, kvt_link_result *res)
 {
-    int first_err = 0;
-    char msg[512] = "";
-    kvt_link_status st;
     for (uint32_t r = 0; r < s->world; r++) {
-        frames *f = &s->ranks[r].rep;
-        int rc = kvt_link_status_decode(zmq_msg_data(&f->f[2]), zmq_msg_size(&f->f[2]), &st);
-        if (!rc)
-            rc = kvt_offload_worker_meta_decode(&s->one, zmq_msg_data(&f->f[3]),
-                                                zmq_msg_size(&f->f[3]));
-        for (uint32_t k = 4; !rc && k < f->n; k++) {
-            size_t n = zmq_msg_size(&f->f[k]);
-            if (n == 0 || n > KVT_META_MAX_STR)
-                rc = kvt_fail(KVT_EPROTO, "link: rank %u: request id of %zu bytes", r, n);
-        }
-        if (!rc && st.status != 0 && !first_err) {
-            first_err = st.status;
-            snprintf(msg, sizeof(msg), "link: rank %u failed: %.*s", r, (int)st.msg_len, st.msg);
-        }
-        if (rc)
-            return kvt_fail_wrap(rc, "link: reply");
+        const kvt_link_status *st = &s->ranks[r].st;
+        if (st->status != 0)
+            return kvt_fail(st->status, "link: rank %u failed: %.*s", r, (int)st->msg_len, st->msg);
     }
-    if (first_err)
-        return kvt_fail(first_err, "%s", msg);
     kvt_offload_worker_meta_clear(&s->stores);
     kvt_bump_clear(&s->strings);
     s->n_fin = s->n_invalid = 0;
     for (uint32_t r = 0; r < s->world; r++) {
         frames *f = &s->ranks[r].rep;
-        kvt_link_status_decode(zmq_msg_data(&f->f[2]), zmq_msg_size(&f->f[2]), &st);
-        int rc =
-            kvt_offload_worker_meta_decode(&s->one, zmq_msg_data(&f->f[3]), zmq_msg_size(&f->f[3]));
+        int rc = kvt_offload_worker_meta_aggregate(&s->stores, &s->ranks[r].wm);
         if (!rc)
-            rc = kvt_offload_worker_meta_aggregate(&s->stores, &s->one);
-        if (!rc)
-            rc = add_invalid(s, &st);
+            rc = add_invalid(s, &s->ranks[r].st);
         for (uint32_t k = 4; !rc && k < f->n; k++)
             rc = count_finished(s, zmq_msg_data(&f->f[k]), (uint32_t)zmq_msg_size(&f->f[k]));
         if (rc)

@@ -31,7 +31,6 @@ typedef struct pending_load {
 struct kvt_worker {
     kvt_worker_config cfg;
     const kvt_layout *layout;
-    const kvt_mirror *mirror;
     kvt_copy *copy;       /* host tier: the copy engine (owned) ... */
     kvt_disk *disk;       /* ... or disk as the tier (borrowed) */
     uint32_t host_blocks; /* mirror blocks or disk slots */
@@ -52,7 +51,6 @@ struct kvt_worker {
     uint32_t *invalid;
     uint32_t n_invalid, cap_invalid;
     kvt_CUevent compute_done; /* CUDA backend only */
-    kvt_CUcontext ctx;
 };
 
 void kvt_worker_config_init(kvt_worker_config *cfg)
@@ -70,14 +68,13 @@ int kvt_worker_create(const kvt_worker_config *cfg, const kvt_layout *layout,
         return kvt_fail(KVT_ENOMEM, "worker: out of memory");
     w->cfg = *cfg;
     w->layout = layout;
-    w->mirror = mirror;
     w->host_blocks = mirror->num_blocks;
     w->last_load = w->last_store = -1;
     kvt_offload_worker_meta_init(&w->done);
     int rc = kvt_copy_create(&cfg->copy, layout, mirror, &w->copy);
     if (!rc && kvt_copy_backend_kind(w->copy) == KVT_BACKEND_CUDA) {
         const kvt_cuda_api *cu = kvt_cuda();
-        rc = kvt_cuda_use_device(layout->device, &w->ctx);
+        rc = kvt_cuda_use_device(layout->device, NULL);
         kvt_CUresult r =
             rc ? KVT_CUDA_SUCCESS : cu->EventCreate(&w->compute_done, KVT_CU_EVENT_DISABLE_TIMING);
         if (r != KVT_CUDA_SUCCESS)

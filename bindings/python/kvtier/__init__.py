@@ -174,6 +174,21 @@ class Pool(_Handle):
         return info.ref_cnt
 
 
+def _encode(kind, m):
+    """Wire encoding of a message struct through kind_encoded_size / kind_encode."""
+    n = getattr(_lib, kind + "_encoded_size")(ctypes.byref(m))
+    buf = ctypes.create_string_buffer(n)
+    got = ctypes.c_size_t()
+    _check(getattr(_lib, kind + "_encode")(ctypes.byref(m), buf, n, ctypes.byref(got)))
+    return buf.raw[:got.value]
+
+
+def _decode(cls, kind, data):
+    self = cls()
+    _check(getattr(_lib, kind + "_decode")(ctypes.byref(self._m), data, len(data)))
+    return self
+
+
 class OffloadMeta:
     """Scheduler -> worker metadata of one step (kvt_offload_meta)."""
 
@@ -245,18 +260,12 @@ class OffloadMeta:
 
     def encode(self):
         """The wire encoding (docs/wire.md)."""
-        n = _lib.kvt_offload_meta_encoded_size(ctypes.byref(self._m))
-        buf = ctypes.create_string_buffer(n)
-        got = ctypes.c_size_t()
-        _check(_lib.kvt_offload_meta_encode(ctypes.byref(self._m), buf, n, ctypes.byref(got)))
-        return buf.raw[:got.value]
+        return _encode("kvt_offload_meta", self._m)
 
     @classmethod
     def decode(cls, data):
         """Decodes and validates an encoded message (KvtierError on anything malformed)."""
-        self = cls()
-        _check(_lib.kvt_offload_meta_decode(ctypes.byref(self._m), data, len(data)))
-        return self
+        return _decode(cls, "kvt_offload_meta", data)
 
 
 class WorkerMeta:
@@ -291,18 +300,11 @@ class WorkerMeta:
                                                       ctypes.byref(other._m)))
 
     def encode(self):
-        n = _lib.kvt_offload_worker_meta_encoded_size(ctypes.byref(self._m))
-        buf = ctypes.create_string_buffer(n)
-        got = ctypes.c_size_t()
-        _check(_lib.kvt_offload_worker_meta_encode(ctypes.byref(self._m), buf, n,
-                                                   ctypes.byref(got)))
-        return buf.raw[:got.value]
+        return _encode("kvt_offload_worker_meta", self._m)
 
     @classmethod
     def decode(cls, data):
-        self = cls()
-        _check(_lib.kvt_offload_worker_meta_decode(ctypes.byref(self._m), data, len(data)))
-        return self
+        return _decode(cls, "kvt_offload_worker_meta", data)
 
 
 def _tables(block_ids):
@@ -401,10 +403,9 @@ class OffloadManager(_Handle):
     def prometheus(self):
         """The stats in Prometheus text exposition format."""
         n = ctypes.c_size_t(0)
-        rc = _lib.kvt_offload_prometheus(self._h, None, 0, ctypes.byref(n))
+        _lib.kvt_offload_prometheus(self._h, None, 0, ctypes.byref(n))  # sizes only
         buf = ctypes.create_string_buffer(n.value + 1)
         _check(_lib.kvt_offload_prometheus(self._h, buf, len(buf), ctypes.byref(n)))
-        del rc
         return buf.value.decode()
 
 
