@@ -4,7 +4,7 @@
  *
  *   KV offload (vLLM SimpleCPUOffloadConnector)
  *     kvt_offload_meta          scheduler -> worker: this step's load and store events
- *     kvt_offload_worker_meta   worker -> scheduler: completed store events {event: count}
+ *     kvt_offload_worker_meta   worker -> scheduler: completed events {event: count}
  *   Encoder-cache transfer (vLLM ECMooncakeConnector)
  *     kvt_ec_load_spec, kvt_ec_push_spec
  *     kvt_ec_meta               scheduler -> worker: loads, pushes, freed
@@ -35,7 +35,7 @@ extern "C" {
 #endif
 
 #define KVT_NO_EVENT        (-1) /* INVALID_JOB_ID: no event this step */
-#define KVT_META_VERSION    2u   /* wire version this build writes and reads (2: failed stores) */
+#define KVT_META_VERSION    3u   /* wire version this build writes and reads (3: disk tier) */
 #define KVT_META_HEADER_LEN 12u
 #define KVT_META_MAX_BLOCKS (1u << 24) /* block ids per list */
 #define KVT_META_MAX_ITEMS  (1u << 20) /* events, ids, specs or set members per list */
@@ -80,8 +80,24 @@ typedef struct kvt_offload_meta {
     uint32_t *store_gpu_blocks; /* source GPU blocks */
     uint32_t *store_cpu_blocks; /* destination host blocks (or disk slots), pairwise */
     bool need_flush;            /* a request was preempted: finish in-flight copies first */
+    /* load_invalid_blocks: destination GPU blocks of this step's load event whose host source
+     * could not be promoted from disk; the worker reports them invalid when the event
+     * finishes (the engine recomputes them). A subset of load_gpu_blocks. */
+    uint32_t n_load_invalid;
+    uint32_t *load_invalid_blocks;
+    /* Three-tier mode: promotions (disk slot -> host block) and write-backs (host block ->
+     * disk slot), one event each per step, numbered per direction like the others. */
+    int64_t disk_load_event;
+    uint32_t n_disk_loads;
+    uint32_t *disk_load_slots;       /* source disk slots */
+    uint32_t *disk_load_host_blocks; /* destination host blocks, pairwise */
+    int64_t disk_store_event;
+    uint32_t n_disk_stores;
+    uint32_t *disk_store_host_blocks; /* source host blocks */
+    uint32_t *disk_store_slots;       /* destination disk slots, pairwise */
     /* private */
     uint32_t cap_loads, cap_events, cap_first, cap_reqs, cap_stores;
+    uint32_t cap_invalid, cap_disk_loads, cap_disk_stores;
     kvt_bump strings;
 } kvt_offload_meta;
 
@@ -91,6 +107,12 @@ KVT_API void kvt_offload_meta_release(kvt_offload_meta *m);
 /* Appends one (gpu, cpu) pair to the load lists / store lists. */
 KVT_API int kvt_offload_meta_add_load(kvt_offload_meta *m, uint32_t gpu_block, uint32_t cpu_block);
 KVT_API int kvt_offload_meta_add_store(kvt_offload_meta *m, uint32_t gpu_block, uint32_t cpu_block);
+/* Three-tier mode: appends a GPU block to load_invalid_blocks, a (slot, host block) pair to
+ * the promotion lists, a (host block, slot) pair to the write-back lists. */
+KVT_API int kvt_offload_meta_add_load_invalid(kvt_offload_meta *m, uint32_t gpu_block);
+KVT_API int kvt_offload_meta_add_disk_load(kvt_offload_meta *m, uint32_t slot, uint32_t host_block);
+KVT_API int kvt_offload_meta_add_disk_store(kvt_offload_meta *m, uint32_t host_block,
+                                            uint32_t slot);
 /* Appends a request to load event `event`. Events must be added in ascending order, all
  * requests of one event together (call repeatedly with the same event). */
 KVT_API int kvt_offload_meta_add_load_req(kvt_offload_meta *m, int64_t event, const char *req_id,
@@ -99,9 +121,13 @@ KVT_API int kvt_offload_meta_add_load_req(kvt_offload_meta *m, int64_t event, co
  * bytes, so the adds that follow cannot fail. */
 KVT_API int kvt_offload_meta_reserve(kvt_offload_meta *m, uint32_t loads, uint32_t stores,
                                      uint32_t events, uint32_t reqs, size_t req_bytes);
+/* The same for the three-tier lists. */
+KVT_API int kvt_offload_meta_reserve_disk(kvt_offload_meta *m, uint32_t invalid,
+                                          uint32_t disk_loads, uint32_t disk_stores);
 /* Checks the invariants: pairwise lists of equal length; an event is KVT_NO_EVENT exactly when
  * its lists are empty; no null block (0) in any list; load events ascending, each with at least
- * one request; this step's load event listed among them; limits respected. */
+ * one request; this step's load event listed among them; load_invalid_blocks only with a load
+ * event and no longer than its list; limits respected. */
 KVT_API int kvt_offload_meta_validate(const kvt_offload_meta *m);
 KVT_API bool kvt_offload_meta_equal(const kvt_offload_meta *a, const kvt_offload_meta *b);
 KVT_API size_t kvt_offload_meta_encoded_size(const kvt_offload_meta *m);
@@ -111,13 +137,12 @@ KVT_API int kvt_offload_meta_decode(kvt_offload_meta *m, const void *buf, size_t
 
 /* ---- KV offload: worker -> scheduler ---------------------------------------------------- */
 
-/* completed_store_events: {event: count}, events ascending and unique. A worker reports
- * {event: 1} once per finished store event; aggregation sums counts per event.
- * failed_store_events: finished store events of which some block could not be written (a
- * disk I/O error): each is also in completed_store_events (the transfer is over and its
- * references can go), but its blocks must never become findable. Ascending, unique;
- * aggregation unites them. */
-typedef struct kvt_offload_worker_meta {
+/* Completed events of one kind: {event: count}, events ascending and unique. A worker reports
+ * {event: 1} once per finished event; aggregation sums counts per event. failed: finished
+ * events of which some block could not be moved (a disk I/O error): each is also completed
+ * (the transfer is over and its references can go), but its blocks must never become
+ * findable. Ascending, unique; aggregation unites them. */
+typedef struct kvt_event_report {
     uint32_t n_completed;
     int64_t *events;
     uint32_t *counts;
@@ -125,19 +150,33 @@ typedef struct kvt_offload_worker_meta {
     int64_t *failed;
     /* private */
     uint32_t cap, cap_failed;
+} kvt_event_report;
+
+/* Adds count to event's entry (creating it). event >= 0, count >= 1. */
+KVT_API int kvt_event_report_add(kvt_event_report *r, int64_t event, uint32_t count);
+/* Marks event (already added as completed) as failed. */
+KVT_API int kvt_event_report_add_failed(kvt_event_report *r, int64_t event);
+/* True if event is in the failed set. */
+KVT_API bool kvt_event_report_failed(const kvt_event_report *r, int64_t event);
+
+/* stores: completed_store_events (GPU -> host) and failed_store_events.
+ * disk_stores / disk_loads: three-tier mode's host -> disk write-backs and disk -> host
+ * promotions, reported the same way (empty otherwise). */
+typedef struct kvt_offload_worker_meta {
+    kvt_event_report stores;
+    kvt_event_report disk_stores;
+    kvt_event_report disk_loads;
 } kvt_offload_worker_meta;
 
 KVT_API void kvt_offload_worker_meta_init(kvt_offload_worker_meta *m);
 KVT_API void kvt_offload_worker_meta_clear(kvt_offload_worker_meta *m);
 KVT_API void kvt_offload_worker_meta_release(kvt_offload_worker_meta *m);
-/* Adds count to event's entry (creating it). event >= 0, count >= 1. */
+/* kvt_event_report_add / _add_failed / _failed on m->stores. */
 KVT_API int kvt_offload_worker_meta_add(kvt_offload_worker_meta *m, int64_t event, uint32_t count);
-/* Marks event (already added as completed) as failed. */
 KVT_API int kvt_offload_worker_meta_add_failed(kvt_offload_worker_meta *m, int64_t event);
-/* True if event is in the failed set. */
 KVT_API bool kvt_offload_worker_meta_failed(const kvt_offload_worker_meta *m, int64_t event);
-/* dst += src, summing counts per event (vLLM aggregate) and uniting the failed sets. On
- * failure dst is unchanged. */
+/* dst += src, report by report: counts summed per event (vLLM aggregate), failed sets united.
+ * On failure dst is unchanged. */
 KVT_API int kvt_offload_worker_meta_aggregate(kvt_offload_worker_meta *dst,
                                               const kvt_offload_worker_meta *src);
 KVT_API int kvt_offload_worker_meta_validate(const kvt_offload_worker_meta *m);

@@ -9,10 +9,17 @@
  *   i64 store_event
  *   u32 n; n x u32 store_gpu_blocks     u32 n; n x u32 store_cpu_blocks
  *   u8  need_flush
+ *   u32 n; n x u32 load_invalid_blocks
+ *   i64 disk_load_event
+ *   u32 n; n x u32 disk_load_slots       u32 n; n x u32 disk_load_host_blocks
+ *   i64 disk_store_event
+ *   u32 n; n x u32 disk_store_host_blocks u32 n; n x u32 disk_store_slots
  * The two lists of a pair carry their own lengths, as the Python dataclass does, and the
  * decoder insists that they agree.
  *
- * Body of a worker message: u32 n; n x { i64 event; u32 count }, events strictly ascending.
+ * Body of a worker message: three reports (stores, disk_stores, disk_loads), each
+ *   u32 n; n x { i64 event; u32 count }   events strictly ascending
+ *   u32 n; n x i64 failed event           ascending, each among the completed
  */
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +34,8 @@ void kvt_offload_meta_init(kvt_offload_meta *m)
     memset(m, 0, sizeof(*m));
     m->load_event = KVT_NO_EVENT;
     m->store_event = KVT_NO_EVENT;
+    m->disk_load_event = KVT_NO_EVENT;
+    m->disk_store_event = KVT_NO_EVENT;
 }
 
 void kvt_offload_meta_clear(kvt_offload_meta *m)
@@ -36,6 +45,8 @@ void kvt_offload_meta_clear(kvt_offload_meta *m)
     m->n_loads = m->n_stores = 0;
     m->n_load_events = m->n_load_reqs = 0;
     m->need_flush = false;
+    m->n_load_invalid = m->n_disk_loads = m->n_disk_stores = 0;
+    m->disk_load_event = m->disk_store_event = KVT_NO_EVENT;
     kvt_bump_clear(&m->strings);
 }
 
@@ -48,6 +59,11 @@ void kvt_offload_meta_release(kvt_offload_meta *m)
     free(m->load_req_ids);
     free(m->store_gpu_blocks);
     free(m->store_cpu_blocks);
+    free(m->load_invalid_blocks);
+    free(m->disk_load_slots);
+    free(m->disk_load_host_blocks);
+    free(m->disk_store_host_blocks);
+    free(m->disk_store_slots);
     kvt_bump_release(&m->strings);
     kvt_offload_meta_init(m);
 }
@@ -90,26 +106,72 @@ int kvt_offload_meta_reserve(kvt_offload_meta *m, uint32_t loads, uint32_t store
     return req_bytes || reqs ? kvt_bump_reserve(&m->strings, req_bytes + 8 * (size_t)reqs) : 0;
 }
 
-int kvt_offload_meta_add_load(kvt_offload_meta *m, uint32_t gpu_block, uint32_t cpu_block)
+int kvt_offload_meta_reserve_disk(kvt_offload_meta *m, uint32_t invalid, uint32_t disk_loads,
+                                  uint32_t disk_stores)
 {
-    int rc = grow_pair(&m->load_gpu_blocks, &m->load_cpu_blocks, &m->cap_loads, m->n_loads + 1);
+    uint64_t ni = (uint64_t)m->n_load_invalid + invalid;
+    uint64_t nl = (uint64_t)m->n_disk_loads + disk_loads;
+    uint64_t ns = (uint64_t)m->n_disk_stores + disk_stores;
+    if (ni > KVT_META_MAX_BLOCKS || nl > KVT_META_MAX_BLOCKS || ns > KVT_META_MAX_BLOCKS)
+        return kvt_fail(KVT_ELIMIT, "meta: reserve beyond the message limits");
+    int rc = kvt_meta_grow((void **)&m->load_invalid_blocks, &m->cap_invalid, (uint32_t)ni,
+                           sizeof(uint32_t));
+    if (!rc)
+        rc = grow_pair(&m->disk_load_slots, &m->disk_load_host_blocks, &m->cap_disk_loads,
+                       (uint32_t)nl);
+    if (!rc)
+        rc = grow_pair(&m->disk_store_host_blocks, &m->disk_store_slots, &m->cap_disk_stores,
+                       (uint32_t)ns);
+    return rc;
+}
+
+/* Appends (a, b) to a pair of parallel lists. */
+static int add_pair(uint32_t **la, uint32_t **lb, uint32_t *cap, uint32_t *n, uint32_t a,
+                    uint32_t b)
+{
+    int rc = grow_pair(la, lb, cap, *n + 1);
     if (rc)
         return rc;
-    m->load_gpu_blocks[m->n_loads] = gpu_block;
-    m->load_cpu_blocks[m->n_loads] = cpu_block;
-    m->n_loads++;
+    (*la)[*n] = a;
+    (*lb)[*n] = b;
+    (*n)++;
     return 0;
+}
+
+int kvt_offload_meta_add_load_invalid(kvt_offload_meta *m, uint32_t gpu_block)
+{
+    if (m->n_load_invalid >= KVT_META_MAX_BLOCKS)
+        return kvt_fail(KVT_ELIMIT, "meta: more than %u blocks in one list", KVT_META_MAX_BLOCKS);
+    int rc = kvt_meta_grow((void **)&m->load_invalid_blocks, &m->cap_invalid,
+                           m->n_load_invalid + 1, sizeof(uint32_t));
+    if (rc)
+        return rc;
+    m->load_invalid_blocks[m->n_load_invalid++] = gpu_block;
+    return 0;
+}
+
+int kvt_offload_meta_add_disk_load(kvt_offload_meta *m, uint32_t slot, uint32_t host_block)
+{
+    return add_pair(&m->disk_load_slots, &m->disk_load_host_blocks, &m->cap_disk_loads,
+                    &m->n_disk_loads, slot, host_block);
+}
+
+int kvt_offload_meta_add_disk_store(kvt_offload_meta *m, uint32_t host_block, uint32_t slot)
+{
+    return add_pair(&m->disk_store_host_blocks, &m->disk_store_slots, &m->cap_disk_stores,
+                    &m->n_disk_stores, host_block, slot);
+}
+
+int kvt_offload_meta_add_load(kvt_offload_meta *m, uint32_t gpu_block, uint32_t cpu_block)
+{
+    return add_pair(&m->load_gpu_blocks, &m->load_cpu_blocks, &m->cap_loads, &m->n_loads,
+                    gpu_block, cpu_block);
 }
 
 int kvt_offload_meta_add_store(kvt_offload_meta *m, uint32_t gpu_block, uint32_t cpu_block)
 {
-    int rc = grow_pair(&m->store_gpu_blocks, &m->store_cpu_blocks, &m->cap_stores, m->n_stores + 1);
-    if (rc)
-        return rc;
-    m->store_gpu_blocks[m->n_stores] = gpu_block;
-    m->store_cpu_blocks[m->n_stores] = cpu_block;
-    m->n_stores++;
-    return 0;
+    return add_pair(&m->store_gpu_blocks, &m->store_cpu_blocks, &m->cap_stores, &m->n_stores,
+                    gpu_block, cpu_block);
 }
 
 int kvt_offload_meta_add_load_req(kvt_offload_meta *m, int64_t event, const char *req_id,
@@ -200,8 +262,19 @@ int kvt_offload_meta_validate(const kvt_offload_meta *m)
         (rc = check_blocks(m->load_cpu_blocks, m->n_loads, "load_cpu_blocks")) ||
         (rc = check_event(m->store_event, m->n_stores, "store_event")) ||
         (rc = check_blocks(m->store_gpu_blocks, m->n_stores, "store_gpu_blocks")) ||
-        (rc = check_blocks(m->store_cpu_blocks, m->n_stores, "store_cpu_blocks")))
+        (rc = check_blocks(m->store_cpu_blocks, m->n_stores, "store_cpu_blocks")) ||
+        (rc = check_blocks(m->load_invalid_blocks, m->n_load_invalid, "load_invalid_blocks")) ||
+        (rc = check_event(m->disk_load_event, m->n_disk_loads, "disk_load_event")) ||
+        (rc = check_blocks(m->disk_load_slots, m->n_disk_loads, "disk_load_slots")) ||
+        (rc = check_blocks(m->disk_load_host_blocks, m->n_disk_loads, "disk_load_host_blocks")) ||
+        (rc = check_event(m->disk_store_event, m->n_disk_stores, "disk_store_event")) ||
+        (rc = check_blocks(m->disk_store_host_blocks, m->n_disk_stores,
+                           "disk_store_host_blocks")) ||
+        (rc = check_blocks(m->disk_store_slots, m->n_disk_stores, "disk_store_slots")))
         return rc;
+    if (m->n_load_invalid > m->n_loads)
+        return kvt_fail(KVT_EINVAL, "load_invalid_blocks: %u entries but the load event has %u",
+                        m->n_load_invalid, m->n_loads);
     if (m->n_load_events > KVT_META_MAX_ITEMS || m->n_load_reqs > KVT_META_MAX_ITEMS)
         return kvt_fail(KVT_ELIMIT, "load_event_to_reqs: more than %u entries", KVT_META_MAX_ITEMS);
     if (m->n_load_events && (!m->load_events || !m->load_req_first || !m->load_req_ids))
@@ -243,7 +316,16 @@ bool kvt_offload_meta_equal(const kvt_offload_meta *a, const kvt_offload_meta *b
 {
     if (a->load_event != b->load_event || a->store_event != b->store_event ||
         a->need_flush != b->need_flush || a->n_loads != b->n_loads || a->n_stores != b->n_stores ||
-        a->n_load_events != b->n_load_events || a->n_load_reqs != b->n_load_reqs)
+        a->n_load_events != b->n_load_events || a->n_load_reqs != b->n_load_reqs ||
+        a->n_load_invalid != b->n_load_invalid || a->disk_load_event != b->disk_load_event ||
+        a->disk_store_event != b->disk_store_event || a->n_disk_loads != b->n_disk_loads ||
+        a->n_disk_stores != b->n_disk_stores)
+        return false;
+    if (!blocks_equal(a->load_invalid_blocks, b->load_invalid_blocks, a->n_load_invalid) ||
+        !blocks_equal(a->disk_load_slots, b->disk_load_slots, a->n_disk_loads) ||
+        !blocks_equal(a->disk_load_host_blocks, b->disk_load_host_blocks, a->n_disk_loads) ||
+        !blocks_equal(a->disk_store_host_blocks, b->disk_store_host_blocks, a->n_disk_stores) ||
+        !blocks_equal(a->disk_store_slots, b->disk_store_slots, a->n_disk_stores))
         return false;
     if (!blocks_equal(a->load_gpu_blocks, b->load_gpu_blocks, a->n_loads) ||
         !blocks_equal(a->load_cpu_blocks, b->load_cpu_blocks, a->n_loads) ||
@@ -269,6 +351,9 @@ size_t kvt_offload_meta_encoded_size(const kvt_offload_meta *m)
         n += 4 + m->load_req_ids[i].len;
     n += 8 + 4 + 4 * (size_t)m->n_stores + 4 + 4 * (size_t)m->n_stores;
     n += 1;
+    n += 4 + 4 * (size_t)m->n_load_invalid;
+    n += 8 + 8 + 8 * (size_t)m->n_disk_loads;
+    n += 8 + 8 + 8 * (size_t)m->n_disk_stores;
     return n;
 }
 
@@ -304,39 +389,52 @@ int kvt_offload_meta_encode(const kvt_offload_meta *m, void *buf, size_t cap, si
     wr_blocks(&w, m->store_gpu_blocks, m->n_stores);
     wr_blocks(&w, m->store_cpu_blocks, m->n_stores);
     wr_u8(&w, m->need_flush ? 1 : 0);
+    wr_blocks(&w, m->load_invalid_blocks, m->n_load_invalid);
+    wr_u64(&w, (uint64_t)m->disk_load_event);
+    wr_blocks(&w, m->disk_load_slots, m->n_disk_loads);
+    wr_blocks(&w, m->disk_load_host_blocks, m->n_disk_loads);
+    wr_u64(&w, (uint64_t)m->disk_store_event);
+    wr_blocks(&w, m->disk_store_host_blocks, m->n_disk_stores);
+    wr_blocks(&w, m->disk_store_slots, m->n_disk_stores);
     return 0;
 }
 
-/* Reads a pair of block lists of equal length into *a / *b via add(). */
-static int rd_block_pair(kvt_rd *r, kvt_offload_meta *m, bool loads)
+/* Reads a pair of block lists of equal length (names what_a / what_b) into *a / *b. */
+static int rd_block_pair(kvt_rd *r, uint32_t **a, uint32_t **b, uint32_t *cap, uint32_t *n,
+                         const char *what_a, const char *what_b)
 {
-    const char *what_g = loads ? "load_gpu_blocks" : "store_gpu_blocks";
-    const char *what_c = loads ? "load_cpu_blocks" : "store_cpu_blocks";
-    uint32_t n_g, n_c;
-    int rc = rd_count(r, &n_g, KVT_META_MAX_BLOCKS, 4, what_g);
+    uint32_t n_a, n_b;
+    int rc = rd_count(r, &n_a, KVT_META_MAX_BLOCKS, 4, what_a);
     if (rc)
         return rc;
-    const uint8_t *gpu = r->p;
-    r->p += (size_t)n_g * 4;
-    if ((rc = rd_count(r, &n_c, KVT_META_MAX_BLOCKS, 4, what_c)))
+    const uint8_t *pa = r->p;
+    r->p += (size_t)n_a * 4;
+    if ((rc = rd_count(r, &n_b, KVT_META_MAX_BLOCKS, 4, what_b)))
         return rc;
-    if (n_c != n_g)
-        return kvt_fail(KVT_EPROTO, "%s has %u entries but %s has %u", what_g, n_g, what_c, n_c);
-    const uint8_t *cpu = r->p;
-    r->p += (size_t)n_c * 4;
-    uint32_t **g = loads ? &m->load_gpu_blocks : &m->store_gpu_blocks;
-    uint32_t **c = loads ? &m->load_cpu_blocks : &m->store_cpu_blocks;
-    uint32_t *cap = loads ? &m->cap_loads : &m->cap_stores;
-    if ((rc = grow_pair(g, c, cap, n_g)))
+    if (n_b != n_a)
+        return kvt_fail(KVT_EPROTO, "%s has %u entries but %s has %u", what_a, n_a, what_b, n_b);
+    const uint8_t *pb = r->p;
+    r->p += (size_t)n_b * 4;
+    if ((rc = grow_pair(a, b, cap, n_a)))
         return rc;
-    for (uint32_t i = 0; i < n_g; i++) {
-        (*g)[i] = ld_le32(gpu + 4 * (size_t)i);
-        (*c)[i] = ld_le32(cpu + 4 * (size_t)i);
+    for (uint32_t i = 0; i < n_a; i++) {
+        (*a)[i] = ld_le32(pa + 4 * (size_t)i);
+        (*b)[i] = ld_le32(pb + 4 * (size_t)i);
     }
-    if (loads)
-        m->n_loads = n_g;
-    else
-        m->n_stores = n_g;
+    *n = n_a;
+    return 0;
+}
+
+static int rd_blocks(kvt_rd *r, uint32_t **a, uint32_t *cap, uint32_t *n, const char *what)
+{
+    uint32_t k;
+    int rc = rd_count(r, &k, KVT_META_MAX_BLOCKS, 4, what);
+    if (rc || (k && (rc = kvt_meta_grow((void **)a, cap, k, sizeof(uint32_t)))))
+        return rc;
+    for (uint32_t i = 0; i < k; i++)
+        (*a)[i] = ld_le32(r->p + 4 * (size_t)i);
+    r->p += (size_t)k * 4;
+    *n = k;
     return 0;
 }
 
@@ -344,7 +442,9 @@ static int decode_offload(void *obj, kvt_rd *r)
 {
     kvt_offload_meta *m = obj;
     int rc;
-    if ((rc = rd_i64(r, &m->load_event, "load_event")) || (rc = rd_block_pair(r, m, true)))
+    if ((rc = rd_i64(r, &m->load_event, "load_event")) ||
+        (rc = rd_block_pair(r, &m->load_gpu_blocks, &m->load_cpu_blocks, &m->cap_loads,
+                            &m->n_loads, "load_gpu_blocks", "load_cpu_blocks")))
         return rc;
     uint32_t n_events;
     if ((rc = rd_count(r, &n_events, KVT_META_MAX_ITEMS, 12, "load_event_to_reqs")))
@@ -371,8 +471,20 @@ static int decode_offload(void *obj, kvt_rd *r)
                 return rc;
         }
     }
-    if ((rc = rd_i64(r, &m->store_event, "store_event")) || (rc = rd_block_pair(r, m, false)) ||
-        (rc = rd_bool(r, &m->need_flush, "need_flush")))
+    if ((rc = rd_i64(r, &m->store_event, "store_event")) ||
+        (rc = rd_block_pair(r, &m->store_gpu_blocks, &m->store_cpu_blocks, &m->cap_stores,
+                            &m->n_stores, "store_gpu_blocks", "store_cpu_blocks")) ||
+        (rc = rd_bool(r, &m->need_flush, "need_flush")) ||
+        (rc = rd_blocks(r, &m->load_invalid_blocks, &m->cap_invalid, &m->n_load_invalid,
+                        "load_invalid_blocks")) ||
+        (rc = rd_i64(r, &m->disk_load_event, "disk_load_event")) ||
+        (rc = rd_block_pair(r, &m->disk_load_slots, &m->disk_load_host_blocks,
+                            &m->cap_disk_loads, &m->n_disk_loads, "disk_load_slots",
+                            "disk_load_host_blocks")) ||
+        (rc = rd_i64(r, &m->disk_store_event, "disk_store_event")) ||
+        (rc = rd_block_pair(r, &m->disk_store_host_blocks, &m->disk_store_slots,
+                            &m->cap_disk_stores, &m->n_disk_stores, "disk_store_host_blocks",
+                            "disk_store_slots")))
         return rc;
     return kvt_offload_meta_validate(m);
 }
@@ -389,6 +501,27 @@ int kvt_offload_meta_decode(kvt_offload_meta *m, const void *buf, size_t len)
 
 /* ---- worker -> scheduler --------------------------------------------------------------- */
 
+static void report_release(kvt_event_report *r)
+{
+    free(r->events);
+    free(r->counts);
+    free(r->failed);
+    memset(r, 0, sizeof(*r));
+}
+
+/* The three reports of a worker message, in wire order, with their names. */
+#define N_REPORTS 3
+static kvt_event_report *report(kvt_offload_worker_meta *m, int i)
+{
+    return i == 0 ? &m->stores : i == 1 ? &m->disk_stores : &m->disk_loads;
+}
+static const kvt_event_report *creport(const kvt_offload_worker_meta *m, int i)
+{
+    return report((kvt_offload_worker_meta *)m, i);
+}
+static const char *const report_name[N_REPORTS] = {"store events", "disk store events",
+                                                   "disk load events"};
+
 void kvt_offload_worker_meta_init(kvt_offload_worker_meta *m)
 {
     memset(m, 0, sizeof(*m));
@@ -396,23 +529,20 @@ void kvt_offload_worker_meta_init(kvt_offload_worker_meta *m)
 
 void kvt_offload_worker_meta_clear(kvt_offload_worker_meta *m)
 {
-    m->n_completed = 0;
-    m->n_failed = 0;
+    for (int i = 0; i < N_REPORTS; i++)
+        report(m, i)->n_completed = report(m, i)->n_failed = 0;
 }
 
 void kvt_offload_worker_meta_release(kvt_offload_worker_meta *m)
 {
-    free(m->events);
-    free(m->counts);
-    free(m->failed);
-    kvt_offload_worker_meta_init(m);
+    for (int i = 0; i < N_REPORTS; i++)
+        report_release(report(m, i));
 }
 
-static int worker_reserve(kvt_offload_worker_meta *m, uint32_t need)
+static int report_reserve(kvt_event_report *m, uint32_t need)
 {
     if (need > KVT_META_MAX_ITEMS)
-        return kvt_fail(KVT_ELIMIT, "meta: more than %u completed store events",
-                        KVT_META_MAX_ITEMS);
+        return kvt_fail(KVT_ELIMIT, "meta: more than %u completed events", KVT_META_MAX_ITEMS);
     uint32_t cap_e = m->cap, cap_c = m->cap;
     int rc = kvt_meta_grow((void **)&m->events, &cap_e, need, sizeof(int64_t));
     if (!rc)
@@ -423,27 +553,21 @@ static int worker_reserve(kvt_offload_worker_meta *m, uint32_t need)
     return 0;
 }
 
-static uint32_t event_lower_bound(const kvt_offload_worker_meta *m, int64_t event)
-{
-    return kvt_lower_bound_i64(m->events, m->n_completed, event);
-}
-
-int kvt_offload_worker_meta_add(kvt_offload_worker_meta *m, int64_t event, uint32_t count)
+int kvt_event_report_add(kvt_event_report *m, int64_t event, uint32_t count)
 {
     if (event < 0 || count == 0)
         return kvt_fail(KVT_EINVAL,
-                        "meta: completed store event %lld with count %u (need an "
-                        "event >= 0 and a count >= 1)",
+                        "meta: completed event %lld with count %u (need an event >= 0 and a "
+                        "count >= 1)",
                         (long long)event, count);
-    uint32_t i = event_lower_bound(m, event);
+    uint32_t i = kvt_lower_bound_i64(m->events, m->n_completed, event);
     if (i < m->n_completed && m->events[i] == event) {
         if (m->counts[i] > UINT32_MAX - count)
-            return kvt_fail(KVT_ELIMIT, "meta: count of store event %lld overflows",
-                            (long long)event);
+            return kvt_fail(KVT_ELIMIT, "meta: count of event %lld overflows", (long long)event);
         m->counts[i] += count;
         return 0;
     }
-    int rc = worker_reserve(m, m->n_completed + 1);
+    int rc = report_reserve(m, m->n_completed + 1);
     if (rc)
         return rc;
     memmove(&m->events[i + 1], &m->events[i], (size_t)(m->n_completed - i) * sizeof(int64_t));
@@ -454,25 +578,20 @@ int kvt_offload_worker_meta_add(kvt_offload_worker_meta *m, int64_t event, uint3
     return 0;
 }
 
-static uint32_t failed_lower_bound(const kvt_offload_worker_meta *m, int64_t event)
+bool kvt_event_report_failed(const kvt_event_report *m, int64_t event)
 {
-    return kvt_lower_bound_i64(m->failed, m->n_failed, event);
-}
-
-bool kvt_offload_worker_meta_failed(const kvt_offload_worker_meta *m, int64_t event)
-{
-    uint32_t i = failed_lower_bound(m, event);
+    uint32_t i = kvt_lower_bound_i64(m->failed, m->n_failed, event);
     return i < m->n_failed && m->failed[i] == event;
 }
 
 /* Inserts event into the failed set (no check that it is completed). */
-static int insert_failed(kvt_offload_worker_meta *m, int64_t event)
+static int insert_failed(kvt_event_report *m, int64_t event)
 {
-    uint32_t i = failed_lower_bound(m, event);
+    uint32_t i = kvt_lower_bound_i64(m->failed, m->n_failed, event);
     if (i < m->n_failed && m->failed[i] == event)
         return 0;
     if (m->n_failed >= KVT_META_MAX_ITEMS)
-        return kvt_fail(KVT_ELIMIT, "meta: more than %u failed store events", KVT_META_MAX_ITEMS);
+        return kvt_fail(KVT_ELIMIT, "meta: more than %u failed events", KVT_META_MAX_ITEMS);
     int rc = kvt_meta_grow((void **)&m->failed, &m->cap_failed, m->n_failed + 1, sizeof(int64_t));
     if (rc)
         return rc;
@@ -482,32 +601,44 @@ static int insert_failed(kvt_offload_worker_meta *m, int64_t event)
     return 0;
 }
 
-int kvt_offload_worker_meta_add_failed(kvt_offload_worker_meta *m, int64_t event)
+int kvt_event_report_add_failed(kvt_event_report *m, int64_t event)
 {
-    uint32_t i = event_lower_bound(m, event);
+    uint32_t i = kvt_lower_bound_i64(m->events, m->n_completed, event);
     if (event < 0 || i == m->n_completed || m->events[i] != event)
-        return kvt_fail(KVT_EINVAL, "meta: failed store event %lld is not a completed store event",
+        return kvt_fail(KVT_EINVAL, "meta: failed event %lld is not a completed event",
                         (long long)event);
     return insert_failed(m, event);
 }
 
-int kvt_offload_worker_meta_aggregate(kvt_offload_worker_meta *dst,
-                                      const kvt_offload_worker_meta *src)
+int kvt_offload_worker_meta_add(kvt_offload_worker_meta *m, int64_t event, uint32_t count)
 {
-    if (!dst || !src)
-        return kvt_fail(KVT_EINVAL, "meta: aggregate: NULL argument");
-    /* Room for the failed union first, so the merge below cannot fail half-way. */
+    return kvt_event_report_add(&m->stores, event, count);
+}
+
+int kvt_offload_worker_meta_add_failed(kvt_offload_worker_meta *m, int64_t event)
+{
+    return kvt_event_report_add_failed(&m->stores, event);
+}
+
+bool kvt_offload_worker_meta_failed(const kvt_offload_worker_meta *m, int64_t event)
+{
+    return kvt_event_report_failed(&m->stores, event);
+}
+
+/* Makes room in dst for dst + src (failed union, completed union) and checks the counts for
+ * overflow, so that report_merge cannot fail. *u receives the size of the completed union. */
+static int report_prepare(kvt_event_report *dst, const kvt_event_report *src, uint32_t *u)
+{
     if (src->n_failed) {
         uint64_t need = (uint64_t)dst->n_failed + src->n_failed;
         if (need > KVT_META_MAX_ITEMS)
-            return kvt_fail(KVT_ELIMIT, "meta: aggregate: too many failed store events");
+            return kvt_fail(KVT_ELIMIT, "meta: aggregate: too many failed events");
         int rc =
             kvt_meta_grow((void **)&dst->failed, &dst->cap_failed, (uint32_t)need, sizeof(int64_t));
         if (rc)
             return rc;
     }
-    /* First pass: size of the union and overflow check, so a failure changes nothing. */
-    uint32_t i = 0, j = 0, u = 0;
+    uint32_t i = 0, j = 0, n = 0;
     while (i < dst->n_completed || j < src->n_completed) {
         if (j == src->n_completed || (i < dst->n_completed && dst->events[i] < src->events[j])) {
             i++;
@@ -520,11 +651,14 @@ int kvt_offload_worker_meta_aggregate(kvt_offload_worker_meta *dst,
             i++;
             j++;
         }
-        u++;
+        n++;
     }
-    int rc = worker_reserve(dst, u);
-    if (rc)
-        return rc;
+    *u = n;
+    return report_reserve(dst, n);
+}
+
+static void report_merge(kvt_event_report *dst, const kvt_event_report *src, uint32_t u)
+{
     /* Merge from the back so dst's entries are moved before they are overwritten. */
     int64_t a = (int64_t)dst->n_completed - 1, b = (int64_t)src->n_completed - 1;
     for (int64_t k = (int64_t)u - 1; k >= 0; k--) {
@@ -545,7 +679,55 @@ int kvt_offload_worker_meta_aggregate(kvt_offload_worker_meta *dst,
     }
     dst->n_completed = u;
     for (uint32_t k = 0; k < src->n_failed; k++)
-        (void)insert_failed(dst, src->failed[k]); /* room reserved above */
+        (void)insert_failed(dst, src->failed[k]); /* room reserved */
+}
+
+int kvt_offload_worker_meta_aggregate(kvt_offload_worker_meta *dst,
+                                      const kvt_offload_worker_meta *src)
+{
+    if (!dst || !src)
+        return kvt_fail(KVT_EINVAL, "meta: aggregate: NULL argument");
+    uint32_t u[N_REPORTS];
+    for (int i = 0; i < N_REPORTS; i++) { /* every check and allocation before any change */
+        int rc = report_prepare(report(dst, i), creport(src, i), &u[i]);
+        if (rc)
+            return rc;
+    }
+    for (int i = 0; i < N_REPORTS; i++)
+        report_merge(report(dst, i), creport(src, i), u[i]);
+    return 0;
+}
+
+static int report_validate(const kvt_event_report *m, const char *what)
+{
+    if (m->n_completed > KVT_META_MAX_ITEMS)
+        return kvt_fail(KVT_ELIMIT, "completed %s: %u entries exceed the limit of %u", what,
+                        m->n_completed, KVT_META_MAX_ITEMS);
+    if (m->n_completed && (!m->events || !m->counts))
+        return kvt_fail(KVT_EINVAL, "completed %s: NULL list", what);
+    for (uint32_t i = 0; i < m->n_completed; i++) {
+        if (m->events[i] < 0 || (i && m->events[i] <= m->events[i - 1]))
+            return kvt_fail(KVT_EINVAL,
+                            "completed %s: event %lld at index %u is negative or not ascending",
+                            what, (long long)m->events[i], i);
+        if (m->counts[i] == 0)
+            return kvt_fail(KVT_EINVAL, "completed %s: event %lld has count 0", what,
+                            (long long)m->events[i]);
+    }
+    if (m->n_failed > m->n_completed)
+        return kvt_fail(KVT_EINVAL, "failed %s: more entries than completed events", what);
+    if (m->n_failed && !m->failed)
+        return kvt_fail(KVT_EINVAL, "failed %s: NULL list", what);
+    for (uint32_t i = 0, j = 0; i < m->n_failed; i++) {
+        if (i && m->failed[i] <= m->failed[i - 1])
+            return kvt_fail(KVT_EINVAL, "failed %s: event %lld not ascending", what,
+                            (long long)m->failed[i]);
+        while (j < m->n_completed && m->events[j] < m->failed[i])
+            j++;
+        if (j == m->n_completed || m->events[j] != m->failed[i])
+            return kvt_fail(KVT_EINVAL, "failed %s: event %lld is not a completed event", what,
+                            (long long)m->failed[i]);
+    }
     return 0;
 }
 
@@ -553,58 +735,42 @@ int kvt_offload_worker_meta_validate(const kvt_offload_worker_meta *m)
 {
     if (!m)
         return kvt_fail(KVT_EINVAL, "meta: NULL worker metadata");
-    if (m->n_completed > KVT_META_MAX_ITEMS)
-        return kvt_fail(KVT_ELIMIT, "completed_store_events: %u entries exceed the limit of %u",
-                        m->n_completed, KVT_META_MAX_ITEMS);
-    if (m->n_completed && (!m->events || !m->counts))
-        return kvt_fail(KVT_EINVAL, "completed_store_events: NULL list");
-    for (uint32_t i = 0; i < m->n_completed; i++) {
-        if (m->events[i] < 0 || (i && m->events[i] <= m->events[i - 1]))
-            return kvt_fail(KVT_EINVAL,
-                            "completed_store_events: event %lld at index %u is "
-                            "negative or not ascending",
-                            (long long)m->events[i], i);
-        if (m->counts[i] == 0)
-            return kvt_fail(KVT_EINVAL, "completed_store_events: event %lld has count 0",
-                            (long long)m->events[i]);
-    }
-    if (m->n_failed > m->n_completed)
-        return kvt_fail(KVT_EINVAL, "failed_store_events: more entries than completed events");
-    if (m->n_failed && !m->failed)
-        return kvt_fail(KVT_EINVAL, "failed_store_events: NULL list");
-    for (uint32_t i = 0, j = 0; i < m->n_failed; i++) {
-        if (i && m->failed[i] <= m->failed[i - 1])
-            return kvt_fail(KVT_EINVAL, "failed_store_events: event %lld not ascending",
-                            (long long)m->failed[i]);
-        while (j < m->n_completed && m->events[j] < m->failed[i])
-            j++;
-        if (j == m->n_completed || m->events[j] != m->failed[i])
-            return kvt_fail(KVT_EINVAL,
-                            "failed_store_events: event %lld is not a completed store event",
-                            (long long)m->failed[i]);
+    for (int i = 0; i < N_REPORTS; i++) {
+        int rc = report_validate(creport(m, i), report_name[i]);
+        if (rc)
+            return rc;
     }
     return 0;
 }
 
-bool kvt_offload_worker_meta_equal(const kvt_offload_worker_meta *a,
-                                   const kvt_offload_worker_meta *b)
+static bool report_equal(const kvt_event_report *a, const kvt_event_report *b)
 {
-    if (a->n_completed != b->n_completed)
+    if (a->n_completed != b->n_completed || a->n_failed != b->n_failed)
         return false;
     for (uint32_t i = 0; i < a->n_completed; i++)
         if (a->events[i] != b->events[i] || a->counts[i] != b->counts[i])
             return false;
-    if (a->n_failed != b->n_failed)
-        return false;
     for (uint32_t i = 0; i < a->n_failed; i++)
         if (a->failed[i] != b->failed[i])
             return false;
     return true;
 }
 
+bool kvt_offload_worker_meta_equal(const kvt_offload_worker_meta *a,
+                                   const kvt_offload_worker_meta *b)
+{
+    for (int i = 0; i < N_REPORTS; i++)
+        if (!report_equal(creport(a, i), creport(b, i)))
+            return false;
+    return true;
+}
+
 size_t kvt_offload_worker_meta_encoded_size(const kvt_offload_worker_meta *m)
 {
-    return KVT_META_HEADER_LEN + 4 + 12 * (size_t)m->n_completed + 4 + 8 * (size_t)m->n_failed;
+    size_t n = KVT_META_HEADER_LEN;
+    for (int i = 0; i < N_REPORTS; i++)
+        n += 4 + 12 * (size_t)creport(m, i)->n_completed + 4 + 8 * (size_t)creport(m, i)->n_failed;
+    return n;
 }
 
 int kvt_offload_worker_meta_encode(const kvt_offload_worker_meta *m, void *buf, size_t cap,
@@ -618,42 +784,54 @@ int kvt_offload_worker_meta_encode(const kvt_offload_worker_meta *m, void *buf, 
         return rc;
     kvt_wr w = {buf};
     kvt_wire_header(&w, KVT_META_OFFLOAD_WORKER, need - KVT_META_HEADER_LEN);
-    wr_u32(&w, m->n_completed);
-    for (uint32_t i = 0; i < m->n_completed; i++) {
-        wr_u64(&w, (uint64_t)m->events[i]);
-        wr_u32(&w, m->counts[i]);
+    for (int r = 0; r < N_REPORTS; r++) {
+        const kvt_event_report *e = creport(m, r);
+        wr_u32(&w, e->n_completed);
+        for (uint32_t i = 0; i < e->n_completed; i++) {
+            wr_u64(&w, (uint64_t)e->events[i]);
+            wr_u32(&w, e->counts[i]);
+        }
+        wr_u32(&w, e->n_failed);
+        for (uint32_t i = 0; i < e->n_failed; i++)
+            wr_u64(&w, (uint64_t)e->failed[i]);
     }
-    wr_u32(&w, m->n_failed);
-    for (uint32_t i = 0; i < m->n_failed; i++)
-        wr_u64(&w, (uint64_t)m->failed[i]);
+    return 0;
+}
+
+static int decode_report(kvt_rd *r, kvt_event_report *m, const char *what)
+{
+    uint32_t n;
+    int rc = rd_count(r, &n, KVT_META_MAX_ITEMS, 12, what);
+    if (rc || (rc = report_reserve(m, n)))
+        return rc;
+    for (uint32_t i = 0; i < n; i++) {
+        int64_t ev;
+        uint32_t count;
+        if ((rc = rd_i64(r, &ev, what)) || (rc = rd_u32(r, &count, what)))
+            return rc;
+        m->events[i] = ev;
+        m->counts[i] = count;
+    }
+    m->n_completed = n;
+    if ((rc = rd_count(r, &n, KVT_META_MAX_ITEMS, 8, what)))
+        return rc;
+    if (n && (rc = kvt_meta_grow((void **)&m->failed, &m->cap_failed, n, sizeof(int64_t))))
+        return rc;
+    for (uint32_t i = 0; i < n; i++)
+        if ((rc = rd_i64(r, &m->failed[i], what)))
+            return rc;
+    m->n_failed = n;
     return 0;
 }
 
 static int decode_worker(void *obj, kvt_rd *r)
 {
     kvt_offload_worker_meta *m = obj;
-    uint32_t n;
-    int rc = rd_count(r, &n, KVT_META_MAX_ITEMS, 12, "completed_store_events");
-    if (rc || (rc = worker_reserve(m, n)))
-        return rc;
-    for (uint32_t i = 0; i < n; i++) {
-        int64_t ev;
-        uint32_t count;
-        if ((rc = rd_i64(r, &ev, "completed store event")) ||
-            (rc = rd_u32(r, &count, "completed store count")))
+    for (int i = 0; i < N_REPORTS; i++) {
+        int rc = decode_report(r, report(m, i), report_name[i]);
+        if (rc)
             return rc;
-        m->events[i] = ev;
-        m->counts[i] = count;
     }
-    m->n_completed = n;
-    if ((rc = rd_count(r, &n, KVT_META_MAX_ITEMS, 8, "failed_store_events")))
-        return rc;
-    if (n && (rc = kvt_meta_grow((void **)&m->failed, &m->cap_failed, n, sizeof(int64_t))))
-        return rc;
-    for (uint32_t i = 0; i < n; i++)
-        if ((rc = rd_i64(r, &m->failed[i], "failed store event")))
-            return rc;
-    m->n_failed = n;
     return kvt_offload_worker_meta_validate(m);
 }
 

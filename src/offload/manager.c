@@ -472,24 +472,24 @@ int kvt_offload_apply_output(kvt_offload *m, const kvt_str *finished_loads, uint
     if (stores) {
         if ((rc = kvt_offload_worker_meta_validate(stores)))
             return kvt_fail_wrap(rc, "offload: apply_output");
-        for (uint32_t i = 0; i < stores->n_completed; i++)
-            if (stores->events[i] >= m->store_counter)
+        for (uint32_t i = 0; i < stores->stores.n_completed; i++)
+            if (stores->stores.events[i] >= m->store_counter)
                 return kvt_fail(KVT_ERANGE,
                                 "offload: apply_output: store event %" PRId64
                                 " was never issued (next is %" PRId64 ")",
-                                stores->events[i], m->store_counter);
+                                stores->stores.events[i], m->store_counter);
     }
     for (uint32_t i = 0; i < n; i++)
         ofl_apply_load_done(m, ofl_req_find(m, finished_loads[i].ptr, finished_loads[i].len));
-    for (uint32_t i = 0; stores && i < stores->n_completed; i++) {
-        struct ofl_event *e = ofl_evtable_find(&m->stores, stores->events[i]);
+    for (uint32_t i = 0; stores && i < stores->stores.n_completed; i++) {
+        struct ofl_event *e = ofl_evtable_find(&m->stores, stores->stores.events[i]);
         if (!e) {
             m->st.stale_reports++;
             continue;
         }
-        if (kvt_offload_worker_meta_failed(stores, stores->events[i]))
+        if (kvt_offload_worker_meta_failed(stores, stores->stores.events[i]))
             e->failed = true;
-        uint64_t total = (uint64_t)e->reported + stores->counts[i];
+        uint64_t total = (uint64_t)e->reported + stores->stores.counts[i];
         e->reported = total > UINT32_MAX ? UINT32_MAX : (uint32_t)total;
         if (e->reported >= m->cfg.world_size)
             ofl_complete_store(m, e);

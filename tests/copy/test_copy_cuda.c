@@ -262,11 +262,11 @@ static void test_cuda_worker(void **state)
     for (int i = 0; i < 200000; i++) {
         KVT_OK_(kvt_worker_get_finished(w, g->compute, &reqs, &n));
         KVT_OK_(kvt_worker_build_meta(w, &wm));
-        if (wm.n_completed)
+        if (wm.stores.n_completed)
             break;
         usleep(50);
     }
-    assert_int_equal(wm.n_completed, 1);
+    assert_int_equal(wm.stores.n_completed, 1);
     for (uint32_t b = 1; b <= 8; b++)
         check_host(g, 80 + b, 500 + b);
     kvt_offload_meta_clear(&m);

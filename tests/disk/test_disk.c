@@ -395,8 +395,8 @@ static void test_worker_on_disk(void **state)
         KVT_OK_(kvt_offload_meta_add_store(&m, b, 9 + b));
     worker_step(w, &m, &wm, &reqs);
     kvt_worker_clear(w);
-    assert_int_equal(wm.n_completed, 1);
-    assert_int_equal(wm.n_failed, 0);
+    assert_int_equal(wm.stores.n_completed, 1);
+    assert_int_equal(wm.stores.n_failed, 0);
     /* slot 32 does not exist: refused at bind */
     kvt_offload_meta_clear(&m);
     m.store_event = 1;
@@ -456,8 +456,8 @@ static void test_worker_disk_failures(void **state)
         KVT_OK_(kvt_offload_meta_add_store(&m, b, 9 + b));
     worker_step(w, &m, &wm, &reqs);
     kvt_worker_clear(w);
-    assert_int_equal(wm.n_completed, 1);
-    assert_int_equal(wm.n_failed, 1);
+    assert_int_equal(wm.stores.n_completed, 1);
+    assert_int_equal(wm.stores.n_failed, 1);
     assert_true(kvt_offload_worker_meta_failed(&wm, 0));
     /* load from 10..12: 11 fails, its destination is invalid, the request still finishes */
     kvt_offload_meta_clear(&m);

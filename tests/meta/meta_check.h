@@ -70,7 +70,7 @@ static inline int kvt_check_offload_worker(const uint8_t *buf, size_t len)
                           buf, len);
     } else {
         KVT_PROPERTY(kvt_rc_is_decode_error(rc));
-        KVT_PROPERTY(m.n_completed == 0);
+        KVT_PROPERTY(m.stores.n_completed == 0);
     }
     kvt_offload_worker_meta_release(&m);
     return rc;

@@ -64,6 +64,13 @@ static inline unsigned char *kvt_sample_encode(uint32_t kind, int variant, size_
             for (uint32_t i = 0; i < 7; i++)
                 kvt_offload_meta_add_store(&m, 3 + i, 70 + i);
             m.need_flush = true;
+            /* three-tier lists: one invalid load destination, a promotion, write-backs */
+            kvt_offload_meta_add_load_invalid(&m, 42);
+            m.disk_load_event = 4;
+            kvt_offload_meta_add_disk_load(&m, 17, 902);
+            m.disk_store_event = 8;
+            for (uint32_t i = 0; i < 3; i++)
+                kvt_offload_meta_add_disk_store(&m, 70 + i, 200 + i);
         }
         need = kvt_offload_meta_encoded_size(&m);
         buf = malloc(need);
@@ -76,8 +83,12 @@ static inline unsigned char *kvt_sample_encode(uint32_t kind, int variant, size_
         kvt_offload_worker_meta_init(&m);
         for (int i = 0; i < variant * 2; i++)
             kvt_offload_worker_meta_add(&m, 100 - 7 * i, 1 + (uint32_t)i);
-        if (variant == 2)
+        if (variant == 2) {
             kvt_offload_worker_meta_add_failed(&m, 93);
+            kvt_event_report_add(&m.disk_stores, 5, 1);
+            kvt_event_report_add(&m.disk_loads, 2, 2);
+            kvt_event_report_add_failed(&m.disk_loads, 2);
+        }
         need = kvt_offload_worker_meta_encoded_size(&m);
         buf = malloc(need);
         rc = buf ? kvt_offload_worker_meta_encode(&m, buf, need, len) : -1;

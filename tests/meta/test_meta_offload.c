@@ -26,7 +26,8 @@ static void empty_step_has_no_events_and_round_trips(void **state)
     assert_int_equal(m.store_event, KVT_NO_EVENT);
     KVT_OK_(kvt_offload_meta_validate(&m));
     roundtrip(&m, &back);
-    assert_int_equal(kvt_offload_meta_encoded_size(&m), 12 + 8 + 8 + 4 + 8 + 8 + 1);
+    assert_int_equal(kvt_offload_meta_encoded_size(&m),
+                     12 + 8 + 8 + 4 + 8 + 8 + 1 + 4 + (8 + 8) + (8 + 8));
     kvt_offload_meta_release(&m);
     kvt_offload_meta_release(&back);
 }
@@ -132,6 +133,24 @@ static void encode_reports_a_small_buffer(void **state)
     kvt_offload_meta_release(&m);
 }
 
+/* The three-tier part of an offload message, empty. */
+static void wb_disk_none(wb *w)
+{
+    wb_u32(w, 0);
+    for (int i = 0; i < 2; i++) {
+        wb_u64(w, (uint64_t)-1);
+        wb_u32(w, 0);
+        wb_u32(w, 0);
+    }
+}
+
+/* The disk reports of a worker message, empty. */
+static void wb_disk_reports_none(wb *w)
+{
+    for (int i = 0; i < 4; i++)
+        wb_u32(w, 0);
+}
+
 /* Hand-built messages that break one rule each. */
 static void wb_offload(wb *w, int64_t load_ev, uint32_t n_g, uint32_t n_c, int64_t ev_key,
                        uint32_t n_reqs, uint8_t flush)
@@ -155,6 +174,7 @@ static void wb_offload(wb *w, int64_t load_ev, uint32_t n_g, uint32_t n_c, int64
     wb_u32(w, 0);
     wb_u32(w, 0);
     wb_u8(w, flush);
+    wb_disk_none(w);
     wb_done(w);
 }
 
@@ -219,19 +239,19 @@ static void worker_reports_sum_per_event(void **state)
     KVT_OK_(kvt_offload_worker_meta_add(&a, 5, 1));
     KVT_OK_(kvt_offload_worker_meta_add(&a, 2, 1));
     KVT_OK_(kvt_offload_worker_meta_add(&a, 5, 1));
-    assert_int_equal(a.n_completed, 2);
-    assert_int_equal(a.events[0], 2);
-    assert_int_equal(a.counts[1], 2);
+    assert_int_equal(a.stores.n_completed, 2);
+    assert_int_equal(a.stores.events[0], 2);
+    assert_int_equal(a.stores.counts[1], 2);
     KVT_OK_(kvt_offload_worker_meta_add(&b, 3, 1));
     KVT_OK_(kvt_offload_worker_meta_add(&b, 5, 1));
     KVT_OK_(kvt_offload_worker_meta_add(&b, 9, 4));
     KVT_OK_(kvt_offload_worker_meta_aggregate(&a, &b));
     int64_t ev[] = {2, 3, 5, 9};
     uint32_t ct[] = {1, 1, 3, 4};
-    assert_int_equal(a.n_completed, 4);
+    assert_int_equal(a.stores.n_completed, 4);
     for (int i = 0; i < 4; i++) {
-        assert_int_equal(a.events[i], ev[i]);
-        assert_int_equal(a.counts[i], ct[i]);
+        assert_int_equal(a.stores.events[i], ev[i]);
+        assert_int_equal(a.stores.counts[i], ct[i]);
     }
     kvt_offload_worker_meta empty;
     kvt_offload_worker_meta_init(&empty);
@@ -255,9 +275,9 @@ static void aggregate_overflow_fails_and_changes_nothing(void **state)
     KVT_OK_(kvt_offload_worker_meta_add(&b, 0, 1));
     KVT_OK_(kvt_offload_worker_meta_add(&b, 7, 1));
     KVT_ERR_(kvt_offload_worker_meta_aggregate(&a, &b), KVT_ELIMIT);
-    assert_int_equal(a.n_completed, 2);
-    assert_int_equal(a.events[0], 1);
-    assert_int_equal(a.counts[1], UINT32_MAX);
+    assert_int_equal(a.stores.n_completed, 2);
+    assert_int_equal(a.stores.events[0], 1);
+    assert_int_equal(a.stores.counts[1], UINT32_MAX);
     kvt_offload_worker_meta_release(&a);
     kvt_offload_worker_meta_release(&b);
 }
@@ -270,7 +290,7 @@ static void worker_report_round_trips_and_decoder_wants_ascending_events(void **
     kvt_offload_worker_meta_init(&back);
     KVT_OK_(kvt_offload_worker_meta_add(&a, 11, 1));
     KVT_OK_(kvt_offload_worker_meta_add(&a, 12, 2));
-    unsigned char buf[64];
+    unsigned char buf[128];
     size_t len;
     KVT_OK_(kvt_offload_worker_meta_encode(&a, buf, sizeof(buf), &len));
     KVT_OK_(kvt_offload_worker_meta_decode(&back, buf, len));
@@ -279,7 +299,7 @@ static void worker_report_round_trips_and_decoder_wants_ascending_events(void **
     KVT_ERR_(kvt_offload_worker_meta_add_failed(&a, 13), KVT_EINVAL);
     KVT_OK_(kvt_offload_worker_meta_add_failed(&a, 12));
     KVT_OK_(kvt_offload_worker_meta_add_failed(&a, 12));
-    assert_int_equal(a.n_failed, 1);
+    assert_int_equal(a.stores.n_failed, 1);
     assert_false(kvt_offload_worker_meta_equal(&a, &back));
     KVT_OK_(kvt_offload_worker_meta_encode(&a, buf, sizeof(buf), &len));
     KVT_OK_(kvt_offload_worker_meta_decode(&back, buf, len));
@@ -292,8 +312,8 @@ static void worker_report_round_trips_and_decoder_wants_ascending_events(void **
     KVT_OK_(kvt_offload_worker_meta_add(&c, 11, 1));
     KVT_OK_(kvt_offload_worker_meta_add_failed(&c, 11));
     KVT_OK_(kvt_offload_worker_meta_aggregate(&back, &c));
-    assert_int_equal(back.n_failed, 2);
-    assert_int_equal(back.counts[0], 2);
+    assert_int_equal(back.stores.n_failed, 2);
+    assert_int_equal(back.stores.counts[0], 2);
     KVT_OK_(kvt_offload_worker_meta_validate(&back));
     kvt_offload_worker_meta_release(&c);
     wb w;
@@ -304,9 +324,10 @@ static void worker_report_round_trips_and_decoder_wants_ascending_events(void **
     wb_u64(&w, 11);
     wb_u32(&w, 1);
     wb_u32(&w, 0); /* no failed events */
+    wb_disk_reports_none(&w);
     wb_done(&w);
     KVT_ERR_(kvt_offload_worker_meta_decode(&back, w.b, w.n), KVT_EPROTO);
-    assert_int_equal(back.n_completed, 0);
+    assert_int_equal(back.stores.n_completed, 0);
     /* a failed event must also be a completed one */
     wb_begin(&w, KVT_META_OFFLOAD_WORKER);
     wb_u32(&w, 1);
@@ -314,16 +335,88 @@ static void worker_report_round_trips_and_decoder_wants_ascending_events(void **
     wb_u32(&w, 1);
     wb_u32(&w, 1);
     wb_u64(&w, 12);
+    wb_disk_reports_none(&w);
     wb_done(&w);
     KVT_ERR_(kvt_offload_worker_meta_decode(&back, w.b, w.n), KVT_EPROTO);
-    assert_int_equal(back.n_failed, 0);
+    assert_int_equal(back.stores.n_failed, 0);
     w.n = 12;
     wb_u32(&w, 1);
     wb_u64(&w, 3);
     wb_u32(&w, 0); /* count 0 */
+    wb_disk_reports_none(&w);
     wb_done(&w);
     KVT_ERR_(kvt_offload_worker_meta_decode(&back, w.b, w.n), KVT_EPROTO);
     kvt_offload_worker_meta_release(&a);
+    kvt_offload_worker_meta_release(&back);
+}
+
+/* Three-tier lists: promotions, write-backs and invalid load destinations travel, keep their
+ * invariants and leave nothing behind on clear. */
+static void disk_tier_lists_round_trip_and_are_checked(void **state)
+{
+    (void)state;
+    kvt_offload_meta m, back;
+    kvt_offload_meta_init(&m);
+    kvt_offload_meta_init(&back);
+    KVT_OK_(kvt_offload_meta_reserve_disk(&m, 1, 2, 3));
+    m.load_event = 4;
+    KVT_OK_(kvt_offload_meta_add_load(&m, 7, 70));
+    KVT_OK_(kvt_offload_meta_add_load(&m, 8, 80));
+    KVT_OK_(kvt_offload_meta_add_load_req(&m, 4, "r", 1));
+    KVT_OK_(kvt_offload_meta_add_load_invalid(&m, 8));
+    m.disk_load_event = 2;
+    KVT_OK_(kvt_offload_meta_add_disk_load(&m, 5, 80));
+    m.disk_store_event = 9;
+    for (uint32_t i = 1; i <= 3; i++)
+        KVT_OK_(kvt_offload_meta_add_disk_store(&m, 10 + i, 20 + i));
+    roundtrip(&m, &back);
+    assert_int_equal(back.n_disk_stores, 3);
+    assert_int_equal(back.disk_store_slots[2], 23);
+    assert_int_equal(back.disk_load_host_blocks[0], 80);
+    assert_int_equal(back.load_invalid_blocks[0], 8);
+    /* a promotion list without its event, and the reverse */
+    m.disk_load_event = KVT_NO_EVENT;
+    KVT_ERR_(kvt_offload_meta_validate(&m), KVT_EINVAL);
+    m.disk_load_event = 2;
+    m.disk_store_slots[1] = 0; /* the null block */
+    KVT_ERR_(kvt_offload_meta_validate(&m), KVT_EINVAL);
+    m.disk_store_slots[1] = 22;
+    /* more invalid destinations than the load has */
+    KVT_OK_(kvt_offload_meta_add_load_invalid(&m, 7));
+    KVT_OK_(kvt_offload_meta_add_load_invalid(&m, 9));
+    KVT_ERR_(kvt_offload_meta_validate(&m), KVT_EINVAL);
+    kvt_offload_meta_clear(&m);
+    assert_int_equal(m.disk_load_event, KVT_NO_EVENT);
+    assert_int_equal(m.n_load_invalid + m.n_disk_loads + m.n_disk_stores, 0);
+    KVT_OK_(kvt_offload_meta_validate(&m));
+    kvt_offload_meta_release(&m);
+    kvt_offload_meta_release(&back);
+}
+
+/* The disk reports of a worker message aggregate like the store report. */
+static void worker_disk_reports_aggregate_and_round_trip(void **state)
+{
+    (void)state;
+    kvt_offload_worker_meta a, b, back;
+    kvt_offload_worker_meta_init(&a);
+    kvt_offload_worker_meta_init(&b);
+    kvt_offload_worker_meta_init(&back);
+    KVT_OK_(kvt_event_report_add(&a.disk_stores, 3, 1));
+    KVT_OK_(kvt_event_report_add(&b.disk_stores, 3, 1));
+    KVT_OK_(kvt_event_report_add(&b.disk_loads, 1, 1));
+    KVT_OK_(kvt_event_report_add_failed(&b.disk_loads, 1));
+    KVT_ERR_(kvt_event_report_add_failed(&b.disk_loads, 2), KVT_EINVAL);
+    KVT_OK_(kvt_offload_worker_meta_aggregate(&a, &b));
+    assert_int_equal(a.disk_stores.counts[0], 2);
+    assert_true(kvt_event_report_failed(&a.disk_loads, 1));
+    assert_int_equal(a.stores.n_completed, 0);
+    unsigned char buf[256];
+    size_t len;
+    KVT_OK_(kvt_offload_worker_meta_encode(&a, buf, sizeof(buf), &len));
+    KVT_OK_(kvt_offload_worker_meta_decode(&back, buf, len));
+    assert_true(kvt_offload_worker_meta_equal(&a, &back));
+    kvt_offload_worker_meta_release(&a);
+    kvt_offload_worker_meta_release(&b);
     kvt_offload_worker_meta_release(&back);
 }
 
@@ -342,6 +435,8 @@ int main(void)
         cmocka_unit_test(worker_reports_sum_per_event),
         cmocka_unit_test(aggregate_overflow_fails_and_changes_nothing),
         cmocka_unit_test(worker_report_round_trips_and_decoder_wants_ascending_events),
+        cmocka_unit_test(disk_tier_lists_round_trip_and_are_checked),
+        cmocka_unit_test(worker_disk_reports_aggregate_and_round_trip),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

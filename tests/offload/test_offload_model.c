@@ -384,13 +384,13 @@ static void deliver(bool all)
         }
     }
     S.n_out = keep;
-    if (!n_ids && !S.wm.n_completed)
+    if (!n_ids && !S.wm.stores.n_completed)
         return;
     CALL(kvt_offload_apply_output(S.m, ids, n_ids, &S.wm));
-    for (uint32_t i = 0; i < S.wm.n_completed; i++) {
-        struct wev *e = find_store(S.wm.events[i]);
+    for (uint32_t i = 0; i < S.wm.stores.n_completed; i++) {
+        struct wev *e = find_store(S.wm.stores.events[i]);
         bool was_live = e->applied < S.world;
-        e->applied += S.wm.counts[i];
+        e->applied += S.wm.stores.counts[i];
         if (was_live && e->applied >= S.world)
             live(e, -1);
     }

@@ -90,8 +90,8 @@ static void test_handshake_aggregation_and_failure(void **state)
     kvt_link_result res;
     /* step 1: both ranks stored event 4; only rank 0 finished req-a's load; invalid blocks */
     KVT_OK_(kvt_link_sched_step(s, &meta, "payload", 7, TIMEOUT, &res));
-    assert_int_equal(res.stores->n_completed, 1);
-    assert_int_equal(res.stores->counts[0], 2);
+    assert_int_equal(res.stores->stores.n_completed, 1);
+    assert_int_equal(res.stores->stores.counts[0], 2);
     assert_int_equal(res.n_finished, 0);
     assert_int_equal(res.n_invalid, 2);
     assert_int_equal(res.invalid_blocks[0], 40);
@@ -101,7 +101,7 @@ static void test_handshake_aggregation_and_failure(void **state)
     KVT_OK_(kvt_link_sched_step(s, &meta, NULL, 0, TIMEOUT, &res));
     assert_int_equal(res.n_finished, 1);
     assert_string_equal(res.finished_loads[0].ptr, "req-a");
-    assert_int_equal(res.stores->n_completed, 0);
+    assert_int_equal(res.stores->stores.n_completed, 0);
     /* step 3: rank 1 fails; its code and message reach the scheduler */
     KVT_ERR_(kvt_link_sched_step(s, &meta, NULL, 0, TIMEOUT, &res), KVT_EIO);
     assert_non_null(strstr(kvt_last_error(), "rank 1"));

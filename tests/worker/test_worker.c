@@ -70,10 +70,10 @@ static void step_until_store(wrig *g, int64_t e)
         uint32_t n;
         KVT_OK_(kvt_worker_get_finished(g->w, NULL, &reqs, &n));
         KVT_OK_(kvt_worker_build_meta(g->w, &g->wm));
-        if (g->wm.n_completed) {
-            assert_int_equal(g->wm.n_completed, 1);
-            assert_int_equal(g->wm.events[0], e);
-            assert_int_equal(g->wm.counts[0], 1);
+        if (g->wm.stores.n_completed) {
+            assert_int_equal(g->wm.stores.n_completed, 1);
+            assert_int_equal(g->wm.stores.events[0], e);
+            assert_int_equal(g->wm.stores.counts[0], 1);
             return;
         }
         usleep(50);
@@ -131,7 +131,7 @@ static void test_store_then_load(void **state)
     /* reported once */
     KVT_OK_(kvt_worker_get_finished(g.w, NULL, &reqs, &n));
     KVT_OK_(kvt_worker_build_meta(g.w, &g.wm));
-    assert_int_equal(g.wm.n_completed, 0);
+    assert_int_equal(g.wm.stores.n_completed, 0);
     kvt_worker_clear(g.w);
     /* step 2: two requests load host 10..13 into device 20..23, in one event */
     kvt_offload_meta_clear(&g.meta);

@@ -399,7 +399,7 @@ static int part_meta(void)
     bad |= check(kvt_offload_worker_meta_add(&r1, 6, 1), "worker add");
     bad |= check(kvt_offload_worker_meta_add(&r1, 7, 1), "worker add");
     bad |= check(kvt_offload_worker_meta_aggregate(&r0, &r1), "aggregate");
-    bool sum_ok = r0.n_completed == 2 && r0.events[1] == 7 && r0.counts[1] == 2;
+    bool sum_ok = r0.stores.n_completed == 2 && r0.stores.events[1] == 7 && r0.stores.counts[1] == 2;
     bad |= !sum_ok;
 
     kvt_ec_worker_meta e0, e1, agg;
@@ -421,7 +421,7 @@ static int part_meta(void)
            len, same ? "bit-exact" : "DIFFERENTLY");
     printf("   store reports of 2 ranks aggregated: event 7 count %u (world_size 2: now "
            "findable) %s\n",
-           r0.n_completed == 2 ? r0.counts[1] : 0, sum_ok ? "ok" : "WRONG");
+           r0.stores.n_completed == 2 ? r0.stores.counts[1] : 0, sum_ok ? "ok" : "WRONG");
     printf("   encoder-cache 'loaded' of ranks {a,b} and {a}, plus a non-receiving stage: {%s} "
            "from %u reports %s\n",
            agg.loaded.n ? agg.loaded.items[0].ptr : "", contrib, inter_ok ? "ok" : "WRONG");
