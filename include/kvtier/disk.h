@@ -77,6 +77,9 @@ KVT_API int kvt_disk_submit(kvt_disk *d, int dir, int64_t event, const uint32_t 
 KVT_API int kvt_disk_poll(kvt_disk *d, int dir, int64_t *hwm);
 /* Finished store events with a failed block, oldest first; each reported once. */
 KVT_API uint32_t kvt_disk_take_failed(kvt_disk *d, int64_t *out, uint32_t cap);
+/* Finished load events with a failed block, oldest first; each reported once (their blocks
+ * are also listed by kvt_disk_take_invalid_blocks). */
+KVT_API uint32_t kvt_disk_take_failed_loads(kvt_disk *d, int64_t *out, uint32_t cap);
 /* Device blocks whose load failed, each reported once. */
 KVT_API uint32_t kvt_disk_take_invalid_blocks(kvt_disk *d, uint32_t *out, uint32_t cap);
 /* Blocks until every submitted event has finished (or a fatal error stopped the pipelines). */

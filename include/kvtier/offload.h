@@ -29,6 +29,16 @@
  *     TOCTOU of vLLM #39702;
  *   - event ids per direction only grow, even across reset.
  *
+ * Three tiers (disk_blocks > 0): GPU -> host -> disk. Every block whose host store completed
+ * is written back to a disk slot (the host block stays pinned until the write lands) and
+ * becomes findable on disk only when all workers reported the write, so a host eviction drops
+ * nothing the disk holds. match continues the search on disk past the host hit; after_alloc
+ * promotes the accepted disk part to freshly allocated host blocks (a disk load event), and
+ * only when the promotion completed on every rank does the request's single GPU load (host
+ * part + promoted part) get queued. A failed promotion is never a hit: its GPU destinations go
+ * out in the load's load_invalid_blocks and the workers report them invalid (the engine
+ * recomputes them). One full-attention KV-cache group only.
+ *
  * Errors: a call that fails (unknown request where one is required, block ids out of range,
  * events the manager never issued, malformed arguments) returns a negative KVT_E* code with
  * kvt_last_error() and changes nothing.
@@ -69,6 +79,8 @@ typedef struct kvt_offload_config {
     uint32_t event_capacity;     /* host-tier cache events kept; 0 = off (default) */
     uint64_t block_bytes;        /* bytes one block occupies across all ranks (for the byte
                                     counters); 0 = unknown */
+    uint32_t disk_blocks;        /* three tiers: disk slots, null slot included (as host_blocks;
+                                    kvt_disk_num_slots); 0 (default) = two tiers */
 } kvt_offload_config;
 
 typedef struct kvt_offload kvt_offload;
@@ -92,8 +104,14 @@ KVT_API void kvt_offload_destroy(kvt_offload *m);
  * transfer (KVT_ESTATE afterwards); raising is refused (KVT_EINVAL). */
 KVT_API int kvt_offload_lower_host_blocks(kvt_offload *m, uint32_t worker_blocks);
 
+/* Three tiers: lowers the disk tier to the fewest slots any worker has, as
+ * kvt_offload_lower_host_blocks (KVT_ESTATE without a disk tier or after its first transfer). */
+KVT_API int kvt_offload_lower_disk_blocks(kvt_offload *m, uint32_t worker_slots);
+
 /* The host tier's pool, for inspection (hits, keys, LRU); do not modify it. */
 KVT_API const kvt_pool *kvt_offload_host_pool(const kvt_offload *m);
+/* The disk tier's pool (NULL with two tiers). */
+KVT_API const kvt_pool *kvt_offload_disk_pool(const kvt_offload *m);
 
 /* ---- per-step hooks -------------------------------------------------------------------- */
 
@@ -204,6 +222,23 @@ typedef struct kvt_offload_stats {
     uint32_t store_events_in_flight;
     uint32_t pending_store_blocks; /* queued + in flight (abandoned included): if this only
                                       grows, a transfer is stuck */
+    /* three tiers: counters */
+    uint64_t disk_hit_tokens;           /* tokens of hits served from disk (in hit_tokens too) */
+    uint64_t disk_hit_blocks;           /* disk slots pinned by hits */
+    uint64_t promotions;                /* blocks promoted disk -> host */
+    uint64_t promotions_failed;         /* blocks whose promotion failed (reported invalid) */
+    uint64_t disk_load_events;          /* promotion events issued */
+    uint64_t disk_store_events;         /* write-back events issued */
+    uint64_t disk_store_blocks;         /* blocks in them */
+    uint64_t disk_stores_completed;     /* blocks made findable on disk */
+    uint64_t disk_stores_failed;        /* blocks of write-backs a worker could not write */
+    uint64_t disk_stores_abandoned;     /* write-backs completed after a reset */
+    uint64_t disk_store_skipped_cached; /* already on disk */
+    uint64_t disk_store_dropped;        /* not written back: no free slot or event room */
+    uint64_t disk_evictions;            /* cached disk slots reused */
+    /* three tiers: gauges */
+    uint32_t disk_blocks, disk_used_blocks, disk_cached_blocks;
+    uint32_t disk_load_events_in_flight, disk_store_events_in_flight;
 } kvt_offload_stats;
 
 KVT_API void kvt_offload_get_stats(const kvt_offload *m, kvt_offload_stats *s);

@@ -81,8 +81,8 @@ struct kvt_disk {
     pthread_cond_t cv_work, cv_done;
     bool stop;
     disk_pipe pipe[2];
-    int64_t *failed;
-    uint32_t n_failed, cap_failed;
+    int64_t *failed[2]; /* finished events with a failed block, per direction */
+    uint32_t n_failed[2], cap_failed[2];
     uint32_t *invalid;
     uint32_t n_invalid, cap_invalid;
     int fatal;
@@ -493,7 +493,8 @@ void kvt_disk_destroy(kvt_disk *d)
         pipe_free(d, &d->pipe[i]);
     if (d->fd >= 0)
         close(d->fd);
-    free(d->failed);
+    free(d->failed[0]);
+    free(d->failed[1]);
     free(d->invalid);
     pthread_mutex_destroy(&d->mu);
     pthread_cond_destroy(&d->cv_work);
@@ -678,10 +679,15 @@ int kvt_disk_poll(kvt_disk *d, int dir, int64_t *hwm)
         disk_job *j = &p->jobs[p->head % d->cfg.max_events];
         if (j->state != DJOB_DONE)
             break;
-        if (j->failed && dir == KVT_COPY_STORE &&
-            kvt_array_grow((void **)&d->failed, &d->cap_failed, d->n_failed + 1ull,
-                           sizeof(int64_t)) == 0)
-            d->failed[d->n_failed++] = j->event;
+        if (j->failed) {
+            if (kvt_array_grow((void **)&d->failed[dir], &d->cap_failed[dir],
+                               d->n_failed[dir] + 1ull, sizeof(int64_t)) != 0) {
+                /* a failed event must never be reported as fine */
+                set_fatal(d, "recording a failed event (out of memory)", ENOMEM);
+                break;
+            }
+            d->failed[dir][d->n_failed[dir]++] = j->event;
+        }
         p->hwm = j->event;
         j->state = DJOB_FREE;
         p->head++;
@@ -694,17 +700,27 @@ int kvt_disk_poll(kvt_disk *d, int dir, int64_t *hwm)
     return 0;
 }
 
-uint32_t kvt_disk_take_failed(kvt_disk *d, int64_t *out, uint32_t cap)
+static uint32_t take_failed(kvt_disk *d, int dir, int64_t *out, uint32_t cap)
 {
     pthread_mutex_lock(&d->mu);
-    uint32_t n = d->n_failed < cap ? d->n_failed : cap;
+    uint32_t n = d->n_failed[dir] < cap ? d->n_failed[dir] : cap;
     if (n) {
-        memcpy(out, d->failed, n * sizeof(*out));
-        memmove(d->failed, d->failed + n, (d->n_failed - n) * sizeof(*out));
-        d->n_failed -= n;
+        memcpy(out, d->failed[dir], n * sizeof(*out));
+        memmove(d->failed[dir], d->failed[dir] + n, (d->n_failed[dir] - n) * sizeof(*out));
+        d->n_failed[dir] -= n;
     }
     pthread_mutex_unlock(&d->mu);
     return n;
+}
+
+uint32_t kvt_disk_take_failed(kvt_disk *d, int64_t *out, uint32_t cap)
+{
+    return take_failed(d, KVT_COPY_STORE, out, cap);
+}
+
+uint32_t kvt_disk_take_failed_loads(kvt_disk *d, int64_t *out, uint32_t cap)
+{
+    return take_failed(d, KVT_COPY_LOAD, out, cap);
 }
 
 uint32_t kvt_disk_take_invalid_blocks(kvt_disk *d, uint32_t *out, uint32_t cap)

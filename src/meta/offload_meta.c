@@ -142,8 +142,8 @@ int kvt_offload_meta_add_load_invalid(kvt_offload_meta *m, uint32_t gpu_block)
 {
     if (m->n_load_invalid >= KVT_META_MAX_BLOCKS)
         return kvt_fail(KVT_ELIMIT, "meta: more than %u blocks in one list", KVT_META_MAX_BLOCKS);
-    int rc = kvt_meta_grow((void **)&m->load_invalid_blocks, &m->cap_invalid,
-                           m->n_load_invalid + 1, sizeof(uint32_t));
+    int rc = kvt_meta_grow((void **)&m->load_invalid_blocks, &m->cap_invalid, m->n_load_invalid + 1,
+                           sizeof(uint32_t));
     if (rc)
         return rc;
     m->load_invalid_blocks[m->n_load_invalid++] = gpu_block;
@@ -164,8 +164,8 @@ int kvt_offload_meta_add_disk_store(kvt_offload_meta *m, uint32_t host_block, ui
 
 int kvt_offload_meta_add_load(kvt_offload_meta *m, uint32_t gpu_block, uint32_t cpu_block)
 {
-    return add_pair(&m->load_gpu_blocks, &m->load_cpu_blocks, &m->cap_loads, &m->n_loads,
-                    gpu_block, cpu_block);
+    return add_pair(&m->load_gpu_blocks, &m->load_cpu_blocks, &m->cap_loads, &m->n_loads, gpu_block,
+                    cpu_block);
 }
 
 int kvt_offload_meta_add_store(kvt_offload_meta *m, uint32_t gpu_block, uint32_t cpu_block)
@@ -268,8 +268,8 @@ int kvt_offload_meta_validate(const kvt_offload_meta *m)
         (rc = check_blocks(m->disk_load_slots, m->n_disk_loads, "disk_load_slots")) ||
         (rc = check_blocks(m->disk_load_host_blocks, m->n_disk_loads, "disk_load_host_blocks")) ||
         (rc = check_event(m->disk_store_event, m->n_disk_stores, "disk_store_event")) ||
-        (rc = check_blocks(m->disk_store_host_blocks, m->n_disk_stores,
-                           "disk_store_host_blocks")) ||
+        (rc =
+             check_blocks(m->disk_store_host_blocks, m->n_disk_stores, "disk_store_host_blocks")) ||
         (rc = check_blocks(m->disk_store_slots, m->n_disk_stores, "disk_store_slots")))
         return rc;
     if (m->n_load_invalid > m->n_loads)
@@ -443,8 +443,8 @@ static int decode_offload(void *obj, kvt_rd *r)
     kvt_offload_meta *m = obj;
     int rc;
     if ((rc = rd_i64(r, &m->load_event, "load_event")) ||
-        (rc = rd_block_pair(r, &m->load_gpu_blocks, &m->load_cpu_blocks, &m->cap_loads,
-                            &m->n_loads, "load_gpu_blocks", "load_cpu_blocks")))
+        (rc = rd_block_pair(r, &m->load_gpu_blocks, &m->load_cpu_blocks, &m->cap_loads, &m->n_loads,
+                            "load_gpu_blocks", "load_cpu_blocks")))
         return rc;
     uint32_t n_events;
     if ((rc = rd_count(r, &n_events, KVT_META_MAX_ITEMS, 12, "load_event_to_reqs")))
@@ -478,13 +478,12 @@ static int decode_offload(void *obj, kvt_rd *r)
         (rc = rd_blocks(r, &m->load_invalid_blocks, &m->cap_invalid, &m->n_load_invalid,
                         "load_invalid_blocks")) ||
         (rc = rd_i64(r, &m->disk_load_event, "disk_load_event")) ||
-        (rc = rd_block_pair(r, &m->disk_load_slots, &m->disk_load_host_blocks,
-                            &m->cap_disk_loads, &m->n_disk_loads, "disk_load_slots",
-                            "disk_load_host_blocks")) ||
+        (rc = rd_block_pair(r, &m->disk_load_slots, &m->disk_load_host_blocks, &m->cap_disk_loads,
+                            &m->n_disk_loads, "disk_load_slots", "disk_load_host_blocks")) ||
         (rc = rd_i64(r, &m->disk_store_event, "disk_store_event")) ||
-        (rc = rd_block_pair(r, &m->disk_store_host_blocks, &m->disk_store_slots,
-                            &m->cap_disk_stores, &m->n_disk_stores, "disk_store_host_blocks",
-                            "disk_store_slots")))
+        (rc =
+             rd_block_pair(r, &m->disk_store_host_blocks, &m->disk_store_slots, &m->cap_disk_stores,
+                           &m->n_disk_stores, "disk_store_host_blocks", "disk_store_slots")))
         return rc;
     return kvt_offload_meta_validate(m);
 }

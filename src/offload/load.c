@@ -20,6 +20,7 @@ void ofl_release_hit(kvt_offload *m, struct ofl_req *r)
 {
     if (!(r->flags & RQ_HIT))
         return;
+    ofl_tier_release_hit(m, r);
     for (kvt_iditer it = kvt_idlist_begin(&m->hitpool, &r->hit); kvt_iditer_ok(&it);
          kvt_iditer_next(&m->hitpool, &it)) {
         uint32_t b = kvt_iditer_get(&m->hitpool, &it);
@@ -69,44 +70,55 @@ int kvt_offload_match(kvt_offload *m, const char *id, uint32_t id_len, const uin
     uint64_t searchable = (uint64_t)(n_hashes - start) * m->gcfg.hash_block_size;
     if (searchable > max_hit)
         searchable = max_hit;
+    /* three tiers: the disk may continue where the host tier stopped */
+    uint32_t want_disk = ofl_tier_search(
+        m, hashes, n_hashes, start + hit.length / m->gcfg.hash_block_size, max_hit - hit.length);
     m->st.lookups++;
     m->st.lookup_tokens += searchable;
-    m->st.miss_tokens += searchable - hit.length;
-    m->st.miss_blocks += (searchable - hit.length) / m->sched_bs;
-    if (hit.length == 0) {
+    uint32_t total = 0;
+    for (uint32_t g = 0; g < m->ng; g++)
+        total += hit.n_blocks[g];
+    if (hit.length || want_disk) {
+        if (!r)
+            r = ofl_req_get(m, id, id_len);
+        if (!r || !kvt_idpool_can_hold(&m->hitpool, &r->hit, total)) {
+            m->st.hits_dropped++;
+            hit.length = 0; /* not offering a hit is always safe */
+            total = want_disk = 0;
+        }
+    }
+    uint32_t pinned = 0;
+    if (!hit.length)
+        memset(hit.n_blocks, 0, sizeof(hit.n_blocks));
+    if (r) {
+        for (uint32_t g = 0; g < m->ng; g++) {
+            r->hit_n[g] = hit.n_blocks[g];
+            for (uint32_t i = 0; i < hit.n_blocks[g]; i++) {
+                uint32_t b = m->search_out[g][i];
+                (void)kvt_idlist_push(&m->hitpool, &r->hit, b); /* room checked above */
+                if (b != KVT_NULL_BLOCK) {
+                    (void)kvt_pool_touch(m->host, &b, 1);
+                    pinned++;
+                }
+            }
+        }
+    }
+    /* after the host pins, so that allocating host blocks for it cannot evict them */
+    uint32_t nd = r && want_disk ? ofl_tier_pin(m, r, want_disk) : 0;
+    uint32_t length = hit.length + nd * m->gcfg.groups[0].block_size;
+    m->st.miss_tokens += searchable - length;
+    m->st.miss_blocks += (searchable - length) / m->sched_bs;
+    if (length == 0) {
         if (r)
             ofl_req_maybe_release(m, r);
         return 0;
     }
-    uint32_t total = 0;
-    for (uint32_t g = 0; g < m->ng; g++)
-        total += hit.n_blocks[g];
-    if (!r)
-        r = ofl_req_get(m, id, id_len);
-    if (!r || !kvt_idpool_can_hold(&m->hitpool, &r->hit, total)) {
-        m->st.hits_dropped++;
-        if (r)
-            ofl_req_maybe_release(m, r);
-        return 0; /* not offering a hit is always safe */
-    }
-    uint32_t pinned = 0;
-    for (uint32_t g = 0; g < m->ng; g++) {
-        r->hit_n[g] = hit.n_blocks[g];
-        for (uint32_t i = 0; i < hit.n_blocks[g]; i++) {
-            uint32_t b = m->search_out[g][i];
-            (void)kvt_idlist_push(&m->hitpool, &r->hit, b); /* room checked above */
-            if (b != KVT_NULL_BLOCK) {
-                (void)kvt_pool_touch(m->host, &b, 1);
-                pinned++;
-            }
-        }
-    }
     r->flags |= RQ_HIT;
-    r->hit_len = hit.length;
+    r->hit_len = length;
     r->hit_computed = num_computed;
-    m->st.hit_tokens += hit.length;
+    m->st.hit_tokens += length;
     m->st.hit_blocks += pinned;
-    *hit_tokens = hit.length;
+    *hit_tokens = length;
     return 0;
 }
 
@@ -152,6 +164,9 @@ static int check_pairs(kvt_offload *m, const struct ofl_req *r, const uint32_t *
             m->gflags[gpu] |= G_MARK;
         }
     }
+    if (!rc && r->dhit_n) /* three tiers: the disk part follows group 0's host part */
+        rc = ofl_tier_check_pairs(m, r, blocks[0], n_blocks[0], load_start(m, r, 0, num_external),
+                                  r->hit_n[0], num_external / m->gcfg.groups[0].block_size);
     /* clear the marks */
     for (uint32_t g = 0; g < m->ng; g++) {
         uint32_t n_ext = num_external / m->gcfg.groups[g].block_size;
@@ -181,7 +196,7 @@ int kvt_offload_after_alloc(kvt_offload *m, const char *id, uint32_t id_len,
                             "offload: after_alloc: %u external tokens: must be a "
                             "multiple of %u and at most the %u offered",
                             num_external, m->sched_bs, r->hit_len);
-        if (r->flags & (RQ_LOAD_QUEUED | RQ_LOAD_SENT))
+        if (r->flags & (RQ_LOAD_QUEUED | RQ_LOAD_SENT | RQ_PROMO_QUEUED | RQ_PROMO_SENT))
             return kvt_fail(KVT_ESTATE, "offload: after_alloc: request %.*s already has a load",
                             (int)id_len, id);
         if ((rc = check_pairs(m, r, blocks, n_blocks, num_external)))
@@ -219,24 +234,31 @@ int kvt_offload_after_alloc(kvt_offload *m, const char *id, uint32_t id_len,
                 r->n_load++;
             }
         }
-        if (r->n_load) {
-            r->flags |= RQ_LOAD_QUEUED;
-            r->load_next = OFL_NONE;
-            uint32_t slot = ofl_req_slot(m, r);
-            if (m->loadq_tail == OFL_NONE)
-                m->loadq_head = slot;
-            else
-                m->reqs[m->loadq_tail].load_next = slot;
-            m->loadq_tail = slot;
-        }
+        if (r->dhit_n) /* three tiers: the load waits for the promotion of its disk part */
+            ofl_tier_pair(m, r, blocks[0], load_start(m, r, 0, num_external), r->hit_n[0],
+                          num_external / m->gcfg.groups[0].block_size, &tail);
+        if (r->n_load && !r->n_promo)
+            ofl_queue_load(m, r);
     }
     ofl_release_hit(m, r);
     ofl_req_maybe_release(m, r);
     return 0;
 }
 
+void ofl_queue_load(kvt_offload *m, struct ofl_req *r)
+{
+    r->flags |= RQ_LOAD_QUEUED;
+    r->load_next = OFL_NONE;
+    uint32_t slot = ofl_req_slot(m, r);
+    if (m->loadq_tail == OFL_NONE)
+        m->loadq_head = slot;
+    else
+        m->reqs[m->loadq_tail].load_next = slot;
+    m->loadq_tail = slot;
+}
+
 /* Releases the pins of a request's load pairs. */
-static void release_load_pairs(kvt_offload *m, struct ofl_req *r)
+void ofl_release_load_pairs(kvt_offload *m, struct ofl_req *r)
 {
     uint32_t gpu = r->load_head;
     while (gpu != OFL_NONE) {
@@ -244,6 +266,7 @@ static void release_load_pairs(kvt_offload *m, struct ofl_req *r)
         uint32_t cpu = m->gload_src[gpu];
         (void)kvt_pool_free(m->host, &cpu, 1);
         (void)kvt_pool_free(m->gpu, &gpu, 1);
+        m->gflags[gpu] &= (uint8_t)~G_INVALID;
         m->gload_src[gpu] = m->gload_next[gpu] = OFL_NONE;
         gpu = next;
     }
@@ -265,7 +288,7 @@ void ofl_cancel_queued_load(kvt_offload *m, struct ofl_req *r)
             m->loadq_tail = prev;
         break;
     }
-    release_load_pairs(m, r);
+    ofl_release_load_pairs(m, r);
     r->flags &= ~RQ_LOAD_QUEUED;
 }
 
@@ -289,7 +312,9 @@ int ofl_reserve_step(kvt_offload *m, kvt_offload_meta *out)
             bytes += m->reqs[s].id_len + 1;
         }
     int rc = kvt_offload_meta_reserve(out, pairs, m->acc_n, events, reqs, bytes);
-    return rc ? kvt_fail_wrap(rc, "offload: build_meta") : 0;
+    if (rc)
+        return kvt_fail_wrap(rc, "offload: build_meta");
+    return ofl_tier_reserve(m, out, m->disk ? pairs : 0);
 }
 
 void ofl_emit_loads(kvt_offload *m, kvt_offload_meta *out)
@@ -305,8 +330,13 @@ void ofl_emit_loads(kvt_offload *m, kvt_offload_meta *out)
             r->load_event = e->id;
             e->n++;
             pairs += r->n_load;
-            for (uint32_t g = r->load_head; g != OFL_NONE; g = m->gload_next[g])
+            for (uint32_t g = r->load_head; g != OFL_NONE; g = m->gload_next[g]) {
                 (void)kvt_offload_meta_add_load(out, g, m->gload_src[g]);
+                if (m->gflags[g] & G_INVALID) { /* its promotion failed: never a hit */
+                    (void)kvt_offload_meta_add_load_invalid(out, g);
+                    m->gflags[g] &= (uint8_t)~G_INVALID;
+                }
+            }
         }
         m->loadq_head = m->loadq_tail = OFL_NONE;
         out->load_event = e->id;
@@ -370,7 +400,7 @@ void ofl_apply_load_done(kvt_offload *m, struct ofl_req *r)
     }
     m->st.loads_completed += r->n_load;
     m->st.bytes_loaded += (uint64_t)r->n_load * m->cfg.block_bytes;
-    release_load_pairs(m, r);
+    ofl_release_load_pairs(m, r);
     r->flags &= ~RQ_LOAD_SENT;
     r->load_event = KVT_NO_EVENT;
     r->load_next = OFL_NONE;

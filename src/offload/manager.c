@@ -147,6 +147,8 @@ struct ofl_req *ofl_req_get(kvt_offload *m, const char *id, uint32_t len)
     kvt_idlist_init(&r->hit);
     r->load_event = KVT_NO_EVENT;
     r->load_head = r->load_next = r->wait_next = OFL_NONE;
+    r->promo_head = r->promo_next = OFL_NONE;
+    r->promo_event = KVT_NO_EVENT;
     (void)kvt_map_insert(&m->req_map, r->id_hash, slot); /* room for every slot */
     m->n_reqs++;
     return r;
@@ -154,7 +156,7 @@ struct ofl_req *ofl_req_get(kvt_offload *m, const char *id, uint32_t len)
 
 static bool req_busy(const struct ofl_req *r)
 {
-    if (r->flags & (RQ_HIT | RQ_LOAD_QUEUED | RQ_LOAD_SENT))
+    if (r->flags & (RQ_HIT | RQ_LOAD_QUEUED | RQ_LOAD_SENT | RQ_PROMO_QUEUED | RQ_PROMO_SENT))
         return true;
     return (r->flags & (RQ_EAGER | RQ_FINISHED)) == RQ_EAGER;
 }
@@ -266,10 +268,15 @@ static int host_setup(kvt_offload *m, uint32_t host_nb)
     m->hkeys = malloc((size_t)host_nb * m->kpb * m->key_stride);
     m->hkeys_n = calloc(host_nb, 1);
     m->scratch = malloc((size_t)host_nb * 2 * sizeof(uint32_t));
-    if (!m->hstore_src || !m->hstore_next || !m->hkeys || !m->hkeys_n || !m->scratch)
+    m->hpromo_src = malloc((size_t)host_nb * sizeof(uint32_t));
+    m->hpromo_next = malloc((size_t)host_nb * sizeof(uint32_t));
+    m->hpromo_gpu = malloc((size_t)host_nb * sizeof(uint32_t));
+    if (!m->hstore_src || !m->hstore_next || !m->hkeys || !m->hkeys_n || !m->scratch ||
+        !m->hpromo_src || !m->hpromo_next || !m->hpromo_gpu)
         return kvt_fail(KVT_ENOMEM, "offload: cannot allocate state for %u host blocks", host_nb);
     for (uint32_t i = 0; i < host_nb; i++)
-        m->hstore_src[i] = m->hstore_next[i] = OFL_NONE;
+        m->hstore_src[i] = m->hstore_next[i] = m->hpromo_src[i] = m->hpromo_next[i] =
+            m->hpromo_gpu[i] = OFL_NONE;
     uint32_t cap = kvt_min_u32(host_nb, MAX_EVENTS);
     return ofl_evtable_init(&m->stores, cap);
 }
@@ -283,7 +290,11 @@ static void host_teardown(kvt_offload *m)
     free(m->hkeys);
     free(m->hkeys_n);
     free(m->scratch);
+    free(m->hpromo_src);
+    free(m->hpromo_next);
+    free(m->hpromo_gpu);
     m->hstore_src = m->hstore_next = m->scratch = NULL;
+    m->hpromo_src = m->hpromo_next = m->hpromo_gpu = NULL;
     m->hkeys = m->hkeys_n = NULL;
     ofl_evtable_free(&m->stores);
 }
@@ -325,7 +336,9 @@ static int validate_config(const kvt_offload_config *c, const kvt_pool *gpu)
         return kvt_fail(KVT_EINVAL, "offload: max_model_len must be positive");
     if (c->keys_per_block > 64)
         return kvt_fail(KVT_EINVAL, "offload: keys_per_block %u exceeds 64", c->keys_per_block);
-    return 0;
+    kvt_pool_config g;
+    kvt_pool_get_config(gpu, &g);
+    return ofl_tier_validate(c, &g);
 }
 
 int kvt_offload_create(const kvt_offload_config *cfg, kvt_pool *gpu, kvt_offload **out)
@@ -354,8 +367,11 @@ int kvt_offload_create(const kvt_offload_config *cfg, kvt_pool *gpu, kvt_offload
     m->max_search_tokens = cfg->max_model_len;
     m->loadq_head = m->loadq_tail = m->acc_head = m->acc_tail = OFL_NONE;
     m->wait_head = m->lazy_cursor = OFL_NONE;
+    m->promoq_head = m->promoq_tail = m->dacc_head = m->dacc_tail = OFL_NONE;
 
     rc = host_setup(m, cfg->host_blocks);
+    if (!rc)
+        rc = ofl_tier_setup(m, cfg->disk_blocks);
     uint32_t search_ids = 0;
     for (uint32_t g = 0; g < m->ng && !rc; g++) {
         uint32_t n = cfg->max_model_len / m->gcfg.groups[g].block_size + 1;
@@ -402,6 +418,7 @@ void kvt_offload_destroy(kvt_offload *m)
     if (!m)
         return;
     host_teardown(m);
+    ofl_tier_teardown(m);
     for (uint32_t g = 0; g < KVT_MAX_GROUPS; g++)
         free(m->search_out[g]);
     kvt_idpool_free(&m->hitpool);
@@ -458,6 +475,7 @@ int kvt_offload_build_meta(kvt_offload *m, bool preempted, kvt_offload_meta *out
         return rc; /* nothing issued: loads and stores stay queued for the next step */
     ofl_emit_loads(m, out);
     ofl_emit_stores(m, out);
+    ofl_tier_emit(m, out);
     out->need_flush = preempted;
     sweep_waiting(m);
     return 0;
@@ -478,6 +496,8 @@ int kvt_offload_apply_output(kvt_offload *m, const kvt_str *finished_loads, uint
                                 "offload: apply_output: store event %" PRId64
                                 " was never issued (next is %" PRId64 ")",
                                 stores->stores.events[i], m->store_counter);
+        if ((rc = ofl_tier_check_output(m, stores)))
+            return rc;
     }
     for (uint32_t i = 0; i < n; i++)
         ofl_apply_load_done(m, ofl_req_find(m, finished_loads[i].ptr, finished_loads[i].len));
@@ -494,6 +514,8 @@ int kvt_offload_apply_output(kvt_offload *m, const kvt_str *finished_loads, uint
         if (e->reported >= m->cfg.world_size)
             ofl_complete_store(m, e);
     }
+    if (stores)
+        ofl_tier_apply_output(m, stores); /* after the stores: they queue write-backs */
     sweep_waiting(m);
     return 0;
 }
@@ -509,6 +531,7 @@ int kvt_offload_reset(kvt_offload *m)
         for (uint32_t h = e->head; h != OFL_NONE; h = m->hstore_next[h])
             m->gflags[m->hstore_src[h]] &= (uint8_t)~G_STORING;
     }
+    ofl_tier_abandon(m); /* write-backs and promotions in flight, queued write-backs */
     /* 2. Stores queued for the next event and re-stores are dropped. */
     ofl_release_accumulator(m);
     while (m->rs_len) {
@@ -526,13 +549,19 @@ int kvt_offload_reset(kvt_offload *m)
         r->flags &= ~RQ_EAGER;
         if (r->flags & RQ_LOAD_QUEUED)
             ofl_cancel_queued_load(m, r);
+        if (r->flags & RQ_PROMO_QUEUED)
+            ofl_tier_cancel_promo(m, r);
         ofl_req_maybe_release(m, r);
     }
     sweep_waiting(m);
-    if (m->stores.n || m->loads.n)
-        return kvt_fail(KVT_EBUSY, "offload: reset: %u store and %u load events still in flight",
-                        m->stores.n, m->loads.n);
+    uint32_t disk_events = m->disk ? m->dstores.n + m->dloads.n : 0;
+    if (m->stores.n || m->loads.n || disk_events)
+        return kvt_fail(KVT_EBUSY,
+                        "offload: reset: %u store, %u load and %u disk events still in flight",
+                        m->stores.n, m->loads.n, disk_events);
     int rc = kvt_pool_reset_prefix_cache(m->host);
+    if (!rc && m->disk)
+        rc = kvt_pool_reset_prefix_cache(m->disk);
     if (rc)
         return kvt_fail_wrap(KVT_EBUSY, "offload: reset: hits are still pinned");
     m->st.resets++;
@@ -541,7 +570,8 @@ int kvt_offload_reset(kvt_offload *m)
 
 bool kvt_offload_has_pending(const kvt_offload *m)
 {
-    return m->loads.n || m->stores.n || m->acc_n || m->loadq_head != OFL_NONE;
+    return m->loads.n || m->stores.n || m->acc_n || m->loadq_head != OFL_NONE ||
+           ofl_tier_pending(m);
 }
 
 uint32_t kvt_offload_take_events(kvt_offload *m, kvt_pool_event *out, uint32_t cap,
@@ -565,6 +595,7 @@ void kvt_offload_get_stats(const kvt_offload *m, kvt_offload_stats *s)
     for (uint32_t i = m->stores.first; i != OFL_NONE; i = m->stores.e[i].next)
         pending += m->stores.e[i].n;
     s->pending_store_blocks = pending;
+    ofl_tier_stats(m, s);
 }
 
 int kvt_offload_prometheus(const kvt_offload *m, char *buf, size_t cap, size_t *len)
@@ -618,9 +649,45 @@ int kvt_offload_prometheus(const kvt_offload *m, char *buf, size_t cap, size_t *
         {"pending_store_blocks", "Blocks queued or in flight to the host tier.",
          s.pending_store_blocks, true},
     };
+    const struct {
+        const char *name, *help;
+        uint64_t v;
+        bool gauge;
+    } disk_metrics[] = {
+        {"disk_hit_tokens_total", "Tokens of hits served from the disk tier.", s.disk_hit_tokens,
+         false},
+        {"disk_hit_blocks_total", "Disk slots pinned by hits.", s.disk_hit_blocks, false},
+        {"promotions_total", "Blocks promoted from disk to host.", s.promotions, false},
+        {"promotions_failed_total", "Blocks whose promotion failed (reported invalid).",
+         s.promotions_failed, false},
+        {"disk_load_events_total", "Promotion events issued.", s.disk_load_events, false},
+        {"disk_store_events_total", "Write-back events issued.", s.disk_store_events, false},
+        {"disk_store_blocks_total", "Blocks in write-back events.", s.disk_store_blocks, false},
+        {"disk_stores_completed_total", "Blocks made findable on disk.", s.disk_stores_completed,
+         false},
+        {"disk_stores_failed_total", "Write-back blocks a worker could not write.",
+         s.disk_stores_failed, false},
+        {"disk_stores_abandoned_total", "Write-backs completed after a reset.",
+         s.disk_stores_abandoned, false},
+        {"disk_store_skipped_cached_total", "Blocks not written back: already on disk.",
+         s.disk_store_skipped_cached, false},
+        {"disk_store_dropped_total", "Blocks not written back: no free slot or event room.",
+         s.disk_store_dropped, false},
+        {"disk_evictions_total", "Cached disk slots reused.", s.disk_evictions, false},
+        {"disk_blocks", "Usable disk-tier slots (0: two tiers).", s.disk_blocks, true},
+        {"disk_used_blocks", "Disk slots pinned by hits or transfers.", s.disk_used_blocks, true},
+        {"disk_cached_blocks", "Disk slots that can be hit.", s.disk_cached_blocks, true},
+        {"disk_load_events_in_flight", "Promotion events not yet completed.",
+         s.disk_load_events_in_flight, true},
+        {"disk_store_events_in_flight", "Write-back events not yet completed.",
+         s.disk_store_events_in_flight, true},
+    };
     for (size_t i = 0; i < KVT_ARRAY_LEN(metrics); i++)
         kvt_prom_metric(&p, "kvtier_offload", metrics[i].name, metrics[i].help, metrics[i].gauge,
                         metrics[i].v);
+    for (size_t i = 0; m->disk && i < KVT_ARRAY_LEN(disk_metrics); i++) /* three tiers only */
+        kvt_prom_metric(&p, "kvtier_offload", disk_metrics[i].name, disk_metrics[i].help,
+                        disk_metrics[i].gauge, disk_metrics[i].v);
     const struct {
         const char *reason;
         uint64_t v;

@@ -15,6 +15,14 @@
  * its own references and completes through its event, whatever became of the request.
  * Only phase-A hits (host blocks pinned between match and after_alloc, possibly shared by
  * several requests) live in chunked id lists from a preallocated pool (base/idlist.h).
+ *
+ * Three-tier mode (tier.c) adds a disk pool and, threaded the same way:
+ *   - a request's promotions: a list of freshly allocated host blocks (hpromo_next), each
+ *     knowing its disk source (hpromo_src) and, once the engine accepted it, its GPU
+ *     destination (hpromo_gpu) — a new host block belongs to one request;
+ *   - a write-back event's pairs: a list of destination disk slots (dstore_next), each knowing
+ *     its host source (dstore_src);
+ *   - requests of a promotion event and of the promotion queue (promo_next).
  */
 #ifndef KVT_OFFLOAD_INTERNAL_H
 #define KVT_OFFLOAD_INTERNAL_H
@@ -27,13 +35,15 @@
 
 /* request flags */
 enum {
-    RQ_EAGER = 1u << 0,       /* registered for eager stores */
-    RQ_FINISHED = 1u << 1,    /* the engine finished it; cleanup waits for transfers */
-    RQ_HIT = 1u << 2,         /* phase-A hit pinned */
-    RQ_LOAD_QUEUED = 1u << 3, /* load recorded by after_alloc, no event yet */
-    RQ_LOAD_SENT = 1u << 4,   /* load event issued, completion pending */
-    RQ_WAITING = 1u << 7,     /* on the finished-waiting list */
-    RQ_LISTED = 1u << 8       /* scratch mark while apply_output validates its input */
+    RQ_EAGER = 1u << 0,        /* registered for eager stores */
+    RQ_FINISHED = 1u << 1,     /* the engine finished it; cleanup waits for transfers */
+    RQ_HIT = 1u << 2,          /* phase-A hit pinned */
+    RQ_LOAD_QUEUED = 1u << 3,  /* load recorded by after_alloc, no event yet */
+    RQ_LOAD_SENT = 1u << 4,    /* load event issued, completion pending */
+    RQ_PROMO_QUEUED = 1u << 5, /* three tiers: promotion recorded, no event yet */
+    RQ_PROMO_SENT = 1u << 6,   /* promotion event issued; the GPU load waits for it */
+    RQ_WAITING = 1u << 7,      /* on the finished-waiting list */
+    RQ_LISTED = 1u << 8        /* scratch mark while apply_output validates its input */
 };
 
 struct ofl_req {
@@ -50,6 +60,11 @@ struct ofl_req {
     uint32_t load_head; /* first destination GPU block (gload_next chain) */
     uint32_t n_load;
     uint32_t load_next; /* in the queued-load list or in its load event's list */
+    /* three tiers: disk part of the hit (phase A: dhit_n pairs) or accepted promotions
+     * (n_promo pairs), a list of host blocks through hpromo_next */
+    uint32_t promo_head, dhit_n, n_promo;
+    uint32_t promo_next; /* in the promotion queue or in its promotion event's list */
+    int64_t promo_event;
     /* eager stores (stores in flight are tracked by their events, not by requests) */
     uint32_t cursor[KVT_MAX_GROUPS];
     uint32_t wait_next; /* in the finished-waiting list */
@@ -93,6 +108,7 @@ struct kvt_offload {
     uint8_t *gflags; /* G_* */
     /* per host block */
     uint32_t *hstore_src, *hstore_next;
+    uint32_t *hpromo_src, *hpromo_next, *hpromo_gpu; /* three tiers: promotions */
     uint8_t *hkeys; /* keys to register on completion: kpb x key_stride bytes per block */
     uint8_t *hkeys_n;
     size_t key_stride; /* hash_len + group + num_tokens */
@@ -115,6 +131,18 @@ struct kvt_offload {
     uint32_t *scratch; /* host_nb entries */
     kvt_pool_key *keys;
 
+    /* three tiers (disk == NULL otherwise) */
+    kvt_pool *disk;
+    uint32_t disk_nb;
+    uint32_t *dstore_src, *dstore_next; /* per disk slot: write-back pairs */
+    uint8_t *dkeys, *dkeys_n;           /* per disk slot: keys to register on completion */
+    uint32_t *dsearch_out[KVT_MAX_GROUPS];
+    uint32_t promoq_head, promoq_tail;     /* requests with a promotion but no event yet */
+    uint32_t dacc_head, dacc_tail, dacc_n; /* write-backs for the next disk store event */
+    struct ofl_evtable dloads, dstores;
+    int64_t dload_counter, dstore_counter;
+    bool disk_transferred;
+
     kvt_offload_stats st;
     bool transferred; /* any event issued yet (host size is fixed from then on) */
 };
@@ -122,7 +150,8 @@ struct kvt_offload {
 enum {
     G_STORING = 1u << 0, /* source of an in-flight (non-abandoned) eager store */
     G_RESTORE = 1u << 1, /* queued for re-store */
-    G_MARK = 1u << 2     /* scratch mark during validation */
+    G_MARK = 1u << 2,    /* scratch mark during validation */
+    G_INVALID = 1u << 3  /* load destination whose promotion failed: reported invalid */
 };
 
 /* event tables (manager.c) */
@@ -177,5 +206,39 @@ void ofl_select_restores(kvt_offload *m);
 void ofl_select_eager(kvt_offload *m, struct ofl_req *r, const uint32_t *const *blocks,
                       const uint32_t *n_blocks, uint32_t num_confirmed);
 uint32_t ofl_store_budget(const kvt_offload *m);
+/* Allocates n <= free host blocks, evicting the LRU (eager: queues re-stores). */
+void ofl_host_alloc(kvt_offload *m, uint32_t n, uint32_t *ids);
+/* Registers the keys copied aside for host block h (hkeys) on pool p's block b. */
+void ofl_register_keys(kvt_offload *m, kvt_pool *p, uint32_t b, const uint8_t *keys, uint32_t n);
+void ofl_release_load_pairs(kvt_offload *m, struct ofl_req *r);
+void ofl_queue_load(kvt_offload *m, struct ofl_req *r);
+
+/* three tiers (tier.c); every function is a no-op without a disk tier */
+int ofl_tier_validate(const kvt_offload_config *c, const kvt_pool_config *g);
+int ofl_tier_setup(kvt_offload *m, uint32_t disk_nb);
+void ofl_tier_teardown(kvt_offload *m);
+/* Searches the disk past a host hit: hashes from index `from`, at most max_len tokens.
+ * Returns the blocks found (in m->dsearch_out[0]). */
+uint32_t ofl_tier_search(kvt_offload *m, const uint8_t *hashes, uint32_t n_hashes, uint32_t from,
+                         uint32_t max_len);
+/* Pins up to want found slots and allocates a host block for each; returns how many. */
+uint32_t ofl_tier_pin(kvt_offload *m, struct ofl_req *r, uint32_t want);
+/* Releases the phase-A disk pairs of r. */
+void ofl_tier_release_hit(kvt_offload *m, struct ofl_req *r);
+/* after_alloc: checks / pairs the disk part of r's hit with GPU blocks blocks[start + first..]
+ * of group 0 for the n_ext - first accepted entries. */
+int ofl_tier_check_pairs(kvt_offload *m, const struct ofl_req *r, const uint32_t *blocks,
+                         uint32_t n_blocks, uint32_t start, uint32_t first, uint32_t n_ext);
+void ofl_tier_pair(kvt_offload *m, struct ofl_req *r, const uint32_t *blocks, uint32_t start,
+                   uint32_t first, uint32_t n_ext, uint32_t *load_tail);
+void ofl_tier_cancel_promo(kvt_offload *m, struct ofl_req *r);
+void ofl_tier_writeback(kvt_offload *m, uint32_t h);
+int ofl_tier_reserve(kvt_offload *m, kvt_offload_meta *out, uint32_t invalid);
+void ofl_tier_emit(kvt_offload *m, kvt_offload_meta *out);
+int ofl_tier_check_output(const kvt_offload *m, const kvt_offload_worker_meta *wm);
+void ofl_tier_apply_output(kvt_offload *m, const kvt_offload_worker_meta *wm);
+void ofl_tier_abandon(kvt_offload *m);
+bool ofl_tier_pending(const kvt_offload *m);
+void ofl_tier_stats(const kvt_offload *m, kvt_offload_stats *s);
 
 #endif

@@ -46,7 +46,7 @@ static uint32_t gpu_ref(const kvt_offload *m, uint32_t gpu)
 
 /* Allocates n host blocks (n <= free). Eager mode first looks at the cached blocks about to be
  * evicted: a GPU block that still carries the same key and is in use is queued for re-store. */
-static void host_alloc(kvt_offload *m, uint32_t n, uint32_t *ids)
+void ofl_host_alloc(kvt_offload *m, uint32_t n, uint32_t *ids)
 {
     bool restore = !m->cfg.lazy && m->cfg.restore_budget > 0;
     uint32_t h = kvt_pool_lru_first(m->host);
@@ -73,7 +73,7 @@ static void host_alloc(kvt_offload *m, uint32_t n, uint32_t *ids)
 static void commit_selection(kvt_offload *m, uint32_t n)
 {
     uint32_t *gpus = m->scratch, *hosts = m->scratch + m->host_nb;
-    host_alloc(m, n, hosts);
+    ofl_host_alloc(m, n, hosts);
     for (uint32_t i = 0; i < n; i++) {
         uint32_t g = gpus[i], h = hosts[i], nk = 0;
         (void)kvt_pool_block_keys(m->gpu, g, m->keys, m->kpb, &nk);
@@ -198,6 +198,8 @@ int kvt_offload_request_finished(kvt_offload *m, const char *id, uint32_t id_len
     r->flags = (r->flags | RQ_FINISHED) & ~RQ_EAGER;
     if (r->flags & RQ_LOAD_QUEUED)
         ofl_cancel_queued_load(m, r);
+    if (r->flags & RQ_PROMO_QUEUED)
+        ofl_tier_cancel_promo(m, r);
     ofl_req_maybe_release(m, r);
     return 0;
 }
@@ -287,19 +289,29 @@ void ofl_emit_stores(kvt_offload *m, kvt_offload_meta *out)
     m->transferred = true;
 }
 
+void ofl_register_keys(kvt_offload *m, kvt_pool *p, uint32_t b, const uint8_t *k, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++, k += m->key_stride) {
+        uint32_t group, ntok, other;
+        memcpy(&group, k + m->hash_len, sizeof(group));
+        memcpy(&ntok, k + m->hash_len + sizeof(uint32_t), sizeof(ntok));
+        /* another block may have got the key meanwhile (a promotion): keep one copy */
+        if (kvt_pool_lookup(p, k, group, &other) != 1)
+            (void)kvt_pool_insert(p, b, k, group, ntok); /* now findable */
+    }
+}
+
 void ofl_complete_store(kvt_offload *m, struct ofl_event *e)
 {
     uint32_t h = e->head;
     while (h != OFL_NONE) {
         uint32_t next = m->hstore_next[h], g = m->hstore_src[h];
         if (!e->abandoned) {
-            const uint8_t *k = m->hkeys + (size_t)h * m->kpb * m->key_stride;
             /* a failed event's bytes may be wrong: its blocks never become findable */
-            for (uint32_t i = 0; !e->failed && i < m->hkeys_n[h]; i++, k += m->key_stride) {
-                uint32_t group, ntok;
-                memcpy(&group, k + m->hash_len, sizeof(group));
-                memcpy(&ntok, k + m->hash_len + sizeof(uint32_t), sizeof(ntok));
-                (void)kvt_pool_insert(m->host, h, k, group, ntok); /* now findable */
+            if (!e->failed) {
+                ofl_register_keys(m, m->host, h, m->hkeys + (size_t)h * m->kpb * m->key_stride,
+                                  m->hkeys_n[h]);
+                ofl_tier_writeback(m, h); /* three tiers: on to disk */
             }
             m->gflags[g] &= (uint8_t)~G_STORING;
         }

@@ -21,6 +21,15 @@
  *   - every event is completed exactly once (no stale or unknown reports);
  * and at the end, after draining, both pools are fully free and the manager holds nothing.
  *
+ * Half the episodes run three tiers: the ranks also execute write-backs (host -> disk slot)
+ * and promotions (disk slot -> host), each failing now and then on one rank (garbage lands,
+ * the event is reported failed). The checks extend to the disk: every slot's references are
+ * the pending hits pinning it plus the transfers using it; every findable slot holds its
+ * key's contents on every rank; a request whose hit continues on disk holds its GPU and host
+ * blocks from after_alloc until its GPU load is issued (or, finished meanwhile, until its
+ * promotion completed); and a failed promotion must come back as invalid load destinations
+ * (the engine then recomputes from the first one) or the request's contents check fails.
+ *
  * >= 200,000 manager calls per run (KVTIER_TEST_SCALE multiplies); the seed is printed on
  * failure (KVTIER_TEST_SEED replays it).
  */
@@ -34,6 +43,7 @@
 #define MAX_PAIRS 256
 #define MAX_GPU   128
 #define MAX_HOST  192
+#define MAX_DISK  256
 #define HL        KVT_BLOCK_HASH_LEN
 #define HASH_SEED 7
 
@@ -70,13 +80,24 @@ struct req {
     uint32_t computed;
     uint32_t pins[MAXB], n_pins; /* host blocks pinned by its pending hit */
     bool resumed;
+    /* three tiers */
+    uint32_t ppins[MAXB], n_ppins; /* host blocks allocated for the disk part of its hit */
+    uint32_t dpins[MAXB], n_dpins; /* disk slots pinned by the disk part of its hit */
+    uint32_t hold_g[MAXB], hold_h[MAXB], n_hold, hold_disk; /* load pairs waiting for a
+                                       promotion; entries >= hold_disk are the promoted ones */
+    uint32_t hold_s[MAXB], n_hold_s;                        /* slots of the accepted promotions */
+    int32_t promo_idx; /* -1 queued, >= 0 its promotion event, -2 promoted (load queued) */
+    bool zombie;       /* finished while its promotion was in flight */
 };
+
+enum { EV_LOAD, EV_STORE, EV_DSTORE, EV_DLOAD };
 
 struct wev {
     int64_t id;
-    bool store;
+    int kind;
     uint32_t n;
-    uint32_t gpu[MAX_PAIRS], host[MAX_PAIRS];
+    uint32_t gpu[MAX_PAIRS], host[MAX_PAIRS], slot[MAX_PAIRS];
+    uint32_t inv[MAX_PAIRS], n_inv; /* load: destinations reported invalid */
     uint32_t n_reqs;
     char reqs[MAXR][16];
     uint32_t done;    /* ranks that executed it */
@@ -85,7 +106,7 @@ struct wev {
 
 struct outbox { /* a report on its way to the scheduler */
     uint64_t at;
-    bool store;
+    int kind;
     bool failed; /* store: this rank could not write one block (a disk I/O error) */
     int64_t ev;
     uint32_t idx; /* load: event slot */
@@ -94,16 +115,15 @@ struct outbox { /* a report on its way to the scheduler */
 static struct {
     kvt_pool *gpu;
     kvt_offload *m;
-    const kvt_pool *host;
-    uint32_t gpu_nb, host_nb, world;
+    const kvt_pool *host, *disk;
+    uint32_t gpu_nb, host_nb, disk_nb, world;
     bool lazy;
     struct req reqs[MAXR];
-    uint64_t gcont[MAX_RANKS][MAX_GPU], hcont[MAX_RANKS][MAX_HOST];
+    uint64_t gcont[MAX_RANKS][MAX_GPU], hcont[MAX_RANKS][MAX_HOST], dcont[MAX_RANKS][MAX_DISK];
     struct wev ev[MAX_EV];
-    uint32_t n_ev;                  /* events ever issued this episode */
-    uint32_t rank_store[MAX_RANKS]; /* next store event index each rank executes */
-    uint32_t rank_load[MAX_RANKS];
-    uint32_t store_idx[MAX_EV], n_store_idx, load_idx[MAX_EV], n_load_idx;
+    uint32_t n_ev;                     /* events ever issued this episode */
+    uint32_t rank_next[4][MAX_RANKS];  /* per kind: next event index each rank executes */
+    uint32_t idx[4][MAX_EV], n_idx[4]; /* per kind: events in issue order */
     struct outbox out[MAX_EV * MAX_RANKS];
     uint32_t n_out;
     uint32_t prefixes[4][6 * BS];
@@ -111,8 +131,8 @@ static struct {
     kvt_offload_meta meta;
     kvt_offload_worker_meta wm;
     uint32_t next_id;
-    uint32_t g_live[MAX_GPU], h_live[MAX_HOST]; /* transfers in flight using each block */
-    uint32_t hist[8][MAXB * BS], hist_len[8];   /* finished conversations that may come back */
+    uint32_t g_live[MAX_GPU], h_live[MAX_HOST], d_live[MAX_DISK]; /* transfers in flight */
+    uint32_t hist[8][MAXB * BS], hist_len[8]; /* finished conversations that may come back */
 } S;
 
 static uint64_t tag(const uint8_t *hash, uint32_t rank)
@@ -126,7 +146,7 @@ static void new_request(uint64_t *rng)
 {
     for (uint32_t i = 0; i < MAXR; i++) {
         struct req *r = &S.reqs[i];
-        if (r->used)
+        if (r->used || r->zombie)
             continue;
         memset(r, 0, sizeof(*r));
         r->used = true;
@@ -172,8 +192,12 @@ static bool gpu_in_transfer(uint32_t b)
 static void live(const struct wev *e, int d)
 {
     for (uint32_t k = 0; k < e->n; k++) {
-        S.g_live[e->gpu[k]] += (uint32_t)d;
-        S.h_live[e->host[k]] += (uint32_t)d;
+        if (e->kind == EV_LOAD || e->kind == EV_STORE)
+            S.g_live[e->gpu[k]] += (uint32_t)d;
+        if (e->kind != EV_DLOAD) /* a promotion's host block is held by its request */
+            S.h_live[e->host[k]] += (uint32_t)d;
+        if (e->kind == EV_DSTORE || e->kind == EV_DLOAD)
+            S.d_live[e->slot[k]] += (uint32_t)d;
     }
 }
 
@@ -204,9 +228,29 @@ static void finish(struct req *r)
     const uint32_t *tab[1] = {r->blocks};
     uint32_t nb[1] = {r->n_blocks};
     CALL(kvt_offload_request_finished(S.m, r->id, r->id_len, tab, nb, r->computed));
-    r->n_pins = 0;
+    r->n_pins = r->n_ppins = r->n_dpins = 0;
     release_blocks(r);
     r->used = false;
+    /* a promotion in flight keeps its pairs until it completes; a queued one or a queued
+     * load is cancelled at once */
+    r->zombie = r->n_hold && r->promo_idx >= 0;
+    if (!r->zombie)
+        r->n_hold = 0;
+}
+
+static uint32_t host_ref(uint32_t h)
+{
+    kvt_block_info bi;
+    KVT_OK_(kvt_pool_block_info(S.host, h, &bi));
+    return bi.ref_cnt;
+}
+
+static bool in_list(const uint32_t *l, uint32_t n, uint32_t v)
+{
+    for (uint32_t i = 0; i < n; i++)
+        if (l[i] == v)
+            return true;
+    return false;
 }
 
 static void admit(struct req *r, uint64_t *rng)
@@ -217,15 +261,39 @@ static void admit(struct req *r, uint64_t *rng)
     KVT_OK_(kvt_pool_find_longest_hit(S.gpu, r->hashes, nh, r->n_tokens - 1, outs, &gh));
     /* predict the host blocks match will pin: the same search on the same state */
     uint32_t pred[MAXB], *pouts[1] = {pred}, start = gh.length / BS;
-    kvt_hit hh = {0};
+    kvt_hit hh = {0}, dh = {0};
     if (start < nh && r->n_tokens > gh.length + 1)
         KVT_OK_(kvt_pool_find_longest_hit(S.host, r->hashes + start * HL, nh - start,
                                           r->n_tokens - 1 - gh.length, pouts, &hh));
+    /* three tiers: and the disk slots where the host hit stops */
+    uint32_t dpred[MAXB], *douts[1] = {dpred}, dstart = start + hh.length / BS;
+    if (S.disk && dstart < nh && r->n_tokens > gh.length + hh.length + 1)
+        KVT_OK_(kvt_pool_find_longest_hit(S.disk, r->hashes + dstart * HL, nh - dstart,
+                                          r->n_tokens - 1 - gh.length - hh.length, douts, &dh));
+    /* host references before the match, less the old pins it releases first */
+    static uint32_t before[MAX_HOST];
+    for (uint32_t h = 1; S.disk && h < S.host_nb; h++)
+        before[h] = host_ref(h);
+    for (uint32_t j = 0; S.disk && j < r->n_pins; j++)
+        before[r->pins[j]]--;
+    for (uint32_t j = 0; S.disk && j < r->n_ppins; j++)
+        before[r->ppins[j]]--;
     uint32_t hit;
     CALL(kvt_offload_match(S.m, r->id, r->id_len, r->hashes, nh, r->n_tokens, gh.length, &hit));
-    CHECK(hit == hh.length, "match offered %u tokens, the host tier holds %u", hit, hh.length);
+    CHECK(hit >= hh.length, "match offered %u tokens, the host tier holds %u", hit, hh.length);
+    uint32_t nd = (hit - hh.length) / BS;
+    CHECK(nd <= dh.n_blocks[0], "match offered %u disk blocks, the disk holds %u", nd,
+          dh.n_blocks[0]);
     r->n_pins = hh.n_blocks[0];
     memcpy(r->pins, pred, r->n_pins * sizeof(uint32_t));
+    /* the disk part: the first nd slots found, and nd newly referenced host blocks */
+    r->n_dpins = nd;
+    memcpy(r->dpins, dpred, nd * sizeof(uint32_t));
+    r->n_ppins = 0;
+    for (uint32_t h = 1; nd && h < S.host_nb; h++)
+        if (host_ref(h) == before[h] + 1 && !in_list(r->pins, r->n_pins, h))
+            r->ppins[r->n_ppins++] = h;
+    CHECK(r->n_ppins == nd, "%u host blocks allocated for %u promoted blocks", r->n_ppins, nd);
     uint32_t need = (r->n_tokens + BS - 1) / BS, evictable = 0;
     for (uint32_t j = 0; j < gh.n_blocks[0]; j++) {
         kvt_block_info bi;
@@ -246,7 +314,26 @@ static void admit(struct req *r, uint64_t *rng)
     const uint32_t *tab[1] = {r->blocks};
     uint32_t nb[1] = {r->n_blocks};
     CALL(kvt_offload_after_alloc(S.m, r->id, r->id_len, tab, nb, accept));
-    r->n_pins = 0;
+    uint32_t acc = accept / BS, acc_host = acc < r->n_pins ? acc : r->n_pins;
+    if (acc > acc_host) {
+        /* promotions: the load pairs wait, held, until the promoted part is on the host */
+        r->n_hold = 0;
+        for (uint32_t j = 0; j < acc_host; j++) {
+            r->hold_g[r->n_hold] = r->blocks[gh.n_blocks[0] + j];
+            r->hold_h[r->n_hold++] = r->pins[j];
+        }
+        r->hold_disk = r->n_hold;
+        for (uint32_t j = 0; j < r->n_ppins; j++)
+            if (host_ref(r->ppins[j]) > 0) /* accepted: still referenced */
+                r->hold_h[r->n_hold++] = r->ppins[j];
+        CHECK(r->n_hold == acc, "%u of %u accepted blocks held", r->n_hold, acc);
+        r->n_hold_s = acc - acc_host;
+        memcpy(r->hold_s, r->dpins, r->n_hold_s * sizeof(uint32_t));
+        for (uint32_t j = acc_host; j < acc; j++)
+            r->hold_g[j] = r->blocks[gh.n_blocks[0] + j];
+        r->promo_idx = -1;
+    }
+    r->n_pins = r->n_ppins = r->n_dpins = 0;
     r->computed = gh.length + accept;
     r->state = accept ? R_LOADING : R_RUNNING;
 }
@@ -278,83 +365,154 @@ static void compute(struct req *r, uint32_t tokens)
 
 /* ---- workers --------------------------------------------------------------------------- */
 
+static struct wev *new_event(int kind, int64_t id, uint32_t n, const uint32_t *a, const uint32_t *b)
+{
+    CHECK(S.n_ev < MAX_EV && n <= MAX_PAIRS, "harness capacity");
+    struct wev *e = &S.ev[S.n_ev];
+    memset(e, 0, sizeof(*e));
+    e->id = id;
+    e->kind = kind;
+    e->n = n;
+    /* a and b in the metadata's order: load (gpu, host), store (gpu, host), write-back
+     * (host, slot), promotion (slot, host) */
+    uint32_t *dst_a = kind == EV_DSTORE ? e->host : kind == EV_DLOAD ? e->slot : e->gpu;
+    uint32_t *dst_b = kind == EV_DSTORE ? e->slot : e->host;
+    memcpy(dst_a, a, n * sizeof(uint32_t));
+    memcpy(dst_b, b, n * sizeof(uint32_t));
+    S.idx[kind][S.n_idx[kind]++] = S.n_ev++;
+    return e;
+}
+
 static void record_events(void)
 {
-    if (S.meta.load_event != KVT_NO_EVENT) {
-        CHECK(S.n_ev < MAX_EV && S.meta.n_loads <= MAX_PAIRS, "harness capacity");
-        struct wev *e = &S.ev[S.n_ev];
-        memset(e, 0, sizeof(*e));
-        e->id = S.meta.load_event;
-        e->n = S.meta.n_loads;
-        memcpy(e->gpu, S.meta.load_gpu_blocks, e->n * sizeof(uint32_t));
-        memcpy(e->host, S.meta.load_cpu_blocks, e->n * sizeof(uint32_t));
-        for (uint32_t i = 0; i < S.meta.n_load_events; i++)
-            if (S.meta.load_events[i] == e->id)
-                for (uint32_t k = S.meta.load_req_first[i]; k < S.meta.load_req_first[i + 1]; k++)
-                    snprintf(e->reqs[e->n_reqs++], 16, "%s", S.meta.load_req_ids[k].ptr);
+    const kvt_offload_meta *m = &S.meta;
+    if (m->load_event != KVT_NO_EVENT) {
+        struct wev *e =
+            new_event(EV_LOAD, m->load_event, m->n_loads, m->load_gpu_blocks, m->load_cpu_blocks);
+        e->n_inv = m->n_load_invalid;
+        memcpy(e->inv, m->load_invalid_blocks, e->n_inv * sizeof(uint32_t));
+        for (uint32_t i = 0; i < m->n_load_events; i++)
+            if (m->load_events[i] == e->id)
+                for (uint32_t k = m->load_req_first[i]; k < m->load_req_first[i + 1]; k++)
+                    snprintf(e->reqs[e->n_reqs++], 16, "%s", m->load_req_ids[k].ptr);
+        for (uint32_t k = 0; k < e->n_reqs; k++) /* its held pairs are the event's now */
+            for (uint32_t i = 0; i < MAXR; i++)
+                if (S.reqs[i].used && strcmp(S.reqs[i].id, e->reqs[k]) == 0) {
+                    CHECK(S.reqs[i].promo_idx == -2 || !S.reqs[i].n_hold,
+                          "request %s loads before its promotion completed", e->reqs[k]);
+                    S.reqs[i].n_hold = 0;
+                }
         live(e, 1);
-        S.load_idx[S.n_load_idx++] = S.n_ev++;
     }
-    if (S.meta.store_event != KVT_NO_EVENT) {
-        CHECK(S.n_ev < MAX_EV && S.meta.n_stores <= MAX_PAIRS, "harness capacity");
-        struct wev *e = &S.ev[S.n_ev];
-        memset(e, 0, sizeof(*e));
-        e->id = S.meta.store_event;
-        e->store = true;
-        e->n = S.meta.n_stores;
-        memcpy(e->gpu, S.meta.store_gpu_blocks, e->n * sizeof(uint32_t));
-        memcpy(e->host, S.meta.store_cpu_blocks, e->n * sizeof(uint32_t));
+    if (m->store_event != KVT_NO_EVENT)
+        live(new_event(EV_STORE, m->store_event, m->n_stores, m->store_gpu_blocks,
+                       m->store_cpu_blocks),
+             1);
+    if (m->disk_store_event != KVT_NO_EVENT)
+        live(new_event(EV_DSTORE, m->disk_store_event, m->n_disk_stores, m->disk_store_host_blocks,
+                       m->disk_store_slots),
+             1);
+    if (m->disk_load_event != KVT_NO_EVENT) {
+        struct wev *e = new_event(EV_DLOAD, m->disk_load_event, m->n_disk_loads, m->disk_load_slots,
+                                  m->disk_load_host_blocks);
+        for (uint32_t i = 0; i < MAXR; i++) { /* which requests it promotes */
+            struct req *r = &S.reqs[i];
+            if (r->n_hold && r->promo_idx == -1 && in_list(e->host, e->n, r->hold_h[r->hold_disk]))
+                r->promo_idx = (int32_t)(S.n_ev - 1);
+        }
         live(e, 1);
-        S.store_idx[S.n_store_idx++] = S.n_ev++;
     }
 }
 
-static void post(bool store, int64_t ev, uint32_t idx, uint64_t *rng, bool failed)
+static void post(int kind, int64_t ev, uint32_t idx, uint64_t *rng, bool failed)
 {
     struct outbox *o = &S.out[S.n_out++];
     o->at = g_step + 1 + kvt_test_below(rng, 3);
-    o->store = store;
+    o->kind = kind;
     o->failed = failed;
     o->ev = ev;
     o->idx = idx;
 }
 
-/* Rank k executes up to `budget` of its next events per direction (all with flush). */
-static void run_workers(bool flush, uint64_t *rng)
+/* Rank k moves the bytes of one event; now and then (not for GPU loads) one block cannot be
+ * moved: garbage lands there and the rank reports the event completed and failed. The check
+ * of findable data fails if the manager ever lets that block be found. */
+static bool execute(struct wev *e, uint32_t k, uint64_t *rng)
 {
-    for (uint32_t k = 0; k < S.world; k++) {
-        uint32_t ns = flush ? UINT32_MAX : kvt_test_below(rng, 3);
-        for (; ns && S.rank_store[k] < S.n_store_idx; ns--) {
-            struct wev *e = &S.ev[S.store_idx[S.rank_store[k]++]];
-            for (uint32_t i = 0; i < e->n; i++)
-                S.hcont[k][e->host[i]] = S.gcont[k][e->gpu[i]];
-            /* now and then one block cannot be written: garbage lands there and the rank
-             * reports the event completed and failed; the check of findable data fails if
-             * the manager ever lets that block be found */
-            bool failed = kvt_test_below(rng, 24) == 0;
-            if (failed)
-                S.hcont[k][e->host[kvt_test_below(rng, e->n)]] = 0xBADBADBADull;
-            e->done++;
-            post(true, e->id, 0, rng, failed);
-        }
-        uint32_t nl = flush ? UINT32_MAX : kvt_test_below(rng, 3);
-        for (; nl && S.rank_load[k] < S.n_load_idx; nl--) {
-            uint32_t idx = S.load_idx[S.rank_load[k]++];
-            struct wev *e = &S.ev[idx];
-            for (uint32_t i = 0; i < e->n; i++)
-                S.gcont[k][e->gpu[i]] = S.hcont[k][e->host[i]];
-            if (++e->done == S.world) /* the output aggregator reports when all ranks did */
-                post(false, e->id, idx, rng, false);
+    uint64_t *dst = NULL;
+    for (uint32_t i = 0; i < e->n; i++) {
+        switch (e->kind) {
+        case EV_LOAD:
+            S.gcont[k][e->gpu[i]] = S.hcont[k][e->host[i]];
+            break;
+        case EV_STORE:
+            S.hcont[k][e->host[i]] = S.gcont[k][e->gpu[i]];
+            break;
+        case EV_DSTORE:
+            S.dcont[k][e->slot[i]] = S.hcont[k][e->host[i]];
+            break;
+        default:
+            S.hcont[k][e->host[i]] = S.dcont[k][e->slot[i]];
         }
     }
+    if (e->kind == EV_LOAD || kvt_test_below(rng, 24))
+        return false;
+    uint32_t i = kvt_test_below(rng, e->n);
+    dst = e->kind == EV_STORE    ? &S.hcont[k][e->host[i]]
+          : e->kind == EV_DSTORE ? &S.dcont[k][e->slot[i]]
+                                 : &S.hcont[k][e->host[i]];
+    *dst = 0xBADBADBADull;
+    return true;
 }
 
-static struct wev *find_store(int64_t id)
+/* Rank k executes up to a few of its next events per kind (all with flush). */
+static void run_workers(bool flush, uint64_t *rng)
 {
-    for (uint32_t i = 0; i < S.n_store_idx; i++)
-        if (S.ev[S.store_idx[i]].id == id)
-            return &S.ev[S.store_idx[i]];
+    for (uint32_t k = 0; k < S.world; k++)
+        for (int kind = 0; kind < 4; kind++) {
+            uint32_t n = flush ? UINT32_MAX : kvt_test_below(rng, 3);
+            for (; n && S.rank_next[kind][k] < S.n_idx[kind]; n--) {
+                uint32_t idx = S.idx[kind][S.rank_next[kind][k]++];
+                struct wev *e = &S.ev[idx];
+                bool failed = execute(e, k, rng);
+                if (kind != EV_LOAD)
+                    post(kind, e->id, idx, rng, failed);
+                else if (++e->done == S.world) /* the aggregator reports when all ranks did */
+                    post(kind, e->id, idx, rng, false);
+            }
+        }
+}
+
+static struct wev *find_event(int kind, int64_t id)
+{
+    for (uint32_t i = 0; i < S.n_idx[kind]; i++)
+        if (S.ev[S.idx[kind][i]].id == id)
+            return &S.ev[S.idx[kind][i]];
     return NULL;
+}
+
+static kvt_event_report *report_of(int kind)
+{
+    return kind == EV_STORE    ? &S.wm.stores
+           : kind == EV_DSTORE ? &S.wm.disk_stores
+                               : &S.wm.disk_loads;
+}
+
+/* A promotion completed on every rank: its requests' loads are queued (or, finished, their
+ * pairs released). */
+static void promotion_done(const struct wev *e)
+{
+    uint32_t idx = (uint32_t)(e - S.ev);
+    for (uint32_t i = 0; i < MAXR; i++) {
+        struct req *r = &S.reqs[i];
+        if (r->promo_idx != (int32_t)idx)
+            continue;
+        r->promo_idx = -2;
+        if (r->zombie) {
+            r->zombie = false;
+            r->n_hold = 0;
+        }
+    }
 }
 
 /* Delivers the reports due by now (or all of them), aggregated into one output. */
@@ -372,10 +530,10 @@ static void deliver(bool all)
             S.out[keep++] = *o;
             continue;
         }
-        if (o->store) {
-            KVT_OK_(kvt_offload_worker_meta_add(&S.wm, o->ev, 1));
+        if (o->kind != EV_LOAD) {
+            KVT_OK_(kvt_event_report_add(report_of(o->kind), o->ev, 1));
             if (o->failed)
-                KVT_OK_(kvt_offload_worker_meta_add_failed(&S.wm, o->ev));
+                KVT_OK_(kvt_event_report_add_failed(report_of(o->kind), o->ev));
         } else {
             struct wev *e = &S.ev[o->idx];
             for (uint32_t k = 0; k < e->n_reqs; k++)
@@ -384,36 +542,55 @@ static void deliver(bool all)
         }
     }
     S.n_out = keep;
-    if (!n_ids && !S.wm.stores.n_completed)
+    if (!n_ids && !S.wm.stores.n_completed && !S.wm.disk_stores.n_completed &&
+        !S.wm.disk_loads.n_completed)
         return;
     CALL(kvt_offload_apply_output(S.m, ids, n_ids, &S.wm));
-    for (uint32_t i = 0; i < S.wm.stores.n_completed; i++) {
-        struct wev *e = find_store(S.wm.stores.events[i]);
-        bool was_live = e->applied < S.world;
-        e->applied += S.wm.stores.counts[i];
-        if (was_live && e->applied >= S.world)
-            live(e, -1);
+    for (int kind = EV_STORE; kind <= EV_DLOAD; kind++) {
+        const kvt_event_report *rep = report_of(kind);
+        for (uint32_t i = 0; i < rep->n_completed; i++) {
+            struct wev *e = find_event(kind, rep->events[i]);
+            bool was_live = e->applied < S.world;
+            e->applied += rep->counts[i];
+            if (was_live && e->applied >= S.world) {
+                live(e, -1);
+                if (kind == EV_DLOAD)
+                    promotion_done(e);
+            }
+        }
     }
     for (uint32_t i = 0; i < n_loads; i++) {
         loads[i]->applied = 1;
         live(loads[i], -1);
     }
-    for (uint32_t k = 0; k < n_ids; k++)
-        for (uint32_t i = 0; i < MAXR; i++) {
-            struct req *r = &S.reqs[i];
-            if (r->used && r->state == R_LOADING && r->id_len == ids[k].len &&
-                memcmp(r->id, ids[k].ptr, r->id_len) == 0)
+    for (uint32_t i = 0; i < n_loads; i++)
+        for (uint32_t q = 0; q < loads[i]->n_reqs; q++)
+            for (uint32_t x = 0; x < MAXR; x++) {
+                struct req *r = &S.reqs[x];
+                if (!r->used || r->state != R_LOADING || strcmp(r->id, loads[i]->reqs[q]) != 0)
+                    continue;
                 r->state = R_RUNNING;
-        }
+                /* invalid destinations: the engine recomputes from the first of them */
+                for (uint32_t v = 0; v < loads[i]->n_inv; v++)
+                    for (uint32_t j = 0; j < r->n_blocks; j++)
+                        if (r->blocks[j] == loads[i]->inv[v] && r->computed > j * BS)
+                            r->computed = j * BS;
+            }
 }
 
 /* ---- invariants ------------------------------------------------------------------------ */
 
 static void check_refs(void)
 {
-    uint32_t gexp[MAX_GPU] = {0}, hexp[MAX_HOST] = {0};
+    uint32_t gexp[MAX_GPU] = {0}, hexp[MAX_HOST] = {0}, dexp[MAX_DISK] = {0};
     for (uint32_t i = 0; i < MAXR; i++) {
         const struct req *r = &S.reqs[i];
+        for (uint32_t j = 0; j < r->n_hold; j++) { /* zombies included */
+            gexp[r->hold_g[j]]++;
+            hexp[r->hold_h[j]]++;
+        }
+        for (uint32_t j = 0; r->n_hold && r->promo_idx == -1 && j < r->n_hold_s; j++)
+            dexp[r->hold_s[j]]++; /* promotion queued, not in an event yet */
         if (!r->used)
             continue;
         for (uint32_t j = 0; j < r->n_blocks; j++)
@@ -421,6 +598,10 @@ static void check_refs(void)
         for (uint32_t j = 0; j < r->n_pins; j++)
             if (r->pins[j] != KVT_NULL_BLOCK)
                 hexp[r->pins[j]]++;
+        for (uint32_t j = 0; j < r->n_ppins; j++)
+            hexp[r->ppins[j]]++;
+        for (uint32_t j = 0; j < r->n_dpins; j++)
+            dexp[r->dpins[j]]++;
     }
     for (uint32_t b = 0; b < S.gpu_nb; b++)
         gexp[b] += S.g_live[b];
@@ -438,6 +619,12 @@ static void check_refs(void)
         CHECK(bi.ref_cnt == hexp[h], "host block %u has %u references, expected %u", h, bi.ref_cnt,
               hexp[h]);
     }
+    for (uint32_t d = 1; S.disk && d < S.disk_nb; d++) {
+        kvt_block_info bi;
+        KVT_OK_(kvt_pool_block_info(S.disk, d, &bi));
+        CHECK(bi.ref_cnt == dexp[d] + S.d_live[d], "disk slot %u has %u references, expected %u", d,
+              bi.ref_cnt, dexp[d] + S.d_live[d]);
+    }
 }
 
 static void check_findable_data(void)
@@ -453,6 +640,14 @@ static void check_findable_data(void)
                   "host block %u is findable but rank %u holds "
                   "other contents",
                   h, r);
+    }
+    for (uint32_t d = 1; S.disk && d < S.disk_nb; d++) {
+        kvt_pool_key k;
+        uint32_t n;
+        KVT_OK_(kvt_pool_block_keys(S.disk, d, &k, 1, &n));
+        for (uint32_t r = 0; n && r < S.world; r++)
+            CHECK(S.dcont[r][d] == tag(k.hash, r),
+                  "disk slot %u is findable but rank %u holds other contents", d, r);
     }
     kvt_offload_stats st;
     kvt_offload_get_stats(S.m, &st);
@@ -538,7 +733,12 @@ static void step(uint64_t *rng)
         if (done || kvt_test_below(rng, 150) == 0)
             finish(r);
     }
-    if (S.reset_pending || kvt_test_below(rng, 600) == 0) {
+    /* (a reset cancels queued loads, which the engine is not told about: this engine resets
+     * only while no request waits for one; promotions in flight are fine) */
+    bool load_queued = false;
+    for (uint32_t i = 0; i < MAXR; i++)
+        load_queued |= S.reqs[i].n_hold && S.reqs[i].promo_idx < 0;
+    if (!load_queued && (S.reset_pending || kvt_test_below(rng, 600) == 0)) {
         g_ops++;
         int rc = kvt_offload_reset(S.m);
         CHECK(rc == 0 || rc == KVT_EBUSY, "reset returned %d", rc);
@@ -554,6 +754,7 @@ static void episode(uint64_t *rng, uint64_t ops_goal)
     S.host_nb = 8 + kvt_test_below(rng, MAX_HOST - 8 + 1);
     S.world = 1 + kvt_test_below(rng, MAX_RANKS);
     S.lazy = kvt_test_below(rng, 2);
+    S.disk_nb = kvt_test_below(rng, 2) ? 4 + kvt_test_below(rng, MAX_DISK - 4 + 1) : 0;
     for (uint32_t p = 0; p < 4; p++)
         for (uint32_t t = 0; t < 6 * BS; t++)
             S.prefixes[p][t] = 1000 * (p + 1) + t;
@@ -570,8 +771,10 @@ static void episode(uint64_t *rng, uint64_t ops_goal)
     uint32_t budgets[3] = {0, 2, 256};
     oc.restore_budget = budgets[kvt_test_below(rng, 3)];
     oc.max_requests = MAXR + 4;
+    oc.disk_blocks = S.disk_nb;
     KVT_OK_(kvt_offload_create(&oc, S.gpu, &S.m));
     S.host = kvt_offload_host_pool(S.m);
+    S.disk = kvt_offload_disk_pool(S.m);
     kvt_offload_meta_init(&S.meta);
     kvt_offload_worker_meta_init(&S.wm);
 
@@ -583,7 +786,9 @@ static void episode(uint64_t *rng, uint64_t ops_goal)
     for (uint32_t i = 0; i < MAXR; i++)
         if (S.reqs[i].used)
             finish(&S.reqs[i]);
-    for (int round = 0; round < 8; round++) {
+    /* (lazy stores and re-stores keep coming while the GPU holds unstored blocks, and every
+     * host store completed queues a write-back: a few rounds, until nothing is pending) */
+    for (int round = 0; round < 8 || (round < 64 && kvt_offload_has_pending(S.m)); round++) {
         g_step++;
         CALL(kvt_offload_build_meta(S.m, false, &S.meta));
         record_events();
@@ -592,7 +797,15 @@ static void episode(uint64_t *rng, uint64_t ops_goal)
         deliver(true);
         check_findable_data();
     }
-    CHECK(!kvt_offload_has_pending(S.m), "transfers still pending after draining");
+    if (kvt_offload_has_pending(S.m)) {
+        kvt_offload_stats ps;
+        kvt_offload_get_stats(S.m, &ps);
+        CHECK(false,
+              "transfers still pending after draining: %u load, %u store, %u promotion, %u "
+              "write-back events, %u store blocks",
+              ps.load_events_in_flight, ps.store_events_in_flight, ps.disk_load_events_in_flight,
+              ps.disk_store_events_in_flight, ps.pending_store_blocks);
+    }
     CALL(kvt_offload_reset(S.m));
     kvt_offload_stats st;
     kvt_offload_get_stats(S.m, &st);
@@ -606,6 +819,16 @@ static void episode(uint64_t *rng, uint64_t ops_goal)
     g_tot.resets += st.resets;
     g_tot.store_dropped_full += st.store_dropped_full;
     g_tot.stores_failed += st.stores_failed;
+    g_tot.disk_hit_tokens += st.disk_hit_tokens;
+    g_tot.promotions += st.promotions;
+    g_tot.promotions_failed += st.promotions_failed;
+    g_tot.disk_stores_completed += st.disk_stores_completed;
+    g_tot.disk_stores_failed += st.disk_stores_failed;
+    g_tot.disk_store_dropped += st.disk_store_dropped;
+    CHECK(st.disk_store_blocks ==
+              st.disk_stores_completed + st.disk_stores_abandoned + st.disk_stores_failed,
+          "disk store blocks unbalanced");
+    CHECK(!S.disk || kvt_pool_num_free(S.disk) == S.disk_nb - 1, "disk pool not fully free");
     CHECK(st.store_blocks == st.stores_completed + st.stores_abandoned + st.stores_failed,
           "store blocks unbalanced");
     CHECK(st.load_blocks == st.loads_completed, "load blocks unbalanced");
@@ -634,13 +857,18 @@ static void manager_keeps_every_invariant_under_random_traffic(void **state)
     print_message(
         "offload model: %llu manager calls in %u episodes, %llu steps (seed %llu): "
         "%llu hit tokens, %llu blocks loaded, %llu stored (%llu abandoned, %llu failed), %llu "
-        "host evictions, %llu re-stores, %llu stores dropped for room, %llu resets\n",
+        "host evictions, %llu re-stores, %llu stores dropped for room, %llu resets; three tiers: "
+        "%llu disk hit tokens, %llu promoted (%llu failed), %llu written back (%llu failed, %llu "
+        "dropped)\n",
         (unsigned long long)g_ops, episodes, (unsigned long long)g_step, (unsigned long long)g_seed,
         (unsigned long long)g_tot.hit_tokens, (unsigned long long)g_tot.load_blocks,
         (unsigned long long)g_tot.store_blocks, (unsigned long long)g_tot.stores_abandoned,
         (unsigned long long)g_tot.stores_failed, (unsigned long long)g_tot.host_evictions,
         (unsigned long long)g_tot.restores, (unsigned long long)g_tot.store_dropped_full,
-        (unsigned long long)g_tot.resets);
+        (unsigned long long)g_tot.resets, (unsigned long long)g_tot.disk_hit_tokens,
+        (unsigned long long)g_tot.promotions, (unsigned long long)g_tot.promotions_failed,
+        (unsigned long long)g_tot.disk_stores_completed,
+        (unsigned long long)g_tot.disk_stores_failed, (unsigned long long)g_tot.disk_store_dropped);
 }
 
 int main(void)

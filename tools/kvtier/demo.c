@@ -399,7 +399,8 @@ static int part_meta(void)
     bad |= check(kvt_offload_worker_meta_add(&r1, 6, 1), "worker add");
     bad |= check(kvt_offload_worker_meta_add(&r1, 7, 1), "worker add");
     bad |= check(kvt_offload_worker_meta_aggregate(&r0, &r1), "aggregate");
-    bool sum_ok = r0.stores.n_completed == 2 && r0.stores.events[1] == 7 && r0.stores.counts[1] == 2;
+    bool sum_ok =
+        r0.stores.n_completed == 2 && r0.stores.events[1] == 7 && r0.stores.counts[1] == 2;
     bad |= !sum_ok;
 
     kvt_ec_worker_meta e0, e1, agg;

@@ -1,0 +1,510 @@
+/*
+ * Three tiers: GPU -> host -> disk (issue 5; LMCache and Mooncake have it, vLLM's
+ * SimpleCPUOffloadConnector does not). The disk tier is a second pool with its own events,
+ * driven from the host tier's completions and hits:
+ *
+ *   write-back   when a host store event completes, each of its blocks that the disk lacks
+ *                gets a disk slot (evicting the disk's LRU) and joins the next disk store
+ *                event; the host block stays pinned until the write landed, and the slot
+ *                becomes findable only when all world_size workers reported it. A host
+ *                eviction therefore drops nothing the disk holds; the eviction itself never
+ *                has to wait for a write.
+ *   promotion    match continues past the host hit on disk, pins the slots it found and
+ *                allocates a host block for each (so after_alloc cannot run out of host
+ *                space); after_alloc pairs the accepted ones with GPU blocks and queues a
+ *                disk load event; when all workers reported it, the promoted host blocks
+ *                become findable and the request's single GPU load is queued.
+ *   failures     a failed write-back is never findable; a failed promotion is never a hit:
+ *                its host blocks get no keys and its GPU destinations go out in the load's
+ *                load_invalid_blocks (the engine recomputes them, Dynamo #15079).
+ *
+ * One full-attention KV-cache group only: a disk hit continues a prefix, which is what full
+ * attention caches; hybrid models keep two tiers.
+ */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/error.h"
+#include "base/util.h"
+#include "offload/offload_internal.h"
+
+#define MAX_DISK_EVENTS 1024u /* kvt_disk's default max_events per direction */
+
+int ofl_tier_validate(const kvt_offload_config *c, const kvt_pool_config *g)
+{
+    if (c->disk_blocks == 0)
+        return 0;
+    if (c->disk_blocks < 2 || c->disk_blocks == UINT32_MAX)
+        return kvt_fail(KVT_EINVAL, "offload: disk_blocks %u must be at least 2 (or 0: two tiers)",
+                        c->disk_blocks);
+    if (g->n_groups != 1 || g->groups[0].kind != KVT_GROUP_FULL)
+        return kvt_fail(KVT_EINVAL,
+                        "offload: three tiers need one full-attention KV-cache group (this "
+                        "pool has %u group%s)",
+                        g->n_groups, g->n_groups == 1 ? " of another kind" : "s");
+    return 0;
+}
+
+int ofl_tier_setup(kvt_offload *m, uint32_t disk_nb)
+{
+    if (disk_nb == 0)
+        return 0;
+    kvt_pool_config dc = m->gcfg;
+    dc.num_blocks = disk_nb;
+    dc.keys_per_block = m->kpb;
+    dc.event_capacity = 0;
+    int rc = kvt_pool_create(&dc, &m->disk);
+    if (rc)
+        return kvt_fail_wrap(rc, "offload: disk pool");
+    m->disk_nb = disk_nb;
+    m->dstore_src = malloc((size_t)disk_nb * sizeof(uint32_t));
+    m->dstore_next = malloc((size_t)disk_nb * sizeof(uint32_t));
+    m->dkeys = malloc((size_t)disk_nb * m->kpb * m->key_stride);
+    m->dkeys_n = calloc(disk_nb, 1);
+    m->dsearch_out[0] = malloc(((size_t)m->cfg.max_model_len / m->gcfg.groups[0].block_size + 1) *
+                               sizeof(uint32_t));
+    if (!m->dstore_src || !m->dstore_next || !m->dkeys || !m->dkeys_n || !m->dsearch_out[0])
+        return kvt_fail(KVT_ENOMEM, "offload: cannot allocate state for %u disk slots", disk_nb);
+    for (uint32_t i = 0; i < disk_nb; i++)
+        m->dstore_src[i] = m->dstore_next[i] = OFL_NONE;
+    uint32_t cap = kvt_min_u32(disk_nb, MAX_DISK_EVENTS);
+    if ((rc = ofl_evtable_init(&m->dstores, cap)))
+        return rc;
+    return ofl_evtable_init(&m->dloads, cap);
+}
+
+void ofl_tier_teardown(kvt_offload *m)
+{
+    kvt_pool_destroy(m->disk);
+    m->disk = NULL;
+    free(m->dstore_src);
+    free(m->dstore_next);
+    free(m->dkeys);
+    free(m->dkeys_n);
+    free(m->dsearch_out[0]);
+    m->dstore_src = m->dstore_next = m->dsearch_out[0] = NULL;
+    m->dkeys = m->dkeys_n = NULL;
+    ofl_evtable_free(&m->dstores);
+    ofl_evtable_free(&m->dloads);
+}
+
+int kvt_offload_lower_disk_blocks(kvt_offload *m, uint32_t worker_slots)
+{
+    if (!m->disk)
+        return kvt_fail(KVT_ESTATE, "offload: no disk tier (disk_blocks is 0)");
+    if (worker_slots > m->disk_nb)
+        return kvt_fail(KVT_EINVAL,
+                        "offload: a worker reported %u disk slots, more than the %u planned; "
+                        "the tier is only ever lowered",
+                        worker_slots, m->disk_nb);
+    if (worker_slots < 2)
+        return kvt_fail(KVT_EINVAL, "offload: a worker has only %u disk slots (at least 2 needed)",
+                        worker_slots);
+    if (worker_slots == m->disk_nb)
+        return 0;
+    if (m->disk_transferred || kvt_pool_num_free(m->disk) != m->disk_nb - 1 || m->dacc_n)
+        return kvt_fail(KVT_ESTATE, "offload: the disk tier can only be resized before its first "
+                                    "transfer and hit");
+    ofl_tier_teardown(m);
+    return ofl_tier_setup(m, worker_slots);
+}
+
+const kvt_pool *kvt_offload_disk_pool(const kvt_offload *m)
+{
+    return m->disk;
+}
+
+/* ---- promotion: match and after_alloc ------------------------------------------------------ */
+
+uint32_t ofl_tier_search(kvt_offload *m, const uint8_t *hashes, uint32_t n_hashes, uint32_t from,
+                         uint32_t max_len)
+{
+    if (!m->disk || from >= n_hashes || max_len < m->sched_bs)
+        return 0;
+    kvt_hit hit;
+    if (kvt_pool_find_longest_hit(m->disk, hashes + (size_t)from * m->hash_len, n_hashes - from,
+                                  max_len, m->dsearch_out, &hit))
+        return 0; /* cannot fail on arguments the host search accepted; a miss is safe */
+    return hit.n_blocks[0];
+}
+
+uint32_t ofl_tier_pin(kvt_offload *m, struct ofl_req *r, uint32_t want)
+{
+    uint32_t free_host = kvt_pool_num_free(m->host);
+    uint32_t n = want < free_host ? want : free_host;
+    if (n == 0)
+        return 0;
+    uint32_t *hosts = m->scratch; /* n <= host_nb */
+    ofl_host_alloc(m, n, hosts);
+    uint32_t tail = OFL_NONE;
+    for (uint32_t k = 0; k < n; k++) {
+        uint32_t d = m->dsearch_out[0][k], h = hosts[k];
+        (void)kvt_pool_touch(m->disk, &d, 1);
+        m->hpromo_src[h] = d;
+        m->hpromo_gpu[h] = OFL_NONE;
+        m->hpromo_next[h] = OFL_NONE;
+        if (tail == OFL_NONE)
+            r->promo_head = h;
+        else
+            m->hpromo_next[tail] = h;
+        tail = h;
+    }
+    r->dhit_n = n;
+    m->st.disk_hit_blocks += n;
+    m->st.disk_hit_tokens += (uint64_t)n * m->gcfg.groups[0].block_size;
+    return n;
+}
+
+/* Frees one promotion pair: the host block (never findable: no keys) and the slot's pin. */
+static void release_pair(kvt_offload *m, uint32_t h)
+{
+    uint32_t d = m->hpromo_src[h];
+    (void)kvt_pool_free(m->disk, &d, 1);
+    m->hpromo_src[h] = m->hpromo_next[h] = m->hpromo_gpu[h] = OFL_NONE;
+}
+
+void ofl_tier_release_hit(kvt_offload *m, struct ofl_req *r)
+{
+    if (r->dhit_n == 0)
+        return; /* none, or already paired by after_alloc (the chain is the load's now) */
+    uint32_t h = r->promo_head;
+    for (uint32_t k = 0; k < r->dhit_n; k++) {
+        uint32_t next = m->hpromo_next[h];
+        release_pair(m, h);
+        (void)kvt_pool_free(m->host, &h, 1);
+        h = next;
+    }
+    r->dhit_n = 0;
+    r->promo_head = OFL_NONE;
+}
+
+int ofl_tier_check_pairs(kvt_offload *m, const struct ofl_req *r, const uint32_t *blocks,
+                         uint32_t n_blocks, uint32_t start, uint32_t first, uint32_t n_ext)
+{
+    for (uint32_t k = 0, i = first; k < r->dhit_n && i < n_ext; k++, i++) {
+        if ((uint64_t)start + i >= n_blocks)
+            return kvt_fail(KVT_EINVAL,
+                            "offload: after_alloc: group 0 has %u GPU blocks; the load needs "
+                            "block %u",
+                            n_blocks, start + i);
+        uint32_t gpu = blocks[start + i];
+        if (gpu != KVT_NULL_BLOCK && (m->gload_src[gpu] != OFL_NONE || (m->gflags[gpu] & G_MARK)))
+            return kvt_fail(KVT_ESTATE,
+                            "offload: after_alloc: GPU block %u is already the destination of "
+                            "a load",
+                            gpu);
+        if (gpu != KVT_NULL_BLOCK)
+            m->gflags[gpu] |= G_MARK; /* the caller clears the marks */
+    }
+    return 0;
+}
+
+void ofl_tier_pair(kvt_offload *m, struct ofl_req *r, const uint32_t *blocks, uint32_t start,
+                   uint32_t first, uint32_t n_ext, uint32_t *load_tail)
+{
+    uint32_t h = r->promo_head, kept_tail = OFL_NONE, n = r->dhit_n;
+    r->promo_head = OFL_NONE;
+    r->dhit_n = 0;
+    for (uint32_t k = 0, i = first; k < n; k++, i++) {
+        uint32_t next = m->hpromo_next[h];
+        uint32_t gpu = i < n_ext ? blocks[start + i] : KVT_NULL_BLOCK;
+        if (gpu == KVT_NULL_BLOCK) { /* not accepted */
+            release_pair(m, h);
+            (void)kvt_pool_free(m->host, &h, 1);
+            h = next;
+            continue;
+        }
+        /* the allocation's reference on h becomes the load's pin; the slot keeps its pin */
+        (void)kvt_pool_touch(m->gpu, &gpu, 1);
+        m->gload_src[gpu] = h;
+        m->gload_next[gpu] = OFL_NONE;
+        if (*load_tail == OFL_NONE)
+            r->load_head = gpu;
+        else
+            m->gload_next[*load_tail] = gpu;
+        *load_tail = gpu;
+        r->n_load++;
+        m->hpromo_gpu[h] = gpu;
+        m->hpromo_next[h] = OFL_NONE;
+        if (kept_tail == OFL_NONE)
+            r->promo_head = h;
+        else
+            m->hpromo_next[kept_tail] = h;
+        kept_tail = h;
+        r->n_promo++;
+        h = next;
+    }
+    if (r->n_promo) {
+        r->flags |= RQ_PROMO_QUEUED;
+        r->promo_next = OFL_NONE;
+        uint32_t slot = ofl_req_slot(m, r);
+        if (m->promoq_tail == OFL_NONE)
+            m->promoq_head = slot;
+        else
+            m->reqs[m->promoq_tail].promo_next = slot;
+        m->promoq_tail = slot;
+    }
+}
+
+/* Drops r's accepted promotions (slot pins); the host blocks go with its load pairs. */
+static void drop_promotions(kvt_offload *m, struct ofl_req *r)
+{
+    for (uint32_t h = r->promo_head, next; h != OFL_NONE; h = next) {
+        next = m->hpromo_next[h];
+        release_pair(m, h);
+    }
+    r->promo_head = OFL_NONE;
+    r->n_promo = 0;
+}
+
+void ofl_tier_cancel_promo(kvt_offload *m, struct ofl_req *r)
+{
+    uint32_t slot = ofl_req_slot(m, r), prev = OFL_NONE;
+    for (uint32_t s = m->promoq_head; s != OFL_NONE; prev = s, s = m->reqs[s].promo_next) {
+        if (s != slot)
+            continue;
+        if (prev == OFL_NONE)
+            m->promoq_head = r->promo_next;
+        else
+            m->reqs[prev].promo_next = r->promo_next;
+        if (m->promoq_tail == slot)
+            m->promoq_tail = prev;
+        break;
+    }
+    drop_promotions(m, r);
+    ofl_release_load_pairs(m, r);
+    r->flags &= ~RQ_PROMO_QUEUED;
+}
+
+/* ---- write-back ------------------------------------------------------------------------ */
+
+void ofl_tier_writeback(kvt_offload *m, uint32_t h)
+{
+    if (!m->disk || m->hkeys_n[h] == 0)
+        return;
+    const uint8_t *keys = m->hkeys + (size_t)h * m->kpb * m->key_stride;
+    uint32_t group, d;
+    memcpy(&group, keys + m->hash_len, sizeof(group));
+    if (kvt_pool_lookup(m->disk, keys, group, &d) == 1) {
+        m->st.disk_store_skipped_cached++;
+        return;
+    }
+    if (m->dstores.n >= m->dstores.cap || kvt_pool_num_free(m->disk) == 0) {
+        m->st.disk_store_dropped++;
+        return;
+    }
+    uint32_t lru = kvt_pool_lru_first(m->disk), nk = 0;
+    kvt_pool_key k;
+    if (lru != KVT_BLOCK_NONE && kvt_pool_block_keys(m->disk, lru, &k, 1, &nk) == 0 && nk)
+        m->st.disk_evictions++;
+    (void)kvt_pool_alloc(m->disk, 1, &d); /* a free slot exists */
+    memcpy(m->dkeys + (size_t)d * m->kpb * m->key_stride, keys,
+           (size_t)m->hkeys_n[h] * m->key_stride);
+    m->dkeys_n[d] = m->hkeys_n[h];
+    (void)kvt_pool_touch(m->host, &h, 1); /* pinned until the write landed */
+    m->dstore_src[d] = h;
+    m->dstore_next[d] = OFL_NONE;
+    if (m->dacc_tail == OFL_NONE)
+        m->dacc_head = d;
+    else
+        m->dstore_next[m->dacc_tail] = d;
+    m->dacc_tail = d;
+    m->dacc_n++;
+}
+
+/* ---- step assembly --------------------------------------------------------------------- */
+
+int ofl_tier_reserve(kvt_offload *m, kvt_offload_meta *out, uint32_t invalid)
+{
+    uint32_t promos = 0;
+    if (m->disk && m->dloads.n < m->dloads.cap)
+        for (uint32_t s = m->promoq_head; s != OFL_NONE; s = m->reqs[s].promo_next)
+            promos += m->reqs[s].n_promo;
+    int rc = kvt_offload_meta_reserve_disk(out, invalid, promos, m->dacc_n);
+    return rc ? kvt_fail_wrap(rc, "offload: build_meta") : 0;
+}
+
+void ofl_tier_emit(kvt_offload *m, kvt_offload_meta *out)
+{
+    if (!m->disk)
+        return;
+    if (m->promoq_head != OFL_NONE && m->dloads.n < m->dloads.cap) {
+        struct ofl_event *e = ofl_evtable_add(&m->dloads, m->dload_counter++);
+        e->head = m->promoq_head;
+        e->tail = m->promoq_tail;
+        for (uint32_t s = m->promoq_head; s != OFL_NONE; s = m->reqs[s].promo_next) {
+            struct ofl_req *r = &m->reqs[s];
+            r->flags = (r->flags & ~RQ_PROMO_QUEUED) | RQ_PROMO_SENT;
+            r->promo_event = e->id;
+            e->n++;
+            for (uint32_t h = r->promo_head; h != OFL_NONE; h = m->hpromo_next[h])
+                (void)kvt_offload_meta_add_disk_load(out, m->hpromo_src[h], h);
+        }
+        m->promoq_head = m->promoq_tail = OFL_NONE;
+        out->disk_load_event = e->id;
+        m->st.disk_load_events++;
+        m->disk_transferred = true;
+    }
+    if (m->dacc_n) { /* room in the table: write-backs are only queued while there is */
+        struct ofl_event *e = ofl_evtable_add(&m->dstores, m->dstore_counter++);
+        e->head = m->dacc_head;
+        e->tail = m->dacc_tail;
+        e->n = m->dacc_n;
+        for (uint32_t d = e->head; d != OFL_NONE; d = m->dstore_next[d])
+            (void)kvt_offload_meta_add_disk_store(out, m->dstore_src[d], d);
+        out->disk_store_event = e->id;
+        m->st.disk_store_events++;
+        m->st.disk_store_blocks += m->dacc_n;
+        m->dacc_head = m->dacc_tail = OFL_NONE;
+        m->dacc_n = 0;
+        m->disk_transferred = true;
+    }
+}
+
+/* ---- completions ----------------------------------------------------------------------- */
+
+static int check_issued(const kvt_event_report *rep, int64_t next, const char *what)
+{
+    for (uint32_t i = 0; i < rep->n_completed; i++)
+        if (rep->events[i] >= next)
+            return kvt_fail(KVT_ERANGE,
+                            "offload: apply_output: %s event %" PRId64
+                            " was never issued (next is %" PRId64 ")",
+                            what, rep->events[i], next);
+    return 0;
+}
+
+int ofl_tier_check_output(const kvt_offload *m, const kvt_offload_worker_meta *wm)
+{
+    int rc = check_issued(&wm->disk_stores, m->dstore_counter, "disk store");
+    return rc ? rc : check_issued(&wm->disk_loads, m->dload_counter, "disk load");
+}
+
+/* Counts a report towards its event; returns the event once all workers reported it. */
+static struct ofl_event *count_report(kvt_offload *m, struct ofl_evtable *t,
+                                      const kvt_event_report *rep, uint32_t i)
+{
+    struct ofl_event *e = ofl_evtable_find(t, rep->events[i]);
+    if (!e) {
+        m->st.stale_reports++;
+        return NULL;
+    }
+    if (kvt_event_report_failed(rep, rep->events[i]))
+        e->failed = true;
+    uint64_t total = (uint64_t)e->reported + rep->counts[i];
+    e->reported = total > UINT32_MAX ? UINT32_MAX : (uint32_t)total;
+    return e->reported >= m->cfg.world_size ? e : NULL;
+}
+
+static void complete_writeback(kvt_offload *m, struct ofl_event *e)
+{
+    for (uint32_t d = e->head, next; d != OFL_NONE; d = next) {
+        next = m->dstore_next[d];
+        uint32_t h = m->dstore_src[d];
+        if (!e->abandoned && !e->failed)
+            ofl_register_keys(m, m->disk, d, m->dkeys + (size_t)d * m->kpb * m->key_stride,
+                              m->dkeys_n[d]);
+        (void)kvt_pool_free(m->host, &h, 1);
+        (void)kvt_pool_free(m->disk, &d, 1);
+        m->dstore_src[d] = m->dstore_next[d] = OFL_NONE;
+    }
+    if (e->abandoned)
+        m->st.disk_stores_abandoned += e->n;
+    else if (e->failed)
+        m->st.disk_stores_failed += e->n;
+    else
+        m->st.disk_stores_completed += e->n;
+    ofl_evtable_remove(&m->dstores, e);
+}
+
+static void complete_promotion(kvt_offload *m, struct ofl_event *e)
+{
+    uint32_t s = e->head;
+    while (s != OFL_NONE) {
+        struct ofl_req *r = &m->reqs[s];
+        s = r->promo_next;
+        for (uint32_t h = r->promo_head; h != OFL_NONE; h = m->hpromo_next[h]) {
+            uint32_t d = m->hpromo_src[h], nk = 0;
+            if (e->failed) {
+                m->gflags[m->hpromo_gpu[h]] |= G_INVALID; /* never a hit */
+                m->st.promotions_failed++;
+                continue;
+            }
+            m->st.promotions++;
+            if (e->abandoned)
+                continue;
+            /* the promoted block is findable in the host tier from now on */
+            (void)kvt_pool_block_keys(m->disk, d, m->keys, m->kpb, &nk);
+            for (uint32_t k = 0; k < nk && k < m->kpb; k++) {
+                uint32_t b;
+                if (kvt_pool_lookup(m->host, m->keys[k].hash, m->keys[k].group, &b) != 1)
+                    (void)kvt_pool_insert(m->host, h, m->keys[k].hash, m->keys[k].group,
+                                          m->keys[k].num_tokens);
+            }
+        }
+        drop_promotions(m, r);
+        r->flags &= ~RQ_PROMO_SENT;
+        r->promo_event = KVT_NO_EVENT;
+        r->promo_next = OFL_NONE;
+        if (r->flags & RQ_FINISHED) /* nobody waits for the GPU load any more */
+            ofl_release_load_pairs(m, r);
+        else
+            ofl_queue_load(m, r);
+        ofl_req_maybe_release(m, r);
+    }
+    ofl_evtable_remove(&m->dloads, e);
+}
+
+void ofl_tier_apply_output(kvt_offload *m, const kvt_offload_worker_meta *wm)
+{
+    if (!m->disk)
+        return;
+    for (uint32_t i = 0; i < wm->disk_stores.n_completed; i++) {
+        struct ofl_event *e = count_report(m, &m->dstores, &wm->disk_stores, i);
+        if (e)
+            complete_writeback(m, e);
+    }
+    for (uint32_t i = 0; i < wm->disk_loads.n_completed; i++) {
+        struct ofl_event *e = count_report(m, &m->dloads, &wm->disk_loads, i);
+        if (e)
+            complete_promotion(m, e);
+    }
+}
+
+/* ---- reset and metrics ----------------------------------------------------------------- */
+
+void ofl_tier_abandon(kvt_offload *m)
+{
+    if (!m->disk)
+        return;
+    for (uint32_t i = m->dstores.first; i != OFL_NONE; i = m->dstores.e[i].next)
+        m->dstores.e[i].abandoned = true;
+    for (uint32_t i = m->dloads.first; i != OFL_NONE; i = m->dloads.e[i].next)
+        m->dloads.e[i].abandoned = true;
+    for (uint32_t d = m->dacc_head, next; d != OFL_NONE; d = next) {
+        next = m->dstore_next[d];
+        uint32_t h = m->dstore_src[d];
+        (void)kvt_pool_free(m->host, &h, 1);
+        (void)kvt_pool_free(m->disk, &d, 1);
+        m->dstore_src[d] = m->dstore_next[d] = OFL_NONE;
+    }
+    m->dacc_head = m->dacc_tail = OFL_NONE;
+    m->dacc_n = 0;
+}
+
+bool ofl_tier_pending(const kvt_offload *m)
+{
+    return m->disk && (m->dloads.n || m->dstores.n || m->dacc_n || m->promoq_head != OFL_NONE);
+}
+
+void ofl_tier_stats(const kvt_offload *m, kvt_offload_stats *s)
+{
+    if (!m->disk)
+        return;
+    s->disk_blocks = m->disk_nb - 1;
+    s->disk_used_blocks = m->disk_nb - 1 - kvt_pool_num_free(m->disk);
+    s->disk_cached_blocks = kvt_pool_num_cached(m->disk);
+    s->disk_load_events_in_flight = m->dloads.n;
+    s->disk_store_events_in_flight = m->dstores.n;
+}
