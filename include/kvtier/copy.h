@@ -103,6 +103,10 @@ KVT_API uint32_t kvt_mirror_num_blocks(const kvt_mirror *m);
 KVT_API const kvt_region *kvt_mirror_regions(const kvt_mirror *m);
 KVT_API uint32_t kvt_mirror_num_regions(const kvt_mirror *m);
 KVT_API bool kvt_mirror_pinned(const kvt_mirror *m);
+/* A host layout over the mirror's arrays (same regions, mirror->num_blocks blocks): the layout
+ * a three-tier disk is created over (kvt_disk_create, kvt_worker_attach_disk). The mirror
+ * must outlive it. */
+KVT_API int kvt_mirror_layout(const kvt_mirror *m, kvt_layout **out);
 /* Host blocks that fit in capacity_bytes for this layout: max(1, capacity / block bytes). */
 KVT_API uint32_t kvt_mirror_blocks_for(const kvt_layout *layout, uint64_t capacity_bytes);
 

@@ -61,6 +61,15 @@ KVT_API int kvt_worker_create(const kvt_worker_config *cfg, const kvt_layout *la
  * transfer fails at once, without I/O, and the engine keeps serving from its GPU. */
 KVT_API int kvt_worker_create_disk(const kvt_worker_config *cfg, const kvt_layout *layout,
                                    kvt_disk *disk, kvt_worker **out);
+/* Three tiers: disk becomes the tier behind this worker's host mirror. It must have been
+ * created over kvt_mirror_layout(mirror) (its "device blocks" are the mirror's host blocks);
+ * borrowed, destroy the worker first. From then on the metadata's write-backs (host block ->
+ * slot) and promotions (slot -> host block) run on it and are reported in the worker
+ * metadata's disk_stores / disk_loads (an I/O error: completed and failed). A fatal disk
+ * error turns the third tier off: its transfers fail at once, without I/O, and the host tier
+ * keeps working. KVT_EINVAL if the disk's layout does not cover the mirror's blocks,
+ * KVT_ESTATE on a disk worker or a second call. */
+KVT_API int kvt_worker_attach_disk(kvt_worker *w, kvt_disk *disk);
 /* Waits for every copy, then frees the worker. */
 KVT_API void kvt_worker_destroy(kvt_worker *w);
 
@@ -89,7 +98,8 @@ KVT_API uint32_t kvt_worker_take_invalid_blocks(kvt_worker *w, uint32_t *out, ui
 KVT_API void kvt_worker_clear(kvt_worker *w);
 /* Blocks until every transfer submitted so far has finished. */
 KVT_API int kvt_worker_flush(kvt_worker *w);
-/* Load / store events submitted and not yet reported. */
+/* Load / store events submitted and not yet reported (KVT_COPY_LOAD / KVT_COPY_STORE; three
+ * tiers: 2 + KVT_COPY_LOAD promotions, 2 + KVT_COPY_STORE write-backs). */
 KVT_API uint32_t kvt_worker_pending(const kvt_worker *w, int dir);
 /* The worker's copy engine (backend kind, outstanding counts); NULL for a disk worker. */
 KVT_API kvt_copy *kvt_worker_copy(kvt_worker *w);

@@ -150,3 +150,17 @@ bool kvt_mirror_pinned(const kvt_mirror *m)
 {
     return m->pinned;
 }
+
+int kvt_mirror_layout(const kvt_mirror *m, kvt_layout **out)
+{
+    if (!m || !out)
+        return kvt_fail(KVT_EINVAL, "mirror: layout: NULL argument");
+    int rc = kvt_layout_create(KVT_HOST_DEVICE, m->num_blocks, out);
+    for (uint32_t i = 0; !rc && i < m->n_regions; i++)
+        rc = kvt_layout_add_region(*out, m->regions[i].base, m->regions[i].block_bytes);
+    if (rc) {
+        kvt_layout_destroy(*out);
+        *out = NULL;
+    }
+    return rc;
+}

@@ -600,6 +600,11 @@ uint64_t kvt_disk_slot_bytes(const kvt_disk *d)
     return d->slot_bytes;
 }
 
+const kvt_layout *kvt_disk_layout(const kvt_disk *d)
+{
+    return d->layout;
+}
+
 const char *kvt_disk_path(const kvt_disk *d)
 {
     return d->path;

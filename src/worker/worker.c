@@ -19,6 +19,7 @@
 #include "base/util.h"
 #include "copy/copy_internal.h"
 #include "copy/cuda_api.h"
+#include "disk/disk_internal.h"
 #include "kvtier/disk.h"
 #include "kvtier/worker.h"
 
@@ -26,7 +27,16 @@ typedef struct pending_load {
     int64_t event;
     uint32_t n, cap;
     uint32_t *blocks; /* destination device blocks */
+    uint32_t n_inv, cap_inv;
+    uint32_t *inv; /* of which the manager declared invalid (failed promotions) */
 } pending_load;
+
+/* Three tiers: the disk events of one direction, submitted and not yet reported. */
+typedef struct ev_fifo {
+    int64_t *ev;
+    uint32_t n, cap;
+    int64_t last;
+} ev_fifo;
 
 struct kvt_worker {
     kvt_worker_config cfg;
@@ -51,6 +61,11 @@ struct kvt_worker {
     uint32_t *invalid;
     uint32_t n_invalid, cap_invalid;
     kvt_CUevent compute_done; /* CUDA backend only */
+    /* three tiers */
+    const kvt_mirror *mirror;
+    kvt_disk *tier3;    /* borrowed */
+    bool tier3_dead;    /* fatal disk error: write-backs and promotions fail without I/O */
+    ev_fifo disk_ev[2]; /* indexed by KVT_COPY_LOAD (promotions) / KVT_COPY_STORE (writes) */
 };
 
 void kvt_worker_config_init(kvt_worker_config *cfg)
@@ -69,7 +84,9 @@ int kvt_worker_create(const kvt_worker_config *cfg, const kvt_layout *layout,
     w->cfg = *cfg;
     w->layout = layout;
     w->host_blocks = mirror->num_blocks;
+    w->mirror = mirror;
     w->last_load = w->last_store = -1;
+    w->disk_ev[0].last = w->disk_ev[1].last = -1;
     kvt_offload_worker_meta_init(&w->done);
     int rc = kvt_copy_create(&cfg->copy, layout, mirror, &w->copy);
     if (!rc && kvt_copy_backend_kind(w->copy) == KVT_BACKEND_CUDA) {
@@ -106,6 +123,28 @@ int kvt_worker_create_disk(const kvt_worker_config *cfg, const kvt_layout *layou
     return 0;
 }
 
+int kvt_worker_attach_disk(kvt_worker *w, kvt_disk *disk)
+{
+    if (!w || !disk)
+        return kvt_fail(KVT_EINVAL, "worker: attach_disk: NULL argument");
+    if (!w->copy || w->tier3)
+        return kvt_fail(KVT_ESTATE, "worker %u: attach_disk: %s", w->cfg.rank,
+                        w->tier3 ? "a disk is already attached" : "a disk worker has no host tier");
+    const kvt_layout *l = kvt_disk_layout(disk);
+    bool same = l->device == KVT_HOST_DEVICE && l->num_blocks == w->mirror->num_blocks &&
+                l->n_regions == w->mirror->n_regions;
+    for (uint32_t i = 0; same && i < l->n_regions; i++)
+        same = l->regions[i].base == w->mirror->regions[i].base &&
+               l->regions[i].block_bytes == w->mirror->regions[i].block_bytes;
+    if (!same)
+        return kvt_fail(KVT_EINVAL,
+                        "worker %u: attach_disk: the disk's layout is not the host mirror's "
+                        "(create it over kvt_mirror_layout)",
+                        w->cfg.rank);
+    w->tier3 = disk;
+    return 0;
+}
+
 void kvt_worker_destroy(kvt_worker *w)
 {
     if (!w)
@@ -113,11 +152,17 @@ void kvt_worker_destroy(kvt_worker *w)
     kvt_copy_destroy(w->copy);
     if (w->disk)
         kvt_disk_flush(w->disk);
+    if (w->tier3)
+        kvt_disk_flush(w->tier3);
+    for (int i = 0; i < 2; i++)
+        free(w->disk_ev[i].ev);
     free(w->fev);
     if (w->compute_done)
         kvt_cuda()->EventDestroy(w->compute_done);
-    for (uint32_t i = 0; i < w->cap_loads; i++)
+    for (uint32_t i = 0; i < w->cap_loads; i++) {
         free(w->loads[i].blocks);
+        free(w->loads[i].inv);
+    }
     free(w->loads);
     free(w->stores);
     free(w->fin);
@@ -156,8 +201,35 @@ int kvt_worker_bind(kvt_worker *w, const kvt_offload_meta *meta)
     if ((rc = check_ids(w, "load device", meta->load_gpu_blocks, meta->n_loads, dev)) ||
         (rc = check_ids(w, "load host", meta->load_cpu_blocks, meta->n_loads, host)) ||
         (rc = check_ids(w, "store device", meta->store_gpu_blocks, meta->n_stores, dev)) ||
-        (rc = check_ids(w, "store host", meta->store_cpu_blocks, meta->n_stores, host)))
+        (rc = check_ids(w, "store host", meta->store_cpu_blocks, meta->n_stores, host)) ||
+        (rc = check_ids(w, "invalid load device", meta->load_invalid_blocks, meta->n_load_invalid,
+                        dev)))
         return rc;
+    if ((meta->n_disk_loads || meta->n_disk_stores) && !w->tier3)
+        return kvt_fail(KVT_EINVAL,
+                        "worker %u: the metadata moves blocks to or from disk but no disk is "
+                        "attached (kvt_worker_attach_disk)",
+                        w->cfg.rank);
+    if (w->tier3) {
+        uint32_t slots = kvt_disk_num_slots(w->tier3);
+        if ((rc = check_ids(w, "promotion slot", meta->disk_load_slots, meta->n_disk_loads,
+                            slots)) ||
+            (rc = check_ids(w, "promotion host", meta->disk_load_host_blocks, meta->n_disk_loads,
+                            host)) ||
+            (rc = check_ids(w, "write-back host", meta->disk_store_host_blocks, meta->n_disk_stores,
+                            host)) ||
+            (rc = check_ids(w, "write-back slot", meta->disk_store_slots, meta->n_disk_stores,
+                            slots)))
+            return rc;
+        int64_t ev[2];
+        ev[KVT_COPY_LOAD] = meta->disk_load_event;
+        ev[KVT_COPY_STORE] = meta->disk_store_event;
+        for (int d = 0; d < 2; d++)
+            if (ev[d] != KVT_NO_EVENT && ev[d] <= w->disk_ev[d].last)
+                return kvt_fail(KVT_EINVAL, "worker %u: disk %s event %lld not above %lld",
+                                w->cfg.rank, d == KVT_COPY_LOAD ? "load" : "store",
+                                (long long)ev[d], (long long)w->disk_ev[d].last);
+    }
     if (meta->load_event != KVT_NO_EVENT && meta->load_event <= w->last_load)
         return kvt_fail(KVT_EINVAL, "worker %u: load event %lld not above %lld", w->cfg.rank,
                         (long long)meta->load_event, (long long)w->last_load);
@@ -192,8 +264,19 @@ static void kill_tier(kvt_worker *w)
     w->tier_dead = true;
 }
 
+static void kill_tier3(kvt_worker *w)
+{
+    if (!w->tier3_dead)
+        KVT_LOG_E("worker %u: %s; the disk tier is off (write-backs and promotions fail) until "
+                  "restart",
+                  w->cfg.rank, kvt_last_error());
+    w->tier3_dead = true;
+}
+
 int kvt_worker_flush(kvt_worker *w)
 {
+    if (w->tier3 && !w->tier3_dead && kvt_disk_flush(w->tier3) == KVT_EIO)
+        kill_tier3(w);
     if (w->copy)
         return kvt_copy_flush(w->copy);
     if (!w->tier_dead && kvt_disk_flush(w->disk) == KVT_EIO)
@@ -269,11 +352,35 @@ static int compute_point(kvt_worker *w, void *stream, void **wait)
     return 0;
 }
 
+/* Three tiers: a promotion (slots -> host blocks) or a write-back (host blocks -> slots). The
+ * manager issues one only after everything it depends on completed on every rank (a
+ * write-back reads a host block whose store all ranks reported; a promoted block is loaded to
+ * the GPU only after all ranks reported the promotion), so it needs no wait event. */
+static int submit_disk(kvt_worker *w, int dir, int64_t event, const uint32_t *src,
+                       const uint32_t *dst, uint32_t n)
+{
+    ev_fifo *f = &w->disk_ev[dir];
+    int rc = grow((void **)&f->ev, &f->cap, f->n + 1ull, sizeof(int64_t), false);
+    if (rc)
+        return rc;
+    if (!w->tier3_dead) {
+        rc = kvt_disk_submit(w->tier3, dir, event, src, dst, n, NULL);
+        if (rc == KVT_EIO)
+            kill_tier3(w);
+        else if (rc)
+            return kvt_fail_wrap(rc, "worker: disk");
+    }
+    f->ev[f->n++] = event;
+    f->last = event;
+    return 0;
+}
+
 static int submit(kvt_worker *w, void *stream)
 {
     const kvt_offload_meta *m = w->meta;
     w->submitted = true;
-    if (m->load_event == KVT_NO_EVENT && m->store_event == KVT_NO_EVENT)
+    if (m->load_event == KVT_NO_EVENT && m->store_event == KVT_NO_EVENT &&
+        m->disk_load_event == KVT_NO_EVENT && m->disk_store_event == KVT_NO_EVENT)
         return 0;
     void *wait;
     int rc = compute_point(w, stream, &wait);
@@ -291,6 +398,14 @@ static int submit(kvt_worker *w, void *stream)
             return kvt_fail_wrap(rc, "worker: load");
         memcpy(p->blocks, m->load_gpu_blocks, m->n_loads * sizeof(uint32_t));
         p->n = m->n_loads;
+        p->n_inv = 0;
+        if (m->n_load_invalid &&
+            (rc = grow((void **)&p->inv, &p->cap_inv, m->n_load_invalid, sizeof(uint32_t), false)))
+            return rc;
+        if (m->n_load_invalid) {
+            memcpy(p->inv, m->load_invalid_blocks, m->n_load_invalid * sizeof(uint32_t));
+            p->n_inv = m->n_load_invalid;
+        }
         p->event = m->load_event;
         w->n_loads++;
         w->last_load = m->load_event;
@@ -305,6 +420,14 @@ static int submit(kvt_worker *w, void *stream)
         w->stores[w->n_stores++] = m->store_event;
         w->last_store = m->store_event;
     }
+    if (m->disk_load_event != KVT_NO_EVENT &&
+        (rc = submit_disk(w, KVT_COPY_LOAD, m->disk_load_event, m->disk_load_slots,
+                          m->disk_load_host_blocks, m->n_disk_loads)))
+        return rc;
+    if (m->disk_store_event != KVT_NO_EVENT &&
+        (rc = submit_disk(w, KVT_COPY_STORE, m->disk_store_event, m->disk_store_host_blocks,
+                          m->disk_store_slots, m->n_disk_stores)))
+        return rc;
     return 0;
 }
 
@@ -363,6 +486,14 @@ static int poll_loads(kvt_worker *w)
     for (; k < w->n_loads && w->loads[k].event <= hwm; k++) {
         pending_load *p = &w->loads[k];
         int rc = add_finished_reqs(w, p->event);
+        if (!rc && p->n_inv) { /* failed promotions: invalid whatever the copy did */
+            rc = grow((void **)&w->invalid, &w->cap_invalid, (uint64_t)w->n_invalid + p->n_inv,
+                      sizeof(uint32_t), false);
+            if (!rc) {
+                memcpy(w->invalid + w->n_invalid, p->inv, p->n_inv * sizeof(uint32_t));
+                w->n_invalid += p->n_inv;
+            }
+        }
         if (!rc && (w->tier_dead || event_in(failed, n_failed, p->event))) {
             rc = grow((void **)&w->invalid, &w->cap_invalid, (uint64_t)w->n_invalid + p->n,
                       sizeof(uint32_t), false);
@@ -413,6 +544,50 @@ static int poll_stores(kvt_worker *w)
     return 0;
 }
 
+/* Three tiers: reports the write-backs / promotions of one direction that finished. */
+static int poll_disk(kvt_worker *w, int dir)
+{
+    ev_fifo *f = &w->disk_ev[dir];
+    if (f->n == 0)
+        return 0;
+    int64_t hwm = INT64_MAX;
+    if (!w->tier3_dead && kvt_disk_poll(w->tier3, dir, &hwm) == KVT_EIO)
+        kill_tier3(w);
+    if (w->tier3_dead)
+        hwm = INT64_MAX;
+    uint32_t n_failed = 0;
+    for (;;) { /* every failed event, none dropped */
+        int rc =
+            grow((void **)&w->fev, &w->cap_fev, (uint64_t)n_failed + 64, sizeof(int64_t), false);
+        if (rc)
+            return rc;
+        uint32_t got = w->tier3_dead ? 0
+                       : dir == KVT_COPY_STORE
+                           ? kvt_disk_take_failed(w->tier3, w->fev + n_failed, 64)
+                           : kvt_disk_take_failed_loads(w->tier3, w->fev + n_failed, 64);
+        n_failed += got;
+        if (got < 64)
+            break;
+    }
+    if (dir == KVT_COPY_LOAD && !w->tier3_dead) { /* per-block failures: the event says it */
+        uint32_t sink[256];
+        while (kvt_disk_take_invalid_blocks(w->tier3, sink, 256) == 256)
+            ;
+    }
+    kvt_event_report *rep = dir == KVT_COPY_STORE ? &w->done.disk_stores : &w->done.disk_loads;
+    uint32_t k = 0;
+    for (; k < f->n && f->ev[k] <= hwm; k++) {
+        int rc = kvt_event_report_add(rep, f->ev[k], 1);
+        if (!rc && (w->tier3_dead || event_in(w->fev, n_failed, f->ev[k])))
+            rc = kvt_event_report_add_failed(rep, f->ev[k]);
+        if (rc)
+            return rc;
+    }
+    memmove(f->ev, f->ev + k, (f->n - k) * sizeof(int64_t));
+    f->n -= k;
+    return 0;
+}
+
 int kvt_worker_get_finished(kvt_worker *w, void *compute_stream, const kvt_str **reqs, uint32_t *n)
 {
     *reqs = NULL;
@@ -428,6 +603,10 @@ int kvt_worker_get_finished(kvt_worker *w, void *compute_stream, const kvt_str *
         rc = poll_loads(w);
     if (!rc)
         rc = poll_stores(w);
+    if (!rc && w->tier3)
+        rc = poll_disk(w, KVT_COPY_STORE);
+    if (!rc && w->tier3)
+        rc = poll_disk(w, KVT_COPY_LOAD);
     if (rc)
         return rc;
     *reqs = w->fin;
@@ -458,7 +637,11 @@ uint32_t kvt_worker_take_invalid_blocks(kvt_worker *w, uint32_t *out, uint32_t c
 
 uint32_t kvt_worker_pending(const kvt_worker *w, int dir)
 {
-    return dir == KVT_COPY_LOAD ? w->n_loads : dir == KVT_COPY_STORE ? w->n_stores : 0;
+    if (dir == KVT_COPY_LOAD || dir == KVT_COPY_STORE)
+        return dir == KVT_COPY_LOAD ? w->n_loads : w->n_stores;
+    if (dir == 2 + KVT_COPY_LOAD || dir == 2 + KVT_COPY_STORE)
+        return w->disk_ev[dir - 2].n;
+    return 0;
 }
 
 kvt_copy *kvt_worker_copy(kvt_worker *w)

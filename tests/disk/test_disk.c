@@ -500,6 +500,147 @@ static void test_worker_disk_failures(void **state)
     rig_close(&g);
 }
 
+static void fill_host(const kvt_mirror *mi, uint32_t h, unsigned char v)
+{
+    const kvt_region *r = kvt_mirror_regions(mi);
+    for (uint32_t i = 0; i < kvt_mirror_num_regions(mi); i++)
+        memset((unsigned char *)(uintptr_t)(r[i].base + h * r[i].block_bytes), v, r[i].block_bytes);
+}
+
+/* Three tiers on one worker: GPU -> host mirror -> disk slots and back, byte for byte; the
+ * manager's invalid load destinations reported; a failed promotion and a fatal disk error
+ * reported per event while the host tier keeps working; misuse refused. */
+static void test_worker_three_tiers(void **state)
+{
+    (void)state;
+    drig g; /* its "device" memory and layout; its own disk is the wrong one to attach */
+    if (!rig_open_as(&g, false, 2, 32, true) && !rig_open_as(&g, true, 2, 32, true))
+        fail();
+    kvt_mirror_config mc;
+    kvt_mirror_config_init(&mc);
+    mc.host_blocks = 16;
+    kvt_mirror *mi;
+    KVT_OK_(kvt_mirror_create(&mc, g.layout, &mi));
+    kvt_layout *ml;
+    KVT_OK_(kvt_mirror_layout(mi, &ml));
+    assert_int_equal(kvt_layout_num_blocks(ml), 16);
+    assert_int_equal(kvt_layout_num_regions(ml), 3);
+    kvt_disk_config dc;
+    kvt_disk_config_init(&dc);
+    char base[300];
+    snprintf(base, sizeof(base), "%s/three", g_dir);
+    dc.path = base;
+    dc.page_cache = true;
+    dc.capacity_bytes = 16 * (8192 + 4096 + 4096);
+    kvt_disk *d;
+    KVT_OK_(kvt_disk_create(&dc, ml, &d));
+    uint32_t which[2] = {UINT32_MAX, UINT32_MAX};
+    kvt_disk_set_fault(d, fault_slot, which);
+    kvt_worker_config wc;
+    kvt_worker_config_init(&wc);
+    wc.copy.threads = 1;
+    kvt_worker *w, *dw;
+    KVT_OK_(kvt_worker_create(&wc, g.layout, mi, &w));
+    kvt_offload_meta m;
+    kvt_offload_meta_init(&m);
+    kvt_offload_worker_meta wm;
+    kvt_offload_worker_meta_init(&wm);
+    const kvt_str *reqs;
+    /* metadata with disk lists needs an attached disk */
+    m.disk_store_event = 0;
+    KVT_OK_(kvt_offload_meta_add_disk_store(&m, 1, 1));
+    KVT_ERR_(kvt_worker_bind(w, &m), KVT_EINVAL);
+    /* the disk must be over the mirror's layout; one disk per worker; not on a disk worker */
+    KVT_ERR_(kvt_worker_attach_disk(w, g.disk), KVT_EINVAL);
+    KVT_OK_(kvt_worker_attach_disk(w, d));
+    KVT_ERR_(kvt_worker_attach_disk(w, d), KVT_ESTATE);
+    KVT_OK_(kvt_worker_create_disk(&wc, g.layout, g.disk, &dw));
+    KVT_ERR_(kvt_worker_attach_disk(dw, d), KVT_ESTATE);
+    kvt_worker_destroy(dw);
+    /* GPU 1..3 -> host 1..3 */
+    kvt_offload_meta_clear(&m);
+    for (uint32_t b = 1; b <= 3; b++)
+        fill(&g, b, 100 + b);
+    m.store_event = 0;
+    for (uint32_t b = 1; b <= 3; b++)
+        KVT_OK_(kvt_offload_meta_add_store(&m, b, b));
+    worker_step(w, &m, &wm, &reqs);
+    kvt_worker_clear(w);
+    assert_int_equal(wm.stores.n_completed, 1);
+    /* host 1..3 -> slots 4..6 */
+    kvt_offload_meta_clear(&m);
+    m.disk_store_event = 0;
+    for (uint32_t b = 1; b <= 3; b++)
+        KVT_OK_(kvt_offload_meta_add_disk_store(&m, b, 3 + b));
+    worker_step(w, &m, &wm, &reqs);
+    kvt_worker_clear(w);
+    assert_int_equal(wm.disk_stores.n_completed, 1);
+    assert_int_equal(wm.disk_stores.n_failed, 0);
+    assert_int_equal(wm.stores.n_completed, 0);
+    for (uint32_t h = 1; h <= 3; h++) /* the host tier forgets them */
+        fill_host(mi, h, 0xEE);
+    /* slots 4..6 -> host 7..9, then host 7..9 -> GPU 10..12 with 12 declared invalid */
+    kvt_offload_meta_clear(&m);
+    m.disk_load_event = 0;
+    for (uint32_t b = 1; b <= 3; b++)
+        KVT_OK_(kvt_offload_meta_add_disk_load(&m, 3 + b, 6 + b));
+    worker_step(w, &m, &wm, &reqs);
+    kvt_worker_clear(w);
+    assert_int_equal(wm.disk_loads.n_completed, 1);
+    assert_int_equal(wm.disk_loads.n_failed, 0);
+    kvt_offload_meta_clear(&m);
+    m.load_event = 0;
+    for (uint32_t b = 1; b <= 3; b++)
+        KVT_OK_(kvt_offload_meta_add_load(&m, 9 + b, 6 + b));
+    KVT_OK_(kvt_offload_meta_add_load_req(&m, 0, "r", 1));
+    KVT_OK_(kvt_offload_meta_add_load_invalid(&m, 12));
+    assert_int_equal(worker_step(w, &m, &wm, &reqs), 1);
+    kvt_worker_clear(w);
+    for (uint32_t b = 1; b <= 3; b++)
+        expect(&g, 9 + b, 100 + b); /* three tiers there and back */
+    uint32_t inv[8];
+    assert_int_equal(kvt_worker_take_invalid_blocks(w, inv, 8), 1);
+    assert_int_equal(inv[0], 12);
+    /* a promotion from slot 5 fails: that event is reported failed, nothing is invalid */
+    which[0] = 5;
+    kvt_offload_meta_clear(&m);
+    m.disk_load_event = 1;
+    KVT_OK_(kvt_offload_meta_add_disk_load(&m, 4, 10));
+    KVT_OK_(kvt_offload_meta_add_disk_load(&m, 5, 11));
+    worker_step(w, &m, &wm, &reqs);
+    kvt_worker_clear(w);
+    assert_true(kvt_event_report_failed(&wm.disk_loads, 1));
+    assert_int_equal(kvt_worker_take_invalid_blocks(w, inv, 8), 0);
+    /* a fatal error on a write-back turns the third tier off; the host tier keeps working */
+    which[1] = 6;
+    kvt_offload_meta_clear(&m);
+    m.disk_store_event = 1;
+    KVT_OK_(kvt_offload_meta_add_disk_store(&m, 1, 6));
+    worker_step(w, &m, &wm, &reqs);
+    kvt_worker_clear(w);
+    assert_true(kvt_event_report_failed(&wm.disk_stores, 1));
+    kvt_offload_meta_clear(&m);
+    m.disk_load_event = 2;
+    KVT_OK_(kvt_offload_meta_add_disk_load(&m, 4, 12));
+    m.store_event = 1;
+    fill(&g, 5, 555);
+    KVT_OK_(kvt_offload_meta_add_store(&m, 5, 13));
+    worker_step(w, &m, &wm, &reqs);
+    kvt_worker_clear(w);
+    assert_true(kvt_event_report_failed(&wm.disk_loads, 2));
+    assert_int_equal(wm.stores.n_completed, 1);
+    assert_int_equal(wm.stores.n_failed, 0);
+    assert_int_equal(kvt_worker_pending(w, 2 + KVT_COPY_LOAD), 0);
+    assert_int_equal(kvt_worker_pending(w, 2 + KVT_COPY_STORE), 0);
+    kvt_worker_destroy(w);
+    kvt_disk_destroy(d);
+    kvt_layout_destroy(ml);
+    kvt_mirror_destroy(mi);
+    kvt_offload_meta_release(&m);
+    kvt_offload_worker_meta_release(&wm);
+    rig_close(&g);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -512,6 +653,7 @@ int main(void)
         cmocka_unit_test(test_fatal_is_sticky),
         cmocka_unit_test(test_worker_on_disk),
         cmocka_unit_test(test_worker_disk_failures),
+        cmocka_unit_test(test_worker_three_tiers),
     };
     return cmocka_run_group_tests(tests, make_dir, remove_dir);
 }

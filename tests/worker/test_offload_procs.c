@@ -11,6 +11,10 @@
  * produce; when a load's request is reported finished, the worker checks every byte of every
  * region of those blocks and fails the step on the first mismatch. At the end each worker
  * writes how many blocks it verified; the test requires that every expected block was.
+ *
+ * Three modes: the tier in host memory, on each worker's disk file (disk as the tier), and
+ * three tiers (host memory backed by the disk file: write-backs and promotions, so loads
+ * also bring back blocks the host tier evicted).
  */
 #include <errno.h>
 #include <stdint.h>
@@ -30,10 +34,14 @@
 #define TIMEOUT_MS  30000
 #define N_PROMPTS   14
 
-static char g_dir[64];
-static bool g_disk; /* the tier is each worker's disk file instead of host memory */
+#define DISK_SLOTS 128 /* three tiers: every prompt fits on disk */
 
-/* Rank 1's disk cannot write slot 7: every store event that uses it fails on that rank. */
+enum { MODE_HOST, MODE_DISK, MODE_THREE };
+static char g_dir[64];
+static int g_mode;
+
+/* Rank 1's disk cannot write slot 7: every store event (three tiers: write-back) that uses
+ * it fails on that rank. */
 static int fail_slot_7(void *ctx, int dir, uint32_t slot, int res)
 {
     (void)ctx;
@@ -69,6 +77,7 @@ typedef struct wproc {
     unsigned char *kv, *mla;
     kvt_layout *layout;
     kvt_mirror *mirror;
+    kvt_layout *mlayout; /* three tiers: the mirror's host arrays, the disk's layout */
     kvt_disk *disk;
     kvt_worker *w;
     kvt_link_worker *link;
@@ -186,7 +195,15 @@ static int worker_main(uint32_t rank, const char *endpoint)
     wc.rank = rank;
     wc.copy.threads = 2;
     wc.copy.chunk_bytes = 4096;
-    if (g_disk) {
+    if (g_mode != MODE_DISK) {
+        kvt_mirror_config mc;
+        kvt_mirror_config_init(&mc);
+        mc.host_blocks = host_blocks;
+        if (kvt_mirror_create(&mc, p.layout, &p.mirror) ||
+            kvt_worker_create(&wc, p.layout, p.mirror, &p.w))
+            return 12;
+    }
+    if (g_mode != MODE_HOST) {
         char base[128];
         snprintf(base, sizeof(base), "%s/kv", g_dir);
         kvt_disk_config dc;
@@ -194,27 +211,28 @@ static int worker_main(uint32_t rank, const char *endpoint)
         dc.path = base;
         dc.rank = rank;
         dc.queue_depth = 4;
+        uint32_t slots = g_mode == MODE_DISK ? host_blocks : DISK_SLOTS;
+        const kvt_layout *dl = p.layout;
+        if (g_mode == MODE_THREE && kvt_mirror_layout(p.mirror, &p.mlayout))
+            return 18;
+        if (g_mode == MODE_THREE)
+            dl = p.mlayout;
         uint64_t bpb = 2 * KV_BPB + MLA_BPB;
-        dc.capacity_bytes = host_blocks * ((bpb + 4095) / 4096 * 4096);
-        int rc = kvt_disk_create(&dc, p.layout, &p.disk);
+        dc.capacity_bytes = slots * ((bpb + 4095) / 4096 * 4096);
+        int rc = kvt_disk_create(&dc, dl, &p.disk);
         if (rc == KVT_ESYS && strstr(kvt_last_error(), "O_DIRECT")) {
             dc.page_cache = true;
-            dc.capacity_bytes = host_blocks * bpb;
-            rc = kvt_disk_create(&dc, p.layout, &p.disk);
+            dc.capacity_bytes = slots * bpb;
+            rc = kvt_disk_create(&dc, dl, &p.disk);
         }
-        if (rc || kvt_disk_num_slots(p.disk) != host_blocks)
+        if (rc || kvt_disk_num_slots(p.disk) != slots)
             return 16;
         if (rank == 1)
             kvt_disk_set_fault(p.disk, fail_slot_7, NULL);
-        if (kvt_worker_create_disk(&wc, p.layout, p.disk, &p.w))
+        rc = g_mode == MODE_DISK ? kvt_worker_create_disk(&wc, p.layout, p.disk, &p.w)
+                                 : kvt_worker_attach_disk(p.w, p.disk);
+        if (rc)
             return 17;
-    } else {
-        kvt_mirror_config mc;
-        kvt_mirror_config_init(&mc);
-        mc.host_blocks = host_blocks;
-        if (kvt_mirror_create(&mc, p.layout, &p.mirror) ||
-            kvt_worker_create(&wc, p.layout, p.mirror, &p.w))
-            return 12;
     }
     if (kvt_link_worker_create(endpoint, rank, WORLD, host_blocks, &p.link))
         return 12;
@@ -265,6 +283,7 @@ static int worker_main(uint32_t rank, const char *endpoint)
     kvt_link_worker_destroy(p.link);
     kvt_worker_destroy(p.w);
     kvt_disk_destroy(p.disk);
+    kvt_layout_destroy(p.mlayout);
     kvt_mirror_destroy(p.mirror);
     kvt_layout_destroy(p.layout);
     kvt_offload_meta_release(&meta);
@@ -416,7 +435,8 @@ static void run_scheduler(engine *e, const char *endpoint)
     uint32_t host_blocks;
     KVT_OK_(kvt_link_sched_accept(e->link, TIMEOUT_MS, &host_blocks));
     assert_int_equal(host_blocks, HOST_BLOCKS - 2 * (WORLD - 1));
-    sim_init(&e->s, GPU_BLOCKS, HOST_BLOCKS, false, WORLD, 8192);
+    sim_init3(&e->s, GPU_BLOCKS, HOST_BLOCKS, false, WORLD, 8192,
+              g_mode == MODE_THREE ? DISK_SLOTS : 0);
     KVT_OK_(kvt_offload_lower_host_blocks(e->s.m, host_blocks));
     e->computes = e->cbuf;
     e->expects = e->ebuf;
@@ -435,7 +455,9 @@ static void run_scheduler(engine *e, const char *endpoint)
         /* the GPU forgets everything, so hits come from the host tier */
         KVT_OK_(kvt_pool_reset_prefix_cache(e->s.gpu));
         uint32_t hits = 0;
-        for (uint32_t i = N_PROMPTS; i-- > N_PROMPTS / 2;) {
+        /* (three tiers: the older half too, which only the disk still holds) */
+        uint32_t lowest = g_mode == MODE_THREE ? 0 : N_PROMPTS / 2;
+        for (uint32_t i = N_PROMPTS; i-- > lowest;) {
             sim_req again;
             make_prompt(&again, i, gen);
             snprintf(again.id, sizeof(again.id), "g%u-load%u", gen, i);
@@ -468,9 +490,9 @@ static void run_scheduler(engine *e, const char *endpoint)
     KVT_OK_(kvt_link_sched_stop(e->link));
 }
 
-static void run_procs(bool disk)
+static void run_procs(int mode)
 {
-    g_disk = disk;
+    g_mode = mode;
     /* in the working directory (the build tree): a disk tier needs a real file system */
     snprintf(g_dir, sizeof(g_dir), "kvt-procs-XXXXXX");
     assert_non_null(mkdtemp(g_dir));
@@ -505,17 +527,25 @@ static void run_procs(bool disk)
         total += v;
         unlink(path);
     }
+    const char *names[] = {"host tier", "disk tier", "three tiers"};
     printf("# %s: %u steps, %llu blocks verified byte for byte across %u workers, %llu stored "
-           "blocks failed\n",
-           disk ? "disk tier" : "host tier", e.steps, (unsigned long long)total, WORLD,
-           (unsigned long long)e.stats.stores_failed);
+           "blocks failed; %llu promoted from disk, %llu written back (%llu failed)\n",
+           names[mode], e.steps, (unsigned long long)total, WORLD,
+           (unsigned long long)e.stats.stores_failed, (unsigned long long)e.stats.promotions,
+           (unsigned long long)e.stats.disk_stores_completed,
+           (unsigned long long)e.stats.disk_stores_failed);
     assert_true(total > 0);
     assert_int_equal(total, e.expected_verified);
     /* a failed write on one rank fails the event everywhere: never findable */
-    if (disk)
+    if (mode == MODE_DISK)
         assert_true(e.stats.stores_failed > 0);
     else
         assert_int_equal(e.stats.stores_failed, 0);
+    if (mode == MODE_THREE) { /* loads came back from disk; slot 7's write-backs failed */
+        assert_true(e.stats.promotions > 0);
+        assert_int_equal(e.stats.promotions_failed, 0);
+        assert_true(e.stats.disk_stores_failed > 0);
+    }
     kvt_link_sched_destroy(e.link);
     sim_fini(&e.s);
     memset(&e, 0, sizeof(e));
@@ -525,7 +555,7 @@ static void run_procs(bool disk)
 static void test_two_workers_over_ipc(void **state)
 {
     (void)state;
-    run_procs(false);
+    run_procs(MODE_HOST);
 }
 
 /* The same script with each worker's tier on its own disk file; rank 1 cannot write one
@@ -533,7 +563,16 @@ static void test_two_workers_over_ipc(void **state)
 static void test_two_disk_workers_over_ipc(void **state)
 {
     (void)state;
-    run_procs(true);
+    run_procs(MODE_DISK);
+}
+
+/* Three tiers: the host tier in memory, backed by each worker's disk file. Loads after the
+ * host tier evicted come back through promotions, verified byte for byte; rank 1 cannot
+ * write one slot, so the write-backs using it fail and are never found. */
+static void test_two_three_tier_workers_over_ipc(void **state)
+{
+    (void)state;
+    run_procs(MODE_THREE);
 }
 
 int main(void)
@@ -541,6 +580,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_two_workers_over_ipc),
         cmocka_unit_test(test_two_disk_workers_over_ipc),
+        cmocka_unit_test(test_two_three_tier_workers_over_ipc),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
