@@ -1,0 +1,354 @@
+/*
+ * Three tiers (GPU -> host -> disk), one behaviour per test: write-backs become findable on
+ * disk only when every worker reported them, a failed one never does; a disk hit is promoted
+ * before the request's single GPU load, a failed promotion is never a hit and comes back as
+ * invalid load destinations; finishing during a promotion, reset and the configuration rules.
+ */
+#include "offload/sim.h"
+
+enum { R_STORES, R_DISK_STORES, R_DISK_LOADS };
+
+static void report(sim *s, int which, int64_t ev, uint32_t ranks, bool failed)
+{
+    kvt_offload_worker_meta_clear(&s->wm);
+    kvt_event_report *r = which == R_STORES        ? &s->wm.stores
+                          : which == R_DISK_STORES ? &s->wm.disk_stores
+                                                   : &s->wm.disk_loads;
+    KVT_OK_(kvt_event_report_add(r, ev, ranks));
+    if (failed)
+        KVT_OK_(kvt_event_report_add_failed(r, ev));
+    KVT_OK_(kvt_offload_apply_output(s->m, NULL, 0, &s->wm));
+}
+
+static bool disk_has(sim *s, const sim_req *r, uint32_t block)
+{
+    uint32_t b;
+    return kvt_pool_lookup(kvt_offload_disk_pool(s->m), r->hashes + block * KVT_BLOCK_HASH_LEN, 0,
+                           &b) == 1;
+}
+
+static uint32_t host_ref(sim *s, uint32_t h)
+{
+    kvt_block_info bi;
+    KVT_OK_(kvt_pool_block_info(kvt_offload_host_pool(s->m), h, &bi));
+    return bi.ref_cnt;
+}
+
+/* Stores r to the host tier and lets its write-back complete (world 1). */
+static void store_through(sim *s, sim_req *r)
+{
+    sim_store_prompt(s, r, 1);
+    sim_build(s, false);
+    if (s->meta.disk_store_event != KVT_NO_EVENT)
+        report(s, R_DISK_STORES, s->meta.disk_store_event, 1, false);
+}
+
+/* Stores a, then other prompts until the host tier holds none of a's 4 blocks. */
+static void push_out_of_host(sim *s, sim_req *a)
+{
+    store_through(s, a);
+    for (uint32_t i = 0; i < 8 && (sim_host_has(s, a, 0) || sim_host_has(s, a, 3)); i++) {
+        sim_req o;
+        char id[16];
+        snprintf(id, sizeof(id), "o%u", i);
+        sim_req_make(&o, id, 4 * SIM_BS + 1, 50 + i, 4 * SIM_BS + 1, 50 + i);
+        store_through(s, &o);
+    }
+    for (uint32_t b = 0; b < 4; b++) {
+        assert_false(sim_host_has(s, a, b));
+        assert_true(disk_has(s, a, b));
+    }
+    KVT_OK_(kvt_pool_reset_prefix_cache(s->gpu)); /* only the disk has a now */
+}
+
+static void write_back_is_findable_on_disk_only_when_every_worker_reported(void **state)
+{
+    (void)state;
+    sim s;
+    sim_init3(&s, 64, 32, false, 2, 64, 32);
+    sim_req a;
+    sim_req_make(&a, "a", 4 * SIM_BS + 1, 1, 4 * SIM_BS + 1, 0);
+    sim_store_prompt(&s, &a, 2); /* host store completed: write-backs queued */
+    assert_true(sim_host_has(&s, &a, 0));
+    sim_build(&s, false);
+    assert_int_equal(s.meta.disk_store_event, 0);
+    assert_int_equal(s.meta.n_disk_stores, 4);
+    uint32_t h0 = s.meta.disk_store_host_blocks[0];
+    assert_int_equal(host_ref(&s, h0), 1); /* pinned until the write landed */
+    assert_false(disk_has(&s, &a, 0));
+    report(&s, R_DISK_STORES, 0, 1, false);
+    assert_false(disk_has(&s, &a, 0)); /* one of two workers */
+    report(&s, R_DISK_STORES, 0, 1, false);
+    for (uint32_t b = 0; b < 4; b++)
+        assert_true(disk_has(&s, &a, b));
+    assert_int_equal(host_ref(&s, h0), 0);
+    /* already on disk: the next host store of the same block is not written back again */
+    kvt_offload_stats st;
+    kvt_offload_get_stats(s.m, &st);
+    assert_int_equal(st.disk_stores_completed, 4);
+    assert_int_equal(st.disk_cached_blocks, 4);
+    assert_false(kvt_offload_has_pending(s.m));
+    sim_fini(&s);
+}
+
+static void failed_write_back_is_never_findable_and_releases_its_blocks(void **state)
+{
+    (void)state;
+    sim s;
+    sim_init3(&s, 64, 32, false, 1, 64, 32);
+    sim_req a;
+    sim_req_make(&a, "a", 4 * SIM_BS + 1, 1, 4 * SIM_BS + 1, 0);
+    sim_store_prompt(&s, &a, 1);
+    sim_build(&s, false);
+    uint32_t h0 = s.meta.disk_store_host_blocks[0];
+    report(&s, R_DISK_STORES, 0, 1, true);
+    for (uint32_t b = 0; b < 4; b++)
+        assert_false(disk_has(&s, &a, b));
+    assert_true(sim_host_has(&s, &a, 0)); /* the host copy is fine */
+    assert_int_equal(host_ref(&s, h0), 0);
+    kvt_offload_stats st;
+    kvt_offload_get_stats(s.m, &st);
+    assert_int_equal(st.disk_stores_failed, 4);
+    assert_int_equal(st.disk_used_blocks, 0);
+    sim_fini(&s);
+}
+
+static void disk_hit_is_promoted_before_the_single_gpu_load(void **state)
+{
+    (void)state;
+    sim s;
+    sim_init3(&s, 64, 8, false, 1, 64, 64);
+    sim_req a, b;
+    sim_req_make(&a, "a", 4 * SIM_BS + 1, 1, 4 * SIM_BS + 1, 0);
+    push_out_of_host(&s, &a);
+    sim_req_make(&b, "b", 4 * SIM_BS + 1, 1, 4 * SIM_BS + 1, 0);
+    assert_int_equal(sim_admit(&s, &b, UINT32_MAX), 4 * SIM_BS);
+    sim_build(&s, false);
+    assert_int_equal(s.meta.load_event, KVT_NO_EVENT); /* waits for the promotion */
+    assert_int_equal(s.meta.disk_load_event, 0);
+    assert_int_equal(s.meta.n_disk_loads, 4);
+    uint32_t hosts[4];
+    memcpy(hosts, s.meta.disk_load_host_blocks, sizeof(hosts));
+    assert_false(sim_host_has(&s, &b, 0)); /* not findable before the promotion landed */
+    sim_build(&s, false);
+    assert_int_equal(s.meta.load_event, KVT_NO_EVENT);
+    report(&s, R_DISK_LOADS, 0, 1, false);
+    for (uint32_t i = 0; i < 4; i++)
+        assert_true(sim_host_has(&s, &b, i));
+    sim_build(&s, false);
+    assert_int_equal(s.meta.load_event, 0);
+    assert_int_equal(s.meta.n_loads, 4);
+    assert_int_equal(s.meta.n_load_invalid, 0);
+    for (uint32_t i = 0; i < 4; i++) {
+        assert_int_equal(s.meta.load_gpu_blocks[i], b.blocks[i]);
+        assert_int_equal(s.meta.load_cpu_blocks[i], hosts[i]);
+    }
+    assert_string_equal(s.meta.load_req_ids[0].ptr, "b");
+    sim_report_load(&s, &b);
+    sim_finish(&s, &b);
+    kvt_offload_stats st;
+    kvt_offload_get_stats(s.m, &st);
+    assert_int_equal(st.promotions, 4);
+    assert_int_equal(st.disk_hit_tokens, 4 * SIM_BS);
+    assert_int_equal(st.disk_used_blocks, 0);
+    assert_false(kvt_offload_has_pending(s.m));
+    sim_fini(&s);
+}
+
+static void failed_promotion_is_never_a_hit_and_its_blocks_come_back_invalid(void **state)
+{
+    (void)state;
+    sim s;
+    sim_init3(&s, 64, 8, false, 1, 64, 64);
+    sim_req a, b;
+    sim_req_make(&a, "a", 4 * SIM_BS + 1, 1, 4 * SIM_BS + 1, 0);
+    push_out_of_host(&s, &a);
+    sim_req_make(&b, "b", 4 * SIM_BS + 1, 1, 4 * SIM_BS + 1, 0);
+    assert_int_equal(sim_admit(&s, &b, UINT32_MAX), 4 * SIM_BS);
+    sim_build(&s, false);
+    report(&s, R_DISK_LOADS, 0, 1, true);
+    for (uint32_t i = 0; i < 4; i++)
+        assert_false(sim_host_has(&s, &b, i));
+    sim_build(&s, false);
+    assert_int_equal(s.meta.load_event, 0); /* the load still runs: one event per request */
+    assert_int_equal(s.meta.n_load_invalid, 4);
+    for (uint32_t i = 0; i < 4; i++)
+        assert_int_equal(s.meta.load_invalid_blocks[i], b.blocks[i]);
+    sim_report_load(&s, &b);
+    sim_finish(&s, &b);
+    kvt_offload_stats st;
+    kvt_offload_get_stats(s.m, &st);
+    assert_int_equal(st.promotions_failed, 4);
+    assert_int_equal(st.promotions, 0);
+    for (uint32_t i = 0; i < 4; i++)
+        assert_true(disk_has(&s, &a, i)); /* the disk copy is still there */
+    assert_false(kvt_offload_has_pending(s.m));
+    sim_fini(&s);
+}
+
+static void host_hit_continues_on_disk(void **state)
+{
+    (void)state;
+    sim s;
+    sim_init3(&s, 64, 8, false, 1, 64, 64);
+    sim_req a, b, c;
+    sim_req_make(&a, "a", 4 * SIM_BS + 1, 1, 4 * SIM_BS + 1, 0);
+    push_out_of_host(&s, &a);
+    /* bring a's first two blocks back to the host tier: a prompt of exactly those */
+    sim_req_make(&b, "b", 2 * SIM_BS + 1, 1, 2 * SIM_BS, 9);
+    assert_int_equal(sim_admit(&s, &b, UINT32_MAX), 2 * SIM_BS);
+    sim_build(&s, false);
+    report(&s, R_DISK_LOADS, s.meta.disk_load_event, 1, false);
+    sim_build(&s, false);
+    sim_report_load(&s, &b);
+    sim_finish(&s, &b);
+    KVT_OK_(kvt_pool_reset_prefix_cache(s.gpu));
+    assert_true(sim_host_has(&s, &a, 1));
+    assert_false(sim_host_has(&s, &a, 2));
+    /* the whole prompt: two blocks from the host tier, two promoted, one GPU load */
+    sim_req_make(&c, "c", 4 * SIM_BS + 1, 1, 4 * SIM_BS + 1, 0);
+    assert_int_equal(sim_admit(&s, &c, UINT32_MAX), 4 * SIM_BS);
+    sim_build(&s, false);
+    assert_int_equal(s.meta.n_disk_loads, 2);
+    assert_int_equal(s.meta.load_event, KVT_NO_EVENT);
+    report(&s, R_DISK_LOADS, s.meta.disk_load_event, 1, false);
+    sim_build(&s, false);
+    assert_int_equal(s.meta.n_loads, 4);
+    sim_report_load(&s, &c);
+    sim_finish(&s, &c);
+    assert_false(kvt_offload_has_pending(s.m));
+    sim_fini(&s);
+}
+
+static void finishing_during_a_promotion_releases_everything_when_it_lands(void **state)
+{
+    (void)state;
+    sim s;
+    sim_init3(&s, 64, 8, false, 1, 64, 64);
+    sim_req a, b;
+    sim_req_make(&a, "a", 4 * SIM_BS + 1, 1, 4 * SIM_BS + 1, 0);
+    push_out_of_host(&s, &a);
+    sim_req_make(&b, "b", 4 * SIM_BS + 1, 1, 4 * SIM_BS + 1, 0);
+    sim_admit(&s, &b, UINT32_MAX);
+    sim_build(&s, false);
+    uint32_t gpu0 = b.blocks[0];
+    sim_finish(&s, &b); /* the engine frees its GPU blocks; the manager still holds them */
+    assert_int_equal(sim_gpu_ref(&s, gpu0), 1);
+    assert_true(kvt_offload_has_pending(s.m));
+    report(&s, R_DISK_LOADS, 0, 1, false);
+    assert_int_equal(sim_gpu_ref(&s, gpu0), 0);
+    sim_build(&s, false);
+    assert_int_equal(s.meta.load_event, KVT_NO_EVENT); /* nobody waits for it */
+    assert_true(sim_host_has(&s, &b, 0));              /* but the promotion is kept */
+    kvt_offload_stats st;
+    kvt_offload_get_stats(s.m, &st);
+    assert_int_equal(st.requests, 0);
+    assert_int_equal(st.host_used_blocks, 0);
+    assert_int_equal(st.disk_used_blocks, 0);
+    assert_false(kvt_offload_has_pending(s.m));
+    sim_fini(&s);
+}
+
+static void reset_waits_for_write_backs_and_clears_the_disk(void **state)
+{
+    (void)state;
+    sim s;
+    sim_init3(&s, 64, 32, false, 1, 64, 32);
+    sim_req a;
+    sim_req_make(&a, "a", 4 * SIM_BS + 1, 1, 4 * SIM_BS + 1, 0);
+    store_through(&s, &a);
+    assert_true(disk_has(&s, &a, 0));
+    sim_req b;
+    sim_req_make(&b, "b", 4 * SIM_BS + 1, 2, 4 * SIM_BS + 1, 1);
+    sim_store_prompt(&s, &b, 1);
+    sim_build(&s, false); /* b's write-back in flight */
+    int64_t ev = s.meta.disk_store_event;
+    assert_true(ev != KVT_NO_EVENT);
+    KVT_ERR_(kvt_offload_reset(s.m), KVT_EBUSY);
+    report(&s, R_DISK_STORES, ev, 1, false);
+    KVT_OK_(kvt_offload_reset(s.m));
+    assert_false(disk_has(&s, &a, 0)); /* cleared */
+    assert_false(disk_has(&s, &b, 0)); /* abandoned: never cached */
+    kvt_offload_stats st;
+    kvt_offload_get_stats(s.m, &st);
+    assert_int_equal(st.disk_stores_abandoned, 4);
+    assert_int_equal(st.disk_cached_blocks, 0);
+    sim_fini(&s);
+}
+
+static void three_tiers_need_one_full_attention_group_and_a_real_disk_size(void **state)
+{
+    (void)state;
+    kvt_pool_config pc;
+    kvt_pool_config_init(&pc);
+    pc.num_blocks = 32;
+    pc.n_groups = 2;
+    pc.groups[1] = pc.groups[0];
+    pc.groups[1].kind = KVT_GROUP_SLIDING;
+    pc.groups[1].sliding_window = 64;
+    kvt_pool *gpu;
+    KVT_OK_(kvt_pool_create(&pc, &gpu));
+    kvt_offload_config oc;
+    kvt_offload_config_init(&oc);
+    oc.host_blocks = 16;
+    oc.disk_blocks = 16;
+    kvt_offload *m;
+    KVT_ERR_(kvt_offload_create(&oc, gpu, &m), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "full-attention"));
+    kvt_pool_destroy(gpu);
+    pc.n_groups = 1;
+    KVT_OK_(kvt_pool_create(&pc, &gpu));
+    oc.disk_blocks = 1;
+    KVT_ERR_(kvt_offload_create(&oc, gpu, &m), KVT_EINVAL);
+    oc.disk_blocks = 0; /* two tiers: no disk pool, no disk metrics, no disk resize */
+    KVT_OK_(kvt_offload_create(&oc, gpu, &m));
+    assert_null(kvt_offload_disk_pool(m));
+    KVT_ERR_(kvt_offload_lower_disk_blocks(m, 8), KVT_ESTATE);
+    char buf[16384];
+    size_t len;
+    KVT_OK_(kvt_offload_prometheus(m, buf, sizeof(buf), &len));
+    assert_null(strstr(buf, "disk"));
+    kvt_offload_destroy(m);
+    oc.disk_blocks = 16;
+    KVT_OK_(kvt_offload_create(&oc, gpu, &m));
+    KVT_ERR_(kvt_offload_lower_disk_blocks(m, 17), KVT_EINVAL);
+    KVT_ERR_(kvt_offload_lower_disk_blocks(m, 1), KVT_EINVAL);
+    KVT_OK_(kvt_offload_lower_disk_blocks(m, 12));
+    kvt_offload_stats st;
+    kvt_offload_get_stats(m, &st);
+    assert_int_equal(st.disk_blocks, 11);
+    KVT_OK_(kvt_offload_prometheus(m, buf, sizeof(buf), &len));
+    assert_non_null(strstr(buf, "kvtier_offload_disk_blocks 11"));
+    kvt_offload_destroy(m);
+    kvt_pool_destroy(gpu);
+}
+
+static void reports_for_disk_events_never_issued_are_refused(void **state)
+{
+    (void)state;
+    sim s;
+    sim_init3(&s, 64, 32, false, 1, 64, 32);
+    kvt_offload_worker_meta_clear(&s.wm);
+    KVT_OK_(kvt_event_report_add(&s.wm.disk_loads, 0, 1));
+    KVT_ERR_(kvt_offload_apply_output(s.m, NULL, 0, &s.wm), KVT_ERANGE);
+    kvt_offload_worker_meta_clear(&s.wm);
+    KVT_OK_(kvt_event_report_add(&s.wm.disk_stores, 3, 1));
+    KVT_ERR_(kvt_offload_apply_output(s.m, NULL, 0, &s.wm), KVT_ERANGE);
+    sim_fini(&s);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(write_back_is_findable_on_disk_only_when_every_worker_reported),
+        cmocka_unit_test(failed_write_back_is_never_findable_and_releases_its_blocks),
+        cmocka_unit_test(disk_hit_is_promoted_before_the_single_gpu_load),
+        cmocka_unit_test(failed_promotion_is_never_a_hit_and_its_blocks_come_back_invalid),
+        cmocka_unit_test(host_hit_continues_on_disk),
+        cmocka_unit_test(finishing_during_a_promotion_releases_everything_when_it_lands),
+        cmocka_unit_test(reset_waits_for_write_backs_and_clears_the_disk),
+        cmocka_unit_test(three_tiers_need_one_full_attention_group_and_a_real_disk_size),
+        cmocka_unit_test(reports_for_disk_events_never_issued_are_refused),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
