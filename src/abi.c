@@ -25,6 +25,7 @@ static const struct {
     SIZE(kvt_kv_tensor),     SIZE(kvt_disk_config),
     SIZE(kvt_link_result),   SIZE(kvt_slab_view),
     SIZE(kvt_copy_stats),    SIZE(kvt_disk_stats),
+    SIZE(kvt_event_report),
 };
 
 size_t kvt_sizeof(const char *type_name)

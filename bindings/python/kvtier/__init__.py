@@ -248,6 +248,51 @@ class OffloadMeta:
         return [(m.store_gpu_blocks[i], m.store_cpu_blocks[i]) for i in range(m.n_stores)]
 
     @property
+    def load_invalid_blocks(self):
+        """GPU blocks of this step's load whose promotion from disk failed."""
+        m = self._m
+        return [m.load_invalid_blocks[i] for i in range(m.n_load_invalid)]
+
+    @property
+    def disk_load_event(self):
+        return self._m.disk_load_event
+
+    @disk_load_event.setter
+    def disk_load_event(self, v):
+        self._m.disk_load_event = v
+
+    @property
+    def disk_store_event(self):
+        return self._m.disk_store_event
+
+    @disk_store_event.setter
+    def disk_store_event(self, v):
+        self._m.disk_store_event = v
+
+    def add_load_invalid(self, gpu_block):
+        _check(_lib.kvt_offload_meta_add_load_invalid(ctypes.byref(self._m), gpu_block))
+
+    def add_disk_load(self, slot, host_block):
+        _check(_lib.kvt_offload_meta_add_disk_load(ctypes.byref(self._m), slot, host_block))
+
+    def add_disk_store(self, host_block, slot):
+        _check(_lib.kvt_offload_meta_add_disk_store(ctypes.byref(self._m), host_block, slot))
+
+    @property
+    def disk_loads(self):
+        """Three tiers: [(slot, host_block)] of this step's promotion event."""
+        m = self._m
+        return [(m.disk_load_slots[i], m.disk_load_host_blocks[i])
+                for i in range(m.n_disk_loads)]
+
+    @property
+    def disk_stores(self):
+        """Three tiers: [(host_block, slot)] of this step's write-back event."""
+        m = self._m
+        return [(m.disk_store_host_blocks[i], m.disk_store_slots[i])
+                for i in range(m.n_disk_stores)]
+
+    @property
     def load_event_to_reqs(self):
         """{event: [request ids]} of every outstanding load event."""
         m = self._m
@@ -268,8 +313,13 @@ class OffloadMeta:
         return _decode(cls, "kvt_offload_meta", data)
 
 
+_REPORTS = ("stores", "disk_stores", "disk_loads")
+
+
 class WorkerMeta:
-    """Worker -> scheduler report: {store event: count} and the failed store events."""
+    """Worker -> scheduler report: {event: count} and the failed events, per kind: "stores"
+    (GPU -> host), and with three tiers "disk_stores" (write-backs) and "disk_loads"
+    (promotions)."""
 
     def __init__(self):
         self._m = L.kvt_offload_worker_meta()
@@ -278,21 +328,32 @@ class WorkerMeta:
     def __del__(self):
         _lib.kvt_offload_worker_meta_release(ctypes.byref(self._m))
 
+    def _report(self, kind):
+        if kind not in _REPORTS:
+            raise ValueError("kvtier: report kind must be one of %s" % (_REPORTS,))
+        return getattr(self._m, kind)
+
+    def completed_of(self, kind):
+        r = self._report(kind)
+        return {r.events[i]: r.counts[i] for i in range(r.n_completed)}
+
+    def failed_of(self, kind):
+        r = self._report(kind)
+        return {r.failed[i] for i in range(r.n_failed)}
+
     @property
     def completed(self):
-        m = self._m
-        return {m.events[i]: m.counts[i] for i in range(m.n_completed)}
+        return self.completed_of("stores")
 
     @property
     def failed(self):
-        m = self._m
-        return {m.failed[i] for i in range(m.n_failed)}
+        return self.failed_of("stores")
 
-    def add(self, event, count=1):
-        _check(_lib.kvt_offload_worker_meta_add(ctypes.byref(self._m), event, count))
+    def add(self, event, count=1, kind="stores"):
+        _check(_lib.kvt_event_report_add(ctypes.byref(self._report(kind)), event, count))
 
-    def add_failed(self, event):
-        _check(_lib.kvt_offload_worker_meta_add_failed(ctypes.byref(self._m), event))
+    def add_failed(self, event, kind="stores"):
+        _check(_lib.kvt_event_report_add_failed(ctypes.byref(self._report(kind)), event))
 
     def aggregate(self, other):
         """self += other (counts summed, failed united), as vLLM's aggregate."""
@@ -321,10 +382,12 @@ class OffloadManager(_Handle):
     _destroy = _lib.kvt_offload_destroy
 
     def __init__(self, gpu_pool, host_blocks, world_size=1, lazy=False, block_bytes=0,
-                 max_requests=4096, max_batched_tokens=8192):
+                 max_requests=4096, max_batched_tokens=8192, disk_blocks=0):
+        """disk_blocks > 0: three tiers (GPU -> host -> disk), one full-attention group."""
         cfg = L.kvt_offload_config()
         _lib.kvt_offload_config_init(ctypes.byref(cfg))
         cfg.host_blocks = host_blocks
+        cfg.disk_blocks = disk_blocks
         cfg.world_size = world_size
         cfg.lazy = lazy
         cfg.block_bytes = block_bytes
@@ -344,6 +407,9 @@ class OffloadManager(_Handle):
 
     def lower_host_blocks(self, blocks):
         _check(_lib.kvt_offload_lower_host_blocks(self._h, blocks))
+
+    def lower_disk_blocks(self, slots):
+        _check(_lib.kvt_offload_lower_disk_blocks(self._h, slots))
 
     def match(self, req_id, hashes, num_tokens, num_computed):
         """Host-tier hit in tokens beyond the GPU hit (pinned until after_alloc)."""
@@ -474,6 +540,16 @@ class Mirror(_Handle):
         self._h = h
         self._layout = layout
 
+    def layout(self):
+        """A host Layout over the mirror's arrays: what a three-tier Disk is created over."""
+        h = ctypes.c_void_p()
+        _check(_lib.kvt_mirror_layout(self._h, ctypes.byref(h)))
+        lay = Layout.__new__(Layout)
+        lay._h = h
+        lay._buffers = [self]  # the mirror's memory must outlive the layout
+        lay.num_blocks = _lib.kvt_mirror_num_blocks(self._h)
+        return lay
+
     def block(self, region, block):
         """A memoryview of one host block of one region (valid while the mirror lives)."""
         if region >= _lib.kvt_mirror_num_regions(self._h):
@@ -507,6 +583,11 @@ class Worker(_Handle):
         self._h = h
         self._keep = (layout, mirror, disk)
         self._meta = None
+
+    def attach_disk(self, disk):
+        """Three tiers: disk (a Disk over mirror.layout()) behind this worker's mirror."""
+        _check(_lib.kvt_worker_attach_disk(self._h, disk._h))
+        self._keep = self._keep + (disk,)
 
     def bind(self, meta):
         """bind_connector_metadata (meta: OffloadMeta, kept until clear)."""

@@ -69,7 +69,8 @@ class kvt_offload_config(ctypes.Structure):
     _fields_ = [("host_blocks", c_u32), ("world_size", c_u32), ("lazy", c_bool),
                 ("max_requests", c_u32), ("max_batched_tokens", c_u32),
                 ("max_model_len", c_u32), ("keys_per_block", c_u32),
-                ("restore_budget", c_u32), ("event_capacity", c_u32), ("block_bytes", c_u64)]
+                ("restore_budget", c_u32), ("event_capacity", c_u32), ("block_bytes", c_u64),
+                ("disk_blocks", c_u32)]
 
 
 class kvt_offload_meta(ctypes.Structure):
@@ -78,15 +79,26 @@ class kvt_offload_meta(ctypes.Structure):
                 ("load_events", P(c_i64)), ("load_req_first", P(c_u32)),
                 ("n_load_reqs", c_u32), ("load_req_ids", P(kvt_str)), ("store_event", c_i64),
                 ("n_stores", c_u32), ("store_gpu_blocks", P(c_u32)),
-                ("store_cpu_blocks", P(c_u32)), ("need_flush", c_bool), ("cap_loads", c_u32),
-                ("cap_events", c_u32), ("cap_first", c_u32), ("cap_reqs", c_u32),
-                ("cap_stores", c_u32), ("strings", kvt_bump)]
+                ("store_cpu_blocks", P(c_u32)), ("need_flush", c_bool),
+                ("n_load_invalid", c_u32), ("load_invalid_blocks", P(c_u32)),
+                ("disk_load_event", c_i64), ("n_disk_loads", c_u32),
+                ("disk_load_slots", P(c_u32)), ("disk_load_host_blocks", P(c_u32)),
+                ("disk_store_event", c_i64), ("n_disk_stores", c_u32),
+                ("disk_store_host_blocks", P(c_u32)), ("disk_store_slots", P(c_u32)),
+                ("cap_loads", c_u32), ("cap_events", c_u32), ("cap_first", c_u32),
+                ("cap_reqs", c_u32), ("cap_stores", c_u32), ("cap_invalid", c_u32),
+                ("cap_disk_loads", c_u32), ("cap_disk_stores", c_u32), ("strings", kvt_bump)]
 
 
-class kvt_offload_worker_meta(ctypes.Structure):
+class kvt_event_report(ctypes.Structure):
     _fields_ = [("n_completed", c_u32), ("events", P(c_i64)), ("counts", P(c_u32)),
                 ("n_failed", c_u32), ("failed", P(c_i64)), ("cap", c_u32),
                 ("cap_failed", c_u32)]
+
+
+class kvt_offload_worker_meta(ctypes.Structure):
+    _fields_ = [("stores", kvt_event_report), ("disk_stores", kvt_event_report),
+                ("disk_loads", kvt_event_report)]
 
 
 STAT_COUNTERS = ("lookups", "lookup_tokens", "hit_tokens", "hit_blocks", "miss_tokens",
@@ -98,10 +110,17 @@ STAT_COUNTERS = ("lookups", "lookup_tokens", "hit_tokens", "hit_blocks", "miss_t
                  "stale_reports", "bytes_loaded", "bytes_stored", "resets")
 STAT_GAUGES = ("host_blocks", "host_used_blocks", "host_cached_blocks", "requests",
                "load_events_in_flight", "store_events_in_flight", "pending_store_blocks")
+DISK_COUNTERS = ("disk_hit_tokens", "disk_hit_blocks", "promotions", "promotions_failed",
+                 "disk_load_events", "disk_store_events", "disk_store_blocks",
+                 "disk_stores_completed", "disk_stores_failed", "disk_stores_abandoned",
+                 "disk_store_skipped_cached", "disk_store_dropped", "disk_evictions")
+DISK_GAUGES = ("disk_blocks", "disk_used_blocks", "disk_cached_blocks",
+               "disk_load_events_in_flight", "disk_store_events_in_flight")
 
 
 class kvt_offload_stats(ctypes.Structure):
-    _fields_ = [(n, c_u64) for n in STAT_COUNTERS] + [(n, c_u32) for n in STAT_GAUGES]
+    _fields_ = ([(n, c_u64) for n in STAT_COUNTERS] + [(n, c_u32) for n in STAT_GAUGES] +
+                [(n, c_u64) for n in DISK_COUNTERS] + [(n, c_u32) for n in DISK_GAUGES])
 
 
 class kvt_copy_config(ctypes.Structure):
@@ -195,12 +214,19 @@ _sig("kvt_offload_worker_meta_add", c_int, P(kvt_offload_worker_meta), c_i64, c_
 _sig("kvt_offload_worker_meta_add_failed", c_int, P(kvt_offload_worker_meta), c_i64)
 _sig("kvt_offload_worker_meta_aggregate", c_int, P(kvt_offload_worker_meta),
      P(kvt_offload_worker_meta))
+_sig("kvt_offload_meta_add_load_invalid", c_int, P(kvt_offload_meta), c_u32)
+_sig("kvt_offload_meta_add_disk_load", c_int, P(kvt_offload_meta), c_u32, c_u32)
+_sig("kvt_offload_meta_add_disk_store", c_int, P(kvt_offload_meta), c_u32, c_u32)
+_sig("kvt_event_report_add", c_int, P(kvt_event_report), c_i64, c_u32)
+_sig("kvt_event_report_add_failed", c_int, P(kvt_event_report), c_i64)
 # offload manager
 _sig("kvt_offload_config_init", None, P(kvt_offload_config))
 _sig("kvt_offload_size_host", c_int, c_u64, c_u64, P(c_u32))
 _sig("kvt_offload_create", c_int, P(kvt_offload_config), vp, P(vp))
 _sig("kvt_offload_destroy", None, vp)
 _sig("kvt_offload_lower_host_blocks", c_int, vp, c_u32)
+_sig("kvt_offload_lower_disk_blocks", c_int, vp, c_u32)
+_sig("kvt_offload_disk_pool", vp, vp)
 _sig("kvt_offload_match", c_int, vp, cp, c_u32, u8p, c_u32, c_u32, c_u32, P(c_u32))
 _sig("kvt_offload_after_alloc", c_int, vp, cp, c_u32, P(P(c_u32)), P(c_u32), c_u32)
 _sig("kvt_offload_schedule", c_int, vp, cp, c_u32, P(P(c_u32)), P(c_u32), c_u32, c_u32, c_bool)
@@ -235,6 +261,8 @@ _sig("kvt_worker_take_invalid_blocks", c_u32, vp, P(c_u32), c_u32)
 _sig("kvt_worker_clear", None, vp)
 _sig("kvt_worker_flush", c_int, vp)
 _sig("kvt_worker_create_disk", c_int, P(kvt_worker_config), vp, vp, P(vp))
+_sig("kvt_worker_attach_disk", c_int, vp, vp)
+_sig("kvt_mirror_layout", c_int, vp, P(vp))
 # disk
 _sig("kvt_disk_config_init", None, P(kvt_disk_config))
 _sig("kvt_disk_create", c_int, P(kvt_disk_config), vp, P(vp))
@@ -258,7 +286,8 @@ _sig("kvt_link_worker_reply", c_int, vp, c_int, P(kvt_str), c_u32, P(kvt_offload
      P(c_u32), c_u32)
 
 for _t in (kvt_str, kvt_bump, kvt_group_spec, kvt_pool_config, kvt_hit, kvt_block_info,
-           kvt_offload_config, kvt_offload_meta, kvt_offload_worker_meta, kvt_offload_stats,
+           kvt_offload_config, kvt_offload_meta, kvt_event_report, kvt_offload_worker_meta,
+           kvt_offload_stats,
            kvt_copy_config, kvt_mirror_config, kvt_worker_config, kvt_region, kvt_kv_tensor,
            kvt_disk_config, kvt_disk_stats, kvt_link_result):
     _c = lib.kvt_sizeof(_t.__name__.encode())

@@ -121,6 +121,56 @@ class DiskAndLink(unittest.TestCase):
             worker.close()
             disk.close()
 
+    def test_three_tiers_there_and_back(self):
+        import tempfile
+        with tempfile.TemporaryDirectory(dir=".") as d:
+            dev = bytearray(16 * 4096)
+            layout = kvtier.Layout(16)
+            layout.add_buffer(dev, 4096)
+            mirror = kvtier.Mirror(layout, 8, pin=False)
+            worker = kvtier.Worker(layout, mirror=mirror, threads=1)
+            disk = kvtier.Disk(mirror.layout(), os.path.join(d, "kv3"), 8 * 4096,
+                               page_cache=True)
+            worker.attach_disk(disk)
+            dev[4096:8192] = bytes(range(256)) * 16  # GPU block 1
+
+            def step(**kw):
+                m = kvtier.OffloadMeta()
+                for name, pairs in kw.items():
+                    setattr(m, name + "_event", 0)
+                    for a, b in pairs:
+                        getattr(m, "add_" + name)(a, b)
+                if "load" in kw:
+                    m.add_load_request(0, "r")
+                worker.bind(m)
+                fin = worker.get_finished()
+                worker.flush()
+                fin += worker.get_finished()
+                report = worker.build_meta()
+                worker.clear()
+                return fin, report
+
+            step(store=[(1, 2)])                   # GPU 1 -> host 2
+            _, rep = step(disk_store=[(2, 5)])     # host 2 -> slot 5
+            self.assertEqual(rep.completed_of("disk_stores"), {0: 1})
+            mirror.block(0, 2)[:] = b"\0" * 4096    # the host tier forgets it
+            _, rep = step(disk_load=[(5, 3)])      # slot 5 -> host 3
+            self.assertEqual(rep.completed_of("disk_loads"), {0: 1})
+            self.assertEqual(rep.failed_of("disk_loads"), set())
+            fin, _ = step(load=[(9, 3)])           # host 3 -> GPU 9
+            self.assertEqual(fin, ["r"])
+            self.assertEqual(dev[9 * 4096:10 * 4096], dev[4096:8192])
+            worker.close()
+            disk.close()
+
+    def test_manager_with_a_disk_tier(self):
+        gpu = kvtier.Pool(32)
+        mgr = kvtier.OffloadManager(gpu, host_blocks=8, disk_blocks=16)
+        self.assertEqual(mgr.stats()["disk_blocks"], 15)
+        mgr.lower_disk_blocks(12)
+        self.assertEqual(mgr.stats()["disk_blocks"], 11)
+        self.assertIn("kvtier_offload_disk_blocks 11", mgr.prometheus())
+
     @staticmethod
     def _store_meta():
         m = kvtier.OffloadMeta()  # store event 0: GPU block 1 -> slot / host block 3
