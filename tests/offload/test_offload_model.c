@@ -390,7 +390,8 @@ static void record_events(void)
         struct wev *e =
             new_event(EV_LOAD, m->load_event, m->n_loads, m->load_gpu_blocks, m->load_cpu_blocks);
         e->n_inv = m->n_load_invalid;
-        memcpy(e->inv, m->load_invalid_blocks, e->n_inv * sizeof(uint32_t));
+        if (e->n_inv)
+            memcpy(e->inv, m->load_invalid_blocks, e->n_inv * sizeof(uint32_t));
         for (uint32_t i = 0; i < m->n_load_events; i++)
             if (m->load_events[i] == e->id)
                 for (uint32_t k = m->load_req_first[i]; k < m->load_req_first[i + 1]; k++)
