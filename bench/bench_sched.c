@@ -9,11 +9,16 @@
  * conversations age out of the GPU and come back from the host tier (4x the GPU). Two
  * workers complete every event by the next step.
  *
+ * A third mode runs three tiers: the host tier is only as large as the GPU and a disk tier 4x
+ * the GPU behind it, so returning conversations are also promoted from disk and every block
+ * stored is written back (the workers complete promotions and write-backs by the next step
+ * too).
+ *
  * Timed: only the manager's calls of a step (match and after_alloc of arrivals, schedule of
  * every running request, build_meta, apply_output, request_finished) — not the engine's own
- * pool work or hashing. Reported per mode (eager, lazy) and per N (64, 256, 1024): median and
- * 99th-percentile step time, and blocks moved (stored + loaded) per second of manager time.
- * No baseline: absolute figures (target: eager p50 <= 20 us at 256 requests on one core).
+ * pool work or hashing. Reported per mode (eager, lazy, three tiers) and per N (64, 256, 1024):
+ * median and 99th-percentile step time, and blocks moved (stored + loaded) per second of manager
+ * time. No baseline: absolute figures (target: eager p50 <= 20 us at 256 requests on one core).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -210,6 +215,10 @@ static double step(struct sim *s)
     kvt_offload_worker_meta_clear(&s->wm);
     if (store_ev != KVT_NO_EVENT)
         kvt_offload_worker_meta_add(&s->wm, store_ev, 2);
+    if (s->meta.disk_store_event != KVT_NO_EVENT)
+        kvt_event_report_add(&s->wm.disk_stores, s->meta.disk_store_event, 2);
+    if (s->meta.disk_load_event != KVT_NO_EVENT)
+        kvt_event_report_add(&s->wm.disk_loads, s->meta.disk_load_event, 2);
     t0 = tick();
     rc = kvt_offload_apply_output(s->m, s->done_ids, s->n_done, &s->wm);
     s->t += tick() - t0;
@@ -250,10 +259,12 @@ static int cmp_double(const void *a, const void *b)
 
 struct result {
     double p50_us, p99_us, blocks_per_s;
-    uint64_t steps, loads, stores;
+    uint64_t steps, loads, stores, promotions;
 };
 
-static struct result run(uint32_t n, bool lazy, double seconds, uint64_t seed)
+enum { M_EAGER, M_LAZY, M_THREE, N_MODES };
+
+static struct result run(uint32_t n, int mode, double seconds, uint64_t seed)
 {
     struct sim *s = calloc(1, sizeof(*s));
     s->n = n;
@@ -272,9 +283,10 @@ static struct result run(uint32_t n, bool lazy, double seconds, uint64_t seed)
         die("GPU pool", rc);
     kvt_offload_config oc;
     kvt_offload_config_init(&oc);
-    oc.host_blocks = pc.num_blocks * 4;
+    oc.host_blocks = pc.num_blocks * (mode == M_THREE ? 1 : 4);
+    oc.disk_blocks = mode == M_THREE ? pc.num_blocks * 4 : 0;
     oc.world_size = 2;
-    oc.lazy = lazy;
+    oc.lazy = mode == M_LAZY;
     oc.max_requests = n * 2 + 64;
     oc.max_model_len = MAX_TOK;
     if ((rc = kvt_offload_create(&oc, s->gpu, &s->m)))
@@ -306,6 +318,7 @@ static struct result run(uint32_t n, bool lazy, double seconds, uint64_t seed)
     res.steps = k;
     res.loads = st1.load_blocks - st0.load_blocks;
     res.stores = st1.store_blocks - st0.store_blocks;
+    res.promotions = st1.promotions - st0.promotions;
     res.blocks_per_s = (double)(res.loads + res.stores) / total;
     free(t);
     kvt_offload_meta_release(&s->meta);
@@ -321,10 +334,11 @@ static struct result run(uint32_t n, bool lazy, double seconds, uint64_t seed)
 static int bench_sched_run(const kvt_bench_opts *o)
 {
     static const uint32_t ns[3] = {64, 256, 1024};
-    struct result r[2][3];
-    for (int mode = 0; mode < 2; mode++)
+    static const char *const names[N_MODES] = {"eager", "lazy", "three"};
+    struct result r[N_MODES][3];
+    for (int mode = 0; mode < N_MODES; mode++)
         for (int i = 0; i < 3; i++)
-            r[mode][i] = run(ns[i], mode == 1, o->seconds / 2, o->seed);
+            r[mode][i] = run(ns[i], mode, o->seconds / N_MODES, o->seed);
     if (o->json) {
         char buf[256];
         kvt_json j;
@@ -332,10 +346,10 @@ static int bench_sched_run(const kvt_bench_opts *o)
         kvt_json_str(&j, "bench", "sched");
         kvt_json_int(&j, "block_tokens", BT);
         kvt_json_int(&j, "world_size", 2);
-        kvt_json_num(&j, "step_us_p50", r[0][1].p50_us);
-        kvt_json_num(&j, "step_us_p99", r[0][1].p99_us);
-        for (int mode = 0; mode < 2; mode++) {
-            const char *pre = mode ? "lazy_" : "";
+        kvt_json_num(&j, "step_us_p50", r[M_EAGER][1].p50_us);
+        kvt_json_num(&j, "step_us_p99", r[M_EAGER][1].p99_us);
+        for (int mode = 0; mode < N_MODES; mode++) {
+            const char *pre = mode == M_EAGER ? "" : mode == M_LAZY ? "lazy_" : "three_tier_";
             snprintf(buf, sizeof(buf), "{\"64\": %.3g, \"256\": %.3g, \"1024\": %.3g}",
                      r[mode][0].p50_us, r[mode][1].p50_us, r[mode][2].p50_us);
             char key[64];
@@ -346,23 +360,26 @@ static int bench_sched_run(const kvt_bench_opts *o)
             snprintf(key, sizeof(key), "%sstep_us_p99_by_requests", pre);
             kvt_json_raw(&j, key, buf);
         }
-        kvt_json_num(&j, "blocks_per_s", r[0][1].blocks_per_s);
-        kvt_json_num(&j, "lazy_blocks_per_s", r[1][1].blocks_per_s);
-        kvt_json_int(&j, "stored_blocks_256", (long long)r[0][1].stores);
-        kvt_json_int(&j, "loaded_blocks_256", (long long)r[0][1].loads);
-        kvt_json_int(&j, "steps_256", (long long)r[0][1].steps);
+        kvt_json_num(&j, "blocks_per_s", r[M_EAGER][1].blocks_per_s);
+        kvt_json_num(&j, "lazy_blocks_per_s", r[M_LAZY][1].blocks_per_s);
+        kvt_json_num(&j, "three_tier_blocks_per_s", r[M_THREE][1].blocks_per_s);
+        kvt_json_int(&j, "stored_blocks_256", (long long)r[M_EAGER][1].stores);
+        kvt_json_int(&j, "loaded_blocks_256", (long long)r[M_EAGER][1].loads);
+        kvt_json_int(&j, "three_tier_promoted_blocks_256", (long long)r[M_THREE][1].promotions);
+        kvt_json_int(&j, "steps_256", (long long)r[M_EAGER][1].steps);
         kvt_json_host(&j);
         kvt_json_end(&j);
     } else {
         printf("sched: manager time per engine step (16-token blocks, world_size 2, one thread)\n");
-        for (int mode = 0; mode < 2; mode++)
+        for (int mode = 0; mode < N_MODES; mode++)
             for (int i = 0; i < 3; i++)
                 printf("  %-5s %5u requests: p50 %7.2f us  p99 %7.2f us  %8.2f M blocks/s  "
-                       "(%llu steps, %llu stored, %llu loaded)\n",
-                       mode ? "lazy" : "eager", ns[i], r[mode][i].p50_us, r[mode][i].p99_us,
+                       "(%llu steps, %llu stored, %llu loaded, %llu promoted)\n",
+                       names[mode], ns[i], r[mode][i].p50_us, r[mode][i].p99_us,
                        r[mode][i].blocks_per_s / 1e6, (unsigned long long)r[mode][i].steps,
-                       (unsigned long long)r[mode][i].stores, (unsigned long long)r[mode][i].loads);
-        printf("  (target: eager p50 <= 20 us at 256 requests)\n");
+                       (unsigned long long)r[mode][i].stores, (unsigned long long)r[mode][i].loads,
+                       (unsigned long long)r[mode][i].promotions);
+        printf("  (target: eager p50 <= 20 us at 256 requests; three: host tier = GPU, disk 4x)\n");
     }
     return 0;
 }
