@@ -11,7 +11,11 @@
  *   (b) with a host tier: kvt_offload stores every confirmed block (eager) and loads evicted
  *       history back; an in-process kvt_worker copies the bytes each event asks for, and every
  *       loaded block is compared byte for byte with what computing it would have produced.
- * Same workload, same seed: (b) must recompute less and hit the same content.
+ *   (c) three tiers: a host tier only as large as the GPU's, with a disk tier (a private file
+ *       under the working directory, io_uring) behind it: every block that reaches the host
+ *       tier is written back to disk, and history the host tier evicted is promoted back
+ *       from disk before it is loaded to the GPU, again verified byte for byte.
+ * Same workload, same seed: (b) and (c) must recompute less and hit the same content.
  *
  * Part 2 carries one step's metadata across the wire: the scheduler's offload metadata encoded
  * and decoded bit-exactly, worker reports aggregated across ranks (store counts summed; the
@@ -31,6 +35,8 @@
 #define BT          16u   /* tokens per block */
 #define GPU_BLOCKS  1024u /* engine's GPU tier: 16,368 usable token slots */
 #define HOST_BLOCKS 8192u /* host tier */
+#define SMALL_HOST  1024u /* host tier in front of the disk tier */
+#define DISK_SLOTS  8192u /* disk tier */
 #define BLOCK_BYTES 4096u /* KV bytes per block in this demo */
 #define N_SYSTEM    4u
 #define SYSTEM_TOK  768u
@@ -51,7 +57,10 @@ struct conv {
 struct stats {
     uint64_t prompt_tokens, gpu_hit_tokens, host_hit_tokens, recomputed, evictions, turns;
     uint64_t loaded_blocks, stored_blocks, verified_bytes, bad_blocks;
+    uint64_t promoted, written_back;
 };
+
+enum { TIER_GPU, TIER_HOST, TIER_DISK };
 
 /* The engine and, optionally, its host tier with an in-process worker. */
 struct engine {
@@ -60,6 +69,8 @@ struct engine {
     kvt_offload *off;      /* NULL: GPU tier only */
     kvt_layout *layout;    /* the device memory as one region of GPU_BLOCKS blocks */
     kvt_mirror *mirror;    /* the host tier: HOST_BLOCKS blocks */
+    kvt_layout *mlayout;   /* three tiers: the mirror's arrays, the disk's layout */
+    kvt_disk *disk;        /* three tiers: DISK_SLOTS slots */
     kvt_worker *worker;
     kvt_offload_meta meta;
     kvt_offload_worker_meta wm;
@@ -124,6 +135,23 @@ static int run_worker(struct engine *e)
     return check(rc, "worker step");
 }
 
+/* Engine steps until nothing is in flight: a load (three tiers: after its promotion), the
+ * stores, and the write-backs their completion queues. */
+static int run_until_quiet(struct engine *e, struct stats *st)
+{
+    for (int i = 0; i < 8; i++) {
+        if (check(kvt_offload_build_meta(e->off, false, &e->meta), "build_meta"))
+            return -1;
+        st->stored_blocks += e->meta.n_stores;
+        st->written_back += e->meta.n_disk_stores;
+        if (run_worker(e))
+            return -1;
+        if (!kvt_offload_has_pending(e->off))
+            return 0;
+    }
+    return check(KVT_ESTATE, "demo: transfers still pending after 8 steps");
+}
+
 /* One turn: prefix lookups, allocation, load, prefill + answer, caching, store, release. */
 static int run_turn(struct engine *e, struct conv *c, uint64_t *rng, struct stats *st)
 {
@@ -164,7 +192,7 @@ static int run_turn(struct engine *e, struct conv *c, uint64_t *rng, struct stat
         if (check(
                 kvt_offload_after_alloc(e->off, c->id, (uint32_t)strlen(c->id), tab, nb, host_hit),
                 "after_alloc") ||
-            check(kvt_offload_build_meta(e->off, false, &e->meta), "build_meta") || run_worker(e))
+            run_until_quiet(e, st))
             return -1;
         /* every loaded block must hold exactly what computing it would have produced */
         for (uint32_t b = nhit; b < nhit + loaded; b++) {
@@ -197,10 +225,7 @@ static int run_turn(struct engine *e, struct conv *c, uint64_t *rng, struct stat
         if (check(kvt_offload_request_finished(e->off, c->id, (uint32_t)strlen(c->id), tab, nb,
                                                total),
                   "request_finished") ||
-            check(kvt_offload_build_meta(e->off, false, &e->meta), "build_meta"))
-            return -1;
-        st->stored_blocks += e->meta.n_stores;
-        if (run_worker(e))
+            run_until_quiet(e, st))
             return -1;
     }
     for (uint32_t i = 0; i < need / 2; i++) { /* free tail first */
@@ -220,7 +245,7 @@ static int run_turn(struct engine *e, struct conv *c, uint64_t *rng, struct stat
     return 0;
 }
 
-static int engine_open(struct engine *e, uint64_t seed, bool host_tier)
+static int engine_open(struct engine *e, uint64_t seed, int tiers)
 {
     memset(e, 0, sizeof(*e));
     e->seed = seed;
@@ -233,17 +258,19 @@ static int engine_open(struct engine *e, uint64_t seed, bool host_tier)
     e->device = calloc(GPU_BLOCKS, BLOCK_BYTES);
     if (!e->device)
         return -1;
-    if (!host_tier)
+    if (tiers == TIER_GPU)
         return 0;
+    uint32_t host_blocks = tiers == TIER_DISK ? SMALL_HOST : HOST_BLOCKS;
     kvt_mirror_config mc;
     kvt_mirror_config_init(&mc);
-    mc.host_blocks = HOST_BLOCKS;
+    mc.host_blocks = host_blocks;
     kvt_worker_config wc;
     kvt_worker_config_init(&wc);
     kvt_offload_config oc;
     kvt_offload_config_init(&oc);
-    oc.host_blocks = HOST_BLOCKS;
+    oc.host_blocks = host_blocks;
     oc.block_bytes = BLOCK_BYTES;
+    oc.disk_blocks = tiers == TIER_DISK ? DISK_SLOTS : 0;
     if (check(kvt_layout_create(KVT_HOST_DEVICE, GPU_BLOCKS, &e->layout), "layout") ||
         check(kvt_layout_add_region(e->layout, (uint64_t)(uintptr_t)e->device, BLOCK_BYTES),
               "layout region") ||
@@ -251,6 +278,21 @@ static int engine_open(struct engine *e, uint64_t seed, bool host_tier)
         check(kvt_worker_create(&wc, e->layout, e->mirror, &e->worker), "worker") ||
         check(kvt_offload_create(&oc, e->gpu, &e->off), "offload create"))
         return -1;
+    if (tiers == TIER_DISK) {
+        kvt_disk_config dc;
+        kvt_disk_config_init(&dc);
+        dc.path = "kvtier-demo-disk"; /* + ".rank0" in the working directory, unlinked at exit */
+        dc.capacity_bytes = (uint64_t)DISK_SLOTS * BLOCK_BYTES;
+        if (check(kvt_mirror_layout(e->mirror, &e->mlayout), "mirror layout"))
+            return -1;
+        int rc = kvt_disk_create(&dc, e->mlayout, &e->disk);
+        if (rc == KVT_ESYS && strstr(kvt_last_error(), "O_DIRECT")) { /* tmpfs: buffered */
+            dc.page_cache = true;
+            rc = kvt_disk_create(&dc, e->mlayout, &e->disk);
+        }
+        if (check(rc, "disk") || check(kvt_worker_attach_disk(e->worker, e->disk), "attach disk"))
+            return -1;
+    }
     kvt_offload_meta_init(&e->meta);
     kvt_offload_worker_meta_init(&e->wm);
     return 0;
@@ -281,18 +323,23 @@ const char *kvt_demo_metrics(void)
     return g_metrics;
 }
 
-static int engine_close(struct engine *e)
+static int engine_close(struct engine *e, struct stats *st)
 {
     int bad = kvt_pool_num_free(e->gpu) != GPU_BLOCKS - 1;
     if (e->off) {
-        snapshot_metrics(e);
+        if (!e->disk)
+            snapshot_metrics(e);
         kvt_offload_stats os;
         kvt_offload_get_stats(e->off, &os);
-        bad |= kvt_offload_has_pending(e->off) || os.host_used_blocks != 0 || os.requests != 0;
+        st->promoted = os.promotions;
+        bad |= kvt_offload_has_pending(e->off) || os.host_used_blocks != 0 || os.requests != 0 ||
+               os.disk_used_blocks != 0 || os.promotions_failed != 0;
         kvt_offload_destroy(e->off);
         kvt_offload_meta_release(&e->meta);
         kvt_offload_worker_meta_release(&e->wm);
         kvt_worker_destroy(e->worker);
+        kvt_disk_destroy(e->disk);
+        kvt_layout_destroy(e->mlayout);
         kvt_mirror_destroy(e->mirror);
         kvt_layout_destroy(e->layout);
     }
@@ -302,10 +349,11 @@ static int engine_close(struct engine *e)
 }
 
 /* Runs the whole workload once; the same seed gives the same conversations. */
-static int run_workload(uint64_t seed, bool host_tier, struct stats *st, double *secs)
+static int run_workload(uint64_t seed, int tiers, struct stats *st, double *secs)
 {
     struct engine e;
-    if (engine_open(&e, seed, host_tier))
+    memset(st, 0, sizeof(*st));
+    if (engine_open(&e, seed, tiers))
         return 1;
     uint64_t rng = seed;
     uint32_t sys_tok[N_SYSTEM][SYSTEM_TOK];
@@ -321,7 +369,6 @@ static int run_workload(uint64_t seed, bool host_tier, struct stats *st, double 
         memcpy(convs[c].tok, sys_tok[convs[c].sys], sizeof(sys_tok[0]));
         convs[c].len = SYSTEM_TOK;
     }
-    memset(st, 0, sizeof(*st));
     double t0 = kvt_now_s();
     int bad = 0;
     for (uint32_t t = 0; t < N_TURNS && !bad; t++)
@@ -329,44 +376,60 @@ static int run_workload(uint64_t seed, bool host_tier, struct stats *st, double 
             bad = run_turn(&e, &convs[c], &rng, st) != 0;
     *secs = kvt_now_s() - t0;
     free(convs);
-    bad |= engine_close(&e);
+    bad |= engine_close(&e, st);
     return bad || st->bad_blocks;
 }
 
 static int part_pool(uint64_t seed)
 {
-    struct stats a, b;
-    double ta, tb;
-    int bad = run_workload(seed, false, &a, &ta);
-    bad |= run_workload(seed, true, &b, &tb);
+    struct stats a, b, c;
+    double ta, tb, tc;
+    int bad = run_workload(seed, TIER_GPU, &a, &ta);
+    bad |= run_workload(seed, TIER_HOST, &b, &tb);
+    bad |= run_workload(seed, TIER_DISK, &c, &tc);
     printf("1. A multi-turn chat workload on an engine's GPU tier (kvt_pool), then with a host "
-           "tier (kvt_offload)\n");
+           "tier (kvt_offload),\n   then with three tiers (a small host tier and a disk tier "
+           "behind it, kvt_disk)\n");
     printf("   %u conversations x %u turns, %u shared %u-token system prompts; GPU tier %u "
-           "blocks, host tier %u blocks of %u tokens (%u KiB each here)\n",
-           N_CONV, N_TURNS, N_SYSTEM, SYSTEM_TOK, GPU_BLOCKS - 1, HOST_BLOCKS - 1, BT,
-           BLOCK_BYTES / 1024);
-    printf("                                          GPU only   + host tier\n");
-    printf("   prompt tokens                         %9llu   %9llu\n",
-           (unsigned long long)a.prompt_tokens, (unsigned long long)b.prompt_tokens);
-    printf("   served by the GPU prefix cache        %9llu   %9llu\n",
-           (unsigned long long)a.gpu_hit_tokens, (unsigned long long)b.gpu_hit_tokens);
-    printf("   loaded from the host tier             %9s   %9llu\n", "-",
-           (unsigned long long)b.host_hit_tokens);
-    printf("   recomputed although computed before   %9llu   %9llu\n",
-           (unsigned long long)a.recomputed, (unsigned long long)b.recomputed);
-    printf("   prefill tokens computed               %9llu   %9llu\n",
+           "blocks of %u tokens (%u KiB each here);\n   host tier %u blocks; three tiers: "
+           "host %u blocks, disk %u slots\n",
+           N_CONV, N_TURNS, N_SYSTEM, SYSTEM_TOK, GPU_BLOCKS - 1, BT, BLOCK_BYTES / 1024,
+           HOST_BLOCKS - 1, SMALL_HOST - 1, DISK_SLOTS - 1);
+    printf("                                          GPU only   + host tier   three tiers\n");
+    printf("   prompt tokens                         %9llu   %11llu   %11llu\n",
+           (unsigned long long)a.prompt_tokens, (unsigned long long)b.prompt_tokens,
+           (unsigned long long)c.prompt_tokens);
+    printf("   served by the GPU prefix cache        %9llu   %11llu   %11llu\n",
+           (unsigned long long)a.gpu_hit_tokens, (unsigned long long)b.gpu_hit_tokens,
+           (unsigned long long)c.gpu_hit_tokens);
+    printf("   loaded from the host tier             %9s   %11llu   %11llu\n", "-",
+           (unsigned long long)b.host_hit_tokens, (unsigned long long)c.host_hit_tokens);
+    printf("     of which promoted from disk first   %9s   %11s   %11llu\n", "-", "-",
+           (unsigned long long)(c.promoted * BT));
+    printf("   recomputed although computed before   %9llu   %11llu   %11llu\n",
+           (unsigned long long)a.recomputed, (unsigned long long)b.recomputed,
+           (unsigned long long)c.recomputed);
+    printf("   prefill tokens computed               %9llu   %11llu   %11llu\n",
            (unsigned long long)(a.prompt_tokens - a.gpu_hit_tokens),
-           (unsigned long long)(b.prompt_tokens - b.gpu_hit_tokens - b.host_hit_tokens));
-    printf("   GPU blocks evicted                    %9llu   %9llu\n",
-           (unsigned long long)a.evictions, (unsigned long long)b.evictions);
-    printf("   blocks stored / loaded: %llu / %llu; %.1f MiB of loaded KV compared byte for "
-           "byte: %llu mismatches\n",
+           (unsigned long long)(b.prompt_tokens - b.gpu_hit_tokens - b.host_hit_tokens),
+           (unsigned long long)(c.prompt_tokens - c.gpu_hit_tokens - c.host_hit_tokens));
+    printf("   GPU blocks evicted                    %9llu   %11llu   %11llu\n",
+           (unsigned long long)a.evictions, (unsigned long long)b.evictions,
+           (unsigned long long)c.evictions);
+    printf("   blocks stored / loaded: %llu / %llu (host tier), %llu / %llu (three tiers, %llu "
+           "written back to disk)\n",
            (unsigned long long)b.stored_blocks, (unsigned long long)b.loaded_blocks,
-           (double)b.verified_bytes / (1 << 20), (unsigned long long)b.bad_blocks);
-    printf("   bookkeeping for %llu turns: %.1f ms without, %.1f ms with the host tier (copies "
-           "included); pools end %s\n",
-           (unsigned long long)a.turns, ta * 1e3, tb * 1e3, bad ? "WITH LEAKS" : "fully free");
+           (unsigned long long)c.stored_blocks, (unsigned long long)c.loaded_blocks,
+           (unsigned long long)c.written_back);
+    printf("   %.1f MiB of loaded KV compared byte for byte: %llu mismatches\n",
+           (double)(b.verified_bytes + c.verified_bytes) / (1 << 20),
+           (unsigned long long)(b.bad_blocks + c.bad_blocks));
+    printf("   bookkeeping for %llu turns: %.1f ms GPU only, %.1f ms with the host tier, %.1f ms "
+           "with three tiers (copies and disk I/O included); pools end %s\n",
+           (unsigned long long)a.turns, ta * 1e3, tb * 1e3, tc * 1e3,
+           bad ? "WITH LEAKS" : "fully free");
     bad |= b.recomputed >= a.recomputed || b.loaded_blocks == 0;
+    bad |= c.recomputed >= a.recomputed || c.promoted == 0 || c.written_back == 0;
     return bad;
 }
 
@@ -442,9 +505,9 @@ int kvt_demo_run(uint64_t seed)
     printf("kvtier %s demo (seed %llu)\n\n", kvt_version(), (unsigned long long)seed);
     int bad = part_pool(seed);
     bad |= part_meta();
-    printf("\nComing next: the disk tier, encoder-cache transfer over ZeroMQ + UCX, and a "
-           "reference engine\nthat shows identical generated tokens with and without offload "
-           "(scheduler and workers\nin separate processes over kvt_link).\n");
+    printf("\nComing next: encoder-cache transfer over ZeroMQ + UCX, and a reference engine that "
+           "shows\nidentical generated tokens with and without offload (scheduler and workers in "
+           "separate\nprocesses over kvt_link).\n");
     printf("\n%s\n", bad ? "demo: FAILED (see above)" : "demo: all checks passed");
     return bad ? 1 : 0;
 }
