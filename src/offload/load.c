@@ -248,13 +248,7 @@ int kvt_offload_after_alloc(kvt_offload *m, const char *id, uint32_t id_len,
 void ofl_queue_load(kvt_offload *m, struct ofl_req *r)
 {
     r->flags |= RQ_LOAD_QUEUED;
-    r->load_next = OFL_NONE;
-    uint32_t slot = ofl_req_slot(m, r);
-    if (m->loadq_tail == OFL_NONE)
-        m->loadq_head = slot;
-    else
-        m->reqs[m->loadq_tail].load_next = slot;
-    m->loadq_tail = slot;
+    ofl_rq_push(m, &m->loadq_head, &m->loadq_tail, OFL_LOAD_LINK, ofl_req_slot(m, r));
 }
 
 /* Releases the pins of a request's load pairs. */
@@ -276,18 +270,7 @@ void ofl_release_load_pairs(kvt_offload *m, struct ofl_req *r)
 
 void ofl_cancel_queued_load(kvt_offload *m, struct ofl_req *r)
 {
-    uint32_t slot = ofl_req_slot(m, r), prev = OFL_NONE;
-    for (uint32_t s = m->loadq_head; s != OFL_NONE; prev = s, s = m->reqs[s].load_next) {
-        if (s != slot)
-            continue;
-        if (prev == OFL_NONE)
-            m->loadq_head = r->load_next;
-        else
-            m->reqs[prev].load_next = r->load_next;
-        if (m->loadq_tail == slot)
-            m->loadq_tail = prev;
-        break;
-    }
+    ofl_rq_unlink(m, &m->loadq_head, &m->loadq_tail, OFL_LOAD_LINK, ofl_req_slot(m, r));
     ofl_release_load_pairs(m, r);
     r->flags &= ~RQ_LOAD_QUEUED;
 }
@@ -383,18 +366,7 @@ void ofl_apply_load_done(kvt_offload *m, struct ofl_req *r)
 {
     struct ofl_event *e = ofl_evtable_find(&m->loads, r->load_event);
     if (e) {
-        uint32_t slot = ofl_req_slot(m, r), prev = OFL_NONE;
-        for (uint32_t s = e->head; s != OFL_NONE; prev = s, s = m->reqs[s].load_next) {
-            if (s != slot)
-                continue;
-            if (prev == OFL_NONE)
-                e->head = r->load_next;
-            else
-                m->reqs[prev].load_next = r->load_next;
-            if (e->tail == slot)
-                e->tail = prev;
-            break;
-        }
+        ofl_rq_unlink(m, &e->head, &e->tail, OFL_LOAD_LINK, ofl_req_slot(m, r));
         if (--e->n == 0)
             ofl_evtable_remove(&m->loads, e);
     }

@@ -106,6 +106,40 @@ void ofl_evtable_remove(struct ofl_evtable *t, struct ofl_event *e)
     t->n--;
 }
 
+/* ---- request FIFOs --------------------------------------------------------------------- */
+
+static uint32_t *rq_link(kvt_offload *m, uint32_t slot, size_t link)
+{
+    return (uint32_t *)((char *)&m->reqs[slot] + link);
+}
+
+void ofl_rq_push(kvt_offload *m, uint32_t *head, uint32_t *tail, size_t link, uint32_t slot)
+{
+    *rq_link(m, slot, link) = OFL_NONE;
+    if (*tail == OFL_NONE)
+        *head = slot;
+    else
+        *rq_link(m, *tail, link) = slot;
+    *tail = slot;
+}
+
+void ofl_rq_unlink(kvt_offload *m, uint32_t *head, uint32_t *tail, size_t link, uint32_t slot)
+{
+    uint32_t prev = OFL_NONE;
+    for (uint32_t s = *head; s != OFL_NONE; prev = s, s = *rq_link(m, s, link)) {
+        if (s != slot)
+            continue;
+        uint32_t next = *rq_link(m, s, link);
+        if (prev == OFL_NONE)
+            *head = next;
+        else
+            *rq_link(m, prev, link) = next;
+        if (*tail == slot)
+            *tail = prev;
+        return;
+    }
+}
+
 /* ---- requests -------------------------------------------------------------------------- */
 
 int ofl_fail_id(const char *id, uint32_t len)

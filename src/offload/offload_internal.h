@@ -27,6 +27,8 @@
 #ifndef KVT_OFFLOAD_INTERNAL_H
 #define KVT_OFFLOAD_INTERNAL_H
 
+#include <stddef.h>
+
 #include "base/idlist.h"
 #include "base/map.h"
 #include "kvtier/offload.h"
@@ -165,6 +167,13 @@ static inline uint32_t ofl_evtable_index(const struct ofl_evtable *t, const stru
 {
     return (uint32_t)(e - t->e);
 }
+
+/* FIFOs of request slots (the load queue, a load event's requests, the promotion queue),
+ * linked through the uint32_t field at offset `link` of struct ofl_req (manager.c) */
+#define OFL_LOAD_LINK  offsetof(struct ofl_req, load_next)
+#define OFL_PROMO_LINK offsetof(struct ofl_req, promo_next)
+void ofl_rq_push(kvt_offload *m, uint32_t *head, uint32_t *tail, size_t link, uint32_t slot);
+void ofl_rq_unlink(kvt_offload *m, uint32_t *head, uint32_t *tail, size_t link, uint32_t slot);
 
 /* requests (manager.c) */
 struct ofl_req *ofl_req_find(const kvt_offload *m, const char *id, uint32_t len);

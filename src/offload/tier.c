@@ -237,13 +237,7 @@ void ofl_tier_pair(kvt_offload *m, struct ofl_req *r, const uint32_t *blocks, ui
     }
     if (r->n_promo) {
         r->flags |= RQ_PROMO_QUEUED;
-        r->promo_next = OFL_NONE;
-        uint32_t slot = ofl_req_slot(m, r);
-        if (m->promoq_tail == OFL_NONE)
-            m->promoq_head = slot;
-        else
-            m->reqs[m->promoq_tail].promo_next = slot;
-        m->promoq_tail = slot;
+        ofl_rq_push(m, &m->promoq_head, &m->promoq_tail, OFL_PROMO_LINK, ofl_req_slot(m, r));
     }
 }
 
@@ -260,18 +254,7 @@ static void drop_promotions(kvt_offload *m, struct ofl_req *r)
 
 void ofl_tier_cancel_promo(kvt_offload *m, struct ofl_req *r)
 {
-    uint32_t slot = ofl_req_slot(m, r), prev = OFL_NONE;
-    for (uint32_t s = m->promoq_head; s != OFL_NONE; prev = s, s = m->reqs[s].promo_next) {
-        if (s != slot)
-            continue;
-        if (prev == OFL_NONE)
-            m->promoq_head = r->promo_next;
-        else
-            m->reqs[prev].promo_next = r->promo_next;
-        if (m->promoq_tail == slot)
-            m->promoq_tail = prev;
-        break;
-    }
+    ofl_rq_unlink(m, &m->promoq_head, &m->promoq_tail, OFL_PROMO_LINK, ofl_req_slot(m, r));
     drop_promotions(m, r);
     ofl_release_load_pairs(m, r);
     r->flags &= ~RQ_PROMO_QUEUED;

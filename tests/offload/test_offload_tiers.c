@@ -61,6 +61,16 @@ static void push_out_of_host(sim *s, sim_req *a)
     KVT_OK_(kvt_pool_reset_prefix_cache(s->gpu)); /* only the disk has a now */
 }
 
+/* A small host tier (8 blocks) with a disk tier behind it, prompt a (4 blocks) only on disk,
+ * and b, the same prompt, ready to be admitted. */
+static void disk_only_setup(sim *s, sim_req *a, sim_req *b)
+{
+    sim_init3(s, 64, 8, false, 1, 64, 64);
+    sim_req_make(a, "a", 4 * SIM_BS + 1, 1, 4 * SIM_BS + 1, 0);
+    push_out_of_host(s, a);
+    sim_req_make(b, "b", 4 * SIM_BS + 1, 1, 4 * SIM_BS + 1, 0);
+}
+
 static void write_back_is_findable_on_disk_only_when_every_worker_reported(void **state)
 {
     (void)state;
@@ -82,7 +92,6 @@ static void write_back_is_findable_on_disk_only_when_every_worker_reported(void 
     for (uint32_t b = 0; b < 4; b++)
         assert_true(disk_has(&s, &a, b));
     assert_int_equal(host_ref(&s, h0), 0);
-    /* already on disk: the next host store of the same block is not written back again */
     kvt_offload_stats st;
     kvt_offload_get_stats(s.m, &st);
     assert_int_equal(st.disk_stores_completed, 4);
@@ -117,11 +126,8 @@ static void disk_hit_is_promoted_before_the_single_gpu_load(void **state)
 {
     (void)state;
     sim s;
-    sim_init3(&s, 64, 8, false, 1, 64, 64);
     sim_req a, b;
-    sim_req_make(&a, "a", 4 * SIM_BS + 1, 1, 4 * SIM_BS + 1, 0);
-    push_out_of_host(&s, &a);
-    sim_req_make(&b, "b", 4 * SIM_BS + 1, 1, 4 * SIM_BS + 1, 0);
+    disk_only_setup(&s, &a, &b);
     assert_int_equal(sim_admit(&s, &b, UINT32_MAX), 4 * SIM_BS);
     sim_build(&s, false);
     assert_int_equal(s.meta.load_event, KVT_NO_EVENT); /* waits for the promotion */
@@ -159,11 +165,8 @@ static void failed_promotion_is_never_a_hit_and_its_blocks_come_back_invalid(voi
 {
     (void)state;
     sim s;
-    sim_init3(&s, 64, 8, false, 1, 64, 64);
     sim_req a, b;
-    sim_req_make(&a, "a", 4 * SIM_BS + 1, 1, 4 * SIM_BS + 1, 0);
-    push_out_of_host(&s, &a);
-    sim_req_make(&b, "b", 4 * SIM_BS + 1, 1, 4 * SIM_BS + 1, 0);
+    disk_only_setup(&s, &a, &b);
     assert_int_equal(sim_admit(&s, &b, UINT32_MAX), 4 * SIM_BS);
     sim_build(&s, false);
     report(&s, R_DISK_LOADS, 0, 1, true);
@@ -224,11 +227,8 @@ static void finishing_during_a_promotion_releases_everything_when_it_lands(void 
 {
     (void)state;
     sim s;
-    sim_init3(&s, 64, 8, false, 1, 64, 64);
     sim_req a, b;
-    sim_req_make(&a, "a", 4 * SIM_BS + 1, 1, 4 * SIM_BS + 1, 0);
-    push_out_of_host(&s, &a);
-    sim_req_make(&b, "b", 4 * SIM_BS + 1, 1, 4 * SIM_BS + 1, 0);
+    disk_only_setup(&s, &a, &b);
     sim_admit(&s, &b, UINT32_MAX);
     sim_build(&s, false);
     uint32_t gpu0 = b.blocks[0];
