@@ -6,14 +6,23 @@
  *              granularity, first fit over a sorted free list, split from the front, free
  *              coalescing with both neighbours.
  *
- * (The reservation table, resident pool and schedulers of issue 6 will join this header.)
+ *   kvt_ec_shard
+ *              one consumer shard's receive side (§3.3, §3.4): the slab, the reservation table
+ *              (writers, followers, cached hits with leases, deferred cancels and expiries,
+ *              refresh-abandon, tombstones) and the resident pool (pins, leases, retirement,
+ *              LRU reclaim behind fences). Its first rule: memory that a remote writer may still
+ *              be writing is never freed by a timeout or a consumer-side cancel — only by the
+ *              writer's completion or its explicit abandon.
  *
- * Thread rules: a slab is used by one thread at a time.
+ * (The consumer and producer schedulers of issue 6 will join this header.)
+ *
+ * Thread rules: a slab or a shard is used by one thread at a time.
  */
 #ifndef KVTIER_EC_H
 #define KVTIER_EC_H
 
 #include "kvtier/base.h"
+#include "kvtier/meta.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -50,6 +59,138 @@ KVT_API uint64_t kvt_slab_free_bytes(const kvt_slab *s);
 KVT_API uint32_t kvt_slab_free_extents(const kvt_slab *s);
 /* Largest single allocation that would succeed now. */
 KVT_API uint64_t kvt_slab_largest_free(const kvt_slab *s);
+
+/* ---- consumer shard (§3.3 reservations, §3.4 resident pool) ------------------------------- */
+
+#define KVT_EC_KEY_MAX 255u /* longest transfer id or mm_hash, bytes */
+#define KVT_EC_RID_LEN 32u  /* reservation ids: 32 lowercase hex digits (128 random bits) */
+
+/* What a reservation holds: the item's key and tensor description. nbytes must equal
+ * prod(shape) x the dtype's size (kvt_dtype_size). */
+typedef struct kvt_ec_item {
+    const char *mm_hash;
+    uint32_t mm_hash_len;
+    uint64_t nbytes;
+    uint32_t ndim;
+    uint64_t shape[KVT_EC_MAX_DIMS];
+    const char *dtype; /* torch dtype name, e.g. "bfloat16" */
+    uint32_t dtype_len;
+} kvt_ec_item;
+
+/* A fence that must have passed before retired memory may be reused (a CUDA event recorded
+ * after the last kernel that read it). done() is polled; NULL fn means already passed. */
+typedef struct kvt_ec_fence {
+    bool (*done)(void *ctx);
+    void *ctx;
+} kvt_ec_fence;
+
+typedef struct kvt_ec_shard_config {
+    void *base;              /* the registered receive buffer (borrowed; NULL: offsets only) */
+    uint64_t capacity;       /* its bytes (rounded down to the 256-byte granule) */
+    uint64_t ttl_ns;         /* reservation TTL and tombstone lifetime; default 300 s */
+    uint32_t max_records;    /* live reservations; default 65,536 */
+    uint32_t max_tombstones; /* terminal records kept, oldest dropped first; default 65,536 */
+    uint32_t max_residents;  /* resident entries (current and displaced); default 65,536 */
+    uint32_t max_events;     /* readiness / abandoned / reclaimed backlog each; default 4,096 */
+    kvt_clock clock;         /* default: the monotonic clock */
+} kvt_ec_shard_config;
+
+/* The reply to a reserve (the control server adds dst_session). */
+typedef struct kvt_ec_reply {
+    char reservation_id[KVT_EC_RID_LEN + 1]; /* "" when cancelled */
+    uint64_t offset;                         /* destination in the buffer */
+    void *ptr;                               /* base + offset (NULL without a base) */
+    uint64_t nbytes;
+    bool write;     /* the producer must write the bytes */
+    bool ready;     /* already complete (a resident hit) */
+    bool cached;    /* served from the resident pool */
+    bool cancelled; /* the consumer cancelled this transfer before it was reserved */
+} kvt_ec_reply;
+
+/* A transfer that became ready on this shard (the control server's readiness event). */
+typedef struct kvt_ec_ready_event {
+    char transfer_id[KVT_EC_KEY_MAX + 1];
+    char mm_hash[KVT_EC_KEY_MAX + 1];
+    char reservation_id[KVT_EC_RID_LEN + 1];
+    uint64_t nbytes;
+    bool abandoned; /* an abandoned writer or follower: the waiting request fails at once */
+} kvt_ec_ready_event;
+
+/* Reservation states, as kvt_ec_shard_state reports them. */
+enum kvt_ec_rstate {
+    KVT_EC_NONE = 0, /* unknown transfer (or reaped) */
+    KVT_EC_WRITING,
+    KVT_EC_READY,
+    KVT_EC_CANCEL_PENDING,
+    KVT_EC_EXPIRE_PENDING,
+    KVT_EC_CANCELLED,
+    KVT_EC_EXPIRED
+};
+
+typedef struct kvt_ec_shard kvt_ec_shard;
+
+KVT_API void kvt_ec_shard_config_init(kvt_ec_shard_config *cfg);
+KVT_API int kvt_ec_shard_create(const kvt_ec_shard_config *cfg, kvt_ec_shard **out);
+/* Frees everything. Refused (KVT_EBUSY, nothing freed) while a remote writer may still write
+ * into the buffer (kvt_ec_shard_writers): the caller keeps the buffer registered, as §3.3's
+ * shutdown says, and may try again. */
+KVT_API int kvt_ec_shard_destroy(kvt_ec_shard *sh);
+
+/* reserve(T, H, ...) of §3.3: a resident hit, a follower of the in-flight writer of H, or a
+ * new allocation. Errors: KVT_EINVAL (bad item, a conflicting reservation or cached tensor),
+ * KVT_ESTATE (shutting down; an expired writer still active: refresh-abandon first),
+ * KVT_ENOSPC (the pool is full after expiry and reclaim), KVT_ELIMIT (record table full). */
+KVT_API int kvt_ec_shard_reserve(kvt_ec_shard *sh, const char *transfer_id, uint32_t len,
+                                 const kvt_ec_item *item, kvt_ec_reply *out);
+/* complete(T, reservation_id): *accepted (the writer's completion or a repeat) and
+ * *became_ready (WRITING -> READY now). A wrong id or unknown transfer is (false, false). */
+KVT_API int kvt_ec_shard_complete(kvt_ec_shard *sh, const char *transfer_id, uint32_t len,
+                                  const char *reservation_id, bool *accepted, bool *became_ready);
+/* cancel(T, reservation_id, abandon, refresh) of §3.3; reservation_id NULL or "" matches any.
+ * *done is the Python return value. A consumer-side cancel (abandon false) never frees memory
+ * a writer may still write: it defers (CANCEL_PENDING). */
+KVT_API int kvt_ec_shard_cancel(kvt_ec_shard *sh, const char *transfer_id, uint32_t len,
+                                const char *reservation_id, bool abandon, bool refresh, bool *done);
+/* TTL pass: READY past expiry -> EXPIRED (released); WRITING past expiry -> a follower is
+ * cancelled, a writer deferred (EXPIRE_PENDING, memory kept); tombstones reaped. */
+KVT_API void kvt_ec_shard_expire(kvt_ec_shard *sh);
+/* take(T, H): a READY reservation becomes a pinned resident (the record goes); *out is the
+ * canonical allocation of H. KVT_ESTATE ("not ready") otherwise: a failed load. fence (may be
+ * NULL), recorded on the stream now, guards a pinned entry of H that this take displaces: it
+ * is reused only after the fence passed. */
+KVT_API int kvt_ec_shard_take(kvt_ec_shard *sh, const char *transfer_id, uint32_t len,
+                              const char *mm_hash, uint32_t hash_len, const kvt_ec_fence *fence,
+                              kvt_slab_view *out);
+/* Local handoff: pins the resident entry of item->mm_hash if it has the same shape and dtype.
+ * KVT_ENOENT otherwise (a failed load). */
+KVT_API int kvt_ec_shard_take_resident(kvt_ec_shard *sh, const kvt_ec_item *item,
+                                       kvt_slab_view *out);
+/* Retires H (`freed`): unpins its resident entry, which stays reusable (hits, local loads) and
+ * becomes evictable once no lease holds it; its memory is reused only after fence passed.
+ * Returns 1 if an entry was retired, 0 if H has no pinned entry. */
+KVT_API int kvt_ec_shard_retire(kvt_ec_shard *sh, const char *mm_hash, uint32_t len,
+                                const kvt_ec_fence *fence);
+/* Stops new reservations; cancels followers and READY records, defers writers. */
+KVT_API void kvt_ec_shard_begin_shutdown(kvt_ec_shard *sh);
+/* Reservations whose writer may still write into the buffer (WRITING, CANCEL_PENDING,
+ * EXPIRE_PENDING writers). */
+KVT_API uint32_t kvt_ec_shard_writers(const kvt_ec_shard *sh);
+KVT_API int kvt_ec_shard_state(const kvt_ec_shard *sh, const char *transfer_id, uint32_t len);
+
+/* Readiness events (and abandoned notices) queued since the last call, oldest first. */
+KVT_API uint32_t kvt_ec_shard_take_events(kvt_ec_shard *sh, kvt_ec_ready_event *out, uint32_t cap);
+/* mm_hashes evicted under pressure since the last call (the `reclaimed` report), into out as
+ * NUL-terminated strings of KVT_EC_KEY_MAX + 1 bytes each. */
+KVT_API uint32_t kvt_ec_shard_take_reclaimed(kvt_ec_shard *sh, char (*out)[KVT_EC_KEY_MAX + 1],
+                                             uint32_t cap);
+
+typedef struct kvt_ec_shard_stats {
+    uint64_t reserves, writes, follows, cached_hits, completes, cancels, expiries, takes;
+    uint64_t reclaims, deferred_frees, tombstones_dropped, events_dropped;
+    uint32_t records, tombstones, residents, writers;
+    uint64_t free_bytes, capacity;
+} kvt_ec_shard_stats;
+KVT_API void kvt_ec_shard_get_stats(const kvt_ec_shard *sh, kvt_ec_shard_stats *st);
 
 #ifdef __cplusplus
 }
