@@ -851,9 +851,15 @@ int kvt_ec_shard_complete(kvt_ec_shard *sh, const char *tid, uint32_t tid_len, c
         *accepted = true;
         return 0;
     }
-    /* the writer: its followers become ready on the same bytes, held by the resident pool */
+    /* the writer: its followers become ready on the same bytes, held by the resident pool.
+     * If H is resident already (written by another transfer meanwhile), that entry holds the
+     * same content and may be in use: it stays, and this writer's copy goes. */
     if (r->ffirst != NONE) {
-        res *e = res_publish(sh, &r->h, &r->d, &r->alloc, false, NULL);
+        res *e = res_find(sh, &r->h);
+        if (e && desc_eq(&e->d, &r->d))
+            (void)kvt_slab_free(sh->slab, &r->alloc);
+        else
+            e = res_publish(sh, &r->h, &r->d, &r->alloc, false, NULL);
         r->has_alloc = false;
         while (r->ffirst != NONE) {
             rec *f = &sh->recs[r->ffirst];
