@@ -162,19 +162,25 @@ static bool desc_eq(const desc *a, const desc *b)
     return memcmp(a, b, sizeof(*a)) == 0;
 }
 
-/* 128 random bits as hex: a capability the completion must present. */
+/* 128 random bits from the kernel as hex, like uuid4().hex: a capability the completion must
+ * present, so it must not be predictable from earlier ids. Should getrandom fail, a generator
+ * seeded from it at create (xorshift128+) keeps ids unique. */
 static void new_rid(kvt_ec_shard *sh, char *out)
 {
     static const char hex[] = "0123456789abcdef";
-    for (int w = 0; w < 2; w++) { /* xorshift128+, seeded from the kernel */
-        uint64_t s1 = sh->rid_state[0], s0 = sh->rid_state[1];
-        sh->rid_state[0] = s0;
-        s1 ^= s1 << 23;
-        sh->rid_state[1] = s1 ^ s0 ^ (s1 >> 17) ^ (s0 >> 26);
-        uint64_t v = sh->rid_state[1] + s0;
-        for (int i = 0; i < 16; i++)
-            out[w * 16 + i] = hex[(v >> (4 * i)) & 15];
+    uint64_t v[2];
+    if (getrandom(v, sizeof(v), GRND_NONBLOCK) != (ssize_t)sizeof(v)) {
+        for (int w = 0; w < 2; w++) {
+            uint64_t s1 = sh->rid_state[0], s0 = sh->rid_state[1];
+            sh->rid_state[0] = s0;
+            s1 ^= s1 << 23;
+            sh->rid_state[1] = s1 ^ s0 ^ (s1 >> 17) ^ (s0 >> 26);
+            v[w] = sh->rid_state[1] + s0;
+        }
     }
+    for (int w = 0; w < 2; w++)
+        for (int i = 0; i < 16; i++)
+            out[w * 16 + i] = hex[(v[w] >> (4 * i)) & 15];
     out[KVT_EC_RID_LEN] = 0;
 }
 
