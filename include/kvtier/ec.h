@@ -14,7 +14,13 @@
  *              be writing is never freed by a timeout or a consumer-side cancel — only by the
  *              writer's completion or its explicit abandon.
  *
- * (The consumer and producer schedulers of issue 6 will join this header.)
+ *   kvt_ec_sched
+ *              the consumer scheduler's transfer table (§1.4 steps 8-12, §2.4, §3.4's mirror):
+ *              readiness only when every shard reported, the AVAILABLE / LOADING / READY /
+ *              RESIDENT life cycle with its deadlines, local handoffs, abandoned pushes that
+ *              fail a waiting request at once, the load specs of the step's metadata.
+ *
+ * (The producer of issue 6 will join this header.)
  *
  * Thread rules: a slab or a shard is used by one thread at a time.
  */
@@ -191,6 +197,105 @@ typedef struct kvt_ec_shard_stats {
     uint64_t free_bytes, capacity;
 } kvt_ec_shard_stats;
 KVT_API void kvt_ec_shard_get_stats(const kvt_ec_shard *sh, kvt_ec_shard_stats *st);
+
+/* ---- consumer scheduler: the transfer table ------------------------------------------------ */
+
+#define KVT_EC_MAX_SHARDS 64u
+
+/* Transfer states as kvt_ec_sched_state reports them. */
+enum kvt_ec_tstate {
+    KVT_ECT_NONE = 0,
+    KVT_ECT_WAITING,   /* a request waits for the push's readiness */
+    KVT_ECT_AVAILABLE, /* every shard reported it ready: a load may be scheduled */
+    KVT_ECT_LOADING,   /* its load spec went (or goes) to the workers */
+    KVT_ECT_READY,     /* every rank placed it in its encoder cache */
+    KVT_ECT_RESIDENT,  /* evicted from the encoder cache, still in the shards' pools */
+    KVT_ECT_FAILED,    /* tombstones from here on */
+    KVT_ECT_UNAVAILABLE,
+    KVT_ECT_EXPIRED,
+    KVT_ECT_CANCELLED
+};
+
+typedef struct kvt_ec_sched_config {
+    uint32_t shards;            /* consumer TP shards that must each report readiness; 1..64 */
+    uint64_t push_wait_ns;      /* a waiting request or a load without report fails; 60 s */
+    uint64_t lease_ns;          /* AVAILABLE lease and tombstone lifetime; default 300 s */
+    uint64_t resident_capacity; /* bytes mirrored as RESIDENT (ec_buffer_size); default 1e9 */
+    uint32_t max_transfers;     /* live transfer records; default 65,536 */
+    uint32_t max_tombstones;    /* default 65,536, oldest dropped first */
+    uint32_t max_partial;       /* transfers with readiness from some shards only; 4,096 */
+    kvt_clock clock;
+} kvt_ec_sched_config;
+
+/* A readiness report of one shard (its control server's event). */
+typedef struct kvt_ec_ready {
+    const char *transfer_id;
+    uint32_t transfer_id_len;
+    kvt_ec_item item;
+    uint32_t shard; /* 0 .. shards - 1 */
+} kvt_ec_ready;
+
+/* One multimodal feature of a request: its item key and the transfer the proxy named for it
+ * (NULL / 0: none; the table then waits under "<request_id>:<index>"). */
+typedef struct kvt_ec_feature {
+    const char *mm_hash;
+    uint32_t mm_hash_len;
+    const char *transfer_id;
+    uint32_t transfer_id_len;
+} kvt_ec_feature;
+
+typedef struct kvt_ec_sched kvt_ec_sched;
+
+KVT_API void kvt_ec_sched_config_init(kvt_ec_sched_config *cfg);
+KVT_API int kvt_ec_sched_create(const kvt_ec_sched_config *cfg, kvt_ec_sched **out);
+KVT_API void kvt_ec_sched_destroy(kvt_ec_sched *s);
+
+/* A shard's readiness event. Ignored for a transfer already finished (a tombstone) or whose
+ * item collides with the one the table knows under that id; a repeat from one shard does
+ * not count; when every shard reported, the transfer is AVAILABLE with a lease. */
+KVT_API int kvt_ec_sched_observe_ready(kvt_ec_sched *s, const kvt_ec_ready *ev);
+/* An abandoned push ([later]): a waiting request fails at once (or when it arrives); after
+ * readiness it is ignored. */
+KVT_API int kvt_ec_sched_observe_abandoned(kvt_ec_sched *s, const char *transfer_id, uint32_t len);
+/* True when some transfer of mm_hash is READY, RESIDENT or AVAILABLE (the engine then treats
+ * it as externally cached and does not encode it). */
+KVT_API bool kvt_ec_sched_has_cache_item(kvt_ec_sched *s, const char *mm_hash, uint32_t len);
+/* ensure_cache_available: *ready when every feature is in the encoder cache or READY; else
+ * starts what is missing (a load of an AVAILABLE or RESIDENT transfer, or a wait for a push)
+ * and the engine skips the request this step. A request whose transfer id collides with
+ * another item, or whose push was abandoned, is failed (kvt_ec_sched_take_unavailable). */
+KVT_API int kvt_ec_sched_ensure(kvt_ec_sched *s, const char *req_id, uint32_t req_len,
+                                const kvt_ec_feature *features, uint32_t n, bool *ready);
+/* The engine's encoder cache now holds mm_hash (update_state_after_alloc). */
+KVT_API int kvt_ec_sched_cache_added(kvt_ec_sched *s, const char *mm_hash, uint32_t len);
+/* The engine's encoder cache evicted mm_hash (free_encoder_mm_hashes): the newest READY
+ * transfer becomes RESIDENT (a later load is a local handoff), other READY / RESIDENT ones of
+ * it expire and are cancelled; the hash goes to the next metadata's `freed`. */
+KVT_API int kvt_ec_sched_cache_freed(kvt_ec_sched *s, const char *mm_hash, uint32_t len);
+/* The request consumed a feature (update_state_after_free): its transfer is released (a cancel
+ * to every shard) unless the item is served from the encoder cache. */
+KVT_API int kvt_ec_sched_consumed(kvt_ec_sched *s, const char *req_id, uint32_t req_len,
+                                  const kvt_ec_feature *feature);
+/* request_finished: cancels the request's transfers, except a LOADING one another request
+ * still waits for; forgets the request. */
+KVT_API int kvt_ec_sched_request_finished(kvt_ec_sched *s, const char *req_id, uint32_t req_len);
+/* build_connector_meta: the queued load specs (each once) and the freed hashes, into out
+ * (cleared first). */
+KVT_API int kvt_ec_sched_build_meta(kvt_ec_sched *s, kvt_ec_meta *out);
+/* update_connector_output with the ranks' aggregated report: loaded -> READY, failed_loads ->
+ * FAILED, reclaimed -> residency dropped, failed_saves -> those requests fail. */
+KVT_API int kvt_ec_sched_apply_output(kvt_ec_sched *s, const kvt_ec_worker_meta *agg);
+/* Deadlines: an AVAILABLE lease runs out (EXPIRED, cancelled), a LOADING without report or a
+ * wait without readiness (UNAVAILABLE, its requests failed), tombstones reaped. */
+KVT_API void kvt_ec_sched_expire(kvt_ec_sched *s);
+/* Requests to fail (a retryable error), each reported once; ids copied into out as
+ * NUL-terminated strings of KVT_EC_KEY_MAX + 1 bytes. */
+KVT_API uint32_t kvt_ec_sched_take_unavailable(kvt_ec_sched *s, char (*out)[KVT_EC_KEY_MAX + 1],
+                                               uint32_t cap);
+/* Transfer ids to cancel on every shard (cancel(T, "")), each once. */
+KVT_API uint32_t kvt_ec_sched_take_cancels(kvt_ec_sched *s, char (*out)[KVT_EC_KEY_MAX + 1],
+                                           uint32_t cap);
+KVT_API int kvt_ec_sched_state(const kvt_ec_sched *s, const char *transfer_id, uint32_t len);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,872 @@
+/*
+ * The consumer scheduler's transfer table (spec ec-transfer §1.4 steps 8-12, §2.4, §3.4's
+ * residency mirror, §4.4's deadlines).
+ *
+ * A transfer record per transfer id, found through a map; the same map type indexes records by
+ * mm_hash as a multimap (candidates compared by key, the oldest first by creation sequence, so
+ * a hash's transfers keep their FIFO order). Requests are kept while the engine runs them,
+ * each feature bound to the transfer that serves it (its own, or one it borrowed), so a
+ * transfer that fails can fail exactly the requests that depend on it, each reported once.
+ *
+ * Life cycle (terminal states are tombstones: late events and repeated ids never revive them):
+ *
+ *   (partial readiness) --all shards--> AVAILABLE --begin_load--> LOADING --loaded--> READY
+ *   WAITING (a request waits) --all shards--> AVAILABLE           LOADING --failed--> FAILED
+ *   WAITING --push_wait / abandoned--> UNAVAILABLE                LOADING --push_wait-->
+ * UNAVAILABLE AVAILABLE --lease--> EXPIRED                                  READY --evicted-->
+ * RESIDENT RESIDENT --begin_load (local)--> LOADING                      READY|RESIDENT
+ * --orphaned--> EXPIRED any live --consumed / request finished--> CANCELLED
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/array.h"
+#include "base/error.h"
+#include "base/hash.h"
+#include "base/map.h"
+#include "kvtier/ec.h"
+
+#define NONE         UINT32_MAX
+#define ST_PARTIAL   100 /* internal: readiness from some shards, no request yet */
+#define MAX_FEATURES 64u
+
+typedef struct skey {
+    char s[KVT_EC_KEY_MAX + 1];
+    uint32_t len;
+    uint64_t hash;
+} skey;
+
+typedef struct xfer {
+    bool used, has_spec, local, queued, cancel_sent;
+    uint8_t state;
+    skey t, h;
+    uint64_t nbytes;
+    uint32_t ndim;
+    uint64_t shape[KVT_EC_MAX_DIMS];
+    char dtype[24];
+    uint64_t mask, deadline, seq;
+    uint32_t tprev, tnext, free_next;
+} xfer;
+
+typedef struct sreq {
+    bool used, reported;
+    skey id;
+    uint32_t n;
+    uint32_t own[MAX_FEATURES];   /* the transfer each feature named */
+    uint32_t used_[MAX_FEATURES]; /* the transfer serving it (its own or borrowed) */
+    uint32_t free_next;
+} sreq;
+
+struct kvt_ec_sched {
+    kvt_ec_sched_config cfg;
+    xfer *x;
+    uint32_t n_x, cap_x, free_x, live, tomb, partial, thead, ttail;
+    uint64_t seq;
+    kvt_map by_t, by_h;
+    sreq *r;
+    uint32_t n_r, cap_r, free_r;
+    kvt_map by_req;
+    skey *mirror; /* the engine's encoder cache */
+    uint32_t n_mirror, cap_mirror;
+    uint32_t *loadq;
+    uint32_t n_loadq, cap_loadq;
+    skey *freed, *unavail, *cancels;
+    uint32_t n_freed, cap_freed, n_unavail, cap_unavail, n_cancels, cap_cancels;
+};
+
+/* ---- helpers ------------------------------------------------------------------------------ */
+
+static int skey_set(skey *k, const char *s, uint32_t len, const char *what)
+{
+    if (!s || len == 0 || len > KVT_EC_KEY_MAX || memchr(s, 0, len))
+        return kvt_fail(KVT_EINVAL, "ec sched: %s must be 1..%u bytes without NUL (got %u)", what,
+                        KVT_EC_KEY_MAX, s ? len : 0);
+    memcpy(k->s, s, len);
+    k->s[len] = 0;
+    k->len = len;
+    k->hash = kvt_xxh3_64(s, len, 0);
+    return 0;
+}
+
+static bool skey_eq(const skey *a, const skey *b)
+{
+    return a->len == b->len && memcmp(a->s, b->s, a->len) == 0;
+}
+
+static uint64_t now(const kvt_ec_sched *s)
+{
+    return kvt_clock_now(&s->cfg.clock);
+}
+
+static uint64_t after(const kvt_ec_sched *s, uint64_t d)
+{
+    uint64_t t = now(s);
+    return t > UINT64_MAX - d ? UINT64_MAX : t + d;
+}
+
+static bool terminal(const xfer *x)
+{
+    return x->state >= KVT_ECT_FAILED && x->state != ST_PARTIAL;
+}
+
+static uint32_t xi(const kvt_ec_sched *s, const xfer *x)
+{
+    return (uint32_t)(x - s->x);
+}
+
+/* Appends a key to a growable list; false (and a logged error) if memory ran out. */
+static bool list_push(skey **l, uint32_t *n, uint32_t *cap, const skey *k)
+{
+    if (kvt_array_grow((void **)l, cap, *n + 1ull, sizeof(skey))) {
+        kvt_fail(KVT_ENOMEM, "ec sched: cannot queue %s", k->s);
+        return false;
+    }
+    (*l)[(*n)++] = *k;
+    return true;
+}
+
+static xfer *find_t(const kvt_ec_sched *s, const skey *t)
+{
+    uint64_t pos = kvt_map_probe_start(&s->by_t, t->hash);
+    uint32_t i;
+    while (kvt_map_probe_next(&s->by_t, t->hash, &pos, &i))
+        if (skey_eq(&s->x[i].t, t))
+            return &s->x[i];
+    return NULL;
+}
+
+/* The oldest transfer of h in one of the states of `mask` (bit per state), or NULL. */
+static xfer *oldest_of(const kvt_ec_sched *s, const skey *h, unsigned mask)
+{
+    uint64_t pos = kvt_map_probe_start(&s->by_h, h->hash);
+    uint32_t i;
+    xfer *best = NULL;
+    while (kvt_map_probe_next(&s->by_h, h->hash, &pos, &i)) {
+        xfer *x = &s->x[i];
+        if (x->state < 32 && (mask & (1u << x->state)) && skey_eq(&x->h, h) &&
+            (!best || x->seq < best->seq))
+            best = x;
+    }
+    return best;
+}
+
+#define BIT(st) (1u << (st))
+
+static xfer *x_new(kvt_ec_sched *s, const skey *t, const skey *h, uint8_t state)
+{
+    if (s->live >= s->cfg.max_transfers) {
+        kvt_fail(KVT_ELIMIT, "ec sched: %u transfers live (max_transfers)", s->live);
+        return NULL;
+    }
+    if (s->free_x == NONE) {
+        if (kvt_array_grow((void **)&s->x, &s->cap_x, s->n_x + 1ull, sizeof(xfer))) {
+            kvt_fail(KVT_ENOMEM, "ec sched: out of memory");
+            return NULL;
+        }
+        s->x[s->n_x].free_next = NONE;
+        s->free_x = s->n_x++;
+    }
+    xfer *x = &s->x[s->free_x];
+    s->free_x = x->free_next;
+    memset(x, 0, sizeof(*x));
+    x->used = true;
+    x->t = *t;
+    if (h)
+        x->h = *h;
+    x->state = state;
+    x->seq = ++s->seq;
+    x->tprev = x->tnext = NONE;
+    (void)kvt_map_insert(&s->by_t, t->hash, xi(s, x)); /* room: live + tombstones */
+    if (h)
+        (void)kvt_map_insert(&s->by_h, h->hash, xi(s, x));
+    s->live++;
+    if (state == ST_PARTIAL)
+        s->partial++;
+    return x;
+}
+
+static void tomb_unlink(kvt_ec_sched *s, xfer *x)
+{
+    if (x->tprev == NONE)
+        s->thead = x->tnext;
+    else
+        s->x[x->tprev].tnext = x->tnext;
+    if (x->tnext == NONE)
+        s->ttail = x->tprev;
+    else
+        s->x[x->tnext].tprev = x->tprev;
+    x->tprev = x->tnext = NONE;
+}
+
+/* Requests no longer point at a freed slot. */
+static void unbind(kvt_ec_sched *s, uint32_t idx)
+{
+    for (uint32_t i = 0; i < s->n_r; i++) {
+        sreq *r = &s->r[i];
+        for (uint32_t f = 0; r->used && f < r->n; f++) {
+            if (r->own[f] == idx)
+                r->own[f] = NONE;
+            if (r->used_[f] == idx)
+                r->used_[f] = NONE;
+        }
+    }
+}
+
+static void x_free(kvt_ec_sched *s, xfer *x)
+{
+    if (terminal(x)) {
+        tomb_unlink(s, x);
+        s->tomb--;
+    } else {
+        s->live--;
+        if (x->state == ST_PARTIAL)
+            s->partial--;
+    }
+    kvt_map_remove(&s->by_t, x->t.hash, xi(s, x));
+    if (x->h.len)
+        kvt_map_remove(&s->by_h, x->h.hash, xi(s, x));
+    unbind(s, xi(s, x));
+    x->used = false;
+    x->free_next = s->free_x;
+    s->free_x = xi(s, x);
+}
+
+static void queue_cancel(kvt_ec_sched *s, xfer *x)
+{
+    if (!x->cancel_sent && list_push(&s->cancels, &s->n_cancels, &s->cap_cancels, &x->t))
+        x->cancel_sent = true;
+}
+
+/* Fails every request that depends on x (its own or borrowed), each reported once. */
+static void fail_dependents(kvt_ec_sched *s, const xfer *x)
+{
+    uint32_t idx = xi(s, x);
+    for (uint32_t i = 0; i < s->n_r; i++) {
+        sreq *r = &s->r[i];
+        if (!r->used || r->reported)
+            continue;
+        for (uint32_t f = 0; f < r->n; f++)
+            if (r->own[f] == idx || r->used_[f] == idx) {
+                if (list_push(&s->unavail, &s->n_unavail, &s->cap_unavail, &r->id))
+                    r->reported = true;
+                break;
+            }
+    }
+}
+
+/* x becomes a tombstone in `state`; cancel: tell every shard to release it. */
+static void finish_x(kvt_ec_sched *s, xfer *x, uint8_t state, bool cancel)
+{
+    if (terminal(x)) {
+        tomb_unlink(s, x);
+        s->tomb--;
+    } else {
+        s->live--;
+        if (x->state == ST_PARTIAL)
+            s->partial--;
+    }
+    x->state = state;
+    x->queued = false;
+    x->deadline = after(s, s->cfg.lease_ns);
+    x->tprev = s->ttail;
+    x->tnext = NONE;
+    if (s->ttail == NONE)
+        s->thead = xi(s, x);
+    else
+        s->x[s->ttail].tnext = xi(s, x);
+    s->ttail = xi(s, x);
+    s->tomb++;
+    if (cancel)
+        queue_cancel(s, x);
+    if (state == KVT_ECT_FAILED || state == KVT_ECT_UNAVAILABLE)
+        fail_dependents(s, x);
+    while (s->tomb > s->cfg.max_tombstones)
+        x_free(s, &s->x[s->thead]);
+}
+
+static bool mirror_has(const kvt_ec_sched *s, const skey *h)
+{
+    for (uint32_t i = 0; i < s->n_mirror; i++)
+        if (skey_eq(&s->mirror[i], h))
+            return true;
+    return false;
+}
+
+/* ---- life cycle ---------------------------------------------------------------------------- */
+
+void kvt_ec_sched_config_init(kvt_ec_sched_config *cfg)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->shards = 1;
+    cfg->push_wait_ns = 60ull * 1000000000ull;
+    cfg->lease_ns = 300ull * 1000000000ull;
+    cfg->resident_capacity = 1000000000ull;
+    cfg->max_transfers = 65536;
+    cfg->max_tombstones = 65536;
+    cfg->max_partial = 4096;
+    cfg->clock = kvt_clock_monotonic();
+}
+
+int kvt_ec_sched_create(const kvt_ec_sched_config *cfg, kvt_ec_sched **out)
+{
+    if (!cfg || !out)
+        return kvt_fail(KVT_EINVAL, "ec sched: NULL argument");
+    *out = NULL;
+    if (cfg->shards < 1 || cfg->shards > KVT_EC_MAX_SHARDS)
+        return kvt_fail(KVT_EINVAL, "ec sched: shards %u must be 1..%u", cfg->shards,
+                        KVT_EC_MAX_SHARDS);
+    if (!cfg->push_wait_ns || !cfg->lease_ns || !cfg->max_transfers || !cfg->clock.now_ns ||
+        cfg->max_transfers > (1u << 24) || cfg->max_tombstones > (1u << 24))
+        return kvt_fail(KVT_EINVAL, "ec sched: timeouts, table sizes (1..16 Mi) and clock needed");
+    kvt_ec_sched *s = calloc(1, sizeof(*s));
+    if (!s)
+        return kvt_fail(KVT_ENOMEM, "ec sched: out of memory");
+    s->cfg = *cfg;
+    s->free_x = s->free_r = s->thead = s->ttail = NONE;
+    uint32_t cap = cfg->max_transfers + cfg->max_tombstones + 1;
+    int rc = kvt_map_init(&s->by_t, cap);
+    if (!rc)
+        rc = kvt_map_init(&s->by_h, cap);
+    if (!rc)
+        rc = kvt_map_init(&s->by_req, cfg->max_transfers);
+    if (rc) {
+        kvt_ec_sched_destroy(s);
+        return kvt_fail_wrap(rc, "ec sched");
+    }
+    *out = s;
+    return 0;
+}
+
+void kvt_ec_sched_destroy(kvt_ec_sched *s)
+{
+    if (!s)
+        return;
+    kvt_map_free(&s->by_t);
+    kvt_map_free(&s->by_h);
+    kvt_map_free(&s->by_req);
+    free(s->x);
+    free(s->r);
+    free(s->mirror);
+    free(s->loadq);
+    free(s->freed);
+    free(s->unavail);
+    free(s->cancels);
+    free(s);
+}
+
+/* ---- readiness ------------------------------------------------------------------------------ */
+
+int kvt_ec_sched_observe_ready(kvt_ec_sched *s, const kvt_ec_ready *ev)
+{
+    skey t, h;
+    int rc;
+    if (!ev)
+        return kvt_fail(KVT_EINVAL, "ec sched: NULL event");
+    if ((rc = skey_set(&t, ev->transfer_id, ev->transfer_id_len, "transfer id")) ||
+        (rc = skey_set(&h, ev->item.mm_hash, ev->item.mm_hash_len, "mm_hash")))
+        return rc;
+    if (ev->shard >= s->cfg.shards)
+        return kvt_fail(KVT_ERANGE, "ec sched: shard %u of %u", ev->shard, s->cfg.shards);
+    if (ev->item.ndim > KVT_EC_MAX_DIMS || !ev->item.dtype || !ev->item.dtype_len ||
+        ev->item.dtype_len >= sizeof(((xfer *)0)->dtype))
+        return kvt_fail(KVT_EINVAL, "ec sched: malformed tensor description");
+    xfer *x = find_t(s, &t);
+    if (x && (terminal(x) || (x->h.len && !skey_eq(&x->h, &h))))
+        return 0; /* finished, or a colliding id: the transfer the table knows stands */
+    if (x && x->state != KVT_ECT_WAITING && x->state != ST_PARTIAL)
+        return 0; /* a repeat after readiness */
+    if (!x) {
+        if (s->partial >= s->cfg.max_partial)
+            return 0; /* bounded: a transfer nobody asked for yet is forgotten */
+        if (!(x = x_new(s, &t, &h, ST_PARTIAL)))
+            return kvt_fail_wrap(KVT_ELIMIT, "ec sched: readiness");
+        x->deadline = after(s, s->cfg.lease_ns);
+    }
+    if (!x->has_spec) {
+        x->has_spec = true;
+        x->nbytes = ev->item.nbytes;
+        x->ndim = ev->item.ndim;
+        memcpy(x->shape, ev->item.shape, ev->item.ndim * sizeof(uint64_t));
+        memcpy(x->dtype, ev->item.dtype, ev->item.dtype_len);
+        x->dtype[ev->item.dtype_len] = 0;
+    }
+    x->mask |= 1ull << ev->shard;
+    if ((uint32_t)__builtin_popcountll(x->mask) < s->cfg.shards)
+        return 0; /* the same shard twice does not make two */
+    if (x->state == ST_PARTIAL)
+        s->partial--;
+    x->state = KVT_ECT_AVAILABLE;
+    x->deadline = after(s, s->cfg.lease_ns);
+    return 0;
+}
+
+int kvt_ec_sched_observe_abandoned(kvt_ec_sched *s, const char *tid, uint32_t len)
+{
+    skey t;
+    int rc = skey_set(&t, tid, len, "transfer id");
+    if (rc)
+        return rc;
+    xfer *x = find_t(s, &t);
+    if (!x) { /* before the request: it fails when it arrives */
+        if (!(x = x_new(s, &t, NULL, ST_PARTIAL)))
+            return kvt_fail_wrap(KVT_ELIMIT, "ec sched: abandoned");
+        finish_x(s, x, KVT_ECT_UNAVAILABLE, false);
+        return 0;
+    }
+    if (x->state == KVT_ECT_WAITING || x->state == ST_PARTIAL)
+        finish_x(s, x, KVT_ECT_UNAVAILABLE, false); /* fails its waiting requests at once */
+    return 0;                                       /* after readiness: ignored */
+}
+
+bool kvt_ec_sched_has_cache_item(kvt_ec_sched *s, const char *mm_hash, uint32_t len)
+{
+    skey h;
+    if (skey_set(&h, mm_hash, len, "mm_hash"))
+        return false;
+    return oldest_of(s, &h, BIT(KVT_ECT_READY) | BIT(KVT_ECT_RESIDENT) | BIT(KVT_ECT_AVAILABLE));
+}
+
+/* ---- requests ---------------------------------------------------------------------------------
+ */
+
+static sreq *req_find(const kvt_ec_sched *s, const skey *id)
+{
+    uint64_t pos = kvt_map_probe_start(&s->by_req, id->hash);
+    uint32_t i;
+    while (kvt_map_probe_next(&s->by_req, id->hash, &pos, &i))
+        if (skey_eq(&s->r[i].id, id))
+            return &s->r[i];
+    return NULL;
+}
+
+static sreq *req_get(kvt_ec_sched *s, const skey *id)
+{
+    sreq *r = req_find(s, id);
+    if (r)
+        return r;
+    if (s->by_req.count >= s->by_req.capacity) {
+        kvt_fail(KVT_ELIMIT, "ec sched: too many requests tracked");
+        return NULL;
+    }
+    if (s->free_r == NONE) {
+        if (kvt_array_grow((void **)&s->r, &s->cap_r, s->n_r + 1ull, sizeof(sreq))) {
+            kvt_fail(KVT_ENOMEM, "ec sched: out of memory");
+            return NULL;
+        }
+        s->r[s->n_r].free_next = NONE;
+        s->free_r = s->n_r++;
+    }
+    r = &s->r[s->free_r];
+    s->free_r = r->free_next;
+    memset(r, 0, sizeof(*r));
+    r->used = true;
+    r->id = *id;
+    (void)kvt_map_insert(&s->by_req, id->hash, (uint32_t)(r - s->r));
+    return r;
+}
+
+static void fail_request(kvt_ec_sched *s, sreq *r)
+{
+    if (!r->reported && list_push(&s->unavail, &s->n_unavail, &s->cap_unavail, &r->id))
+        r->reported = true;
+}
+
+static void begin_load(kvt_ec_sched *s, xfer *y)
+{
+    y->local = y->state == KVT_ECT_RESIDENT;
+    y->state = KVT_ECT_LOADING;
+    y->deadline = after(s, s->cfg.push_wait_ns);
+    if (!y->queued && kvt_array_grow((void **)&s->loadq, &s->cap_loadq, s->n_loadq + 1ull,
+                                     sizeof(uint32_t)) == 0) {
+        s->loadq[s->n_loadq++] = xi(s, y);
+        y->queued = true;
+    }
+}
+
+/* One feature of ensure; returns whether it is available now. */
+static bool ensure_one(kvt_ec_sched *s, sreq *r, uint32_t f, const skey *t, const skey *h)
+{
+    xfer *x = find_t(s, t);
+    if (x && x->h.len && !skey_eq(&x->h, h)) { /* a colliding id: only this request fails */
+        fail_request(s, r);
+        return false;
+    }
+    if (x && x->state == ST_PARTIAL && !x->h.len) { /* (an abandon notice without its hash) */
+        finish_x(s, x, KVT_ECT_UNAVAILABLE, false);
+    }
+    r->own[f] = x ? xi(s, x) : NONE;
+    if (x && x->state == KVT_ECT_AVAILABLE)
+        x->deadline = after(s, s->cfg.lease_ns); /* the lease is touched while asked for */
+    if (mirror_has(s, h))
+        return true;
+    xfer *y = oldest_of(s, h, BIT(KVT_ECT_READY));
+    if (y) {
+        r->used_[f] = xi(s, y);
+        return true;
+    }
+    if ((y = oldest_of(s, h, BIT(KVT_ECT_LOADING)))) {
+        r->used_[f] = xi(s, y);
+        return false;
+    }
+    y = x && x->state == KVT_ECT_AVAILABLE
+            ? x
+            : oldest_of(s, h, BIT(KVT_ECT_AVAILABLE) | BIT(KVT_ECT_RESIDENT));
+    if (y) {
+        begin_load(s, y);
+        r->used_[f] = xi(s, y);
+        return false;
+    }
+    if (x && terminal(x)) { /* a finished transfer is never revived */
+        fail_request(s, r);
+        return false;
+    }
+    if (!x) {
+        if (!(x = x_new(s, t, h, KVT_ECT_WAITING))) {
+            fail_request(s, r);
+            return false;
+        }
+        x->deadline = after(s, s->cfg.push_wait_ns);
+    } else if (x->state == ST_PARTIAL) {
+        s->partial--;
+        x->state = KVT_ECT_WAITING;
+        x->deadline = after(s, s->cfg.push_wait_ns);
+    }
+    r->own[f] = r->used_[f] = xi(s, x);
+    return false;
+}
+
+static int feature_keys(const char *req, uint32_t req_len, const kvt_ec_feature *ft, uint32_t f,
+                        skey *t, skey *h)
+{
+    int rc = skey_set(h, ft->mm_hash, ft->mm_hash_len, "mm_hash");
+    if (rc)
+        return rc;
+    if (ft->transfer_id && ft->transfer_id_len)
+        return skey_set(t, ft->transfer_id, ft->transfer_id_len, "transfer id");
+    char buf[KVT_EC_KEY_MAX + 16]; /* the fallback the two sides no longer agree on */
+    int n = snprintf(buf, sizeof(buf), "%.*s:%u", (int)req_len, req, f);
+    return skey_set(t, buf, n > 0 && (uint32_t)n < sizeof(buf) ? (uint32_t)n : 0, "transfer id");
+}
+
+int kvt_ec_sched_ensure(kvt_ec_sched *s, const char *req_id, uint32_t req_len,
+                        const kvt_ec_feature *features, uint32_t n, bool *ready)
+{
+    skey id;
+    int rc;
+    if (!ready || (n && !features))
+        return kvt_fail(KVT_EINVAL, "ec sched: ensure: NULL argument");
+    *ready = false;
+    if ((rc = skey_set(&id, req_id, req_len, "request id")))
+        return rc;
+    if (n > MAX_FEATURES)
+        return kvt_fail(KVT_ELIMIT, "ec sched: %u features (at most %u)", n, MAX_FEATURES);
+    for (uint32_t f = 0; f < n; f++) { /* validate everything first */
+        skey t, h;
+        if ((rc = feature_keys(req_id, req_len, &features[f], f, &t, &h)))
+            return rc;
+    }
+    sreq *r = req_get(s, &id);
+    if (!r)
+        return kvt_fail_wrap(KVT_ELIMIT, "ec sched: ensure");
+    r->n = n;
+    bool all = !r->reported;
+    for (uint32_t f = 0; f < n; f++) {
+        skey t, h;
+        (void)feature_keys(req_id, req_len, &features[f], f, &t, &h);
+        r->used_[f] = NONE;
+        all &= ensure_one(s, r, f, &t, &h);
+    }
+    *ready = all && !r->reported;
+    return 0;
+}
+
+/* ---- encoder cache ------------------------------------------------------------------------ */
+
+int kvt_ec_sched_cache_added(kvt_ec_sched *s, const char *mm_hash, uint32_t len)
+{
+    skey h;
+    int rc = skey_set(&h, mm_hash, len, "mm_hash");
+    if (rc || mirror_has(s, &h))
+        return rc;
+    return list_push(&s->mirror, &s->n_mirror, &s->cap_mirror, &h) ? 0 : KVT_ENOMEM;
+}
+
+/* Keeps the mirrored resident bytes within the pool: the oldest RESIDENT transfers go. */
+static void trim_residents(kvt_ec_sched *s)
+{
+    for (;;) {
+        uint64_t bytes = 0;
+        xfer *oldest = NULL;
+        for (uint32_t i = 0; i < s->n_x; i++) {
+            xfer *x = &s->x[i];
+            if (!x->used || x->state != KVT_ECT_RESIDENT)
+                continue;
+            bytes += x->nbytes;
+            if (!oldest || x->seq < oldest->seq)
+                oldest = x;
+        }
+        if (!oldest || bytes <= s->cfg.resident_capacity)
+            return;
+        finish_x(s, oldest, KVT_ECT_EXPIRED, true);
+    }
+}
+
+int kvt_ec_sched_cache_freed(kvt_ec_sched *s, const char *mm_hash, uint32_t len)
+{
+    skey h;
+    int rc = skey_set(&h, mm_hash, len, "mm_hash");
+    if (rc)
+        return rc;
+    for (uint32_t i = 0; i < s->n_mirror; i++)
+        if (skey_eq(&s->mirror[i], &h)) {
+            s->mirror[i] = s->mirror[--s->n_mirror];
+            break;
+        }
+    if (!list_push(&s->freed, &s->n_freed, &s->cap_freed, &h))
+        return KVT_ENOMEM;
+    /* the newest READY transfer stays resident; other copies are orphans */
+    xfer *keep = NULL;
+    for (uint32_t i = 0; i < s->n_x; i++) {
+        xfer *x = &s->x[i];
+        if (x->used && x->state == KVT_ECT_READY && x->has_spec && skey_eq(&x->h, &h) &&
+            (!keep || x->seq > keep->seq))
+            keep = x;
+    }
+    for (uint32_t i = 0; i < s->n_x; i++) {
+        xfer *x = &s->x[i];
+        if (!x->used || x == keep || !skey_eq(&x->h, &h) ||
+            (x->state != KVT_ECT_READY && x->state != KVT_ECT_RESIDENT))
+            continue;
+        finish_x(s, x, KVT_ECT_EXPIRED, true);
+    }
+    if (keep) {
+        keep->state = KVT_ECT_RESIDENT;
+        keep->local = true;
+        trim_residents(s);
+    }
+    return 0;
+}
+
+int kvt_ec_sched_consumed(kvt_ec_sched *s, const char *req_id, uint32_t req_len,
+                          const kvt_ec_feature *feature)
+{
+    skey id, t, h;
+    int rc;
+    if (!feature)
+        return kvt_fail(KVT_EINVAL, "ec sched: consumed: NULL feature");
+    if ((rc = skey_set(&id, req_id, req_len, "request id")))
+        return rc;
+    if ((rc = skey_set(&h, feature->mm_hash, feature->mm_hash_len, "mm_hash")))
+        return rc;
+    sreq *r = req_find(s, &id);
+    uint32_t f = 0; /* which of its features this is, for the "<request_id>:<index>" fallback */
+    while (r && f < r->n && !(r->own[f] != NONE && skey_eq(&s->x[r->own[f]].h, &h)))
+        f++;
+    if ((rc = feature_keys(req_id, req_len, feature, f, &t, &h)))
+        return rc;
+    xfer *x = find_t(s, &t);
+    /* the bytes were gathered: release the transfer — unless the item came from the encoder
+     * cache, in which case its transfer was not used and stays for a later load */
+    if (x && (x->state == KVT_ECT_READY || x->state == KVT_ECT_LOADING))
+        finish_x(s, x, KVT_ECT_CANCELLED, true);
+    return 0;
+}
+
+static bool bound_by_other(const kvt_ec_sched *s, const sreq *self, uint32_t idx)
+{
+    for (uint32_t i = 0; i < s->n_r; i++) {
+        const sreq *r = &s->r[i];
+        if (!r->used || r == self)
+            continue;
+        for (uint32_t f = 0; f < r->n; f++)
+            if (r->own[f] == idx || r->used_[f] == idx)
+                return true;
+    }
+    return false;
+}
+
+int kvt_ec_sched_request_finished(kvt_ec_sched *s, const char *req_id, uint32_t req_len)
+{
+    skey id;
+    int rc = skey_set(&id, req_id, req_len, "request id");
+    if (rc)
+        return rc;
+    sreq *r = req_find(s, &id);
+    if (!r)
+        return 0;
+    for (uint32_t f = 0; f < r->n; f++) {
+        uint32_t idx = r->own[f];
+        if (idx == NONE || !s->x[idx].used || terminal(&s->x[idx]))
+            continue;
+        xfer *x = &s->x[idx];
+        /* a transfer another request borrowed or waits for survives this cleanup */
+        if (bound_by_other(s, r, idx))
+            continue;
+        if (x->state == KVT_ECT_RESIDENT)
+            continue; /* the shards' pools serve later loads */
+        finish_x(s, x, KVT_ECT_CANCELLED, true);
+    }
+    kvt_map_remove(&s->by_req, id.hash, (uint32_t)(r - s->r));
+    r->used = false;
+    r->free_next = s->free_r;
+    s->free_r = (uint32_t)(r - s->r);
+    return 0;
+}
+
+/* ---- step ----------------------------------------------------------------------------------- */
+
+int kvt_ec_sched_build_meta(kvt_ec_sched *s, kvt_ec_meta *out)
+{
+    if (!out)
+        return kvt_fail(KVT_EINVAL, "ec sched: build_meta: NULL out");
+    kvt_ec_meta_clear(out);
+    int rc = 0;
+    for (uint32_t k = 0; k < s->n_loadq && !rc; k++) {
+        xfer *x = &s->x[s->loadq[k]];
+        if (!x->used || !x->queued || x->state != KVT_ECT_LOADING)
+            continue;
+        kvt_ec_load_spec sp;
+        memset(&sp, 0, sizeof(sp));
+        sp.mm_hash = (kvt_str){x->h.s, x->h.len};
+        sp.nbytes = x->nbytes;
+        sp.ndim = x->ndim;
+        memcpy(sp.shape, x->shape, x->ndim * sizeof(uint64_t));
+        sp.dtype = (kvt_str){x->dtype, (uint32_t)strlen(x->dtype)};
+        sp.transfer_id = (kvt_str){x->t.s, x->t.len};
+        sp.local = x->local;
+        if (!(rc = kvt_ec_meta_add_load(out, &sp)))
+            x->queued = false;
+    }
+    if (rc) /* what did not fit stays queued (emitted ones are skipped next time) */
+        return kvt_fail_wrap(rc, "ec sched: build_meta");
+    s->n_loadq = 0;
+    out->has_freed = true;
+    for (uint32_t i = 0; i < s->n_freed && !rc; i++)
+        rc = kvt_ec_meta_add_freed(out, s->freed[i].s, s->freed[i].len);
+    if (rc)
+        return kvt_fail_wrap(rc, "ec sched: build_meta");
+    s->n_freed = 0;
+    return 0;
+}
+
+static void each_in(kvt_ec_sched *s, const kvt_strset *set, void (*fn)(kvt_ec_sched *, skey *))
+{
+    for (uint32_t i = 0; i < set->n; i++) {
+        skey h;
+        if (skey_set(&h, set->items[i].ptr, set->items[i].len, "mm_hash") == 0)
+            fn(s, &h);
+    }
+}
+
+static void on_loaded(kvt_ec_sched *s, skey *h)
+{
+    xfer *x = oldest_of(s, h, BIT(KVT_ECT_LOADING));
+    if (x) {
+        x->state = KVT_ECT_READY;
+        x->queued = false;
+        x->deadline = UINT64_MAX;
+    }
+}
+
+static void on_failed_load(kvt_ec_sched *s, skey *h)
+{
+    xfer *x = oldest_of(s, h, BIT(KVT_ECT_LOADING));
+    if (x)
+        finish_x(s, x, KVT_ECT_FAILED, true);
+}
+
+static void on_reclaimed(kvt_ec_sched *s, skey *h)
+{
+    for (uint32_t i = 0; i < s->n_x; i++) {
+        xfer *x = &s->x[i];
+        if (!x->used || !skey_eq(&x->h, h))
+            continue;
+        if (x->state == KVT_ECT_READY)
+            x->has_spec = false; /* it will expire instead of becoming resident */
+        else if (x->state == KVT_ECT_RESIDENT)
+            finish_x(s, x, KVT_ECT_EXPIRED, true);
+    }
+}
+
+int kvt_ec_sched_apply_output(kvt_ec_sched *s, const kvt_ec_worker_meta *agg)
+{
+    if (!agg)
+        return kvt_fail(KVT_EINVAL, "ec sched: apply_output: NULL report");
+    int rc = kvt_ec_worker_meta_validate(agg);
+    if (rc)
+        return kvt_fail_wrap(rc, "ec sched: apply_output");
+    each_in(s, &agg->loaded, on_loaded);
+    each_in(s, &agg->failed_loads, on_failed_load);
+    each_in(s, &agg->reclaimed, on_reclaimed);
+    for (uint32_t i = 0; i < agg->failed_saves.n; i++) {
+        skey id;
+        if (skey_set(&id, agg->failed_saves.items[i].ptr, agg->failed_saves.items[i].len,
+                     "request id"))
+            continue;
+        sreq *r = req_find(s, &id);
+        if (r)
+            fail_request(s, r);
+        else
+            (void)list_push(&s->unavail, &s->n_unavail, &s->cap_unavail, &id);
+    }
+    return 0;
+}
+
+void kvt_ec_sched_expire(kvt_ec_sched *s)
+{
+    uint64_t t = now(s);
+    for (uint32_t i = 0; i < s->n_x; i++) {
+        xfer *x = &s->x[i];
+        if (!x->used || terminal(x) || x->deadline > t)
+            continue;
+        switch (x->state) {
+        case KVT_ECT_AVAILABLE:
+            finish_x(s, x, KVT_ECT_EXPIRED, true);
+            break;
+        case KVT_ECT_LOADING: /* it never reported back */
+            finish_x(s, x, KVT_ECT_UNAVAILABLE, true);
+            break;
+        case KVT_ECT_WAITING: /* no push arrived: no RPC, the request fails */
+            finish_x(s, x, KVT_ECT_UNAVAILABLE, false);
+            break;
+        case ST_PARTIAL:
+            x_free(s, x);
+            break;
+        default:
+            break;
+        }
+    }
+    while (s->thead != NONE && s->x[s->thead].deadline <= t)
+        x_free(s, &s->x[s->thead]);
+}
+
+static uint32_t take_list(skey *l, uint32_t *n, char (*out)[KVT_EC_KEY_MAX + 1], uint32_t cap)
+{
+    uint32_t k = *n < cap ? *n : cap;
+    for (uint32_t i = 0; i < k; i++)
+        memcpy(out[i], l[i].s, l[i].len + 1);
+    memmove(l, l + k, (*n - k) * sizeof(skey));
+    *n -= k;
+    return k;
+}
+
+uint32_t kvt_ec_sched_take_unavailable(kvt_ec_sched *s, char (*out)[KVT_EC_KEY_MAX + 1],
+                                       uint32_t cap)
+{
+    return take_list(s->unavail, &s->n_unavail, out, cap);
+}
+
+uint32_t kvt_ec_sched_take_cancels(kvt_ec_sched *s, char (*out)[KVT_EC_KEY_MAX + 1], uint32_t cap)
+{
+    return take_list(s->cancels, &s->n_cancels, out, cap);
+}
+
+int kvt_ec_sched_state(const kvt_ec_sched *s, const char *tid, uint32_t len)
+{
+    skey t;
+    if (skey_set(&t, tid, len, "transfer id"))
+        return KVT_ECT_NONE;
+    const xfer *x = find_t(s, &t);
+    return !x || x->state == ST_PARTIAL ? KVT_ECT_NONE : x->state;
+}
