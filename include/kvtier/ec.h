@@ -20,7 +20,12 @@
  *              RESIDENT life cycle with its deadlines, local handoffs, abandoned pushes that
  *              fail a waiting request at once, the load specs of the step's metadata.
  *
- * (The producer of issue 6 will join this header.)
+ *   kvt_ec_producer
+ *              the producer worker's push records (§1.4 steps 2-6 and 14, §3.5): reserve on
+ *              every consumer shard before the encoder output exists, bind sources behind a
+ *              readiness fence, push ready records per consumer in batches, complete, and on
+ *              any failure abandon every shard's reservation; conflicting payloads under one
+ *              transfer id are reported through failed_saves, never raised.
  *
  * Thread rules: a slab or a shard is used by one thread at a time.
  */
@@ -296,6 +301,97 @@ KVT_API uint32_t kvt_ec_sched_take_unavailable(kvt_ec_sched *s, char (*out)[KVT_
 KVT_API uint32_t kvt_ec_sched_take_cancels(kvt_ec_sched *s, char (*out)[KVT_EC_KEY_MAX + 1],
                                            uint32_t cap);
 KVT_API int kvt_ec_sched_state(const kvt_ec_sched *s, const char *transfer_id, uint32_t len);
+
+/* ---- producer: push records -------------------------------------------------------------------
+ */
+
+/* The consumer shards as the producer reaches them: in-process shards in tests, the ZeroMQ
+ * control plane and the UCX data plane in issue 7. Each call returns 0 or a negative KVT_E*
+ * code with kvt_last_error() set; `consumer` is the push spec's consumer address. */
+typedef struct kvt_ec_consumer_ops {
+    /* the consumer's shard count (its topology), 1..64 */
+    int (*shards)(void *ctx, const char *consumer, uint32_t *n);
+    int (*reserve)(void *ctx, const char *consumer, uint32_t shard, const char *transfer_id,
+                   uint32_t len, const kvt_ec_item *item, kvt_ec_reply *out);
+    /* writes nbytes from src into the reservation dst of that shard (one-sided) */
+    int (*write)(void *ctx, const char *consumer, uint32_t shard, const kvt_ec_reply *dst,
+                 const void *src, uint64_t nbytes);
+    int (*complete)(void *ctx, const char *consumer, uint32_t shard, const char *transfer_id,
+                    uint32_t len, const char *reservation_id, bool *accepted);
+    int (*cancel)(void *ctx, const char *consumer, uint32_t shard, const char *transfer_id,
+                  uint32_t len, const char *reservation_id, bool abandon, bool refresh);
+    void *ctx;
+} kvt_ec_consumer_ops;
+
+/* Push record states, as kvt_ec_producer_state reports them. */
+enum kvt_ec_pstate {
+    KVT_ECP_NONE = 0,
+    KVT_ECP_WAITING_INPUTS, /* reserved (or reserving); waits for its source */
+    KVT_ECP_WRITING,
+    KVT_ECP_NOTIFYING,
+    KVT_ECP_DONE,
+    KVT_ECP_CANCEL_PENDING,
+    KVT_ECP_CANCELLED,
+    KVT_ECP_FAILED
+};
+
+typedef struct kvt_ec_producer_config {
+    kvt_ec_consumer_ops ops;
+    uint64_t refresh_age_ns; /* a reservation not yet ready and older than this is refreshed
+                                before writing (TTL / 2); default 150 s */
+    uint32_t max_records;    /* push records kept, terminal ones reaped oldest first; 65,536 */
+    kvt_clock clock;
+} kvt_ec_producer_config;
+
+/* A push that failed, reported once: its mm_hash and the first error. */
+typedef struct kvt_ec_push_failure {
+    char mm_hash[KVT_EC_KEY_MAX + 1];
+    char transfer_id[KVT_EC_KEY_MAX + 1];
+    char error[256];
+} kvt_ec_push_failure;
+
+typedef struct kvt_ec_producer kvt_ec_producer;
+
+KVT_API void kvt_ec_producer_config_init(kvt_ec_producer_config *cfg);
+KVT_API int kvt_ec_producer_create(const kvt_ec_producer_config *cfg, kvt_ec_producer **out);
+/* Abandons every reservation of a record that has not finished, then frees everything. */
+KVT_API void kvt_ec_producer_destroy(kvt_ec_producer *p);
+/* start_save_caches for one push spec. The same transfer id with the same push (item, shape,
+ * dtype, consumer; the request id may differ) reuses its record; a different payload under
+ * it puts the request id into failed_saves (returns 0: never an engine error). A new record
+ * reserves on every shard of the consumer before the encoder output exists; if any shard
+ * refuses, the reservations already made are abandoned and the record FAILED. */
+KVT_API int kvt_ec_producer_push(kvt_ec_producer *p, const kvt_ec_push_spec *spec);
+/* save_caches: mm_hash's encoder output is nbytes at src (it must stay valid until its records
+ * are no longer pending), readable once fence passed (NULL: now). Binds to every record of
+ * mm_hash waiting without a source; returns how many. */
+KVT_API int kvt_ec_producer_bind_source(kvt_ec_producer *p, const char *mm_hash, uint32_t len,
+                                        const void *src, uint64_t nbytes,
+                                        const kvt_ec_fence *fence);
+/* The dispatcher: pushes every record whose source is bound and ready, one batch per consumer
+ * (a record still waiting never holds back a ready one): refresh stale reservations, check
+ * the source against the spec, write every shard that asked for the bytes, complete on every
+ * shard, DONE. Any failure abandons every shard's reservation of the record (FAILED). Returns
+ * the records pushed. */
+KVT_API int kvt_ec_producer_dispatch(kvt_ec_producer *p);
+/* get_finished: the request's pushes that still have no source are cancelled on every shard
+ * (CANCELLED, or FAILED if a shard could not be reached twice). */
+KVT_API int kvt_ec_producer_request_finished(kvt_ec_producer *p, const char *req_id, uint32_t len);
+/* pending_saves: some record is not terminal. */
+KVT_API bool kvt_ec_producer_pending(const kvt_ec_producer *p);
+/* build_connector_worker_meta: pending_saves and the failed_saves gathered since the last
+ * call, added to out. */
+KVT_API int kvt_ec_producer_report(kvt_ec_producer *p, kvt_ec_worker_meta *out);
+/* Failed pushes not yet reported, each once (the worker logs them). */
+KVT_API uint32_t kvt_ec_producer_take_failures(kvt_ec_producer *p, kvt_ec_push_failure *out,
+                                               uint32_t cap);
+KVT_API int kvt_ec_producer_state(const kvt_ec_producer *p, const char *transfer_id, uint32_t len);
+
+typedef struct kvt_ec_producer_stats {
+    uint64_t pushes, reused, conflicts, reservations, refreshes, batches, writes, bytes_written;
+    uint64_t completes, abandons, failed, cancelled, done;
+} kvt_ec_producer_stats;
+KVT_API void kvt_ec_producer_get_stats(const kvt_ec_producer *p, kvt_ec_producer_stats *st);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,540 @@
+/*
+ * The producer worker's push records (spec ec-transfer §1.4 steps 2-6 and 14, §3.5).
+ *
+ *   WAITING_INPUTS --(source bound, fence passed)--> WRITING --> NOTIFYING --> DONE
+ *   WAITING_INPUTS --request finished, no source--> CANCEL_PENDING --> CANCELLED | FAILED
+ *   any non-terminal --error--> FAILED (every shard's reservation abandoned first)
+ *
+ * The reference runs reservations, writes and notifications on thread pools and guards the
+ * source until every future that may read it finished. Here every consumer call is made, and
+ * has returned, before the record moves on, so that invariant holds by construction: a record
+ * refers to its source until it is terminal, and pending() stays true until then.
+ *
+ * Records are found by transfer id (a map); terminal ones are kept, up to max_records, so a
+ * repeated spec in later metadata stays idempotent.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/array.h"
+#include "base/error.h"
+#include "base/hash.h"
+#include "base/map.h"
+#include "kvtier/ec.h"
+
+#define NONE UINT32_MAX
+
+typedef struct pkey {
+    char s[KVT_EC_KEY_MAX + 1];
+    uint32_t len;
+} pkey;
+
+typedef struct shard_res {
+    kvt_ec_reply r;
+    bool ok;     /* reserved (not refused) */
+    uint64_t at; /* when */
+} shard_res;
+
+typedef struct prec {
+    bool used, reported;
+    uint8_t state;
+    pkey t, h, consumer, req, dtype;
+    uint64_t nbytes;
+    uint32_t ndim;
+    uint64_t shape[KVT_EC_MAX_DIMS];
+    uint32_t n_shards;
+    shard_res sh[KVT_EC_MAX_SHARDS];
+    const void *src;
+    uint64_t src_bytes;
+    kvt_ec_fence fence;
+    bool has_src;
+    char error[256];
+    uint64_t seq;
+    uint32_t free_next;
+} prec;
+
+struct kvt_ec_producer {
+    kvt_ec_producer_config cfg;
+    prec *r;
+    uint32_t n_r, cap_r, free_r, count;
+    uint64_t seq;
+    kvt_map map;
+    pkey *failed_saves;
+    uint32_t n_fs, cap_fs;
+    kvt_ec_producer_stats st;
+};
+
+static int pkey_set(pkey *k, kvt_str s, const char *what, bool may_be_empty)
+{
+    if ((!may_be_empty && s.len == 0) || s.len > KVT_EC_KEY_MAX || (s.len && !s.ptr))
+        return kvt_fail(KVT_EINVAL, "ec producer: %s must be %u..%u bytes", what,
+                        may_be_empty ? 0 : 1, KVT_EC_KEY_MAX);
+    if (s.len)
+        memcpy(k->s, s.ptr, s.len);
+    k->s[s.len] = 0;
+    k->len = s.len;
+    return 0;
+}
+
+static bool pkey_eq(const pkey *a, const pkey *b)
+{
+    return a->len == b->len && memcmp(a->s, b->s, a->len) == 0;
+}
+
+static uint64_t khash(const pkey *k)
+{
+    return kvt_xxh3_64(k->s, k->len, 0);
+}
+
+static bool terminal(const prec *r)
+{
+    return r->state == KVT_ECP_DONE || r->state == KVT_ECP_CANCELLED || r->state == KVT_ECP_FAILED;
+}
+
+static prec *find(const kvt_ec_producer *p, const pkey *t)
+{
+    uint64_t h = khash(t), pos = kvt_map_probe_start(&p->map, h);
+    uint32_t i;
+    while (kvt_map_probe_next(&p->map, h, &pos, &i))
+        if (pkey_eq(&p->r[i].t, t))
+            return &p->r[i];
+    return NULL;
+}
+
+static void rec_free(kvt_ec_producer *p, prec *r)
+{
+    uint32_t i = (uint32_t)(r - p->r);
+    kvt_map_remove(&p->map, khash(&r->t), i);
+    r->used = false;
+    r->free_next = p->free_r;
+    p->free_r = i;
+    p->count--;
+}
+
+/* Room for one more record: the oldest terminal ones go first. */
+static int make_room(kvt_ec_producer *p)
+{
+    while (p->count >= p->cfg.max_records) {
+        prec *oldest = NULL;
+        for (uint32_t i = 0; i < p->n_r; i++)
+            if (p->r[i].used && terminal(&p->r[i]) && (!oldest || p->r[i].seq < oldest->seq))
+                oldest = &p->r[i];
+        if (!oldest)
+            return kvt_fail(KVT_ELIMIT, "ec producer: %u pushes in flight (max_records)", p->count);
+        rec_free(p, oldest);
+    }
+    return 0;
+}
+
+static prec *rec_new(kvt_ec_producer *p, const pkey *t)
+{
+    if (make_room(p))
+        return NULL;
+    if (p->free_r == NONE) {
+        if (kvt_array_grow((void **)&p->r, &p->cap_r, p->n_r + 1ull, sizeof(prec))) {
+            kvt_fail(KVT_ENOMEM, "ec producer: out of memory");
+            return NULL;
+        }
+        p->r[p->n_r].free_next = NONE;
+        p->free_r = p->n_r++;
+    }
+    prec *r = &p->r[p->free_r];
+    p->free_r = r->free_next;
+    memset(r, 0, sizeof(*r));
+    r->used = true;
+    r->t = *t;
+    r->seq = ++p->seq;
+    (void)kvt_map_insert(&p->map, khash(t), (uint32_t)(r - p->r)); /* room: max_records */
+    p->count++;
+    return r;
+}
+
+static kvt_ec_item item_of(const prec *r)
+{
+    kvt_ec_item it;
+    memset(&it, 0, sizeof(it));
+    it.mm_hash = r->h.s;
+    it.mm_hash_len = r->h.len;
+    it.nbytes = r->nbytes;
+    it.ndim = r->ndim;
+    memcpy(it.shape, r->shape, r->ndim * sizeof(uint64_t));
+    it.dtype = r->dtype.s;
+    it.dtype_len = r->dtype.len;
+    return it;
+}
+
+static void set_error(prec *r, const char *what)
+{
+    if (!r->error[0])
+        snprintf(r->error, sizeof(r->error), "%s: %s", what, kvt_last_error());
+}
+
+/* Abandons the record's reservation on every shard that granted one (two attempts each). */
+static bool abandon_all(kvt_ec_producer *p, prec *r)
+{
+    const kvt_ec_consumer_ops *o = &p->cfg.ops;
+    bool all = true;
+    for (uint32_t k = 0; k < r->n_shards; k++) {
+        if (!r->sh[k].ok || r->sh[k].r.cancelled)
+            continue;
+        int rc = o->cancel(o->ctx, r->consumer.s, k, r->t.s, r->t.len, r->sh[k].r.reservation_id,
+                           true, false);
+        if (rc)
+            rc = o->cancel(o->ctx, r->consumer.s, k, r->t.s, r->t.len, r->sh[k].r.reservation_id,
+                           true, false);
+        if (rc) {
+            set_error(r, "abandoning a reservation");
+            all = false;
+        }
+        r->sh[k].ok = false;
+        p->st.abandons++;
+    }
+    return all;
+}
+
+static void fail(kvt_ec_producer *p, prec *r, const char *what)
+{
+    set_error(r, what);
+    abandon_all(p, r);
+    r->state = KVT_ECP_FAILED;
+    r->has_src = false; /* the source is no longer read */
+    p->st.failed++;
+}
+
+/* ---- life cycle ----------------------------------------------------------------------------- */
+
+void kvt_ec_producer_config_init(kvt_ec_producer_config *cfg)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->refresh_age_ns = 150ull * 1000000000ull;
+    cfg->max_records = 65536;
+    cfg->clock = kvt_clock_monotonic();
+}
+
+int kvt_ec_producer_create(const kvt_ec_producer_config *cfg, kvt_ec_producer **out)
+{
+    if (!cfg || !out)
+        return kvt_fail(KVT_EINVAL, "ec producer: NULL argument");
+    *out = NULL;
+    const kvt_ec_consumer_ops *o = &cfg->ops;
+    if (!o->shards || !o->reserve || !o->write || !o->complete || !o->cancel)
+        return kvt_fail(KVT_EINVAL, "ec producer: every consumer operation is required");
+    if (!cfg->max_records || cfg->max_records > (1u << 24) || !cfg->clock.now_ns)
+        return kvt_fail(KVT_EINVAL, "ec producer: max_records (1..16 Mi) and a clock needed");
+    kvt_ec_producer *p = calloc(1, sizeof(*p));
+    if (!p)
+        return kvt_fail(KVT_ENOMEM, "ec producer: out of memory");
+    p->cfg = *cfg;
+    p->free_r = NONE;
+    int rc = kvt_map_init(&p->map, cfg->max_records + 1);
+    if (rc) {
+        free(p);
+        return kvt_fail_wrap(rc, "ec producer");
+    }
+    *out = p;
+    return 0;
+}
+
+void kvt_ec_producer_destroy(kvt_ec_producer *p)
+{
+    if (!p)
+        return;
+    for (uint32_t i = 0; i < p->n_r; i++)
+        if (p->r[i].used && !terminal(&p->r[i]))
+            abandon_all(p, &p->r[i]); /* shutdown: cancel the orphans first */
+    kvt_map_free(&p->map);
+    free(p->r);
+    free(p->failed_saves);
+    free(p);
+}
+
+/* ---- push ------------------------------------------------------------------------------------ */
+
+static bool same_push(const prec *r, const kvt_ec_push_spec *s)
+{
+    return r->h.len == s->mm_hash.len && memcmp(r->h.s, s->mm_hash.ptr, s->mm_hash.len) == 0 &&
+           r->nbytes == s->nbytes && r->ndim == s->ndim &&
+           memcmp(r->shape, s->shape, s->ndim * sizeof(uint64_t)) == 0 &&
+           r->dtype.len == s->dtype.len && memcmp(r->dtype.s, s->dtype.ptr, s->dtype.len) == 0 &&
+           r->consumer.len == s->consumer_zmq.len &&
+           memcmp(r->consumer.s, s->consumer_zmq.ptr, s->consumer_zmq.len) == 0;
+}
+
+static void add_failed_save(kvt_ec_producer *p, const pkey *req)
+{
+    if (!req->len)
+        return;
+    for (uint32_t i = 0; i < p->n_fs; i++)
+        if (pkey_eq(&p->failed_saves[i], req))
+            return;
+    if (kvt_array_grow((void **)&p->failed_saves, &p->cap_fs, p->n_fs + 1ull, sizeof(pkey)) == 0)
+        p->failed_saves[p->n_fs++] = *req;
+}
+
+/* Reserves one shard; a refusal (an error reply) is recorded as such. */
+static int reserve_shard(kvt_ec_producer *p, prec *r, uint32_t k)
+{
+    const kvt_ec_consumer_ops *o = &p->cfg.ops;
+    kvt_ec_item it = item_of(r);
+    int rc = o->reserve(o->ctx, r->consumer.s, k, r->t.s, r->t.len, &it, &r->sh[k].r);
+    r->sh[k].ok = rc == 0;
+    r->sh[k].at = kvt_clock_now(&p->cfg.clock);
+    p->st.reservations++;
+    if (!rc && !r->sh[k].r.cancelled && r->sh[k].r.write && r->sh[k].r.nbytes != r->nbytes)
+        return kvt_fail(KVT_EPROTO, "ec producer: shard %u reserved %llu bytes, %llu asked", k,
+                        (unsigned long long)r->sh[k].r.nbytes, (unsigned long long)r->nbytes);
+    return rc;
+}
+
+int kvt_ec_producer_push(kvt_ec_producer *p, const kvt_ec_push_spec *s)
+{
+    int rc;
+    if (!s)
+        return kvt_fail(KVT_EINVAL, "ec producer: NULL spec");
+    if ((rc = kvt_ec_push_spec_validate(s)))
+        return kvt_fail_wrap(rc, "ec producer");
+    pkey t, req;
+    if ((rc = pkey_set(&t, s->transfer_id, "transfer id", false)) ||
+        (rc = pkey_set(&req, s->request_id, "request id", true)))
+        return rc;
+    p->st.pushes++;
+    prec *r = find(p, &t);
+    if (r) {
+        if (same_push(r, s)) { /* the same encoding asked for twice shares the transfer */
+            p->st.reused++;
+            return 0;
+        }
+        p->st.conflicts++; /* a different payload under the id: that request fails */
+        add_failed_save(p, &req);
+        return 0;
+    }
+    if (!(r = rec_new(p, &t)))
+        return kvt_fail_wrap(KVT_ELIMIT, "ec producer: push");
+    if ((rc = pkey_set(&r->h, s->mm_hash, "mm_hash", false)) ||
+        (rc = pkey_set(&r->dtype, s->dtype, "dtype", false)) ||
+        (rc = pkey_set(&r->consumer, s->consumer_zmq, "consumer address", false))) {
+        rec_free(p, r);
+        return rc;
+    }
+    r->req = req;
+    r->nbytes = s->nbytes;
+    r->ndim = s->ndim;
+    memcpy(r->shape, s->shape, s->ndim * sizeof(uint64_t));
+    r->state = KVT_ECP_WAITING_INPUTS;
+    const kvt_ec_consumer_ops *o = &p->cfg.ops;
+    uint32_t n = 0;
+    if ((rc = o->shards(o->ctx, r->consumer.s, &n)) || n == 0 || n > KVT_EC_MAX_SHARDS) {
+        if (!rc)
+            kvt_fail(KVT_EPROTO, "ec producer: consumer %s reports %u shards", r->consumer.s, n);
+        fail(p, r, "discovering the consumer's shards"); /* no RPC without a topology */
+        return 0;
+    }
+    r->n_shards = n;
+    for (uint32_t k = 0; k < n; k++)
+        if (reserve_shard(p, r, k)) {
+            fail(p, r, "reserving"); /* compensates the shards already reserved */
+            return 0;
+        }
+    return 0;
+}
+
+int kvt_ec_producer_bind_source(kvt_ec_producer *p, const char *mm_hash, uint32_t len,
+                                const void *src, uint64_t nbytes, const kvt_ec_fence *fence)
+{
+    pkey h;
+    int rc = pkey_set(&h, (kvt_str){mm_hash, len}, "mm_hash", false);
+    if (rc)
+        return rc;
+    if (!src && nbytes)
+        return kvt_fail(KVT_EINVAL, "ec producer: NULL source");
+    int bound = 0;
+    for (uint32_t i = 0; i < p->n_r; i++) {
+        prec *r = &p->r[i];
+        if (!r->used || r->state != KVT_ECP_WAITING_INPUTS || r->has_src || !pkey_eq(&r->h, &h))
+            continue;
+        r->src = src;
+        r->src_bytes = nbytes;
+        r->fence = fence ? *fence : (kvt_ec_fence){NULL, NULL};
+        r->has_src = true;
+        bound++;
+    }
+    return bound;
+}
+
+/* ---- dispatch ----------------------------------------------------------------------------------
+ */
+
+static bool ready_to_push(const prec *r)
+{
+    return r->used && r->state == KVT_ECP_WAITING_INPUTS && r->has_src &&
+           (!r->fence.done || r->fence.done(r->fence.ctx));
+}
+
+/* Re-reserves shards whose reservation is not ready and has grown stale: abandon with refresh
+ * (the consumer keeps nothing of the old one), then a new reservation with a new id. */
+static int refresh_stale(kvt_ec_producer *p, prec *r)
+{
+    const kvt_ec_consumer_ops *o = &p->cfg.ops;
+    uint64_t now = kvt_clock_now(&p->cfg.clock);
+    for (uint32_t k = 0; k < r->n_shards; k++) {
+        shard_res *x = &r->sh[k];
+        if (!x->ok || x->r.ready || x->r.cancelled || now - x->at <= p->cfg.refresh_age_ns)
+            continue;
+        int rc =
+            o->cancel(o->ctx, r->consumer.s, k, r->t.s, r->t.len, x->r.reservation_id, true, true);
+        if (!rc)
+            rc = reserve_shard(p, r, k);
+        if (rc)
+            return rc;
+        p->st.refreshes++;
+    }
+    return 0;
+}
+
+/* One record of a batch: write every shard that asked for the bytes, then notify every shard.
+ * Failure: everything abandoned, FAILED (reported by take_failures, never raised). */
+static void push_one(kvt_ec_producer *p, prec *r)
+{
+    const kvt_ec_consumer_ops *o = &p->cfg.ops;
+    if (r->src_bytes != r->nbytes) { /* before anything is written */
+        kvt_fail(KVT_EINVAL, "ec producer: source of %s is %llu bytes, the spec says %llu", r->h.s,
+                 (unsigned long long)r->src_bytes, (unsigned long long)r->nbytes);
+        fail(p, r, "checking the source");
+        return;
+    }
+    if (refresh_stale(p, r)) {
+        fail(p, r, "refreshing a stale reservation");
+        return;
+    }
+    r->state = KVT_ECP_WRITING;
+    for (uint32_t k = 0; k < r->n_shards; k++) {
+        shard_res *x = &r->sh[k];
+        if (!x->ok || !x->r.write || x->r.cached || x->r.cancelled)
+            continue;
+        if (o->write(o->ctx, r->consumer.s, k, &x->r, r->src, r->nbytes)) {
+            fail(p, r, "writing");
+            return;
+        }
+        p->st.writes++;
+        p->st.bytes_written += r->nbytes;
+    }
+    r->state = KVT_ECP_NOTIFYING;
+    for (uint32_t k = 0; k < r->n_shards; k++) {
+        shard_res *x = &r->sh[k];
+        if (!x->ok || x->r.cancelled)
+            continue;
+        bool accepted = false;
+        int rc =
+            o->complete(o->ctx, r->consumer.s, k, r->t.s, r->t.len, x->r.reservation_id, &accepted);
+        p->st.completes++;
+        if (rc || !accepted) {
+            if (!rc)
+                kvt_fail(KVT_EPROTO, "ec producer: shard %u rejected the completion of %s", k,
+                         r->t.s);
+            fail(p, r, "completing"); /* every shard abandoned, completed ones too */
+            return;
+        }
+    }
+    r->state = KVT_ECP_DONE;
+    r->has_src = false; /* the source reference goes */
+    p->st.done++;
+}
+
+int kvt_ec_producer_dispatch(kvt_ec_producer *p)
+{
+    int pushed = 0;
+    /* one batch per consumer with a ready record; waiting records are not looked at */
+    for (uint32_t i = 0; i < p->n_r; i++) {
+        if (!ready_to_push(&p->r[i]))
+            continue;
+        const pkey *consumer = &p->r[i].consumer;
+        p->st.batches++;
+        for (uint32_t j = i; j < p->n_r; j++) {
+            prec *r = &p->r[j];
+            if (!ready_to_push(r) || !pkey_eq(&r->consumer, consumer))
+                continue;
+            push_one(p, r);
+            pushed++;
+        }
+    }
+    return pushed;
+}
+
+int kvt_ec_producer_request_finished(kvt_ec_producer *p, const char *req_id, uint32_t len)
+{
+    pkey req;
+    int rc = pkey_set(&req, (kvt_str){req_id, len}, "request id", false);
+    if (rc)
+        return rc;
+    for (uint32_t i = 0; i < p->n_r; i++) {
+        prec *r = &p->r[i];
+        if (!r->used || r->state != KVT_ECP_WAITING_INPUTS || r->has_src || !pkey_eq(&r->req, &req))
+            continue;
+        r->state = KVT_ECP_CANCEL_PENDING;
+        if (abandon_all(p, r)) {
+            r->state = KVT_ECP_CANCELLED;
+            p->st.cancelled++;
+        } else {
+            r->state = KVT_ECP_FAILED;
+            p->st.failed++;
+        }
+    }
+    return 0;
+}
+
+/* ---- reports -----------------------------------------------------------------------------------
+ */
+
+bool kvt_ec_producer_pending(const kvt_ec_producer *p)
+{
+    for (uint32_t i = 0; i < p->n_r; i++)
+        if (p->r[i].used && !terminal(&p->r[i]))
+            return true;
+    return false;
+}
+
+int kvt_ec_producer_report(kvt_ec_producer *p, kvt_ec_worker_meta *out)
+{
+    if (!out)
+        return kvt_fail(KVT_EINVAL, "ec producer: report: NULL out");
+    out->pending_saves = out->pending_saves || kvt_ec_producer_pending(p);
+    for (uint32_t i = 0; i < p->n_fs; i++) {
+        int rc = kvt_ec_worker_meta_add(out, KVT_EC_FAILED_SAVES, p->failed_saves[i].s,
+                                        p->failed_saves[i].len);
+        if (rc)
+            return kvt_fail_wrap(rc, "ec producer: report");
+    }
+    p->n_fs = 0;
+    return 0;
+}
+
+uint32_t kvt_ec_producer_take_failures(kvt_ec_producer *p, kvt_ec_push_failure *out, uint32_t cap)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < p->n_r && n < cap; i++) {
+        prec *r = &p->r[i];
+        if (!r->used || r->state != KVT_ECP_FAILED || r->reported)
+            continue;
+        memcpy(out[n].mm_hash, r->h.s, r->h.len + 1);
+        memcpy(out[n].transfer_id, r->t.s, r->t.len + 1);
+        snprintf(out[n].error, sizeof(out[n].error), "%s", r->error);
+        r->reported = true;
+        n++;
+    }
+    return n;
+}
+
+int kvt_ec_producer_state(const kvt_ec_producer *p, const char *tid, uint32_t len)
+{
+    pkey t;
+    if (pkey_set(&t, (kvt_str){tid, len}, "transfer id", false))
+        return KVT_ECP_NONE;
+    const prec *r = find(p, &t);
+    return r ? r->state : KVT_ECP_NONE;
+}
+
+void kvt_ec_producer_get_stats(const kvt_ec_producer *p, kvt_ec_producer_stats *st)
+{
+    *st = p->st;
+}

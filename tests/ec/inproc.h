@@ -1,0 +1,142 @@
+/*
+ * An in-process consumer for encoder-cache tests: N kvt_ec_shard over their own buffers, reached
+ * through kvt_ec_consumer_ops (writes are memcpy into the shard's buffer at the reservation's
+ * offset), with counters and injectable faults per shard and operation. Issue 7 replaces it
+ * with the network; the producer and the tests do not change.
+ */
+#ifndef KVT_TEST_EC_INPROC_H
+#define KVT_TEST_EC_INPROC_H
+
+#include "kvt_test.h"
+#include "base/error.h"
+
+#define INPROC_MAX 8
+
+enum { OP_RESERVE, OP_WRITE, OP_COMPLETE, OP_CANCEL, N_OPS };
+
+typedef struct inproc {
+    uint32_t n;
+    kvt_ec_shard *sh[INPROC_MAX];
+    unsigned char *buf[INPROC_MAX];
+    uint64_t cap;
+    kvt_manual_clock *clock;
+    uint32_t calls[N_OPS][INPROC_MAX];
+    int fail_next[N_OPS][INPROC_MAX]; /* fail this many calls of op on shard */
+    bool no_topology;
+} inproc;
+
+static inline void inproc_open(inproc *c, uint32_t shards, uint64_t cap, kvt_manual_clock *clock)
+{
+    memset(c, 0, sizeof(*c));
+    c->n = shards;
+    c->cap = cap;
+    c->clock = clock;
+    for (uint32_t k = 0; k < shards; k++) {
+        c->buf[k] = aligned_alloc(256, cap);
+        memset(c->buf[k], 0, cap);
+        kvt_ec_shard_config sc;
+        kvt_ec_shard_config_init(&sc);
+        sc.base = c->buf[k];
+        sc.capacity = cap;
+        sc.clock = kvt_clock_manual(clock, clock->now_ns); /* shares the test clock */
+        KVT_OK_(kvt_ec_shard_create(&sc, &c->sh[k]));
+    }
+}
+
+static inline void inproc_close(inproc *c)
+{
+    for (uint32_t k = 0; k < c->n; k++) {
+        KVT_OK_(kvt_ec_shard_destroy(c->sh[k]));
+        free(c->buf[k]);
+    }
+}
+
+static inline int inproc_fault(inproc *c, int op, uint32_t k)
+{
+    c->calls[op][k]++;
+    if (c->fail_next[op][k] > 0) {
+        c->fail_next[op][k]--;
+        return kvt_fail(KVT_EIO, "injected failure (op %d, shard %u)", op, k);
+    }
+    return 0;
+}
+
+static inline int inproc_shards(void *ctx, const char *consumer, uint32_t *n)
+{
+    inproc *c = ctx;
+    (void)consumer;
+    if (c->no_topology)
+        return kvt_fail(KVT_EIO, "consumer unreachable");
+    *n = c->n;
+    return 0;
+}
+
+static inline int inproc_reserve(void *ctx, const char *consumer, uint32_t k, const char *t,
+                                 uint32_t len, const kvt_ec_item *it, kvt_ec_reply *out)
+{
+    inproc *c = ctx;
+    (void)consumer;
+    int rc = inproc_fault(c, OP_RESERVE, k);
+    return rc ? rc : kvt_ec_shard_reserve(c->sh[k], t, len, it, out);
+}
+
+static inline int inproc_write(void *ctx, const char *consumer, uint32_t k, const kvt_ec_reply *dst,
+                               const void *src, uint64_t n)
+{
+    inproc *c = ctx;
+    (void)consumer;
+    int rc = inproc_fault(c, OP_WRITE, k);
+    if (rc)
+        return rc;
+    if (dst->offset + n > c->cap)
+        return kvt_fail(KVT_ERANGE, "write outside the buffer");
+    memcpy(c->buf[k] + dst->offset, src, n);
+    return 0;
+}
+
+static inline int inproc_complete(void *ctx, const char *consumer, uint32_t k, const char *t,
+                                  uint32_t len, const char *rid, bool *accepted)
+{
+    inproc *c = ctx;
+    (void)consumer;
+    bool ready;
+    int rc = inproc_fault(c, OP_COMPLETE, k);
+    return rc ? rc : kvt_ec_shard_complete(c->sh[k], t, len, rid, accepted, &ready);
+}
+
+static inline int inproc_cancel(void *ctx, const char *consumer, uint32_t k, const char *t,
+                                uint32_t len, const char *rid, bool abandon, bool refresh)
+{
+    inproc *c = ctx;
+    (void)consumer;
+    bool done;
+    int rc = inproc_fault(c, OP_CANCEL, k);
+    return rc ? rc : kvt_ec_shard_cancel(c->sh[k], t, len, rid, abandon, refresh, &done);
+}
+
+static inline kvt_ec_consumer_ops inproc_ops(inproc *c)
+{
+    kvt_ec_consumer_ops o = {inproc_shards,   inproc_reserve, inproc_write,
+                             inproc_complete, inproc_cancel,  c};
+    return o;
+}
+
+/* A push spec of `tokens` x 256 float32 for consumer "tcp://consumer:1". */
+static inline kvt_ec_push_spec inproc_spec(const char *t, const char *h, uint64_t tokens,
+                                           const char *req)
+{
+    kvt_ec_push_spec s;
+    memset(&s, 0, sizeof(s));
+    s.mm_hash = (kvt_str){h, (uint32_t)strlen(h)};
+    s.nbytes = tokens * 1024;
+    s.ndim = 2;
+    s.shape[0] = tokens;
+    s.shape[1] = 256;
+    s.dtype = (kvt_str){"float32", 7};
+    s.consumer_zmq = (kvt_str){"tcp://consumer:1", 16};
+    s.transfer_id = (kvt_str){t, (uint32_t)strlen(t)};
+    s.request_id = (kvt_str){req, req ? (uint32_t)strlen(req) : 0};
+    return s;
+}
+
+#endif

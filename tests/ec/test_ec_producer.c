@@ -1,0 +1,352 @@
+/*
+ * The producer's push records (spec ec-transfer §1.4 steps 2-6 and 14, §3.5), one test per
+ * behaviour of §7's "Worker and producer" list that belongs to the records (sockets, staging
+ * pools and CUDA streams are issue 7's), named after it. The consumer is in process (inproc.h):
+ * real shards, real buffers, so every test can check the bytes that arrived.
+ */
+#include "ec/inproc.h"
+
+#define TOK 2 /* 2 KiB items */
+
+typedef struct rig {
+    kvt_manual_clock clock;
+    inproc c;
+    kvt_ec_producer *p;
+    unsigned char src[4][TOK * 1024];
+} rig;
+
+static void rig_open(rig *g, uint32_t shards, uint64_t cap)
+{
+    memset(g, 0, sizeof(*g));
+    kvt_clock_manual(&g->clock, 1);
+    inproc_open(&g->c, shards, cap, &g->clock);
+    kvt_ec_producer_config pc;
+    kvt_ec_producer_config_init(&pc);
+    pc.ops = inproc_ops(&g->c);
+    pc.clock = kvt_clock_manual(&g->clock, g->clock.now_ns);
+    KVT_OK_(kvt_ec_producer_create(&pc, &g->p));
+    for (int i = 0; i < 4; i++)
+        for (int b = 0; b < TOK * 1024; b++)
+            g->src[i][b] = (unsigned char)(i * 31 + b * 7);
+}
+
+static void rig_close(rig *g)
+{
+    kvt_ec_producer_destroy(g->p);
+    inproc_close(&g->c);
+}
+
+static void push(rig *g, const char *t, const char *h, const char *req)
+{
+    kvt_ec_push_spec s = inproc_spec(t, h, TOK, req);
+    KVT_OK_(kvt_ec_producer_push(g->p, &s));
+}
+
+static int pstate(rig *g, const char *t)
+{
+    return kvt_ec_producer_state(g->p, t, (uint32_t)strlen(t));
+}
+
+static int bind(rig *g, const char *h, int i, const kvt_ec_fence *f)
+{
+    return kvt_ec_producer_bind_source(g->p, h, (uint32_t)strlen(h), g->src[i], TOK * 1024, f);
+}
+
+/* The consumer side takes transfer t of h on shard k and checks it holds source i. */
+static void expect_bytes(rig *g, uint32_t k, const char *t, const char *h, int i)
+{
+    kvt_slab_view v;
+    KVT_OK_(
+        kvt_ec_shard_take(g->c.sh[k], t, (uint32_t)strlen(t), h, (uint32_t)strlen(h), NULL, &v));
+    assert_int_equal(v.nbytes, TOK * 1024);
+    assert_memory_equal(g->c.buf[k] + v.offset, g->src[i], TOK * 1024);
+}
+
+static bool fence_done(void *ctx)
+{
+    return *(bool *)ctx;
+}
+
+static void push_reaches_every_consumer_shard(void **state_)
+{
+    (void)state_;
+    rig g;
+    rig_open(&g, 3, 64 * 1024);
+    push(&g, "t", "h", "r");
+    assert_int_equal(pstate(&g, "t"), KVT_ECP_WAITING_INPUTS);
+    for (uint32_t k = 0; k < 3; k++)
+        assert_int_equal(g.c.calls[OP_RESERVE][k], 1); /* reserved before the output exists */
+    assert_true(kvt_ec_producer_pending(g.p));
+    assert_int_equal(bind(&g, "h", 0, NULL), 1);
+    assert_int_equal(kvt_ec_producer_dispatch(g.p), 1);
+    assert_int_equal(pstate(&g, "t"), KVT_ECP_DONE);
+    for (uint32_t k = 0; k < 3; k++) {
+        assert_int_equal(g.c.calls[OP_WRITE][k], 1); /* 3 writes of one source */
+        expect_bytes(&g, k, "t", "h", 0);
+    }
+    assert_false(kvt_ec_producer_pending(g.p));
+    rig_close(&g);
+}
+
+static void duplicate_pushes_share_one_transfer_per_reservation(void **state_)
+{
+    (void)state_;
+    rig g;
+    rig_open(&g, 1, 64 * 1024);
+    push(&g, "t", "h", "r1");
+    push(&g, "t", "h", "r2"); /* the same encoding for another request: one record */
+    bind(&g, "h", 0, NULL);
+    kvt_ec_producer_dispatch(g.p);
+    assert_int_equal(g.c.calls[OP_WRITE][0], 1);
+    kvt_ec_producer_stats st;
+    kvt_ec_producer_get_stats(g.p, &st);
+    assert_int_equal(st.reused, 1);
+    expect_bytes(&g, 0, "t", "h", 0); /* now resident on the consumer */
+    push(&g, "t2", "h", "r3");        /* a later push of a resident item writes nothing */
+    bind(&g, "h", 0, NULL);
+    kvt_ec_producer_dispatch(g.p);
+    assert_int_equal(g.c.calls[OP_WRITE][0], 1);
+    assert_int_equal(pstate(&g, "t2"), KVT_ECP_DONE);
+    rig_close(&g);
+}
+
+static void a_conflicting_payload_is_reported_through_failed_saves(void **state_)
+{
+    (void)state_;
+    rig g;
+    rig_open(&g, 1, 64 * 1024);
+    push(&g, "t", "h", "r1");
+    kvt_ec_push_spec other = inproc_spec("t", "other", TOK, "r2");
+    KVT_OK_(kvt_ec_producer_push(g.p, &other)); /* never raised */
+    kvt_ec_worker_meta wm;
+    kvt_ec_worker_meta_init(&wm);
+    KVT_OK_(kvt_ec_producer_report(g.p, &wm));
+    assert_int_equal(wm.failed_saves.n, 1);
+    assert_string_equal(wm.failed_saves.items[0].ptr, "r2");
+    assert_true(wm.pending_saves);
+    assert_int_equal(pstate(&g, "t"), KVT_ECP_WAITING_INPUTS); /* the first push stands */
+    kvt_ec_worker_meta_clear(&wm);
+    KVT_OK_(kvt_ec_producer_report(g.p, &wm));
+    assert_int_equal(wm.failed_saves.n, 0); /* reported once */
+    kvt_ec_worker_meta_release(&wm);
+    KVT_OK_(kvt_ec_producer_request_finished(g.p, "r1", 2));
+    rig_close(&g);
+}
+
+static void partial_reserve_is_compensated_before_its_future_fails(void **state_)
+{
+    (void)state_;
+    rig g;
+    rig_open(&g, 3, 64 * 1024);
+    g.c.fail_next[OP_RESERVE][1] = 1; /* shard 1 refuses */
+    push(&g, "t", "h", "r");
+    assert_int_equal(pstate(&g, "t"), KVT_ECP_FAILED);
+    assert_int_equal(g.c.calls[OP_RESERVE][2], 0);
+    assert_int_equal(g.c.calls[OP_CANCEL][0], 1); /* shard 0's reservation abandoned */
+    assert_int_equal(kvt_ec_shard_state(g.c.sh[0], "t", 1), KVT_EC_CANCELLED);
+    kvt_ec_push_failure f[2];
+    assert_int_equal(kvt_ec_producer_take_failures(g.p, f, 2), 1);
+    assert_string_equal(f[0].mm_hash, "h");
+    assert_non_null(strstr(f[0].error, "reserving"));
+    assert_int_equal(kvt_ec_producer_take_failures(g.p, f, 2), 0); /* once */
+    rig_close(&g);
+}
+
+static void reservation_requires_confirmed_topology_before_any_rpc(void **state_)
+{
+    (void)state_;
+    rig g;
+    rig_open(&g, 2, 64 * 1024);
+    g.c.no_topology = true;
+    push(&g, "t", "h", "r");
+    assert_int_equal(pstate(&g, "t"), KVT_ECP_FAILED);
+    assert_int_equal(g.c.calls[OP_RESERVE][0] + g.c.calls[OP_CANCEL][0], 0);
+    rig_close(&g);
+}
+
+static void a_ready_push_does_not_wait_for_another_item(void **state_)
+{
+    (void)state_;
+    rig g;
+    rig_open(&g, 1, 64 * 1024);
+    push(&g, "t1", "h1", "r");
+    push(&g, "t2", "h2", "r");
+    bind(&g, "h2", 1, NULL);
+    assert_int_equal(kvt_ec_producer_dispatch(g.p), 1);
+    assert_int_equal(pstate(&g, "t2"), KVT_ECP_DONE);
+    assert_int_equal(pstate(&g, "t1"), KVT_ECP_WAITING_INPUTS);
+    expect_bytes(&g, 0, "t2", "h2", 1);
+    bind(&g, "h1", 0, NULL);
+    kvt_ec_producer_dispatch(g.p);
+    expect_bytes(&g, 0, "t1", "h1", 0);
+    rig_close(&g);
+}
+
+static void batches_pushes_from_one_model_step(void **state_)
+{
+    (void)state_;
+    rig g;
+    rig_open(&g, 1, 64 * 1024);
+    push(&g, "t1", "h1", "r");
+    push(&g, "t2", "h2", "r");
+    bind(&g, "h1", 0, NULL);
+    bind(&g, "h2", 1, NULL);
+    assert_int_equal(kvt_ec_producer_dispatch(g.p), 2);
+    kvt_ec_producer_stats st;
+    kvt_ec_producer_get_stats(g.p, &st);
+    assert_int_equal(st.batches, 1); /* one consumer: one batch */
+    rig_close(&g);
+}
+
+static void source_waits_for_its_readiness_fence(void **state_)
+{
+    (void)state_;
+    rig g;
+    rig_open(&g, 1, 64 * 1024);
+    push(&g, "t", "h", "r");
+    bool passed = false;
+    kvt_ec_fence f = {fence_done, &passed};
+    bind(&g, "h", 0, &f); /* the encoder's kernels may still write it */
+    assert_int_equal(kvt_ec_producer_dispatch(g.p), 0);
+    assert_int_equal(g.c.calls[OP_WRITE][0], 0);
+    passed = true;
+    assert_int_equal(kvt_ec_producer_dispatch(g.p), 1);
+    expect_bytes(&g, 0, "t", "h", 0);
+    rig_close(&g);
+}
+
+static void invalid_source_fails_before_staging(void **state_)
+{
+    (void)state_;
+    rig g;
+    rig_open(&g, 2, 64 * 1024);
+    push(&g, "t", "h", "r");
+    KVT_OK_(kvt_ec_producer_bind_source(g.p, "h", 1, g.src[0], 1000, NULL) == 1 ? 0 : -1);
+    kvt_ec_producer_dispatch(g.p);
+    assert_int_equal(pstate(&g, "t"), KVT_ECP_FAILED);
+    assert_int_equal(g.c.calls[OP_WRITE][0] + g.c.calls[OP_WRITE][1], 0);
+    for (uint32_t k = 0; k < 2; k++) /* both reservations abandoned */
+        assert_int_equal(kvt_ec_shard_state(g.c.sh[k], "t", 1), KVT_EC_CANCELLED);
+    rig_close(&g);
+}
+
+static void failed_push_is_reported_not_raised(void **state_)
+{
+    (void)state_;
+    rig g;
+    rig_open(&g, 2, 64 * 1024);
+    push(&g, "t", "h", "r");
+    bind(&g, "h", 0, NULL);
+    g.c.fail_next[OP_WRITE][1] = 1;
+    KVT_OK_(kvt_ec_producer_dispatch(g.p) >= 0 ? 0 : -1);
+    assert_int_equal(pstate(&g, "t"), KVT_ECP_FAILED);
+    for (uint32_t k = 0; k < 2; k++) /* the consumer frees both destinations */
+        assert_int_equal(kvt_ec_shard_state(g.c.sh[k], "t", 1), KVT_EC_CANCELLED);
+    kvt_ec_push_failure f[1];
+    assert_int_equal(kvt_ec_producer_take_failures(g.p, f, 1), 1);
+    assert_non_null(strstr(f[0].error, "writing"));
+    rig_close(&g);
+}
+
+static void partial_complete_abandons_all_shards_before_releasing_source(void **state_)
+{
+    (void)state_;
+    rig g;
+    rig_open(&g, 2, 64 * 1024);
+    push(&g, "t", "h", "r");
+    bind(&g, "h", 0, NULL);
+    g.c.fail_next[OP_COMPLETE][1] = 1; /* shard 0 completes, shard 1 does not */
+    kvt_ec_producer_dispatch(g.p);
+    assert_int_equal(pstate(&g, "t"), KVT_ECP_FAILED);
+    /* shard 0 had completed (READY): abandoned too */
+    assert_int_equal(kvt_ec_shard_state(g.c.sh[0], "t", 1), KVT_EC_CANCELLED);
+    assert_int_equal(kvt_ec_shard_state(g.c.sh[1], "t", 1), KVT_EC_CANCELLED);
+    assert_false(kvt_ec_producer_pending(g.p));
+    rig_close(&g);
+}
+
+static void finished_request_cancels_unbound_reservation(void **state_)
+{
+    (void)state_;
+    rig g;
+    rig_open(&g, 2, 64 * 1024);
+    push(&g, "t1", "h1", "r");
+    push(&g, "t2", "h2", "r");
+    bind(&g, "h2", 1, NULL); /* t2 has its source: it is pushed, not cancelled */
+    KVT_OK_(kvt_ec_producer_request_finished(g.p, "r", 1));
+    assert_int_equal(pstate(&g, "t1"), KVT_ECP_CANCELLED);
+    assert_int_equal(pstate(&g, "t2"), KVT_ECP_WAITING_INPUTS);
+    assert_int_equal(kvt_ec_shard_state(g.c.sh[0], "t1", 2), KVT_EC_CANCELLED);
+    kvt_ec_producer_dispatch(g.p);
+    assert_int_equal(pstate(&g, "t2"), KVT_ECP_DONE);
+    /* a cancel that fails twice on a shard leaves the push FAILED */
+    push(&g, "t3", "h3", "q");
+    g.c.fail_next[OP_CANCEL][0] = 2;
+    KVT_OK_(kvt_ec_producer_request_finished(g.p, "q", 1));
+    assert_int_equal(pstate(&g, "t3"), KVT_ECP_FAILED);
+    /* shard 0 still holds t3's destination for a writer that will never come: abandon it */
+    {
+        bool done;
+        kvt_ec_reply r;
+        kvt_ec_item it = {"h3", 2, TOK * 1024, 2, {TOK, 256}, "float32", 7};
+        KVT_OK_(kvt_ec_shard_reserve(g.c.sh[0], "t3", 2, &it, &r));
+        KVT_OK_(kvt_ec_shard_cancel(g.c.sh[0], "t3", 2, NULL, true, false, &done));
+    }
+    rig_close(&g);
+}
+
+static void stale_shards_are_refreshed_before_writing(void **state_)
+{
+    (void)state_;
+    rig g;
+    rig_open(&g, 1, 64 * 1024);
+    push(&g, "t", "h", "r");
+    kvt_clock_manual_advance(&g.clock, 151ull * 1000000000ull); /* older than TTL / 2 */
+    bind(&g, "h", 0, NULL);
+    kvt_ec_producer_dispatch(g.p);
+    assert_int_equal(pstate(&g, "t"), KVT_ECP_DONE);
+    assert_int_equal(g.c.calls[OP_RESERVE][0], 2); /* re-reserved with a new id */
+    kvt_ec_producer_stats st;
+    kvt_ec_producer_get_stats(g.p, &st);
+    assert_int_equal(st.refreshes, 1);
+    expect_bytes(&g, 0, "t", "h", 0);
+    rig_close(&g);
+}
+
+static void pushes_into_followers_and_cached_items_write_once(void **state_)
+{
+    (void)state_;
+    rig g;
+    rig_open(&g, 1, 64 * 1024);
+    push(&g, "t1", "h", "r1");
+    push(&g, "t2", "h", "r2"); /* another transfer of the same item: a follower there */
+    bind(&g, "h", 0, NULL);
+    kvt_ec_producer_dispatch(g.p);
+    assert_int_equal(g.c.calls[OP_WRITE][0], 1);
+    assert_int_equal(pstate(&g, "t1"), KVT_ECP_DONE);
+    assert_int_equal(pstate(&g, "t2"), KVT_ECP_DONE);
+    expect_bytes(&g, 0, "t1", "h", 0);
+    expect_bytes(&g, 0, "t2", "h", 0);
+    rig_close(&g);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(push_reaches_every_consumer_shard),
+        cmocka_unit_test(duplicate_pushes_share_one_transfer_per_reservation),
+        cmocka_unit_test(a_conflicting_payload_is_reported_through_failed_saves),
+        cmocka_unit_test(partial_reserve_is_compensated_before_its_future_fails),
+        cmocka_unit_test(reservation_requires_confirmed_topology_before_any_rpc),
+        cmocka_unit_test(a_ready_push_does_not_wait_for_another_item),
+        cmocka_unit_test(batches_pushes_from_one_model_step),
+        cmocka_unit_test(source_waits_for_its_readiness_fence),
+        cmocka_unit_test(invalid_source_fails_before_staging),
+        cmocka_unit_test(failed_push_is_reported_not_raised),
+        cmocka_unit_test(partial_complete_abandons_all_shards_before_releasing_source),
+        cmocka_unit_test(finished_request_cancels_unbound_reservation),
+        cmocka_unit_test(stale_shards_are_refreshed_before_writing),
+        cmocka_unit_test(pushes_into_followers_and_cached_items_write_once),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
