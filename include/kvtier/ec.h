@@ -26,6 +26,10 @@
  *              readiness fence, push ready records per consumer in batches, complete, and on
  *              any failure abandon every shard's reservation; conflicting payloads under one
  *              transfer id are reported through failed_saves, never raised.
+ *   kvt_ec_planner
+ *              the producer scheduler (§1.4 step 1): push specs prepared once per transfer id,
+ *              emitted once in the step's metadata, the bindings a response reports, and
+ *              has_pending_push_work.
  *
  * Thread rules: a slab or a shard is used by one thread at a time.
  */
@@ -392,6 +396,41 @@ typedef struct kvt_ec_producer_stats {
     uint64_t completes, abandons, failed, cancelled, done;
 } kvt_ec_producer_stats;
 KVT_API void kvt_ec_producer_get_stats(const kvt_ec_producer *p, kvt_ec_producer_stats *st);
+
+/* ---- producer scheduler: push planning ------------------------------------------------------- */
+
+typedef struct kvt_ec_planner kvt_ec_planner;
+
+/* A binding a producer response reports for a request: {mm_hash, transfer_id}. */
+typedef struct kvt_ec_binding {
+    char mm_hash[KVT_EC_KEY_MAX + 1];
+    char transfer_id[KVT_EC_KEY_MAX + 1];
+} kvt_ec_binding;
+
+/* max_prepared: transfer ids prepared and not yet forgotten at once (default 65,536 if 0). */
+KVT_API int kvt_ec_planner_create(uint32_t max_prepared, kvt_ec_planner **out);
+KVT_API void kvt_ec_planner_destroy(kvt_ec_planner *p);
+/* prepare_push_spec (ensure_cache_available, update_state_after_alloc). A spec without a
+ * consumer address is ignored (returns 0). A transfer id prepared already: the same push
+ * (the request id may differ) adds the request as a sharer, returns 0; a different payload
+ * fails that request up front (kvt_ec_planner_take_failed), returns 0. A new one is queued
+ * for the next metadata, returns 1. KVT_ELIMIT when max_prepared ids are held. */
+KVT_API int kvt_ec_planner_prepare(kvt_ec_planner *p, const kvt_ec_push_spec *spec);
+/* build_connector_meta: appends the pushes prepared since the last call, each once. */
+KVT_API int kvt_ec_planner_build_meta(kvt_ec_planner *p, kvt_ec_meta *out);
+/* The bindings of every prepared push the request shares (its response's ec_items). */
+KVT_API uint32_t kvt_ec_planner_bindings(const kvt_ec_planner *p, const char *req_id, uint32_t len,
+                                         kvt_ec_binding *out, uint32_t cap);
+/* request_finished: the request no longer shares its pushes; a transfer id no request shares
+ * any more is forgotten (a later prepare of it is new). */
+KVT_API int kvt_ec_planner_request_finished(kvt_ec_planner *p, const char *req_id, uint32_t len);
+/* update_connector_output: pending_saves (has_pending_push_work) and failed_saves (those
+ * requests fail). */
+KVT_API int kvt_ec_planner_apply_output(kvt_ec_planner *p, const kvt_ec_worker_meta *agg);
+KVT_API bool kvt_ec_planner_has_pending_push_work(const kvt_ec_planner *p);
+/* Requests to fail (a conflicting transfer id, a rejected push), each once. */
+KVT_API uint32_t kvt_ec_planner_take_failed(kvt_ec_planner *p, char (*out)[KVT_EC_KEY_MAX + 1],
+                                            uint32_t cap);
 
 #ifdef __cplusplus
 }

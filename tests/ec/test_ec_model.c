@@ -67,7 +67,9 @@ static struct {
     kvt_manual_clock clock;
     inproc c;
     kvt_ec_sched *s;
+    kvt_ec_planner *plan; /* the producer instance's scheduler */
     kvt_ec_producer *p;
+    kvt_ec_meta pmeta; /* its metadata to its worker */
     uint32_t shards;
     uint64_t step;
     struct req reqs[MAX_REQ];
@@ -177,7 +179,11 @@ static void workers_step(uint64_t *rng)
         }
     }
     KVT_OK_(kvt_ec_worker_meta_aggregate_ranks(&agg, ranks, S.shards, NULL));
-    KVT_OK_(kvt_ec_producer_report(S.p, &agg));
+    kvt_ec_worker_meta prod; /* the producer's own report goes to its own scheduler */
+    kvt_ec_worker_meta_init(&prod);
+    KVT_OK_(kvt_ec_producer_report(S.p, &prod));
+    KVT_OK_(kvt_ec_planner_apply_output(S.plan, &prod));
+    kvt_ec_worker_meta_release(&prod);
     KVT_OK_(kvt_ec_sched_apply_output(S.s, &agg));
     for (uint32_t k = 0; k < S.shards; k++)
         kvt_ec_worker_meta_release(&per[k]);
@@ -238,7 +244,15 @@ static void new_request(uint64_t *rng)
             sp.consumer_zmq = (kvt_str){"tcp://consumer:1", 16};
             sp.transfer_id = (kvt_str){r->tid[f], (uint32_t)strlen(r->tid[f])};
             sp.request_id = (kvt_str){r->id, (uint32_t)strlen(r->id)};
-            KVT_OK_(kvt_ec_producer_push(S.p, &sp));
+            int rc = kvt_ec_planner_prepare(S.plan, &sp); /* the producer's scheduler */
+            CHECK(rc == 1, "prepare returned %d", rc);
+        }
+        /* its step's metadata reaches its worker, which starts the pushes */
+        kvt_ec_meta_clear(&S.pmeta);
+        KVT_OK_(kvt_ec_planner_build_meta(S.plan, &S.pmeta));
+        CHECK(S.pmeta.n_pushes == r->n, "%u pushes for %u features", S.pmeta.n_pushes, r->n);
+        for (uint32_t f = 0; f < S.pmeta.n_pushes; f++) {
+            KVT_OK_(kvt_ec_producer_push(S.p, &S.pmeta.pushes[f]));
             S.pushed++;
         }
         r->start = S.step;
@@ -262,6 +276,7 @@ static void verify_loaded(const struct req *r)
 
 static void end_request(struct req *r)
 {
+    KVT_OK_(kvt_ec_planner_request_finished(S.plan, r->id, (uint32_t)strlen(r->id)));
     KVT_OK_(kvt_ec_sched_request_finished(S.s, r->id, (uint32_t)strlen(r->id)));
     KVT_OK_(kvt_ec_producer_request_finished(S.p, r->id, (uint32_t)strlen(r->id)));
     r->used = false;
@@ -361,7 +376,9 @@ static void episode(uint64_t *rng, uint64_t ops)
     pc.ops = inproc_ops(&S.c);
     pc.clock = kvt_clock_manual(&S.clock, S.clock.now_ns);
     KVT_OK_(kvt_ec_producer_create(&pc, &S.p));
+    KVT_OK_(kvt_ec_planner_create(0, &S.plan));
     kvt_ec_meta_init(&S.meta);
+    kvt_ec_meta_init(&S.pmeta);
     uint64_t start = g_ops;
     while (g_ops - start < ops)
         step(rng, true);
@@ -371,6 +388,11 @@ static void episode(uint64_t *rng, uint64_t ops)
     for (uint32_t i = 0; i < MAX_REQ; i++)
         CHECK(!S.reqs[i].used, "%s never ended", S.reqs[i].id);
     CHECK(!kvt_ec_producer_pending(S.p), "the producer still has pending pushes");
+    CHECK(!kvt_ec_planner_has_pending_push_work(S.plan), "the producer scheduler still waits");
+    kvt_ec_binding b[1];
+    CHECK(kvt_ec_planner_bindings(S.plan, "req0", 4, b, 1) == 0, "a finished request's binding");
+    kvt_ec_planner_destroy(S.plan);
+    kvt_ec_meta_release(&S.pmeta);
     kvt_ec_producer_destroy(S.p);
     for (uint32_t k = 0; k < S.shards; k++)
         CHECK(kvt_ec_shard_writers(S.c.sh[k]) == 0, "shard %u still holds memory for a writer", k);
