@@ -297,6 +297,8 @@ uint32_t kvt_ec_planner_take_failed(kvt_ec_planner *p, char (*out)[KVT_EC_KEY_MA
                                     uint32_t cap)
 {
     uint32_t n = p->n_failed < cap ? p->n_failed : cap;
+    if (n == 0)
+        return 0;
     for (uint32_t i = 0; i < n; i++)
         memcpy(out[i], p->failed[i].s, p->failed[i].len + 1);
     memmove(p->failed, p->failed + n, (p->n_failed - n) * sizeof(lkey));

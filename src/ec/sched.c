@@ -844,6 +844,8 @@ void kvt_ec_sched_expire(kvt_ec_sched *s)
 static uint32_t take_list(skey *l, uint32_t *n, char (*out)[KVT_EC_KEY_MAX + 1], uint32_t cap)
 {
     uint32_t k = *n < cap ? *n : cap;
+    if (k == 0)
+        return 0;
     for (uint32_t i = 0; i < k; i++)
         memcpy(out[i], l[i].s, l[i].len + 1);
     memmove(l, l + k, (*n - k) * sizeof(skey));
