@@ -11,20 +11,14 @@
 
 #include "base/array.h"
 #include "base/error.h"
-#include "base/hash.h"
 #include "base/map.h"
-#include "kvtier/ec.h"
+#include "ec/ec_key.h"
 
 #define NONE UINT32_MAX
 
-typedef struct lkey {
-    char s[KVT_EC_KEY_MAX + 1];
-    uint32_t len;
-} lkey;
-
 typedef struct plan {
     bool used, queued;
-    lkey t, h, dtype, consumer;
+    ec_key t, h, dtype, consumer;
     uint64_t nbytes;
     uint32_t ndim;
     uint64_t shape[KVT_EC_MAX_DIMS];
@@ -34,7 +28,7 @@ typedef struct plan {
 
 typedef struct share { /* (plan, request) */
     uint32_t plan;
-    lkey req;
+    ec_key req;
 } share;
 
 struct kvt_ec_planner {
@@ -44,47 +38,29 @@ struct kvt_ec_planner {
     kvt_map map;
     share *sh;
     uint32_t n_sh, cap_sh;
-    lkey *failed;
+    ec_key *failed;
     uint32_t n_failed, cap_failed;
     bool pending;
 };
 
-static int lkey_set(lkey *k, kvt_str s, const char *what)
+static int lkey_set(ec_key *k, kvt_str s, const char *what)
 {
-    if (s.len == 0 || s.len > KVT_EC_KEY_MAX || !s.ptr)
-        return kvt_fail(KVT_EINVAL, "ec planner: %s must be 1..%u bytes", what, KVT_EC_KEY_MAX);
-    memcpy(k->s, s.ptr, s.len);
-    k->s[s.len] = 0;
-    k->len = s.len;
-    return 0;
+    return ec_key_set(k, s.ptr, s.len, false, "ec planner", what);
 }
 
-static bool lkey_eq(const lkey *a, const lkey *b)
+static plan *find(const kvt_ec_planner *p, const ec_key *t)
 {
-    return a->len == b->len && memcmp(a->s, b->s, a->len) == 0;
+    uint32_t i = ec_key_find(&p->map, p->pl, sizeof(plan), offsetof(plan, t), t);
+    return i == NONE ? NULL : &p->pl[i];
 }
 
-static uint64_t lhash(const lkey *k)
-{
-    return kvt_xxh3_64(k->s, k->len, 0);
-}
-
-static plan *find(const kvt_ec_planner *p, const lkey *t)
-{
-    uint64_t h = lhash(t), pos = kvt_map_probe_start(&p->map, h);
-    uint32_t i;
-    while (kvt_map_probe_next(&p->map, h, &pos, &i))
-        if (lkey_eq(&p->pl[i].t, t))
-            return &p->pl[i];
-    return NULL;
-}
-
-static void fail_request(kvt_ec_planner *p, const lkey *req)
+static void fail_request(kvt_ec_planner *p, const ec_key *req)
 {
     for (uint32_t i = 0; i < p->n_failed; i++)
-        if (lkey_eq(&p->failed[i], req))
+        if (ec_key_eq(&p->failed[i], req))
             return;
-    if (kvt_array_grow((void **)&p->failed, &p->cap_failed, p->n_failed + 1ull, sizeof(lkey)) == 0)
+    if (kvt_array_grow((void **)&p->failed, &p->cap_failed, p->n_failed + 1ull, sizeof(ec_key)) ==
+        0)
         p->failed[p->n_failed++] = *req;
 }
 
@@ -132,11 +108,11 @@ static bool same_payload(const plan *x, const kvt_ec_push_spec *s)
            memcmp(x->consumer.s, s->consumer_zmq.ptr, s->consumer_zmq.len) == 0;
 }
 
-static int add_sharer(kvt_ec_planner *p, plan *x, const lkey *req)
+static int add_sharer(kvt_ec_planner *p, plan *x, const ec_key *req)
 {
     uint32_t idx = (uint32_t)(x - p->pl);
     for (uint32_t i = 0; i < p->n_sh; i++)
-        if (p->sh[i].plan == idx && lkey_eq(&p->sh[i].req, req))
+        if (p->sh[i].plan == idx && ec_key_eq(&p->sh[i].req, req))
             return 0; /* prepared for this request already */
     if (kvt_array_grow((void **)&p->sh, &p->cap_sh, p->n_sh + 1ull, sizeof(share)))
         return kvt_fail(KVT_ENOMEM, "ec planner: out of memory");
@@ -154,7 +130,7 @@ int kvt_ec_planner_prepare(kvt_ec_planner *p, const kvt_ec_push_spec *s)
     int rc = kvt_ec_push_spec_validate(s);
     if (rc)
         return kvt_fail_wrap(rc, "ec planner");
-    lkey t, req;
+    ec_key t, req;
     if ((rc = lkey_set(&t, s->transfer_id, "transfer id")) ||
         (rc = lkey_set(&req, s->request_id, "request id")))
         return rc;
@@ -175,7 +151,7 @@ int kvt_ec_planner_prepare(kvt_ec_planner *p, const kvt_ec_push_spec *s)
         p->pl[p->n_pl].free_next = NONE;
         p->free_pl = p->n_pl++;
     }
-    lkey h, dtype, consumer;
+    ec_key h, dtype, consumer;
     if ((rc = lkey_set(&h, s->mm_hash, "mm_hash")) || (rc = lkey_set(&dtype, s->dtype, "dtype")) ||
         (rc = lkey_set(&consumer, s->consumer_zmq, "consumer address")))
         return rc;
@@ -192,7 +168,7 @@ int kvt_ec_planner_prepare(kvt_ec_planner *p, const kvt_ec_push_spec *s)
     x->ndim = s->ndim;
     memcpy(x->shape, s->shape, s->ndim * sizeof(uint64_t));
     x->queued = true;
-    (void)kvt_map_insert(&p->map, lhash(&t), (uint32_t)(x - p->pl)); /* room: max */
+    (void)kvt_map_insert(&p->map, t.hash, (uint32_t)(x - p->pl)); /* room: max */
     p->count++;
     if ((rc = add_sharer(p, x, &req)))
         return rc;
@@ -207,7 +183,7 @@ int kvt_ec_planner_build_meta(kvt_ec_planner *p, kvt_ec_meta *out)
         plan *x = &p->pl[i];
         if (!x->used || !x->queued)
             continue;
-        const lkey *req = NULL; /* the first request it was prepared for */
+        const ec_key *req = NULL; /* the first request it was prepared for */
         for (uint32_t k = 0; k < p->n_sh && !req; k++)
             if (p->sh[k].plan == i)
                 req = &p->sh[k].req;
@@ -232,12 +208,12 @@ int kvt_ec_planner_build_meta(kvt_ec_planner *p, kvt_ec_meta *out)
 uint32_t kvt_ec_planner_bindings(const kvt_ec_planner *p, const char *req_id, uint32_t len,
                                  kvt_ec_binding *out, uint32_t cap)
 {
-    lkey req;
+    ec_key req;
     if (lkey_set(&req, (kvt_str){req_id, len}, "request id"))
         return 0;
     uint32_t n = 0;
     for (uint32_t i = 0; i < p->n_sh && n < cap; i++) {
-        if (!lkey_eq(&p->sh[i].req, &req))
+        if (!ec_key_eq(&p->sh[i].req, &req))
             continue;
         const plan *x = &p->pl[p->sh[i].plan];
         memcpy(out[n].mm_hash, x->h.s, x->h.len + 1);
@@ -249,19 +225,19 @@ uint32_t kvt_ec_planner_bindings(const kvt_ec_planner *p, const char *req_id, ui
 
 int kvt_ec_planner_request_finished(kvt_ec_planner *p, const char *req_id, uint32_t len)
 {
-    lkey req;
+    ec_key req;
     int rc = lkey_set(&req, (kvt_str){req_id, len}, "request id");
     if (rc)
         return rc;
     uint32_t k = 0;
     for (uint32_t i = 0; i < p->n_sh; i++) {
-        if (!lkey_eq(&p->sh[i].req, &req)) {
+        if (!ec_key_eq(&p->sh[i].req, &req)) {
             p->sh[k++] = p->sh[i];
             continue;
         }
         plan *x = &p->pl[p->sh[i].plan];
         if (--x->sharers == 0) { /* nobody shares it: forgotten */
-            kvt_map_remove(&p->map, lhash(&x->t), p->sh[i].plan);
+            kvt_map_remove(&p->map, x->t.hash, p->sh[i].plan);
             x->used = false;
             x->free_next = p->free_pl;
             p->free_pl = p->sh[i].plan;
@@ -281,7 +257,7 @@ int kvt_ec_planner_apply_output(kvt_ec_planner *p, const kvt_ec_worker_meta *agg
         return kvt_fail_wrap(rc, "ec planner: apply_output");
     p->pending = agg->pending_saves;
     for (uint32_t i = 0; i < agg->failed_saves.n; i++) {
-        lkey req;
+        ec_key req;
         if (lkey_set(&req, agg->failed_saves.items[i], "request id") == 0)
             fail_request(p, &req);
     }
@@ -301,7 +277,7 @@ uint32_t kvt_ec_planner_take_failed(kvt_ec_planner *p, char (*out)[KVT_EC_KEY_MA
         return 0;
     for (uint32_t i = 0; i < n; i++)
         memcpy(out[i], p->failed[i].s, p->failed[i].len + 1);
-    memmove(p->failed, p->failed + n, (p->n_failed - n) * sizeof(lkey));
+    memmove(p->failed, p->failed + n, (p->n_failed - n) * sizeof(ec_key));
     p->n_failed -= n;
     return n;
 }

@@ -19,16 +19,10 @@
 
 #include "base/array.h"
 #include "base/error.h"
-#include "base/hash.h"
 #include "base/map.h"
-#include "kvtier/ec.h"
+#include "ec/ec_key.h"
 
 #define NONE UINT32_MAX
-
-typedef struct pkey {
-    char s[KVT_EC_KEY_MAX + 1];
-    uint32_t len;
-} pkey;
 
 typedef struct shard_res {
     kvt_ec_reply r;
@@ -39,7 +33,7 @@ typedef struct shard_res {
 typedef struct prec {
     bool used, reported;
     uint8_t state;
-    pkey t, h, consumer, req, dtype;
+    ec_key t, h, consumer, req, dtype;
     uint64_t nbytes;
     uint32_t ndim;
     uint64_t shape[KVT_EC_MAX_DIMS];
@@ -60,31 +54,14 @@ struct kvt_ec_producer {
     uint32_t n_r, cap_r, free_r, count;
     uint64_t seq;
     kvt_map map;
-    pkey *failed_saves;
+    ec_key *failed_saves;
     uint32_t n_fs, cap_fs;
     kvt_ec_producer_stats st;
 };
 
-static int pkey_set(pkey *k, kvt_str s, const char *what, bool may_be_empty)
+static int pkey_set(ec_key *k, kvt_str s, const char *what, bool may_be_empty)
 {
-    if ((!may_be_empty && s.len == 0) || s.len > KVT_EC_KEY_MAX || (s.len && !s.ptr))
-        return kvt_fail(KVT_EINVAL, "ec producer: %s must be %u..%u bytes", what,
-                        may_be_empty ? 0 : 1, KVT_EC_KEY_MAX);
-    if (s.len)
-        memcpy(k->s, s.ptr, s.len);
-    k->s[s.len] = 0;
-    k->len = s.len;
-    return 0;
-}
-
-static bool pkey_eq(const pkey *a, const pkey *b)
-{
-    return a->len == b->len && memcmp(a->s, b->s, a->len) == 0;
-}
-
-static uint64_t khash(const pkey *k)
-{
-    return kvt_xxh3_64(k->s, k->len, 0);
+    return ec_key_set(k, s.ptr, s.len, may_be_empty, "ec producer", what);
 }
 
 static bool terminal(const prec *r)
@@ -92,20 +69,16 @@ static bool terminal(const prec *r)
     return r->state == KVT_ECP_DONE || r->state == KVT_ECP_CANCELLED || r->state == KVT_ECP_FAILED;
 }
 
-static prec *find(const kvt_ec_producer *p, const pkey *t)
+static prec *find(const kvt_ec_producer *p, const ec_key *t)
 {
-    uint64_t h = khash(t), pos = kvt_map_probe_start(&p->map, h);
-    uint32_t i;
-    while (kvt_map_probe_next(&p->map, h, &pos, &i))
-        if (pkey_eq(&p->r[i].t, t))
-            return &p->r[i];
-    return NULL;
+    uint32_t i = ec_key_find(&p->map, p->r, sizeof(prec), offsetof(prec, t), t);
+    return i == NONE ? NULL : &p->r[i];
 }
 
 static void rec_free(kvt_ec_producer *p, prec *r)
 {
     uint32_t i = (uint32_t)(r - p->r);
-    kvt_map_remove(&p->map, khash(&r->t), i);
+    kvt_map_remove(&p->map, r->t.hash, i);
     r->used = false;
     r->free_next = p->free_r;
     p->free_r = i;
@@ -127,7 +100,7 @@ static int make_room(kvt_ec_producer *p)
     return 0;
 }
 
-static prec *rec_new(kvt_ec_producer *p, const pkey *t)
+static prec *rec_new(kvt_ec_producer *p, const ec_key *t)
 {
     if (make_room(p))
         return NULL;
@@ -145,7 +118,7 @@ static prec *rec_new(kvt_ec_producer *p, const pkey *t)
     r->used = true;
     r->t = *t;
     r->seq = ++p->seq;
-    (void)kvt_map_insert(&p->map, khash(t), (uint32_t)(r - p->r)); /* room: max_records */
+    (void)kvt_map_insert(&p->map, t->hash, (uint32_t)(r - p->r)); /* room: max_records */
     p->count++;
     return r;
 }
@@ -261,14 +234,14 @@ static bool same_push(const prec *r, const kvt_ec_push_spec *s)
            memcmp(r->consumer.s, s->consumer_zmq.ptr, s->consumer_zmq.len) == 0;
 }
 
-static void add_failed_save(kvt_ec_producer *p, const pkey *req)
+static void add_failed_save(kvt_ec_producer *p, const ec_key *req)
 {
     if (!req->len)
         return;
     for (uint32_t i = 0; i < p->n_fs; i++)
-        if (pkey_eq(&p->failed_saves[i], req))
+        if (ec_key_eq(&p->failed_saves[i], req))
             return;
-    if (kvt_array_grow((void **)&p->failed_saves, &p->cap_fs, p->n_fs + 1ull, sizeof(pkey)) == 0)
+    if (kvt_array_grow((void **)&p->failed_saves, &p->cap_fs, p->n_fs + 1ull, sizeof(ec_key)) == 0)
         p->failed_saves[p->n_fs++] = *req;
 }
 
@@ -294,7 +267,7 @@ int kvt_ec_producer_push(kvt_ec_producer *p, const kvt_ec_push_spec *s)
         return kvt_fail(KVT_EINVAL, "ec producer: NULL spec");
     if ((rc = kvt_ec_push_spec_validate(s)))
         return kvt_fail_wrap(rc, "ec producer");
-    pkey t, req;
+    ec_key t, req;
     if ((rc = pkey_set(&t, s->transfer_id, "transfer id", false)) ||
         (rc = pkey_set(&req, s->request_id, "request id", true)))
         return rc;
@@ -342,7 +315,7 @@ int kvt_ec_producer_push(kvt_ec_producer *p, const kvt_ec_push_spec *s)
 int kvt_ec_producer_bind_source(kvt_ec_producer *p, const char *mm_hash, uint32_t len,
                                 const void *src, uint64_t nbytes, const kvt_ec_fence *fence)
 {
-    pkey h;
+    ec_key h;
     int rc = pkey_set(&h, (kvt_str){mm_hash, len}, "mm_hash", false);
     if (rc)
         return rc;
@@ -351,7 +324,7 @@ int kvt_ec_producer_bind_source(kvt_ec_producer *p, const char *mm_hash, uint32_
     int bound = 0;
     for (uint32_t i = 0; i < p->n_r; i++) {
         prec *r = &p->r[i];
-        if (!r->used || r->state != KVT_ECP_WAITING_INPUTS || r->has_src || !pkey_eq(&r->h, &h))
+        if (!r->used || r->state != KVT_ECP_WAITING_INPUTS || r->has_src || !ec_key_eq(&r->h, &h))
             continue;
         r->src = src;
         r->src_bytes = nbytes;
@@ -448,11 +421,11 @@ int kvt_ec_producer_dispatch(kvt_ec_producer *p)
     for (uint32_t i = 0; i < p->n_r; i++) {
         if (!ready_to_push(&p->r[i]))
             continue;
-        const pkey *consumer = &p->r[i].consumer;
+        const ec_key *consumer = &p->r[i].consumer;
         p->st.batches++;
         for (uint32_t j = i; j < p->n_r; j++) {
             prec *r = &p->r[j];
-            if (!ready_to_push(r) || !pkey_eq(&r->consumer, consumer))
+            if (!ready_to_push(r) || !ec_key_eq(&r->consumer, consumer))
                 continue;
             push_one(p, r);
             pushed++;
@@ -463,13 +436,14 @@ int kvt_ec_producer_dispatch(kvt_ec_producer *p)
 
 int kvt_ec_producer_request_finished(kvt_ec_producer *p, const char *req_id, uint32_t len)
 {
-    pkey req;
+    ec_key req;
     int rc = pkey_set(&req, (kvt_str){req_id, len}, "request id", false);
     if (rc)
         return rc;
     for (uint32_t i = 0; i < p->n_r; i++) {
         prec *r = &p->r[i];
-        if (!r->used || r->state != KVT_ECP_WAITING_INPUTS || r->has_src || !pkey_eq(&r->req, &req))
+        if (!r->used || r->state != KVT_ECP_WAITING_INPUTS || r->has_src ||
+            !ec_key_eq(&r->req, &req))
             continue;
         r->state = KVT_ECP_CANCEL_PENDING;
         if (abandon_all(p, r)) {
@@ -527,7 +501,7 @@ uint32_t kvt_ec_producer_take_failures(kvt_ec_producer *p, kvt_ec_push_failure *
 
 int kvt_ec_producer_state(const kvt_ec_producer *p, const char *tid, uint32_t len)
 {
-    pkey t;
+    ec_key t;
     if (pkey_set(&t, (kvt_str){tid, len}, "transfer id", false))
         return KVT_ECP_NONE;
     const prec *r = find(p, &t);

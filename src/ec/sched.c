@@ -23,24 +23,17 @@
 
 #include "base/array.h"
 #include "base/error.h"
-#include "base/hash.h"
 #include "base/map.h"
-#include "kvtier/ec.h"
+#include "ec/ec_key.h"
 
 #define NONE         UINT32_MAX
 #define ST_PARTIAL   100 /* internal: readiness from some shards, no request yet */
 #define MAX_FEATURES 64u
 
-typedef struct skey {
-    char s[KVT_EC_KEY_MAX + 1];
-    uint32_t len;
-    uint64_t hash;
-} skey;
-
 typedef struct xfer {
     bool used, has_spec, local, queued, cancel_sent;
     uint8_t state;
-    skey t, h;
+    ec_key t, h;
     uint64_t nbytes;
     uint32_t ndim;
     uint64_t shape[KVT_EC_MAX_DIMS];
@@ -51,7 +44,7 @@ typedef struct xfer {
 
 typedef struct sreq {
     bool used, reported;
-    skey id;
+    ec_key id;
     uint32_t n;
     uint32_t own[MAX_FEATURES];   /* the transfer each feature named */
     uint32_t used_[MAX_FEATURES]; /* the transfer serving it (its own or borrowed) */
@@ -67,31 +60,19 @@ struct kvt_ec_sched {
     sreq *r;
     uint32_t n_r, cap_r, free_r;
     kvt_map by_req;
-    skey *mirror; /* the engine's encoder cache */
+    ec_key *mirror; /* the engine's encoder cache */
     uint32_t n_mirror, cap_mirror;
     uint32_t *loadq;
     uint32_t n_loadq, cap_loadq;
-    skey *freed, *unavail, *cancels;
+    ec_key *freed, *unavail, *cancels;
     uint32_t n_freed, cap_freed, n_unavail, cap_unavail, n_cancels, cap_cancels;
 };
 
 /* ---- helpers ------------------------------------------------------------------------------ */
 
-static int skey_set(skey *k, const char *s, uint32_t len, const char *what)
+static int skey_set(ec_key *k, const char *s, uint32_t len, const char *what)
 {
-    if (!s || len == 0 || len > KVT_EC_KEY_MAX || memchr(s, 0, len))
-        return kvt_fail(KVT_EINVAL, "ec sched: %s must be 1..%u bytes without NUL (got %u)", what,
-                        KVT_EC_KEY_MAX, s ? len : 0);
-    memcpy(k->s, s, len);
-    k->s[len] = 0;
-    k->len = len;
-    k->hash = kvt_xxh3_64(s, len, 0);
-    return 0;
-}
-
-static bool skey_eq(const skey *a, const skey *b)
-{
-    return a->len == b->len && memcmp(a->s, b->s, a->len) == 0;
+    return ec_key_set(k, s, len, false, "ec sched", what);
 }
 
 static uint64_t now(const kvt_ec_sched *s)
@@ -116,9 +97,9 @@ static uint32_t xi(const kvt_ec_sched *s, const xfer *x)
 }
 
 /* Appends a key to a growable list; false (and a logged error) if memory ran out. */
-static bool list_push(skey **l, uint32_t *n, uint32_t *cap, const skey *k)
+static bool list_push(ec_key **l, uint32_t *n, uint32_t *cap, const ec_key *k)
 {
-    if (kvt_array_grow((void **)l, cap, *n + 1ull, sizeof(skey))) {
+    if (kvt_array_grow((void **)l, cap, *n + 1ull, sizeof(ec_key))) {
         kvt_fail(KVT_ENOMEM, "ec sched: cannot queue %s", k->s);
         return false;
     }
@@ -126,25 +107,21 @@ static bool list_push(skey **l, uint32_t *n, uint32_t *cap, const skey *k)
     return true;
 }
 
-static xfer *find_t(const kvt_ec_sched *s, const skey *t)
+static xfer *find_t(const kvt_ec_sched *s, const ec_key *t)
 {
-    uint64_t pos = kvt_map_probe_start(&s->by_t, t->hash);
-    uint32_t i;
-    while (kvt_map_probe_next(&s->by_t, t->hash, &pos, &i))
-        if (skey_eq(&s->x[i].t, t))
-            return &s->x[i];
-    return NULL;
+    uint32_t i = ec_key_find(&s->by_t, s->x, sizeof(xfer), offsetof(xfer, t), t);
+    return i == NONE ? NULL : &s->x[i];
 }
 
 /* The oldest transfer of h in one of the states of `mask` (bit per state), or NULL. */
-static xfer *oldest_of(const kvt_ec_sched *s, const skey *h, unsigned mask)
+static xfer *oldest_of(const kvt_ec_sched *s, const ec_key *h, unsigned mask)
 {
     uint64_t pos = kvt_map_probe_start(&s->by_h, h->hash);
     uint32_t i;
     xfer *best = NULL;
     while (kvt_map_probe_next(&s->by_h, h->hash, &pos, &i)) {
         xfer *x = &s->x[i];
-        if (x->state < 32 && (mask & (1u << x->state)) && skey_eq(&x->h, h) &&
+        if (x->state < 32 && (mask & (1u << x->state)) && ec_key_eq(&x->h, h) &&
             (!best || x->seq < best->seq))
             best = x;
     }
@@ -153,7 +130,7 @@ static xfer *oldest_of(const kvt_ec_sched *s, const skey *h, unsigned mask)
 
 #define BIT(st) (1u << (st))
 
-static xfer *x_new(kvt_ec_sched *s, const skey *t, const skey *h, uint8_t state)
+static xfer *x_new(kvt_ec_sched *s, const ec_key *t, const ec_key *h, uint8_t state)
 {
     if (s->live >= s->cfg.max_transfers) {
         kvt_fail(KVT_ELIMIT, "ec sched: %u transfers live (max_transfers)", s->live);
@@ -285,10 +262,10 @@ static void finish_x(kvt_ec_sched *s, xfer *x, uint8_t state, bool cancel)
         x_free(s, &s->x[s->thead]);
 }
 
-static bool mirror_has(const kvt_ec_sched *s, const skey *h)
+static bool mirror_has(const kvt_ec_sched *s, const ec_key *h)
 {
     for (uint32_t i = 0; i < s->n_mirror; i++)
-        if (skey_eq(&s->mirror[i], h))
+        if (ec_key_eq(&s->mirror[i], h))
             return true;
     return false;
 }
@@ -359,7 +336,7 @@ void kvt_ec_sched_destroy(kvt_ec_sched *s)
 
 int kvt_ec_sched_observe_ready(kvt_ec_sched *s, const kvt_ec_ready *ev)
 {
-    skey t, h;
+    ec_key t, h;
     int rc;
     if (!ev)
         return kvt_fail(KVT_EINVAL, "ec sched: NULL event");
@@ -372,7 +349,7 @@ int kvt_ec_sched_observe_ready(kvt_ec_sched *s, const kvt_ec_ready *ev)
         ev->item.dtype_len >= sizeof(((xfer *)0)->dtype))
         return kvt_fail(KVT_EINVAL, "ec sched: malformed tensor description");
     xfer *x = find_t(s, &t);
-    if (x && (terminal(x) || (x->h.len && !skey_eq(&x->h, &h))))
+    if (x && (terminal(x) || (x->h.len && !ec_key_eq(&x->h, &h))))
         return 0; /* finished, or a colliding id: the transfer the table knows stands */
     if (x && x->state != KVT_ECT_WAITING && x->state != ST_PARTIAL)
         return 0; /* a repeat after readiness */
@@ -403,7 +380,7 @@ int kvt_ec_sched_observe_ready(kvt_ec_sched *s, const kvt_ec_ready *ev)
 
 int kvt_ec_sched_observe_abandoned(kvt_ec_sched *s, const char *tid, uint32_t len)
 {
-    skey t;
+    ec_key t;
     int rc = skey_set(&t, tid, len, "transfer id");
     if (rc)
         return rc;
@@ -421,7 +398,7 @@ int kvt_ec_sched_observe_abandoned(kvt_ec_sched *s, const char *tid, uint32_t le
 
 bool kvt_ec_sched_has_cache_item(kvt_ec_sched *s, const char *mm_hash, uint32_t len)
 {
-    skey h;
+    ec_key h;
     if (skey_set(&h, mm_hash, len, "mm_hash"))
         return false;
     return oldest_of(s, &h, BIT(KVT_ECT_READY) | BIT(KVT_ECT_RESIDENT) | BIT(KVT_ECT_AVAILABLE));
@@ -430,17 +407,13 @@ bool kvt_ec_sched_has_cache_item(kvt_ec_sched *s, const char *mm_hash, uint32_t 
 /* ---- requests ---------------------------------------------------------------------------------
  */
 
-static sreq *req_find(const kvt_ec_sched *s, const skey *id)
+static sreq *req_find(const kvt_ec_sched *s, const ec_key *id)
 {
-    uint64_t pos = kvt_map_probe_start(&s->by_req, id->hash);
-    uint32_t i;
-    while (kvt_map_probe_next(&s->by_req, id->hash, &pos, &i))
-        if (skey_eq(&s->r[i].id, id))
-            return &s->r[i];
-    return NULL;
+    uint32_t i = ec_key_find(&s->by_req, s->r, sizeof(sreq), offsetof(sreq, id), id);
+    return i == NONE ? NULL : &s->r[i];
 }
 
-static sreq *req_get(kvt_ec_sched *s, const skey *id)
+static sreq *req_get(kvt_ec_sched *s, const ec_key *id)
 {
     sreq *r = req_find(s, id);
     if (r)
@@ -485,10 +458,10 @@ static void begin_load(kvt_ec_sched *s, xfer *y)
 }
 
 /* One feature of ensure; returns whether it is available now. */
-static bool ensure_one(kvt_ec_sched *s, sreq *r, uint32_t f, const skey *t, const skey *h)
+static bool ensure_one(kvt_ec_sched *s, sreq *r, uint32_t f, const ec_key *t, const ec_key *h)
 {
     xfer *x = find_t(s, t);
-    if (x && x->h.len && !skey_eq(&x->h, h)) { /* a colliding id: only this request fails */
+    if (x && x->h.len && !ec_key_eq(&x->h, h)) { /* a colliding id: only this request fails */
         fail_request(s, r);
         return false;
     }
@@ -537,7 +510,7 @@ static bool ensure_one(kvt_ec_sched *s, sreq *r, uint32_t f, const skey *t, cons
 }
 
 static int feature_keys(const char *req, uint32_t req_len, const kvt_ec_feature *ft, uint32_t f,
-                        skey *t, skey *h)
+                        ec_key *t, ec_key *h)
 {
     int rc = skey_set(h, ft->mm_hash, ft->mm_hash_len, "mm_hash");
     if (rc)
@@ -552,7 +525,7 @@ static int feature_keys(const char *req, uint32_t req_len, const kvt_ec_feature 
 int kvt_ec_sched_ensure(kvt_ec_sched *s, const char *req_id, uint32_t req_len,
                         const kvt_ec_feature *features, uint32_t n, bool *ready)
 {
-    skey id;
+    ec_key id;
     int rc;
     if (!ready || (n && !features))
         return kvt_fail(KVT_EINVAL, "ec sched: ensure: NULL argument");
@@ -562,7 +535,7 @@ int kvt_ec_sched_ensure(kvt_ec_sched *s, const char *req_id, uint32_t req_len,
     if (n > MAX_FEATURES)
         return kvt_fail(KVT_ELIMIT, "ec sched: %u features (at most %u)", n, MAX_FEATURES);
     for (uint32_t f = 0; f < n; f++) { /* validate everything first */
-        skey t, h;
+        ec_key t, h;
         if ((rc = feature_keys(req_id, req_len, &features[f], f, &t, &h)))
             return rc;
     }
@@ -572,7 +545,7 @@ int kvt_ec_sched_ensure(kvt_ec_sched *s, const char *req_id, uint32_t req_len,
     r->n = n;
     bool all = !r->reported;
     for (uint32_t f = 0; f < n; f++) {
-        skey t, h;
+        ec_key t, h;
         (void)feature_keys(req_id, req_len, &features[f], f, &t, &h);
         r->used_[f] = NONE;
         all &= ensure_one(s, r, f, &t, &h);
@@ -585,7 +558,7 @@ int kvt_ec_sched_ensure(kvt_ec_sched *s, const char *req_id, uint32_t req_len,
 
 int kvt_ec_sched_cache_added(kvt_ec_sched *s, const char *mm_hash, uint32_t len)
 {
-    skey h;
+    ec_key h;
     int rc = skey_set(&h, mm_hash, len, "mm_hash");
     if (rc || mirror_has(s, &h))
         return rc;
@@ -614,12 +587,12 @@ static void trim_residents(kvt_ec_sched *s)
 
 int kvt_ec_sched_cache_freed(kvt_ec_sched *s, const char *mm_hash, uint32_t len)
 {
-    skey h;
+    ec_key h;
     int rc = skey_set(&h, mm_hash, len, "mm_hash");
     if (rc)
         return rc;
     for (uint32_t i = 0; i < s->n_mirror; i++)
-        if (skey_eq(&s->mirror[i], &h)) {
+        if (ec_key_eq(&s->mirror[i], &h)) {
             s->mirror[i] = s->mirror[--s->n_mirror];
             break;
         }
@@ -629,13 +602,13 @@ int kvt_ec_sched_cache_freed(kvt_ec_sched *s, const char *mm_hash, uint32_t len)
     xfer *keep = NULL;
     for (uint32_t i = 0; i < s->n_x; i++) {
         xfer *x = &s->x[i];
-        if (x->used && x->state == KVT_ECT_READY && x->has_spec && skey_eq(&x->h, &h) &&
+        if (x->used && x->state == KVT_ECT_READY && x->has_spec && ec_key_eq(&x->h, &h) &&
             (!keep || x->seq > keep->seq))
             keep = x;
     }
     for (uint32_t i = 0; i < s->n_x; i++) {
         xfer *x = &s->x[i];
-        if (!x->used || x == keep || !skey_eq(&x->h, &h) ||
+        if (!x->used || x == keep || !ec_key_eq(&x->h, &h) ||
             (x->state != KVT_ECT_READY && x->state != KVT_ECT_RESIDENT))
             continue;
         finish_x(s, x, KVT_ECT_EXPIRED, true);
@@ -651,7 +624,7 @@ int kvt_ec_sched_cache_freed(kvt_ec_sched *s, const char *mm_hash, uint32_t len)
 int kvt_ec_sched_consumed(kvt_ec_sched *s, const char *req_id, uint32_t req_len,
                           const kvt_ec_feature *feature)
 {
-    skey id, t, h;
+    ec_key id, t, h = {.len = 0};
     int rc;
     if (!feature)
         return kvt_fail(KVT_EINVAL, "ec sched: consumed: NULL feature");
@@ -661,7 +634,7 @@ int kvt_ec_sched_consumed(kvt_ec_sched *s, const char *req_id, uint32_t req_len,
         return rc;
     sreq *r = req_find(s, &id);
     uint32_t f = 0; /* which of its features this is, for the "<request_id>:<index>" fallback */
-    while (r && f < r->n && !(r->own[f] != NONE && skey_eq(&s->x[r->own[f]].h, &h)))
+    while (r && f < r->n && !(r->own[f] != NONE && ec_key_eq(&s->x[r->own[f]].h, &h)))
         f++;
     if ((rc = feature_keys(req_id, req_len, feature, f, &t, &h)))
         return rc;
@@ -688,7 +661,7 @@ static bool bound_by_other(const kvt_ec_sched *s, const sreq *self, uint32_t idx
 
 int kvt_ec_sched_request_finished(kvt_ec_sched *s, const char *req_id, uint32_t req_len)
 {
-    skey id;
+    ec_key id;
     int rc = skey_set(&id, req_id, req_len, "request id");
     if (rc)
         return rc;
@@ -750,16 +723,16 @@ int kvt_ec_sched_build_meta(kvt_ec_sched *s, kvt_ec_meta *out)
     return 0;
 }
 
-static void each_in(kvt_ec_sched *s, const kvt_strset *set, void (*fn)(kvt_ec_sched *, skey *))
+static void each_in(kvt_ec_sched *s, const kvt_strset *set, void (*fn)(kvt_ec_sched *, ec_key *))
 {
     for (uint32_t i = 0; i < set->n; i++) {
-        skey h;
+        ec_key h;
         if (skey_set(&h, set->items[i].ptr, set->items[i].len, "mm_hash") == 0)
             fn(s, &h);
     }
 }
 
-static void on_loaded(kvt_ec_sched *s, skey *h)
+static void on_loaded(kvt_ec_sched *s, ec_key *h)
 {
     xfer *x = oldest_of(s, h, BIT(KVT_ECT_LOADING));
     if (x) {
@@ -769,18 +742,18 @@ static void on_loaded(kvt_ec_sched *s, skey *h)
     }
 }
 
-static void on_failed_load(kvt_ec_sched *s, skey *h)
+static void on_failed_load(kvt_ec_sched *s, ec_key *h)
 {
     xfer *x = oldest_of(s, h, BIT(KVT_ECT_LOADING));
     if (x)
         finish_x(s, x, KVT_ECT_FAILED, true);
 }
 
-static void on_reclaimed(kvt_ec_sched *s, skey *h)
+static void on_reclaimed(kvt_ec_sched *s, ec_key *h)
 {
     for (uint32_t i = 0; i < s->n_x; i++) {
         xfer *x = &s->x[i];
-        if (!x->used || !skey_eq(&x->h, h))
+        if (!x->used || !ec_key_eq(&x->h, h))
             continue;
         if (x->state == KVT_ECT_READY)
             x->has_spec = false; /* it will expire instead of becoming resident */
@@ -800,7 +773,7 @@ int kvt_ec_sched_apply_output(kvt_ec_sched *s, const kvt_ec_worker_meta *agg)
     each_in(s, &agg->failed_loads, on_failed_load);
     each_in(s, &agg->reclaimed, on_reclaimed);
     for (uint32_t i = 0; i < agg->failed_saves.n; i++) {
-        skey id;
+        ec_key id;
         if (skey_set(&id, agg->failed_saves.items[i].ptr, agg->failed_saves.items[i].len,
                      "request id"))
             continue;
@@ -841,14 +814,14 @@ void kvt_ec_sched_expire(kvt_ec_sched *s)
         x_free(s, &s->x[s->thead]);
 }
 
-static uint32_t take_list(skey *l, uint32_t *n, char (*out)[KVT_EC_KEY_MAX + 1], uint32_t cap)
+static uint32_t take_list(ec_key *l, uint32_t *n, char (*out)[KVT_EC_KEY_MAX + 1], uint32_t cap)
 {
     uint32_t k = *n < cap ? *n : cap;
     if (k == 0)
         return 0;
     for (uint32_t i = 0; i < k; i++)
         memcpy(out[i], l[i].s, l[i].len + 1);
-    memmove(l, l + k, (*n - k) * sizeof(skey));
+    memmove(l, l + k, (*n - k) * sizeof(ec_key));
     *n -= k;
     return k;
 }
@@ -866,7 +839,7 @@ uint32_t kvt_ec_sched_take_cancels(kvt_ec_sched *s, char (*out)[KVT_EC_KEY_MAX +
 
 int kvt_ec_sched_state(const kvt_ec_sched *s, const char *tid, uint32_t len)
 {
-    skey t;
+    ec_key t;
     if (skey_set(&t, tid, len, "transfer id"))
         return KVT_ECT_NONE;
     const xfer *x = find_t(s, &t);

@@ -25,9 +25,8 @@
 
 #include "base/array.h"
 #include "base/error.h"
-#include "base/hash.h"
 #include "base/map.h"
-#include "kvtier/ec.h"
+#include "ec/ec_key.h"
 
 #define NONE  UINT32_MAX
 #define NEVER UINT64_MAX
@@ -39,18 +38,12 @@ typedef struct desc {
     char dtype[24];
 } desc;
 
-typedef struct key {
-    char s[KVT_EC_KEY_MAX + 1];
-    uint32_t len;
-    uint64_t hash;
-} key;
-
 typedef struct rec {
     bool used;
     uint8_t state;
     bool cached;
     bool has_alloc; /* a writer's own allocation */
-    key tid, h;
+    ec_key tid, h;
     char rid[KVT_EC_RID_LEN + 1];
     desc d;
     kvt_slab_view alloc;
@@ -66,7 +59,7 @@ typedef struct rec {
 
 typedef struct res {
     bool used, current, pinned, in_lru;
-    key h;
+    ec_key h;
     desc d;
     kvt_slab_view view;
     uint32_t leases;
@@ -114,21 +107,9 @@ static uint64_t deadline(const kvt_ec_shard *sh)
     return t > NEVER - sh->cfg.ttl_ns ? NEVER - 1 : t + sh->cfg.ttl_ns;
 }
 
-static int key_set(key *k, const char *s, uint32_t len, const char *what)
+static int key_set(ec_key *k, const char *s, uint32_t len, const char *what)
 {
-    if (!s || len == 0 || len > KVT_EC_KEY_MAX || memchr(s, 0, len))
-        return kvt_fail(KVT_EINVAL, "ec shard: %s must be 1..%u bytes without NUL (got %u)", what,
-                        KVT_EC_KEY_MAX, s ? len : 0);
-    memcpy(k->s, s, len);
-    k->s[len] = 0;
-    k->len = len;
-    k->hash = kvt_xxh3_64(s, len, 0);
-    return 0;
-}
-
-static bool key_eq(const key *a, const key *b)
-{
-    return a->len == b->len && memcmp(a->s, b->s, a->len) == 0;
+    return ec_key_set(k, s, len, false, "ec shard", what);
 }
 
 static int desc_set(desc *d, const kvt_ec_item *it)
@@ -200,7 +181,7 @@ static void push_event(kvt_ec_shard *sh, const rec *r, bool abandoned)
     e->abandoned = abandoned;
 }
 
-static void push_reclaimed(kvt_ec_shard *sh, const key *h)
+static void push_reclaimed(kvt_ec_shard *sh, const ec_key *h)
 {
     uint32_t cap = sh->cfg.max_events;
     if (sh->recl_n == cap) {
@@ -213,14 +194,10 @@ static void push_reclaimed(kvt_ec_shard *sh, const key *h)
 
 /* ---- resident pool --------------------------------------------------------------------- */
 
-static res *res_find(const kvt_ec_shard *sh, const key *h)
+static res *res_find(const kvt_ec_shard *sh, const ec_key *h)
 {
-    uint64_t pos = kvt_map_probe_start(&sh->res_map, h->hash);
-    uint32_t i;
-    while (kvt_map_probe_next(&sh->res_map, h->hash, &pos, &i))
-        if (key_eq(&sh->res[i].h, h))
-            return &sh->res[i];
-    return NULL;
+    uint32_t i = ec_key_find(&sh->res_map, sh->res, sizeof(res), offsetof(res, h), h);
+    return i == NONE ? NULL : &sh->res[i];
 }
 
 static uint32_t res_idx(const kvt_ec_shard *sh, const res *e)
@@ -337,7 +314,7 @@ static res *res_new(kvt_ec_shard *sh)
 
 /* Makes (h, d, view) the current entry of h; the one it displaces lives on while leased and
  * is reused only after its retire fence, or `fence` (recorded now) if it was never retired. */
-static res *res_publish(kvt_ec_shard *sh, const key *h, const desc *d, const kvt_slab_view *v,
+static res *res_publish(kvt_ec_shard *sh, const ec_key *h, const desc *d, const kvt_slab_view *v,
                         bool pinned, const kvt_ec_fence *fence)
 {
     res *e = res_new(sh);
@@ -385,14 +362,10 @@ static void lease_release(kvt_ec_shard *sh, rec *r)
 
 /* ---- records --------------------------------------------------------------------------- */
 
-static rec *rec_find(const kvt_ec_shard *sh, const key *t)
+static rec *rec_find(const kvt_ec_shard *sh, const ec_key *t)
 {
-    uint64_t pos = kvt_map_probe_start(&sh->rec_map, t->hash);
-    uint32_t i;
-    while (kvt_map_probe_next(&sh->rec_map, t->hash, &pos, &i))
-        if (key_eq(&sh->recs[i].tid, t))
-            return &sh->recs[i];
-    return NULL;
+    uint32_t i = ec_key_find(&sh->rec_map, sh->recs, sizeof(rec), offsetof(rec, tid), t);
+    return i == NONE ? NULL : &sh->recs[i];
 }
 
 static uint32_t rec_idx(const kvt_ec_shard *sh, const rec *r)
@@ -405,14 +378,10 @@ static bool terminal(const rec *r)
     return r->state == KVT_EC_CANCELLED || r->state == KVT_EC_EXPIRED;
 }
 
-static rec *writer_find(const kvt_ec_shard *sh, const key *h)
+static rec *writer_find(const kvt_ec_shard *sh, const ec_key *h)
 {
-    uint64_t pos = kvt_map_probe_start(&sh->writer_map, h->hash);
-    uint32_t i;
-    while (kvt_map_probe_next(&sh->writer_map, h->hash, &pos, &i))
-        if (key_eq(&sh->recs[i].h, h))
-            return &sh->recs[i];
-    return NULL;
+    uint32_t i = ec_key_find(&sh->writer_map, sh->recs, sizeof(rec), offsetof(rec, h), h);
+    return i == NONE ? NULL : &sh->recs[i];
 }
 
 static void writer_unregister(kvt_ec_shard *sh, rec *r)
@@ -422,7 +391,7 @@ static void writer_unregister(kvt_ec_shard *sh, rec *r)
     r->is_writer = false;
 }
 
-static rec *rec_new(kvt_ec_shard *sh, const key *t)
+static rec *rec_new(kvt_ec_shard *sh, const ec_key *t)
 {
     if (sh->free_rec == NONE) {
         if (kvt_array_grow((void **)&sh->recs, &sh->cap_recs, sh->n_recs + 1ull, sizeof(rec)))
@@ -725,7 +694,7 @@ static const kvt_slab_view *rec_view(const kvt_ec_shard *sh, const rec *r)
 int kvt_ec_shard_reserve(kvt_ec_shard *sh, const char *tid, uint32_t tid_len,
                          const kvt_ec_item *item, kvt_ec_reply *out)
 {
-    key t, h;
+    ec_key t, h;
     desc d;
     int rc;
     if (!out || !item)
@@ -755,7 +724,7 @@ int kvt_ec_shard_reserve(kvt_ec_shard *sh, const char *tid, uint32_t tid_len,
                             "ec shard: transfer %s still has an active writer (refresh-abandon "
                             "it first)",
                             t.s);
-        if (!key_eq(&r->h, &h) || !desc_eq(&r->d, &d))
+        if (!ec_key_eq(&r->h, &h) || !desc_eq(&r->d, &d))
             return kvt_fail(KVT_EINVAL, "ec shard: conflicting reservation for transfer_id %s",
                             t.s);
         fill_reply(sh, r, rec_view(sh, r), out);
@@ -842,7 +811,7 @@ static bool rid_matches(const rec *r, const char *rid)
 int kvt_ec_shard_complete(kvt_ec_shard *sh, const char *tid, uint32_t tid_len, const char *rid,
                           bool *accepted, bool *became_ready)
 {
-    key t;
+    ec_key t;
     int rc;
     if (!accepted || !became_ready)
         return kvt_fail(KVT_EINVAL, "ec shard: complete: NULL argument");
@@ -904,7 +873,7 @@ int kvt_ec_shard_complete(kvt_ec_shard *sh, const char *tid, uint32_t tid_len, c
 int kvt_ec_shard_cancel(kvt_ec_shard *sh, const char *tid, uint32_t tid_len, const char *rid,
                         bool abandon, bool refresh, bool *done)
 {
-    key t;
+    ec_key t;
     int rc;
     if (!done)
         return kvt_fail(KVT_EINVAL, "ec shard: cancel: NULL argument");
@@ -970,7 +939,7 @@ int kvt_ec_shard_cancel(kvt_ec_shard *sh, const char *tid, uint32_t tid_len, con
 int kvt_ec_shard_take(kvt_ec_shard *sh, const char *tid, uint32_t tid_len, const char *mm_hash,
                       uint32_t hash_len, const kvt_ec_fence *fence, kvt_slab_view *out)
 {
-    key t, h;
+    ec_key t, h;
     int rc;
     if (!out)
         return kvt_fail(KVT_EINVAL, "ec shard: take: NULL argument");
@@ -979,7 +948,8 @@ int kvt_ec_shard_take(kvt_ec_shard *sh, const char *tid, uint32_t tid_len, const
         (rc = key_set(&h, mm_hash, hash_len, "mm_hash")))
         return rc;
     rec *r = rec_find(sh, &t);
-    if (!r || r->state != KVT_EC_READY || !key_eq(&r->h, &h) || (r->lease == NONE && !r->has_alloc))
+    if (!r || r->state != KVT_EC_READY || !ec_key_eq(&r->h, &h) ||
+        (r->lease == NONE && !r->has_alloc))
         return kvt_fail(KVT_ESTATE, "ec shard: pushed EC tensor %s of transfer %s is not ready",
                         h.s, t.s);
     res *e;
@@ -1010,7 +980,7 @@ int kvt_ec_shard_take(kvt_ec_shard *sh, const char *tid, uint32_t tid_len, const
 
 int kvt_ec_shard_take_resident(kvt_ec_shard *sh, const kvt_ec_item *item, kvt_slab_view *out)
 {
-    key h;
+    ec_key h;
     desc d;
     int rc;
     if (!out || !item)
@@ -1033,7 +1003,7 @@ int kvt_ec_shard_take_resident(kvt_ec_shard *sh, const kvt_ec_item *item, kvt_sl
 int kvt_ec_shard_retire(kvt_ec_shard *sh, const char *mm_hash, uint32_t len,
                         const kvt_ec_fence *fence)
 {
-    key h;
+    ec_key h;
     int rc = key_set(&h, mm_hash, len, "mm_hash");
     if (rc)
         return rc;
@@ -1068,7 +1038,7 @@ void kvt_ec_shard_begin_shutdown(kvt_ec_shard *sh)
 
 int kvt_ec_shard_state(const kvt_ec_shard *sh, const char *tid, uint32_t len)
 {
-    key t;
+    ec_key t;
     if (key_set(&t, tid, len, "transfer id"))
         return KVT_EC_NONE;
     const rec *r = rec_find(sh, &t);
