@@ -145,18 +145,14 @@ int kvt_ec_planner_prepare(kvt_ec_planner *p, const kvt_ec_push_spec *s)
     if (p->count >= p->max)
         return kvt_fail(KVT_ELIMIT, "ec planner: %u transfer ids prepared (max_prepared)",
                         p->count);
-    if (p->free_pl == NONE) {
-        if (kvt_array_grow((void **)&p->pl, &p->cap_pl, p->n_pl + 1ull, sizeof(plan)))
-            return kvt_fail(KVT_ENOMEM, "ec planner: out of memory");
-        p->pl[p->n_pl].free_next = NONE;
-        p->free_pl = p->n_pl++;
-    }
     ec_key h, dtype, consumer;
     if ((rc = lkey_set(&h, s->mm_hash, "mm_hash")) || (rc = lkey_set(&dtype, s->dtype, "dtype")) ||
         (rc = lkey_set(&consumer, s->consumer_zmq, "consumer address")))
         return rc;
-    uint32_t idx = p->free_pl;
-    p->free_pl = p->pl[idx].free_next;
+    uint32_t idx = ec_slot_take((void **)&p->pl, &p->n_pl, &p->cap_pl, &p->free_pl, sizeof(plan),
+                                offsetof(plan, free_next));
+    if (idx == NONE)
+        return kvt_fail(KVT_ENOMEM, "ec planner: out of memory");
     x = &p->pl[idx];
     memset(x, 0, sizeof(*x));
     x->t = t;
@@ -239,8 +235,8 @@ int kvt_ec_planner_request_finished(kvt_ec_planner *p, const char *req_id, uint3
         if (--x->sharers == 0) { /* nobody shares it: forgotten */
             kvt_map_remove(&p->map, x->t.hash, p->sh[i].plan);
             x->used = false;
-            x->free_next = p->free_pl;
-            p->free_pl = p->sh[i].plan;
+            ec_slot_give(p->pl, &p->free_pl, sizeof(plan), offsetof(plan, free_next),
+                         p->sh[i].plan);
             p->count--;
         }
     }

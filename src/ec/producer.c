@@ -80,8 +80,7 @@ static void rec_free(kvt_ec_producer *p, prec *r)
     uint32_t i = (uint32_t)(r - p->r);
     kvt_map_remove(&p->map, r->t.hash, i);
     r->used = false;
-    r->free_next = p->free_r;
-    p->free_r = i;
+    ec_slot_give(p->r, &p->free_r, sizeof(prec), offsetof(prec, free_next), i);
     p->count--;
 }
 
@@ -104,16 +103,13 @@ static prec *rec_new(kvt_ec_producer *p, const ec_key *t)
 {
     if (make_room(p))
         return NULL;
-    if (p->free_r == NONE) {
-        if (kvt_array_grow((void **)&p->r, &p->cap_r, p->n_r + 1ull, sizeof(prec))) {
-            kvt_fail(KVT_ENOMEM, "ec producer: out of memory");
-            return NULL;
-        }
-        p->r[p->n_r].free_next = NONE;
-        p->free_r = p->n_r++;
+    uint32_t i = ec_slot_take((void **)&p->r, &p->n_r, &p->cap_r, &p->free_r, sizeof(prec),
+                              offsetof(prec, free_next));
+    if (i == NONE) {
+        kvt_fail(KVT_ENOMEM, "ec producer: out of memory");
+        return NULL;
     }
-    prec *r = &p->r[p->free_r];
-    p->free_r = r->free_next;
+    prec *r = &p->r[i];
     memset(r, 0, sizeof(*r));
     r->used = true;
     r->t = *t;

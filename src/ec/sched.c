@@ -136,16 +136,13 @@ static xfer *x_new(kvt_ec_sched *s, const ec_key *t, const ec_key *h, uint8_t st
         kvt_fail(KVT_ELIMIT, "ec sched: %u transfers live (max_transfers)", s->live);
         return NULL;
     }
-    if (s->free_x == NONE) {
-        if (kvt_array_grow((void **)&s->x, &s->cap_x, s->n_x + 1ull, sizeof(xfer))) {
-            kvt_fail(KVT_ENOMEM, "ec sched: out of memory");
-            return NULL;
-        }
-        s->x[s->n_x].free_next = NONE;
-        s->free_x = s->n_x++;
+    uint32_t i = ec_slot_take((void **)&s->x, &s->n_x, &s->cap_x, &s->free_x, sizeof(xfer),
+                              offsetof(xfer, free_next));
+    if (i == NONE) {
+        kvt_fail(KVT_ENOMEM, "ec sched: out of memory");
+        return NULL;
     }
-    xfer *x = &s->x[s->free_x];
-    s->free_x = x->free_next;
+    xfer *x = &s->x[i];
     memset(x, 0, sizeof(*x));
     x->used = true;
     x->t = *t;
@@ -205,8 +202,7 @@ static void x_free(kvt_ec_sched *s, xfer *x)
         kvt_map_remove(&s->by_h, x->h.hash, xi(s, x));
     unbind(s, xi(s, x));
     x->used = false;
-    x->free_next = s->free_x;
-    s->free_x = xi(s, x);
+    ec_slot_give(s->x, &s->free_x, sizeof(xfer), offsetof(xfer, free_next), xi(s, x));
 }
 
 static void queue_cancel(kvt_ec_sched *s, xfer *x)
@@ -422,16 +418,13 @@ static sreq *req_get(kvt_ec_sched *s, const ec_key *id)
         kvt_fail(KVT_ELIMIT, "ec sched: too many requests tracked");
         return NULL;
     }
-    if (s->free_r == NONE) {
-        if (kvt_array_grow((void **)&s->r, &s->cap_r, s->n_r + 1ull, sizeof(sreq))) {
-            kvt_fail(KVT_ENOMEM, "ec sched: out of memory");
-            return NULL;
-        }
-        s->r[s->n_r].free_next = NONE;
-        s->free_r = s->n_r++;
+    uint32_t i = ec_slot_take((void **)&s->r, &s->n_r, &s->cap_r, &s->free_r, sizeof(sreq),
+                              offsetof(sreq, free_next));
+    if (i == NONE) {
+        kvt_fail(KVT_ENOMEM, "ec sched: out of memory");
+        return NULL;
     }
-    r = &s->r[s->free_r];
-    s->free_r = r->free_next;
+    r = &s->r[i];
     memset(r, 0, sizeof(*r));
     r->used = true;
     r->id = *id;
@@ -682,8 +675,7 @@ int kvt_ec_sched_request_finished(kvt_ec_sched *s, const char *req_id, uint32_t 
     }
     kvt_map_remove(&s->by_req, id.hash, (uint32_t)(r - s->r));
     r->used = false;
-    r->free_next = s->free_r;
-    s->free_r = (uint32_t)(r - s->r);
+    ec_slot_give(s->r, &s->free_r, sizeof(sreq), offsetof(sreq, free_next), (uint32_t)(r - s->r));
     return 0;
 }
 

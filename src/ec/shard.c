@@ -275,8 +275,7 @@ static void res_free(kvt_ec_shard *sh, res *e)
         kvt_map_remove(&sh->res_map, e->h.hash, res_idx(sh, e));
     free_after(sh, &e->view, &e->fence);
     e->used = false;
-    e->free_next = sh->free_res;
-    sh->free_res = res_idx(sh, e);
+    ec_slot_give(sh->res, &sh->free_res, sizeof(res), offsetof(res, free_next), res_idx(sh, e));
     sh->res_count--;
 }
 
@@ -296,15 +295,13 @@ static void res_settle(kvt_ec_shard *sh, res *e)
 
 static res *res_new(kvt_ec_shard *sh)
 {
-    if (sh->free_res == NONE) {
-        if (sh->n_res >= sh->cfg.max_residents ||
-            kvt_array_grow((void **)&sh->res, &sh->cap_res, sh->n_res + 1ull, sizeof(res)))
-            return NULL;
-        sh->res[sh->n_res].free_next = NONE;
-        sh->free_res = sh->n_res++;
-    }
-    res *e = &sh->res[sh->free_res];
-    sh->free_res = e->free_next;
+    if (sh->free_res == NONE && sh->n_res >= sh->cfg.max_residents)
+        return NULL;
+    uint32_t i = ec_slot_take((void **)&sh->res, &sh->n_res, &sh->cap_res, &sh->free_res,
+                              sizeof(res), offsetof(res, free_next));
+    if (i == NONE)
+        return NULL;
+    res *e = &sh->res[i];
     memset(e, 0, sizeof(*e));
     e->used = true;
     e->lprev = e->lnext = NONE;
@@ -393,14 +390,11 @@ static void writer_unregister(kvt_ec_shard *sh, rec *r)
 
 static rec *rec_new(kvt_ec_shard *sh, const ec_key *t)
 {
-    if (sh->free_rec == NONE) {
-        if (kvt_array_grow((void **)&sh->recs, &sh->cap_recs, sh->n_recs + 1ull, sizeof(rec)))
-            return NULL;
-        sh->recs[sh->n_recs].free_next = NONE;
-        sh->free_rec = sh->n_recs++;
-    }
-    rec *r = &sh->recs[sh->free_rec];
-    sh->free_rec = r->free_next;
+    uint32_t i = ec_slot_take((void **)&sh->recs, &sh->n_recs, &sh->cap_recs, &sh->free_rec,
+                              sizeof(rec), offsetof(rec, free_next));
+    if (i == NONE)
+        return NULL;
+    rec *r = &sh->recs[i];
     memset(r, 0, sizeof(*r));
     r->used = true;
     r->tid = *t;
@@ -434,8 +428,7 @@ static void rec_free(kvt_ec_shard *sh, rec *r)
     writer_unregister(sh, r);
     kvt_map_remove(&sh->rec_map, r->tid.hash, rec_idx(sh, r));
     r->used = false;
-    r->free_next = sh->free_rec;
-    sh->free_rec = rec_idx(sh, r);
+    ec_slot_give(sh->recs, &sh->free_rec, sizeof(rec), offsetof(rec, free_next), rec_idx(sh, r));
 }
 
 /* Appends r (already terminal) to the tombstone FIFO, dropping the oldest at the cap. */

@@ -233,17 +233,7 @@ static void new_request(uint64_t *rng)
         r->h[1] = (r->h[0] + 1 + kvt_test_below(rng, N_H - 1)) % N_H;
         for (uint32_t f = 0; f < r->n; f++) {
             snprintf(r->tid[f], sizeof(r->tid[f]), "x%u.%u", S.next_id, f);
-            kvt_ec_push_spec sp;
-            memset(&sp, 0, sizeof(sp));
-            sp.mm_hash = (kvt_str){hname(r->h[f]), 5};
-            sp.nbytes = TOK * 1024;
-            sp.ndim = 2;
-            sp.shape[0] = TOK;
-            sp.shape[1] = 256;
-            sp.dtype = (kvt_str){"float32", 7};
-            sp.consumer_zmq = (kvt_str){"tcp://consumer:1", 16};
-            sp.transfer_id = (kvt_str){r->tid[f], (uint32_t)strlen(r->tid[f])};
-            sp.request_id = (kvt_str){r->id, (uint32_t)strlen(r->id)};
+            kvt_ec_push_spec sp = inproc_spec(r->tid[f], hname(r->h[f]), TOK, r->id);
             int rc = kvt_ec_planner_prepare(S.plan, &sp); /* the producer's scheduler */
             CHECK(rc == 1, "prepare returned %d", rc);
         }
