@@ -199,6 +199,26 @@ KVT_API uint32_t kvt_ec_shard_take_events(kvt_ec_shard *sh, kvt_ec_ready_event *
 KVT_API uint32_t kvt_ec_shard_take_reclaimed(kvt_ec_shard *sh, char (*out)[KVT_EC_KEY_MAX + 1],
                                              uint32_t cap);
 
+/* The rank's encoder cache, as the worker step below reaches it. */
+typedef struct kvt_ec_cache_ops {
+    /* H is in the encoder cache (and, when view is not NULL, as that very allocation) */
+    bool (*holds)(void *ctx, const char *mm_hash, uint32_t len, const kvt_slab_view *view);
+    /* puts a loaded item (a view into the shard's buffer, shaped by spec) in the cache */
+    int (*place)(void *ctx, const kvt_ec_load_spec *spec, const kvt_slab_view *view);
+    /* a fence recorded now on the stream that reads the cache (NULL fn: nothing reads) */
+    kvt_ec_fence (*fence)(void *ctx);
+    void *ctx;
+} kvt_ec_cache_ops;
+
+/* The consumer worker's step on its shard (start_load_caches, §1.4 steps 10-12): retires the
+ * metadata's freed hashes (has_freed false: every pinned resident the cache no longer holds),
+ * skipping one the cache still holds as that very allocation; runs every load spec — an item
+ * the cache holds already is reported loaded (a pushed one's reservation is released), a
+ * local one comes from the resident pool, a pushed one from its READY reservation — and
+ * reports into out: loaded, failed_loads, and the hashes reclaimed since the last step. */
+KVT_API int kvt_ec_shard_apply(kvt_ec_shard *sh, const kvt_ec_meta *meta,
+                               const kvt_ec_cache_ops *cache, kvt_ec_worker_meta *out);
+
 typedef struct kvt_ec_shard_stats {
     uint64_t reserves, writes, follows, cached_hits, completes, cancels, expiries, takes;
     uint64_t reclaims, deferred_frees, tombstones_dropped, events_dropped;

@@ -1069,3 +1069,83 @@ void kvt_ec_shard_get_stats(const kvt_ec_shard *sh, kvt_ec_shard_stats *st)
     st->free_bytes = kvt_slab_free_bytes(sh->slab);
     st->capacity = kvt_slab_capacity(sh->slab);
 }
+
+/* ---- the consumer worker's step ------------------------------------------------------------ */
+
+static kvt_ec_fence fence_now(const kvt_ec_cache_ops *c)
+{
+    return c->fence ? c->fence(c->ctx) : (kvt_ec_fence){NULL, NULL};
+}
+
+static int retire_freed(kvt_ec_shard *sh, const kvt_ec_meta *meta, const kvt_ec_cache_ops *c)
+{
+    if (meta->has_freed) {
+        for (uint32_t i = 0; i < meta->n_freed; i++) {
+            ec_key h;
+            if (key_set(&h, meta->freed[i].ptr, meta->freed[i].len, "freed mm_hash"))
+                continue; /* a hash this shard could never hold */
+            res *e = res_find(sh, &h);
+            if (!e || !e->pinned || c->holds(c->ctx, h.s, h.len, &e->view))
+                continue; /* still this very tensor in the cache */
+            kvt_ec_fence f = fence_now(c);
+            (void)kvt_ec_shard_retire(sh, h.s, h.len, &f);
+        }
+        return 0;
+    }
+    for (uint32_t i = 0; i < sh->n_res; i++) { /* freed = None: every stale pinned resident */
+        res *e = &sh->res[i];
+        if (!e->used || !e->current || !e->pinned || c->holds(c->ctx, e->h.s, e->h.len, &e->view))
+            continue;
+        kvt_ec_fence f = fence_now(c);
+        (void)kvt_ec_shard_retire(sh, e->h.s, e->h.len, &f);
+    }
+    return 0;
+}
+
+static int load_one(kvt_ec_shard *sh, const kvt_ec_load_spec *sp, const kvt_ec_cache_ops *c)
+{
+    if (c->holds(c->ctx, sp->mm_hash.ptr, sp->mm_hash.len, NULL)) {
+        if (!sp->local) { /* already cached: the pushed copy is not needed */
+            bool done;
+            (void)kvt_ec_shard_cancel(sh, sp->transfer_id.ptr, sp->transfer_id.len, NULL, false,
+                                      false, &done);
+        }
+        return 0;
+    }
+    kvt_slab_view v;
+    int rc;
+    if (sp->local) {
+        kvt_ec_item it = {sp->mm_hash.ptr, sp->mm_hash.len, sp->nbytes, sp->ndim, {0},
+                          sp->dtype.ptr,   sp->dtype.len};
+        memcpy(it.shape, sp->shape, sp->ndim * sizeof(uint64_t));
+        rc = kvt_ec_shard_take_resident(sh, &it, &v);
+    } else {
+        kvt_ec_fence f = fence_now(c);
+        rc = kvt_ec_shard_take(sh, sp->transfer_id.ptr, sp->transfer_id.len, sp->mm_hash.ptr,
+                               sp->mm_hash.len, &f, &v);
+    }
+    if (!rc && v.nbytes != sp->nbytes)
+        rc =
+            kvt_fail(KVT_EPROTO, "ec shard: %s holds %llu bytes, the load spec says %llu",
+                     sp->mm_hash.ptr, (unsigned long long)v.nbytes, (unsigned long long)sp->nbytes);
+    return rc ? rc : c->place(c->ctx, sp, &v);
+}
+
+int kvt_ec_shard_apply(kvt_ec_shard *sh, const kvt_ec_meta *meta, const kvt_ec_cache_ops *cache,
+                       kvt_ec_worker_meta *out)
+{
+    if (!meta || !cache || !cache->holds || !cache->place || !out)
+        return kvt_fail(KVT_EINVAL, "ec shard: apply: NULL argument");
+    int rc = retire_freed(sh, meta, cache);
+    for (uint32_t i = 0; !rc && i < meta->n_loads; i++) {
+        const kvt_ec_load_spec *sp = &meta->loads[i];
+        int set = load_one(sh, sp, cache) ? KVT_EC_FAILED_LOADS : KVT_EC_LOADED;
+        rc = kvt_ec_worker_meta_add(out, set, sp->mm_hash.ptr, sp->mm_hash.len);
+    }
+    char recl[16][KVT_EC_KEY_MAX + 1];
+    uint32_t n;
+    while (!rc && (n = kvt_ec_shard_take_reclaimed(sh, recl, 16)) > 0)
+        for (uint32_t i = 0; !rc && i < n; i++)
+            rc = kvt_ec_worker_meta_add(out, KVT_EC_RECLAIMED, recl[i], (uint32_t)strlen(recl[i]));
+    return rc ? kvt_fail_wrap(rc, "ec shard: apply") : 0;
+}

@@ -128,55 +128,55 @@ static void shards_step(uint64_t *rng)
                 struct msg m = {ev[i].abandoned ? M_ABANDONED : M_READY, k, 0, ev[i], ""};
                 send(rng, m);
             }
-        char recl[16][KVT_EC_KEY_MAX + 1];
-        while (kvt_ec_shard_take_reclaimed(S.c.sh[k], recl, 16) == 16)
-            ;
     }
 }
 
-/* One worker per shard runs the step's load specs and reports; reports are aggregated. Now
- * and then a rank misses a spec altogether (reports neither loaded nor failed): only the
- * load deadline can end that. */
+/* A rank's encoder cache, as kvt_ec_shard_apply reaches it. */
+static bool cache_holds(void *ctx, const char *h, uint32_t len, const kvt_slab_view *v)
+{
+    struct rank_cache *c = ctx;
+    (void)len;
+    int i = h_index(h);
+    return i >= 0 && c->has[i] && (!v || v->offset == c->off[i]);
+}
+
+static int cache_place(void *ctx, const kvt_ec_load_spec *sp, const kvt_slab_view *v)
+{
+    struct rank_cache *c = ctx;
+    int i = h_index(sp->mm_hash.ptr);
+    if (i < 0)
+        return kvt_fail(KVT_EINVAL, "unknown item");
+    c->has[i] = true;
+    c->off[i] = v->offset;
+    return 0;
+}
+
+/* One worker per shard runs the step's metadata through kvt_ec_shard_apply; the reports are
+ * aggregated. Now and then a rank misses a load spec altogether (reports neither loaded nor
+ * failed): only the load deadline can end that. */
 static void workers_step(uint64_t *rng)
 {
     kvt_ec_worker_meta per[MAX_SH], agg;
     const kvt_ec_worker_meta *ranks[MAX_SH];
+    kvt_ec_meta mine;
+    kvt_ec_meta_init(&mine);
     kvt_ec_worker_meta_init(&agg);
     for (uint32_t k = 0; k < S.shards; k++) {
         kvt_ec_worker_meta_init(&per[k]);
         ranks[k] = &per[k];
+        kvt_ec_meta_clear(&mine); /* this rank's view of the step's metadata */
+        for (uint32_t i = 0; i < S.meta.n_loads; i++)
+            if (kvt_test_below(rng, 40) != 0)
+                KVT_OK_(kvt_ec_meta_add_load(&mine, &S.meta.loads[i]));
         for (uint32_t i = 0; S.meta.has_freed && i < S.meta.n_freed; i++) {
             int h = h_index(S.meta.freed[i].ptr);
-            if (h < 0)
-                continue;
-            (void)kvt_ec_shard_retire(S.c.sh[k], hname((uint32_t)h), 5, NULL);
-            S.cache[k].has[h] = false; /* the engine's encoder cache dropped it */
+            if (h >= 0)
+                S.cache[k].has[h] = false; /* the model runner freed it */
+            KVT_OK_(kvt_ec_meta_add_freed(&mine, S.meta.freed[i].ptr, S.meta.freed[i].len));
         }
-        for (uint32_t i = 0; i < S.meta.n_loads; i++) {
-            const kvt_ec_load_spec *sp = &S.meta.loads[i];
-            if (kvt_test_below(rng, 40) == 0)
-                continue;
-            int h = h_index(sp->mm_hash.ptr);
-            CHECK(h >= 0, "a load spec for an unknown item %s", sp->mm_hash.ptr);
-            kvt_slab_view v;
-            int rc;
-            if (S.cache[k].has[h]) {
-                rc = 0;
-                v.offset = S.cache[k].off[h];
-            } else if (sp->local) {
-                kvt_ec_item it = item((uint32_t)h);
-                rc = kvt_ec_shard_take_resident(S.c.sh[k], &it, &v);
-            } else {
-                rc = kvt_ec_shard_take(S.c.sh[k], sp->transfer_id.ptr, sp->transfer_id.len,
-                                       sp->mm_hash.ptr, sp->mm_hash.len, NULL, &v);
-            }
-            int set = rc ? KVT_EC_FAILED_LOADS : KVT_EC_LOADED;
-            if (!rc) {
-                S.cache[k].has[h] = true;
-                S.cache[k].off[h] = v.offset;
-            }
-            KVT_OK_(kvt_ec_worker_meta_add(&per[k], set, sp->mm_hash.ptr, sp->mm_hash.len));
-        }
+        mine.has_freed = S.meta.has_freed;
+        kvt_ec_cache_ops ops = {cache_holds, cache_place, NULL, &S.cache[k]};
+        KVT_OK_(kvt_ec_shard_apply(S.c.sh[k], &mine, &ops, &per[k]));
     }
     KVT_OK_(kvt_ec_worker_meta_aggregate_ranks(&agg, ranks, S.shards, NULL));
     kvt_ec_worker_meta prod; /* the producer's own report goes to its own scheduler */
@@ -188,6 +188,7 @@ static void workers_step(uint64_t *rng)
     for (uint32_t k = 0; k < S.shards; k++)
         kvt_ec_worker_meta_release(&per[k]);
     kvt_ec_worker_meta_release(&agg);
+    kvt_ec_meta_release(&mine);
 }
 
 static void deliver(void)

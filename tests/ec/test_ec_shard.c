@@ -586,6 +586,133 @@ static void lru_reclaim_skips_leased_and_pinned_entries(void **state_)
     rig_close(&g);
 }
 
+/* ---- the consumer worker's step (kvt_ec_shard_apply) ---------------------------------------- */
+
+struct fake_cache {
+    char h[4][16];
+    uint64_t off[4];
+    uint32_t n;
+};
+
+static bool fc_holds(void *ctx, const char *h, uint32_t len, const kvt_slab_view *v)
+{
+    struct fake_cache *c = ctx;
+    (void)len;
+    for (uint32_t i = 0; i < c->n; i++)
+        if (strcmp(c->h[i], h) == 0 && (!v || v->offset == c->off[i]))
+            return true;
+    return false;
+}
+
+static int fc_place(void *ctx, const kvt_ec_load_spec *sp, const kvt_slab_view *v)
+{
+    struct fake_cache *c = ctx;
+    snprintf(c->h[c->n], sizeof(c->h[0]), "%s", sp->mm_hash.ptr);
+    c->off[c->n++] = v->offset;
+    return 0;
+}
+
+static kvt_ec_load_spec load_spec(const char *t, const char *h, uint64_t tokens, bool local)
+{
+    kvt_ec_load_spec sp;
+    memset(&sp, 0, sizeof(sp));
+    sp.mm_hash = (kvt_str){h, (uint32_t)strlen(h)};
+    sp.nbytes = tokens * 1024;
+    sp.ndim = 2;
+    sp.shape[0] = tokens;
+    sp.shape[1] = 256;
+    sp.dtype = (kvt_str){"float32", 7};
+    sp.transfer_id = (kvt_str){t, (uint32_t)strlen(t)};
+    sp.local = local;
+    return sp;
+}
+
+static void worker_step_loads_pushed_cached_and_local_items(void **state_)
+{
+    (void)state_;
+    rig g;
+    rig_open(&g, CAP, 0);
+    struct fake_cache fc = {0};
+    kvt_ec_cache_ops ops = {fc_holds, fc_place, NULL, &fc};
+    kvt_ec_reply w = reserve(&g, "t1", "h", 2);
+    complete(&g, "t1", w.reservation_id, true, true);
+    kvt_ec_meta m;
+    kvt_ec_meta_init(&m);
+    kvt_ec_load_spec a = load_spec("t1", "h", 2, false), b = load_spec("t2", "nope", 1, false);
+    KVT_OK_(kvt_ec_meta_add_load(&m, &a));
+    KVT_OK_(kvt_ec_meta_add_load(&m, &b));
+    kvt_ec_worker_meta out;
+    kvt_ec_worker_meta_init(&out);
+    KVT_OK_(kvt_ec_shard_apply(g.sh, &m, &ops, &out));
+    assert_true(kvt_strset_contains(&out.loaded, "h", 1));
+    assert_true(kvt_strset_contains(&out.failed_loads, "nope", 4)); /* nothing pushed */
+    assert_int_equal(fc.n, 1);
+    assert_int_equal(fc.off[0], w.offset);
+    /* an item the cache holds already is loaded; its pushed reservation is released */
+    kvt_ec_reply w2 = reserve(&g, "t3", "h", 2); /* a cached hit on the resident */
+    assert_true(w2.cached);
+    kvt_ec_meta_clear(&m);
+    kvt_ec_worker_meta_clear(&out);
+    kvt_ec_load_spec c = load_spec("t3", "h", 2, false);
+    KVT_OK_(kvt_ec_meta_add_load(&m, &c));
+    KVT_OK_(kvt_ec_shard_apply(g.sh, &m, &ops, &out));
+    assert_true(kvt_strset_contains(&out.loaded, "h", 1));
+    assert_int_equal(state(&g, "t3"), KVT_EC_CANCELLED);
+    /* evicted from the cache (freed), then loaded locally from the resident pool */
+    fc.n = 0;
+    kvt_ec_meta_clear(&m);
+    kvt_ec_worker_meta_clear(&out);
+    KVT_OK_(kvt_ec_meta_add_freed(&m, "h", 1));
+    kvt_ec_load_spec l = load_spec("t1", "h", 2, true);
+    KVT_OK_(kvt_ec_meta_add_load(&m, &l));
+    KVT_OK_(kvt_ec_shard_apply(g.sh, &m, &ops, &out));
+    assert_true(kvt_strset_contains(&out.loaded, "h", 1));
+    assert_int_equal(fc.off[0], w.offset);
+    kvt_ec_worker_meta_release(&out);
+    kvt_ec_meta_release(&m);
+    rig_close(&g);
+}
+
+static void worker_step_retires_only_what_the_cache_no_longer_holds(void **state_)
+{
+    (void)state_;
+    rig g;
+    rig_open(&g, 4096, 0);
+    struct fake_cache fc = {0};
+    kvt_ec_cache_ops ops = {fc_holds, fc_place, NULL, &fc};
+    kvt_ec_reply a = reserve(&g, "ta", "a", 2), b = reserve(&g, "tb", "b", 2);
+    complete(&g, "ta", a.reservation_id, true, true);
+    complete(&g, "tb", b.reservation_id, true, true);
+    kvt_ec_meta m;
+    kvt_ec_meta_init(&m);
+    kvt_ec_load_spec la = load_spec("ta", "a", 2, false), lb = load_spec("tb", "b", 2, false);
+    KVT_OK_(kvt_ec_meta_add_load(&m, &la));
+    KVT_OK_(kvt_ec_meta_add_load(&m, &lb));
+    kvt_ec_worker_meta out;
+    kvt_ec_worker_meta_init(&out);
+    KVT_OK_(kvt_ec_shard_apply(g.sh, &m, &ops, &out));
+    assert_int_equal(out.loaded.n, 2);
+    /* freed = None: every pinned resident the cache no longer holds is retired; b is held */
+    snprintf(fc.h[0], sizeof(fc.h[0]), "b");
+    fc.off[0] = b.offset;
+    fc.n = 1;
+    kvt_ec_meta_clear(&m);
+    m.has_freed = false;
+    kvt_ec_worker_meta_clear(&out);
+    KVT_OK_(kvt_ec_shard_apply(g.sh, &m, &ops, &out));
+    /* a new item needs a's space: a was retired, b was not */
+    kvt_ec_reply c = reserve(&g, "tc", "c", 2);
+    assert_int_equal(c.offset, a.offset);
+    kvt_ec_meta_clear(&m);
+    kvt_ec_worker_meta_clear(&out);
+    KVT_OK_(kvt_ec_shard_apply(g.sh, &m, &ops, &out));
+    assert_true(kvt_strset_contains(&out.reclaimed, "a", 1)); /* reported */
+    assert_true(cancel(&g, "tc", NULL, true, false));
+    kvt_ec_worker_meta_release(&out);
+    kvt_ec_meta_release(&m);
+    rig_close(&g);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -614,6 +741,8 @@ int main(void)
         cmocka_unit_test(retired_item_reserved_again_still_serves_a_local_load),
         cmocka_unit_test(take_of_a_transfer_not_ready_is_a_failed_load),
         cmocka_unit_test(lru_reclaim_skips_leased_and_pinned_entries),
+        cmocka_unit_test(worker_step_loads_pushed_cached_and_local_items),
+        cmocka_unit_test(worker_step_retires_only_what_the_cache_no_longer_holds),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
