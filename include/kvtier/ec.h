@@ -226,6 +226,9 @@ typedef struct kvt_ec_shard_stats {
     uint64_t free_bytes, capacity;
 } kvt_ec_shard_stats;
 KVT_API void kvt_ec_shard_get_stats(const kvt_ec_shard *sh, kvt_ec_shard_stats *st);
+/* The stats in Prometheus text (kvtier_ec_shard_* families); *len receives the length,
+ * KVT_ENOSPC (and the length needed) if cap is too small. */
+KVT_API int kvt_ec_shard_prometheus(const kvt_ec_shard *sh, char *buf, size_t cap, size_t *len);
 
 /* ---- consumer scheduler: the transfer table ------------------------------------------------ */
 
@@ -326,6 +329,23 @@ KVT_API uint32_t kvt_ec_sched_take_cancels(kvt_ec_sched *s, char (*out)[KVT_EC_K
                                            uint32_t cap);
 KVT_API int kvt_ec_sched_state(const kvt_ec_sched *s, const char *transfer_id, uint32_t len);
 
+typedef struct kvt_ec_sched_stats {
+    uint64_t ready_events;  /* shard readiness events observed */
+    uint64_t ready_ignored; /* for finished, colliding or already-ready transfers */
+    uint64_t abandoned;     /* abandoned notices observed */
+    uint64_t loads_started; /* load specs queued (local ones included) */
+    uint64_t local_loads;   /* of which local handoffs from the shards' pools */
+    uint64_t loaded;        /* transfers READY on every rank */
+    uint64_t failed_loads;  /* transfers FAILED by a rank's report */
+    uint64_t unavailable;   /* requests failed (timeouts, abandoned pushes, collisions) */
+    uint64_t cancels;       /* cancels queued for the shards */
+    uint32_t transfers[KVT_ECT_CANCELLED + 1]; /* gauges: records per state (index = state) */
+    uint32_t requests;                         /* gauge: requests tracked */
+} kvt_ec_sched_stats;
+KVT_API void kvt_ec_sched_get_stats(const kvt_ec_sched *s, kvt_ec_sched_stats *st);
+/* The stats in Prometheus text (kvtier_ec_sched_* families; transfers by state label). */
+KVT_API int kvt_ec_sched_prometheus(const kvt_ec_sched *s, char *buf, size_t cap, size_t *len);
+
 /* ---- producer: push records -------------------------------------------------------------------
  */
 
@@ -346,6 +366,15 @@ typedef struct kvt_ec_consumer_ops {
                   uint32_t len, const char *reservation_id, bool abandon, bool refresh);
     void *ctx;
 } kvt_ec_consumer_ops;
+
+/* A consumer in the same process (an engine that encodes and prefills in one process, tests,
+ * the demo): its shards reached by direct calls, writes copied into the reserved region
+ * (shards must have a base). The struct must outlive the producer using its ops. */
+typedef struct kvt_ec_local_consumer {
+    kvt_ec_shard *shards[KVT_EC_MAX_SHARDS];
+    uint32_t n;
+} kvt_ec_local_consumer;
+KVT_API kvt_ec_consumer_ops kvt_ec_local_consumer_ops(kvt_ec_local_consumer *c);
 
 /* Push record states, as kvt_ec_producer_state reports them. */
 enum kvt_ec_pstate {
@@ -416,6 +445,9 @@ typedef struct kvt_ec_producer_stats {
     uint64_t completes, abandons, failed, cancelled, done;
 } kvt_ec_producer_stats;
 KVT_API void kvt_ec_producer_get_stats(const kvt_ec_producer *p, kvt_ec_producer_stats *st);
+/* The stats in Prometheus text (kvtier_ec_producer_* families, pending records as a gauge). */
+KVT_API int kvt_ec_producer_prometheus(const kvt_ec_producer *p, char *buf, size_t cap,
+                                       size_t *len);
 
 /* ---- producer scheduler: push planning ------------------------------------------------------- */
 

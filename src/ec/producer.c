@@ -20,6 +20,7 @@
 #include "base/array.h"
 #include "base/error.h"
 #include "base/map.h"
+#include "base/prom.h"
 #include "ec/ec_key.h"
 
 #define NONE UINT32_MAX
@@ -507,4 +508,39 @@ int kvt_ec_producer_state(const kvt_ec_producer *p, const char *tid, uint32_t le
 void kvt_ec_producer_get_stats(const kvt_ec_producer *p, kvt_ec_producer_stats *st)
 {
     *st = p->st;
+}
+
+int kvt_ec_producer_prometheus(const kvt_ec_producer *p, char *buf, size_t cap, size_t *len)
+{
+    if (!p || !len || (cap && !buf))
+        return kvt_fail(KVT_EINVAL, "ec producer: prometheus: NULL argument");
+    const kvt_ec_producer_stats *st = &p->st;
+    uint64_t pending = 0;
+    for (uint32_t i = 0; i < p->n_r; i++)
+        pending += p->r[i].used && !terminal(&p->r[i]);
+    kvt_prom pr = {buf, cap, 0};
+    const struct {
+        const char *name, *help;
+        uint64_t v;
+        bool gauge;
+    } m[] = {
+        {"pushes_total", "Push specs received.", st->pushes, false},
+        {"reused_total", "Specs that reused a record (the same push).", st->reused, false},
+        {"conflicts_total", "Conflicting payloads under one transfer id.", st->conflicts, false},
+        {"reservations_total", "Reserve requests sent to shards.", st->reservations, false},
+        {"refreshes_total", "Stale reservations refreshed.", st->refreshes, false},
+        {"batches_total", "Push batches (one per consumer per dispatch).", st->batches, false},
+        {"writes_total", "Shard writes.", st->writes, false},
+        {"written_bytes_total", "Bytes written to shards.", st->bytes_written, false},
+        {"completes_total", "Completions sent.", st->completes, false},
+        {"abandons_total", "Reservations abandoned.", st->abandons, false},
+        {"failed_total", "Pushes failed.", st->failed, false},
+        {"cancelled_total", "Pushes cancelled (request finished without a source).", st->cancelled,
+         false},
+        {"done_total", "Pushes completed on every shard.", st->done, false},
+        {"pending", "Push records not yet terminal (pending_saves).", pending, true},
+    };
+    for (size_t i = 0; i < sizeof(m) / sizeof(m[0]); i++)
+        kvt_prom_metric(&pr, "kvtier_ec_producer", m[i].name, m[i].help, m[i].gauge, m[i].v);
+    return kvt_prom_finish(&pr, len, "ec producer");
 }

@@ -24,6 +24,7 @@
 #include "base/array.h"
 #include "base/error.h"
 #include "base/map.h"
+#include "base/prom.h"
 #include "ec/ec_key.h"
 
 #define NONE         UINT32_MAX
@@ -66,6 +67,7 @@ struct kvt_ec_sched {
     uint32_t n_loadq, cap_loadq;
     ec_key *freed, *unavail, *cancels;
     uint32_t n_freed, cap_freed, n_unavail, cap_unavail, n_cancels, cap_cancels;
+    kvt_ec_sched_stats st;
 };
 
 /* ---- helpers ------------------------------------------------------------------------------ */
@@ -207,8 +209,10 @@ static void x_free(kvt_ec_sched *s, xfer *x)
 
 static void queue_cancel(kvt_ec_sched *s, xfer *x)
 {
-    if (!x->cancel_sent && list_push(&s->cancels, &s->n_cancels, &s->cap_cancels, &x->t))
+    if (!x->cancel_sent && list_push(&s->cancels, &s->n_cancels, &s->cap_cancels, &x->t)) {
         x->cancel_sent = true;
+        s->st.cancels++;
+    }
 }
 
 /* Fails every request that depends on x (its own or borrowed), each reported once. */
@@ -221,8 +225,10 @@ static void fail_dependents(kvt_ec_sched *s, const xfer *x)
             continue;
         for (uint32_t f = 0; f < r->n; f++)
             if (r->own[f] == idx || r->used_[f] == idx) {
-                if (list_push(&s->unavail, &s->n_unavail, &s->cap_unavail, &r->id))
+                if (list_push(&s->unavail, &s->n_unavail, &s->cap_unavail, &r->id)) {
                     r->reported = true;
+                    s->st.unavailable++;
+                }
                 break;
             }
     }
@@ -344,14 +350,17 @@ int kvt_ec_sched_observe_ready(kvt_ec_sched *s, const kvt_ec_ready *ev)
     if (ev->item.ndim > KVT_EC_MAX_DIMS || !ev->item.dtype || !ev->item.dtype_len ||
         ev->item.dtype_len >= sizeof(((xfer *)0)->dtype))
         return kvt_fail(KVT_EINVAL, "ec sched: malformed tensor description");
+    s->st.ready_events++;
     xfer *x = find_t(s, &t);
-    if (x && (terminal(x) || (x->h.len && !ec_key_eq(&x->h, &h))))
-        return 0; /* finished, or a colliding id: the transfer the table knows stands */
-    if (x && x->state != KVT_ECT_WAITING && x->state != ST_PARTIAL)
-        return 0; /* a repeat after readiness */
+    if ((x && (terminal(x) || (x->h.len && !ec_key_eq(&x->h, &h)))) ||
+        (x && x->state != KVT_ECT_WAITING && x->state != ST_PARTIAL) ||
+        (!x && s->partial >= s->cfg.max_partial)) {
+        /* finished, a colliding id (the transfer the table knows stands), a repeat after
+         * readiness, or a transfer nobody asked for yet beyond the partial bound */
+        s->st.ready_ignored++;
+        return 0;
+    }
     if (!x) {
-        if (s->partial >= s->cfg.max_partial)
-            return 0; /* bounded: a transfer nobody asked for yet is forgotten */
         if (!(x = x_new(s, &t, &h, ST_PARTIAL)))
             return kvt_fail_wrap(KVT_ELIMIT, "ec sched: readiness");
         x->deadline = after(s, s->cfg.lease_ns);
@@ -380,6 +389,7 @@ int kvt_ec_sched_observe_abandoned(kvt_ec_sched *s, const char *tid, uint32_t le
     int rc = skey_set(&t, tid, len, "transfer id");
     if (rc)
         return rc;
+    s->st.abandoned++;
     xfer *x = find_t(s, &t);
     if (!x) { /* before the request: it fails when it arrives */
         if (!(x = x_new(s, &t, NULL, ST_PARTIAL)))
@@ -434,14 +444,18 @@ static sreq *req_get(kvt_ec_sched *s, const ec_key *id)
 
 static void fail_request(kvt_ec_sched *s, sreq *r)
 {
-    if (!r->reported && list_push(&s->unavail, &s->n_unavail, &s->cap_unavail, &r->id))
+    if (!r->reported && list_push(&s->unavail, &s->n_unavail, &s->cap_unavail, &r->id)) {
         r->reported = true;
+        s->st.unavailable++;
+    }
 }
 
 static void begin_load(kvt_ec_sched *s, xfer *y)
 {
     y->local = y->state == KVT_ECT_RESIDENT;
     y->state = KVT_ECT_LOADING;
+    s->st.loads_started++;
+    s->st.local_loads += y->local;
     y->deadline = after(s, s->cfg.push_wait_ns);
     if (!y->queued && kvt_array_grow((void **)&s->loadq, &s->cap_loadq, s->n_loadq + 1ull,
                                      sizeof(uint32_t)) == 0) {
@@ -731,14 +745,17 @@ static void on_loaded(kvt_ec_sched *s, ec_key *h)
         x->state = KVT_ECT_READY;
         x->queued = false;
         x->deadline = UINT64_MAX;
+        s->st.loaded++;
     }
 }
 
 static void on_failed_load(kvt_ec_sched *s, ec_key *h)
 {
     xfer *x = oldest_of(s, h, BIT(KVT_ECT_LOADING));
-    if (x)
+    if (x) {
+        s->st.failed_loads++;
         finish_x(s, x, KVT_ECT_FAILED, true);
+    }
 }
 
 static void on_reclaimed(kvt_ec_sched *s, ec_key *h)
@@ -836,4 +853,49 @@ int kvt_ec_sched_state(const kvt_ec_sched *s, const char *tid, uint32_t len)
         return KVT_ECT_NONE;
     const xfer *x = find_t(s, &t);
     return !x || x->state == ST_PARTIAL ? KVT_ECT_NONE : x->state;
+}
+
+void kvt_ec_sched_get_stats(const kvt_ec_sched *s, kvt_ec_sched_stats *st)
+{
+    *st = s->st;
+    memset(st->transfers, 0, sizeof(st->transfers));
+    for (uint32_t i = 0; i < s->n_x; i++)
+        if (s->x[i].used && s->x[i].state <= KVT_ECT_CANCELLED)
+            st->transfers[s->x[i].state]++;
+    st->requests = s->by_req.count;
+}
+
+int kvt_ec_sched_prometheus(const kvt_ec_sched *s, char *buf, size_t cap, size_t *len)
+{
+    if (!s || !len || (cap && !buf))
+        return kvt_fail(KVT_EINVAL, "ec sched: prometheus: NULL argument");
+    kvt_ec_sched_stats st;
+    kvt_ec_sched_get_stats(s, &st);
+    kvt_prom p = {buf, cap, 0};
+    const struct {
+        const char *name, *help;
+        uint64_t v;
+    } m[] = {
+        {"ready_events_total", "Shard readiness events observed.", st.ready_events},
+        {"ready_ignored_total", "Readiness events for finished, colliding or ready transfers.",
+         st.ready_ignored},
+        {"abandoned_total", "Abandoned-push notices observed.", st.abandoned},
+        {"loads_started_total", "Load specs queued.", st.loads_started},
+        {"local_loads_total", "Loads served from the shards' resident pools.", st.local_loads},
+        {"loaded_total", "Transfers ready on every rank.", st.loaded},
+        {"failed_loads_total", "Transfers a rank failed to load.", st.failed_loads},
+        {"unavailable_total", "Requests failed (timeouts, abandoned pushes, collisions).",
+         st.unavailable},
+        {"cancels_total", "Cancels queued for the shards.", st.cancels},
+    };
+    for (size_t i = 0; i < sizeof(m) / sizeof(m[0]); i++)
+        kvt_prom_metric(&p, "kvtier_ec_sched", m[i].name, m[i].help, false, m[i].v);
+    kvt_prom_metric(&p, "kvtier_ec_sched", "requests", "Requests tracked.", true, st.requests);
+    static const char *const names[] = {"none",    "waiting",  "available", "loading",
+                                        "ready",   "resident", "failed",    "unavailable",
+                                        "expired", "cancelled"};
+    kvt_prom_family(&p, "kvtier_ec_sched", "transfers", "Transfer records by state.", true);
+    for (int i = KVT_ECT_WAITING; i <= KVT_ECT_CANCELLED; i++)
+        kvt_prom_sample(&p, "kvtier_ec_sched", "transfers", "state", names[i], st.transfers[i]);
+    return kvt_prom_finish(&p, len, "ec sched");
 }

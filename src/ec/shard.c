@@ -26,6 +26,7 @@
 #include "base/array.h"
 #include "base/error.h"
 #include "base/map.h"
+#include "base/prom.h"
 #include "ec/ec_key.h"
 
 #define NONE  UINT32_MAX
@@ -1148,4 +1149,41 @@ int kvt_ec_shard_apply(kvt_ec_shard *sh, const kvt_ec_meta *meta, const kvt_ec_c
         for (uint32_t i = 0; !rc && i < n; i++)
             rc = kvt_ec_worker_meta_add(out, KVT_EC_RECLAIMED, recl[i], (uint32_t)strlen(recl[i]));
     return rc ? kvt_fail_wrap(rc, "ec shard: apply") : 0;
+}
+
+int kvt_ec_shard_prometheus(const kvt_ec_shard *sh, char *buf, size_t cap, size_t *len)
+{
+    if (!sh || !len || (cap && !buf))
+        return kvt_fail(KVT_EINVAL, "ec shard: prometheus: NULL argument");
+    kvt_ec_shard_stats st;
+    kvt_ec_shard_get_stats(sh, &st);
+    kvt_prom p = {buf, cap, 0};
+    const struct {
+        const char *name, *help;
+        uint64_t v;
+        bool gauge;
+    } m[] = {
+        {"reserves_total", "Reserve requests.", st.reserves, false},
+        {"writes_total", "Reservations answered write=true (new destinations).", st.writes, false},
+        {"follows_total", "Reservations that followed a writer in flight.", st.follows, false},
+        {"cached_hits_total", "Reservations served from the resident pool.", st.cached_hits, false},
+        {"completes_total", "Completions accepted.", st.completes, false},
+        {"cancels_total", "Cancel requests.", st.cancels, false},
+        {"expiries_total", "Reservations expired or deferred by the TTL.", st.expiries, false},
+        {"takes_total", "Pushed items taken into the encoder cache.", st.takes, false},
+        {"reclaims_total", "Residents evicted under pressure.", st.reclaims, false},
+        {"deferred_frees_total", "Frees deferred behind a fence.", st.deferred_frees, false},
+        {"tombstones_dropped_total", "Tombstones dropped at the cap.", st.tombstones_dropped,
+         false},
+        {"events_dropped_total", "Events dropped from a full backlog.", st.events_dropped, false},
+        {"records", "Live reservations.", st.records, true},
+        {"tombstones", "Terminal records kept.", st.tombstones, true},
+        {"residents", "Resident entries.", st.residents, true},
+        {"writers", "Reservations a remote writer may still write.", st.writers, true},
+        {"free_bytes", "Free bytes of the receive buffer.", st.free_bytes, true},
+        {"capacity_bytes", "Bytes of the receive buffer.", st.capacity, true},
+    };
+    for (size_t i = 0; i < sizeof(m) / sizeof(m[0]); i++)
+        kvt_prom_metric(&p, "kvtier_ec_shard", m[i].name, m[i].help, m[i].gauge, m[i].v);
+    return kvt_prom_finish(&p, len, "ec shard");
 }

@@ -330,6 +330,48 @@ static void pushes_into_followers_and_cached_items_write_once(void **state_)
     rig_close(&g);
 }
 
+/* The library's in-process consumer (kvt_ec_local_consumer_ops), and every component's
+ * Prometheus text. */
+static void local_consumer_delivers_and_metrics_count_it(void **state_)
+{
+    (void)state_;
+    rig g;
+    rig_open(&g, 2, 64 * 1024);
+    kvt_ec_local_consumer lc = {{g.c.sh[0], g.c.sh[1]}, 2};
+    kvt_ec_producer_config pc;
+    kvt_ec_producer_config_init(&pc);
+    pc.ops = kvt_ec_local_consumer_ops(&lc);
+    kvt_ec_producer *p;
+    KVT_OK_(kvt_ec_producer_create(&pc, &p));
+    kvt_ec_push_spec s = inproc_spec("t", "h", TOK, "r");
+    KVT_OK_(kvt_ec_producer_push(p, &s));
+    assert_int_equal(kvt_ec_producer_bind_source(p, "h", 1, g.src[2], TOK * 1024, NULL), 1);
+    assert_int_equal(kvt_ec_producer_dispatch(p), 1);
+    expect_bytes(&g, 0, "t", "h", 2);
+    expect_bytes(&g, 1, "t", "h", 2);
+    char buf[8192];
+    size_t len;
+    KVT_OK_(kvt_ec_producer_prometheus(p, buf, sizeof(buf), &len));
+    assert_non_null(strstr(buf, "kvtier_ec_producer_writes_total 2"));
+    assert_non_null(strstr(buf, "kvtier_ec_producer_pending 0"));
+    KVT_OK_(kvt_ec_shard_prometheus(g.c.sh[0], buf, sizeof(buf), &len));
+    assert_non_null(strstr(buf, "kvtier_ec_shard_takes_total 1"));
+    assert_non_null(strstr(buf, "kvtier_ec_shard_residents 1"));
+    KVT_ERR_(kvt_ec_shard_prometheus(g.c.sh[0], buf, 16, &len), KVT_ENOSPC);
+    kvt_ec_sched_config sc;
+    kvt_ec_sched_config_init(&sc);
+    kvt_ec_sched *sched;
+    KVT_OK_(kvt_ec_sched_create(&sc, &sched));
+    kvt_ec_ready ev = {"t", 1, {"h", 1, TOK * 1024, 2, {TOK, 256}, "float32", 7}, 0};
+    KVT_OK_(kvt_ec_sched_observe_ready(sched, &ev));
+    KVT_OK_(kvt_ec_sched_prometheus(sched, buf, sizeof(buf), &len));
+    assert_non_null(strstr(buf, "kvtier_ec_sched_transfers{state=\"available\"} 1"));
+    assert_non_null(strstr(buf, "kvtier_ec_sched_ready_events_total 1"));
+    kvt_ec_sched_destroy(sched);
+    kvt_ec_producer_destroy(p);
+    rig_close(&g);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -347,6 +389,7 @@ int main(void)
         cmocka_unit_test(finished_request_cancels_unbound_reservation),
         cmocka_unit_test(stale_shards_are_refreshed_before_writing),
         cmocka_unit_test(pushes_into_followers_and_cached_items_write_once),
+        cmocka_unit_test(local_consumer_delivers_and_metrics_count_it),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
