@@ -646,10 +646,12 @@ int kvt_ec_sched_consumed(kvt_ec_sched *s, const char *req_id, uint32_t req_len,
     if ((rc = feature_keys(req_id, req_len, feature, f, &t, &h)))
         return rc;
     xfer *x = find_t(s, &t);
-    /* the bytes were gathered: release the transfer — unless the item came from the encoder
-     * cache, in which case its transfer was not used and stays for a later load */
-    if (x && (x->state == KVT_ECT_READY || x->state == KVT_ECT_LOADING))
-        finish_x(s, x, KVT_ECT_CANCELLED, true);
+    /* the bytes were gathered: the shards release the reservation at once (the item itself
+     * stays in the encoder cache, so the record stays READY and becomes RESIDENT when the
+     * cache evicts it). A transfer the request did not use (an encoder-cache hit) is kept
+     * for a later load. */
+    if (x && x->state == KVT_ECT_READY)
+        queue_cancel(s, x);
     return 0;
 }
 
@@ -684,7 +686,11 @@ int kvt_ec_sched_request_finished(kvt_ec_sched *s, const char *req_id, uint32_t 
         if (bound_by_other(s, r, idx))
             continue;
         if (x->state == KVT_ECT_RESIDENT)
-            continue; /* the shards' pools serve later loads */
+            continue;                    /* the shards' pools serve later loads */
+        if (x->state == KVT_ECT_READY) { /* in the encoder cache: only the reservation goes */
+            queue_cancel(s, x);
+            continue;
+        }
         finish_x(s, x, KVT_ECT_CANCELLED, true);
     }
     kvt_map_remove(&s->by_req, id.hash, (uint32_t)(r - s->r));

@@ -27,6 +27,10 @@ class MetricsEndpoint(unittest.TestCase):
             self.assertRegex(text, r"(?m)^kvtier_offload_stores_completed_total [1-9]\d*$")
             self.assertRegex(text, r'(?m)^kvtier_copy_events_total\{direction="load"\} [1-9]')
             self.assertIn("# TYPE kvtier_offload_host_blocks gauge", text)
+            # the encoder-cache part's components too
+            self.assertRegex(text, r'(?m)^kvtier_ec_sched_loaded_total [1-9]')
+            self.assertRegex(text, r'(?m)^kvtier_ec_shard_takes_total [1-9]')
+            self.assertRegex(text, r'(?m)^kvtier_ec_producer_writes_total [1-9]')
             with self.assertRaises(urllib.error.HTTPError) as cm:
                 urllib.request.urlopen("http://127.0.0.1:%d/other" % port, timeout=10)
             self.assertEqual(cm.exception.code, 404)

@@ -6,6 +6,9 @@
 
 /* Runs the demonstration; returns a process exit code (0 when every check passed). */
 int kvt_demo_run(uint64_t seed);
+/* Part 3, encoder-cache transfer in process; returns 0 when every check passed and, when
+ * metrics is not NULL, the components' Prometheus text (malloc'd) in *metrics. */
+int kvt_demo_ec(uint64_t seed, char **metrics);
 /* Prometheus text of the last host-tier run (NULL before one). */
 const char *kvt_demo_metrics(void);
 /* Serves text at http://0.0.0.0:port/metrics (port 0: any free port, printed) for seconds

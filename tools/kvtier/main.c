@@ -125,7 +125,21 @@ static int cmd_demo(int argc, char **argv)
     bool serve = false;
     double seconds = -1;
     for (int i = 0; i < argc; i++) {
-        if (strcmp(argv[i], "--seed") == 0 && i + 1 < argc) {
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            printf(
+                "kvtier demo [--seed N] [--metrics-port P [--metrics-seconds S]]\n"
+                "  Runs the end-to-end demonstration: a multi-turn chat workload on the GPU\n"
+                "  tier, with a host tier, with three tiers (host + disk); one step's metadata\n"
+                "  across the wire; encoder-cache transfer between an encoder and a 2-shard\n"
+                "  prefill instance. Every figure printed is checked; exit code 0 = all passed.\n"
+                "  --seed N             workload seed (default 1)\n"
+                "  --metrics-port P     then serve the runs' Prometheus metrics at\n"
+                "                       http://0.0.0.0:P/metrics (0: any free port, printed)\n"
+                "  --metrics-seconds S  serve for S seconds (default: until interrupted)\n"
+                "  The three-tier run creates kvtier-demo-disk.rank0 in the working directory\n"
+                "  (a file system with O_DIRECT, or buffered I/O is used) and removes it.\n");
+            return 0;
+        } else if (strcmp(argv[i], "--seed") == 0 && i + 1 < argc) {
             if (parse_u64(argv[++i], &seed)) {
                 fprintf(stderr, "kvtier demo: --seed wants an integer\n");
                 return 2;
