@@ -28,7 +28,8 @@ from . import _lib as L
 
 __all__ = ["KvtierError", "version", "hash_prompt", "Pool", "OffloadManager", "OffloadMeta",
            "WorkerMeta", "Layout", "Mirror", "Worker", "Disk", "LinkScheduler", "LinkWorker",
-           "STORE", "LOAD", "NO_EVENT"]
+           "EcShard", "EcScheduler", "EcProducer", "EcPlanner", "EcMeta", "EcWorkerMeta",
+           "ManualClock", "STORE", "LOAD", "NO_EVENT"]
 
 STORE, LOAD, NO_EVENT = L.COPY_STORE, L.COPY_LOAD, L.NO_EVENT
 _lib = L.lib
@@ -731,3 +732,8 @@ class LinkWorker(_Handle):
         inv, n_inv = _u32_array(invalid)
         wm = ctypes.byref(worker_meta._m) if worker_meta is not None else None
         _check(_lib.kvt_link_worker_reply(self._h, status, arr, len(ids), wm, inv, n_inv))
+
+
+# the encoder-cache side (its own module; imported last, it uses this module's errors)
+from .ec import (EcMeta, EcPlanner, EcProducer, EcScheduler, EcShard,  # noqa: E402,F401
+                 EcWorkerMeta, ManualClock)

@@ -164,6 +164,151 @@ class kvt_link_result(ctypes.Structure):
                 ("n_invalid", c_u32)]
 
 
+# ---- encoder cache ---------------------------------------------------------------------------
+EC_KEY_MAX, EC_RID_LEN, EC_MAX_DIMS, EC_MAX_SHARDS = 255, 32, 8, 64
+vp_ = ctypes.c_void_p
+
+
+class kvt_clock(ctypes.Structure):
+    _fields_ = [("now_ns", vp_), ("ctx", vp_)]
+
+
+class kvt_manual_clock(ctypes.Structure):
+    _fields_ = [("now_ns", c_u64)]
+
+
+class kvt_ec_item(ctypes.Structure):
+    _fields_ = [("mm_hash", ctypes.c_char_p), ("mm_hash_len", c_u32), ("nbytes", c_u64),
+                ("ndim", c_u32), ("shape", c_u64 * EC_MAX_DIMS), ("dtype", ctypes.c_char_p),
+                ("dtype_len", c_u32)]
+
+
+class kvt_ec_fence(ctypes.Structure):
+    _fields_ = [("done", vp_), ("ctx", vp_)]
+
+
+class kvt_slab_view(ctypes.Structure):
+    _fields_ = [("offset", c_u64), ("nbytes", c_u64), ("rounded", c_u64), ("ptr", vp_)]
+
+
+class kvt_ec_shard_config(ctypes.Structure):
+    _fields_ = [("base", vp_), ("capacity", c_u64), ("ttl_ns", c_u64), ("max_records", c_u32),
+                ("max_tombstones", c_u32), ("max_residents", c_u32), ("max_events", c_u32),
+                ("clock", kvt_clock)]
+
+
+class kvt_ec_reply(ctypes.Structure):
+    _fields_ = [("reservation_id", ctypes.c_char * (EC_RID_LEN + 1)), ("offset", c_u64),
+                ("ptr", vp_), ("nbytes", c_u64), ("write", c_bool), ("ready", c_bool),
+                ("cached", c_bool), ("cancelled", c_bool)]
+
+
+class kvt_ec_ready_event(ctypes.Structure):
+    _fields_ = [("transfer_id", ctypes.c_char * (EC_KEY_MAX + 1)),
+                ("mm_hash", ctypes.c_char * (EC_KEY_MAX + 1)),
+                ("reservation_id", ctypes.c_char * (EC_RID_LEN + 1)), ("nbytes", c_u64),
+                ("abandoned", c_bool)]
+
+
+EC_SHARD_COUNTERS = ("reserves", "writes", "follows", "cached_hits", "completes", "cancels",
+                     "expiries", "takes", "reclaims", "deferred_frees", "tombstones_dropped",
+                     "events_dropped")
+
+
+class kvt_ec_shard_stats(ctypes.Structure):
+    _fields_ = ([(n, c_u64) for n in EC_SHARD_COUNTERS] +
+                [(n, c_u32) for n in ("records", "tombstones", "residents", "writers")] +
+                [("free_bytes", c_u64), ("capacity", c_u64)])
+
+
+class kvt_ec_sched_config(ctypes.Structure):
+    _fields_ = [("shards", c_u32), ("push_wait_ns", c_u64), ("lease_ns", c_u64),
+                ("resident_capacity", c_u64), ("max_transfers", c_u32),
+                ("max_tombstones", c_u32), ("max_partial", c_u32), ("clock", kvt_clock)]
+
+
+class kvt_ec_ready(ctypes.Structure):
+    _fields_ = [("transfer_id", ctypes.c_char_p), ("transfer_id_len", c_u32),
+                ("item", kvt_ec_item), ("shard", c_u32)]
+
+
+class kvt_ec_feature(ctypes.Structure):
+    _fields_ = [("mm_hash", ctypes.c_char_p), ("mm_hash_len", c_u32),
+                ("transfer_id", ctypes.c_char_p), ("transfer_id_len", c_u32)]
+
+
+EC_SCHED_COUNTERS = ("ready_events", "ready_ignored", "abandoned", "loads_started",
+                     "local_loads", "loaded", "failed_loads", "unavailable", "cancels")
+EC_TSTATES = ("none", "waiting", "available", "loading", "ready", "resident", "failed",
+              "unavailable", "expired", "cancelled")
+
+
+class kvt_ec_sched_stats(ctypes.Structure):
+    _fields_ = ([(n, c_u64) for n in EC_SCHED_COUNTERS] +
+                [("transfers", c_u32 * len(EC_TSTATES)), ("requests", c_u32)])
+
+
+class kvt_ec_load_spec(ctypes.Structure):
+    _fields_ = [("mm_hash", kvt_str), ("nbytes", c_u64), ("ndim", c_u32),
+                ("shape", c_u64 * EC_MAX_DIMS), ("dtype", kvt_str), ("transfer_id", kvt_str),
+                ("local", c_bool)]
+
+
+class kvt_ec_push_spec(ctypes.Structure):
+    _fields_ = [("mm_hash", kvt_str), ("nbytes", c_u64), ("ndim", c_u32),
+                ("shape", c_u64 * EC_MAX_DIMS), ("dtype", kvt_str), ("consumer_zmq", kvt_str),
+                ("transfer_id", kvt_str), ("request_id", kvt_str)]
+
+
+class kvt_ec_meta(ctypes.Structure):
+    _fields_ = [("n_loads", c_u32), ("loads", P(kvt_ec_load_spec)), ("n_pushes", c_u32),
+                ("pushes", P(kvt_ec_push_spec)), ("has_freed", c_bool), ("n_freed", c_u32),
+                ("freed", P(kvt_str)), ("cap_loads", c_u32), ("cap_pushes", c_u32),
+                ("cap_freed", c_u32), ("strings", kvt_bump)]
+
+
+class kvt_strset(ctypes.Structure):
+    _fields_ = [("n", c_u32), ("items", P(kvt_str)), ("cap", c_u32)]
+
+
+class kvt_ec_worker_meta(ctypes.Structure):
+    _fields_ = [("loaded", kvt_strset), ("failed_loads", kvt_strset), ("reclaimed", kvt_strset),
+                ("pending_saves", c_bool), ("failed_saves", kvt_strset), ("strings", kvt_bump)]
+
+
+class kvt_ec_consumer_ops(ctypes.Structure):
+    _fields_ = [(n, vp_) for n in ("shards", "reserve", "write", "complete", "cancel", "ctx")]
+
+
+class kvt_ec_producer_config(ctypes.Structure):
+    _fields_ = [("ops", kvt_ec_consumer_ops), ("refresh_age_ns", c_u64), ("max_records", c_u32),
+                ("clock", kvt_clock)]
+
+
+EC_PRODUCER_COUNTERS = ("pushes", "reused", "conflicts", "reservations", "refreshes", "batches",
+                        "writes", "bytes_written", "completes", "abandons", "failed",
+                        "cancelled", "done")
+
+
+class kvt_ec_producer_stats(ctypes.Structure):
+    _fields_ = [(n, c_u64) for n in EC_PRODUCER_COUNTERS]
+
+
+class kvt_ec_push_failure(ctypes.Structure):
+    _fields_ = [("mm_hash", ctypes.c_char * (EC_KEY_MAX + 1)),
+                ("transfer_id", ctypes.c_char * (EC_KEY_MAX + 1)),
+                ("error", ctypes.c_char * 256)]
+
+
+class kvt_ec_local_consumer(ctypes.Structure):
+    _fields_ = [("shards", vp_ * EC_MAX_SHARDS), ("n", c_u32)]
+
+
+class kvt_ec_binding(ctypes.Structure):
+    _fields_ = [("mm_hash", ctypes.c_char * (EC_KEY_MAX + 1)),
+                ("transfer_id", ctypes.c_char * (EC_KEY_MAX + 1))]
+
+
 def _sig(name, res, *args):
     f = getattr(lib, name)
     f.restype = res
@@ -285,11 +430,92 @@ _sig("kvt_link_worker_recv", c_int, vp, c_int, P(kvt_offload_meta), P(vp),
 _sig("kvt_link_worker_reply", c_int, vp, c_int, P(kvt_str), c_u32, P(kvt_offload_worker_meta),
      P(c_u32), c_u32)
 
+KEYS = ctypes.c_char * (EC_KEY_MAX + 1)
+# encoder cache
+_sig("kvt_dtype_size", c_u32, cp, c_u32)
+_sig("kvt_clock_manual", kvt_clock, P(kvt_manual_clock), c_u64)
+_sig("kvt_clock_manual_advance", None, P(kvt_manual_clock), c_u64)
+_sig("kvt_clock_monotonic", kvt_clock)
+_sig("kvt_ec_shard_config_init", None, P(kvt_ec_shard_config))
+_sig("kvt_ec_shard_create", c_int, P(kvt_ec_shard_config), P(vp))
+_sig("kvt_ec_shard_destroy", c_int, vp)
+_sig("kvt_ec_shard_reserve", c_int, vp, cp, c_u32, P(kvt_ec_item), P(kvt_ec_reply))
+_sig("kvt_ec_shard_complete", c_int, vp, cp, c_u32, cp, P(c_bool), P(c_bool))
+_sig("kvt_ec_shard_cancel", c_int, vp, cp, c_u32, cp, c_bool, c_bool, P(c_bool))
+_sig("kvt_ec_shard_expire", None, vp)
+_sig("kvt_ec_shard_take", c_int, vp, cp, c_u32, cp, c_u32, P(kvt_ec_fence), P(kvt_slab_view))
+_sig("kvt_ec_shard_take_resident", c_int, vp, P(kvt_ec_item), P(kvt_slab_view))
+_sig("kvt_ec_shard_retire", c_int, vp, cp, c_u32, P(kvt_ec_fence))
+_sig("kvt_ec_shard_begin_shutdown", None, vp)
+_sig("kvt_ec_shard_writers", c_u32, vp)
+_sig("kvt_ec_shard_state", c_int, vp, cp, c_u32)
+_sig("kvt_ec_shard_take_events", c_u32, vp, P(kvt_ec_ready_event), c_u32)
+_sig("kvt_ec_shard_take_reclaimed", c_u32, vp, P(KEYS), c_u32)
+_sig("kvt_ec_shard_get_stats", None, vp, P(kvt_ec_shard_stats))
+_sig("kvt_ec_shard_prometheus", c_int, vp, cp, ctypes.c_size_t, P(ctypes.c_size_t))
+_sig("kvt_ec_sched_config_init", None, P(kvt_ec_sched_config))
+_sig("kvt_ec_sched_create", c_int, P(kvt_ec_sched_config), P(vp))
+_sig("kvt_ec_sched_destroy", None, vp)
+_sig("kvt_ec_sched_observe_ready", c_int, vp, P(kvt_ec_ready))
+_sig("kvt_ec_sched_observe_abandoned", c_int, vp, cp, c_u32)
+_sig("kvt_ec_sched_has_cache_item", c_bool, vp, cp, c_u32)
+_sig("kvt_ec_sched_ensure", c_int, vp, cp, c_u32, P(kvt_ec_feature), c_u32, P(c_bool))
+_sig("kvt_ec_sched_cache_added", c_int, vp, cp, c_u32)
+_sig("kvt_ec_sched_cache_freed", c_int, vp, cp, c_u32)
+_sig("kvt_ec_sched_consumed", c_int, vp, cp, c_u32, P(kvt_ec_feature))
+_sig("kvt_ec_sched_request_finished", c_int, vp, cp, c_u32)
+_sig("kvt_ec_sched_build_meta", c_int, vp, P(kvt_ec_meta))
+_sig("kvt_ec_sched_apply_output", c_int, vp, P(kvt_ec_worker_meta))
+_sig("kvt_ec_sched_expire", None, vp)
+_sig("kvt_ec_sched_take_unavailable", c_u32, vp, P(KEYS), c_u32)
+_sig("kvt_ec_sched_take_cancels", c_u32, vp, P(KEYS), c_u32)
+_sig("kvt_ec_sched_state", c_int, vp, cp, c_u32)
+_sig("kvt_ec_sched_get_stats", None, vp, P(kvt_ec_sched_stats))
+_sig("kvt_ec_sched_prometheus", c_int, vp, cp, ctypes.c_size_t, P(ctypes.c_size_t))
+_sig("kvt_ec_local_consumer_ops", kvt_ec_consumer_ops, P(kvt_ec_local_consumer))
+_sig("kvt_ec_producer_config_init", None, P(kvt_ec_producer_config))
+_sig("kvt_ec_producer_create", c_int, P(kvt_ec_producer_config), P(vp))
+_sig("kvt_ec_producer_destroy", None, vp)
+_sig("kvt_ec_producer_push", c_int, vp, P(kvt_ec_push_spec))
+_sig("kvt_ec_producer_bind_source", c_int, vp, cp, c_u32, vp, c_u64, P(kvt_ec_fence))
+_sig("kvt_ec_producer_dispatch", c_int, vp)
+_sig("kvt_ec_producer_request_finished", c_int, vp, cp, c_u32)
+_sig("kvt_ec_producer_pending", c_bool, vp)
+_sig("kvt_ec_producer_report", c_int, vp, P(kvt_ec_worker_meta))
+_sig("kvt_ec_producer_take_failures", c_u32, vp, P(kvt_ec_push_failure), c_u32)
+_sig("kvt_ec_producer_state", c_int, vp, cp, c_u32)
+_sig("kvt_ec_producer_get_stats", None, vp, P(kvt_ec_producer_stats))
+_sig("kvt_ec_producer_prometheus", c_int, vp, cp, ctypes.c_size_t, P(ctypes.c_size_t))
+_sig("kvt_ec_planner_create", c_int, c_u32, P(vp))
+_sig("kvt_ec_planner_destroy", None, vp)
+_sig("kvt_ec_planner_prepare", c_int, vp, P(kvt_ec_push_spec))
+_sig("kvt_ec_planner_build_meta", c_int, vp, P(kvt_ec_meta))
+_sig("kvt_ec_planner_bindings", c_u32, vp, cp, c_u32, P(kvt_ec_binding), c_u32)
+_sig("kvt_ec_planner_request_finished", c_int, vp, cp, c_u32)
+_sig("kvt_ec_planner_apply_output", c_int, vp, P(kvt_ec_worker_meta))
+_sig("kvt_ec_planner_has_pending_push_work", c_bool, vp)
+_sig("kvt_ec_planner_take_failed", c_u32, vp, P(KEYS), c_u32)
+for kind, t in (("kvt_ec_meta", kvt_ec_meta), ("kvt_ec_worker_meta", kvt_ec_worker_meta)):
+    _sig(kind + "_init", None, P(t))
+    _sig(kind + "_clear", None, P(t))
+    _sig(kind + "_release", None, P(t))
+    _sig(kind + "_validate", c_int, P(t))
+    _sig(kind + "_encoded_size", ctypes.c_size_t, P(t))
+    _sig(kind + "_encode", c_int, P(t), vp, ctypes.c_size_t, P(ctypes.c_size_t))
+    _sig(kind + "_decode", c_int, P(t), vp, ctypes.c_size_t)
+_sig("kvt_ec_worker_meta_add", c_int, P(kvt_ec_worker_meta), c_int, cp, c_u32)
+_sig("kvt_ec_worker_meta_aggregate", c_int, P(kvt_ec_worker_meta), P(kvt_ec_worker_meta))
+
 for _t in (kvt_str, kvt_bump, kvt_group_spec, kvt_pool_config, kvt_hit, kvt_block_info,
            kvt_offload_config, kvt_offload_meta, kvt_event_report, kvt_offload_worker_meta,
            kvt_offload_stats,
            kvt_copy_config, kvt_mirror_config, kvt_worker_config, kvt_region, kvt_kv_tensor,
-           kvt_disk_config, kvt_disk_stats, kvt_link_result):
+           kvt_disk_config, kvt_disk_stats, kvt_link_result, kvt_clock, kvt_ec_item,
+           kvt_ec_fence, kvt_slab_view, kvt_ec_shard_config, kvt_ec_reply, kvt_ec_ready_event,
+           kvt_ec_shard_stats, kvt_ec_sched_config, kvt_ec_ready, kvt_ec_feature,
+           kvt_ec_sched_stats, kvt_ec_load_spec, kvt_ec_push_spec, kvt_ec_meta, kvt_strset,
+           kvt_ec_worker_meta, kvt_ec_consumer_ops, kvt_ec_producer_config,
+           kvt_ec_producer_stats, kvt_ec_push_failure, kvt_ec_local_consumer, kvt_ec_binding):
     _c = lib.kvt_sizeof(_t.__name__.encode())
     if _c != ctypes.sizeof(_t):
         raise ImportError("kvtier: %s is %d bytes in the library but %d in the bindings; "

@@ -212,5 +212,80 @@ class DiskAndLink(unittest.TestCase):
         self.assertEqual(seen, [b"engine payload"])
 
 
+
+class EncoderCache(unittest.TestCase):
+    """An encoder pushes an embedding into a one-shard consumer; the consumer scheduler sees
+    it ready, loads it, and the worker reads exactly the encoder's bytes."""
+
+    def test_push_ready_load_and_reload_locally(self):
+        clock = kvtier.ManualClock()
+        shard = kvtier.EcShard(1 << 20, clock=clock)
+        sched = kvtier.EcScheduler(shards=1, clock=clock)
+        prod = kvtier.EcProducer([shard], clock=clock)
+        plan = kvtier.EcPlanner()
+        emb = bytes((i * 7) % 251 for i in range(16 * 256 * 2))  # (16, 256) bfloat16
+        spec = {"mm_hash": "sha256:img", "shape": (16, 256), "dtype": "bfloat16",
+                "consumer": "local://prefill", "transfer_id": "x1", "request_id": "r1"}
+        self.assertTrue(plan.prepare(spec))
+        self.assertFalse(plan.prepare(spec))  # once per transfer id
+        pushes = plan.build_meta().pushes
+        self.assertEqual(len(pushes), 1)
+        self.assertEqual(pushes[0]["nbytes"], len(emb))
+        prod.push(pushes[0])
+        self.assertEqual(shard.state("x1"), "writing")  # reserved before the output exists
+        self.assertEqual(prod.bind_source("sha256:img", emb), 1)
+        self.assertEqual(prod.dispatch(), 1)
+        self.assertEqual(prod.state("x1"), "done")
+        for ev in shard.events():
+            sched.observe_ready(ev["transfer_id"], ev["mm_hash"], (16, 256), "bfloat16", 0)
+        self.assertTrue(sched.has_cache_item("sha256:img"))
+        self.assertFalse(sched.ensure("r1", [("sha256:img", "x1")]))  # starts the load
+        meta = sched.build_meta()
+        self.assertEqual(meta.loads[0]["transfer_id"], "x1")
+        data = shard.take("x1", "sha256:img")
+        self.assertEqual(bytes(data), emb)
+        report = kvtier.EcWorkerMeta()
+        report.add("loaded", "sha256:img")
+        sched.apply_output(report)
+        self.assertTrue(sched.ensure("r1", [("sha256:img", "x1")]))
+        sched.consumed("r1", "sha256:img", "x1")
+        self.assertEqual(sched.take_cancels(), ["x1"])
+        sched.request_finished("r1")
+        # evicted from the encoder cache: the next request loads it from the shard's pool
+        sched.cache_freed("sha256:img")
+        self.assertEqual(sched.build_meta().freed, ["sha256:img"])
+        shard.retire("sha256:img")
+        self.assertFalse(sched.ensure("r2", [("sha256:img", None)]))
+        load = sched.build_meta().loads[0]
+        self.assertTrue(load["local"])
+        self.assertEqual(bytes(shard.take_resident("sha256:img", (16, 256), "bfloat16")), emb)
+        sched.apply_output(report)  # the rank loaded it: r2 may run
+        self.assertTrue(sched.ensure("r2", [("sha256:img", None)]))
+        sched.request_finished("r2")
+        self.assertIn("kvtier_ec_sched_local_loads_total 1", sched.prometheus())
+        self.assertEqual(prod.stats()["writes"], 1)
+        self.assertEqual(shard.writers, 0)
+        # a stalled wait fails the request, retryably, once
+        self.assertFalse(sched.ensure("r3", [("sha256:other", "x9")]))
+        clock.advance(61)
+        sched.expire()
+        self.assertEqual(sched.take_unavailable(), ["r3"])
+        prod.close()
+        sched.close()
+        shard.close()
+
+    def test_errors_are_exceptions_with_kvtiers_message(self):
+        shard = kvtier.EcShard(4096)
+        with self.assertRaises(kvtier.KvtierError) as cm:
+            shard.reserve("x", "h", (4096,), "float32")  # 16 KiB into 4 KiB
+        self.assertIn("EC consumer buffer pool is full", cm.exception.message)
+        r = shard.reserve("x", "h", (16,), "float32")
+        self.assertTrue(r["write"])
+        with self.assertRaises(kvtier.KvtierError):
+            shard.close()  # a writer may still write into the buffer
+        self.assertTrue(shard.cancel("x", r["reservation_id"], abandon=True))
+        shard.close()
+
+
 if __name__ == "__main__":
     unittest.main()
