@@ -100,14 +100,15 @@ static int make_room(kvt_ec_producer *p)
     return 0;
 }
 
-static prec *rec_new(kvt_ec_producer *p, const ec_key *t)
+/* A new record for t, or NULL with *err set (KVT_ELIMIT, KVT_ENOMEM). */
+static prec *rec_new(kvt_ec_producer *p, const ec_key *t, int *err)
 {
-    if (make_room(p))
+    if ((*err = make_room(p)))
         return NULL;
     uint32_t i = ec_slot_take((void **)&p->r, &p->n_r, &p->cap_r, &p->free_r, sizeof(prec),
                               offsetof(prec, free_next));
     if (i == NONE) {
-        kvt_fail(KVT_ENOMEM, "ec producer: out of memory");
+        *err = kvt_fail(KVT_ENOMEM, "ec producer: out of memory");
         return NULL;
     }
     prec *r = &p->r[i];
@@ -279,8 +280,8 @@ int kvt_ec_producer_push(kvt_ec_producer *p, const kvt_ec_push_spec *s)
         add_failed_save(p, &req);
         return 0;
     }
-    if (!(r = rec_new(p, &t)))
-        return kvt_fail_wrap(KVT_ELIMIT, "ec producer: push");
+    if (!(r = rec_new(p, &t, &rc)))
+        return kvt_fail_wrap(rc, "ec producer: push");
     if ((rc = pkey_set(&r->h, s->mm_hash, "mm_hash", false)) ||
         (rc = pkey_set(&r->dtype, s->dtype, "dtype", false)) ||
         (rc = pkey_set(&r->consumer, s->consumer_zmq, "consumer address", false))) {

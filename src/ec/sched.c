@@ -132,16 +132,17 @@ static xfer *oldest_of(const kvt_ec_sched *s, const ec_key *h, unsigned mask)
 
 #define BIT(st) (1u << (st))
 
-static xfer *x_new(kvt_ec_sched *s, const ec_key *t, const ec_key *h, uint8_t state)
+/* A new record, or NULL with *err set (KVT_ELIMIT, KVT_ENOMEM). */
+static xfer *x_new(kvt_ec_sched *s, const ec_key *t, const ec_key *h, uint8_t state, int *err)
 {
     if (s->live >= s->cfg.max_transfers) {
-        kvt_fail(KVT_ELIMIT, "ec sched: %u transfers live (max_transfers)", s->live);
+        *err = kvt_fail(KVT_ELIMIT, "ec sched: %u transfers live (max_transfers)", s->live);
         return NULL;
     }
     uint32_t i = ec_slot_take((void **)&s->x, &s->n_x, &s->cap_x, &s->free_x, sizeof(xfer),
                               offsetof(xfer, free_next));
     if (i == NONE) {
-        kvt_fail(KVT_ENOMEM, "ec sched: out of memory");
+        *err = kvt_fail(KVT_ENOMEM, "ec sched: out of memory");
         return NULL;
     }
     xfer *x = &s->x[i];
@@ -361,8 +362,8 @@ int kvt_ec_sched_observe_ready(kvt_ec_sched *s, const kvt_ec_ready *ev)
         return 0;
     }
     if (!x) {
-        if (!(x = x_new(s, &t, &h, ST_PARTIAL)))
-            return kvt_fail_wrap(KVT_ELIMIT, "ec sched: readiness");
+        if (!(x = x_new(s, &t, &h, ST_PARTIAL, &rc)))
+            return kvt_fail_wrap(rc, "ec sched: readiness");
         x->deadline = after(s, s->cfg.lease_ns);
     }
     if (!x->has_spec) {
@@ -392,8 +393,8 @@ int kvt_ec_sched_observe_abandoned(kvt_ec_sched *s, const char *tid, uint32_t le
     s->st.abandoned++;
     xfer *x = find_t(s, &t);
     if (!x) { /* before the request: it fails when it arrives */
-        if (!(x = x_new(s, &t, NULL, ST_PARTIAL)))
-            return kvt_fail_wrap(KVT_ELIMIT, "ec sched: abandoned");
+        if (!(x = x_new(s, &t, NULL, ST_PARTIAL, &rc)))
+            return kvt_fail_wrap(rc, "ec sched: abandoned");
         finish_x(s, x, KVT_ECT_UNAVAILABLE, false);
         return 0;
     }
@@ -419,19 +420,20 @@ static sreq *req_find(const kvt_ec_sched *s, const ec_key *id)
     return i == NONE ? NULL : &s->r[i];
 }
 
-static sreq *req_get(kvt_ec_sched *s, const ec_key *id)
+/* The request's record, created if new; NULL with *err set (KVT_ELIMIT, KVT_ENOMEM). */
+static sreq *req_get(kvt_ec_sched *s, const ec_key *id, int *err)
 {
     sreq *r = req_find(s, id);
     if (r)
         return r;
     if (s->by_req.count >= s->by_req.capacity) {
-        kvt_fail(KVT_ELIMIT, "ec sched: too many requests tracked");
+        *err = kvt_fail(KVT_ELIMIT, "ec sched: too many requests tracked");
         return NULL;
     }
     uint32_t i = ec_slot_take((void **)&s->r, &s->n_r, &s->cap_r, &s->free_r, sizeof(sreq),
                               offsetof(sreq, free_next));
     if (i == NONE) {
-        kvt_fail(KVT_ENOMEM, "ec sched: out of memory");
+        *err = kvt_fail(KVT_ENOMEM, "ec sched: out of memory");
         return NULL;
     }
     r = &s->r[i];
@@ -502,7 +504,8 @@ static bool ensure_one(kvt_ec_sched *s, sreq *r, uint32_t f, const ec_key *t, co
         return false;
     }
     if (!x) {
-        if (!(x = x_new(s, t, h, KVT_ECT_WAITING))) {
+        int err;
+        if (!(x = x_new(s, t, h, KVT_ECT_WAITING, &err))) {
             fail_request(s, r);
             return false;
         }
@@ -546,9 +549,9 @@ int kvt_ec_sched_ensure(kvt_ec_sched *s, const char *req_id, uint32_t req_len,
         if ((rc = feature_keys(req_id, req_len, &features[f], f, &t, &h)))
             return rc;
     }
-    sreq *r = req_get(s, &id);
+    sreq *r = req_get(s, &id, &rc);
     if (!r)
-        return kvt_fail_wrap(KVT_ELIMIT, "ec sched: ensure");
+        return kvt_fail_wrap(rc, "ec sched: ensure");
     r->n = n;
     bool all = !r->reported;
     for (uint32_t f = 0; f < n; f++) {
