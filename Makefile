@@ -18,7 +18,7 @@ JOBS         ?= $(shell nproc)
 CMAKE_FLAGS  ?=
 SOURCES       = $(shell find include src tests tools bench fuzz -name '*.[ch]')
 FUZZ_TARGETS  = offload_meta offload_worker_meta ec_meta ec_worker_meta ec_load_spec ec_push_spec \
-                link
+                link ec_shard
 
 .PHONY: all deps build test demo bench install test-asan test-tsan coverage fuzz fuzz-build fuzz-corpus \
         format format-check clean
