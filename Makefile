@@ -20,8 +20,12 @@ SOURCES       = $(shell find include src tests tools bench fuzz -name '*.[ch]')
 FUZZ_TARGETS  = offload_meta offload_worker_meta ec_meta ec_worker_meta ec_load_spec ec_push_spec \
                 link ec_shard
 
+VALGRIND_TESTS = test_pool test_meta_offload test_meta_ec test_offload test_offload_tiers \
+                 test_offload_model test_slab test_ec_shard test_ec_shard_model test_ec_sched \
+                 test_ec_producer test_ec_planner test_ec_model test_worker test_copy test_link
+
 .PHONY: all deps build test demo bench install test-asan test-tsan coverage fuzz fuzz-build fuzz-corpus \
-        format format-check clean
+        valgrind format format-check clean
 
 all: build
 
@@ -63,6 +67,16 @@ coverage: deps
 	gcovr -r . build-cov --filter 'src/' --print-summary --html-details build-cov/coverage/index.html \
 	    --txt build-cov/coverage/summary.txt
 	@tail -n +1 build-cov/coverage/summary.txt | grep -E '^src/|^TOTAL' | sort -k4 -n | head -60
+
+# valgrind memcheck on a representative subset (the randomized tests at 1/20 of their length):
+# invalid accesses, uninitialised reads and definite leaks fail the run.
+valgrind: build
+	@cd $(BUILD) && for t in $(VALGRIND_TESTS); do \
+	    printf 'valgrind: %s\n' $$t; \
+	    KVTIER_TEST_SCALE=0.05 valgrind -q --error-exitcode=99 --leak-check=full \
+	        --errors-for-leak-kinds=definite ./tests/$$t >valgrind-$$t.log 2>&1 \
+	        || { tail -60 valgrind-$$t.log; exit 1; }; \
+	done
 
 test-tsan: deps
 	@cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DKVT_SANITIZE=thread >/dev/null
