@@ -209,6 +209,8 @@ typedef struct kvt_offload_stats {
     uint64_t store_skipped_null;      /* null block */
     uint64_t store_dropped_full;      /* selection stopped: no host block free */
     uint64_t restores;                /* blocks re-stored after a host-tier eviction */
+    uint64_t restores_dropped_hot;    /* re-stores given up: they would have evicted a block
+                                         that is in use on the GPU too */
     uint64_t host_evictions;          /* cached host blocks reused for new stores */
     uint64_t stale_reports;           /* store reports for completed or abandoned events */
     uint64_t bytes_loaded, bytes_stored; /* blocks x block_bytes (0 if unknown) */

@@ -204,6 +204,22 @@ int kvt_offload_request_finished(kvt_offload *m, const char *id, uint32_t id_len
     return 0;
 }
 
+/* How many host blocks, from the LRU head, a store could take before the first one whose key
+ * a referenced GPU block still carries (at most limit). */
+static uint32_t cold_victims(const kvt_offload *m, uint32_t limit)
+{
+    uint32_t n = 0;
+    for (uint32_t h = kvt_pool_lru_first(m->host); h != KVT_BLOCK_NONE && n < limit;
+         h = kvt_pool_lru_next(m->host, h), n++) {
+        kvt_pool_key k;
+        uint32_t nk = 0, gpu;
+        (void)kvt_pool_block_keys(m->host, h, &k, 1, &nk);
+        if (nk && kvt_pool_lookup(m->gpu, k.hash, k.group, &gpu) == 1 && gpu_ref(m, gpu) > 0)
+            break;
+    }
+    return n;
+}
+
 void ofl_select_restores(kvt_offload *m)
 {
     if (!m->rs_len)
@@ -211,6 +227,12 @@ void ofl_select_restores(kvt_offload *m)
     uint32_t budget = ofl_store_budget(m);
     if (budget > m->cfg.restore_budget)
         budget = m->cfg.restore_budget;
+    /* A re-store evicts only cold blocks. Evicting one that is in use on the GPU as well
+     * would queue its own re-store: with more blocks in use than the host tier holds, the
+     * blocks would chase each other through the tier, step after step, copying and writing
+     * back the same bytes (the soak found this). Such a candidate is dropped instead: the
+     * host tier has no room that is worth less to it. */
+    uint32_t cold = cold_victims(m, budget);
     uint32_t n = 0, todo = m->rs_len;
     kvt_pool_key k;
     for (uint32_t i = 0; i < todo; i++) {
@@ -224,6 +246,10 @@ void ofl_select_restores(kvt_offload *m)
         if (n >= budget) { /* still wanted: keep it queued for the next step */
             m->gflags[gpu] |= G_RESTORE;
             m->restore[(m->rs_head + m->rs_len++) % m->gpu_nb] = gpu;
+            continue;
+        }
+        if (n >= cold) {
+            m->st.restores_dropped_hot++;
             continue;
         }
         m->gflags[gpu] |= G_MARK;

@@ -563,6 +563,40 @@ static void block_evicted_from_host_while_in_use_on_gpu_is_stored_again(void **s
     sim_fini(&s);
 }
 
+/* A re-store evicts only cold blocks: with more blocks in use on the GPU than the host tier
+ * holds, re-storing one would evict another in use, whose own re-store would evict the next,
+ * step after step (found by the soak). The candidate is dropped and counted instead. */
+static void re_store_never_evicts_a_block_in_use_on_the_gpu(void **state)
+{
+    (void)state;
+    sim s;
+    sim_init(&s, 64, 3, false, 1, 64); /* 2 usable host blocks */
+    sim_req a, c;
+    sim_req_make(&a, "a", 2 * SIM_BS + 1, 1, 2 * SIM_BS + 1, 0);
+    sim_admit_and_store(&s, &a);
+    sim_report_store(&s, s.meta.store_event, 1);
+    sim_req_make(&c, "c", 2 * SIM_BS + 1, 2, 2 * SIM_BS + 1, 0);
+    sim_admit_and_store(&s, &c); /* c keeps running; its store evicts a's two host copies */
+    sim_report_store(&s, s.meta.store_event, 1);
+    assert_false(sim_host_has(&s, &a, 0) || sim_host_has(&s, &a, 1));
+    assert_true(sim_host_has(&s, &c, 0) && sim_host_has(&s, &c, 1));
+    for (int step = 0; step < 3; step++) { /* dropped, not queued for ever */
+        sim_schedule(&s, &a, 1, false);
+        sim_schedule(&s, &c, 1, false);
+        sim_build(&s, false);
+        assert_int_equal(s.meta.n_stores, 0);
+        assert_int_equal(s.meta.store_event, KVT_NO_EVENT);
+    }
+    assert_true(sim_host_has(&s, &c, 0) && sim_host_has(&s, &c, 1));
+    kvt_offload_stats st;
+    kvt_offload_get_stats(s.m, &st);
+    assert_int_equal(st.restores, 0);
+    assert_int_equal(st.restores_dropped_hot, 2);
+    sim_finish(&s, &a);
+    sim_finish(&s, &c);
+    sim_fini(&s);
+}
+
 /* vLLM test_lazy_store_and_load_roundtrip: only hashed blocks nearing eviction are stored. */
 static void lazy_mode_stores_hashed_blocks_at_the_gpu_lru_head(void **state)
 {
@@ -837,6 +871,7 @@ int main(void)
         cmocka_unit_test(failed_store_is_never_findable_and_releases_its_blocks),
         cmocka_unit_test(secondary_keys_make_the_host_copy_findable_at_every_granularity),
         cmocka_unit_test(block_evicted_from_host_while_in_use_on_gpu_is_stored_again),
+        cmocka_unit_test(re_store_never_evicts_a_block_in_use_on_the_gpu),
         cmocka_unit_test(lazy_mode_stores_hashed_blocks_at_the_gpu_lru_head),
         cmocka_unit_test(reset_waits_for_an_abandoned_store_and_never_caches_it),
         cmocka_unit_test(reset_waits_for_an_abandoned_load),
