@@ -224,6 +224,8 @@ typedef struct kvt_ec_shard_stats {
     uint64_t reclaims, deferred_frees, tombstones_dropped, events_dropped;
     uint32_t records, tombstones, residents, writers;
     uint64_t free_bytes, capacity;
+    uint64_t held_bytes; /* held by writers' reservations, resident entries and frees waiting
+                            for a fence: capacity - free_bytes unless bytes were lost */
 } kvt_ec_shard_stats;
 KVT_API void kvt_ec_shard_get_stats(const kvt_ec_shard *sh, kvt_ec_shard_stats *st);
 /* The stats in Prometheus text (kvtier_ec_shard_* families); *len receives the length,
@@ -424,8 +426,9 @@ KVT_API int kvt_ec_producer_bind_source(kvt_ec_producer *p, const char *mm_hash,
 /* The dispatcher: pushes every record whose source is bound and ready, one batch per consumer
  * (a record still waiting never holds back a ready one): refresh stale reservations, check
  * the source against the spec, write every shard that asked for the bytes, complete on every
- * shard, DONE. Any failure abandons every shard's reservation of the record (FAILED). Returns
- * the records pushed. */
+ * shard, DONE. Any failure abandons every shard's reservation of the record (FAILED); a
+ * completion a shard rejects (it let go of the item meanwhile) is logged and counted, not a
+ * failure. Returns the records pushed. */
 KVT_API int kvt_ec_producer_dispatch(kvt_ec_producer *p);
 /* get_finished: the request's pushes that still have no source are cancelled on every shard
  * (CANCELLED, or FAILED if a shard could not be reached twice). */
@@ -442,7 +445,7 @@ KVT_API int kvt_ec_producer_state(const kvt_ec_producer *p, const char *transfer
 
 typedef struct kvt_ec_producer_stats {
     uint64_t pushes, reused, conflicts, reservations, refreshes, batches, writes, bytes_written;
-    uint64_t completes, abandons, failed, cancelled, done;
+    uint64_t completes, rejected, abandons, failed, cancelled, done;
 } kvt_ec_producer_stats;
 KVT_API void kvt_ec_producer_get_stats(const kvt_ec_producer *p, kvt_ec_producer_stats *st);
 /* The stats in Prometheus text (kvtier_ec_producer_* families, pending records as a gauge). */

@@ -19,6 +19,7 @@
 
 #include "base/array.h"
 #include "base/error.h"
+#include "base/log.h"
 #include "base/map.h"
 #include "base/prom.h"
 #include "ec/ec_key.h"
@@ -399,12 +400,15 @@ static void push_one(kvt_ec_producer *p, prec *r)
         int rc =
             o->complete(o->ctx, r->consumer.s, k, r->t.s, r->t.len, x->r.reservation_id, &accepted);
         p->st.completes++;
-        if (rc || !accepted) {
-            if (!rc)
-                kvt_fail(KVT_EPROTO, "ec producer: shard %u rejected the completion of %s", k,
-                         r->t.s);
+        if (rc) {
             fail(p, r, "completing"); /* every shard abandoned, completed ones too */
             return;
+        }
+        if (!accepted) { /* the consumer let go of it meanwhile (consumed, cancelled, expired):
+                          * nothing to undo, and not a failure of the push ([later] in the
+                          * spec: logged, the batch goes on) */
+            KVT_LOG_I("ec producer: shard %u rejected the completion of %s", k, r->t.s);
+            p->st.rejected++;
         }
     }
     r->state = KVT_ECP_DONE;
@@ -534,6 +538,8 @@ int kvt_ec_producer_prometheus(const kvt_ec_producer *p, char *buf, size_t cap, 
         {"writes_total", "Shard writes.", st->writes, false},
         {"written_bytes_total", "Bytes written to shards.", st->bytes_written, false},
         {"completes_total", "Completions sent.", st->completes, false},
+        {"rejected_total", "Completions a shard rejected (it had let go of the item).",
+         st->rejected, false},
         {"abandons_total", "Reservations abandoned.", st->abandons, false},
         {"failed_total", "Pushes failed.", st->failed, false},
         {"cancelled_total", "Pushes cancelled (request finished without a source).", st->cancelled,

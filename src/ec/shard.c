@@ -1069,6 +1069,16 @@ void kvt_ec_shard_get_stats(const kvt_ec_shard *sh, kvt_ec_shard_stats *st)
     st->writers = kvt_ec_shard_writers(sh);
     st->free_bytes = kvt_slab_free_bytes(sh->slab);
     st->capacity = kvt_slab_capacity(sh->slab);
+    /* what the tables say they hold; capacity - free_bytes when nothing is lost */
+    st->held_bytes = 0;
+    for (uint32_t i = 0; i < sh->n_recs; i++)
+        if (sh->recs[i].used && sh->recs[i].has_alloc)
+            st->held_bytes += sh->recs[i].alloc.rounded;
+    for (uint32_t i = 0; i < sh->n_res; i++)
+        if (sh->res[i].used)
+            st->held_bytes += sh->res[i].view.rounded;
+    for (uint32_t i = 0; i < sh->n_defer; i++)
+        st->held_bytes += sh->defer[i].view.rounded;
 }
 
 /* ---- the consumer worker's step ------------------------------------------------------------ */

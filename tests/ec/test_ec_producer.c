@@ -265,6 +265,33 @@ static void partial_complete_abandons_all_shards_before_releasing_source(void **
     rig_close(&g);
 }
 
+/* The consumer let go of a cached item before the producer's completion arrived: that shard
+ * rejects the completion; the push still finishes (logged, counted), nothing is abandoned. */
+static void notify_completions_tolerates_rejected_reservation(void **state_)
+{
+    (void)state_;
+    rig g;
+    rig_open(&g, 1, 64 * 1024);
+    push(&g, "t0", "h", "r0"); /* h becomes resident on the shard */
+    bind(&g, "h", 0, NULL);
+    kvt_ec_producer_dispatch(g.p);
+    expect_bytes(&g, 0, "t0", "h", 0);
+    push(&g, "t1", "h", "r1"); /* a cached hit there: READY at once */
+    bool done;
+    KVT_OK_(kvt_ec_shard_cancel(g.c.sh[0], "t1", 2, NULL, false, false, &done)); /* consumed */
+    bind(&g, "h", 0, NULL);
+    assert_int_equal(kvt_ec_producer_dispatch(g.p), 1);
+    kvt_ec_push_failure pf[1];
+    if (kvt_ec_producer_take_failures(g.p, pf, 1))
+        fail_msg("%s", pf[0].error);
+    assert_int_equal(pstate(&g, "t1"), KVT_ECP_DONE);
+    kvt_ec_producer_stats st;
+    kvt_ec_producer_get_stats(g.p, &st);
+    assert_int_equal(st.rejected, 1);
+    assert_int_equal(st.failed, 0);
+    rig_close(&g);
+}
+
 static void finished_request_cancels_unbound_reservation(void **state_)
 {
     (void)state_;
@@ -386,6 +413,7 @@ int main(void)
         cmocka_unit_test(invalid_source_fails_before_staging),
         cmocka_unit_test(failed_push_is_reported_not_raised),
         cmocka_unit_test(partial_complete_abandons_all_shards_before_releasing_source),
+        cmocka_unit_test(notify_completions_tolerates_rejected_reservation),
         cmocka_unit_test(finished_request_cancels_unbound_reservation),
         cmocka_unit_test(stale_shards_are_refreshed_before_writing),
         cmocka_unit_test(pushes_into_followers_and_cached_items_write_once),

@@ -353,8 +353,15 @@ static void episode(uint64_t *rng, uint64_t ops)
     c.max_tombstones = 1 + kvt_test_below(rng, 32);
     c.clock = kvt_clock_manual(&S.clock, 1);
     KVT_OK_(kvt_ec_shard_create(&c, &S.sh));
-    for (uint64_t i = 0; i < ops; i++)
+    for (uint64_t i = 0; i < ops; i++) {
         step(rng);
+        /* every byte the allocator gave out is held by a writer, a resident or a fence */
+        kvt_ec_shard_stats st;
+        kvt_ec_shard_get_stats(S.sh, &st);
+        CHECK(st.held_bytes == st.capacity - st.free_bytes,
+              "the tables hold %llu bytes, the allocator gave out %llu",
+              (unsigned long long)st.held_bytes, (unsigned long long)(st.capacity - st.free_bytes));
+    }
     /* the end: every producer finishes, the consumer lets go of everything */
     for (uint32_t t = 0; t < N_T; t++)
         if (S.p[t].active)

@@ -106,7 +106,8 @@ STAT_COUNTERS = ("lookups", "lookup_tokens", "hit_tokens", "hit_blocks", "miss_t
                  "load_blocks", "loads_completed", "store_events", "store_blocks",
                  "stores_completed", "stores_abandoned", "stores_failed",
                  "store_skipped_cached", "store_skipped_in_flight", "store_skipped_unhashed",
-                 "store_skipped_null", "store_dropped_full", "restores", "host_evictions",
+                 "store_skipped_null", "store_dropped_full", "restores",
+                 "restores_dropped_hot", "host_evictions",
                  "stale_reports", "bytes_loaded", "bytes_stored", "resets")
 STAT_GAUGES = ("host_blocks", "host_used_blocks", "host_cached_blocks", "requests",
                "load_events_in_flight", "store_events_in_flight", "pending_store_blocks")
@@ -218,7 +219,7 @@ EC_SHARD_COUNTERS = ("reserves", "writes", "follows", "cached_hits", "completes"
 class kvt_ec_shard_stats(ctypes.Structure):
     _fields_ = ([(n, c_u64) for n in EC_SHARD_COUNTERS] +
                 [(n, c_u32) for n in ("records", "tombstones", "residents", "writers")] +
-                [("free_bytes", c_u64), ("capacity", c_u64)])
+                [("free_bytes", c_u64), ("capacity", c_u64), ("held_bytes", c_u64)])
 
 
 class kvt_ec_sched_config(ctypes.Structure):
@@ -286,7 +287,7 @@ class kvt_ec_producer_config(ctypes.Structure):
 
 
 EC_PRODUCER_COUNTERS = ("pushes", "reused", "conflicts", "reservations", "refreshes", "batches",
-                        "writes", "bytes_written", "completes", "abandons", "failed",
+                        "writes", "bytes_written", "completes", "rejected", "abandons", "failed",
                         "cancelled", "done")
 
 
