@@ -9,11 +9,13 @@
 #   make test-tsan     threaded tests under ThreadSanitizer
 #   make coverage      line coverage of src/ by the test suite (gcovr)
 #   make fuzz          run every libFuzzer target for FUZZ_SECONDS each
+#   make soak          `kvtier demo --soak SOAK_SECONDS` with random faults, under ASan + UBSan
 #   make format-check  clang-format check (CI); `make format` rewrites
 
 BUILD        ?= build
 PREFIX       ?= /usr/local
 FUZZ_SECONDS ?= 30
+SOAK_SECONDS ?= 300
 JOBS         ?= $(shell nproc)
 CMAKE_FLAGS  ?=
 SOURCES       = $(shell find include src tests tools bench fuzz -name '*.[ch]')
@@ -25,7 +27,7 @@ VALGRIND_TESTS = test_pool test_meta_offload test_meta_ec test_offload test_offl
                  test_ec_producer test_ec_planner test_ec_model test_worker test_copy test_link
 
 .PHONY: all deps build test demo bench install test-asan test-tsan coverage fuzz fuzz-build fuzz-corpus \
-        valgrind format format-check clean
+        valgrind soak format format-check clean
 
 all: build
 
@@ -56,6 +58,14 @@ test-asan: deps
 	@cmake --build build-asan -j$(JOBS)
 	cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	    ctest --output-on-failure -j$(JOBS)
+
+# The soak (docs/reliability.md): offload and encoder-cache rounds with random faults for
+# SOAK_SECONDS, in the sanitized build so that a fault that corrupts memory is caught too.
+soak: deps
+	@cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DKVT_SANITIZE=address >/dev/null
+	@cmake --build build-asan -j$(JOBS) --target kvtier_cli
+	cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+	    bin/kvtier demo --soak $(SOAK_SECONDS)
 
 # Line coverage of src/ by the whole test suite (gcovr), printed; HTML in build-cov/coverage/.
 coverage: deps

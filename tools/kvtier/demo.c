@@ -24,12 +24,16 @@
  * Every figure printed is checked: pools must end fully free, loaded bytes must match, round
  * trips must be equal; the exit code says whether all checks passed.
  */
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "bench_util.h"
 #include "demo.h"
+#include "disk/disk_internal.h"
 #include "kvtier/kvtier.h"
 
 #define BT          16u   /* tokens per block */
@@ -58,6 +62,8 @@ struct stats {
     uint64_t prompt_tokens, gpu_hit_tokens, host_hit_tokens, recomputed, evictions, turns;
     uint64_t loaded_blocks, stored_blocks, verified_bytes, bad_blocks;
     uint64_t promoted, written_back;
+    uint64_t faults, resets, recovered, stuck, preemptions, delayed; /* soak */
+    uint64_t leaked_blocks, leaked_requests;
 };
 
 enum { TIER_GPU, TIER_HOST, TIER_DISK };
@@ -75,6 +81,19 @@ struct engine {
     kvt_offload_meta meta;
     kvt_offload_worker_meta wm;
     uint64_t seed;
+    /* soak */
+    const kvt_demo_faults *faults;
+    uint64_t fault_seq, fault_hits; /* updated by the disk's pipeline threads (atomics) */
+    uint64_t torn_failed;           /* the same: torn writes that could not be made */
+    int torn_fd;
+    uint32_t invalid[GPU_BLOCKS]; /* blocks whose load failed this turn */
+    uint32_t n_invalid;
+    uint64_t rng;                 /* the engine's own faults (delays, preemptions) */
+    kvt_offload_worker_meta held; /* a delayed report, applied with a later step's */
+    char held_ids[64][64];        /* and its finished loads */
+    uint32_t n_held;
+    bool holding;
+    uint64_t preemptions, delayed;
 };
 
 static int check(int rc, const char *what)
@@ -114,6 +133,48 @@ static int collect_finished(struct engine *e, kvt_str *all, uint32_t *n_all, uin
     return rc;
 }
 
+static bool chance(struct engine *e, double p)
+{
+    return p > 0 && kvt_rand_below(&e->rng, 1000000) < p * 1e6;
+}
+
+/* Hands the manager this step's report. Under the soak's faults a report is now and then held
+ * back one step (a slow rank) and then delivered before or after the next one (reordered). */
+static int deliver_report(struct engine *e, const kvt_str *fin, uint32_t n_fin)
+{
+    const kvt_demo_faults *f = e->faults;
+    if (f && !e->holding && chance(e, f->delay_report) && n_fin <= 64) {
+        int rc = kvt_offload_worker_meta_aggregate(&e->held, &e->wm);
+        for (uint32_t i = 0; !rc && i < n_fin; i++) {
+            if (fin[i].len >= sizeof(e->held_ids[0]))
+                return check(KVT_ELIMIT, "demo: request id too long to hold");
+            memcpy(e->held_ids[i], fin[i].ptr, fin[i].len);
+            e->held_ids[i][fin[i].len] = 0;
+        }
+        e->n_held = n_fin;
+        e->holding = !rc;
+        e->delayed += !rc;
+        return check(rc, "hold report");
+    }
+    kvt_str held[64];
+    for (uint32_t i = 0; i < e->n_held; i++)
+        held[i] = (kvt_str){e->held_ids[i], (uint32_t)strlen(e->held_ids[i])};
+    bool late_first = chance(e, 0.5);
+    int rc = 0;
+    if (e->holding && late_first)
+        rc = kvt_offload_apply_output(e->off, held, e->n_held, &e->held);
+    if (!rc)
+        rc = kvt_offload_apply_output(e->off, fin, n_fin, &e->wm);
+    if (!rc && e->holding && !late_first)
+        rc = kvt_offload_apply_output(e->off, held, e->n_held, &e->held);
+    if (e->holding) {
+        kvt_offload_worker_meta_clear(&e->held);
+        e->n_held = 0;
+        e->holding = false;
+    }
+    return rc;
+}
+
 static int run_worker(struct engine *e)
 {
     kvt_str fin[64];
@@ -130,17 +191,25 @@ static int run_worker(struct engine *e)
     if (!rc)
         rc = kvt_worker_build_meta(e->worker, &e->wm);
     if (!rc)
-        rc = kvt_offload_apply_output(e->off, fin, n_fin, &e->wm);
+        rc = deliver_report(e, fin, n_fin);
+    if (!rc) /* loads that failed (a disk error under a promotion): recomputed by the turn */
+        e->n_invalid += kvt_worker_take_invalid_blocks(e->worker, e->invalid + e->n_invalid,
+                                                       GPU_BLOCKS - e->n_invalid);
     kvt_worker_clear(e->worker);
     return check(rc, "worker step");
 }
 
 /* Engine steps until nothing is in flight: a load (three tiers: after its promotion), the
- * stores, and the write-backs their completion queues. */
+ * stores, and the write-backs their completion queues. A handful suffice; the soak's delayed
+ * reports add one step each. */
+#define QUIET_STEPS 16
 static int run_until_quiet(struct engine *e, struct stats *st)
 {
-    for (int i = 0; i < 8; i++) {
-        if (check(kvt_offload_build_meta(e->off, false, &e->meta), "build_meta"))
+    for (int i = 0; i < QUIET_STEPS; i++) {
+        /* soak: a preemption in this step makes the workers flush before blocks are reused */
+        bool preempted = e->faults && chance(e, e->faults->preempt);
+        e->preemptions += preempted;
+        if (check(kvt_offload_build_meta(e->off, preempted, &e->meta), "build_meta"))
             return -1;
         st->stored_blocks += e->meta.n_stores;
         st->written_back += e->meta.n_disk_stores;
@@ -149,7 +218,15 @@ static int run_until_quiet(struct engine *e, struct stats *st)
         if (!kvt_offload_has_pending(e->off))
             return 0;
     }
-    return check(KVT_ESTATE, "demo: transfers still pending after 8 steps");
+    st->stuck++;
+    kvt_offload_stats os;
+    kvt_offload_get_stats(e->off, &os);
+    fprintf(stderr,
+            "demo: transfers still pending after %d steps: load events %u, store events %u, "
+            "promotions %u, write-backs %u; %u store blocks pending\n",
+            QUIET_STEPS, os.load_events_in_flight, os.store_events_in_flight,
+            os.disk_load_events_in_flight, os.disk_store_events_in_flight, os.pending_store_blocks);
+    return -1;
 }
 
 /* One turn: prefix lookups, allocation, load, prefill + answer, caching, store, release. */
@@ -189,14 +266,25 @@ static int run_turn(struct engine *e, struct conv *c, uint64_t *rng, struct stat
     uint32_t nb[1] = {need};
     uint32_t loaded = host_hit / BT;
     if (e->off) {
+        e->n_invalid = 0;
         if (check(
                 kvt_offload_after_alloc(e->off, c->id, (uint32_t)strlen(c->id), tab, nb, host_hit),
                 "after_alloc") ||
             run_until_quiet(e, st))
             return -1;
-        /* every loaded block must hold exactly what computing it would have produced */
+        /* every loaded block must hold exactly what computing it would have produced; one the
+         * worker reported invalid (its promotion failed) is recomputed instead, as an engine
+         * does with invalid blocks */
         for (uint32_t b = nhit; b < nhit + loaded; b++) {
             kv_content(hashes + b * KVT_BLOCK_HASH_LEN, expect);
+            bool invalid = false;
+            for (uint32_t k = 0; k < e->n_invalid && !invalid; k++)
+                invalid = e->invalid[k] == ids[b];
+            if (invalid) {
+                memcpy(e->device + (size_t)ids[b] * BLOCK_BYTES, expect, BLOCK_BYTES);
+                st->recovered++;
+                continue;
+            }
             if (memcmp(e->device + (size_t)ids[b] * BLOCK_BYTES, expect, BLOCK_BYTES) != 0)
                 st->bad_blocks++;
             st->verified_bytes += BLOCK_BYTES;
@@ -228,6 +316,17 @@ static int run_turn(struct engine *e, struct conv *c, uint64_t *rng, struct stat
             run_until_quiet(e, st))
             return -1;
     }
+    if (e->off && e->faults && e->faults->reset > 0 &&
+        kvt_rand_below(rng, 1000000) < e->faults->reset * 1e6) {
+        /* a prefix-cache reset (weight update) between turns: "not yet" while transfers run */
+        int rc = KVT_EBUSY;
+        for (int i = 0; i < 8 && rc == KVT_EBUSY; i++)
+            if ((rc = kvt_offload_reset(e->off)) == KVT_EBUSY && run_until_quiet(e, st))
+                return -1;
+        if (check(rc, "reset"))
+            return -1;
+        st->resets++;
+    }
     for (uint32_t i = 0; i < need / 2; i++) { /* free tail first */
         uint32_t t = ids[i];
         ids[i] = ids[need - 1 - i];
@@ -245,10 +344,32 @@ static int run_turn(struct engine *e, struct conv *c, uint64_t *rng, struct stat
     return 0;
 }
 
-static int engine_open(struct engine *e, uint64_t seed, int tiers)
+/* Soak: the disk's pipelines fail a read or write now and then (called from their threads). */
+static int disk_fault(void *ctx, int dir, uint32_t slot, int res)
+{
+    struct engine *e = ctx;
+    uint64_t n = __atomic_fetch_add(&e->fault_seq, 1, __ATOMIC_RELAXED);
+    uint64_t x = (n + 1) * 0x9E3779B97F4A7C15ull ^ e->seed;
+    x ^= x >> 31;
+    x *= 0xBF58476D1CE4E5B9ull;
+    if ((double)(x >> 11) * 0x1.0p-53 >= e->faults->disk_eio)
+        return res;
+    __atomic_fetch_add(&e->fault_hits, 1, __ATOMIC_RELAXED);
+    if (dir == KVT_COPY_STORE && e->torn_fd >= 0) { /* a torn write: the slot holds garbage */
+        static const unsigned char junk[BLOCK_BYTES] = {0xEE, 0xEE, 0xEE, 0xEE};
+        uint64_t sb = kvt_disk_slot_bytes(e->disk);
+        if (pwrite(e->torn_fd, junk, sizeof(junk), (off_t)(slot * sb)) != (ssize_t)sizeof(junk))
+            __atomic_fetch_add(&e->torn_failed, 1, __ATOMIC_RELAXED);
+    }
+    return -EIO;
+}
+
+static int engine_open(struct engine *e, uint64_t seed, int tiers, const kvt_demo_faults *faults)
 {
     memset(e, 0, sizeof(*e));
+    e->torn_fd = -1;
     e->seed = seed;
+    e->faults = faults;
     kvt_pool_config cfg;
     kvt_pool_config_init(&cfg);
     cfg.num_blocks = GPU_BLOCKS;
@@ -292,9 +413,16 @@ static int engine_open(struct engine *e, uint64_t seed, int tiers)
         }
         if (check(rc, "disk") || check(kvt_worker_attach_disk(e->worker, e->disk), "attach disk"))
             return -1;
+        if (e->faults && e->faults->disk_eio > 0) {
+            /* a second descriptor on the rank's file, to tear the writes the hook fails */
+            e->torn_fd = open("kvtier-demo-disk.rank0", O_WRONLY | O_CLOEXEC);
+            kvt_disk_set_fault(e->disk, disk_fault, e);
+        }
     }
     kvt_offload_meta_init(&e->meta);
     kvt_offload_worker_meta_init(&e->wm);
+    kvt_offload_worker_meta_init(&e->held);
+    e->rng = seed ^ 0xfa017u;
     return 0;
 }
 
@@ -325,20 +453,31 @@ const char *kvt_demo_metrics(void)
 
 static int engine_close(struct engine *e, struct stats *st)
 {
-    int bad = kvt_pool_num_free(e->gpu) != GPU_BLOCKS - 1;
+    /* after the last turn every block of every tier must be free again */
+    st->leaked_blocks = GPU_BLOCKS - 1 - kvt_pool_num_free(e->gpu);
+    int bad = st->leaked_blocks != 0;
     if (e->off) {
         if (!e->disk)
             snapshot_metrics(e);
         kvt_offload_stats os;
         kvt_offload_get_stats(e->off, &os);
         st->promoted = os.promotions;
+        st->faults += __atomic_load_n(&e->fault_hits, __ATOMIC_RELAXED);
+        st->preemptions += e->preemptions;
+        st->delayed += e->delayed;
+        st->leaked_blocks += os.host_used_blocks + os.disk_used_blocks;
+        st->leaked_requests = os.requests;
         bad |= kvt_offload_has_pending(e->off) || os.host_used_blocks != 0 || os.requests != 0 ||
-               os.disk_used_blocks != 0 || os.promotions_failed != 0;
+               os.disk_used_blocks != 0 || (os.promotions_failed != 0 && !e->faults);
         kvt_offload_destroy(e->off);
         kvt_offload_meta_release(&e->meta);
         kvt_offload_worker_meta_release(&e->wm);
+        kvt_offload_worker_meta_release(&e->held);
         kvt_worker_destroy(e->worker);
         kvt_disk_destroy(e->disk);
+        if (e->torn_fd >= 0)
+            close(e->torn_fd);
+        bad |= e->torn_failed != 0;
         kvt_layout_destroy(e->mlayout);
         kvt_mirror_destroy(e->mirror);
         kvt_layout_destroy(e->layout);
@@ -349,11 +488,12 @@ static int engine_close(struct engine *e, struct stats *st)
 }
 
 /* Runs the whole workload once; the same seed gives the same conversations. */
-static int run_workload(uint64_t seed, int tiers, struct stats *st, double *secs)
+static int run_workload(uint64_t seed, int tiers, struct stats *st, double *secs,
+                        const kvt_demo_faults *faults)
 {
     struct engine e;
     memset(st, 0, sizeof(*st));
-    if (engine_open(&e, seed, tiers))
+    if (engine_open(&e, seed, tiers, faults))
         return 1;
     uint64_t rng = seed;
     uint32_t sys_tok[N_SYSTEM][SYSTEM_TOK];
@@ -384,9 +524,9 @@ static int part_pool(uint64_t seed)
 {
     struct stats a, b, c;
     double ta, tb, tc;
-    int bad = run_workload(seed, TIER_GPU, &a, &ta);
-    bad |= run_workload(seed, TIER_HOST, &b, &tb);
-    bad |= run_workload(seed, TIER_DISK, &c, &tc);
+    int bad = run_workload(seed, TIER_GPU, &a, &ta, NULL);
+    bad |= run_workload(seed, TIER_HOST, &b, &tb, NULL);
+    bad |= run_workload(seed, TIER_DISK, &c, &tc, NULL);
     printf("1. A multi-turn chat workload on an engine's GPU tier (kvt_pool), then with a host "
            "tier (kvt_offload),\n   then with three tiers (a small host tier and a disk tier "
            "behind it, kvt_disk)\n");
@@ -522,5 +662,112 @@ int kvt_demo_run(uint64_t seed)
            "reference engine\nthat shows identical generated tokens with and without offload "
            "(scheduler and workers in separate\nprocesses over kvt_link).\n");
     printf("\n%s\n", bad ? "demo: FAILED (see above)" : "demo: all checks passed");
+    return bad ? 1 : 0;
+}
+
+/* ---- soak ---------------------------------------------------------------------------------- */
+
+/* The soak's faults make the library warn thousands of times: the lines are counted (errors
+ * still go to stderr) and the count printed in the summary; KVTIER_LOG=warn shows them. */
+static uint64_t g_warnings;
+
+static void soak_log(void *ctx, int level, const char *line)
+{
+    (void)ctx;
+    if (level <= KVT_LOG_ERROR)
+        fprintf(stderr, "%s\n", line);
+    else
+        __atomic_fetch_add(&g_warnings, 1, __ATOMIC_RELAXED);
+}
+
+int kvt_demo_soak(uint64_t seed, double seconds)
+{
+    const kvt_demo_faults f = {.disk_eio = 0.01,
+                               .reset = 0.02,
+                               .delay_report = 0.05,
+                               .preempt = 0.05,
+                               .ec_write_fail = 0.05,
+                               .ec_lost_event = 0.02};
+    bool quiet = getenv("KVTIER_LOG") == NULL;
+    if (quiet)
+        kvt_log_set_handler(soak_log, NULL);
+    printf("kvtier %s soak: %.0f s, seed %llu\n  faults: disk reads and writes failing (EIO) "
+           "%.0f%%, prefix-cache resets after %.0f%% of turns,\n  worker reports delayed and "
+           "reordered %.0f%%, preemption flushes %.0f%% of steps,\n  encoder-cache writes "
+           "failing %.0f%%, readiness events lost %.0f%%\n",
+           kvt_version(), seconds, (unsigned long long)seed, f.disk_eio * 100, f.reset * 100,
+           f.delay_report * 100, f.preempt * 100, f.ec_write_fail * 100, f.ec_lost_event * 100);
+    fflush(stdout);
+    double t0 = kvt_now_s();
+    struct stats tot = {0};
+    kvt_demo_ec_result ect = {0};
+    uint64_t rounds = 0, failed_rounds = 0, leaked_bytes = 0;
+    while (kvt_now_s() - t0 < seconds) {
+        uint64_t s = seed * 1000003u + rounds++;
+        /* KV offload, three tiers: every loaded block verified, every tier free at the end */
+        struct stats st;
+        double secs;
+        int r = run_workload(s, TIER_DISK, &st, &secs, &f);
+        tot.turns += st.turns;
+        tot.recovered += st.recovered;
+        tot.faults += st.faults;
+        tot.resets += st.resets;
+        tot.delayed += st.delayed;
+        tot.preemptions += st.preemptions;
+        tot.bad_blocks += st.bad_blocks;
+        tot.stuck += st.stuck;
+        tot.leaked_blocks += st.leaked_blocks;
+        tot.leaked_requests += st.leaked_requests;
+        tot.verified_bytes += st.verified_bytes;
+        leaked_bytes += st.leaked_blocks * BLOCK_BYTES;
+        /* encoder cache: every served embedding verified, no writer or byte left behind */
+        kvt_demo_ec_result er = {0};
+        int q = kvt_demo_ec_run(s, &f, &er, NULL, false);
+        ect.served += er.served;
+        ect.failed += er.failed;
+        ect.write_faults += er.write_faults;
+        ect.lost_events += er.lost_events;
+        ect.mismatches += er.mismatches;
+        ect.stuck += er.stuck;
+        ect.writers_left += er.writers_left;
+        ect.pending_pushes |= er.pending_pushes;
+        ect.verified_bytes += er.verified_bytes;
+        leaked_bytes += er.leaked_bytes;
+        if (r || q) {
+            failed_rounds++;
+            fprintf(stderr, "soak: round %llu (seed %llu) failed: %s%s\n",
+                    (unsigned long long)rounds - 1, (unsigned long long)s, r ? "offload " : "",
+                    q ? "encoder-cache" : "");
+        }
+    }
+    if (quiet)
+        kvt_log_set_handler(NULL, NULL);
+    uint64_t corrupt = tot.bad_blocks + ect.mismatches;
+    uint64_t stuck = tot.stuck + ect.stuck + ect.pending_pushes;
+    uint64_t leaked = tot.leaked_blocks + tot.leaked_requests + ect.writers_left;
+    uint64_t faults = tot.faults + tot.resets + tot.delayed + tot.preemptions + ect.write_faults +
+                      ect.lost_events;
+    printf("soak: %llu rounds in %.0f s, %llu faults injected\n", (unsigned long long)rounds,
+           kvt_now_s() - t0, (unsigned long long)faults);
+    printf("  KV offload (GPU, host, disk): %llu turns served; %llu disk I/O errors, %llu resets, "
+           "%llu delayed reports, %llu preemption flushes; %llu blocks recomputed after a "
+           "failed load\n",
+           (unsigned long long)tot.turns, (unsigned long long)tot.faults,
+           (unsigned long long)tot.resets, (unsigned long long)tot.delayed,
+           (unsigned long long)tot.preemptions, (unsigned long long)tot.recovered);
+    printf("  encoder cache: %llu requests served, %llu failed (retryable); %llu failed writes, "
+           "%llu lost events\n",
+           (unsigned long long)ect.served, (unsigned long long)ect.failed,
+           (unsigned long long)ect.write_faults, (unsigned long long)ect.lost_events);
+    printf("  verified byte for byte: %.2f GiB; library warnings: %llu\n",
+           (double)(tot.verified_bytes + ect.verified_bytes) / (1 << 30),
+           (unsigned long long)__atomic_load_n(&g_warnings, __ATOMIC_RELAXED));
+    printf("  corrupt blocks or embeddings: %llu\n  leaked blocks: %llu, leaked bytes: %llu, "
+           "leaked requests or writers: %llu\n  stuck requests or pushes: %llu\n",
+           (unsigned long long)corrupt, (unsigned long long)tot.leaked_blocks,
+           (unsigned long long)leaked_bytes,
+           (unsigned long long)(tot.leaked_requests + ect.writers_left), (unsigned long long)stuck);
+    bool bad = failed_rounds || corrupt || leaked || leaked_bytes || stuck || rounds == 0;
+    printf("%s\n", bad ? "soak: FAILED" : "soak: all checks passed");
     return bad ? 1 : 0;
 }

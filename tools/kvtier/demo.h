@@ -2,13 +2,39 @@
 #ifndef KVT_TOOLS_DEMO_H
 #define KVT_TOOLS_DEMO_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 /* Runs the demonstration; returns a process exit code (0 when every check passed). */
 int kvt_demo_run(uint64_t seed);
+
+/* Faults the soak injects (probabilities per event). */
+typedef struct kvt_demo_faults {
+    double disk_eio;      /* a disk read or write fails (EIO) */
+    double reset;         /* a prefix-cache reset after a turn */
+    double delay_report;  /* a worker's report arrives a step late (and out of order) */
+    double preempt;       /* a step preempts: the workers flush before blocks are reused */
+    double ec_write_fail; /* a producer's write into a shard fails */
+    double ec_lost_event; /* a shard's readiness or abandoned event never arrives */
+} kvt_demo_faults;
+
+typedef struct kvt_demo_ec_result {
+    uint64_t served, failed, mismatches, writers_left, stuck, verified_bytes;
+    uint64_t write_faults, lost_events;
+    uint64_t leaked_bytes; /* shard buffer bytes given out that no table holds */
+    bool pending_pushes;
+} kvt_demo_ec_result;
+
 /* Part 3, encoder-cache transfer in process; returns 0 when every check passed and, when
  * metrics is not NULL, the components' Prometheus text (malloc'd) in *metrics. */
 int kvt_demo_ec(uint64_t seed, char **metrics);
+/* The same with faults (may be NULL), its figures in *res (may be NULL), printed or not. */
+int kvt_demo_ec_run(uint64_t seed, const kvt_demo_faults *faults, kvt_demo_ec_result *res,
+                    char **metrics, bool print);
+/* `kvtier demo --soak SECONDS`: rounds of the offload (three tiers) and encoder-cache
+ * workloads with random faults until the time is up, then a summary; 0 when nothing was
+ * corrupt, leaked or stuck. */
+int kvt_demo_soak(uint64_t seed, double seconds);
 /* Prometheus text of the last host-tier run (NULL before one). */
 const char *kvt_demo_metrics(void);
 /* Serves text at http://0.0.0.0:port/metrics (port 0: any free port, printed) for seconds

@@ -60,6 +60,51 @@ static struct {
     uint64_t verified_bytes, mismatches, served, failed, evictions;
 } D;
 
+/* Soak faults: the consumer's shards behind a layer that fails writes at random. */
+struct faulty {
+    kvt_ec_consumer_ops inner;
+    double p_write;
+    uint64_t rng, injected;
+};
+
+static int f_shards(void *ctx, const char *c, uint32_t *n)
+{
+    struct faulty *f = ctx;
+    return f->inner.shards(f->inner.ctx, c, n);
+}
+
+static int f_reserve(void *ctx, const char *c, uint32_t k, const char *t, uint32_t len,
+                     const kvt_ec_item *it, kvt_ec_reply *out)
+{
+    struct faulty *f = ctx;
+    return f->inner.reserve(f->inner.ctx, c, k, t, len, it, out);
+}
+
+static int f_write(void *ctx, const char *c, uint32_t k, const kvt_ec_reply *dst, const void *src,
+                   uint64_t n)
+{
+    struct faulty *f = ctx;
+    if (f->p_write > 0 && kvt_rand_below(&f->rng, 1000000) < f->p_write * 1e6) {
+        f->injected++;
+        return kvt_fail(KVT_EIO, "soak: injected write failure on shard %u", k);
+    }
+    return f->inner.write(f->inner.ctx, c, k, dst, src, n);
+}
+
+static int f_complete(void *ctx, const char *c, uint32_t k, const char *t, uint32_t len,
+                      const char *rid, bool *accepted)
+{
+    struct faulty *f = ctx;
+    return f->inner.complete(f->inner.ctx, c, k, t, len, rid, accepted);
+}
+
+static int f_cancel(void *ctx, const char *c, uint32_t k, const char *t, uint32_t len,
+                    const char *rid, bool abandon, bool refresh)
+{
+    struct faulty *f = ctx;
+    return f->inner.cancel(f->inner.ctx, c, k, t, len, rid, abandon, refresh);
+}
+
 static int find_img(const char *h, uint32_t len)
 {
     for (uint32_t i = 0; i < N_IMAGES; i++)
@@ -136,8 +181,12 @@ static int evict(kvt_ec_sched *sched, uint32_t keep)
     return 0;
 }
 
-int kvt_demo_ec(uint64_t seed, char **metrics)
+int kvt_demo_ec_run(uint64_t seed, const kvt_demo_faults *fl, kvt_demo_ec_result *res,
+                    char **metrics, bool print)
 {
+    static const kvt_demo_faults none;
+    if (!fl)
+        fl = &none;
     memset(&D, 0, sizeof(D));
     uint64_t rng = seed * 2654435761u + 17;
     kvt_manual_clock clock;
@@ -173,7 +222,9 @@ int kvt_demo_ec(uint64_t seed, char **metrics)
     scfg.resident_capacity = POOL_BYTES;
     kvt_ec_producer_config pcfg;
     kvt_ec_producer_config_init(&pcfg);
-    pcfg.ops = kvt_ec_local_consumer_ops(&lc);
+    struct faulty fy = {kvt_ec_local_consumer_ops(&lc), fl->ec_write_fail, seed ^ 0x5eed, 0};
+    pcfg.ops = (kvt_ec_consumer_ops){f_shards, f_reserve, f_write, f_complete, f_cancel, &fy};
+    uint64_t lost = 0;
     pcfg.clock = kvt_clock_manual(&clock, clock.now_ns);
     kvt_ec_sched *sched = NULL;
     kvt_ec_producer *prod = NULL;
@@ -194,7 +245,9 @@ int kvt_demo_ec(uint64_t seed, char **metrics)
     kvt_ec_worker_meta_init(&prep);
     double t0 = kvt_now_s();
     uint32_t next = 0, steps = 0;
-    while (!rc && D.served + D.failed < N_REQUESTS && steps < 10000) {
+    /* until every request is served or failed and the encoder has nothing left to push */
+    while (!rc && (D.served + D.failed < N_REQUESTS || kvt_ec_producer_pending(prod)) &&
+           steps < 10000) {
         steps++;
         kvt_clock_manual_advance(&clock, 1000000000ull);
         /* a new request every step, until all have arrived (the proxy sends it to the prefill
@@ -251,6 +304,11 @@ int kvt_demo_ec(uint64_t seed, char **metrics)
             uint32_t n;
             while (!rc && (n = kvt_ec_shard_take_events(shards[k], ev, 16)) > 0)
                 for (uint32_t i = 0; !rc && i < n; i++) {
+                    if (fl->ec_lost_event > 0 &&
+                        kvt_rand_below(&rng, 1000000) < fl->ec_lost_event * 1e6) {
+                        lost++; /* a message that never arrives */
+                        continue;
+                    }
                     if (ev[i].abandoned) {
                         rc = kvt_ec_sched_observe_abandoned(sched, ev[i].transfer_id,
                                                             (uint32_t)strlen(ev[i].transfer_id));
@@ -312,7 +370,18 @@ int kvt_demo_ec(uint64_t seed, char **metrics)
         char failed[16][KVT_EC_KEY_MAX + 1];
         uint32_t nf;
         while (!rc && (nf = kvt_ec_sched_take_unavailable(sched, failed, 16)) > 0)
-            D.failed += nf;
+            for (uint32_t i = 0; !rc && i < nf; i++) { /* the engine fails them (retryable) */
+                uint32_t len = (uint32_t)strlen(failed[i]);
+                rc = kvt_ec_sched_request_finished(sched, failed[i], len);
+                if (!rc)
+                    rc = kvt_ec_planner_request_finished(plan, failed[i], len);
+                if (!rc)
+                    rc = kvt_ec_producer_request_finished(prod, failed[i], len);
+                for (uint32_t j = 0; j < N_REQUESTS; j++)
+                    if (D.req[j].active && strcmp(D.req[j].id, failed[i]) == 0)
+                        D.req[j].active = false;
+                D.failed++;
+            }
         /* cancels go to both shards */
         uint32_t nc;
         while (!rc && (nc = kvt_ec_sched_take_cancels(sched, failed, 16)) > 0)
@@ -357,30 +426,55 @@ int kvt_demo_ec(uint64_t seed, char **metrics)
     kvt_ec_producer_get_stats(prod, &ps);
     kvt_ec_sched_get_stats(sched, &ss);
     kvt_ec_shard_get_stats(shards[0], &st0);
-    uint64_t writers = 0;
-    for (uint32_t k = 0; k < SHARDS; k++)
-        writers += kvt_ec_shard_writers(shards[k]);
-    printf("\n3. Encoder-cache transfer: an encoder pushes image embeddings into a prefill "
-           "instance with %u TP shards\n   (kvt_ec_planner, kvt_ec_producer -> kvt_ec_shard x %u "
-           "-> kvt_ec_sched; in one process until the network lands)\n",
-           SHARDS, SHARDS);
-    printf("   %u requests with 1-3 of %u images (128-512 KiB of bf16 embeddings each); encoder "
-           "cache of %u images per rank\n",
-           N_REQUESTS, N_IMAGES, CACHE_KEEP);
-    printf("   requests served %llu, failed %llu, in %u steps (%.1f ms)\n",
-           (unsigned long long)D.served, (unsigned long long)D.failed, steps, secs * 1e3);
-    printf("   pushes %llu: %llu written to the shards (%.1f MiB), the rest shared or already "
-           "resident; %llu loads, %llu of them local handoffs from the shards' pools after %llu "
-           "evictions\n",
-           (unsigned long long)ps.pushes, (unsigned long long)ps.writes,
-           (double)ps.bytes_written / (1 << 20), (unsigned long long)ss.loads_started,
-           (unsigned long long)ss.local_loads, (unsigned long long)D.evictions);
-    printf("   %.1f MiB of embeddings compared byte for byte on every rank: %llu mismatches; "
-           "shards end with %llu active writers\n",
-           (double)D.verified_bytes / (1 << 20), (unsigned long long)D.mismatches,
-           (unsigned long long)writers);
-    int bad = rc != 0 || D.served != N_REQUESTS || D.failed || D.mismatches || writers ||
-              ss.local_loads == 0 || ps.writes == 0;
+    uint64_t writers = 0, leaked = 0;
+    for (uint32_t k = 0; k < SHARDS; k++) {
+        kvt_ec_shard_stats hs;
+        kvt_ec_shard_get_stats(shards[k], &hs);
+        writers += hs.writers;
+        leaked += hs.capacity - hs.free_bytes - hs.held_bytes;
+    }
+    if (res) {
+        res->served = D.served;
+        res->failed = D.failed;
+        res->mismatches = D.mismatches;
+        res->writers_left = writers;
+        res->write_faults = fy.injected;
+        res->lost_events = lost;
+        res->leaked_bytes = leaked;
+        res->stuck = D.served + D.failed < N_REQUESTS ? N_REQUESTS - D.served - D.failed : 0;
+        res->pending_pushes = kvt_ec_producer_pending(prod);
+        res->verified_bytes = D.verified_bytes;
+    }
+    if (print) {
+        printf(
+            "\n3. Encoder-cache transfer: an encoder pushes image embeddings into a prefill "
+            "instance with %u TP shards\n   (kvt_ec_planner, kvt_ec_producer -> kvt_ec_shard x %u "
+            "-> kvt_ec_sched; in one process until the network lands)\n",
+            SHARDS, SHARDS);
+        printf(
+            "   %u requests with 1-3 of %u images (128-512 KiB of bf16 embeddings each); encoder "
+            "cache of %u images per rank\n",
+            N_REQUESTS, N_IMAGES, CACHE_KEEP);
+        printf("   requests served %llu, failed %llu, in %u steps (%.1f ms)\n",
+               (unsigned long long)D.served, (unsigned long long)D.failed, steps, secs * 1e3);
+        printf(
+            "   pushes %llu: %llu written to the shards (%.1f MiB), the rest shared or already "
+            "resident; %llu loads, %llu of them local handoffs from the shards' pools after %llu "
+            "evictions\n",
+            (unsigned long long)ps.pushes, (unsigned long long)ps.writes,
+            (double)ps.bytes_written / (1 << 20), (unsigned long long)ss.loads_started,
+            (unsigned long long)ss.local_loads, (unsigned long long)D.evictions);
+        printf("   %.1f MiB of embeddings compared byte for byte on every rank: %llu mismatches; "
+               "shards end with %llu active writers\n",
+               (double)D.verified_bytes / (1 << 20), (unsigned long long)D.mismatches,
+               (unsigned long long)writers);
+    }
+    /* without faults every request is served; with them, some fail (retryably), none is
+     * corrupt or stuck, nothing is left to a writer */
+    bool faults = fl->ec_write_fail > 0 || fl->ec_lost_event > 0;
+    int bad = rc != 0 || D.mismatches || writers || leaked || D.served + D.failed != N_REQUESTS ||
+              kvt_ec_producer_pending(prod) ||
+              (!faults && (D.failed || ss.local_loads == 0 || ps.writes == 0));
     if (metrics && !rc) { /* their Prometheus text (shard 0 stands for both), for /metrics */
         size_t a = 0, b = 0, c = 0, n;
         kvt_ec_sched_prometheus(sched, NULL, 0, &a);
@@ -409,4 +503,9 @@ int kvt_demo_ec(uint64_t seed, char **metrics)
     for (uint32_t i = 0; i < N_IMAGES; i++)
         free(D.img[i].bytes);
     return bad;
+}
+
+int kvt_demo_ec(uint64_t seed, char **metrics)
+{
+    return kvt_demo_ec_run(seed, NULL, NULL, metrics, true);
 }

@@ -123,11 +123,12 @@ static int cmd_demo(int argc, char **argv)
 {
     uint64_t seed = 1, port = 0;
     bool serve = false;
-    double seconds = -1;
+    double seconds = -1, soak = 0;
     for (int i = 0; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             printf(
                 "kvtier demo [--seed N] [--metrics-port P [--metrics-seconds S]]\n"
+                "kvtier demo --soak SECONDS [--seed N]\n"
                 "  Runs the end-to-end demonstration: a multi-turn chat workload on the GPU\n"
                 "  tier, with a host tier, with three tiers (host + disk); one step's metadata\n"
                 "  across the wire; encoder-cache transfer between an encoder and a 2-shard\n"
@@ -136,9 +137,23 @@ static int cmd_demo(int argc, char **argv)
                 "  --metrics-port P     then serve the runs' Prometheus metrics at\n"
                 "                       http://0.0.0.0:P/metrics (0: any free port, printed)\n"
                 "  --metrics-seconds S  serve for S seconds (default: until interrupted)\n"
+                "  --soak SECONDS       instead, rounds of the three-tier offload and the\n"
+                "                       encoder-cache workloads with random faults (disk EIO\n"
+                "                       and torn writes, resets, delayed and reordered worker\n"
+                "                       reports, preemption flushes, failed encoder-cache\n"
+                "                       writes, lost readiness events) until SECONDS passed;\n"
+                "                       then a summary. Exit code 0 only if nothing was\n"
+                "                       corrupt, leaked or stuck (docs/reliability.md).\n"
                 "  The three-tier run creates kvtier-demo-disk.rank0 in the working directory\n"
                 "  (a file system with O_DIRECT, or buffered I/O is used) and removes it.\n");
             return 0;
+        } else if (strcmp(argv[i], "--soak") == 0 && i + 1 < argc) {
+            char *end;
+            soak = strtod(argv[++i], &end);
+            if (*end || soak <= 0) {
+                fprintf(stderr, "kvtier demo: --soak wants a number of seconds > 0\n");
+                return 2;
+            }
         } else if (strcmp(argv[i], "--seed") == 0 && i + 1 < argc) {
             if (parse_u64(argv[++i], &seed)) {
                 fprintf(stderr, "kvtier demo: --seed wants an integer\n");
@@ -162,6 +177,8 @@ static int cmd_demo(int argc, char **argv)
             return 2;
         }
     }
+    if (soak > 0)
+        return kvt_demo_soak(seed, soak);
     int rc = kvt_demo_run(seed);
     if (serve && kvt_demo_metrics())
         rc |= kvt_serve_metrics((unsigned)port, kvt_demo_metrics(), seconds);
