@@ -7,7 +7,8 @@
  *   - no destination handed to a writer overlaps one an earlier writer may still write (a
  *     producer owns its destination from write=true until it completes or abandons it);
  *   - every call returns 0 or a KVT_E* code with a message, never anything else;
- *   - the free bytes never exceed the capacity; after every producer finished, the shard can
+ *   - the free bytes never exceed the capacity, and every byte given out is held by a writer,
+ *     a resident entry or a fence (held_bytes); after every producer finished, the shard can
  *     be destroyed (no writer left) and the whole buffer allocated again.
  */
 #include <stdint.h>
@@ -133,6 +134,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         kvt_ec_shard_stats st;
         kvt_ec_shard_get_stats(sh, &st);
         check(st.free_bytes <= st.capacity);
+        check(st.held_bytes == st.capacity - st.free_bytes); /* nothing given out is lost */
     }
     for (int t = 0; t < N_T; t++) /* every producer finishes */
         if (p[t].active) {

@@ -310,10 +310,15 @@ static int send_to_all(kvt_link_sched *s, uint32_t type, const void *meta, size_
 {
     uint8_t hdr[KVT_LINK_HDR_LEN];
     kvt_link_hdr_encode(hdr, type, s->step);
+    for (uint32_t r = 0; r < s->world; r++)
+        if (!s->ranks[r].known)
+            return kvt_fail(KVT_ESTATE, "link: rank %u never said hello (call accept first)", r);
+    /* every live rank hears the message even if one is gone (the first error is returned):
+     * the ranks that are there run the same steps and all hear a stop */
+    int first = 0;
+    char msg[512];
     for (uint32_t r = 0; r < s->world; r++) {
         rank_slot *rs = &s->ranks[r];
-        if (!rs->known)
-            return kvt_fail(KVT_ESTATE, "link: rank %u never said hello (call accept first)", r);
         bool step = type == KVT_LINK_STEP;
         int rc = send_part(s->sock, rs->id, rs->id_len, true);
         if (!rc)
@@ -322,10 +327,15 @@ static int send_to_all(kvt_link_sched *s, uint32_t type, const void *meta, size_
             rc = send_part(s->sock, meta, meta_len, true);
         if (!rc && step)
             rc = send_part(s->sock, payload, len, false);
-        if (rc)
-            return kvt_fail_wrap(rc, r == 0 ? "link: rank 0" : "link: a rank");
+        if (rc && !first) {
+            char what[64];
+            snprintf(what, sizeof(what), "link: sending step %llu to rank %u",
+                     (unsigned long long)s->step, r);
+            first = kvt_fail_wrap(rc, what);
+            snprintf(msg, sizeof(msg), "%s", kvt_last_error());
+        }
     }
-    return 0;
+    return first ? kvt_fail(first, "%s", msg) : 0;
 }
 
 /* Receives one reply and files it under its rank. Stale replies are dropped. */
@@ -471,6 +481,29 @@ static int aggregate(kvt_link_sched *s, kvt_link_result *res)
     return 0;
 }
 
+/* A step timed out: names the ranks that did not answer (a dead, hung or partitioned
+ * worker), so the operator knows which process to look at. */
+static int silent_ranks(const kvt_link_sched *s, int timeout_ms)
+{
+    char list[96];
+    size_t n = 0;
+    uint32_t silent = 0;
+    list[0] = 0;
+    for (uint32_t r = 0; r < s->world; r++) {
+        if (s->ranks[r].replied)
+            continue;
+        if (silent++ < 8 && n < sizeof(list)) {
+            int k = snprintf(list + n, sizeof(list) - n, "%s%u", n ? ", " : "", r);
+            n += k > 0 ? (size_t)k : 0;
+        }
+    }
+    return kvt_fail(KVT_EIO,
+                    "link: step %llu timed out after %d ms: %u of %u ranks did not answer "
+                    "(%s%s)",
+                    (unsigned long long)s->step, timeout_ms, silent, s->world, list,
+                    silent > 8 ? ", ..." : "");
+}
+
 int kvt_link_sched_step(kvt_link_sched *s, const kvt_offload_meta *meta, const void *payload,
                         size_t len, int timeout_ms, kvt_link_result *res)
 {
@@ -493,6 +526,8 @@ int kvt_link_sched_step(kvt_link_sched *s, const kvt_offload_meta *meta, const v
     uint32_t got = 0;
     while (got < s->world) {
         rc = wait_readable(s->sock, dl, timeout_ms, "worker replies");
+        if (rc == KVT_EIO)
+            return silent_ranks(s, timeout_ms);
         if (!rc)
             rc = collect_one(s, &got);
         if (rc)

@@ -12,6 +12,8 @@
 #include "worker/link_internal.h"
 
 #define TIMEOUT 10000
+#define SHORT   300 /* ms: a step's wait when a rank is expected to stay silent */
+#define LATE_MS 600
 
 static char g_ep[128];
 static int g_ep_seq;
@@ -122,7 +124,8 @@ static void test_handshake_aggregation_and_failure(void **state)
  * frames `bad` chooses. */
 typedef struct rogue {
     uint32_t rank, world;
-    int mode; /* 0 well-formed, 1 garbage status frame, 2 reply claiming another rank */
+    int mode; /* 0 well-formed, 1 garbage status frame, 2 reply claiming another rank,
+                 3 dies after answering step 1, 4 answers step 1 late (after LATE_MS) */
     int steps;
 } rogue;
 
@@ -156,6 +159,8 @@ static void *rogue_main(void *arg)
         while (zmq_getsockopt(sock, ZMQ_RCVMORE, &more, &ml) == 0 && more)
             zmq_recv(sock, buf, sizeof(buf), 0);
         r->steps++;
+        if (r->mode == 4 && r->steps == 1)
+            usleep(LATE_MS * 1000);
         kvt_link_hdr_encode(hdr, KVT_LINK_REPLY, step);
         uint8_t st[64];
         kvt_link_status_encode(st, r->mode == 2 ? (r->rank + 1) % r->world : r->rank, 0, NULL, 0,
@@ -171,6 +176,8 @@ static void *rogue_main(void *arg)
         zmq_send(sock, hdr, sizeof(hdr), ZMQ_SNDMORE);
         zmq_send(sock, st, st_len, ZMQ_SNDMORE);
         zmq_send(sock, wbuf, wlen, 0);
+        if (r->mode == 3)
+            break; /* killed after its first answer: the socket goes away without a word */
     }
     zmq_close(sock);
     zmq_ctx_term(ctx);
@@ -247,6 +254,65 @@ static void test_handshake_errors_and_timeouts(void **state)
     KVT_ERR_(kvt_link_worker_create(g_ep, 0, 2, 1, &w), KVT_EINVAL);
 }
 
+/* ZeroMQ endpoint faults: a worker that dies mid-run, one that answers too late. */
+static void test_a_dead_rank_fails_the_step_by_name(void **state)
+{
+    (void)state;
+    new_endpoint();
+    kvt_link_sched *s;
+    KVT_OK_(kvt_link_sched_create(g_ep, 2, &s));
+    rogue r[2] = {{0, 2, 0, 0}, {1, 2, 3, 0}};
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++)
+        pthread_create(&th[i], NULL, rogue_main, &r[i]);
+    uint32_t blocks;
+    KVT_OK_(kvt_link_sched_accept(s, TIMEOUT, &blocks));
+    kvt_offload_meta meta;
+    kvt_offload_meta_init(&meta);
+    kvt_link_result res;
+    KVT_OK_(kvt_link_sched_step(s, &meta, NULL, 0, TIMEOUT, &res));
+    pthread_join(th[1], NULL); /* rank 1 is gone before step 2 */
+    /* either ZeroMQ already knows the peer is gone (the send fails) or the step times out;
+     * both name rank 1 */
+    KVT_ERR_(kvt_link_sched_step(s, &meta, NULL, 0, SHORT, &res), KVT_EIO);
+    assert_true(strstr(kvt_last_error(), "1 of 2 ranks did not answer (1)") ||
+                strstr(kvt_last_error(), "sending step 2 to rank 1"));
+    /* the stop reaches rank 0 whether or not sending to the dead rank fails */
+    int rc = kvt_link_sched_stop(s);
+    assert_true(rc == KVT_OK || (rc == KVT_EIO && strstr(kvt_last_error(), "to rank 1")));
+    pthread_join(th[0], NULL);
+    assert_int_equal(r[0].steps, 2);
+    kvt_link_sched_destroy(s);
+    kvt_offload_meta_release(&meta);
+}
+
+static void test_a_late_reply_is_dropped_and_the_next_step_works(void **state)
+{
+    (void)state;
+    new_endpoint();
+    kvt_link_sched *s;
+    KVT_OK_(kvt_link_sched_create(g_ep, 2, &s));
+    rogue r[2] = {{0, 2, 0, 0}, {1, 2, 4, 0}};
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++)
+        pthread_create(&th[i], NULL, rogue_main, &r[i]);
+    uint32_t blocks;
+    KVT_OK_(kvt_link_sched_accept(s, TIMEOUT, &blocks));
+    kvt_offload_meta meta;
+    kvt_offload_meta_init(&meta);
+    kvt_link_result res;
+    KVT_ERR_(kvt_link_sched_step(s, &meta, NULL, 0, SHORT, &res), KVT_EIO);
+    assert_non_null(strstr(kvt_last_error(), "(1)"));
+    /* rank 1's answer to step 1 arrives during step 2 and is dropped; both answer step 2 */
+    KVT_OK_(kvt_link_sched_step(s, &meta, NULL, 0, TIMEOUT, &res));
+    KVT_OK_(kvt_link_sched_stop(s));
+    for (int i = 0; i < 2; i++)
+        pthread_join(th[i], NULL);
+    assert_int_equal(r[1].steps, 2);
+    kvt_link_sched_destroy(s);
+    kvt_offload_meta_release(&meta);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -254,6 +320,8 @@ int main(void)
         cmocka_unit_test(test_malformed_replies_are_refused_and_the_next_step_works),
         cmocka_unit_test(test_a_reply_claiming_another_rank_is_refused),
         cmocka_unit_test(test_handshake_errors_and_timeouts),
+        cmocka_unit_test(test_a_dead_rank_fails_the_step_by_name),
+        cmocka_unit_test(test_a_late_reply_is_dropped_and_the_next_step_works),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
