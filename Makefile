@@ -20,7 +20,7 @@ JOBS         ?= $(shell nproc)
 CMAKE_FLAGS  ?=
 SOURCES       = $(shell find include src tests tools bench fuzz -name '*.[ch]')
 FUZZ_TARGETS  = offload_meta offload_worker_meta ec_meta ec_worker_meta ec_load_spec ec_push_spec \
-                link ec_shard
+                link ec_shard ec_ctl
 
 VALGRIND_TESTS = test_pool test_meta_offload test_meta_ec test_offload test_offload_tiers \
                  test_offload_model test_slab test_ec_shard test_ec_shard_model test_ec_sched \

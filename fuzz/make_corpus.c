@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <sys/stat.h>
 
+#include "ec/ctl.h"
 #include "meta/meta_samples.h"
 #include "worker/link_internal.h"
 
@@ -59,6 +60,94 @@ static int link_seeds(const char *dir)
     return write_file(path, buf, 1 + kvt_link_status_size(3, 12));
 }
 
+/* Seeds of fuzz_ec_ctl: selector byte (0 request, 1 reply, 2 event), then the message. */
+static int ec_ctl_seed(const char *dir, int n, uint8_t sel, const uint8_t *msg, size_t len)
+{
+    static uint8_t buf[1 << 16];
+    char path[512];
+    buf[0] = sel;
+    memcpy(buf + 1, msg, len);
+    snprintf(path, sizeof(path), "%s/ec_ctl/seed-%d", dir, n);
+    return write_file(path, buf, len + 1);
+}
+
+static int ec_ctl_seeds(const char *dir)
+{
+    char path[512];
+    snprintf(path, sizeof(path), "%s/ec_ctl", dir);
+    if (mkdir(path, 0755) != 0 && errno != EEXIST) {
+        perror(path);
+        return 1;
+    }
+    static uint8_t msg[1 << 15];
+    size_t len;
+    int n = 0, rc = 0;
+    const char *rid = "0123456789abcdef0123456789abcdef";
+    kvt_ecc_request q;
+    kvt_ecc_request_init(&q);
+    for (uint32_t op = KVT_ECC_PEERS; op <= KVT_ECC_CANCEL && !rc; op++) {
+        kvt_ecc_request_begin(&q, op);
+        uint32_t items = op <= KVT_ECC_EVENT_PORT ? 0 : op == KVT_ECC_RESERVE_BATCH ? 2 : 1;
+        for (uint32_t i = 0; i < items; i++) {
+            kvt_ecc_item it = {.transfer_id = {"xfer-1", 6},
+                               .mm_hash = {"img-1", 5},
+                               .nbytes = 512,
+                               .ndim = 2,
+                               .shape = {4, 64},
+                               .dtype = {"bfloat16", 8},
+                               .reservation_id = {rid, 32},
+                               .abandon = true};
+            kvt_ecc_request_add(&q, &it);
+        }
+        rc = kvt_ecc_request_encode(&q, msg, sizeof(msg), &len) ||
+             ec_ctl_seed(dir, n++, 0, msg, len);
+    }
+    kvt_ecc_request_release(&q);
+    kvt_ecc_reply p;
+    kvt_ecc_reply_init(&p);
+    kvt_ecc_reply_begin(&p, KVT_ECC_PEERS);
+    p.n_ports = 2, p.ports[0] = 19000, p.ports[1] = 19001;
+    rc = rc || kvt_ecc_reply_encode(&p, msg, sizeof(msg), &len) ||
+         ec_ctl_seed(dir, n++, 1, msg, len);
+    kvt_ecc_reply_begin(&p, KVT_ECC_RESERVE_BATCH);
+    kvt_ecc_result x = {
+        .reservation_id = {rid, 32}, .offset = 256, .nbytes = 512, .tag = 7, .write = true};
+    kvt_ecc_result bad = {.code = KVT_ENOSPC, .error = {"pool full", 9}};
+    kvt_ecc_reply_add(&p, &x);
+    kvt_ecc_reply_add(&p, &bad);
+    rc = rc || kvt_ecc_reply_encode(&p, msg, sizeof(msg), &len) ||
+         ec_ctl_seed(dir, n++, 1, msg, len);
+    kvt_ecc_reply_begin(&p, KVT_ECC_STATUS);
+    kvt_ecc_result st = {.found = true,
+                         .mm_hash = {"img-1", 5},
+                         .reservation_id = {rid, 32},
+                         .nbytes = 512,
+                         .ndim = 2,
+                         .shape = {4, 64},
+                         .dtype = {"bfloat16", 8}};
+    kvt_ecc_reply_add(&p, &st);
+    rc = rc || kvt_ecc_reply_encode(&p, msg, sizeof(msg), &len) ||
+         ec_ctl_seed(dir, n++, 1, msg, len);
+    kvt_ecc_reply_begin(&p, KVT_ECC_COMPLETE);
+    kvt_ecc_reply_fail(&p, KVT_ESTATE, "shutting down");
+    rc = rc || kvt_ecc_reply_encode(&p, msg, sizeof(msg), &len) ||
+         ec_ctl_seed(dir, n++, 1, msg, len);
+    kvt_ecc_reply_release(&p);
+    kvt_ecc_event e = {.transfer_id = {"xfer-1", 6},
+                       .mm_hash = {"img-1", 5},
+                       .reservation_id = {rid, 32},
+                       .dtype = {"bfloat16", 8},
+                       .nbytes = 512,
+                       .ndim = 2,
+                       .shape = {4, 64},
+                       .shard = 1};
+    rc = rc || kvt_ecc_event_encode(&e, msg, sizeof(msg), &len) ||
+         ec_ctl_seed(dir, n++, 2, msg, len);
+    if (rc)
+        fprintf(stderr, "make_corpus: ec_ctl: %s\n", kvt_last_error());
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     const char *dir = argc > 1 ? argv[1] : "fuzz/corpus";
@@ -88,5 +177,5 @@ int main(int argc, char **argv)
                 return 1;
         }
     }
-    return link_seeds(dir);
+    return link_seeds(dir) || ec_ctl_seeds(dir);
 }

@@ -128,6 +128,9 @@ typedef struct kvt_ec_ready_event {
     char mm_hash[KVT_EC_KEY_MAX + 1];
     char reservation_id[KVT_EC_RID_LEN + 1];
     uint64_t nbytes;
+    uint32_t ndim; /* the tensor, as reserved */
+    uint64_t shape[KVT_EC_MAX_DIMS];
+    char dtype[24];
     bool abandoned; /* an abandoned writer or follower: the waiting request fails at once */
 } kvt_ec_ready_event;
 

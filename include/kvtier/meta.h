@@ -48,7 +48,10 @@ enum kvt_meta_kind {
     KVT_META_EC = 3,
     KVT_META_EC_WORKER = 4,
     KVT_META_EC_LOAD_SPEC = 5,
-    KVT_META_EC_PUSH_SPEC = 6
+    KVT_META_EC_PUSH_SPEC = 6,
+    KVT_META_EC_CTL_REQUEST = 7, /* encoder-cache control plane (internal to kvtier) */
+    KVT_META_EC_CTL_REPLY = 8,
+    KVT_META_EC_CTL_EVENT = 9
 };
 
 /* A string inside a message: len bytes at ptr (also NUL-terminated). */

@@ -179,6 +179,9 @@ static void push_event(kvt_ec_shard *sh, const rec *r, bool abandoned)
     memcpy(e->mm_hash, r->h.s, r->h.len + 1);
     memcpy(e->reservation_id, r->rid, sizeof(e->reservation_id));
     e->nbytes = r->d.nbytes;
+    e->ndim = r->d.ndim;
+    memcpy(e->shape, r->d.shape, sizeof(e->shape));
+    memcpy(e->dtype, r->d.dtype, sizeof(e->dtype));
     e->abandoned = abandoned;
 }
 

@@ -27,7 +27,7 @@
 
 /* ---- specs ----------------------------------------------------------------------------- */
 
-static int check_dtype(kvt_str d)
+int kvt_meta_check_dtype(kvt_str d)
 {
     if (d.len < 1 || d.len > DTYPE_MAX || !d.ptr)
         return kvt_fail(KVT_EINVAL, "dtype: length %u not in 1..%u", d.len, DTYPE_MAX);
@@ -39,9 +39,9 @@ static int check_dtype(kvt_str d)
     return 0;
 }
 
-static int check_tensor(uint64_t nbytes, uint32_t ndim, const uint64_t *shape, kvt_str dtype)
+int kvt_meta_check_tensor(uint64_t nbytes, uint32_t ndim, const uint64_t *shape, kvt_str dtype)
 {
-    int rc = check_dtype(dtype);
+    int rc = kvt_meta_check_dtype(dtype);
     if (rc)
         return rc;
     if (ndim > KVT_EC_MAX_DIMS)
@@ -67,7 +67,7 @@ int kvt_ec_load_spec_validate(const kvt_ec_load_spec *s)
         return kvt_fail(KVT_EINVAL, "meta: NULL load spec");
     if ((rc = kvt_meta_check_str(s->mm_hash, 1, "load spec mm_hash")) ||
         (rc = kvt_meta_check_str(s->transfer_id, 1, "load spec transfer_id")) ||
-        (rc = check_tensor(s->nbytes, s->ndim, s->shape, s->dtype)))
+        (rc = kvt_meta_check_tensor(s->nbytes, s->ndim, s->shape, s->dtype)))
         return rc;
     return 0;
 }
@@ -81,7 +81,7 @@ int kvt_ec_push_spec_validate(const kvt_ec_push_spec *s)
         (rc = kvt_meta_check_str(s->consumer_zmq, 1, "push spec consumer_zmq")) ||
         (rc = kvt_meta_check_str(s->transfer_id, 1, "push spec transfer_id")) ||
         (rc = kvt_meta_check_str(s->request_id, 0, "push spec request_id")) ||
-        (rc = check_tensor(s->nbytes, s->ndim, s->shape, s->dtype)))
+        (rc = kvt_meta_check_tensor(s->nbytes, s->ndim, s->shape, s->dtype)))
         return rc;
     return 0;
 }
@@ -129,7 +129,7 @@ size_t kvt_ec_push_spec_encoded_size(const kvt_ec_push_spec *s)
     return KVT_META_HEADER_LEN + push_body_size(s);
 }
 
-static void wr_shape(kvt_wr *w, uint32_t ndim, const uint64_t *shape)
+void kvt_meta_wr_shape(kvt_wr *w, uint32_t ndim, const uint64_t *shape)
 {
     wr_u8(w, (uint8_t)ndim);
     for (uint32_t i = 0; i < ndim; i++)
@@ -140,7 +140,7 @@ static void wr_load_body(kvt_wr *w, const kvt_ec_load_spec *s)
 {
     wr_str(w, s->mm_hash);
     wr_u64(w, s->nbytes);
-    wr_shape(w, s->ndim, s->shape);
+    kvt_meta_wr_shape(w, s->ndim, s->shape);
     wr_str(w, s->dtype);
     wr_str(w, s->transfer_id);
     wr_u8(w, s->local ? 1 : 0);
@@ -150,7 +150,7 @@ static void wr_push_body(kvt_wr *w, const kvt_ec_push_spec *s)
 {
     wr_str(w, s->mm_hash);
     wr_u64(w, s->nbytes);
-    wr_shape(w, s->ndim, s->shape);
+    kvt_meta_wr_shape(w, s->ndim, s->shape);
     wr_str(w, s->dtype);
     wr_str(w, s->consumer_zmq);
     wr_str(w, s->transfer_id);
@@ -185,8 +185,7 @@ int kvt_ec_push_spec_encode(const kvt_ec_push_spec *s, void *buf, size_t cap, si
     return 0;
 }
 
-/* Reads a string and copies it into b. */
-static int rd_str_copy(kvt_rd *r, kvt_bump *b, kvt_str *out, const char *what)
+int kvt_meta_rd_str_copy(kvt_rd *r, kvt_bump *b, kvt_str *out, const char *what)
 {
     const char *s = NULL;
     uint32_t len;
@@ -196,7 +195,7 @@ static int rd_str_copy(kvt_rd *r, kvt_bump *b, kvt_str *out, const char *what)
     return rc;
 }
 
-static int rd_shape(kvt_rd *r, uint32_t *ndim, uint64_t *shape)
+int kvt_meta_rd_shape(kvt_rd *r, uint32_t *ndim, uint64_t *shape)
 {
     uint8_t n;
     int rc = rd_u8(r, &n, "shape rank");
@@ -216,10 +215,10 @@ static int rd_load_body(kvt_rd *r, kvt_bump *b, kvt_ec_load_spec *s)
 {
     int rc;
     memset(s, 0, sizeof(*s));
-    if ((rc = rd_str_copy(r, b, &s->mm_hash, "mm_hash")) ||
-        (rc = rd_u64(r, &s->nbytes, "nbytes")) || (rc = rd_shape(r, &s->ndim, s->shape)) ||
-        (rc = rd_str_copy(r, b, &s->dtype, "dtype")) ||
-        (rc = rd_str_copy(r, b, &s->transfer_id, "transfer_id")) ||
+    if ((rc = kvt_meta_rd_str_copy(r, b, &s->mm_hash, "mm_hash")) ||
+        (rc = rd_u64(r, &s->nbytes, "nbytes")) || (rc = kvt_meta_rd_shape(r, &s->ndim, s->shape)) ||
+        (rc = kvt_meta_rd_str_copy(r, b, &s->dtype, "dtype")) ||
+        (rc = kvt_meta_rd_str_copy(r, b, &s->transfer_id, "transfer_id")) ||
         (rc = rd_bool(r, &s->local, "local")))
         return rc;
     return kvt_ec_load_spec_validate(s);
@@ -229,12 +228,12 @@ static int rd_push_body(kvt_rd *r, kvt_bump *b, kvt_ec_push_spec *s)
 {
     int rc;
     memset(s, 0, sizeof(*s));
-    if ((rc = rd_str_copy(r, b, &s->mm_hash, "mm_hash")) ||
-        (rc = rd_u64(r, &s->nbytes, "nbytes")) || (rc = rd_shape(r, &s->ndim, s->shape)) ||
-        (rc = rd_str_copy(r, b, &s->dtype, "dtype")) ||
-        (rc = rd_str_copy(r, b, &s->consumer_zmq, "consumer_zmq")) ||
-        (rc = rd_str_copy(r, b, &s->transfer_id, "transfer_id")) ||
-        (rc = rd_str_copy(r, b, &s->request_id, "request_id")))
+    if ((rc = kvt_meta_rd_str_copy(r, b, &s->mm_hash, "mm_hash")) ||
+        (rc = rd_u64(r, &s->nbytes, "nbytes")) || (rc = kvt_meta_rd_shape(r, &s->ndim, s->shape)) ||
+        (rc = kvt_meta_rd_str_copy(r, b, &s->dtype, "dtype")) ||
+        (rc = kvt_meta_rd_str_copy(r, b, &s->consumer_zmq, "consumer_zmq")) ||
+        (rc = kvt_meta_rd_str_copy(r, b, &s->transfer_id, "transfer_id")) ||
+        (rc = kvt_meta_rd_str_copy(r, b, &s->request_id, "request_id")))
         return rc;
     return kvt_ec_push_spec_validate(s);
 }
@@ -475,7 +474,7 @@ static int decode_ec(void *obj, kvt_rd *r)
     if ((rc = kvt_meta_grow((void **)&m->freed, &m->cap_freed, n, sizeof(kvt_str))))
         return rc;
     for (uint32_t i = 0; i < n; i++, m->n_freed++) {
-        if ((rc = rd_str_copy(r, &m->strings, &m->freed[i], "freed mm_hash")) ||
+        if ((rc = kvt_meta_rd_str_copy(r, &m->strings, &m->freed[i], "freed mm_hash")) ||
             (rc = kvt_meta_check_str(m->freed[i], 1, "freed mm_hash")))
             return rc;
     }

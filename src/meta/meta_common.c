@@ -26,6 +26,12 @@ static const char *kind_name(uint32_t kind)
         return "encoder-cache load spec";
     case KVT_META_EC_PUSH_SPEC:
         return "encoder-cache push spec";
+    case KVT_META_EC_CTL_REQUEST:
+        return "encoder-cache control request";
+    case KVT_META_EC_CTL_REPLY:
+        return "encoder-cache control reply";
+    case KVT_META_EC_CTL_EVENT:
+        return "encoder-cache control event";
     default:
         return "unknown message";
     }

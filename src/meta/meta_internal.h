@@ -17,6 +17,16 @@ int kvt_meta_check_str(kvt_str s, uint32_t min_len, const char *what);
 /* Copies s into b; the result points into b. */
 int kvt_meta_copy_str(kvt_bump *b, const char *s, uint32_t len, kvt_str *out);
 
+/* Encoder-cache tensors: a dtype name (1..64 of [a-z0-9_]); a whole description (rank at most
+ * KVT_EC_MAX_DIMS; for a dtype this build knows, nbytes = prod(shape) x its size). */
+int kvt_meta_check_dtype(kvt_str d);
+int kvt_meta_check_tensor(uint64_t nbytes, uint32_t ndim, const uint64_t *shape, kvt_str dtype);
+/* Shapes on the wire: u8 rank, rank x u64. */
+void kvt_meta_wr_shape(kvt_wr *w, uint32_t ndim, const uint64_t *shape);
+int kvt_meta_rd_shape(kvt_rd *r, uint32_t *ndim, uint64_t *shape);
+/* Reads a string and copies it (NUL-terminated) into b. */
+int kvt_meta_rd_str_copy(kvt_rd *r, kvt_bump *b, kvt_str *out, const char *what);
+
 /* Bytewise order of strings, shorter prefix first. */
 int kvt_str_cmp(kvt_str a, kvt_str b);
 bool kvt_str_equal(kvt_str a, kvt_str b);

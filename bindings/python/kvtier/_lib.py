@@ -208,6 +208,7 @@ class kvt_ec_ready_event(ctypes.Structure):
     _fields_ = [("transfer_id", ctypes.c_char * (EC_KEY_MAX + 1)),
                 ("mm_hash", ctypes.c_char * (EC_KEY_MAX + 1)),
                 ("reservation_id", ctypes.c_char * (EC_RID_LEN + 1)), ("nbytes", c_u64),
+                ("ndim", c_u32), ("shape", c_u64 * EC_MAX_DIMS), ("dtype", ctypes.c_char * 24),
                 ("abandoned", c_bool)]
 
 

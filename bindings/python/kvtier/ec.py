@@ -263,6 +263,7 @@ class EcShard(_Owned):
             n = _lib.kvt_ec_shard_take_events(self._h, buf, 64)
             out.extend({"transfer_id": _text(e.transfer_id), "mm_hash": _text(e.mm_hash),
                         "reservation_id": _text(e.reservation_id), "nbytes": e.nbytes,
+                        "shape": tuple(e.shape[:e.ndim]), "dtype": _text(e.dtype),
                         "abandoned": e.abandoned} for e in buf[:n])
             if n < 64:
                 return out

@@ -1,0 +1,133 @@
+/*
+ * The encoder-cache control plane's messages (spec §4.2): what a producer or the consumer's
+ * scheduler asks a consumer shard's control server, the server's replies, and the readiness
+ * events it pushes. One binary encoding in the metadata's framing (docs/wire.md: header
+ * "KVTM", version, kind 7 request / 8 reply / 9 event, body length), every field validated
+ * on decode, canonical (a decoded message encodes to the same bytes).
+ *
+ * Decoded strings are NUL-terminated copies owned by the object; encoders read the caller's
+ * strings (kvt_str) and never keep them. A failed decode leaves the object empty.
+ */
+#ifndef KVT_EC_CTL_H
+#define KVT_EC_CTL_H
+
+#include "base/bump.h"
+#include "kvtier/ec.h"
+#include "kvtier/meta.h"
+
+enum kvt_ecc_op {
+    KVT_ECC_PEERS = 1,      /* -> the shards' control ports */
+    KVT_ECC_EVENT_PORT = 2, /* -> the port of this shard's event socket */
+    KVT_ECC_STATUS = 3,     /* one transfer id -> its active record, if any */
+    KVT_ECC_RESERVE = 4,    /* one item */
+    KVT_ECC_RESERVE_BATCH = 5,
+    KVT_ECC_COMPLETE = 6, /* one (transfer id, reservation id) */
+    KVT_ECC_COMPLETE_BATCH = 7,
+    KVT_ECC_CANCEL = 8 /* one (transfer id, reservation id or "", abandon, refresh) */
+};
+
+#define KVT_ECC_MAX_BATCH 4096u      /* items in one batch */
+#define KVT_ECC_MAX_MSG   (8u << 20) /* bytes of any control message */
+
+/* One item of a request; which fields count depends on the op. */
+typedef struct kvt_ecc_item {
+    kvt_str transfer_id; /* every op with items */
+    kvt_str mm_hash;     /* reserve */
+    uint64_t nbytes;     /* reserve */
+    uint32_t ndim;       /* reserve */
+    uint64_t shape[KVT_EC_MAX_DIMS];
+    kvt_str dtype;          /* reserve */
+    kvt_str reservation_id; /* complete (32 hex digits), cancel ("" = any) */
+    bool abandon, refresh;  /* cancel */
+} kvt_ecc_item;
+
+typedef struct kvt_ecc_request {
+    uint32_t op;
+    uint32_t n; /* 0 for peers and event_port, 1 for single ops, 1..KVT_ECC_MAX_BATCH */
+    kvt_ecc_item *items;
+    /* private */
+    uint32_t cap;
+    kvt_bump strings;
+} kvt_ecc_request;
+
+/* The outcome of one item. */
+typedef struct kvt_ecc_result {
+    int32_t code;  /* 0, or the KVT_E* code the shard answered for this item */
+    kvt_str error; /* its message ("" when code is 0) */
+    /* reserve: the reservation (kvt_ec_reply) and the data plane's tag for its bytes */
+    kvt_str reservation_id;
+    uint64_t offset, nbytes, tag;
+    bool write, ready, cached, cancelled; /* cancel: cancelled = accepted */
+    /* complete */
+    bool completed, became_ready;
+    /* status: found, then mm_hash, ready, reservation_id, nbytes and the tensor */
+    bool found;
+    kvt_str mm_hash, dtype;
+    uint32_t ndim;
+    uint64_t shape[KVT_EC_MAX_DIMS];
+} kvt_ecc_result;
+
+typedef struct kvt_ecc_reply {
+    uint32_t op;
+    int32_t code;  /* the whole request failed (malformed, shutting down): 0 or KVT_E* */
+    kvt_str error; /* its message */
+    uint32_t n;    /* results, one per request item (code 0 only) */
+    kvt_ecc_result *results;
+    uint32_t n_ports; /* peers: the shards' control ports, in rank order */
+    uint32_t ports[KVT_EC_MAX_SHARDS];
+    uint32_t port; /* event_port */
+    /* private */
+    uint32_t cap;
+    kvt_bump strings;
+} kvt_ecc_reply;
+
+/* A readiness event (or an abandoned notice) pushed by a shard. */
+typedef struct kvt_ecc_event {
+    kvt_str transfer_id, mm_hash, reservation_id, dtype;
+    uint64_t nbytes;
+    uint32_t ndim;
+    uint64_t shape[KVT_EC_MAX_DIMS];
+    bool abandoned;
+    uint32_t shard; /* the sending shard's rank */
+    /* private */
+    kvt_bump strings;
+} kvt_ecc_event;
+
+const char *kvt_ecc_op_name(uint32_t op);
+
+void kvt_ecc_request_init(kvt_ecc_request *r);
+void kvt_ecc_request_clear(kvt_ecc_request *r);
+void kvt_ecc_request_release(kvt_ecc_request *r);
+/* Starts a request of op (clears r). */
+void kvt_ecc_request_begin(kvt_ecc_request *r, uint32_t op);
+/* Appends an item (its strings are referenced, not copied, until r is cleared). */
+int kvt_ecc_request_add(kvt_ecc_request *r, const kvt_ecc_item *it);
+int kvt_ecc_request_validate(const kvt_ecc_request *r);
+size_t kvt_ecc_request_encoded_size(const kvt_ecc_request *r);
+int kvt_ecc_request_encode(const kvt_ecc_request *r, void *buf, size_t cap, size_t *len);
+int kvt_ecc_request_decode(kvt_ecc_request *r, const void *buf, size_t len);
+
+void kvt_ecc_reply_init(kvt_ecc_reply *r);
+void kvt_ecc_reply_clear(kvt_ecc_reply *r);
+void kvt_ecc_reply_release(kvt_ecc_reply *r);
+/* Starts a reply to op (clears r). */
+void kvt_ecc_reply_begin(kvt_ecc_reply *r, uint32_t op);
+/* Appends a result; its strings are copied. */
+int kvt_ecc_reply_add(kvt_ecc_reply *r, const kvt_ecc_result *res);
+/* Makes r a whole-request failure (results dropped); the message is copied. */
+int kvt_ecc_reply_fail(kvt_ecc_reply *r, int code, const char *msg);
+int kvt_ecc_reply_validate(const kvt_ecc_reply *r);
+size_t kvt_ecc_reply_encoded_size(const kvt_ecc_reply *r);
+int kvt_ecc_reply_encode(const kvt_ecc_reply *r, void *buf, size_t cap, size_t *len);
+int kvt_ecc_reply_decode(kvt_ecc_reply *r, const void *buf, size_t len);
+/* The reply answers req: same op and, unless it failed as a whole, one result per item. */
+int kvt_ecc_reply_check(const kvt_ecc_reply *rep, const kvt_ecc_request *req);
+
+void kvt_ecc_event_init(kvt_ecc_event *e);
+void kvt_ecc_event_release(kvt_ecc_event *e);
+int kvt_ecc_event_validate(const kvt_ecc_event *e);
+size_t kvt_ecc_event_encoded_size(const kvt_ecc_event *e);
+int kvt_ecc_event_encode(const kvt_ecc_event *e, void *buf, size_t cap, size_t *len);
+int kvt_ecc_event_decode(kvt_ecc_event *e, const void *buf, size_t len);
+
+#endif
