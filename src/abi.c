@@ -58,6 +58,9 @@ static const struct {
     SIZE(kvt_ec_local_consumer),
     SIZE(kvt_ec_binding),
     SIZE(kvt_ec_fence),
+    SIZE(kvt_ec_status),
+    SIZE(kvt_ec_server_config),
+    SIZE(kvt_ec_server_stats),
 };
 
 size_t kvt_sizeof(const char *type_name)

@@ -194,6 +194,22 @@ KVT_API void kvt_ec_shard_begin_shutdown(kvt_ec_shard *sh);
  * EXPIRE_PENDING writers). */
 KVT_API uint32_t kvt_ec_shard_writers(const kvt_ec_shard *sh);
 KVT_API int kvt_ec_shard_state(const kvt_ec_shard *sh, const char *transfer_id, uint32_t len);
+/* The control plane's `status`: a transfer's active record (WRITING, READY or pending a
+ * writer), if any. */
+typedef struct kvt_ec_status {
+    char mm_hash[KVT_EC_KEY_MAX + 1];
+    char reservation_id[KVT_EC_RID_LEN + 1];
+    uint64_t nbytes;
+    uint32_t ndim;
+    uint64_t shape[KVT_EC_MAX_DIMS];
+    char dtype[24];
+    int state; /* enum kvt_ec_rstate */
+    bool ready;
+} kvt_ec_status;
+/* 1 and *out filled when transfer_id has an active record, 0 when not (tombstones and unknown
+ * ids included), KVT_EINVAL for a bad id. */
+KVT_API int kvt_ec_shard_status(const kvt_ec_shard *sh, const char *transfer_id, uint32_t len,
+                                kvt_ec_status *out);
 
 /* Readiness events (and abandoned notices) queued since the last call, oldest first. */
 KVT_API uint32_t kvt_ec_shard_take_events(kvt_ec_shard *sh, kvt_ec_ready_event *out, uint32_t cap);

@@ -9,6 +9,7 @@
 #include "kvtier/copy.h"
 #include "kvtier/disk.h"
 #include "kvtier/ec.h"
+#include "kvtier/ec_net.h"
 #include "kvtier/link.h"
 #include "kvtier/meta.h"
 #include "kvtier/offload.h"

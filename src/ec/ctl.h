@@ -130,4 +130,18 @@ size_t kvt_ecc_event_encoded_size(const kvt_ecc_event *e);
 int kvt_ecc_event_encode(const kvt_ecc_event *e, void *buf, size_t cap, size_t *len);
 int kvt_ecc_event_decode(kvt_ecc_event *e, const void *buf, size_t len);
 
+/* ---- client ------------------------------------------------------------------------------ */
+
+/* REQ sockets to control servers, one per endpoint, reused; one client per thread. */
+typedef struct kvt_ecc_client kvt_ecc_client;
+int kvt_ecc_client_create(int timeout_ms, kvt_ecc_client **out);
+void kvt_ecc_client_destroy(kvt_ecc_client *c);
+/* One exchange with the server at ep ("tcp://host:port"): encode, send, wait at most the
+ * timeout, decode, check that the reply answers req. Any failure discards the socket (the next
+ * call reconnects) and comes back as KVT_EIO (no answer, connection), KVT_EPROTO (a reply that
+ * does not decode or match) or the server's own code and message when it refused the request
+ * as a whole. Per-item outcomes are in rep->results. */
+int kvt_ecc_client_call(kvt_ecc_client *c, const char *ep, const kvt_ecc_request *req,
+                        kvt_ecc_reply *rep);
+
 #endif

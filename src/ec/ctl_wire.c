@@ -620,6 +620,8 @@ int kvt_ecc_reply_decode(kvt_ecc_reply *r, const void *buf, size_t len)
 
 int kvt_ecc_reply_check(const kvt_ecc_reply *rep, const kvt_ecc_request *req)
 {
+    if (rep->code) /* a whole-request failure (perhaps of a request the server could not read) */
+        return 0;
     if (rep->op != req->op)
         return kvt_fail(KVT_EPROTO, "ec control: a %s reply to a %s request",
                         kvt_ecc_op_name(rep->op), kvt_ecc_op_name(req->op));

@@ -1042,6 +1042,29 @@ int kvt_ec_shard_state(const kvt_ec_shard *sh, const char *tid, uint32_t len)
     return r ? r->state : KVT_EC_NONE;
 }
 
+int kvt_ec_shard_status(const kvt_ec_shard *sh, const char *tid, uint32_t len, kvt_ec_status *out)
+{
+    ec_key t;
+    if (!out)
+        return kvt_fail(KVT_EINVAL, "ec shard: status: NULL out");
+    memset(out, 0, sizeof(*out));
+    int rc = key_set(&t, tid, len, "transfer id");
+    if (rc)
+        return rc;
+    const rec *r = rec_find(sh, &t);
+    if (!r || r->state < KVT_EC_WRITING || r->state > KVT_EC_EXPIRE_PENDING)
+        return 0; /* unknown, reaped or a tombstone: no active record */
+    memcpy(out->mm_hash, r->h.s, r->h.len + 1);
+    memcpy(out->reservation_id, r->rid, sizeof(out->reservation_id));
+    out->nbytes = r->d.nbytes;
+    out->ndim = r->d.ndim;
+    memcpy(out->shape, r->d.shape, sizeof(out->shape));
+    memcpy(out->dtype, r->d.dtype, sizeof(out->dtype));
+    out->state = r->state;
+    out->ready = r->state == KVT_EC_READY;
+    return 1;
+}
+
 uint32_t kvt_ec_shard_take_events(kvt_ec_shard *sh, kvt_ec_ready_event *out, uint32_t cap)
 {
     uint32_t n = 0;

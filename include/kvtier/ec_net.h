@@ -1,0 +1,73 @@
+/*
+ * Encoder-cache transfer across processes and hosts: the control server every consumer shard
+ * runs (spec §4.1), over ZeroMQ.
+ *
+ * A consumer shard (kvt_ec_shard) serves producers through a control server: a REP socket at
+ * tcp://<host>:<base_port + dp_index * tp_size + tp_rank> answering `peers`, `event_port`,
+ * `status`, `reserve`, `reserve_batch`, `complete`, `complete_batch` and `cancel` in the
+ * binary encoding of docs/wire.md, and a PUSH socket (an ephemeral port, `event_port`) that
+ * pushes readiness and abandoned events to the consumer's scheduler. The server runs its own
+ * thread; from then on the shard belongs to it, and the engine's worker reaches the shard only
+ * through kvt_ec_server_apply (which takes the server's lock).
+ *
+ * A malformed, truncated or oversized request gets an error reply and the server keeps
+ * serving; a request never makes it free memory a writer may still write (kvt_ec_shard's
+ * rules hold whoever asks).
+ */
+#ifndef KVTIER_EC_NET_H
+#define KVTIER_EC_NET_H
+
+#include "kvtier/ec.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kvt_ec_server_config {
+    const char *host;    /* address to bind (an IPv4 or IPv6 address or an interface name);
+                            required: "0.0.0.0" or "::" only if the caller means every interface */
+    uint32_t base_port;  /* ec_port; 1..65535 once the offset is added */
+    uint32_t dp_index;   /* data-parallel index of this consumer instance; default 0 */
+    uint32_t tp_size;    /* shards of the consumer (its TP size), 1..64; default 1 */
+    uint32_t tp_rank;    /* this shard's rank, < tp_size; default 0 */
+    uint32_t max_events; /* events kept while no scheduler pulls them (oldest dropped, counted);
+                            default 4096 */
+    uint64_t expire_interval_ns; /* the shard's TTL pass; default 1 s */
+    uint32_t poll_ms;            /* the loop's receive timeout; default 100 ms */
+} kvt_ec_server_config;
+
+typedef struct kvt_ec_server kvt_ec_server;
+
+KVT_API void kvt_ec_server_config_init(kvt_ec_server_config *cfg);
+/* Binds both sockets (errors come back here: "failed to bind tcp://...: Address already in
+ * use") and starts the server thread. The shard is borrowed and must outlive the server. */
+KVT_API int kvt_ec_server_start(const kvt_ec_server_config *cfg, kvt_ec_shard *shard,
+                                kvt_ec_server **out);
+/* Stops the thread and closes the sockets (pending events are dropped); NULL is a no-op. The
+ * shard is left as it is: its writers still own their memory (kvt_ec_shard_destroy decides). */
+KVT_API void kvt_ec_server_stop(kvt_ec_server *s);
+/* The bound control and event ports. */
+KVT_API uint32_t kvt_ec_server_port(const kvt_ec_server *s);
+KVT_API uint32_t kvt_ec_server_event_port(const kvt_ec_server *s);
+/* kvt_ec_shard_apply under the server's lock: the consumer worker's step. */
+KVT_API int kvt_ec_server_apply(kvt_ec_server *s, const kvt_ec_meta *meta,
+                                const kvt_ec_cache_ops *ops, kvt_ec_worker_meta *out);
+/* Runs fn(shard, arg) under the server's lock (any other call on the shard: stats, state). */
+KVT_API int kvt_ec_server_with_shard(kvt_ec_server *s, int (*fn)(kvt_ec_shard *, void *),
+                                     void *arg);
+
+typedef struct kvt_ec_server_stats {
+    uint64_t requests;       /* requests answered */
+    uint64_t malformed;      /* requests that could not be decoded (answered with an error) */
+    uint64_t items;          /* items in them */
+    uint64_t item_errors;    /* items the shard refused */
+    uint64_t events_sent;    /* events pushed */
+    uint64_t events_dropped; /* events dropped: the backlog was full */
+} kvt_ec_server_stats;
+KVT_API void kvt_ec_server_get_stats(kvt_ec_server *s, kvt_ec_server_stats *st);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

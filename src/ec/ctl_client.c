@@ -1,0 +1,154 @@
+/*
+ * The control plane's client side (ctl.h): one REQ socket per endpoint, kept between calls;
+ * RCVTIMEO = SNDTIMEO = the timeout, LINGER 0, IPv6 on. A REQ socket stuck mid-exchange is
+ * unusable, so after any failure (a timeout included) the socket is closed and forgotten, and
+ * the next call to that endpoint connects afresh (spec §4.1).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zmq.h>
+
+#include "base/error.h"
+#include "ec/ctl.h"
+
+#define MAX_PEERS 128
+
+struct kvt_ecc_client {
+    void *ctx;
+    int timeout_ms;
+    struct {
+        char ep[160];
+        void *sock;
+    } peer[MAX_PEERS];
+    uint32_t n, next_evict;
+    uint8_t *buf;
+    size_t cap;
+};
+
+int kvt_ecc_client_create(int timeout_ms, kvt_ecc_client **out)
+{
+    if (!out || timeout_ms < 1)
+        return kvt_fail(KVT_EINVAL, "ec control client: timeout must be at least 1 ms");
+    kvt_ecc_client *c = calloc(1, sizeof(*c));
+    if (!c)
+        return kvt_fail(KVT_ENOMEM, "ec control client: out of memory");
+    c->ctx = zmq_ctx_new();
+    if (!c->ctx) {
+        free(c);
+        return kvt_fail(KVT_EIO, "ec control client: %s", zmq_strerror(zmq_errno()));
+    }
+    c->timeout_ms = timeout_ms;
+    *out = c;
+    return 0;
+}
+
+static void drop(kvt_ecc_client *c, uint32_t i)
+{
+    zmq_close(c->peer[i].sock);
+    c->peer[i] = c->peer[--c->n];
+}
+
+void kvt_ecc_client_destroy(kvt_ecc_client *c)
+{
+    if (!c)
+        return;
+    while (c->n)
+        drop(c, 0);
+    zmq_ctx_term(c->ctx);
+    free(c->buf);
+    free(c);
+}
+
+static int zfail(const char *what, const char *ep)
+{
+    int e = zmq_errno();
+    if (e == EAGAIN)
+        return kvt_fail(KVT_EIO, "ec control: %s %s: no answer (timed out)", what, ep);
+    return kvt_fail(KVT_EIO, "ec control: %s %s: %s", what, ep, zmq_strerror(e));
+}
+
+/* The socket for ep, connected on first use; its slot in *slot. */
+static int peer_socket(kvt_ecc_client *c, const char *ep, uint32_t *slot)
+{
+    for (uint32_t i = 0; i < c->n; i++)
+        if (strcmp(c->peer[i].ep, ep) == 0) {
+            *slot = i;
+            return 0;
+        }
+    if (strlen(ep) >= sizeof(c->peer[0].ep))
+        return kvt_fail(KVT_EINVAL, "ec control: endpoint too long: %.40s...", ep);
+    if (c->n == MAX_PEERS) /* many consumers: forget one (it reconnects when needed) */
+        drop(c, c->next_evict++ % MAX_PEERS);
+    void *s = zmq_socket(c->ctx, ZMQ_REQ);
+    if (!s)
+        return zfail("socket for", ep);
+    int zero = 0, one = 1;
+    int64_t maxmsg = KVT_ECC_MAX_MSG;
+    zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof(zero));
+    zmq_setsockopt(s, ZMQ_IPV6, &one, sizeof(one));
+    zmq_setsockopt(s, ZMQ_RCVTIMEO, &c->timeout_ms, sizeof(c->timeout_ms));
+    zmq_setsockopt(s, ZMQ_SNDTIMEO, &c->timeout_ms, sizeof(c->timeout_ms));
+    zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
+    if (zmq_connect(s, ep) != 0) {
+        int rc = zfail("connect to", ep);
+        zmq_close(s);
+        return rc;
+    }
+    snprintf(c->peer[c->n].ep, sizeof(c->peer[0].ep), "%s", ep);
+    c->peer[c->n].sock = s;
+    *slot = c->n++;
+    return 0;
+}
+
+static int exchange(kvt_ecc_client *c, void *s, const char *ep, const kvt_ecc_request *req,
+                    kvt_ecc_reply *rep)
+{
+    size_t need = kvt_ecc_request_encoded_size(req), len;
+    if (need > c->cap) {
+        uint8_t *b = realloc(c->buf, need);
+        if (!b)
+            return kvt_fail(KVT_ENOMEM, "ec control: out of memory for a %zu-byte request", need);
+        c->buf = b;
+        c->cap = need;
+    }
+    int rc = kvt_ecc_request_encode(req, c->buf, c->cap, &len);
+    if (rc)
+        return rc;
+    if (zmq_send(s, c->buf, len, 0) < 0)
+        return zfail("send to", ep);
+    zmq_msg_t m;
+    zmq_msg_init(&m);
+    if (zmq_msg_recv(&m, s, 0) < 0) {
+        zmq_msg_close(&m);
+        return zfail("reply from", ep);
+    }
+    rc = zmq_msg_more(&m) ? kvt_fail(KVT_EPROTO, "ec control: a reply of several frames")
+                          : kvt_ecc_reply_decode(rep, zmq_msg_data(&m), zmq_msg_size(&m));
+    zmq_msg_close(&m);
+    if (!rc)
+        rc = kvt_ecc_reply_check(rep, req);
+    return rc;
+}
+
+int kvt_ecc_client_call(kvt_ecc_client *c, const char *ep, const kvt_ecc_request *req,
+                        kvt_ecc_reply *rep)
+{
+    if (!c || !ep || !req || !rep)
+        return kvt_fail(KVT_EINVAL, "ec control: call: NULL argument");
+    uint32_t slot = 0;
+    int rc = peer_socket(c, ep, &slot);
+    if (rc)
+        return rc;
+    rc = exchange(c, c->peer[slot].sock, ep, req, rep);
+    if (rc) {
+        drop(c, slot); /* stuck mid-exchange, or a peer that speaks nonsense */
+        char what[200];
+        snprintf(what, sizeof(what), "ec control: %s to %s", kvt_ecc_op_name(req->op), ep);
+        return kvt_fail_wrap(rc, what);
+    }
+    if (rep->code) /* the server refused the whole request: its code and words */
+        return kvt_fail(rep->code, "ec control: %s to %s: %s", kvt_ecc_op_name(req->op), ep,
+                        rep->error.ptr);
+    return 0;
+}

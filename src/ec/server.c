@@ -1,0 +1,493 @@
+/*
+ * The consumer shard's control server (include/kvtier/ec_net.h, spec §4.1).
+ *
+ * One thread per shard loops:
+ *   1. under the lock: take the shard's new events into a bounded ring (oldest dropped and
+ *      counted when nobody pulls), run the TTL pass every expire_interval;
+ *   2. push what the ring holds with non-blocking sends until ZeroMQ would block;
+ *   3. wait up to poll_ms for a request, decode it (a REP socket must always answer: a request
+ *      that does not decode gets {code: KVT_EPROTO, "malformed control request: ..."}), run
+ *      it on the shard under the lock, reply.
+ * The sockets are the thread's alone; the lock guards the shard, which the engine's worker
+ * reaches through kvt_ec_server_apply.
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zmq.h>
+
+#include "base/error.h"
+#include "base/log.h"
+#include "ec/ctl.h"
+#include "kvtier/ec_net.h"
+
+struct kvt_ec_server {
+    kvt_ec_server_config cfg;
+    kvt_ec_shard *shard;
+    pthread_mutex_t lock;
+    pthread_t thread;
+    atomic_bool stop;
+    void *ctx, *rep, *push;
+    uint32_t port, event_port;
+    /* event ring (the thread's) */
+    kvt_ec_ready_event *ring;
+    uint32_t head, n;
+    /* codec state (the thread's) */
+    kvt_ecc_request req;
+    kvt_ecc_reply rep_msg;
+    uint8_t *out;
+    size_t out_cap;
+    uint64_t next_expire;
+    pthread_mutex_t st_lock;
+    kvt_ec_server_stats st;
+};
+
+void kvt_ec_server_config_init(kvt_ec_server_config *cfg)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->tp_size = 1;
+    cfg->max_events = 4096;
+    cfg->expire_interval_ns = 1000000000ull;
+    cfg->poll_ms = 100;
+}
+
+static int zfail(const char *what, const char *endpoint)
+{
+    return kvt_fail(KVT_EIO, "ec server: %s %s: %s", what, endpoint ? endpoint : "",
+                    zmq_strerror(zmq_errno()));
+}
+
+/* tcp://host:port, with brackets around an IPv6 address. */
+static int endpoint(char *buf, size_t cap, const char *host, uint32_t port)
+{
+    bool v6 = strchr(host, ':') != NULL;
+    int n = port ? snprintf(buf, cap, v6 ? "tcp://[%s]:%u" : "tcp://%s:%u", host, port)
+                 : snprintf(buf, cap, v6 ? "tcp://[%s]:*" : "tcp://%s:*", host);
+    if (n < 0 || (size_t)n >= cap)
+        return kvt_fail(KVT_EINVAL, "ec server: host name too long");
+    return 0;
+}
+
+static int check_config(const kvt_ec_server_config *c)
+{
+    if (!c->host || !c->host[0])
+        return kvt_fail(KVT_EINVAL, "ec server: no host to bind (give an address; \"0.0.0.0\" "
+                                    "binds every interface)");
+    if (c->tp_size < 1 || c->tp_size > KVT_EC_MAX_SHARDS || c->tp_rank >= c->tp_size)
+        return kvt_fail(KVT_EINVAL, "ec server: rank %u of %u shards (at most %u)", c->tp_rank,
+                        c->tp_size, KVT_EC_MAX_SHARDS);
+    uint64_t last = (uint64_t)c->base_port + (uint64_t)c->dp_index * c->tp_size + c->tp_size - 1;
+    if (c->base_port < 1 || last > 65535)
+        return kvt_fail(KVT_ERANGE,
+                        "ec server: ports %u + %u x %u + rank run past 65535 (or base is 0)",
+                        c->base_port, c->dp_index, c->tp_size);
+    if (c->max_events < 1 || c->max_events > (1u << 20) || c->poll_ms < 1 || c->poll_ms > 10000 ||
+        c->expire_interval_ns == 0)
+        return kvt_fail(KVT_EINVAL, "ec server: max_events 1..2^20, poll_ms 1..10000 and a "
+                                    "non-zero expire interval");
+    return 0;
+}
+
+static uint32_t shard_port(const kvt_ec_server_config *c, uint32_t rank)
+{
+    return c->base_port + c->dp_index * c->tp_size + rank;
+}
+
+/* ---- handling one request ------------------------------------------------------------------ */
+
+static void fill_error(kvt_ecc_result *x, int rc)
+{
+    memset(x, 0, sizeof(*x));
+    x->code = rc;
+    const char *m = kvt_last_error();
+    x->error = (kvt_str){m[0] ? m : "failed", (uint32_t)(m[0] ? strlen(m) : 6)};
+}
+
+/* The data plane's handle on a reservation: the first 64 bits of its (random) id. */
+static uint64_t rid_tag(const char *rid)
+{
+    uint64_t t = 0;
+    for (int i = 0; i < 16 && rid[i]; i++) {
+        char c = rid[i];
+        t = t << 4 | (uint64_t)(c <= '9' ? c - '0' : c - 'a' + 10);
+    }
+    return t;
+}
+
+static int do_item(kvt_ec_server *s, uint32_t op, const kvt_ecc_item *it, kvt_ecc_result *x)
+{
+    kvt_ec_shard *sh = s->shard;
+    int rc = 0;
+    memset(x, 0, sizeof(*x));
+    switch (op) {
+    case KVT_ECC_STATUS: {
+        static _Thread_local kvt_ec_status st;
+        rc = kvt_ec_shard_status(sh, it->transfer_id.ptr, it->transfer_id.len, &st);
+        if (rc == 1) {
+            x->found = true;
+            x->mm_hash = (kvt_str){st.mm_hash, (uint32_t)strlen(st.mm_hash)};
+            x->ready = st.ready;
+            x->reservation_id = (kvt_str){st.reservation_id, (uint32_t)strlen(st.reservation_id)};
+            x->nbytes = st.nbytes;
+            x->ndim = st.ndim;
+            memcpy(x->shape, st.shape, sizeof(x->shape));
+            x->dtype = (kvt_str){st.dtype, (uint32_t)strlen(st.dtype)};
+            rc = 0;
+        }
+        break;
+    }
+    case KVT_ECC_RESERVE:
+    case KVT_ECC_RESERVE_BATCH: {
+        static _Thread_local kvt_ec_reply r;
+        kvt_ec_item item = {it->mm_hash.ptr, it->mm_hash.len, it->nbytes, it->ndim, {0},
+                            it->dtype.ptr,   it->dtype.len};
+        memcpy(item.shape, it->shape, sizeof(item.shape));
+        rc = kvt_ec_shard_reserve(sh, it->transfer_id.ptr, it->transfer_id.len, &item, &r);
+        if (!rc) {
+            x->reservation_id = (kvt_str){r.reservation_id, (uint32_t)strlen(r.reservation_id)};
+            x->offset = r.offset;
+            x->nbytes = r.nbytes;
+            x->tag = rid_tag(r.reservation_id);
+            x->write = r.write;
+            x->ready = r.ready;
+            x->cached = r.cached;
+            x->cancelled = r.cancelled;
+        }
+        break;
+    }
+    case KVT_ECC_COMPLETE:
+    case KVT_ECC_COMPLETE_BATCH:
+        rc = kvt_ec_shard_complete(sh, it->transfer_id.ptr, it->transfer_id.len,
+                                   it->reservation_id.ptr, &x->completed, &x->became_ready);
+        break;
+    case KVT_ECC_CANCEL:
+        rc = kvt_ec_shard_cancel(sh, it->transfer_id.ptr, it->transfer_id.len,
+                                 it->reservation_id.len ? it->reservation_id.ptr : NULL,
+                                 it->abandon, it->refresh, &x->cancelled);
+        break;
+    }
+    if (rc < 0)
+        fill_error(x, rc);
+    return rc < 0 ? rc : 0;
+}
+
+/* Runs a decoded request; the reply is built in s->rep_msg. */
+static int handle(kvt_ec_server *s)
+{
+    const kvt_ecc_request *q = &s->req;
+    kvt_ecc_reply *p = &s->rep_msg;
+    kvt_ecc_reply_begin(p, q->op);
+    if (q->op == KVT_ECC_PEERS) {
+        p->n_ports = s->cfg.tp_size;
+        for (uint32_t r = 0; r < s->cfg.tp_size; r++)
+            p->ports[r] = shard_port(&s->cfg, r);
+        return 0;
+    }
+    if (q->op == KVT_ECC_EVENT_PORT) {
+        p->port = s->event_port;
+        return 0;
+    }
+    uint64_t errors = 0;
+    pthread_mutex_lock(&s->lock);
+    for (uint32_t i = 0; i < q->n; i++) {
+        kvt_ecc_result x;
+        errors += do_item(s, q->op, &q->items[i], &x) != 0;
+        int rc = kvt_ecc_reply_add(p, &x); /* copies the strings out of the shard's buffers */
+        if (rc) {
+            pthread_mutex_unlock(&s->lock);
+            return rc;
+        }
+    }
+    pthread_mutex_unlock(&s->lock);
+    pthread_mutex_lock(&s->st_lock);
+    s->st.items += q->n;
+    s->st.item_errors += errors;
+    pthread_mutex_unlock(&s->st_lock);
+    return 0;
+}
+
+static int send_reply(kvt_ec_server *s)
+{
+    size_t need = kvt_ecc_reply_encoded_size(&s->rep_msg), len;
+    if (need > s->out_cap) {
+        uint8_t *b = realloc(s->out, need);
+        if (!b)
+            return kvt_fail(KVT_ENOMEM, "ec server: out of memory for a %zu-byte reply", need);
+        s->out = b;
+        s->out_cap = need;
+    }
+    int rc = kvt_ecc_reply_encode(&s->rep_msg, s->out, s->out_cap, &len);
+    if (rc)
+        return rc;
+    return zmq_send(s->rep, s->out, len, 0) < 0 ? zfail("send", "reply") : 0;
+}
+
+/* Answers one request; whatever goes wrong, the REP socket answers something. */
+static void serve_one(kvt_ec_server *s)
+{
+    zmq_msg_t m;
+    zmq_msg_init(&m);
+    if (zmq_msg_recv(&m, s->rep, ZMQ_DONTWAIT) < 0) {
+        zmq_msg_close(&m);
+        return; /* EAGAIN, or a message over ZMQ_MAXMSGSIZE (the peer is disconnected) */
+    }
+    bool more = zmq_msg_more(&m);
+    int rc = more ? kvt_fail(KVT_EPROTO, "a request of more than one frame")
+                  : kvt_ecc_request_decode(&s->req, zmq_msg_data(&m), zmq_msg_size(&m));
+    while (more) { /* drain the other frames: REP answers the whole message once */
+        zmq_msg_t t;
+        zmq_msg_init(&t);
+        more = zmq_msg_recv(&t, s->rep, 0) >= 0 && zmq_msg_more(&t);
+        zmq_msg_close(&t);
+    }
+    zmq_msg_close(&m);
+    pthread_mutex_lock(&s->st_lock);
+    s->st.requests++;
+    s->st.malformed += rc != 0;
+    pthread_mutex_unlock(&s->st_lock);
+    if (rc) {
+        char msg[600];
+        snprintf(msg, sizeof(msg), "malformed control request: %s", kvt_last_error());
+        KVT_LOG_W("ec server port %u: %s", s->port, msg);
+        kvt_ecc_reply_begin(&s->rep_msg, KVT_ECC_PEERS);
+        (void)kvt_ecc_reply_fail(&s->rep_msg, KVT_EPROTO, msg);
+    } else if ((rc = handle(s))) {
+        uint32_t op = s->req.op;
+        char msg[600];
+        snprintf(msg, sizeof(msg), "%s", kvt_last_error());
+        kvt_ecc_reply_begin(&s->rep_msg, op);
+        (void)kvt_ecc_reply_fail(&s->rep_msg, rc, msg);
+    }
+    if ((rc = send_reply(s))) {
+        /* a reply that cannot be encoded or sent: say so in the smallest reply there is */
+        KVT_LOG_W("ec server port %u: %s", s->port, kvt_last_error());
+        kvt_ecc_reply_begin(&s->rep_msg, KVT_ECC_PEERS);
+        (void)kvt_ecc_reply_fail(&s->rep_msg, KVT_EIO, "the server could not send its reply");
+        (void)send_reply(s);
+    }
+}
+
+/* ---- events -------------------------------------------------------------------------------- */
+
+static void collect_events(kvt_ec_server *s)
+{
+    uint32_t cap = s->cfg.max_events;
+    kvt_ec_ready_event ev[32];
+    uint32_t n, dropped = 0;
+    while ((n = kvt_ec_shard_take_events(s->shard, ev, 32)) > 0)
+        for (uint32_t i = 0; i < n; i++) {
+            if (s->n == cap) { /* nobody pulls: the oldest goes */
+                s->head = (s->head + 1) % cap;
+                s->n--;
+                dropped++;
+            }
+            s->ring[(s->head + s->n++) % cap] = ev[i];
+        }
+    if (dropped) {
+        KVT_LOG_W("ec server port %u: event backlog full, %u oldest events dropped", s->port,
+                  dropped);
+        pthread_mutex_lock(&s->st_lock);
+        s->st.events_dropped += dropped;
+        pthread_mutex_unlock(&s->st_lock);
+    }
+}
+
+static void push_events(kvt_ec_server *s)
+{
+    uint8_t buf[2048];
+    uint64_t sent = 0;
+    while (s->n) {
+        const kvt_ec_ready_event *e = &s->ring[s->head];
+        kvt_ecc_event m = {0};
+        m.transfer_id = (kvt_str){e->transfer_id, (uint32_t)strlen(e->transfer_id)};
+        m.mm_hash = (kvt_str){e->mm_hash, (uint32_t)strlen(e->mm_hash)};
+        m.reservation_id = (kvt_str){e->reservation_id, (uint32_t)strlen(e->reservation_id)};
+        m.dtype = (kvt_str){e->dtype, (uint32_t)strlen(e->dtype)};
+        m.nbytes = e->nbytes;
+        m.ndim = e->ndim;
+        memcpy(m.shape, e->shape, sizeof(m.shape));
+        m.abandoned = e->abandoned;
+        m.shard = s->cfg.tp_rank;
+        size_t len;
+        if (kvt_ecc_event_encode(&m, buf, sizeof(buf), &len)) {
+            KVT_LOG_E("ec server port %u: cannot encode an event: %s", s->port, kvt_last_error());
+        } else if (zmq_send(s->push, buf, len, ZMQ_DONTWAIT) < 0) {
+            if (zmq_errno() != EAGAIN)
+                KVT_LOG_W("ec server port %u: event push: %s", s->port, zmq_strerror(zmq_errno()));
+            break; /* no puller yet, or its queue is full: keep the rest */
+        } else {
+            sent++;
+        }
+        s->head = (s->head + 1) % s->cfg.max_events;
+        s->n--;
+    }
+    if (sent) {
+        pthread_mutex_lock(&s->st_lock);
+        s->st.events_sent += sent;
+        pthread_mutex_unlock(&s->st_lock);
+    }
+}
+
+static void *server_main(void *arg)
+{
+    kvt_ec_server *s = arg;
+    while (!atomic_load(&s->stop)) {
+        pthread_mutex_lock(&s->lock);
+        uint64_t now = kvt_monotonic_ns();
+        if (now >= s->next_expire) {
+            kvt_ec_shard_expire(s->shard);
+            s->next_expire = now + s->cfg.expire_interval_ns;
+        }
+        collect_events(s);
+        pthread_mutex_unlock(&s->lock);
+        push_events(s);
+        zmq_pollitem_t it = {s->rep, 0, ZMQ_POLLIN, 0};
+        int n = zmq_poll(&it, 1, (long)s->cfg.poll_ms);
+        if (n > 0)
+            serve_one(s);
+        else if (n < 0 && zmq_errno() != EINTR) {
+            KVT_LOG_E("ec server port %u: stopped serving: poll: %s", s->port,
+                      zmq_strerror(zmq_errno()));
+            break;
+        }
+    }
+    return NULL;
+}
+
+/* ---- life cycle ---------------------------------------------------------------------------- */
+
+static void teardown(kvt_ec_server *s)
+{
+    if (s->rep)
+        zmq_close(s->rep);
+    if (s->push)
+        zmq_close(s->push);
+    if (s->ctx)
+        zmq_ctx_term(s->ctx);
+    kvt_ecc_request_release(&s->req);
+    kvt_ecc_reply_release(&s->rep_msg);
+    free(s->out);
+    free(s->ring);
+    pthread_mutex_destroy(&s->lock);
+    pthread_mutex_destroy(&s->st_lock);
+    free(s);
+}
+
+static int bind_sockets(kvt_ec_server *s)
+{
+    int zero = 0, one = 1;
+    int64_t maxmsg = KVT_ECC_MAX_MSG;
+    char ep[300];
+    s->ctx = zmq_ctx_new();
+    if (!s->ctx)
+        return zfail("context", NULL);
+    s->rep = zmq_socket(s->ctx, ZMQ_REP);
+    s->push = zmq_socket(s->ctx, ZMQ_PUSH);
+    if (!s->rep || !s->push)
+        return zfail("socket", NULL);
+    zmq_setsockopt(s->rep, ZMQ_LINGER, &zero, sizeof(zero));
+    zmq_setsockopt(s->push, ZMQ_LINGER, &zero, sizeof(zero));
+    zmq_setsockopt(s->rep, ZMQ_IPV6, &one, sizeof(one));
+    zmq_setsockopt(s->push, ZMQ_IPV6, &one, sizeof(one));
+    zmq_setsockopt(s->rep, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
+    int rc = endpoint(ep, sizeof(ep), s->cfg.host, s->port);
+    if (rc)
+        return rc;
+    if (zmq_bind(s->rep, ep) != 0)
+        return zfail("failed to bind", ep);
+    if ((rc = endpoint(ep, sizeof(ep), s->cfg.host, 0)))
+        return rc;
+    if (zmq_bind(s->push, ep) != 0)
+        return zfail("failed to bind the event socket", ep);
+    char last[300];
+    size_t ll = sizeof(last);
+    if (zmq_getsockopt(s->push, ZMQ_LAST_ENDPOINT, last, &ll) != 0)
+        return zfail("event endpoint", NULL);
+    const char *colon = strrchr(last, ':');
+    s->event_port = colon ? (uint32_t)strtoul(colon + 1, NULL, 10) : 0;
+    if (s->event_port == 0)
+        return kvt_fail(KVT_EIO, "ec server: cannot read the event port from %s", last);
+    return 0;
+}
+
+int kvt_ec_server_start(const kvt_ec_server_config *cfg, kvt_ec_shard *shard, kvt_ec_server **out)
+{
+    if (!cfg || !shard || !out)
+        return kvt_fail(KVT_EINVAL, "ec server: start: NULL argument");
+    *out = NULL;
+    int rc = check_config(cfg);
+    if (rc)
+        return rc;
+    kvt_ec_server *s = calloc(1, sizeof(*s));
+    if (!s)
+        return kvt_fail(KVT_ENOMEM, "ec server: out of memory");
+    s->cfg = *cfg;
+    s->shard = shard;
+    s->port = shard_port(cfg, cfg->tp_rank);
+    pthread_mutex_init(&s->lock, NULL);
+    pthread_mutex_init(&s->st_lock, NULL);
+    kvt_ecc_request_init(&s->req);
+    kvt_ecc_reply_init(&s->rep_msg);
+    s->ring = calloc(cfg->max_events, sizeof(*s->ring));
+    if (!s->ring)
+        rc = kvt_fail(KVT_ENOMEM, "ec server: out of memory for %u events", cfg->max_events);
+    if (!rc)
+        rc = bind_sockets(s);
+    if (!rc && pthread_create(&s->thread, NULL, server_main, s) != 0)
+        rc = kvt_fail(KVT_ESYS, "ec server: cannot start its thread");
+    if (rc) {
+        teardown(s);
+        return rc;
+    }
+    KVT_LOG_I("ec server: shard %u of %u serving on port %u, events on port %u", cfg->tp_rank,
+              cfg->tp_size, s->port, s->event_port);
+    *out = s;
+    return 0;
+}
+
+void kvt_ec_server_stop(kvt_ec_server *s)
+{
+    if (!s)
+        return;
+    atomic_store(&s->stop, true);
+    pthread_join(s->thread, NULL);
+    teardown(s);
+}
+
+uint32_t kvt_ec_server_port(const kvt_ec_server *s)
+{
+    return s->port;
+}
+
+uint32_t kvt_ec_server_event_port(const kvt_ec_server *s)
+{
+    return s->event_port;
+}
+
+int kvt_ec_server_apply(kvt_ec_server *s, const kvt_ec_meta *meta, const kvt_ec_cache_ops *ops,
+                        kvt_ec_worker_meta *out)
+{
+    pthread_mutex_lock(&s->lock);
+    int rc = kvt_ec_shard_apply(s->shard, meta, ops, out);
+    pthread_mutex_unlock(&s->lock);
+    return rc;
+}
+
+int kvt_ec_server_with_shard(kvt_ec_server *s, int (*fn)(kvt_ec_shard *, void *), void *arg)
+{
+    if (!fn)
+        return kvt_fail(KVT_EINVAL, "ec server: with_shard: NULL function");
+    pthread_mutex_lock(&s->lock);
+    int rc = fn(s->shard, arg);
+    pthread_mutex_unlock(&s->lock);
+    return rc;
+}
+
+void kvt_ec_server_get_stats(kvt_ec_server *s, kvt_ec_server_stats *st)
+{
+    pthread_mutex_lock(&s->st_lock);
+    *st = s->st;
+    pthread_mutex_unlock(&s->st_lock);
+}

@@ -1,0 +1,445 @@
+/*
+ * The consumer shard's control server over loopback TCP (include/kvtier/ec_net.h), driven
+ * through the control client (src/ec/ctl.h) and raw ZeroMQ sockets: every op, readiness
+ * events on the PUSH socket, malformed / truncated / multi-frame requests answered with an
+ * error while the server keeps serving, a stale reservation id rejected, a consumer cancel
+ * that keeps a writer's memory, the bounded event backlog, bind errors, a dead server.
+ */
+#include <pthread.h>
+#include <zmq.h>
+
+#include "kvt_test.h"
+#include "ec/ctl.h"
+
+#define CAP     (64 * 1024)
+#define TIMEOUT 5000
+
+typedef struct fixture {
+    uint8_t *buf;
+    kvt_ec_shard *shard;
+    kvt_ec_server *srv;
+    kvt_ecc_client *cli;
+    char ep[64], ev_ep[64];
+    kvt_ecc_request q;
+    kvt_ecc_reply p;
+} fixture;
+
+static kvt_str S(const char *s)
+{
+    return (kvt_str){s, (uint32_t)strlen(s)};
+}
+
+/* Starts a shard's server on a free port of 127.0.0.1 (ports are tried from a per-process
+ * base until one binds). */
+static void start(fixture *f, uint32_t tp_size, uint32_t max_events)
+{
+    memset(f, 0, sizeof(*f));
+    f->buf = aligned_alloc(256, CAP);
+    kvt_ec_shard_config sc;
+    kvt_ec_shard_config_init(&sc);
+    sc.base = f->buf;
+    sc.capacity = CAP;
+    KVT_OK_(kvt_ec_shard_create(&sc, &f->shard));
+    kvt_ec_server_config c;
+    kvt_ec_server_config_init(&c);
+    c.host = "127.0.0.1";
+    c.tp_size = tp_size;
+    c.max_events = max_events;
+    c.poll_ms = 20;
+    int rc = KVT_EIO;
+    for (uint32_t i = 0; i < 200 && rc == KVT_EIO; i++) {
+        c.base_port = 20000 + (uint32_t)((getpid() * 7919u + i * 131u) % 30000u);
+        rc = kvt_ec_server_start(&c, f->shard, &f->srv);
+    }
+    KVT_OK_(rc);
+    snprintf(f->ep, sizeof(f->ep), "tcp://127.0.0.1:%u", kvt_ec_server_port(f->srv));
+    snprintf(f->ev_ep, sizeof(f->ev_ep), "tcp://127.0.0.1:%u", kvt_ec_server_event_port(f->srv));
+    KVT_OK_(kvt_ecc_client_create(TIMEOUT, &f->cli));
+    kvt_ecc_request_init(&f->q);
+    kvt_ecc_reply_init(&f->p);
+}
+
+static void stop(fixture *f)
+{
+    kvt_ecc_client_destroy(f->cli);
+    kvt_ec_server_stop(f->srv);
+    KVT_OK_(kvt_ec_shard_destroy(f->shard));
+    kvt_ecc_request_release(&f->q);
+    kvt_ecc_reply_release(&f->p);
+    free(f->buf);
+}
+
+static kvt_ecc_item item(const char *tid, const char *hash, uint64_t rows)
+{
+    kvt_ecc_item it = {0};
+    it.transfer_id = S(tid);
+    it.mm_hash = S(hash);
+    it.ndim = 2;
+    it.shape[0] = rows;
+    it.shape[1] = 32;
+    it.dtype = S("float16");
+    it.nbytes = rows * 32 * 2;
+    return it;
+}
+
+static void call1(fixture *f, uint32_t op, const kvt_ecc_item *it)
+{
+    kvt_ecc_request_begin(&f->q, op);
+    if (it)
+        KVT_OK_(kvt_ecc_request_add(&f->q, it));
+    KVT_OK_(kvt_ecc_client_call(f->cli, f->ep, &f->q, &f->p));
+}
+
+/* A PULL socket on the server's events. */
+static void *puller(void *ctx, const char *ep)
+{
+    void *s = zmq_socket(ctx, ZMQ_PULL);
+    int t = TIMEOUT, zero = 0;
+    zmq_setsockopt(s, ZMQ_RCVTIMEO, &t, sizeof(t));
+    zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof(zero));
+    assert_int_equal(zmq_connect(s, ep), 0);
+    return s;
+}
+
+static void next_event(void *pull, kvt_ecc_event *e)
+{
+    uint8_t buf[4096];
+    int n = zmq_recv(pull, buf, sizeof(buf), 0);
+    assert_true(n > 0);
+    KVT_OK_(kvt_ecc_event_decode(e, buf, (size_t)n));
+}
+
+static void reserve_write_complete_status_and_event(void **state)
+{
+    (void)state;
+    fixture f;
+    start(&f, 2, 64);
+    void *zctx = zmq_ctx_new(), *pull = puller(zctx, f.ev_ep);
+    /* peers: both shards' ports; event_port: the PUSH socket */
+    call1(&f, KVT_ECC_PEERS, NULL);
+    assert_int_equal(f.p.n_ports, 2);
+    assert_int_equal(f.p.ports[0], kvt_ec_server_port(f.srv));
+    assert_int_equal(f.p.ports[1], kvt_ec_server_port(f.srv) + 1);
+    call1(&f, KVT_ECC_EVENT_PORT, NULL);
+    assert_int_equal(f.p.port, kvt_ec_server_event_port(f.srv));
+    /* reserve: a destination to write, tagged by its reservation */
+    kvt_ecc_item it = item("xfer-1", "img-1", 8);
+    call1(&f, KVT_ECC_RESERVE, &it);
+    kvt_ecc_result r = f.p.results[0];
+    assert_int_equal(r.code, 0);
+    assert_true(r.write && !r.ready);
+    assert_int_equal(r.nbytes, 512);
+    assert_true(r.offset + r.nbytes <= CAP);
+    assert_int_not_equal(r.tag, 0);
+    char rid[KVT_EC_RID_LEN + 1];
+    memcpy(rid, r.reservation_id.ptr, sizeof(rid));
+    uint64_t off = r.offset;
+    /* status while writing */
+    kvt_ecc_item st = {.transfer_id = S("xfer-1")};
+    call1(&f, KVT_ECC_STATUS, &st);
+    assert_true(f.p.results[0].found && !f.p.results[0].ready);
+    assert_string_equal(f.p.results[0].reservation_id.ptr, rid);
+    /* a duplicate push of the item while it is being written follows the writer: no write */
+    kvt_ecc_item it2 = item("xfer-2", "img-1", 8);
+    call1(&f, KVT_ECC_RESERVE, &it2);
+    assert_false(f.p.results[0].write);
+    assert_int_equal(f.p.results[0].offset, off);
+    /* the producer writes (the data plane's part, here a memcpy), then completes */
+    memset(f.buf + off, 0xab, 512);
+    kvt_ecc_item c = {.transfer_id = S("xfer-1"), .reservation_id = S(rid)};
+    call1(&f, KVT_ECC_COMPLETE, &c);
+    assert_true(f.p.results[0].completed && f.p.results[0].became_ready);
+    /* the scheduler hears both: the follower is published by its writer's completion (in
+     * either order) */
+    kvt_ecc_event e;
+    kvt_ecc_event_init(&e);
+    next_event(pull, &e);
+    bool writer_first = strcmp(e.transfer_id.ptr, "xfer-1") == 0;
+    if (!writer_first) {
+        assert_string_equal(e.transfer_id.ptr, "xfer-2");
+        next_event(pull, &e);
+    }
+    assert_string_equal(e.transfer_id.ptr, "xfer-1");
+    assert_string_equal(e.mm_hash.ptr, "img-1");
+    assert_string_equal(e.reservation_id.ptr, rid);
+    assert_string_equal(e.dtype.ptr, "float16");
+    assert_int_equal(e.ndim, 2);
+    assert_int_equal(e.shape[0], 8);
+    assert_false(e.abandoned);
+    assert_int_equal(e.shard, 0);
+    if (writer_first) {
+        next_event(pull, &e);
+        assert_string_equal(e.transfer_id.ptr, "xfer-2");
+    }
+    call1(&f, KVT_ECC_STATUS, &st);
+    assert_true(f.p.results[0].ready);
+    /* a batch: one good item, one refused (nbytes over the pool) with its own message */
+    kvt_ecc_request_begin(&f.q, KVT_ECC_RESERVE_BATCH);
+    kvt_ecc_item a = item("xfer-3", "img-3", 4), big = item("xfer-4", "img-4", 4096);
+    KVT_OK_(kvt_ecc_request_add(&f.q, &a));
+    KVT_OK_(kvt_ecc_request_add(&f.q, &big));
+    KVT_OK_(kvt_ecc_client_call(f.cli, f.ep, &f.q, &f.p));
+    assert_int_equal(f.p.n, 2);
+    assert_int_equal(f.p.results[0].code, 0);
+    assert_int_equal(f.p.results[1].code, KVT_ENOSPC);
+    assert_non_null(strstr(f.p.results[1].error.ptr, "pool is full"));
+    kvt_ec_server_stats ss;
+    kvt_ec_server_get_stats(f.srv, &ss);
+    assert_int_equal(ss.item_errors, 1);
+    assert_true(ss.events_sent >= 1);
+    kvt_ecc_event_release(&e);
+    zmq_close(pull);
+    zmq_ctx_term(zctx);
+    /* abandon what is still being written before the shard goes */
+    kvt_ecc_item ab = {.transfer_id = S("xfer-3"), .abandon = true};
+    call1(&f, KVT_ECC_CANCEL, &ab);
+    stop(&f);
+}
+
+/* Sends raw bytes (one or two frames) on a REQ socket, returns the decoded reply's code and
+ * copies its message. */
+static int raw_request(const char *ep, const void *a, size_t na, const void *b, size_t nb,
+                       char *msg, size_t cap)
+{
+    void *ctx = zmq_ctx_new(), *s = zmq_socket(ctx, ZMQ_REQ);
+    int t = TIMEOUT, zero = 0;
+    zmq_setsockopt(s, ZMQ_RCVTIMEO, &t, sizeof(t));
+    zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof(zero));
+    assert_int_equal(zmq_connect(s, ep), 0);
+    zmq_send(s, a, na, b ? ZMQ_SNDMORE : 0);
+    if (b)
+        zmq_send(s, b, nb, 0);
+    uint8_t buf[4096];
+    int n = zmq_recv(s, buf, sizeof(buf), 0);
+    assert_true(n > 0);
+    kvt_ecc_reply r;
+    kvt_ecc_reply_init(&r);
+    KVT_OK_(kvt_ecc_reply_decode(&r, buf, (size_t)n));
+    snprintf(msg, cap, "%s", r.error.ptr);
+    int code = r.code;
+    kvt_ecc_reply_release(&r);
+    zmq_close(s);
+    zmq_ctx_term(ctx);
+    return code;
+}
+
+static void malformed_requests_get_an_error_and_the_server_keeps_serving(void **state)
+{
+    (void)state;
+    fixture f;
+    start(&f, 1, 64);
+    char msg[600];
+    /* garbage */
+    assert_int_equal(raw_request(f.ep, "hello", 5, NULL, 0, msg, sizeof(msg)), KVT_EPROTO);
+    assert_non_null(strstr(msg, "malformed control request"));
+    /* a valid reserve cut short, and the same with one byte too many */
+    kvt_ecc_request_begin(&f.q, KVT_ECC_RESERVE);
+    kvt_ecc_item it = item("xfer-1", "img-1", 2);
+    KVT_OK_(kvt_ecc_request_add(&f.q, &it));
+    uint8_t enc[512];
+    size_t len;
+    KVT_OK_(kvt_ecc_request_encode(&f.q, enc, sizeof(enc) - 1, &len));
+    assert_int_equal(raw_request(f.ep, enc, len - 3, NULL, 0, msg, sizeof(msg)), KVT_EPROTO);
+    assert_non_null(strstr(msg, "header announces"));
+    enc[len] = 0;
+    assert_int_equal(raw_request(f.ep, enc, len + 1, NULL, 0, msg, sizeof(msg)), KVT_EPROTO);
+    /* a request in two frames */
+    assert_int_equal(raw_request(f.ep, enc, len, enc, len, msg, sizeof(msg)), KVT_EPROTO);
+    assert_non_null(strstr(msg, "more than one frame"));
+    /* a count of items no message could hold */
+    memset(enc + KVT_META_HEADER_LEN + 4, 0xff, 4);
+    int rc = raw_request(f.ep, enc, len, NULL, 0, msg, sizeof(msg));
+    assert_true(rc == KVT_EPROTO);
+    /* still serving, and nothing was reserved by the broken requests */
+    kvt_ecc_item st = {.transfer_id = S("xfer-1")};
+    call1(&f, KVT_ECC_STATUS, &st);
+    assert_false(f.p.results[0].found);
+    call1(&f, KVT_ECC_RESERVE, &it);
+    assert_true(f.p.results[0].write);
+    kvt_ec_server_stats ss;
+    kvt_ec_server_get_stats(f.srv, &ss);
+    assert_int_equal(ss.malformed, 5);
+    kvt_ecc_item ab = {.transfer_id = S("xfer-1"), .abandon = true};
+    call1(&f, KVT_ECC_CANCEL, &ab);
+    stop(&f);
+}
+
+/* Reads of the shard go through the server's lock: its thread works on the shard too. */
+static int count_writers(kvt_ec_shard *sh, void *arg)
+{
+    *(uint32_t *)arg = kvt_ec_shard_writers(sh);
+    return 0;
+}
+
+static int shard_stats(kvt_ec_shard *sh, void *arg)
+{
+    kvt_ec_shard_get_stats(sh, arg);
+    return 0;
+}
+
+static void a_stale_reservation_id_is_rejected(void **state)
+{
+    (void)state;
+    fixture f;
+    start(&f, 1, 64);
+    kvt_ecc_item it = item("xfer-1", "img-1", 2);
+    call1(&f, KVT_ECC_RESERVE, &it);
+    char old[KVT_EC_RID_LEN + 1];
+    memcpy(old, f.p.results[0].reservation_id.ptr, sizeof(old));
+    /* the producer refreshes: abandon with refresh, then reserve again (a new id) */
+    kvt_ecc_item rf = {
+        .transfer_id = S("xfer-1"), .reservation_id = S(old), .abandon = true, .refresh = true};
+    call1(&f, KVT_ECC_CANCEL, &rf);
+    assert_true(f.p.results[0].cancelled);
+    call1(&f, KVT_ECC_RESERVE, &it);
+    char fresh[KVT_EC_RID_LEN + 1];
+    memcpy(fresh, f.p.results[0].reservation_id.ptr, sizeof(fresh));
+    assert_string_not_equal(old, fresh);
+    /* a late completion of the old reservation, and a forged one, change nothing */
+    kvt_ecc_item c = {.transfer_id = S("xfer-1"), .reservation_id = S(old)};
+    call1(&f, KVT_ECC_COMPLETE, &c);
+    assert_false(f.p.results[0].completed);
+    c.reservation_id = S("00000000000000000000000000000000");
+    call1(&f, KVT_ECC_COMPLETE, &c);
+    assert_false(f.p.results[0].completed);
+    kvt_ecc_item st = {.transfer_id = S("xfer-1")};
+    call1(&f, KVT_ECC_STATUS, &st);
+    assert_false(f.p.results[0].ready);
+    /* an abandon with a wrong id is refused too: the writer keeps its memory */
+    kvt_ecc_item ab = {.transfer_id = S("xfer-1"), .reservation_id = S(old), .abandon = true};
+    call1(&f, KVT_ECC_CANCEL, &ab);
+    assert_false(f.p.results[0].cancelled);
+    uint32_t writers = 0;
+    KVT_OK_(kvt_ec_server_with_shard(f.srv, count_writers, &writers));
+    assert_int_equal(writers, 1);
+    c.reservation_id = S(fresh);
+    call1(&f, KVT_ECC_COMPLETE, &c);
+    assert_true(f.p.results[0].completed);
+    stop(&f);
+}
+
+/* A consumer-side cancel while the producer writes defers: the memory stays the writer's
+ * until it completes (or abandons); only then is it free. */
+static void a_consumer_cancel_mid_write_keeps_the_writers_memory(void **state)
+{
+    (void)state;
+    fixture f;
+    start(&f, 1, 64);
+    kvt_ecc_item it = item("xfer-1", "img-1", 16);
+    call1(&f, KVT_ECC_RESERVE, &it);
+    char rid[KVT_EC_RID_LEN + 1];
+    memcpy(rid, f.p.results[0].reservation_id.ptr, sizeof(rid));
+    uint64_t off1 = f.p.results[0].offset;
+    kvt_ecc_item cc = {.transfer_id = S("xfer-1")}; /* the scheduler: any id, no abandon */
+    call1(&f, KVT_ECC_CANCEL, &cc);
+    uint32_t writers = 0;
+    KVT_OK_(kvt_ec_server_with_shard(f.srv, count_writers, &writers));
+    assert_int_equal(writers, 1);
+    kvt_ec_shard_stats ss;
+    KVT_OK_(kvt_ec_server_with_shard(f.srv, shard_stats, &ss));
+    assert_int_equal(ss.capacity - ss.free_bytes, 1024);
+    /* another reservation never gets those bytes */
+    kvt_ecc_item other = item("xfer-2", "img-2", 16);
+    call1(&f, KVT_ECC_RESERVE, &other);
+    uint64_t off2 = f.p.results[0].offset;
+    assert_true(off2 >= off1 + 1024 || off2 + 1024 <= off1);
+    char rid2[KVT_EC_RID_LEN + 1];
+    memcpy(rid2, f.p.results[0].reservation_id.ptr, sizeof(rid2));
+    /* the writer finishes: now it is released */
+    kvt_ecc_item c = {.transfer_id = S("xfer-1"), .reservation_id = S(rid)};
+    call1(&f, KVT_ECC_COMPLETE, &c);
+    KVT_OK_(kvt_ec_server_with_shard(f.srv, count_writers, &writers));
+    assert_int_equal(writers, 1); /* xfer-2 */
+    kvt_ecc_item ab = {.transfer_id = S("xfer-2"), .reservation_id = S(rid2), .abandon = true};
+    call1(&f, KVT_ECC_CANCEL, &ab);
+    KVT_OK_(kvt_ec_server_with_shard(f.srv, count_writers, &writers));
+    assert_int_equal(writers, 0);
+    stop(&f);
+}
+
+static void events_wait_for_a_puller_and_the_backlog_is_bounded(void **state)
+{
+    (void)state;
+    fixture f;
+    start(&f, 1, 2);
+    char rids[3][KVT_EC_RID_LEN + 1];
+    for (int i = 0; i < 3; i++) {
+        char tid[16], hash[16];
+        snprintf(tid, sizeof(tid), "xfer-%d", i);
+        snprintf(hash, sizeof(hash), "img-%d", i);
+        kvt_ecc_item it = item(tid, hash, 1);
+        call1(&f, KVT_ECC_RESERVE, &it);
+        memcpy(rids[i], f.p.results[0].reservation_id.ptr, sizeof(rids[i]));
+        kvt_ecc_item c = {.transfer_id = S(tid), .reservation_id = S(rids[i])};
+        call1(&f, KVT_ECC_COMPLETE, &c);
+    }
+    usleep(100 * 1000); /* a few loops of the server: the events are taken into its ring */
+    kvt_ec_server_stats ss;
+    kvt_ec_server_get_stats(f.srv, &ss);
+    assert_int_equal(ss.events_dropped, 1);
+    void *zctx = zmq_ctx_new(), *pull = puller(zctx, f.ev_ep);
+    kvt_ecc_event e;
+    kvt_ecc_event_init(&e);
+    next_event(pull, &e); /* the two newest, oldest first */
+    assert_string_equal(e.transfer_id.ptr, "xfer-1");
+    next_event(pull, &e);
+    assert_string_equal(e.transfer_id.ptr, "xfer-2");
+    kvt_ecc_event_release(&e);
+    zmq_close(pull);
+    zmq_ctx_term(zctx);
+    stop(&f);
+}
+
+static void bind_errors_and_a_dead_server(void **state)
+{
+    (void)state;
+    fixture f;
+    start(&f, 1, 64);
+    kvt_ec_server_config c;
+    kvt_ec_server_config_init(&c);
+    kvt_ec_server *s2;
+    KVT_ERR_(kvt_ec_server_start(&c, f.shard, &s2), KVT_EINVAL); /* no host */
+    assert_non_null(strstr(kvt_last_error(), "no host"));
+    c.host = "127.0.0.1";
+    c.base_port = kvt_ec_server_port(f.srv); /* taken */
+    KVT_ERR_(kvt_ec_server_start(&c, f.shard, &s2), KVT_EIO);
+    assert_non_null(strstr(kvt_last_error(), "failed to bind"));
+    c.base_port = 65535;
+    c.tp_size = 2;
+    KVT_ERR_(kvt_ec_server_start(&c, f.shard, &s2), KVT_ERANGE);
+    c.tp_size = 1;
+    c.tp_rank = 1;
+    KVT_ERR_(kvt_ec_server_start(&c, f.shard, &s2), KVT_EINVAL);
+    /* a server that went away: the call times out, the next call to a live one works */
+    kvt_ecc_client *quick;
+    KVT_OK_(kvt_ecc_client_create(200, &quick));
+    char dead[64];
+    snprintf(dead, sizeof(dead), "tcp://127.0.0.1:%u", kvt_ec_server_port(f.srv));
+    kvt_ec_server_stop(f.srv);
+    f.srv = NULL;
+    kvt_ecc_request_begin(&f.q, KVT_ECC_PEERS);
+    KVT_ERR_(kvt_ecc_client_call(quick, dead, &f.q, &f.p), KVT_EIO);
+    assert_non_null(strstr(kvt_last_error(), "timed out"));
+    /* a server back on that port: the client reconnects by itself */
+    kvt_ec_server_config_init(&c);
+    c.host = "127.0.0.1";
+    c.base_port = (uint32_t)atoi(strrchr(dead, ':') + 1);
+    KVT_OK_(kvt_ec_server_start(&c, f.shard, &f.srv));
+    KVT_OK_(kvt_ecc_client_call(quick, dead, &f.q, &f.p));
+    assert_int_equal(f.p.n_ports, 1);
+    kvt_ecc_client_destroy(quick);
+    stop(&f);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(reserve_write_complete_status_and_event),
+        cmocka_unit_test(malformed_requests_get_an_error_and_the_server_keeps_serving),
+        cmocka_unit_test(a_stale_reservation_id_is_rejected),
+        cmocka_unit_test(a_consumer_cancel_mid_write_keeps_the_writers_memory),
+        cmocka_unit_test(events_wait_for_a_puller_and_the_backlog_is_bounded),
+        cmocka_unit_test(bind_errors_and_a_dead_server),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
