@@ -88,10 +88,11 @@ valgrind: build
 	        || { tail -60 valgrind-$$t.log; exit 1; }; \
 	done
 
+# UCX_MEM_EVENTS=no: UCX's memory hooks (libucm intercepting madvise) crash under ThreadSanitizer.
 test-tsan: deps
 	@cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DKVT_SANITIZE=thread >/dev/null
 	@cmake --build build-tsan -j$(JOBS)
-	cd build-tsan && TSAN_OPTIONS="halt_on_error=1 suppressions=$(CURDIR)/tests/tsan.supp" \
+	cd build-tsan && UCX_MEM_EVENTS=no TSAN_OPTIONS="halt_on_error=1 suppressions=$(CURDIR)/tests/tsan.supp" \
 	    ctest --output-on-failure -L threaded
 
 fuzz-build: deps

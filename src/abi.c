@@ -61,6 +61,7 @@ static const struct {
     SIZE(kvt_ec_status),
     SIZE(kvt_ec_server_config),
     SIZE(kvt_ec_server_stats),
+    SIZE(kvt_ec_net_config),
 };
 
 size_t kvt_sizeof(const char *type_name)

@@ -34,6 +34,13 @@ typedef struct kvt_ec_server_config {
                             default 4096 */
     uint64_t expire_interval_ns; /* the shard's TTL pass; default 1 s */
     uint32_t poll_ms;            /* the loop's receive timeout; default 100 ms */
+    bool data_plane;             /* default true: a UCX receive is posted on every region a
+                                    writer gets (the shard needs a base), and a completion is
+                                    accepted only once its bytes have landed. false: the bytes
+                                    move some other way and completions are trusted */
+    uint32_t complete_wait_ms;   /* how long a completion waits for bytes still arriving before
+                                    it is refused (KVT_EBUSY); default 2000 */
+    uint32_t max_receives;       /* receives posted at once; default 65,536 */
 } kvt_ec_server_config;
 
 typedef struct kvt_ec_server kvt_ec_server;
@@ -52,19 +59,47 @@ KVT_API uint32_t kvt_ec_server_event_port(const kvt_ec_server *s);
 /* kvt_ec_shard_apply under the server's lock: the consumer worker's step. */
 KVT_API int kvt_ec_server_apply(kvt_ec_server *s, const kvt_ec_meta *meta,
                                 const kvt_ec_cache_ops *ops, kvt_ec_worker_meta *out);
-/* Runs fn(shard, arg) under the server's lock (any other call on the shard: stats, state). */
+/* Runs fn(shard, arg) under the server's lock (any other call on the shard: stats, state). fn
+ * must not complete or abandon a writer's reservation (the server owns their receives). */
 KVT_API int kvt_ec_server_with_shard(kvt_ec_server *s, int (*fn)(kvt_ec_shard *, void *),
                                      void *arg);
 
 typedef struct kvt_ec_server_stats {
-    uint64_t requests;       /* requests answered */
-    uint64_t malformed;      /* requests that could not be decoded (answered with an error) */
-    uint64_t items;          /* items in them */
-    uint64_t item_errors;    /* items the shard refused */
-    uint64_t events_sent;    /* events pushed */
-    uint64_t events_dropped; /* events dropped: the backlog was full */
+    uint64_t requests;           /* requests answered */
+    uint64_t malformed;          /* requests that could not be decoded (answered with an error) */
+    uint64_t items;              /* items in them */
+    uint64_t item_errors;        /* items the shard refused */
+    uint64_t events_sent;        /* events pushed */
+    uint64_t events_dropped;     /* events dropped: the backlog was full */
+    uint64_t receives_posted;    /* data plane: receives posted on writers' regions */
+    uint64_t receives_done;      /* ... whose bytes all arrived */
+    uint64_t receives_cancelled; /* ... ended by an abandon before their bytes arrived */
+    uint64_t receives_failed;    /* ... that failed (short, truncated, transport error) */
+    uint64_t bytes_received;
+    uint64_t completes_early; /* completions refused: their bytes had not landed yet */
 } kvt_ec_server_stats;
 KVT_API void kvt_ec_server_get_stats(kvt_ec_server *s, kvt_ec_server_stats *st);
+
+/* ---- producer side: remote consumers ------------------------------------------------------- */
+
+/* kvt_ec_consumer_ops over the network, for a producer (kvt_ec_producer_config.ops): a
+ * consumer is named by its control address "host:port" or "tcp://host:port" (the port of its
+ * shard 0, base + dp_index x tp_size); `peers` gives every shard's port (cached per consumer,
+ * successes only), `reserve`, `complete` and `cancel` go to the shard's control server, and
+ * `write` sends the bytes over UCX with the reservation's tag to the shard's worker address
+ * (asked once per shard with `data_address`). Not thread-safe: one per producer thread. */
+typedef struct kvt_ec_net_config {
+    uint32_t control_timeout_ms; /* each control exchange; default 30,000 */
+    uint32_t write_timeout_ms;   /* each write; default 30,000 */
+} kvt_ec_net_config;
+
+typedef struct kvt_ec_net_consumer kvt_ec_net_consumer;
+
+KVT_API void kvt_ec_net_config_init(kvt_ec_net_config *cfg);
+KVT_API int kvt_ec_net_consumer_create(const kvt_ec_net_config *cfg, kvt_ec_net_consumer **out);
+KVT_API void kvt_ec_net_consumer_destroy(kvt_ec_net_consumer *c);
+/* The ops (valid until destroy). */
+KVT_API kvt_ec_consumer_ops kvt_ec_net_consumer_ops(kvt_ec_net_consumer *c);
 
 #ifdef __cplusplus
 }

@@ -23,11 +23,13 @@ enum kvt_ecc_op {
     KVT_ECC_RESERVE_BATCH = 5,
     KVT_ECC_COMPLETE = 6, /* one (transfer id, reservation id) */
     KVT_ECC_COMPLETE_BATCH = 7,
-    KVT_ECC_CANCEL = 8 /* one (transfer id, reservation id or "", abandon, refresh) */
+    KVT_ECC_CANCEL = 8,      /* one (transfer id, reservation id or "", abandon, refresh) */
+    KVT_ECC_DATA_ADDRESS = 9 /* -> the shard's data-plane (UCX worker) address */
 };
 
 #define KVT_ECC_MAX_BATCH 4096u      /* items in one batch */
 #define KVT_ECC_MAX_MSG   (8u << 20) /* bytes of any control message */
+#define KVT_ECC_MAX_ADDR  8192u      /* bytes of a data-plane address */
 
 /* One item of a request; which fields count depends on the op. */
 typedef struct kvt_ecc_item {
@@ -75,7 +77,9 @@ typedef struct kvt_ecc_reply {
     kvt_ecc_result *results;
     uint32_t n_ports; /* peers: the shards' control ports, in rank order */
     uint32_t ports[KVT_EC_MAX_SHARDS];
-    uint32_t port; /* event_port */
+    uint32_t port;            /* event_port */
+    const uint8_t *data_addr; /* data_address: opaque bytes, 1..KVT_ECC_MAX_ADDR */
+    uint32_t data_addr_len;
     /* private */
     uint32_t cap;
     kvt_bump strings;
@@ -94,6 +98,10 @@ typedef struct kvt_ecc_event {
 } kvt_ecc_event;
 
 const char *kvt_ecc_op_name(uint32_t op);
+/* The data plane's tag for a reservation: the first 64 bits of its (random) id. */
+uint64_t kvt_ecc_rid_tag(const char *reservation_id);
+/* Sets a data_address reply's bytes (copied). */
+int kvt_ecc_reply_set_address(kvt_ecc_reply *r, const void *addr, uint32_t len);
 
 void kvt_ecc_request_init(kvt_ecc_request *r);
 void kvt_ecc_request_clear(kvt_ecc_request *r);

@@ -45,7 +45,17 @@ const char *kvt_ecc_op_name(uint32_t op)
 
 static bool op_valid(uint32_t op)
 {
-    return op >= KVT_ECC_PEERS && op <= KVT_ECC_CANCEL;
+    return op >= KVT_ECC_PEERS && op <= KVT_ECC_DATA_ADDRESS;
+}
+
+uint64_t kvt_ecc_rid_tag(const char *rid)
+{
+    uint64_t t = 0;
+    for (int i = 0; i < 16 && rid && rid[i]; i++) {
+        char c = rid[i];
+        t = t << 4 | (uint64_t)(c <= '9' ? c - '0' : c - 'a' + 10);
+    }
+    return t;
 }
 
 static bool op_reserve(uint32_t op)
@@ -65,7 +75,7 @@ static bool op_batch(uint32_t op)
 
 static bool op_items(uint32_t op)
 {
-    return op != KVT_ECC_PEERS && op != KVT_ECC_EVENT_PORT;
+    return op != KVT_ECC_PEERS && op != KVT_ECC_EVENT_PORT && op != KVT_ECC_DATA_ADDRESS;
 }
 
 static size_t str_size(kvt_str s)
@@ -330,8 +340,23 @@ void kvt_ecc_reply_clear(kvt_ecc_reply *r)
     r->op = 0;
     r->code = 0;
     r->error = (kvt_str){"", 0};
-    r->n = r->n_ports = r->port = 0;
+    r->n = r->n_ports = r->port = r->data_addr_len = 0;
+    r->data_addr = NULL;
     kvt_bump_clear(&r->strings);
+}
+
+int kvt_ecc_reply_set_address(kvt_ecc_reply *r, const void *addr, uint32_t len)
+{
+    if (!addr || len < 1 || len > KVT_ECC_MAX_ADDR)
+        return kvt_fail(KVT_EINVAL, "ec control: a data address of %u bytes (1..%u)", len,
+                        KVT_ECC_MAX_ADDR);
+    uint8_t *b = kvt_bump_alloc(&r->strings, len);
+    if (!b)
+        return kvt_fail(KVT_ENOMEM, "ec control: out of memory for a data address");
+    memcpy(b, addr, len);
+    r->data_addr = b;
+    r->data_addr_len = len;
+    return 0;
 }
 
 void kvt_ecc_reply_release(kvt_ecc_reply *r)
@@ -424,6 +449,11 @@ int kvt_ecc_reply_validate(const kvt_ecc_reply *r)
         return r->port >= 1 && r->port <= 65535
                    ? 0
                    : kvt_fail(KVT_EINVAL, "event_port: %u is not a TCP port", r->port);
+    if (r->op == KVT_ECC_DATA_ADDRESS)
+        return r->data_addr && r->data_addr_len >= 1 && r->data_addr_len <= KVT_ECC_MAX_ADDR
+                   ? 0
+                   : kvt_fail(KVT_EINVAL, "data_address: %u bytes (1..%u)", r->data_addr_len,
+                              KVT_ECC_MAX_ADDR);
     uint32_t hi = op_batch(r->op) ? KVT_ECC_MAX_BATCH : 1;
     if (r->n < 1 || r->n > hi)
         return kvt_fail(KVT_EINVAL, "ec control reply: %s with %u results (expected 1..%u)",
@@ -464,6 +494,8 @@ size_t kvt_ecc_reply_encoded_size(const kvt_ecc_reply *r)
         return n + 4 + 4 * (size_t)r->n_ports;
     if (r->op == KVT_ECC_EVENT_PORT)
         return n + 4;
+    if (r->op == KVT_ECC_DATA_ADDRESS)
+        return n + 4 + r->data_addr_len;
     n += 4;
     for (uint32_t i = 0; i < r->n; i++)
         n += result_size(r->op, &r->results[i]);
@@ -524,6 +556,10 @@ int kvt_ecc_reply_encode(const kvt_ecc_reply *r, void *buf, size_t cap, size_t *
             wr_u32(&w, r->ports[i]);
     } else if (r->op == KVT_ECC_EVENT_PORT) {
         wr_u32(&w, r->port);
+    } else if (r->op == KVT_ECC_DATA_ADDRESS) {
+        wr_u32(&w, r->data_addr_len);
+        memcpy(w.p, r->data_addr, r->data_addr_len);
+        w.p += r->data_addr_len;
     } else {
         wr_u32(&w, r->n);
         for (uint32_t i = 0; i < r->n; i++)
@@ -592,6 +628,14 @@ static int rd_reply_body(void *obj, kvt_rd *r)
     } else if (op == KVT_ECC_EVENT_PORT) {
         if ((rc = rd_u32(r, &p->port, "port")))
             return rc;
+    } else if (op == KVT_ECC_DATA_ADDRESS) {
+        uint32_t len;
+        if ((rc = rd_count(r, &len, KVT_ECC_MAX_ADDR, 1, "data address")) ||
+            (rc = rd_need(r, len, "data address")))
+            return rc;
+        if (len && (rc = kvt_ecc_reply_set_address(p, r->p, len)))
+            return rc;
+        r->p += len;
     } else {
         /* the smallest result is a code and an empty error */
         if ((rc = rd_count(r, &n, KVT_ECC_MAX_BATCH, 8, "results")) ||

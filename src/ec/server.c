@@ -20,8 +20,21 @@
 
 #include "base/error.h"
 #include "base/log.h"
+#include "base/map.h"
 #include "ec/ctl.h"
+#include "ec/ucx.h"
 #include "kvtier/ec_net.h"
+
+#define NONE UINT32_MAX
+
+/* A receive posted on a writer's region, by reservation id. */
+typedef struct rx {
+    bool used;
+    char rid[KVT_EC_RID_LEN + 1];
+    kvt_ucx_recv *r;
+    uint64_t nbytes;
+    uint32_t next_free;
+} rx;
 
 struct kvt_ec_server {
     kvt_ec_server_config cfg;
@@ -42,6 +55,12 @@ struct kvt_ec_server {
     uint64_t next_expire;
     pthread_mutex_t st_lock;
     kvt_ec_server_stats st;
+    /* data plane (the thread's) */
+    kvt_ucx *ucx;
+    int efd;
+    rx *rx;
+    kvt_map rx_map;
+    uint32_t rx_free;
 };
 
 void kvt_ec_server_config_init(kvt_ec_server_config *cfg)
@@ -51,6 +70,9 @@ void kvt_ec_server_config_init(kvt_ec_server_config *cfg)
     cfg->max_events = 4096;
     cfg->expire_interval_ns = 1000000000ull;
     cfg->poll_ms = 100;
+    cfg->data_plane = true;
+    cfg->complete_wait_ms = 2000;
+    cfg->max_receives = 65536;
 }
 
 static int zfail(const char *what, const char *endpoint)
@@ -87,6 +109,10 @@ static int check_config(const kvt_ec_server_config *c)
         c->expire_interval_ns == 0)
         return kvt_fail(KVT_EINVAL, "ec server: max_events 1..2^20, poll_ms 1..10000 and a "
                                     "non-zero expire interval");
+    if (c->data_plane &&
+        (c->max_receives < 1 || c->max_receives > (1u << 24) || c->complete_wait_ms > 60000))
+        return kvt_fail(KVT_EINVAL, "ec server: max_receives 1..2^24 and complete_wait_ms at "
+                                    "most 60000");
     return 0;
 }
 
@@ -105,15 +131,103 @@ static void fill_error(kvt_ecc_result *x, int rc)
     x->error = (kvt_str){m[0] ? m : "failed", (uint32_t)(m[0] ? strlen(m) : 6)};
 }
 
-/* The data plane's handle on a reservation: the first 64 bits of its (random) id. */
-static uint64_t rid_tag(const char *rid)
+/* ---- data plane: receives on writers' regions --------------------------------------------- */
+
+static void count(kvt_ec_server *s, uint64_t *field, uint64_t n)
 {
-    uint64_t t = 0;
-    for (int i = 0; i < 16 && rid[i]; i++) {
-        char c = rid[i];
-        t = t << 4 | (uint64_t)(c <= '9' ? c - '0' : c - 'a' + 10);
+    pthread_mutex_lock(&s->st_lock);
+    *field += n;
+    pthread_mutex_unlock(&s->st_lock);
+}
+
+static uint32_t rx_find(const kvt_ec_server *s, const char *rid)
+{
+    uint64_t h = kvt_ecc_rid_tag(rid), pos = kvt_map_probe_start(&s->rx_map, h);
+    uint32_t v;
+    while (kvt_map_probe_next(&s->rx_map, h, &pos, &v))
+        if (strcmp(s->rx[v].rid, rid) == 0)
+            return v;
+    return NONE;
+}
+
+static void rx_remove(kvt_ec_server *s, uint32_t i)
+{
+    (void)kvt_map_remove(&s->rx_map, kvt_ecc_rid_tag(s->rx[i].rid), i);
+    s->rx[i].used = false;
+    s->rx[i].r = NULL;
+    s->rx[i].next_free = s->rx_free;
+    s->rx_free = i;
+}
+
+/* A writer got [ptr, +nbytes): its bytes may only land there, through a receive posted now. */
+static int rx_post(kvt_ec_server *s, const kvt_ec_reply *r)
+{
+    if (rx_find(s, r->reservation_id) != NONE)
+        return 0; /* a repeated reserve: its receive is already posted */
+    if (!r->ptr)
+        return kvt_fail(KVT_ESTATE, "ec server: the data plane needs a shard with a buffer");
+    if (s->rx_free == NONE)
+        return kvt_fail(KVT_ELIMIT, "ec server: %u receives already posted (max_receives)",
+                        s->cfg.max_receives);
+    kvt_ucx_recv *q;
+    int rc = kvt_ucx_recv_post(s->ucx, r->ptr, r->nbytes, kvt_ecc_rid_tag(r->reservation_id), &q);
+    if (rc)
+        return rc;
+    uint32_t i = s->rx_free;
+    s->rx_free = s->rx[i].next_free;
+    s->rx[i].used = true;
+    s->rx[i].r = q;
+    s->rx[i].nbytes = r->nbytes;
+    memcpy(s->rx[i].rid, r->reservation_id, sizeof(s->rx[i].rid));
+    (void)kvt_map_insert(&s->rx_map, kvt_ecc_rid_tag(r->reservation_id), i); /* room: rx_free */
+    count(s, &s->st.receives_posted, 1);
+    return 0;
+}
+
+/* Before a completion: the writer's bytes must all have landed. 0 when they have (the receive
+ * is over) or no receive was posted for rid (a follower, a forged or stale id: the shard
+ * decides); KVT_EBUSY while they are still arriving; KVT_EIO when the receive failed. */
+static int rx_landed(kvt_ec_server *s, const char *rid)
+{
+    uint32_t i = rx_find(s, rid);
+    if (i == NONE)
+        return 0;
+    int rc = kvt_ucx_recv_wait(s->ucx, s->rx[i].r, (int)s->cfg.complete_wait_ms);
+    if (rc == 0) {
+        count(s, &s->st.completes_early, 1);
+        return kvt_fail(KVT_EBUSY, "the bytes of reservation %.8s... have not all arrived", rid);
     }
-    return t;
+    if (rc < 0) {
+        count(s, &s->st.receives_failed, 1);
+        return rc; /* the writer abandons next: the receive ends then */
+    }
+    (void)kvt_ucx_recv_end(s->ucx, s->rx[i].r, 0);
+    count(s, &s->st.receives_done, 1);
+    count(s, &s->st.bytes_received, s->rx[i].nbytes);
+    rx_remove(s, i);
+    return 0;
+}
+
+/* Before an abandon: the receive on the writer's region ends first (UCX lets go of it), or the
+ * abandon is refused and the memory stays the writer's. */
+static int rx_end(kvt_ec_server *s, const kvt_ecc_item *it)
+{
+    static _Thread_local kvt_ec_status st;
+    const char *rid = it->reservation_id.ptr;
+    if (it->reservation_id.len == 0) { /* "any": the record's current reservation */
+        if (kvt_ec_shard_status(s->shard, it->transfer_id.ptr, it->transfer_id.len, &st) != 1)
+            return 0;
+        rid = st.reservation_id;
+    }
+    uint32_t i = rx_find(s, rid);
+    if (i == NONE)
+        return 0;
+    int rc = kvt_ucx_recv_end(s->ucx, s->rx[i].r, 2000);
+    if (rc)
+        return rc;
+    count(s, &s->st.receives_cancelled, 1);
+    rx_remove(s, i);
+    return 0;
 }
 
 static int do_item(kvt_ec_server *s, uint32_t op, const kvt_ecc_item *it, kvt_ecc_result *x)
@@ -145,11 +259,20 @@ static int do_item(kvt_ec_server *s, uint32_t op, const kvt_ecc_item *it, kvt_ec
                             it->dtype.ptr,   it->dtype.len};
         memcpy(item.shape, it->shape, sizeof(item.shape));
         rc = kvt_ec_shard_reserve(sh, it->transfer_id.ptr, it->transfer_id.len, &item, &r);
+        if (!rc && r.write && s->ucx && (rc = rx_post(s, &r))) {
+            /* no receive, no writer: the reservation is given back before anyone writes */
+            char msg[512];
+            bool done;
+            snprintf(msg, sizeof(msg), "%s", kvt_last_error());
+            (void)kvt_ec_shard_cancel(sh, it->transfer_id.ptr, it->transfer_id.len,
+                                      r.reservation_id, true, false, &done);
+            rc = kvt_fail(rc, "%s", msg);
+        }
         if (!rc) {
             x->reservation_id = (kvt_str){r.reservation_id, (uint32_t)strlen(r.reservation_id)};
             x->offset = r.offset;
             x->nbytes = r.nbytes;
-            x->tag = rid_tag(r.reservation_id);
+            x->tag = kvt_ecc_rid_tag(r.reservation_id);
             x->write = r.write;
             x->ready = r.ready;
             x->cached = r.cached;
@@ -159,13 +282,15 @@ static int do_item(kvt_ec_server *s, uint32_t op, const kvt_ecc_item *it, kvt_ec
     }
     case KVT_ECC_COMPLETE:
     case KVT_ECC_COMPLETE_BATCH:
-        rc = kvt_ec_shard_complete(sh, it->transfer_id.ptr, it->transfer_id.len,
-                                   it->reservation_id.ptr, &x->completed, &x->became_ready);
+        if (!s->ucx || !(rc = rx_landed(s, it->reservation_id.ptr)))
+            rc = kvt_ec_shard_complete(sh, it->transfer_id.ptr, it->transfer_id.len,
+                                       it->reservation_id.ptr, &x->completed, &x->became_ready);
         break;
     case KVT_ECC_CANCEL:
-        rc = kvt_ec_shard_cancel(sh, it->transfer_id.ptr, it->transfer_id.len,
-                                 it->reservation_id.len ? it->reservation_id.ptr : NULL,
-                                 it->abandon, it->refresh, &x->cancelled);
+        if (!s->ucx || !it->abandon || !(rc = rx_end(s, it)))
+            rc = kvt_ec_shard_cancel(sh, it->transfer_id.ptr, it->transfer_id.len,
+                                     it->reservation_id.len ? it->reservation_id.ptr : NULL,
+                                     it->abandon, it->refresh, &x->cancelled);
         break;
     }
     if (rc < 0)
@@ -188,6 +313,14 @@ static int handle(kvt_ec_server *s)
     if (q->op == KVT_ECC_EVENT_PORT) {
         p->port = s->event_port;
         return 0;
+    }
+    if (q->op == KVT_ECC_DATA_ADDRESS) {
+        const void *a;
+        size_t n;
+        if (!s->ucx)
+            return kvt_fail(KVT_EUNSUPPORTED, "ec server: this shard runs without a data plane");
+        (void)kvt_ucx_address(s->ucx, &a, &n);
+        return kvt_ecc_reply_set_address(p, a, (uint32_t)n);
     }
     uint64_t errors = 0;
     pthread_mutex_lock(&s->lock);
@@ -343,9 +476,17 @@ static void *server_main(void *arg)
         collect_events(s);
         pthread_mutex_unlock(&s->lock);
         push_events(s);
-        zmq_pollitem_t it = {s->rep, 0, ZMQ_POLLIN, 0};
-        int n = zmq_poll(&it, 1, (long)s->cfg.poll_ms);
-        if (n > 0)
+        /* receives progress on their own (rendezvous needs the receiver), woken by UCX's fd */
+        long timeout = (long)s->cfg.poll_ms;
+        if (s->ucx) {
+            while (kvt_ucx_progress(s->ucx))
+                ;
+            if (kvt_ucx_arm(s->ucx) != 0)
+                timeout = 0;
+        }
+        zmq_pollitem_t it[2] = {{s->rep, 0, ZMQ_POLLIN, 0}, {NULL, s->efd, ZMQ_POLLIN, 0}};
+        int n = zmq_poll(it, s->ucx ? 2 : 1, timeout);
+        if (n > 0 && (it[0].revents & ZMQ_POLLIN))
             serve_one(s);
         else if (n < 0 && zmq_errno() != EINTR) {
             KVT_LOG_E("ec server port %u: stopped serving: poll: %s", s->port,
@@ -360,6 +501,15 @@ static void *server_main(void *arg)
 
 static void teardown(kvt_ec_server *s)
 {
+    if (s->ucx) {
+        /* every receive ends before the worker goes; UCX writes nothing after that */
+        for (uint32_t i = 0; s->rx && i < s->cfg.max_receives; i++)
+            if (s->rx[i].used && kvt_ucx_recv_end(s->ucx, s->rx[i].r, 2000))
+                KVT_LOG_E("ec server port %u: %s", s->port, kvt_last_error());
+        kvt_ucx_destroy(s->ucx);
+    }
+    free(s->rx);
+    kvt_map_free(&s->rx_map);
     if (s->rep)
         zmq_close(s->rep);
     if (s->push)
@@ -412,6 +562,23 @@ static int bind_sockets(kvt_ec_server *s)
     return 0;
 }
 
+static int data_plane_setup(kvt_ec_server *s)
+{
+    uint32_t n = s->cfg.max_receives;
+    s->rx = calloc(n, sizeof(*s->rx));
+    if (!s->rx)
+        return kvt_fail(KVT_ENOMEM, "ec server: out of memory for %u receives", n);
+    for (uint32_t i = 0; i < n; i++)
+        s->rx[i].next_free = i + 1 < n ? i + 1 : NONE;
+    s->rx_free = 0;
+    int rc = kvt_map_init(&s->rx_map, n);
+    if (!rc)
+        rc = kvt_ucx_create(&s->ucx);
+    if (!rc)
+        rc = kvt_ucx_efd(s->ucx, &s->efd);
+    return rc ? kvt_fail_wrap(rc, "ec server: data plane") : 0;
+}
+
 int kvt_ec_server_start(const kvt_ec_server_config *cfg, kvt_ec_shard *shard, kvt_ec_server **out)
 {
     if (!cfg || !shard || !out)
@@ -433,6 +600,8 @@ int kvt_ec_server_start(const kvt_ec_server_config *cfg, kvt_ec_shard *shard, kv
     s->ring = calloc(cfg->max_events, sizeof(*s->ring));
     if (!s->ring)
         rc = kvt_fail(KVT_ENOMEM, "ec server: out of memory for %u events", cfg->max_events);
+    if (!rc && cfg->data_plane)
+        rc = data_plane_setup(s);
     if (!rc)
         rc = bind_sockets(s);
     if (!rc && pthread_create(&s->thread, NULL, server_main, s) != 0)

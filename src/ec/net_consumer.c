@@ -1,0 +1,280 @@
+/*
+ * A producer's remote consumers (kvtier/ec_net.h): kvt_ec_consumer_ops over the control plane
+ * (ZeroMQ REQ, src/ec/ctl_client.c) and the data plane (UCX tag sends, src/ec/ucx.c).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/error.h"
+#include "ec/ctl.h"
+#include "ec/ucx.h"
+#include "kvtier/ec_net.h"
+
+#define MAX_CONSUMERS 64
+
+typedef struct remote {
+    char name[160]; /* as the push spec names it */
+    char host[128];
+    uint32_t n; /* shards, 0 until peers answered */
+    uint32_t ports[KVT_EC_MAX_SHARDS];
+    uint8_t *addr[KVT_EC_MAX_SHARDS]; /* data-plane addresses, fetched on first write */
+    uint32_t addr_len[KVT_EC_MAX_SHARDS];
+} remote;
+
+struct kvt_ec_net_consumer {
+    kvt_ec_net_config cfg;
+    kvt_ecc_client *cli;
+    kvt_ucx *ucx;
+    remote *rem[MAX_CONSUMERS];
+    uint32_t n_rem, evict;
+    kvt_ecc_request q;
+    kvt_ecc_reply p;
+};
+
+void kvt_ec_net_config_init(kvt_ec_net_config *cfg)
+{
+    cfg->control_timeout_ms = 30000;
+    cfg->write_timeout_ms = 30000;
+}
+
+int kvt_ec_net_consumer_create(const kvt_ec_net_config *cfg, kvt_ec_net_consumer **out)
+{
+    if (!cfg || !out)
+        return kvt_fail(KVT_EINVAL, "ec net: create: NULL argument");
+    if (cfg->control_timeout_ms < 1 || cfg->write_timeout_ms < 1 ||
+        cfg->control_timeout_ms > 3600000 || cfg->write_timeout_ms > 3600000)
+        return kvt_fail(KVT_EINVAL, "ec net: timeouts must be 1 ms .. 1 h");
+    kvt_ec_net_consumer *c = calloc(1, sizeof(*c));
+    if (!c)
+        return kvt_fail(KVT_ENOMEM, "ec net: out of memory");
+    c->cfg = *cfg;
+    kvt_ecc_request_init(&c->q);
+    kvt_ecc_reply_init(&c->p);
+    int rc = kvt_ecc_client_create((int)cfg->control_timeout_ms, &c->cli);
+    if (!rc)
+        rc = kvt_ucx_create(&c->ucx);
+    if (rc) {
+        kvt_ec_net_consumer_destroy(c);
+        return rc;
+    }
+    *out = c;
+    return 0;
+}
+
+static void remote_free(remote *r)
+{
+    for (uint32_t k = 0; k < KVT_EC_MAX_SHARDS; k++)
+        free(r->addr[k]);
+    free(r);
+}
+
+void kvt_ec_net_consumer_destroy(kvt_ec_net_consumer *c)
+{
+    if (!c)
+        return;
+    for (uint32_t i = 0; i < c->n_rem; i++)
+        remote_free(c->rem[i]);
+    kvt_ecc_client_destroy(c->cli);
+    kvt_ucx_destroy(c->ucx);
+    kvt_ecc_request_release(&c->q);
+    kvt_ecc_reply_release(&c->p);
+    free(c);
+}
+
+/* "tcp://host:port", "host:port" or "[v6]:port" -> host and port. */
+static int parse(const char *name, char *host, size_t cap, uint32_t *port)
+{
+    const char *h = strncmp(name, "tcp://", 6) == 0 ? name + 6 : name;
+    const char *colon = strrchr(h, ':');
+    if (!colon || colon == h)
+        return kvt_fail(KVT_EINVAL, "ec net: consumer address %s is not host:port", name);
+    size_t n = (size_t)(colon - h);
+    if (h[0] == '[' && colon[-1] == ']')
+        h++, n -= 2;
+    char *end;
+    unsigned long p = strtoul(colon + 1, &end, 10);
+    if (*end || p < 1 || p > 65535 || n == 0 || n >= cap)
+        return kvt_fail(KVT_EINVAL, "ec net: consumer address %s is not host:port", name);
+    memcpy(host, h, n);
+    host[n] = 0;
+    *port = (uint32_t)p;
+    return 0;
+}
+
+static void endpoint(char *buf, size_t cap, const char *host, uint32_t port)
+{
+    snprintf(buf, cap, strchr(host, ':') ? "tcp://[%s]:%u" : "tcp://%s:%u", host, port);
+}
+
+static int call(kvt_ec_net_consumer *c, const char *host, uint32_t port)
+{
+    char ep[160];
+    endpoint(ep, sizeof(ep), host, port);
+    return kvt_ecc_client_call(c->cli, ep, &c->q, &c->p);
+}
+
+/* The consumer's entry, its topology discovered if needed. */
+static int consumer(kvt_ec_net_consumer *c, const char *name, remote **out)
+{
+    remote *r = NULL;
+    for (uint32_t i = 0; i < c->n_rem && !r; i++)
+        if (strcmp(c->rem[i]->name, name) == 0)
+            r = c->rem[i];
+    if (!r) {
+        if (strlen(name) >= sizeof(r->name))
+            return kvt_fail(KVT_EINVAL, "ec net: consumer address too long");
+        r = calloc(1, sizeof(*r));
+        if (!r)
+            return kvt_fail(KVT_ENOMEM, "ec net: out of memory");
+        uint32_t port = 0;
+        int rc = parse(name, r->host, sizeof(r->host), &port);
+        if (rc) {
+            free(r);
+            return rc;
+        }
+        snprintf(r->name, sizeof(r->name), "%s", name);
+        r->ports[0] = port;
+        if (c->n_rem == MAX_CONSUMERS) { /* forget one; it is rediscovered when needed */
+            uint32_t v = c->evict++ % MAX_CONSUMERS;
+            remote_free(c->rem[v]);
+            c->rem[v] = c->rem[--c->n_rem];
+        }
+        c->rem[c->n_rem++] = r;
+    }
+    if (r->n == 0) {
+        kvt_ecc_request_begin(&c->q, KVT_ECC_PEERS);
+        int rc = call(c, r->host, r->ports[0]);
+        if (rc)
+            return rc;
+        memcpy(r->ports, c->p.ports, sizeof(r->ports));
+        r->n = c->p.n_ports; /* cached: successes only */
+    }
+    *out = r;
+    return 0;
+}
+
+static int shard_of(kvt_ec_net_consumer *c, const char *name, uint32_t k, remote **out)
+{
+    int rc = consumer(c, name, out);
+    if (!rc && k >= (*out)->n)
+        rc = kvt_fail(KVT_ERANGE, "ec net: consumer %s has %u shards, not %u", name, (*out)->n,
+                      k + 1);
+    return rc;
+}
+
+/* One item to shard k; its result's code becomes the return value, with the shard's words. */
+static int call_item(kvt_ec_net_consumer *c, remote *r, uint32_t k, uint32_t op,
+                     const kvt_ecc_item *it)
+{
+    kvt_ecc_request_begin(&c->q, op);
+    int rc = kvt_ecc_request_add(&c->q, it);
+    if (!rc)
+        rc = call(c, r->host, r->ports[k]);
+    if (!rc && c->p.results[0].code)
+        rc = kvt_fail(c->p.results[0].code, "ec net: %s on %s shard %u: %s", kvt_ecc_op_name(op),
+                      r->name, k, c->p.results[0].error.ptr);
+    return rc;
+}
+
+static int op_shards(void *ctx, const char *name, uint32_t *n)
+{
+    remote *r;
+    int rc = consumer(ctx, name, &r);
+    if (!rc)
+        *n = r->n;
+    return rc;
+}
+
+static int op_reserve(void *ctx, const char *name, uint32_t k, const char *tid, uint32_t len,
+                      const kvt_ec_item *item, kvt_ec_reply *out)
+{
+    kvt_ec_net_consumer *c = ctx;
+    remote *r;
+    int rc = shard_of(c, name, k, &r);
+    if (rc)
+        return rc;
+    kvt_ecc_item it = {{tid, len}, {item->mm_hash, item->mm_hash_len}, item->nbytes, item->ndim,
+                       {0},        {item->dtype, item->dtype_len}};
+    memcpy(it.shape, item->shape, sizeof(it.shape));
+    if ((rc = call_item(c, r, k, KVT_ECC_RESERVE, &it)))
+        return rc;
+    const kvt_ecc_result *x = &c->p.results[0];
+    memset(out, 0, sizeof(*out));
+    memcpy(out->reservation_id, x->reservation_id.ptr, x->reservation_id.len);
+    out->offset = x->offset;
+    out->nbytes = x->nbytes;
+    out->write = x->write;
+    out->ready = x->ready;
+    out->cached = x->cached;
+    out->cancelled = x->cancelled;
+    return 0;
+}
+
+static int op_write(void *ctx, const char *name, uint32_t k, const kvt_ec_reply *dst,
+                    const void *src, uint64_t n)
+{
+    kvt_ec_net_consumer *c = ctx;
+    remote *r;
+    int rc = shard_of(c, name, k, &r);
+    if (rc)
+        return rc;
+    if (n != dst->nbytes)
+        return kvt_fail(KVT_EINVAL, "ec net: %llu bytes for a reservation of %llu",
+                        (unsigned long long)n, (unsigned long long)dst->nbytes);
+    if (!r->addr[k]) {
+        kvt_ecc_request_begin(&c->q, KVT_ECC_DATA_ADDRESS);
+        if ((rc = call(c, r->host, r->ports[k])))
+            return rc;
+        r->addr[k] = malloc(c->p.data_addr_len);
+        if (!r->addr[k])
+            return kvt_fail(KVT_ENOMEM, "ec net: out of memory");
+        memcpy(r->addr[k], c->p.data_addr, c->p.data_addr_len);
+        r->addr_len[k] = c->p.data_addr_len;
+    }
+    rc = kvt_ucx_send(c->ucx, r->addr[k], r->addr_len[k], src, n,
+                      kvt_ecc_rid_tag(dst->reservation_id), (int)c->cfg.write_timeout_ms);
+    if (rc) { /* the shard may have restarted with a new address: ask again next time */
+        free(r->addr[k]);
+        r->addr[k] = NULL;
+        char what[220];
+        snprintf(what, sizeof(what), "ec net: write to %s shard %u", r->name, k);
+        return kvt_fail_wrap(rc, what);
+    }
+    return 0;
+}
+
+static int op_complete(void *ctx, const char *name, uint32_t k, const char *tid, uint32_t len,
+                       const char *rid, bool *accepted)
+{
+    kvt_ec_net_consumer *c = ctx;
+    remote *r;
+    int rc = shard_of(c, name, k, &r);
+    if (rc)
+        return rc;
+    kvt_ecc_item it = {.transfer_id = {tid, len}, .reservation_id = {rid, (uint32_t)strlen(rid)}};
+    if ((rc = call_item(c, r, k, KVT_ECC_COMPLETE, &it)))
+        return rc;
+    *accepted = c->p.results[0].completed;
+    return 0;
+}
+
+static int op_cancel(void *ctx, const char *name, uint32_t k, const char *tid, uint32_t len,
+                     const char *rid, bool abandon, bool refresh)
+{
+    kvt_ec_net_consumer *c = ctx;
+    remote *r;
+    int rc = shard_of(c, name, k, &r);
+    if (rc)
+        return rc;
+    kvt_ecc_item it = {.transfer_id = {tid, len},
+                       .reservation_id = {rid ? rid : "", rid ? (uint32_t)strlen(rid) : 0},
+                       .abandon = abandon,
+                       .refresh = refresh};
+    return call_item(c, r, k, KVT_ECC_CANCEL, &it);
+}
+
+kvt_ec_consumer_ops kvt_ec_net_consumer_ops(kvt_ec_net_consumer *c)
+{
+    return (kvt_ec_consumer_ops){op_shards, op_reserve, op_write, op_complete, op_cancel, c};
+}
