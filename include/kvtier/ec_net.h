@@ -40,7 +40,7 @@ typedef struct kvt_ec_server_config {
                                     move some other way and completions are trusted */
     uint32_t complete_wait_ms;   /* how long a completion waits for bytes still arriving before
                                     it is refused (KVT_EBUSY); default 2000 */
-    uint32_t max_receives;       /* receives posted at once; default 65,536 */
+    uint32_t max_receives;       /* writers' receives posted at once; default 4096 */
 } kvt_ec_server_config;
 
 typedef struct kvt_ec_server kvt_ec_server;
@@ -77,6 +77,8 @@ typedef struct kvt_ec_server_stats {
     uint64_t receives_failed;    /* ... that failed (short, truncated, transport error) */
     uint64_t bytes_received;
     uint64_t completes_early; /* completions refused: their bytes had not landed yet */
+    uint64_t writers_reaped;  /* writers past their TTL whose receive was cancelled and whose
+                                 memory was released (a producer that died mid-push) */
 } kvt_ec_server_stats;
 KVT_API void kvt_ec_server_get_stats(kvt_ec_server *s, kvt_ec_server_stats *st);
 

@@ -31,6 +31,7 @@
 typedef struct rx {
     bool used;
     char rid[KVT_EC_RID_LEN + 1];
+    char tid[KVT_EC_KEY_MAX + 1];
     kvt_ucx_recv *r;
     uint64_t nbytes;
     uint32_t next_free;
@@ -72,7 +73,7 @@ void kvt_ec_server_config_init(kvt_ec_server_config *cfg)
     cfg->poll_ms = 100;
     cfg->data_plane = true;
     cfg->complete_wait_ms = 2000;
-    cfg->max_receives = 65536;
+    cfg->max_receives = 4096;
 }
 
 static int zfail(const char *what, const char *endpoint)
@@ -160,7 +161,7 @@ static void rx_remove(kvt_ec_server *s, uint32_t i)
 }
 
 /* A writer got [ptr, +nbytes): its bytes may only land there, through a receive posted now. */
-static int rx_post(kvt_ec_server *s, const kvt_ec_reply *r)
+static int rx_post(kvt_ec_server *s, const char *tid, uint32_t tid_len, const kvt_ec_reply *r)
 {
     if (rx_find(s, r->reservation_id) != NONE)
         return 0; /* a repeated reserve: its receive is already posted */
@@ -179,6 +180,8 @@ static int rx_post(kvt_ec_server *s, const kvt_ec_reply *r)
     s->rx[i].r = q;
     s->rx[i].nbytes = r->nbytes;
     memcpy(s->rx[i].rid, r->reservation_id, sizeof(s->rx[i].rid));
+    memcpy(s->rx[i].tid, tid, tid_len);
+    s->rx[i].tid[tid_len] = 0;
     (void)kvt_map_insert(&s->rx_map, kvt_ecc_rid_tag(r->reservation_id), i); /* room: rx_free */
     count(s, &s->st.receives_posted, 1);
     return 0;
@@ -223,11 +226,46 @@ static int rx_end(kvt_ec_server *s, const kvt_ecc_item *it)
     if (i == NONE)
         return 0;
     int rc = kvt_ucx_recv_end(s->ucx, s->rx[i].r, 2000);
-    if (rc)
+    if (rc < 0)
         return rc;
     count(s, &s->st.receives_cancelled, 1);
     rx_remove(s, i);
     return 0;
+}
+
+/* A writer past its TTL (EXPIRE_PENDING) that never sent its bytes: a producer that died or
+ * lost its way. Its memory may be released only once nobody can write it any more, and with
+ * tagged receives that moment is known: when UCX has given the cancelled receive back, no
+ * byte can land in the region. So the receive is cancelled (one that is under way is left to
+ * finish and looked at again next pass), then the reservation abandoned: the region is free,
+ * the waiting request fails at once (abandoned event) and a late completion is rejected. */
+static void reap_dead_writers(kvt_ec_server *s)
+{
+    static _Thread_local kvt_ec_status st;
+    uint64_t reaped = 0;
+    for (uint32_t i = 0; i < s->cfg.max_receives; i++) {
+        rx *e = &s->rx[i];
+        if (!e->used || kvt_ec_shard_status(s->shard, e->tid, (uint32_t)strlen(e->tid), &st) != 1 ||
+            st.state != KVT_EC_EXPIRE_PENDING || strcmp(st.reservation_id, e->rid) != 0)
+            continue;
+        if (kvt_ucx_recv_wait(s->ucx, e->r, 0) == 1)
+            continue; /* the bytes are there: its completion is on the way */
+        int rc = kvt_ucx_recv_end(s->ucx, e->r, 0);
+        if (rc < 0)
+            continue; /* a receive under way: looked at again next pass */
+        rx_remove(s, i);
+        if (rc == 1)
+            continue; /* landed while being cancelled: the completion is trusted */
+        bool done;
+        (void)kvt_ec_shard_cancel(s->shard, e->tid, (uint32_t)strlen(e->tid), e->rid, true, false,
+                                  &done);
+        KVT_LOG_W("ec server port %u: writer of %s expired without its bytes; receive cancelled, "
+                  "memory released",
+                  s->port, e->tid);
+        reaped++;
+    }
+    if (reaped)
+        count(s, &s->st.writers_reaped, reaped);
 }
 
 static int do_item(kvt_ec_server *s, uint32_t op, const kvt_ecc_item *it, kvt_ecc_result *x)
@@ -259,7 +297,8 @@ static int do_item(kvt_ec_server *s, uint32_t op, const kvt_ecc_item *it, kvt_ec
                             it->dtype.ptr,   it->dtype.len};
         memcpy(item.shape, it->shape, sizeof(item.shape));
         rc = kvt_ec_shard_reserve(sh, it->transfer_id.ptr, it->transfer_id.len, &item, &r);
-        if (!rc && r.write && s->ucx && (rc = rx_post(s, &r))) {
+        if (!rc && r.write && s->ucx &&
+            (rc = rx_post(s, it->transfer_id.ptr, it->transfer_id.len, &r))) {
             /* no receive, no writer: the reservation is given back before anyone writes */
             char msg[512];
             bool done;
@@ -471,6 +510,8 @@ static void *server_main(void *arg)
         uint64_t now = kvt_monotonic_ns();
         if (now >= s->next_expire) {
             kvt_ec_shard_expire(s->shard);
+            if (s->ucx)
+                reap_dead_writers(s);
             s->next_expire = now + s->cfg.expire_interval_ns;
         }
         collect_events(s);
@@ -504,7 +545,7 @@ static void teardown(kvt_ec_server *s)
     if (s->ucx) {
         /* every receive ends before the worker goes; UCX writes nothing after that */
         for (uint32_t i = 0; s->rx && i < s->cfg.max_receives; i++)
-            if (s->rx[i].used && kvt_ucx_recv_end(s->ucx, s->rx[i].r, 2000))
+            if (s->rx[i].used && kvt_ucx_recv_end(s->ucx, s->rx[i].r, 2000) < 0)
                 KVT_LOG_E("ec server port %u: %s", s->port, kvt_last_error());
         kvt_ucx_destroy(s->ucx);
     }

@@ -216,9 +216,10 @@ int kvt_ucx_recv_end(kvt_ucx *u, kvt_ucx_recv *r, int wait_ms)
         if (!r->done)
             return kvt_fail(KVT_EBUSY, "ucx: a receive is still under way; its memory is kept");
     }
+    bool full = r->status == UCS_OK && r->got == r->want;
     ucp_request_free(r->req);
     free(r);
-    return 0;
+    return full ? 1 : 0;
 }
 
 /* ---- send ---------------------------------------------------------------------------------- */

@@ -40,8 +40,9 @@ int kvt_ucx_recv_post(kvt_ucx *u, void *buf, size_t len, uint64_t tag, kvt_ucx_r
  * with a message. Progresses the worker for at most wait_ms first (0: just look). */
 int kvt_ucx_recv_wait(kvt_ucx *u, kvt_ucx_recv *r, int wait_ms);
 /* Ends a receive: cancels it if it still waits and progresses until UCX has let go of the
- * buffer (a receive under way finishes first), then frees it. KVT_EBUSY if UCX still holds the
- * buffer after wait_ms: the receive is kept (and its memory must be too); call again later. */
+ * buffer (a receive under way finishes first), then frees it. Returns 1 if all its bytes had
+ * arrived after all, 0 if not (cancelled or failed); KVT_EBUSY if UCX still holds the buffer
+ * after wait_ms: the receive is kept (and its memory must be too); call again later. */
 int kvt_ucx_recv_end(kvt_ucx *u, kvt_ucx_recv *r, int wait_ms);
 
 /* Sends len bytes from buf with tag to the worker at addr (endpoints cached per address) and

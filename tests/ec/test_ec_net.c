@@ -8,6 +8,8 @@
  * failing the push without hanging, and, in a forked process, a producer killed mid-run.
  */
 #include <signal.h>
+#include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <zmq.h>
 
@@ -16,7 +18,7 @@
 #include "ec/ucx.h"
 
 #define SHARDS  2
-#define CAP     (48u << 20)
+#define CAP     (96u << 20)
 #define TIMEOUT 10000
 
 typedef struct consumer {
@@ -27,7 +29,14 @@ typedef struct consumer {
     void *zctx, *pull;
 } consumer;
 
+static void consumer_start_ttl(consumer *c, bool data_plane, uint64_t ttl_ns);
+
 static void consumer_start(consumer *c, bool data_plane)
+{
+    consumer_start_ttl(c, data_plane, 0);
+}
+
+static void consumer_start_ttl(consumer *c, bool data_plane, uint64_t ttl_ns)
 {
     memset(c, 0, sizeof(*c));
     kvt_ec_server_config sc;
@@ -36,12 +45,15 @@ static void consumer_start(consumer *c, bool data_plane)
     sc.tp_size = SHARDS;
     sc.poll_ms = 20;
     sc.data_plane = data_plane;
+    sc.expire_interval_ns = 50000000ull;
     for (uint32_t k = 0; k < SHARDS; k++) {
         c->buf[k] = aligned_alloc(256, CAP);
         kvt_ec_shard_config cfg;
         kvt_ec_shard_config_init(&cfg);
         cfg.base = c->buf[k];
         cfg.capacity = CAP;
+        if (ttl_ns)
+            cfg.ttl_ns = ttl_ns;
         KVT_OK_(kvt_ec_shard_create(&cfg, &c->shard[k]));
     }
     int rc = KVT_EIO;
@@ -357,12 +369,210 @@ static void a_dead_shard_fails_the_push_and_nothing_hangs(void **state)
     consumer_stop(&c);
 }
 
-int main(void)
+/* ---- processes --------------------------------------------------------------------------- */
+
+/* Item i of a producer run: 2 KiB .. 16 MiB, log-uniform, from the seed. */
+static uint64_t item_rows(uint64_t seed, int i)
 {
+    uint64_t r = seed * 1000003u + (uint64_t)i;
+    uint32_t lg = kvt_test_below(&r, 13); /* 1 .. 8191 rows of 2 KiB: 2 KiB .. 16 MiB */
+    return (1ull << lg) + kvt_test_below(&r, (uint32_t)(1ull << lg));
+}
+
+/* The producer process (this binary with "producer"): "die" reserves n items on every shard
+ * and kills itself before writing any; "push" pushes n items one at a time and exits 0 when
+ * none failed. */
+static int producer_main(const char *mode, const char *addr, int n, uint64_t seed)
+{
+    prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive the test */
+    alarm(300);
+    kvt_ec_net_config nc;
+    kvt_ec_net_config_init(&nc);
+    kvt_ec_net_consumer *net;
+    if (kvt_ec_net_consumer_create(&nc, &net))
+        return 10;
+    kvt_ec_consumer_ops ops = kvt_ec_net_consumer_ops(net);
+    if (strcmp(mode, "die") == 0) {
+        uint32_t shards = 0;
+        if (ops.shards(ops.ctx, addr, &shards) || shards != SHARDS)
+            return 11;
+        for (int i = 0; i < n; i++) {
+            char tid[32], hash[32];
+            snprintf(tid, sizeof(tid), "dead-%d", i);
+            snprintf(hash, sizeof(hash), "img-dead-%d", i);
+            kvt_ec_item it = {hash, (uint32_t)strlen(hash), 4096, 1, {2048}, "float16", 7};
+            for (uint32_t k = 0; k < SHARDS; k++) {
+                kvt_ec_reply r;
+                if (ops.reserve(ops.ctx, addr, k, tid, (uint32_t)strlen(tid), &it, &r) || !r.write)
+                    return 12;
+            }
+        }
+        raise(SIGKILL); /* mid-push: reserved everywhere, nothing written */
+    }
+    kvt_ec_producer_config pc;
+    kvt_ec_producer_config_init(&pc);
+    pc.ops = ops;
+    kvt_ec_producer *prod;
+    if (kvt_ec_producer_create(&pc, &prod))
+        return 13;
+    uint8_t *src = malloc(16u << 20);
+    int bad = 0;
+    for (int i = 0; i < n && !bad; i++) {
+        char tid[32], hash[32];
+        snprintf(tid, sizeof(tid), "p-%d", i);
+        snprintf(hash, sizeof(hash), "img-p-%d", i);
+        uint64_t rows = item_rows(seed, i);
+        fill(src, rows * 2048, seed + (uint64_t)i);
+        kvt_ec_push_spec sp;
+        spec_of(&sp, addr, tid, hash, rows);
+        bad = kvt_ec_producer_push(prod, &sp) ||
+              kvt_ec_producer_bind_source(prod, hash, (uint32_t)strlen(hash), src, rows * 2048,
+                                          NULL) != 1 ||
+              kvt_ec_producer_dispatch(prod) != 1 ||
+              kvt_ec_producer_state(prod, tid, (uint32_t)strlen(tid)) != KVT_ECP_DONE;
+        if (bad)
+            fprintf(stderr, "producer: item %d (%llu bytes): %s\n", i,
+                    (unsigned long long)(rows * 2048), kvt_last_error());
+    }
+    free(src);
+    kvt_ec_producer_destroy(prod);
+    kvt_ec_net_consumer_destroy(net);
+    return bad ? 14 : 0;
+}
+
+static char g_self[4096];
+
+static pid_t spawn_producer(const char *mode, const char *addr, int n, uint64_t seed)
+{
+    char ns[16], ss[24];
+    snprintf(ns, sizeof(ns), "%d", n);
+    snprintf(ss, sizeof(ss), "%llu", (unsigned long long)seed);
+    char *argv[] = {g_self, "producer", (char *)mode, (char *)addr, ns, ss, NULL};
+    pid_t pid;
+    extern char **environ;
+    assert_int_equal(posix_spawn(&pid, g_self, NULL, NULL, argv, environ), 0);
+    return pid;
+}
+
+static int shard_state(kvt_ec_shard *sh, void *arg)
+{
+    kvt_ec_shard_stats *st = arg;
+    kvt_ec_shard_get_stats(sh, st);
+    return 0;
+}
+
+/* The consumer's side of a producer run: each readiness event's item is taken on its shard
+ * and its bytes checked at once (a READY item lives only its TTL). Returns the bytes checked. */
+static uint64_t consume(consumer *c, int n, uint64_t seed)
+{
+    uint64_t bytes = 0;
+    for (int got = 0; got < n * (int)SHARDS; got++) {
+        uint8_t buf[2048];
+        int m = zmq_recv(c->pull, buf, sizeof(buf), 0);
+        assert_true(m > 0); /* no event for TIMEOUT ms: the producer is stuck or gone */
+        kvt_ecc_event e;
+        kvt_ecc_event_init(&e);
+        KVT_OK_(kvt_ecc_event_decode(&e, buf, (size_t)m));
+        assert_false(e.abandoned);
+        int i = atoi(e.transfer_id.ptr + 2);
+        take_arg a = {e.transfer_id.ptr, e.mm_hash.ptr, seed + (uint64_t)i,
+                      item_rows(seed, i) * 2048, 0};
+        KVT_OK_(kvt_ec_server_with_shard(c->srv[e.shard], take_and_check, &a));
+        assert_true(a.ok);
+        bytes += a.nbytes;
+        kvt_ecc_event_release(&e);
+    }
+    return bytes;
+}
+
+/* A producer killed after reserving: its regions stay reserved (nothing is freed early), until
+ * the writers' TTL passes; then each receive is cancelled, the memory released and the waiting
+ * side told (abandoned events). The next producer is served. */
+static void a_killed_producer_is_reaped_at_its_ttl_and_the_next_one_is_served(void **state)
+{
+    (void)state;
+    consumer c;
+    consumer_start_ttl(&c, true, 1000000000ull); /* a 1 s TTL */
+    int status;
+    pid_t pid = spawn_producer("die", c.addr, 3, 1);
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+    kvt_ec_shard_stats st;
+    KVT_OK_(kvt_ec_server_with_shard(c.srv[1], shard_state, &st));
+    /* reserved when it died (unless its TTL already passed on a slow machine) */
+    assert_true(st.writers == 3 || st.writers == 0);
+    /* the reaper runs every 50 ms once the TTL passed: wait for it (bounded) */
+    for (int i = 0; i < 200; i++) {
+        uint32_t w = 0;
+        for (uint32_t k = 0; k < SHARDS; k++) {
+            KVT_OK_(kvt_ec_server_with_shard(c.srv[k], shard_state, &st));
+            w += st.writers;
+        }
+        if (w == 0)
+            break;
+        usleep(50 * 1000);
+    }
+    for (uint32_t k = 0; k < SHARDS; k++) {
+        KVT_OK_(kvt_ec_server_with_shard(c.srv[k], shard_state, &st));
+        assert_int_equal(st.writers, 0);
+        assert_int_equal(st.free_bytes, st.capacity);
+        kvt_ec_server_stats ss;
+        kvt_ec_server_get_stats(c.srv[k], &ss);
+        assert_int_equal(ss.writers_reaped, 3);
+    }
+    uint32_t abandoned = 0;
+    for (int i = 0; i < 3 * SHARDS; i++) {
+        uint8_t buf[2048];
+        int n = zmq_recv(c.pull, buf, sizeof(buf), 0);
+        kvt_ecc_event e;
+        kvt_ecc_event_init(&e);
+        if (n > 0 && kvt_ecc_event_decode(&e, buf, (size_t)n) == 0 && e.abandoned)
+            abandoned++;
+        kvt_ecc_event_release(&e);
+    }
+    assert_int_equal(abandoned, 3 * SHARDS);
+    /* the next producer: 20 items, every byte checked on every shard */
+    pid = spawn_producer("push", c.addr, 20, 5);
+    assert_true(consume(&c, 20, 5) > 0);
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    consumer_stop(&c);
+}
+
+/* 1 producer process -> a consumer with 2 shards, items from 2 KiB to 16 MiB (1000 per run at
+ * scale 1), consumed as they arrive: every item's bytes verified on both shards. */
+static void a_thousand_items_from_another_process(void **state)
+{
+    (void)state;
+    consumer c;
+    consumer_start(&c, true);
+    int n = (int)(1000 * kvt_test_scale());
+    if (n < 20)
+        n = 20;
+    uint64_t seed = kvt_test_seed() % 1000000 + 11;
+    pid_t pid = spawn_producer("push", c.addr, n, seed);
+    uint64_t bytes = consume(&c, n, seed);
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    print_message("ec net: %d items (seed %llu), %.1f MiB verified on %u shards\n", n,
+                  (unsigned long long)seed, (double)bytes / (1 << 20), SHARDS);
+    consumer_stop(&c);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 6 && strcmp(argv[1], "producer") == 0)
+        return producer_main(argv[2], argv[3], atoi(argv[4]), strtoull(argv[5], NULL, 10));
+    ssize_t l = readlink("/proc/self/exe", g_self, sizeof(g_self) - 1);
+    assert_true(l > 0);
+    g_self[l] = 0;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(pushes_land_on_every_shard_byte_for_byte),
         cmocka_unit_test(completion_waits_for_the_bytes_and_abandon_ends_the_receive),
         cmocka_unit_test(a_dead_shard_fails_the_push_and_nothing_hangs),
+        cmocka_unit_test(a_killed_producer_is_reaped_at_its_ttl_and_the_next_one_is_served),
+        cmocka_unit_test(a_thousand_items_from_another_process),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
