@@ -15,11 +15,13 @@ typedef struct kvt_bench_opts {
     bool json;
     double seconds; /* time budget per measured phase */
     uint64_t seed;
-    uint32_t blocks;     /* pool size override (0 = the benchmark's default) */
-    const char *backend; /* copy: "cpu" (default) or "cuda" */
-    double gib;          /* copy: GiB per direction (0 = the benchmark's default) */
-    uint32_t threads;    /* copy: CPU copy threads (0 = the number of cores) */
-    const char *dir;     /* disk: directory for the files (default: the current one) */
+    uint32_t blocks;       /* pool size override (0 = the benchmark's default) */
+    const char *backend;   /* copy: "cpu" (default) or "cuda" */
+    double gib;            /* copy: GiB per direction (0 = the benchmark's default) */
+    uint32_t threads;      /* copy: CPU copy threads (0 = the number of cores) */
+    const char *dir;       /* disk: directory for the files (default: the current one) */
+    const char *transport; /* ec: "tcp" (default) or "shm" */
+    bool ec_consumer;      /* ec: run as the consumer process (internal) */
 } kvt_bench_opts;
 
 typedef struct kvt_bench {
@@ -32,6 +34,7 @@ extern const kvt_bench kvt_bench_pool;
 extern const kvt_bench kvt_bench_sched;
 extern const kvt_bench kvt_bench_copy;
 extern const kvt_bench kvt_bench_disk;
+extern const kvt_bench kvt_bench_ec;
 
 double kvt_now_s(void);
 

@@ -261,6 +261,12 @@ static int endpoint(kvt_ucx *u, const void *addr, size_t len, uint32_t *slot)
                           .err_mode = UCP_ERR_HANDLING_MODE_PEER,
                           .err_handler = {ep_err_cb, s}};
     ucs_status_t st = ucp_ep_create(u->worker, &ep, &s->ep);
+    if (st == UCS_ERR_UNREACHABLE) {
+        /* shared memory and cma have no peer failure detection: connect without it (a dead
+         * consumer then shows as a send that times out, and the endpoint is forced closed) */
+        ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+        st = ucp_ep_create(u->worker, &ep, &s->ep);
+    }
     if (st != UCS_OK) {
         free(s->addr);
         free(s);
@@ -305,10 +311,11 @@ int kvt_ucx_send(kvt_ucx *u, const void *addr, size_t addr_len, const void *buf,
     progress_until(u, &ss.done, timeout_ms);
     if (!ss.done) { /* cancel, and wait until UCX has let go of the source */
         ucp_request_cancel(u->worker, q);
+        progress_until(u, &ss.done, 1000);
+        close_ep(u, slot); /* forced: completes a send that is still outstanding */
         while (!ss.done)
             ucp_worker_progress(u->worker);
         ucp_request_free(q);
-        close_ep(u, slot);
         return kvt_fail(KVT_EIO, "ucx: send of %zu bytes timed out after %d ms", len, timeout_ms);
     }
     ucp_request_free(q);

@@ -11,7 +11,7 @@
 #include "kvtier/kvtier.h"
 
 static const kvt_bench *const benches[] = {&kvt_bench_pool, &kvt_bench_sched, &kvt_bench_copy,
-                                           &kvt_bench_disk};
+                                           &kvt_bench_disk, &kvt_bench_ec};
 
 static void usage(FILE *f)
 {
@@ -32,6 +32,7 @@ static void usage(FILE *f)
             "      --gib G         copy, disk: GiB moved per direction (default 1)\n"
             "      --threads N     copy: CPU copy threads (default: the number of cores)\n"
             "      --dir D         disk: directory of the test files (default: .)\n"
+            "      --transport T   ec: tcp (default) or shm (UCX_TLS=shm: shared memory + cma)\n"
             "  kvtier bench --list                list the benchmarks\n"
             "  kvtier --help | --version\n"
             "\n"
@@ -95,6 +96,14 @@ static int cmd_bench(int argc, char **argv)
             }
         } else if (strcmp(a, "--dir") == 0 && i + 1 < argc) {
             o.dir = argv[++i];
+        } else if (strcmp(a, "--transport") == 0 && i + 1 < argc) {
+            o.transport = argv[++i];
+            if (strcmp(o.transport, "tcp") != 0 && strcmp(o.transport, "shm") != 0) {
+                fprintf(stderr, "kvtier bench: --transport wants tcp or shm\n");
+                return 2;
+            }
+        } else if (strcmp(a, "--ec-consumer") == 0) {
+            o.ec_consumer = true;
         } else if (strcmp(a, "--threads") == 0 && i + 1 < argc) {
             if (parse_u64(argv[++i], &v) || v < 1 || v > 256) {
                 fprintf(stderr, "kvtier bench: --threads wants an integer in 1..256\n");
