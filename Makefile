@@ -49,6 +49,8 @@ bench: build
 	$(BUILD)/bin/kvtier bench sched --json
 	$(BUILD)/bin/kvtier bench copy --json
 	$(BUILD)/bin/kvtier bench disk --json --dir $(BUILD)
+	$(BUILD)/bin/kvtier bench ec --json --transport tcp
+	$(BUILD)/bin/kvtier bench ec --json --transport shm
 
 install: build
 	cmake --install $(BUILD) --prefix $(PREFIX)

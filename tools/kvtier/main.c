@@ -8,6 +8,7 @@
 
 #include "bench_util.h"
 #include "demo.h"
+#include "ec_cmds.h"
 #include "kvtier/kvtier.h"
 
 static const kvt_bench *const benches[] = {&kvt_bench_pool, &kvt_bench_sched, &kvt_bench_copy,
@@ -15,29 +16,32 @@ static const kvt_bench *const benches[] = {&kvt_bench_pool, &kvt_bench_sched, &k
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-            "kvtier %s - KV-cache offload and encoder-cache transfer for LLM inference engines\n"
-            "\n"
-            "usage:\n"
-            "  kvtier demo [--seed N]             run the end-to-end demonstration\n"
-            "      --metrics-port P  then serve the run's Prometheus metrics at :P/metrics\n"
-            "                        (0: any free port) until interrupted\n"
-            "      --metrics-seconds S  serve them for S seconds only\n"
-            "  kvtier bench <name> [options]      run a benchmark\n"
-            "      --json          print one JSON object\n"
-            "      --seconds S     time budget per measured phase (default 2)\n"
-            "      --seed N        workload seed (default 1)\n"
-            "      --blocks N      pool size where the benchmark has one\n"
-            "      --backend B     copy: cpu (default) or cuda\n"
-            "      --gib G         copy, disk: GiB moved per direction (default 1)\n"
-            "      --threads N     copy: CPU copy threads (default: the number of cores)\n"
-            "      --dir D         disk: directory of the test files (default: .)\n"
-            "      --transport T   ec: tcp (default) or shm (UCX_TLS=shm: shared memory + cma)\n"
-            "  kvtier bench --list                list the benchmarks\n"
-            "  kvtier --help | --version\n"
-            "\n"
-            "environment: KVTIER_LOG=off|error|warn|info|debug|trace (default warn)\n",
-            kvt_version());
+    fprintf(
+        f,
+        "kvtier %s - KV-cache offload and encoder-cache transfer for LLM inference engines\n"
+        "\n"
+        "usage:\n"
+        "  kvtier demo [--seed N]             run the end-to-end demonstration\n"
+        "      --metrics-port P  then serve the run's Prometheus metrics at :P/metrics\n"
+        "                        (0: any free port) until interrupted\n"
+        "      --metrics-seconds S  serve them for S seconds only\n"
+        "  kvtier bench <name> [options]      run a benchmark\n"
+        "      --json          print one JSON object\n"
+        "      --seconds S     time budget per measured phase (default 2)\n"
+        "      --seed N        workload seed (default 1)\n"
+        "      --blocks N      pool size where the benchmark has one\n"
+        "      --backend B     copy: cpu (default) or cuda\n"
+        "      --gib G         copy, disk: GiB moved per direction (default 1)\n"
+        "      --threads N     copy: CPU copy threads (default: the number of cores)\n"
+        "      --dir D         disk: directory of the test files (default: .)\n"
+        "      --transport T   ec: tcp (default) or shm (UCX_TLS=shm: shared memory + cma)\n"
+        "  kvtier bench --list                list the benchmarks\n"
+        "  kvtier ec-consumer --host A --port P [options]   an encoder-cache consumer (--help)\n"
+        "  kvtier ec-producer --consumer tcp://A:P [options] pushes into one (--help)\n"
+        "  kvtier --help | --version\n"
+        "\n"
+        "environment: KVTIER_LOG=off|error|warn|info|debug|trace (default warn)\n",
+        kvt_version());
 }
 
 static int parse_u64(const char *s, uint64_t *v)
@@ -213,6 +217,10 @@ int main(int argc, char **argv)
         return cmd_bench(argc - 2, argv + 2);
     if (strcmp(cmd, "demo") == 0)
         return cmd_demo(argc - 2, argv + 2);
+    if (strcmp(cmd, "ec-consumer") == 0)
+        return kvt_cmd_ec_consumer(argc - 2, argv + 2);
+    if (strcmp(cmd, "ec-producer") == 0)
+        return kvt_cmd_ec_producer(argc - 2, argv + 2);
     fprintf(stderr, "kvtier: unknown command '%s'\n\n", cmd);
     usage(stderr);
     return 2;

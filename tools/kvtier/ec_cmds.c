@@ -1,0 +1,352 @@
+/*
+ * `kvtier ec-consumer` and `kvtier ec-producer`: the encoder-cache transfer as two standalone
+ * processes (on one host or two), for trying it out, for tests across network namespaces and
+ * for operators checking a link. Items are generated from a seed and their names, so the
+ * consumer can check every byte it receives without being told what to expect.
+ *
+ * Item i of producer seed S: transfer id "S-i", mm_hash "img-S-i", nbytes between --min-kib
+ * and --max-kib (log-uniform, a multiple of 2), dtype bfloat16, bytes from xorshift64 seeded by
+ * (S, i). The consumer takes every ready item on every shard, checks it, retires it.
+ */
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "base/error.h"
+#include "base/rand.h"
+#include "bench_util.h"
+#include "ec/ctl.h"
+#include "ec_cmds.h"
+#include "kvtier/kvtier.h"
+
+static volatile sig_atomic_t g_stop;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    g_stop = 1;
+}
+
+static void fill(uint8_t *p, uint64_t n, uint64_t seed, uint64_t i)
+{
+    uint64_t x = (seed * 0x9E3779B97F4A7C15ull) ^ (i * 0xBF58476D1CE4E5B9ull) ^ n;
+    x |= 1;
+    for (uint64_t k = 0; k < n; k += 8) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        memcpy(p + k, &x, n - k < 8 ? n - k : 8);
+    }
+}
+
+static uint64_t item_bytes(uint64_t seed, uint64_t i, uint64_t min, uint64_t max)
+{
+    uint64_t r = seed * 1000003u + i;
+    double lo = (double)min, hi = (double)max;
+    double u = (double)kvt_rand_below(&r, 1u << 30) / (double)(1u << 30);
+    double v = lo * pow(hi / lo, u);
+    uint64_t n = (uint64_t)v & ~1ull;
+    return n < 2 ? 2 : n;
+}
+
+static int parse_num(const char *s, uint64_t lo, uint64_t hi, uint64_t *v)
+{
+    char *end;
+    unsigned long long x = strtoull(s, &end, 10);
+    if (!*s || *end || x < lo || x > hi)
+        return -1;
+    *v = x;
+    return 0;
+}
+
+/* ---- consumer ------------------------------------------------------------------------------ */
+
+typedef struct check_arg {
+    char tid[KVT_EC_KEY_MAX + 1], hash[KVT_EC_KEY_MAX + 1];
+    uint64_t nbytes;
+    uint8_t *scratch;
+    int result; /* 1 ok, 0 mismatch, -1 not an item of ours (taken and retired anyway) */
+} check_arg;
+
+static int take_check_retire(kvt_ec_shard *sh, void *arg)
+{
+    check_arg *a = arg;
+    kvt_slab_view v;
+    int rc = kvt_ec_shard_take(sh, a->tid, (uint32_t)strlen(a->tid), a->hash,
+                               (uint32_t)strlen(a->hash), NULL, &v);
+    if (rc)
+        return rc;
+    unsigned long long seed, i;
+    a->result = -1;
+    if (sscanf(a->tid, "%llu-%llu", &seed, &i) == 2 && v.nbytes == a->nbytes) {
+        fill(a->scratch, v.nbytes, seed, i);
+        a->result = memcmp(a->scratch, v.ptr, v.nbytes) == 0;
+    }
+    return kvt_ec_shard_retire(sh, a->hash, (uint32_t)strlen(a->hash), NULL) == 1 ? 0 : KVT_ESTATE;
+}
+
+int kvt_cmd_ec_consumer(int argc, char **argv)
+{
+    const char *host = NULL;
+    uint64_t port = 0, shards = 1, dp = 0, mib = 256, ttl = 300, exit_after = 0;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            printf(
+                "kvtier ec-consumer --host ADDR --port P [options]\n"
+                "  Runs an encoder-cache consumer: SHARDS consumer shards, each with a receive\n"
+                "  buffer, a ZeroMQ control server at tcp://ADDR:P+DP*SHARDS+rank and a UCX\n"
+                "  receive on every reserved region. Every item that becomes ready on a shard is\n"
+                "  taken, checked byte for byte against the generator `kvtier ec-producer` uses,\n"
+                "  and retired. Prints a line per second and a summary at the end; exits 0 when\n"
+                "  every checked item was intact.\n"
+                "  --host ADDR        address to bind (required; 0.0.0.0 binds every interface)\n"
+                "  --port P           control port of shard 0 (required)\n"
+                "  --shards N         tensor-parallel shards, 1..64 (default 1)\n"
+                "  --dp D             data-parallel index of this consumer (default 0)\n"
+                "  --buffer-mib M     receive buffer per shard, MiB (default 256)\n"
+                "  --ttl S            reservation TTL in seconds (default 300): a producer that\n"
+                "                     dies mid-push has its reservations reaped after it\n"
+                "  --exit-after N     stop after N items were checked on every shard (default:\n"
+                "                     run until SIGINT or SIGTERM)\n"
+                "  UCX_TLS selects the data plane's transports (e.g. tcp, shm).\n");
+            return 0;
+        } else if (strcmp(a, "--host") == 0 && v) {
+            host = argv[++i];
+        } else if (strcmp(a, "--port") == 0 && v && !parse_num(v, 1, 65535, &port)) {
+            i++;
+        } else if (strcmp(a, "--shards") == 0 && v && !parse_num(v, 1, 64, &shards)) {
+            i++;
+        } else if (strcmp(a, "--dp") == 0 && v && !parse_num(v, 0, 65535, &dp)) {
+            i++;
+        } else if (strcmp(a, "--buffer-mib") == 0 && v && !parse_num(v, 1, 1 << 20, &mib)) {
+            i++;
+        } else if (strcmp(a, "--ttl") == 0 && v && !parse_num(v, 1, 86400, &ttl)) {
+            i++;
+        } else if (strcmp(a, "--exit-after") == 0 && v && !parse_num(v, 1, 1u << 30, &exit_after)) {
+            i++;
+        } else {
+            fprintf(stderr, "kvtier ec-consumer: bad or incomplete option '%s' (see --help)\n", a);
+            return 2;
+        }
+    }
+    if (!host || !port) {
+        fprintf(stderr, "kvtier ec-consumer: --host and --port are required (see --help)\n");
+        return 2;
+    }
+    uint64_t cap = mib << 20;
+    uint8_t *buf[KVT_EC_MAX_SHARDS] = {0};
+    kvt_ec_shard *sh[KVT_EC_MAX_SHARDS] = {0};
+    kvt_ec_server *srv[KVT_EC_MAX_SHARDS] = {0};
+    uint8_t *scratch = malloc(cap);
+    int rc = scratch ? 0 : KVT_ENOMEM;
+    for (uint32_t k = 0; k < shards && !rc; k++) {
+        buf[k] = aligned_alloc(4096, cap);
+        kvt_ec_shard_config sc;
+        kvt_ec_shard_config_init(&sc);
+        sc.base = buf[k];
+        sc.capacity = cap;
+        sc.ttl_ns = ttl * 1000000000ull;
+        rc = buf[k] ? kvt_ec_shard_create(&sc, &sh[k]) : KVT_ENOMEM;
+        kvt_ec_server_config c;
+        kvt_ec_server_config_init(&c);
+        c.host = host;
+        c.base_port = (uint32_t)port - (uint32_t)(dp * shards); /* port names shard 0 */
+        c.dp_index = (uint32_t)dp;
+        c.tp_size = (uint32_t)shards;
+        c.tp_rank = k;
+        if (!rc)
+            rc = kvt_ec_server_start(&c, sh[k], &srv[k]);
+    }
+    void *ctx = zmq_ctx_new(), *pull = zmq_socket(ctx, ZMQ_PULL);
+    int t = 200, zero = 0;
+    zmq_setsockopt(pull, ZMQ_RCVTIMEO, &t, sizeof(t));
+    zmq_setsockopt(pull, ZMQ_LINGER, &zero, sizeof(zero));
+    for (uint32_t k = 0; k < shards && !rc; k++) {
+        char ep[300];
+        snprintf(ep, sizeof(ep), strchr(host, ':') ? "tcp://[%s]:%u" : "tcp://%s:%u", host,
+                 kvt_ec_server_event_port(srv[k]));
+        if (zmq_connect(pull, ep) != 0)
+            rc = kvt_fail(KVT_EIO, "cannot connect to the events of shard %u", k);
+    }
+    uint64_t ok = 0, bad = 0, other = 0, bytes = 0, abandoned = 0;
+    if (!rc) {
+        printf("ec-consumer: %llu shard(s) on %s, control ports %u..%u, %llu MiB each\n",
+               (unsigned long long)shards, host, kvt_ec_server_port(srv[0]),
+               kvt_ec_server_port(srv[shards - 1]), (unsigned long long)mib);
+        fflush(stdout);
+        signal(SIGINT, on_signal);
+        signal(SIGTERM, on_signal);
+        double t0 = kvt_now_s(), last = t0;
+        check_arg *a = calloc(1, sizeof(*a));
+        a->scratch = scratch;
+        while (!g_stop && !(exit_after && ok + bad + other >= exit_after * shards)) {
+            uint8_t m[2048];
+            int n = zmq_recv(pull, m, sizeof(m), 0);
+            if (n > 0) {
+                kvt_ecc_event e;
+                kvt_ecc_event_init(&e);
+                if (kvt_ecc_event_decode(&e, m, (size_t)n) == 0 && e.shard < shards) {
+                    if (e.abandoned) {
+                        abandoned++;
+                    } else {
+                        snprintf(a->tid, sizeof(a->tid), "%s", e.transfer_id.ptr);
+                        snprintf(a->hash, sizeof(a->hash), "%s", e.mm_hash.ptr);
+                        a->nbytes = e.nbytes;
+                        if (kvt_ec_server_with_shard(srv[e.shard], take_check_retire, a) == 0) {
+                            ok += a->result == 1;
+                            bad += a->result == 0;
+                            other += a->result < 0;
+                            bytes += e.nbytes;
+                        }
+                    }
+                }
+                kvt_ecc_event_release(&e);
+            }
+            double now = kvt_now_s();
+            if (now - last >= 1.0) {
+                printf("ec-consumer: %llu items checked (%llu corrupt), %.1f MiB, %llu abandoned\n",
+                       (unsigned long long)(ok + bad), (unsigned long long)bad,
+                       (double)bytes / (1 << 20), (unsigned long long)abandoned);
+                fflush(stdout);
+                last = now;
+            }
+        }
+        free(a);
+    }
+    zmq_close(pull);
+    zmq_ctx_term(ctx);
+    uint64_t reaped = 0, writers = 0;
+    for (uint32_t k = 0; k < shards; k++) {
+        if (srv[k]) {
+            kvt_ec_server_stats ss;
+            kvt_ec_server_get_stats(srv[k], &ss);
+            reaped += ss.writers_reaped;
+        }
+        kvt_ec_server_stop(srv[k]);
+        if (sh[k]) {
+            writers += kvt_ec_shard_writers(sh[k]);
+            if (kvt_ec_shard_destroy(sh[k]) == 0)
+                free(buf[k]); /* a writer still active keeps its buffer (never freed under it) */
+        }
+    }
+    free(scratch);
+    if (rc) {
+        fprintf(stderr, "kvtier ec-consumer: %s\n", kvt_last_error());
+        return 1;
+    }
+    printf("ec-consumer: done: %llu items intact, %llu corrupt, %llu not ours, %.1f MiB; %llu "
+           "abandoned, %llu dead writers reaped, %llu writers active at exit\n",
+           (unsigned long long)ok, (unsigned long long)bad, (unsigned long long)other,
+           (double)bytes / (1 << 20), (unsigned long long)abandoned, (unsigned long long)reaped,
+           (unsigned long long)writers);
+    return bad ? 1 : 0;
+}
+
+/* ---- producer ------------------------------------------------------------------------------ */
+
+int kvt_cmd_ec_producer(int argc, char **argv)
+{
+    const char *consumer = NULL;
+    uint64_t items = 100, seed = 1, min_kib = 1, max_kib = 16384, timeout = 30000;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            printf("kvtier ec-producer --consumer tcp://ADDR:P [options]\n"
+                   "  Pushes generated encoder outputs into a consumer's shards (ZeroMQ control,\n"
+                   "  UCX data), one at a time, and prints what happened. Exits 0 when every push\n"
+                   "  completed on every shard.\n"
+                   "  --consumer ADDR    the consumer's shard-0 control address (required)\n"
+                   "  --items N          items to push (default 100)\n"
+                   "  --seed S           generator seed; item i is \"S-i\" (default 1)\n"
+                   "  --min-kib A        smallest item, KiB (default 1)\n"
+                   "  --max-kib B        largest item, KiB (default 16384 = 16 MiB)\n"
+                   "  --timeout-ms T     each control exchange and each write (default 30000)\n"
+                   "  UCX_TLS selects the data plane's transports (e.g. tcp, shm).\n");
+            return 0;
+        } else if (strcmp(a, "--consumer") == 0 && v) {
+            consumer = argv[++i];
+        } else if (strcmp(a, "--items") == 0 && v && !parse_num(v, 1, 1u << 30, &items)) {
+            i++;
+        } else if (strcmp(a, "--seed") == 0 && v && !parse_num(v, 0, UINT64_MAX, &seed)) {
+            i++;
+        } else if (strcmp(a, "--min-kib") == 0 && v && !parse_num(v, 1, 1u << 20, &min_kib)) {
+            i++;
+        } else if (strcmp(a, "--max-kib") == 0 && v && !parse_num(v, 1, 1u << 20, &max_kib)) {
+            i++;
+        } else if (strcmp(a, "--timeout-ms") == 0 && v && !parse_num(v, 1, 3600000, &timeout)) {
+            i++;
+        } else {
+            fprintf(stderr, "kvtier ec-producer: bad or incomplete option '%s' (see --help)\n", a);
+            return 2;
+        }
+    }
+    if (!consumer || min_kib > max_kib) {
+        fprintf(stderr, "kvtier ec-producer: --consumer is required and --min-kib must not "
+                        "exceed --max-kib (see --help)\n");
+        return 2;
+    }
+    kvt_ec_net_config nc;
+    kvt_ec_net_config_init(&nc);
+    nc.control_timeout_ms = nc.write_timeout_ms = (uint32_t)timeout;
+    kvt_ec_net_consumer *net = NULL;
+    kvt_ec_producer *prod = NULL;
+    kvt_ec_producer_config pc;
+    kvt_ec_producer_config_init(&pc);
+    int rc = kvt_ec_net_consumer_create(&nc, &net);
+    if (!rc) {
+        pc.ops = kvt_ec_net_consumer_ops(net);
+        rc = kvt_ec_producer_create(&pc, &prod);
+    }
+    uint8_t *src = rc ? NULL : malloc(max_kib << 10);
+    uint64_t done = 0, failed = 0, bytes = 0;
+    double t0 = kvt_now_s();
+    for (uint64_t i = 0; src && i < items; i++) {
+        char tid[48], hash[56];
+        snprintf(tid, sizeof(tid), "%llu-%llu", (unsigned long long)seed, (unsigned long long)i);
+        snprintf(hash, sizeof(hash), "img-%s", tid);
+        uint64_t n = item_bytes(seed, i, min_kib << 10, max_kib << 10);
+        fill(src, n, seed, i);
+        kvt_ec_push_spec s;
+        memset(&s, 0, sizeof(s));
+        s.mm_hash = (kvt_str){hash, (uint32_t)strlen(hash)};
+        s.ndim = 1;
+        s.shape[0] = n / 2;
+        s.dtype = (kvt_str){"bfloat16", 8};
+        s.nbytes = n;
+        s.consumer_zmq = (kvt_str){consumer, (uint32_t)strlen(consumer)};
+        s.transfer_id = (kvt_str){tid, (uint32_t)strlen(tid)};
+        bool ok =
+            kvt_ec_producer_push(prod, &s) == 0 &&
+            kvt_ec_producer_bind_source(prod, hash, (uint32_t)strlen(hash), src, n, NULL) == 1 &&
+            kvt_ec_producer_dispatch(prod) >= 0 &&
+            kvt_ec_producer_state(prod, tid, (uint32_t)strlen(tid)) == KVT_ECP_DONE;
+        if (ok) {
+            done++;
+            bytes += n;
+        } else {
+            failed++;
+            kvt_ec_push_failure f;
+            if (kvt_ec_producer_take_failures(prod, &f, 1))
+                fprintf(stderr, "ec-producer: item %s failed: %s\n", tid, f.error);
+            else
+                fprintf(stderr, "ec-producer: item %s failed: %s\n", tid, kvt_last_error());
+        }
+    }
+    double dt = kvt_now_s() - t0;
+    free(src);
+    kvt_ec_producer_destroy(prod);
+    kvt_ec_net_consumer_destroy(net);
+    if (rc) {
+        fprintf(stderr, "kvtier ec-producer: %s\n", kvt_last_error());
+        return 1;
+    }
+    printf("ec-producer: %llu of %llu items pushed (%llu failed), %.1f MiB in %.2f s (%.2f GB/s)\n",
+           (unsigned long long)done, (unsigned long long)items, (unsigned long long)failed,
+           (double)bytes / (1 << 20), dt, dt > 0 ? (double)bytes / dt / 1e9 : 0.0);
+    return failed ? 1 : 0;
+}
