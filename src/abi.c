@@ -62,6 +62,8 @@ static const struct {
     SIZE(kvt_ec_server_config),
     SIZE(kvt_ec_server_stats),
     SIZE(kvt_ec_net_config),
+    SIZE(kvt_ec_inbox_config),
+    SIZE(kvt_ec_inbox_stats),
 };
 
 size_t kvt_sizeof(const char *type_name)

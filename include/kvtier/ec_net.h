@@ -103,6 +103,45 @@ KVT_API void kvt_ec_net_consumer_destroy(kvt_ec_net_consumer *c);
 /* The ops (valid until destroy). */
 KVT_API kvt_ec_consumer_ops kvt_ec_net_consumer_ops(kvt_ec_net_consumer *c);
 
+/* ---- consumer scheduler side: discovery, events, cancels ----------------------------------- */
+
+/* The consumer scheduler's link to its own shards (spec §4.1 "event inbox", §4.3): a background
+ * thread discovers the topology (`peers`, then `event_port` on every shard; the whole topology
+ * is retried while any shard fails) and sends the scheduler's cancels to every shard (two
+ * rounds, the second only to the shards that failed); the scheduler thread's step never
+ * blocks: it takes the events that arrived (none until discovery finished) into the
+ * scheduler and hands over its queued cancels. A dead or unreachable shard therefore never
+ * stalls scheduling. */
+typedef struct kvt_ec_inbox_config {
+    const char *consumer;        /* this consumer's shard-0 control address, tcp://host:port */
+    uint32_t control_timeout_ms; /* each control exchange; default 30,000 */
+    uint32_t retry_ms;           /* discovery retried this long after a failure; default 1000 */
+    uint32_t max_cancels;        /* cancels queued for the thread (more are dropped, counted);
+                                    default 65,536 */
+} kvt_ec_inbox_config;
+
+typedef struct kvt_ec_inbox kvt_ec_inbox;
+
+typedef struct kvt_ec_inbox_stats {
+    uint64_t discoveries;     /* discovery attempts */
+    uint64_t events;          /* events handed to the scheduler */
+    uint64_t bad_events;      /* events that did not decode (dropped, logged) */
+    uint64_t cancels_sent;    /* transfer ids cancelled on every shard */
+    uint64_t cancels_failed;  /* ... on some shard not even after the second round */
+    uint64_t cancels_dropped; /* the queue was full */
+    uint32_t shards;          /* discovered shards, 0 until discovery succeeded */
+} kvt_ec_inbox_stats;
+
+KVT_API void kvt_ec_inbox_config_init(kvt_ec_inbox_config *cfg);
+/* Starts the background thread (discovery begins at once). */
+KVT_API int kvt_ec_inbox_create(const kvt_ec_inbox_config *cfg, kvt_ec_inbox **out);
+KVT_API void kvt_ec_inbox_destroy(kvt_ec_inbox *in);
+/* The scheduler thread, once per step: every event received so far goes to sched
+ * (observe_ready / observe_abandoned), then sched's queued cancels go to the thread. Never
+ * waits on the network. Returns the events delivered, or a code if sched refused one. */
+KVT_API int kvt_ec_inbox_step(kvt_ec_inbox *in, kvt_ec_sched *sched);
+KVT_API void kvt_ec_inbox_get_stats(kvt_ec_inbox *in, kvt_ec_inbox_stats *st);
+
 #ifdef __cplusplus
 }
 #endif

@@ -369,6 +369,139 @@ static void a_dead_shard_fails_the_push_and_nothing_hangs(void **state)
     consumer_stop(&c);
 }
 
+/* ---- the consumer scheduler's side --------------------------------------------------------- */
+
+static int status_of(kvt_ec_shard *sh, void *arg)
+{
+    kvt_ec_status st;
+    return kvt_ec_shard_status(sh, arg, (uint32_t)strlen(arg), &st); /* 1 active, 0 not */
+}
+
+/* The scheduler hears readiness from every shard through the inbox, and its cancels reach
+ * every shard, without its thread ever waiting on the network. */
+static void the_scheduler_hears_its_shards_and_its_cancels_reach_them(void **state)
+{
+    (void)state;
+    consumer c;
+    consumer_start(&c, true);
+    zmq_close(c.pull); /* the inbox is the only puller (PUSH deals events out among pullers) */
+    c.pull = zmq_socket(c.zctx, ZMQ_PULL);
+    kvt_ec_sched_config scfg;
+    kvt_ec_sched_config_init(&scfg);
+    scfg.shards = SHARDS;
+    kvt_ec_sched *sched;
+    KVT_OK_(kvt_ec_sched_create(&scfg, &sched));
+    kvt_ec_inbox_config icfg;
+    kvt_ec_inbox_config_init(&icfg);
+    icfg.consumer = c.addr;
+    kvt_ec_inbox *in;
+    KVT_OK_(kvt_ec_inbox_create(&icfg, &in));
+    /* a producer in this thread pushes three items */
+    kvt_ec_net_config nc;
+    kvt_ec_net_config_init(&nc);
+    kvt_ec_net_consumer *net;
+    KVT_OK_(kvt_ec_net_consumer_create(&nc, &net));
+    kvt_ec_producer_config pc;
+    kvt_ec_producer_config_init(&pc);
+    pc.ops = kvt_ec_net_consumer_ops(net);
+    kvt_ec_producer *prod;
+    KVT_OK_(kvt_ec_producer_create(&pc, &prod));
+    static uint8_t src[3][8192];
+    const char *tids[3] = {"xfer-a", "xfer-b", "xfer-c"}, *hashes[3] = {"h-a", "h-b", "h-c"};
+    /* the scheduler steps before discovery finished: nothing, and no wait */
+    assert_true(kvt_ec_inbox_step(in, sched) >= 0);
+    for (int i = 0; i < 3; i++) {
+        kvt_ec_push_spec s;
+        spec_of(&s, c.addr, tids[i], hashes[i], 4);
+        fill(src[i], sizeof(src[i]), (uint64_t)i + 1);
+        KVT_OK_(kvt_ec_producer_push(prod, &s));
+        assert_int_equal(
+            kvt_ec_producer_bind_source(prod, hashes[i], 3, src[i], sizeof(src[i]), NULL), 1);
+    }
+    int pushed = 0;
+    for (int i = 0; i < 10 && pushed < 3; i++)
+        pushed += kvt_ec_producer_dispatch(prod);
+    assert_int_equal(pushed, 3);
+    /* steps until every transfer is AVAILABLE (readiness from both shards) */
+    int available = 0;
+    for (int step = 0; step < 500 && available < 3; step++) {
+        assert_true(kvt_ec_inbox_step(in, sched) >= 0);
+        available = 0;
+        for (int i = 0; i < 3; i++)
+            available += kvt_ec_sched_state(sched, tids[i], 6) == KVT_ECT_AVAILABLE;
+        if (available < 3)
+            usleep(10 * 1000);
+    }
+    assert_int_equal(available, 3);
+    /* a request that gave up: its transfer is cancelled on every shard */
+    kvt_ec_feature f = {"h-a", 3, "xfer-a", 6};
+    bool ready;
+    KVT_OK_(kvt_ec_sched_ensure(sched, "req-1", 5, &f, 1, &ready));
+    KVT_OK_(kvt_ec_sched_request_finished(sched, "req-1", 5));
+    assert_true(kvt_ec_inbox_step(in, sched) >= 0);
+    int active = 1;
+    for (int i = 0; i < 500 && active; i++) {
+        active = 0;
+        for (uint32_t k = 0; k < SHARDS; k++)
+            active += kvt_ec_server_with_shard(c.srv[k], status_of, (void *)"xfer-a");
+        if (active)
+            usleep(10 * 1000);
+    }
+    assert_int_equal(active, 0);
+    for (uint32_t k = 0; k < SHARDS; k++) /* the others are still there */
+        assert_int_equal(kvt_ec_server_with_shard(c.srv[k], status_of, (void *)"xfer-b"), 1);
+    kvt_ec_inbox_stats st;
+    kvt_ec_inbox_get_stats(in, &st);
+    assert_int_equal(st.shards, SHARDS);
+    assert_int_equal(st.events, 3 * SHARDS);
+    assert_int_equal(st.cancels_sent, 1);
+    assert_int_equal(st.cancels_failed, 0);
+    kvt_ec_inbox_destroy(in);
+    kvt_ec_sched_destroy(sched);
+    kvt_ec_producer_destroy(prod);
+    kvt_ec_net_consumer_destroy(net);
+    consumer_stop(&c);
+}
+
+/* A consumer nobody answers for: the scheduler steps on (nothing arrives, nothing blocks),
+ * discovery keeps retrying in the background, and the inbox goes away cleanly. */
+static void an_unreachable_consumer_never_blocks_the_scheduler(void **state)
+{
+    (void)state;
+    kvt_ec_sched_config scfg;
+    kvt_ec_sched_config_init(&scfg);
+    kvt_ec_sched *sched;
+    KVT_OK_(kvt_ec_sched_create(&scfg, &sched));
+    kvt_ec_inbox_config icfg;
+    kvt_ec_inbox_config_init(&icfg);
+    icfg.consumer = "tcp://127.0.0.1:9"; /* discard: nobody serves */
+    icfg.control_timeout_ms = 200;
+    icfg.retry_ms = 50;
+    kvt_ec_inbox *in;
+    KVT_OK_(kvt_ec_inbox_create(&icfg, &in));
+    kvt_ec_feature f = {"h", 1, "t", 1};
+    bool ready;
+    KVT_OK_(kvt_ec_sched_ensure(sched, "r", 1, &f, 1, &ready));
+    KVT_OK_(kvt_ec_sched_request_finished(sched, "r", 1)); /* a cancel for nobody */
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(kvt_ec_inbox_step(in, sched), 0);
+    kvt_ec_inbox_stats st;
+    for (int i = 0; i < 100; i++) { /* discovery is retried in the background */
+        kvt_ec_inbox_get_stats(in, &st);
+        if (st.discoveries >= 2)
+            break;
+        usleep(50 * 1000);
+    }
+    assert_true(st.discoveries >= 2);
+    assert_int_equal(st.shards, 0);
+    assert_int_equal(st.cancels_sent, 0); /* queued until there is a topology */
+    kvt_ec_inbox_destroy(in);
+    kvt_ec_inbox_config bad = icfg;
+    bad.consumer = "not-an-address";
+    KVT_ERR_(kvt_ec_inbox_create(&bad, &in), KVT_EINVAL);
+    kvt_ec_sched_destroy(sched);
+}
+
 /* ---- processes --------------------------------------------------------------------------- */
 
 /* Item i of a producer run: 2 KiB .. 16 MiB, log-uniform, from the seed. */
@@ -571,6 +704,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(pushes_land_on_every_shard_byte_for_byte),
         cmocka_unit_test(completion_waits_for_the_bytes_and_abandon_ends_the_receive),
         cmocka_unit_test(a_dead_shard_fails_the_push_and_nothing_hangs),
+        cmocka_unit_test(the_scheduler_hears_its_shards_and_its_cancels_reach_them),
+        cmocka_unit_test(an_unreachable_consumer_never_blocks_the_scheduler),
         cmocka_unit_test(a_killed_producer_is_reaped_at_its_ttl_and_the_next_one_is_served),
         cmocka_unit_test(a_thousand_items_from_another_process),
     };
