@@ -41,6 +41,11 @@ typedef struct kvt_ec_server_config {
     uint32_t complete_wait_ms;   /* how long a completion waits for bytes still arriving before
                                     it is refused (KVT_EBUSY); default 2000 */
     uint32_t max_receives;       /* writers' receives posted at once; default 4096 */
+    /* CURVE (optional): the server's secret key (40 Z85 characters) encrypts both sockets and
+     * authenticates them to clients; curve_clients, a NULL-terminated list of public keys,
+     * admits only those clients (NULL: any client that knows the server's public key). */
+    const char *curve_secret_key;
+    const char *const *curve_clients;
 } kvt_ec_server_config;
 
 typedef struct kvt_ec_server kvt_ec_server;
@@ -79,6 +84,7 @@ typedef struct kvt_ec_server_stats {
     uint64_t completes_early; /* completions refused: their bytes had not landed yet */
     uint64_t writers_reaped;  /* writers past their TTL whose receive was cancelled and whose
                                  memory was released (a producer that died mid-push) */
+    uint64_t clients_refused; /* CURVE handshakes of clients not admitted */
 } kvt_ec_server_stats;
 KVT_API void kvt_ec_server_get_stats(kvt_ec_server *s, kvt_ec_server_stats *st);
 
@@ -93,6 +99,9 @@ KVT_API void kvt_ec_server_get_stats(kvt_ec_server *s, kvt_ec_server_stats *st);
 typedef struct kvt_ec_net_config {
     uint32_t control_timeout_ms; /* each control exchange; default 30,000 */
     uint32_t write_timeout_ms;   /* each write; default 30,000 */
+    /* CURVE (optional, all three or none): the consumers' server public key and this
+     * client's key pair, 40 Z85 characters each. */
+    const char *curve_server_key, *curve_public_key, *curve_secret_key;
 } kvt_ec_net_config;
 
 typedef struct kvt_ec_net_consumer kvt_ec_net_consumer;
@@ -118,6 +127,8 @@ typedef struct kvt_ec_inbox_config {
     uint32_t retry_ms;           /* discovery retried this long after a failure; default 1000 */
     uint32_t max_cancels;        /* cancels queued for the thread (more are dropped, counted);
                                     default 65,536 */
+    /* CURVE, as kvt_ec_net_config */
+    const char *curve_server_key, *curve_public_key, *curve_secret_key;
 } kvt_ec_inbox_config;
 
 typedef struct kvt_ec_inbox kvt_ec_inbox;

@@ -140,9 +140,20 @@ int kvt_ecc_event_decode(kvt_ecc_event *e, const void *buf, size_t len);
 
 /* ---- client ------------------------------------------------------------------------------ */
 
-/* REQ sockets to control servers, one per endpoint, reused; one client per thread. */
+/* CURVE keys of a client: the server's public key and the client's pair (Z85, 40 chars). */
+typedef struct kvt_ecc_curve {
+    const char *server_key, *public_key, *secret_key;
+} kvt_ecc_curve;
+/* 0 when k is NULL or its keys are all unset (no CURVE), or all set, well formed and libzmq
+ * has CURVE; KVT_EINVAL / KVT_EUNSUPPORTED otherwise. *on says which. */
+int kvt_ecc_curve_check(const kvt_ecc_curve *k, bool *on);
+/* Makes sock a CURVE client of k (a no-op without keys). */
+int kvt_ecc_curve_client(void *sock, const kvt_ecc_curve *k);
+
+/* REQ sockets to control servers, one per endpoint, reused; one client per thread. curve may
+ * be NULL (copied otherwise). */
 typedef struct kvt_ecc_client kvt_ecc_client;
-int kvt_ecc_client_create(int timeout_ms, kvt_ecc_client **out);
+int kvt_ecc_client_create(int timeout_ms, const kvt_ecc_curve *curve, kvt_ecc_client **out);
 void kvt_ecc_client_destroy(kvt_ecc_client *c);
 /* One exchange with the server at ep ("tcp://host:port"): encode, send, wait at most the
  * timeout, decode, check that the reply answers req. Any failure discards the socket (the next

@@ -17,6 +17,8 @@
 struct kvt_ecc_client {
     void *ctx;
     int timeout_ms;
+    bool curve;
+    char server_key[41], public_key[41], secret_key[41];
     struct {
         char ep[160];
         void *sock;
@@ -26,13 +28,56 @@ struct kvt_ecc_client {
     size_t cap;
 };
 
-int kvt_ecc_client_create(int timeout_ms, kvt_ecc_client **out)
+static bool z85_key(const char *k)
+{
+    uint8_t raw[32];
+    return k && strlen(k) == 40 && zmq_z85_decode(raw, k) != NULL;
+}
+
+int kvt_ecc_curve_check(const kvt_ecc_curve *k, bool *on)
+{
+    *on = false;
+    if (!k || (!k->server_key && !k->public_key && !k->secret_key))
+        return 0;
+    if (!z85_key(k->server_key) || !z85_key(k->public_key) || !z85_key(k->secret_key))
+        return kvt_fail(KVT_EINVAL, "ec control: CURVE needs the server's public key and this "
+                                    "side's key pair, each 40 Z85 characters");
+    if (!zmq_has("curve"))
+        return kvt_fail(KVT_EUNSUPPORTED, "ec control: this libzmq was built without CURVE");
+    *on = true;
+    return 0;
+}
+
+int kvt_ecc_curve_client(void *sock, const kvt_ecc_curve *k)
+{
+    bool on;
+    int rc = kvt_ecc_curve_check(k, &on);
+    if (rc || !on)
+        return rc;
+    if (zmq_setsockopt(sock, ZMQ_CURVE_SERVERKEY, k->server_key, 40) ||
+        zmq_setsockopt(sock, ZMQ_CURVE_PUBLICKEY, k->public_key, 40) ||
+        zmq_setsockopt(sock, ZMQ_CURVE_SECRETKEY, k->secret_key, 40))
+        return kvt_fail(KVT_EIO, "ec control: CURVE keys refused: %s", zmq_strerror(zmq_errno()));
+    return 0;
+}
+
+int kvt_ecc_client_create(int timeout_ms, const kvt_ecc_curve *curve, kvt_ecc_client **out)
 {
     if (!out || timeout_ms < 1)
         return kvt_fail(KVT_EINVAL, "ec control client: timeout must be at least 1 ms");
+    bool on;
+    int rc = kvt_ecc_curve_check(curve, &on);
+    if (rc)
+        return rc;
     kvt_ecc_client *c = calloc(1, sizeof(*c));
     if (!c)
         return kvt_fail(KVT_ENOMEM, "ec control client: out of memory");
+    if (on) {
+        c->curve = true;
+        memcpy(c->server_key, curve->server_key, 40);
+        memcpy(c->public_key, curve->public_key, 40);
+        memcpy(c->secret_key, curve->secret_key, 40);
+    }
     c->ctx = zmq_ctx_new();
     if (!c->ctx) {
         free(c);
@@ -90,6 +135,12 @@ static int peer_socket(kvt_ecc_client *c, const char *ep, uint32_t *slot)
     zmq_setsockopt(s, ZMQ_RCVTIMEO, &c->timeout_ms, sizeof(c->timeout_ms));
     zmq_setsockopt(s, ZMQ_SNDTIMEO, &c->timeout_ms, sizeof(c->timeout_ms));
     zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
+    kvt_ecc_curve k = {c->server_key, c->public_key, c->secret_key};
+    int crc = c->curve ? kvt_ecc_curve_client(s, &k) : 0;
+    if (crc) {
+        zmq_close(s);
+        return crc;
+    }
     if (zmq_connect(s, ep) != 0) {
         int rc = zfail("connect to", ep);
         zmq_close(s);

@@ -41,6 +41,8 @@ struct kvt_ec_inbox {
     /* the scheduler thread's */
     void *ctx, *pull;
     bool connected;
+    bool curve;
+    char server_key[41], public_key[41], secret_key[41];
 };
 
 void kvt_ec_inbox_config_init(kvt_ec_inbox_config *cfg)
@@ -126,7 +128,9 @@ static void *inbox_main(void *arg)
     kvt_ecc_request_init(&q);
     kvt_ecc_reply_init(&p);
     uint32_t port0 = (uint32_t)atoi(strrchr(in->consumer, ':') + 1);
-    if (kvt_ecc_client_create((int)in->cfg.control_timeout_ms, &cli)) {
+    kvt_ecc_curve k = {in->cfg.curve_server_key, in->cfg.curve_public_key,
+                       in->cfg.curve_secret_key};
+    if (kvt_ecc_client_create((int)in->cfg.control_timeout_ms, &k, &cli)) {
         KVT_LOG_E("ec inbox: %s", kvt_last_error());
         return NULL;
     }
@@ -187,10 +191,23 @@ int kvt_ec_inbox_create(const kvt_ec_inbox_config *cfg, kvt_ec_inbox **out)
     if (!colon || hl == 0 || hl >= 128 || port < 1 || port > 65535 || strlen(cfg->consumer) >= 160)
         return kvt_fail(KVT_EINVAL, "ec inbox: consumer address %s is not host:port",
                         cfg->consumer);
+    kvt_ecc_curve keys = {cfg->curve_server_key, cfg->curve_public_key, cfg->curve_secret_key};
+    bool curve;
+    int crc = kvt_ecc_curve_check(&keys, &curve);
+    if (crc)
+        return crc;
     kvt_ec_inbox *in = calloc(1, sizeof(*in));
     if (!in)
         return kvt_fail(KVT_ENOMEM, "ec inbox: out of memory");
     in->cfg = *cfg;
+    if ((in->curve = curve)) { /* copies: the thread and the step read them later */
+        memcpy(in->server_key, cfg->curve_server_key, 40);
+        memcpy(in->public_key, cfg->curve_public_key, 40);
+        memcpy(in->secret_key, cfg->curve_secret_key, 40);
+    }
+    in->cfg.curve_server_key = curve ? in->server_key : NULL;
+    in->cfg.curve_public_key = curve ? in->public_key : NULL;
+    in->cfg.curve_secret_key = curve ? in->secret_key : NULL;
     snprintf(in->consumer, sizeof(in->consumer), "%s", cfg->consumer);
     memcpy(in->host, h, hl);
     in->cfg.consumer = in->consumer;
@@ -253,6 +270,10 @@ static int connect_pull(kvt_ec_inbox *in)
     zmq_setsockopt(in->pull, ZMQ_LINGER, &zero, sizeof(zero));
     zmq_setsockopt(in->pull, ZMQ_IPV6, &one, sizeof(one));
     zmq_setsockopt(in->pull, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
+    kvt_ecc_curve keys = {in->server_key, in->public_key, in->secret_key};
+    int rc = in->curve ? kvt_ecc_curve_client(in->pull, &keys) : 0;
+    if (rc)
+        return rc;
     for (uint32_t k = 0; k < n; k++) {
         char ep[200];
         endpoint(ep, sizeof(ep), in->host, evs[k]);

@@ -34,6 +34,7 @@ struct kvt_ec_net_consumer {
 
 void kvt_ec_net_config_init(kvt_ec_net_config *cfg)
 {
+    memset(cfg, 0, sizeof(*cfg));
     cfg->control_timeout_ms = 30000;
     cfg->write_timeout_ms = 30000;
 }
@@ -51,7 +52,8 @@ int kvt_ec_net_consumer_create(const kvt_ec_net_config *cfg, kvt_ec_net_consumer
     c->cfg = *cfg;
     kvt_ecc_request_init(&c->q);
     kvt_ecc_reply_init(&c->p);
-    int rc = kvt_ecc_client_create((int)cfg->control_timeout_ms, &c->cli);
+    kvt_ecc_curve k = {cfg->curve_server_key, cfg->curve_public_key, cfg->curve_secret_key};
+    int rc = kvt_ecc_client_create((int)cfg->control_timeout_ms, &k, &c->cli);
     if (!rc)
         rc = kvt_ucx_create(&c->ucx);
     if (rc) {

@@ -31,6 +31,10 @@ typedef struct consumer {
 
 static void consumer_start_ttl(consumer *c, bool data_plane, uint64_t ttl_ns);
 
+/* CURVE for the next consumer_start (NULL: none): the servers' secret key, the admitted
+ * clients, and the key pair its own event puller uses. */
+static const char *g_curve_secret, *const *g_curve_clients, *g_curve_pull[3];
+
 static void consumer_start(consumer *c, bool data_plane)
 {
     consumer_start_ttl(c, data_plane, 0);
@@ -46,6 +50,8 @@ static void consumer_start_ttl(consumer *c, bool data_plane, uint64_t ttl_ns)
     sc.poll_ms = 20;
     sc.data_plane = data_plane;
     sc.expire_interval_ns = 50000000ull;
+    sc.curve_secret_key = g_curve_secret;
+    sc.curve_clients = g_curve_clients;
     for (uint32_t k = 0; k < SHARDS; k++) {
         c->buf[k] = aligned_alloc(256, CAP);
         kvt_ec_shard_config cfg;
@@ -76,6 +82,11 @@ static void consumer_start_ttl(consumer *c, bool data_plane, uint64_t ttl_ns)
     int t = TIMEOUT, zero = 0;
     zmq_setsockopt(c->pull, ZMQ_RCVTIMEO, &t, sizeof(t));
     zmq_setsockopt(c->pull, ZMQ_LINGER, &zero, sizeof(zero));
+    if (g_curve_secret) {
+        zmq_setsockopt(c->pull, ZMQ_CURVE_SERVERKEY, g_curve_pull[0], 40);
+        zmq_setsockopt(c->pull, ZMQ_CURVE_PUBLICKEY, g_curve_pull[1], 40);
+        zmq_setsockopt(c->pull, ZMQ_CURVE_SECRETKEY, g_curve_pull[2], 40);
+    }
     for (uint32_t k = 0; k < SHARDS; k++) {
         char ep[64];
         snprintf(ep, sizeof(ep), "tcp://127.0.0.1:%u", kvt_ec_server_event_port(c->srv[k]));
@@ -260,7 +271,7 @@ static void completion_waits_for_the_bytes_and_abandon_ends_the_receive(void **s
     consumer c;
     consumer_start(&c, true);
     kvt_ecc_client *cli;
-    KVT_OK_(kvt_ecc_client_create(TIMEOUT, &cli));
+    KVT_OK_(kvt_ecc_client_create(TIMEOUT, NULL, &cli));
     kvt_ecc_request q;
     kvt_ecc_reply p;
     kvt_ecc_request_init(&q);
@@ -369,13 +380,92 @@ static void a_dead_shard_fails_the_push_and_nothing_hangs(void **state)
     consumer_stop(&c);
 }
 
-/* ---- the consumer scheduler's side --------------------------------------------------------- */
-
 static int status_of(kvt_ec_shard *sh, void *arg)
 {
     kvt_ec_status st;
     return kvt_ec_shard_status(sh, arg, (uint32_t)strlen(arg), &st); /* 1 active, 0 not */
 }
+
+/* ---- CURVE ---------------------------------------------------------------------------------- */
+
+/* With CURVE, only admitted clients reach a shard: a producer with an admitted key pushes and
+ * its bytes arrive; a client without keys, or with a key pair not on the list, gets nothing
+ * (its handshake is refused, its call times out) and reserves nothing. */
+static void curve_admits_only_listed_clients(void **state)
+{
+    (void)state;
+    if (!zmq_has("curve"))
+        skip();
+    char spub[41], ssec[41], ppub[41], psec[41], opub[41], osec[41];
+    assert_int_equal(zmq_curve_keypair(spub, ssec), 0);
+    assert_int_equal(zmq_curve_keypair(ppub, psec), 0);
+    assert_int_equal(zmq_curve_keypair(opub, osec), 0);
+    const char *admitted[] = {ppub, NULL};
+    g_curve_secret = ssec;
+    g_curve_clients = admitted;
+    g_curve_pull[0] = spub, g_curve_pull[1] = ppub, g_curve_pull[2] = psec;
+    consumer c;
+    consumer_start(&c, true);
+    g_curve_secret = NULL, g_curve_clients = NULL;
+    /* the admitted producer */
+    kvt_ec_net_config nc;
+    kvt_ec_net_config_init(&nc);
+    nc.curve_server_key = spub, nc.curve_public_key = ppub, nc.curve_secret_key = psec;
+    kvt_ec_net_consumer *net;
+    KVT_OK_(kvt_ec_net_consumer_create(&nc, &net));
+    kvt_ec_producer_config pc;
+    kvt_ec_producer_config_init(&pc);
+    pc.ops = kvt_ec_net_consumer_ops(net);
+    kvt_ec_producer *prod;
+    KVT_OK_(kvt_ec_producer_create(&pc, &prod));
+    static uint8_t src[8192];
+    fill(src, sizeof(src), 3);
+    kvt_ec_push_spec s;
+    spec_of(&s, c.addr, "xfer-k", "h-k", 4);
+    KVT_OK_(kvt_ec_producer_push(prod, &s));
+    assert_int_equal(kvt_ec_producer_bind_source(prod, "h-k", 3, src, sizeof(src), NULL), 1);
+    assert_int_equal(kvt_ec_producer_dispatch(prod), 1);
+    assert_int_equal(kvt_ec_producer_state(prod, "xfer-k", 6), KVT_ECP_DONE);
+    assert_int_equal(drain_events(&c, SHARDS, NULL), SHARDS);
+    /* a client without keys and one whose key is not admitted */
+    char ep[64];
+    snprintf(ep, sizeof(ep), "tcp://127.0.0.1:%u", kvt_ec_server_port(c.srv[0]));
+    kvt_ecc_request q;
+    kvt_ecc_reply p;
+    kvt_ecc_request_init(&q);
+    kvt_ecc_reply_init(&p);
+    kvt_ecc_item it = {.transfer_id = S("xfer-x"),
+                       .mm_hash = S("h-x"),
+                       .nbytes = 4096,
+                       .ndim = 1,
+                       .shape = {2048},
+                       .dtype = S("float16")};
+    kvt_ecc_request_begin(&q, KVT_ECC_RESERVE);
+    KVT_OK_(kvt_ecc_request_add(&q, &it));
+    kvt_ecc_client *plain, *other;
+    KVT_OK_(kvt_ecc_client_create(300, NULL, &plain));
+    kvt_ecc_curve ok = {spub, opub, osec};
+    KVT_OK_(kvt_ecc_client_create(300, &ok, &other));
+    KVT_ERR_(kvt_ecc_client_call(plain, ep, &q, &p), KVT_EIO);
+    KVT_ERR_(kvt_ecc_client_call(other, ep, &q, &p), KVT_EIO);
+    kvt_ec_server_stats ss;
+    kvt_ec_server_get_stats(c.srv[0], &ss);
+    assert_true(ss.clients_refused >= 1);
+    assert_int_equal(kvt_ec_server_with_shard(c.srv[0], status_of, (void *)"xfer-x"), 0);
+    /* malformed keys are refused up front */
+    kvt_ecc_curve bad = {spub, "short", osec};
+    kvt_ecc_client *nope;
+    KVT_ERR_(kvt_ecc_client_create(300, &bad, &nope), KVT_EINVAL);
+    kvt_ecc_client_destroy(plain);
+    kvt_ecc_client_destroy(other);
+    kvt_ecc_request_release(&q);
+    kvt_ecc_reply_release(&p);
+    kvt_ec_producer_destroy(prod);
+    kvt_ec_net_consumer_destroy(net);
+    consumer_stop(&c);
+}
+
+/* ---- the consumer scheduler's side --------------------------------------------------------- */
 
 /* The scheduler hears readiness from every shard through the inbox, and its cancels reach
  * every shard, without its thread ever waiting on the network. */
@@ -705,6 +795,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(completion_waits_for_the_bytes_and_abandon_ends_the_receive),
         cmocka_unit_test(a_dead_shard_fails_the_push_and_nothing_hangs),
         cmocka_unit_test(the_scheduler_hears_its_shards_and_its_cancels_reach_them),
+        cmocka_unit_test(curve_admits_only_listed_clients),
         cmocka_unit_test(an_unreachable_consumer_never_blocks_the_scheduler),
         cmocka_unit_test(a_killed_producer_is_reaped_at_its_ttl_and_the_next_one_is_served),
         cmocka_unit_test(a_thousand_items_from_another_process),

@@ -55,7 +55,7 @@ static void start(fixture *f, uint32_t tp_size, uint32_t max_events)
     KVT_OK_(rc);
     snprintf(f->ep, sizeof(f->ep), "tcp://127.0.0.1:%u", kvt_ec_server_port(f->srv));
     snprintf(f->ev_ep, sizeof(f->ev_ep), "tcp://127.0.0.1:%u", kvt_ec_server_event_port(f->srv));
-    KVT_OK_(kvt_ecc_client_create(TIMEOUT, &f->cli));
+    KVT_OK_(kvt_ecc_client_create(TIMEOUT, NULL, &f->cli));
     kvt_ecc_request_init(&f->q);
     kvt_ecc_reply_init(&f->p);
 }
@@ -413,7 +413,7 @@ static void bind_errors_and_a_dead_server(void **state)
     KVT_ERR_(kvt_ec_server_start(&c, f.shard, &s2), KVT_EINVAL);
     /* a server that went away: the call times out, the next call to a live one works */
     kvt_ecc_client *quick;
-    KVT_OK_(kvt_ecc_client_create(200, &quick));
+    KVT_OK_(kvt_ecc_client_create(200, NULL, &quick));
     char dead[64];
     snprintf(dead, sizeof(dead), "tcp://127.0.0.1:%u", kvt_ec_server_port(f.srv));
     kvt_ec_server_stop(f.srv);
