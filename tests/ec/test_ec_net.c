@@ -200,20 +200,27 @@ static uint32_t drain_events(consumer *c, uint32_t want, char (*tids)[64])
     return got;
 }
 
+/* A producer over the network (nc NULL: default options). */
+static void producer_open(const kvt_ec_net_config *nc, kvt_ec_net_consumer **net,
+                          kvt_ec_producer **prod)
+{
+    kvt_ec_net_config d;
+    kvt_ec_net_config_init(&d);
+    KVT_OK_(kvt_ec_net_consumer_create(nc ? nc : &d, net));
+    kvt_ec_producer_config pc;
+    kvt_ec_producer_config_init(&pc);
+    pc.ops = kvt_ec_net_consumer_ops(*net);
+    KVT_OK_(kvt_ec_producer_create(&pc, prod));
+}
+
 static void pushes_land_on_every_shard_byte_for_byte(void **state)
 {
     (void)state;
     consumer c;
     consumer_start(&c, true);
-    kvt_ec_net_config nc;
-    kvt_ec_net_config_init(&nc);
     kvt_ec_net_consumer *net;
-    KVT_OK_(kvt_ec_net_consumer_create(&nc, &net));
-    kvt_ec_producer_config pc;
-    kvt_ec_producer_config_init(&pc);
-    pc.ops = kvt_ec_net_consumer_ops(net);
     kvt_ec_producer *prod;
-    KVT_OK_(kvt_ec_producer_create(&pc, &prod));
+    producer_open(NULL, &net, &prod);
     /* items from 2 KiB to 8 MiB, one pushed twice under two transfer ids */
     enum { N = 12 };
     uint64_t rows[N];
@@ -356,12 +363,8 @@ static void a_dead_shard_fails_the_push_and_nothing_hangs(void **state)
     nc.control_timeout_ms = 300;
     nc.write_timeout_ms = 300;
     kvt_ec_net_consumer *net;
-    KVT_OK_(kvt_ec_net_consumer_create(&nc, &net));
-    kvt_ec_producer_config pc;
-    kvt_ec_producer_config_init(&pc);
-    pc.ops = kvt_ec_net_consumer_ops(net);
     kvt_ec_producer *prod;
-    KVT_OK_(kvt_ec_producer_create(&pc, &prod));
+    producer_open(&nc, &net, &prod);
     kvt_ec_push_spec s;
     spec_of(&s, c.addr, "xfer-x", "img-x", 4);
     uint8_t src[8192];
@@ -412,12 +415,8 @@ static void curve_admits_only_listed_clients(void **state)
     kvt_ec_net_config_init(&nc);
     nc.curve_server_key = spub, nc.curve_public_key = ppub, nc.curve_secret_key = psec;
     kvt_ec_net_consumer *net;
-    KVT_OK_(kvt_ec_net_consumer_create(&nc, &net));
-    kvt_ec_producer_config pc;
-    kvt_ec_producer_config_init(&pc);
-    pc.ops = kvt_ec_net_consumer_ops(net);
     kvt_ec_producer *prod;
-    KVT_OK_(kvt_ec_producer_create(&pc, &prod));
+    producer_open(&nc, &net, &prod);
     static uint8_t src[8192];
     fill(src, sizeof(src), 3);
     kvt_ec_push_spec s;
@@ -487,15 +486,9 @@ static void the_scheduler_hears_its_shards_and_its_cancels_reach_them(void **sta
     kvt_ec_inbox *in;
     KVT_OK_(kvt_ec_inbox_create(&icfg, &in));
     /* a producer in this thread pushes three items */
-    kvt_ec_net_config nc;
-    kvt_ec_net_config_init(&nc);
     kvt_ec_net_consumer *net;
-    KVT_OK_(kvt_ec_net_consumer_create(&nc, &net));
-    kvt_ec_producer_config pc;
-    kvt_ec_producer_config_init(&pc);
-    pc.ops = kvt_ec_net_consumer_ops(net);
     kvt_ec_producer *prod;
-    KVT_OK_(kvt_ec_producer_create(&pc, &prod));
+    producer_open(NULL, &net, &prod);
     static uint8_t src[3][8192];
     const char *tids[3] = {"xfer-a", "xfer-b", "xfer-c"}, *hashes[3] = {"h-a", "h-b", "h-c"};
     /* the scheduler steps before discovery finished: nothing, and no wait */
