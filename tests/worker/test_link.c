@@ -254,19 +254,26 @@ static void test_handshake_errors_and_timeouts(void **state)
     KVT_ERR_(kvt_link_worker_create(g_ep, 0, 2, 1, &w), KVT_EINVAL);
 }
 
-/* ZeroMQ endpoint faults: a worker that dies mid-run, one that answers too late. */
-static void test_a_dead_rank_fails_the_step_by_name(void **state)
+/* A scheduler and two rogue ranks that said hello. */
+static kvt_link_sched *start_pair(rogue r[2], pthread_t th[2])
 {
-    (void)state;
     new_endpoint();
     kvt_link_sched *s;
     KVT_OK_(kvt_link_sched_create(g_ep, 2, &s));
-    rogue r[2] = {{0, 2, 0, 0}, {1, 2, 3, 0}};
-    pthread_t th[2];
     for (int i = 0; i < 2; i++)
         pthread_create(&th[i], NULL, rogue_main, &r[i]);
     uint32_t blocks;
     KVT_OK_(kvt_link_sched_accept(s, TIMEOUT, &blocks));
+    return s;
+}
+
+/* ZeroMQ endpoint faults: a worker that dies mid-run, one that answers too late. */
+static void test_a_dead_rank_fails_the_step_by_name(void **state)
+{
+    (void)state;
+    rogue r[2] = {{0, 2, 0, 0}, {1, 2, 3, 0}};
+    pthread_t th[2];
+    kvt_link_sched *s = start_pair(r, th);
     kvt_offload_meta meta;
     kvt_offload_meta_init(&meta);
     kvt_link_result res;
@@ -289,15 +296,9 @@ static void test_a_dead_rank_fails_the_step_by_name(void **state)
 static void test_a_late_reply_is_dropped_and_the_next_step_works(void **state)
 {
     (void)state;
-    new_endpoint();
-    kvt_link_sched *s;
-    KVT_OK_(kvt_link_sched_create(g_ep, 2, &s));
     rogue r[2] = {{0, 2, 0, 0}, {1, 2, 4, 0}};
     pthread_t th[2];
-    for (int i = 0; i < 2; i++)
-        pthread_create(&th[i], NULL, rogue_main, &r[i]);
-    uint32_t blocks;
-    KVT_OK_(kvt_link_sched_accept(s, TIMEOUT, &blocks));
+    kvt_link_sched *s = start_pair(r, th);
     kvt_offload_meta meta;
     kvt_offload_meta_init(&meta);
     kvt_link_result res;
