@@ -34,6 +34,7 @@
 #include "bench_util.h"
 #include "demo.h"
 #include "disk/disk_internal.h"
+#include "ec_cmds.h"
 #include "kvtier/kvtier.h"
 
 #define BT          16u   /* tokens per block */
@@ -694,7 +695,8 @@ int kvt_demo_soak(uint64_t seed, double seconds)
     printf("kvtier %s soak: %.0f s, seed %llu\n  faults: disk reads and writes failing (EIO) "
            "%.0f%%, prefix-cache resets after %.0f%% of turns,\n  worker reports delayed and "
            "reordered %.0f%%, preemption flushes %.0f%% of steps,\n  encoder-cache writes "
-           "failing %.0f%%, readiness events lost %.0f%%\n",
+           "failing %.0f%%, readiness events lost %.0f%%; every 8th round a producer process\n"
+           "  killed mid-push half the time\n",
            kvt_version(), seconds, (unsigned long long)seed, f.disk_eio * 100, f.reset * 100,
            f.delay_report * 100, f.preempt * 100, f.ec_write_fail * 100, f.ec_lost_event * 100);
     fflush(stdout);
@@ -702,6 +704,8 @@ int kvt_demo_soak(uint64_t seed, double seconds)
     struct stats tot = {0};
     kvt_demo_ec_result ect = {0};
     uint64_t rounds = 0, failed_rounds = 0, leaked_bytes = 0;
+    kvt_ec_net_soak nt = {0}; /* the network rounds */
+    uint64_t net_rounds = 0;
     while (kvt_now_s() - t0 < seconds) {
         uint64_t s = seed * 1000003u + rounds++;
         /* KV offload, three tiers: every loaded block verified, every tier free at the end */
@@ -733,20 +737,36 @@ int kvt_demo_soak(uint64_t seed, double seconds)
         ect.pending_pushes |= er.pending_pushes;
         ect.verified_bytes += er.verified_bytes;
         leaked_bytes += er.leaked_bytes;
-        if (r || q) {
+        /* every 8th round: the encoder cache across processes, a producer killed mid-push */
+        int w = 0;
+        if (rounds % 8 == 1) {
+            kvt_ec_net_soak one;
+            w = kvt_ec_net_soak_round(s, &one);
+            if (w < 0)
+                fprintf(stderr, "soak: network round: %s\n", kvt_last_error());
+            nt.items_checked += one.items_checked;
+            nt.corrupt += one.corrupt;
+            nt.bytes += one.bytes;
+            nt.killed += one.killed;
+            nt.reaped += one.reaped;
+            nt.writers_left += one.writers_left;
+            leaked_bytes += one.leaked_bytes;
+            net_rounds++;
+        }
+        if (r || q || w) {
             failed_rounds++;
-            fprintf(stderr, "soak: round %llu (seed %llu) failed: %s%s\n",
+            fprintf(stderr, "soak: round %llu (seed %llu) failed: %s%s%s\n",
                     (unsigned long long)rounds - 1, (unsigned long long)s, r ? "offload " : "",
-                    q ? "encoder-cache" : "");
+                    q ? "encoder-cache " : "", w ? "network" : "");
         }
     }
     if (quiet)
         kvt_log_set_handler(NULL, NULL);
-    uint64_t corrupt = tot.bad_blocks + ect.mismatches;
+    uint64_t corrupt = tot.bad_blocks + ect.mismatches + nt.corrupt;
     uint64_t stuck = tot.stuck + ect.stuck + ect.pending_pushes;
-    uint64_t leaked = tot.leaked_blocks + tot.leaked_requests + ect.writers_left;
+    uint64_t leaked = tot.leaked_blocks + tot.leaked_requests + ect.writers_left + nt.writers_left;
     uint64_t faults = tot.faults + tot.resets + tot.delayed + tot.preemptions + ect.write_faults +
-                      ect.lost_events;
+                      ect.lost_events + nt.killed;
     printf("soak: %llu rounds in %.0f s, %llu faults injected\n", (unsigned long long)rounds,
            kvt_now_s() - t0, (unsigned long long)faults);
     printf("  KV offload (GPU, host, disk): %llu turns served; %llu disk I/O errors, %llu resets, "
@@ -759,8 +779,12 @@ int kvt_demo_soak(uint64_t seed, double seconds)
            "%llu lost events\n",
            (unsigned long long)ect.served, (unsigned long long)ect.failed,
            (unsigned long long)ect.write_faults, (unsigned long long)ect.lost_events);
+    printf("  encoder cache across processes (ZeroMQ + UCX): %llu rounds, %llu items checked; "
+           "%llu producers killed mid-push, %llu of their writers reaped\n",
+           (unsigned long long)net_rounds, (unsigned long long)nt.items_checked,
+           (unsigned long long)nt.killed, (unsigned long long)nt.reaped);
     printf("  verified byte for byte: %.2f GiB; library warnings: %llu\n",
-           (double)(tot.verified_bytes + ect.verified_bytes) / (1 << 30),
+           (double)(tot.verified_bytes + ect.verified_bytes + nt.bytes) / (1 << 30),
            (unsigned long long)__atomic_load_n(&g_warnings, __ATOMIC_RELAXED));
     printf("  corrupt blocks or embeddings: %llu\n  leaked blocks: %llu, leaked bytes: %llu, "
            "leaked requests or writers: %llu\n  stuck requests or pushes: %llu\n",

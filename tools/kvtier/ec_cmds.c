@@ -9,7 +9,10 @@
  * (S, i). The consumer takes every ready item on every shard, checks it, retires it.
  */
 #include <math.h>
+#include <fcntl.h>
 #include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -349,4 +352,159 @@ int kvt_cmd_ec_producer(int argc, char **argv)
            (unsigned long long)done, (unsigned long long)items, (unsigned long long)failed,
            (double)bytes / (1 << 20), dt, dt > 0 ? (double)bytes / dt / 1e9 : 0.0);
     return failed ? 1 : 0;
+}
+
+/* ---- soak: a producer killed mid-push ------------------------------------------------------ */
+
+static int shard_figures(kvt_ec_shard *sh, void *arg)
+{
+    kvt_ec_shard_get_stats(sh, arg);
+    return 0;
+}
+
+static pid_t spawn_producer(uint32_t port, int items, uint64_t seed)
+{
+    char self[4096], addr[64], its[16], sd[24];
+    ssize_t l = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    self[l > 0 ? l : 0] = 0;
+    snprintf(addr, sizeof(addr), "tcp://127.0.0.1:%u", port);
+    snprintf(its, sizeof(its), "%d", items);
+    snprintf(sd, sizeof(sd), "%llu", (unsigned long long)seed);
+    char *argv[] = {self, "ec-producer", "--consumer", addr,           "--items", its, "--seed",
+                    sd,   "--max-kib",   "1024",       "--timeout-ms", "2000",    NULL};
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+    posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
+    extern char **environ;
+    pid_t pid;
+    int rc = posix_spawn(&pid, self, &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    return rc == 0 ? pid : -1;
+}
+
+int kvt_ec_net_soak_round(uint64_t seed, kvt_ec_net_soak *res)
+{
+    enum { SH = 2, ITEMS = 30 };
+    const uint64_t cap = 16u << 20;
+    memset(res, 0, sizeof(*res));
+    uint8_t *buf[SH] = {0};
+    kvt_ec_shard *sh[SH] = {0};
+    kvt_ec_server *srv[SH] = {0};
+    uint8_t *scratch = malloc(cap);
+    int rc = scratch ? 0 : KVT_ENOMEM;
+    for (uint32_t k = 0; k < SH && !rc; k++) {
+        buf[k] = aligned_alloc(4096, cap);
+        kvt_ec_shard_config sc;
+        kvt_ec_shard_config_init(&sc);
+        sc.base = buf[k];
+        sc.capacity = cap;
+        sc.ttl_ns = 1000000000ull; /* a killed producer's writers are reaped after 1 s */
+        rc = buf[k] ? kvt_ec_shard_create(&sc, &sh[k]) : KVT_ENOMEM;
+    }
+    kvt_ec_server_config c;
+    kvt_ec_server_config_init(&c);
+    c.host = "127.0.0.1";
+    c.tp_size = SH;
+    c.poll_ms = 10;
+    c.expire_interval_ns = 50000000ull;
+    for (uint32_t i = 0; i < 100 && !rc; i++) { /* a free pair of ports */
+        c.base_port = 20000 + (uint32_t)((getpid() * 131u + seed * 17u + i * 389u) % 30000u);
+        int e = 0;
+        for (uint32_t k = 0; k < SH && !e; k++) {
+            c.tp_rank = k;
+            e = kvt_ec_server_start(&c, sh[k], &srv[k]);
+        }
+        if (!e)
+            break;
+        for (uint32_t k = 0; k < SH; k++) {
+            kvt_ec_server_stop(srv[k]);
+            srv[k] = NULL;
+        }
+        if (i == 99)
+            rc = e;
+    }
+    void *ctx = zmq_ctx_new(), *pull = zmq_socket(ctx, ZMQ_PULL);
+    int t = 20, zero = 0;
+    zmq_setsockopt(pull, ZMQ_RCVTIMEO, &t, sizeof(t));
+    zmq_setsockopt(pull, ZMQ_LINGER, &zero, sizeof(zero));
+    for (uint32_t k = 0; k < SH && !rc; k++) {
+        char ep[64];
+        snprintf(ep, sizeof(ep), "tcp://127.0.0.1:%u", kvt_ec_server_event_port(srv[k]));
+        zmq_connect(pull, ep);
+    }
+    pid_t pid = rc ? -1 : spawn_producer(kvt_ec_server_port(srv[0]), ITEMS, seed);
+    if (!rc && pid < 0)
+        rc = kvt_fail(KVT_ESYS, "soak: cannot start a producer process");
+    uint64_t r = seed * 0x9E3779B97F4A7C15ull | 1;
+    bool kill_it = kvt_rand_below(&r, 2) == 0;
+    double kill_at = kvt_now_s() + (double)kvt_rand_below(&r, 300) / 1000.0;
+    double deadline = kvt_now_s() + 15.0;
+    bool exited = false;
+    check_arg *a = calloc(1, sizeof(*a));
+    if (a)
+        a->scratch = scratch;
+    while (!rc && a && kvt_now_s() < deadline) {
+        if (!exited && kill_it && kvt_now_s() >= kill_at) {
+            kill(pid, SIGKILL);
+            res->killed++;
+            kill_it = false;
+        }
+        if (!exited && waitpid(pid, NULL, WNOHANG) == pid)
+            exited = true;
+        uint8_t m[2048];
+        int n = zmq_recv(pull, m, sizeof(m), 0);
+        if (n > 0) {
+            kvt_ecc_event e;
+            kvt_ecc_event_init(&e);
+            if (kvt_ecc_event_decode(&e, m, (size_t)n) == 0 && e.shard < SH && !e.abandoned) {
+                snprintf(a->tid, sizeof(a->tid), "%s", e.transfer_id.ptr);
+                snprintf(a->hash, sizeof(a->hash), "%s", e.mm_hash.ptr);
+                a->nbytes = e.nbytes;
+                if (kvt_ec_server_with_shard(srv[e.shard], take_check_retire, a) == 0) {
+                    res->items_checked += a->result == 1;
+                    res->corrupt += a->result != 1;
+                    res->bytes += e.nbytes;
+                }
+            }
+            kvt_ecc_event_release(&e);
+            continue;
+        }
+        if (!exited)
+            continue;
+        /* the producer is gone: done once no writer is left on any shard */
+        uint64_t writers = 0;
+        for (uint32_t k = 0; k < SH; k++) {
+            kvt_ec_shard_stats st;
+            (void)kvt_ec_server_with_shard(srv[k], shard_figures, &st);
+            writers += st.writers;
+        }
+        if (writers == 0)
+            break;
+    }
+    free(a);
+    if (pid > 0 && !exited) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+    }
+    for (uint32_t k = 0; k < SH; k++) {
+        if (srv[k]) {
+            kvt_ec_shard_stats st;
+            kvt_ec_server_stats ss;
+            (void)kvt_ec_server_with_shard(srv[k], shard_figures, &st);
+            kvt_ec_server_get_stats(srv[k], &ss);
+            res->writers_left += st.writers;
+            res->leaked_bytes += st.capacity - st.free_bytes - st.held_bytes;
+            res->reaped += ss.writers_reaped;
+        }
+        kvt_ec_server_stop(srv[k]);
+        if (sh[k] && kvt_ec_shard_destroy(sh[k]) == 0)
+            free(buf[k]); /* a writer still active keeps its buffer */
+    }
+    zmq_close(pull);
+    zmq_ctx_term(ctx);
+    free(scratch);
+    if (rc)
+        return rc;
+    return res->corrupt || res->writers_left || res->leaked_bytes ? 1 : 0;
 }
