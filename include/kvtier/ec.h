@@ -194,6 +194,8 @@ KVT_API void kvt_ec_shard_begin_shutdown(kvt_ec_shard *sh);
  * EXPIRE_PENDING writers). */
 KVT_API uint32_t kvt_ec_shard_writers(const kvt_ec_shard *sh);
 KVT_API int kvt_ec_shard_state(const kvt_ec_shard *sh, const char *transfer_id, uint32_t len);
+/* The receive buffer (config base, NULL for offsets only) and its usable bytes. */
+KVT_API void *kvt_ec_shard_buffer(const kvt_ec_shard *sh, uint64_t *capacity);
 /* The control plane's `status`: a transfer's active record (WRITING, READY or pending a
  * writer), if any. */
 typedef struct kvt_ec_status {

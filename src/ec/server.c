@@ -724,6 +724,12 @@ static int data_plane_setup(kvt_ec_server *s)
         rc = kvt_ucx_create(&s->ucx);
     if (!rc)
         rc = kvt_ucx_efd(s->ucx, &s->efd);
+    uint64_t cap;
+    void *base = kvt_ec_shard_buffer(s->shard, &cap);
+    if (!rc && !base)
+        rc = kvt_fail(KVT_EINVAL, "the shard has no buffer (config base) to receive into");
+    if (!rc) /* the receive buffer is registered once, for zero-copy receives */
+        rc = kvt_ucx_map(s->ucx, base, cap);
     return rc ? kvt_fail_wrap(rc, "ec server: data plane") : 0;
 }
 

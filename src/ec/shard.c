@@ -1042,6 +1042,13 @@ int kvt_ec_shard_state(const kvt_ec_shard *sh, const char *tid, uint32_t len)
     return r ? r->state : KVT_EC_NONE;
 }
 
+void *kvt_ec_shard_buffer(const kvt_ec_shard *sh, uint64_t *capacity)
+{
+    if (capacity)
+        *capacity = kvt_slab_capacity(sh->slab);
+    return sh->cfg.base;
+}
+
 int kvt_ec_shard_status(const kvt_ec_shard *sh, const char *tid, uint32_t len, kvt_ec_status *out)
 {
     ec_key t;

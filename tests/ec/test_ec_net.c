@@ -263,6 +263,18 @@ static void pushes_land_on_every_shard_byte_for_byte(void **state)
     assert_int_equal(ss.receives_posted, N);
     assert_int_equal(ss.receives_done, N);
     assert_int_equal(ss.receives_failed, 0);
+    /* an item the consumer still holds (resident, retired) is served without a transfer */
+    kvt_ec_push_spec again;
+    spec_of(&again, c.addr, "xfer-again", hash[0], rows[0]);
+    KVT_OK_(kvt_ec_producer_push(prod, &again));
+    assert_int_equal(kvt_ec_producer_bind_source(prod, hash[0], (uint32_t)strlen(hash[0]), src[0],
+                                                 rows[0] * 2048, NULL),
+                     1);
+    assert_int_equal(kvt_ec_producer_dispatch(prod), 1);
+    assert_int_equal(kvt_ec_producer_state(prod, "xfer-again", 10), KVT_ECP_DONE);
+    kvt_ec_producer_get_stats(prod, &ps);
+    assert_int_equal(ps.writes, N * SHARDS);                  /* no bytes moved */
+    assert_int_equal(drain_events(&c, SHARDS, NULL), SHARDS); /* ready at once (a cached hit) */
     kvt_ec_producer_destroy(prod);
     kvt_ec_net_consumer_destroy(net);
     for (int i = 0; i < N; i++)
