@@ -255,6 +255,7 @@ int kvt_cmd_ec_producer(int argc, char **argv)
 {
     const char *consumer = NULL;
     uint64_t items = 100, seed = 1, min_kib = 1, max_kib = 16384, timeout = 30000;
+    uint64_t die_after = UINT64_MAX;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -269,6 +270,8 @@ int kvt_cmd_ec_producer(int argc, char **argv)
                    "  --min-kib A        smallest item, KiB (default 1)\n"
                    "  --max-kib B        largest item, KiB (default 16384 = 16 MiB)\n"
                    "  --timeout-ms T     each control exchange and each write (default 30000)\n"
+                   "  --die-after N      fault injection: after N items, reserve the next one on\n"
+                   "                     every shard and die (SIGKILL) before writing it\n"
                    "  UCX_TLS selects the data plane's transports (e.g. tcp, shm).\n");
             return 0;
         } else if (strcmp(a, "--consumer") == 0 && v) {
@@ -280,6 +283,8 @@ int kvt_cmd_ec_producer(int argc, char **argv)
         } else if (strcmp(a, "--min-kib") == 0 && v && !parse_num(v, 1, 1u << 20, &min_kib)) {
             i++;
         } else if (strcmp(a, "--max-kib") == 0 && v && !parse_num(v, 1, 1u << 20, &max_kib)) {
+            i++;
+        } else if (strcmp(a, "--die-after") == 0 && v && !parse_num(v, 0, 1u << 30, &die_after)) {
             i++;
         } else if (strcmp(a, "--timeout-ms") == 0 && v && !parse_num(v, 1, 3600000, &timeout)) {
             i++;
@@ -309,6 +314,22 @@ int kvt_cmd_ec_producer(int argc, char **argv)
     uint64_t done = 0, failed = 0, bytes = 0;
     double t0 = kvt_now_s();
     for (uint64_t i = 0; src && i < items; i++) {
+        if (i == die_after) { /* a producer that dies mid-push: reserved, nothing written */
+            char tid[48], hash[56];
+            snprintf(tid, sizeof(tid), "%llu-%llu", (unsigned long long)seed,
+                     (unsigned long long)i);
+            snprintf(hash, sizeof(hash), "img-%s", tid);
+            uint64_t n = item_bytes(seed, i, min_kib << 10, max_kib << 10);
+            kvt_ec_item it = {hash, (uint32_t)strlen(hash), n, 1, {n / 2}, "bfloat16", 8};
+            kvt_ec_consumer_ops ops = kvt_ec_net_consumer_ops(net);
+            uint32_t shards = 0;
+            (void)ops.shards(ops.ctx, consumer, &shards);
+            for (uint32_t k = 0; k < shards; k++) {
+                kvt_ec_reply r;
+                (void)ops.reserve(ops.ctx, consumer, k, tid, (uint32_t)strlen(tid), &it, &r);
+            }
+            raise(SIGKILL);
+        }
         char tid[48], hash[56];
         snprintf(tid, sizeof(tid), "%llu-%llu", (unsigned long long)seed, (unsigned long long)i);
         snprintf(hash, sizeof(hash), "img-%s", tid);
@@ -362,16 +383,18 @@ static int shard_figures(kvt_ec_shard *sh, void *arg)
     return 0;
 }
 
-static pid_t spawn_producer(uint32_t port, int items, uint64_t seed)
+static pid_t spawn_producer(uint32_t port, int items, uint64_t seed, int die_after)
 {
-    char self[4096], addr[64], its[16], sd[24];
+    char self[4096], addr[64], its[16], sd[24], die[16];
+    snprintf(die, sizeof(die), "%d", die_after < 0 ? items + 1 : die_after);
     ssize_t l = readlink("/proc/self/exe", self, sizeof(self) - 1);
     self[l > 0 ? l : 0] = 0;
     snprintf(addr, sizeof(addr), "tcp://127.0.0.1:%u", port);
     snprintf(its, sizeof(its), "%d", items);
     snprintf(sd, sizeof(sd), "%llu", (unsigned long long)seed);
-    char *argv[] = {self, "ec-producer", "--consumer", addr,           "--items", its, "--seed",
-                    sd,   "--max-kib",   "1024",       "--timeout-ms", "2000",    NULL};
+    char *argv[] = {
+        self,        "ec-producer", "--consumer",  addr, "--items",      its,    "--seed", sd,
+        "--max-kib", "1024",        "--die-after", die,  "--timeout-ms", "2000", NULL};
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
@@ -433,23 +456,20 @@ int kvt_ec_net_soak_round(uint64_t seed, kvt_ec_net_soak *res)
         snprintf(ep, sizeof(ep), "tcp://127.0.0.1:%u", kvt_ec_server_event_port(srv[k]));
         zmq_connect(pull, ep);
     }
-    pid_t pid = rc ? -1 : spawn_producer(kvt_ec_server_port(srv[0]), ITEMS, seed);
+    /* half the time the producer dies mid-push: after a random number of items it reserves
+     * the next one everywhere and kills itself before writing it */
+    uint64_t r = seed * 0x9E3779B97F4A7C15ull | 1;
+    int die = kvt_rand_below(&r, 2) == 0 ? (int)kvt_rand_below(&r, ITEMS) : -1;
+    res->killed = die >= 0;
+    pid_t pid = rc ? -1 : spawn_producer(kvt_ec_server_port(srv[0]), ITEMS, seed, die);
     if (!rc && pid < 0)
         rc = kvt_fail(KVT_ESYS, "soak: cannot start a producer process");
-    uint64_t r = seed * 0x9E3779B97F4A7C15ull | 1;
-    bool kill_it = kvt_rand_below(&r, 2) == 0;
-    double kill_at = kvt_now_s() + (double)kvt_rand_below(&r, 300) / 1000.0;
     double deadline = kvt_now_s() + 15.0;
     bool exited = false;
     check_arg *a = calloc(1, sizeof(*a));
     if (a)
         a->scratch = scratch;
     while (!rc && a && kvt_now_s() < deadline) {
-        if (!exited && kill_it && kvt_now_s() >= kill_at) {
-            kill(pid, SIGKILL);
-            res->killed++;
-            kill_it = false;
-        }
         if (!exited && waitpid(pid, NULL, WNOHANG) == pid)
             exited = true;
         uint8_t m[2048];

@@ -10,10 +10,11 @@ int kvt_cmd_ec_producer(int argc, char **argv);
 #include <stdint.h>
 
 /* The soak's network round (kvtier demo --soak): a consumer with 2 shards in this process, a
- * producer process (kvtier ec-producer) pushing 30 items, killed with SIGKILL at a random
- * moment half the time; waits until no writer is left (a killed producer's are reaped after
- * the 1 s TTL). Every item that arrived is checked. Returns 0 when nothing was corrupt, left
- * behind or leaked, 1 if something was, a code if the round could not run. */
+ * producer process (kvtier ec-producer) pushing 30 items that, half the time, dies (SIGKILL)
+ * mid-push: after a random number of items, with the next one reserved on every shard and not
+ * written; waits until no writer is left (a killed producer's are reaped after the 1 s TTL). Every
+ * item that arrived is checked. Returns 0 when nothing was corrupt, left behind or leaked, 1 if
+ * something was, a code if the round could not run. */
 typedef struct kvt_ec_net_soak {
     uint64_t items_checked, corrupt, bytes, killed, reaped, writers_left, leaked_bytes;
 } kvt_ec_net_soak;
