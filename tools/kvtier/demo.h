@@ -41,4 +41,9 @@ const char *kvt_demo_metrics(void);
  * (< 0: until SIGINT/SIGTERM). Returns 0 or 1 with a message on stderr. */
 int kvt_serve_metrics(unsigned port, const char *text, double seconds);
 
+/* `kvtier demo` (demo_engine.c): the reference engine, three runs; a process exit code. */
+int kvt_demo_engine(int argc, char **argv);
+/* `kvtier ec-encoder`: the encoder process of the demo's third run. */
+int kvt_cmd_ec_encoder(int argc, char **argv);
+
 #endif

@@ -21,10 +21,10 @@ static void usage(FILE *f)
         "kvtier %s - KV-cache offload and encoder-cache transfer for LLM inference engines\n"
         "\n"
         "usage:\n"
-        "  kvtier demo [--seed N]             run the end-to-end demonstration\n"
-        "      --metrics-port P  then serve the run's Prometheus metrics at :P/metrics\n"
-        "                        (0: any free port) until interrupted\n"
-        "      --metrics-seconds S  serve them for S seconds only\n"
+        "  kvtier demo [options]              the reference engine with and without kvtier\n"
+        "                                     (kvtier demo --help)\n"
+        "  kvtier demo --components [--metrics-port P]  the library's parts one by one\n"
+        "  kvtier demo --soak SECONDS         random faults, then a summary\n"
         "  kvtier bench <name> [options]      run a benchmark\n"
         "      --json          print one JSON object\n"
         "      --seconds S     time budget per measured phase (default 2)\n"
@@ -38,6 +38,7 @@ static void usage(FILE *f)
         "  kvtier bench --list                list the benchmarks\n"
         "  kvtier ec-consumer --host A --port P [options]   an encoder-cache consumer (--help)\n"
         "  kvtier ec-producer --consumer tcp://A:P [options] pushes into one (--help)\n"
+        "  kvtier ec-encoder --consumer tcp://A:P [options]  the demo's encoder process (--help)\n"
         "  kvtier --help | --version\n"
         "\n"
         "environment: KVTIER_LOG=off|error|warn|info|debug|trace (default warn)\n",
@@ -132,7 +133,7 @@ static int cmd_bench(int argc, char **argv)
     return 2;
 }
 
-static int cmd_demo(int argc, char **argv)
+static int cmd_demo_components(int argc, char **argv)
 {
     uint64_t seed = 1, port = 0;
     bool serve = false;
@@ -140,9 +141,9 @@ static int cmd_demo(int argc, char **argv)
     for (int i = 0; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             printf(
-                "kvtier demo [--seed N] [--metrics-port P [--metrics-seconds S]]\n"
+                "kvtier demo --components [--seed N] [--metrics-port P [--metrics-seconds S]]\n"
                 "kvtier demo --soak SECONDS [--seed N]\n"
-                "  Runs the end-to-end demonstration: a multi-turn chat workload on the GPU\n"
+                "  --components runs the library's parts one by one: a multi-turn chat workload on the GPU\n"
                 "  tier, with a host tier, with three tiers (host + disk); one step's metadata\n"
                 "  across the wire; encoder-cache transfer between an encoder and a 2-shard\n"
                 "  prefill instance. Every figure printed is checked; exit code 0 = all passed.\n"
@@ -161,6 +162,8 @@ static int cmd_demo(int argc, char **argv)
                 "  The three-tier run creates kvtier-demo-disk.rank0 in the working directory\n"
                 "  (a file system with O_DIRECT, or buffered I/O is used) and removes it.\n");
             return 0;
+        } else if (strcmp(argv[i], "--components") == 0) {
+            continue;
         } else if (strcmp(argv[i], "--soak") == 0 && i + 1 < argc) {
             char *end;
             soak = strtod(argv[++i], &end);
@@ -199,6 +202,46 @@ static int cmd_demo(int argc, char **argv)
     return rc;
 }
 
+static const char demo_help[] =
+    "kvtier demo [options]\n"
+    "  The main demonstration: a reference engine (a small transformer with a paged KV cache,\n"
+    "  a vLLM-like scheduler, tensor-parallel ranks as threads, a vision encoder) serves a\n"
+    "  multi-turn chat workload with images three times: without offload, with the host tier,\n"
+    "  and with the host tier plus an encoder process pushing embeddings over UCX. Checks that\n"
+    "  the generated tokens are identical and every transferred embedding equals the local\n"
+    "  one; prints a table, writes report.json and ttft.svg (gnuplot). Exit 0 = all passed.\n"
+    "  --requests N            conversations (default 16)\n"
+    "  --turns T               turns per conversation (default 4)\n"
+    "  --tp N                  tensor-parallel ranks: 1, 2 or 4 (default 2)\n"
+    "  --concurrency N         turns in flight at once (default 4)\n"
+    "  --cpu-bytes B           host tier across ranks, with K/M/G suffix (default 1G)\n"
+    "  --lazy                  lazy stores (default eager)\n"
+    "  --gpu-blocks N          GPU-tier KV blocks of 16 tokens per rank (default 512)\n"
+    "  --max-batched-tokens N  tokens per step (default 512)\n"
+    "  --doc-tokens N          longest first-turn document (default 1500)\n"
+    "  --answer-tokens N       tokens generated per turn (default 16)\n"
+    "  --images N              distinct images (default 8; 0: none)\n"
+    "  --seed N                workload and weights seed (default 1)\n"
+    "  --out DIR               where report.json and ttft.svg go (default .)\n"
+    "  --json                  the report on stdout (the table goes to stderr)\n"
+    "  --no-plot, --no-progress\n"
+    "kvtier demo --components [...]   the library's parts one by one (--components --help)\n"
+    "kvtier demo --soak SECONDS       random faults for SECONDS (docs/reliability.md)\n";
+
+static int cmd_demo(int argc, char **argv)
+{
+    for (int i = 0; i < argc; i++) {
+        if (strcmp(argv[i], "--components") == 0 || strcmp(argv[i], "--soak") == 0 ||
+            strcmp(argv[i], "--metrics-port") == 0)
+            return cmd_demo_components(argc, argv);
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            fputs(demo_help, stdout);
+            return 0;
+        }
+    }
+    return kvt_demo_engine(argc, argv);
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -222,6 +265,8 @@ int main(int argc, char **argv)
         return kvt_cmd_ec_consumer(argc - 2, argv + 2);
     if (strcmp(cmd, "ec-producer") == 0)
         return kvt_cmd_ec_producer(argc - 2, argv + 2);
+    if (strcmp(cmd, "ec-encoder") == 0)
+        return kvt_cmd_ec_encoder(argc - 2, argv + 2);
     fprintf(stderr, "kvtier: unknown command '%s'\n\n", cmd);
     usage(stderr);
     return 2;

@@ -1,0 +1,734 @@
+/*
+ * `kvtier demo`: the reference engine (tools/refengine) serving a multi-turn chat workload
+ * with images, three times:
+ *   1. without offload (the GPU tier alone: history evicted from it is recomputed);
+ *   2. with the host tier (kvt_offload + one kvt_worker per rank; eager stores, or --lazy);
+ *   3. with the host tier and encoder disaggregation: an encoder process (`kvtier
+ *      ec-encoder`) computes the image embeddings and pushes them over UCX (loopback) into
+ *      the engine's consumer shards, one per rank.
+ * It checks that every run generated the same tokens and that every transferred embedding
+ * equals the locally computed one, prints a table, writes report.json and a plot of the TTFT
+ * distributions, and exits non-zero if a check failed.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "base/rand.h"
+#include "bench_util.h"
+#include "demo.h"
+#include "engine.h"
+#include "kvtier/kvtier.h"
+
+struct opts {
+    uint32_t convs, turns, tp, concurrency, n_sys, sys_len, doc_min, doc_max, user_min, user_max;
+    uint32_t answer, n_images, gpu_blocks, max_batched;
+    uint64_t cpu_bytes, seed;
+    bool lazy, json, plot, progress;
+    const char *out_dir;
+};
+
+struct turn_rec {
+    uint32_t *gen; /* generated tokens */
+    uint32_t n_gen, n_prompt, gpu_hit, host_hit, computed;
+    double ttft;
+};
+
+struct run {
+    const char *name;
+    struct turn_rec *t; /* convs x turns */
+    ref_engine_stats st;
+    double wall;
+    uint32_t leaked_gpu, leaked_host;
+    bool ok;
+    uint64_t producer_items;
+    int producer_rc;
+};
+
+struct conv {
+    uint32_t *tok, len, cap;
+    ref_image_ref img[64];
+    uint32_t n_img;
+};
+
+static uint64_t mix(uint64_t a, uint64_t b, uint64_t c)
+{
+    uint64_t x = a * 0x9E3779B97F4A7C15ull ^ (b + 1) * 0xBF58476D1CE4E5B9ull ^
+                 (c + 7) * 0x94D049BB133111EBull;
+    x ^= x >> 31;
+    return x | 1;
+}
+
+static int push_tok(struct conv *c, uint32_t t)
+{
+    if (c->len == c->cap) {
+        uint32_t nc = c->cap ? 2 * c->cap : 1024;
+        uint32_t *n = realloc(c->tok, nc * sizeof(*n));
+        if (!n)
+            return -1;
+        c->tok = n;
+        c->cap = nc;
+    }
+    c->tok[c->len++] = t;
+    return 0;
+}
+
+/* Appends turn t's user message to conversation ci (the same for every run of a seed). */
+static int user_message(const struct opts *o, const ref_config *mc, uint32_t ci, uint32_t t,
+                        struct conv *c)
+{
+    uint64_t r = mix(o->seed, ci, t);
+    uint32_t body = t == 0 ? o->doc_min + kvt_rand_below(&r, o->doc_max - o->doc_min + 1)
+                           : o->user_min + kvt_rand_below(&r, o->user_max - o->user_min + 1);
+    if (t == 0) { /* the shared system prompt first */
+        uint64_t s = mix(o->seed, 1000000 + ci % o->n_sys, 0);
+        for (uint32_t i = 0; i < o->sys_len; i++)
+            if (push_tok(c, 1 + kvt_rand_below(&s, mc->vocab - 2)))
+                return -1;
+    }
+    bool image = o->n_images && c->n_img < 64 && (t == 0 || kvt_rand_below(&r, 3) == 0);
+    uint32_t at = image ? kvt_rand_below(&r, body) : UINT32_MAX;
+    for (uint32_t i = 0; i < body; i++) {
+        if (i == at) {
+            c->img[c->n_img].pos = c->len;
+            c->img[c->n_img].image = kvt_rand_below(&r, o->n_images);
+            c->n_img++;
+            for (uint32_t k = 0; k < REF_IMG_TOKENS; k++)
+                if (push_tok(c, ref_img_token(mc)))
+                    return -1;
+        }
+        if (push_tok(c, 1 + kvt_rand_below(&r, mc->vocab - 2)))
+            return -1;
+    }
+    return 0;
+}
+
+static void progress(const struct opts *o, int run, uint32_t done, uint32_t total)
+{
+    if (!o->progress)
+        return;
+    char bar[41];
+    uint32_t fill = total ? done * 40 / total : 40;
+    for (uint32_t i = 0; i < 40; i++)
+        bar[i] = i < fill ? '#' : '.';
+    bar[40] = 0;
+    fprintf(stderr, "\r  run %d/3 [%s] %u/%u turns", run, bar, done, total);
+    if (done == total)
+        fprintf(stderr, "\r%70s\r", "");
+    fflush(stderr);
+}
+
+/* The encoder process of run 3. */
+static pid_t spawn_encoder(const struct opts *o, const ref_engine_config *ec, uint32_t port)
+{
+    char self[4096], addr[64], n[16], seed[32], mseed[32];
+    ssize_t l = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    self[l > 0 ? l : 0] = 0;
+    snprintf(addr, sizeof(addr), "tcp://127.0.0.1:%u", port);
+    snprintf(n, sizeof(n), "%u", o->n_images);
+    snprintf(seed, sizeof(seed), "%llu", (unsigned long long)ec->image_seed);
+    snprintf(mseed, sizeof(mseed), "%llu", (unsigned long long)ec->model.seed);
+    char *argv[] = {self,   "ec-encoder",   "--consumer", addr, "--images", n,
+                    "--image-seed", seed, "--model-seed", mseed, "--quiet", NULL};
+    extern char **environ;
+    pid_t pid;
+    return posix_spawn(&pid, self, NULL, NULL, argv, environ) == 0 ? pid : -1;
+}
+
+static int run_once(const struct opts *o, int which, struct run *res)
+{
+    ref_engine_config ec;
+    ref_engine_config_init(&ec);
+    ec.model.tp = o->tp;
+    ec.model.seed = o->seed;
+    ec.gpu_blocks = o->gpu_blocks;
+    ec.max_batched_tokens = o->max_batched;
+    ec.max_running = o->concurrency * 2;
+    ec.cpu_bytes = which == 1 ? 0 : o->cpu_bytes;
+    ec.lazy = o->lazy;
+    ec.remote_images = which == 3;
+    ec.image_seed = o->seed + 11;
+    ec.ec_port = 27000 + (uint32_t)(getpid() % 5000) * 4;
+    char err[512];
+    ref_engine *e;
+    res->ok = false;
+    if (ref_engine_create(&ec, &e, err, sizeof(err))) {
+        fprintf(stderr, "demo: run %d: %s\n", which, err);
+        ref_engine_destroy(e);
+        return -1;
+    }
+    pid_t enc = -1;
+    if (which == 3) {
+        for (uint32_t i = 0; i < o->n_images; i++)
+            if (ref_engine_register_image(e, i)) {
+                fprintf(stderr, "demo: out of memory\n");
+                ref_engine_destroy(e);
+                return -1;
+            }
+        enc = spawn_encoder(o, &ec, ref_engine_ec_port(e));
+        if (enc < 0) {
+            fprintf(stderr, "demo: cannot start the encoder process: %s\n", strerror(errno));
+            ref_engine_destroy(e);
+            return -1;
+        }
+    }
+    struct conv *cv = calloc(o->convs, sizeof(*cv));
+    uint32_t *next_turn = calloc(o->convs, sizeof(uint32_t));
+    bool *busy = calloc(o->convs, sizeof(bool));
+    ref_result *fin = calloc(256, sizeof(*fin));
+    int rc = cv && next_turn && busy && fin ? 0 : -1;
+    uint32_t total = o->convs * o->turns, done = 0, in_flight = 0, cursor = 0;
+    double t0 = kvt_now_s();
+    progress(o, which, 0, total);
+    while (!rc && done < total) {
+        /* closed loop: keep `concurrency` turns in flight, turn-major order */
+        while (in_flight < o->concurrency && cursor < total) {
+            uint32_t ci = cursor % o->convs, t = cursor / o->convs;
+            if (busy[ci] || next_turn[ci] != t)
+                break;
+            if (user_message(o, &ec.model, ci, t, &cv[ci])) {
+                rc = -1;
+                break;
+            }
+            char id[64];
+            snprintf(id, sizeof(id), "conv%u-turn%u", ci, t);
+            ref_request_spec s = {id, cv[ci].tok, cv[ci].len, cv[ci].img, cv[ci].n_img,
+                                  o->answer};
+            if (ref_engine_add(e, &s, err, sizeof(err))) {
+                fprintf(stderr, "demo: run %d: %s\n", which, err);
+                rc = -1;
+                break;
+            }
+            busy[ci] = true;
+            in_flight++;
+            cursor++;
+        }
+        if (rc || ref_engine_step(e, err, sizeof(err)) < 0) {
+            if (!rc)
+                fprintf(stderr, "demo: run %d: %s\n", which, err);
+            rc = -1;
+            break;
+        }
+        uint32_t n = ref_engine_take_finished(e, fin, 256);
+        for (uint32_t i = 0; i < n; i++) {
+            unsigned ci, t;
+            if (sscanf(fin[i].id, "conv%u-turn%u", &ci, &t) != 2 || ci >= o->convs ||
+                t >= o->turns) {
+                rc = -1;
+                free(fin[i].tokens);
+                continue;
+            }
+            struct turn_rec *tr = &res->t[ci * o->turns + t];
+            tr->n_prompt = fin[i].n_prompt;
+            tr->n_gen = fin[i].n_tokens - fin[i].n_prompt;
+            tr->gen = malloc(tr->n_gen * sizeof(uint32_t));
+            if (tr->gen)
+                memcpy(tr->gen, fin[i].tokens + fin[i].n_prompt, tr->n_gen * sizeof(uint32_t));
+            tr->ttft = fin[i].ttft_s;
+            tr->gpu_hit = fin[i].gpu_hit;
+            tr->host_hit = fin[i].host_hit;
+            tr->computed = fin[i].computed;
+            /* the answer becomes part of the history */
+            for (uint32_t k = fin[i].n_prompt; k < fin[i].n_tokens && !rc; k++)
+                rc = push_tok(&cv[ci], fin[i].tokens[k]);
+            free(fin[i].tokens);
+            busy[ci] = false;
+            next_turn[ci]++;
+            in_flight--;
+            done++;
+        }
+        if (n)
+            progress(o, which, done, total);
+    }
+    res->wall = kvt_now_s() - t0;
+    ref_engine_leaks(e, &res->leaked_gpu, &res->leaked_host);
+    ref_engine_get_stats(e, &res->st);
+    if (enc > 0) {
+        int status = 0;
+        double deadline = kvt_now_s() + 10;
+        while (waitpid(enc, &status, WNOHANG) == 0 && kvt_now_s() < deadline)
+            usleep(10000);
+        if (kvt_now_s() >= deadline) {
+            kill(enc, SIGKILL);
+            waitpid(enc, &status, 0);
+        }
+        res->producer_rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+    }
+    ref_engine_destroy(e);
+    for (uint32_t i = 0; cv && i < o->convs; i++)
+        free(cv[i].tok);
+    free(cv);
+    free(next_turn);
+    free(busy);
+    free(fin);
+    res->ok = !rc && done == total;
+    return res->ok ? 0 : -1;
+}
+
+/* ---- figures ------------------------------------------------------------------------------- */
+
+static int cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double pct(double *v, uint32_t n, double p)
+{
+    if (!n)
+        return 0;
+    qsort(v, n, sizeof(double), cmp_d);
+    double idx = p * (n - 1);
+    uint32_t lo = (uint32_t)idx;
+    return lo + 1 < n ? v[lo] + (v[lo + 1] - v[lo]) * (idx - lo) : v[lo];
+}
+
+/* TTFT percentile p (ms) over the turns of run r; only the turns whose prefix had left the
+ * GPU tier (host-tier hit in run 2) when evicted_only. */
+static double ttft_ms(const struct opts *o, const struct run *runs, int r, bool evicted_only,
+                      double p, uint32_t *count)
+{
+    uint32_t n = o->convs * o->turns, k = 0;
+    double *v = malloc(n * sizeof(double));
+    for (uint32_t i = 0; v && i < n; i++)
+        if (!evicted_only || runs[1].t[i].host_hit > 0)
+            v[k++] = runs[r].t[i].ttft * 1e3;
+    double x = v ? pct(v, k, p) : 0;
+    free(v);
+    if (count)
+        *count = k;
+    return x;
+}
+
+static bool same_tokens(const struct opts *o, const struct run *a, const struct run *b,
+                        uint32_t *first_bad)
+{
+    for (uint32_t i = 0; i < o->convs * o->turns; i++)
+        if (a->t[i].n_gen != b->t[i].n_gen || !a->t[i].gen || !b->t[i].gen ||
+            memcmp(a->t[i].gen, b->t[i].gen, a->t[i].n_gen * sizeof(uint32_t)) != 0) {
+            *first_bad = i;
+            return false;
+        }
+    return true;
+}
+
+static void write_plot(const struct opts *o, const struct run *runs, const char *dir)
+{
+    char path[4096], dat[4096], gp[4096];
+    snprintf(dat, sizeof(dat), "%s/ttft.dat", dir);
+    snprintf(path, sizeof(path), "%s/ttft.svg", dir);
+    snprintf(gp, sizeof(gp), "%s/ttft.gp", dir);
+    FILE *f = fopen(dat, "w");
+    if (!f)
+        return;
+    uint32_t n = o->convs * o->turns;
+    for (int r = 0; r < 3; r++) { /* one block per run: sorted TTFTs and their CDF */
+        double *v = malloc(n * sizeof(double));
+        for (uint32_t i = 0; v && i < n; i++)
+            v[i] = runs[r].t[i].ttft * 1e3;
+        if (v)
+            qsort(v, n, sizeof(double), cmp_d);
+        for (uint32_t i = 0; v && i < n; i++)
+            fprintf(f, "%.3f %.4f\n", v[i], (double)(i + 1) / n);
+        fprintf(f, "\n\n");
+        free(v);
+    }
+    fclose(f);
+    f = fopen(gp, "w");
+    if (!f)
+        return;
+    fprintf(f,
+            "set terminal svg size 800,480 dynamic font 'sans,12'\n"
+            "set output '%s'\n"
+            "set title 'Time to first token, %u turns (reference engine, tp %u)'\n"
+            "set xlabel 'TTFT (ms, log scale)'\nset ylabel 'fraction of turns'\n"
+            "set logscale x\nset key bottom right\nset grid\n"
+            "plot '%s' index 0 with steps lw 2 title 'without offload', "
+            "'' index 1 with steps lw 2 title 'with the host tier', "
+            "'' index 2 with steps lw 2 dt 2 title 'host tier + encoder disaggregation'\n",
+            path, n, o->tp, dat);
+    fclose(f);
+    char cmd[8300];
+    snprintf(cmd, sizeof(cmd), "gnuplot '%s' 2>/dev/null", gp);
+    if (system(cmd) != 0)
+        fprintf(stderr, "demo: gnuplot failed or is missing: no %s (scripts/install-deps "
+                        "installs gnuplot-nox)\n", path);
+}
+
+static bool in_range(unsigned long long x, unsigned long long lo, unsigned long long hi)
+{
+    return x >= lo && x <= hi;
+}
+
+static const char *yes(bool b)
+{
+    return b ? "true" : "false";
+}
+
+int kvt_demo_engine(int argc, char **argv)
+{
+    struct opts o = {.convs = 16,
+                     .turns = 4,
+                     .tp = 2,
+                     .concurrency = 4,
+                     .n_sys = 4,
+                     .sys_len = 256,
+                     .doc_min = 1100,
+                     .doc_max = 1500,
+                     .user_min = 48,
+                     .user_max = 112,
+                     .answer = 16,
+                     .n_images = 8,
+                     .gpu_blocks = 512,
+                     .max_batched = 512,
+                     .cpu_bytes = 1ull << 30,
+                     .seed = 1,
+                     .plot = true,
+                     .out_dir = "."};
+    o.progress = isatty(2);
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        char *end = NULL;
+        unsigned long long x = v ? strtoull(v, &end, 10) : 0;
+        bool num = v && end != v && *v != '-';
+        if (num && (*end == 'K' || *end == 'k'))
+            x <<= 10, end++;
+        else if (num && (*end == 'M' || *end == 'm'))
+            x <<= 20, end++;
+        else if (num && (*end == 'G' || *end == 'g'))
+            x <<= 30, end++;
+        num = num && *end == 0;
+#define NUMOPT(flag, field, lo, hi)                                                               \
+    if (strcmp(a, flag) == 0) {                                                                   \
+        if (!num || !in_range(x, lo, hi)) {                                                       \
+            fprintf(stderr, "kvtier demo: %s wants a number in %llu..%llu\n", flag,               \
+                    (unsigned long long)(lo), (unsigned long long)(hi));                          \
+            return 2;                                                                             \
+        }                                                                                         \
+        o.field = x;                                                                              \
+        i++;                                                                                      \
+        continue;                                                                                 \
+    }
+        NUMOPT("--requests", convs, 1, 4096)
+        NUMOPT("--turns", turns, 1, 64)
+        NUMOPT("--tp", tp, 1, 4)
+        NUMOPT("--concurrency", concurrency, 1, 256)
+        NUMOPT("--answer-tokens", answer, 1, 512)
+        NUMOPT("--images", n_images, 0, 4096)
+        NUMOPT("--gpu-blocks", gpu_blocks, 64, 1u << 20)
+        NUMOPT("--max-batched-tokens", max_batched, 32, 8192)
+        NUMOPT("--cpu-bytes", cpu_bytes, 1u << 20, 1ull << 40)
+        NUMOPT("--seed", seed, 0, UINT64_MAX)
+        NUMOPT("--doc-tokens", doc_max, 16, 8000)
+#undef NUMOPT
+        if (strcmp(a, "--lazy") == 0) {
+            o.lazy = true;
+        } else if (strcmp(a, "--json") == 0) {
+            o.json = true;
+        } else if (strcmp(a, "--no-plot") == 0) {
+            o.plot = false;
+        } else if (strcmp(a, "--no-progress") == 0) {
+            o.progress = false;
+        } else if (strcmp(a, "--out") == 0 && v) {
+            o.out_dir = argv[++i];
+        } else {
+            fprintf(stderr, "kvtier demo: unknown or incomplete option '%s' (see kvtier demo "
+                            "--help)\n", a);
+            return 2;
+        }
+    }
+    if (o.doc_max < o.doc_min)
+        o.doc_min = o.doc_max * 3 / 4;
+    char cerr[256];
+    ref_config mc;
+    ref_config_default(&mc);
+    mc.tp = o.tp;
+    if (ref_config_check(&mc, cerr, sizeof(cerr))) {
+        fprintf(stderr, "kvtier demo: --tp %u: %s\n", o.tp, cerr);
+        return 2;
+    }
+    struct stat sb;
+    if (stat(o.out_dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+        fprintf(stderr, "kvtier demo: --out %s is not a directory\n", o.out_dir);
+        return 2;
+    }
+    FILE *tbl = o.json ? stderr : stdout;
+    uint64_t kv_tok = ref_kv_bytes_per_token(&mc) * o.tp;
+    fprintf(tbl,
+            "kvtier %s demo: a reference engine (%u layers, d_model %u, %u query / %u KV heads, "
+            "tp %u ranks)\nserving %u conversations x %u turns (shared %u-token system prompts, "
+            "%u..%u-token documents, %u images),\nGPU tier %u blocks of %u tokens (%.1f MiB of "
+            "KV, %.0f KiB per token), host tier %.0f MiB%s\n\n",
+            kvt_version(), mc.n_layers, mc.d_model, mc.n_heads, mc.n_kv_heads, o.tp, o.convs,
+            o.turns, o.sys_len, o.doc_min, o.doc_max, o.n_images, o.gpu_blocks - 1, REF_BT,
+            (double)(o.gpu_blocks - 1) * REF_BT * kv_tok / (1 << 20), kv_tok / 1024.0,
+            (double)o.cpu_bytes / (1 << 20), o.lazy ? " (lazy stores)" : " (eager stores)");
+    fflush(tbl);
+    struct run runs[3] = {{.name = "without offload"},
+                          {.name = "with host tier"},
+                          {.name = "host tier + encoder process"}};
+    int bad = 0;
+    for (int r = 0; r < 3; r++) {
+        runs[r].t = calloc(o.convs * o.turns, sizeof(struct turn_rec));
+        if (!runs[r].t || run_once(&o, r + 1, &runs[r]))
+            bad = 1;
+        if (bad)
+            break;
+    }
+    uint32_t b12 = 0, b13 = 0, n_ev = 0;
+    bool identical = !bad && same_tokens(&o, &runs[0], &runs[1], &b12) &&
+                     same_tokens(&o, &runs[0], &runs[2], &b13);
+    bool ec_identical = !bad && runs[2].st.image_mismatches == 0 &&
+                        runs[2].st.images_received == (uint64_t)o.n_images * o.tp &&
+                        runs[2].producer_rc == 0;
+    double p50_wo = 0, p50_w = 0, p90_wo = 0, p90_w = 0;
+    if (!bad) {
+        p50_wo = ttft_ms(&o, runs, 0, true, 0.5, &n_ev);
+        p50_w = ttft_ms(&o, runs, 1, true, 0.5, NULL);
+        p90_wo = ttft_ms(&o, runs, 0, true, 0.9, NULL);
+        p90_w = ttft_ms(&o, runs, 1, true, 0.9, NULL);
+    }
+    double speedup = p50_w > 0 ? p50_wo / p50_w : 0;
+    bool leaks = false;
+    for (int r = 0; r < 3 && !bad; r++)
+        leaks |= runs[r].leaked_gpu || runs[r].leaked_host;
+    if (!bad) {
+        fprintf(tbl, "%-44s %15s %15s %17s\n", "", "without offload", "with host tier",
+                "+ encoder process");
+        double v[3];
+#define ROW(label, fmt, expr)                                                                     \
+    do {                                                                                          \
+        for (int r_ = 0; r_ < 3; r_++) {                                                          \
+            const struct run *R = &runs[r_];                                                      \
+            (void)R;                                                                              \
+            v[r_] = (expr);                                                                       \
+        }                                                                                         \
+        fprintf(tbl, "%-44s " fmt " " fmt " " fmt "  \n", label, v[0], v[1], v[2]);               \
+    } while (0)
+        ROW("prompt tokens", "%15.0f", (double)R->st.prompt_tokens);
+        ROW("  hit in the GPU prefix cache (%)", "%15.1f",
+            100.0 * R->st.gpu_hit_tokens / (double)R->st.prompt_tokens);
+        ROW("  loaded from the host tier (%)", "%15.1f",
+            100.0 * R->st.host_hit_tokens / (double)R->st.prompt_tokens);
+        ROW("prefill tokens computed", "%15.0f", (double)R->st.prefill_tokens);
+        ROW("TTFT p50, all turns (ms)", "%15.1f", ttft_ms(&o, runs, (int)(R - runs), false, .5,
+                                                          NULL));
+        ROW("TTFT p90, all turns (ms)", "%15.1f", ttft_ms(&o, runs, (int)(R - runs), false, .9,
+                                                          NULL));
+        ROW("TTFT p50, turns whose prefix left the GPU", "%15.1f",
+            ttft_ms(&o, runs, (int)(R - runs), true, .5, NULL));
+        ROW("TTFT p90, turns whose prefix left the GPU", "%15.1f",
+            ttft_ms(&o, runs, (int)(R - runs), true, .9, NULL));
+        ROW("throughput (tokens in + out per s)", "%15.0f",
+            (R->st.prompt_tokens + R->st.decode_tokens + o.convs * o.turns) / R->wall);
+        ROW("wall time (s)", "%15.2f", R->wall);
+        ROW("KV loaded from the host tier (MiB)", "%15.1f", R->st.loaded_bytes / 1048576.0);
+        ROW("KV stored to the host tier (MiB)", "%15.1f", R->st.stored_bytes / 1048576.0);
+        ROW("  load GB/s (issue to every rank done)", "%15.2f",
+            R->st.load_seconds > 0 ? R->st.loaded_bytes / R->st.load_seconds / 1e9 : 0.0);
+        ROW("preemptions", "%15.0f", (double)R->st.preemptions);
+        ROW("images encoded locally", "%15.0f", (double)R->st.images_encoded);
+        ROW("embeddings received over UCX (all ranks)", "%15.0f",
+            (double)R->st.images_received);
+        ROW("  KiB received", "%15.1f", R->st.image_bytes_received / 1024.0);
+#undef ROW
+        fprintf(tbl,
+                "\nTTFT p50 of the %u turns whose prefix had left the GPU tier: %.1f ms without "
+                "offload, %.1f ms with the host tier: %.1fx\n",
+                n_ev, p50_wo, p50_w, speedup);
+        fprintf(tbl, "generated tokens identical in all three runs: %s%s\n",
+                identical ? "yes" : "NO", identical ? "" : " (see stderr)");
+        fprintf(tbl, "every transferred embedding equal to the local encoder's: %s (%llu "
+                     "received, %llu different, encoder process exit %d)\n",
+                ec_identical ? "yes" : "NO", (unsigned long long)runs[2].st.images_received,
+                (unsigned long long)runs[2].st.image_mismatches, runs[2].producer_rc);
+        fprintf(tbl, "GPU and host blocks left referenced at the end: %s\n",
+                leaks ? "SOME (leak)" : "none");
+        if (!identical) {
+            uint32_t i = !same_tokens(&o, &runs[0], &runs[1], &b12) ? b12 : b13;
+            fprintf(stderr, "demo: conversation %u turn %u generated different tokens\n",
+                    i / o.turns, i % o.turns);
+        }
+    }
+    /* report.json */
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/report.json", o.out_dir);
+    FILE *jf = fopen(path, "w");
+    char *js = NULL;
+    size_t jl = 0;
+    FILE *mf = open_memstream(&js, &jl);
+    if (mf && !bad) {
+        fprintf(mf,
+                "{\"identical\": %s, \"ec_identical\": %s, \"no_leaks\": %s, "
+                "\"host_tier_hit_rate\": %.4f, \"gpu_hit_rate_without\": %.4f, "
+                "\"gpu_hit_rate_with\": %.4f, "
+                "\"ttft_p50_ms_without\": %.3f, \"ttft_p50_ms_with\": %.3f, "
+                "\"ttft_p90_ms_without\": %.3f, \"ttft_p90_ms_with\": %.3f, "
+                "\"ttft_speedup_p50\": %.3f, \"turns_prefix_evicted\": %u, "
+                "\"ttft_p50_ms_all_without\": %.3f, \"ttft_p50_ms_all_with\": %.3f, "
+                "\"ttft_p50_ms_all_ec\": %.3f, "
+                "\"wall_s\": [%.3f, %.3f, %.3f], \"prefill_tokens\": [%llu, %llu, %llu], "
+                "\"bytes_loaded\": %llu, \"bytes_stored\": %llu, \"load_gbps\": %.3f, "
+                "\"embeddings_received\": %llu, \"embedding_bytes_received\": %llu, "
+                "\"preemptions\": [%llu, %llu, %llu], "
+                "\"config\": {\"requests\": %u, \"turns\": %u, \"tp\": %u, \"cpu_bytes\": %llu, "
+                "\"gpu_blocks\": %u, \"lazy\": %s, \"seed\": %llu, \"images\": %u}}\n",
+                yes(identical), yes(ec_identical), yes(!leaks),
+                runs[1].st.host_hit_tokens / (double)runs[1].st.prompt_tokens,
+                runs[0].st.gpu_hit_tokens / (double)runs[0].st.prompt_tokens,
+                runs[1].st.gpu_hit_tokens / (double)runs[1].st.prompt_tokens, p50_wo, p50_w,
+                p90_wo, p90_w, speedup, n_ev, ttft_ms(&o, runs, 0, false, .5, NULL),
+                ttft_ms(&o, runs, 1, false, .5, NULL), ttft_ms(&o, runs, 2, false, .5, NULL),
+                runs[0].wall, runs[1].wall, runs[2].wall,
+                (unsigned long long)runs[0].st.prefill_tokens,
+                (unsigned long long)runs[1].st.prefill_tokens,
+                (unsigned long long)runs[2].st.prefill_tokens,
+                (unsigned long long)runs[1].st.loaded_bytes,
+                (unsigned long long)runs[1].st.stored_bytes,
+                runs[1].st.load_seconds > 0 ? runs[1].st.loaded_bytes / runs[1].st.load_seconds / 1e9
+                                            : 0.0,
+                (unsigned long long)runs[2].st.images_received,
+                (unsigned long long)runs[2].st.image_bytes_received,
+                (unsigned long long)runs[0].st.preemptions,
+                (unsigned long long)runs[1].st.preemptions,
+                (unsigned long long)runs[2].st.preemptions, o.convs, o.turns, o.tp,
+                (unsigned long long)o.cpu_bytes, o.gpu_blocks, yes(o.lazy),
+                (unsigned long long)o.seed, o.n_images);
+    } else if (mf) {
+        fprintf(mf, "{\"identical\": false, \"ec_identical\": false, \"error\": \"a run failed "
+                    "(see stderr)\"}\n");
+    }
+    if (mf)
+        fclose(mf);
+    if (jf && js)
+        fputs(js, jf);
+    if (jf)
+        fclose(jf);
+    if (o.json && js)
+        fputs(js, stdout);
+    free(js);
+    if (!bad && o.plot)
+        write_plot(&o, runs, o.out_dir);
+    if (!bad)
+        fprintf(tbl, "wrote %s%s%s/ttft.svg\n", path, o.plot ? " and " : "",
+                o.plot ? o.out_dir : "");
+    for (int r = 0; r < 3; r++) {
+        for (uint32_t i = 0; runs[r].t && i < o.convs * o.turns; i++)
+            free(runs[r].t[i].gen);
+        free(runs[r].t);
+    }
+    bool pass = !bad && identical && ec_identical && !leaks;
+    fprintf(tbl, "%s\n", pass ? "demo: all checks passed" : "demo: FAILED (see above)");
+    return pass ? 0 : 1;
+}
+
+/* ---- `kvtier ec-encoder`: the encoder instance of run 3 ------------------------------------ */
+
+int kvt_cmd_ec_encoder(int argc, char **argv)
+{
+    const char *consumer = NULL;
+    unsigned long long images = 8, image_seed = 12, model_seed = 1;
+    bool quiet = false;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        char *end = NULL;
+        unsigned long long x = v ? strtoull(v, &end, 10) : 0;
+        bool num = v && end != v && *end == 0 && *v != '-';
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            printf("kvtier ec-encoder --consumer tcp://ADDR:P [options]\n"
+                   "  The encoder instance of `kvtier demo`: runs the reference engine's vision\n"
+                   "  encoder on images 0..N-1 and pushes each embedding (mm_hash: the hash of its\n"
+                   "  pixels) into every shard of the consumer (ZeroMQ control, UCX data).\n"
+                   "  --consumer ADDR     the consumer's shard-0 control address (required)\n"
+                   "  --images N          images to encode and push (default 8)\n"
+                   "  --image-seed S      pixels' seed (default 12)\n"
+                   "  --model-seed S      encoder weights' seed (default 1)\n"
+                   "  --quiet             no summary line\n");
+            return 0;
+        } else if (strcmp(a, "--consumer") == 0 && v) {
+            consumer = argv[++i];
+        } else if (strcmp(a, "--images") == 0 && num && x >= 1 && x <= 4096) {
+            images = x, i++;
+        } else if (strcmp(a, "--image-seed") == 0 && num) {
+            image_seed = x, i++;
+        } else if (strcmp(a, "--model-seed") == 0 && num) {
+            model_seed = x, i++;
+        } else if (strcmp(a, "--quiet") == 0) {
+            quiet = true;
+        } else {
+            fprintf(stderr, "kvtier ec-encoder: bad or incomplete option '%s' (see --help)\n", a);
+            return 2;
+        }
+    }
+    if (!consumer) {
+        fprintf(stderr, "kvtier ec-encoder: --consumer is required (see --help)\n");
+        return 2;
+    }
+    ref_config mc;
+    ref_config_default(&mc);
+    mc.seed = model_seed;
+    ref_encoder *enc = ref_encoder_create(&mc);
+    uint64_t nbytes = ref_embedding_bytes(&mc);
+    float *emb = malloc(nbytes * images);
+    kvt_ec_net_config nc;
+    kvt_ec_net_config_init(&nc);
+    kvt_ec_net_consumer *net = NULL;
+    kvt_ec_producer *prod = NULL;
+    kvt_ec_producer_config pc;
+    kvt_ec_producer_config_init(&pc);
+    int rc = enc && emb ? kvt_ec_net_consumer_create(&nc, &net) : KVT_ENOMEM;
+    if (!rc) {
+        pc.ops = kvt_ec_net_consumer_ops(net);
+        rc = kvt_ec_producer_create(&pc, &prod);
+    }
+    uint64_t pushed = 0;
+    double t0 = kvt_now_s();
+    for (unsigned long long i = 0; !rc && i < images; i++) {
+        uint8_t px[REF_IMG_BYTES];
+        char hash[33], tid[48];
+        ref_image_pixels(image_seed, (uint32_t)i, px);
+        ref_image_hash(px, hash);
+        float *out = emb + i * (nbytes / sizeof(float));
+        ref_encoder_run(enc, px, out);
+        snprintf(tid, sizeof(tid), "enc-%llu", i);
+        kvt_ec_push_spec s;
+        memset(&s, 0, sizeof(s));
+        s.mm_hash = (kvt_str){hash, 32};
+        s.ndim = 2;
+        s.shape[0] = REF_IMG_TOKENS;
+        s.shape[1] = mc.d_model;
+        s.dtype = (kvt_str){"float32", 7};
+        s.nbytes = nbytes;
+        s.consumer_zmq = (kvt_str){consumer, (uint32_t)strlen(consumer)};
+        s.transfer_id = (kvt_str){tid, (uint32_t)strlen(tid)};
+        bool ok = kvt_ec_producer_push(prod, &s) == 0 &&
+                  kvt_ec_producer_bind_source(prod, hash, 32, out, nbytes, NULL) == 1 &&
+                  kvt_ec_producer_dispatch(prod) >= 0 &&
+                  kvt_ec_producer_state(prod, tid, (uint32_t)strlen(tid)) == KVT_ECP_DONE;
+        if (!ok) {
+            kvt_ec_push_failure f;
+            fprintf(stderr, "kvtier ec-encoder: image %llu: %s\n", i,
+                    kvt_ec_producer_take_failures(prod, &f, 1) ? f.error : kvt_last_error());
+            rc = KVT_EIO;
+        }
+        pushed += ok;
+    }
+    if (!quiet)
+        printf("ec-encoder: %llu of %llu embeddings pushed in %.3f s\n",
+               (unsigned long long)pushed, images, kvt_now_s() - t0);
+    kvt_ec_producer_destroy(prod);
+    kvt_ec_net_consumer_destroy(net);
+    ref_encoder_destroy(enc);
+    free(emb);
+    if (rc && !pushed)
+        fprintf(stderr, "kvtier ec-encoder: %s\n", kvt_last_error());
+    return rc ? 1 : 0;
+}

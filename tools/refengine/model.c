@@ -1,0 +1,607 @@
+/*
+ * The reference engine's transformer and vision encoder (model.h). Float32 throughout; matrix
+ * products through OpenBLAS in fixed tiles, attention in hand-vectorized loops whose lane
+ * order never depends on the batch (see model.h, "Batch invariance").
+ */
+#include <cblas.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvtier/base.h"
+#include "model.h"
+
+#define MAX_LEN 16384u /* longest sequence the attention scratch holds */
+
+typedef float v8f __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+
+void ref_config_default(ref_config *c)
+{
+    memset(c, 0, sizeof(*c));
+    c->vocab = 2048;
+    c->d_model = 256;
+    c->n_layers = 4;
+    c->n_heads = 8;
+    c->n_kv_heads = 4;
+    c->ffn = 768;
+    c->tp = 1;
+    c->seed = 1;
+}
+
+int ref_config_check(const ref_config *c, char *err, size_t cap)
+{
+    if (c->tp == 0 || c->n_kv_heads % c->tp || c->ffn % c->tp) {
+        snprintf(err, cap, "tensor-parallel size %u must divide the %u KV heads and the %u MLP "
+                 "columns (1, 2 or 4 with the default model)", c->tp, c->n_kv_heads, c->ffn);
+        return -1;
+    }
+    if (c->n_heads % c->n_kv_heads || c->n_heads * REF_HD != c->d_model || c->vocab < 16) {
+        snprintf(err, cap, "model shape does not fit: %u heads of %u for d_model %u", c->n_heads,
+                 REF_HD, c->d_model);
+        return -1;
+    }
+    return 0;
+}
+
+uint64_t ref_kv_bytes_per_token(const ref_config *c)
+{
+    return 2ull * c->n_layers * (c->n_kv_heads / c->tp) * REF_HD * sizeof(float);
+}
+
+uint64_t ref_embedding_bytes(const ref_config *c)
+{
+    return (uint64_t)REF_IMG_TOKENS * c->d_model * sizeof(float);
+}
+
+static uint32_t round_tile(uint32_t n)
+{
+    return (n + REF_TILE - 1) / REF_TILE * REF_TILE;
+}
+
+static float *falloc(size_t n)
+{
+    size_t bytes = (n * sizeof(float) + 63) & ~(size_t)63;
+    float *p = aligned_alloc(64, bytes ? bytes : 64);
+    if (p)
+        memset(p, 0, bytes ? bytes : 64);
+    return p;
+}
+
+/* ---- KV cache ------------------------------------------------------------------------------ */
+
+int ref_kv_create(const ref_config *c, uint32_t num_blocks, ref_kv *kv)
+{
+    memset(kv, 0, sizeof(*kv));
+    kv->num_blocks = num_blocks;
+    kv->n_regions = 2 * c->n_layers;
+    kv->block_bytes = (uint64_t)(c->n_kv_heads / c->tp) * REF_HD * REF_BT * sizeof(float);
+    kv->region = calloc(kv->n_regions, sizeof(float *));
+    if (!kv->region)
+        return -1;
+    for (uint32_t i = 0; i < kv->n_regions; i++) {
+        size_t bytes = (size_t)num_blocks * kv->block_bytes;
+        kv->region[i] = aligned_alloc(4096, bytes);
+        if (!kv->region[i]) {
+            ref_kv_destroy(kv);
+            return -1;
+        }
+        memset(kv->region[i], 0, bytes);
+    }
+    return 0;
+}
+
+void ref_kv_destroy(ref_kv *kv)
+{
+    for (uint32_t i = 0; kv->region && i < kv->n_regions; i++)
+        free(kv->region[i]);
+    free(kv->region);
+    memset(kv, 0, sizeof(*kv));
+}
+
+/* ---- seeded weights ------------------------------------------------------------------------ */
+
+/* Tensor id's full [rows x cols] matrix, uniform in [-scale, scale]. */
+static void gen(uint64_t seed, uint32_t id, uint32_t rows, uint32_t cols, float scale, float *out)
+{
+    uint64_t x = (seed + 1) * 0x9E3779B97F4A7C15ull ^ ((uint64_t)id * 0xD1B54A32D192ED03ull);
+    for (size_t i = 0; i < (size_t)rows * cols; i++) {
+        x += 0x9E3779B97F4A7C15ull;
+        uint64_t z = x;
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        z ^= z >> 31;
+        out[i] = scale * (float)((double)(z >> 40) * 0x1.0p-23 - 1.0);
+    }
+}
+
+/* Rows [r0, r0 + n) of a full matrix. */
+static float *gen_rows(uint64_t seed, uint32_t id, uint32_t rows, uint32_t cols, float scale,
+                       uint32_t r0, uint32_t n)
+{
+    float *full = falloc((size_t)rows * cols), *out = falloc((size_t)n * cols);
+    if (full && out) {
+        gen(seed, id, rows, cols, scale, full);
+        memcpy(out, full + (size_t)r0 * cols, (size_t)n * cols * sizeof(float));
+    }
+    free(full);
+    return out;
+}
+
+/* Columns [c0, c0 + n) of a full matrix, as an [rows x n] matrix. */
+static float *gen_cols(uint64_t seed, uint32_t id, uint32_t rows, uint32_t cols, float scale,
+                       uint32_t c0, uint32_t n)
+{
+    float *full = falloc((size_t)rows * cols), *out = falloc((size_t)rows * n);
+    if (full && out) {
+        gen(seed, id, rows, cols, scale, full);
+        for (uint32_t r = 0; r < rows; r++)
+            memcpy(out + (size_t)r * n, full + (size_t)r * cols + c0, n * sizeof(float));
+    }
+    free(full);
+    return out;
+}
+
+/* ---- the ranks ----------------------------------------------------------------------------- */
+
+struct ref_shared {
+    pthread_barrier_t barrier;
+    uint32_t tp, rows, d;
+    float *x;     /* [rows x d] the residual stream, one copy for all ranks */
+    float **part; /* tp x [rows x d]: each rank's partial sums */
+};
+
+ref_shared *ref_shared_create(const ref_config *c, uint32_t max_tokens)
+{
+    ref_shared *s = calloc(1, sizeof(*s));
+    if (!s)
+        return NULL;
+    s->tp = c->tp;
+    s->d = c->d_model;
+    s->rows = round_tile(max_tokens);
+    s->x = falloc((size_t)s->rows * s->d);
+    s->part = calloc(c->tp, sizeof(float *));
+    bool ok = s->x && s->part && pthread_barrier_init(&s->barrier, NULL, c->tp) == 0;
+    for (uint32_t r = 0; ok && r < c->tp; r++)
+        ok = (s->part[r] = falloc((size_t)s->rows * s->d)) != NULL;
+    if (!ok) {
+        for (uint32_t r = 0; s->part && r < c->tp; r++)
+            free(s->part[r]);
+        free(s->part);
+        free(s->x);
+        free(s);
+        return NULL;
+    }
+    return s;
+}
+
+void ref_shared_destroy(ref_shared *s)
+{
+    if (!s)
+        return;
+    pthread_barrier_destroy(&s->barrier);
+    for (uint32_t r = 0; r < s->tp; r++)
+        free(s->part[r]);
+    free(s->part);
+    free(s->x);
+    free(s);
+}
+
+struct layer {
+    float *attn_norm, *mlp_norm;
+    float *wq, *wk, *wv; /* [heads_local * HD x d] */
+    float *wo;           /* [d x n_heads_local * HD] */
+    float *wg, *wu;      /* [ffn_local x d] */
+    float *wd;           /* [d x ffn_local] */
+};
+
+struct ref_rank {
+    ref_config c;
+    uint32_t rank, nhl, nkvl, ffl, rows;
+    ref_shared *sh;
+    struct layer *l;
+    float *embed, *final_norm, *lm_head; /* replicated; lm_head on rank 0 only */
+    float *h, *q, *k, *v, *att, *g, *u, *cs, *logits, *scores;
+};
+
+void ref_rank_destroy(ref_rank *r)
+{
+    if (!r)
+        return;
+    for (uint32_t i = 0; r->l && i < r->c.n_layers; i++) {
+        struct layer *L = &r->l[i];
+        float *p[] = {L->attn_norm, L->mlp_norm, L->wq, L->wk, L->wv, L->wo, L->wg, L->wu, L->wd};
+        for (size_t j = 0; j < sizeof(p) / sizeof(p[0]); j++)
+            free(p[j]);
+    }
+    free(r->l);
+    float *p[] = {r->embed, r->final_norm, r->lm_head, r->h, r->q, r->k, r->v,
+                  r->att,   r->g,          r->u,       r->cs, r->logits, r->scores};
+    for (size_t j = 0; j < sizeof(p) / sizeof(p[0]); j++)
+        free(p[j]);
+    free(r);
+}
+
+static float *ones(uint32_t n)
+{
+    float *p = falloc(n);
+    for (uint32_t i = 0; p && i < n; i++)
+        p[i] = 1.0f;
+    return p;
+}
+
+ref_rank *ref_rank_create(const ref_config *c, uint32_t rank, uint32_t max_tokens,
+                          ref_shared *shared)
+{
+    ref_rank *r = calloc(1, sizeof(*r));
+    if (!r)
+        return NULL;
+    r->c = *c;
+    r->rank = rank;
+    r->sh = shared;
+    r->nhl = c->n_heads / c->tp;
+    r->nkvl = c->n_kv_heads / c->tp;
+    r->ffl = c->ffn / c->tp;
+    r->rows = round_tile(max_tokens);
+    uint32_t d = c->d_model, nh = c->n_heads * REF_HD, nkv = c->n_kv_heads * REF_HD;
+    float sd = 1.0f / sqrtf((float)d) * 1.7f, sf = 1.0f / sqrtf((float)c->ffn) * 1.7f;
+    float sh = 1.0f / sqrtf((float)nh) * 1.7f;
+    bool ok = (r->l = calloc(c->n_layers, sizeof(*r->l))) != NULL;
+    for (uint32_t i = 0; ok && i < c->n_layers; i++) {
+        struct layer *L = &r->l[i];
+        uint32_t id = 100 + i * 10;
+        L->attn_norm = ones(d);
+        L->mlp_norm = ones(d);
+        L->wq = gen_rows(c->seed, id + 0, nh, d, sd, rank * r->nhl * REF_HD, r->nhl * REF_HD);
+        L->wk = gen_rows(c->seed, id + 1, nkv, d, sd, rank * r->nkvl * REF_HD, r->nkvl * REF_HD);
+        L->wv = gen_rows(c->seed, id + 2, nkv, d, sd, rank * r->nkvl * REF_HD, r->nkvl * REF_HD);
+        L->wo = gen_cols(c->seed, id + 3, d, nh, sh, rank * r->nhl * REF_HD, r->nhl * REF_HD);
+        L->wg = gen_rows(c->seed, id + 4, c->ffn, d, sd, rank * r->ffl, r->ffl);
+        L->wu = gen_rows(c->seed, id + 5, c->ffn, d, sd, rank * r->ffl, r->ffl);
+        L->wd = gen_cols(c->seed, id + 6, d, c->ffn, sf, rank * r->ffl, r->ffl);
+        ok = L->attn_norm && L->mlp_norm && L->wq && L->wk && L->wv && L->wo && L->wg && L->wu &&
+             L->wd;
+    }
+    if (ok) {
+        r->embed = gen_rows(c->seed, 1, c->vocab, d, 1.0f, 0, c->vocab);
+        r->final_norm = ones(d);
+        r->lm_head = rank == 0 ? gen_rows(c->seed, 2, c->vocab, d, sd * 2, 0, c->vocab) : ones(1);
+        size_t R = r->rows;
+        r->h = falloc(R * d);
+        r->q = falloc(R * r->nhl * REF_HD);
+        r->k = falloc(R * r->nkvl * REF_HD);
+        r->v = falloc(R * r->nkvl * REF_HD);
+        r->att = falloc(R * r->nhl * REF_HD);
+        r->g = falloc(R * r->ffl);
+        r->u = falloc(R * r->ffl);
+        r->cs = falloc(R * REF_HD);
+        r->logits = falloc((size_t)REF_TILE * c->vocab);
+        r->scores = falloc((size_t)(c->n_heads / c->n_kv_heads) * (MAX_LEN + REF_BT));
+        ok = r->embed && r->final_norm && r->lm_head && r->h && r->q && r->k && r->v && r->att &&
+             r->g && r->u && r->cs && r->logits && r->scores;
+    }
+    if (!ok) {
+        ref_rank_destroy(r);
+        return NULL;
+    }
+    return r;
+}
+
+/* Y[rows x n] = X[rows x k] W[n x k]^T in whole tiles: every call has the same shape, so a
+ * row's result never depends on the rows it shares a tile with. X and Y hold round_tile(rows)
+ * rows. */
+static void mm(const float *X, uint32_t rows, uint32_t k, const float *W, uint32_t n, float *Y)
+{
+    for (uint32_t i = 0; i < rows; i += REF_TILE)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)REF_TILE, (int)n, (int)k, 1.0f,
+                    X + (size_t)i * k, (int)k, W, (int)k, 0.0f, Y + (size_t)i * n, (int)n);
+}
+
+static void rmsnorm(const float *x, const float *w, uint32_t d, float *out)
+{
+    float ss = 0;
+    for (uint32_t i = 0; i < d; i++)
+        ss += x[i] * x[i];
+    float s = 1.0f / sqrtf(ss / (float)d + 1e-5f);
+    for (uint32_t i = 0; i < d; i++)
+        out[i] = x[i] * s * w[i];
+}
+
+/* Rotates pairs (i, i + HD/2) of one head by the position's angles (cs: cos then sin). */
+static void rope(float *v, const float *cs)
+{
+    for (uint32_t i = 0; i < REF_HD / 2; i++) {
+        float a = v[i], b = v[i + REF_HD / 2], c = cs[i], s = cs[i + REF_HD / 2];
+        v[i] = a * c - b * s;
+        v[i + REF_HD / 2] = a * s + b * c;
+    }
+}
+
+static inline v8f load8(const float *p)
+{
+    v8f x;
+    memcpy(&x, p, sizeof(x));
+    return x;
+}
+
+static inline void store8(float *p, v8f x)
+{
+    memcpy(p, &x, sizeof(x));
+}
+
+/* e^x for x <= 0 (clamped at -87), to about 2 ulp, the same on every call. */
+static inline v8f vexp(v8f x)
+{
+    const v8f lo = (v8f){0} - 87.0f, magic = (v8f){0} + 12582912.0f;
+    v8i m = x < lo;
+    x = (v8f)(((v8i)lo & m) | ((v8i)x & ~m));
+    v8f t = x * 1.44269504f + magic;
+    v8i n = (v8i)t - (v8i)magic;
+    v8f nf = t - magic;
+    v8f r = x - nf * 0.693145752f - nf * 1.42860677e-6f;
+    v8f p = 1.0f + r * (1.0f + r * (0.5f + r * (0.166666672f + r * (0.0416666679f +
+                                   r * (0.00833333377f + r * 0.00138888892f)))));
+    v8i e = (n + 127) << 23;
+    return p * (v8f)e;
+}
+
+/* One token's attention for the rank's heads: q (rotated, nhl heads), npos positions of the
+ * sequence's block table, into out (nhl heads). Built twice, for x86-64-v3 (AVX2, FMA) and for the
+ * baseline; the loader picks one per machine, so a machine always computes the same bits. */
+__attribute__((noinline, target_clones("arch=x86-64-v3", "default"))) static void attend(ref_rank *r, const ref_kv *kv, uint32_t layer, const float *q,
+                   const uint32_t *blocks, uint32_t npos, float *out)
+{
+    const uint32_t G = r->nhl / r->nkvl, nblk = (npos + REF_BT - 1) / REF_BT;
+    const float *K = kv->region[2 * layer], *V = kv->region[2 * layer + 1];
+    const float scale = 1.0f / sqrtf((float)REF_HD);
+    for (uint32_t g = 0; g < r->nkvl; g++) {
+        for (uint32_t j = 0; j < G; j++) {
+            const float *qh = q + (size_t)(g * G + j) * REF_HD;
+            float *s = r->scores + (size_t)j * (MAX_LEN + REF_BT);
+            for (uint32_t b = 0; b < nblk; b++) {
+                const float *kb = K + ((size_t)blocks[b] * r->nkvl + g) * REF_HD * REF_BT;
+                v8f a0 = {0}, a1 = {0};
+                for (uint32_t d = 0; d < REF_HD; d++) {
+                    a0 += qh[d] * load8(kb + d * REF_BT);
+                    a1 += qh[d] * load8(kb + d * REF_BT + 8);
+                }
+                store8(s + b * REF_BT, a0 * scale);
+                store8(s + b * REF_BT + 8, a1 * scale);
+            }
+            float mx = s[0];
+            for (uint32_t p = 1; p < npos; p++)
+                mx = s[p] > mx ? s[p] : mx;
+            v8f acc = {0};
+            for (uint32_t p = 0; p < nblk * REF_BT; p += 8) {
+                v8f e = vexp(load8(s + p) - mx);
+                v8i keep = {0, 1, 2, 3, 4, 5, 6, 7};
+                keep = (keep + (int32_t)p) < (int32_t)npos;
+                e = (v8f)((v8i)e & keep);
+                store8(s + p, e);
+                acc += e;
+            }
+            float total = 0;
+            for (int l = 0; l < 8; l++)
+                total += acc[l];
+            v8f o0 = {0}, o1 = {0}, o2 = {0}, o3 = {0};
+            for (uint32_t p = 0; p < npos; p++) {
+                const float *vb =
+                    V + (((size_t)blocks[p / REF_BT] * r->nkvl + g) * REF_BT + p % REF_BT) * REF_HD;
+                float w = s[p];
+                o0 += w * load8(vb);
+                o1 += w * load8(vb + 8);
+                o2 += w * load8(vb + 16);
+                o3 += w * load8(vb + 24);
+            }
+            float inv = 1.0f / total;
+            float *oh = out + (size_t)(g * G + j) * REF_HD;
+            store8(oh, o0 * inv);
+            store8(oh + 8, o1 * inv);
+            store8(oh + 16, o2 * inv);
+            store8(oh + 24, o3 * inv);
+        }
+    }
+}
+
+/* Sums the ranks' partials into x (each rank a share of the rows, in rank order) and waits
+ * until every rank has its result. */
+static void allreduce(ref_rank *r, uint32_t n_tok)
+{
+    ref_shared *s = r->sh;
+    pthread_barrier_wait(&s->barrier);
+    uint32_t per = (n_tok + s->tp - 1) / s->tp, lo = r->rank * per;
+    uint32_t hi = lo + per < n_tok ? lo + per : n_tok;
+    for (uint32_t t = lo; t < hi; t++) {
+        float *x = s->x + (size_t)t * s->d;
+        for (uint32_t i = 0; i < s->d; i++) {
+            float sum = 0;
+            for (uint32_t k = 0; k < s->tp; k++)
+                sum += s->part[k][(size_t)t * s->d + i];
+            x[i] += sum;
+        }
+    }
+    pthread_barrier_wait(&s->barrier);
+}
+
+int ref_rank_forward(ref_rank *r, ref_kv *kv, const ref_batch *b)
+{
+    const ref_config *c = &r->c;
+    const uint32_t d = c->d_model, T = b->n_tok, qd = r->nhl * REF_HD, kd = r->nkvl * REF_HD;
+    ref_shared *sh = r->sh;
+    /* embeddings (each rank a share of the rows) and the rotary angles of every row */
+    uint32_t per = (T + sh->tp - 1) / sh->tp, lo = r->rank * per;
+    for (uint32_t t = lo; t < T && t < lo + per; t++) {
+        const float *e = b->embeds && b->embeds[t] ? b->embeds[t]
+                                                   : r->embed + (size_t)b->tokens[t] * d;
+        memcpy(sh->x + (size_t)t * d, e, d * sizeof(float));
+    }
+    for (uint32_t s = 0; s < b->n_seq; s++) {
+        const ref_seq *q = &b->seqs[s];
+        for (uint32_t i = 0; i < q->n; i++) {
+            float *cs = r->cs + (size_t)(q->first + i) * REF_HD;
+            float pos = (float)(q->start_pos + i);
+            for (uint32_t k = 0; k < REF_HD / 2; k++) {
+                float ang = pos * powf(10000.0f, -2.0f * (float)k / (float)REF_HD);
+                cs[k] = cosf(ang);
+                cs[k + REF_HD / 2] = sinf(ang);
+            }
+        }
+    }
+    pthread_barrier_wait(&sh->barrier);
+    float *part = sh->part[r->rank];
+    for (uint32_t li = 0; li < c->n_layers; li++) {
+        struct layer *L = &r->l[li];
+        float *Kc = kv->region[2 * li], *Vc = kv->region[2 * li + 1];
+        for (uint32_t t = 0; t < T; t++)
+            rmsnorm(sh->x + (size_t)t * d, L->attn_norm, d, r->h + (size_t)t * d);
+        mm(r->h, T, d, L->wq, qd, r->q);
+        mm(r->h, T, d, L->wk, kd, r->k);
+        mm(r->h, T, d, L->wv, kd, r->v);
+        for (uint32_t s = 0; s < b->n_seq; s++) {
+            const ref_seq *q = &b->seqs[s];
+            for (uint32_t i = 0; i < q->n; i++) {
+                uint32_t t = q->first + i, pos = q->start_pos + i;
+                const float *cs = r->cs + (size_t)t * REF_HD;
+                for (uint32_t h = 0; h < r->nhl; h++)
+                    rope(r->q + (size_t)t * qd + h * REF_HD, cs);
+                uint32_t blk = q->blocks[pos / REF_BT], slot = pos % REF_BT;
+                for (uint32_t g = 0; g < r->nkvl; g++) {
+                    float *kr = r->k + (size_t)t * kd + g * REF_HD;
+                    rope(kr, cs);
+                    float *kb = Kc + ((size_t)blk * r->nkvl + g) * REF_HD * REF_BT;
+                    for (uint32_t e = 0; e < REF_HD; e++)
+                        kb[e * REF_BT + slot] = kr[e];
+                    memcpy(Vc + (((size_t)blk * r->nkvl + g) * REF_BT + slot) * REF_HD,
+                           r->v + (size_t)t * kd + g * REF_HD, REF_HD * sizeof(float));
+                }
+            }
+        }
+        for (uint32_t s = 0; s < b->n_seq; s++) {
+            const ref_seq *q = &b->seqs[s];
+            for (uint32_t i = 0; i < q->n; i++) {
+                uint32_t t = q->first + i;
+                attend(r, kv, li, r->q + (size_t)t * qd, q->blocks, q->start_pos + i + 1,
+                       r->att + (size_t)t * qd);
+            }
+        }
+        mm(r->att, T, qd, L->wo, d, part);
+        allreduce(r, T);
+        for (uint32_t t = 0; t < T; t++)
+            rmsnorm(sh->x + (size_t)t * d, L->mlp_norm, d, r->h + (size_t)t * d);
+        mm(r->h, T, d, L->wg, r->ffl, r->g);
+        mm(r->h, T, d, L->wu, r->ffl, r->u);
+        for (size_t i = 0; i < (size_t)T * r->ffl; i++) {
+            float gv = r->g[i];
+            r->g[i] = gv / (1.0f + expf(-gv)) * r->u[i];
+        }
+        mm(r->g, T, r->ffl, L->wd, d, part);
+        allreduce(r, T);
+    }
+    if (r->rank != 0)
+        return 0;
+    /* greedy sampling of the sequences that asked, REF_TILE at a time */
+    uint32_t idx[REF_TILE], n = 0;
+    for (uint32_t s = 0; s <= b->n_seq; s++) {
+        if (s < b->n_seq && b->seqs[s].sample)
+            idx[n++] = s;
+        if (n == REF_TILE || (s == b->n_seq && n > 0)) {
+            for (uint32_t i = 0; i < n; i++) {
+                const ref_seq *q = &b->seqs[idx[i]];
+                rmsnorm(sh->x + (size_t)(q->first + q->n - 1) * d, r->final_norm, d,
+                        r->h + (size_t)i * d);
+            }
+            mm(r->h, n, d, r->lm_head, c->vocab, r->logits);
+            for (uint32_t i = 0; i < n; i++) {
+                const float *lg = r->logits + (size_t)i * c->vocab;
+                uint32_t best = 0;
+                for (uint32_t v = 1; v < c->vocab - 1; v++) /* never the image placeholder */
+                    best = lg[v] > lg[best] ? v : best;
+                b->sampled[idx[i]] = best;
+            }
+            n = 0;
+        }
+    }
+    return 0;
+}
+
+/* ---- vision encoder ------------------------------------------------------------------------ */
+
+struct ref_encoder {
+    uint32_t d;
+    float *w1, *w2, *pos, *in, *h, *o;
+};
+
+void ref_image_pixels(uint64_t seed, uint32_t id, uint8_t out[REF_IMG_BYTES])
+{
+    uint64_t x = (seed ^ 0x1a2b3c4du) * 0x9E3779B97F4A7C15ull + id * 0xD1B54A32D192ED03ull + 1;
+    for (uint32_t i = 0; i < REF_IMG_BYTES; i++) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out[i] = (uint8_t)(x >> 24);
+    }
+}
+
+void ref_image_hash(const uint8_t px[REF_IMG_BYTES], char out[33])
+{
+    uint8_t h[16];
+    kvt_hash128(px, REF_IMG_BYTES, 0x696d67, h);
+    for (int i = 0; i < 16; i++)
+        snprintf(out + 2 * i, 3, "%02x", h[i]);
+}
+
+ref_encoder *ref_encoder_create(const ref_config *c)
+{
+    ref_encoder *e = calloc(1, sizeof(*e));
+    if (!e)
+        return NULL;
+    const uint32_t pd = REF_PATCH * REF_PATCH * 3, d = c->d_model;
+    e->d = d;
+    e->w1 = falloc((size_t)d * pd);
+    e->w2 = falloc((size_t)d * d);
+    e->pos = falloc((size_t)REF_IMG_TOKENS * d);
+    e->in = falloc((size_t)round_tile(REF_IMG_TOKENS) * pd);
+    e->h = falloc((size_t)round_tile(REF_IMG_TOKENS) * d);
+    e->o = falloc((size_t)round_tile(REF_IMG_TOKENS) * d);
+    if (!e->w1 || !e->w2 || !e->pos || !e->in || !e->h || !e->o) {
+        ref_encoder_destroy(e);
+        return NULL;
+    }
+    gen(c->seed, 3, d, pd, 1.7f / sqrtf((float)pd), e->w1);
+    gen(c->seed, 4, d, d, 1.7f / sqrtf((float)d), e->w2);
+    gen(c->seed, 5, REF_IMG_TOKENS, d, 0.1f, e->pos);
+    return e;
+}
+
+void ref_encoder_destroy(ref_encoder *e)
+{
+    if (!e)
+        return;
+    free(e->w1);
+    free(e->w2);
+    free(e->pos);
+    free(e->in);
+    free(e->h);
+    free(e->o);
+    free(e);
+}
+
+void ref_encoder_run(ref_encoder *e, const uint8_t px[REF_IMG_BYTES], float *out)
+{
+    const uint32_t side = REF_IMG_SIDE / REF_PATCH, pd = REF_PATCH * REF_PATCH * 3, d = e->d;
+    for (uint32_t p = 0; p < REF_IMG_TOKENS; p++) { /* patch p: row p / side, column p % side */
+        float *in = e->in + (size_t)p * pd;
+        for (uint32_t y = 0; y < REF_PATCH; y++)
+            for (uint32_t x = 0; x < REF_PATCH * 3; x++) {
+                uint32_t py = (p / side) * REF_PATCH + y, px0 = (p % side) * REF_PATCH * 3 + x;
+                in[y * REF_PATCH * 3 + x] = px[py * REF_IMG_SIDE * 3 + px0] / 255.0f - 0.5f;
+            }
+    }
+    mm(e->in, REF_IMG_TOKENS, pd, e->w1, d, e->h);
+    for (size_t i = 0; i < (size_t)REF_IMG_TOKENS * d; i++)
+        e->h[i] = e->h[i] / (1.0f + expf(-e->h[i]));
+    mm(e->h, REF_IMG_TOKENS, d, e->w2, d, e->o);
+    for (size_t i = 0; i < (size_t)REF_IMG_TOKENS * d; i++)
+        out[i] = e->o[i] + e->pos[i];
+}
