@@ -1,7 +1,7 @@
 # kvtier top-level Makefile. Every target first installs missing Debian packages
 # (scripts/install-deps), then configures and builds with CMake.
 #
-#   make demo          build and run the end-to-end demonstration
+#   make demo          build and run the end-to-end demonstration (report.json, ttft.svg in $(BUILD))
 #   make test          build and run the unit tests (ctest)
 #   make bench         run the benchmarks (JSON)
 #   make install       install library, headers, kvtier.pc, the CMake package and the CLI
@@ -42,7 +42,7 @@ test: build
 	cd $(BUILD) && ctest --output-on-failure -j$(JOBS)
 
 demo: build
-	$(BUILD)/bin/kvtier demo
+	$(BUILD)/bin/kvtier demo --out $(BUILD)
 
 bench: build
 	$(BUILD)/bin/kvtier bench pool --json

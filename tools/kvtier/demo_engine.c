@@ -136,8 +136,8 @@ static pid_t spawn_encoder(const struct opts *o, const ref_engine_config *ec, ui
     snprintf(n, sizeof(n), "%u", o->n_images);
     snprintf(seed, sizeof(seed), "%llu", (unsigned long long)ec->image_seed);
     snprintf(mseed, sizeof(mseed), "%llu", (unsigned long long)ec->model.seed);
-    char *argv[] = {self,   "ec-encoder",   "--consumer", addr, "--images", n,
-                    "--image-seed", seed, "--model-seed", mseed, "--quiet", NULL};
+    char *argv[] = {self,           "ec-encoder", "--consumer",   addr,  "--images", n,
+                    "--image-seed", seed,         "--model-seed", mseed, "--quiet",  NULL};
     extern char **environ;
     pid_t pid;
     return posix_spawn(&pid, self, NULL, NULL, argv, environ) == 0 ? pid : -1;
@@ -200,8 +200,7 @@ static int run_once(const struct opts *o, int which, struct run *res)
             }
             char id[64];
             snprintf(id, sizeof(id), "conv%u-turn%u", ci, t);
-            ref_request_spec s = {id, cv[ci].tok, cv[ci].len, cv[ci].img, cv[ci].n_img,
-                                  o->answer};
+            ref_request_spec s = {id, cv[ci].tok, cv[ci].len, cv[ci].img, cv[ci].n_img, o->answer};
             if (ref_engine_add(e, &s, err, sizeof(err))) {
                 fprintf(stderr, "demo: run %d: %s\n", which, err);
                 rc = -1;
@@ -359,8 +358,10 @@ static void write_plot(const struct opts *o, const struct run *runs, const char 
     char cmd[8300];
     snprintf(cmd, sizeof(cmd), "gnuplot '%s' 2>/dev/null", gp);
     if (system(cmd) != 0)
-        fprintf(stderr, "demo: gnuplot failed or is missing: no %s (scripts/install-deps "
-                        "installs gnuplot-nox)\n", path);
+        fprintf(stderr,
+                "demo: gnuplot failed or is missing: no %s (scripts/install-deps "
+                "installs gnuplot-nox)\n",
+                path);
 }
 
 static bool in_range(unsigned long long x, unsigned long long lo, unsigned long long hi)
@@ -406,16 +407,16 @@ int kvt_demo_engine(int argc, char **argv)
         else if (num && (*end == 'G' || *end == 'g'))
             x <<= 30, end++;
         num = num && *end == 0;
-#define NUMOPT(flag, field, lo, hi)                                                               \
-    if (strcmp(a, flag) == 0) {                                                                   \
-        if (!num || !in_range(x, lo, hi)) {                                                       \
-            fprintf(stderr, "kvtier demo: %s wants a number in %llu..%llu\n", flag,               \
-                    (unsigned long long)(lo), (unsigned long long)(hi));                          \
-            return 2;                                                                             \
-        }                                                                                         \
-        o.field = x;                                                                              \
-        i++;                                                                                      \
-        continue;                                                                                 \
+#define NUMOPT(flag, field, lo, hi)                                                                \
+    if (strcmp(a, flag) == 0) {                                                                    \
+        if (!num || !in_range(x, lo, hi)) {                                                        \
+            fprintf(stderr, "kvtier demo: %s wants a number in %llu..%llu\n", flag,                \
+                    (unsigned long long)(lo), (unsigned long long)(hi));                           \
+            return 2;                                                                              \
+        }                                                                                          \
+        o.field = x;                                                                               \
+        i++;                                                                                       \
+        continue;                                                                                  \
     }
         NUMOPT("--requests", convs, 1, 4096)
         NUMOPT("--turns", turns, 1, 64)
@@ -440,8 +441,10 @@ int kvt_demo_engine(int argc, char **argv)
         } else if (strcmp(a, "--out") == 0 && v) {
             o.out_dir = argv[++i];
         } else {
-            fprintf(stderr, "kvtier demo: unknown or incomplete option '%s' (see kvtier demo "
-                            "--help)\n", a);
+            fprintf(stderr,
+                    "kvtier demo: unknown or incomplete option '%s' (see kvtier demo "
+                    "--help)\n",
+                    a);
             return 2;
         }
     }
@@ -504,14 +507,14 @@ int kvt_demo_engine(int argc, char **argv)
         fprintf(tbl, "%-44s %15s %15s %17s\n", "", "without offload", "with host tier",
                 "+ encoder process");
         double v[3];
-#define ROW(label, fmt, expr)                                                                     \
-    do {                                                                                          \
-        for (int r_ = 0; r_ < 3; r_++) {                                                          \
-            const struct run *R = &runs[r_];                                                      \
-            (void)R;                                                                              \
-            v[r_] = (expr);                                                                       \
-        }                                                                                         \
-        fprintf(tbl, "%-44s " fmt " " fmt " " fmt "  \n", label, v[0], v[1], v[2]);               \
+#define ROW(label, fmt, expr)                                                                      \
+    do {                                                                                           \
+        for (int r_ = 0; r_ < 3; r_++) {                                                           \
+            const struct run *R = &runs[r_];                                                       \
+            (void)R;                                                                               \
+            v[r_] = (expr);                                                                        \
+        }                                                                                          \
+        fprintf(tbl, "%-44s " fmt " " fmt " " fmt "  \n", label, v[0], v[1], v[2]);                \
     } while (0)
         ROW("prompt tokens", "%15.0f", (double)R->st.prompt_tokens);
         ROW("  hit in the GPU prefix cache (%)", "%15.1f",
@@ -519,10 +522,10 @@ int kvt_demo_engine(int argc, char **argv)
         ROW("  loaded from the host tier (%)", "%15.1f",
             100.0 * R->st.host_hit_tokens / (double)R->st.prompt_tokens);
         ROW("prefill tokens computed", "%15.0f", (double)R->st.prefill_tokens);
-        ROW("TTFT p50, all turns (ms)", "%15.1f", ttft_ms(&o, runs, (int)(R - runs), false, .5,
-                                                          NULL));
-        ROW("TTFT p90, all turns (ms)", "%15.1f", ttft_ms(&o, runs, (int)(R - runs), false, .9,
-                                                          NULL));
+        ROW("TTFT p50, all turns (ms)", "%15.1f",
+            ttft_ms(&o, runs, (int)(R - runs), false, .5, NULL));
+        ROW("TTFT p90, all turns (ms)", "%15.1f",
+            ttft_ms(&o, runs, (int)(R - runs), false, .9, NULL));
         ROW("TTFT p50, turns whose prefix left the GPU", "%15.1f",
             ttft_ms(&o, runs, (int)(R - runs), true, .5, NULL));
         ROW("TTFT p90, turns whose prefix left the GPU", "%15.1f",
@@ -536,8 +539,7 @@ int kvt_demo_engine(int argc, char **argv)
             R->st.load_seconds > 0 ? R->st.loaded_bytes / R->st.load_seconds / 1e9 : 0.0);
         ROW("preemptions", "%15.0f", (double)R->st.preemptions);
         ROW("images encoded locally", "%15.0f", (double)R->st.images_encoded);
-        ROW("embeddings received over UCX (all ranks)", "%15.0f",
-            (double)R->st.images_received);
+        ROW("embeddings received over UCX (all ranks)", "%15.0f", (double)R->st.images_received);
         ROW("  KiB received", "%15.1f", R->st.image_bytes_received / 1024.0);
 #undef ROW
         fprintf(tbl,
@@ -546,8 +548,9 @@ int kvt_demo_engine(int argc, char **argv)
                 n_ev, p50_wo, p50_w, speedup);
         fprintf(tbl, "generated tokens identical in all three runs: %s%s\n",
                 identical ? "yes" : "NO", identical ? "" : " (see stderr)");
-        fprintf(tbl, "every transferred embedding equal to the local encoder's: %s (%llu "
-                     "received, %llu different, encoder process exit %d)\n",
+        fprintf(tbl,
+                "every transferred embedding equal to the local encoder's: %s (%llu "
+                "received, %llu different, encoder process exit %d)\n",
                 ec_identical ? "yes" : "NO", (unsigned long long)runs[2].st.images_received,
                 (unsigned long long)runs[2].st.image_mismatches, runs[2].producer_rc);
         fprintf(tbl, "GPU and host blocks left referenced at the end: %s\n",
@@ -566,42 +569,41 @@ int kvt_demo_engine(int argc, char **argv)
     size_t jl = 0;
     FILE *mf = open_memstream(&js, &jl);
     if (mf && !bad) {
-        fprintf(mf,
-                "{\"identical\": %s, \"ec_identical\": %s, \"no_leaks\": %s, "
-                "\"host_tier_hit_rate\": %.4f, \"gpu_hit_rate_without\": %.4f, "
-                "\"gpu_hit_rate_with\": %.4f, "
-                "\"ttft_p50_ms_without\": %.3f, \"ttft_p50_ms_with\": %.3f, "
-                "\"ttft_p90_ms_without\": %.3f, \"ttft_p90_ms_with\": %.3f, "
-                "\"ttft_speedup_p50\": %.3f, \"turns_prefix_evicted\": %u, "
-                "\"ttft_p50_ms_all_without\": %.3f, \"ttft_p50_ms_all_with\": %.3f, "
-                "\"ttft_p50_ms_all_ec\": %.3f, "
-                "\"wall_s\": [%.3f, %.3f, %.3f], \"prefill_tokens\": [%llu, %llu, %llu], "
-                "\"bytes_loaded\": %llu, \"bytes_stored\": %llu, \"load_gbps\": %.3f, "
-                "\"embeddings_received\": %llu, \"embedding_bytes_received\": %llu, "
-                "\"preemptions\": [%llu, %llu, %llu], "
-                "\"config\": {\"requests\": %u, \"turns\": %u, \"tp\": %u, \"cpu_bytes\": %llu, "
-                "\"gpu_blocks\": %u, \"lazy\": %s, \"seed\": %llu, \"images\": %u}}\n",
-                yes(identical), yes(ec_identical), yes(!leaks),
-                runs[1].st.host_hit_tokens / (double)runs[1].st.prompt_tokens,
-                runs[0].st.gpu_hit_tokens / (double)runs[0].st.prompt_tokens,
-                runs[1].st.gpu_hit_tokens / (double)runs[1].st.prompt_tokens, p50_wo, p50_w,
-                p90_wo, p90_w, speedup, n_ev, ttft_ms(&o, runs, 0, false, .5, NULL),
-                ttft_ms(&o, runs, 1, false, .5, NULL), ttft_ms(&o, runs, 2, false, .5, NULL),
-                runs[0].wall, runs[1].wall, runs[2].wall,
-                (unsigned long long)runs[0].st.prefill_tokens,
-                (unsigned long long)runs[1].st.prefill_tokens,
-                (unsigned long long)runs[2].st.prefill_tokens,
-                (unsigned long long)runs[1].st.loaded_bytes,
-                (unsigned long long)runs[1].st.stored_bytes,
-                runs[1].st.load_seconds > 0 ? runs[1].st.loaded_bytes / runs[1].st.load_seconds / 1e9
-                                            : 0.0,
-                (unsigned long long)runs[2].st.images_received,
-                (unsigned long long)runs[2].st.image_bytes_received,
-                (unsigned long long)runs[0].st.preemptions,
-                (unsigned long long)runs[1].st.preemptions,
-                (unsigned long long)runs[2].st.preemptions, o.convs, o.turns, o.tp,
-                (unsigned long long)o.cpu_bytes, o.gpu_blocks, yes(o.lazy),
-                (unsigned long long)o.seed, o.n_images);
+        fprintf(
+            mf,
+            "{\"identical\": %s, \"ec_identical\": %s, \"no_leaks\": %s, "
+            "\"host_tier_hit_rate\": %.4f, \"gpu_hit_rate_without\": %.4f, "
+            "\"gpu_hit_rate_with\": %.4f, "
+            "\"ttft_p50_ms_without\": %.3f, \"ttft_p50_ms_with\": %.3f, "
+            "\"ttft_p90_ms_without\": %.3f, \"ttft_p90_ms_with\": %.3f, "
+            "\"ttft_speedup_p50\": %.3f, \"turns_prefix_evicted\": %u, "
+            "\"ttft_p50_ms_all_without\": %.3f, \"ttft_p50_ms_all_with\": %.3f, "
+            "\"ttft_p50_ms_all_ec\": %.3f, "
+            "\"wall_s\": [%.3f, %.3f, %.3f], \"prefill_tokens\": [%llu, %llu, %llu], "
+            "\"bytes_loaded\": %llu, \"bytes_stored\": %llu, \"load_gbps\": %.3f, "
+            "\"embeddings_received\": %llu, \"embedding_bytes_received\": %llu, "
+            "\"preemptions\": [%llu, %llu, %llu], "
+            "\"config\": {\"requests\": %u, \"turns\": %u, \"tp\": %u, \"cpu_bytes\": %llu, "
+            "\"gpu_blocks\": %u, \"lazy\": %s, \"seed\": %llu, \"images\": %u}}\n",
+            yes(identical), yes(ec_identical), yes(!leaks),
+            runs[1].st.host_hit_tokens / (double)runs[1].st.prompt_tokens,
+            runs[0].st.gpu_hit_tokens / (double)runs[0].st.prompt_tokens,
+            runs[1].st.gpu_hit_tokens / (double)runs[1].st.prompt_tokens, p50_wo, p50_w, p90_wo,
+            p90_w, speedup, n_ev, ttft_ms(&o, runs, 0, false, .5, NULL),
+            ttft_ms(&o, runs, 1, false, .5, NULL), ttft_ms(&o, runs, 2, false, .5, NULL),
+            runs[0].wall, runs[1].wall, runs[2].wall, (unsigned long long)runs[0].st.prefill_tokens,
+            (unsigned long long)runs[1].st.prefill_tokens,
+            (unsigned long long)runs[2].st.prefill_tokens,
+            (unsigned long long)runs[1].st.loaded_bytes,
+            (unsigned long long)runs[1].st.stored_bytes,
+            runs[1].st.load_seconds > 0 ? runs[1].st.loaded_bytes / runs[1].st.load_seconds / 1e9
+                                        : 0.0,
+            (unsigned long long)runs[2].st.images_received,
+            (unsigned long long)runs[2].st.image_bytes_received,
+            (unsigned long long)runs[0].st.preemptions, (unsigned long long)runs[1].st.preemptions,
+            (unsigned long long)runs[2].st.preemptions, o.convs, o.turns, o.tp,
+            (unsigned long long)o.cpu_bytes, o.gpu_blocks, yes(o.lazy), (unsigned long long)o.seed,
+            o.n_images);
     } else if (mf) {
         fprintf(mf, "{\"identical\": false, \"ec_identical\": false, \"error\": \"a run failed "
                     "(see stderr)\"}\n");
@@ -643,15 +645,16 @@ int kvt_cmd_ec_encoder(int argc, char **argv)
         unsigned long long x = v ? strtoull(v, &end, 10) : 0;
         bool num = v && end != v && *end == 0 && *v != '-';
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            printf("kvtier ec-encoder --consumer tcp://ADDR:P [options]\n"
-                   "  The encoder instance of `kvtier demo`: runs the reference engine's vision\n"
-                   "  encoder on images 0..N-1 and pushes each embedding (mm_hash: the hash of its\n"
-                   "  pixels) into every shard of the consumer (ZeroMQ control, UCX data).\n"
-                   "  --consumer ADDR     the consumer's shard-0 control address (required)\n"
-                   "  --images N          images to encode and push (default 8)\n"
-                   "  --image-seed S      pixels' seed (default 12)\n"
-                   "  --model-seed S      encoder weights' seed (default 1)\n"
-                   "  --quiet             no summary line\n");
+            printf(
+                "kvtier ec-encoder --consumer tcp://ADDR:P [options]\n"
+                "  The encoder instance of `kvtier demo`: runs the reference engine's vision\n"
+                "  encoder on images 0..N-1 and pushes each embedding (mm_hash: the hash of its\n"
+                "  pixels) into every shard of the consumer (ZeroMQ control, UCX data).\n"
+                "  --consumer ADDR     the consumer's shard-0 control address (required)\n"
+                "  --images N          images to encode and push (default 8)\n"
+                "  --image-seed S      pixels' seed (default 12)\n"
+                "  --model-seed S      encoder weights' seed (default 1)\n"
+                "  --quiet             no summary line\n");
             return 0;
         } else if (strcmp(a, "--consumer") == 0 && v) {
             consumer = argv[++i];
@@ -722,8 +725,8 @@ int kvt_cmd_ec_encoder(int argc, char **argv)
         pushed += ok;
     }
     if (!quiet)
-        printf("ec-encoder: %llu of %llu embeddings pushed in %.3f s\n",
-               (unsigned long long)pushed, images, kvt_now_s() - t0);
+        printf("ec-encoder: %llu of %llu embeddings pushed in %.3f s\n", (unsigned long long)pushed,
+               images, kvt_now_s() - t0);
     kvt_ec_producer_destroy(prod);
     kvt_ec_net_consumer_destroy(net);
     ref_encoder_destroy(enc);

@@ -143,7 +143,8 @@ static int cmd_demo_components(int argc, char **argv)
             printf(
                 "kvtier demo --components [--seed N] [--metrics-port P [--metrics-seconds S]]\n"
                 "kvtier demo --soak SECONDS [--seed N]\n"
-                "  --components runs the library's parts one by one: a multi-turn chat workload on the GPU\n"
+                "  --components runs the library's parts one by one: a multi-turn chat workload on "
+                "the GPU\n"
                 "  tier, with a host tier, with three tiers (host + disk); one step's metadata\n"
                 "  across the wire; encoder-cache transfer between an encoder and a 2-shard\n"
                 "  prefill instance. Every figure printed is checked; exit code 0 = all passed.\n"

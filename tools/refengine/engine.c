@@ -296,9 +296,8 @@ static int take_copy_retire(kvt_ec_shard *sh, void *p)
     a->got = v.nbytes == a->want;
     if (a->got)
         memcpy(a->dst, v.ptr, a->want);
-    return kvt_ec_shard_retire(sh, a->ev->mm_hash.ptr, a->ev->mm_hash.len, NULL) == 1
-               ? 0
-               : KVT_ESTATE;
+    return kvt_ec_shard_retire(sh, a->ev->mm_hash.ptr, a->ev->mm_hash.len, NULL) == 1 ? 0
+                                                                                      : KVT_ESTATE;
 }
 
 static int drain_images(ref_engine *e, char *err, size_t cap)
@@ -415,8 +414,8 @@ int ref_engine_add(ref_engine *e, const ref_request_spec *s, char *err, size_t c
             return fail(err, cap, "request %s: image %u at %u runs past the prompt", s->id, i, p);
         for (uint32_t k = p; k < p + REF_IMG_TOKENS; k++)
             if (s->tokens[k] != ref_img_token(&e->cfg.model))
-                return fail(err, cap, "request %s: image %u: position %u is no placeholder",
-                            s->id, i, k);
+                return fail(err, cap, "request %s: image %u: position %u is no placeholder", s->id,
+                            i, k);
     }
     if (e->n_q == e->cap_q) {
         uint32_t nc = e->cap_q ? 2 * e->cap_q : 64;
@@ -484,8 +483,7 @@ static int preempt(ref_engine *e, struct req *v, char *err, size_t cap)
         const uint32_t *tab[1] = {v->blocks};
         uint32_t nb[1] = {v->n_blocks};
         /* its confirmed blocks are flushed to the host tier before the blocks are reused */
-        if (off_check(kvt_offload_request_finished(e->off, v->id, v->idlen, tab, nb,
-                                                   v->computed),
+        if (off_check(kvt_offload_request_finished(e->off, v->id, v->idlen, tab, nb, v->computed),
                       "request_finished (preemption)", err, cap))
             return -1;
     }
@@ -569,7 +567,7 @@ static void add_chunk(ref_engine *e, struct req *r, uint32_t chunk)
 
 /* Admits a waiting request: prefix hits, then either a load (it waits) or a run. 1 admitted
  * or loading, 0 not now (no room), -1 error. */
-static int admit(ref_engine *e, struct req *r, char *err, size_t cap)
+static int admit(ref_engine *e, struct req *r, uint32_t budget, char *err, size_t cap)
 {
     if (r->n_blocks) { /* its load finished: the blocks are in place */
         r->state = RQ_RUNNING;
@@ -578,9 +576,10 @@ static int admit(ref_engine *e, struct req *r, char *err, size_t cap)
     if (hash_blocks(e, r))
         return fail(err, cap, "hashing failed: %s", kvt_last_error());
     uint32_t nfull = r->len / REF_BT, hit_ids[1024];
-    /* room for the whole request even if no block were a hit, so that a host hit (pinned by
-     * match) is always accepted */
-    if (kvt_pool_num_free(e->gpu) < (r->len + REF_BT - 1) / REF_BT + 1)
+    /* room for a first chunk (hit blocks may be free ones: counted as if they were) */
+    uint32_t free_blocks = kvt_pool_num_free(e->gpu);
+    uint32_t first_chunk = r->len < budget ? r->len : budget;
+    if (free_blocks < (first_chunk + REF_BT - 1) / REF_BT + 1)
         return 0;
     uint32_t *outs[1] = {hit_ids};
     kvt_hit hit;
@@ -593,7 +592,18 @@ static int admit(ref_engine *e, struct req *r, char *err, size_t cap)
                                               hit.length, &host),
                             "match", err, cap))
         return -1;
-    uint32_t need = (hit.length + host + REF_BT - 1) / REF_BT;
+    /* accept as much of the host hit as fits (fewer tokens than offered is allowed); without
+     * one, blocks for the hit and the first chunk */
+    uint32_t room = free_blocks > nhit + 1 ? free_blocks - nhit - 1 : 0;
+    if (room == 0) /* its pinned host hit, if any, is released by the next match */
+        return 0;
+    if (host > room * REF_BT)
+        host = room * REF_BT;
+    uint32_t rest = r->len - hit.length;
+    uint32_t first = host ? 0 : (rest < budget ? rest : budget);
+    if (!host && (first + REF_BT - 1) / REF_BT > room)
+        first = room * REF_BT;
+    uint32_t need = (hit.length + host + first + REF_BT - 1) / REF_BT;
     if (reserve_blocks(r, need) ||
         off_check(kvt_pool_touch(e->gpu, hit_ids, nhit), "touch", err, cap))
         return -1;
@@ -675,7 +685,7 @@ static int schedule(ref_engine *e, char *err, size_t cap)
             continue;
         if (!images_ready(e, r))
             continue;
-        int a = admit(e, r, err, cap);
+        int a = admit(e, r, budget, err, cap);
         if (a < 0)
             return -1;
         if (a == 0)
@@ -789,11 +799,10 @@ static int apply_reports(ref_engine *e, char *err, size_t cap)
         }
     kvt_offload_worker_meta_clear(&e->agg);
     for (uint32_t k = 0; k < e->tp; k++)
-        if (off_check(kvt_offload_worker_meta_aggregate(&e->agg, &e->wm[k]), "aggregate", err,
-                      cap))
+        if (off_check(kvt_offload_worker_meta_aggregate(&e->agg, &e->wm[k]), "aggregate", err, cap))
             return -1;
-    return off_check(kvt_offload_apply_output(e->off, done, n_done, &e->agg), "apply_output",
-                     err, cap);
+    return off_check(kvt_offload_apply_output(e->off, done, n_done, &e->agg), "apply_output", err,
+                     cap);
 }
 
 int ref_engine_step(ref_engine *e, char *err, size_t cap)
@@ -802,9 +811,8 @@ int ref_engine_step(ref_engine *e, char *err, size_t cap)
         return -1;
     if (schedule(e, err, cap))
         return -1;
-    if (e->off &&
-        off_check(kvt_offload_build_meta(e->off, e->preempted_this_step, &e->meta), "build_meta",
-                  err, cap))
+    if (e->off && off_check(kvt_offload_build_meta(e->off, e->preempted_this_step, &e->meta),
+                            "build_meta", err, cap))
         return -1;
     uint32_t before = e->n_fin;
     run_ranks(e);
@@ -834,6 +842,8 @@ int ref_engine_step(ref_engine *e, char *err, size_t cap)
 uint32_t ref_engine_take_finished(ref_engine *e, ref_result *out, uint32_t cap)
 {
     uint32_t n = e->n_fin < cap ? e->n_fin : cap;
+    if (n == 0)
+        return 0;
     memcpy(out, e->fin, n * sizeof(*out));
     memmove(e->fin, e->fin + n, (e->n_fin - n) * sizeof(*out));
     e->n_fin -= n;
@@ -933,8 +943,9 @@ int ref_engine_create(const ref_engine_config *cfg, ref_engine **out, char *err,
         return -1;
     if (cfg->gpu_blocks < 8 || cfg->max_batched_tokens < REF_BT || !cfg->max_running ||
         cfg->max_len < REF_BT || cfg->max_len > 16000)
-        return fail(err, cap, "engine: need gpu_blocks >= 8, max_batched_tokens >= %u, "
-                              "max_running >= 1 and max_len in %u..16000",
+        return fail(err, cap,
+                    "engine: need gpu_blocks >= 8, max_batched_tokens >= %u, "
+                    "max_running >= 1 and max_len in %u..16000",
                     REF_BT, REF_BT);
     ref_engine *e = calloc(1, sizeof(*e));
     if (!e)
@@ -1007,8 +1018,8 @@ int ref_engine_create(const ref_engine_config *cfg, ref_engine **out, char *err,
                                                     e->kv[r].block_bytes),
                               "layout region", err, cap))
                     return -1;
-            if (off_check(kvt_mirror_create(&mc, e->layout[r], &e->mirror[r]), "host mirror",
-                          err, cap) ||
+            if (off_check(kvt_mirror_create(&mc, e->layout[r], &e->mirror[r]), "host mirror", err,
+                          cap) ||
                 off_check(kvt_worker_create(&wc, e->layout[r], e->mirror[r], &e->worker[r]),
                           "worker", err, cap))
                 return -1;

@@ -56,10 +56,10 @@ typedef struct ref_result {
     char id[64];
     uint32_t *tokens; /* prompt + generated (malloc'd, the caller frees) */
     uint32_t n_tokens, n_prompt;
-    double ttft_s;         /* arrival to first generated token */
-    uint32_t gpu_hit;      /* prompt tokens found in the GPU prefix cache on admission */
-    uint32_t host_hit;     /* prompt tokens loaded from the host tier */
-    uint32_t computed;     /* prompt tokens computed (prefill work) */
+    double ttft_s;     /* arrival to first generated token */
+    uint32_t gpu_hit;  /* prompt tokens found in the GPU prefix cache on admission */
+    uint32_t host_hit; /* prompt tokens loaded from the host tier */
+    uint32_t computed; /* prompt tokens computed (prefill work) */
     uint32_t preemptions;
 } ref_result;
 
@@ -70,7 +70,7 @@ typedef struct ref_engine_stats {
     double load_seconds;                 /* summed over load events: issue to all reported */
     uint64_t images_encoded;             /* local encoder runs */
     uint64_t images_received, image_bytes_received, image_mismatches; /* remote (per rank) */
-    double image_wait_s;                 /* remote: summed first-need to arrival */
+    double image_wait_s; /* remote: summed first-need to arrival */
 } ref_engine_stats;
 
 typedef struct ref_engine ref_engine;

@@ -33,8 +33,10 @@ void ref_config_default(ref_config *c)
 int ref_config_check(const ref_config *c, char *err, size_t cap)
 {
     if (c->tp == 0 || c->n_kv_heads % c->tp || c->ffn % c->tp) {
-        snprintf(err, cap, "tensor-parallel size %u must divide the %u KV heads and the %u MLP "
-                 "columns (1, 2 or 4 with the default model)", c->tp, c->n_kv_heads, c->ffn);
+        snprintf(err, cap,
+                 "tensor-parallel size %u must divide the %u KV heads and the %u MLP "
+                 "columns (1, 2 or 4 with the default model)",
+                 c->tp, c->n_kv_heads, c->ffn);
         return -1;
     }
     if (c->n_heads % c->n_kv_heads || c->n_heads * REF_HD != c->d_model || c->vocab < 16) {
@@ -216,7 +218,7 @@ void ref_rank_destroy(ref_rank *r)
             free(p[j]);
     }
     free(r->l);
-    float *p[] = {r->embed, r->final_norm, r->lm_head, r->h, r->q, r->k, r->v,
+    float *p[] = {r->embed, r->final_norm, r->lm_head, r->h,  r->q,      r->k,     r->v,
                   r->att,   r->g,          r->u,       r->cs, r->logits, r->scores};
     for (size_t j = 0; j < sizeof(p) / sizeof(p[0]); j++)
         free(p[j]);
@@ -340,8 +342,9 @@ static inline v8f vexp(v8f x)
     v8i n = (v8i)t - (v8i)magic;
     v8f nf = t - magic;
     v8f r = x - nf * 0.693145752f - nf * 1.42860677e-6f;
-    v8f p = 1.0f + r * (1.0f + r * (0.5f + r * (0.166666672f + r * (0.0416666679f +
-                                   r * (0.00833333377f + r * 0.00138888892f)))));
+    v8f p = 1.0f + r * (1.0f + r * (0.5f + r * (0.166666672f +
+                                                r * (0.0416666679f +
+                                                     r * (0.00833333377f + r * 0.00138888892f)))));
     v8i e = (n + 127) << 23;
     return p * (v8f)e;
 }
@@ -349,8 +352,9 @@ static inline v8f vexp(v8f x)
 /* One token's attention for the rank's heads: q (rotated, nhl heads), npos positions of the
  * sequence's block table, into out (nhl heads). Built twice, for x86-64-v3 (AVX2, FMA) and for the
  * baseline; the loader picks one per machine, so a machine always computes the same bits. */
-__attribute__((noinline, target_clones("arch=x86-64-v3", "default"))) static void attend(ref_rank *r, const ref_kv *kv, uint32_t layer, const float *q,
-                   const uint32_t *blocks, uint32_t npos, float *out)
+__attribute__((noinline, target_clones("arch=x86-64-v3", "default"))) static void
+attend(ref_rank *r, const ref_kv *kv, uint32_t layer, const float *q, const uint32_t *blocks,
+       uint32_t npos, float *out)
 {
     const uint32_t G = r->nhl / r->nkvl, nblk = (npos + REF_BT - 1) / REF_BT;
     const float *K = kv->region[2 * layer], *V = kv->region[2 * layer + 1];
@@ -432,8 +436,8 @@ int ref_rank_forward(ref_rank *r, ref_kv *kv, const ref_batch *b)
     /* embeddings (each rank a share of the rows) and the rotary angles of every row */
     uint32_t per = (T + sh->tp - 1) / sh->tp, lo = r->rank * per;
     for (uint32_t t = lo; t < T && t < lo + per; t++) {
-        const float *e = b->embeds && b->embeds[t] ? b->embeds[t]
-                                                   : r->embed + (size_t)b->tokens[t] * d;
+        const float *e =
+            b->embeds && b->embeds[t] ? b->embeds[t] : r->embed + (size_t)b->tokens[t] * d;
         memcpy(sh->x + (size_t)t * d, e, d * sizeof(float));
     }
     for (uint32_t s = 0; s < b->n_seq; s++) {

@@ -22,13 +22,13 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#define REF_TILE 32u      /* rows per matrix-product call */
-#define REF_BT   16u      /* tokens per KV block */
-#define REF_HD   32u      /* head dimension */
-#define REF_IMG_SIDE 32u  /* images: REF_IMG_SIDE^2 RGB pixels (bytes) */
-#define REF_PATCH 8u      /* square patches of REF_PATCH^2 pixels: one embedding each */
+#define REF_TILE       32u /* rows per matrix-product call */
+#define REF_BT         16u /* tokens per KV block */
+#define REF_HD         32u /* head dimension */
+#define REF_IMG_SIDE   32u /* images: REF_IMG_SIDE^2 RGB pixels (bytes) */
+#define REF_PATCH      8u  /* square patches of REF_PATCH^2 pixels: one embedding each */
 #define REF_IMG_TOKENS ((REF_IMG_SIDE / REF_PATCH) * (REF_IMG_SIDE / REF_PATCH))
-#define REF_IMG_BYTES (REF_IMG_SIDE * REF_IMG_SIDE * 3u)
+#define REF_IMG_BYTES  (REF_IMG_SIDE * REF_IMG_SIDE * 3u)
 
 typedef struct ref_config {
     uint32_t vocab, d_model, n_layers, n_heads, n_kv_heads, ffn;
@@ -65,10 +65,10 @@ typedef struct ref_shared ref_shared;
 
 /* What every rank computes this step: n_tok tokens from n_seq sequences. */
 typedef struct ref_seq {
-    uint32_t first, n;        /* its tokens: rows first .. first + n - 1 of the batch */
-    uint32_t start_pos;       /* position of its first token */
-    const uint32_t *blocks;   /* block table (covers start_pos + n positions) */
-    bool sample;              /* sample a token from its last row */
+    uint32_t first, n;      /* its tokens: rows first .. first + n - 1 of the batch */
+    uint32_t start_pos;     /* position of its first token */
+    const uint32_t *blocks; /* block table (covers start_pos + n positions) */
+    bool sample;            /* sample a token from its last row */
 } ref_seq;
 
 typedef struct ref_batch {
@@ -76,7 +76,7 @@ typedef struct ref_batch {
     const uint32_t *tokens;     /* n_tok ids */
     const float *const *embeds; /* n_tok: NULL, or d_model floats replacing the token */
     const ref_seq *seqs;
-    uint32_t *sampled;          /* n_seq: rank 0 writes the greedy token of each sampled seq */
+    uint32_t *sampled; /* n_seq: rank 0 writes the greedy token of each sampled seq */
 } ref_batch;
 
 /* The ranks' meeting point: a barrier and the buffers the all-reduce sums. */
