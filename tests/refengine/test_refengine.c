@@ -76,6 +76,67 @@ static void test_chunking_is_invisible(void **state)
     ref_shared_destroy(sh);
 }
 
+/* The engine (tp ranks, paged KV, chunked prefill, fixed tiles, vectorized attention) against
+ * the plain double-precision computation of the same model: every generated token is the
+ * reference's greedy choice after the same prefix. */
+static void check_against_reference(uint32_t tp)
+{
+    ref_engine_config cfg;
+    ref_engine_config_init(&cfg);
+    cfg.model.tp = tp;
+    cfg.max_batched_tokens = 48; /* several chunks */
+    cfg.gpu_blocks = 64;
+    char err[256];
+    ref_engine *e;
+    if (ref_engine_create(&cfg, &e, err, sizeof(err)))
+        fail_msg("%s", err);
+    enum { N = 120, NEW = 10, IMG_AT = 40 };
+    uint32_t tok[N];
+    uint64_t rng = 99;
+    for (uint32_t i = 0; i < N; i++)
+        tok[i] = 1 + kvt_rand_below(&rng, cfg.model.vocab - 2);
+    for (uint32_t i = 0; i < REF_IMG_TOKENS; i++)
+        tok[IMG_AT + i] = ref_img_token(&cfg.model);
+    ref_image_ref im = {IMG_AT, 3};
+    ref_request_spec s = {"r", tok, N, &im, 1, NEW};
+    if (ref_engine_add(e, &s, err, sizeof(err)))
+        fail_msg("%s", err);
+    ref_result out;
+    uint32_t got = 0;
+    for (int i = 0; i < 1000 && !got; i++) {
+        if (ref_engine_step(e, err, sizeof(err)) < 0)
+            fail_msg("%s", err);
+        got = ref_engine_take_finished(e, &out, 1);
+    }
+    assert_int_equal(got, 1);
+    assert_int_equal(out.n_tokens, N + NEW);
+    /* the reference, with the image's embedding in place of its placeholders */
+    uint8_t px[REF_IMG_BYTES];
+    ref_image_pixels(cfg.image_seed, 3, px);
+    ref_encoder *enc = ref_encoder_create(&cfg.model);
+    float *emb = malloc(ref_embedding_bytes(&cfg.model));
+    ref_encoder_run(enc, px, emb);
+    const float *embeds[N + NEW] = {0};
+    for (uint32_t i = 0; i < REF_IMG_TOKENS; i++)
+        embeds[IMG_AT + i] = emb + (size_t)i * cfg.model.d_model;
+    uint32_t next[N + NEW];
+    assert_int_equal(ref_reference_forward(&cfg.model, out.tokens, embeds, N + NEW - 1, next), 0);
+    for (uint32_t t = N - 1; t < N + NEW - 1; t++)
+        assert_int_equal(next[t], out.tokens[t + 1]);
+    free(out.tokens);
+    free(emb);
+    ref_encoder_destroy(enc);
+    ref_engine_destroy(e);
+}
+
+static void test_engine_computes_the_model(void **state)
+{
+    (void)state;
+    check_against_reference(1);
+    check_against_reference(2);
+    check_against_reference(4);
+}
+
 static void test_encoder_is_deterministic(void **state)
 {
     (void)state;
@@ -255,6 +316,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_chunking_is_invisible),
         cmocka_unit_test(test_encoder_is_deterministic),
+        cmocka_unit_test(test_engine_computes_the_model),
         cmocka_unit_test(test_host_tier_changes_nothing_but_the_work),
         cmocka_unit_test(test_preemption_recomputes_the_same),
         cmocka_unit_test(test_bad_requests_are_refused),

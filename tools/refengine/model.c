@@ -529,6 +529,136 @@ int ref_rank_forward(ref_rank *r, ref_kv *kv, const ref_batch *b)
     return 0;
 }
 
+/* ---- the plain reference ------------------------------------------------------------------ */
+
+static void dnorm(const double *x, uint32_t d, double *out)
+{
+    double ss = 0;
+    for (uint32_t i = 0; i < d; i++)
+        ss += x[i] * x[i];
+    double s = 1.0 / sqrt(ss / d + 1e-5);
+    for (uint32_t i = 0; i < d; i++)
+        out[i] = x[i] * s;
+}
+
+/* out[rows] = W[rows x cols] in */
+static void dmv(const float *W, uint32_t rows, uint32_t cols, const double *in, double *out)
+{
+    for (uint32_t r = 0; r < rows; r++) {
+        double s = 0;
+        for (uint32_t k = 0; k < cols; k++)
+            s += (double)W[(size_t)r * cols + k] * in[k];
+        out[r] = s;
+    }
+}
+
+static void drope(double *v, uint32_t pos)
+{
+    for (uint32_t i = 0; i < REF_HD / 2; i++) {
+        double ang = pos * pow(10000.0, -2.0 * i / REF_HD), c = cos(ang), s = sin(ang);
+        double a = v[i], b = v[i + REF_HD / 2];
+        v[i] = a * c - b * s;
+        v[i + REF_HD / 2] = a * s + b * c;
+    }
+}
+
+int ref_reference_forward(const ref_config *c0, const uint32_t *tokens, const float *const *embeds,
+                          uint32_t n, uint32_t *next)
+{
+    ref_config c = *c0;
+    c.tp = 1;
+    const uint32_t d = c.d_model, nh = c.n_heads, nkv = c.n_kv_heads, G = nh / nkv;
+    const uint32_t qd = nh * REF_HD, kd = nkv * REF_HD;
+    float *full =
+        falloc((size_t)c.vocab * d > (size_t)c.ffn * d ? (size_t)c.vocab * d : (size_t)c.ffn * d);
+    float *wq = falloc((size_t)qd * d), *wk = falloc((size_t)kd * d), *wv = falloc((size_t)kd * d);
+    float *wo = falloc((size_t)d * qd), *wg = falloc((size_t)c.ffn * d);
+    float *wu = falloc((size_t)c.ffn * d), *wd = falloc((size_t)d * c.ffn);
+    double *x = calloc((size_t)n * d, sizeof(double)), *K = calloc((size_t)n * kd, sizeof(double));
+    double *V = calloc((size_t)n * kd, sizeof(double)), *h = calloc(d, sizeof(double));
+    double *q = calloc(qd, sizeof(double)), *att = calloc(qd, sizeof(double));
+    double *o = calloc(d > c.vocab ? d : c.vocab, sizeof(double)), *p = calloc(n, sizeof(double));
+    double *g = calloc(c.ffn, sizeof(double)), *u = calloc(c.ffn, sizeof(double));
+    int rc = -1;
+    if (!full || !wq || !wk || !wv || !wo || !wg || !wu || !wd || !x || !K || !V || !h || !q ||
+        !att || !o || !p || !g || !u)
+        goto out;
+    float sd = 1.0f / sqrtf((float)d) * 1.7f, sf = 1.0f / sqrtf((float)c.ffn) * 1.7f;
+    float sh = 1.0f / sqrtf((float)qd) * 1.7f;
+    gen(c.seed, 1, c.vocab, d, 1.0f, full);
+    for (uint32_t t = 0; t < n; t++)
+        for (uint32_t i = 0; i < d; i++)
+            x[(size_t)t * d + i] =
+                embeds && embeds[t] ? embeds[t][i] : full[(size_t)tokens[t] * d + i];
+    for (uint32_t li = 0; li < c.n_layers; li++) {
+        uint32_t id = 100 + li * 10;
+        gen(c.seed, id + 0, qd, d, sd, wq);
+        gen(c.seed, id + 1, kd, d, sd, wk);
+        gen(c.seed, id + 2, kd, d, sd, wv);
+        gen(c.seed, id + 3, d, qd, sh, wo);
+        gen(c.seed, id + 4, c.ffn, d, sd, wg);
+        gen(c.seed, id + 5, c.ffn, d, sd, wu);
+        gen(c.seed, id + 6, d, c.ffn, sf, wd);
+        for (uint32_t t = 0; t < n; t++) { /* keys and values of every position first */
+            dnorm(x + (size_t)t * d, d, h);
+            dmv(wk, kd, d, h, K + (size_t)t * kd);
+            dmv(wv, kd, d, h, V + (size_t)t * kd);
+            for (uint32_t k = 0; k < nkv; k++)
+                drope(K + (size_t)t * kd + k * REF_HD, t);
+        }
+        for (uint32_t t = 0; t < n; t++) { /* causal attention, then the MLP */
+            dnorm(x + (size_t)t * d, d, h);
+            dmv(wq, qd, d, h, q);
+            for (uint32_t hh = 0; hh < nh; hh++) {
+                double *qh = q + hh * REF_HD, mx = -1e300, sum = 0;
+                drope(qh, t);
+                const uint32_t kv = hh / G;
+                for (uint32_t j = 0; j <= t; j++) {
+                    double s = 0;
+                    for (uint32_t e = 0; e < REF_HD; e++)
+                        s += qh[e] * K[(size_t)j * kd + kv * REF_HD + e];
+                    p[j] = s / sqrt((double)REF_HD);
+                    mx = p[j] > mx ? p[j] : mx;
+                }
+                for (uint32_t j = 0; j <= t; j++)
+                    sum += p[j] = exp(p[j] - mx);
+                for (uint32_t e = 0; e < REF_HD; e++) {
+                    double a = 0;
+                    for (uint32_t j = 0; j <= t; j++)
+                        a += p[j] * V[(size_t)j * kd + kv * REF_HD + e];
+                    att[hh * REF_HD + e] = a / sum;
+                }
+            }
+            dmv(wo, d, qd, att, o);
+            double *xt = x + (size_t)t * d;
+            for (uint32_t i = 0; i < d; i++)
+                xt[i] += o[i];
+            dnorm(xt, d, h);
+            dmv(wg, c.ffn, d, h, g);
+            dmv(wu, c.ffn, d, h, u);
+            for (uint32_t i = 0; i < c.ffn; i++)
+                g[i] = g[i] / (1.0 + exp(-g[i])) * u[i];
+            dmv(wd, d, c.ffn, g, o);
+            for (uint32_t i = 0; i < d; i++)
+                xt[i] += o[i];
+        }
+    }
+    gen(c.seed, 2, c.vocab, d, sd * 2, full);
+    for (uint32_t t = 0; t < n; t++) {
+        dnorm(x + (size_t)t * d, d, h);
+        dmv(full, c.vocab, d, h, o);
+        uint32_t best = 0;
+        for (uint32_t v = 1; v < c.vocab - 1; v++)
+            best = o[v] > o[best] ? v : best;
+        next[t] = best;
+    }
+    rc = 0;
+out:
+    free(full), free(wq), free(wk), free(wv), free(wo), free(wg), free(wu), free(wd);
+    free(x), free(K), free(V), free(h), free(q), free(att), free(o), free(p), free(g), free(u);
+    return rc;
+}
+
 /* ---- vision encoder ------------------------------------------------------------------------ */
 
 struct ref_encoder {

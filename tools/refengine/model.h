@@ -91,6 +91,12 @@ void ref_rank_destroy(ref_rank *r);
  * the new tokens' K and V into kv. Returns 0. */
 int ref_rank_forward(ref_rank *r, ref_kv *kv, const ref_batch *b);
 
+/* The same model computed the plain way, for tests: one sequence, dense, unsharded, in double
+ * precision, no paging, no tiles. Writes the greedy next token after each of the n tokens
+ * (embeds as in ref_batch, may be NULL) into next[0..n). 0, or -1 out of memory. */
+int ref_reference_forward(const ref_config *c, const uint32_t *tokens, const float *const *embeds,
+                          uint32_t n, uint32_t *next);
+
 /* ---- vision encoder ------------------------------------------------------------------------ */
 
 /* The pixels of image number id (seeded). */
