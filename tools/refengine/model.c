@@ -190,6 +190,8 @@ void ref_shared_destroy(ref_shared *s)
     free(s);
 }
 
+static void pick_kernels(void);
+
 struct layer {
     float *attn_norm, *mlp_norm;
     float *wq, *wk, *wv; /* [heads_local * HD x d] */
@@ -239,6 +241,7 @@ ref_rank *ref_rank_create(const ref_config *c, uint32_t rank, uint32_t max_token
     ref_rank *r = calloc(1, sizeof(*r));
     if (!r)
         return NULL;
+    pick_kernels(); /* before any rank thread runs (the same choice every time) */
     r->c = *c;
     r->rank = rank;
     r->sh = shared;
@@ -350,11 +353,17 @@ static inline v8f vexp(v8f x)
 }
 
 /* One token's attention for the rank's heads: q (rotated, nhl heads), npos positions of the
- * sequence's block table, into out (nhl heads). Built twice, for x86-64-v3 (AVX2, FMA) and for the
- * baseline; the loader picks one per machine, so a machine always computes the same bits. */
-__attribute__((noinline, target_clones("arch=x86-64-v3", "default"))) static void
-attend(ref_rank *r, const ref_kv *kv, uint32_t layer, const float *q, const uint32_t *blocks,
-       uint32_t npos, float *out)
+ * sequence's block table, into out (nhl heads). Built twice, for x86-64-v3 (AVX2, FMA) and for
+ * the baseline; ref_rank_create picks one per machine (no ifunc: sanitizers cannot run a
+ * resolver), so a machine always computes the same bits. */
+typedef void attend_fn(ref_rank *, const ref_kv *, uint32_t, const float *, const uint32_t *,
+                       uint32_t, float *);
+static attend_fn *attend;
+
+static inline __attribute__((always_inline)) void attend_body(ref_rank *r, const ref_kv *kv,
+                                                              uint32_t layer, const float *q,
+                                                              const uint32_t *blocks, uint32_t npos,
+                                                              float *out)
 {
     const uint32_t G = r->nhl / r->nkvl, nblk = (npos + REF_BT - 1) / REF_BT;
     const float *K = kv->region[2 * layer], *V = kv->region[2 * layer + 1];
@@ -406,6 +415,27 @@ attend(ref_rank *r, const ref_kv *kv, uint32_t layer, const float *q, const uint
             store8(oh + 24, o3 * inv);
         }
     }
+}
+
+__attribute__((noinline, target("arch=x86-64-v3"))) static void
+attend_v3(ref_rank *r, const ref_kv *kv, uint32_t layer, const float *q, const uint32_t *blocks,
+          uint32_t npos, float *out)
+{
+    attend_body(r, kv, layer, q, blocks, npos, out);
+}
+
+__attribute__((noinline)) static void attend_base(ref_rank *r, const ref_kv *kv, uint32_t layer,
+                                                  const float *q, const uint32_t *blocks,
+                                                  uint32_t npos, float *out)
+{
+    attend_body(r, kv, layer, q, blocks, npos, out);
+}
+
+static void pick_kernels(void)
+{
+    __builtin_cpu_init();
+    attend =
+        __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? attend_v3 : attend_base;
 }
 
 /* Sums the ranks' partials into x (each rank a share of the rows, in rank order) and waits
