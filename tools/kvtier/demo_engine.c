@@ -390,7 +390,7 @@ int kvt_demo_engine(int argc, char **argv)
                      .n_images = 8,
                      .gpu_blocks = 512,
                      .max_batched = 512,
-                     .cpu_bytes = 1ull << 30,
+                     .cpu_bytes = 512ull << 20,
                      .seed = 1,
                      .plot = true,
                      .out_dir = "."};
@@ -535,8 +535,10 @@ int kvt_demo_engine(int argc, char **argv)
         ROW("wall time (s)", "%15.2f", R->wall);
         ROW("KV loaded from the host tier (MiB)", "%15.1f", R->st.loaded_bytes / 1048576.0);
         ROW("KV stored to the host tier (MiB)", "%15.1f", R->st.stored_bytes / 1048576.0);
-        ROW("  load GB/s (issue to every rank done)", "%15.2f",
+        ROW("  load GB/s (bytes / issue-to-done time)", "%15.2f",
             R->st.load_seconds > 0 ? R->st.loaded_bytes / R->st.load_seconds / 1e9 : 0.0);
+        ROW("  load wait per loading turn, mean (ms)", "%15.1f",
+            R->st.loads ? R->st.load_seconds / R->st.loads * 1e3 : 0.0);
         ROW("preemptions", "%15.0f", (double)R->st.preemptions);
         ROW("images encoded locally", "%15.0f", (double)R->st.images_encoded);
         ROW("embeddings received over UCX (all ranks)", "%15.0f", (double)R->st.images_received);
@@ -581,6 +583,7 @@ int kvt_demo_engine(int argc, char **argv)
             "\"ttft_p50_ms_all_ec\": %.3f, "
             "\"wall_s\": [%.3f, %.3f, %.3f], \"prefill_tokens\": [%llu, %llu, %llu], "
             "\"bytes_loaded\": %llu, \"bytes_stored\": %llu, \"load_gbps\": %.3f, "
+            "\"load_wait_ms_mean\": %.3f, "
             "\"embeddings_received\": %llu, \"embedding_bytes_received\": %llu, "
             "\"preemptions\": [%llu, %llu, %llu], "
             "\"config\": {\"requests\": %u, \"turns\": %u, \"tp\": %u, \"cpu_bytes\": %llu, "
@@ -598,6 +601,7 @@ int kvt_demo_engine(int argc, char **argv)
             (unsigned long long)runs[1].st.stored_bytes,
             runs[1].st.load_seconds > 0 ? runs[1].st.loaded_bytes / runs[1].st.load_seconds / 1e9
                                         : 0.0,
+            runs[1].st.loads ? runs[1].st.load_seconds / runs[1].st.loads * 1e3 : 0.0,
             (unsigned long long)runs[2].st.images_received,
             (unsigned long long)runs[2].st.image_bytes_received,
             (unsigned long long)runs[0].st.preemptions, (unsigned long long)runs[1].st.preemptions,

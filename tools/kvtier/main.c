@@ -215,7 +215,7 @@ static const char demo_help[] =
     "  --turns T               turns per conversation (default 4)\n"
     "  --tp N                  tensor-parallel ranks: 1, 2 or 4 (default 2)\n"
     "  --concurrency N         turns in flight at once (default 4)\n"
-    "  --cpu-bytes B           host tier across ranks, with K/M/G suffix (default 1G)\n"
+    "  --cpu-bytes B           host tier across ranks, with K/M/G suffix (default 512M)\n"
     "  --lazy                  lazy stores (default eager)\n"
     "  --gpu-blocks N          GPU-tier KV blocks of 16 tokens per rank (default 512)\n"
     "  --max-batched-tokens N  tokens per step (default 512)\n"

@@ -793,6 +793,7 @@ static int apply_reports(ref_engine *e, char *err, size_t cap)
                     done[n_done++] = (kvt_str){r->id, r->idlen};
                     r->computed += r->load_tokens;
                     e->st.load_seconds += now_s() - r->t_load;
+                    e->st.loads++;
                     r->state = RQ_WAITING; /* scheduled again next step, blocks in place */
                 }
             }

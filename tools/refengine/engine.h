@@ -67,7 +67,8 @@ typedef struct ref_engine_stats {
     uint64_t steps, prefill_tokens, decode_tokens, preemptions;
     uint64_t gpu_hit_tokens, host_hit_tokens, prompt_tokens;
     uint64_t loaded_bytes, stored_bytes; /* across ranks */
-    double load_seconds;                 /* summed over load events: issue to all reported */
+    uint64_t loads;                      /* requests that loaded a host-tier hit */
+    double load_seconds;                 /* summed over those loads: issue to every rank reported */
     uint64_t images_encoded;             /* local encoder runs */
     uint64_t images_received, image_bytes_received, image_mismatches; /* remote (per rank) */
     double image_wait_s; /* remote: summed first-need to arrival */
