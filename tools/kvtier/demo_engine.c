@@ -160,6 +160,7 @@ static int run_once(const struct opts *o, int which, struct run *res)
     char err[512];
     ref_engine *e;
     res->ok = false;
+    res->producer_rc = 0;
     if (ref_engine_create(&ec, &e, err, sizeof(err))) {
         fprintf(stderr, "demo: run %d: %s\n", which, err);
         ref_engine_destroy(e);
@@ -186,9 +187,27 @@ static int run_once(const struct opts *o, int which, struct run *res)
     ref_result *fin = calloc(256, sizeof(*fin));
     int rc = cv && next_turn && busy && fin ? 0 : -1;
     uint32_t total = o->convs * o->turns, done = 0, in_flight = 0, cursor = 0;
-    double t0 = kvt_now_s();
+    double t0 = kvt_now_s(), last_done = t0;
     progress(o, which, 0, total);
     while (!rc && done < total) {
+        /* a run that stops making progress fails with a reason instead of hanging */
+        int st;
+        if (enc > 0 && waitpid(enc, &st, WNOHANG) == enc) {
+            res->producer_rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+            enc = -1;
+            if (res->producer_rc != 0) {
+                fprintf(stderr, "demo: run 3: the encoder process failed (exit %d)\n",
+                        res->producer_rc);
+                rc = -1;
+                break;
+            }
+        }
+        if (kvt_now_s() - last_done > 120) {
+            fprintf(stderr, "demo: run %d: no turn finished for 120 s (%u of %u done)\n", which,
+                    done, total);
+            rc = -1;
+            break;
+        }
         /* closed loop: keep `concurrency` turns in flight, turn-major order */
         while (in_flight < o->concurrency && cursor < total) {
             uint32_t ci = cursor % o->convs, t = cursor / o->convs;
@@ -244,8 +263,10 @@ static int run_once(const struct opts *o, int which, struct run *res)
             in_flight--;
             done++;
         }
-        if (n)
+        if (n) {
             progress(o, which, done, total);
+            last_done = kvt_now_s();
+        }
     }
     res->wall = kvt_now_s() - t0;
     ref_engine_leaks(e, &res->leaked_gpu, &res->leaked_host);

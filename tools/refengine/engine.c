@@ -193,7 +193,6 @@ static void *rank_main(void *p)
     ref_engine *e = a->e;
     uint32_t r = a->r;
     free(a);
-    openblas_set_num_threads(1);
     uint64_t seen = 0;
     for (;;) {
         pthread_mutex_lock(&e->mu);
@@ -333,11 +332,13 @@ static int drain_images(ref_engine *e, char *err, size_t cap)
             e->st.image_mismatches++; /* an item nobody asked for, or of the wrong size */
         }
         free(dst);
-        kvt_ecc_event_release(&ev);
         if (rc && rc != KVT_ENOENT) {
-            return fail(err, cap, "encoder cache: taking %.*s from shard %u failed: %s",
-                        (int)ev.mm_hash.len, "", ev.shard, kvt_last_error());
+            fail(err, cap, "encoder cache: taking %.*s from shard %u failed: %s",
+                 (int)ev.mm_hash.len, ev.mm_hash.ptr, ev.shard, kvt_last_error());
+            kvt_ecc_event_release(&ev);
+            return -1;
         }
+        kvt_ecc_event_release(&ev);
     }
     return 0;
 }
@@ -812,6 +813,12 @@ int ref_engine_step(ref_engine *e, char *err, size_t cap)
         return -1;
     if (schedule(e, err, cap))
         return -1;
+    if (e->pull && e->batch.n_tok == 0) {
+        /* nothing to compute: the waiting requests wait for images (or loads); sleep on the
+         * shards' events for a moment instead of spinning against the encoder process */
+        zmq_pollitem_t it = {e->pull, 0, ZMQ_POLLIN, 0};
+        zmq_poll(&it, 1, 2);
+    }
     if (e->off && off_check(kvt_offload_build_meta(e->off, e->preempted_this_step, &e->meta),
                             "build_meta", err, cap))
         return -1;

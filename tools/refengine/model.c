@@ -242,6 +242,9 @@ ref_rank *ref_rank_create(const ref_config *c, uint32_t rank, uint32_t max_token
     if (!r)
         return NULL;
     pick_kernels(); /* before any rank thread runs (the same choice every time) */
+    /* one BLAS thread per call: the ranks are the parallelism, and the process-wide setting is
+     * made here, before any rank thread calls into BLAS */
+    openblas_set_num_threads(1);
     r->c = *c;
     r->rank = rank;
     r->sh = shared;
