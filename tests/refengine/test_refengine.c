@@ -227,7 +227,12 @@ static void run_workload(uint32_t gpu_blocks, uint64_t cpu_bytes, bool lazy, uin
                 got++;
             }
         }
-        assert_int_equal(got, CONVS);
+        if (got != CONVS) {
+            static char desc[8192];
+            ref_engine_describe(e, desc, sizeof(desc));
+            fail_msg("turn %u: %u of %u requests finished after 20000 steps:\n%s", t, got, CONVS,
+                     desc);
+        }
         for (uint32_t c = 0; c < CONVS; c++) {
             memcpy(hist[c] + len[c], res->tok[c][t], ANSWER * sizeof(uint32_t));
             len[c] += ANSWER;

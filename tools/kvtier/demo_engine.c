@@ -203,8 +203,10 @@ static int run_once(const struct opts *o, int which, struct run *res)
             }
         }
         if (kvt_now_s() - last_done > 120) {
-            fprintf(stderr, "demo: run %d: no turn finished for 120 s (%u of %u done)\n", which,
-                    done, total);
+            static char desc[16384];
+            ref_engine_describe(e, desc, sizeof(desc));
+            fprintf(stderr, "demo: run %d: no turn finished for 120 s (%u of %u done)\n%s", which,
+                    done, total, desc);
             rc = -1;
             break;
         }

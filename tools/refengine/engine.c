@@ -570,17 +570,13 @@ static void add_chunk(ref_engine *e, struct req *r, uint32_t chunk)
  * or loading, 0 not now (no room), -1 error. */
 static int admit(ref_engine *e, struct req *r, uint32_t budget, char *err, size_t cap)
 {
-    if (r->n_blocks) { /* its load finished: the blocks are in place */
-        r->state = RQ_RUNNING;
-        return 1;
-    }
     if (hash_blocks(e, r))
         return fail(err, cap, "hashing failed: %s", kvt_last_error());
     uint32_t nfull = r->len / REF_BT, hit_ids[1024];
-    /* room for a first chunk (hit blocks may be free ones: counted as if they were) */
+    /* room for a first chunk, before looking anything up */
     uint32_t free_blocks = kvt_pool_num_free(e->gpu);
     uint32_t first_chunk = r->len < budget ? r->len : budget;
-    if (free_blocks < (first_chunk + REF_BT - 1) / REF_BT + 1)
+    if (free_blocks < (first_chunk + REF_BT - 1) / REF_BT)
         return 0;
     uint32_t *outs[1] = {hit_ids};
     kvt_hit hit;
@@ -595,7 +591,13 @@ static int admit(ref_engine *e, struct req *r, uint32_t budget, char *err, size_
         return -1;
     /* accept as much of the host hit as fits (fewer tokens than offered is allowed); without
      * one, blocks for the hit and the first chunk */
-    uint32_t room = free_blocks > nhit + 1 ? free_blocks - nhit - 1 : 0;
+    /* the hit blocks nobody holds leave the free queue when touched */
+    uint32_t hit_free = 0;
+    for (uint32_t i = 0; i < nhit; i++) {
+        kvt_block_info bi;
+        hit_free += kvt_pool_block_info(e->gpu, hit_ids[i], &bi) == 0 && bi.is_free;
+    }
+    uint32_t room = free_blocks - hit_free;
     if (room == 0) /* its pinned host hit, if any, is released by the next match */
         return 0;
     if (host > room * REF_BT)
@@ -674,24 +676,30 @@ static int schedule(ref_engine *e, char *err, size_t cap)
     for (uint32_t i = 0; i < e->n_q && budget; i++)
         if (e->q[i]->state == RQ_RUNNING && run_chunk(e, e->q[i], &budget, true, err, cap) < 0)
             return -1;
+    /* then the waiting requests whose load finished: they hold blocks already, so they run
+     * before any new request may take the blocks they need to finish */
+    for (uint32_t i = 0; i < e->n_q && budget; i++) {
+        struct req *r = e->q[i];
+        if (r->state != RQ_WAITING || !r->n_blocks)
+            continue;
+        r->state = RQ_RUNNING;
+        if (run_chunk(e, r, &budget, false, err, cap) < 0)
+            return -1;
+    }
     for (uint32_t i = 0; i < e->n_q; i++)
         running += e->q[i]->state == RQ_RUNNING || e->q[i]->state == RQ_LOADING;
-    /* then waiting ones: those whose load finished, and new ones while there is room */
+    /* then new ones, first come first served, while there is room */
     for (uint32_t i = 0; i < e->n_q && budget && !e->preempted_this_step; i++) {
         struct req *r = e->q[i];
-        if (r->state != RQ_WAITING)
-            continue;
-        bool loaded = r->n_blocks != 0;
-        if (!loaded && running >= e->cfg.max_running)
-            continue;
-        if (!images_ready(e, r))
+        if (r->state != RQ_WAITING || r->n_blocks || running >= e->cfg.max_running ||
+            !images_ready(e, r))
             continue;
         int a = admit(e, r, budget, err, cap);
         if (a < 0)
             return -1;
         if (a == 0)
             break;
-        running += !loaded;
+        running++;
         if (r->state != RQ_RUNNING)
             continue;
         int c = run_chunk(e, r, &budget, false, err, cap);
@@ -866,6 +874,24 @@ uint32_t ref_engine_pending(const ref_engine *e)
 void ref_engine_get_stats(const ref_engine *e, ref_engine_stats *s)
 {
     *s = e->st;
+}
+
+void ref_engine_describe(const ref_engine *e, char *buf, size_t cap)
+{
+    static const char *names[] = {"waiting", "loading", "running", "done"};
+    size_t n = (size_t)snprintf(buf, cap, "GPU pool: %u of %u blocks free; %u live requests\n",
+                                kvt_pool_num_free(e->gpu), e->cfg.gpu_blocks - 1, e->n_q);
+    for (uint32_t i = 0; i < e->n_q && n < cap; i++) {
+        const struct req *r = e->q[i];
+        uint32_t missing = 0;
+        for (uint32_t k = 0; k < r->n_imgs; k++)
+            missing += !image_ready((ref_engine *)e, &e->img[r->img_slot[k]]);
+        n += (size_t)snprintf(buf + n, cap - n,
+                              "  %s: %s, %u of %u tokens computed, %u blocks, %u load reports, "
+                              "%u images missing, %u preemptions\n",
+                              r->id, names[r->state], r->computed, r->len, r->n_blocks,
+                              r->load_reports, missing, r->preemptions);
+    }
 }
 
 uint32_t ref_engine_ec_port(const ref_engine *e)

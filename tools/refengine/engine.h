@@ -94,6 +94,9 @@ uint32_t ref_engine_take_finished(ref_engine *e, ref_result *out, uint32_t cap);
 /* Requests queued, running or finished but not taken. */
 uint32_t ref_engine_pending(const ref_engine *e);
 void ref_engine_get_stats(const ref_engine *e, ref_engine_stats *s);
+/* A line per live request (state, tokens computed of its length, blocks) and the pool's free
+ * blocks, into buf: what a stalled run reports. */
+void ref_engine_describe(const ref_engine *e, char *buf, size_t cap);
 /* Blocks still referenced in the GPU pool and the host tier once everything finished
  * (0 and 0 when nothing leaked); transfers still in flight count too. */
 void ref_engine_leaks(ref_engine *e, uint32_t *gpu_blocks, uint32_t *host_blocks);
