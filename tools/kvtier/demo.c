@@ -1,6 +1,6 @@
 /*
- * `kvtier demo`: what kvtier shows end to end before the copy engine, the network and the
- * reference engine land (issues 4-8).
+ * `kvtier demo --components`: the library's parts one by one (the reference engine's demo is
+ * demo_engine.c).
  *
  * Part 1 runs a multi-turn chat workload (shared system prompts, conversations that come back
  * after other traffic) through an engine-side GPU block pool with prefix caching, exactly as an
@@ -659,9 +659,8 @@ int kvt_demo_run(uint64_t seed)
         }
     }
     free(ec_metrics);
-    printf("\nComing next: encoder-cache transfer across processes and hosts (ZeroMQ + UCX), and a "
-           "reference engine\nthat shows identical generated tokens with and without offload "
-           "(scheduler and workers in separate\nprocesses over kvt_link).\n");
+    printf("\nThe reference engine with and without kvtier, with an encoder process over UCX: "
+           "`kvtier demo` (docs/demo.md).\n");
     printf("\n%s\n", bad ? "demo: FAILED (see above)" : "demo: all checks passed");
     return bad ? 1 : 0;
 }
