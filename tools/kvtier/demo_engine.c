@@ -167,7 +167,7 @@ static int run_once(const struct opts *o, int which, struct run *res)
         return -1;
     }
     pid_t enc = -1;
-    if (which == 3) {
+    if (which == 3 && o->n_images) { /* no images: nothing for an encoder to do */
         for (uint32_t i = 0; i < o->n_images; i++)
             if (ref_engine_register_image(e, i)) {
                 fprintf(stderr, "demo: out of memory\n");
