@@ -15,15 +15,14 @@
  *   4. outputs: sampled tokens appended, full blocks cached in the GPU pool, finished
  *      requests handed to kvt_offload_request_finished and their blocks freed.
  */
-#include <cblas.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <zmq.h>
 
+#include "base/error.h"
 #include "ec/ctl.h"
 #include "engine.h"
 #include "kvtier/kvtier.h"
@@ -59,7 +58,7 @@ struct image {
 };
 
 struct rank_out {
-    kvt_str fin[256];
+    kvt_str *fin; /* max_running: every request with a load in flight counts as running */
     uint32_t n_fin;
     uint32_t invalid;
     int rc;
@@ -82,6 +81,7 @@ struct ref_engine {
     kvt_worker **worker;
     kvt_offload_worker_meta *wm;
     struct rank_out *out;
+    kvt_str *loads_done; /* loads every rank finished, this step */
     pthread_t *thr;
     pthread_mutex_t mu;
     pthread_cond_t go, done;
@@ -115,9 +115,7 @@ struct ref_engine {
 
 static double now_s(void)
 {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+    return (double)kvt_monotonic_ns() * 1e-9;
 }
 
 static int fail(char *err, size_t cap, const char *fmt, ...)
@@ -172,7 +170,12 @@ static void rank_step(ref_engine *e, uint32_t r)
             rc = kvt_worker_flush(w);
         if (!rc)
             rc = kvt_worker_get_finished(w, NULL, &fin, &n);
-        for (uint32_t i = 0; !rc && i < n && o->n_fin < 256; i++)
+        if (!rc && n > e->cfg.max_running)
+            rc = kvt_fail(KVT_ELIMIT,
+                          "%u finished loads reported in one step, at most %u "
+                          "requests run",
+                          n, e->cfg.max_running);
+        for (uint32_t i = 0; !rc && i < n; i++)
             o->fin[o->n_fin++] = fin[i];
         if (!rc)
             rc = kvt_worker_build_meta(w, &e->wm[r]);
@@ -244,18 +247,17 @@ static int image_slot(ref_engine *e, uint32_t id)
     uint8_t px[REF_IMG_BYTES];
     ref_image_pixels(e->cfg.image_seed, id, px);
     ref_image_hash(px, im->hash);
+    /* computed when the image is first seen: the model's input, or (remote) what every
+     * received copy is checked against */
     im->local = malloc(ref_embedding_bytes(&e->cfg.model));
-    if (!im->local)
+    im->rank = e->cfg.remote_images ? calloc(e->tp, sizeof(float *)) : NULL;
+    if (!im->local || (e->cfg.remote_images && !im->rank)) {
+        free(im->local);
+        free(im->rank);
         return -1;
-    if (!e->cfg.remote_images) { /* computed when first needed (admission) */
-        ref_encoder_run(e->enc, px, im->local);
-        e->st.images_encoded++;
-    } else {
-        ref_encoder_run(e->enc, px, im->local); /* only to check what arrives */
-        im->rank = calloc(e->tp, sizeof(float *));
-        if (!im->rank)
-            return -1;
     }
+    ref_encoder_run(e->enc, px, im->local);
+    e->st.images_encoded += !e->cfg.remote_images;
     im->t_need = -1;
     return (int)e->n_img++;
 }
@@ -789,7 +791,7 @@ static int apply_reports(ref_engine *e, char *err, size_t cap)
         if (e->out[k].invalid)
             return fail(err, cap, "rank %u: %u blocks failed to load", k, e->out[k].invalid);
     }
-    kvt_str done[256];
+    kvt_str *done = e->loads_done; /* at most one per loading request: max_running */
     uint32_t n_done = 0;
     for (uint32_t k = 0; k < e->tp; k++)
         for (uint32_t i = 0; i < e->out[k].n_fin; i++) {
@@ -798,7 +800,7 @@ static int apply_reports(ref_engine *e, char *err, size_t cap)
                 struct req *r = e->q[j];
                 if (r->state != RQ_LOADING || f->len != r->idlen || memcmp(f->ptr, r->id, f->len))
                     continue;
-                if (++r->load_reports == e->tp && n_done < 256) {
+                if (++r->load_reports == e->tp) {
                     done[n_done++] = (kvt_str){r->id, r->idlen};
                     r->computed += r->load_tokens;
                     e->st.load_seconds += now_s() - r->t_load;
@@ -1007,12 +1009,16 @@ int ref_engine_create(const ref_engine_config *cfg, ref_engine **out, char *err,
     e->rank = calloc(e->tp, sizeof(*e->rank));
     e->kv = calloc(e->tp, sizeof(*e->kv));
     e->out = calloc(e->tp, sizeof(*e->out));
+    e->loads_done = calloc(cfg->max_running, sizeof(kvt_str));
     e->thr = calloc(e->tp, sizeof(*e->thr));
     e->enc = ref_encoder_create(&cfg->model);
     e->shared = ref_shared_create(&cfg->model, T);
     if (!e->btok || !e->bemb || !e->bseq || !e->bseq_req || !e->sampled || !e->rank || !e->kv ||
-        !e->out || !e->thr || !e->enc || !e->shared)
+        !e->out || !e->loads_done || !e->thr || !e->enc || !e->shared)
         return fail(err, cap, "out of memory");
+    for (uint32_t r = 0; r < e->tp; r++)
+        if (!(e->out[r].fin = calloc(cfg->max_running, sizeof(kvt_str))))
+            return fail(err, cap, "out of memory");
     e->batch.tokens = e->btok;
     e->batch.embeds = e->bemb;
     e->batch.seqs = e->bseq;
@@ -1149,7 +1155,10 @@ void ref_engine_destroy(ref_engine *e)
     free(e->bseq);
     free(e->bseq_req);
     free(e->sampled);
+    for (uint32_t r = 0; e->out && r < tp; r++)
+        free(e->out[r].fin);
     free(e->out);
+    free(e->loads_done);
     free(e->thr);
     kvt_offload_meta_release(&e->meta);
     kvt_offload_worker_meta_release(&e->agg);
