@@ -24,6 +24,7 @@
 
 #include "bench_util.h"
 #include "ec/ctl.h"
+#include "ec_cmds.h"
 #include "kvtier/kvtier.h"
 
 extern char **environ;
@@ -168,6 +169,7 @@ static int push_phase(kvt_ec_producer *prod, const char *addr, phase *ph, uint8_
         return 1;
     double t0 = kvt_now_s();
     int bad = 0;
+    char why[256];
     for (int i = 0; i < ph->items && !bad; i++) {
         char tid[48], hash[48];
         snprintf(tid, sizeof(tid), "b%d-%llu-%d", seq, (unsigned long long)ph->size, i);
@@ -182,21 +184,12 @@ static int push_phase(kvt_ec_producer *prod, const char *addr, phase *ph, uint8_
         s.consumer_zmq = (kvt_str){addr, (uint32_t)strlen(addr)};
         s.transfer_id = (kvt_str){tid, (uint32_t)strlen(tid)};
         double a = kvt_now_s();
-        bad = kvt_ec_producer_push(prod, &s) ||
-              kvt_ec_producer_bind_source(prod, hash, (uint32_t)strlen(hash), src, ph->size,
-                                          NULL) != 1 ||
-              kvt_ec_producer_dispatch(prod) != 1 ||
-              kvt_ec_producer_state(prod, tid, (uint32_t)strlen(tid)) != KVT_ECP_DONE;
+        bad = kvt_ec_push_now(prod, &s, src, why, sizeof(why)) != 0;
         lat[i] = kvt_now_s() - a;
     }
     double dt = kvt_now_s() - t0;
-    if (bad) {
-        kvt_ec_push_failure f;
-        if (kvt_ec_producer_take_failures(prod, &f, 1))
-            fprintf(stderr, "bench ec: push failed: %s\n", f.error);
-        else
-            fprintf(stderr, "bench ec: push failed: %s\n", kvt_last_error());
-    }
+    if (bad)
+        fprintf(stderr, "bench ec: push failed: %s\n", why);
     ph->gbps = (double)ph->size * ph->items / dt / 1e9;
     ph->items_per_s = ph->items / dt;
     qsort(lat, (size_t)ph->items, sizeof(double), cmp_d);

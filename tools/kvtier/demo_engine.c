@@ -25,6 +25,7 @@
 #include "base/rand.h"
 #include "bench_util.h"
 #include "demo.h"
+#include "ec_cmds.h"
 #include "engine.h"
 #include "kvtier/kvtier.h"
 
@@ -739,14 +740,10 @@ int kvt_cmd_ec_encoder(int argc, char **argv)
         s.nbytes = nbytes;
         s.consumer_zmq = (kvt_str){consumer, (uint32_t)strlen(consumer)};
         s.transfer_id = (kvt_str){tid, (uint32_t)strlen(tid)};
-        bool ok = kvt_ec_producer_push(prod, &s) == 0 &&
-                  kvt_ec_producer_bind_source(prod, hash, 32, out, nbytes, NULL) == 1 &&
-                  kvt_ec_producer_dispatch(prod) >= 0 &&
-                  kvt_ec_producer_state(prod, tid, (uint32_t)strlen(tid)) == KVT_ECP_DONE;
+        char why[256];
+        bool ok = kvt_ec_push_now(prod, &s, out, why, sizeof(why)) == 0;
         if (!ok) {
-            kvt_ec_push_failure f;
-            fprintf(stderr, "kvtier ec-encoder: image %llu: %s\n", i,
-                    kvt_ec_producer_take_failures(prod, &f, 1) ? f.error : kvt_last_error());
+            fprintf(stderr, "kvtier ec-encoder: image %llu: %s\n", i, why);
             rc = KVT_EIO;
         }
         pushed += ok;

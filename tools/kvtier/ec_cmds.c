@@ -251,6 +251,19 @@ int kvt_cmd_ec_consumer(int argc, char **argv)
 
 /* ---- producer ------------------------------------------------------------------------------ */
 
+int kvt_ec_push_now(kvt_ec_producer *p, const kvt_ec_push_spec *s, const void *src, char *why,
+                    size_t cap)
+{
+    if (kvt_ec_producer_push(p, s) == 0 &&
+        kvt_ec_producer_bind_source(p, s->mm_hash.ptr, s->mm_hash.len, src, s->nbytes, NULL) == 1 &&
+        kvt_ec_producer_dispatch(p) >= 0 &&
+        kvt_ec_producer_state(p, s->transfer_id.ptr, s->transfer_id.len) == KVT_ECP_DONE)
+        return 0;
+    kvt_ec_push_failure f;
+    snprintf(why, cap, "%s", kvt_ec_producer_take_failures(p, &f, 1) ? f.error : kvt_last_error());
+    return -1;
+}
+
 int kvt_cmd_ec_producer(int argc, char **argv)
 {
     const char *consumer = NULL;
@@ -344,21 +357,13 @@ int kvt_cmd_ec_producer(int argc, char **argv)
         s.nbytes = n;
         s.consumer_zmq = (kvt_str){consumer, (uint32_t)strlen(consumer)};
         s.transfer_id = (kvt_str){tid, (uint32_t)strlen(tid)};
-        bool ok =
-            kvt_ec_producer_push(prod, &s) == 0 &&
-            kvt_ec_producer_bind_source(prod, hash, (uint32_t)strlen(hash), src, n, NULL) == 1 &&
-            kvt_ec_producer_dispatch(prod) >= 0 &&
-            kvt_ec_producer_state(prod, tid, (uint32_t)strlen(tid)) == KVT_ECP_DONE;
-        if (ok) {
+        char why[256];
+        if (kvt_ec_push_now(prod, &s, src, why, sizeof(why)) == 0) {
             done++;
             bytes += n;
         } else {
             failed++;
-            kvt_ec_push_failure f;
-            if (kvt_ec_producer_take_failures(prod, &f, 1))
-                fprintf(stderr, "ec-producer: item %s failed: %s\n", tid, f.error);
-            else
-                fprintf(stderr, "ec-producer: item %s failed: %s\n", tid, kvt_last_error());
+            fprintf(stderr, "ec-producer: item %s failed: %s\n", tid, why);
         }
     }
     double dt = kvt_now_s() - t0;

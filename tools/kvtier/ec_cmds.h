@@ -7,7 +7,16 @@
 int kvt_cmd_ec_consumer(int argc, char **argv);
 int kvt_cmd_ec_producer(int argc, char **argv);
 
+#include <stddef.h>
 #include <stdint.h>
+
+#include "kvtier/ec.h"
+
+/* Pushes one item and waits for it (push, bind src as its source, dispatch): 0 once it is
+ * DONE on every shard, -1 otherwise with the producer's failure report (or the last error) in
+ * why. What `ec-producer`, `ec-encoder` and `bench ec` do per item. */
+int kvt_ec_push_now(kvt_ec_producer *p, const kvt_ec_push_spec *s, const void *src, char *why,
+                    size_t cap);
 
 /* The soak's network round (kvtier demo --soak): a consumer with 2 shards in this process, a
  * producer process (kvtier ec-producer) pushing 30 items that, half the time, dies (SIGKILL)
