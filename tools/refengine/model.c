@@ -145,6 +145,50 @@ static float *gen_cols(uint64_t seed, uint32_t id, uint32_t rows, uint32_t cols,
     return out;
 }
 
+/* The model's seeded tensors: one description shared by the ranks' shards and the plain
+ * reference, so the two cannot drift apart. Layer l's weight w is tensor 100 + 10 l + w. */
+enum { TENSOR_EMBED = 1, TENSOR_LM_HEAD = 2, TENSOR_ENC1 = 3, TENSOR_ENC2 = 4, TENSOR_ENC_POS = 5 };
+enum { W_Q, W_K, W_V, W_O, W_GATE, W_UP, W_DOWN };
+
+static float init_scale(uint32_t fan_in)
+{
+    return 1.0f / sqrtf((float)fan_in) * 1.7f;
+}
+
+typedef struct tensor {
+    uint32_t id, rows, cols;
+    float scale;
+} tensor;
+
+static tensor layer_tensor(const ref_config *c, uint32_t layer, int w)
+{
+    const uint32_t d = c->d_model, qd = c->n_heads * REF_HD, kd = c->n_kv_heads * REF_HD;
+    const uint32_t rows[] = {qd, kd, kd, d, c->ffn, c->ffn, d};
+    const uint32_t cols[] = {d, d, d, qd, d, d, c->ffn}; /* the fan-in */
+    return (tensor){100 + layer * 10 + (uint32_t)w, rows[w], cols[w], init_scale(cols[w])};
+}
+
+static tensor lm_head_tensor(const ref_config *c)
+{
+    return (tensor){TENSOR_LM_HEAD, c->vocab, c->d_model, 2 * init_scale(c->d_model)};
+}
+
+static tensor embed_tensor(const ref_config *c)
+{
+    return (tensor){TENSOR_EMBED, c->vocab, c->d_model, 1.0f};
+}
+
+/* Rank rank's shard of layer weight w: rows of the column-parallel weights, columns of the
+ * row-parallel ones (W_O, W_DOWN), whose products the ranks sum. */
+static float *layer_shard(const ref_config *c, uint32_t layer, int w, uint32_t rank)
+{
+    tensor t = layer_tensor(c, layer, w);
+    bool by_cols = w == W_O || w == W_DOWN;
+    uint32_t n = (by_cols ? t.cols : t.rows) / c->tp;
+    return by_cols ? gen_cols(c->seed, t.id, t.rows, t.cols, t.scale, rank * n, n)
+                   : gen_rows(c->seed, t.id, t.rows, t.cols, t.scale, rank * n, n);
+}
+
 /* ---- the ranks ----------------------------------------------------------------------------- */
 
 struct ref_shared {
@@ -252,29 +296,28 @@ ref_rank *ref_rank_create(const ref_config *c, uint32_t rank, uint32_t max_token
     r->nkvl = c->n_kv_heads / c->tp;
     r->ffl = c->ffn / c->tp;
     r->rows = round_tile(max_tokens);
-    uint32_t d = c->d_model, nh = c->n_heads * REF_HD, nkv = c->n_kv_heads * REF_HD;
-    float sd = 1.0f / sqrtf((float)d) * 1.7f, sf = 1.0f / sqrtf((float)c->ffn) * 1.7f;
-    float sh = 1.0f / sqrtf((float)nh) * 1.7f;
+    uint32_t d = c->d_model;
     bool ok = (r->l = calloc(c->n_layers, sizeof(*r->l))) != NULL;
     for (uint32_t i = 0; ok && i < c->n_layers; i++) {
         struct layer *L = &r->l[i];
-        uint32_t id = 100 + i * 10;
         L->attn_norm = ones(d);
         L->mlp_norm = ones(d);
-        L->wq = gen_rows(c->seed, id + 0, nh, d, sd, rank * r->nhl * REF_HD, r->nhl * REF_HD);
-        L->wk = gen_rows(c->seed, id + 1, nkv, d, sd, rank * r->nkvl * REF_HD, r->nkvl * REF_HD);
-        L->wv = gen_rows(c->seed, id + 2, nkv, d, sd, rank * r->nkvl * REF_HD, r->nkvl * REF_HD);
-        L->wo = gen_cols(c->seed, id + 3, d, nh, sh, rank * r->nhl * REF_HD, r->nhl * REF_HD);
-        L->wg = gen_rows(c->seed, id + 4, c->ffn, d, sd, rank * r->ffl, r->ffl);
-        L->wu = gen_rows(c->seed, id + 5, c->ffn, d, sd, rank * r->ffl, r->ffl);
-        L->wd = gen_cols(c->seed, id + 6, d, c->ffn, sf, rank * r->ffl, r->ffl);
+        L->wq = layer_shard(c, i, W_Q, rank);
+        L->wk = layer_shard(c, i, W_K, rank);
+        L->wv = layer_shard(c, i, W_V, rank);
+        L->wo = layer_shard(c, i, W_O, rank);
+        L->wg = layer_shard(c, i, W_GATE, rank);
+        L->wu = layer_shard(c, i, W_UP, rank);
+        L->wd = layer_shard(c, i, W_DOWN, rank);
         ok = L->attn_norm && L->mlp_norm && L->wq && L->wk && L->wv && L->wo && L->wg && L->wu &&
              L->wd;
     }
     if (ok) {
-        r->embed = gen_rows(c->seed, 1, c->vocab, d, 1.0f, 0, c->vocab);
+        tensor te = embed_tensor(c), th = lm_head_tensor(c);
+        r->embed = gen_rows(c->seed, te.id, te.rows, te.cols, te.scale, 0, te.rows);
         r->final_norm = ones(d);
-        r->lm_head = rank == 0 ? gen_rows(c->seed, 2, c->vocab, d, sd * 2, 0, c->vocab) : ones(1);
+        r->lm_head =
+            rank == 0 ? gen_rows(c->seed, th.id, th.rows, th.cols, th.scale, 0, th.rows) : ones(1);
         size_t R = r->rows;
         r->h = falloc(R * d);
         r->q = falloc(R * r->nhl * REF_HD);
@@ -616,22 +659,18 @@ int ref_reference_forward(const ref_config *c0, const uint32_t *tokens, const fl
     if (!full || !wq || !wk || !wv || !wo || !wg || !wu || !wd || !x || !K || !V || !h || !q ||
         !att || !o || !p || !g || !u)
         goto out;
-    float sd = 1.0f / sqrtf((float)d) * 1.7f, sf = 1.0f / sqrtf((float)c.ffn) * 1.7f;
-    float sh = 1.0f / sqrtf((float)qd) * 1.7f;
-    gen(c.seed, 1, c.vocab, d, 1.0f, full);
+    tensor te = embed_tensor(&c), th = lm_head_tensor(&c);
+    gen(c.seed, te.id, te.rows, te.cols, te.scale, full);
     for (uint32_t t = 0; t < n; t++)
         for (uint32_t i = 0; i < d; i++)
             x[(size_t)t * d + i] =
                 embeds && embeds[t] ? embeds[t][i] : full[(size_t)tokens[t] * d + i];
     for (uint32_t li = 0; li < c.n_layers; li++) {
-        uint32_t id = 100 + li * 10;
-        gen(c.seed, id + 0, qd, d, sd, wq);
-        gen(c.seed, id + 1, kd, d, sd, wk);
-        gen(c.seed, id + 2, kd, d, sd, wv);
-        gen(c.seed, id + 3, d, qd, sh, wo);
-        gen(c.seed, id + 4, c.ffn, d, sd, wg);
-        gen(c.seed, id + 5, c.ffn, d, sd, wu);
-        gen(c.seed, id + 6, d, c.ffn, sf, wd);
+        float *w[] = {wq, wk, wv, wo, wg, wu, wd}; /* in W_Q .. W_DOWN order */
+        for (int k = W_Q; k <= W_DOWN; k++) {
+            tensor t = layer_tensor(&c, li, k);
+            gen(c.seed, t.id, t.rows, t.cols, t.scale, w[k]);
+        }
         for (uint32_t t = 0; t < n; t++) { /* keys and values of every position first */
             dnorm(x + (size_t)t * d, d, h);
             dmv(wk, kd, d, h, K + (size_t)t * kd);
@@ -676,7 +715,7 @@ int ref_reference_forward(const ref_config *c0, const uint32_t *tokens, const fl
                 xt[i] += o[i];
         }
     }
-    gen(c.seed, 2, c.vocab, d, sd * 2, full);
+    gen(c.seed, th.id, th.rows, th.cols, th.scale, full);
     for (uint32_t t = 0; t < n; t++) {
         dnorm(x + (size_t)t * d, d, h);
         dmv(full, c.vocab, d, h, o);
@@ -735,9 +774,9 @@ ref_encoder *ref_encoder_create(const ref_config *c)
         ref_encoder_destroy(e);
         return NULL;
     }
-    gen(c->seed, 3, d, pd, 1.7f / sqrtf((float)pd), e->w1);
-    gen(c->seed, 4, d, d, 1.7f / sqrtf((float)d), e->w2);
-    gen(c->seed, 5, REF_IMG_TOKENS, d, 0.1f, e->pos);
+    gen(c->seed, TENSOR_ENC1, d, pd, 1.7f / sqrtf((float)pd), e->w1);
+    gen(c->seed, TENSOR_ENC2, d, d, 1.7f / sqrtf((float)d), e->w2);
+    gen(c->seed, TENSOR_ENC_POS, REF_IMG_TOKENS, d, 0.1f, e->pos);
     return e;
 }
 
