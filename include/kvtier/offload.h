@@ -99,6 +99,44 @@ KVT_API int kvt_offload_create(const kvt_offload_config *cfg, kvt_pool *gpu_pool
                                kvt_offload **out);
 KVT_API void kvt_offload_destroy(kvt_offload *m);
 
+/* ---- an engine's own GPU block pool ---------------------------------------------------- */
+
+/* An engine that keeps its GPU blocks in its own allocator (vLLM's BlockPool) gives the
+ * manager these callbacks instead of a kvt_pool, and the request's chained hashes with every
+ * call that may store (kvt_offload_schedule_hashed, kvt_offload_request_finished_hashed): the
+ * key a GPU block is stored under is the hash at its last hash-block boundary and its group,
+ * as vLLM keys its prefix cache. Nothing of the pool is copied.
+ *
+ * Every callback runs on the thread that called the manager, inside a kvt_offload_* call, and
+ * gets whole lists: one call for all the blocks of a transfer, not one per block. Ids given to
+ * the callbacks are in 1..num_blocks-1 (never the null block) and may repeat. A callback must
+ * not call back into the manager. */
+typedef struct kvt_gpu_pool_ops {
+    /* Required. One reference more on each listed block: a transfer pins it, so the engine
+     * must neither reallocate nor evict it until the matching free. A free (cached) block
+     * leaves the free queue, as vLLM's BlockPool.touch. */
+    void (*touch)(void *ctx, const uint32_t *ids, uint32_t n);
+    /* Required. One reference less per listed id; blocks that reach zero go back to the free
+     * queue in list order (vLLM's BlockPool.free_blocks). */
+    void (*free)(void *ctx, const uint32_t *ids, uint32_t n);
+    /* Lazy mode only (required then): the first (at most cap) blocks of the free queue, least
+     * recently used first, into ids[], with each block's primary key in keys[] (hash, group,
+     * num_tokens; num_tokens 0 for a block that carries no key). Returns how many. The
+     * manager scans from the head every step (upstream's current rule, no cursor). */
+    uint32_t (*lru_scan)(void *ctx, uint32_t cap, uint32_t *ids, kvt_pool_key *keys);
+    /* Optional. The block cached under (hash, group), or KVT_BLOCK_NONE, with its reference
+     * count in *ref_cnt. Used to re-store a block the host tier evicted while the GPU still
+     * uses it (restore_budget); NULL turns re-stores off. */
+    uint32_t (*lookup)(void *ctx, const uint8_t *hash, uint32_t group, uint32_t *ref_cnt);
+} kvt_gpu_pool_ops;
+
+/* Creates a manager over an engine's own GPU pool: gpu_cfg describes it as a kvt_pool_config
+ * would (num_blocks with the null block, hash_len, hash_block_size, the groups; see
+ * kvt_pool_config_validate), ops and ctx reach it. ops is copied; ctx must outlive the
+ * manager. KVT_EINVAL names a missing callback or a bad configuration. */
+KVT_API int kvt_offload_create_ext(const kvt_offload_config *cfg, const kvt_pool_config *gpu_cfg,
+                                   const kvt_gpu_pool_ops *ops, void *ctx, kvt_offload **out);
+
 /* Host-tier size handshake, step 2: lowers the host tier to the fewest blocks any worker
  * allocated, so the manager never addresses a block some worker lacks. Only before the first
  * transfer (KVT_ESTATE afterwards); raising is refused (KVT_EINVAL). */
@@ -144,6 +182,22 @@ KVT_API int kvt_offload_after_alloc(kvt_offload *m, const char *req_id, uint32_t
 KVT_API int kvt_offload_schedule(kvt_offload *m, const char *req_id, uint32_t req_id_len,
                                  const uint32_t *const *blocks, const uint32_t *n_blocks,
                                  uint32_t num_confirmed, uint32_t num_scheduled, bool resumed);
+
+/* kvt_offload_schedule and kvt_offload_request_finished with the request's chained hashes
+ * (one per hash_block_size tokens, hash_len bytes each; the same list kvt_offload_match got,
+ * grown as the request decodes). Required by a manager over an engine's own pool
+ * (kvt_offload_create_ext), where the blocks from the first position with no hash yet wait
+ * for a later call that gives it; a
+ * manager over a kvt_pool takes the keys from the pool and ignores them (may be NULL). */
+KVT_API int kvt_offload_schedule_hashed(kvt_offload *m, const char *req_id, uint32_t req_id_len,
+                                        const uint32_t *const *blocks, const uint32_t *n_blocks,
+                                        const uint8_t *hashes, uint32_t n_hashes,
+                                        uint32_t num_confirmed, uint32_t num_scheduled,
+                                        bool resumed);
+KVT_API int kvt_offload_request_finished_hashed(kvt_offload *m, const char *req_id,
+                                                uint32_t req_id_len, const uint32_t *const *blocks,
+                                                const uint32_t *n_blocks, const uint8_t *hashes,
+                                                uint32_t n_hashes, uint32_t num_confirmed);
 
 /* build_connector_meta: writes this step's events into out (cleared first): at most one load
  * event and one store event, load_event_to_reqs with every outstanding load event, and

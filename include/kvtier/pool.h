@@ -71,6 +71,10 @@ typedef struct kvt_pool kvt_pool;
 /* Fills defaults: 16-byte hashes, one key per block, one full-attention group of 16 tokens,
  * events off. num_blocks must still be set. */
 KVT_API void kvt_pool_config_init(kvt_pool_config *cfg);
+/* Checks a configuration as kvt_pool_create would, without creating anything; on success
+ * *scheduler_block_size (may be NULL) receives the scheduler block size the pool would use
+ * (the configured one, or the LCM of the groups' block sizes). */
+KVT_API int kvt_pool_config_validate(const kvt_pool_config *cfg, uint32_t *scheduler_block_size);
 /* Creates a pool; everything it will need is allocated here. */
 KVT_API int kvt_pool_create(const kvt_pool_config *cfg, kvt_pool **out);
 KVT_API void kvt_pool_destroy(kvt_pool *pool);

@@ -223,7 +223,7 @@ int kvt_offload_after_alloc(kvt_offload *m, const char *id, uint32_t id_len,
                 if (gpu == KVT_NULL_BLOCK)
                     continue;
                 (void)kvt_pool_touch(m->host, &cpu, 1); /* load pin, before the hit pin goes */
-                (void)kvt_pool_touch(m->gpu, &gpu, 1);
+                ofl_gpu_pin(m, gpu);
                 m->gload_src[gpu] = cpu;
                 m->gload_next[gpu] = OFL_NONE;
                 if (tail == OFL_NONE)
@@ -240,6 +240,7 @@ int kvt_offload_after_alloc(kvt_offload *m, const char *id, uint32_t id_len,
         if (r->n_load && !r->n_promo)
             ofl_queue_load(m, r);
     }
+    ofl_gpu_flush(m);
     ofl_release_hit(m, r);
     ofl_req_maybe_release(m, r);
     return 0;
@@ -259,11 +260,12 @@ void ofl_release_load_pairs(kvt_offload *m, struct ofl_req *r)
         uint32_t next = m->gload_next[gpu];
         uint32_t cpu = m->gload_src[gpu];
         (void)kvt_pool_free(m->host, &cpu, 1);
-        (void)kvt_pool_free(m->gpu, &gpu, 1);
+        ofl_gpu_unpin(m, gpu);
         m->gflags[gpu] &= (uint8_t)~G_INVALID;
         m->gload_src[gpu] = m->gload_next[gpu] = OFL_NONE;
         gpu = next;
     }
+    ofl_gpu_flush(m);
     r->load_head = OFL_NONE;
     r->n_load = 0;
 }

@@ -351,10 +351,8 @@ static uint32_t lazy_target(const kvt_offload *m)
     return t > UINT32_MAX ? UINT32_MAX : (uint32_t)t;
 }
 
-static int validate_config(const kvt_offload_config *c, const kvt_pool *gpu)
+static int validate_config(const kvt_offload_config *c, const kvt_pool_config *g)
 {
-    if (!gpu)
-        return kvt_fail(KVT_EINVAL, "offload: the GPU pool is NULL");
     if (c->host_blocks < 2 || c->host_blocks == UINT32_MAX)
         return kvt_fail(KVT_EINVAL,
                         "offload: host_blocks %u must be at least 2 (see "
@@ -370,28 +368,14 @@ static int validate_config(const kvt_offload_config *c, const kvt_pool *gpu)
         return kvt_fail(KVT_EINVAL, "offload: max_model_len must be positive");
     if (c->keys_per_block > 64)
         return kvt_fail(KVT_EINVAL, "offload: keys_per_block %u exceeds 64", c->keys_per_block);
-    kvt_pool_config g;
-    kvt_pool_get_config(gpu, &g);
-    return ofl_tier_validate(c, &g);
+    return ofl_tier_validate(c, g);
 }
 
-int kvt_offload_create(const kvt_offload_config *cfg, kvt_pool *gpu, kvt_offload **out)
+/* Everything but the GPU pool's identity: m->cfg, m->gcfg, m->gpu / m->ext are set. */
+static int create_common(kvt_offload *m)
 {
-    if (!out)
-        return kvt_fail(KVT_EINVAL, "offload: out is NULL");
-    *out = NULL;
-    if (!cfg)
-        return kvt_fail(KVT_EINVAL, "offload: config is NULL");
-    int rc = validate_config(cfg, gpu);
-    if (rc)
-        return rc;
-    kvt_offload *m = calloc(1, sizeof(*m));
-    if (!m)
-        return kvt_fail(KVT_ENOMEM, "offload: out of memory");
-    m->cfg = *cfg;
-    m->gpu = gpu;
-    kvt_pool_get_config(gpu, &m->gcfg);
-    m->gpu_nb = kvt_pool_num_blocks(gpu);
+    const kvt_offload_config *cfg = &m->cfg;
+    m->gpu_nb = m->gcfg.num_blocks;
     m->ng = m->gcfg.n_groups;
     m->hash_len = m->gcfg.hash_len;
     m->sched_bs = m->gcfg.scheduler_block_size;
@@ -403,9 +387,11 @@ int kvt_offload_create(const kvt_offload_config *cfg, kvt_pool *gpu, kvt_offload
     m->wait_head = m->lazy_cursor = OFL_NONE;
     m->promoq_head = m->promoq_tail = m->dacc_head = m->dacc_tail = OFL_NONE;
 
-    rc = host_setup(m, cfg->host_blocks);
+    int rc = host_setup(m, cfg->host_blocks);
     if (!rc)
         rc = ofl_tier_setup(m, cfg->disk_blocks);
+    if (!rc)
+        rc = ofl_gpu_setup(m);
     uint32_t search_ids = 0;
     for (uint32_t g = 0; g < m->ng && !rc; g++) {
         uint32_t n = cfg->max_model_len / m->gcfg.groups[g].block_size + 1;
@@ -434,17 +420,78 @@ int kvt_offload_create(const kvt_offload_config *cfg, kvt_pool *gpu, kvt_offload
         rc = kvt_map_init(&m->req_map, cfg->max_requests);
     if (!rc)
         rc = ofl_evtable_init(&m->loads, kvt_min_u32(m->gpu_nb, MAX_EVENTS));
-    if (rc) {
-        kvt_offload_destroy(m);
+    if (rc)
         return rc;
-    }
     for (uint32_t i = 0; i < m->gpu_nb; i++)
         m->gload_src[i] = m->gload_next[i] = OFL_NONE;
     m->free_req = 0;
     for (uint32_t i = 0; i < cfg->max_requests; i++)
         m->reqs[i].free_next = i + 1 < cfg->max_requests ? i + 1 : OFL_NONE;
+    return 0;
+}
+
+static int create_finish(kvt_offload *m, kvt_offload **out)
+{
+    int rc = create_common(m);
+    if (rc) {
+        kvt_offload_destroy(m);
+        return rc;
+    }
     *out = m;
     return 0;
+}
+
+int kvt_offload_create(const kvt_offload_config *cfg, kvt_pool *gpu, kvt_offload **out)
+{
+    if (!out)
+        return kvt_fail(KVT_EINVAL, "offload: out is NULL");
+    *out = NULL;
+    if (!cfg)
+        return kvt_fail(KVT_EINVAL, "offload: config is NULL");
+    if (!gpu)
+        return kvt_fail(KVT_EINVAL, "offload: the GPU pool is NULL");
+    kvt_pool_config g;
+    kvt_pool_get_config(gpu, &g);
+    int rc = validate_config(cfg, &g);
+    if (rc)
+        return rc;
+    kvt_offload *m = calloc(1, sizeof(*m));
+    if (!m)
+        return kvt_fail(KVT_ENOMEM, "offload: out of memory");
+    m->cfg = *cfg;
+    m->gpu = gpu;
+    m->gcfg = g;
+    return create_finish(m, out);
+}
+
+int kvt_offload_create_ext(const kvt_offload_config *cfg, const kvt_pool_config *gpu_cfg,
+                           const kvt_gpu_pool_ops *ops, void *ctx, kvt_offload **out)
+{
+    if (!out)
+        return kvt_fail(KVT_EINVAL, "offload: out is NULL");
+    *out = NULL;
+    if (!cfg || !gpu_cfg || !ops)
+        return kvt_fail(KVT_EINVAL, "offload: config, GPU pool config and ops must not be NULL");
+    if (!ops->touch || !ops->free)
+        return kvt_fail(KVT_EINVAL, "offload: the GPU pool's touch and free callbacks are "
+                                    "required");
+    if (cfg->lazy && !ops->lru_scan)
+        return kvt_fail(KVT_EINVAL, "offload: lazy mode needs the GPU pool's lru_scan callback");
+    kvt_pool_config g = *gpu_cfg;
+    int rc = kvt_pool_config_validate(&g, &g.scheduler_block_size);
+    if (rc)
+        return kvt_fail_wrap(rc, "offload: GPU pool config");
+    if ((rc = validate_config(cfg, &g)))
+        return rc;
+    kvt_offload *m = calloc(1, sizeof(*m));
+    if (!m)
+        return kvt_fail(KVT_ENOMEM, "offload: out of memory");
+    m->cfg = *cfg;
+    m->ext = true;
+    m->gops = *ops;
+    m->gctx = ctx;
+    m->gcfg = g;
+    return create_finish(m, out);
 }
 
 void kvt_offload_destroy(kvt_offload *m)
@@ -453,6 +500,7 @@ void kvt_offload_destroy(kvt_offload *m)
         return;
     host_teardown(m);
     ofl_tier_teardown(m);
+    ofl_gpu_teardown(m);
     for (uint32_t g = 0; g < KVT_MAX_GROUPS; g++)
         free(m->search_out[g]);
     kvt_idpool_free(&m->hitpool);
@@ -512,6 +560,7 @@ int kvt_offload_build_meta(kvt_offload *m, bool preempted, kvt_offload_meta *out
     ofl_tier_emit(m, out);
     out->need_flush = preempted;
     sweep_waiting(m);
+    ofl_gpu_flush(m);
     return 0;
 }
 
@@ -551,6 +600,7 @@ int kvt_offload_apply_output(kvt_offload *m, const kvt_str *finished_loads, uint
     if (stores)
         ofl_tier_apply_output(m, stores); /* after the stores: they queue write-backs */
     sweep_waiting(m);
+    ofl_gpu_flush(m);
     return 0;
 }
 
@@ -588,6 +638,7 @@ int kvt_offload_reset(kvt_offload *m)
         ofl_req_maybe_release(m, r);
     }
     sweep_waiting(m);
+    ofl_gpu_flush(m);
     uint32_t disk_events = m->disk ? m->dstores.n + m->dloads.n : 0;
     if (m->stores.n || m->loads.n || disk_events)
         return kvt_fail(KVT_EBUSY,

@@ -92,7 +92,22 @@ struct ofl_evtable {
 
 struct kvt_offload {
     kvt_offload_config cfg;
-    kvt_pool *gpu, *host;
+    /* The engine's GPU pool: a kvt_pool (gpu), or an engine's own pool reached through
+     * callbacks (ext: gops, gctx; gpu NULL). Pins and unpins go through ofl_gpu_pin/unpin,
+     * batched per direction and flushed at the end of each batch (gpu.c). */
+    kvt_pool *gpu;
+    bool ext;
+    kvt_gpu_pool_ops gops;
+    void *gctx;
+    uint32_t *gbuf; /* gpu_nb ids waiting for one touch or free callback */
+    uint32_t gbuf_n;
+    bool gbuf_pin;
+    /* ext: the primary key of each selected block (parallel to scratch), of each queued
+     * re-store (parallel to restore) and the lazy scan's window (target_free entries) */
+    uint8_t *selkeys, *rskeys;
+    uint32_t *scan_ids;
+    kvt_pool_key *scan_keys;
+    kvt_pool *host;
     kvt_pool_config gcfg; /* the GPU pool's groups, hash and block sizes */
     uint32_t gpu_nb, host_nb, ng, hash_len, kpb, sched_bs;
     uint32_t target_free; /* lazy watermark, GPU blocks */
@@ -156,6 +171,25 @@ enum {
     G_INVALID = 1u << 3  /* load destination whose promotion failed: reported invalid */
 };
 
+/* the engine's GPU pool (gpu.c) */
+int ofl_gpu_setup(kvt_offload *m);
+void ofl_gpu_teardown(kvt_offload *m);
+void ofl_gpu_pin(kvt_offload *m, uint32_t id);   /* one reference more (batched) */
+void ofl_gpu_unpin(kvt_offload *m, uint32_t id); /* one reference less (batched) */
+void ofl_gpu_flush(kvt_offload *m);              /* hands the batch to the pool */
+/* Primary key of a GPU block (a kvt_pool only); false if it has none. */
+bool ofl_gpu_primary(const kvt_offload *m, uint32_t gpu, kvt_pool_key *k);
+/* The block cached under k and its reference count; KVT_BLOCK_NONE if none or unknowable. */
+uint32_t ofl_gpu_lookup(const kvt_offload *m, const kvt_pool_key *k, uint32_t *ref);
+/* Whether re-stores can be decided (a kvt_pool, or an engine pool with a lookup callback). */
+bool ofl_gpu_can_lookup(const kvt_offload *m);
+/* Key of block j of group g of a request from its chained hashes; false past the last hash. */
+bool ofl_key_from_hashes(const kvt_offload *m, const uint8_t *hashes, uint32_t n_hashes, uint32_t g,
+                         uint32_t j, kvt_pool_key *k);
+/* Packed keys: hash_len bytes, group, num_tokens (key_stride bytes). */
+void ofl_key_pack(const kvt_offload *m, uint8_t *dst, const kvt_pool_key *k);
+void ofl_key_unpack(const kvt_offload *m, const uint8_t *src, kvt_pool_key *k);
+
 /* event tables (manager.c) */
 int ofl_evtable_init(struct ofl_evtable *t, uint32_t cap);
 void ofl_evtable_free(struct ofl_evtable *t);
@@ -211,9 +245,11 @@ void ofl_complete_store(kvt_offload *m, struct ofl_event *e);
 void ofl_release_accumulator(kvt_offload *m);
 void ofl_select_lazy(kvt_offload *m);
 void ofl_select_restores(kvt_offload *m);
-/* Selects the blocks of one request in [cursor, ready) per group (eager rules). */
+/* Selects the blocks of one request in [cursor, ready) per group (eager rules); hashes (ext)
+ * give the keys. */
 void ofl_select_eager(kvt_offload *m, struct ofl_req *r, const uint32_t *const *blocks,
-                      const uint32_t *n_blocks, uint32_t num_confirmed);
+                      const uint32_t *n_blocks, const uint8_t *hashes, uint32_t n_hashes,
+                      uint32_t num_confirmed);
 uint32_t ofl_store_budget(const kvt_offload *m);
 /* Allocates n <= free host blocks, evicting the LRU (eager: queues re-stores). */
 void ofl_host_alloc(kvt_offload *m, uint32_t n, uint32_t *ids);

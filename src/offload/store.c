@@ -29,64 +29,61 @@ static bool host_has_key(const kvt_offload *m, const kvt_pool_key *k)
     return kvt_pool_lookup(m->host, k->hash, k->group, &b) == 1;
 }
 
-/* Primary key of a GPU block; false if it has none. */
-static bool gpu_primary(const kvt_offload *m, uint32_t gpu, kvt_pool_key *k)
+/* Queues GPU block gpu (known under key k) for a re-store. */
+static void queue_restore(kvt_offload *m, uint32_t gpu, const kvt_pool_key *k)
 {
-    uint32_t n = 0;
-    (void)kvt_pool_block_keys(m->gpu, gpu, k, 1, &n);
-    return n > 0;
-}
-
-static uint32_t gpu_ref(const kvt_offload *m, uint32_t gpu)
-{
-    kvt_block_info bi;
-    (void)kvt_pool_block_info(m->gpu, gpu, &bi);
-    return bi.ref_cnt;
+    uint32_t at = (m->rs_head + m->rs_len++) % m->gpu_nb;
+    m->gflags[gpu] |= G_RESTORE;
+    m->restore[at] = gpu;
+    if (m->ext)
+        ofl_key_pack(m, m->rskeys + (size_t)at * m->key_stride, k);
 }
 
 /* Allocates n host blocks (n <= free). Eager mode first looks at the cached blocks about to be
  * evicted: a GPU block that still carries the same key and is in use is queued for re-store. */
 void ofl_host_alloc(kvt_offload *m, uint32_t n, uint32_t *ids)
 {
-    bool restore = !m->cfg.lazy && m->cfg.restore_budget > 0;
+    bool restore = !m->cfg.lazy && m->cfg.restore_budget > 0 && ofl_gpu_can_lookup(m);
     uint32_t h = kvt_pool_lru_first(m->host);
     for (uint32_t i = 0; i < n && h != KVT_BLOCK_NONE; i++, h = kvt_pool_lru_next(m->host, h)) {
-        uint32_t nk = 0;
+        uint32_t nk = 0, ref;
         kvt_pool_key *k = &m->keys[0];
         (void)kvt_pool_block_keys(m->host, h, k, 1, &nk);
         if (!nk)
             continue;
         m->st.host_evictions++;
-        uint32_t gpu;
-        if (!restore || kvt_pool_lookup(m->gpu, k->hash, k->group, &gpu) != 1)
+        if (!restore)
             continue;
-        if ((m->gflags[gpu] & (G_STORING | G_RESTORE | G_MARK)) || gpu_ref(m, gpu) == 0 ||
-            m->rs_len == m->gpu_nb)
+        uint32_t gpu = ofl_gpu_lookup(m, k, &ref);
+        if (gpu == KVT_BLOCK_NONE || (m->gflags[gpu] & (G_STORING | G_RESTORE | G_MARK)) ||
+            ref == 0 || m->rs_len == m->gpu_nb)
             continue;
-        m->gflags[gpu] |= G_RESTORE;
-        m->restore[(m->rs_head + m->rs_len++) % m->gpu_nb] = gpu;
+        queue_restore(m, gpu, k);
     }
     (void)kvt_pool_alloc(m->host, n, ids); /* n <= free: cannot fail */
 }
 
-/* Turns n selected GPU blocks (m->scratch[0..n), marked G_MARK) into queued store pairs. */
+/* Turns n selected GPU blocks (m->scratch[0..n), marked G_MARK; with an engine's pool their
+ * keys in m->selkeys) into queued store pairs. */
 static void commit_selection(kvt_offload *m, uint32_t n)
 {
     uint32_t *gpus = m->scratch, *hosts = m->scratch + m->host_nb;
     ofl_host_alloc(m, n, hosts);
     for (uint32_t i = 0; i < n; i++) {
         uint32_t g = gpus[i], h = hosts[i], nk = 0;
-        (void)kvt_pool_block_keys(m->gpu, g, m->keys, m->kpb, &nk);
-        if (nk > m->kpb)
-            nk = m->kpb;
         uint8_t *dst = m->hkeys + (size_t)h * m->kpb * m->key_stride;
-        for (uint32_t k = 0; k < nk; k++, dst += m->key_stride) {
-            memcpy(dst, m->keys[k].hash, m->hash_len);
-            memcpy(dst + m->hash_len, &m->keys[k].group, sizeof(uint32_t));
-            memcpy(dst + m->hash_len + sizeof(uint32_t), &m->keys[k].num_tokens, sizeof(uint32_t));
+        if (m->ext) {
+            memcpy(dst, m->selkeys + (size_t)i * m->key_stride, m->key_stride);
+            nk = 1;
+        } else {
+            (void)kvt_pool_block_keys(m->gpu, g, m->keys, m->kpb, &nk);
+            if (nk > m->kpb)
+                nk = m->kpb;
+            for (uint32_t k = 0; k < nk; k++, dst += m->key_stride)
+                ofl_key_pack(m, dst, &m->keys[k]);
         }
         m->hkeys_n[h] = (uint8_t)nk;
-        (void)kvt_pool_touch(m->gpu, &g, 1);
+        ofl_gpu_pin(m, g);
         m->gflags[g] = (uint8_t)((m->gflags[g] & ~G_MARK) | G_STORING);
         m->hstore_src[h] = g;
         m->hstore_next[h] = OFL_NONE;
@@ -97,6 +94,16 @@ static void commit_selection(kvt_offload *m, uint32_t n)
         m->acc_tail = h;
     }
     m->acc_n += n;
+    ofl_gpu_flush(m);
+}
+
+/* Marks gpu (known under k) as the n-th selected block. */
+static void select_block(kvt_offload *m, uint32_t n, uint32_t gpu, const kvt_pool_key *k)
+{
+    m->gflags[gpu] |= G_MARK;
+    m->scratch[n] = gpu;
+    if (m->ext)
+        ofl_key_pack(m, m->selkeys + (size_t)n * m->key_stride, k);
 }
 
 uint32_t ofl_store_budget(const kvt_offload *m)
@@ -108,7 +115,8 @@ uint32_t ofl_store_budget(const kvt_offload *m)
 }
 
 void ofl_select_eager(kvt_offload *m, struct ofl_req *r, const uint32_t *const *blocks,
-                      const uint32_t *n_blocks, uint32_t num_confirmed)
+                      const uint32_t *n_blocks, const uint8_t *hashes, uint32_t n_hashes,
+                      uint32_t num_confirmed)
 {
     uint32_t budget = ofl_store_budget(m);
     uint32_t aligned = num_confirmed / m->sched_bs * m->sched_bs, n = 0;
@@ -129,7 +137,9 @@ void ofl_select_eager(kvt_offload *m, struct ofl_req *r, const uint32_t *const *
                 m->st.store_skipped_in_flight++;
                 continue;
             }
-            if (!gpu_primary(m, gpu, &k)) {
+            if (m->ext && !ofl_key_from_hashes(m, hashes, n_hashes, g, j, &k))
+                break; /* its hash is not known yet: stop here, later calls resume */
+            if (!m->ext && !ofl_gpu_primary(m, gpu, &k)) {
                 m->st.store_skipped_unhashed++;
                 continue;
             }
@@ -142,8 +152,7 @@ void ofl_select_eager(kvt_offload *m, struct ofl_req *r, const uint32_t *const *
                 full = true; /* retried next step from here */
                 break;
             }
-            m->gflags[gpu] |= G_MARK;
-            m->scratch[n++] = gpu;
+            select_block(m, n++, gpu, &k);
         }
         r->cursor[g] = j;
     }
@@ -152,12 +161,28 @@ void ofl_select_eager(kvt_offload *m, struct ofl_req *r, const uint32_t *const *
     commit_selection(m, n);
 }
 
-int kvt_offload_schedule(kvt_offload *m, const char *id, uint32_t id_len,
-                         const uint32_t *const *blocks, const uint32_t *n_blocks,
-                         uint32_t num_confirmed, uint32_t num_scheduled, bool resumed)
+static int need_hashes(const kvt_offload *m, const uint8_t *hashes, uint32_t n_hashes,
+                       const char *what)
+{
+    if (m->ext && !hashes && n_hashes)
+        return kvt_fail(KVT_EINVAL, "offload: %s: %u hashes given as NULL", what, n_hashes);
+    if (m->ext && !hashes)
+        return kvt_fail(KVT_EINVAL,
+                        "offload: %s: this manager works over the engine's own GPU pool and "
+                        "needs the request's hashes (use the _hashed call)",
+                        what);
+    return 0;
+}
+
+int kvt_offload_schedule_hashed(kvt_offload *m, const char *id, uint32_t id_len,
+                                const uint32_t *const *blocks, const uint32_t *n_blocks,
+                                const uint8_t *hashes, uint32_t n_hashes, uint32_t num_confirmed,
+                                uint32_t num_scheduled, bool resumed)
 {
     int rc = ofl_check_id(id, id_len);
     if (rc || m->cfg.lazy)
+        return rc;
+    if ((rc = need_hashes(m, hashes, n_hashes, "schedule")))
         return rc;
     struct ofl_req *r = ofl_req_find(m, id, id_len);
     if (!r || !(r->flags & RQ_EAGER) || (r->flags & RQ_FINISHED))
@@ -171,13 +196,22 @@ int kvt_offload_schedule(kvt_offload *m, const char *id, uint32_t id_len,
     bool news = false;
     if ((rc = ofl_check_span(m, blocks, n_blocks, r->cursor, aligned, "schedule", &news)) || !news)
         return rc;
-    ofl_select_eager(m, r, blocks, n_blocks, num_confirmed);
+    ofl_select_eager(m, r, blocks, n_blocks, hashes, n_hashes, num_confirmed);
     return 0;
 }
 
-int kvt_offload_request_finished(kvt_offload *m, const char *id, uint32_t id_len,
-                                 const uint32_t *const *blocks, const uint32_t *n_blocks,
-                                 uint32_t num_confirmed)
+int kvt_offload_schedule(kvt_offload *m, const char *id, uint32_t id_len,
+                         const uint32_t *const *blocks, const uint32_t *n_blocks,
+                         uint32_t num_confirmed, uint32_t num_scheduled, bool resumed)
+{
+    return kvt_offload_schedule_hashed(m, id, id_len, blocks, n_blocks, NULL, 0, num_confirmed,
+                                       num_scheduled, resumed);
+}
+
+int kvt_offload_request_finished_hashed(kvt_offload *m, const char *id, uint32_t id_len,
+                                        const uint32_t *const *blocks, const uint32_t *n_blocks,
+                                        const uint8_t *hashes, uint32_t n_hashes,
+                                        uint32_t num_confirmed)
 {
     int rc = ofl_check_id(id, id_len);
     if (rc)
@@ -188,20 +222,30 @@ int kvt_offload_request_finished(kvt_offload *m, const char *id, uint32_t id_len
     bool flush = (r->flags & RQ_EAGER) && !m->cfg.lazy;
     if (flush) {
         uint32_t aligned = num_confirmed / m->sched_bs * m->sched_bs;
-        if ((rc =
+        if ((rc = need_hashes(m, hashes, n_hashes, "request_finished")) ||
+            (rc =
                  ofl_check_span(m, blocks, n_blocks, r->cursor, aligned, "request_finished", NULL)))
             return rc;
     }
     ofl_release_hit(m, r);
-    if (flush)
-        ofl_select_eager(m, r, blocks, n_blocks, num_confirmed); /* the final flush */
+    if (flush) /* the final flush */
+        ofl_select_eager(m, r, blocks, n_blocks, hashes, n_hashes, num_confirmed);
     r->flags = (r->flags | RQ_FINISHED) & ~RQ_EAGER;
     if (r->flags & RQ_LOAD_QUEUED)
         ofl_cancel_queued_load(m, r);
     if (r->flags & RQ_PROMO_QUEUED)
         ofl_tier_cancel_promo(m, r);
     ofl_req_maybe_release(m, r);
+    ofl_gpu_flush(m);
     return 0;
+}
+
+int kvt_offload_request_finished(kvt_offload *m, const char *id, uint32_t id_len,
+                                 const uint32_t *const *blocks, const uint32_t *n_blocks,
+                                 uint32_t num_confirmed)
+{
+    return kvt_offload_request_finished_hashed(m, id, id_len, blocks, n_blocks, NULL, 0,
+                                               num_confirmed);
 }
 
 /* How many host blocks, from the LRU head, a store could take before the first one whose key
@@ -212,12 +256,32 @@ static uint32_t cold_victims(const kvt_offload *m, uint32_t limit)
     for (uint32_t h = kvt_pool_lru_first(m->host); h != KVT_BLOCK_NONE && n < limit;
          h = kvt_pool_lru_next(m->host, h), n++) {
         kvt_pool_key k;
-        uint32_t nk = 0, gpu;
+        uint32_t nk = 0, ref;
         (void)kvt_pool_block_keys(m->host, h, &k, 1, &nk);
-        if (nk && kvt_pool_lookup(m->gpu, k.hash, k.group, &gpu) == 1 && gpu_ref(m, gpu) > 0)
+        if (nk && ofl_gpu_lookup(m, &k, &ref) != KVT_BLOCK_NONE && ref > 0)
             break;
     }
     return n;
+}
+
+/* Whether queued re-store gpu (ring slot at) is still wanted: in use on the GPU under its key
+ * and not back in the host tier. Sets *k to that key. */
+static bool restore_wanted(const kvt_offload *m, uint32_t gpu, uint32_t at, kvt_pool_key *k)
+{
+    uint32_t ref;
+    if (m->gflags[gpu] & (G_STORING | G_MARK))
+        return false; /* being stored */
+    if (m->ext) {
+        ofl_key_unpack(m, m->rskeys + (size_t)at * m->key_stride, k);
+        if (ofl_gpu_lookup(m, k, &ref) != gpu || ref == 0)
+            return false; /* gone or reused */
+    } else {
+        kvt_block_info bi;
+        (void)kvt_pool_block_info(m->gpu, gpu, &bi);
+        if (bi.ref_cnt == 0 || !ofl_gpu_primary(m, gpu, k))
+            return false;
+    }
+    return !host_has_key(m, k);
 }
 
 void ofl_select_restores(kvt_offload *m)
@@ -236,24 +300,21 @@ void ofl_select_restores(kvt_offload *m)
     uint32_t n = 0, todo = m->rs_len;
     kvt_pool_key k;
     for (uint32_t i = 0; i < todo; i++) {
-        uint32_t gpu = m->restore[m->rs_head];
+        uint32_t at = m->rs_head, gpu = m->restore[at];
         m->rs_head = (m->rs_head + 1) % m->gpu_nb;
         m->rs_len--;
         m->gflags[gpu] &= (uint8_t)~G_RESTORE;
-        if ((m->gflags[gpu] & (G_STORING | G_MARK)) || gpu_ref(m, gpu) == 0 ||
-            !gpu_primary(m, gpu, &k) || host_has_key(m, &k))
+        if (!restore_wanted(m, gpu, at, &k))
             continue;      /* gone, being stored, or back in the host tier */
         if (n >= budget) { /* still wanted: keep it queued for the next step */
-            m->gflags[gpu] |= G_RESTORE;
-            m->restore[(m->rs_head + m->rs_len++) % m->gpu_nb] = gpu;
+            queue_restore(m, gpu, &k);
             continue;
         }
         if (n >= cold) {
             m->st.restores_dropped_hot++;
             continue;
         }
-        m->gflags[gpu] |= G_MARK;
-        m->scratch[n++] = gpu;
+        select_block(m, n++, gpu, &k);
     }
     if (!n)
         return;
@@ -261,11 +322,34 @@ void ofl_select_restores(kvt_offload *m)
     m->st.restores += n;
 }
 
+/* Lazy mode over an engine's own pool: the window at the head of its free queue, every step
+ * from the head (upstream's current rule). */
+static void select_lazy_ext(kvt_offload *m, uint32_t budget)
+{
+    uint32_t got = m->gops.lru_scan(m->gctx, m->target_free, m->scan_ids, m->scan_keys), n = 0;
+    if (got > m->target_free)
+        got = m->target_free;
+    for (uint32_t i = 0; i < got && n < budget; i++) {
+        uint32_t node = m->scan_ids[i];
+        kvt_pool_key *k = &m->scan_keys[i];
+        if (node == KVT_NULL_BLOCK || node >= m->gpu_nb || k->num_tokens == 0 ||
+            k->group >= m->ng || (m->gflags[node] & (G_STORING | G_MARK)) || host_has_key(m, k))
+            continue;
+        select_block(m, n++, node, k);
+    }
+    if (n)
+        commit_selection(m, n);
+}
+
 void ofl_select_lazy(kvt_offload *m)
 {
     if (m->target_free == 0)
         return;
     uint32_t budget = ofl_store_budget(m);
+    if (m->ext) {
+        select_lazy_ext(m, budget);
+        return;
+    }
     uint32_t node = KVT_BLOCK_NONE;
     if (m->lazy_cursor != OFL_NONE)
         node = kvt_pool_lru_next(m->gpu, m->lazy_cursor); /* NONE if the cursor was taken */
@@ -281,11 +365,9 @@ void ofl_select_lazy(kvt_offload *m)
     kvt_pool_key k;
     while (node != KVT_BLOCK_NONE && visited < m->target_free && n < budget) {
         visited++;
-        if (!(m->gflags[node] & (G_STORING | G_MARK)) && gpu_primary(m, node, &k) &&
-            !host_has_key(m, &k)) {
-            m->gflags[node] |= G_MARK;
-            m->scratch[n++] = node;
-        }
+        if (!(m->gflags[node] & (G_STORING | G_MARK)) && ofl_gpu_primary(m, node, &k) &&
+            !host_has_key(m, &k))
+            select_block(m, n++, node, &k);
         last = node;
         node = kvt_pool_lru_next(m->gpu, node);
     }
@@ -342,10 +424,11 @@ void ofl_complete_store(kvt_offload *m, struct ofl_event *e)
             m->gflags[g] &= (uint8_t)~G_STORING;
         }
         (void)kvt_pool_free(m->host, &h, 1);
-        (void)kvt_pool_free(m->gpu, &g, 1);
+        ofl_gpu_unpin(m, g);
         m->hstore_src[h] = m->hstore_next[h] = OFL_NONE;
         h = next;
     }
+    ofl_gpu_flush(m);
     if (e->abandoned)
         m->st.stores_abandoned += e->n;
     else if (e->failed)
@@ -363,10 +446,11 @@ void ofl_release_accumulator(kvt_offload *m)
         uint32_t next = m->hstore_next[h], g = m->hstore_src[h];
         m->gflags[g] &= (uint8_t)~G_STORING;
         (void)kvt_pool_free(m->host, &h, 1);
-        (void)kvt_pool_free(m->gpu, &g, 1);
+        ofl_gpu_unpin(m, g);
         m->hstore_src[h] = m->hstore_next[h] = OFL_NONE;
         h = next;
     }
+    ofl_gpu_flush(m);
     m->acc_head = m->acc_tail = OFL_NONE;
     m->acc_n = 0;
 }

@@ -216,7 +216,7 @@ void ofl_tier_pair(kvt_offload *m, struct ofl_req *r, const uint32_t *blocks, ui
             continue;
         }
         /* the allocation's reference on h becomes the load's pin; the slot keeps its pin */
-        (void)kvt_pool_touch(m->gpu, &gpu, 1);
+        ofl_gpu_pin(m, gpu);
         m->gload_src[gpu] = h;
         m->gload_next[gpu] = OFL_NONE;
         if (*load_tail == OFL_NONE)

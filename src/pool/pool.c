@@ -87,6 +87,17 @@ static int validate_config(const kvt_pool_config *c, uint32_t *sched_bs)
     return 0;
 }
 
+int kvt_pool_config_validate(const kvt_pool_config *cfg, uint32_t *scheduler_block_size)
+{
+    if (!cfg)
+        return kvt_fail(KVT_EINVAL, "pool: config is NULL");
+    uint32_t sched_bs = 0;
+    int rc = validate_config(cfg, &sched_bs);
+    if (!rc && scheduler_block_size)
+        *scheduler_block_size = sched_bs;
+    return rc;
+}
+
 int kvt_pool_create(const kvt_pool_config *cfg, kvt_pool **out)
 {
     *out = NULL;

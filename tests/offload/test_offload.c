@@ -850,6 +850,134 @@ static void metrics_count_activity_in_prometheus_text(void **state)
     sim_fini(&s);
 }
 
+/* ---- a manager over an engine's own GPU pool (kvt_gpu_pool_ops) --------------------------- */
+
+struct ext_log {
+    kvt_pool *gpu;
+    uint32_t touch_calls, free_calls, touched, freed;
+};
+
+static void ext_touch(void *ctx, const uint32_t *ids, uint32_t n)
+{
+    struct ext_log *l = ctx;
+    l->touch_calls++;
+    l->touched += n;
+    KVT_OK_(kvt_pool_touch(l->gpu, ids, n));
+}
+
+static void ext_free(void *ctx, const uint32_t *ids, uint32_t n)
+{
+    struct ext_log *l = ctx;
+    l->free_calls++;
+    l->freed += n;
+    KVT_OK_(kvt_pool_free(l->gpu, ids, n));
+}
+
+static uint32_t ext_scan(void *ctx, uint32_t cap, uint32_t *ids, kvt_pool_key *keys)
+{
+    (void)ctx;
+    (void)cap;
+    (void)ids;
+    (void)keys;
+    return 0;
+}
+
+static void engine_pool_is_reached_through_batched_callbacks(void **state)
+{
+    (void)state;
+    struct ext_log log = {0};
+    kvt_pool_config pc;
+    kvt_pool_config_init(&pc);
+    pc.num_blocks = 64;
+    KVT_OK_(kvt_pool_create(&pc, &log.gpu)); /* stands for the engine's allocator */
+    kvt_offload_config oc;
+    kvt_offload_config_init(&oc);
+    oc.host_blocks = 32;
+    kvt_gpu_pool_ops ops = {ext_touch, ext_free, NULL, NULL};
+    kvt_offload *m;
+
+    /* missing callbacks and bad pool configs are refused with a message */
+    kvt_gpu_pool_ops none = {0};
+    KVT_ERR_(kvt_offload_create_ext(&oc, &pc, &none, &log, &m), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "touch and free"));
+    oc.lazy = true;
+    KVT_ERR_(kvt_offload_create_ext(&oc, &pc, &ops, &log, &m), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "lru_scan"));
+    oc.lazy = false;
+    kvt_pool_config bad = pc;
+    bad.groups[0].block_size = 24; /* not a multiple of the hash block size */
+    KVT_ERR_(kvt_offload_create_ext(&oc, &bad, &ops, &log, &m), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "GPU pool config"));
+    kvt_gpu_pool_ops lazy_ops = {ext_touch, ext_free, ext_scan, NULL};
+    oc.lazy = true;
+    KVT_OK_(kvt_offload_create_ext(&oc, &pc, &lazy_ops, &log, &m));
+    kvt_offload_destroy(m);
+    oc.lazy = false;
+    KVT_OK_(kvt_offload_create_ext(&oc, &pc, &ops, &log, &m));
+
+    /* a 5-block prompt is stored in one event: one touch of 5 blocks, one free of 5 */
+    sim_req r;
+    sim_req_make(&r, "r", 5 * SIM_BS, 1, 5 * SIM_BS, 0);
+    KVT_OK_(kvt_pool_alloc(log.gpu, 5, r.blocks));
+    const uint32_t *tab[1] = {r.blocks};
+    uint32_t nb[1] = {5}, hit;
+    KVT_OK_(kvt_offload_match(m, "r", 1, r.hashes, r.n_hashes, r.n_tokens, 0, &hit));
+    KVT_OK_(kvt_offload_after_alloc(m, "r", 1, tab, nb, 0));
+    /* without the hashes an engine-pool manager cannot key a block: refused */
+    KVT_ERR_(kvt_offload_schedule(m, "r", 1, tab, nb, r.n_tokens, 1, false), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "hashes"));
+    /* only 3 hashes known yet: 3 blocks stored now, the rest at the final flush */
+    KVT_OK_(kvt_offload_schedule_hashed(m, "r", 1, tab, nb, r.hashes, 3, r.n_tokens, 1, false));
+    assert_int_equal(log.touch_calls, 1);
+    assert_int_equal(log.touched, 3);
+    kvt_offload_meta meta;
+    kvt_offload_meta_init(&meta);
+    KVT_OK_(kvt_offload_build_meta(m, false, &meta));
+    assert_int_equal(meta.n_stores, 3);
+    KVT_OK_(
+        kvt_offload_request_finished_hashed(m, "r", 1, tab, nb, r.hashes, r.n_hashes, r.n_tokens));
+    assert_int_equal(log.touch_calls, 2);
+    assert_int_equal(log.touched, 5);
+    int64_t first = meta.store_event;
+    KVT_OK_(kvt_offload_build_meta(m, false, &meta));
+    assert_int_equal(meta.n_stores, 2);
+    kvt_offload_worker_meta wm;
+    kvt_offload_worker_meta_init(&wm);
+    KVT_OK_(kvt_offload_worker_meta_add(&wm, first, 1));
+    KVT_OK_(kvt_offload_worker_meta_add(&wm, meta.store_event, 1));
+    KVT_OK_(kvt_offload_apply_output(m, NULL, 0, &wm));
+    assert_int_equal(log.free_calls, 2); /* one per completed event */
+    assert_int_equal(log.freed, 5);
+    for (uint32_t j = 0; j < 5; j++) /* findable under the request's hashes */
+        assert_true(sim_host_has(&(sim){.m = m}, &r, j));
+    /* the engine frees its own references: every block is free again, nothing pinned */
+    KVT_OK_(kvt_pool_free(log.gpu, r.blocks, 5));
+    assert_int_equal(kvt_pool_num_free(log.gpu), 63);
+
+    /* a clone loads the whole prefix but the last token: one touch of 4 destinations */
+    uint32_t dst[5];
+    KVT_OK_(kvt_pool_alloc(log.gpu, 5, dst));
+    KVT_OK_(kvt_offload_match(m, "q", 1, r.hashes, r.n_hashes, r.n_tokens, 0, &hit));
+    assert_int_equal(hit, 4 * SIM_BS);
+    tab[0] = dst;
+    KVT_OK_(kvt_offload_after_alloc(m, "q", 1, tab, nb, hit));
+    assert_int_equal(log.touch_calls, 3);
+    assert_int_equal(log.touched, 9);
+    KVT_OK_(kvt_offload_build_meta(m, false, &meta));
+    assert_int_equal(meta.n_loads, 4);
+    kvt_str q = {"q", 1};
+    KVT_OK_(kvt_offload_apply_output(m, &q, 1, NULL));
+    assert_int_equal(log.free_calls, 3);
+    assert_int_equal(log.freed, 9);
+    KVT_OK_(kvt_offload_request_finished_hashed(m, "q", 1, tab, nb, r.hashes, r.n_hashes, hit));
+    KVT_OK_(kvt_pool_free(log.gpu, dst, 5));
+    assert_int_equal(kvt_pool_num_free(log.gpu), 63);
+    kvt_offload_meta_release(&meta);
+    kvt_offload_worker_meta_release(&wm);
+    kvt_offload_destroy(m);
+    kvt_pool_destroy(log.gpu);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -880,6 +1008,7 @@ int main(void)
         cmocka_unit_test(caller_errors_are_reported_and_change_nothing),
         cmocka_unit_test(host_tier_size_comes_from_capacity_and_the_smallest_worker),
         cmocka_unit_test(metrics_count_activity_in_prometheus_text),
+        cmocka_unit_test(engine_pool_is_reached_through_batched_callbacks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -30,6 +30,11 @@
  * promotion completed); and a failed promotion must come back as invalid load destinations
  * (the engine then recomputes from the first one) or the request's contents check fails.
  *
+ * Half the episodes run the manager over the engine's own pool (kvt_offload_create_ext): the
+ * harness's GPU kvt_pool is then reached only through kvt_gpu_pool_ops callbacks (touch, free,
+ * lru_scan, and lookup in some episodes), stored keys come from the requests' hashes, and the
+ * callbacks must get whole batches (never more calls than the events' blocks).
+ *
  * >= 200,000 manager calls per run (KVTIER_TEST_SCALE multiplies); the seed is printed on
  * failure (KVTIER_TEST_SEED replays it).
  */
@@ -48,7 +53,8 @@
 #define HASH_SEED 7
 
 static uint64_t g_seed, g_step, g_ops;
-static kvt_offload_stats g_tot; /* summed over episodes, for the summary */
+static kvt_offload_stats g_tot;            /* summed over episodes, for the summary */
+static uint64_t g_ext_calls, g_ext_blocks; /* engine-pool callbacks and the blocks they got */
 
 #define CHECK(cond, ...)                                                                           \
     do {                                                                                           \
@@ -118,6 +124,8 @@ static struct {
     const kvt_pool *host, *disk;
     uint32_t gpu_nb, host_nb, disk_nb, world;
     bool lazy;
+    bool ext; /* the manager reaches S.gpu only through the callbacks below */
+    uint64_t cb_calls, cb_blocks;
     struct req reqs[MAXR];
     uint64_t gcont[MAX_RANKS][MAX_GPU], hcont[MAX_RANKS][MAX_HOST], dcont[MAX_RANKS][MAX_DISK];
     struct wev ev[MAX_EV];
@@ -134,6 +142,54 @@ static struct {
     uint32_t g_live[MAX_GPU], h_live[MAX_HOST], d_live[MAX_DISK]; /* transfers in flight */
     uint32_t hist[8][MAXB * BS], hist_len[8]; /* finished conversations that may come back */
 } S;
+
+/* ---- the engine's own pool, as kvt_gpu_pool_ops (ext episodes) ----------------------- */
+
+static void cb_touch(void *ctx, const uint32_t *ids, uint32_t n)
+{
+    (void)ctx;
+    S.cb_calls++;
+    S.cb_blocks += n;
+    CHECK(n > 0, "empty touch batch");
+    CHECK(kvt_pool_touch(S.gpu, ids, n) == 0, "touch callback: %s", kvt_last_error());
+}
+
+static void cb_free(void *ctx, const uint32_t *ids, uint32_t n)
+{
+    (void)ctx;
+    S.cb_calls++;
+    S.cb_blocks += n;
+    CHECK(n > 0, "empty free batch");
+    CHECK(kvt_pool_free(S.gpu, ids, n) == 0, "free callback: %s", kvt_last_error());
+}
+
+static uint32_t cb_lru_scan(void *ctx, uint32_t cap, uint32_t *ids, kvt_pool_key *keys)
+{
+    (void)ctx;
+    uint32_t n = 0;
+    for (uint32_t b = kvt_pool_lru_first(S.gpu); b != KVT_BLOCK_NONE && n < cap;
+         b = kvt_pool_lru_next(S.gpu, b), n++) {
+        uint32_t nk = 0;
+        ids[n] = b;
+        KVT_OK_(kvt_pool_block_keys(S.gpu, b, &keys[n], 1, &nk));
+        if (!nk)
+            keys[n].num_tokens = 0;
+    }
+    return n;
+}
+
+static uint32_t cb_lookup(void *ctx, const uint8_t *hash, uint32_t group, uint32_t *ref)
+{
+    (void)ctx;
+    uint32_t b;
+    *ref = 0;
+    if (kvt_pool_lookup(S.gpu, hash, group, &b) != 1)
+        return KVT_BLOCK_NONE;
+    kvt_block_info bi;
+    KVT_OK_(kvt_pool_block_info(S.gpu, b, &bi));
+    *ref = bi.ref_cnt;
+    return b;
+}
 
 static uint64_t tag(const uint8_t *hash, uint32_t rank)
 {
@@ -227,7 +283,11 @@ static void finish(struct req *r)
 {
     const uint32_t *tab[1] = {r->blocks};
     uint32_t nb[1] = {r->n_blocks};
-    CALL(kvt_offload_request_finished(S.m, r->id, r->id_len, tab, nb, r->computed));
+    if (S.ext)
+        CALL(kvt_offload_request_finished_hashed(S.m, r->id, r->id_len, tab, nb, r->hashes,
+                                                 full_hashes(r), r->computed));
+    else
+        CALL(kvt_offload_request_finished(S.m, r->id, r->id_len, tab, nb, r->computed));
     r->n_pins = r->n_ppins = r->n_dpins = 0;
     release_blocks(r);
     r->used = false;
@@ -705,7 +765,11 @@ static void step(uint64_t *rng)
         }
         const uint32_t *tab[1] = {r->blocks};
         uint32_t nb[1] = {r->n_blocks};
-        CALL(kvt_offload_schedule(S.m, r->id, r->id_len, tab, nb, r->computed, t, r->resumed));
+        if (S.ext)
+            CALL(kvt_offload_schedule_hashed(S.m, r->id, r->id_len, tab, nb, r->hashes,
+                                             full_hashes(r), r->computed, t, r->resumed));
+        else
+            CALL(kvt_offload_schedule(S.m, r->id, r->id_len, tab, nb, r->computed, t, r->resumed));
         r->resumed = false;
         sched[i] = t;
     }
@@ -773,7 +837,14 @@ static void episode(uint64_t *rng, uint64_t ops_goal)
     oc.restore_budget = budgets[kvt_test_below(rng, 3)];
     oc.max_requests = MAXR + 4;
     oc.disk_blocks = S.disk_nb;
-    KVT_OK_(kvt_offload_create(&oc, S.gpu, &S.m));
+    S.ext = kvt_test_below(rng, 2);
+    if (S.ext) {
+        kvt_gpu_pool_ops ops = {cb_touch, cb_free, cb_lru_scan,
+                                kvt_test_below(rng, 2) ? cb_lookup : NULL};
+        KVT_OK_(kvt_offload_create_ext(&oc, &pc, &ops, NULL, &S.m));
+    } else {
+        KVT_OK_(kvt_offload_create(&oc, S.gpu, &S.m));
+    }
     S.host = kvt_offload_host_pool(S.m);
     S.disk = kvt_offload_disk_pool(S.m);
     kvt_offload_meta_init(&S.meta);
@@ -810,6 +881,9 @@ static void episode(uint64_t *rng, uint64_t ops_goal)
     CALL(kvt_offload_reset(S.m));
     kvt_offload_stats st;
     kvt_offload_get_stats(S.m, &st);
+    CHECK(!S.ext || S.cb_calls <= S.cb_blocks, "callback calls");
+    g_ext_calls += S.cb_calls;
+    g_ext_blocks += S.cb_blocks;
     CHECK(st.requests == 0, "%u requests still tracked", st.requests);
     g_tot.hit_tokens += st.hit_tokens;
     g_tot.load_blocks += st.load_blocks;
@@ -850,6 +924,7 @@ static void manager_keeps_every_invariant_under_random_traffic(void **state)
     uint64_t rng = g_seed, goal = (uint64_t)(200000 * kvt_test_scale());
     uint32_t episodes = 0;
     g_ops = 0;
+    g_ext_calls = g_ext_blocks = 0;
     memset(&g_tot, 0, sizeof(g_tot));
     while (g_ops < goal) {
         episode(&rng, 5000 + kvt_test_below(&rng, 20000));
@@ -860,7 +935,7 @@ static void manager_keeps_every_invariant_under_random_traffic(void **state)
         "%llu hit tokens, %llu blocks loaded, %llu stored (%llu abandoned, %llu failed), %llu "
         "host evictions, %llu re-stores, %llu stores dropped for room, %llu resets; three tiers: "
         "%llu disk hit tokens, %llu promoted (%llu failed), %llu written back (%llu failed, %llu "
-        "dropped)\n",
+        "dropped); engine-pool episodes: %llu callbacks for %llu blocks\n",
         (unsigned long long)g_ops, episodes, (unsigned long long)g_step, (unsigned long long)g_seed,
         (unsigned long long)g_tot.hit_tokens, (unsigned long long)g_tot.load_blocks,
         (unsigned long long)g_tot.store_blocks, (unsigned long long)g_tot.stores_abandoned,
@@ -869,7 +944,8 @@ static void manager_keeps_every_invariant_under_random_traffic(void **state)
         (unsigned long long)g_tot.resets, (unsigned long long)g_tot.disk_hit_tokens,
         (unsigned long long)g_tot.promotions, (unsigned long long)g_tot.promotions_failed,
         (unsigned long long)g_tot.disk_stores_completed,
-        (unsigned long long)g_tot.disk_stores_failed, (unsigned long long)g_tot.disk_store_dropped);
+        (unsigned long long)g_tot.disk_stores_failed, (unsigned long long)g_tot.disk_store_dropped,
+        (unsigned long long)g_ext_calls, (unsigned long long)g_ext_blocks);
 }
 
 int main(void)
