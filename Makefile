@@ -18,6 +18,7 @@ FUZZ_SECONDS ?= 30
 SOAK_SECONDS ?= 300
 JOBS         ?= $(shell nproc)
 CMAKE_FLAGS  ?=
+DEV_FLAGS     = -DKVT_WERROR=ON
 SOURCES       = $(shell find include src tests tools bench fuzz -name '*.[ch]')
 FUZZ_TARGETS  = offload_meta offload_worker_meta ec_meta ec_worker_meta ec_load_spec ec_push_spec \
                 link ec_shard ec_ctl
@@ -35,7 +36,7 @@ deps:
 	@scripts/install-deps
 
 build: deps
-	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_FLAGS) >/dev/null
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo $(DEV_FLAGS) $(CMAKE_FLAGS) >/dev/null
 	@cmake --build $(BUILD) -j$(JOBS)
 
 test: build
@@ -56,7 +57,7 @@ install: build
 	cmake --install $(BUILD) --prefix $(PREFIX)
 
 test-asan: deps
-	@cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DKVT_SANITIZE=address >/dev/null
+	@cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DKVT_SANITIZE=address $(DEV_FLAGS) >/dev/null
 	@cmake --build build-asan -j$(JOBS)
 	cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	    ctest --output-on-failure -j$(JOBS)
@@ -64,14 +65,14 @@ test-asan: deps
 # The soak (docs/reliability.md): offload and encoder-cache rounds with random faults for
 # SOAK_SECONDS, in the sanitized build so that a fault that corrupts memory is caught too.
 soak: deps
-	@cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DKVT_SANITIZE=address >/dev/null
+	@cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DKVT_SANITIZE=address $(DEV_FLAGS) >/dev/null
 	@cmake --build build-asan -j$(JOBS) --target kvtier_cli
 	cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	    bin/kvtier demo --soak $(SOAK_SECONDS)
 
 # Line coverage of src/ by the whole test suite (gcovr), printed; HTML in build-cov/coverage/.
 coverage: deps
-	@cmake -S . -B build-cov -DCMAKE_BUILD_TYPE=Debug -DKVT_COVERAGE=ON >/dev/null
+	@cmake -S . -B build-cov -DCMAKE_BUILD_TYPE=Debug -DKVT_COVERAGE=ON $(DEV_FLAGS) >/dev/null
 	@cmake --build build-cov -j$(JOBS)
 	@find build-cov -name '*.gcda' -delete
 	cd build-cov && ctest -j$(JOBS) >/dev/null || (ctest --rerun-failed --output-on-failure; exit 1)
@@ -93,14 +94,14 @@ valgrind: build
 # UCX_MEM_EVENTS=no: UCX's memory hooks (libucm intercepting madvise) crash under ThreadSanitizer.
 # The randomized and bulk tests run at 0.3 of their length: TSan is ~10x slower, races show early.
 test-tsan: deps
-	@cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DKVT_SANITIZE=thread >/dev/null
+	@cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DKVT_SANITIZE=thread $(DEV_FLAGS) >/dev/null
 	@cmake --build build-tsan -j$(JOBS)
 	cd build-tsan && UCX_MEM_EVENTS=no KVTIER_TEST_SCALE=0.3 TSAN_OPTIONS="halt_on_error=1 suppressions=$(CURDIR)/tests/tsan.supp" \
 	    ctest --output-on-failure -L threaded
 
 fuzz-build: deps
 	@CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVT_FUZZ=ON \
-	    -DKVT_SANITIZE=address -DKVT_BUILD_TESTS=OFF >/dev/null
+	    -DKVT_SANITIZE=address -DKVT_BUILD_TESTS=OFF $(DEV_FLAGS) >/dev/null
 	@cmake --build build-fuzz -j$(JOBS)
 
 # Each target fuzzes for FUZZ_SECONDS from the committed seeds; new inputs go to a scratch

@@ -19,11 +19,13 @@ NO_EVENT = -1
 
 
 def _find_library():
+    # KVTIER_LIB overrides; then the copy `pip install` put inside the package; then a source
+    # tree's build/ (running from bindings/python) and an installed prefix's lib/.
     env = os.environ.get("KVTIER_LIB")
     if env:
         return env
     here = os.path.dirname(os.path.abspath(__file__))
-    for rel in ("libkvtier.so.0", "../../../build/lib/libkvtier.so.0",
+    for rel in ("libkvtier.so", "libkvtier.so.0", "../../../build/lib/libkvtier.so.0",
                 "../../../../lib/libkvtier.so.0"):
         p = os.path.normpath(os.path.join(here, rel))
         if os.path.exists(p):
