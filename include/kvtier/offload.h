@@ -188,7 +188,10 @@ KVT_API int kvt_offload_schedule(kvt_offload *m, const char *req_id, uint32_t re
  * grown as the request decodes). Required by a manager over an engine's own pool
  * (kvt_offload_create_ext), where the blocks from the first position with no hash yet wait
  * for a later call that gives it; a
- * manager over a kvt_pool takes the keys from the pool and ignores them (may be NULL). */
+ * manager over a kvt_pool takes the keys from the pool and ignores them (may be NULL).
+ * kvt_offload_schedule_hashed returns, on success, the number of the request's confirmed
+ * blocks it left for a later call (no host block free, no hash yet), 0 when all are covered:
+ * while it is 0 and no new block is confirmed, an engine may skip the call. */
 KVT_API int kvt_offload_schedule_hashed(kvt_offload *m, const char *req_id, uint32_t req_id_len,
                                         const uint32_t *const *blocks, const uint32_t *n_blocks,
                                         const uint8_t *hashes, uint32_t n_hashes,

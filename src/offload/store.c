@@ -197,15 +197,26 @@ int kvt_offload_schedule_hashed(kvt_offload *m, const char *id, uint32_t id_len,
     if ((rc = ofl_check_span(m, blocks, n_blocks, r->cursor, aligned, "schedule", &news)) || !news)
         return rc;
     ofl_select_eager(m, r, blocks, n_blocks, hashes, n_hashes, num_confirmed);
-    return 0;
+    /* what is left for later calls (no room, no hash yet): an engine may skip the call for a
+     * request while this is 0 and no new block was confirmed */
+    uint64_t left = 0;
+    for (uint32_t g = 0; g < m->ng; g++) {
+        uint32_t ready = aligned / m->gcfg.groups[g].block_size;
+        if (ready > n_blocks[g])
+            ready = n_blocks[g];
+        if (ready > r->cursor[g])
+            left += ready - r->cursor[g];
+    }
+    return left > INT32_MAX ? INT32_MAX : (int)left;
 }
 
 int kvt_offload_schedule(kvt_offload *m, const char *id, uint32_t id_len,
                          const uint32_t *const *blocks, const uint32_t *n_blocks,
                          uint32_t num_confirmed, uint32_t num_scheduled, bool resumed)
 {
-    return kvt_offload_schedule_hashed(m, id, id_len, blocks, n_blocks, NULL, 0, num_confirmed,
-                                       num_scheduled, resumed);
+    int rc = kvt_offload_schedule_hashed(m, id, id_len, blocks, n_blocks, NULL, 0, num_confirmed,
+                                         num_scheduled, resumed);
+    return rc > 0 ? 0 : rc;
 }
 
 int kvt_offload_request_finished_hashed(kvt_offload *m, const char *id, uint32_t id_len,

@@ -765,9 +765,13 @@ static void step(uint64_t *rng)
         }
         const uint32_t *tab[1] = {r->blocks};
         uint32_t nb[1] = {r->n_blocks};
-        if (S.ext)
-            CALL(kvt_offload_schedule_hashed(S.m, r->id, r->id_len, tab, nb, r->hashes,
-                                             full_hashes(r), r->computed, t, r->resumed));
+        if (S.ext) { /* returns the blocks it left for later: never more than confirmed */
+            g_ops++;
+            int left = kvt_offload_schedule_hashed(S.m, r->id, r->id_len, tab, nb, r->hashes,
+                                                   full_hashes(r), r->computed, t, r->resumed);
+            CHECK(left >= 0 && (uint32_t)left <= r->computed / BS, "schedule_hashed -> %d: %s",
+                  left, kvt_last_error());
+        }
         else
             CALL(kvt_offload_schedule(S.m, r->id, r->id_len, tab, nb, r->computed, t, r->resumed));
         r->resumed = false;

@@ -58,6 +58,27 @@ class kvt_pool_config(ctypes.Structure):
                 ("groups", kvt_group_spec * MAX_GROUPS)]
 
 
+class kvt_pool_key(ctypes.Structure):
+    _fields_ = [("hash", ctypes.c_uint8 * 32), ("group", c_u32), ("num_tokens", c_u32)]
+
+
+class kvt_pool_event(ctypes.Structure):
+    _fields_ = [("type", c_u32), ("block", c_u32), ("group", c_u32), ("num_tokens", c_u32),
+                ("hash", ctypes.c_uint8 * 32)]
+
+
+# kvt_gpu_pool_ops: an engine's own GPU block pool (kvt_offload_create_ext)
+GPU_TOUCH = ctypes.CFUNCTYPE(None, ctypes.c_void_p, P(c_u32), c_u32)
+GPU_FREE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, P(c_u32), c_u32)
+GPU_LRU_SCAN = ctypes.CFUNCTYPE(c_u32, ctypes.c_void_p, c_u32, P(c_u32), P(kvt_pool_key))
+GPU_LOOKUP = ctypes.CFUNCTYPE(c_u32, ctypes.c_void_p, P(ctypes.c_uint8), c_u32, P(c_u32))
+
+
+class kvt_gpu_pool_ops(ctypes.Structure):
+    _fields_ = [("touch", GPU_TOUCH), ("free", GPU_FREE), ("lru_scan", GPU_LRU_SCAN),
+                ("lookup", GPU_LOOKUP)]
+
+
 class kvt_hit(ctypes.Structure):
     _fields_ = [("length", c_u32), ("n_blocks", c_u32 * MAX_GROUPS)]
 
@@ -372,6 +393,14 @@ _sig("kvt_event_report_add_failed", c_int, P(kvt_event_report), c_i64)
 _sig("kvt_offload_config_init", None, P(kvt_offload_config))
 _sig("kvt_offload_size_host", c_int, c_u64, c_u64, P(c_u32))
 _sig("kvt_offload_create", c_int, P(kvt_offload_config), vp, P(vp))
+_sig("kvt_offload_create_ext", c_int, P(kvt_offload_config), P(kvt_pool_config),
+     P(kvt_gpu_pool_ops), vp, P(vp))
+_sig("kvt_offload_schedule_hashed", c_int, vp, cp, c_u32, P(P(c_u32)), P(c_u32), vp, c_u32,
+     c_u32, c_u32, c_bool)
+_sig("kvt_offload_request_finished_hashed", c_int, vp, cp, c_u32, P(P(c_u32)), P(c_u32), vp,
+     c_u32, c_u32)
+_sig("kvt_offload_take_events", c_u32, vp, P(kvt_pool_event), c_u32, P(c_u64))
+_sig("kvt_pool_config_validate", c_int, P(kvt_pool_config), P(c_u32))
 _sig("kvt_offload_destroy", None, vp)
 _sig("kvt_offload_lower_host_blocks", c_int, vp, c_u32)
 _sig("kvt_offload_lower_disk_blocks", c_int, vp, c_u32)
@@ -511,6 +540,7 @@ _sig("kvt_ec_worker_meta_add", c_int, P(kvt_ec_worker_meta), c_int, cp, c_u32)
 _sig("kvt_ec_worker_meta_aggregate", c_int, P(kvt_ec_worker_meta), P(kvt_ec_worker_meta))
 
 for _t in (kvt_str, kvt_bump, kvt_group_spec, kvt_pool_config, kvt_hit, kvt_block_info,
+           kvt_pool_key, kvt_pool_event, kvt_gpu_pool_ops,
            kvt_offload_config, kvt_offload_meta, kvt_event_report, kvt_offload_worker_meta,
            kvt_offload_stats,
            kvt_copy_config, kvt_mirror_config, kvt_worker_config, kvt_region, kvt_kv_tensor,

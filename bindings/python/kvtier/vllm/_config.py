@@ -1,0 +1,116 @@
+# SPDX-License-Identifier: Apache-2.0
+"""kv_connector_extra_config of KvtierConnector: parsed once, checked strictly.
+
+The keys follow vLLM's SimpleCPUOffloadConnector where it has one (cpu_bytes_to_use,
+cpu_bytes_to_use_per_rank, lazy_offload, kv_offload_backend, disk_path, disk_capacity_bytes,
+use_page_cache, disk_buffer_slots); kvtier's own keys start with "kvtier_". Unlike vLLM, a bad
+value or an unknown key is an error that names the key, the value and what is allowed: an engine
+must not start half-configured because of a typo (vLLM's `bool("false")` is True; here it is
+refused).
+"""
+
+DEFAULT_CPU_BYTES = 8 << 30  # vLLM's default: 8 GiB for the whole server
+DEFAULT_DISK_BYTES = 100 << 30
+BACKENDS = ("cpu", "disk", "cpu+disk")
+
+_KEYS = {
+    "cpu_bytes_to_use": "host tier bytes for the whole server, split evenly across ranks",
+    "cpu_bytes_to_use_per_rank": "host tier bytes per rank (overrides cpu_bytes_to_use)",
+    "lazy_offload": "store blocks only as they near eviction from the GPU (true/false)",
+    "kv_offload_backend": "cpu (host memory), disk (a file per rank), cpu+disk (both, kvtier)",
+    "disk_path": "path prefix of each rank's disk file (rank N adds .rankN)",
+    "disk_capacity_bytes": "disk tier bytes per rank",
+    "use_page_cache": "disk I/O through the page cache instead of O_DIRECT (true/false)",
+    "disk_buffer_slots": "accepted for compatibility with vLLM; kvtier needs no staging slots",
+    "kvtier_copy_threads": "CPU copy threads per rank (0: one per core)",
+    "kvtier_max_requests": "requests the manager tracks at once",
+    "kvtier_restore_budget": "blocks re-stored per step after a host eviction (0: off)",
+    "kvtier_disk_queue_depth": "io_uring queue depth of the disk tier",
+}
+
+
+class ConfigError(ValueError):
+    """A bad kv_connector_extra_config value (a ValueError, as vLLM raises for its own)."""
+
+
+def _int(extra, key, default, minimum=0, maximum=None):
+    if key not in extra:
+        return default
+    v = extra[key]
+    if isinstance(v, bool):
+        raise ConfigError("kvtier: %s=%r: expected an integer, not a boolean" % (key, v))
+    if isinstance(v, float):
+        if v != v or v in (float("inf"), float("-inf")) or v != int(v):
+            raise ConfigError("kvtier: %s=%r: expected a whole number" % (key, v))
+        v = int(v)
+    elif isinstance(v, str):
+        s = v.strip()
+        if not s.isdigit():
+            raise ConfigError("kvtier: %s=%r: expected a non-negative integer" % (key, v))
+        v = int(s)
+    elif not isinstance(v, int):
+        raise ConfigError("kvtier: %s=%r: expected an integer" % (key, v))
+    if v < minimum:
+        raise ConfigError("kvtier: %s=%d: must be at least %d" % (key, v, minimum))
+    if maximum is not None and v > maximum:
+        raise ConfigError("kvtier: %s=%d: must be at most %d" % (key, v, maximum))
+    return v
+
+
+def _bool(extra, key, default):
+    if key not in extra:
+        return default
+    v = extra[key]
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, int) and v in (0, 1):
+        return bool(v)
+    if isinstance(v, str) and v.strip().lower() in ("true", "false", "1", "0", "yes", "no"):
+        return v.strip().lower() in ("true", "1", "yes")
+    raise ConfigError("kvtier: %s=%r: expected true or false" % (key, v))
+
+
+class KvtierConfig:
+    """The connector's settings, from kv_connector_extra_config and the world size."""
+
+    def __init__(self, extra, world_size):
+        extra = dict(extra or {})
+        unknown = sorted(k for k in extra if k not in _KEYS)
+        if unknown:
+            raise ConfigError("kvtier: unknown kv_connector_extra_config key%s %s; known keys: %s"
+                              % ("s" if len(unknown) > 1 else "", ", ".join(map(repr, unknown)),
+                                 ", ".join(sorted(_KEYS))))
+        if world_size < 1:
+            raise ConfigError("kvtier: world_size %d must be positive" % world_size)
+        self.world_size = world_size
+        total = _int(extra, "cpu_bytes_to_use", DEFAULT_CPU_BYTES)
+        self.cpu_bytes_per_rank = _int(extra, "cpu_bytes_to_use_per_rank", total // world_size)
+        self.lazy = _bool(extra, "lazy_offload", False)
+        backend = extra.get("kv_offload_backend", "cpu")
+        if not isinstance(backend, str) or backend not in BACKENDS:
+            raise ConfigError("kvtier: kv_offload_backend=%r: expected one of %s"
+                              % (backend, ", ".join(BACKENDS)))
+        self.backend = backend
+        self.disk_path = extra.get("disk_path")
+        self.disk_bytes_per_rank = _int(extra, "disk_capacity_bytes", DEFAULT_DISK_BYTES, 1)
+        self.page_cache = _bool(extra, "use_page_cache", False)
+        _int(extra, "disk_buffer_slots", 2, 1)  # checked, then unused
+        self.copy_threads = _int(extra, "kvtier_copy_threads", 0, 0, 256)
+        self.max_requests = _int(extra, "kvtier_max_requests", 4096, 1, 1 << 22)
+        self.restore_budget = _int(extra, "kvtier_restore_budget", 256, 0, 1 << 20)
+        self.disk_queue_depth = _int(extra, "kvtier_disk_queue_depth", 16, 1, 4096)
+        if backend in ("disk", "cpu+disk"):
+            if not isinstance(self.disk_path, str) or not self.disk_path:
+                raise ConfigError('kvtier: kv_offload_backend="%s" needs disk_path (a path '
+                                  "prefix for each rank's file)" % backend)
+        elif any(k in extra for k in ("disk_path", "disk_capacity_bytes", "use_page_cache")):
+            raise ConfigError('kvtier: disk settings given but kv_offload_backend is "%s"; set '
+                              'kv_offload_backend to "disk" or "cpu+disk"' % backend)
+        if backend != "disk" and self.cpu_bytes_per_rank <= 0:
+            raise ConfigError("kvtier: cpu_bytes_to_use%s is 0: the host tier needs memory"
+                              % ("_per_rank" if "cpu_bytes_to_use_per_rank" in extra else ""))
+
+    @property
+    def tier_bytes_per_rank(self):
+        """Bytes of the tier the GPU stores into (host, or the disk when it is the only one)."""
+        return self.disk_bytes_per_rank if self.backend == "disk" else self.cpu_bytes_per_rank

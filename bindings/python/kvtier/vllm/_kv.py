@@ -1,0 +1,756 @@
+# SPDX-License-Identifier: Apache-2.0
+"""KvtierConnector: vLLM's KV connector interface over kvtier's offload manager and worker.
+
+Load it as an out-of-tree connector::
+
+    kv_transfer_config={"kv_connector": "KvtierConnector",
+                        "kv_connector_module_path": "kvtier.vllm",
+                        "kv_role": "kv_both",
+                        "kv_connector_extra_config": {"cpu_bytes_to_use": 8 << 30}}
+
+Scheduler side (one per engine): kvtier's C offload manager works on vLLM's own GPU BlockPool
+in place. It never copies the pool: it pins and unpins blocks through two batched callbacks
+(BlockPool.touch / free_blocks, one call per transfer), takes the keys of the blocks it stores
+from the request's block_hashes (vLLM's key: the hash at the block's last hash-block boundary
+plus the group id), walks the free queue through a third callback in lazy mode and looks keys up
+through a fourth for re-stores. Python does only what vLLM's scheduler hands over: per request
+and step one C call, and none at all for a request with no newly confirmed block.
+
+Worker side (one per rank): the rank's KV cache tensors become kvtier regions (the placement in
+KVCacheConfig.kv_cache_tensors, as vLLM's own CPU offload worker reads it), a host mirror of
+them is the host tier, and kvtier's worker moves blocks: CPU copy threads when vLLM runs on the
+CPU, CUDA (cuMemcpyBatchAsync on low-priority streams, after a compute-done event) on a GPU.
+Copies are launched after the forward (get_finished) and reported by event index.
+
+Metadata crosses from scheduler to workers in kvtier's versioned wire encoding (validated on
+decode), and back as encoded worker reports that vLLM aggregates across ranks (stores complete
+only when all world_size ranks reported them).
+"""
+import array
+import ctypes
+import importlib
+import logging
+from typing import Any
+
+from .. import Disk, KvtierError, Layout, Mirror, OffloadManager, OffloadMeta, Worker, WorkerMeta
+from ._config import ConfigError, KvtierConfig
+
+try:  # vLLM is not a dependency of the kvtier package: only this module needs it
+    import torch
+    from vllm.distributed.kv_transfer.kv_connector.utils import yield_req_data
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1,
+                                                                   KVConnectorMetadata,
+                                                                   KVConnectorRole,
+                                                                   KVConnectorWorkerMetadata,
+                                                                   SupportsHMA)
+    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
+    from vllm.v1.kv_cache_interface import (FullAttentionSpec, MambaSpec, SlidingWindowSpec)
+except ImportError as e:  # pragma: no cover - exercised only without vLLM
+    raise ImportError("kvtier.vllm needs vLLM (pip install vllm); kvtier itself does not: %s"
+                      % e) from e
+
+logger = logging.getLogger("kvtier.vllm")
+L = importlib.import_module("kvtier._lib")  # the module (the package's `_lib` is the CDLL)
+_lib = L.lib
+_u32p = ctypes.POINTER(ctypes.c_uint32)
+
+
+# ---- metadata crossing vLLM's process boundaries ------------------------------------------
+
+class KvtierConnectorMetadata(KVConnectorMetadata):
+    """Scheduler -> worker: one step's kvt_offload_meta in kvtier's wire encoding (b"" when the
+    step has nothing for the workers), and need_flush (preemption) outside it, because vLLM
+    calls handle_preemptions before it binds the metadata."""
+
+    __slots__ = ("data", "need_flush")
+
+    def __init__(self, data=b"", need_flush=False):
+        self.data = data
+        self.need_flush = need_flush
+
+
+class KvtierWorkerMetadata(KVConnectorWorkerMetadata):
+    """Worker -> scheduler: the rank's store reports (kvt_offload_worker_meta, encoded).
+    vLLM merges the ranks' objects with aggregate(): counts add up per event, failures unite."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data=b""):
+        self.data = data
+
+    def aggregate(self, other):
+        if other is None or not other.data:
+            return self
+        if not self.data:
+            return other
+        mine = WorkerMeta.decode(self.data)
+        mine.aggregate(WorkerMeta.decode(other.data))
+        return KvtierWorkerMetadata(mine.encode())
+
+
+_STAT_COUNTERS = ("lookups", "hit_tokens", "miss_tokens", "load_blocks", "loads_completed",
+                  "store_blocks", "stores_completed", "stores_failed", "host_evictions",
+                  "restores", "bytes_loaded", "bytes_stored")
+
+
+class KvtierStats(KVConnectorStats):
+    """Scheduler-side counters drained once per step (vLLM logs their sums per interval)."""
+
+    def reset(self):
+        self.data = {}
+
+    def aggregate(self, other):
+        for k, v in (other.data or {}).items():
+            self.data[k] = self.data.get(k, 0) + v
+        return self
+
+    def reduce(self):
+        return dict(self.data)
+
+    def is_empty(self):
+        return not any(self.data.values())
+
+
+# ---- the KV cache placement vLLM chose -------------------------------------------------------
+
+def kv_regions(kv_cache_config):
+    """[(layer_name, byte offset into its backing storage, block_bytes)] of every distinct
+    region of equally strided blocks, from KVCacheConfig.kv_cache_tensors (vLLM places all of a
+    rank's tensors in one backing allocation; layer-outermost tensors give a region per layer,
+    block-outermost ones a single region whose block spans all layers)."""
+    nb = kv_cache_config.num_blocks
+    seen, out = set(), []
+    for t in kv_cache_config.kv_cache_tensors:
+        if not t.layers:
+            continue
+        bb = t.block_stride
+        span_blocks = nb * bb
+        if bb <= 0:
+            raise ConfigError("kvtier: KV cache tensor of %s has block_stride %d" % (t.layers, bb))
+        if t.layer_stride >= span_blocks:
+            start, span = t.offset, len(t.layers) * t.layer_stride
+        else:
+            start, span = 0, span_blocks
+        n = span // span_blocks
+        per_layer = max(1, n // len(t.layers)) if t.layer_stride >= span_blocks else n
+        for i in range(n):
+            off = start + i * span_blocks
+            if off in seen:
+                continue
+            seen.add(off)
+            layer = t.layers[min(i // per_layer, len(t.layers) - 1)]
+            out.append((layer, off, bb))
+    return out
+
+
+def block_bytes_per_rank(kv_cache_config):
+    """Bytes one block occupies on a rank, over all its regions."""
+    return sum(bb for _, _, bb in kv_regions(kv_cache_config))
+
+
+def _hash_len(vllm_config):
+    algo = getattr(vllm_config.cache_config, "prefix_caching_hash_algo", "sha256")
+    if algo.startswith("sha256"):
+        return 32
+    if algo.startswith("xxhash"):
+        return 16
+    raise ConfigError("kvtier: prefix_caching_hash_algo %r is not supported" % algo)
+
+
+def _group_specs(kv_cache_config, vllm_config):
+    """kvt_pool_config for vLLM's GPU pool: groups, block sizes, hash block size."""
+    from vllm.v1.core.kv_cache_utils import resolve_kv_cache_block_sizes
+    sched_bs, hash_bs = resolve_kv_cache_block_sizes(kv_cache_config, vllm_config)
+    if vllm_config.parallel_config.decode_context_parallel_size > 1:
+        raise ConfigError("kvtier: decode context parallelism is not supported yet")
+    cfg = L.kvt_pool_config()
+    _lib.kvt_pool_config_init(ctypes.byref(cfg))
+    groups = kv_cache_config.kv_cache_groups
+    if not groups or len(groups) > L.MAX_GROUPS:
+        raise ConfigError("kvtier: %d KV cache groups (1..%d supported)"
+                          % (len(groups), L.MAX_GROUPS))
+    cacheable = set(getattr(kv_cache_config, "prefix_cacheable_group_ids", range(len(groups))))
+    for g, grp in enumerate(groups):
+        spec = grp.kv_cache_spec
+        if g not in cacheable:
+            raise ConfigError("kvtier: KV cache group %d (%s) is not prefix-cacheable; such "
+                              "groups are not supported yet" % (g, type(spec).__name__))
+        gs = cfg.groups[g]
+        gs.block_size = spec.block_size
+        if isinstance(spec, SlidingWindowSpec):
+            gs.kind, gs.sliding_window = 1, spec.sliding_window
+        elif isinstance(spec, MambaSpec):
+            gs.kind = 2
+        elif isinstance(spec, FullAttentionSpec):
+            gs.kind = 0
+        else:
+            raise ConfigError("kvtier: KV cache group %d has spec %s, which is not supported"
+                              % (g, type(spec).__name__))
+    cfg.n_groups = len(groups)
+    cfg.num_blocks = kv_cache_config.num_blocks
+    cfg.hash_len = _hash_len(vllm_config)
+    cfg.hash_block_size = hash_bs
+    cfg.scheduler_block_size = sched_bs
+    got = L.c_u32()
+    rc = _lib.kvt_pool_config_validate(ctypes.byref(cfg), ctypes.byref(got))
+    if rc < 0:
+        raise ConfigError("kvtier: vLLM's KV cache layout: %s"
+                          % _lib.kvt_last_error().decode(errors="replace"))
+    return cfg
+
+
+def host_blocks_for(cfg, kv_cache_config):
+    """Host-tier (or disk-only) blocks per rank: the same number on the scheduler and every
+    worker, from the configured bytes and the bytes one block occupies on a rank."""
+    bpr = block_bytes_per_rank(kv_cache_config)
+    n = cfg.tier_bytes_per_rank // bpr if bpr else 0
+    if n < 2:
+        key = "disk_capacity_bytes" if cfg.backend == "disk" else "cpu_bytes_to_use(_per_rank)"
+        raise ConfigError("kvtier: %s gives %d bytes per rank, %d host_blocks of %d bytes; at "
+                          "least 2 are needed (block 0 is the null block)"
+                          % (key, cfg.tier_bytes_per_rank, n, bpr))
+    return OffloadManager.size_host(cfg.tier_bytes_per_rank, bpr)
+
+
+# ---- scheduler side -----------------------------------------------------------------------
+
+class _Req:
+    """What the scheduler side keeps per request: the request, its block table per group (as
+    uint32 arrays whose buffers C reads in place) and its chained hashes joined."""
+
+    __slots__ = ("request", "rid", "tables", "hashes", "n_hashes", "ready", "pending")
+
+    def __init__(self, request, n_groups):
+        self.request = request
+        self.rid = request.request_id.encode()
+        self.tables = [array.array("I") for _ in range(n_groups)]
+        self.hashes = array.array("B")
+        self.n_hashes = 0
+        self.ready = -1   # confirmed scheduler blocks at the last schedule call
+        self.pending = 0  # blocks that call left unselected (no room, no hash yet)
+
+    def sync_hashes(self):
+        bh = self.request.block_hashes
+        n = len(bh)
+        if n > self.n_hashes:
+            self.hashes.frombytes(b"".join(bh[self.n_hashes:n]))
+            self.n_hashes = n
+        return self.hashes.buffer_info()[0], n
+
+
+def _tables_arg(tables):
+    ptrs = (_u32p * len(tables))(*[ctypes.cast(t.buffer_info()[0], _u32p) for t in tables])
+    counts = (ctypes.c_uint32 * len(tables))(*[len(t) for t in tables])
+    return ptrs, counts
+
+
+def _lists_arg(block_ids):
+    arrs = [array.array("I", b) for b in block_ids]
+    return arrs, _tables_arg(arrs)
+
+
+class _Scheduler:
+    def __init__(self, vllm_config, kv_cache_config, cfg):
+        self.cfg = cfg
+        self.gcfg = _group_specs(kv_cache_config, vllm_config)
+        self.ng = self.gcfg.n_groups
+        self.sched_bs = self.gcfg.scheduler_block_size
+        self.hash_len = self.gcfg.hash_len
+        self.bpr = block_bytes_per_rank(kv_cache_config)
+        self.host_blocks = host_blocks_for(cfg, kv_cache_config)
+        self.gpu = None  # vLLM's BlockPool, bound by the scheduler
+        self.reqs = {}
+        self._cb_error = None
+        self._warned_misaligned = False
+        self._stats_last = {}
+        self._events = bool(getattr(vllm_config, "kv_events_config", None) and
+                            vllm_config.kv_events_config.enable_kv_cache_events)
+        self._medium = "STORAGE" if cfg.backend == "disk" else "CPU"
+
+        oc = L.kvt_offload_config()
+        _lib.kvt_offload_config_init(ctypes.byref(oc))
+        two_tier_disk = cfg.backend == "cpu+disk"
+        oc.host_blocks = self.host_blocks
+        oc.world_size = cfg.world_size
+        oc.lazy = cfg.lazy
+        oc.max_requests = cfg.max_requests
+        oc.max_batched_tokens = vllm_config.scheduler_config.max_num_batched_tokens
+        oc.max_model_len = vllm_config.model_config.max_model_len
+        oc.restore_budget = cfg.restore_budget
+        oc.block_bytes = self.bpr * cfg.world_size
+        oc.event_capacity = 65536 if self._events else 0
+        if two_tier_disk:
+            oc.disk_blocks = OffloadManager.size_host(cfg.disk_bytes_per_rank, self.bpr)
+        # the callbacks keep references to these ctypes function objects for as long as C may
+        # call them: they live on self
+        self._ops = L.kvt_gpu_pool_ops(L.GPU_TOUCH(self._touch), L.GPU_FREE(self._free),
+                                       L.GPU_LRU_SCAN(self._lru_scan),
+                                       L.GPU_LOOKUP(self._lookup))
+        h = ctypes.c_void_p()
+        self._call(_lib.kvt_offload_create_ext(ctypes.byref(oc), ctypes.byref(self.gcfg),
+                                               ctypes.byref(self._ops), None, ctypes.byref(h)))
+        self.h = h
+        self.meta = OffloadMeta()
+        self._empty = KvtierConnectorMetadata()
+        logger.info("kvtier: scheduler side: %d host blocks of %d bytes per rank (%s), %d "
+                    "ranks, %s stores, %d GPU blocks", self.host_blocks, self.bpr, cfg.backend,
+                    cfg.world_size, "lazy" if cfg.lazy else "eager",
+                    kv_cache_config.num_blocks)
+
+    def close(self):
+        h, self.h = getattr(self, "h", None), None
+        if h:
+            _lib.kvt_offload_destroy(h)
+
+    # -- C calls and the callbacks they make --------------------------------------------
+
+    def _call(self, rc):
+        err, self._cb_error = self._cb_error, None
+        if err is not None:
+            raise err
+        if rc < 0:
+            raise KvtierError(rc, _lib.kvt_last_error().decode(errors="replace"))
+        return rc
+
+    def _touch(self, _ctx, ids, n):
+        try:
+            blocks = self.gpu.blocks
+            self.gpu.touch([blocks[i] for i in ids[:n]])
+        except BaseException as e:  # an exception must not cross C: re-raised after the call
+            self._cb_error = self._cb_error or e
+
+    def _free(self, _ctx, ids, n):
+        try:
+            blocks = self.gpu.blocks
+            self.gpu.free_blocks([blocks[i] for i in ids[:n]])
+        except BaseException as e:
+            self._cb_error = self._cb_error or e
+
+    def _lru_scan(self, _ctx, cap, ids, keys):
+        try:
+            n = 0
+            hl = self.hash_len
+            for blk in self.gpu.free_block_queue.iter_blocks_after(None):
+                if n >= cap:
+                    break
+                ids[n] = blk.block_id
+                key = blk.block_hash
+                k = keys[n]
+                if key is None or blk.is_null:
+                    k.num_tokens = 0
+                else:
+                    ctypes.memmove(k.hash, key, hl)
+                    k.group = int.from_bytes(key[-4:], "big")
+                    k.num_tokens = self.gcfg.groups[k.group].block_size
+                n += 1
+            return n
+        except BaseException as e:
+            self._cb_error = self._cb_error or e
+            return 0
+
+    def _lookup(self, _ctx, hash_ptr, group, ref):
+        try:
+            key = ctypes.string_at(hash_ptr, self.hash_len) + group.to_bytes(4, "big")
+            blk = self.gpu.cached_block_hash_to_block.get_one_block(key)
+            if blk is None:
+                return 0xFFFFFFFF
+            ref[0] = blk.ref_cnt
+            return blk.block_id
+        except BaseException as e:
+            self._cb_error = self._cb_error or e
+            return 0xFFFFFFFF
+
+    # -- hooks ----------------------------------------------------------------------------
+
+    def _state(self, request):
+        st = self.reqs.get(request.request_id)
+        if st is None:
+            st = self.reqs[request.request_id] = _Req(request, self.ng)
+        return st
+
+    def match(self, request, num_computed):
+        if getattr(request, "skip_reading_prefix_cache", False):
+            return 0, False
+        if num_computed % self.sched_bs:
+            # a hit must start on a scheduler block: a misaligned local hit is a miss, not an
+            # error (vLLM's fine-grained GPU hits can end between scheduler blocks)
+            if not self._warned_misaligned:
+                logger.warning("kvtier: local prefix hit of %d tokens is not a multiple of %d; "
+                               "no host-tier lookup for such requests", num_computed,
+                               self.sched_bs)
+                self._warned_misaligned = True
+            return 0, False
+        st = self._state(request)
+        addr, n = st.sync_hashes()
+        if n == 0:
+            return 0, False
+        hit = L.c_u32()
+        self._call(_lib.kvt_offload_match(self.h, st.rid, len(st.rid), ctypes.cast(addr, L.u8p),
+                                          n, request.num_tokens, num_computed,
+                                          ctypes.byref(hit)))
+        return hit.value, hit.value > 0
+
+    def after_alloc(self, request, blocks, num_external):
+        st = self._state(request)
+        _keep, (ptrs, counts) = _lists_arg(blocks.get_block_ids())
+        self._call(_lib.kvt_offload_after_alloc(self.h, st.rid, len(st.rid), ptrs, counts,
+                                                num_external))
+
+    def build_meta(self, so):
+        preempted = so.preempted_req_ids or ()
+        for rid in preempted:
+            st = self.reqs.get(rid)
+            if st is not None:
+                for t in st.tables:
+                    del t[:]
+                st.ready, st.pending = -1, 0
+        eager = not self.cfg.lazy
+        nsched = so.num_scheduled_tokens
+        for rid, new_ids, resumed in yield_req_data(so):
+            st = self.reqs.get(rid)
+            if st is None:
+                continue
+            if resumed:
+                for t in st.tables:
+                    del t[:]
+            if new_ids:
+                for g in range(min(self.ng, len(new_ids))):
+                    if new_ids[g]:
+                        st.tables[g].extend(new_ids[g])
+            if not eager:
+                continue
+            t = nsched.get(rid, 0)
+            if not t:
+                continue
+            req = st.request
+            confirmed = req.num_computed_tokens - req.num_output_placeholders
+            ready = confirmed // self.sched_bs
+            if ready == st.ready and not st.pending and not resumed:
+                continue  # nothing newly confirmed and nothing left over: no C call
+            st.ready = ready
+            addr, n = st.sync_hashes()
+            ptrs, counts = _tables_arg(st.tables)
+            st.pending = self._call(_lib.kvt_offload_schedule_hashed(
+                self.h, st.rid, len(st.rid), ptrs, counts, addr, n, confirmed, t, resumed))
+        m = self.meta
+        self._call(_lib.kvt_offload_build_meta(self.h, bool(preempted), ctypes.byref(m._m)))
+        c = m._m
+        if not (c.n_loads or c.n_stores or c.n_load_events or c.n_disk_loads or
+                c.n_disk_stores or c.n_load_invalid or preempted):
+            return self._empty
+        return KvtierConnectorMetadata(m.encode(), bool(preempted))
+
+    def apply_output(self, out):
+        fin = out.finished_recving
+        wm = out.kv_connector_worker_meta
+        if not fin and (wm is None or not getattr(wm, "data", b"")):
+            return
+        ids = [r.encode() for r in fin] if fin else []
+        arr = (L.kvt_str * max(1, len(ids)))(*[L.kvt_str(b, len(b)) for b in ids])
+        w = WorkerMeta.decode(wm.data) if wm is not None and wm.data else None
+        self._call(_lib.kvt_offload_apply_output(
+            self.h, arr, len(ids), ctypes.byref(w._m) if w is not None else None))
+
+    def finished(self, request, block_ids):
+        st = self.reqs.pop(request.request_id, None)
+        if st is None:
+            return
+        addr, n = st.sync_hashes()
+        _keep, (ptrs, counts) = _lists_arg(block_ids)
+        confirmed = request.num_computed_tokens - request.num_output_placeholders
+        self._call(_lib.kvt_offload_request_finished_hashed(
+            self.h, st.rid, len(st.rid), ptrs, counts, addr, n, max(0, confirmed)))
+
+    def reset(self):
+        rc = _lib.kvt_offload_reset(self.h)
+        if rc == -7:  # KVT_EBUSY: transfers still in flight, "not yet"
+            return False
+        self._call(rc)
+        return True
+
+    def has_pending(self):
+        return bool(_lib.kvt_offload_has_pending(self.h))
+
+    def stats(self):
+        s = L.kvt_offload_stats()
+        _lib.kvt_offload_get_stats(self.h, ctypes.byref(s))
+        return {name: getattr(s, name) for name, _ in L.kvt_offload_stats._fields_}
+
+    def interval_stats(self):
+        now = self.stats()
+        out = {k: now[k] - self._stats_last.get(k, 0) for k in _STAT_COUNTERS}
+        self._stats_last = now
+        return out
+
+    def take_events(self):
+        if not self._events:
+            return []
+        from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+        out = []
+        buf = (L.kvt_pool_event * 256)()
+        dropped = L.c_u64()
+        while True:
+            n = _lib.kvt_offload_take_events(self.h, buf, 256, ctypes.byref(dropped))
+            for i in range(n):
+                e = buf[i]
+                h = bytes(e.hash[:self.hash_len])
+                if e.type == 1:
+                    out.append(BlockStored(block_hashes=[h], parent_block_hash=None,
+                                           token_ids=[], block_size=e.num_tokens, lora_id=None,
+                                           medium=self._medium, lora_name=None))
+                elif e.type == 2:
+                    out.append(BlockRemoved(block_hashes=[h], medium=self._medium))
+                elif e.type == 3:
+                    out.append(AllBlocksCleared())
+            if n < 256:
+                break
+        if dropped.value:
+            logger.warning("kvtier: %d host-tier cache events were dropped", dropped.value)
+        return out
+
+
+# ---- worker side --------------------------------------------------------------------------
+
+class _Worker:
+    def __init__(self, vllm_config, kv_cache_config, cfg):
+        self.cfg = cfg
+        self.kv_cache_config = kv_cache_config
+        self.host_blocks = host_blocks_for(cfg, kv_cache_config)
+        self.worker = self.mirror = self.layout = self.disk = None
+        self.cuda = False
+        self._bound = None
+        self._empty_meta = OffloadMeta()
+        self.flushes = 0  # preemptions that made this rank wait for its copies
+
+    def register(self, kv_caches):
+        cfg = self.kv_cache_config
+        first = next(iter(kv_caches.values()))
+        if isinstance(first, (list, tuple)):
+            first = first[0]
+        dev = first.device
+        self.cuda = dev.type == "cuda"
+        if dev.type not in ("cuda", "cpu"):
+            raise ConfigError("kvtier: KV caches on %s are not supported (cpu or cuda)" % dev)
+        device = dev.index if self.cuda else L.HOST_DEVICE
+        layout = Layout(cfg.num_blocks, device=device)
+        seen = set()
+        for layer, off, bb in kv_regions(cfg):
+            t = kv_caches.get(layer)
+            if t is None:
+                raise ConfigError("kvtier: no KV cache tensor for layer %s" % layer)
+            if isinstance(t, (list, tuple)):
+                t = t[0]
+            storage = t.untyped_storage()
+            base = storage.data_ptr() + off
+            if base in seen:
+                continue
+            seen.add(base)
+            if off + cfg.num_blocks * bb > storage.nbytes():
+                raise ConfigError("kvtier: layer %s: %d blocks of %d bytes at offset %d exceed "
+                                  "its storage of %d bytes" % (layer, cfg.num_blocks, bb, off,
+                                                               storage.nbytes()))
+            layout._buffers.append(t)
+            rc = _lib.kvt_layout_add_region(layout._h, base, bb)
+            if rc < 0:
+                raise KvtierError(rc, _lib.kvt_last_error().decode(errors="replace"))
+        if layout.block_bytes != block_bytes_per_rank(cfg):
+            raise ConfigError("kvtier: this rank's KV cache has %d bytes per block, the "
+                              "scheduler planned %d" % (layout.block_bytes,
+                                                        block_bytes_per_rank(cfg)))
+        self.layout = layout
+        rank = 0
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            rank = torch.distributed.get_rank()
+        c = self.cfg
+        if c.backend == "disk":
+            self.disk = Disk(layout, c.disk_path, c.disk_bytes_per_rank, rank=rank,
+                             page_cache=c.page_cache, queue_depth=c.disk_queue_depth)
+            self.worker = Worker(layout, disk=self.disk, rank=rank, threads=c.copy_threads)
+        else:
+            self.mirror = Mirror(layout, self.host_blocks, pin=self.cuda)
+            self.worker = Worker(layout, self.mirror, rank=rank, threads=c.copy_threads)
+            if c.backend == "cpu+disk":
+                self.disk = Disk(self.mirror.layout(), c.disk_path, c.disk_bytes_per_rank,
+                                 rank=rank, page_cache=c.page_cache,
+                                 queue_depth=c.disk_queue_depth)
+                self.worker.attach_disk(self.disk)
+        logger.info("kvtier: rank %d: %d regions, %d bytes per block, %d host blocks, %s "
+                    "copies", rank, layout.num_regions, layout.block_bytes, self.host_blocks,
+                    "CUDA" if self.cuda else "CPU")
+
+    def bind(self, meta):
+        if self.worker is None:
+            return
+        m = OffloadMeta.decode(meta.data) if meta.data else self._empty_meta
+        self.worker.bind(m)
+        self._bound = m
+
+    def flush(self, meta):
+        if self.worker is not None and meta.need_flush:
+            self.flushes += 1
+            self.worker.flush()
+
+    def get_finished(self):
+        if self.worker is None or self._bound is None:
+            return None
+        stream = torch.cuda.current_stream().cuda_stream if self.cuda else None
+        done = self.worker.get_finished(stream)
+        return set(done) if done else None
+
+    def worker_meta(self):
+        if self.worker is None:
+            return None
+        wm = self.worker.build_meta()
+        c = wm._m
+        if not any(getattr(c, k).n_completed or getattr(c, k).n_failed
+                   for k in ("stores", "disk_stores", "disk_loads")):
+            return None
+        return KvtierWorkerMetadata(wm.encode())
+
+    def invalid_blocks(self):
+        return set(self.worker.take_invalid_blocks()) if self.worker is not None else set()
+
+    def clear(self):
+        if self.worker is not None and self._bound is not None:
+            self.worker.clear()
+        self._bound = None
+
+    def close(self):
+        for o in (self.worker, self.disk, self.mirror, self.layout):
+            if o is not None:
+                o.close()
+        self.worker = self.disk = self.mirror = self.layout = None
+
+
+# ---- the connector ------------------------------------------------------------------------
+
+class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
+    """vLLM KV connector over kvtier (see the module documentation)."""
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        return False  # a best-effort cache: a dropped store is a later miss
+
+    def __init__(self, vllm_config, role, kv_cache_config=None):
+        super().__init__(vllm_config, role, kv_cache_config)
+        extra = self._kv_transfer_config.kv_connector_extra_config or {}
+        self.kvtier_config = KvtierConfig(extra, vllm_config.parallel_config.world_size)
+        self._sched = None
+        self._worker = None
+        if not vllm_config.cache_config.enable_prefix_caching:
+            logger.warning("kvtier: prefix caching is disabled: the KV connector does nothing")
+            return
+        if kv_cache_config is None:
+            raise ConfigError("kvtier: KvtierConnector needs vLLM's kv_cache_config")
+        if role == KVConnectorRole.SCHEDULER:
+            self._sched = _Scheduler(vllm_config, kv_cache_config, self.kvtier_config)
+        else:
+            self._worker = _Worker(vllm_config, kv_cache_config, self.kvtier_config)
+
+    # -- worker side --
+    def register_kv_caches(self, kv_caches):
+        if self._worker is not None:
+            self._worker.register(kv_caches)
+
+    def bind_connector_metadata(self, connector_metadata):
+        super().bind_connector_metadata(connector_metadata)
+        if self._worker is not None:
+            self._worker.bind(connector_metadata)
+
+    def clear_connector_metadata(self):
+        super().clear_connector_metadata()
+        if self._worker is not None:
+            self._worker.clear()
+
+    def handle_preemptions(self, kv_connector_metadata):
+        if self._worker is not None:
+            self._worker.flush(kv_connector_metadata)
+
+    def start_load_kv(self, forward_context, **kwargs: Any) -> None:
+        pass  # loads and stores are launched together in get_finished, after the forward
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        pass
+
+    def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs: Any) -> None:
+        pass
+
+    def wait_for_save(self):
+        pass
+
+    def get_finished(self, finished_req_ids):
+        if self._worker is None:
+            return None, None
+        return None, self._worker.get_finished()
+
+    def get_block_ids_with_load_errors(self):
+        return self._worker.invalid_blocks() if self._worker is not None else set()
+
+    def build_connector_worker_meta(self):
+        return self._worker.worker_meta() if self._worker is not None else None
+
+    def shutdown(self):
+        if self._worker is not None:
+            self._worker.close()
+        if self._sched is not None:
+            self._sched.close()
+
+    # -- scheduler side --
+    def bind_gpu_block_pool(self, gpu_block_pool):
+        if self._sched is not None:
+            self._sched.gpu = gpu_block_pool
+
+    def get_num_new_matched_tokens(self, request, num_computed_tokens):
+        if self._sched is None:
+            return 0, False
+        return self._sched.match(request, num_computed_tokens)
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens):
+        if self._sched is not None:
+            self._sched.after_alloc(request, blocks, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output):
+        if self._sched is None:
+            return KvtierConnectorMetadata()
+        return self._sched.build_meta(scheduler_output)
+
+    def update_connector_output(self, connector_output):
+        if self._sched is not None:
+            self._sched.apply_output(connector_output)
+
+    def request_finished(self, request, block_ids):
+        if self._sched is not None:
+            self._sched.finished(request, [block_ids])
+        return False, None
+
+    def request_finished_all_groups(self, request, block_ids):
+        if self._sched is not None:
+            self._sched.finished(request, block_ids)
+        return False, None
+
+    def has_pending_push_work(self):
+        return self._sched is not None and self._sched.has_pending()
+
+    def take_events(self):
+        return self._sched.take_events() if self._sched is not None else []
+
+    def reset_cache(self):
+        return self._sched.reset() if self._sched is not None else None
+
+    def get_kv_connector_stats(self):
+        sched = getattr(self, "_sched", None)
+        if sched is None:
+            return None
+        return KvtierStats(data=sched.interval_stats())
+
+    @classmethod
+    def build_kv_connector_stats(cls, data=None):
+        return KvtierStats(data=data) if data is not None else KvtierStats()
+
+    def kvtier_flushes(self):
+        """Worker side: how many steps made this rank wait for all its copies (preemption)."""
+        return self._worker.flushes if self._worker is not None else 0
+
+    def kvtier_stats(self):
+        """Cumulative scheduler-side counters and gauges (kvt_offload_stats as a dict)."""
+        return self._sched.stats() if self._sched is not None else {}

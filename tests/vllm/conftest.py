@@ -1,0 +1,94 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Shared setup of the vLLM tests (make test-vllm): a real vLLM engine on the CPU, in this
+process (VLLM_ENABLE_V1_MULTIPROCESSING=0), so a test can reach the scheduler-side connector,
+the worker-side connector and the KV cache tensors it checks byte for byte."""
+import gc
+import os
+import sys
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import pytest  # noqa: E402
+
+from tinyllama import write_model  # noqa: E402
+
+BLOCK = 32  # vLLM's CPU attention backend wants block sizes in multiples of 32
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory):
+    root = os.environ.get("KVTIER_VLLM_MODEL_DIR") or str(tmp_path_factory.mktemp("model"))
+    return write_model(os.path.join(root, "tinyllama-2l"))
+
+
+def make_llm(model_dir, connector=True, extra=None, kv_bytes=32 << 20, **kw):
+    """A vLLM LLM engine on the CPU over the local model, with KvtierConnector unless
+    connector is False (or another connector's name)."""
+    from vllm import LLM
+    from vllm.config import KVTransferConfig
+    ktc = None
+    if connector:
+        name = connector if isinstance(connector, str) else "KvtierConnector"
+        ktc = KVTransferConfig(
+            kv_connector=name, kv_role="kv_both",
+            kv_connector_module_path="kvtier.vllm" if name == "KvtierConnector" else None,
+            kv_connector_extra_config=dict({"cpu_bytes_to_use": 64 << 20}, **(extra or {})))
+    args = dict(model=model_dir, load_format="safetensors", skip_tokenizer_init=True,
+                dtype="float32", max_model_len=4096, enable_prefix_caching=True,
+                block_size=BLOCK, seed=0, enforce_eager=True, kv_cache_memory_bytes=kv_bytes,
+                max_num_batched_tokens=1024, max_num_seqs=16, kv_transfer_config=ktc)
+    args.update(kw)
+    return LLM(**args)
+
+
+def close_llm(llm):
+    try:
+        llm.llm_engine.engine_core.shutdown()
+    finally:
+        del llm
+        gc.collect()
+
+
+def core(llm):
+    return llm.llm_engine.engine_core.engine_core
+
+
+def sched_connector(llm):
+    return core(llm).scheduler.connector
+
+
+def worker_connector():
+    from vllm.distributed.kv_transfer import get_kv_transfer_group
+    return get_kv_transfer_group()
+
+
+def generate(llm, prompts, max_tokens=12):
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+    sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, detokenize=False,
+                        ignore_eos=True)
+    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp,
+                        use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outs]
+
+
+def reset_prefix_cache(llm):
+    """Resets vLLM's GPU-side prefix cache (and kvtier's host tier with it: vLLM resets the
+    connector too). Steps the engine with a one-token request until it succeeds."""
+    for _ in range(50):
+        if llm.reset_prefix_cache():
+            return
+        generate(llm, [[7, 8, 9]], max_tokens=1)
+    raise AssertionError("reset_prefix_cache never succeeded")
+
+
+def prompts_with_prefixes(n, length, n_prefixes, prefix_len, seed=1):
+    """n prompts of `length` tokens; prompt i shares its first prefix_len tokens with every
+    prompt of the same i % n_prefixes."""
+    import random
+    rng = random.Random(seed)
+    prefixes = [[rng.randrange(3, 2000) for _ in range(prefix_len)] for _ in range(n_prefixes)]
+    return [prefixes[i % n_prefixes] + [rng.randrange(3, 2000) for _ in range(length - prefix_len)]
+            for i in range(n)]

