@@ -81,6 +81,13 @@ typedef struct kvt_offload_config {
                                     counters); 0 = unknown */
     uint32_t disk_blocks;        /* three tiers: disk slots, null slot included (as host_blocks;
                                     kvt_disk_num_slots); 0 (default) = two tiers */
+    bool defer_schedule_pins;    /* pins taken by kvt_offload_schedule(_hashed) reach the GPU
+                                    pool with the next call of any other kvt_offload_* function
+                                    (build_meta at the latest): one batch per step instead of
+                                    one per request. Only for an engine that frees no GPU block
+                                    between its schedule calls and that next call (vLLM's
+                                    connector schedules inside build_connector_meta); default
+                                    false */
 } kvt_offload_config;
 
 typedef struct kvt_offload kvt_offload;
@@ -201,6 +208,28 @@ KVT_API int kvt_offload_request_finished_hashed(kvt_offload *m, const char *req_
                                                 uint32_t req_id_len, const uint32_t *const *blocks,
                                                 const uint32_t *n_blocks, const uint8_t *hashes,
                                                 uint32_t n_hashes, uint32_t num_confirmed);
+
+/* One request of kvt_offload_schedule_many: the arguments of kvt_offload_schedule_hashed,
+ * and its result in left. An engine can keep one per request and update only what changed. */
+typedef struct kvt_offload_sched_req {
+    const char *req_id;
+    uint32_t req_id_len;
+    uint32_t num_confirmed;
+    uint32_t num_scheduled;
+    uint32_t n_hashes;
+    const uint8_t *hashes;
+    const uint32_t *const *blocks; /* per group */
+    const uint32_t *n_blocks;      /* per group */
+    bool resumed;
+    int32_t left; /* out: what kvt_offload_schedule_hashed would have returned */
+} kvt_offload_sched_req;
+
+/* kvt_offload_schedule_hashed for n requests of a step in one call (a caller in a language
+ * where each call is dear makes one per step). Stops at the first failure and returns it:
+ * requests before it were applied, it and those after were not; *n_done (may be NULL)
+ * receives how many were applied. */
+KVT_API int kvt_offload_schedule_many(kvt_offload *m, kvt_offload_sched_req *const *reqs,
+                                      uint32_t n, uint32_t *n_done);
 
 /* build_connector_meta: writes this step's events into out (cleared first): at most one load
  * event and one store event, load_event_to_reqs with every outstanding load event, and

@@ -8,7 +8,9 @@
  * Pins and unpins are batched: an engine's callbacks may be written in a slow language, and one
  * call for the 500 blocks of a store event costs what one call costs. A batch holds one
  * direction; switching direction, filling the buffer or reaching the end of an operation
- * hands it over, so the engine sees exactly the order of references the manager made.
+ * hands it over, so the engine sees exactly the order of references the manager made. With
+ * defer_schedule_pins the pins of the eager selections of a whole step make one batch: they
+ * wait in the buffer from kvt_offload_schedule_hashed to the next other call.
  *
  * With an engine's own pool the keys of a block come from the request's chained hashes, as
  * vLLM keys its prefix cache: block j of a group whose blocks span k hash blocks is known by
@@ -68,6 +70,12 @@ void ofl_gpu_flush(kvt_offload *m)
     } else {
         (void)kvt_pool_free(m->gpu, m->gbuf, n); /* every unpin matches a pin */
     }
+}
+
+void ofl_gpu_flush_unless_deferred(kvt_offload *m)
+{
+    if (!m->in_schedule)
+        ofl_gpu_flush(m);
 }
 
 static void gbuf_add(kvt_offload *m, uint32_t id, bool pin)

@@ -35,6 +35,7 @@ int kvt_offload_match(kvt_offload *m, const char *id, uint32_t id_len, const uin
                       uint32_t n_hashes, uint32_t num_tokens, uint32_t num_computed,
                       uint32_t *hit_tokens)
 {
+    ofl_gpu_flush(m); /* pins a deferred schedule left */
     int rc = ofl_check_id(id, id_len);
     if (rc)
         return rc;
@@ -181,6 +182,7 @@ int kvt_offload_after_alloc(kvt_offload *m, const char *id, uint32_t id_len,
                             const uint32_t *const *blocks, const uint32_t *n_blocks,
                             uint32_t num_external)
 {
+    ofl_gpu_flush(m); /* pins a deferred schedule left */
     int rc = ofl_check_id(id, id_len);
     if (rc || (rc = ofl_check_span(m, blocks, n_blocks, NULL, UINT32_MAX, "after_alloc", NULL)))
         return rc;

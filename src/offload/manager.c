@@ -545,6 +545,7 @@ const kvt_pool *kvt_offload_host_pool(const kvt_offload *m)
 
 int kvt_offload_build_meta(kvt_offload *m, bool preempted, kvt_offload_meta *out)
 {
+    ofl_gpu_flush(m); /* pins a deferred schedule left */
     if (!out)
         return kvt_fail(KVT_EINVAL, "offload: build_meta: out is NULL");
     kvt_offload_meta_clear(out);
@@ -567,6 +568,7 @@ int kvt_offload_build_meta(kvt_offload *m, bool preempted, kvt_offload_meta *out
 int kvt_offload_apply_output(kvt_offload *m, const kvt_str *finished_loads, uint32_t n,
                              const kvt_offload_worker_meta *stores)
 {
+    ofl_gpu_flush(m); /* pins a deferred schedule left */
     int rc = ofl_check_load_done(m, finished_loads, n);
     if (rc)
         return rc;
@@ -606,6 +608,7 @@ int kvt_offload_apply_output(kvt_offload *m, const kvt_str *finished_loads, uint
 
 int kvt_offload_reset(kvt_offload *m)
 {
+    ofl_gpu_flush(m); /* pins a deferred schedule left */
     /* 1. In-flight stores are abandoned: their blocks will be freed, never cached. */
     for (uint32_t i = m->stores.first; i != OFL_NONE; i = m->stores.e[i].next) {
         struct ofl_event *e = &m->stores.e[i];

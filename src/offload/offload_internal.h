@@ -102,6 +102,7 @@ struct kvt_offload {
     uint32_t *gbuf; /* gpu_nb ids waiting for one touch or free callback */
     uint32_t gbuf_n;
     bool gbuf_pin;
+    bool in_schedule; /* inside kvt_offload_schedule_hashed with defer_schedule_pins */
     /* ext: the primary key of each selected block (parallel to scratch), of each queued
      * re-store (parallel to restore) and the lazy scan's window (target_free entries) */
     uint8_t *selkeys, *rskeys;
@@ -174,9 +175,10 @@ enum {
 /* the engine's GPU pool (gpu.c) */
 int ofl_gpu_setup(kvt_offload *m);
 void ofl_gpu_teardown(kvt_offload *m);
-void ofl_gpu_pin(kvt_offload *m, uint32_t id);   /* one reference more (batched) */
-void ofl_gpu_unpin(kvt_offload *m, uint32_t id); /* one reference less (batched) */
-void ofl_gpu_flush(kvt_offload *m);              /* hands the batch to the pool */
+void ofl_gpu_pin(kvt_offload *m, uint32_t id);      /* one reference more (batched) */
+void ofl_gpu_unpin(kvt_offload *m, uint32_t id);    /* one reference less (batched) */
+void ofl_gpu_flush(kvt_offload *m);                 /* hands the batch to the pool */
+void ofl_gpu_flush_unless_deferred(kvt_offload *m); /* ... unless schedule defers its pins */
 /* Primary key of a GPU block (a kvt_pool only); false if it has none. */
 bool ofl_gpu_primary(const kvt_offload *m, uint32_t gpu, kvt_pool_key *k);
 /* The block cached under k and its reference count; KVT_BLOCK_NONE if none or unknowable. */

@@ -94,7 +94,7 @@ static void commit_selection(kvt_offload *m, uint32_t n)
         m->acc_tail = h;
     }
     m->acc_n += n;
-    ofl_gpu_flush(m);
+    ofl_gpu_flush_unless_deferred(m);
 }
 
 /* Marks gpu (known under k) as the n-th selected block. */
@@ -196,7 +196,9 @@ int kvt_offload_schedule_hashed(kvt_offload *m, const char *id, uint32_t id_len,
     bool news = false;
     if ((rc = ofl_check_span(m, blocks, n_blocks, r->cursor, aligned, "schedule", &news)) || !news)
         return rc;
+    m->in_schedule = m->cfg.defer_schedule_pins;
     ofl_select_eager(m, r, blocks, n_blocks, hashes, n_hashes, num_confirmed);
+    m->in_schedule = false;
     /* what is left for later calls (no room, no hash yet): an engine may skip the call for a
      * request while this is 0 and no new block was confirmed */
     uint64_t left = 0;
@@ -208,6 +210,33 @@ int kvt_offload_schedule_hashed(kvt_offload *m, const char *id, uint32_t id_len,
             left += ready - r->cursor[g];
     }
     return left > INT32_MAX ? INT32_MAX : (int)left;
+}
+
+int kvt_offload_schedule_many(kvt_offload *m, kvt_offload_sched_req *const *reqs, uint32_t n,
+                              uint32_t *n_done)
+{
+    uint32_t i = 0;
+    int rc = 0;
+    if (n && !reqs)
+        rc = kvt_fail(KVT_EINVAL, "offload: schedule_many: %u requests given as NULL", n);
+    for (; i < n && !rc; i++) {
+        kvt_offload_sched_req *q = reqs[i];
+        if (!q) {
+            rc = kvt_fail(KVT_EINVAL, "offload: schedule_many: request %u is NULL", i);
+            break;
+        }
+        int left = kvt_offload_schedule_hashed(m, q->req_id, q->req_id_len, q->blocks, q->n_blocks,
+                                               q->hashes, q->n_hashes, q->num_confirmed,
+                                               q->num_scheduled, q->resumed);
+        if (left < 0) {
+            rc = kvt_fail_wrap(left, "offload: schedule_many");
+            break;
+        }
+        q->left = left;
+    }
+    if (n_done)
+        *n_done = i;
+    return rc;
 }
 
 int kvt_offload_schedule(kvt_offload *m, const char *id, uint32_t id_len,
@@ -224,6 +253,7 @@ int kvt_offload_request_finished_hashed(kvt_offload *m, const char *id, uint32_t
                                         const uint8_t *hashes, uint32_t n_hashes,
                                         uint32_t num_confirmed)
 {
+    ofl_gpu_flush(m); /* pins a deferred schedule left */
     int rc = ofl_check_id(id, id_len);
     if (rc)
         return rc;

@@ -976,7 +976,53 @@ static void engine_pool_is_reached_through_batched_callbacks(void **state)
     kvt_offload_meta_release(&meta);
     kvt_offload_worker_meta_release(&wm);
     kvt_offload_destroy(m);
-    kvt_pool_destroy(log.gpu);
+
+    /* defer_schedule_pins: two requests' selections reach the pool as one batch, at build_meta */
+    oc.defer_schedule_pins = true;
+    kvt_pool *gpu = log.gpu;
+    memset(&log, 0, sizeof(log));
+    log.gpu = gpu;
+    KVT_OK_(kvt_offload_create_ext(&oc, &pc, &ops, &log, &m));
+    kvt_offload_meta_init(&meta);
+    kvt_offload_worker_meta_init(&wm);
+    sim_req a, b;
+    sim_req_make(&a, "a", 2 * SIM_BS, 2, 2 * SIM_BS, 1);
+    sim_req_make(&b, "b", 3 * SIM_BS, 3, 3 * SIM_BS, 2);
+    KVT_OK_(kvt_pool_alloc(gpu, 2, a.blocks));
+    KVT_OK_(kvt_pool_alloc(gpu, 3, b.blocks));
+    const uint32_t *ta[1] = {a.blocks}, *tb[1] = {b.blocks};
+    uint32_t na[1] = {2}, nbb[1] = {3};
+    KVT_OK_(kvt_offload_after_alloc(m, "a", 1, ta, na, 0));
+    KVT_OK_(kvt_offload_after_alloc(m, "b", 1, tb, nbb, 0));
+    /* both in one call; a third, malformed one stops it after the two */
+    kvt_offload_sched_req qa = {"a", 1, a.n_tokens, 1, 2, a.hashes, ta, na, false, -1};
+    kvt_offload_sched_req qb = {"b", 1, b.n_tokens, 1, 3, b.hashes, tb, nbb, false, -1};
+    kvt_offload_sched_req qbad = {NULL, 3, 0, 1, 0, NULL, tb, nbb, false, -1};
+    kvt_offload_sched_req *batch[3] = {&qa, &qb, &qbad};
+    uint32_t done = 99;
+    KVT_ERR_(kvt_offload_schedule_many(m, batch, 3, &done), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "schedule_many"));
+    assert_int_equal(done, 2);
+    assert_int_equal(qa.left, 0);
+    assert_int_equal(qb.left, 0);
+    assert_int_equal(qbad.left, -1);      /* untouched */
+    assert_int_equal(log.touch_calls, 0); /* deferred */
+    KVT_OK_(kvt_offload_build_meta(m, false, &meta));
+    assert_int_equal(meta.n_stores, 5);
+    assert_int_equal(log.touch_calls, 1);
+    assert_int_equal(log.touched, 5);
+    KVT_OK_(kvt_offload_worker_meta_add(&wm, meta.store_event, 1));
+    KVT_OK_(kvt_offload_apply_output(m, NULL, 0, &wm));
+    assert_int_equal(log.freed, 5);
+    KVT_OK_(kvt_offload_request_finished_hashed(m, "a", 1, ta, na, a.hashes, 2, a.n_tokens));
+    KVT_OK_(kvt_offload_request_finished_hashed(m, "b", 1, tb, nbb, b.hashes, 3, b.n_tokens));
+    KVT_OK_(kvt_pool_free(gpu, a.blocks, 2));
+    KVT_OK_(kvt_pool_free(gpu, b.blocks, 3));
+    assert_int_equal(kvt_pool_num_free(gpu), 63);
+    kvt_offload_meta_release(&meta);
+    kvt_offload_worker_meta_release(&wm);
+    kvt_offload_destroy(m);
+    kvt_pool_destroy(gpu);
 }
 
 int main(void)

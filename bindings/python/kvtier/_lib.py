@@ -93,7 +93,14 @@ class kvt_offload_config(ctypes.Structure):
                 ("max_requests", c_u32), ("max_batched_tokens", c_u32),
                 ("max_model_len", c_u32), ("keys_per_block", c_u32),
                 ("restore_budget", c_u32), ("event_capacity", c_u32), ("block_bytes", c_u64),
-                ("disk_blocks", c_u32)]
+                ("disk_blocks", c_u32), ("defer_schedule_pins", c_bool)]
+
+
+class kvt_offload_sched_req(ctypes.Structure):
+    _fields_ = [("req_id", ctypes.c_char_p), ("req_id_len", c_u32), ("num_confirmed", c_u32),
+                ("num_scheduled", c_u32), ("n_hashes", c_u32), ("hashes", ctypes.c_void_p),
+                ("blocks", ctypes.c_void_p), ("n_blocks", ctypes.c_void_p),
+                ("resumed", c_bool), ("left", ctypes.c_int32)]
 
 
 class kvt_offload_meta(ctypes.Structure):
@@ -401,6 +408,7 @@ _sig("kvt_offload_request_finished_hashed", c_int, vp, cp, c_u32, P(P(c_u32)), P
      c_u32, c_u32)
 _sig("kvt_offload_take_events", c_u32, vp, P(kvt_pool_event), c_u32, P(c_u64))
 _sig("kvt_pool_config_validate", c_int, P(kvt_pool_config), P(c_u32))
+_sig("kvt_offload_schedule_many", c_int, vp, P(P(kvt_offload_sched_req)), c_u32, P(c_u32))
 _sig("kvt_offload_destroy", None, vp)
 _sig("kvt_offload_lower_host_blocks", c_int, vp, c_u32)
 _sig("kvt_offload_lower_disk_blocks", c_int, vp, c_u32)
@@ -540,7 +548,7 @@ _sig("kvt_ec_worker_meta_add", c_int, P(kvt_ec_worker_meta), c_int, cp, c_u32)
 _sig("kvt_ec_worker_meta_aggregate", c_int, P(kvt_ec_worker_meta), P(kvt_ec_worker_meta))
 
 for _t in (kvt_str, kvt_bump, kvt_group_spec, kvt_pool_config, kvt_hit, kvt_block_info,
-           kvt_pool_key, kvt_pool_event, kvt_gpu_pool_ops,
+           kvt_pool_key, kvt_pool_event, kvt_gpu_pool_ops, kvt_offload_sched_req,
            kvt_offload_config, kvt_offload_meta, kvt_event_report, kvt_offload_worker_meta,
            kvt_offload_stats,
            kvt_copy_config, kvt_mirror_config, kvt_worker_config, kvt_region, kvt_kv_tensor,

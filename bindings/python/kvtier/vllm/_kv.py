@@ -37,7 +37,6 @@ from ._config import ConfigError, KvtierConfig
 
 try:  # vLLM is not a dependency of the kvtier package: only this module needs it
     import torch
-    from vllm.distributed.kv_transfer.kv_connector.utils import yield_req_data
     from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1,
                                                                    KVConnectorMetadata,
                                                                    KVConnectorRole,
@@ -216,18 +215,30 @@ def host_blocks_for(cfg, kv_cache_config):
 
 class _Req:
     """What the scheduler side keeps per request: the request, its block table per group (as
-    uint32 arrays whose buffers C reads in place) and its chained hashes joined."""
+    uint32 arrays whose buffers C reads in place), its chained hashes joined, and its slot in
+    the scheduler's per-request arrays."""
 
-    __slots__ = ("request", "rid", "tables", "hashes", "n_hashes", "ready", "pending")
+    __slots__ = ("request", "rid", "tables", "hashes", "n_hashes", "pending", "restart",
+                 "slot", "item", "item_addr", "ptrs", "counts")
 
-    def __init__(self, request, n_groups):
+    def __init__(self, request, n_groups, slot):
         self.request = request
         self.rid = request.request_id.encode()
         self.tables = [array.array("I") for _ in range(n_groups)]
         self.hashes = array.array("B")
         self.n_hashes = 0
-        self.ready = -1   # confirmed scheduler blocks at the last schedule call
-        self.pending = 0  # blocks that call left unselected (no room, no hash yet)
+        self.pending = 0  # blocks the last call left unselected (no room, no hash yet)
+        self.restart = False  # preempted: its stores restart from its first block
+        self.slot = slot  # index into _Scheduler.ready; -1 when the table was full
+        # its entry of kvt_offload_schedule_many, kept across steps: only what changed is set
+        self.ptrs = (ctypes.c_void_p * n_groups)()
+        self.counts = (ctypes.c_uint32 * n_groups)()
+        it = self.item = L.kvt_offload_sched_req()
+        it.req_id = self.rid
+        it.req_id_len = len(self.rid)
+        it.blocks = ctypes.addressof(self.ptrs)
+        it.n_blocks = ctypes.addressof(self.counts)
+        self.item_addr = ctypes.addressof(it)
 
     def sync_hashes(self):
         bh = self.request.block_hashes
@@ -236,17 +247,6 @@ class _Req:
             self.hashes.frombytes(b"".join(bh[self.n_hashes:n]))
             self.n_hashes = n
         return self.hashes.buffer_info()[0], n
-
-
-def _tables_arg(tables):
-    ptrs = (_u32p * len(tables))(*[ctypes.cast(t.buffer_info()[0], _u32p) for t in tables])
-    counts = (ctypes.c_uint32 * len(tables))(*[len(t) for t in tables])
-    return ptrs, counts
-
-
-def _lists_arg(block_ids):
-    arrs = [array.array("I", b) for b in block_ids]
-    return arrs, _tables_arg(arrs)
 
 
 class _Scheduler:
@@ -279,6 +279,10 @@ class _Scheduler:
         oc.restore_budget = cfg.restore_budget
         oc.block_bytes = self.bpr * cfg.world_size
         oc.event_capacity = 65536 if self._events else 0
+        # the schedule calls are made inside build_connector_meta, after vLLM scheduled the
+        # step: no GPU block is freed before kvt_offload_build_meta, so the step's store pins
+        # reach vLLM's BlockPool in one touch instead of one per request
+        oc.defer_schedule_pins = True
         if two_tier_disk:
             oc.disk_blocks = OffloadManager.size_host(cfg.disk_bytes_per_rank, self.bpr)
         # the callbacks keep references to these ctypes function objects for as long as C may
@@ -291,7 +295,51 @@ class _Scheduler:
                                                ctypes.byref(self._ops), None, ctypes.byref(h)))
         self.h = h
         self.meta = OffloadMeta()
+        self._meta_ref = ctypes.byref(self.meta._m)
+        self._wm = WorkerMeta()  # reused: decoded into every step
+        self._wm_ref = ctypes.byref(self._wm._m)
+        self._st = L.kvt_offload_stats()
+        self._st_ref = ctypes.byref(self._st)
         self._empty = KvtierConnectorMetadata()
+        # per-request state the hot path reads without touching Python objects: the confirmed
+        # scheduler blocks each request's last schedule call covered (-1: none yet)
+        import numpy as np
+        self._np = np
+        self.ready = np.full(cfg.max_requests, -1, dtype=np.int64)
+        self._free_slots = list(range(cfg.max_requests - 1, -1, -1))
+        self._slot_of = {}  # request id -> slot
+        self._retry = set()  # requests whose last call left blocks, or that restart
+        # the schedule call with reusable argument arrays (a private function object, so the
+        # shared declaration in kvtier._lib is not changed)
+        fn = _lib["kvt_offload_schedule_hashed"]
+        fn.restype = ctypes.c_int
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_uint32,
+                       ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_uint32),
+                       ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_uint32,
+                       ctypes.c_bool]
+        self._sched_fn = fn
+        fm = _lib["kvt_offload_schedule_many"]
+        fm.restype = ctypes.c_int
+        fm.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint32,
+                       ctypes.c_void_p]
+        self._many_fn = fm
+        self._items = (ctypes.c_void_p * 256)()
+        self._batch = []
+        self._ptrs = (ctypes.c_void_p * self.ng)()
+        self._counts = (ctypes.c_uint32 * self.ng)()
+        # after_alloc and request_finished with the same reusable arrays
+        fa = _lib["kvt_offload_after_alloc"]
+        fa.restype = ctypes.c_int
+        fa.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_uint32,
+                       ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_uint32),
+                       ctypes.c_uint32]
+        self._alloc_fn = fa
+        ff = _lib["kvt_offload_request_finished_hashed"]
+        ff.restype = ctypes.c_int
+        ff.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_uint32,
+                       ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_uint32),
+                       ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint32]
+        self._fin_fn = ff
         logger.info("kvtier: scheduler side: %d host blocks of %d bytes per rank (%s), %d "
                     "ranks, %s stores, %d GPU blocks", self.host_blocks, self.bpr, cfg.backend,
                     cfg.world_size, "lazy" if cfg.lazy else "eager",
@@ -314,15 +362,13 @@ class _Scheduler:
 
     def _touch(self, _ctx, ids, n):
         try:
-            blocks = self.gpu.blocks
-            self.gpu.touch([blocks[i] for i in ids[:n]])
+            self.gpu.touch(list(map(self.gpu.blocks.__getitem__, ids[:n])))
         except BaseException as e:  # an exception must not cross C: re-raised after the call
             self._cb_error = self._cb_error or e
 
     def _free(self, _ctx, ids, n):
         try:
-            blocks = self.gpu.blocks
-            self.gpu.free_blocks([blocks[i] for i in ids[:n]])
+            self.gpu.free_blocks(list(map(self.gpu.blocks.__getitem__, ids[:n])))
         except BaseException as e:
             self._cb_error = self._cb_error or e
 
@@ -363,9 +409,23 @@ class _Scheduler:
     # -- hooks ----------------------------------------------------------------------------
 
     def _state(self, request):
-        st = self.reqs.get(request.request_id)
+        rid = request.request_id
+        st = self.reqs.get(rid)
         if st is None:
-            st = self.reqs[request.request_id] = _Req(request, self.ng)
+            slot = self._free_slots.pop() if self._free_slots else -1
+            st = self.reqs[rid] = _Req(request, self.ng, slot)
+            if slot >= 0:
+                self.ready[slot] = -1
+                self._slot_of[rid] = slot
+        return st
+
+    def _drop(self, rid):
+        st = self.reqs.pop(rid, None)
+        if st is not None:
+            self._retry.discard(rid)
+            if st.slot >= 0:
+                del self._slot_of[rid]
+                self._free_slots.append(st.slot)
         return st
 
     def match(self, request, num_computed):
@@ -390,76 +450,185 @@ class _Scheduler:
                                           ctypes.byref(hit)))
         return hit.value, hit.value > 0
 
+    def _table_args(self, block_ids):
+        """block_ids (lists per group) as the reusable C arguments; returns the arrays, which
+        must live until the call returned."""
+        keep = [array.array("I", b) for b in block_ids]
+        ptrs, counts = self._ptrs, self._counts
+        for g in range(self.ng):
+            if g < len(keep):
+                ptrs[g], counts[g] = keep[g].buffer_info()
+            else:
+                ptrs[g], counts[g] = None, 0
+        return keep
+
     def after_alloc(self, request, blocks, num_external):
         st = self._state(request)
-        _keep, (ptrs, counts) = _lists_arg(blocks.get_block_ids())
-        self._call(_lib.kvt_offload_after_alloc(self.h, st.rid, len(st.rid), ptrs, counts,
-                                                num_external))
+        keep = self._table_args(blocks.get_block_ids())
+        rc = self._alloc_fn(self.h, st.rid, len(st.rid), self._ptrs, self._counts,
+                            num_external)
+        del keep
+        if rc < 0 or self._cb_error is not None:
+            self._call(rc)
 
     def build_meta(self, so):
-        preempted = so.preempted_req_ids or ()
-        for rid in preempted:
-            st = self.reqs.get(rid)
-            if st is not None:
-                for t in st.tables:
-                    del t[:]
-                st.ready, st.pending = -1, 0
+        # The hot path of the scheduler side. Per step it must not touch every running request
+        # in Python: the requests that may have a newly confirmed block are found with array
+        # operations over CachedRequestData (num_computed_tokens // block_size against the
+        # last call's count), and only those, plus those whose last call left blocks over (no
+        # room, no hash yet), get a C call.
+        reqs = self.reqs
+        preempted = so.preempted_req_ids
+        if preempted:
+            for rid in preempted:
+                st = reqs.get(rid)
+                if st is not None:  # its blocks were freed: stores restart from block 0
+                    for t in st.tables:
+                        del t[:]
+                    self._restart(st, rid)
         eager = not self.cfg.lazy
         nsched = so.num_scheduled_tokens
-        for rid, new_ids, resumed in yield_req_data(so):
-            st = self.reqs.get(rid)
-            if st is None:
-                continue
-            if resumed:
-                for t in st.tables:
-                    del t[:]
-            if new_ids:
-                for g in range(min(self.ng, len(new_ids))):
-                    if new_ids[g]:
-                        st.tables[g].extend(new_ids[g])
-            if not eager:
-                continue
-            t = nsched.get(rid, 0)
-            if not t:
-                continue
-            req = st.request
-            confirmed = req.num_computed_tokens - req.num_output_placeholders
-            ready = confirmed // self.sched_bs
-            if ready == st.ready and not st.pending and not resumed:
-                continue  # nothing newly confirmed and nothing left over: no C call
-            st.ready = ready
-            addr, n = st.sync_hashes()
-            ptrs, counts = _tables_arg(st.tables)
-            st.pending = self._call(_lib.kvt_offload_schedule_hashed(
-                self.h, st.rid, len(st.rid), ptrs, counts, addr, n, confirmed, t, resumed))
+        one = self._schedule_one
+        self._select_stores(so, reqs, eager, nsched, one)
+        self._run_batch()
         m = self.meta
-        self._call(_lib.kvt_offload_build_meta(self.h, bool(preempted), ctypes.byref(m._m)))
+        self._call(_lib.kvt_offload_build_meta(self.h, bool(preempted), self._meta_ref))
         c = m._m
         if not (c.n_loads or c.n_stores or c.n_load_events or c.n_disk_loads or
                 c.n_disk_stores or c.n_load_invalid or preempted):
             return self._empty
         return KvtierConnectorMetadata(m.encode(), bool(preempted))
 
+    def _select_stores(self, so, reqs, eager, nsched, one):
+        for nr in so.scheduled_new_reqs:
+            st = reqs.get(nr.req_id)
+            if st is None:
+                continue
+            for t, ids in zip(st.tables, nr.block_ids):  # a (re)started request: whole table
+                del t[:]
+                t.extend(ids)
+            if eager:
+                one(st, nr.req_id, nsched.get(nr.req_id, 0))
+        cached = so.scheduled_cached_reqs
+        ids = cached.req_ids
+        n = len(ids)
+        if n and eager:
+            nbi = cached.new_block_ids
+            if nbi.count(None) != n:
+                resumed = cached.resumed_req_ids
+                for i, new in enumerate(nbi):
+                    if new is None:
+                        continue
+                    rid = ids[i]
+                    st = reqs.get(rid)
+                    if st is None:
+                        continue
+                    if resumed and rid in resumed:  # the new ids replace the table
+                        for t in st.tables:
+                            del t[:]
+                        self._restart(st, rid)
+                    for t, b in zip(st.tables, new):
+                        if b:
+                            t.extend(b)
+            np = self._np
+            slots = np.fromiter(map(self._slot_of.get, ids, [-1] * n), np.int64, n)
+            nc = np.fromiter(cached.num_computed_tokens, np.int64, n)
+            ok = slots >= 0
+            cand = np.flatnonzero(ok & (nc // self.sched_bs > self.ready[slots]))
+            for i in cand.tolist():
+                rid = ids[i]
+                one(reqs[rid], rid, nsched.get(rid, 0))
+            for rid in list(self._retry):
+                st = reqs.get(rid)
+                if st is not None and rid in nsched:
+                    one(st, rid, nsched[rid])
+
+    def _restart(self, st, rid):
+        st.restart = True
+        st.pending = 0
+        if st.slot >= 0:
+            self.ready[st.slot] = -1
+        self._retry.add(rid)
+
+    def _schedule_one(self, st, rid, scheduled):
+        """Queues st for this step's kvt_offload_schedule_many if a block of it may be newly
+        confirmed (or some were left over)."""
+        if not scheduled:
+            return
+        req = st.request
+        confirmed = req.num_computed_tokens - req.num_output_placeholders
+        ready = confirmed // self.sched_bs
+        slot = st.slot
+        if slot >= 0 and ready <= self.ready[slot] and not st.pending and not st.restart:
+            return
+        if slot >= 0:
+            self.ready[slot] = ready
+        it = st.item
+        it.hashes, it.n_hashes = st.sync_hashes()
+        ptrs, counts = st.ptrs, st.counts
+        for g, t in enumerate(st.tables):
+            ptrs[g], counts[g] = t.buffer_info()
+        it.num_confirmed = confirmed
+        it.num_scheduled = scheduled
+        it.resumed = st.restart
+        st.restart = False
+        self._batch.append(st)
+
+    def _run_batch(self):
+        batch = self._batch
+        if not batch:
+            return
+        self._batch = []
+        n = len(batch)
+        if n > len(self._items):
+            self._items = (ctypes.c_void_p * (2 * n))()
+        items = self._items
+        for i, st in enumerate(batch):
+            items[i] = st.item_addr
+        rc = self._many_fn(self.h, items, n, None)
+        if rc < 0 or self._cb_error is not None:
+            self._call(rc)
+        retry = self._retry
+        for st in batch:
+            left = st.item.left
+            st.pending = left
+            if left:
+                retry.add(st.request.request_id)
+            elif retry:
+                retry.discard(st.request.request_id)
+
     def apply_output(self, out):
         fin = out.finished_recving
         wm = out.kv_connector_worker_meta
-        if not fin and (wm is None or not getattr(wm, "data", b"")):
+        data = wm.data if wm is not None else b""
+        if not fin and not data:
             return
-        ids = [r.encode() for r in fin] if fin else []
-        arr = (L.kvt_str * max(1, len(ids)))(*[L.kvt_str(b, len(b)) for b in ids])
-        w = WorkerMeta.decode(wm.data) if wm is not None and wm.data else None
-        self._call(_lib.kvt_offload_apply_output(
-            self.h, arr, len(ids), ctypes.byref(w._m) if w is not None else None))
+        if fin:
+            ids = [r.encode() for r in fin]
+            arr = (L.kvt_str * len(ids))(*[L.kvt_str(b, len(b)) for b in ids])
+        else:
+            ids, arr = (), None
+        w = None
+        if data:
+            rc = _lib.kvt_offload_worker_meta_decode(self._wm_ref, data, len(data))
+            if rc < 0:
+                raise KvtierError(rc, "worker report: " +
+                                  _lib.kvt_last_error().decode(errors="replace"))
+            w = self._wm_ref
+        self._call(_lib.kvt_offload_apply_output(self.h, arr, len(ids), w))
 
     def finished(self, request, block_ids):
-        st = self.reqs.pop(request.request_id, None)
+        st = self._drop(request.request_id)
         if st is None:
             return
         addr, n = st.sync_hashes()
-        _keep, (ptrs, counts) = _lists_arg(block_ids)
+        keep = self._table_args(block_ids)
         confirmed = request.num_computed_tokens - request.num_output_placeholders
-        self._call(_lib.kvt_offload_request_finished_hashed(
-            self.h, st.rid, len(st.rid), ptrs, counts, addr, n, max(0, confirmed)))
+        rc = self._fin_fn(self.h, st.rid, len(st.rid), self._ptrs, self._counts, addr, n,
+                          max(0, confirmed))
+        del keep
+        if rc < 0 or self._cb_error is not None:
+            self._call(rc)
 
     def reset(self):
         rc = _lib.kvt_offload_reset(self.h)
@@ -477,9 +646,14 @@ class _Scheduler:
         return {name: getattr(s, name) for name, _ in L.kvt_offload_stats._fields_}
 
     def interval_stats(self):
-        now = self.stats()
-        out = {k: now[k] - self._stats_last.get(k, 0) for k in _STAT_COUNTERS}
-        self._stats_last = now
+        """Counter deltas since the last call (vLLM drains them every step)."""
+        _lib.kvt_offload_get_stats(self.h, self._st_ref)
+        st, last = self._st, self._stats_last
+        out = {}
+        for k in _STAT_COUNTERS:
+            v = getattr(st, k)
+            out[k] = v - last.get(k, 0)
+            last[k] = v
         return out
 
     def take_events(self):
