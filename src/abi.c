@@ -68,6 +68,7 @@ static const struct {
     SIZE(kvt_ec_net_config),
     SIZE(kvt_ec_inbox_config),
     SIZE(kvt_ec_inbox_stats),
+    SIZE(kvt_ec_cache_ops),
 };
 
 size_t kvt_sizeof(const char *type_name)

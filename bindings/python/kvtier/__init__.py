@@ -29,6 +29,7 @@ from . import _lib as L
 __all__ = ["KvtierError", "version", "hash_prompt", "Pool", "OffloadManager", "OffloadMeta",
            "WorkerMeta", "Layout", "Mirror", "Worker", "Disk", "LinkScheduler", "LinkWorker",
            "EcShard", "EcScheduler", "EcProducer", "EcPlanner", "EcMeta", "EcWorkerMeta",
+           "EcServer", "EcNetConsumer", "EcInbox",
            "ManualClock", "STORE", "LOAD", "NO_EVENT"]
 
 STORE, LOAD, NO_EVENT = L.COPY_STORE, L.COPY_LOAD, L.NO_EVENT
@@ -735,5 +736,5 @@ class LinkWorker(_Handle):
 
 
 # the encoder-cache side (its own module; imported last, it uses this module's errors)
-from .ec import (EcMeta, EcPlanner, EcProducer, EcScheduler, EcShard,  # noqa: E402,F401
-                 EcWorkerMeta, ManualClock)
+from .ec import (EcInbox, EcMeta, EcNetConsumer, EcPlanner, EcProducer,  # noqa: E402,F401
+                 EcScheduler, EcServer, EcShard, EcWorkerMeta, ManualClock)

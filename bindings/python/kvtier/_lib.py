@@ -312,6 +312,59 @@ class kvt_ec_consumer_ops(ctypes.Structure):
     _fields_ = [(n, vp_) for n in ("shards", "reserve", "write", "complete", "cancel", "ctx")]
 
 
+# ---- encoder cache across processes (kvtier/ec_net.h) ----
+
+class kvt_ec_server_config(ctypes.Structure):
+    _fields_ = [("host", ctypes.c_char_p), ("base_port", c_u32), ("dp_index", c_u32),
+                ("tp_size", c_u32), ("tp_rank", c_u32), ("max_events", c_u32),
+                ("expire_interval_ns", c_u64), ("poll_ms", c_u32), ("data_plane", c_bool),
+                ("complete_wait_ms", c_u32), ("max_receives", c_u32),
+                ("curve_secret_key", ctypes.c_char_p),
+                ("curve_clients", P(ctypes.c_char_p))]
+
+
+EC_SERVER_COUNTERS = ("requests", "malformed", "items", "item_errors", "events_sent",
+                      "events_dropped", "receives_posted", "receives_done", "receives_cancelled",
+                      "receives_failed", "bytes_received", "completes_early", "writers_reaped",
+                      "clients_refused")
+
+
+class kvt_ec_server_stats(ctypes.Structure):
+    _fields_ = [(n, c_u64) for n in EC_SERVER_COUNTERS]
+
+
+class kvt_ec_net_config(ctypes.Structure):
+    _fields_ = [("control_timeout_ms", c_u32), ("write_timeout_ms", c_u32),
+                ("curve_server_key", ctypes.c_char_p), ("curve_public_key", ctypes.c_char_p),
+                ("curve_secret_key", ctypes.c_char_p)]
+
+
+class kvt_ec_inbox_config(ctypes.Structure):
+    _fields_ = [("consumer", ctypes.c_char_p), ("control_timeout_ms", c_u32),
+                ("retry_ms", c_u32), ("max_cancels", c_u32),
+                ("curve_server_key", ctypes.c_char_p), ("curve_public_key", ctypes.c_char_p),
+                ("curve_secret_key", ctypes.c_char_p)]
+
+
+EC_INBOX_COUNTERS = ("discoveries", "events", "bad_events", "cancels_sent", "cancels_failed",
+                     "cancels_dropped")
+
+
+class kvt_ec_inbox_stats(ctypes.Structure):
+    _fields_ = [(n, c_u64) for n in EC_INBOX_COUNTERS] + [("shards", c_u32)]
+
+
+# kvt_ec_cache_ops: the rank's encoder cache as kvt_ec_shard_apply reaches it. (fence returns a
+# struct, which a ctypes callback cannot: Python callers leave it NULL and place synchronously.)
+EC_HOLDS = ctypes.CFUNCTYPE(c_bool, ctypes.c_void_p, ctypes.c_void_p, c_u32, ctypes.c_void_p)
+EC_PLACE = ctypes.CFUNCTYPE(c_int, ctypes.c_void_p, P(kvt_ec_load_spec), P(kvt_slab_view))
+
+
+class kvt_ec_cache_ops(ctypes.Structure):
+    _fields_ = [("holds", EC_HOLDS), ("place", EC_PLACE), ("fence", ctypes.c_void_p),
+                ("ctx", ctypes.c_void_p)]
+
+
 class kvt_ec_producer_config(ctypes.Structure):
     _fields_ = [("ops", kvt_ec_consumer_ops), ("refresh_age_ns", c_u64), ("max_records", c_u32),
                 ("clock", kvt_clock)]
@@ -536,6 +589,22 @@ _sig("kvt_ec_planner_request_finished", c_int, vp, cp, c_u32)
 _sig("kvt_ec_planner_apply_output", c_int, vp, P(kvt_ec_worker_meta))
 _sig("kvt_ec_planner_has_pending_push_work", c_bool, vp)
 _sig("kvt_ec_planner_take_failed", c_u32, vp, P(KEYS), c_u32)
+_sig("kvt_ec_server_config_init", None, P(kvt_ec_server_config))
+_sig("kvt_ec_server_start", c_int, P(kvt_ec_server_config), vp, P(vp))
+_sig("kvt_ec_server_stop", None, vp)
+_sig("kvt_ec_server_port", c_u32, vp)
+_sig("kvt_ec_server_event_port", c_u32, vp)
+_sig("kvt_ec_server_apply", c_int, vp, P(kvt_ec_meta), P(kvt_ec_cache_ops), P(kvt_ec_worker_meta))
+_sig("kvt_ec_server_get_stats", None, vp, P(kvt_ec_server_stats))
+_sig("kvt_ec_net_config_init", None, P(kvt_ec_net_config))
+_sig("kvt_ec_net_consumer_create", c_int, P(kvt_ec_net_config), P(vp))
+_sig("kvt_ec_net_consumer_destroy", None, vp)
+_sig("kvt_ec_net_consumer_ops", kvt_ec_consumer_ops, vp)
+_sig("kvt_ec_inbox_config_init", None, P(kvt_ec_inbox_config))
+_sig("kvt_ec_inbox_create", c_int, P(kvt_ec_inbox_config), P(vp))
+_sig("kvt_ec_inbox_destroy", None, vp)
+_sig("kvt_ec_inbox_step", c_int, vp, vp)
+_sig("kvt_ec_inbox_get_stats", None, vp, P(kvt_ec_inbox_stats))
 for kind, t in (("kvt_ec_meta", kvt_ec_meta), ("kvt_ec_worker_meta", kvt_ec_worker_meta)):
     _sig(kind + "_init", None, P(t))
     _sig(kind + "_clear", None, P(t))
@@ -557,7 +626,9 @@ for _t in (kvt_str, kvt_bump, kvt_group_spec, kvt_pool_config, kvt_hit, kvt_bloc
            kvt_ec_shard_stats, kvt_ec_sched_config, kvt_ec_ready, kvt_ec_feature,
            kvt_ec_sched_stats, kvt_ec_load_spec, kvt_ec_push_spec, kvt_ec_meta, kvt_strset,
            kvt_ec_worker_meta, kvt_ec_consumer_ops, kvt_ec_producer_config,
-           kvt_ec_producer_stats, kvt_ec_push_failure, kvt_ec_local_consumer, kvt_ec_binding):
+           kvt_ec_producer_stats, kvt_ec_push_failure, kvt_ec_local_consumer, kvt_ec_binding,
+           kvt_ec_server_config, kvt_ec_server_stats, kvt_ec_net_config, kvt_ec_inbox_config,
+           kvt_ec_inbox_stats, kvt_ec_cache_ops):
     _c = lib.kvt_sizeof(_t.__name__.encode())
     if _c != ctypes.sizeof(_t):
         raise ImportError("kvtier: %s is %d bytes in the library but %d in the bindings; "

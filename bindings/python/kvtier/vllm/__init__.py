@@ -16,8 +16,12 @@
 Settings, errors and limits: docs/vllm.md.
 """
 from ._config import ConfigError, KvtierConfig
+from ._ec import (KvtierECConfig, KvtierECConnector, KvtierECConnectorMetadata,
+                  KvtierECWorkerMetadata)
 from ._kv import (KvtierConnector, KvtierConnectorMetadata, KvtierStats, KvtierWorkerMetadata,
                   block_bytes_per_rank, kv_regions)
 
 __all__ = ["KvtierConnector", "KvtierConnectorMetadata", "KvtierWorkerMetadata", "KvtierStats",
-           "KvtierConfig", "ConfigError", "kv_regions", "block_bytes_per_rank"]
+           "KvtierConfig", "ConfigError", "kv_regions", "block_bytes_per_rank",
+           "KvtierECConnector", "KvtierECConnectorMetadata", "KvtierECWorkerMetadata",
+           "KvtierECConfig"]
