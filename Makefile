@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # kvtier top-level Makefile. Every target first installs missing Debian packages
 # (scripts/install-deps), then configures and builds with CMake.
 #

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * `kvtier bench copy`: the copy engine moving randomly paired blocks, against the plain
  * contiguous copy of the same bytes measured in the same run (BENCHMARKS.md).

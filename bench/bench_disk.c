@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * `kvtier bench disk`: the disk tier writing and reading 2 MiB slots against fio on the same
  * file system, with the same block size, queue depth and engine (io_uring, O_DIRECT), in the

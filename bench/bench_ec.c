@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * `kvtier bench ec`: encoder-cache pushes between two processes over the network stack, against
  * `ucx_perftest tag_bw` with the same message size and transport, in the same command

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * `kvtier bench pool`: the cost of the scheduler-side block pool.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * `kvtier bench sched`: the scheduler-side cost of the offload manager per engine step.
  *

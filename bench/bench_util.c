@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Benchmark helpers: timing, JSON output and a description of the host, so a printed figure
  * always says where it was measured.

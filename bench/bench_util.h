@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Shared helpers of the benchmarks: options, a seeded PRNG, timing and a tiny JSON writer.
  * Every benchmark prints exactly one JSON object with --json (and readable lines otherwise).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * libFuzzer target for the encoder-cache control plane's messages (src/ec/ctl_wire.c): what
  * a control server decodes from any peer (requests) and what producers and schedulers decode

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * libFuzzer target: a consumer shard (reservations and resident pool) driven by a fuzzed
  * operation stream — what a remote producer and the local scheduler can ask of it, in any

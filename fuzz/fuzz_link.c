@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * libFuzzer target for the scheduler <-> worker link's own frames (header, hello, status).
  * The first input byte picks the decoder, the rest is the frame. Property: a decode either

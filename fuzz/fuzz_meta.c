@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * libFuzzer target for one metadata decoder, chosen at compile time with KVT_FUZZ_KIND (one
  * binary per decoder, see fuzz/CMakeLists.txt). The property checked is the one of

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Writes the seed corpus of every fuzz target: fuzz/corpus/<target>/seed-<n>, valid messages
  * built with the public API (tests/meta/meta_samples.h). Run by `make fuzz-corpus`; the output

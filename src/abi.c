@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Sizes of the public structs by name, so bindings that declare them (bindings/python's
  * ctypes mirror) can check at load time that their declarations match this build.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Common includes and helpers for kvtier's cmocka tests.
  */

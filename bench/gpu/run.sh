@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # GPU checks of the copy layer: builds kvtier (unless KVT_BUILD_DIR names a finished build),
 # runs the CUDA tests (which must not skip here) and the copy tests, then the copy benchmark
 # with the CUDA backend (2 MiB and 16 KiB blocks against cudaMemcpy of one contiguous pinned

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvtier base layer: errors, logging, clocks, hashing and host arenas.
  *

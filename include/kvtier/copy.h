@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvtier copy: the worker side's view of KV bytes and the engine that moves them.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvtier disk: a rank's KV blocks in slots of a private file on local disk, moved with
  * io_uring (spec kv-offload §3.8).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvtier encoder-cache transfer (vLLM ECMooncakeConnector): memory management.
  *

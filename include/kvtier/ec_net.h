@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Encoder-cache transfer across processes and hosts: the control server every consumer shard
  * runs (spec §4.1), over ZeroMQ.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvtier: KV-cache offload and encoder-cache transfer for LLM inference engines.
  * Including this header includes every public module.

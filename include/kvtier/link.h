@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvtier link: the scheduler <-> worker control channel of KV offload across processes, over
  * ZeroMQ (ipc:// on one host, tcp:// across hosts).

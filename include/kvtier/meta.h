@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvtier metadata: the per-step messages between an engine's scheduler and its workers, as C
  * types, their aggregation rules and their wire encoding.

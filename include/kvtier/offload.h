@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvtier offload manager: the scheduler side of KV-cache offload (vLLM's
  * SimpleCPUOffloadScheduler). It owns the host tier's block pool, decides every step which

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvtier block pool: reference-counted KV blocks with an LRU free queue and a prefix-hash index.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvtier worker: the worker side of KV-cache offload (vLLM SimpleCPUOffloadWorker), one per
  * tensor-parallel rank. It executes the manager's kvt_offload_meta on its rank's KV cache and

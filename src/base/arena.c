@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Host arenas: one large anonymous mapping per use (the host tier of a rank, staging buffers).
  *

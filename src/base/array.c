@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Growable arrays (see array.h). */
 #include <stdlib.h>
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Growable arrays: one doubling rule for every list that grows to its largest size and then
  * stays there (metadata lists, per-job descriptor arrays, layout regions, reply buffers).

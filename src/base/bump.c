@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Chunked bump storage. Chunks form a list; `cur` is the chunk being filled and every chunk
  * after it is empty (clear resets them all and rewinds cur to the head). A request that does

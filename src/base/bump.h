@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Allocation side of kvt_bump (the type and clear/release are public, in base.h).
  */

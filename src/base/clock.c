@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Clocks. Everything in kvtier that keeps a deadline reads time through a kvt_clock so tests
  * can drive it by hand; production code passes NULL or kvt_clock_monotonic().

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Internal side of the error model: set the thread-local detail message and return the code
  * in one expression, so every failure path reads `return kvt_fail(KVT_EINVAL, "...", ...);`.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Public xxHash wrappers, linked against the system libxxhash (no inlining needed here).
  * kvt_hash128 writes the canonical big-endian form so hashes are byte-identical across hosts.

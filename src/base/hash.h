@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Inline xxHash for hot paths (pool key hashing). XXH_INLINE_ALL makes the XXH3 functions
  * static in each translation unit that includes this header, so the compiler can specialise

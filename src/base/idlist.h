@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Chunked lists of 32-bit ids drawn from one preallocated pool (an unrolled linked list).
  *

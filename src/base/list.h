@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Intrusive doubly linked circular list (the Linux list.h idea): a node lives inside the object
  * it links, so linking and unlinking never allocate. A detached node points to itself, which

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Logging: one line per call, written with a single fputs so concurrent lines do not
  * interleave mid-line on stderr. The level is read once from KVTIER_LOG on first use and kept

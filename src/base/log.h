@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Levelled logging. KVT_LOG_* macros test the level before formatting, so disabled log lines
  * cost one relaxed atomic load.

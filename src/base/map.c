@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Open-addressing multimap; see map.h for the design.
  */

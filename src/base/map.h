@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Open-addressing multimap from a 64-bit hash to a 32-bit value.
  *

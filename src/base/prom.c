@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Prometheus text exposition (see prom.h). */
 #include <inttypes.h>
 #include <stdarg.h>

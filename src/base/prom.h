@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Prometheus text exposition into a caller's buffer: the metrics writers of the offload
  * manager, the copy engine and the disk tier share it. Writing past the buffer only counts

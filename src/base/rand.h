@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * splitmix64: a tiny seedable PRNG for workloads, randomized tests and benchmarks (never for
  * anything security-related). Deterministic for a seed, so a printed seed replays a run.

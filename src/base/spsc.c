@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Single-producer single-consumer ring; see spsc.h.
  */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Single-producer single-consumer queue of fixed-size elements (a lock-free ring).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Small helpers shared by every layer: branch hints, min/max, alignment and overflow-checked
  * arithmetic. Header-only.

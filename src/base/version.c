@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The version of the loaded library, for callers that compare it with their headers. */
 #include "kvtier/version.h"
 

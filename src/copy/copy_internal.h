@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Internals of the copy layer: descriptor building (pure functions, tested directly), the
  * engine's job queue shared by both backends, and the backend interface.

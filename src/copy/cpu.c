@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * CPU copy backend: device memory is host memory (CPU-only deployments, tests, benchmarks).
  *

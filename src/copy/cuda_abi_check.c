@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Built only when the CUDA toolkit's cuda.h is found: asserts that the driver declarations in
  * cuda_api.h match the real ones, so the dlopen'ed calls use the driver's ABI.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The slice of the CUDA driver API kvtier uses, declared here so that the library builds
  * without the toolkit and loads libcuda.so.1 at run time: one binary runs on machines with

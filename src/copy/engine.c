@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The copy engine: validation, descriptor building, per-direction event rings, the
  * submission queue, completion polling and flush. The backends (cpu.c, cuda.c) only take

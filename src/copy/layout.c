@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Layouts: the engine's KV tensors reduced to regions of equally strided pages (spec
  * kv-offload §3.1, the newer rule). For a tensor whose block dimension has block_dim_size

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Host mirror: the host tier of one rank. One arena backs every region's host array (region
  * r block b at regions[r].base + b * block_bytes), sized exactly: host_blocks x the layout's

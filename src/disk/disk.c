@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The disk tier (see kvtier/disk.h for the contract).
  *

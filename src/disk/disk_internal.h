@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Test hook of the disk tier: a fault injector called for every completed I/O with the
  * result the kernel gave (bytes transferred or -errno). It returns the result to use, so a

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The encoder-cache control plane's messages (spec §4.2): what a producer or the consumer's
  * scheduler asks a consumer shard's control server, the server's replies, and the readiness

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The control plane's client side (ctl.h): one REQ socket per endpoint, kept between calls;
  * RCVTIMEO = SNDTIMEO = the timeout, LINGER 0, IPv6 on. A REQ socket stuck mid-exchange is

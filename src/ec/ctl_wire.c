@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Encoder-cache control messages (ctl.h). Bodies, after the 12-byte header (docs/wire.md):
  *

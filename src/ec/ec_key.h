@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * String keys of the encoder-cache tables (transfer ids, mm_hashes, request ids, consumer
  * addresses): a bounded copy, its length and its XXH3 hash, and the lookup of a record array

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The consumer scheduler's link to its shards (kvtier/ec_net.h: kvt_ec_inbox).
  *

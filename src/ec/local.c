@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * A consumer in the same process, behind kvt_ec_consumer_ops: every call goes straight to the
  * shard; a write copies into the region the reservation named (its ptr), after checking that

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * A producer's remote consumers (kvtier/ec_net.h): kvt_ec_consumer_ops over the control plane
  * (ZeroMQ REQ, src/ec/ctl_client.c) and the data plane (UCX tag sends, src/ec/ucx.c).

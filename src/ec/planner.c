@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The producer scheduler's push planning (spec ec-transfer §1.4 step 1, §2.2, §2.4's
  * has_pending_push_work and failed_saves, the [later] up-front conflict check).

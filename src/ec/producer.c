@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The producer worker's push records (spec ec-transfer §1.4 steps 2-6 and 14, §3.5).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The consumer shard's control server (include/kvtier/ec_net.h, spec §4.1).
  *

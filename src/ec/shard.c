@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * One consumer shard's receive side (spec ec-transfer §3.3, §3.4): reservations over the slab
  * and the resident pool.

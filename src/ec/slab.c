@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Slab allocator over one registered buffer (spec ec-transfer §3.1).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The encoder-cache data plane over UCX tag matching (ucx.h).
  */

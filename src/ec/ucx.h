@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The encoder-cache data plane over UCX (tag matching). A consumer shard posts a tagged
  * receive on each reservation it hands a writer (tag = the reservation's, kvt_ecc_rid_tag),

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Encoder-cache metadata (vLLM ECMooncakeConnectorMetadata, ECMooncakeLoadSpec,
  * ECMooncakePushSpec, ECMooncakeWorkerMetadata): objects, validation, aggregation, encoding.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Shared pieces of the metadata layer: the message header, dtype sizes, string checks and
  * sorted string sets.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Helpers shared by the metadata sources: array growth, string checks and copies, the string
  * sets of the encoder-cache worker metadata.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * KV-offload metadata (vLLM SimpleCPUOffloadMetadata and SimpleCPUOffloadWorkerMetadata): the
  * C objects, their builders, validation, aggregation and wire encoding.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Bounds-checked reading and unchecked-by-construction writing of the kvtier wire format.
  *

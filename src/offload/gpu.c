@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The engine's GPU pool as the offload manager sees it. Either a kvt_pool that kvtier keeps for
  * the engine, or the engine's own allocator (vLLM's BlockPool) reached through

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Loads: host tier -> GPU (spec kv-offload §2.5).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Offload manager: life cycle, the request table, the event tables, step assembly
  * (build_meta, apply_output), reset and metrics. Loads live in load.c, stores in store.c; the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Internal state of the offload manager, shared by manager.c (life cycle, step assembly,
  * reset, metrics), load.c (match, after_alloc, loads) and store.c (eager, lazy, re-store,

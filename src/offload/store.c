@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Stores: GPU -> host tier (spec kv-offload §2.6-2.8).
  *
@@ -134,6 +135,13 @@ void ofl_select_eager(kvt_offload *m, struct ofl_req *r, const uint32_t *const *
                 continue;
             }
             if (m->gflags[gpu] & (G_STORING | G_MARK)) { /* cheapest test first */
+                m->st.store_skipped_in_flight++;
+                continue;
+            }
+            if (m->gload_src[gpu] != OFL_NONE) {
+                /* a load into it is still in flight (an engine that counts a request's
+                 * loading tokens as confirmed, e.g. when it finishes before its load did):
+                 * its bytes are not its key's yet. Its source is in the host tier anyway. */
                 m->st.store_skipped_in_flight++;
                 continue;
             }

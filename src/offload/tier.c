@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Three tiers: GPU -> host -> disk (issue 5; LMCache and Mooncake have it, vLLM's
  * SimpleCPUOffloadConnector does not). The disk tier is a second pool with its own events,

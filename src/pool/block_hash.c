@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Chained block hashes for engines: h_i = XXH3-128(h_{i-1} || n_tokens || tokens || extra_len ||
  * extra, seed). The root "parent" of the first block is derived from the seed alone, so two

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Longest prefix-cache hit, per group kind and across groups (vLLM's single-type managers and
  * hybrid coordinator, find_longest_cache_hit).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Block pool: reference counts, the LRU free queue, the multi-key prefix-hash index and cache
  * events. The public header states the semantics (vLLM BlockPool); this file keeps three

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Internal layout of kvt_pool, shared by pool.c (blocks, keys, events) and hit.c (longest-hit
  * search). Nothing here is installed.

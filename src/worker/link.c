@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The scheduler <-> worker link over ZeroMQ (see kvtier/link.h for the protocol and
  * link_internal.h for the frames).

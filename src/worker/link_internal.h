@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Wire side of the scheduler <-> worker link: pure encoders and bounds-checked decoders of
  * the link's own frames (the offload metadata travels in its own kvt_offload_meta encoding).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Encoders and decoders of the link's frames (see link_internal.h for the layout). Decoders
  * read through the bounds-checked kvt_rd reader: they fail with KVT_EPROTO on any length,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The offload worker (spec kv-offload §3.3, §3.4): binds the manager's metadata, launches
  * its copies after the forward, and turns copy completions into the per-step reports.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Allocation-failure sweep: every allocation kvtier makes (malloc, calloc, realloc in the
  * library, wrapped at link time) is made to fail in turn, one per run of a scenario, for

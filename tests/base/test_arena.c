@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Host arenas: mapping, population, page-size rounding (never a power of two), bump
  * allocation, and failing closed with a clear message when huge pages are short.

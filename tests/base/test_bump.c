@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Chunked bump storage: addresses never move, clear reuses memory, reserve guarantees room.
  */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Intrusive list: push, remove, order, and the detached-node check the pool relies on.
  */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Levelled logging (handler, level filter) and the injectable clocks.
  */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Open-addressing multimap: duplicates, removal by (hash, value), backward-shift deletion
  * keeping every remaining entry reachable (checked against a plain array over long random

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * SPSC ring: FIFO order, full/empty edges and wrap-around on one thread; then a producer and a
  * consumer thread moving a million sequence numbers (run under ThreadSanitizer in CI).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Copy layer on the CPU backend: coalescing (the three examples of spec §3.2), region-major
  * descriptors, layouts (K/V, MLA, padding, shared storage, cross-layer), the host mirror, and

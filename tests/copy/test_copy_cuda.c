@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The CUDA copy backend on a real GPU (skipped cleanly where kvt_cuda_available() is false):
  * bytes stored and loaded back through cuMemcpyBatchAsync, the per-descriptor fallback and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Model-based test of the CPU copy engine: long random sequences of stores, loads, "compute"
  * (the engine rewriting a device block), polls and flushes, checked against a reference model

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The disk tier: the rank's private file (stale file replaced, 0600, a symlink never
  * followed, unlinked at shutdown), slot sizing, bytes stored and loaded back verified in

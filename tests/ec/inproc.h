@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * An in-process consumer for encoder-cache tests: N kvt_ec_shard over their own buffers, reached
  * through kvt_ec_consumer_ops (writes are memcpy into the shard's buffer at the reservation's

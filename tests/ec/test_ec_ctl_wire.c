@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Encoder-cache control messages (src/ec/ctl.h): every op's request and reply and both kinds
  * of event round-trip and re-encode to the same bytes (canonical); every truncation fails and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Randomized model-based test of encoder-cache transfer end to end, in process: a producer
  * (kvt_ec_producer) pushes items into a consumer of 1-3 shards (kvt_ec_shard, real buffers),

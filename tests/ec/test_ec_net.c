@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Encoder-cache transfer over the network, end to end on loopback: a producer
  * (kvt_ec_producer over kvt_ec_net_consumer: ZeroMQ control, UCX data) pushes items into a

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The producer scheduler's push planning (spec ec-transfer §1.4 step 1 and the [later]
  * scheduler file `test_mooncake_scheduler.py`), one test per behaviour, named after it.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The consumer scheduler's transfer table (spec ec-transfer §1.4 steps 8-12, §2.4, §3.4, §4.4),
  * one test per behaviour of §7's "Scheduler table" and "Scheduler connector" lists that

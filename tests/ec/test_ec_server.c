@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The consumer shard's control server over loopback TCP (include/kvtier/ec_net.h), driven
  * through the control client (src/ec/ctl.h) and raw ZeroMQ sockets: every op, readiness

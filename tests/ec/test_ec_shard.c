@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * A consumer shard's reservations and resident pool (spec ec-transfer §3.3, §3.4), one test per
  * behaviour of §7 ("Reservations", "Memory", the [later] abandoned-push and reservation files),

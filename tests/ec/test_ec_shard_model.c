@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Randomized model-based test of a consumer shard (spec ec-transfer §3.3, §3.4).
  *

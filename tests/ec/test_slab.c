@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The encoder-cache slab allocator (spec ec-transfer §3.1): the spec's examples, coalescing
  * with both neighbours, refused double frees and forged views, and a randomized test against

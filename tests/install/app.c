@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A program outside the tree, built against an installed kvtier (tests/install/run.sh). */
 #include <kvtier/kvtier.h>
 #include <stdio.h>

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # Installs the build into a scratch prefix, then builds and runs tests/install/app.c against
 # it twice: with pkg-config, and with CMake's find_package (shared and static).
 #   tests/install/run.sh BUILD_DIR SCRATCH_DIR

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The decoder property shared by the robustness test and the libFuzzer targets: decoding any
  * bytes either fails with a kvtier error code, or yields an object that validates, encodes to

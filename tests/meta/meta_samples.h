@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Representative messages of every kind, built through the public API and encoded. Used by
  * the robustness test (mutations of valid messages) and by fuzz/make_corpus (seed corpus).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Decoders against hostile bytes: every truncation of a valid message, every single-byte
  * mutation at every offset, messages of the wrong kind, and random garbage behind a valid

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Encoder-cache metadata: specs and their tensor checks, the step metadata (freed None vs
  * empty), worker reports as sorted sets, and the aggregation rules of the seed (loaded

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * KV-offload metadata: builders, the seed's invariants, aggregation of worker reports, and the
  * wire encoding (round trips and the decoder's rejections, each named after the rule).

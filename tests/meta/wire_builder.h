@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Hand-built wire messages for decoder tests: lets a test write exactly the (possibly invalid)
  * bytes another implementation might send.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Encoder-cache transfer between two "hosts": two network namespaces joined by a veth pair,
 # a consumer (2 shards) in one and producers in the other, data plane over UCX tcp.
 #   1. 40 items of 1 KiB - 4 MiB pushed and checked byte for byte on both shards;

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * A minimal engine around kvt_offload for tests: a GPU pool with prefix caching, requests with
  * real chained hashes and block tables, and workers that "complete" events on demand. Each

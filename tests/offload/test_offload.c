@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Offload manager behaviours (spec kv-offload §2.5-2.10 and the manager tests of §5), one test
  * per behaviour, named after it.

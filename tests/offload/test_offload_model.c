@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Randomized model-based test of the offload manager.
  *
@@ -843,9 +844,9 @@ static void episode(uint64_t *rng, uint64_t ops_goal)
     S.ext = kvt_test_below(rng, 2);
     /* the harness frees no GPU block between its schedule calls and build_meta */
     oc.defer_schedule_pins = S.ext && kvt_test_below(rng, 2);
+    bool with_lookup = S.ext && kvt_test_below(rng, 2);
     if (S.ext) {
-        kvt_gpu_pool_ops ops = {cb_touch, cb_free, cb_lru_scan,
-                                kvt_test_below(rng, 2) ? cb_lookup : NULL};
+        kvt_gpu_pool_ops ops = {cb_touch, cb_free, cb_lru_scan, with_lookup ? cb_lookup : NULL};
         KVT_OK_(kvt_offload_create_ext(&oc, &pc, &ops, NULL, &S.m));
     } else {
         KVT_OK_(kvt_offload_create(&oc, S.gpu, &S.m));

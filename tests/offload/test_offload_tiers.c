@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Three tiers (GPU -> host -> disk), one behaviour per test: write-backs become findable on
  * disk only when every worker reported them, a failed one never does; a disk hit is promoted

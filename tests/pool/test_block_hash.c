@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Chained block hashes: reproducible across processes for one seed, sensitive to every input
  * (seed, parent, tokens, extra keys), and kvt_hash_prompt equal to chaining kvt_hash_block.

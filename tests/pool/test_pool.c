@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Block pool rules (spec kv-offload §2.1, §2.3, and the pool behaviours of §5), one test per
  * rule, named after the behaviour.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Longest prefix hit per group kind and across groups (spec kv-offload §2.3, §2.4): full
  * attention, sliding window, Mamba-style state, EAGLE, coarse block sizes viewed through

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The reference engine (tools/refengine): the batch invariance that makes generated tokens
  * identical across runs, and the engine with and without the host tier (identical tokens,

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`kvtier demo --metrics-port 0` serves the run's Prometheus text at /metrics (run by ctest)."""
 import os
 import re

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The scheduler <-> worker link in one process (workers on threads): the pool-size
  * handshake, aggregation across ranks and steps, a rank's failure travelling to the

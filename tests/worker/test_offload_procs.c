@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * KV offload across processes, world_size = 2: this process runs the scheduler (a GPU pool,
  * the offload manager and a scripted engine), two forked processes run one worker each

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The offload worker on the CPU backend: bind validation, launching after get_finished,
  * translating finished loads through load_event_to_reqs, {event: 1} once per store, flush on

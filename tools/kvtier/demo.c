@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * `kvtier demo --components`: the library's parts one by one (the reference engine's demo is
  * demo_engine.c).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* `kvtier demo`: the end-to-end demonstration of what kvtier does today. */
 #ifndef KVT_TOOLS_DEMO_H
 #define KVT_TOOLS_DEMO_H

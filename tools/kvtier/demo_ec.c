@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * `kvtier demo`, part 3: encoder-cache transfer between an encoder and a prefill instance with
  * two TP shards, in one process (the network comes with issue 7; the state machines are the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * `kvtier demo`: the reference engine (tools/refengine) serving a multi-turn chat workload
  * with images, three times:

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * `kvtier ec-consumer` and `kvtier ec-producer`: the encoder-cache transfer as two standalone
  * processes (on one host or two), for trying it out, for tests across network namespaces and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* `kvtier ec-consumer` and `kvtier ec-producer` (ec_cmds.c). */
 #ifndef KVT_TOOLS_EC_CMDS_H
 #define KVT_TOOLS_EC_CMDS_H

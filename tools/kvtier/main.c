@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The kvtier command-line tool: `kvtier demo`, `kvtier bench <name> [--json]`, --help and
  * --version. Subcommands live in their own files; this file only parses arguments.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * `kvtier demo --metrics-port N`: serves the run's Prometheus text at /metrics with
  * libmicrohttpd (Debian's libmicrohttpd-dev), from its own polling thread. Any other path is

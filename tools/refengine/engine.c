@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The reference engine's scheduler loop and ranks (engine.h).
  *

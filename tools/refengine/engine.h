@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The reference engine: a vLLM-like scheduler loop around the model of model.h, with kvtier
  * where an engine would put it.

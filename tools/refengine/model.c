@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The reference engine's transformer and vision encoder (model.h). Float32 throughout; matrix
  * products through OpenBLAS in fixed tiles, attention in hand-vectorized loops whose lane

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The reference engine's model: a small decoder-only transformer in float32 (RMSNorm, rotary
  * positions, grouped-query attention over a paged KV cache, SwiGLU MLP) and a small "vision

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """One engine, two turns of the same prompt, driven the way a vLLM connector drives kvtier.
 
 Turn 1 computes the prompt and offloads its KV to the host tier; the GPU prefix cache is then

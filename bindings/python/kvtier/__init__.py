@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """kvtier: KV-cache offload for LLM inference engines (Python bindings).
 
 Pure standard library (ctypes) over libkvtier.so: nothing to build or install beyond the C

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """ctypes declarations of kvtier's C API (the subset the Python package wraps).
 
 Every struct mirrors its C declaration field for field, private fields included, so that

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Encoder-cache transfer (vLLM ECMooncakeConnector semantics): the consumer shard, the
 consumer scheduler, the producer and its push planning, their metadata, and the network
 between instances.

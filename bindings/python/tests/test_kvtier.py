@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Tests of the Python bindings (run by ctest as test_python)."""
 import os
 import sys
