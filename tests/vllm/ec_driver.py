@@ -17,6 +17,7 @@ import os
 import sys
 import time
 
+os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout: results only
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 HIDDEN = 256  # the tiny model's hidden size: the encoder output width the producer measures
