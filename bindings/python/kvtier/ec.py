@@ -144,34 +144,26 @@ class EcMeta:
                 for i in range(self._m.n_freed)]
 
 
-def _ec_encode(kind, m):
-    n = getattr(_lib, kind + "_encoded_size")(ctypes.byref(m))
-    buf = ctypes.create_string_buffer(n)
-    got = ctypes.c_size_t()
-    _check(getattr(_lib, kind + "_encode")(ctypes.byref(m), buf, n, ctypes.byref(got)))
-    return buf.raw[:got.value]
+def _ec_codec():
+    from . import _decode, _encode  # the package's (defined before this module is imported)
+    return _encode, _decode
 
 
-def _ec_decode(self, kind, data):
-    _check(getattr(_lib, kind + "_decode")(ctypes.byref(self._m), data, len(data)))
-    return self
-
-
-EcMeta.encode = lambda self: _ec_encode("kvt_ec_meta", self._m)
+EcMeta.encode = lambda self: _ec_codec()[0]("kvt_ec_meta", self._m)
 EcMeta.encode.__doc__ = "The wire encoding (docs/wire.md)."
-EcMeta.decode = classmethod(lambda cls, data: _ec_decode(cls(), "kvt_ec_meta", data))
+EcMeta.decode = classmethod(lambda cls, data: _ec_codec()[1](cls, "kvt_ec_meta", data))
 
 
 class EcWorkerMeta:
     """Worker -> scheduler report (kvt_ec_worker_meta)."""
 
     def encode(self):
-        return _ec_encode("kvt_ec_worker_meta", self._m)
+        return _ec_codec()[0]("kvt_ec_worker_meta", self._m)
 
     @classmethod
     def decode(cls, data):
         """Decodes and validates an encoded report (KvtierError on anything malformed)."""
-        return _ec_decode(cls(), "kvt_ec_worker_meta", data)
+        return _ec_codec()[1](cls, "kvt_ec_worker_meta", data)
 
     def __init__(self):
         self._m = L.kvt_ec_worker_meta()
@@ -466,9 +458,12 @@ class EcProducer(_Owned):
         for i, sh in enumerate(self._shards):
             self._lc.shards[i] = sh._h
         self._lc.n = len(self._shards)
+        self._create(_lib.kvt_ec_local_consumer_ops(ctypes.byref(self._lc)), refresh_age_s, clock)
+
+    def _create(self, ops, refresh_age_s, clock):
         cfg = L.kvt_ec_producer_config()
         _lib.kvt_ec_producer_config_init(ctypes.byref(cfg))
-        cfg.ops = _lib.kvt_ec_local_consumer_ops(ctypes.byref(self._lc))
+        cfg.ops = ops
         cfg.refresh_age_ns = int(refresh_age_s * 1e9)
         cfg.clock = _clock(clock)
         self._clock = clock
@@ -705,16 +700,7 @@ def _producer_over_network(cls, net, refresh_age_s=150.0):
     self = cls.__new__(cls)
     self._shards = []
     self._net = net
-    cfg = L.kvt_ec_producer_config()
-    _lib.kvt_ec_producer_config_init(ctypes.byref(cfg))
-    cfg.ops = net.ops()
-    cfg.refresh_age_ns = int(refresh_age_s * 1e9)
-    cfg.clock = _clock(None)
-    self._clock = None
-    self._sources = {}
-    h = ctypes.c_void_p()
-    _check(_lib.kvt_ec_producer_create(ctypes.byref(cfg), ctypes.byref(h)))
-    self._h = h
+    self._create(net.ops(), refresh_age_s, None)
     return self
 
 
