@@ -225,6 +225,35 @@ def test_reset_connector_clears_the_host_tier(model_dir, baseline):
         close_llm(llm)
 
 
+def test_host_tier_events_reach_vllm(model_dir):
+    """With vLLM's KV cache events on, take_events hands vLLM one BlockStored per stored host
+    block (medium CPU, the block's key) and removals when the host tier evicts."""
+    from vllm.config import KVEventsConfig
+    from vllm.distributed.kv_events import BlockRemoved, BlockStored
+    prompts = prompts_with_prefixes(2, 400, 2, 400, seed=13)
+    llm = make_llm(model_dir, extra={"cpu_bytes_to_use": 16 * 64 * 1024},  # 15 host blocks
+                   kv_events_config=KVEventsConfig(enable_kv_cache_events=True, publisher="null"))
+    try:
+        conn = sched_connector(llm)
+        taken = []  # what vLLM's scheduler takes from the connector every step
+        orig = conn.take_events
+
+        def spy():
+            ev = list(orig())
+            taken.extend(ev)
+            return ev
+        conn.take_events = spy
+        generate(llm, prompts[:1])
+        stored = [e for e in taken if isinstance(e, BlockStored)]
+        assert len(stored) == conn.kvtier_stats()["stores_completed"] > 0
+        assert all(e.medium == "CPU" and len(e.block_hashes[0]) == 32 and e.group_idx == 0
+                   for e in stored)
+        generate(llm, prompts[1:])  # 12 more blocks than the host tier holds: evictions
+        assert any(isinstance(e, BlockRemoved) for e in taken), taken
+    finally:
+        close_llm(llm)
+
+
 def test_disk_backend(model_dir, baseline, tmp_path):
     prompts = prompts_with_prefixes(3, 500, 3, 500, seed=9)
     want = baseline(prompts)

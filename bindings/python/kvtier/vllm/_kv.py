@@ -266,6 +266,8 @@ class _Scheduler:
         self._events = bool(getattr(vllm_config, "kv_events_config", None) and
                             vllm_config.kv_events_config.enable_kv_cache_events)
         self._medium = "STORAGE" if cfg.backend == "disk" else "CPU"
+        self._kinds = [("full_attention", "sliding_window", "mamba")[self.gcfg.groups[g].kind]
+                       for g in range(self.ng)]
 
         oc = L.kvt_offload_config()
         _lib.kvt_offload_config_init(ctypes.byref(oc))
@@ -668,12 +670,16 @@ class _Scheduler:
             for i in range(n):
                 e = buf[i]
                 h = bytes(e.hash[:self.hash_len])
-                if e.type == 1:
+                if e.type == 1:  # no request context: like vLLM's lazy stores
                     out.append(BlockStored(block_hashes=[h], parent_block_hash=None,
                                            token_ids=[], block_size=e.num_tokens, lora_id=None,
-                                           medium=self._medium, lora_name=None))
+                                           medium=self._medium, lora_name=None,
+                                           group_idx=e.group,
+                                           kv_cache_spec_kind=self._kinds[e.group],
+                                           locality="LOCAL"))
                 elif e.type == 2:
-                    out.append(BlockRemoved(block_hashes=[h], medium=self._medium))
+                    out.append(BlockRemoved(block_hashes=[h], medium=self._medium,
+                                            group_idx=e.group, locality="LOCAL"))
                 elif e.type == 3:
                     out.append(AllBlocksCleared())
             if n < 256:
