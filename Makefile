@@ -112,17 +112,22 @@ fuzz-build: deps
 	    -DKVT_SANITIZE=address -DKVT_BUILD_TESTS=OFF $(DEV_FLAGS) >/dev/null
 	@cmake --build build-fuzz -j$(JOBS)
 
-# Each target fuzzes for FUZZ_SECONDS from the committed seeds; new inputs go to a scratch
-# corpus under build-fuzz/, never into the repository.
+# Each target fuzzes for FUZZ_SECONDS starting from the corpus kept in the repository
+# (fuzz/corpus/<target>); the inputs that reach new coverage are then merged back into it,
+# minimized (-merge=1), so a longer run (make fuzz FUZZ_SECONDS=600) grows the committed corpus
+# and every later run, CI's included, starts from there.
 fuzz: fuzz-build
 	@set -e; for t in $(FUZZ_TARGETS); do \
-	    mkdir -p build-fuzz/corpus/$$t; \
-	    echo "fuzz_$$t: $(FUZZ_SECONDS) s"; \
+	    mkdir -p build-fuzz/corpus/$$t fuzz/corpus/$$t; \
+	    echo "fuzz_$$t: $(FUZZ_SECONDS) s from $$(ls fuzz/corpus/$$t | wc -l) corpus inputs"; \
 	    build-fuzz/fuzz/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
 	        build-fuzz/corpus/$$t fuzz/corpus/$$t 2>build-fuzz/fuzz_$$t.log \
 	        || { tail -50 build-fuzz/fuzz_$$t.log; exit 1; }; \
 	    grep -E '^stat::number_of_executed_units|^stat::new_units_added' build-fuzz/fuzz_$$t.log \
 	        | sed 's/^/    /'; \
+	    build-fuzz/fuzz/fuzz_$$t -merge=1 fuzz/corpus/$$t build-fuzz/corpus/$$t \
+	        >build-fuzz/merge_$$t.log 2>&1 || { tail -20 build-fuzz/merge_$$t.log; exit 1; }; \
+	    echo "    corpus: $$(ls fuzz/corpus/$$t | wc -l) inputs after the merge"; \
 	done
 
 fuzz-corpus: fuzz-build

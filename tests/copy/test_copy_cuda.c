@@ -87,7 +87,7 @@ static int teardown(void **state)
 #define NEED_GPU(g)                                                                                \
     grig *g = *state;                                                                              \
     if (!g)                                                                                        \
-        skip();
+        KVT_SKIP("no CUDA driver or device here");
 
 static void fill_dev(grig *g, uint32_t b, uint64_t tag)
 {
@@ -343,5 +343,5 @@ int main(void)
         cmocka_unit_test(test_cuda_worker),
         cmocka_unit_test(test_cuda_disk_roundtrip),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return kvt_test_exit(cmocka_run_group_tests(tests, setup, teardown));
 }

@@ -375,9 +375,15 @@ static void events_wait_for_a_puller_and_the_backlog_is_bounded(void **state)
         kvt_ecc_item c = {.transfer_id = S(tid), .reservation_id = S(rids[i])};
         call1(&f, KVT_ECC_COMPLETE, &c);
     }
-    usleep(100 * 1000); /* a few loops of the server: the events are taken into its ring */
+    /* the server takes the events into its ring on its own loop: wait for that (bounded), not
+     * for a fixed time */
     kvt_ec_server_stats ss;
-    kvt_ec_server_get_stats(f.srv, &ss);
+    for (int i = 0; i < 1000; i++) {
+        kvt_ec_server_get_stats(f.srv, &ss);
+        if (ss.events_dropped >= 1)
+            break;
+        usleep(10 * 1000);
+    }
     assert_int_equal(ss.events_dropped, 1);
     void *zctx = zmq_ctx_new(), *pull = puller(zctx, f.ev_ep);
     kvt_ecc_event e;

@@ -35,6 +35,7 @@ struct opts {
     uint32_t answer, n_images, gpu_blocks, max_batched;
     uint64_t cpu_bytes, seed;
     bool lazy, json, plot, progress;
+    uint32_t inject; /* ref_inject */
     const char *out_dir;
 };
 
@@ -156,6 +157,7 @@ static int run_once(const struct opts *o, int which, struct run *res)
     ec.max_running = o->concurrency * 2;
     ec.cpu_bytes = which == 1 ? 0 : o->cpu_bytes;
     ec.lazy = o->lazy;
+    ec.inject = o->inject;
     ec.remote_images = which == 3;
     ec.image_seed = o->seed + 11;
     ec.ec_port = 27000 + (uint32_t)(getpid() % 5000) * 4;
@@ -465,6 +467,17 @@ int kvt_demo_engine(int argc, char **argv)
             o.progress = false;
         } else if (strcmp(a, "--out") == 0 && v) {
             o.out_dir = argv[++i];
+        } else if (strcmp(a, "--inject") == 0 && v) {
+            static const char *const names[] = {"corrupt", "swap", "drop"};
+            o.inject = REF_INJECT_NONE;
+            for (uint32_t k = 0; k < 3; k++)
+                if (strcmp(v, names[k]) == 0)
+                    o.inject = REF_INJECT_CORRUPT + k;
+            if (o.inject == REF_INJECT_NONE) {
+                fprintf(stderr, "kvtier demo: --inject wants corrupt, swap or drop\n");
+                return 2;
+            }
+            i++;
         } else {
             fprintf(stderr,
                     "kvtier demo: unknown or incomplete option '%s' (see kvtier demo "
@@ -528,6 +541,16 @@ int kvt_demo_engine(int argc, char **argv)
     bool leaks = false;
     for (int r = 0; r < 3 && !bad; r++)
         leaks |= runs[r].leaked_gpu || runs[r].leaked_host;
+    /* offload must have done its work: a run that loaded nothing proves nothing */
+    bool offload_worked = !bad && runs[1].st.host_hit_tokens > 0 && runs[1].st.loaded_bytes > 0 &&
+                          runs[1].st.prefill_tokens < runs[0].st.prefill_tokens;
+    /* every block loaded from the host tier (runs 2 and 3) holds the KV computed for its hash */
+    uint64_t kv_verified = 0, kv_bad = 0;
+    for (int r = 1; r < 3 && !bad; r++) {
+        kv_verified += runs[r].st.kv_loads_verified;
+        kv_bad += runs[r].st.kv_blocks_mismatched;
+    }
+    bool kv_equal = !bad && kv_bad == 0 && kv_verified > 0;
     if (!bad) {
         fprintf(tbl, "%-44s %15s %15s %17s\n", "", "without offload", "with host tier",
                 "+ encoder process");
@@ -582,6 +605,21 @@ int kvt_demo_engine(int argc, char **argv)
                 (unsigned long long)runs[2].st.image_mismatches, runs[2].producer_rc);
         fprintf(tbl, "GPU and host blocks left referenced at the end: %s\n",
                 leaks ? "SOME (leak)" : "none");
+        fprintf(tbl,
+                "the host tier did its work (hits, loads, less prefill than without it): %s "
+                "(%llu tokens hit, %llu vs %llu prefill tokens)\n",
+                offload_worked ? "yes" : "NO", (unsigned long long)runs[1].st.host_hit_tokens,
+                (unsigned long long)runs[1].st.prefill_tokens,
+                (unsigned long long)runs[0].st.prefill_tokens);
+        fprintf(tbl,
+                "every loaded KV block equal to the KV computed for its hash: %s (%llu loaded "
+                "blocks verified, %llu different)\n",
+                kv_equal ? "yes" : "NO", (unsigned long long)kv_verified,
+                (unsigned long long)kv_bad);
+        for (int r = 1; r < 3; r++)
+            if (runs[r].st.kv_blocks_mismatched)
+                fprintf(stderr, "demo: KV check failed in run %d (%s): %s\n", r + 1, runs[r].name,
+                        runs[r].st.kv_first_mismatch);
         if (!identical) {
             uint32_t i = !same_tokens(&o, &runs[0], &runs[1], &b12) ? b12 : b13;
             fprintf(stderr, "demo: conversation %u turn %u generated different tokens\n",
@@ -599,6 +637,8 @@ int kvt_demo_engine(int argc, char **argv)
         fprintf(
             mf,
             "{\"identical\": %s, \"ec_identical\": %s, \"no_leaks\": %s, "
+            "\"offload_worked\": %s, \"kv_equal\": %s, \"kv_blocks_verified\": %llu, "
+            "\"kv_blocks_different\": %llu, "
             "\"host_tier_hit_rate\": %.4f, \"gpu_hit_rate_without\": %.4f, "
             "\"gpu_hit_rate_with\": %.4f, "
             "\"ttft_p50_ms_without\": %.3f, \"ttft_p50_ms_with\": %.3f, "
@@ -613,7 +653,8 @@ int kvt_demo_engine(int argc, char **argv)
             "\"preemptions\": [%llu, %llu, %llu], "
             "\"config\": {\"requests\": %u, \"turns\": %u, \"tp\": %u, \"cpu_bytes\": %llu, "
             "\"gpu_blocks\": %u, \"lazy\": %s, \"seed\": %llu, \"images\": %u}}\n",
-            yes(identical), yes(ec_identical), yes(!leaks),
+            yes(identical), yes(ec_identical), yes(!leaks), yes(offload_worked), yes(kv_equal),
+            (unsigned long long)kv_verified, (unsigned long long)kv_bad,
             runs[1].st.host_hit_tokens / (double)runs[1].st.prompt_tokens,
             runs[0].st.gpu_hit_tokens / (double)runs[0].st.prompt_tokens,
             runs[1].st.gpu_hit_tokens / (double)runs[1].st.prompt_tokens, p50_wo, p50_w, p90_wo,
@@ -648,16 +689,41 @@ int kvt_demo_engine(int argc, char **argv)
     free(js);
     if (!bad && o.plot)
         write_plot(&o, runs, o.out_dir);
-    if (!bad)
-        fprintf(tbl, "wrote %s%s%s/ttft.svg\n", path, o.plot ? " and " : "",
-                o.plot ? o.out_dir : "");
+    if (!bad && o.plot)
+        fprintf(tbl, "wrote %s and %s/ttft.svg\n", path, o.out_dir);
+    else if (!bad)
+        fprintf(tbl, "wrote %s\n", path);
     for (int r = 0; r < 3; r++) {
         for (uint32_t i = 0; runs[r].t && i < o.convs * o.turns; i++)
             free(runs[r].t[i].gen);
         free(runs[r].t);
     }
-    bool pass = !bad && identical && ec_identical && !leaks;
-    fprintf(tbl, "%s\n", pass ? "demo: all checks passed" : "demo: FAILED (see above)");
+    bool pass = !bad && identical && ec_identical && !leaks && offload_worked && kv_equal;
+    if (pass) {
+        fprintf(tbl, "demo: all checks passed\n");
+    } else {
+        /* name the checks that caught it (stderr too: the caller may read only that) */
+        const char *failed[6];
+        uint32_t nf = 0;
+        if (bad)
+            failed[nf++] = "a run failed";
+        if (!bad && !kv_equal)
+            failed[nf++] = "KV check (every loaded KV block equal to the KV computed for its hash)";
+        if (!bad && !identical)
+            failed[nf++] = "identical tokens";
+        if (!bad && !ec_identical)
+            failed[nf++] = "transferred embeddings";
+        if (!bad && leaks)
+            failed[nf++] = "no blocks left referenced";
+        if (!bad && !offload_worked)
+            failed[nf++] = "the host tier did its work";
+        for (FILE *f = tbl; f; f = f == stderr ? NULL : stderr) {
+            fprintf(f, "demo: FAILED:");
+            for (uint32_t k = 0; k < nf; k++)
+                fprintf(f, "%s %s", k ? ";" : "", failed[k]);
+            fprintf(f, "\n");
+        }
+    }
     return pass ? 0 : 1;
 }
 

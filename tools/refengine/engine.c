@@ -42,6 +42,7 @@ struct req {
     uint32_t *blocks, n_blocks, blocks_cap;
     uint32_t computed, cached; /* tokens whose KV is in place; blocks cached in the pool */
     uint32_t load_tokens;      /* host-hit tokens being loaded */
+    uint32_t verified;         /* blocks below this were checked as loaded (not recorded) */
     uint32_t load_reports;
     int state;
     bool resumed, admitted_once;
@@ -111,7 +112,25 @@ struct ref_engine {
     void **shard_buf;
     kvt_ec_server **srv;
     void *zctx, *pull;
+    /* the KV check: block hash -> checksum of its KV on every rank (open addressing, grows) */
+    struct kv_sum *sums;
+    uint32_t sums_cap, sums_n;
+    bool injected;         /* REF_INJECT_CORRUPT / SWAP: done once */
+    struct drop_ev *drops; /* REF_INJECT_DROP: store events in flight and their host blocks */
+    uint32_t n_drops;
     ref_engine_stats st;
+};
+
+struct drop_ev {
+    int64_t id;
+    uint32_t n;
+    uint32_t *blocks;
+};
+
+struct kv_sum {
+    uint8_t hash[KVT_BLOCK_HASH_LEN];
+    bool used;
+    uint64_t *per_rank; /* tp checksums */
 };
 
 static double now_s(void)
@@ -748,6 +767,160 @@ static int finish(ref_engine *e, struct req *r, char *err, size_t cap)
     return 0;
 }
 
+/* ---- the KV check --------------------------------------------------------------------------- */
+
+/* Checksum of block b's KV on rank r: every region of the rank's layout, chained. */
+static uint64_t kv_checksum(ref_engine *e, uint32_t r, uint32_t b)
+{
+    const kvt_region *reg = kvt_layout_regions(e->layout[r]);
+    uint64_t h = 0x6b76636b;
+    for (uint32_t i = 0; i < kvt_layout_num_regions(e->layout[r]); i++)
+        h = kvt_hash64((const void *)(uintptr_t)(reg[i].base + (uint64_t)b * reg[i].block_bytes),
+                       reg[i].block_bytes, h);
+    return h;
+}
+
+static struct kv_sum *kv_slot(ref_engine *e, const uint8_t *hash, bool add)
+{
+    if (add && (e->sums_n + 1) * 2 > e->sums_cap) { /* load factor <= 1/2 */
+        uint32_t ncap = e->sums_cap ? e->sums_cap * 2 : 4096;
+        struct kv_sum *n = calloc(ncap, sizeof(*n));
+        if (!n)
+            return NULL;
+        for (uint32_t i = 0; i < e->sums_cap; i++) {
+            if (!e->sums[i].used)
+                continue;
+            uint32_t j = (uint32_t)kvt_hash64(e->sums[i].hash, KVT_BLOCK_HASH_LEN, 0) & (ncap - 1);
+            while (n[j].used)
+                j = (j + 1) & (ncap - 1);
+            n[j] = e->sums[i];
+        }
+        free(e->sums);
+        e->sums = n;
+        e->sums_cap = ncap;
+    }
+    if (!e->sums_cap)
+        return NULL;
+    uint32_t j = (uint32_t)kvt_hash64(hash, KVT_BLOCK_HASH_LEN, 0) & (e->sums_cap - 1);
+    while (e->sums[j].used) {
+        if (memcmp(e->sums[j].hash, hash, KVT_BLOCK_HASH_LEN) == 0)
+            return &e->sums[j];
+        j = (j + 1) & (e->sums_cap - 1);
+    }
+    if (!add)
+        return NULL;
+    uint64_t *pr = calloc(e->tp, sizeof(uint64_t));
+    if (!pr)
+        return NULL;
+    memcpy(e->sums[j].hash, hash, KVT_BLOCK_HASH_LEN);
+    e->sums[j].used = true;
+    e->sums[j].per_rank = pr;
+    e->sums_n++;
+    return &e->sums[j];
+}
+
+/* Block j of request r (GPU block b) holds KV the engine either computed (record its checksum
+ * the first time its hash is seen, compare after) or loaded (compare: it must be what was
+ * computed). Returns -1 only when out of memory. */
+static int kv_check_block(ref_engine *e, struct req *r, uint32_t j, bool loaded)
+{
+    const char *how = loaded ? "loaded from the host tier" : "computed again";
+    const uint8_t *hash = r->hashes + (size_t)j * KVT_BLOCK_HASH_LEN;
+    uint32_t b = r->blocks[j];
+    struct kv_sum *k = kv_slot(e, hash, false);
+    if (!k) {
+        if (!(k = kv_slot(e, hash, true)))
+            return -1;
+        for (uint32_t rk = 0; rk < e->tp; rk++)
+            k->per_rank[rk] = kv_checksum(e, rk, b);
+        e->st.kv_blocks_recorded++;
+        return 0;
+    }
+    for (uint32_t rk = 0; rk < e->tp; rk++) {
+        if (kv_checksum(e, rk, b) == k->per_rank[rk])
+            continue;
+        if (!e->st.kv_blocks_mismatched++)
+            snprintf(e->st.kv_first_mismatch, sizeof(e->st.kv_first_mismatch),
+                     "request %.*s block %u (GPU block %u, rank %u, %s) differs from the KV "
+                     "computed for its hash",
+                     (int)r->idlen, r->id, j, b, rk, how);
+        return 0;
+    }
+    e->st.kv_blocks_verified++;
+    e->st.kv_loads_verified += loaded;
+    return 0;
+}
+
+/* The faults of --inject that act on a completed load (rank 0's copy of the blocks). */
+static void inject_load(ref_engine *e, struct req *r, uint32_t first, uint32_t end)
+{
+    if (e->injected || end <= first)
+        return;
+    const kvt_region *reg = kvt_layout_regions(e->layout[0]);
+    uint32_t nreg = kvt_layout_num_regions(e->layout[0]);
+    if (e->cfg.inject == REF_INJECT_CORRUPT) {
+        ((uint8_t *)(uintptr_t)(reg[0].base +
+                                (uint64_t)r->blocks[first] * reg[0].block_bytes))[7] ^= 0x5a;
+        e->injected = true;
+    } else if (e->cfg.inject == REF_INJECT_SWAP && end - first >= 2) {
+        for (uint32_t i = 0; i < nreg; i++) {
+            uint8_t *a = (uint8_t *)(uintptr_t)(reg[i].base +
+                                                (uint64_t)r->blocks[first] * reg[i].block_bytes);
+            uint8_t *c = (uint8_t *)(uintptr_t)(reg[i].base + (uint64_t)r->blocks[first + 1] *
+                                                                  reg[i].block_bytes);
+            for (uint64_t x = 0; x < reg[i].block_bytes; x++) {
+                uint8_t t = a[x];
+                a[x] = c[x];
+                c[x] = t;
+            }
+        }
+        e->injected = true;
+    }
+}
+
+/* --inject drop, at issue: remember each store event's host blocks. */
+static int drop_note(ref_engine *e)
+{
+    if (e->cfg.inject != REF_INJECT_DROP || e->meta.store_event == KVT_NO_EVENT)
+        return 0;
+    struct drop_ev *n = realloc(e->drops, (e->n_drops + 1) * sizeof(*n));
+    if (!n)
+        return -1;
+    e->drops = n;
+    n = &e->drops[e->n_drops];
+    n->id = e->meta.store_event;
+    n->n = e->meta.n_stores;
+    n->blocks = malloc(n->n * sizeof(uint32_t));
+    if (!n->blocks)
+        return -1;
+    memcpy(n->blocks, e->meta.store_cpu_blocks, n->n * sizeof(uint32_t));
+    e->n_drops++;
+    return 0;
+}
+
+/* --inject drop, at completion: rank 0 reported its stores done, but their bytes never reached
+ * the host tier (its copy of those host blocks zeroed). */
+static void drop_done(ref_engine *e)
+{
+    const kvt_event_report *rep = &e->wm[0].stores;
+    const kvt_region *reg = kvt_mirror_regions(e->mirror[0]);
+    uint32_t nreg = kvt_mirror_num_regions(e->mirror[0]);
+    for (uint32_t c = 0; c < rep->n_completed; c++)
+        for (uint32_t d = 0; d < e->n_drops; d++) {
+            struct drop_ev *x = &e->drops[d];
+            if (x->id != rep->events[c])
+                continue;
+            for (uint32_t i = 0; i < x->n; i++)
+                for (uint32_t k = 0; k < nreg; k++)
+                    memset((void *)(uintptr_t)(reg[k].base +
+                                               (uint64_t)x->blocks[i] * reg[k].block_bytes),
+                           0, reg[k].block_bytes);
+            free(x->blocks);
+            *x = e->drops[--e->n_drops];
+            break;
+        }
+}
+
 static int apply_outputs(ref_engine *e, char *err, size_t cap)
 {
     double now = now_s();
@@ -771,12 +944,15 @@ static int apply_outputs(ref_engine *e, char *err, size_t cap)
         if (hash_blocks(e, r))
             return fail(err, cap, "hashing failed: %s", kvt_last_error());
         uint32_t full = r->computed / REF_BT;
-        for (; r->cached < full; r->cached++)
+        for (; r->cached < full; r->cached++) {
             if (off_check(kvt_pool_insert(e->gpu, r->blocks[r->cached],
                                           r->hashes + (size_t)r->cached * KVT_BLOCK_HASH_LEN, 0,
                                           REF_BT),
                           "insert", err, cap))
                 return -1;
+            if (e->off && r->cached >= r->verified && kv_check_block(e, r, r->cached, false))
+                return fail(err, cap, "out of memory for the KV check");
+        }
         if (r->len - r->n_prompt == r->max_new && finish(e, r, err, cap))
             return -1;
     }
@@ -803,7 +979,15 @@ static int apply_reports(ref_engine *e, char *err, size_t cap)
                     continue;
                 if (++r->load_reports == e->tp) {
                     done[n_done++] = (kvt_str){r->id, r->idlen};
+                    /* every loaded block must hold the KV computed for its hash */
+                    uint32_t first = r->computed / REF_BT;
                     r->computed += r->load_tokens;
+                    uint32_t end = r->computed / REF_BT;
+                    inject_load(e, r, first, end);
+                    for (uint32_t b = first; b < end; b++)
+                        if (kv_check_block(e, r, b, true))
+                            return fail(err, cap, "out of memory for the KV check");
+                    r->verified = end > r->verified ? end : r->verified;
                     e->st.load_seconds += now_s() - r->t_load;
                     e->st.loads++;
                     r->state = RQ_WAITING; /* scheduled again next step, blocks in place */
@@ -811,6 +995,8 @@ static int apply_reports(ref_engine *e, char *err, size_t cap)
             }
         }
     kvt_offload_worker_meta_clear(&e->agg);
+    if (e->cfg.inject == REF_INJECT_DROP)
+        drop_done(e);
     for (uint32_t k = 0; k < e->tp; k++)
         if (off_check(kvt_offload_worker_meta_aggregate(&e->agg, &e->wm[k]), "aggregate", err, cap))
             return -1;
@@ -833,6 +1019,8 @@ int ref_engine_step(ref_engine *e, char *err, size_t cap)
     if (e->off && off_check(kvt_offload_build_meta(e->off, e->preempted_this_step, &e->meta),
                             "build_meta", err, cap))
         return -1;
+    if (e->off && drop_note(e))
+        return fail(err, cap, "out of memory");
     uint32_t before = e->n_fin;
     run_ranks(e);
     e->st.steps++;
@@ -1120,6 +1308,12 @@ void ref_engine_destroy(ref_engine *e)
     free(e->shard);
     free(e->shard_buf);
     kvt_offload_destroy(e->off);
+    for (uint32_t i = 0; i < e->sums_cap; i++)
+        free(e->sums[i].per_rank);
+    free(e->sums);
+    for (uint32_t i = 0; i < e->n_drops; i++)
+        free(e->drops[i].blocks);
+    free(e->drops);
     for (uint32_t r = 0; e->worker && r < tp; r++) {
         kvt_worker_destroy(e->worker[r]);
         kvt_mirror_destroy(e->mirror[r]);

@@ -35,7 +35,16 @@ typedef struct ref_engine_config {
     uint32_t ec_port;            /* remote: first control port tried (scans upward) */
     uint64_t image_seed;         /* pixels of image i: ref_image_pixels(image_seed, i) */
     uint64_t hash_seed;          /* block hashes */
+    uint32_t inject;             /* ref_inject: a fault to show that the KV check catches it */
 } ref_engine_config;
+
+/* Faults injected on rank 0 so that anyone can watch the KV check fail (kvtier demo --inject). */
+enum ref_inject {
+    REF_INJECT_NONE = 0,
+    REF_INJECT_CORRUPT, /* a byte of the first block of the first completed load flipped */
+    REF_INJECT_SWAP,    /* the first two blocks of the first load of two or more swapped */
+    REF_INJECT_DROP     /* every store reported done with its bytes lost (the host copy zeroed) */
+};
 
 void ref_engine_config_init(ref_engine_config *c);
 
@@ -73,6 +82,12 @@ typedef struct ref_engine_stats {
     uint64_t images_encoded;             /* local encoder runs */
     uint64_t images_received, image_bytes_received, image_mismatches; /* remote (per rank) */
     double image_wait_s; /* remote: summed first-need to arrival */
+    /* the KV check: a checksum per rank of every block's KV, recorded when the engine first
+     * computes a block with that hash; every block loaded from the host tier is compared with
+     * it when its load completes, and every block computed again with it when it is cached */
+    uint64_t kv_blocks_recorded, kv_blocks_verified, kv_blocks_mismatched;
+    uint64_t kv_loads_verified;  /* of the verified: loaded from the host tier */
+    char kv_first_mismatch[200]; /* which block, which rank, when */
 } ref_engine_stats;
 
 typedef struct ref_engine ref_engine;
