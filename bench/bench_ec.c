@@ -289,7 +289,14 @@ static int run(const kvt_bench_opts *o)
         return 1;
     }
     double base = perftest_gbps(16u << 20, 100);
-    double ratio = base > 0 ? ph[2].gbps / base : 0;
+    if (base <= 0) { /* no baseline, no figure: a ratio of 0 would read as a result */
+        fprintf(stderr,
+                "kvtier bench ec: the baseline `ucx_perftest tag_bw` did not run on %s (is "
+                "ucx-utils installed? scripts/install-deps installs it)\n",
+                tr);
+        return 1;
+    }
+    double ratio = ph[2].gbps / base;
     if (o->json) {
         kvt_json j;
         kvt_json_begin(&j, stdout);

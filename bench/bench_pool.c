@@ -8,7 +8,8 @@
  *
  * Measured, on one thread:
  *   lookup_blocks_per_s        longest-hit search of random cached prompts (every block hits)
- *   lookup_miss_prompts_per_s  searches whose first block misses (the common cold case)
+ *   lookup_miss_prompts_per_s  searches whose first block misses (the common cold case), over
+ *                              4,096 distinct never-cached prompts chosen at random
  *   alloc_free_blocks_per_s    alloc 64 blocks from the LRU head, free them back
  *   alloc_cache_free_blocks_per_s  the same with a key inserted on each block before the
  *                              free, so every alloc also evicts a key (steady-state churn)
@@ -22,6 +23,7 @@
 #include "kvtier/pool.h"
 
 #define PROMPT_BLOCKS 64u
+#define MISS_PROMPTS  4096u /* distinct never-cached prompts the miss figure searches */
 #define BLOCK_TOKENS  16u
 #define HASH_LEN      KVT_BLOCK_HASH_LEN
 
@@ -48,7 +50,7 @@ static int bench_pool_run(const kvt_bench_opts *o)
 
     uint32_t n_prompts = (nb - 1) / PROMPT_BLOCKS;
     uint8_t *hashes = malloc((size_t)n_prompts * PROMPT_BLOCKS * HASH_LEN);
-    uint8_t *miss = malloc((size_t)PROMPT_BLOCKS * HASH_LEN);
+    uint8_t *miss = malloc((size_t)MISS_PROMPTS * PROMPT_BLOCKS * HASH_LEN);
     uint32_t tokens[PROMPT_BLOCKS * BLOCK_TOKENS];
     uint32_t ids[PROMPT_BLOCKS], out[PROMPT_BLOCKS];
     if (!hashes || !miss) {
@@ -73,11 +75,15 @@ static int bench_pool_run(const kvt_bench_opts *o)
             return fail("free", rc);
     }
     double fill_s = kvt_now_s() - t0;
-    for (uint32_t t = 0; t < PROMPT_BLOCKS * BLOCK_TOKENS; t++)
-        tokens[t] = kvt_rand_below(&rng, 128000) + 200000; /* never cached */
-    uint32_t n_miss;
-    kvt_hash_prompt(o->seed, tokens, PROMPT_BLOCKS * BLOCK_TOKENS, BLOCK_TOKENS, NULL, 0, miss,
-                    PROMPT_BLOCKS, &n_miss);
+    /* cold misses: many distinct prompts that were never cached, so every search probes a
+     * different slot of the map (one prompt searched over and over stays in the CPU cache) */
+    for (uint32_t m = 0; m < MISS_PROMPTS; m++) {
+        for (uint32_t t = 0; t < PROMPT_BLOCKS * BLOCK_TOKENS; t++)
+            tokens[t] = kvt_rand_below(&rng, 128000) + 200000; /* never cached */
+        uint32_t n_miss;
+        kvt_hash_prompt(o->seed, tokens, PROMPT_BLOCKS * BLOCK_TOKENS, BLOCK_TOKENS, NULL, 0,
+                        miss + (size_t)m * PROMPT_BLOCKS * HASH_LEN, PROMPT_BLOCKS, &n_miss);
+    }
 
     /* Longest-hit search: every probe a full 64-block hit. */
     uint32_t *outs[1] = {out};
@@ -111,7 +117,9 @@ static int bench_pool_run(const kvt_bench_opts *o)
     while (now - start < o->seconds / 2) {
         for (int k = 0; k < 4096; k++) {
             kvt_hit hit;
-            kvt_pool_find_longest_hit(pool, miss, PROMPT_BLOCKS, max_len, outs, &hit);
+            const uint8_t *q =
+                miss + (size_t)kvt_rand_below(&rng, MISS_PROMPTS) * PROMPT_BLOCKS * HASH_LEN;
+            kvt_pool_find_longest_hit(pool, q, PROMPT_BLOCKS, max_len, outs, &hit);
             misses += hit.n_blocks[0] == 0;
         }
         now = kvt_now_s();
