@@ -172,9 +172,15 @@ void ofl_select_eager(kvt_offload *m, struct ofl_req *r, const uint32_t *const *
 static int need_hashes(const kvt_offload *m, const uint8_t *hashes, uint32_t n_hashes,
                        const char *what)
 {
-    if (m->ext && !hashes && n_hashes)
+    (void)m;
+    if (!hashes && n_hashes) /* no hashes at all is fine: a request shorter than a block */
         return kvt_fail(KVT_EINVAL, "offload: %s: %u hashes given as NULL", what, n_hashes);
-    if (m->ext && !hashes)
+    return 0;
+}
+
+static int plain_call(const kvt_offload *m, const char *what)
+{
+    if (m->ext)
         return kvt_fail(KVT_EINVAL,
                         "offload: %s: this manager works over the engine's own GPU pool and "
                         "needs the request's hashes (use the _hashed call)",
@@ -251,7 +257,9 @@ int kvt_offload_schedule(kvt_offload *m, const char *id, uint32_t id_len,
                          const uint32_t *const *blocks, const uint32_t *n_blocks,
                          uint32_t num_confirmed, uint32_t num_scheduled, bool resumed)
 {
-    int rc = kvt_offload_schedule_hashed(m, id, id_len, blocks, n_blocks, NULL, 0, num_confirmed,
+    int rc = plain_call(m, "schedule");
+    if (!rc)
+        rc = kvt_offload_schedule_hashed(m, id, id_len, blocks, n_blocks, NULL, 0, num_confirmed,
                                          num_scheduled, resumed);
     return rc > 0 ? 0 : rc;
 }
@@ -293,8 +301,10 @@ int kvt_offload_request_finished(kvt_offload *m, const char *id, uint32_t id_len
                                  const uint32_t *const *blocks, const uint32_t *n_blocks,
                                  uint32_t num_confirmed)
 {
-    return kvt_offload_request_finished_hashed(m, id, id_len, blocks, n_blocks, NULL, 0,
-                                               num_confirmed);
+    int rc = plain_call(m, "request_finished");
+    return rc ? rc
+              : kvt_offload_request_finished_hashed(m, id, id_len, blocks, n_blocks, NULL, 0,
+                                                    num_confirmed);
 }
 
 /* How many host blocks, from the LRU head, a store could take before the first one whose key

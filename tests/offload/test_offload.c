@@ -924,9 +924,16 @@ static void engine_pool_is_reached_through_batched_callbacks(void **state)
     uint32_t nb[1] = {5}, hit;
     KVT_OK_(kvt_offload_match(m, "r", 1, r.hashes, r.n_hashes, r.n_tokens, 0, &hit));
     KVT_OK_(kvt_offload_after_alloc(m, "r", 1, tab, nb, 0));
-    /* without the hashes an engine-pool manager cannot key a block: refused */
+    /* without the hashes an engine-pool manager cannot key a block: the plain calls are
+     * refused; no hashes at all (a request shorter than a block) stores nothing yet */
     KVT_ERR_(kvt_offload_schedule(m, "r", 1, tab, nb, r.n_tokens, 1, false), KVT_EINVAL);
     assert_non_null(strstr(kvt_last_error(), "hashes"));
+    KVT_ERR_(kvt_offload_request_finished(m, "r", 1, tab, nb, r.n_tokens), KVT_EINVAL);
+    KVT_ERR_(kvt_offload_schedule_hashed(m, "r", 1, tab, nb, NULL, 2, r.n_tokens, 1, false),
+             KVT_EINVAL);
+    assert_int_equal(kvt_offload_schedule_hashed(m, "r", 1, tab, nb, NULL, 0, r.n_tokens, 1, false),
+                     5);
+    assert_int_equal(log.touch_calls, 0);
     /* only 3 hashes known yet: 3 blocks stored now, the rest at the final flush */
     assert_int_equal(
         kvt_offload_schedule_hashed(m, "r", 1, tab, nb, r.hashes, 3, r.n_tokens, 1, false), 2);

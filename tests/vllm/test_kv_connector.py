@@ -155,7 +155,8 @@ def test_prefixes_evicted_by_other_prompts_are_loaded(model_dir, baseline):
 
 
 def test_many_concurrent_requests(model_dir, baseline):
-    prompts = prompts_with_prefixes(40, 500, 5, 320, seed=4)
+    # with a few prompts shorter than a block: no hash yet, nothing to store
+    prompts = prompts_with_prefixes(40, 500, 5, 320, seed=4) + [[11, 12], [13, 14, 15] * 9]
     want = baseline(prompts, max_tokens=8)
     llm = make_llm(model_dir, max_num_seqs=16)
     try:
