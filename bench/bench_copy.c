@@ -45,6 +45,7 @@ typedef struct copy_case {
     int64_t ev[2];
     double memcpy_gbps, store_gbps, load_gbps, both_gbps;
     double base_d2h, base_h2d, base_both;
+    const char *kernel; /* the copy kernel the engine used for these runs */
 } copy_case;
 
 static void shuffle(uint32_t *a, uint64_t n, uint32_t base, uint64_t *seed)
@@ -246,6 +247,8 @@ static int run_case(const kvt_bench_opts *o, copy_case *c)
 {
     int rc = case_init(c, o->seed);
     if (!rc)
+        c->kernel = kvt_copy_kernel_name(c->copy, c->bs);
+    if (!rc)
         rc = submit_pass(c, true, true); /* warm-up */
     if (!rc)
         rc = check_stores(c);
@@ -307,6 +310,8 @@ static int run(const kvt_bench_opts *o)
         kvt_json_host(&j);
         kvt_json_int(&j, "threads", cuda ? 1 : threads);
         kvt_json_int(&j, "bytes_per_direction", (long long)(m->n * m->bs));
+        kvt_json_str(&j, "kernel", m->kernel);
+        kvt_json_str(&j, "kernel_16k", k->kernel);
         if (cuda) {
             kvt_json_int(&j, "batched",
                          kvt_cuda()->MemcpyBatchAsync != NULL && !getenv("KVTIER_BENCH_FALLBACK"));
@@ -346,10 +351,10 @@ static int run(const kvt_bench_opts *o)
     }
     if (!o->json)
         for (int i = 0; i < 2; i++)
-            printf("%7llu KiB blocks: store %.2f GB/s, load %.2f GB/s, both %.2f GB/s; "
+            printf("%7llu KiB blocks (%s): store %.2f GB/s, load %.2f GB/s, both %.2f GB/s; "
                    "baseline %.2f GB/s\n",
-                   (unsigned long long)(cs[i].bs >> 10), cs[i].store_gbps, cs[i].load_gbps,
-                   cs[i].both_gbps,
+                   (unsigned long long)(cs[i].bs >> 10), cs[i].kernel, cs[i].store_gbps,
+                   cs[i].load_gbps, cs[i].both_gbps,
                    cuda ? min2(cs[i].base_d2h, cs[i].base_h2d) : cs[i].memcpy_gbps);
     return 0;
 }

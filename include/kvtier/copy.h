@@ -134,8 +134,9 @@ typedef struct kvt_copy_config {
                                  KVTIER_MAX_BATCH_DESCRIPTORS > 0
                                  overrides */
     uint32_t max_events;      /* events queued or in flight per direction; default 1024 */
-    uint64_t nt_min_bytes;    /* CPU: runs of at least this many bytes use non-temporal
-                                 stores; default 4 KiB; UINT64_MAX disables */
+    uint64_t nt_min_bytes;    /* CPU: runs of at least this many bytes use the kernel
+                                 calibrated for this machine (kvt_copy_kernel_name), shorter
+                                 ones memcpy; default 4 KiB; UINT64_MAX: memcpy for all */
     uint64_t chunk_bytes;     /* CPU: unit of work a copy thread takes; default 1 MiB */
     bool force_fallback;      /* CUDA: use one cuMemcpyAsync per descriptor even when the
                                  driver has cuMemcpyBatchAsync (testing, old drivers) */
@@ -195,6 +196,13 @@ typedef struct kvt_copy_stats {
 } kvt_copy_stats;
 
 KVT_API void kvt_copy_get_stats(const kvt_copy *c, kvt_copy_stats *s);
+/* The CPU kernel this engine copies runs of run_bytes with: "memcpy" below nt_min_bytes, else
+ * the fastest on this machine for its size class (runs under 256 KiB, or longer), measured
+ * once per process at its first CPU kvt_copy_create (about 0.1 s; KVTIER_COPY_KERNEL names
+ * them instead: "avx512nt" for both, or "small:movsb,large:avx2nt"). Kernels: memcpy, movsb,
+ * sse2nt, avx2nt, avx2nt_pf, avx512nt, avx512nt_pf (those the CPU runs). "dma" for the CUDA
+ * backend. */
+KVT_API const char *kvt_copy_kernel_name(const kvt_copy *c, uint64_t run_bytes);
 /* The stats in Prometheus text (kvtier_copy_* families, label direction="store"|"load");
  * *len receives the length, KVT_ENOSPC (and the length needed) if cap is too small. */
 KVT_API int kvt_copy_prometheus(const kvt_copy *c, char *buf, size_t cap, size_t *len);

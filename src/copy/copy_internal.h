@@ -136,7 +136,8 @@ struct kvt_copy {
     uint64_t block_bytes; /* the layout's bytes per block, for the byte counter */
     uint32_t n_threads;
     pthread_t *threads;
-    void *be; /* backend state */
+    const struct copy_kernel *kern[2]; /* CPU: kernels for small and large runs (kernels.h) */
+    void *be;                          /* backend state */
 };
 
 /* Backend tables. kvt_copy_cuda_ops returns NULL (with the reason in *why) when no usable

@@ -11,103 +11,19 @@
  * on a CUDA stream, so a later event never races an earlier one on the same bytes. The
  * thread that completes the last piece marks the job DONE.
  *
- * Runs of at least nt_min_bytes are copied with non-temporal stores: a regular store first
- * reads the destination line (read-for-ownership), so a block copy moves three bytes for
- * every two a streaming copy moves, and evicts the engine's working set from the cache.
+ * Runs of at least nt_min_bytes are copied by the kernels calibrated for this machine
+ * (kernels.c: one for runs under 256 KiB, one for longer ones; usually non-temporal stores,
+ * since a regular store first reads the destination line, so a block copy moves three bytes
+ * for every two a streaming copy moves and evicts the engine's working set), shorter ones by
+ * memcpy.
  */
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
-
 #include "base/error.h"
 #include "copy/copy_internal.h"
-
-#if defined(__x86_64__)
-__attribute__((target("avx2"))) static void nt_avx2(char *d, const char *s, size_t n,
-                                                    const char *next, size_t next_n)
-{
-    size_t pf = 0;
-    size_t head = (size_t)(-(uintptr_t)d) & 31;
-    if (head > n)
-        head = n;
-    memcpy(d, s, head);
-    d += head, s += head, n -= head;
-    for (; n >= 256; d += 256, s += 256, n -= 256) {
-        if (pf < next_n) {
-            _mm_prefetch(next + pf, _MM_HINT_T0);
-            _mm_prefetch(next + pf + 64, _MM_HINT_T0);
-            _mm_prefetch(next + pf + 128, _MM_HINT_T0);
-            _mm_prefetch(next + pf + 192, _MM_HINT_T0);
-            pf += 256;
-        }
-        __m256i a = _mm256_loadu_si256((const __m256i *)s);
-        __m256i b = _mm256_loadu_si256((const __m256i *)(s + 32));
-        __m256i e = _mm256_loadu_si256((const __m256i *)(s + 64));
-        __m256i f = _mm256_loadu_si256((const __m256i *)(s + 96));
-        __m256i g = _mm256_loadu_si256((const __m256i *)(s + 128));
-        __m256i h = _mm256_loadu_si256((const __m256i *)(s + 160));
-        __m256i i = _mm256_loadu_si256((const __m256i *)(s + 192));
-        __m256i j = _mm256_loadu_si256((const __m256i *)(s + 224));
-        _mm256_stream_si256((__m256i *)d, a);
-        _mm256_stream_si256((__m256i *)(d + 32), b);
-        _mm256_stream_si256((__m256i *)(d + 64), e);
-        _mm256_stream_si256((__m256i *)(d + 96), f);
-        _mm256_stream_si256((__m256i *)(d + 128), g);
-        _mm256_stream_si256((__m256i *)(d + 160), h);
-        _mm256_stream_si256((__m256i *)(d + 192), i);
-        _mm256_stream_si256((__m256i *)(d + 224), j);
-    }
-    for (; n >= 32; d += 32, s += 32, n -= 32)
-        _mm256_stream_si256((__m256i *)d, _mm256_loadu_si256((const __m256i *)s));
-    _mm_sfence();
-    memcpy(d, s, n);
-}
-
-static void nt_sse2(char *d, const char *s, size_t n)
-{
-    size_t head = (size_t)(-(uintptr_t)d) & 15;
-    if (head > n)
-        head = n;
-    memcpy(d, s, head);
-    d += head, s += head, n -= head;
-    for (; n >= 64; d += 64, s += 64, n -= 64) {
-        __m128i a = _mm_loadu_si128((const __m128i *)s);
-        __m128i b = _mm_loadu_si128((const __m128i *)(s + 16));
-        __m128i e = _mm_loadu_si128((const __m128i *)(s + 32));
-        __m128i f = _mm_loadu_si128((const __m128i *)(s + 48));
-        _mm_stream_si128((__m128i *)d, a);
-        _mm_stream_si128((__m128i *)(d + 16), b);
-        _mm_stream_si128((__m128i *)(d + 32), e);
-        _mm_stream_si128((__m128i *)(d + 48), f);
-    }
-    _mm_sfence();
-    memcpy(d, s, n);
-}
-#endif
-
-static void copy_nt_prefetch(void *dst, const void *src, size_t n, const void *next, size_t next_n)
-{
-#if defined(__x86_64__)
-    /* reads the CPU model the compiler's runtime filled in before main */
-    if (__builtin_cpu_supports("avx2"))
-        nt_avx2(dst, src, n, next, next_n);
-    else
-        nt_sse2(dst, src, n);
-#else
-    (void)next;
-    (void)next_n;
-    memcpy(dst, src, n);
-#endif
-}
-
-void kvt_copy_bytes_nt(void *dst, const void *src, size_t n)
-{
-    copy_nt_prefetch(dst, src, n, NULL, 0);
-}
+#include "copy/kernels.h"
 
 static void copy_chunk(kvt_copy *c, const copy_job *j, uint32_t k)
 {
@@ -128,11 +44,12 @@ static void copy_chunk(kvt_copy *c, const copy_job *j, uint32_t k)
                 next_n = n;
         }
         if (x->size >= c->cfg.nt_min_bytes)
-            copy_nt_prefetch(dst, src, n, next, next_n);
+            c->kern[x->size >= KVT_KERNEL_LARGE_MIN]->fn(dst, src, n, next, next_n);
         else
             memcpy(dst, src, n);
         left -= n;
     }
+    kvt_copy_fence(); /* the streamed bytes are in memory before the chunk counts as done */
 }
 
 static void *copy_thread(void *arg)
@@ -169,6 +86,9 @@ static void *copy_thread(void *arg)
 
 static int cpu_start(kvt_copy *c)
 {
+    const copy_kernel *const *kern = kvt_copy_kernels(); /* calibrated once per process */
+    c->kern[0] = kern[0];
+    c->kern[1] = kern[1];
     uint32_t n = c->cfg.threads;
     if (n == 0) {
         long on = sysconf(_SC_NPROCESSORS_ONLN);

@@ -24,6 +24,7 @@
 #include "base/prom.h"
 #include "base/util.h"
 #include "copy/copy_internal.h"
+#include "copy/kernels.h"
 
 void kvt_copy_config_init(kvt_copy_config *cfg)
 {
@@ -448,6 +449,15 @@ void kvt_copy_get_stats(const kvt_copy *c, kvt_copy_stats *s)
     pthread_mutex_unlock(&m->mu);
 }
 
+const char *kvt_copy_kernel_name(const kvt_copy *c, uint64_t run_bytes)
+{
+    if (c->kind != KVT_BACKEND_CPU)
+        return "dma";
+    if (run_bytes < c->cfg.nt_min_bytes)
+        return "memcpy";
+    return c->kern[run_bytes >= KVT_KERNEL_LARGE_MIN]->name;
+}
+
 int kvt_copy_prometheus(const kvt_copy *c, char *buf, size_t cap, size_t *len)
 {
     if (!len || (cap && !buf))
@@ -478,6 +488,13 @@ int kvt_copy_prometheus(const kvt_copy *c, char *buf, size_t cap, size_t *len)
     for (int d = 0; d < 2; d++)
         kvt_prom_sample(&p, "kvtier_copy", "outstanding_events", "direction", dir_name[d],
                         s.outstanding[d]);
+    kvt_prom_family(&p, "kvtier_copy", "kernel_info",
+                    "The copy kernel of small (16 KiB class) and large (2 MiB class) runs.", true);
+    const char *kern[2] = {kvt_copy_kernel_name(c, KVT_KERNEL_SMALL_RUN),
+                           kvt_copy_kernel_name(c, KVT_KERNEL_LARGE_RUN)};
+    for (int k = 0; k < 2; k++)
+        kvt_prom_put(&p, "kvtier_copy_kernel_info{runs=\"%s\",kernel=\"%s\"} 1\n",
+                     k ? "large" : "small", kern[k]);
     return kvt_prom_finish(&p, len, "copy");
 }
 
