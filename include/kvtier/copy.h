@@ -198,7 +198,7 @@ typedef struct kvt_copy_stats {
 KVT_API void kvt_copy_get_stats(const kvt_copy *c, kvt_copy_stats *s);
 /* The CPU kernel this engine copies runs of run_bytes with: "memcpy" below nt_min_bytes, else
  * the fastest on this machine for its size class (runs under 256 KiB, or longer), measured
- * once per process at its first CPU kvt_copy_create (about 0.1 s; KVTIER_COPY_KERNEL names
+ * once per process at its first CPU kvt_copy_create (0.15-0.3 s; KVTIER_COPY_KERNEL names
  * them instead: "avx512nt" for both, or "small:movsb,large:avx2nt"). Kernels: memcpy, movsb,
  * sse2nt, avx2nt, avx2nt_pf, avx512nt, avx512nt_pf (those the CPU runs). "dma" for the CUDA
  * backend. */

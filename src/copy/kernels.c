@@ -4,21 +4,22 @@
  *
  * Which way of copying a block is fastest depends on the microarchitecture, not on taste: on
  * an AMD EPYC a non-temporal AVX2 loop beat a contiguous memcpy by 1.2x on 2 MiB runs; on an
- * Intel Xeon with AVX-512 the same loop reached 0.71 of it in `kvtier bench copy`, glibc's
- * memcpy run by run 0.61, and a non-temporal AVX-512 loop 0.91-0.97. (glibc switches to
+ * Intel Xeon with AVX-512 the same loop reached 0.64-0.77 of it in `kvtier bench copy`, glibc's
+ * memcpy run by run 0.60-0.64, and a non-temporal AVX-512 loop 0.90-0.96. (glibc switches to
  * non-temporal stores only above its own threshold, megabytes, so a run-by-run memcpy pays
- * for reading every destination line first.) So every kernel
- * the CPU can run is timed once per process, on the copy pattern the engine makes — runs of
- * 16 KiB (a layer's fragment of a block) and of 2 MiB (a whole block) at random places, by
- * as many threads as the engine has (up to 8) — and the fastest for each size class is used,
- * unless it beats the kernel the CPU's features suggest (the widest non-temporal loop) by
- * less than 10%: that is within the noise of a shared machine.
+ * for reading every destination line first.) So every kernel the CPU can run is timed once
+ * per process, on the copy pattern the engine makes — runs of 16 KiB (a layer's fragment of
+ * a block) and of 2 MiB (a whole block) at random places, from memory that is not in the
+ * caches, by as many threads as the engine has (up to 8) — and the fastest for each size
+ * class is used, unless the kernel the CPU's features suggest is within 10% of it: that is
+ * the noise of a shared machine.
  *
- * The calibration takes 0.1-0.15 s and runs at the first kvt_copy_create of the process;
- * KVTIER_COPY_KERNEL skips it: "avx512nt" (both size classes) or "small:movsb,large:avx2nt".
- * Kernels: memcpy (glibc), movsb (rep movsb: ERMS), sse2nt, avx2nt, avx2nt_pf (prefetching
- * the start of the next run, which the hardware prefetcher cannot predict), avx512nt,
- * avx512nt_pf. Features are read at run time: one binary runs everywhere.
+ * The calibration takes 0.15-0.3 s and 128 MiB for that time, at the first kvt_copy_create of
+ * the process; KVTIER_COPY_KERNEL skips it: "avx512nt" (both size classes) or
+ * "small:movsb,large:avx2nt". Kernels: memcpy (glibc), movsb (rep movsb: ERMS), sse2nt,
+ * avx2nt, avx2nt_pf (prefetching the next run into L2 while copying this one: runs are
+ * randomly placed, so the hardware prefetcher cannot see them coming), avx512nt, avx512nt_pf.
+ * Features are read at run time: one binary runs everywhere.
  */
 #include <pthread.h>
 #include <stdbool.h>
@@ -81,7 +82,8 @@ static void k_sse2nt(char *d, const char *s, size_t n, const char *next, size_t 
 }
 
 /* The AVX2 and AVX-512 loops: 256 bytes per iteration, streaming stores, optionally pulling
- * 256 bytes of the next run into the cache per iteration. */
+ * 256 bytes of the next run into L2 per iteration (into L1, _MM_HINT_T0, 16 KiB runs copied at
+ * 0.85-0.91 of memcpy on the Intel VM; into L2 at 0.97-1.03). */
 #define NT_LOOP(VEC, LOAD, STREAM, W)                                                              \
     size_t pf = 0;                                                                                 \
     size_t h = head_bytes(d, n, W);                                                                \
@@ -90,7 +92,7 @@ static void k_sse2nt(char *d, const char *s, size_t n, const char *next, size_t 
     for (; n >= 256; d += 256, s += 256, n -= 256) {                                               \
         if (pf < next_n) {                                                                         \
             for (int q = 0; q < 256; q += 64)                                                      \
-                _mm_prefetch(next + pf + q, _MM_HINT_T0);                                          \
+                _mm_prefetch(next + pf + q, _MM_HINT_T1);                                          \
             pf += 256;                                                                             \
         }                                                                                          \
         VEC r[256 / W];                                                                            \
@@ -198,10 +200,13 @@ const copy_kernel *kvt_copy_kernel_find(const char *name, size_t len)
 
 /* ---- calibration ----------------------------------------------------------------------------- */
 
-/* Each timing copies CAL_BYTES: 1,024 runs of 16 KiB or 8 of 2 MiB, between buffers of that
- * size (a quarter of that, once, in sanitized builds). Kernels take turns, CAL_ROUNDS times, and
- * each keeps its fastest time, so a burst of noise from a neighbour on a shared machine hits every
- * kernel alike rather than one. */
+/* Each timing copies CAL_BYTES: 1,024 runs of 16 KiB or 8 of 2 MiB, from and to its own slice
+ * of buffers CAL_SLICES times that size, so that what it touches was last touched 3 timings
+ * ago and is mostly out of the caches (with 8 MiB slices the non-temporal loops ran at
+ * 22-25 GB/s, cached, and prefetching looked useless; with 16 MiB ones at the rates the bench
+ * sees). Kernels take turns, CAL_ROUNDS times, and each keeps its fastest time, so a burst of
+ * noise from a neighbour on a shared machine hits every kernel alike rather than one. Sanitized
+ * builds: one small round, as timings mean nothing there. */
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 #define KVT_SANITIZED 1
 #elif defined(__has_feature)
@@ -215,9 +220,11 @@ const copy_kernel *kvt_copy_kernel_find(const char *name, size_t len)
 #define CAL_MARGIN 1.10
 #ifdef KVT_SANITIZED /* timings mean nothing under a sanitizer: the same code, less of it */
 #define CAL_BYTES  (4u << 20)
+#define CAL_SLICES 1
 #define CAL_ROUNDS 1
 #else
 #define CAL_BYTES  (16u << 20)
+#define CAL_SLICES 4
 #define CAL_ROUNDS 5
 #endif
 #define CAL_MAX_THREADS 8
@@ -247,6 +254,13 @@ static void *cal_run(void *p)
 static double cal_time(const copy_kernel *k, char *dst, const char *src, const uint32_t *perm,
                        size_t run, uint32_t threads)
 {
+    /* each timing copies its own slice of buffers CAL_SLICES times larger, so what it reads
+     * was last touched CAL_SLICES - 1 timings ago: out of the caches, mostly, as an engine's
+     * blocks are (flushing the lines instead took 7 s on a VM) */
+    static uint32_t slice;
+    size_t at = (size_t)(slice++ % CAL_SLICES) * CAL_BYTES;
+    src += at;
+    dst += at;
     uint32_t runs = (uint32_t)(CAL_BYTES / run), per = runs / threads;
     pthread_t th[CAL_MAX_THREADS];
     struct cal_job jobs[CAL_MAX_THREADS];
@@ -280,12 +294,16 @@ size_t kvt_copy_kernel_pick(const double *secs, size_t n, size_t dflt)
 }
 
 /* The kernel expected to be fastest from the CPU's features alone: the widest non-temporal
- * loop it runs. Calibration replaces it only with a kernel clearly faster (CAL_MARGIN). */
-static const copy_kernel *default_kernel(void)
+ * loop it runs, prefetching the next run for small runs (cls 0: a 16 KiB run is over before
+ * the hardware prefetcher has found it; on the Intel VM prefetching took 16 KiB blocks from
+ * 0.78-0.91 to 0.97-1.05 of memcpy) and not for large ones (0.86-0.90 instead of 0.91-1.0).
+ * Calibration replaces it only with a kernel clearly faster (CAL_MARGIN). */
+static const copy_kernel *default_kernel(int cls)
 {
-    static const char *const order[] = {"avx512nt", "avx2nt_pf", "sse2nt", "memcpy"};
-    for (size_t i = 0; i < sizeof(order) / sizeof(order[0]); i++) {
-        const copy_kernel *k = kvt_copy_kernel_find(order[i], strlen(order[i]));
+    static const char *const order[2][4] = {{"avx512nt_pf", "avx2nt_pf", "sse2nt", "memcpy"},
+                                            {"avx512nt", "avx2nt", "sse2nt", "memcpy"}};
+    for (size_t i = 0; i < 4; i++) {
+        const copy_kernel *k = kvt_copy_kernel_find(order[cls][i], strlen(order[cls][i]));
         if (k)
             return k;
     }
@@ -347,10 +365,12 @@ static void shuffle(uint32_t *perm, uint32_t n, uint64_t seed)
     }
 }
 
-/* The fastest kernel for runs of `run` bytes, by CAL_ROUNDS interleaved timings of each. */
-static const copy_kernel *fastest(char *dst, const char *src, uint32_t *perm, size_t run,
+/* The fastest kernel for size class cls (0: 16 KiB runs, 1: 2 MiB), by CAL_ROUNDS interleaved
+ * timings of each. */
+static const copy_kernel *fastest(char *dst, const char *src, uint32_t *perm, int cls,
                                   uint32_t threads)
 {
+    size_t run = cls ? KVT_KERNEL_LARGE_RUN : KVT_KERNEL_SMALL_RUN;
     double best[N_KERNELS];
     shuffle(perm, (uint32_t)(CAL_BYTES / run), 0x6b76636bu + run);
     for (size_t i = 0; i < N_KERNELS; i++) /* warms code and TLB; its time is kept only if best */
@@ -367,7 +387,7 @@ static const copy_kernel *fastest(char *dst, const char *src, uint32_t *perm, si
         if (best[i] > 0)
             KVT_LOG_D("copy: calibration, %zu-byte runs, %u threads: %-12s %.2f GB/s", run, threads,
                       kernels[i].name, CAL_BYTES / best[i] / 1e9);
-    size_t pick = kvt_copy_kernel_pick(best, N_KERNELS, (size_t)(default_kernel() - kernels));
+    size_t pick = kvt_copy_kernel_pick(best, N_KERNELS, (size_t)(default_kernel(cls) - kernels));
     return &kernels[pick];
 }
 
@@ -375,27 +395,31 @@ static void calibrate(void)
 {
     if (from_env())
         return;
-    chosen[0] = chosen[1] = default_kernel();
+    chosen[0] = default_kernel(0);
+    chosen[1] = default_kernel(1);
     long on = sysconf(_SC_NPROCESSORS_ONLN);
     uint32_t threads = on < 1 ? 1 : on > CAL_MAX_THREADS ? CAL_MAX_THREADS : (uint32_t)on;
-    int flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE;
-    char *src = mmap(NULL, CAL_BYTES, PROT_READ | PROT_WRITE, flags, -1, 0);
-    char *dst = mmap(NULL, CAL_BYTES, PROT_READ | PROT_WRITE, flags, -1, 0);
+    /* source and destination, in transparent huge pages where the kernel allows them (as
+     * kvtier's arenas are): 4 KiB pages would add a TLB miss to every page of every run */
+    const size_t span = (size_t)CAL_BYTES * CAL_SLICES, huge = 2u << 20;
+    size_t len = 2 * span + huge;
+    char *map = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     uint32_t *perm = malloc((CAL_BYTES / KVT_KERNEL_SMALL_RUN) * sizeof(uint32_t));
-    if (src == MAP_FAILED || dst == MAP_FAILED || !perm) {
+    if (map == MAP_FAILED || !perm) {
         KVT_LOG_W("copy: no memory to calibrate the copy kernels; using %s", chosen[0]->name);
     } else {
-        memset(src, 0x5a, CAL_BYTES);
-        memset(dst, 0xa5, CAL_BYTES);
-        chosen[0] = fastest(dst, src, perm, KVT_KERNEL_SMALL_RUN, threads);
-        chosen[1] = fastest(dst, src, perm, KVT_KERNEL_LARGE_RUN, threads);
+        char *src = (char *)(((uintptr_t)map + huge - 1) & ~(uintptr_t)(huge - 1));
+        char *dst = src + span;
+        (void)madvise(src, 2 * span, MADV_HUGEPAGE); /* advisory */
+        memset(src, 0x5a, span);
+        memset(dst, 0xa5, span);
+        chosen[0] = fastest(dst, src, perm, 0, threads);
+        chosen[1] = fastest(dst, src, perm, 1, threads);
         KVT_LOG_I("copy: kernels chosen by calibration: %s for small runs, %s for large",
                   chosen[0]->name, chosen[1]->name);
     }
-    if (src != MAP_FAILED)
-        munmap(src, CAL_BYTES);
-    if (dst != MAP_FAILED)
-        munmap(dst, CAL_BYTES);
+    if (map != MAP_FAILED)
+        munmap(map, len);
     free(perm);
 }
 

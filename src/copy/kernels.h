@@ -36,7 +36,7 @@ typedef struct copy_kernel {
 } copy_kernel;
 
 /* The kernels for this machine, [0] small runs, [1] large runs: KVTIER_COPY_KERNEL, or the
- * fastest measured at the first call of the process (about 0.1 s). Thread-safe. */
+ * fastest measured at the first call of the process (0.15-0.3 s). Thread-safe. */
 const copy_kernel *const *kvt_copy_kernels(void);
 /* All kernels kvtier has (*n of them), whether this CPU runs them or not. */
 const copy_kernel *kvt_copy_kernel_list(size_t *n);
