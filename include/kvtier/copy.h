@@ -200,7 +200,9 @@ KVT_API void kvt_copy_get_stats(const kvt_copy *c, kvt_copy_stats *s);
  * the fastest on this machine for its size class (runs under 256 KiB, or longer), measured
  * once per process at its first CPU kvt_copy_create (0.15-0.3 s; KVTIER_COPY_KERNEL names
  * them instead: "avx512nt" for both, or "small:movsb,large:avx2nt"). Kernels: memcpy, movsb,
- * sse2nt, avx2nt, avx2nt_pf, avx512nt, avx512nt_pf (those the CPU runs). "dma" for the CUDA
+ * sse2nt, avx2nt, avx2nt_pf, avx2nt4, avx2nt4_pf, avx512nt, avx512nt_pf, avx512nt4,
+ * avx512nt4_pf (those the CPU runs; _pf: prefetching the next run, 4: four pages at a time,
+ * see docs/worker.md). "dma" for the CUDA
  * backend. */
 KVT_API const char *kvt_copy_kernel_name(const kvt_copy *c, uint64_t run_bytes);
 /* The stats in Prometheus text (kvtier_copy_* families, label direction="store"|"load");

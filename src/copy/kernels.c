@@ -5,7 +5,8 @@
  * Which way of copying a block is fastest depends on the microarchitecture, not on taste: on
  * an AMD EPYC a non-temporal AVX2 loop beat a contiguous memcpy by 1.2x on 2 MiB runs; on an
  * Intel Xeon with AVX-512 the same loop reached 0.64-0.77 of it in `kvtier bench copy`, glibc's
- * memcpy run by run 0.60-0.64, and a non-temporal AVX-512 loop 0.90-0.96. (glibc switches to
+ * memcpy run by run 0.60-0.64, a non-temporal AVX-512 loop 0.84-0.96, and one that copies four
+ * pages at a time 1.04-1.10. (glibc switches to
  * non-temporal stores only above its own threshold, megabytes, so a run-by-run memcpy pays
  * for reading every destination line first.) So every kernel the CPU can run is timed once
  * per process, on the copy pattern the engine makes — runs of 16 KiB (a layer's fragment of
@@ -16,12 +17,13 @@
  *
  * The calibration takes 0.15-0.3 s and 128 MiB for that time, at the first kvt_copy_create of
  * the process; KVTIER_COPY_KERNEL skips it: "avx512nt" (both size classes) or
- * "small:movsb,large:avx2nt". Kernels: memcpy (glibc), movsb (rep movsb: ERMS), sse2nt,
- * avx2nt, avx2nt_pf (prefetching the next run into L2 while copying this one: runs are
- * randomly placed, so the hardware prefetcher cannot see them coming), avx512nt, avx512nt_pf.
- * Features are read at run time: one binary runs everywhere.
+ * "small:movsb,large:avx2nt". Kernels: memcpy (glibc), movsb (rep movsb: ERMS), sse2nt, and
+ * avx2nt and avx512nt with their variants: _pf prefetches the next run into L2 while copying
+ * this one (runs are randomly placed, so the hardware prefetcher cannot see them coming), 4
+ * copies four pages at a time. Features are read at run time: one binary runs everywhere.
  */
 #include <pthread.h>
+#include <stdio.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -81,29 +83,53 @@ static void k_sse2nt(char *d, const char *s, size_t n, const char *next, size_t 
     memcpy(d, s, n);
 }
 
-/* The AVX2 and AVX-512 loops: 256 bytes per iteration, streaming stores, optionally pulling
- * 256 bytes of the next run into L2 per iteration (into L1, _MM_HINT_T0, 16 KiB runs copied at
- * 0.85-0.91 of memcpy on the Intel VM; into L2 at 0.97-1.03). */
-#define NT_LOOP(VEC, LOAD, STREAM, W)                                                              \
-    size_t pf = 0;                                                                                 \
-    size_t h = head_bytes(d, n, W);                                                                \
-    memcpy(d, s, h);                                                                               \
-    d += h, s += h, n -= h;                                                                        \
-    for (; n >= 256; d += 256, s += 256, n -= 256) {                                               \
-        if (pf < next_n) {                                                                         \
-            for (int q = 0; q < 256; q += 64)                                                      \
-                _mm_prefetch(next + pf + q, _MM_HINT_T1);                                          \
-            pf += 256;                                                                             \
+/* The AVX2 and AVX-512 loops. 256 bytes per step: loads, then streaming stores. WAYS 4: four
+ * pages at a time, a step from each in turn, so that four DRAM streams are in flight instead
+ * of one (glibc's loop for copies above its non-temporal threshold does the same); on the
+ * Intel VM that took 2 MiB blocks from 0.89-0.94 to 1.02-1.10 of memcpy. PF: each step pulls
+ * 256 bytes of the next run into L2 (into L1, _MM_HINT_T0, 16 KiB runs copied at 0.85-0.91
+ * of memcpy; into L2 at 0.97-1.03). */
+#define PAGE 4096
+#define NT_KERNEL(NAME, TARGET, VEC, LOAD, STREAM, W, WAYS, PF)                                    \
+    __attribute__((target(TARGET))) static void NAME(char *d, const char *s, size_t n,             \
+                                                     const char *next, size_t next_n)              \
+    {                                                                                              \
+        size_t pf = 0, h = head_bytes(d, n, W);                                                    \
+        if (!(PF))                                                                                 \
+            next_n = 0;                                                                            \
+        memcpy(d, s, h);                                                                           \
+        d += h, s += h, n -= h;                                                                    \
+        for (; (WAYS) > 1 && n >= (WAYS)*PAGE;                                                     \
+             d += (WAYS)*PAGE, s += (WAYS)*PAGE, n -= (WAYS)*PAGE)                                 \
+            for (size_t off = 0; off < PAGE; off += 256)                                           \
+                for (size_t w = 0; w < (WAYS); w++) {                                              \
+                    NT_PREFETCH();                                                                 \
+                    NT_STEP(VEC, LOAD, STREAM, W, d + w * PAGE + off, s + w * PAGE + off);         \
+                }                                                                                  \
+        for (; n >= 256; d += 256, s += 256, n -= 256) {                                           \
+            NT_PREFETCH();                                                                         \
+            NT_STEP(VEC, LOAD, STREAM, W, d, s);                                                   \
         }                                                                                          \
-        VEC r[256 / W];                                                                            \
-        for (int q = 0; q < 256 / W; q++)                                                          \
-            r[q] = LOAD((const void *)(s + q * W));                                                \
-        for (int q = 0; q < 256 / W; q++)                                                          \
-            STREAM((void *)(d + q * W), r[q]);                                                     \
-    }                                                                                              \
-    for (; n >= W; d += W, s += W, n -= W)                                                         \
-        STREAM((void *)d, LOAD((const void *)s));                                                  \
-    memcpy(d, s, n);
+        for (; n >= W; d += W, s += W, n -= W)                                                     \
+            STREAM((void *)d, LOAD((const void *)s));                                              \
+        memcpy(d, s, n);                                                                           \
+    }
+#define NT_PREFETCH()                                                                              \
+    if (pf < next_n) {                                                                             \
+        for (int q = 0; q < 256; q += 64)                                                          \
+            _mm_prefetch(next + pf + q, _MM_HINT_T1);                                              \
+        pf += 256;                                                                                 \
+    }
+#define NT_STEP(VEC, LOAD, STREAM, W, D, S)                                                        \
+    do {                                                                                           \
+        char *d_ = (D);                                                                            \
+        const char *s_ = (S);                                                                      \
+        VEC r_[256 / (W)];                                                                         \
+        for (int q = 0; q < 256 / (W); q++)                                                        \
+            r_[q] = LOAD((const void *)(s_ + q * (W)));                                            \
+        for (int q = 0; q < 256 / (W); q++)                                                        \
+            STREAM((void *)(d_ + q * (W)), r_[q]);                                                 \
+    } while (0)
 
 static inline __attribute__((target("avx2"))) __m256i ld256(const void *p)
 {
@@ -113,21 +139,6 @@ static inline __attribute__((target("avx2"))) void st256(void *p, __m256i v)
 {
     _mm256_stream_si256((__m256i *)p, v);
 }
-
-__attribute__((target("avx2"))) static void k_avx2nt_pf(char *d, const char *s, size_t n,
-                                                        const char *next, size_t next_n)
-{
-    NT_LOOP(__m256i, ld256, st256, 32)
-}
-
-__attribute__((target("avx2"))) static void k_avx2nt(char *d, const char *s, size_t n,
-                                                     const char *next, size_t next_n)
-{
-    (void)next_n;
-    next_n = 0;
-    NT_LOOP(__m256i, ld256, st256, 32)
-}
-
 static inline __attribute__((target("avx512f"))) __m512i ld512(const void *p)
 {
     return _mm512_loadu_si512(p);
@@ -137,19 +148,14 @@ static inline __attribute__((target("avx512f"))) void st512(void *p, __m512i v)
     _mm512_stream_si512(p, v);
 }
 
-__attribute__((target("avx512f"))) static void k_avx512nt_pf(char *d, const char *s, size_t n,
-                                                             const char *next, size_t next_n)
-{
-    NT_LOOP(__m512i, ld512, st512, 64)
-}
-
-__attribute__((target("avx512f"))) static void k_avx512nt(char *d, const char *s, size_t n,
-                                                          const char *next, size_t next_n)
-{
-    (void)next_n;
-    next_n = 0;
-    NT_LOOP(__m512i, ld512, st512, 64)
-}
+NT_KERNEL(k_avx2nt, "avx2", __m256i, ld256, st256, 32, 1, 0)
+NT_KERNEL(k_avx2nt_pf, "avx2", __m256i, ld256, st256, 32, 1, 1)
+NT_KERNEL(k_avx2nt4, "avx2", __m256i, ld256, st256, 32, 4, 0)
+NT_KERNEL(k_avx2nt4_pf, "avx2", __m256i, ld256, st256, 32, 4, 1)
+NT_KERNEL(k_avx512nt, "avx512f", __m512i, ld512, st512, 64, 1, 0)
+NT_KERNEL(k_avx512nt_pf, "avx512f", __m512i, ld512, st512, 64, 1, 1)
+NT_KERNEL(k_avx512nt4, "avx512f", __m512i, ld512, st512, 64, 4, 0)
+NT_KERNEL(k_avx512nt4_pf, "avx512f", __m512i, ld512, st512, 64, 4, 1)
 
 static bool has_erms(void)
 {
@@ -163,8 +169,11 @@ static bool has_erms(void)
 static const copy_kernel kernels[] = {
     {"memcpy", k_memcpy},
 #if defined(__x86_64__)
-    {"movsb", k_movsb},         {"sse2nt", k_sse2nt},     {"avx2nt", k_avx2nt},
-    {"avx2nt_pf", k_avx2nt_pf}, {"avx512nt", k_avx512nt}, {"avx512nt_pf", k_avx512nt_pf},
+    {"movsb", k_movsb},         {"sse2nt", k_sse2nt},
+    {"avx2nt", k_avx2nt},       {"avx2nt_pf", k_avx2nt_pf},
+    {"avx2nt4", k_avx2nt4},     {"avx2nt4_pf", k_avx2nt4_pf},
+    {"avx512nt", k_avx512nt},   {"avx512nt_pf", k_avx512nt_pf},
+    {"avx512nt4", k_avx512nt4}, {"avx512nt4_pf", k_avx512nt4_pf},
 #endif
 };
 #define N_KERNELS (sizeof(kernels) / sizeof(kernels[0]))
@@ -174,9 +183,10 @@ bool kvt_copy_kernel_runs_here(const copy_kernel *k)
 #if defined(__x86_64__)
     if (k->fn == k_movsb)
         return has_erms();
-    if (k->fn == k_avx2nt || k->fn == k_avx2nt_pf)
+    if (k->fn == k_avx2nt || k->fn == k_avx2nt_pf || k->fn == k_avx2nt4 || k->fn == k_avx2nt4_pf)
         return __builtin_cpu_supports("avx2");
-    if (k->fn == k_avx512nt || k->fn == k_avx512nt_pf)
+    if (k->fn == k_avx512nt || k->fn == k_avx512nt_pf || k->fn == k_avx512nt4 ||
+        k->fn == k_avx512nt4_pf)
         return __builtin_cpu_supports("avx512f");
 #else
     (void)k;
@@ -293,15 +303,15 @@ size_t kvt_copy_kernel_pick(const double *secs, size_t n, size_t dflt)
     return pick;
 }
 
-/* The kernel expected to be fastest from the CPU's features alone: the widest non-temporal
- * loop it runs, prefetching the next run for small runs (cls 0: a 16 KiB run is over before
- * the hardware prefetcher has found it; on the Intel VM prefetching took 16 KiB blocks from
- * 0.78-0.91 to 0.97-1.05 of memcpy) and not for large ones (0.86-0.90 instead of 0.91-1.0).
- * Calibration replaces it only with a kernel clearly faster (CAL_MARGIN). */
+/* The kernel expected to be fastest from the CPU's features alone, from what the bench showed
+ * on the Intel VM: for small runs (cls 0) the widest non-temporal loop prefetching the next
+ * run (a 16 KiB run is over before the hardware prefetcher has found it), for large ones the
+ * widest four-way loop. Calibration replaces it only with a kernel clearly faster
+ * (CAL_MARGIN). */
 static const copy_kernel *default_kernel(int cls)
 {
     static const char *const order[2][4] = {{"avx512nt_pf", "avx2nt_pf", "sse2nt", "memcpy"},
-                                            {"avx512nt", "avx2nt", "sse2nt", "memcpy"}};
+                                            {"avx512nt4", "avx2nt4", "sse2nt", "memcpy"}};
     for (size_t i = 0; i < 4; i++) {
         const copy_kernel *k = kvt_copy_kernel_find(order[cls][i], strlen(order[cls][i]));
         if (k)
@@ -339,10 +349,15 @@ static bool from_env(void)
                 k[c] = k[1 - c];
     }
     if (bad || !k[0] || !k[1]) {
+        char names[256] = "";
+        size_t at = 0;
+        for (size_t i = 0; i < N_KERNELS; i++)
+            if (kvt_copy_kernel_runs_here(&kernels[i]) && at < sizeof(names))
+                at += (size_t)snprintf(names + at, sizeof(names) - at, "%s%s", i ? ", " : "",
+                                       kernels[i].name);
         KVT_LOG_W("copy: KVTIER_COPY_KERNEL=\"%s\" does not name kernels this CPU runs (\"name\" "
-                  "or \"small:name,large:name\"; names: memcpy, movsb, sse2nt, avx2nt, "
-                  "avx2nt_pf, avx512nt, avx512nt_pf); calibrating instead",
-                  e);
+                  "or \"small:name,large:name\"; this CPU runs: %s); calibrating instead",
+                  e, names);
         return false;
     }
     chosen[0] = k[0];
