@@ -45,7 +45,8 @@ typedef struct copy_case {
     int64_t ev[2];
     double memcpy_gbps, store_gbps, load_gbps, both_gbps;
     double base_d2h, base_h2d, base_both;
-    const char *kernel; /* the copy kernel the engine used for these runs */
+    const char *kernel;     /* the copy kernel the engine used for these runs */
+    const char *kernel_why; /* CUDA: why the gather/scatter kernel is not loaded ("" if it is) */
 } copy_case;
 
 static void shuffle(uint32_t *a, uint64_t n, uint32_t base, uint64_t *seed)
@@ -246,8 +247,12 @@ static int check_stores(copy_case *c)
 static int run_case(const kvt_bench_opts *o, copy_case *c)
 {
     int rc = case_init(c, o->seed);
-    if (!rc)
+    if (!rc) {
         c->kernel = kvt_copy_kernel_name(c->copy, c->bs);
+        c->kernel_why = "";
+        if (c->cuda)
+            kvt_copy_cuda_kernel(c->copy, c->bs, &c->kernel_why);
+    }
     if (!rc)
         rc = submit_pass(c, true, true); /* warm-up */
     if (!rc)
@@ -319,6 +324,7 @@ static int run(const kvt_bench_opts *o)
             const char *cap = getenv("KVTIER_MAX_BATCH_DESCRIPTORS");
             kvt_json_int(&j, "max_descriptors", cap ? atoi(cap) : (int)KVT_CUDA_BATCH_DEFAULT);
             kvt_json_int(&j, "cuda_driver", kvt_cuda()->driver_version);
+            kvt_json_str(&j, "cuda_kernel_unavailable", m->kernel_why);
             kvt_json_num(&j, "cuda_memcpy_d2h_gbps", m->base_d2h);
             kvt_json_num(&j, "cuda_memcpy_h2d_gbps", m->base_h2d);
             kvt_json_num(&j, "cuda_memcpy_both_gbps", m->base_both);

@@ -3,7 +3,8 @@
 # GPU checks of the copy layer: builds kvtier (unless KVT_BUILD_DIR names a finished build),
 # runs the CUDA tests (which must not skip here) and the copy tests, then the copy benchmark
 # with the CUDA backend (2 MiB and 16 KiB blocks against cudaMemcpy of one contiguous pinned
-# buffer, per direction and both at once) and with the CPU backend. Results land in OUTDIR.
+# buffer, per direction and both at once: as configured by default, DMA only, the
+# gather/scatter kernel only) and with the CPU backend. Results land in OUTDIR.
 #
 #   bench/gpu/run.sh OUTDIR            KVT_GIB: GiB per direction (default 4)
 #                                      KVT_VARIANTS=1: also the CUDA variants (fallback,
@@ -22,7 +23,8 @@ nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width
 cat "$out/gpu.txt"
 status=0
 export KVT_REQUIRE_CUDA=1
-for t in test_copy_cuda test_copy test_copy_model test_worker test_offload_procs test_disk; do
+for t in test_copy_cuda test_cuda_frag test_copy test_copy_kernels test_copy_model test_worker \
+    test_offload_procs test_disk; do
     if "$build/tests/$t" >"$out/$t.txt" 2>&1; then
         echo "$t: ok"
     else
@@ -35,6 +37,14 @@ done
     >"$out/bench_copy_cuda.json" 2>"$out/bench_copy_cuda.err" || status=1
 "$build/bin/kvtier" bench copy --json >"$out/bench_copy_cpu.json" 2>"$out/bench_copy_cpu.err" ||
     status=1
+# The gather/scatter kernel against DMA: every job by DMA, then every job by the kernel (the
+# default run above sends 16 KiB fragments to the kernel and 2 MiB blocks to DMA).
+KVTIER_CUDA_KERNEL_MAX_BYTES=0 "$build/bin/kvtier" bench copy --backend cuda --json \
+    --gib "${KVT_GIB:-4}" >"$out/bench_copy_cuda_dma.json" 2>"$out/bench_copy_cuda_dma.err" ||
+    status=1
+KVTIER_CUDA_KERNEL_MAX_BYTES=18446744073709551615 "$build/bin/kvtier" bench copy --backend cuda \
+    --json --gib "${KVT_GIB:-4}" >"$out/bench_copy_cuda_kernel.json" \
+    2>"$out/bench_copy_cuda_kernel.err" || status=1
 # Variants of the CUDA path, for the record: per-descriptor cuMemcpyAsync, the driver's
 # overlap-with-compute hint, and batches capped at 1024 descriptors.
 if [ -n "${KVT_VARIANTS:-}" ]; then

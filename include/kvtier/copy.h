@@ -125,23 +125,29 @@ enum kvt_copy_backend {
 };
 
 typedef struct kvt_copy_config {
-    int backend;              /* kvt_copy_backend; default AUTO */
-    uint32_t threads;         /* CPU: copy threads; default 0 = the number of online cores */
-    uint32_t max_descriptors; /* descriptors per batch call; 0 = the backend's default: 512
-                                 for CUDA (on an H200, uncapped batches of 4096 16 KiB
-                                 descriptors cut both directions together from 27 to
-                                 9 GB/s); the CPU backend makes no batch calls.
-                                 KVTIER_MAX_BATCH_DESCRIPTORS > 0
-                                 overrides */
-    uint32_t max_events;      /* events queued or in flight per direction; default 1024 */
-    uint64_t nt_min_bytes;    /* CPU: runs of at least this many bytes use the kernel
-                                 calibrated for this machine (kvt_copy_kernel_name), shorter
-                                 ones memcpy; default 4 KiB; UINT64_MAX: memcpy for all */
-    uint64_t chunk_bytes;     /* CPU: unit of work a copy thread takes; default 1 MiB */
-    bool force_fallback;      /* CUDA: use one cuMemcpyAsync per descriptor even when the
-                                 driver has cuMemcpyBatchAsync (testing, old drivers) */
-    bool prefer_overlap;      /* CUDA: CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE on batched
-                                 copies (the driver tries to overlap them with kernels) */
+    int backend;               /* kvt_copy_backend; default AUTO */
+    uint32_t threads;          /* CPU: copy threads; default 0 = the number of online cores */
+    uint32_t max_descriptors;  /* descriptors per batch call; 0 = the backend's default: 512
+                                  for CUDA (on an H200, uncapped batches of 4096 16 KiB
+                                  descriptors cut both directions together from 27 to
+                                  9 GB/s); the CPU backend makes no batch calls.
+                                  KVTIER_MAX_BATCH_DESCRIPTORS > 0
+                                  overrides */
+    uint32_t max_events;       /* events queued or in flight per direction; default 1024 */
+    uint64_t nt_min_bytes;     /* CPU: runs of at least this many bytes use the kernel
+                                  calibrated for this machine (kvt_copy_kernel_name), shorter
+                                  ones memcpy; default 4 KiB; UINT64_MAX: memcpy for all */
+    uint64_t chunk_bytes;      /* CPU: unit of work a copy thread takes; default 1 MiB */
+    bool force_fallback;       /* CUDA: use one cuMemcpyAsync per descriptor even when the
+                                  driver has cuMemcpyBatchAsync (testing, old drivers) */
+    bool prefer_overlap;       /* CUDA: CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE on batched
+                                  copies (the driver tries to overlap them with kernels) */
+    uint64_t kernel_max_bytes; /* CUDA: a job whose descriptors average at most this many
+                                  bytes is copied by kvtier's gather/scatter kernel, all its
+                                  fragments in one launch, instead of by DMA (when the kernel
+                                  loaded and passed its self-test at create; see
+                                  kvt_copy_kernel_name); default 128 KiB; 0: always DMA;
+                                  KVTIER_CUDA_KERNEL_MAX_BYTES overrides */
 } kvt_copy_config;
 
 typedef struct kvt_copy kvt_copy;
@@ -202,8 +208,8 @@ KVT_API void kvt_copy_get_stats(const kvt_copy *c, kvt_copy_stats *s);
  * them instead: "avx512nt" for both, or "small:movsb,large:avx2nt"). Kernels: memcpy, movsb,
  * sse2nt, avx2nt, avx2nt_pf, avx2nt4, avx2nt4_pf, avx512nt, avx512nt_pf, avx512nt4,
  * avx512nt4_pf (those the CPU runs; _pf: prefetching the next run, 4: four pages at a time,
- * see docs/worker.md). "dma" for the CUDA
- * backend. */
+ * see docs/worker.md). CUDA backend: "cuda_gather" where runs that size go to the
+ * gather/scatter kernel (kernel_max_bytes), "dma" where they go to the copy engines. */
 KVT_API const char *kvt_copy_kernel_name(const kvt_copy *c, uint64_t run_bytes);
 /* The stats in Prometheus text (kvtier_copy_* families, label direction="store"|"load");
  * *len receives the length, KVT_ENOSPC (and the length needed) if cap is too small. */

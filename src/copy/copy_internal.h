@@ -84,6 +84,8 @@ typedef struct copy_job {
     int64_t event;
     void *wait;     /* CUDA: CUevent to wait for before the copies */
     void *be_event; /* CUDA: CUevent recorded after the copies */
+    void *be_frags; /* CUDA: pinned fragment table of the gather/scatter kernel */
+    uint32_t be_frags_cap;
     kvt_desc *descs;
     uint32_t n_descs, cap_descs;
     kvt_run *runs;
@@ -144,6 +146,9 @@ struct kvt_copy {
  * driver is present. */
 extern const copy_backend_ops kvt_copy_cpu_ops;
 const copy_backend_ops *kvt_copy_cuda_ops(const char **why);
+/* CUDA backend: "cuda_gather" if a job of run_bytes fragments goes to the gather/scatter
+ * kernel, else "dma"; *why (if why) says why the kernel is not loaded ("" if it is). */
+const char *kvt_copy_cuda_kernel(const kvt_copy *c, uint64_t run_bytes, const char **why);
 
 /* Copies n bytes with non-temporal stores where the CPU has them (else memcpy). */
 void kvt_copy_bytes_nt(void *dst, const void *src, size_t n);

@@ -29,6 +29,7 @@
 #include "base/log.h"
 #include "copy/copy_internal.h"
 #include "copy/cuda_api.h"
+#include "copy/cuda_frag_internal.h"
 
 #define MAX_DEVICES 64
 
@@ -81,6 +82,11 @@ static const struct {
     SYM(MemcpyDtoH, "cuMemcpyDtoH_v2"),
     SYM(MemsetD8, "cuMemsetD8_v2"),
     SYM(GetErrorString, "cuGetErrorString"),
+    SYM(DeviceGetAttribute, "cuDeviceGetAttribute"),
+    SYM(ModuleLoadData, "cuModuleLoadData"),
+    SYM(ModuleUnload, "cuModuleUnload"),
+    SYM(ModuleGetFunction, "cuModuleGetFunction"),
+    SYM(LaunchKernel, "cuLaunchKernel"),
 #undef SYM
 };
 
@@ -195,7 +201,9 @@ int kvt_cuda_host_register(void *p, size_t n)
     int rc = kvt_cuda_use_device(0, NULL);
     if (rc)
         return rc;
-    kvt_CUresult r = cu->MemHostRegister(p, n, KVT_CU_MEMHOSTREGISTER_PORTABLE);
+    /* mapped too: the gather/scatter kernel reads and writes it through its host address */
+    kvt_CUresult r = cu->MemHostRegister(
+        p, n, KVT_CU_MEMHOSTREGISTER_PORTABLE | KVT_CU_MEMHOSTREGISTER_DEVICEMAP);
     if (r != KVT_CUDA_SUCCESS)
         return kvt_fail(KVT_EIO, "cuMemHostRegister of %zu bytes: %s", n, kvt_cuda_err(r));
     return 0;
@@ -216,6 +224,8 @@ typedef struct cuda_be {
     kvt_CUstream stream[2];
     kvt_CUmemcpyAttributes attrs[2];
     bool batched;
+    kvt_frag_kernel frag; /* the gather/scatter kernel, when frag.ok */
+    uint64_t frag_max;    /* jobs whose descriptors average at most this use it */
     /* issue thread scratch: descriptors as the batch call wants them */
     kvt_CUdeviceptr *dsts, *srcs;
     size_t *sizes;
@@ -258,7 +268,33 @@ static bool issue(kvt_copy *c, cuda_be *b, copy_job *j)
                   kvt_cuda_err(r));
         return false;
     }
-    if (b->batched) {
+    if (b->frag.ok && kvt_frag_use(j->bytes, j->n_descs, b->frag_max)) {
+        /* the job's fragments in the slot's pinned table: the slot is reused only after this
+         * job's completion event, so the kernel has read the table by then */
+        if (j->be_frags_cap < j->n_descs) {
+            if (j->be_frags)
+                cu->MemFreeHost(j->be_frags);
+            j->be_frags = NULL;
+            j->be_frags_cap = 0;
+            r = cu->MemAllocHost(&j->be_frags, (size_t)j->n_descs * sizeof(kvt_frag));
+            if (r != KVT_CUDA_SUCCESS) {
+                j->be_frags = NULL;
+                KVT_LOG_E("copy: %s event %lld: cuMemAllocHost of %u fragments: %s", what,
+                          (long long)j->event, j->n_descs, kvt_cuda_err(r));
+                return false;
+            }
+            j->be_frags_cap = j->n_descs;
+        }
+        kvt_frag *f = j->be_frags;
+        for (uint32_t i = 0; i < j->n_descs; i++)
+            f[i] = (kvt_frag){j->descs[i].dst, j->descs[i].src, j->descs[i].size};
+        r = kvt_frag_launch(cu, &b->frag, f, j->n_descs, s);
+        if (r != KVT_CUDA_SUCCESS) {
+            KVT_LOG_E("copy: %s event %lld: launch of the copy kernel (%u fragments): %s", what,
+                      (long long)j->event, j->n_descs, kvt_cuda_err(r));
+            return false;
+        }
+    } else if (b->batched) {
         if (!grow_scratch(b, j->n_descs)) {
             KVT_LOG_E("copy: %s event %lld: out of memory", what, (long long)j->event);
             return false;
@@ -323,6 +359,7 @@ static void *issue_thread(void *arg)
 
 static void destroy_be(cuda_be *b)
 {
+    kvt_frag_unload(b->cu, &b->frag);
     for (int d = 0; d < 2; d++)
         if (b->stream[d])
             b->cu->StreamDestroy(b->stream[d]);
@@ -364,6 +401,23 @@ static int cuda_start(kvt_copy *c)
     b->batched = b->cu->MemcpyBatchAsync && !c->cfg.force_fallback;
     if (!b->cu->MemcpyBatchAsync)
         KVT_LOG_W("copy: %s; using one cuMemcpyAsync per descriptor", b->cu->batch_missing);
+    b->frag_max = c->cfg.kernel_max_bytes;
+    kvt_CUdevice dev_handle;
+    if (b->frag_max == 0)
+        snprintf(b->frag.why, sizeof(b->frag.why), "kernel_max_bytes is 0");
+    else if (b->cu->DeviceGet(&dev_handle, device) != KVT_CUDA_SUCCESS)
+        snprintf(b->frag.why, sizeof(b->frag.why), "cuDeviceGet(%d) failed", device);
+    else if (kvt_frag_load(b->cu, dev_handle, &b->frag))
+        KVT_LOG_I("copy: device %d: gather/scatter kernel loaded and self-tested; jobs of "
+                  "fragments averaging <= %llu bytes use it",
+                  device, (unsigned long long)b->frag_max);
+    else if (kvt_cuda_frag_ptx_len == 0)
+        KVT_LOG_I("copy: device %d: no gather/scatter kernel (%s); small fragments go by DMA",
+                  device, b->frag.why);
+    else
+        KVT_LOG_W("copy: device %d: gather/scatter kernel not used: %s; small fragments go by "
+                  "DMA",
+                  device, b->frag.why);
     c->be = b;
     c->threads = calloc(1, sizeof(*c->threads));
     int e = c->threads ? pthread_create(&c->threads[0], NULL, issue_thread, c) : ENOMEM;
@@ -397,6 +451,10 @@ static void cuda_stop(kvt_copy *c)
             if (j->be_event)
                 b->cu->EventDestroy((kvt_CUevent)j->be_event);
             j->be_event = NULL;
+            if (j->be_frags) /* the stream is synchronized: no kernel reads it any more */
+                b->cu->MemFreeHost(j->be_frags);
+            j->be_frags = NULL;
+            j->be_frags_cap = 0;
         }
     }
     kvt_CUcontext prev;
@@ -456,6 +514,14 @@ const copy_backend_ops *kvt_copy_cuda_ops(const char **why)
         return NULL;
     }
     return &cuda_ops;
+}
+
+const char *kvt_copy_cuda_kernel(const kvt_copy *c, uint64_t run_bytes, const char **why)
+{
+    const cuda_be *b = c->be;
+    if (why)
+        *why = b->frag.ok ? "" : b->frag.why;
+    return b->frag.ok && run_bytes <= b->frag_max ? "cuda_gather" : "dma";
 }
 
 bool kvt_copy_batched(const kvt_copy *c)

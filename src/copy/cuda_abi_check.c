@@ -25,6 +25,17 @@ _Static_assert((int)KVT_CU_STREAM_NON_BLOCKING == (int)CU_STREAM_NON_BLOCKING, "
 _Static_assert((int)KVT_CU_EVENT_DISABLE_TIMING == (int)CU_EVENT_DISABLE_TIMING, "disable timing");
 _Static_assert((int)KVT_CU_MEMHOSTREGISTER_PORTABLE == (int)CU_MEMHOSTREGISTER_PORTABLE,
                "portable");
+_Static_assert((int)KVT_CU_MEMHOSTREGISTER_DEVICEMAP == (int)CU_MEMHOSTREGISTER_DEVICEMAP,
+               "devicemap");
+_Static_assert((int)KVT_CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT ==
+                   (int)CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+               "sm count");
+_Static_assert((int)KVT_CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING ==
+                   (int)CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING,
+               "uva");
+_Static_assert((int)KVT_CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM ==
+                   (int)CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM,
+               "host pointer");
 _Static_assert((int)KVT_CU_MEM_LOCATION_TYPE_DEVICE == (int)CU_MEM_LOCATION_TYPE_DEVICE,
                "loc device");
 _Static_assert((int)KVT_CU_MEM_LOCATION_TYPE_HOST == (int)CU_MEM_LOCATION_TYPE_HOST, "loc host");

@@ -21,6 +21,8 @@ typedef struct kvt_CUctx_st *kvt_CUcontext;
 typedef struct kvt_CUstream_st *kvt_CUstream;
 typedef struct kvt_CUevent_st *kvt_CUevent;
 typedef unsigned long long kvt_CUdeviceptr;
+typedef struct kvt_CUmod_st *kvt_CUmodule;
+typedef struct kvt_CUfunc_st *kvt_CUfunction;
 
 typedef struct kvt_CUmemLocation {
     int type; /* CU_MEM_LOCATION_TYPE_* */
@@ -40,6 +42,10 @@ enum {
     KVT_CU_STREAM_NON_BLOCKING = 1,
     KVT_CU_EVENT_DISABLE_TIMING = 2,
     KVT_CU_MEMHOSTREGISTER_PORTABLE = 1,
+    KVT_CU_MEMHOSTREGISTER_DEVICEMAP = 2,
+    KVT_CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16,
+    KVT_CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING = 41,
+    KVT_CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM = 91,
     KVT_CU_MEM_LOCATION_TYPE_DEVICE = 1,
     KVT_CU_MEM_LOCATION_TYPE_HOST = 2,
     KVT_CU_MEMCPY_SRC_ACCESS_ORDER_STREAM = 1,
@@ -89,6 +95,13 @@ typedef struct kvt_cuda_api {
     kvt_CUresult (*MemcpyDtoH)(void *dst, kvt_CUdeviceptr src, size_t n);
     kvt_CUresult (*MemsetD8)(kvt_CUdeviceptr dst, unsigned char v, size_t n);
     kvt_CUresult (*GetErrorString)(kvt_CUresult r, const char **s);
+    kvt_CUresult (*DeviceGetAttribute)(int *v, int attr, kvt_CUdevice d);
+    kvt_CUresult (*ModuleLoadData)(kvt_CUmodule *m, const void *image);
+    kvt_CUresult (*ModuleUnload)(kvt_CUmodule m);
+    kvt_CUresult (*ModuleGetFunction)(kvt_CUfunction *f, kvt_CUmodule m, const char *name);
+    kvt_CUresult (*LaunchKernel)(kvt_CUfunction f, unsigned gx, unsigned gy, unsigned gz,
+                                 unsigned bx, unsigned by, unsigned bz, unsigned shared_bytes,
+                                 kvt_CUstream s, void **params, void **extra);
     kvt_pfn_memcpy_batch MemcpyBatchAsync; /* NULL: driver older than CUDA 12.8 */
     const char *batch_missing;             /* why MemcpyBatchAsync is NULL */
     int driver_version;

@@ -14,6 +14,7 @@
  * the submission queue, so flush first waits until the queue is drained and every CPU job is
  * done, then synchronizes every issued CUDA job.
  */
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -33,6 +34,7 @@ void kvt_copy_config_init(kvt_copy_config *cfg)
     cfg->max_events = 1024;
     cfg->nt_min_bytes = 4096;
     cfg->chunk_bytes = 1u << 20;
+    cfg->kernel_max_bytes = 128u << 10;
 }
 
 uint32_t kvt_copy_coalesce(const uint32_t *src, const uint32_t *dst, uint32_t n, kvt_run *runs)
@@ -75,6 +77,23 @@ static int env_descriptor_cap(uint32_t *cap)
         return kvt_fail(KVT_EINVAL, "copy: KVTIER_MAX_BATCH_DESCRIPTORS=\"%s\" is not a count > 0",
                         e);
     *cap = (uint32_t)v;
+    return 0;
+}
+
+static int env_kernel_max(uint64_t *max)
+{
+    const char *e = getenv("KVTIER_CUDA_KERNEL_MAX_BYTES");
+    if (!e || !*e)
+        return 0;
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(e, &end, 10);
+    if (*end || errno || e[0] == '-')
+        return kvt_fail(KVT_EINVAL,
+                        "copy: KVTIER_CUDA_KERNEL_MAX_BYTES=\"%s\" is not a byte count (0: never "
+                        "the kernel)",
+                        e);
+    *max = v;
     return 0;
 }
 
@@ -170,6 +189,8 @@ int kvt_copy_create(const kvt_copy_config *cfg, const kvt_layout *layout, const 
         return kvt_fail(KVT_ENOMEM, "copy: out of memory");
     c->cfg = *cfg;
     rc = env_descriptor_cap(&c->cfg.max_descriptors);
+    if (!rc)
+        rc = env_kernel_max(&c->cfg.kernel_max_bytes);
     if (rc) {
         free(c);
         return rc;
@@ -452,7 +473,7 @@ void kvt_copy_get_stats(const kvt_copy *c, kvt_copy_stats *s)
 const char *kvt_copy_kernel_name(const kvt_copy *c, uint64_t run_bytes)
 {
     if (c->kind != KVT_BACKEND_CPU)
-        return "dma";
+        return kvt_copy_cuda_kernel(c, run_bytes, NULL);
     if (run_bytes < c->cfg.nt_min_bytes)
         return "memcpy";
     return c->kern[run_bytes >= KVT_KERNEL_LARGE_MIN]->name;

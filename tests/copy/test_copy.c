@@ -381,6 +381,20 @@ static void test_backend_errors(void **state)
     setenv("KVTIER_MAX_BATCH_DESCRIPTORS", "zero", 1);
     KVT_ERR_(kvt_copy_create(&cc, g.layout, g.mirror, &c), KVT_EINVAL);
     unsetenv("KVTIER_MAX_BATCH_DESCRIPTORS");
+    const char *bad_max[] = {"128k", "-1", "", "99999999999999999999999"};
+    for (size_t i = 0; i < 4; i++) {
+        setenv("KVTIER_CUDA_KERNEL_MAX_BYTES", bad_max[i], 1);
+        if (bad_max[i][0]) /* empty: as if unset */
+            KVT_ERR_(kvt_copy_create(&cc, g.layout, g.mirror, &c), KVT_EINVAL);
+        else {
+            KVT_OK_(kvt_copy_create(&cc, g.layout, g.mirror, &c));
+            kvt_copy_destroy(c);
+        }
+    }
+    setenv("KVTIER_CUDA_KERNEL_MAX_BYTES", "0", 1); /* a byte count: accepted */
+    KVT_OK_(kvt_copy_create(&cc, g.layout, g.mirror, &c));
+    kvt_copy_destroy(c);
+    unsetenv("KVTIER_CUDA_KERNEL_MAX_BYTES");
     rig_fini(&g);
 }
 

@@ -1,14 +1,16 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The CUDA copy backend on a real GPU (skipped cleanly where kvt_cuda_available() is false):
- * bytes stored and loaded back through cuMemcpyBatchAsync, the per-descriptor fallback and
- * descriptor caps; stores ordered after the engine's compute stream through the wait event;
+ * bytes stored and loaded back through cuMemcpyBatchAsync, the per-descriptor fallback,
+ * descriptor caps and the gather/scatter kernel; stores ordered after the engine's compute
+ * stream through the wait event, by DMA and by the kernel;
  * ids rejected before anything moves; the worker end to end.
  */
 #include "kvt_test.h"
 
 #include "copy/copy_internal.h"
 #include "copy/cuda_api.h"
+#include "copy/cuda_frag.h"
 
 #define NB   64
 #define HB   96
@@ -132,15 +134,37 @@ static void wait_hwm(kvt_copy *c, int dir, int64_t ev)
     assert_true(hwm >= ev);
 }
 
-static void roundtrip(grig *g, bool fallback, uint32_t max_desc)
+/* The gather/scatter kernel must load wherever its PTX was built in; on a GPU machine
+ * (KVT_REQUIRE_CUDA) a kernel that did not load fails the test, elsewhere it skips. */
+static bool need_kernel(kvt_copy *c)
+{
+    const char *why = "";
+    if (strcmp(kvt_copy_cuda_kernel(c, 4096, &why), "cuda_gather") == 0)
+        return true;
+    if (getenv("KVT_REQUIRE_CUDA") && kvt_cuda_frag_ptx_len > 0)
+        fail_msg("the gather/scatter kernel did not load: %s", why);
+    print_message("SKIPPED: gather/scatter kernel not available: %s\n", why);
+    kvt_test_skips++;
+    return false;
+}
+
+/* kernel_max: kvt_copy_config.kernel_max_bytes (0: DMA only; UINT64_MAX: the kernel for all) */
+static void roundtrip(grig *g, bool fallback, uint32_t max_desc, uint64_t kernel_max)
 {
     kvt_copy_config cc;
     kvt_copy_config_init(&cc);
     cc.force_fallback = fallback;
     cc.max_descriptors = max_desc;
+    cc.kernel_max_bytes = kernel_max;
     kvt_copy *c;
     KVT_OK_(kvt_copy_create(&cc, g->layout, g->mirror, &c));
     assert_int_equal(kvt_copy_backend_kind(c), KVT_BACKEND_CUDA);
+    if (kernel_max == 0)
+        assert_string_equal(kvt_copy_kernel_name(c, 4096), "dma");
+    else if (!need_kernel(c)) {
+        kvt_copy_destroy(c);
+        return;
+    }
     assert_int_equal(kvt_copy_batched(c), !fallback && g->cu->MemcpyBatchAsync != NULL);
     uint32_t src[20], dst[20], back[20];
     for (uint32_t i = 0; i < 20; i++) {
@@ -169,25 +193,38 @@ static void test_cuda_roundtrip_batched(void **state)
     if (!g->cu->MemcpyBatchAsync)
         printf("# driver %d lacks cuMemcpyBatchAsync: %s\n", g->cu->driver_version,
                g->cu->batch_missing);
-    roundtrip(g, false, 0);
-    roundtrip(g, false, 3);
+    roundtrip(g, false, 0, 0);
+    roundtrip(g, false, 3, 0);
 }
 
 static void test_cuda_roundtrip_fallback(void **state)
 {
     NEED_GPU(g);
-    roundtrip(g, true, 0);
+    roundtrip(g, true, 0, 0);
+}
+
+/* Every job through the kernel (2 MiB runs too), then the default: runs up to 128 KiB by the
+ * kernel, longer ones (the coalesced run of 10 blocks) by DMA, in the same events. */
+static void test_cuda_roundtrip_kernel(void **state)
+{
+    NEED_GPU(g);
+    roundtrip(g, false, 0, UINT64_MAX);
+    roundtrip(g, false, 0, 128u << 10);
 }
 
 /* The engine writes block 7 on its compute stream behind 256 MiB of other work; a store
  * that waits on the compute-done event must see the new bytes. */
-static void test_cuda_store_waits_for_compute(void **state)
+static void store_waits_for_compute(grig *g, uint64_t kernel_max)
 {
-    NEED_GPU(g);
     kvt_copy_config cc;
     kvt_copy_config_init(&cc);
+    cc.kernel_max_bytes = kernel_max;
     kvt_copy *c;
     KVT_OK_(kvt_copy_create(&cc, g->layout, g->mirror, &c));
+    if (kernel_max && !need_kernel(c)) {
+        kvt_copy_destroy(c);
+        return;
+    }
     kvt_CUdeviceptr scratch;
     assert_int_equal(g->cu->MemAlloc(&scratch, 256u << 20), 0);
     kvt_CUevent done;
@@ -217,6 +254,13 @@ static void test_cuda_store_waits_for_compute(void **state)
     g->cu->EventDestroy(done);
     g->cu->MemFree(scratch);
     kvt_copy_destroy(c);
+}
+
+static void test_cuda_store_waits_for_compute(void **state)
+{
+    NEED_GPU(g);
+    store_waits_for_compute(g, 0);          /* DMA */
+    store_waits_for_compute(g, UINT64_MAX); /* the kernel */
 }
 
 static void test_cuda_ids_checked(void **state)
@@ -338,6 +382,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cuda_roundtrip_batched),
         cmocka_unit_test(test_cuda_roundtrip_fallback),
+        cmocka_unit_test(test_cuda_roundtrip_kernel),
         cmocka_unit_test(test_cuda_store_waits_for_compute),
         cmocka_unit_test(test_cuda_ids_checked),
         cmocka_unit_test(test_cuda_worker),

@@ -158,7 +158,8 @@ class kvt_offload_stats(ctypes.Structure):
 class kvt_copy_config(ctypes.Structure):
     _fields_ = [("backend", c_int), ("threads", c_u32), ("max_descriptors", c_u32),
                 ("max_events", c_u32), ("nt_min_bytes", c_u64), ("chunk_bytes", c_u64),
-                ("force_fallback", c_bool), ("prefer_overlap", c_bool)]
+                ("force_fallback", c_bool), ("prefer_overlap", c_bool),
+                ("kernel_max_bytes", c_u64)]
 
 
 class kvt_mirror_config(ctypes.Structure):
