@@ -457,6 +457,7 @@ static void cuda_stop(kvt_copy *c)
             j->be_frags_cap = 0;
         }
     }
+    kvt_frag_unload(b->cu, &b->frag); /* cuModuleUnload acts on the current context */
     kvt_CUcontext prev;
     b->cu->CtxPopCurrent(&prev);
     destroy_be(b);
