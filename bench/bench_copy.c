@@ -365,4 +365,5 @@ static int run(const kvt_bench_opts *o)
     return 0;
 }
 
-const kvt_bench kvt_bench_copy = {"copy", "copy engine vs contiguous memcpy / cudaMemcpy", run};
+const kvt_bench kvt_bench_copy = {"copy", "copy engine vs contiguous memcpy / cudaMemcpy", run,
+                                  "json,seed,backend,gib,threads"};

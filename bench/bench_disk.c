@@ -185,4 +185,5 @@ static int run(const kvt_bench_opts *o)
     return 0;
 }
 
-const kvt_bench kvt_bench_disk = {"disk", "disk tier vs fio (io_uring, O_DIRECT, 2 MiB)", run};
+const kvt_bench kvt_bench_disk = {"disk", "disk tier vs fio (io_uring, O_DIRECT, 2 MiB)", run,
+                                  "json,seed,gib,dir"};

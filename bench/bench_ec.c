@@ -325,4 +325,5 @@ static int run(const kvt_bench_opts *o)
     return 0;
 }
 
-const kvt_bench kvt_bench_ec = {"ec", "encoder-cache push, 2 processes, vs ucx_perftest", run};
+const kvt_bench kvt_bench_ec = {"ec", "encoder-cache push, 2 processes, vs ucx_perftest", run,
+                                "json,seconds,transport,ec-consumer"};

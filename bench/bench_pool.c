@@ -198,4 +198,4 @@ static int bench_pool_run(const kvt_bench_opts *o)
 }
 
 const kvt_bench kvt_bench_pool = {"pool", "longest-hit lookup and alloc/free of the block pool",
-                                  bench_pool_run};
+                                  bench_pool_run, "json,seconds,seed,blocks"};

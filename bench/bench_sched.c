@@ -341,7 +341,6 @@ static int bench_sched_run(const kvt_bench_opts *o)
         for (int i = 0; i < 3; i++)
             r[mode][i] = run(ns[i], mode, o->seconds / N_MODES, o->seed);
     if (o->json) {
-        char buf[256];
         kvt_json j;
         kvt_json_begin(&j, stdout);
         kvt_json_str(&j, "bench", "sched");
@@ -351,15 +350,17 @@ static int bench_sched_run(const kvt_bench_opts *o)
         kvt_json_num(&j, "step_us_p99", r[M_EAGER][1].p99_us);
         for (int mode = 0; mode < N_MODES; mode++) {
             const char *pre = mode == M_EAGER ? "" : mode == M_LAZY ? "lazy_" : "three_tier_";
-            snprintf(buf, sizeof(buf), "{\"64\": %.3g, \"256\": %.3g, \"1024\": %.3g}",
-                     r[mode][0].p50_us, r[mode][1].p50_us, r[mode][2].p50_us);
+            static const char *const n_req[3] = {"64", "256", "1024"};
+            json_t *p50 = json_object(), *p99 = json_object();
+            for (int i = 0; i < 3; i++) {
+                json_object_set_new(p50, n_req[i], kvt_json_real(r[mode][i].p50_us));
+                json_object_set_new(p99, n_req[i], kvt_json_real(r[mode][i].p99_us));
+            }
             char key[64];
             snprintf(key, sizeof(key), "%sstep_us_p50_by_requests", pre);
-            kvt_json_raw(&j, key, buf);
-            snprintf(buf, sizeof(buf), "{\"64\": %.3g, \"256\": %.3g, \"1024\": %.3g}",
-                     r[mode][0].p99_us, r[mode][1].p99_us, r[mode][2].p99_us);
+            kvt_json_set(&j, key, p50);
             snprintf(key, sizeof(key), "%sstep_us_p99_by_requests", pre);
-            kvt_json_raw(&j, key, buf);
+            kvt_json_set(&j, key, p99);
         }
         kvt_json_num(&j, "blocks_per_s", r[M_EAGER][1].blocks_per_s);
         kvt_json_num(&j, "lazy_blocks_per_s", r[M_LAZY][1].blocks_per_s);
@@ -385,5 +386,5 @@ static int bench_sched_run(const kvt_bench_opts *o)
     return 0;
 }
 
-const kvt_bench kvt_bench_sched = {"sched", "offload manager cost per engine step",
-                                   bench_sched_run};
+const kvt_bench kvt_bench_sched = {"sched", "offload manager cost per engine step", bench_sched_run,
+                                   "json,seconds,seed"};

@@ -5,6 +5,7 @@
  */
 #include "bench_util.h"
 
+#include <math.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -19,50 +20,51 @@ double kvt_now_s(void)
 void kvt_json_begin(kvt_json *j, FILE *f)
 {
     j->f = f;
-    j->n = 0;
-    fputc('{', f);
+    j->root = json_object();
 }
 
-static void key(kvt_json *j, const char *k)
+json_t *kvt_json_real(double v)
 {
-    fprintf(j->f, "%s\"%s\": ", j->n++ ? ", " : "", k);
+    return isfinite(v) ? json_real(v) : json_null();
+}
+
+void kvt_json_set(kvt_json *j, const char *k, json_t *v)
+{
+    /* json_object_set_new takes v over even when it fails (no root: out of memory). */
+    json_object_set_new(j->root, k, v);
 }
 
 void kvt_json_str(kvt_json *j, const char *k, const char *v)
 {
-    key(j, k);
-    fputc('"', j->f);
-    for (const char *p = v; *p; p++) {
-        if (*p == '"' || *p == '\\')
-            fputc('\\', j->f);
-        if ((unsigned char)*p >= 0x20)
-            fputc(*p, j->f);
-    }
-    fputc('"', j->f);
+    kvt_json_set(j, k, json_string(v ? v : ""));
 }
 
 void kvt_json_num(kvt_json *j, const char *k, double v)
 {
-    key(j, k);
-    fprintf(j->f, "%.6g", v);
+    kvt_json_set(j, k, kvt_json_real(v));
 }
 
 void kvt_json_int(kvt_json *j, const char *k, long long v)
 {
-    key(j, k);
-    fprintf(j->f, "%lld", v);
+    kvt_json_set(j, k, json_integer(v));
 }
 
-void kvt_json_raw(kvt_json *j, const char *k, const char *json)
+void kvt_json_bool(kvt_json *j, const char *k, bool v)
 {
-    key(j, k);
-    fputs(json, j->f);
+    kvt_json_set(j, k, json_boolean(v));
 }
 
-void kvt_json_end(kvt_json *j)
+int kvt_json_end(kvt_json *j)
 {
-    fputs("}\n", j->f);
+    int rc = j->root ? json_dumpf(j->root, j->f, JSON_REAL_PRECISION(9) | JSON_PRESERVE_ORDER) : -1;
+    if (rc == 0)
+        fputc('\n', j->f);
+    else
+        fprintf(stderr, "kvtier bench: the JSON object could not be built or written\n");
     fflush(j->f);
+    json_decref(j->root);
+    j->root = NULL;
+    return rc;
 }
 
 void kvt_json_host(kvt_json *j)

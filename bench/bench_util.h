@@ -10,6 +10,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include <jansson.h>
+
 #include "base/rand.h"
 
 typedef struct kvt_bench_opts {
@@ -28,7 +30,8 @@ typedef struct kvt_bench_opts {
 typedef struct kvt_bench {
     const char *name;
     const char *what;
-    int (*run)(const kvt_bench_opts *opts);
+    int (*run)(const kvt_bench_opts *opts); /* 0 ok, 1 failure, 2 usage */
+    const char *opts; /* the options it reads, comma-separated names (for parsing and --help) */
 } kvt_bench;
 
 extern const kvt_bench kvt_bench_pool;
@@ -39,19 +42,25 @@ extern const kvt_bench kvt_bench_ec;
 
 double kvt_now_s(void);
 
-/* Minimal JSON object writer: kvt_json_begin, then fields, then kvt_json_end. */
+/* One JSON object built with jansson, printed by kvt_json_end: kvt_json_begin, then fields.
+ * A number that is not finite (a ratio over nothing measured) is written as null, so the
+ * output always parses. */
 typedef struct kvt_json {
     FILE *f;
-    int n;
+    json_t *root;
 } kvt_json;
 
 void kvt_json_begin(kvt_json *j, FILE *f);
 void kvt_json_str(kvt_json *j, const char *key, const char *val);
 void kvt_json_num(kvt_json *j, const char *key, double val);
 void kvt_json_int(kvt_json *j, const char *key, long long val);
-/* A value that is already JSON text (an object or array). */
-void kvt_json_raw(kvt_json *j, const char *key, const char *json);
-void kvt_json_end(kvt_json *j);
+void kvt_json_bool(kvt_json *j, const char *key, bool val);
+/* Sets key to a value built with jansson (the reference is taken over). */
+void kvt_json_set(kvt_json *j, const char *key, json_t *val);
+/* A finite number, or null. */
+json_t *kvt_json_real(double v);
+/* Prints the object on one line and frees it; 0, or -1 if it could not be written. */
+int kvt_json_end(kvt_json *j);
 
 /* Host description for reports: cores and CPU model. */
 void kvt_json_host(kvt_json *j);

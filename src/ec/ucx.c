@@ -5,7 +5,11 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <ucp/api/ucp.h>
+#include <ucs/debug/log_def.h>
 
 #include "base/error.h"
 #include "base/log.h"
@@ -44,11 +48,40 @@ static int ufail(ucs_status_t st, const char *what)
     return kvt_fail(KVT_EIO, "ucx: %s: %s", what, ucs_status_string(st));
 }
 
+/* UCX prints its log on stdout by default, where it would break a program's own output (the
+ * CLI's --json, a pipe to a parent). Unless the user chose a file with UCX_LOG_FILE, kvtier
+ * routes UCX's messages to stderr, with the level filter UCX applies itself. */
+static ucs_log_func_rc_t log_to_stderr(const char *file, unsigned line, const char *function,
+                                       ucs_log_level_t level,
+                                       const ucs_log_component_config_t *comp, const char *fmt,
+                                       va_list ap)
+{
+    (void)function;
+    if (level > comp->log_level && level != UCS_LOG_LEVEL_PRINT)
+        return UCS_LOG_FUNC_RC_CONTINUE;
+    char msg[1024];
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    const char *base = strrchr(file, '/');
+    fprintf(stderr, "[ucx %s] %s:%u %s\n", ucs_log_level_names[level], base ? base + 1 : file, line,
+            msg);
+    return UCS_LOG_FUNC_RC_STOP;
+}
+
+static pthread_once_t g_log_once = PTHREAD_ONCE_INIT;
+
+static void route_ucx_log(void)
+{
+    const char *f = getenv("UCX_LOG_FILE");
+    if (!f || !*f)
+        ucs_log_push_handler(log_to_stderr);
+}
+
 int kvt_ucx_create(kvt_ucx **out)
 {
     if (!out)
         return kvt_fail(KVT_EINVAL, "ucx: create: NULL out");
     *out = NULL;
+    pthread_once(&g_log_once, route_ucx_log);
     kvt_ucx *u = calloc(1, sizeof(*u));
     if (!u)
         return kvt_fail(KVT_ENOMEM, "ucx: out of memory");

@@ -38,9 +38,9 @@ int kvt_demo_ec_run(uint64_t seed, const kvt_demo_faults *faults, kvt_demo_ec_re
 int kvt_demo_soak(uint64_t seed, double seconds);
 /* Prometheus text of the last host-tier run (NULL before one). */
 const char *kvt_demo_metrics(void);
-/* Serves text at http://0.0.0.0:port/metrics (port 0: any free port, printed) for seconds
+/* Serves text at http://host:port/metrics (port 0: any free port, printed) for seconds
  * (< 0: until SIGINT/SIGTERM). Returns 0 or 1 with a message on stderr. */
-int kvt_serve_metrics(unsigned port, const char *text, double seconds);
+int kvt_serve_metrics(const char *host, unsigned port, const char *text, double seconds);
 
 /* `kvtier demo` (demo_engine.c): the reference engine, three runs; a process exit code. */
 int kvt_demo_engine(int argc, char **argv);

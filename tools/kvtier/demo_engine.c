@@ -23,8 +23,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <jansson.h>
+
 #include "base/rand.h"
 #include "bench_util.h"
+#include "cli.h"
 #include "demo.h"
 #include "ec_cmds.h"
 #include "engine.h"
@@ -114,10 +117,22 @@ static int user_message(const struct opts *o, const ref_config *mc, uint32_t ci,
     return 0;
 }
 
+/* A bar on a terminal; otherwise (a log, a pipe, CI) a line every 5 s and one at the end. */
 static void progress(const struct opts *o, int run, uint32_t done, uint32_t total)
 {
+    static double last;
     if (!o->progress)
         return;
+    if (!isatty(2)) {
+        double now = kvt_now_s();
+        if (done == 0)
+            last = now;
+        if (done == total || now - last >= 5.0) {
+            fprintf(stderr, "demo: run %d/3: %u/%u turns\n", run, done, total);
+            last = now;
+        }
+        return;
+    }
     char bar[41];
     uint32_t fill = total ? done * 40 / total : 40;
     for (uint32_t i = 0; i < 40; i++)
@@ -373,32 +388,34 @@ static void write_plot(const struct opts *o, const struct run *runs, const char 
         return;
     fprintf(f,
             "set terminal svg size 800,480 dynamic font 'sans,12'\n"
-            "set output '%s'\n"
+            "set output 'ttft.svg'\n"
             "set title 'Time to first token, %u turns (reference engine, tp %u)'\n"
             "set xlabel 'TTFT (ms, log scale)'\nset ylabel 'fraction of turns'\n"
             "set logscale x\nset key bottom right\nset grid\n"
-            "plot '%s' index 0 with steps lw 2 title 'without offload', "
+            "plot 'ttft.dat' index 0 with steps lw 2 title 'without offload', "
             "'' index 1 with steps lw 2 title 'with the host tier', "
             "'' index 2 with steps lw 2 dt 2 title 'host tier + encoder disaggregation'\n",
-            path, n, o->tp, dat);
+            n, o->tp);
     fclose(f);
-    char cmd[8300];
-    snprintf(cmd, sizeof(cmd), "gnuplot '%s' 2>/dev/null", gp);
-    if (system(cmd) != 0)
+    /* gnuplot runs in dir on relative names, without a shell: any --out works. */
+    int status = -1;
+    pid_t pid = fork();
+    if (pid == 0) {
+        int dn = open("/dev/null", O_WRONLY);
+        if (dn >= 0)
+            dup2(dn, 2);
+        if (chdir(dir) == 0)
+            execlp("gnuplot", "gnuplot", "ttft.gp", (char *)NULL);
+        _exit(127);
+    }
+    if (pid > 0)
+        while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+            ;
+    if (pid < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
         fprintf(stderr,
                 "demo: gnuplot failed or is missing: no %s (scripts/install-deps "
                 "installs gnuplot-nox)\n",
                 path);
-}
-
-static bool in_range(unsigned long long x, unsigned long long lo, unsigned long long hi)
-{
-    return x >= lo && x <= hi;
-}
-
-static const char *yes(bool b)
-{
-    return b ? "true" : "false";
 }
 
 int kvt_demo_engine(int argc, char **argv)
@@ -421,71 +438,78 @@ int kvt_demo_engine(int argc, char **argv)
                      .seed = 1,
                      .plot = true,
                      .out_dir = "."};
-    o.progress = isatty(2);
-    for (int i = 0; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        char *end = NULL;
-        unsigned long long x = v ? strtoull(v, &end, 10) : 0;
-        bool num = v && end != v && *v != '-';
-        if (num && (*end == 'K' || *end == 'k'))
-            x <<= 10, end++;
-        else if (num && (*end == 'M' || *end == 'm'))
-            x <<= 20, end++;
-        else if (num && (*end == 'G' || *end == 'g'))
-            x <<= 30, end++;
-        num = num && *end == 0;
-#define NUMOPT(flag, field, lo, hi)                                                                \
-    if (strcmp(a, flag) == 0) {                                                                    \
-        if (!num || !in_range(x, lo, hi)) {                                                        \
-            fprintf(stderr, "kvtier demo: %s wants a number in %llu..%llu\n", flag,                \
-                    (unsigned long long)(lo), (unsigned long long)(hi));                           \
-            return 2;                                                                              \
-        }                                                                                          \
-        o.field = x;                                                                               \
-        i++;                                                                                       \
-        continue;                                                                                  \
-    }
-        NUMOPT("--requests", convs, 1, 4096)
-        NUMOPT("--turns", turns, 1, 64)
-        NUMOPT("--tp", tp, 1, 4)
-        NUMOPT("--concurrency", concurrency, 1, 256)
-        NUMOPT("--answer-tokens", answer, 1, 512)
-        NUMOPT("--images", n_images, 0, 4096)
-        NUMOPT("--gpu-blocks", gpu_blocks, 64, 1u << 20)
-        NUMOPT("--max-batched-tokens", max_batched, 32, 8192)
-        NUMOPT("--cpu-bytes", cpu_bytes, 1u << 20, 1ull << 40)
-        NUMOPT("--seed", seed, 0, UINT64_MAX)
-        NUMOPT("--doc-tokens", doc_max, 16, 8000)
-#undef NUMOPT
-        if (strcmp(a, "--lazy") == 0) {
-            o.lazy = true;
-        } else if (strcmp(a, "--json") == 0) {
-            o.json = true;
-        } else if (strcmp(a, "--no-plot") == 0) {
-            o.plot = false;
-        } else if (strcmp(a, "--no-progress") == 0) {
-            o.progress = false;
-        } else if (strcmp(a, "--out") == 0 && v) {
-            o.out_dir = argv[++i];
-        } else if (strcmp(a, "--inject") == 0 && v) {
-            static const char *const names[] = {"corrupt", "swap", "drop"};
-            o.inject = REF_INJECT_NONE;
-            for (uint32_t k = 0; k < 3; k++)
-                if (strcmp(v, names[k]) == 0)
-                    o.inject = REF_INJECT_CORRUPT + k;
-            if (o.inject == REF_INJECT_NONE) {
-                fprintf(stderr, "kvtier demo: --inject wants corrupt, swap or drop\n");
-                return 2;
-            }
-            i++;
-        } else {
-            fprintf(stderr,
-                    "kvtier demo: unknown or incomplete option '%s' (see kvtier demo "
-                    "--help)\n",
-                    a);
-            return 2;
-        }
-    }
+    uint64_t convs = o.convs, turns = o.turns, tp = o.tp, conc = o.concurrency;
+    uint64_t answer = o.answer, images = o.n_images, gpu_blocks = o.gpu_blocks;
+    uint64_t max_batched = o.max_batched, doc_max = o.doc_max;
+    bool no_plot = false, no_progress = false;
+    const char *inject = NULL;
+    const kvt_opt opts[] = {
+        {"requests", KVT_OPT_U64, &convs, "N", "conversations (default 16)", .lo = 1, .hi = 4096},
+        {"turns", KVT_OPT_U64, &turns, "T", "turns per conversation (default 4)", .lo = 1,
+         .hi = 64},
+        {"tp", KVT_OPT_U64, &tp, "N", "tensor-parallel ranks: 1, 2 or 4 (default 2)", .lo = 1,
+         .hi = 4},
+        {"concurrency", KVT_OPT_U64, &conc, "N", "turns in flight at once (default 4)", .lo = 1,
+         .hi = 256},
+        {"cpu-bytes", KVT_OPT_BYTES, &o.cpu_bytes, "B",
+         "host tier across ranks, K/M/G suffix allowed (default 512M)", .lo = 1u << 20,
+         .hi = 1ull << 40},
+        {"lazy", KVT_OPT_FLAG, &o.lazy, NULL, "lazy stores (default eager)"},
+        {"gpu-blocks", KVT_OPT_U64, &gpu_blocks, "N",
+         "GPU-tier KV blocks of 16 tokens per rank (default 512)", .lo = 64, .hi = 1u << 20},
+        {"max-batched-tokens", KVT_OPT_U64, &max_batched, "N", "tokens per step (default 512)",
+         .lo = 32, .hi = 8192},
+        {"doc-tokens", KVT_OPT_U64, &doc_max, "N", "longest first-turn document (default 1500)",
+         .lo = 16, .hi = 8000},
+        {"answer-tokens", KVT_OPT_U64, &answer, "N", "tokens generated per turn (default 16)",
+         .lo = 1, .hi = 512},
+        {"images", KVT_OPT_U64, &images, "N", "distinct images (default 8; 0: none)", .lo = 0,
+         .hi = 4096},
+        {"seed", KVT_OPT_U64, &o.seed, "N", "workload and weights seed (default 1)", .lo = 0,
+         .hi = UINT64_MAX},
+        {"out", KVT_OPT_STR, &o.out_dir, "DIR", "where report.json and ttft.svg go (default .)"},
+        {"json", KVT_OPT_FLAG, &o.json, NULL, "the report on stdout (the table goes to stderr)"},
+        {"inject", KVT_OPT_CHOICE, &inject, "F",
+         "corrupt|swap|drop: a fault on rank 0 to watch the KV check fail: a\n"
+         "loaded block's byte flipped, two loaded blocks swapped, or every store\n"
+         "reported done without its bytes",
+         .choices = "corrupt|swap|drop"},
+        {"no-plot", KVT_OPT_FLAG, &no_plot, NULL, "no ttft.svg"},
+        {"no-progress", KVT_OPT_FLAG, &no_progress, NULL,
+         "no progress on stderr (a bar on a terminal, else a line every 5 s)"},
+    };
+    kvt_cli c = {
+        .prog = "kvtier demo",
+        .usage = "kvtier demo [options]",
+        .about =
+            "  The main demonstration: a reference engine (a small transformer with a paged KV\n"
+            "  cache, a vLLM-like scheduler, tensor-parallel ranks as threads, a vision encoder)\n"
+            "  serves a multi-turn chat workload with images three times: without offload, with\n"
+            "  the host tier, and with the host tier plus an encoder process pushing embeddings\n"
+            "  over UCX. Checks that the generated tokens are identical, every transferred\n"
+            "  embedding equals the local one, the host tier was hit and saved prefill, every\n"
+            "  block loaded from it holds the KV computed for its hash (checksums per rank) and\n"
+            "  nothing leaked; prints a table, writes report.json and ttft.svg (gnuplot).\n",
+        .opts = opts,
+        .n_opts = sizeof(opts) / sizeof(opts[0]),
+        .footer = "  Exit code 0: all passed; 1: a check failed (named); 2: a usage error.\n"
+                  "kvtier demo --components [...]   the library's parts one by one "
+                  "(--components --help)\n"
+                  "kvtier demo --soak SECONDS       random faults for SECONDS "
+                  "(docs/reliability.md)\n"};
+    int prc = kvt_cli_parse(&c, argc, argv);
+    if (prc)
+        return prc < 0 ? 0 : prc;
+    o.convs = (uint32_t)convs, o.turns = (uint32_t)turns, o.tp = (uint32_t)tp;
+    o.concurrency = (uint32_t)conc, o.answer = (uint32_t)answer, o.n_images = (uint32_t)images;
+    o.gpu_blocks = (uint32_t)gpu_blocks, o.max_batched = (uint32_t)max_batched;
+    o.doc_max = (uint32_t)doc_max;
+    o.plot = !no_plot;
+    o.progress = !no_progress;
+    static const char *const inject_names[] = {"corrupt", "swap", "drop"};
+    for (uint32_t k = 0; inject && k < 3; k++)
+        if (strcmp(inject, inject_names[k]) == 0)
+            o.inject = REF_INJECT_CORRUPT + k;
     if (o.doc_max < o.doc_min)
         o.doc_min = o.doc_max * 3 / 4;
     char cerr[256];
@@ -631,68 +655,69 @@ int kvt_demo_engine(int argc, char **argv)
     /* report.json */
     char path[4096];
     snprintf(path, sizeof(path), "%s/report.json", o.out_dir);
-    FILE *jf = fopen(path, "w");
-    char *js = NULL;
-    size_t jl = 0;
-    FILE *mf = open_memstream(&js, &jl);
-    if (mf && !bad) {
-        fprintf(
-            mf,
-            "{\"identical\": %s, \"ec_identical\": %s, \"no_leaks\": %s, "
-            "\"offload_worked\": %s, \"kv_equal\": %s, \"kv_blocks_verified\": %llu, "
-            "\"kv_blocks_different\": %llu, "
-            "\"host_tier_hit_rate\": %.4f, \"gpu_hit_rate_without\": %.4f, "
-            "\"gpu_hit_rate_with\": %.4f, "
-            "\"ttft_p50_ms_without\": %.3f, \"ttft_p50_ms_with\": %.3f, "
-            "\"ttft_p90_ms_without\": %.3f, \"ttft_p90_ms_with\": %.3f, "
-            "\"ttft_speedup_p50\": %.3f, \"turns_prefix_evicted\": %u, "
-            "\"ttft_p50_ms_all_without\": %.3f, \"ttft_p50_ms_all_with\": %.3f, "
-            "\"ttft_p50_ms_all_ec\": %.3f, \"ttft_p90_ms_all_without\": %.3f, "
-            "\"ttft_p90_ms_all_with\": %.3f, \"ttft_speedup_p50_all\": %.3f, "
-            "\"wall_s\": [%.3f, %.3f, %.3f], \"prefill_tokens\": [%llu, %llu, %llu], "
-            "\"bytes_loaded\": %llu, \"bytes_stored\": %llu, \"load_gbps\": %.3f, "
-            "\"load_wait_ms_mean\": %.3f, "
-            "\"embeddings_received\": %llu, \"embedding_bytes_received\": %llu, "
-            "\"preemptions\": [%llu, %llu, %llu], "
-            "\"config\": {\"requests\": %u, \"turns\": %u, \"tp\": %u, \"cpu_bytes\": %llu, "
-            "\"gpu_blocks\": %u, \"lazy\": %s, \"seed\": %llu, \"images\": %u}}\n",
-            yes(identical), yes(ec_identical), yes(!leaks), yes(offload_worked), yes(kv_equal),
-            (unsigned long long)kv_verified, (unsigned long long)kv_bad,
-            runs[1].st.host_hit_tokens / (double)runs[1].st.prompt_tokens,
-            runs[0].st.gpu_hit_tokens / (double)runs[0].st.prompt_tokens,
-            runs[1].st.gpu_hit_tokens / (double)runs[1].st.prompt_tokens, p50_wo, p50_w, p90_wo,
-            p90_w, speedup, n_ev, ttft_ms(&o, runs, 0, false, .5, NULL),
-            ttft_ms(&o, runs, 1, false, .5, NULL), ttft_ms(&o, runs, 2, false, .5, NULL),
-            ttft_ms(&o, runs, 0, false, .9, NULL), ttft_ms(&o, runs, 1, false, .9, NULL),
-            ttft_ms(&o, runs, 1, false, .5, NULL) > 0
-                ? ttft_ms(&o, runs, 0, false, .5, NULL) / ttft_ms(&o, runs, 1, false, .5, NULL)
-                : 0.0,
-            runs[0].wall, runs[1].wall, runs[2].wall, (unsigned long long)runs[0].st.prefill_tokens,
-            (unsigned long long)runs[1].st.prefill_tokens,
-            (unsigned long long)runs[2].st.prefill_tokens,
-            (unsigned long long)runs[1].st.loaded_bytes,
-            (unsigned long long)runs[1].st.stored_bytes,
-            runs[1].st.load_seconds > 0 ? runs[1].st.loaded_bytes / runs[1].st.load_seconds / 1e9
-                                        : 0.0,
-            runs[1].st.loads ? runs[1].st.load_seconds / runs[1].st.loads * 1e3 : 0.0,
-            (unsigned long long)runs[2].st.images_received,
-            (unsigned long long)runs[2].st.image_bytes_received,
-            (unsigned long long)runs[0].st.preemptions, (unsigned long long)runs[1].st.preemptions,
-            (unsigned long long)runs[2].st.preemptions, o.convs, o.turns, o.tp,
-            (unsigned long long)o.cpu_bytes, o.gpu_blocks, yes(o.lazy), (unsigned long long)o.seed,
-            o.n_images);
-    } else if (mf) {
-        fprintf(mf, "{\"identical\": false, \"ec_identical\": false, \"error\": \"a run failed "
-                    "(see stderr)\"}\n");
+    json_t *rep;
+    if (!bad) {
+        const ref_engine_stats *s1 = &runs[1].st;
+        double all_wo = ttft_ms(&o, runs, 0, false, .5, NULL);
+        double all_w = ttft_ms(&o, runs, 1, false, .5, NULL);
+        rep = json_pack(
+            "{s:b, s:b, s:b, s:b, s:b, s:I, s:I, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:i, "
+            "s:o, s:o, s:o, s:o, s:o, s:o}",
+            "identical", identical, "ec_identical", ec_identical, "no_leaks", !leaks,
+            "offload_worked", offload_worked, "kv_equal", kv_equal, "kv_blocks_verified",
+            (json_int_t)kv_verified, "kv_blocks_different", (json_int_t)kv_bad,
+            "host_tier_hit_rate", kvt_json_real(s1->host_hit_tokens / (double)s1->prompt_tokens),
+            "gpu_hit_rate_without",
+            kvt_json_real(runs[0].st.gpu_hit_tokens / (double)runs[0].st.prompt_tokens),
+            "gpu_hit_rate_with", kvt_json_real(s1->gpu_hit_tokens / (double)s1->prompt_tokens),
+            "ttft_p50_ms_without", kvt_json_real(p50_wo), "ttft_p50_ms_with", kvt_json_real(p50_w),
+            "ttft_p90_ms_without", kvt_json_real(p90_wo), "ttft_p90_ms_with", kvt_json_real(p90_w),
+            "ttft_speedup_p50", kvt_json_real(speedup), "turns_prefix_evicted", (int)n_ev,
+            "ttft_p50_ms_all_without", kvt_json_real(all_wo), "ttft_p50_ms_all_with",
+            kvt_json_real(all_w), "ttft_p50_ms_all_ec",
+            kvt_json_real(ttft_ms(&o, runs, 2, false, .5, NULL)), "ttft_p90_ms_all_without",
+            kvt_json_real(ttft_ms(&o, runs, 0, false, .9, NULL)), "ttft_p90_ms_all_with",
+            kvt_json_real(ttft_ms(&o, runs, 1, false, .9, NULL)), "ttft_speedup_p50_all",
+            kvt_json_real(all_w > 0 ? all_wo / all_w : 0.0));
+        json_t *more = json_pack(
+            "{s:[o,o,o], s:[I,I,I], s:I, s:I, s:o, s:o, s:I, s:I, s:[I,I,I], "
+            "s:{s:i, s:i, s:i, s:I, s:i, s:b, s:I, s:i}}",
+            "wall_s", kvt_json_real(runs[0].wall), kvt_json_real(runs[1].wall),
+            kvt_json_real(runs[2].wall), "prefill_tokens", (json_int_t)runs[0].st.prefill_tokens,
+            (json_int_t)s1->prefill_tokens, (json_int_t)runs[2].st.prefill_tokens, "bytes_loaded",
+            (json_int_t)s1->loaded_bytes, "bytes_stored", (json_int_t)s1->stored_bytes, "load_gbps",
+            kvt_json_real(s1->load_seconds > 0 ? s1->loaded_bytes / s1->load_seconds / 1e9 : 0.0),
+            "load_wait_ms_mean",
+            kvt_json_real(s1->loads ? s1->load_seconds / s1->loads * 1e3 : 0.0),
+            "embeddings_received", (json_int_t)runs[2].st.images_received,
+            "embedding_bytes_received", (json_int_t)runs[2].st.image_bytes_received, "preemptions",
+            (json_int_t)runs[0].st.preemptions, (json_int_t)s1->preemptions,
+            (json_int_t)runs[2].st.preemptions, "config", "requests", (int)o.convs, "turns",
+            (int)o.turns, "tp", (int)o.tp, "cpu_bytes", (json_int_t)o.cpu_bytes, "gpu_blocks",
+            (int)o.gpu_blocks, "lazy", o.lazy, "seed", (json_int_t)o.seed, "images",
+            (int)o.n_images);
+        if (json_object_update(rep, more) != 0) {
+            json_decref(rep);
+            rep = NULL;
+        }
+        json_decref(more);
+    } else {
+        rep = json_pack("{s:b, s:b, s:s}", "identical", 0, "ec_identical", 0, "error",
+                        "a run failed (see stderr)");
     }
-    if (mf)
-        fclose(mf);
+    char *js = rep ? json_dumps(rep, JSON_REAL_PRECISION(9) | JSON_PRESERVE_ORDER) : NULL;
+    json_decref(rep);
+    if (!js) {
+        fprintf(stderr, "demo: the JSON report could not be built\n");
+        bad = 1;
+    }
+    FILE *jf = fopen(path, "w");
     if (jf && js)
-        fputs(js, jf);
+        fprintf(jf, "%s\n", js);
     if (jf)
         fclose(jf);
     if (o.json && js)
-        fputs(js, stdout);
+        printf("%s\n", js);
     free(js);
     if (!bad && o.plot)
         write_plot(&o, runs, o.out_dir);
@@ -739,40 +764,31 @@ int kvt_demo_engine(int argc, char **argv)
 int kvt_cmd_ec_encoder(int argc, char **argv)
 {
     const char *consumer = NULL;
-    unsigned long long images = 8, image_seed = 12, model_seed = 1;
+    uint64_t images = 8, image_seed = 12, model_seed = 1;
     bool quiet = false;
-    for (int i = 0; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        char *end = NULL;
-        unsigned long long x = v ? strtoull(v, &end, 10) : 0;
-        bool num = v && end != v && *end == 0 && *v != '-';
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            printf(
-                "kvtier ec-encoder --consumer tcp://ADDR:P [options]\n"
-                "  The encoder instance of `kvtier demo`: runs the reference engine's vision\n"
-                "  encoder on images 0..N-1 and pushes each embedding (mm_hash: the hash of its\n"
-                "  pixels) into every shard of the consumer (ZeroMQ control, UCX data).\n"
-                "  --consumer ADDR     the consumer's shard-0 control address (required)\n"
-                "  --images N          images to encode and push (default 8)\n"
-                "  --image-seed S      pixels' seed (default 12)\n"
-                "  --model-seed S      encoder weights' seed (default 1)\n"
-                "  --quiet             no summary line\n");
-            return 0;
-        } else if (strcmp(a, "--consumer") == 0 && v) {
-            consumer = argv[++i];
-        } else if (strcmp(a, "--images") == 0 && num && x >= 1 && x <= 4096) {
-            images = x, i++;
-        } else if (strcmp(a, "--image-seed") == 0 && num) {
-            image_seed = x, i++;
-        } else if (strcmp(a, "--model-seed") == 0 && num) {
-            model_seed = x, i++;
-        } else if (strcmp(a, "--quiet") == 0) {
-            quiet = true;
-        } else {
-            fprintf(stderr, "kvtier ec-encoder: bad or incomplete option '%s' (see --help)\n", a);
-            return 2;
-        }
-    }
+    const kvt_opt opts[] = {
+        {"consumer", KVT_OPT_STR, &consumer, "ADDR",
+         "the consumer's shard-0 control address, tcp://ADDR:P (required)"},
+        {"images", KVT_OPT_U64, &images, "N", "images to encode and push (default 8)", .lo = 1,
+         .hi = 4096},
+        {"image-seed", KVT_OPT_U64, &image_seed, "S", "pixels' seed (default 12)", .lo = 0,
+         .hi = UINT64_MAX},
+        {"model-seed", KVT_OPT_U64, &model_seed, "S", "encoder weights' seed (default 1)", .lo = 0,
+         .hi = UINT64_MAX},
+        {"quiet", KVT_OPT_FLAG, &quiet, NULL, "no summary line"},
+    };
+    kvt_cli c = {
+        .prog = "kvtier ec-encoder",
+        .usage = "kvtier ec-encoder --consumer tcp://ADDR:P [options]",
+        .about = "  The encoder instance of `kvtier demo`: runs the reference engine's vision\n"
+                 "  encoder on images 0..N-1 and pushes each embedding (mm_hash: the hash of its\n"
+                 "  pixels) into every shard of the consumer (ZeroMQ control, UCX data).\n",
+        .opts = opts,
+        .n_opts = sizeof(opts) / sizeof(opts[0]),
+        .footer = "  Exit code 0: every embedding pushed; 1: a push failed; 2: a usage error.\n"};
+    int prc = kvt_cli_parse(&c, argc, argv);
+    if (prc)
+        return prc < 0 ? 0 : prc;
     if (!consumer) {
         fprintf(stderr, "kvtier ec-encoder: --consumer is required (see --help)\n");
         return 2;
@@ -824,7 +840,7 @@ int kvt_cmd_ec_encoder(int argc, char **argv)
     }
     if (!quiet)
         printf("ec-encoder: %llu of %llu embeddings pushed in %.3f s\n", (unsigned long long)pushed,
-               images, kvt_now_s() - t0);
+               (unsigned long long)images, kvt_now_s() - t0);
     kvt_ec_producer_destroy(prod);
     kvt_ec_net_consumer_destroy(net);
     ref_encoder_destroy(enc);

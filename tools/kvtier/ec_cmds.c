@@ -23,6 +23,7 @@
 #include "base/error.h"
 #include "base/rand.h"
 #include "bench_util.h"
+#include "cli.h"
 #include "ec/ctl.h"
 #include "ec_cmds.h"
 #include "kvtier/kvtier.h"
@@ -55,16 +56,6 @@ static uint64_t item_bytes(uint64_t seed, uint64_t i, uint64_t min, uint64_t max
     return n < 2 ? 2 : n;
 }
 
-static int parse_num(const char *s, uint64_t lo, uint64_t hi, uint64_t *v)
-{
-    char *end;
-    unsigned long long x = strtoull(s, &end, 10);
-    if (!*s || *end || x < lo || x > hi)
-        return -1;
-    *v = x;
-    return 0;
-}
-
 /* ---- consumer ------------------------------------------------------------------------------ */
 
 typedef struct check_arg {
@@ -95,50 +86,54 @@ int kvt_cmd_ec_consumer(int argc, char **argv)
 {
     const char *host = NULL;
     uint64_t port = 0, shards = 1, dp = 0, mib = 256, ttl = 300, exit_after = 0;
-    for (int i = 0; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            printf(
-                "kvtier ec-consumer --host ADDR --port P [options]\n"
-                "  Runs an encoder-cache consumer: SHARDS consumer shards, each with a receive\n"
-                "  buffer, a ZeroMQ control server at tcp://ADDR:P+DP*SHARDS+rank and a UCX\n"
-                "  receive on every reserved region. Every item that becomes ready on a shard is\n"
-                "  taken, checked byte for byte against the generator `kvtier ec-producer` uses,\n"
-                "  and retired. Prints a line per second and a summary at the end; exits 0 when\n"
-                "  every checked item was intact.\n"
-                "  --host ADDR        address to bind (required; 0.0.0.0 binds every interface)\n"
-                "  --port P           control port of shard 0 (required)\n"
-                "  --shards N         tensor-parallel shards, 1..64 (default 1)\n"
-                "  --dp D             data-parallel index of this consumer (default 0)\n"
-                "  --buffer-mib M     receive buffer per shard, MiB (default 256)\n"
-                "  --ttl S            reservation TTL in seconds (default 300): a producer that\n"
-                "                     dies mid-push has its reservations reaped after it\n"
-                "  --exit-after N     stop after N items were checked on every shard (default:\n"
-                "                     run until SIGINT or SIGTERM)\n"
-                "  UCX_TLS selects the data plane's transports (e.g. tcp, shm).\n");
-            return 0;
-        } else if (strcmp(a, "--host") == 0 && v) {
-            host = argv[++i];
-        } else if (strcmp(a, "--port") == 0 && v && !parse_num(v, 1, 65535, &port)) {
-            i++;
-        } else if (strcmp(a, "--shards") == 0 && v && !parse_num(v, 1, 64, &shards)) {
-            i++;
-        } else if (strcmp(a, "--dp") == 0 && v && !parse_num(v, 0, 65535, &dp)) {
-            i++;
-        } else if (strcmp(a, "--buffer-mib") == 0 && v && !parse_num(v, 1, 1 << 20, &mib)) {
-            i++;
-        } else if (strcmp(a, "--ttl") == 0 && v && !parse_num(v, 1, 86400, &ttl)) {
-            i++;
-        } else if (strcmp(a, "--exit-after") == 0 && v && !parse_num(v, 1, 1u << 30, &exit_after)) {
-            i++;
-        } else {
-            fprintf(stderr, "kvtier ec-consumer: bad or incomplete option '%s' (see --help)\n", a);
-            return 2;
-        }
-    }
+    const kvt_opt opts[] = {
+        {"host", KVT_OPT_STR, &host, "ADDR",
+         "address to bind (required; 0.0.0.0 binds every interface)"},
+        {"port", KVT_OPT_U64, &port, "P", "control port of shard 0 (required)", .lo = 1,
+         .hi = 65535},
+        {"shards", KVT_OPT_U64, &shards, "N", "tensor-parallel shards, 1..64 (default 1)", .lo = 1,
+         .hi = 64},
+        {"dp", KVT_OPT_U64, &dp, "D", "data-parallel index of this consumer (default 0)", .lo = 0,
+         .hi = 65535},
+        {"buffer-mib", KVT_OPT_U64, &mib, "M", "receive buffer per shard, MiB (default 256)",
+         .lo = 1, .hi = 1 << 20},
+        {"ttl", KVT_OPT_U64, &ttl, "S",
+         "reservation TTL in seconds (default 300): a producer that\n"
+         "dies mid-push has its reservations reaped after it",
+         .lo = 1, .hi = 86400},
+        {"exit-after", KVT_OPT_U64, &exit_after, "N",
+         "stop after N items were checked on every shard (default:\n"
+         "run until SIGINT or SIGTERM)",
+         .lo = 1, .hi = 1u << 30},
+    };
+    kvt_cli cli = {
+        .prog = "kvtier ec-consumer",
+        .usage = "kvtier ec-consumer --host ADDR --port P [options]",
+        .about = "  Runs an encoder-cache consumer: SHARDS consumer shards, each with a receive\n"
+                 "  buffer, a ZeroMQ control server at tcp://ADDR:P+DP*SHARDS+rank and a UCX\n"
+                 "  receive on every reserved region. Every item that becomes ready on a shard is\n"
+                 "  taken, checked byte for byte against the generator `kvtier ec-producer` uses,\n"
+                 "  and retired. Prints a line per second and a summary at the end.\n",
+        .opts = opts,
+        .n_opts = sizeof(opts) / sizeof(opts[0]),
+        .footer = "  UCX_TLS selects the data plane's transports (e.g. tcp, shm).\n"
+                  "  Exit code 0: every checked item was intact; 1: one was not, or a failure;\n"
+                  "  2: a usage error.\n"};
+    int prc = kvt_cli_parse(&cli, argc, argv);
+    if (prc)
+        return prc < 0 ? 0 : prc;
     if (!host || !port) {
         fprintf(stderr, "kvtier ec-consumer: --host and --port are required (see --help)\n");
+        return 2;
+    }
+    /* Shard k listens on port + k; the shards of data-parallel indexes 0..dp-1 sit below. */
+    if (port + shards - 1 > 65535 || dp * shards >= port) {
+        fprintf(stderr,
+                "kvtier ec-consumer: --port %llu with --shards %llu and --dp %llu needs ports "
+                "%llu..%llu (base %lld): out of 1..65535\n",
+                (unsigned long long)port, (unsigned long long)shards, (unsigned long long)dp,
+                (unsigned long long)port, (unsigned long long)(port + shards - 1),
+                (long long)port - (long long)(dp * shards));
         return 2;
     }
     uint64_t cap = mib << 20;
@@ -270,43 +265,36 @@ int kvt_cmd_ec_producer(int argc, char **argv)
     const char *consumer = NULL;
     uint64_t items = 100, seed = 1, min_kib = 1, max_kib = 16384, timeout = 30000;
     uint64_t die_after = UINT64_MAX;
-    for (int i = 0; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            printf("kvtier ec-producer --consumer tcp://ADDR:P [options]\n"
-                   "  Pushes generated encoder outputs into a consumer's shards (ZeroMQ control,\n"
-                   "  UCX data), one at a time, and prints what happened. Exits 0 when every push\n"
-                   "  completed on every shard.\n"
-                   "  --consumer ADDR    the consumer's shard-0 control address (required)\n"
-                   "  --items N          items to push (default 100)\n"
-                   "  --seed S           generator seed; item i is \"S-i\" (default 1)\n"
-                   "  --min-kib A        smallest item, KiB (default 1)\n"
-                   "  --max-kib B        largest item, KiB (default 16384 = 16 MiB)\n"
-                   "  --timeout-ms T     each control exchange and each write (default 30000)\n"
-                   "  --die-after N      fault injection: after N items, reserve the next one on\n"
-                   "                     every shard and die (SIGKILL) before writing it\n"
-                   "  UCX_TLS selects the data plane's transports (e.g. tcp, shm).\n");
-            return 0;
-        } else if (strcmp(a, "--consumer") == 0 && v) {
-            consumer = argv[++i];
-        } else if (strcmp(a, "--items") == 0 && v && !parse_num(v, 1, 1u << 30, &items)) {
-            i++;
-        } else if (strcmp(a, "--seed") == 0 && v && !parse_num(v, 0, UINT64_MAX, &seed)) {
-            i++;
-        } else if (strcmp(a, "--min-kib") == 0 && v && !parse_num(v, 1, 1u << 20, &min_kib)) {
-            i++;
-        } else if (strcmp(a, "--max-kib") == 0 && v && !parse_num(v, 1, 1u << 20, &max_kib)) {
-            i++;
-        } else if (strcmp(a, "--die-after") == 0 && v && !parse_num(v, 0, 1u << 30, &die_after)) {
-            i++;
-        } else if (strcmp(a, "--timeout-ms") == 0 && v && !parse_num(v, 1, 3600000, &timeout)) {
-            i++;
-        } else {
-            fprintf(stderr, "kvtier ec-producer: bad or incomplete option '%s' (see --help)\n", a);
-            return 2;
-        }
-    }
+    const kvt_opt opts[] = {
+        {"consumer", KVT_OPT_STR, &consumer, "ADDR",
+         "the consumer's shard-0 control address (required)"},
+        {"items", KVT_OPT_U64, &items, "N", "items to push (default 100)", .lo = 1, .hi = 1u << 30},
+        {"seed", KVT_OPT_U64, &seed, "S", "generator seed; item i is \"S-i\" (default 1)", .lo = 0,
+         .hi = UINT64_MAX},
+        {"min-kib", KVT_OPT_U64, &min_kib, "A", "smallest item, KiB (default 1)", .lo = 1,
+         .hi = 1u << 20},
+        {"max-kib", KVT_OPT_U64, &max_kib, "B", "largest item, KiB (default 16384 = 16 MiB)",
+         .lo = 1, .hi = 1u << 20},
+        {"timeout-ms", KVT_OPT_U64, &timeout, "T",
+         "each control exchange and each write (default 30000)", .lo = 1, .hi = 3600000},
+        {"die-after", KVT_OPT_U64, &die_after, "N",
+         "fault injection: after N items, reserve the next one on\n"
+         "every shard and die (SIGKILL) before writing it",
+         .lo = 0, .hi = 1u << 30},
+    };
+    kvt_cli cli = {
+        .prog = "kvtier ec-producer",
+        .usage = "kvtier ec-producer --consumer tcp://ADDR:P [options]",
+        .about = "  Pushes generated encoder outputs into a consumer's shards (ZeroMQ control,\n"
+                 "  UCX data), one at a time, and prints what happened.\n",
+        .opts = opts,
+        .n_opts = sizeof(opts) / sizeof(opts[0]),
+        .footer = "  UCX_TLS selects the data plane's transports (e.g. tcp, shm).\n"
+                  "  Exit code 0: every push completed on every shard; 1: one failed;\n"
+                  "  2: a usage error.\n"};
+    int prc = kvt_cli_parse(&cli, argc, argv);
+    if (prc)
+        return prc < 0 ? 0 : prc;
     if (!consumer || min_kib > max_kib) {
         fprintf(stderr, "kvtier ec-producer: --consumer is required and --min-kib must not "
                         "exceed --max-kib (see --help)\n");

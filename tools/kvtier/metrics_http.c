@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 #include <sys/socket.h>
+#include <netdb.h>
 #include <stdarg.h>
 #include <microhttpd.h>
 #include <signal.h>
@@ -47,20 +48,37 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *conn, const char
     return ret;
 }
 
-int kvt_serve_metrics(unsigned port, const char *text, double seconds)
+int kvt_serve_metrics(const char *host, unsigned port, const char *text, double seconds)
 {
     if (port > 65535) {
         fprintf(stderr, "kvtier: metrics port %u out of range\n", port);
         return 1;
     }
-    struct MHD_Daemon *d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD, (uint16_t)port, NULL,
-                                            NULL, answer, (void *)text, MHD_OPTION_END);
+    struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                             .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
+    struct addrinfo *ai = NULL;
+    char ps[8];
+    snprintf(ps, sizeof(ps), "%u", port);
+    int gai = getaddrinfo(host, ps, &hints, &ai);
+    if (gai != 0 || !ai) {
+        fprintf(stderr, "kvtier: --metrics-host %s: %s\n", host, gai_strerror(gai));
+        return 1;
+    }
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD;
+    if (ai->ai_family == AF_INET6)
+        flags |= MHD_USE_IPv6;
+    struct MHD_Daemon *d = MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, answer, (void *)text,
+                                            MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_END);
+    freeaddrinfo(ai);
     if (!d) {
-        fprintf(stderr, "kvtier: cannot serve metrics on port %u (in use?)\n", port);
+        fprintf(stderr, "kvtier: cannot serve metrics on %s port %u (in use?)\n", host, port);
         return 1;
     }
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
-    printf("serving metrics on http://127.0.0.1:%u/metrics", info ? info->port : port);
+    printf(strchr(host, ':') ? "serving metrics on http://[%s]:%u/metrics"
+                             : "serving metrics on http://%s:%u/metrics",
+           host, info ? info->port : port);
     if (seconds >= 0)
         printf(" for %.0f s\n", seconds);
     else

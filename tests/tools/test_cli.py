@@ -1,0 +1,143 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The kvtier command line as an adopter meets it (run by ctest as test_cli).
+
+Every command and subcommand answers --help with exit 0; options take `--name value` and
+`--name=value`; numbers are parsed strictly (exit 2 with a message naming the option); every
+--json output parses as JSON even when UCX logs at info level; --out may hold any character.
+"""
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import unittest
+
+CLI = os.environ["KVTIER_CLI"]
+
+
+def run(*args, env=None, timeout=600):
+    e = dict(os.environ)
+    e.update(env or {})
+    return subprocess.run([CLI, *args], capture_output=True, text=True, timeout=timeout, env=e)
+
+
+def benches():
+    p = run("bench", "--list")
+    assert p.returncode == 0, p.stderr
+    return [line.split()[0] for line in p.stdout.splitlines() if line.strip()]
+
+
+class Help(unittest.TestCase):
+    def test_every_command_answers_help(self):
+        cmds = [["--help"], ["bench", "--help"], ["demo", "--help"],
+                ["demo", "--components", "--help"], ["demo", "--soak", "1", "--help"],
+                ["ec-consumer", "--help"], ["ec-producer", "--help"], ["ec-encoder", "--help"]]
+        names = benches()
+        self.assertEqual(sorted(names), ["copy", "disk", "ec", "pool", "sched"])
+        cmds += [["bench", b, "--help"] for b in names]
+        for c in cmds:
+            with self.subTest(cmd=" ".join(c)):
+                p = run(*c)
+                self.assertEqual(p.returncode, 0, p.stderr)
+                self.assertTrue(p.stdout.startswith("usage: ") or c == ["--help"], p.stdout)
+                self.assertIn("--help", p.stdout)
+                self.assertEqual(p.stderr, "")
+
+    def test_a_bench_lists_only_its_own_options(self):
+        p = run("bench", "copy", "--help")
+        self.assertIn("--threads", p.stdout)
+        self.assertNotIn("--dir", p.stdout)
+        q = run("bench", "copy", "--dir", "/tmp")
+        self.assertEqual(q.returncode, 2)
+        self.assertIn("unknown option '--dir'", q.stderr)
+
+
+class Values(unittest.TestCase):
+    def test_name_equals_value_and_name_space_value(self):
+        for form in (["--seconds=0.05", "--seed=7"], ["--seconds", "0.05", "--seed", "7"]):
+            with self.subTest(form=form):
+                p = run("bench", "sched", "--json", *form)
+                self.assertEqual(p.returncode, 0, p.stderr)
+                d = json.loads(p.stdout)
+                self.assertEqual(d["bench"], "sched")
+
+    def test_bad_values_are_usage_errors_naming_the_option(self):
+        cases = [
+            (["bench", "pool", "--seed", "-1"], "--seed '-1'"),
+            (["bench", "pool", "--seed", "18446744073709551616"], "--seed"),
+            (["bench", "pool", "--seconds", "nan"], "--seconds 'nan'"),
+            (["bench", "pool", "--seconds=inf"], "--seconds 'inf'"),
+            (["bench", "pool", "--seconds", "0"], "--seconds '0'"),
+            (["bench", "pool", "--blocks", "12x"], "--blocks '12x'"),
+            (["bench", "pool", "--seed", "--json"], "--seed wants a value"),
+            (["bench", "pool", "--seed"], "--seed wants a value"),
+            (["bench", "copy", "--backend", "tpu"], "one of cpu|cuda"),
+            (["bench", "nope"], "no benchmark named 'nope'"),
+            (["bench"], "which benchmark"),
+            (["demo", "--requests=0"], "--requests '0'"),
+            (["demo", "--cpu-bytes", "99999999999G"], "--cpu-bytes"),
+            (["demo", "--tp", "3"], "must divide the 4 KV heads"),
+            (["demo", "stray"], "unexpected argument 'stray'"),
+            (["demo", "--soak", "-5"], "--soak '-5'"),
+            (["demo", "--components", "--metrics-port", "70000"], "--metrics-port '70000'"),
+            (["ec-consumer", "--host", "127.0.0.1", "--port", "65535", "--dp", "65535"],
+             "out of 1..65535"),
+            (["ec-consumer", "--host", "127.0.0.1", "--port", "65535", "--shards", "2"],
+             "out of 1..65535"),
+            (["ec-consumer", "--port", "5000"], "--host and --port are required"),
+            (["ec-producer", "--items", "1e3", "--consumer", "tcp://127.0.0.1:1"], "--items"),
+            (["ec-encoder", "--images", "0", "--consumer", "tcp://127.0.0.1:1"], "--images '0'"),
+            (["nosuch"], "unknown command"),
+        ]
+        for args, msg in cases:
+            with self.subTest(args=" ".join(args)):
+                p = run(*args)
+                self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
+                self.assertIn(msg, p.stderr)
+
+
+class Json(unittest.TestCase):
+    UCX_INFO = {"UCX_LOG_LEVEL": "info"}
+
+    def test_bench_ec_json_parses_while_ucx_logs(self):
+        p = run("bench", "ec", "--json", "--seconds", "0.2", env=self.UCX_INFO)
+        self.assertEqual(p.returncode, 0, p.stderr[-2000:])
+        d = json.loads(p.stdout)
+        self.assertGreater(d["gbps"], 0)
+        # UCX did log, on stderr only
+        self.assertIn("[ucx ", p.stderr)
+
+    def test_every_other_bench_json_parses(self):
+        args = {"pool": ["--seconds", "0.1"], "sched": ["--seconds", "0.1"],
+                "copy": ["--gib", "0.02"], "disk": ["--gib", "0.02"]}
+        with tempfile.TemporaryDirectory() as d:
+            for b, extra in args.items():
+                if b == "disk":
+                    extra = extra + ["--dir", d]
+                with self.subTest(bench=b):
+                    p = run("bench", b, "--json", *extra, env=self.UCX_INFO)
+                    self.assertEqual(p.returncode, 0, p.stderr[-2000:])
+                    self.assertEqual(json.loads(p.stdout)["bench"], b)
+
+    def test_demo_json_parses_and_plots_into_an_awkward_directory(self):
+        with tempfile.TemporaryDirectory() as d:
+            out = os.path.join(d, "it's a \"dir\" $HOME")
+            os.mkdir(out)
+            p = run("demo", "--requests", "3", "--turns", "2", "--doc-tokens=400", "--images=2",
+                    "--tp=1", "--gpu-blocks=96", "--json", "--out", out, env=self.UCX_INFO)
+            self.assertEqual(p.returncode, 0, p.stderr[-3000:])
+            d = json.loads(p.stdout)
+            self.assertTrue(d["identical"])
+            self.assertEqual(d["config"]["tp"], 1)
+            with open(os.path.join(out, "report.json")) as f:
+                self.assertEqual(json.load(f), d)
+            if shutil.which("gnuplot"):
+                self.assertGreater(os.path.getsize(os.path.join(out, "ttft.svg")), 1000)
+            else:
+                print("skipped: the plot check (no gnuplot)")
+            # progress goes to stderr as lines when stderr is not a terminal
+            self.assertIn("demo: run 3/3:", p.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
