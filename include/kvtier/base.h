@@ -158,6 +158,25 @@ KVT_API size_t kvt_arena_page_size(const kvt_arena *arena);
  * individually. *out is set to NULL and KVT_ENOSPC returned when the arena is exhausted. */
 KVT_API int kvt_arena_alloc(kvt_arena *arena, size_t size, size_t align, void **out);
 
+/* ---- metrics of several objects in one exposition ---------------------------------------- */
+
+/* One object's Prometheus text (what a kvt_*_prometheus function wrote) and the labels that
+ * tell it apart from the other objects of the process: `rank="0"`, `shard="1",dp="0"`, or
+ * NULL / "" for none. Values must not hold '"', '\\' or a newline. */
+typedef struct kvt_metrics_source {
+    const char *text;
+    size_t len;
+    const char *labels;
+} kvt_metrics_source;
+
+/* Merges several expositions into one valid one: each family's HELP and TYPE once, then every
+ * source's samples of it with that source's labels added (histogram buckets keep their le).
+ * Fails with KVT_EINVAL when one family has two types, or two sources would write the same
+ * series (give them distinct labels); KVT_ENOSPC, with *len the bytes needed, when buf is
+ * too small (cap 0 asks for the size). */
+KVT_API int kvt_metrics_merge(const kvt_metrics_source *src, size_t n, char *buf, size_t cap,
+                              size_t *len);
+
 #ifdef __cplusplus
 }
 #endif

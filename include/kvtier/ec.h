@@ -374,7 +374,7 @@ KVT_API int kvt_ec_sched_prometheus(const kvt_ec_sched *s, char *buf, size_t cap
  */
 
 /* The consumer shards as the producer reaches them: in-process shards in tests, the ZeroMQ
- * control plane and the UCX data plane in issue 7. Each call returns 0 or a negative KVT_E*
+ * control plane and the UCX data plane (kvtier/ec_net.h). Each call returns 0 or a negative KVT_E*
  * code with kvt_last_error() set; `consumer` is the push spec's consumer address. */
 typedef struct kvt_ec_consumer_ops {
     /* the consumer's shard count (its topology), 1..64 */

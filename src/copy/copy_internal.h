@@ -20,6 +20,7 @@
 
 #include <pthread.h>
 
+#include "base/prom.h"
 #include "kvtier/copy.h"
 
 struct kvt_layout {
@@ -82,9 +83,10 @@ typedef struct copy_job {
     int dir;
     int state;
     int64_t event;
-    void *wait;     /* CUDA: CUevent to wait for before the copies */
-    void *be_event; /* CUDA: CUevent recorded after the copies */
-    void *be_frags; /* CUDA: pinned fragment table of the gather/scatter kernel */
+    uint64_t submit_ns; /* when it was submitted: its latency lands in the histogram */
+    void *wait;         /* CUDA: CUevent to wait for before the copies */
+    void *be_event;     /* CUDA: CUevent recorded after the copies */
+    void *be_frags;     /* CUDA: pinned fragment table of the gather/scatter kernel */
     uint32_t be_frags_cap;
     kvt_desc *descs;
     uint32_t n_descs, cap_descs;
@@ -135,6 +137,7 @@ struct kvt_copy {
     bool stop;
     uint32_t active[2];   /* CPU: jobs started and not done, per direction (0 or 1) */
     kvt_copy_stats st;    /* counters (under mu) */
+    kvt_hist lat[2];      /* submit-to-reported latency per direction (under mu) */
     uint64_t block_bytes; /* the layout's bytes per block, for the byte counter */
     uint32_t n_threads;
     pthread_t *threads;

@@ -344,6 +344,7 @@ int kvt_copy_submit(kvt_copy *c, int dir, int64_t event, const uint32_t *src, co
         return rc;
     j->dir = dir;
     j->event = event;
+    j->submit_ns = kvt_monotonic_ns();
     j->wait = wait;
     ring->last_event = event;
     pthread_mutex_lock(&c->mu);
@@ -403,6 +404,7 @@ int kvt_copy_poll(kvt_copy *c, int dir, int64_t *hwm)
             c->st.events_failed[dir]++;
         }
         c->st.events_done[dir]++;
+        kvt_hist_observe(&c->lat[dir], kvt_monotonic_ns() - j->submit_ns);
         ring->hwm = j->event;
         j->state = JOB_FREE;
         ring->head++;
@@ -509,6 +511,13 @@ int kvt_copy_prometheus(const kvt_copy *c, char *buf, size_t cap, size_t *len)
     for (int d = 0; d < 2; d++)
         kvt_prom_sample(&p, "kvtier_copy", "outstanding_events", "direction", dir_name[d],
                         s.outstanding[d]);
+    kvt_hist lat[2];
+    pthread_mutex_lock(&((kvt_copy *)c)->mu);
+    memcpy(lat, c->lat, sizeof(lat));
+    pthread_mutex_unlock(&((kvt_copy *)c)->mu);
+    kvt_prom_hist(&p, "kvtier_copy", "transfer_seconds",
+                  "Latency of a copy event, from submission to the poll that reported it.",
+                  "direction", dir_name, lat, 2);
     kvt_prom_family(&p, "kvtier_copy", "kernel_info",
                     "The copy kernel of small (16 KiB class) and large (2 MiB class) runs.", true);
     const char *kern[2] = {kvt_copy_kernel_name(c, KVT_KERNEL_SMALL_RUN),

@@ -2,7 +2,8 @@
 /*
  * A consumer in the same process, behind kvt_ec_consumer_ops: every call goes straight to the
  * shard; a write copies into the region the reservation named (its ptr), after checking that
- * the bytes fit it. The network (issue 7) implements the same operations across processes.
+ * the bytes fit it. The network layer (net_consumer.c) implements the same operations across
+ * processes.
  */
 #include <string.h>
 

@@ -48,6 +48,7 @@ typedef struct prec {
     bool has_src;
     char error[256];
     uint64_t seq;
+    uint64_t pushed_ns; /* when the push arrived: its latency to DONE lands in the histogram */
     uint32_t free_next;
 } prec;
 
@@ -60,6 +61,7 @@ struct kvt_ec_producer {
     ec_key *failed_saves;
     uint32_t n_fs, cap_fs;
     kvt_ec_producer_stats st;
+    kvt_hist push_lat; /* push-to-done latency */
 };
 
 static int pkey_set(ec_key *k, kvt_str s, const char *what, bool may_be_empty)
@@ -291,6 +293,7 @@ int kvt_ec_producer_push(kvt_ec_producer *p, const kvt_ec_push_spec *s)
         return rc;
     }
     r->req = req;
+    r->pushed_ns = kvt_clock_now(&p->cfg.clock);
     r->nbytes = s->nbytes;
     r->ndim = s->ndim;
     memcpy(r->shape, s->shape, s->ndim * sizeof(uint64_t));
@@ -415,6 +418,8 @@ static void push_one(kvt_ec_producer *p, prec *r)
     r->state = KVT_ECP_DONE;
     r->has_src = false; /* the source reference goes */
     p->st.done++;
+    uint64_t now = kvt_clock_now(&p->cfg.clock);
+    kvt_hist_observe(&p->push_lat, now > r->pushed_ns ? now - r->pushed_ns : 0);
 }
 
 int kvt_ec_producer_dispatch(kvt_ec_producer *p)
@@ -550,5 +555,8 @@ int kvt_ec_producer_prometheus(const kvt_ec_producer *p, char *buf, size_t cap, 
     };
     for (size_t i = 0; i < sizeof(m) / sizeof(m[0]); i++)
         kvt_prom_metric(&pr, "kvtier_ec_producer", m[i].name, m[i].help, m[i].gauge, m[i].v);
+    kvt_prom_hist(&pr, "kvtier_ec_producer", "push_seconds",
+                  "Latency of a push, from push to completed on every shard.", NULL, NULL,
+                  &p->push_lat, 1);
     return kvt_prom_finish(&pr, len, "ec producer");
 }

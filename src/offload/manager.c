@@ -780,6 +780,39 @@ int kvt_offload_prometheus(const kvt_offload *m, char *buf, size_t cap, size_t *
     for (size_t i = 0; m->disk && i < KVT_ARRAY_LEN(disk_metrics); i++) /* three tiers only */
         kvt_prom_metric(&p, "kvtier_offload", disk_metrics[i].name, disk_metrics[i].help,
                         disk_metrics[i].gauge, disk_metrics[i].v);
+    /* The same figures per tier, with a tier label, for dashboards that sum or compare
+     * tiers (the unlabelled families above stay for existing scrapes). */
+    const char *tier_name[2] = {"host", "disk"};
+    const struct {
+        const char *name, *help;
+        uint64_t v[2];
+        bool gauge;
+    } tiers[] = {
+        {"tier_blocks", "Usable blocks per tier.", {s.host_blocks, s.disk_blocks}, true},
+        {"tier_used_blocks",
+         "Blocks pinned by hits or transfers per tier.",
+         {s.host_used_blocks, s.disk_used_blocks},
+         true},
+        {"tier_cached_blocks",
+         "Blocks that can be hit per tier.",
+         {s.host_cached_blocks, s.disk_cached_blocks},
+         true},
+        {"tier_hit_blocks_total",
+         "Blocks pinned by hits per tier.",
+         {s.hit_blocks, s.disk_hit_blocks},
+         false},
+        {"tier_evictions_total",
+         "Cached blocks reused for new ones per tier.",
+         {s.host_evictions, s.disk_evictions},
+         false},
+    };
+    int n_tiers = m->disk ? 2 : 1;
+    for (size_t i = 0; i < KVT_ARRAY_LEN(tiers); i++) {
+        kvt_prom_family(&p, "kvtier_offload", tiers[i].name, tiers[i].help, tiers[i].gauge);
+        for (int t = 0; t < n_tiers; t++)
+            kvt_prom_sample(&p, "kvtier_offload", tiers[i].name, "tier", tier_name[t],
+                            tiers[i].v[t]);
+    }
     const struct {
         const char *reason;
         uint64_t v;

@@ -12,10 +12,21 @@ mkdir -p "$scratch"
 prefix=$scratch/prefix
 cmake --install "$build" --prefix "$prefix" >"$scratch/install.log"
 libdir=$(ls -d "$prefix"/lib*/pkgconfig | head -1 | xargs dirname)
-# pkg-config
-cc "$src/app.c" -o "$scratch/app_pc" \
-    $(PKG_CONFIG_PATH="$libdir/pkgconfig" pkg-config --cflags --libs kvtier)
-LD_LIBRARY_PATH="$libdir" "$scratch/app_pc"
+# pkg-config, as the README shows it: an rpath to the prefix's libdir, so the program starts
+# without LD_LIBRARY_PATH; and no dependency's private include paths in --cflags
+export PKG_CONFIG_PATH="$libdir/pkgconfig"
+cflags=$(pkg-config --cflags kvtier)
+case "$cflags" in
+*pgm* | *krb5* | *libxml2* | *isystem*)
+    echo "install test: pkg-config --cflags kvtier leaks private include paths: $cflags" >&2
+    exit 1
+    ;;
+esac
+cc "$src/app.c" -o "$scratch/app_pc" $cflags $(pkg-config --libs kvtier) \
+    -Wl,-rpath,"$(pkg-config --variable=libdir kvtier)"
+env -u LD_LIBRARY_PATH "$scratch/app_pc"
+pkg-config --static --libs kvtier | grep -q -- -lzmq ||
+    { echo "install test: pkg-config --static --libs kvtier lacks the dependencies" >&2; exit 1; }
 # CMake
 cmake -S "$src" -B "$scratch/cmake" -DCMAKE_PREFIX_PATH="$prefix" >"$scratch/cmake.log"
 cmake --build "$scratch/cmake" >>"$scratch/cmake.log"

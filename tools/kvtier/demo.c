@@ -431,21 +431,33 @@ static int engine_open(struct engine *e, uint64_t seed, int tiers, const kvt_dem
 /* Prometheus text of the host-tier run (manager + copy engine), kept for --metrics-port. */
 static char *g_metrics;
 
+char *kvt_demo_merge_metrics(const kvt_metrics_source *src, size_t n)
+{
+    size_t need = 0;
+    if (kvt_metrics_merge(src, n, NULL, 0, &need) != KVT_ENOSPC)
+        return NULL;
+    char *t = malloc(need + 1);
+    if (t && kvt_metrics_merge(src, n, t, need + 1, &need) != 0) {
+        fprintf(stderr, "demo: metrics: %s\n", kvt_last_error());
+        free(t);
+        t = NULL;
+    }
+    return t;
+}
+
 static void snapshot_metrics(struct engine *e)
 {
-    size_t a = 0, b = 0;
-    kvt_offload_prometheus(e->off, NULL, 0, &a);
-    kvt_copy_prometheus(kvt_worker_copy(e->worker), NULL, 0, &b);
+    char *off = NULL, *cp = NULL;
+    KVT_DEMO_PROM_TEXT(kvt_offload_prometheus, e->off, off);
+    KVT_DEMO_PROM_TEXT(kvt_copy_prometheus, kvt_worker_copy(e->worker), cp);
     free(g_metrics);
-    g_metrics = malloc(a + b + 2);
-    if (!g_metrics)
-        return;
-    size_t got;
-    if (kvt_offload_prometheus(e->off, g_metrics, a + 1, &got) != 0 ||
-        kvt_copy_prometheus(kvt_worker_copy(e->worker), g_metrics + got, b + 1, &got) != 0) {
-        free(g_metrics);
-        g_metrics = NULL;
+    g_metrics = NULL;
+    if (off && cp) {
+        kvt_metrics_source src[2] = {{off, strlen(off), NULL}, {cp, strlen(cp), "rank=\"0\""}};
+        g_metrics = kvt_demo_merge_metrics(src, 2);
     }
+    free(off);
+    free(cp);
 }
 
 const char *kvt_demo_metrics(void)
@@ -650,11 +662,10 @@ int kvt_demo_run(uint64_t seed)
     char *ec_metrics = NULL;
     bad |= kvt_demo_ec(seed, &ec_metrics);
     if (ec_metrics && g_metrics) { /* /metrics serves both */
-        size_t a = strlen(g_metrics), b = strlen(ec_metrics);
-        char *both = malloc(a + b + 1);
+        kvt_metrics_source src[2] = {{g_metrics, strlen(g_metrics), NULL},
+                                     {ec_metrics, strlen(ec_metrics), NULL}};
+        char *both = kvt_demo_merge_metrics(src, 2);
         if (both) {
-            memcpy(both, g_metrics, a);
-            memcpy(both + a, ec_metrics, b + 1);
             free(g_metrics);
             g_metrics = both;
         }

@@ -5,6 +5,9 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdlib.h>
+
+#include "kvtier/base.h"
 
 /* Runs the demonstration; returns a process exit code (0 when every check passed). */
 int kvt_demo_run(uint64_t seed);
@@ -36,6 +39,20 @@ int kvt_demo_ec_run(uint64_t seed, const kvt_demo_faults *faults, kvt_demo_ec_re
  * workloads with random faults until the time is up, then a summary; 0 when nothing was
  * corrupt, leaked or stuck. */
 int kvt_demo_soak(uint64_t seed, double seconds);
+/* Several objects' Prometheus texts as one valid exposition (kvt_metrics_merge), malloc'd;
+ * NULL with a message on failure. */
+char *kvt_demo_merge_metrics(const kvt_metrics_source *src, size_t n);
+/* out = the malloc'd Prometheus text of obj (fn: a kvt_*_prometheus function), or NULL. */
+#define KVT_DEMO_PROM_TEXT(fn, obj, out)                                                           \
+    do {                                                                                           \
+        size_t n_ = 0;                                                                             \
+        fn(obj, NULL, 0, &n_);                                                                     \
+        (out) = malloc(n_ + 1);                                                                    \
+        if ((out) && fn(obj, (out), n_ + 1, &n_) != 0) {                                           \
+            free(out);                                                                             \
+            (out) = NULL;                                                                          \
+        }                                                                                          \
+    } while (0)
 /* Prometheus text of the last host-tier run (NULL before one). */
 const char *kvt_demo_metrics(void);
 /* Serves text at http://host:port/metrics (port 0: any free port, printed) for seconds

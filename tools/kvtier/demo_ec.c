@@ -476,18 +476,25 @@ int kvt_demo_ec_run(uint64_t seed, const kvt_demo_faults *fl, kvt_demo_ec_result
     int bad = rc != 0 || D.mismatches || writers || leaked || D.served + D.failed != N_REQUESTS ||
               kvt_ec_producer_pending(prod) ||
               (!faults && (D.failed || ss.local_loads == 0 || ps.writes == 0));
-    if (metrics && !rc) { /* their Prometheus text (shard 0 stands for both), for /metrics */
-        size_t a = 0, b = 0, c = 0, n;
-        kvt_ec_sched_prometheus(sched, NULL, 0, &a);
-        kvt_ec_shard_prometheus(shards[0], NULL, 0, &b);
-        kvt_ec_producer_prometheus(prod, NULL, 0, &c);
-        char *t = malloc(a + b + c + 1);
-        if (t && !kvt_ec_sched_prometheus(sched, t, a + 1, &n) &&
-            !kvt_ec_shard_prometheus(shards[0], t + a, b + 1, &n) &&
-            !kvt_ec_producer_prometheus(prod, t + a + b, c + 1, &n))
-            *metrics = t;
-        else
-            free(t);
+    if (metrics && !rc) { /* their Prometheus text, each shard with its label, for /metrics */
+        char *t[2 + SHARDS] = {0};
+        KVT_DEMO_PROM_TEXT(kvt_ec_sched_prometheus, sched, t[0]);
+        KVT_DEMO_PROM_TEXT(kvt_ec_producer_prometheus, prod, t[1]);
+        for (uint32_t k = 0; k < SHARDS; k++)
+            KVT_DEMO_PROM_TEXT(kvt_ec_shard_prometheus, shards[k], t[2 + k]);
+        static const char *const shard_label[] = {"shard=\"0\"", "shard=\"1\"", "shard=\"2\"",
+                                                  "shard=\"3\""};
+        kvt_metrics_source src[2 + SHARDS];
+        bool all = true;
+        for (uint32_t k = 0; k < 2 + SHARDS; k++) {
+            all = all && t[k];
+            src[k] = (kvt_metrics_source){t[k], t[k] ? strlen(t[k]) : 0,
+                                          k < 2 ? NULL : shard_label[(k - 2) % 4]};
+        }
+        if (all)
+            *metrics = kvt_demo_merge_metrics(src, 2 + SHARDS);
+        for (uint32_t k = 0; k < 2 + SHARDS; k++)
+            free(t[k]);
     }
     kvt_ec_planner_destroy(plan);
     kvt_ec_producer_destroy(prod);

@@ -478,6 +478,26 @@ class OffloadManager(_Handle):
         return buf.value.decode()
 
 
+def merge_metrics(sources):
+    """One valid Prometheus exposition from several objects' texts: sources is a list of
+    (text, labels) pairs, labels like 'rank="0"' or None (kvt_metrics_merge). Each family's
+    HELP and TYPE appear once; raises KvtierError when two sources would write one series."""
+    arr = (L.kvt_metrics_source * max(len(sources), 1))()
+    keep = []
+    for i, (text, labels) in enumerate(sources):
+        t = text.encode() if isinstance(text, str) else bytes(text)
+        lab = None if labels is None else labels.encode()
+        keep.append((t, lab))
+        arr[i].text, arr[i].len, arr[i].labels = t, len(t), lab
+    n = ctypes.c_size_t(0)
+    rc = _lib.kvt_metrics_merge(arr, len(sources), None, 0, ctypes.byref(n))  # sizes only
+    if rc != L.ENOSPC:
+        _check(rc)
+    buf = ctypes.create_string_buffer(n.value + 1)
+    _check(_lib.kvt_metrics_merge(arr, len(sources), buf, len(buf), ctypes.byref(n)))
+    return buf.value.decode()
+
+
 def _address(obj):
     """(address, bytes, device) of a writable buffer, numpy array or torch tensor."""
     if hasattr(obj, "data_ptr"):  # torch.Tensor

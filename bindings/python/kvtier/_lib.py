@@ -15,6 +15,7 @@ P = ctypes.POINTER
 MAX_GROUPS = 32
 HASH_LEN = 16
 HOST_DEVICE = -1
+ENOSPC = -3  # KVT_ENOSPC: the size query of a *_prometheus or kvt_metrics_merge call
 COPY_STORE, COPY_LOAD = 0, 1
 NO_EVENT = -1
 
@@ -478,6 +479,14 @@ _sig("kvt_offload_reset", c_int, vp)
 _sig("kvt_offload_has_pending", c_bool, vp)
 _sig("kvt_offload_get_stats", None, vp, P(kvt_offload_stats))
 _sig("kvt_offload_prometheus", c_int, vp, cp, ctypes.c_size_t, P(ctypes.c_size_t))
+
+
+class kvt_metrics_source(ctypes.Structure):
+    _fields_ = [("text", cp), ("len", ctypes.c_size_t), ("labels", cp)]
+
+
+_sig("kvt_metrics_merge", c_int, P(kvt_metrics_source), ctypes.c_size_t, cp, ctypes.c_size_t,
+     P(ctypes.c_size_t))
 # layouts, mirror, worker
 _sig("kvt_layout_create", c_int, ctypes.c_int32, c_u32, P(vp))
 _sig("kvt_layout_destroy", None, vp)

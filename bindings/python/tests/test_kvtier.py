@@ -80,6 +80,12 @@ class EngineStep(unittest.TestCase):
         e.turn("r", list(range(40)))
         text = e.mgr.prometheus()
         self.assertIn("kvtier_offload_", text)
+        # two managers' texts in one exposition: one HELP per family, labels added
+        both = kvtier.merge_metrics([(text, 'rank="0"'), (text, 'rank="1"')])
+        self.assertEqual(both.count("# HELP kvtier_offload_lookups_total "), 1)
+        self.assertIn('kvtier_offload_lookups_total{rank="1"} ', both)
+        with self.assertRaises(kvtier.KvtierError):
+            kvtier.merge_metrics([(text, None), (text, None)])  # the same series twice
 
     def test_layout_from_numpy(self):
         try:
