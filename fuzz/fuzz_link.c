@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * libFuzzer target for the scheduler <-> worker link's own frames (header, hello, status).
+ * libFuzzer target for the scheduler <-> worker link's own frames (header, hello, status, the
+ * finished-request ids).
  * The first input byte picks the decoder, the rest is the frame. Property: a decode either
  * fails with a message, or succeeds and re-encoding the decoded fields gives back exactly the
  * input bytes (nothing read past the end, nothing ignored).
@@ -25,7 +26,28 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     const uint8_t *b = data + 1;
     size_t n = size - 1;
-    if (data[0] % 3 == 0) {
+    if (data[0] % 4 == 3) {
+        uint32_t count;
+        if (kvt_link_ids_check(b, n, &count) == 0) { /* re-encode from the validated parts */
+            kvt_str *ids = malloc(((size_t)count + 1) * sizeof(kvt_str));
+            const uint8_t *p = b + 4;
+            for (uint32_t i = 0; i < count; i++) {
+                uint32_t l;
+                memcpy(&l, p, 4); /* little-endian hosts only */
+                ids[i] = (kvt_str){(const char *)p + 4, l};
+                check(l >= 1 && l <= KVT_META_MAX_STR);
+                p += 4 + (size_t)l;
+            }
+            size_t len = kvt_link_ids_size(ids, count);
+            uint8_t *out = malloc(len);
+            kvt_link_ids_encode(out, ids, count);
+            check(len == n && memcmp(out, b, n) == 0);
+            free(out);
+            free(ids);
+        } else {
+            check(kvt_last_error()[0] != 0);
+        }
+    } else if (data[0] % 3 == 0) {
         uint32_t type;
         uint64_t step;
         if (kvt_link_hdr_decode(b, n, &type, &step) == 0) {

@@ -5,13 +5,17 @@
  *
  * The scheduler binds a ROUTER socket; each of world_size workers connects a DEALER and says
  * hello with its rank and the host blocks it allocated (the pool-size handshake: the
- * scheduler lowers its host tier to the smallest, spec §2.2 / §7.10). Then, every engine
- * step, the scheduler sends the step's encoded kvt_offload_meta (and an optional opaque
- * payload of the engine's own, e.g. its scheduler output) to every rank, and each rank
+ * scheduler lowers its host tier to the smallest, as every rank must be able to hold it). Then,
+ * every engine step, the scheduler sends the step's encoded kvt_offload_meta (and an optional
+ * opaque payload of the engine's own, e.g. its scheduler output) to every rank, and each rank
  * answers with its finished load requests, its completed store events and the device blocks
  * whose load failed. The scheduler side aggregates like vLLM's output aggregator: store
  * counts are summed per event, a request's load is finished once every rank reported it
  * (counted across steps), invalid blocks are united.
+ *
+ * Sizes are bounded before anything is buffered: a reply part over 16 MiB (ZMQ_MAXMSGSIZE on
+ * the scheduler's socket) or a step part over 1 GiB (on a worker's) drops the sender's
+ * connection, and every message has a fixed number of parts.
  *
  * Every message is validated before use (magic, version, type, step, rank, lengths, counts);
  * a malformed or unexpected message fails the call with KVT_EPROTO and a message naming the
@@ -29,9 +33,9 @@
 extern "C" {
 #endif
 
-#define KVT_LINK_VERSION     1u
+#define KVT_LINK_VERSION     2u
 #define KVT_LINK_MAX_WORLD   1024u
-#define KVT_LINK_MAX_INVALID (1u << 24)
+#define KVT_LINK_MAX_INVALID (1u << 22) /* invalid blocks per reply (its status part <= 16 MiB) */
 
 typedef struct kvt_link_sched kvt_link_sched;
 typedef struct kvt_link_worker kvt_link_worker;

@@ -26,7 +26,7 @@
 #include "meta/wire.h"
 #include "worker/link_internal.h"
 
-#define MAX_FRAMES (3u + KVT_META_MAX_ITEMS)
+#define MAX_FRAMES 5u /* identity, header, status, worker meta, ids: the longest message */
 #define ID_MAX     32u
 
 typedef struct frames {
@@ -222,6 +222,8 @@ int kvt_link_sched_create(const char *endpoint, uint32_t world_size, kvt_link_sc
         kvt_offload_worker_meta_init(&s->ranks[r].wm);
     int rc = open_socket(ZMQ_ROUTER, &s->ctx, &s->sock);
     if (!rc) {
+        int64_t maxmsg = KVT_LINK_MAX_REPLY_PART; /* a peer sending more is disconnected */
+        zmq_setsockopt(s->sock, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
         int mandatory = 1;
         zmq_setsockopt(s->sock, ZMQ_ROUTER_MANDATORY, &mandatory, sizeof(mandatory));
         if (zmq_bind(s->sock, endpoint) != 0)
@@ -345,8 +347,8 @@ static int collect_one(kvt_link_sched *s, uint32_t *got)
     int rc = recv_frames(s->sock, &s->in);
     if (rc)
         return rc;
-    if (s->in.n < 4)
-        return kvt_fail(KVT_EPROTO, "link: reply of %u frames, expected at least 4", s->in.n);
+    if (s->in.n != 5)
+        return kvt_fail(KVT_EPROTO, "link: reply of %u frames, expected 5", s->in.n);
     uint32_t type;
     uint64_t step;
     rc = kvt_link_hdr_decode(zmq_msg_data(&s->in.f[1]), zmq_msg_size(&s->in.f[1]), &type, &step);
@@ -383,11 +385,9 @@ static int collect_one(kvt_link_sched *s, uint32_t *got)
     rs->st = st;
     frames *f = &rs->rep;
     rc = kvt_offload_worker_meta_decode(&rs->wm, zmq_msg_data(&f->f[3]), zmq_msg_size(&f->f[3]));
-    for (uint32_t k = 4; !rc && k < f->n; k++) {
-        size_t n = zmq_msg_size(&f->f[k]);
-        if (n == 0 || n > KVT_META_MAX_STR)
-            rc = kvt_fail(KVT_EPROTO, "link: rank %u: request id of %zu bytes", st.rank, n);
-    }
+    uint32_t n_ids;
+    if (!rc)
+        rc = kvt_link_ids_check(zmq_msg_data(&f->f[4]), zmq_msg_size(&f->f[4]), &n_ids);
     if (rc)
         return kvt_fail_wrap(rc, "link: reply");
     rs->replied = true;
@@ -462,8 +462,14 @@ static int aggregate(kvt_link_sched *s, kvt_link_result *res)
         int rc = kvt_offload_worker_meta_aggregate(&s->stores, &s->ranks[r].wm);
         if (!rc)
             rc = add_invalid(s, &s->ranks[r].st);
-        for (uint32_t k = 4; !rc && k < f->n; k++)
-            rc = count_finished(s, zmq_msg_data(&f->f[k]), (uint32_t)zmq_msg_size(&f->f[k]));
+        const uint8_t *p = zmq_msg_data(&f->f[4]); /* checked by collect_one */
+        uint32_t n_ids = ld_le32(p);
+        p += 4;
+        for (uint32_t k = 0; !rc && k < n_ids; k++) {
+            uint32_t l = ld_le32(p);
+            rc = count_finished(s, (const char *)p + 4, l);
+            p += 4 + (size_t)l;
+        }
         if (rc)
             return rc;
     }
@@ -510,6 +516,11 @@ int kvt_link_sched_step(kvt_link_sched *s, const kvt_offload_meta *meta, const v
 {
     memset(res, 0, sizeof(*res));
     size_t need = kvt_offload_meta_encoded_size(meta), meta_len;
+    if (need > KVT_LINK_MAX_STEP_PART || len > KVT_LINK_MAX_STEP_PART)
+        return kvt_fail(KVT_ELIMIT,
+                        "link: a step of %zu metadata and %zu payload bytes (each at most %u: "
+                        "the workers refuse more)",
+                        need, len, KVT_LINK_MAX_STEP_PART);
     int rc = grow_buf(&s->buf, &s->buf_cap, need);
     if (!rc)
         rc = kvt_offload_meta_encode(meta, s->buf, s->buf_cap, &meta_len);
@@ -560,6 +571,8 @@ int kvt_link_worker_create(const char *endpoint, uint32_t rank, uint32_t world_s
     w->world = world_size;
     int rc = open_socket(ZMQ_DEALER, &w->ctx, &w->sock);
     if (!rc) {
+        int64_t maxmsg = KVT_LINK_MAX_STEP_PART;
+        zmq_setsockopt(w->sock, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
         char id[ID_MAX];
         int n = snprintf(id, sizeof(id), "kvt-rank-%u", rank);
         zmq_setsockopt(w->sock, ZMQ_ROUTING_ID, id, (size_t)n);
@@ -647,7 +660,18 @@ int kvt_link_worker_reply(kvt_link_worker *w, int status, const kvt_str *finishe
         stores = &empty;
     size_t st_len = kvt_link_status_size(n_invalid, msg_len);
     size_t wm_len = kvt_offload_worker_meta_encoded_size(stores), got;
-    int rc = grow_buf(&w->buf, &w->buf_cap, st_len + wm_len);
+    size_t ids_len = kvt_link_ids_size(finished, n_finished);
+    if (n_finished > KVT_META_MAX_ITEMS)
+        return kvt_fail(KVT_ELIMIT, "link: %u finished requests (at most %u)", n_finished,
+                        KVT_META_MAX_ITEMS);
+    for (uint32_t i = 0; i < n_finished; i++)
+        if (finished[i].len == 0 || finished[i].len > KVT_META_MAX_STR)
+            return kvt_fail(KVT_EINVAL, "link: finished request id of %u bytes", finished[i].len);
+    if (st_len > KVT_LINK_MAX_REPLY_PART || wm_len > KVT_LINK_MAX_REPLY_PART ||
+        ids_len > KVT_LINK_MAX_REPLY_PART)
+        return kvt_fail(KVT_ELIMIT, "link: a reply part over %u bytes (the scheduler refuses it)",
+                        KVT_LINK_MAX_REPLY_PART);
+    int rc = grow_buf(&w->buf, &w->buf_cap, st_len + wm_len + ids_len);
     if (rc)
         return rc;
     kvt_link_status_encode(w->buf, w->rank, status, invalid, n_invalid, msg, msg_len);
@@ -660,8 +684,10 @@ int kvt_link_worker_reply(kvt_link_worker *w, int status, const kvt_str *finishe
     if (!rc)
         rc = send_part(w->sock, w->buf, st_len, true);
     if (!rc)
-        rc = send_part(w->sock, w->buf + st_len, got, n_finished > 0);
-    for (uint32_t i = 0; !rc && i < n_finished; i++)
-        rc = send_part(w->sock, finished[i].ptr, finished[i].len, i + 1 < n_finished);
+        rc = send_part(w->sock, w->buf + st_len, got, true);
+    if (!rc) {
+        kvt_link_ids_encode(w->buf + st_len + got, finished, n_finished);
+        rc = send_part(w->sock, w->buf + st_len + got, ids_len, false);
+    }
     return rc;
 }

@@ -106,3 +106,37 @@ int kvt_link_status_decode(const void *buf, size_t len, kvt_link_status *st)
         return kvt_fail_wrap(rc == KVT_ELIMIT ? rc : KVT_EPROTO, "link: status");
     return 0;
 }
+
+size_t kvt_link_ids_size(const kvt_str *ids, uint32_t n)
+{
+    size_t t = 4;
+    for (uint32_t i = 0; i < n; i++)
+        t += 4 + (size_t)ids[i].len;
+    return t;
+}
+
+void kvt_link_ids_encode(uint8_t *out, const kvt_str *ids, uint32_t n)
+{
+    kvt_wr w = {out};
+    wr_u32(&w, n);
+    for (uint32_t i = 0; i < n; i++)
+        wr_str(&w, ids[i]);
+}
+
+int kvt_link_ids_check(const void *buf, size_t len, uint32_t *n)
+{
+    kvt_rd r = {buf, buf, (const uint8_t *)buf + len};
+    int rc = rd_count(&r, n, KVT_META_MAX_ITEMS, 5, "finished requests");
+    for (uint32_t i = 0; !rc && i < *n; i++) {
+        const char *s;
+        uint32_t l;
+        rc = rd_str(&r, &s, &l, "request id");
+        if (!rc && (l == 0 || l > KVT_META_MAX_STR))
+            rc = kvt_fail(KVT_EPROTO, "request id of %u bytes", l);
+    }
+    if (!rc && r.p != r.end)
+        rc = kvt_fail(KVT_EPROTO, "%zu trailing bytes", (size_t)(r.end - r.p));
+    if (rc)
+        return kvt_fail_wrap(rc == KVT_ELIMIT ? rc : KVT_EPROTO, "link");
+    return 0;
+}

@@ -126,7 +126,9 @@ static void test_handshake_aggregation_and_failure(void **state)
 typedef struct rogue {
     uint32_t rank, world;
     int mode; /* 0 well-formed, 1 garbage status frame, 2 reply claiming another rank,
-                 3 dies after answering step 1, 4 answers step 1 late (after LATE_MS) */
+                 3 dies after answering step 1, 4 answers step 1 late (after LATE_MS),
+                 5 a status part of 32 MiB (over the scheduler's part limit), 6 a sixth part,
+                 7 an ids part with an empty request id */
     int steps;
 } rogue;
 
@@ -174,9 +176,25 @@ static void *rogue_main(void *arg)
         uint8_t wbuf[64];
         size_t wlen;
         kvt_offload_worker_meta_encode(&wm, wbuf, sizeof(wbuf), &wlen);
+        uint8_t ids[16] = {0}; /* u32 count 0 */
+        size_t ids_len = 4;
+        if (r->mode == 7) { /* one id of length 0 */
+            ids[0] = 1;
+            ids_len = 8;
+        }
         zmq_send(sock, hdr, sizeof(hdr), ZMQ_SNDMORE);
-        zmq_send(sock, st, st_len, ZMQ_SNDMORE);
-        zmq_send(sock, wbuf, wlen, 0);
+        if (r->mode == 5) {
+            size_t big = 32u << 20;
+            uint8_t *b = calloc(1, big);
+            zmq_send(sock, b, big, ZMQ_SNDMORE);
+            free(b);
+        } else {
+            zmq_send(sock, st, st_len, ZMQ_SNDMORE);
+        }
+        zmq_send(sock, wbuf, wlen, ZMQ_SNDMORE);
+        zmq_send(sock, ids, ids_len, r->mode == 6 ? ZMQ_SNDMORE : 0);
+        if (r->mode == 6)
+            zmq_send(sock, ids, ids_len, 0);
         if (r->mode == 3)
             break; /* killed after its first answer: the socket goes away without a word */
     }
@@ -201,7 +219,9 @@ static int run_rogue_pair(int mode, bool then_ok)
     kvt_offload_meta meta;
     kvt_offload_meta_init(&meta);
     kvt_link_result res;
-    int rc = kvt_link_sched_step(s, &meta, NULL, 0, TIMEOUT, &res);
+    /* a rank dropped by libzmq never answers: wait less than the honest rank's own receive
+     * timeout, so that it is still there for the stop */
+    int rc = kvt_link_sched_step(s, &meta, NULL, 0, mode == 5 ? TIMEOUT / 5 : TIMEOUT, &res);
     char msg[512];
     snprintf(msg, sizeof(msg), "%s", kvt_last_error());
     /* the next step: rank 0's late reply to step 1 is dropped, both answer step 2 */
@@ -229,6 +249,20 @@ static void test_a_reply_claiming_another_rank_is_refused(void **state)
     (void)state;
     assert_int_equal(run_rogue_pair(2, false), KVT_EPROTO);
     assert_non_null(strstr(kvt_last_error(), "another peer"));
+}
+
+/* Sizes are bounded before anything is buffered: a part over the limit costs the sender its
+ * connection (the step times out naming it), a message with an extra part or a malformed ids
+ * part is refused; the honest rank is unaffected. */
+static void test_oversized_or_extra_parts_are_refused(void **state)
+{
+    (void)state;
+    assert_int_equal(run_rogue_pair(5, false), KVT_EIO);
+    assert_non_null(strstr(kvt_last_error(), "did not answer (1)"));
+    assert_int_equal(run_rogue_pair(6, false), KVT_EPROTO);
+    assert_non_null(strstr(kvt_last_error(), "more than 5 frames"));
+    assert_int_equal(run_rogue_pair(7, false), KVT_EPROTO);
+    assert_non_null(strstr(kvt_last_error(), "finished requests"));
 }
 
 static void test_handshake_errors_and_timeouts(void **state)
@@ -321,6 +355,7 @@ int main(void)
         cmocka_unit_test(test_handshake_aggregation_and_failure),
         cmocka_unit_test(test_malformed_replies_are_refused_and_the_next_step_works),
         cmocka_unit_test(test_a_reply_claiming_another_rank_is_refused),
+        cmocka_unit_test(test_oversized_or_extra_parts_are_refused),
         cmocka_unit_test(test_handshake_errors_and_timeouts),
         cmocka_unit_test(test_a_dead_rank_fails_the_step_by_name),
         cmocka_unit_test(test_a_late_reply_is_dropped_and_the_next_step_works),
