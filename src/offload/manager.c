@@ -673,6 +673,11 @@ uint32_t kvt_offload_take_events(kvt_offload *m, kvt_pool_event *out, uint32_t c
 
 void kvt_offload_get_stats(const kvt_offload *m, kvt_offload_stats *s)
 {
+    if (!m || !s) { /* an object that failed to be created reads as all zero */
+        if (s)
+            memset(s, 0, sizeof(*s));
+        return;
+    }
     *s = m->st;
     s->host_blocks = m->host_nb - 1;
     s->host_used_blocks = m->host_nb - 1 - kvt_pool_num_free(m->host);

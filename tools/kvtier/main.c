@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "bench_util.h"
 #include "cli.h"
@@ -174,8 +175,23 @@ static int cmd_demo(int argc, char **argv)
     return kvt_demo_engine(argc, argv);
 }
 
+/* OpenBLAS (the reference engine's matrix products, one thread per rank by design) starts its
+ * own thread pool when the library loads, before main, unless OPENBLAS_NUM_THREADS says
+ * otherwise; under a memory limit those threads retry a failing allocation forever and the
+ * process spins at exit. So the CLI runs with OPENBLAS_NUM_THREADS=1, re-executing itself once
+ * to set it. */
+static void single_threaded_blas(char **argv)
+{
+    if (getenv("OPENBLAS_NUM_THREADS"))
+        return;
+    if (setenv("OPENBLAS_NUM_THREADS", "1", 1) != 0)
+        return;
+    execv("/proc/self/exe", argv); /* returns only if it failed: go on as we are */
+}
+
 int main(int argc, char **argv)
 {
+    single_threaded_blas(argv);
     if (argc < 2) {
         usage(stderr);
         return 2;
