@@ -34,7 +34,7 @@ static int write_file(const char *path, const void *buf, size_t len)
     return 0;
 }
 
-/* Seeds of fuzz_link: selector byte, then a header, a hello and a status frame. */
+/* Seeds of fuzz_link: selector byte, then a header, a hello, a status and an ids frame. */
 static int link_seeds(const char *dir)
 {
     char path[512];
@@ -58,7 +58,13 @@ static int link_seeds(const char *dir)
     uint32_t inv[3] = {7, 9, 1000};
     kvt_link_status_encode(buf + 1, 1, -12, inv, 3, "store failed", 12);
     snprintf(path, sizeof(path), "%s/link/seed-2", dir);
-    return write_file(path, buf, 1 + kvt_link_status_size(3, 12));
+    if (write_file(path, buf, 1 + kvt_link_status_size(3, 12)))
+        return 1;
+    buf[0] = 3;
+    kvt_str ids[2] = {{"req-1", 5}, {"chat-42-turn-3", 14}};
+    kvt_link_ids_encode(buf + 1, ids, 2);
+    snprintf(path, sizeof(path), "%s/link/seed-3", dir);
+    return write_file(path, buf, 1 + kvt_link_ids_size(ids, 2));
 }
 
 /* Seeds of fuzz_ec_ctl: selector byte (0 request, 1 reply, 2 event), then the message. */
@@ -99,6 +105,7 @@ static int ec_ctl_seeds(const char *dir)
                                .shape = {4, 64},
                                .dtype = {"bfloat16", 8},
                                .reservation_id = {rid, 32},
+                               .client_key = {rid, 32},
                                .abandon = true};
             kvt_ecc_request_add(&q, &it);
         }
@@ -123,7 +130,6 @@ static int ec_ctl_seeds(const char *dir)
     kvt_ecc_reply_begin(&p, KVT_ECC_STATUS);
     kvt_ecc_result st = {.found = true,
                          .mm_hash = {"img-1", 5},
-                         .reservation_id = {rid, 32},
                          .nbytes = 512,
                          .ndim = 2,
                          .shape = {4, 64},
@@ -155,6 +161,32 @@ static int ec_ctl_seeds(const char *dir)
     return rc;
 }
 
+/* Seeds of fuzz_ec_server: six bytes per operation (op, transfer, client and item, size,
+ * which reservation id, flags): a reserve, a completion with the id it got, a stranger's
+ * cancel, the owner's cancel, a status, a refresh-abandon, time passing. */
+static int ec_server_seeds(const char *dir)
+{
+    char path[512];
+    snprintf(path, sizeof(path), "%s/ec_server", dir);
+    if (mkdir(path, 0755) != 0 && errno != EEXIST) {
+        perror(path);
+        return 1;
+    }
+    static const uint8_t ops[] = {
+        3, 0, 0, 1, 0, 0, /* reserve t0 by client 0 */
+        5, 0, 0, 0, 2, 0, /* complete t0 with the first id handed out */
+        3, 1, 1, 2, 0, 0, /* reserve t1 by client 1 */
+        7, 1, 0, 0, 1, 1, /* a forged abandon of t1 */
+        7, 2, 2, 0, 0, 0, /* the owner cancels t2 before anyone reserved it */
+        3, 2, 0, 1, 0, 0, /* ... then client 0 reserves it */
+        2, 1, 0, 0, 0, 0, /* status of t1 */
+        7, 1, 1, 0, 6, 3, /* client 1 refresh-abandons t1 with its id (second handed out) */
+        3, 3, 0, 1, 0, 4, /* reserve t3 after time passed */
+    };
+    snprintf(path, sizeof(path), "%s/ec_server/seed-0", dir);
+    return write_file(path, ops, sizeof(ops));
+}
+
 int main(int argc, char **argv)
 {
     const char *dir = argc > 1 ? argv[1] : "fuzz/corpus";
@@ -184,5 +216,5 @@ int main(int argc, char **argv)
                 return 1;
         }
     }
-    return link_seeds(dir) || ec_ctl_seeds(dir);
+    return link_seeds(dir) || ec_ctl_seeds(dir) || ec_server_seeds(dir);
 }

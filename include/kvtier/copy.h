@@ -3,7 +3,7 @@
  * kvtier copy: the worker side's view of KV bytes and the engine that moves them.
  *
  *   kvt_layout   the engine's KV tensors on one device, reduced to regions: arrays of
- *                num_blocks equally sized, equally strided pages (spec kv-offload §3.1).
+ *                num_blocks equally sized, equally strided pages.
  *                Block b of region r lives at region_base[r] + b * block_bytes[r].
  *   kvt_mirror   the host tier of one rank: for every region of a layout, a host array of
  *                host_blocks pages of the same size, all in one arena (optionally HugeTLB),
@@ -185,7 +185,7 @@ KVT_API int kvt_copy_poll(kvt_copy *c, int dir, int64_t *hwm);
  * oldest first; up to cap ids into out, returns how many. Each is reported once. */
 KVT_API uint32_t kvt_copy_take_failed(kvt_copy *c, int dir, int64_t *out, uint32_t cap);
 /* Blocks until every event submitted so far, in both directions, has finished: first until
- * the submission queue is drained, then until everything issued completed (spec §3.4). */
+ * the submission queue is drained, then until everything issued completed. */
 KVT_API int kvt_copy_flush(kvt_copy *c);
 /* Events submitted and not yet reported by poll, in a direction. */
 KVT_API uint32_t kvt_copy_outstanding(const kvt_copy *c, int dir);

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvtier disk: a rank's KV blocks in slots of a private file on local disk, moved with
- * io_uring (spec kv-offload §3.8).
+ * io_uring.
  *
  * One file per rank (path + ".rank<N>"): a stale file is unlinked first, the new one created
  * O_CREAT | O_EXCL | O_NOFOLLOW with mode 0600 (slot contents encode prompts), opened

@@ -3,12 +3,12 @@
  * kvtier encoder-cache transfer (vLLM ECMooncakeConnector): memory management.
  *
  *   kvt_slab   the allocator over one registered buffer that producers stage embeddings in
- *              and consumers reserve receive space in (spec ec-transfer §3.1): 256-byte
+ *              and consumers reserve receive space in: 256-byte
  *              granularity, first fit over a sorted free list, split from the front, free
  *              coalescing with both neighbours.
  *
  *   kvt_ec_shard
- *              one consumer shard's receive side (§3.3, §3.4): the slab, the reservation table
+ *              one consumer shard's receive side: the slab, the reservation table
  *              (writers, followers, cached hits with leases, deferred cancels and expiries,
  *              refresh-abandon, tombstones) and the resident pool (pins, leases, retirement,
  *              LRU reclaim behind fences). Its first rule: memory that a remote writer may still
@@ -16,19 +16,19 @@
  *              writer's completion or its explicit abandon.
  *
  *   kvt_ec_sched
- *              the consumer scheduler's transfer table (§1.4 steps 8-12, §2.4, §3.4's mirror):
+ *              the consumer scheduler's transfer table:
  *              readiness only when every shard reported, the AVAILABLE / LOADING / READY /
  *              RESIDENT life cycle with its deadlines, local handoffs, abandoned pushes that
  *              fail a waiting request at once, the load specs of the step's metadata.
  *
  *   kvt_ec_producer
- *              the producer worker's push records (§1.4 steps 2-6 and 14, §3.5): reserve on
+ *              the producer worker's push records: reserve on
  *              every consumer shard before the encoder output exists, bind sources behind a
  *              readiness fence, push ready records per consumer in batches, complete, and on
  *              any failure abandon every shard's reservation; conflicting payloads under one
  *              transfer id are reported through failed_saves, never raised.
  *   kvt_ec_planner
- *              the producer scheduler (§1.4 step 1): push specs prepared once per transfer id,
+ *              the producer scheduler: push specs prepared once per transfer id,
  *              emitted once in the step's metadata, the bindings a response reports, and
  *              has_pending_push_work.
  *
@@ -76,7 +76,7 @@ KVT_API uint32_t kvt_slab_free_extents(const kvt_slab *s);
 /* Largest single allocation that would succeed now. */
 KVT_API uint64_t kvt_slab_largest_free(const kvt_slab *s);
 
-/* ---- consumer shard (§3.3 reservations, §3.4 resident pool) ------------------------------- */
+/* ---- consumer shard ------------------------------- */
 
 #define KVT_EC_KEY_MAX 255u /* longest transfer id or mm_hash, bytes */
 #define KVT_EC_RID_LEN 32u  /* reservation ids: 32 lowercase hex digits (128 random bits) */
@@ -151,11 +151,11 @@ typedef struct kvt_ec_shard kvt_ec_shard;
 KVT_API void kvt_ec_shard_config_init(kvt_ec_shard_config *cfg);
 KVT_API int kvt_ec_shard_create(const kvt_ec_shard_config *cfg, kvt_ec_shard **out);
 /* Frees everything. Refused (KVT_EBUSY, nothing freed) while a remote writer may still write
- * into the buffer (kvt_ec_shard_writers): the caller keeps the buffer registered, as §3.3's
- * shutdown says, and may try again. */
+ * into the buffer (kvt_ec_shard_writers): the caller keeps the buffer registered and may try
+ * again. */
 KVT_API int kvt_ec_shard_destroy(kvt_ec_shard *sh);
 
-/* reserve(T, H, ...) of §3.3: a resident hit, a follower of the in-flight writer of H, or a
+/* reserve(T, H, ...): a resident hit, a follower of the in-flight writer of H, or a
  * new allocation. Errors: KVT_EINVAL (bad item, a conflicting reservation or cached tensor),
  * KVT_ESTATE (shutting down; an expired writer still active: refresh-abandon first),
  * KVT_ENOSPC (the pool is full after expiry and reclaim), KVT_ELIMIT (record table full). */
@@ -165,7 +165,7 @@ KVT_API int kvt_ec_shard_reserve(kvt_ec_shard *sh, const char *transfer_id, uint
  * *became_ready (WRITING -> READY now). A wrong id or unknown transfer is (false, false). */
 KVT_API int kvt_ec_shard_complete(kvt_ec_shard *sh, const char *transfer_id, uint32_t len,
                                   const char *reservation_id, bool *accepted, bool *became_ready);
-/* cancel(T, reservation_id, abandon, refresh) of §3.3; reservation_id NULL or "" matches any.
+/* cancel(T, reservation_id, abandon, refresh); reservation_id NULL or "" matches any.
  * *done is the Python return value. A consumer-side cancel (abandon false) never frees memory
  * a writer may still write: it defers (CANCEL_PENDING). */
 KVT_API int kvt_ec_shard_cancel(kvt_ec_shard *sh, const char *transfer_id, uint32_t len,
@@ -232,7 +232,7 @@ typedef struct kvt_ec_cache_ops {
     void *ctx;
 } kvt_ec_cache_ops;
 
-/* The consumer worker's step on its shard (start_load_caches, §1.4 steps 10-12): retires the
+/* The consumer worker's step on its shard (vLLM's start_load_caches): retires the
  * metadata's freed hashes (has_freed false: every pinned resident the cache no longer holds),
  * skipping one the cache still holds as that very allocation; runs every load spec — an item
  * the cache holds already is reported loaded (a pushed one's reservation is released), a
@@ -310,7 +310,7 @@ KVT_API void kvt_ec_sched_destroy(kvt_ec_sched *s);
  * item collides with the one the table knows under that id; a repeat from one shard does
  * not count; when every shard reported, the transfer is AVAILABLE with a lease. */
 KVT_API int kvt_ec_sched_observe_ready(kvt_ec_sched *s, const kvt_ec_ready *ev);
-/* An abandoned push ([later]): a waiting request fails at once (or when it arrives); after
+/* An abandoned push: a waiting request fails at once (or when it arrives); after
  * readiness it is ignored. */
 KVT_API int kvt_ec_sched_observe_abandoned(kvt_ec_sched *s, const char *transfer_id, uint32_t len);
 /* True when some transfer of mm_hash is READY, RESIDENT or AVAILABLE (the engine then treats
@@ -332,9 +332,17 @@ KVT_API int kvt_ec_sched_cache_freed(kvt_ec_sched *s, const char *mm_hash, uint3
  * to every shard) unless the item is served from the encoder cache. */
 KVT_API int kvt_ec_sched_consumed(kvt_ec_sched *s, const char *req_id, uint32_t req_len,
                                   const kvt_ec_feature *feature);
-/* request_finished: cancels the request's transfers, except a LOADING one another request
- * still waits for; forgets the request. */
+/* request_finished: cancels the request's transfers, except one another request still uses or
+ * waits for, and forgets the request. A transfer the ranks are loading is released when it
+ * arrives (its hash goes to the next `freed`), one loaded but never taken by the engine's
+ * encoder cache at once. */
 KVT_API int kvt_ec_sched_request_finished(kvt_ec_sched *s, const char *req_id, uint32_t req_len);
+/* The same, given the request's bindings (its ec_items: mm_hash and transfer id per feature):
+ * transfers named there that the table never saw (a request aborted before ensure) are
+ * cancelled on every shard too, and their late readiness is ignored. */
+KVT_API int kvt_ec_sched_request_finished_bound(kvt_ec_sched *s, const char *req_id,
+                                                uint32_t req_len, const kvt_ec_feature *bindings,
+                                                uint32_t n);
 /* build_connector_meta: the queued load specs (each once) and the freed hashes, into out
  * (cleared first). */
 KVT_API int kvt_ec_sched_build_meta(kvt_ec_sched *s, kvt_ec_meta *out);

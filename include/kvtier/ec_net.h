@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Encoder-cache transfer across processes and hosts: the control server every consumer shard
- * runs (spec §4.1), over ZeroMQ.
+ * runs, over ZeroMQ.
  *
  * A consumer shard (kvt_ec_shard) serves producers through a control server: a REP socket at
  * tcp://<host>:<base_port + dp_index * tp_size + tp_rank> answering `peers`, `event_port`,
@@ -39,19 +39,31 @@ typedef struct kvt_ec_server_config {
                                     writer gets (the shard needs a base), and a completion is
                                     accepted only once its bytes have landed. false: the bytes
                                     move some other way and completions are trusted */
-    uint32_t complete_wait_ms;   /* how long a completion waits for bytes still arriving before
-                                    it is refused (KVT_EBUSY); default 2000 */
+    uint32_t complete_wait_ms;   /* unused: a completion never waits (bytes still arriving:
+                                    answered pending, completed by the server when they land) */
     uint32_t max_receives;       /* writers' receives posted at once; default 4096 */
     /* CURVE (optional): the server's secret key (40 Z85 characters) encrypts both sockets and
      * authenticates them to clients; curve_clients, a NULL-terminated list of public keys,
      * admits only those clients (NULL: any client that knows the server's public key). */
     const char *curve_secret_key;
     const char *const *curve_clients;
+    /* The consumer's owner key (32 lowercase hex digits): a cancel without a reservation id
+     * (the consumer's own scheduler letting go of a transfer, kvt_ec_inbox) must present it.
+     * NULL: a random key, written for the inbox of this host and user to read (a 0600 file in
+     * a 0700 directory, kvt_ec_owner_key_path); set it explicitly on the server and the inbox
+     * when they run on different hosts. */
+    const char *owner_key;
+    /* Where the event socket binds; default (NULL) 127.0.0.1: only processes of this host may
+     * take readiness events. Another address serves remote schedulers (with CURVE). */
+    const char *event_host;
 } kvt_ec_server_config;
 
 typedef struct kvt_ec_server kvt_ec_server;
 
 KVT_API void kvt_ec_server_config_init(kvt_ec_server_config *cfg);
+/* Where a server without a configured owner_key leaves the key it made, for the inbox of this
+ * host and user: <XDG_RUNTIME_DIR or /tmp>/kvtier-<uid>/ec-owner-<control port>. */
+KVT_API int kvt_ec_owner_key_path(uint32_t port, char *buf, size_t cap);
 /* Binds both sockets (errors come back here: "failed to bind tcp://...: Address already in
  * use") and starts the server thread. The shard is borrowed and must outlive the server. */
 KVT_API int kvt_ec_server_start(const kvt_ec_server_config *cfg, kvt_ec_shard *shard,
@@ -82,10 +94,13 @@ typedef struct kvt_ec_server_stats {
     uint64_t receives_cancelled; /* ... ended by an abandon before their bytes arrived */
     uint64_t receives_failed;    /* ... that failed (short, truncated, transport error) */
     uint64_t bytes_received;
-    uint64_t completes_early; /* completions refused: their bytes had not landed yet */
-    uint64_t writers_reaped;  /* writers past their TTL whose receive was cancelled and whose
-                                 memory was released (a producer that died mid-push) */
-    uint64_t clients_refused; /* CURVE handshakes of clients not admitted */
+    uint64_t completes_early;   /* completions refused: their bytes had not landed yet */
+    uint64_t writers_reaped;    /* writers past their TTL whose receive was cancelled and whose
+                                   memory was released (a producer that died mid-push) */
+    uint64_t clients_refused;   /* CURVE handshakes of clients not admitted */
+    uint64_t refused;           /* items refused as not the sender's: another client's
+                                   reservation, or a consumer-side cancel without the owner key */
+    uint64_t completes_pending; /* completions answered pending: bytes still arriving */
 } kvt_ec_server_stats;
 KVT_API void kvt_ec_server_get_stats(kvt_ec_server *s, kvt_ec_server_stats *st);
 
@@ -115,7 +130,7 @@ KVT_API kvt_ec_consumer_ops kvt_ec_net_consumer_ops(kvt_ec_net_consumer *c);
 
 /* ---- consumer scheduler side: discovery, events, cancels ----------------------------------- */
 
-/* The consumer scheduler's link to its own shards (spec §4.1 "event inbox", §4.3): a background
+/* The consumer scheduler's link to its own shards: a background
  * thread discovers the topology (`peers`, then `event_port` on every shard; the whole topology
  * is retried while any shard fails) and sends the scheduler's cancels to every shard (two
  * rounds, the second only to the shards that failed); the scheduler thread's step never
@@ -130,6 +145,11 @@ typedef struct kvt_ec_inbox_config {
                                     default 65,536 */
     /* CURVE, as kvt_ec_net_config */
     const char *curve_server_key, *curve_public_key, *curve_secret_key;
+    /* The shards' owner key (kvt_ec_server_config.owner_key); NULL: read, per shard, from the
+     * file its server wrote on this host (kvt_ec_owner_key_path). */
+    const char *owner_key;
+    /* Where the shards' event sockets are reached; default (NULL) 127.0.0.1. */
+    const char *event_host;
 } kvt_ec_inbox_config;
 
 typedef struct kvt_ec_inbox kvt_ec_inbox;

@@ -21,7 +21,7 @@
  *   for each finished request:
  *       kvt_offload_request_finished()
  *
- * Invariants the manager keeps (spec kv-offload §7):
+ * Invariants the manager keeps:
  *   - a host block becomes findable only when all world_size workers reported its store;
  *   - every in-flight transfer holds one reference on each GPU and host block it touches,
  *     released exactly once, so the engine may free its own references at any time and no

@@ -54,8 +54,8 @@ KVT_API void kvt_worker_config_init(kvt_worker_config *cfg);
  * host tier); both are borrowed and must outlive the worker. */
 KVT_API int kvt_worker_create(const kvt_worker_config *cfg, const kvt_layout *layout,
                               const kvt_mirror *mirror, kvt_worker **out);
-/* A worker whose offload tier is a disk (spec §3.8.1: disk slots are the "host" blocks of
- * the metadata, the manager's host pool sized to kvt_disk_num_slots). The disk is borrowed
+/* A worker whose offload tier is a disk (disk slots are the "host" blocks of the metadata,
+ * the manager's host pool sized to kvt_disk_num_slots). The disk is borrowed
  * (destroy the worker first). An I/O error fails one transfer: a store is reported
  * completed *and* failed (never findable), a load's failed blocks come back through
  * kvt_worker_take_invalid_blocks. A fatal disk error turns the tier off: from then on every

@@ -40,8 +40,12 @@ typedef struct kvt_ecc_item {
     uint32_t ndim;       /* reserve */
     uint64_t shape[KVT_EC_MAX_DIMS];
     kvt_str dtype;          /* reserve */
-    kvt_str reservation_id; /* complete (32 hex digits), cancel ("" = any) */
-    bool abandon, refresh;  /* cancel */
+    kvt_str reservation_id; /* complete (32 hex digits), cancel ("" = the consumer's own) */
+    bool abandon, refresh;  /* cancel (both need the reservation id) */
+    /* reserve: the producer's secret (32 hex digits): only its holder is told the reservation
+     * id again on a repeated reserve. cancel: the consumer's owner key, needed (and only
+     * looked at) when reservation_id is "" */
+    kvt_str client_key;
 } kvt_ecc_item;
 
 typedef struct kvt_ecc_request {
@@ -61,9 +65,10 @@ typedef struct kvt_ecc_result {
     kvt_str reservation_id;
     uint64_t offset, nbytes, tag;
     bool write, ready, cached, cancelled; /* cancel: cancelled = accepted */
-    /* complete */
-    bool completed, became_ready;
-    /* status: found, then mm_hash, ready, reservation_id, nbytes and the tensor */
+    /* complete: pending = accepted, its bytes still arriving: the server completes it when
+     * they land (readiness follows as an event), or abandons it when they never do */
+    bool completed, became_ready, pending;
+    /* status: found, then mm_hash, ready, nbytes and the tensor (never the reservation id) */
     bool found;
     kvt_str mm_hash, dtype;
     uint32_t ndim;
@@ -138,6 +143,21 @@ int kvt_ecc_event_validate(const kvt_ecc_event *e);
 size_t kvt_ecc_event_encoded_size(const kvt_ecc_event *e);
 int kvt_ecc_event_encode(const kvt_ecc_event *e, void *buf, size_t cap, size_t *len);
 int kvt_ecc_event_decode(kvt_ecc_event *e, const void *buf, size_t len);
+
+/* ---- keys: a producer's client key, the consumer's owner key (owner.c) --------------------- */
+
+/* 0 when k is 32 lowercase hex digits. */
+int kvt_ecc_key_check(const char *k);
+/* 128 random bits from the kernel, as 32 hex digits. */
+int kvt_ecc_key_random(char out[KVT_EC_RID_LEN + 1]);
+/* Both are keys and equal (in time independent of where they differ). */
+bool kvt_ecc_key_equal(const char *a, const char *b);
+/* The owner key file of the server on control port `port` (kvt_ec_owner_key_path): written
+ * (0600, atomically) by a server that made its key, read by an inbox without a configured
+ * key, removed by the server that wrote it. */
+int kvt_ecc_owner_write(uint32_t port, const char *key);
+int kvt_ecc_owner_read(uint32_t port, char out[KVT_EC_RID_LEN + 1]);
+void kvt_ecc_owner_remove(uint32_t port, const char *key);
 
 /* ---- client ------------------------------------------------------------------------------ */
 

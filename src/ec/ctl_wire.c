@@ -5,19 +5,23 @@
  *   request  u32 op; u32 n; n x item
  *            item: str transfer_id, then by op
  *              status                  -
- *              reserve, reserve_batch  str mm_hash; u64 nbytes; shape; str dtype
+ *              reserve, reserve_batch  str mm_hash; u64 nbytes; shape; str dtype;
+ *                                      str client_key (32 hex: the producer's secret)
  *              complete, complete_batch  str reservation_id
- *              cancel                  str reservation_id; bool abandon; bool refresh
+ *              cancel                  str reservation_id; bool abandon; bool refresh;
+ *                                      str client_key ("" or 32 hex: the consumer's owner
+ *                                      key, which a cancel without reservation id needs)
  *   reply    u32 op; i32 code; str error; then, when code is 0, by op
  *              peers                   u32 n; n x u32 port
  *              event_port              u32 port
  *              others                  u32 n; n x result
  *            result: i32 code; str error; then, when its code is 0, by op
  *              status                  bool found; if found: str mm_hash; bool ready;
- *                                      str reservation_id; u64 nbytes; shape; str dtype
+ *                                      u64 nbytes; shape; str dtype (never an id: a
+ *                                      reservation id is a capability, see security.md)
  *              reserve, reserve_batch  str reservation_id; u64 offset; u64 nbytes; u64 tag;
  *                                      bool write; bool ready; bool cached; bool cancelled
- *              complete, complete_batch  bool completed; bool became_ready
+ *              complete, complete_batch  bool completed; bool became_ready; bool pending
  *              cancel                  bool cancelled
  *   event    str transfer_id; str mm_hash; str reservation_id; u64 nbytes; shape; str dtype;
  *            bool abandoned; u32 shard
@@ -192,12 +196,22 @@ static int check_item(uint32_t op, const kvt_ecc_item *it)
     int rc = check_key(it->transfer_id, "transfer_id");
     if (rc)
         return rc;
-    if (op_reserve(op))
-        return check_tensor_item(it->mm_hash, it->nbytes, it->ndim, it->shape, it->dtype);
+    if (op_reserve(op)) {
+        rc = check_tensor_item(it->mm_hash, it->nbytes, it->ndim, it->shape, it->dtype);
+        return rc ? rc : check_rid(it->client_key, false, "client_key");
+    }
     if (op_complete(op))
         return check_rid(it->reservation_id, false, "reservation_id");
-    if (op == KVT_ECC_CANCEL)
-        return check_rid(it->reservation_id, true, "reservation_id");
+    if (op == KVT_ECC_CANCEL) {
+        if ((rc = check_rid(it->reservation_id, true, "reservation_id")) ||
+            (rc = check_rid(it->client_key, true, "client_key")))
+            return rc;
+        if (it->reservation_id.len == 0 && (it->abandon || it->refresh))
+            return kvt_fail(KVT_EINVAL, "an abandon or refresh needs the reservation id");
+        if (it->reservation_id.len == 0 && it->client_key.len == 0)
+            return kvt_fail(KVT_EINVAL,
+                            "a cancel without reservation id needs the consumer's owner key");
+    }
     return 0;
 }
 
@@ -228,11 +242,12 @@ static size_t item_size(uint32_t op, const kvt_ecc_item *it)
 {
     size_t n = str_size(it->transfer_id);
     if (op_reserve(op))
-        n += str_size(it->mm_hash) + 8 + shape_size(it->ndim) + str_size(it->dtype);
+        n += str_size(it->mm_hash) + 8 + shape_size(it->ndim) + str_size(it->dtype) +
+             str_size(it->client_key);
     else if (op_complete(op))
         n += str_size(it->reservation_id);
     else if (op == KVT_ECC_CANCEL)
-        n += str_size(it->reservation_id) + 2;
+        n += str_size(it->reservation_id) + 2 + str_size(it->client_key);
     return n;
 }
 
@@ -264,12 +279,14 @@ int kvt_ecc_request_encode(const kvt_ecc_request *r, void *buf, size_t cap, size
             wr_u64(&w, it->nbytes);
             kvt_meta_wr_shape(&w, it->ndim, it->shape);
             wr_str(&w, it->dtype);
+            wr_str(&w, it->client_key);
         } else if (op_complete(r->op)) {
             wr_str(&w, it->reservation_id);
         } else if (r->op == KVT_ECC_CANCEL) {
             wr_str(&w, it->reservation_id);
             wr_u8(&w, it->abandon);
             wr_u8(&w, it->refresh);
+            wr_str(&w, it->client_key);
         }
     }
     return 0;
@@ -302,12 +319,16 @@ static int rd_request_body(void *obj, kvt_rd *r)
             rc = kvt_meta_rd_shape(r, &it->ndim, it->shape);
         if (!rc && op_reserve(op))
             rc = kvt_meta_rd_str_copy(r, &q->strings, &it->dtype, "dtype");
+        if (!rc && op_reserve(op))
+            rc = kvt_meta_rd_str_copy(r, &q->strings, &it->client_key, "client_key");
         if (!rc && (op_complete(op) || op == KVT_ECC_CANCEL))
             rc = kvt_meta_rd_str_copy(r, &q->strings, &it->reservation_id, "reservation_id");
         if (!rc && op == KVT_ECC_CANCEL)
             rc = rd_bool(r, &it->abandon, "abandon");
         if (!rc && op == KVT_ECC_CANCEL)
             rc = rd_bool(r, &it->refresh, "refresh");
+        if (!rc && op == KVT_ECC_CANCEL)
+            rc = kvt_meta_rd_str_copy(r, &q->strings, &it->client_key, "client_key");
         if (rc)
             return rc;
         q->n = i + 1;
@@ -411,10 +432,12 @@ static int check_result(uint32_t op, const kvt_ecc_result *x)
     if (rc || x->code)
         return rc;
     if (op == KVT_ECC_STATUS && x->found) {
-        if ((rc = check_rid(x->reservation_id, true, "reservation_id")))
-            return rc;
+        if (x->reservation_id.len)
+            return kvt_fail(KVT_EINVAL, "status: a reservation id is never revealed");
         return check_tensor_item(x->mm_hash, x->nbytes, x->ndim, x->shape, x->dtype);
     }
+    if (op_complete(op) && x->pending && (!x->completed || x->became_ready))
+        return kvt_fail(KVT_EINVAL, "completion: pending means accepted and not yet ready");
     if (op_reserve(op)) {
         /* a cancelled reservation has no id; every other one has */
         if ((rc = check_rid(x->reservation_id, x->cancelled, "reservation_id")))
@@ -476,13 +499,12 @@ static size_t result_size(uint32_t op, const kvt_ecc_result *x)
         return n;
     if (op == KVT_ECC_STATUS)
         return n + 1 +
-               (x->found ? str_size(x->mm_hash) + 1 + str_size(x->reservation_id) + 8 +
-                               shape_size(x->ndim) + str_size(x->dtype)
+               (x->found ? str_size(x->mm_hash) + 1 + 8 + shape_size(x->ndim) + str_size(x->dtype)
                          : 0);
     if (op_reserve(op))
         return n + str_size(x->reservation_id) + 24 + 4;
     if (op_complete(op))
-        return n + 2;
+        return n + 3;
     return n + 1; /* cancel */
 }
 
@@ -515,7 +537,6 @@ static void wr_result(kvt_wr *w, uint32_t op, const kvt_ecc_result *x)
             return;
         wr_str(w, x->mm_hash);
         wr_u8(w, x->ready);
-        wr_str(w, x->reservation_id);
         wr_u64(w, x->nbytes);
         kvt_meta_wr_shape(w, x->ndim, x->shape);
         wr_str(w, x->dtype);
@@ -531,6 +552,7 @@ static void wr_result(kvt_wr *w, uint32_t op, const kvt_ecc_result *x)
     } else if (op_complete(op)) {
         wr_u8(w, x->completed);
         wr_u8(w, x->became_ready);
+        wr_u8(w, x->pending);
     } else {
         wr_u8(w, x->cancelled);
     }
@@ -581,9 +603,7 @@ static int rd_result(kvt_rd *r, kvt_bump *b, uint32_t op, kvt_ecc_result *x)
         if ((rc = rd_bool(r, &x->found, "found")) || !x->found)
             return rc;
         if ((rc = kvt_meta_rd_str_copy(r, b, &x->mm_hash, "mm_hash")) ||
-            (rc = rd_bool(r, &x->ready, "ready")) ||
-            (rc = kvt_meta_rd_str_copy(r, b, &x->reservation_id, "reservation_id")) ||
-            (rc = rd_u64(r, &x->nbytes, "nbytes")) ||
+            (rc = rd_bool(r, &x->ready, "ready")) || (rc = rd_u64(r, &x->nbytes, "nbytes")) ||
             (rc = kvt_meta_rd_shape(r, &x->ndim, x->shape)))
             return rc;
         return kvt_meta_rd_str_copy(r, b, &x->dtype, "dtype");
@@ -597,9 +617,10 @@ static int rd_result(kvt_rd *r, kvt_bump *b, uint32_t op, kvt_ecc_result *x)
         return rd_bool(r, &x->cancelled, "cancelled");
     }
     if (op_complete(op)) {
-        if ((rc = rd_bool(r, &x->completed, "completed")))
+        if ((rc = rd_bool(r, &x->completed, "completed")) ||
+            (rc = rd_bool(r, &x->became_ready, "became_ready")))
             return rc;
-        return rd_bool(r, &x->became_ready, "became_ready");
+        return rd_bool(r, &x->pending, "pending");
     }
     return rd_bool(r, &x->cancelled, "cancelled");
 }

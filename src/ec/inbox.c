@@ -44,6 +44,8 @@ struct kvt_ec_inbox {
     bool connected;
     bool curve;
     char server_key[41], public_key[41], secret_key[41];
+    char event_host[128];
+    char owner[KVT_EC_RID_LEN + 1]; /* configured owner key, or "" (read per shard) */
 };
 
 void kvt_ec_inbox_config_init(kvt_ec_inbox_config *cfg)
@@ -101,6 +103,15 @@ static void cancel_everywhere(kvt_ec_inbox *in, kvt_ecc_client *cli, kvt_ecc_req
         for (uint32_t k = 0; k < in->n; k++) {
             if (done[k])
                 continue;
+            /* the owner key: configured, or the one this shard's server left for us */
+            char key[KVT_EC_RID_LEN + 1];
+            if (in->owner[0])
+                memcpy(key, in->owner, sizeof(key));
+            else if (kvt_ecc_owner_read(in->ports[k], key) != 0) {
+                KVT_LOG_W("ec inbox: cancel of %s on shard %u: %s", tid, k, kvt_last_error());
+                continue;
+            }
+            it.client_key = (kvt_str){key, KVT_EC_RID_LEN};
             char ep[200];
             endpoint(ep, sizeof(ep), in->host, in->ports[k]);
             kvt_ecc_request_begin(q, KVT_ECC_CANCEL);
@@ -183,6 +194,10 @@ int kvt_ec_inbox_create(const kvt_ec_inbox_config *cfg, kvt_ec_inbox **out)
     if (cfg->control_timeout_ms < 1 || cfg->retry_ms < 1 || cfg->max_cancels < 1 ||
         cfg->max_cancels > (1u << 24))
         return kvt_fail(KVT_EINVAL, "ec inbox: timeouts >= 1 ms, max_cancels 1..2^24");
+    if (cfg->owner_key && kvt_ecc_key_check(cfg->owner_key))
+        return kvt_fail(KVT_EINVAL, "ec inbox: owner_key is not 32 lowercase hex digits");
+    if (cfg->event_host && (!cfg->event_host[0] || strlen(cfg->event_host) >= 128))
+        return kvt_fail(KVT_EINVAL, "ec inbox: event_host empty or too long");
     const char *h = strncmp(cfg->consumer, "tcp://", 6) == 0 ? cfg->consumer + 6 : cfg->consumer;
     const char *colon = strrchr(h, ':');
     size_t hl = colon ? (size_t)(colon - h) : 0;
@@ -211,6 +226,12 @@ int kvt_ec_inbox_create(const kvt_ec_inbox_config *cfg, kvt_ec_inbox **out)
     in->cfg.curve_secret_key = curve ? in->secret_key : NULL;
     snprintf(in->consumer, sizeof(in->consumer), "%s", cfg->consumer);
     memcpy(in->host, h, hl);
+    snprintf(in->event_host, sizeof(in->event_host), "%s",
+             cfg->event_host ? cfg->event_host : "127.0.0.1");
+    in->cfg.event_host = in->event_host;
+    if (cfg->owner_key)
+        memcpy(in->owner, cfg->owner_key, KVT_EC_RID_LEN + 1);
+    in->cfg.owner_key = NULL;
     in->cfg.consumer = in->consumer;
     in->q = calloc(cfg->max_cancels, sizeof(tid_t));
     in->ctx = zmq_ctx_new();
@@ -277,7 +298,7 @@ static int connect_pull(kvt_ec_inbox *in)
         return rc;
     for (uint32_t k = 0; k < n; k++) {
         char ep[200];
-        endpoint(ep, sizeof(ep), in->host, evs[k]);
+        endpoint(ep, sizeof(ep), in->event_host, evs[k]);
         if (zmq_connect(in->pull, ep) != 0)
             return kvt_fail(KVT_EIO, "ec inbox: connect %s: %s", ep, zmq_strerror(zmq_errno()));
     }
@@ -364,6 +385,11 @@ int kvt_ec_inbox_step(kvt_ec_inbox *in, kvt_ec_sched *sched)
 
 void kvt_ec_inbox_get_stats(kvt_ec_inbox *in, kvt_ec_inbox_stats *st)
 {
+    if (!in || !st) { /* an object that failed to be created reads as all zero */
+        if (st)
+            memset(st, 0, sizeof(*st));
+        return;
+    }
     pthread_mutex_lock(&in->mu);
     *st = in->st;
     pthread_mutex_unlock(&in->mu);

@@ -31,6 +31,9 @@ struct kvt_ec_net_consumer {
     uint32_t n_rem, evict;
     kvt_ecc_request q;
     kvt_ecc_reply p;
+    /* this producer's secret: a shard tells a reservation's id again (a repeated reserve
+     * after a lost reply) only to the client that made it */
+    char key[KVT_EC_RID_LEN + 1];
 };
 
 void kvt_ec_net_config_init(kvt_ec_net_config *cfg)
@@ -54,7 +57,9 @@ int kvt_ec_net_consumer_create(const kvt_ec_net_config *cfg, kvt_ec_net_consumer
     kvt_ecc_request_init(&c->q);
     kvt_ecc_reply_init(&c->p);
     kvt_ecc_curve k = {cfg->curve_server_key, cfg->curve_public_key, cfg->curve_secret_key};
-    int rc = kvt_ecc_client_create((int)cfg->control_timeout_ms, &k, &c->cli);
+    int rc = kvt_ecc_key_random(c->key);
+    if (!rc)
+        rc = kvt_ecc_client_create((int)cfg->control_timeout_ms, &k, &c->cli);
     if (!rc)
         rc = kvt_ucx_create(&c->ucx);
     if (rc) {
@@ -200,6 +205,7 @@ static int op_reserve(void *ctx, const char *name, uint32_t k, const char *tid, 
     kvt_ecc_item it = {{tid, len}, {item->mm_hash, item->mm_hash_len}, item->nbytes, item->ndim,
                        {0},        {item->dtype, item->dtype_len}};
     memcpy(it.shape, item->shape, sizeof(it.shape));
+    it.client_key = (kvt_str){c->key, KVT_EC_RID_LEN};
     if ((rc = call_item(c, r, k, KVT_ECC_RESERVE, &it)))
         return rc;
     const kvt_ecc_result *x = &c->p.results[0];
@@ -229,6 +235,11 @@ static int op_write(void *ctx, const char *name, uint32_t k, const kvt_ec_reply 
         kvt_ecc_request_begin(&c->q, KVT_ECC_DATA_ADDRESS);
         if ((rc = call(c, r->host, r->ports[k])))
             return rc;
+        if ((rc = kvt_ucx_address_check(c->ucx, c->p.data_addr, c->p.data_addr_len))) {
+            char what[220];
+            snprintf(what, sizeof(what), "ec net: %s shard %u's data address", r->name, k);
+            return kvt_fail_wrap(rc, what);
+        }
         r->addr[k] = malloc(c->p.data_addr_len);
         if (!r->addr[k])
             return kvt_fail(KVT_ENOMEM, "ec net: out of memory");

@@ -30,6 +30,7 @@
 typedef struct shard_res {
     kvt_ec_reply r;
     bool ok;     /* reserved (not refused) */
+    bool lost;   /* the reserve got no answer: it may have landed */
     uint64_t at; /* when */
 } shard_res;
 
@@ -151,6 +152,14 @@ static bool abandon_all(kvt_ec_producer *p, prec *r)
     const kvt_ec_consumer_ops *o = &p->cfg.ops;
     bool all = true;
     for (uint32_t k = 0; k < r->n_shards; k++) {
+        if (r->sh[k].lost) { /* a reserve whose reply was lost may have landed: ask again (a
+                              * shard answers its own client with the same reservation) and
+                              * abandon what it holds for us */
+            kvt_ec_item it = item_of(r);
+            r->sh[k].lost = false;
+            if (o->reserve(o->ctx, r->consumer.s, k, r->t.s, r->t.len, &it, &r->sh[k].r) == 0)
+                r->sh[k].ok = true;
+        }
         if (!r->sh[k].ok || r->sh[k].r.cancelled)
             continue;
         int rc = o->cancel(o->ctx, r->consumer.s, k, r->t.s, r->t.len, r->sh[k].r.reservation_id,
@@ -254,6 +263,7 @@ static int reserve_shard(kvt_ec_producer *p, prec *r, uint32_t k)
     kvt_ec_item it = item_of(r);
     int rc = o->reserve(o->ctx, r->consumer.s, k, r->t.s, r->t.len, &it, &r->sh[k].r);
     r->sh[k].ok = rc == 0;
+    r->sh[k].lost = rc == KVT_EIO; /* no answer: the reserve may have landed all the same */
     r->sh[k].at = kvt_clock_now(&p->cfg.clock);
     p->st.reservations++;
     if (!rc && !r->sh[k].r.cancelled && r->sh[k].r.write && r->sh[k].r.nbytes != r->nbytes)
@@ -518,6 +528,11 @@ int kvt_ec_producer_state(const kvt_ec_producer *p, const char *tid, uint32_t le
 
 void kvt_ec_producer_get_stats(const kvt_ec_producer *p, kvt_ec_producer_stats *st)
 {
+    if (!p || !st) { /* an object that failed to be created reads as all zero */
+        if (st)
+            memset(st, 0, sizeof(*st));
+        return;
+    }
     *st = p->st;
 }
 

@@ -34,6 +34,7 @@
 
 typedef struct xfer {
     bool used, has_spec, local, queued, cancel_sent;
+    bool orphan; /* LOADING with no request left: what the ranks load is released on arrival */
     uint8_t state;
     ec_key t, h;
     uint64_t nbytes;
@@ -489,6 +490,7 @@ static bool ensure_one(kvt_ec_sched *s, sreq *r, uint32_t f, const ec_key *t, co
         return true;
     }
     if ((y = oldest_of(s, h, BIT(KVT_ECT_LOADING)))) {
+        y->orphan = false; /* wanted again */
         r->used_[f] = xi(s, y);
         return false;
     }
@@ -632,6 +634,19 @@ int kvt_ec_sched_cache_freed(kvt_ec_sched *s, const char *mm_hash, uint32_t len)
     return 0;
 }
 
+static bool bound_by_other(const kvt_ec_sched *s, const sreq *self, uint32_t idx)
+{
+    for (uint32_t i = 0; i < s->n_r; i++) {
+        const sreq *r = &s->r[i];
+        if (!r->used || r == self)
+            continue;
+        for (uint32_t f = 0; f < r->n; f++)
+            if (r->own[f] == idx || r->used_[f] == idx)
+                return true;
+    }
+    return false;
+}
+
 int kvt_ec_sched_consumed(kvt_ec_sched *s, const char *req_id, uint32_t req_len,
                           const kvt_ec_feature *feature)
 {
@@ -652,51 +667,93 @@ int kvt_ec_sched_consumed(kvt_ec_sched *s, const char *req_id, uint32_t req_len,
     xfer *x = find_t(s, &t);
     /* the bytes were gathered: the shards release the reservation at once (the item itself
      * stays in the encoder cache, so the record stays READY and becomes RESIDENT when the
-     * cache evicts it). A transfer the request did not use (an encoder-cache hit) is kept
-     * for a later load. */
-    if (x && x->state == KVT_ECT_READY)
+     * cache evicts it). A transfer never loaded is released too when another transfer of the
+     * item serves it (READY, LOADING or RESIDENT): nothing will ever load it. It is kept only
+     * when the engine's own encoder cache is the item's one copy (a local hit), for a load
+     * after that copy is evicted. */
+    if (x && x->state == KVT_ECT_READY) {
         queue_cancel(s, x);
+    } else if (x && (x->state == KVT_ECT_AVAILABLE || x->state == KVT_ECT_WAITING) &&
+               oldest_of(s, &h,
+                         BIT(KVT_ECT_READY) | BIT(KVT_ECT_LOADING) | BIT(KVT_ECT_RESIDENT)) &&
+               !bound_by_other(s, r, xi(s, x))) {
+        finish_x(s, x, KVT_ECT_CANCELLED, true);
+    }
     return 0;
 }
 
-static bool bound_by_other(const kvt_ec_sched *s, const sreq *self, uint32_t idx)
+/* A finished request lets go of transfer x (no other request binds it). */
+static void let_go(kvt_ec_sched *s, xfer *x)
 {
-    for (uint32_t i = 0; i < s->n_r; i++) {
-        const sreq *r = &s->r[i];
-        if (!r->used || r == self)
-            continue;
-        for (uint32_t f = 0; f < r->n; f++)
-            if (r->own[f] == idx || r->used_[f] == idx)
-                return true;
+    if (x->state == KVT_ECT_RESIDENT)
+        return; /* the shards' pools serve later loads */
+    if (x->state == KVT_ECT_LOADING && !x->queued) {
+        /* its spec went to the ranks, who may be loading it right now: what they place is
+         * released on arrival (on_loaded), or the record fails at its deadline */
+        x->orphan = true;
+        return;
     }
-    return false;
+    if (x->state == KVT_ECT_READY && mirror_has(s, &x->h)) {
+        queue_cancel(s, x); /* in the engine's encoder cache: only the reservation goes */
+        return;
+    }
+    if (x->state == KVT_ECT_READY) /* loaded, but the engine never took it: the ranks drop it */
+        (void)list_push(&s->freed, &s->n_freed, &s->cap_freed, &x->h);
+    finish_x(s, x, KVT_ECT_CANCELLED, true);
 }
 
 int kvt_ec_sched_request_finished(kvt_ec_sched *s, const char *req_id, uint32_t req_len)
+{
+    return kvt_ec_sched_request_finished_bound(s, req_id, req_len, NULL, 0);
+}
+
+int kvt_ec_sched_request_finished_bound(kvt_ec_sched *s, const char *req_id, uint32_t req_len,
+                                        const kvt_ec_feature *bindings, uint32_t n)
 {
     ec_key id;
     int rc = skey_set(&id, req_id, req_len, "request id");
     if (rc)
         return rc;
+    if (n && !bindings)
+        return kvt_fail(KVT_EINVAL, "ec sched: request_finished: NULL bindings");
+    if (n > MAX_FEATURES)
+        return kvt_fail(KVT_ELIMIT, "ec sched: %u bindings (at most %u)", n, MAX_FEATURES);
+    for (uint32_t f = 0; f < n; f++) { /* validate everything first */
+        ec_key t;
+        if (bindings[f].transfer_id_len &&
+            (rc =
+                 skey_set(&t, bindings[f].transfer_id, bindings[f].transfer_id_len, "transfer id")))
+            return rc;
+    }
     sreq *r = req_find(s, &id);
-    if (!r)
-        return 0;
-    for (uint32_t f = 0; f < r->n; f++) {
+    for (uint32_t f = 0; r && f < r->n; f++) {
         uint32_t idx = r->own[f];
         if (idx == NONE || !s->x[idx].used || terminal(&s->x[idx]))
             continue;
-        xfer *x = &s->x[idx];
         /* a transfer another request borrowed or waits for survives this cleanup */
-        if (bound_by_other(s, r, idx))
+        if (!bound_by_other(s, r, idx))
+            let_go(s, &s->x[idx]);
+    }
+    /* the request's bindings: transfers ensure never saw (a request aborted before it) are
+     * cancelled on the shards too, and a tombstone answers their readiness later */
+    for (uint32_t f = 0; f < n; f++) {
+        if (!bindings[f].transfer_id_len)
             continue;
-        if (x->state == KVT_ECT_RESIDENT)
-            continue;                    /* the shards' pools serve later loads */
-        if (x->state == KVT_ECT_READY) { /* in the encoder cache: only the reservation goes */
-            queue_cancel(s, x);
+        ec_key t;
+        (void)skey_set(&t, bindings[f].transfer_id, bindings[f].transfer_id_len, "transfer id");
+        xfer *x = find_t(s, &t);
+        if (x && (terminal(x) || bound_by_other(s, r, xi(s, x))))
+            continue;
+        if (x) {
+            let_go(s, x);
             continue;
         }
-        finish_x(s, x, KVT_ECT_CANCELLED, true);
+        int err;
+        if ((x = x_new(s, &t, NULL, ST_PARTIAL, &err)))
+            finish_x(s, x, KVT_ECT_CANCELLED, true);
     }
+    if (!r)
+        return 0;
     kvt_map_remove(&s->by_req, id.hash, (uint32_t)(r - s->r));
     r->used = false;
     ec_slot_give(s->r, &s->free_r, sizeof(sreq), offsetof(sreq, free_next), (uint32_t)(r - s->r));
@@ -756,6 +813,12 @@ static void on_loaded(kvt_ec_sched *s, ec_key *h)
         x->queued = false;
         x->deadline = UINT64_MAX;
         s->st.loaded++;
+        if (x->orphan) { /* its requests finished meanwhile: the ranks release it again */
+            x->orphan = false;
+            if (!mirror_has(s, h))
+                (void)list_push(&s->freed, &s->n_freed, &s->cap_freed, h);
+            finish_x(s, x, KVT_ECT_CANCELLED, true);
+        }
     }
 }
 
@@ -867,6 +930,11 @@ int kvt_ec_sched_state(const kvt_ec_sched *s, const char *tid, uint32_t len)
 
 void kvt_ec_sched_get_stats(const kvt_ec_sched *s, kvt_ec_sched_stats *st)
 {
+    if (!s || !st) { /* an object that failed to be created reads as all zero */
+        if (st)
+            memset(st, 0, sizeof(*st));
+        return;
+    }
     *st = s->st;
     memset(st->transfers, 0, sizeof(st->transfers));
     for (uint32_t i = 0; i < s->n_x; i++)

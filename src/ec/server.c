@@ -23,6 +23,8 @@
 #include "base/log.h"
 #include "base/map.h"
 #include "ec/ctl.h"
+#include "ec/server_internal.h"
+#include "ec/shard_internal.h"
 #include "ec/ucx.h"
 #include "kvtier/ec_net.h"
 
@@ -35,6 +37,7 @@ typedef struct rx {
     char tid[KVT_EC_KEY_MAX + 1];
     kvt_ucx_recv *r;
     uint64_t nbytes;
+    bool complete_pending; /* its writer completed before the bytes landed: complete on landing */
     uint32_t next_free;
 } rx;
 
@@ -63,6 +66,10 @@ struct kvt_ec_server {
     rx *rx;
     kvt_map rx_map;
     uint32_t rx_free;
+    uint32_t n_pending; /* receives with complete_pending */
+    /* the consumer's owner key, and whether this server wrote it to the key file */
+    char owner[KVT_EC_RID_LEN + 1];
+    bool owner_file;
     /* CURVE: the ZAP handler's socket and the admitted clients' public keys (raw) */
     void *zap;
     uint8_t (*clients)[32];
@@ -70,6 +77,7 @@ struct kvt_ec_server {
 };
 
 static void zap_one(kvt_ec_server *s);
+static void teardown(kvt_ec_server *s);
 
 void kvt_ec_server_config_init(kvt_ec_server_config *cfg)
 {
@@ -117,10 +125,12 @@ static int check_config(const kvt_ec_server_config *c)
         c->expire_interval_ns == 0)
         return kvt_fail(KVT_EINVAL, "ec server: max_events 1..2^20, poll_ms 1..10000 and a "
                                     "non-zero expire interval");
-    if (c->data_plane &&
-        (c->max_receives < 1 || c->max_receives > (1u << 24) || c->complete_wait_ms > 60000))
-        return kvt_fail(KVT_EINVAL, "ec server: max_receives 1..2^24 and complete_wait_ms at "
-                                    "most 60000");
+    if (c->data_plane && (c->max_receives < 1 || c->max_receives > (1u << 24)))
+        return kvt_fail(KVT_EINVAL, "ec server: max_receives 1..2^24");
+    if (c->owner_key && kvt_ecc_key_check(c->owner_key))
+        return kvt_fail(KVT_EINVAL, "ec server: owner_key is not 32 lowercase hex digits");
+    if (c->event_host && !c->event_host[0])
+        return kvt_fail(KVT_EINVAL, "ec server: an empty event_host (NULL means 127.0.0.1)");
     return 0;
 }
 
@@ -160,6 +170,9 @@ static uint32_t rx_find(const kvt_ec_server *s, const char *rid)
 
 static void rx_remove(kvt_ec_server *s, uint32_t i)
 {
+    if (s->rx[i].complete_pending)
+        s->n_pending--;
+    s->rx[i].complete_pending = false;
     (void)kvt_map_remove(&s->rx_map, kvt_ecc_rid_tag(s->rx[i].rid), i);
     s->rx[i].used = false;
     s->rx[i].r = NULL;
@@ -194,43 +207,80 @@ static int rx_post(kvt_ec_server *s, const char *tid, uint32_t tid_len, const kv
     return 0;
 }
 
-/* Before a completion: the writer's bytes must all have landed. 0 when they have (the receive
- * is over) or no receive was posted for rid (a follower, a forged or stale id: the shard
- * decides); KVT_EBUSY while they are still arriving; KVT_EIO when the receive failed. */
-static int rx_landed(kvt_ec_server *s, const char *rid)
+/* A receive whose bytes all arrived: it ends, and its writer's completion may go ahead. */
+static void rx_finish(kvt_ec_server *s, uint32_t i)
 {
-    uint32_t i = rx_find(s, rid);
-    if (i == NONE)
-        return 0;
-    int rc = kvt_ucx_recv_wait(s->ucx, s->rx[i].r, (int)s->cfg.complete_wait_ms);
-    if (rc == 0) {
-        count(s, &s->st.completes_early, 1);
-        return kvt_fail(KVT_EBUSY, "the bytes of reservation %.8s... have not all arrived", rid);
-    }
-    if (rc < 0) {
-        count(s, &s->st.receives_failed, 1);
-        return rc; /* the writer abandons next: the receive ends then */
-    }
     (void)kvt_ucx_recv_end(s->ucx, s->rx[i].r, 0);
     count(s, &s->st.receives_done, 1);
     count(s, &s->st.bytes_received, s->rx[i].nbytes);
     rx_remove(s, i);
-    return 0;
+}
+
+/* complete(T, rid) on the network. Never waits: bytes that have landed complete the
+ * reservation now; bytes still arriving are answered pending, and the server completes the
+ * reservation itself when they land (finish_pending), so one message naming an unlanded
+ * reservation thousands of times costs thousands of lookups, not thousands of timeouts. */
+static int complete_item(kvt_ec_server *s, const kvt_ecc_item *it, kvt_ecc_result *x)
+{
+    const char *rid = it->reservation_id.ptr;
+    uint32_t i = s->ucx ? rx_find(s, rid) : NONE;
+    if (i != NONE && strcmp(s->rx[i].tid, it->transfer_id.ptr) != 0)
+        return 0; /* a receive of another transfer: not this reservation (not accepted) */
+    if (i != NONE) {
+        int rc = kvt_ucx_recv_wait(s->ucx, s->rx[i].r, 0);
+        if (rc < 0) {
+            count(s, &s->st.receives_failed, 1);
+            return rc; /* the writer abandons next: the receive ends then */
+        }
+        if (rc == 0) {
+            if (!s->rx[i].complete_pending) {
+                s->rx[i].complete_pending = true;
+                s->n_pending++;
+                count(s, &s->st.completes_pending, 1);
+            }
+            x->completed = x->pending = true;
+            return 0;
+        }
+        rx_finish(s, i);
+    }
+    /* landed, a follower, or no receive of ours (a forged or stale id: the shard decides) */
+    return kvt_ec_shard_complete(s->shard, it->transfer_id.ptr, it->transfer_id.len, rid,
+                                 &x->completed, &x->became_ready);
+}
+
+/* Completions answered pending whose bytes have landed since: complete them now (the shard
+ * queues the readiness event). Under the lock. */
+static void finish_pending(kvt_ec_server *s)
+{
+    for (uint32_t i = 0; s->n_pending && i < s->cfg.max_receives; i++) {
+        rx *e = &s->rx[i];
+        if (!e->used || !e->complete_pending)
+            continue;
+        int rc = kvt_ucx_recv_wait(s->ucx, e->r, 0);
+        if (rc == 0)
+            continue;
+        if (rc < 0) { /* never landing: the writer abandons, or the reaper ends it at its TTL */
+            count(s, &s->st.receives_failed, 1);
+            e->complete_pending = false;
+            s->n_pending--;
+            continue;
+        }
+        char tid[KVT_EC_KEY_MAX + 1], rid[KVT_EC_RID_LEN + 1];
+        memcpy(tid, e->tid, sizeof(tid));
+        memcpy(rid, e->rid, sizeof(rid));
+        rx_finish(s, i);
+        bool accepted, ready;
+        if (kvt_ec_shard_complete(s->shard, tid, (uint32_t)strlen(tid), rid, &accepted, &ready))
+            KVT_LOG_W("ec server port %u: completing %s: %s", s->port, tid, kvt_last_error());
+    }
 }
 
 /* Before an abandon: the receive on the writer's region ends first (UCX lets go of it), or the
  * abandon is refused and the memory stays the writer's. */
 static int rx_end(kvt_ec_server *s, const kvt_ecc_item *it)
 {
-    static _Thread_local kvt_ec_status st;
-    const char *rid = it->reservation_id.ptr;
-    if (it->reservation_id.len == 0) { /* "any": the record's current reservation */
-        if (kvt_ec_shard_status(s->shard, it->transfer_id.ptr, it->transfer_id.len, &st) != 1)
-            return 0;
-        rid = st.reservation_id;
-    }
-    uint32_t i = rx_find(s, rid);
-    if (i == NONE)
+    uint32_t i = rx_find(s, it->reservation_id.ptr); /* an abandon always names its id */
+    if (i == NONE || strcmp(s->rx[i].tid, it->transfer_id.ptr) != 0)
         return 0;
     int rc = kvt_ucx_recv_end(s->ucx, s->rx[i].r, 2000);
     if (rc < 0)
@@ -285,10 +335,9 @@ static int do_item(kvt_ec_server *s, uint32_t op, const kvt_ecc_item *it, kvt_ec
         static _Thread_local kvt_ec_status st;
         rc = kvt_ec_shard_status(sh, it->transfer_id.ptr, it->transfer_id.len, &st);
         if (rc == 1) {
-            x->found = true;
+            x->found = true; /* never the reservation id: a capability of its client alone */
             x->mm_hash = (kvt_str){st.mm_hash, (uint32_t)strlen(st.mm_hash)};
             x->ready = st.ready;
-            x->reservation_id = (kvt_str){st.reservation_id, (uint32_t)strlen(st.reservation_id)};
             x->nbytes = st.nbytes;
             x->ndim = st.ndim;
             memcpy(x->shape, st.shape, sizeof(x->shape));
@@ -303,7 +352,10 @@ static int do_item(kvt_ec_server *s, uint32_t op, const kvt_ecc_item *it, kvt_ec
         kvt_ec_item item = {it->mm_hash.ptr, it->mm_hash.len, it->nbytes, it->ndim, {0},
                             it->dtype.ptr,   it->dtype.len};
         memcpy(item.shape, it->shape, sizeof(item.shape));
-        rc = kvt_ec_shard_reserve(sh, it->transfer_id.ptr, it->transfer_id.len, &item, &r);
+        rc = kvt_ec_shard_reserve_as(sh, it->transfer_id.ptr, it->transfer_id.len, &item,
+                                     it->client_key.ptr, &r);
+        if (rc == KVT_EEXIST)
+            count(s, &s->st.refused, 1);
         if (!rc && r.write && s->ucx &&
             (rc = rx_post(s, it->transfer_id.ptr, it->transfer_id.len, &r))) {
             /* no receive, no writer: the reservation is given back before anyone writes */
@@ -328,11 +380,17 @@ static int do_item(kvt_ec_server *s, uint32_t op, const kvt_ecc_item *it, kvt_ec
     }
     case KVT_ECC_COMPLETE:
     case KVT_ECC_COMPLETE_BATCH:
-        if (!s->ucx || !(rc = rx_landed(s, it->reservation_id.ptr)))
-            rc = kvt_ec_shard_complete(sh, it->transfer_id.ptr, it->transfer_id.len,
-                                       it->reservation_id.ptr, &x->completed, &x->became_ready);
+        rc = complete_item(s, it, x);
         break;
     case KVT_ECC_CANCEL:
+        /* without a reservation id: the consumer's own scheduler, who must show the owner key
+         * (no one else may cancel a transfer or plant a tombstone ahead of its producer) */
+        if (it->reservation_id.len == 0 && !kvt_ecc_key_equal(it->client_key.ptr, s->owner)) {
+            count(s, &s->st.refused, 1);
+            rc = kvt_fail(KVT_EINVAL, "ec server: a cancel without reservation id needs the "
+                                      "consumer's owner key");
+            break;
+        }
         if (!s->ucx || !it->abandon || !(rc = rx_end(s, it)))
             rc = kvt_ec_shard_cancel(sh, it->transfer_id.ptr, it->transfer_id.len,
                                      it->reservation_id.len ? it->reservation_id.ptr : NULL,
@@ -387,9 +445,10 @@ static int handle(kvt_ec_server *s)
     return 0;
 }
 
-static int send_reply(kvt_ec_server *s)
+/* Encodes s->rep_msg into s->out; the encoded length in *len. */
+static int encode_reply(kvt_ec_server *s, size_t *len)
 {
-    size_t need = kvt_ecc_reply_encoded_size(&s->rep_msg), len;
+    size_t need = kvt_ecc_reply_encoded_size(&s->rep_msg);
     if (need > s->out_cap) {
         uint8_t *b = realloc(s->out, need);
         if (!b)
@@ -397,31 +456,16 @@ static int send_reply(kvt_ec_server *s)
         s->out = b;
         s->out_cap = need;
     }
-    int rc = kvt_ecc_reply_encode(&s->rep_msg, s->out, s->out_cap, &len);
-    if (rc)
-        return rc;
-    return zmq_send(s->rep, s->out, len, 0) < 0 ? zfail("send", "reply") : 0;
+    return kvt_ecc_reply_encode(&s->rep_msg, s->out, s->out_cap, len);
 }
 
-/* Answers one request; whatever goes wrong, the REP socket answers something. */
-static void serve_one(kvt_ec_server *s)
+/* One request's bytes (or rc: a request that could not even be received whole) to its
+ * encoded reply in s->out: whatever the bytes, the answer is a reply (an error one for what
+ * does not decode). Used by the socket loop and, without sockets, by the fuzzer. */
+static int answer(kvt_ec_server *s, const void *buf, size_t len, int rc, size_t *out_len)
 {
-    zmq_msg_t m;
-    zmq_msg_init(&m);
-    if (zmq_msg_recv(&m, s->rep, ZMQ_DONTWAIT) < 0) {
-        zmq_msg_close(&m);
-        return; /* EAGAIN, or a message over ZMQ_MAXMSGSIZE (the peer is disconnected) */
-    }
-    bool more = zmq_msg_more(&m);
-    int rc = more ? kvt_fail(KVT_EPROTO, "a request of more than one frame")
-                  : kvt_ecc_request_decode(&s->req, zmq_msg_data(&m), zmq_msg_size(&m));
-    while (more) { /* drain the other frames: REP answers the whole message once */
-        zmq_msg_t t;
-        zmq_msg_init(&t);
-        more = zmq_msg_recv(&t, s->rep, 0) >= 0 && zmq_msg_more(&t);
-        zmq_msg_close(&t);
-    }
-    zmq_msg_close(&m);
+    if (!rc)
+        rc = kvt_ecc_request_decode(&s->req, buf, len);
     pthread_mutex_lock(&s->st_lock);
     s->st.requests++;
     s->st.malformed += rc != 0;
@@ -439,13 +483,89 @@ static void serve_one(kvt_ec_server *s)
         kvt_ecc_reply_begin(&s->rep_msg, op);
         (void)kvt_ecc_reply_fail(&s->rep_msg, rc, msg);
     }
-    if ((rc = send_reply(s))) {
-        /* a reply that cannot be encoded or sent: say so in the smallest reply there is */
+    if ((rc = encode_reply(s, out_len))) {
+        /* a reply that cannot be encoded: say so in the smallest reply there is */
         KVT_LOG_W("ec server port %u: %s", s->port, kvt_last_error());
         kvt_ecc_reply_begin(&s->rep_msg, KVT_ECC_PEERS);
-        (void)kvt_ecc_reply_fail(&s->rep_msg, KVT_EIO, "the server could not send its reply");
-        (void)send_reply(s);
+        (void)kvt_ecc_reply_fail(&s->rep_msg, KVT_EIO, "the server could not build its reply");
+        rc = encode_reply(s, out_len);
     }
+    return rc;
+}
+
+/* Answers one request; whatever goes wrong, the REP socket answers something. */
+static void serve_one(kvt_ec_server *s)
+{
+    zmq_msg_t m;
+    zmq_msg_init(&m);
+    if (zmq_msg_recv(&m, s->rep, ZMQ_DONTWAIT) < 0) {
+        zmq_msg_close(&m);
+        return; /* EAGAIN, or a message over ZMQ_MAXMSGSIZE (the peer is disconnected) */
+    }
+    bool more = zmq_msg_more(&m);
+    int rc = more ? kvt_fail(KVT_EPROTO, "a request of more than one frame") : 0;
+    while (more) { /* drain the other frames: REP answers the whole message once */
+        zmq_msg_t t;
+        zmq_msg_init(&t);
+        more = zmq_msg_recv(&t, s->rep, 0) >= 0 && zmq_msg_more(&t);
+        zmq_msg_close(&t);
+    }
+    size_t len = 0;
+    rc = answer(s, zmq_msg_data(&m), zmq_msg_size(&m), rc, &len);
+    zmq_msg_close(&m);
+    if (rc || zmq_send(s->rep, s->out, len, 0) < 0) {
+        KVT_LOG_W("ec server port %u: a reply could not be sent: %s", s->port,
+                  rc ? kvt_last_error() : zmq_strerror(zmq_errno()));
+        if (rc) /* a REP socket must answer before it can receive again */
+            (void)zmq_send(s->rep, "", 0, 0);
+    }
+}
+
+/* ---- without sockets (fuzzing) --------------------------------------------------------------- */
+
+int kvt_ec_server_open_local(kvt_ec_shard *shard, kvt_ec_server **out)
+{
+    *out = NULL;
+    kvt_ec_server *s = calloc(1, sizeof(*s));
+    if (!s)
+        return kvt_fail(KVT_ENOMEM, "ec server: out of memory");
+    kvt_ec_server_config_init(&s->cfg);
+    s->cfg.host = "127.0.0.1";
+    s->cfg.base_port = 1;
+    s->cfg.data_plane = false;
+    s->shard = shard;
+    s->port = 1;
+    pthread_mutex_init(&s->lock, NULL);
+    pthread_mutex_init(&s->st_lock, NULL);
+    kvt_ecc_request_init(&s->req);
+    kvt_ecc_reply_init(&s->rep_msg);
+    s->ring = calloc(s->cfg.max_events, sizeof(*s->ring));
+    int rc = s->ring ? kvt_ecc_key_random(s->owner) : kvt_fail(KVT_ENOMEM, "ec server: oom");
+    if (rc) {
+        teardown(s);
+        return rc;
+    }
+    *out = s;
+    return 0;
+}
+
+int kvt_ec_server_answer(kvt_ec_server *s, const void *req, size_t len, const uint8_t **reply,
+                         size_t *reply_len)
+{
+    int rc = answer(s, req, len, 0, reply_len);
+    *reply = s->out;
+    return rc;
+}
+
+const char *kvt_ec_server_owner(const kvt_ec_server *s)
+{
+    return s->owner;
+}
+
+void kvt_ec_server_close_local(kvt_ec_server *s)
+{
+    if (s)
+        teardown(s);
 }
 
 /* ---- events -------------------------------------------------------------------------------- */
@@ -515,6 +635,8 @@ static void *server_main(void *arg)
     while (!atomic_load(&s->stop)) {
         pthread_mutex_lock(&s->lock);
         uint64_t now = kvt_monotonic_ns();
+        if (s->n_pending)
+            finish_pending(s);
         if (now >= s->next_expire) {
             kvt_ec_shard_expire(s->shard);
             if (s->ucx)
@@ -557,6 +679,8 @@ static void *server_main(void *arg)
 
 static void teardown(kvt_ec_server *s)
 {
+    if (s->owner_file)
+        kvt_ecc_owner_remove(s->port, s->owner);
     if (s->ucx) {
         /* every receive ends before the worker goes; UCX writes nothing after that */
         for (uint32_t i = 0; s->rx && i < s->cfg.max_receives; i++)
@@ -696,7 +820,8 @@ static int bind_sockets(kvt_ec_server *s)
         return rc;
     if (zmq_bind(s->rep, ep) != 0)
         return zfail("failed to bind", ep);
-    if ((rc = endpoint(ep, sizeof(ep), s->cfg.host, 0)))
+    /* events: the local machine only, unless the caller names another address */
+    if ((rc = endpoint(ep, sizeof(ep), s->cfg.event_host ? s->cfg.event_host : "127.0.0.1", 0)))
         return rc;
     if (zmq_bind(s->push, ep) != 0)
         return zfail("failed to bind the event socket", ep);
@@ -759,6 +884,16 @@ int kvt_ec_server_start(const kvt_ec_server_config *cfg, kvt_ec_shard *shard, kv
         rc = data_plane_setup(s);
     if (!rc)
         rc = bind_sockets(s);
+    if (!rc && cfg->owner_key) {
+        memcpy(s->owner, cfg->owner_key, sizeof(s->owner));
+    } else if (!rc && !(rc = kvt_ecc_key_random(s->owner))) {
+        if (kvt_ecc_owner_write(s->port, s->owner) == 0)
+            s->owner_file = true;
+        else /* the inbox of this host cannot cancel; everything else works */
+            KVT_LOG_W("ec server port %u: %s; consumer-side cancels will be refused unless the "
+                      "inbox is given an owner_key",
+                      s->port, kvt_last_error());
+    }
     if (!rc && pthread_create(&s->thread, NULL, server_main, s) != 0)
         rc = kvt_fail(KVT_ESYS, "ec server: cannot start its thread");
     if (rc) {
@@ -811,6 +946,11 @@ int kvt_ec_server_with_shard(kvt_ec_server *s, int (*fn)(kvt_ec_shard *, void *)
 
 void kvt_ec_server_get_stats(kvt_ec_server *s, kvt_ec_server_stats *st)
 {
+    if (!s || !st) { /* an object that failed to be created reads as all zero */
+        if (st)
+            memset(st, 0, sizeof(*st));
+        return;
+    }
     pthread_mutex_lock(&s->st_lock);
     *st = s->st;
     pthread_mutex_unlock(&s->st_lock);

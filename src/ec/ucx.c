@@ -153,6 +153,23 @@ int kvt_ucx_address(kvt_ucx *u, const void **addr, size_t *len)
     return 0;
 }
 
+int kvt_ucx_address_check(const kvt_ucx *u, const void *addr, size_t len)
+{
+    /* UCX unpacks a worker address without bounds on what it trusts (a crafted header byte
+     * aborts the process inside ucp_ep_create), so a peer's address must look like the ones
+     * this build packs: the same header byte (format version and flags) and room for at least
+     * a header and a worker id. */
+    const uint8_t *a = addr;
+    if (!addr || len < 9 || len > (1u << 16))
+        return kvt_fail(KVT_EPROTO, "ucx: a peer's worker address of %zu bytes", len);
+    if (a[0] != ((const uint8_t *)u->addr)[0])
+        return kvt_fail(KVT_EPROTO,
+                        "ucx: a peer's worker address has header 0x%02x, this build's UCX packs "
+                        "0x%02x (another UCX version or configuration, or a forged address)",
+                        a[0], ((const uint8_t *)u->addr)[0]);
+    return 0;
+}
+
 int kvt_ucx_map(kvt_ucx *u, void *base, size_t len)
 {
     if (u->mem)

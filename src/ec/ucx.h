@@ -25,6 +25,9 @@ int kvt_ucx_create(kvt_ucx **out);
 void kvt_ucx_destroy(kvt_ucx *u);
 /* The worker's address, for peers to send to (valid until destroy). */
 int kvt_ucx_address(kvt_ucx *u, const void **addr, size_t *len);
+/* A peer's worker address is well formed enough to hand to UCX (see ucx.c): 0, or KVT_EPROTO
+ * with a message. */
+int kvt_ucx_address_check(const kvt_ucx *u, const void *addr, size_t len);
 /* Registers [base, base + len) once (a consumer's receive buffer): zero-copy receives. */
 int kvt_ucx_map(kvt_ucx *u, void *base, size_t len);
 /* Drives the worker (completions, connection setup); returns whether anything progressed. */

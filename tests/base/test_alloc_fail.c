@@ -265,7 +265,8 @@ static int scenario_ec_control(void)
                            .nbytes = 64,
                            .ndim = 1,
                            .shape = {32},
-                           .dtype = {"float16", 7}};
+                           .dtype = {"float16", 7},
+                           .client_key = {"0123456789abcdef0123456789abcdef", 32}};
         TRY(kvt_ecc_request_add(&q, &it));
     }
     TRY(kvt_ecc_request_encode(&q, wire, sizeof(wire), &len));

@@ -9,6 +9,7 @@
 
 #define RID  "0123456789abcdef0123456789abcdef"
 #define RID2 "fedcba9876543210fedcba9876543210"
+#define KEY  "00112233445566778899aabbccddeeff"
 
 static kvt_str S(const char *s)
 {
@@ -25,6 +26,7 @@ static kvt_ecc_item reserve_item(const char *tid, const char *hash, uint64_t row
     it.shape[1] = 64;
     it.dtype = S("bfloat16");
     it.nbytes = rows * 64 * 2;
+    it.client_key = S(KEY);
     return it;
 }
 
@@ -69,9 +71,11 @@ static void every_request_op_round_trips(void **state)
         for (uint32_t i = 0; i < n; i++) {
             kvt_ecc_item it = reserve_item(i ? "xfer-b" : "xfer-a", "img-1", 16 + i);
             it.transfer_id = S(i == 2 ? "xfer-c" : it.transfer_id.ptr);
-            it.reservation_id = S(op == KVT_ECC_CANCEL ? "" : RID);
+            it.reservation_id = S(RID);
             it.abandon = op == KVT_ECC_CANCEL;
             it.refresh = op == KVT_ECC_CANCEL;
+            if (op == KVT_ECC_CANCEL) /* a producer's abandon: its id, no key */
+                it.client_key = S("");
             KVT_OK_(kvt_ecc_request_add(&r, &it));
         }
         request_round_trip(&r, &back);
@@ -86,15 +90,24 @@ static void every_request_op_round_trips(void **state)
                 assert_int_equal(b->ndim, 2);
                 assert_int_equal(b->shape[0], a->shape[0]);
                 assert_string_equal(b->dtype.ptr, "bfloat16");
+                assert_string_equal(b->client_key.ptr, KEY);
             }
             if (op == KVT_ECC_COMPLETE || op == KVT_ECC_COMPLETE_BATCH)
                 assert_string_equal(b->reservation_id.ptr, RID);
             if (op == KVT_ECC_CANCEL) {
-                assert_int_equal(b->reservation_id.len, 0);
+                assert_string_equal(b->reservation_id.ptr, RID);
                 assert_true(b->abandon && b->refresh);
+                assert_int_equal(b->client_key.len, 0);
             }
         }
     }
+    /* the consumer's own cancel: no reservation id, its owner key */
+    kvt_ecc_request_begin(&r, KVT_ECC_CANCEL);
+    kvt_ecc_item c = {.transfer_id = S("xfer-a"), .reservation_id = S(""), .client_key = S(KEY)};
+    KVT_OK_(kvt_ecc_request_add(&r, &c));
+    request_round_trip(&r, &back);
+    assert_int_equal(back.items[0].reservation_id.len, 0);
+    assert_string_equal(back.items[0].client_key.ptr, KEY);
     kvt_ecc_request_release(&r);
     kvt_ecc_request_release(&back);
 }
@@ -144,9 +157,10 @@ static void every_reply_round_trips_with_per_item_errors(void **state)
     kvt_ecc_reply_begin(&r, KVT_ECC_STATUS);
     kvt_ecc_result st = {.found = true, .ready = true, .nbytes = 256, .ndim = 1};
     st.shape[0] = 128;
-    st.mm_hash = S("img-2"), st.dtype = S("float16"), st.reservation_id = S(RID);
+    st.mm_hash = S("img-2"), st.dtype = S("float16");
     KVT_OK_(kvt_ecc_reply_add(&r, &st));
     reply_round_trip(&r, &back);
+    assert_int_equal(back.results[0].reservation_id.len, 0);
     assert_true(back.results[0].found && back.results[0].ready);
     assert_string_equal(back.results[0].dtype.ptr, "float16");
     kvt_ecc_reply_begin(&r, KVT_ECC_STATUS);
@@ -160,8 +174,11 @@ static void every_reply_round_trips_with_per_item_errors(void **state)
     KVT_OK_(kvt_ecc_reply_add(&r, &c));
     c.became_ready = false;
     KVT_OK_(kvt_ecc_reply_add(&r, &c));
+    c.pending = true; /* accepted, bytes still arriving */
+    KVT_OK_(kvt_ecc_reply_add(&r, &c));
     reply_round_trip(&r, &back);
     assert_true(back.results[0].became_ready && !back.results[1].became_ready);
+    assert_true(!back.results[1].pending && back.results[2].pending && back.results[2].completed);
     kvt_ecc_reply_begin(&r, KVT_ECC_CANCEL);
     kvt_ecc_result k = {.cancelled = true};
     KVT_OK_(kvt_ecc_reply_add(&r, &k));
@@ -290,6 +307,57 @@ static void forged_requests_are_refused(void **state)
     kvt_ecc_request_release(&r);
 }
 
+/* What the capabilities rule out at the wire: a reserve without its client's key, an abandon or
+ * refresh without a reservation id, a consumer-side cancel without the owner key, a status
+ * reply that reveals an id, a pending completion that was not accepted. */
+static void capabilities_are_required_on_the_wire(void **state)
+{
+    (void)state;
+    kvt_ecc_request r;
+    kvt_ecc_request_init(&r);
+    size_t len;
+    kvt_ecc_item it = reserve_item("t", "h", 1);
+    it.client_key = S("");
+    kvt_ecc_request_begin(&r, KVT_ECC_RESERVE);
+    KVT_OK_(kvt_ecc_request_add(&r, &it));
+    KVT_ERR_(kvt_ecc_request_encode(&r, g_buf, sizeof(g_buf), &len), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "client_key"));
+    const struct {
+        const char *rid, *key;
+        bool abandon, refresh;
+        const char *why;
+    } bad[] = {{"", KEY, true, false, "needs the reservation id"},
+               {"", KEY, false, true, "needs the reservation id"},
+               {"", "", false, false, "owner key"},
+               {RID, "0011", false, false, "client_key"}};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        kvt_ecc_request_begin(&r, KVT_ECC_CANCEL);
+        kvt_ecc_item c = {.transfer_id = S("t"),
+                          .reservation_id = S(bad[i].rid),
+                          .client_key = S(bad[i].key),
+                          .abandon = bad[i].abandon,
+                          .refresh = bad[i].refresh};
+        KVT_OK_(kvt_ecc_request_add(&r, &c));
+        KVT_ERR_(kvt_ecc_request_encode(&r, g_buf, sizeof(g_buf), &len), KVT_EINVAL);
+        assert_non_null(strstr(kvt_last_error(), bad[i].why));
+    }
+    kvt_ecc_request_release(&r);
+    kvt_ecc_reply p;
+    kvt_ecc_reply_init(&p);
+    kvt_ecc_reply_begin(&p, KVT_ECC_STATUS);
+    kvt_ecc_result st = {.found = true, .nbytes = 2, .ndim = 1};
+    st.shape[0] = 1;
+    st.mm_hash = S("h"), st.dtype = S("float16"), st.reservation_id = S(RID);
+    KVT_OK_(kvt_ecc_reply_add(&p, &st));
+    KVT_ERR_(kvt_ecc_reply_encode(&p, g_buf, sizeof(g_buf), &len), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "never revealed"));
+    kvt_ecc_reply_begin(&p, KVT_ECC_COMPLETE);
+    kvt_ecc_result c = {.pending = true};
+    KVT_OK_(kvt_ecc_reply_add(&p, &c));
+    KVT_ERR_(kvt_ecc_reply_encode(&p, g_buf, sizeof(g_buf), &len), KVT_EINVAL);
+    kvt_ecc_reply_release(&p);
+}
+
 /* Bytes a peer forges after a valid encoding: caught by the decoder itself. */
 static void forged_bytes_are_refused(void **state)
 {
@@ -302,11 +370,11 @@ static void forged_bytes_are_refused(void **state)
     KVT_OK_(kvt_ecc_request_add(&r, &c));
     size_t len;
     KVT_OK_(kvt_ecc_request_encode(&r, g_buf, sizeof(g_buf), &len));
-    /* the abandon flag (second to last byte) set to 2 */
-    g_buf[len - 2] = 2;
+    /* the abandon flag (before refresh and the empty client key's length) set to 2 */
+    g_buf[len - 6] = 2;
     KVT_ERR_(kvt_ecc_request_decode(&back, g_buf, len), KVT_EPROTO);
     assert_non_null(strstr(kvt_last_error(), "abandon"));
-    g_buf[len - 2] = 1;
+    g_buf[len - 6] = 1;
     /* an item count of 2^32 - 1: refused before anything is allocated */
     memset(g_buf + KVT_META_HEADER_LEN + 4, 0xff, 4);
     int rc = kvt_ecc_request_decode(&back, g_buf, len);
@@ -370,6 +438,7 @@ int main(void)
         cmocka_unit_test(every_request_op_round_trips),
         cmocka_unit_test(every_reply_round_trips_with_per_item_errors),
         cmocka_unit_test(events_round_trip_ready_and_abandoned),
+        cmocka_unit_test(capabilities_are_required_on_the_wire),
         cmocka_unit_test(every_truncation_is_refused),
         cmocka_unit_test(forged_requests_are_refused),
         cmocka_unit_test(forged_bytes_are_refused),

@@ -151,6 +151,14 @@ typedef struct region_check {
     bool ok;
 } region_check;
 
+static int status_of(kvt_ec_shard *sh, void *arg);
+
+/* 1 when the transfer named arg is READY on the shard. */
+static int ready_of(kvt_ec_shard *sh, void *arg)
+{
+    return kvt_ec_shard_state(sh, arg, (uint32_t)strlen(arg)) == KVT_EC_READY;
+}
+
 static int check_region(kvt_ec_shard *sh, void *arg)
 {
     (void)sh;
@@ -283,8 +291,10 @@ static void pushes_land_on_every_shard_byte_for_byte(void **state)
     consumer_stop(&c);
 }
 
-/* A completion sent before any byte arrived is refused; an abandon ends the receive first and
- * only then releases the region; a late send to that tag lands nowhere. */
+/* A completion sent before any byte arrived is answered at once, pending (the server thread
+ * never waits on it); an abandon ends the receive first and only then releases the region; a
+ * late send to that tag lands nowhere; a pending completion whose bytes land later becomes
+ * ready by itself. */
 static void completion_waits_for_the_bytes_and_abandon_ends_the_receive(void **state)
 {
     (void)state;
@@ -303,19 +313,23 @@ static void completion_waits_for_the_bytes_and_abandon_ends_the_receive(void **s
                        .nbytes = 4096,
                        .ndim = 1,
                        .shape = {2048},
-                       .dtype = S("float16")};
+                       .dtype = S("float16"),
+                       .client_key = S("00000000000000000000000000000001")};
     kvt_ecc_request_begin(&q, KVT_ECC_RESERVE);
     KVT_OK_(kvt_ecc_request_add(&q, &it));
     KVT_OK_(kvt_ecc_client_call(cli, ep, &q, &p));
     char rid[KVT_EC_RID_LEN + 1];
     memcpy(rid, p.results[0].reservation_id.ptr, sizeof(rid));
-    /* complete without writing: refused (KVT_EBUSY) after complete_wait_ms */
+    /* complete without writing, 4096 times in one message: answered at once, pending */
     kvt_ecc_item cm = {.transfer_id = S("t1"), .reservation_id = S(rid)};
-    kvt_ecc_request_begin(&q, KVT_ECC_COMPLETE);
-    KVT_OK_(kvt_ecc_request_add(&q, &cm));
+    kvt_ecc_request_begin(&q, KVT_ECC_COMPLETE_BATCH);
+    for (int i = 0; i < (int)KVT_ECC_MAX_BATCH; i++)
+        KVT_OK_(kvt_ecc_request_add(&q, &cm));
     KVT_OK_(kvt_ecc_client_call(cli, ep, &q, &p));
-    assert_int_equal(p.results[0].code, KVT_EBUSY);
-    assert_non_null(strstr(p.results[0].error.ptr, "have not all arrived"));
+    for (uint32_t i = 0; i < p.n; i++)
+        assert_true(p.results[i].code == 0 && p.results[i].completed && p.results[i].pending &&
+                    !p.results[i].became_ready);
+    assert_int_equal(kvt_ec_server_with_shard(c.srv[0], status_of, (void *)"t1"), 1);
     /* the writer abandons: the receive is cancelled, then the memory freed */
     kvt_ecc_item ab = {.transfer_id = S("t1"), .reservation_id = S(rid), .abandon = true};
     kvt_ecc_request_begin(&q, KVT_ECC_CANCEL);
@@ -324,7 +338,7 @@ static void completion_waits_for_the_bytes_and_abandon_ends_the_receive(void **s
     assert_true(p.results[0].cancelled);
     kvt_ec_server_stats ss;
     kvt_ec_server_get_stats(c.srv[0], &ss);
-    assert_int_equal(ss.completes_early, 1);
+    assert_int_equal(ss.completes_pending, 1); /* one receive, however often it was named */
     assert_int_equal(ss.receives_cancelled, 1);
     /* a send with the old tag now lands nowhere: the region is someone else's next */
     kvt_ucx *u;
@@ -350,10 +364,46 @@ static void completion_waits_for_the_bytes_and_abandon_ends_the_receive(void **s
     kvt_ecc_request_begin(&q, KVT_ECC_COMPLETE);
     KVT_OK_(kvt_ecc_request_add(&q, &cm2));
     KVT_OK_(kvt_ecc_client_call(cli, ep, &q, &p));
-    assert_true(p.results[0].completed);
+    assert_true(p.results[0].completed); /* at once, or pending until the bytes land */
+    int ready2 = 0;
+    for (int i = 0; i < 1000 && !ready2; i++) { /* ready means landed: bounded wait */
+        ready2 = kvt_ec_server_with_shard(c.srv[0], ready_of, (void *)"t2");
+        if (!ready2)
+            usleep(5000);
+    }
+    assert_int_equal(ready2, 1);
     region_check rc = {c.buf[0] + p2.results[0].offset, 4096, 0x11, false};
     KVT_OK_(kvt_ec_server_with_shard(c.srv[0], check_region, &rc)); /* under the server's lock */
     assert_true(rc.ok);
+    /* completed first, written after: pending, then ready once the bytes land */
+    kvt_ecc_item it3 = it;
+    it3.transfer_id = S("t3"), it3.mm_hash = S("h3");
+    kvt_ecc_request_begin(&q, KVT_ECC_RESERVE);
+    KVT_OK_(kvt_ecc_request_add(&q, &it3));
+    KVT_OK_(kvt_ecc_client_call(cli, ep, &q, &p2));
+    char rid3[KVT_EC_RID_LEN + 1];
+    memcpy(rid3, p2.results[0].reservation_id.ptr, sizeof(rid3));
+    uint64_t tag3 = p2.results[0].tag, off3 = p2.results[0].offset;
+    kvt_ecc_item cm3 = {.transfer_id = S("t3"), .reservation_id = S(rid3)};
+    kvt_ecc_request_begin(&q, KVT_ECC_COMPLETE);
+    KVT_OK_(kvt_ecc_request_add(&q, &cm3));
+    KVT_OK_(kvt_ecc_client_call(cli, ep, &q, &p2));
+    assert_true(p2.results[0].completed && p2.results[0].pending);
+    assert_int_equal(kvt_ec_server_with_shard(c.srv[0], ready_of, (void *)"t3"), 0);
+    kvt_ecc_request_begin(&q, KVT_ECC_DATA_ADDRESS);
+    KVT_OK_(kvt_ecc_client_call(cli, ep, &q, &p));
+    memset(good, 0x33, sizeof(good));
+    KVT_OK_(kvt_ucx_send(u, p.data_addr, p.data_addr_len, good, sizeof(good), tag3, TIMEOUT));
+    int ready = 0;
+    for (int i = 0; i < 1000 && !ready; i++) { /* the server's loop completes it: bounded wait */
+        ready = kvt_ec_server_with_shard(c.srv[0], ready_of, (void *)"t3");
+        if (!ready)
+            usleep(5000);
+    }
+    assert_int_equal(ready, 1);
+    region_check rc3 = {c.buf[0] + off3, 4096, 0x33, false};
+    KVT_OK_(kvt_ec_server_with_shard(c.srv[0], check_region, &rc3));
+    assert_true(rc3.ok);
     kvt_ucx_destroy(u);
     kvt_ecc_reply_release(&p2);
     kvt_ecc_request_release(&q);
@@ -451,7 +501,8 @@ static void curve_admits_only_listed_clients(void **state)
                        .nbytes = 4096,
                        .ndim = 1,
                        .shape = {2048},
-                       .dtype = S("float16")};
+                       .dtype = S("float16"),
+                       .client_key = S("00000000000000000000000000000001")};
     kvt_ecc_request_begin(&q, KVT_ECC_RESERVE);
     KVT_OK_(kvt_ecc_request_add(&q, &it));
     kvt_ecc_client *plain, *other;

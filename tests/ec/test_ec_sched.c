@@ -263,6 +263,7 @@ static void consumed_item_releases_its_transfer_immediately(void **state_)
     rig_open(&g, 1);
     ready(&g, "t", "h", 0);
     load_ready(&g, "r", "h", "t");
+    KVT_OK_(kvt_ec_sched_cache_added(g.s, "h", 1)); /* the engine allocated it for r */
     kvt_ec_feature f = {"h", 1, "t", 1};
     KVT_OK_(kvt_ec_sched_consumed(g.s, "r", 1, &f));
     char out[8][KVT_EC_KEY_MAX + 1];
@@ -462,10 +463,106 @@ static void finish_preserves_extra_transfer_loading_for_another_request(void **s
     ready(&g, "t", "h", 0);
     assert_false(ensure(&g, "r1", "h", "t"));
     assert_false(ensure(&g, "r2", "h", "t")); /* shares the transfer */
+    build(&g);                                /* the load goes to the ranks */
     KVT_OK_(kvt_ec_sched_request_finished(g.s, "r1", 2));
     assert_int_equal(state(&g, "t"), KVT_ECT_LOADING); /* r2 still waits for it */
     KVT_OK_(kvt_ec_sched_request_finished(g.s, "r2", 2));
+    /* nobody waits for it any more, but the ranks may be loading it: it stays LOADING until
+     * they report, and what they placed is released then */
+    assert_int_equal(state(&g, "t"), KVT_ECT_LOADING);
+    build(&g);
+    report(&g, "h", NULL, NULL, NULL);
     assert_int_equal(state(&g, "t"), KVT_ECT_CANCELLED);
+    build(&g);
+    assert_int_equal(g.meta.n_loads, 0);
+    assert_int_equal(g.meta.n_freed, 1); /* the ranks retire it: nothing stays pinned */
+    assert_string_equal(g.meta.freed[0].ptr, "h");
+    char out[8][KVT_EC_KEY_MAX + 1];
+    assert_int_equal(cancels(&g, out), 1);
+    rig_close(&g);
+}
+
+/* A load not yet sent to the ranks is simply cancelled when its request finishes. */
+static void an_undispatched_load_of_a_finished_request_is_cancelled(void **state_)
+{
+    (void)state_;
+    rig g;
+    rig_open(&g, 1);
+    ready(&g, "t", "h", 0);
+    assert_false(ensure(&g, "r", "h", "t"));
+    KVT_OK_(kvt_ec_sched_request_finished(g.s, "r", 1));
+    assert_int_equal(state(&g, "t"), KVT_ECT_CANCELLED);
+    build(&g);
+    assert_int_equal(g.meta.n_loads, 0);
+    rig_close(&g);
+}
+
+/* Loaded for a request that finished before the engine took the item: the ranks drop it (it is
+ * named in the next `freed`) and the shards release the reservation. */
+static void a_loaded_item_the_engine_never_took_is_released(void **state_)
+{
+    (void)state_;
+    rig g;
+    rig_open(&g, 1);
+    ready(&g, "t", "h", 0);
+    load_ready(&g, "r", "h", "t");
+    build(&g); /* (this step's meta, emptied) */
+    KVT_OK_(kvt_ec_sched_request_finished(g.s, "r", 1));
+    assert_int_equal(state(&g, "t"), KVT_ECT_CANCELLED);
+    build(&g);
+    assert_int_equal(g.meta.n_freed, 1);
+    char out[8][KVT_EC_KEY_MAX + 1];
+    assert_int_equal(cancels(&g, out), 1);
+    assert_string_equal(out[0], "t");
+    rig_close(&g);
+}
+
+/* request_finished given the request's bindings cancels transfers the table never saw (the
+ * request was aborted before ensure): the shards release them, late readiness is ignored. */
+static void finishing_with_bindings_cancels_unseen_transfers(void **state_)
+{
+    (void)state_;
+    rig g;
+    rig_open(&g, 2);
+    kvt_ec_feature b[2] = {{"h1", 2, "t1", 2}, {"h2", 2, "t2", 2}};
+    ready(&g, "t2", "h2", 0); /* partial readiness of one of them */
+    KVT_OK_(kvt_ec_sched_request_finished_bound(g.s, "r", 1, b, 2));
+    assert_int_equal(state(&g, "t1"), KVT_ECT_CANCELLED);
+    assert_int_equal(state(&g, "t2"), KVT_ECT_CANCELLED);
+    char out[8][KVT_EC_KEY_MAX + 1];
+    assert_int_equal(cancels(&g, out), 2);
+    for (uint32_t k = 0; k < 2; k++) {
+        ready(&g, "t1", "h1", k);
+        ready(&g, "t2", "h2", k);
+    }
+    assert_false(kvt_ec_sched_has_cache_item(g.s, "h1", 2));
+    assert_false(kvt_ec_sched_has_cache_item(g.s, "h2", 2));
+    kvt_ec_feature bad = {"h", 1, "", 0};
+    KVT_OK_(kvt_ec_sched_request_finished_bound(g.s, "r2", 2, &bad, 1)); /* no id: nothing */
+    KVT_ERR_(kvt_ec_sched_request_finished_bound(g.s, "r3", 2, NULL, 1), KVT_EINVAL);
+    rig_close(&g);
+}
+
+/* A feature served by another transfer of its item: on consumption the request's own transfer,
+ * never loaded, is cancelled (nothing would ever load it); with the engine's own copy as the
+ * only one it is kept (local_cache_hit_keeps_the_transfer). */
+static void consuming_a_borrowed_feature_releases_its_own_transfer(void **state_)
+{
+    (void)state_;
+    rig g;
+    rig_open(&g, 1);
+    ready(&g, "t1", "h", 0);
+    load_ready(&g, "r1", "h", "t1");
+    KVT_OK_(kvt_ec_sched_cache_added(g.s, "h", 1));
+    ready(&g, "t2", "h", 0); /* r2's own push of the same item */
+    assert_true(ensure(&g, "r2", "h", "t2"));
+    assert_int_equal(state(&g, "t2"), KVT_ECT_AVAILABLE);
+    kvt_ec_feature f = {"h", 1, "t2", 2};
+    KVT_OK_(kvt_ec_sched_consumed(g.s, "r2", 2, &f));
+    assert_int_equal(state(&g, "t2"), KVT_ECT_CANCELLED);
+    char out[8][KVT_EC_KEY_MAX + 1];
+    assert_int_equal(cancels(&g, out), 1);
+    assert_string_equal(out[0], "t2");
     rig_close(&g);
 }
 
@@ -553,6 +650,10 @@ int main(void)
         cmocka_unit_test(a_colliding_transfer_id_fails_only_the_request_that_named_it),
         cmocka_unit_test(local_cache_hit_keeps_the_transfer),
         cmocka_unit_test(consumed_item_releases_its_transfer_immediately),
+        cmocka_unit_test(a_loaded_item_the_engine_never_took_is_released),
+        cmocka_unit_test(an_undispatched_load_of_a_finished_request_is_cancelled),
+        cmocka_unit_test(finishing_with_bindings_cancels_unseen_transfers),
+        cmocka_unit_test(consuming_a_borrowed_feature_releases_its_own_transfer),
         cmocka_unit_test(cancelled_transfer_ignores_late_ready_events),
         cmocka_unit_test(same_hash_keeps_only_latest_resident),
         cmocka_unit_test(orphaned_copies_of_an_evicted_item_are_cancelled_once),

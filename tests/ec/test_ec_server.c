@@ -7,6 +7,7 @@
  * that keeps a writer's memory, the bounded event backlog, bind errors, a dead server.
  */
 #include <pthread.h>
+#include <sys/stat.h>
 #include <zmq.h>
 
 #include "kvt_test.h"
@@ -14,6 +15,9 @@
 
 #define CAP     (64 * 1024)
 #define TIMEOUT 5000
+#define KEY_A   "aaaaaaaaaaaaaaaa0123456789abcdef" /* producer A's client key */
+#define KEY_B   "bbbbbbbbbbbbbbbb0123456789abcdef" /* producer B's */
+#define OWNER   "0123456789abcdef0123456789abcdef" /* the consumer's owner key */
 
 typedef struct fixture {
     uint8_t *buf;
@@ -48,6 +52,7 @@ static void start(fixture *f, uint32_t tp_size, uint32_t max_events)
     c.max_events = max_events;
     c.poll_ms = 20;
     c.data_plane = false; /* the test writes the bytes itself */
+    c.owner_key = OWNER;
     int rc = KVT_EIO;
     for (uint32_t i = 0; i < 200 && rc == KVT_EIO; i++) {
         c.base_port = 20000 + (uint32_t)((getpid() * 7919u + i * 131u) % 30000u);
@@ -81,6 +86,7 @@ static kvt_ecc_item item(const char *tid, const char *hash, uint64_t rows)
     it.shape[1] = 32;
     it.dtype = S("float16");
     it.nbytes = rows * 32 * 2;
+    it.client_key = S(KEY_A);
     return it;
 }
 
@@ -140,7 +146,7 @@ static void reserve_write_complete_status_and_event(void **state)
     kvt_ecc_item st = {.transfer_id = S("xfer-1")};
     call1(&f, KVT_ECC_STATUS, &st);
     assert_true(f.p.results[0].found && !f.p.results[0].ready);
-    assert_string_equal(f.p.results[0].reservation_id.ptr, rid);
+    assert_int_equal(f.p.results[0].reservation_id.len, 0); /* never revealed */
     /* a duplicate push of the item while it is being written follows the writer: no write */
     kvt_ecc_item it2 = item("xfer-2", "img-1", 8);
     call1(&f, KVT_ECC_RESERVE, &it2);
@@ -185,6 +191,8 @@ static void reserve_write_complete_status_and_event(void **state)
     assert_int_equal(f.p.results[0].code, 0);
     assert_int_equal(f.p.results[1].code, KVT_ENOSPC);
     assert_non_null(strstr(f.p.results[1].error.ptr, "pool is full"));
+    char rid3[KVT_EC_RID_LEN + 1];
+    memcpy(rid3, f.p.results[0].reservation_id.ptr, sizeof(rid3));
     kvt_ec_server_stats ss;
     kvt_ec_server_get_stats(f.srv, &ss);
     assert_int_equal(ss.item_errors, 1);
@@ -193,7 +201,7 @@ static void reserve_write_complete_status_and_event(void **state)
     zmq_close(pull);
     zmq_ctx_term(zctx);
     /* abandon what is still being written before the shard goes */
-    kvt_ecc_item ab = {.transfer_id = S("xfer-3"), .abandon = true};
+    kvt_ecc_item ab = {.transfer_id = S("xfer-3"), .reservation_id = S(rid3), .abandon = true};
     call1(&f, KVT_ECC_CANCEL, &ab);
     stop(&f);
 }
@@ -258,10 +266,12 @@ static void malformed_requests_get_an_error_and_the_server_keeps_serving(void **
     assert_false(f.p.results[0].found);
     call1(&f, KVT_ECC_RESERVE, &it);
     assert_true(f.p.results[0].write);
+    char rid[KVT_EC_RID_LEN + 1];
+    memcpy(rid, f.p.results[0].reservation_id.ptr, sizeof(rid));
     kvt_ec_server_stats ss;
     kvt_ec_server_get_stats(f.srv, &ss);
     assert_int_equal(ss.malformed, 5);
-    kvt_ecc_item ab = {.transfer_id = S("xfer-1"), .abandon = true};
+    kvt_ecc_item ab = {.transfer_id = S("xfer-1"), .reservation_id = S(rid), .abandon = true};
     call1(&f, KVT_ECC_CANCEL, &ab);
     stop(&f);
 }
@@ -332,8 +342,10 @@ static void a_consumer_cancel_mid_write_keeps_the_writers_memory(void **state)
     char rid[KVT_EC_RID_LEN + 1];
     memcpy(rid, f.p.results[0].reservation_id.ptr, sizeof(rid));
     uint64_t off1 = f.p.results[0].offset;
-    kvt_ecc_item cc = {.transfer_id = S("xfer-1")}; /* the scheduler: any id, no abandon */
+    /* the scheduler: no id, no abandon, the owner key */
+    kvt_ecc_item cc = {.transfer_id = S("xfer-1"), .client_key = S(OWNER)};
     call1(&f, KVT_ECC_CANCEL, &cc);
+    assert_true(f.p.results[0].cancelled);
     uint32_t writers = 0;
     KVT_OK_(kvt_ec_server_with_shard(f.srv, count_writers, &writers));
     assert_int_equal(writers, 1);
@@ -398,6 +410,128 @@ static void events_wait_for_a_puller_and_the_backlog_is_bounded(void **state)
     stop(&f);
 }
 
+/* Reservations are capabilities: only the client that made one learns its id (a repeated
+ * reserve by anyone else is refused, status never tells), only the holder of the id completes
+ * or abandons it, and only the consumer's owner cancels without one - so no stranger plants a
+ * tombstone ahead of the real producer. */
+static void reservations_are_capabilities(void **state)
+{
+    (void)state;
+    fixture f;
+    start(&f, 1, 64);
+    kvt_ecc_item a = item("xfer-1", "img-1", 4);
+    call1(&f, KVT_ECC_RESERVE, &a);
+    char rid[KVT_EC_RID_LEN + 1];
+    memcpy(rid, f.p.results[0].reservation_id.ptr, sizeof(rid));
+    /* the same client again (a lost reply): the same reservation */
+    call1(&f, KVT_ECC_RESERVE, &a);
+    assert_string_equal(f.p.results[0].reservation_id.ptr, rid);
+    /* another client naming the transfer: refused, told nothing */
+    kvt_ecc_item b = a;
+    b.client_key = S(KEY_B);
+    call1(&f, KVT_ECC_RESERVE, &b);
+    assert_int_equal(f.p.results[0].code, KVT_EEXIST);
+    assert_int_equal(f.p.results[0].reservation_id.len, 0);
+    assert_null(strstr(f.p.results[0].error.ptr, rid));
+    kvt_ecc_item st = {.transfer_id = S("xfer-1")};
+    call1(&f, KVT_ECC_STATUS, &st);
+    assert_int_equal(f.p.results[0].reservation_id.len, 0);
+    /* a cancel without id and without the owner key: refused, the writer untouched */
+    kvt_ecc_item cc = {.transfer_id = S("xfer-1"), .client_key = S(KEY_B)};
+    call1(&f, KVT_ECC_CANCEL, &cc);
+    assert_int_equal(f.p.results[0].code, KVT_EINVAL);
+    assert_non_null(strstr(f.p.results[0].error.ptr, "owner key"));
+    uint32_t writers = 0;
+    KVT_OK_(kvt_ec_server_with_shard(f.srv, count_writers, &writers));
+    assert_int_equal(writers, 1);
+    /* no tombstones from strangers: neither without the key nor with a made-up id */
+    kvt_ecc_item t1 = {.transfer_id = S("xfer-9"), .client_key = S(KEY_B)};
+    call1(&f, KVT_ECC_CANCEL, &t1);
+    assert_int_equal(f.p.results[0].code, KVT_EINVAL);
+    kvt_ecc_item t2 = {.transfer_id = S("xfer-9"), .reservation_id = S(KEY_B)};
+    call1(&f, KVT_ECC_CANCEL, &t2);
+    assert_false(f.p.results[0].cancelled);
+    kvt_ecc_item real = item("xfer-9", "img-9", 1);
+    call1(&f, KVT_ECC_RESERVE, &real);
+    assert_true(f.p.results[0].write && !f.p.results[0].cancelled);
+    char rid9[KVT_EC_RID_LEN + 1];
+    memcpy(rid9, f.p.results[0].reservation_id.ptr, sizeof(rid9));
+    /* complete and abandon need the id: someone else's attempts are not accepted */
+    kvt_ecc_item fc = {.transfer_id = S("xfer-1"), .reservation_id = S(KEY_B)};
+    call1(&f, KVT_ECC_COMPLETE, &fc);
+    assert_false(f.p.results[0].completed);
+    fc.abandon = true;
+    call1(&f, KVT_ECC_CANCEL, &fc);
+    assert_false(f.p.results[0].cancelled);
+    kvt_ec_server_stats ss;
+    kvt_ec_server_get_stats(f.srv, &ss);
+    assert_int_equal(ss.refused, 3);
+    /* the owner's cancel works */
+    kvt_ecc_item own = {.transfer_id = S("xfer-1"), .client_key = S(OWNER)};
+    call1(&f, KVT_ECC_CANCEL, &own);
+    assert_true(f.p.results[0].cancelled);
+    kvt_ecc_item c = {.transfer_id = S("xfer-1"), .reservation_id = S(rid)};
+    call1(&f, KVT_ECC_COMPLETE, &c); /* the cancelled writer settles */
+    kvt_ecc_item ab = {.transfer_id = S("xfer-9"), .reservation_id = S(rid9), .abandon = true};
+    call1(&f, KVT_ECC_CANCEL, &ab);
+    KVT_OK_(kvt_ec_server_with_shard(f.srv, count_writers, &writers));
+    assert_int_equal(writers, 0);
+    stop(&f);
+}
+
+/* Without a configured owner key the server makes one and leaves it for the inbox of this
+ * host and user in a private file, removed when the server stops. */
+static void an_unconfigured_owner_key_goes_to_a_private_file(void **state)
+{
+    (void)state;
+    uint8_t *buf = aligned_alloc(256, CAP);
+    kvt_ec_shard *sh;
+    kvt_ec_shard_config sc;
+    kvt_ec_shard_config_init(&sc);
+    sc.base = buf;
+    sc.capacity = CAP;
+    KVT_OK_(kvt_ec_shard_create(&sc, &sh));
+    kvt_ec_server_config c;
+    kvt_ec_server_config_init(&c);
+    c.host = "127.0.0.1";
+    c.data_plane = false;
+    kvt_ec_server *srv = NULL;
+    int rc = KVT_EIO;
+    for (uint32_t i = 0; i < 200 && rc == KVT_EIO; i++) {
+        c.base_port = 20000 + (uint32_t)((getpid() * 7919u + i * 977u) % 30000u);
+        rc = kvt_ec_server_start(&c, sh, &srv);
+    }
+    KVT_OK_(rc);
+    uint32_t port = kvt_ec_server_port(srv);
+    char key[KVT_EC_RID_LEN + 1], path[600];
+    KVT_OK_(kvt_ecc_owner_read(port, key));
+    KVT_OK_(kvt_ec_owner_key_path(port, path, sizeof(path)));
+    struct stat stt;
+    assert_int_equal(stat(path, &stt), 0);
+    assert_int_equal(stt.st_mode & 0777, 0600);
+    /* the key in the file is the one the server checks */
+    kvt_ecc_client *cli;
+    KVT_OK_(kvt_ecc_client_create(TIMEOUT, NULL, &cli));
+    kvt_ecc_request q;
+    kvt_ecc_reply p;
+    kvt_ecc_request_init(&q);
+    kvt_ecc_reply_init(&p);
+    char ep[64];
+    snprintf(ep, sizeof(ep), "tcp://127.0.0.1:%u", port);
+    kvt_ecc_request_begin(&q, KVT_ECC_CANCEL);
+    kvt_ecc_item it = {.transfer_id = S("t"), .client_key = S(key)};
+    KVT_OK_(kvt_ecc_request_add(&q, &it));
+    KVT_OK_(kvt_ecc_client_call(cli, ep, &q, &p));
+    assert_true(p.results[0].cancelled);
+    kvt_ecc_request_release(&q);
+    kvt_ecc_reply_release(&p);
+    kvt_ecc_client_destroy(cli);
+    kvt_ec_server_stop(srv);
+    assert_int_not_equal(stat(path, &stt), 0); /* gone with its server */
+    KVT_OK_(kvt_ec_shard_destroy(sh));
+    free(buf);
+}
+
 static void bind_errors_and_a_dead_server(void **state)
 {
     (void)state;
@@ -447,6 +581,8 @@ int main(void)
         cmocka_unit_test(a_stale_reservation_id_is_rejected),
         cmocka_unit_test(a_consumer_cancel_mid_write_keeps_the_writers_memory),
         cmocka_unit_test(events_wait_for_a_puller_and_the_backlog_is_bounded),
+        cmocka_unit_test(reservations_are_capabilities),
+        cmocka_unit_test(an_unconfigured_owner_key_goes_to_a_private_file),
         cmocka_unit_test(bind_errors_and_a_dead_server),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -323,13 +323,14 @@ class kvt_ec_server_config(ctypes.Structure):
                 ("expire_interval_ns", c_u64), ("poll_ms", c_u32), ("data_plane", c_bool),
                 ("complete_wait_ms", c_u32), ("max_receives", c_u32),
                 ("curve_secret_key", ctypes.c_char_p),
-                ("curve_clients", P(ctypes.c_char_p))]
+                ("curve_clients", P(ctypes.c_char_p)),
+                ("owner_key", ctypes.c_char_p), ("event_host", ctypes.c_char_p)]
 
 
 EC_SERVER_COUNTERS = ("requests", "malformed", "items", "item_errors", "events_sent",
                       "events_dropped", "receives_posted", "receives_done", "receives_cancelled",
                       "receives_failed", "bytes_received", "completes_early", "writers_reaped",
-                      "clients_refused")
+                      "clients_refused", "refused", "completes_pending")
 
 
 class kvt_ec_server_stats(ctypes.Structure):
@@ -346,7 +347,8 @@ class kvt_ec_inbox_config(ctypes.Structure):
     _fields_ = [("consumer", ctypes.c_char_p), ("control_timeout_ms", c_u32),
                 ("retry_ms", c_u32), ("max_cancels", c_u32),
                 ("curve_server_key", ctypes.c_char_p), ("curve_public_key", ctypes.c_char_p),
-                ("curve_secret_key", ctypes.c_char_p)]
+                ("curve_secret_key", ctypes.c_char_p),
+                ("owner_key", ctypes.c_char_p), ("event_host", ctypes.c_char_p)]
 
 
 EC_INBOX_COUNTERS = ("discoveries", "events", "bad_events", "cancels_sent", "cancels_failed",
@@ -569,6 +571,7 @@ _sig("kvt_ec_sched_cache_added", c_int, vp, cp, c_u32)
 _sig("kvt_ec_sched_cache_freed", c_int, vp, cp, c_u32)
 _sig("kvt_ec_sched_consumed", c_int, vp, cp, c_u32, P(kvt_ec_feature))
 _sig("kvt_ec_sched_request_finished", c_int, vp, cp, c_u32)
+_sig("kvt_ec_sched_request_finished_bound", c_int, vp, cp, c_u32, P(kvt_ec_feature), c_u32)
 _sig("kvt_ec_sched_build_meta", c_int, vp, P(kvt_ec_meta))
 _sig("kvt_ec_sched_apply_output", c_int, vp, P(kvt_ec_worker_meta))
 _sig("kvt_ec_sched_expire", None, vp)

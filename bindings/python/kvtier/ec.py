@@ -389,9 +389,16 @@ class EcScheduler(_Owned):
         arr = self._features([(mm_hash, transfer_id)], keep)
         _check(_lib.kvt_ec_sched_consumed(self._h, r, len(r), arr))
 
-    def request_finished(self, req_id):
+    def request_finished(self, req_id, bindings=None):
+        """bindings: the request's [(mm_hash, transfer_id)] (its ec_items): transfers named
+        there that the table never saw are cancelled on the shards too."""
         r = _b(req_id)
-        _check(_lib.kvt_ec_sched_request_finished(self._h, r, len(r)))
+        if not bindings:
+            _check(_lib.kvt_ec_sched_request_finished(self._h, r, len(r)))
+            return
+        keep = []
+        arr = self._features(bindings, keep)
+        _check(_lib.kvt_ec_sched_request_finished_bound(self._h, r, len(r), arr, len(bindings)))
 
     def build_meta(self):
         m = EcMeta()
@@ -589,10 +596,16 @@ class EcServer:
     server's thread: the worker reaches it through apply()."""
 
     def __init__(self, shard, host, base_port, tp_size=1, tp_rank=0, dp_index=0,
-                 complete_wait_ms=2000, curve_secret_key=None, curve_clients=None):
+                 complete_wait_ms=2000, curve_secret_key=None, curve_clients=None,
+                 owner_key=None, event_host=None):
+        """owner_key: the consumer's 32-hex-digit secret its scheduler's cancels must show
+        (None: a random one, left in a private file for the inbox of this host and user);
+        event_host: where readiness events are served (None: 127.0.0.1). complete_wait_ms is
+        accepted and ignored: completions never wait."""
         cfg = L.kvt_ec_server_config()
         _lib.kvt_ec_server_config_init(ctypes.byref(cfg))
-        self._keep = [_s(host), _s(curve_secret_key)]
+        self._keep = [_s(host), _s(curve_secret_key), _s(owner_key), _s(event_host)]
+        cfg.owner_key, cfg.event_host = self._keep[2], self._keep[3]
         cfg.host = self._keep[0]
         cfg.base_port = base_port
         cfg.tp_size = tp_size
@@ -727,15 +740,17 @@ class EcInbox(_Owned):
     _destroy = _lib.kvt_ec_inbox_destroy
 
     def __init__(self, consumer, control_timeout_ms=30000, retry_ms=1000,
-                 curve_server_key=None, curve_public_key=None, curve_secret_key=None):
+                 curve_server_key=None, curve_public_key=None, curve_secret_key=None,
+                 owner_key=None, event_host=None):
         cfg = L.kvt_ec_inbox_config()
         _lib.kvt_ec_inbox_config_init(ctypes.byref(cfg))
         self._keep = [_s(consumer), _s(curve_server_key), _s(curve_public_key),
-                      _s(curve_secret_key)]
+                      _s(curve_secret_key), _s(owner_key), _s(event_host)]
         cfg.consumer = self._keep[0]
         cfg.control_timeout_ms = control_timeout_ms
         cfg.retry_ms = retry_ms
-        cfg.curve_server_key, cfg.curve_public_key, cfg.curve_secret_key = self._keep[1:]
+        cfg.curve_server_key, cfg.curve_public_key, cfg.curve_secret_key = self._keep[1:4]
+        cfg.owner_key, cfg.event_host = self._keep[4:6]
         h = ctypes.c_void_p()
         _check(_lib.kvt_ec_inbox_create(ctypes.byref(cfg), ctypes.byref(h)))
         self._h = h

@@ -255,6 +255,7 @@ class EncoderCache(unittest.TestCase):
         report.add("loaded", "sha256:img")
         sched.apply_output(report)
         self.assertTrue(sched.ensure("r1", [("sha256:img", "x1")]))
+        sched.cache_added("sha256:img")  # update_state_after_alloc: the engine holds it now
         sched.consumed("r1", "sha256:img", "x1")
         self.assertEqual(sched.take_cancels(), ["x1"])
         sched.request_finished("r1")

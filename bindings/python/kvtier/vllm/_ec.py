@@ -46,7 +46,10 @@ _EXTRA_KEYS = {
     "push_wait_timeout_s": "how long a request waits for its items' pushes (default 60)",
     "control_timeout_ms": "each control message's timeout (default 30000)",
     "lease_s": "how long an arrived item stays available without a request (default 300)",
-    "complete_wait_ms": "how long a shard waits for bytes still arriving (default 2000)",
+    "complete_wait_ms": "ignored (a shard never waits on a completion; kept for old configs)",
+    "owner_key": "consumer: the 32-hex-digit secret the scheduler's cancels show its shards "
+                 "(default: made by each shard, read from a private file on this host)",
+    "event_host": "consumer: where the shards serve readiness events (default 127.0.0.1)",
     "curve_server_secret_key": "consumer: the shards' CURVE secret key (Z85)",
     "curve_server_public_key": "producer / consumer scheduler: the shards' CURVE public key",
     "curve_public_key": "this client's CURVE public key",
@@ -113,6 +116,12 @@ class KvtierECConfig:
         self.control_timeout_ms = _positive("control_timeout_ms",
                                             extra.get("control_timeout_ms", 30000))
         self.complete_wait_ms = _positive("complete_wait_ms", extra.get("complete_wait_ms", 2000))
+        self.owner_key = extra.get("owner_key")
+        if self.owner_key is not None and not (
+                isinstance(self.owner_key, str) and len(self.owner_key) == 32 and
+                all(c in "0123456789abcdef" for c in self.owner_key)):
+            raise ConfigError("kvtier: owner_key must be 32 lowercase hex digits")
+        self.event_host = extra.get("event_host")
         self.curve = {k: extra.get(k) for k in _EXTRA_KEYS if k.startswith("curve_")}
 
 
@@ -191,7 +200,8 @@ class KvtierECConnector(ECConnectorBase):
                 self._inbox = EcInbox(cfg.control_addr, control_timeout_ms=cfg.control_timeout_ms,
                                       curve_server_key=cfg.curve["curve_server_public_key"],
                                       curve_public_key=cfg.curve["curve_public_key"],
-                                      curve_secret_key=cfg.curve["curve_secret_key"])
+                                      curve_secret_key=cfg.curve["curve_secret_key"],
+                                      owner_key=cfg.owner_key, event_host=cfg.event_host)
             if cfg.producer:
                 self._planner = EcPlanner()
         elif role == ECConnectorRole.WORKER:
@@ -227,7 +237,8 @@ class KvtierECConnector(ECConnectorBase):
                                 tp_rank=rank, dp_index=cfg.dp_index,
                                 complete_wait_ms=cfg.complete_wait_ms,
                                 curve_secret_key=cfg.curve["curve_server_secret_key"],
-                                curve_clients=cfg.curve["curve_clients"])
+                                curve_clients=cfg.curve["curve_clients"],
+                                owner_key=cfg.owner_key, event_host=cfg.event_host)
         logger.info("kvtier: encoder-cache shard %d: %d bytes, control port %d", rank,
                     cfg.buffer_size, self._server.port)
 
@@ -421,8 +432,12 @@ class KvtierECConnector(ECConnectorBase):
                 params = {"ec_items": [{"mm_hash": x["mm_hash"], "transfer_id": x["transfer_id"]}
                                        for x in b]}
             self._planner.request_finished(request.request_id)
-        if self._sched is not None:
-            self._sched.request_finished(request.request_id)
+        if self._sched is not None:  # with the request's bindings: even unseen ones are cancelled
+            params_in = getattr(request, "ec_transfer_params", None) or {}
+            named = {str(it["transfer_id"]) for it in params_in.get("ec_items") or ()
+                     if isinstance(it, dict) and it.get("transfer_id")}
+            self._sched.request_finished(
+                request.request_id, [(h, t) for _, h, t in _features(request) if t in named])
         return False, params
 
     def kvtier_stats(self):
