@@ -227,6 +227,8 @@ static int complete_item(kvt_ec_server *s, const kvt_ecc_item *it, kvt_ecc_resul
     if (i != NONE && strcmp(s->rx[i].tid, it->transfer_id.ptr) != 0)
         return 0; /* a receive of another transfer: not this reservation (not accepted) */
     if (i != NONE) {
+        while (kvt_ucx_progress(s->ucx)) /* what has arrived (no waiting) */
+            ;
         int rc = kvt_ucx_recv_wait(s->ucx, s->rx[i].r, 0);
         if (rc < 0) {
             count(s, &s->st.receives_failed, 1);
@@ -633,6 +635,11 @@ static void *server_main(void *arg)
 {
     kvt_ec_server *s = arg;
     while (!atomic_load(&s->stop)) {
+        /* receives progress on their own (rendezvous needs the receiver), woken by UCX's fd;
+         * progressed first, so that pending completions whose bytes landed finish now */
+        if (s->ucx)
+            while (kvt_ucx_progress(s->ucx))
+                ;
         pthread_mutex_lock(&s->lock);
         uint64_t now = kvt_monotonic_ns();
         if (s->n_pending)
@@ -646,14 +653,9 @@ static void *server_main(void *arg)
         collect_events(s);
         pthread_mutex_unlock(&s->lock);
         push_events(s);
-        /* receives progress on their own (rendezvous needs the receiver), woken by UCX's fd */
         long timeout = (long)s->cfg.poll_ms;
-        if (s->ucx) {
-            while (kvt_ucx_progress(s->ucx))
-                ;
-            if (kvt_ucx_arm(s->ucx) != 0)
-                timeout = 0;
-        }
+        if (s->ucx && kvt_ucx_arm(s->ucx) != 0)
+            timeout = 0;
         zmq_pollitem_t it[3] = {
             {s->rep, 0, ZMQ_POLLIN, 0}, {s->zap, 0, ZMQ_POLLIN, 0}, {NULL, s->efd, ZMQ_POLLIN, 0}};
         int ni = 1;
