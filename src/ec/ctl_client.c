@@ -11,6 +11,7 @@
 #include <zmq.h>
 
 #include "base/error.h"
+#include "base/fd.h"
 #include "ec/ctl.h"
 
 #define MAX_PEERS 128
@@ -79,7 +80,12 @@ int kvt_ecc_client_create(int timeout_ms, const kvt_ecc_curve *curve, kvt_ecc_cl
         memcpy(c->public_key, curve->public_key, 40);
         memcpy(c->secret_key, curve->secret_key, 40);
     }
-    c->ctx = zmq_ctx_new();
+    int room = kvt_fd_room(16, "ec control client");
+    c->ctx = room ? NULL : zmq_ctx_new();
+    if (room) {
+        free(c);
+        return room;
+    }
     if (!c->ctx) {
         free(c);
         return kvt_fail(KVT_EIO, "ec control client: %s", zmq_strerror(zmq_errno()));

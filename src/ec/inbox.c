@@ -17,6 +17,7 @@
 #include <zmq.h>
 
 #include "base/error.h"
+#include "base/fd.h"
 #include "base/log.h"
 #include "ec/ctl.h"
 #include "kvtier/ec_net.h"
@@ -233,6 +234,11 @@ int kvt_ec_inbox_create(const kvt_ec_inbox_config *cfg, kvt_ec_inbox **out)
         memcpy(in->owner, cfg->owner_key, KVT_EC_RID_LEN + 1);
     in->cfg.owner_key = NULL;
     in->cfg.consumer = in->consumer;
+    int room = kvt_fd_room(24, "ec inbox"); /* its context, and its thread's client */
+    if (room) {
+        free(in);
+        return room;
+    }
     in->q = calloc(cfg->max_cancels, sizeof(tid_t));
     in->ctx = zmq_ctx_new();
     if (!in->q || !in->ctx) {

@@ -20,6 +20,7 @@
 #include <zmq.h>
 
 #include "base/error.h"
+#include "base/fd.h"
 #include "base/log.h"
 #include "base/map.h"
 #include "ec/ctl.h"
@@ -802,6 +803,9 @@ static int bind_sockets(kvt_ec_server *s)
     int zero = 0, one = 1;
     int64_t maxmsg = KVT_ECC_MAX_MSG;
     char ep[300];
+    int room = kvt_fd_room(16, "ec server"); /* libzmq aborts when it runs out of them */
+    if (room)
+        return room;
     s->ctx = zmq_ctx_new();
     if (!s->ctx)
         return zfail("context", NULL);

@@ -22,6 +22,7 @@
 #include "base/array.h"
 #include "base/bump.h"
 #include "base/error.h"
+#include "base/fd.h"
 #include "base/log.h"
 #include "meta/wire.h"
 #include "worker/link_internal.h"
@@ -179,6 +180,11 @@ static int grow_buf(uint8_t **buf, size_t *cap, size_t need)
 
 static int open_socket(int type, void **ctx, void **sock)
 {
+    int room = kvt_fd_room(16, "link");
+    if (room) {
+        *ctx = *sock = NULL;
+        return room;
+    }
     *ctx = zmq_ctx_new();
     if (!*ctx)
         return zfail("context");

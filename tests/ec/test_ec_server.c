@@ -532,6 +532,43 @@ static void an_unconfigured_owner_key_goes_to_a_private_file(void **state)
     free(buf);
 }
 
+/* By default the event socket listens on 127.0.0.1 only (from /proc/net/tcp: the local address
+ * of the listening socket on the event port). */
+static void events_are_served_on_loopback_only(void **state)
+{
+    (void)state;
+    fixture f;
+    start(&f, 1, 64);
+    char want[16];
+    snprintf(want, sizeof(want), ":%04X", kvt_ec_server_event_port(f.srv));
+    bool found = false, loopback = false, readable = false;
+    /* IPv4, or IPv6 (ZMQ_IPV6 is on: 127.0.0.1 then shows as ::ffff:127.0.0.1) */
+    static const char *const files[2] = {"/proc/net/tcp", "/proc/net/tcp6"};
+    static const char *const lo[3] = {
+        "0100007F:", "0000000000000000FFFF00000100007F:", "00000000000000000000000001000000:"};
+    for (int k = 0; k < 2; k++) {
+        FILE *t = fopen(files[k], "r");
+        if (!t)
+            continue;
+        readable = true;
+        char line[512];
+        while (fgets(line, sizeof(line), t)) {
+            char local[96];
+            if (sscanf(line, " %*d: %95s", local) != 1 || !strstr(local, want))
+                continue;
+            found = true;
+            for (int i = 0; i < 3; i++)
+                loopback |= strncmp(local, lo[i], strlen(lo[i])) == 0;
+        }
+        fclose(t);
+    }
+    if (!readable)
+        KVT_SKIP("no /proc/net/tcp to read the event socket's address from");
+    assert_true(found);
+    assert_true(loopback);
+    stop(&f);
+}
+
 static void bind_errors_and_a_dead_server(void **state)
 {
     (void)state;
@@ -583,6 +620,7 @@ int main(void)
         cmocka_unit_test(events_wait_for_a_puller_and_the_backlog_is_bounded),
         cmocka_unit_test(reservations_are_capabilities),
         cmocka_unit_test(an_unconfigured_owner_key_goes_to_a_private_file),
+        cmocka_unit_test(events_are_served_on_loopback_only),
         cmocka_unit_test(bind_errors_and_a_dead_server),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

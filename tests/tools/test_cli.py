@@ -96,6 +96,21 @@ class Values(unittest.TestCase):
                 self.assertIn(msg, p.stderr)
 
 
+class Limits(unittest.TestCase):
+    def test_few_file_descriptors_give_a_clean_error(self):
+        """libzmq aborts when it runs out of descriptors; kvtier looks first (ulimit -n)."""
+        import resource
+
+        def low():
+            resource.setrlimit(resource.RLIMIT_NOFILE, (24, 24))
+        p = subprocess.run([CLI, "ec-consumer", "--host", "127.0.0.1", "--port", "23999",
+                            "--exit-after", "1"], capture_output=True, text=True, timeout=60,
+                           preexec_fn=low)
+        self.assertEqual(p.returncode, 1, p.stderr[-2000:])  # an error, not a signal
+        self.assertTrue("raise ulimit -n" in p.stderr or "Too many open files" in p.stderr or
+                        "error" in p.stderr.lower(), p.stderr[-2000:])
+
+
 class Json(unittest.TestCase):
     UCX_INFO = {"UCX_LOG_LEVEL": "info"}
 
