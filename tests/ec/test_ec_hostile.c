@@ -404,7 +404,7 @@ static void many_followers_expire_together(void **state)
 {
     (void)state;
     consumer c;
-    consumer_start(&c, 500000000ull);
+    consumer_start(&c, 5000000000ull); /* 5 s: long enough to reserve them all, even slowly */
     honest h;
     honest_reserve(&h, &c, "w", "img-w");
     char(*tids)[16] = calloc(3 * KVT_ECC_MAX_BATCH, 16);
@@ -421,7 +421,7 @@ static void many_followers_expire_together(void **state)
             assert_true(h.p.results[i].code == 0 && !h.p.results[i].write);
     }
     int st = KVT_EC_WRITING;
-    for (int i = 0; i < 2000 && st == KVT_EC_WRITING; i++) {
+    for (int i = 0; i < 6000 && st == KVT_EC_WRITING; i++) {
         st = kvt_ec_server_with_shard(c.srv, state_of, (void *)"f12287");
         if (st == KVT_EC_WRITING)
             usleep(5000);
