@@ -141,9 +141,19 @@ int kvt_cmd_ec_consumer(int argc, char **argv)
     kvt_ec_shard *sh[KVT_EC_MAX_SHARDS] = {0};
     kvt_ec_server *srv[KVT_EC_MAX_SHARDS] = {0};
     uint8_t *scratch = malloc(cap);
-    int rc = scratch ? 0 : KVT_ENOMEM;
+    int rc = scratch
+                 ? 0
+                 : kvt_fail(KVT_ENOMEM, "cannot allocate a %llu MiB check buffer (--buffer-mib)",
+                            (unsigned long long)mib);
     for (uint32_t k = 0; k < shards && !rc; k++) {
         buf[k] = aligned_alloc(4096, cap);
+        if (!buf[k]) {
+            rc = kvt_fail(KVT_ENOMEM,
+                          "cannot allocate the %llu MiB receive buffer of shard %u "
+                          "(--buffer-mib)",
+                          (unsigned long long)mib, k);
+            break;
+        }
         kvt_ec_shard_config sc;
         kvt_ec_shard_config_init(&sc);
         sc.base = buf[k];
