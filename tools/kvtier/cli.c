@@ -64,15 +64,14 @@ int kvt_cli_double(const char *s, double lo, double hi, bool open_lo, double *v)
     return 0;
 }
 
-static bool listed(const char *list, const char *name)
+/* Whether w is one of the words of list, separated by sep. */
+static bool word_in(const char *list, char sep, const char *w)
 {
-    if (!list)
-        return true;
-    size_t n = strlen(name);
+    size_t n = strlen(w);
     for (const char *p = list; *p;) {
-        const char *e = strchr(p, ',');
+        const char *e = strchr(p, sep);
         size_t len = e ? (size_t)(e - p) : strlen(p);
-        if (len == n && strncmp(p, name, n) == 0)
+        if (len == n && strncmp(p, w, n) == 0)
             return true;
         if (!e)
             break;
@@ -81,19 +80,15 @@ static bool listed(const char *list, const char *name)
     return false;
 }
 
+/* An option the command accepts (no list: every one). */
+static bool listed(const char *list, const char *name)
+{
+    return !list || word_in(list, ',', name);
+}
+
 static bool choice_ok(const char *choices, const char *v)
 {
-    size_t n = strlen(v);
-    for (const char *p = choices; *p;) {
-        const char *e = strchr(p, '|');
-        size_t len = e ? (size_t)(e - p) : strlen(p);
-        if (len == n && strncmp(p, v, n) == 0)
-            return true;
-        if (!e)
-            break;
-        p = e + 1;
-    }
-    return false;
+    return word_in(choices, '|', v);
 }
 
 /* What a value must look like, for the error message. */
