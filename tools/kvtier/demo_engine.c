@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -527,6 +528,20 @@ int kvt_demo_engine(int argc, char **argv)
     }
     FILE *tbl = o.json ? stderr : stdout;
     uint64_t kv_tok = ref_kv_bytes_per_token(&mc) * o.tp;
+    /* Under an address-space limit (ulimit -v) too small for the runs, say so now: OpenBLAS,
+     * which the engine's matrix products use, retries a failing allocation for ever. */
+    struct rlimit as;
+    uint64_t need = o.cpu_bytes + (uint64_t)o.gpu_blocks * REF_BT * kv_tok + (1ull << 30);
+    if (getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY && as.rlim_cur < need) {
+        fprintf(stderr,
+                "kvtier demo: needs about %llu MiB of address space (host tier %llu MiB, GPU "
+                "tier %llu MiB, 1 GiB for the engine and its libraries); ulimit -v allows %llu "
+                "MiB (lower --cpu-bytes or --gpu-blocks, or raise the limit)\n",
+                (unsigned long long)(need >> 20), (unsigned long long)(o.cpu_bytes >> 20),
+                (unsigned long long)(((uint64_t)o.gpu_blocks * REF_BT * kv_tok) >> 20),
+                (unsigned long long)(as.rlim_cur >> 20));
+        return 1;
+    }
     fprintf(tbl,
             "kvtier %s demo: a reference engine (%u layers, d_model %u, %u query / %u KV heads, "
             "tp %u ranks)\nserving %u conversations x %u turns (shared %u-token system prompts, "
