@@ -47,6 +47,9 @@ struct kvt_ec_inbox {
     char server_key[41], public_key[41], secret_key[41];
     char event_host[128];
     char owner[KVT_EC_RID_LEN + 1]; /* configured owner key, or "" (read per shard) */
+    /* the thread's: each shard's key as read from its server's file ("" until read, and
+     * again after a refused cancel: a restarted server writes a new one) */
+    char shard_key[KVT_EC_MAX_SHARDS][KVT_EC_RID_LEN + 1];
 };
 
 void kvt_ec_inbox_config_init(kvt_ec_inbox_config *cfg)
@@ -87,6 +90,7 @@ static bool discover(kvt_ec_inbox *in, kvt_ecc_client *cli, kvt_ecc_request *q, 
     memcpy(in->ports, ports, sizeof(ports));
     memcpy(in->event_ports, evs, sizeof(evs));
     in->discovered = true;
+    memset(in->shard_key, 0, sizeof(in->shard_key)); /* (only this thread reads them) */
     in->st.shards = n;
     pthread_mutex_unlock(&in->mu);
     KVT_LOG_I("ec inbox: %s has %u shards", in->consumer, n);
@@ -105,10 +109,8 @@ static void cancel_everywhere(kvt_ec_inbox *in, kvt_ecc_client *cli, kvt_ecc_req
             if (done[k])
                 continue;
             /* the owner key: configured, or the one this shard's server left for us */
-            char key[KVT_EC_RID_LEN + 1];
-            if (in->owner[0])
-                memcpy(key, in->owner, sizeof(key));
-            else if (kvt_ecc_owner_read(in->ports[k], key) != 0) {
+            const char *key = in->owner[0] ? in->owner : in->shard_key[k];
+            if (!key[0] && kvt_ecc_owner_read(in->ports[k], in->shard_key[k]) != 0) {
                 KVT_LOG_W("ec inbox: cancel of %s on shard %u: %s", tid, k, kvt_last_error());
                 continue;
             }
@@ -116,10 +118,14 @@ static void cancel_everywhere(kvt_ec_inbox *in, kvt_ecc_client *cli, kvt_ecc_req
             char ep[200];
             endpoint(ep, sizeof(ep), in->host, in->ports[k]);
             kvt_ecc_request_begin(q, KVT_ECC_CANCEL);
-            if (kvt_ecc_request_add(q, &it) == 0 && kvt_ecc_client_call(cli, ep, q, p) == 0 &&
-                p->results[0].code == 0) {
+            int rc = kvt_ecc_request_add(q, &it);
+            if (!rc)
+                rc = kvt_ecc_client_call(cli, ep, q, p);
+            if (!rc && p->results[0].code == 0) {
                 done[k] = true;
                 left--;
+            } else if (!rc && !in->owner[0]) {
+                in->shard_key[k][0] = 0; /* refused: read the file again next round */
             }
         }
     pthread_mutex_lock(&in->mu);

@@ -226,10 +226,8 @@ static int complete_item(kvt_ec_server *s, const kvt_ecc_item *it, kvt_ecc_resul
     const char *rid = it->reservation_id.ptr;
     uint32_t i = s->ucx ? rx_find(s, rid) : NONE;
     if (i != NONE && strcmp(s->rx[i].tid, it->transfer_id.ptr) != 0)
-        return 0; /* a receive of another transfer: not this reservation (not accepted) */
-    if (i != NONE) {
-        while (kvt_ucx_progress(s->ucx)) /* what has arrived (no waiting) */
-            ;
+        return 0;    /* a receive of another transfer: not this reservation (not accepted) */
+    if (i != NONE) { /* (UCX was progressed once for the whole request: handle) */
         int rc = kvt_ucx_recv_wait(s->ucx, s->rx[i].r, 0);
         if (rc < 0) {
             count(s, &s->st.receives_failed, 1);
@@ -430,6 +428,9 @@ static int handle(kvt_ec_server *s)
         return kvt_ecc_reply_set_address(p, a, (uint32_t)n);
     }
     uint64_t errors = 0;
+    if (s->ucx && (q->op == KVT_ECC_COMPLETE || q->op == KVT_ECC_COMPLETE_BATCH))
+        while (kvt_ucx_progress(s->ucx)) /* what has arrived, once per request (no waiting) */
+            ;
     pthread_mutex_lock(&s->lock);
     for (uint32_t i = 0; i < q->n; i++) {
         kvt_ecc_result x;
