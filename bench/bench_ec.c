@@ -30,7 +30,8 @@
 
 extern char **environ;
 
-#define CAP (256u << 20)
+#define CAP       (512u << 20)
+#define MAX_BATCH 512
 
 /* ---- the consumer process ------------------------------------------------------------------- */
 
@@ -52,6 +53,8 @@ int kvt_bench_ec_consumer(void);
 int kvt_bench_ec_consumer(void)
 {
     uint8_t *buf = aligned_alloc(4096, CAP);
+    if (buf) /* an engine's buffer is in use: no first-touch page faults in the figures */
+        memset(buf, 0, CAP);
     kvt_ec_shard_config sc;
     kvt_ec_shard_config_init(&sc);
     sc.base = buf;
@@ -116,16 +119,16 @@ int kvt_bench_ec_consumer(void)
  */
 
 /* ucx_perftest tag_bw of size bytes on the transport UCX_TLS names: GB/s, 0 if it failed. */
-static double perftest_once(uint64_t size, int iters, uint32_t port)
+static double perftest_once(uint64_t size, int iters, uint32_t port, const char *env)
 {
     char cmd[512];
-    snprintf(cmd, sizeof(cmd), "timeout 60 ucx_perftest -p %u >/dev/null 2>&1 &", port);
+    snprintf(cmd, sizeof(cmd), "%s timeout 60 ucx_perftest -p %u >/dev/null 2>&1 &", env, port);
     if (system(cmd) != 0)
         return 0;
     usleep(1000 * 1000); /* the server is listening by then */
     snprintf(cmd, sizeof(cmd),
-             "timeout 60 ucx_perftest 127.0.0.1 -p %u -t tag_bw -s %llu -n %d 2>/dev/null", port,
-             (unsigned long long)size, iters);
+             "%s timeout 60 ucx_perftest 127.0.0.1 -p %u -t tag_bw -s %llu -n %d 2>/dev/null", env,
+             port, (unsigned long long)size, iters);
     FILE *f = popen(cmd, "r");
     if (!f)
         return 0;
@@ -141,11 +144,13 @@ static double perftest_once(uint64_t size, int iters, uint32_t port)
     return mibs * 1048576.0 / 1e9;
 }
 
-static double perftest_gbps(uint64_t size, int iters)
+/* env: variables for both perftest processes ("" for none) */
+static double perftest_gbps(uint64_t size, int iters, const char *env)
 {
     double g = 0;
     for (uint32_t i = 0; i < 3 && g == 0; i++) /* a port someone else holds: another one */
-        g = perftest_once(size, iters, 40000 + (uint32_t)((getpid() * 13u + i * 977u) % 20000u));
+        g = perftest_once(size, iters, 40000 + (uint32_t)((getpid() * 13u + i * 977u) % 20000u),
+                          env);
     return g;
 }
 
@@ -153,8 +158,8 @@ static double perftest_gbps(uint64_t size, int iters)
 
 typedef struct phase {
     uint64_t size;
-    int items;
-    double gbps, p50_us, items_per_s;
+    int items, batch; /* batch 1: one push at a time (latency); more: pipelined */
+    double gbps, p50_us, items_per_s, consumer_cpu; /* consumer_cpu: its CPU s / wall s */
 } phase;
 
 static int cmp_d(const void *a, const void *b)
@@ -163,40 +168,172 @@ static int cmp_d(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-static int push_phase(kvt_ec_producer *prod, const char *addr, phase *ph, uint8_t *src, int seq)
+/* The consumer process's CPU time so far, seconds (utime + stime from /proc). */
+static double proc_cpu_s(pid_t pid)
 {
-    double *lat = calloc((size_t)ph->items, sizeof(double));
+    char path[64], buf[1024];
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    const char *q = strrchr(buf, ')'); /* the command name may hold spaces */
+    unsigned long long ut = 0, st = 0;
+    if (!q || sscanf(q + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2)
+        return 0;
+    return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
+
+typedef struct pusher {
+    kvt_ec_producer *prod;
+    const char *addr;
+    const uint8_t *src;
+    pid_t consumer;
+    kvt_ec_push_spec *specs;
+    char (*names)[2][48];
+} pusher;
+
+/* Pushes ph->items in batches of ph->batch: push_many (one reserve message per shard), bind
+ * every source, one dispatch (every write in flight, one completion message per shard). */
+static int push_phase(pusher *pu, phase *ph, int seq)
+{
+    int nb = (ph->items + ph->batch - 1) / ph->batch;
+    double *lat = calloc((size_t)nb, sizeof(double));
     if (!lat)
         return 1;
-    double t0 = kvt_now_s();
-    int bad = 0;
-    char why[256];
-    for (int i = 0; i < ph->items && !bad; i++) {
-        char tid[48], hash[48];
-        snprintf(tid, sizeof(tid), "b%d-%llu-%d", seq, (unsigned long long)ph->size, i);
-        snprintf(hash, sizeof(hash), "h%d-%llu-%d", seq, (unsigned long long)ph->size, i);
-        kvt_ec_push_spec s;
-        memset(&s, 0, sizeof(s));
-        s.mm_hash = (kvt_str){hash, (uint32_t)strlen(hash)};
-        s.ndim = 1;
-        s.shape[0] = ph->size;
-        s.dtype = (kvt_str){"uint8", 5};
-        s.nbytes = ph->size;
-        s.consumer_zmq = (kvt_str){addr, (uint32_t)strlen(addr)};
-        s.transfer_id = (kvt_str){tid, (uint32_t)strlen(tid)};
+    double cpu0 = proc_cpu_s(pu->consumer), t0 = kvt_now_s();
+    int bad = 0, done = 0;
+    char why[256] = "";
+    for (int b = 0; b < nb && !bad; b++) {
+        int m = ph->items - done < ph->batch ? ph->items - done : ph->batch;
+        for (int i = 0; i < m; i++) {
+            char *tid = pu->names[i][0], *hash = pu->names[i][1];
+            snprintf(tid, 48, "b%d-%llu-%d", seq, (unsigned long long)ph->size, done + i);
+            snprintf(hash, 48, "h%d-%llu-%d", seq, (unsigned long long)ph->size, done + i);
+            kvt_ec_push_spec *s = &pu->specs[i];
+            memset(s, 0, sizeof(*s));
+            s->mm_hash = (kvt_str){hash, (uint32_t)strlen(hash)};
+            s->ndim = 1;
+            s->shape[0] = ph->size;
+            s->dtype = (kvt_str){"uint8", 5};
+            s->nbytes = ph->size;
+            s->consumer_zmq = (kvt_str){pu->addr, (uint32_t)strlen(pu->addr)};
+            s->transfer_id = (kvt_str){tid, (uint32_t)strlen(tid)};
+        }
         double a = kvt_now_s();
-        bad = kvt_ec_push_now(prod, &s, src, why, sizeof(why)) != 0;
-        lat[i] = kvt_now_s() - a;
+        bad = kvt_ec_producer_push_many(pu->prod, pu->specs, (uint32_t)m) != 0;
+        for (int i = 0; i < m && !bad; i++)
+            bad = kvt_ec_producer_bind_source(pu->prod, pu->names[i][1],
+                                              (uint32_t)strlen(pu->names[i][1]), pu->src, ph->size,
+                                              NULL) != 1;
+        bad = bad || kvt_ec_producer_dispatch(pu->prod) != m;
+        for (int i = 0; i < m && !bad; i++)
+            bad = kvt_ec_producer_state(pu->prod, pu->names[i][0],
+                                        (uint32_t)strlen(pu->names[i][0])) != KVT_ECP_DONE;
+        lat[b] = kvt_now_s() - a;
+        done += m;
     }
     double dt = kvt_now_s() - t0;
-    if (bad)
+    ph->consumer_cpu = (proc_cpu_s(pu->consumer) - cpu0) / dt;
+    if (bad) {
+        kvt_ec_push_failure f;
+        snprintf(why, sizeof(why), "%s",
+                 kvt_ec_producer_take_failures(pu->prod, &f, 1) ? f.error : kvt_last_error());
         fprintf(stderr, "bench ec: push failed: %s\n", why);
-    ph->gbps = (double)ph->size * ph->items / dt / 1e9;
-    ph->items_per_s = ph->items / dt;
-    qsort(lat, (size_t)ph->items, sizeof(double), cmp_d);
-    ph->p50_us = lat[ph->items / 2] * 1e6;
+    }
+    ph->gbps = (double)ph->size * done / dt / 1e9;
+    ph->items_per_s = done / dt;
+    qsort(lat, (size_t)nb, sizeof(double), cmp_d);
+    ph->p50_us = lat[nb / 2] * 1e6;
     free(lat);
     return bad;
+}
+
+/* ---- the peers: Mooncake's transfer engine and NIXL (bench/peers/ec_peers.py) ---------------- */
+
+#ifndef KVT_SOURCE_DIR
+#define KVT_SOURCE_DIR "."
+#endif
+
+/* The peers' figures for transport tr, as the script printed them, or NULL with *why set. */
+static json_t *run_peers(const kvt_bench_opts *o, const char *tr, char *why, size_t cap)
+{
+    const char *py = o->peers ? o->peers : getenv("KVTIER_PEERS_PYTHON");
+    const char *venv = KVT_SOURCE_DIR "/.venv-bench/bin/python";
+    if (!py)
+        py = access(venv, X_OK) == 0 ? venv : NULL;
+    if (!py) {
+        snprintf(why, cap,
+                 "no Python with the peers' packages: make bench-env makes %s, or "
+                 "--peers / KVTIER_PEERS_PYTHON names one",
+                 venv);
+        return NULL;
+    }
+    if (strcmp(py, "none") == 0) {
+        snprintf(why, cap, "skipped (--peers none)");
+        return NULL;
+    }
+    const char *script = getenv("KVTIER_PEERS_SCRIPT");
+    if (!script)
+        script = KVT_SOURCE_DIR "/bench/peers/ec_peers.py";
+    if (strchr(py, '\'') || strchr(script, '\'')) {
+        snprintf(why, cap, "a quote in the peers' Python or script path");
+        return NULL;
+    }
+    char cmd[8192];
+    snprintf(cmd, sizeof(cmd), "'%s' '%s' --transport %s --seconds %g", py, script, tr, o->seconds);
+    FILE *f = popen(cmd, "r");
+    if (!f) {
+        snprintf(why, cap, "cannot run %s", py);
+        return NULL;
+    }
+    json_error_t err;
+    json_t *r = json_loadf(f, JSON_DISABLE_EOF_CHECK, &err);
+    int st = pclose(f);
+    if (!r || !json_is_object(r)) {
+        snprintf(why, cap, "%s printed no JSON object (exit status %d): %s", script, st, err.text);
+        json_decref(r);
+        return NULL;
+    }
+    return r;
+}
+
+/* Adds each peer's figures and kvtier's ratios to them: `<peer>_gbps` (16 MiB items),
+ * `<peer>_gbps_1m`, `<peer>_items_per_s_64k`, `ratio_vs_<peer>` (16 MiB bytes/s) and
+ * `ratio_vs_<peer>_64k` (items/s); `<peer>_why` for a peer that did not run. */
+static void add_peers(kvt_json *j, json_t *peers, const char *why, const phase *ph)
+{
+    static const char *const names[] = {"mooncake", "nixl"};
+    for (int i = 0; i < 2; i++) {
+        char k[64];
+        json_t *p = peers ? json_object_get(peers, names[i]) : NULL;
+        if (!p || !json_is_true(json_object_get(p, "ran"))) {
+            json_t *w = p ? json_object_get(p, "why") : NULL;
+            snprintf(k, sizeof(k), "%s_why", names[i]);
+            kvt_json_str(j, k, w && json_is_string(w) ? json_string_value(w) : why);
+            continue;
+        }
+        double g16 = json_number_value(json_object_get(p, "gbps_16m"));
+        double g1 = json_number_value(json_object_get(p, "gbps_1m"));
+        double i64 = json_number_value(json_object_get(p, "items_per_s_64k"));
+        snprintf(k, sizeof(k), "%s_gbps", names[i]);
+        kvt_json_num(j, k, g16);
+        snprintf(k, sizeof(k), "%s_gbps_1m", names[i]);
+        kvt_json_num(j, k, g1);
+        snprintf(k, sizeof(k), "%s_items_per_s_64k", names[i]);
+        kvt_json_num(j, k, i64);
+        snprintf(k, sizeof(k), "ratio_vs_%s", names[i]);
+        kvt_json_num(j, k, ph[5].gbps / g16);
+        snprintf(k, sizeof(k), "ratio_vs_%s_1m", names[i]);
+        kvt_json_num(j, k, ph[4].gbps / g1);
+        snprintf(k, sizeof(k), "ratio_vs_%s_64k", names[i]);
+        kvt_json_num(j, k, ph[3].items_per_s / i64);
+        json_t *v = json_object_get(p, "version");
+        snprintf(k, sizeof(k), "%s_version", names[i]);
+        kvt_json_str(j, k, v && json_is_string(v) ? json_string_value(v) : "unknown");
+    }
 }
 
 static pid_t spawn_consumer(int *out_fd)
@@ -265,19 +402,32 @@ static int run(const kvt_bench_opts *o)
         pc.ops = kvt_ec_net_consumer_ops(net);
         bad = kvt_ec_producer_create(&pc, &prod);
     }
-    uint8_t *src = malloc(16u << 20);
+    uint8_t *src = aligned_alloc(2u << 20, 16u << 20);
     for (size_t i = 0; src && i < (16u << 20); i++)
         src[i] = (uint8_t)(i * 131u);
-    /* item counts: about o->seconds per phase on a slow link, at least a few of each */
+    pusher pu = {prod,
+                 addr,
+                 src,
+                 pid,
+                 calloc(MAX_BATCH, sizeof(kvt_ec_push_spec)),
+                 calloc(MAX_BATCH, sizeof(*pu.names))};
+    bad = bad || !src || !pu.specs || !pu.names;
+    /* item counts: about o->seconds per phase on a slow link, at least a few of each; the
+     * first three push one item at a time (latency), the last three pipelined */
     double scale = o->seconds / 2.0;
-    phase ph[3] = {{64u << 10, (int)(2000 * scale) + 20, 0, 0, 0},
-                   {1u << 20, (int)(300 * scale) + 10, 0, 0, 0},
-                   {16u << 20, (int)(40 * scale) + 4, 0, 0, 0}};
-    phase warm = {1u << 20, 10, 0, 0, 0};
-    if (!bad && src)
-        bad = push_phase(prod, addr, &warm, src, 0);
-    for (int k = 0; k < 3 && !bad; k++)
-        bad = push_phase(prod, addr, &ph[k], src, k + 1);
+    phase ph[6] = {{64u << 10, (int)(1000 * scale) + 20, 1, 0, 0, 0, 0},
+                   {1u << 20, (int)(200 * scale) + 10, 1, 0, 0, 0, 0},
+                   {16u << 20, (int)(20 * scale) + 4, 1, 0, 0, 0, 0},
+                   {64u << 10, (int)(20000 * scale) + 512, 512, 0, 0, 0, 0},
+                   {1u << 20, (int)(2000 * scale) + 64, 64, 0, 0, 0, 0},
+                   {16u << 20, (int)(160 * scale) + 8, 8, 0, 0, 0, 0}};
+    phase warm = {1u << 20, 64, 16, 0, 0, 0, 0};
+    if (!bad)
+        bad = push_phase(&pu, &warm, 0);
+    for (int k = 0; k < 6 && !bad; k++)
+        bad = push_phase(&pu, &ph[k], k + 1);
+    free(pu.specs);
+    free(pu.names);
     kvt_ec_producer_destroy(prod);
     kvt_ec_net_consumer_destroy(net);
     free(src);
@@ -288,7 +438,12 @@ static int run(const kvt_bench_opts *o)
         fprintf(stderr, "kvtier bench ec: %s\n", kvt_last_error());
         return 1;
     }
-    double base = perftest_gbps(16u << 20, 100);
+    /* the baseline is the better of UCX's two protocol selections (kvtier turns the newer one
+     * on unless UCX_PROTO_ENABLE says otherwise): the ratio is never flattered by a slow
+     * default */
+    double base_default = perftest_gbps(16u << 20, 100, "UCX_PROTO_ENABLE=n");
+    double base_proto = perftest_gbps(16u << 20, 100, "UCX_PROTO_ENABLE=y");
+    double base = base_default > base_proto ? base_default : base_proto;
     if (base <= 0) { /* no baseline, no figure: a ratio of 0 would read as a result */
         fprintf(stderr,
                 "kvtier bench ec: the baseline `ucx_perftest tag_bw` did not run on %s (is "
@@ -296,34 +451,65 @@ static int run(const kvt_bench_opts *o)
                 tr);
         return 1;
     }
-    double ratio = ph[2].gbps / base;
+    double ratio = ph[5].gbps / base;
+    char why[512] = "";
+    json_t *peers = run_peers(o, tr, why, sizeof(why));
     if (o->json) {
         kvt_json j;
         kvt_json_begin(&j, stdout);
         kvt_json_str(&j, "bench", "ec");
         kvt_json_str(&j, "transport", tr);
-        kvt_json_num(&j, "gbps", ph[2].gbps);
+        kvt_json_num(&j, "gbps", ph[5].gbps);
         kvt_json_num(&j, "ucx_perftest_gbps", base);
+        kvt_json_num(&j, "ucx_perftest_default_gbps", base_default);
+        kvt_json_num(&j, "ucx_perftest_proto_gbps", base_proto);
         kvt_json_num(&j, "ratio_vs_ucx_perftest", ratio);
-        kvt_json_num(&j, "gbps_1m", ph[1].gbps);
-        kvt_json_num(&j, "gbps_64k", ph[0].gbps);
-        kvt_json_num(&j, "items_per_s_64k", ph[0].items_per_s);
+        kvt_json_num(&j, "gbps_1m", ph[4].gbps);
+        kvt_json_num(&j, "gbps_64k", ph[3].gbps);
+        kvt_json_num(&j, "items_per_s_64k", ph[3].items_per_s);
+        kvt_json_num(&j, "items_per_s_1m", ph[4].items_per_s);
         kvt_json_num(&j, "p50_us_64k", ph[0].p50_us);
         kvt_json_num(&j, "p50_us_1m", ph[1].p50_us);
         kvt_json_num(&j, "p50_us_16m", ph[2].p50_us);
-        kvt_json_int(&j, "items_16m", ph[2].items);
+        kvt_json_num(&j, "single_items_per_s_64k", ph[0].items_per_s);
+        kvt_json_num(&j, "single_gbps_16m", ph[2].gbps);
+        kvt_json_num(&j, "consumer_cpu_64k", ph[3].consumer_cpu);
+        kvt_json_num(&j, "consumer_cpu_16m", ph[5].consumer_cpu);
+        kvt_json_int(&j, "batch_64k", ph[3].batch);
+        kvt_json_int(&j, "batch_1m", ph[4].batch);
+        kvt_json_int(&j, "batch_16m", ph[5].batch);
+        kvt_json_int(&j, "items_16m", ph[5].items);
+        add_peers(&j, peers, why, ph);
         kvt_json_host(&j);
         kvt_json_end(&j);
     } else {
         printf("encoder-cache push over %s (UCX_TLS=%s), producer -> consumer process:\n", tr, tls);
-        for (int k = 0; k < 3; k++)
-            printf("  %8llu KiB items: %6.2f GB/s, %8.0f items/s, p50 %8.0f us (%d items)\n",
-                   (unsigned long long)(ph[k].size >> 10), ph[k].gbps, ph[k].items_per_s,
-                   ph[k].p50_us, ph[k].items);
+        for (int k = 0; k < 6; k++)
+            printf("  %8llu KiB items, %s: %6.2f GB/s, %8.0f items/s, p50 %8.0f us per %s "
+                   "(%d items), consumer CPU %.0f%%\n",
+                   (unsigned long long)(ph[k].size >> 10),
+                   ph[k].batch == 1 ? "one at a time" : "pipelined", ph[k].gbps, ph[k].items_per_s,
+                   ph[k].p50_us, ph[k].batch == 1 ? "push" : "batch", ph[k].items,
+                   ph[k].consumer_cpu * 100);
         printf("  ucx_perftest tag_bw 16 MiB: %.2f GB/s; ratio %.2f\n", base, ratio);
+        static const char *const names[] = {"mooncake", "nixl"};
+        for (int i = 0; i < 2; i++) {
+            json_t *p = peers ? json_object_get(peers, names[i]) : NULL;
+            if (!p || !json_is_true(json_object_get(p, "ran"))) {
+                json_t *w = p ? json_object_get(p, "why") : NULL;
+                printf("  %s: not run: %s\n", names[i],
+                       w && json_is_string(w) ? json_string_value(w) : why);
+                continue;
+            }
+            double g16 = json_number_value(json_object_get(p, "gbps_16m"));
+            double i64 = json_number_value(json_object_get(p, "items_per_s_64k"));
+            printf("  %s: 16 MiB %.2f GB/s (kvtier %.2fx), 64 KiB %.0f items/s (kvtier %.2fx)\n",
+                   names[i], g16, ph[5].gbps / g16, i64, ph[3].items_per_s / i64);
+        }
     }
+    json_decref(peers);
     return 0;
 }
 
 const kvt_bench kvt_bench_ec = {"ec", "encoder-cache push, 2 processes, vs ucx_perftest", run,
-                                "json,seconds,transport,ec-consumer"};
+                                "json,seconds,transport,peers,ec-consumer"};

@@ -25,6 +25,7 @@ typedef struct kvt_bench_opts {
     const char *dir;       /* disk: directory for the files (default: the current one) */
     const char *transport; /* ec: "tcp" (default) or "shm" */
     bool ec_consumer;      /* ec: run as the consumer process (internal) */
+    const char *peers;     /* ec: the Python that runs the peers (Mooncake, NIXL), or "none" */
 } kvt_bench_opts;
 
 typedef struct kvt_bench {

@@ -381,6 +381,28 @@ KVT_API int kvt_ec_sched_prometheus(const kvt_ec_sched *s, char *buf, size_t cap
 /* ---- producer: push records -------------------------------------------------------------------
  */
 
+/* One reserve or completion of a batch, for one shard. */
+typedef struct kvt_ec_batch_op {
+    const char *transfer_id;
+    uint32_t len;
+    const kvt_ec_item *item;    /* reserve */
+    const char *reservation_id; /* complete */
+    int rc;                     /* out: 0 or the KVT_E* code of this operation */
+    kvt_ec_reply reply;         /* out, reserve */
+    bool accepted;              /* out, complete */
+    char error[256];            /* out: the message when rc is not 0 */
+} kvt_ec_batch_op;
+
+/* One write of a batch: nbytes from src into the reservation dst of shard. */
+typedef struct kvt_ec_write_op {
+    uint32_t shard;
+    const kvt_ec_reply *dst;
+    const void *src;
+    uint64_t nbytes;
+    int rc;          /* out */
+    char error[256]; /* out */
+} kvt_ec_write_op;
+
 /* The consumer shards as the producer reaches them: in-process shards in tests, the ZeroMQ
  * control plane and the UCX data plane (kvtier/ec_net.h). Each call returns 0 or a negative KVT_E*
  * code with kvt_last_error() set; `consumer` is the push spec's consumer address. */
@@ -397,6 +419,16 @@ typedef struct kvt_ec_consumer_ops {
     int (*cancel)(void *ctx, const char *consumer, uint32_t shard, const char *transfer_id,
                   uint32_t len, const char *reservation_id, bool abandon, bool refresh);
     void *ctx;
+    /* Batched forms, optional (NULL: the producer makes the single calls above, one by one).
+     * Each handles n operations in one exchange per shard and sets every operation's rc (and
+     * error when rc is not 0); it returns 0 when each operation's rc tells its outcome, or a
+     * code when none could be tried (every rc then carries it too). */
+    int (*reserve_batch)(void *ctx, const char *consumer, uint32_t shard, kvt_ec_batch_op *ops,
+                         uint32_t n);
+    /* writes may go to several shards; all are in flight at once (bounded by the transport) */
+    int (*write_batch)(void *ctx, const char *consumer, kvt_ec_write_op *ops, uint32_t n);
+    int (*complete_batch)(void *ctx, const char *consumer, uint32_t shard, kvt_ec_batch_op *ops,
+                          uint32_t n);
 } kvt_ec_consumer_ops;
 
 /* A consumer in the same process (an engine that encodes and prefills in one process, tests,
@@ -422,9 +454,11 @@ enum kvt_ec_pstate {
 
 typedef struct kvt_ec_producer_config {
     kvt_ec_consumer_ops ops;
-    uint64_t refresh_age_ns; /* a reservation not yet ready and older than this is refreshed
-                                before writing (TTL / 2); default 150 s */
-    uint32_t max_records;    /* push records kept, terminal ones reaped oldest first; 65,536 */
+    uint64_t refresh_age_ns;  /* a reservation not yet ready and older than this is refreshed
+                                 before writing (TTL / 2); default 150 s */
+    uint32_t max_records;     /* push records kept, terminal ones reaped oldest first; 65,536 */
+    uint32_t max_batch;       /* records one dispatch batch pushes together; default 1,024 */
+    uint64_t max_batch_bytes; /* and their bytes (one record alone may be larger); 256 MiB */
     kvt_clock clock;
 } kvt_ec_producer_config;
 
@@ -447,18 +481,24 @@ KVT_API void kvt_ec_producer_destroy(kvt_ec_producer *p);
  * reserves on every shard of the consumer before the encoder output exists; if any shard
  * refuses, the reservations already made are abandoned and the record FAILED. */
 KVT_API int kvt_ec_producer_push(kvt_ec_producer *p, const kvt_ec_push_spec *spec);
+/* kvt_ec_producer_push for n specs (a step's start_save_caches), the new records' reserves
+ * sent in one batch per shard (reserve_batch when the ops have it). Returns 0, or the first
+ * spec's error that kvt_ec_producer_push would have returned (specs before it are pushed). */
+KVT_API int kvt_ec_producer_push_many(kvt_ec_producer *p, const kvt_ec_push_spec *specs,
+                                      uint32_t n);
 /* save_caches: mm_hash's encoder output is nbytes at src (it must stay valid until its records
  * are no longer pending), readable once fence passed (NULL: now). Binds to every record of
  * mm_hash waiting without a source; returns how many. */
 KVT_API int kvt_ec_producer_bind_source(kvt_ec_producer *p, const char *mm_hash, uint32_t len,
                                         const void *src, uint64_t nbytes,
                                         const kvt_ec_fence *fence);
-/* The dispatcher: pushes every record whose source is bound and ready, one batch per consumer
- * (a record still waiting never holds back a ready one): refresh stale reservations, check
- * the source against the spec, write every shard that asked for the bytes, complete on every
- * shard, DONE. Any failure abandons every shard's reservation of the record (FAILED); a
- * completion a shard rejects (it let go of the item meanwhile) is logged and counted, not a
- * failure. Returns the records pushed. */
+/* The dispatcher: pushes every record whose source is bound and ready, in batches per consumer
+ * of up to max_batch records and max_batch_bytes (a record still waiting never holds back a
+ * ready one): refresh stale reservations, check each source against its spec, write every
+ * shard that asked for the bytes (the batch's writes all in flight together: write_batch),
+ * complete on every shard (one complete_batch per shard), DONE. Any failure abandons every shard's
+ * reservation of the record (FAILED); a completion a shard rejects (it let go of the item
+ * meanwhile) is logged and counted, not a failure. Returns the records pushed. */
 KVT_API int kvt_ec_producer_dispatch(kvt_ec_producer *p);
 /* get_finished: the request's pushes that still have no source are cancelled on every shard
  * (CANCELLED, or FAILED if a shard could not be reached twice). */

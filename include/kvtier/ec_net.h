@@ -109,12 +109,21 @@ KVT_API void kvt_ec_server_get_stats(kvt_ec_server *s, kvt_ec_server_stats *st);
 /* kvt_ec_consumer_ops over the network, for a producer (kvt_ec_producer_config.ops): a
  * consumer is named by its control address "host:port" or "tcp://host:port" (the port of its
  * shard 0, base + dp_index x tp_size); `peers` gives every shard's port (cached per consumer,
- * successes only), `reserve`, `complete` and `cancel` go to the shard's control server, and
- * `write` sends the bytes over UCX with the reservation's tag to the shard's worker address
- * (asked once per shard with `data_address`). Not thread-safe: one per producer thread. */
+ * successes only), `reserve`, `complete` and `cancel` go to the shard's control server (the
+ * batched forms: one message per shard and up to 4,096 items), and `write` sends the bytes over
+ * UCX with the reservation's tag to the shard's worker address (asked once per shard with
+ * `data_address`); a write batch keeps up to write_window sends in flight. Not thread-safe: one per
+ * producer thread. */
 typedef struct kvt_ec_net_config {
     uint32_t control_timeout_ms; /* each control exchange; default 30,000 */
-    uint32_t write_timeout_ms;   /* each write; default 30,000 */
+    uint32_t write_timeout_ms;   /* a write batch making no progress for this long fails;
+                                    default 30,000 */
+    uint32_t write_window;       /* writes of a batch in flight at once, 1..4096; default 64 */
+    /* UCX peer failure detection on the data plane (off by default): on, writes to a consumer
+     * that died fail as soon as UCX notices rather than after write_timeout_ms, but UCX 1.13
+     * then moves large items over tcp with an extra copy (about 25% slower, measured in
+     * docs/benchmarks.md) */
+    bool detect_peer_failure;
     /* CURVE (optional, all three or none): the consumers' server public key and this
      * client's key pair, 40 Z85 characters each. */
     const char *curve_server_key, *curve_public_key, *curve_secret_key;

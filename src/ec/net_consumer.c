@@ -34,6 +34,8 @@ struct kvt_ec_net_consumer {
     /* this producer's secret: a shard tells a reservation's id again (a repeated reserve
      * after a lost reply) only to the client that made it */
     char key[KVT_EC_RID_LEN + 1];
+    kvt_ucx_send_item *send; /* a write batch's sends, and the write each one is */
+    uint32_t *send_op, cap_send;
 };
 
 void kvt_ec_net_config_init(kvt_ec_net_config *cfg)
@@ -41,6 +43,7 @@ void kvt_ec_net_config_init(kvt_ec_net_config *cfg)
     memset(cfg, 0, sizeof(*cfg));
     cfg->control_timeout_ms = 30000;
     cfg->write_timeout_ms = 30000;
+    cfg->write_window = 64;
 }
 
 int kvt_ec_net_consumer_create(const kvt_ec_net_config *cfg, kvt_ec_net_consumer **out)
@@ -50,6 +53,8 @@ int kvt_ec_net_consumer_create(const kvt_ec_net_config *cfg, kvt_ec_net_consumer
     if (cfg->control_timeout_ms < 1 || cfg->write_timeout_ms < 1 ||
         cfg->control_timeout_ms > 3600000 || cfg->write_timeout_ms > 3600000)
         return kvt_fail(KVT_EINVAL, "ec net: timeouts must be 1 ms .. 1 h");
+    if (cfg->write_window < 1 || cfg->write_window > 4096)
+        return kvt_fail(KVT_EINVAL, "ec net: write_window must be 1..4096");
     kvt_ec_net_consumer *c = calloc(1, sizeof(*c));
     if (!c)
         return kvt_fail(KVT_ENOMEM, "ec net: out of memory");
@@ -62,6 +67,8 @@ int kvt_ec_net_consumer_create(const kvt_ec_net_config *cfg, kvt_ec_net_consumer
         rc = kvt_ecc_client_create((int)cfg->control_timeout_ms, &k, &c->cli);
     if (!rc)
         rc = kvt_ucx_create(&c->ucx);
+    if (!rc)
+        kvt_ucx_set_peer_failure(c->ucx, cfg->detect_peer_failure);
     if (rc) {
         kvt_ec_net_consumer_destroy(c);
         return rc;
@@ -87,6 +94,8 @@ void kvt_ec_net_consumer_destroy(kvt_ec_net_consumer *c)
     kvt_ucx_destroy(c->ucx);
     kvt_ecc_request_release(&c->q);
     kvt_ecc_reply_release(&c->p);
+    free(c->send);
+    free(c->send_op);
     free(c);
 }
 
@@ -220,42 +229,102 @@ static int op_reserve(void *ctx, const char *name, uint32_t k, const char *tid, 
     return 0;
 }
 
-static int op_write(void *ctx, const char *name, uint32_t k, const kvt_ec_reply *dst,
-                    const void *src, uint64_t n)
+/* Shard k's data-plane address, asked for once and kept until a write to it fails. */
+static int data_address(kvt_ec_net_consumer *c, remote *r, uint32_t k)
+{
+    if (r->addr[k])
+        return 0;
+    kvt_ecc_request_begin(&c->q, KVT_ECC_DATA_ADDRESS);
+    int rc = call(c, r->host, r->ports[k]);
+    if (rc)
+        return rc;
+    if ((rc = kvt_ucx_address_check(c->ucx, c->p.data_addr, c->p.data_addr_len))) {
+        char what[220];
+        snprintf(what, sizeof(what), "ec net: %s shard %u's data address", r->name, k);
+        return kvt_fail_wrap(rc, what);
+    }
+    r->addr[k] = malloc(c->p.data_addr_len);
+    if (!r->addr[k])
+        return kvt_fail(KVT_ENOMEM, "ec net: out of memory");
+    memcpy(r->addr[k], c->p.data_addr, c->p.data_addr_len);
+    r->addr_len[k] = c->p.data_addr_len;
+    return 0;
+}
+
+static void op_fail(int rc, int *out_rc, char *err, size_t cap)
+{
+    *out_rc = rc;
+    snprintf(err, cap, "%s", kvt_last_error());
+}
+
+static int op_write_batch(void *ctx, const char *name, kvt_ec_write_op *w, uint32_t n)
 {
     kvt_ec_net_consumer *c = ctx;
     remote *r;
-    int rc = shard_of(c, name, k, &r);
-    if (rc)
-        return rc;
-    if (n != dst->nbytes)
-        return kvt_fail(KVT_EINVAL, "ec net: %llu bytes for a reservation of %llu",
-                        (unsigned long long)n, (unsigned long long)dst->nbytes);
-    if (!r->addr[k]) {
-        kvt_ecc_request_begin(&c->q, KVT_ECC_DATA_ADDRESS);
-        if ((rc = call(c, r->host, r->ports[k])))
-            return rc;
-        if ((rc = kvt_ucx_address_check(c->ucx, c->p.data_addr, c->p.data_addr_len))) {
-            char what[220];
-            snprintf(what, sizeof(what), "ec net: %s shard %u's data address", r->name, k);
-            return kvt_fail_wrap(rc, what);
-        }
-        r->addr[k] = malloc(c->p.data_addr_len);
-        if (!r->addr[k])
-            return kvt_fail(KVT_ENOMEM, "ec net: out of memory");
-        memcpy(r->addr[k], c->p.data_addr, c->p.data_addr_len);
-        r->addr_len[k] = c->p.data_addr_len;
+    int rc = consumer(c, name, &r);
+    if (!rc && n > c->cap_send) {
+        kvt_ucx_send_item *g = realloc(c->send, n * sizeof(*g));
+        uint32_t *o = g ? realloc(c->send_op, n * sizeof(*o)) : NULL;
+        if (g)
+            c->send = g;
+        if (o)
+            c->send_op = o, c->cap_send = n;
+        else
+            rc = kvt_fail(KVT_ENOMEM, "ec net: out of memory for %u writes", n);
     }
-    rc = kvt_ucx_send(c->ucx, r->addr[k], r->addr_len[k], src, n,
-                      kvt_ecc_rid_tag(dst->reservation_id), (int)c->cfg.write_timeout_ms);
-    if (rc) { /* the shard may have restarted with a new address: ask again next time */
-        free(r->addr[k]);
-        r->addr[k] = NULL;
-        char what[220];
-        snprintf(what, sizeof(what), "ec net: write to %s shard %u", r->name, k);
-        return kvt_fail_wrap(rc, what);
+    if (rc) {
+        for (uint32_t i = 0; i < n; i++)
+            op_fail(rc, &w[i].rc, w[i].error, sizeof(w[i].error));
+        return rc;
+    }
+    uint32_t m = 0; /* the writes with a destination, all in one batch */
+    for (uint32_t i = 0; i < n; i++) {
+        w[i].rc = 0;
+        w[i].error[0] = 0;
+        uint32_t k = w[i].shard;
+        if (k >= r->n)
+            rc = kvt_fail(KVT_ERANGE, "ec net: consumer %s has %u shards, not %u", name, r->n,
+                          k + 1);
+        else if (w[i].nbytes != w[i].dst->nbytes)
+            rc = kvt_fail(KVT_EINVAL, "ec net: %llu bytes for a reservation of %llu",
+                          (unsigned long long)w[i].nbytes, (unsigned long long)w[i].dst->nbytes);
+        else
+            rc = data_address(c, r, k);
+        if (rc) {
+            op_fail(rc, &w[i].rc, w[i].error, sizeof(w[i].error));
+            continue;
+        }
+        c->send_op[m] = i;
+        c->send[m++] = (kvt_ucx_send_item){r->addr[k],
+                                           r->addr_len[k],
+                                           w[i].src,
+                                           w[i].nbytes,
+                                           kvt_ecc_rid_tag(w[i].dst->reservation_id),
+                                           0};
+    }
+    (void)kvt_ucx_send_many(c->ucx, c->send, m, c->cfg.write_window, (int)c->cfg.write_timeout_ms);
+    for (uint32_t j = 0; j < m; j++) {
+        kvt_ec_write_op *x = &w[c->send_op[j]];
+        if (!c->send[j].rc)
+            continue;
+        /* the shard may have restarted with a new address: ask again next time */
+        free(r->addr[x->shard]);
+        r->addr[x->shard] = NULL;
+        x->rc = c->send[j].rc;
+        snprintf(x->error, sizeof(x->error), "ec net: write to %.80s shard %u: %.140s", r->name,
+                 x->shard, kvt_last_error());
     }
     return 0;
+}
+
+static int op_write(void *ctx, const char *name, uint32_t k, const kvt_ec_reply *dst,
+                    const void *src, uint64_t n)
+{
+    kvt_ec_write_op w = {k, dst, src, n, 0, {0}};
+    int rc = op_write_batch(ctx, name, &w, 1);
+    if (!rc && w.rc)
+        rc = kvt_fail(w.rc, "%s", w.error);
+    return rc;
 }
 
 static int op_complete(void *ctx, const char *name, uint32_t k, const char *tid, uint32_t len,
@@ -288,7 +357,85 @@ static int op_cancel(void *ctx, const char *name, uint32_t k, const char *tid, u
     return call_item(c, r, k, KVT_ECC_CANCEL, &it);
 }
 
+/* The batched control calls: chunks of KVT_ECC_MAX_BATCH, one exchange each; every item's
+ * outcome in its op. */
+static int batch_call(kvt_ec_net_consumer *c, const char *name, uint32_t k, uint32_t op,
+                      kvt_ec_batch_op *ops, uint32_t n)
+{
+    remote *r;
+    int rc = shard_of(c, name, k, &r);
+    for (uint32_t at = 0; at < n; at += KVT_ECC_MAX_BATCH) {
+        uint32_t m = n - at < KVT_ECC_MAX_BATCH ? n - at : KVT_ECC_MAX_BATCH;
+        int crc = rc;
+        if (!crc) {
+            kvt_ecc_request_begin(&c->q, op);
+            for (uint32_t i = 0; i < m && !crc; i++) {
+                kvt_ec_batch_op *b = &ops[at + i];
+                kvt_ecc_item it = {.transfer_id = {b->transfer_id, b->len}};
+                if (op == KVT_ECC_RESERVE_BATCH) {
+                    const kvt_ec_item *item = b->item;
+                    it.mm_hash = (kvt_str){item->mm_hash, item->mm_hash_len};
+                    it.nbytes = item->nbytes;
+                    it.ndim = item->ndim;
+                    memcpy(it.shape, item->shape, sizeof(it.shape));
+                    it.dtype = (kvt_str){item->dtype, item->dtype_len};
+                    it.client_key = (kvt_str){c->key, KVT_EC_RID_LEN};
+                } else {
+                    it.reservation_id =
+                        (kvt_str){b->reservation_id, (uint32_t)strlen(b->reservation_id)};
+                }
+                crc = kvt_ecc_request_add(&c->q, &it);
+            }
+            if (!crc)
+                crc = call(c, r->host, r->ports[k]);
+        }
+        for (uint32_t i = 0; i < m; i++) {
+            kvt_ec_batch_op *b = &ops[at + i];
+            const kvt_ecc_result *x = crc ? NULL : &c->p.results[i];
+            b->error[0] = 0;
+            if (crc || x->code) {
+                b->rc = crc ? crc : x->code;
+                if (crc)
+                    snprintf(b->error, sizeof(b->error), "%s", kvt_last_error());
+                else
+                    snprintf(b->error, sizeof(b->error), "ec net: %s on %s shard %u: %s",
+                             kvt_ecc_op_name(op), name, k, x->error.ptr);
+                continue;
+            }
+            b->rc = 0;
+            if (op == KVT_ECC_COMPLETE_BATCH) {
+                b->accepted = x->completed;
+                continue;
+            }
+            kvt_ec_reply *o = &b->reply;
+            memset(o, 0, sizeof(*o));
+            memcpy(o->reservation_id, x->reservation_id.ptr, x->reservation_id.len);
+            o->offset = x->offset;
+            o->nbytes = x->nbytes;
+            o->write = x->write;
+            o->ready = x->ready;
+            o->cached = x->cached;
+            o->cancelled = x->cancelled;
+        }
+    }
+    return rc;
+}
+
+static int op_reserve_batch(void *ctx, const char *name, uint32_t k, kvt_ec_batch_op *ops,
+                            uint32_t n)
+{
+    return batch_call(ctx, name, k, KVT_ECC_RESERVE_BATCH, ops, n);
+}
+
+static int op_complete_batch(void *ctx, const char *name, uint32_t k, kvt_ec_batch_op *ops,
+                             uint32_t n)
+{
+    return batch_call(ctx, name, k, KVT_ECC_COMPLETE_BATCH, ops, n);
+}
+
 kvt_ec_consumer_ops kvt_ec_net_consumer_ops(kvt_ec_net_consumer *c)
 {
-    return (kvt_ec_consumer_ops){op_shards, op_reserve, op_write, op_complete, op_cancel, c};
+    return (kvt_ec_consumer_ops){op_shards,        op_reserve,     op_write,
+                                 op_complete,      op_cancel,      c,
+                                 op_reserve_batch, op_write_batch, op_complete_batch};
 }

@@ -193,6 +193,8 @@ void kvt_ec_producer_config_init(kvt_ec_producer_config *cfg)
     memset(cfg, 0, sizeof(*cfg));
     cfg->refresh_age_ns = 150ull * 1000000000ull;
     cfg->max_records = 65536;
+    cfg->max_batch = 1024;
+    cfg->max_batch_bytes = 256ull << 20;
     cfg->clock = kvt_clock_monotonic();
 }
 
@@ -206,6 +208,8 @@ int kvt_ec_producer_create(const kvt_ec_producer_config *cfg, kvt_ec_producer **
         return kvt_fail(KVT_EINVAL, "ec producer: every consumer operation is required");
     if (!cfg->max_records || cfg->max_records > (1u << 24) || !cfg->clock.now_ns)
         return kvt_fail(KVT_EINVAL, "ec producer: max_records (1..16 Mi) and a clock needed");
+    if (!cfg->max_batch || cfg->max_batch > (1u << 20) || !cfg->max_batch_bytes)
+        return kvt_fail(KVT_EINVAL, "ec producer: max_batch 1..1 Mi and max_batch_bytes > 0");
     kvt_ec_producer *p = calloc(1, sizeof(*p));
     if (!p)
         return kvt_fail(KVT_ENOMEM, "ec producer: out of memory");
@@ -256,12 +260,74 @@ static void add_failed_save(kvt_ec_producer *p, const ec_key *req)
         p->failed_saves[p->n_fs++] = *req;
 }
 
-/* Reserves one shard; a refusal (an error reply) is recorded as such. */
-static int reserve_shard(kvt_ec_producer *p, prec *r, uint32_t k)
+/* ---- batched consumer calls: the ops' batched forms, or their single calls one by one ---- */
+
+static void op_failed(int rc, int *out, char *err, size_t cap)
+{
+    *out = rc;
+    snprintf(err, cap, "%s", kvt_last_error());
+}
+
+/* After a batch call: an operation left without an outcome gets the call's own failure. */
+static void batch_settle(int rc, kvt_ec_batch_op *ops, uint32_t n)
+{
+    for (uint32_t i = 0; rc && i < n; i++)
+        if (!ops[i].rc)
+            op_failed(rc, &ops[i].rc, ops[i].error, sizeof(ops[i].error));
+}
+
+static void call_reserve(kvt_ec_producer *p, const char *consumer, uint32_t k, kvt_ec_batch_op *ops,
+                         uint32_t n)
 {
     const kvt_ec_consumer_ops *o = &p->cfg.ops;
-    kvt_ec_item it = item_of(r);
-    int rc = o->reserve(o->ctx, r->consumer.s, k, r->t.s, r->t.len, &it, &r->sh[k].r);
+    if (o->reserve_batch) {
+        batch_settle(o->reserve_batch(o->ctx, consumer, k, ops, n), ops, n);
+        return;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        ops[i].rc = o->reserve(o->ctx, consumer, k, ops[i].transfer_id, ops[i].len, ops[i].item,
+                               &ops[i].reply);
+        if (ops[i].rc)
+            op_failed(ops[i].rc, &ops[i].rc, ops[i].error, sizeof(ops[i].error));
+    }
+}
+
+static void call_complete(kvt_ec_producer *p, const char *consumer, uint32_t k,
+                          kvt_ec_batch_op *ops, uint32_t n)
+{
+    const kvt_ec_consumer_ops *o = &p->cfg.ops;
+    if (o->complete_batch) {
+        batch_settle(o->complete_batch(o->ctx, consumer, k, ops, n), ops, n);
+        return;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        ops[i].rc = o->complete(o->ctx, consumer, k, ops[i].transfer_id, ops[i].len,
+                                ops[i].reservation_id, &ops[i].accepted);
+        if (ops[i].rc)
+            op_failed(ops[i].rc, &ops[i].rc, ops[i].error, sizeof(ops[i].error));
+    }
+}
+
+static void call_write(kvt_ec_producer *p, const char *consumer, kvt_ec_write_op *w, uint32_t n)
+{
+    const kvt_ec_consumer_ops *o = &p->cfg.ops;
+    if (o->write_batch) {
+        int rc = o->write_batch(o->ctx, consumer, w, n);
+        for (uint32_t i = 0; rc && i < n; i++)
+            if (!w[i].rc)
+                op_failed(rc, &w[i].rc, w[i].error, sizeof(w[i].error));
+        return;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        w[i].rc = o->write(o->ctx, consumer, w[i].shard, w[i].dst, w[i].src, w[i].nbytes);
+        if (w[i].rc)
+            op_failed(w[i].rc, &w[i].rc, w[i].error, sizeof(w[i].error));
+    }
+}
+
+/* A record's reserve on shard k came back (rc, the reply in r->sh[k].r): 0 when it holds. */
+static int reserved(kvt_ec_producer *p, prec *r, uint32_t k, int rc)
+{
     r->sh[k].ok = rc == 0;
     r->sh[k].lost = rc == KVT_EIO; /* no answer: the reserve may have landed all the same */
     r->sh[k].at = kvt_clock_now(&p->cfg.clock);
@@ -272,9 +338,21 @@ static int reserve_shard(kvt_ec_producer *p, prec *r, uint32_t k)
     return rc;
 }
 
-int kvt_ec_producer_push(kvt_ec_producer *p, const kvt_ec_push_spec *s)
+/* Reserves one shard; a refusal (an error reply) is recorded as such. */
+static int reserve_shard(kvt_ec_producer *p, prec *r, uint32_t k)
+{
+    const kvt_ec_consumer_ops *o = &p->cfg.ops;
+    kvt_ec_item it = item_of(r);
+    int rc = o->reserve(o->ctx, r->consumer.s, k, r->t.s, r->t.len, &it, &r->sh[k].r);
+    return reserved(p, r, k, rc);
+}
+
+/* The record of one spec: *idx is the new record's index, or NONE when the spec shares an
+ * existing transfer, conflicts with one, or failed before any reserve (FAILED). */
+static int push_record(kvt_ec_producer *p, const kvt_ec_push_spec *s, uint32_t *idx)
 {
     int rc;
+    *idx = NONE;
     if (!s)
         return kvt_fail(KVT_EINVAL, "ec producer: NULL spec");
     if ((rc = kvt_ec_push_spec_validate(s)))
@@ -317,12 +395,96 @@ int kvt_ec_producer_push(kvt_ec_producer *p, const kvt_ec_push_spec *s)
         return 0;
     }
     r->n_shards = n;
-    for (uint32_t k = 0; k < n; k++)
-        if (reserve_shard(p, r, k)) {
-            fail(p, r, "reserving"); /* compensates the shards already reserved */
-            return 0;
-        }
+    *idx = (uint32_t)(r - p->r);
     return 0;
+}
+
+/* Reserves the new records idx[0..n) on every shard of their consumers: one batch per
+ * (consumer, shard). A record refused by a shard is FAILED (the shards it holds abandoned)
+ * and asks no further shard. */
+static int reserve_new(kvt_ec_producer *p, const uint32_t *idx, uint32_t n)
+{
+    kvt_ec_batch_op *ops = calloc(n ? n : 1, sizeof(*ops));
+    kvt_ec_item *items = calloc(n ? n : 1, sizeof(*items));
+    uint32_t *rec = calloc(n ? n : 1, sizeof(*rec));
+    bool *done = calloc(n ? n : 1, sizeof(*done));
+    int rc = ops && items && rec && done ? 0 : kvt_fail(KVT_ENOMEM, "ec producer: out of memory");
+    for (uint32_t i = 0; i < n; i++)
+        if (rc) { /* nothing reserved: these records fail (nothing to abandon) */
+            p->r[idx[i]].n_shards = 0;
+            fail(p, &p->r[idx[i]], "reserving");
+        }
+    for (uint32_t i = 0; !rc && i < n; i++) {
+        if (done[i])
+            continue;
+        const ec_key *consumer = &p->r[idx[i]].consumer;
+        for (uint32_t k = 0; k < KVT_EC_MAX_SHARDS; k++) {
+            uint32_t m = 0;
+            for (uint32_t j = i; j < n; j++) {
+                prec *r = &p->r[idx[j]];
+                if (done[j] || !ec_key_eq(&r->consumer, consumer) || k >= r->n_shards ||
+                    r->state != KVT_ECP_WAITING_INPUTS)
+                    continue;
+                items[m] = item_of(r);
+                ops[m] =
+                    (kvt_ec_batch_op){.transfer_id = r->t.s, .len = r->t.len, .item = &items[m]};
+                rec[m++] = idx[j];
+            }
+            if (!m)
+                break;
+            call_reserve(p, consumer->s, k, ops, m);
+            for (uint32_t j = 0; j < m; j++) {
+                prec *r = &p->r[rec[j]];
+                if (!ops[j].rc)
+                    r->sh[k].r = ops[j].reply;
+                else
+                    kvt_fail(ops[j].rc, "%s", ops[j].error);
+                if (reserved(p, r, k, ops[j].rc))
+                    fail(p, r, "reserving"); /* compensates the shards already reserved */
+            }
+        }
+        for (uint32_t j = i; j < n; j++)
+            if (ec_key_eq(&p->r[idx[j]].consumer, consumer))
+                done[j] = true;
+    }
+    free(ops);
+    free(items);
+    free(rec);
+    free(done);
+    return rc;
+}
+
+int kvt_ec_producer_push_many(kvt_ec_producer *p, const kvt_ec_push_spec *specs, uint32_t n)
+{
+    if (!p || (!specs && n))
+        return kvt_fail(KVT_EINVAL, "ec producer: NULL argument");
+    uint32_t *fresh = malloc((n ? n : 1) * sizeof(*fresh)), nf = 0;
+    if (!fresh)
+        return kvt_fail(KVT_ENOMEM, "ec producer: out of memory");
+    int first = 0;
+    for (uint32_t i = 0; i < n && !first; i++) {
+        uint32_t idx;
+        first = push_record(p, &specs[i], &idx);
+        if (!first && idx != NONE)
+            fresh[nf++] = idx;
+    }
+    if (nf) { /* a failed spec's message survives the reserves of those before it */
+        char msg[256] = "";
+        if (first)
+            snprintf(msg, sizeof(msg), "%s", kvt_last_error());
+        (void)reserve_new(p, fresh, nf);
+        if (first)
+            kvt_fail(first, "%s", msg);
+    }
+    free(fresh);
+    return first;
+}
+
+int kvt_ec_producer_push(kvt_ec_producer *p, const kvt_ec_push_spec *s)
+{
+    if (!s)
+        return kvt_fail(KVT_EINVAL, "ec producer: NULL spec");
+    return kvt_ec_producer_push_many(p, s, 1);
 }
 
 int kvt_ec_producer_bind_source(kvt_ec_producer *p, const char *mm_hash, uint32_t len,
@@ -378,53 +540,9 @@ static int refresh_stale(kvt_ec_producer *p, prec *r)
     return 0;
 }
 
-/* One record of a batch: write every shard that asked for the bytes, then notify every shard.
- * Failure: everything abandoned, FAILED (reported by take_failures, never raised). */
-static void push_one(kvt_ec_producer *p, prec *r)
+/* A record pushed to the end: DONE, its source let go, its latency observed. */
+static void record_done(kvt_ec_producer *p, prec *r)
 {
-    const kvt_ec_consumer_ops *o = &p->cfg.ops;
-    if (r->src_bytes != r->nbytes) { /* before anything is written */
-        kvt_fail(KVT_EINVAL, "ec producer: source of %s is %llu bytes, the spec says %llu", r->h.s,
-                 (unsigned long long)r->src_bytes, (unsigned long long)r->nbytes);
-        fail(p, r, "checking the source");
-        return;
-    }
-    if (refresh_stale(p, r)) {
-        fail(p, r, "refreshing a stale reservation");
-        return;
-    }
-    r->state = KVT_ECP_WRITING;
-    for (uint32_t k = 0; k < r->n_shards; k++) {
-        shard_res *x = &r->sh[k];
-        if (!x->ok || !x->r.write || x->r.cached || x->r.cancelled)
-            continue;
-        if (o->write(o->ctx, r->consumer.s, k, &x->r, r->src, r->nbytes)) {
-            fail(p, r, "writing");
-            return;
-        }
-        p->st.writes++;
-        p->st.bytes_written += r->nbytes;
-    }
-    r->state = KVT_ECP_NOTIFYING;
-    for (uint32_t k = 0; k < r->n_shards; k++) {
-        shard_res *x = &r->sh[k];
-        if (!x->ok || x->r.cancelled)
-            continue;
-        bool accepted = false;
-        int rc =
-            o->complete(o->ctx, r->consumer.s, k, r->t.s, r->t.len, x->r.reservation_id, &accepted);
-        p->st.completes++;
-        if (rc) {
-            fail(p, r, "completing"); /* every shard abandoned, completed ones too */
-            return;
-        }
-        if (!accepted) { /* the consumer let go of it meanwhile (consumed, cancelled, expired):
-                          * nothing to undo, and not a failure of the push ([later] in the
-                          * spec: logged, the batch goes on) */
-            KVT_LOG_I("ec producer: shard %u rejected the completion of %s", k, r->t.s);
-            p->st.rejected++;
-        }
-    }
     r->state = KVT_ECP_DONE;
     r->has_src = false; /* the source reference goes */
     p->st.done++;
@@ -432,23 +550,151 @@ static void push_one(kvt_ec_producer *p, prec *r)
     kvt_hist_observe(&p->push_lat, now > r->pushed_ns ? now - r->pushed_ns : 0);
 }
 
+/* The scratch arrays of one dispatch batch. */
+typedef struct batch {
+    uint32_t *idx, n;        /* the batch's records */
+    kvt_ec_write_op *w;      /* writes: one per (record, shard that asked for the bytes) */
+    kvt_ec_batch_op *c;      /* completions of one shard */
+    uint32_t *w_rec, *c_rec; /* the record of each */
+} batch;
+
+static void batch_free(batch *b)
+{
+    free(b->idx);
+    free(b->w);
+    free(b->c);
+    free(b->w_rec);
+    free(b->c_rec);
+}
+
+static int batch_alloc(batch *b, uint32_t max)
+{
+    memset(b, 0, sizeof(*b));
+    size_t nw = (size_t)max * KVT_EC_MAX_SHARDS;
+    b->idx = malloc(max * sizeof(*b->idx));
+    b->w = malloc(nw * sizeof(*b->w));
+    b->w_rec = malloc(nw * sizeof(*b->w_rec));
+    b->c = malloc(max * sizeof(*b->c));
+    b->c_rec = malloc(max * sizeof(*b->c_rec));
+    if (b->idx && b->w && b->w_rec && b->c && b->c_rec)
+        return 0;
+    batch_free(b);
+    return kvt_fail(KVT_ENOMEM, "ec producer: out of memory for a batch of %u", max);
+}
+
+/* One batch of ready records of one consumer: every write in flight together, then one
+ * completion message per shard. A record that fails anywhere has every shard abandoned
+ * (FAILED, reported by take_failures, never raised); the others go on. */
+static void push_batch(kvt_ec_producer *p, batch *b, const char *consumer)
+{
+    uint32_t nw = 0, max_shards = 0;
+    for (uint32_t i = 0; i < b->n; i++) {
+        prec *r = &p->r[b->idx[i]];
+        if (r->src_bytes != r->nbytes) { /* before anything is written */
+            kvt_fail(KVT_EINVAL, "ec producer: source of %s is %llu bytes, the spec says %llu",
+                     r->h.s, (unsigned long long)r->src_bytes, (unsigned long long)r->nbytes);
+            fail(p, r, "checking the source");
+            continue;
+        }
+        if (refresh_stale(p, r)) {
+            fail(p, r, "refreshing a stale reservation");
+            continue;
+        }
+        r->state = KVT_ECP_WRITING;
+        if (r->n_shards > max_shards)
+            max_shards = r->n_shards;
+        for (uint32_t k = 0; k < r->n_shards; k++) {
+            shard_res *x = &r->sh[k];
+            if (!x->ok || !x->r.write || x->r.cached || x->r.cancelled)
+                continue;
+            b->w[nw] =
+                (kvt_ec_write_op){.shard = k, .dst = &x->r, .src = r->src, .nbytes = r->nbytes};
+            b->w_rec[nw++] = b->idx[i];
+        }
+    }
+    call_write(p, consumer, b->w, nw);
+    for (uint32_t j = 0; j < nw; j++) {
+        prec *r = &p->r[b->w_rec[j]];
+        if (b->w[j].rc) {
+            if (r->state == KVT_ECP_WRITING) {
+                kvt_fail(b->w[j].rc, "%s", b->w[j].error);
+                fail(p, r, "writing");
+            }
+            continue;
+        }
+        p->st.writes++;
+        p->st.bytes_written += r->nbytes;
+    }
+    for (uint32_t i = 0; i < b->n; i++)
+        if (p->r[b->idx[i]].state == KVT_ECP_WRITING)
+            p->r[b->idx[i]].state = KVT_ECP_NOTIFYING;
+    for (uint32_t k = 0; k < max_shards; k++) {
+        uint32_t nc = 0;
+        for (uint32_t i = 0; i < b->n; i++) {
+            prec *r = &p->r[b->idx[i]];
+            shard_res *x = &r->sh[k];
+            if (r->state != KVT_ECP_NOTIFYING || k >= r->n_shards || !x->ok || x->r.cancelled)
+                continue;
+            b->c[nc] = (kvt_ec_batch_op){
+                .transfer_id = r->t.s, .len = r->t.len, .reservation_id = x->r.reservation_id};
+            b->c_rec[nc++] = b->idx[i];
+        }
+        if (!nc)
+            continue;
+        call_complete(p, consumer, k, b->c, nc);
+        p->st.completes += nc;
+        for (uint32_t j = 0; j < nc; j++) {
+            prec *r = &p->r[b->c_rec[j]];
+            if (b->c[j].rc) {
+                kvt_fail(b->c[j].rc, "%s", b->c[j].error);
+                fail(p, r, "completing"); /* every shard abandoned, completed ones too */
+            } else if (!b->c[j].accepted) {
+                /* the consumer let go of it meanwhile (consumed, cancelled, expired): nothing
+                 * to undo, and not a failure of the push ([later] in the spec: logged, the
+                 * batch goes on) */
+                KVT_LOG_I("ec producer: shard %u rejected the completion of %s", k, r->t.s);
+                p->st.rejected++;
+            }
+        }
+    }
+    for (uint32_t i = 0; i < b->n; i++)
+        if (p->r[b->idx[i]].state == KVT_ECP_NOTIFYING)
+            record_done(p, &p->r[b->idx[i]]);
+}
+
 int kvt_ec_producer_dispatch(kvt_ec_producer *p)
 {
     int pushed = 0;
-    /* one batch per consumer with a ready record; waiting records are not looked at */
+    batch b;
+    bool have = false;
+    /* batches per consumer with a ready record; waiting records are not looked at */
     for (uint32_t i = 0; i < p->n_r; i++) {
-        if (!ready_to_push(&p->r[i]))
-            continue;
-        const ec_key *consumer = &p->r[i].consumer;
-        p->st.batches++;
-        for (uint32_t j = i; j < p->n_r; j++) {
-            prec *r = &p->r[j];
-            if (!ready_to_push(r) || !ec_key_eq(&r->consumer, consumer))
-                continue;
-            push_one(p, r);
-            pushed++;
+        while (ready_to_push(&p->r[i])) {
+            if (!have) {
+                int rc = batch_alloc(&b, p->cfg.max_batch);
+                if (rc)
+                    return rc;
+                have = true;
+            }
+            ec_key consumer = p->r[i].consumer;
+            uint64_t bytes = 0;
+            b.n = 0;
+            for (uint32_t j = i; j < p->n_r && b.n < p->cfg.max_batch; j++) {
+                prec *r = &p->r[j];
+                if (!ready_to_push(r) || !ec_key_eq(&r->consumer, &consumer))
+                    continue;
+                if (b.n && bytes + r->nbytes > p->cfg.max_batch_bytes)
+                    break;
+                bytes += r->nbytes;
+                b.idx[b.n++] = j;
+            }
+            p->st.batches++;
+            push_batch(p, &b, consumer.s);
+            pushed += (int)b.n;
         }
     }
+    if (have)
+        batch_free(&b);
     return pushed;
 }
 

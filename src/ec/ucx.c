@@ -5,6 +5,7 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -30,7 +31,8 @@ typedef struct ep_slot {
     void *addr;
     size_t len;
     ucp_ep_h ep;
-    volatile bool failed; /* the error handler ran: the peer is gone */
+    volatile bool failed; /* the error handler ran, or a send failed: the peer is gone */
+    bool pinned;          /* used by the batch being resolved: not evicted */
 } ep_slot;
 
 struct kvt_ucx {
@@ -40,6 +42,8 @@ struct kvt_ucx {
     size_t addr_len;
     ucp_mem_h mem;
     ep_slot *eps[MAX_EPS]; /* heap slots: the error handler keeps a pointer to its own */
+    bool peer_failure;     /* endpoints ask UCX for peer failure detection */
+    int efd;               /* the worker's event descriptor, -1 until a sender sleeps on it */
     uint32_t n_eps, evict;
 };
 
@@ -51,6 +55,10 @@ static int ufail(ucs_status_t st, const char *what)
 /* UCX prints its log on stdout by default, where it would break a program's own output (the
  * CLI's --json, a pipe to a parent). Unless the user chose a file with UCX_LOG_FILE, kvtier
  * routes UCX's messages to stderr, with the level filter UCX applies itself. */
+/* Set while an endpoint asks for peer failure detection: transports without it (shared memory)
+ * make UCX log an error before it answers UNREACHABLE, which endpoint() handles. */
+static _Thread_local bool g_quiet_unreachable;
+
 static ucs_log_func_rc_t log_to_stderr(const char *file, unsigned line, const char *function,
                                        ucs_log_level_t level,
                                        const ucs_log_component_config_t *comp, const char *fmt,
@@ -59,6 +67,8 @@ static ucs_log_func_rc_t log_to_stderr(const char *file, unsigned line, const ch
     (void)function;
     if (level > comp->log_level && level != UCS_LOG_LEVEL_PRINT)
         return UCS_LOG_FUNC_RC_CONTINUE;
+    if (g_quiet_unreachable && level == UCS_LOG_LEVEL_ERROR && strstr(fmt, "no peer failure"))
+        return UCS_LOG_FUNC_RC_STOP;
     char msg[1024];
     vsnprintf(msg, sizeof(msg), fmt, ap);
     const char *base = strrchr(file, '/');
@@ -85,12 +95,19 @@ int kvt_ucx_create(kvt_ucx **out)
     kvt_ucx *u = calloc(1, sizeof(*u));
     if (!u)
         return kvt_fail(KVT_ENOMEM, "ucx: out of memory");
+    u->efd = -1;
     ucp_config_t *cfg;
     ucs_status_t st = ucp_config_read(NULL, NULL, &cfg);
     if (st != UCS_OK) {
         free(u);
         return ufail(st, "reading the configuration");
     }
+    /* UCX 1.13's newer protocol selection moves large items over shared memory + cma about
+     * 1.3x faster than its default (docs/benchmarks.md) and ties over tcp: on, unless the
+     * user chose with UCX_PROTO_ENABLE */
+    const char *pe = getenv("UCX_PROTO_ENABLE");
+    if ((!pe || !*pe) && ucp_config_modify(cfg, "PROTO_ENABLE", "y") != UCS_OK)
+        KVT_LOG_D("ucx: this UCX has no PROTO_ENABLE setting; its default protocols are used");
     ucp_params_t p = {.field_mask = UCP_PARAM_FIELD_FEATURES,
                       .features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP};
     st = ucp_init(&p, cfg, &u->ctx);
@@ -180,6 +197,11 @@ int kvt_ucx_map(kvt_ucx *u, void *base, size_t len)
                                .length = len};
     ucs_status_t st = ucp_mem_map(u->ctx, &mp, &u->mem);
     return st == UCS_OK ? 0 : ufail(st, "registering the receive buffer");
+}
+
+void kvt_ucx_set_peer_failure(kvt_ucx *u, bool on)
+{
+    u->peer_failure = on;
 }
 
 unsigned kvt_ucx_progress(kvt_ucx *u)
@@ -294,8 +316,12 @@ static int endpoint(kvt_ucx *u, const void *addr, size_t len, uint32_t *slot)
             close_ep(u, i); /* the peer went away: a fresh endpoint may reach its successor */
             break;
         }
-    if (u->n_eps == MAX_EPS)
-        close_ep(u, u->evict++ % MAX_EPS);
+    if (u->n_eps == MAX_EPS) { /* an endpoint of another batch makes room (at most half pinned) */
+        uint32_t e = u->evict++ % MAX_EPS;
+        while (u->eps[e]->pinned)
+            e = u->evict++ % MAX_EPS;
+        close_ep(u, e);
+    }
     ep_slot *s = calloc(1, sizeof(*s));
     if (s)
         s->addr = malloc(len);
@@ -305,14 +331,16 @@ static int endpoint(kvt_ucx *u, const void *addr, size_t len, uint32_t *slot)
     }
     memcpy(s->addr, addr, len);
     s->len = len;
-    ucp_ep_params_t ep = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
-                                        UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                                        UCP_EP_PARAM_FIELD_ERR_HANDLER,
-                          .address = s->addr,
-                          .err_mode = UCP_ERR_HANDLING_MODE_PEER,
-                          .err_handler = {ep_err_cb, s}};
+    ucp_ep_params_t ep = {
+        .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER,
+        .address = s->addr,
+        .err_mode = u->peer_failure ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE,
+        .err_handler = {ep_err_cb, s}};
+    g_quiet_unreachable = u->peer_failure;
     ucs_status_t st = ucp_ep_create(u->worker, &ep, &s->ep);
-    if (st == UCS_ERR_UNREACHABLE) {
+    g_quiet_unreachable = false;
+    if (st == UCS_ERR_UNREACHABLE && u->peer_failure) {
         /* shared memory and cma have no peer failure detection: connect without it (a dead
          * consumer then shows as a send that times out, and the endpoint is forced closed) */
         ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;
@@ -341,39 +369,201 @@ static void send_cb(void *req, ucs_status_t st, void *arg)
     s->done = true;
 }
 
+/* A send in flight: its item and its request. */
+typedef struct inflight {
+    send_state ss;
+    void *q;
+    uint32_t item;
+    ep_slot *ep;
+} inflight;
+
+/* Ends a completed send: its item's outcome, its request freed, a failed endpoint closed. */
+static void send_done(kvt_ucx_send_item *it, inflight *f)
+{
+    ucp_request_free(f->q);
+    f->q = NULL;
+    if (f->ss.status == UCS_OK && !f->ep->failed) {
+        it->rc = 0;
+        return;
+    }
+    f->ep->failed = true;
+    it->rc = ufail(f->ss.status != UCS_OK ? f->ss.status : UCS_ERR_ENDPOINT_TIMEOUT, "send");
+}
+
+/* Cancels what is still in flight and waits until UCX let go of every source; the endpoints
+ * that still hold sends are forced closed (a forced close completes what is outstanding). */
+static void send_abort(kvt_ucx *u, kvt_ucx_send_item *v, inflight *fl, uint32_t nfl, int timeout_ms)
+{
+    for (uint32_t j = 0; j < nfl; j++)
+        if (fl[j].q && !fl[j].ss.done)
+            ucp_request_cancel(u->worker, fl[j].q);
+    uint64_t end = kvt_monotonic_ns() + 1000000000ull;
+    for (bool busy = true; busy && kvt_monotonic_ns() < end;) {
+        ucp_worker_progress(u->worker);
+        busy = false;
+        for (uint32_t j = 0; j < nfl; j++)
+            busy |= fl[j].q && !fl[j].ss.done;
+    }
+    for (uint32_t j = 0; j < nfl; j++) {
+        if (!fl[j].q || fl[j].ss.done)
+            continue;
+        ep_slot *ep = fl[j].ep;
+        for (uint32_t k = 0; k < nfl; k++) /* no pointer to it survives the close */
+            if (fl[k].ep == ep)
+                fl[k].ep = NULL;
+        for (uint32_t e = 0; e < u->n_eps; e++)
+            if (u->eps[e] == ep) {
+                close_ep(u, e);
+                break;
+            }
+    }
+    for (uint32_t j = 0; j < nfl; j++) {
+        if (!fl[j].q)
+            continue;
+        while (!fl[j].ss.done)
+            ucp_worker_progress(u->worker);
+        ucp_request_free(fl[j].q);
+        fl[j].q = NULL;
+        if (fl[j].ep)
+            fl[j].ep->failed = true; /* cancelled sends leave the stream in doubt: reconnect */
+        v[fl[j].item].rc = kvt_fail(KVT_EIO, "ucx: send of %zu bytes made no progress in %d ms",
+                                    v[fl[j].item].len, timeout_ms);
+    }
+}
+
+#define SPIN_NS 20000ull /* a sender spins this long for completions before it sleeps */
+
+/* Sleeps until the worker has events (or at most left_ns, capped at 100 ms). */
+static void wait_events(kvt_ucx *u, uint64_t left_ns)
+{
+    if (u->efd < 0 && ucp_worker_get_efd(u->worker, &u->efd) != UCS_OK)
+        return; /* no descriptor: keep spinning */
+    if (ucp_worker_arm(u->worker) != UCS_OK)
+        return; /* events already pending (UCS_ERR_BUSY): progress again */
+    uint64_t ms = left_ns / 1000000ull + 1;
+    struct pollfd pf = {u->efd, POLLIN, 0};
+    (void)poll(&pf, 1, (int)(ms < 100 ? ms : 100));
+}
+
+int kvt_ucx_send_many(kvt_ucx *u, kvt_ucx_send_item *v, uint32_t n, uint32_t window, int timeout_ms)
+{
+    if (n == 0)
+        return 0;
+    if (!v || window == 0)
+        return kvt_fail(KVT_EINVAL, "ucx: send_many: no items or a window of 0");
+    /* every distinct peer's endpoint first (none is evicted while this batch uses it) */
+    ep_slot *peers[MAX_EPS / 2];
+    uint32_t np = 0;
+    ep_slot **ep_of = malloc(n * sizeof(*ep_of));
+    if (window > n)
+        window = n;
+    inflight *fl = calloc(window, sizeof(*fl));
+    if (!ep_of || !fl) {
+        free(ep_of);
+        free(fl);
+        return kvt_fail(KVT_ENOMEM, "ucx: out of memory for a batch of %u sends", n);
+    }
+    int first = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        v[i].rc = 0;
+        ep_of[i] = NULL;
+        for (uint32_t j = 0; j < np && !ep_of[i]; j++)
+            if (peers[j]->len == v[i].addr_len &&
+                memcmp(peers[j]->addr, v[i].addr, v[i].addr_len) == 0)
+                ep_of[i] = peers[j];
+        if (ep_of[i])
+            continue;
+        uint32_t slot = 0;
+        if (np == MAX_EPS / 2)
+            v[i].rc = kvt_fail(KVT_ELIMIT, "ucx: more than %u peers in one batch", MAX_EPS / 2);
+        else if (!(v[i].rc = endpoint(u, v[i].addr, v[i].addr_len, &slot))) {
+            ep_of[i] = peers[np++] = u->eps[slot];
+            u->eps[slot]->pinned = true; /* not evicted for a later peer of this batch */
+        }
+        if (v[i].rc && !first)
+            first = v[i].rc;
+    }
+    for (uint32_t j = 0; j < np; j++)
+        peers[j]->pinned = false;
+    uint32_t next = 0, live = 0;
+    uint64_t idle_since = 0;
+    uint64_t quiet_until = kvt_monotonic_ns() + (uint64_t)timeout_ms * 1000000ull;
+    for (;;) {
+        /* post into free window slots */
+        for (uint32_t j = 0; j < window && next < n; j++) {
+            if (fl[j].q)
+                continue;
+            while (next < n && !ep_of[next])
+                next++; /* no endpoint: its rc says why */
+            if (next == n)
+                break;
+            inflight *f = &fl[j];
+            f->ss = (send_state){false, UCS_OK};
+            f->item = next;
+            f->ep = ep_of[next];
+            ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                                                     UCP_OP_ATTR_FIELD_USER_DATA |
+                                                     UCP_OP_ATTR_FLAG_NO_IMM_CMPL,
+                                     .cb.send = send_cb,
+                                     .user_data = &f->ss};
+            void *q = ucp_tag_send_nbx(f->ep->ep, v[next].buf, v[next].len, v[next].tag, &p);
+            if (UCS_PTR_IS_ERR(q)) {
+                v[next].rc = ufail(UCS_PTR_STATUS(q), "send");
+                f->ep->failed = true;
+            } else {
+                f->q = q;
+                live++;
+            }
+            next++;
+        }
+        if (!live && next == n)
+            break;
+        unsigned got = 0;
+        while (ucp_worker_progress(u->worker))
+            got++;
+        for (uint32_t j = 0; j < window; j++)
+            if (fl[j].q && fl[j].ss.done) {
+                send_done(&v[fl[j].item], &fl[j]);
+                live--;
+                got++;
+            }
+        uint64_t now = kvt_monotonic_ns();
+        if (got) {
+            quiet_until = now + (uint64_t)timeout_ms * 1000000ull;
+            idle_since = 0;
+        } else if (now < quiet_until) {
+            /* nothing moved: spin a little, then sleep on the worker's descriptor, leaving
+             * the CPU to the receiver (on a small machine it is this process's peer) */
+            if (!idle_since)
+                idle_since = now;
+            else if (now - idle_since > SPIN_NS)
+                wait_events(u, quiet_until - now);
+        } else {
+            send_abort(u, v, fl, window, timeout_ms);
+            for (; next < n; next++) /* never posted */
+                if (!v[next].rc)
+                    v[next].rc = kvt_fail(KVT_EIO, "ucx: send not attempted: the batch stalled");
+            live = 0;
+            break;
+        }
+    }
+    /* failed peers: their endpoints go (a fresh one may reach a restarted successor) */
+    for (uint32_t i = 0; i < n && !first; i++)
+        first = v[i].rc;
+    for (uint32_t e = 0; e < u->n_eps;) {
+        if (u->eps[e]->failed)
+            close_ep(u, e);
+        else
+            e++;
+    }
+    free(ep_of);
+    free(fl);
+    return first; /* kvt_last_error(): the last failure's message */
+}
+
 int kvt_ucx_send(kvt_ucx *u, const void *addr, size_t addr_len, const void *buf, size_t len,
                  uint64_t tag, int timeout_ms)
 {
-    uint32_t slot = 0;
-    int rc = endpoint(u, addr, addr_len, &slot);
-    if (rc)
-        return rc;
-    send_state ss = {false, UCS_OK};
-    ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
-                                             UCP_OP_ATTR_FIELD_USER_DATA |
-                                             UCP_OP_ATTR_FLAG_NO_IMM_CMPL,
-                             .cb.send = send_cb,
-                             .user_data = &ss};
-    void *q = ucp_tag_send_nbx(u->eps[slot]->ep, buf, len, tag, &p);
-    if (UCS_PTR_IS_ERR(q)) {
-        close_ep(u, slot);
-        return ufail(UCS_PTR_STATUS(q), "send");
-    }
-    progress_until(u, &ss.done, timeout_ms);
-    if (!ss.done) { /* cancel, and wait until UCX has let go of the source */
-        ucp_request_cancel(u->worker, q);
-        progress_until(u, &ss.done, 1000);
-        close_ep(u, slot); /* forced: completes a send that is still outstanding */
-        while (!ss.done)
-            ucp_worker_progress(u->worker);
-        ucp_request_free(q);
-        return kvt_fail(KVT_EIO, "ucx: send of %zu bytes timed out after %d ms", len, timeout_ms);
-    }
-    ucp_request_free(q);
-    if (ss.status != UCS_OK || u->eps[slot]->failed) {
-        int e = ufail(ss.status != UCS_OK ? ss.status : UCS_ERR_ENDPOINT_TIMEOUT, "send");
-        close_ep(u, slot);
-        return e;
-    }
-    return 0;
+    kvt_ucx_send_item it = {addr, addr_len, buf, len, tag, 0};
+    return kvt_ucx_send_many(u, &it, 1, 1, timeout_ms);
 }

@@ -14,6 +14,7 @@
 #ifndef KVT_EC_UCX_H
 #define KVT_EC_UCX_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -30,6 +31,13 @@ int kvt_ucx_address(kvt_ucx *u, const void **addr, size_t *len);
 int kvt_ucx_address_check(const kvt_ucx *u, const void *addr, size_t len);
 /* Registers [base, base + len) once (a consumer's receive buffer): zero-copy receives. */
 int kvt_ucx_map(kvt_ucx *u, void *base, size_t len);
+/* Endpoints made from now on ask UCX for peer failure detection (UCP_ERR_HANDLING_MODE_PEER;
+ * off by default). On: a consumer that dies fails the sends in flight to it as soon as UCX
+ * notices, but UCX 1.13 then restricts rendezvous to protocols that support it (over tcp, the
+ * bytes arrive as active messages and are copied once more: about a quarter of the bandwidth,
+ * docs/benchmarks.md). Off: such sends fail when the batch's timeout passes. Transports without
+ * it (shared memory, cma) connect without it either way. */
+void kvt_ucx_set_peer_failure(kvt_ucx *u, bool on);
 /* Drives the worker (completions, connection setup); returns whether anything progressed. */
 unsigned kvt_ucx_progress(kvt_ucx *u);
 /* A file descriptor that becomes readable when the worker has something to progress (for a
@@ -49,9 +57,26 @@ int kvt_ucx_recv_wait(kvt_ucx *u, kvt_ucx_recv *r, int wait_ms);
  * after wait_ms: the receive is kept (and its memory must be too); call again later. */
 int kvt_ucx_recv_end(kvt_ucx *u, kvt_ucx_recv *r, int wait_ms);
 
-/* Sends len bytes from buf with tag to the worker at addr (endpoints cached per address) and
- * waits for the send to complete locally, at most timeout_ms. A peer that is gone or
- * unreachable fails the send (KVT_EIO) and its endpoint is dropped. */
+/* One send of a batch (kvt_ucx_send_many); rc is the outcome: 0 or a KVT_E* code. */
+typedef struct kvt_ucx_send_item {
+    const void *addr; /* the receiving worker's address */
+    size_t addr_len;
+    const void *buf;
+    size_t len;
+    uint64_t tag;
+    int rc;
+} kvt_ucx_send_item;
+
+/* Sends n items, at most `window` in flight at once (the next is posted as soon as one
+ * completes), and returns when each has completed locally or failed: 0 if all were sent, else
+ * the first failure's code (each item's rc says its own). A batch that makes no progress for
+ * timeout_ms is cancelled: what is still in flight is cancelled and UCX has let go of every
+ * source before this returns. Endpoints are cached per address; a peer that is gone or
+ * unreachable fails its sends (KVT_EIO) and its endpoint is dropped. At most 32 distinct
+ * addresses per batch. */
+int kvt_ucx_send_many(kvt_ucx *u, kvt_ucx_send_item *v, uint32_t n, uint32_t window,
+                      int timeout_ms);
+/* One send (kvt_ucx_send_many of one item). */
 int kvt_ucx_send(kvt_ucx *u, const void *addr, size_t addr_len, const void *buf, size_t len,
                  uint64_t tag, int timeout_ms);
 

@@ -62,6 +62,9 @@ static int cmd_bench(int argc, char **argv)
         {"dir", KVT_OPT_STR, &o.dir, "DIR", "directory of the test files (default: .)"},
         {"transport", KVT_OPT_CHOICE, &o.transport, "T",
          "tcp (default) or shm (UCX_TLS=shm: shared memory + cma)", .choices = "tcp|shm"},
+        {"peers", KVT_OPT_STR, &o.peers, "PYTHON",
+         "ec: the Python with the peers' packages (default: $KVTIER_PEERS_PYTHON,\n"
+         "then the source tree's .venv-bench from make bench-env); none: skip them"},
         {"ec-consumer", KVT_OPT_FLAG, &o.ec_consumer, NULL,
          "internal: run as the consumer process of bench ec"},
         {"list", KVT_OPT_FLAG, &list, NULL, "list the benchmarks"},

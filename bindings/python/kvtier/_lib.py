@@ -312,7 +312,8 @@ class kvt_ec_worker_meta(ctypes.Structure):
 
 
 class kvt_ec_consumer_ops(ctypes.Structure):
-    _fields_ = [(n, vp_) for n in ("shards", "reserve", "write", "complete", "cancel", "ctx")]
+    _fields_ = [(n, vp_) for n in ("shards", "reserve", "write", "complete", "cancel", "ctx",
+                                   "reserve_batch", "write_batch", "complete_batch")]
 
 
 # ---- encoder cache across processes (kvtier/ec_net.h) ----
@@ -338,7 +339,8 @@ class kvt_ec_server_stats(ctypes.Structure):
 
 
 class kvt_ec_net_config(ctypes.Structure):
-    _fields_ = [("control_timeout_ms", c_u32), ("write_timeout_ms", c_u32),
+    _fields_ = [("control_timeout_ms", c_u32), ("write_timeout_ms", c_u32), ("write_window", c_u32),
+                ("detect_peer_failure", ctypes.c_bool),
                 ("curve_server_key", ctypes.c_char_p), ("curve_public_key", ctypes.c_char_p),
                 ("curve_secret_key", ctypes.c_char_p)]
 
@@ -372,7 +374,7 @@ class kvt_ec_cache_ops(ctypes.Structure):
 
 class kvt_ec_producer_config(ctypes.Structure):
     _fields_ = [("ops", kvt_ec_consumer_ops), ("refresh_age_ns", c_u64), ("max_records", c_u32),
-                ("clock", kvt_clock)]
+                ("max_batch", c_u32), ("max_batch_bytes", c_u64), ("clock", kvt_clock)]
 
 
 EC_PRODUCER_COUNTERS = ("pushes", "reused", "conflicts", "reservations", "refreshes", "batches",
