@@ -16,6 +16,7 @@
 #   make test-vllm     kvtier's vLLM connectors in a real vLLM engine on the CPU (pytest)
 #   make vllm-demo     vLLM on a multi-turn workload without / with kvtier (build/vllm-report.json)
 #   make bench-vllm    scheduler cost: kvtier's connector vs vLLM's SimpleCPUOffloadConnector
+#   make bench-env     the pinned peers of `bench ec` (.venv-bench: Mooncake's transfer engine, NIXL)
 
 BUILD        ?= build
 PREFIX       ?= /usr/local
@@ -34,7 +35,7 @@ VALGRIND_TESTS = test_pool test_meta_offload test_meta_ec test_offload test_offl
                  test_offload_model test_slab test_ec_shard test_ec_shard_model test_ec_sched \
                  test_ec_producer test_ec_planner test_ec_model test_worker test_copy test_link
 
-.PHONY: vllm-env test-vllm vllm-demo bench-vllm
+.PHONY: vllm-env test-vllm vllm-demo bench-vllm bench-env
 .PHONY: all deps build test demo bench install test-asan test-tsan coverage fuzz fuzz-build fuzz-corpus \
         valgrind soak format format-check clean
 
@@ -53,7 +54,7 @@ test: build
 demo: build
 	$(BUILD)/bin/kvtier demo --out $(BUILD)
 
-bench: build
+bench: build bench-env
 	$(BUILD)/bin/kvtier bench pool --json
 	$(BUILD)/bin/kvtier bench sched --json
 	$(BUILD)/bin/kvtier bench copy --json
@@ -146,6 +147,10 @@ vllm-demo: vllm-env
 
 bench-vllm: vllm-env
 	$(VLLM_PY) bench/vllm/bench_sched.py --json
+
+# The peers `kvtier bench ec` measures beside kvtier, pinned (bench/peers/requirements.txt).
+bench-env: deps
+	@BENCH_VENV=.venv-bench scripts/bench-env
 
 format:
 	clang-format -i $(SOURCES)
