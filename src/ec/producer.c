@@ -42,11 +42,12 @@ typedef struct prec {
     uint32_t ndim;
     uint64_t shape[KVT_EC_MAX_DIMS];
     uint32_t n_shards;
-    shard_res sh[KVT_EC_MAX_SHARDS];
+    shard_res *sh; /* n_shards of them (a record is small; most consumers have few shards) */
     const void *src;
     uint64_t src_bytes;
     kvt_ec_fence fence;
     bool has_src;
+    bool in_wait; /* listed in the producer's `waiting` map under its mm_hash */
     char error[256];
     uint64_t seq;
     uint64_t pushed_ns; /* when the push arrived: its latency to DONE lands in the histogram */
@@ -59,10 +60,20 @@ struct kvt_ec_producer {
     uint32_t n_r, cap_r, free_r, count;
     uint64_t seq;
     kvt_map map;
+    kvt_map waiting; /* mm_hash -> records that may still wait for their source */
     ec_key *failed_saves;
     uint32_t n_fs, cap_fs;
     kvt_ec_producer_stats st;
     kvt_hist push_lat; /* push-to-done latency */
+    /* a dispatch batch's scratch, kept from one dispatch to the next */
+    uint32_t *b_idx, *b_c_rec, *b_w_rec, cap_w;
+    kvt_ec_batch_op *b_c;
+    kvt_ec_write_op *b_w;
+    /* push_many's reserve scratch, likewise */
+    kvt_ec_batch_op *rs_ops;
+    kvt_ec_item *rs_items;
+    uint32_t *rs_rec, cap_rs;
+    bool *rs_done;
 };
 
 static int pkey_set(ec_key *k, kvt_str s, const char *what, bool may_be_empty)
@@ -85,6 +96,10 @@ static void rec_free(kvt_ec_producer *p, prec *r)
 {
     uint32_t i = (uint32_t)(r - p->r);
     kvt_map_remove(&p->map, r->t.hash, i);
+    if (r->in_wait)
+        kvt_map_remove(&p->waiting, r->h.hash, i);
+    free(r->sh);
+    r->sh = NULL;
     r->used = false;
     ec_slot_give(p->r, &p->free_r, sizeof(prec), offsetof(prec, free_next), i);
     p->count--;
@@ -216,7 +231,22 @@ int kvt_ec_producer_create(const kvt_ec_producer_config *cfg, kvt_ec_producer **
     p->cfg = *cfg;
     p->free_r = NONE;
     int rc = kvt_map_init(&p->map, cfg->max_records + 1);
+    if (!rc && (rc = kvt_map_init(&p->waiting, cfg->max_records + 1)))
+        kvt_map_free(&p->map);
+    if (!rc) {
+        p->b_idx = malloc(cfg->max_batch * sizeof(*p->b_idx));
+        p->b_c_rec = malloc(cfg->max_batch * sizeof(*p->b_c_rec));
+        p->b_c = malloc(cfg->max_batch * sizeof(*p->b_c));
+        if (!p->b_idx || !p->b_c_rec || !p->b_c) {
+            kvt_map_free(&p->map);
+            kvt_map_free(&p->waiting);
+            rc = KVT_ENOMEM;
+        }
+    }
     if (rc) {
+        free(p->b_idx);
+        free(p->b_c_rec);
+        free(p->b_c);
         free(p);
         return kvt_fail_wrap(rc, "ec producer");
     }
@@ -232,6 +262,18 @@ void kvt_ec_producer_destroy(kvt_ec_producer *p)
         if (p->r[i].used && !terminal(&p->r[i]))
             abandon_all(p, &p->r[i]); /* shutdown: cancel the orphans first */
     kvt_map_free(&p->map);
+    kvt_map_free(&p->waiting);
+    free(p->b_idx);
+    free(p->b_c_rec);
+    free(p->b_c);
+    free(p->b_w);
+    free(p->b_w_rec);
+    free(p->rs_ops);
+    free(p->rs_items);
+    free(p->rs_rec);
+    free(p->rs_done);
+    for (uint32_t i = 0; i < p->n_r; i++)
+        free(p->r[i].sh);
     free(p->r);
     free(p->failed_saves);
     free(p);
@@ -386,12 +428,19 @@ static int push_record(kvt_ec_producer *p, const kvt_ec_push_spec *s, uint32_t *
     r->ndim = s->ndim;
     memcpy(r->shape, s->shape, s->ndim * sizeof(uint64_t));
     r->state = KVT_ECP_WAITING_INPUTS;
+    (void)kvt_map_insert(&p->waiting, r->h.hash, (uint32_t)(r - p->r)); /* room: max_records */
+    r->in_wait = true;
     const kvt_ec_consumer_ops *o = &p->cfg.ops;
     uint32_t n = 0;
     if ((rc = o->shards(o->ctx, r->consumer.s, &n)) || n == 0 || n > KVT_EC_MAX_SHARDS) {
         if (!rc)
             kvt_fail(KVT_EPROTO, "ec producer: consumer %s reports %u shards", r->consumer.s, n);
         fail(p, r, "discovering the consumer's shards"); /* no RPC without a topology */
+        return 0;
+    }
+    if (!(r->sh = calloc(n, sizeof(*r->sh)))) {
+        kvt_fail(KVT_ENOMEM, "ec producer: out of memory");
+        fail(p, r, "reserving");
         return 0;
     }
     r->n_shards = n;
@@ -404,11 +453,32 @@ static int push_record(kvt_ec_producer *p, const kvt_ec_push_spec *s, uint32_t *
  * and asks no further shard. */
 static int reserve_new(kvt_ec_producer *p, const uint32_t *idx, uint32_t n)
 {
-    kvt_ec_batch_op *ops = calloc(n ? n : 1, sizeof(*ops));
-    kvt_ec_item *items = calloc(n ? n : 1, sizeof(*items));
-    uint32_t *rec = calloc(n ? n : 1, sizeof(*rec));
-    bool *done = calloc(n ? n : 1, sizeof(*done));
-    int rc = ops && items && rec && done ? 0 : kvt_fail(KVT_ENOMEM, "ec producer: out of memory");
+    int rc = 0;
+    if (n > p->cap_rs) { /* scratch kept from one call to the next */
+        uint32_t c = n;
+        kvt_ec_batch_op *o2 = realloc(p->rs_ops, c * sizeof(*o2));
+        if (o2)
+            p->rs_ops = o2;
+        kvt_ec_item *i2 = realloc(p->rs_items, c * sizeof(*i2));
+        if (i2)
+            p->rs_items = i2;
+        uint32_t *r2 = realloc(p->rs_rec, c * sizeof(*r2));
+        if (r2)
+            p->rs_rec = r2;
+        bool *d2 = realloc(p->rs_done, c * sizeof(*d2));
+        if (d2)
+            p->rs_done = d2;
+        if (o2 && i2 && r2 && d2)
+            p->cap_rs = c;
+        else
+            rc = kvt_fail(KVT_ENOMEM, "ec producer: out of memory");
+    }
+    kvt_ec_batch_op *ops = p->rs_ops;
+    kvt_ec_item *items = p->rs_items;
+    uint32_t *rec = p->rs_rec;
+    bool *done = p->rs_done;
+    if (!rc)
+        memset(done, 0, n * sizeof(*done));
     for (uint32_t i = 0; i < n; i++)
         if (rc) { /* nothing reserved: these records fail (nothing to abandon) */
             p->r[idx[i]].n_shards = 0;
@@ -447,10 +517,6 @@ static int reserve_new(kvt_ec_producer *p, const uint32_t *idx, uint32_t n)
             if (ec_key_eq(&p->r[idx[j]].consumer, consumer))
                 done[j] = true;
     }
-    free(ops);
-    free(items);
-    free(rec);
-    free(done);
     return rc;
 }
 
@@ -496,17 +562,30 @@ int kvt_ec_producer_bind_source(kvt_ec_producer *p, const char *mm_hash, uint32_
         return rc;
     if (!src && nbytes)
         return kvt_fail(KVT_EINVAL, "ec producer: NULL source");
+    /* the records listed under h: each leaves the list once bound, or once found no longer
+     * waiting (the walk collects them first: the map must not change during it) */
+    uint32_t found[64], nf;
     int bound = 0;
-    for (uint32_t i = 0; i < p->n_r; i++) {
-        prec *r = &p->r[i];
-        if (!r->used || r->state != KVT_ECP_WAITING_INPUTS || r->has_src || !ec_key_eq(&r->h, &h))
-            continue;
-        r->src = src;
-        r->src_bytes = nbytes;
-        r->fence = fence ? *fence : (kvt_ec_fence){NULL, NULL};
-        r->has_src = true;
-        bound++;
-    }
+    do {
+        nf = 0;
+        uint64_t pos = kvt_map_probe_start(&p->waiting, h.hash);
+        uint32_t i;
+        while (nf < 64 && kvt_map_probe_next(&p->waiting, h.hash, &pos, &i))
+            if (ec_key_eq(&p->r[i].h, &h))
+                found[nf++] = i;
+        for (uint32_t k = 0; k < nf; k++) {
+            prec *r = &p->r[found[k]];
+            kvt_map_remove(&p->waiting, h.hash, found[k]);
+            r->in_wait = false;
+            if (!r->used || r->state != KVT_ECP_WAITING_INPUTS || r->has_src)
+                continue;
+            r->src = src;
+            r->src_bytes = nbytes;
+            r->fence = fence ? *fence : (kvt_ec_fence){NULL, NULL};
+            r->has_src = true;
+            bound++;
+        }
+    } while (nf == 64);
     return bound;
 }
 
@@ -550,36 +629,24 @@ static void record_done(kvt_ec_producer *p, prec *r)
     kvt_hist_observe(&p->push_lat, now > r->pushed_ns ? now - r->pushed_ns : 0);
 }
 
-/* The scratch arrays of one dispatch batch. */
+/* One dispatch batch: its records (in the producer's scratch arrays). */
 typedef struct batch {
-    uint32_t *idx, n;        /* the batch's records */
-    kvt_ec_write_op *w;      /* writes: one per (record, shard that asked for the bytes) */
-    kvt_ec_batch_op *c;      /* completions of one shard */
-    uint32_t *w_rec, *c_rec; /* the record of each */
+    uint32_t *idx, n;
 } batch;
 
-static void batch_free(batch *b)
+/* Room for n writes in the scratch arrays. */
+static int write_room(kvt_ec_producer *p, uint64_t n)
 {
-    free(b->idx);
-    free(b->w);
-    free(b->c);
-    free(b->w_rec);
-    free(b->c_rec);
-}
-
-static int batch_alloc(batch *b, uint32_t max)
-{
-    memset(b, 0, sizeof(*b));
-    size_t nw = (size_t)max * KVT_EC_MAX_SHARDS;
-    b->idx = malloc(max * sizeof(*b->idx));
-    b->w = malloc(nw * sizeof(*b->w));
-    b->w_rec = malloc(nw * sizeof(*b->w_rec));
-    b->c = malloc(max * sizeof(*b->c));
-    b->c_rec = malloc(max * sizeof(*b->c_rec));
-    if (b->idx && b->w && b->w_rec && b->c && b->c_rec)
+    uint32_t cap = p->cap_w;
+    if (n <= cap)
         return 0;
-    batch_free(b);
-    return kvt_fail(KVT_ENOMEM, "ec producer: out of memory for a batch of %u", max);
+    if (kvt_array_grow((void **)&p->b_w, &cap, n, sizeof(*p->b_w)))
+        return KVT_ENOMEM;
+    cap = p->cap_w;
+    if (kvt_array_grow((void **)&p->b_w_rec, &cap, n, sizeof(*p->b_w_rec)))
+        return KVT_ENOMEM;
+    p->cap_w = cap;
+    return 0;
 }
 
 /* One batch of ready records of one consumer: every write in flight together, then one
@@ -588,6 +655,19 @@ static int batch_alloc(batch *b, uint32_t max)
 static void push_batch(kvt_ec_producer *p, batch *b, const char *consumer)
 {
     uint32_t nw = 0, max_shards = 0;
+    uint64_t need = 0;
+    for (uint32_t i = 0; i < b->n; i++)
+        need += p->r[b->idx[i]].n_shards;
+    if (write_room(p, need)) {
+        kvt_fail(KVT_ENOMEM, "ec producer: out of memory for %llu writes",
+                 (unsigned long long)need);
+        for (uint32_t i = 0; i < b->n; i++)
+            fail(p, &p->r[b->idx[i]], "writing");
+        return;
+    }
+    kvt_ec_write_op *w = p->b_w;
+    uint32_t *w_rec = p->b_w_rec, *c_rec = p->b_c_rec;
+    kvt_ec_batch_op *c = p->b_c;
     for (uint32_t i = 0; i < b->n; i++) {
         prec *r = &p->r[b->idx[i]];
         if (r->src_bytes != r->nbytes) { /* before anything is written */
@@ -607,17 +687,17 @@ static void push_batch(kvt_ec_producer *p, batch *b, const char *consumer)
             shard_res *x = &r->sh[k];
             if (!x->ok || !x->r.write || x->r.cached || x->r.cancelled)
                 continue;
-            b->w[nw] =
+            w[nw] =
                 (kvt_ec_write_op){.shard = k, .dst = &x->r, .src = r->src, .nbytes = r->nbytes};
-            b->w_rec[nw++] = b->idx[i];
+            w_rec[nw++] = b->idx[i];
         }
     }
-    call_write(p, consumer, b->w, nw);
+    call_write(p, consumer, w, nw);
     for (uint32_t j = 0; j < nw; j++) {
-        prec *r = &p->r[b->w_rec[j]];
-        if (b->w[j].rc) {
+        prec *r = &p->r[w_rec[j]];
+        if (w[j].rc) {
             if (r->state == KVT_ECP_WRITING) {
-                kvt_fail(b->w[j].rc, "%s", b->w[j].error);
+                kvt_fail(w[j].rc, "%s", w[j].error);
                 fail(p, r, "writing");
             }
             continue;
@@ -635,20 +715,20 @@ static void push_batch(kvt_ec_producer *p, batch *b, const char *consumer)
             shard_res *x = &r->sh[k];
             if (r->state != KVT_ECP_NOTIFYING || k >= r->n_shards || !x->ok || x->r.cancelled)
                 continue;
-            b->c[nc] = (kvt_ec_batch_op){
+            c[nc] = (kvt_ec_batch_op){
                 .transfer_id = r->t.s, .len = r->t.len, .reservation_id = x->r.reservation_id};
-            b->c_rec[nc++] = b->idx[i];
+            c_rec[nc++] = b->idx[i];
         }
         if (!nc)
             continue;
-        call_complete(p, consumer, k, b->c, nc);
+        call_complete(p, consumer, k, c, nc);
         p->st.completes += nc;
         for (uint32_t j = 0; j < nc; j++) {
-            prec *r = &p->r[b->c_rec[j]];
-            if (b->c[j].rc) {
-                kvt_fail(b->c[j].rc, "%s", b->c[j].error);
+            prec *r = &p->r[c_rec[j]];
+            if (c[j].rc) {
+                kvt_fail(c[j].rc, "%s", c[j].error);
                 fail(p, r, "completing"); /* every shard abandoned, completed ones too */
-            } else if (!b->c[j].accepted) {
+            } else if (!c[j].accepted) {
                 /* the consumer let go of it meanwhile (consumed, cancelled, expired): nothing
                  * to undo, and not a failure of the push ([later] in the spec: logged, the
                  * batch goes on) */
@@ -665,17 +745,10 @@ static void push_batch(kvt_ec_producer *p, batch *b, const char *consumer)
 int kvt_ec_producer_dispatch(kvt_ec_producer *p)
 {
     int pushed = 0;
-    batch b;
-    bool have = false;
+    batch b = {p->b_idx, 0};
     /* batches per consumer with a ready record; waiting records are not looked at */
     for (uint32_t i = 0; i < p->n_r; i++) {
         while (ready_to_push(&p->r[i])) {
-            if (!have) {
-                int rc = batch_alloc(&b, p->cfg.max_batch);
-                if (rc)
-                    return rc;
-                have = true;
-            }
             ec_key consumer = p->r[i].consumer;
             uint64_t bytes = 0;
             b.n = 0;
@@ -693,8 +766,6 @@ int kvt_ec_producer_dispatch(kvt_ec_producer *p)
             pushed += (int)b.n;
         }
     }
-    if (have)
-        batch_free(&b);
     return pushed;
 }
 
