@@ -687,8 +687,7 @@ static void push_batch(kvt_ec_producer *p, batch *b, const char *consumer)
             shard_res *x = &r->sh[k];
             if (!x->ok || !x->r.write || x->r.cached || x->r.cancelled)
                 continue;
-            w[nw] =
-                (kvt_ec_write_op){.shard = k, .dst = &x->r, .src = r->src, .nbytes = r->nbytes};
+            w[nw] = (kvt_ec_write_op){.shard = k, .dst = &x->r, .src = r->src, .nbytes = r->nbytes};
             w_rec[nw++] = b->idx[i];
         }
     }

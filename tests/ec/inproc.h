@@ -24,6 +24,10 @@ typedef struct inproc {
     uint32_t calls[N_OPS][INPROC_MAX];
     int fail_next[N_OPS][INPROC_MAX]; /* fail this many calls of op on shard */
     bool no_topology;
+    /* batched forms (inproc_batch_ops): messages per op and shard (writes: shard 0), and a
+     * whole batch call of op that fails before any of its operations is tried */
+    uint32_t batch_calls[N_OPS][INPROC_MAX];
+    bool fail_batch[N_OPS];
 } inproc;
 
 static inline void inproc_open(inproc *c, uint32_t shards, uint64_t cap, kvt_manual_clock *clock)
@@ -119,6 +123,67 @@ static inline kvt_ec_consumer_ops inproc_ops(inproc *c)
 {
     kvt_ec_consumer_ops o = {inproc_shards,   inproc_reserve, inproc_write,
                              inproc_complete, inproc_cancel,  c};
+    return o;
+}
+
+/* ---- the batched forms: each operation goes through the single call above (its counters and
+ * injected faults), and the message is counted once */
+
+static inline int inproc_batch_fault(inproc *c, int op, uint32_t k)
+{
+    c->batch_calls[op][k]++;
+    if (!c->fail_batch[op])
+        return 0;
+    c->fail_batch[op] = false;
+    return kvt_fail(KVT_EIO, "injected failure of a whole batch (op %d)", op);
+}
+
+static inline void inproc_outcome(int rc, int *out, char *err, size_t cap)
+{
+    *out = rc;
+    err[0] = 0;
+    if (rc)
+        snprintf(err, cap, "%s", kvt_last_error());
+}
+
+static inline int inproc_reserve_batch(void *ctx, const char *consumer, uint32_t k,
+                                       kvt_ec_batch_op *ops, uint32_t n)
+{
+    int rc = inproc_batch_fault(ctx, OP_RESERVE, k);
+    for (uint32_t i = 0; !rc && i < n; i++)
+        inproc_outcome(inproc_reserve(ctx, consumer, k, ops[i].transfer_id, ops[i].len, ops[i].item,
+                                      &ops[i].reply),
+                       &ops[i].rc, ops[i].error, sizeof(ops[i].error));
+    return rc;
+}
+
+static inline int inproc_write_batch(void *ctx, const char *consumer, kvt_ec_write_op *w,
+                                     uint32_t n)
+{
+    int rc = inproc_batch_fault(ctx, OP_WRITE, 0);
+    for (uint32_t i = 0; !rc && i < n; i++)
+        inproc_outcome(inproc_write(ctx, consumer, w[i].shard, w[i].dst, w[i].src, w[i].nbytes),
+                       &w[i].rc, w[i].error, sizeof(w[i].error));
+    return rc;
+}
+
+static inline int inproc_complete_batch(void *ctx, const char *consumer, uint32_t k,
+                                        kvt_ec_batch_op *ops, uint32_t n)
+{
+    int rc = inproc_batch_fault(ctx, OP_COMPLETE, k);
+    for (uint32_t i = 0; !rc && i < n; i++)
+        inproc_outcome(inproc_complete(ctx, consumer, k, ops[i].transfer_id, ops[i].len,
+                                       ops[i].reservation_id, &ops[i].accepted),
+                       &ops[i].rc, ops[i].error, sizeof(ops[i].error));
+    return rc;
+}
+
+static inline kvt_ec_consumer_ops inproc_batch_ops(inproc *c)
+{
+    kvt_ec_consumer_ops o = inproc_ops(c);
+    o.reserve_batch = inproc_reserve_batch;
+    o.write_batch = inproc_write_batch;
+    o.complete_batch = inproc_complete_batch;
     return o;
 }
 

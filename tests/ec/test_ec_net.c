@@ -291,6 +291,61 @@ static void pushes_land_on_every_shard_byte_for_byte(void **state)
     consumer_stop(&c);
 }
 
+/* A step's items pushed together (push_many: one reserve message per shard; one dispatch: the
+ * writes in flight eight at a time, one completion message per shard): one item larger than a
+ * shard's buffer is refused by the shards and fails alone, every other item lands byte for
+ * byte on every shard. */
+static void a_batch_of_pushes_lands_and_a_refused_item_fails_alone(void **state)
+{
+    (void)state;
+    consumer c;
+    consumer_start(&c, true);
+    kvt_ec_net_config nc;
+    kvt_ec_net_config_init(&nc);
+    nc.write_window = 8;
+    kvt_ec_net_consumer *net;
+    kvt_ec_producer *prod;
+    producer_open(&nc, &net, &prod);
+    enum { N = 200, BIG = 77 };
+    static char tid[N][32], hash[N][32];
+    static kvt_ec_push_spec s[N];
+    uint8_t *src = malloc(64 * 2048);
+    fill(src, 64 * 2048, 42);
+    for (int i = 0; i < N; i++) {
+        snprintf(tid[i], sizeof(tid[i]), "batch-%d", i);
+        snprintf(hash[i], sizeof(hash[i]), "bimg-%d", i);
+        spec_of(&s[i], c.addr, tid[i], hash[i], i == BIG ? (CAP / 2048) + 1 : 64);
+    }
+    KVT_OK_(kvt_ec_producer_push_many(prod, s, N));
+    assert_int_equal(kvt_ec_producer_state(prod, tid[BIG], (uint32_t)strlen(tid[BIG])),
+                     KVT_ECP_FAILED);
+    for (int i = 0; i < N; i++)
+        if (i != BIG)
+            assert_int_equal(kvt_ec_producer_bind_source(prod, hash[i], (uint32_t)strlen(hash[i]),
+                                                         src, 64 * 2048, NULL),
+                             1);
+    assert_int_equal(kvt_ec_producer_dispatch(prod), N - 1);
+    kvt_ec_push_failure f;
+    assert_int_equal(kvt_ec_producer_take_failures(prod, &f, 1), 1);
+    assert_string_equal(f.transfer_id, tid[BIG]);
+    assert_non_null(strstr(f.error, "reserv"));
+    kvt_ec_producer_stats ps;
+    kvt_ec_producer_get_stats(prod, &ps);
+    assert_int_equal(ps.done, N - 1);
+    assert_int_equal(ps.writes, (N - 1) * SHARDS);
+    assert_int_equal(drain_events(&c, (N - 1) * SHARDS, NULL), (N - 1) * SHARDS);
+    for (int i = 0; i < N; i++)
+        for (uint32_t k = 0; i != BIG && k < SHARDS; k++) {
+            take_arg a = {tid[i], hash[i], 42, 64 * 2048, 0};
+            KVT_OK_(kvt_ec_server_with_shard(c.srv[k], take_and_check, &a));
+            assert_true(a.ok);
+        }
+    kvt_ec_producer_destroy(prod);
+    kvt_ec_net_consumer_destroy(net);
+    free(src);
+    consumer_stop(&c);
+}
+
 /* A completion sent before any byte arrived is answered at once, pending (the server thread
  * never waits on it); an abandon ends the receive first and only then releases the region; a
  * late send to that tag lands nowhere; a pending completion whose bytes land later becomes
@@ -853,6 +908,7 @@ int main(int argc, char **argv)
     g_self[l] = 0;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(pushes_land_on_every_shard_byte_for_byte),
+        cmocka_unit_test(a_batch_of_pushes_lands_and_a_refused_item_fails_alone),
         cmocka_unit_test(completion_waits_for_the_bytes_and_abandon_ends_the_receive),
         cmocka_unit_test(a_dead_shard_fails_the_push_and_nothing_hangs),
         cmocka_unit_test(the_scheduler_hears_its_shards_and_its_cancels_reach_them),

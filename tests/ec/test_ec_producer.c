@@ -9,6 +9,9 @@
 
 #define TOK 2 /* 2 KiB items */
 
+/* Every test runs twice: the consumer's single calls, then its batched forms. */
+static bool g_batched;
+
 typedef struct rig {
     kvt_manual_clock clock;
     inproc c;
@@ -23,7 +26,7 @@ static void rig_open(rig *g, uint32_t shards, uint64_t cap)
     inproc_open(&g->c, shards, cap, &g->clock);
     kvt_ec_producer_config pc;
     kvt_ec_producer_config_init(&pc);
-    pc.ops = inproc_ops(&g->c);
+    pc.ops = g_batched ? inproc_batch_ops(&g->c) : inproc_ops(&g->c);
     pc.clock = kvt_clock_manual(&g->clock, g->clock.now_ns);
     KVT_OK_(kvt_ec_producer_create(&pc, &g->p));
     for (int i = 0; i < 4; i++)
@@ -400,8 +403,94 @@ static void local_consumer_delivers_and_metrics_count_it(void **state_)
     rig_close(&g);
 }
 
+/* A step's pushes: one reserve message per shard, one write batch, one completion message per
+ * shard; every item's bytes arrive. */
+static void push_many_sends_one_message_per_shard_and_step(void **state_)
+{
+    (void)state_;
+    rig g;
+    rig_open(&g, 2, 64 * 1024);
+    kvt_ec_push_spec s[4];
+    const char *t[4] = {"t0", "t1", "t2", "t3"}, *h[4] = {"h0", "h1", "h2", "h3"};
+    for (int i = 0; i < 4; i++)
+        s[i] = inproc_spec(t[i], h[i], TOK, "r");
+    KVT_OK_(kvt_ec_producer_push_many(g.p, s, 4));
+    for (uint32_t k = 0; k < 2; k++) {
+        assert_int_equal(g.c.batch_calls[OP_RESERVE][k], 1);
+        assert_int_equal(g.c.calls[OP_RESERVE][k], 4);
+    }
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(bind(&g, h[i], i, NULL), 1);
+    assert_int_equal(kvt_ec_producer_dispatch(g.p), 4);
+    assert_int_equal(g.c.batch_calls[OP_WRITE][0], 1); /* both shards' writes in one batch */
+    assert_int_equal(g.c.calls[OP_WRITE][0] + g.c.calls[OP_WRITE][1], 8);
+    for (uint32_t k = 0; k < 2; k++)
+        assert_int_equal(g.c.batch_calls[OP_COMPLETE][k], 1);
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(pstate(&g, t[i]), KVT_ECP_DONE);
+        for (uint32_t k = 0; k < 2; k++)
+            expect_bytes(&g, k, t[i], h[i], i);
+    }
+    rig_close(&g);
+}
+
+/* One operation of a batch failing fails its record alone (every shard it holds abandoned); a
+ * whole batch call failing fails every record in it. */
+static void a_failed_operation_fails_its_record_not_the_batch(void **state_)
+{
+    (void)state_;
+    rig g;
+    rig_open(&g, 2, 64 * 1024);
+    kvt_ec_push_spec s[3] = {inproc_spec("a", "ha", TOK, "r"), inproc_spec("b", "hb", TOK, "r"),
+                             inproc_spec("c", "hc", TOK, "r")};
+    g.c.fail_next[OP_RESERVE][1] = 0;
+    KVT_OK_(kvt_ec_producer_push_many(g.p, s, 1)); /* "a" alone */
+    g.c.fail_next[OP_RESERVE][1] = 1;              /* "b" is refused by shard 1 */
+    KVT_OK_(kvt_ec_producer_push_many(g.p, s + 1, 2));
+    assert_int_equal(pstate(&g, "b"), KVT_ECP_FAILED);
+    assert_int_equal(kvt_ec_shard_state(g.c.sh[0], "b", 1), KVT_EC_CANCELLED); /* abandoned */
+    assert_int_equal(pstate(&g, "c"), KVT_ECP_WAITING_INPUTS);
+    bind(&g, "ha", 0, NULL);
+    bind(&g, "hc", 2, NULL);
+    g.c.fail_next[OP_WRITE][0] = 1; /* the first write of the batch ("a" on shard 0) fails */
+    assert_int_equal(kvt_ec_producer_dispatch(g.p), 2);
+    assert_int_equal(pstate(&g, "a"), KVT_ECP_FAILED);
+    assert_int_equal(kvt_ec_shard_state(g.c.sh[1], "a", 1), KVT_EC_CANCELLED);
+    assert_int_equal(pstate(&g, "c"), KVT_ECP_DONE);
+    expect_bytes(&g, 0, "c", "hc", 2);
+    expect_bytes(&g, 1, "c", "hc", 2);
+    kvt_ec_push_failure f[4];
+    assert_int_equal(kvt_ec_producer_take_failures(g.p, f, 4), 2);
+    assert_non_null(strstr(f[0].error, "injected failure"));
+    /* a completion message lost as a whole: every record in it fails */
+    kvt_ec_push_spec d[2] = {inproc_spec("d", "hd", TOK, "r"), inproc_spec("e", "he", TOK, "r")};
+    KVT_OK_(kvt_ec_producer_push_many(g.p, d, 2));
+    bind(&g, "hd", 0, NULL);
+    bind(&g, "he", 1, NULL);
+    g.c.fail_batch[OP_COMPLETE] = true;
+    assert_int_equal(kvt_ec_producer_dispatch(g.p), 2);
+    assert_int_equal(pstate(&g, "d"), KVT_ECP_FAILED);
+    assert_int_equal(pstate(&g, "e"), KVT_ECP_FAILED);
+    for (uint32_t k = 0; k < 2; k++) {
+        assert_int_equal(kvt_ec_shard_state(g.c.sh[k], "d", 1), KVT_EC_CANCELLED);
+        assert_int_equal(kvt_ec_shard_state(g.c.sh[k], "e", 1), KVT_EC_CANCELLED);
+    }
+    rig_close(&g);
+}
+
+static int batched(void **state_)
+{
+    (void)state_;
+    g_batched = true;
+    return 0;
+}
+
 int main(void)
 {
+    const struct CMUnitTest batch_only[] = {
+        cmocka_unit_test(push_many_sends_one_message_per_shard_and_step),
+        cmocka_unit_test(a_failed_operation_fails_its_record_not_the_batch),
+    };
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(push_reaches_every_consumer_shard),
         cmocka_unit_test(duplicate_pushes_share_one_transfer_per_reservation),
@@ -420,5 +509,7 @@ int main(void)
         cmocka_unit_test(pushes_into_followers_and_cached_items_write_once),
         cmocka_unit_test(local_consumer_delivers_and_metrics_count_it),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    int failed = cmocka_run_group_tests_name("single calls", tests, NULL, NULL);
+    failed += cmocka_run_group_tests_name("batched calls", tests, batched, NULL);
+    return failed + cmocka_run_group_tests_name("batched calls only", batch_only, batched, NULL);
 }
