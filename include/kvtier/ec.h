@@ -516,6 +516,8 @@ KVT_API int kvt_ec_producer_state(const kvt_ec_producer *p, const char *transfer
 typedef struct kvt_ec_producer_stats {
     uint64_t pushes, reused, conflicts, reservations, refreshes, batches, writes, bytes_written;
     uint64_t completes, rejected, abandons, failed, cancelled, done;
+    uint64_t silent_shards; /* shards that let a control message time out: not asked again in
+                               that call, their reservations left to the consumer's TTL */
 } kvt_ec_producer_stats;
 KVT_API void kvt_ec_producer_get_stats(const kvt_ec_producer *p, kvt_ec_producer_stats *st);
 /* The stats in Prometheus text (kvtier_ec_producer_* families, pending records as a gauge). */

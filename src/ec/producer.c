@@ -70,6 +70,8 @@ struct kvt_ec_producer {
     kvt_ec_batch_op *b_c;
     kvt_ec_write_op *b_w;
     /* push_many's reserve scratch, likewise */
+    uint64_t silent_mask; /* shards of silent_consumer that did not answer in this call */
+    ec_key silent_consumer;
     kvt_ec_batch_op *rs_ops;
     kvt_ec_item *rs_items;
     uint32_t *rs_rec, cap_rs;
@@ -161,12 +163,49 @@ static void set_error(prec *r, const char *what)
         snprintf(r->error, sizeof(r->error), "%s: %s", what, kvt_last_error());
 }
 
+/* ---- shards that did not answer ---------------------------------------------------------------
+ * A shard that let a control message time out (KVT_EIO: no answer) within one public call is
+ * not asked again during that call: a batch of 512 records whose consumer died would otherwise
+ * wait two control timeouts per record to abandon each. Its reservations are left to the
+ * consumer's TTL reaper; the records say so. Forgotten at the start of every public call. */
+
+static void silence_reset(kvt_ec_producer *p)
+{
+    p->silent_mask = 0;
+    p->silent_consumer.len = 0;
+}
+
+static void silence(kvt_ec_producer *p, const prec *r, uint32_t k)
+{
+    if (!ec_key_eq(&p->silent_consumer, &r->consumer)) {
+        p->silent_consumer = r->consumer;
+        p->silent_mask = 0;
+    }
+    p->silent_mask |= 1ull << k;
+    p->st.silent_shards++;
+}
+
+static bool silent(const kvt_ec_producer *p, const prec *r, uint32_t k)
+{
+    return (p->silent_mask >> k & 1) && ec_key_eq(&p->silent_consumer, &r->consumer);
+}
+
 /* Abandons the record's reservation on every shard that granted one (two attempts each). */
 static bool abandon_all(kvt_ec_producer *p, prec *r)
 {
     const kvt_ec_consumer_ops *o = &p->cfg.ops;
     bool all = true;
     for (uint32_t k = 0; k < r->n_shards; k++) {
+        if ((r->sh[k].ok || r->sh[k].lost) && !r->sh[k].r.cancelled && silent(p, r, k)) {
+            kvt_fail(KVT_EIO,
+                     "ec producer: shard %u of %s did not answer; its reservation is "
+                     "left to the consumer's TTL",
+                     k, r->consumer.s);
+            set_error(r, "abandoning a reservation");
+            r->sh[k].ok = r->sh[k].lost = false;
+            all = false;
+            continue;
+        }
         if (r->sh[k].lost) { /* a reserve whose reply was lost may have landed: ask again (a
                               * shard answers its own client with the same reservation) and
                               * abandon what it holds for us */
@@ -185,6 +224,8 @@ static bool abandon_all(kvt_ec_producer *p, prec *r)
         if (rc) {
             set_error(r, "abandoning a reservation");
             all = false;
+            if (rc == KVT_EIO)
+                silence(p, r, k);
         }
         r->sh[k].ok = false;
         p->st.abandons++;
@@ -258,6 +299,7 @@ void kvt_ec_producer_destroy(kvt_ec_producer *p)
 {
     if (!p)
         return;
+    silence_reset(p);
     for (uint32_t i = 0; i < p->n_r; i++)
         if (p->r[i].used && !terminal(&p->r[i]))
             abandon_all(p, &p->r[i]); /* shutdown: cancel the orphans first */
@@ -318,13 +360,15 @@ static void batch_settle(int rc, kvt_ec_batch_op *ops, uint32_t n)
             op_failed(rc, &ops[i].rc, ops[i].error, sizeof(ops[i].error));
 }
 
-static void call_reserve(kvt_ec_producer *p, const char *consumer, uint32_t k, kvt_ec_batch_op *ops,
-                         uint32_t n)
+/* The batched calls return the batch call's own failure (0 when each operation's rc tells). */
+static int call_reserve(kvt_ec_producer *p, const char *consumer, uint32_t k, kvt_ec_batch_op *ops,
+                        uint32_t n)
 {
     const kvt_ec_consumer_ops *o = &p->cfg.ops;
     if (o->reserve_batch) {
-        batch_settle(o->reserve_batch(o->ctx, consumer, k, ops, n), ops, n);
-        return;
+        int rc = o->reserve_batch(o->ctx, consumer, k, ops, n);
+        batch_settle(rc, ops, n);
+        return rc;
     }
     for (uint32_t i = 0; i < n; i++) {
         ops[i].rc = o->reserve(o->ctx, consumer, k, ops[i].transfer_id, ops[i].len, ops[i].item,
@@ -332,15 +376,17 @@ static void call_reserve(kvt_ec_producer *p, const char *consumer, uint32_t k, k
         if (ops[i].rc)
             op_failed(ops[i].rc, &ops[i].rc, ops[i].error, sizeof(ops[i].error));
     }
+    return 0;
 }
 
-static void call_complete(kvt_ec_producer *p, const char *consumer, uint32_t k,
-                          kvt_ec_batch_op *ops, uint32_t n)
+static int call_complete(kvt_ec_producer *p, const char *consumer, uint32_t k, kvt_ec_batch_op *ops,
+                         uint32_t n)
 {
     const kvt_ec_consumer_ops *o = &p->cfg.ops;
     if (o->complete_batch) {
-        batch_settle(o->complete_batch(o->ctx, consumer, k, ops, n), ops, n);
-        return;
+        int rc = o->complete_batch(o->ctx, consumer, k, ops, n);
+        batch_settle(rc, ops, n);
+        return rc;
     }
     for (uint32_t i = 0; i < n; i++) {
         ops[i].rc = o->complete(o->ctx, consumer, k, ops[i].transfer_id, ops[i].len,
@@ -348,6 +394,7 @@ static void call_complete(kvt_ec_producer *p, const char *consumer, uint32_t k,
         if (ops[i].rc)
             op_failed(ops[i].rc, &ops[i].rc, ops[i].error, sizeof(ops[i].error));
     }
+    return 0;
 }
 
 static void call_write(kvt_ec_producer *p, const char *consumer, kvt_ec_write_op *w, uint32_t n)
@@ -502,7 +549,8 @@ static int reserve_new(kvt_ec_producer *p, const uint32_t *idx, uint32_t n)
             }
             if (!m)
                 break;
-            call_reserve(p, consumer->s, k, ops, m);
+            if (call_reserve(p, consumer->s, k, ops, m) == KVT_EIO)
+                silence(p, &p->r[rec[0]], k); /* the message got no answer */
             for (uint32_t j = 0; j < m; j++) {
                 prec *r = &p->r[rec[j]];
                 if (!ops[j].rc)
@@ -524,6 +572,7 @@ int kvt_ec_producer_push_many(kvt_ec_producer *p, const kvt_ec_push_spec *specs,
 {
     if (!p || (!specs && n))
         return kvt_fail(KVT_EINVAL, "ec producer: NULL argument");
+    silence_reset(p);
     uint32_t *fresh = malloc((n ? n : 1) * sizeof(*fresh)), nf = 0;
     if (!fresh)
         return kvt_fail(KVT_ENOMEM, "ec producer: out of memory");
@@ -720,7 +769,8 @@ static void push_batch(kvt_ec_producer *p, batch *b, const char *consumer)
         }
         if (!nc)
             continue;
-        call_complete(p, consumer, k, c, nc);
+        if (call_complete(p, consumer, k, c, nc) == KVT_EIO)
+            silence(p, &p->r[c_rec[0]], k); /* the message got no answer */
         p->st.completes += nc;
         for (uint32_t j = 0; j < nc; j++) {
             prec *r = &p->r[c_rec[j]];
@@ -745,6 +795,7 @@ int kvt_ec_producer_dispatch(kvt_ec_producer *p)
 {
     int pushed = 0;
     batch b = {p->b_idx, 0};
+    silence_reset(p);
     /* batches per consumer with a ready record; waiting records are not looked at */
     for (uint32_t i = 0; i < p->n_r; i++) {
         while (ready_to_push(&p->r[i])) {
@@ -774,6 +825,7 @@ int kvt_ec_producer_request_finished(kvt_ec_producer *p, const char *req_id, uin
     int rc = pkey_set(&req, (kvt_str){req_id, len}, "request id", false);
     if (rc)
         return rc;
+    silence_reset(p);
     for (uint32_t i = 0; i < p->n_r; i++) {
         prec *r = &p->r[i];
         if (!r->used || r->state != KVT_ECP_WAITING_INPUTS || r->has_src ||
@@ -882,6 +934,9 @@ int kvt_ec_producer_prometheus(const kvt_ec_producer *p, char *buf, size_t cap, 
         {"cancelled_total", "Pushes cancelled (request finished without a source).", st->cancelled,
          false},
         {"done_total", "Pushes completed on every shard.", st->done, false},
+        {"silent_shards_total",
+         "Shards that let a control message time out (not asked again in that call).",
+         st->silent_shards, false},
         {"pending", "Push records not yet terminal (pending_saves).", pending, true},
     };
     for (size_t i = 0; i < sizeof(m) / sizeof(m[0]); i++)

@@ -403,6 +403,20 @@ static void local_consumer_delivers_and_metrics_count_it(void **state_)
     rig_close(&g);
 }
 
+/* Ends a reservation the producer left on shard k (as a consumer's TTL reaper would). */
+static void abandon_by_hand(rig *g, uint32_t k, const char *t, const char *h)
+{
+    kvt_ec_push_spec x = inproc_spec(t, h, TOK, "r");
+    kvt_ec_item it = {x.mm_hash.ptr, x.mm_hash.len, x.nbytes,   x.ndim,
+                      {0},           x.dtype.ptr,   x.dtype.len};
+    memcpy(it.shape, x.shape, sizeof(it.shape));
+    kvt_ec_reply rep;
+    bool done;
+    KVT_OK_(kvt_ec_shard_reserve(g->c.sh[k], t, (uint32_t)strlen(t), &it, &rep)); /* the same one */
+    KVT_OK_(kvt_ec_shard_cancel(g->c.sh[k], t, (uint32_t)strlen(t), rep.reservation_id, true, false,
+                                &done));
+}
+
 /* A step's pushes: one reserve message per shard, one write batch, one completion message per
  * shard; every item's bytes arrive. */
 static void push_many_sends_one_message_per_shard_and_step(void **state_)
@@ -467,14 +481,58 @@ static void a_failed_operation_fails_its_record_not_the_batch(void **state_)
     KVT_OK_(kvt_ec_producer_push_many(g.p, d, 2));
     bind(&g, "hd", 0, NULL);
     bind(&g, "he", 1, NULL);
-    g.c.fail_batch[OP_COMPLETE] = true;
+    g.c.fail_batch[OP_COMPLETE] = true; /* shard 0's completion message gets no answer */
     assert_int_equal(kvt_ec_producer_dispatch(g.p), 2);
     assert_int_equal(pstate(&g, "d"), KVT_ECP_FAILED);
     assert_int_equal(pstate(&g, "e"), KVT_ECP_FAILED);
-    for (uint32_t k = 0; k < 2; k++) {
-        assert_int_equal(kvt_ec_shard_state(g.c.sh[k], "d", 1), KVT_EC_CANCELLED);
-        assert_int_equal(kvt_ec_shard_state(g.c.sh[k], "e", 1), KVT_EC_CANCELLED);
+    /* shard 1 answers: abandoned there; shard 0 did not answer: not asked again in this call,
+     * its reservations stay the writer's (its TTL reaper ends them), nothing freed early */
+    for (int i = 0; i < 2; i++) {
+        const char *t = i ? "e" : "d";
+        assert_int_equal(kvt_ec_shard_state(g.c.sh[1], t, 1), KVT_EC_CANCELLED);
+        assert_int_equal(kvt_ec_shard_state(g.c.sh[0], t, 1), KVT_EC_WRITING);
+        abandon_by_hand(&g, 0, t, i ? "he" : "hd");
     }
+    rig_close(&g);
+}
+
+/* A consumer that stops answering while a batch is written: the first record's abandon waits
+ * its two attempts, the others do not ask the silent shard again (their reservations are left
+ * to the consumer's TTL) — a dead consumer costs one timeout per call, not two per record. The
+ * next call asks again. */
+static void a_silent_shard_is_not_asked_again_within_one_call(void **state_)
+{
+    (void)state_;
+    rig g;
+    rig_open(&g, 1, 64 * 1024);
+    kvt_ec_push_spec s[3] = {inproc_spec("a", "ha", TOK, "r"), inproc_spec("b", "hb", TOK, "r"),
+                             inproc_spec("c", "hc", TOK, "r")};
+    KVT_OK_(kvt_ec_producer_push_many(g.p, s, 3));
+    for (int i = 0; i < 3; i++)
+        bind(&g, (const char *[]){"ha", "hb", "hc"}[i], i, NULL);
+    g.c.fail_next[OP_WRITE][0] = 3;    /* every write fails ... */
+    g.c.fail_next[OP_CANCEL][0] = 100; /* ... and the shard answers no cancel (KVT_EIO) */
+    assert_int_equal(kvt_ec_producer_dispatch(g.p), 3);
+    assert_int_equal(g.c.calls[OP_CANCEL][0], 2); /* the first record's two attempts only */
+    kvt_ec_producer_stats st;
+    kvt_ec_producer_get_stats(g.p, &st);
+    assert_int_equal(st.failed, 3);
+    assert_int_equal(st.silent_shards, 1);
+    kvt_ec_push_failure f[3];
+    assert_int_equal(kvt_ec_producer_take_failures(g.p, f, 3), 3);
+    assert_non_null(strstr(f[2].error, "did not answer") ? f[2].error : f[1].error);
+    /* a new call asks again */
+    kvt_ec_push_spec d = inproc_spec("d", "hd", TOK, "r");
+    KVT_OK_(kvt_ec_producer_push_many(g.p, &d, 1));
+    KVT_OK_(kvt_ec_producer_request_finished(g.p, "r", 1));
+    assert_int_equal(g.c.calls[OP_CANCEL][0], 4);
+    g.c.fail_next[OP_CANCEL][0] = 0;
+    /* nothing was freed under a writer: the three reservations are still the writer's ... */
+    assert_int_equal(kvt_ec_shard_writers(g.c.sh[0]), 4);
+    /* ... until abandoned (here by hand; in a consumer, by its TTL reaper) */
+    for (int i = 0; i < 4; i++)
+        abandon_by_hand(&g, 0, (const char *[]){"a", "b", "c", "d"}[i],
+                        (const char *[]){"ha", "hb", "hc", "hd"}[i]);
     rig_close(&g);
 }
 
@@ -508,6 +566,7 @@ int main(void)
         cmocka_unit_test(stale_shards_are_refreshed_before_writing),
         cmocka_unit_test(pushes_into_followers_and_cached_items_write_once),
         cmocka_unit_test(local_consumer_delivers_and_metrics_count_it),
+        cmocka_unit_test(a_silent_shard_is_not_asked_again_within_one_call),
     };
     int failed = cmocka_run_group_tests_name("single calls", tests, NULL, NULL);
     failed += cmocka_run_group_tests_name("batched calls", tests, batched, NULL);

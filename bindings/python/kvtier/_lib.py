@@ -379,7 +379,7 @@ class kvt_ec_producer_config(ctypes.Structure):
 
 EC_PRODUCER_COUNTERS = ("pushes", "reused", "conflicts", "reservations", "refreshes", "batches",
                         "writes", "bytes_written", "completes", "rejected", "abandons", "failed",
-                        "cancelled", "done")
+                        "cancelled", "done", "silent_shards")
 
 
 class kvt_ec_producer_stats(ctypes.Structure):
