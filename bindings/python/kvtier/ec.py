@@ -484,6 +484,17 @@ class EcProducer(_Owned):
         s = _push_spec(spec, keep)
         _check(_lib.kvt_ec_producer_push(self._h, ctypes.byref(s)))
 
+    def push_many(self, specs):
+        """push for a whole step: the new records' reserves go in one message per shard."""
+        specs = list(specs)
+        if not specs:
+            return
+        keep = []
+        arr = (L.kvt_ec_push_spec * len(specs))()
+        for i, spec in enumerate(specs):
+            arr[i] = _push_spec(spec, keep)
+        _check(_lib.kvt_ec_producer_push_many(self._h, arr, len(specs)))
+
     def bind_source(self, mm_hash, data):
         """save_caches: the encoder output of mm_hash (bytes-like); kept alive here until the
         pushes that read it are done. Returns how many pushes it was bound to."""

@@ -56,6 +56,32 @@ class Network(unittest.TestCase):
         srv.close()
         shard.close()
 
+    def test_push_many_reserves_a_step_at_once(self):
+        shard = kvtier.EcShard(1 << 20)
+        srv = kvtier.EcServer(shard, "127.0.0.1", free_port())
+        net = kvtier.EcNetConsumer(control_timeout_ms=5000)
+        prod = kvtier.EcProducer.over_network(net)
+        to = "tcp://127.0.0.1:%d" % srv.port
+        specs = [{"mm_hash": "img%d" % i, "shape": (16, 16), "dtype": "float32", "consumer": to,
+                  "transfer_id": "t%d" % i, "request_id": "r"} for i in range(5)]
+        prod.push_many(specs)
+        self.assertEqual(prod.stats()["reservations"], 5)
+        data = [bytes((i + j) % 251 for j in range(16 * 16 * 4)) for i in range(5)]
+        for i in range(5):
+            self.assertEqual(prod.bind_source("img%d" % i, data[i]), 1)
+        prod.dispatch()
+        self.assertEqual(prod.take_failures(), [])
+        st = prod.stats()
+        self.assertEqual((st["done"], st["batches"], st["writes"]), (5, 1, 5))
+        self.assertEqual(srv.stats()["bytes_received"], 5 * 16 * 16 * 4)
+        prod.push_many([])  # nothing to do
+        with self.assertRaises(kvtier.KvtierError):
+            prod.push_many([dict(specs[0], transfer_id="")])  # a bad spec is an error
+        prod.close()
+        net.close()
+        srv.close()
+        shard.close()
+
     def test_a_bad_place_fails_the_load_and_raises(self):
         shard = kvtier.EcShard(1 << 16)
         srv = kvtier.EcServer(shard, "127.0.0.1", free_port())

@@ -272,8 +272,9 @@ class KvtierECConnector(ECConnectorBase):
         if not meta.producer:
             return
         encoder_cache = kwargs.get("encoder_cache") or {}
-        for p in EcMeta.decode(meta.producer).pushes:
-            self._producer.push(p)
+        pushes = EcMeta.decode(meta.producer).pushes
+        self._producer.push_many(pushes)  # one reserve message per consumer shard for the step
+        for p in pushes:
             t = encoder_cache.get(p["mm_hash"])
             if t is not None:
                 self._bind(p["mm_hash"], t)
