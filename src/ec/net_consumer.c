@@ -194,6 +194,19 @@ static int call_item(kvt_ec_net_consumer *c, remote *r, uint32_t k, uint32_t op,
     return rc;
 }
 
+/* A reserve's result as the producer's reply. */
+static void reply_of(const kvt_ecc_result *x, kvt_ec_reply *out)
+{
+    memset(out, 0, sizeof(*out));
+    memcpy(out->reservation_id, x->reservation_id.ptr, x->reservation_id.len);
+    out->offset = x->offset;
+    out->nbytes = x->nbytes;
+    out->write = x->write;
+    out->ready = x->ready;
+    out->cached = x->cached;
+    out->cancelled = x->cancelled;
+}
+
 static int op_shards(void *ctx, const char *name, uint32_t *n)
 {
     remote *r;
@@ -217,15 +230,7 @@ static int op_reserve(void *ctx, const char *name, uint32_t k, const char *tid, 
     it.client_key = (kvt_str){c->key, KVT_EC_RID_LEN};
     if ((rc = call_item(c, r, k, KVT_ECC_RESERVE, &it)))
         return rc;
-    const kvt_ecc_result *x = &c->p.results[0];
-    memset(out, 0, sizeof(*out));
-    memcpy(out->reservation_id, x->reservation_id.ptr, x->reservation_id.len);
-    out->offset = x->offset;
-    out->nbytes = x->nbytes;
-    out->write = x->write;
-    out->ready = x->ready;
-    out->cached = x->cached;
-    out->cancelled = x->cancelled;
+    reply_of(&c->p.results[0], out);
     return 0;
 }
 
@@ -407,15 +412,7 @@ static int batch_call(kvt_ec_net_consumer *c, const char *name, uint32_t k, uint
                 b->accepted = x->completed;
                 continue;
             }
-            kvt_ec_reply *o = &b->reply;
-            memset(o, 0, sizeof(*o));
-            memcpy(o->reservation_id, x->reservation_id.ptr, x->reservation_id.len);
-            o->offset = x->offset;
-            o->nbytes = x->nbytes;
-            o->write = x->write;
-            o->ready = x->ready;
-            o->cached = x->cached;
-            o->cancelled = x->cancelled;
+            reply_of(x, &b->reply);
         }
     }
     return rc;
