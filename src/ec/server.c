@@ -39,6 +39,7 @@ typedef struct rx {
     kvt_ucx_recv *r;
     uint64_t nbytes;
     bool complete_pending; /* its writer completed before the bytes landed: complete on landing */
+    uint32_t pend_at;      /* its place in the server's pending list */
     uint32_t next_free;
 } rx;
 
@@ -67,7 +68,8 @@ struct kvt_ec_server {
     rx *rx;
     kvt_map rx_map;
     uint32_t rx_free;
-    uint32_t n_pending; /* receives with complete_pending */
+    uint32_t n_pending; /* receives with complete_pending ... */
+    uint32_t *pend;     /* ... listed here (so a pass looks at them alone, not at every slot) */
     /* the consumer's owner key, and whether this server wrote it to the key file */
     char owner[KVT_EC_RID_LEN + 1];
     bool owner_file;
@@ -169,11 +171,26 @@ static uint32_t rx_find(const kvt_ec_server *s, const char *rid)
     return NONE;
 }
 
+static void pend_add(kvt_ec_server *s, uint32_t i)
+{
+    s->rx[i].complete_pending = true;
+    s->rx[i].pend_at = s->n_pending;
+    s->pend[s->n_pending++] = i;
+}
+
+static void pend_del(kvt_ec_server *s, uint32_t i)
+{
+    if (!s->rx[i].complete_pending)
+        return;
+    uint32_t at = s->rx[i].pend_at, last = s->pend[--s->n_pending];
+    s->pend[at] = last;
+    s->rx[last].pend_at = at;
+    s->rx[i].complete_pending = false;
+}
+
 static void rx_remove(kvt_ec_server *s, uint32_t i)
 {
-    if (s->rx[i].complete_pending)
-        s->n_pending--;
-    s->rx[i].complete_pending = false;
+    pend_del(s, i);
     (void)kvt_map_remove(&s->rx_map, kvt_ecc_rid_tag(s->rx[i].rid), i);
     s->rx[i].used = false;
     s->rx[i].r = NULL;
@@ -235,8 +252,7 @@ static int complete_item(kvt_ec_server *s, const kvt_ecc_item *it, kvt_ecc_resul
         }
         if (rc == 0) {
             if (!s->rx[i].complete_pending) {
-                s->rx[i].complete_pending = true;
-                s->n_pending++;
+                pend_add(s, i);
                 count(s, &s->st.completes_pending, 1);
             }
             x->completed = x->pending = true;
@@ -253,17 +269,17 @@ static int complete_item(kvt_ec_server *s, const kvt_ecc_item *it, kvt_ecc_resul
  * queues the readiness event). Under the lock. */
 static void finish_pending(kvt_ec_server *s)
 {
-    for (uint32_t i = 0; s->n_pending && i < s->cfg.max_receives; i++) {
+    for (uint32_t k = 0; k < s->n_pending;) { /* a finished one leaves: k then holds another */
+        uint32_t i = s->pend[k];
         rx *e = &s->rx[i];
-        if (!e->used || !e->complete_pending)
-            continue;
         int rc = kvt_ucx_recv_wait(s->ucx, e->r, 0);
-        if (rc == 0)
+        if (rc == 0) {
+            k++;
             continue;
+        }
         if (rc < 0) { /* never landing: the writer abandons, or the reaper ends it at its TTL */
             count(s, &s->st.receives_failed, 1);
-            e->complete_pending = false;
-            s->n_pending--;
+            pend_del(s, i);
             continue;
         }
         char tid[KVT_EC_KEY_MAX + 1], rid[KVT_EC_RID_LEN + 1];
@@ -693,6 +709,7 @@ static void teardown(kvt_ec_server *s)
         kvt_ucx_destroy(s->ucx);
     }
     free(s->rx);
+    free(s->pend);
     kvt_map_free(&s->rx_map);
     if (s->zap)
         zmq_close(s->zap);
@@ -847,7 +864,8 @@ static int data_plane_setup(kvt_ec_server *s)
 {
     uint32_t n = s->cfg.max_receives;
     s->rx = calloc(n, sizeof(*s->rx));
-    if (!s->rx)
+    s->pend = calloc(n, sizeof(*s->pend));
+    if (!s->rx || !s->pend)
         return kvt_fail(KVT_ENOMEM, "ec server: out of memory for %u receives", n);
     for (uint32_t i = 0; i < n; i++)
         s->rx[i].next_free = i + 1 < n ? i + 1 : NONE;

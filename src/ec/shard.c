@@ -648,7 +648,9 @@ static int alloc_with_reclaim(kvt_ec_shard *sh, uint64_t nbytes, kvt_slab_view *
     poll_deferred(sh);
     if (kvt_slab_alloc(sh->slab, nbytes, v) == 0)
         return 0;
-    sh->next_deadline = 0; /* a full expiry pass */
+    /* whatever is due expires first (next_deadline is never later than the earliest expiry,
+     * so a forced full pass would find nothing more: it cost a scan of every record on each
+     * reserve once the buffer was full of retired residents) */
     kvt_ec_shard_expire(sh);
     poll_deferred(sh);
     if (kvt_slab_alloc(sh->slab, nbytes, v) == 0)
