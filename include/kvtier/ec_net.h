@@ -56,6 +56,11 @@ typedef struct kvt_ec_server_config {
     /* Where the event socket binds; default (NULL) 127.0.0.1: only processes of this host may
      * take readiness events. Another address serves remote schedulers (with CURVE). */
     const char *event_host;
+    /* after UCX made progress, the server keeps polling (no sleep) this long before it waits
+     * on its descriptors again: bytes that arrive in bursts are taken without a wake-up each.
+     * 0 .. 100,000 us; default 300 (docs/benchmarks.md: without it, 1 run in 4 of 16 MiB
+     * batches over tcp fell to half speed); the cost is CPU only while traffic flows */
+    uint32_t spin_us;
 } kvt_ec_server_config;
 
 typedef struct kvt_ec_server kvt_ec_server;

@@ -69,6 +69,7 @@ struct kvt_ec_server {
     kvt_map rx_map;
     uint32_t rx_free;
     uint32_t n_pending; /* receives with complete_pending ... */
+    uint64_t busy_at;   /* when UCX last made progress */
     uint32_t *pend;     /* ... listed here (so a pass looks at them alone, not at every slot) */
     /* the consumer's owner key, and whether this server wrote it to the key file */
     char owner[KVT_EC_RID_LEN + 1];
@@ -89,6 +90,7 @@ void kvt_ec_server_config_init(kvt_ec_server_config *cfg)
     cfg->max_events = 4096;
     cfg->expire_interval_ns = 1000000000ull;
     cfg->poll_ms = 100;
+    cfg->spin_us = 300;
     cfg->data_plane = true;
     cfg->complete_wait_ms = 2000;
     cfg->max_receives = 4096;
@@ -130,6 +132,8 @@ static int check_config(const kvt_ec_server_config *c)
                                     "non-zero expire interval");
     if (c->data_plane && (c->max_receives < 1 || c->max_receives > (1u << 24)))
         return kvt_fail(KVT_EINVAL, "ec server: max_receives 1..2^24");
+    if (c->spin_us > 100000)
+        return kvt_fail(KVT_EINVAL, "ec server: spin_us 0..100000");
     if (c->owner_key && kvt_ecc_key_check(c->owner_key))
         return kvt_fail(KVT_EINVAL, "ec server: owner_key is not 32 lowercase hex digits");
     if (c->event_host && !c->event_host[0])
@@ -655,9 +659,13 @@ static void *server_main(void *arg)
     while (!atomic_load(&s->stop)) {
         /* receives progress on their own (rendezvous needs the receiver), woken by UCX's fd;
          * progressed first, so that pending completions whose bytes landed finish now */
-        if (s->ucx)
+        if (s->ucx) {
+            bool moved = false;
             while (kvt_ucx_progress(s->ucx))
-                ;
+                moved = true;
+            if (moved)
+                s->busy_at = kvt_monotonic_ns();
+        }
         pthread_mutex_lock(&s->lock);
         uint64_t now = kvt_monotonic_ns();
         if (s->n_pending)
@@ -672,7 +680,10 @@ static void *server_main(void *arg)
         pthread_mutex_unlock(&s->lock);
         push_events(s);
         long timeout = (long)s->cfg.poll_ms;
-        if (s->ucx && kvt_ucx_arm(s->ucx) != 0)
+        /* a burst goes on: poll without sleeping; otherwise arm UCX's descriptor (0 when events
+         * are pending already: progress first) */
+        if (s->ucx && (kvt_monotonic_ns() - s->busy_at < s->cfg.spin_us * 1000ull ||
+                       kvt_ucx_arm(s->ucx) != 0))
             timeout = 0;
         zmq_pollitem_t it[3] = {
             {s->rep, 0, ZMQ_POLLIN, 0}, {s->zap, 0, ZMQ_POLLIN, 0}, {NULL, s->efd, ZMQ_POLLIN, 0}};

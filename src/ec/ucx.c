@@ -436,8 +436,8 @@ static void send_abort(kvt_ucx *u, kvt_ucx_send_item *v, inflight *fl, uint32_t 
  * 100 ms gave 16 MiB batches over tcp at 1.8-3.6 GB/s from run to run (the descriptor does not
  * always wake the sender when its socket can take more bytes); 200 us and 1 ms naps give
  * 3.3-3.5, as spinning throughout does, while leaving the CPU to the receiver between items. */
-#define SPIN_NS  200000ull
-#define NAP_MS   1
+#define SPIN_NS 200000ull
+#define NAP_MS  1
 
 /* Sleeps until the worker has events, or a nap passed. */
 static void wait_events(kvt_ucx *u)

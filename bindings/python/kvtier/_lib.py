@@ -325,7 +325,8 @@ class kvt_ec_server_config(ctypes.Structure):
                 ("complete_wait_ms", c_u32), ("max_receives", c_u32),
                 ("curve_secret_key", ctypes.c_char_p),
                 ("curve_clients", P(ctypes.c_char_p)),
-                ("owner_key", ctypes.c_char_p), ("event_host", ctypes.c_char_p)]
+                ("owner_key", ctypes.c_char_p), ("event_host", ctypes.c_char_p),
+                ("spin_us", c_u32)]
 
 
 EC_SERVER_COUNTERS = ("requests", "malformed", "items", "item_errors", "events_sent",
