@@ -129,7 +129,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             break;
         const uint8_t *b = data + i;
         i += 6;
-        uint32_t op = KVT_ECC_PEERS + b[0] % KVT_ECC_CANCEL; /* peers .. cancel */
+        static const uint32_t ops[] = {
+            KVT_ECC_PEERS,          KVT_ECC_EVENT_PORT,    KVT_ECC_STATUS,
+            KVT_ECC_RESERVE,        KVT_ECC_RESERVE_BATCH, KVT_ECC_COMPLETE,
+            KVT_ECC_COMPLETE_BATCH, KVT_ECC_CANCEL,        KVT_ECC_CANCEL_BATCH};
+        uint32_t op = ops[b[0] % (sizeof(ops) / sizeof(ops[0]))];
+        bool cancel = op == KVT_ECC_CANCEL || op == KVT_ECC_CANCEL_BATCH;
         const char *tid = tids[b[1] % N_T];
         int client = b[2] % 3;
         kvt_ecc_item it = {.transfer_id = S(tid)};
@@ -146,14 +151,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         it.reservation_id = S(rid);
         it.abandon = b[5] & 1;
         it.refresh = b[5] & 2;
-        if (op == KVT_ECC_CANCEL && !rid[0])
+        if (cancel && !rid[0])
             it.abandon = it.refresh = false;
-        if (op == KVT_ECC_CANCEL && rid[0] && client == 2)
+        if (cancel && rid[0] && client == 2)
             it.client_key = S("");
         if (b[5] & 4) /* time passes: reservations expire, tombstones go */
             kvt_clock_manual_advance(&clock, 600);
         kvt_ecc_request_begin(&q, op);
-        uint32_t n = op == KVT_ECC_RESERVE_BATCH || op == KVT_ECC_COMPLETE_BATCH ? 2 : 1;
+        uint32_t n = op == KVT_ECC_RESERVE_BATCH || op == KVT_ECC_COMPLETE_BATCH ||
+                             op == KVT_ECC_CANCEL_BATCH
+                         ? 2
+                         : 1;
         if (op == KVT_ECC_PEERS || op == KVT_ECC_EVENT_PORT)
             n = 0;
         for (uint32_t k = 0; k < n; k++)

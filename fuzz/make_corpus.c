@@ -92,11 +92,11 @@ static int ec_ctl_seeds(const char *dir)
     const char *rid = "0123456789abcdef0123456789abcdef";
     kvt_ecc_request q;
     kvt_ecc_request_init(&q);
-    for (uint32_t op = KVT_ECC_PEERS; op <= KVT_ECC_DATA_ADDRESS && !rc; op++) {
+    for (uint32_t op = KVT_ECC_PEERS; op <= KVT_ECC_CANCEL_BATCH && !rc; op++) {
         kvt_ecc_request_begin(&q, op);
-        uint32_t items = op <= KVT_ECC_EVENT_PORT || op == KVT_ECC_DATA_ADDRESS ? 0
-                         : op == KVT_ECC_RESERVE_BATCH                          ? 2
-                                                                                : 1;
+        uint32_t items = op <= KVT_ECC_EVENT_PORT || op == KVT_ECC_DATA_ADDRESS      ? 0
+                         : op == KVT_ECC_RESERVE_BATCH || op == KVT_ECC_CANCEL_BATCH ? 2
+                                                                                     : 1;
         for (uint32_t i = 0; i < items; i++) {
             kvt_ecc_item it = {.transfer_id = {"xfer-1", 6},
                                .mm_hash = {"img-1", 5},

@@ -381,12 +381,13 @@ KVT_API int kvt_ec_sched_prometheus(const kvt_ec_sched *s, char *buf, size_t cap
 /* ---- producer: push records -------------------------------------------------------------------
  */
 
-/* One reserve or completion of a batch, for one shard. */
+/* One reserve, completion or cancel of a batch, for one shard. */
 typedef struct kvt_ec_batch_op {
     const char *transfer_id;
     uint32_t len;
     const kvt_ec_item *item;    /* reserve */
-    const char *reservation_id; /* complete */
+    const char *reservation_id; /* complete, cancel */
+    bool abandon, refresh;      /* cancel */
     int rc;                     /* out: 0 or the KVT_E* code of this operation */
     kvt_ec_reply reply;         /* out, reserve */
     bool accepted;              /* out, complete */
@@ -429,6 +430,8 @@ typedef struct kvt_ec_consumer_ops {
     int (*write_batch)(void *ctx, const char *consumer, kvt_ec_write_op *ops, uint32_t n);
     int (*complete_batch)(void *ctx, const char *consumer, uint32_t shard, kvt_ec_batch_op *ops,
                           uint32_t n);
+    int (*cancel_batch)(void *ctx, const char *consumer, uint32_t shard, kvt_ec_batch_op *ops,
+                        uint32_t n);
 } kvt_ec_consumer_ops;
 
 /* A consumer in the same process (an engine that encodes and prefills in one process, tests,

@@ -24,8 +24,9 @@ enum kvt_ecc_op {
     KVT_ECC_RESERVE_BATCH = 5,
     KVT_ECC_COMPLETE = 6, /* one (transfer id, reservation id) */
     KVT_ECC_COMPLETE_BATCH = 7,
-    KVT_ECC_CANCEL = 8,      /* one (transfer id, reservation id or "", abandon, refresh) */
-    KVT_ECC_DATA_ADDRESS = 9 /* -> the shard's data-plane (UCX worker) address */
+    KVT_ECC_CANCEL = 8,       /* one (transfer id, reservation id or "", abandon, refresh) */
+    KVT_ECC_DATA_ADDRESS = 9, /* -> the shard's data-plane (UCX worker) address */
+    KVT_ECC_CANCEL_BATCH = 10 /* cancels, 1..KVT_ECC_MAX_BATCH */
 };
 
 #define KVT_ECC_MAX_BATCH 4096u      /* items in one batch */

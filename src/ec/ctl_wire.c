@@ -42,15 +42,15 @@
 
 const char *kvt_ecc_op_name(uint32_t op)
 {
-    static const char *const names[] = {"?",        "peers",          "event_port",
-                                        "status",   "reserve",        "reserve_batch",
-                                        "complete", "complete_batch", "cancel"};
-    return op >= 1 && op <= KVT_ECC_CANCEL ? names[op] : "unknown op";
+    static const char *const names[] = {"?",       "peers",         "event_port",  "status",
+                                        "reserve", "reserve_batch", "complete",    "complete_batch",
+                                        "cancel",  "data_address",  "cancel_batch"};
+    return op >= 1 && op <= KVT_ECC_CANCEL_BATCH ? names[op] : "unknown op";
 }
 
 static bool op_valid(uint32_t op)
 {
-    return op >= KVT_ECC_PEERS && op <= KVT_ECC_DATA_ADDRESS;
+    return op >= KVT_ECC_PEERS && op <= KVT_ECC_CANCEL_BATCH;
 }
 
 uint64_t kvt_ecc_rid_tag(const char *rid)
@@ -73,9 +73,15 @@ static bool op_complete(uint32_t op)
     return op == KVT_ECC_COMPLETE || op == KVT_ECC_COMPLETE_BATCH;
 }
 
+static bool op_cancel(uint32_t op)
+{
+    return op == KVT_ECC_CANCEL || op == KVT_ECC_CANCEL_BATCH;
+}
+
 static bool op_batch(uint32_t op)
 {
-    return op == KVT_ECC_RESERVE_BATCH || op == KVT_ECC_COMPLETE_BATCH;
+    return op == KVT_ECC_RESERVE_BATCH || op == KVT_ECC_COMPLETE_BATCH ||
+           op == KVT_ECC_CANCEL_BATCH;
 }
 
 static bool op_items(uint32_t op)
@@ -202,7 +208,7 @@ static int check_item(uint32_t op, const kvt_ecc_item *it)
     }
     if (op_complete(op))
         return check_rid(it->reservation_id, false, "reservation_id");
-    if (op == KVT_ECC_CANCEL) {
+    if (op_cancel(op)) {
         if ((rc = check_rid(it->reservation_id, true, "reservation_id")) ||
             (rc = check_rid(it->client_key, true, "client_key")))
             return rc;
@@ -246,7 +252,7 @@ static size_t item_size(uint32_t op, const kvt_ecc_item *it)
              str_size(it->client_key);
     else if (op_complete(op))
         n += str_size(it->reservation_id);
-    else if (op == KVT_ECC_CANCEL)
+    else if (op_cancel(op))
         n += str_size(it->reservation_id) + 2 + str_size(it->client_key);
     return n;
 }
@@ -282,7 +288,7 @@ int kvt_ecc_request_encode(const kvt_ecc_request *r, void *buf, size_t cap, size
             wr_str(&w, it->client_key);
         } else if (op_complete(r->op)) {
             wr_str(&w, it->reservation_id);
-        } else if (r->op == KVT_ECC_CANCEL) {
+        } else if (op_cancel(r->op)) {
             wr_str(&w, it->reservation_id);
             wr_u8(&w, it->abandon);
             wr_u8(&w, it->refresh);
@@ -321,13 +327,13 @@ static int rd_request_body(void *obj, kvt_rd *r)
             rc = kvt_meta_rd_str_copy(r, &q->strings, &it->dtype, "dtype");
         if (!rc && op_reserve(op))
             rc = kvt_meta_rd_str_copy(r, &q->strings, &it->client_key, "client_key");
-        if (!rc && (op_complete(op) || op == KVT_ECC_CANCEL))
+        if (!rc && (op_complete(op) || op_cancel(op)))
             rc = kvt_meta_rd_str_copy(r, &q->strings, &it->reservation_id, "reservation_id");
-        if (!rc && op == KVT_ECC_CANCEL)
+        if (!rc && op_cancel(op))
             rc = rd_bool(r, &it->abandon, "abandon");
-        if (!rc && op == KVT_ECC_CANCEL)
+        if (!rc && op_cancel(op))
             rc = rd_bool(r, &it->refresh, "refresh");
-        if (!rc && op == KVT_ECC_CANCEL)
+        if (!rc && op_cancel(op))
             rc = kvt_meta_rd_str_copy(r, &q->strings, &it->client_key, "client_key");
         if (rc)
             return rc;

@@ -388,6 +388,8 @@ static int batch_call(kvt_ec_net_consumer *c, const char *name, uint32_t k, uint
                 } else {
                     it.reservation_id =
                         (kvt_str){b->reservation_id, (uint32_t)strlen(b->reservation_id)};
+                    it.abandon = b->abandon;
+                    it.refresh = b->refresh;
                 }
                 crc = kvt_ecc_request_add(&c->q, &it);
             }
@@ -408,8 +410,8 @@ static int batch_call(kvt_ec_net_consumer *c, const char *name, uint32_t k, uint
                 continue;
             }
             b->rc = 0;
-            if (op == KVT_ECC_COMPLETE_BATCH) {
-                b->accepted = x->completed;
+            if (op != KVT_ECC_RESERVE_BATCH) { /* complete: accepted; cancel: cancelled */
+                b->accepted = op == KVT_ECC_COMPLETE_BATCH ? x->completed : x->cancelled;
                 continue;
             }
             reply_of(x, &b->reply);
@@ -430,9 +432,15 @@ static int op_complete_batch(void *ctx, const char *name, uint32_t k, kvt_ec_bat
     return batch_call(ctx, name, k, KVT_ECC_COMPLETE_BATCH, ops, n);
 }
 
+static int op_cancel_batch(void *ctx, const char *name, uint32_t k, kvt_ec_batch_op *ops,
+                           uint32_t n)
+{
+    return batch_call(ctx, name, k, KVT_ECC_CANCEL_BATCH, ops, n);
+}
+
 kvt_ec_consumer_ops kvt_ec_net_consumer_ops(kvt_ec_net_consumer *c)
 {
-    return (kvt_ec_consumer_ops){op_shards,        op_reserve,     op_write,
-                                 op_complete,      op_cancel,      c,
-                                 op_reserve_batch, op_write_batch, op_complete_batch};
+    return (kvt_ec_consumer_ops){
+        op_shards, op_reserve,       op_write,       op_complete,       op_cancel,
+        c,         op_reserve_batch, op_write_batch, op_complete_batch, op_cancel_batch};
 }

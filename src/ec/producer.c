@@ -70,6 +70,12 @@ struct kvt_ec_producer {
     kvt_ec_batch_op *b_c;
     kvt_ec_write_op *b_w;
     /* push_many's reserve scratch, likewise */
+    /* abandon scratch, and the records a batch failed (abandoned together at its end) */
+    kvt_ec_batch_op *ab_ops;
+    uint32_t *ab_rec, cap_ab;
+    bool *ab_grouped;
+    uint32_t *fl, n_fl, cap_fl, cap_fl_ok;
+    bool *fl_ok;
     uint64_t silent_mask; /* shards of silent_consumer that did not answer in this call */
     ec_key silent_consumer;
     kvt_ec_batch_op *rs_ops;
@@ -190,47 +196,183 @@ static bool silent(const kvt_ec_producer *p, const prec *r, uint32_t k)
     return (p->silent_mask >> k & 1) && ec_key_eq(&p->silent_consumer, &r->consumer);
 }
 
+static void op_failed(int rc, int *out, char *err, size_t cap)
+{
+    *out = rc;
+    snprintf(err, cap, "%s", kvt_last_error());
+}
+
+/* The single calls one by one: after one got no answer (KVT_EIO), the rest of the batch is not
+ * tried (each would wait its own timeout): they fail the same way. */
+static bool unanswered(kvt_ec_batch_op *ops, uint32_t i, uint32_t n)
+{
+    if (ops[i].rc != KVT_EIO)
+        return false;
+    for (uint32_t j = i + 1; j < n; j++) {
+        ops[j].rc = KVT_EIO;
+        snprintf(ops[j].error, sizeof(ops[j].error),
+                 "not sent: the shard did not answer the batch's previous operation");
+    }
+    return true;
+}
+
+/* After a batch call: an operation left without an outcome gets the call's own failure. */
+static void batch_settle(int rc, kvt_ec_batch_op *ops, uint32_t n)
+{
+    for (uint32_t i = 0; rc && i < n; i++)
+        if (!ops[i].rc)
+            op_failed(rc, &ops[i].rc, ops[i].error, sizeof(ops[i].error));
+}
+
+static int call_cancel(kvt_ec_producer *p, const char *consumer, uint32_t k, kvt_ec_batch_op *ops,
+                       uint32_t n)
+{
+    const kvt_ec_consumer_ops *o = &p->cfg.ops;
+    if (o->cancel_batch) {
+        int rc = o->cancel_batch(o->ctx, consumer, k, ops, n);
+        batch_settle(rc, ops, n);
+        return rc;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        ops[i].rc = o->cancel(o->ctx, consumer, k, ops[i].transfer_id, ops[i].len,
+                              ops[i].reservation_id, ops[i].abandon, ops[i].refresh);
+        if (ops[i].rc)
+            op_failed(ops[i].rc, &ops[i].rc, ops[i].error, sizeof(ops[i].error));
+        if (unanswered(ops, i, n))
+            break;
+    }
+    return 0;
+}
+
+/* Room for n entries in the abandon scratch. */
+static int abandon_room(kvt_ec_producer *p, uint32_t n)
+{
+    if (n <= p->cap_ab)
+        return 0;
+    kvt_ec_batch_op *o = realloc(p->ab_ops, n * sizeof(*o));
+    if (o)
+        p->ab_ops = o;
+    uint32_t *r = realloc(p->ab_rec, n * sizeof(*r));
+    if (r)
+        p->ab_rec = r;
+    bool *g = realloc(p->ab_grouped, n * sizeof(*g));
+    if (g)
+        p->ab_grouped = g;
+    if (!o || !r || !g)
+        return kvt_fail(KVT_ENOMEM, "ec producer: out of memory to abandon %u records", n);
+    p->cap_ab = n;
+    return 0;
+}
+
+/* Abandons the reservations of the records idx[0..n) on every shard that granted one: one
+ * cancel message per (consumer, shard) for them all (cancel_batch), a second attempt for the
+ * operations that failed. ok[i] becomes false for a record not abandoned everywhere (its error
+ * says why). A shard that did not answer is silenced (see above); a reserve whose reply was
+ * lost is asked again first (the shard answers its own client with the same reservation). */
+static void abandon_many(kvt_ec_producer *p, const uint32_t *idx, uint32_t n, bool *ok)
+{
+    const kvt_ec_consumer_ops *o = &p->cfg.ops;
+    kvt_ec_batch_op one_op;
+    uint32_t one_rec;
+    bool one_grouped;
+    kvt_ec_batch_op *ops = &one_op;
+    uint32_t *rec = &one_rec;
+    bool *grouped = &one_grouped;
+    if (n > 1 && abandon_room(p, n)) { /* no scratch: one record at a time */
+        for (uint32_t i = 0; i < n; i++)
+            abandon_many(p, &idx[i], 1, &ok[i]);
+        return;
+    }
+    if (n > 1) {
+        ops = p->ab_ops;
+        rec = p->ab_rec;
+        grouped = p->ab_grouped;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        prec *r = &p->r[idx[i]];
+        ok[i] = true;
+        for (uint32_t k = 0; k < r->n_shards; k++) {
+            shard_res *x = &r->sh[k];
+            if ((x->ok || x->lost) && !x->r.cancelled && silent(p, r, k)) {
+                kvt_fail(KVT_EIO,
+                         "ec producer: shard %u of %s did not answer; its reservation is left "
+                         "to the consumer's TTL",
+                         k, r->consumer.s);
+                set_error(r, "abandoning a reservation");
+                x->ok = x->lost = false;
+                ok[i] = false;
+            } else if (x->lost) {
+                kvt_ec_item it = item_of(r);
+                x->lost = false;
+                if (o->reserve(o->ctx, r->consumer.s, k, r->t.s, r->t.len, &it, &x->r) == 0)
+                    x->ok = true;
+            }
+        }
+    }
+    memset(grouped, 0, n * sizeof(bool));
+    for (uint32_t i = 0; i < n; i++) {
+        if (grouped[i])
+            continue;
+        const ec_key *consumer = &p->r[idx[i]].consumer;
+        for (uint32_t k = 0; k < KVT_EC_MAX_SHARDS; k++) {
+            uint32_t m = 0;
+            bool more = false;
+            for (uint32_t j = i; j < n; j++) {
+                prec *r = &p->r[idx[j]];
+                if (grouped[j] || !ec_key_eq(&r->consumer, consumer) || k >= r->n_shards)
+                    continue;
+                more = true;
+                if (!r->sh[k].ok || r->sh[k].r.cancelled)
+                    continue;
+                ops[m] = (kvt_ec_batch_op){.transfer_id = r->t.s,
+                                           .len = r->t.len,
+                                           .reservation_id = r->sh[k].r.reservation_id,
+                                           .abandon = true};
+                rec[m++] = j;
+            }
+            if (!more)
+                break;
+            uint32_t left = m;
+            int call_rc = 0;
+            for (int attempt = 0; attempt < 2 && left; attempt++) {
+                call_rc = call_cancel(p, consumer->s, k, ops, left);
+                uint32_t f = 0;
+                for (uint32_t j = 0; j < left; j++) {
+                    prec *r = &p->r[idx[rec[j]]];
+                    if (!ops[j].rc) {
+                        r->sh[k].ok = false;
+                        p->st.abandons++;
+                        continue;
+                    }
+                    ops[f] = ops[j]; /* asked again */
+                    rec[f++] = rec[j];
+                }
+                left = f;
+            }
+            for (uint32_t j = 0; j < left; j++) { /* two attempts failed */
+                prec *r = &p->r[idx[rec[j]]];
+                kvt_fail(ops[j].rc, "%s", ops[j].error);
+                set_error(r, "abandoning a reservation");
+                r->sh[k].ok = false;
+                p->st.abandons++;
+                ok[rec[j]] = false;
+            }
+            if (left && (call_rc == KVT_EIO || ops[0].rc == KVT_EIO))
+                silence(p, &p->r[idx[rec[0]]], k);
+        }
+        for (uint32_t j = i; j < n; j++)
+            if (ec_key_eq(&p->r[idx[j]].consumer, consumer))
+                grouped[j] = true;
+    }
+}
+
 /* Abandons the record's reservation on every shard that granted one (two attempts each). */
 static bool abandon_all(kvt_ec_producer *p, prec *r)
 {
-    const kvt_ec_consumer_ops *o = &p->cfg.ops;
-    bool all = true;
-    for (uint32_t k = 0; k < r->n_shards; k++) {
-        if ((r->sh[k].ok || r->sh[k].lost) && !r->sh[k].r.cancelled && silent(p, r, k)) {
-            kvt_fail(KVT_EIO,
-                     "ec producer: shard %u of %s did not answer; its reservation is "
-                     "left to the consumer's TTL",
-                     k, r->consumer.s);
-            set_error(r, "abandoning a reservation");
-            r->sh[k].ok = r->sh[k].lost = false;
-            all = false;
-            continue;
-        }
-        if (r->sh[k].lost) { /* a reserve whose reply was lost may have landed: ask again (a
-                              * shard answers its own client with the same reservation) and
-                              * abandon what it holds for us */
-            kvt_ec_item it = item_of(r);
-            r->sh[k].lost = false;
-            if (o->reserve(o->ctx, r->consumer.s, k, r->t.s, r->t.len, &it, &r->sh[k].r) == 0)
-                r->sh[k].ok = true;
-        }
-        if (!r->sh[k].ok || r->sh[k].r.cancelled)
-            continue;
-        int rc = o->cancel(o->ctx, r->consumer.s, k, r->t.s, r->t.len, r->sh[k].r.reservation_id,
-                           true, false);
-        if (rc)
-            rc = o->cancel(o->ctx, r->consumer.s, k, r->t.s, r->t.len, r->sh[k].r.reservation_id,
-                           true, false);
-        if (rc) {
-            set_error(r, "abandoning a reservation");
-            all = false;
-            if (rc == KVT_EIO)
-                silence(p, r, k);
-        }
-        r->sh[k].ok = false;
-        p->st.abandons++;
-    }
-    return all;
+    uint32_t i = (uint32_t)(r - p->r);
+    bool ok;
+    abandon_many(p, &i, 1, &ok);
+    return ok;
 }
 
 static void fail(kvt_ec_producer *p, prec *r, const char *what)
@@ -240,6 +382,37 @@ static void fail(kvt_ec_producer *p, prec *r, const char *what)
     r->state = KVT_ECP_FAILED;
     r->has_src = false; /* the source is no longer read */
     p->st.failed++;
+}
+
+/* fail() within a batch: the record is FAILED now (the batch leaves it alone), its
+ * reservations abandoned with the batch's other failures by fail_flush, in one cancel
+ * message per shard. */
+static void fail_later(kvt_ec_producer *p, prec *r, const char *what)
+{
+    uint32_t cap = p->cap_fl;
+    if (kvt_array_grow((void **)&p->fl, &cap, p->n_fl + 1ull, sizeof(*p->fl))) {
+        fail(p, r, what); /* no room in the list: abandoned now */
+        return;
+    }
+    p->cap_fl = cap;
+    set_error(r, what);
+    r->state = KVT_ECP_FAILED;
+    r->has_src = false;
+    p->st.failed++;
+    p->fl[p->n_fl++] = (uint32_t)(r - p->r);
+}
+
+static void fail_flush(kvt_ec_producer *p)
+{
+    uint32_t cap = p->cap_fl_ok;
+    if (p->n_fl && kvt_array_grow((void **)&p->fl_ok, &cap, p->n_fl, sizeof(bool)) == 0) {
+        p->cap_fl_ok = cap;
+        abandon_many(p, p->fl, p->n_fl, p->fl_ok);
+    } else {
+        for (uint32_t i = 0; i < p->n_fl; i++)
+            abandon_all(p, &p->r[p->fl[i]]);
+    }
+    p->n_fl = 0;
 }
 
 /* ---- life cycle ----------------------------------------------------------------------------- */
@@ -310,6 +483,11 @@ void kvt_ec_producer_destroy(kvt_ec_producer *p)
     free(p->b_c);
     free(p->b_w);
     free(p->b_w_rec);
+    free(p->ab_ops);
+    free(p->ab_rec);
+    free(p->ab_grouped);
+    free(p->fl);
+    free(p->fl_ok);
     free(p->rs_ops);
     free(p->rs_items);
     free(p->rs_rec);
@@ -346,20 +524,6 @@ static void add_failed_save(kvt_ec_producer *p, const ec_key *req)
 
 /* ---- batched consumer calls: the ops' batched forms, or their single calls one by one ---- */
 
-static void op_failed(int rc, int *out, char *err, size_t cap)
-{
-    *out = rc;
-    snprintf(err, cap, "%s", kvt_last_error());
-}
-
-/* After a batch call: an operation left without an outcome gets the call's own failure. */
-static void batch_settle(int rc, kvt_ec_batch_op *ops, uint32_t n)
-{
-    for (uint32_t i = 0; rc && i < n; i++)
-        if (!ops[i].rc)
-            op_failed(rc, &ops[i].rc, ops[i].error, sizeof(ops[i].error));
-}
-
 /* The batched calls return the batch call's own failure (0 when each operation's rc tells). */
 static int call_reserve(kvt_ec_producer *p, const char *consumer, uint32_t k, kvt_ec_batch_op *ops,
                         uint32_t n)
@@ -375,6 +539,8 @@ static int call_reserve(kvt_ec_producer *p, const char *consumer, uint32_t k, kv
                                &ops[i].reply);
         if (ops[i].rc)
             op_failed(ops[i].rc, &ops[i].rc, ops[i].error, sizeof(ops[i].error));
+        if (unanswered(ops, i, n))
+            break;
     }
     return 0;
 }
@@ -393,6 +559,8 @@ static int call_complete(kvt_ec_producer *p, const char *consumer, uint32_t k, k
                                 ops[i].reservation_id, &ops[i].accepted);
         if (ops[i].rc)
             op_failed(ops[i].rc, &ops[i].rc, ops[i].error, sizeof(ops[i].error));
+        if (unanswered(ops, i, n))
+            break;
     }
     return 0;
 }
@@ -529,7 +697,7 @@ static int reserve_new(kvt_ec_producer *p, const uint32_t *idx, uint32_t n)
     for (uint32_t i = 0; i < n; i++)
         if (rc) { /* nothing reserved: these records fail (nothing to abandon) */
             p->r[idx[i]].n_shards = 0;
-            fail(p, &p->r[idx[i]], "reserving");
+            fail_later(p, &p->r[idx[i]], "reserving");
         }
     for (uint32_t i = 0; !rc && i < n; i++) {
         if (done[i])
@@ -558,13 +726,14 @@ static int reserve_new(kvt_ec_producer *p, const uint32_t *idx, uint32_t n)
                 else
                     kvt_fail(ops[j].rc, "%s", ops[j].error);
                 if (reserved(p, r, k, ops[j].rc))
-                    fail(p, r, "reserving"); /* compensates the shards already reserved */
+                    fail_later(p, r, "reserving"); /* the shards already reserved are abandoned */
             }
         }
         for (uint32_t j = i; j < n; j++)
             if (ec_key_eq(&p->r[idx[j]].consumer, consumer))
                 done[j] = true;
     }
+    fail_flush(p); /* the refused records' other reservations, one cancel message per shard */
     return rc;
 }
 
@@ -711,7 +880,8 @@ static void push_batch(kvt_ec_producer *p, batch *b, const char *consumer)
         kvt_fail(KVT_ENOMEM, "ec producer: out of memory for %llu writes",
                  (unsigned long long)need);
         for (uint32_t i = 0; i < b->n; i++)
-            fail(p, &p->r[b->idx[i]], "writing");
+            fail_later(p, &p->r[b->idx[i]], "writing");
+        fail_flush(p);
         return;
     }
     kvt_ec_write_op *w = p->b_w;
@@ -722,11 +892,11 @@ static void push_batch(kvt_ec_producer *p, batch *b, const char *consumer)
         if (r->src_bytes != r->nbytes) { /* before anything is written */
             kvt_fail(KVT_EINVAL, "ec producer: source of %s is %llu bytes, the spec says %llu",
                      r->h.s, (unsigned long long)r->src_bytes, (unsigned long long)r->nbytes);
-            fail(p, r, "checking the source");
+            fail_later(p, r, "checking the source");
             continue;
         }
         if (refresh_stale(p, r)) {
-            fail(p, r, "refreshing a stale reservation");
+            fail_later(p, r, "refreshing a stale reservation");
             continue;
         }
         r->state = KVT_ECP_WRITING;
@@ -746,7 +916,7 @@ static void push_batch(kvt_ec_producer *p, batch *b, const char *consumer)
         if (w[j].rc) {
             if (r->state == KVT_ECP_WRITING) {
                 kvt_fail(w[j].rc, "%s", w[j].error);
-                fail(p, r, "writing");
+                fail_later(p, r, "writing");
             }
             continue;
         }
@@ -776,7 +946,7 @@ static void push_batch(kvt_ec_producer *p, batch *b, const char *consumer)
             prec *r = &p->r[c_rec[j]];
             if (c[j].rc) {
                 kvt_fail(c[j].rc, "%s", c[j].error);
-                fail(p, r, "completing"); /* every shard abandoned, completed ones too */
+                fail_later(p, r, "completing"); /* every shard abandoned, completed ones too */
             } else if (!c[j].accepted) {
                 /* the consumer let go of it meanwhile (consumed, cancelled, expired): nothing
                  * to undo, and not a failure of the push ([later] in the spec: logged, the
@@ -789,6 +959,7 @@ static void push_batch(kvt_ec_producer *p, batch *b, const char *consumer)
     for (uint32_t i = 0; i < b->n; i++)
         if (p->r[b->idx[i]].state == KVT_ECP_NOTIFYING)
             record_done(p, &p->r[b->idx[i]]);
+    fail_flush(p); /* the batch's failed records, abandoned together */
 }
 
 int kvt_ec_producer_dispatch(kvt_ec_producer *p)
@@ -826,13 +997,34 @@ int kvt_ec_producer_request_finished(kvt_ec_producer *p, const char *req_id, uin
     if (rc)
         return rc;
     silence_reset(p);
+    /* the request's records still without a source: abandoned together (one cancel message
+     * per shard); each CANCELLED, or FAILED where a shard could not be reached twice */
+    p->n_fl = 0;
     for (uint32_t i = 0; i < p->n_r; i++) {
         prec *r = &p->r[i];
         if (!r->used || r->state != KVT_ECP_WAITING_INPUTS || r->has_src ||
             !ec_key_eq(&r->req, &req))
             continue;
+        uint32_t cap = p->cap_fl;
+        if (kvt_array_grow((void **)&p->fl, &cap, p->n_fl + 1ull, sizeof(*p->fl)))
+            return kvt_fail(KVT_ENOMEM, "ec producer: out of memory");
+        p->cap_fl = cap;
         r->state = KVT_ECP_CANCEL_PENDING;
-        if (abandon_all(p, r)) {
+        p->fl[p->n_fl++] = i;
+    }
+    uint32_t cap = p->cap_fl_ok;
+    if (p->n_fl && kvt_array_grow((void **)&p->fl_ok, &cap, p->n_fl, sizeof(bool))) {
+        for (uint32_t i = 0; i < p->n_fl; i++) /* no room for outcomes: one at a time */
+            p->r[p->fl[i]].state = KVT_ECP_WAITING_INPUTS;
+        p->n_fl = 0;
+        return kvt_fail(KVT_ENOMEM, "ec producer: out of memory");
+    }
+    p->cap_fl_ok = cap;
+    if (p->n_fl)
+        abandon_many(p, p->fl, p->n_fl, p->fl_ok);
+    for (uint32_t i = 0; i < p->n_fl; i++) {
+        prec *r = &p->r[p->fl[i]];
+        if (p->fl_ok[i]) {
             r->state = KVT_ECP_CANCELLED;
             p->st.cancelled++;
         } else {
@@ -840,6 +1032,7 @@ int kvt_ec_producer_request_finished(kvt_ec_producer *p, const char *req_id, uin
             p->st.failed++;
         }
     }
+    p->n_fl = 0;
     return 0;
 }
 

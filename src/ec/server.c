@@ -404,6 +404,7 @@ static int do_item(kvt_ec_server *s, uint32_t op, const kvt_ecc_item *it, kvt_ec
         rc = complete_item(s, it, x);
         break;
     case KVT_ECC_CANCEL:
+    case KVT_ECC_CANCEL_BATCH:
         /* without a reservation id: the consumer's own scheduler, who must show the owner key
          * (no one else may cancel a transfer or plant a tombstone ahead of its producer) */
         if (it->reservation_id.len == 0 && !kvt_ecc_key_equal(it->client_key.ptr, s->owner)) {

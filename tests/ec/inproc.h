@@ -178,12 +178,24 @@ static inline int inproc_complete_batch(void *ctx, const char *consumer, uint32_
     return rc;
 }
 
+static inline int inproc_cancel_batch(void *ctx, const char *consumer, uint32_t k,
+                                      kvt_ec_batch_op *ops, uint32_t n)
+{
+    int rc = inproc_batch_fault(ctx, OP_CANCEL, k);
+    for (uint32_t i = 0; !rc && i < n; i++)
+        inproc_outcome(inproc_cancel(ctx, consumer, k, ops[i].transfer_id, ops[i].len,
+                                     ops[i].reservation_id, ops[i].abandon, ops[i].refresh),
+                       &ops[i].rc, ops[i].error, sizeof(ops[i].error));
+    return rc;
+}
+
 static inline kvt_ec_consumer_ops inproc_batch_ops(inproc *c)
 {
     kvt_ec_consumer_ops o = inproc_ops(c);
     o.reserve_batch = inproc_reserve_batch;
     o.write_batch = inproc_write_batch;
     o.complete_batch = inproc_complete_batch;
+    o.cancel_batch = inproc_cancel_batch;
     return o;
 }
 

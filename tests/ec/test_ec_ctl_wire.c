@@ -63,18 +63,22 @@ static void every_request_op_round_trips(void **state)
     kvt_ecc_request r, back;
     kvt_ecc_request_init(&r);
     kvt_ecc_request_init(&back);
-    for (uint32_t op = KVT_ECC_PEERS; op <= KVT_ECC_CANCEL; op++) {
+    for (uint32_t op = KVT_ECC_PEERS; op <= KVT_ECC_CANCEL_BATCH; op++) {
         kvt_ecc_request_begin(&r, op);
-        uint32_t n = op == KVT_ECC_PEERS || op == KVT_ECC_EVENT_PORT               ? 0
-                     : op == KVT_ECC_RESERVE_BATCH || op == KVT_ECC_COMPLETE_BATCH ? 3
-                                                                                   : 1;
+        bool cancel = op == KVT_ECC_CANCEL || op == KVT_ECC_CANCEL_BATCH;
+        uint32_t n = op == KVT_ECC_PEERS || op == KVT_ECC_EVENT_PORT || op == KVT_ECC_DATA_ADDRESS
+                         ? 0
+                     : op == KVT_ECC_RESERVE_BATCH || op == KVT_ECC_COMPLETE_BATCH ||
+                             op == KVT_ECC_CANCEL_BATCH
+                         ? 3
+                         : 1;
         for (uint32_t i = 0; i < n; i++) {
             kvt_ecc_item it = reserve_item(i ? "xfer-b" : "xfer-a", "img-1", 16 + i);
             it.transfer_id = S(i == 2 ? "xfer-c" : it.transfer_id.ptr);
             it.reservation_id = S(RID);
-            it.abandon = op == KVT_ECC_CANCEL;
-            it.refresh = op == KVT_ECC_CANCEL;
-            if (op == KVT_ECC_CANCEL) /* a producer's abandon: its id, no key */
+            it.abandon = cancel;
+            it.refresh = cancel;
+            if (cancel) /* a producer's abandon: its id, no key */
                 it.client_key = S("");
             KVT_OK_(kvt_ecc_request_add(&r, &it));
         }

@@ -313,7 +313,8 @@ class kvt_ec_worker_meta(ctypes.Structure):
 
 class kvt_ec_consumer_ops(ctypes.Structure):
     _fields_ = [(n, vp_) for n in ("shards", "reserve", "write", "complete", "cancel", "ctx",
-                                   "reserve_batch", "write_batch", "complete_batch")]
+                                   "reserve_batch", "write_batch", "complete_batch",
+                                   "cancel_batch")]
 
 
 # ---- encoder cache across processes (kvtier/ec_net.h) ----
