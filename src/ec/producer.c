@@ -69,7 +69,6 @@ struct kvt_ec_producer {
     uint32_t *b_idx, *b_c_rec, *b_w_rec, cap_w;
     kvt_ec_batch_op *b_c;
     kvt_ec_write_op *b_w;
-    /* push_many's reserve scratch, likewise */
     /* abandon scratch, and the records a batch failed (abandoned together at its end) */
     kvt_ec_batch_op *ab_ops;
     uint32_t *ab_rec, cap_ab;
@@ -78,6 +77,7 @@ struct kvt_ec_producer {
     bool *fl_ok;
     uint64_t silent_mask; /* shards of silent_consumer that did not answer in this call */
     ec_key silent_consumer;
+    /* push_many's reserve scratch, likewise */
     kvt_ec_batch_op *rs_ops;
     kvt_ec_item *rs_items;
     uint32_t *rs_rec, cap_rs;

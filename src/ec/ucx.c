@@ -52,13 +52,13 @@ static int ufail(ucs_status_t st, const char *what)
     return kvt_fail(KVT_EIO, "ucx: %s: %s", what, ucs_status_string(st));
 }
 
-/* UCX prints its log on stdout by default, where it would break a program's own output (the
- * CLI's --json, a pipe to a parent). Unless the user chose a file with UCX_LOG_FILE, kvtier
- * routes UCX's messages to stderr, with the level filter UCX applies itself. */
 /* Set while an endpoint asks for peer failure detection: transports without it (shared memory)
  * make UCX log an error before it answers UNREACHABLE, which endpoint() handles. */
 static _Thread_local bool g_quiet_unreachable;
 
+/* UCX prints its log on stdout by default, where it would break a program's own output (the
+ * CLI's --json, a pipe to a parent). Unless the user chose a file with UCX_LOG_FILE, kvtier
+ * routes UCX's messages to stderr, with the level filter UCX applies itself. */
 static ucs_log_func_rc_t log_to_stderr(const char *file, unsigned line, const char *function,
                                        ucs_log_level_t level,
                                        const ucs_log_component_config_t *comp, const char *fmt,
