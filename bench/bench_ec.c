@@ -393,6 +393,7 @@ static int run(const kvt_bench_opts *o)
     snprintf(addr, sizeof(addr), "tcp://127.0.0.1:%u", port);
     kvt_ec_net_config nc;
     kvt_ec_net_config_init(&nc);
+    nc.detect_peer_failure = o->detect_peer_failure;
     kvt_ec_net_consumer *net = NULL;
     kvt_ec_producer *prod = NULL;
     kvt_ec_producer_config pc;
@@ -459,6 +460,7 @@ static int run(const kvt_bench_opts *o)
         kvt_json_begin(&j, stdout);
         kvt_json_str(&j, "bench", "ec");
         kvt_json_str(&j, "transport", tr);
+        kvt_json_bool(&j, "detect_peer_failure", o->detect_peer_failure);
         kvt_json_num(&j, "gbps", ph[5].gbps);
         kvt_json_num(&j, "ucx_perftest_gbps", base);
         kvt_json_num(&j, "ucx_perftest_default_gbps", base_default);
@@ -512,4 +514,4 @@ static int run(const kvt_bench_opts *o)
 }
 
 const kvt_bench kvt_bench_ec = {"ec", "encoder-cache push, 2 processes, vs ucx_perftest", run,
-                                "json,seconds,transport,peers,ec-consumer"};
+                                "json,seconds,transport,peers,detect-peer-failure,ec-consumer"};

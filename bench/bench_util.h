@@ -18,14 +18,15 @@ typedef struct kvt_bench_opts {
     bool json;
     double seconds; /* time budget per measured phase */
     uint64_t seed;
-    uint32_t blocks;       /* pool size override (0 = the benchmark's default) */
-    const char *backend;   /* copy: "cpu" (default) or "cuda" */
-    double gib;            /* copy: GiB per direction (0 = the benchmark's default) */
-    uint32_t threads;      /* copy: CPU copy threads (0 = the number of cores) */
-    const char *dir;       /* disk: directory for the files (default: the current one) */
-    const char *transport; /* ec: "tcp" (default) or "shm" */
-    bool ec_consumer;      /* ec: run as the consumer process (internal) */
-    const char *peers;     /* ec: the Python that runs the peers (Mooncake, NIXL), or "none" */
+    uint32_t blocks;          /* pool size override (0 = the benchmark's default) */
+    const char *backend;      /* copy: "cpu" (default) or "cuda" */
+    double gib;               /* copy: GiB per direction (0 = the benchmark's default) */
+    uint32_t threads;         /* copy: CPU copy threads (0 = the number of cores) */
+    const char *dir;          /* disk: directory for the files (default: the current one) */
+    const char *transport;    /* ec: "tcp" (default) or "shm" */
+    bool ec_consumer;         /* ec: run as the consumer process (internal) */
+    const char *peers;        /* ec: the Python that runs the peers (Mooncake, NIXL), or "none" */
+    bool detect_peer_failure; /* ec: UCX peer failure detection on the producer's endpoints */
 } kvt_bench_opts;
 
 typedef struct kvt_bench {

@@ -126,8 +126,8 @@ typedef struct kvt_ec_net_config {
     uint32_t write_window;       /* writes of a batch in flight at once, 1..4096; default 64 */
     /* UCX peer failure detection on the data plane (off by default): on, writes to a consumer
      * that died fail as soon as UCX notices rather than after write_timeout_ms, but UCX 1.13
-     * then moves large items over tcp with an extra copy (about 25% slower, measured in
-     * docs/benchmarks.md) */
+     * then moves large items over tcp with an extra copy (16 MiB items 2.5-3x slower, measured
+     * in docs/benchmarks.md) */
     bool detect_peer_failure;
     /* CURVE (optional, all three or none): the consumers' server public key and this
      * client's key pair, 40 Z85 characters each. */

@@ -194,6 +194,20 @@ static int call_item(kvt_ec_net_consumer *c, remote *r, uint32_t k, uint32_t op,
     return rc;
 }
 
+/* A reserve's wire item: the producer's item and this producer's key. */
+static kvt_ecc_item reserve_item(const kvt_ec_net_consumer *c, const char *tid, uint32_t len,
+                                 const kvt_ec_item *item)
+{
+    kvt_ecc_item it = {.transfer_id = {tid, len},
+                       .mm_hash = {item->mm_hash, item->mm_hash_len},
+                       .nbytes = item->nbytes,
+                       .ndim = item->ndim,
+                       .dtype = {item->dtype, item->dtype_len},
+                       .client_key = {c->key, KVT_EC_RID_LEN}};
+    memcpy(it.shape, item->shape, sizeof(it.shape));
+    return it;
+}
+
 /* A reserve's result as the producer's reply. */
 static void reply_of(const kvt_ecc_result *x, kvt_ec_reply *out)
 {
@@ -224,10 +238,7 @@ static int op_reserve(void *ctx, const char *name, uint32_t k, const char *tid, 
     int rc = shard_of(c, name, k, &r);
     if (rc)
         return rc;
-    kvt_ecc_item it = {{tid, len}, {item->mm_hash, item->mm_hash_len}, item->nbytes, item->ndim,
-                       {0},        {item->dtype, item->dtype_len}};
-    memcpy(it.shape, item->shape, sizeof(it.shape));
-    it.client_key = (kvt_str){c->key, KVT_EC_RID_LEN};
+    kvt_ecc_item it = reserve_item(c, tid, len, item);
     if ((rc = call_item(c, r, k, KVT_ECC_RESERVE, &it)))
         return rc;
     reply_of(&c->p.results[0], out);
@@ -378,13 +389,7 @@ static int batch_call(kvt_ec_net_consumer *c, const char *name, uint32_t k, uint
                 kvt_ec_batch_op *b = &ops[at + i];
                 kvt_ecc_item it = {.transfer_id = {b->transfer_id, b->len}};
                 if (op == KVT_ECC_RESERVE_BATCH) {
-                    const kvt_ec_item *item = b->item;
-                    it.mm_hash = (kvt_str){item->mm_hash, item->mm_hash_len};
-                    it.nbytes = item->nbytes;
-                    it.ndim = item->ndim;
-                    memcpy(it.shape, item->shape, sizeof(it.shape));
-                    it.dtype = (kvt_str){item->dtype, item->dtype_len};
-                    it.client_key = (kvt_str){c->key, KVT_EC_RID_LEN};
+                    it = reserve_item(c, b->transfer_id, b->len, b->item);
                 } else {
                     it.reservation_id =
                         (kvt_str){b->reservation_id, (uint32_t)strlen(b->reservation_id)};

@@ -442,10 +442,12 @@ static void send_abort(kvt_ucx *u, kvt_ucx_send_item *v, inflight *fl, uint32_t 
 /* Sleeps until the worker has events, or a nap passed. */
 static void wait_events(kvt_ucx *u)
 {
-    if (u->efd < 0 && ucp_worker_get_efd(u->worker, &u->efd) != UCS_OK)
+    if (u->efd < 0 && kvt_ucx_efd(u, &u->efd) != 0) {
+        u->efd = -1;
         return; /* no descriptor: keep spinning */
-    if (ucp_worker_arm(u->worker) != UCS_OK)
-        return; /* events already pending (UCS_ERR_BUSY): progress again */
+    }
+    if (kvt_ucx_arm(u) != 0)
+        return; /* events already pending: progress again */
     struct pollfd pf = {u->efd, POLLIN, 0};
     (void)poll(&pf, 1, NAP_MS);
 }

@@ -34,7 +34,7 @@ int kvt_ucx_map(kvt_ucx *u, void *base, size_t len);
 /* Endpoints made from now on ask UCX for peer failure detection (UCP_ERR_HANDLING_MODE_PEER;
  * off by default). On: a consumer that dies fails the sends in flight to it as soon as UCX
  * notices, but UCX 1.13 then restricts rendezvous to protocols that support it (over tcp, the
- * bytes arrive as active messages and are copied once more: about a quarter of the bandwidth,
+ * bytes arrive as active messages and are copied once more: 16 MiB items 2.5-3x slower,
  * docs/benchmarks.md). Off: such sends fail when the batch's timeout passes. Transports without
  * it (shared memory, cma) connect without it either way. */
 void kvt_ucx_set_peer_failure(kvt_ucx *u, bool on);

@@ -522,7 +522,8 @@ static void a_silent_shard_is_not_asked_again_within_one_call(void **state_)
     assert_int_equal(st.silent_shards, 1);
     kvt_ec_push_failure f[3];
     assert_int_equal(kvt_ec_producer_take_failures(g.p, f, 3), 3);
-    assert_non_null(strstr(f[2].error, "did not answer") ? f[2].error : f[1].error);
+    for (int i = 0; i < 3; i++) /* each keeps its first error: the write */
+        assert_non_null(strstr(f[i].error, "writing"));
     /* a new call asks again */
     kvt_ec_push_spec d = inproc_spec("d", "hd", TOK, "r");
     KVT_OK_(kvt_ec_producer_push_many(g.p, &d, 1));

@@ -65,6 +65,9 @@ static int cmd_bench(int argc, char **argv)
         {"peers", KVT_OPT_STR, &o.peers, "PYTHON",
          "ec: the Python with the peers' packages (default: $KVTIER_PEERS_PYTHON,\n"
          "then the source tree's .venv-bench from make bench-env); none: skip them"},
+        {"detect-peer-failure", KVT_OPT_FLAG, &o.detect_peer_failure, NULL,
+         "ec: the producer's endpoints with UCX peer failure detection\n"
+         "(kvt_ec_net_config.detect_peer_failure; off by default)"},
         {"ec-consumer", KVT_OPT_FLAG, &o.ec_consumer, NULL,
          "internal: run as the consumer process of bench ec"},
         {"list", KVT_OPT_FLAG, &list, NULL, "list the benchmarks"},
