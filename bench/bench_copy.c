@@ -18,14 +18,12 @@
  * streams.
  */
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "base/error.h"
 #include "bench_util.h"
-#include "copy/copy_internal.h"
-#include "copy/cuda_api.h"
 #include "kvtier/kvtier.h"
 
 #define REPS        3
@@ -36,7 +34,7 @@ typedef struct copy_case {
     uint32_t threads;
     uint64_t bs, n;
     kvt_arena *dev_arena;
-    kvt_CUdeviceptr dptr;
+    uint64_t dptr; /* CUDA: the device buffer */
     uint64_t dev;
     kvt_layout *layout;
     kvt_mirror *mirror;
@@ -45,8 +43,9 @@ typedef struct copy_case {
     int64_t ev[2];
     double memcpy_gbps, store_gbps, load_gbps, both_gbps;
     double base_d2h, base_h2d, base_both;
-    const char *kernel;     /* the copy kernel the engine used for these runs */
-    const char *kernel_why; /* CUDA: why the gather/scatter kernel is not loaded ("" if it is) */
+    const char *kernel;   /* the copy kernel the engine used for these runs */
+    char kernel_why[256]; /* CUDA: why the gather/scatter kernel is not loaded ("" if it is) */
+    bool batched;         /* CUDA: the batch primitive was in use */
 } copy_case;
 
 static void shuffle(uint32_t *a, uint64_t n, uint32_t base, uint64_t *seed)
@@ -132,34 +131,14 @@ static void cpu_baseline(copy_case *c, double *best)
 /* cudaMemcpy-style baseline: contiguous pinned <-> device, per direction and both at once. */
 static int cuda_baseline(copy_case *c)
 {
-    const kvt_cuda_api *cu = kvt_cuda();
-    kvt_CUstream s[2];
-    int least, greatest;
-    cu->CtxGetStreamPriorityRange(&least, &greatest);
-    for (int i = 0; i < 2; i++)
-        if (cu->StreamCreateWithPriority(&s[i], KVT_CU_STREAM_NON_BLOCKING, least))
-            return KVT_EIO;
-    kvt_CUdeviceptr host = kvt_mirror_regions(c->mirror)[0].base;
-    uint64_t bytes = c->n * c->bs;
-    double best[3] = {0, 0, 0};
-    for (int r = 0; r < REPS + 1; r++)
-        for (int mode = 0; mode < 3; mode++) {
-            double t0 = kvt_now_s();
-            if (mode != 1)
-                cu->MemcpyAsync(host, c->dptr, bytes, s[0]); /* d2h */
-            if (mode != 0)
-                cu->MemcpyAsync(c->dptr + bytes, host + bytes, bytes, s[1]); /* h2d */
-            cu->StreamSynchronize(s[0]);
-            cu->StreamSynchronize(s[1]);
-            double g = (double)bytes * (mode == 2 ? 2 : 1) / (kvt_now_s() - t0) / 1e9;
-            if (r > 0 && g > best[mode]) /* r == 0 warms up */
-                best[mode] = g;
-        }
-    c->base_d2h = best[0];
-    c->base_h2d = best[1];
-    c->base_both = best[2];
-    for (int i = 0; i < 2; i++)
-        cu->StreamDestroy(s[i]);
+    double g[3];
+    int rc = kvt_cuda_memcpy_rate(0, kvt_mirror_regions(c->mirror)[0].base, c->dptr, c->n * c->bs,
+                                  REPS, g);
+    if (rc)
+        return rc;
+    c->base_d2h = g[0];
+    c->base_h2d = g[1];
+    c->base_both = g[2];
     return 0;
 }
 
@@ -169,8 +148,7 @@ static void case_fini(copy_case *c)
     kvt_mirror_destroy(c->mirror);
     kvt_layout_destroy(c->layout);
     kvt_arena_destroy(c->dev_arena);
-    if (c->dptr)
-        kvt_cuda()->MemFree(c->dptr);
+    kvt_cuda_mem_free(0, c->dptr);
     free(c->st_src);
     free(c->st_dst);
     free(c->ld_src);
@@ -182,13 +160,9 @@ static int case_init(copy_case *c, uint64_t seed)
     uint64_t bytes = 2 * c->n * c->bs;
     int rc = 0;
     if (c->cuda) {
-        const kvt_cuda_api *cu = kvt_cuda();
-        if ((rc = kvt_cuda_use_device(0, NULL)))
+        if ((rc = kvt_cuda_mem_alloc(0, bytes, &c->dptr)) ||
+            (rc = kvt_cuda_mem_fill(0, c->dptr, 0x5A, bytes)))
             return rc;
-        if (cu->MemAlloc(&c->dptr, bytes) != KVT_CUDA_SUCCESS)
-            return kvt_fail(KVT_ENOMEM, "bench: cannot allocate %llu device bytes",
-                            (unsigned long long)bytes);
-        cu->MemsetD8(c->dptr, 0x5A, bytes);
         c->dev = c->dptr;
     } else {
         kvt_arena_config ac;
@@ -249,9 +223,8 @@ static int run_case(const kvt_bench_opts *o, copy_case *c)
     int rc = case_init(c, o->seed);
     if (!rc) {
         c->kernel = kvt_copy_kernel_name(c->copy, c->bs);
-        c->kernel_why = "";
-        if (c->cuda)
-            kvt_copy_cuda_kernel(c->copy, c->bs, &c->kernel_why);
+        snprintf(c->kernel_why, sizeof(c->kernel_why), "%s", kvt_copy_kernel_unavailable(c->copy));
+        c->batched = kvt_copy_batched(c->copy);
     }
     if (!rc)
         rc = submit_pass(c, true, true); /* warm-up */
@@ -318,12 +291,11 @@ static int run(const kvt_bench_opts *o)
         kvt_json_str(&j, "kernel", m->kernel);
         kvt_json_str(&j, "kernel_16k", k->kernel);
         if (cuda) {
-            kvt_json_int(&j, "batched",
-                         kvt_cuda()->MemcpyBatchAsync != NULL && !getenv("KVTIER_BENCH_FALLBACK"));
+            kvt_json_int(&j, "batched", m->batched);
             kvt_json_int(&j, "prefer_overlap", getenv("KVTIER_BENCH_PREFER_OVERLAP") != NULL);
             const char *cap = getenv("KVTIER_MAX_BATCH_DESCRIPTORS");
             kvt_json_int(&j, "max_descriptors", cap ? atoi(cap) : (int)KVT_CUDA_BATCH_DEFAULT);
-            kvt_json_int(&j, "cuda_driver", kvt_cuda()->driver_version);
+            kvt_json_int(&j, "cuda_driver", kvt_cuda_driver_version());
             kvt_json_str(&j, "cuda_kernel_unavailable", m->kernel_why);
             kvt_json_num(&j, "cuda_memcpy_d2h_gbps", m->base_d2h);
             kvt_json_num(&j, "cuda_memcpy_h2d_gbps", m->base_h2d);

@@ -24,7 +24,6 @@
 #include <zmq.h>
 
 #include "bench_util.h"
-#include "ec/ctl.h"
 #include "ec_cmds.h"
 #include "kvtier/kvtier.h"
 
@@ -93,17 +92,8 @@ int kvt_bench_ec_consumer(void)
                 break; /* the bench is gone */
             continue;
         }
-        kvt_ecc_event ev;
-        kvt_ecc_event_init(&ev);
         kvt_ec_ready_event e;
-        memset(&e, 0, sizeof(e));
-        bool ok = kvt_ecc_event_decode(&ev, m, (size_t)n) == 0 && !ev.abandoned;
-        if (ok) {
-            memcpy(e.transfer_id, ev.transfer_id.ptr, ev.transfer_id.len);
-            memcpy(e.mm_hash, ev.mm_hash.ptr, ev.mm_hash.len);
-        }
-        kvt_ecc_event_release(&ev);
-        if (!ok)
+        if (kvt_ec_event_decode(m, (size_t)n, &e, NULL) != 0 || e.abandoned)
             continue;
         (void)kvt_ec_server_with_shard(srv, take_retire, &e);
     }

@@ -12,7 +12,7 @@
 
 #include <jansson.h>
 
-#include "base/rand.h"
+#include "rand.h"
 
 typedef struct kvt_bench_opts {
     bool json;

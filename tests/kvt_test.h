@@ -16,7 +16,7 @@
 
 #include <cmocka.h>
 
-#include "base/rand.h"
+#include "rand.h"
 #include "kvtier/kvtier.h"
 
 /* Skips the running test visibly: cmocka prints it SKIPPED with the reason, and the

@@ -55,6 +55,10 @@ KVT_API const char *kvt_err_name(int err);
 /* Detail message of the last failure on this thread; "" when none. The pointer stays valid
  * until the next kvtier call on this thread. */
 KVT_API const char *kvt_last_error(void);
+/* Sets this thread's detail message (printf-style) and returns err, so a callback an engine
+ * gives kvtier (consumer ops, cache ops, pool callbacks) can fail with a message the caller
+ * will see: `return kvt_fail(KVT_ENOSPC, "cache full: %u items", n);`. */
+KVT_API int kvt_fail(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* ---- logging --------------------------------------------------------------------------- */
 

@@ -101,6 +101,15 @@ KVT_API void kvt_disk_get_stats(const kvt_disk *d, kvt_disk_stats *s);
 /* The stats in Prometheus text (kvtier_disk_* families, label direction="write"|"read"). */
 KVT_API int kvt_disk_prometheus(const kvt_disk *d, char *buf, size_t cap, size_t *len);
 
+/* Fault injection, for tests and soak runs of the programs built on kvtier: fn is called for
+ * every completed I/O (dir: KVT_COPY_STORE or KVT_COPY_LOAD) with the result the kernel gave
+ * (bytes transferred or -errno) and returns the result to use, so a chosen I/O can become EIO
+ * or a short transfer, or KVT_DISK_FAULT_FATAL simulates a ring that can no longer be used.
+ * Set it before the first submit; fn NULL removes it. */
+#define KVT_DISK_FAULT_FATAL (-2147483647 - 1)
+typedef int (*kvt_disk_fault_fn)(void *ctx, int dir, uint32_t slot, int res);
+KVT_API void kvt_disk_set_fault(kvt_disk *d, kvt_disk_fault_fn fn, void *ctx);
+
 #ifdef __cplusplus
 }
 #endif

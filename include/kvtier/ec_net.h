@@ -188,6 +188,13 @@ KVT_API void kvt_ec_inbox_destroy(kvt_ec_inbox *in);
 KVT_API int kvt_ec_inbox_step(kvt_ec_inbox *in, kvt_ec_sched *sched);
 KVT_API void kvt_ec_inbox_get_stats(kvt_ec_inbox *in, kvt_ec_inbox_stats *st);
 
+/* For programs that read a shard's event socket themselves (a ZeroMQ PULL connected to
+ * tcp://<event_host>:<kvt_ec_server_event_port>) instead of through an inbox: decodes one
+ * message into out, and the sending shard's rank into shard (may be NULL). KVT_EPROTO /
+ * KVT_ELIMIT / KVT_EVERSION for a message that is not a valid event (out is untouched). */
+KVT_API int kvt_ec_event_decode(const void *buf, size_t len, kvt_ec_ready_event *out,
+                                uint32_t *shard);
+
 #ifdef __cplusplus
 }
 #endif

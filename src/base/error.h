@@ -8,8 +8,7 @@
 
 #include "kvtier/base.h"
 
-/* Formats the detail message for this thread and returns err. */
-int kvt_fail(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* kvt_fail (public, kvtier/base.h) formats the detail message for this thread and returns err. */
 /* Like kvt_fail with KVT_ESYS, appending ": strerror(errno_value)". */
 int kvt_fail_errno(int errno_value, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Prefixes the current detail message with "prefix: " (adds context on the way up). */

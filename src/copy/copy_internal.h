@@ -71,12 +71,6 @@ static inline uint32_t kvt_copy_batches(uint32_t n, uint32_t cap)
     return cap == 0 ? 1 : (n + cap - 1) / cap;
 }
 
-/* Descriptors per cuMemcpyBatchAsync call unless configured. Measured on an H200 (driver
- * 580, CUDA 13): with 16 KiB descriptors, stores and loads running together moved 9.7 GB/s
- * in batches of 4096, 13.4 in batches of 2048, 27.5 in batches of 256 or 512; one direction
- * alone and 2 MiB blocks did not care. */
-#define KVT_CUDA_BATCH_DEFAULT 512u
-
 enum copy_job_state { JOB_FREE = 0, JOB_QUEUED, JOB_ISSUED, JOB_DONE, JOB_FAILED };
 
 typedef struct copy_job {

@@ -216,6 +216,86 @@ void kvt_cuda_host_unregister(void *p)
         cu->MemHostUnregister(p);
 }
 
+int kvt_cuda_driver_version(void)
+{
+    const kvt_cuda_api *cu = kvt_cuda();
+    return cu ? cu->driver_version : 0;
+}
+
+int kvt_cuda_mem_alloc(int device, uint64_t bytes, uint64_t *dptr)
+{
+    if (!dptr || !bytes)
+        return kvt_fail(KVT_EINVAL, "cuda: mem_alloc needs bytes > 0 and an output");
+    int rc = kvt_cuda_use_device(device, NULL);
+    if (rc)
+        return rc;
+    kvt_CUdeviceptr p = 0;
+    kvt_CUresult r = kvt_cuda()->MemAlloc(&p, bytes);
+    if (r != KVT_CUDA_SUCCESS)
+        return kvt_fail(KVT_ENOMEM, "cuMemAlloc of %llu bytes on device %d: %s",
+                        (unsigned long long)bytes, device, kvt_cuda_err(r));
+    *dptr = p;
+    return 0;
+}
+
+void kvt_cuda_mem_free(int device, uint64_t dptr)
+{
+    if (dptr && kvt_cuda_use_device(device, NULL) == 0)
+        kvt_cuda()->MemFree(dptr);
+}
+
+int kvt_cuda_mem_fill(int device, uint64_t dptr, uint8_t byte, uint64_t bytes)
+{
+    int rc = kvt_cuda_use_device(device, NULL);
+    if (rc)
+        return rc;
+    kvt_CUresult r = kvt_cuda()->MemsetD8(dptr, byte, bytes);
+    if (r != KVT_CUDA_SUCCESS)
+        return kvt_fail(KVT_EIO, "cuMemsetD8 of %llu bytes: %s", (unsigned long long)bytes,
+                        kvt_cuda_err(r));
+    return 0;
+}
+
+int kvt_cuda_memcpy_rate(int device, uint64_t host, uint64_t dptr, uint64_t bytes, uint32_t reps,
+                         double gbps[3])
+{
+    if (!host || !dptr || !bytes || !reps || !gbps)
+        return kvt_fail(KVT_EINVAL, "cuda: memcpy_rate needs buffers, bytes, reps and an output");
+    int rc = kvt_cuda_use_device(device, NULL);
+    if (rc)
+        return rc;
+    const kvt_cuda_api *cu = kvt_cuda();
+    kvt_CUstream s[2] = {NULL, NULL};
+    int least, greatest;
+    kvt_CUresult r = cu->CtxGetStreamPriorityRange(&least, &greatest);
+    for (int i = 0; i < 2 && r == KVT_CUDA_SUCCESS; i++)
+        r = cu->StreamCreateWithPriority(&s[i], KVT_CU_STREAM_NON_BLOCKING, least);
+    double best[3] = {0, 0, 0};
+    for (uint32_t round = 0; round <= reps && r == KVT_CUDA_SUCCESS; round++)
+        for (int mode = 0; mode < 3 && r == KVT_CUDA_SUCCESS; mode++) {
+            uint64_t t0 = kvt_monotonic_ns();
+            if (mode != 1)
+                r = cu->MemcpyAsync(host, dptr, bytes, s[0]); /* device to host */
+            if (mode != 0 && r == KVT_CUDA_SUCCESS)
+                r = cu->MemcpyAsync(dptr + bytes, host + bytes, bytes, s[1]); /* host to device */
+            kvt_CUresult r0 = cu->StreamSynchronize(s[0]), r1 = cu->StreamSynchronize(s[1]);
+            if (r == KVT_CUDA_SUCCESS)
+                r = r0 != KVT_CUDA_SUCCESS ? r0 : r1;
+            uint64_t ns = kvt_monotonic_ns() - t0;
+            double g = (double)bytes * (mode == 2 ? 2 : 1) / (double)(ns ? ns : 1);
+            if (round > 0 && g > best[mode]) /* round 0 warms up */
+                best[mode] = g;
+        }
+    for (int i = 0; i < 2; i++)
+        if (s[i])
+            cu->StreamDestroy(s[i]);
+    if (r != KVT_CUDA_SUCCESS)
+        return kvt_fail(KVT_EIO, "cuda: memcpy_rate over %llu bytes: %s", (unsigned long long)bytes,
+                        kvt_cuda_err(r));
+    memcpy(gbps, best, sizeof(best));
+    return 0;
+}
+
 /* ---- backend ------------------------------------------------------------------------------ */
 
 typedef struct cuda_be {
@@ -523,6 +603,15 @@ const char *kvt_copy_cuda_kernel(const kvt_copy *c, uint64_t run_bytes, const ch
     if (why)
         *why = b->frag.ok ? "" : b->frag.why;
     return b->frag.ok && run_bytes <= b->frag_max ? "cuda_gather" : "dma";
+}
+
+const char *kvt_copy_kernel_unavailable(const kvt_copy *c)
+{
+    if (!c || c->kind != KVT_BACKEND_CUDA)
+        return "";
+    const char *why = "";
+    kvt_copy_cuda_kernel(c, 0, &why);
+    return why;
 }
 
 bool kvt_copy_batched(const kvt_copy *c)

@@ -36,6 +36,7 @@
 
 #include "base/error.h"
 #include "ec/ctl.h"
+#include "kvtier/ec_net.h"
 #include "meta/meta_internal.h"
 
 /* ---- shared ------------------------------------------------------------------------------ */
@@ -787,5 +788,41 @@ int kvt_ecc_event_decode(kvt_ecc_event *e, const void *buf, size_t len)
         memset(e, 0, sizeof(*e));
         e->strings = strings;
     }
+    return rc;
+}
+
+static int event_str(char *dst, size_t cap, kvt_str v, const char *what)
+{
+    if (v.len >= cap)
+        return kvt_fail(KVT_ELIMIT, "ec event: %s of %u bytes exceeds %zu", what, v.len, cap - 1);
+    memcpy(dst, v.ptr, v.len);
+    dst[v.len] = '\0';
+    return 0;
+}
+
+int kvt_ec_event_decode(const void *buf, size_t len, kvt_ec_ready_event *out, uint32_t *shard)
+{
+    if (!buf || !out)
+        return kvt_fail(KVT_EINVAL, "ec event: NULL buffer or output");
+    kvt_ecc_event e;
+    kvt_ecc_event_init(&e);
+    int rc = kvt_ecc_event_decode(&e, buf, len);
+    kvt_ec_ready_event r;
+    memset(&r, 0, sizeof(r));
+    if (!rc &&
+        !(rc = event_str(r.transfer_id, sizeof(r.transfer_id), e.transfer_id, "transfer_id")) &&
+        !(rc = event_str(r.mm_hash, sizeof(r.mm_hash), e.mm_hash, "mm_hash")) &&
+        !(rc = event_str(r.reservation_id, sizeof(r.reservation_id), e.reservation_id,
+                         "reservation_id")) &&
+        !(rc = event_str(r.dtype, sizeof(r.dtype), e.dtype, "dtype"))) {
+        r.nbytes = e.nbytes;
+        r.ndim = e.ndim;
+        memcpy(r.shape, e.shape, sizeof(r.shape));
+        r.abandoned = e.abandoned;
+        *out = r;
+        if (shard)
+            *shard = e.shard;
+    }
+    kvt_ecc_event_release(&e);
     return rc;
 }

@@ -370,7 +370,23 @@ static void test_backend_errors(void **state)
         KVT_ERR_(kvt_copy_create(&cc, g.layout, g.mirror, &c), KVT_EUNSUPPORTED);
         assert_non_null(strstr(kvt_last_error(), "CUDA"));
         assert_true(kvt_cuda_unavailable_reason()[0] != '\0');
+        /* the device-memory helpers say so too, and touch nothing */
+        uint64_t dptr = 7;
+        double gbps[3];
+        assert_int_equal(kvt_cuda_driver_version(), 0);
+        KVT_ERR_(kvt_cuda_mem_alloc(0, 4096, &dptr), KVT_EUNSUPPORTED);
+        assert_int_equal(dptr, 7);
+        KVT_ERR_(kvt_cuda_mem_fill(0, 4096, 0, 16), KVT_EUNSUPPORTED);
+        KVT_ERR_(kvt_cuda_memcpy_rate(0, 4096, 8192, 16, 1, gbps), KVT_EUNSUPPORTED);
+        kvt_cuda_mem_free(0, 4096);
     }
+    KVT_ERR_(kvt_cuda_mem_alloc(0, 0, NULL), KVT_EINVAL);
+    KVT_ERR_(kvt_cuda_memcpy_rate(0, 0, 0, 0, 0, NULL), KVT_EINVAL);
+    kvt_copy_config_init(&cc);
+    cc.backend = KVT_BACKEND_CPU;
+    KVT_OK_(kvt_copy_create(&cc, g.layout, g.mirror, &c)); /* CPU: no CUDA kernel to miss */
+    assert_string_equal(kvt_copy_kernel_unavailable(c), "");
+    kvt_copy_destroy(c);
     /* a mirror built for another layout */
     kvt_layout *other;
     KVT_OK_(kvt_layout_create(KVT_HOST_DEVICE, 16, &other));

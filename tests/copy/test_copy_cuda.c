@@ -263,6 +263,30 @@ static void test_cuda_store_waits_for_compute(void **state)
     store_waits_for_compute(g, UINT64_MAX); /* the kernel */
 }
 
+/* The public device-memory helpers: a filled allocation reads back as filled, and the
+ * driver's copy rate is measured over pinned memory. */
+static void test_cuda_public_helpers(void **state)
+{
+    grig *g = *state;
+    if (!g)
+        skip();
+    const uint64_t n = 8u << 20;
+    uint64_t d = 0;
+    KVT_OK_(kvt_cuda_mem_alloc(0, 2 * n, &d));
+    assert_true(d != 0);
+    KVT_OK_(kvt_cuda_mem_fill(0, d, 0xA5, 2 * n));
+    assert_int_equal(g->cu->MemcpyDtoH(g->pinned, d + n - 4096, 4096), 0);
+    for (int i = 0; i < 4096; i++)
+        assert_int_equal(g->pinned[i], 0xA5);
+    double gbps[3];
+    KVT_OK_(kvt_cuda_memcpy_rate(0, (uint64_t)(uintptr_t)g->pinned, d, n, 2, gbps));
+    for (int i = 0; i < 3; i++)
+        assert_true(gbps[i] > 0);
+    assert_true(kvt_cuda_driver_version() > 0);
+    kvt_cuda_mem_free(0, d);
+    KVT_ERR_(kvt_cuda_mem_alloc(99, n, &d), KVT_EINVAL);
+}
+
 static void test_cuda_ids_checked(void **state)
 {
     NEED_GPU(g);
@@ -385,6 +409,7 @@ int main(void)
         cmocka_unit_test(test_cuda_roundtrip_kernel),
         cmocka_unit_test(test_cuda_store_waits_for_compute),
         cmocka_unit_test(test_cuda_ids_checked),
+        cmocka_unit_test(test_cuda_public_helpers),
         cmocka_unit_test(test_cuda_worker),
         cmocka_unit_test(test_cuda_disk_roundtrip),
     };

@@ -11,7 +11,7 @@
 
 #include "kvt_test.h"
 
-#include "disk/disk_internal.h"
+#include "kvtier/disk.h"
 
 #define DEV 40
 /* Unaligned regions (11,256 bytes, padded to 12,288) go through staging buffers; aligned

@@ -227,6 +227,40 @@ static void events_round_trip_ready_and_abandoned(void **state)
     kvt_ecc_event_release(&back);
 }
 
+/* The public decoder (kvtier/ec_net.h) gives the event as the shard queued it, and leaves
+ * its output untouched on a broken message. */
+static void public_event_decode(void **state)
+{
+    (void)state;
+    kvt_ecc_event e = {0};
+    e.transfer_id = S("xfer-a"), e.mm_hash = S("img-1"), e.reservation_id = S(RID);
+    e.dtype = S("bfloat16"), e.ndim = 2, e.shape[0] = 4, e.shape[1] = 8, e.nbytes = 64;
+    e.shard = 5;
+    size_t len;
+    KVT_OK_(kvt_ecc_event_encode(&e, g_buf, sizeof(g_buf), &len));
+    kvt_ec_ready_event out;
+    uint32_t shard = 0;
+    KVT_OK_(kvt_ec_event_decode(g_buf, len, &out, &shard));
+    assert_string_equal(out.transfer_id, "xfer-a");
+    assert_string_equal(out.mm_hash, "img-1");
+    assert_string_equal(out.reservation_id, RID);
+    assert_string_equal(out.dtype, "bfloat16");
+    assert_int_equal(out.nbytes, 64);
+    assert_int_equal(out.ndim, 2);
+    assert_int_equal(out.shape[1], 8);
+    assert_false(out.abandoned);
+    assert_int_equal(shard, 5);
+    KVT_OK_(kvt_ec_event_decode(g_buf, len, &out, NULL));
+    memset(&out, 0x7e, sizeof(out));
+    kvt_ec_ready_event before = out;
+    KVT_ERR_(kvt_ec_event_decode(g_buf, len - 1, &out, &shard), KVT_EPROTO);
+    g_buf[len - 1] ^= 0xff; /* the shard: beyond KVT_EC_MAX_SHARDS */
+    assert_int_not_equal(kvt_ec_event_decode(g_buf, len, &out, &shard), 0);
+    assert_memory_equal(&out, &before, sizeof(out));
+    KVT_ERR_(kvt_ec_event_decode(NULL, len, &out, &shard), KVT_EINVAL);
+    KVT_ERR_(kvt_ec_event_decode(g_buf, len, NULL, &shard), KVT_EINVAL);
+}
+
 /* Every proper prefix of a valid message is refused, and the object is left empty. */
 static void every_truncation_is_refused(void **state)
 {
@@ -442,6 +476,7 @@ int main(void)
         cmocka_unit_test(every_request_op_round_trips),
         cmocka_unit_test(every_reply_round_trips_with_per_item_errors),
         cmocka_unit_test(events_round_trip_ready_and_abandoned),
+        cmocka_unit_test(public_event_decode),
         cmocka_unit_test(capabilities_are_required_on_the_wire),
         cmocka_unit_test(every_truncation_is_refused),
         cmocka_unit_test(forged_requests_are_refused),

@@ -24,7 +24,7 @@
 
 #include "kvt_test.h"
 #include "base/error.h"
-#include "disk/disk_internal.h"
+#include "kvtier/disk.h"
 #include "offload/sim.h"
 
 #define WORLD       2

@@ -34,7 +34,7 @@
 
 #include "bench_util.h"
 #include "demo.h"
-#include "disk/disk_internal.h"
+#include "kvtier/disk.h"
 #include "ec_cmds.h"
 #include "kvtier/kvtier.h"
 

@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "base/error.h"
+#include "kvtier/base.h"
 #include "bench_util.h"
 #include "demo.h"
 #include "kvtier/kvtier.h"

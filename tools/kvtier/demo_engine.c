@@ -26,7 +26,7 @@
 
 #include <jansson.h>
 
-#include "base/rand.h"
+#include "rand.h"
 #include "bench_util.h"
 #include "cli.h"
 #include "demo.h"

@@ -20,11 +20,10 @@
 #include <unistd.h>
 #include <zmq.h>
 
-#include "base/error.h"
-#include "base/rand.h"
+#include "kvtier/base.h"
+#include "rand.h"
 #include "bench_util.h"
 #include "cli.h"
-#include "ec/ctl.h"
 #include "ec_cmds.h"
 #include "kvtier/kvtier.h"
 
@@ -196,16 +195,16 @@ int kvt_cmd_ec_consumer(int argc, char **argv)
             uint8_t m[2048];
             int n = zmq_recv(pull, m, sizeof(m), 0);
             if (n > 0) {
-                kvt_ecc_event e;
-                kvt_ecc_event_init(&e);
-                if (kvt_ecc_event_decode(&e, m, (size_t)n) == 0 && e.shard < shards) {
+                kvt_ec_ready_event e;
+                uint32_t shard;
+                if (kvt_ec_event_decode(m, (size_t)n, &e, &shard) == 0 && shard < shards) {
                     if (e.abandoned) {
                         abandoned++;
                     } else {
-                        snprintf(a->tid, sizeof(a->tid), "%s", e.transfer_id.ptr);
-                        snprintf(a->hash, sizeof(a->hash), "%s", e.mm_hash.ptr);
+                        snprintf(a->tid, sizeof(a->tid), "%s", e.transfer_id);
+                        snprintf(a->hash, sizeof(a->hash), "%s", e.mm_hash);
                         a->nbytes = e.nbytes;
-                        if (kvt_ec_server_with_shard(srv[e.shard], take_check_retire, a) == 0) {
+                        if (kvt_ec_server_with_shard(srv[shard], take_check_retire, a) == 0) {
                             ok += a->result == 1;
                             bad += a->result == 0;
                             other += a->result < 0;
@@ -213,7 +212,6 @@ int kvt_cmd_ec_consumer(int argc, char **argv)
                         }
                     }
                 }
-                kvt_ecc_event_release(&e);
             }
             double now = kvt_now_s();
             if (now - last >= 1.0) {
@@ -479,19 +477,18 @@ int kvt_ec_net_soak_round(uint64_t seed, kvt_ec_net_soak *res)
         uint8_t m[2048];
         int n = zmq_recv(pull, m, sizeof(m), 0);
         if (n > 0) {
-            kvt_ecc_event e;
-            kvt_ecc_event_init(&e);
-            if (kvt_ecc_event_decode(&e, m, (size_t)n) == 0 && e.shard < SH && !e.abandoned) {
-                snprintf(a->tid, sizeof(a->tid), "%s", e.transfer_id.ptr);
-                snprintf(a->hash, sizeof(a->hash), "%s", e.mm_hash.ptr);
+            kvt_ec_ready_event e;
+            uint32_t shard;
+            if (kvt_ec_event_decode(m, (size_t)n, &e, &shard) == 0 && shard < SH && !e.abandoned) {
+                snprintf(a->tid, sizeof(a->tid), "%s", e.transfer_id);
+                snprintf(a->hash, sizeof(a->hash), "%s", e.mm_hash);
                 a->nbytes = e.nbytes;
-                if (kvt_ec_server_with_shard(srv[e.shard], take_check_retire, a) == 0) {
+                if (kvt_ec_server_with_shard(srv[shard], take_check_retire, a) == 0) {
                     res->items_checked += a->result == 1;
                     res->corrupt += a->result != 1;
                     res->bytes += e.nbytes;
                 }
             }
-            kvt_ecc_event_release(&e);
             continue;
         }
         if (!exited)

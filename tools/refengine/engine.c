@@ -23,8 +23,7 @@
 #include <string.h>
 #include <zmq.h>
 
-#include "base/error.h"
-#include "ec/ctl.h"
+#include "kvtier/base.h"
 #include "engine.h"
 #include "kvtier/kvtier.h"
 
@@ -300,7 +299,7 @@ static const float *image_data(ref_engine *e, const struct image *im)
 
 struct take_arg {
     ref_engine *e;
-    const kvt_ecc_event *ev;
+    const kvt_ec_ready_event *ev;
     float *dst;
     uint64_t want;
     int got;
@@ -310,15 +309,16 @@ static int take_copy_retire(kvt_ec_shard *sh, void *p)
 {
     struct take_arg *a = p;
     kvt_slab_view v;
-    int rc = kvt_ec_shard_take(sh, a->ev->transfer_id.ptr, a->ev->transfer_id.len,
-                               a->ev->mm_hash.ptr, a->ev->mm_hash.len, NULL, &v);
+    int rc = kvt_ec_shard_take(sh, a->ev->transfer_id, (uint32_t)strlen(a->ev->transfer_id),
+                               a->ev->mm_hash, (uint32_t)strlen(a->ev->mm_hash), NULL, &v);
     if (rc)
         return rc;
     a->got = v.nbytes == a->want;
     if (a->got)
         memcpy(a->dst, v.ptr, a->want);
-    return kvt_ec_shard_retire(sh, a->ev->mm_hash.ptr, a->ev->mm_hash.len, NULL) == 1 ? 0
-                                                                                      : KVT_ESTATE;
+    return kvt_ec_shard_retire(sh, a->ev->mm_hash, (uint32_t)strlen(a->ev->mm_hash), NULL) == 1
+               ? 0
+               : KVT_ESTATE;
 }
 
 static int drain_images(ref_engine *e, char *err, size_t cap)
@@ -326,27 +326,25 @@ static int drain_images(ref_engine *e, char *err, size_t cap)
     uint8_t m[2048];
     int n;
     while ((n = zmq_recv(e->pull, m, sizeof(m), ZMQ_DONTWAIT)) > 0) {
-        kvt_ecc_event ev;
-        kvt_ecc_event_init(&ev);
-        if (kvt_ecc_event_decode(&ev, m, (size_t)n) != 0 || ev.shard >= e->tp || ev.abandoned) {
-            kvt_ecc_event_release(&ev);
+        kvt_ec_ready_event ev;
+        uint32_t shard;
+        if (kvt_ec_event_decode(m, (size_t)n, &ev, &shard) != 0 || shard >= e->tp || ev.abandoned)
             continue;
-        }
         struct image *im = NULL;
         for (uint32_t i = 0; i < e->n_img && !im; i++)
-            if (ev.mm_hash.len == 32 && memcmp(e->img[i].hash, ev.mm_hash.ptr, 32) == 0)
+            if (strlen(ev.mm_hash) == 32 && memcmp(e->img[i].hash, ev.mm_hash, 32) == 0)
                 im = &e->img[i];
         uint64_t want = ref_embedding_bytes(&e->cfg.model);
         float *dst = malloc(want);
         struct take_arg a = {e, &ev, dst, want, 0};
-        int rc = dst ? kvt_ec_server_with_shard(e->srv[ev.shard], take_copy_retire, &a) : -1;
-        if (rc == 0 && im && a.got && !(im->have & (1u << ev.shard))) {
+        int rc = dst ? kvt_ec_server_with_shard(e->srv[shard], take_copy_retire, &a) : -1;
+        if (rc == 0 && im && a.got && !(im->have & (1u << shard))) {
             e->st.images_received++;
             e->st.image_bytes_received += want;
             if (memcmp(dst, im->local, want) != 0)
                 e->st.image_mismatches++;
-            im->rank[ev.shard] = dst;
-            im->have |= 1u << ev.shard;
+            im->rank[shard] = dst;
+            im->have |= 1u << shard;
             if (image_ready(e, im) && im->t_need >= 0)
                 e->st.image_wait_s += now_s() - im->t_need;
             dst = NULL;
@@ -355,12 +353,10 @@ static int drain_images(ref_engine *e, char *err, size_t cap)
         }
         free(dst);
         if (rc && rc != KVT_ENOENT) {
-            fail(err, cap, "encoder cache: taking %.*s from shard %u failed: %s",
-                 (int)ev.mm_hash.len, ev.mm_hash.ptr, ev.shard, kvt_last_error());
-            kvt_ecc_event_release(&ev);
+            fail(err, cap, "encoder cache: taking %s from shard %u failed: %s", ev.mm_hash, shard,
+                 kvt_last_error());
             return -1;
         }
-        kvt_ecc_event_release(&ev);
     }
     return 0;
 }

@@ -3,8 +3,8 @@
  * splitmix64: a tiny seedable PRNG for workloads, randomized tests and benchmarks (never for
  * anything security-related). Deterministic for a seed, so a printed seed replays a run.
  */
-#ifndef KVT_BASE_RAND_H
-#define KVT_BASE_RAND_H
+#ifndef KVT_TOOLS_RAND_H
+#define KVT_TOOLS_RAND_H
 
 #include <stdint.h>
 
