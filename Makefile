@@ -12,6 +12,7 @@
 #   make fuzz          run every libFuzzer target for FUZZ_SECONDS each
 #   make soak          `kvtier demo --soak SOAK_SECONDS` with random faults, under ASan + UBSan
 #   make format-check  clang-format check (CI); `make format` rewrites
+#   make symbols       the version script (src/kvtier.map) and docs/api.md from the headers
 #   make vllm-env      the pinned vLLM environment (.venv-vllm) with kvtier pip-installed
 #   make test-vllm     kvtier's vLLM connectors in a real vLLM engine on the CPU (pytest)
 #   make vllm-demo     vLLM on a multi-turn workload without / with kvtier (build/vllm-report.json)
@@ -37,7 +38,7 @@ VALGRIND_TESTS = test_pool test_meta_offload test_meta_ec test_offload test_offl
 
 .PHONY: vllm-env test-vllm vllm-demo bench-vllm bench-env
 .PHONY: all deps build test demo bench install test-asan test-tsan coverage fuzz fuzz-build fuzz-corpus \
-        valgrind soak format format-check clean
+        valgrind soak format format-check symbols clean
 
 all: build
 
@@ -154,6 +155,11 @@ bench-env: deps
 
 format:
 	clang-format -i $(SOURCES)
+
+# After a public header gains or loses a KVT_API function: the version script and docs/api.md.
+symbols:
+	scripts/gen-symbols
+	scripts/gen-api-doc
 
 format-check: deps
 	clang-format --dry-run -Werror $(SOURCES)

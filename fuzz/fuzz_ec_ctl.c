@@ -31,35 +31,35 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     size_t n = size - 1, len = 0;
     int rc;
     if (data[0] % 3 == 0) {
-        kvt_ecc_request r;
-        kvt_ecc_request_init(&r);
-        if ((rc = kvt_ecc_request_decode(&r, b, n)) == 0) {
-            check(kvt_ecc_request_encode(&r, g_out, sizeof(g_out), &len) == 0);
+        kvi_ecc_request r;
+        kvi_ecc_request_init(&r);
+        if ((rc = kvi_ecc_request_decode(&r, b, n)) == 0) {
+            check(kvi_ecc_request_encode(&r, g_out, sizeof(g_out), &len) == 0);
             check(len == n && memcmp(g_out, b, n) == 0);
         } else {
             check(rc < 0 && kvt_last_error()[0] != 0 && r.n == 0);
         }
-        kvt_ecc_request_release(&r);
+        kvi_ecc_request_release(&r);
     } else if (data[0] % 3 == 1) {
-        kvt_ecc_reply r;
-        kvt_ecc_reply_init(&r);
-        if ((rc = kvt_ecc_reply_decode(&r, b, n)) == 0) {
-            check(kvt_ecc_reply_encode(&r, g_out, sizeof(g_out), &len) == 0);
+        kvi_ecc_reply r;
+        kvi_ecc_reply_init(&r);
+        if ((rc = kvi_ecc_reply_decode(&r, b, n)) == 0) {
+            check(kvi_ecc_reply_encode(&r, g_out, sizeof(g_out), &len) == 0);
             check(len == n && memcmp(g_out, b, n) == 0);
         } else {
             check(rc < 0 && kvt_last_error()[0] != 0 && r.n == 0 && r.n_ports == 0);
         }
-        kvt_ecc_reply_release(&r);
+        kvi_ecc_reply_release(&r);
     } else {
-        kvt_ecc_event e;
-        kvt_ecc_event_init(&e);
-        if ((rc = kvt_ecc_event_decode(&e, b, n)) == 0) {
-            check(kvt_ecc_event_encode(&e, g_out, sizeof(g_out), &len) == 0);
+        kvi_ecc_event e;
+        kvi_ecc_event_init(&e);
+        if ((rc = kvi_ecc_event_decode(&e, b, n)) == 0) {
+            check(kvi_ecc_event_encode(&e, g_out, sizeof(g_out), &len) == 0);
             check(len == n && memcmp(g_out, b, n) == 0);
         } else {
             check(rc < 0 && kvt_last_error()[0] != 0 && e.transfer_id.len == 0);
         }
-        kvt_ecc_event_release(&e);
+        kvi_ecc_event_release(&e);
     }
     return 0;
 }

@@ -51,16 +51,16 @@ static kvt_str S(const char *s)
 }
 
 /* The reply answers the request and keeps the capability rules. */
-static void check_reply(const kvt_ecc_request *q, const uint8_t *rep, size_t len, int client,
+static void check_reply(const kvi_ecc_request *q, const uint8_t *rep, size_t len, int client,
                         rid_rec *rids, uint32_t *n_rids, const char *tid)
 {
-    kvt_ecc_reply p;
-    kvt_ecc_reply_init(&p);
-    check(kvt_ecc_reply_decode(&p, rep, len) == 0);
+    kvi_ecc_reply p;
+    kvi_ecc_reply_init(&p);
+    check(kvi_ecc_reply_decode(&p, rep, len) == 0);
     if (q) {
-        check(kvt_ecc_reply_check(&p, q) == 0);
+        check(kvi_ecc_reply_check(&p, q) == 0);
         for (uint32_t i = 0; !p.code && i < p.n; i++) {
-            const kvt_ecc_result *x = &p.results[i];
+            const kvi_ecc_result *x = &p.results[i];
             if (q->op == KVT_ECC_STATUS)
                 check(x->reservation_id.len == 0);
             if ((q->op != KVT_ECC_RESERVE && q->op != KVT_ECC_RESERVE_BATCH) || x->code ||
@@ -78,7 +78,7 @@ static void check_reply(const kvt_ecc_request *q, const uint8_t *rep, size_t len
             }
         }
     }
-    kvt_ecc_reply_release(&p);
+    kvi_ecc_reply_release(&p);
 }
 
 static void check_bytes(kvt_ec_shard *sh)
@@ -105,12 +105,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     kvt_ec_shard *sh;
     check(kvt_ec_shard_create(&c, &sh) == 0);
     kvt_ec_server *srv;
-    check(kvt_ec_server_open_local(sh, &srv) == 0);
-    const char *keys[3] = {KEY0, KEY1, kvt_ec_server_owner(srv)};
+    check(kvi_ec_server_open_local(sh, &srv) == 0);
+    const char *keys[3] = {KEY0, KEY1, kvi_ec_server_owner(srv)};
     rid_rec rids[N_R];
     uint32_t n_rids = 0;
-    kvt_ecc_request q;
-    kvt_ecc_request_init(&q);
+    kvi_ecc_request q;
+    kvi_ecc_request_init(&q);
     static const char *const tids[N_T] = {"t0", "t1", "t2", "t3", "t4", "t5"};
     static const char *const hashes[3] = {"ha", "hb", "hc"};
     size_t i = 0;
@@ -118,11 +118,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         const uint8_t *reply;
         size_t rlen;
         if (data[i] == 255) { /* the rest, raw */
-            check(kvt_ec_server_answer(srv, data + i + 1, size - i - 1, &reply, &rlen) == 0);
-            kvt_ecc_reply p;
-            kvt_ecc_reply_init(&p);
-            check(kvt_ecc_reply_decode(&p, reply, rlen) == 0);
-            kvt_ecc_reply_release(&p);
+            check(kvi_ec_server_answer(srv, data + i + 1, size - i - 1, &reply, &rlen) == 0);
+            kvi_ecc_reply p;
+            kvi_ecc_reply_init(&p);
+            check(kvi_ecc_reply_decode(&p, reply, rlen) == 0);
+            kvi_ecc_reply_release(&p);
             break;
         }
         if (size - i < 6)
@@ -137,7 +137,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         bool cancel = op == KVT_ECC_CANCEL || op == KVT_ECC_CANCEL_BATCH;
         const char *tid = tids[b[1] % N_T];
         int client = b[2] % 3;
-        kvt_ecc_item it = {.transfer_id = S(tid)};
+        kvi_ecc_item it = {.transfer_id = S(tid)};
         it.mm_hash = S(hashes[b[2] / 3 % 3]);
         it.ndim = 1;
         it.shape[0] = 1 + (uint64_t)(b[3] & 15) * 256;
@@ -157,7 +157,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             it.client_key = S("");
         if (b[5] & 4) /* time passes: reservations expire, tombstones go */
             kvt_clock_manual_advance(&clock, 600);
-        kvt_ecc_request_begin(&q, op);
+        kvi_ecc_request_begin(&q, op);
         uint32_t n = op == KVT_ECC_RESERVE_BATCH || op == KVT_ECC_COMPLETE_BATCH ||
                              op == KVT_ECC_CANCEL_BATCH
                          ? 2
@@ -165,33 +165,33 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (op == KVT_ECC_PEERS || op == KVT_ECC_EVENT_PORT)
             n = 0;
         for (uint32_t k = 0; k < n; k++)
-            check(kvt_ecc_request_add(&q, &it) == 0);
+            check(kvi_ecc_request_add(&q, &it) == 0);
         uint8_t enc[4096];
         size_t len;
-        if (kvt_ecc_request_encode(&q, enc, sizeof(enc), &len) != 0)
+        if (kvi_ecc_request_encode(&q, enc, sizeof(enc), &len) != 0)
             continue; /* not a request any client could send (the wire refuses it) */
-        check(kvt_ec_server_answer(srv, enc, len, &reply, &rlen) == 0);
+        check(kvi_ec_server_answer(srv, enc, len, &reply, &rlen) == 0);
         check_reply(&q, reply, rlen, client, rids, &n_rids, tid);
         kvt_ec_shard_expire(sh); /* what the server's loop does between requests */
         check_bytes(sh);
     }
     /* every writer abandoned by the client that holds its id: none left */
     for (uint32_t k = 0; k < n_rids; k++) {
-        kvt_ecc_item ab = {
+        kvi_ecc_item ab = {
             .transfer_id = S(rids[k].tid), .reservation_id = S(rids[k].rid), .abandon = true};
-        kvt_ecc_request_begin(&q, KVT_ECC_CANCEL);
-        check(kvt_ecc_request_add(&q, &ab) == 0);
+        kvi_ecc_request_begin(&q, KVT_ECC_CANCEL);
+        check(kvi_ecc_request_add(&q, &ab) == 0);
         uint8_t enc[1024];
         size_t len;
         const uint8_t *reply;
         size_t rlen;
-        check(kvt_ecc_request_encode(&q, enc, sizeof(enc), &len) == 0);
-        check(kvt_ec_server_answer(srv, enc, len, &reply, &rlen) == 0);
+        check(kvi_ecc_request_encode(&q, enc, sizeof(enc), &len) == 0);
+        check(kvi_ec_server_answer(srv, enc, len, &reply, &rlen) == 0);
     }
     check(kvt_ec_shard_writers(sh) == 0);
     check_bytes(sh);
-    kvt_ecc_request_release(&q);
-    kvt_ec_server_close_local(srv);
+    kvi_ecc_request_release(&q);
+    kvi_ec_server_close_local(srv);
     check(kvt_ec_shard_destroy(sh) == 0);
     return 0;
 }

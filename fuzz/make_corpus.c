@@ -45,26 +45,26 @@ static int link_seeds(const char *dir)
     }
     uint8_t buf[256];
     buf[0] = 0;
-    kvt_link_hdr_encode(buf + 1, 3, 42);
+    kvi_link_hdr_encode(buf + 1, 3, 42);
     snprintf(path, sizeof(path), "%s/link/seed-0", dir);
     if (write_file(path, buf, 1 + KVT_LINK_HDR_LEN))
         return 1;
     buf[0] = 1;
-    kvt_link_hello_encode(buf + 1, 1, 2, 4096);
+    kvi_link_hello_encode(buf + 1, 1, 2, 4096);
     snprintf(path, sizeof(path), "%s/link/seed-1", dir);
     if (write_file(path, buf, 1 + KVT_LINK_HELLO_LEN))
         return 1;
     buf[0] = 2;
     uint32_t inv[3] = {7, 9, 1000};
-    kvt_link_status_encode(buf + 1, 1, -12, inv, 3, "store failed", 12);
+    kvi_link_status_encode(buf + 1, 1, -12, inv, 3, "store failed", 12);
     snprintf(path, sizeof(path), "%s/link/seed-2", dir);
-    if (write_file(path, buf, 1 + kvt_link_status_size(3, 12)))
+    if (write_file(path, buf, 1 + kvi_link_status_size(3, 12)))
         return 1;
     buf[0] = 3;
     kvt_str ids[2] = {{"req-1", 5}, {"chat-42-turn-3", 14}};
-    kvt_link_ids_encode(buf + 1, ids, 2);
+    kvi_link_ids_encode(buf + 1, ids, 2);
     snprintf(path, sizeof(path), "%s/link/seed-3", dir);
-    return write_file(path, buf, 1 + kvt_link_ids_size(ids, 2));
+    return write_file(path, buf, 1 + kvi_link_ids_size(ids, 2));
 }
 
 /* Seeds of fuzz_ec_ctl: selector byte (0 request, 1 reply, 2 event), then the message. */
@@ -90,15 +90,15 @@ static int ec_ctl_seeds(const char *dir)
     size_t len;
     int n = 0, rc = 0;
     const char *rid = "0123456789abcdef0123456789abcdef";
-    kvt_ecc_request q;
-    kvt_ecc_request_init(&q);
+    kvi_ecc_request q;
+    kvi_ecc_request_init(&q);
     for (uint32_t op = KVT_ECC_PEERS; op <= KVT_ECC_CANCEL_BATCH && !rc; op++) {
-        kvt_ecc_request_begin(&q, op);
+        kvi_ecc_request_begin(&q, op);
         uint32_t items = op <= KVT_ECC_EVENT_PORT || op == KVT_ECC_DATA_ADDRESS      ? 0
                          : op == KVT_ECC_RESERVE_BATCH || op == KVT_ECC_CANCEL_BATCH ? 2
                                                                                      : 1;
         for (uint32_t i = 0; i < items; i++) {
-            kvt_ecc_item it = {.transfer_id = {"xfer-1", 6},
+            kvi_ecc_item it = {.transfer_id = {"xfer-1", 6},
                                .mm_hash = {"img-1", 5},
                                .nbytes = 512,
                                .ndim = 2,
@@ -107,46 +107,46 @@ static int ec_ctl_seeds(const char *dir)
                                .reservation_id = {rid, 32},
                                .client_key = {rid, 32},
                                .abandon = true};
-            kvt_ecc_request_add(&q, &it);
+            kvi_ecc_request_add(&q, &it);
         }
-        rc = kvt_ecc_request_encode(&q, msg, sizeof(msg), &len) ||
+        rc = kvi_ecc_request_encode(&q, msg, sizeof(msg), &len) ||
              ec_ctl_seed(dir, n++, 0, msg, len);
     }
-    kvt_ecc_request_release(&q);
-    kvt_ecc_reply p;
-    kvt_ecc_reply_init(&p);
-    kvt_ecc_reply_begin(&p, KVT_ECC_PEERS);
+    kvi_ecc_request_release(&q);
+    kvi_ecc_reply p;
+    kvi_ecc_reply_init(&p);
+    kvi_ecc_reply_begin(&p, KVT_ECC_PEERS);
     p.n_ports = 2, p.ports[0] = 19000, p.ports[1] = 19001;
-    rc = rc || kvt_ecc_reply_encode(&p, msg, sizeof(msg), &len) ||
+    rc = rc || kvi_ecc_reply_encode(&p, msg, sizeof(msg), &len) ||
          ec_ctl_seed(dir, n++, 1, msg, len);
-    kvt_ecc_reply_begin(&p, KVT_ECC_RESERVE_BATCH);
-    kvt_ecc_result x = {
+    kvi_ecc_reply_begin(&p, KVT_ECC_RESERVE_BATCH);
+    kvi_ecc_result x = {
         .reservation_id = {rid, 32}, .offset = 256, .nbytes = 512, .tag = 7, .write = true};
-    kvt_ecc_result bad = {.code = KVT_ENOSPC, .error = {"pool full", 9}};
-    kvt_ecc_reply_add(&p, &x);
-    kvt_ecc_reply_add(&p, &bad);
-    rc = rc || kvt_ecc_reply_encode(&p, msg, sizeof(msg), &len) ||
+    kvi_ecc_result bad = {.code = KVT_ENOSPC, .error = {"pool full", 9}};
+    kvi_ecc_reply_add(&p, &x);
+    kvi_ecc_reply_add(&p, &bad);
+    rc = rc || kvi_ecc_reply_encode(&p, msg, sizeof(msg), &len) ||
          ec_ctl_seed(dir, n++, 1, msg, len);
-    kvt_ecc_reply_begin(&p, KVT_ECC_STATUS);
-    kvt_ecc_result st = {.found = true,
+    kvi_ecc_reply_begin(&p, KVT_ECC_STATUS);
+    kvi_ecc_result st = {.found = true,
                          .mm_hash = {"img-1", 5},
                          .nbytes = 512,
                          .ndim = 2,
                          .shape = {4, 64},
                          .dtype = {"bfloat16", 8}};
-    kvt_ecc_reply_add(&p, &st);
-    rc = rc || kvt_ecc_reply_encode(&p, msg, sizeof(msg), &len) ||
+    kvi_ecc_reply_add(&p, &st);
+    rc = rc || kvi_ecc_reply_encode(&p, msg, sizeof(msg), &len) ||
          ec_ctl_seed(dir, n++, 1, msg, len);
-    kvt_ecc_reply_begin(&p, KVT_ECC_DATA_ADDRESS);
-    kvt_ecc_reply_set_address(&p, "\x01\x00\x02ucx-worker-address", 21);
-    rc = rc || kvt_ecc_reply_encode(&p, msg, sizeof(msg), &len) ||
+    kvi_ecc_reply_begin(&p, KVT_ECC_DATA_ADDRESS);
+    kvi_ecc_reply_set_address(&p, "\x01\x00\x02ucx-worker-address", 21);
+    rc = rc || kvi_ecc_reply_encode(&p, msg, sizeof(msg), &len) ||
          ec_ctl_seed(dir, n++, 1, msg, len);
-    kvt_ecc_reply_begin(&p, KVT_ECC_COMPLETE);
-    kvt_ecc_reply_fail(&p, KVT_ESTATE, "shutting down");
-    rc = rc || kvt_ecc_reply_encode(&p, msg, sizeof(msg), &len) ||
+    kvi_ecc_reply_begin(&p, KVT_ECC_COMPLETE);
+    kvi_ecc_reply_fail(&p, KVT_ESTATE, "shutting down");
+    rc = rc || kvi_ecc_reply_encode(&p, msg, sizeof(msg), &len) ||
          ec_ctl_seed(dir, n++, 1, msg, len);
-    kvt_ecc_reply_release(&p);
-    kvt_ecc_event e = {.transfer_id = {"xfer-1", 6},
+    kvi_ecc_reply_release(&p);
+    kvi_ecc_event e = {.transfer_id = {"xfer-1", 6},
                        .mm_hash = {"img-1", 5},
                        .reservation_id = {rid, 32},
                        .dtype = {"bfloat16", 8},
@@ -154,7 +154,7 @@ static int ec_ctl_seeds(const char *dir)
                        .ndim = 2,
                        .shape = {4, 64},
                        .shard = 1};
-    rc = rc || kvt_ecc_event_encode(&e, msg, sizeof(msg), &len) ||
+    rc = rc || kvi_ecc_event_encode(&e, msg, sizeof(msg), &len) ||
          ec_ctl_seed(dir, n++, 2, msg, len);
     if (rc)
         fprintf(stderr, "make_corpus: ec_ctl: %s\n", kvt_last_error());

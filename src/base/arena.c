@@ -54,7 +54,7 @@ static int populate(void *p, size_t size, size_t page)
         return 0;
     int e = errno;
     if (e != EINVAL)
-        return kvt_fail_errno(e, "arena: cannot populate %zu bytes (MADV_POPULATE_WRITE)", size);
+        return kvi_fail_errno(e, "arena: cannot populate %zu bytes (MADV_POPULATE_WRITE)", size);
     /* Kernel without MADV_POPULATE_WRITE: touch each page. */
     volatile unsigned char *c = p;
     for (size_t off = 0; off < size; off += page)
@@ -74,7 +74,7 @@ static int map_region(size_t size, size_t page, int huge_flags, void **out)
                             "%zu pages (e.g. /sys/kernel/mm/hugepages/hugepages-%zukB/"
                             "nr_hugepages) or do not ask for huge pages",
                             size, page >> 20, strerror(e), size / page, page >> 10);
-        return kvt_fail_errno(e, "arena: cannot map %zu bytes", size);
+        return kvi_fail_errno(e, "arena: cannot map %zu bytes", size);
     }
     *out = p;
     return 0;
@@ -99,7 +99,7 @@ int kvt_arena_create(const kvt_arena_config *cfg, kvt_arena **out)
         huge_flags = MAP_HUGETLB | MAP_HUGE_1GB;
     }
     size_t size;
-    if (!kvt_round_up_sz(cfg->size, page, &size))
+    if (!kvi_round_up_sz(cfg->size, page, &size))
         return kvt_fail(KVT_EINVAL, "arena: size %zu overflows when rounded to pages", cfg->size);
 
     void *p = NULL;
@@ -108,7 +108,7 @@ int kvt_arena_create(const kvt_arena_config *cfg, kvt_arena **out)
         KVT_LOG_W("%s; falling back to normal pages", kvt_last_error());
         page = (size_t)sysconf(_SC_PAGESIZE);
         huge_flags = 0;
-        if (!kvt_round_up_sz(cfg->size, page, &size))
+        if (!kvi_round_up_sz(cfg->size, page, &size))
             return kvt_fail(KVT_EINVAL, "arena: size overflow");
         rc = map_region(size, page, 0, &p);
     }
@@ -118,7 +118,7 @@ int kvt_arena_create(const kvt_arena_config *cfg, kvt_arena **out)
     if (!huge_flags && (fl & KVT_ARENA_THP))
         (void)madvise(p, size, MADV_HUGEPAGE); /* advisory; THP may be disabled */
     if ((fl & KVT_ARENA_DONTFORK) && madvise(p, size, MADV_DONTFORK) != 0) {
-        rc = kvt_fail_errno(errno, "arena: MADV_DONTFORK on %zu bytes", size);
+        rc = kvi_fail_errno(errno, "arena: MADV_DONTFORK on %zu bytes", size);
         munmap(p, size);
         return rc;
     }
@@ -170,7 +170,7 @@ int kvt_arena_alloc(kvt_arena *a, size_t size, size_t align, void **out)
     if (align == 0 || (align & (align - 1)) != 0)
         return kvt_fail(KVT_EINVAL, "arena: alignment %zu is not a power of two", align);
     size_t start;
-    if (!kvt_round_up_sz(a->used, align, &start) || start > a->size || size > a->size - start)
+    if (!kvi_round_up_sz(a->used, align, &start) || start > a->size || size > a->size - start)
         return kvt_fail(KVT_ENOSPC, "arena: %zu bytes (align %zu) do not fit: %zu of %zu used",
                         size, align, a->used, a->size);
     a->used = start + size;

@@ -5,7 +5,7 @@
 #include "base/array.h"
 #include "base/error.h"
 
-int kvt_array_grow(void **arr, uint32_t *cap, uint64_t need, size_t elem)
+int kvi_array_grow(void **arr, uint32_t *cap, uint64_t need, size_t elem)
 {
     if (need <= *cap)
         return 0;

@@ -12,6 +12,6 @@
 /* Makes room for need elements of elem bytes in *arr (capacity *cap, doubled from 16 as
  * needed, at most UINT32_MAX). KVT_ELIMIT past that, KVT_ENOMEM (message set) if realloc
  * fails; *arr and *cap are unchanged on failure. New elements are not initialized. */
-int kvt_array_grow(void **arr, uint32_t *cap, uint64_t need, size_t elem);
+int kvi_array_grow(void **arr, uint32_t *cap, uint64_t need, size_t elem);
 
 #endif

@@ -56,7 +56,7 @@ static struct kvt_bump_chunk *find_room(kvt_bump *b, size_t n)
     return c;
 }
 
-void *kvt_bump_alloc(kvt_bump *b, size_t n)
+void *kvi_bump_alloc(kvt_bump *b, size_t n)
 {
     struct kvt_bump_chunk *c = find_room(b, n);
     if (!c)
@@ -66,9 +66,9 @@ void *kvt_bump_alloc(kvt_bump *b, size_t n)
     return c->data + off;
 }
 
-char *kvt_bump_strdup(kvt_bump *b, const char *s, uint32_t len)
+char *kvi_bump_strdup(kvt_bump *b, const char *s, uint32_t len)
 {
-    char *d = kvt_bump_alloc(b, (size_t)len + 1);
+    char *d = kvi_bump_alloc(b, (size_t)len + 1);
     if (!d)
         return NULL;
     if (len)
@@ -77,7 +77,7 @@ char *kvt_bump_strdup(kvt_bump *b, const char *s, uint32_t len)
     return d;
 }
 
-int kvt_bump_reserve(kvt_bump *b, size_t n)
+int kvi_bump_reserve(kvt_bump *b, size_t n)
 {
     if (!find_room(b, n))
         return kvt_fail(KVT_ENOMEM, "out of memory reserving %zu bytes of strings", n);

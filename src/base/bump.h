@@ -11,11 +11,11 @@
 #include "kvtier/base.h"
 
 /* n bytes aligned to 8; NULL when out of memory. */
-void *kvt_bump_alloc(kvt_bump *b, size_t n);
+void *kvi_bump_alloc(kvt_bump *b, size_t n);
 /* NUL-terminated copy of len bytes; NULL when out of memory. */
-char *kvt_bump_strdup(kvt_bump *b, const char *s, uint32_t len);
+char *kvi_bump_strdup(kvt_bump *b, const char *s, uint32_t len);
 /* Makes sure the next allocations totalling n bytes (strdup: len + 1 each, plus up to 7 bytes
  * of alignment per call) succeed without allocating; KVT_ENOMEM otherwise. */
-int kvt_bump_reserve(kvt_bump *b, size_t n);
+int kvi_bump_reserve(kvt_bump *b, size_t n);
 
 #endif

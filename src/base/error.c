@@ -67,7 +67,7 @@ const char *kvt_last_error(void)
     return tls_msg;
 }
 
-void kvt_clear_error(void)
+void kvi_clear_error(void)
 {
     tls_msg[0] = '\0';
 }
@@ -86,7 +86,7 @@ int kvt_fail(int err, const char *fmt, ...)
     return err;
 }
 
-int kvt_fail_errno(int errno_value, const char *fmt, ...)
+int kvi_fail_errno(int errno_value, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -102,7 +102,7 @@ int kvt_fail_errno(int errno_value, const char *fmt, ...)
     return KVT_ESYS;
 }
 
-int kvt_fail_wrap(int err, const char *prefix)
+int kvi_fail_wrap(int err, const char *prefix)
 {
     char tmp[KVT_ERRMSG_MAX];
     size_t n = strlen(prefix);

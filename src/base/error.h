@@ -10,10 +10,10 @@
 
 /* kvt_fail (public, kvtier/base.h) formats the detail message for this thread and returns err. */
 /* Like kvt_fail with KVT_ESYS, appending ": strerror(errno_value)". */
-int kvt_fail_errno(int errno_value, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+int kvi_fail_errno(int errno_value, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Prefixes the current detail message with "prefix: " (adds context on the way up). */
-int kvt_fail_wrap(int err, const char *prefix);
+int kvi_fail_wrap(int err, const char *prefix);
 /* Clears the detail message (successful public calls need not call it). */
-void kvt_clear_error(void);
+void kvi_clear_error(void);
 
 #endif

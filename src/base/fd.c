@@ -10,7 +10,7 @@
 #include "base/error.h"
 #include "base/fd.h"
 
-int kvt_fd_room(unsigned need, const char *what)
+int kvi_fd_room(unsigned need, const char *what)
 {
     struct rlimit rl;
     if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY)

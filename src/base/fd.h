@@ -5,6 +5,6 @@
 
 /* 0 when at least `need` more descriptors may be opened under RLIMIT_NOFILE (or nothing can
  * tell); KVT_ELIMIT with a message naming `what` otherwise. */
-int kvt_fd_room(unsigned need, const char *what);
+int kvi_fd_room(unsigned need, const char *what);
 
 #endif

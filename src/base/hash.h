@@ -13,7 +13,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
-static inline uint64_t kvt_xxh3_64(const void *data, size_t len, uint64_t seed)
+static inline uint64_t kvi_xxh3_64(const void *data, size_t len, uint64_t seed)
 {
     return XXH3_64bits_withSeed(data, len, seed);
 }

@@ -9,7 +9,7 @@
 
 #include "base/error.h"
 
-int kvt_idpool_init(kvt_idpool *p, uint32_t ids)
+int kvi_idpool_init(kvi_idpool *p, uint32_t ids)
 {
     memset(p, 0, sizeof(*p));
     uint64_t n = ((uint64_t)ids + KVT_IDCHUNK_IDS - 1) / KVT_IDCHUNK_IDS;
@@ -28,13 +28,13 @@ int kvt_idpool_init(kvt_idpool *p, uint32_t ids)
     return 0;
 }
 
-void kvt_idpool_free(kvt_idpool *p)
+void kvi_idpool_free(kvi_idpool *p)
 {
     free(p->chunks);
     memset(p, 0, sizeof(*p));
 }
 
-bool kvt_idpool_can_hold(const kvt_idpool *p, const kvt_idlist *l, uint32_t n)
+bool kvi_idpool_can_hold(const kvi_idpool *p, const kvi_idlist *l, uint32_t n)
 {
     uint32_t room = l->len ? (KVT_IDCHUNK_IDS - (l->len - 1) % KVT_IDCHUNK_IDS - 1) : 0;
     if (n <= room)
@@ -43,7 +43,7 @@ bool kvt_idpool_can_hold(const kvt_idpool *p, const kvt_idlist *l, uint32_t n)
     return need <= p->n_free;
 }
 
-int kvt_idlist_push(kvt_idpool *p, kvt_idlist *l, uint32_t v)
+int kvi_idlist_push(kvi_idpool *p, kvi_idlist *l, uint32_t v)
 {
     uint32_t slot = l->len % KVT_IDCHUNK_IDS;
     if (slot == 0) {
@@ -64,7 +64,7 @@ int kvt_idlist_push(kvt_idpool *p, kvt_idlist *l, uint32_t v)
     return 0;
 }
 
-void kvt_idlist_release(kvt_idpool *p, kvt_idlist *l)
+void kvi_idlist_release(kvi_idpool *p, kvi_idlist *l)
 {
     uint32_t c = l->head;
     while (c != KVT_IDNONE) {
@@ -74,5 +74,5 @@ void kvt_idlist_release(kvt_idpool *p, kvt_idlist *l)
         p->n_free++;
         c = next;
     }
-    kvt_idlist_init(l);
+    kvi_idlist_init(l);
 }

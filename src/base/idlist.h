@@ -4,7 +4,7 @@
  *
  * For per-request lists of variable length on a path that must not allocate: every list takes
  * 64-byte chunks (15 ids and a link) from a pool sized once at init. Push, release and walk
- * are O(1) per id; kvt_idpool_can_hold tells in advance whether n more ids fit, so a caller
+ * are O(1) per id; kvi_idpool_can_hold tells in advance whether n more ids fit, so a caller
  * can check before it changes anything. Not thread-safe.
  */
 #ifndef KVT_BASE_IDLIST_H
@@ -16,60 +16,60 @@
 #define KVT_IDCHUNK_IDS 15u
 #define KVT_IDNONE      UINT32_MAX
 
-typedef struct kvt_idpool {
+typedef struct kvi_idpool {
     uint32_t *chunks; /* n_chunks x 16 words: word 0 links, words 1..15 hold ids */
     uint32_t n_chunks;
     uint32_t free_head;
     uint32_t n_free;
-} kvt_idpool;
+} kvi_idpool;
 
-typedef struct kvt_idlist {
+typedef struct kvi_idlist {
     uint32_t head, tail; /* chunk indices, KVT_IDNONE when empty */
     uint32_t len;
-} kvt_idlist;
+} kvi_idlist;
 
 /* A pool able to hold at least `ids` ids in one list (more lists hold fewer: each list
  * wastes at most one partly filled chunk). */
-int kvt_idpool_init(kvt_idpool *p, uint32_t ids);
-void kvt_idpool_free(kvt_idpool *p);
+int kvi_idpool_init(kvi_idpool *p, uint32_t ids);
+void kvi_idpool_free(kvi_idpool *p);
 
-static inline void kvt_idlist_init(kvt_idlist *l)
+static inline void kvi_idlist_init(kvi_idlist *l)
 {
     l->head = l->tail = KVT_IDNONE;
     l->len = 0;
 }
 
 /* True if list l can take n more ids from the pool. */
-bool kvt_idpool_can_hold(const kvt_idpool *p, const kvt_idlist *l, uint32_t n);
+bool kvi_idpool_can_hold(const kvi_idpool *p, const kvi_idlist *l, uint32_t n);
 /* Appends v; KVT_ENOSPC when the pool is exhausted (l unchanged). */
-int kvt_idlist_push(kvt_idpool *p, kvt_idlist *l, uint32_t v);
+int kvi_idlist_push(kvi_idpool *p, kvi_idlist *l, uint32_t v);
 /* Returns every chunk of l to the pool and empties l. */
-void kvt_idlist_release(kvt_idpool *p, kvt_idlist *l);
+void kvi_idlist_release(kvi_idpool *p, kvi_idlist *l);
 
-/* Walk: for (kvt_iditer it = kvt_idlist_begin(p, l); kvt_iditer_ok(&it); kvt_iditer_next(p, &it))
- *           use(kvt_iditer_get(p, &it)); */
-typedef struct kvt_iditer {
+/* Walk: for (kvi_iditer it = kvi_idlist_begin(p, l); kvi_iditer_ok(&it); kvi_iditer_next(p, &it))
+ *           use(kvi_iditer_get(p, &it)); */
+typedef struct kvi_iditer {
     uint32_t chunk, slot, left;
-} kvt_iditer;
+} kvi_iditer;
 
-static inline kvt_iditer kvt_idlist_begin(const kvt_idpool *p, const kvt_idlist *l)
+static inline kvi_iditer kvi_idlist_begin(const kvi_idpool *p, const kvi_idlist *l)
 {
     (void)p;
-    kvt_iditer it = {l->head, 0, l->len};
+    kvi_iditer it = {l->head, 0, l->len};
     return it;
 }
 
-static inline bool kvt_iditer_ok(const kvt_iditer *it)
+static inline bool kvi_iditer_ok(const kvi_iditer *it)
 {
     return it->left > 0;
 }
 
-static inline uint32_t kvt_iditer_get(const kvt_idpool *p, const kvt_iditer *it)
+static inline uint32_t kvi_iditer_get(const kvi_idpool *p, const kvi_iditer *it)
 {
     return p->chunks[(uint64_t)it->chunk * 16 + 1 + it->slot];
 }
 
-static inline void kvt_iditer_next(const kvt_idpool *p, kvt_iditer *it)
+static inline void kvi_iditer_next(const kvi_idpool *p, kvi_iditer *it)
 {
     it->left--;
     if (++it->slot == KVT_IDCHUNK_IDS) {

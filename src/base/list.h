@@ -12,27 +12,27 @@
 
 #include "base/util.h"
 
-typedef struct kvt_list {
-    struct kvt_list *prev, *next;
-} kvt_list;
+typedef struct kvi_list {
+    struct kvi_list *prev, *next;
+} kvi_list;
 
-static inline void kvt_list_init(kvt_list *n)
+static inline void kvi_list_init(kvi_list *n)
 {
     n->prev = n->next = n;
 }
 
-static inline bool kvt_list_empty(const kvt_list *head)
+static inline bool kvi_list_empty(const kvi_list *head)
 {
     return head->next == head;
 }
 
-/* True if n (initialised with kvt_list_init) is currently on some list. */
-static inline bool kvt_list_linked(const kvt_list *n)
+/* True if n (initialised with kvi_list_init) is currently on some list. */
+static inline bool kvi_list_linked(const kvi_list *n)
 {
     return n->next != n;
 }
 
-static inline void kvt_list_insert_between(kvt_list *n, kvt_list *prev, kvt_list *next)
+static inline void kvi_list_insert_between(kvi_list *n, kvi_list *prev, kvi_list *next)
 {
     n->prev = prev;
     n->next = next;
@@ -40,17 +40,17 @@ static inline void kvt_list_insert_between(kvt_list *n, kvt_list *prev, kvt_list
     next->prev = n;
 }
 
-static inline void kvt_list_push_back(kvt_list *head, kvt_list *n)
+static inline void kvi_list_push_back(kvi_list *head, kvi_list *n)
 {
-    kvt_list_insert_between(n, head->prev, head);
+    kvi_list_insert_between(n, head->prev, head);
 }
 
-static inline void kvt_list_push_front(kvt_list *head, kvt_list *n)
+static inline void kvi_list_push_front(kvi_list *head, kvi_list *n)
 {
-    kvt_list_insert_between(n, head, head->next);
+    kvi_list_insert_between(n, head, head->next);
 }
 
-static inline void kvt_list_remove(kvt_list *n)
+static inline void kvi_list_remove(kvi_list *n)
 {
     n->prev->next = n->next;
     n->next->prev = n->prev;
@@ -58,19 +58,19 @@ static inline void kvt_list_remove(kvt_list *n)
 }
 
 /* First node or NULL when empty. */
-static inline kvt_list *kvt_list_first(const kvt_list *head)
+static inline kvi_list *kvi_list_first(const kvi_list *head)
 {
     return head->next == head ? NULL : head->next;
 }
 
 /* Node after n or NULL at the end. */
-static inline kvt_list *kvt_list_next(const kvt_list *head, const kvt_list *n)
+static inline kvi_list *kvi_list_next(const kvi_list *head, const kvi_list *n)
 {
     return n->next == head ? NULL : n->next;
 }
 
-#define kvt_list_entry(ptr, type, member) kvt_container_of(ptr, type, member)
+#define kvi_list_entry(ptr, type, member) kvi_container_of(ptr, type, member)
 
-#define kvt_list_for_each(pos, head) for (pos = (head)->next; pos != (head); pos = pos->next)
+#define kvi_list_for_each(pos, head) for (pos = (head)->next; pos != (head); pos = pos->next)
 
 #endif

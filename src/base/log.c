@@ -37,7 +37,7 @@ static int level_from_env(void)
     return KVT_LOG_WARN;
 }
 
-int kvt_log_level_cached(void)
+int kvi_log_level_cached(void)
 {
     int lvl = atomic_load_explicit(&log_level, memory_order_relaxed);
     if (lvl == LEVEL_UNSET) {
@@ -60,7 +60,7 @@ void kvt_log_set_level(int level)
 
 int kvt_log_get_level(void)
 {
-    return kvt_log_level_cached();
+    return kvi_log_level_cached();
 }
 
 void kvt_log_set_handler(kvt_log_fn fn, void *ctx)
@@ -69,7 +69,7 @@ void kvt_log_set_handler(kvt_log_fn fn, void *ctx)
     log_ctx = ctx;
 }
 
-void kvt_log_write(int level, const char *file, int line, const char *fmt, ...)
+void kvi_log_write(int level, const char *file, int line, const char *fmt, ...)
 {
     char msg[1024];
     char out[1200];

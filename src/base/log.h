@@ -8,14 +8,14 @@
 
 #include "kvtier/base.h"
 
-void kvt_log_write(int level, const char *file, int line, const char *fmt, ...)
+void kvi_log_write(int level, const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
-int kvt_log_level_cached(void);
+int kvi_log_level_cached(void);
 
 #define KVT_LOG(level, ...)                                                                        \
     do {                                                                                           \
-        if ((level) <= kvt_log_level_cached())                                                     \
-            kvt_log_write((level), __FILE__, __LINE__, __VA_ARGS__);                               \
+        if ((level) <= kvi_log_level_cached())                                                     \
+            kvi_log_write((level), __FILE__, __LINE__, __VA_ARGS__);                               \
     } while (0)
 
 #define KVT_LOG_E(...) KVT_LOG(KVT_LOG_ERROR, __VA_ARGS__)

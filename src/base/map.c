@@ -10,13 +10,13 @@
 #include "base/error.h"
 #include "base/util.h"
 
-int kvt_map_init(kvt_map *m, uint32_t capacity)
+int kvi_map_init(kvi_map *m, uint32_t capacity)
 {
     memset(m, 0, sizeof(*m));
     if (capacity == 0)
         return kvt_fail(KVT_EINVAL, "map: capacity must be at least 1");
-    uint64_t nslots = kvt_pow2_ceil((uint64_t)capacity * 2);
-    m->slots = calloc(nslots, sizeof(kvt_map_slot));
+    uint64_t nslots = kvi_pow2_ceil((uint64_t)capacity * 2);
+    m->slots = calloc(nslots, sizeof(kvi_map_slot));
     if (!m->slots)
         return kvt_fail(KVT_ENOMEM, "map: cannot allocate %llu slots", (unsigned long long)nslots);
     m->mask = nslots - 1;
@@ -24,13 +24,13 @@ int kvt_map_init(kvt_map *m, uint32_t capacity)
     return 0;
 }
 
-void kvt_map_free(kvt_map *m)
+void kvi_map_free(kvi_map *m)
 {
     free(m->slots);
     memset(m, 0, sizeof(*m));
 }
 
-int kvt_map_insert(kvt_map *m, uint64_t hash, uint32_t value)
+int kvi_map_insert(kvi_map *m, uint64_t hash, uint32_t value)
 {
     if (m->count >= m->capacity)
         return kvt_fail(KVT_ENOSPC, "map: full (%u entries)", m->capacity);
@@ -44,11 +44,11 @@ int kvt_map_insert(kvt_map *m, uint64_t hash, uint32_t value)
     return 0;
 }
 
-bool kvt_map_remove(kvt_map *m, uint64_t hash, uint32_t value)
+bool kvi_map_remove(kvi_map *m, uint64_t hash, uint32_t value)
 {
     uint64_t i = hash & m->mask;
     for (;;) {
-        kvt_map_slot *s = &m->slots[i];
+        kvi_map_slot *s = &m->slots[i];
         if (!s->used)
             return false;
         if (s->hash == hash && s->value == value)
@@ -75,8 +75,8 @@ bool kvt_map_remove(kvt_map *m, uint64_t hash, uint32_t value)
     return true;
 }
 
-void kvt_map_clear(kvt_map *m)
+void kvi_map_clear(kvi_map *m)
 {
-    memset(m->slots, 0, (m->mask + 1) * sizeof(kvt_map_slot));
+    memset(m->slots, 0, (m->mask + 1) * sizeof(kvi_map_slot));
     m->count = 0;
 }

@@ -21,43 +21,43 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-typedef struct kvt_map_slot {
+typedef struct kvi_map_slot {
     uint64_t hash;
     uint32_t value;
     uint32_t used;
-} kvt_map_slot;
+} kvi_map_slot;
 
-typedef struct kvt_map {
-    kvt_map_slot *slots;
+typedef struct kvi_map {
+    kvi_map_slot *slots;
     uint64_t mask;     /* number of slots - 1 */
     uint32_t count;    /* values stored */
     uint32_t capacity; /* most values that may be stored */
-} kvt_map;
+} kvi_map;
 
 /* Allocates a table for up to capacity values (capacity >= 1). */
-int kvt_map_init(kvt_map *m, uint32_t capacity);
-void kvt_map_free(kvt_map *m);
+int kvi_map_init(kvi_map *m, uint32_t capacity);
+void kvi_map_free(kvi_map *m);
 /* Adds (hash, value); duplicates are allowed. KVT_ENOSPC when full. */
-int kvt_map_insert(kvt_map *m, uint64_t hash, uint32_t value);
+int kvi_map_insert(kvi_map *m, uint64_t hash, uint32_t value);
 /* Removes one (hash, value) pair; false if absent. */
-bool kvt_map_remove(kvt_map *m, uint64_t hash, uint32_t value);
+bool kvi_map_remove(kvi_map *m, uint64_t hash, uint32_t value);
 /* Removes everything, keeping the table. */
-void kvt_map_clear(kvt_map *m);
+void kvi_map_clear(kvi_map *m);
 
 /* Iteration over the values stored under one hash:
- *     uint64_t pos = kvt_map_probe_start(m, h); uint32_t v;
- *     while (kvt_map_probe_next(m, h, &pos, &v)) { ...compare full key of v... }
+ *     uint64_t pos = kvi_map_probe_start(m, h); uint32_t v;
+ *     while (kvi_map_probe_next(m, h, &pos, &v)) { ...compare full key of v... }
  * The map must not be modified during the walk. */
-static inline uint64_t kvt_map_probe_start(const kvt_map *m, uint64_t hash)
+static inline uint64_t kvi_map_probe_start(const kvi_map *m, uint64_t hash)
 {
     return hash & m->mask;
 }
 
-static inline bool kvt_map_probe_next(const kvt_map *m, uint64_t hash, uint64_t *pos,
+static inline bool kvi_map_probe_next(const kvi_map *m, uint64_t hash, uint64_t *pos,
                                       uint32_t *value)
 {
     for (;;) {
-        const kvt_map_slot *s = &m->slots[*pos & m->mask];
+        const kvi_map_slot *s = &m->slots[*pos & m->mask];
         if (!s->used)
             return false;
         (*pos)++;
@@ -69,7 +69,7 @@ static inline bool kvt_map_probe_next(const kvt_map *m, uint64_t hash, uint64_t 
 }
 
 /* Hints the CPU to fetch the first probe slot of hash. */
-static inline void kvt_map_prefetch(const kvt_map *m, uint64_t hash)
+static inline void kvi_map_prefetch(const kvi_map *m, uint64_t hash)
 {
     __builtin_prefetch(&m->slots[hash & m->mask], 0, 1);
 }

@@ -11,7 +11,7 @@
 #include "base/error.h"
 #include "base/prom.h"
 
-void kvt_prom_put(kvt_prom *p, const char *fmt, ...)
+void kvi_prom_put(kvi_prom *p, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -22,27 +22,27 @@ void kvt_prom_put(kvt_prom *p, const char *fmt, ...)
         p->len += (size_t)n;
 }
 
-void kvt_prom_family(kvt_prom *p, const char *prefix, const char *name, const char *help,
+void kvi_prom_family(kvi_prom *p, const char *prefix, const char *name, const char *help,
                      bool gauge)
 {
-    kvt_prom_put(p, "# HELP %s_%s %s\n# TYPE %s_%s %s\n", prefix, name, help, prefix, name,
+    kvi_prom_put(p, "# HELP %s_%s %s\n# TYPE %s_%s %s\n", prefix, name, help, prefix, name,
                  gauge ? "gauge" : "counter");
 }
 
-void kvt_prom_metric(kvt_prom *p, const char *prefix, const char *name, const char *help,
+void kvi_prom_metric(kvi_prom *p, const char *prefix, const char *name, const char *help,
                      bool gauge, uint64_t v)
 {
-    kvt_prom_family(p, prefix, name, help, gauge);
-    kvt_prom_put(p, "%s_%s %" PRIu64 "\n", prefix, name, v);
+    kvi_prom_family(p, prefix, name, help, gauge);
+    kvi_prom_put(p, "%s_%s %" PRIu64 "\n", prefix, name, v);
 }
 
-void kvt_prom_sample(kvt_prom *p, const char *prefix, const char *name, const char *label,
+void kvi_prom_sample(kvi_prom *p, const char *prefix, const char *name, const char *label,
                      const char *value, uint64_t v)
 {
-    kvt_prom_put(p, "%s_%s{%s=\"%s\"} %" PRIu64 "\n", prefix, name, label, value, v);
+    kvi_prom_put(p, "%s_%s{%s=\"%s\"} %" PRIu64 "\n", prefix, name, label, value, v);
 }
 
-int kvt_prom_finish(const kvt_prom *p, size_t *len, const char *what)
+int kvi_prom_finish(const kvi_prom *p, size_t *len, const char *what)
 {
     *len = p->len;
     if (p->len >= p->cap)
@@ -54,7 +54,7 @@ int kvt_prom_finish(const kvt_prom *p, size_t *len, const char *what)
 static const double hist_bound_s[KVT_HIST_BOUNDS] = {1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3,
                                                      1e-2, 5e-2, 0.1,  0.5,  1.0,  5.0};
 
-void kvt_hist_observe(kvt_hist *h, uint64_t ns)
+void kvi_hist_observe(kvi_hist *h, uint64_t ns)
 {
     size_t b = 0;
     while (b < KVT_HIST_BOUNDS && (double)ns > hist_bound_s[b] * 1e9)
@@ -64,10 +64,10 @@ void kvt_hist_observe(kvt_hist *h, uint64_t ns)
     h->sum_ns += ns;
 }
 
-void kvt_prom_hist(kvt_prom *p, const char *prefix, const char *name, const char *help,
-                   const char *label, const char *const *values, const kvt_hist *h, size_t n)
+void kvi_prom_hist(kvi_prom *p, const char *prefix, const char *name, const char *help,
+                   const char *label, const char *const *values, const kvi_hist *h, size_t n)
 {
-    kvt_prom_put(p, "# HELP %s_%s %s\n# TYPE %s_%s histogram\n", prefix, name, help, prefix, name);
+    kvi_prom_put(p, "# HELP %s_%s %s\n# TYPE %s_%s histogram\n", prefix, name, help, prefix, name);
     for (size_t i = 0; i < n; i++) {
         char lab[128] = "";
         if (label)
@@ -76,18 +76,18 @@ void kvt_prom_hist(kvt_prom *p, const char *prefix, const char *name, const char
         for (size_t b = 0; b <= KVT_HIST_BOUNDS; b++) {
             cum += h[i].bucket[b];
             if (b < KVT_HIST_BOUNDS)
-                kvt_prom_put(p, "%s_%s_bucket{%sle=\"%g\"} %" PRIu64 "\n", prefix, name, lab,
+                kvi_prom_put(p, "%s_%s_bucket{%sle=\"%g\"} %" PRIu64 "\n", prefix, name, lab,
                              hist_bound_s[b], cum);
             else
-                kvt_prom_put(p, "%s_%s_bucket{%sle=\"+Inf\"} %" PRIu64 "\n", prefix, name, lab,
+                kvi_prom_put(p, "%s_%s_bucket{%sle=\"+Inf\"} %" PRIu64 "\n", prefix, name, lab,
                              cum);
         }
         if (label)
             lab[strlen(lab) - 1] = 0; /* the trailing comma */
         const char *open = label ? "{" : "", *close = label ? "}" : "";
-        kvt_prom_put(p, "%s_%s_sum%s%s%s %.9f\n", prefix, name, open, lab, close,
+        kvi_prom_put(p, "%s_%s_sum%s%s%s %.9f\n", prefix, name, open, lab, close,
                      (double)h[i].sum_ns / 1e9);
-        kvt_prom_put(p, "%s_%s_count%s%s%s %" PRIu64 "\n", prefix, name, open, lab, close,
+        kvi_prom_put(p, "%s_%s_count%s%s%s %" PRIu64 "\n", prefix, name, open, lab, close,
                      h[i].count);
     }
 }
@@ -246,28 +246,28 @@ int kvt_metrics_merge(const kvt_metrics_source *src, size_t n, char *buf, size_t
     if (rc)
         goto out;
     qsort(ln, nl, sizeof(*ln), by_family);
-    kvt_prom p = {buf, cap, 0};
+    kvi_prom p = {buf, cap, 0};
     size_t last_fam = SIZE_MAX;
     for (size_t k = 0; k < nl; k++) {
         const mline *m = &ln[k];
         const mfam *f = &fam[m->fam];
         if (m->fam != last_fam) {
             if (f->help_line)
-                kvt_prom_put(&p, "%.*s\n", (int)f->help_len, f->help_line);
+                kvi_prom_put(&p, "%.*s\n", (int)f->help_len, f->help_line);
             if (f->type_line)
-                kvt_prom_put(&p, "%.*s\n", (int)f->type_line_len, f->type_line);
+                kvi_prom_put(&p, "%.*s\n", (int)f->type_line_len, f->type_line);
             last_fam = m->fam;
         }
         const char *labels = src[m->src].labels;
         size_t nlen = strcspn(m->s, "{ ");
         if (!labels || !*labels || nlen >= m->len) {
-            kvt_prom_put(&p, "%.*s\n", (int)m->len, m->s);
+            kvi_prom_put(&p, "%.*s\n", (int)m->len, m->s);
         } else if (m->s[nlen] == '{') {
             bool empty = nlen + 1 < m->len && m->s[nlen + 1] == '}';
-            kvt_prom_put(&p, "%.*s{%s%s%.*s\n", (int)nlen, m->s, labels, empty ? "" : ",",
+            kvi_prom_put(&p, "%.*s{%s%s%.*s\n", (int)nlen, m->s, labels, empty ? "" : ",",
                          (int)(m->len - nlen - 1), m->s + nlen + 1);
         } else {
-            kvt_prom_put(&p, "%.*s{%s}%.*s\n", (int)nlen, m->s, labels, (int)(m->len - nlen),
+            kvi_prom_put(&p, "%.*s{%s}%.*s\n", (int)nlen, m->s, labels, (int)(m->len - nlen),
                          m->s + nlen);
         }
     }
@@ -285,7 +285,7 @@ int kvt_metrics_merge(const kvt_metrics_source *src, size_t n, char *buf, size_t
         }
     }
     if (!rc)
-        rc = kvt_prom_finish(&p, len, "metrics merge");
+        rc = kvi_prom_finish(&p, len, "metrics merge");
 out:
     free(ln);
     free(fam);

@@ -11,36 +11,36 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef struct kvt_prom {
+typedef struct kvi_prom {
     char *buf;
     size_t cap, len;
-} kvt_prom;
+} kvi_prom;
 
-void kvt_prom_put(kvt_prom *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void kvi_prom_put(kvi_prom *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* "# HELP / # TYPE" lines and one unlabelled sample of family prefix_name. */
-void kvt_prom_metric(kvt_prom *p, const char *prefix, const char *name, const char *help,
+void kvi_prom_metric(kvi_prom *p, const char *prefix, const char *name, const char *help,
                      bool gauge, uint64_t v);
-/* HELP/TYPE lines of a labelled family, then kvt_prom_sample for each label value. */
-void kvt_prom_family(kvt_prom *p, const char *prefix, const char *name, const char *help,
+/* HELP/TYPE lines of a labelled family, then kvi_prom_sample for each label value. */
+void kvi_prom_family(kvi_prom *p, const char *prefix, const char *name, const char *help,
                      bool gauge);
-void kvt_prom_sample(kvt_prom *p, const char *prefix, const char *name, const char *label,
+void kvi_prom_sample(kvi_prom *p, const char *prefix, const char *name, const char *label,
                      const char *value, uint64_t v);
 /* A latency histogram in Prometheus' cumulative form, with fixed bounds from 10 us to 5 s
  * (KVT_HIST_BOUNDS); observations in nanoseconds. Plain counters: the owner serialises
  * observe and read (its lock, or its one thread). */
 #define KVT_HIST_BOUNDS 12
-typedef struct kvt_hist {
+typedef struct kvi_hist {
     uint64_t bucket[KVT_HIST_BOUNDS + 1]; /* per bucket (not cumulative); the last is +Inf */
     uint64_t count, sum_ns;
-} kvt_hist;
+} kvi_hist;
 
-void kvt_hist_observe(kvt_hist *h, uint64_t ns);
+void kvi_hist_observe(kvi_hist *h, uint64_t ns);
 /* HELP/TYPE of a histogram family (name without _bucket), then n series: series i has
  * label=values[i] (no label when label is NULL; then n must be 1). */
-void kvt_prom_hist(kvt_prom *p, const char *prefix, const char *name, const char *help,
-                   const char *label, const char *const *values, const kvt_hist *h, size_t n);
+void kvi_prom_hist(kvi_prom *p, const char *prefix, const char *name, const char *help,
+                   const char *label, const char *const *values, const kvi_hist *h, size_t n);
 /* *len = bytes written (or needed); KVT_ENOSPC with a message naming `what` if they did not
  * fit, 0 otherwise. */
-int kvt_prom_finish(const kvt_prom *p, size_t *len, const char *what);
+int kvi_prom_finish(const kvi_prom *p, size_t *len, const char *what);
 
 #endif

@@ -10,13 +10,13 @@
 #include "base/error.h"
 #include "base/util.h"
 
-int kvt_spsc_init(kvt_spsc *q, uint32_t elem_size, uint32_t capacity)
+int kvi_spsc_init(kvi_spsc *q, uint32_t elem_size, uint32_t capacity)
 {
     memset(q, 0, sizeof(*q));
     if (elem_size == 0 || capacity == 0 || capacity > (1u << 30))
         return kvt_fail(KVT_EINVAL, "spsc: element size %u and capacity %u must be in 1..2^30",
                         elem_size, capacity);
-    uint64_t n = kvt_pow2_ceil(capacity);
+    uint64_t n = kvi_pow2_ceil(capacity);
     q->buf = aligned_alloc(KVT_CACHELINE, ((n * elem_size + 63) / 64) * 64);
     if (!q->buf)
         return kvt_fail(KVT_ENOMEM, "spsc: cannot allocate %llu elements of %u bytes",
@@ -28,13 +28,13 @@ int kvt_spsc_init(kvt_spsc *q, uint32_t elem_size, uint32_t capacity)
     return 0;
 }
 
-void kvt_spsc_destroy(kvt_spsc *q)
+void kvi_spsc_destroy(kvi_spsc *q)
 {
     free(q->buf);
     q->buf = NULL;
 }
 
-bool kvt_spsc_push(kvt_spsc *q, const void *elem)
+bool kvi_spsc_push(kvi_spsc *q, const void *elem)
 {
     uint64_t tail = atomic_load_explicit(&q->tail, memory_order_relaxed);
     if (tail - q->head_cache > q->mask) {
@@ -47,7 +47,7 @@ bool kvt_spsc_push(kvt_spsc *q, const void *elem)
     return true;
 }
 
-bool kvt_spsc_pop(kvt_spsc *q, void *elem)
+bool kvi_spsc_pop(kvi_spsc *q, void *elem)
 {
     uint64_t head = atomic_load_explicit(&q->head, memory_order_relaxed);
     if (head == q->tail_cache) {
@@ -60,7 +60,7 @@ bool kvt_spsc_pop(kvt_spsc *q, void *elem)
     return true;
 }
 
-uint64_t kvt_spsc_size(kvt_spsc *q)
+uint64_t kvi_spsc_size(kvi_spsc *q)
 {
     uint64_t head = atomic_load_explicit(&q->head, memory_order_acquire);
     uint64_t tail = atomic_load_explicit(&q->tail, memory_order_acquire);

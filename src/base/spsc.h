@@ -17,7 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef struct kvt_spsc {
+typedef struct kvi_spsc {
     _Alignas(64) _Atomic uint64_t head; /* next slot to pop; written by the consumer */
     uint64_t tail_cache;                /* consumer's view of tail */
     _Alignas(64) _Atomic uint64_t tail; /* next slot to push; written by the producer */
@@ -25,20 +25,20 @@ typedef struct kvt_spsc {
     _Alignas(64) unsigned char *buf;
     uint64_t mask;
     uint32_t elem_size;
-} kvt_spsc;
+} kvi_spsc;
 
-int kvt_spsc_init(kvt_spsc *q, uint32_t elem_size, uint32_t capacity);
-void kvt_spsc_destroy(kvt_spsc *q);
+int kvi_spsc_init(kvi_spsc *q, uint32_t elem_size, uint32_t capacity);
+void kvi_spsc_destroy(kvi_spsc *q);
 /* Producer only. False when full. */
-bool kvt_spsc_push(kvt_spsc *q, const void *elem);
+bool kvi_spsc_push(kvi_spsc *q, const void *elem);
 /* Consumer only. False when empty. */
-bool kvt_spsc_pop(kvt_spsc *q, void *elem);
+bool kvi_spsc_pop(kvi_spsc *q, void *elem);
 /* Number of slots (a power of two). */
-static inline uint64_t kvt_spsc_capacity(const kvt_spsc *q)
+static inline uint64_t kvi_spsc_capacity(const kvi_spsc *q)
 {
     return q->mask + 1;
 }
 /* Elements queued, as seen at some instant; exact only when both sides are quiet. */
-uint64_t kvt_spsc_size(kvt_spsc *q);
+uint64_t kvi_spsc_size(kvi_spsc *q);
 
 #endif

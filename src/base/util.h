@@ -15,19 +15,19 @@
 #define KVT_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 #define KVT_CACHELINE    64
 
-#define kvt_container_of(ptr, type, member) ((type *)((char *)(ptr)-offsetof(type, member)))
+#define kvi_container_of(ptr, type, member) ((type *)((char *)(ptr)-offsetof(type, member)))
 
-static inline uint32_t kvt_min_u32(uint32_t a, uint32_t b)
+static inline uint32_t kvi_min_u32(uint32_t a, uint32_t b)
 {
     return a < b ? a : b;
 }
 
-static inline uint32_t kvt_max_u32(uint32_t a, uint32_t b)
+static inline uint32_t kvi_max_u32(uint32_t a, uint32_t b)
 {
     return a > b ? a : b;
 }
 
-static inline uint64_t kvt_gcd_u64(uint64_t a, uint64_t b)
+static inline uint64_t kvi_gcd_u64(uint64_t a, uint64_t b)
 {
     while (b) {
         uint64_t t = a % b;
@@ -38,7 +38,7 @@ static inline uint64_t kvt_gcd_u64(uint64_t a, uint64_t b)
 }
 
 /* Rounds x up to a multiple of a (any a > 0); false on overflow. */
-static inline bool kvt_round_up_sz(size_t x, size_t a, size_t *out)
+static inline bool kvi_round_up_sz(size_t x, size_t a, size_t *out)
 {
     size_t r = x % a;
     if (r == 0) {
@@ -49,7 +49,7 @@ static inline bool kvt_round_up_sz(size_t x, size_t a, size_t *out)
 }
 
 /* First index of the ascending array a[0..n) whose value is >= v (n if none). */
-static inline uint32_t kvt_lower_bound_i64(const int64_t *a, uint32_t n, int64_t v)
+static inline uint32_t kvi_lower_bound_i64(const int64_t *a, uint32_t n, int64_t v)
 {
     uint32_t lo = 0, hi = n;
     while (lo < hi) {
@@ -63,7 +63,7 @@ static inline uint32_t kvt_lower_bound_i64(const int64_t *a, uint32_t n, int64_t
 }
 
 /* Smallest power of two >= x (x <= 2^63). */
-static inline uint64_t kvt_pow2_ceil(uint64_t x)
+static inline uint64_t kvi_pow2_ceil(uint64_t x)
 {
     if (x <= 1)
         return 1;

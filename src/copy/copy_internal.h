@@ -44,27 +44,27 @@ struct kvt_mirror {
 };
 
 /* A copy of size bytes; addresses are device pointers or host pointers as integers. */
-typedef struct kvt_desc {
+typedef struct kvi_desc {
     uint64_t dst, src, size;
-} kvt_desc;
+} kvi_desc;
 
 /* A run of consecutive ids: src_start.., dst_start.. for len blocks. */
-typedef struct kvt_run {
+typedef struct kvi_run {
     uint32_t src, dst, len;
-} kvt_run;
+} kvi_run;
 
 /* Splits pairs into runs, merging pair i into the previous run only when both its src and its
  * dst are exactly one more than the previous pair's (spec §3.2). Returns the number of runs
  * (runs must have room for n). */
-uint32_t kvt_copy_coalesce(const uint32_t *src, const uint32_t *dst, uint32_t n, kvt_run *runs);
+uint32_t kvi_copy_coalesce(const uint32_t *src, const uint32_t *dst, uint32_t n, kvi_run *runs);
 
 /* Region-major descriptors for runs: for every region, every run. out must have room for
  * n_regions * n_runs entries. */
-void kvt_copy_build_descs(const kvt_region *src_regions, const kvt_region *dst_regions,
-                          uint32_t n_regions, const kvt_run *runs, uint32_t n_runs, kvt_desc *out);
+void kvi_copy_build_descs(const kvt_region *src_regions, const kvt_region *dst_regions,
+                          uint32_t n_regions, const kvi_run *runs, uint32_t n_runs, kvi_desc *out);
 
 /* Number of batch calls n descriptors take with at most cap per call (0 = uncapped). */
-static inline uint32_t kvt_copy_batches(uint32_t n, uint32_t cap)
+static inline uint32_t kvi_copy_batches(uint32_t n, uint32_t cap)
 {
     if (n == 0)
         return 0;
@@ -82,9 +82,9 @@ typedef struct copy_job {
     void *be_event;     /* CUDA: CUevent recorded after the copies */
     void *be_frags;     /* CUDA: pinned fragment table of the gather/scatter kernel */
     uint32_t be_frags_cap;
-    kvt_desc *descs;
+    kvi_desc *descs;
     uint32_t n_descs, cap_descs;
-    kvt_run *runs;
+    kvi_run *runs;
     uint32_t cap_runs;
     /* CPU work split: chunk k starts at descriptor chunk_desc[k], byte chunk_off[k] */
     uint32_t n_chunks, next_chunk, chunks_done, cap_chunks;
@@ -131,7 +131,7 @@ struct kvt_copy {
     bool stop;
     uint32_t active[2];   /* CPU: jobs started and not done, per direction (0 or 1) */
     kvt_copy_stats st;    /* counters (under mu) */
-    kvt_hist lat[2];      /* submit-to-reported latency per direction (under mu) */
+    kvi_hist lat[2];      /* submit-to-reported latency per direction (under mu) */
     uint64_t block_bytes; /* the layout's bytes per block, for the byte counter */
     uint32_t n_threads;
     pthread_t *threads;
@@ -139,26 +139,26 @@ struct kvt_copy {
     void *be;                          /* backend state */
 };
 
-/* Backend tables. kvt_copy_cuda_ops returns NULL (with the reason in *why) when no usable
+/* Backend tables. kvi_copy_cuda_ops returns NULL (with the reason in *why) when no usable
  * driver is present. */
-extern const copy_backend_ops kvt_copy_cpu_ops;
-const copy_backend_ops *kvt_copy_cuda_ops(const char **why);
+extern const copy_backend_ops kvi_copy_cpu_ops;
+const copy_backend_ops *kvi_copy_cuda_ops(const char **why);
 /* CUDA backend: "cuda_gather" if a job of run_bytes fragments goes to the gather/scatter
  * kernel, else "dma"; *why (if why) says why the kernel is not loaded ("" if it is). */
-const char *kvt_copy_cuda_kernel(const kvt_copy *c, uint64_t run_bytes, const char **why);
+const char *kvi_copy_cuda_kernel(const kvt_copy *c, uint64_t run_bytes, const char **why);
 
 /* Copies n bytes with non-temporal stores where the CPU has them (else memcpy). */
-void kvt_copy_bytes_nt(void *dst, const void *src, size_t n);
+void kvi_copy_bytes_nt(void *dst, const void *src, size_t n);
 
 /* Engine helpers for backends (caller holds c->mu). */
-copy_job *kvt_copy_queue_front(struct kvt_copy *c);
+copy_job *kvi_copy_queue_front(struct kvt_copy *c);
 /* Waits on cv_work for a queued job; NULL once the engine stops with the queue empty. */
-copy_job *kvt_copy_wait_front(struct kvt_copy *c);
-void kvt_copy_queue_pop(struct kvt_copy *c);
-void kvt_copy_job_finish(struct kvt_copy *c, copy_job *j, bool ok);
+copy_job *kvi_copy_wait_front(struct kvt_copy *c);
+void kvi_copy_queue_pop(struct kvt_copy *c);
+void kvi_copy_job_finish(struct kvt_copy *c, copy_job *j, bool ok);
 
 /* CUDA pinning of host memory, used by the mirror (no-ops without a driver). */
-int kvt_cuda_host_register(void *p, size_t n);
-void kvt_cuda_host_unregister(void *p);
+int kvi_cuda_host_register(void *p, size_t n);
+void kvi_cuda_host_unregister(void *p);
 
 #endif

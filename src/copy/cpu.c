@@ -29,7 +29,7 @@ static void copy_chunk(kvt_copy *c, const copy_job *j, uint32_t k)
 {
     uint64_t left = c->cfg.chunk_bytes, off = j->chunk_off[k];
     for (uint32_t d = j->chunk_desc[k]; d < j->n_descs && left > 0; d++, off = 0) {
-        const kvt_desc *x = &j->descs[d];
+        const kvi_desc *x = &j->descs[d];
         uint64_t n = x->size - off < left ? x->size - off : left;
         char *dst = (char *)(uintptr_t)(x->dst + off);
         const char *src = (const char *)(uintptr_t)(x->src + off);
@@ -49,7 +49,7 @@ static void copy_chunk(kvt_copy *c, const copy_job *j, uint32_t k)
             memcpy(dst, src, n);
         left -= n;
     }
-    kvt_copy_fence(); /* the streamed bytes are in memory before the chunk counts as done */
+    kvi_copy_fence(); /* the streamed bytes are in memory before the chunk counts as done */
 }
 
 static void *copy_thread(void *arg)
@@ -57,7 +57,7 @@ static void *copy_thread(void *arg)
     kvt_copy *c = arg;
     pthread_mutex_lock(&c->mu);
     for (;;) {
-        copy_job *j = kvt_copy_wait_front(c);
+        copy_job *j = kvi_copy_wait_front(c);
         if (!j)
             break;
         /* a direction's events run one after the other, like a stream: wait for the tail
@@ -70,13 +70,13 @@ static void *copy_thread(void *arg)
             c->active[j->dir]++;
         uint32_t k = j->next_chunk++;
         if (j->next_chunk == j->n_chunks)
-            kvt_copy_queue_pop(c);
+            kvi_copy_queue_pop(c);
         pthread_mutex_unlock(&c->mu);
         copy_chunk(c, j, k);
         pthread_mutex_lock(&c->mu);
         if (++j->chunks_done == j->n_chunks) {
             c->active[j->dir]--;
-            kvt_copy_job_finish(c, j, true);
+            kvi_copy_job_finish(c, j, true);
             pthread_cond_broadcast(&c->cv_work);
         }
     }
@@ -86,7 +86,7 @@ static void *copy_thread(void *arg)
 
 static int cpu_start(kvt_copy *c)
 {
-    const copy_kernel *const *kern = kvt_copy_kernels(); /* calibrated once per process */
+    const copy_kernel *const *kern = kvi_copy_kernels(); /* calibrated once per process */
     c->kern[0] = kern[0];
     c->kern[1] = kern[1];
     uint32_t n = c->cfg.threads;
@@ -110,7 +110,7 @@ static int cpu_start(kvt_copy *c)
                 pthread_join(c->threads[k], NULL);
             free(c->threads);
             c->threads = NULL;
-            return kvt_fail_errno(e, "copy: cannot start copy thread %u", i);
+            return kvi_fail_errno(e, "copy: cannot start copy thread %u", i);
         }
         c->n_threads++;
     }
@@ -141,7 +141,7 @@ static bool cpu_sync(kvt_copy *c, copy_job *j)
     return true;
 }
 
-const copy_backend_ops kvt_copy_cpu_ops = {
+const copy_backend_ops kvi_copy_cpu_ops = {
     .name = "cpu",
     .start = cpu_start,
     .stop = cpu_stop,

@@ -3,7 +3,7 @@
  * CUDA copy backend and the run-time driver loader.
  *
  * libcuda.so.1 is opened with dlopen the first time anything asks for CUDA, so the library
- * links and runs on machines without a GPU (kvt_cuda() is then NULL and the CPU backend is
+ * links and runs on machines without a GPU (kvi_cuda() is then NULL and the CPU backend is
  * the only one). cuMemcpyBatchAsync is resolved through cuGetProcAddress with the CUDA 12.8
  * ABI; a driver without it (CUDA 12.4 / 550.x answers success, a NULL pointer and
  * SYMBOL_NOT_FOUND) leaves the backend on one cuMemcpyAsync per descriptor, with a warning
@@ -33,14 +33,14 @@
 
 #define MAX_DEVICES 64
 
-static kvt_cuda_api g_cu;
-static const kvt_cuda_api *g_cu_ok;
+static kvi_cuda_api g_cu;
+static const kvi_cuda_api *g_cu_ok;
 static char g_why[256] = "not loaded";
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t g_ctx_mu = PTHREAD_MUTEX_INITIALIZER;
-static kvt_CUcontext g_ctx[MAX_DEVICES];
+static kvi_CUcontext g_ctx[MAX_DEVICES];
 
-typedef kvt_CUresult (*pfn_get_proc)(const char *sym, void **pfn, int ver, uint64_t flags,
+typedef kvi_CUresult (*pfn_get_proc)(const char *sym, void **pfn, int ver, uint64_t flags,
                                      int *status);
 
 static const struct {
@@ -49,7 +49,7 @@ static const struct {
 } g_syms[] = {
 #define SYM(field, name)                                                                           \
     {                                                                                              \
-        name, offsetof(kvt_cuda_api, field)                                                        \
+        name, offsetof(kvi_cuda_api, field)                                                        \
     }
     SYM(Init, "cuInit"),
     SYM(DriverGetVersion, "cuDriverGetVersion"),
@@ -100,14 +100,14 @@ static void resolve_batch(void *lib)
     }
     void *fn = NULL;
     int status = -1;
-    kvt_CUresult r =
+    kvi_CUresult r =
         gpa("cuMemcpyBatchAsync", &fn, 12080, KVT_CU_GET_PROC_ADDRESS_DEFAULT, &status);
     if (r != KVT_CUDA_SUCCESS || !fn || status != KVT_CU_GET_PROC_ADDRESS_SUCCESS) {
         g_cu.batch_missing = "cuMemcpyBatchAsync not found: it requires a driver supporting "
                              "CUDA 12.8";
         return;
     }
-    g_cu.MemcpyBatchAsync = (kvt_pfn_memcpy_batch)fn;
+    g_cu.MemcpyBatchAsync = (kvi_pfn_memcpy_batch)fn;
 }
 
 static void load_driver(void)
@@ -125,9 +125,9 @@ static void load_driver(void)
         }
         memcpy((char *)&g_cu + g_syms[i].off, &f, sizeof(f));
     }
-    kvt_CUresult r = g_cu.Init(0);
+    kvi_CUresult r = g_cu.Init(0);
     if (r != KVT_CUDA_SUCCESS) {
-        snprintf(g_why, sizeof(g_why), "cuInit failed: %s", kvt_cuda_err(r));
+        snprintf(g_why, sizeof(g_why), "cuInit failed: %s", kvi_cuda_err(r));
         return;
     }
     g_cu.DriverGetVersion(&g_cu.driver_version);
@@ -140,7 +140,7 @@ static void load_driver(void)
     g_why[0] = 0;
 }
 
-const kvt_cuda_api *kvt_cuda(void)
+const kvi_cuda_api *kvi_cuda(void)
 {
     pthread_once(&g_once, load_driver);
     return g_cu_ok;
@@ -148,16 +148,16 @@ const kvt_cuda_api *kvt_cuda(void)
 
 bool kvt_cuda_available(void)
 {
-    return kvt_cuda() != NULL;
+    return kvi_cuda() != NULL;
 }
 
 const char *kvt_cuda_unavailable_reason(void)
 {
-    kvt_cuda();
+    kvi_cuda();
     return g_why;
 }
 
-const char *kvt_cuda_err(kvt_CUresult r)
+const char *kvi_cuda_err(kvi_CUresult r)
 {
     const char *s = NULL;
     if (g_cu.GetErrorString && g_cu.GetErrorString(r, &s) == KVT_CUDA_SUCCESS && s)
@@ -165,60 +165,60 @@ const char *kvt_cuda_err(kvt_CUresult r)
     return "unknown CUDA error";
 }
 
-int kvt_cuda_use_device(int device, kvt_CUcontext *ctx)
+int kvi_cuda_use_device(int device, kvi_CUcontext *ctx)
 {
-    const kvt_cuda_api *cu = kvt_cuda();
+    const kvi_cuda_api *cu = kvi_cuda();
     if (!cu)
         return kvt_fail(KVT_EUNSUPPORTED, "cuda: %s", g_why);
     if (device < 0 || device >= cu->device_count || device >= MAX_DEVICES)
         return kvt_fail(KVT_EINVAL, "cuda: device %d out of range (%d devices)", device,
                         cu->device_count);
     pthread_mutex_lock(&g_ctx_mu);
-    kvt_CUresult r = KVT_CUDA_SUCCESS;
+    kvi_CUresult r = KVT_CUDA_SUCCESS;
     if (!g_ctx[device]) {
-        kvt_CUdevice d;
+        kvi_CUdevice d;
         r = cu->DeviceGet(&d, device);
         if (r == KVT_CUDA_SUCCESS)
             r = cu->DevicePrimaryCtxRetain(&g_ctx[device], d);
     }
-    kvt_CUcontext c = g_ctx[device];
+    kvi_CUcontext c = g_ctx[device];
     pthread_mutex_unlock(&g_ctx_mu);
     if (r == KVT_CUDA_SUCCESS)
         r = cu->CtxSetCurrent(c);
     if (r != KVT_CUDA_SUCCESS)
         return kvt_fail(KVT_EIO, "cuda: device %d: cannot use its primary context: %s", device,
-                        kvt_cuda_err(r));
+                        kvi_cuda_err(r));
     if (ctx)
         *ctx = c;
     return 0;
 }
 
-int kvt_cuda_host_register(void *p, size_t n)
+int kvi_cuda_host_register(void *p, size_t n)
 {
-    const kvt_cuda_api *cu = kvt_cuda();
+    const kvi_cuda_api *cu = kvi_cuda();
     if (!cu)
         return kvt_fail(KVT_EUNSUPPORTED, "cuda: %s", g_why);
-    int rc = kvt_cuda_use_device(0, NULL);
+    int rc = kvi_cuda_use_device(0, NULL);
     if (rc)
         return rc;
     /* mapped too: the gather/scatter kernel reads and writes it through its host address */
-    kvt_CUresult r = cu->MemHostRegister(
+    kvi_CUresult r = cu->MemHostRegister(
         p, n, KVT_CU_MEMHOSTREGISTER_PORTABLE | KVT_CU_MEMHOSTREGISTER_DEVICEMAP);
     if (r != KVT_CUDA_SUCCESS)
-        return kvt_fail(KVT_EIO, "cuMemHostRegister of %zu bytes: %s", n, kvt_cuda_err(r));
+        return kvt_fail(KVT_EIO, "cuMemHostRegister of %zu bytes: %s", n, kvi_cuda_err(r));
     return 0;
 }
 
-void kvt_cuda_host_unregister(void *p)
+void kvi_cuda_host_unregister(void *p)
 {
-    const kvt_cuda_api *cu = kvt_cuda();
-    if (cu && kvt_cuda_use_device(0, NULL) == 0)
+    const kvi_cuda_api *cu = kvi_cuda();
+    if (cu && kvi_cuda_use_device(0, NULL) == 0)
         cu->MemHostUnregister(p);
 }
 
 int kvt_cuda_driver_version(void)
 {
-    const kvt_cuda_api *cu = kvt_cuda();
+    const kvi_cuda_api *cu = kvi_cuda();
     return cu ? cu->driver_version : 0;
 }
 
@@ -226,33 +226,33 @@ int kvt_cuda_mem_alloc(int device, uint64_t bytes, uint64_t *dptr)
 {
     if (!dptr || !bytes)
         return kvt_fail(KVT_EINVAL, "cuda: mem_alloc needs bytes > 0 and an output");
-    int rc = kvt_cuda_use_device(device, NULL);
+    int rc = kvi_cuda_use_device(device, NULL);
     if (rc)
         return rc;
-    kvt_CUdeviceptr p = 0;
-    kvt_CUresult r = kvt_cuda()->MemAlloc(&p, bytes);
+    kvi_CUdeviceptr p = 0;
+    kvi_CUresult r = kvi_cuda()->MemAlloc(&p, bytes);
     if (r != KVT_CUDA_SUCCESS)
         return kvt_fail(KVT_ENOMEM, "cuMemAlloc of %llu bytes on device %d: %s",
-                        (unsigned long long)bytes, device, kvt_cuda_err(r));
+                        (unsigned long long)bytes, device, kvi_cuda_err(r));
     *dptr = p;
     return 0;
 }
 
 void kvt_cuda_mem_free(int device, uint64_t dptr)
 {
-    if (dptr && kvt_cuda_use_device(device, NULL) == 0)
-        kvt_cuda()->MemFree(dptr);
+    if (dptr && kvi_cuda_use_device(device, NULL) == 0)
+        kvi_cuda()->MemFree(dptr);
 }
 
 int kvt_cuda_mem_fill(int device, uint64_t dptr, uint8_t byte, uint64_t bytes)
 {
-    int rc = kvt_cuda_use_device(device, NULL);
+    int rc = kvi_cuda_use_device(device, NULL);
     if (rc)
         return rc;
-    kvt_CUresult r = kvt_cuda()->MemsetD8(dptr, byte, bytes);
+    kvi_CUresult r = kvi_cuda()->MemsetD8(dptr, byte, bytes);
     if (r != KVT_CUDA_SUCCESS)
         return kvt_fail(KVT_EIO, "cuMemsetD8 of %llu bytes: %s", (unsigned long long)bytes,
-                        kvt_cuda_err(r));
+                        kvi_cuda_err(r));
     return 0;
 }
 
@@ -261,13 +261,13 @@ int kvt_cuda_memcpy_rate(int device, uint64_t host, uint64_t dptr, uint64_t byte
 {
     if (!host || !dptr || !bytes || !reps || !gbps)
         return kvt_fail(KVT_EINVAL, "cuda: memcpy_rate needs buffers, bytes, reps and an output");
-    int rc = kvt_cuda_use_device(device, NULL);
+    int rc = kvi_cuda_use_device(device, NULL);
     if (rc)
         return rc;
-    const kvt_cuda_api *cu = kvt_cuda();
-    kvt_CUstream s[2] = {NULL, NULL};
+    const kvi_cuda_api *cu = kvi_cuda();
+    kvi_CUstream s[2] = {NULL, NULL};
     int least, greatest;
-    kvt_CUresult r = cu->CtxGetStreamPriorityRange(&least, &greatest);
+    kvi_CUresult r = cu->CtxGetStreamPriorityRange(&least, &greatest);
     for (int i = 0; i < 2 && r == KVT_CUDA_SUCCESS; i++)
         r = cu->StreamCreateWithPriority(&s[i], KVT_CU_STREAM_NON_BLOCKING, least);
     double best[3] = {0, 0, 0};
@@ -278,7 +278,7 @@ int kvt_cuda_memcpy_rate(int device, uint64_t host, uint64_t dptr, uint64_t byte
                 r = cu->MemcpyAsync(host, dptr, bytes, s[0]); /* device to host */
             if (mode != 0 && r == KVT_CUDA_SUCCESS)
                 r = cu->MemcpyAsync(dptr + bytes, host + bytes, bytes, s[1]); /* host to device */
-            kvt_CUresult r0 = cu->StreamSynchronize(s[0]), r1 = cu->StreamSynchronize(s[1]);
+            kvi_CUresult r0 = cu->StreamSynchronize(s[0]), r1 = cu->StreamSynchronize(s[1]);
             if (r == KVT_CUDA_SUCCESS)
                 r = r0 != KVT_CUDA_SUCCESS ? r0 : r1;
             uint64_t ns = kvt_monotonic_ns() - t0;
@@ -291,7 +291,7 @@ int kvt_cuda_memcpy_rate(int device, uint64_t host, uint64_t dptr, uint64_t byte
             cu->StreamDestroy(s[i]);
     if (r != KVT_CUDA_SUCCESS)
         return kvt_fail(KVT_EIO, "cuda: memcpy_rate over %llu bytes: %s", (unsigned long long)bytes,
-                        kvt_cuda_err(r));
+                        kvi_cuda_err(r));
     memcpy(gbps, best, sizeof(best));
     return 0;
 }
@@ -299,15 +299,15 @@ int kvt_cuda_memcpy_rate(int device, uint64_t host, uint64_t dptr, uint64_t byte
 /* ---- backend ------------------------------------------------------------------------------ */
 
 typedef struct cuda_be {
-    const kvt_cuda_api *cu;
-    kvt_CUcontext ctx;
-    kvt_CUstream stream[2];
-    kvt_CUmemcpyAttributes attrs[2];
+    const kvi_cuda_api *cu;
+    kvi_CUcontext ctx;
+    kvi_CUstream stream[2];
+    kvi_CUmemcpyAttributes attrs[2];
     bool batched;
-    kvt_frag_kernel frag; /* the gather/scatter kernel, when frag.ok */
+    kvi_frag_kernel frag; /* the gather/scatter kernel, when frag.ok */
     uint64_t frag_max;    /* jobs whose descriptors average at most this use it */
     /* issue thread scratch: descriptors as the batch call wants them */
-    kvt_CUdeviceptr *dsts, *srcs;
+    kvi_CUdeviceptr *dsts, *srcs;
     size_t *sizes;
     size_t cap;
 } cuda_be;
@@ -319,10 +319,10 @@ static bool grow_scratch(cuda_be *b, size_t n)
     size_t cap = b->cap ? b->cap : 256;
     while (cap < n)
         cap *= 2;
-    kvt_CUdeviceptr *d = realloc(b->dsts, cap * sizeof(*d));
+    kvi_CUdeviceptr *d = realloc(b->dsts, cap * sizeof(*d));
     if (d)
         b->dsts = d;
-    kvt_CUdeviceptr *s = realloc(b->srcs, cap * sizeof(*s));
+    kvi_CUdeviceptr *s = realloc(b->srcs, cap * sizeof(*s));
     if (s)
         b->srcs = s;
     size_t *z = realloc(b->sizes, cap * sizeof(*z));
@@ -337,18 +337,18 @@ static bool grow_scratch(cuda_be *b, size_t n)
 /* Issues one job on its stream. Returns false (with the reason logged) on failure. */
 static bool issue(kvt_copy *c, cuda_be *b, copy_job *j)
 {
-    const kvt_cuda_api *cu = b->cu;
-    kvt_CUstream s = b->stream[j->dir];
+    const kvi_cuda_api *cu = b->cu;
+    kvi_CUstream s = b->stream[j->dir];
     const char *what = j->dir == KVT_COPY_STORE ? "store" : "load";
-    kvt_CUresult r = KVT_CUDA_SUCCESS;
+    kvi_CUresult r = KVT_CUDA_SUCCESS;
     if (j->wait)
-        r = cu->StreamWaitEvent(s, (kvt_CUevent)j->wait, 0);
+        r = cu->StreamWaitEvent(s, (kvi_CUevent)j->wait, 0);
     if (r != KVT_CUDA_SUCCESS) {
         KVT_LOG_E("copy: %s event %lld: cuStreamWaitEvent: %s", what, (long long)j->event,
-                  kvt_cuda_err(r));
+                  kvi_cuda_err(r));
         return false;
     }
-    if (b->frag.ok && kvt_frag_use(j->bytes, j->n_descs, b->frag_max)) {
+    if (b->frag.ok && kvi_frag_use(j->bytes, j->n_descs, b->frag_max)) {
         /* the job's fragments in the slot's pinned table: the slot is reused only after this
          * job's completion event, so the kernel has read the table by then */
         if (j->be_frags_cap < j->n_descs) {
@@ -356,22 +356,22 @@ static bool issue(kvt_copy *c, cuda_be *b, copy_job *j)
                 cu->MemFreeHost(j->be_frags);
             j->be_frags = NULL;
             j->be_frags_cap = 0;
-            r = cu->MemAllocHost(&j->be_frags, (size_t)j->n_descs * sizeof(kvt_frag));
+            r = cu->MemAllocHost(&j->be_frags, (size_t)j->n_descs * sizeof(kvi_frag));
             if (r != KVT_CUDA_SUCCESS) {
                 j->be_frags = NULL;
                 KVT_LOG_E("copy: %s event %lld: cuMemAllocHost of %u fragments: %s", what,
-                          (long long)j->event, j->n_descs, kvt_cuda_err(r));
+                          (long long)j->event, j->n_descs, kvi_cuda_err(r));
                 return false;
             }
             j->be_frags_cap = j->n_descs;
         }
-        kvt_frag *f = j->be_frags;
+        kvi_frag *f = j->be_frags;
         for (uint32_t i = 0; i < j->n_descs; i++)
-            f[i] = (kvt_frag){j->descs[i].dst, j->descs[i].src, j->descs[i].size};
-        r = kvt_frag_launch(cu, &b->frag, f, j->n_descs, s);
+            f[i] = (kvi_frag){j->descs[i].dst, j->descs[i].src, j->descs[i].size};
+        r = kvi_frag_launch(cu, &b->frag, f, j->n_descs, s);
         if (r != KVT_CUDA_SUCCESS) {
             KVT_LOG_E("copy: %s event %lld: launch of the copy kernel (%u fragments): %s", what,
-                      (long long)j->event, j->n_descs, kvt_cuda_err(r));
+                      (long long)j->event, j->n_descs, kvi_cuda_err(r));
             return false;
         }
     } else if (b->batched) {
@@ -391,7 +391,7 @@ static bool issue(kvt_copy *c, cuda_be *b, copy_job *j)
                                      &b->attrs[j->dir], &attr_idx, 1, &fail, s);
             if (r != KVT_CUDA_SUCCESS) {
                 KVT_LOG_E("copy: %s event %lld: cuMemcpyBatchAsync failed at descriptor %zu: %s",
-                          what, (long long)j->event, at + fail, kvt_cuda_err(r));
+                          what, (long long)j->event, at + fail, kvi_cuda_err(r));
                 return false;
             }
         }
@@ -400,15 +400,15 @@ static bool issue(kvt_copy *c, cuda_be *b, copy_job *j)
             r = cu->MemcpyAsync(j->descs[i].dst, j->descs[i].src, j->descs[i].size, s);
             if (r != KVT_CUDA_SUCCESS) {
                 KVT_LOG_E("copy: %s event %lld: cuMemcpyAsync of descriptor %u: %s", what,
-                          (long long)j->event, i, kvt_cuda_err(r));
+                          (long long)j->event, i, kvi_cuda_err(r));
                 return false;
             }
         }
     }
-    r = cu->EventRecord((kvt_CUevent)j->be_event, s);
+    r = cu->EventRecord((kvi_CUevent)j->be_event, s);
     if (r != KVT_CUDA_SUCCESS) {
         KVT_LOG_E("copy: %s event %lld: cuEventRecord: %s", what, (long long)j->event,
-                  kvt_cuda_err(r));
+                  kvi_cuda_err(r));
         return false;
     }
     return true;
@@ -421,17 +421,17 @@ static void *issue_thread(void *arg)
     b->cu->CtxSetCurrent(b->ctx);
     pthread_mutex_lock(&c->mu);
     for (;;) {
-        copy_job *j = kvt_copy_wait_front(c);
+        copy_job *j = kvi_copy_wait_front(c);
         if (!j)
             break;
         pthread_mutex_unlock(&c->mu);
         bool ok = issue(c, b, j);
         pthread_mutex_lock(&c->mu);
-        kvt_copy_queue_pop(c);
+        kvi_copy_queue_pop(c);
         if (ok)
             j->state = JOB_ISSUED;
         else
-            kvt_copy_job_finish(c, j, false);
+            kvi_copy_job_finish(c, j, false);
     }
     pthread_mutex_unlock(&c->mu);
     return NULL;
@@ -439,7 +439,7 @@ static void *issue_thread(void *arg)
 
 static void destroy_be(cuda_be *b)
 {
-    kvt_frag_unload(b->cu, &b->frag);
+    kvi_frag_unload(b->cu, &b->frag);
     for (int d = 0; d < 2; d++)
         if (b->stream[d])
             b->cu->StreamDestroy(b->stream[d]);
@@ -457,41 +457,41 @@ static int cuda_start(kvt_copy *c)
     cuda_be *b = calloc(1, sizeof(*b));
     if (!b)
         return kvt_fail(KVT_ENOMEM, "copy: out of memory");
-    b->cu = kvt_cuda();
-    int rc = kvt_cuda_use_device(device, &b->ctx);
+    b->cu = kvi_cuda();
+    int rc = kvi_cuda_use_device(device, &b->ctx);
     if (rc) {
         free(b);
         return rc;
     }
     int least = 0, greatest = 0;
-    kvt_CUresult r = b->cu->CtxGetStreamPriorityRange(&least, &greatest);
+    kvi_CUresult r = b->cu->CtxGetStreamPriorityRange(&least, &greatest);
     for (int d = 0; d < 2 && r == KVT_CUDA_SUCCESS; d++)
         r = b->cu->StreamCreateWithPriority(&b->stream[d], KVT_CU_STREAM_NON_BLOCKING, least);
     if (r != KVT_CUDA_SUCCESS) {
         destroy_be(b);
-        return kvt_fail(KVT_EIO, "copy: cannot create copy streams: %s", kvt_cuda_err(r));
+        return kvt_fail(KVT_EIO, "copy: cannot create copy streams: %s", kvi_cuda_err(r));
     }
-    kvt_CUmemLocation dev = {KVT_CU_MEM_LOCATION_TYPE_DEVICE, device};
-    kvt_CUmemLocation host = {KVT_CU_MEM_LOCATION_TYPE_HOST, 0};
+    kvi_CUmemLocation dev = {KVT_CU_MEM_LOCATION_TYPE_DEVICE, device};
+    kvi_CUmemLocation host = {KVT_CU_MEM_LOCATION_TYPE_HOST, 0};
     unsigned flags = c->cfg.prefer_overlap ? KVT_CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE : 0;
     b->attrs[KVT_COPY_STORE] =
-        (kvt_CUmemcpyAttributes){KVT_CU_MEMCPY_SRC_ACCESS_ORDER_STREAM, dev, host, flags};
+        (kvi_CUmemcpyAttributes){KVT_CU_MEMCPY_SRC_ACCESS_ORDER_STREAM, dev, host, flags};
     b->attrs[KVT_COPY_LOAD] =
-        (kvt_CUmemcpyAttributes){KVT_CU_MEMCPY_SRC_ACCESS_ORDER_ANY, host, dev, flags};
+        (kvi_CUmemcpyAttributes){KVT_CU_MEMCPY_SRC_ACCESS_ORDER_ANY, host, dev, flags};
     b->batched = b->cu->MemcpyBatchAsync && !c->cfg.force_fallback;
     if (!b->cu->MemcpyBatchAsync)
         KVT_LOG_W("copy: %s; using one cuMemcpyAsync per descriptor", b->cu->batch_missing);
     b->frag_max = c->cfg.kernel_max_bytes;
-    kvt_CUdevice dev_handle;
+    kvi_CUdevice dev_handle;
     if (b->frag_max == 0)
         snprintf(b->frag.why, sizeof(b->frag.why), "kernel_max_bytes is 0");
     else if (b->cu->DeviceGet(&dev_handle, device) != KVT_CUDA_SUCCESS)
         snprintf(b->frag.why, sizeof(b->frag.why), "cuDeviceGet(%d) failed", device);
-    else if (kvt_frag_load(b->cu, dev_handle, &b->frag))
+    else if (kvi_frag_load(b->cu, dev_handle, &b->frag))
         KVT_LOG_I("copy: device %d: gather/scatter kernel loaded and self-tested; jobs of "
                   "fragments averaging <= %llu bytes use it",
                   device, (unsigned long long)b->frag_max);
-    else if (kvt_cuda_frag_ptx_len == 0)
+    else if (kvi_cuda_frag_ptx_len == 0)
         KVT_LOG_I("copy: device %d: no gather/scatter kernel (%s); small fragments go by DMA",
                   device, b->frag.why);
     else
@@ -506,7 +506,7 @@ static int cuda_start(kvt_copy *c)
         c->threads = NULL;
         c->be = NULL;
         destroy_be(b);
-        return kvt_fail_errno(e, "copy: cannot start the issue thread");
+        return kvi_fail_errno(e, "copy: cannot start the issue thread");
     }
     c->n_threads = 1;
     return 0;
@@ -529,7 +529,7 @@ static void cuda_stop(kvt_copy *c)
         for (uint32_t i = 0; i < c->cfg.max_events; i++) {
             copy_job *j = &c->ring[d].slots[i];
             if (j->be_event)
-                b->cu->EventDestroy((kvt_CUevent)j->be_event);
+                b->cu->EventDestroy((kvi_CUevent)j->be_event);
             j->be_event = NULL;
             if (j->be_frags) /* the stream is synchronized: no kernel reads it any more */
                 b->cu->MemFreeHost(j->be_frags);
@@ -537,8 +537,8 @@ static void cuda_stop(kvt_copy *c)
             j->be_frags_cap = 0;
         }
     }
-    kvt_frag_unload(b->cu, &b->frag); /* cuModuleUnload acts on the current context */
-    kvt_CUcontext prev;
+    kvi_frag_unload(b->cu, &b->frag); /* cuModuleUnload acts on the current context */
+    kvi_CUcontext prev;
     b->cu->CtxPopCurrent(&prev);
     destroy_be(b);
     c->be = NULL;
@@ -547,34 +547,34 @@ static void cuda_stop(kvt_copy *c)
 static bool cuda_query(kvt_copy *c, copy_job *j)
 {
     cuda_be *b = c->be;
-    kvt_CUresult r = b->cu->EventQuery((kvt_CUevent)j->be_event);
+    kvi_CUresult r = b->cu->EventQuery((kvi_CUevent)j->be_event);
     if (r == KVT_CUDA_ERROR_NOT_READY)
         return false;
     if (r != KVT_CUDA_SUCCESS)
-        KVT_LOG_E("copy: event %lld: %s", (long long)j->event, kvt_cuda_err(r));
-    kvt_copy_job_finish(c, j, r == KVT_CUDA_SUCCESS);
+        KVT_LOG_E("copy: event %lld: %s", (long long)j->event, kvi_cuda_err(r));
+    kvi_copy_job_finish(c, j, r == KVT_CUDA_SUCCESS);
     return true;
 }
 
 static bool cuda_sync(kvt_copy *c, copy_job *j)
 {
     cuda_be *b = c->be;
-    kvt_CUresult r = b->cu->EventSynchronize((kvt_CUevent)j->be_event);
+    kvi_CUresult r = b->cu->EventSynchronize((kvi_CUevent)j->be_event);
     if (r != KVT_CUDA_SUCCESS)
-        KVT_LOG_E("copy: event %lld: %s", (long long)j->event, kvt_cuda_err(r));
+        KVT_LOG_E("copy: event %lld: %s", (long long)j->event, kvi_cuda_err(r));
     return r == KVT_CUDA_SUCCESS;
 }
 
 static int cuda_job_init(kvt_copy *c, copy_job *j)
 {
     cuda_be *b = c->be;
-    kvt_CUevent e = NULL;
+    kvi_CUevent e = NULL;
     b->cu->CtxPushCurrent(b->ctx);
-    kvt_CUresult r = b->cu->EventCreate(&e, KVT_CU_EVENT_DISABLE_TIMING);
-    kvt_CUcontext prev;
+    kvi_CUresult r = b->cu->EventCreate(&e, KVT_CU_EVENT_DISABLE_TIMING);
+    kvi_CUcontext prev;
     b->cu->CtxPopCurrent(&prev);
     if (r != KVT_CUDA_SUCCESS)
-        return kvt_fail(KVT_EIO, "copy: cuEventCreate: %s", kvt_cuda_err(r));
+        return kvt_fail(KVT_EIO, "copy: cuEventCreate: %s", kvi_cuda_err(r));
     j->be_event = e;
     return 0;
 }
@@ -588,16 +588,16 @@ static const copy_backend_ops cuda_ops = {
     .job_init = cuda_job_init,
 };
 
-const copy_backend_ops *kvt_copy_cuda_ops(const char **why)
+const copy_backend_ops *kvi_copy_cuda_ops(const char **why)
 {
-    if (!kvt_cuda()) {
+    if (!kvi_cuda()) {
         *why = g_why;
         return NULL;
     }
     return &cuda_ops;
 }
 
-const char *kvt_copy_cuda_kernel(const kvt_copy *c, uint64_t run_bytes, const char **why)
+const char *kvi_copy_cuda_kernel(const kvt_copy *c, uint64_t run_bytes, const char **why)
 {
     const cuda_be *b = c->be;
     if (why)
@@ -610,7 +610,7 @@ const char *kvt_copy_kernel_unavailable(const kvt_copy *c)
     if (!c || c->kind != KVT_BACKEND_CUDA)
         return "";
     const char *why = "";
-    kvt_copy_cuda_kernel(c, 0, &why);
+    kvi_copy_cuda_kernel(c, 0, &why);
     return why;
 }
 

@@ -9,17 +9,17 @@
 
 #include "copy/cuda_api.h"
 
-_Static_assert(sizeof(kvt_CUmemcpyAttributes) == sizeof(CUmemcpyAttributes), "attrs size");
-_Static_assert(offsetof(kvt_CUmemcpyAttributes, srcLocHint) ==
+_Static_assert(sizeof(kvi_CUmemcpyAttributes) == sizeof(CUmemcpyAttributes), "attrs size");
+_Static_assert(offsetof(kvi_CUmemcpyAttributes, srcLocHint) ==
                    offsetof(CUmemcpyAttributes, srcLocHint),
                "srcLocHint");
-_Static_assert(offsetof(kvt_CUmemcpyAttributes, dstLocHint) ==
+_Static_assert(offsetof(kvi_CUmemcpyAttributes, dstLocHint) ==
                    offsetof(CUmemcpyAttributes, dstLocHint),
                "dstLocHint");
-_Static_assert(offsetof(kvt_CUmemcpyAttributes, flags) == offsetof(CUmemcpyAttributes, flags),
+_Static_assert(offsetof(kvi_CUmemcpyAttributes, flags) == offsetof(CUmemcpyAttributes, flags),
                "flags");
-_Static_assert(sizeof(kvt_CUmemLocation) == sizeof(CUmemLocation), "location");
-_Static_assert(sizeof(kvt_CUdeviceptr) == sizeof(CUdeviceptr), "deviceptr");
+_Static_assert(sizeof(kvi_CUmemLocation) == sizeof(CUmemLocation), "location");
+_Static_assert(sizeof(kvi_CUdeviceptr) == sizeof(CUdeviceptr), "deviceptr");
 _Static_assert((int)KVT_CUDA_ERROR_NOT_READY == (int)CUDA_ERROR_NOT_READY, "not ready");
 _Static_assert((int)KVT_CU_STREAM_NON_BLOCKING == (int)CU_STREAM_NON_BLOCKING, "non-blocking");
 _Static_assert((int)KVT_CU_EVENT_DISABLE_TIMING == (int)CU_EVENT_DISABLE_TIMING, "disable timing");
@@ -51,10 +51,10 @@ _Static_assert((int)KVT_CU_GET_PROC_ADDRESS_SUCCESS == (int)CU_GET_PROC_ADDRESS_
 
 /* The 12.8 batch ABI we request by version. */
 static PFN_cuMemcpyBatchAsync_v12080 check_batch_abi;
-static kvt_pfn_memcpy_batch ours;
-void kvt_cuda_abi_check_unused(void);
-void kvt_cuda_abi_check_unused(void)
+static kvi_pfn_memcpy_batch ours;
+void kvi_cuda_abi_check_unused(void);
+void kvi_cuda_abi_check_unused(void)
 {
-    ours = (kvt_pfn_memcpy_batch)check_batch_abi;
+    ours = (kvi_pfn_memcpy_batch)check_batch_abi;
     (void)ours;
 }

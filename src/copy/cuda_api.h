@@ -5,7 +5,7 @@
  * and without a GPU. The driver ABI is stable; when the toolkit's cuda.h is present at build
  * time, cuda_abi_check.c asserts these declarations match it.
  *
- * kvt_cuda() returns the resolved function table, or NULL when no driver or no device is
+ * kvi_cuda() returns the resolved function table, or NULL when no driver or no device is
  * present (kvt_cuda_unavailable_reason() says which). Tests and benchmarks use it to
  * allocate device memory and to play the engine's compute stream.
  */
@@ -15,26 +15,26 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef int kvt_CUresult;
-typedef int kvt_CUdevice;
-typedef struct kvt_CUctx_st *kvt_CUcontext;
-typedef struct kvt_CUstream_st *kvt_CUstream;
-typedef struct kvt_CUevent_st *kvt_CUevent;
-typedef unsigned long long kvt_CUdeviceptr;
-typedef struct kvt_CUmod_st *kvt_CUmodule;
-typedef struct kvt_CUfunc_st *kvt_CUfunction;
+typedef int kvi_CUresult;
+typedef int kvi_CUdevice;
+typedef struct kvi_CUctx_st *kvi_CUcontext;
+typedef struct kvi_CUstream_st *kvi_CUstream;
+typedef struct kvi_CUevent_st *kvi_CUevent;
+typedef unsigned long long kvi_CUdeviceptr;
+typedef struct kvi_CUmod_st *kvi_CUmodule;
+typedef struct kvi_CUfunc_st *kvi_CUfunction;
 
-typedef struct kvt_CUmemLocation {
+typedef struct kvi_CUmemLocation {
     int type; /* CU_MEM_LOCATION_TYPE_* */
     int id;
-} kvt_CUmemLocation;
+} kvi_CUmemLocation;
 
-typedef struct kvt_CUmemcpyAttributes {
+typedef struct kvi_CUmemcpyAttributes {
     int srcAccessOrder; /* CU_MEMCPY_SRC_ACCESS_ORDER_* */
-    kvt_CUmemLocation srcLocHint;
-    kvt_CUmemLocation dstLocHint;
+    kvi_CUmemLocation srcLocHint;
+    kvi_CUmemLocation dstLocHint;
     unsigned int flags;
-} kvt_CUmemcpyAttributes;
+} kvi_CUmemcpyAttributes;
 
 enum {
     KVT_CUDA_SUCCESS = 0,
@@ -57,62 +57,62 @@ enum {
 
 /* cuMemcpyBatchAsync as of CUDA 12.8 (with failIdx); requested by version through
  * cuGetProcAddress so that a CUDA 13 driver hands out this ABI, not the 13.0 one. */
-typedef kvt_CUresult (*kvt_pfn_memcpy_batch)(kvt_CUdeviceptr *dsts, kvt_CUdeviceptr *srcs,
+typedef kvi_CUresult (*kvi_pfn_memcpy_batch)(kvi_CUdeviceptr *dsts, kvi_CUdeviceptr *srcs,
                                              size_t *sizes, size_t count,
-                                             kvt_CUmemcpyAttributes *attrs, size_t *attr_idxs,
+                                             kvi_CUmemcpyAttributes *attrs, size_t *attr_idxs,
                                              size_t num_attrs, size_t *fail_idx,
-                                             kvt_CUstream stream);
+                                             kvi_CUstream stream);
 
-typedef struct kvt_cuda_api {
-    kvt_CUresult (*Init)(unsigned flags);
-    kvt_CUresult (*DriverGetVersion)(int *v);
-    kvt_CUresult (*DeviceGetCount)(int *n);
-    kvt_CUresult (*DeviceGet)(kvt_CUdevice *d, int ordinal);
-    kvt_CUresult (*DevicePrimaryCtxRetain)(kvt_CUcontext *ctx, kvt_CUdevice d);
-    kvt_CUresult (*DevicePrimaryCtxRelease)(kvt_CUdevice d);
-    kvt_CUresult (*CtxSetCurrent)(kvt_CUcontext ctx);
-    kvt_CUresult (*CtxPushCurrent)(kvt_CUcontext ctx);
-    kvt_CUresult (*CtxPopCurrent)(kvt_CUcontext *ctx);
-    kvt_CUresult (*CtxGetStreamPriorityRange)(int *least, int *greatest);
-    kvt_CUresult (*StreamCreateWithPriority)(kvt_CUstream *s, unsigned flags, int prio);
-    kvt_CUresult (*StreamDestroy)(kvt_CUstream s);
-    kvt_CUresult (*StreamSynchronize)(kvt_CUstream s);
-    kvt_CUresult (*StreamWaitEvent)(kvt_CUstream s, kvt_CUevent e, unsigned flags);
-    kvt_CUresult (*EventCreate)(kvt_CUevent *e, unsigned flags);
-    kvt_CUresult (*EventDestroy)(kvt_CUevent e);
-    kvt_CUresult (*EventRecord)(kvt_CUevent e, kvt_CUstream s);
-    kvt_CUresult (*EventQuery)(kvt_CUevent e);
-    kvt_CUresult (*EventSynchronize)(kvt_CUevent e);
-    kvt_CUresult (*EventElapsedTime)(float *ms, kvt_CUevent a, kvt_CUevent b);
-    kvt_CUresult (*MemcpyAsync)(kvt_CUdeviceptr dst, kvt_CUdeviceptr src, size_t n, kvt_CUstream s);
-    kvt_CUresult (*MemHostRegister)(void *p, size_t n, unsigned flags);
-    kvt_CUresult (*MemHostUnregister)(void *p);
-    kvt_CUresult (*MemAllocHost)(void **p, size_t n);
-    kvt_CUresult (*MemFreeHost)(void *p);
-    kvt_CUresult (*MemAlloc)(kvt_CUdeviceptr *p, size_t n);
-    kvt_CUresult (*MemFree)(kvt_CUdeviceptr p);
-    kvt_CUresult (*MemcpyHtoD)(kvt_CUdeviceptr dst, const void *src, size_t n);
-    kvt_CUresult (*MemcpyDtoH)(void *dst, kvt_CUdeviceptr src, size_t n);
-    kvt_CUresult (*MemsetD8)(kvt_CUdeviceptr dst, unsigned char v, size_t n);
-    kvt_CUresult (*GetErrorString)(kvt_CUresult r, const char **s);
-    kvt_CUresult (*DeviceGetAttribute)(int *v, int attr, kvt_CUdevice d);
-    kvt_CUresult (*ModuleLoadData)(kvt_CUmodule *m, const void *image);
-    kvt_CUresult (*ModuleUnload)(kvt_CUmodule m);
-    kvt_CUresult (*ModuleGetFunction)(kvt_CUfunction *f, kvt_CUmodule m, const char *name);
-    kvt_CUresult (*LaunchKernel)(kvt_CUfunction f, unsigned gx, unsigned gy, unsigned gz,
+typedef struct kvi_cuda_api {
+    kvi_CUresult (*Init)(unsigned flags);
+    kvi_CUresult (*DriverGetVersion)(int *v);
+    kvi_CUresult (*DeviceGetCount)(int *n);
+    kvi_CUresult (*DeviceGet)(kvi_CUdevice *d, int ordinal);
+    kvi_CUresult (*DevicePrimaryCtxRetain)(kvi_CUcontext *ctx, kvi_CUdevice d);
+    kvi_CUresult (*DevicePrimaryCtxRelease)(kvi_CUdevice d);
+    kvi_CUresult (*CtxSetCurrent)(kvi_CUcontext ctx);
+    kvi_CUresult (*CtxPushCurrent)(kvi_CUcontext ctx);
+    kvi_CUresult (*CtxPopCurrent)(kvi_CUcontext *ctx);
+    kvi_CUresult (*CtxGetStreamPriorityRange)(int *least, int *greatest);
+    kvi_CUresult (*StreamCreateWithPriority)(kvi_CUstream *s, unsigned flags, int prio);
+    kvi_CUresult (*StreamDestroy)(kvi_CUstream s);
+    kvi_CUresult (*StreamSynchronize)(kvi_CUstream s);
+    kvi_CUresult (*StreamWaitEvent)(kvi_CUstream s, kvi_CUevent e, unsigned flags);
+    kvi_CUresult (*EventCreate)(kvi_CUevent *e, unsigned flags);
+    kvi_CUresult (*EventDestroy)(kvi_CUevent e);
+    kvi_CUresult (*EventRecord)(kvi_CUevent e, kvi_CUstream s);
+    kvi_CUresult (*EventQuery)(kvi_CUevent e);
+    kvi_CUresult (*EventSynchronize)(kvi_CUevent e);
+    kvi_CUresult (*EventElapsedTime)(float *ms, kvi_CUevent a, kvi_CUevent b);
+    kvi_CUresult (*MemcpyAsync)(kvi_CUdeviceptr dst, kvi_CUdeviceptr src, size_t n, kvi_CUstream s);
+    kvi_CUresult (*MemHostRegister)(void *p, size_t n, unsigned flags);
+    kvi_CUresult (*MemHostUnregister)(void *p);
+    kvi_CUresult (*MemAllocHost)(void **p, size_t n);
+    kvi_CUresult (*MemFreeHost)(void *p);
+    kvi_CUresult (*MemAlloc)(kvi_CUdeviceptr *p, size_t n);
+    kvi_CUresult (*MemFree)(kvi_CUdeviceptr p);
+    kvi_CUresult (*MemcpyHtoD)(kvi_CUdeviceptr dst, const void *src, size_t n);
+    kvi_CUresult (*MemcpyDtoH)(void *dst, kvi_CUdeviceptr src, size_t n);
+    kvi_CUresult (*MemsetD8)(kvi_CUdeviceptr dst, unsigned char v, size_t n);
+    kvi_CUresult (*GetErrorString)(kvi_CUresult r, const char **s);
+    kvi_CUresult (*DeviceGetAttribute)(int *v, int attr, kvi_CUdevice d);
+    kvi_CUresult (*ModuleLoadData)(kvi_CUmodule *m, const void *image);
+    kvi_CUresult (*ModuleUnload)(kvi_CUmodule m);
+    kvi_CUresult (*ModuleGetFunction)(kvi_CUfunction *f, kvi_CUmodule m, const char *name);
+    kvi_CUresult (*LaunchKernel)(kvi_CUfunction f, unsigned gx, unsigned gy, unsigned gz,
                                  unsigned bx, unsigned by, unsigned bz, unsigned shared_bytes,
-                                 kvt_CUstream s, void **params, void **extra);
-    kvt_pfn_memcpy_batch MemcpyBatchAsync; /* NULL: driver older than CUDA 12.8 */
+                                 kvi_CUstream s, void **params, void **extra);
+    kvi_pfn_memcpy_batch MemcpyBatchAsync; /* NULL: driver older than CUDA 12.8 */
     const char *batch_missing;             /* why MemcpyBatchAsync is NULL */
     int driver_version;
     int device_count;
-} kvt_cuda_api;
+} kvi_cuda_api;
 
 /* The driver, loaded and initialized once; NULL without a driver or a device. */
-const kvt_cuda_api *kvt_cuda(void);
+const kvi_cuda_api *kvi_cuda(void);
 /* "CUDA_ERROR_..." text for r (never NULL). */
-const char *kvt_cuda_err(kvt_CUresult r);
+const char *kvi_cuda_err(kvi_CUresult r);
 /* Makes device's primary context current on the calling thread (retained once per process). */
-int kvt_cuda_use_device(int device, kvt_CUcontext *ctx);
+int kvi_cuda_use_device(int device, kvi_CUcontext *ctx);
 
 #endif

@@ -22,7 +22,7 @@
 #include "copy/cuda_frag.h"
 #include "copy/cuda_frag_internal.h"
 
-bool kvt_frag_use(uint64_t bytes, uint32_t n_descs, uint64_t max_mean)
+bool kvi_frag_use(uint64_t bytes, uint32_t n_descs, uint64_t max_mean)
 {
     if (n_descs == 0 || max_mean == 0)
         return false;
@@ -33,7 +33,7 @@ bool kvt_frag_use(uint64_t bytes, uint32_t n_descs, uint64_t max_mean)
 
 /* Fragments for the self-test: 16-byte aligned ones of kvtier's sizes and odd ones, at
  * scattered places; returns how many (at most cap). */
-static uint32_t test_frags(kvt_frag *f, uint32_t cap, unsigned long long dst_base,
+static uint32_t test_frags(kvi_frag *f, uint32_t cap, unsigned long long dst_base,
                            unsigned long long src_base, bool reverse)
 {
     static const uint32_t sizes[] = {16384, 4096, 16, 48, 1, 4095, 8192 + 3, 65536, 32};
@@ -51,7 +51,7 @@ static uint32_t test_frags(kvt_frag *f, uint32_t cap, unsigned long long dst_bas
             src_off = dst_off;
             dst_off = t;
         }
-        f[n++] = (kvt_frag){dst_base + dst_off, src_base + src_off, sz};
+        f[n++] = (kvi_frag){dst_base + dst_off, src_base + src_off, sz};
         at += skew + sz + 4096;
     }
     return n;
@@ -59,35 +59,35 @@ static uint32_t test_frags(kvt_frag *f, uint32_t cap, unsigned long long dst_bas
 
 /* Device <- pinned host (scatter), then pinned host <- device (gather back), on one stream;
  * false with the reason in why if anything differs. */
-static bool self_test(const kvt_cuda_api *cu, kvt_frag_kernel *k, char *why, size_t why_len)
+static bool self_test(const kvi_cuda_api *cu, kvi_frag_kernel *k, char *why, size_t why_len)
 {
     unsigned char *host = NULL, *back = NULL;
-    kvt_frag *frags = NULL;
-    kvt_CUdeviceptr dev = 0;
-    kvt_CUstream s = NULL;
+    kvi_frag *frags = NULL;
+    kvi_CUdeviceptr dev = 0;
+    kvi_CUstream s = NULL;
     bool ok = false;
-    kvt_CUresult r;
+    kvi_CUresult r;
     if ((r = cu->MemAllocHost((void **)&host, TEST_BYTES)) ||
         (r = cu->MemAllocHost((void **)&back, TEST_BYTES)) ||
-        (r = cu->MemAllocHost((void **)&frags, 2 * 64 * sizeof(kvt_frag))) ||
+        (r = cu->MemAllocHost((void **)&frags, 2 * 64 * sizeof(kvi_frag))) ||
         (r = cu->MemAlloc(&dev, TEST_BYTES)) ||
         (r = cu->StreamCreateWithPriority(&s, KVT_CU_STREAM_NON_BLOCKING, 0))) {
-        snprintf(why, why_len, "self-test: cannot allocate: %s", kvt_cuda_err(r));
+        snprintf(why, why_len, "self-test: cannot allocate: %s", kvi_cuda_err(r));
         goto out;
     }
     for (uint32_t i = 0; i < TEST_BYTES; i++)
         host[i] = (unsigned char)(i * 167 + (i >> 9) + 1);
     memset(back, 0, TEST_BYTES);
     if ((r = cu->MemsetD8(dev, 0, TEST_BYTES))) {
-        snprintf(why, why_len, "self-test: cuMemsetD8: %s", kvt_cuda_err(r));
+        snprintf(why, why_len, "self-test: cuMemsetD8: %s", kvi_cuda_err(r));
         goto out;
     }
     /* host -> device: each fragment to the mirror place; device -> host: back where it was */
     uint32_t n1 = test_frags(frags, 64, dev, (unsigned long long)(uintptr_t)host, false);
     uint32_t n2 = test_frags(frags + 64, 64, (unsigned long long)(uintptr_t)back, dev, true);
-    if ((r = kvt_frag_launch(cu, k, frags, n1, s)) ||
-        (r = kvt_frag_launch(cu, k, frags + 64, n2, s)) || (r = cu->StreamSynchronize(s))) {
-        snprintf(why, why_len, "self-test: launch: %s", kvt_cuda_err(r));
+    if ((r = kvi_frag_launch(cu, k, frags, n1, s)) ||
+        (r = kvi_frag_launch(cu, k, frags + 64, n2, s)) || (r = cu->StreamSynchronize(s))) {
+        snprintf(why, why_len, "self-test: launch: %s", kvi_cuda_err(r));
         goto out;
     }
     for (uint32_t i = 0; i < n1; i++) {
@@ -126,20 +126,20 @@ out:
     return ok;
 }
 
-bool kvt_frag_load(const kvt_cuda_api *cu, kvt_CUdevice device, kvt_frag_kernel *k)
+bool kvi_frag_load(const kvi_cuda_api *cu, kvi_CUdevice device, kvi_frag_kernel *k)
 {
     memset(k, 0, sizeof(*k));
-    if (kvt_cuda_frag_ptx_len == 0) {
+    if (kvi_cuda_frag_ptx_len == 0) {
         snprintf(k->why, sizeof(k->why), "built without nvcc (no kernel PTX embedded)");
         return false;
     }
     int uva = 0, host_ptr = 0, sms = 0;
-    kvt_CUresult r;
+    kvi_CUresult r;
     if ((r = cu->DeviceGetAttribute(&uva, KVT_CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING, device)) ||
         (r = cu->DeviceGetAttribute(
              &host_ptr, KVT_CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM, device)) ||
         (r = cu->DeviceGetAttribute(&sms, KVT_CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device))) {
-        snprintf(k->why, sizeof(k->why), "cuDeviceGetAttribute: %s", kvt_cuda_err(r));
+        snprintf(k->why, sizeof(k->why), "cuDeviceGetAttribute: %s", kvi_cuda_err(r));
         return false;
     }
     if (!uva || !host_ptr) {
@@ -149,24 +149,24 @@ bool kvt_frag_load(const kvt_cuda_api *cu, kvt_CUdevice device, kvt_frag_kernel 
                  device, uva, host_ptr);
         return false;
     }
-    if ((r = cu->ModuleLoadData(&k->mod, kvt_cuda_frag_ptx))) {
+    if ((r = cu->ModuleLoadData(&k->mod, kvi_cuda_frag_ptx))) {
         snprintf(k->why, sizeof(k->why),
                  "cuModuleLoadData: %s (the PTX came from a newer toolkit than this driver "
                  "supports?)",
-                 kvt_cuda_err(r));
+                 kvi_cuda_err(r));
         k->mod = NULL;
         return false;
     }
-    if ((r = cu->ModuleGetFunction(&k->fn, k->mod, "kvt_copy_frags"))) {
-        snprintf(k->why, sizeof(k->why), "cuModuleGetFunction(kvt_copy_frags): %s",
-                 kvt_cuda_err(r));
-        kvt_frag_unload(cu, k);
+    if ((r = cu->ModuleGetFunction(&k->fn, k->mod, "kvi_copy_frags"))) {
+        snprintf(k->why, sizeof(k->why), "cuModuleGetFunction(kvi_copy_frags): %s",
+                 kvi_cuda_err(r));
+        kvi_frag_unload(cu, k);
         return false;
     }
     k->max_grid = sms > 0 ? (uint32_t)sms * 8 : 256;
     char why[sizeof(k->why)];
     if (!self_test(cu, k, why, sizeof(why))) {
-        kvt_frag_unload(cu, k);
+        kvi_frag_unload(cu, k);
         memcpy(k->why, why, sizeof(why));
         return false;
     }
@@ -174,7 +174,7 @@ bool kvt_frag_load(const kvt_cuda_api *cu, kvt_CUdevice device, kvt_frag_kernel 
     return true;
 }
 
-void kvt_frag_unload(const kvt_cuda_api *cu, kvt_frag_kernel *k)
+void kvi_frag_unload(const kvi_cuda_api *cu, kvi_frag_kernel *k)
 {
     if (k->mod)
         cu->ModuleUnload(k->mod);
@@ -183,14 +183,14 @@ void kvt_frag_unload(const kvt_cuda_api *cu, kvt_frag_kernel *k)
     k->ok = false;
 }
 
-kvt_CUresult kvt_frag_launch(const kvt_cuda_api *cu, const kvt_frag_kernel *k,
-                             const kvt_frag *frags, uint32_t n, kvt_CUstream s)
+kvi_CUresult kvi_frag_launch(const kvi_cuda_api *cu, const kvi_frag_kernel *k,
+                             const kvi_frag *frags, uint32_t n, kvi_CUstream s)
 {
     if (n == 0)
         return KVT_CUDA_SUCCESS;
     /* frags is pinned host memory (cuMemAllocHost): with unified addressing its host address
      * is its device address */
-    const kvt_frag *arg0 = frags;
+    const kvi_frag *arg0 = frags;
     unsigned int arg1 = n;
     void *params[] = {&arg0, &arg1};
     unsigned grid = n < k->max_grid ? n : k->max_grid;

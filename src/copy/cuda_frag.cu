@@ -16,15 +16,15 @@
 // enough reads are outstanding on the bus. Fragments not 16-byte aligned in address and size
 // are copied byte by byte (kvtier's layouts never make them; the path exists for correctness).
 
-struct kvt_frag {
+struct kvi_frag {
     unsigned long long dst, src, size;
 };
 
 extern "C" __global__ void __launch_bounds__(256)
-    kvt_copy_frags(const kvt_frag *__restrict__ frags, unsigned int n)
+    kvi_copy_frags(const kvi_frag *__restrict__ frags, unsigned int n)
 {
     for (unsigned int i = blockIdx.x; i < n; i += gridDim.x) {
-        const kvt_frag f = frags[i];
+        const kvi_frag f = frags[i];
         if (((f.dst | f.src | f.size) & 15ull) == 0) {
             const uint4 *s = reinterpret_cast<const uint4 *>(f.src);
             uint4 *d = reinterpret_cast<uint4 *>(f.dst);

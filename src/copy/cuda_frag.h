@@ -8,13 +8,13 @@
 
 #include <stddef.h>
 
-/* The kernel's PTX, NUL-terminated; kvt_cuda_frag_ptx_len is 0 in a build without nvcc. */
-extern const unsigned char kvt_cuda_frag_ptx[];
-extern const size_t kvt_cuda_frag_ptx_len;
+/* The kernel's PTX, NUL-terminated; kvi_cuda_frag_ptx_len is 0 in a build without nvcc. */
+extern const unsigned char kvi_cuda_frag_ptx[];
+extern const size_t kvi_cuda_frag_ptx_len;
 
-/* One fragment as the kernel reads it (struct kvt_frag in cuda_frag.cu). */
-typedef struct kvt_frag {
+/* One fragment as the kernel reads it (struct kvi_frag in cuda_frag.cu). */
+typedef struct kvi_frag {
     unsigned long long dst, src, size;
-} kvt_frag;
+} kvi_frag;
 
 #endif

@@ -13,24 +13,24 @@
 
 #define KVT_FRAG_THREADS 256 /* threads per block: __launch_bounds__ in cuda_frag.cu */
 
-typedef struct kvt_frag_kernel {
-    kvt_CUmodule mod;
-    kvt_CUfunction fn;
+typedef struct kvi_frag_kernel {
+    kvi_CUmodule mod;
+    kvi_CUfunction fn;
     uint32_t max_grid; /* blocks per launch: 8 per multiprocessor */
     bool ok;           /* loaded and passed its self-test */
     char why[200];     /* why not, when !ok */
-} kvt_frag_kernel;
+} kvi_frag_kernel;
 
 /* Loads the kernel into the current context (device's) and tests it; false with k->why set
  * when it cannot be used (the backend then copies by DMA). */
-bool kvt_frag_load(const kvt_cuda_api *cu, kvt_CUdevice device, kvt_frag_kernel *k);
-void kvt_frag_unload(const kvt_cuda_api *cu, kvt_frag_kernel *k);
+bool kvi_frag_load(const kvi_cuda_api *cu, kvi_CUdevice device, kvi_frag_kernel *k);
+void kvi_frag_unload(const kvi_cuda_api *cu, kvi_frag_kernel *k);
 /* Copies the n fragments of frags (pinned host memory from cuMemAllocHost, left untouched
  * until the stream has passed the launch) in one launch on s. */
-kvt_CUresult kvt_frag_launch(const kvt_cuda_api *cu, const kvt_frag_kernel *k,
-                             const kvt_frag *frags, uint32_t n, kvt_CUstream s);
+kvi_CUresult kvi_frag_launch(const kvi_cuda_api *cu, const kvi_frag_kernel *k,
+                             const kvi_frag *frags, uint32_t n, kvi_CUstream s);
 /* Whether a job of n_descs descriptors and `bytes` bytes goes to the kernel: its mean
  * descriptor is at most max_mean bytes (0: never). */
-bool kvt_frag_use(uint64_t bytes, uint32_t n_descs, uint64_t max_mean);
+bool kvi_frag_use(uint64_t bytes, uint32_t n_descs, uint64_t max_mean);
 
 #endif

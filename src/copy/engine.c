@@ -37,7 +37,7 @@ void kvt_copy_config_init(kvt_copy_config *cfg)
     cfg->kernel_max_bytes = 128u << 10;
 }
 
-uint32_t kvt_copy_coalesce(const uint32_t *src, const uint32_t *dst, uint32_t n, kvt_run *runs)
+uint32_t kvi_copy_coalesce(const uint32_t *src, const uint32_t *dst, uint32_t n, kvi_run *runs)
 {
     uint32_t k = 0;
     for (uint32_t i = 0; i < n; i++) {
@@ -46,15 +46,15 @@ uint32_t kvt_copy_coalesce(const uint32_t *src, const uint32_t *dst, uint32_t n,
             runs[k - 1].len++;
             continue;
         }
-        runs[k++] = (kvt_run){src[i], dst[i], 1};
+        runs[k++] = (kvi_run){src[i], dst[i], 1};
     }
     return k;
 }
 
-void kvt_copy_build_descs(const kvt_region *src_regions, const kvt_region *dst_regions,
-                          uint32_t n_regions, const kvt_run *runs, uint32_t n_runs, kvt_desc *out)
+void kvi_copy_build_descs(const kvt_region *src_regions, const kvt_region *dst_regions,
+                          uint32_t n_regions, const kvi_run *runs, uint32_t n_runs, kvi_desc *out)
 {
-    kvt_desc *d = out;
+    kvi_desc *d = out;
     for (uint32_t r = 0; r < n_regions; r++) {
         uint64_t bpb = src_regions[r].block_bytes;
         for (uint32_t k = 0; k < n_runs; k++) {
@@ -148,13 +148,13 @@ static int pick_backend(const kvt_copy_config *cfg, const kvt_layout *l,
         if (l->device >= 0)
             return kvt_fail(KVT_EINVAL, "copy: the CPU backend cannot copy device %d memory",
                             l->device);
-        *ops = &kvt_copy_cpu_ops;
+        *ops = &kvi_copy_cpu_ops;
         return 0;
     }
     if (want != KVT_BACKEND_CUDA)
         return kvt_fail(KVT_EINVAL, "copy: unknown backend %d", cfg->backend);
     const char *why = NULL;
-    *ops = kvt_copy_cuda_ops(&why);
+    *ops = kvi_copy_cuda_ops(&why);
     if (!*ops)
         return kvt_fail(KVT_EUNSUPPORTED, "copy: CUDA backend unavailable: %s", why);
     return 0;
@@ -199,7 +199,7 @@ int kvt_copy_create(const kvt_copy_config *cfg, const kvt_layout *layout, const 
     c->mirror = mirror;
     c->block_bytes = kvt_layout_block_bytes(layout);
     c->ops = ops;
-    c->kind = ops == &kvt_copy_cpu_ops ? KVT_BACKEND_CPU : KVT_BACKEND_CUDA;
+    c->kind = ops == &kvi_copy_cpu_ops ? KVT_BACKEND_CPU : KVT_BACKEND_CUDA;
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv_work, NULL);
     pthread_cond_init(&c->cv_done, NULL);
@@ -260,8 +260,8 @@ static int check_ids(const char *what, const uint32_t *ids, uint32_t n, uint32_t
 
 static int reserve(void **p, uint32_t *cap, uint64_t need, size_t elem)
 {
-    int rc = kvt_array_grow(p, cap, need, elem);
-    return rc ? kvt_fail_wrap(rc, "copy") : 0;
+    int rc = kvi_array_grow(p, cap, need, elem);
+    return rc ? kvi_fail_wrap(rc, "copy") : 0;
 }
 
 /* Splits the job's byte stream into chunk_bytes pieces for the CPU copy threads. */
@@ -329,15 +329,15 @@ int kvt_copy_submit(kvt_copy *c, int dir, int64_t event, const uint32_t *src, co
     /* The slot is FREE: no copy thread looks at it until it is queued below. */
     copy_job *j = &ring->slots[ring->tail % c->cfg.max_events];
     uint32_t nr = c->layout->n_regions;
-    rc = reserve((void **)&j->runs, &j->cap_runs, n, sizeof(kvt_run));
+    rc = reserve((void **)&j->runs, &j->cap_runs, n, sizeof(kvi_run));
     if (rc)
         return rc;
-    uint32_t runs = kvt_copy_coalesce(src, dst, n, j->runs);
-    rc = reserve((void **)&j->descs, &j->cap_descs, (uint64_t)runs * nr, sizeof(kvt_desc));
+    uint32_t runs = kvi_copy_coalesce(src, dst, n, j->runs);
+    rc = reserve((void **)&j->descs, &j->cap_descs, (uint64_t)runs * nr, sizeof(kvi_desc));
     if (rc)
         return rc;
     const kvt_region *dev_r = c->layout->regions, *host_r = c->mirror->regions;
-    kvt_copy_build_descs(store ? dev_r : host_r, store ? host_r : dev_r, nr, j->runs, runs,
+    kvi_copy_build_descs(store ? dev_r : host_r, store ? host_r : dev_r, nr, j->runs, runs,
                          j->descs);
     j->n_descs = runs * nr;
     if (c->kind == KVT_BACKEND_CPU && (rc = plan_chunks(c, j)))
@@ -360,28 +360,28 @@ int kvt_copy_submit(kvt_copy *c, int dir, int64_t event, const uint32_t *src, co
     return 0;
 }
 
-copy_job *kvt_copy_queue_front(kvt_copy *c)
+copy_job *kvi_copy_queue_front(kvt_copy *c)
 {
     return c->q_head == c->q_tail ? NULL : c->queue[c->q_head % c->q_cap];
 }
 
-copy_job *kvt_copy_wait_front(kvt_copy *c)
+copy_job *kvi_copy_wait_front(kvt_copy *c)
 {
     for (;;) {
-        copy_job *j = kvt_copy_queue_front(c);
+        copy_job *j = kvi_copy_queue_front(c);
         if (j || c->stop)
             return j;
         pthread_cond_wait(&c->cv_work, &c->mu);
     }
 }
 
-void kvt_copy_queue_pop(kvt_copy *c)
+void kvi_copy_queue_pop(kvt_copy *c)
 {
     c->q_head++;
     pthread_cond_broadcast(&c->cv_done);
 }
 
-void kvt_copy_job_finish(kvt_copy *c, copy_job *j, bool ok)
+void kvi_copy_job_finish(kvt_copy *c, copy_job *j, bool ok)
 {
     j->state = ok ? JOB_DONE : JOB_FAILED;
     pthread_cond_broadcast(&c->cv_done);
@@ -404,7 +404,7 @@ int kvt_copy_poll(kvt_copy *c, int dir, int64_t *hwm)
             c->st.events_failed[dir]++;
         }
         c->st.events_done[dir]++;
-        kvt_hist_observe(&c->lat[dir], kvt_monotonic_ns() - j->submit_ns);
+        kvi_hist_observe(&c->lat[dir], kvt_monotonic_ns() - j->submit_ns);
         ring->hwm = j->event;
         j->state = JOB_FREE;
         ring->head++;
@@ -455,7 +455,7 @@ int kvt_copy_flush(kvt_copy *c)
             pthread_mutex_unlock(&c->mu);
             bool ok = c->ops->sync(c, j);
             pthread_mutex_lock(&c->mu);
-            kvt_copy_job_finish(c, j, ok);
+            kvi_copy_job_finish(c, j, ok);
         }
     }
     pthread_mutex_unlock(&c->mu);
@@ -480,7 +480,7 @@ void kvt_copy_get_stats(const kvt_copy *c, kvt_copy_stats *s)
 const char *kvt_copy_kernel_name(const kvt_copy *c, uint64_t run_bytes)
 {
     if (c->kind != KVT_BACKEND_CPU)
-        return kvt_copy_cuda_kernel(c, run_bytes, NULL);
+        return kvi_copy_cuda_kernel(c, run_bytes, NULL);
     if (run_bytes < c->cfg.nt_min_bytes)
         return "memcpy";
     return c->kern[run_bytes >= KVT_KERNEL_LARGE_MIN]->name;
@@ -492,7 +492,7 @@ int kvt_copy_prometheus(const kvt_copy *c, char *buf, size_t cap, size_t *len)
         return kvt_fail(KVT_EINVAL, "copy: prometheus: NULL argument");
     kvt_copy_stats s;
     kvt_copy_get_stats(c, &s);
-    kvt_prom p = {buf, cap, 0};
+    kvi_prom p = {buf, cap, 0};
     static const char *const dir_name[2] = {"store", "load"};
     const struct {
         const char *name, *help;
@@ -506,31 +506,31 @@ int kvt_copy_prometheus(const kvt_copy *c, char *buf, size_t cap, size_t *len)
         {"descriptors_total", "Copies after coalescing.", s.descriptors},
     };
     for (size_t i = 0; i < KVT_ARRAY_LEN(counters); i++) {
-        kvt_prom_family(&p, "kvtier_copy", counters[i].name, counters[i].help, false);
+        kvi_prom_family(&p, "kvtier_copy", counters[i].name, counters[i].help, false);
         for (int d = 0; d < 2; d++)
-            kvt_prom_sample(&p, "kvtier_copy", counters[i].name, "direction", dir_name[d],
+            kvi_prom_sample(&p, "kvtier_copy", counters[i].name, "direction", dir_name[d],
                             counters[i].v[d]);
     }
-    kvt_prom_family(&p, "kvtier_copy", "outstanding_events", "Events submitted, not reported.",
+    kvi_prom_family(&p, "kvtier_copy", "outstanding_events", "Events submitted, not reported.",
                     true);
     for (int d = 0; d < 2; d++)
-        kvt_prom_sample(&p, "kvtier_copy", "outstanding_events", "direction", dir_name[d],
+        kvi_prom_sample(&p, "kvtier_copy", "outstanding_events", "direction", dir_name[d],
                         s.outstanding[d]);
-    kvt_hist lat[2];
+    kvi_hist lat[2];
     pthread_mutex_lock(&((kvt_copy *)c)->mu);
     memcpy(lat, c->lat, sizeof(lat));
     pthread_mutex_unlock(&((kvt_copy *)c)->mu);
-    kvt_prom_hist(&p, "kvtier_copy", "transfer_seconds",
+    kvi_prom_hist(&p, "kvtier_copy", "transfer_seconds",
                   "Latency of a copy event, from submission to the poll that reported it.",
                   "direction", dir_name, lat, 2);
-    kvt_prom_family(&p, "kvtier_copy", "kernel_info",
+    kvi_prom_family(&p, "kvtier_copy", "kernel_info",
                     "The copy kernel of small (16 KiB class) and large (2 MiB class) runs.", true);
     const char *kern[2] = {kvt_copy_kernel_name(c, KVT_KERNEL_SMALL_RUN),
                            kvt_copy_kernel_name(c, KVT_KERNEL_LARGE_RUN)};
     for (int k = 0; k < 2; k++)
-        kvt_prom_put(&p, "kvtier_copy_kernel_info{runs=\"%s\",kernel=\"%s\"} 1\n",
+        kvi_prom_put(&p, "kvtier_copy_kernel_info{runs=\"%s\",kernel=\"%s\"} 1\n",
                      k ? "large" : "small", kern[k]);
-    return kvt_prom_finish(&p, len, "copy");
+    return kvi_prom_finish(&p, len, "copy");
 }
 
 uint32_t kvt_copy_outstanding(const kvt_copy *c, int dir)

@@ -178,7 +178,7 @@ static const copy_kernel kernels[] = {
 };
 #define N_KERNELS (sizeof(kernels) / sizeof(kernels[0]))
 
-bool kvt_copy_kernel_runs_here(const copy_kernel *k)
+bool kvi_copy_kernel_runs_here(const copy_kernel *k)
 {
 #if defined(__x86_64__)
     if (k->fn == k_movsb)
@@ -194,17 +194,17 @@ bool kvt_copy_kernel_runs_here(const copy_kernel *k)
     return true;
 }
 
-const copy_kernel *kvt_copy_kernel_list(size_t *n)
+const copy_kernel *kvi_copy_kernel_list(size_t *n)
 {
     *n = N_KERNELS;
     return kernels;
 }
 
-const copy_kernel *kvt_copy_kernel_find(const char *name, size_t len)
+const copy_kernel *kvi_copy_kernel_find(const char *name, size_t len)
 {
     for (size_t i = 0; i < N_KERNELS; i++)
         if (strlen(kernels[i].name) == len && memcmp(kernels[i].name, name, len) == 0)
-            return kvt_copy_kernel_runs_here(&kernels[i]) ? &kernels[i] : NULL;
+            return kvi_copy_kernel_runs_here(&kernels[i]) ? &kernels[i] : NULL;
     return NULL;
 }
 
@@ -256,7 +256,7 @@ static void *cal_run(void *p)
         j->k->fn(j->dst + (size_t)j->perm[i] * j->run, j->src + (size_t)i * j->run, j->run, next,
                  next ? j->run : 0);
     }
-    kvt_copy_fence();
+    kvi_copy_fence();
     return NULL;
 }
 
@@ -292,7 +292,7 @@ static double cal_time(const copy_kernel *k, char *dst, const char *src, const u
 static const copy_kernel *chosen[2];
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 
-size_t kvt_copy_kernel_pick(const double *secs, size_t n, size_t dflt)
+size_t kvi_copy_kernel_pick(const double *secs, size_t n, size_t dflt)
 {
     size_t pick = dflt;
     for (size_t i = 0; i < n; i++)
@@ -313,7 +313,7 @@ static const copy_kernel *default_kernel(int cls)
     static const char *const order[2][4] = {{"avx512nt_pf", "avx2nt_pf", "sse2nt", "memcpy"},
                                             {"avx512nt4", "avx2nt4", "sse2nt", "memcpy"}};
     for (size_t i = 0; i < 4; i++) {
-        const copy_kernel *k = kvt_copy_kernel_find(order[cls][i], strlen(order[cls][i]));
+        const copy_kernel *k = kvi_copy_kernel_find(order[cls][i], strlen(order[cls][i]));
         if (k)
             return k;
     }
@@ -331,7 +331,7 @@ static bool from_env(void)
     const copy_kernel *k[2] = {NULL, NULL};
     bool bad = false;
     if (!strchr(e, ':')) {
-        k[0] = k[1] = kvt_copy_kernel_find(e, strlen(e));
+        k[0] = k[1] = kvi_copy_kernel_find(e, strlen(e));
         bad = !k[0];
     } else {
         for (const char *p = e; *p && !bad;) {
@@ -340,7 +340,7 @@ static bool from_env(void)
             int cls = len > 6 && strncmp(p, "small:", 6) == 0   ? 0
                       : len > 6 && strncmp(p, "large:", 6) == 0 ? 1
                                                                 : -1;
-            if (cls < 0 || k[cls] || !(k[cls] = kvt_copy_kernel_find(p + 6, len - 6)))
+            if (cls < 0 || k[cls] || !(k[cls] = kvi_copy_kernel_find(p + 6, len - 6)))
                 bad = true;
             p += len + (comma ? 1 : 0);
         }
@@ -352,7 +352,7 @@ static bool from_env(void)
         char names[256] = "";
         size_t at = 0;
         for (size_t i = 0; i < N_KERNELS; i++)
-            if (kvt_copy_kernel_runs_here(&kernels[i]) && at < sizeof(names))
+            if (kvi_copy_kernel_runs_here(&kernels[i]) && at < sizeof(names))
                 at += (size_t)snprintf(names + at, sizeof(names) - at, "%s%s", i ? ", " : "",
                                        kernels[i].name);
         KVT_LOG_W("copy: KVTIER_COPY_KERNEL=\"%s\" does not name kernels this CPU runs (\"name\" "
@@ -389,7 +389,7 @@ static const copy_kernel *fastest(char *dst, const char *src, uint32_t *perm, in
     double best[N_KERNELS];
     shuffle(perm, (uint32_t)(CAL_BYTES / run), 0x6b76636bu + run);
     for (size_t i = 0; i < N_KERNELS; i++) /* warms code and TLB; its time is kept only if best */
-        best[i] = kvt_copy_kernel_runs_here(&kernels[i])
+        best[i] = kvi_copy_kernel_runs_here(&kernels[i])
                       ? cal_time(&kernels[i], dst, src, perm, run, threads)
                       : 0;
     for (int round = 0; round < CAL_ROUNDS; round++)
@@ -402,7 +402,7 @@ static const copy_kernel *fastest(char *dst, const char *src, uint32_t *perm, in
         if (best[i] > 0)
             KVT_LOG_D("copy: calibration, %zu-byte runs, %u threads: %-12s %.2f GB/s", run, threads,
                       kernels[i].name, CAL_BYTES / best[i] / 1e9);
-    size_t pick = kvt_copy_kernel_pick(best, N_KERNELS, (size_t)(default_kernel(cls) - kernels));
+    size_t pick = kvi_copy_kernel_pick(best, N_KERNELS, (size_t)(default_kernel(cls) - kernels));
     return &kernels[pick];
 }
 
@@ -438,15 +438,15 @@ static void calibrate(void)
     free(perm);
 }
 
-const copy_kernel *const *kvt_copy_kernels(void)
+const copy_kernel *const *kvi_copy_kernels(void)
 {
     pthread_once(&once, calibrate);
     return chosen;
 }
 
-void kvt_copy_bytes_nt(void *dst, const void *src, size_t n)
+void kvi_copy_bytes_nt(void *dst, const void *src, size_t n)
 {
-    const copy_kernel *const *k = kvt_copy_kernels();
+    const copy_kernel *const *k = kvi_copy_kernels();
     k[n >= KVT_KERNEL_LARGE_MIN]->fn(dst, src, n, NULL, 0);
-    kvt_copy_fence();
+    kvi_copy_fence();
 }

@@ -17,11 +17,11 @@
 /* Copies n bytes from s to d; next (next_n bytes, may be NULL) is the run copied after this
  * one, which a prefetching kernel pulls into the cache while it copies. Non-temporal stores
  * are weakly ordered: after the last kernel call of a batch, and before anything tells another
- * thread the bytes are there, call kvt_copy_fence() (one store fence per batch, not per run:
+ * thread the bytes are there, call kvi_copy_fence() (one store fence per batch, not per run:
  * a fence drains the write-combining buffers, which per 16 KiB run costs a tenth of the copy). */
 typedef void (*copy_kernel_fn)(char *d, const char *s, size_t n, const char *next, size_t next_n);
 
-static inline void kvt_copy_fence(void)
+static inline void kvi_copy_fence(void)
 {
 #if defined(__x86_64__)
     __builtin_ia32_sfence();
@@ -37,15 +37,15 @@ typedef struct copy_kernel {
 
 /* The kernels for this machine, [0] small runs, [1] large runs: KVTIER_COPY_KERNEL, or the
  * fastest measured at the first call of the process (0.15-0.3 s). Thread-safe. */
-const copy_kernel *const *kvt_copy_kernels(void);
+const copy_kernel *const *kvi_copy_kernels(void);
 /* All kernels kvtier has (*n of them), whether this CPU runs them or not. */
-const copy_kernel *kvt_copy_kernel_list(size_t *n);
+const copy_kernel *kvi_copy_kernel_list(size_t *n);
 /* Whether this CPU has the instructions k needs (read at run time). */
-bool kvt_copy_kernel_runs_here(const copy_kernel *k);
+bool kvi_copy_kernel_runs_here(const copy_kernel *k);
 /* Calibration's choice from secs[i], kernel i's best time (0: the CPU does not run it): the
  * fastest, unless the expected kernel dflt is within 10% of it. */
-size_t kvt_copy_kernel_pick(const double *secs, size_t n, size_t dflt);
+size_t kvi_copy_kernel_pick(const double *secs, size_t n, size_t dflt);
 /* The kernel of that name if this CPU can run it, else NULL. */
-const copy_kernel *kvt_copy_kernel_find(const char *name, size_t len);
+const copy_kernel *kvi_copy_kernel_find(const char *name, size_t len);
 
 #endif

@@ -44,8 +44,8 @@ void kvt_layout_destroy(kvt_layout *l)
 
 static int grow(kvt_region **arr, uint32_t *cap, uint32_t need)
 {
-    int rc = kvt_array_grow((void **)arr, cap, need, sizeof(**arr));
-    return rc ? kvt_fail_wrap(rc, "layout") : 0;
+    int rc = kvi_array_grow((void **)arr, cap, need, sizeof(**arr));
+    return rc ? kvi_fail_wrap(rc, "layout") : 0;
 }
 
 int kvt_layout_add_region(kvt_layout *l, uint64_t base, uint64_t block_bytes)

@@ -41,7 +41,7 @@ uint32_t kvt_mirror_blocks_for(const kvt_layout *layout, uint64_t capacity_bytes
 static void unpin(kvt_mirror *m)
 {
     for (uint32_t i = 0; i < m->n_pins; i++)
-        kvt_cuda_host_unregister(m->pins[i]);
+        kvi_cuda_host_unregister(m->pins[i]);
     m->n_pins = 0;
     m->pinned = false;
 }
@@ -61,7 +61,7 @@ static void pin(kvt_mirror *m, uint64_t chunk)
     }
     for (size_t off = 0; off < size; off += chunk) {
         size_t len = size - off < chunk ? size - off : chunk;
-        if (kvt_cuda_host_register(base + off, len) != 0) {
+        if (kvi_cuda_host_register(base + off, len) != 0) {
             KVT_LOG_W("mirror: cannot pin %zu bytes (%s); host tier stays unpinned, copies are "
                       "slower",
                       len, kvt_last_error());
@@ -104,7 +104,7 @@ int kvt_mirror_create(const kvt_mirror_config *cfg, const kvt_layout *layout, kv
     if (rc) {
         free(m->regions);
         free(m);
-        return kvt_fail_wrap(rc, "mirror");
+        return kvi_fail_wrap(rc, "mirror");
     }
     m->num_blocks = cfg->host_blocks;
     m->n_regions = layout->n_regions;

@@ -60,7 +60,7 @@ typedef struct disk_pipe {
     bool zero_copy;    /* vectored I/O straight from/to the blocks (everything aligned) */
     struct iovec *iov; /* zero copy: (n_regions + 1) per staging index */
     bool staging_pinned;
-    kvt_CUstream stream;          /* CUDA layouts: device <-> staging copies */
+    kvi_CUstream stream;          /* CUDA layouts: device <-> staging copies */
     unsigned char *pad_raw, *pad; /* zero copy: the slot's padding (zeros / a read sink) */
     struct io_uring ring;
     bool ring_ok, fixed_file, fixed_bufs;
@@ -130,12 +130,12 @@ static void set_fatal(kvt_disk *d, const char *what, int err)
  * (the disk I/O of other blocks keeps running meanwhile). False on a device error. */
 static bool cuda_copy(disk_pipe *p, uint32_t block, unsigned char *buf, bool to_host)
 {
-    const kvt_cuda_api *cu = kvt_cuda();
+    const kvi_cuda_api *cu = kvi_cuda();
     const kvt_layout *l = p->d->layout;
-    kvt_CUresult r = KVT_CUDA_SUCCESS;
+    kvi_CUresult r = KVT_CUDA_SUCCESS;
     for (uint32_t i = 0; i < l->n_regions && r == KVT_CUDA_SUCCESS; i++) {
         uint64_t bpb = l->regions[i].block_bytes, dev = l->regions[i].base + block * bpb;
-        kvt_CUdeviceptr host = (kvt_CUdeviceptr)(uintptr_t)buf;
+        kvi_CUdeviceptr host = (kvi_CUdeviceptr)(uintptr_t)buf;
         r = to_host ? cu->MemcpyAsync(host, dev, bpb, p->stream)
                     : cu->MemcpyAsync(dev, host, bpb, p->stream);
         buf += bpb;
@@ -144,7 +144,7 @@ static bool cuda_copy(disk_pipe *p, uint32_t block, unsigned char *buf, bool to_
         r = cu->StreamSynchronize(p->stream);
     if (r != KVT_CUDA_SUCCESS) {
         pthread_mutex_lock(&p->d->mu);
-        set_fatal(p->d, kvt_cuda_err(r), EIO);
+        set_fatal(p->d, kvi_cuda_err(r), EIO);
         pthread_mutex_unlock(&p->d->mu);
         return false;
     }
@@ -216,7 +216,7 @@ static bool reap_one(disk_pipe *p, disk_job *j)
     pthread_mutex_lock(&d->mu);
     j->failed = true;
     d->st.io_errors[p->dir]++;
-    if (p->dir == KVT_COPY_LOAD && kvt_array_grow((void **)&d->invalid, &d->cap_invalid,
+    if (p->dir == KVT_COPY_LOAD && kvi_array_grow((void **)&d->invalid, &d->cap_invalid,
                                                   d->n_invalid + 1ull, sizeof(uint32_t)) == 0)
         d->invalid[d->n_invalid++] = j->dst[i];
     pthread_mutex_unlock(&d->mu);
@@ -284,10 +284,10 @@ static bool run_job(disk_pipe *p, disk_job *j)
     bool ok = true;
     /* CUDA: the engine's compute point (stores: KV written; loads: the blocks' readers done) */
     if (p->stream && j->wait) {
-        kvt_CUresult r = kvt_cuda()->StreamWaitEvent(p->stream, (kvt_CUevent)j->wait, 0);
+        kvi_CUresult r = kvi_cuda()->StreamWaitEvent(p->stream, (kvi_CUevent)j->wait, 0);
         if (r != KVT_CUDA_SUCCESS) {
             pthread_mutex_lock(&d->mu);
-            set_fatal(d, kvt_cuda_err(r), EIO);
+            set_fatal(d, kvi_cuda_err(r), EIO);
             pthread_mutex_unlock(&d->mu);
             return false;
         }
@@ -333,7 +333,7 @@ static void *pipe_thread(void *arg)
     disk_pipe *p = arg;
     kvt_disk *d = p->d;
     if (p->stream)
-        kvt_cuda_use_device(d->layout->device, NULL);
+        kvi_cuda_use_device(d->layout->device, NULL);
     pthread_mutex_lock(&d->mu);
     for (;;) {
         while (!d->stop && !d->fatal && p->next == p->tail)
@@ -386,20 +386,20 @@ static int pipe_init(kvt_disk *d, int dir)
     const kvt_layout *l = d->layout;
     p->zero_copy = l->n_regions < IOV_MAX && l->device < 0;
     if (l->device >= 0) { /* device memory: staged through pinned buffers on a copy stream */
-        const kvt_cuda_api *cu = kvt_cuda();
+        const kvi_cuda_api *cu = kvi_cuda();
         int least = 0, greatest = 0;
-        int rc = kvt_cuda_use_device(l->device, NULL);
+        int rc = kvi_cuda_use_device(l->device, NULL);
         if (rc)
             return rc;
-        rc = kvt_cuda_host_register(p->staging, bytes);
+        rc = kvi_cuda_host_register(p->staging, bytes);
         if (rc)
             return rc;
         p->staging_pinned = true;
         cu->CtxGetStreamPriorityRange(&least, &greatest);
-        kvt_CUresult r =
+        kvi_CUresult r =
             cu->StreamCreateWithPriority(&p->stream, KVT_CU_STREAM_NON_BLOCKING, least);
         if (r != KVT_CUDA_SUCCESS)
-            return kvt_fail(KVT_EIO, "disk: cannot create a copy stream: %s", kvt_cuda_err(r));
+            return kvt_fail(KVT_EIO, "disk: cannot create a copy stream: %s", kvi_cuda_err(r));
     }
     for (uint32_t r = 0; r < l->n_regions && p->zero_copy && !d->cfg.page_cache; r++)
         p->zero_copy = l->regions[r].base % align == 0 && l->regions[r].block_bytes % align == 0;
@@ -412,7 +412,7 @@ static int pipe_init(kvt_disk *d, int dir)
     }
     int rc = io_uring_queue_init(qd, &p->ring, 0);
     if (rc < 0)
-        return kvt_fail_errno(-rc, "disk: io_uring_queue_init(%u)", qd);
+        return kvi_fail_errno(-rc, "disk: io_uring_queue_init(%u)", qd);
     p->ring_ok = true;
     p->fixed_file = io_uring_register_files(&p->ring, &d->fd, 1) == 0;
     struct iovec *iov = calloc(qd, sizeof(*iov));
@@ -428,7 +428,7 @@ static int pipe_init(kvt_disk *d, int dir)
                   d->path);
     int e = pthread_create(&p->th, NULL, pipe_thread, p);
     if (e)
-        return kvt_fail_errno(e, "disk: cannot start the %s thread",
+        return kvi_fail_errno(e, "disk: cannot start the %s thread",
                               dir == KVT_COPY_STORE ? "store" : "load");
     p->started = true;
     return 0;
@@ -457,9 +457,9 @@ static void pipe_free(kvt_disk *d, disk_pipe *p)
     if (p->ring_ok)
         io_uring_queue_exit(&p->ring);
     if (p->stream)
-        kvt_cuda()->StreamDestroy(p->stream);
+        kvi_cuda()->StreamDestroy(p->stream);
     if (p->staging_pinned)
-        kvt_cuda_host_unregister(p->staging);
+        kvi_cuda_host_unregister(p->staging);
     for (uint32_t i = 0; p->jobs && i < d->cfg.max_events; i++) {
         free(p->jobs[i].src);
         free(p->jobs[i].dst);
@@ -509,7 +509,7 @@ static int open_file(kvt_disk *d)
     if (n < 0 || (size_t)n >= sizeof(d->path))
         return kvt_fail(KVT_EINVAL, "disk: path too long");
     if (unlink(d->path) != 0 && errno != ENOENT)
-        return kvt_fail_errno(errno, "disk: cannot remove the stale file %s", d->path);
+        return kvi_fail_errno(errno, "disk: cannot remove the stale file %s", d->path);
     int flags = O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
     if (!d->cfg.page_cache)
         flags |= O_DIRECT;
@@ -520,13 +520,13 @@ static int open_file(kvt_disk *d)
                         "page_cache to use buffered I/O)",
                         d->path);
     if (d->fd < 0)
-        return kvt_fail_errno(errno, "disk: cannot create %s", d->path);
+        return kvi_fail_errno(errno, "disk: cannot create %s", d->path);
     if (ftruncate(d->fd, (off_t)(d->slot_bytes * d->n_slots)) != 0) {
         int e = errno;
         close(d->fd);
         d->fd = -1;
         unlink(d->path);
-        return kvt_fail_errno(e, "disk: cannot size %s to %llu bytes", d->path,
+        return kvi_fail_errno(e, "disk: cannot size %s to %llu bytes", d->path,
                               (unsigned long long)(d->slot_bytes * d->n_slots));
     }
     return 0;
@@ -601,7 +601,7 @@ uint64_t kvt_disk_slot_bytes(const kvt_disk *d)
     return d->slot_bytes;
 }
 
-const kvt_layout *kvt_disk_layout(const kvt_disk *d)
+const kvt_layout *kvi_disk_layout(const kvt_disk *d)
 {
     return d->layout;
 }
@@ -651,12 +651,12 @@ int kvt_disk_submit(kvt_disk *d, int dir, int64_t event, const uint32_t *src, co
         return kvt_fail(KVT_EBUSY, "disk: %u events outstanding (max_events)", d->cfg.max_events);
     disk_job *j = &p->jobs[p->tail % d->cfg.max_events]; /* FREE: ours until queued */
     uint32_t c1 = j->cap, c2 = j->cap;
-    rc = kvt_array_grow((void **)&j->src, &c1, n, sizeof(uint32_t));
+    rc = kvi_array_grow((void **)&j->src, &c1, n, sizeof(uint32_t));
     if (!rc)
-        rc = kvt_array_grow((void **)&j->dst, &c2, n, sizeof(uint32_t));
+        rc = kvi_array_grow((void **)&j->dst, &c2, n, sizeof(uint32_t));
     j->cap = c1 < c2 ? c1 : c2;
     if (rc)
-        return kvt_fail_wrap(rc, "disk");
+        return kvi_fail_wrap(rc, "disk");
     memcpy(j->src, src, n * sizeof(uint32_t));
     memcpy(j->dst, dst, n * sizeof(uint32_t));
     j->n = n;
@@ -686,7 +686,7 @@ int kvt_disk_poll(kvt_disk *d, int dir, int64_t *hwm)
         if (j->state != DJOB_DONE)
             break;
         if (j->failed) {
-            if (kvt_array_grow((void **)&d->failed[dir], &d->cap_failed[dir],
+            if (kvi_array_grow((void **)&d->failed[dir], &d->cap_failed[dir],
                                d->n_failed[dir] + 1ull, sizeof(int64_t)) != 0) {
                 /* a failed event must never be reported as fine */
                 set_fatal(d, "recording a failed event (out of memory)", ENOMEM);
@@ -774,7 +774,7 @@ int kvt_disk_prometheus(const kvt_disk *d, char *buf, size_t cap, size_t *len)
         return kvt_fail(KVT_EINVAL, "disk: prometheus: NULL argument");
     kvt_disk_stats s;
     kvt_disk_get_stats(d, &s);
-    kvt_prom p = {buf, cap, 0};
+    kvi_prom p = {buf, cap, 0};
     static const char *const dir_name[2] = {"write", "read"};
     const struct {
         const char *name, *help;
@@ -787,14 +787,14 @@ int kvt_disk_prometheus(const kvt_disk *d, char *buf, size_t cap, size_t *len)
         {"io_errors_total", "Blocks whose I/O failed or was short.", s.io_errors},
     };
     for (size_t i = 0; i < sizeof(counters) / sizeof(counters[0]); i++) {
-        kvt_prom_family(&p, "kvtier_disk", counters[i].name, counters[i].help, false);
+        kvi_prom_family(&p, "kvtier_disk", counters[i].name, counters[i].help, false);
         for (int k = 0; k < 2; k++)
-            kvt_prom_sample(&p, "kvtier_disk", counters[i].name, "direction", dir_name[k],
+            kvi_prom_sample(&p, "kvtier_disk", counters[i].name, "direction", dir_name[k],
                             counters[i].v[k]);
     }
-    kvt_prom_metric(&p, "kvtier_disk", "fatal", "1 once a fatal error stopped the tier.", true,
+    kvi_prom_metric(&p, "kvtier_disk", "fatal", "1 once a fatal error stopped the tier.", true,
                     s.fatal);
-    return kvt_prom_finish(&p, len, "disk");
+    return kvi_prom_finish(&p, len, "disk");
 }
 
 uint32_t kvt_disk_outstanding(const kvt_disk *d, int dir)

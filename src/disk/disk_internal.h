@@ -6,6 +6,6 @@
 #include "kvtier/disk.h"
 
 /* The layout the disk was created over (the worker checks it is its host mirror's). */
-const kvt_layout *kvt_disk_layout(const kvt_disk *d);
+const kvt_layout *kvi_disk_layout(const kvt_disk *d);
 
 #endif

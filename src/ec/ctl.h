@@ -16,7 +16,7 @@
 #include "kvtier/ec.h"
 #include "kvtier/meta.h"
 
-enum kvt_ecc_op {
+enum kvi_ecc_op {
     KVT_ECC_PEERS = 1,      /* -> the shards' control ports */
     KVT_ECC_EVENT_PORT = 2, /* -> the port of this shard's event socket */
     KVT_ECC_STATUS = 3,     /* one transfer id -> its active record, if any */
@@ -34,7 +34,7 @@ enum kvt_ecc_op {
 #define KVT_ECC_MAX_ADDR  8192u      /* bytes of a data-plane address */
 
 /* One item of a request; which fields count depends on the op. */
-typedef struct kvt_ecc_item {
+typedef struct kvi_ecc_item {
     kvt_str transfer_id; /* every op with items */
     kvt_str mm_hash;     /* reserve */
     uint64_t nbytes;     /* reserve */
@@ -47,19 +47,19 @@ typedef struct kvt_ecc_item {
      * id again on a repeated reserve. cancel: the consumer's owner key, needed (and only
      * looked at) when reservation_id is "" */
     kvt_str client_key;
-} kvt_ecc_item;
+} kvi_ecc_item;
 
-typedef struct kvt_ecc_request {
+typedef struct kvi_ecc_request {
     uint32_t op;
     uint32_t n; /* 0 for peers and event_port, 1 for single ops, 1..KVT_ECC_MAX_BATCH */
-    kvt_ecc_item *items;
+    kvi_ecc_item *items;
     /* private */
     uint32_t cap;
     kvt_bump strings;
-} kvt_ecc_request;
+} kvi_ecc_request;
 
 /* The outcome of one item. */
-typedef struct kvt_ecc_result {
+typedef struct kvi_ecc_result {
     int32_t code;  /* 0, or the KVT_E* code the shard answered for this item */
     kvt_str error; /* its message ("" when code is 0) */
     /* reserve: the reservation (kvt_ec_reply) and the data plane's tag for its bytes */
@@ -74,14 +74,14 @@ typedef struct kvt_ecc_result {
     kvt_str mm_hash, dtype;
     uint32_t ndim;
     uint64_t shape[KVT_EC_MAX_DIMS];
-} kvt_ecc_result;
+} kvi_ecc_result;
 
-typedef struct kvt_ecc_reply {
+typedef struct kvi_ecc_reply {
     uint32_t op;
     int32_t code;  /* the whole request failed (malformed, shutting down): 0 or KVT_E* */
     kvt_str error; /* its message */
     uint32_t n;    /* results, one per request item (code 0 only) */
-    kvt_ecc_result *results;
+    kvi_ecc_result *results;
     uint32_t n_ports; /* peers: the shards' control ports, in rank order */
     uint32_t ports[KVT_EC_MAX_SHARDS];
     uint32_t port;            /* event_port */
@@ -90,10 +90,10 @@ typedef struct kvt_ecc_reply {
     /* private */
     uint32_t cap;
     kvt_bump strings;
-} kvt_ecc_reply;
+} kvi_ecc_reply;
 
 /* A readiness event (or an abandoned notice) pushed by a shard. */
-typedef struct kvt_ecc_event {
+typedef struct kvi_ecc_event {
     kvt_str transfer_id, mm_hash, reservation_id, dtype;
     uint64_t nbytes;
     uint32_t ndim;
@@ -102,87 +102,87 @@ typedef struct kvt_ecc_event {
     uint32_t shard; /* the sending shard's rank */
     /* private */
     kvt_bump strings;
-} kvt_ecc_event;
+} kvi_ecc_event;
 
-const char *kvt_ecc_op_name(uint32_t op);
+const char *kvi_ecc_op_name(uint32_t op);
 /* The data plane's tag for a reservation: the first 64 bits of its (random) id. */
-uint64_t kvt_ecc_rid_tag(const char *reservation_id);
+uint64_t kvi_ecc_rid_tag(const char *reservation_id);
 /* Sets a data_address reply's bytes (copied). */
-int kvt_ecc_reply_set_address(kvt_ecc_reply *r, const void *addr, uint32_t len);
+int kvi_ecc_reply_set_address(kvi_ecc_reply *r, const void *addr, uint32_t len);
 
-void kvt_ecc_request_init(kvt_ecc_request *r);
-void kvt_ecc_request_clear(kvt_ecc_request *r);
-void kvt_ecc_request_release(kvt_ecc_request *r);
+void kvi_ecc_request_init(kvi_ecc_request *r);
+void kvi_ecc_request_clear(kvi_ecc_request *r);
+void kvi_ecc_request_release(kvi_ecc_request *r);
 /* Starts a request of op (clears r). */
-void kvt_ecc_request_begin(kvt_ecc_request *r, uint32_t op);
+void kvi_ecc_request_begin(kvi_ecc_request *r, uint32_t op);
 /* Appends an item (its strings are referenced, not copied, until r is cleared). */
-int kvt_ecc_request_add(kvt_ecc_request *r, const kvt_ecc_item *it);
-int kvt_ecc_request_validate(const kvt_ecc_request *r);
-size_t kvt_ecc_request_encoded_size(const kvt_ecc_request *r);
-int kvt_ecc_request_encode(const kvt_ecc_request *r, void *buf, size_t cap, size_t *len);
-int kvt_ecc_request_decode(kvt_ecc_request *r, const void *buf, size_t len);
+int kvi_ecc_request_add(kvi_ecc_request *r, const kvi_ecc_item *it);
+int kvi_ecc_request_validate(const kvi_ecc_request *r);
+size_t kvi_ecc_request_encoded_size(const kvi_ecc_request *r);
+int kvi_ecc_request_encode(const kvi_ecc_request *r, void *buf, size_t cap, size_t *len);
+int kvi_ecc_request_decode(kvi_ecc_request *r, const void *buf, size_t len);
 
-void kvt_ecc_reply_init(kvt_ecc_reply *r);
-void kvt_ecc_reply_clear(kvt_ecc_reply *r);
-void kvt_ecc_reply_release(kvt_ecc_reply *r);
+void kvi_ecc_reply_init(kvi_ecc_reply *r);
+void kvi_ecc_reply_clear(kvi_ecc_reply *r);
+void kvi_ecc_reply_release(kvi_ecc_reply *r);
 /* Starts a reply to op (clears r). */
-void kvt_ecc_reply_begin(kvt_ecc_reply *r, uint32_t op);
+void kvi_ecc_reply_begin(kvi_ecc_reply *r, uint32_t op);
 /* Appends a result; its strings are copied. */
-int kvt_ecc_reply_add(kvt_ecc_reply *r, const kvt_ecc_result *res);
+int kvi_ecc_reply_add(kvi_ecc_reply *r, const kvi_ecc_result *res);
 /* Makes r a whole-request failure (results dropped); the message is copied. */
-int kvt_ecc_reply_fail(kvt_ecc_reply *r, int code, const char *msg);
-int kvt_ecc_reply_validate(const kvt_ecc_reply *r);
-size_t kvt_ecc_reply_encoded_size(const kvt_ecc_reply *r);
-int kvt_ecc_reply_encode(const kvt_ecc_reply *r, void *buf, size_t cap, size_t *len);
-int kvt_ecc_reply_decode(kvt_ecc_reply *r, const void *buf, size_t len);
+int kvi_ecc_reply_fail(kvi_ecc_reply *r, int code, const char *msg);
+int kvi_ecc_reply_validate(const kvi_ecc_reply *r);
+size_t kvi_ecc_reply_encoded_size(const kvi_ecc_reply *r);
+int kvi_ecc_reply_encode(const kvi_ecc_reply *r, void *buf, size_t cap, size_t *len);
+int kvi_ecc_reply_decode(kvi_ecc_reply *r, const void *buf, size_t len);
 /* The reply answers req: same op and, unless it failed as a whole, one result per item. */
-int kvt_ecc_reply_check(const kvt_ecc_reply *rep, const kvt_ecc_request *req);
+int kvi_ecc_reply_check(const kvi_ecc_reply *rep, const kvi_ecc_request *req);
 
-void kvt_ecc_event_init(kvt_ecc_event *e);
-void kvt_ecc_event_release(kvt_ecc_event *e);
-int kvt_ecc_event_validate(const kvt_ecc_event *e);
-size_t kvt_ecc_event_encoded_size(const kvt_ecc_event *e);
-int kvt_ecc_event_encode(const kvt_ecc_event *e, void *buf, size_t cap, size_t *len);
-int kvt_ecc_event_decode(kvt_ecc_event *e, const void *buf, size_t len);
+void kvi_ecc_event_init(kvi_ecc_event *e);
+void kvi_ecc_event_release(kvi_ecc_event *e);
+int kvi_ecc_event_validate(const kvi_ecc_event *e);
+size_t kvi_ecc_event_encoded_size(const kvi_ecc_event *e);
+int kvi_ecc_event_encode(const kvi_ecc_event *e, void *buf, size_t cap, size_t *len);
+int kvi_ecc_event_decode(kvi_ecc_event *e, const void *buf, size_t len);
 
 /* ---- keys: a producer's client key, the consumer's owner key (owner.c) --------------------- */
 
 /* 0 when k is 32 lowercase hex digits. */
-int kvt_ecc_key_check(const char *k);
+int kvi_ecc_key_check(const char *k);
 /* 128 random bits from the kernel, as 32 hex digits. */
-int kvt_ecc_key_random(char out[KVT_EC_RID_LEN + 1]);
+int kvi_ecc_key_random(char out[KVT_EC_RID_LEN + 1]);
 /* Both are keys and equal (in time independent of where they differ). */
-bool kvt_ecc_key_equal(const char *a, const char *b);
+bool kvi_ecc_key_equal(const char *a, const char *b);
 /* The owner key file of the server on control port `port` (kvt_ec_owner_key_path): written
  * (0600, atomically) by a server that made its key, read by an inbox without a configured
  * key, removed by the server that wrote it. */
-int kvt_ecc_owner_write(uint32_t port, const char *key);
-int kvt_ecc_owner_read(uint32_t port, char out[KVT_EC_RID_LEN + 1]);
-void kvt_ecc_owner_remove(uint32_t port, const char *key);
+int kvi_ecc_owner_write(uint32_t port, const char *key);
+int kvi_ecc_owner_read(uint32_t port, char out[KVT_EC_RID_LEN + 1]);
+void kvi_ecc_owner_remove(uint32_t port, const char *key);
 
 /* ---- client ------------------------------------------------------------------------------ */
 
 /* CURVE keys of a client: the server's public key and the client's pair (Z85, 40 chars). */
-typedef struct kvt_ecc_curve {
+typedef struct kvi_ecc_curve {
     const char *server_key, *public_key, *secret_key;
-} kvt_ecc_curve;
+} kvi_ecc_curve;
 /* 0 when k is NULL or its keys are all unset (no CURVE), or all set, well formed and libzmq
  * has CURVE; KVT_EINVAL / KVT_EUNSUPPORTED otherwise. *on says which. */
-int kvt_ecc_curve_check(const kvt_ecc_curve *k, bool *on);
+int kvi_ecc_curve_check(const kvi_ecc_curve *k, bool *on);
 /* Makes sock a CURVE client of k (a no-op without keys). */
-int kvt_ecc_curve_client(void *sock, const kvt_ecc_curve *k);
+int kvi_ecc_curve_client(void *sock, const kvi_ecc_curve *k);
 
 /* REQ sockets to control servers, one per endpoint, reused; one client per thread. curve may
  * be NULL (copied otherwise). */
-typedef struct kvt_ecc_client kvt_ecc_client;
-int kvt_ecc_client_create(int timeout_ms, const kvt_ecc_curve *curve, kvt_ecc_client **out);
-void kvt_ecc_client_destroy(kvt_ecc_client *c);
+typedef struct kvi_ecc_client kvi_ecc_client;
+int kvi_ecc_client_create(int timeout_ms, const kvi_ecc_curve *curve, kvi_ecc_client **out);
+void kvi_ecc_client_destroy(kvi_ecc_client *c);
 /* One exchange with the server at ep ("tcp://host:port"): encode, send, wait at most the
  * timeout, decode, check that the reply answers req. Any failure discards the socket (the next
  * call reconnects) and comes back as KVT_EIO (no answer, connection), KVT_EPROTO (a reply that
  * does not decode or match) or the server's own code and message when it refused the request
  * as a whole. Per-item outcomes are in rep->results. */
-int kvt_ecc_client_call(kvt_ecc_client *c, const char *ep, const kvt_ecc_request *req,
-                        kvt_ecc_reply *rep);
+int kvi_ecc_client_call(kvi_ecc_client *c, const char *ep, const kvi_ecc_request *req,
+                        kvi_ecc_reply *rep);
 
 #endif

@@ -16,7 +16,7 @@
 
 #define MAX_PEERS 128
 
-struct kvt_ecc_client {
+struct kvi_ecc_client {
     void *ctx;
     int timeout_ms;
     bool curve;
@@ -36,7 +36,7 @@ static bool z85_key(const char *k)
     return k && strlen(k) == 40 && zmq_z85_decode(raw, k) != NULL;
 }
 
-int kvt_ecc_curve_check(const kvt_ecc_curve *k, bool *on)
+int kvi_ecc_curve_check(const kvi_ecc_curve *k, bool *on)
 {
     *on = false;
     if (!k || (!k->server_key && !k->public_key && !k->secret_key))
@@ -50,10 +50,10 @@ int kvt_ecc_curve_check(const kvt_ecc_curve *k, bool *on)
     return 0;
 }
 
-int kvt_ecc_curve_client(void *sock, const kvt_ecc_curve *k)
+int kvi_ecc_curve_client(void *sock, const kvi_ecc_curve *k)
 {
     bool on;
-    int rc = kvt_ecc_curve_check(k, &on);
+    int rc = kvi_ecc_curve_check(k, &on);
     if (rc || !on)
         return rc;
     if (zmq_setsockopt(sock, ZMQ_CURVE_SERVERKEY, k->server_key, 40) ||
@@ -63,15 +63,15 @@ int kvt_ecc_curve_client(void *sock, const kvt_ecc_curve *k)
     return 0;
 }
 
-int kvt_ecc_client_create(int timeout_ms, const kvt_ecc_curve *curve, kvt_ecc_client **out)
+int kvi_ecc_client_create(int timeout_ms, const kvi_ecc_curve *curve, kvi_ecc_client **out)
 {
     if (!out || timeout_ms < 1)
         return kvt_fail(KVT_EINVAL, "ec control client: timeout must be at least 1 ms");
     bool on;
-    int rc = kvt_ecc_curve_check(curve, &on);
+    int rc = kvi_ecc_curve_check(curve, &on);
     if (rc)
         return rc;
-    kvt_ecc_client *c = calloc(1, sizeof(*c));
+    kvi_ecc_client *c = calloc(1, sizeof(*c));
     if (!c)
         return kvt_fail(KVT_ENOMEM, "ec control client: out of memory");
     if (on) {
@@ -80,7 +80,7 @@ int kvt_ecc_client_create(int timeout_ms, const kvt_ecc_curve *curve, kvt_ecc_cl
         memcpy(c->public_key, curve->public_key, 40);
         memcpy(c->secret_key, curve->secret_key, 40);
     }
-    int room = kvt_fd_room(16, "ec control client");
+    int room = kvi_fd_room(16, "ec control client");
     c->ctx = room ? NULL : zmq_ctx_new();
     if (room) {
         free(c);
@@ -95,13 +95,13 @@ int kvt_ecc_client_create(int timeout_ms, const kvt_ecc_curve *curve, kvt_ecc_cl
     return 0;
 }
 
-static void drop(kvt_ecc_client *c, uint32_t i)
+static void drop(kvi_ecc_client *c, uint32_t i)
 {
     zmq_close(c->peer[i].sock);
     c->peer[i] = c->peer[--c->n];
 }
 
-void kvt_ecc_client_destroy(kvt_ecc_client *c)
+void kvi_ecc_client_destroy(kvi_ecc_client *c)
 {
     if (!c)
         return;
@@ -121,7 +121,7 @@ static int zfail(const char *what, const char *ep)
 }
 
 /* The socket for ep, connected on first use; its slot in *slot. */
-static int peer_socket(kvt_ecc_client *c, const char *ep, uint32_t *slot)
+static int peer_socket(kvi_ecc_client *c, const char *ep, uint32_t *slot)
 {
     for (uint32_t i = 0; i < c->n; i++)
         if (strcmp(c->peer[i].ep, ep) == 0) {
@@ -142,8 +142,8 @@ static int peer_socket(kvt_ecc_client *c, const char *ep, uint32_t *slot)
     zmq_setsockopt(s, ZMQ_RCVTIMEO, &c->timeout_ms, sizeof(c->timeout_ms));
     zmq_setsockopt(s, ZMQ_SNDTIMEO, &c->timeout_ms, sizeof(c->timeout_ms));
     zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
-    kvt_ecc_curve k = {c->server_key, c->public_key, c->secret_key};
-    int crc = c->curve ? kvt_ecc_curve_client(s, &k) : 0;
+    kvi_ecc_curve k = {c->server_key, c->public_key, c->secret_key};
+    int crc = c->curve ? kvi_ecc_curve_client(s, &k) : 0;
     if (crc) {
         zmq_close(s);
         return crc;
@@ -159,10 +159,10 @@ static int peer_socket(kvt_ecc_client *c, const char *ep, uint32_t *slot)
     return 0;
 }
 
-static int exchange(kvt_ecc_client *c, void *s, const char *ep, const kvt_ecc_request *req,
-                    kvt_ecc_reply *rep)
+static int exchange(kvi_ecc_client *c, void *s, const char *ep, const kvi_ecc_request *req,
+                    kvi_ecc_reply *rep)
 {
-    size_t need = kvt_ecc_request_encoded_size(req), len;
+    size_t need = kvi_ecc_request_encoded_size(req), len;
     if (need > c->cap) {
         uint8_t *b = realloc(c->buf, need);
         if (!b)
@@ -170,7 +170,7 @@ static int exchange(kvt_ecc_client *c, void *s, const char *ep, const kvt_ecc_re
         c->buf = b;
         c->cap = need;
     }
-    int rc = kvt_ecc_request_encode(req, c->buf, c->cap, &len);
+    int rc = kvi_ecc_request_encode(req, c->buf, c->cap, &len);
     if (rc)
         return rc;
     if (zmq_send(s, c->buf, len, 0) < 0)
@@ -182,15 +182,15 @@ static int exchange(kvt_ecc_client *c, void *s, const char *ep, const kvt_ecc_re
         return zfail("reply from", ep);
     }
     rc = zmq_msg_more(&m) ? kvt_fail(KVT_EPROTO, "ec control: a reply of several frames")
-                          : kvt_ecc_reply_decode(rep, zmq_msg_data(&m), zmq_msg_size(&m));
+                          : kvi_ecc_reply_decode(rep, zmq_msg_data(&m), zmq_msg_size(&m));
     zmq_msg_close(&m);
     if (!rc)
-        rc = kvt_ecc_reply_check(rep, req);
+        rc = kvi_ecc_reply_check(rep, req);
     return rc;
 }
 
-int kvt_ecc_client_call(kvt_ecc_client *c, const char *ep, const kvt_ecc_request *req,
-                        kvt_ecc_reply *rep)
+int kvi_ecc_client_call(kvi_ecc_client *c, const char *ep, const kvi_ecc_request *req,
+                        kvi_ecc_reply *rep)
 {
     if (!c || !ep || !req || !rep)
         return kvt_fail(KVT_EINVAL, "ec control: call: NULL argument");
@@ -202,11 +202,11 @@ int kvt_ecc_client_call(kvt_ecc_client *c, const char *ep, const kvt_ecc_request
     if (rc) {
         drop(c, slot); /* stuck mid-exchange, or a peer that speaks nonsense */
         char what[200];
-        snprintf(what, sizeof(what), "ec control: %s to %s", kvt_ecc_op_name(req->op), ep);
-        return kvt_fail_wrap(rc, what);
+        snprintf(what, sizeof(what), "ec control: %s to %s", kvi_ecc_op_name(req->op), ep);
+        return kvi_fail_wrap(rc, what);
     }
     if (rep->code) /* the server refused the whole request: its code and words */
-        return kvt_fail(rep->code, "ec control: %s to %s: %s", kvt_ecc_op_name(req->op), ep,
+        return kvt_fail(rep->code, "ec control: %s to %s: %s", kvi_ecc_op_name(req->op), ep,
                         rep->error.ptr);
     return 0;
 }

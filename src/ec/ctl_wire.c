@@ -41,7 +41,7 @@
 
 /* ---- shared ------------------------------------------------------------------------------ */
 
-const char *kvt_ecc_op_name(uint32_t op)
+const char *kvi_ecc_op_name(uint32_t op)
 {
     static const char *const names[] = {"?",       "peers",         "event_port",  "status",
                                         "reserve", "reserve_batch", "complete",    "complete_batch",
@@ -54,7 +54,7 @@ static bool op_valid(uint32_t op)
     return op >= KVT_ECC_PEERS && op <= KVT_ECC_CANCEL_BATCH;
 }
 
-uint64_t kvt_ecc_rid_tag(const char *rid)
+uint64_t kvi_ecc_rid_tag(const char *rid)
 {
     uint64_t t = 0;
     for (int i = 0; i < 16 && rid && rid[i]; i++) {
@@ -104,7 +104,7 @@ static int check_key(kvt_str s, const char *what)
 {
     if (s.len < 1 || s.len > KVT_EC_KEY_MAX)
         return kvt_fail(KVT_EINVAL, "%s: length %u not in 1..%u", what, s.len, KVT_EC_KEY_MAX);
-    return kvt_meta_check_str(s, 1, what);
+    return kvi_meta_check_str(s, 1, what);
 }
 
 /* A reservation id: 32 lowercase hex digits, or "" where any_ok. */
@@ -129,7 +129,7 @@ static int check_code(int32_t code, kvt_str error, const char *what)
         return kvt_fail(KVT_EINVAL, "%s: code %d is not a kvtier status", what, code);
     if (code == 0 && error.len)
         return kvt_fail(KVT_EINVAL, "%s: a success carries an error message", what);
-    return kvt_meta_check_str(error, 0, what);
+    return kvi_meta_check_str(error, 0, what);
 }
 
 static int check_tensor_item(kvt_str hash, uint64_t nbytes, uint32_t ndim, const uint64_t *shape,
@@ -137,13 +137,13 @@ static int check_tensor_item(kvt_str hash, uint64_t nbytes, uint32_t ndim, const
 {
     int rc = check_key(hash, "mm_hash");
     if (!rc)
-        rc = kvt_meta_check_tensor(nbytes, ndim, shape, dtype);
+        rc = kvi_meta_check_tensor(nbytes, ndim, shape, dtype);
     if (!rc && nbytes == 0)
         rc = kvt_fail(KVT_EINVAL, "nbytes: an item of 0 bytes");
     return rc;
 }
 
-static int rd_code(kvt_rd *r, int32_t *code)
+static int rd_code(kvi_rd *r, int32_t *code)
 {
     uint32_t u;
     int rc = rd_u32(r, &u, "code");
@@ -154,51 +154,51 @@ static int rd_code(kvt_rd *r, int32_t *code)
 
 static int copy_str(kvt_bump *b, kvt_str in, kvt_str *out)
 {
-    return kvt_meta_copy_str(b, in.ptr ? in.ptr : "", in.len, out);
+    return kvi_meta_copy_str(b, in.ptr ? in.ptr : "", in.len, out);
 }
 
 /* ---- requests ------------------------------------------------------------------------------ */
 
-void kvt_ecc_request_init(kvt_ecc_request *r)
+void kvi_ecc_request_init(kvi_ecc_request *r)
 {
     memset(r, 0, sizeof(*r));
 }
 
-void kvt_ecc_request_clear(kvt_ecc_request *r)
+void kvi_ecc_request_clear(kvi_ecc_request *r)
 {
     r->op = 0;
     r->n = 0;
     kvt_bump_clear(&r->strings);
 }
 
-void kvt_ecc_request_release(kvt_ecc_request *r)
+void kvi_ecc_request_release(kvi_ecc_request *r)
 {
     free(r->items);
     kvt_bump_release(&r->strings);
     memset(r, 0, sizeof(*r));
 }
 
-void kvt_ecc_request_begin(kvt_ecc_request *r, uint32_t op)
+void kvi_ecc_request_begin(kvi_ecc_request *r, uint32_t op)
 {
-    kvt_ecc_request_clear(r);
+    kvi_ecc_request_clear(r);
     r->op = op;
 }
 
-int kvt_ecc_request_add(kvt_ecc_request *r, const kvt_ecc_item *it)
+int kvi_ecc_request_add(kvi_ecc_request *r, const kvi_ecc_item *it)
 {
     if (!it)
         return kvt_fail(KVT_EINVAL, "ec control: NULL item");
     if (r->n >= KVT_ECC_MAX_BATCH)
         return kvt_fail(KVT_ELIMIT, "ec control: more than %u items in one request",
                         KVT_ECC_MAX_BATCH);
-    int rc = kvt_meta_grow((void **)&r->items, &r->cap, r->n + 1, sizeof(*it));
+    int rc = kvi_meta_grow((void **)&r->items, &r->cap, r->n + 1, sizeof(*it));
     if (rc)
         return rc;
     r->items[r->n++] = *it;
     return 0;
 }
 
-static int check_item(uint32_t op, const kvt_ecc_item *it)
+static int check_item(uint32_t op, const kvi_ecc_item *it)
 {
     int rc = check_key(it->transfer_id, "transfer_id");
     if (rc)
@@ -222,7 +222,7 @@ static int check_item(uint32_t op, const kvt_ecc_item *it)
     return 0;
 }
 
-int kvt_ecc_request_validate(const kvt_ecc_request *r)
+int kvi_ecc_request_validate(const kvi_ecc_request *r)
 {
     if (!r)
         return kvt_fail(KVT_EINVAL, "ec control: NULL request");
@@ -232,20 +232,20 @@ int kvt_ecc_request_validate(const kvt_ecc_request *r)
     uint32_t hi = op_batch(r->op) ? KVT_ECC_MAX_BATCH : lo;
     if (r->n < lo || r->n > hi)
         return kvt_fail(r->n > KVT_ECC_MAX_BATCH ? KVT_ELIMIT : KVT_EINVAL,
-                        "ec control: %s with %u items (expected %u..%u)", kvt_ecc_op_name(r->op),
+                        "ec control: %s with %u items (expected %u..%u)", kvi_ecc_op_name(r->op),
                         r->n, lo, hi);
     for (uint32_t i = 0; i < r->n; i++) {
         int rc = check_item(r->op, &r->items[i]);
         if (rc) {
             char what[48];
-            snprintf(what, sizeof(what), "ec control: %s item %u", kvt_ecc_op_name(r->op), i);
-            return kvt_fail_wrap(rc, what);
+            snprintf(what, sizeof(what), "ec control: %s item %u", kvi_ecc_op_name(r->op), i);
+            return kvi_fail_wrap(rc, what);
         }
     }
     return 0;
 }
 
-static size_t item_size(uint32_t op, const kvt_ecc_item *it)
+static size_t item_size(uint32_t op, const kvi_ecc_item *it)
 {
     size_t n = str_size(it->transfer_id);
     if (op_reserve(op))
@@ -258,7 +258,7 @@ static size_t item_size(uint32_t op, const kvt_ecc_item *it)
     return n;
 }
 
-size_t kvt_ecc_request_encoded_size(const kvt_ecc_request *r)
+size_t kvi_ecc_request_encoded_size(const kvi_ecc_request *r)
 {
     size_t n = KVT_META_HEADER_LEN + 8;
     for (uint32_t i = 0; i < r->n; i++)
@@ -266,25 +266,25 @@ size_t kvt_ecc_request_encoded_size(const kvt_ecc_request *r)
     return n;
 }
 
-int kvt_ecc_request_encode(const kvt_ecc_request *r, void *buf, size_t cap, size_t *len)
+int kvi_ecc_request_encode(const kvi_ecc_request *r, void *buf, size_t cap, size_t *len)
 {
-    int rc = kvt_ecc_request_validate(r);
-    size_t need = rc ? 0 : kvt_ecc_request_encoded_size(r);
+    int rc = kvi_ecc_request_validate(r);
+    size_t need = rc ? 0 : kvi_ecc_request_encoded_size(r);
     if (!rc)
-        rc = kvt_wire_check_out(buf, cap, need, len);
+        rc = kvi_wire_check_out(buf, cap, need, len);
     if (rc)
         return rc;
-    kvt_wr w = {buf};
-    kvt_wire_header(&w, KVT_META_EC_CTL_REQUEST, need - KVT_META_HEADER_LEN);
+    kvi_wr w = {buf};
+    kvi_wire_header(&w, KVT_META_EC_CTL_REQUEST, need - KVT_META_HEADER_LEN);
     wr_u32(&w, r->op);
     wr_u32(&w, r->n);
     for (uint32_t i = 0; i < r->n; i++) {
-        const kvt_ecc_item *it = &r->items[i];
+        const kvi_ecc_item *it = &r->items[i];
         wr_str(&w, it->transfer_id);
         if (op_reserve(r->op)) {
             wr_str(&w, it->mm_hash);
             wr_u64(&w, it->nbytes);
-            kvt_meta_wr_shape(&w, it->ndim, it->shape);
+            kvi_meta_wr_shape(&w, it->ndim, it->shape);
             wr_str(&w, it->dtype);
             wr_str(&w, it->client_key);
         } else if (op_complete(r->op)) {
@@ -299,9 +299,9 @@ int kvt_ecc_request_encode(const kvt_ecc_request *r, void *buf, size_t cap, size
     return 0;
 }
 
-static int rd_request_body(void *obj, kvt_rd *r)
+static int rd_request_body(void *obj, kvi_rd *r)
 {
-    kvt_ecc_request *q = obj;
+    kvi_ecc_request *q = obj;
     uint32_t op, n;
     int rc = rd_u32(r, &op, "op");
     if (rc)
@@ -310,61 +310,61 @@ static int rd_request_body(void *obj, kvt_rd *r)
         return kvt_fail(KVT_EPROTO, "unknown op %u", op);
     /* the smallest item is a transfer id of one byte */
     if ((rc = rd_count(r, &n, KVT_ECC_MAX_BATCH, 5, "items")) ||
-        (rc = kvt_meta_grow((void **)&q->items, &q->cap, n ? n : 1, sizeof(*q->items))))
+        (rc = kvi_meta_grow((void **)&q->items, &q->cap, n ? n : 1, sizeof(*q->items))))
         return rc;
     q->op = op;
     for (uint32_t i = 0; i < n; i++) {
-        kvt_ecc_item *it = &q->items[i];
+        kvi_ecc_item *it = &q->items[i];
         memset(it, 0, sizeof(*it));
-        if ((rc = kvt_meta_rd_str_copy(r, &q->strings, &it->transfer_id, "transfer_id")))
+        if ((rc = kvi_meta_rd_str_copy(r, &q->strings, &it->transfer_id, "transfer_id")))
             return rc;
         if (op_reserve(op))
-            rc = kvt_meta_rd_str_copy(r, &q->strings, &it->mm_hash, "mm_hash");
+            rc = kvi_meta_rd_str_copy(r, &q->strings, &it->mm_hash, "mm_hash");
         if (!rc && op_reserve(op))
             rc = rd_u64(r, &it->nbytes, "nbytes");
         if (!rc && op_reserve(op))
-            rc = kvt_meta_rd_shape(r, &it->ndim, it->shape);
+            rc = kvi_meta_rd_shape(r, &it->ndim, it->shape);
         if (!rc && op_reserve(op))
-            rc = kvt_meta_rd_str_copy(r, &q->strings, &it->dtype, "dtype");
+            rc = kvi_meta_rd_str_copy(r, &q->strings, &it->dtype, "dtype");
         if (!rc && op_reserve(op))
-            rc = kvt_meta_rd_str_copy(r, &q->strings, &it->client_key, "client_key");
+            rc = kvi_meta_rd_str_copy(r, &q->strings, &it->client_key, "client_key");
         if (!rc && (op_complete(op) || op_cancel(op)))
-            rc = kvt_meta_rd_str_copy(r, &q->strings, &it->reservation_id, "reservation_id");
+            rc = kvi_meta_rd_str_copy(r, &q->strings, &it->reservation_id, "reservation_id");
         if (!rc && op_cancel(op))
             rc = rd_bool(r, &it->abandon, "abandon");
         if (!rc && op_cancel(op))
             rc = rd_bool(r, &it->refresh, "refresh");
         if (!rc && op_cancel(op))
-            rc = kvt_meta_rd_str_copy(r, &q->strings, &it->client_key, "client_key");
+            rc = kvi_meta_rd_str_copy(r, &q->strings, &it->client_key, "client_key");
         if (rc)
             return rc;
         q->n = i + 1;
     }
     q->n = n;
-    return kvt_ecc_request_validate(q);
+    return kvi_ecc_request_validate(q);
 }
 
-int kvt_ecc_request_decode(kvt_ecc_request *r, const void *buf, size_t len)
+int kvi_ecc_request_decode(kvi_ecc_request *r, const void *buf, size_t len)
 {
-    kvt_ecc_request_clear(r);
+    kvi_ecc_request_clear(r);
     if (len > KVT_ECC_MAX_MSG)
         return kvt_fail(KVT_ELIMIT, "ec control request: %zu bytes exceed the limit of %u", len,
                         KVT_ECC_MAX_MSG);
-    int rc = kvt_wire_decode(buf, len, KVT_META_EC_CTL_REQUEST, rd_request_body, r,
+    int rc = kvi_wire_decode(buf, len, KVT_META_EC_CTL_REQUEST, rd_request_body, r,
                              "ec control request");
     if (rc)
-        kvt_ecc_request_clear(r);
+        kvi_ecc_request_clear(r);
     return rc;
 }
 
 /* ---- replies ------------------------------------------------------------------------------- */
 
-void kvt_ecc_reply_init(kvt_ecc_reply *r)
+void kvi_ecc_reply_init(kvi_ecc_reply *r)
 {
     memset(r, 0, sizeof(*r));
 }
 
-void kvt_ecc_reply_clear(kvt_ecc_reply *r)
+void kvi_ecc_reply_clear(kvi_ecc_reply *r)
 {
     r->op = 0;
     r->code = 0;
@@ -374,12 +374,12 @@ void kvt_ecc_reply_clear(kvt_ecc_reply *r)
     kvt_bump_clear(&r->strings);
 }
 
-int kvt_ecc_reply_set_address(kvt_ecc_reply *r, const void *addr, uint32_t len)
+int kvi_ecc_reply_set_address(kvi_ecc_reply *r, const void *addr, uint32_t len)
 {
     if (!addr || len < 1 || len > KVT_ECC_MAX_ADDR)
         return kvt_fail(KVT_EINVAL, "ec control: a data address of %u bytes (1..%u)", len,
                         KVT_ECC_MAX_ADDR);
-    uint8_t *b = kvt_bump_alloc(&r->strings, len);
+    uint8_t *b = kvi_bump_alloc(&r->strings, len);
     if (!b)
         return kvt_fail(KVT_ENOMEM, "ec control: out of memory for a data address");
     memcpy(b, addr, len);
@@ -388,29 +388,29 @@ int kvt_ecc_reply_set_address(kvt_ecc_reply *r, const void *addr, uint32_t len)
     return 0;
 }
 
-void kvt_ecc_reply_release(kvt_ecc_reply *r)
+void kvi_ecc_reply_release(kvi_ecc_reply *r)
 {
     free(r->results);
     kvt_bump_release(&r->strings);
     memset(r, 0, sizeof(*r));
 }
 
-void kvt_ecc_reply_begin(kvt_ecc_reply *r, uint32_t op)
+void kvi_ecc_reply_begin(kvi_ecc_reply *r, uint32_t op)
 {
-    kvt_ecc_reply_clear(r);
+    kvi_ecc_reply_clear(r);
     r->op = op;
 }
 
-int kvt_ecc_reply_add(kvt_ecc_reply *r, const kvt_ecc_result *res)
+int kvi_ecc_reply_add(kvi_ecc_reply *r, const kvi_ecc_result *res)
 {
     if (!res)
         return kvt_fail(KVT_EINVAL, "ec control: NULL result");
     if (r->n >= KVT_ECC_MAX_BATCH)
         return kvt_fail(KVT_ELIMIT, "ec control: more than %u results", KVT_ECC_MAX_BATCH);
-    int rc = kvt_meta_grow((void **)&r->results, &r->cap, r->n + 1, sizeof(*res));
+    int rc = kvi_meta_grow((void **)&r->results, &r->cap, r->n + 1, sizeof(*res));
     if (rc)
         return rc;
-    kvt_ecc_result *d = &r->results[r->n];
+    kvi_ecc_result *d = &r->results[r->n];
     *d = *res;
     if ((rc = copy_str(&r->strings, res->error, &d->error)) ||
         (rc = copy_str(&r->strings, res->reservation_id, &d->reservation_id)) ||
@@ -421,19 +421,19 @@ int kvt_ecc_reply_add(kvt_ecc_reply *r, const kvt_ecc_result *res)
     return 0;
 }
 
-int kvt_ecc_reply_fail(kvt_ecc_reply *r, int code, const char *msg)
+int kvi_ecc_reply_fail(kvi_ecc_reply *r, int code, const char *msg)
 {
     uint32_t op = r->op;
-    kvt_ecc_reply_clear(r);
+    kvi_ecc_reply_clear(r);
     r->op = op_valid(op) ? op : KVT_ECC_PEERS;
     r->code = code < 0 && code >= KVT_EUNSUPPORTED ? code : KVT_EPROTO;
     size_t len = msg ? strnlen(msg, KVT_META_MAX_STR) : 0;
     if (len == 0)
         msg = "failed", len = 6;
-    return kvt_meta_copy_str(&r->strings, msg, (uint32_t)len, &r->error);
+    return kvi_meta_copy_str(&r->strings, msg, (uint32_t)len, &r->error);
 }
 
-static int check_result(uint32_t op, const kvt_ecc_result *x)
+static int check_result(uint32_t op, const kvi_ecc_result *x)
 {
     int rc = check_code(x->code, x->error, "result");
     if (rc || x->code)
@@ -458,7 +458,7 @@ static int check_result(uint32_t op, const kvt_ecc_result *x)
     return 0;
 }
 
-int kvt_ecc_reply_validate(const kvt_ecc_reply *r)
+int kvi_ecc_reply_validate(const kvi_ecc_reply *r)
 {
     if (!r)
         return kvt_fail(KVT_EINVAL, "ec control: NULL reply");
@@ -488,18 +488,18 @@ int kvt_ecc_reply_validate(const kvt_ecc_reply *r)
     uint32_t hi = op_batch(r->op) ? KVT_ECC_MAX_BATCH : 1;
     if (r->n < 1 || r->n > hi)
         return kvt_fail(KVT_EINVAL, "ec control reply: %s with %u results (expected 1..%u)",
-                        kvt_ecc_op_name(r->op), r->n, hi);
+                        kvi_ecc_op_name(r->op), r->n, hi);
     for (uint32_t i = 0; i < r->n; i++)
         if ((rc = check_result(r->op, &r->results[i]))) {
             char what[48];
-            snprintf(what, sizeof(what), "ec control reply: %s result %u", kvt_ecc_op_name(r->op),
+            snprintf(what, sizeof(what), "ec control reply: %s result %u", kvi_ecc_op_name(r->op),
                      i);
-            return kvt_fail_wrap(rc, what);
+            return kvi_fail_wrap(rc, what);
         }
     return 0;
 }
 
-static size_t result_size(uint32_t op, const kvt_ecc_result *x)
+static size_t result_size(uint32_t op, const kvi_ecc_result *x)
 {
     size_t n = 4 + str_size(x->error);
     if (x->code)
@@ -515,7 +515,7 @@ static size_t result_size(uint32_t op, const kvt_ecc_result *x)
     return n + 1; /* cancel */
 }
 
-size_t kvt_ecc_reply_encoded_size(const kvt_ecc_reply *r)
+size_t kvi_ecc_reply_encoded_size(const kvi_ecc_reply *r)
 {
     size_t n = KVT_META_HEADER_LEN + 8 + str_size(r->error);
     if (r->code)
@@ -532,7 +532,7 @@ size_t kvt_ecc_reply_encoded_size(const kvt_ecc_reply *r)
     return n;
 }
 
-static void wr_result(kvt_wr *w, uint32_t op, const kvt_ecc_result *x)
+static void wr_result(kvi_wr *w, uint32_t op, const kvi_ecc_result *x)
 {
     wr_u32(w, (uint32_t)x->code);
     wr_str(w, x->error);
@@ -545,7 +545,7 @@ static void wr_result(kvt_wr *w, uint32_t op, const kvt_ecc_result *x)
         wr_str(w, x->mm_hash);
         wr_u8(w, x->ready);
         wr_u64(w, x->nbytes);
-        kvt_meta_wr_shape(w, x->ndim, x->shape);
+        kvi_meta_wr_shape(w, x->ndim, x->shape);
         wr_str(w, x->dtype);
     } else if (op_reserve(op)) {
         wr_str(w, x->reservation_id);
@@ -565,16 +565,16 @@ static void wr_result(kvt_wr *w, uint32_t op, const kvt_ecc_result *x)
     }
 }
 
-int kvt_ecc_reply_encode(const kvt_ecc_reply *r, void *buf, size_t cap, size_t *len)
+int kvi_ecc_reply_encode(const kvi_ecc_reply *r, void *buf, size_t cap, size_t *len)
 {
-    int rc = kvt_ecc_reply_validate(r);
-    size_t need = rc ? 0 : kvt_ecc_reply_encoded_size(r);
+    int rc = kvi_ecc_reply_validate(r);
+    size_t need = rc ? 0 : kvi_ecc_reply_encoded_size(r);
     if (!rc)
-        rc = kvt_wire_check_out(buf, cap, need, len);
+        rc = kvi_wire_check_out(buf, cap, need, len);
     if (rc)
         return rc;
-    kvt_wr w = {buf};
-    kvt_wire_header(&w, KVT_META_EC_CTL_REPLY, need - KVT_META_HEADER_LEN);
+    kvi_wr w = {buf};
+    kvi_wire_header(&w, KVT_META_EC_CTL_REPLY, need - KVT_META_HEADER_LEN);
     wr_u32(&w, r->op);
     wr_u32(&w, (uint32_t)r->code);
     wr_str(&w, r->error);
@@ -598,25 +598,25 @@ int kvt_ecc_reply_encode(const kvt_ecc_reply *r, void *buf, size_t cap, size_t *
     return 0;
 }
 
-static int rd_result(kvt_rd *r, kvt_bump *b, uint32_t op, kvt_ecc_result *x)
+static int rd_result(kvi_rd *r, kvt_bump *b, uint32_t op, kvi_ecc_result *x)
 {
     memset(x, 0, sizeof(*x));
     int rc;
-    if ((rc = rd_code(r, &x->code)) || (rc = kvt_meta_rd_str_copy(r, b, &x->error, "error")))
+    if ((rc = rd_code(r, &x->code)) || (rc = kvi_meta_rd_str_copy(r, b, &x->error, "error")))
         return rc;
     if (x->code)
         return 0;
     if (op == KVT_ECC_STATUS) {
         if ((rc = rd_bool(r, &x->found, "found")) || !x->found)
             return rc;
-        if ((rc = kvt_meta_rd_str_copy(r, b, &x->mm_hash, "mm_hash")) ||
+        if ((rc = kvi_meta_rd_str_copy(r, b, &x->mm_hash, "mm_hash")) ||
             (rc = rd_bool(r, &x->ready, "ready")) || (rc = rd_u64(r, &x->nbytes, "nbytes")) ||
-            (rc = kvt_meta_rd_shape(r, &x->ndim, x->shape)))
+            (rc = kvi_meta_rd_shape(r, &x->ndim, x->shape)))
             return rc;
-        return kvt_meta_rd_str_copy(r, b, &x->dtype, "dtype");
+        return kvi_meta_rd_str_copy(r, b, &x->dtype, "dtype");
     }
     if (op_reserve(op)) {
-        if ((rc = kvt_meta_rd_str_copy(r, b, &x->reservation_id, "reservation_id")) ||
+        if ((rc = kvi_meta_rd_str_copy(r, b, &x->reservation_id, "reservation_id")) ||
             (rc = rd_u64(r, &x->offset, "offset")) || (rc = rd_u64(r, &x->nbytes, "nbytes")) ||
             (rc = rd_u64(r, &x->tag, "tag")) || (rc = rd_bool(r, &x->write, "write")) ||
             (rc = rd_bool(r, &x->ready, "ready")) || (rc = rd_bool(r, &x->cached, "cached")))
@@ -632,9 +632,9 @@ static int rd_result(kvt_rd *r, kvt_bump *b, uint32_t op, kvt_ecc_result *x)
     return rd_bool(r, &x->cancelled, "cancelled");
 }
 
-static int rd_reply_body(void *obj, kvt_rd *r)
+static int rd_reply_body(void *obj, kvi_rd *r)
 {
-    kvt_ecc_reply *p = obj;
+    kvi_ecc_reply *p = obj;
     uint32_t op, n;
     int rc;
     if ((rc = rd_u32(r, &op, "op")))
@@ -643,10 +643,10 @@ static int rd_reply_body(void *obj, kvt_rd *r)
         return kvt_fail(KVT_EPROTO, "unknown op %u", op);
     p->op = op;
     if ((rc = rd_code(r, &p->code)) ||
-        (rc = kvt_meta_rd_str_copy(r, &p->strings, &p->error, "error")))
+        (rc = kvi_meta_rd_str_copy(r, &p->strings, &p->error, "error")))
         return rc;
     if (p->code)
-        return kvt_ecc_reply_validate(p);
+        return kvi_ecc_reply_validate(p);
     if (op == KVT_ECC_PEERS) {
         if ((rc = rd_count(r, &n, KVT_EC_MAX_SHARDS, 4, "ports")))
             return rc;
@@ -662,13 +662,13 @@ static int rd_reply_body(void *obj, kvt_rd *r)
         if ((rc = rd_count(r, &len, KVT_ECC_MAX_ADDR, 1, "data address")) ||
             (rc = rd_need(r, len, "data address")))
             return rc;
-        if (len && (rc = kvt_ecc_reply_set_address(p, r->p, len)))
+        if (len && (rc = kvi_ecc_reply_set_address(p, r->p, len)))
             return rc;
         r->p += len;
     } else {
         /* the smallest result is a code and an empty error */
         if ((rc = rd_count(r, &n, KVT_ECC_MAX_BATCH, 8, "results")) ||
-            (rc = kvt_meta_grow((void **)&p->results, &p->cap, n ? n : 1, sizeof(*p->results))))
+            (rc = kvi_meta_grow((void **)&p->results, &p->cap, n ? n : 1, sizeof(*p->results))))
             return rc;
         for (uint32_t i = 0; i < n; i++) {
             if ((rc = rd_result(r, &p->strings, op, &p->results[i])))
@@ -676,28 +676,28 @@ static int rd_reply_body(void *obj, kvt_rd *r)
             p->n = i + 1;
         }
     }
-    return kvt_ecc_reply_validate(p);
+    return kvi_ecc_reply_validate(p);
 }
 
-int kvt_ecc_reply_decode(kvt_ecc_reply *r, const void *buf, size_t len)
+int kvi_ecc_reply_decode(kvi_ecc_reply *r, const void *buf, size_t len)
 {
-    kvt_ecc_reply_clear(r);
+    kvi_ecc_reply_clear(r);
     if (len > KVT_ECC_MAX_MSG)
         return kvt_fail(KVT_ELIMIT, "ec control reply: %zu bytes exceed the limit of %u", len,
                         KVT_ECC_MAX_MSG);
-    int rc = kvt_wire_decode(buf, len, KVT_META_EC_CTL_REPLY, rd_reply_body, r, "ec control reply");
+    int rc = kvi_wire_decode(buf, len, KVT_META_EC_CTL_REPLY, rd_reply_body, r, "ec control reply");
     if (rc)
-        kvt_ecc_reply_clear(r);
+        kvi_ecc_reply_clear(r);
     return rc;
 }
 
-int kvt_ecc_reply_check(const kvt_ecc_reply *rep, const kvt_ecc_request *req)
+int kvi_ecc_reply_check(const kvi_ecc_reply *rep, const kvi_ecc_request *req)
 {
     if (rep->code) /* a whole-request failure (perhaps of a request the server could not read) */
         return 0;
     if (rep->op != req->op)
         return kvt_fail(KVT_EPROTO, "ec control: a %s reply to a %s request",
-                        kvt_ecc_op_name(rep->op), kvt_ecc_op_name(req->op));
+                        kvi_ecc_op_name(rep->op), kvi_ecc_op_name(req->op));
     if (rep->code == 0 && op_items(req->op) && rep->n != req->n)
         return kvt_fail(KVT_EPROTO, "ec control: %u results for %u items", rep->n, req->n);
     return 0;
@@ -705,18 +705,18 @@ int kvt_ecc_reply_check(const kvt_ecc_reply *rep, const kvt_ecc_request *req)
 
 /* ---- events -------------------------------------------------------------------------------- */
 
-void kvt_ecc_event_init(kvt_ecc_event *e)
+void kvi_ecc_event_init(kvi_ecc_event *e)
 {
     memset(e, 0, sizeof(*e));
 }
 
-void kvt_ecc_event_release(kvt_ecc_event *e)
+void kvi_ecc_event_release(kvi_ecc_event *e)
 {
     kvt_bump_release(&e->strings);
     memset(e, 0, sizeof(*e));
 }
 
-int kvt_ecc_event_validate(const kvt_ecc_event *e)
+int kvi_ecc_event_validate(const kvi_ecc_event *e)
 {
     int rc;
     if (!e)
@@ -730,49 +730,49 @@ int kvt_ecc_event_validate(const kvt_ecc_event *e)
     return 0;
 }
 
-size_t kvt_ecc_event_encoded_size(const kvt_ecc_event *e)
+size_t kvi_ecc_event_encoded_size(const kvi_ecc_event *e)
 {
     return KVT_META_HEADER_LEN + str_size(e->transfer_id) + str_size(e->mm_hash) +
            str_size(e->reservation_id) + 8 + shape_size(e->ndim) + str_size(e->dtype) + 1 + 4;
 }
 
-int kvt_ecc_event_encode(const kvt_ecc_event *e, void *buf, size_t cap, size_t *len)
+int kvi_ecc_event_encode(const kvi_ecc_event *e, void *buf, size_t cap, size_t *len)
 {
-    int rc = kvt_ecc_event_validate(e);
-    size_t need = rc ? 0 : kvt_ecc_event_encoded_size(e);
+    int rc = kvi_ecc_event_validate(e);
+    size_t need = rc ? 0 : kvi_ecc_event_encoded_size(e);
     if (!rc)
-        rc = kvt_wire_check_out(buf, cap, need, len);
+        rc = kvi_wire_check_out(buf, cap, need, len);
     if (rc)
         return rc;
-    kvt_wr w = {buf};
-    kvt_wire_header(&w, KVT_META_EC_CTL_EVENT, need - KVT_META_HEADER_LEN);
+    kvi_wr w = {buf};
+    kvi_wire_header(&w, KVT_META_EC_CTL_EVENT, need - KVT_META_HEADER_LEN);
     wr_str(&w, e->transfer_id);
     wr_str(&w, e->mm_hash);
     wr_str(&w, e->reservation_id);
     wr_u64(&w, e->nbytes);
-    kvt_meta_wr_shape(&w, e->ndim, e->shape);
+    kvi_meta_wr_shape(&w, e->ndim, e->shape);
     wr_str(&w, e->dtype);
     wr_u8(&w, e->abandoned);
     wr_u32(&w, e->shard);
     return 0;
 }
 
-static int rd_event_body(void *obj, kvt_rd *r)
+static int rd_event_body(void *obj, kvi_rd *r)
 {
-    kvt_ecc_event *e = obj;
+    kvi_ecc_event *e = obj;
     kvt_bump *b = &e->strings;
     int rc;
-    if ((rc = kvt_meta_rd_str_copy(r, b, &e->transfer_id, "transfer_id")) ||
-        (rc = kvt_meta_rd_str_copy(r, b, &e->mm_hash, "mm_hash")) ||
-        (rc = kvt_meta_rd_str_copy(r, b, &e->reservation_id, "reservation_id")) ||
-        (rc = rd_u64(r, &e->nbytes, "nbytes")) || (rc = kvt_meta_rd_shape(r, &e->ndim, e->shape)) ||
-        (rc = kvt_meta_rd_str_copy(r, b, &e->dtype, "dtype")) ||
+    if ((rc = kvi_meta_rd_str_copy(r, b, &e->transfer_id, "transfer_id")) ||
+        (rc = kvi_meta_rd_str_copy(r, b, &e->mm_hash, "mm_hash")) ||
+        (rc = kvi_meta_rd_str_copy(r, b, &e->reservation_id, "reservation_id")) ||
+        (rc = rd_u64(r, &e->nbytes, "nbytes")) || (rc = kvi_meta_rd_shape(r, &e->ndim, e->shape)) ||
+        (rc = kvi_meta_rd_str_copy(r, b, &e->dtype, "dtype")) ||
         (rc = rd_bool(r, &e->abandoned, "abandoned")) || (rc = rd_u32(r, &e->shard, "shard")))
         return rc;
-    return kvt_ecc_event_validate(e);
+    return kvi_ecc_event_validate(e);
 }
 
-int kvt_ecc_event_decode(kvt_ecc_event *e, const void *buf, size_t len)
+int kvi_ecc_event_decode(kvi_ecc_event *e, const void *buf, size_t len)
 {
     kvt_bump strings = e->strings;
     kvt_bump_clear(&strings);
@@ -781,7 +781,7 @@ int kvt_ecc_event_decode(kvt_ecc_event *e, const void *buf, size_t len)
     if (len > KVT_ECC_MAX_MSG)
         return kvt_fail(KVT_ELIMIT, "ec control event: %zu bytes exceed the limit of %u", len,
                         KVT_ECC_MAX_MSG);
-    int rc = kvt_wire_decode(buf, len, KVT_META_EC_CTL_EVENT, rd_event_body, e, "ec control event");
+    int rc = kvi_wire_decode(buf, len, KVT_META_EC_CTL_EVENT, rd_event_body, e, "ec control event");
     if (rc) {
         strings = e->strings;
         kvt_bump_clear(&strings);
@@ -804,9 +804,9 @@ int kvt_ec_event_decode(const void *buf, size_t len, kvt_ec_ready_event *out, ui
 {
     if (!buf || !out)
         return kvt_fail(KVT_EINVAL, "ec event: NULL buffer or output");
-    kvt_ecc_event e;
-    kvt_ecc_event_init(&e);
-    int rc = kvt_ecc_event_decode(&e, buf, len);
+    kvi_ecc_event e;
+    kvi_ecc_event_init(&e);
+    int rc = kvi_ecc_event_decode(&e, buf, len);
     kvt_ec_ready_event r;
     memset(&r, 0, sizeof(r));
     if (!rc &&
@@ -823,6 +823,6 @@ int kvt_ec_event_decode(const void *buf, size_t len, kvt_ec_ready_event *out, ui
         if (shard)
             *shard = e.shard;
     }
-    kvt_ecc_event_release(&e);
+    kvi_ecc_event_release(&e);
     return rc;
 }

@@ -2,7 +2,7 @@
 /*
  * String keys of the encoder-cache tables (transfer ids, mm_hashes, request ids, consumer
  * addresses): a bounded copy, its length and its XXH3 hash, and the lookup of a record array
- * through a kvt_map keyed by that hash (the map stores indices; candidates are compared by
+ * through a kvi_map keyed by that hash (the map stores indices; candidates are compared by
  * key, so hash collisions are harmless).
  */
 #ifndef KVT_EC_KEY_H
@@ -35,7 +35,7 @@ static inline int ec_key_set(ec_key *k, const char *s, uint32_t len, bool may_be
         memcpy(k->s, s, len);
     k->s[len] = 0;
     k->len = len;
-    k->hash = kvt_xxh3_64(k->s, len, 0);
+    k->hash = kvi_xxh3_64(k->s, len, 0);
     return 0;
 }
 
@@ -46,12 +46,12 @@ static inline bool ec_key_eq(const ec_key *a, const ec_key *b)
 
 /* Index of the element of `base` (elements of `stride` bytes, an ec_key at `key_off`) whose
  * key equals k among those the map holds under k's hash; UINT32_MAX if none. */
-static inline uint32_t ec_key_find(const kvt_map *m, const void *base, size_t stride,
+static inline uint32_t ec_key_find(const kvi_map *m, const void *base, size_t stride,
                                    size_t key_off, const ec_key *k)
 {
-    uint64_t pos = kvt_map_probe_start(m, k->hash);
+    uint64_t pos = kvi_map_probe_start(m, k->hash);
     uint32_t i;
-    while (kvt_map_probe_next(m, k->hash, &pos, &i))
+    while (kvi_map_probe_next(m, k->hash, &pos, &i))
         if (ec_key_eq((const ec_key *)((const char *)base + (size_t)i * stride + key_off), k))
             return i;
     return UINT32_MAX;
@@ -69,7 +69,7 @@ static inline uint32_t ec_slot_take(void **arr, uint32_t *n, uint32_t *cap, uint
                                     size_t elem, size_t next_off)
 {
     if (*free_head == UINT32_MAX) {
-        if (kvt_array_grow(arr, cap, *n + 1ull, elem))
+        if (kvi_array_grow(arr, cap, *n + 1ull, elem))
             return UINT32_MAX;
         *ec_slot_next(*arr, elem, next_off, *n) = UINT32_MAX;
         *free_head = (*n)++;

@@ -67,21 +67,21 @@ static void endpoint(char *buf, size_t cap, const char *host, uint32_t port)
 
 /* ---- the background thread ----------------------------------------------------------------- */
 
-static bool discover(kvt_ec_inbox *in, kvt_ecc_client *cli, kvt_ecc_request *q, kvt_ecc_reply *p,
+static bool discover(kvt_ec_inbox *in, kvi_ecc_client *cli, kvi_ecc_request *q, kvi_ecc_reply *p,
                      uint32_t port0)
 {
     char ep[200];
     uint32_t ports[KVT_EC_MAX_SHARDS], evs[KVT_EC_MAX_SHARDS], n;
     endpoint(ep, sizeof(ep), in->host, port0);
-    kvt_ecc_request_begin(q, KVT_ECC_PEERS);
-    if (kvt_ecc_client_call(cli, ep, q, p))
+    kvi_ecc_request_begin(q, KVT_ECC_PEERS);
+    if (kvi_ecc_client_call(cli, ep, q, p))
         return false;
     n = p->n_ports;
     memcpy(ports, p->ports, n * sizeof(uint32_t));
     for (uint32_t k = 0; k < n; k++) { /* every shard, or the whole topology again later */
         endpoint(ep, sizeof(ep), in->host, ports[k]);
-        kvt_ecc_request_begin(q, KVT_ECC_EVENT_PORT);
-        if (kvt_ecc_client_call(cli, ep, q, p))
+        kvi_ecc_request_begin(q, KVT_ECC_EVENT_PORT);
+        if (kvi_ecc_client_call(cli, ep, q, p))
             return false;
         evs[k] = p->port;
     }
@@ -98,29 +98,29 @@ static bool discover(kvt_ec_inbox *in, kvt_ecc_client *cli, kvt_ecc_request *q, 
 }
 
 /* cancel(T, "") on every shard: two rounds, the second only where the first failed. */
-static void cancel_everywhere(kvt_ec_inbox *in, kvt_ecc_client *cli, kvt_ecc_request *q,
-                              kvt_ecc_reply *p, const char *tid)
+static void cancel_everywhere(kvt_ec_inbox *in, kvi_ecc_client *cli, kvi_ecc_request *q,
+                              kvi_ecc_reply *p, const char *tid)
 {
     bool done[KVT_EC_MAX_SHARDS] = {false};
     uint32_t left = in->n;
-    kvt_ecc_item it = {.transfer_id = {tid, (uint32_t)strlen(tid)}, .reservation_id = {"", 0}};
+    kvi_ecc_item it = {.transfer_id = {tid, (uint32_t)strlen(tid)}, .reservation_id = {"", 0}};
     for (int round = 0; round < 2 && left; round++)
         for (uint32_t k = 0; k < in->n; k++) {
             if (done[k])
                 continue;
             /* the owner key: configured, or the one this shard's server left for us */
             const char *key = in->owner[0] ? in->owner : in->shard_key[k];
-            if (!key[0] && kvt_ecc_owner_read(in->ports[k], in->shard_key[k]) != 0) {
+            if (!key[0] && kvi_ecc_owner_read(in->ports[k], in->shard_key[k]) != 0) {
                 KVT_LOG_W("ec inbox: cancel of %s on shard %u: %s", tid, k, kvt_last_error());
                 continue;
             }
             it.client_key = (kvt_str){key, KVT_EC_RID_LEN};
             char ep[200];
             endpoint(ep, sizeof(ep), in->host, in->ports[k]);
-            kvt_ecc_request_begin(q, KVT_ECC_CANCEL);
-            int rc = kvt_ecc_request_add(q, &it);
+            kvi_ecc_request_begin(q, KVT_ECC_CANCEL);
+            int rc = kvi_ecc_request_add(q, &it);
             if (!rc)
-                rc = kvt_ecc_client_call(cli, ep, q, p);
+                rc = kvi_ecc_client_call(cli, ep, q, p);
             if (!rc && p->results[0].code == 0) {
                 done[k] = true;
                 left--;
@@ -141,15 +141,15 @@ static void cancel_everywhere(kvt_ec_inbox *in, kvt_ecc_client *cli, kvt_ecc_req
 static void *inbox_main(void *arg)
 {
     kvt_ec_inbox *in = arg;
-    kvt_ecc_client *cli = NULL;
-    kvt_ecc_request q;
-    kvt_ecc_reply p;
-    kvt_ecc_request_init(&q);
-    kvt_ecc_reply_init(&p);
+    kvi_ecc_client *cli = NULL;
+    kvi_ecc_request q;
+    kvi_ecc_reply p;
+    kvi_ecc_request_init(&q);
+    kvi_ecc_reply_init(&p);
     uint32_t port0 = (uint32_t)atoi(strrchr(in->consumer, ':') + 1);
-    kvt_ecc_curve k = {in->cfg.curve_server_key, in->cfg.curve_public_key,
+    kvi_ecc_curve k = {in->cfg.curve_server_key, in->cfg.curve_public_key,
                        in->cfg.curve_secret_key};
-    if (kvt_ecc_client_create((int)in->cfg.control_timeout_ms, &k, &cli)) {
+    if (kvi_ecc_client_create((int)in->cfg.control_timeout_ms, &k, &cli)) {
         KVT_LOG_E("ec inbox: %s", kvt_last_error());
         return NULL;
     }
@@ -186,9 +186,9 @@ static void *inbox_main(void *arg)
         if (have)
             cancel_everywhere(in, cli, &q, &p, tid);
     }
-    kvt_ecc_client_destroy(cli);
-    kvt_ecc_request_release(&q);
-    kvt_ecc_reply_release(&p);
+    kvi_ecc_client_destroy(cli);
+    kvi_ecc_request_release(&q);
+    kvi_ecc_reply_release(&p);
     return NULL;
 }
 
@@ -201,7 +201,7 @@ int kvt_ec_inbox_create(const kvt_ec_inbox_config *cfg, kvt_ec_inbox **out)
     if (cfg->control_timeout_ms < 1 || cfg->retry_ms < 1 || cfg->max_cancels < 1 ||
         cfg->max_cancels > (1u << 24))
         return kvt_fail(KVT_EINVAL, "ec inbox: timeouts >= 1 ms, max_cancels 1..2^24");
-    if (cfg->owner_key && kvt_ecc_key_check(cfg->owner_key))
+    if (cfg->owner_key && kvi_ecc_key_check(cfg->owner_key))
         return kvt_fail(KVT_EINVAL, "ec inbox: owner_key is not 32 lowercase hex digits");
     if (cfg->event_host && (!cfg->event_host[0] || strlen(cfg->event_host) >= 128))
         return kvt_fail(KVT_EINVAL, "ec inbox: event_host empty or too long");
@@ -214,9 +214,9 @@ int kvt_ec_inbox_create(const kvt_ec_inbox_config *cfg, kvt_ec_inbox **out)
     if (!colon || hl == 0 || hl >= 128 || port < 1 || port > 65535 || strlen(cfg->consumer) >= 160)
         return kvt_fail(KVT_EINVAL, "ec inbox: consumer address %s is not host:port",
                         cfg->consumer);
-    kvt_ecc_curve keys = {cfg->curve_server_key, cfg->curve_public_key, cfg->curve_secret_key};
+    kvi_ecc_curve keys = {cfg->curve_server_key, cfg->curve_public_key, cfg->curve_secret_key};
     bool curve;
-    int crc = kvt_ecc_curve_check(&keys, &curve);
+    int crc = kvi_ecc_curve_check(&keys, &curve);
     if (crc)
         return crc;
     kvt_ec_inbox *in = calloc(1, sizeof(*in));
@@ -240,7 +240,7 @@ int kvt_ec_inbox_create(const kvt_ec_inbox_config *cfg, kvt_ec_inbox **out)
         memcpy(in->owner, cfg->owner_key, KVT_EC_RID_LEN + 1);
     in->cfg.owner_key = NULL;
     in->cfg.consumer = in->consumer;
-    int room = kvt_fd_room(24, "ec inbox"); /* its context, and its thread's client */
+    int room = kvi_fd_room(24, "ec inbox"); /* its context, and its thread's client */
     if (room) {
         free(in);
         return room;
@@ -304,8 +304,8 @@ static int connect_pull(kvt_ec_inbox *in)
     zmq_setsockopt(in->pull, ZMQ_LINGER, &zero, sizeof(zero));
     zmq_setsockopt(in->pull, ZMQ_IPV6, &one, sizeof(one));
     zmq_setsockopt(in->pull, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
-    kvt_ecc_curve keys = {in->server_key, in->public_key, in->secret_key};
-    int rc = in->curve ? kvt_ecc_curve_client(in->pull, &keys) : 0;
+    kvi_ecc_curve keys = {in->server_key, in->public_key, in->secret_key};
+    int rc = in->curve ? kvi_ecc_curve_client(in->pull, &keys) : 0;
     if (rc)
         return rc;
     for (uint32_t k = 0; k < n; k++) {
@@ -318,7 +318,7 @@ static int connect_pull(kvt_ec_inbox *in)
     return 0;
 }
 
-static int deliver(kvt_ec_inbox *in, kvt_ec_sched *sched, const kvt_ecc_event *e)
+static int deliver(kvt_ec_inbox *in, kvt_ec_sched *sched, const kvi_ecc_event *e)
 {
     if (e->abandoned)
         return kvt_ec_sched_observe_abandoned(sched, e->transfer_id.ptr, e->transfer_id.len);
@@ -342,8 +342,8 @@ int kvt_ec_inbox_step(kvt_ec_inbox *in, kvt_ec_sched *sched)
         return rc;
     int delivered = 0;
     uint64_t bad = 0;
-    kvt_ecc_event e;
-    kvt_ecc_event_init(&e);
+    kvi_ecc_event e;
+    kvi_ecc_event_init(&e);
     while (in->connected) {
         zmq_msg_t m;
         zmq_msg_init(&m);
@@ -351,7 +351,7 @@ int kvt_ec_inbox_step(kvt_ec_inbox *in, kvt_ec_sched *sched)
             zmq_msg_close(&m);
             break; /* nothing more now (or a ZeroMQ error: the next step tries again) */
         }
-        int d = kvt_ecc_event_decode(&e, zmq_msg_data(&m), zmq_msg_size(&m));
+        int d = kvi_ecc_event_decode(&e, zmq_msg_data(&m), zmq_msg_size(&m));
         zmq_msg_close(&m);
         if (d) {
             KVT_LOG_W("ec inbox: dropping an event: %s", kvt_last_error());
@@ -368,7 +368,7 @@ int kvt_ec_inbox_step(kvt_ec_inbox *in, kvt_ec_sched *sched)
         }
         delivered++;
     }
-    kvt_ecc_event_release(&e);
+    kvi_ecc_event_release(&e);
     /* the scheduler's cancels go to the thread */
     tid_t ids[16];
     uint32_t n;

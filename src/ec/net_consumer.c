@@ -25,16 +25,16 @@ typedef struct remote {
 
 struct kvt_ec_net_consumer {
     kvt_ec_net_config cfg;
-    kvt_ecc_client *cli;
-    kvt_ucx *ucx;
+    kvi_ecc_client *cli;
+    kvi_ucx *ucx;
     remote *rem[MAX_CONSUMERS];
     uint32_t n_rem, evict;
-    kvt_ecc_request q;
-    kvt_ecc_reply p;
+    kvi_ecc_request q;
+    kvi_ecc_reply p;
     /* this producer's secret: a shard tells a reservation's id again (a repeated reserve
      * after a lost reply) only to the client that made it */
     char key[KVT_EC_RID_LEN + 1];
-    kvt_ucx_send_item *send; /* a write batch's sends, and the write each one is */
+    kvi_ucx_send_item *send; /* a write batch's sends, and the write each one is */
     uint32_t *send_op, cap_send;
 };
 
@@ -59,16 +59,16 @@ int kvt_ec_net_consumer_create(const kvt_ec_net_config *cfg, kvt_ec_net_consumer
     if (!c)
         return kvt_fail(KVT_ENOMEM, "ec net: out of memory");
     c->cfg = *cfg;
-    kvt_ecc_request_init(&c->q);
-    kvt_ecc_reply_init(&c->p);
-    kvt_ecc_curve k = {cfg->curve_server_key, cfg->curve_public_key, cfg->curve_secret_key};
-    int rc = kvt_ecc_key_random(c->key);
+    kvi_ecc_request_init(&c->q);
+    kvi_ecc_reply_init(&c->p);
+    kvi_ecc_curve k = {cfg->curve_server_key, cfg->curve_public_key, cfg->curve_secret_key};
+    int rc = kvi_ecc_key_random(c->key);
     if (!rc)
-        rc = kvt_ecc_client_create((int)cfg->control_timeout_ms, &k, &c->cli);
+        rc = kvi_ecc_client_create((int)cfg->control_timeout_ms, &k, &c->cli);
     if (!rc)
-        rc = kvt_ucx_create(&c->ucx);
+        rc = kvi_ucx_create(&c->ucx);
     if (!rc)
-        kvt_ucx_set_peer_failure(c->ucx, cfg->detect_peer_failure);
+        kvi_ucx_set_peer_failure(c->ucx, cfg->detect_peer_failure);
     if (rc) {
         kvt_ec_net_consumer_destroy(c);
         return rc;
@@ -90,10 +90,10 @@ void kvt_ec_net_consumer_destroy(kvt_ec_net_consumer *c)
         return;
     for (uint32_t i = 0; i < c->n_rem; i++)
         remote_free(c->rem[i]);
-    kvt_ecc_client_destroy(c->cli);
-    kvt_ucx_destroy(c->ucx);
-    kvt_ecc_request_release(&c->q);
-    kvt_ecc_reply_release(&c->p);
+    kvi_ecc_client_destroy(c->cli);
+    kvi_ucx_destroy(c->ucx);
+    kvi_ecc_request_release(&c->q);
+    kvi_ecc_reply_release(&c->p);
     free(c->send);
     free(c->send_op);
     free(c);
@@ -128,7 +128,7 @@ static int call(kvt_ec_net_consumer *c, const char *host, uint32_t port)
 {
     char ep[160];
     endpoint(ep, sizeof(ep), host, port);
-    return kvt_ecc_client_call(c->cli, ep, &c->q, &c->p);
+    return kvi_ecc_client_call(c->cli, ep, &c->q, &c->p);
 }
 
 /* The consumer's entry, its topology discovered if needed. */
@@ -160,7 +160,7 @@ static int consumer(kvt_ec_net_consumer *c, const char *name, remote **out)
         c->rem[c->n_rem++] = r;
     }
     if (r->n == 0) {
-        kvt_ecc_request_begin(&c->q, KVT_ECC_PEERS);
+        kvi_ecc_request_begin(&c->q, KVT_ECC_PEERS);
         int rc = call(c, r->host, r->ports[0]);
         if (rc)
             return rc;
@@ -182,23 +182,23 @@ static int shard_of(kvt_ec_net_consumer *c, const char *name, uint32_t k, remote
 
 /* One item to shard k; its result's code becomes the return value, with the shard's words. */
 static int call_item(kvt_ec_net_consumer *c, remote *r, uint32_t k, uint32_t op,
-                     const kvt_ecc_item *it)
+                     const kvi_ecc_item *it)
 {
-    kvt_ecc_request_begin(&c->q, op);
-    int rc = kvt_ecc_request_add(&c->q, it);
+    kvi_ecc_request_begin(&c->q, op);
+    int rc = kvi_ecc_request_add(&c->q, it);
     if (!rc)
         rc = call(c, r->host, r->ports[k]);
     if (!rc && c->p.results[0].code)
-        rc = kvt_fail(c->p.results[0].code, "ec net: %s on %s shard %u: %s", kvt_ecc_op_name(op),
+        rc = kvt_fail(c->p.results[0].code, "ec net: %s on %s shard %u: %s", kvi_ecc_op_name(op),
                       r->name, k, c->p.results[0].error.ptr);
     return rc;
 }
 
 /* A reserve's wire item: the producer's item and this producer's key. */
-static kvt_ecc_item reserve_item(const kvt_ec_net_consumer *c, const char *tid, uint32_t len,
+static kvi_ecc_item reserve_item(const kvt_ec_net_consumer *c, const char *tid, uint32_t len,
                                  const kvt_ec_item *item)
 {
-    kvt_ecc_item it = {.transfer_id = {tid, len},
+    kvi_ecc_item it = {.transfer_id = {tid, len},
                        .mm_hash = {item->mm_hash, item->mm_hash_len},
                        .nbytes = item->nbytes,
                        .ndim = item->ndim,
@@ -209,7 +209,7 @@ static kvt_ecc_item reserve_item(const kvt_ec_net_consumer *c, const char *tid, 
 }
 
 /* A reserve's result as the producer's reply. */
-static void reply_of(const kvt_ecc_result *x, kvt_ec_reply *out)
+static void reply_of(const kvi_ecc_result *x, kvt_ec_reply *out)
 {
     memset(out, 0, sizeof(*out));
     memcpy(out->reservation_id, x->reservation_id.ptr, x->reservation_id.len);
@@ -238,7 +238,7 @@ static int op_reserve(void *ctx, const char *name, uint32_t k, const char *tid, 
     int rc = shard_of(c, name, k, &r);
     if (rc)
         return rc;
-    kvt_ecc_item it = reserve_item(c, tid, len, item);
+    kvi_ecc_item it = reserve_item(c, tid, len, item);
     if ((rc = call_item(c, r, k, KVT_ECC_RESERVE, &it)))
         return rc;
     reply_of(&c->p.results[0], out);
@@ -250,14 +250,14 @@ static int data_address(kvt_ec_net_consumer *c, remote *r, uint32_t k)
 {
     if (r->addr[k])
         return 0;
-    kvt_ecc_request_begin(&c->q, KVT_ECC_DATA_ADDRESS);
+    kvi_ecc_request_begin(&c->q, KVT_ECC_DATA_ADDRESS);
     int rc = call(c, r->host, r->ports[k]);
     if (rc)
         return rc;
-    if ((rc = kvt_ucx_address_check(c->ucx, c->p.data_addr, c->p.data_addr_len))) {
+    if ((rc = kvi_ucx_address_check(c->ucx, c->p.data_addr, c->p.data_addr_len))) {
         char what[220];
         snprintf(what, sizeof(what), "ec net: %s shard %u's data address", r->name, k);
-        return kvt_fail_wrap(rc, what);
+        return kvi_fail_wrap(rc, what);
     }
     r->addr[k] = malloc(c->p.data_addr_len);
     if (!r->addr[k])
@@ -279,7 +279,7 @@ static int op_write_batch(void *ctx, const char *name, kvt_ec_write_op *w, uint3
     remote *r;
     int rc = consumer(c, name, &r);
     if (!rc && n > c->cap_send) {
-        kvt_ucx_send_item *g = realloc(c->send, n * sizeof(*g));
+        kvi_ucx_send_item *g = realloc(c->send, n * sizeof(*g));
         uint32_t *o = g ? realloc(c->send_op, n * sizeof(*o)) : NULL;
         if (g)
             c->send = g;
@@ -311,14 +311,14 @@ static int op_write_batch(void *ctx, const char *name, kvt_ec_write_op *w, uint3
             continue;
         }
         c->send_op[m] = i;
-        c->send[m++] = (kvt_ucx_send_item){r->addr[k],
+        c->send[m++] = (kvi_ucx_send_item){r->addr[k],
                                            r->addr_len[k],
                                            w[i].src,
                                            w[i].nbytes,
-                                           kvt_ecc_rid_tag(w[i].dst->reservation_id),
+                                           kvi_ecc_rid_tag(w[i].dst->reservation_id),
                                            0};
     }
-    (void)kvt_ucx_send_many(c->ucx, c->send, m, c->cfg.write_window, (int)c->cfg.write_timeout_ms);
+    (void)kvi_ucx_send_many(c->ucx, c->send, m, c->cfg.write_window, (int)c->cfg.write_timeout_ms);
     for (uint32_t j = 0; j < m; j++) {
         kvt_ec_write_op *x = &w[c->send_op[j]];
         if (!c->send[j].rc)
@@ -351,7 +351,7 @@ static int op_complete(void *ctx, const char *name, uint32_t k, const char *tid,
     int rc = shard_of(c, name, k, &r);
     if (rc)
         return rc;
-    kvt_ecc_item it = {.transfer_id = {tid, len}, .reservation_id = {rid, (uint32_t)strlen(rid)}};
+    kvi_ecc_item it = {.transfer_id = {tid, len}, .reservation_id = {rid, (uint32_t)strlen(rid)}};
     if ((rc = call_item(c, r, k, KVT_ECC_COMPLETE, &it)))
         return rc;
     *accepted = c->p.results[0].completed;
@@ -366,7 +366,7 @@ static int op_cancel(void *ctx, const char *name, uint32_t k, const char *tid, u
     int rc = shard_of(c, name, k, &r);
     if (rc)
         return rc;
-    kvt_ecc_item it = {.transfer_id = {tid, len},
+    kvi_ecc_item it = {.transfer_id = {tid, len},
                        .reservation_id = {rid ? rid : "", rid ? (uint32_t)strlen(rid) : 0},
                        .abandon = abandon,
                        .refresh = refresh};
@@ -384,10 +384,10 @@ static int batch_call(kvt_ec_net_consumer *c, const char *name, uint32_t k, uint
         uint32_t m = n - at < KVT_ECC_MAX_BATCH ? n - at : KVT_ECC_MAX_BATCH;
         int crc = rc;
         if (!crc) {
-            kvt_ecc_request_begin(&c->q, op);
+            kvi_ecc_request_begin(&c->q, op);
             for (uint32_t i = 0; i < m && !crc; i++) {
                 kvt_ec_batch_op *b = &ops[at + i];
-                kvt_ecc_item it = {.transfer_id = {b->transfer_id, b->len}};
+                kvi_ecc_item it = {.transfer_id = {b->transfer_id, b->len}};
                 if (op == KVT_ECC_RESERVE_BATCH) {
                     it = reserve_item(c, b->transfer_id, b->len, b->item);
                 } else {
@@ -396,14 +396,14 @@ static int batch_call(kvt_ec_net_consumer *c, const char *name, uint32_t k, uint
                     it.abandon = b->abandon;
                     it.refresh = b->refresh;
                 }
-                crc = kvt_ecc_request_add(&c->q, &it);
+                crc = kvi_ecc_request_add(&c->q, &it);
             }
             if (!crc)
                 crc = call(c, r->host, r->ports[k]);
         }
         for (uint32_t i = 0; i < m; i++) {
             kvt_ec_batch_op *b = &ops[at + i];
-            const kvt_ecc_result *x = crc ? NULL : &c->p.results[i];
+            const kvi_ecc_result *x = crc ? NULL : &c->p.results[i];
             b->error[0] = 0;
             if (crc || x->code) {
                 b->rc = crc ? crc : x->code;
@@ -411,7 +411,7 @@ static int batch_call(kvt_ec_net_consumer *c, const char *name, uint32_t k, uint
                     snprintf(b->error, sizeof(b->error), "%s", kvt_last_error());
                 else
                     snprintf(b->error, sizeof(b->error), "ec net: %s on %s shard %u: %s",
-                             kvt_ecc_op_name(op), name, k, x->error.ptr);
+                             kvi_ecc_op_name(op), name, k, x->error.ptr);
                 continue;
             }
             b->rc = 0;

@@ -45,7 +45,7 @@ int kvt_ec_owner_key_path(uint32_t port, char *buf, size_t cap)
     return 0;
 }
 
-int kvt_ecc_key_check(const char *k)
+int kvi_ecc_key_check(const char *k)
 {
     if (!k || strlen(k) != KVT_EC_RID_LEN)
         return -1;
@@ -55,7 +55,7 @@ int kvt_ecc_key_check(const char *k)
     return 0;
 }
 
-int kvt_ecc_key_random(char out[KVT_EC_RID_LEN + 1])
+int kvi_ecc_key_random(char out[KVT_EC_RID_LEN + 1])
 {
     static const char hex[] = "0123456789abcdef";
     uint8_t b[KVT_EC_RID_LEN / 2];
@@ -69,7 +69,7 @@ int kvt_ecc_key_random(char out[KVT_EC_RID_LEN + 1])
     return 0;
 }
 
-bool kvt_ecc_key_equal(const char *a, const char *b)
+bool kvi_ecc_key_equal(const char *a, const char *b)
 {
     if (!a || !b)
         return false;
@@ -95,7 +95,7 @@ static int private_dir(const char *dir)
     return 0;
 }
 
-int kvt_ecc_owner_write(uint32_t port, const char *key)
+int kvi_ecc_owner_write(uint32_t port, const char *key)
 {
     char dir[512], path[600];
     int rc = key_dir(dir, sizeof(dir));
@@ -119,7 +119,7 @@ int kvt_ecc_owner_write(uint32_t port, const char *key)
     return 0;
 }
 
-int kvt_ecc_owner_read(uint32_t port, char out[KVT_EC_RID_LEN + 1])
+int kvi_ecc_owner_read(uint32_t port, char out[KVT_EC_RID_LEN + 1])
 {
     char path[600];
     int rc = kvt_ec_owner_key_path(port, path, sizeof(path));
@@ -137,17 +137,17 @@ int kvt_ecc_owner_read(uint32_t port, char out[KVT_EC_RID_LEN + 1])
         n = read(fd, out, KVT_EC_RID_LEN);
     close(fd);
     out[n == (ssize_t)KVT_EC_RID_LEN ? KVT_EC_RID_LEN : 0] = 0;
-    if (n != (ssize_t)KVT_EC_RID_LEN || kvt_ecc_key_check(out))
+    if (n != (ssize_t)KVT_EC_RID_LEN || kvi_ecc_key_check(out))
         return kvt_fail(KVT_EPROTO, "ec owner key: %s is not a private file of 32 hex digits",
                         path);
     return 0;
 }
 
-void kvt_ecc_owner_remove(uint32_t port, const char *key)
+void kvi_ecc_owner_remove(uint32_t port, const char *key)
 {
     char cur[KVT_EC_RID_LEN + 1], path[600];
     /* only our own: a server restarted on the port may have written a newer one */
-    if (kvt_ecc_owner_read(port, cur) == 0 && kvt_ecc_key_equal(cur, key) &&
+    if (kvi_ecc_owner_read(port, cur) == 0 && kvi_ecc_key_equal(cur, key) &&
         kvt_ec_owner_key_path(port, path, sizeof(path)) == 0)
         unlink(path);
 }

@@ -36,7 +36,7 @@ struct kvt_ec_planner {
     uint32_t max;
     plan *pl;
     uint32_t n_pl, cap_pl, free_pl, count;
-    kvt_map map;
+    kvi_map map;
     share *sh;
     uint32_t n_sh, cap_sh;
     ec_key *failed;
@@ -60,7 +60,7 @@ static void fail_request(kvt_ec_planner *p, const ec_key *req)
     for (uint32_t i = 0; i < p->n_failed; i++)
         if (ec_key_eq(&p->failed[i], req))
             return;
-    if (kvt_array_grow((void **)&p->failed, &p->cap_failed, p->n_failed + 1ull, sizeof(ec_key)) ==
+    if (kvi_array_grow((void **)&p->failed, &p->cap_failed, p->n_failed + 1ull, sizeof(ec_key)) ==
         0)
         p->failed[p->n_failed++] = *req;
 }
@@ -79,10 +79,10 @@ int kvt_ec_planner_create(uint32_t max_prepared, kvt_ec_planner **out)
         return kvt_fail(KVT_ENOMEM, "ec planner: out of memory");
     p->max = max_prepared;
     p->free_pl = NONE;
-    int rc = kvt_map_init(&p->map, max_prepared);
+    int rc = kvi_map_init(&p->map, max_prepared);
     if (rc) {
         free(p);
-        return kvt_fail_wrap(rc, "ec planner");
+        return kvi_fail_wrap(rc, "ec planner");
     }
     *out = p;
     return 0;
@@ -92,7 +92,7 @@ void kvt_ec_planner_destroy(kvt_ec_planner *p)
 {
     if (!p)
         return;
-    kvt_map_free(&p->map);
+    kvi_map_free(&p->map);
     free(p->pl);
     free(p->sh);
     free(p->failed);
@@ -115,7 +115,7 @@ static int add_sharer(kvt_ec_planner *p, plan *x, const ec_key *req)
     for (uint32_t i = 0; i < p->n_sh; i++)
         if (p->sh[i].plan == idx && ec_key_eq(&p->sh[i].req, req))
             return 0; /* prepared for this request already */
-    if (kvt_array_grow((void **)&p->sh, &p->cap_sh, p->n_sh + 1ull, sizeof(share)))
+    if (kvi_array_grow((void **)&p->sh, &p->cap_sh, p->n_sh + 1ull, sizeof(share)))
         return kvt_fail(KVT_ENOMEM, "ec planner: out of memory");
     p->sh[p->n_sh++] = (share){idx, *req};
     x->sharers++;
@@ -130,7 +130,7 @@ int kvt_ec_planner_prepare(kvt_ec_planner *p, const kvt_ec_push_spec *s)
         return 0; /* no consumer to push to */
     int rc = kvt_ec_push_spec_validate(s);
     if (rc)
-        return kvt_fail_wrap(rc, "ec planner");
+        return kvi_fail_wrap(rc, "ec planner");
     ec_key t, req;
     if ((rc = lkey_set(&t, s->transfer_id, "transfer id")) ||
         (rc = lkey_set(&req, s->request_id, "request id")))
@@ -165,7 +165,7 @@ int kvt_ec_planner_prepare(kvt_ec_planner *p, const kvt_ec_push_spec *s)
     x->ndim = s->ndim;
     memcpy(x->shape, s->shape, s->ndim * sizeof(uint64_t));
     x->queued = true;
-    (void)kvt_map_insert(&p->map, t.hash, (uint32_t)(x - p->pl)); /* room: max */
+    (void)kvi_map_insert(&p->map, t.hash, (uint32_t)(x - p->pl)); /* room: max */
     p->count++;
     if ((rc = add_sharer(p, x, &req)))
         return rc;
@@ -196,7 +196,7 @@ int kvt_ec_planner_build_meta(kvt_ec_planner *p, kvt_ec_meta *out)
         sp.request_id = req ? (kvt_str){req->s, req->len} : (kvt_str){"", 0};
         int rc = kvt_ec_meta_add_push(out, &sp);
         if (rc)
-            return kvt_fail_wrap(rc, "ec planner: build_meta");
+            return kvi_fail_wrap(rc, "ec planner: build_meta");
         x->queued = false; /* emitted exactly once */
     }
     return 0;
@@ -234,7 +234,7 @@ int kvt_ec_planner_request_finished(kvt_ec_planner *p, const char *req_id, uint3
         }
         plan *x = &p->pl[p->sh[i].plan];
         if (--x->sharers == 0) { /* nobody shares it: forgotten */
-            kvt_map_remove(&p->map, x->t.hash, p->sh[i].plan);
+            kvi_map_remove(&p->map, x->t.hash, p->sh[i].plan);
             x->used = false;
             ec_slot_give(p->pl, &p->free_pl, sizeof(plan), offsetof(plan, free_next),
                          p->sh[i].plan);
@@ -251,7 +251,7 @@ int kvt_ec_planner_apply_output(kvt_ec_planner *p, const kvt_ec_worker_meta *agg
         return kvt_fail(KVT_EINVAL, "ec planner: NULL report");
     int rc = kvt_ec_worker_meta_validate(agg);
     if (rc)
-        return kvt_fail_wrap(rc, "ec planner: apply_output");
+        return kvi_fail_wrap(rc, "ec planner: apply_output");
     p->pending = agg->pending_saves;
     for (uint32_t i = 0; i < agg->failed_saves.n; i++) {
         ec_key req;

@@ -59,12 +59,12 @@ struct kvt_ec_producer {
     prec *r;
     uint32_t n_r, cap_r, free_r, count;
     uint64_t seq;
-    kvt_map map;
-    kvt_map waiting; /* mm_hash -> records that may still wait for their source */
+    kvi_map map;
+    kvi_map waiting; /* mm_hash -> records that may still wait for their source */
     ec_key *failed_saves;
     uint32_t n_fs, cap_fs;
     kvt_ec_producer_stats st;
-    kvt_hist push_lat; /* push-to-done latency */
+    kvi_hist push_lat; /* push-to-done latency */
     /* a dispatch batch's scratch, kept from one dispatch to the next */
     uint32_t *b_idx, *b_c_rec, *b_w_rec, cap_w;
     kvt_ec_batch_op *b_c;
@@ -103,9 +103,9 @@ static prec *find(const kvt_ec_producer *p, const ec_key *t)
 static void rec_free(kvt_ec_producer *p, prec *r)
 {
     uint32_t i = (uint32_t)(r - p->r);
-    kvt_map_remove(&p->map, r->t.hash, i);
+    kvi_map_remove(&p->map, r->t.hash, i);
     if (r->in_wait)
-        kvt_map_remove(&p->waiting, r->h.hash, i);
+        kvi_map_remove(&p->waiting, r->h.hash, i);
     free(r->sh);
     r->sh = NULL;
     r->used = false;
@@ -144,7 +144,7 @@ static prec *rec_new(kvt_ec_producer *p, const ec_key *t, int *err)
     r->used = true;
     r->t = *t;
     r->seq = ++p->seq;
-    (void)kvt_map_insert(&p->map, t->hash, (uint32_t)(r - p->r)); /* room: max_records */
+    (void)kvi_map_insert(&p->map, t->hash, (uint32_t)(r - p->r)); /* room: max_records */
     p->count++;
     return r;
 }
@@ -390,7 +390,7 @@ static void fail(kvt_ec_producer *p, prec *r, const char *what)
 static void fail_later(kvt_ec_producer *p, prec *r, const char *what)
 {
     uint32_t cap = p->cap_fl;
-    if (kvt_array_grow((void **)&p->fl, &cap, p->n_fl + 1ull, sizeof(*p->fl))) {
+    if (kvi_array_grow((void **)&p->fl, &cap, p->n_fl + 1ull, sizeof(*p->fl))) {
         fail(p, r, what); /* no room in the list: abandoned now */
         return;
     }
@@ -405,7 +405,7 @@ static void fail_later(kvt_ec_producer *p, prec *r, const char *what)
 static void fail_flush(kvt_ec_producer *p)
 {
     uint32_t cap = p->cap_fl_ok;
-    if (p->n_fl && kvt_array_grow((void **)&p->fl_ok, &cap, p->n_fl, sizeof(bool)) == 0) {
+    if (p->n_fl && kvi_array_grow((void **)&p->fl_ok, &cap, p->n_fl, sizeof(bool)) == 0) {
         p->cap_fl_ok = cap;
         abandon_many(p, p->fl, p->n_fl, p->fl_ok);
     } else {
@@ -444,16 +444,16 @@ int kvt_ec_producer_create(const kvt_ec_producer_config *cfg, kvt_ec_producer **
         return kvt_fail(KVT_ENOMEM, "ec producer: out of memory");
     p->cfg = *cfg;
     p->free_r = NONE;
-    int rc = kvt_map_init(&p->map, cfg->max_records + 1);
-    if (!rc && (rc = kvt_map_init(&p->waiting, cfg->max_records + 1)))
-        kvt_map_free(&p->map);
+    int rc = kvi_map_init(&p->map, cfg->max_records + 1);
+    if (!rc && (rc = kvi_map_init(&p->waiting, cfg->max_records + 1)))
+        kvi_map_free(&p->map);
     if (!rc) {
         p->b_idx = malloc(cfg->max_batch * sizeof(*p->b_idx));
         p->b_c_rec = malloc(cfg->max_batch * sizeof(*p->b_c_rec));
         p->b_c = malloc(cfg->max_batch * sizeof(*p->b_c));
         if (!p->b_idx || !p->b_c_rec || !p->b_c) {
-            kvt_map_free(&p->map);
-            kvt_map_free(&p->waiting);
+            kvi_map_free(&p->map);
+            kvi_map_free(&p->waiting);
             rc = KVT_ENOMEM;
         }
     }
@@ -462,7 +462,7 @@ int kvt_ec_producer_create(const kvt_ec_producer_config *cfg, kvt_ec_producer **
         free(p->b_c_rec);
         free(p->b_c);
         free(p);
-        return kvt_fail_wrap(rc, "ec producer");
+        return kvi_fail_wrap(rc, "ec producer");
     }
     *out = p;
     return 0;
@@ -476,8 +476,8 @@ void kvt_ec_producer_destroy(kvt_ec_producer *p)
     for (uint32_t i = 0; i < p->n_r; i++)
         if (p->r[i].used && !terminal(&p->r[i]))
             abandon_all(p, &p->r[i]); /* shutdown: cancel the orphans first */
-    kvt_map_free(&p->map);
-    kvt_map_free(&p->waiting);
+    kvi_map_free(&p->map);
+    kvi_map_free(&p->waiting);
     free(p->b_idx);
     free(p->b_c_rec);
     free(p->b_c);
@@ -518,7 +518,7 @@ static void add_failed_save(kvt_ec_producer *p, const ec_key *req)
     for (uint32_t i = 0; i < p->n_fs; i++)
         if (ec_key_eq(&p->failed_saves[i], req))
             return;
-    if (kvt_array_grow((void **)&p->failed_saves, &p->cap_fs, p->n_fs + 1ull, sizeof(ec_key)) == 0)
+    if (kvi_array_grow((void **)&p->failed_saves, &p->cap_fs, p->n_fs + 1ull, sizeof(ec_key)) == 0)
         p->failed_saves[p->n_fs++] = *req;
 }
 
@@ -613,7 +613,7 @@ static int push_record(kvt_ec_producer *p, const kvt_ec_push_spec *s, uint32_t *
     if (!s)
         return kvt_fail(KVT_EINVAL, "ec producer: NULL spec");
     if ((rc = kvt_ec_push_spec_validate(s)))
-        return kvt_fail_wrap(rc, "ec producer");
+        return kvi_fail_wrap(rc, "ec producer");
     ec_key t, req;
     if ((rc = pkey_set(&t, s->transfer_id, "transfer id", false)) ||
         (rc = pkey_set(&req, s->request_id, "request id", true)))
@@ -630,7 +630,7 @@ static int push_record(kvt_ec_producer *p, const kvt_ec_push_spec *s, uint32_t *
         return 0;
     }
     if (!(r = rec_new(p, &t, &rc)))
-        return kvt_fail_wrap(rc, "ec producer: push");
+        return kvi_fail_wrap(rc, "ec producer: push");
     if ((rc = pkey_set(&r->h, s->mm_hash, "mm_hash", false)) ||
         (rc = pkey_set(&r->dtype, s->dtype, "dtype", false)) ||
         (rc = pkey_set(&r->consumer, s->consumer_zmq, "consumer address", false))) {
@@ -643,7 +643,7 @@ static int push_record(kvt_ec_producer *p, const kvt_ec_push_spec *s, uint32_t *
     r->ndim = s->ndim;
     memcpy(r->shape, s->shape, s->ndim * sizeof(uint64_t));
     r->state = KVT_ECP_WAITING_INPUTS;
-    (void)kvt_map_insert(&p->waiting, r->h.hash, (uint32_t)(r - p->r)); /* room: max_records */
+    (void)kvi_map_insert(&p->waiting, r->h.hash, (uint32_t)(r - p->r)); /* room: max_records */
     r->in_wait = true;
     const kvt_ec_consumer_ops *o = &p->cfg.ops;
     uint32_t n = 0;
@@ -786,14 +786,14 @@ int kvt_ec_producer_bind_source(kvt_ec_producer *p, const char *mm_hash, uint32_
     int bound = 0;
     do {
         nf = 0;
-        uint64_t pos = kvt_map_probe_start(&p->waiting, h.hash);
+        uint64_t pos = kvi_map_probe_start(&p->waiting, h.hash);
         uint32_t i;
-        while (nf < 64 && kvt_map_probe_next(&p->waiting, h.hash, &pos, &i))
+        while (nf < 64 && kvi_map_probe_next(&p->waiting, h.hash, &pos, &i))
             if (ec_key_eq(&p->r[i].h, &h))
                 found[nf++] = i;
         for (uint32_t k = 0; k < nf; k++) {
             prec *r = &p->r[found[k]];
-            kvt_map_remove(&p->waiting, h.hash, found[k]);
+            kvi_map_remove(&p->waiting, h.hash, found[k]);
             r->in_wait = false;
             if (!r->used || r->state != KVT_ECP_WAITING_INPUTS || r->has_src)
                 continue;
@@ -844,7 +844,7 @@ static void record_done(kvt_ec_producer *p, prec *r)
     r->has_src = false; /* the source reference goes */
     p->st.done++;
     uint64_t now = kvt_clock_now(&p->cfg.clock);
-    kvt_hist_observe(&p->push_lat, now > r->pushed_ns ? now - r->pushed_ns : 0);
+    kvi_hist_observe(&p->push_lat, now > r->pushed_ns ? now - r->pushed_ns : 0);
 }
 
 /* One dispatch batch: its records (in the producer's scratch arrays). */
@@ -858,10 +858,10 @@ static int write_room(kvt_ec_producer *p, uint64_t n)
     uint32_t cap = p->cap_w;
     if (n <= cap)
         return 0;
-    if (kvt_array_grow((void **)&p->b_w, &cap, n, sizeof(*p->b_w)))
+    if (kvi_array_grow((void **)&p->b_w, &cap, n, sizeof(*p->b_w)))
         return KVT_ENOMEM;
     cap = p->cap_w;
-    if (kvt_array_grow((void **)&p->b_w_rec, &cap, n, sizeof(*p->b_w_rec)))
+    if (kvi_array_grow((void **)&p->b_w_rec, &cap, n, sizeof(*p->b_w_rec)))
         return KVT_ENOMEM;
     p->cap_w = cap;
     return 0;
@@ -1006,14 +1006,14 @@ int kvt_ec_producer_request_finished(kvt_ec_producer *p, const char *req_id, uin
             !ec_key_eq(&r->req, &req))
             continue;
         uint32_t cap = p->cap_fl;
-        if (kvt_array_grow((void **)&p->fl, &cap, p->n_fl + 1ull, sizeof(*p->fl)))
+        if (kvi_array_grow((void **)&p->fl, &cap, p->n_fl + 1ull, sizeof(*p->fl)))
             return kvt_fail(KVT_ENOMEM, "ec producer: out of memory");
         p->cap_fl = cap;
         r->state = KVT_ECP_CANCEL_PENDING;
         p->fl[p->n_fl++] = i;
     }
     uint32_t cap = p->cap_fl_ok;
-    if (p->n_fl && kvt_array_grow((void **)&p->fl_ok, &cap, p->n_fl, sizeof(bool))) {
+    if (p->n_fl && kvi_array_grow((void **)&p->fl_ok, &cap, p->n_fl, sizeof(bool))) {
         for (uint32_t i = 0; i < p->n_fl; i++) /* no room for outcomes: one at a time */
             p->r[p->fl[i]].state = KVT_ECP_WAITING_INPUTS;
         p->n_fl = 0;
@@ -1056,7 +1056,7 @@ int kvt_ec_producer_report(kvt_ec_producer *p, kvt_ec_worker_meta *out)
         int rc = kvt_ec_worker_meta_add(out, KVT_EC_FAILED_SAVES, p->failed_saves[i].s,
                                         p->failed_saves[i].len);
         if (rc)
-            return kvt_fail_wrap(rc, "ec producer: report");
+            return kvi_fail_wrap(rc, "ec producer: report");
     }
     p->n_fs = 0;
     return 0;
@@ -1105,7 +1105,7 @@ int kvt_ec_producer_prometheus(const kvt_ec_producer *p, char *buf, size_t cap, 
     uint64_t pending = 0;
     for (uint32_t i = 0; i < p->n_r; i++)
         pending += p->r[i].used && !terminal(&p->r[i]);
-    kvt_prom pr = {buf, cap, 0};
+    kvi_prom pr = {buf, cap, 0};
     const struct {
         const char *name, *help;
         uint64_t v;
@@ -1133,9 +1133,9 @@ int kvt_ec_producer_prometheus(const kvt_ec_producer *p, char *buf, size_t cap, 
         {"pending", "Push records not yet terminal (pending_saves).", pending, true},
     };
     for (size_t i = 0; i < sizeof(m) / sizeof(m[0]); i++)
-        kvt_prom_metric(&pr, "kvtier_ec_producer", m[i].name, m[i].help, m[i].gauge, m[i].v);
-    kvt_prom_hist(&pr, "kvtier_ec_producer", "push_seconds",
+        kvi_prom_metric(&pr, "kvtier_ec_producer", m[i].name, m[i].help, m[i].gauge, m[i].v);
+    kvi_prom_hist(&pr, "kvtier_ec_producer", "push_seconds",
                   "Latency of a push, from push to completed on every shard.", NULL, NULL,
                   &p->push_lat, 1);
-    return kvt_prom_finish(&pr, len, "ec producer");
+    return kvi_prom_finish(&pr, len, "ec producer");
 }

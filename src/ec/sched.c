@@ -59,10 +59,10 @@ struct kvt_ec_sched {
     xfer *x;
     uint32_t n_x, cap_x, free_x, live, tomb, partial, thead, ttail;
     uint64_t seq;
-    kvt_map by_t, by_h;
+    kvi_map by_t, by_h;
     sreq *r;
     uint32_t n_r, cap_r, free_r;
-    kvt_map by_req;
+    kvi_map by_req;
     ec_key *mirror; /* the engine's encoder cache */
     uint32_t n_mirror, cap_mirror;
     uint32_t *loadq;
@@ -103,7 +103,7 @@ static uint32_t xi(const kvt_ec_sched *s, const xfer *x)
 /* Appends a key to a growable list; false (and a logged error) if memory ran out. */
 static bool list_push(ec_key **l, uint32_t *n, uint32_t *cap, const ec_key *k)
 {
-    if (kvt_array_grow((void **)l, cap, *n + 1ull, sizeof(ec_key))) {
+    if (kvi_array_grow((void **)l, cap, *n + 1ull, sizeof(ec_key))) {
         kvt_fail(KVT_ENOMEM, "ec sched: cannot queue %s", k->s);
         return false;
     }
@@ -120,10 +120,10 @@ static xfer *find_t(const kvt_ec_sched *s, const ec_key *t)
 /* The oldest transfer of h in one of the states of `mask` (bit per state), or NULL. */
 static xfer *oldest_of(const kvt_ec_sched *s, const ec_key *h, unsigned mask)
 {
-    uint64_t pos = kvt_map_probe_start(&s->by_h, h->hash);
+    uint64_t pos = kvi_map_probe_start(&s->by_h, h->hash);
     uint32_t i;
     xfer *best = NULL;
-    while (kvt_map_probe_next(&s->by_h, h->hash, &pos, &i)) {
+    while (kvi_map_probe_next(&s->by_h, h->hash, &pos, &i)) {
         xfer *x = &s->x[i];
         if (x->state < 32 && (mask & (1u << x->state)) && ec_key_eq(&x->h, h) &&
             (!best || x->seq < best->seq))
@@ -156,9 +156,9 @@ static xfer *x_new(kvt_ec_sched *s, const ec_key *t, const ec_key *h, uint8_t st
     x->state = state;
     x->seq = ++s->seq;
     x->tprev = x->tnext = NONE;
-    (void)kvt_map_insert(&s->by_t, t->hash, xi(s, x)); /* room: live + tombstones */
+    (void)kvi_map_insert(&s->by_t, t->hash, xi(s, x)); /* room: live + tombstones */
     if (h)
-        (void)kvt_map_insert(&s->by_h, h->hash, xi(s, x));
+        (void)kvi_map_insert(&s->by_h, h->hash, xi(s, x));
     s->live++;
     if (state == ST_PARTIAL)
         s->partial++;
@@ -202,9 +202,9 @@ static void x_free(kvt_ec_sched *s, xfer *x)
         if (x->state == ST_PARTIAL)
             s->partial--;
     }
-    kvt_map_remove(&s->by_t, x->t.hash, xi(s, x));
+    kvi_map_remove(&s->by_t, x->t.hash, xi(s, x));
     if (x->h.len)
-        kvt_map_remove(&s->by_h, x->h.hash, xi(s, x));
+        kvi_map_remove(&s->by_h, x->h.hash, xi(s, x));
     unbind(s, xi(s, x));
     x->used = false;
     ec_slot_give(s->x, &s->free_x, sizeof(xfer), offsetof(xfer, free_next), xi(s, x));
@@ -307,14 +307,14 @@ int kvt_ec_sched_create(const kvt_ec_sched_config *cfg, kvt_ec_sched **out)
     s->cfg = *cfg;
     s->free_x = s->free_r = s->thead = s->ttail = NONE;
     uint32_t cap = cfg->max_transfers + cfg->max_tombstones + 1;
-    int rc = kvt_map_init(&s->by_t, cap);
+    int rc = kvi_map_init(&s->by_t, cap);
     if (!rc)
-        rc = kvt_map_init(&s->by_h, cap);
+        rc = kvi_map_init(&s->by_h, cap);
     if (!rc)
-        rc = kvt_map_init(&s->by_req, cfg->max_transfers);
+        rc = kvi_map_init(&s->by_req, cfg->max_transfers);
     if (rc) {
         kvt_ec_sched_destroy(s);
-        return kvt_fail_wrap(rc, "ec sched");
+        return kvi_fail_wrap(rc, "ec sched");
     }
     *out = s;
     return 0;
@@ -324,9 +324,9 @@ void kvt_ec_sched_destroy(kvt_ec_sched *s)
 {
     if (!s)
         return;
-    kvt_map_free(&s->by_t);
-    kvt_map_free(&s->by_h);
-    kvt_map_free(&s->by_req);
+    kvi_map_free(&s->by_t);
+    kvi_map_free(&s->by_h);
+    kvi_map_free(&s->by_req);
     free(s->x);
     free(s->r);
     free(s->mirror);
@@ -365,7 +365,7 @@ int kvt_ec_sched_observe_ready(kvt_ec_sched *s, const kvt_ec_ready *ev)
     }
     if (!x) {
         if (!(x = x_new(s, &t, &h, ST_PARTIAL, &rc)))
-            return kvt_fail_wrap(rc, "ec sched: readiness");
+            return kvi_fail_wrap(rc, "ec sched: readiness");
         x->deadline = after(s, s->cfg.lease_ns);
     }
     if (!x->has_spec) {
@@ -396,7 +396,7 @@ int kvt_ec_sched_observe_abandoned(kvt_ec_sched *s, const char *tid, uint32_t le
     xfer *x = find_t(s, &t);
     if (!x) { /* before the request: it fails when it arrives */
         if (!(x = x_new(s, &t, NULL, ST_PARTIAL, &rc)))
-            return kvt_fail_wrap(rc, "ec sched: abandoned");
+            return kvi_fail_wrap(rc, "ec sched: abandoned");
         finish_x(s, x, KVT_ECT_UNAVAILABLE, false);
         return 0;
     }
@@ -442,7 +442,7 @@ static sreq *req_get(kvt_ec_sched *s, const ec_key *id, int *err)
     memset(r, 0, sizeof(*r));
     r->used = true;
     r->id = *id;
-    (void)kvt_map_insert(&s->by_req, id->hash, (uint32_t)(r - s->r));
+    (void)kvi_map_insert(&s->by_req, id->hash, (uint32_t)(r - s->r));
     return r;
 }
 
@@ -461,7 +461,7 @@ static void begin_load(kvt_ec_sched *s, xfer *y)
     s->st.loads_started++;
     s->st.local_loads += y->local;
     y->deadline = after(s, s->cfg.push_wait_ns);
-    if (!y->queued && kvt_array_grow((void **)&s->loadq, &s->cap_loadq, s->n_loadq + 1ull,
+    if (!y->queued && kvi_array_grow((void **)&s->loadq, &s->cap_loadq, s->n_loadq + 1ull,
                                      sizeof(uint32_t)) == 0) {
         s->loadq[s->n_loadq++] = xi(s, y);
         y->queued = true;
@@ -554,7 +554,7 @@ int kvt_ec_sched_ensure(kvt_ec_sched *s, const char *req_id, uint32_t req_len,
     }
     sreq *r = req_get(s, &id, &rc);
     if (!r)
-        return kvt_fail_wrap(rc, "ec sched: ensure");
+        return kvi_fail_wrap(rc, "ec sched: ensure");
     r->n = n;
     bool all = !r->reported;
     for (uint32_t f = 0; f < n; f++) {
@@ -754,7 +754,7 @@ int kvt_ec_sched_request_finished_bound(kvt_ec_sched *s, const char *req_id, uin
     }
     if (!r)
         return 0;
-    kvt_map_remove(&s->by_req, id.hash, (uint32_t)(r - s->r));
+    kvi_map_remove(&s->by_req, id.hash, (uint32_t)(r - s->r));
     r->used = false;
     ec_slot_give(s->r, &s->free_r, sizeof(sreq), offsetof(sreq, free_next), (uint32_t)(r - s->r));
     return 0;
@@ -785,13 +785,13 @@ int kvt_ec_sched_build_meta(kvt_ec_sched *s, kvt_ec_meta *out)
             x->queued = false;
     }
     if (rc) /* what did not fit stays queued (emitted ones are skipped next time) */
-        return kvt_fail_wrap(rc, "ec sched: build_meta");
+        return kvi_fail_wrap(rc, "ec sched: build_meta");
     s->n_loadq = 0;
     out->has_freed = true;
     for (uint32_t i = 0; i < s->n_freed && !rc; i++)
         rc = kvt_ec_meta_add_freed(out, s->freed[i].s, s->freed[i].len);
     if (rc)
-        return kvt_fail_wrap(rc, "ec sched: build_meta");
+        return kvi_fail_wrap(rc, "ec sched: build_meta");
     s->n_freed = 0;
     return 0;
 }
@@ -850,7 +850,7 @@ int kvt_ec_sched_apply_output(kvt_ec_sched *s, const kvt_ec_worker_meta *agg)
         return kvt_fail(KVT_EINVAL, "ec sched: apply_output: NULL report");
     int rc = kvt_ec_worker_meta_validate(agg);
     if (rc)
-        return kvt_fail_wrap(rc, "ec sched: apply_output");
+        return kvi_fail_wrap(rc, "ec sched: apply_output");
     each_in(s, &agg->loaded, on_loaded);
     each_in(s, &agg->failed_loads, on_failed_load);
     each_in(s, &agg->reclaimed, on_reclaimed);
@@ -949,7 +949,7 @@ int kvt_ec_sched_prometheus(const kvt_ec_sched *s, char *buf, size_t cap, size_t
         return kvt_fail(KVT_EINVAL, "ec sched: prometheus: NULL argument");
     kvt_ec_sched_stats st;
     kvt_ec_sched_get_stats(s, &st);
-    kvt_prom p = {buf, cap, 0};
+    kvi_prom p = {buf, cap, 0};
     const struct {
         const char *name, *help;
         uint64_t v;
@@ -967,13 +967,13 @@ int kvt_ec_sched_prometheus(const kvt_ec_sched *s, char *buf, size_t cap, size_t
         {"cancels_total", "Cancels queued for the shards.", st.cancels},
     };
     for (size_t i = 0; i < sizeof(m) / sizeof(m[0]); i++)
-        kvt_prom_metric(&p, "kvtier_ec_sched", m[i].name, m[i].help, false, m[i].v);
-    kvt_prom_metric(&p, "kvtier_ec_sched", "requests", "Requests tracked.", true, st.requests);
+        kvi_prom_metric(&p, "kvtier_ec_sched", m[i].name, m[i].help, false, m[i].v);
+    kvi_prom_metric(&p, "kvtier_ec_sched", "requests", "Requests tracked.", true, st.requests);
     static const char *const names[] = {"none",    "waiting",  "available", "loading",
                                         "ready",   "resident", "failed",    "unavailable",
                                         "expired", "cancelled"};
-    kvt_prom_family(&p, "kvtier_ec_sched", "transfers", "Transfer records by state.", true);
+    kvi_prom_family(&p, "kvtier_ec_sched", "transfers", "Transfer records by state.", true);
     for (int i = KVT_ECT_WAITING; i <= KVT_ECT_CANCELLED; i++)
-        kvt_prom_sample(&p, "kvtier_ec_sched", "transfers", "state", names[i], st.transfers[i]);
-    return kvt_prom_finish(&p, len, "ec sched");
+        kvi_prom_sample(&p, "kvtier_ec_sched", "transfers", "state", names[i], st.transfers[i]);
+    return kvi_prom_finish(&p, len, "ec sched");
 }

@@ -36,7 +36,7 @@ typedef struct rx {
     bool used;
     char rid[KVT_EC_RID_LEN + 1];
     char tid[KVT_EC_KEY_MAX + 1];
-    kvt_ucx_recv *r;
+    kvi_ucx_recv *r;
     uint64_t nbytes;
     bool complete_pending; /* its writer completed before the bytes landed: complete on landing */
     uint32_t pend_at;      /* its place in the server's pending list */
@@ -55,18 +55,18 @@ struct kvt_ec_server {
     kvt_ec_ready_event *ring;
     uint32_t head, n;
     /* codec state (the thread's) */
-    kvt_ecc_request req;
-    kvt_ecc_reply rep_msg;
+    kvi_ecc_request req;
+    kvi_ecc_reply rep_msg;
     uint8_t *out;
     size_t out_cap;
     uint64_t next_expire;
     pthread_mutex_t st_lock;
     kvt_ec_server_stats st;
     /* data plane (the thread's) */
-    kvt_ucx *ucx;
+    kvi_ucx *ucx;
     int efd;
     rx *rx;
-    kvt_map rx_map;
+    kvi_map rx_map;
     uint32_t rx_free;
     uint32_t n_pending; /* receives with complete_pending ... */
     uint64_t busy_at;   /* when UCX last made progress */
@@ -134,7 +134,7 @@ static int check_config(const kvt_ec_server_config *c)
         return kvt_fail(KVT_EINVAL, "ec server: max_receives 1..2^24");
     if (c->spin_us > 100000)
         return kvt_fail(KVT_EINVAL, "ec server: spin_us 0..100000");
-    if (c->owner_key && kvt_ecc_key_check(c->owner_key))
+    if (c->owner_key && kvi_ecc_key_check(c->owner_key))
         return kvt_fail(KVT_EINVAL, "ec server: owner_key is not 32 lowercase hex digits");
     if (c->event_host && !c->event_host[0])
         return kvt_fail(KVT_EINVAL, "ec server: an empty event_host (NULL means 127.0.0.1)");
@@ -148,7 +148,7 @@ static uint32_t shard_port(const kvt_ec_server_config *c, uint32_t rank)
 
 /* ---- handling one request ------------------------------------------------------------------ */
 
-static void fill_error(kvt_ecc_result *x, int rc)
+static void fill_error(kvi_ecc_result *x, int rc)
 {
     memset(x, 0, sizeof(*x));
     x->code = rc;
@@ -167,9 +167,9 @@ static void count(kvt_ec_server *s, uint64_t *field, uint64_t n)
 
 static uint32_t rx_find(const kvt_ec_server *s, const char *rid)
 {
-    uint64_t h = kvt_ecc_rid_tag(rid), pos = kvt_map_probe_start(&s->rx_map, h);
+    uint64_t h = kvi_ecc_rid_tag(rid), pos = kvi_map_probe_start(&s->rx_map, h);
     uint32_t v;
-    while (kvt_map_probe_next(&s->rx_map, h, &pos, &v))
+    while (kvi_map_probe_next(&s->rx_map, h, &pos, &v))
         if (strcmp(s->rx[v].rid, rid) == 0)
             return v;
     return NONE;
@@ -195,7 +195,7 @@ static void pend_del(kvt_ec_server *s, uint32_t i)
 static void rx_remove(kvt_ec_server *s, uint32_t i)
 {
     pend_del(s, i);
-    (void)kvt_map_remove(&s->rx_map, kvt_ecc_rid_tag(s->rx[i].rid), i);
+    (void)kvi_map_remove(&s->rx_map, kvi_ecc_rid_tag(s->rx[i].rid), i);
     s->rx[i].used = false;
     s->rx[i].r = NULL;
     s->rx[i].next_free = s->rx_free;
@@ -212,8 +212,8 @@ static int rx_post(kvt_ec_server *s, const char *tid, uint32_t tid_len, const kv
     if (s->rx_free == NONE)
         return kvt_fail(KVT_ELIMIT, "ec server: %u receives already posted (max_receives)",
                         s->cfg.max_receives);
-    kvt_ucx_recv *q;
-    int rc = kvt_ucx_recv_post(s->ucx, r->ptr, r->nbytes, kvt_ecc_rid_tag(r->reservation_id), &q);
+    kvi_ucx_recv *q;
+    int rc = kvi_ucx_recv_post(s->ucx, r->ptr, r->nbytes, kvi_ecc_rid_tag(r->reservation_id), &q);
     if (rc)
         return rc;
     uint32_t i = s->rx_free;
@@ -224,7 +224,7 @@ static int rx_post(kvt_ec_server *s, const char *tid, uint32_t tid_len, const kv
     memcpy(s->rx[i].rid, r->reservation_id, sizeof(s->rx[i].rid));
     memcpy(s->rx[i].tid, tid, tid_len);
     s->rx[i].tid[tid_len] = 0;
-    (void)kvt_map_insert(&s->rx_map, kvt_ecc_rid_tag(r->reservation_id), i); /* room: rx_free */
+    (void)kvi_map_insert(&s->rx_map, kvi_ecc_rid_tag(r->reservation_id), i); /* room: rx_free */
     count(s, &s->st.receives_posted, 1);
     return 0;
 }
@@ -232,7 +232,7 @@ static int rx_post(kvt_ec_server *s, const char *tid, uint32_t tid_len, const kv
 /* A receive whose bytes all arrived: it ends, and its writer's completion may go ahead. */
 static void rx_finish(kvt_ec_server *s, uint32_t i)
 {
-    (void)kvt_ucx_recv_end(s->ucx, s->rx[i].r, 0);
+    (void)kvi_ucx_recv_end(s->ucx, s->rx[i].r, 0);
     count(s, &s->st.receives_done, 1);
     count(s, &s->st.bytes_received, s->rx[i].nbytes);
     rx_remove(s, i);
@@ -242,14 +242,14 @@ static void rx_finish(kvt_ec_server *s, uint32_t i)
  * reservation now; bytes still arriving are answered pending, and the server completes the
  * reservation itself when they land (finish_pending), so one message naming an unlanded
  * reservation thousands of times costs thousands of lookups, not thousands of timeouts. */
-static int complete_item(kvt_ec_server *s, const kvt_ecc_item *it, kvt_ecc_result *x)
+static int complete_item(kvt_ec_server *s, const kvi_ecc_item *it, kvi_ecc_result *x)
 {
     const char *rid = it->reservation_id.ptr;
     uint32_t i = s->ucx ? rx_find(s, rid) : NONE;
     if (i != NONE && strcmp(s->rx[i].tid, it->transfer_id.ptr) != 0)
         return 0;    /* a receive of another transfer: not this reservation (not accepted) */
     if (i != NONE) { /* (UCX was progressed once for the whole request: handle) */
-        int rc = kvt_ucx_recv_wait(s->ucx, s->rx[i].r, 0);
+        int rc = kvi_ucx_recv_wait(s->ucx, s->rx[i].r, 0);
         if (rc < 0) {
             count(s, &s->st.receives_failed, 1);
             return rc; /* the writer abandons next: the receive ends then */
@@ -276,7 +276,7 @@ static void finish_pending(kvt_ec_server *s)
     for (uint32_t k = 0; k < s->n_pending;) { /* a finished one leaves: k then holds another */
         uint32_t i = s->pend[k];
         rx *e = &s->rx[i];
-        int rc = kvt_ucx_recv_wait(s->ucx, e->r, 0);
+        int rc = kvi_ucx_recv_wait(s->ucx, e->r, 0);
         if (rc == 0) {
             k++;
             continue;
@@ -298,12 +298,12 @@ static void finish_pending(kvt_ec_server *s)
 
 /* Before an abandon: the receive on the writer's region ends first (UCX lets go of it), or the
  * abandon is refused and the memory stays the writer's. */
-static int rx_end(kvt_ec_server *s, const kvt_ecc_item *it)
+static int rx_end(kvt_ec_server *s, const kvi_ecc_item *it)
 {
     uint32_t i = rx_find(s, it->reservation_id.ptr); /* an abandon always names its id */
     if (i == NONE || strcmp(s->rx[i].tid, it->transfer_id.ptr) != 0)
         return 0;
-    int rc = kvt_ucx_recv_end(s->ucx, s->rx[i].r, 2000);
+    int rc = kvi_ucx_recv_end(s->ucx, s->rx[i].r, 2000);
     if (rc < 0)
         return rc;
     count(s, &s->st.receives_cancelled, 1);
@@ -326,9 +326,9 @@ static void reap_dead_writers(kvt_ec_server *s)
         if (!e->used || kvt_ec_shard_status(s->shard, e->tid, (uint32_t)strlen(e->tid), &st) != 1 ||
             st.state != KVT_EC_EXPIRE_PENDING || strcmp(st.reservation_id, e->rid) != 0)
             continue;
-        if (kvt_ucx_recv_wait(s->ucx, e->r, 0) == 1)
+        if (kvi_ucx_recv_wait(s->ucx, e->r, 0) == 1)
             continue; /* the bytes are there: its completion is on the way */
-        int rc = kvt_ucx_recv_end(s->ucx, e->r, 0);
+        int rc = kvi_ucx_recv_end(s->ucx, e->r, 0);
         if (rc < 0)
             continue; /* a receive under way: looked at again next pass */
         rx_remove(s, i);
@@ -346,7 +346,7 @@ static void reap_dead_writers(kvt_ec_server *s)
         count(s, &s->st.writers_reaped, reaped);
 }
 
-static int do_item(kvt_ec_server *s, uint32_t op, const kvt_ecc_item *it, kvt_ecc_result *x)
+static int do_item(kvt_ec_server *s, uint32_t op, const kvi_ecc_item *it, kvi_ecc_result *x)
 {
     kvt_ec_shard *sh = s->shard;
     int rc = 0;
@@ -373,7 +373,7 @@ static int do_item(kvt_ec_server *s, uint32_t op, const kvt_ecc_item *it, kvt_ec
         kvt_ec_item item = {it->mm_hash.ptr, it->mm_hash.len, it->nbytes, it->ndim, {0},
                             it->dtype.ptr,   it->dtype.len};
         memcpy(item.shape, it->shape, sizeof(item.shape));
-        rc = kvt_ec_shard_reserve_as(sh, it->transfer_id.ptr, it->transfer_id.len, &item,
+        rc = kvi_ec_shard_reserve_as(sh, it->transfer_id.ptr, it->transfer_id.len, &item,
                                      it->client_key.ptr, &r);
         if (rc == KVT_EEXIST)
             count(s, &s->st.refused, 1);
@@ -391,7 +391,7 @@ static int do_item(kvt_ec_server *s, uint32_t op, const kvt_ecc_item *it, kvt_ec
             x->reservation_id = (kvt_str){r.reservation_id, (uint32_t)strlen(r.reservation_id)};
             x->offset = r.offset;
             x->nbytes = r.nbytes;
-            x->tag = kvt_ecc_rid_tag(r.reservation_id);
+            x->tag = kvi_ecc_rid_tag(r.reservation_id);
             x->write = r.write;
             x->ready = r.ready;
             x->cached = r.cached;
@@ -407,7 +407,7 @@ static int do_item(kvt_ec_server *s, uint32_t op, const kvt_ecc_item *it, kvt_ec
     case KVT_ECC_CANCEL_BATCH:
         /* without a reservation id: the consumer's own scheduler, who must show the owner key
          * (no one else may cancel a transfer or plant a tombstone ahead of its producer) */
-        if (it->reservation_id.len == 0 && !kvt_ecc_key_equal(it->client_key.ptr, s->owner)) {
+        if (it->reservation_id.len == 0 && !kvi_ecc_key_equal(it->client_key.ptr, s->owner)) {
             count(s, &s->st.refused, 1);
             rc = kvt_fail(KVT_EINVAL, "ec server: a cancel without reservation id needs the "
                                       "consumer's owner key");
@@ -427,9 +427,9 @@ static int do_item(kvt_ec_server *s, uint32_t op, const kvt_ecc_item *it, kvt_ec
 /* Runs a decoded request; the reply is built in s->rep_msg. */
 static int handle(kvt_ec_server *s)
 {
-    const kvt_ecc_request *q = &s->req;
-    kvt_ecc_reply *p = &s->rep_msg;
-    kvt_ecc_reply_begin(p, q->op);
+    const kvi_ecc_request *q = &s->req;
+    kvi_ecc_reply *p = &s->rep_msg;
+    kvi_ecc_reply_begin(p, q->op);
     if (q->op == KVT_ECC_PEERS) {
         p->n_ports = s->cfg.tp_size;
         for (uint32_t r = 0; r < s->cfg.tp_size; r++)
@@ -445,18 +445,18 @@ static int handle(kvt_ec_server *s)
         size_t n;
         if (!s->ucx)
             return kvt_fail(KVT_EUNSUPPORTED, "ec server: this shard runs without a data plane");
-        (void)kvt_ucx_address(s->ucx, &a, &n);
-        return kvt_ecc_reply_set_address(p, a, (uint32_t)n);
+        (void)kvi_ucx_address(s->ucx, &a, &n);
+        return kvi_ecc_reply_set_address(p, a, (uint32_t)n);
     }
     uint64_t errors = 0;
     if (s->ucx && (q->op == KVT_ECC_COMPLETE || q->op == KVT_ECC_COMPLETE_BATCH))
-        while (kvt_ucx_progress(s->ucx)) /* what has arrived, once per request (no waiting) */
+        while (kvi_ucx_progress(s->ucx)) /* what has arrived, once per request (no waiting) */
             ;
     pthread_mutex_lock(&s->lock);
     for (uint32_t i = 0; i < q->n; i++) {
-        kvt_ecc_result x;
+        kvi_ecc_result x;
         errors += do_item(s, q->op, &q->items[i], &x) != 0;
-        int rc = kvt_ecc_reply_add(p, &x); /* copies the strings out of the shard's buffers */
+        int rc = kvi_ecc_reply_add(p, &x); /* copies the strings out of the shard's buffers */
         if (rc) {
             pthread_mutex_unlock(&s->lock);
             return rc;
@@ -473,7 +473,7 @@ static int handle(kvt_ec_server *s)
 /* Encodes s->rep_msg into s->out; the encoded length in *len. */
 static int encode_reply(kvt_ec_server *s, size_t *len)
 {
-    size_t need = kvt_ecc_reply_encoded_size(&s->rep_msg);
+    size_t need = kvi_ecc_reply_encoded_size(&s->rep_msg);
     if (need > s->out_cap) {
         uint8_t *b = realloc(s->out, need);
         if (!b)
@@ -481,7 +481,7 @@ static int encode_reply(kvt_ec_server *s, size_t *len)
         s->out = b;
         s->out_cap = need;
     }
-    return kvt_ecc_reply_encode(&s->rep_msg, s->out, s->out_cap, len);
+    return kvi_ecc_reply_encode(&s->rep_msg, s->out, s->out_cap, len);
 }
 
 /* One request's bytes (or rc: a request that could not even be received whole) to its
@@ -490,7 +490,7 @@ static int encode_reply(kvt_ec_server *s, size_t *len)
 static int answer(kvt_ec_server *s, const void *buf, size_t len, int rc, size_t *out_len)
 {
     if (!rc)
-        rc = kvt_ecc_request_decode(&s->req, buf, len);
+        rc = kvi_ecc_request_decode(&s->req, buf, len);
     pthread_mutex_lock(&s->st_lock);
     s->st.requests++;
     s->st.malformed += rc != 0;
@@ -499,20 +499,20 @@ static int answer(kvt_ec_server *s, const void *buf, size_t len, int rc, size_t 
         char msg[600];
         snprintf(msg, sizeof(msg), "malformed control request: %s", kvt_last_error());
         KVT_LOG_W("ec server port %u: %s", s->port, msg);
-        kvt_ecc_reply_begin(&s->rep_msg, KVT_ECC_PEERS);
-        (void)kvt_ecc_reply_fail(&s->rep_msg, KVT_EPROTO, msg);
+        kvi_ecc_reply_begin(&s->rep_msg, KVT_ECC_PEERS);
+        (void)kvi_ecc_reply_fail(&s->rep_msg, KVT_EPROTO, msg);
     } else if ((rc = handle(s))) {
         uint32_t op = s->req.op;
         char msg[600];
         snprintf(msg, sizeof(msg), "%s", kvt_last_error());
-        kvt_ecc_reply_begin(&s->rep_msg, op);
-        (void)kvt_ecc_reply_fail(&s->rep_msg, rc, msg);
+        kvi_ecc_reply_begin(&s->rep_msg, op);
+        (void)kvi_ecc_reply_fail(&s->rep_msg, rc, msg);
     }
     if ((rc = encode_reply(s, out_len))) {
         /* a reply that cannot be encoded: say so in the smallest reply there is */
         KVT_LOG_W("ec server port %u: %s", s->port, kvt_last_error());
-        kvt_ecc_reply_begin(&s->rep_msg, KVT_ECC_PEERS);
-        (void)kvt_ecc_reply_fail(&s->rep_msg, KVT_EIO, "the server could not build its reply");
+        kvi_ecc_reply_begin(&s->rep_msg, KVT_ECC_PEERS);
+        (void)kvi_ecc_reply_fail(&s->rep_msg, KVT_EIO, "the server could not build its reply");
         rc = encode_reply(s, out_len);
     }
     return rc;
@@ -548,7 +548,7 @@ static void serve_one(kvt_ec_server *s)
 
 /* ---- without sockets (fuzzing) --------------------------------------------------------------- */
 
-int kvt_ec_server_open_local(kvt_ec_shard *shard, kvt_ec_server **out)
+int kvi_ec_server_open_local(kvt_ec_shard *shard, kvt_ec_server **out)
 {
     *out = NULL;
     kvt_ec_server *s = calloc(1, sizeof(*s));
@@ -562,10 +562,10 @@ int kvt_ec_server_open_local(kvt_ec_shard *shard, kvt_ec_server **out)
     s->port = 1;
     pthread_mutex_init(&s->lock, NULL);
     pthread_mutex_init(&s->st_lock, NULL);
-    kvt_ecc_request_init(&s->req);
-    kvt_ecc_reply_init(&s->rep_msg);
+    kvi_ecc_request_init(&s->req);
+    kvi_ecc_reply_init(&s->rep_msg);
     s->ring = calloc(s->cfg.max_events, sizeof(*s->ring));
-    int rc = s->ring ? kvt_ecc_key_random(s->owner) : kvt_fail(KVT_ENOMEM, "ec server: oom");
+    int rc = s->ring ? kvi_ecc_key_random(s->owner) : kvt_fail(KVT_ENOMEM, "ec server: oom");
     if (rc) {
         teardown(s);
         return rc;
@@ -574,7 +574,7 @@ int kvt_ec_server_open_local(kvt_ec_shard *shard, kvt_ec_server **out)
     return 0;
 }
 
-int kvt_ec_server_answer(kvt_ec_server *s, const void *req, size_t len, const uint8_t **reply,
+int kvi_ec_server_answer(kvt_ec_server *s, const void *req, size_t len, const uint8_t **reply,
                          size_t *reply_len)
 {
     int rc = answer(s, req, len, 0, reply_len);
@@ -582,12 +582,12 @@ int kvt_ec_server_answer(kvt_ec_server *s, const void *req, size_t len, const ui
     return rc;
 }
 
-const char *kvt_ec_server_owner(const kvt_ec_server *s)
+const char *kvi_ec_server_owner(const kvt_ec_server *s)
 {
     return s->owner;
 }
 
-void kvt_ec_server_close_local(kvt_ec_server *s)
+void kvi_ec_server_close_local(kvt_ec_server *s)
 {
     if (s)
         teardown(s);
@@ -624,7 +624,7 @@ static void push_events(kvt_ec_server *s)
     uint64_t sent = 0;
     while (s->n) {
         const kvt_ec_ready_event *e = &s->ring[s->head];
-        kvt_ecc_event m = {0};
+        kvi_ecc_event m = {0};
         m.transfer_id = (kvt_str){e->transfer_id, (uint32_t)strlen(e->transfer_id)};
         m.mm_hash = (kvt_str){e->mm_hash, (uint32_t)strlen(e->mm_hash)};
         m.reservation_id = (kvt_str){e->reservation_id, (uint32_t)strlen(e->reservation_id)};
@@ -635,7 +635,7 @@ static void push_events(kvt_ec_server *s)
         m.abandoned = e->abandoned;
         m.shard = s->cfg.tp_rank;
         size_t len;
-        if (kvt_ecc_event_encode(&m, buf, sizeof(buf), &len)) {
+        if (kvi_ecc_event_encode(&m, buf, sizeof(buf), &len)) {
             KVT_LOG_E("ec server port %u: cannot encode an event: %s", s->port, kvt_last_error());
         } else if (zmq_send(s->push, buf, len, ZMQ_DONTWAIT) < 0) {
             if (zmq_errno() != EAGAIN)
@@ -662,7 +662,7 @@ static void *server_main(void *arg)
          * progressed first, so that pending completions whose bytes landed finish now */
         if (s->ucx) {
             bool moved = false;
-            while (kvt_ucx_progress(s->ucx))
+            while (kvi_ucx_progress(s->ucx))
                 moved = true;
             if (moved)
                 s->busy_at = kvt_monotonic_ns();
@@ -684,7 +684,7 @@ static void *server_main(void *arg)
         /* a burst goes on: poll without sleeping; otherwise arm UCX's descriptor (0 when events
          * are pending already: progress first) */
         if (s->ucx && (kvt_monotonic_ns() - s->busy_at < s->cfg.spin_us * 1000ull ||
-                       kvt_ucx_arm(s->ucx) != 0))
+                       kvi_ucx_arm(s->ucx) != 0))
             timeout = 0;
         zmq_pollitem_t it[3] = {
             {s->rep, 0, ZMQ_POLLIN, 0}, {s->zap, 0, ZMQ_POLLIN, 0}, {NULL, s->efd, ZMQ_POLLIN, 0}};
@@ -712,17 +712,17 @@ static void *server_main(void *arg)
 static void teardown(kvt_ec_server *s)
 {
     if (s->owner_file)
-        kvt_ecc_owner_remove(s->port, s->owner);
+        kvi_ecc_owner_remove(s->port, s->owner);
     if (s->ucx) {
         /* every receive ends before the worker goes; UCX writes nothing after that */
         for (uint32_t i = 0; s->rx && i < s->cfg.max_receives; i++)
-            if (s->rx[i].used && kvt_ucx_recv_end(s->ucx, s->rx[i].r, 2000) < 0)
+            if (s->rx[i].used && kvi_ucx_recv_end(s->ucx, s->rx[i].r, 2000) < 0)
                 KVT_LOG_E("ec server port %u: %s", s->port, kvt_last_error());
-        kvt_ucx_destroy(s->ucx);
+        kvi_ucx_destroy(s->ucx);
     }
     free(s->rx);
     free(s->pend);
-    kvt_map_free(&s->rx_map);
+    kvi_map_free(&s->rx_map);
     if (s->zap)
         zmq_close(s->zap);
     free(s->clients);
@@ -732,8 +732,8 @@ static void teardown(kvt_ec_server *s)
         zmq_close(s->push);
     if (s->ctx)
         zmq_ctx_term(s->ctx);
-    kvt_ecc_request_release(&s->req);
-    kvt_ecc_reply_release(&s->rep_msg);
+    kvi_ecc_request_release(&s->req);
+    kvi_ecc_reply_release(&s->rep_msg);
     free(s->out);
     free(s->ring);
     pthread_mutex_destroy(&s->lock);
@@ -833,7 +833,7 @@ static int bind_sockets(kvt_ec_server *s)
     int zero = 0, one = 1;
     int64_t maxmsg = KVT_ECC_MAX_MSG;
     char ep[300];
-    int room = kvt_fd_room(16, "ec server"); /* libzmq aborts when it runs out of them */
+    int room = kvi_fd_room(16, "ec server"); /* libzmq aborts when it runs out of them */
     if (room)
         return room;
     s->ctx = zmq_ctx_new();
@@ -882,18 +882,18 @@ static int data_plane_setup(kvt_ec_server *s)
     for (uint32_t i = 0; i < n; i++)
         s->rx[i].next_free = i + 1 < n ? i + 1 : NONE;
     s->rx_free = 0;
-    int rc = kvt_map_init(&s->rx_map, n);
+    int rc = kvi_map_init(&s->rx_map, n);
     if (!rc)
-        rc = kvt_ucx_create(&s->ucx);
+        rc = kvi_ucx_create(&s->ucx);
     if (!rc)
-        rc = kvt_ucx_efd(s->ucx, &s->efd);
+        rc = kvi_ucx_efd(s->ucx, &s->efd);
     uint64_t cap;
     void *base = kvt_ec_shard_buffer(s->shard, &cap);
     if (!rc && !base)
         rc = kvt_fail(KVT_EINVAL, "the shard has no buffer (config base) to receive into");
     if (!rc) /* the receive buffer is registered once, for zero-copy receives */
-        rc = kvt_ucx_map(s->ucx, base, cap);
-    return rc ? kvt_fail_wrap(rc, "ec server: data plane") : 0;
+        rc = kvi_ucx_map(s->ucx, base, cap);
+    return rc ? kvi_fail_wrap(rc, "ec server: data plane") : 0;
 }
 
 int kvt_ec_server_start(const kvt_ec_server_config *cfg, kvt_ec_shard *shard, kvt_ec_server **out)
@@ -912,8 +912,8 @@ int kvt_ec_server_start(const kvt_ec_server_config *cfg, kvt_ec_shard *shard, kv
     s->port = shard_port(cfg, cfg->tp_rank);
     pthread_mutex_init(&s->lock, NULL);
     pthread_mutex_init(&s->st_lock, NULL);
-    kvt_ecc_request_init(&s->req);
-    kvt_ecc_reply_init(&s->rep_msg);
+    kvi_ecc_request_init(&s->req);
+    kvi_ecc_reply_init(&s->rep_msg);
     s->ring = calloc(cfg->max_events, sizeof(*s->ring));
     if (!s->ring)
         rc = kvt_fail(KVT_ENOMEM, "ec server: out of memory for %u events", cfg->max_events);
@@ -923,8 +923,8 @@ int kvt_ec_server_start(const kvt_ec_server_config *cfg, kvt_ec_shard *shard, kv
         rc = bind_sockets(s);
     if (!rc && cfg->owner_key) {
         memcpy(s->owner, cfg->owner_key, sizeof(s->owner));
-    } else if (!rc && !(rc = kvt_ecc_key_random(s->owner))) {
-        if (kvt_ecc_owner_write(s->port, s->owner) == 0)
+    } else if (!rc && !(rc = kvi_ecc_key_random(s->owner))) {
+        if (kvi_ecc_owner_write(s->port, s->owner) == 0)
             s->owner_file = true;
         else /* the inbox of this host cannot cancel; everything else works */
             KVT_LOG_W("ec server port %u: %s; consumer-side cancels will be refused unless the "

@@ -12,13 +12,13 @@
 
 #include "kvtier/ec_net.h"
 
-int kvt_ec_server_open_local(kvt_ec_shard *shard, kvt_ec_server **out);
+int kvi_ec_server_open_local(kvt_ec_shard *shard, kvt_ec_server **out);
 /* The encoded reply to one request's bytes (valid until the next call); 0, or a code when even
  * an error reply could not be built. */
-int kvt_ec_server_answer(kvt_ec_server *s, const void *req, size_t len, const uint8_t **reply,
+int kvi_ec_server_answer(kvt_ec_server *s, const void *req, size_t len, const uint8_t **reply,
                          size_t *reply_len);
 /* The owner key the server checks (its random one). */
-const char *kvt_ec_server_owner(const kvt_ec_server *s);
-void kvt_ec_server_close_local(kvt_ec_server *s);
+const char *kvi_ec_server_owner(const kvt_ec_server *s);
+void kvi_ec_server_close_local(kvt_ec_server *s);
 
 #endif

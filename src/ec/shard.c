@@ -84,7 +84,7 @@ struct kvt_ec_shard {
     rec *recs;
     uint32_t n_recs, cap_recs, free_rec, live, tomb;
     uint32_t thead, ttail;
-    kvt_map rec_map, writer_map, res_map;
+    kvi_map rec_map, writer_map, res_map;
     res *res;
     uint32_t n_res, cap_res, free_res, res_count;
     uint32_t lru_head, lru_tail;
@@ -254,7 +254,7 @@ static void free_after(kvt_ec_shard *sh, const kvt_slab_view *v, const kvt_ec_fe
         (void)kvt_slab_free(sh->slab, v);
         return;
     }
-    if (kvt_array_grow((void **)&sh->defer, &sh->cap_defer, sh->n_defer + 1ull,
+    if (kvi_array_grow((void **)&sh->defer, &sh->cap_defer, sh->n_defer + 1ull,
                        sizeof(pending_free)) != 0) {
         /* cannot remember it: leaking the bytes is safe, reusing them early is not */
         kvt_fail(KVT_ENOMEM, "ec shard: cannot defer a free; %llu bytes leaked",
@@ -281,7 +281,7 @@ static void res_free(kvt_ec_shard *sh, res *e)
 {
     lru_remove(sh, e);
     if (e->current)
-        kvt_map_remove(&sh->res_map, e->h.hash, res_idx(sh, e));
+        kvi_map_remove(&sh->res_map, e->h.hash, res_idx(sh, e));
     free_after(sh, &e->view, &e->fence);
     e->used = false;
     ec_slot_give(sh->res, &sh->free_res, sizeof(res), offsetof(res, free_next), res_idx(sh, e));
@@ -330,7 +330,7 @@ static res *res_publish(kvt_ec_shard *sh, const ec_key *h, const desc *d, const 
     }
     res *old = res_find(sh, h);
     if (old) {
-        kvt_map_remove(&sh->res_map, old->h.hash, res_idx(sh, old));
+        kvi_map_remove(&sh->res_map, old->h.hash, res_idx(sh, old));
         old->current = false;
         if (old->pinned) { /* still in the encoder cache: kernels may read it until fence */
             old->pinned = false;
@@ -344,7 +344,7 @@ static res *res_publish(kvt_ec_shard *sh, const ec_key *h, const desc *d, const 
     e->view = *v;
     e->pinned = pinned;
     e->current = true;
-    (void)kvt_map_insert(&sh->res_map, h->hash, res_idx(sh, e)); /* room: max_residents */
+    (void)kvi_map_insert(&sh->res_map, h->hash, res_idx(sh, e)); /* room: max_residents */
     res_settle(sh, e);
     return e;
 }
@@ -393,7 +393,7 @@ static rec *writer_find(const kvt_ec_shard *sh, const ec_key *h)
 static void writer_unregister(kvt_ec_shard *sh, rec *r)
 {
     if (r->is_writer)
-        kvt_map_remove(&sh->writer_map, r->h.hash, rec_idx(sh, r));
+        kvi_map_remove(&sh->writer_map, r->h.hash, rec_idx(sh, r));
     r->is_writer = false;
 }
 
@@ -408,7 +408,7 @@ static rec *rec_new(kvt_ec_shard *sh, const ec_key *t)
     r->used = true;
     r->tid = *t;
     r->lease = r->writer = r->ffirst = r->fnext = r->fprev = r->tprev = r->tnext = NONE;
-    (void)kvt_map_insert(&sh->rec_map, t->hash, rec_idx(sh, r)); /* room: live + tombstones */
+    (void)kvi_map_insert(&sh->rec_map, t->hash, rec_idx(sh, r)); /* room: live + tombstones */
     sh->live++;
     return r;
 }
@@ -435,7 +435,7 @@ static void rec_free(kvt_ec_shard *sh, rec *r)
         sh->live--;
     }
     writer_unregister(sh, r);
-    kvt_map_remove(&sh->rec_map, r->tid.hash, rec_idx(sh, r));
+    kvi_map_remove(&sh->rec_map, r->tid.hash, rec_idx(sh, r));
     r->used = false;
     ec_slot_give(sh->recs, &sh->free_rec, sizeof(rec), offsetof(rec, free_next), rec_idx(sh, r));
 }
@@ -540,11 +540,11 @@ int kvt_ec_shard_create(const kvt_ec_shard_config *cfg, kvt_ec_shard **out)
     sh->next_deadline = NEVER;
     int rc = kvt_slab_create(cfg->base, cfg->capacity, &sh->slab);
     if (!rc)
-        rc = kvt_map_init(&sh->rec_map, cfg->max_records + cfg->max_tombstones + 1);
+        rc = kvi_map_init(&sh->rec_map, cfg->max_records + cfg->max_tombstones + 1);
     if (!rc)
-        rc = kvt_map_init(&sh->writer_map, cfg->max_records);
+        rc = kvi_map_init(&sh->writer_map, cfg->max_records);
     if (!rc)
-        rc = kvt_map_init(&sh->res_map, cfg->max_residents);
+        rc = kvi_map_init(&sh->res_map, cfg->max_residents);
     if (!rc) {
         sh->ev = calloc(cfg->max_events, sizeof(*sh->ev));
         sh->recl = calloc(cfg->max_events, sizeof(*sh->recl));
@@ -557,7 +557,7 @@ int kvt_ec_shard_create(const kvt_ec_shard_config *cfg, kvt_ec_shard **out)
     if (rc) {
         sh->cfg.capacity = 0;
         kvt_ec_shard_destroy(sh);
-        return kvt_fail_wrap(rc, "ec shard");
+        return kvi_fail_wrap(rc, "ec shard");
     }
     *out = sh;
     return 0;
@@ -581,9 +581,9 @@ int kvt_ec_shard_destroy(kvt_ec_shard *sh)
                         "keep it registered",
                         kvt_ec_shard_writers(sh));
     kvt_slab_destroy(sh->slab);
-    kvt_map_free(&sh->rec_map);
-    kvt_map_free(&sh->writer_map);
-    kvt_map_free(&sh->res_map);
+    kvi_map_free(&sh->rec_map);
+    kvi_map_free(&sh->writer_map);
+    kvi_map_free(&sh->res_map);
     free(sh->recs);
     free(sh->res);
     free(sh->defer);
@@ -701,7 +701,7 @@ static const kvt_slab_view *rec_view(const kvt_ec_shard *sh, const rec *r)
 int kvt_ec_shard_reserve(kvt_ec_shard *sh, const char *tid, uint32_t tid_len,
                          const kvt_ec_item *item, kvt_ec_reply *out)
 {
-    return kvt_ec_shard_reserve_as(sh, tid, tid_len, item, NULL, out);
+    return kvi_ec_shard_reserve_as(sh, tid, tid_len, item, NULL, out);
 }
 
 /* A new record's owner. */
@@ -711,7 +711,7 @@ static void own(rec *r, const char *owner)
         snprintf(r->owner, sizeof(r->owner), "%s", owner);
 }
 
-int kvt_ec_shard_reserve_as(kvt_ec_shard *sh, const char *tid, uint32_t tid_len,
+int kvi_ec_shard_reserve_as(kvt_ec_shard *sh, const char *tid, uint32_t tid_len,
                             const kvt_ec_item *item, const char *owner, kvt_ec_reply *out)
 {
     ec_key t, h;
@@ -822,7 +822,7 @@ int kvt_ec_shard_reserve_as(kvt_ec_shard *sh, const char *tid, uint32_t tid_len,
     v.nbytes = d.nbytes;
     r->alloc = v;
     r->has_alloc = true;
-    (void)kvt_map_insert(&sh->writer_map, h.hash, rec_idx(sh, r)); /* room: max_records */
+    (void)kvi_map_insert(&sh->writer_map, h.hash, rec_idx(sh, r)); /* room: max_records */
     r->is_writer = true;
     set_expiry(sh, r);
     fill_reply(sh, r, &v, out);
@@ -990,7 +990,7 @@ int kvt_ec_shard_take(kvt_ec_shard *sh, const char *tid, uint32_t tid_len, const
         if (!e) { /* (the leased one was displaced by an entry since evicted) */
             e = &sh->res[r->lease];
             e->current = true;
-            (void)kvt_map_insert(&sh->res_map, h.hash, res_idx(sh, e));
+            (void)kvi_map_insert(&sh->res_map, h.hash, res_idx(sh, e));
         }
         e->pinned = true;
         lru_remove(sh, e);
@@ -1231,7 +1231,7 @@ int kvt_ec_shard_apply(kvt_ec_shard *sh, const kvt_ec_meta *meta, const kvt_ec_c
     while (!rc && (n = kvt_ec_shard_take_reclaimed(sh, recl, 16)) > 0)
         for (uint32_t i = 0; !rc && i < n; i++)
             rc = kvt_ec_worker_meta_add(out, KVT_EC_RECLAIMED, recl[i], (uint32_t)strlen(recl[i]));
-    return rc ? kvt_fail_wrap(rc, "ec shard: apply") : 0;
+    return rc ? kvi_fail_wrap(rc, "ec shard: apply") : 0;
 }
 
 int kvt_ec_shard_prometheus(const kvt_ec_shard *sh, char *buf, size_t cap, size_t *len)
@@ -1240,7 +1240,7 @@ int kvt_ec_shard_prometheus(const kvt_ec_shard *sh, char *buf, size_t cap, size_
         return kvt_fail(KVT_EINVAL, "ec shard: prometheus: NULL argument");
     kvt_ec_shard_stats st;
     kvt_ec_shard_get_stats(sh, &st);
-    kvt_prom p = {buf, cap, 0};
+    kvi_prom p = {buf, cap, 0};
     const struct {
         const char *name, *help;
         uint64_t v;
@@ -1267,6 +1267,6 @@ int kvt_ec_shard_prometheus(const kvt_ec_shard *sh, char *buf, size_t cap, size_
         {"capacity_bytes", "Bytes of the receive buffer.", st.capacity, true},
     };
     for (size_t i = 0; i < sizeof(m) / sizeof(m[0]); i++)
-        kvt_prom_metric(&p, "kvtier_ec_shard", m[i].name, m[i].help, m[i].gauge, m[i].v);
-    return kvt_prom_finish(&p, len, "ec shard");
+        kvi_prom_metric(&p, "kvtier_ec_shard", m[i].name, m[i].help, m[i].gauge, m[i].v);
+    return kvi_prom_finish(&p, len, "ec shard");
 }

@@ -11,7 +11,7 @@
  * its own). A new record remembers it; an existing record answers (its reservation id with
  * it) only the same owner, anyone else gets KVT_EEXIST and learns nothing. owner NULL: an
  * in-process caller, trusted like kvt_ec_shard_reserve. */
-int kvt_ec_shard_reserve_as(kvt_ec_shard *sh, const char *transfer_id, uint32_t len,
+int kvi_ec_shard_reserve_as(kvt_ec_shard *sh, const char *transfer_id, uint32_t len,
                             const kvt_ec_item *item, const char *owner, kvt_ec_reply *out);
 
 #endif

@@ -38,7 +38,7 @@ int kvt_slab_create(void *base, uint64_t capacity, kvt_slab **out)
     if (capacity == 0)
         return kvt_fail(KVT_EINVAL, "slab: capacity below one %u-byte granule", KVT_SLAB_GRANULE);
     kvt_slab *s = calloc(1, sizeof(*s));
-    if (!s || kvt_array_grow((void **)&s->free, &s->cap, 1, sizeof(extent))) {
+    if (!s || kvi_array_grow((void **)&s->free, &s->cap, 1, sizeof(extent))) {
         free(s);
         return kvt_fail(KVT_ENOMEM, "slab: out of memory");
     }
@@ -121,9 +121,9 @@ int kvt_slab_free(kvt_slab *s, const kvt_slab_view *v)
         next->off = off;
         next->size += size;
     } else {
-        int rc = kvt_array_grow((void **)&s->free, &s->cap, s->n + 1ull, sizeof(extent));
+        int rc = kvi_array_grow((void **)&s->free, &s->cap, s->n + 1ull, sizeof(extent));
         if (rc)
-            return kvt_fail_wrap(rc, "slab");
+            return kvi_fail_wrap(rc, "slab");
         memmove(&s->free[lo + 1], &s->free[lo], (size_t)(s->n - lo) * sizeof(extent));
         s->free[lo] = (extent){off, size};
         s->n++;

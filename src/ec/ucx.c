@@ -19,7 +19,7 @@
 
 #define MAX_EPS 64
 
-struct kvt_ucx_recv {
+struct kvi_ucx_recv {
     void *req;
     size_t want;
     volatile bool done;
@@ -35,7 +35,7 @@ typedef struct ep_slot {
     bool pinned;          /* used by the batch being resolved: not evicted */
 } ep_slot;
 
-struct kvt_ucx {
+struct kvi_ucx {
     ucp_context_h ctx;
     ucp_worker_h worker;
     ucp_address_t *addr;
@@ -86,13 +86,13 @@ static void route_ucx_log(void)
         ucs_log_push_handler(log_to_stderr);
 }
 
-int kvt_ucx_create(kvt_ucx **out)
+int kvi_ucx_create(kvi_ucx **out)
 {
     if (!out)
         return kvt_fail(KVT_EINVAL, "ucx: create: NULL out");
     *out = NULL;
     pthread_once(&g_log_once, route_ucx_log);
-    kvt_ucx *u = calloc(1, sizeof(*u));
+    kvi_ucx *u = calloc(1, sizeof(*u));
     if (!u)
         return kvt_fail(KVT_ENOMEM, "ucx: out of memory");
     u->efd = -1;
@@ -133,7 +133,7 @@ int kvt_ucx_create(kvt_ucx **out)
     return 0;
 }
 
-static void close_ep(kvt_ucx *u, uint32_t i)
+static void close_ep(kvi_ucx *u, uint32_t i)
 {
     ep_slot *s = u->eps[i];
     ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
@@ -149,7 +149,7 @@ static void close_ep(kvt_ucx *u, uint32_t i)
     u->eps[i] = u->eps[--u->n_eps];
 }
 
-void kvt_ucx_destroy(kvt_ucx *u)
+void kvi_ucx_destroy(kvi_ucx *u)
 {
     if (!u)
         return;
@@ -163,14 +163,14 @@ void kvt_ucx_destroy(kvt_ucx *u)
     free(u);
 }
 
-int kvt_ucx_address(kvt_ucx *u, const void **addr, size_t *len)
+int kvi_ucx_address(kvi_ucx *u, const void **addr, size_t *len)
 {
     *addr = u->addr;
     *len = u->addr_len;
     return 0;
 }
 
-int kvt_ucx_address_check(const kvt_ucx *u, const void *addr, size_t len)
+int kvi_ucx_address_check(const kvi_ucx *u, const void *addr, size_t len)
 {
     /* UCX unpacks a worker address without bounds on what it trusts (a crafted header byte
      * aborts the process inside ucp_ep_create), so a peer's address must look like the ones
@@ -187,7 +187,7 @@ int kvt_ucx_address_check(const kvt_ucx *u, const void *addr, size_t len)
     return 0;
 }
 
-int kvt_ucx_map(kvt_ucx *u, void *base, size_t len)
+int kvi_ucx_map(kvi_ucx *u, void *base, size_t len)
 {
     if (u->mem)
         return kvt_fail(KVT_ESTATE, "ucx: a buffer is already registered");
@@ -199,23 +199,23 @@ int kvt_ucx_map(kvt_ucx *u, void *base, size_t len)
     return st == UCS_OK ? 0 : ufail(st, "registering the receive buffer");
 }
 
-void kvt_ucx_set_peer_failure(kvt_ucx *u, bool on)
+void kvi_ucx_set_peer_failure(kvi_ucx *u, bool on)
 {
     u->peer_failure = on;
 }
 
-unsigned kvt_ucx_progress(kvt_ucx *u)
+unsigned kvi_ucx_progress(kvi_ucx *u)
 {
     return ucp_worker_progress(u->worker);
 }
 
-int kvt_ucx_efd(kvt_ucx *u, int *fd)
+int kvi_ucx_efd(kvi_ucx *u, int *fd)
 {
     ucs_status_t st = ucp_worker_get_efd(u->worker, fd);
     return st == UCS_OK ? 0 : ufail(st, "event descriptor");
 }
 
-int kvt_ucx_arm(kvt_ucx *u)
+int kvi_ucx_arm(kvi_ucx *u)
 {
     ucs_status_t st = ucp_worker_arm(u->worker);
     if (st == UCS_OK)
@@ -230,15 +230,15 @@ int kvt_ucx_arm(kvt_ucx *u)
 static void recv_cb(void *req, ucs_status_t st, const ucp_tag_recv_info_t *info, void *arg)
 {
     (void)req;
-    kvt_ucx_recv *r = arg;
+    kvi_ucx_recv *r = arg;
     r->status = st;
     r->got = st == UCS_OK && info ? info->length : 0;
     r->done = true;
 }
 
-int kvt_ucx_recv_post(kvt_ucx *u, void *buf, size_t len, uint64_t tag, kvt_ucx_recv **out)
+int kvi_ucx_recv_post(kvi_ucx *u, void *buf, size_t len, uint64_t tag, kvi_ucx_recv **out)
 {
-    kvt_ucx_recv *r = calloc(1, sizeof(*r));
+    kvi_ucx_recv *r = calloc(1, sizeof(*r));
     if (!r)
         return kvt_fail(KVT_ENOMEM, "ucx: out of memory for a receive");
     r->want = len;
@@ -257,7 +257,7 @@ int kvt_ucx_recv_post(kvt_ucx *u, void *buf, size_t len, uint64_t tag, kvt_ucx_r
     return 0;
 }
 
-static void progress_until(kvt_ucx *u, volatile bool *flag, int wait_ms)
+static void progress_until(kvi_ucx *u, volatile bool *flag, int wait_ms)
 {
     uint64_t end = kvt_monotonic_ns() + (uint64_t)(wait_ms > 0 ? wait_ms : 0) * 1000000ull;
     do {
@@ -266,7 +266,7 @@ static void progress_until(kvt_ucx *u, volatile bool *flag, int wait_ms)
     } while (!*flag && kvt_monotonic_ns() < end);
 }
 
-int kvt_ucx_recv_wait(kvt_ucx *u, kvt_ucx_recv *r, int wait_ms)
+int kvi_ucx_recv_wait(kvi_ucx *u, kvi_ucx_recv *r, int wait_ms)
 {
     if (!r->done)
         progress_until(u, &r->done, wait_ms);
@@ -279,7 +279,7 @@ int kvt_ucx_recv_wait(kvt_ucx *u, kvt_ucx_recv *r, int wait_ms)
     return 1;
 }
 
-int kvt_ucx_recv_end(kvt_ucx *u, kvt_ucx_recv *r, int wait_ms)
+int kvi_ucx_recv_end(kvi_ucx *u, kvi_ucx_recv *r, int wait_ms)
 {
     if (!r)
         return 0;
@@ -305,7 +305,7 @@ static void ep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t st)
     KVT_LOG_W("ucx: a peer endpoint failed: %s", ucs_status_string(st));
 }
 
-static int endpoint(kvt_ucx *u, const void *addr, size_t len, uint32_t *slot)
+static int endpoint(kvi_ucx *u, const void *addr, size_t len, uint32_t *slot)
 {
     for (uint32_t i = 0; i < u->n_eps; i++)
         if (u->eps[i]->len == len && memcmp(u->eps[i]->addr, addr, len) == 0) {
@@ -378,7 +378,7 @@ typedef struct inflight {
 } inflight;
 
 /* Ends a completed send: its item's outcome, its request freed, a failed endpoint closed. */
-static void send_done(kvt_ucx_send_item *it, inflight *f)
+static void send_done(kvi_ucx_send_item *it, inflight *f)
 {
     ucp_request_free(f->q);
     f->q = NULL;
@@ -392,7 +392,7 @@ static void send_done(kvt_ucx_send_item *it, inflight *f)
 
 /* Cancels what is still in flight and waits until UCX let go of every source; the endpoints
  * that still hold sends are forced closed (a forced close completes what is outstanding). */
-static void send_abort(kvt_ucx *u, kvt_ucx_send_item *v, inflight *fl, uint32_t nfl, int timeout_ms)
+static void send_abort(kvi_ucx *u, kvi_ucx_send_item *v, inflight *fl, uint32_t nfl, int timeout_ms)
 {
     for (uint32_t j = 0; j < nfl; j++)
         if (fl[j].q && !fl[j].ss.done)
@@ -440,19 +440,19 @@ static void send_abort(kvt_ucx *u, kvt_ucx_send_item *v, inflight *fl, uint32_t 
 #define NAP_MS  1
 
 /* Sleeps until the worker has events, or a nap passed. */
-static void wait_events(kvt_ucx *u)
+static void wait_events(kvi_ucx *u)
 {
-    if (u->efd < 0 && kvt_ucx_efd(u, &u->efd) != 0) {
+    if (u->efd < 0 && kvi_ucx_efd(u, &u->efd) != 0) {
         u->efd = -1;
         return; /* no descriptor: keep spinning */
     }
-    if (kvt_ucx_arm(u) != 0)
+    if (kvi_ucx_arm(u) != 0)
         return; /* events already pending: progress again */
     struct pollfd pf = {u->efd, POLLIN, 0};
     (void)poll(&pf, 1, NAP_MS);
 }
 
-int kvt_ucx_send_many(kvt_ucx *u, kvt_ucx_send_item *v, uint32_t n, uint32_t window, int timeout_ms)
+int kvi_ucx_send_many(kvi_ucx *u, kvi_ucx_send_item *v, uint32_t n, uint32_t window, int timeout_ms)
 {
     if (n == 0)
         return 0;
@@ -568,9 +568,9 @@ int kvt_ucx_send_many(kvt_ucx *u, kvt_ucx_send_item *v, uint32_t n, uint32_t win
     return first; /* kvt_last_error(): the last failure's message */
 }
 
-int kvt_ucx_send(kvt_ucx *u, const void *addr, size_t addr_len, const void *buf, size_t len,
+int kvi_ucx_send(kvi_ucx *u, const void *addr, size_t addr_len, const void *buf, size_t len,
                  uint64_t tag, int timeout_ms)
 {
-    kvt_ucx_send_item it = {addr, addr_len, buf, len, tag, 0};
-    return kvt_ucx_send_many(u, &it, 1, 1, timeout_ms);
+    kvi_ucx_send_item it = {addr, addr_len, buf, len, tag, 0};
+    return kvi_ucx_send_many(u, &it, 1, 1, timeout_ms);
 }

@@ -28,7 +28,7 @@
 
 /* ---- specs ----------------------------------------------------------------------------- */
 
-int kvt_meta_check_dtype(kvt_str d)
+int kvi_meta_check_dtype(kvt_str d)
 {
     if (d.len < 1 || d.len > DTYPE_MAX || !d.ptr)
         return kvt_fail(KVT_EINVAL, "dtype: length %u not in 1..%u", d.len, DTYPE_MAX);
@@ -40,9 +40,9 @@ int kvt_meta_check_dtype(kvt_str d)
     return 0;
 }
 
-int kvt_meta_check_tensor(uint64_t nbytes, uint32_t ndim, const uint64_t *shape, kvt_str dtype)
+int kvi_meta_check_tensor(uint64_t nbytes, uint32_t ndim, const uint64_t *shape, kvt_str dtype)
 {
-    int rc = kvt_meta_check_dtype(dtype);
+    int rc = kvi_meta_check_dtype(dtype);
     if (rc)
         return rc;
     if (ndim > KVT_EC_MAX_DIMS)
@@ -66,9 +66,9 @@ int kvt_ec_load_spec_validate(const kvt_ec_load_spec *s)
     int rc;
     if (!s)
         return kvt_fail(KVT_EINVAL, "meta: NULL load spec");
-    if ((rc = kvt_meta_check_str(s->mm_hash, 1, "load spec mm_hash")) ||
-        (rc = kvt_meta_check_str(s->transfer_id, 1, "load spec transfer_id")) ||
-        (rc = kvt_meta_check_tensor(s->nbytes, s->ndim, s->shape, s->dtype)))
+    if ((rc = kvi_meta_check_str(s->mm_hash, 1, "load spec mm_hash")) ||
+        (rc = kvi_meta_check_str(s->transfer_id, 1, "load spec transfer_id")) ||
+        (rc = kvi_meta_check_tensor(s->nbytes, s->ndim, s->shape, s->dtype)))
         return rc;
     return 0;
 }
@@ -78,11 +78,11 @@ int kvt_ec_push_spec_validate(const kvt_ec_push_spec *s)
     int rc;
     if (!s)
         return kvt_fail(KVT_EINVAL, "meta: NULL push spec");
-    if ((rc = kvt_meta_check_str(s->mm_hash, 1, "push spec mm_hash")) ||
-        (rc = kvt_meta_check_str(s->consumer_zmq, 1, "push spec consumer_zmq")) ||
-        (rc = kvt_meta_check_str(s->transfer_id, 1, "push spec transfer_id")) ||
-        (rc = kvt_meta_check_str(s->request_id, 0, "push spec request_id")) ||
-        (rc = kvt_meta_check_tensor(s->nbytes, s->ndim, s->shape, s->dtype)))
+    if ((rc = kvi_meta_check_str(s->mm_hash, 1, "push spec mm_hash")) ||
+        (rc = kvi_meta_check_str(s->consumer_zmq, 1, "push spec consumer_zmq")) ||
+        (rc = kvi_meta_check_str(s->transfer_id, 1, "push spec transfer_id")) ||
+        (rc = kvi_meta_check_str(s->request_id, 0, "push spec request_id")) ||
+        (rc = kvi_meta_check_tensor(s->nbytes, s->ndim, s->shape, s->dtype)))
         return rc;
     return 0;
 }
@@ -94,18 +94,18 @@ static bool shape_equal(uint32_t na, const uint64_t *a, uint32_t nb, const uint6
 
 bool kvt_ec_load_spec_equal(const kvt_ec_load_spec *a, const kvt_ec_load_spec *b)
 {
-    return kvt_str_equal(a->mm_hash, b->mm_hash) && a->nbytes == b->nbytes &&
-           shape_equal(a->ndim, a->shape, b->ndim, b->shape) && kvt_str_equal(a->dtype, b->dtype) &&
-           kvt_str_equal(a->transfer_id, b->transfer_id) && a->local == b->local;
+    return kvi_str_equal(a->mm_hash, b->mm_hash) && a->nbytes == b->nbytes &&
+           shape_equal(a->ndim, a->shape, b->ndim, b->shape) && kvi_str_equal(a->dtype, b->dtype) &&
+           kvi_str_equal(a->transfer_id, b->transfer_id) && a->local == b->local;
 }
 
 bool kvt_ec_push_spec_equal(const kvt_ec_push_spec *a, const kvt_ec_push_spec *b)
 {
-    return kvt_str_equal(a->mm_hash, b->mm_hash) && a->nbytes == b->nbytes &&
-           shape_equal(a->ndim, a->shape, b->ndim, b->shape) && kvt_str_equal(a->dtype, b->dtype) &&
-           kvt_str_equal(a->consumer_zmq, b->consumer_zmq) &&
-           kvt_str_equal(a->transfer_id, b->transfer_id) &&
-           kvt_str_equal(a->request_id, b->request_id);
+    return kvi_str_equal(a->mm_hash, b->mm_hash) && a->nbytes == b->nbytes &&
+           shape_equal(a->ndim, a->shape, b->ndim, b->shape) && kvi_str_equal(a->dtype, b->dtype) &&
+           kvi_str_equal(a->consumer_zmq, b->consumer_zmq) &&
+           kvi_str_equal(a->transfer_id, b->transfer_id) &&
+           kvi_str_equal(a->request_id, b->request_id);
 }
 
 static size_t load_body_size(const kvt_ec_load_spec *s)
@@ -130,28 +130,28 @@ size_t kvt_ec_push_spec_encoded_size(const kvt_ec_push_spec *s)
     return KVT_META_HEADER_LEN + push_body_size(s);
 }
 
-void kvt_meta_wr_shape(kvt_wr *w, uint32_t ndim, const uint64_t *shape)
+void kvi_meta_wr_shape(kvi_wr *w, uint32_t ndim, const uint64_t *shape)
 {
     wr_u8(w, (uint8_t)ndim);
     for (uint32_t i = 0; i < ndim; i++)
         wr_u64(w, shape[i]);
 }
 
-static void wr_load_body(kvt_wr *w, const kvt_ec_load_spec *s)
+static void wr_load_body(kvi_wr *w, const kvt_ec_load_spec *s)
 {
     wr_str(w, s->mm_hash);
     wr_u64(w, s->nbytes);
-    kvt_meta_wr_shape(w, s->ndim, s->shape);
+    kvi_meta_wr_shape(w, s->ndim, s->shape);
     wr_str(w, s->dtype);
     wr_str(w, s->transfer_id);
     wr_u8(w, s->local ? 1 : 0);
 }
 
-static void wr_push_body(kvt_wr *w, const kvt_ec_push_spec *s)
+static void wr_push_body(kvi_wr *w, const kvt_ec_push_spec *s)
 {
     wr_str(w, s->mm_hash);
     wr_u64(w, s->nbytes);
-    kvt_meta_wr_shape(w, s->ndim, s->shape);
+    kvi_meta_wr_shape(w, s->ndim, s->shape);
     wr_str(w, s->dtype);
     wr_str(w, s->consumer_zmq);
     wr_str(w, s->transfer_id);
@@ -162,12 +162,12 @@ int kvt_ec_load_spec_encode(const kvt_ec_load_spec *s, void *buf, size_t cap, si
 {
     int rc = kvt_ec_load_spec_validate(s);
     if (rc)
-        return kvt_fail_wrap(rc, "meta: encode load spec");
+        return kvi_fail_wrap(rc, "meta: encode load spec");
     size_t need = kvt_ec_load_spec_encoded_size(s);
-    if ((rc = kvt_wire_check_out(buf, cap, need, len)))
+    if ((rc = kvi_wire_check_out(buf, cap, need, len)))
         return rc;
-    kvt_wr w = {buf};
-    kvt_wire_header(&w, KVT_META_EC_LOAD_SPEC, need - KVT_META_HEADER_LEN);
+    kvi_wr w = {buf};
+    kvi_wire_header(&w, KVT_META_EC_LOAD_SPEC, need - KVT_META_HEADER_LEN);
     wr_load_body(&w, s);
     return 0;
 }
@@ -176,27 +176,27 @@ int kvt_ec_push_spec_encode(const kvt_ec_push_spec *s, void *buf, size_t cap, si
 {
     int rc = kvt_ec_push_spec_validate(s);
     if (rc)
-        return kvt_fail_wrap(rc, "meta: encode push spec");
+        return kvi_fail_wrap(rc, "meta: encode push spec");
     size_t need = kvt_ec_push_spec_encoded_size(s);
-    if ((rc = kvt_wire_check_out(buf, cap, need, len)))
+    if ((rc = kvi_wire_check_out(buf, cap, need, len)))
         return rc;
-    kvt_wr w = {buf};
-    kvt_wire_header(&w, KVT_META_EC_PUSH_SPEC, need - KVT_META_HEADER_LEN);
+    kvi_wr w = {buf};
+    kvi_wire_header(&w, KVT_META_EC_PUSH_SPEC, need - KVT_META_HEADER_LEN);
     wr_push_body(&w, s);
     return 0;
 }
 
-int kvt_meta_rd_str_copy(kvt_rd *r, kvt_bump *b, kvt_str *out, const char *what)
+int kvi_meta_rd_str_copy(kvi_rd *r, kvt_bump *b, kvt_str *out, const char *what)
 {
     const char *s = NULL;
     uint32_t len;
     int rc = rd_str(r, &s, &len, what);
     if (!rc)
-        rc = kvt_meta_copy_str(b, s, len, out);
+        rc = kvi_meta_copy_str(b, s, len, out);
     return rc;
 }
 
-int kvt_meta_rd_shape(kvt_rd *r, uint32_t *ndim, uint64_t *shape)
+int kvi_meta_rd_shape(kvi_rd *r, uint32_t *ndim, uint64_t *shape)
 {
     uint8_t n;
     int rc = rd_u8(r, &n, "shape rank");
@@ -212,29 +212,29 @@ int kvt_meta_rd_shape(kvt_rd *r, uint32_t *ndim, uint64_t *shape)
     return 0;
 }
 
-static int rd_load_body(kvt_rd *r, kvt_bump *b, kvt_ec_load_spec *s)
+static int rd_load_body(kvi_rd *r, kvt_bump *b, kvt_ec_load_spec *s)
 {
     int rc;
     memset(s, 0, sizeof(*s));
-    if ((rc = kvt_meta_rd_str_copy(r, b, &s->mm_hash, "mm_hash")) ||
-        (rc = rd_u64(r, &s->nbytes, "nbytes")) || (rc = kvt_meta_rd_shape(r, &s->ndim, s->shape)) ||
-        (rc = kvt_meta_rd_str_copy(r, b, &s->dtype, "dtype")) ||
-        (rc = kvt_meta_rd_str_copy(r, b, &s->transfer_id, "transfer_id")) ||
+    if ((rc = kvi_meta_rd_str_copy(r, b, &s->mm_hash, "mm_hash")) ||
+        (rc = rd_u64(r, &s->nbytes, "nbytes")) || (rc = kvi_meta_rd_shape(r, &s->ndim, s->shape)) ||
+        (rc = kvi_meta_rd_str_copy(r, b, &s->dtype, "dtype")) ||
+        (rc = kvi_meta_rd_str_copy(r, b, &s->transfer_id, "transfer_id")) ||
         (rc = rd_bool(r, &s->local, "local")))
         return rc;
     return kvt_ec_load_spec_validate(s);
 }
 
-static int rd_push_body(kvt_rd *r, kvt_bump *b, kvt_ec_push_spec *s)
+static int rd_push_body(kvi_rd *r, kvt_bump *b, kvt_ec_push_spec *s)
 {
     int rc;
     memset(s, 0, sizeof(*s));
-    if ((rc = kvt_meta_rd_str_copy(r, b, &s->mm_hash, "mm_hash")) ||
-        (rc = rd_u64(r, &s->nbytes, "nbytes")) || (rc = kvt_meta_rd_shape(r, &s->ndim, s->shape)) ||
-        (rc = kvt_meta_rd_str_copy(r, b, &s->dtype, "dtype")) ||
-        (rc = kvt_meta_rd_str_copy(r, b, &s->consumer_zmq, "consumer_zmq")) ||
-        (rc = kvt_meta_rd_str_copy(r, b, &s->transfer_id, "transfer_id")) ||
-        (rc = kvt_meta_rd_str_copy(r, b, &s->request_id, "request_id")))
+    if ((rc = kvi_meta_rd_str_copy(r, b, &s->mm_hash, "mm_hash")) ||
+        (rc = rd_u64(r, &s->nbytes, "nbytes")) || (rc = kvi_meta_rd_shape(r, &s->ndim, s->shape)) ||
+        (rc = kvi_meta_rd_str_copy(r, b, &s->dtype, "dtype")) ||
+        (rc = kvi_meta_rd_str_copy(r, b, &s->consumer_zmq, "consumer_zmq")) ||
+        (rc = kvi_meta_rd_str_copy(r, b, &s->transfer_id, "transfer_id")) ||
+        (rc = kvi_meta_rd_str_copy(r, b, &s->request_id, "request_id")))
         return rc;
     return kvt_ec_push_spec_validate(s);
 }
@@ -244,13 +244,13 @@ struct spec_ctx {
     kvt_bump *strings;
 };
 
-static int load_body(void *obj, kvt_rd *r)
+static int load_body(void *obj, kvi_rd *r)
 {
     struct spec_ctx *c = obj;
     return rd_load_body(r, c->strings, c->spec);
 }
 
-static int push_body(void *obj, kvt_rd *r)
+static int push_body(void *obj, kvi_rd *r)
 {
     struct spec_ctx *c = obj;
     return rd_push_body(r, c->strings, c->spec);
@@ -262,7 +262,7 @@ int kvt_ec_load_spec_decode(kvt_ec_load_spec *s, kvt_bump *strings, const void *
         return kvt_fail(KVT_EINVAL, "meta: decode load spec: NULL argument");
     struct spec_ctx c = {s, strings};
     int rc =
-        kvt_wire_decode(buf, len, KVT_META_EC_LOAD_SPEC, load_body, &c, "meta: decode load spec");
+        kvi_wire_decode(buf, len, KVT_META_EC_LOAD_SPEC, load_body, &c, "meta: decode load spec");
     if (rc)
         memset(s, 0, sizeof(*s));
     return rc;
@@ -274,7 +274,7 @@ int kvt_ec_push_spec_decode(kvt_ec_push_spec *s, kvt_bump *strings, const void *
         return kvt_fail(KVT_EINVAL, "meta: decode push spec: NULL argument");
     struct spec_ctx c = {s, strings};
     int rc =
-        kvt_wire_decode(buf, len, KVT_META_EC_PUSH_SPEC, push_body, &c, "meta: decode push spec");
+        kvi_wire_decode(buf, len, KVT_META_EC_PUSH_SPEC, push_body, &c, "meta: decode push spec");
     if (rc)
         memset(s, 0, sizeof(*s));
     return rc;
@@ -306,7 +306,7 @@ void kvt_ec_meta_release(kvt_ec_meta *m)
 static int copy_strs(kvt_bump *b, kvt_str *const *dst, const kvt_str *const *src, int n)
 {
     for (int i = 0; i < n; i++) {
-        int rc = kvt_meta_copy_str(b, src[i]->ptr, src[i]->len, dst[i]);
+        int rc = kvi_meta_copy_str(b, src[i]->ptr, src[i]->len, dst[i]);
         if (rc)
             return rc;
     }
@@ -320,7 +320,7 @@ int kvt_ec_meta_add_load(kvt_ec_meta *m, const kvt_ec_load_spec *s)
         return rc;
     if (m->n_loads >= KVT_META_MAX_ITEMS)
         return kvt_fail(KVT_ELIMIT, "meta: more than %u loads", KVT_META_MAX_ITEMS);
-    if ((rc = kvt_meta_grow((void **)&m->loads, &m->cap_loads, m->n_loads + 1, sizeof(*s))))
+    if ((rc = kvi_meta_grow((void **)&m->loads, &m->cap_loads, m->n_loads + 1, sizeof(*s))))
         return rc;
     kvt_ec_load_spec *d = &m->loads[m->n_loads];
     *d = *s;
@@ -339,7 +339,7 @@ int kvt_ec_meta_add_push(kvt_ec_meta *m, const kvt_ec_push_spec *s)
         return rc;
     if (m->n_pushes >= KVT_META_MAX_ITEMS)
         return kvt_fail(KVT_ELIMIT, "meta: more than %u pushes", KVT_META_MAX_ITEMS);
-    if ((rc = kvt_meta_grow((void **)&m->pushes, &m->cap_pushes, m->n_pushes + 1, sizeof(*s))))
+    if ((rc = kvi_meta_grow((void **)&m->pushes, &m->cap_pushes, m->n_pushes + 1, sizeof(*s))))
         return rc;
     kvt_ec_push_spec *d = &m->pushes[m->n_pushes];
     *d = *s;
@@ -356,14 +356,14 @@ int kvt_ec_meta_add_push(kvt_ec_meta *m, const kvt_ec_push_spec *s)
 int kvt_ec_meta_add_freed(kvt_ec_meta *m, const char *mm_hash, uint32_t len)
 {
     kvt_str s = {mm_hash, len};
-    int rc = kvt_meta_check_str(s, 1, "meta: freed mm_hash");
+    int rc = kvi_meta_check_str(s, 1, "meta: freed mm_hash");
     if (rc)
         return rc;
     if (m->n_freed >= KVT_META_MAX_ITEMS)
         return kvt_fail(KVT_ELIMIT, "meta: more than %u freed hashes", KVT_META_MAX_ITEMS);
-    if ((rc = kvt_meta_grow((void **)&m->freed, &m->cap_freed, m->n_freed + 1, sizeof(kvt_str))))
+    if ((rc = kvi_meta_grow((void **)&m->freed, &m->cap_freed, m->n_freed + 1, sizeof(kvt_str))))
         return rc;
-    if ((rc = kvt_meta_copy_str(&m->strings, mm_hash, len, &m->freed[m->n_freed])))
+    if ((rc = kvi_meta_copy_str(&m->strings, mm_hash, len, &m->freed[m->n_freed])))
         return rc;
     m->n_freed++;
     m->has_freed = true;
@@ -390,7 +390,7 @@ int kvt_ec_meta_validate(const kvt_ec_meta *m)
         if ((rc = kvt_ec_push_spec_validate(&m->pushes[i])))
             return rc;
     for (uint32_t i = 0; i < m->n_freed; i++)
-        if ((rc = kvt_meta_check_str(m->freed[i], 1, "freed mm_hash")))
+        if ((rc = kvi_meta_check_str(m->freed[i], 1, "freed mm_hash")))
             return rc;
     return 0;
 }
@@ -407,7 +407,7 @@ bool kvt_ec_meta_equal(const kvt_ec_meta *a, const kvt_ec_meta *b)
         if (!kvt_ec_push_spec_equal(&a->pushes[i], &b->pushes[i]))
             return false;
     for (uint32_t i = 0; i < a->n_freed; i++)
-        if (!kvt_str_equal(a->freed[i], b->freed[i]))
+        if (!kvi_str_equal(a->freed[i], b->freed[i]))
             return false;
     return true;
 }
@@ -428,12 +428,12 @@ int kvt_ec_meta_encode(const kvt_ec_meta *m, void *buf, size_t cap, size_t *len)
 {
     int rc = kvt_ec_meta_validate(m);
     if (rc)
-        return kvt_fail_wrap(rc, "meta: encode encoder-cache metadata");
+        return kvi_fail_wrap(rc, "meta: encode encoder-cache metadata");
     size_t need = kvt_ec_meta_encoded_size(m);
-    if ((rc = kvt_wire_check_out(buf, cap, need, len)))
+    if ((rc = kvi_wire_check_out(buf, cap, need, len)))
         return rc;
-    kvt_wr w = {buf};
-    kvt_wire_header(&w, KVT_META_EC, need - KVT_META_HEADER_LEN);
+    kvi_wr w = {buf};
+    kvi_wire_header(&w, KVT_META_EC, need - KVT_META_HEADER_LEN);
     wr_u32(&w, m->n_loads);
     for (uint32_t i = 0; i < m->n_loads; i++)
         wr_load_body(&w, &m->loads[i]);
@@ -451,18 +451,18 @@ int kvt_ec_meta_encode(const kvt_ec_meta *m, void *buf, size_t cap, size_t *len)
 #define MIN_LOAD_BODY (4 + 8 + 1 + 4 + 4 + 1)
 #define MIN_PUSH_BODY (4 + 8 + 1 + 4 + 4 + 4 + 4)
 
-static int decode_ec(void *obj, kvt_rd *r)
+static int decode_ec(void *obj, kvi_rd *r)
 {
     kvt_ec_meta *m = obj;
     uint32_t n;
     int rc = rd_count(r, &n, KVT_META_MAX_ITEMS, MIN_LOAD_BODY, "loads");
-    if (rc || (rc = kvt_meta_grow((void **)&m->loads, &m->cap_loads, n, sizeof(*m->loads))))
+    if (rc || (rc = kvi_meta_grow((void **)&m->loads, &m->cap_loads, n, sizeof(*m->loads))))
         return rc;
     for (uint32_t i = 0; i < n; i++, m->n_loads++)
         if ((rc = rd_load_body(r, &m->strings, &m->loads[i])))
             return rc;
     if ((rc = rd_count(r, &n, KVT_META_MAX_ITEMS, MIN_PUSH_BODY, "pushes")) ||
-        (rc = kvt_meta_grow((void **)&m->pushes, &m->cap_pushes, n, sizeof(*m->pushes))))
+        (rc = kvi_meta_grow((void **)&m->pushes, &m->cap_pushes, n, sizeof(*m->pushes))))
         return rc;
     for (uint32_t i = 0; i < n; i++, m->n_pushes++)
         if ((rc = rd_push_body(r, &m->strings, &m->pushes[i])))
@@ -472,11 +472,11 @@ static int decode_ec(void *obj, kvt_rd *r)
         return rc;
     if (!m->has_freed && n)
         return kvt_fail(KVT_EPROTO, "freed is None but lists %u hashes", n);
-    if ((rc = kvt_meta_grow((void **)&m->freed, &m->cap_freed, n, sizeof(kvt_str))))
+    if ((rc = kvi_meta_grow((void **)&m->freed, &m->cap_freed, n, sizeof(kvt_str))))
         return rc;
     for (uint32_t i = 0; i < n; i++, m->n_freed++) {
-        if ((rc = kvt_meta_rd_str_copy(r, &m->strings, &m->freed[i], "freed mm_hash")) ||
-            (rc = kvt_meta_check_str(m->freed[i], 1, "freed mm_hash")))
+        if ((rc = kvi_meta_rd_str_copy(r, &m->strings, &m->freed[i], "freed mm_hash")) ||
+            (rc = kvi_meta_check_str(m->freed[i], 1, "freed mm_hash")))
             return rc;
     }
     return 0;
@@ -486,7 +486,7 @@ int kvt_ec_meta_decode(kvt_ec_meta *m, const void *buf, size_t len)
 {
     kvt_ec_meta_clear(m);
     int rc =
-        kvt_wire_decode(buf, len, KVT_META_EC, decode_ec, m, "meta: decode encoder-cache metadata");
+        kvi_wire_decode(buf, len, KVT_META_EC, decode_ec, m, "meta: decode encoder-cache metadata");
     if (rc)
         kvt_ec_meta_clear(m);
     return rc;
@@ -527,7 +527,7 @@ void kvt_ec_worker_meta_clear(kvt_ec_worker_meta *m)
 void kvt_ec_worker_meta_release(kvt_ec_worker_meta *m)
 {
     for (int i = 0; i < 4; i++)
-        kvt_strset_release(worker_set(m, i));
+        kvi_strset_release(worker_set(m, i));
     kvt_bump_release(&m->strings);
     kvt_ec_worker_meta_init(m);
 }
@@ -537,8 +537,8 @@ int kvt_ec_worker_meta_add(kvt_ec_worker_meta *m, int which, const char *s, uint
     kvt_strset *set = m ? worker_set(m, which) : NULL;
     if (!set)
         return kvt_fail(KVT_EINVAL, "meta: unknown worker metadata set %d", which);
-    int rc = kvt_strset_add(set, &m->strings, s, len);
-    return rc ? kvt_fail_wrap(rc, set_names[which]) : 0;
+    int rc = kvi_strset_add(set, &m->strings, s, len);
+    return rc ? kvi_fail_wrap(rc, set_names[which]) : 0;
 }
 
 /* dst ∪= src, with capacity and string storage already reserved (cannot fail). */
@@ -546,19 +546,19 @@ static void set_union(kvt_strset *dst, kvt_bump *b, const kvt_strset *src)
 {
     uint32_t u = 0, i = 0, j = 0;
     while (i < dst->n || j < src->n) {
-        int c = i == dst->n ? 1 : j == src->n ? -1 : kvt_str_cmp(dst->items[i], src->items[j]);
+        int c = i == dst->n ? 1 : j == src->n ? -1 : kvi_str_cmp(dst->items[i], src->items[j]);
         i += c <= 0;
         j += c >= 0;
         u++;
     }
     int64_t a = (int64_t)dst->n - 1, k = (int64_t)src->n - 1;
     for (int64_t o = (int64_t)u - 1; o >= 0; o--) {
-        int c = a < 0 ? -1 : k < 0 ? 1 : kvt_str_cmp(dst->items[a], src->items[k]);
+        int c = a < 0 ? -1 : k < 0 ? 1 : kvi_str_cmp(dst->items[a], src->items[k]);
         if (c > 0) {
             dst->items[o] = dst->items[a--];
         } else if (c < 0) {
             kvt_str s = src->items[k--];
-            dst->items[o].ptr = kvt_bump_strdup(b, s.ptr, s.len);
+            dst->items[o].ptr = kvi_bump_strdup(b, s.ptr, s.len);
             dst->items[o].len = s.len;
         } else {
             dst->items[o] = dst->items[a--];
@@ -589,13 +589,13 @@ static int reserve_union(kvt_ec_worker_meta *dst, const kvt_ec_worker_meta *src,
         if ((uint64_t)d->n + s->n > KVT_META_MAX_ITEMS)
             return kvt_fail(KVT_ELIMIT, "meta: aggregate: %s would exceed %u members",
                             set_names[unite[u]], KVT_META_MAX_ITEMS);
-        int rc = kvt_meta_grow((void **)&d->items, &d->cap, d->n + s->n, sizeof(kvt_str));
+        int rc = kvi_meta_grow((void **)&d->items, &d->cap, d->n + s->n, sizeof(kvt_str));
         if (rc)
             return rc;
         for (uint32_t i = 0; i < s->n; i++)
             bytes += (size_t)s->items[i].len + 8;
     }
-    return bytes ? kvt_bump_reserve(&dst->strings, bytes) : 0;
+    return bytes ? kvi_bump_reserve(&dst->strings, bytes) : 0;
 }
 
 int kvt_ec_worker_meta_aggregate(kvt_ec_worker_meta *dst, const kvt_ec_worker_meta *src)
@@ -657,7 +657,7 @@ int kvt_ec_worker_meta_validate(const kvt_ec_worker_meta *m)
     if (!m)
         return kvt_fail(KVT_EINVAL, "meta: NULL encoder-cache worker metadata");
     for (int i = 0; i < 4; i++) {
-        int rc = kvt_strset_validate(worker_set((kvt_ec_worker_meta *)m, i), set_names[i]);
+        int rc = kvi_strset_validate(worker_set((kvt_ec_worker_meta *)m, i), set_names[i]);
         if (rc)
             return rc;
     }
@@ -667,7 +667,7 @@ int kvt_ec_worker_meta_validate(const kvt_ec_worker_meta *m)
 bool kvt_ec_worker_meta_equal(const kvt_ec_worker_meta *a, const kvt_ec_worker_meta *b)
 {
     for (int i = 0; i < 4; i++)
-        if (!kvt_strset_equal(worker_set((kvt_ec_worker_meta *)a, i),
+        if (!kvi_strset_equal(worker_set((kvt_ec_worker_meta *)a, i),
                               worker_set((kvt_ec_worker_meta *)b, i)))
             return false;
     return a->pending_saves == b->pending_saves;
@@ -687,7 +687,7 @@ size_t kvt_ec_worker_meta_encoded_size(const kvt_ec_worker_meta *m)
            set_size(&m->reclaimed) + 1 + set_size(&m->failed_saves);
 }
 
-static void wr_set(kvt_wr *w, const kvt_strset *s)
+static void wr_set(kvi_wr *w, const kvt_strset *s)
 {
     wr_u32(w, s->n);
     for (uint32_t i = 0; i < s->n; i++)
@@ -698,12 +698,12 @@ int kvt_ec_worker_meta_encode(const kvt_ec_worker_meta *m, void *buf, size_t cap
 {
     int rc = kvt_ec_worker_meta_validate(m);
     if (rc)
-        return kvt_fail_wrap(rc, "meta: encode encoder-cache worker metadata");
+        return kvi_fail_wrap(rc, "meta: encode encoder-cache worker metadata");
     size_t need = kvt_ec_worker_meta_encoded_size(m);
-    if ((rc = kvt_wire_check_out(buf, cap, need, len)))
+    if ((rc = kvi_wire_check_out(buf, cap, need, len)))
         return rc;
-    kvt_wr w = {buf};
-    kvt_wire_header(&w, KVT_META_EC_WORKER, need - KVT_META_HEADER_LEN);
+    kvi_wr w = {buf};
+    kvi_wire_header(&w, KVT_META_EC_WORKER, need - KVT_META_HEADER_LEN);
     wr_set(&w, &m->loaded);
     wr_set(&w, &m->failed_loads);
     wr_set(&w, &m->reclaimed);
@@ -712,29 +712,29 @@ int kvt_ec_worker_meta_encode(const kvt_ec_worker_meta *m, void *buf, size_t cap
     return 0;
 }
 
-static int rd_set(kvt_rd *r, kvt_bump *b, kvt_strset *set, const char *what)
+static int rd_set(kvi_rd *r, kvt_bump *b, kvt_strset *set, const char *what)
 {
     uint32_t n;
     int rc = rd_count(r, &n, KVT_META_MAX_ITEMS, 4, what);
-    if (rc || (rc = kvt_meta_grow((void **)&set->items, &set->cap, n, sizeof(kvt_str))))
+    if (rc || (rc = kvi_meta_grow((void **)&set->items, &set->cap, n, sizeof(kvt_str))))
         return rc;
     for (uint32_t i = 0; i < n; i++) {
         kvt_str s = {NULL, 0};
-        if ((rc = rd_str(r, &s.ptr, &s.len, what)) || (rc = kvt_meta_check_str(s, 1, what)))
+        if ((rc = rd_str(r, &s.ptr, &s.len, what)) || (rc = kvi_meta_check_str(s, 1, what)))
             return rc;
-        if (i && kvt_str_cmp(set->items[i - 1], s) >= 0)
+        if (i && kvi_str_cmp(set->items[i - 1], s) >= 0)
             return kvt_fail(KVT_EPROTO,
                             "%s: member %u is not greater than the previous one "
                             "(sets are sorted and unique)",
                             what, i);
-        if ((rc = kvt_meta_copy_str(b, s.ptr, s.len, &set->items[i])))
+        if ((rc = kvi_meta_copy_str(b, s.ptr, s.len, &set->items[i])))
             return rc;
         set->n = i + 1;
     }
     return 0;
 }
 
-static int decode_ec_worker(void *obj, kvt_rd *r)
+static int decode_ec_worker(void *obj, kvi_rd *r)
 {
     kvt_ec_worker_meta *m = obj;
     int rc;
@@ -750,7 +750,7 @@ static int decode_ec_worker(void *obj, kvt_rd *r)
 int kvt_ec_worker_meta_decode(kvt_ec_worker_meta *m, const void *buf, size_t len)
 {
     kvt_ec_worker_meta_clear(m);
-    int rc = kvt_wire_decode(buf, len, KVT_META_EC_WORKER, decode_ec_worker, m,
+    int rc = kvi_wire_decode(buf, len, KVT_META_EC_WORKER, decode_ec_worker, m,
                              "meta: decode encoder-cache worker metadata");
     if (rc)
         kvt_ec_worker_meta_clear(m);

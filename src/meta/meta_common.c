@@ -55,7 +55,7 @@ int kvt_meta_peek(const void *buf, size_t len, uint32_t *kind, uint32_t *version
     return 0;
 }
 
-int kvt_wire_begin(kvt_rd *r, const void *buf, size_t len, uint32_t kind)
+int kvi_wire_begin(kvi_rd *r, const void *buf, size_t len, uint32_t kind)
 {
     uint32_t k, v;
     int rc = kvt_meta_peek(buf, len, &k, &v);
@@ -78,7 +78,7 @@ int kvt_wire_begin(kvt_rd *r, const void *buf, size_t len, uint32_t kind)
     return 0;
 }
 
-int kvt_wire_end(const kvt_rd *r)
+int kvi_wire_end(const kvi_rd *r)
 {
     if (r->p != r->end)
         return kvt_fail(KVT_EPROTO, "meta: %zu trailing bytes after the body at offset %zu",
@@ -86,19 +86,19 @@ int kvt_wire_end(const kvt_rd *r)
     return 0;
 }
 
-int kvt_wire_decode(const void *buf, size_t len, uint32_t kind, kvt_body_fn body, void *obj,
+int kvi_wire_decode(const void *buf, size_t len, uint32_t kind, kvi_body_fn body, void *obj,
                     const char *what)
 {
-    kvt_rd r;
-    int rc = kvt_wire_begin(&r, buf, len, kind);
+    kvi_rd r;
+    int rc = kvi_wire_begin(&r, buf, len, kind);
     if (!rc)
         rc = body(obj, &r);
     if (!rc)
-        rc = kvt_wire_end(&r);
-    return rc ? kvt_fail_wrap(rc == KVT_EINVAL ? KVT_EPROTO : rc, what) : 0;
+        rc = kvi_wire_end(&r);
+    return rc ? kvi_fail_wrap(rc == KVT_EINVAL ? KVT_EPROTO : rc, what) : 0;
 }
 
-void kvt_wire_header(kvt_wr *w, uint32_t kind, size_t body_len)
+void kvi_wire_header(kvi_wr *w, uint32_t kind, size_t body_len)
 {
     memcpy(w->p, magic, 4);
     w->p += 4;
@@ -107,7 +107,7 @@ void kvt_wire_header(kvt_wr *w, uint32_t kind, size_t body_len)
     wr_u32(w, (uint32_t)body_len);
 }
 
-int kvt_wire_check_out(const void *buf, size_t cap, size_t need, size_t *len)
+int kvi_wire_check_out(const void *buf, size_t cap, size_t need, size_t *len)
 {
     if (!buf || !len)
         return kvt_fail(KVT_EINVAL, "meta: encode: NULL argument");
@@ -119,13 +119,13 @@ int kvt_wire_check_out(const void *buf, size_t cap, size_t need, size_t *len)
     return 0;
 }
 
-int kvt_meta_grow(void **arr, uint32_t *cap, uint32_t need, size_t elem)
+int kvi_meta_grow(void **arr, uint32_t *cap, uint32_t need, size_t elem)
 {
-    int rc = kvt_array_grow(arr, cap, need, elem);
-    return rc ? kvt_fail_wrap(rc, "meta") : 0;
+    int rc = kvi_array_grow(arr, cap, need, elem);
+    return rc ? kvi_fail_wrap(rc, "meta") : 0;
 }
 
-int kvt_meta_check_str(kvt_str s, uint32_t min_len, const char *what)
+int kvi_meta_check_str(kvt_str s, uint32_t min_len, const char *what)
 {
     if (s.len < min_len || s.len > KVT_META_MAX_STR)
         return kvt_fail(KVT_EINVAL, "%s: length %u not in %u..%u", what, s.len, min_len,
@@ -137,11 +137,11 @@ int kvt_meta_check_str(kvt_str s, uint32_t min_len, const char *what)
     return 0;
 }
 
-int kvt_meta_copy_str(kvt_bump *b, const char *s, uint32_t len, kvt_str *out)
+int kvi_meta_copy_str(kvt_bump *b, const char *s, uint32_t len, kvt_str *out)
 {
     if (len && !s)
         return kvt_fail(KVT_EINVAL, "meta: NULL string");
-    char *d = kvt_bump_strdup(b, s, len);
+    char *d = kvi_bump_strdup(b, s, len);
     if (!d)
         return kvt_fail(KVT_ENOMEM, "meta: out of memory copying a %u-byte string", len);
     out->ptr = d;
@@ -149,7 +149,7 @@ int kvt_meta_copy_str(kvt_bump *b, const char *s, uint32_t len, kvt_str *out)
     return 0;
 }
 
-int kvt_str_cmp(kvt_str a, kvt_str b)
+int kvi_str_cmp(kvt_str a, kvt_str b)
 {
     uint32_t n = a.len < b.len ? a.len : b.len;
     int c = n ? memcmp(a.ptr, b.ptr, n) : 0;
@@ -158,7 +158,7 @@ int kvt_str_cmp(kvt_str a, kvt_str b)
     return a.len < b.len ? -1 : a.len > b.len;
 }
 
-bool kvt_str_equal(kvt_str a, kvt_str b)
+bool kvi_str_equal(kvt_str a, kvt_str b)
 {
     return a.len == b.len && (a.len == 0 || memcmp(a.ptr, b.ptr, a.len) == 0);
 }
@@ -212,7 +212,7 @@ static uint32_t lower_bound(const kvt_strset *set, kvt_str key)
     uint32_t lo = 0, hi = set->n;
     while (lo < hi) {
         uint32_t mid = lo + (hi - lo) / 2;
-        if (kvt_str_cmp(set->items[mid], key) < 0)
+        if (kvi_str_cmp(set->items[mid], key) < 0)
             lo = mid + 1;
         else
             hi = mid;
@@ -226,25 +226,25 @@ bool kvt_strset_contains(const kvt_strset *set, const char *s, uint32_t len)
         return false;
     kvt_str key = {s, len};
     uint32_t i = lower_bound(set, key);
-    return i < set->n && kvt_str_equal(set->items[i], key);
+    return i < set->n && kvi_str_equal(set->items[i], key);
 }
 
-int kvt_strset_add(kvt_strset *set, kvt_bump *b, const char *s, uint32_t len)
+int kvi_strset_add(kvt_strset *set, kvt_bump *b, const char *s, uint32_t len)
 {
     kvt_str key = {s, len};
-    int rc = kvt_meta_check_str(key, 1, "set member");
+    int rc = kvi_meta_check_str(key, 1, "set member");
     if (rc)
         return rc;
     uint32_t i = lower_bound(set, key);
-    if (i < set->n && kvt_str_equal(set->items[i], key))
+    if (i < set->n && kvi_str_equal(set->items[i], key))
         return 0;
     if (set->n >= KVT_META_MAX_ITEMS)
         return kvt_fail(KVT_ELIMIT, "meta: set exceeds %u members", KVT_META_MAX_ITEMS);
-    rc = kvt_meta_grow((void **)&set->items, &set->cap, set->n + 1, sizeof(kvt_str));
+    rc = kvi_meta_grow((void **)&set->items, &set->cap, set->n + 1, sizeof(kvt_str));
     if (rc)
         return rc;
     kvt_str copy;
-    rc = kvt_meta_copy_str(b, s, len, &copy);
+    rc = kvi_meta_copy_str(b, s, len, &copy);
     if (rc)
         return rc;
     memmove(&set->items[i + 1], &set->items[i], (size_t)(set->n - i) * sizeof(kvt_str));
@@ -253,13 +253,13 @@ int kvt_strset_add(kvt_strset *set, kvt_bump *b, const char *s, uint32_t len)
     return 0;
 }
 
-void kvt_strset_release(kvt_strset *set)
+void kvi_strset_release(kvt_strset *set)
 {
     free(set->items);
     memset(set, 0, sizeof(*set));
 }
 
-int kvt_strset_validate(const kvt_strset *set, const char *what)
+int kvi_strset_validate(const kvt_strset *set, const char *what)
 {
     if (set->n > KVT_META_MAX_ITEMS)
         return kvt_fail(KVT_ELIMIT, "%s: %u members exceed the limit of %u", what, set->n,
@@ -267,21 +267,21 @@ int kvt_strset_validate(const kvt_strset *set, const char *what)
     if (set->n && !set->items)
         return kvt_fail(KVT_EINVAL, "%s: items is NULL", what);
     for (uint32_t i = 0; i < set->n; i++) {
-        int rc = kvt_meta_check_str(set->items[i], 1, what);
+        int rc = kvi_meta_check_str(set->items[i], 1, what);
         if (rc)
             return rc;
-        if (i && kvt_str_cmp(set->items[i - 1], set->items[i]) >= 0)
+        if (i && kvi_str_cmp(set->items[i - 1], set->items[i]) >= 0)
             return kvt_fail(KVT_EINVAL, "%s: members not sorted and unique at index %u", what, i);
     }
     return 0;
 }
 
-bool kvt_strset_equal(const kvt_strset *a, const kvt_strset *b)
+bool kvi_strset_equal(const kvt_strset *a, const kvt_strset *b)
 {
     if (a->n != b->n)
         return false;
     for (uint32_t i = 0; i < a->n; i++)
-        if (!kvt_str_equal(a->items[i], b->items[i]))
+        if (!kvi_str_equal(a->items[i], b->items[i]))
             return false;
     return true;
 }

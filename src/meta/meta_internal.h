@@ -10,32 +10,32 @@
 #include "meta/wire.h"
 
 /* Grows *arr (elements of elem bytes, capacity *cap) to hold need elements. */
-int kvt_meta_grow(void **arr, uint32_t *cap, uint32_t need, size_t elem);
+int kvi_meta_grow(void **arr, uint32_t *cap, uint32_t need, size_t elem);
 
 /* Checks a string field: length within [min_len, KVT_META_MAX_STR], no NUL byte. */
-int kvt_meta_check_str(kvt_str s, uint32_t min_len, const char *what);
+int kvi_meta_check_str(kvt_str s, uint32_t min_len, const char *what);
 
 /* Copies s into b; the result points into b. */
-int kvt_meta_copy_str(kvt_bump *b, const char *s, uint32_t len, kvt_str *out);
+int kvi_meta_copy_str(kvt_bump *b, const char *s, uint32_t len, kvt_str *out);
 
 /* Encoder-cache tensors: a dtype name (1..64 of [a-z0-9_]); a whole description (rank at most
  * KVT_EC_MAX_DIMS; for a dtype this build knows, nbytes = prod(shape) x its size). */
-int kvt_meta_check_dtype(kvt_str d);
-int kvt_meta_check_tensor(uint64_t nbytes, uint32_t ndim, const uint64_t *shape, kvt_str dtype);
+int kvi_meta_check_dtype(kvt_str d);
+int kvi_meta_check_tensor(uint64_t nbytes, uint32_t ndim, const uint64_t *shape, kvt_str dtype);
 /* Shapes on the wire: u8 rank, rank x u64. */
-void kvt_meta_wr_shape(kvt_wr *w, uint32_t ndim, const uint64_t *shape);
-int kvt_meta_rd_shape(kvt_rd *r, uint32_t *ndim, uint64_t *shape);
+void kvi_meta_wr_shape(kvi_wr *w, uint32_t ndim, const uint64_t *shape);
+int kvi_meta_rd_shape(kvi_rd *r, uint32_t *ndim, uint64_t *shape);
 /* Reads a string and copies it (NUL-terminated) into b. */
-int kvt_meta_rd_str_copy(kvt_rd *r, kvt_bump *b, kvt_str *out, const char *what);
+int kvi_meta_rd_str_copy(kvi_rd *r, kvt_bump *b, kvt_str *out, const char *what);
 
 /* Bytewise order of strings, shorter prefix first. */
-int kvt_str_cmp(kvt_str a, kvt_str b);
-bool kvt_str_equal(kvt_str a, kvt_str b);
+int kvi_str_cmp(kvt_str a, kvt_str b);
+bool kvi_str_equal(kvt_str a, kvt_str b);
 
 /* Strings sets (sorted, unique). */
-int kvt_strset_add(kvt_strset *set, kvt_bump *b, const char *s, uint32_t len);
-void kvt_strset_release(kvt_strset *set);
-int kvt_strset_validate(const kvt_strset *set, const char *what);
-bool kvt_strset_equal(const kvt_strset *a, const kvt_strset *b);
+int kvi_strset_add(kvt_strset *set, kvt_bump *b, const char *s, uint32_t len);
+void kvi_strset_release(kvt_strset *set);
+int kvi_strset_validate(const kvt_strset *set, const char *what);
+bool kvi_strset_equal(const kvt_strset *a, const kvt_strset *b);
 
 #endif

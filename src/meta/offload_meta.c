@@ -75,9 +75,9 @@ static int grow_pair(uint32_t **a, uint32_t **b, uint32_t *cap, uint32_t need)
     if (need > KVT_META_MAX_BLOCKS)
         return kvt_fail(KVT_ELIMIT, "meta: more than %u blocks in one list", KVT_META_MAX_BLOCKS);
     uint32_t cap_a = *cap, cap_b = *cap;
-    int rc = kvt_meta_grow((void **)a, &cap_a, need, sizeof(uint32_t));
+    int rc = kvi_meta_grow((void **)a, &cap_a, need, sizeof(uint32_t));
     if (!rc)
-        rc = kvt_meta_grow((void **)b, &cap_b, need, sizeof(uint32_t));
+        rc = kvi_meta_grow((void **)b, &cap_b, need, sizeof(uint32_t));
     if (rc)
         return rc;
     *cap = cap_a < cap_b ? cap_a : cap_b;
@@ -96,15 +96,15 @@ int kvt_offload_meta_reserve(kvt_offload_meta *m, uint32_t loads, uint32_t store
     if ((rc = grow_pair(&m->load_gpu_blocks, &m->load_cpu_blocks, &m->cap_loads, (uint32_t)nl)) ||
         (rc =
              grow_pair(&m->store_gpu_blocks, &m->store_cpu_blocks, &m->cap_stores, (uint32_t)ns)) ||
-        (rc = kvt_meta_grow((void **)&m->load_events, &m->cap_events, (uint32_t)ne,
+        (rc = kvi_meta_grow((void **)&m->load_events, &m->cap_events, (uint32_t)ne,
                             sizeof(int64_t))) ||
-        (rc = kvt_meta_grow((void **)&m->load_req_first, &m->cap_first, (uint32_t)ne + 1,
+        (rc = kvi_meta_grow((void **)&m->load_req_first, &m->cap_first, (uint32_t)ne + 1,
                             sizeof(uint32_t))) ||
         (rc =
-             kvt_meta_grow((void **)&m->load_req_ids, &m->cap_reqs, (uint32_t)nr, sizeof(kvt_str))))
+             kvi_meta_grow((void **)&m->load_req_ids, &m->cap_reqs, (uint32_t)nr, sizeof(kvt_str))))
         return rc;
     /* strdup takes len + 1 and up to 7 bytes of alignment per string */
-    return req_bytes || reqs ? kvt_bump_reserve(&m->strings, req_bytes + 8 * (size_t)reqs) : 0;
+    return req_bytes || reqs ? kvi_bump_reserve(&m->strings, req_bytes + 8 * (size_t)reqs) : 0;
 }
 
 int kvt_offload_meta_reserve_disk(kvt_offload_meta *m, uint32_t invalid, uint32_t disk_loads,
@@ -115,7 +115,7 @@ int kvt_offload_meta_reserve_disk(kvt_offload_meta *m, uint32_t invalid, uint32_
     uint64_t ns = (uint64_t)m->n_disk_stores + disk_stores;
     if (ni > KVT_META_MAX_BLOCKS || nl > KVT_META_MAX_BLOCKS || ns > KVT_META_MAX_BLOCKS)
         return kvt_fail(KVT_ELIMIT, "meta: reserve beyond the message limits");
-    int rc = kvt_meta_grow((void **)&m->load_invalid_blocks, &m->cap_invalid, (uint32_t)ni,
+    int rc = kvi_meta_grow((void **)&m->load_invalid_blocks, &m->cap_invalid, (uint32_t)ni,
                            sizeof(uint32_t));
     if (!rc)
         rc = grow_pair(&m->disk_load_slots, &m->disk_load_host_blocks, &m->cap_disk_loads,
@@ -143,7 +143,7 @@ int kvt_offload_meta_add_load_invalid(kvt_offload_meta *m, uint32_t gpu_block)
 {
     if (m->n_load_invalid >= KVT_META_MAX_BLOCKS)
         return kvt_fail(KVT_ELIMIT, "meta: more than %u blocks in one list", KVT_META_MAX_BLOCKS);
-    int rc = kvt_meta_grow((void **)&m->load_invalid_blocks, &m->cap_invalid, m->n_load_invalid + 1,
+    int rc = kvi_meta_grow((void **)&m->load_invalid_blocks, &m->cap_invalid, m->n_load_invalid + 1,
                            sizeof(uint32_t));
     if (rc)
         return rc;
@@ -179,7 +179,7 @@ int kvt_offload_meta_add_load_req(kvt_offload_meta *m, int64_t event, const char
                                   uint32_t len)
 {
     kvt_str id = {req_id, len};
-    int rc = kvt_meta_check_str(id, 1, "meta: load request id");
+    int rc = kvi_meta_check_str(id, 1, "meta: load request id");
     if (rc)
         return rc;
     if (event < 0)
@@ -191,20 +191,20 @@ int kvt_offload_meta_add_load_req(kvt_offload_meta *m, int64_t event, const char
     if (m->n_load_reqs >= KVT_META_MAX_ITEMS || m->n_load_events >= KVT_META_MAX_ITEMS)
         return kvt_fail(KVT_ELIMIT, "meta: more than %u load requests", KVT_META_MAX_ITEMS);
     rc =
-        kvt_meta_grow((void **)&m->load_req_ids, &m->cap_reqs, m->n_load_reqs + 1, sizeof(kvt_str));
+        kvi_meta_grow((void **)&m->load_req_ids, &m->cap_reqs, m->n_load_reqs + 1, sizeof(kvt_str));
     if (rc)
         return rc;
     if (new_event) {
-        rc = kvt_meta_grow((void **)&m->load_events, &m->cap_events, m->n_load_events + 1,
+        rc = kvi_meta_grow((void **)&m->load_events, &m->cap_events, m->n_load_events + 1,
                            sizeof(int64_t));
         if (!rc)
-            rc = kvt_meta_grow((void **)&m->load_req_first, &m->cap_first, m->n_load_events + 2,
+            rc = kvi_meta_grow((void **)&m->load_req_first, &m->cap_first, m->n_load_events + 2,
                                sizeof(uint32_t));
         if (rc)
             return rc;
     }
     kvt_str copy;
-    rc = kvt_meta_copy_str(&m->strings, req_id, len, &copy);
+    rc = kvi_meta_copy_str(&m->strings, req_id, len, &copy);
     if (rc)
         return rc;
     if (new_event) {
@@ -300,7 +300,7 @@ int kvt_offload_meta_validate(const kvt_offload_meta *m)
         return kvt_fail(KVT_EINVAL, "load_event_to_reqs: ranges cover %u of %u request ids",
                         m->load_req_first[m->n_load_events], m->n_load_reqs);
     for (uint32_t i = 0; i < m->n_load_reqs; i++)
-        if ((rc = kvt_meta_check_str(m->load_req_ids[i], 1, "load_event_to_reqs request id")))
+        if ((rc = kvi_meta_check_str(m->load_req_ids[i], 1, "load_event_to_reqs request id")))
             return rc;
     if (m->load_event != KVT_NO_EVENT && !has_load_event(m, m->load_event))
         return kvt_fail(KVT_EINVAL, "load_event %lld is missing from load_event_to_reqs",
@@ -338,7 +338,7 @@ bool kvt_offload_meta_equal(const kvt_offload_meta *a, const kvt_offload_meta *b
             a->load_req_first[i + 1] != b->load_req_first[i + 1])
             return false;
     for (uint32_t i = 0; i < a->n_load_reqs; i++)
-        if (!kvt_str_equal(a->load_req_ids[i], b->load_req_ids[i]))
+        if (!kvi_str_equal(a->load_req_ids[i], b->load_req_ids[i]))
             return false;
     return true;
 }
@@ -358,7 +358,7 @@ size_t kvt_offload_meta_encoded_size(const kvt_offload_meta *m)
     return n;
 }
 
-static void wr_blocks(kvt_wr *w, const uint32_t *ids, uint32_t n)
+static void wr_blocks(kvi_wr *w, const uint32_t *ids, uint32_t n)
 {
     wr_u32(w, n);
     for (uint32_t i = 0; i < n; i++)
@@ -369,12 +369,12 @@ int kvt_offload_meta_encode(const kvt_offload_meta *m, void *buf, size_t cap, si
 {
     int rc = kvt_offload_meta_validate(m);
     if (rc)
-        return kvt_fail_wrap(rc, "meta: encode offload metadata");
+        return kvi_fail_wrap(rc, "meta: encode offload metadata");
     size_t need = kvt_offload_meta_encoded_size(m);
-    if ((rc = kvt_wire_check_out(buf, cap, need, len)))
+    if ((rc = kvi_wire_check_out(buf, cap, need, len)))
         return rc;
-    kvt_wr w = {buf};
-    kvt_wire_header(&w, KVT_META_OFFLOAD, need - KVT_META_HEADER_LEN);
+    kvi_wr w = {buf};
+    kvi_wire_header(&w, KVT_META_OFFLOAD, need - KVT_META_HEADER_LEN);
     wr_u64(&w, (uint64_t)m->load_event);
     wr_blocks(&w, m->load_gpu_blocks, m->n_loads);
     wr_blocks(&w, m->load_cpu_blocks, m->n_loads);
@@ -401,7 +401,7 @@ int kvt_offload_meta_encode(const kvt_offload_meta *m, void *buf, size_t cap, si
 }
 
 /* Reads a pair of block lists of equal length (names what_a / what_b) into *a / *b. */
-static int rd_block_pair(kvt_rd *r, uint32_t **a, uint32_t **b, uint32_t *cap, uint32_t *n,
+static int rd_block_pair(kvi_rd *r, uint32_t **a, uint32_t **b, uint32_t *cap, uint32_t *n,
                          const char *what_a, const char *what_b)
 {
     uint32_t n_a, n_b;
@@ -426,11 +426,11 @@ static int rd_block_pair(kvt_rd *r, uint32_t **a, uint32_t **b, uint32_t *cap, u
     return 0;
 }
 
-static int rd_blocks(kvt_rd *r, uint32_t **a, uint32_t *cap, uint32_t *n, const char *what)
+static int rd_blocks(kvi_rd *r, uint32_t **a, uint32_t *cap, uint32_t *n, const char *what)
 {
     uint32_t k;
     int rc = rd_count(r, &k, KVT_META_MAX_BLOCKS, 4, what);
-    if (rc || (k && (rc = kvt_meta_grow((void **)a, cap, k, sizeof(uint32_t)))))
+    if (rc || (k && (rc = kvi_meta_grow((void **)a, cap, k, sizeof(uint32_t)))))
         return rc;
     for (uint32_t i = 0; i < k; i++)
         (*a)[i] = ld_le32(r->p + 4 * (size_t)i);
@@ -439,7 +439,7 @@ static int rd_blocks(kvt_rd *r, uint32_t **a, uint32_t *cap, uint32_t *n, const 
     return 0;
 }
 
-static int decode_offload(void *obj, kvt_rd *r)
+static int decode_offload(void *obj, kvi_rd *r)
 {
     kvt_offload_meta *m = obj;
     int rc;
@@ -492,7 +492,7 @@ static int decode_offload(void *obj, kvt_rd *r)
 int kvt_offload_meta_decode(kvt_offload_meta *m, const void *buf, size_t len)
 {
     kvt_offload_meta_clear(m);
-    int rc = kvt_wire_decode(buf, len, KVT_META_OFFLOAD, decode_offload, m,
+    int rc = kvi_wire_decode(buf, len, KVT_META_OFFLOAD, decode_offload, m,
                              "meta: decode offload metadata");
     if (rc)
         kvt_offload_meta_clear(m);
@@ -544,9 +544,9 @@ static int report_reserve(kvt_event_report *m, uint32_t need)
     if (need > KVT_META_MAX_ITEMS)
         return kvt_fail(KVT_ELIMIT, "meta: more than %u completed events", KVT_META_MAX_ITEMS);
     uint32_t cap_e = m->cap, cap_c = m->cap;
-    int rc = kvt_meta_grow((void **)&m->events, &cap_e, need, sizeof(int64_t));
+    int rc = kvi_meta_grow((void **)&m->events, &cap_e, need, sizeof(int64_t));
     if (!rc)
-        rc = kvt_meta_grow((void **)&m->counts, &cap_c, need, sizeof(uint32_t));
+        rc = kvi_meta_grow((void **)&m->counts, &cap_c, need, sizeof(uint32_t));
     if (rc)
         return rc;
     m->cap = cap_e < cap_c ? cap_e : cap_c;
@@ -560,7 +560,7 @@ int kvt_event_report_add(kvt_event_report *m, int64_t event, uint32_t count)
                         "meta: completed event %lld with count %u (need an event >= 0 and a "
                         "count >= 1)",
                         (long long)event, count);
-    uint32_t i = kvt_lower_bound_i64(m->events, m->n_completed, event);
+    uint32_t i = kvi_lower_bound_i64(m->events, m->n_completed, event);
     if (i < m->n_completed && m->events[i] == event) {
         if (m->counts[i] > UINT32_MAX - count)
             return kvt_fail(KVT_ELIMIT, "meta: count of event %lld overflows", (long long)event);
@@ -580,19 +580,19 @@ int kvt_event_report_add(kvt_event_report *m, int64_t event, uint32_t count)
 
 bool kvt_event_report_failed(const kvt_event_report *m, int64_t event)
 {
-    uint32_t i = kvt_lower_bound_i64(m->failed, m->n_failed, event);
+    uint32_t i = kvi_lower_bound_i64(m->failed, m->n_failed, event);
     return i < m->n_failed && m->failed[i] == event;
 }
 
 /* Inserts event into the failed set (no check that it is completed). */
 static int insert_failed(kvt_event_report *m, int64_t event)
 {
-    uint32_t i = kvt_lower_bound_i64(m->failed, m->n_failed, event);
+    uint32_t i = kvi_lower_bound_i64(m->failed, m->n_failed, event);
     if (i < m->n_failed && m->failed[i] == event)
         return 0;
     if (m->n_failed >= KVT_META_MAX_ITEMS)
         return kvt_fail(KVT_ELIMIT, "meta: more than %u failed events", KVT_META_MAX_ITEMS);
-    int rc = kvt_meta_grow((void **)&m->failed, &m->cap_failed, m->n_failed + 1, sizeof(int64_t));
+    int rc = kvi_meta_grow((void **)&m->failed, &m->cap_failed, m->n_failed + 1, sizeof(int64_t));
     if (rc)
         return rc;
     memmove(&m->failed[i + 1], &m->failed[i], (size_t)(m->n_failed - i) * sizeof(int64_t));
@@ -603,7 +603,7 @@ static int insert_failed(kvt_event_report *m, int64_t event)
 
 int kvt_event_report_add_failed(kvt_event_report *m, int64_t event)
 {
-    uint32_t i = kvt_lower_bound_i64(m->events, m->n_completed, event);
+    uint32_t i = kvi_lower_bound_i64(m->events, m->n_completed, event);
     if (event < 0 || i == m->n_completed || m->events[i] != event)
         return kvt_fail(KVT_EINVAL, "meta: failed event %lld is not a completed event",
                         (long long)event);
@@ -634,7 +634,7 @@ static int report_prepare(kvt_event_report *dst, const kvt_event_report *src, ui
         if (need > KVT_META_MAX_ITEMS)
             return kvt_fail(KVT_ELIMIT, "meta: aggregate: too many failed events");
         int rc =
-            kvt_meta_grow((void **)&dst->failed, &dst->cap_failed, (uint32_t)need, sizeof(int64_t));
+            kvi_meta_grow((void **)&dst->failed, &dst->cap_failed, (uint32_t)need, sizeof(int64_t));
         if (rc)
             return rc;
     }
@@ -778,12 +778,12 @@ int kvt_offload_worker_meta_encode(const kvt_offload_worker_meta *m, void *buf, 
 {
     int rc = kvt_offload_worker_meta_validate(m);
     if (rc)
-        return kvt_fail_wrap(rc, "meta: encode worker metadata");
+        return kvi_fail_wrap(rc, "meta: encode worker metadata");
     size_t need = kvt_offload_worker_meta_encoded_size(m);
-    if ((rc = kvt_wire_check_out(buf, cap, need, len)))
+    if ((rc = kvi_wire_check_out(buf, cap, need, len)))
         return rc;
-    kvt_wr w = {buf};
-    kvt_wire_header(&w, KVT_META_OFFLOAD_WORKER, need - KVT_META_HEADER_LEN);
+    kvi_wr w = {buf};
+    kvi_wire_header(&w, KVT_META_OFFLOAD_WORKER, need - KVT_META_HEADER_LEN);
     for (int r = 0; r < N_REPORTS; r++) {
         const kvt_event_report *e = creport(m, r);
         wr_u32(&w, e->n_completed);
@@ -798,7 +798,7 @@ int kvt_offload_worker_meta_encode(const kvt_offload_worker_meta *m, void *buf, 
     return 0;
 }
 
-static int decode_report(kvt_rd *r, kvt_event_report *m, const char *what)
+static int decode_report(kvi_rd *r, kvt_event_report *m, const char *what)
 {
     uint32_t n;
     int rc = rd_count(r, &n, KVT_META_MAX_ITEMS, 12, what);
@@ -815,7 +815,7 @@ static int decode_report(kvt_rd *r, kvt_event_report *m, const char *what)
     m->n_completed = n;
     if ((rc = rd_count(r, &n, KVT_META_MAX_ITEMS, 8, what)))
         return rc;
-    if (n && (rc = kvt_meta_grow((void **)&m->failed, &m->cap_failed, n, sizeof(int64_t))))
+    if (n && (rc = kvi_meta_grow((void **)&m->failed, &m->cap_failed, n, sizeof(int64_t))))
         return rc;
     for (uint32_t i = 0; i < n; i++)
         if ((rc = rd_i64(r, &m->failed[i], what)))
@@ -824,7 +824,7 @@ static int decode_report(kvt_rd *r, kvt_event_report *m, const char *what)
     return 0;
 }
 
-static int decode_worker(void *obj, kvt_rd *r)
+static int decode_worker(void *obj, kvi_rd *r)
 {
     kvt_offload_worker_meta *m = obj;
     for (int i = 0; i < N_REPORTS; i++) {
@@ -838,7 +838,7 @@ static int decode_worker(void *obj, kvt_rd *r)
 int kvt_offload_worker_meta_decode(kvt_offload_worker_meta *m, const void *buf, size_t len)
 {
     kvt_offload_worker_meta_clear(m);
-    int rc = kvt_wire_decode(buf, len, KVT_META_OFFLOAD_WORKER, decode_worker, m,
+    int rc = kvi_wire_decode(buf, len, KVT_META_OFFLOAD_WORKER, decode_worker, m,
                              "meta: decode worker metadata");
     if (rc)
         kvt_offload_worker_meta_clear(m);

@@ -24,16 +24,16 @@
 #include "base/error.h"
 #include "kvtier/meta.h"
 
-typedef struct kvt_rd {
+typedef struct kvi_rd {
     const uint8_t *base, *p, *end;
-} kvt_rd;
+} kvi_rd;
 
-static inline size_t rd_off(const kvt_rd *r)
+static inline size_t rd_off(const kvi_rd *r)
 {
     return (size_t)(r->p - r->base);
 }
 
-static inline int rd_need(kvt_rd *r, size_t n, const char *what)
+static inline int rd_need(kvi_rd *r, size_t n, const char *what)
 {
     if ((size_t)(r->end - r->p) < n)
         return kvt_fail(KVT_EPROTO, "truncated message: %s needs %zu bytes at offset %zu, %zu left",
@@ -51,7 +51,7 @@ static inline uint64_t ld_le64(const uint8_t *b)
     return (uint64_t)ld_le32(b) | (uint64_t)ld_le32(b + 4) << 32;
 }
 
-static inline int rd_u8(kvt_rd *r, uint8_t *v, const char *what)
+static inline int rd_u8(kvi_rd *r, uint8_t *v, const char *what)
 {
     int rc = rd_need(r, 1, what);
     if (rc)
@@ -60,7 +60,7 @@ static inline int rd_u8(kvt_rd *r, uint8_t *v, const char *what)
     return 0;
 }
 
-static inline int rd_u32(kvt_rd *r, uint32_t *v, const char *what)
+static inline int rd_u32(kvi_rd *r, uint32_t *v, const char *what)
 {
     int rc = rd_need(r, 4, what);
     if (rc)
@@ -70,7 +70,7 @@ static inline int rd_u32(kvt_rd *r, uint32_t *v, const char *what)
     return 0;
 }
 
-static inline int rd_u64(kvt_rd *r, uint64_t *v, const char *what)
+static inline int rd_u64(kvi_rd *r, uint64_t *v, const char *what)
 {
     int rc = rd_need(r, 8, what);
     if (rc)
@@ -80,7 +80,7 @@ static inline int rd_u64(kvt_rd *r, uint64_t *v, const char *what)
     return 0;
 }
 
-static inline int rd_i64(kvt_rd *r, int64_t *v, const char *what)
+static inline int rd_i64(kvi_rd *r, int64_t *v, const char *what)
 {
     uint64_t u;
     int rc = rd_u64(r, &u, what);
@@ -89,7 +89,7 @@ static inline int rd_i64(kvt_rd *r, int64_t *v, const char *what)
     return rc;
 }
 
-static inline int rd_bool(kvt_rd *r, bool *v, const char *what)
+static inline int rd_bool(kvi_rd *r, bool *v, const char *what)
 {
     uint8_t b;
     int rc = rd_u8(r, &b, what);
@@ -103,7 +103,7 @@ static inline int rd_bool(kvt_rd *r, bool *v, const char *what)
 }
 
 /* A count of elements each at least min_elem bytes long, at most max. */
-static inline int rd_count(kvt_rd *r, uint32_t *n, uint32_t max, size_t min_elem, const char *what)
+static inline int rd_count(kvi_rd *r, uint32_t *n, uint32_t max, size_t min_elem, const char *what)
 {
     int rc = rd_u32(r, n, what);
     if (rc)
@@ -117,7 +117,7 @@ static inline int rd_count(kvt_rd *r, uint32_t *n, uint32_t max, size_t min_elem
 }
 
 /* A length-prefixed string (not copied: *s points into the buffer). */
-static inline int rd_str(kvt_rd *r, const char **s, uint32_t *len, const char *what)
+static inline int rd_str(kvi_rd *r, const char **s, uint32_t *len, const char *what)
 {
     int rc = rd_u32(r, len, what);
     if (rc)
@@ -134,35 +134,35 @@ static inline int rd_str(kvt_rd *r, const char **s, uint32_t *len, const char *w
 }
 
 /* Checks the header and points r at the body. */
-int kvt_wire_begin(kvt_rd *r, const void *buf, size_t len, uint32_t kind);
+int kvi_wire_begin(kvi_rd *r, const void *buf, size_t len, uint32_t kind);
 /* Fails if bytes remain after the body. */
-int kvt_wire_end(const kvt_rd *r);
+int kvi_wire_end(const kvi_rd *r);
 
 /* Reads a message body into obj; returns 0 or a code. */
-typedef int (*kvt_body_fn)(void *obj, kvt_rd *r);
+typedef int (*kvi_body_fn)(void *obj, kvi_rd *r);
 /* One whole decode: header of `kind`, body, nothing after it. A validation failure inside the
  * body (KVT_EINVAL) becomes KVT_EPROTO, and the message is prefixed with `what`. The caller
  * empties its object when this fails. */
-int kvt_wire_decode(const void *buf, size_t len, uint32_t kind, kvt_body_fn body, void *obj,
+int kvi_wire_decode(const void *buf, size_t len, uint32_t kind, kvi_body_fn body, void *obj,
                     const char *what);
 
-typedef struct kvt_wr {
+typedef struct kvi_wr {
     uint8_t *p;
-} kvt_wr;
+} kvi_wr;
 
-static inline void wr_u8(kvt_wr *w, uint8_t v)
+static inline void wr_u8(kvi_wr *w, uint8_t v)
 {
     *w->p++ = v;
 }
 
-static inline void wr_u16(kvt_wr *w, uint16_t v)
+static inline void wr_u16(kvi_wr *w, uint16_t v)
 {
     w->p[0] = (uint8_t)v;
     w->p[1] = (uint8_t)(v >> 8);
     w->p += 2;
 }
 
-static inline void wr_u32(kvt_wr *w, uint32_t v)
+static inline void wr_u32(kvi_wr *w, uint32_t v)
 {
     w->p[0] = (uint8_t)v;
     w->p[1] = (uint8_t)(v >> 8);
@@ -171,13 +171,13 @@ static inline void wr_u32(kvt_wr *w, uint32_t v)
     w->p += 4;
 }
 
-static inline void wr_u64(kvt_wr *w, uint64_t v)
+static inline void wr_u64(kvi_wr *w, uint64_t v)
 {
     wr_u32(w, (uint32_t)v);
     wr_u32(w, (uint32_t)(v >> 32));
 }
 
-static inline void wr_str(kvt_wr *w, kvt_str s)
+static inline void wr_str(kvi_wr *w, kvt_str s)
 {
     wr_u32(w, s.len);
     if (s.len)
@@ -186,9 +186,9 @@ static inline void wr_str(kvt_wr *w, kvt_str s)
 }
 
 /* Writes the header for a body of body_len bytes. */
-void kvt_wire_header(kvt_wr *w, uint32_t kind, size_t body_len);
+void kvi_wire_header(kvi_wr *w, uint32_t kind, size_t body_len);
 
 /* Common encode prologue: checks buf/cap against the exact size. */
-int kvt_wire_check_out(const void *buf, size_t cap, size_t need, size_t *len);
+int kvi_wire_check_out(const void *buf, size_t cap, size_t need, size_t *len);
 
 #endif

@@ -23,7 +23,7 @@
 #include "base/error.h"
 #include "offload/offload_internal.h"
 
-int ofl_gpu_setup(kvt_offload *m)
+int kvi_ofl_gpu_setup(kvt_offload *m)
 {
     m->gbuf = malloc((size_t)m->gpu_nb * sizeof(uint32_t));
     if (!m->gbuf)
@@ -43,7 +43,7 @@ int ofl_gpu_setup(kvt_offload *m)
     return 0;
 }
 
-void ofl_gpu_teardown(kvt_offload *m)
+void kvi_ofl_gpu_teardown(kvt_offload *m)
 {
     free(m->gbuf);
     free(m->selkeys);
@@ -55,7 +55,7 @@ void ofl_gpu_teardown(kvt_offload *m)
     m->scan_keys = NULL;
 }
 
-void ofl_gpu_flush(kvt_offload *m)
+void kvi_ofl_gpu_flush(kvt_offload *m)
 {
     uint32_t n = m->gbuf_n;
     if (!n)
@@ -73,31 +73,31 @@ void ofl_gpu_flush(kvt_offload *m)
     }
 }
 
-void ofl_gpu_flush_unless_deferred(kvt_offload *m)
+void kvi_ofl_gpu_flush_unless_deferred(kvt_offload *m)
 {
     if (!m->in_schedule)
-        ofl_gpu_flush(m);
+        kvi_ofl_gpu_flush(m);
 }
 
 static void gbuf_add(kvt_offload *m, uint32_t id, bool pin)
 {
     if (m->gbuf_n && (m->gbuf_pin != pin || m->gbuf_n == m->gpu_nb))
-        ofl_gpu_flush(m);
+        kvi_ofl_gpu_flush(m);
     m->gbuf_pin = pin;
     m->gbuf[m->gbuf_n++] = id;
 }
 
-void ofl_gpu_pin(kvt_offload *m, uint32_t id)
+void kvi_ofl_gpu_pin(kvt_offload *m, uint32_t id)
 {
     gbuf_add(m, id, true);
 }
 
-void ofl_gpu_unpin(kvt_offload *m, uint32_t id)
+void kvi_ofl_gpu_unpin(kvt_offload *m, uint32_t id)
 {
     gbuf_add(m, id, false);
 }
 
-bool ofl_gpu_primary(const kvt_offload *m, uint32_t gpu, kvt_pool_key *k)
+bool kvi_ofl_gpu_primary(const kvt_offload *m, uint32_t gpu, kvt_pool_key *k)
 {
     uint32_t n = 0;
     if (m->ext)
@@ -106,12 +106,12 @@ bool ofl_gpu_primary(const kvt_offload *m, uint32_t gpu, kvt_pool_key *k)
     return n > 0;
 }
 
-bool ofl_gpu_can_lookup(const kvt_offload *m)
+bool kvi_ofl_gpu_can_lookup(const kvt_offload *m)
 {
     return !m->ext || m->gops.lookup;
 }
 
-uint32_t ofl_gpu_lookup(const kvt_offload *m, const kvt_pool_key *k, uint32_t *ref)
+uint32_t kvi_ofl_gpu_lookup(const kvt_offload *m, const kvt_pool_key *k, uint32_t *ref)
 {
     *ref = 0;
     if (m->ext) {
@@ -130,8 +130,8 @@ uint32_t ofl_gpu_lookup(const kvt_offload *m, const kvt_pool_key *k, uint32_t *r
     return b;
 }
 
-bool ofl_key_from_hashes(const kvt_offload *m, const uint8_t *hashes, uint32_t n_hashes, uint32_t g,
-                         uint32_t j, kvt_pool_key *k)
+bool kvi_ofl_key_from_hashes(const kvt_offload *m, const uint8_t *hashes, uint32_t n_hashes,
+                             uint32_t g, uint32_t j, kvt_pool_key *k)
 {
     uint32_t bs = m->gcfg.groups[g].block_size, step = bs / m->gcfg.hash_block_size;
     uint64_t idx = ((uint64_t)j + 1) * step - 1;
@@ -144,14 +144,14 @@ bool ofl_key_from_hashes(const kvt_offload *m, const uint8_t *hashes, uint32_t n
     return true;
 }
 
-void ofl_key_pack(const kvt_offload *m, uint8_t *dst, const kvt_pool_key *k)
+void kvi_ofl_key_pack(const kvt_offload *m, uint8_t *dst, const kvt_pool_key *k)
 {
     memcpy(dst, k->hash, m->hash_len);
     memcpy(dst + m->hash_len, &k->group, sizeof(uint32_t));
     memcpy(dst + m->hash_len + sizeof(uint32_t), &k->num_tokens, sizeof(uint32_t));
 }
 
-void ofl_key_unpack(const kvt_offload *m, const uint8_t *src, kvt_pool_key *k)
+void kvi_ofl_key_unpack(const kvt_offload *m, const uint8_t *src, kvt_pool_key *k)
 {
     memset(k->hash, 0, sizeof(k->hash));
     memcpy(k->hash, src, m->hash_len);

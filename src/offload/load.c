@@ -17,18 +17,18 @@
 #include "base/error.h"
 #include "offload/offload_internal.h"
 
-void ofl_release_hit(kvt_offload *m, struct ofl_req *r)
+void kvi_ofl_release_hit(kvt_offload *m, struct kvi_ofl_req *r)
 {
     if (!(r->flags & RQ_HIT))
         return;
-    ofl_tier_release_hit(m, r);
-    for (kvt_iditer it = kvt_idlist_begin(&m->hitpool, &r->hit); kvt_iditer_ok(&it);
-         kvt_iditer_next(&m->hitpool, &it)) {
-        uint32_t b = kvt_iditer_get(&m->hitpool, &it);
+    kvi_ofl_tier_release_hit(m, r);
+    for (kvi_iditer it = kvi_idlist_begin(&m->hitpool, &r->hit); kvi_iditer_ok(&it);
+         kvi_iditer_next(&m->hitpool, &it)) {
+        uint32_t b = kvi_iditer_get(&m->hitpool, &it);
         if (b != KVT_NULL_BLOCK)
             (void)kvt_pool_free(m->host, &b, 1); /* our own pin: cannot fail */
     }
-    kvt_idlist_release(&m->hitpool, &r->hit);
+    kvi_idlist_release(&m->hitpool, &r->hit);
     r->flags &= ~RQ_HIT;
 }
 
@@ -36,8 +36,8 @@ int kvt_offload_match(kvt_offload *m, const char *id, uint32_t id_len, const uin
                       uint32_t n_hashes, uint32_t num_tokens, uint32_t num_computed,
                       uint32_t *hit_tokens)
 {
-    ofl_gpu_flush(m); /* pins a deferred schedule left */
-    int rc = ofl_check_id(id, id_len);
+    kvi_ofl_gpu_flush(m); /* pins a deferred schedule left */
+    int rc = kvi_ofl_check_id(id, id_len);
     if (rc)
         return rc;
     if (!hit_tokens || (n_hashes && !hashes))
@@ -48,14 +48,14 @@ int kvt_offload_match(kvt_offload *m, const char *id, uint32_t id_len, const uin
                         "the scheduler block size %u",
                         num_computed, m->sched_bs);
     *hit_tokens = 0;
-    struct ofl_req *r = ofl_req_find(m, id, id_len);
+    struct kvi_ofl_req *r = kvi_ofl_req_find(m, id, id_len);
     if (r)
-        ofl_release_hit(m, r); /* a retry after a failed allocation: the old pin goes */
+        kvi_ofl_release_hit(m, r); /* a retry after a failed allocation: the old pin goes */
 
     uint32_t start = num_computed / m->gcfg.hash_block_size;
     if (start >= n_hashes || num_tokens <= num_computed + 1) {
         if (r)
-            ofl_req_maybe_release(m, r);
+            kvi_ofl_req_maybe_release(m, r);
         return 0;
     }
     uint32_t max_hit = num_tokens - 1 - num_computed;
@@ -66,14 +66,14 @@ int kvt_offload_match(kvt_offload *m, const char *id, uint32_t id_len, const uin
                                    max_hit, m->search_out, &hit);
     if (rc) {
         if (r)
-            ofl_req_maybe_release(m, r);
-        return kvt_fail_wrap(rc, "offload: match");
+            kvi_ofl_req_maybe_release(m, r);
+        return kvi_fail_wrap(rc, "offload: match");
     }
     uint64_t searchable = (uint64_t)(n_hashes - start) * m->gcfg.hash_block_size;
     if (searchable > max_hit)
         searchable = max_hit;
     /* three tiers: the disk may continue where the host tier stopped */
-    uint32_t want_disk = ofl_tier_search(
+    uint32_t want_disk = kvi_ofl_tier_search(
         m, hashes, n_hashes, start + hit.length / m->gcfg.hash_block_size, max_hit - hit.length);
     m->st.lookups++;
     m->st.lookup_tokens += searchable;
@@ -82,8 +82,8 @@ int kvt_offload_match(kvt_offload *m, const char *id, uint32_t id_len, const uin
         total += hit.n_blocks[g];
     if (hit.length || want_disk) {
         if (!r)
-            r = ofl_req_get(m, id, id_len);
-        if (!r || !kvt_idpool_can_hold(&m->hitpool, &r->hit, total)) {
+            r = kvi_ofl_req_get(m, id, id_len);
+        if (!r || !kvi_idpool_can_hold(&m->hitpool, &r->hit, total)) {
             m->st.hits_dropped++;
             hit.length = 0; /* not offering a hit is always safe */
             total = want_disk = 0;
@@ -97,7 +97,7 @@ int kvt_offload_match(kvt_offload *m, const char *id, uint32_t id_len, const uin
             r->hit_n[g] = hit.n_blocks[g];
             for (uint32_t i = 0; i < hit.n_blocks[g]; i++) {
                 uint32_t b = m->search_out[g][i];
-                (void)kvt_idlist_push(&m->hitpool, &r->hit, b); /* room checked above */
+                (void)kvi_idlist_push(&m->hitpool, &r->hit, b); /* room checked above */
                 if (b != KVT_NULL_BLOCK) {
                     (void)kvt_pool_touch(m->host, &b, 1);
                     pinned++;
@@ -106,13 +106,13 @@ int kvt_offload_match(kvt_offload *m, const char *id, uint32_t id_len, const uin
         }
     }
     /* after the host pins, so that allocating host blocks for it cannot evict them */
-    uint32_t nd = r && want_disk ? ofl_tier_pin(m, r, want_disk) : 0;
+    uint32_t nd = r && want_disk ? kvi_ofl_tier_pin(m, r, want_disk) : 0;
     uint32_t length = hit.length + nd * m->gcfg.groups[0].block_size;
     m->st.miss_tokens += searchable - length;
     m->st.miss_blocks += (searchable - length) / m->sched_bs;
     if (length == 0) {
         if (r)
-            ofl_req_maybe_release(m, r);
+            kvi_ofl_req_maybe_release(m, r);
         return 0;
     }
     r->flags |= RQ_HIT;
@@ -125,7 +125,7 @@ int kvt_offload_match(kvt_offload *m, const char *id, uint32_t id_len, const uin
 }
 
 /* Position of the first loaded block of group g in the request's block table. */
-static uint32_t load_start(const kvt_offload *m, const struct ofl_req *r, uint32_t g,
+static uint32_t load_start(const kvt_offload *m, const struct kvi_ofl_req *r, uint32_t g,
                            uint32_t num_external)
 {
     uint32_t gbs = m->gcfg.groups[g].block_size;
@@ -134,16 +134,16 @@ static uint32_t load_start(const kvt_offload *m, const struct ofl_req *r, uint32
 }
 
 /* Checks every pair before anything changes; marks destinations to catch repeats. */
-static int check_pairs(kvt_offload *m, const struct ofl_req *r, const uint32_t *const *blocks,
+static int check_pairs(kvt_offload *m, const struct kvi_ofl_req *r, const uint32_t *const *blocks,
                        const uint32_t *n_blocks, uint32_t num_external)
 {
     int rc = 0;
-    kvt_iditer it = kvt_idlist_begin(&m->hitpool, &r->hit);
+    kvi_iditer it = kvi_idlist_begin(&m->hitpool, &r->hit);
     for (uint32_t g = 0; g < m->ng && !rc; g++) {
         uint32_t n_ext = num_external / m->gcfg.groups[g].block_size;
         uint32_t start = load_start(m, r, g, num_external);
-        for (uint32_t i = 0; i < r->hit_n[g]; i++, kvt_iditer_next(&m->hitpool, &it)) {
-            uint32_t cpu = kvt_iditer_get(&m->hitpool, &it);
+        for (uint32_t i = 0; i < r->hit_n[g]; i++, kvi_iditer_next(&m->hitpool, &it)) {
+            uint32_t cpu = kvi_iditer_get(&m->hitpool, &it);
             if (rc || i >= n_ext || cpu == KVT_NULL_BLOCK)
                 continue;
             if ((uint64_t)start + i >= n_blocks[g]) {
@@ -167,8 +167,9 @@ static int check_pairs(kvt_offload *m, const struct ofl_req *r, const uint32_t *
         }
     }
     if (!rc && r->dhit_n) /* three tiers: the disk part follows group 0's host part */
-        rc = ofl_tier_check_pairs(m, r, blocks[0], n_blocks[0], load_start(m, r, 0, num_external),
-                                  r->hit_n[0], num_external / m->gcfg.groups[0].block_size);
+        rc = kvi_ofl_tier_check_pairs(m, r, blocks[0], n_blocks[0],
+                                      load_start(m, r, 0, num_external), r->hit_n[0],
+                                      num_external / m->gcfg.groups[0].block_size);
     /* clear the marks */
     for (uint32_t g = 0; g < m->ng; g++) {
         uint32_t n_ext = num_external / m->gcfg.groups[g].block_size;
@@ -183,11 +184,11 @@ int kvt_offload_after_alloc(kvt_offload *m, const char *id, uint32_t id_len,
                             const uint32_t *const *blocks, const uint32_t *n_blocks,
                             uint32_t num_external)
 {
-    ofl_gpu_flush(m); /* pins a deferred schedule left */
-    int rc = ofl_check_id(id, id_len);
-    if (rc || (rc = ofl_check_span(m, blocks, n_blocks, NULL, UINT32_MAX, "after_alloc", NULL)))
+    kvi_ofl_gpu_flush(m); /* pins a deferred schedule left */
+    int rc = kvi_ofl_check_id(id, id_len);
+    if (rc || (rc = kvi_ofl_check_span(m, blocks, n_blocks, NULL, UINT32_MAX, "after_alloc", NULL)))
         return rc;
-    struct ofl_req *r = ofl_req_find(m, id, id_len);
+    struct kvi_ofl_req *r = kvi_ofl_req_find(m, id, id_len);
     if (num_external) {
         if (!r || !(r->flags & RQ_HIT))
             return kvt_fail(KVT_ESTATE,
@@ -205,7 +206,7 @@ int kvt_offload_after_alloc(kvt_offload *m, const char *id, uint32_t id_len,
         if ((rc = check_pairs(m, r, blocks, n_blocks, num_external)))
             return rc;
     }
-    if (!m->cfg.lazy && !r && !(r = ofl_req_get(m, id, id_len)))
+    if (!m->cfg.lazy && !r && !(r = kvi_ofl_req_get(m, id, id_len)))
         m->st.untracked_requests++; /* table full: this request's blocks are not stored */
     if (!r)
         return 0;
@@ -214,19 +215,19 @@ int kvt_offload_after_alloc(kvt_offload *m, const char *id, uint32_t id_len,
 
     if (num_external && (r->flags & RQ_HIT)) {
         uint32_t tail = OFL_NONE;
-        kvt_iditer it = kvt_idlist_begin(&m->hitpool, &r->hit);
+        kvi_iditer it = kvi_idlist_begin(&m->hitpool, &r->hit);
         for (uint32_t g = 0; g < m->ng; g++) {
             uint32_t n_ext = num_external / m->gcfg.groups[g].block_size;
             uint32_t start = load_start(m, r, g, num_external);
-            for (uint32_t i = 0; i < r->hit_n[g]; i++, kvt_iditer_next(&m->hitpool, &it)) {
-                uint32_t cpu = kvt_iditer_get(&m->hitpool, &it);
+            for (uint32_t i = 0; i < r->hit_n[g]; i++, kvi_iditer_next(&m->hitpool, &it)) {
+                uint32_t cpu = kvi_iditer_get(&m->hitpool, &it);
                 if (i >= n_ext || cpu == KVT_NULL_BLOCK)
                     continue;
                 uint32_t gpu = blocks[g][start + i];
                 if (gpu == KVT_NULL_BLOCK)
                     continue;
                 (void)kvt_pool_touch(m->host, &cpu, 1); /* load pin, before the hit pin goes */
-                ofl_gpu_pin(m, gpu);
+                kvi_ofl_gpu_pin(m, gpu);
                 m->gload_src[gpu] = cpu;
                 m->gload_next[gpu] = OFL_NONE;
                 if (tail == OFL_NONE)
@@ -238,51 +239,51 @@ int kvt_offload_after_alloc(kvt_offload *m, const char *id, uint32_t id_len,
             }
         }
         if (r->dhit_n) /* three tiers: the load waits for the promotion of its disk part */
-            ofl_tier_pair(m, r, blocks[0], load_start(m, r, 0, num_external), r->hit_n[0],
-                          num_external / m->gcfg.groups[0].block_size, &tail);
+            kvi_ofl_tier_pair(m, r, blocks[0], load_start(m, r, 0, num_external), r->hit_n[0],
+                              num_external / m->gcfg.groups[0].block_size, &tail);
         if (r->n_load && !r->n_promo)
-            ofl_queue_load(m, r);
+            kvi_ofl_queue_load(m, r);
     }
-    ofl_gpu_flush(m);
-    ofl_release_hit(m, r);
-    ofl_req_maybe_release(m, r);
+    kvi_ofl_gpu_flush(m);
+    kvi_ofl_release_hit(m, r);
+    kvi_ofl_req_maybe_release(m, r);
     return 0;
 }
 
-void ofl_queue_load(kvt_offload *m, struct ofl_req *r)
+void kvi_ofl_queue_load(kvt_offload *m, struct kvi_ofl_req *r)
 {
     r->flags |= RQ_LOAD_QUEUED;
-    ofl_rq_push(m, &m->loadq_head, &m->loadq_tail, OFL_LOAD_LINK, ofl_req_slot(m, r));
+    kvi_ofl_rq_push(m, &m->loadq_head, &m->loadq_tail, OFL_LOAD_LINK, kvi_ofl_req_slot(m, r));
 }
 
 /* Releases the pins of a request's load pairs. */
-void ofl_release_load_pairs(kvt_offload *m, struct ofl_req *r)
+void kvi_ofl_release_load_pairs(kvt_offload *m, struct kvi_ofl_req *r)
 {
     uint32_t gpu = r->load_head;
     while (gpu != OFL_NONE) {
         uint32_t next = m->gload_next[gpu];
         uint32_t cpu = m->gload_src[gpu];
         (void)kvt_pool_free(m->host, &cpu, 1);
-        ofl_gpu_unpin(m, gpu);
+        kvi_ofl_gpu_unpin(m, gpu);
         m->gflags[gpu] &= (uint8_t)~G_INVALID;
         m->gload_src[gpu] = m->gload_next[gpu] = OFL_NONE;
         gpu = next;
     }
-    ofl_gpu_flush(m);
+    kvi_ofl_gpu_flush(m);
     r->load_head = OFL_NONE;
     r->n_load = 0;
 }
 
-void ofl_cancel_queued_load(kvt_offload *m, struct ofl_req *r)
+void kvi_ofl_cancel_queued_load(kvt_offload *m, struct kvi_ofl_req *r)
 {
-    ofl_rq_unlink(m, &m->loadq_head, &m->loadq_tail, OFL_LOAD_LINK, ofl_req_slot(m, r));
-    ofl_release_load_pairs(m, r);
+    kvi_ofl_rq_unlink(m, &m->loadq_head, &m->loadq_tail, OFL_LOAD_LINK, kvi_ofl_req_slot(m, r));
+    kvi_ofl_release_load_pairs(m, r);
     r->flags &= ~RQ_LOAD_QUEUED;
 }
 
 /* Reserves room in out for everything build_meta will write (loads, load_event_to_reqs and
  * the queued stores), so that once an event is created nothing can fail. */
-int ofl_reserve_step(kvt_offload *m, kvt_offload_meta *out)
+int kvi_ofl_reserve_step(kvt_offload *m, kvt_offload_meta *out)
 {
     uint32_t pairs = 0, reqs = 0, events = m->loads.n;
     size_t bytes = 0;
@@ -301,19 +302,19 @@ int ofl_reserve_step(kvt_offload *m, kvt_offload_meta *out)
         }
     int rc = kvt_offload_meta_reserve(out, pairs, m->acc_n, events, reqs, bytes);
     if (rc)
-        return kvt_fail_wrap(rc, "offload: build_meta");
-    return ofl_tier_reserve(m, out, m->disk ? pairs : 0);
+        return kvi_fail_wrap(rc, "offload: build_meta");
+    return kvi_ofl_tier_reserve(m, out, m->disk ? pairs : 0);
 }
 
-void ofl_emit_loads(kvt_offload *m, kvt_offload_meta *out)
+void kvi_ofl_emit_loads(kvt_offload *m, kvt_offload_meta *out)
 {
     if (m->loadq_head != OFL_NONE && m->loads.n < m->loads.cap) {
-        struct ofl_event *e = ofl_evtable_add(&m->loads, m->load_counter++);
+        struct kvi_ofl_event *e = kvi_ofl_evtable_add(&m->loads, m->load_counter++);
         uint32_t pairs = 0;
         e->head = m->loadq_head;
         e->tail = m->loadq_tail;
         for (uint32_t s = m->loadq_head; s != OFL_NONE; s = m->reqs[s].load_next) {
-            struct ofl_req *r = &m->reqs[s];
+            struct kvi_ofl_req *r = &m->reqs[s];
             r->flags = (r->flags & ~RQ_LOAD_QUEUED) | RQ_LOAD_SENT;
             r->load_event = e->id;
             e->n++;
@@ -338,16 +339,16 @@ void ofl_emit_loads(kvt_offload *m, kvt_offload_meta *out)
                                                 m->reqs[s].id_len);
 }
 
-int ofl_check_load_done(const kvt_offload *m, const kvt_str *ids, uint32_t n)
+int kvi_ofl_check_load_done(const kvt_offload *m, const kvt_str *ids, uint32_t n)
 {
     if (n && !ids)
         return kvt_fail(KVT_EINVAL, "offload: apply_output: finished_loads is NULL");
     int rc = 0;
     uint32_t i = 0;
     for (; i < n && !rc; i++) {
-        if ((rc = ofl_check_id(ids[i].ptr, ids[i].len)))
+        if ((rc = kvi_ofl_check_id(ids[i].ptr, ids[i].len)))
             break;
-        struct ofl_req *r = ofl_req_find(m, ids[i].ptr, ids[i].len);
+        struct kvi_ofl_req *r = kvi_ofl_req_find(m, ids[i].ptr, ids[i].len);
         if (!r)
             rc = kvt_fail(KVT_ENOENT, "offload: apply_output: unknown request %.*s",
                           (int)ids[i].len, ids[i].ptr);
@@ -360,26 +361,26 @@ int ofl_check_load_done(const kvt_offload *m, const kvt_str *ids, uint32_t n)
             r->flags |= RQ_LISTED;
     }
     for (uint32_t k = 0; k < i; k++) {
-        struct ofl_req *r = ofl_req_find(m, ids[k].ptr, ids[k].len);
+        struct kvi_ofl_req *r = kvi_ofl_req_find(m, ids[k].ptr, ids[k].len);
         if (r)
             r->flags &= ~(RQ_LISTED);
     }
     return rc;
 }
 
-void ofl_apply_load_done(kvt_offload *m, struct ofl_req *r)
+void kvi_ofl_apply_load_done(kvt_offload *m, struct kvi_ofl_req *r)
 {
-    struct ofl_event *e = ofl_evtable_find(&m->loads, r->load_event);
+    struct kvi_ofl_event *e = kvi_ofl_evtable_find(&m->loads, r->load_event);
     if (e) {
-        ofl_rq_unlink(m, &e->head, &e->tail, OFL_LOAD_LINK, ofl_req_slot(m, r));
+        kvi_ofl_rq_unlink(m, &e->head, &e->tail, OFL_LOAD_LINK, kvi_ofl_req_slot(m, r));
         if (--e->n == 0)
-            ofl_evtable_remove(&m->loads, e);
+            kvi_ofl_evtable_remove(&m->loads, e);
     }
     m->st.loads_completed += r->n_load;
     m->st.bytes_loaded += (uint64_t)r->n_load * m->cfg.block_bytes;
-    ofl_release_load_pairs(m, r);
+    kvi_ofl_release_load_pairs(m, r);
     r->flags &= ~RQ_LOAD_SENT;
     r->load_event = KVT_NO_EVENT;
     r->load_next = OFL_NONE;
-    ofl_req_maybe_release(m, r);
+    kvi_ofl_req_maybe_release(m, r);
 }

@@ -34,13 +34,13 @@ static uint64_t event_hash(int64_t id)
     return z ^ (z >> 31);
 }
 
-int ofl_evtable_init(struct ofl_evtable *t, uint32_t cap)
+int kvi_ofl_evtable_init(struct kvi_ofl_evtable *t, uint32_t cap)
 {
     memset(t, 0, sizeof(*t));
     t->e = calloc(cap, sizeof(*t->e));
     if (!t->e)
         return kvt_fail(KVT_ENOMEM, "offload: cannot allocate %u event entries", cap);
-    int rc = kvt_map_init(&t->map, cap);
+    int rc = kvi_map_init(&t->map, cap);
     if (rc)
         return rc;
     t->cap = cap;
@@ -51,29 +51,29 @@ int ofl_evtable_init(struct ofl_evtable *t, uint32_t cap)
     return 0;
 }
 
-void ofl_evtable_free(struct ofl_evtable *t)
+void kvi_ofl_evtable_free(struct kvi_ofl_evtable *t)
 {
     free(t->e);
-    kvt_map_free(&t->map);
+    kvi_map_free(&t->map);
     memset(t, 0, sizeof(*t));
 }
 
-struct ofl_event *ofl_evtable_find(const struct ofl_evtable *t, int64_t id)
+struct kvi_ofl_event *kvi_ofl_evtable_find(const struct kvi_ofl_evtable *t, int64_t id)
 {
-    uint64_t h = event_hash(id), pos = kvt_map_probe_start(&t->map, h);
+    uint64_t h = event_hash(id), pos = kvi_map_probe_start(&t->map, h);
     uint32_t idx;
-    while (kvt_map_probe_next(&t->map, h, &pos, &idx))
+    while (kvi_map_probe_next(&t->map, h, &pos, &idx))
         if (t->e[idx].id == id)
             return &t->e[idx];
     return NULL;
 }
 
-struct ofl_event *ofl_evtable_add(struct ofl_evtable *t, int64_t id)
+struct kvi_ofl_event *kvi_ofl_evtable_add(struct kvi_ofl_evtable *t, int64_t id)
 {
     if (t->free_head == OFL_NONE)
         return NULL;
     uint32_t idx = t->free_head;
-    struct ofl_event *e = &t->e[idx];
+    struct kvi_ofl_event *e = &t->e[idx];
     t->free_head = e->next;
     memset(e, 0, sizeof(*e));
     e->id = id;
@@ -85,15 +85,15 @@ struct ofl_event *ofl_evtable_add(struct ofl_evtable *t, int64_t id)
     else
         t->e[t->last].next = idx;
     t->last = idx;
-    (void)kvt_map_insert(&t->map, event_hash(id), idx); /* room for every entry */
+    (void)kvi_map_insert(&t->map, event_hash(id), idx); /* room for every entry */
     t->n++;
     return e;
 }
 
-void ofl_evtable_remove(struct ofl_evtable *t, struct ofl_event *e)
+void kvi_ofl_evtable_remove(struct kvi_ofl_evtable *t, struct kvi_ofl_event *e)
 {
-    uint32_t idx = ofl_evtable_index(t, e);
-    kvt_map_remove(&t->map, event_hash(e->id), idx);
+    uint32_t idx = kvi_ofl_evtable_index(t, e);
+    kvi_map_remove(&t->map, event_hash(e->id), idx);
     if (e->prev == OFL_NONE)
         t->first = e->next;
     else
@@ -114,7 +114,7 @@ static uint32_t *rq_link(kvt_offload *m, uint32_t slot, size_t link)
     return (uint32_t *)((char *)&m->reqs[slot] + link);
 }
 
-void ofl_rq_push(kvt_offload *m, uint32_t *head, uint32_t *tail, size_t link, uint32_t slot)
+void kvi_ofl_rq_push(kvt_offload *m, uint32_t *head, uint32_t *tail, size_t link, uint32_t slot)
 {
     *rq_link(m, slot, link) = OFL_NONE;
     if (*tail == OFL_NONE)
@@ -124,7 +124,7 @@ void ofl_rq_push(kvt_offload *m, uint32_t *head, uint32_t *tail, size_t link, ui
     *tail = slot;
 }
 
-void ofl_rq_unlink(kvt_offload *m, uint32_t *head, uint32_t *tail, size_t link, uint32_t slot)
+void kvi_ofl_rq_unlink(kvt_offload *m, uint32_t *head, uint32_t *tail, size_t link, uint32_t slot)
 {
     uint32_t prev = OFL_NONE;
     for (uint32_t s = *head; s != OFL_NONE; prev = s, s = *rq_link(m, s, link)) {
@@ -143,27 +143,27 @@ void ofl_rq_unlink(kvt_offload *m, uint32_t *head, uint32_t *tail, size_t link, 
 
 /* ---- requests -------------------------------------------------------------------------- */
 
-int ofl_fail_id(const char *id, uint32_t len)
+int kvi_ofl_fail_id(const char *id, uint32_t len)
 {
     return kvt_fail(KVT_EINVAL, "offload: request id must be 1..%u bytes (got %u%s)",
                     KVT_REQ_ID_MAX, len, id ? "" : ", NULL");
 }
 
-struct ofl_req *ofl_req_find(const kvt_offload *m, const char *id, uint32_t len)
+struct kvi_ofl_req *kvi_ofl_req_find(const kvt_offload *m, const char *id, uint32_t len)
 {
-    uint64_t h = kvt_xxh3_64(id, len, 0), pos = kvt_map_probe_start(&m->req_map, h);
+    uint64_t h = kvi_xxh3_64(id, len, 0), pos = kvi_map_probe_start(&m->req_map, h);
     uint32_t slot;
-    while (kvt_map_probe_next(&m->req_map, h, &pos, &slot)) {
-        struct ofl_req *r = &m->reqs[slot];
+    while (kvi_map_probe_next(&m->req_map, h, &pos, &slot)) {
+        struct kvi_ofl_req *r = &m->reqs[slot];
         if (r->id_len == len && memcmp(r->id, id, len) == 0)
             return r;
     }
     return NULL;
 }
 
-struct ofl_req *ofl_req_get(kvt_offload *m, const char *id, uint32_t len)
+struct kvi_ofl_req *kvi_ofl_req_get(kvt_offload *m, const char *id, uint32_t len)
 {
-    struct ofl_req *r = ofl_req_find(m, id, len);
+    struct kvi_ofl_req *r = kvi_ofl_req_find(m, id, len);
     if (r)
         return r;
     if (m->free_req == OFL_NONE) {
@@ -176,43 +176,43 @@ struct ofl_req *ofl_req_get(kvt_offload *m, const char *id, uint32_t len)
     m->free_req = r->free_next;
     memset(r, 0, sizeof(*r));
     r->used = true;
-    r->id_hash = kvt_xxh3_64(id, len, 0);
+    r->id_hash = kvi_xxh3_64(id, len, 0);
     r->id_len = len;
     memcpy(r->id, id, len);
-    kvt_idlist_init(&r->hit);
+    kvi_idlist_init(&r->hit);
     r->load_event = KVT_NO_EVENT;
     r->load_head = r->load_next = r->wait_next = OFL_NONE;
     r->promo_head = r->promo_next = OFL_NONE;
     r->promo_event = KVT_NO_EVENT;
-    (void)kvt_map_insert(&m->req_map, r->id_hash, slot); /* room for every slot */
+    (void)kvi_map_insert(&m->req_map, r->id_hash, slot); /* room for every slot */
     m->n_reqs++;
     return r;
 }
 
-static bool req_busy(const struct ofl_req *r)
+static bool req_busy(const struct kvi_ofl_req *r)
 {
     if (r->flags & (RQ_HIT | RQ_LOAD_QUEUED | RQ_LOAD_SENT | RQ_PROMO_QUEUED | RQ_PROMO_SENT))
         return true;
     return (r->flags & (RQ_EAGER | RQ_FINISHED)) == RQ_EAGER;
 }
 
-static void req_free(kvt_offload *m, struct ofl_req *r)
+static void req_free(kvt_offload *m, struct kvi_ofl_req *r)
 {
-    uint32_t slot = ofl_req_slot(m, r);
-    kvt_map_remove(&m->req_map, r->id_hash, slot);
+    uint32_t slot = kvi_ofl_req_slot(m, r);
+    kvi_map_remove(&m->req_map, r->id_hash, slot);
     r->used = false;
     r->free_next = m->free_req;
     m->free_req = slot;
     m->n_reqs--;
 }
 
-void ofl_req_maybe_release(kvt_offload *m, struct ofl_req *r)
+void kvi_ofl_req_maybe_release(kvt_offload *m, struct kvi_ofl_req *r)
 {
     if (req_busy(r)) {
         if ((r->flags & RQ_FINISHED) && !(r->flags & RQ_WAITING)) {
             r->flags |= RQ_WAITING;
             r->wait_next = m->wait_head;
-            m->wait_head = ofl_req_slot(m, r);
+            m->wait_head = kvi_ofl_req_slot(m, r);
         }
         return;
     }
@@ -226,15 +226,16 @@ static void sweep_waiting(kvt_offload *m)
     uint32_t s = m->wait_head;
     m->wait_head = OFL_NONE;
     while (s != OFL_NONE) {
-        struct ofl_req *r = &m->reqs[s];
+        struct kvi_ofl_req *r = &m->reqs[s];
         s = r->wait_next;
         r->flags &= ~RQ_WAITING;
-        ofl_req_maybe_release(m, r);
+        kvi_ofl_req_maybe_release(m, r);
     }
 }
 
-int ofl_check_span(const kvt_offload *m, const uint32_t *const *blocks, const uint32_t *n_blocks,
-                   const uint32_t *from, uint32_t end_tokens, const char *what, bool *any)
+int kvi_ofl_check_span(const kvt_offload *m, const uint32_t *const *blocks,
+                       const uint32_t *n_blocks, const uint32_t *from, uint32_t end_tokens,
+                       const char *what, bool *any)
 {
     if (!blocks || !n_blocks)
         return kvt_fail(KVT_EINVAL, "offload: %s: NULL block table", what);
@@ -296,7 +297,7 @@ static int host_setup(kvt_offload *m, uint32_t host_nb)
     hc.event_capacity = m->cfg.event_capacity;
     int rc = kvt_pool_create(&hc, &m->host);
     if (rc)
-        return kvt_fail_wrap(rc, "offload: host pool");
+        return kvi_fail_wrap(rc, "offload: host pool");
     m->host_nb = host_nb;
     m->hstore_src = malloc((size_t)host_nb * sizeof(uint32_t));
     m->hstore_next = malloc((size_t)host_nb * sizeof(uint32_t));
@@ -312,8 +313,8 @@ static int host_setup(kvt_offload *m, uint32_t host_nb)
     for (uint32_t i = 0; i < host_nb; i++)
         m->hstore_src[i] = m->hstore_next[i] = m->hpromo_src[i] = m->hpromo_next[i] =
             m->hpromo_gpu[i] = OFL_NONE;
-    uint32_t cap = kvt_min_u32(host_nb, MAX_EVENTS);
-    return ofl_evtable_init(&m->stores, cap);
+    uint32_t cap = kvi_min_u32(host_nb, MAX_EVENTS);
+    return kvi_ofl_evtable_init(&m->stores, cap);
 }
 
 static void host_teardown(kvt_offload *m)
@@ -331,7 +332,7 @@ static void host_teardown(kvt_offload *m)
     m->hstore_src = m->hstore_next = m->scratch = NULL;
     m->hpromo_src = m->hpromo_next = m->hpromo_gpu = NULL;
     m->hkeys = m->hkeys_n = NULL;
-    ofl_evtable_free(&m->stores);
+    kvi_ofl_evtable_free(&m->stores);
 }
 
 /* Lazy watermark (vLLM target_free): GPU blocks at the LRU head that should be safe to evict. */
@@ -369,7 +370,7 @@ static int validate_config(const kvt_offload_config *c, const kvt_pool_config *g
         return kvt_fail(KVT_EINVAL, "offload: max_model_len must be positive");
     if (c->keys_per_block > 64)
         return kvt_fail(KVT_EINVAL, "offload: keys_per_block %u exceeds 64", c->keys_per_block);
-    return ofl_tier_validate(c, g);
+    return kvi_ofl_tier_validate(c, g);
 }
 
 /* Everything but the GPU pool's identity: m->cfg, m->gcfg, m->gpu / m->ext are set. */
@@ -390,9 +391,9 @@ static int create_common(kvt_offload *m)
 
     int rc = host_setup(m, cfg->host_blocks);
     if (!rc)
-        rc = ofl_tier_setup(m, cfg->disk_blocks);
+        rc = kvi_ofl_tier_setup(m, cfg->disk_blocks);
     if (!rc)
-        rc = ofl_gpu_setup(m);
+        rc = kvi_ofl_gpu_setup(m);
     uint32_t search_ids = 0;
     for (uint32_t g = 0; g < m->ng && !rc; g++) {
         uint32_t n = cfg->max_model_len / m->gcfg.groups[g].block_size + 1;
@@ -404,7 +405,7 @@ static int create_common(kvt_offload *m)
     if (!rc) {
         /* room for several concurrent maximal hits; a hit that does not fit is not offered */
         uint64_t ids = (uint64_t)search_ids * 4 + 1024;
-        rc = kvt_idpool_init(&m->hitpool, ids > UINT32_MAX / 2 ? UINT32_MAX / 2 : (uint32_t)ids);
+        rc = kvi_idpool_init(&m->hitpool, ids > UINT32_MAX / 2 ? UINT32_MAX / 2 : (uint32_t)ids);
     }
     if (!rc) {
         m->reqs = calloc(cfg->max_requests, sizeof(*m->reqs));
@@ -412,15 +413,15 @@ static int create_common(kvt_offload *m)
         m->gload_next = malloc((size_t)m->gpu_nb * sizeof(uint32_t));
         m->gflags = calloc(m->gpu_nb, 1);
         m->restore = malloc((size_t)m->gpu_nb * sizeof(uint32_t));
-        uint32_t kmax = kvt_max_u32(m->kpb, m->gcfg.keys_per_block);
+        uint32_t kmax = kvi_max_u32(m->kpb, m->gcfg.keys_per_block);
         m->keys = malloc((size_t)kmax * sizeof(kvt_pool_key));
         if (!m->reqs || !m->gload_src || !m->gload_next || !m->gflags || !m->restore || !m->keys)
             rc = kvt_fail(KVT_ENOMEM, "offload: cannot allocate per-block state");
     }
     if (!rc)
-        rc = kvt_map_init(&m->req_map, cfg->max_requests);
+        rc = kvi_map_init(&m->req_map, cfg->max_requests);
     if (!rc)
-        rc = ofl_evtable_init(&m->loads, kvt_min_u32(m->gpu_nb, MAX_EVENTS));
+        rc = kvi_ofl_evtable_init(&m->loads, kvi_min_u32(m->gpu_nb, MAX_EVENTS));
     if (rc)
         return rc;
     for (uint32_t i = 0; i < m->gpu_nb; i++)
@@ -481,7 +482,7 @@ int kvt_offload_create_ext(const kvt_offload_config *cfg, const kvt_pool_config 
     kvt_pool_config g = *gpu_cfg;
     int rc = kvt_pool_config_validate(&g, &g.scheduler_block_size);
     if (rc)
-        return kvt_fail_wrap(rc, "offload: GPU pool config");
+        return kvi_fail_wrap(rc, "offload: GPU pool config");
     if ((rc = validate_config(cfg, &g)))
         return rc;
     kvt_offload *m = calloc(1, sizeof(*m));
@@ -500,13 +501,13 @@ void kvt_offload_destroy(kvt_offload *m)
     if (!m)
         return;
     host_teardown(m);
-    ofl_tier_teardown(m);
-    ofl_gpu_teardown(m);
+    kvi_ofl_tier_teardown(m);
+    kvi_ofl_gpu_teardown(m);
     for (uint32_t g = 0; g < KVT_MAX_GROUPS; g++)
         free(m->search_out[g]);
-    kvt_idpool_free(&m->hitpool);
-    kvt_map_free(&m->req_map);
-    ofl_evtable_free(&m->loads);
+    kvi_idpool_free(&m->hitpool);
+    kvi_map_free(&m->req_map);
+    kvi_ofl_evtable_free(&m->loads);
     free(m->reqs);
     free(m->gload_src);
     free(m->gload_next);
@@ -546,49 +547,50 @@ const kvt_pool *kvt_offload_host_pool(const kvt_offload *m)
 
 int kvt_offload_build_meta(kvt_offload *m, bool preempted, kvt_offload_meta *out)
 {
-    ofl_gpu_flush(m); /* pins a deferred schedule left */
+    kvi_ofl_gpu_flush(m); /* pins a deferred schedule left */
     if (!out)
         return kvt_fail(KVT_EINVAL, "offload: build_meta: out is NULL");
     kvt_offload_meta_clear(out);
     if (m->cfg.lazy)
-        ofl_select_lazy(m);
+        kvi_ofl_select_lazy(m);
     else
-        ofl_select_restores(m);
-    int rc = ofl_reserve_step(m, out);
+        kvi_ofl_select_restores(m);
+    int rc = kvi_ofl_reserve_step(m, out);
     if (rc)
         return rc; /* nothing issued: loads and stores stay queued for the next step */
-    ofl_emit_loads(m, out);
-    ofl_emit_stores(m, out);
-    ofl_tier_emit(m, out);
+    kvi_ofl_emit_loads(m, out);
+    kvi_ofl_emit_stores(m, out);
+    kvi_ofl_tier_emit(m, out);
     out->need_flush = preempted;
     sweep_waiting(m);
-    ofl_gpu_flush(m);
+    kvi_ofl_gpu_flush(m);
     return 0;
 }
 
 int kvt_offload_apply_output(kvt_offload *m, const kvt_str *finished_loads, uint32_t n,
                              const kvt_offload_worker_meta *stores)
 {
-    ofl_gpu_flush(m); /* pins a deferred schedule left */
-    int rc = ofl_check_load_done(m, finished_loads, n);
+    kvi_ofl_gpu_flush(m); /* pins a deferred schedule left */
+    int rc = kvi_ofl_check_load_done(m, finished_loads, n);
     if (rc)
         return rc;
     if (stores) {
         if ((rc = kvt_offload_worker_meta_validate(stores)))
-            return kvt_fail_wrap(rc, "offload: apply_output");
+            return kvi_fail_wrap(rc, "offload: apply_output");
         for (uint32_t i = 0; i < stores->stores.n_completed; i++)
             if (stores->stores.events[i] >= m->store_counter)
                 return kvt_fail(KVT_ERANGE,
                                 "offload: apply_output: store event %" PRId64
                                 " was never issued (next is %" PRId64 ")",
                                 stores->stores.events[i], m->store_counter);
-        if ((rc = ofl_tier_check_output(m, stores)))
+        if ((rc = kvi_ofl_tier_check_output(m, stores)))
             return rc;
     }
     for (uint32_t i = 0; i < n; i++)
-        ofl_apply_load_done(m, ofl_req_find(m, finished_loads[i].ptr, finished_loads[i].len));
+        kvi_ofl_apply_load_done(m,
+                                kvi_ofl_req_find(m, finished_loads[i].ptr, finished_loads[i].len));
     for (uint32_t i = 0; stores && i < stores->stores.n_completed; i++) {
-        struct ofl_event *e = ofl_evtable_find(&m->stores, stores->stores.events[i]);
+        struct kvi_ofl_event *e = kvi_ofl_evtable_find(&m->stores, stores->stores.events[i]);
         if (!e) {
             m->st.stale_reports++;
             continue;
@@ -598,30 +600,30 @@ int kvt_offload_apply_output(kvt_offload *m, const kvt_str *finished_loads, uint
         uint64_t total = (uint64_t)e->reported + stores->stores.counts[i];
         e->reported = total > UINT32_MAX ? UINT32_MAX : (uint32_t)total;
         if (e->reported >= m->cfg.world_size)
-            ofl_complete_store(m, e);
+            kvi_ofl_complete_store(m, e);
     }
     if (stores)
-        ofl_tier_apply_output(m, stores); /* after the stores: they queue write-backs */
+        kvi_ofl_tier_apply_output(m, stores); /* after the stores: they queue write-backs */
     sweep_waiting(m);
-    ofl_gpu_flush(m);
+    kvi_ofl_gpu_flush(m);
     return 0;
 }
 
 int kvt_offload_reset(kvt_offload *m)
 {
-    ofl_gpu_flush(m); /* pins a deferred schedule left */
+    kvi_ofl_gpu_flush(m); /* pins a deferred schedule left */
     /* 1. In-flight stores are abandoned: their blocks will be freed, never cached. */
     for (uint32_t i = m->stores.first; i != OFL_NONE; i = m->stores.e[i].next) {
-        struct ofl_event *e = &m->stores.e[i];
+        struct kvi_ofl_event *e = &m->stores.e[i];
         if (e->abandoned)
             continue;
         e->abandoned = true;
         for (uint32_t h = e->head; h != OFL_NONE; h = m->hstore_next[h])
             m->gflags[m->hstore_src[h]] &= (uint8_t)~G_STORING;
     }
-    ofl_tier_abandon(m); /* write-backs and promotions in flight, queued write-backs */
+    kvi_ofl_tier_abandon(m); /* write-backs and promotions in flight, queued write-backs */
     /* 2. Stores queued for the next event and re-stores are dropped. */
-    ofl_release_accumulator(m);
+    kvi_ofl_release_accumulator(m);
     while (m->rs_len) {
         m->gflags[m->restore[m->rs_head]] &= (uint8_t)~G_RESTORE;
         m->rs_head = (m->rs_head + 1) % m->gpu_nb;
@@ -631,18 +633,18 @@ int kvt_offload_reset(kvt_offload *m)
     /* 3. Requests forget their eager registration; loads never sent are cancelled, sent ones
      *    keep their pins until the workers report them and then clean up as usual. */
     for (uint32_t s = 0; s < m->cfg.max_requests; s++) {
-        struct ofl_req *r = &m->reqs[s];
+        struct kvi_ofl_req *r = &m->reqs[s];
         if (!r->used)
             continue;
         r->flags &= ~RQ_EAGER;
         if (r->flags & RQ_LOAD_QUEUED)
-            ofl_cancel_queued_load(m, r);
+            kvi_ofl_cancel_queued_load(m, r);
         if (r->flags & RQ_PROMO_QUEUED)
-            ofl_tier_cancel_promo(m, r);
-        ofl_req_maybe_release(m, r);
+            kvi_ofl_tier_cancel_promo(m, r);
+        kvi_ofl_req_maybe_release(m, r);
     }
     sweep_waiting(m);
-    ofl_gpu_flush(m);
+    kvi_ofl_gpu_flush(m);
     uint32_t disk_events = m->disk ? m->dstores.n + m->dloads.n : 0;
     if (m->stores.n || m->loads.n || disk_events)
         return kvt_fail(KVT_EBUSY,
@@ -652,7 +654,7 @@ int kvt_offload_reset(kvt_offload *m)
     if (!rc && m->disk)
         rc = kvt_pool_reset_prefix_cache(m->disk);
     if (rc)
-        return kvt_fail_wrap(KVT_EBUSY, "offload: reset: hits are still pinned");
+        return kvi_fail_wrap(KVT_EBUSY, "offload: reset: hits are still pinned");
     m->st.resets++;
     return 0;
 }
@@ -660,7 +662,7 @@ int kvt_offload_reset(kvt_offload *m)
 bool kvt_offload_has_pending(const kvt_offload *m)
 {
     return m->loads.n || m->stores.n || m->acc_n || m->loadq_head != OFL_NONE ||
-           ofl_tier_pending(m);
+           kvi_ofl_tier_pending(m);
 }
 
 uint32_t kvt_offload_take_events(kvt_offload *m, kvt_pool_event *out, uint32_t cap,
@@ -689,7 +691,7 @@ void kvt_offload_get_stats(const kvt_offload *m, kvt_offload_stats *s)
     for (uint32_t i = m->stores.first; i != OFL_NONE; i = m->stores.e[i].next)
         pending += m->stores.e[i].n;
     s->pending_store_blocks = pending;
-    ofl_tier_stats(m, s);
+    kvi_ofl_tier_stats(m, s);
 }
 
 int kvt_offload_prometheus(const kvt_offload *m, char *buf, size_t cap, size_t *len)
@@ -698,7 +700,7 @@ int kvt_offload_prometheus(const kvt_offload *m, char *buf, size_t cap, size_t *
         return kvt_fail(KVT_EINVAL, "offload: prometheus: NULL argument");
     kvt_offload_stats s;
     kvt_offload_get_stats(m, &s);
-    kvt_prom p = {buf, cap, 0};
+    kvi_prom p = {buf, cap, 0};
     const struct {
         const char *name, *help;
         uint64_t v;
@@ -780,10 +782,10 @@ int kvt_offload_prometheus(const kvt_offload *m, char *buf, size_t cap, size_t *
          s.disk_store_events_in_flight, true},
     };
     for (size_t i = 0; i < KVT_ARRAY_LEN(metrics); i++)
-        kvt_prom_metric(&p, "kvtier_offload", metrics[i].name, metrics[i].help, metrics[i].gauge,
+        kvi_prom_metric(&p, "kvtier_offload", metrics[i].name, metrics[i].help, metrics[i].gauge,
                         metrics[i].v);
     for (size_t i = 0; m->disk && i < KVT_ARRAY_LEN(disk_metrics); i++) /* three tiers only */
-        kvt_prom_metric(&p, "kvtier_offload", disk_metrics[i].name, disk_metrics[i].help,
+        kvi_prom_metric(&p, "kvtier_offload", disk_metrics[i].name, disk_metrics[i].help,
                         disk_metrics[i].gauge, disk_metrics[i].v);
     /* The same figures per tier, with a tier label, for dashboards that sum or compare
      * tiers (the unlabelled families above stay for existing scrapes). */
@@ -813,9 +815,9 @@ int kvt_offload_prometheus(const kvt_offload *m, char *buf, size_t cap, size_t *
     };
     int n_tiers = m->disk ? 2 : 1;
     for (size_t i = 0; i < KVT_ARRAY_LEN(tiers); i++) {
-        kvt_prom_family(&p, "kvtier_offload", tiers[i].name, tiers[i].help, tiers[i].gauge);
+        kvi_prom_family(&p, "kvtier_offload", tiers[i].name, tiers[i].help, tiers[i].gauge);
         for (int t = 0; t < n_tiers; t++)
-            kvt_prom_sample(&p, "kvtier_offload", tiers[i].name, "tier", tier_name[t],
+            kvi_prom_sample(&p, "kvtier_offload", tiers[i].name, "tier", tier_name[t],
                             tiers[i].v[t]);
     }
     const struct {
@@ -826,10 +828,10 @@ int kvt_offload_prometheus(const kvt_offload *m, char *buf, size_t cap, size_t *
         {"not_hashed", s.store_skipped_unhashed},   {"null_block", s.store_skipped_null},
         {"host_full", s.store_dropped_full},
     };
-    kvt_prom_family(&p, "kvtier_offload", "store_skipped_blocks_total",
+    kvi_prom_family(&p, "kvtier_offload", "store_skipped_blocks_total",
                     "Blocks not stored, by reason.", false);
     for (size_t i = 0; i < KVT_ARRAY_LEN(skipped); i++)
-        kvt_prom_sample(&p, "kvtier_offload", "store_skipped_blocks_total", "reason",
+        kvi_prom_sample(&p, "kvtier_offload", "store_skipped_blocks_total", "reason",
                         skipped[i].reason, skipped[i].v);
-    return kvt_prom_finish(&p, len, "offload");
+    return kvi_prom_finish(&p, len, "offload");
 }

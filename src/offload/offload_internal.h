@@ -49,13 +49,13 @@ enum {
     RQ_LISTED = 1u << 8        /* scratch mark while apply_output validates its input */
 };
 
-struct ofl_req {
+struct kvi_ofl_req {
     uint64_t id_hash;
     uint32_t id_len;
     uint32_t flags;
     char id[KVT_REQ_ID_MAX + 1];
     /* phase A: pinned host hit, group 0's blocks then group 1's ... (null blocks included) */
-    kvt_idlist hit;
+    kvi_idlist hit;
     uint32_t hit_n[KVT_MAX_GROUPS];
     uint32_t hit_len, hit_computed;
     /* load */
@@ -76,7 +76,7 @@ struct ofl_req {
 };
 
 /* An in-flight event: loads keep a list of request slots, stores a list of host blocks. */
-struct ofl_event {
+struct kvi_ofl_event {
     int64_t id;
     uint32_t head, tail, n;
     uint32_t reported; /* stores: worker reports so far */
@@ -85,16 +85,16 @@ struct ofl_event {
     uint32_t prev, next; /* active list, ascending id */
 };
 
-struct ofl_evtable {
-    struct ofl_event *e;
+struct kvi_ofl_evtable {
+    struct kvi_ofl_event *e;
     uint32_t cap, n, free_head, first, last;
-    kvt_map map;
+    kvi_map map;
 };
 
 struct kvt_offload {
     kvt_offload_config cfg;
     /* The engine's GPU pool: a kvt_pool (gpu), or an engine's own pool reached through
-     * callbacks (ext: gops, gctx; gpu NULL). Pins and unpins go through ofl_gpu_pin/unpin,
+     * callbacks (ext: gops, gctx; gpu NULL). Pins and unpins go through kvi_ofl_gpu_pin/unpin,
      * batched per direction and flushed at the end of each batch (gpu.c). */
     kvt_pool *gpu;
     bool ext;
@@ -116,11 +116,11 @@ struct kvt_offload {
     uint32_t max_search_tokens;
 
     /* requests */
-    struct ofl_req *reqs;
+    struct kvi_ofl_req *reqs;
     uint32_t free_req;
     uint32_t n_reqs;
-    kvt_map req_map;
-    kvt_idpool hitpool;
+    kvi_map req_map;
+    kvi_idpool hitpool;
 
     /* per GPU block */
     uint32_t *gload_src, *gload_next;
@@ -141,7 +141,7 @@ struct kvt_offload {
     uint32_t *restore;
     uint32_t rs_head, rs_len;
 
-    struct ofl_evtable loads, stores;
+    struct kvi_ofl_evtable loads, stores;
     int64_t load_counter, store_counter;
     uint32_t lazy_cursor;
 
@@ -158,7 +158,7 @@ struct kvt_offload {
     uint32_t *dsearch_out[KVT_MAX_GROUPS];
     uint32_t promoq_head, promoq_tail;     /* requests with a promotion but no event yet */
     uint32_t dacc_head, dacc_tail, dacc_n; /* write-backs for the next disk store event */
-    struct ofl_evtable dloads, dstores;
+    struct kvi_ofl_evtable dloads, dstores;
     int64_t dload_counter, dstore_counter;
     bool disk_transferred;
 
@@ -174,119 +174,122 @@ enum {
 };
 
 /* the engine's GPU pool (gpu.c) */
-int ofl_gpu_setup(kvt_offload *m);
-void ofl_gpu_teardown(kvt_offload *m);
-void ofl_gpu_pin(kvt_offload *m, uint32_t id);      /* one reference more (batched) */
-void ofl_gpu_unpin(kvt_offload *m, uint32_t id);    /* one reference less (batched) */
-void ofl_gpu_flush(kvt_offload *m);                 /* hands the batch to the pool */
-void ofl_gpu_flush_unless_deferred(kvt_offload *m); /* ... unless schedule defers its pins */
+int kvi_ofl_gpu_setup(kvt_offload *m);
+void kvi_ofl_gpu_teardown(kvt_offload *m);
+void kvi_ofl_gpu_pin(kvt_offload *m, uint32_t id);      /* one reference more (batched) */
+void kvi_ofl_gpu_unpin(kvt_offload *m, uint32_t id);    /* one reference less (batched) */
+void kvi_ofl_gpu_flush(kvt_offload *m);                 /* hands the batch to the pool */
+void kvi_ofl_gpu_flush_unless_deferred(kvt_offload *m); /* ... unless schedule defers its pins */
 /* Primary key of a GPU block (a kvt_pool only); false if it has none. */
-bool ofl_gpu_primary(const kvt_offload *m, uint32_t gpu, kvt_pool_key *k);
+bool kvi_ofl_gpu_primary(const kvt_offload *m, uint32_t gpu, kvt_pool_key *k);
 /* The block cached under k and its reference count; KVT_BLOCK_NONE if none or unknowable. */
-uint32_t ofl_gpu_lookup(const kvt_offload *m, const kvt_pool_key *k, uint32_t *ref);
+uint32_t kvi_ofl_gpu_lookup(const kvt_offload *m, const kvt_pool_key *k, uint32_t *ref);
 /* Whether re-stores can be decided (a kvt_pool, or an engine pool with a lookup callback). */
-bool ofl_gpu_can_lookup(const kvt_offload *m);
+bool kvi_ofl_gpu_can_lookup(const kvt_offload *m);
 /* Key of block j of group g of a request from its chained hashes; false past the last hash. */
-bool ofl_key_from_hashes(const kvt_offload *m, const uint8_t *hashes, uint32_t n_hashes, uint32_t g,
-                         uint32_t j, kvt_pool_key *k);
+bool kvi_ofl_key_from_hashes(const kvt_offload *m, const uint8_t *hashes, uint32_t n_hashes,
+                             uint32_t g, uint32_t j, kvt_pool_key *k);
 /* Packed keys: hash_len bytes, group, num_tokens (key_stride bytes). */
-void ofl_key_pack(const kvt_offload *m, uint8_t *dst, const kvt_pool_key *k);
-void ofl_key_unpack(const kvt_offload *m, const uint8_t *src, kvt_pool_key *k);
+void kvi_ofl_key_pack(const kvt_offload *m, uint8_t *dst, const kvt_pool_key *k);
+void kvi_ofl_key_unpack(const kvt_offload *m, const uint8_t *src, kvt_pool_key *k);
 
 /* event tables (manager.c) */
-int ofl_evtable_init(struct ofl_evtable *t, uint32_t cap);
-void ofl_evtable_free(struct ofl_evtable *t);
-struct ofl_event *ofl_evtable_find(const struct ofl_evtable *t, int64_t id);
+int kvi_ofl_evtable_init(struct kvi_ofl_evtable *t, uint32_t cap);
+void kvi_ofl_evtable_free(struct kvi_ofl_evtable *t);
+struct kvi_ofl_event *kvi_ofl_evtable_find(const struct kvi_ofl_evtable *t, int64_t id);
 /* Appends an event with a larger id than every active one; NULL when full. */
-struct ofl_event *ofl_evtable_add(struct ofl_evtable *t, int64_t id);
-void ofl_evtable_remove(struct ofl_evtable *t, struct ofl_event *e);
-static inline uint32_t ofl_evtable_index(const struct ofl_evtable *t, const struct ofl_event *e)
+struct kvi_ofl_event *kvi_ofl_evtable_add(struct kvi_ofl_evtable *t, int64_t id);
+void kvi_ofl_evtable_remove(struct kvi_ofl_evtable *t, struct kvi_ofl_event *e);
+static inline uint32_t kvi_ofl_evtable_index(const struct kvi_ofl_evtable *t,
+                                             const struct kvi_ofl_event *e)
 {
     return (uint32_t)(e - t->e);
 }
 
 /* FIFOs of request slots (the load queue, a load event's requests, the promotion queue),
- * linked through the uint32_t field at offset `link` of struct ofl_req (manager.c) */
-#define OFL_LOAD_LINK  offsetof(struct ofl_req, load_next)
-#define OFL_PROMO_LINK offsetof(struct ofl_req, promo_next)
-void ofl_rq_push(kvt_offload *m, uint32_t *head, uint32_t *tail, size_t link, uint32_t slot);
-void ofl_rq_unlink(kvt_offload *m, uint32_t *head, uint32_t *tail, size_t link, uint32_t slot);
+ * linked through the uint32_t field at offset `link` of struct kvi_ofl_req (manager.c) */
+#define OFL_LOAD_LINK  offsetof(struct kvi_ofl_req, load_next)
+#define OFL_PROMO_LINK offsetof(struct kvi_ofl_req, promo_next)
+void kvi_ofl_rq_push(kvt_offload *m, uint32_t *head, uint32_t *tail, size_t link, uint32_t slot);
+void kvi_ofl_rq_unlink(kvt_offload *m, uint32_t *head, uint32_t *tail, size_t link, uint32_t slot);
 
 /* requests (manager.c) */
-struct ofl_req *ofl_req_find(const kvt_offload *m, const char *id, uint32_t len);
+struct kvi_ofl_req *kvi_ofl_req_find(const kvt_offload *m, const char *id, uint32_t len);
 /* Finds or creates; NULL with KVT_ENOSPC / KVT_EINVAL set when impossible. */
-struct ofl_req *ofl_req_get(kvt_offload *m, const char *id, uint32_t len);
-static inline uint32_t ofl_req_slot(const kvt_offload *m, const struct ofl_req *r)
+struct kvi_ofl_req *kvi_ofl_req_get(kvt_offload *m, const char *id, uint32_t len);
+static inline uint32_t kvi_ofl_req_slot(const kvt_offload *m, const struct kvi_ofl_req *r)
 {
     return (uint32_t)(r - m->reqs);
 }
 /* Frees the slot if the request holds nothing any more (no hit, no load, no eager
  * registration of a running request). */
-void ofl_req_maybe_release(kvt_offload *m, struct ofl_req *r);
-int ofl_fail_id(const char *id, uint32_t len);
-static inline int ofl_check_id(const char *id, uint32_t len)
+void kvi_ofl_req_maybe_release(kvt_offload *m, struct kvi_ofl_req *r);
+int kvi_ofl_fail_id(const char *id, uint32_t len);
+static inline int kvi_ofl_check_id(const char *id, uint32_t len)
 {
-    return (id && len && len <= KVT_REQ_ID_MAX) ? 0 : ofl_fail_id(id, len);
+    return (id && len && len <= KVT_REQ_ID_MAX) ? 0 : kvi_ofl_fail_id(id, len);
 }
 /* Checks the GPU block ids a call will read: entries [from[g], end) of group g's table, with
  * end = min(n_blocks[g], end_tokens / block_size_g); from NULL means 0, end_tokens UINT32_MAX
  * the whole table. *any (may be NULL) says whether any group has entries in that span. */
-int ofl_check_span(const kvt_offload *m, const uint32_t *const *blocks, const uint32_t *n_blocks,
-                   const uint32_t *from, uint32_t end_tokens, const char *what, bool *any);
+int kvi_ofl_check_span(const kvt_offload *m, const uint32_t *const *blocks,
+                       const uint32_t *n_blocks, const uint32_t *from, uint32_t end_tokens,
+                       const char *what, bool *any);
 
 /* loads (load.c) */
-void ofl_release_hit(kvt_offload *m, struct ofl_req *r);
-void ofl_cancel_queued_load(kvt_offload *m, struct ofl_req *r);
-int ofl_reserve_step(kvt_offload *m, kvt_offload_meta *out);
-void ofl_emit_loads(kvt_offload *m, kvt_offload_meta *out);
-int ofl_check_load_done(const kvt_offload *m, const kvt_str *ids, uint32_t n);
-void ofl_apply_load_done(kvt_offload *m, struct ofl_req *r);
+void kvi_ofl_release_hit(kvt_offload *m, struct kvi_ofl_req *r);
+void kvi_ofl_cancel_queued_load(kvt_offload *m, struct kvi_ofl_req *r);
+int kvi_ofl_reserve_step(kvt_offload *m, kvt_offload_meta *out);
+void kvi_ofl_emit_loads(kvt_offload *m, kvt_offload_meta *out);
+int kvi_ofl_check_load_done(const kvt_offload *m, const kvt_str *ids, uint32_t n);
+void kvi_ofl_apply_load_done(kvt_offload *m, struct kvi_ofl_req *r);
 
 /* stores (store.c) */
-void ofl_emit_stores(kvt_offload *m, kvt_offload_meta *out);
-void ofl_complete_store(kvt_offload *m, struct ofl_event *e);
-void ofl_release_accumulator(kvt_offload *m);
-void ofl_select_lazy(kvt_offload *m);
-void ofl_select_restores(kvt_offload *m);
+void kvi_ofl_emit_stores(kvt_offload *m, kvt_offload_meta *out);
+void kvi_ofl_complete_store(kvt_offload *m, struct kvi_ofl_event *e);
+void kvi_ofl_release_accumulator(kvt_offload *m);
+void kvi_ofl_select_lazy(kvt_offload *m);
+void kvi_ofl_select_restores(kvt_offload *m);
 /* Selects the blocks of one request in [cursor, ready) per group (eager rules); hashes (ext)
  * give the keys. */
-void ofl_select_eager(kvt_offload *m, struct ofl_req *r, const uint32_t *const *blocks,
-                      const uint32_t *n_blocks, const uint8_t *hashes, uint32_t n_hashes,
-                      uint32_t num_confirmed);
-uint32_t ofl_store_budget(const kvt_offload *m);
+void kvi_ofl_select_eager(kvt_offload *m, struct kvi_ofl_req *r, const uint32_t *const *blocks,
+                          const uint32_t *n_blocks, const uint8_t *hashes, uint32_t n_hashes,
+                          uint32_t num_confirmed);
+uint32_t kvi_ofl_store_budget(const kvt_offload *m);
 /* Allocates n <= free host blocks, evicting the LRU (eager: queues re-stores). */
-void ofl_host_alloc(kvt_offload *m, uint32_t n, uint32_t *ids);
+void kvi_ofl_host_alloc(kvt_offload *m, uint32_t n, uint32_t *ids);
 /* Registers the keys copied aside for host block h (hkeys) on pool p's block b. */
-void ofl_register_keys(kvt_offload *m, kvt_pool *p, uint32_t b, const uint8_t *keys, uint32_t n);
-void ofl_release_load_pairs(kvt_offload *m, struct ofl_req *r);
-void ofl_queue_load(kvt_offload *m, struct ofl_req *r);
+void kvi_ofl_register_keys(kvt_offload *m, kvt_pool *p, uint32_t b, const uint8_t *keys,
+                           uint32_t n);
+void kvi_ofl_release_load_pairs(kvt_offload *m, struct kvi_ofl_req *r);
+void kvi_ofl_queue_load(kvt_offload *m, struct kvi_ofl_req *r);
 
 /* three tiers (tier.c); every function is a no-op without a disk tier */
-int ofl_tier_validate(const kvt_offload_config *c, const kvt_pool_config *g);
-int ofl_tier_setup(kvt_offload *m, uint32_t disk_nb);
-void ofl_tier_teardown(kvt_offload *m);
+int kvi_ofl_tier_validate(const kvt_offload_config *c, const kvt_pool_config *g);
+int kvi_ofl_tier_setup(kvt_offload *m, uint32_t disk_nb);
+void kvi_ofl_tier_teardown(kvt_offload *m);
 /* Searches the disk past a host hit: hashes from index `from`, at most max_len tokens.
  * Returns the blocks found (in m->dsearch_out[0]). */
-uint32_t ofl_tier_search(kvt_offload *m, const uint8_t *hashes, uint32_t n_hashes, uint32_t from,
-                         uint32_t max_len);
+uint32_t kvi_ofl_tier_search(kvt_offload *m, const uint8_t *hashes, uint32_t n_hashes,
+                             uint32_t from, uint32_t max_len);
 /* Pins up to want found slots and allocates a host block for each; returns how many. */
-uint32_t ofl_tier_pin(kvt_offload *m, struct ofl_req *r, uint32_t want);
+uint32_t kvi_ofl_tier_pin(kvt_offload *m, struct kvi_ofl_req *r, uint32_t want);
 /* Releases the phase-A disk pairs of r. */
-void ofl_tier_release_hit(kvt_offload *m, struct ofl_req *r);
+void kvi_ofl_tier_release_hit(kvt_offload *m, struct kvi_ofl_req *r);
 /* after_alloc: checks / pairs the disk part of r's hit with GPU blocks blocks[start + first..]
  * of group 0 for the n_ext - first accepted entries. */
-int ofl_tier_check_pairs(kvt_offload *m, const struct ofl_req *r, const uint32_t *blocks,
-                         uint32_t n_blocks, uint32_t start, uint32_t first, uint32_t n_ext);
-void ofl_tier_pair(kvt_offload *m, struct ofl_req *r, const uint32_t *blocks, uint32_t start,
-                   uint32_t first, uint32_t n_ext, uint32_t *load_tail);
-void ofl_tier_cancel_promo(kvt_offload *m, struct ofl_req *r);
-void ofl_tier_writeback(kvt_offload *m, uint32_t h);
-int ofl_tier_reserve(kvt_offload *m, kvt_offload_meta *out, uint32_t invalid);
-void ofl_tier_emit(kvt_offload *m, kvt_offload_meta *out);
-int ofl_tier_check_output(const kvt_offload *m, const kvt_offload_worker_meta *wm);
-void ofl_tier_apply_output(kvt_offload *m, const kvt_offload_worker_meta *wm);
-void ofl_tier_abandon(kvt_offload *m);
-bool ofl_tier_pending(const kvt_offload *m);
-void ofl_tier_stats(const kvt_offload *m, kvt_offload_stats *s);
+int kvi_ofl_tier_check_pairs(kvt_offload *m, const struct kvi_ofl_req *r, const uint32_t *blocks,
+                             uint32_t n_blocks, uint32_t start, uint32_t first, uint32_t n_ext);
+void kvi_ofl_tier_pair(kvt_offload *m, struct kvi_ofl_req *r, const uint32_t *blocks,
+                       uint32_t start, uint32_t first, uint32_t n_ext, uint32_t *load_tail);
+void kvi_ofl_tier_cancel_promo(kvt_offload *m, struct kvi_ofl_req *r);
+void kvi_ofl_tier_writeback(kvt_offload *m, uint32_t h);
+int kvi_ofl_tier_reserve(kvt_offload *m, kvt_offload_meta *out, uint32_t invalid);
+void kvi_ofl_tier_emit(kvt_offload *m, kvt_offload_meta *out);
+int kvi_ofl_tier_check_output(const kvt_offload *m, const kvt_offload_worker_meta *wm);
+void kvi_ofl_tier_apply_output(kvt_offload *m, const kvt_offload_worker_meta *wm);
+void kvi_ofl_tier_abandon(kvt_offload *m);
+bool kvi_ofl_tier_pending(const kvt_offload *m);
+void kvi_ofl_tier_stats(const kvt_offload *m, kvt_offload_stats *s);
 
 #endif

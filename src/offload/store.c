@@ -37,14 +37,14 @@ static void queue_restore(kvt_offload *m, uint32_t gpu, const kvt_pool_key *k)
     m->gflags[gpu] |= G_RESTORE;
     m->restore[at] = gpu;
     if (m->ext)
-        ofl_key_pack(m, m->rskeys + (size_t)at * m->key_stride, k);
+        kvi_ofl_key_pack(m, m->rskeys + (size_t)at * m->key_stride, k);
 }
 
 /* Allocates n host blocks (n <= free). Eager mode first looks at the cached blocks about to be
  * evicted: a GPU block that still carries the same key and is in use is queued for re-store. */
-void ofl_host_alloc(kvt_offload *m, uint32_t n, uint32_t *ids)
+void kvi_ofl_host_alloc(kvt_offload *m, uint32_t n, uint32_t *ids)
 {
-    bool restore = !m->cfg.lazy && m->cfg.restore_budget > 0 && ofl_gpu_can_lookup(m);
+    bool restore = !m->cfg.lazy && m->cfg.restore_budget > 0 && kvi_ofl_gpu_can_lookup(m);
     uint32_t h = kvt_pool_lru_first(m->host);
     for (uint32_t i = 0; i < n && h != KVT_BLOCK_NONE; i++, h = kvt_pool_lru_next(m->host, h)) {
         uint32_t nk = 0, ref;
@@ -55,7 +55,7 @@ void ofl_host_alloc(kvt_offload *m, uint32_t n, uint32_t *ids)
         m->st.host_evictions++;
         if (!restore)
             continue;
-        uint32_t gpu = ofl_gpu_lookup(m, k, &ref);
+        uint32_t gpu = kvi_ofl_gpu_lookup(m, k, &ref);
         if (gpu == KVT_BLOCK_NONE || (m->gflags[gpu] & (G_STORING | G_RESTORE | G_MARK)) ||
             ref == 0 || m->rs_len == m->gpu_nb)
             continue;
@@ -69,7 +69,7 @@ void ofl_host_alloc(kvt_offload *m, uint32_t n, uint32_t *ids)
 static void commit_selection(kvt_offload *m, uint32_t n)
 {
     uint32_t *gpus = m->scratch, *hosts = m->scratch + m->host_nb;
-    ofl_host_alloc(m, n, hosts);
+    kvi_ofl_host_alloc(m, n, hosts);
     for (uint32_t i = 0; i < n; i++) {
         uint32_t g = gpus[i], h = hosts[i], nk = 0;
         uint8_t *dst = m->hkeys + (size_t)h * m->kpb * m->key_stride;
@@ -81,10 +81,10 @@ static void commit_selection(kvt_offload *m, uint32_t n)
             if (nk > m->kpb)
                 nk = m->kpb;
             for (uint32_t k = 0; k < nk; k++, dst += m->key_stride)
-                ofl_key_pack(m, dst, &m->keys[k]);
+                kvi_ofl_key_pack(m, dst, &m->keys[k]);
         }
         m->hkeys_n[h] = (uint8_t)nk;
-        ofl_gpu_pin(m, g);
+        kvi_ofl_gpu_pin(m, g);
         m->gflags[g] = (uint8_t)((m->gflags[g] & ~G_MARK) | G_STORING);
         m->hstore_src[h] = g;
         m->hstore_next[h] = OFL_NONE;
@@ -95,7 +95,7 @@ static void commit_selection(kvt_offload *m, uint32_t n)
         m->acc_tail = h;
     }
     m->acc_n += n;
-    ofl_gpu_flush_unless_deferred(m);
+    kvi_ofl_gpu_flush_unless_deferred(m);
 }
 
 /* Marks gpu (known under k) as the n-th selected block. */
@@ -104,10 +104,10 @@ static void select_block(kvt_offload *m, uint32_t n, uint32_t gpu, const kvt_poo
     m->gflags[gpu] |= G_MARK;
     m->scratch[n] = gpu;
     if (m->ext)
-        ofl_key_pack(m, m->selkeys + (size_t)n * m->key_stride, k);
+        kvi_ofl_key_pack(m, m->selkeys + (size_t)n * m->key_stride, k);
 }
 
-uint32_t ofl_store_budget(const kvt_offload *m)
+uint32_t kvi_ofl_store_budget(const kvt_offload *m)
 {
     /* Free host blocks, cached ones included (storing evicts the LRU): each selection takes
      * its blocks at once, so the count already reflects earlier selections and pins of the
@@ -115,11 +115,11 @@ uint32_t ofl_store_budget(const kvt_offload *m)
     return m->stores.n < m->stores.cap ? kvt_pool_num_free(m->host) : 0;
 }
 
-void ofl_select_eager(kvt_offload *m, struct ofl_req *r, const uint32_t *const *blocks,
-                      const uint32_t *n_blocks, const uint8_t *hashes, uint32_t n_hashes,
-                      uint32_t num_confirmed)
+void kvi_ofl_select_eager(kvt_offload *m, struct kvi_ofl_req *r, const uint32_t *const *blocks,
+                          const uint32_t *n_blocks, const uint8_t *hashes, uint32_t n_hashes,
+                          uint32_t num_confirmed)
 {
-    uint32_t budget = ofl_store_budget(m);
+    uint32_t budget = kvi_ofl_store_budget(m);
     uint32_t aligned = num_confirmed / m->sched_bs * m->sched_bs, n = 0;
     bool full = false;
     kvt_pool_key k;
@@ -145,9 +145,9 @@ void ofl_select_eager(kvt_offload *m, struct ofl_req *r, const uint32_t *const *
                 m->st.store_skipped_in_flight++;
                 continue;
             }
-            if (m->ext && !ofl_key_from_hashes(m, hashes, n_hashes, g, j, &k))
+            if (m->ext && !kvi_ofl_key_from_hashes(m, hashes, n_hashes, g, j, &k))
                 break; /* its hash is not known yet: stop here, later calls resume */
-            if (!m->ext && !ofl_gpu_primary(m, gpu, &k)) {
+            if (!m->ext && !kvi_ofl_gpu_primary(m, gpu, &k)) {
                 m->st.store_skipped_unhashed++;
                 continue;
             }
@@ -193,12 +193,12 @@ int kvt_offload_schedule_hashed(kvt_offload *m, const char *id, uint32_t id_len,
                                 const uint8_t *hashes, uint32_t n_hashes, uint32_t num_confirmed,
                                 uint32_t num_scheduled, bool resumed)
 {
-    int rc = ofl_check_id(id, id_len);
+    int rc = kvi_ofl_check_id(id, id_len);
     if (rc || m->cfg.lazy)
         return rc;
     if ((rc = need_hashes(m, hashes, n_hashes, "schedule")))
         return rc;
-    struct ofl_req *r = ofl_req_find(m, id, id_len);
+    struct kvi_ofl_req *r = kvi_ofl_req_find(m, id, id_len);
     if (!r || !(r->flags & RQ_EAGER) || (r->flags & RQ_FINISHED))
         return 0; /* unknown to the eager path, as in vLLM */
     if (resumed)
@@ -208,10 +208,11 @@ int kvt_offload_schedule_hashed(kvt_offload *m, const char *id, uint32_t id_len,
     /* most decode steps confirm no new full block: then the span is empty and we stop here */
     uint32_t aligned = num_confirmed / m->sched_bs * m->sched_bs;
     bool news = false;
-    if ((rc = ofl_check_span(m, blocks, n_blocks, r->cursor, aligned, "schedule", &news)) || !news)
+    if ((rc = kvi_ofl_check_span(m, blocks, n_blocks, r->cursor, aligned, "schedule", &news)) ||
+        !news)
         return rc;
     m->in_schedule = m->cfg.defer_schedule_pins;
-    ofl_select_eager(m, r, blocks, n_blocks, hashes, n_hashes, num_confirmed);
+    kvi_ofl_select_eager(m, r, blocks, n_blocks, hashes, n_hashes, num_confirmed);
     m->in_schedule = false;
     /* what is left for later calls (no room, no hash yet): an engine may skip the call for a
      * request while this is 0 and no new block was confirmed */
@@ -243,7 +244,7 @@ int kvt_offload_schedule_many(kvt_offload *m, kvt_offload_sched_req *const *reqs
                                                q->hashes, q->n_hashes, q->num_confirmed,
                                                q->num_scheduled, q->resumed);
         if (left < 0) {
-            rc = kvt_fail_wrap(left, "offload: schedule_many");
+            rc = kvi_fail_wrap(left, "offload: schedule_many");
             break;
         }
         q->left = left;
@@ -269,31 +270,31 @@ int kvt_offload_request_finished_hashed(kvt_offload *m, const char *id, uint32_t
                                         const uint8_t *hashes, uint32_t n_hashes,
                                         uint32_t num_confirmed)
 {
-    ofl_gpu_flush(m); /* pins a deferred schedule left */
-    int rc = ofl_check_id(id, id_len);
+    kvi_ofl_gpu_flush(m); /* pins a deferred schedule left */
+    int rc = kvi_ofl_check_id(id, id_len);
     if (rc)
         return rc;
-    struct ofl_req *r = ofl_req_find(m, id, id_len);
+    struct kvi_ofl_req *r = kvi_ofl_req_find(m, id, id_len);
     if (!r || (r->flags & RQ_FINISHED))
         return 0;
     bool flush = (r->flags & RQ_EAGER) && !m->cfg.lazy;
     if (flush) {
         uint32_t aligned = num_confirmed / m->sched_bs * m->sched_bs;
         if ((rc = need_hashes(m, hashes, n_hashes, "request_finished")) ||
-            (rc =
-                 ofl_check_span(m, blocks, n_blocks, r->cursor, aligned, "request_finished", NULL)))
+            (rc = kvi_ofl_check_span(m, blocks, n_blocks, r->cursor, aligned, "request_finished",
+                                     NULL)))
             return rc;
     }
-    ofl_release_hit(m, r);
+    kvi_ofl_release_hit(m, r);
     if (flush) /* the final flush */
-        ofl_select_eager(m, r, blocks, n_blocks, hashes, n_hashes, num_confirmed);
+        kvi_ofl_select_eager(m, r, blocks, n_blocks, hashes, n_hashes, num_confirmed);
     r->flags = (r->flags | RQ_FINISHED) & ~RQ_EAGER;
     if (r->flags & RQ_LOAD_QUEUED)
-        ofl_cancel_queued_load(m, r);
+        kvi_ofl_cancel_queued_load(m, r);
     if (r->flags & RQ_PROMO_QUEUED)
-        ofl_tier_cancel_promo(m, r);
-    ofl_req_maybe_release(m, r);
-    ofl_gpu_flush(m);
+        kvi_ofl_tier_cancel_promo(m, r);
+    kvi_ofl_req_maybe_release(m, r);
+    kvi_ofl_gpu_flush(m);
     return 0;
 }
 
@@ -317,7 +318,7 @@ static uint32_t cold_victims(const kvt_offload *m, uint32_t limit)
         kvt_pool_key k;
         uint32_t nk = 0, ref;
         (void)kvt_pool_block_keys(m->host, h, &k, 1, &nk);
-        if (nk && ofl_gpu_lookup(m, &k, &ref) != KVT_BLOCK_NONE && ref > 0)
+        if (nk && kvi_ofl_gpu_lookup(m, &k, &ref) != KVT_BLOCK_NONE && ref > 0)
             break;
     }
     return n;
@@ -331,23 +332,23 @@ static bool restore_wanted(const kvt_offload *m, uint32_t gpu, uint32_t at, kvt_
     if (m->gflags[gpu] & (G_STORING | G_MARK))
         return false; /* being stored */
     if (m->ext) {
-        ofl_key_unpack(m, m->rskeys + (size_t)at * m->key_stride, k);
-        if (ofl_gpu_lookup(m, k, &ref) != gpu || ref == 0)
+        kvi_ofl_key_unpack(m, m->rskeys + (size_t)at * m->key_stride, k);
+        if (kvi_ofl_gpu_lookup(m, k, &ref) != gpu || ref == 0)
             return false; /* gone or reused */
     } else {
         kvt_block_info bi;
         (void)kvt_pool_block_info(m->gpu, gpu, &bi);
-        if (bi.ref_cnt == 0 || !ofl_gpu_primary(m, gpu, k))
+        if (bi.ref_cnt == 0 || !kvi_ofl_gpu_primary(m, gpu, k))
             return false;
     }
     return !host_has_key(m, k);
 }
 
-void ofl_select_restores(kvt_offload *m)
+void kvi_ofl_select_restores(kvt_offload *m)
 {
     if (!m->rs_len)
         return;
-    uint32_t budget = ofl_store_budget(m);
+    uint32_t budget = kvi_ofl_store_budget(m);
     if (budget > m->cfg.restore_budget)
         budget = m->cfg.restore_budget;
     /* A re-store evicts only cold blocks. Evicting one that is in use on the GPU as well
@@ -400,11 +401,11 @@ static void select_lazy_ext(kvt_offload *m, uint32_t budget)
         commit_selection(m, n);
 }
 
-void ofl_select_lazy(kvt_offload *m)
+void kvi_ofl_select_lazy(kvt_offload *m)
 {
     if (m->target_free == 0)
         return;
-    uint32_t budget = ofl_store_budget(m);
+    uint32_t budget = kvi_ofl_store_budget(m);
     if (m->ext) {
         select_lazy_ext(m, budget);
         return;
@@ -424,7 +425,7 @@ void ofl_select_lazy(kvt_offload *m)
     kvt_pool_key k;
     while (node != KVT_BLOCK_NONE && visited < m->target_free && n < budget) {
         visited++;
-        if (!(m->gflags[node] & (G_STORING | G_MARK)) && ofl_gpu_primary(m, node, &k) &&
+        if (!(m->gflags[node] & (G_STORING | G_MARK)) && kvi_ofl_gpu_primary(m, node, &k) &&
             !host_has_key(m, &k))
             select_block(m, n++, node, &k);
         last = node;
@@ -437,12 +438,12 @@ void ofl_select_lazy(kvt_offload *m)
     commit_selection(m, n); /* touching takes the blocks out of the GPU free queue */
 }
 
-void ofl_emit_stores(kvt_offload *m, kvt_offload_meta *out)
+void kvi_ofl_emit_stores(kvt_offload *m, kvt_offload_meta *out)
 {
     if (!m->acc_n)
         return;
-    /* Room in the table is certain: selection stops while it is full (ofl_store_budget). */
-    struct ofl_event *e = ofl_evtable_add(&m->stores, m->store_counter++);
+    /* Room in the table is certain: selection stops while it is full (kvi_ofl_store_budget). */
+    struct kvi_ofl_event *e = kvi_ofl_evtable_add(&m->stores, m->store_counter++);
     e->head = m->acc_head;
     e->tail = m->acc_tail;
     e->n = m->acc_n;
@@ -456,7 +457,7 @@ void ofl_emit_stores(kvt_offload *m, kvt_offload_meta *out)
     m->transferred = true;
 }
 
-void ofl_register_keys(kvt_offload *m, kvt_pool *p, uint32_t b, const uint8_t *k, uint32_t n)
+void kvi_ofl_register_keys(kvt_offload *m, kvt_pool *p, uint32_t b, const uint8_t *k, uint32_t n)
 {
     for (uint32_t i = 0; i < n; i++, k += m->key_stride) {
         uint32_t group, ntok, other;
@@ -468,7 +469,7 @@ void ofl_register_keys(kvt_offload *m, kvt_pool *p, uint32_t b, const uint8_t *k
     }
 }
 
-void ofl_complete_store(kvt_offload *m, struct ofl_event *e)
+void kvi_ofl_complete_store(kvt_offload *m, struct kvi_ofl_event *e)
 {
     uint32_t h = e->head;
     while (h != OFL_NONE) {
@@ -476,18 +477,18 @@ void ofl_complete_store(kvt_offload *m, struct ofl_event *e)
         if (!e->abandoned) {
             /* a failed event's bytes may be wrong: its blocks never become findable */
             if (!e->failed) {
-                ofl_register_keys(m, m->host, h, m->hkeys + (size_t)h * m->kpb * m->key_stride,
-                                  m->hkeys_n[h]);
-                ofl_tier_writeback(m, h); /* three tiers: on to disk */
+                kvi_ofl_register_keys(m, m->host, h, m->hkeys + (size_t)h * m->kpb * m->key_stride,
+                                      m->hkeys_n[h]);
+                kvi_ofl_tier_writeback(m, h); /* three tiers: on to disk */
             }
             m->gflags[g] &= (uint8_t)~G_STORING;
         }
         (void)kvt_pool_free(m->host, &h, 1);
-        ofl_gpu_unpin(m, g);
+        kvi_ofl_gpu_unpin(m, g);
         m->hstore_src[h] = m->hstore_next[h] = OFL_NONE;
         h = next;
     }
-    ofl_gpu_flush(m);
+    kvi_ofl_gpu_flush(m);
     if (e->abandoned)
         m->st.stores_abandoned += e->n;
     else if (e->failed)
@@ -495,21 +496,21 @@ void ofl_complete_store(kvt_offload *m, struct ofl_event *e)
     else
         m->st.stores_completed += e->n;
     m->st.bytes_stored += (uint64_t)e->n * m->cfg.block_bytes;
-    ofl_evtable_remove(&m->stores, e);
+    kvi_ofl_evtable_remove(&m->stores, e);
 }
 
-void ofl_release_accumulator(kvt_offload *m)
+void kvi_ofl_release_accumulator(kvt_offload *m)
 {
     uint32_t h = m->acc_head;
     while (h != OFL_NONE) {
         uint32_t next = m->hstore_next[h], g = m->hstore_src[h];
         m->gflags[g] &= (uint8_t)~G_STORING;
         (void)kvt_pool_free(m->host, &h, 1);
-        ofl_gpu_unpin(m, g);
+        kvi_ofl_gpu_unpin(m, g);
         m->hstore_src[h] = m->hstore_next[h] = OFL_NONE;
         h = next;
     }
-    ofl_gpu_flush(m);
+    kvi_ofl_gpu_flush(m);
     m->acc_head = m->acc_tail = OFL_NONE;
     m->acc_n = 0;
 }

@@ -32,7 +32,7 @@
 
 #define MAX_DISK_EVENTS 1024u /* kvt_disk's default max_events per direction */
 
-int ofl_tier_validate(const kvt_offload_config *c, const kvt_pool_config *g)
+int kvi_ofl_tier_validate(const kvt_offload_config *c, const kvt_pool_config *g)
 {
     if (c->disk_blocks == 0)
         return 0;
@@ -47,7 +47,7 @@ int ofl_tier_validate(const kvt_offload_config *c, const kvt_pool_config *g)
     return 0;
 }
 
-int ofl_tier_setup(kvt_offload *m, uint32_t disk_nb)
+int kvi_ofl_tier_setup(kvt_offload *m, uint32_t disk_nb)
 {
     if (disk_nb == 0)
         return 0;
@@ -57,7 +57,7 @@ int ofl_tier_setup(kvt_offload *m, uint32_t disk_nb)
     dc.event_capacity = 0;
     int rc = kvt_pool_create(&dc, &m->disk);
     if (rc)
-        return kvt_fail_wrap(rc, "offload: disk pool");
+        return kvi_fail_wrap(rc, "offload: disk pool");
     m->disk_nb = disk_nb;
     m->dstore_src = malloc((size_t)disk_nb * sizeof(uint32_t));
     m->dstore_next = malloc((size_t)disk_nb * sizeof(uint32_t));
@@ -69,13 +69,13 @@ int ofl_tier_setup(kvt_offload *m, uint32_t disk_nb)
         return kvt_fail(KVT_ENOMEM, "offload: cannot allocate state for %u disk slots", disk_nb);
     for (uint32_t i = 0; i < disk_nb; i++)
         m->dstore_src[i] = m->dstore_next[i] = OFL_NONE;
-    uint32_t cap = kvt_min_u32(disk_nb, MAX_DISK_EVENTS);
-    if ((rc = ofl_evtable_init(&m->dstores, cap)))
+    uint32_t cap = kvi_min_u32(disk_nb, MAX_DISK_EVENTS);
+    if ((rc = kvi_ofl_evtable_init(&m->dstores, cap)))
         return rc;
-    return ofl_evtable_init(&m->dloads, cap);
+    return kvi_ofl_evtable_init(&m->dloads, cap);
 }
 
-void ofl_tier_teardown(kvt_offload *m)
+void kvi_ofl_tier_teardown(kvt_offload *m)
 {
     kvt_pool_destroy(m->disk);
     m->disk = NULL;
@@ -86,8 +86,8 @@ void ofl_tier_teardown(kvt_offload *m)
     free(m->dsearch_out[0]);
     m->dstore_src = m->dstore_next = m->dsearch_out[0] = NULL;
     m->dkeys = m->dkeys_n = NULL;
-    ofl_evtable_free(&m->dstores);
-    ofl_evtable_free(&m->dloads);
+    kvi_ofl_evtable_free(&m->dstores);
+    kvi_ofl_evtable_free(&m->dloads);
 }
 
 int kvt_offload_lower_disk_blocks(kvt_offload *m, uint32_t worker_slots)
@@ -107,8 +107,8 @@ int kvt_offload_lower_disk_blocks(kvt_offload *m, uint32_t worker_slots)
     if (m->disk_transferred || kvt_pool_num_free(m->disk) != m->disk_nb - 1 || m->dacc_n)
         return kvt_fail(KVT_ESTATE, "offload: the disk tier can only be resized before its first "
                                     "transfer and hit");
-    ofl_tier_teardown(m);
-    return ofl_tier_setup(m, worker_slots);
+    kvi_ofl_tier_teardown(m);
+    return kvi_ofl_tier_setup(m, worker_slots);
 }
 
 const kvt_pool *kvt_offload_disk_pool(const kvt_offload *m)
@@ -118,8 +118,8 @@ const kvt_pool *kvt_offload_disk_pool(const kvt_offload *m)
 
 /* ---- promotion: match and after_alloc ------------------------------------------------------ */
 
-uint32_t ofl_tier_search(kvt_offload *m, const uint8_t *hashes, uint32_t n_hashes, uint32_t from,
-                         uint32_t max_len)
+uint32_t kvi_ofl_tier_search(kvt_offload *m, const uint8_t *hashes, uint32_t n_hashes,
+                             uint32_t from, uint32_t max_len)
 {
     if (!m->disk || from >= n_hashes || max_len < m->sched_bs)
         return 0;
@@ -130,14 +130,14 @@ uint32_t ofl_tier_search(kvt_offload *m, const uint8_t *hashes, uint32_t n_hashe
     return hit.n_blocks[0];
 }
 
-uint32_t ofl_tier_pin(kvt_offload *m, struct ofl_req *r, uint32_t want)
+uint32_t kvi_ofl_tier_pin(kvt_offload *m, struct kvi_ofl_req *r, uint32_t want)
 {
     uint32_t free_host = kvt_pool_num_free(m->host);
     uint32_t n = want < free_host ? want : free_host;
     if (n == 0)
         return 0;
     uint32_t *hosts = m->scratch; /* n <= host_nb */
-    ofl_host_alloc(m, n, hosts);
+    kvi_ofl_host_alloc(m, n, hosts);
     uint32_t tail = OFL_NONE;
     for (uint32_t k = 0; k < n; k++) {
         uint32_t d = m->dsearch_out[0][k], h = hosts[k];
@@ -165,7 +165,7 @@ static void release_pair(kvt_offload *m, uint32_t h)
     m->hpromo_src[h] = m->hpromo_next[h] = m->hpromo_gpu[h] = OFL_NONE;
 }
 
-void ofl_tier_release_hit(kvt_offload *m, struct ofl_req *r)
+void kvi_ofl_tier_release_hit(kvt_offload *m, struct kvi_ofl_req *r)
 {
     if (r->dhit_n == 0)
         return; /* none, or already paired by after_alloc (the chain is the load's now) */
@@ -180,8 +180,8 @@ void ofl_tier_release_hit(kvt_offload *m, struct ofl_req *r)
     r->promo_head = OFL_NONE;
 }
 
-int ofl_tier_check_pairs(kvt_offload *m, const struct ofl_req *r, const uint32_t *blocks,
-                         uint32_t n_blocks, uint32_t start, uint32_t first, uint32_t n_ext)
+int kvi_ofl_tier_check_pairs(kvt_offload *m, const struct kvi_ofl_req *r, const uint32_t *blocks,
+                             uint32_t n_blocks, uint32_t start, uint32_t first, uint32_t n_ext)
 {
     for (uint32_t k = 0, i = first; k < r->dhit_n && i < n_ext; k++, i++) {
         if ((uint64_t)start + i >= n_blocks)
@@ -201,8 +201,8 @@ int ofl_tier_check_pairs(kvt_offload *m, const struct ofl_req *r, const uint32_t
     return 0;
 }
 
-void ofl_tier_pair(kvt_offload *m, struct ofl_req *r, const uint32_t *blocks, uint32_t start,
-                   uint32_t first, uint32_t n_ext, uint32_t *load_tail)
+void kvi_ofl_tier_pair(kvt_offload *m, struct kvi_ofl_req *r, const uint32_t *blocks,
+                       uint32_t start, uint32_t first, uint32_t n_ext, uint32_t *load_tail)
 {
     uint32_t h = r->promo_head, kept_tail = OFL_NONE, n = r->dhit_n;
     r->promo_head = OFL_NONE;
@@ -217,7 +217,7 @@ void ofl_tier_pair(kvt_offload *m, struct ofl_req *r, const uint32_t *blocks, ui
             continue;
         }
         /* the allocation's reference on h becomes the load's pin; the slot keeps its pin */
-        ofl_gpu_pin(m, gpu);
+        kvi_ofl_gpu_pin(m, gpu);
         m->gload_src[gpu] = h;
         m->gload_next[gpu] = OFL_NONE;
         if (*load_tail == OFL_NONE)
@@ -238,12 +238,13 @@ void ofl_tier_pair(kvt_offload *m, struct ofl_req *r, const uint32_t *blocks, ui
     }
     if (r->n_promo) {
         r->flags |= RQ_PROMO_QUEUED;
-        ofl_rq_push(m, &m->promoq_head, &m->promoq_tail, OFL_PROMO_LINK, ofl_req_slot(m, r));
+        kvi_ofl_rq_push(m, &m->promoq_head, &m->promoq_tail, OFL_PROMO_LINK,
+                        kvi_ofl_req_slot(m, r));
     }
 }
 
 /* Drops r's accepted promotions (slot pins); the host blocks go with its load pairs. */
-static void drop_promotions(kvt_offload *m, struct ofl_req *r)
+static void drop_promotions(kvt_offload *m, struct kvi_ofl_req *r)
 {
     for (uint32_t h = r->promo_head, next; h != OFL_NONE; h = next) {
         next = m->hpromo_next[h];
@@ -253,17 +254,17 @@ static void drop_promotions(kvt_offload *m, struct ofl_req *r)
     r->n_promo = 0;
 }
 
-void ofl_tier_cancel_promo(kvt_offload *m, struct ofl_req *r)
+void kvi_ofl_tier_cancel_promo(kvt_offload *m, struct kvi_ofl_req *r)
 {
-    ofl_rq_unlink(m, &m->promoq_head, &m->promoq_tail, OFL_PROMO_LINK, ofl_req_slot(m, r));
+    kvi_ofl_rq_unlink(m, &m->promoq_head, &m->promoq_tail, OFL_PROMO_LINK, kvi_ofl_req_slot(m, r));
     drop_promotions(m, r);
-    ofl_release_load_pairs(m, r);
+    kvi_ofl_release_load_pairs(m, r);
     r->flags &= ~RQ_PROMO_QUEUED;
 }
 
 /* ---- write-back ------------------------------------------------------------------------ */
 
-void ofl_tier_writeback(kvt_offload *m, uint32_t h)
+void kvi_ofl_tier_writeback(kvt_offload *m, uint32_t h)
 {
     if (!m->disk || m->hkeys_n[h] == 0)
         return;
@@ -299,26 +300,26 @@ void ofl_tier_writeback(kvt_offload *m, uint32_t h)
 
 /* ---- step assembly --------------------------------------------------------------------- */
 
-int ofl_tier_reserve(kvt_offload *m, kvt_offload_meta *out, uint32_t invalid)
+int kvi_ofl_tier_reserve(kvt_offload *m, kvt_offload_meta *out, uint32_t invalid)
 {
     uint32_t promos = 0;
     if (m->disk && m->dloads.n < m->dloads.cap)
         for (uint32_t s = m->promoq_head; s != OFL_NONE; s = m->reqs[s].promo_next)
             promos += m->reqs[s].n_promo;
     int rc = kvt_offload_meta_reserve_disk(out, invalid, promos, m->dacc_n);
-    return rc ? kvt_fail_wrap(rc, "offload: build_meta") : 0;
+    return rc ? kvi_fail_wrap(rc, "offload: build_meta") : 0;
 }
 
-void ofl_tier_emit(kvt_offload *m, kvt_offload_meta *out)
+void kvi_ofl_tier_emit(kvt_offload *m, kvt_offload_meta *out)
 {
     if (!m->disk)
         return;
     if (m->promoq_head != OFL_NONE && m->dloads.n < m->dloads.cap) {
-        struct ofl_event *e = ofl_evtable_add(&m->dloads, m->dload_counter++);
+        struct kvi_ofl_event *e = kvi_ofl_evtable_add(&m->dloads, m->dload_counter++);
         e->head = m->promoq_head;
         e->tail = m->promoq_tail;
         for (uint32_t s = m->promoq_head; s != OFL_NONE; s = m->reqs[s].promo_next) {
-            struct ofl_req *r = &m->reqs[s];
+            struct kvi_ofl_req *r = &m->reqs[s];
             r->flags = (r->flags & ~RQ_PROMO_QUEUED) | RQ_PROMO_SENT;
             r->promo_event = e->id;
             e->n++;
@@ -331,7 +332,7 @@ void ofl_tier_emit(kvt_offload *m, kvt_offload_meta *out)
         m->disk_transferred = true;
     }
     if (m->dacc_n) { /* room in the table: write-backs are only queued while there is */
-        struct ofl_event *e = ofl_evtable_add(&m->dstores, m->dstore_counter++);
+        struct kvi_ofl_event *e = kvi_ofl_evtable_add(&m->dstores, m->dstore_counter++);
         e->head = m->dacc_head;
         e->tail = m->dacc_tail;
         e->n = m->dacc_n;
@@ -359,17 +360,17 @@ static int check_issued(const kvt_event_report *rep, int64_t next, const char *w
     return 0;
 }
 
-int ofl_tier_check_output(const kvt_offload *m, const kvt_offload_worker_meta *wm)
+int kvi_ofl_tier_check_output(const kvt_offload *m, const kvt_offload_worker_meta *wm)
 {
     int rc = check_issued(&wm->disk_stores, m->dstore_counter, "disk store");
     return rc ? rc : check_issued(&wm->disk_loads, m->dload_counter, "disk load");
 }
 
 /* Counts a report towards its event; returns the event once all workers reported it. */
-static struct ofl_event *count_report(kvt_offload *m, struct ofl_evtable *t,
-                                      const kvt_event_report *rep, uint32_t i)
+static struct kvi_ofl_event *count_report(kvt_offload *m, struct kvi_ofl_evtable *t,
+                                          const kvt_event_report *rep, uint32_t i)
 {
-    struct ofl_event *e = ofl_evtable_find(t, rep->events[i]);
+    struct kvi_ofl_event *e = kvi_ofl_evtable_find(t, rep->events[i]);
     if (!e) {
         m->st.stale_reports++;
         return NULL;
@@ -381,14 +382,14 @@ static struct ofl_event *count_report(kvt_offload *m, struct ofl_evtable *t,
     return e->reported >= m->cfg.world_size ? e : NULL;
 }
 
-static void complete_writeback(kvt_offload *m, struct ofl_event *e)
+static void complete_writeback(kvt_offload *m, struct kvi_ofl_event *e)
 {
     for (uint32_t d = e->head, next; d != OFL_NONE; d = next) {
         next = m->dstore_next[d];
         uint32_t h = m->dstore_src[d];
         if (!e->abandoned && !e->failed)
-            ofl_register_keys(m, m->disk, d, m->dkeys + (size_t)d * m->kpb * m->key_stride,
-                              m->dkeys_n[d]);
+            kvi_ofl_register_keys(m, m->disk, d, m->dkeys + (size_t)d * m->kpb * m->key_stride,
+                                  m->dkeys_n[d]);
         (void)kvt_pool_free(m->host, &h, 1);
         (void)kvt_pool_free(m->disk, &d, 1);
         m->dstore_src[d] = m->dstore_next[d] = OFL_NONE;
@@ -399,14 +400,14 @@ static void complete_writeback(kvt_offload *m, struct ofl_event *e)
         m->st.disk_stores_failed += e->n;
     else
         m->st.disk_stores_completed += e->n;
-    ofl_evtable_remove(&m->dstores, e);
+    kvi_ofl_evtable_remove(&m->dstores, e);
 }
 
-static void complete_promotion(kvt_offload *m, struct ofl_event *e)
+static void complete_promotion(kvt_offload *m, struct kvi_ofl_event *e)
 {
     uint32_t s = e->head;
     while (s != OFL_NONE) {
-        struct ofl_req *r = &m->reqs[s];
+        struct kvi_ofl_req *r = &m->reqs[s];
         s = r->promo_next;
         for (uint32_t h = r->promo_head; h != OFL_NONE; h = m->hpromo_next[h]) {
             uint32_t d = m->hpromo_src[h], nk = 0;
@@ -432,25 +433,25 @@ static void complete_promotion(kvt_offload *m, struct ofl_event *e)
         r->promo_event = KVT_NO_EVENT;
         r->promo_next = OFL_NONE;
         if (r->flags & RQ_FINISHED) /* nobody waits for the GPU load any more */
-            ofl_release_load_pairs(m, r);
+            kvi_ofl_release_load_pairs(m, r);
         else
-            ofl_queue_load(m, r);
-        ofl_req_maybe_release(m, r);
+            kvi_ofl_queue_load(m, r);
+        kvi_ofl_req_maybe_release(m, r);
     }
-    ofl_evtable_remove(&m->dloads, e);
+    kvi_ofl_evtable_remove(&m->dloads, e);
 }
 
-void ofl_tier_apply_output(kvt_offload *m, const kvt_offload_worker_meta *wm)
+void kvi_ofl_tier_apply_output(kvt_offload *m, const kvt_offload_worker_meta *wm)
 {
     if (!m->disk)
         return;
     for (uint32_t i = 0; i < wm->disk_stores.n_completed; i++) {
-        struct ofl_event *e = count_report(m, &m->dstores, &wm->disk_stores, i);
+        struct kvi_ofl_event *e = count_report(m, &m->dstores, &wm->disk_stores, i);
         if (e)
             complete_writeback(m, e);
     }
     for (uint32_t i = 0; i < wm->disk_loads.n_completed; i++) {
-        struct ofl_event *e = count_report(m, &m->dloads, &wm->disk_loads, i);
+        struct kvi_ofl_event *e = count_report(m, &m->dloads, &wm->disk_loads, i);
         if (e)
             complete_promotion(m, e);
     }
@@ -458,7 +459,7 @@ void ofl_tier_apply_output(kvt_offload *m, const kvt_offload_worker_meta *wm)
 
 /* ---- reset and metrics ----------------------------------------------------------------- */
 
-void ofl_tier_abandon(kvt_offload *m)
+void kvi_ofl_tier_abandon(kvt_offload *m)
 {
     if (!m->disk)
         return;
@@ -477,12 +478,12 @@ void ofl_tier_abandon(kvt_offload *m)
     m->dacc_n = 0;
 }
 
-bool ofl_tier_pending(const kvt_offload *m)
+bool kvi_ofl_tier_pending(const kvt_offload *m)
 {
     return m->disk && (m->dloads.n || m->dstores.n || m->dacc_n || m->promoq_head != OFL_NONE);
 }
 
-void ofl_tier_stats(const kvt_offload *m, kvt_offload_stats *s)
+void kvi_ofl_tier_stats(const kvt_offload *m, kvt_offload_stats *s)
 {
     if (!m->disk)
         return;

@@ -39,7 +39,7 @@ static inline uint32_t lookup_at(const struct kvt_pool *p, const uint8_t *hashes
                                  uint32_t g, uint32_t j)
 {
     const uint8_t *h = hash_at(p, hashes, step, j);
-    return kvt_pool_find(p, h, g, kvt_pool_key_hash(p, h, g));
+    return kvi_pool_find(p, h, g, kvi_pool_key_hash(p, h, g));
 }
 
 /* Drops trailing blocks until n * bs is a multiple of align. */
@@ -55,20 +55,20 @@ static uint32_t scan_full(const struct kvt_pool *p, const uint8_t *hashes, uint3
 {
     uint32_t step = p->hash_step[g];
     uint64_t kh[PREFETCH_AHEAD];
-    uint32_t pre = kvt_min_u32(n, PREFETCH_AHEAD);
+    uint32_t pre = kvi_min_u32(n, PREFETCH_AHEAD);
     for (uint32_t j = 0; j < pre; j++) {
-        kh[j] = kvt_pool_key_hash(p, hash_at(p, hashes, step, j), g);
-        kvt_map_prefetch(&p->map, kh[j]);
+        kh[j] = kvi_pool_key_hash(p, hash_at(p, hashes, step, j), g);
+        kvi_map_prefetch(&p->map, kh[j]);
     }
     uint32_t j = 0;
     for (; j < n; j++) {
         uint64_t h = kh[j % PREFETCH_AHEAD];
         if (j + PREFETCH_AHEAD < n) {
-            uint64_t ahead = kvt_pool_key_hash(p, hash_at(p, hashes, step, j + PREFETCH_AHEAD), g);
+            uint64_t ahead = kvi_pool_key_hash(p, hash_at(p, hashes, step, j + PREFETCH_AHEAD), g);
             kh[(j + PREFETCH_AHEAD) % PREFETCH_AHEAD] = ahead;
-            kvt_map_prefetch(&p->map, ahead);
+            kvi_map_prefetch(&p->map, ahead);
         }
-        uint32_t b = kvt_pool_find(p, hash_at(p, hashes, step, j), g, h);
+        uint32_t b = kvi_pool_find(p, hash_at(p, hashes, step, j), g, h);
         if (b == KVT_BLOCK_NONE)
             break;
         out[j] = b;
@@ -193,7 +193,7 @@ int kvt_pool_find_longest_hit(const kvt_pool *p, const uint8_t *hashes, uint32_t
             uint32_t g = p->order[k];
             uint32_t bs = p->cfg.groups[g].block_size;
             if (p->cfg.groups[g].kind == KVT_GROUP_FULL && searched[g]) {
-                n[g] = kvt_min_u32(n[g], curr / bs);
+                n[g] = kvi_min_u32(n[g], curr / bs);
             } else {
                 n[g] = search_group(p, hashes, g, curr, blocks[g]);
                 searched[g] = true;
@@ -208,7 +208,7 @@ int kvt_pool_find_longest_hit(const kvt_pool *p, const uint8_t *hashes, uint32_t
     }
     for (uint32_t g = 0; g < ng; g++)
         if (p->cfg.groups[g].kind == KVT_GROUP_FULL)
-            n[g] = kvt_min_u32(n[g], hit_len / p->cfg.groups[g].block_size);
+            n[g] = kvi_min_u32(n[g], hit_len / p->cfg.groups[g].block_size);
     hit->length = hit_len;
     return 0;
 }

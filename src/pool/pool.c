@@ -70,7 +70,7 @@ static int validate_config(const kvt_pool_config *c, uint32_t *sched_bs)
         if (s->kind == KVT_GROUP_SLIDING && s->sliding_window < 1)
             return kvt_fail(KVT_EINVAL, "pool: sliding-window group %u needs sliding_window >= 1",
                             g);
-        lcm = lcm / kvt_gcd_u64(lcm, s->block_size) * s->block_size;
+        lcm = lcm / kvi_gcd_u64(lcm, s->block_size) * s->block_size;
         if (lcm > UINT32_MAX)
             return kvt_fail(KVT_EINVAL, "pool: LCM of the group block sizes exceeds 2^32");
     }
@@ -117,7 +117,7 @@ int kvt_pool_create(const kvt_pool_config *cfg, kvt_pool **out)
     p->hash_len = cfg->hash_len;
     p->sched_bs = sched_bs;
     uint32_t n_entries = (p->nb - 1) * cfg->keys_per_block;
-    p->entry_stride = (sizeof(struct kvt_entry) + p->hash_len + 7) & ~(size_t)7;
+    p->entry_stride = (sizeof(struct kvi_entry) + p->hash_len + 7) & ~(size_t)7;
     p->blocks = calloc(p->nb, sizeof(*p->blocks));
     p->entries = malloc((size_t)n_entries * p->entry_stride);
     if (cfg->event_capacity)
@@ -126,26 +126,26 @@ int kvt_pool_create(const kvt_pool_config *cfg, kvt_pool **out)
         kvt_pool_destroy(p);
         return kvt_fail(KVT_ENOMEM, "pool: cannot allocate %u blocks", cfg->num_blocks);
     }
-    rc = kvt_map_init(&p->map, n_entries);
+    rc = kvi_map_init(&p->map, n_entries);
     if (rc) {
         kvt_pool_destroy(p);
-        return kvt_fail_wrap(rc, "pool");
+        return kvi_fail_wrap(rc, "pool");
     }
     p->ev_cap = cfg->event_capacity;
 
     for (uint32_t i = 0; i < n_entries; i++)
-        kvt_pool_entry(p, i)->next = i + 1 < n_entries ? i + 1 : KVT_ENTRY_NONE;
+        kvi_pool_entry(p, i)->next = i + 1 < n_entries ? i + 1 : KVT_ENTRY_NONE;
     p->entry_free = 0;
 
-    kvt_list_init(&p->free_q);
+    kvi_list_init(&p->free_q);
     for (uint32_t i = 0; i < p->nb; i++) {
-        struct kvt_block *b = &p->blocks[i];
-        kvt_list_init(&b->link);
+        struct kvi_block *b = &p->blocks[i];
+        kvi_list_init(&b->link);
         b->keys = KVT_ENTRY_NONE;
         if (i == KVT_NULL_BLOCK)
             b->is_null = 1;
         else
-            kvt_list_push_back(&p->free_q, &b->link);
+            kvi_list_push_back(&p->free_q, &b->link);
     }
     p->n_free = p->nb - 1;
 
@@ -167,7 +167,7 @@ void kvt_pool_destroy(kvt_pool *p)
 {
     if (!p)
         return;
-    kvt_map_free(&p->map);
+    kvi_map_free(&p->map);
     free(p->blocks);
     free(p->entries);
     free(p->ev);
@@ -202,7 +202,7 @@ double kvt_pool_usage(const kvt_pool *p)
 
 /* ---- events ---------------------------------------------------------------------------- */
 
-static void emit(kvt_pool *p, uint32_t type, uint32_t block, const struct kvt_entry *e)
+static void emit(kvt_pool *p, uint32_t type, uint32_t block, const struct kvi_entry *e)
 {
     if (p->ev_cap == 0)
         return;
@@ -226,7 +226,7 @@ uint32_t kvt_pool_take_events(kvt_pool *p, kvt_pool_event *out, uint32_t cap, ui
 {
     uint32_t n = 0;
     if (out)
-        n = kvt_min_u32(cap, p->ev_len);
+        n = kvi_min_u32(cap, p->ev_len);
     for (uint32_t i = 0; i < n; i++)
         out[i] = p->ev[(p->ev_head + i) % p->ev_cap];
     if (n) {
@@ -247,15 +247,15 @@ uint32_t kvt_pool_take_events(kvt_pool *p, kvt_pool_event *out, uint32_t cap, ui
  * whole map and emits a single all-cleared event instead. */
 static void release_keys(kvt_pool *p, uint32_t id, bool unindex)
 {
-    struct kvt_block *b = &p->blocks[id];
+    struct kvi_block *b = &p->blocks[id];
     uint32_t idx = b->keys;
     if (idx == KVT_ENTRY_NONE)
         return;
     while (idx != KVT_ENTRY_NONE) {
-        struct kvt_entry *e = kvt_pool_entry(p, idx);
+        struct kvi_entry *e = kvi_pool_entry(p, idx);
         uint32_t next = e->next;
         if (unindex) {
-            kvt_map_remove(&p->map, e->kh, idx);
+            kvi_map_remove(&p->map, e->kh, idx);
             emit(p, KVT_POOL_EV_REMOVED, id, e);
         }
         e->next = p->entry_free;
@@ -297,15 +297,15 @@ int kvt_pool_insert(kvt_pool *p, uint32_t id, const uint8_t *hash, uint32_t grou
     if (num_tokens < 1 || num_tokens > p->cfg.groups[group].block_size)
         return kvt_fail(KVT_ERANGE, "pool: insert: num_tokens %u must be in 1..%u", num_tokens,
                         p->cfg.groups[group].block_size);
-    struct kvt_block *b = &p->blocks[id];
+    struct kvi_block *b = &p->blocks[id];
     if (b->ref == 0)
         return kvt_fail(KVT_ESTATE,
                         "pool: insert: block %u is free; only referenced blocks "
                         "can be cached",
                         id);
     uint32_t last = KVT_ENTRY_NONE;
-    for (uint32_t idx = b->keys; idx != KVT_ENTRY_NONE; idx = kvt_pool_entry(p, idx)->next) {
-        const struct kvt_entry *e = kvt_pool_entry(p, idx);
+    for (uint32_t idx = b->keys; idx != KVT_ENTRY_NONE; idx = kvi_pool_entry(p, idx)->next) {
+        const struct kvi_entry *e = kvi_pool_entry(p, idx);
         if (e->group == group && memcmp(e->hash, hash, p->hash_len) == 0)
             return 0;
         last = idx;
@@ -317,21 +317,21 @@ int kvt_pool_insert(kvt_pool *p, uint32_t id, const uint8_t *hash, uint32_t grou
                         id, b->n_keys);
 
     uint32_t idx = p->entry_free;
-    struct kvt_entry *e = kvt_pool_entry(p, idx);
+    struct kvi_entry *e = kvi_pool_entry(p, idx);
     p->entry_free = e->next;
     e->block = id;
     e->group = group;
     e->num_tokens = num_tokens;
     e->next = KVT_ENTRY_NONE;
-    e->kh = kvt_pool_key_hash(p, hash, group);
+    e->kh = kvi_pool_key_hash(p, hash, group);
     memcpy(e->hash, hash, p->hash_len);
     /* Cannot fail: the map has a slot for every entry (invariant 3). */
-    (void)kvt_map_insert(&p->map, e->kh, idx);
+    (void)kvi_map_insert(&p->map, e->kh, idx);
     if (last == KVT_ENTRY_NONE) {
         b->keys = idx;
         p->n_cached++;
     } else {
-        kvt_pool_entry(p, last)->next = idx;
+        kvi_pool_entry(p, last)->next = idx;
     }
     b->n_keys++;
     emit(p, KVT_POOL_EV_STORED, id, e);
@@ -345,7 +345,7 @@ int kvt_pool_lookup(const kvt_pool *p, const uint8_t *hash, uint32_t group, uint
     if (group >= p->cfg.n_groups)
         return kvt_fail(KVT_ERANGE, "pool: lookup: group %u out of range (%u groups)", group,
                         p->cfg.n_groups);
-    uint32_t b = kvt_pool_find(p, hash, group, kvt_pool_key_hash(p, hash, group));
+    uint32_t b = kvi_pool_find(p, hash, group, kvi_pool_key_hash(p, hash, group));
     *block = b;
     return b != KVT_BLOCK_NONE;
 }
@@ -368,7 +368,7 @@ int kvt_pool_reset_prefix_cache(kvt_pool *p)
                         used);
     for (uint32_t id = 1; id < p->nb && p->n_cached; id++)
         release_keys(p, id, false);
-    kvt_map_clear(&p->map);
+    kvi_map_clear(&p->map);
     emit(p, KVT_POOL_EV_ALL_CLEARED, KVT_NULL_BLOCK, NULL);
     return 0;
 }
@@ -382,9 +382,9 @@ int kvt_pool_alloc(kvt_pool *p, uint32_t n, uint32_t *ids)
     if (n > p->n_free)
         return kvt_fail(KVT_ENOSPC, "pool: alloc: %u blocks requested, %u free", n, p->n_free);
     for (uint32_t i = 0; i < n; i++) {
-        kvt_list *node = p->free_q.next;
-        kvt_list_remove(node);
-        struct kvt_block *b = kvt_list_entry(node, struct kvt_block, link);
+        kvi_list *node = p->free_q.next;
+        kvi_list_remove(node);
+        struct kvi_block *b = kvi_list_entry(node, struct kvi_block, link);
         uint32_t id = (uint32_t)(b - p->blocks);
         drop_keys(p, id);
         b->ref = 1;
@@ -404,11 +404,11 @@ int kvt_pool_touch(kvt_pool *p, const uint32_t *ids, uint32_t n)
             return kvt_fail(KVT_ELIMIT, "pool: touch: block %u reference count would overflow",
                             ids[i]);
     for (uint32_t i = 0; i < n; i++) {
-        struct kvt_block *b = &p->blocks[ids[i]];
+        struct kvi_block *b = &p->blocks[ids[i]];
         if (b->is_null)
             continue;
         if (b->ref == 0) {
-            kvt_list_remove(&b->link);
+            kvi_list_remove(&b->link);
             p->n_free--;
         }
         b->ref++;
@@ -422,7 +422,7 @@ int kvt_pool_free(kvt_pool *p, const uint32_t *ids, uint32_t n)
     if (rc)
         return rc;
     for (uint32_t i = 0; i < n; i++) {
-        struct kvt_block *b = &p->blocks[ids[i]];
+        struct kvi_block *b = &p->blocks[ids[i]];
         if (b->is_null)
             continue;
         if (b->ref == 0) {
@@ -437,9 +437,9 @@ int kvt_pool_free(kvt_pool *p, const uint32_t *ids, uint32_t n)
         b->ref--;
     }
     for (uint32_t i = 0; i < n; i++) {
-        struct kvt_block *b = &p->blocks[ids[i]];
-        if (!b->is_null && b->ref == 0 && !kvt_list_linked(&b->link)) {
-            kvt_list_push_back(&p->free_q, &b->link);
+        struct kvi_block *b = &p->blocks[ids[i]];
+        if (!b->is_null && b->ref == 0 && !kvi_list_linked(&b->link)) {
+            kvi_list_push_back(&p->free_q, &b->link);
             p->n_free++;
         }
     }
@@ -455,11 +455,11 @@ int kvt_pool_block_info(const kvt_pool *p, uint32_t id, kvt_block_info *info)
     if (id >= p->nb)
         return kvt_fail(KVT_ERANGE, "pool: block_info: block %u out of range (%u blocks)", id,
                         p->nb);
-    const struct kvt_block *b = &p->blocks[id];
+    const struct kvi_block *b = &p->blocks[id];
     info->ref_cnt = b->ref;
     info->n_keys = b->n_keys;
     info->is_null = b->is_null;
-    info->is_free = kvt_list_linked(&b->link);
+    info->is_free = kvi_list_linked(&b->link);
     return 0;
 }
 
@@ -473,10 +473,10 @@ int kvt_pool_block_keys(const kvt_pool *p, uint32_t id, kvt_pool_key *keys, uint
                         p->nb);
     uint32_t i = 0;
     for (uint32_t idx = p->blocks[id].keys; idx != KVT_ENTRY_NONE;
-         idx = kvt_pool_entry(p, idx)->next, i++) {
+         idx = kvi_pool_entry(p, idx)->next, i++) {
         if (i >= cap)
             continue;
-        const struct kvt_entry *e = kvt_pool_entry(p, idx);
+        const struct kvi_entry *e = kvi_pool_entry(p, idx);
         memset(&keys[i], 0, sizeof(keys[i]));
         memcpy(keys[i].hash, e->hash, p->hash_len);
         keys[i].group = e->group;
@@ -488,14 +488,14 @@ int kvt_pool_block_keys(const kvt_pool *p, uint32_t id, kvt_pool_key *keys, uint
 
 uint32_t kvt_pool_lru_first(const kvt_pool *p)
 {
-    const kvt_list *n = kvt_list_first(&p->free_q);
-    return n ? (uint32_t)(kvt_list_entry(n, struct kvt_block, link) - p->blocks) : KVT_BLOCK_NONE;
+    const kvi_list *n = kvi_list_first(&p->free_q);
+    return n ? (uint32_t)(kvi_list_entry(n, struct kvi_block, link) - p->blocks) : KVT_BLOCK_NONE;
 }
 
 uint32_t kvt_pool_lru_next(const kvt_pool *p, uint32_t id)
 {
-    if (id >= p->nb || !kvt_list_linked(&p->blocks[id].link))
+    if (id >= p->nb || !kvi_list_linked(&p->blocks[id].link))
         return KVT_BLOCK_NONE;
-    const kvt_list *n = kvt_list_next(&p->free_q, &p->blocks[id].link);
-    return n ? (uint32_t)(kvt_list_entry(n, struct kvt_block, link) - p->blocks) : KVT_BLOCK_NONE;
+    const kvi_list *n = kvi_list_next(&p->free_q, &p->blocks[id].link);
+    return n ? (uint32_t)(kvi_list_entry(n, struct kvi_block, link) - p->blocks) : KVT_BLOCK_NONE;
 }

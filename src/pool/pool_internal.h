@@ -15,8 +15,8 @@
 
 #define KVT_ENTRY_NONE UINT32_MAX
 
-struct kvt_block {
-    kvt_list link;   /* free-queue node; detached (points to itself) while referenced */
+struct kvi_block {
+    kvi_list link;   /* free-queue node; detached (points to itself) while referenced */
     uint32_t ref;    /* references held by requests and transfers */
     uint32_t keys;   /* first key entry, KVT_ENTRY_NONE when uncached */
     uint16_t n_keys; /* keys on the entry chain */
@@ -26,7 +26,7 @@ struct kvt_block {
 /* One key of one block. Entries live in a flat array of entry_stride bytes each; the hash
  * bytes follow the fixed fields. `next` chains the keys of a block in insertion order, or the
  * free entries. */
-struct kvt_entry {
+struct kvi_entry {
     uint64_t kh; /* key hash (map slot), kept so removal need not rehash */
     uint32_t block;
     uint32_t group;
@@ -42,10 +42,10 @@ struct kvt_pool {
     uint32_t sched_bs; /* hit lengths are multiples of this */
     uint32_t n_free;
     uint32_t n_cached;
-    struct kvt_block *blocks;
-    kvt_list free_q; /* head = LRU */
+    struct kvi_block *blocks;
+    kvi_list free_q; /* head = LRU */
 
-    kvt_map map; /* key hash -> entry index */
+    kvi_map map; /* key hash -> entry index */
     unsigned char *entries;
     size_t entry_stride;
     uint32_t entry_free; /* free-entry chain */
@@ -59,25 +59,25 @@ struct kvt_pool {
     bool simple_hybrid;                 /* two groups, the first searched is full attention */
 };
 
-static inline struct kvt_entry *kvt_pool_entry(const struct kvt_pool *p, uint32_t idx)
+static inline struct kvi_entry *kvi_pool_entry(const struct kvt_pool *p, uint32_t idx)
 {
-    return (struct kvt_entry *)(p->entries + (size_t)idx * p->entry_stride);
+    return (struct kvi_entry *)(p->entries + (size_t)idx * p->entry_stride);
 }
 
-static inline uint64_t kvt_pool_key_hash(const struct kvt_pool *p, const uint8_t *hash,
+static inline uint64_t kvi_pool_key_hash(const struct kvt_pool *p, const uint8_t *hash,
                                          uint32_t group)
 {
-    return kvt_xxh3_64(hash, p->hash_len, group);
+    return kvi_xxh3_64(hash, p->hash_len, group);
 }
 
 /* Block carrying (hash, group) whose key hash is kh, or KVT_BLOCK_NONE. */
-static inline uint32_t kvt_pool_find(const struct kvt_pool *p, const uint8_t *hash, uint32_t group,
+static inline uint32_t kvi_pool_find(const struct kvt_pool *p, const uint8_t *hash, uint32_t group,
                                      uint64_t kh)
 {
-    uint64_t pos = kvt_map_probe_start(&p->map, kh);
+    uint64_t pos = kvi_map_probe_start(&p->map, kh);
     uint32_t idx;
-    while (kvt_map_probe_next(&p->map, kh, &pos, &idx)) {
-        const struct kvt_entry *e = kvt_pool_entry(p, idx);
+    while (kvi_map_probe_next(&p->map, kh, &pos, &idx)) {
+        const struct kvi_entry *e = kvi_pool_entry(p, idx);
         if (e->group == group && memcmp(e->hash, hash, p->hash_len) == 0)
             return e->block;
     }

@@ -41,7 +41,7 @@ typedef struct rank_slot {
     bool known;
     bool replied;
     frames rep;                 /* this step's reply, kept until the next step */
-    kvt_link_status st;         /* its status frame, decoded (points into rep) */
+    kvi_link_status st;         /* its status frame, decoded (points into rep) */
     kvt_offload_worker_meta wm; /* its store report, decoded */
 } rank_slot;
 
@@ -105,9 +105,9 @@ static int recv_frames(void *sock, frames *fr)
 {
     frames_close(fr);
     for (;;) {
-        int rc = kvt_array_grow((void **)&fr->f, &fr->cap, fr->n + 1, sizeof(*fr->f));
+        int rc = kvi_array_grow((void **)&fr->f, &fr->cap, fr->n + 1, sizeof(*fr->f));
         if (rc)
-            return kvt_fail_wrap(rc, "link");
+            return kvi_fail_wrap(rc, "link");
         zmq_msg_t *m = &fr->f[fr->n];
         zmq_msg_init(m);
         if (zmq_msg_recv(m, sock, 0) < 0) {
@@ -180,7 +180,7 @@ static int grow_buf(uint8_t **buf, size_t *cap, size_t need)
 
 static int open_socket(int type, void **ctx, void **sock)
 {
-    int room = kvt_fd_room(16, "link");
+    int room = kvi_fd_room(16, "link");
     if (room) {
         *ctx = *sock = NULL;
         return room;
@@ -286,11 +286,11 @@ int kvt_link_sched_accept(kvt_link_sched *s, int timeout_ms, uint32_t *host_bloc
         if (s->in.n != 3)
             return kvt_fail(KVT_EPROTO, "link: hello of %u frames, expected 3", s->in.n);
         rc =
-            kvt_link_hdr_decode(zmq_msg_data(&s->in.f[1]), zmq_msg_size(&s->in.f[1]), &type, &step);
+            kvi_link_hdr_decode(zmq_msg_data(&s->in.f[1]), zmq_msg_size(&s->in.f[1]), &type, &step);
         if (!rc && type != KVT_LINK_HELLO)
             rc = kvt_fail(KVT_EPROTO, "link: expected a hello, got message type %u", type);
         if (!rc)
-            rc = kvt_link_hello_decode(zmq_msg_data(&s->in.f[2]), zmq_msg_size(&s->in.f[2]), &rank,
+            rc = kvi_link_hello_decode(zmq_msg_data(&s->in.f[2]), zmq_msg_size(&s->in.f[2]), &rank,
                                        &world, &blocks);
         if (!rc && world != s->world)
             rc = kvt_fail(KVT_EPROTO, "link: rank %u runs with world size %u, scheduler %u", rank,
@@ -318,7 +318,7 @@ static int send_to_all(kvt_link_sched *s, uint32_t type, const void *meta, size_
                        const void *payload, size_t len)
 {
     uint8_t hdr[KVT_LINK_HDR_LEN];
-    kvt_link_hdr_encode(hdr, type, s->step);
+    kvi_link_hdr_encode(hdr, type, s->step);
     for (uint32_t r = 0; r < s->world; r++)
         if (!s->ranks[r].known)
             return kvt_fail(KVT_ESTATE, "link: rank %u never said hello (call accept first)", r);
@@ -340,7 +340,7 @@ static int send_to_all(kvt_link_sched *s, uint32_t type, const void *meta, size_
             char what[64];
             snprintf(what, sizeof(what), "link: sending step %llu to rank %u",
                      (unsigned long long)s->step, r);
-            first = kvt_fail_wrap(rc, what);
+            first = kvi_fail_wrap(rc, what);
             snprintf(msg, sizeof(msg), "%s", kvt_last_error());
         }
     }
@@ -357,7 +357,7 @@ static int collect_one(kvt_link_sched *s, uint32_t *got)
         return kvt_fail(KVT_EPROTO, "link: reply of %u frames, expected 5", s->in.n);
     uint32_t type;
     uint64_t step;
-    rc = kvt_link_hdr_decode(zmq_msg_data(&s->in.f[1]), zmq_msg_size(&s->in.f[1]), &type, &step);
+    rc = kvi_link_hdr_decode(zmq_msg_data(&s->in.f[1]), zmq_msg_size(&s->in.f[1]), &type, &step);
     if (rc)
         return rc;
     if (type != KVT_LINK_REPLY)
@@ -370,8 +370,8 @@ static int collect_one(kvt_link_sched *s, uint32_t *got)
     if (step != s->step)
         return kvt_fail(KVT_EPROTO, "link: reply to step %llu, which was never sent",
                         (unsigned long long)step);
-    kvt_link_status st;
-    rc = kvt_link_status_decode(zmq_msg_data(&s->in.f[2]), zmq_msg_size(&s->in.f[2]), &st);
+    kvi_link_status st;
+    rc = kvi_link_status_decode(zmq_msg_data(&s->in.f[2]), zmq_msg_size(&s->in.f[2]), &st);
     if (rc)
         return rc;
     if (st.rank >= s->world)
@@ -393,20 +393,20 @@ static int collect_one(kvt_link_sched *s, uint32_t *got)
     rc = kvt_offload_worker_meta_decode(&rs->wm, zmq_msg_data(&f->f[3]), zmq_msg_size(&f->f[3]));
     uint32_t n_ids;
     if (!rc)
-        rc = kvt_link_ids_check(zmq_msg_data(&f->f[4]), zmq_msg_size(&f->f[4]), &n_ids);
+        rc = kvi_link_ids_check(zmq_msg_data(&f->f[4]), zmq_msg_size(&f->f[4]), &n_ids);
     if (rc)
-        return kvt_fail_wrap(rc, "link: reply");
+        return kvi_fail_wrap(rc, "link: reply");
     rs->replied = true;
     (*got)++;
     return 0;
 }
 
-static int add_invalid(kvt_link_sched *s, const kvt_link_status *st)
+static int add_invalid(kvt_link_sched *s, const kvi_link_status *st)
 {
-    int rc = kvt_array_grow((void **)&s->invalid, &s->cap_invalid,
+    int rc = kvi_array_grow((void **)&s->invalid, &s->cap_invalid,
                             s->n_invalid + (uint64_t)st->n_invalid, sizeof(uint32_t));
     if (rc)
-        return kvt_fail_wrap(rc, "link");
+        return kvi_fail_wrap(rc, "link");
     for (uint32_t i = 0; i < st->n_invalid; i++) {
         s->invalid[s->n_invalid++] = ld_le32(st->invalid + 4 * i);
     }
@@ -427,9 +427,9 @@ static int count_finished(kvt_link_sched *s, const char *id, uint32_t len)
         if (s->pend[i].len == len && memcmp(s->pend[i].id, id, len) == 0)
             break;
     if (i == s->n_pend) {
-        int rc = kvt_array_grow((void **)&s->pend, &s->cap_pend, s->n_pend + 1, sizeof(*s->pend));
+        int rc = kvi_array_grow((void **)&s->pend, &s->cap_pend, s->n_pend + 1, sizeof(*s->pend));
         if (rc)
-            return kvt_fail_wrap(rc, "link");
+            return kvi_fail_wrap(rc, "link");
         char *copy = malloc(len + 1);
         if (!copy)
             return kvt_fail(KVT_ENOMEM, "link: out of memory");
@@ -439,10 +439,10 @@ static int count_finished(kvt_link_sched *s, const char *id, uint32_t len)
     }
     if (++s->pend[i].count < s->world)
         return 0;
-    int rc = kvt_array_grow((void **)&s->fin, &s->cap_fin, s->n_fin + 1, sizeof(*s->fin));
+    int rc = kvi_array_grow((void **)&s->fin, &s->cap_fin, s->n_fin + 1, sizeof(*s->fin));
     if (rc)
-        return kvt_fail_wrap(rc, "link");
-    char *str = kvt_bump_strdup(&s->strings, id, len);
+        return kvi_fail_wrap(rc, "link");
+    char *str = kvi_bump_strdup(&s->strings, id, len);
     if (!str)
         return kvt_fail(KVT_ENOMEM, "link: out of memory");
     s->fin[s->n_fin++] = (kvt_str){str, len};
@@ -456,7 +456,7 @@ static int count_finished(kvt_link_sched *s, const char *id, uint32_t len)
 static int aggregate(kvt_link_sched *s, kvt_link_result *res)
 {
     for (uint32_t r = 0; r < s->world; r++) {
-        const kvt_link_status *st = &s->ranks[r].st;
+        const kvi_link_status *st = &s->ranks[r].st;
         if (st->status != 0)
             return kvt_fail(st->status, "link: rank %u failed: %.*s", r, (int)st->msg_len, st->msg);
     }
@@ -587,8 +587,8 @@ int kvt_link_worker_create(const char *endpoint, uint32_t rank, uint32_t world_s
                           zmq_strerror(zmq_errno()));
     }
     uint8_t hdr[KVT_LINK_HDR_LEN], hello[KVT_LINK_HELLO_LEN];
-    kvt_link_hdr_encode(hdr, KVT_LINK_HELLO, 0);
-    kvt_link_hello_encode(hello, rank, world_size, host_blocks);
+    kvi_link_hdr_encode(hdr, KVT_LINK_HELLO, 0);
+    kvi_link_hello_encode(hello, rank, world_size, host_blocks);
     if (!rc)
         rc = send_part(w->sock, hdr, sizeof(hdr), true);
     if (!rc)
@@ -625,7 +625,7 @@ int kvt_link_worker_recv(kvt_link_worker *w, int timeout_ms, kvt_offload_meta *m
         return rc;
     uint32_t type;
     uint64_t step;
-    rc = kvt_link_hdr_decode(zmq_msg_data(&w->in.f[0]), zmq_msg_size(&w->in.f[0]), &type, &step);
+    rc = kvi_link_hdr_decode(zmq_msg_data(&w->in.f[0]), zmq_msg_size(&w->in.f[0]), &type, &step);
     if (rc)
         return rc;
     if (type == KVT_LINK_STOP && w->in.n == 1) {
@@ -664,9 +664,9 @@ int kvt_link_worker_reply(kvt_link_worker *w, int status, const kvt_str *finishe
     kvt_offload_worker_meta_init(&empty);
     if (!stores)
         stores = &empty;
-    size_t st_len = kvt_link_status_size(n_invalid, msg_len);
+    size_t st_len = kvi_link_status_size(n_invalid, msg_len);
     size_t wm_len = kvt_offload_worker_meta_encoded_size(stores), got;
-    size_t ids_len = kvt_link_ids_size(finished, n_finished);
+    size_t ids_len = kvi_link_ids_size(finished, n_finished);
     if (n_finished > KVT_META_MAX_ITEMS)
         return kvt_fail(KVT_ELIMIT, "link: %u finished requests (at most %u)", n_finished,
                         KVT_META_MAX_ITEMS);
@@ -680,19 +680,19 @@ int kvt_link_worker_reply(kvt_link_worker *w, int status, const kvt_str *finishe
     int rc = grow_buf(&w->buf, &w->buf_cap, st_len + wm_len + ids_len);
     if (rc)
         return rc;
-    kvt_link_status_encode(w->buf, w->rank, status, invalid, n_invalid, msg, msg_len);
+    kvi_link_status_encode(w->buf, w->rank, status, invalid, n_invalid, msg, msg_len);
     rc = kvt_offload_worker_meta_encode(stores, w->buf + st_len, wm_len, &got);
     if (rc)
         return rc;
     uint8_t hdr[KVT_LINK_HDR_LEN];
-    kvt_link_hdr_encode(hdr, KVT_LINK_REPLY, w->step);
+    kvi_link_hdr_encode(hdr, KVT_LINK_REPLY, w->step);
     rc = send_part(w->sock, hdr, sizeof(hdr), true);
     if (!rc)
         rc = send_part(w->sock, w->buf, st_len, true);
     if (!rc)
         rc = send_part(w->sock, w->buf + st_len, got, true);
     if (!rc) {
-        kvt_link_ids_encode(w->buf + st_len + got, finished, n_finished);
+        kvi_link_ids_encode(w->buf + st_len + got, finished, n_finished);
         rc = send_part(w->sock, w->buf + st_len + got, ids_len, false);
     }
     return rc;

@@ -28,22 +28,22 @@
 #define KVT_LINK_HDR_LEN   16u
 #define KVT_LINK_HELLO_LEN 12u
 
-enum kvt_link_type { KVT_LINK_HELLO = 1, KVT_LINK_STEP = 2, KVT_LINK_REPLY = 3, KVT_LINK_STOP = 4 };
+enum kvi_link_type { KVT_LINK_HELLO = 1, KVT_LINK_STEP = 2, KVT_LINK_REPLY = 3, KVT_LINK_STOP = 4 };
 
-typedef struct kvt_link_status {
+typedef struct kvi_link_status {
     uint32_t rank;
     int32_t status;
     uint32_t n_invalid;
     const uint8_t *invalid; /* n_invalid little-endian u32, inside the decoded buffer */
     const char *msg;
     uint32_t msg_len;
-} kvt_link_status;
+} kvi_link_status;
 
-void kvt_link_hdr_encode(uint8_t out[KVT_LINK_HDR_LEN], uint32_t type, uint64_t step);
-int kvt_link_hdr_decode(const void *buf, size_t len, uint32_t *type, uint64_t *step);
-void kvt_link_hello_encode(uint8_t out[KVT_LINK_HELLO_LEN], uint32_t rank, uint32_t world,
+void kvi_link_hdr_encode(uint8_t out[KVT_LINK_HDR_LEN], uint32_t type, uint64_t step);
+int kvi_link_hdr_decode(const void *buf, size_t len, uint32_t *type, uint64_t *step);
+void kvi_link_hello_encode(uint8_t out[KVT_LINK_HELLO_LEN], uint32_t rank, uint32_t world,
                            uint32_t host_blocks);
-int kvt_link_hello_decode(const void *buf, size_t len, uint32_t *rank, uint32_t *world,
+int kvi_link_hello_decode(const void *buf, size_t len, uint32_t *rank, uint32_t *world,
                           uint32_t *host_blocks);
 /* Bytes of one part the scheduler accepts (a reply's status, worker meta or ids; more and
  * libzmq drops the peer's connection), and of one part a worker accepts (a step's metadata or
@@ -51,15 +51,15 @@ int kvt_link_hello_decode(const void *buf, size_t len, uint32_t *rank, uint32_t 
 #define KVT_LINK_MAX_REPLY_PART ((16u << 20) + 65536u)
 #define KVT_LINK_MAX_STEP_PART  (1u << 30)
 
-size_t kvt_link_ids_size(const kvt_str *ids, uint32_t n);
-void kvt_link_ids_encode(uint8_t *out, const kvt_str *ids, uint32_t n);
+size_t kvi_link_ids_size(const kvt_str *ids, uint32_t n);
+void kvi_link_ids_encode(uint8_t *out, const kvt_str *ids, uint32_t n);
 /* Validates an ids part (count, each length 1..KVT_META_MAX_STR, nothing trailing); *n. */
-int kvt_link_ids_check(const void *buf, size_t len, uint32_t *n);
-size_t kvt_link_status_size(uint32_t n_invalid, uint32_t msg_len);
-void kvt_link_status_encode(uint8_t *out, uint32_t rank, int32_t status, const uint32_t *invalid,
+int kvi_link_ids_check(const void *buf, size_t len, uint32_t *n);
+size_t kvi_link_status_size(uint32_t n_invalid, uint32_t msg_len);
+void kvi_link_status_encode(uint8_t *out, uint32_t rank, int32_t status, const uint32_t *invalid,
                             uint32_t n_invalid, const char *msg, uint32_t msg_len);
 /* Decodes and validates (status 0 or a KVT_E* code, counts bounded by the bytes present,
  * nothing trailing). */
-int kvt_link_status_decode(const void *buf, size_t len, kvt_link_status *st);
+int kvi_link_status_decode(const void *buf, size_t len, kvi_link_status *st);
 
 #endif

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Encoders and decoders of the link's frames (see link_internal.h for the layout). Decoders
- * read through the bounds-checked kvt_rd reader: they fail with KVT_EPROTO on any length,
+ * read through the bounds-checked kvi_rd reader: they fail with KVT_EPROTO on any length,
  * magic, version or range problem and never read outside the buffer.
  */
 #include "base/error.h"
@@ -10,9 +10,9 @@
 
 static const uint8_t MAGIC[4] = {'K', 'V', 'T', 'L'};
 
-void kvt_link_hdr_encode(uint8_t out[KVT_LINK_HDR_LEN], uint32_t type, uint64_t step)
+void kvi_link_hdr_encode(uint8_t out[KVT_LINK_HDR_LEN], uint32_t type, uint64_t step)
 {
-    kvt_wr w = {out};
+    kvi_wr w = {out};
     memcpy(w.p, MAGIC, 4);
     w.p += 4;
     wr_u16(&w, KVT_LINK_VERSION);
@@ -20,7 +20,7 @@ void kvt_link_hdr_encode(uint8_t out[KVT_LINK_HDR_LEN], uint32_t type, uint64_t 
     wr_u64(&w, step);
 }
 
-int kvt_link_hdr_decode(const void *buf, size_t len, uint32_t *type, uint64_t *step)
+int kvi_link_hdr_decode(const void *buf, size_t len, uint32_t *type, uint64_t *step)
 {
     if (len != KVT_LINK_HDR_LEN)
         return kvt_fail(KVT_EPROTO, "link: header of %zu bytes, expected %u", len,
@@ -39,16 +39,16 @@ int kvt_link_hdr_decode(const void *buf, size_t len, uint32_t *type, uint64_t *s
     return 0;
 }
 
-void kvt_link_hello_encode(uint8_t out[KVT_LINK_HELLO_LEN], uint32_t rank, uint32_t world,
+void kvi_link_hello_encode(uint8_t out[KVT_LINK_HELLO_LEN], uint32_t rank, uint32_t world,
                            uint32_t host_blocks)
 {
-    kvt_wr w = {out};
+    kvi_wr w = {out};
     wr_u32(&w, rank);
     wr_u32(&w, world);
     wr_u32(&w, host_blocks);
 }
 
-int kvt_link_hello_decode(const void *buf, size_t len, uint32_t *rank, uint32_t *world,
+int kvi_link_hello_decode(const void *buf, size_t len, uint32_t *rank, uint32_t *world,
                           uint32_t *host_blocks)
 {
     if (len != KVT_LINK_HELLO_LEN)
@@ -66,15 +66,15 @@ int kvt_link_hello_decode(const void *buf, size_t len, uint32_t *rank, uint32_t 
     return 0;
 }
 
-size_t kvt_link_status_size(uint32_t n_invalid, uint32_t msg_len)
+size_t kvi_link_status_size(uint32_t n_invalid, uint32_t msg_len)
 {
     return 12 + (size_t)n_invalid * 4 + 4 + msg_len;
 }
 
-void kvt_link_status_encode(uint8_t *out, uint32_t rank, int32_t status, const uint32_t *invalid,
+void kvi_link_status_encode(uint8_t *out, uint32_t rank, int32_t status, const uint32_t *invalid,
                             uint32_t n_invalid, const char *msg, uint32_t msg_len)
 {
-    kvt_wr w = {out};
+    kvi_wr w = {out};
     wr_u32(&w, rank);
     wr_u32(&w, (uint32_t)status);
     wr_u32(&w, n_invalid);
@@ -83,9 +83,9 @@ void kvt_link_status_encode(uint8_t *out, uint32_t rank, int32_t status, const u
     wr_str(&w, (kvt_str){msg, msg_len});
 }
 
-int kvt_link_status_decode(const void *buf, size_t len, kvt_link_status *st)
+int kvi_link_status_decode(const void *buf, size_t len, kvi_link_status *st)
 {
-    kvt_rd r = {buf, buf, (const uint8_t *)buf + len};
+    kvi_rd r = {buf, buf, (const uint8_t *)buf + len};
     uint32_t s;
     int rc = rd_u32(&r, &st->rank, "rank");
     if (!rc)
@@ -93,7 +93,7 @@ int kvt_link_status_decode(const void *buf, size_t len, kvt_link_status *st)
     if (!rc)
         rc = rd_count(&r, &st->n_invalid, KVT_LINK_MAX_INVALID, 4, "invalid blocks");
     if (rc)
-        return kvt_fail_wrap(rc == KVT_ELIMIT ? rc : KVT_EPROTO, "link: status");
+        return kvi_fail_wrap(rc == KVT_ELIMIT ? rc : KVT_EPROTO, "link: status");
     st->status = (int32_t)s;
     if (st->status > 0 || st->status < KVT_EUNSUPPORTED)
         return kvt_fail(KVT_EPROTO, "link: status %d is not a kvtier code", st->status);
@@ -103,11 +103,11 @@ int kvt_link_status_decode(const void *buf, size_t len, kvt_link_status *st)
     if (!rc && r.p != r.end)
         rc = kvt_fail(KVT_EPROTO, "link: status: %zu trailing bytes", (size_t)(r.end - r.p));
     if (rc)
-        return kvt_fail_wrap(rc == KVT_ELIMIT ? rc : KVT_EPROTO, "link: status");
+        return kvi_fail_wrap(rc == KVT_ELIMIT ? rc : KVT_EPROTO, "link: status");
     return 0;
 }
 
-size_t kvt_link_ids_size(const kvt_str *ids, uint32_t n)
+size_t kvi_link_ids_size(const kvt_str *ids, uint32_t n)
 {
     size_t t = 4;
     for (uint32_t i = 0; i < n; i++)
@@ -115,17 +115,17 @@ size_t kvt_link_ids_size(const kvt_str *ids, uint32_t n)
     return t;
 }
 
-void kvt_link_ids_encode(uint8_t *out, const kvt_str *ids, uint32_t n)
+void kvi_link_ids_encode(uint8_t *out, const kvt_str *ids, uint32_t n)
 {
-    kvt_wr w = {out};
+    kvi_wr w = {out};
     wr_u32(&w, n);
     for (uint32_t i = 0; i < n; i++)
         wr_str(&w, ids[i]);
 }
 
-int kvt_link_ids_check(const void *buf, size_t len, uint32_t *n)
+int kvi_link_ids_check(const void *buf, size_t len, uint32_t *n)
 {
-    kvt_rd r = {buf, buf, (const uint8_t *)buf + len};
+    kvi_rd r = {buf, buf, (const uint8_t *)buf + len};
     int rc = rd_count(&r, n, KVT_META_MAX_ITEMS, 5, "finished requests");
     for (uint32_t i = 0; !rc && i < *n; i++) {
         const char *s;
@@ -137,6 +137,6 @@ int kvt_link_ids_check(const void *buf, size_t len, uint32_t *n)
     if (!rc && r.p != r.end)
         rc = kvt_fail(KVT_EPROTO, "%zu trailing bytes", (size_t)(r.end - r.p));
     if (rc)
-        return kvt_fail_wrap(rc == KVT_ELIMIT ? rc : KVT_EPROTO, "link");
+        return kvi_fail_wrap(rc == KVT_ELIMIT ? rc : KVT_EPROTO, "link");
     return 0;
 }

@@ -61,7 +61,7 @@ struct kvt_worker {
     uint32_t n_fin, cap_fin;
     uint32_t *invalid;
     uint32_t n_invalid, cap_invalid;
-    kvt_CUevent compute_done; /* CUDA backend only */
+    kvi_CUevent compute_done; /* CUDA backend only */
     /* three tiers */
     const kvt_mirror *mirror;
     kvt_disk *tier3;    /* borrowed */
@@ -91,17 +91,17 @@ int kvt_worker_create(const kvt_worker_config *cfg, const kvt_layout *layout,
     kvt_offload_worker_meta_init(&w->done);
     int rc = kvt_copy_create(&cfg->copy, layout, mirror, &w->copy);
     if (!rc && kvt_copy_backend_kind(w->copy) == KVT_BACKEND_CUDA) {
-        const kvt_cuda_api *cu = kvt_cuda();
-        rc = kvt_cuda_use_device(layout->device, NULL);
-        kvt_CUresult r =
+        const kvi_cuda_api *cu = kvi_cuda();
+        rc = kvi_cuda_use_device(layout->device, NULL);
+        kvi_CUresult r =
             rc ? KVT_CUDA_SUCCESS : cu->EventCreate(&w->compute_done, KVT_CU_EVENT_DISABLE_TIMING);
         if (r != KVT_CUDA_SUCCESS)
-            rc = kvt_fail(KVT_EIO, "worker: cuEventCreate: %s", kvt_cuda_err(r));
+            rc = kvt_fail(KVT_EIO, "worker: cuEventCreate: %s", kvi_cuda_err(r));
     }
     if (rc) {
         kvt_copy_destroy(w->copy);
         free(w);
-        return kvt_fail_wrap(rc, "worker");
+        return kvi_fail_wrap(rc, "worker");
     }
     *out = w;
     return 0;
@@ -131,7 +131,7 @@ int kvt_worker_attach_disk(kvt_worker *w, kvt_disk *disk)
     if (!w->copy || w->tier3)
         return kvt_fail(KVT_ESTATE, "worker %u: attach_disk: %s", w->cfg.rank,
                         w->tier3 ? "a disk is already attached" : "a disk worker has no host tier");
-    const kvt_layout *l = kvt_disk_layout(disk);
+    const kvt_layout *l = kvi_disk_layout(disk);
     bool same = l->device == KVT_HOST_DEVICE && l->num_blocks == w->mirror->num_blocks &&
                 l->n_regions == w->mirror->n_regions;
     for (uint32_t i = 0; same && i < l->n_regions; i++)
@@ -159,7 +159,7 @@ void kvt_worker_destroy(kvt_worker *w)
         free(w->disk_ev[i].ev);
     free(w->fev);
     if (w->compute_done)
-        kvt_cuda()->EventDestroy(w->compute_done);
+        kvi_cuda()->EventDestroy(w->compute_done);
     for (uint32_t i = 0; i < w->cap_loads; i++) {
         free(w->loads[i].blocks);
         free(w->loads[i].inv);
@@ -175,9 +175,9 @@ void kvt_worker_destroy(kvt_worker *w)
 static int grow(void **p, uint32_t *cap, uint64_t need, size_t elem, bool zero)
 {
     uint32_t old = *cap;
-    int rc = kvt_array_grow(p, cap, need, elem);
+    int rc = kvi_array_grow(p, cap, need, elem);
     if (rc)
-        return kvt_fail_wrap(rc, "worker");
+        return kvi_fail_wrap(rc, "worker");
     if (zero && *cap > old)
         memset((char *)*p + (size_t)old * elem, 0, (size_t)(*cap - old) * elem);
     return 0;
@@ -197,7 +197,7 @@ int kvt_worker_bind(kvt_worker *w, const kvt_offload_meta *meta)
 {
     int rc = kvt_offload_meta_validate(meta);
     if (rc)
-        return kvt_fail_wrap(rc, "worker: bind");
+        return kvi_fail_wrap(rc, "worker: bind");
     uint32_t dev = w->layout->num_blocks, host = w->host_blocks;
     if ((rc = check_ids(w, "load device", meta->load_gpu_blocks, meta->n_loads, dev)) ||
         (rc = check_ids(w, "load host", meta->load_cpu_blocks, meta->n_loads, host)) ||
@@ -345,10 +345,10 @@ static int compute_point(kvt_worker *w, void *stream, void **wait)
     *wait = NULL;
     if (!w->compute_done)
         return 0;
-    kvt_CUresult r = kvt_cuda()->EventRecord(w->compute_done, (kvt_CUstream)stream);
+    kvi_CUresult r = kvi_cuda()->EventRecord(w->compute_done, (kvi_CUstream)stream);
     if (r != KVT_CUDA_SUCCESS)
         return kvt_fail(KVT_EIO, "worker %u: recording the compute-done event: %s", w->cfg.rank,
-                        kvt_cuda_err(r));
+                        kvi_cuda_err(r));
     *wait = w->compute_done;
     return 0;
 }
@@ -369,7 +369,7 @@ static int submit_disk(kvt_worker *w, int dir, int64_t event, const uint32_t *sr
         if (rc == KVT_EIO)
             kill_tier3(w);
         else if (rc)
-            return kvt_fail_wrap(rc, "worker: disk");
+            return kvi_fail_wrap(rc, "worker: disk");
     }
     f->ev[f->n++] = event;
     f->last = event;
@@ -396,7 +396,7 @@ static int submit(kvt_worker *w, void *stream)
             rc = engine_submit(w, KVT_COPY_LOAD, m->load_event, m->load_cpu_blocks,
                                m->load_gpu_blocks, m->n_loads, wait);
         if (rc)
-            return kvt_fail_wrap(rc, "worker: load");
+            return kvi_fail_wrap(rc, "worker: load");
         memcpy(p->blocks, m->load_gpu_blocks, m->n_loads * sizeof(uint32_t));
         p->n = m->n_loads;
         p->n_inv = 0;
@@ -417,7 +417,7 @@ static int submit(kvt_worker *w, void *stream)
             rc = engine_submit(w, KVT_COPY_STORE, m->store_event, m->store_gpu_blocks,
                                m->store_cpu_blocks, m->n_stores, wait);
         if (rc)
-            return kvt_fail_wrap(rc, "worker: store");
+            return kvi_fail_wrap(rc, "worker: store");
         w->stores[w->n_stores++] = m->store_event;
         w->last_store = m->store_event;
     }
@@ -444,7 +444,7 @@ static bool event_in(const int64_t *ev, uint32_t n, int64_t e)
 static int add_finished_reqs(kvt_worker *w, int64_t e)
 {
     const kvt_offload_meta *m = w->meta;
-    uint32_t lo = m ? kvt_lower_bound_i64(m->load_events, m->n_load_events, e) : 0;
+    uint32_t lo = m ? kvi_lower_bound_i64(m->load_events, m->n_load_events, e) : 0;
     if (!m || lo == m->n_load_events || m->load_events[lo] != e) {
         KVT_LOG_E("worker %u: finished load event %lld is not in load_event_to_reqs; its "
                   "requests cannot be reported",

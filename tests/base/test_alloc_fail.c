@@ -247,56 +247,56 @@ out:
 static int scenario_ec_control(void)
 {
     int rc = 0;
-    kvt_ecc_request q, q2;
-    kvt_ecc_reply p, p2;
-    kvt_ecc_event e = {0}, e2;
-    kvt_ecc_request_init(&q);
-    kvt_ecc_request_init(&q2);
-    kvt_ecc_reply_init(&p);
-    kvt_ecc_reply_init(&p2);
-    kvt_ecc_event_init(&e2);
+    kvi_ecc_request q, q2;
+    kvi_ecc_reply p, p2;
+    kvi_ecc_event e = {0}, e2;
+    kvi_ecc_request_init(&q);
+    kvi_ecc_request_init(&q2);
+    kvi_ecc_reply_init(&p);
+    kvi_ecc_reply_init(&p2);
+    kvi_ecc_event_init(&e2);
     static unsigned char wire[8192];
     size_t len;
     const char *rid = "0123456789abcdef0123456789abcdef";
-    kvt_ecc_request_begin(&q, KVT_ECC_RESERVE_BATCH);
+    kvi_ecc_request_begin(&q, KVT_ECC_RESERVE_BATCH);
     for (int i = 0; i < 5; i++) {
-        kvt_ecc_item it = {.transfer_id = {"xfer", 4},
+        kvi_ecc_item it = {.transfer_id = {"xfer", 4},
                            .mm_hash = {"img", 3},
                            .nbytes = 64,
                            .ndim = 1,
                            .shape = {32},
                            .dtype = {"float16", 7},
                            .client_key = {"0123456789abcdef0123456789abcdef", 32}};
-        TRY(kvt_ecc_request_add(&q, &it));
+        TRY(kvi_ecc_request_add(&q, &it));
     }
-    TRY(kvt_ecc_request_encode(&q, wire, sizeof(wire), &len));
-    TRY(kvt_ecc_request_decode(&q2, wire, len));
-    kvt_ecc_reply_begin(&p, KVT_ECC_RESERVE_BATCH);
+    TRY(kvi_ecc_request_encode(&q, wire, sizeof(wire), &len));
+    TRY(kvi_ecc_request_decode(&q2, wire, len));
+    kvi_ecc_reply_begin(&p, KVT_ECC_RESERVE_BATCH);
     for (int i = 0; i < 5; i++) {
-        kvt_ecc_result x = {.reservation_id = {rid, 32}, .nbytes = 64, .write = true};
-        kvt_ecc_result bad = {.code = KVT_ENOSPC, .error = {"pool full", 9}};
-        TRY(kvt_ecc_reply_add(&p, i % 2 ? &bad : &x));
+        kvi_ecc_result x = {.reservation_id = {rid, 32}, .nbytes = 64, .write = true};
+        kvi_ecc_result bad = {.code = KVT_ENOSPC, .error = {"pool full", 9}};
+        TRY(kvi_ecc_reply_add(&p, i % 2 ? &bad : &x));
     }
-    TRY(kvt_ecc_reply_encode(&p, wire, sizeof(wire), &len));
-    TRY(kvt_ecc_reply_decode(&p2, wire, len));
-    TRY(kvt_ecc_reply_fail(&p, KVT_ESTATE, "shutting down"));
-    TRY(kvt_ecc_reply_encode(&p, wire, sizeof(wire), &len));
-    TRY(kvt_ecc_reply_decode(&p2, wire, len));
-    kvt_ecc_reply_begin(&p, KVT_ECC_DATA_ADDRESS);
-    TRY(kvt_ecc_reply_set_address(&p, "\x01\x02\x03", 3));
-    TRY(kvt_ecc_reply_encode(&p, wire, sizeof(wire), &len));
-    TRY(kvt_ecc_reply_decode(&p2, wire, len));
+    TRY(kvi_ecc_reply_encode(&p, wire, sizeof(wire), &len));
+    TRY(kvi_ecc_reply_decode(&p2, wire, len));
+    TRY(kvi_ecc_reply_fail(&p, KVT_ESTATE, "shutting down"));
+    TRY(kvi_ecc_reply_encode(&p, wire, sizeof(wire), &len));
+    TRY(kvi_ecc_reply_decode(&p2, wire, len));
+    kvi_ecc_reply_begin(&p, KVT_ECC_DATA_ADDRESS);
+    TRY(kvi_ecc_reply_set_address(&p, "\x01\x02\x03", 3));
+    TRY(kvi_ecc_reply_encode(&p, wire, sizeof(wire), &len));
+    TRY(kvi_ecc_reply_decode(&p2, wire, len));
     e.transfer_id = (kvt_str){"xfer", 4}, e.mm_hash = (kvt_str){"img", 3};
     e.reservation_id = (kvt_str){rid, 32}, e.dtype = (kvt_str){"float16", 7};
     e.nbytes = 64, e.ndim = 1, e.shape[0] = 32;
-    TRY(kvt_ecc_event_encode(&e, wire, sizeof(wire), &len));
-    TRY(kvt_ecc_event_decode(&e2, wire, len));
+    TRY(kvi_ecc_event_encode(&e, wire, sizeof(wire), &len));
+    TRY(kvi_ecc_event_decode(&e2, wire, len));
 out:
-    kvt_ecc_request_release(&q);
-    kvt_ecc_request_release(&q2);
-    kvt_ecc_reply_release(&p);
-    kvt_ecc_reply_release(&p2);
-    kvt_ecc_event_release(&e2);
+    kvi_ecc_request_release(&q);
+    kvi_ecc_request_release(&q2);
+    kvi_ecc_reply_release(&p);
+    kvi_ecc_reply_release(&p2);
+    kvi_ecc_event_release(&e2);
     return rc;
 }
 

@@ -24,11 +24,11 @@ static void failure_message_is_kept_and_wrapped(void **state)
     (void)state;
     assert_int_equal(kvt_fail(KVT_ERANGE, "block %u out of range", 7u), KVT_ERANGE);
     assert_string_equal(kvt_last_error(), "block 7 out of range");
-    assert_int_equal(kvt_fail_wrap(KVT_EPROTO, "decode"), KVT_EPROTO);
+    assert_int_equal(kvi_fail_wrap(KVT_EPROTO, "decode"), KVT_EPROTO);
     assert_string_equal(kvt_last_error(), "decode: block 7 out of range");
-    assert_int_equal(kvt_fail_errno(2, "open %s", "x"), KVT_ESYS);
+    assert_int_equal(kvi_fail_errno(2, "open %s", "x"), KVT_ESYS);
     assert_non_null(strstr(kvt_last_error(), "open x: "));
-    kvt_clear_error();
+    kvi_clear_error();
     assert_string_equal(kvt_last_error(), "");
 }
 
@@ -40,9 +40,9 @@ static void long_messages_are_truncated_not_overflowed(void **state)
     big[sizeof(big) - 1] = '\0';
     kvt_fail(KVT_EINVAL, "%s", big);
     assert_true(strlen(kvt_last_error()) < 600);
-    kvt_fail_wrap(KVT_EINVAL, big);
+    kvi_fail_wrap(KVT_EINVAL, big);
     assert_true(strlen(kvt_last_error()) < 600);
-    kvt_fail_errno(5, "%s", big);
+    kvi_fail_errno(5, "%s", big);
     assert_true(strlen(kvt_last_error()) < 600);
 }
 

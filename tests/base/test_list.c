@@ -7,38 +7,38 @@
 
 struct item {
     int v;
-    kvt_list link;
+    kvi_list link;
 };
 
 static void push_remove_and_walk_keep_order(void **state)
 {
     (void)state;
-    kvt_list head;
-    kvt_list_init(&head);
-    assert_true(kvt_list_empty(&head));
-    assert_null(kvt_list_first(&head));
+    kvi_list head;
+    kvi_list_init(&head);
+    assert_true(kvi_list_empty(&head));
+    assert_null(kvi_list_first(&head));
     struct item it[4];
     for (int i = 0; i < 4; i++) {
         it[i].v = i;
-        kvt_list_init(&it[i].link);
-        assert_false(kvt_list_linked(&it[i].link));
+        kvi_list_init(&it[i].link);
+        assert_false(kvi_list_linked(&it[i].link));
     }
-    kvt_list_push_back(&head, &it[1].link);
-    kvt_list_push_back(&head, &it[2].link);
-    kvt_list_push_front(&head, &it[0].link);
-    kvt_list_push_back(&head, &it[3].link);
-    kvt_list_remove(&it[2].link);
-    assert_false(kvt_list_linked(&it[2].link));
+    kvi_list_push_back(&head, &it[1].link);
+    kvi_list_push_back(&head, &it[2].link);
+    kvi_list_push_front(&head, &it[0].link);
+    kvi_list_push_back(&head, &it[3].link);
+    kvi_list_remove(&it[2].link);
+    assert_false(kvi_list_linked(&it[2].link));
     int expect[] = {0, 1, 3}, n = 0;
-    kvt_list *pos;
-    kvt_list_for_each(pos, &head)
+    kvi_list *pos;
+    kvi_list_for_each(pos, &head)
     {
-        assert_int_equal(kvt_list_entry(pos, struct item, link)->v, expect[n++]);
+        assert_int_equal(kvi_list_entry(pos, struct item, link)->v, expect[n++]);
     }
     assert_int_equal(n, 3);
-    assert_ptr_equal(kvt_list_first(&head), &it[0].link);
-    assert_ptr_equal(kvt_list_next(&head, &it[1].link), &it[3].link);
-    assert_null(kvt_list_next(&head, &it[3].link));
+    assert_ptr_equal(kvi_list_first(&head), &it[0].link);
+    assert_ptr_equal(kvi_list_next(&head, &it[1].link), &it[3].link);
+    assert_null(kvi_list_next(&head, &it[3].link));
 }
 
 int main(void)

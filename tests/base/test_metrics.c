@@ -81,16 +81,16 @@ static void merge_refuses_what_would_be_invalid(void **state)
 static void histogram_is_cumulative(void **state)
 {
     (void)state;
-    kvt_hist h = {0};
-    kvt_hist_observe(&h, 5000);        /* 5 us: first bucket */
-    kvt_hist_observe(&h, 2000000);     /* 2 ms: le 0.005 */
-    kvt_hist_observe(&h, 60ull * 1e9); /* 60 s: +Inf only */
+    kvi_hist h = {0};
+    kvi_hist_observe(&h, 5000);        /* 5 us: first bucket */
+    kvi_hist_observe(&h, 2000000);     /* 2 ms: le 0.005 */
+    kvi_hist_observe(&h, 60ull * 1e9); /* 60 s: +Inf only */
     char buf[4096];
-    kvt_prom p = {buf, sizeof(buf), 0};
+    kvi_prom p = {buf, sizeof(buf), 0};
     const char *dir[1] = {"load"};
-    kvt_prom_hist(&p, "t", "lat_seconds", "Latency.", "direction", dir, &h, 1);
+    kvi_prom_hist(&p, "t", "lat_seconds", "Latency.", "direction", dir, &h, 1);
     size_t len;
-    KVT_OK_(kvt_prom_finish(&p, &len, "test"));
+    KVT_OK_(kvi_prom_finish(&p, &len, "test"));
     assert_non_null(strstr(buf, "# TYPE t_lat_seconds histogram\n"));
     assert_non_null(strstr(buf, "t_lat_seconds_bucket{direction=\"load\",le=\"1e-05\"} 1\n"));
     assert_non_null(strstr(buf, "t_lat_seconds_bucket{direction=\"load\",le=\"0.001\"} 1\n"));

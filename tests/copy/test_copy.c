@@ -12,43 +12,43 @@
 static void test_coalesce_spec_examples(void **state)
 {
     (void)state;
-    kvt_run runs[8];
+    kvi_run runs[8];
     uint32_t a_src[] = {1, 2, 3}, a_dst[] = {5, 6, 7};
-    assert_int_equal(kvt_copy_coalesce(a_src, a_dst, 3, runs), 1);
+    assert_int_equal(kvi_copy_coalesce(a_src, a_dst, 3, runs), 1);
     assert_int_equal(runs[0].src, 1);
     assert_int_equal(runs[0].dst, 5);
     assert_int_equal(runs[0].len, 3);
     uint32_t b_src[] = {3, 2, 1}, b_dst[] = {6, 5, 4};
-    assert_int_equal(kvt_copy_coalesce(b_src, b_dst, 3, runs), 3);
+    assert_int_equal(kvi_copy_coalesce(b_src, b_dst, 3, runs), 3);
     uint32_t c_src[] = {1, 1, 2}, c_dst[] = {2, 4, 5};
-    assert_int_equal(kvt_copy_coalesce(c_src, c_dst, 3, runs), 2);
+    assert_int_equal(kvi_copy_coalesce(c_src, c_dst, 3, runs), 2);
     assert_int_equal(runs[0].len, 1);
     assert_int_equal(runs[1].src, 1);
     assert_int_equal(runs[1].dst, 4);
     assert_int_equal(runs[1].len, 2);
     /* only the source ascending, or only the destination: not merged */
     uint32_t d_src[] = {1, 2, 3}, d_dst[] = {5, 9, 10};
-    assert_int_equal(kvt_copy_coalesce(d_src, d_dst, 3, runs), 2);
-    assert_int_equal(kvt_copy_coalesce(d_src, d_dst, 0, runs), 0);
+    assert_int_equal(kvi_copy_coalesce(d_src, d_dst, 3, runs), 2);
+    assert_int_equal(kvi_copy_coalesce(d_src, d_dst, 0, runs), 0);
     uint32_t e_src[] = {UINT32_MAX, 0}, e_dst[] = {4, 5};
-    assert_int_equal(kvt_copy_coalesce(e_src, e_dst, 2, runs), 2);
+    assert_int_equal(kvi_copy_coalesce(e_src, e_dst, 2, runs), 2);
 }
 
 static void test_descs_region_major(void **state)
 {
     (void)state;
     kvt_region src[2] = {{1000, 10}, {50000, 4}}, dst[2] = {{2000, 10}, {90000, 4}};
-    kvt_run runs[2] = {{1, 5, 3}, {9, 0, 1}};
-    kvt_desc d[4];
-    kvt_copy_build_descs(src, dst, 2, runs, 2, d);
+    kvi_run runs[2] = {{1, 5, 3}, {9, 0, 1}};
+    kvi_desc d[4];
+    kvi_copy_build_descs(src, dst, 2, runs, 2, d);
     assert_true(d[0].src == 1010 && d[0].dst == 2050 && d[0].size == 30);
     assert_true(d[1].src == 1090 && d[1].dst == 2000 && d[1].size == 10);
     assert_true(d[2].src == 50004 && d[2].dst == 90020 && d[2].size == 12);
     assert_true(d[3].src == 50036 && d[3].dst == 90000 && d[3].size == 4);
-    assert_int_equal(kvt_copy_batches(0, 0), 0);
-    assert_int_equal(kvt_copy_batches(9000, 0), 1);
-    assert_int_equal(kvt_copy_batches(9000, 8192), 2);
-    assert_int_equal(kvt_copy_batches(8192, 8192), 1);
+    assert_int_equal(kvi_copy_batches(0, 0), 0);
+    assert_int_equal(kvi_copy_batches(9000, 0), 1);
+    assert_int_equal(kvi_copy_batches(9000, 8192), 2);
+    assert_int_equal(kvi_copy_batches(8192, 8192), 1);
 }
 
 static void test_layout_rules(void **state)
@@ -493,7 +493,7 @@ static void test_nt_copy_edges(void **state)
     for (size_t off = 0; off < 40; off += 3)
         for (size_t n = 0; n < 700; n += 37) {
             memset(b, 0xEE, 5000);
-            kvt_copy_bytes_nt(b + off, a + 1, n);
+            kvi_copy_bytes_nt(b + off, a + 1, n);
             assert_memory_equal(b + off, a + 1, n);
             assert_int_equal(b[off + n], 0xEE);
             if (off)

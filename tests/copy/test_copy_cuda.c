@@ -18,12 +18,12 @@
 #define BPB1 4096u
 
 typedef struct grig {
-    const kvt_cuda_api *cu;
-    kvt_CUdeviceptr dev[2];
+    const kvi_cuda_api *cu;
+    kvi_CUdeviceptr dev[2];
     kvt_layout *layout;
     kvt_mirror *mirror;
     kvt_copy *copy;
-    kvt_CUstream compute;
+    kvi_CUstream compute;
     unsigned char *pinned; /* staging for the compute stream */
 } grig;
 
@@ -49,8 +49,8 @@ static int setup(void **state)
         return 0;
     }
     grig *g = calloc(1, sizeof(*g));
-    g->cu = kvt_cuda();
-    KVT_OK_(kvt_cuda_use_device(0, NULL));
+    g->cu = kvi_cuda();
+    KVT_OK_(kvi_cuda_use_device(0, NULL));
     KVT_OK_(kvt_layout_create(0, NB, &g->layout));
     for (int r = 0; r < 2; r++) {
         assert_int_equal(g->cu->MemAlloc(&g->dev[r], NB * BPB[r]), 0);
@@ -139,9 +139,9 @@ static void wait_hwm(kvt_copy *c, int dir, int64_t ev)
 static bool need_kernel(kvt_copy *c)
 {
     const char *why = "";
-    if (strcmp(kvt_copy_cuda_kernel(c, 4096, &why), "cuda_gather") == 0)
+    if (strcmp(kvi_copy_cuda_kernel(c, 4096, &why), "cuda_gather") == 0)
         return true;
-    if (getenv("KVT_REQUIRE_CUDA") && kvt_cuda_frag_ptx_len > 0)
+    if (getenv("KVT_REQUIRE_CUDA") && kvi_cuda_frag_ptx_len > 0)
         fail_msg("the gather/scatter kernel did not load: %s", why);
     print_message("SKIPPED: gather/scatter kernel not available: %s\n", why);
     kvt_test_skips++;
@@ -225,9 +225,9 @@ static void store_waits_for_compute(grig *g, uint64_t kernel_max)
         kvt_copy_destroy(c);
         return;
     }
-    kvt_CUdeviceptr scratch;
+    kvi_CUdeviceptr scratch;
     assert_int_equal(g->cu->MemAlloc(&scratch, 256u << 20), 0);
-    kvt_CUevent done;
+    kvi_CUevent done;
     assert_int_equal(g->cu->EventCreate(&done, KVT_CU_EVENT_DISABLE_TIMING), 0);
     for (int round = 0; round < 5; round++) {
         fill_dev(g, 7, 1);
@@ -236,13 +236,13 @@ static void store_waits_for_compute(grig *g, uint64_t kernel_max)
             for (uint64_t o = 0; o < BPB[r]; o++)
                 g->pinned[(r ? BPB0 : 0) + o] = pat(tag, r, o);
         /* slow compute: a big copy, then the block's new contents */
-        assert_int_equal(g->cu->MemcpyAsync(scratch, (kvt_CUdeviceptr)(uintptr_t)g->pinned,
+        assert_int_equal(g->cu->MemcpyAsync(scratch, (kvi_CUdeviceptr)(uintptr_t)g->pinned,
                                             256u << 20, g->compute),
                          0);
         for (int r = 0; r < 2; r++)
             assert_int_equal(
                 g->cu->MemcpyAsync(g->dev[r] + 7 * BPB[r],
-                                   (kvt_CUdeviceptr)(uintptr_t)(g->pinned + (r ? BPB0 : 0)), BPB[r],
+                                   (kvi_CUdeviceptr)(uintptr_t)(g->pinned + (r ? BPB0 : 0)), BPB[r],
                                    g->compute),
                 0);
         assert_int_equal(g->cu->EventRecord(done, g->compute), 0);
@@ -376,7 +376,7 @@ static void test_cuda_disk_roundtrip(void **state)
         rc = kvt_disk_create(&dc, g->layout, &d);
     }
     KVT_OK_(rc);
-    kvt_CUevent done;
+    kvi_CUevent done;
     assert_int_equal(g->cu->EventCreate(&done, KVT_CU_EVENT_DISABLE_TIMING), 0);
     uint32_t src[6] = {1, 2, 3, 10, 11, 40}, slot[6] = {0, 1, 2, 7, 5, 30}, back[6];
     for (uint32_t i = 0; i < 6; i++) {

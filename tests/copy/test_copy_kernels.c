@@ -48,7 +48,7 @@ static int kernel_errors(const copy_kernel *k)
                 unsigned char *d = dst + GUARD + d_o;
                 k->fn((char *)d, (const char *)src + GUARD + so, n, (const char *)next,
                       li % 2 ? 4096 : 0);
-                kvt_copy_fence();
+                kvi_copy_fence();
                 bool ok = memcmp(d, src + GUARD + so, n) == 0;
                 for (size_t g = 0; g < GUARD + d_o && ok; g++) /* before the destination */
                     ok = dst[g] == 0xEE;
@@ -71,24 +71,24 @@ static void test_every_kernel_exact(void **state)
 {
     (void)state;
     size_t n;
-    const copy_kernel *ks = kvt_copy_kernel_list(&n);
+    const copy_kernel *ks = kvi_copy_kernel_list(&n);
     assert_true(n >= 1);
     assert_string_equal(ks[0].name, "memcpy");
     int ran = 0;
     for (size_t i = 0; i < n; i++) {
-        if (!kvt_copy_kernel_runs_here(&ks[i])) {
+        if (!kvi_copy_kernel_runs_here(&ks[i])) {
             print_message("kernel %s: this CPU lacks its instructions, not tested here\n",
                           ks[i].name);
-            assert_null(kvt_copy_kernel_find(ks[i].name, strlen(ks[i].name)));
+            assert_null(kvi_copy_kernel_find(ks[i].name, strlen(ks[i].name)));
             continue;
         }
-        assert_ptr_equal(kvt_copy_kernel_find(ks[i].name, strlen(ks[i].name)), &ks[i]);
+        assert_ptr_equal(kvi_copy_kernel_find(ks[i].name, strlen(ks[i].name)), &ks[i]);
         assert_int_equal(kernel_errors(&ks[i]), 0);
         ran++;
     }
     print_message("%d of %zu kernels run on this CPU and copied exactly\n", ran, n);
-    assert_null(kvt_copy_kernel_find("avx1024nt", 9));
-    assert_null(kvt_copy_kernel_find("memcp", 5)); /* a prefix is not a name */
+    assert_null(kvi_copy_kernel_find("avx1024nt", 9));
+    assert_null(kvi_copy_kernel_find("memcp", 5)); /* a prefix is not a name */
 }
 
 /* The checker must see a broken kernel: one that drops the last byte, one that writes a byte
@@ -143,7 +143,7 @@ static void chosen_in_child(const char *env, bool engine, char *out, size_t cap)
             unsetenv("KVTIER_COPY_KERNEL");
         kvt_log_set_handler(catch_warning, NULL);
         char buf[1024];
-        const copy_kernel *const *k = kvt_copy_kernels();
+        const copy_kernel *const *k = kvi_copy_kernels();
         int len =
             snprintf(buf, sizeof(buf), "%s %s%s", k[0]->name, k[1]->name, warned ? " warned" : "");
         if (engine) {
@@ -195,15 +195,15 @@ static void test_pick_fastest_beyond_noise(void **state)
     (void)state;
     /* secs per kernel, 0: does not run here; kernel 2 is the expected one */
     double b[] = {1.0, 0.5, 0.56, 0}; /* 1 is more than 10% faster than 2: taken */
-    assert_int_equal(kvt_copy_kernel_pick(b, 4, 2), 1);
+    assert_int_equal(kvi_copy_kernel_pick(b, 4, 2), 1);
     double c[] = {1.0, 0.52, 0.56, 0}; /* within 10%: the expected one stays */
-    assert_int_equal(kvt_copy_kernel_pick(c, 4, 2), 2);
+    assert_int_equal(kvi_copy_kernel_pick(c, 4, 2), 2);
     double d[] = {1.0, 0.9, 0, 0.3}; /* the expected one does not run: plain fastest */
-    assert_int_equal(kvt_copy_kernel_pick(d, 4, 2), 3);
+    assert_int_equal(kvi_copy_kernel_pick(d, 4, 2), 3);
     double e[] = {1.0, 0, 0, 0};
-    assert_int_equal(kvt_copy_kernel_pick(e, 4, 0), 0);
+    assert_int_equal(kvi_copy_kernel_pick(e, 4, 0), 0);
     double f[] = {0.3, 0.2, 0.1, 0.4}; /* the expected one slowest by far */
-    assert_int_equal(kvt_copy_kernel_pick(f, 4, 3), 2);
+    assert_int_equal(kvi_copy_kernel_pick(f, 4, 3), 2);
 }
 
 static void test_env_names_kernels(void **state)
@@ -239,8 +239,8 @@ static void test_env_bad_name_calibrates(void **state)
         if (!strstr(out, " warned"))
             fail_msg("KVTIER_COPY_KERNEL=\"%s\" taken without a warning: %s", bad[i], out);
         assert_int_equal(sscanf(out, "%63s %63s", a, b), 2);
-        assert_non_null(kvt_copy_kernel_find(a, strlen(a)));
-        assert_non_null(kvt_copy_kernel_find(b, strlen(b)));
+        assert_non_null(kvi_copy_kernel_find(a, strlen(a)));
+        assert_non_null(kvi_copy_kernel_find(b, strlen(b)));
     }
 }
 

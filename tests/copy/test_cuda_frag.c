@@ -12,10 +12,10 @@ static void test_ptx_embedded(void **state)
 {
     (void)state;
 #if KVT_TEST_PTX_EXPECTED
-    assert_true(kvt_cuda_frag_ptx_len > 1000);
-    const char *ptx = (const char *)kvt_cuda_frag_ptx;
-    assert_int_equal(strlen(ptx), kvt_cuda_frag_ptx_len); /* NUL-terminated, no NUL inside */
-    assert_non_null(strstr(ptx, ".entry kvt_copy_frags("));
+    assert_true(kvi_cuda_frag_ptx_len > 1000);
+    const char *ptx = (const char *)kvi_cuda_frag_ptx;
+    assert_int_equal(strlen(ptx), kvi_cuda_frag_ptx_len); /* NUL-terminated, no NUL inside */
+    assert_non_null(strstr(ptx, ".entry kvi_copy_frags("));
     /* the block size cuda_frag.c launches with is the one the kernel was compiled for */
     char bounds[32];
     snprintf(bounds, sizeof(bounds), ".maxntid %d, 1, 1", KVT_FRAG_THREADS);
@@ -23,8 +23,8 @@ static void test_ptx_embedded(void **state)
     assert_non_null(strstr(ptx, ".address_size 64"));
 #else
     /* a build without nvcc: nothing embedded, and the backend says so (DMA only) */
-    assert_int_equal(kvt_cuda_frag_ptx_len, 0);
-    assert_int_equal(kvt_cuda_frag_ptx[0], 0);
+    assert_int_equal(kvi_cuda_frag_ptx_len, 0);
+    assert_int_equal(kvi_cuda_frag_ptx[0], 0);
     print_message("built without nvcc: no kernel PTX, as expected\n");
 #endif
 }
@@ -32,15 +32,15 @@ static void test_ptx_embedded(void **state)
 static void test_kernel_or_dma(void **state)
 {
     (void)state;
-    assert_true(kvt_frag_use(64 * 16384, 64, 128 << 10));       /* per-layer fragments */
-    assert_true(kvt_frag_use(128u << 10, 1, 128 << 10));        /* at the limit */
-    assert_false(kvt_frag_use((128u << 10) + 1, 1, 128 << 10)); /* above it */
-    assert_false(kvt_frag_use(32 * (2u << 20), 32, 128 << 10)); /* whole blocks: DMA */
+    assert_true(kvi_frag_use(64 * 16384, 64, 128 << 10));       /* per-layer fragments */
+    assert_true(kvi_frag_use(128u << 10, 1, 128 << 10));        /* at the limit */
+    assert_false(kvi_frag_use((128u << 10) + 1, 1, 128 << 10)); /* above it */
+    assert_false(kvi_frag_use(32 * (2u << 20), 32, 128 << 10)); /* whole blocks: DMA */
     /* the mean decides: one 2 MiB run among 63 fragments of 16 KiB */
-    assert_true(kvt_frag_use((2u << 20) + 63 * 16384, 64, 128 << 10));
-    assert_false(kvt_frag_use(64 * 16384, 64, 0)); /* 0: never */
-    assert_false(kvt_frag_use(0, 0, 128 << 10));   /* no descriptors */
-    assert_true(kvt_frag_use(UINT64_MAX, 1, UINT64_MAX));
+    assert_true(kvi_frag_use((2u << 20) + 63 * 16384, 64, 128 << 10));
+    assert_false(kvi_frag_use(64 * 16384, 64, 0)); /* 0: never */
+    assert_false(kvi_frag_use(0, 0, 128 << 10));   /* no descriptors */
+    assert_true(kvi_frag_use(UINT64_MAX, 1, UINT64_MAX));
 }
 
 int main(void)

@@ -16,9 +16,9 @@ static kvt_str S(const char *s)
     return (kvt_str){s, (uint32_t)strlen(s)};
 }
 
-static kvt_ecc_item reserve_item(const char *tid, const char *hash, uint64_t rows)
+static kvi_ecc_item reserve_item(const char *tid, const char *hash, uint64_t rows)
 {
-    kvt_ecc_item it = {0};
+    kvi_ecc_item it = {0};
     it.transfer_id = S(tid);
     it.mm_hash = S(hash);
     it.ndim = 2;
@@ -33,25 +33,25 @@ static kvt_ecc_item reserve_item(const char *tid, const char *hash, uint64_t row
 static uint8_t g_buf[1 << 16], g_buf2[1 << 16];
 
 /* Encodes r, decodes it into back, re-encodes back: the same bytes. Returns the length. */
-static size_t request_round_trip(const kvt_ecc_request *r, kvt_ecc_request *back)
+static size_t request_round_trip(const kvi_ecc_request *r, kvi_ecc_request *back)
 {
     size_t len, len2;
-    KVT_OK_(kvt_ecc_request_encode(r, g_buf, sizeof(g_buf), &len));
-    assert_int_equal(len, kvt_ecc_request_encoded_size(r));
-    KVT_OK_(kvt_ecc_request_decode(back, g_buf, len));
-    KVT_OK_(kvt_ecc_request_encode(back, g_buf2, sizeof(g_buf2), &len2));
+    KVT_OK_(kvi_ecc_request_encode(r, g_buf, sizeof(g_buf), &len));
+    assert_int_equal(len, kvi_ecc_request_encoded_size(r));
+    KVT_OK_(kvi_ecc_request_decode(back, g_buf, len));
+    KVT_OK_(kvi_ecc_request_encode(back, g_buf2, sizeof(g_buf2), &len2));
     assert_int_equal(len, len2);
     assert_memory_equal(g_buf, g_buf2, len);
     return len;
 }
 
-static size_t reply_round_trip(const kvt_ecc_reply *r, kvt_ecc_reply *back)
+static size_t reply_round_trip(const kvi_ecc_reply *r, kvi_ecc_reply *back)
 {
     size_t len, len2;
-    KVT_OK_(kvt_ecc_reply_encode(r, g_buf, sizeof(g_buf), &len));
-    assert_int_equal(len, kvt_ecc_reply_encoded_size(r));
-    KVT_OK_(kvt_ecc_reply_decode(back, g_buf, len));
-    KVT_OK_(kvt_ecc_reply_encode(back, g_buf2, sizeof(g_buf2), &len2));
+    KVT_OK_(kvi_ecc_reply_encode(r, g_buf, sizeof(g_buf), &len));
+    assert_int_equal(len, kvi_ecc_reply_encoded_size(r));
+    KVT_OK_(kvi_ecc_reply_decode(back, g_buf, len));
+    KVT_OK_(kvi_ecc_reply_encode(back, g_buf2, sizeof(g_buf2), &len2));
     assert_int_equal(len, len2);
     assert_memory_equal(g_buf, g_buf2, len);
     return len;
@@ -60,11 +60,11 @@ static size_t reply_round_trip(const kvt_ecc_reply *r, kvt_ecc_reply *back)
 static void every_request_op_round_trips(void **state)
 {
     (void)state;
-    kvt_ecc_request r, back;
-    kvt_ecc_request_init(&r);
-    kvt_ecc_request_init(&back);
+    kvi_ecc_request r, back;
+    kvi_ecc_request_init(&r);
+    kvi_ecc_request_init(&back);
     for (uint32_t op = KVT_ECC_PEERS; op <= KVT_ECC_CANCEL_BATCH; op++) {
-        kvt_ecc_request_begin(&r, op);
+        kvi_ecc_request_begin(&r, op);
         bool cancel = op == KVT_ECC_CANCEL || op == KVT_ECC_CANCEL_BATCH;
         uint32_t n = op == KVT_ECC_PEERS || op == KVT_ECC_EVENT_PORT || op == KVT_ECC_DATA_ADDRESS
                          ? 0
@@ -73,20 +73,20 @@ static void every_request_op_round_trips(void **state)
                          ? 3
                          : 1;
         for (uint32_t i = 0; i < n; i++) {
-            kvt_ecc_item it = reserve_item(i ? "xfer-b" : "xfer-a", "img-1", 16 + i);
+            kvi_ecc_item it = reserve_item(i ? "xfer-b" : "xfer-a", "img-1", 16 + i);
             it.transfer_id = S(i == 2 ? "xfer-c" : it.transfer_id.ptr);
             it.reservation_id = S(RID);
             it.abandon = cancel;
             it.refresh = cancel;
             if (cancel) /* a producer's abandon: its id, no key */
                 it.client_key = S("");
-            KVT_OK_(kvt_ecc_request_add(&r, &it));
+            KVT_OK_(kvi_ecc_request_add(&r, &it));
         }
         request_round_trip(&r, &back);
         assert_int_equal(back.op, op);
         assert_int_equal(back.n, n);
         for (uint32_t i = 0; i < n; i++) {
-            const kvt_ecc_item *a = &r.items[i], *b = &back.items[i];
+            const kvi_ecc_item *a = &r.items[i], *b = &back.items[i];
             assert_string_equal(b->transfer_id.ptr, a->transfer_id.ptr);
             if (op == KVT_ECC_RESERVE || op == KVT_ECC_RESERVE_BATCH) {
                 assert_string_equal(b->mm_hash.ptr, "img-1");
@@ -106,24 +106,24 @@ static void every_request_op_round_trips(void **state)
         }
     }
     /* the consumer's own cancel: no reservation id, its owner key */
-    kvt_ecc_request_begin(&r, KVT_ECC_CANCEL);
-    kvt_ecc_item c = {.transfer_id = S("xfer-a"), .reservation_id = S(""), .client_key = S(KEY)};
-    KVT_OK_(kvt_ecc_request_add(&r, &c));
+    kvi_ecc_request_begin(&r, KVT_ECC_CANCEL);
+    kvi_ecc_item c = {.transfer_id = S("xfer-a"), .reservation_id = S(""), .client_key = S(KEY)};
+    KVT_OK_(kvi_ecc_request_add(&r, &c));
     request_round_trip(&r, &back);
     assert_int_equal(back.items[0].reservation_id.len, 0);
     assert_string_equal(back.items[0].client_key.ptr, KEY);
-    kvt_ecc_request_release(&r);
-    kvt_ecc_request_release(&back);
+    kvi_ecc_request_release(&r);
+    kvi_ecc_request_release(&back);
 }
 
 static void every_reply_round_trips_with_per_item_errors(void **state)
 {
     (void)state;
-    kvt_ecc_reply r, back;
-    kvt_ecc_reply_init(&r);
-    kvt_ecc_reply_init(&back);
+    kvi_ecc_reply r, back;
+    kvi_ecc_reply_init(&r);
+    kvi_ecc_reply_init(&back);
     /* peers */
-    kvt_ecc_reply_begin(&r, KVT_ECC_PEERS);
+    kvi_ecc_reply_begin(&r, KVT_ECC_PEERS);
     r.n_ports = 2;
     r.ports[0] = 19000;
     r.ports[1] = 19001;
@@ -131,23 +131,23 @@ static void every_reply_round_trips_with_per_item_errors(void **state)
     assert_int_equal(back.n_ports, 2);
     assert_int_equal(back.ports[1], 19001);
     /* event_port */
-    kvt_ecc_reply_begin(&r, KVT_ECC_EVENT_PORT);
+    kvi_ecc_reply_begin(&r, KVT_ECC_EVENT_PORT);
     r.port = 40123;
     reply_round_trip(&r, &back);
     assert_int_equal(back.port, 40123);
     /* reserve_batch: a writer, a cached hit, a failure with its message */
-    kvt_ecc_reply_begin(&r, KVT_ECC_RESERVE_BATCH);
-    kvt_ecc_result x = {0};
+    kvi_ecc_reply_begin(&r, KVT_ECC_RESERVE_BATCH);
+    kvi_ecc_result x = {0};
     x.reservation_id = S(RID);
     x.offset = 4096;
     x.nbytes = 2048;
     x.tag = 0x1234567890abcdefull;
     x.write = true;
-    KVT_OK_(kvt_ecc_reply_add(&r, &x));
+    KVT_OK_(kvi_ecc_reply_add(&r, &x));
     x.write = false, x.ready = x.cached = true, x.reservation_id = S(RID2);
-    KVT_OK_(kvt_ecc_reply_add(&r, &x));
-    kvt_ecc_result bad = {.code = KVT_ENOSPC, .error = S("EC consumer buffer pool is full")};
-    KVT_OK_(kvt_ecc_reply_add(&r, &bad));
+    KVT_OK_(kvi_ecc_reply_add(&r, &x));
+    kvi_ecc_result bad = {.code = KVT_ENOSPC, .error = S("EC consumer buffer pool is full")};
+    KVT_OK_(kvi_ecc_reply_add(&r, &bad));
     reply_round_trip(&r, &back);
     assert_int_equal(back.n, 3);
     assert_true(back.results[0].write && !back.results[0].ready);
@@ -158,73 +158,73 @@ static void every_reply_round_trips_with_per_item_errors(void **state)
     assert_int_equal(back.results[2].code, KVT_ENOSPC);
     assert_string_equal(back.results[2].error.ptr, "EC consumer buffer pool is full");
     /* status: found and not */
-    kvt_ecc_reply_begin(&r, KVT_ECC_STATUS);
-    kvt_ecc_result st = {.found = true, .ready = true, .nbytes = 256, .ndim = 1};
+    kvi_ecc_reply_begin(&r, KVT_ECC_STATUS);
+    kvi_ecc_result st = {.found = true, .ready = true, .nbytes = 256, .ndim = 1};
     st.shape[0] = 128;
     st.mm_hash = S("img-2"), st.dtype = S("float16");
-    KVT_OK_(kvt_ecc_reply_add(&r, &st));
+    KVT_OK_(kvi_ecc_reply_add(&r, &st));
     reply_round_trip(&r, &back);
     assert_int_equal(back.results[0].reservation_id.len, 0);
     assert_true(back.results[0].found && back.results[0].ready);
     assert_string_equal(back.results[0].dtype.ptr, "float16");
-    kvt_ecc_reply_begin(&r, KVT_ECC_STATUS);
-    kvt_ecc_result none = {0};
-    KVT_OK_(kvt_ecc_reply_add(&r, &none));
+    kvi_ecc_reply_begin(&r, KVT_ECC_STATUS);
+    kvi_ecc_result none = {0};
+    KVT_OK_(kvi_ecc_reply_add(&r, &none));
     assert_int_equal(reply_round_trip(&r, &back), KVT_META_HEADER_LEN + 8 + 4 + 4 + 8 + 1);
     assert_false(back.results[0].found);
     /* complete_batch and cancel */
-    kvt_ecc_reply_begin(&r, KVT_ECC_COMPLETE_BATCH);
-    kvt_ecc_result c = {.completed = true, .became_ready = true};
-    KVT_OK_(kvt_ecc_reply_add(&r, &c));
+    kvi_ecc_reply_begin(&r, KVT_ECC_COMPLETE_BATCH);
+    kvi_ecc_result c = {.completed = true, .became_ready = true};
+    KVT_OK_(kvi_ecc_reply_add(&r, &c));
     c.became_ready = false;
-    KVT_OK_(kvt_ecc_reply_add(&r, &c));
+    KVT_OK_(kvi_ecc_reply_add(&r, &c));
     c.pending = true; /* accepted, bytes still arriving */
-    KVT_OK_(kvt_ecc_reply_add(&r, &c));
+    KVT_OK_(kvi_ecc_reply_add(&r, &c));
     reply_round_trip(&r, &back);
     assert_true(back.results[0].became_ready && !back.results[1].became_ready);
     assert_true(!back.results[1].pending && back.results[2].pending && back.results[2].completed);
-    kvt_ecc_reply_begin(&r, KVT_ECC_CANCEL);
-    kvt_ecc_result k = {.cancelled = true};
-    KVT_OK_(kvt_ecc_reply_add(&r, &k));
+    kvi_ecc_reply_begin(&r, KVT_ECC_CANCEL);
+    kvi_ecc_result k = {.cancelled = true};
+    KVT_OK_(kvi_ecc_reply_add(&r, &k));
     reply_round_trip(&r, &back);
     assert_true(back.results[0].cancelled);
     /* a whole-request failure carries no results */
-    kvt_ecc_reply_begin(&r, KVT_ECC_RESERVE);
-    KVT_OK_(kvt_ecc_reply_fail(&r, KVT_ESTATE, "shard is shutting down"));
+    kvi_ecc_reply_begin(&r, KVT_ECC_RESERVE);
+    KVT_OK_(kvi_ecc_reply_fail(&r, KVT_ESTATE, "shard is shutting down"));
     reply_round_trip(&r, &back);
     assert_int_equal(back.code, KVT_ESTATE);
     assert_string_equal(back.error.ptr, "shard is shutting down");
     assert_int_equal(back.n, 0);
-    kvt_ecc_reply_release(&r);
-    kvt_ecc_reply_release(&back);
+    kvi_ecc_reply_release(&r);
+    kvi_ecc_reply_release(&back);
 }
 
 static void events_round_trip_ready_and_abandoned(void **state)
 {
     (void)state;
-    kvt_ecc_event e = {0}, back;
-    kvt_ecc_event_init(&back);
+    kvi_ecc_event e = {0}, back;
+    kvi_ecc_event_init(&back);
     e.transfer_id = S("xfer-a"), e.mm_hash = S("img-1"), e.reservation_id = S(RID);
     e.dtype = S("bfloat16"), e.ndim = 2, e.shape[0] = 4, e.shape[1] = 8, e.nbytes = 64;
     e.shard = 3;
     size_t len, len2;
-    KVT_OK_(kvt_ecc_event_encode(&e, g_buf, sizeof(g_buf), &len));
-    KVT_OK_(kvt_ecc_event_decode(&back, g_buf, len));
+    KVT_OK_(kvi_ecc_event_encode(&e, g_buf, sizeof(g_buf), &len));
+    KVT_OK_(kvi_ecc_event_decode(&back, g_buf, len));
     assert_string_equal(back.reservation_id.ptr, RID);
     assert_int_equal(back.shard, 3);
     assert_false(back.abandoned);
-    KVT_OK_(kvt_ecc_event_encode(&back, g_buf2, sizeof(g_buf2), &len2));
+    KVT_OK_(kvi_ecc_event_encode(&back, g_buf2, sizeof(g_buf2), &len2));
     assert_memory_equal(g_buf, g_buf2, len);
     /* an abandoned notice may come without a reservation id; a ready one may not */
     e.abandoned = true, e.reservation_id = S("");
-    KVT_OK_(kvt_ecc_event_encode(&e, g_buf, sizeof(g_buf), &len));
-    KVT_OK_(kvt_ecc_event_decode(&back, g_buf, len));
+    KVT_OK_(kvi_ecc_event_encode(&e, g_buf, sizeof(g_buf), &len));
+    KVT_OK_(kvi_ecc_event_decode(&back, g_buf, len));
     assert_true(back.abandoned);
     e.abandoned = false;
-    KVT_ERR_(kvt_ecc_event_encode(&e, g_buf, sizeof(g_buf), &len), KVT_EINVAL);
+    KVT_ERR_(kvi_ecc_event_encode(&e, g_buf, sizeof(g_buf), &len), KVT_EINVAL);
     e.reservation_id = S(RID), e.shard = KVT_EC_MAX_SHARDS;
-    KVT_ERR_(kvt_ecc_event_encode(&e, g_buf, sizeof(g_buf), &len), KVT_EINVAL);
-    kvt_ecc_event_release(&back);
+    KVT_ERR_(kvi_ecc_event_encode(&e, g_buf, sizeof(g_buf), &len), KVT_EINVAL);
+    kvi_ecc_event_release(&back);
 }
 
 /* The public decoder (kvtier/ec_net.h) gives the event as the shard queued it, and leaves
@@ -232,12 +232,12 @@ static void events_round_trip_ready_and_abandoned(void **state)
 static void public_event_decode(void **state)
 {
     (void)state;
-    kvt_ecc_event e = {0};
+    kvi_ecc_event e = {0};
     e.transfer_id = S("xfer-a"), e.mm_hash = S("img-1"), e.reservation_id = S(RID);
     e.dtype = S("bfloat16"), e.ndim = 2, e.shape[0] = 4, e.shape[1] = 8, e.nbytes = 64;
     e.shard = 5;
     size_t len;
-    KVT_OK_(kvt_ecc_event_encode(&e, g_buf, sizeof(g_buf), &len));
+    KVT_OK_(kvi_ecc_event_encode(&e, g_buf, sizeof(g_buf), &len));
     kvt_ec_ready_event out;
     uint32_t shard = 0;
     KVT_OK_(kvt_ec_event_decode(g_buf, len, &out, &shard));
@@ -265,40 +265,40 @@ static void public_event_decode(void **state)
 static void every_truncation_is_refused(void **state)
 {
     (void)state;
-    kvt_ecc_request r, back;
-    kvt_ecc_request_init(&r);
-    kvt_ecc_request_init(&back);
-    kvt_ecc_request_begin(&r, KVT_ECC_RESERVE_BATCH);
-    kvt_ecc_item a = reserve_item("xfer-a", "img-1", 3), b = reserve_item("xfer-b", "img-2", 5);
-    KVT_OK_(kvt_ecc_request_add(&r, &a));
-    KVT_OK_(kvt_ecc_request_add(&r, &b));
+    kvi_ecc_request r, back;
+    kvi_ecc_request_init(&r);
+    kvi_ecc_request_init(&back);
+    kvi_ecc_request_begin(&r, KVT_ECC_RESERVE_BATCH);
+    kvi_ecc_item a = reserve_item("xfer-a", "img-1", 3), b = reserve_item("xfer-b", "img-2", 5);
+    KVT_OK_(kvi_ecc_request_add(&r, &a));
+    KVT_OK_(kvi_ecc_request_add(&r, &b));
     size_t len;
-    KVT_OK_(kvt_ecc_request_encode(&r, g_buf, sizeof(g_buf), &len));
+    KVT_OK_(kvi_ecc_request_encode(&r, g_buf, sizeof(g_buf), &len));
     for (size_t cut = 0; cut < len; cut++) {
-        int rc = kvt_ecc_request_decode(&back, g_buf, cut);
+        int rc = kvi_ecc_request_decode(&back, g_buf, cut);
         assert_true(rc == KVT_EPROTO || rc == KVT_EVERSION);
         assert_int_equal(back.n, 0);
         assert_true(kvt_last_error()[0] != 0);
     }
-    kvt_ecc_reply rep, rback;
-    kvt_ecc_reply_init(&rep);
-    kvt_ecc_reply_init(&rback);
-    kvt_ecc_reply_begin(&rep, KVT_ECC_RESERVE_BATCH);
-    kvt_ecc_result x = {.reservation_id = S(RID), .nbytes = 384, .write = true};
-    KVT_OK_(kvt_ecc_reply_add(&rep, &x));
-    KVT_OK_(kvt_ecc_reply_add(&rep, &x));
-    KVT_OK_(kvt_ecc_reply_encode(&rep, g_buf, sizeof(g_buf), &len));
+    kvi_ecc_reply rep, rback;
+    kvi_ecc_reply_init(&rep);
+    kvi_ecc_reply_init(&rback);
+    kvi_ecc_reply_begin(&rep, KVT_ECC_RESERVE_BATCH);
+    kvi_ecc_result x = {.reservation_id = S(RID), .nbytes = 384, .write = true};
+    KVT_OK_(kvi_ecc_reply_add(&rep, &x));
+    KVT_OK_(kvi_ecc_reply_add(&rep, &x));
+    KVT_OK_(kvi_ecc_reply_encode(&rep, g_buf, sizeof(g_buf), &len));
     for (size_t cut = 0; cut < len; cut++) {
-        int rc = kvt_ecc_reply_decode(&rback, g_buf, cut);
+        int rc = kvi_ecc_reply_decode(&rback, g_buf, cut);
         assert_true(rc == KVT_EPROTO || rc == KVT_EVERSION);
         assert_int_equal(rback.n, 0);
     }
     /* trailing bytes too */
-    KVT_ERR_(kvt_ecc_reply_decode(&rback, g_buf, len + 1), KVT_EPROTO);
-    kvt_ecc_request_release(&r);
-    kvt_ecc_request_release(&back);
-    kvt_ecc_reply_release(&rep);
-    kvt_ecc_reply_release(&rback);
+    KVT_ERR_(kvi_ecc_reply_decode(&rback, g_buf, len + 1), KVT_EPROTO);
+    kvi_ecc_request_release(&r);
+    kvi_ecc_request_release(&back);
+    kvi_ecc_reply_release(&rep);
+    kvi_ecc_reply_release(&rback);
 }
 
 /* Encodes r after `mutate` changed one field; the encoder (and so the decoder, which runs the
@@ -306,43 +306,43 @@ static void every_truncation_is_refused(void **state)
 static void forged_requests_are_refused(void **state)
 {
     (void)state;
-    kvt_ecc_request r;
-    kvt_ecc_request_init(&r);
+    kvi_ecc_request r;
+    kvi_ecc_request_init(&r);
     size_t len;
-    kvt_ecc_item it = reserve_item("xfer-a", "img-1", 3);
+    kvi_ecc_item it = reserve_item("xfer-a", "img-1", 3);
     /* nbytes that does not match the shape */
     it.nbytes++;
-    kvt_ecc_request_begin(&r, KVT_ECC_RESERVE);
-    KVT_OK_(kvt_ecc_request_add(&r, &it));
-    KVT_ERR_(kvt_ecc_request_encode(&r, g_buf, sizeof(g_buf), &len), KVT_EINVAL);
+    kvi_ecc_request_begin(&r, KVT_ECC_RESERVE);
+    KVT_OK_(kvi_ecc_request_add(&r, &it));
+    KVT_ERR_(kvi_ecc_request_encode(&r, g_buf, sizeof(g_buf), &len), KVT_EINVAL);
     assert_non_null(strstr(kvt_last_error(), "nbytes"));
     /* a single op with two items, a batch with none, an unknown op */
     it.nbytes--;
-    KVT_OK_(kvt_ecc_request_add(&r, &it));
-    KVT_ERR_(kvt_ecc_request_encode(&r, g_buf, sizeof(g_buf), &len), KVT_EINVAL);
-    kvt_ecc_request_begin(&r, KVT_ECC_COMPLETE_BATCH);
-    KVT_ERR_(kvt_ecc_request_encode(&r, g_buf, sizeof(g_buf), &len), KVT_EINVAL);
-    kvt_ecc_request_begin(&r, 99);
-    KVT_ERR_(kvt_ecc_request_encode(&r, g_buf, sizeof(g_buf), &len), KVT_EINVAL);
+    KVT_OK_(kvi_ecc_request_add(&r, &it));
+    KVT_ERR_(kvi_ecc_request_encode(&r, g_buf, sizeof(g_buf), &len), KVT_EINVAL);
+    kvi_ecc_request_begin(&r, KVT_ECC_COMPLETE_BATCH);
+    KVT_ERR_(kvi_ecc_request_encode(&r, g_buf, sizeof(g_buf), &len), KVT_EINVAL);
+    kvi_ecc_request_begin(&r, 99);
+    KVT_ERR_(kvi_ecc_request_encode(&r, g_buf, sizeof(g_buf), &len), KVT_EINVAL);
     /* reservation ids: 31 digits, upper case, missing on a completion */
     const char *bad_rids[] = {"0123456789abcdef0123456789abcde", "0123456789ABCDEF0123456789abcdef",
                               ""};
     for (int i = 0; i < 3; i++) {
-        kvt_ecc_request_begin(&r, KVT_ECC_COMPLETE);
-        kvt_ecc_item c = {.transfer_id = S("xfer-a"), .reservation_id = S(bad_rids[i])};
-        KVT_OK_(kvt_ecc_request_add(&r, &c));
-        KVT_ERR_(kvt_ecc_request_encode(&r, g_buf, sizeof(g_buf), &len), KVT_EINVAL);
+        kvi_ecc_request_begin(&r, KVT_ECC_COMPLETE);
+        kvi_ecc_item c = {.transfer_id = S("xfer-a"), .reservation_id = S(bad_rids[i])};
+        KVT_OK_(kvi_ecc_request_add(&r, &c));
+        KVT_ERR_(kvi_ecc_request_encode(&r, g_buf, sizeof(g_buf), &len), KVT_EINVAL);
         assert_non_null(strstr(kvt_last_error(), "reservation_id"));
     }
     /* a transfer id longer than a shard's keys */
     char longid[KVT_EC_KEY_MAX + 2];
     memset(longid, 'x', sizeof(longid) - 1);
     longid[sizeof(longid) - 1] = 0;
-    kvt_ecc_request_begin(&r, KVT_ECC_STATUS);
-    kvt_ecc_item s = {.transfer_id = S(longid)};
-    KVT_OK_(kvt_ecc_request_add(&r, &s));
-    KVT_ERR_(kvt_ecc_request_encode(&r, g_buf, sizeof(g_buf), &len), KVT_EINVAL);
-    kvt_ecc_request_release(&r);
+    kvi_ecc_request_begin(&r, KVT_ECC_STATUS);
+    kvi_ecc_item s = {.transfer_id = S(longid)};
+    KVT_OK_(kvi_ecc_request_add(&r, &s));
+    KVT_ERR_(kvi_ecc_request_encode(&r, g_buf, sizeof(g_buf), &len), KVT_EINVAL);
+    kvi_ecc_request_release(&r);
 }
 
 /* What the capabilities rule out at the wire: a reserve without its client's key, an abandon or
@@ -351,14 +351,14 @@ static void forged_requests_are_refused(void **state)
 static void capabilities_are_required_on_the_wire(void **state)
 {
     (void)state;
-    kvt_ecc_request r;
-    kvt_ecc_request_init(&r);
+    kvi_ecc_request r;
+    kvi_ecc_request_init(&r);
     size_t len;
-    kvt_ecc_item it = reserve_item("t", "h", 1);
+    kvi_ecc_item it = reserve_item("t", "h", 1);
     it.client_key = S("");
-    kvt_ecc_request_begin(&r, KVT_ECC_RESERVE);
-    KVT_OK_(kvt_ecc_request_add(&r, &it));
-    KVT_ERR_(kvt_ecc_request_encode(&r, g_buf, sizeof(g_buf), &len), KVT_EINVAL);
+    kvi_ecc_request_begin(&r, KVT_ECC_RESERVE);
+    KVT_OK_(kvi_ecc_request_add(&r, &it));
+    KVT_ERR_(kvi_ecc_request_encode(&r, g_buf, sizeof(g_buf), &len), KVT_EINVAL);
     assert_non_null(strstr(kvt_last_error(), "client_key"));
     const struct {
         const char *rid, *key;
@@ -369,105 +369,105 @@ static void capabilities_are_required_on_the_wire(void **state)
                {"", "", false, false, "owner key"},
                {RID, "0011", false, false, "client_key"}};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
-        kvt_ecc_request_begin(&r, KVT_ECC_CANCEL);
-        kvt_ecc_item c = {.transfer_id = S("t"),
+        kvi_ecc_request_begin(&r, KVT_ECC_CANCEL);
+        kvi_ecc_item c = {.transfer_id = S("t"),
                           .reservation_id = S(bad[i].rid),
                           .client_key = S(bad[i].key),
                           .abandon = bad[i].abandon,
                           .refresh = bad[i].refresh};
-        KVT_OK_(kvt_ecc_request_add(&r, &c));
-        KVT_ERR_(kvt_ecc_request_encode(&r, g_buf, sizeof(g_buf), &len), KVT_EINVAL);
+        KVT_OK_(kvi_ecc_request_add(&r, &c));
+        KVT_ERR_(kvi_ecc_request_encode(&r, g_buf, sizeof(g_buf), &len), KVT_EINVAL);
         assert_non_null(strstr(kvt_last_error(), bad[i].why));
     }
-    kvt_ecc_request_release(&r);
-    kvt_ecc_reply p;
-    kvt_ecc_reply_init(&p);
-    kvt_ecc_reply_begin(&p, KVT_ECC_STATUS);
-    kvt_ecc_result st = {.found = true, .nbytes = 2, .ndim = 1};
+    kvi_ecc_request_release(&r);
+    kvi_ecc_reply p;
+    kvi_ecc_reply_init(&p);
+    kvi_ecc_reply_begin(&p, KVT_ECC_STATUS);
+    kvi_ecc_result st = {.found = true, .nbytes = 2, .ndim = 1};
     st.shape[0] = 1;
     st.mm_hash = S("h"), st.dtype = S("float16"), st.reservation_id = S(RID);
-    KVT_OK_(kvt_ecc_reply_add(&p, &st));
-    KVT_ERR_(kvt_ecc_reply_encode(&p, g_buf, sizeof(g_buf), &len), KVT_EINVAL);
+    KVT_OK_(kvi_ecc_reply_add(&p, &st));
+    KVT_ERR_(kvi_ecc_reply_encode(&p, g_buf, sizeof(g_buf), &len), KVT_EINVAL);
     assert_non_null(strstr(kvt_last_error(), "never revealed"));
-    kvt_ecc_reply_begin(&p, KVT_ECC_COMPLETE);
-    kvt_ecc_result c = {.pending = true};
-    KVT_OK_(kvt_ecc_reply_add(&p, &c));
-    KVT_ERR_(kvt_ecc_reply_encode(&p, g_buf, sizeof(g_buf), &len), KVT_EINVAL);
-    kvt_ecc_reply_release(&p);
+    kvi_ecc_reply_begin(&p, KVT_ECC_COMPLETE);
+    kvi_ecc_result c = {.pending = true};
+    KVT_OK_(kvi_ecc_reply_add(&p, &c));
+    KVT_ERR_(kvi_ecc_reply_encode(&p, g_buf, sizeof(g_buf), &len), KVT_EINVAL);
+    kvi_ecc_reply_release(&p);
 }
 
 /* Bytes a peer forges after a valid encoding: caught by the decoder itself. */
 static void forged_bytes_are_refused(void **state)
 {
     (void)state;
-    kvt_ecc_request r, back;
-    kvt_ecc_request_init(&r);
-    kvt_ecc_request_init(&back);
-    kvt_ecc_request_begin(&r, KVT_ECC_CANCEL);
-    kvt_ecc_item c = {.transfer_id = S("t"), .reservation_id = S(RID), .abandon = true};
-    KVT_OK_(kvt_ecc_request_add(&r, &c));
+    kvi_ecc_request r, back;
+    kvi_ecc_request_init(&r);
+    kvi_ecc_request_init(&back);
+    kvi_ecc_request_begin(&r, KVT_ECC_CANCEL);
+    kvi_ecc_item c = {.transfer_id = S("t"), .reservation_id = S(RID), .abandon = true};
+    KVT_OK_(kvi_ecc_request_add(&r, &c));
     size_t len;
-    KVT_OK_(kvt_ecc_request_encode(&r, g_buf, sizeof(g_buf), &len));
+    KVT_OK_(kvi_ecc_request_encode(&r, g_buf, sizeof(g_buf), &len));
     /* the abandon flag (before refresh and the empty client key's length) set to 2 */
     g_buf[len - 6] = 2;
-    KVT_ERR_(kvt_ecc_request_decode(&back, g_buf, len), KVT_EPROTO);
+    KVT_ERR_(kvi_ecc_request_decode(&back, g_buf, len), KVT_EPROTO);
     assert_non_null(strstr(kvt_last_error(), "abandon"));
     g_buf[len - 6] = 1;
     /* an item count of 2^32 - 1: refused before anything is allocated */
     memset(g_buf + KVT_META_HEADER_LEN + 4, 0xff, 4);
-    int rc = kvt_ecc_request_decode(&back, g_buf, len);
+    int rc = kvi_ecc_request_decode(&back, g_buf, len);
     assert_true(rc == KVT_ELIMIT || rc == KVT_EPROTO);
     /* a message over the size limit */
-    KVT_ERR_(kvt_ecc_request_decode(&back, g_buf, KVT_ECC_MAX_MSG + 1), KVT_ELIMIT);
+    KVT_ERR_(kvi_ecc_request_decode(&back, g_buf, KVT_ECC_MAX_MSG + 1), KVT_ELIMIT);
     /* another kind of message */
-    kvt_ecc_reply rep;
-    kvt_ecc_reply_init(&rep);
-    kvt_ecc_reply_begin(&rep, KVT_ECC_EVENT_PORT);
+    kvi_ecc_reply rep;
+    kvi_ecc_reply_init(&rep);
+    kvi_ecc_reply_begin(&rep, KVT_ECC_EVENT_PORT);
     rep.port = 1;
-    KVT_OK_(kvt_ecc_reply_encode(&rep, g_buf, sizeof(g_buf), &len));
-    KVT_ERR_(kvt_ecc_request_decode(&back, g_buf, len), KVT_EPROTO);
+    KVT_OK_(kvi_ecc_reply_encode(&rep, g_buf, sizeof(g_buf), &len));
+    KVT_ERR_(kvi_ecc_request_decode(&back, g_buf, len), KVT_EPROTO);
     assert_non_null(strstr(kvt_last_error(), "expected"));
     /* a reply: port 0, a success with a message, a positive code */
     rep.port = 0;
-    KVT_ERR_(kvt_ecc_reply_encode(&rep, g_buf, sizeof(g_buf), &len), KVT_EINVAL);
+    KVT_ERR_(kvi_ecc_reply_encode(&rep, g_buf, sizeof(g_buf), &len), KVT_EINVAL);
     rep.port = 7;
     rep.error = S("oops");
-    KVT_ERR_(kvt_ecc_reply_encode(&rep, g_buf, sizeof(g_buf), &len), KVT_EINVAL);
+    KVT_ERR_(kvi_ecc_reply_encode(&rep, g_buf, sizeof(g_buf), &len), KVT_EINVAL);
     rep.error = S("");
     rep.code = 5;
-    KVT_ERR_(kvt_ecc_reply_encode(&rep, g_buf, sizeof(g_buf), &len), KVT_EINVAL);
-    kvt_ecc_request_release(&r);
-    kvt_ecc_request_release(&back);
-    kvt_ecc_reply_release(&rep);
+    KVT_ERR_(kvi_ecc_reply_encode(&rep, g_buf, sizeof(g_buf), &len), KVT_EINVAL);
+    kvi_ecc_request_release(&r);
+    kvi_ecc_request_release(&back);
+    kvi_ecc_reply_release(&rep);
 }
 
 /* A reply must answer its request: same op, one result per item. */
 static void a_reply_must_match_its_request(void **state)
 {
     (void)state;
-    kvt_ecc_request q;
-    kvt_ecc_request_init(&q);
-    kvt_ecc_request_begin(&q, KVT_ECC_COMPLETE_BATCH);
-    kvt_ecc_item c = {.transfer_id = S("t"), .reservation_id = S(RID)};
-    KVT_OK_(kvt_ecc_request_add(&q, &c));
-    KVT_OK_(kvt_ecc_request_add(&q, &c));
-    kvt_ecc_reply p;
-    kvt_ecc_reply_init(&p);
-    kvt_ecc_reply_begin(&p, KVT_ECC_COMPLETE_BATCH);
-    kvt_ecc_result x = {.completed = true};
-    KVT_OK_(kvt_ecc_reply_add(&p, &x));
-    KVT_ERR_(kvt_ecc_reply_check(&p, &q), KVT_EPROTO);
+    kvi_ecc_request q;
+    kvi_ecc_request_init(&q);
+    kvi_ecc_request_begin(&q, KVT_ECC_COMPLETE_BATCH);
+    kvi_ecc_item c = {.transfer_id = S("t"), .reservation_id = S(RID)};
+    KVT_OK_(kvi_ecc_request_add(&q, &c));
+    KVT_OK_(kvi_ecc_request_add(&q, &c));
+    kvi_ecc_reply p;
+    kvi_ecc_reply_init(&p);
+    kvi_ecc_reply_begin(&p, KVT_ECC_COMPLETE_BATCH);
+    kvi_ecc_result x = {.completed = true};
+    KVT_OK_(kvi_ecc_reply_add(&p, &x));
+    KVT_ERR_(kvi_ecc_reply_check(&p, &q), KVT_EPROTO);
     assert_non_null(strstr(kvt_last_error(), "1 results for 2 items"));
-    KVT_OK_(kvt_ecc_reply_add(&p, &x));
-    KVT_OK_(kvt_ecc_reply_check(&p, &q));
+    KVT_OK_(kvi_ecc_reply_add(&p, &x));
+    KVT_OK_(kvi_ecc_reply_check(&p, &q));
     p.op = KVT_ECC_RESERVE_BATCH;
-    KVT_ERR_(kvt_ecc_reply_check(&p, &q), KVT_EPROTO);
+    KVT_ERR_(kvi_ecc_reply_check(&p, &q), KVT_EPROTO);
     /* a whole-request failure answers any request of its op */
-    kvt_ecc_reply_begin(&p, KVT_ECC_COMPLETE_BATCH);
-    KVT_OK_(kvt_ecc_reply_fail(&p, KVT_EPROTO, "malformed control request"));
-    KVT_OK_(kvt_ecc_reply_check(&p, &q));
-    kvt_ecc_request_release(&q);
-    kvt_ecc_reply_release(&p);
+    kvi_ecc_reply_begin(&p, KVT_ECC_COMPLETE_BATCH);
+    KVT_OK_(kvi_ecc_reply_fail(&p, KVT_EPROTO, "malformed control request"));
+    KVT_OK_(kvi_ecc_reply_check(&p, &q));
+    kvi_ecc_request_release(&q);
+    kvi_ecc_reply_release(&p);
 }
 
 int main(void)

@@ -34,9 +34,9 @@ static kvt_str S(const char *s)
     return (kvt_str){s, (uint32_t)strlen(s)};
 }
 
-static kvt_ecc_item item(const char *tid, const char *hash, const char *key)
+static kvi_ecc_item item(const char *tid, const char *hash, const char *key)
 {
-    kvt_ecc_item it = {.transfer_id = S(tid),
+    kvi_ecc_item it = {.transfer_id = S(tid),
                        .mm_hash = S(hash),
                        .nbytes = 4096,
                        .ndim = 1,
@@ -47,13 +47,13 @@ static kvt_ecc_item item(const char *tid, const char *hash, const char *key)
 }
 
 /* One exchange of one item; the reply's first result in *x (its strings live in p). */
-static int call(kvt_ecc_client *cli, const char *ep, uint32_t op, const kvt_ecc_item *it,
-                kvt_ecc_request *q, kvt_ecc_reply *p)
+static int call(kvi_ecc_client *cli, const char *ep, uint32_t op, const kvi_ecc_item *it,
+                kvi_ecc_request *q, kvi_ecc_reply *p)
 {
-    kvt_ecc_request_begin(q, op);
-    if (it && kvt_ecc_request_add(q, it))
+    kvi_ecc_request_begin(q, op);
+    if (it && kvi_ecc_request_add(q, it))
         return -1;
-    return kvt_ecc_client_call(cli, ep, q, p);
+    return kvi_ecc_client_call(cli, ep, q, p);
 }
 
 /* ---- the attackers (their own processes) ---------------------------------------------------- */
@@ -70,43 +70,43 @@ static int call(kvt_ecc_client *cli, const char *ep, uint32_t op, const kvt_ecc_
  * complete it without the id, and spray bytes at guessed tags. */
 static int attack_steal(const char *ep, const char *victim)
 {
-    kvt_ecc_client *cli;
-    CHECK(kvt_ecc_client_create(TIMEOUT, NULL, &cli) == 0);
-    kvt_ecc_request q;
-    kvt_ecc_reply p;
-    kvt_ecc_request_init(&q);
-    kvt_ecc_reply_init(&p);
-    kvt_ecc_item it = item(victim, "img-victim", EVIL);
+    kvi_ecc_client *cli;
+    CHECK(kvi_ecc_client_create(TIMEOUT, NULL, &cli) == 0);
+    kvi_ecc_request q;
+    kvi_ecc_reply p;
+    kvi_ecc_request_init(&q);
+    kvi_ecc_reply_init(&p);
+    kvi_ecc_item it = item(victim, "img-victim", EVIL);
     CHECK(call(cli, ep, KVT_ECC_RESERVE, &it, &q, &p) == 0);
     CHECK(p.results[0].code == KVT_EEXIST && p.results[0].reservation_id.len == 0);
-    kvt_ecc_item st = {.transfer_id = S(victim)};
+    kvi_ecc_item st = {.transfer_id = S(victim)};
     CHECK(call(cli, ep, KVT_ECC_STATUS, &st, &q, &p) == 0);
     CHECK(p.results[0].found && p.results[0].reservation_id.len == 0);
-    kvt_ecc_item cc = {.transfer_id = S(victim), .client_key = S(EVIL)};
+    kvi_ecc_item cc = {.transfer_id = S(victim), .client_key = S(EVIL)};
     CHECK(call(cli, ep, KVT_ECC_CANCEL, &cc, &q, &p) == 0);
     CHECK(p.results[0].code != 0 && !p.results[0].cancelled);
-    kvt_ecc_item ab = {.transfer_id = S(victim), .reservation_id = S(EVIL), .abandon = true};
+    kvi_ecc_item ab = {.transfer_id = S(victim), .reservation_id = S(EVIL), .abandon = true};
     CHECK(call(cli, ep, KVT_ECC_CANCEL, &ab, &q, &p) == 0);
     CHECK(p.results[0].code == 0 && !p.results[0].cancelled);
     ab.refresh = true;
     CHECK(call(cli, ep, KVT_ECC_CANCEL, &ab, &q, &p) == 0);
     CHECK(!p.results[0].cancelled);
-    kvt_ecc_item cm = {.transfer_id = S(victim), .reservation_id = S(EVIL)};
+    kvi_ecc_item cm = {.transfer_id = S(victim), .reservation_id = S(EVIL)};
     CHECK(call(cli, ep, KVT_ECC_COMPLETE, &cm, &q, &p) == 0);
     CHECK(!p.results[0].completed);
     /* bytes at guessed tags: sends may complete, but no receive matches them */
     CHECK(call(cli, ep, KVT_ECC_DATA_ADDRESS, NULL, &q, &p) == 0);
-    kvt_ucx *u;
-    CHECK(kvt_ucx_create(&u) == 0);
+    kvi_ucx *u;
+    CHECK(kvi_ucx_create(&u) == 0);
     uint8_t junk[4096];
     memset(junk, 0x66, sizeof(junk));
     for (uint64_t tag = 1; tag <= 64; tag++)
-        (void)kvt_ucx_send(u, p.data_addr, p.data_addr_len, junk, sizeof(junk),
+        (void)kvi_ucx_send(u, p.data_addr, p.data_addr_len, junk, sizeof(junk),
                            tag * 0x9E3779B97F4A7C15ull, 200);
-    kvt_ucx_destroy(u);
-    kvt_ecc_request_release(&q);
-    kvt_ecc_reply_release(&p);
-    kvt_ecc_client_destroy(cli);
+    kvi_ucx_destroy(u);
+    kvi_ecc_request_release(&q);
+    kvi_ecc_reply_release(&p);
+    kvi_ecc_client_destroy(cli);
     return 0;
 }
 
@@ -114,21 +114,21 @@ static int attack_steal(const char *ep, const char *victim)
  * a made-up reservation id. Both must be refused. */
 static int attack_tombstone(const char *ep, const char *future)
 {
-    kvt_ecc_client *cli;
-    CHECK(kvt_ecc_client_create(TIMEOUT, NULL, &cli) == 0);
-    kvt_ecc_request q;
-    kvt_ecc_reply p;
-    kvt_ecc_request_init(&q);
-    kvt_ecc_reply_init(&p);
-    kvt_ecc_item cc = {.transfer_id = S(future), .client_key = S(EVIL)};
+    kvi_ecc_client *cli;
+    CHECK(kvi_ecc_client_create(TIMEOUT, NULL, &cli) == 0);
+    kvi_ecc_request q;
+    kvi_ecc_reply p;
+    kvi_ecc_request_init(&q);
+    kvi_ecc_reply_init(&p);
+    kvi_ecc_item cc = {.transfer_id = S(future), .client_key = S(EVIL)};
     CHECK(call(cli, ep, KVT_ECC_CANCEL, &cc, &q, &p) == 0);
     CHECK(p.results[0].code != 0);
-    kvt_ecc_item cr = {.transfer_id = S(future), .reservation_id = S(EVIL)};
+    kvi_ecc_item cr = {.transfer_id = S(future), .reservation_id = S(EVIL)};
     CHECK(call(cli, ep, KVT_ECC_CANCEL, &cr, &q, &p) == 0);
     CHECK(!p.results[0].cancelled);
-    kvt_ecc_request_release(&q);
-    kvt_ecc_reply_release(&p);
-    kvt_ecc_client_destroy(cli);
+    kvi_ecc_request_release(&q);
+    kvi_ecc_reply_release(&p);
+    kvi_ecc_client_destroy(cli);
     return 0;
 }
 
@@ -136,27 +136,27 @@ static int attack_tombstone(const char *ep, const char *future)
  * sending a byte: the server answers at once (pending), within the client's timeout. */
 static int attack_flood(const char *ep)
 {
-    kvt_ecc_client *cli;
-    CHECK(kvt_ecc_client_create(TIMEOUT, NULL, &cli) == 0);
-    kvt_ecc_request q;
-    kvt_ecc_reply p;
-    kvt_ecc_request_init(&q);
-    kvt_ecc_reply_init(&p);
-    kvt_ecc_item it = item("flood", "img-flood", EVIL);
+    kvi_ecc_client *cli;
+    CHECK(kvi_ecc_client_create(TIMEOUT, NULL, &cli) == 0);
+    kvi_ecc_request q;
+    kvi_ecc_reply p;
+    kvi_ecc_request_init(&q);
+    kvi_ecc_reply_init(&p);
+    kvi_ecc_item it = item("flood", "img-flood", EVIL);
     CHECK(call(cli, ep, KVT_ECC_RESERVE, &it, &q, &p) == 0 && p.results[0].write);
     char rid[KVT_EC_RID_LEN + 1];
     memcpy(rid, p.results[0].reservation_id.ptr, sizeof(rid));
-    kvt_ecc_item cm = {.transfer_id = S("flood"), .reservation_id = S(rid)};
-    kvt_ecc_request_begin(&q, KVT_ECC_COMPLETE_BATCH);
+    kvi_ecc_item cm = {.transfer_id = S("flood"), .reservation_id = S(rid)};
+    kvi_ecc_request_begin(&q, KVT_ECC_COMPLETE_BATCH);
     for (uint32_t i = 0; i < KVT_ECC_MAX_BATCH; i++)
-        CHECK(kvt_ecc_request_add(&q, &cm) == 0);
-    CHECK(kvt_ecc_client_call(cli, ep, &q, &p) == 0);
+        CHECK(kvi_ecc_request_add(&q, &cm) == 0);
+    CHECK(kvi_ecc_client_call(cli, ep, &q, &p) == 0);
     for (uint32_t i = 0; i < p.n; i++)
         CHECK(p.results[i].pending);
     /* and it walks away: the writer is reaped at its TTL */
-    kvt_ecc_request_release(&q);
-    kvt_ecc_reply_release(&p);
-    kvt_ecc_client_destroy(cli);
+    kvi_ecc_request_release(&q);
+    kvi_ecc_reply_release(&p);
+    kvi_ecc_client_destroy(cli);
     return 0;
 }
 
@@ -287,10 +287,10 @@ static void consumer_stop(consumer *c)
 }
 
 typedef struct honest {
-    kvt_ecc_client *cli;
-    kvt_ecc_request q;
-    kvt_ecc_reply p;
-    kvt_ucx *ucx;
+    kvi_ecc_client *cli;
+    kvi_ecc_request q;
+    kvi_ecc_reply p;
+    kvi_ucx *ucx;
     char rid[KVT_EC_RID_LEN + 1];
     uint64_t tag, off;
 } honest;
@@ -298,11 +298,11 @@ typedef struct honest {
 static void honest_reserve(honest *h, consumer *c, const char *tid, const char *hash)
 {
     memset(h, 0, sizeof(*h));
-    KVT_OK_(kvt_ecc_client_create(TIMEOUT, NULL, &h->cli));
-    kvt_ecc_request_init(&h->q);
-    kvt_ecc_reply_init(&h->p);
-    KVT_OK_(kvt_ucx_create(&h->ucx));
-    kvt_ecc_item it = item(tid, hash, HONEST);
+    KVT_OK_(kvi_ecc_client_create(TIMEOUT, NULL, &h->cli));
+    kvi_ecc_request_init(&h->q);
+    kvi_ecc_reply_init(&h->p);
+    KVT_OK_(kvi_ucx_create(&h->ucx));
+    kvi_ecc_item it = item(tid, hash, HONEST);
     KVT_OK_(call(h->cli, c->ep, KVT_ECC_RESERVE, &it, &h->q, &h->p));
     assert_true(h->p.results[0].write);
     memcpy(h->rid, h->p.results[0].reservation_id.ptr, sizeof(h->rid));
@@ -317,8 +317,8 @@ static void honest_finish(honest *h, consumer *c, const char *tid)
     uint8_t b[4096];
     memset(b, 0x42, sizeof(b));
     KVT_OK_(
-        kvt_ucx_send(h->ucx, h->p.data_addr, h->p.data_addr_len, b, sizeof(b), h->tag, TIMEOUT));
-    kvt_ecc_item cm = {.transfer_id = S(tid), .reservation_id = S(h->rid)};
+        kvi_ucx_send(h->ucx, h->p.data_addr, h->p.data_addr_len, b, sizeof(b), h->tag, TIMEOUT));
+    kvi_ecc_item cm = {.transfer_id = S(tid), .reservation_id = S(h->rid)};
     KVT_OK_(call(h->cli, c->ep, KVT_ECC_COMPLETE, &cm, &h->q, &h->p));
     assert_true(h->p.results[0].completed);
     int st = 0;
@@ -330,12 +330,12 @@ static void honest_finish(honest *h, consumer *c, const char *tid)
     assert_int_equal(st, KVT_EC_READY);
     for (int i = 0; i < 4096; i++) /* (ready: no writer writes it any more) */
         assert_int_equal(c->buf[h->off + (uint64_t)i], 0x42);
-    kvt_ecc_item ab = {.transfer_id = S(tid), .reservation_id = S(h->rid), .abandon = true};
+    kvi_ecc_item ab = {.transfer_id = S(tid), .reservation_id = S(h->rid), .abandon = true};
     KVT_OK_(call(h->cli, c->ep, KVT_ECC_CANCEL, &ab, &h->q, &h->p)); /* release it */
-    kvt_ucx_destroy(h->ucx);
-    kvt_ecc_request_release(&h->q);
-    kvt_ecc_reply_release(&h->p);
-    kvt_ecc_client_destroy(h->cli);
+    kvi_ucx_destroy(h->ucx);
+    kvi_ecc_request_release(&h->q);
+    kvi_ecc_reply_release(&h->p);
+    kvi_ecc_client_destroy(h->cli);
 }
 
 static void strangers_cannot_touch_a_reservation(void **state)
@@ -384,14 +384,14 @@ static void a_cancelled_writer_whose_producer_died_is_reaped(void **state)
     consumer_start(&c, 1000000000ull);
     honest h;
     honest_reserve(&h, &c, "gone", "img-gone");
-    kvt_ecc_item cc = {.transfer_id = S("gone"), .client_key = S(OWNER)};
+    kvi_ecc_item cc = {.transfer_id = S("gone"), .client_key = S(OWNER)};
     KVT_OK_(call(h.cli, c.ep, KVT_ECC_CANCEL, &cc, &h.q, &h.p));
     assert_true(h.p.results[0].cancelled);
     assert_int_equal(writers(&c), 1); /* the memory stays the writer's for now */
-    kvt_ucx_destroy(h.ucx);           /* the producer is gone */
-    kvt_ecc_request_release(&h.q);
-    kvt_ecc_reply_release(&h.p);
-    kvt_ecc_client_destroy(h.cli);
+    kvi_ucx_destroy(h.ucx);           /* the producer is gone */
+    kvi_ecc_request_release(&h.q);
+    kvi_ecc_reply_release(&h.p);
+    kvi_ecc_client_destroy(h.cli);
     wait_no_writers(&c);
     kvt_ec_server_stats ss;
     kvt_ec_server_get_stats(c.srv, &ss);
@@ -409,14 +409,14 @@ static void many_followers_expire_together(void **state)
     honest_reserve(&h, &c, "w", "img-w");
     char(*tids)[16] = calloc(3 * KVT_ECC_MAX_BATCH, 16);
     for (uint32_t b = 0; b < 3; b++) {
-        kvt_ecc_request_begin(&h.q, KVT_ECC_RESERVE_BATCH);
+        kvi_ecc_request_begin(&h.q, KVT_ECC_RESERVE_BATCH);
         for (uint32_t i = 0; i < KVT_ECC_MAX_BATCH; i++) {
             char *t = tids[b * KVT_ECC_MAX_BATCH + i];
             snprintf(t, 16, "f%u", b * KVT_ECC_MAX_BATCH + i);
-            kvt_ecc_item it = item(t, "img-w", HONEST);
-            KVT_OK_(kvt_ecc_request_add(&h.q, &it));
+            kvi_ecc_item it = item(t, "img-w", HONEST);
+            KVT_OK_(kvi_ecc_request_add(&h.q, &it));
         }
-        KVT_OK_(kvt_ecc_client_call(h.cli, c.ep, &h.q, &h.p));
+        KVT_OK_(kvi_ecc_client_call(h.cli, c.ep, &h.q, &h.p));
         for (uint32_t i = 0; i < h.p.n; i++)
             assert_true(h.p.results[i].code == 0 && !h.p.results[i].write);
     }
@@ -427,15 +427,15 @@ static void many_followers_expire_together(void **state)
             usleep(5000);
     }
     assert_int_not_equal(st, KVT_EC_WRITING); /* expired */
-    kvt_ecc_item s = {.transfer_id = S("w")};
+    kvi_ecc_item s = {.transfer_id = S("w")};
     KVT_OK_(call(h.cli, c.ep, KVT_ECC_STATUS, &s, &h.q, &h.p));
     free(tids);
-    kvt_ecc_item ab = {.transfer_id = S("w"), .reservation_id = S(h.rid), .abandon = true};
+    kvi_ecc_item ab = {.transfer_id = S("w"), .reservation_id = S(h.rid), .abandon = true};
     KVT_OK_(call(h.cli, c.ep, KVT_ECC_CANCEL, &ab, &h.q, &h.p));
-    kvt_ucx_destroy(h.ucx);
-    kvt_ecc_request_release(&h.q);
-    kvt_ecc_reply_release(&h.p);
-    kvt_ecc_client_destroy(h.cli);
+    kvi_ucx_destroy(h.ucx);
+    kvi_ecc_request_release(&h.q);
+    kvi_ecc_reply_release(&h.p);
+    kvi_ecc_client_destroy(h.cli);
     consumer_stop(&c);
 }
 
@@ -450,35 +450,35 @@ typedef struct liar {
 static void *liar_main(void *arg)
 {
     liar *l = arg;
-    kvt_ecc_request q;
-    kvt_ecc_reply p;
-    kvt_ecc_request_init(&q);
-    kvt_ecc_reply_init(&p);
+    kvi_ecc_request q;
+    kvi_ecc_reply p;
+    kvi_ecc_request_init(&q);
+    kvi_ecc_reply_init(&p);
     uint8_t in[65536], out[65536];
     for (int served = 0; served < 3; served++) { /* peers, reserve, data_address */
         int n = zmq_recv(l->rep, in, sizeof(in), 0);
-        if (n < 0 || kvt_ecc_request_decode(&q, in, (size_t)n))
+        if (n < 0 || kvi_ecc_request_decode(&q, in, (size_t)n))
             break;
-        kvt_ecc_reply_begin(&p, q.op);
+        kvi_ecc_reply_begin(&p, q.op);
         if (q.op == KVT_ECC_PEERS) {
             p.n_ports = 1;
             p.ports[0] = (uint32_t)atoi(strrchr(l->ep, ':') + 1);
         } else if (q.op == KVT_ECC_RESERVE) {
-            kvt_ecc_result x = {.reservation_id = S(HONEST), .nbytes = 4096, .write = true};
-            x.tag = kvt_ecc_rid_tag(HONEST);
-            (void)kvt_ecc_reply_add(&p, &x);
+            kvi_ecc_result x = {.reservation_id = S(HONEST), .nbytes = 4096, .write = true};
+            x.tag = kvi_ecc_rid_tag(HONEST);
+            (void)kvi_ecc_reply_add(&p, &x);
         } else if (q.op == KVT_ECC_DATA_ADDRESS) {
             uint8_t crafted[64];
             memset(crafted, 0xff, sizeof(crafted)); /* a header byte no UCX packs */
-            (void)kvt_ecc_reply_set_address(&p, crafted, sizeof(crafted));
+            (void)kvi_ecc_reply_set_address(&p, crafted, sizeof(crafted));
         }
         size_t len;
-        if (kvt_ecc_reply_encode(&p, out, sizeof(out), &len))
+        if (kvi_ecc_reply_encode(&p, out, sizeof(out), &len))
             break;
         zmq_send(l->rep, out, len, 0);
     }
-    kvt_ecc_request_release(&q);
-    kvt_ecc_reply_release(&p);
+    kvi_ecc_request_release(&q);
+    kvi_ecc_reply_release(&p);
     return NULL;
 }
 

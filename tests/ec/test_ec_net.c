@@ -197,14 +197,14 @@ static uint32_t drain_events(consumer *c, uint32_t want, char (*tids)[64])
         int n = zmq_recv(c->pull, buf, sizeof(buf), 0);
         if (n <= 0)
             break;
-        kvt_ecc_event e;
-        kvt_ecc_event_init(&e);
-        KVT_OK_(kvt_ecc_event_decode(&e, buf, (size_t)n));
+        kvi_ecc_event e;
+        kvi_ecc_event_init(&e);
+        KVT_OK_(kvi_ecc_event_decode(&e, buf, (size_t)n));
         assert_false(e.abandoned);
         if (tids)
             snprintf(tids[got], 64, "%s", e.transfer_id.ptr);
         got++;
-        kvt_ecc_event_release(&e);
+        kvi_ecc_event_release(&e);
     }
     return got;
 }
@@ -355,70 +355,70 @@ static void completion_waits_for_the_bytes_and_abandon_ends_the_receive(void **s
     (void)state;
     consumer c;
     consumer_start(&c, true);
-    kvt_ecc_client *cli;
-    KVT_OK_(kvt_ecc_client_create(TIMEOUT, NULL, &cli));
-    kvt_ecc_request q;
-    kvt_ecc_reply p;
-    kvt_ecc_request_init(&q);
-    kvt_ecc_reply_init(&p);
+    kvi_ecc_client *cli;
+    KVT_OK_(kvi_ecc_client_create(TIMEOUT, NULL, &cli));
+    kvi_ecc_request q;
+    kvi_ecc_reply p;
+    kvi_ecc_request_init(&q);
+    kvi_ecc_reply_init(&p);
     char ep[64];
     snprintf(ep, sizeof(ep), "tcp://127.0.0.1:%u", kvt_ec_server_port(c.srv[0]));
-    kvt_ecc_item it = {.transfer_id = S("t1"),
+    kvi_ecc_item it = {.transfer_id = S("t1"),
                        .mm_hash = S("h1"),
                        .nbytes = 4096,
                        .ndim = 1,
                        .shape = {2048},
                        .dtype = S("float16"),
                        .client_key = S("00000000000000000000000000000001")};
-    kvt_ecc_request_begin(&q, KVT_ECC_RESERVE);
-    KVT_OK_(kvt_ecc_request_add(&q, &it));
-    KVT_OK_(kvt_ecc_client_call(cli, ep, &q, &p));
+    kvi_ecc_request_begin(&q, KVT_ECC_RESERVE);
+    KVT_OK_(kvi_ecc_request_add(&q, &it));
+    KVT_OK_(kvi_ecc_client_call(cli, ep, &q, &p));
     char rid[KVT_EC_RID_LEN + 1];
     memcpy(rid, p.results[0].reservation_id.ptr, sizeof(rid));
     /* complete without writing, 4096 times in one message: answered at once, pending */
-    kvt_ecc_item cm = {.transfer_id = S("t1"), .reservation_id = S(rid)};
-    kvt_ecc_request_begin(&q, KVT_ECC_COMPLETE_BATCH);
+    kvi_ecc_item cm = {.transfer_id = S("t1"), .reservation_id = S(rid)};
+    kvi_ecc_request_begin(&q, KVT_ECC_COMPLETE_BATCH);
     for (int i = 0; i < (int)KVT_ECC_MAX_BATCH; i++)
-        KVT_OK_(kvt_ecc_request_add(&q, &cm));
-    KVT_OK_(kvt_ecc_client_call(cli, ep, &q, &p));
+        KVT_OK_(kvi_ecc_request_add(&q, &cm));
+    KVT_OK_(kvi_ecc_client_call(cli, ep, &q, &p));
     for (uint32_t i = 0; i < p.n; i++)
         assert_true(p.results[i].code == 0 && p.results[i].completed && p.results[i].pending &&
                     !p.results[i].became_ready);
     assert_int_equal(kvt_ec_server_with_shard(c.srv[0], status_of, (void *)"t1"), 1);
     /* the writer abandons: the receive is cancelled, then the memory freed */
-    kvt_ecc_item ab = {.transfer_id = S("t1"), .reservation_id = S(rid), .abandon = true};
-    kvt_ecc_request_begin(&q, KVT_ECC_CANCEL);
-    KVT_OK_(kvt_ecc_request_add(&q, &ab));
-    KVT_OK_(kvt_ecc_client_call(cli, ep, &q, &p));
+    kvi_ecc_item ab = {.transfer_id = S("t1"), .reservation_id = S(rid), .abandon = true};
+    kvi_ecc_request_begin(&q, KVT_ECC_CANCEL);
+    KVT_OK_(kvi_ecc_request_add(&q, &ab));
+    KVT_OK_(kvi_ecc_client_call(cli, ep, &q, &p));
     assert_true(p.results[0].cancelled);
     kvt_ec_server_stats ss;
     kvt_ec_server_get_stats(c.srv[0], &ss);
     assert_int_equal(ss.completes_pending, 1); /* one receive, however often it was named */
     assert_int_equal(ss.receives_cancelled, 1);
     /* a send with the old tag now lands nowhere: the region is someone else's next */
-    kvt_ucx *u;
-    KVT_OK_(kvt_ucx_create(&u));
-    kvt_ecc_request_begin(&q, KVT_ECC_DATA_ADDRESS);
-    KVT_OK_(kvt_ecc_client_call(cli, ep, &q, &p));
-    kvt_ecc_item it2 = it;
+    kvi_ucx *u;
+    KVT_OK_(kvi_ucx_create(&u));
+    kvi_ecc_request_begin(&q, KVT_ECC_DATA_ADDRESS);
+    KVT_OK_(kvi_ecc_client_call(cli, ep, &q, &p));
+    kvi_ecc_item it2 = it;
     it2.transfer_id = S("t2"), it2.mm_hash = S("h2");
-    kvt_ecc_reply p2;
-    kvt_ecc_reply_init(&p2);
-    kvt_ecc_request_begin(&q, KVT_ECC_RESERVE);
-    KVT_OK_(kvt_ecc_request_add(&q, &it2));
-    KVT_OK_(kvt_ecc_client_call(cli, ep, &q, &p2)); /* probably the same region as t1 */
+    kvi_ecc_reply p2;
+    kvi_ecc_reply_init(&p2);
+    kvi_ecc_request_begin(&q, KVT_ECC_RESERVE);
+    KVT_OK_(kvi_ecc_request_add(&q, &it2));
+    KVT_OK_(kvi_ecc_client_call(cli, ep, &q, &p2)); /* probably the same region as t1 */
     uint8_t junk[4096];
     memset(junk, 0x5a, sizeof(junk));
-    KVT_OK_(kvt_ucx_send(u, p.data_addr, p.data_addr_len, junk, sizeof(junk), kvt_ecc_rid_tag(rid),
+    KVT_OK_(kvi_ucx_send(u, p.data_addr, p.data_addr_len, junk, sizeof(junk), kvi_ecc_rid_tag(rid),
                          TIMEOUT));
     uint8_t good[4096];
     memset(good, 0x11, sizeof(good));
-    KVT_OK_(kvt_ucx_send(u, p.data_addr, p.data_addr_len, good, sizeof(good), p2.results[0].tag,
+    KVT_OK_(kvi_ucx_send(u, p.data_addr, p.data_addr_len, good, sizeof(good), p2.results[0].tag,
                          TIMEOUT));
-    kvt_ecc_item cm2 = {.transfer_id = S("t2"), .reservation_id = p2.results[0].reservation_id};
-    kvt_ecc_request_begin(&q, KVT_ECC_COMPLETE);
-    KVT_OK_(kvt_ecc_request_add(&q, &cm2));
-    KVT_OK_(kvt_ecc_client_call(cli, ep, &q, &p));
+    kvi_ecc_item cm2 = {.transfer_id = S("t2"), .reservation_id = p2.results[0].reservation_id};
+    kvi_ecc_request_begin(&q, KVT_ECC_COMPLETE);
+    KVT_OK_(kvi_ecc_request_add(&q, &cm2));
+    KVT_OK_(kvi_ecc_client_call(cli, ep, &q, &p));
     assert_true(p.results[0].completed); /* at once, or pending until the bytes land */
     int ready2 = 0;
     for (int i = 0; i < 1000 && !ready2; i++) { /* ready means landed: bounded wait */
@@ -431,24 +431,24 @@ static void completion_waits_for_the_bytes_and_abandon_ends_the_receive(void **s
     KVT_OK_(kvt_ec_server_with_shard(c.srv[0], check_region, &rc)); /* under the server's lock */
     assert_true(rc.ok);
     /* completed first, written after: pending, then ready once the bytes land */
-    kvt_ecc_item it3 = it;
+    kvi_ecc_item it3 = it;
     it3.transfer_id = S("t3"), it3.mm_hash = S("h3");
-    kvt_ecc_request_begin(&q, KVT_ECC_RESERVE);
-    KVT_OK_(kvt_ecc_request_add(&q, &it3));
-    KVT_OK_(kvt_ecc_client_call(cli, ep, &q, &p2));
+    kvi_ecc_request_begin(&q, KVT_ECC_RESERVE);
+    KVT_OK_(kvi_ecc_request_add(&q, &it3));
+    KVT_OK_(kvi_ecc_client_call(cli, ep, &q, &p2));
     char rid3[KVT_EC_RID_LEN + 1];
     memcpy(rid3, p2.results[0].reservation_id.ptr, sizeof(rid3));
     uint64_t tag3 = p2.results[0].tag, off3 = p2.results[0].offset;
-    kvt_ecc_item cm3 = {.transfer_id = S("t3"), .reservation_id = S(rid3)};
-    kvt_ecc_request_begin(&q, KVT_ECC_COMPLETE);
-    KVT_OK_(kvt_ecc_request_add(&q, &cm3));
-    KVT_OK_(kvt_ecc_client_call(cli, ep, &q, &p2));
+    kvi_ecc_item cm3 = {.transfer_id = S("t3"), .reservation_id = S(rid3)};
+    kvi_ecc_request_begin(&q, KVT_ECC_COMPLETE);
+    KVT_OK_(kvi_ecc_request_add(&q, &cm3));
+    KVT_OK_(kvi_ecc_client_call(cli, ep, &q, &p2));
     assert_true(p2.results[0].completed && p2.results[0].pending);
     assert_int_equal(kvt_ec_server_with_shard(c.srv[0], ready_of, (void *)"t3"), 0);
-    kvt_ecc_request_begin(&q, KVT_ECC_DATA_ADDRESS);
-    KVT_OK_(kvt_ecc_client_call(cli, ep, &q, &p));
+    kvi_ecc_request_begin(&q, KVT_ECC_DATA_ADDRESS);
+    KVT_OK_(kvi_ecc_client_call(cli, ep, &q, &p));
     memset(good, 0x33, sizeof(good));
-    KVT_OK_(kvt_ucx_send(u, p.data_addr, p.data_addr_len, good, sizeof(good), tag3, TIMEOUT));
+    KVT_OK_(kvi_ucx_send(u, p.data_addr, p.data_addr_len, good, sizeof(good), tag3, TIMEOUT));
     int ready = 0;
     for (int i = 0; i < 1000 && !ready; i++) { /* the server's loop completes it: bounded wait */
         ready = kvt_ec_server_with_shard(c.srv[0], ready_of, (void *)"t3");
@@ -459,11 +459,11 @@ static void completion_waits_for_the_bytes_and_abandon_ends_the_receive(void **s
     region_check rc3 = {c.buf[0] + off3, 4096, 0x33, false};
     KVT_OK_(kvt_ec_server_with_shard(c.srv[0], check_region, &rc3));
     assert_true(rc3.ok);
-    kvt_ucx_destroy(u);
-    kvt_ecc_reply_release(&p2);
-    kvt_ecc_request_release(&q);
-    kvt_ecc_reply_release(&p);
-    kvt_ecc_client_destroy(cli);
+    kvi_ucx_destroy(u);
+    kvi_ecc_reply_release(&p2);
+    kvi_ecc_request_release(&q);
+    kvi_ecc_reply_release(&p);
+    kvi_ecc_client_destroy(cli);
     consumer_stop(&c);
 }
 
@@ -547,37 +547,37 @@ static void curve_admits_only_listed_clients(void **state)
     /* a client without keys and one whose key is not admitted */
     char ep[64];
     snprintf(ep, sizeof(ep), "tcp://127.0.0.1:%u", kvt_ec_server_port(c.srv[0]));
-    kvt_ecc_request q;
-    kvt_ecc_reply p;
-    kvt_ecc_request_init(&q);
-    kvt_ecc_reply_init(&p);
-    kvt_ecc_item it = {.transfer_id = S("xfer-x"),
+    kvi_ecc_request q;
+    kvi_ecc_reply p;
+    kvi_ecc_request_init(&q);
+    kvi_ecc_reply_init(&p);
+    kvi_ecc_item it = {.transfer_id = S("xfer-x"),
                        .mm_hash = S("h-x"),
                        .nbytes = 4096,
                        .ndim = 1,
                        .shape = {2048},
                        .dtype = S("float16"),
                        .client_key = S("00000000000000000000000000000001")};
-    kvt_ecc_request_begin(&q, KVT_ECC_RESERVE);
-    KVT_OK_(kvt_ecc_request_add(&q, &it));
-    kvt_ecc_client *plain, *other;
-    KVT_OK_(kvt_ecc_client_create(300, NULL, &plain));
-    kvt_ecc_curve ok = {spub, opub, osec};
-    KVT_OK_(kvt_ecc_client_create(300, &ok, &other));
-    KVT_ERR_(kvt_ecc_client_call(plain, ep, &q, &p), KVT_EIO);
-    KVT_ERR_(kvt_ecc_client_call(other, ep, &q, &p), KVT_EIO);
+    kvi_ecc_request_begin(&q, KVT_ECC_RESERVE);
+    KVT_OK_(kvi_ecc_request_add(&q, &it));
+    kvi_ecc_client *plain, *other;
+    KVT_OK_(kvi_ecc_client_create(300, NULL, &plain));
+    kvi_ecc_curve ok = {spub, opub, osec};
+    KVT_OK_(kvi_ecc_client_create(300, &ok, &other));
+    KVT_ERR_(kvi_ecc_client_call(plain, ep, &q, &p), KVT_EIO);
+    KVT_ERR_(kvi_ecc_client_call(other, ep, &q, &p), KVT_EIO);
     kvt_ec_server_stats ss;
     kvt_ec_server_get_stats(c.srv[0], &ss);
     assert_true(ss.clients_refused >= 1);
     assert_int_equal(kvt_ec_server_with_shard(c.srv[0], status_of, (void *)"xfer-x"), 0);
     /* malformed keys are refused up front */
-    kvt_ecc_curve bad = {spub, "short", osec};
-    kvt_ecc_client *nope;
-    KVT_ERR_(kvt_ecc_client_create(300, &bad, &nope), KVT_EINVAL);
-    kvt_ecc_client_destroy(plain);
-    kvt_ecc_client_destroy(other);
-    kvt_ecc_request_release(&q);
-    kvt_ecc_reply_release(&p);
+    kvi_ecc_curve bad = {spub, "short", osec};
+    kvi_ecc_client *nope;
+    KVT_ERR_(kvi_ecc_client_create(300, &bad, &nope), KVT_EINVAL);
+    kvi_ecc_client_destroy(plain);
+    kvi_ecc_client_destroy(other);
+    kvi_ecc_request_release(&q);
+    kvi_ecc_reply_release(&p);
     kvt_ec_producer_destroy(prod);
     kvt_ec_net_consumer_destroy(net);
     consumer_stop(&c);
@@ -809,9 +809,9 @@ static uint64_t consume(consumer *c, int n, uint64_t seed)
         uint8_t buf[2048];
         int m = zmq_recv(c->pull, buf, sizeof(buf), 0);
         assert_true(m > 0); /* no event for TIMEOUT ms: the producer is stuck or gone */
-        kvt_ecc_event e;
-        kvt_ecc_event_init(&e);
-        KVT_OK_(kvt_ecc_event_decode(&e, buf, (size_t)m));
+        kvi_ecc_event e;
+        kvi_ecc_event_init(&e);
+        KVT_OK_(kvi_ecc_event_decode(&e, buf, (size_t)m));
         assert_false(e.abandoned);
         int i = atoi(e.transfer_id.ptr + 2);
         take_arg a = {e.transfer_id.ptr, e.mm_hash.ptr, seed + (uint64_t)i,
@@ -819,7 +819,7 @@ static uint64_t consume(consumer *c, int n, uint64_t seed)
         KVT_OK_(kvt_ec_server_with_shard(c->srv[e.shard], take_and_check, &a));
         assert_true(a.ok);
         bytes += a.nbytes;
-        kvt_ecc_event_release(&e);
+        kvi_ecc_event_release(&e);
     }
     return bytes;
 }
@@ -863,11 +863,11 @@ static void a_killed_producer_is_reaped_at_its_ttl_and_the_next_one_is_served(vo
     for (int i = 0; i < 3 * SHARDS; i++) {
         uint8_t buf[2048];
         int n = zmq_recv(c.pull, buf, sizeof(buf), 0);
-        kvt_ecc_event e;
-        kvt_ecc_event_init(&e);
-        if (n > 0 && kvt_ecc_event_decode(&e, buf, (size_t)n) == 0 && e.abandoned)
+        kvi_ecc_event e;
+        kvi_ecc_event_init(&e);
+        if (n > 0 && kvi_ecc_event_decode(&e, buf, (size_t)n) == 0 && e.abandoned)
             abandoned++;
-        kvt_ecc_event_release(&e);
+        kvi_ecc_event_release(&e);
     }
     assert_int_equal(abandoned, 3 * SHARDS);
     /* the next producer: 20 items, every byte checked on every shard */

@@ -23,10 +23,10 @@ typedef struct fixture {
     uint8_t *buf;
     kvt_ec_shard *shard;
     kvt_ec_server *srv;
-    kvt_ecc_client *cli;
+    kvi_ecc_client *cli;
     char ep[64], ev_ep[64];
-    kvt_ecc_request q;
-    kvt_ecc_reply p;
+    kvi_ecc_request q;
+    kvi_ecc_reply p;
 } fixture;
 
 static kvt_str S(const char *s)
@@ -61,24 +61,24 @@ static void start(fixture *f, uint32_t tp_size, uint32_t max_events)
     KVT_OK_(rc);
     snprintf(f->ep, sizeof(f->ep), "tcp://127.0.0.1:%u", kvt_ec_server_port(f->srv));
     snprintf(f->ev_ep, sizeof(f->ev_ep), "tcp://127.0.0.1:%u", kvt_ec_server_event_port(f->srv));
-    KVT_OK_(kvt_ecc_client_create(TIMEOUT, NULL, &f->cli));
-    kvt_ecc_request_init(&f->q);
-    kvt_ecc_reply_init(&f->p);
+    KVT_OK_(kvi_ecc_client_create(TIMEOUT, NULL, &f->cli));
+    kvi_ecc_request_init(&f->q);
+    kvi_ecc_reply_init(&f->p);
 }
 
 static void stop(fixture *f)
 {
-    kvt_ecc_client_destroy(f->cli);
+    kvi_ecc_client_destroy(f->cli);
     kvt_ec_server_stop(f->srv);
     KVT_OK_(kvt_ec_shard_destroy(f->shard));
-    kvt_ecc_request_release(&f->q);
-    kvt_ecc_reply_release(&f->p);
+    kvi_ecc_request_release(&f->q);
+    kvi_ecc_reply_release(&f->p);
     free(f->buf);
 }
 
-static kvt_ecc_item item(const char *tid, const char *hash, uint64_t rows)
+static kvi_ecc_item item(const char *tid, const char *hash, uint64_t rows)
 {
-    kvt_ecc_item it = {0};
+    kvi_ecc_item it = {0};
     it.transfer_id = S(tid);
     it.mm_hash = S(hash);
     it.ndim = 2;
@@ -90,12 +90,12 @@ static kvt_ecc_item item(const char *tid, const char *hash, uint64_t rows)
     return it;
 }
 
-static void call1(fixture *f, uint32_t op, const kvt_ecc_item *it)
+static void call1(fixture *f, uint32_t op, const kvi_ecc_item *it)
 {
-    kvt_ecc_request_begin(&f->q, op);
+    kvi_ecc_request_begin(&f->q, op);
     if (it)
-        KVT_OK_(kvt_ecc_request_add(&f->q, it));
-    KVT_OK_(kvt_ecc_client_call(f->cli, f->ep, &f->q, &f->p));
+        KVT_OK_(kvi_ecc_request_add(&f->q, it));
+    KVT_OK_(kvi_ecc_client_call(f->cli, f->ep, &f->q, &f->p));
 }
 
 /* A PULL socket on the server's events. */
@@ -109,12 +109,12 @@ static void *puller(void *ctx, const char *ep)
     return s;
 }
 
-static void next_event(void *pull, kvt_ecc_event *e)
+static void next_event(void *pull, kvi_ecc_event *e)
 {
     uint8_t buf[4096];
     int n = zmq_recv(pull, buf, sizeof(buf), 0);
     assert_true(n > 0);
-    KVT_OK_(kvt_ecc_event_decode(e, buf, (size_t)n));
+    KVT_OK_(kvi_ecc_event_decode(e, buf, (size_t)n));
 }
 
 static void reserve_write_complete_status_and_event(void **state)
@@ -131,9 +131,9 @@ static void reserve_write_complete_status_and_event(void **state)
     call1(&f, KVT_ECC_EVENT_PORT, NULL);
     assert_int_equal(f.p.port, kvt_ec_server_event_port(f.srv));
     /* reserve: a destination to write, tagged by its reservation */
-    kvt_ecc_item it = item("xfer-1", "img-1", 8);
+    kvi_ecc_item it = item("xfer-1", "img-1", 8);
     call1(&f, KVT_ECC_RESERVE, &it);
-    kvt_ecc_result r = f.p.results[0];
+    kvi_ecc_result r = f.p.results[0];
     assert_int_equal(r.code, 0);
     assert_true(r.write && !r.ready);
     assert_int_equal(r.nbytes, 512);
@@ -143,24 +143,24 @@ static void reserve_write_complete_status_and_event(void **state)
     memcpy(rid, r.reservation_id.ptr, sizeof(rid));
     uint64_t off = r.offset;
     /* status while writing */
-    kvt_ecc_item st = {.transfer_id = S("xfer-1")};
+    kvi_ecc_item st = {.transfer_id = S("xfer-1")};
     call1(&f, KVT_ECC_STATUS, &st);
     assert_true(f.p.results[0].found && !f.p.results[0].ready);
     assert_int_equal(f.p.results[0].reservation_id.len, 0); /* never revealed */
     /* a duplicate push of the item while it is being written follows the writer: no write */
-    kvt_ecc_item it2 = item("xfer-2", "img-1", 8);
+    kvi_ecc_item it2 = item("xfer-2", "img-1", 8);
     call1(&f, KVT_ECC_RESERVE, &it2);
     assert_false(f.p.results[0].write);
     assert_int_equal(f.p.results[0].offset, off);
     /* the producer writes (the data plane's part, here a memcpy), then completes */
     memset(f.buf + off, 0xab, 512);
-    kvt_ecc_item c = {.transfer_id = S("xfer-1"), .reservation_id = S(rid)};
+    kvi_ecc_item c = {.transfer_id = S("xfer-1"), .reservation_id = S(rid)};
     call1(&f, KVT_ECC_COMPLETE, &c);
     assert_true(f.p.results[0].completed && f.p.results[0].became_ready);
     /* the scheduler hears both: the follower is published by its writer's completion (in
      * either order) */
-    kvt_ecc_event e;
-    kvt_ecc_event_init(&e);
+    kvi_ecc_event e;
+    kvi_ecc_event_init(&e);
     next_event(pull, &e);
     bool writer_first = strcmp(e.transfer_id.ptr, "xfer-1") == 0;
     if (!writer_first) {
@@ -182,11 +182,11 @@ static void reserve_write_complete_status_and_event(void **state)
     call1(&f, KVT_ECC_STATUS, &st);
     assert_true(f.p.results[0].ready);
     /* a batch: one good item, one refused (nbytes over the pool) with its own message */
-    kvt_ecc_request_begin(&f.q, KVT_ECC_RESERVE_BATCH);
-    kvt_ecc_item a = item("xfer-3", "img-3", 4), big = item("xfer-4", "img-4", 4096);
-    KVT_OK_(kvt_ecc_request_add(&f.q, &a));
-    KVT_OK_(kvt_ecc_request_add(&f.q, &big));
-    KVT_OK_(kvt_ecc_client_call(f.cli, f.ep, &f.q, &f.p));
+    kvi_ecc_request_begin(&f.q, KVT_ECC_RESERVE_BATCH);
+    kvi_ecc_item a = item("xfer-3", "img-3", 4), big = item("xfer-4", "img-4", 4096);
+    KVT_OK_(kvi_ecc_request_add(&f.q, &a));
+    KVT_OK_(kvi_ecc_request_add(&f.q, &big));
+    KVT_OK_(kvi_ecc_client_call(f.cli, f.ep, &f.q, &f.p));
     assert_int_equal(f.p.n, 2);
     assert_int_equal(f.p.results[0].code, 0);
     assert_int_equal(f.p.results[1].code, KVT_ENOSPC);
@@ -197,11 +197,11 @@ static void reserve_write_complete_status_and_event(void **state)
     kvt_ec_server_get_stats(f.srv, &ss);
     assert_int_equal(ss.item_errors, 1);
     assert_true(ss.events_sent >= 1);
-    kvt_ecc_event_release(&e);
+    kvi_ecc_event_release(&e);
     zmq_close(pull);
     zmq_ctx_term(zctx);
     /* abandon what is still being written before the shard goes */
-    kvt_ecc_item ab = {.transfer_id = S("xfer-3"), .reservation_id = S(rid3), .abandon = true};
+    kvi_ecc_item ab = {.transfer_id = S("xfer-3"), .reservation_id = S(rid3), .abandon = true};
     call1(&f, KVT_ECC_CANCEL, &ab);
     stop(&f);
 }
@@ -222,12 +222,12 @@ static int raw_request(const char *ep, const void *a, size_t na, const void *b, 
     uint8_t buf[4096];
     int n = zmq_recv(s, buf, sizeof(buf), 0);
     assert_true(n > 0);
-    kvt_ecc_reply r;
-    kvt_ecc_reply_init(&r);
-    KVT_OK_(kvt_ecc_reply_decode(&r, buf, (size_t)n));
+    kvi_ecc_reply r;
+    kvi_ecc_reply_init(&r);
+    KVT_OK_(kvi_ecc_reply_decode(&r, buf, (size_t)n));
     snprintf(msg, cap, "%s", r.error.ptr);
     int code = r.code;
-    kvt_ecc_reply_release(&r);
+    kvi_ecc_reply_release(&r);
     zmq_close(s);
     zmq_ctx_term(ctx);
     return code;
@@ -243,12 +243,12 @@ static void malformed_requests_get_an_error_and_the_server_keeps_serving(void **
     assert_int_equal(raw_request(f.ep, "hello", 5, NULL, 0, msg, sizeof(msg)), KVT_EPROTO);
     assert_non_null(strstr(msg, "malformed control request"));
     /* a valid reserve cut short, and the same with one byte too many */
-    kvt_ecc_request_begin(&f.q, KVT_ECC_RESERVE);
-    kvt_ecc_item it = item("xfer-1", "img-1", 2);
-    KVT_OK_(kvt_ecc_request_add(&f.q, &it));
+    kvi_ecc_request_begin(&f.q, KVT_ECC_RESERVE);
+    kvi_ecc_item it = item("xfer-1", "img-1", 2);
+    KVT_OK_(kvi_ecc_request_add(&f.q, &it));
     uint8_t enc[512];
     size_t len;
-    KVT_OK_(kvt_ecc_request_encode(&f.q, enc, sizeof(enc) - 1, &len));
+    KVT_OK_(kvi_ecc_request_encode(&f.q, enc, sizeof(enc) - 1, &len));
     assert_int_equal(raw_request(f.ep, enc, len - 3, NULL, 0, msg, sizeof(msg)), KVT_EPROTO);
     assert_non_null(strstr(msg, "header announces"));
     enc[len] = 0;
@@ -261,7 +261,7 @@ static void malformed_requests_get_an_error_and_the_server_keeps_serving(void **
     int rc = raw_request(f.ep, enc, len, NULL, 0, msg, sizeof(msg));
     assert_true(rc == KVT_EPROTO);
     /* still serving, and nothing was reserved by the broken requests */
-    kvt_ecc_item st = {.transfer_id = S("xfer-1")};
+    kvi_ecc_item st = {.transfer_id = S("xfer-1")};
     call1(&f, KVT_ECC_STATUS, &st);
     assert_false(f.p.results[0].found);
     call1(&f, KVT_ECC_RESERVE, &it);
@@ -271,7 +271,7 @@ static void malformed_requests_get_an_error_and_the_server_keeps_serving(void **
     kvt_ec_server_stats ss;
     kvt_ec_server_get_stats(f.srv, &ss);
     assert_int_equal(ss.malformed, 5);
-    kvt_ecc_item ab = {.transfer_id = S("xfer-1"), .reservation_id = S(rid), .abandon = true};
+    kvi_ecc_item ab = {.transfer_id = S("xfer-1"), .reservation_id = S(rid), .abandon = true};
     call1(&f, KVT_ECC_CANCEL, &ab);
     stop(&f);
 }
@@ -294,12 +294,12 @@ static void a_stale_reservation_id_is_rejected(void **state)
     (void)state;
     fixture f;
     start(&f, 1, 64);
-    kvt_ecc_item it = item("xfer-1", "img-1", 2);
+    kvi_ecc_item it = item("xfer-1", "img-1", 2);
     call1(&f, KVT_ECC_RESERVE, &it);
     char old[KVT_EC_RID_LEN + 1];
     memcpy(old, f.p.results[0].reservation_id.ptr, sizeof(old));
     /* the producer refreshes: abandon with refresh, then reserve again (a new id) */
-    kvt_ecc_item rf = {
+    kvi_ecc_item rf = {
         .transfer_id = S("xfer-1"), .reservation_id = S(old), .abandon = true, .refresh = true};
     call1(&f, KVT_ECC_CANCEL, &rf);
     assert_true(f.p.results[0].cancelled);
@@ -308,17 +308,17 @@ static void a_stale_reservation_id_is_rejected(void **state)
     memcpy(fresh, f.p.results[0].reservation_id.ptr, sizeof(fresh));
     assert_string_not_equal(old, fresh);
     /* a late completion of the old reservation, and a forged one, change nothing */
-    kvt_ecc_item c = {.transfer_id = S("xfer-1"), .reservation_id = S(old)};
+    kvi_ecc_item c = {.transfer_id = S("xfer-1"), .reservation_id = S(old)};
     call1(&f, KVT_ECC_COMPLETE, &c);
     assert_false(f.p.results[0].completed);
     c.reservation_id = S("00000000000000000000000000000000");
     call1(&f, KVT_ECC_COMPLETE, &c);
     assert_false(f.p.results[0].completed);
-    kvt_ecc_item st = {.transfer_id = S("xfer-1")};
+    kvi_ecc_item st = {.transfer_id = S("xfer-1")};
     call1(&f, KVT_ECC_STATUS, &st);
     assert_false(f.p.results[0].ready);
     /* an abandon with a wrong id is refused too: the writer keeps its memory */
-    kvt_ecc_item ab = {.transfer_id = S("xfer-1"), .reservation_id = S(old), .abandon = true};
+    kvi_ecc_item ab = {.transfer_id = S("xfer-1"), .reservation_id = S(old), .abandon = true};
     call1(&f, KVT_ECC_CANCEL, &ab);
     assert_false(f.p.results[0].cancelled);
     uint32_t writers = 0;
@@ -337,13 +337,13 @@ static void a_consumer_cancel_mid_write_keeps_the_writers_memory(void **state)
     (void)state;
     fixture f;
     start(&f, 1, 64);
-    kvt_ecc_item it = item("xfer-1", "img-1", 16);
+    kvi_ecc_item it = item("xfer-1", "img-1", 16);
     call1(&f, KVT_ECC_RESERVE, &it);
     char rid[KVT_EC_RID_LEN + 1];
     memcpy(rid, f.p.results[0].reservation_id.ptr, sizeof(rid));
     uint64_t off1 = f.p.results[0].offset;
     /* the scheduler: no id, no abandon, the owner key */
-    kvt_ecc_item cc = {.transfer_id = S("xfer-1"), .client_key = S(OWNER)};
+    kvi_ecc_item cc = {.transfer_id = S("xfer-1"), .client_key = S(OWNER)};
     call1(&f, KVT_ECC_CANCEL, &cc);
     assert_true(f.p.results[0].cancelled);
     uint32_t writers = 0;
@@ -353,18 +353,18 @@ static void a_consumer_cancel_mid_write_keeps_the_writers_memory(void **state)
     KVT_OK_(kvt_ec_server_with_shard(f.srv, shard_stats, &ss));
     assert_int_equal(ss.capacity - ss.free_bytes, 1024);
     /* another reservation never gets those bytes */
-    kvt_ecc_item other = item("xfer-2", "img-2", 16);
+    kvi_ecc_item other = item("xfer-2", "img-2", 16);
     call1(&f, KVT_ECC_RESERVE, &other);
     uint64_t off2 = f.p.results[0].offset;
     assert_true(off2 >= off1 + 1024 || off2 + 1024 <= off1);
     char rid2[KVT_EC_RID_LEN + 1];
     memcpy(rid2, f.p.results[0].reservation_id.ptr, sizeof(rid2));
     /* the writer finishes: now it is released */
-    kvt_ecc_item c = {.transfer_id = S("xfer-1"), .reservation_id = S(rid)};
+    kvi_ecc_item c = {.transfer_id = S("xfer-1"), .reservation_id = S(rid)};
     call1(&f, KVT_ECC_COMPLETE, &c);
     KVT_OK_(kvt_ec_server_with_shard(f.srv, count_writers, &writers));
     assert_int_equal(writers, 1); /* xfer-2 */
-    kvt_ecc_item ab = {.transfer_id = S("xfer-2"), .reservation_id = S(rid2), .abandon = true};
+    kvi_ecc_item ab = {.transfer_id = S("xfer-2"), .reservation_id = S(rid2), .abandon = true};
     call1(&f, KVT_ECC_CANCEL, &ab);
     KVT_OK_(kvt_ec_server_with_shard(f.srv, count_writers, &writers));
     assert_int_equal(writers, 0);
@@ -381,10 +381,10 @@ static void events_wait_for_a_puller_and_the_backlog_is_bounded(void **state)
         char tid[16], hash[16];
         snprintf(tid, sizeof(tid), "xfer-%d", i);
         snprintf(hash, sizeof(hash), "img-%d", i);
-        kvt_ecc_item it = item(tid, hash, 1);
+        kvi_ecc_item it = item(tid, hash, 1);
         call1(&f, KVT_ECC_RESERVE, &it);
         memcpy(rids[i], f.p.results[0].reservation_id.ptr, sizeof(rids[i]));
-        kvt_ecc_item c = {.transfer_id = S(tid), .reservation_id = S(rids[i])};
+        kvi_ecc_item c = {.transfer_id = S(tid), .reservation_id = S(rids[i])};
         call1(&f, KVT_ECC_COMPLETE, &c);
     }
     /* the server takes the events into its ring on its own loop: wait for that (bounded), not
@@ -398,13 +398,13 @@ static void events_wait_for_a_puller_and_the_backlog_is_bounded(void **state)
     }
     assert_int_equal(ss.events_dropped, 1);
     void *zctx = zmq_ctx_new(), *pull = puller(zctx, f.ev_ep);
-    kvt_ecc_event e;
-    kvt_ecc_event_init(&e);
+    kvi_ecc_event e;
+    kvi_ecc_event_init(&e);
     next_event(pull, &e); /* the two newest, oldest first */
     assert_string_equal(e.transfer_id.ptr, "xfer-1");
     next_event(pull, &e);
     assert_string_equal(e.transfer_id.ptr, "xfer-2");
-    kvt_ecc_event_release(&e);
+    kvi_ecc_event_release(&e);
     zmq_close(pull);
     zmq_ctx_term(zctx);
     stop(&f);
@@ -419,7 +419,7 @@ static void reservations_are_capabilities(void **state)
     (void)state;
     fixture f;
     start(&f, 1, 64);
-    kvt_ecc_item a = item("xfer-1", "img-1", 4);
+    kvi_ecc_item a = item("xfer-1", "img-1", 4);
     call1(&f, KVT_ECC_RESERVE, &a);
     char rid[KVT_EC_RID_LEN + 1];
     memcpy(rid, f.p.results[0].reservation_id.ptr, sizeof(rid));
@@ -427,17 +427,17 @@ static void reservations_are_capabilities(void **state)
     call1(&f, KVT_ECC_RESERVE, &a);
     assert_string_equal(f.p.results[0].reservation_id.ptr, rid);
     /* another client naming the transfer: refused, told nothing */
-    kvt_ecc_item b = a;
+    kvi_ecc_item b = a;
     b.client_key = S(KEY_B);
     call1(&f, KVT_ECC_RESERVE, &b);
     assert_int_equal(f.p.results[0].code, KVT_EEXIST);
     assert_int_equal(f.p.results[0].reservation_id.len, 0);
     assert_null(strstr(f.p.results[0].error.ptr, rid));
-    kvt_ecc_item st = {.transfer_id = S("xfer-1")};
+    kvi_ecc_item st = {.transfer_id = S("xfer-1")};
     call1(&f, KVT_ECC_STATUS, &st);
     assert_int_equal(f.p.results[0].reservation_id.len, 0);
     /* a cancel without id and without the owner key: refused, the writer untouched */
-    kvt_ecc_item cc = {.transfer_id = S("xfer-1"), .client_key = S(KEY_B)};
+    kvi_ecc_item cc = {.transfer_id = S("xfer-1"), .client_key = S(KEY_B)};
     call1(&f, KVT_ECC_CANCEL, &cc);
     assert_int_equal(f.p.results[0].code, KVT_EINVAL);
     assert_non_null(strstr(f.p.results[0].error.ptr, "owner key"));
@@ -445,19 +445,19 @@ static void reservations_are_capabilities(void **state)
     KVT_OK_(kvt_ec_server_with_shard(f.srv, count_writers, &writers));
     assert_int_equal(writers, 1);
     /* no tombstones from strangers: neither without the key nor with a made-up id */
-    kvt_ecc_item t1 = {.transfer_id = S("xfer-9"), .client_key = S(KEY_B)};
+    kvi_ecc_item t1 = {.transfer_id = S("xfer-9"), .client_key = S(KEY_B)};
     call1(&f, KVT_ECC_CANCEL, &t1);
     assert_int_equal(f.p.results[0].code, KVT_EINVAL);
-    kvt_ecc_item t2 = {.transfer_id = S("xfer-9"), .reservation_id = S(KEY_B)};
+    kvi_ecc_item t2 = {.transfer_id = S("xfer-9"), .reservation_id = S(KEY_B)};
     call1(&f, KVT_ECC_CANCEL, &t2);
     assert_false(f.p.results[0].cancelled);
-    kvt_ecc_item real = item("xfer-9", "img-9", 1);
+    kvi_ecc_item real = item("xfer-9", "img-9", 1);
     call1(&f, KVT_ECC_RESERVE, &real);
     assert_true(f.p.results[0].write && !f.p.results[0].cancelled);
     char rid9[KVT_EC_RID_LEN + 1];
     memcpy(rid9, f.p.results[0].reservation_id.ptr, sizeof(rid9));
     /* complete and abandon need the id: someone else's attempts are not accepted */
-    kvt_ecc_item fc = {.transfer_id = S("xfer-1"), .reservation_id = S(KEY_B)};
+    kvi_ecc_item fc = {.transfer_id = S("xfer-1"), .reservation_id = S(KEY_B)};
     call1(&f, KVT_ECC_COMPLETE, &fc);
     assert_false(f.p.results[0].completed);
     fc.abandon = true;
@@ -467,12 +467,12 @@ static void reservations_are_capabilities(void **state)
     kvt_ec_server_get_stats(f.srv, &ss);
     assert_int_equal(ss.refused, 3);
     /* the owner's cancel works */
-    kvt_ecc_item own = {.transfer_id = S("xfer-1"), .client_key = S(OWNER)};
+    kvi_ecc_item own = {.transfer_id = S("xfer-1"), .client_key = S(OWNER)};
     call1(&f, KVT_ECC_CANCEL, &own);
     assert_true(f.p.results[0].cancelled);
-    kvt_ecc_item c = {.transfer_id = S("xfer-1"), .reservation_id = S(rid)};
+    kvi_ecc_item c = {.transfer_id = S("xfer-1"), .reservation_id = S(rid)};
     call1(&f, KVT_ECC_COMPLETE, &c); /* the cancelled writer settles */
-    kvt_ecc_item ab = {.transfer_id = S("xfer-9"), .reservation_id = S(rid9), .abandon = true};
+    kvi_ecc_item ab = {.transfer_id = S("xfer-9"), .reservation_id = S(rid9), .abandon = true};
     call1(&f, KVT_ECC_CANCEL, &ab);
     KVT_OK_(kvt_ec_server_with_shard(f.srv, count_writers, &writers));
     assert_int_equal(writers, 0);
@@ -504,28 +504,28 @@ static void an_unconfigured_owner_key_goes_to_a_private_file(void **state)
     KVT_OK_(rc);
     uint32_t port = kvt_ec_server_port(srv);
     char key[KVT_EC_RID_LEN + 1], path[600];
-    KVT_OK_(kvt_ecc_owner_read(port, key));
+    KVT_OK_(kvi_ecc_owner_read(port, key));
     KVT_OK_(kvt_ec_owner_key_path(port, path, sizeof(path)));
     struct stat stt;
     assert_int_equal(stat(path, &stt), 0);
     assert_int_equal(stt.st_mode & 0777, 0600);
     /* the key in the file is the one the server checks */
-    kvt_ecc_client *cli;
-    KVT_OK_(kvt_ecc_client_create(TIMEOUT, NULL, &cli));
-    kvt_ecc_request q;
-    kvt_ecc_reply p;
-    kvt_ecc_request_init(&q);
-    kvt_ecc_reply_init(&p);
+    kvi_ecc_client *cli;
+    KVT_OK_(kvi_ecc_client_create(TIMEOUT, NULL, &cli));
+    kvi_ecc_request q;
+    kvi_ecc_reply p;
+    kvi_ecc_request_init(&q);
+    kvi_ecc_reply_init(&p);
     char ep[64];
     snprintf(ep, sizeof(ep), "tcp://127.0.0.1:%u", port);
-    kvt_ecc_request_begin(&q, KVT_ECC_CANCEL);
-    kvt_ecc_item it = {.transfer_id = S("t"), .client_key = S(key)};
-    KVT_OK_(kvt_ecc_request_add(&q, &it));
-    KVT_OK_(kvt_ecc_client_call(cli, ep, &q, &p));
+    kvi_ecc_request_begin(&q, KVT_ECC_CANCEL);
+    kvi_ecc_item it = {.transfer_id = S("t"), .client_key = S(key)};
+    KVT_OK_(kvi_ecc_request_add(&q, &it));
+    KVT_OK_(kvi_ecc_client_call(cli, ep, &q, &p));
     assert_true(p.results[0].cancelled);
-    kvt_ecc_request_release(&q);
-    kvt_ecc_reply_release(&p);
-    kvt_ecc_client_destroy(cli);
+    kvi_ecc_request_release(&q);
+    kvi_ecc_reply_release(&p);
+    kvi_ecc_client_destroy(cli);
     kvt_ec_server_stop(srv);
     assert_int_not_equal(stat(path, &stt), 0); /* gone with its server */
     KVT_OK_(kvt_ec_shard_destroy(sh));
@@ -590,23 +590,23 @@ static void bind_errors_and_a_dead_server(void **state)
     c.tp_rank = 1;
     KVT_ERR_(kvt_ec_server_start(&c, f.shard, &s2), KVT_EINVAL);
     /* a server that went away: the call times out, the next call to a live one works */
-    kvt_ecc_client *quick;
-    KVT_OK_(kvt_ecc_client_create(200, NULL, &quick));
+    kvi_ecc_client *quick;
+    KVT_OK_(kvi_ecc_client_create(200, NULL, &quick));
     char dead[64];
     snprintf(dead, sizeof(dead), "tcp://127.0.0.1:%u", kvt_ec_server_port(f.srv));
     kvt_ec_server_stop(f.srv);
     f.srv = NULL;
-    kvt_ecc_request_begin(&f.q, KVT_ECC_PEERS);
-    KVT_ERR_(kvt_ecc_client_call(quick, dead, &f.q, &f.p), KVT_EIO);
+    kvi_ecc_request_begin(&f.q, KVT_ECC_PEERS);
+    KVT_ERR_(kvi_ecc_client_call(quick, dead, &f.q, &f.p), KVT_EIO);
     assert_non_null(strstr(kvt_last_error(), "timed out"));
     /* a server back on that port: the client reconnects by itself */
     kvt_ec_server_config_init(&c);
     c.host = "127.0.0.1";
     c.base_port = (uint32_t)atoi(strrchr(dead, ':') + 1);
     KVT_OK_(kvt_ec_server_start(&c, f.shard, &f.srv));
-    KVT_OK_(kvt_ecc_client_call(quick, dead, &f.q, &f.p));
+    KVT_OK_(kvi_ecc_client_call(quick, dead, &f.q, &f.p));
     assert_int_equal(f.p.n_ports, 1);
-    kvt_ecc_client_destroy(quick);
+    kvi_ecc_client_destroy(quick);
     stop(&f);
 }
 

@@ -144,8 +144,8 @@ static void *rogue_main(void *arg)
     zmq_setsockopt(sock, ZMQ_RCVTIMEO, &rcvtimeo, sizeof(rcvtimeo));
     zmq_connect(sock, g_ep);
     uint8_t hdr[KVT_LINK_HDR_LEN], hello[KVT_LINK_HELLO_LEN];
-    kvt_link_hdr_encode(hdr, KVT_LINK_HELLO, 0);
-    kvt_link_hello_encode(hello, r->rank, r->world, 64);
+    kvi_link_hdr_encode(hdr, KVT_LINK_HELLO, 0);
+    kvi_link_hello_encode(hello, r->rank, r->world, 64);
     zmq_send(sock, hdr, sizeof(hdr), ZMQ_SNDMORE);
     zmq_send(sock, hello, sizeof(hello), 0);
     for (;;) {
@@ -155,7 +155,7 @@ static void *rogue_main(void *arg)
             break;
         uint32_t type;
         uint64_t step;
-        if (kvt_link_hdr_decode(buf, (size_t)got, &type, &step) || type == KVT_LINK_STOP)
+        if (kvi_link_hdr_decode(buf, (size_t)got, &type, &step) || type == KVT_LINK_STOP)
             break;
         int more = 1;
         size_t ml = sizeof(more);
@@ -164,11 +164,11 @@ static void *rogue_main(void *arg)
         r->steps++;
         if (r->mode == 4 && r->steps == 1)
             usleep(LATE_MS * 1000);
-        kvt_link_hdr_encode(hdr, KVT_LINK_REPLY, step);
+        kvi_link_hdr_encode(hdr, KVT_LINK_REPLY, step);
         uint8_t st[64];
-        kvt_link_status_encode(st, r->mode == 2 ? (r->rank + 1) % r->world : r->rank, 0, NULL, 0,
+        kvi_link_status_encode(st, r->mode == 2 ? (r->rank + 1) % r->world : r->rank, 0, NULL, 0,
                                "", 0);
-        size_t st_len = kvt_link_status_size(0, 0);
+        size_t st_len = kvi_link_status_size(0, 0);
         if (r->mode == 1 && r->steps == 1)
             memset(st, 0xff, st_len);
         kvt_offload_worker_meta wm;
