@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * libFuzzer target for the encoder-cache control plane's messages (src/ec/ctl_wire.c): what
+ * libFuzzer target for the encoder-cache control plane's messages (src/net/ec_ctl_wire.c): what
  * a control server decodes from any peer (requests) and what producers and schedulers decode
  * from shards (replies, events). The first input byte picks the decoder, the rest is the
  * message. Property: a decode either fails with a message and leaves the object empty, or
@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ec/ctl.h"
+#include "net/ec_ctl.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

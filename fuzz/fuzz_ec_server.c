@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * libFuzzer target: the consumer shard's control server in process (src/ec/server.c without
+ * libFuzzer target: the consumer shard's control server in process (src/net/ec_server.c without
  * its sockets), fed a stream of requests from three clients (two producers with their own
  * keys, and the consumer's scheduler with the owner key) and raw bytes. Six bytes per
  * operation choose the op, the transfer, the item, who sends it, which reservation id it
@@ -18,8 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ec/ctl.h"
-#include "ec/server_internal.h"
+#include "net/ec_ctl.h"
+#include "net/ec_server_internal.h"
 #include "kvtier/kvtier.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

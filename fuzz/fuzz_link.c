@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "worker/link_internal.h"
+#include "net/link_internal.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

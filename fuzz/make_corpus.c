@@ -8,9 +8,9 @@
 #include <stdio.h>
 #include <sys/stat.h>
 
-#include "ec/ctl.h"
+#include "net/ec_ctl.h"
 #include "meta/meta_samples.h"
-#include "worker/link_internal.h"
+#include "net/link_internal.h"
 
 static const struct {
     uint32_t kind;

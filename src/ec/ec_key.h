@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "base/array.h"
+#include "base/ilist.h"
 #include "base/error.h"
 #include "base/hash.h"
 #include "base/map.h"
@@ -55,35 +56,6 @@ static inline uint32_t ec_key_find(const kvi_map *m, const void *base, size_t st
         if (ec_key_eq((const ec_key *)((const char *)base + (size_t)i * stride + key_off), k))
             return i;
     return UINT32_MAX;
-}
-
-/* Slot tables: records in an array grown on demand, free slots threaded through the uint32_t
- * field at next_off. ec_slot_take returns a slot (UINT32_MAX if memory ran out); the caller
- * initialises it. ec_slot_give puts one back. */
-static inline uint32_t *ec_slot_next(void *arr, size_t elem, size_t next_off, uint32_t i)
-{
-    return (uint32_t *)((char *)arr + (size_t)i * elem + next_off);
-}
-
-static inline uint32_t ec_slot_take(void **arr, uint32_t *n, uint32_t *cap, uint32_t *free_head,
-                                    size_t elem, size_t next_off)
-{
-    if (*free_head == UINT32_MAX) {
-        if (kvi_array_grow(arr, cap, *n + 1ull, elem))
-            return UINT32_MAX;
-        *ec_slot_next(*arr, elem, next_off, *n) = UINT32_MAX;
-        *free_head = (*n)++;
-    }
-    uint32_t i = *free_head;
-    *free_head = *ec_slot_next(*arr, elem, next_off, i);
-    return i;
-}
-
-static inline void ec_slot_give(void *arr, uint32_t *free_head, size_t elem, size_t next_off,
-                                uint32_t i)
-{
-    *ec_slot_next(arr, elem, next_off, i) = *free_head;
-    *free_head = i;
 }
 
 #endif

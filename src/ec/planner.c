@@ -150,8 +150,8 @@ int kvt_ec_planner_prepare(kvt_ec_planner *p, const kvt_ec_push_spec *s)
     if ((rc = lkey_set(&h, s->mm_hash, "mm_hash")) || (rc = lkey_set(&dtype, s->dtype, "dtype")) ||
         (rc = lkey_set(&consumer, s->consumer_zmq, "consumer address")))
         return rc;
-    uint32_t idx = ec_slot_take((void **)&p->pl, &p->n_pl, &p->cap_pl, &p->free_pl, sizeof(plan),
-                                offsetof(plan, free_next));
+    uint32_t idx = kvi_slot_take((void **)&p->pl, &p->n_pl, &p->cap_pl, &p->free_pl, sizeof(plan),
+                                 offsetof(plan, free_next));
     if (idx == NONE)
         return kvt_fail(KVT_ENOMEM, "ec planner: out of memory");
     x = &p->pl[idx];
@@ -236,8 +236,8 @@ int kvt_ec_planner_request_finished(kvt_ec_planner *p, const char *req_id, uint3
         if (--x->sharers == 0) { /* nobody shares it: forgotten */
             kvi_map_remove(&p->map, x->t.hash, p->sh[i].plan);
             x->used = false;
-            ec_slot_give(p->pl, &p->free_pl, sizeof(plan), offsetof(plan, free_next),
-                         p->sh[i].plan);
+            kvi_slot_give(p->pl, &p->free_pl, sizeof(plan), offsetof(plan, free_next),
+                          p->sh[i].plan);
             p->count--;
         }
     }

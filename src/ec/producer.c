@@ -109,7 +109,7 @@ static void rec_free(kvt_ec_producer *p, prec *r)
     free(r->sh);
     r->sh = NULL;
     r->used = false;
-    ec_slot_give(p->r, &p->free_r, sizeof(prec), offsetof(prec, free_next), i);
+    kvi_slot_give(p->r, &p->free_r, sizeof(prec), offsetof(prec, free_next), i);
     p->count--;
 }
 
@@ -133,8 +133,8 @@ static prec *rec_new(kvt_ec_producer *p, const ec_key *t, int *err)
 {
     if ((*err = make_room(p)))
         return NULL;
-    uint32_t i = ec_slot_take((void **)&p->r, &p->n_r, &p->cap_r, &p->free_r, sizeof(prec),
-                              offsetof(prec, free_next));
+    uint32_t i = kvi_slot_take((void **)&p->r, &p->n_r, &p->cap_r, &p->free_r, sizeof(prec),
+                               offsetof(prec, free_next));
     if (i == NONE) {
         *err = kvt_fail(KVT_ENOMEM, "ec producer: out of memory");
         return NULL;

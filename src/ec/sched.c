@@ -42,7 +42,8 @@ typedef struct xfer {
     uint64_t shape[KVT_EC_MAX_DIMS];
     char dtype[24];
     uint64_t mask, deadline, seq;
-    uint32_t tprev, tnext, free_next;
+    kvi_ilink tomb; /* the tombstone FIFO */
+    uint32_t free_next;
 } xfer;
 
 typedef struct sreq {
@@ -57,7 +58,8 @@ typedef struct sreq {
 struct kvt_ec_sched {
     kvt_ec_sched_config cfg;
     xfer *x;
-    uint32_t n_x, cap_x, free_x, live, tomb, partial, thead, ttail;
+    uint32_t n_x, cap_x, free_x, live, tomb, partial;
+    kvi_ilist tombs; /* terminal transfers, oldest first */
     uint64_t seq;
     kvi_map by_t, by_h;
     sreq *r;
@@ -141,8 +143,8 @@ static xfer *x_new(kvt_ec_sched *s, const ec_key *t, const ec_key *h, uint8_t st
         *err = kvt_fail(KVT_ELIMIT, "ec sched: %u transfers live (max_transfers)", s->live);
         return NULL;
     }
-    uint32_t i = ec_slot_take((void **)&s->x, &s->n_x, &s->cap_x, &s->free_x, sizeof(xfer),
-                              offsetof(xfer, free_next));
+    uint32_t i = kvi_slot_take((void **)&s->x, &s->n_x, &s->cap_x, &s->free_x, sizeof(xfer),
+                               offsetof(xfer, free_next));
     if (i == NONE) {
         *err = kvt_fail(KVT_ENOMEM, "ec sched: out of memory");
         return NULL;
@@ -155,7 +157,7 @@ static xfer *x_new(kvt_ec_sched *s, const ec_key *t, const ec_key *h, uint8_t st
         x->h = *h;
     x->state = state;
     x->seq = ++s->seq;
-    x->tprev = x->tnext = NONE;
+    x->tomb.prev = x->tomb.next = NONE;
     (void)kvi_map_insert(&s->by_t, t->hash, xi(s, x)); /* room: live + tombstones */
     if (h)
         (void)kvi_map_insert(&s->by_h, h->hash, xi(s, x));
@@ -167,15 +169,7 @@ static xfer *x_new(kvt_ec_sched *s, const ec_key *t, const ec_key *h, uint8_t st
 
 static void tomb_unlink(kvt_ec_sched *s, xfer *x)
 {
-    if (x->tprev == NONE)
-        s->thead = x->tnext;
-    else
-        s->x[x->tprev].tnext = x->tnext;
-    if (x->tnext == NONE)
-        s->ttail = x->tprev;
-    else
-        s->x[x->tnext].tprev = x->tprev;
-    x->tprev = x->tnext = NONE;
+    KVI_ILIST_REMOVE(&s->tombs, s->x, tomb, xi(s, x));
 }
 
 /* Requests no longer point at a freed slot. */
@@ -207,7 +201,7 @@ static void x_free(kvt_ec_sched *s, xfer *x)
         kvi_map_remove(&s->by_h, x->h.hash, xi(s, x));
     unbind(s, xi(s, x));
     x->used = false;
-    ec_slot_give(s->x, &s->free_x, sizeof(xfer), offsetof(xfer, free_next), xi(s, x));
+    kvi_slot_give(s->x, &s->free_x, sizeof(xfer), offsetof(xfer, free_next), xi(s, x));
 }
 
 static void queue_cancel(kvt_ec_sched *s, xfer *x)
@@ -251,20 +245,14 @@ static void finish_x(kvt_ec_sched *s, xfer *x, uint8_t state, bool cancel)
     x->state = state;
     x->queued = false;
     x->deadline = after(s, s->cfg.lease_ns);
-    x->tprev = s->ttail;
-    x->tnext = NONE;
-    if (s->ttail == NONE)
-        s->thead = xi(s, x);
-    else
-        s->x[s->ttail].tnext = xi(s, x);
-    s->ttail = xi(s, x);
+    KVI_ILIST_PUSH_BACK(&s->tombs, s->x, tomb, xi(s, x));
     s->tomb++;
     if (cancel)
         queue_cancel(s, x);
     if (state == KVT_ECT_FAILED || state == KVT_ECT_UNAVAILABLE)
         fail_dependents(s, x);
     while (s->tomb > s->cfg.max_tombstones)
-        x_free(s, &s->x[s->thead]);
+        x_free(s, &s->x[s->tombs.head]);
 }
 
 static bool mirror_has(const kvt_ec_sched *s, const ec_key *h)
@@ -305,7 +293,8 @@ int kvt_ec_sched_create(const kvt_ec_sched_config *cfg, kvt_ec_sched **out)
     if (!s)
         return kvt_fail(KVT_ENOMEM, "ec sched: out of memory");
     s->cfg = *cfg;
-    s->free_x = s->free_r = s->thead = s->ttail = NONE;
+    s->free_x = s->free_r = NONE;
+    kvi_ilist_init(&s->tombs);
     uint32_t cap = cfg->max_transfers + cfg->max_tombstones + 1;
     int rc = kvi_map_init(&s->by_t, cap);
     if (!rc)
@@ -432,8 +421,8 @@ static sreq *req_get(kvt_ec_sched *s, const ec_key *id, int *err)
         *err = kvt_fail(KVT_ELIMIT, "ec sched: too many requests tracked");
         return NULL;
     }
-    uint32_t i = ec_slot_take((void **)&s->r, &s->n_r, &s->cap_r, &s->free_r, sizeof(sreq),
-                              offsetof(sreq, free_next));
+    uint32_t i = kvi_slot_take((void **)&s->r, &s->n_r, &s->cap_r, &s->free_r, sizeof(sreq),
+                               offsetof(sreq, free_next));
     if (i == NONE) {
         *err = kvt_fail(KVT_ENOMEM, "ec sched: out of memory");
         return NULL;
@@ -756,7 +745,7 @@ int kvt_ec_sched_request_finished_bound(kvt_ec_sched *s, const char *req_id, uin
         return 0;
     kvi_map_remove(&s->by_req, id.hash, (uint32_t)(r - s->r));
     r->used = false;
-    ec_slot_give(s->r, &s->free_r, sizeof(sreq), offsetof(sreq, free_next), (uint32_t)(r - s->r));
+    kvi_slot_give(s->r, &s->free_r, sizeof(sreq), offsetof(sreq, free_next), (uint32_t)(r - s->r));
     return 0;
 }
 
@@ -892,8 +881,8 @@ void kvt_ec_sched_expire(kvt_ec_sched *s)
             break;
         }
     }
-    while (s->thead != NONE && s->x[s->thead].deadline <= t)
-        x_free(s, &s->x[s->thead]);
+    while (s->tombs.head != NONE && s->x[s->tombs.head].deadline <= t)
+        x_free(s, &s->x[s->tombs.head]);
 }
 
 static uint32_t take_list(ec_key *l, uint32_t *n, char (*out)[KVT_EC_KEY_MAX + 1], uint32_t cap)

@@ -59,7 +59,7 @@ typedef struct rec {
     uint32_t fprev;  /* previous one (NONE: the first), so a follower leaves in O(1) */
     bool is_writer;  /* in the writers index */
     uint64_t expires;
-    uint32_t tprev, tnext; /* tombstone FIFO */
+    kvi_ilink tomb; /* the tombstone FIFO */
     uint32_t free_next;
 } rec;
 
@@ -70,7 +70,8 @@ typedef struct res {
     kvt_slab_view view;
     uint32_t leases;
     kvt_ec_fence fence;
-    uint32_t lprev, lnext, free_next;
+    kvi_ilink lru;
+    uint32_t free_next;
 } res;
 
 typedef struct pending_free {
@@ -83,11 +84,11 @@ struct kvt_ec_shard {
     kvt_slab *slab;
     rec *recs;
     uint32_t n_recs, cap_recs, free_rec, live, tomb;
-    uint32_t thead, ttail;
+    kvi_ilist tombs; /* terminal records, oldest first */
     kvi_map rec_map, writer_map, res_map;
     res *res;
     uint32_t n_res, cap_res, free_res, res_count;
-    uint32_t lru_head, lru_tail;
+    kvi_ilist lru; /* evictable residents, oldest first */
     pending_free *defer;
     uint32_t n_defer, cap_defer;
     kvt_ec_ready_event *ev;
@@ -218,27 +219,13 @@ static void lru_remove(kvt_ec_shard *sh, res *e)
 {
     if (!e->in_lru)
         return;
-    if (e->lprev == NONE)
-        sh->lru_head = e->lnext;
-    else
-        sh->res[e->lprev].lnext = e->lnext;
-    if (e->lnext == NONE)
-        sh->lru_tail = e->lprev;
-    else
-        sh->res[e->lnext].lprev = e->lprev;
+    KVI_ILIST_REMOVE(&sh->lru, sh->res, lru, res_idx(sh, e));
     e->in_lru = false;
 }
 
 static void lru_append(kvt_ec_shard *sh, res *e)
 {
-    uint32_t i = res_idx(sh, e);
-    e->lprev = sh->lru_tail;
-    e->lnext = NONE;
-    if (sh->lru_tail == NONE)
-        sh->lru_head = i;
-    else
-        sh->res[sh->lru_tail].lnext = i;
-    sh->lru_tail = i;
+    KVI_ILIST_PUSH_BACK(&sh->lru, sh->res, lru, res_idx(sh, e));
     e->in_lru = true;
 }
 
@@ -284,7 +271,7 @@ static void res_free(kvt_ec_shard *sh, res *e)
         kvi_map_remove(&sh->res_map, e->h.hash, res_idx(sh, e));
     free_after(sh, &e->view, &e->fence);
     e->used = false;
-    ec_slot_give(sh->res, &sh->free_res, sizeof(res), offsetof(res, free_next), res_idx(sh, e));
+    kvi_slot_give(sh->res, &sh->free_res, sizeof(res), offsetof(res, free_next), res_idx(sh, e));
     sh->res_count--;
 }
 
@@ -306,14 +293,14 @@ static res *res_new(kvt_ec_shard *sh)
 {
     if (sh->free_res == NONE && sh->n_res >= sh->cfg.max_residents)
         return NULL;
-    uint32_t i = ec_slot_take((void **)&sh->res, &sh->n_res, &sh->cap_res, &sh->free_res,
-                              sizeof(res), offsetof(res, free_next));
+    uint32_t i = kvi_slot_take((void **)&sh->res, &sh->n_res, &sh->cap_res, &sh->free_res,
+                               sizeof(res), offsetof(res, free_next));
     if (i == NONE)
         return NULL;
     res *e = &sh->res[i];
     memset(e, 0, sizeof(*e));
     e->used = true;
-    e->lprev = e->lnext = NONE;
+    e->lru.prev = e->lru.next = NONE;
     sh->res_count++;
     return e;
 }
@@ -399,37 +386,24 @@ static void writer_unregister(kvt_ec_shard *sh, rec *r)
 
 static rec *rec_new(kvt_ec_shard *sh, const ec_key *t)
 {
-    uint32_t i = ec_slot_take((void **)&sh->recs, &sh->n_recs, &sh->cap_recs, &sh->free_rec,
-                              sizeof(rec), offsetof(rec, free_next));
+    uint32_t i = kvi_slot_take((void **)&sh->recs, &sh->n_recs, &sh->cap_recs, &sh->free_rec,
+                               sizeof(rec), offsetof(rec, free_next));
     if (i == NONE)
         return NULL;
     rec *r = &sh->recs[i];
     memset(r, 0, sizeof(*r));
     r->used = true;
     r->tid = *t;
-    r->lease = r->writer = r->ffirst = r->fnext = r->fprev = r->tprev = r->tnext = NONE;
+    r->lease = r->writer = r->ffirst = r->fnext = r->fprev = r->tomb.prev = r->tomb.next = NONE;
     (void)kvi_map_insert(&sh->rec_map, t->hash, rec_idx(sh, r)); /* room: live + tombstones */
     sh->live++;
     return r;
 }
 
-static void tomb_unlink(kvt_ec_shard *sh, rec *r)
-{
-    if (r->tprev == NONE)
-        sh->thead = r->tnext;
-    else
-        sh->recs[r->tprev].tnext = r->tnext;
-    if (r->tnext == NONE)
-        sh->ttail = r->tprev;
-    else
-        sh->recs[r->tnext].tprev = r->tprev;
-    r->tprev = r->tnext = NONE;
-}
-
 static void rec_free(kvt_ec_shard *sh, rec *r)
 {
     if (terminal(r)) {
-        tomb_unlink(sh, r);
+        KVI_ILIST_REMOVE(&sh->tombs, sh->recs, tomb, rec_idx(sh, r));
         sh->tomb--;
     } else {
         sh->live--;
@@ -437,26 +411,19 @@ static void rec_free(kvt_ec_shard *sh, rec *r)
     writer_unregister(sh, r);
     kvi_map_remove(&sh->rec_map, r->tid.hash, rec_idx(sh, r));
     r->used = false;
-    ec_slot_give(sh->recs, &sh->free_rec, sizeof(rec), offsetof(rec, free_next), rec_idx(sh, r));
+    kvi_slot_give(sh->recs, &sh->free_rec, sizeof(rec), offsetof(rec, free_next), rec_idx(sh, r));
 }
 
 /* Appends r (already terminal) to the tombstone FIFO, dropping the oldest at the cap. */
 static void tomb_append(kvt_ec_shard *sh, rec *r)
 {
-    uint32_t i = rec_idx(sh, r);
     r->expires = deadline(sh);
-    r->tprev = sh->ttail;
-    r->tnext = NONE;
-    if (sh->ttail == NONE)
-        sh->thead = i;
-    else
-        sh->recs[sh->ttail].tnext = i;
-    sh->ttail = i;
+    KVI_ILIST_PUSH_BACK(&sh->tombs, sh->recs, tomb, rec_idx(sh, r));
     sh->tomb++;
     if (r->expires < sh->next_deadline)
         sh->next_deadline = r->expires;
     while (sh->tomb > sh->cfg.max_tombstones) {
-        rec_free(sh, &sh->recs[sh->thead]);
+        rec_free(sh, &sh->recs[sh->tombs.head]);
         sh->st.tombstones_dropped++;
     }
 }
@@ -501,7 +468,7 @@ static void release(kvt_ec_shard *sh, rec *r, bool report)
 static void make_terminal(kvt_ec_shard *sh, rec *r, uint8_t state)
 {
     if (terminal(r)) { /* refresh the tombstone */
-        tomb_unlink(sh, r);
+        KVI_ILIST_REMOVE(&sh->tombs, sh->recs, tomb, rec_idx(sh, r));
         sh->tomb--;
     } else {
         sh->live--;
@@ -536,7 +503,9 @@ int kvt_ec_shard_create(const kvt_ec_shard_config *cfg, kvt_ec_shard **out)
     if (!sh)
         return kvt_fail(KVT_ENOMEM, "ec shard: out of memory");
     sh->cfg = *cfg;
-    sh->free_rec = sh->free_res = sh->thead = sh->ttail = sh->lru_head = sh->lru_tail = NONE;
+    sh->free_rec = sh->free_res = NONE;
+    kvi_ilist_init(&sh->tombs);
+    kvi_ilist_init(&sh->lru);
     sh->next_deadline = NEVER;
     int rc = kvt_slab_create(cfg->base, cfg->capacity, &sh->slab);
     if (!rc)
@@ -627,10 +596,10 @@ void kvt_ec_shard_expire(kvt_ec_shard *sh)
             sh->st.expiries++;
         }
     }
-    while (sh->thead != NONE && sh->recs[sh->thead].expires <= t)
-        rec_free(sh, &sh->recs[sh->thead]);
-    if (sh->thead != NONE && sh->recs[sh->thead].expires < next)
-        next = sh->recs[sh->thead].expires;
+    while (sh->tombs.head != NONE && sh->recs[sh->tombs.head].expires <= t)
+        rec_free(sh, &sh->recs[sh->tombs.head]);
+    if (sh->tombs.head != NONE && sh->recs[sh->tombs.head].expires < next)
+        next = sh->recs[sh->tombs.head].expires;
     sh->next_deadline = next;
 }
 
@@ -655,8 +624,8 @@ static int alloc_with_reclaim(kvt_ec_shard *sh, uint64_t nbytes, kvt_slab_view *
     poll_deferred(sh);
     if (kvt_slab_alloc(sh->slab, nbytes, v) == 0)
         return 0;
-    while (sh->lru_head != NONE) { /* evict retired residents no reader holds, oldest first */
-        res *e = &sh->res[sh->lru_head];
+    while (sh->lru.head != NONE) { /* evict retired residents no reader holds, oldest first */
+        res *e = &sh->res[sh->lru.head];
         push_reclaimed(sh, &e->h);
         sh->st.reclaims++;
         res_free(sh, e);

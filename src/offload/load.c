@@ -295,7 +295,7 @@ int kvi_ofl_reserve_step(kvt_offload *m, kvt_offload_meta *out)
             bytes += m->reqs[s].id_len + 1;
         }
     }
-    for (uint32_t i = m->loads.first; i != OFL_NONE; i = m->loads.e[i].next)
+    for (uint32_t i = m->loads.active.head; i != OFL_NONE; i = m->loads.e[i].link.next)
         for (uint32_t s = m->loads.e[i].head; s != OFL_NONE; s = m->reqs[s].load_next) {
             reqs++;
             bytes += m->reqs[s].id_len + 1;
@@ -333,7 +333,7 @@ void kvi_ofl_emit_loads(kvt_offload *m, kvt_offload_meta *out)
         m->st.load_blocks += pairs;
         m->transferred = true;
     }
-    for (uint32_t i = m->loads.first; i != OFL_NONE; i = m->loads.e[i].next)
+    for (uint32_t i = m->loads.active.head; i != OFL_NONE; i = m->loads.e[i].link.next)
         for (uint32_t s = m->loads.e[i].head; s != OFL_NONE; s = m->reqs[s].load_next)
             (void)kvt_offload_meta_add_load_req(out, m->loads.e[i].id, m->reqs[s].id,
                                                 m->reqs[s].id_len);

@@ -45,9 +45,9 @@ int kvi_ofl_evtable_init(struct kvi_ofl_evtable *t, uint32_t cap)
         return rc;
     t->cap = cap;
     for (uint32_t i = 0; i < cap; i++)
-        t->e[i].next = i + 1 < cap ? i + 1 : OFL_NONE;
+        t->e[i].free_next = i + 1 < cap ? i + 1 : OFL_NONE;
     t->free_head = 0;
-    t->first = t->last = OFL_NONE;
+    kvi_ilist_init(&t->active);
     return 0;
 }
 
@@ -74,17 +74,11 @@ struct kvi_ofl_event *kvi_ofl_evtable_add(struct kvi_ofl_evtable *t, int64_t id)
         return NULL;
     uint32_t idx = t->free_head;
     struct kvi_ofl_event *e = &t->e[idx];
-    t->free_head = e->next;
+    t->free_head = e->free_next;
     memset(e, 0, sizeof(*e));
     e->id = id;
     e->head = e->tail = OFL_NONE;
-    e->prev = t->last;
-    e->next = OFL_NONE;
-    if (t->last == OFL_NONE)
-        t->first = idx;
-    else
-        t->e[t->last].next = idx;
-    t->last = idx;
+    KVI_ILIST_PUSH_BACK(&t->active, t->e, link, idx);
     (void)kvi_map_insert(&t->map, event_hash(id), idx); /* room for every entry */
     t->n++;
     return e;
@@ -94,16 +88,9 @@ void kvi_ofl_evtable_remove(struct kvi_ofl_evtable *t, struct kvi_ofl_event *e)
 {
     uint32_t idx = kvi_ofl_evtable_index(t, e);
     kvi_map_remove(&t->map, event_hash(e->id), idx);
-    if (e->prev == OFL_NONE)
-        t->first = e->next;
-    else
-        t->e[e->prev].next = e->next;
-    if (e->next == OFL_NONE)
-        t->last = e->prev;
-    else
-        t->e[e->next].prev = e->prev;
-    e->next = t->free_head;
-    t->free_head = idx;
+    KVI_ILIST_REMOVE(&t->active, t->e, link, idx);
+    kvi_slot_give(t->e, &t->free_head, sizeof(*t->e), offsetof(struct kvi_ofl_event, free_next),
+                  idx);
     t->n--;
 }
 
@@ -613,7 +600,7 @@ int kvt_offload_reset(kvt_offload *m)
 {
     kvi_ofl_gpu_flush(m); /* pins a deferred schedule left */
     /* 1. In-flight stores are abandoned: their blocks will be freed, never cached. */
-    for (uint32_t i = m->stores.first; i != OFL_NONE; i = m->stores.e[i].next) {
+    for (uint32_t i = m->stores.active.head; i != OFL_NONE; i = m->stores.e[i].link.next) {
         struct kvi_ofl_event *e = &m->stores.e[i];
         if (e->abandoned)
             continue;
@@ -688,7 +675,7 @@ void kvt_offload_get_stats(const kvt_offload *m, kvt_offload_stats *s)
     s->load_events_in_flight = m->loads.n;
     s->store_events_in_flight = m->stores.n;
     uint32_t pending = m->acc_n;
-    for (uint32_t i = m->stores.first; i != OFL_NONE; i = m->stores.e[i].next)
+    for (uint32_t i = m->stores.active.head; i != OFL_NONE; i = m->stores.e[i].link.next)
         pending += m->stores.e[i].n;
     s->pending_store_blocks = pending;
     kvi_ofl_tier_stats(m, s);

@@ -31,6 +31,7 @@
 #include <stddef.h>
 
 #include "base/idlist.h"
+#include "base/ilist.h"
 #include "base/map.h"
 #include "kvtier/offload.h"
 
@@ -81,13 +82,15 @@ struct kvi_ofl_event {
     uint32_t head, tail, n;
     uint32_t reported; /* stores: worker reports so far */
     bool abandoned;
-    bool failed;         /* stores: a worker could not write some block (never made findable) */
-    uint32_t prev, next; /* active list, ascending id */
+    bool failed;        /* stores: a worker could not write some block (never made findable) */
+    kvi_ilink link;     /* the active list, ascending id */
+    uint32_t free_next; /* the free list */
 };
 
 struct kvi_ofl_evtable {
     struct kvi_ofl_event *e;
-    uint32_t cap, n, free_head, first, last;
+    uint32_t cap, n, free_head;
+    kvi_ilist active; /* ascending id */
     kvi_map map;
 };
 

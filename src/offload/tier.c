@@ -463,9 +463,9 @@ void kvi_ofl_tier_abandon(kvt_offload *m)
 {
     if (!m->disk)
         return;
-    for (uint32_t i = m->dstores.first; i != OFL_NONE; i = m->dstores.e[i].next)
+    for (uint32_t i = m->dstores.active.head; i != OFL_NONE; i = m->dstores.e[i].link.next)
         m->dstores.e[i].abandoned = true;
-    for (uint32_t i = m->dloads.first; i != OFL_NONE; i = m->dloads.e[i].next)
+    for (uint32_t i = m->dloads.active.head; i != OFL_NONE; i = m->dloads.e[i].link.next)
         m->dloads.e[i].abandoned = true;
     for (uint32_t d = m->dacc_head, next; d != OFL_NONE; d = next) {
         next = m->dstore_next[d];

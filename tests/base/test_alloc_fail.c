@@ -11,7 +11,7 @@
 #include "kvt_test.h"
 
 #include "copy/copy_internal.h"
-#include "ec/ctl.h"
+#include "net/ec_ctl.h"
 
 void *__real_malloc(size_t n);
 void *__real_calloc(size_t n, size_t m);

@@ -1,11 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * Encoder-cache control messages (src/ec/ctl.h): every op's request and reply and both kinds
+ * Encoder-cache control messages (src/net/ec_ctl.h): every op's request and reply and both kinds
  * of event round-trip and re-encode to the same bytes (canonical); every truncation fails and
  * leaves the object empty; every field a peer could forge is refused with a message.
  */
 #include "kvt_test.h"
-#include "ec/ctl.h"
+#include "net/ec_ctl.h"
 
 #define RID  "0123456789abcdef0123456789abcdef"
 #define RID2 "fedcba9876543210fedcba9876543210"

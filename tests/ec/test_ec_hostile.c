@@ -16,8 +16,8 @@
 #include <sys/wait.h>
 #include <zmq.h>
 
-#include "ec/ctl.h"
-#include "ec/ucx.h"
+#include "net/ec_ctl.h"
+#include "net/ucx.h"
 #include "kvt_test.h"
 
 #define CAP     (8u << 20)

@@ -15,8 +15,8 @@
 #include <zmq.h>
 
 #include "kvt_test.h"
-#include "ec/ctl.h"
-#include "ec/ucx.h"
+#include "net/ec_ctl.h"
+#include "net/ucx.h"
 
 #define SHARDS  2
 #define CAP     (96u << 20)

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The consumer shard's control server over loopback TCP (include/kvtier/ec_net.h), driven
- * through the control client (src/ec/ctl.h) and raw ZeroMQ sockets: every op, readiness
+ * through the control client (src/net/ec_ctl.h) and raw ZeroMQ sockets: every op, readiness
  * events on the PUSH socket, malformed / truncated / multi-frame requests answered with an
  * error while the server keeps serving, a stale reservation id rejected, a consumer cancel
  * that keeps a writer's memory, the bounded event backlog, bind errors, a dead server.
@@ -11,7 +11,7 @@
 #include <zmq.h>
 
 #include "kvt_test.h"
-#include "ec/ctl.h"
+#include "net/ec_ctl.h"
 
 #define CAP     (64 * 1024)
 #define TIMEOUT 5000

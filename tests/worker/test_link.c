@@ -10,7 +10,7 @@
 
 #include "kvt_test.h"
 #include "base/error.h"
-#include "worker/link_internal.h"
+#include "net/link_internal.h"
 
 #define TIMEOUT 10000
 #define SHORT   300 /* ms: a step's wait when a rank is expected to stay silent */

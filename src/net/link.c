@@ -25,7 +25,7 @@
 #include "base/fd.h"
 #include "base/log.h"
 #include "meta/wire.h"
-#include "worker/link_internal.h"
+#include "net/link_internal.h"
 
 #define MAX_FRAMES 5u /* identity, header, status, worker meta, ids: the longest message */
 #define ID_MAX     32u

@@ -19,7 +19,7 @@
 #include "base/error.h"
 #include "base/fd.h"
 #include "base/log.h"
-#include "ec/ctl.h"
+#include "net/ec_ctl.h"
 #include "kvtier/ec_net.h"
 
 typedef char tid_t[KVT_EC_KEY_MAX + 1];

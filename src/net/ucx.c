@@ -14,7 +14,7 @@
 
 #include "base/error.h"
 #include "base/log.h"
-#include "ec/ucx.h"
+#include "net/ucx.h"
 #include "kvtier/base.h"
 
 #define MAX_EPS 64

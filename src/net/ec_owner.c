@@ -17,7 +17,7 @@
 #include <unistd.h>
 
 #include "base/error.h"
-#include "ec/ctl.h"
+#include "net/ec_ctl.h"
 #include "kvtier/ec_net.h"
 
 static int key_dir(char *buf, size_t cap)

@@ -35,7 +35,7 @@
 #include <string.h>
 
 #include "base/error.h"
-#include "ec/ctl.h"
+#include "net/ec_ctl.h"
 #include "kvtier/ec_net.h"
 #include "meta/meta_internal.h"
 

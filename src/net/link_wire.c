@@ -6,7 +6,7 @@
  */
 #include "base/error.h"
 #include "meta/wire.h"
-#include "worker/link_internal.h"
+#include "net/link_internal.h"
 
 static const uint8_t MAGIC[4] = {'K', 'V', 'T', 'L'};
 

@@ -12,7 +12,7 @@
 
 #include "base/error.h"
 #include "base/fd.h"
-#include "ec/ctl.h"
+#include "net/ec_ctl.h"
 
 #define MAX_PEERS 128
 

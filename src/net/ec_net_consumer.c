@@ -1,15 +1,15 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * A producer's remote consumers (kvtier/ec_net.h): kvt_ec_consumer_ops over the control plane
- * (ZeroMQ REQ, src/ec/ctl_client.c) and the data plane (UCX tag sends, src/ec/ucx.c).
+ * (ZeroMQ REQ, src/net/ec_ctl_client.c) and the data plane (UCX tag sends, src/net/ucx.c).
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/error.h"
-#include "ec/ctl.h"
-#include "ec/ucx.h"
+#include "net/ec_ctl.h"
+#include "net/ucx.h"
 #include "kvtier/ec_net.h"
 
 #define MAX_CONSUMERS 64

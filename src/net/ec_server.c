@@ -23,10 +23,10 @@
 #include "base/fd.h"
 #include "base/log.h"
 #include "base/map.h"
-#include "ec/ctl.h"
-#include "ec/server_internal.h"
+#include "net/ec_ctl.h"
+#include "net/ec_server_internal.h"
 #include "ec/shard_internal.h"
-#include "ec/ucx.h"
+#include "net/ucx.h"
 #include "kvtier/ec_net.h"
 
 #define NONE UINT32_MAX
