@@ -181,6 +181,29 @@ typedef struct kvt_metrics_source {
 KVT_API int kvt_metrics_merge(const kvt_metrics_source *src, size_t n, char *buf, size_t cap,
                               size_t *len);
 
+/* ---- CUDA driver ------------------------------------------------------------------------ */
+
+/* CUDA helpers for engines and tests (KVT_EUNSUPPORTED without a driver). The engine's
+ * compute stream and events are plain CUstream / CUevent handles. */
+KVT_API bool kvt_cuda_available(void);
+/* Why kvt_cuda_available() is false ("libcuda.so.1: cannot open shared object file"). */
+KVT_API const char *kvt_cuda_unavailable_reason(void);
+/* The driver's version (cuDriverGetVersion: 13000 for CUDA 13.0), 0 without a driver. */
+KVT_API int kvt_cuda_driver_version(void);
+/* Device memory through the driver kvtier loaded, for programs with no CUDA runtime of their
+ * own (tests, benchmarks, the CLI). Each call makes the device's primary context current in
+ * the calling thread. */
+KVT_API int kvt_cuda_mem_alloc(int device, uint64_t bytes, uint64_t *dptr);
+KVT_API void kvt_cuda_mem_free(int device, uint64_t dptr);
+KVT_API int kvt_cuda_mem_fill(int device, uint64_t dptr, uint8_t byte, uint64_t bytes);
+/* The driver's own rate for one contiguous copy of bytes between host (pinned, e.g. a mirror
+ * region) and dptr: cuMemcpyAsync on lowest-priority streams, after one warm-up round the
+ * best of reps rounds, in GB/s: gbps[0] device to host, gbps[1] host to device, gbps[2] both
+ * at once (host+bytes and dptr+bytes are the second copy's ends, so both spans are 2 x
+ * bytes). The baseline `kvtier bench copy` compares the CUDA backend with. */
+KVT_API int kvt_cuda_memcpy_rate(int device, uint64_t host, uint64_t dptr, uint64_t bytes,
+                                 uint32_t reps, double gbps[3]);
+
 #ifdef __cplusplus
 }
 #endif

@@ -221,30 +221,9 @@ KVT_API const char *kvt_copy_kernel_name(const kvt_copy *c, uint64_t run_bytes);
  * *len receives the length, KVT_ENOSPC (and the length needed) if cap is too small. */
 KVT_API int kvt_copy_prometheus(const kvt_copy *c, char *buf, size_t cap, size_t *len);
 
-/* CUDA helpers for engines and tests (KVT_EUNSUPPORTED without a driver). The engine's
- * compute stream and events are plain CUstream / CUevent handles. */
-KVT_API bool kvt_cuda_available(void);
-/* Why kvt_cuda_available() is false ("libcuda.so.1: cannot open shared object file"). */
-KVT_API const char *kvt_cuda_unavailable_reason(void);
-/* The driver's version (cuDriverGetVersion: 13000 for CUDA 13.0), 0 without a driver. */
-KVT_API int kvt_cuda_driver_version(void);
 /* Why the CUDA gather/scatter kernel is not used by this engine ("" when it is, or for the
  * CPU backend): the PTX failed to load or its self-test failed. */
 KVT_API const char *kvt_copy_kernel_unavailable(const kvt_copy *c);
-
-/* Device memory through the driver kvtier loaded, for programs with no CUDA runtime of their
- * own (tests, benchmarks, the CLI). Each call makes the device's primary context current in
- * the calling thread. */
-KVT_API int kvt_cuda_mem_alloc(int device, uint64_t bytes, uint64_t *dptr);
-KVT_API void kvt_cuda_mem_free(int device, uint64_t dptr);
-KVT_API int kvt_cuda_mem_fill(int device, uint64_t dptr, uint8_t byte, uint64_t bytes);
-/* The driver's own rate for one contiguous copy of bytes between host (pinned, e.g. a mirror
- * region) and dptr: cuMemcpyAsync on lowest-priority streams, after one warm-up round the
- * best of reps rounds, in GB/s: gbps[0] device to host, gbps[1] host to device, gbps[2] both
- * at once (host+bytes and dptr+bytes are the second copy's ends, so both spans are 2 x
- * bytes). The baseline `kvtier bench copy` compares the CUDA backend with. */
-KVT_API int kvt_cuda_memcpy_rate(int device, uint64_t host, uint64_t dptr, uint64_t bytes,
-                                 uint32_t reps, double gbps[3]);
 
 #ifdef __cplusplus
 }

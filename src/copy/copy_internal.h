@@ -157,8 +157,4 @@ copy_job *kvi_copy_wait_front(struct kvt_copy *c);
 void kvi_copy_queue_pop(struct kvt_copy *c);
 void kvi_copy_job_finish(struct kvt_copy *c, copy_job *j, bool ok);
 
-/* CUDA pinning of host memory, used by the mirror (no-ops without a driver). */
-int kvi_cuda_host_register(void *p, size_t n);
-void kvi_cuda_host_unregister(void *p);
-
 #endif

@@ -7,7 +7,7 @@
 #include <cudaTypedefs.h>
 #include <stddef.h>
 
-#include "copy/cuda_api.h"
+#include "base/cuda.h"
 
 _Static_assert(sizeof(kvi_CUmemcpyAttributes) == sizeof(CUmemcpyAttributes), "attrs size");
 _Static_assert(offsetof(kvi_CUmemcpyAttributes, srcLocHint) ==

@@ -8,7 +8,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "copy/cuda_api.h"
+#include "base/cuda.h"
 #include "copy/cuda_frag.h"
 
 #define KVT_FRAG_THREADS 256 /* threads per block: __launch_bounds__ in cuda_frag.cu */

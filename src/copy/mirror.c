@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/cuda.h"
 #include "base/error.h"
 #include "base/log.h"
 #include "copy/copy_internal.h"

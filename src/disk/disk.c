@@ -35,8 +35,7 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "base/prom.h"
-#include "copy/copy_internal.h"
-#include "copy/cuda_api.h"
+#include "base/cuda.h"
 #include "disk/disk_internal.h"
 
 enum { DJOB_FREE = 0, DJOB_QUEUED, DJOB_RUNNING, DJOB_DONE };
@@ -71,9 +70,17 @@ typedef struct disk_pipe {
     int64_t hwm, last_event;
 } disk_pipe;
 
+/* The layout's geometry, read once through the public accessors. */
+typedef struct disk_geo {
+    int32_t device;
+    uint32_t num_blocks, n_regions;
+    const kvt_region *regions;
+} disk_geo;
+
 struct kvt_disk {
     kvt_disk_config cfg;
     const kvt_layout *layout;
+    disk_geo geo;
     char path[4096];
     int fd;
     uint64_t slot_bytes, block_bytes;
@@ -131,7 +138,7 @@ static void set_fatal(kvt_disk *d, const char *what, int err)
 static bool cuda_copy(disk_pipe *p, uint32_t block, unsigned char *buf, bool to_host)
 {
     const kvi_cuda_api *cu = kvi_cuda();
-    const kvt_layout *l = p->d->layout;
+    const disk_geo *l = &p->d->geo;
     kvi_CUresult r = KVT_CUDA_SUCCESS;
     for (uint32_t i = 0; i < l->n_regions && r == KVT_CUDA_SUCCESS; i++) {
         uint64_t bpb = l->regions[i].block_bytes, dev = l->regions[i].base + block * bpb;
@@ -151,7 +158,7 @@ static bool cuda_copy(disk_pipe *p, uint32_t block, unsigned char *buf, bool to_
     return true;
 }
 
-static void gather(const kvt_layout *l, uint32_t block, unsigned char *buf)
+static void gather(const disk_geo *l, uint32_t block, unsigned char *buf)
 {
     for (uint32_t r = 0; r < l->n_regions; r++) {
         uint64_t bpb = l->regions[r].block_bytes;
@@ -160,7 +167,7 @@ static void gather(const kvt_layout *l, uint32_t block, unsigned char *buf)
     }
 }
 
-static void scatter(const kvt_layout *l, uint32_t block, const unsigned char *buf)
+static void scatter(const disk_geo *l, uint32_t block, const unsigned char *buf)
 {
     for (uint32_t r = 0; r < l->n_regions; r++) {
         uint64_t bpb = l->regions[r].block_bytes;
@@ -207,7 +214,7 @@ static bool reap_one(disk_pipe *p, disk_job *j)
         if (p->dir == KVT_COPY_LOAD && p->stream)
             return cuda_copy(p, j->dst[i], buf_at(p, k), false);
         if (p->dir == KVT_COPY_LOAD && !p->zero_copy)
-            scatter(d->layout, j->dst[i], buf_at(p, k));
+            scatter(&d->geo, j->dst[i], buf_at(p, k));
         return true;
     }
     /* an I/O error or a short transfer fails this block only */
@@ -240,7 +247,7 @@ static bool queue_io(disk_pipe *p, disk_job *j, uint32_t i, uint32_t k)
     unsigned char *b = buf_at(p, k);
     unsigned len = (unsigned)d->slot_bytes;
     if (p->zero_copy) {
-        const kvt_layout *l = d->layout;
+        const disk_geo *l = &d->geo;
         uint32_t block = store ? j->src[i] : j->dst[i], cnt = l->n_regions;
         struct iovec *iov = p->iov + (size_t)k * (l->n_regions + 1);
         for (uint32_t r = 0; r < l->n_regions; r++)
@@ -301,7 +308,7 @@ static bool run_job(disk_pipe *p, disk_job *j)
         if (p->dir == KVT_COPY_STORE && p->stream)
             ok = cuda_copy(p, j->src[i], buf_at(p, k), true);
         else if (p->dir == KVT_COPY_STORE && !p->zero_copy)
-            gather(d->layout, j->src[i], buf_at(p, k));
+            gather(&d->geo, j->src[i], buf_at(p, k));
         if (ok)
             ok = queue_io(p, j, i, k);
         if (!ok)
@@ -333,7 +340,7 @@ static void *pipe_thread(void *arg)
     disk_pipe *p = arg;
     kvt_disk *d = p->d;
     if (p->stream)
-        kvi_cuda_use_device(d->layout->device, NULL);
+        kvi_cuda_use_device(d->geo.device, NULL);
     pthread_mutex_lock(&d->mu);
     for (;;) {
         while (!d->stop && !d->fatal && p->next == p->tail)
@@ -383,7 +390,7 @@ static int pipe_init(kvt_disk *d, int dir)
     for (uint32_t k = 0; k < qd; k++)
         p->free_bufs[p->n_free++] = qd - 1 - k;
     /* Zero copy when every region's blocks can be the target of direct I/O as they are. */
-    const kvt_layout *l = d->layout;
+    const disk_geo *l = &d->geo;
     p->zero_copy = l->n_regions < IOV_MAX && l->device < 0;
     if (l->device >= 0) { /* device memory: staged through pinned buffers on a copy stream */
         const kvi_cuda_api *cu = kvi_cuda();
@@ -537,12 +544,12 @@ int kvt_disk_create(const kvt_disk_config *cfg, const kvt_layout *layout, kvt_di
     *out = NULL;
     if (!cfg->path || !cfg->path[0])
         return kvt_fail(KVT_EINVAL, "disk: path is required");
-    if (layout->device >= 0 && !kvt_cuda_available())
+    if (kvt_layout_device(layout) >= 0 && !kvt_cuda_available())
         return kvt_fail(KVT_EUNSUPPORTED,
                         "disk: a layout on CUDA device %d needs a CUDA "
                         "driver: %s",
-                        layout->device, kvt_cuda_unavailable_reason());
-    if (layout->n_regions == 0)
+                        kvt_layout_device(layout), kvt_cuda_unavailable_reason());
+    if (kvt_layout_num_regions(layout) == 0)
         return kvt_fail(KVT_EINVAL, "disk: the layout has no regions");
     uint32_t a = cfg->alignment;
     if (a < 512 || (a & (a - 1)))
@@ -568,6 +575,8 @@ int kvt_disk_create(const kvt_disk_config *cfg, const kvt_layout *layout, kvt_di
     d->cfg = *cfg;
     d->cfg.path = NULL; /* not kept: the caller's string may go away */
     d->layout = layout;
+    d->geo = (disk_geo){kvt_layout_device(layout), kvt_layout_num_blocks(layout),
+                        kvt_layout_num_regions(layout), kvt_layout_regions(layout)};
     d->fd = -1;
     d->block_bytes = bpb;
     d->slot_bytes = slot;
@@ -635,7 +644,7 @@ int kvt_disk_submit(kvt_disk *d, int dir, int64_t event, const uint32_t *src, co
         return kvt_fail(KVT_EINVAL, "disk: event %lld not above the previous one (%lld)",
                         (long long)event, (long long)p->last_event);
     bool store = dir == KVT_COPY_STORE;
-    uint32_t dev = d->layout->num_blocks;
+    uint32_t dev = d->geo.num_blocks;
     int rc = check_ids(store ? "device block" : "slot", src, n, store ? dev : d->n_slots, event);
     if (!rc)
         rc = check_ids(store ? "slot" : "device block", dst, n, store ? d->n_slots : dev, event);

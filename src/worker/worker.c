@@ -19,7 +19,7 @@
 #include "base/log.h"
 #include "base/util.h"
 #include "copy/copy_internal.h"
-#include "copy/cuda_api.h"
+#include "base/cuda.h"
 #include "disk/disk_internal.h"
 #include "kvtier/disk.h"
 #include "kvtier/worker.h"

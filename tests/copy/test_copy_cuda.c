@@ -9,7 +9,7 @@
 #include "kvt_test.h"
 
 #include "copy/copy_internal.h"
-#include "copy/cuda_api.h"
+#include "base/cuda.h"
 #include "copy/cuda_frag.h"
 
 #define NB   64

@@ -6,14 +6,16 @@
  * time, cuda_abi_check.c asserts these declarations match it.
  *
  * kvi_cuda() returns the resolved function table, or NULL when no driver or no device is
- * present (kvt_cuda_unavailable_reason() says which). Tests and benchmarks use it to
+ * present (kvt_cuda_unavailable_reason() says which). Tests use it to
  * allocate device memory and to play the engine's compute stream.
  */
-#ifndef KVT_COPY_CUDA_API_H
-#define KVT_COPY_CUDA_API_H
+#ifndef KVI_BASE_CUDA_H
+#define KVI_BASE_CUDA_H
 
 #include <stddef.h>
 #include <stdint.h>
+
+#include "kvtier/base.h"
 
 typedef int kvi_CUresult;
 typedef int kvi_CUdevice;
@@ -114,5 +116,9 @@ const kvi_cuda_api *kvi_cuda(void);
 const char *kvi_cuda_err(kvi_CUresult r);
 /* Makes device's primary context current on the calling thread (retained once per process). */
 int kvi_cuda_use_device(int device, kvi_CUcontext *ctx);
+/* Pins host memory for DMA on device 0 (mapped too: the copy kernel reads it by its host
+ * address); KVT_EUNSUPPORTED without a driver. The mirror and the disk's staging use it. */
+int kvi_cuda_host_register(void *p, size_t n);
+void kvi_cuda_host_unregister(void *p);
 
 #endif
