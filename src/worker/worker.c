@@ -18,11 +18,11 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "base/util.h"
-#include "copy/copy_internal.h"
 #include "base/cuda.h"
 #include "disk/disk_internal.h"
 #include "kvtier/disk.h"
 #include "kvtier/worker.h"
+#include "worker/xfer.h"
 
 typedef struct pending_load {
     int64_t event;
@@ -39,14 +39,24 @@ typedef struct ev_fifo {
     int64_t last;
 } ev_fifo;
 
+/* One level of the stack: a transfer backend (xfer.h) and whether it still runs. */
+typedef struct stage {
+    kvi_xfer x; /* x.ops NULL: no such stage */
+    bool dead;  /* the backend stopped for good: its transfers fail without I/O */
+} stage;
+
+/* Stage 0 moves the engine's KV to and from the first offload tier (the copy engine to the
+ * host mirror, or a disk as that tier); stage 1, with three tiers, the host mirror to and
+ * from the disk behind it (write-backs and promotions). */
+enum { STAGE_TIER = 0, STAGE_BEHIND = 1 };
+
 struct kvt_worker {
     kvt_worker_config cfg;
     const kvt_layout *layout;
-    kvt_copy *copy;       /* host tier: the copy engine (owned) ... */
-    kvt_disk *disk;       /* ... or disk as the tier (borrowed) */
+    kvt_copy *copy;       /* the copy engine (owned), when stage 0 is one */
     uint32_t host_blocks; /* mirror blocks or disk slots */
-    bool tier_dead;       /* the disk failed fatally: transfers fail without I/O */
-    int64_t *fev;         /* scratch: failed events taken from the engine */
+    stage st[2];
+    int64_t *fev; /* scratch: failed events taken from a backend */
     uint32_t cap_fev;
     const kvt_offload_meta *meta;
     bool submitted;
@@ -62,11 +72,9 @@ struct kvt_worker {
     uint32_t *invalid;
     uint32_t n_invalid, cap_invalid;
     kvi_CUevent compute_done; /* CUDA backend only */
-    /* three tiers */
     const kvt_mirror *mirror;
-    kvt_disk *tier3;    /* borrowed */
-    bool tier3_dead;    /* fatal disk error: write-backs and promotions fail without I/O */
-    ev_fifo disk_ev[2]; /* indexed by KVT_COPY_LOAD (promotions) / KVT_COPY_STORE (writes) */
+    kvt_disk *behind;   /* three tiers: the disk behind the mirror (borrowed) */
+    ev_fifo disk_ev[2]; /* its events, by KVT_COPY_LOAD (promotions) / KVT_COPY_STORE (writes) */
 };
 
 void kvt_worker_config_init(kvt_worker_config *cfg)
@@ -84,7 +92,7 @@ int kvt_worker_create(const kvt_worker_config *cfg, const kvt_layout *layout,
         return kvt_fail(KVT_ENOMEM, "worker: out of memory");
     w->cfg = *cfg;
     w->layout = layout;
-    w->host_blocks = mirror->num_blocks;
+    w->host_blocks = kvt_mirror_num_blocks(mirror);
     w->mirror = mirror;
     w->last_load = w->last_store = -1;
     w->disk_ev[0].last = w->disk_ev[1].last = -1;
@@ -92,7 +100,7 @@ int kvt_worker_create(const kvt_worker_config *cfg, const kvt_layout *layout,
     int rc = kvt_copy_create(&cfg->copy, layout, mirror, &w->copy);
     if (!rc && kvt_copy_backend_kind(w->copy) == KVT_BACKEND_CUDA) {
         const kvi_cuda_api *cu = kvi_cuda();
-        rc = kvi_cuda_use_device(layout->device, NULL);
+        rc = kvi_cuda_use_device(kvt_layout_device(layout), NULL);
         kvi_CUresult r =
             rc ? KVT_CUDA_SUCCESS : cu->EventCreate(&w->compute_done, KVT_CU_EVENT_DISABLE_TIMING);
         if (r != KVT_CUDA_SUCCESS)
@@ -103,6 +111,7 @@ int kvt_worker_create(const kvt_worker_config *cfg, const kvt_layout *layout,
         free(w);
         return kvi_fail_wrap(rc, "worker");
     }
+    w->st[STAGE_TIER].x = kvi_xfer_copy(w->copy);
     *out = w;
     return 0;
 }
@@ -116,7 +125,7 @@ int kvt_worker_create_disk(const kvt_worker_config *cfg, const kvt_layout *layou
         return kvt_fail(KVT_ENOMEM, "worker: out of memory");
     w->cfg = *cfg;
     w->layout = layout;
-    w->disk = disk;
+    w->st[STAGE_TIER].x = kvi_xfer_disk(disk);
     w->host_blocks = kvt_disk_num_slots(disk);
     w->last_load = w->last_store = -1;
     kvt_offload_worker_meta_init(&w->done);
@@ -128,21 +137,25 @@ int kvt_worker_attach_disk(kvt_worker *w, kvt_disk *disk)
 {
     if (!w || !disk)
         return kvt_fail(KVT_EINVAL, "worker: attach_disk: NULL argument");
-    if (!w->copy || w->tier3)
+    if (!w->copy || w->behind)
         return kvt_fail(KVT_ESTATE, "worker %u: attach_disk: %s", w->cfg.rank,
-                        w->tier3 ? "a disk is already attached" : "a disk worker has no host tier");
+                        w->behind ? "a disk is already attached"
+                                  : "a disk worker has no host tier");
     const kvt_layout *l = kvi_disk_layout(disk);
-    bool same = l->device == KVT_HOST_DEVICE && l->num_blocks == w->mirror->num_blocks &&
-                l->n_regions == w->mirror->n_regions;
-    for (uint32_t i = 0; same && i < l->n_regions; i++)
-        same = l->regions[i].base == w->mirror->regions[i].base &&
-               l->regions[i].block_bytes == w->mirror->regions[i].block_bytes;
+    uint32_t nr = kvt_layout_num_regions(l);
+    const kvt_region *lr = kvt_layout_regions(l), *mr = kvt_mirror_regions(w->mirror);
+    bool same = kvt_layout_device(l) == KVT_HOST_DEVICE &&
+                kvt_layout_num_blocks(l) == kvt_mirror_num_blocks(w->mirror) &&
+                nr == kvt_mirror_num_regions(w->mirror);
+    for (uint32_t i = 0; same && i < nr; i++)
+        same = lr[i].base == mr[i].base && lr[i].block_bytes == mr[i].block_bytes;
     if (!same)
         return kvt_fail(KVT_EINVAL,
                         "worker %u: attach_disk: the disk's layout is not the host mirror's "
                         "(create it over kvt_mirror_layout)",
                         w->cfg.rank);
-    w->tier3 = disk;
+    w->behind = disk;
+    w->st[STAGE_BEHIND].x = kvi_xfer_disk(disk);
     return 0;
 }
 
@@ -150,11 +163,10 @@ void kvt_worker_destroy(kvt_worker *w)
 {
     if (!w)
         return;
+    for (int i = 0; i < 2; i++) /* borrowed backends: nothing of ours may still be in flight */
+        if (w->st[i].x.ops && w->st[i].x.impl != w->copy)
+            w->st[i].x.ops->flush(w->st[i].x.impl);
     kvt_copy_destroy(w->copy);
-    if (w->disk)
-        kvt_disk_flush(w->disk);
-    if (w->tier3)
-        kvt_disk_flush(w->tier3);
     for (int i = 0; i < 2; i++)
         free(w->disk_ev[i].ev);
     free(w->fev);
@@ -198,7 +210,7 @@ int kvt_worker_bind(kvt_worker *w, const kvt_offload_meta *meta)
     int rc = kvt_offload_meta_validate(meta);
     if (rc)
         return kvi_fail_wrap(rc, "worker: bind");
-    uint32_t dev = w->layout->num_blocks, host = w->host_blocks;
+    uint32_t dev = kvt_layout_num_blocks(w->layout), host = w->host_blocks;
     if ((rc = check_ids(w, "load device", meta->load_gpu_blocks, meta->n_loads, dev)) ||
         (rc = check_ids(w, "load host", meta->load_cpu_blocks, meta->n_loads, host)) ||
         (rc = check_ids(w, "store device", meta->store_gpu_blocks, meta->n_stores, dev)) ||
@@ -206,13 +218,13 @@ int kvt_worker_bind(kvt_worker *w, const kvt_offload_meta *meta)
         (rc = check_ids(w, "invalid load device", meta->load_invalid_blocks, meta->n_load_invalid,
                         dev)))
         return rc;
-    if ((meta->n_disk_loads || meta->n_disk_stores) && !w->tier3)
+    if ((meta->n_disk_loads || meta->n_disk_stores) && !w->behind)
         return kvt_fail(KVT_EINVAL,
                         "worker %u: the metadata moves blocks to or from disk but no disk is "
                         "attached (kvt_worker_attach_disk)",
                         w->cfg.rank);
-    if (w->tier3) {
-        uint32_t slots = kvt_disk_num_slots(w->tier3);
+    if (w->behind) {
+        uint32_t slots = kvt_disk_num_slots(w->behind);
         if ((rc = check_ids(w, "promotion slot", meta->disk_load_slots, meta->n_disk_loads,
                             slots)) ||
             (rc = check_ids(w, "promotion host", meta->disk_load_host_blocks, meta->n_disk_loads,
@@ -255,34 +267,63 @@ void kvt_worker_clear(kvt_worker *w)
     w->meta = NULL;
 }
 
-/* The disk failed fatally: from now on every transfer fails at once, without I/O, so the
- * engine keeps serving from its GPU tier (stores never become findable, loads recompute). */
-static void kill_tier(kvt_worker *w)
+/* A backend stopped for good (a disk's ring failed): from now on its transfers fail at once,
+ * without I/O, so the engine keeps serving from its GPU tier (stores never become findable,
+ * loads recompute). */
+static void stage_kill(kvt_worker *w, stage *s)
 {
-    if (!w->tier_dead)
-        KVT_LOG_E("worker %u: %s; the disk tier is off, transfers fail until restart", w->cfg.rank,
-                  kvt_last_error());
-    w->tier_dead = true;
+    if (!s->dead)
+        KVT_LOG_E("worker %u: %s; the %s tier (stage %d) is off: its transfers fail until "
+                  "restart",
+                  w->cfg.rank, kvt_last_error(), s->x.ops->name, (int)(s - w->st));
+    s->dead = true;
 }
 
-static void kill_tier3(kvt_worker *w)
+/* A backend's return code: KVT_EIO from a backend that stops on it kills the stage. */
+static int stage_rc(kvt_worker *w, stage *s, int rc)
 {
-    if (!w->tier3_dead)
-        KVT_LOG_E("worker %u: %s; the disk tier is off (write-backs and promotions fail) until "
-                  "restart",
-                  w->cfg.rank, kvt_last_error());
-    w->tier3_dead = true;
+    if (rc == KVT_EIO && s->x.ops->eio_is_final) {
+        stage_kill(w, s);
+        return 0;
+    }
+    return rc;
 }
+
+static int stage_submit(kvt_worker *w, stage *s, int dir, int64_t event, const uint32_t *src,
+                        const uint32_t *dst, uint32_t n, void *wait)
+{
+    if (s->dead)
+        return 0;
+    return stage_rc(w, s, s->x.ops->submit(s->x.impl, dir, event, src, dst, n, wait));
+}
+
+/* High-water mark of a direction; a dead stage has finished everything (failed). */
+static int64_t stage_poll(kvt_worker *w, stage *s, int dir)
+{
+    int64_t hwm = -1;
+    if (!s->dead)
+        (void)stage_rc(w, s, s->x.ops->poll(s->x.impl, dir, &hwm));
+    return s->dead ? INT64_MAX : hwm;
+}
+
+/* Every failed event of a direction into w->fev (none is dropped: a failed store reported as
+ * fine would make wrong bytes findable). Loads with per_block: the failed blocks are appended
+ * to w->invalid instead and the events are not listed; without: the events are listed and
+ * the per-block list is drained. */
+static int stage_failures(kvt_worker *w, stage *s, int dir, bool per_block, uint32_t *n);
 
 int kvt_worker_flush(kvt_worker *w)
 {
-    if (w->tier3 && !w->tier3_dead && kvt_disk_flush(w->tier3) == KVT_EIO)
-        kill_tier3(w);
-    if (w->copy)
-        return kvt_copy_flush(w->copy);
-    if (!w->tier_dead && kvt_disk_flush(w->disk) == KVT_EIO)
-        kill_tier(w);
-    return 0;
+    int rc = 0;
+    for (int i = 1; i >= 0; i--) { /* the disk behind first: a write-back reads the mirror */
+        stage *s = &w->st[i];
+        if (s->x.ops && !s->dead) {
+            int r = stage_rc(w, s, s->x.ops->flush(s->x.impl));
+            if (r && !rc)
+                rc = r;
+        }
+    }
+    return rc;
 }
 
 int kvt_worker_handle_preemptions(kvt_worker *w)
@@ -292,51 +333,41 @@ int kvt_worker_handle_preemptions(kvt_worker *w)
     return kvt_worker_flush(w);
 }
 
-static int engine_submit(kvt_worker *w, int dir, int64_t event, const uint32_t *src,
-                         const uint32_t *dst, uint32_t n, void *wait)
+static int grow_invalid(kvt_worker *w, uint64_t more)
 {
-    if (w->copy)
-        return kvt_copy_submit(w->copy, dir, event, src, dst, n, wait);
-    if (w->tier_dead)
-        return 0;
-    int rc = kvt_disk_submit(w->disk, dir, event, src, dst, n, wait);
-    if (rc == KVT_EIO) {
-        kill_tier(w);
-        return 0;
-    }
-    return rc;
+    return grow((void **)&w->invalid, &w->cap_invalid, (uint64_t)w->n_invalid + more,
+                sizeof(uint32_t), false);
 }
 
-/* Takes every failed event of a direction from the engine into w->fev (none is dropped: a
- * failed store reported as fine would make wrong bytes findable). */
-static int take_failed(kvt_worker *w, int dir, uint32_t *n)
+static int stage_failures(kvt_worker *w, stage *s, int dir, bool per_block, uint32_t *n)
 {
     *n = 0;
+    if (s->dead)
+        return 0;
+    const kvi_xfer_ops *o = s->x.ops;
+    bool blocks = dir == KVT_COPY_LOAD && o->take_invalid;
     for (;;) {
         int rc = grow((void **)&w->fev, &w->cap_fev, (uint64_t)*n + 64, sizeof(int64_t), false);
         if (rc)
             return rc;
-        uint32_t got = w->copy ? kvt_copy_take_failed(w->copy, dir, w->fev + *n, 64)
-                       : dir == KVT_COPY_STORE && !w->tier_dead
-                           ? kvt_disk_take_failed(w->disk, w->fev + *n, 64)
-                           : 0;
-        *n += got;
+        uint32_t got = o->take_failed(s->x.impl, dir, w->fev + *n, 64);
+        if (!(blocks && per_block))
+            *n += got;
         if (got < 64)
-            return 0;
+            break;
     }
-}
-
-/* High-water mark of a direction; a dead disk tier has finished everything (failed). */
-static int64_t engine_poll(kvt_worker *w, int dir)
-{
-    int64_t hwm = -1;
-    if (w->copy) {
-        kvt_copy_poll(w->copy, dir, &hwm);
-        return hwm;
-    }
-    if (!w->tier_dead && kvt_disk_poll(w->disk, dir, &hwm) == KVT_EIO)
-        kill_tier(w);
-    return w->tier_dead ? INT64_MAX : hwm;
+    if (!blocks)
+        return 0;
+    uint32_t got, sink[256];
+    do {
+        int rc = per_block ? grow_invalid(w, 256) : 0;
+        if (rc)
+            return rc;
+        got = o->take_invalid(s->x.impl, per_block ? w->invalid + w->n_invalid : sink, 256);
+        if (per_block)
+            w->n_invalid += got;
+    } while (got == 256);
+    return 0;
 }
 
 /* Records the compute-done point on the engine's stream (CUDA), returning the event. */
@@ -362,15 +393,10 @@ static int submit_disk(kvt_worker *w, int dir, int64_t event, const uint32_t *sr
 {
     ev_fifo *f = &w->disk_ev[dir];
     int rc = grow((void **)&f->ev, &f->cap, f->n + 1ull, sizeof(int64_t), false);
+    if (!rc)
+        rc = stage_submit(w, &w->st[STAGE_BEHIND], dir, event, src, dst, n, NULL);
     if (rc)
-        return rc;
-    if (!w->tier3_dead) {
-        rc = kvt_disk_submit(w->tier3, dir, event, src, dst, n, NULL);
-        if (rc == KVT_EIO)
-            kill_tier3(w);
-        else if (rc)
-            return kvi_fail_wrap(rc, "worker: disk");
-    }
+        return kvi_fail_wrap(rc, "worker: disk");
     f->ev[f->n++] = event;
     f->last = event;
     return 0;
@@ -393,8 +419,8 @@ static int submit(kvt_worker *w, void *stream)
         if (p)
             rc = grow((void **)&p->blocks, &p->cap, m->n_loads, sizeof(uint32_t), false);
         if (!rc)
-            rc = engine_submit(w, KVT_COPY_LOAD, m->load_event, m->load_cpu_blocks,
-                               m->load_gpu_blocks, m->n_loads, wait);
+            rc = stage_submit(w, &w->st[STAGE_TIER], KVT_COPY_LOAD, m->load_event,
+                              m->load_cpu_blocks, m->load_gpu_blocks, m->n_loads, wait);
         if (rc)
             return kvi_fail_wrap(rc, "worker: load");
         memcpy(p->blocks, m->load_gpu_blocks, m->n_loads * sizeof(uint32_t));
@@ -414,8 +440,8 @@ static int submit(kvt_worker *w, void *stream)
     if (m->store_event != KVT_NO_EVENT) {
         rc = grow((void **)&w->stores, &w->cap_stores, w->n_stores + 1, sizeof(int64_t), false);
         if (!rc)
-            rc = engine_submit(w, KVT_COPY_STORE, m->store_event, m->store_gpu_blocks,
-                               m->store_cpu_blocks, m->n_stores, wait);
+            rc = stage_submit(w, &w->st[STAGE_TIER], KVT_COPY_STORE, m->store_event,
+                              m->store_gpu_blocks, m->store_cpu_blocks, m->n_stores, wait);
         if (rc)
             return kvi_fail_wrap(rc, "worker: store");
         w->stores[w->n_stores++] = m->store_event;
@@ -466,23 +492,14 @@ static int poll_loads(kvt_worker *w)
     /* Without metadata finished loads cannot be translated: they wait for the next bind. */
     if (w->n_loads == 0 || !w->meta)
         return 0;
-    int64_t hwm = engine_poll(w, KVT_COPY_LOAD);
+    stage *s = &w->st[STAGE_TIER];
+    int64_t hwm = stage_poll(w, s, KVT_COPY_LOAD);
+    /* a backend that knows which blocks failed names them; a dead stage fails them all */
     uint32_t n_failed;
-    int rc0 = take_failed(w, KVT_COPY_LOAD, &n_failed);
+    int rc0 = stage_failures(w, s, KVT_COPY_LOAD, true, &n_failed);
     if (rc0)
         return rc0;
     const int64_t *failed = w->fev;
-    if (w->disk) { /* the disk knows which blocks failed; a dead tier fails them all */
-        uint32_t got;
-        do {
-            uint32_t need = (uint32_t)w->n_invalid + 256;
-            int rc = grow((void **)&w->invalid, &w->cap_invalid, need, sizeof(uint32_t), false);
-            if (rc)
-                return rc;
-            got = kvt_disk_take_invalid_blocks(w->disk, w->invalid + w->n_invalid, 256);
-            w->n_invalid += got;
-        } while (got == 256);
-    }
     uint32_t k = 0;
     for (; k < w->n_loads && w->loads[k].event <= hwm; k++) {
         pending_load *p = &w->loads[k];
@@ -495,7 +512,7 @@ static int poll_loads(kvt_worker *w)
                 w->n_invalid += p->n_inv;
             }
         }
-        if (!rc && (w->tier_dead || event_in(failed, n_failed, p->event))) {
+        if (!rc && (s->dead || event_in(failed, n_failed, p->event))) {
             rc = grow((void **)&w->invalid, &w->cap_invalid, (uint64_t)w->n_invalid + p->n,
                       sizeof(uint32_t), false);
             if (!rc) {
@@ -520,22 +537,23 @@ static int poll_stores(kvt_worker *w)
 {
     if (w->n_stores == 0)
         return 0;
-    int64_t hwm = engine_poll(w, KVT_COPY_STORE);
+    stage *s = &w->st[STAGE_TIER];
+    int64_t hwm = stage_poll(w, s, KVT_COPY_STORE);
     uint32_t n_failed;
-    int rc0 = take_failed(w, KVT_COPY_STORE, &n_failed);
+    int rc0 = stage_failures(w, s, KVT_COPY_STORE, true, &n_failed);
     if (rc0)
         return rc0;
     const int64_t *failed = w->fev;
-    if (n_failed && w->copy) { /* a DMA failure: the device is in an unknown state */
+    if (n_failed && s->x.ops->store_fail_is_fatal) {
         w->failed = true;
         return kvt_fail(KVT_EIO, "worker %u: store event %lld failed; the rank must restart",
                         w->cfg.rank, (long long)failed[0]);
     }
-    /* disk I/O errors fail the event only: reported completed and failed */
+    /* other backends' failures fail the event only: reported completed and failed */
     uint32_t k = 0;
     for (; k < w->n_stores && w->stores[k] <= hwm; k++) {
         int rc = kvt_offload_worker_meta_add(&w->done, w->stores[k], 1);
-        if (!rc && (w->tier_dead || event_in(failed, n_failed, w->stores[k])))
+        if (!rc && (s->dead || event_in(failed, n_failed, w->stores[k])))
             rc = kvt_offload_worker_meta_add_failed(&w->done, w->stores[k]);
         if (rc)
             return rc;
@@ -551,35 +569,17 @@ static int poll_disk(kvt_worker *w, int dir)
     ev_fifo *f = &w->disk_ev[dir];
     if (f->n == 0)
         return 0;
-    int64_t hwm = INT64_MAX;
-    if (!w->tier3_dead && kvt_disk_poll(w->tier3, dir, &hwm) == KVT_EIO)
-        kill_tier3(w);
-    if (w->tier3_dead)
-        hwm = INT64_MAX;
-    uint32_t n_failed = 0;
-    for (;;) { /* every failed event, none dropped */
-        int rc =
-            grow((void **)&w->fev, &w->cap_fev, (uint64_t)n_failed + 64, sizeof(int64_t), false);
-        if (rc)
-            return rc;
-        uint32_t got = w->tier3_dead ? 0
-                       : dir == KVT_COPY_STORE
-                           ? kvt_disk_take_failed(w->tier3, w->fev + n_failed, 64)
-                           : kvt_disk_take_failed_loads(w->tier3, w->fev + n_failed, 64);
-        n_failed += got;
-        if (got < 64)
-            break;
-    }
-    if (dir == KVT_COPY_LOAD && !w->tier3_dead) { /* per-block failures: the event says it */
-        uint32_t sink[256];
-        while (kvt_disk_take_invalid_blocks(w->tier3, sink, 256) == 256)
-            ;
-    }
+    stage *s = &w->st[STAGE_BEHIND];
+    int64_t hwm = stage_poll(w, s, dir);
+    uint32_t n_failed; /* a promotion fails as an event: the manager re-reads nothing of it */
+    int rc0 = stage_failures(w, s, dir, false, &n_failed);
+    if (rc0)
+        return rc0;
     kvt_event_report *rep = dir == KVT_COPY_STORE ? &w->done.disk_stores : &w->done.disk_loads;
     uint32_t k = 0;
     for (; k < f->n && f->ev[k] <= hwm; k++) {
         int rc = kvt_event_report_add(rep, f->ev[k], 1);
-        if (!rc && (w->tier3_dead || event_in(w->fev, n_failed, f->ev[k])))
+        if (!rc && (s->dead || event_in(w->fev, n_failed, f->ev[k])))
             rc = kvt_event_report_add_failed(rep, f->ev[k]);
         if (rc)
             return rc;
@@ -604,9 +604,9 @@ int kvt_worker_get_finished(kvt_worker *w, void *compute_stream, const kvt_str *
         rc = poll_loads(w);
     if (!rc)
         rc = poll_stores(w);
-    if (!rc && w->tier3)
+    if (!rc && w->behind)
         rc = poll_disk(w, KVT_COPY_STORE);
-    if (!rc && w->tier3)
+    if (!rc && w->behind)
         rc = poll_disk(w, KVT_COPY_LOAD);
     if (rc)
         return rc;

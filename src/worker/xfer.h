@@ -1,0 +1,48 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The worker's one view of what moves blocks between two tiers: the copy engine (CPU
+ * threads or CUDA, GPU <-> host mirror) and the disk tier (GPU or host mirror <-> the rank's
+ * file) both answer it, and the worker drives a stack of them (stage 0: the engine's KV to
+ * the first offload tier; stage 1: the host mirror to the disk behind it) without asking
+ * which is which.
+ *
+ * Every verb is per direction (KVT_COPY_STORE / KVT_COPY_LOAD) and event-ordered as
+ * kvt_copy_submit / kvt_disk_submit are. What differs between backends is said by data:
+ * whether a KVT_EIO means the backend is gone for good (a disk whose ring failed: the stage
+ * turns dead and later transfers fail without I/O), whether a failed store leaves the rank in
+ * an unknown state (a DMA fault: the rank must restart), and whether load failures are known
+ * per block (take_invalid) as well as per event.
+ */
+#ifndef KVI_WORKER_XFER_H
+#define KVI_WORKER_XFER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "kvtier/copy.h"
+#include "kvtier/disk.h"
+
+typedef struct kvi_xfer_ops {
+    const char *name;         /* "copy", "disk" */
+    bool eio_is_final;        /* KVT_EIO from submit, poll or flush: the backend stopped */
+    bool store_fail_is_fatal; /* a failed store: the rank must restart */
+    int (*submit)(void *impl, int dir, int64_t event, const uint32_t *src, const uint32_t *dst,
+                  uint32_t n, void *wait);
+    int (*poll)(void *impl, int dir, int64_t *hwm);
+    /* finished events of dir that failed, oldest first, each once */
+    uint32_t (*take_failed)(void *impl, int dir, int64_t *out, uint32_t cap);
+    /* destination blocks of loads that failed, each once; NULL: failures are per event */
+    uint32_t (*take_invalid)(void *impl, uint32_t *out, uint32_t cap);
+    int (*flush)(void *impl);
+    uint32_t (*outstanding)(const void *impl, int dir);
+} kvi_xfer_ops;
+
+typedef struct kvi_xfer {
+    const kvi_xfer_ops *ops;
+    void *impl;
+} kvi_xfer;
+
+kvi_xfer kvi_xfer_copy(kvt_copy *c);
+kvi_xfer kvi_xfer_disk(kvt_disk *d);
+
+#endif
