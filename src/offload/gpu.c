@@ -30,7 +30,7 @@ int kvi_ofl_gpu_setup(kvt_offload *m)
         return kvt_fail(KVT_ENOMEM, "offload: cannot allocate the GPU pin buffer");
     if (!m->ext)
         return 0;
-    m->selkeys = malloc((size_t)m->host_nb * m->key_stride);
+    m->selkeys = malloc((size_t)m->tier[0].nb * m->key_stride);
     m->rskeys = malloc((size_t)m->gpu_nb * m->key_stride);
     if (!m->selkeys || !m->rskeys)
         return kvt_fail(KVT_ENOMEM, "offload: cannot allocate key buffers");

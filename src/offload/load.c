@@ -26,7 +26,7 @@ void kvi_ofl_release_hit(kvt_offload *m, struct kvi_ofl_req *r)
          kvi_iditer_next(&m->hitpool, &it)) {
         uint32_t b = kvi_iditer_get(&m->hitpool, &it);
         if (b != KVT_NULL_BLOCK)
-            (void)kvt_pool_free(m->host, &b, 1); /* our own pin: cannot fail */
+            (void)kvt_pool_free(m->tier[0].pool, &b, 1); /* our own pin: cannot fail */
     }
     kvi_idlist_release(&m->hitpool, &r->hit);
     r->flags &= ~RQ_HIT;
@@ -62,8 +62,8 @@ int kvt_offload_match(kvt_offload *m, const char *id, uint32_t id_len, const uin
     if (max_hit > m->max_search_tokens)
         max_hit = m->max_search_tokens;
     kvt_hit hit;
-    rc = kvt_pool_find_longest_hit(m->host, hashes + (size_t)start * m->hash_len, n_hashes - start,
-                                   max_hit, m->search_out, &hit);
+    rc = kvt_pool_find_longest_hit(m->tier[0].pool, hashes + (size_t)start * m->hash_len,
+                                   n_hashes - start, max_hit, m->tier[0].search_out, &hit);
     if (rc) {
         if (r)
             kvi_ofl_req_maybe_release(m, r);
@@ -96,10 +96,10 @@ int kvt_offload_match(kvt_offload *m, const char *id, uint32_t id_len, const uin
         for (uint32_t g = 0; g < m->ng; g++) {
             r->hit_n[g] = hit.n_blocks[g];
             for (uint32_t i = 0; i < hit.n_blocks[g]; i++) {
-                uint32_t b = m->search_out[g][i];
+                uint32_t b = m->tier[0].search_out[g][i];
                 (void)kvi_idlist_push(&m->hitpool, &r->hit, b); /* room checked above */
                 if (b != KVT_NULL_BLOCK) {
-                    (void)kvt_pool_touch(m->host, &b, 1);
+                    (void)kvt_pool_touch(m->tier[0].pool, &b, 1);
                     pinned++;
                 }
             }
@@ -226,7 +226,8 @@ int kvt_offload_after_alloc(kvt_offload *m, const char *id, uint32_t id_len,
                 uint32_t gpu = blocks[g][start + i];
                 if (gpu == KVT_NULL_BLOCK)
                     continue;
-                (void)kvt_pool_touch(m->host, &cpu, 1); /* load pin, before the hit pin goes */
+                (void)kvt_pool_touch(m->tier[0].pool, &cpu,
+                                     1); /* load pin, before the hit pin goes */
                 kvi_ofl_gpu_pin(m, gpu);
                 m->gload_src[gpu] = cpu;
                 m->gload_next[gpu] = OFL_NONE;
@@ -263,7 +264,7 @@ void kvi_ofl_release_load_pairs(kvt_offload *m, struct kvi_ofl_req *r)
     while (gpu != OFL_NONE) {
         uint32_t next = m->gload_next[gpu];
         uint32_t cpu = m->gload_src[gpu];
-        (void)kvt_pool_free(m->host, &cpu, 1);
+        (void)kvt_pool_free(m->tier[0].pool, &cpu, 1);
         kvi_ofl_gpu_unpin(m, gpu);
         m->gflags[gpu] &= (uint8_t)~G_INVALID;
         m->gload_src[gpu] = m->gload_next[gpu] = OFL_NONE;
@@ -285,9 +286,9 @@ void kvi_ofl_cancel_queued_load(kvt_offload *m, struct kvi_ofl_req *r)
  * the queued stores), so that once an event is created nothing can fail. */
 int kvi_ofl_reserve_step(kvt_offload *m, kvt_offload_meta *out)
 {
-    uint32_t pairs = 0, reqs = 0, events = m->loads.n;
+    uint32_t pairs = 0, reqs = 0, events = m->tier[0].loads.n;
     size_t bytes = 0;
-    if (m->loadq_head != OFL_NONE && m->loads.n < m->loads.cap) {
+    if (m->loadq_head != OFL_NONE && m->tier[0].loads.n < m->tier[0].loads.cap) {
         events++;
         for (uint32_t s = m->loadq_head; s != OFL_NONE; s = m->reqs[s].load_next) {
             pairs += m->reqs[s].n_load;
@@ -295,21 +296,22 @@ int kvi_ofl_reserve_step(kvt_offload *m, kvt_offload_meta *out)
             bytes += m->reqs[s].id_len + 1;
         }
     }
-    for (uint32_t i = m->loads.active.head; i != OFL_NONE; i = m->loads.e[i].link.next)
-        for (uint32_t s = m->loads.e[i].head; s != OFL_NONE; s = m->reqs[s].load_next) {
+    for (uint32_t i = m->tier[0].loads.active.head; i != OFL_NONE;
+         i = m->tier[0].loads.e[i].link.next)
+        for (uint32_t s = m->tier[0].loads.e[i].head; s != OFL_NONE; s = m->reqs[s].load_next) {
             reqs++;
             bytes += m->reqs[s].id_len + 1;
         }
-    int rc = kvt_offload_meta_reserve(out, pairs, m->acc_n, events, reqs, bytes);
+    int rc = kvt_offload_meta_reserve(out, pairs, m->tier[0].acc_n, events, reqs, bytes);
     if (rc)
         return kvi_fail_wrap(rc, "offload: build_meta");
-    return kvi_ofl_tier_reserve(m, out, m->disk ? pairs : 0);
+    return kvi_ofl_tier_reserve(m, out, m->tier[1].pool ? pairs : 0);
 }
 
 void kvi_ofl_emit_loads(kvt_offload *m, kvt_offload_meta *out)
 {
-    if (m->loadq_head != OFL_NONE && m->loads.n < m->loads.cap) {
-        struct kvi_ofl_event *e = kvi_ofl_evtable_add(&m->loads, m->load_counter++);
+    if (m->loadq_head != OFL_NONE && m->tier[0].loads.n < m->tier[0].loads.cap) {
+        struct kvi_ofl_event *e = kvi_ofl_evtable_add(&m->tier[0].loads, m->tier[0].load_counter++);
         uint32_t pairs = 0;
         e->head = m->loadq_head;
         e->tail = m->loadq_tail;
@@ -329,13 +331,14 @@ void kvi_ofl_emit_loads(kvt_offload *m, kvt_offload_meta *out)
         }
         m->loadq_head = m->loadq_tail = OFL_NONE;
         out->load_event = e->id;
-        m->st.load_events++;
+        m->tier[0].st.load_events++;
         m->st.load_blocks += pairs;
-        m->transferred = true;
+        m->tier[0].transferred = true;
     }
-    for (uint32_t i = m->loads.active.head; i != OFL_NONE; i = m->loads.e[i].link.next)
-        for (uint32_t s = m->loads.e[i].head; s != OFL_NONE; s = m->reqs[s].load_next)
-            (void)kvt_offload_meta_add_load_req(out, m->loads.e[i].id, m->reqs[s].id,
+    for (uint32_t i = m->tier[0].loads.active.head; i != OFL_NONE;
+         i = m->tier[0].loads.e[i].link.next)
+        for (uint32_t s = m->tier[0].loads.e[i].head; s != OFL_NONE; s = m->reqs[s].load_next)
+            (void)kvt_offload_meta_add_load_req(out, m->tier[0].loads.e[i].id, m->reqs[s].id,
                                                 m->reqs[s].id_len);
 }
 
@@ -370,11 +373,11 @@ int kvi_ofl_check_load_done(const kvt_offload *m, const kvt_str *ids, uint32_t n
 
 void kvi_ofl_apply_load_done(kvt_offload *m, struct kvi_ofl_req *r)
 {
-    struct kvi_ofl_event *e = kvi_ofl_evtable_find(&m->loads, r->load_event);
+    struct kvi_ofl_event *e = kvi_ofl_evtable_find(&m->tier[0].loads, r->load_event);
     if (e) {
         kvi_ofl_rq_unlink(m, &e->head, &e->tail, OFL_LOAD_LINK, kvi_ofl_req_slot(m, r));
         if (--e->n == 0)
-            kvi_ofl_evtable_remove(&m->loads, e);
+            kvi_ofl_evtable_remove(&m->tier[0].loads, e);
     }
     m->st.loads_completed += r->n_load;
     m->st.bytes_loaded += (uint64_t)r->n_load * m->cfg.block_bytes;

@@ -275,51 +275,83 @@ int kvt_offload_size_host(uint64_t capacity_bytes, uint64_t block_bytes, uint32_
     return 0;
 }
 
-/* Creates the host pool and the per-host-block arrays for host_nb blocks. */
+static const char *const g_tier_names[KVI_OFL_TIERS] = {"host", "disk"};
+
+const char *kvi_ofl_tier_name(uint32_t t)
+{
+    return t < KVI_OFL_TIERS ? g_tier_names[t] : "?";
+}
+
+int kvi_ofl_tier_open(kvt_offload *m, uint32_t t, uint32_t nb, uint32_t event_capacity,
+                      uint32_t max_store_events)
+{
+    struct kvi_ofl_tier *T = &m->tier[t];
+    kvt_pool_config pc = m->gcfg;
+    pc.num_blocks = nb;
+    pc.keys_per_block = m->kpb;
+    pc.event_capacity = event_capacity;
+    int rc = kvt_pool_create(&pc, &T->pool);
+    if (rc) {
+        char what[32];
+        snprintf(what, sizeof(what), "offload: %s pool", kvi_ofl_tier_name(t));
+        return kvi_fail_wrap(rc, what);
+    }
+    T->nb = nb;
+    T->store_src = malloc((size_t)nb * sizeof(uint32_t));
+    T->store_next = malloc((size_t)nb * sizeof(uint32_t));
+    T->keys = malloc((size_t)nb * m->kpb * m->key_stride);
+    T->keys_n = calloc(nb, 1);
+    if (!T->store_src || !T->store_next || !T->keys || !T->keys_n)
+        return kvt_fail(KVT_ENOMEM, "offload: cannot allocate state for %u %s blocks", nb,
+                        kvi_ofl_tier_name(t));
+    for (uint32_t i = 0; i < nb; i++)
+        T->store_src[i] = T->store_next[i] = OFL_NONE;
+    T->acc_head = T->acc_tail = OFL_NONE;
+    T->acc_n = 0;
+    return kvi_ofl_evtable_init(&T->stores, kvi_min_u32(nb, max_store_events));
+}
+
+void kvi_ofl_tier_close(kvt_offload *m, uint32_t t)
+{
+    struct kvi_ofl_tier *T = &m->tier[t];
+    kvt_pool_destroy(T->pool);
+    free(T->store_src);
+    free(T->store_next);
+    free(T->keys);
+    free(T->keys_n);
+    kvi_ofl_evtable_free(&T->stores);
+    T->pool = NULL;
+    T->store_src = T->store_next = NULL;
+    T->keys = T->keys_n = NULL;
+    T->nb = 0;
+}
+
+/* The host tier (tier 0), and the host-block arrays of promotions and scratch. */
 static int host_setup(kvt_offload *m, uint32_t host_nb)
 {
-    kvt_pool_config hc = m->gcfg;
-    hc.num_blocks = host_nb;
-    hc.keys_per_block = m->kpb;
-    hc.event_capacity = m->cfg.event_capacity;
-    int rc = kvt_pool_create(&hc, &m->host);
+    int rc = kvi_ofl_tier_open(m, 0, host_nb, m->cfg.event_capacity, MAX_EVENTS);
     if (rc)
-        return kvi_fail_wrap(rc, "offload: host pool");
-    m->host_nb = host_nb;
-    m->hstore_src = malloc((size_t)host_nb * sizeof(uint32_t));
-    m->hstore_next = malloc((size_t)host_nb * sizeof(uint32_t));
-    m->hkeys = malloc((size_t)host_nb * m->kpb * m->key_stride);
-    m->hkeys_n = calloc(host_nb, 1);
+        return rc;
     m->scratch = malloc((size_t)host_nb * 2 * sizeof(uint32_t));
     m->hpromo_src = malloc((size_t)host_nb * sizeof(uint32_t));
     m->hpromo_next = malloc((size_t)host_nb * sizeof(uint32_t));
     m->hpromo_gpu = malloc((size_t)host_nb * sizeof(uint32_t));
-    if (!m->hstore_src || !m->hstore_next || !m->hkeys || !m->hkeys_n || !m->scratch ||
-        !m->hpromo_src || !m->hpromo_next || !m->hpromo_gpu)
+    if (!m->scratch || !m->hpromo_src || !m->hpromo_next || !m->hpromo_gpu)
         return kvt_fail(KVT_ENOMEM, "offload: cannot allocate state for %u host blocks", host_nb);
     for (uint32_t i = 0; i < host_nb; i++)
-        m->hstore_src[i] = m->hstore_next[i] = m->hpromo_src[i] = m->hpromo_next[i] =
-            m->hpromo_gpu[i] = OFL_NONE;
-    uint32_t cap = kvi_min_u32(host_nb, MAX_EVENTS);
-    return kvi_ofl_evtable_init(&m->stores, cap);
+        m->hpromo_src[i] = m->hpromo_next[i] = m->hpromo_gpu[i] = OFL_NONE;
+    return 0;
 }
 
 static void host_teardown(kvt_offload *m)
 {
-    kvt_pool_destroy(m->host);
-    m->host = NULL;
-    free(m->hstore_src);
-    free(m->hstore_next);
-    free(m->hkeys);
-    free(m->hkeys_n);
+    kvi_ofl_tier_close(m, 0);
     free(m->scratch);
     free(m->hpromo_src);
     free(m->hpromo_next);
     free(m->hpromo_gpu);
-    m->hstore_src = m->hstore_next = m->scratch = NULL;
+    m->scratch = NULL;
     m->hpromo_src = m->hpromo_next = m->hpromo_gpu = NULL;
-    m->hkeys = m->hkeys_n = NULL;
-    kvi_ofl_evtable_free(&m->stores);
 }
 
 /* Lazy watermark (vLLM target_free): GPU blocks at the LRU head that should be safe to evict. */
@@ -372,9 +404,9 @@ static int create_common(kvt_offload *m)
     m->key_stride = m->hash_len + 2 * sizeof(uint32_t);
     m->target_free = cfg->lazy ? lazy_target(m) : 0;
     m->max_search_tokens = cfg->max_model_len;
-    m->loadq_head = m->loadq_tail = m->acc_head = m->acc_tail = OFL_NONE;
+    m->loadq_head = m->loadq_tail = m->tier[0].acc_head = m->tier[0].acc_tail = OFL_NONE;
     m->wait_head = m->lazy_cursor = OFL_NONE;
-    m->promoq_head = m->promoq_tail = m->dacc_head = m->dacc_tail = OFL_NONE;
+    m->promoq_head = m->promoq_tail = m->tier[1].acc_head = m->tier[1].acc_tail = OFL_NONE;
 
     int rc = host_setup(m, cfg->host_blocks);
     if (!rc)
@@ -384,8 +416,8 @@ static int create_common(kvt_offload *m)
     uint32_t search_ids = 0;
     for (uint32_t g = 0; g < m->ng && !rc; g++) {
         uint32_t n = cfg->max_model_len / m->gcfg.groups[g].block_size + 1;
-        m->search_out[g] = malloc((size_t)n * sizeof(uint32_t));
-        if (!m->search_out[g])
+        m->tier[0].search_out[g] = malloc((size_t)n * sizeof(uint32_t));
+        if (!m->tier[0].search_out[g])
             rc = kvt_fail(KVT_ENOMEM, "offload: cannot allocate search buffers");
         search_ids += n;
     }
@@ -408,7 +440,7 @@ static int create_common(kvt_offload *m)
     if (!rc)
         rc = kvi_map_init(&m->req_map, cfg->max_requests);
     if (!rc)
-        rc = kvi_ofl_evtable_init(&m->loads, kvi_min_u32(m->gpu_nb, MAX_EVENTS));
+        rc = kvi_ofl_evtable_init(&m->tier[0].loads, kvi_min_u32(m->gpu_nb, MAX_EVENTS));
     if (rc)
         return rc;
     for (uint32_t i = 0; i < m->gpu_nb; i++)
@@ -491,10 +523,10 @@ void kvt_offload_destroy(kvt_offload *m)
     kvi_ofl_tier_teardown(m);
     kvi_ofl_gpu_teardown(m);
     for (uint32_t g = 0; g < KVT_MAX_GROUPS; g++)
-        free(m->search_out[g]);
+        free(m->tier[0].search_out[g]);
     kvi_idpool_free(&m->hitpool);
     kvi_map_free(&m->req_map);
-    kvi_ofl_evtable_free(&m->loads);
+    kvi_ofl_evtable_free(&m->tier[0].loads);
     free(m->reqs);
     free(m->gload_src);
     free(m->gload_next);
@@ -506,19 +538,20 @@ void kvt_offload_destroy(kvt_offload *m)
 
 int kvt_offload_lower_host_blocks(kvt_offload *m, uint32_t worker_blocks)
 {
-    if (worker_blocks > m->host_nb)
+    if (worker_blocks > m->tier[0].nb)
         return kvt_fail(KVT_EINVAL,
                         "offload: a worker reported %u host blocks, more than the "
                         "%u planned; the tier is only ever lowered",
-                        worker_blocks, m->host_nb);
+                        worker_blocks, m->tier[0].nb);
     if (worker_blocks < 2)
         return kvt_fail(KVT_EINVAL,
                         "offload: a worker allocated only %u host blocks (at least "
                         "2 needed)",
                         worker_blocks);
-    if (worker_blocks == m->host_nb)
+    if (worker_blocks == m->tier[0].nb)
         return 0;
-    if (m->transferred || kvt_pool_num_free(m->host) != m->host_nb - 1 || m->acc_n)
+    if (m->tier[0].transferred || kvt_pool_num_free(m->tier[0].pool) != m->tier[0].nb - 1 ||
+        m->tier[0].acc_n)
         return kvt_fail(KVT_ESTATE, "offload: the host tier can only be resized before its "
                                     "first transfer and hit");
     host_teardown(m);
@@ -527,7 +560,7 @@ int kvt_offload_lower_host_blocks(kvt_offload *m, uint32_t worker_blocks)
 
 const kvt_pool *kvt_offload_host_pool(const kvt_offload *m)
 {
-    return m->host;
+    return m->tier[0].pool;
 }
 
 /* ---- step ------------------------------------------------------------------------------ */
@@ -546,7 +579,7 @@ int kvt_offload_build_meta(kvt_offload *m, bool preempted, kvt_offload_meta *out
     if (rc)
         return rc; /* nothing issued: loads and stores stay queued for the next step */
     kvi_ofl_emit_loads(m, out);
-    kvi_ofl_emit_stores(m, out);
+    kvi_ofl_emit_stores(m, 0, out);
     kvi_ofl_tier_emit(m, out);
     out->need_flush = preempted;
     sweep_waiting(m);
@@ -565,11 +598,11 @@ int kvt_offload_apply_output(kvt_offload *m, const kvt_str *finished_loads, uint
         if ((rc = kvt_offload_worker_meta_validate(stores)))
             return kvi_fail_wrap(rc, "offload: apply_output");
         for (uint32_t i = 0; i < stores->stores.n_completed; i++)
-            if (stores->stores.events[i] >= m->store_counter)
+            if (stores->stores.events[i] >= m->tier[0].store_counter)
                 return kvt_fail(KVT_ERANGE,
                                 "offload: apply_output: store event %" PRId64
                                 " was never issued (next is %" PRId64 ")",
-                                stores->stores.events[i], m->store_counter);
+                                stores->stores.events[i], m->tier[0].store_counter);
         if ((rc = kvi_ofl_tier_check_output(m, stores)))
             return rc;
     }
@@ -577,7 +610,8 @@ int kvt_offload_apply_output(kvt_offload *m, const kvt_str *finished_loads, uint
         kvi_ofl_apply_load_done(m,
                                 kvi_ofl_req_find(m, finished_loads[i].ptr, finished_loads[i].len));
     for (uint32_t i = 0; stores && i < stores->stores.n_completed; i++) {
-        struct kvi_ofl_event *e = kvi_ofl_evtable_find(&m->stores, stores->stores.events[i]);
+        struct kvi_ofl_event *e =
+            kvi_ofl_evtable_find(&m->tier[0].stores, stores->stores.events[i]);
         if (!e) {
             m->st.stale_reports++;
             continue;
@@ -587,7 +621,7 @@ int kvt_offload_apply_output(kvt_offload *m, const kvt_str *finished_loads, uint
         uint64_t total = (uint64_t)e->reported + stores->stores.counts[i];
         e->reported = total > UINT32_MAX ? UINT32_MAX : (uint32_t)total;
         if (e->reported >= m->cfg.world_size)
-            kvi_ofl_complete_store(m, e);
+            kvi_ofl_complete_store(m, 0, e);
     }
     if (stores)
         kvi_ofl_tier_apply_output(m, stores); /* after the stores: they queue write-backs */
@@ -600,17 +634,18 @@ int kvt_offload_reset(kvt_offload *m)
 {
     kvi_ofl_gpu_flush(m); /* pins a deferred schedule left */
     /* 1. In-flight stores are abandoned: their blocks will be freed, never cached. */
-    for (uint32_t i = m->stores.active.head; i != OFL_NONE; i = m->stores.e[i].link.next) {
-        struct kvi_ofl_event *e = &m->stores.e[i];
+    for (uint32_t i = m->tier[0].stores.active.head; i != OFL_NONE;
+         i = m->tier[0].stores.e[i].link.next) {
+        struct kvi_ofl_event *e = &m->tier[0].stores.e[i];
         if (e->abandoned)
             continue;
         e->abandoned = true;
-        for (uint32_t h = e->head; h != OFL_NONE; h = m->hstore_next[h])
-            m->gflags[m->hstore_src[h]] &= (uint8_t)~G_STORING;
+        for (uint32_t h = e->head; h != OFL_NONE; h = m->tier[0].store_next[h])
+            m->gflags[m->tier[0].store_src[h]] &= (uint8_t)~G_STORING;
     }
     kvi_ofl_tier_abandon(m); /* write-backs and promotions in flight, queued write-backs */
     /* 2. Stores queued for the next event and re-stores are dropped. */
-    kvi_ofl_release_accumulator(m);
+    kvi_ofl_release_accumulator(m, 0);
     while (m->rs_len) {
         m->gflags[m->restore[m->rs_head]] &= (uint8_t)~G_RESTORE;
         m->rs_head = (m->rs_head + 1) % m->gpu_nb;
@@ -632,14 +667,14 @@ int kvt_offload_reset(kvt_offload *m)
     }
     sweep_waiting(m);
     kvi_ofl_gpu_flush(m);
-    uint32_t disk_events = m->disk ? m->dstores.n + m->dloads.n : 0;
-    if (m->stores.n || m->loads.n || disk_events)
+    uint32_t disk_events = m->tier[1].pool ? m->tier[1].stores.n + m->tier[1].loads.n : 0;
+    if (m->tier[0].stores.n || m->tier[0].loads.n || disk_events)
         return kvt_fail(KVT_EBUSY,
                         "offload: reset: %u store, %u load and %u disk events still in flight",
-                        m->stores.n, m->loads.n, disk_events);
-    int rc = kvt_pool_reset_prefix_cache(m->host);
-    if (!rc && m->disk)
-        rc = kvt_pool_reset_prefix_cache(m->disk);
+                        m->tier[0].stores.n, m->tier[0].loads.n, disk_events);
+    int rc = kvt_pool_reset_prefix_cache(m->tier[0].pool);
+    if (!rc && m->tier[1].pool)
+        rc = kvt_pool_reset_prefix_cache(m->tier[1].pool);
     if (rc)
         return kvi_fail_wrap(KVT_EBUSY, "offload: reset: hits are still pinned");
     m->st.resets++;
@@ -648,14 +683,14 @@ int kvt_offload_reset(kvt_offload *m)
 
 bool kvt_offload_has_pending(const kvt_offload *m)
 {
-    return m->loads.n || m->stores.n || m->acc_n || m->loadq_head != OFL_NONE ||
-           kvi_ofl_tier_pending(m);
+    return m->tier[0].loads.n || m->tier[0].stores.n || m->tier[0].acc_n ||
+           m->loadq_head != OFL_NONE || kvi_ofl_tier_pending(m);
 }
 
 uint32_t kvt_offload_take_events(kvt_offload *m, kvt_pool_event *out, uint32_t cap,
                                  uint64_t *dropped)
 {
-    return kvt_pool_take_events(m->host, out, cap, dropped);
+    return kvt_pool_take_events(m->tier[0].pool, out, cap, dropped);
 }
 
 /* ---- metrics --------------------------------------------------------------------------- */
@@ -668,15 +703,31 @@ void kvt_offload_get_stats(const kvt_offload *m, kvt_offload_stats *s)
         return;
     }
     *s = m->st;
-    s->host_blocks = m->host_nb - 1;
-    s->host_used_blocks = m->host_nb - 1 - kvt_pool_num_free(m->host);
-    s->host_cached_blocks = kvt_pool_num_cached(m->host);
+    const struct kvi_ofl_tier *h = &m->tier[0], *d = &m->tier[1];
+    s->store_events = h->st.store_events;
+    s->store_blocks = h->st.store_blocks;
+    s->stores_completed = h->st.stores_completed;
+    s->stores_failed = h->st.stores_failed;
+    s->stores_abandoned = h->st.stores_abandoned;
+    s->load_events = h->st.load_events;
+    s->host_evictions = h->st.evictions;
+    s->disk_store_events = d->st.store_events;
+    s->disk_store_blocks = d->st.store_blocks;
+    s->disk_stores_completed = d->st.stores_completed;
+    s->disk_stores_failed = d->st.stores_failed;
+    s->disk_stores_abandoned = d->st.stores_abandoned;
+    s->disk_load_events = d->st.load_events;
+    s->disk_evictions = d->st.evictions;
+    s->host_blocks = m->tier[0].nb - 1;
+    s->host_used_blocks = m->tier[0].nb - 1 - kvt_pool_num_free(m->tier[0].pool);
+    s->host_cached_blocks = kvt_pool_num_cached(m->tier[0].pool);
     s->requests = m->n_reqs;
-    s->load_events_in_flight = m->loads.n;
-    s->store_events_in_flight = m->stores.n;
-    uint32_t pending = m->acc_n;
-    for (uint32_t i = m->stores.active.head; i != OFL_NONE; i = m->stores.e[i].link.next)
-        pending += m->stores.e[i].n;
+    s->load_events_in_flight = m->tier[0].loads.n;
+    s->store_events_in_flight = m->tier[0].stores.n;
+    uint32_t pending = m->tier[0].acc_n;
+    for (uint32_t i = m->tier[0].stores.active.head; i != OFL_NONE;
+         i = m->tier[0].stores.e[i].link.next)
+        pending += m->tier[0].stores.e[i].n;
     s->pending_store_blocks = pending;
     kvi_ofl_tier_stats(m, s);
 }
@@ -771,7 +822,8 @@ int kvt_offload_prometheus(const kvt_offload *m, char *buf, size_t cap, size_t *
     for (size_t i = 0; i < KVT_ARRAY_LEN(metrics); i++)
         kvi_prom_metric(&p, "kvtier_offload", metrics[i].name, metrics[i].help, metrics[i].gauge,
                         metrics[i].v);
-    for (size_t i = 0; m->disk && i < KVT_ARRAY_LEN(disk_metrics); i++) /* three tiers only */
+    for (size_t i = 0; m->tier[1].pool && i < KVT_ARRAY_LEN(disk_metrics);
+         i++) /* three tiers only */
         kvi_prom_metric(&p, "kvtier_offload", disk_metrics[i].name, disk_metrics[i].help,
                         disk_metrics[i].gauge, disk_metrics[i].v);
     /* The same figures per tier, with a tier label, for dashboards that sum or compare
@@ -800,7 +852,7 @@ int kvt_offload_prometheus(const kvt_offload *m, char *buf, size_t cap, size_t *
          {s.host_evictions, s.disk_evictions},
          false},
     };
-    int n_tiers = m->disk ? 2 : 1;
+    int n_tiers = m->tier[1].pool ? 2 : 1;
     for (size_t i = 0; i < KVT_ARRAY_LEN(tiers); i++) {
         kvi_prom_family(&p, "kvtier_offload", tiers[i].name, tiers[i].help, tiers[i].gauge);
         for (int t = 0; t < n_tiers; t++)

@@ -94,6 +94,32 @@ struct kvi_ofl_evtable {
     kvi_map map;
 };
 
+/* An offload tier: the host tier (tier[0]) or the disk behind it (tier[1], three tiers). A
+ * tier's blocks are filled by store events from the level in front of it (the GPU for tier 0,
+ * tier t-1 otherwise) and read back by load events into it; everything a tier needs for
+ * that is here, so the code that stores, completes, abandons and reports walks tiers by index. */
+#define KVI_OFL_TIERS 2
+struct kvi_ofl_tier {
+    kvt_pool *pool; /* NULL: no such tier */
+    uint32_t nb;    /* blocks, null block included */
+    /* per block: the store pair that fills it (the source in the level in front) and the
+     * list of the event being assembled or in flight */
+    uint32_t *store_src, *store_next;
+    uint8_t *keys;   /* keys to register on completion: kpb x key_stride bytes per block */
+    uint8_t *keys_n; /* how many */
+    uint32_t acc_head, acc_tail, acc_n; /* blocks selected for the next store event */
+    struct kvi_ofl_evtable loads, stores;
+    int64_t load_counter, store_counter;
+    bool transferred; /* any event issued yet (size fixed from then on) */
+    struct {          /* counters, exported per tier by kvt_offload_get_stats */
+        uint64_t store_events, store_blocks;                        /* issued */
+        uint64_t stores_completed, stores_failed, stores_abandoned; /* blocks */
+        uint64_t load_events;                                       /* issued */
+        uint64_t evictions; /* cached blocks reused for new stores */
+    } st;
+    uint32_t *search_out[KVT_MAX_GROUPS]; /* scratch of the longest-hit search */
+};
+
 struct kvt_offload {
     kvt_offload_config cfg;
     /* The engine's GPU pool: a kvt_pool (gpu), or an engine's own pool reached through
@@ -112,9 +138,8 @@ struct kvt_offload {
     uint8_t *selkeys, *rskeys;
     uint32_t *scan_ids;
     kvt_pool_key *scan_keys;
-    kvt_pool *host;
     kvt_pool_config gcfg; /* the GPU pool's groups, hash and block sizes */
-    uint32_t gpu_nb, host_nb, ng, hash_len, kpb, sched_bs;
+    uint32_t gpu_nb, ng, hash_len, kpb, sched_bs;
     uint32_t target_free; /* lazy watermark, GPU blocks */
     uint32_t max_search_tokens;
 
@@ -128,45 +153,30 @@ struct kvt_offload {
     /* per GPU block */
     uint32_t *gload_src, *gload_next;
     uint8_t *gflags; /* G_* */
-    /* per host block */
-    uint32_t *hstore_src, *hstore_next;
-    uint32_t *hpromo_src, *hpromo_next, *hpromo_gpu; /* three tiers: promotions */
-    uint8_t *hkeys; /* keys to register on completion: kpb x key_stride bytes per block */
-    uint8_t *hkeys_n;
+    /* the tiers: tier[0] the host, tier[1] the disk behind it (three tiers) */
+    struct kvi_ofl_tier tier[KVI_OFL_TIERS];
+    /* per host block, three tiers: promotions from the disk */
+    uint32_t *hpromo_src, *hpromo_next, *hpromo_gpu;
     size_t key_stride; /* hash_len + group + num_tokens */
 
     /* queues of the step being assembled */
-    uint32_t loadq_head, loadq_tail;    /* requests with a load but no event yet */
-    uint32_t acc_head, acc_tail, acc_n; /* host blocks selected for the next store event */
-    uint32_t wait_head;                 /* finished requests waiting for their load */
+    uint32_t loadq_head, loadq_tail; /* requests with a load but no event yet */
+    uint32_t wait_head;              /* finished requests waiting for their load */
 
     /* eager re-store of GPU blocks whose host copy was evicted */
     uint32_t *restore;
     uint32_t rs_head, rs_len;
 
-    struct kvi_ofl_evtable loads, stores;
-    int64_t load_counter, store_counter;
     uint32_t lazy_cursor;
 
     /* scratch */
-    uint32_t *search_out[KVT_MAX_GROUPS];
-    uint32_t *scratch; /* host_nb entries */
+    uint32_t *scratch; /* host blocks' worth of entries */
     kvt_pool_key *keys;
 
-    /* three tiers (disk == NULL otherwise) */
-    kvt_pool *disk;
-    uint32_t disk_nb;
-    uint32_t *dstore_src, *dstore_next; /* per disk slot: write-back pairs */
-    uint8_t *dkeys, *dkeys_n;           /* per disk slot: keys to register on completion */
-    uint32_t *dsearch_out[KVT_MAX_GROUPS];
-    uint32_t promoq_head, promoq_tail;     /* requests with a promotion but no event yet */
-    uint32_t dacc_head, dacc_tail, dacc_n; /* write-backs for the next disk store event */
-    struct kvi_ofl_evtable dloads, dstores;
-    int64_t dload_counter, dstore_counter;
-    bool disk_transferred;
+    /* three tiers */
+    uint32_t promoq_head, promoq_tail; /* requests with a promotion but no event yet */
 
     kvt_offload_stats st;
-    bool transferred; /* any event issued yet (host size is fixed from then on) */
 };
 
 enum {
@@ -195,6 +205,13 @@ bool kvi_ofl_key_from_hashes(const kvt_offload *m, const uint8_t *hashes, uint32
 /* Packed keys: hash_len bytes, group, num_tokens (key_stride bytes). */
 void kvi_ofl_key_pack(const kvt_offload *m, uint8_t *dst, const kvt_pool_key *k);
 void kvi_ofl_key_unpack(const kvt_offload *m, const uint8_t *src, kvt_pool_key *k);
+
+/* tiers (manager.c): a tier's pool, per-block store pairs and keys, and store event table
+ * (at most max_store_events, fewer for a small tier); close frees them. */
+const char *kvi_ofl_tier_name(uint32_t t);
+int kvi_ofl_tier_open(kvt_offload *m, uint32_t t, uint32_t nb, uint32_t event_capacity,
+                      uint32_t max_store_events);
+void kvi_ofl_tier_close(kvt_offload *m, uint32_t t);
 
 /* event tables (manager.c) */
 int kvi_ofl_evtable_init(struct kvi_ofl_evtable *t, uint32_t cap);
@@ -248,9 +265,13 @@ int kvi_ofl_check_load_done(const kvt_offload *m, const kvt_str *ids, uint32_t n
 void kvi_ofl_apply_load_done(kvt_offload *m, struct kvi_ofl_req *r);
 
 /* stores (store.c) */
-void kvi_ofl_emit_stores(kvt_offload *m, kvt_offload_meta *out);
-void kvi_ofl_complete_store(kvt_offload *m, struct kvi_ofl_event *e);
-void kvi_ofl_release_accumulator(kvt_offload *m);
+/* Issues tier t's accumulated stores as one event into out. */
+void kvi_ofl_emit_stores(kvt_offload *m, uint32_t t, kvt_offload_meta *out);
+/* A store event into tier t that every worker reported: its blocks become findable (unless it
+ * failed or was abandoned), move on to the tier behind, and release their sources. */
+void kvi_ofl_complete_store(kvt_offload *m, uint32_t t, struct kvi_ofl_event *e);
+/* Drops tier t's stores selected for the next event. */
+void kvi_ofl_release_accumulator(kvt_offload *m, uint32_t t);
 void kvi_ofl_select_lazy(kvt_offload *m);
 void kvi_ofl_select_restores(kvt_offload *m);
 /* Selects the blocks of one request in [cursor, ready) per group (eager rules); hashes (ext)

@@ -27,7 +27,7 @@
 static bool host_has_key(const kvt_offload *m, const kvt_pool_key *k)
 {
     uint32_t b;
-    return kvt_pool_lookup(m->host, k->hash, k->group, &b) == 1;
+    return kvt_pool_lookup(m->tier[0].pool, k->hash, k->group, &b) == 1;
 }
 
 /* Queues GPU block gpu (known under key k) for a re-store. */
@@ -45,14 +45,15 @@ static void queue_restore(kvt_offload *m, uint32_t gpu, const kvt_pool_key *k)
 void kvi_ofl_host_alloc(kvt_offload *m, uint32_t n, uint32_t *ids)
 {
     bool restore = !m->cfg.lazy && m->cfg.restore_budget > 0 && kvi_ofl_gpu_can_lookup(m);
-    uint32_t h = kvt_pool_lru_first(m->host);
-    for (uint32_t i = 0; i < n && h != KVT_BLOCK_NONE; i++, h = kvt_pool_lru_next(m->host, h)) {
+    uint32_t h = kvt_pool_lru_first(m->tier[0].pool);
+    for (uint32_t i = 0; i < n && h != KVT_BLOCK_NONE;
+         i++, h = kvt_pool_lru_next(m->tier[0].pool, h)) {
         uint32_t nk = 0, ref;
         kvt_pool_key *k = &m->keys[0];
-        (void)kvt_pool_block_keys(m->host, h, k, 1, &nk);
+        (void)kvt_pool_block_keys(m->tier[0].pool, h, k, 1, &nk);
         if (!nk)
             continue;
-        m->st.host_evictions++;
+        m->tier[0].st.evictions++;
         if (!restore)
             continue;
         uint32_t gpu = kvi_ofl_gpu_lookup(m, k, &ref);
@@ -61,18 +62,18 @@ void kvi_ofl_host_alloc(kvt_offload *m, uint32_t n, uint32_t *ids)
             continue;
         queue_restore(m, gpu, k);
     }
-    (void)kvt_pool_alloc(m->host, n, ids); /* n <= free: cannot fail */
+    (void)kvt_pool_alloc(m->tier[0].pool, n, ids); /* n <= free: cannot fail */
 }
 
 /* Turns n selected GPU blocks (m->scratch[0..n), marked G_MARK; with an engine's pool their
  * keys in m->selkeys) into queued store pairs. */
 static void commit_selection(kvt_offload *m, uint32_t n)
 {
-    uint32_t *gpus = m->scratch, *hosts = m->scratch + m->host_nb;
+    uint32_t *gpus = m->scratch, *hosts = m->scratch + m->tier[0].nb;
     kvi_ofl_host_alloc(m, n, hosts);
     for (uint32_t i = 0; i < n; i++) {
         uint32_t g = gpus[i], h = hosts[i], nk = 0;
-        uint8_t *dst = m->hkeys + (size_t)h * m->kpb * m->key_stride;
+        uint8_t *dst = m->tier[0].keys + (size_t)h * m->kpb * m->key_stride;
         if (m->ext) {
             memcpy(dst, m->selkeys + (size_t)i * m->key_stride, m->key_stride);
             nk = 1;
@@ -83,18 +84,18 @@ static void commit_selection(kvt_offload *m, uint32_t n)
             for (uint32_t k = 0; k < nk; k++, dst += m->key_stride)
                 kvi_ofl_key_pack(m, dst, &m->keys[k]);
         }
-        m->hkeys_n[h] = (uint8_t)nk;
+        m->tier[0].keys_n[h] = (uint8_t)nk;
         kvi_ofl_gpu_pin(m, g);
         m->gflags[g] = (uint8_t)((m->gflags[g] & ~G_MARK) | G_STORING);
-        m->hstore_src[h] = g;
-        m->hstore_next[h] = OFL_NONE;
-        if (m->acc_tail == OFL_NONE)
-            m->acc_head = h;
+        m->tier[0].store_src[h] = g;
+        m->tier[0].store_next[h] = OFL_NONE;
+        if (m->tier[0].acc_tail == OFL_NONE)
+            m->tier[0].acc_head = h;
         else
-            m->hstore_next[m->acc_tail] = h;
-        m->acc_tail = h;
+            m->tier[0].store_next[m->tier[0].acc_tail] = h;
+        m->tier[0].acc_tail = h;
     }
-    m->acc_n += n;
+    m->tier[0].acc_n += n;
     kvi_ofl_gpu_flush_unless_deferred(m);
 }
 
@@ -112,7 +113,7 @@ uint32_t kvi_ofl_store_budget(const kvt_offload *m)
     /* Free host blocks, cached ones included (storing evicts the LRU): each selection takes
      * its blocks at once, so the count already reflects earlier selections and pins of the
      * step. No room for another in-flight store event: select nothing. */
-    return m->stores.n < m->stores.cap ? kvt_pool_num_free(m->host) : 0;
+    return m->tier[0].stores.n < m->tier[0].stores.cap ? kvt_pool_num_free(m->tier[0].pool) : 0;
 }
 
 void kvi_ofl_select_eager(kvt_offload *m, struct kvi_ofl_req *r, const uint32_t *const *blocks,
@@ -313,11 +314,11 @@ int kvt_offload_request_finished(kvt_offload *m, const char *id, uint32_t id_len
 static uint32_t cold_victims(const kvt_offload *m, uint32_t limit)
 {
     uint32_t n = 0;
-    for (uint32_t h = kvt_pool_lru_first(m->host); h != KVT_BLOCK_NONE && n < limit;
-         h = kvt_pool_lru_next(m->host, h), n++) {
+    for (uint32_t h = kvt_pool_lru_first(m->tier[0].pool); h != KVT_BLOCK_NONE && n < limit;
+         h = kvt_pool_lru_next(m->tier[0].pool, h), n++) {
         kvt_pool_key k;
         uint32_t nk = 0, ref;
-        (void)kvt_pool_block_keys(m->host, h, &k, 1, &nk);
+        (void)kvt_pool_block_keys(m->tier[0].pool, h, &k, 1, &nk);
         if (nk && kvi_ofl_gpu_lookup(m, &k, &ref) != KVT_BLOCK_NONE && ref > 0)
             break;
     }
@@ -438,23 +439,26 @@ void kvi_ofl_select_lazy(kvt_offload *m)
     commit_selection(m, n); /* touching takes the blocks out of the GPU free queue */
 }
 
-void kvi_ofl_emit_stores(kvt_offload *m, kvt_offload_meta *out)
+void kvi_ofl_emit_stores(kvt_offload *m, uint32_t t, kvt_offload_meta *out)
 {
-    if (!m->acc_n)
+    struct kvi_ofl_tier *T = &m->tier[t];
+    if (!T->acc_n)
         return;
-    /* Room in the table is certain: selection stops while it is full (kvi_ofl_store_budget). */
-    struct kvi_ofl_event *e = kvi_ofl_evtable_add(&m->stores, m->store_counter++);
-    e->head = m->acc_head;
-    e->tail = m->acc_tail;
-    e->n = m->acc_n;
-    for (uint32_t h = e->head; h != OFL_NONE; h = m->hstore_next[h])
-        (void)kvt_offload_meta_add_store(out, m->hstore_src[h], h);
-    out->store_event = e->id;
-    m->st.store_events++;
-    m->st.store_blocks += m->acc_n;
-    m->acc_head = m->acc_tail = OFL_NONE;
-    m->acc_n = 0;
-    m->transferred = true;
+    /* Room in the table is certain: blocks are only selected while there is (the host's
+     * kvi_ofl_store_budget, the disk's write-back check). */
+    struct kvi_ofl_event *e = kvi_ofl_evtable_add(&T->stores, T->store_counter++);
+    e->head = T->acc_head;
+    e->tail = T->acc_tail;
+    e->n = T->acc_n;
+    for (uint32_t b = e->head; b != OFL_NONE; b = T->store_next[b])
+        (void)(t == 0 ? kvt_offload_meta_add_store(out, T->store_src[b], b)
+                      : kvt_offload_meta_add_disk_store(out, T->store_src[b], b));
+    *(t == 0 ? &out->store_event : &out->disk_store_event) = e->id;
+    T->st.store_events++;
+    T->st.store_blocks += T->acc_n;
+    T->acc_head = T->acc_tail = OFL_NONE;
+    T->acc_n = 0;
+    T->transferred = true;
 }
 
 void kvi_ofl_register_keys(kvt_offload *m, kvt_pool *p, uint32_t b, const uint8_t *k, uint32_t n)
@@ -469,48 +473,63 @@ void kvi_ofl_register_keys(kvt_offload *m, kvt_pool *p, uint32_t b, const uint8_
     }
 }
 
-void kvi_ofl_complete_store(kvt_offload *m, struct kvi_ofl_event *e)
+/* Gives back the source of a store pair into tier t: a GPU block (tier 0: pinned, and marked
+ * storing unless a reset already cleared the mark) or a block of tier t-1 (pinned until the
+ * write landed). */
+static void release_store_source(kvt_offload *m, uint32_t t, uint32_t src, bool clear_mark)
 {
-    uint32_t h = e->head;
-    while (h != OFL_NONE) {
-        uint32_t next = m->hstore_next[h], g = m->hstore_src[h];
-        if (!e->abandoned) {
-            /* a failed event's bytes may be wrong: its blocks never become findable */
-            if (!e->failed) {
-                kvi_ofl_register_keys(m, m->host, h, m->hkeys + (size_t)h * m->kpb * m->key_stride,
-                                      m->hkeys_n[h]);
-                kvi_ofl_tier_writeback(m, h); /* three tiers: on to disk */
-            }
-            m->gflags[g] &= (uint8_t)~G_STORING;
-        }
-        (void)kvt_pool_free(m->host, &h, 1);
-        kvi_ofl_gpu_unpin(m, g);
-        m->hstore_src[h] = m->hstore_next[h] = OFL_NONE;
-        h = next;
+    if (t > 0) {
+        (void)kvt_pool_free(m->tier[t - 1].pool, &src, 1);
+        return;
     }
-    kvi_ofl_gpu_flush(m);
-    if (e->abandoned)
-        m->st.stores_abandoned += e->n;
-    else if (e->failed)
-        m->st.stores_failed += e->n;
-    else
-        m->st.stores_completed += e->n;
-    m->st.bytes_stored += (uint64_t)e->n * m->cfg.block_bytes;
-    kvi_ofl_evtable_remove(&m->stores, e);
+    if (clear_mark)
+        m->gflags[src] &= (uint8_t)~G_STORING;
+    kvi_ofl_gpu_unpin(m, src);
 }
 
-void kvi_ofl_release_accumulator(kvt_offload *m)
+/* Releases the store pairs of tier t listed from head: those of completed event e (NULL: never
+ * issued) first become findable when e succeeded. */
+static void release_store_pairs(kvt_offload *m, uint32_t t, uint32_t head,
+                                const struct kvi_ofl_event *e)
 {
-    uint32_t h = m->acc_head;
-    while (h != OFL_NONE) {
-        uint32_t next = m->hstore_next[h], g = m->hstore_src[h];
-        m->gflags[g] &= (uint8_t)~G_STORING;
-        (void)kvt_pool_free(m->host, &h, 1);
-        kvi_ofl_gpu_unpin(m, g);
-        m->hstore_src[h] = m->hstore_next[h] = OFL_NONE;
-        h = next;
+    struct kvi_ofl_tier *T = &m->tier[t];
+    for (uint32_t b = head, next; b != OFL_NONE; b = next) {
+        next = T->store_next[b];
+        uint32_t src = T->store_src[b];
+        /* a failed event's bytes may be wrong: its blocks never become findable */
+        if (e && !e->abandoned && !e->failed) {
+            kvi_ofl_register_keys(m, T->pool, b, T->keys + (size_t)b * m->kpb * m->key_stride,
+                                  T->keys_n[b]);
+            if (t == 0)
+                kvi_ofl_tier_writeback(m, b); /* three tiers: on to disk */
+        }
+        release_store_source(m, t, src, !e || !e->abandoned);
+        (void)kvt_pool_free(T->pool, &b, 1);
+        T->store_src[b] = T->store_next[b] = OFL_NONE;
     }
-    kvi_ofl_gpu_flush(m);
-    m->acc_head = m->acc_tail = OFL_NONE;
-    m->acc_n = 0;
+    if (t == 0)
+        kvi_ofl_gpu_flush(m);
+}
+
+void kvi_ofl_complete_store(kvt_offload *m, uint32_t t, struct kvi_ofl_event *e)
+{
+    struct kvi_ofl_tier *T = &m->tier[t];
+    release_store_pairs(m, t, e->head, e);
+    if (e->abandoned)
+        T->st.stores_abandoned += e->n;
+    else if (e->failed)
+        T->st.stores_failed += e->n;
+    else
+        T->st.stores_completed += e->n;
+    if (t == 0)
+        m->st.bytes_stored += (uint64_t)e->n * m->cfg.block_bytes;
+    kvi_ofl_evtable_remove(&T->stores, e);
+}
+
+void kvi_ofl_release_accumulator(kvt_offload *m, uint32_t t)
+{
+    struct kvi_ofl_tier *T = &m->tier[t];
+    release_store_pairs(m, t, T->acc_head, NULL);
+    T->acc_head = T->acc_tail = OFL_NONE;
+    T->acc_n = 0;
 }

@@ -51,60 +51,40 @@ int kvi_ofl_tier_setup(kvt_offload *m, uint32_t disk_nb)
 {
     if (disk_nb == 0)
         return 0;
-    kvt_pool_config dc = m->gcfg;
-    dc.num_blocks = disk_nb;
-    dc.keys_per_block = m->kpb;
-    dc.event_capacity = 0;
-    int rc = kvt_pool_create(&dc, &m->disk);
+    int rc = kvi_ofl_tier_open(m, 1, disk_nb, 0, MAX_DISK_EVENTS);
     if (rc)
-        return kvi_fail_wrap(rc, "offload: disk pool");
-    m->disk_nb = disk_nb;
-    m->dstore_src = malloc((size_t)disk_nb * sizeof(uint32_t));
-    m->dstore_next = malloc((size_t)disk_nb * sizeof(uint32_t));
-    m->dkeys = malloc((size_t)disk_nb * m->kpb * m->key_stride);
-    m->dkeys_n = calloc(disk_nb, 1);
-    m->dsearch_out[0] = malloc(((size_t)m->cfg.max_model_len / m->gcfg.groups[0].block_size + 1) *
-                               sizeof(uint32_t));
-    if (!m->dstore_src || !m->dstore_next || !m->dkeys || !m->dkeys_n || !m->dsearch_out[0])
-        return kvt_fail(KVT_ENOMEM, "offload: cannot allocate state for %u disk slots", disk_nb);
-    for (uint32_t i = 0; i < disk_nb; i++)
-        m->dstore_src[i] = m->dstore_next[i] = OFL_NONE;
-    uint32_t cap = kvi_min_u32(disk_nb, MAX_DISK_EVENTS);
-    if ((rc = kvi_ofl_evtable_init(&m->dstores, cap)))
         return rc;
-    return kvi_ofl_evtable_init(&m->dloads, cap);
+    m->tier[1].search_out[0] = malloc(
+        ((size_t)m->cfg.max_model_len / m->gcfg.groups[0].block_size + 1) * sizeof(uint32_t));
+    if (!m->tier[1].search_out[0])
+        return kvt_fail(KVT_ENOMEM, "offload: cannot allocate state for %u disk slots", disk_nb);
+    return kvi_ofl_evtable_init(&m->tier[1].loads, kvi_min_u32(disk_nb, MAX_DISK_EVENTS));
 }
 
 void kvi_ofl_tier_teardown(kvt_offload *m)
 {
-    kvt_pool_destroy(m->disk);
-    m->disk = NULL;
-    free(m->dstore_src);
-    free(m->dstore_next);
-    free(m->dkeys);
-    free(m->dkeys_n);
-    free(m->dsearch_out[0]);
-    m->dstore_src = m->dstore_next = m->dsearch_out[0] = NULL;
-    m->dkeys = m->dkeys_n = NULL;
-    kvi_ofl_evtable_free(&m->dstores);
-    kvi_ofl_evtable_free(&m->dloads);
+    kvi_ofl_tier_close(m, 1);
+    free(m->tier[1].search_out[0]);
+    m->tier[1].search_out[0] = NULL;
+    kvi_ofl_evtable_free(&m->tier[1].loads);
 }
 
 int kvt_offload_lower_disk_blocks(kvt_offload *m, uint32_t worker_slots)
 {
-    if (!m->disk)
+    if (!m->tier[1].pool)
         return kvt_fail(KVT_ESTATE, "offload: no disk tier (disk_blocks is 0)");
-    if (worker_slots > m->disk_nb)
+    if (worker_slots > m->tier[1].nb)
         return kvt_fail(KVT_EINVAL,
                         "offload: a worker reported %u disk slots, more than the %u planned; "
                         "the tier is only ever lowered",
-                        worker_slots, m->disk_nb);
+                        worker_slots, m->tier[1].nb);
     if (worker_slots < 2)
         return kvt_fail(KVT_EINVAL, "offload: a worker has only %u disk slots (at least 2 needed)",
                         worker_slots);
-    if (worker_slots == m->disk_nb)
+    if (worker_slots == m->tier[1].nb)
         return 0;
-    if (m->disk_transferred || kvt_pool_num_free(m->disk) != m->disk_nb - 1 || m->dacc_n)
+    if (m->tier[1].transferred || kvt_pool_num_free(m->tier[1].pool) != m->tier[1].nb - 1 ||
+        m->tier[1].acc_n)
         return kvt_fail(KVT_ESTATE, "offload: the disk tier can only be resized before its first "
                                     "transfer and hit");
     kvi_ofl_tier_teardown(m);
@@ -113,7 +93,7 @@ int kvt_offload_lower_disk_blocks(kvt_offload *m, uint32_t worker_slots)
 
 const kvt_pool *kvt_offload_disk_pool(const kvt_offload *m)
 {
-    return m->disk;
+    return m->tier[1].pool;
 }
 
 /* ---- promotion: match and after_alloc ------------------------------------------------------ */
@@ -121,18 +101,18 @@ const kvt_pool *kvt_offload_disk_pool(const kvt_offload *m)
 uint32_t kvi_ofl_tier_search(kvt_offload *m, const uint8_t *hashes, uint32_t n_hashes,
                              uint32_t from, uint32_t max_len)
 {
-    if (!m->disk || from >= n_hashes || max_len < m->sched_bs)
+    if (!m->tier[1].pool || from >= n_hashes || max_len < m->sched_bs)
         return 0;
     kvt_hit hit;
-    if (kvt_pool_find_longest_hit(m->disk, hashes + (size_t)from * m->hash_len, n_hashes - from,
-                                  max_len, m->dsearch_out, &hit))
+    if (kvt_pool_find_longest_hit(m->tier[1].pool, hashes + (size_t)from * m->hash_len,
+                                  n_hashes - from, max_len, m->tier[1].search_out, &hit))
         return 0; /* cannot fail on arguments the host search accepted; a miss is safe */
     return hit.n_blocks[0];
 }
 
 uint32_t kvi_ofl_tier_pin(kvt_offload *m, struct kvi_ofl_req *r, uint32_t want)
 {
-    uint32_t free_host = kvt_pool_num_free(m->host);
+    uint32_t free_host = kvt_pool_num_free(m->tier[0].pool);
     uint32_t n = want < free_host ? want : free_host;
     if (n == 0)
         return 0;
@@ -140,8 +120,8 @@ uint32_t kvi_ofl_tier_pin(kvt_offload *m, struct kvi_ofl_req *r, uint32_t want)
     kvi_ofl_host_alloc(m, n, hosts);
     uint32_t tail = OFL_NONE;
     for (uint32_t k = 0; k < n; k++) {
-        uint32_t d = m->dsearch_out[0][k], h = hosts[k];
-        (void)kvt_pool_touch(m->disk, &d, 1);
+        uint32_t d = m->tier[1].search_out[0][k], h = hosts[k];
+        (void)kvt_pool_touch(m->tier[1].pool, &d, 1);
         m->hpromo_src[h] = d;
         m->hpromo_gpu[h] = OFL_NONE;
         m->hpromo_next[h] = OFL_NONE;
@@ -161,7 +141,7 @@ uint32_t kvi_ofl_tier_pin(kvt_offload *m, struct kvi_ofl_req *r, uint32_t want)
 static void release_pair(kvt_offload *m, uint32_t h)
 {
     uint32_t d = m->hpromo_src[h];
-    (void)kvt_pool_free(m->disk, &d, 1);
+    (void)kvt_pool_free(m->tier[1].pool, &d, 1);
     m->hpromo_src[h] = m->hpromo_next[h] = m->hpromo_gpu[h] = OFL_NONE;
 }
 
@@ -173,7 +153,7 @@ void kvi_ofl_tier_release_hit(kvt_offload *m, struct kvi_ofl_req *r)
     for (uint32_t k = 0; k < r->dhit_n; k++) {
         uint32_t next = m->hpromo_next[h];
         release_pair(m, h);
-        (void)kvt_pool_free(m->host, &h, 1);
+        (void)kvt_pool_free(m->tier[0].pool, &h, 1);
         h = next;
     }
     r->dhit_n = 0;
@@ -212,7 +192,7 @@ void kvi_ofl_tier_pair(kvt_offload *m, struct kvi_ofl_req *r, const uint32_t *bl
         uint32_t gpu = i < n_ext ? blocks[start + i] : KVT_NULL_BLOCK;
         if (gpu == KVT_NULL_BLOCK) { /* not accepted */
             release_pair(m, h);
-            (void)kvt_pool_free(m->host, &h, 1);
+            (void)kvt_pool_free(m->tier[0].pool, &h, 1);
             h = next;
             continue;
         }
@@ -266,36 +246,36 @@ void kvi_ofl_tier_cancel_promo(kvt_offload *m, struct kvi_ofl_req *r)
 
 void kvi_ofl_tier_writeback(kvt_offload *m, uint32_t h)
 {
-    if (!m->disk || m->hkeys_n[h] == 0)
+    if (!m->tier[1].pool || m->tier[0].keys_n[h] == 0)
         return;
-    const uint8_t *keys = m->hkeys + (size_t)h * m->kpb * m->key_stride;
+    const uint8_t *keys = m->tier[0].keys + (size_t)h * m->kpb * m->key_stride;
     uint32_t group, d;
     memcpy(&group, keys + m->hash_len, sizeof(group));
-    if (kvt_pool_lookup(m->disk, keys, group, &d) == 1) {
+    if (kvt_pool_lookup(m->tier[1].pool, keys, group, &d) == 1) {
         m->st.disk_store_skipped_cached++;
         return;
     }
-    if (m->dstores.n >= m->dstores.cap || kvt_pool_num_free(m->disk) == 0) {
+    if (m->tier[1].stores.n >= m->tier[1].stores.cap || kvt_pool_num_free(m->tier[1].pool) == 0) {
         m->st.disk_store_dropped++;
         return;
     }
-    uint32_t lru = kvt_pool_lru_first(m->disk), nk = 0;
+    uint32_t lru = kvt_pool_lru_first(m->tier[1].pool), nk = 0;
     kvt_pool_key k;
-    if (lru != KVT_BLOCK_NONE && kvt_pool_block_keys(m->disk, lru, &k, 1, &nk) == 0 && nk)
-        m->st.disk_evictions++;
-    (void)kvt_pool_alloc(m->disk, 1, &d); /* a free slot exists */
-    memcpy(m->dkeys + (size_t)d * m->kpb * m->key_stride, keys,
-           (size_t)m->hkeys_n[h] * m->key_stride);
-    m->dkeys_n[d] = m->hkeys_n[h];
-    (void)kvt_pool_touch(m->host, &h, 1); /* pinned until the write landed */
-    m->dstore_src[d] = h;
-    m->dstore_next[d] = OFL_NONE;
-    if (m->dacc_tail == OFL_NONE)
-        m->dacc_head = d;
+    if (lru != KVT_BLOCK_NONE && kvt_pool_block_keys(m->tier[1].pool, lru, &k, 1, &nk) == 0 && nk)
+        m->tier[1].st.evictions++;
+    (void)kvt_pool_alloc(m->tier[1].pool, 1, &d); /* a free slot exists */
+    memcpy(m->tier[1].keys + (size_t)d * m->kpb * m->key_stride, keys,
+           (size_t)m->tier[0].keys_n[h] * m->key_stride);
+    m->tier[1].keys_n[d] = m->tier[0].keys_n[h];
+    (void)kvt_pool_touch(m->tier[0].pool, &h, 1); /* pinned until the write landed */
+    m->tier[1].store_src[d] = h;
+    m->tier[1].store_next[d] = OFL_NONE;
+    if (m->tier[1].acc_tail == OFL_NONE)
+        m->tier[1].acc_head = d;
     else
-        m->dstore_next[m->dacc_tail] = d;
-    m->dacc_tail = d;
-    m->dacc_n++;
+        m->tier[1].store_next[m->tier[1].acc_tail] = d;
+    m->tier[1].acc_tail = d;
+    m->tier[1].acc_n++;
 }
 
 /* ---- step assembly --------------------------------------------------------------------- */
@@ -303,19 +283,19 @@ void kvi_ofl_tier_writeback(kvt_offload *m, uint32_t h)
 int kvi_ofl_tier_reserve(kvt_offload *m, kvt_offload_meta *out, uint32_t invalid)
 {
     uint32_t promos = 0;
-    if (m->disk && m->dloads.n < m->dloads.cap)
+    if (m->tier[1].pool && m->tier[1].loads.n < m->tier[1].loads.cap)
         for (uint32_t s = m->promoq_head; s != OFL_NONE; s = m->reqs[s].promo_next)
             promos += m->reqs[s].n_promo;
-    int rc = kvt_offload_meta_reserve_disk(out, invalid, promos, m->dacc_n);
+    int rc = kvt_offload_meta_reserve_disk(out, invalid, promos, m->tier[1].acc_n);
     return rc ? kvi_fail_wrap(rc, "offload: build_meta") : 0;
 }
 
 void kvi_ofl_tier_emit(kvt_offload *m, kvt_offload_meta *out)
 {
-    if (!m->disk)
+    if (!m->tier[1].pool)
         return;
-    if (m->promoq_head != OFL_NONE && m->dloads.n < m->dloads.cap) {
-        struct kvi_ofl_event *e = kvi_ofl_evtable_add(&m->dloads, m->dload_counter++);
+    if (m->promoq_head != OFL_NONE && m->tier[1].loads.n < m->tier[1].loads.cap) {
+        struct kvi_ofl_event *e = kvi_ofl_evtable_add(&m->tier[1].loads, m->tier[1].load_counter++);
         e->head = m->promoq_head;
         e->tail = m->promoq_tail;
         for (uint32_t s = m->promoq_head; s != OFL_NONE; s = m->reqs[s].promo_next) {
@@ -328,23 +308,10 @@ void kvi_ofl_tier_emit(kvt_offload *m, kvt_offload_meta *out)
         }
         m->promoq_head = m->promoq_tail = OFL_NONE;
         out->disk_load_event = e->id;
-        m->st.disk_load_events++;
-        m->disk_transferred = true;
+        m->tier[1].st.load_events++;
+        m->tier[1].transferred = true;
     }
-    if (m->dacc_n) { /* room in the table: write-backs are only queued while there is */
-        struct kvi_ofl_event *e = kvi_ofl_evtable_add(&m->dstores, m->dstore_counter++);
-        e->head = m->dacc_head;
-        e->tail = m->dacc_tail;
-        e->n = m->dacc_n;
-        for (uint32_t d = e->head; d != OFL_NONE; d = m->dstore_next[d])
-            (void)kvt_offload_meta_add_disk_store(out, m->dstore_src[d], d);
-        out->disk_store_event = e->id;
-        m->st.disk_store_events++;
-        m->st.disk_store_blocks += m->dacc_n;
-        m->dacc_head = m->dacc_tail = OFL_NONE;
-        m->dacc_n = 0;
-        m->disk_transferred = true;
-    }
+    kvi_ofl_emit_stores(m, 1, out);
 }
 
 /* ---- completions ----------------------------------------------------------------------- */
@@ -362,8 +329,8 @@ static int check_issued(const kvt_event_report *rep, int64_t next, const char *w
 
 int kvi_ofl_tier_check_output(const kvt_offload *m, const kvt_offload_worker_meta *wm)
 {
-    int rc = check_issued(&wm->disk_stores, m->dstore_counter, "disk store");
-    return rc ? rc : check_issued(&wm->disk_loads, m->dload_counter, "disk load");
+    int rc = check_issued(&wm->disk_stores, m->tier[1].store_counter, "disk store");
+    return rc ? rc : check_issued(&wm->disk_loads, m->tier[1].load_counter, "disk load");
 }
 
 /* Counts a report towards its event; returns the event once all workers reported it. */
@@ -380,27 +347,6 @@ static struct kvi_ofl_event *count_report(kvt_offload *m, struct kvi_ofl_evtable
     uint64_t total = (uint64_t)e->reported + rep->counts[i];
     e->reported = total > UINT32_MAX ? UINT32_MAX : (uint32_t)total;
     return e->reported >= m->cfg.world_size ? e : NULL;
-}
-
-static void complete_writeback(kvt_offload *m, struct kvi_ofl_event *e)
-{
-    for (uint32_t d = e->head, next; d != OFL_NONE; d = next) {
-        next = m->dstore_next[d];
-        uint32_t h = m->dstore_src[d];
-        if (!e->abandoned && !e->failed)
-            kvi_ofl_register_keys(m, m->disk, d, m->dkeys + (size_t)d * m->kpb * m->key_stride,
-                                  m->dkeys_n[d]);
-        (void)kvt_pool_free(m->host, &h, 1);
-        (void)kvt_pool_free(m->disk, &d, 1);
-        m->dstore_src[d] = m->dstore_next[d] = OFL_NONE;
-    }
-    if (e->abandoned)
-        m->st.disk_stores_abandoned += e->n;
-    else if (e->failed)
-        m->st.disk_stores_failed += e->n;
-    else
-        m->st.disk_stores_completed += e->n;
-    kvi_ofl_evtable_remove(&m->dstores, e);
 }
 
 static void complete_promotion(kvt_offload *m, struct kvi_ofl_event *e)
@@ -420,11 +366,11 @@ static void complete_promotion(kvt_offload *m, struct kvi_ofl_event *e)
             if (e->abandoned)
                 continue;
             /* the promoted block is findable in the host tier from now on */
-            (void)kvt_pool_block_keys(m->disk, d, m->keys, m->kpb, &nk);
+            (void)kvt_pool_block_keys(m->tier[1].pool, d, m->keys, m->kpb, &nk);
             for (uint32_t k = 0; k < nk && k < m->kpb; k++) {
                 uint32_t b;
-                if (kvt_pool_lookup(m->host, m->keys[k].hash, m->keys[k].group, &b) != 1)
-                    (void)kvt_pool_insert(m->host, h, m->keys[k].hash, m->keys[k].group,
+                if (kvt_pool_lookup(m->tier[0].pool, m->keys[k].hash, m->keys[k].group, &b) != 1)
+                    (void)kvt_pool_insert(m->tier[0].pool, h, m->keys[k].hash, m->keys[k].group,
                                           m->keys[k].num_tokens);
             }
         }
@@ -438,20 +384,20 @@ static void complete_promotion(kvt_offload *m, struct kvi_ofl_event *e)
             kvi_ofl_queue_load(m, r);
         kvi_ofl_req_maybe_release(m, r);
     }
-    kvi_ofl_evtable_remove(&m->dloads, e);
+    kvi_ofl_evtable_remove(&m->tier[1].loads, e);
 }
 
 void kvi_ofl_tier_apply_output(kvt_offload *m, const kvt_offload_worker_meta *wm)
 {
-    if (!m->disk)
+    if (!m->tier[1].pool)
         return;
     for (uint32_t i = 0; i < wm->disk_stores.n_completed; i++) {
-        struct kvi_ofl_event *e = count_report(m, &m->dstores, &wm->disk_stores, i);
+        struct kvi_ofl_event *e = count_report(m, &m->tier[1].stores, &wm->disk_stores, i);
         if (e)
-            complete_writeback(m, e);
+            kvi_ofl_complete_store(m, 1, e);
     }
     for (uint32_t i = 0; i < wm->disk_loads.n_completed; i++) {
-        struct kvi_ofl_event *e = count_report(m, &m->dloads, &wm->disk_loads, i);
+        struct kvi_ofl_event *e = count_report(m, &m->tier[1].loads, &wm->disk_loads, i);
         if (e)
             complete_promotion(m, e);
     }
@@ -461,35 +407,30 @@ void kvi_ofl_tier_apply_output(kvt_offload *m, const kvt_offload_worker_meta *wm
 
 void kvi_ofl_tier_abandon(kvt_offload *m)
 {
-    if (!m->disk)
+    if (!m->tier[1].pool)
         return;
-    for (uint32_t i = m->dstores.active.head; i != OFL_NONE; i = m->dstores.e[i].link.next)
-        m->dstores.e[i].abandoned = true;
-    for (uint32_t i = m->dloads.active.head; i != OFL_NONE; i = m->dloads.e[i].link.next)
-        m->dloads.e[i].abandoned = true;
-    for (uint32_t d = m->dacc_head, next; d != OFL_NONE; d = next) {
-        next = m->dstore_next[d];
-        uint32_t h = m->dstore_src[d];
-        (void)kvt_pool_free(m->host, &h, 1);
-        (void)kvt_pool_free(m->disk, &d, 1);
-        m->dstore_src[d] = m->dstore_next[d] = OFL_NONE;
-    }
-    m->dacc_head = m->dacc_tail = OFL_NONE;
-    m->dacc_n = 0;
+    for (uint32_t i = m->tier[1].stores.active.head; i != OFL_NONE;
+         i = m->tier[1].stores.e[i].link.next)
+        m->tier[1].stores.e[i].abandoned = true;
+    for (uint32_t i = m->tier[1].loads.active.head; i != OFL_NONE;
+         i = m->tier[1].loads.e[i].link.next)
+        m->tier[1].loads.e[i].abandoned = true;
+    kvi_ofl_release_accumulator(m, 1);
 }
 
 bool kvi_ofl_tier_pending(const kvt_offload *m)
 {
-    return m->disk && (m->dloads.n || m->dstores.n || m->dacc_n || m->promoq_head != OFL_NONE);
+    return m->tier[1].pool && (m->tier[1].loads.n || m->tier[1].stores.n || m->tier[1].acc_n ||
+                               m->promoq_head != OFL_NONE);
 }
 
 void kvi_ofl_tier_stats(const kvt_offload *m, kvt_offload_stats *s)
 {
-    if (!m->disk)
+    if (!m->tier[1].pool)
         return;
-    s->disk_blocks = m->disk_nb - 1;
-    s->disk_used_blocks = m->disk_nb - 1 - kvt_pool_num_free(m->disk);
-    s->disk_cached_blocks = kvt_pool_num_cached(m->disk);
-    s->disk_load_events_in_flight = m->dloads.n;
-    s->disk_store_events_in_flight = m->dstores.n;
+    s->disk_blocks = m->tier[1].nb - 1;
+    s->disk_used_blocks = m->tier[1].nb - 1 - kvt_pool_num_free(m->tier[1].pool);
+    s->disk_cached_blocks = kvt_pool_num_cached(m->tier[1].pool);
+    s->disk_load_events_in_flight = m->tier[1].loads.n;
+    s->disk_store_events_in_flight = m->tier[1].stores.n;
 }
