@@ -186,7 +186,8 @@ static void unbind(kvt_ec_sched *s, uint32_t idx)
     }
 }
 
-static void x_free(kvt_ec_sched *s, xfer *x)
+/* x leaves the live count or the tombstone FIFO, whichever it is in. */
+static void uncount(kvt_ec_sched *s, xfer *x)
 {
     if (terminal(x)) {
         tomb_unlink(s, x);
@@ -196,6 +197,11 @@ static void x_free(kvt_ec_sched *s, xfer *x)
         if (x->state == ST_PARTIAL)
             s->partial--;
     }
+}
+
+static void x_free(kvt_ec_sched *s, xfer *x)
+{
+    uncount(s, x);
     kvi_map_remove(&s->by_t, x->t.hash, xi(s, x));
     if (x->h.len)
         kvi_map_remove(&s->by_h, x->h.hash, xi(s, x));
@@ -234,14 +240,7 @@ static void fail_dependents(kvt_ec_sched *s, const xfer *x)
 /* x becomes a tombstone in `state`; cancel: tell every shard to release it. */
 static void finish_x(kvt_ec_sched *s, xfer *x, uint8_t state, bool cancel)
 {
-    if (terminal(x)) {
-        tomb_unlink(s, x);
-        s->tomb--;
-    } else {
-        s->live--;
-        if (x->state == ST_PARTIAL)
-            s->partial--;
-    }
+    uncount(s, x);
     x->state = state;
     x->queued = false;
     x->deadline = after(s, s->cfg.lease_ns);

@@ -487,16 +487,24 @@ static int add_finished_reqs(kvt_worker *w, int64_t e)
     return 0;
 }
 
+/* Where a stage's direction stands: its high-water mark and its failed events (w->fev). */
+static int stage_settle(kvt_worker *w, stage *s, int dir, bool per_block, int64_t *hwm,
+                        uint32_t *n_failed)
+{
+    *hwm = stage_poll(w, s, dir);
+    return stage_failures(w, s, dir, per_block, n_failed);
+}
+
 static int poll_loads(kvt_worker *w)
 {
     /* Without metadata finished loads cannot be translated: they wait for the next bind. */
     if (w->n_loads == 0 || !w->meta)
         return 0;
     stage *s = &w->st[STAGE_TIER];
-    int64_t hwm = stage_poll(w, s, KVT_COPY_LOAD);
     /* a backend that knows which blocks failed names them; a dead stage fails them all */
+    int64_t hwm;
     uint32_t n_failed;
-    int rc0 = stage_failures(w, s, KVT_COPY_LOAD, true, &n_failed);
+    int rc0 = stage_settle(w, s, KVT_COPY_LOAD, true, &hwm, &n_failed);
     if (rc0)
         return rc0;
     const int64_t *failed = w->fev;
@@ -538,9 +546,9 @@ static int poll_stores(kvt_worker *w)
     if (w->n_stores == 0)
         return 0;
     stage *s = &w->st[STAGE_TIER];
-    int64_t hwm = stage_poll(w, s, KVT_COPY_STORE);
+    int64_t hwm;
     uint32_t n_failed;
-    int rc0 = stage_failures(w, s, KVT_COPY_STORE, true, &n_failed);
+    int rc0 = stage_settle(w, s, KVT_COPY_STORE, true, &hwm, &n_failed);
     if (rc0)
         return rc0;
     const int64_t *failed = w->fev;
@@ -570,9 +578,9 @@ static int poll_disk(kvt_worker *w, int dir)
     if (f->n == 0)
         return 0;
     stage *s = &w->st[STAGE_BEHIND];
-    int64_t hwm = stage_poll(w, s, dir);
+    int64_t hwm;
     uint32_t n_failed; /* a promotion fails as an event: the manager re-reads nothing of it */
-    int rc0 = stage_failures(w, s, dir, false, &n_failed);
+    int rc0 = stage_settle(w, s, dir, false, &hwm, &n_failed);
     if (rc0)
         return rc0;
     kvt_event_report *rep = dir == KVT_COPY_STORE ? &w->done.disk_stores : &w->done.disk_loads;
