@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * One consumer shard's receive side (spec ec-transfer §3.3, §3.4): reservations over the slab
- * and the resident pool.
+ * and the resident pool (shard_res.c); the worker's step is shard_step.c.
  *
  * Records live in one array (live reservations and tombstones), found by transfer id through
  * a hash map; writers are also indexed by mm_hash (a second reserve of an item in flight
@@ -25,81 +25,9 @@
 #include <string.h>
 #include <sys/random.h>
 
-#include "base/array.h"
 #include "base/error.h"
-#include "base/map.h"
 #include "base/prom.h"
-#include "ec/ec_key.h"
-#include "ec/shard_internal.h"
-
-#define NONE  UINT32_MAX
-#define NEVER UINT64_MAX
-
-typedef struct desc {
-    uint64_t nbytes;
-    uint32_t ndim;
-    uint64_t shape[KVT_EC_MAX_DIMS];
-    char dtype[24];
-} desc;
-
-typedef struct rec {
-    bool used;
-    uint8_t state;
-    bool cached;
-    bool has_alloc; /* a writer's own allocation */
-    ec_key tid, h;
-    char rid[KVT_EC_RID_LEN + 1];
-    char owner[KVT_EC_RID_LEN + 1]; /* the network client that made it ("" in process) */
-    desc d;
-    kvt_slab_view alloc;
-    uint32_t lease;  /* resident entry leased, NONE */
-    uint32_t writer; /* a follower's writer, NONE */
-    uint32_t ffirst; /* a writer's first follower */
-    uint32_t fnext;  /* next follower of the same writer */
-    uint32_t fprev;  /* previous one (NONE: the first), so a follower leaves in O(1) */
-    bool is_writer;  /* in the writers index */
-    uint64_t expires;
-    kvi_ilink tomb; /* the tombstone FIFO */
-    uint32_t free_next;
-} rec;
-
-typedef struct res {
-    bool used, current, pinned, in_lru;
-    ec_key h;
-    desc d;
-    kvt_slab_view view;
-    uint32_t leases;
-    kvt_ec_fence fence;
-    kvi_ilink lru;
-    uint32_t free_next;
-} res;
-
-typedef struct pending_free {
-    kvt_slab_view view;
-    kvt_ec_fence fence;
-} pending_free;
-
-struct kvt_ec_shard {
-    kvt_ec_shard_config cfg;
-    kvt_slab *slab;
-    rec *recs;
-    uint32_t n_recs, cap_recs, free_rec, live, tomb;
-    kvi_ilist tombs; /* terminal records, oldest first */
-    kvi_map rec_map, writer_map, res_map;
-    res *res;
-    uint32_t n_res, cap_res, free_res, res_count;
-    kvi_ilist lru; /* evictable residents, oldest first */
-    pending_free *defer;
-    uint32_t n_defer, cap_defer;
-    kvt_ec_ready_event *ev;
-    uint32_t ev_head, ev_n;
-    char (*recl)[KVT_EC_KEY_MAX + 1];
-    uint32_t recl_head, recl_n;
-    uint64_t next_deadline;
-    uint64_t rid_state[2];
-    bool shutting_down;
-    kvt_ec_shard_stats st;
-};
+#include "ec/shard_impl.h"
 
 /* ---- small helpers --------------------------------------------------------------------- */
 
@@ -114,7 +42,7 @@ static uint64_t deadline(const kvt_ec_shard *sh)
     return t > NEVER - sh->cfg.ttl_ns ? NEVER - 1 : t + sh->cfg.ttl_ns;
 }
 
-static int key_set(ec_key *k, const char *s, uint32_t len, const char *what)
+int kvi_shard_key_set(ec_key *k, const char *s, uint32_t len, const char *what)
 {
     return ec_key_set(k, s, len, false, "ec shard", what);
 }
@@ -200,157 +128,6 @@ static void push_reclaimed(kvt_ec_shard *sh, const ec_key *h)
         sh->st.events_dropped++;
     }
     memcpy(sh->recl[(sh->recl_head + sh->recl_n++) % cap], h->s, h->len + 1);
-}
-
-/* ---- resident pool --------------------------------------------------------------------- */
-
-static res *res_find(const kvt_ec_shard *sh, const ec_key *h)
-{
-    uint32_t i = ec_key_find(&sh->res_map, sh->res, sizeof(res), offsetof(res, h), h);
-    return i == NONE ? NULL : &sh->res[i];
-}
-
-static uint32_t res_idx(const kvt_ec_shard *sh, const res *e)
-{
-    return (uint32_t)(e - sh->res);
-}
-
-static void lru_remove(kvt_ec_shard *sh, res *e)
-{
-    if (!e->in_lru)
-        return;
-    KVI_ILIST_REMOVE(&sh->lru, sh->res, lru, res_idx(sh, e));
-    e->in_lru = false;
-}
-
-static void lru_append(kvt_ec_shard *sh, res *e)
-{
-    KVI_ILIST_PUSH_BACK(&sh->lru, sh->res, lru, res_idx(sh, e));
-    e->in_lru = true;
-}
-
-static bool fence_passed(const kvt_ec_fence *f)
-{
-    return !f->done || f->done(f->ctx);
-}
-
-/* Frees an allocation once its fence passed (now, or at a later poll). */
-static void free_after(kvt_ec_shard *sh, const kvt_slab_view *v, const kvt_ec_fence *f)
-{
-    if (!f || fence_passed(f)) {
-        (void)kvt_slab_free(sh->slab, v);
-        return;
-    }
-    if (kvi_array_grow((void **)&sh->defer, &sh->cap_defer, sh->n_defer + 1ull,
-                       sizeof(pending_free)) != 0) {
-        /* cannot remember it: leaking the bytes is safe, reusing them early is not */
-        kvt_fail(KVT_ENOMEM, "ec shard: cannot defer a free; %llu bytes leaked",
-                 (unsigned long long)v->rounded);
-        return;
-    }
-    sh->defer[sh->n_defer++] = (pending_free){*v, *f};
-    sh->st.deferred_frees++;
-}
-
-static void poll_deferred(kvt_ec_shard *sh)
-{
-    uint32_t k = 0;
-    for (uint32_t i = 0; i < sh->n_defer; i++) {
-        if (fence_passed(&sh->defer[i].fence))
-            (void)kvt_slab_free(sh->slab, &sh->defer[i].view);
-        else
-            sh->defer[k++] = sh->defer[i];
-    }
-    sh->n_defer = k;
-}
-
-static void res_free(kvt_ec_shard *sh, res *e)
-{
-    lru_remove(sh, e);
-    if (e->current)
-        kvi_map_remove(&sh->res_map, e->h.hash, res_idx(sh, e));
-    free_after(sh, &e->view, &e->fence);
-    e->used = false;
-    kvi_slot_give(sh->res, &sh->free_res, sizeof(res), offsetof(res, free_next), res_idx(sh, e));
-    sh->res_count--;
-}
-
-/* An entry's holders changed: evictable when current, unpinned and unleased; freed when
- * displaced and unleased. */
-static void res_settle(kvt_ec_shard *sh, res *e)
-{
-    if (e->leases || e->pinned) {
-        lru_remove(sh, e);
-        return;
-    }
-    if (!e->current)
-        res_free(sh, e);
-    else if (!e->in_lru)
-        lru_append(sh, e);
-}
-
-static res *res_new(kvt_ec_shard *sh)
-{
-    if (sh->free_res == NONE && sh->n_res >= sh->cfg.max_residents)
-        return NULL;
-    uint32_t i = kvi_slot_take((void **)&sh->res, &sh->n_res, &sh->cap_res, &sh->free_res,
-                               sizeof(res), offsetof(res, free_next));
-    if (i == NONE)
-        return NULL;
-    res *e = &sh->res[i];
-    memset(e, 0, sizeof(*e));
-    e->used = true;
-    e->lru.prev = e->lru.next = NONE;
-    sh->res_count++;
-    return e;
-}
-
-/* Makes (h, d, view) the current entry of h; the one it displaces lives on while leased and
- * is reused only after its retire fence, or `fence` (recorded now) if it was never retired. */
-static res *res_publish(kvt_ec_shard *sh, const ec_key *h, const desc *d, const kvt_slab_view *v,
-                        bool pinned, const kvt_ec_fence *fence)
-{
-    res *e = res_new(sh);
-    if (!e) { /* table full: the bytes stay with nobody; give them back */
-        (void)kvt_slab_free(sh->slab, v);
-        return NULL;
-    }
-    res *old = res_find(sh, h);
-    if (old) {
-        kvi_map_remove(&sh->res_map, old->h.hash, res_idx(sh, old));
-        old->current = false;
-        if (old->pinned) { /* still in the encoder cache: kernels may read it until fence */
-            old->pinned = false;
-            old->fence = fence ? *fence : (kvt_ec_fence){NULL, NULL};
-        }
-        lru_remove(sh, old);
-        res_settle(sh, old);
-    }
-    e->h = *h;
-    e->d = *d;
-    e->view = *v;
-    e->pinned = pinned;
-    e->current = true;
-    (void)kvi_map_insert(&sh->res_map, h->hash, res_idx(sh, e)); /* room: max_residents */
-    res_settle(sh, e);
-    return e;
-}
-
-static void lease_take(kvt_ec_shard *sh, rec *r, res *e)
-{
-    e->leases++;
-    r->lease = res_idx(sh, e);
-    lru_remove(sh, e);
-}
-
-static void lease_release(kvt_ec_shard *sh, rec *r)
-{
-    if (r->lease == NONE)
-        return;
-    res *e = &sh->res[r->lease];
-    r->lease = NONE;
-    e->leases--;
-    res_settle(sh, e);
 }
 
 /* ---- records --------------------------------------------------------------------------- */
@@ -449,7 +226,7 @@ static void make_terminal(kvt_ec_shard *sh, rec *r, uint8_t state);
  * and reported abandoned when report is set). */
 static void release(kvt_ec_shard *sh, rec *r, bool report)
 {
-    lease_release(sh, r);
+    kvi_shard_lease_release(sh, r);
     detach_follower(sh, r);
     while (r->ffirst != NONE) {
         rec *f = &sh->recs[r->ffirst];
@@ -614,26 +391,26 @@ static void set_expiry(kvt_ec_shard *sh, rec *r)
 
 static int alloc_with_reclaim(kvt_ec_shard *sh, uint64_t nbytes, kvt_slab_view *v)
 {
-    poll_deferred(sh);
+    kvi_shard_poll_deferred(sh);
     if (kvt_slab_alloc(sh->slab, nbytes, v) == 0)
         return 0;
     /* whatever is due expires first (next_deadline is never later than the earliest expiry,
      * so a forced full pass would find nothing more: it cost a scan of every record on each
      * reserve once the buffer was full of retired residents) */
     kvt_ec_shard_expire(sh);
-    poll_deferred(sh);
+    kvi_shard_poll_deferred(sh);
     if (kvt_slab_alloc(sh->slab, nbytes, v) == 0)
         return 0;
     while (sh->lru.head != NONE) { /* evict retired residents no reader holds, oldest first */
         res *e = &sh->res[sh->lru.head];
         push_reclaimed(sh, &e->h);
         sh->st.reclaims++;
-        res_free(sh, e);
-        poll_deferred(sh);
+        kvi_shard_res_free(sh, e);
+        kvi_shard_poll_deferred(sh);
         if (kvt_slab_alloc(sh->slab, nbytes, v) == 0)
             return 0;
     }
-    poll_deferred(sh);
+    kvi_shard_poll_deferred(sh);
     if (kvt_slab_alloc(sh->slab, nbytes, v) == 0)
         return 0;
     return kvt_fail(KVT_ENOSPC,
@@ -688,8 +465,8 @@ int kvi_ec_shard_reserve_as(kvt_ec_shard *sh, const char *tid, uint32_t tid_len,
     int rc;
     if (!out || !item)
         return kvt_fail(KVT_EINVAL, "ec shard: reserve: NULL argument");
-    if ((rc = key_set(&t, tid, tid_len, "transfer id")) ||
-        (rc = key_set(&h, item->mm_hash, item->mm_hash_len, "mm_hash")) ||
+    if ((rc = kvi_shard_key_set(&t, tid, tid_len, "transfer id")) ||
+        (rc = kvi_shard_key_set(&h, item->mm_hash, item->mm_hash_len, "mm_hash")) ||
         (rc = desc_set(&d, item)))
         return rc;
     kvt_ec_shard_expire(sh);
@@ -730,7 +507,7 @@ int kvi_ec_shard_reserve_as(kvt_ec_shard *sh, const char *tid, uint32_t tid_len,
     }
     if (sh->live >= sh->cfg.max_records)
         return kvt_fail(KVT_ELIMIT, "ec shard: %u reservations live (max_records)", sh->live);
-    res *e = res_find(sh, &h);
+    res *e = kvi_shard_res_find(sh, &h);
     if (e) { /* resident hit */
         if (!desc_eq(&e->d, &d))
             return kvt_fail(KVT_EINVAL, "ec shard: conflicting cached tensor for %s", h.s);
@@ -742,7 +519,7 @@ int kvi_ec_shard_reserve_as(kvt_ec_shard *sh, const char *tid, uint32_t tid_len,
         r->cached = true;
         new_rid(sh, r->rid);
         own(r, owner);
-        lease_take(sh, r, e);
+        kvi_shard_lease_take(sh, r, e);
         set_expiry(sh, r);
         fill_reply(sh, r, &e->view, out);
         out->ready = out->cached = true;
@@ -815,7 +592,7 @@ int kvt_ec_shard_complete(kvt_ec_shard *sh, const char *tid, uint32_t tid_len, c
     if (!accepted || !became_ready)
         return kvt_fail(KVT_EINVAL, "ec shard: complete: NULL argument");
     *accepted = *became_ready = false;
-    if ((rc = key_set(&t, tid, tid_len, "transfer id")))
+    if ((rc = kvi_shard_key_set(&t, tid, tid_len, "transfer id")))
         return rc;
     rec *r = rec_find(sh, &t);
     if (!r || !rid || !rid[0] || !rid_matches(r, rid) || terminal(r))
@@ -829,17 +606,17 @@ int kvt_ec_shard_complete(kvt_ec_shard *sh, const char *tid, uint32_t tid_len, c
      * If H is resident already (written by another transfer meanwhile), that entry holds the
      * same content and may be in use: it stays, and this writer's copy goes. */
     if (r->ffirst != NONE) {
-        res *e = res_find(sh, &r->h);
+        res *e = kvi_shard_res_find(sh, &r->h);
         if (e && desc_eq(&e->d, &r->d))
             (void)kvt_slab_free(sh->slab, &r->alloc);
         else
-            e = res_publish(sh, &r->h, &r->d, &r->alloc, false, NULL);
+            e = kvi_shard_res_publish(sh, &r->h, &r->d, &r->alloc, false, NULL);
         r->has_alloc = false;
         while (r->ffirst != NONE) {
             rec *f = &sh->recs[r->ffirst];
             detach_follower(sh, f);
             if (e) {
-                lease_take(sh, f, e);
+                kvi_shard_lease_take(sh, f, e);
                 f->state = KVT_EC_READY;
                 set_expiry(sh, f);
                 push_event(sh, f, false);
@@ -848,7 +625,7 @@ int kvt_ec_shard_complete(kvt_ec_shard *sh, const char *tid, uint32_t tid_len, c
             }
         }
         if (e)
-            lease_take(sh, r, e);
+            kvi_shard_lease_take(sh, r, e);
     }
     writer_unregister(sh, r);
     *accepted = true;
@@ -877,7 +654,7 @@ int kvt_ec_shard_cancel(kvt_ec_shard *sh, const char *tid, uint32_t tid_len, con
     if (!done)
         return kvt_fail(KVT_EINVAL, "ec shard: cancel: NULL argument");
     *done = false;
-    if ((rc = key_set(&t, tid, tid_len, "transfer id")))
+    if ((rc = kvi_shard_key_set(&t, tid, tid_len, "transfer id")))
         return rc;
     rec *r = rec_find(sh, &t);
     if (r && !rid_matches(r, rid))
@@ -945,8 +722,8 @@ int kvt_ec_shard_take(kvt_ec_shard *sh, const char *tid, uint32_t tid_len, const
     if (!out)
         return kvt_fail(KVT_EINVAL, "ec shard: take: NULL argument");
     memset(out, 0, sizeof(*out));
-    if ((rc = key_set(&t, tid, tid_len, "transfer id")) ||
-        (rc = key_set(&h, mm_hash, hash_len, "mm_hash")))
+    if ((rc = kvi_shard_key_set(&t, tid, tid_len, "transfer id")) ||
+        (rc = kvi_shard_key_set(&h, mm_hash, hash_len, "mm_hash")))
         return rc;
     rec *r = rec_find(sh, &t);
     if (!r || r->state != KVT_EC_READY || !ec_key_eq(&r->h, &h) ||
@@ -955,17 +732,17 @@ int kvt_ec_shard_take(kvt_ec_shard *sh, const char *tid, uint32_t tid_len, const
                         h.s, t.s);
     res *e;
     if (r->lease != NONE) { /* the canonical entry: possibly a newer replacement */
-        e = res_find(sh, &h);
+        e = kvi_shard_res_find(sh, &h);
         if (!e) { /* (the leased one was displaced by an entry since evicted) */
             e = &sh->res[r->lease];
             e->current = true;
-            (void)kvi_map_insert(&sh->res_map, h.hash, res_idx(sh, e));
+            (void)kvi_map_insert(&sh->res_map, h.hash, kvi_shard_res_idx(sh, e));
         }
         e->pinned = true;
-        lru_remove(sh, e);
-        lease_release(sh, r);
+        kvi_shard_lru_remove(sh, e);
+        kvi_shard_lease_release(sh, r);
     } else {
-        e = res_publish(sh, &h, &r->d, &r->alloc, true, fence);
+        e = kvi_shard_res_publish(sh, &h, &r->d, &r->alloc, true, fence);
         r->has_alloc = false;
         if (!e) {
             rec_free(sh, r);
@@ -987,15 +764,15 @@ int kvt_ec_shard_take_resident(kvt_ec_shard *sh, const kvt_ec_item *item, kvt_sl
     if (!out || !item)
         return kvt_fail(KVT_EINVAL, "ec shard: take_resident: NULL argument");
     memset(out, 0, sizeof(*out));
-    if ((rc = key_set(&h, item->mm_hash, item->mm_hash_len, "mm_hash")) ||
+    if ((rc = kvi_shard_key_set(&h, item->mm_hash, item->mm_hash_len, "mm_hash")) ||
         (rc = desc_set(&d, item)))
         return rc;
-    res *e = res_find(sh, &h);
+    res *e = kvi_shard_res_find(sh, &h);
     if (!e || !desc_eq(&e->d, &d))
         return kvt_fail(KVT_ENOENT, "ec shard: %s is not resident with this shape and dtype", h.s);
     e->pinned = true;
     e->fence = (kvt_ec_fence){NULL, NULL}; /* in use again: its retire fence no longer matters */
-    lru_remove(sh, e);
+    kvi_shard_lru_remove(sh, e);
     *out = e->view;
     out->nbytes = e->d.nbytes;
     return 0;
@@ -1005,15 +782,15 @@ int kvt_ec_shard_retire(kvt_ec_shard *sh, const char *mm_hash, uint32_t len,
                         const kvt_ec_fence *fence)
 {
     ec_key h;
-    int rc = key_set(&h, mm_hash, len, "mm_hash");
+    int rc = kvi_shard_key_set(&h, mm_hash, len, "mm_hash");
     if (rc)
         return rc;
-    res *e = res_find(sh, &h);
+    res *e = kvi_shard_res_find(sh, &h);
     if (!e || !e->pinned)
         return 0;
     e->pinned = false;
     e->fence = fence ? *fence : (kvt_ec_fence){NULL, NULL};
-    res_settle(sh, e);
+    kvi_shard_res_settle(sh, e);
     return 1;
 }
 
@@ -1040,7 +817,7 @@ void kvt_ec_shard_begin_shutdown(kvt_ec_shard *sh)
 int kvt_ec_shard_state(const kvt_ec_shard *sh, const char *tid, uint32_t len)
 {
     ec_key t;
-    if (key_set(&t, tid, len, "transfer id"))
+    if (kvi_shard_key_set(&t, tid, len, "transfer id"))
         return KVT_EC_NONE;
     const rec *r = rec_find(sh, &t);
     return r ? r->state : KVT_EC_NONE;
@@ -1059,7 +836,7 @@ int kvt_ec_shard_status(const kvt_ec_shard *sh, const char *tid, uint32_t len, k
     if (!out)
         return kvt_fail(KVT_EINVAL, "ec shard: status: NULL out");
     memset(out, 0, sizeof(*out));
-    int rc = key_set(&t, tid, len, "transfer id");
+    int rc = kvi_shard_key_set(&t, tid, len, "transfer id");
     if (rc)
         return rc;
     const rec *r = rec_find(sh, &t);
@@ -1121,121 +898,4 @@ void kvt_ec_shard_get_stats(const kvt_ec_shard *sh, kvt_ec_shard_stats *st)
             st->held_bytes += sh->res[i].view.rounded;
     for (uint32_t i = 0; i < sh->n_defer; i++)
         st->held_bytes += sh->defer[i].view.rounded;
-}
-
-/* ---- the consumer worker's step ------------------------------------------------------------ */
-
-static kvt_ec_fence fence_now(const kvt_ec_cache_ops *c)
-{
-    return c->fence ? c->fence(c->ctx) : (kvt_ec_fence){NULL, NULL};
-}
-
-static int retire_freed(kvt_ec_shard *sh, const kvt_ec_meta *meta, const kvt_ec_cache_ops *c)
-{
-    if (meta->has_freed) {
-        for (uint32_t i = 0; i < meta->n_freed; i++) {
-            ec_key h;
-            if (key_set(&h, meta->freed[i].ptr, meta->freed[i].len, "freed mm_hash"))
-                continue; /* a hash this shard could never hold */
-            res *e = res_find(sh, &h);
-            if (!e || !e->pinned || c->holds(c->ctx, h.s, h.len, &e->view))
-                continue; /* still this very tensor in the cache */
-            kvt_ec_fence f = fence_now(c);
-            (void)kvt_ec_shard_retire(sh, h.s, h.len, &f);
-        }
-        return 0;
-    }
-    for (uint32_t i = 0; i < sh->n_res; i++) { /* freed = None: every stale pinned resident */
-        res *e = &sh->res[i];
-        if (!e->used || !e->current || !e->pinned || c->holds(c->ctx, e->h.s, e->h.len, &e->view))
-            continue;
-        kvt_ec_fence f = fence_now(c);
-        (void)kvt_ec_shard_retire(sh, e->h.s, e->h.len, &f);
-    }
-    return 0;
-}
-
-static int load_one(kvt_ec_shard *sh, const kvt_ec_load_spec *sp, const kvt_ec_cache_ops *c)
-{
-    if (c->holds(c->ctx, sp->mm_hash.ptr, sp->mm_hash.len, NULL)) {
-        if (!sp->local) { /* already cached: the pushed copy is not needed */
-            bool done;
-            (void)kvt_ec_shard_cancel(sh, sp->transfer_id.ptr, sp->transfer_id.len, NULL, false,
-                                      false, &done);
-        }
-        return 0;
-    }
-    kvt_slab_view v;
-    int rc;
-    if (sp->local) {
-        kvt_ec_item it = {sp->mm_hash.ptr, sp->mm_hash.len, sp->nbytes, sp->ndim, {0},
-                          sp->dtype.ptr,   sp->dtype.len};
-        memcpy(it.shape, sp->shape, sp->ndim * sizeof(uint64_t));
-        rc = kvt_ec_shard_take_resident(sh, &it, &v);
-    } else {
-        kvt_ec_fence f = fence_now(c);
-        rc = kvt_ec_shard_take(sh, sp->transfer_id.ptr, sp->transfer_id.len, sp->mm_hash.ptr,
-                               sp->mm_hash.len, &f, &v);
-    }
-    if (!rc && v.nbytes != sp->nbytes)
-        rc =
-            kvt_fail(KVT_EPROTO, "ec shard: %s holds %llu bytes, the load spec says %llu",
-                     sp->mm_hash.ptr, (unsigned long long)v.nbytes, (unsigned long long)sp->nbytes);
-    return rc ? rc : c->place(c->ctx, sp, &v);
-}
-
-int kvt_ec_shard_apply(kvt_ec_shard *sh, const kvt_ec_meta *meta, const kvt_ec_cache_ops *cache,
-                       kvt_ec_worker_meta *out)
-{
-    if (!meta || !cache || !cache->holds || !cache->place || !out)
-        return kvt_fail(KVT_EINVAL, "ec shard: apply: NULL argument");
-    int rc = retire_freed(sh, meta, cache);
-    for (uint32_t i = 0; !rc && i < meta->n_loads; i++) {
-        const kvt_ec_load_spec *sp = &meta->loads[i];
-        int set = load_one(sh, sp, cache) ? KVT_EC_FAILED_LOADS : KVT_EC_LOADED;
-        rc = kvt_ec_worker_meta_add(out, set, sp->mm_hash.ptr, sp->mm_hash.len);
-    }
-    char recl[16][KVT_EC_KEY_MAX + 1];
-    uint32_t n;
-    while (!rc && (n = kvt_ec_shard_take_reclaimed(sh, recl, 16)) > 0)
-        for (uint32_t i = 0; !rc && i < n; i++)
-            rc = kvt_ec_worker_meta_add(out, KVT_EC_RECLAIMED, recl[i], (uint32_t)strlen(recl[i]));
-    return rc ? kvi_fail_wrap(rc, "ec shard: apply") : 0;
-}
-
-int kvt_ec_shard_prometheus(const kvt_ec_shard *sh, char *buf, size_t cap, size_t *len)
-{
-    if (!sh || !len || (cap && !buf))
-        return kvt_fail(KVT_EINVAL, "ec shard: prometheus: NULL argument");
-    kvt_ec_shard_stats st;
-    kvt_ec_shard_get_stats(sh, &st);
-    kvi_prom p = {buf, cap, 0};
-    const struct {
-        const char *name, *help;
-        uint64_t v;
-        bool gauge;
-    } m[] = {
-        {"reserves_total", "Reserve requests.", st.reserves, false},
-        {"writes_total", "Reservations answered write=true (new destinations).", st.writes, false},
-        {"follows_total", "Reservations that followed a writer in flight.", st.follows, false},
-        {"cached_hits_total", "Reservations served from the resident pool.", st.cached_hits, false},
-        {"completes_total", "Completions accepted.", st.completes, false},
-        {"cancels_total", "Cancel requests.", st.cancels, false},
-        {"expiries_total", "Reservations expired or deferred by the TTL.", st.expiries, false},
-        {"takes_total", "Pushed items taken into the encoder cache.", st.takes, false},
-        {"reclaims_total", "Residents evicted under pressure.", st.reclaims, false},
-        {"deferred_frees_total", "Frees deferred behind a fence.", st.deferred_frees, false},
-        {"tombstones_dropped_total", "Tombstones dropped at the cap.", st.tombstones_dropped,
-         false},
-        {"events_dropped_total", "Events dropped from a full backlog.", st.events_dropped, false},
-        {"records", "Live reservations.", st.records, true},
-        {"tombstones", "Terminal records kept.", st.tombstones, true},
-        {"residents", "Resident entries.", st.residents, true},
-        {"writers", "Reservations a remote writer may still write.", st.writers, true},
-        {"free_bytes", "Free bytes of the receive buffer.", st.free_bytes, true},
-        {"capacity_bytes", "Bytes of the receive buffer.", st.capacity, true},
-    };
-    for (size_t i = 0; i < sizeof(m) / sizeof(m[0]); i++)
-        kvi_prom_metric(&p, "kvtier_ec_shard", m[i].name, m[i].help, m[i].gauge, m[i].v);
-    return kvi_prom_finish(&p, len, "ec shard");
 }
