@@ -216,10 +216,10 @@ static double step(struct sim *s)
     kvt_offload_worker_meta_clear(&s->wm);
     if (store_ev != KVT_NO_EVENT)
         kvt_offload_worker_meta_add(&s->wm, store_ev, 2);
-    if (s->meta.disk_store_event != KVT_NO_EVENT)
-        kvt_event_report_add(&s->wm.disk_stores, s->meta.disk_store_event, 2);
-    if (s->meta.disk_load_event != KVT_NO_EVENT)
-        kvt_event_report_add(&s->wm.disk_loads, s->meta.disk_load_event, 2);
+    if (s->meta.tiers[0].store_event != KVT_NO_EVENT)
+        kvt_event_report_add(&s->wm.tier_stores[0], s->meta.tiers[0].store_event, 2);
+    if (s->meta.tiers[0].load_event != KVT_NO_EVENT)
+        kvt_event_report_add(&s->wm.tier_loads[0], s->meta.tiers[0].load_event, 2);
     t0 = tick();
     rc = kvt_offload_apply_output(s->m, s->done_ids, s->n_done, &s->wm);
     s->t += tick() - t0;

@@ -26,6 +26,7 @@ static const struct {
     SIZE(kvt_str),
     SIZE(kvt_offload_config),
     SIZE(kvt_offload_sched_req),
+    SIZE(kvt_tier_xfers),
     SIZE(kvt_offload_meta),
     SIZE(kvt_offload_worker_meta),
     SIZE(kvt_offload_stats),

@@ -67,6 +67,26 @@ KVT_API int kvt_meta_peek(const void *buf, size_t len, uint32_t *kind, uint32_t 
 
 /* ---- KV offload: scheduler -> worker ---------------------------------------------------- */
 
+/* The offload tiers behind the engine's GPU memory, in order: tier 0 the host (its transfers
+ * with the GPU are the seed's fields of kvt_offload_meta), tier 1 the local disk behind it. */
+#define KVT_MAX_TIERS 2
+
+/* One step's transfers between tier t >= 1 and the tier in front of it (t - 1): loads
+ * (promotions, t -> t - 1) and stores (write-backs, t - 1 -> t), one event each, numbered per
+ * tier and direction like the others; KVT_NO_EVENT exactly when the lists are empty. */
+typedef struct kvt_tier_xfers {
+    int64_t load_event;
+    uint32_t n_loads;
+    uint32_t *load_src; /* tier t blocks */
+    uint32_t *load_dst; /* tier t - 1 blocks, pairwise */
+    int64_t store_event;
+    uint32_t n_stores;
+    uint32_t *store_src; /* tier t - 1 blocks */
+    uint32_t *store_dst; /* tier t blocks, pairwise */
+    /* private */
+    uint32_t cap_loads, cap_stores;
+} kvt_tier_xfers;
+
 typedef struct kvt_offload_meta {
     int64_t load_event; /* KVT_NO_EVENT when nothing loads this step */
     uint32_t n_loads;
@@ -89,19 +109,11 @@ typedef struct kvt_offload_meta {
      * finishes (the engine recomputes them). A subset of load_gpu_blocks. */
     uint32_t n_load_invalid;
     uint32_t *load_invalid_blocks;
-    /* Three-tier mode: promotions (disk slot -> host block) and write-backs (host block ->
-     * disk slot), one event each per step, numbered per direction like the others. */
-    int64_t disk_load_event;
-    uint32_t n_disk_loads;
-    uint32_t *disk_load_slots;       /* source disk slots */
-    uint32_t *disk_load_host_blocks; /* destination host blocks, pairwise */
-    int64_t disk_store_event;
-    uint32_t n_disk_stores;
-    uint32_t *disk_store_host_blocks; /* source host blocks */
-    uint32_t *disk_store_slots;       /* destination disk slots, pairwise */
+    /* tiers[t - 1]: the transfers of tier t with the tier in front of it (with three tiers,
+     * tiers[0] holds the disk's promotions and write-backs; empty otherwise) */
+    kvt_tier_xfers tiers[KVT_MAX_TIERS - 1];
     /* private */
-    uint32_t cap_loads, cap_events, cap_first, cap_reqs, cap_stores;
-    uint32_t cap_invalid, cap_disk_loads, cap_disk_stores;
+    uint32_t cap_loads, cap_events, cap_first, cap_reqs, cap_stores, cap_invalid;
     kvt_bump strings;
 } kvt_offload_meta;
 
@@ -111,12 +123,14 @@ KVT_API void kvt_offload_meta_release(kvt_offload_meta *m);
 /* Appends one (gpu, cpu) pair to the load lists / store lists. */
 KVT_API int kvt_offload_meta_add_load(kvt_offload_meta *m, uint32_t gpu_block, uint32_t cpu_block);
 KVT_API int kvt_offload_meta_add_store(kvt_offload_meta *m, uint32_t gpu_block, uint32_t cpu_block);
-/* Three-tier mode: appends a GPU block to load_invalid_blocks, a (slot, host block) pair to
- * the promotion lists, a (host block, slot) pair to the write-back lists. */
+/* Appends a GPU block to load_invalid_blocks. */
 KVT_API int kvt_offload_meta_add_load_invalid(kvt_offload_meta *m, uint32_t gpu_block);
-KVT_API int kvt_offload_meta_add_disk_load(kvt_offload_meta *m, uint32_t slot, uint32_t host_block);
-KVT_API int kvt_offload_meta_add_disk_store(kvt_offload_meta *m, uint32_t host_block,
-                                            uint32_t slot);
+/* Appends a pair to tier t's (1 <= t < KVT_MAX_TIERS) loads (src a block of tier t, dst of
+ * tier t - 1) or stores (src a block of tier t - 1, dst of tier t); KVT_ERANGE for another t. */
+KVT_API int kvt_offload_meta_add_tier_load(kvt_offload_meta *m, uint32_t tier, uint32_t src,
+                                           uint32_t dst);
+KVT_API int kvt_offload_meta_add_tier_store(kvt_offload_meta *m, uint32_t tier, uint32_t src,
+                                            uint32_t dst);
 /* Appends a request to load event `event`. Events must be added in ascending order, all
  * requests of one event together (call repeatedly with the same event). */
 KVT_API int kvt_offload_meta_add_load_req(kvt_offload_meta *m, int64_t event, const char *req_id,
@@ -125,9 +139,10 @@ KVT_API int kvt_offload_meta_add_load_req(kvt_offload_meta *m, int64_t event, co
  * bytes, so the adds that follow cannot fail. */
 KVT_API int kvt_offload_meta_reserve(kvt_offload_meta *m, uint32_t loads, uint32_t stores,
                                      uint32_t events, uint32_t reqs, size_t req_bytes);
-/* The same for the three-tier lists. */
-KVT_API int kvt_offload_meta_reserve_disk(kvt_offload_meta *m, uint32_t invalid,
-                                          uint32_t disk_loads, uint32_t disk_stores);
+/* The same for load_invalid_blocks, and for tier t's loads and stores. */
+KVT_API int kvt_offload_meta_reserve_invalid(kvt_offload_meta *m, uint32_t invalid);
+KVT_API int kvt_offload_meta_reserve_tier(kvt_offload_meta *m, uint32_t tier, uint32_t loads,
+                                          uint32_t stores);
 /* Checks the invariants: pairwise lists of equal length; an event is KVT_NO_EVENT exactly when
  * its lists are empty; no null block (0) in any list; load events ascending, each with at least
  * one request; this step's load event listed among them; load_invalid_blocks only with a load
@@ -164,12 +179,12 @@ KVT_API int kvt_event_report_add_failed(kvt_event_report *r, int64_t event);
 KVT_API bool kvt_event_report_failed(const kvt_event_report *r, int64_t event);
 
 /* stores: completed_store_events (GPU -> host) and failed_store_events.
- * disk_stores / disk_loads: three-tier mode's host -> disk write-backs and disk -> host
- * promotions, reported the same way (empty otherwise). */
+ * tier_stores[t - 1] / tier_loads[t - 1]: tier t's stores (write-backs from tier t - 1) and
+ * loads (promotions into tier t - 1), reported the same way (empty without tier t). */
 typedef struct kvt_offload_worker_meta {
     kvt_event_report stores;
-    kvt_event_report disk_stores;
-    kvt_event_report disk_loads;
+    kvt_event_report tier_stores[KVT_MAX_TIERS - 1];
+    kvt_event_report tier_loads[KVT_MAX_TIERS - 1];
 } kvt_offload_worker_meta;
 
 KVT_API void kvt_offload_worker_meta_init(kvt_offload_worker_meta *m);

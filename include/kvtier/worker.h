@@ -66,7 +66,7 @@ KVT_API int kvt_worker_create_disk(const kvt_worker_config *cfg, const kvt_layou
  * created over kvt_mirror_layout(mirror) (its "device blocks" are the mirror's host blocks);
  * borrowed, destroy the worker first. From then on the metadata's write-backs (host block ->
  * slot) and promotions (slot -> host block) run on it and are reported in the worker
- * metadata's disk_stores / disk_loads (an I/O error: completed and failed). A fatal disk
+ * metadata's tier_stores[0] / tier_loads[0] (an I/O error: completed and failed). A fatal disk
  * error turns the third tier off: its transfers fail at once, without I/O, and the host tier
  * keeps working. KVT_EINVAL if the disk's layout does not cover the mirror's blocks,
  * KVT_ESTATE on a disk worker or a second call. */

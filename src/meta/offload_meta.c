@@ -11,14 +11,16 @@
  *   u32 n; n x u32 store_gpu_blocks     u32 n; n x u32 store_cpu_blocks
  *   u8  need_flush
  *   u32 n; n x u32 load_invalid_blocks
- *   i64 disk_load_event
- *   u32 n; n x u32 disk_load_slots       u32 n; n x u32 disk_load_host_blocks
- *   i64 disk_store_event
- *   u32 n; n x u32 disk_store_host_blocks u32 n; n x u32 disk_store_slots
+ *   then for each tier t = 1 .. KVT_MAX_TIERS - 1 (version 4: the disk):
+ *   i64 load_event
+ *   u32 n; n x u32 load_src (tier t)      u32 n; n x u32 load_dst (tier t - 1)
+ *   i64 store_event
+ *   u32 n; n x u32 store_src (tier t - 1) u32 n; n x u32 store_dst (tier t)
  * The two lists of a pair carry their own lengths, as the Python dataclass does, and the
  * decoder insists that they agree.
  *
- * Body of a worker message: three reports (stores, disk_stores, disk_loads), each
+ * Body of a worker message: the reports stores, then tier_stores and tier_loads of each tier
+ * t = 1 .. KVT_MAX_TIERS - 1, each
  *   u32 n; n x { i64 event; u32 count }   events strictly ascending
  *   u32 n; n x i64 failed event           ascending, each among the completed
  */
@@ -35,8 +37,8 @@ void kvt_offload_meta_init(kvt_offload_meta *m)
     memset(m, 0, sizeof(*m));
     m->load_event = KVT_NO_EVENT;
     m->store_event = KVT_NO_EVENT;
-    m->disk_load_event = KVT_NO_EVENT;
-    m->disk_store_event = KVT_NO_EVENT;
+    for (uint32_t t = 0; t < KVT_MAX_TIERS - 1; t++)
+        m->tiers[t].load_event = m->tiers[t].store_event = KVT_NO_EVENT;
 }
 
 void kvt_offload_meta_clear(kvt_offload_meta *m)
@@ -46,8 +48,11 @@ void kvt_offload_meta_clear(kvt_offload_meta *m)
     m->n_loads = m->n_stores = 0;
     m->n_load_events = m->n_load_reqs = 0;
     m->need_flush = false;
-    m->n_load_invalid = m->n_disk_loads = m->n_disk_stores = 0;
-    m->disk_load_event = m->disk_store_event = KVT_NO_EVENT;
+    m->n_load_invalid = 0;
+    for (uint32_t t = 0; t < KVT_MAX_TIERS - 1; t++) {
+        m->tiers[t].n_loads = m->tiers[t].n_stores = 0;
+        m->tiers[t].load_event = m->tiers[t].store_event = KVT_NO_EVENT;
+    }
     kvt_bump_clear(&m->strings);
 }
 
@@ -61,10 +66,12 @@ void kvt_offload_meta_release(kvt_offload_meta *m)
     free(m->store_gpu_blocks);
     free(m->store_cpu_blocks);
     free(m->load_invalid_blocks);
-    free(m->disk_load_slots);
-    free(m->disk_load_host_blocks);
-    free(m->disk_store_host_blocks);
-    free(m->disk_store_slots);
+    for (uint32_t t = 0; t < KVT_MAX_TIERS - 1; t++) {
+        free(m->tiers[t].load_src);
+        free(m->tiers[t].load_dst);
+        free(m->tiers[t].store_src);
+        free(m->tiers[t].store_dst);
+    }
     kvt_bump_release(&m->strings);
     kvt_offload_meta_init(m);
 }
@@ -107,23 +114,36 @@ int kvt_offload_meta_reserve(kvt_offload_meta *m, uint32_t loads, uint32_t store
     return req_bytes || reqs ? kvi_bump_reserve(&m->strings, req_bytes + 8 * (size_t)reqs) : 0;
 }
 
-int kvt_offload_meta_reserve_disk(kvt_offload_meta *m, uint32_t invalid, uint32_t disk_loads,
-                                  uint32_t disk_stores)
+int kvt_offload_meta_reserve_invalid(kvt_offload_meta *m, uint32_t invalid)
 {
     uint64_t ni = (uint64_t)m->n_load_invalid + invalid;
-    uint64_t nl = (uint64_t)m->n_disk_loads + disk_loads;
-    uint64_t ns = (uint64_t)m->n_disk_stores + disk_stores;
-    if (ni > KVT_META_MAX_BLOCKS || nl > KVT_META_MAX_BLOCKS || ns > KVT_META_MAX_BLOCKS)
+    if (ni > KVT_META_MAX_BLOCKS)
         return kvt_fail(KVT_ELIMIT, "meta: reserve beyond the message limits");
-    int rc = kvi_meta_grow((void **)&m->load_invalid_blocks, &m->cap_invalid, (uint32_t)ni,
-                           sizeof(uint32_t));
-    if (!rc)
-        rc = grow_pair(&m->disk_load_slots, &m->disk_load_host_blocks, &m->cap_disk_loads,
-                       (uint32_t)nl);
-    if (!rc)
-        rc = grow_pair(&m->disk_store_host_blocks, &m->disk_store_slots, &m->cap_disk_stores,
-                       (uint32_t)ns);
-    return rc;
+    return kvi_meta_grow((void **)&m->load_invalid_blocks, &m->cap_invalid, (uint32_t)ni,
+                         sizeof(uint32_t));
+}
+
+/* Tier t's transfers (1 <= t < KVT_MAX_TIERS), or NULL with KVT_ERANGE set. */
+static kvt_tier_xfers *tier_xfers(kvt_offload_meta *m, uint32_t t)
+{
+    if (t == 0 || t >= KVT_MAX_TIERS) {
+        kvt_fail(KVT_ERANGE, "meta: tier %u has no tier transfers (1 .. %u)", t, KVT_MAX_TIERS - 1);
+        return NULL;
+    }
+    return &m->tiers[t - 1];
+}
+
+int kvt_offload_meta_reserve_tier(kvt_offload_meta *m, uint32_t tier, uint32_t loads,
+                                  uint32_t stores)
+{
+    kvt_tier_xfers *x = tier_xfers(m, tier);
+    if (!x)
+        return KVT_ERANGE;
+    uint64_t nl = (uint64_t)x->n_loads + loads, ns = (uint64_t)x->n_stores + stores;
+    if (nl > KVT_META_MAX_BLOCKS || ns > KVT_META_MAX_BLOCKS)
+        return kvt_fail(KVT_ELIMIT, "meta: reserve beyond the message limits");
+    int rc = grow_pair(&x->load_src, &x->load_dst, &x->cap_loads, (uint32_t)nl);
+    return rc ? rc : grow_pair(&x->store_src, &x->store_dst, &x->cap_stores, (uint32_t)ns);
 }
 
 /* Appends (a, b) to a pair of parallel lists. */
@@ -151,16 +171,18 @@ int kvt_offload_meta_add_load_invalid(kvt_offload_meta *m, uint32_t gpu_block)
     return 0;
 }
 
-int kvt_offload_meta_add_disk_load(kvt_offload_meta *m, uint32_t slot, uint32_t host_block)
+int kvt_offload_meta_add_tier_load(kvt_offload_meta *m, uint32_t tier, uint32_t src, uint32_t dst)
 {
-    return add_pair(&m->disk_load_slots, &m->disk_load_host_blocks, &m->cap_disk_loads,
-                    &m->n_disk_loads, slot, host_block);
+    kvt_tier_xfers *x = tier_xfers(m, tier);
+    return x ? add_pair(&x->load_src, &x->load_dst, &x->cap_loads, &x->n_loads, src, dst)
+             : KVT_ERANGE;
 }
 
-int kvt_offload_meta_add_disk_store(kvt_offload_meta *m, uint32_t host_block, uint32_t slot)
+int kvt_offload_meta_add_tier_store(kvt_offload_meta *m, uint32_t tier, uint32_t src, uint32_t dst)
 {
-    return add_pair(&m->disk_store_host_blocks, &m->disk_store_slots, &m->cap_disk_stores,
-                    &m->n_disk_stores, host_block, slot);
+    kvt_tier_xfers *x = tier_xfers(m, tier);
+    return x ? add_pair(&x->store_src, &x->store_dst, &x->cap_stores, &x->n_stores, src, dst)
+             : KVT_ERANGE;
 }
 
 int kvt_offload_meta_add_load(kvt_offload_meta *m, uint32_t gpu_block, uint32_t cpu_block)
@@ -264,15 +286,18 @@ int kvt_offload_meta_validate(const kvt_offload_meta *m)
         (rc = check_event(m->store_event, m->n_stores, "store_event")) ||
         (rc = check_blocks(m->store_gpu_blocks, m->n_stores, "store_gpu_blocks")) ||
         (rc = check_blocks(m->store_cpu_blocks, m->n_stores, "store_cpu_blocks")) ||
-        (rc = check_blocks(m->load_invalid_blocks, m->n_load_invalid, "load_invalid_blocks")) ||
-        (rc = check_event(m->disk_load_event, m->n_disk_loads, "disk_load_event")) ||
-        (rc = check_blocks(m->disk_load_slots, m->n_disk_loads, "disk_load_slots")) ||
-        (rc = check_blocks(m->disk_load_host_blocks, m->n_disk_loads, "disk_load_host_blocks")) ||
-        (rc = check_event(m->disk_store_event, m->n_disk_stores, "disk_store_event")) ||
-        (rc =
-             check_blocks(m->disk_store_host_blocks, m->n_disk_stores, "disk_store_host_blocks")) ||
-        (rc = check_blocks(m->disk_store_slots, m->n_disk_stores, "disk_store_slots")))
+        (rc = check_blocks(m->load_invalid_blocks, m->n_load_invalid, "load_invalid_blocks")))
         return rc;
+    for (uint32_t t = 0; t < KVT_MAX_TIERS - 1; t++) {
+        const kvt_tier_xfers *x = &m->tiers[t];
+        if ((rc = check_event(x->load_event, x->n_loads, "tier load_event")) ||
+            (rc = check_blocks(x->load_src, x->n_loads, "tier load_src")) ||
+            (rc = check_blocks(x->load_dst, x->n_loads, "tier load_dst")) ||
+            (rc = check_event(x->store_event, x->n_stores, "tier store_event")) ||
+            (rc = check_blocks(x->store_src, x->n_stores, "tier store_src")) ||
+            (rc = check_blocks(x->store_dst, x->n_stores, "tier store_dst")))
+            return kvi_fail_wrap(rc, t == 0 ? "tier 1" : "tier");
+    }
     if (m->n_load_invalid > m->n_loads)
         return kvt_fail(KVT_EINVAL, "load_invalid_blocks: %u entries but the load event has %u",
                         m->n_load_invalid, m->n_loads);
@@ -318,16 +343,19 @@ bool kvt_offload_meta_equal(const kvt_offload_meta *a, const kvt_offload_meta *b
     if (a->load_event != b->load_event || a->store_event != b->store_event ||
         a->need_flush != b->need_flush || a->n_loads != b->n_loads || a->n_stores != b->n_stores ||
         a->n_load_events != b->n_load_events || a->n_load_reqs != b->n_load_reqs ||
-        a->n_load_invalid != b->n_load_invalid || a->disk_load_event != b->disk_load_event ||
-        a->disk_store_event != b->disk_store_event || a->n_disk_loads != b->n_disk_loads ||
-        a->n_disk_stores != b->n_disk_stores)
+        a->n_load_invalid != b->n_load_invalid ||
+        !blocks_equal(a->load_invalid_blocks, b->load_invalid_blocks, a->n_load_invalid))
         return false;
-    if (!blocks_equal(a->load_invalid_blocks, b->load_invalid_blocks, a->n_load_invalid) ||
-        !blocks_equal(a->disk_load_slots, b->disk_load_slots, a->n_disk_loads) ||
-        !blocks_equal(a->disk_load_host_blocks, b->disk_load_host_blocks, a->n_disk_loads) ||
-        !blocks_equal(a->disk_store_host_blocks, b->disk_store_host_blocks, a->n_disk_stores) ||
-        !blocks_equal(a->disk_store_slots, b->disk_store_slots, a->n_disk_stores))
-        return false;
+    for (uint32_t t = 0; t < KVT_MAX_TIERS - 1; t++) {
+        const kvt_tier_xfers *x = &a->tiers[t], *y = &b->tiers[t];
+        if (x->load_event != y->load_event || x->store_event != y->store_event ||
+            x->n_loads != y->n_loads || x->n_stores != y->n_stores ||
+            !blocks_equal(x->load_src, y->load_src, x->n_loads) ||
+            !blocks_equal(x->load_dst, y->load_dst, x->n_loads) ||
+            !blocks_equal(x->store_src, y->store_src, x->n_stores) ||
+            !blocks_equal(x->store_dst, y->store_dst, x->n_stores))
+            return false;
+    }
     if (!blocks_equal(a->load_gpu_blocks, b->load_gpu_blocks, a->n_loads) ||
         !blocks_equal(a->load_cpu_blocks, b->load_cpu_blocks, a->n_loads) ||
         !blocks_equal(a->store_gpu_blocks, b->store_gpu_blocks, a->n_stores) ||
@@ -353,8 +381,10 @@ size_t kvt_offload_meta_encoded_size(const kvt_offload_meta *m)
     n += 8 + 4 + 4 * (size_t)m->n_stores + 4 + 4 * (size_t)m->n_stores;
     n += 1;
     n += 4 + 4 * (size_t)m->n_load_invalid;
-    n += 8 + 8 + 8 * (size_t)m->n_disk_loads;
-    n += 8 + 8 + 8 * (size_t)m->n_disk_stores;
+    for (uint32_t t = 0; t < KVT_MAX_TIERS - 1; t++) {
+        n += 8 + 8 + 8 * (size_t)m->tiers[t].n_loads;
+        n += 8 + 8 + 8 * (size_t)m->tiers[t].n_stores;
+    }
     return n;
 }
 
@@ -391,12 +421,15 @@ int kvt_offload_meta_encode(const kvt_offload_meta *m, void *buf, size_t cap, si
     wr_blocks(&w, m->store_cpu_blocks, m->n_stores);
     wr_u8(&w, m->need_flush ? 1 : 0);
     wr_blocks(&w, m->load_invalid_blocks, m->n_load_invalid);
-    wr_u64(&w, (uint64_t)m->disk_load_event);
-    wr_blocks(&w, m->disk_load_slots, m->n_disk_loads);
-    wr_blocks(&w, m->disk_load_host_blocks, m->n_disk_loads);
-    wr_u64(&w, (uint64_t)m->disk_store_event);
-    wr_blocks(&w, m->disk_store_host_blocks, m->n_disk_stores);
-    wr_blocks(&w, m->disk_store_slots, m->n_disk_stores);
+    for (uint32_t t = 0; t < KVT_MAX_TIERS - 1; t++) {
+        const kvt_tier_xfers *x = &m->tiers[t];
+        wr_u64(&w, (uint64_t)x->load_event);
+        wr_blocks(&w, x->load_src, x->n_loads);
+        wr_blocks(&w, x->load_dst, x->n_loads);
+        wr_u64(&w, (uint64_t)x->store_event);
+        wr_blocks(&w, x->store_src, x->n_stores);
+        wr_blocks(&w, x->store_dst, x->n_stores);
+    }
     return 0;
 }
 
@@ -477,15 +510,18 @@ static int decode_offload(void *obj, kvi_rd *r)
                             &m->n_stores, "store_gpu_blocks", "store_cpu_blocks")) ||
         (rc = rd_bool(r, &m->need_flush, "need_flush")) ||
         (rc = rd_blocks(r, &m->load_invalid_blocks, &m->cap_invalid, &m->n_load_invalid,
-                        "load_invalid_blocks")) ||
-        (rc = rd_i64(r, &m->disk_load_event, "disk_load_event")) ||
-        (rc = rd_block_pair(r, &m->disk_load_slots, &m->disk_load_host_blocks, &m->cap_disk_loads,
-                            &m->n_disk_loads, "disk_load_slots", "disk_load_host_blocks")) ||
-        (rc = rd_i64(r, &m->disk_store_event, "disk_store_event")) ||
-        (rc =
-             rd_block_pair(r, &m->disk_store_host_blocks, &m->disk_store_slots, &m->cap_disk_stores,
-                           &m->n_disk_stores, "disk_store_host_blocks", "disk_store_slots")))
+                        "load_invalid_blocks")))
         return rc;
+    for (uint32_t t = 0; t < KVT_MAX_TIERS - 1; t++) {
+        kvt_tier_xfers *x = &m->tiers[t];
+        if ((rc = rd_i64(r, &x->load_event, "tier load_event")) ||
+            (rc = rd_block_pair(r, &x->load_src, &x->load_dst, &x->cap_loads, &x->n_loads,
+                                "tier load_src", "tier load_dst")) ||
+            (rc = rd_i64(r, &x->store_event, "tier store_event")) ||
+            (rc = rd_block_pair(r, &x->store_src, &x->store_dst, &x->cap_stores, &x->n_stores,
+                                "tier store_src", "tier store_dst")))
+            return rc;
+    }
     return kvt_offload_meta_validate(m);
 }
 
@@ -509,18 +545,21 @@ static void report_release(kvt_event_report *r)
     memset(r, 0, sizeof(*r));
 }
 
-/* The three reports of a worker message, in wire order, with their names. */
-#define N_REPORTS 3
+/* The reports of a worker message, in wire order: stores, then each tier's stores and loads. */
+#define N_REPORTS (1 + 2 * (KVT_MAX_TIERS - 1))
 static kvt_event_report *report(kvt_offload_worker_meta *m, int i)
 {
-    return i == 0 ? &m->stores : i == 1 ? &m->disk_stores : &m->disk_loads;
+    if (i == 0)
+        return &m->stores;
+    return (i - 1) % 2 == 0 ? &m->tier_stores[(i - 1) / 2] : &m->tier_loads[(i - 1) / 2];
 }
 static const kvt_event_report *creport(const kvt_offload_worker_meta *m, int i)
 {
     return report((kvt_offload_worker_meta *)m, i);
 }
-static const char *const report_name[N_REPORTS] = {"store events", "disk store events",
-                                                   "disk load events"};
+_Static_assert(KVT_MAX_TIERS == 2, "name the reports of the new tier below");
+static const char *const report_name[N_REPORTS] = {"store events", "tier 1 store events",
+                                                   "tier 1 load events"};
 
 void kvt_offload_worker_meta_init(kvt_offload_worker_meta *m)
 {

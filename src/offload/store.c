@@ -452,8 +452,9 @@ void kvi_ofl_emit_stores(kvt_offload *m, uint32_t t, kvt_offload_meta *out)
     e->n = T->acc_n;
     for (uint32_t b = e->head; b != OFL_NONE; b = T->store_next[b])
         (void)(t == 0 ? kvt_offload_meta_add_store(out, T->store_src[b], b)
-                      : kvt_offload_meta_add_disk_store(out, T->store_src[b], b));
-    *(t == 0 ? &out->store_event : &out->disk_store_event) = e->id;
+                      : kvt_offload_meta_add_tier_store(out, t, T->store_src[b], b));
+    /* tier 0's stores are the seed's fields; tier t's are tiers[t - 1] */
+    *(t == 0 ? &out->store_event : &out->tiers[t - 1].store_event) = e->id;
     T->st.store_events++;
     T->st.store_blocks += T->acc_n;
     T->acc_head = T->acc_tail = OFL_NONE;

@@ -286,7 +286,9 @@ int kvi_ofl_tier_reserve(kvt_offload *m, kvt_offload_meta *out, uint32_t invalid
     if (m->tier[1].pool && m->tier[1].loads.n < m->tier[1].loads.cap)
         for (uint32_t s = m->promoq_head; s != OFL_NONE; s = m->reqs[s].promo_next)
             promos += m->reqs[s].n_promo;
-    int rc = kvt_offload_meta_reserve_disk(out, invalid, promos, m->tier[1].acc_n);
+    int rc = kvt_offload_meta_reserve_invalid(out, invalid);
+    if (!rc)
+        rc = kvt_offload_meta_reserve_tier(out, 1, promos, m->tier[1].acc_n);
     return rc ? kvi_fail_wrap(rc, "offload: build_meta") : 0;
 }
 
@@ -304,10 +306,10 @@ void kvi_ofl_tier_emit(kvt_offload *m, kvt_offload_meta *out)
             r->promo_event = e->id;
             e->n++;
             for (uint32_t h = r->promo_head; h != OFL_NONE; h = m->hpromo_next[h])
-                (void)kvt_offload_meta_add_disk_load(out, m->hpromo_src[h], h);
+                (void)kvt_offload_meta_add_tier_load(out, 1, m->hpromo_src[h], h);
         }
         m->promoq_head = m->promoq_tail = OFL_NONE;
-        out->disk_load_event = e->id;
+        out->tiers[0].load_event = e->id;
         m->tier[1].st.load_events++;
         m->tier[1].transferred = true;
     }
@@ -329,8 +331,8 @@ static int check_issued(const kvt_event_report *rep, int64_t next, const char *w
 
 int kvi_ofl_tier_check_output(const kvt_offload *m, const kvt_offload_worker_meta *wm)
 {
-    int rc = check_issued(&wm->disk_stores, m->tier[1].store_counter, "disk store");
-    return rc ? rc : check_issued(&wm->disk_loads, m->tier[1].load_counter, "disk load");
+    int rc = check_issued(&wm->tier_stores[0], m->tier[1].store_counter, "disk store");
+    return rc ? rc : check_issued(&wm->tier_loads[0], m->tier[1].load_counter, "disk load");
 }
 
 /* Counts a report towards its event; returns the event once all workers reported it. */
@@ -391,13 +393,13 @@ void kvi_ofl_tier_apply_output(kvt_offload *m, const kvt_offload_worker_meta *wm
 {
     if (!m->tier[1].pool)
         return;
-    for (uint32_t i = 0; i < wm->disk_stores.n_completed; i++) {
-        struct kvi_ofl_event *e = count_report(m, &m->tier[1].stores, &wm->disk_stores, i);
+    for (uint32_t i = 0; i < wm->tier_stores[0].n_completed; i++) {
+        struct kvi_ofl_event *e = count_report(m, &m->tier[1].stores, &wm->tier_stores[0], i);
         if (e)
             kvi_ofl_complete_store(m, 1, e);
     }
-    for (uint32_t i = 0; i < wm->disk_loads.n_completed; i++) {
-        struct kvi_ofl_event *e = count_report(m, &m->tier[1].loads, &wm->disk_loads, i);
+    for (uint32_t i = 0; i < wm->tier_loads[0].n_completed; i++) {
+        struct kvi_ofl_event *e = count_report(m, &m->tier[1].loads, &wm->tier_loads[0], i);
         if (e)
             complete_promotion(m, e);
     }

@@ -41,21 +41,24 @@ typedef struct ev_fifo {
 
 /* One level of the stack: a transfer backend (xfer.h) and whether it still runs. */
 typedef struct stage {
-    kvi_xfer x; /* x.ops NULL: no such stage */
-    bool dead;  /* the backend stopped for good: its transfers fail without I/O */
+    kvi_xfer x;    /* x.ops NULL: no such stage */
+    bool dead;     /* the backend stopped for good: its transfers fail without I/O */
+    uint32_t nb;   /* blocks of the tier this stage fills */
+    ev_fifo ev[2]; /* stages t >= 1: events submitted and not yet reported, by direction */
 } stage;
 
 /* Stage 0 moves the engine's KV to and from the first offload tier (the copy engine to the
- * host mirror, or a disk as that tier); stage 1, with three tiers, the host mirror to and
- * from the disk behind it (write-backs and promotions). */
-enum { STAGE_TIER = 0, STAGE_BEHIND = 1 };
+ * host mirror, or a disk as that tier); stage t >= 1 moves tier t - 1 to and from tier t
+ * behind it (write-backs and promotions: the metadata's tiers[t - 1]), three tiers: stage 1,
+ * the host mirror and the disk behind it. */
+enum { STAGE_TIER = 0 };
 
 struct kvt_worker {
     kvt_worker_config cfg;
     const kvt_layout *layout;
     kvt_copy *copy;       /* the copy engine (owned), when stage 0 is one */
     uint32_t host_blocks; /* mirror blocks or disk slots */
-    stage st[2];
+    stage st[KVT_MAX_TIERS];
     int64_t *fev; /* scratch: failed events taken from a backend */
     uint32_t cap_fev;
     const kvt_offload_meta *meta;
@@ -73,8 +76,7 @@ struct kvt_worker {
     uint32_t n_invalid, cap_invalid;
     kvi_CUevent compute_done; /* CUDA backend only */
     const kvt_mirror *mirror;
-    kvt_disk *behind;   /* three tiers: the disk behind the mirror (borrowed) */
-    ev_fifo disk_ev[2]; /* its events, by KVT_COPY_LOAD (promotions) / KVT_COPY_STORE (writes) */
+    kvt_disk *behind; /* three tiers: the disk behind the mirror (borrowed), stage 1 */
 };
 
 void kvt_worker_config_init(kvt_worker_config *cfg)
@@ -92,10 +94,11 @@ int kvt_worker_create(const kvt_worker_config *cfg, const kvt_layout *layout,
         return kvt_fail(KVT_ENOMEM, "worker: out of memory");
     w->cfg = *cfg;
     w->layout = layout;
-    w->host_blocks = kvt_mirror_num_blocks(mirror);
+    w->host_blocks = w->st[STAGE_TIER].nb = kvt_mirror_num_blocks(mirror);
     w->mirror = mirror;
     w->last_load = w->last_store = -1;
-    w->disk_ev[0].last = w->disk_ev[1].last = -1;
+    for (int t = 0; t < KVT_MAX_TIERS; t++)
+        w->st[t].ev[0].last = w->st[t].ev[1].last = -1;
     kvt_offload_worker_meta_init(&w->done);
     int rc = kvt_copy_create(&cfg->copy, layout, mirror, &w->copy);
     if (!rc && kvt_copy_backend_kind(w->copy) == KVT_BACKEND_CUDA) {
@@ -126,7 +129,7 @@ int kvt_worker_create_disk(const kvt_worker_config *cfg, const kvt_layout *layou
     w->cfg = *cfg;
     w->layout = layout;
     w->st[STAGE_TIER].x = kvi_xfer_disk(disk);
-    w->host_blocks = kvt_disk_num_slots(disk);
+    w->host_blocks = w->st[STAGE_TIER].nb = kvt_disk_num_slots(disk);
     w->last_load = w->last_store = -1;
     kvt_offload_worker_meta_init(&w->done);
     *out = w;
@@ -155,7 +158,8 @@ int kvt_worker_attach_disk(kvt_worker *w, kvt_disk *disk)
                         "(create it over kvt_mirror_layout)",
                         w->cfg.rank);
     w->behind = disk;
-    w->st[STAGE_BEHIND].x = kvi_xfer_disk(disk);
+    w->st[1].x = kvi_xfer_disk(disk);
+    w->st[1].nb = kvt_disk_num_slots(disk);
     return 0;
 }
 
@@ -168,7 +172,8 @@ void kvt_worker_destroy(kvt_worker *w)
             w->st[i].x.ops->flush(w->st[i].x.impl);
     kvt_copy_destroy(w->copy);
     for (int i = 0; i < 2; i++)
-        free(w->disk_ev[i].ev);
+        for (int d = 0; d < 2; d++)
+            free(w->st[i].ev[d].ev);
     free(w->fev);
     if (w->compute_done)
         kvi_cuda()->EventDestroy(w->compute_done);
@@ -218,30 +223,30 @@ int kvt_worker_bind(kvt_worker *w, const kvt_offload_meta *meta)
         (rc = check_ids(w, "invalid load device", meta->load_invalid_blocks, meta->n_load_invalid,
                         dev)))
         return rc;
-    if ((meta->n_disk_loads || meta->n_disk_stores) && !w->behind)
-        return kvt_fail(KVT_EINVAL,
-                        "worker %u: the metadata moves blocks to or from disk but no disk is "
-                        "attached (kvt_worker_attach_disk)",
-                        w->cfg.rank);
-    if (w->behind) {
-        uint32_t slots = kvt_disk_num_slots(w->behind);
-        if ((rc = check_ids(w, "promotion slot", meta->disk_load_slots, meta->n_disk_loads,
-                            slots)) ||
-            (rc = check_ids(w, "promotion host", meta->disk_load_host_blocks, meta->n_disk_loads,
-                            host)) ||
-            (rc = check_ids(w, "write-back host", meta->disk_store_host_blocks, meta->n_disk_stores,
-                            host)) ||
-            (rc = check_ids(w, "write-back slot", meta->disk_store_slots, meta->n_disk_stores,
-                            slots)))
+    for (uint32_t t = 1; t < KVT_MAX_TIERS; t++) { /* write-backs and promotions */
+        const kvt_tier_xfers *x = &meta->tiers[t - 1];
+        const stage *st = &w->st[t];
+        uint32_t front = w->st[t - 1].nb;
+        if ((x->n_loads || x->n_stores) && !st->x.ops)
+            return kvt_fail(KVT_EINVAL,
+                            "worker %u: the metadata moves blocks to or from tier %u (disk) but "
+                            "no disk is attached (kvt_worker_attach_disk)",
+                            w->cfg.rank, t);
+        if (!st->x.ops)
+            continue;
+        if ((rc = check_ids(w, "promotion source", x->load_src, x->n_loads, st->nb)) ||
+            (rc = check_ids(w, "promotion destination", x->load_dst, x->n_loads, front)) ||
+            (rc = check_ids(w, "write-back source", x->store_src, x->n_stores, front)) ||
+            (rc = check_ids(w, "write-back destination", x->store_dst, x->n_stores, st->nb)))
             return rc;
         int64_t ev[2];
-        ev[KVT_COPY_LOAD] = meta->disk_load_event;
-        ev[KVT_COPY_STORE] = meta->disk_store_event;
+        ev[KVT_COPY_LOAD] = x->load_event;
+        ev[KVT_COPY_STORE] = x->store_event;
         for (int d = 0; d < 2; d++)
-            if (ev[d] != KVT_NO_EVENT && ev[d] <= w->disk_ev[d].last)
-                return kvt_fail(KVT_EINVAL, "worker %u: disk %s event %lld not above %lld",
-                                w->cfg.rank, d == KVT_COPY_LOAD ? "load" : "store",
-                                (long long)ev[d], (long long)w->disk_ev[d].last);
+            if (ev[d] != KVT_NO_EVENT && ev[d] <= st->ev[d].last)
+                return kvt_fail(KVT_EINVAL, "worker %u: tier %u %s event %lld not above %lld",
+                                w->cfg.rank, t, d == KVT_COPY_LOAD ? "load" : "store",
+                                (long long)ev[d], (long long)st->ev[d].last);
     }
     if (meta->load_event != KVT_NO_EVENT && meta->load_event <= w->last_load)
         return kvt_fail(KVT_EINVAL, "worker %u: load event %lld not above %lld", w->cfg.rank,
@@ -388,15 +393,17 @@ static int compute_point(kvt_worker *w, void *stream, void **wait)
  * manager issues one only after everything it depends on completed on every rank (a
  * write-back reads a host block whose store all ranks reported; a promoted block is loaded to
  * the GPU only after all ranks reported the promotion), so it needs no wait event. */
-static int submit_disk(kvt_worker *w, int dir, int64_t event, const uint32_t *src,
-                       const uint32_t *dst, uint32_t n)
+static int submit_behind(kvt_worker *w, uint32_t t, int dir, int64_t event, const uint32_t *src,
+                         const uint32_t *dst, uint32_t n)
 {
-    ev_fifo *f = &w->disk_ev[dir];
+    if (event == KVT_NO_EVENT)
+        return 0;
+    ev_fifo *f = &w->st[t].ev[dir];
     int rc = grow((void **)&f->ev, &f->cap, f->n + 1ull, sizeof(int64_t), false);
     if (!rc)
-        rc = stage_submit(w, &w->st[STAGE_BEHIND], dir, event, src, dst, n, NULL);
+        rc = stage_submit(w, &w->st[t], dir, event, src, dst, n, NULL);
     if (rc)
-        return kvi_fail_wrap(rc, "worker: disk");
+        return kvi_fail_wrap(rc, "worker: tier");
     f->ev[f->n++] = event;
     f->last = event;
     return 0;
@@ -406,8 +413,11 @@ static int submit(kvt_worker *w, void *stream)
 {
     const kvt_offload_meta *m = w->meta;
     w->submitted = true;
-    if (m->load_event == KVT_NO_EVENT && m->store_event == KVT_NO_EVENT &&
-        m->disk_load_event == KVT_NO_EVENT && m->disk_store_event == KVT_NO_EVENT)
+    bool any = m->load_event != KVT_NO_EVENT || m->store_event != KVT_NO_EVENT;
+    for (uint32_t t = 1; t < KVT_MAX_TIERS; t++)
+        any |= m->tiers[t - 1].load_event != KVT_NO_EVENT ||
+               m->tiers[t - 1].store_event != KVT_NO_EVENT;
+    if (!any)
         return 0;
     void *wait;
     int rc = compute_point(w, stream, &wait);
@@ -447,14 +457,14 @@ static int submit(kvt_worker *w, void *stream)
         w->stores[w->n_stores++] = m->store_event;
         w->last_store = m->store_event;
     }
-    if (m->disk_load_event != KVT_NO_EVENT &&
-        (rc = submit_disk(w, KVT_COPY_LOAD, m->disk_load_event, m->disk_load_slots,
-                          m->disk_load_host_blocks, m->n_disk_loads)))
-        return rc;
-    if (m->disk_store_event != KVT_NO_EVENT &&
-        (rc = submit_disk(w, KVT_COPY_STORE, m->disk_store_event, m->disk_store_host_blocks,
-                          m->disk_store_slots, m->n_disk_stores)))
-        return rc;
+    for (uint32_t t = 1; t < KVT_MAX_TIERS; t++) {
+        const kvt_tier_xfers *x = &m->tiers[t - 1];
+        if ((rc = submit_behind(w, t, KVT_COPY_LOAD, x->load_event, x->load_src, x->load_dst,
+                                x->n_loads)) ||
+            (rc = submit_behind(w, t, KVT_COPY_STORE, x->store_event, x->store_src, x->store_dst,
+                                x->n_stores)))
+            return rc;
+    }
     return 0;
 }
 
@@ -571,19 +581,20 @@ static int poll_stores(kvt_worker *w)
     return 0;
 }
 
-/* Three tiers: reports the write-backs / promotions of one direction that finished. */
-static int poll_disk(kvt_worker *w, int dir)
+/* Reports the write-backs / promotions of stage t >= 1 in one direction that finished. */
+static int poll_behind(kvt_worker *w, uint32_t t, int dir)
 {
-    ev_fifo *f = &w->disk_ev[dir];
+    stage *s = &w->st[t];
+    ev_fifo *f = &s->ev[dir];
     if (f->n == 0)
         return 0;
-    stage *s = &w->st[STAGE_BEHIND];
     int64_t hwm;
     uint32_t n_failed; /* a promotion fails as an event: the manager re-reads nothing of it */
     int rc0 = stage_settle(w, s, dir, false, &hwm, &n_failed);
     if (rc0)
         return rc0;
-    kvt_event_report *rep = dir == KVT_COPY_STORE ? &w->done.disk_stores : &w->done.disk_loads;
+    kvt_event_report *rep =
+        dir == KVT_COPY_STORE ? &w->done.tier_stores[t - 1] : &w->done.tier_loads[t - 1];
     uint32_t k = 0;
     for (; k < f->n && f->ev[k] <= hwm; k++) {
         int rc = kvt_event_report_add(rep, f->ev[k], 1);
@@ -612,10 +623,9 @@ int kvt_worker_get_finished(kvt_worker *w, void *compute_stream, const kvt_str *
         rc = poll_loads(w);
     if (!rc)
         rc = poll_stores(w);
-    if (!rc && w->behind)
-        rc = poll_disk(w, KVT_COPY_STORE);
-    if (!rc && w->behind)
-        rc = poll_disk(w, KVT_COPY_LOAD);
+    for (uint32_t t = 1; !rc && t < KVT_MAX_TIERS; t++)
+        if (w->st[t].x.ops && !(rc = poll_behind(w, t, KVT_COPY_STORE)))
+            rc = poll_behind(w, t, KVT_COPY_LOAD);
     if (rc)
         return rc;
     *reqs = w->fin;
@@ -649,7 +659,7 @@ uint32_t kvt_worker_pending(const kvt_worker *w, int dir)
     if (dir == KVT_COPY_LOAD || dir == KVT_COPY_STORE)
         return dir == KVT_COPY_LOAD ? w->n_loads : w->n_stores;
     if (dir == 2 + KVT_COPY_LOAD || dir == 2 + KVT_COPY_STORE)
-        return w->disk_ev[dir - 2].n;
+        return w->st[1].ev[dir - 2].n; /* the disk behind the host tier */
     return 0;
 }
 

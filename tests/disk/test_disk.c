@@ -548,8 +548,8 @@ static void test_worker_three_tiers(void **state)
     kvt_offload_worker_meta_init(&wm);
     const kvt_str *reqs;
     /* metadata with disk lists needs an attached disk */
-    m.disk_store_event = 0;
-    KVT_OK_(kvt_offload_meta_add_disk_store(&m, 1, 1));
+    m.tiers[0].store_event = 0;
+    KVT_OK_(kvt_offload_meta_add_tier_store(&m, 1, 1, 1));
     KVT_ERR_(kvt_worker_bind(w, &m), KVT_EINVAL);
     /* the disk must be over the mirror's layout; one disk per worker; not on a disk worker */
     KVT_ERR_(kvt_worker_attach_disk(w, g.disk), KVT_EINVAL);
@@ -570,25 +570,25 @@ static void test_worker_three_tiers(void **state)
     assert_int_equal(wm.stores.n_completed, 1);
     /* host 1..3 -> slots 4..6 */
     kvt_offload_meta_clear(&m);
-    m.disk_store_event = 0;
+    m.tiers[0].store_event = 0;
     for (uint32_t b = 1; b <= 3; b++)
-        KVT_OK_(kvt_offload_meta_add_disk_store(&m, b, 3 + b));
+        KVT_OK_(kvt_offload_meta_add_tier_store(&m, 1, b, 3 + b));
     worker_step(w, &m, &wm, &reqs);
     kvt_worker_clear(w);
-    assert_int_equal(wm.disk_stores.n_completed, 1);
-    assert_int_equal(wm.disk_stores.n_failed, 0);
+    assert_int_equal(wm.tier_stores[0].n_completed, 1);
+    assert_int_equal(wm.tier_stores[0].n_failed, 0);
     assert_int_equal(wm.stores.n_completed, 0);
     for (uint32_t h = 1; h <= 3; h++) /* the host tier forgets them */
         fill_host(mi, h, 0xEE);
     /* slots 4..6 -> host 7..9, then host 7..9 -> GPU 10..12 with 12 declared invalid */
     kvt_offload_meta_clear(&m);
-    m.disk_load_event = 0;
+    m.tiers[0].load_event = 0;
     for (uint32_t b = 1; b <= 3; b++)
-        KVT_OK_(kvt_offload_meta_add_disk_load(&m, 3 + b, 6 + b));
+        KVT_OK_(kvt_offload_meta_add_tier_load(&m, 1, 3 + b, 6 + b));
     worker_step(w, &m, &wm, &reqs);
     kvt_worker_clear(w);
-    assert_int_equal(wm.disk_loads.n_completed, 1);
-    assert_int_equal(wm.disk_loads.n_failed, 0);
+    assert_int_equal(wm.tier_loads[0].n_completed, 1);
+    assert_int_equal(wm.tier_loads[0].n_failed, 0);
     kvt_offload_meta_clear(&m);
     m.load_event = 0;
     for (uint32_t b = 1; b <= 3; b++)
@@ -605,30 +605,30 @@ static void test_worker_three_tiers(void **state)
     /* a promotion from slot 5 fails: that event is reported failed, nothing is invalid */
     which[0] = 5;
     kvt_offload_meta_clear(&m);
-    m.disk_load_event = 1;
-    KVT_OK_(kvt_offload_meta_add_disk_load(&m, 4, 10));
-    KVT_OK_(kvt_offload_meta_add_disk_load(&m, 5, 11));
+    m.tiers[0].load_event = 1;
+    KVT_OK_(kvt_offload_meta_add_tier_load(&m, 1, 4, 10));
+    KVT_OK_(kvt_offload_meta_add_tier_load(&m, 1, 5, 11));
     worker_step(w, &m, &wm, &reqs);
     kvt_worker_clear(w);
-    assert_true(kvt_event_report_failed(&wm.disk_loads, 1));
+    assert_true(kvt_event_report_failed(&wm.tier_loads[0], 1));
     assert_int_equal(kvt_worker_take_invalid_blocks(w, inv, 8), 0);
     /* a fatal error on a write-back turns the third tier off; the host tier keeps working */
     which[1] = 6;
     kvt_offload_meta_clear(&m);
-    m.disk_store_event = 1;
-    KVT_OK_(kvt_offload_meta_add_disk_store(&m, 1, 6));
+    m.tiers[0].store_event = 1;
+    KVT_OK_(kvt_offload_meta_add_tier_store(&m, 1, 1, 6));
     worker_step(w, &m, &wm, &reqs);
     kvt_worker_clear(w);
-    assert_true(kvt_event_report_failed(&wm.disk_stores, 1));
+    assert_true(kvt_event_report_failed(&wm.tier_stores[0], 1));
     kvt_offload_meta_clear(&m);
-    m.disk_load_event = 2;
-    KVT_OK_(kvt_offload_meta_add_disk_load(&m, 4, 12));
+    m.tiers[0].load_event = 2;
+    KVT_OK_(kvt_offload_meta_add_tier_load(&m, 1, 4, 12));
     m.store_event = 1;
     fill(&g, 5, 555);
     KVT_OK_(kvt_offload_meta_add_store(&m, 5, 13));
     worker_step(w, &m, &wm, &reqs);
     kvt_worker_clear(w);
-    assert_true(kvt_event_report_failed(&wm.disk_loads, 2));
+    assert_true(kvt_event_report_failed(&wm.tier_loads[0], 2));
     assert_int_equal(wm.stores.n_completed, 1);
     assert_int_equal(wm.stores.n_failed, 0);
     assert_int_equal(kvt_worker_pending(w, 2 + KVT_COPY_LOAD), 0);

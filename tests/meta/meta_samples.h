@@ -67,11 +67,11 @@ static inline unsigned char *kvt_sample_encode(uint32_t kind, int variant, size_
             m.need_flush = true;
             /* three-tier lists: one invalid load destination, a promotion, write-backs */
             kvt_offload_meta_add_load_invalid(&m, 42);
-            m.disk_load_event = 4;
-            kvt_offload_meta_add_disk_load(&m, 17, 902);
-            m.disk_store_event = 8;
+            m.tiers[0].load_event = 4;
+            kvt_offload_meta_add_tier_load(&m, 1, 17, 902);
+            m.tiers[0].store_event = 8;
             for (uint32_t i = 0; i < 3; i++)
-                kvt_offload_meta_add_disk_store(&m, 70 + i, 200 + i);
+                kvt_offload_meta_add_tier_store(&m, 1, 70 + i, 200 + i);
         }
         need = kvt_offload_meta_encoded_size(&m);
         buf = malloc(need);
@@ -86,9 +86,9 @@ static inline unsigned char *kvt_sample_encode(uint32_t kind, int variant, size_
             kvt_offload_worker_meta_add(&m, 100 - 7 * i, 1 + (uint32_t)i);
         if (variant == 2) {
             kvt_offload_worker_meta_add_failed(&m, 93);
-            kvt_event_report_add(&m.disk_stores, 5, 1);
-            kvt_event_report_add(&m.disk_loads, 2, 2);
-            kvt_event_report_add_failed(&m.disk_loads, 2);
+            kvt_event_report_add(&m.tier_stores[0], 5, 1);
+            kvt_event_report_add(&m.tier_loads[0], 2, 2);
+            kvt_event_report_add_failed(&m.tier_loads[0], 2);
         }
         need = kvt_offload_worker_meta_encoded_size(&m);
         buf = malloc(need);

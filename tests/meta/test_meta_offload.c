@@ -359,36 +359,41 @@ static void disk_tier_lists_round_trip_and_are_checked(void **state)
     kvt_offload_meta m, back;
     kvt_offload_meta_init(&m);
     kvt_offload_meta_init(&back);
-    KVT_OK_(kvt_offload_meta_reserve_disk(&m, 1, 2, 3));
+    KVT_OK_(kvt_offload_meta_reserve_invalid(&m, 1));
+    KVT_OK_(kvt_offload_meta_reserve_tier(&m, 1, 2, 3));
+    KVT_ERR_(kvt_offload_meta_reserve_tier(&m, 0, 1, 1), KVT_ERANGE); /* tier 0: the seed's */
+    KVT_ERR_(kvt_offload_meta_reserve_tier(&m, KVT_MAX_TIERS, 1, 1), KVT_ERANGE);
+    KVT_ERR_(kvt_offload_meta_add_tier_load(&m, KVT_MAX_TIERS, 1, 1), KVT_ERANGE);
+    KVT_ERR_(kvt_offload_meta_add_tier_store(&m, 0, 1, 1), KVT_ERANGE);
     m.load_event = 4;
     KVT_OK_(kvt_offload_meta_add_load(&m, 7, 70));
     KVT_OK_(kvt_offload_meta_add_load(&m, 8, 80));
     KVT_OK_(kvt_offload_meta_add_load_req(&m, 4, "r", 1));
     KVT_OK_(kvt_offload_meta_add_load_invalid(&m, 8));
-    m.disk_load_event = 2;
-    KVT_OK_(kvt_offload_meta_add_disk_load(&m, 5, 80));
-    m.disk_store_event = 9;
+    m.tiers[0].load_event = 2;
+    KVT_OK_(kvt_offload_meta_add_tier_load(&m, 1, 5, 80));
+    m.tiers[0].store_event = 9;
     for (uint32_t i = 1; i <= 3; i++)
-        KVT_OK_(kvt_offload_meta_add_disk_store(&m, 10 + i, 20 + i));
+        KVT_OK_(kvt_offload_meta_add_tier_store(&m, 1, 10 + i, 20 + i));
     roundtrip(&m, &back);
-    assert_int_equal(back.n_disk_stores, 3);
-    assert_int_equal(back.disk_store_slots[2], 23);
-    assert_int_equal(back.disk_load_host_blocks[0], 80);
+    assert_int_equal(back.tiers[0].n_stores, 3);
+    assert_int_equal(back.tiers[0].store_dst[2], 23);
+    assert_int_equal(back.tiers[0].load_dst[0], 80);
     assert_int_equal(back.load_invalid_blocks[0], 8);
     /* a promotion list without its event, and the reverse */
-    m.disk_load_event = KVT_NO_EVENT;
+    m.tiers[0].load_event = KVT_NO_EVENT;
     KVT_ERR_(kvt_offload_meta_validate(&m), KVT_EINVAL);
-    m.disk_load_event = 2;
-    m.disk_store_slots[1] = 0; /* the null block */
+    m.tiers[0].load_event = 2;
+    m.tiers[0].store_dst[1] = 0; /* the null block */
     KVT_ERR_(kvt_offload_meta_validate(&m), KVT_EINVAL);
-    m.disk_store_slots[1] = 22;
+    m.tiers[0].store_dst[1] = 22;
     /* more invalid destinations than the load has */
     KVT_OK_(kvt_offload_meta_add_load_invalid(&m, 7));
     KVT_OK_(kvt_offload_meta_add_load_invalid(&m, 9));
     KVT_ERR_(kvt_offload_meta_validate(&m), KVT_EINVAL);
     kvt_offload_meta_clear(&m);
-    assert_int_equal(m.disk_load_event, KVT_NO_EVENT);
-    assert_int_equal(m.n_load_invalid + m.n_disk_loads + m.n_disk_stores, 0);
+    assert_int_equal(m.tiers[0].load_event, KVT_NO_EVENT);
+    assert_int_equal(m.n_load_invalid + m.tiers[0].n_loads + m.tiers[0].n_stores, 0);
     KVT_OK_(kvt_offload_meta_validate(&m));
     kvt_offload_meta_release(&m);
     kvt_offload_meta_release(&back);
@@ -402,14 +407,14 @@ static void worker_disk_reports_aggregate_and_round_trip(void **state)
     kvt_offload_worker_meta_init(&a);
     kvt_offload_worker_meta_init(&b);
     kvt_offload_worker_meta_init(&back);
-    KVT_OK_(kvt_event_report_add(&a.disk_stores, 3, 1));
-    KVT_OK_(kvt_event_report_add(&b.disk_stores, 3, 1));
-    KVT_OK_(kvt_event_report_add(&b.disk_loads, 1, 1));
-    KVT_OK_(kvt_event_report_add_failed(&b.disk_loads, 1));
-    KVT_ERR_(kvt_event_report_add_failed(&b.disk_loads, 2), KVT_EINVAL);
+    KVT_OK_(kvt_event_report_add(&a.tier_stores[0], 3, 1));
+    KVT_OK_(kvt_event_report_add(&b.tier_stores[0], 3, 1));
+    KVT_OK_(kvt_event_report_add(&b.tier_loads[0], 1, 1));
+    KVT_OK_(kvt_event_report_add_failed(&b.tier_loads[0], 1));
+    KVT_ERR_(kvt_event_report_add_failed(&b.tier_loads[0], 2), KVT_EINVAL);
     KVT_OK_(kvt_offload_worker_meta_aggregate(&a, &b));
-    assert_int_equal(a.disk_stores.counts[0], 2);
-    assert_true(kvt_event_report_failed(&a.disk_loads, 1));
+    assert_int_equal(a.tier_stores[0].counts[0], 2);
+    assert_true(kvt_event_report_failed(&a.tier_loads[0], 1));
     assert_int_equal(a.stores.n_completed, 0);
     unsigned char buf[256];
     size_t len;

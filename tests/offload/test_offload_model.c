@@ -470,13 +470,13 @@ static void record_events(void)
         live(new_event(EV_STORE, m->store_event, m->n_stores, m->store_gpu_blocks,
                        m->store_cpu_blocks),
              1);
-    if (m->disk_store_event != KVT_NO_EVENT)
-        live(new_event(EV_DSTORE, m->disk_store_event, m->n_disk_stores, m->disk_store_host_blocks,
-                       m->disk_store_slots),
+    if (m->tiers[0].store_event != KVT_NO_EVENT)
+        live(new_event(EV_DSTORE, m->tiers[0].store_event, m->tiers[0].n_stores,
+                       m->tiers[0].store_src, m->tiers[0].store_dst),
              1);
-    if (m->disk_load_event != KVT_NO_EVENT) {
-        struct wev *e = new_event(EV_DLOAD, m->disk_load_event, m->n_disk_loads, m->disk_load_slots,
-                                  m->disk_load_host_blocks);
+    if (m->tiers[0].load_event != KVT_NO_EVENT) {
+        struct wev *e = new_event(EV_DLOAD, m->tiers[0].load_event, m->tiers[0].n_loads,
+                                  m->tiers[0].load_src, m->tiers[0].load_dst);
         for (uint32_t i = 0; i < MAXR; i++) { /* which requests it promotes */
             struct req *r = &S.reqs[i];
             if (r->n_hold && r->promo_idx == -1 && in_list(e->host, e->n, r->hold_h[r->hold_disk]))
@@ -556,8 +556,8 @@ static struct wev *find_event(int kind, int64_t id)
 static kvt_event_report *report_of(int kind)
 {
     return kind == EV_STORE    ? &S.wm.stores
-           : kind == EV_DSTORE ? &S.wm.disk_stores
-                               : &S.wm.disk_loads;
+           : kind == EV_DSTORE ? &S.wm.tier_stores[0]
+                               : &S.wm.tier_loads[0];
 }
 
 /* A promotion completed on every rank: its requests' loads are queued (or, finished, their
@@ -604,8 +604,8 @@ static void deliver(bool all)
         }
     }
     S.n_out = keep;
-    if (!n_ids && !S.wm.stores.n_completed && !S.wm.disk_stores.n_completed &&
-        !S.wm.disk_loads.n_completed)
+    if (!n_ids && !S.wm.stores.n_completed && !S.wm.tier_stores[0].n_completed &&
+        !S.wm.tier_loads[0].n_completed)
         return;
     CALL(kvt_offload_apply_output(S.m, ids, n_ids, &S.wm));
     for (int kind = EV_STORE; kind <= EV_DLOAD; kind++) {

@@ -13,8 +13,8 @@ static void report(sim *s, int which, int64_t ev, uint32_t ranks, bool failed)
 {
     kvt_offload_worker_meta_clear(&s->wm);
     kvt_event_report *r = which == R_STORES        ? &s->wm.stores
-                          : which == R_DISK_STORES ? &s->wm.disk_stores
-                                                   : &s->wm.disk_loads;
+                          : which == R_DISK_STORES ? &s->wm.tier_stores[0]
+                                                   : &s->wm.tier_loads[0];
     KVT_OK_(kvt_event_report_add(r, ev, ranks));
     if (failed)
         KVT_OK_(kvt_event_report_add_failed(r, ev));
@@ -40,8 +40,8 @@ static void store_through(sim *s, sim_req *r)
 {
     sim_store_prompt(s, r, 1);
     sim_build(s, false);
-    if (s->meta.disk_store_event != KVT_NO_EVENT)
-        report(s, R_DISK_STORES, s->meta.disk_store_event, 1, false);
+    if (s->meta.tiers[0].store_event != KVT_NO_EVENT)
+        report(s, R_DISK_STORES, s->meta.tiers[0].store_event, 1, false);
 }
 
 /* Stores a, then other prompts until the host tier holds none of a's 4 blocks. */
@@ -82,9 +82,9 @@ static void write_back_is_findable_on_disk_only_when_every_worker_reported(void 
     sim_store_prompt(&s, &a, 2); /* host store completed: write-backs queued */
     assert_true(sim_host_has(&s, &a, 0));
     sim_build(&s, false);
-    assert_int_equal(s.meta.disk_store_event, 0);
-    assert_int_equal(s.meta.n_disk_stores, 4);
-    uint32_t h0 = s.meta.disk_store_host_blocks[0];
+    assert_int_equal(s.meta.tiers[0].store_event, 0);
+    assert_int_equal(s.meta.tiers[0].n_stores, 4);
+    uint32_t h0 = s.meta.tiers[0].store_src[0];
     assert_int_equal(host_ref(&s, h0), 1); /* pinned until the write landed */
     assert_false(disk_has(&s, &a, 0));
     report(&s, R_DISK_STORES, 0, 1, false);
@@ -110,7 +110,7 @@ static void failed_write_back_is_never_findable_and_releases_its_blocks(void **s
     sim_req_make(&a, "a", 4 * SIM_BS + 1, 1, 4 * SIM_BS + 1, 0);
     sim_store_prompt(&s, &a, 1);
     sim_build(&s, false);
-    uint32_t h0 = s.meta.disk_store_host_blocks[0];
+    uint32_t h0 = s.meta.tiers[0].store_src[0];
     report(&s, R_DISK_STORES, 0, 1, true);
     for (uint32_t b = 0; b < 4; b++)
         assert_false(disk_has(&s, &a, b));
@@ -132,10 +132,10 @@ static void disk_hit_is_promoted_before_the_single_gpu_load(void **state)
     assert_int_equal(sim_admit(&s, &b, UINT32_MAX), 4 * SIM_BS);
     sim_build(&s, false);
     assert_int_equal(s.meta.load_event, KVT_NO_EVENT); /* waits for the promotion */
-    assert_int_equal(s.meta.disk_load_event, 0);
-    assert_int_equal(s.meta.n_disk_loads, 4);
+    assert_int_equal(s.meta.tiers[0].load_event, 0);
+    assert_int_equal(s.meta.tiers[0].n_loads, 4);
     uint32_t hosts[4];
-    memcpy(hosts, s.meta.disk_load_host_blocks, sizeof(hosts));
+    memcpy(hosts, s.meta.tiers[0].load_dst, sizeof(hosts));
     assert_false(sim_host_has(&s, &b, 0)); /* not findable before the promotion landed */
     sim_build(&s, false);
     assert_int_equal(s.meta.load_event, KVT_NO_EVENT);
@@ -202,7 +202,7 @@ static void host_hit_continues_on_disk(void **state)
     sim_req_make(&b, "b", 2 * SIM_BS + 1, 1, 2 * SIM_BS, 9);
     assert_int_equal(sim_admit(&s, &b, UINT32_MAX), 2 * SIM_BS);
     sim_build(&s, false);
-    report(&s, R_DISK_LOADS, s.meta.disk_load_event, 1, false);
+    report(&s, R_DISK_LOADS, s.meta.tiers[0].load_event, 1, false);
     sim_build(&s, false);
     sim_report_load(&s, &b);
     sim_finish(&s, &b);
@@ -213,9 +213,9 @@ static void host_hit_continues_on_disk(void **state)
     sim_req_make(&c, "c", 4 * SIM_BS + 1, 1, 4 * SIM_BS + 1, 0);
     assert_int_equal(sim_admit(&s, &c, UINT32_MAX), 4 * SIM_BS);
     sim_build(&s, false);
-    assert_int_equal(s.meta.n_disk_loads, 2);
+    assert_int_equal(s.meta.tiers[0].n_loads, 2);
     assert_int_equal(s.meta.load_event, KVT_NO_EVENT);
-    report(&s, R_DISK_LOADS, s.meta.disk_load_event, 1, false);
+    report(&s, R_DISK_LOADS, s.meta.tiers[0].load_event, 1, false);
     sim_build(&s, false);
     assert_int_equal(s.meta.n_loads, 4);
     sim_report_load(&s, &c);
@@ -263,7 +263,7 @@ static void reset_waits_for_write_backs_and_clears_the_disk(void **state)
     sim_req_make(&b, "b", 4 * SIM_BS + 1, 2, 4 * SIM_BS + 1, 1);
     sim_store_prompt(&s, &b, 1);
     sim_build(&s, false); /* b's write-back in flight */
-    int64_t ev = s.meta.disk_store_event;
+    int64_t ev = s.meta.tiers[0].store_event;
     assert_true(ev != KVT_NO_EVENT);
     KVT_ERR_(kvt_offload_reset(s.m), KVT_EBUSY);
     report(&s, R_DISK_STORES, ev, 1, false);
@@ -330,10 +330,10 @@ static void reports_for_disk_events_never_issued_are_refused(void **state)
     sim s;
     sim_init3(&s, 64, 32, false, 1, 64, 32);
     kvt_offload_worker_meta_clear(&s.wm);
-    KVT_OK_(kvt_event_report_add(&s.wm.disk_loads, 0, 1));
+    KVT_OK_(kvt_event_report_add(&s.wm.tier_loads[0], 0, 1));
     KVT_ERR_(kvt_offload_apply_output(s.m, NULL, 0, &s.wm), KVT_ERANGE);
     kvt_offload_worker_meta_clear(&s.wm);
-    KVT_OK_(kvt_event_report_add(&s.wm.disk_stores, 3, 1));
+    KVT_OK_(kvt_event_report_add(&s.wm.tier_stores[0], 3, 1));
     KVT_ERR_(kvt_offload_apply_output(s.m, NULL, 0, &s.wm), KVT_ERANGE);
     sim_fini(&s);
 }

@@ -214,7 +214,7 @@ static int run_until_quiet(struct engine *e, struct stats *st)
         if (check(kvt_offload_build_meta(e->off, preempted, &e->meta), "build_meta"))
             return -1;
         st->stored_blocks += e->meta.n_stores;
-        st->written_back += e->meta.n_disk_stores;
+        st->written_back += e->meta.tiers[0].n_stores;
         if (run_worker(e))
             return -1;
         if (!kvt_offload_has_pending(e->off))

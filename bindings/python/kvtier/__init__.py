@@ -256,44 +256,46 @@ class OffloadMeta:
         m = self._m
         return [m.load_invalid_blocks[i] for i in range(m.n_load_invalid)]
 
-    @property
-    def disk_load_event(self):
-        return self._m.disk_load_event
-
-    @disk_load_event.setter
-    def disk_load_event(self, v):
-        self._m.disk_load_event = v
-
-    @property
-    def disk_store_event(self):
-        return self._m.disk_store_event
-
-    @disk_store_event.setter
-    def disk_store_event(self, v):
-        self._m.disk_store_event = v
-
     def add_load_invalid(self, gpu_block):
         _check(_lib.kvt_offload_meta_add_load_invalid(ctypes.byref(self._m), gpu_block))
 
-    def add_disk_load(self, slot, host_block):
-        _check(_lib.kvt_offload_meta_add_disk_load(ctypes.byref(self._m), slot, host_block))
+    def _tier(self, tier):
+        if not 1 <= tier < L.MAX_TIERS:
+            raise ValueError("kvtier: tier must be 1 .. %d (tier 0's transfers are the "
+                             "load / store fields)" % (L.MAX_TIERS - 1))
+        return self._m.tiers[tier - 1]
 
-    def add_disk_store(self, host_block, slot):
-        _check(_lib.kvt_offload_meta_add_disk_store(ctypes.byref(self._m), host_block, slot))
+    def tier_events(self, tier):
+        """(load_event, store_event) of tier `tier`'s promotions and write-backs this step."""
+        x = self._tier(tier)
+        return x.load_event, x.store_event
 
-    @property
-    def disk_loads(self):
-        """Three tiers: [(slot, host_block)] of this step's promotion event."""
-        m = self._m
-        return [(m.disk_load_slots[i], m.disk_load_host_blocks[i])
-                for i in range(m.n_disk_loads)]
+    def set_tier_events(self, tier, load_event=None, store_event=None):
+        x = self._tier(tier)
+        if load_event is not None:
+            x.load_event = load_event
+        if store_event is not None:
+            x.store_event = store_event
 
-    @property
-    def disk_stores(self):
-        """Three tiers: [(host_block, slot)] of this step's write-back event."""
-        m = self._m
-        return [(m.disk_store_host_blocks[i], m.disk_store_slots[i])
-                for i in range(m.n_disk_stores)]
+    def add_tier_load(self, tier, src, dst):
+        """A promotion: block src of tier `tier` to block dst of the tier in front of it."""
+        self._tier(tier)
+        _check(_lib.kvt_offload_meta_add_tier_load(ctypes.byref(self._m), tier, src, dst))
+
+    def add_tier_store(self, tier, src, dst):
+        """A write-back: block src of the tier in front of `tier` to its block dst."""
+        self._tier(tier)
+        _check(_lib.kvt_offload_meta_add_tier_store(ctypes.byref(self._m), tier, src, dst))
+
+    def tier_loads(self, tier):
+        """[(src, dst)] of tier `tier`'s promotion event (three tiers: tier 1, the disk)."""
+        x = self._tier(tier)
+        return [(x.load_src[i], x.load_dst[i]) for i in range(x.n_loads)]
+
+    def tier_stores(self, tier):
+        """[(src, dst)] of tier `tier`'s write-back event."""
+        x = self._tier(tier)
+        return [(x.store_src[i], x.store_dst[i]) for i in range(x.n_stores)]
 
     @property
     def load_event_to_reqs(self):
@@ -316,13 +318,13 @@ class OffloadMeta:
         return _decode(cls, "kvt_offload_meta", data)
 
 
-_REPORTS = ("stores", "disk_stores", "disk_loads")
+_REPORTS = ("stores", "tier_stores", "tier_loads")
 
 
 class WorkerMeta:
     """Worker -> scheduler report: {event: count} and the failed events, per kind: "stores"
-    (GPU -> host), and with three tiers "disk_stores" (write-backs) and "disk_loads"
-    (promotions)."""
+    (GPU -> host), and per tier t >= 1 (three tiers: t = 1, the disk) "tier_stores"
+    (write-backs into tier t) and "tier_loads" (promotions out of it)."""
 
     def __init__(self):
         self._m = L.kvt_offload_worker_meta()
@@ -331,17 +333,23 @@ class WorkerMeta:
     def __del__(self):
         _lib.kvt_offload_worker_meta_release(ctypes.byref(self._m))
 
-    def _report(self, kind):
+    def _report(self, kind, tier=None):
         if kind not in _REPORTS:
             raise ValueError("kvtier: report kind must be one of %s" % (_REPORTS,))
-        return getattr(self._m, kind)
+        if kind == "stores":
+            if tier not in (None, 0):
+                raise ValueError("kvtier: \"stores\" are tier 0's")
+            return self._m.stores
+        if tier is None or not 1 <= tier < L.MAX_TIERS:
+            raise ValueError("kvtier: %s needs a tier 1 .. %d" % (kind, L.MAX_TIERS - 1))
+        return getattr(self._m, kind)[tier - 1]
 
-    def completed_of(self, kind):
-        r = self._report(kind)
+    def completed_of(self, kind, tier=None):
+        r = self._report(kind, tier)
         return {r.events[i]: r.counts[i] for i in range(r.n_completed)}
 
-    def failed_of(self, kind):
-        r = self._report(kind)
+    def failed_of(self, kind, tier=None):
+        r = self._report(kind, tier)
         return {r.failed[i] for i in range(r.n_failed)}
 
     @property
@@ -352,11 +360,19 @@ class WorkerMeta:
     def failed(self):
         return self.failed_of("stores")
 
-    def add(self, event, count=1, kind="stores"):
-        _check(_lib.kvt_event_report_add(ctypes.byref(self._report(kind)), event, count))
+    def add(self, event, count=1, kind="stores", tier=None):
+        _check(_lib.kvt_event_report_add(ctypes.byref(self._report(kind, tier)), event, count))
 
-    def add_failed(self, event, kind="stores"):
-        _check(_lib.kvt_event_report_add_failed(ctypes.byref(self._report(kind)), event))
+    def add_failed(self, event, kind="stores", tier=None):
+        _check(_lib.kvt_event_report_add_failed(ctypes.byref(self._report(kind, tier)), event))
+
+    def reports(self):
+        """Every report with its kind and tier: [("stores", 0, r), ("tier_stores", 1, r), ...]."""
+        out = [("stores", 0, self._m.stores)]
+        for t in range(1, L.MAX_TIERS):
+            out += [("tier_stores", t, self._m.tier_stores[t - 1]),
+                    ("tier_loads", t, self._m.tier_loads[t - 1])]
+        return out
 
     def aggregate(self, other):
         """self += other (counts summed, failed united), as vLLM's aggregate."""

@@ -105,6 +105,16 @@ class kvt_offload_sched_req(ctypes.Structure):
                 ("resumed", c_bool), ("left", ctypes.c_int32)]
 
 
+MAX_TIERS = 2  # KVT_MAX_TIERS: the host, and the disk behind it
+
+
+class kvt_tier_xfers(ctypes.Structure):
+    _fields_ = [("load_event", c_i64), ("n_loads", c_u32), ("load_src", P(c_u32)),
+                ("load_dst", P(c_u32)), ("store_event", c_i64), ("n_stores", c_u32),
+                ("store_src", P(c_u32)), ("store_dst", P(c_u32)), ("cap_loads", c_u32),
+                ("cap_stores", c_u32)]
+
+
 class kvt_offload_meta(ctypes.Structure):
     _fields_ = [("load_event", c_i64), ("n_loads", c_u32), ("load_gpu_blocks", P(c_u32)),
                 ("load_cpu_blocks", P(c_u32)), ("n_load_events", c_u32),
@@ -113,13 +123,10 @@ class kvt_offload_meta(ctypes.Structure):
                 ("n_stores", c_u32), ("store_gpu_blocks", P(c_u32)),
                 ("store_cpu_blocks", P(c_u32)), ("need_flush", c_bool),
                 ("n_load_invalid", c_u32), ("load_invalid_blocks", P(c_u32)),
-                ("disk_load_event", c_i64), ("n_disk_loads", c_u32),
-                ("disk_load_slots", P(c_u32)), ("disk_load_host_blocks", P(c_u32)),
-                ("disk_store_event", c_i64), ("n_disk_stores", c_u32),
-                ("disk_store_host_blocks", P(c_u32)), ("disk_store_slots", P(c_u32)),
+                ("tiers", kvt_tier_xfers * (MAX_TIERS - 1)),
                 ("cap_loads", c_u32), ("cap_events", c_u32), ("cap_first", c_u32),
                 ("cap_reqs", c_u32), ("cap_stores", c_u32), ("cap_invalid", c_u32),
-                ("cap_disk_loads", c_u32), ("cap_disk_stores", c_u32), ("strings", kvt_bump)]
+                ("strings", kvt_bump)]
 
 
 class kvt_event_report(ctypes.Structure):
@@ -129,8 +136,9 @@ class kvt_event_report(ctypes.Structure):
 
 
 class kvt_offload_worker_meta(ctypes.Structure):
-    _fields_ = [("stores", kvt_event_report), ("disk_stores", kvt_event_report),
-                ("disk_loads", kvt_event_report)]
+    _fields_ = [("stores", kvt_event_report),
+                ("tier_stores", kvt_event_report * (MAX_TIERS - 1)),
+                ("tier_loads", kvt_event_report * (MAX_TIERS - 1))]
 
 
 STAT_COUNTERS = ("lookups", "lookup_tokens", "hit_tokens", "hit_blocks", "miss_tokens",
@@ -454,8 +462,8 @@ _sig("kvt_offload_worker_meta_add_failed", c_int, P(kvt_offload_worker_meta), c_
 _sig("kvt_offload_worker_meta_aggregate", c_int, P(kvt_offload_worker_meta),
      P(kvt_offload_worker_meta))
 _sig("kvt_offload_meta_add_load_invalid", c_int, P(kvt_offload_meta), c_u32)
-_sig("kvt_offload_meta_add_disk_load", c_int, P(kvt_offload_meta), c_u32, c_u32)
-_sig("kvt_offload_meta_add_disk_store", c_int, P(kvt_offload_meta), c_u32, c_u32)
+_sig("kvt_offload_meta_add_tier_load", c_int, P(kvt_offload_meta), c_u32, c_u32, c_u32)
+_sig("kvt_offload_meta_add_tier_store", c_int, P(kvt_offload_meta), c_u32, c_u32, c_u32)
 _sig("kvt_event_report_add", c_int, P(kvt_event_report), c_i64, c_u32)
 _sig("kvt_event_report_add_failed", c_int, P(kvt_event_report), c_i64)
 # offload manager

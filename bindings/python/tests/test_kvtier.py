@@ -129,6 +129,10 @@ class DiskAndLink(unittest.TestCase):
             disk.close()
 
     def test_three_tiers_there_and_back(self):
+        def m_tiers_of(rep):
+            return {(k, t): {r.events[i]: r.counts[i] for i in range(r.n_completed)}
+                    for k, t, r in rep.reports()}
+
         import tempfile
         with tempfile.TemporaryDirectory(dir=".") as d:
             dev = bytearray(16 * 4096)
@@ -144,6 +148,11 @@ class DiskAndLink(unittest.TestCase):
             def step(**kw):
                 m = kvtier.OffloadMeta()
                 for name, pairs in kw.items():
+                    if name.startswith("tier_"):  # the disk: tier 1
+                        m.set_tier_events(1, **{name[5:] + "_event": 0})
+                        for a, b in pairs:
+                            getattr(m, "add_" + name)(1, a, b)
+                        continue
                     setattr(m, name + "_event", 0)
                     for a, b in pairs:
                         getattr(m, "add_" + name)(a, b)
@@ -158,12 +167,16 @@ class DiskAndLink(unittest.TestCase):
                 return fin, report
 
             step(store=[(1, 2)])                   # GPU 1 -> host 2
-            _, rep = step(disk_store=[(2, 5)])     # host 2 -> slot 5
-            self.assertEqual(rep.completed_of("disk_stores"), {0: 1})
+            _, rep = step(tier_store=[(2, 5)])     # host 2 -> slot 5
+            self.assertEqual(rep.completed_of("tier_stores", 1), {0: 1})
+            self.assertEqual(m_tiers_of(rep), {("stores", 0): {}, ("tier_stores", 1): {0: 1},
+                                               ("tier_loads", 1): {}})
+            with self.assertRaises(ValueError):
+                rep.completed_of("tier_stores")    # which tier?
             mirror.block(0, 2)[:] = b"\0" * 4096    # the host tier forgets it
-            _, rep = step(disk_load=[(5, 3)])      # slot 5 -> host 3
-            self.assertEqual(rep.completed_of("disk_loads"), {0: 1})
-            self.assertEqual(rep.failed_of("disk_loads"), set())
+            _, rep = step(tier_load=[(5, 3)])      # slot 5 -> host 3
+            self.assertEqual(rep.completed_of("tier_loads", 1), {0: 1})
+            self.assertEqual(rep.failed_of("tier_loads", 1), set())
             fin, _ = step(load=[(9, 3)])           # host 3 -> GPU 9
             self.assertEqual(fin, ["r"])
             self.assertEqual(dev[9 * 4096:10 * 4096], dev[4096:8192])

@@ -496,8 +496,8 @@ class _Scheduler:
         m = self.meta
         self._call(_lib.kvt_offload_build_meta(self.h, bool(preempted), self._meta_ref))
         c = m._m
-        if not (c.n_loads or c.n_stores or c.n_load_events or c.n_disk_loads or
-                c.n_disk_stores or c.n_load_invalid or preempted):
+        if not (c.n_loads or c.n_stores or c.n_load_events or c.n_load_invalid or preempted or
+                any(x.n_loads or x.n_stores for x in c.tiers)):
             return self._empty
         return KvtierConnectorMetadata(m.encode(), bool(preempted))
 
@@ -781,9 +781,7 @@ class _Worker:
         if self.worker is None:
             return None
         wm = self.worker.build_meta()
-        c = wm._m
-        if not any(getattr(c, k).n_completed or getattr(c, k).n_failed
-                   for k in ("stores", "disk_stores", "disk_loads")):
+        if not any(r.n_completed or r.n_failed for _, _, r in wm.reports()):
             return None
         return KvtierWorkerMetadata(wm.encode())
 
