@@ -30,6 +30,7 @@ static const struct {
     SIZE(kvt_offload_meta),
     SIZE(kvt_offload_worker_meta),
     SIZE(kvt_offload_stats),
+    SIZE(kvt_tier_stats),
     SIZE(kvt_bump),
     SIZE(kvt_copy_config),
     SIZE(kvt_mirror_config),

@@ -331,6 +331,31 @@ typedef struct kvt_offload_stats {
 } kvt_offload_stats;
 
 KVT_API void kvt_offload_get_stats(const kvt_offload *m, kvt_offload_stats *s);
+
+/* The same figures for every tier (tier 0 the host, tier 1 the disk behind it), so a program
+ * walks tiers by index instead of naming them; kvt_offload_stats' host_* / disk_* fields are
+ * the flat view of these. */
+typedef struct kvt_tier_stats {
+    const char *name;              /* "host", "disk" (static) */
+    uint64_t hit_blocks;           /* blocks of this tier pinned by hits */
+    uint64_t hit_tokens;           /* tokens of hits served from this tier */
+    uint64_t load_events;          /* loads out of this tier issued (to the GPU, or promotions) */
+    uint64_t store_events;         /* stores into this tier issued */
+    uint64_t store_blocks;         /* blocks in them */
+    uint64_t stores_completed;     /* blocks made findable */
+    uint64_t stores_failed;        /* blocks of store events a worker could not write */
+    uint64_t stores_abandoned;     /* blocks whose store completed after a reset */
+    uint64_t store_skipped_cached; /* not stored: already in this tier */
+    uint64_t store_dropped;        /* not stored: no free block or event room */
+    uint64_t evictions;            /* cached blocks reused for new ones */
+    uint32_t blocks, used_blocks, cached_blocks;
+    uint32_t load_events_in_flight, store_events_in_flight;
+} kvt_tier_stats;
+
+/* Tiers this manager has: 1 (host) or 2 (host and disk); 0 for NULL. */
+KVT_API uint32_t kvt_offload_num_tiers(const kvt_offload *m);
+/* Tier `tier`'s figures; KVT_ERANGE (out zeroed) for a tier the manager does not have. */
+KVT_API int kvt_offload_get_tier_stats(const kvt_offload *m, uint32_t tier, kvt_tier_stats *out);
 /* Writes the stats in Prometheus text exposition format (kvtier_offload_* families) into buf;
  * *len receives the length. KVT_ENOSPC (and the length needed in *len) if cap is too small. */
 KVT_API int kvt_offload_prometheus(const kvt_offload *m, char *buf, size_t cap, size_t *len);

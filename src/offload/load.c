@@ -119,7 +119,7 @@ int kvt_offload_match(kvt_offload *m, const char *id, uint32_t id_len, const uin
     r->hit_len = length;
     r->hit_computed = num_computed;
     m->st.hit_tokens += length;
-    m->st.hit_blocks += pinned;
+    m->tier[0].st.hit_blocks += pinned;
     *hit_tokens = length;
     return 0;
 }

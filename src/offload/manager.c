@@ -703,33 +703,90 @@ void kvt_offload_get_stats(const kvt_offload *m, kvt_offload_stats *s)
         return;
     }
     *s = m->st;
-    const struct kvi_ofl_tier *h = &m->tier[0], *d = &m->tier[1];
-    s->store_events = h->st.store_events;
-    s->store_blocks = h->st.store_blocks;
-    s->stores_completed = h->st.stores_completed;
-    s->stores_failed = h->st.stores_failed;
-    s->stores_abandoned = h->st.stores_abandoned;
-    s->load_events = h->st.load_events;
-    s->host_evictions = h->st.evictions;
-    s->disk_store_events = d->st.store_events;
-    s->disk_store_blocks = d->st.store_blocks;
-    s->disk_stores_completed = d->st.stores_completed;
-    s->disk_stores_failed = d->st.stores_failed;
-    s->disk_stores_abandoned = d->st.stores_abandoned;
-    s->disk_load_events = d->st.load_events;
-    s->disk_evictions = d->st.evictions;
-    s->host_blocks = m->tier[0].nb - 1;
-    s->host_used_blocks = m->tier[0].nb - 1 - kvt_pool_num_free(m->tier[0].pool);
-    s->host_cached_blocks = kvt_pool_num_cached(m->tier[0].pool);
+    kvt_tier_stats h, d;
+    (void)kvt_offload_get_tier_stats(m, 0, &h);
+    (void)kvt_offload_get_tier_stats(m, 1, &d); /* all zero with two tiers */
+    s->hit_blocks = h.hit_blocks;
+    s->load_events = h.load_events;
+    s->store_events = h.store_events;
+    s->store_blocks = h.store_blocks;
+    s->stores_completed = h.stores_completed;
+    s->stores_failed = h.stores_failed;
+    s->stores_abandoned = h.stores_abandoned;
+    s->store_skipped_cached = h.store_skipped_cached;
+    s->store_dropped_full = h.store_dropped;
+    s->host_evictions = h.evictions;
+    s->host_blocks = h.blocks;
+    s->host_used_blocks = h.used_blocks;
+    s->host_cached_blocks = h.cached_blocks;
+    s->load_events_in_flight = h.load_events_in_flight;
+    s->store_events_in_flight = h.store_events_in_flight;
+    s->disk_hit_blocks = d.hit_blocks;
+    s->disk_hit_tokens = d.hit_tokens;
+    s->disk_load_events = d.load_events;
+    s->disk_store_events = d.store_events;
+    s->disk_store_blocks = d.store_blocks;
+    s->disk_stores_completed = d.stores_completed;
+    s->disk_stores_failed = d.stores_failed;
+    s->disk_stores_abandoned = d.stores_abandoned;
+    s->disk_store_skipped_cached = d.store_skipped_cached;
+    s->disk_store_dropped = d.store_dropped;
+    s->disk_evictions = d.evictions;
+    s->disk_blocks = d.blocks;
+    s->disk_used_blocks = d.used_blocks;
+    s->disk_cached_blocks = d.cached_blocks;
+    s->disk_load_events_in_flight = d.load_events_in_flight;
+    s->disk_store_events_in_flight = d.store_events_in_flight;
     s->requests = m->n_reqs;
-    s->load_events_in_flight = m->tier[0].loads.n;
-    s->store_events_in_flight = m->tier[0].stores.n;
     uint32_t pending = m->tier[0].acc_n;
     for (uint32_t i = m->tier[0].stores.active.head; i != OFL_NONE;
          i = m->tier[0].stores.e[i].link.next)
         pending += m->tier[0].stores.e[i].n;
     s->pending_store_blocks = pending;
-    kvi_ofl_tier_stats(m, s);
+}
+
+uint32_t kvt_offload_num_tiers(const kvt_offload *m)
+{
+    uint32_t n = 0;
+    for (uint32_t t = 0; m && t < KVI_OFL_TIERS; t++)
+        if (m->tier[t].pool)
+            n = t + 1; /* tiers are consecutive: tier t exists only behind tier t - 1 */
+    return n;
+}
+
+int kvt_offload_get_tier_stats(const kvt_offload *m, uint32_t tier, kvt_tier_stats *out)
+{
+    if (!out)
+        return kvt_fail(KVT_EINVAL, "offload: get_tier_stats: NULL output");
+    memset(out, 0, sizeof(*out));
+    if (tier >= KVI_OFL_TIERS || tier >= kvt_offload_num_tiers(m))
+        return kvt_fail(KVT_ERANGE, "offload: tier %u of %u", tier, kvt_offload_num_tiers(m));
+    const struct kvi_ofl_tier *T = &m->tier[tier];
+    out->name = kvi_ofl_tier_name(tier);
+    out->hit_blocks = T->st.hit_blocks;
+    /* a hit's tokens are counted once, by the tier that serves them: the host's are what the
+     * tiers behind it did not serve */
+    out->hit_tokens = T->st.hit_tokens;
+    if (tier == 0) {
+        out->hit_tokens = m->st.hit_tokens;
+        for (uint32_t t = 1; t < KVI_OFL_TIERS; t++)
+            out->hit_tokens -= m->tier[t].st.hit_tokens;
+    }
+    out->load_events = T->st.load_events;
+    out->store_events = T->st.store_events;
+    out->store_blocks = T->st.store_blocks;
+    out->stores_completed = T->st.stores_completed;
+    out->stores_failed = T->st.stores_failed;
+    out->stores_abandoned = T->st.stores_abandoned;
+    out->store_skipped_cached = T->st.store_skipped_cached;
+    out->store_dropped = T->st.store_dropped;
+    out->evictions = T->st.evictions;
+    out->blocks = T->nb - 1;
+    out->used_blocks = T->nb - 1 - kvt_pool_num_free(T->pool);
+    out->cached_blocks = kvt_pool_num_cached(T->pool);
+    out->load_events_in_flight = T->loads.n;
+    out->store_events_in_flight = T->stores.n;
+    return 0;
 }
 
 int kvt_offload_prometheus(const kvt_offload *m, char *buf, size_t cap, size_t *len)
@@ -826,38 +883,65 @@ int kvt_offload_prometheus(const kvt_offload *m, char *buf, size_t cap, size_t *
          i++) /* three tiers only */
         kvi_prom_metric(&p, "kvtier_offload", disk_metrics[i].name, disk_metrics[i].help,
                         disk_metrics[i].gauge, disk_metrics[i].v);
-    /* The same figures per tier, with a tier label, for dashboards that sum or compare
-     * tiers (the unlabelled families above stay for existing scrapes). */
-    const char *tier_name[2] = {"host", "disk"};
-    const struct {
+        /* Every tier's figures, with a tier label, for dashboards that sum or compare tiers (the
+         * unlabelled families above stay for existing scrapes). */
+#define TIER_FIELD(f, name, help, gauge)                                                           \
+    {                                                                                              \
+        name, help, offsetof(kvt_tier_stats, f), sizeof(((kvt_tier_stats *)0)->f), gauge           \
+    }
+    static const struct {
         const char *name, *help;
-        uint64_t v[2];
+        size_t off, size;
         bool gauge;
-    } tiers[] = {
-        {"tier_blocks", "Usable blocks per tier.", {s.host_blocks, s.disk_blocks}, true},
-        {"tier_used_blocks",
-         "Blocks pinned by hits or transfers per tier.",
-         {s.host_used_blocks, s.disk_used_blocks},
-         true},
-        {"tier_cached_blocks",
-         "Blocks that can be hit per tier.",
-         {s.host_cached_blocks, s.disk_cached_blocks},
-         true},
-        {"tier_hit_blocks_total",
-         "Blocks pinned by hits per tier.",
-         {s.hit_blocks, s.disk_hit_blocks},
-         false},
-        {"tier_evictions_total",
-         "Cached blocks reused for new ones per tier.",
-         {s.host_evictions, s.disk_evictions},
-         false},
+    } tf[] = {
+        TIER_FIELD(blocks, "tier_blocks", "Usable blocks per tier.", true),
+        TIER_FIELD(used_blocks, "tier_used_blocks", "Blocks pinned by hits or transfers per tier.",
+                   true),
+        TIER_FIELD(cached_blocks, "tier_cached_blocks", "Blocks that can be hit per tier.", true),
+        TIER_FIELD(load_events_in_flight, "tier_load_events_in_flight",
+                   "Load events out of the tier not yet completed.", true),
+        TIER_FIELD(store_events_in_flight, "tier_store_events_in_flight",
+                   "Store events into the tier not yet completed.", true),
+        TIER_FIELD(hit_blocks, "tier_hit_blocks_total", "Blocks pinned by hits per tier.", false),
+        TIER_FIELD(hit_tokens, "tier_hit_tokens_total", "Tokens of hits served by the tier.",
+                   false),
+        TIER_FIELD(load_events, "tier_load_events_total", "Load events out of the tier issued.",
+                   false),
+        TIER_FIELD(store_events, "tier_store_events_total", "Store events into the tier issued.",
+                   false),
+        TIER_FIELD(store_blocks, "tier_store_blocks_total", "Blocks in those store events.", false),
+        TIER_FIELD(stores_completed, "tier_stores_completed_total",
+                   "Blocks made findable in the tier.", false),
+        TIER_FIELD(stores_failed, "tier_stores_failed_total",
+                   "Blocks of store events a worker could not write.", false),
+        TIER_FIELD(stores_abandoned, "tier_stores_abandoned_total",
+                   "Blocks whose store completed after a reset.", false),
+        TIER_FIELD(store_skipped_cached, "tier_store_skipped_cached_total",
+                   "Blocks not stored: already in the tier.", false),
+        TIER_FIELD(store_dropped, "tier_store_dropped_total",
+                   "Blocks not stored: no free block or event room.", false),
+        TIER_FIELD(evictions, "tier_evictions_total", "Cached blocks reused for new ones per tier.",
+                   false),
     };
-    int n_tiers = m->tier[1].pool ? 2 : 1;
-    for (size_t i = 0; i < KVT_ARRAY_LEN(tiers); i++) {
-        kvi_prom_family(&p, "kvtier_offload", tiers[i].name, tiers[i].help, tiers[i].gauge);
-        for (int t = 0; t < n_tiers; t++)
-            kvi_prom_sample(&p, "kvtier_offload", tiers[i].name, "tier", tier_name[t],
-                            tiers[i].v[t]);
+#undef TIER_FIELD
+    kvt_tier_stats ts[KVT_MAX_TIERS];
+    uint32_t n_tiers = kvt_offload_num_tiers(m);
+    for (uint32_t t = 0; t < n_tiers && t < KVT_MAX_TIERS; t++)
+        (void)kvt_offload_get_tier_stats(m, t, &ts[t]);
+    for (size_t i = 0; i < KVT_ARRAY_LEN(tf); i++) {
+        kvi_prom_family(&p, "kvtier_offload", tf[i].name, tf[i].help, tf[i].gauge);
+        for (uint32_t t = 0; t < n_tiers && t < KVT_MAX_TIERS; t++) {
+            const char *f = (const char *)&ts[t] + tf[i].off;
+            uint64_t v;
+            if (tf[i].size == sizeof(uint64_t)) {
+                memcpy(&v, f, sizeof(v));
+            } else {
+                uint32_t v32;
+                memcpy(&v32, f, sizeof(v32));
+                v = v32;
+            }
+            kvi_prom_sample(&p, "kvtier_offload", tf[i].name, "tier", ts[t].name, v);
+        }
     }
     const struct {
         const char *reason;

@@ -115,7 +115,9 @@ struct kvi_ofl_tier {
         uint64_t store_events, store_blocks;                        /* issued */
         uint64_t stores_completed, stores_failed, stores_abandoned; /* blocks */
         uint64_t load_events;                                       /* issued */
-        uint64_t evictions; /* cached blocks reused for new stores */
+        uint64_t evictions;              /* cached blocks reused for new stores */
+        uint64_t hit_blocks, hit_tokens; /* tier 0's tokens: kvt_offload_get_tier_stats */
+        uint64_t store_skipped_cached, store_dropped; /* blocks not stored into this tier */
     } st;
     uint32_t *search_out[KVT_MAX_GROUPS]; /* scratch of the longest-hit search */
 };
@@ -314,6 +316,5 @@ int kvi_ofl_tier_check_output(const kvt_offload *m, const kvt_offload_worker_met
 void kvi_ofl_tier_apply_output(kvt_offload *m, const kvt_offload_worker_meta *wm);
 void kvi_ofl_tier_abandon(kvt_offload *m);
 bool kvi_ofl_tier_pending(const kvt_offload *m);
-void kvi_ofl_tier_stats(const kvt_offload *m, kvt_offload_stats *s);
 
 #endif

@@ -153,11 +153,11 @@ void kvi_ofl_select_eager(kvt_offload *m, struct kvi_ofl_req *r, const uint32_t 
                 continue;
             }
             if (host_has_key(m, &k)) {
-                m->st.store_skipped_cached++;
+                m->tier[0].st.store_skipped_cached++;
                 continue;
             }
             if (n >= budget) {
-                m->st.store_dropped_full++;
+                m->tier[0].st.store_dropped++;
                 full = true; /* retried next step from here */
                 break;
             }

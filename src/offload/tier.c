@@ -132,8 +132,8 @@ uint32_t kvi_ofl_tier_pin(kvt_offload *m, struct kvi_ofl_req *r, uint32_t want)
         tail = h;
     }
     r->dhit_n = n;
-    m->st.disk_hit_blocks += n;
-    m->st.disk_hit_tokens += (uint64_t)n * m->gcfg.groups[0].block_size;
+    m->tier[1].st.hit_blocks += n;
+    m->tier[1].st.hit_tokens += (uint64_t)n * m->gcfg.groups[0].block_size;
     return n;
 }
 
@@ -252,11 +252,11 @@ void kvi_ofl_tier_writeback(kvt_offload *m, uint32_t h)
     uint32_t group, d;
     memcpy(&group, keys + m->hash_len, sizeof(group));
     if (kvt_pool_lookup(m->tier[1].pool, keys, group, &d) == 1) {
-        m->st.disk_store_skipped_cached++;
+        m->tier[1].st.store_skipped_cached++;
         return;
     }
     if (m->tier[1].stores.n >= m->tier[1].stores.cap || kvt_pool_num_free(m->tier[1].pool) == 0) {
-        m->st.disk_store_dropped++;
+        m->tier[1].st.store_dropped++;
         return;
     }
     uint32_t lru = kvt_pool_lru_first(m->tier[1].pool), nk = 0;
@@ -424,15 +424,4 @@ bool kvi_ofl_tier_pending(const kvt_offload *m)
 {
     return m->tier[1].pool && (m->tier[1].loads.n || m->tier[1].stores.n || m->tier[1].acc_n ||
                                m->promoq_head != OFL_NONE);
-}
-
-void kvi_ofl_tier_stats(const kvt_offload *m, kvt_offload_stats *s)
-{
-    if (!m->tier[1].pool)
-        return;
-    s->disk_blocks = m->tier[1].nb - 1;
-    s->disk_used_blocks = m->tier[1].nb - 1 - kvt_pool_num_free(m->tier[1].pool);
-    s->disk_cached_blocks = kvt_pool_num_cached(m->tier[1].pool);
-    s->disk_load_events_in_flight = m->tier[1].loads.n;
-    s->disk_store_events_in_flight = m->tier[1].stores.n;
 }

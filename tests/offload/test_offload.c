@@ -818,7 +818,7 @@ static void metrics_count_activity_in_prometheus_text(void **state)
     sim_req a;
     sim_req_make(&a, "a", 3 * SIM_BS + 1, 1, 3 * SIM_BS + 1, 0);
     sim_store_prompt(&s, &a, 1);
-    char buf[8192];
+    char buf[16384];
     size_t len;
     KVT_OK_(kvt_offload_prometheus(s.m, buf, sizeof(buf), &len));
     assert_int_equal(strlen(buf), len);

@@ -158,6 +158,36 @@ static void disk_hit_is_promoted_before_the_single_gpu_load(void **state)
     assert_int_equal(st.promotions, 4);
     assert_int_equal(st.disk_hit_tokens, 4 * SIM_BS);
     assert_int_equal(st.disk_used_blocks, 0);
+    /* the same figures per tier, by index: a hit's tokens counted by the tier serving them */
+    kvt_tier_stats h, d;
+    assert_int_equal(kvt_offload_num_tiers(s.m), 2);
+    KVT_OK_(kvt_offload_get_tier_stats(s.m, 0, &h));
+    KVT_OK_(kvt_offload_get_tier_stats(s.m, 1, &d));
+    assert_string_equal(h.name, "host");
+    assert_string_equal(d.name, "disk");
+    assert_int_equal(d.hit_tokens, st.disk_hit_tokens);
+    assert_int_equal(h.hit_tokens + d.hit_tokens, st.hit_tokens);
+    assert_int_equal(d.hit_blocks, st.disk_hit_blocks);
+    assert_int_equal(h.hit_blocks, st.hit_blocks);
+    assert_int_equal(d.load_events, st.disk_load_events);
+    assert_int_equal(d.load_events, 1);
+    assert_int_equal(h.load_events, st.load_events);
+    assert_int_equal(d.stores_completed, st.disk_stores_completed);
+    assert_true(d.stores_completed > 0);
+    assert_int_equal(h.stores_completed, st.stores_completed);
+    assert_int_equal(h.evictions, st.host_evictions);
+    assert_int_equal(d.blocks, st.disk_blocks);
+    assert_int_equal(h.cached_blocks, st.host_cached_blocks);
+    uint64_t disk_tokens = d.hit_tokens;
+    KVT_ERR_(kvt_offload_get_tier_stats(s.m, 2, &d), KVT_ERANGE);
+    assert_null(d.name); /* zeroed */
+    char buf[32768];
+    size_t len;
+    KVT_OK_(kvt_offload_prometheus(s.m, buf, sizeof(buf), &len));
+    char want[96];
+    snprintf(want, sizeof(want), "kvtier_offload_tier_hit_tokens_total{tier=\"disk\"} %llu\n",
+             (unsigned long long)disk_tokens);
+    assert_non_null(strstr(buf, want));
     assert_false(kvt_offload_has_pending(s.m));
     sim_fini(&s);
 }
@@ -304,6 +334,11 @@ static void three_tiers_need_one_full_attention_group_and_a_real_disk_size(void 
     oc.disk_blocks = 0; /* two tiers: no disk pool, no disk metrics, no disk resize */
     KVT_OK_(kvt_offload_create(&oc, gpu, &m));
     assert_null(kvt_offload_disk_pool(m));
+    kvt_tier_stats ts;
+    assert_int_equal(kvt_offload_num_tiers(m), 1);
+    KVT_OK_(kvt_offload_get_tier_stats(m, 0, &ts));
+    KVT_ERR_(kvt_offload_get_tier_stats(m, 1, &ts), KVT_ERANGE);
+    assert_int_equal(kvt_offload_num_tiers(NULL), 0);
     KVT_ERR_(kvt_offload_lower_disk_blocks(m, 8), KVT_ESTATE);
     char buf[16384];
     size_t len;

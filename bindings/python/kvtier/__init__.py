@@ -485,6 +485,18 @@ class OffloadManager(_Handle):
         _lib.kvt_offload_get_stats(self._h, ctypes.byref(s))
         return {name: getattr(s, name) for name, _ in L.kvt_offload_stats._fields_}
 
+    def tier_stats(self):
+        """Every tier's figures, by index (0 the host, 1 the disk): a list of dicts with the
+        tier's "name" and the fields of kvt_tier_stats."""
+        out = []
+        for t in range(_lib.kvt_offload_num_tiers(self._h)):
+            s = L.kvt_tier_stats()
+            _check(_lib.kvt_offload_get_tier_stats(self._h, t, ctypes.byref(s)))
+            d = {name: getattr(s, name) for name, _ in L.kvt_tier_stats._fields_}
+            d["name"] = s.name.decode()
+            out.append(d)
+        return out
+
     def prometheus(self):
         """The stats in Prometheus text exposition format."""
         n = ctypes.c_size_t(0)

@@ -164,6 +164,18 @@ class kvt_offload_stats(ctypes.Structure):
                 [(n, c_u64) for n in DISK_COUNTERS] + [(n, c_u32) for n in DISK_GAUGES])
 
 
+TIER_COUNTERS = ("hit_blocks", "hit_tokens", "load_events", "store_events", "store_blocks",
+                 "stores_completed", "stores_failed", "stores_abandoned",
+                 "store_skipped_cached", "store_dropped", "evictions")
+TIER_GAUGES = ("blocks", "used_blocks", "cached_blocks", "load_events_in_flight",
+               "store_events_in_flight")
+
+
+class kvt_tier_stats(ctypes.Structure):
+    _fields_ = ([("name", ctypes.c_char_p)] + [(n, c_u64) for n in TIER_COUNTERS] +
+                [(n, c_u32) for n in TIER_GAUGES])
+
+
 class kvt_copy_config(ctypes.Structure):
     _fields_ = [("backend", c_int), ("threads", c_u32), ("max_descriptors", c_u32),
                 ("max_events", c_u32), ("nt_min_bytes", c_u64), ("chunk_bytes", c_u64),
@@ -493,6 +505,8 @@ _sig("kvt_offload_reset", c_int, vp)
 _sig("kvt_offload_has_pending", c_bool, vp)
 _sig("kvt_offload_get_stats", None, vp, P(kvt_offload_stats))
 _sig("kvt_offload_prometheus", c_int, vp, cp, ctypes.c_size_t, P(ctypes.c_size_t))
+_sig("kvt_offload_num_tiers", c_u32, vp)
+_sig("kvt_offload_get_tier_stats", c_int, vp, c_u32, P(kvt_tier_stats))
 
 
 class kvt_metrics_source(ctypes.Structure):

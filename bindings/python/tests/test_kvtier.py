@@ -190,6 +190,11 @@ class DiskAndLink(unittest.TestCase):
         mgr.lower_disk_blocks(12)
         self.assertEqual(mgr.stats()["disk_blocks"], 11)
         self.assertIn("kvtier_offload_disk_blocks 11", mgr.prometheus())
+        tiers = mgr.tier_stats()  # the same figures by tier index
+        self.assertEqual([t["name"] for t in tiers], ["host", "disk"])
+        self.assertEqual(tiers[1]["blocks"], 11)
+        self.assertEqual(tiers[0]["blocks"], mgr.stats()["host_blocks"])
+        self.assertIn('kvtier_offload_tier_blocks{tier="disk"} 11', mgr.prometheus())
 
     @staticmethod
     def _store_meta():
