@@ -142,6 +142,9 @@ enum kvt_arena_flags {
 typedef struct kvt_arena_config {
     size_t size;    /* bytes; rounded up to the page size in use, never to a power of two */
     unsigned flags; /* kvt_arena_flags; default POPULATE | DONTFORK | THP */
+    /* room for fields to come, so the struct keeps its size: zero (as *_config_init
+     * leaves it); a create refuses a config whose room is not zero */
+    uint64_t reserved[8];
 } kvt_arena_config;
 
 typedef struct kvt_arena kvt_arena;

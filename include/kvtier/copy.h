@@ -88,6 +88,9 @@ typedef struct kvt_mirror_config {
                              unpinned (a warning is logged; copies still work, slower) */
     uint64_t pin_chunk;   /* bytes per cuMemHostRegister call; default 64 GiB (one call
                              >= 512 GiB fails on some systems) */
+    /* room for fields to come, so the struct keeps its size: zero (as *_config_init
+     * leaves it); a create refuses a config whose room is not zero */
+    uint64_t reserved[8];
 } kvt_mirror_config;
 
 typedef struct kvt_mirror kvt_mirror;
@@ -148,6 +151,9 @@ typedef struct kvt_copy_config {
                                   loaded and passed its self-test at create; see
                                   kvt_copy_kernel_name); default 128 KiB; 0: always DMA;
                                   KVTIER_CUDA_KERNEL_MAX_BYTES overrides */
+    /* room for fields to come, so the struct keeps its size: zero (as *_config_init
+     * leaves it); a create refuses a config whose room is not zero */
+    uint64_t reserved[8];
 } kvt_copy_config;
 
 typedef struct kvt_copy kvt_copy;
@@ -205,6 +211,7 @@ typedef struct kvt_copy_stats {
     uint64_t bytes[2];         /* bytes submitted */
     uint64_t descriptors[2];   /* copies after coalescing, region-major */
     uint32_t outstanding[2];   /* events submitted and not yet reported */
+    uint64_t reserved[8];      /* room for figures to come (zero) */
 } kvt_copy_stats;
 
 KVT_API void kvt_copy_get_stats(const kvt_copy *c, kvt_copy_stats *s);

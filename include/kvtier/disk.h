@@ -48,6 +48,9 @@ typedef struct kvt_disk_config {
     bool page_cache;         /* buffered I/O instead of O_DIRECT; slots are not padded */
     uint32_t queue_depth;    /* I/Os in flight per pipeline (= staging buffers); default 16 */
     uint32_t max_events;     /* events outstanding per direction; default 1024 */
+    /* room for fields to come, so the struct keeps its size: zero (as *_config_init
+     * leaves it); a create refuses a config whose room is not zero */
+    uint64_t reserved[8];
 } kvt_disk_config;
 
 typedef struct kvt_disk kvt_disk;
@@ -95,6 +98,7 @@ typedef struct kvt_disk_stats {
     uint64_t bytes[2];       /* slot bytes moved successfully */
     uint64_t io_errors[2];   /* blocks whose I/O failed or was short */
     uint32_t fatal;          /* 1 once a fatal error stopped the tier */
+    uint64_t reserved[8];    /* room for figures to come (zero) */
 } kvt_disk_stats;
 
 KVT_API void kvt_disk_get_stats(const kvt_disk *d, kvt_disk_stats *s);

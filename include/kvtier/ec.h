@@ -109,6 +109,9 @@ typedef struct kvt_ec_shard_config {
     uint32_t max_residents;  /* resident entries (current and displaced); default 65,536 */
     uint32_t max_events;     /* readiness / abandoned / reclaimed backlog each; default 4,096 */
     kvt_clock clock;         /* default: the monotonic clock */
+    /* room for fields to come, so the struct keeps its size: zero (as *_config_init
+     * leaves it); a create refuses a config whose room is not zero */
+    uint64_t reserved[8];
 } kvt_ec_shard_config;
 
 /* The reply to a reserve (the control server adds dst_session). */
@@ -246,8 +249,9 @@ typedef struct kvt_ec_shard_stats {
     uint64_t reclaims, deferred_frees, tombstones_dropped, events_dropped;
     uint32_t records, tombstones, residents, writers;
     uint64_t free_bytes, capacity;
-    uint64_t held_bytes; /* held by writers' reservations, resident entries and frees waiting
-                            for a fence: capacity - free_bytes unless bytes were lost */
+    uint64_t held_bytes;  /* held by writers' reservations, resident entries and frees waiting
+                             for a fence: capacity - free_bytes unless bytes were lost */
+    uint64_t reserved[8]; /* room for figures to come (zero) */
 } kvt_ec_shard_stats;
 KVT_API void kvt_ec_shard_get_stats(const kvt_ec_shard *sh, kvt_ec_shard_stats *st);
 /* The stats in Prometheus text (kvtier_ec_shard_* families); *len receives the length,
@@ -281,6 +285,9 @@ typedef struct kvt_ec_sched_config {
     uint32_t max_tombstones;    /* default 65,536, oldest dropped first */
     uint32_t max_partial;       /* transfers with readiness from some shards only; 4,096 */
     kvt_clock clock;
+    /* room for fields to come, so the struct keeps its size: zero (as *_config_init
+     * leaves it); a create refuses a config whose room is not zero */
+    uint64_t reserved[8];
 } kvt_ec_sched_config;
 
 /* A readiness report of one shard (its control server's event). */
@@ -373,6 +380,7 @@ typedef struct kvt_ec_sched_stats {
     uint64_t cancels;       /* cancels queued for the shards */
     uint32_t transfers[KVT_ECT_CANCELLED + 1]; /* gauges: records per state (index = state) */
     uint32_t requests;                         /* gauge: requests tracked */
+    uint64_t reserved[8];                      /* room for figures to come (zero) */
 } kvt_ec_sched_stats;
 KVT_API void kvt_ec_sched_get_stats(const kvt_ec_sched *s, kvt_ec_sched_stats *st);
 /* The stats in Prometheus text (kvtier_ec_sched_* families; transfers by state label). */
@@ -463,6 +471,9 @@ typedef struct kvt_ec_producer_config {
     uint32_t max_batch;       /* records one dispatch batch pushes together; default 1,024 */
     uint64_t max_batch_bytes; /* and their bytes (one record alone may be larger); 256 MiB */
     kvt_clock clock;
+    /* room for fields to come, so the struct keeps its size: zero (as *_config_init
+     * leaves it); a create refuses a config whose room is not zero */
+    uint64_t reserved[8];
 } kvt_ec_producer_config;
 
 /* A push that failed, reported once: its mm_hash and the first error. */
@@ -521,6 +532,7 @@ typedef struct kvt_ec_producer_stats {
     uint64_t completes, rejected, abandons, failed, cancelled, done;
     uint64_t silent_shards; /* shards that let a control message time out: not asked again in
                                that call, their reservations left to the consumer's TTL */
+    uint64_t reserved[8];   /* room for figures to come (zero) */
 } kvt_ec_producer_stats;
 KVT_API void kvt_ec_producer_get_stats(const kvt_ec_producer *p, kvt_ec_producer_stats *st);
 /* The stats in Prometheus text (kvtier_ec_producer_* families, pending records as a gauge). */

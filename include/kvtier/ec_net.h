@@ -61,6 +61,9 @@ typedef struct kvt_ec_server_config {
      * 0 .. 100,000 us; default 300 (docs/benchmarks.md: without it, 1 run in 4 of 16 MiB
      * batches over tcp fell to half speed); the cost is CPU only while traffic flows */
     uint32_t spin_us;
+    /* room for fields to come, so the struct keeps its size: zero (as *_config_init
+     * leaves it); a create refuses a config whose room is not zero */
+    uint64_t reserved[8];
 } kvt_ec_server_config;
 
 typedef struct kvt_ec_server kvt_ec_server;
@@ -106,6 +109,7 @@ typedef struct kvt_ec_server_stats {
     uint64_t refused;           /* items refused as not the sender's: another client's
                                    reservation, or a consumer-side cancel without the owner key */
     uint64_t completes_pending; /* completions answered pending: bytes still arriving */
+    uint64_t reserved[8];       /* room for figures to come (zero) */
 } kvt_ec_server_stats;
 KVT_API void kvt_ec_server_get_stats(kvt_ec_server *s, kvt_ec_server_stats *st);
 
@@ -132,6 +136,9 @@ typedef struct kvt_ec_net_config {
     /* CURVE (optional, all three or none): the consumers' server public key and this
      * client's key pair, 40 Z85 characters each. */
     const char *curve_server_key, *curve_public_key, *curve_secret_key;
+    /* room for fields to come, so the struct keeps its size: zero (as *_config_init
+     * leaves it); a create refuses a config whose room is not zero */
+    uint64_t reserved[8];
 } kvt_ec_net_config;
 
 typedef struct kvt_ec_net_consumer kvt_ec_net_consumer;
@@ -164,6 +171,9 @@ typedef struct kvt_ec_inbox_config {
     const char *owner_key;
     /* Where the shards' event sockets are reached; default (NULL) 127.0.0.1. */
     const char *event_host;
+    /* room for fields to come, so the struct keeps its size: zero (as *_config_init
+     * leaves it); a create refuses a config whose room is not zero */
+    uint64_t reserved[8];
 } kvt_ec_inbox_config;
 
 typedef struct kvt_ec_inbox kvt_ec_inbox;
@@ -176,6 +186,7 @@ typedef struct kvt_ec_inbox_stats {
     uint64_t cancels_failed;  /* ... on some shard not even after the second round */
     uint64_t cancels_dropped; /* the queue was full */
     uint32_t shards;          /* discovered shards, 0 until discovery succeeded */
+    uint64_t reserved[8];     /* room for figures to come (zero) */
 } kvt_ec_inbox_stats;
 
 KVT_API void kvt_ec_inbox_config_init(kvt_ec_inbox_config *cfg);

@@ -89,6 +89,9 @@ typedef struct kvt_offload_config {
                                     between its schedule calls and that next call (vLLM's
                                     connector schedules inside build_connector_meta); default
                                     false */
+    /* room for fields to come, so the struct keeps its size: zero (as *_config_init
+     * leaves it); a create refuses a config whose room is not zero */
+    uint64_t reserved[8];
 } kvt_offload_config;
 
 typedef struct kvt_offload kvt_offload;
@@ -328,6 +331,7 @@ typedef struct kvt_offload_stats {
     /* three tiers: gauges */
     uint32_t disk_blocks, disk_used_blocks, disk_cached_blocks;
     uint32_t disk_load_events_in_flight, disk_store_events_in_flight;
+    uint64_t reserved[8]; /* room for figures to come (zero) */
 } kvt_offload_stats;
 
 KVT_API void kvt_offload_get_stats(const kvt_offload *m, kvt_offload_stats *s);
@@ -350,6 +354,7 @@ typedef struct kvt_tier_stats {
     uint64_t evictions;            /* cached blocks reused for new ones */
     uint32_t blocks, used_blocks, cached_blocks;
     uint32_t load_events_in_flight, store_events_in_flight;
+    uint64_t reserved[8]; /* room for figures to come (zero) */
 } kvt_tier_stats;
 
 /* Tiers this manager has: 1 (host) or 2 (host and disk); 0 for NULL. */

@@ -65,6 +65,9 @@ typedef struct kvt_pool_config {
     bool eagle;                    /* EAGLE speculative decoding: drop the last matched block */
     uint32_t n_groups;             /* KV cache groups (key group ids 0..n_groups-1); default 1 */
     kvt_group_spec groups[KVT_MAX_GROUPS]; /* default: groups[0] full attention, 16 tokens */
+    /* room for fields to come, so the struct keeps its size: zero (as *_config_init
+     * leaves it); a create refuses a config whose room is not zero */
+    uint64_t reserved[8];
 } kvt_pool_config;
 
 typedef struct kvt_pool kvt_pool;

@@ -45,6 +45,9 @@ extern "C" {
 typedef struct kvt_worker_config {
     uint32_t rank;        /* for messages */
     kvt_copy_config copy; /* the copy engine's configuration */
+    /* room for fields to come, so the struct keeps its size: zero (as *_config_init
+     * leaves it); a create refuses a config whose room is not zero */
+    uint64_t reserved[8];
 } kvt_worker_config;
 
 typedef struct kvt_worker kvt_worker;

@@ -85,6 +85,8 @@ int kvt_arena_create(const kvt_arena_config *cfg, kvt_arena **out)
     *out = NULL;
     if (!cfg || cfg->size == 0)
         return kvt_fail(KVT_EINVAL, "arena: size must be positive");
+    if (kvi_check_reserved(cfg->reserved, sizeof(cfg->reserved), "arena config"))
+        return KVT_EINVAL;
     unsigned fl = cfg->flags;
     if ((fl & KVT_ARENA_HUGE_2M) && (fl & KVT_ARENA_HUGE_1G))
         return kvt_fail(KVT_EINVAL, "arena: choose 2 MiB or 1 GiB huge pages, not both");

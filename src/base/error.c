@@ -8,6 +8,7 @@
  * after the failing call.
  */
 #include "base/error.h"
+#include "kvtier/version.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -117,4 +118,15 @@ int kvi_fail_wrap(int err, const char *prefix)
     tmp[n + 2 + m] = '\0';
     memcpy(tls_msg, tmp, sizeof(tls_msg));
     return err;
+}
+
+int kvi_check_reserved(const uint64_t *room, size_t bytes, const char *what)
+{
+    for (size_t i = 0; i < bytes / sizeof(uint64_t); i++)
+        if (room[i])
+            return kvt_fail(KVT_EINVAL,
+                            "%s: reserved word %zu is set (a field of a newer kvtier than this "
+                            "library, %s?); leave the room zero, as the _config_init call does",
+                            what, i, kvt_version());
+    return 0;
 }

@@ -13,6 +13,9 @@
 int kvi_fail_errno(int errno_value, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Prefixes the current detail message with "prefix: " (adds context on the way up). */
 int kvi_fail_wrap(int err, const char *prefix);
+/* A config's reserved room (uint64_t reserved[n], n x 8 bytes) must be zero: a set word is a
+ * field this build does not know. KVT_EINVAL naming `what` otherwise. */
+int kvi_check_reserved(const uint64_t *room, size_t bytes, const char *what);
 /* Clears the detail message (successful public calls need not call it). */
 void kvi_clear_error(void);
 

@@ -173,6 +173,8 @@ int kvt_copy_create(const kvt_copy_config *cfg, const kvt_layout *layout, const 
                     kvt_copy **out)
 {
     *out = NULL;
+    if (kvi_check_reserved(cfg->reserved, sizeof(cfg->reserved), "copy config"))
+        return KVT_EINVAL;
     int rc = check_mirror(layout, mirror);
     if (rc)
         return rc;

@@ -77,6 +77,8 @@ static void pin(kvt_mirror *m, uint64_t chunk)
 int kvt_mirror_create(const kvt_mirror_config *cfg, const kvt_layout *layout, kvt_mirror **out)
 {
     *out = NULL;
+    if (kvi_check_reserved(cfg->reserved, sizeof(cfg->reserved), "mirror config"))
+        return KVT_EINVAL;
     if (cfg->host_blocks == 0)
         return kvt_fail(KVT_EINVAL, "mirror: host_blocks must be > 0");
     if (layout->n_regions == 0)

@@ -542,6 +542,8 @@ static int open_file(kvt_disk *d)
 int kvt_disk_create(const kvt_disk_config *cfg, const kvt_layout *layout, kvt_disk **out)
 {
     *out = NULL;
+    if (kvi_check_reserved(cfg->reserved, sizeof(cfg->reserved), "disk config"))
+        return KVT_EINVAL;
     if (!cfg->path || !cfg->path[0])
         return kvt_fail(KVT_EINVAL, "disk: path is required");
     if (kvt_layout_device(layout) >= 0 && !kvt_cuda_available())

@@ -431,6 +431,8 @@ int kvt_ec_producer_create(const kvt_ec_producer_config *cfg, kvt_ec_producer **
 {
     if (!cfg || !out)
         return kvt_fail(KVT_EINVAL, "ec producer: NULL argument");
+    if (kvi_check_reserved(cfg->reserved, sizeof(cfg->reserved), "ec producer config"))
+        return KVT_EINVAL;
     *out = NULL;
     const kvt_ec_consumer_ops *o = &cfg->ops;
     if (!o->shards || !o->reserve || !o->write || !o->complete || !o->cancel)

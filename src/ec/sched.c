@@ -281,6 +281,8 @@ int kvt_ec_sched_create(const kvt_ec_sched_config *cfg, kvt_ec_sched **out)
 {
     if (!cfg || !out)
         return kvt_fail(KVT_EINVAL, "ec sched: NULL argument");
+    if (kvi_check_reserved(cfg->reserved, sizeof(cfg->reserved), "ec sched config"))
+        return KVT_EINVAL;
     *out = NULL;
     if (cfg->shards < 1 || cfg->shards > KVT_EC_MAX_SHARDS)
         return kvt_fail(KVT_EINVAL, "ec sched: shards %u must be 1..%u", cfg->shards,

@@ -271,6 +271,8 @@ int kvt_ec_shard_create(const kvt_ec_shard_config *cfg, kvt_ec_shard **out)
 {
     if (!cfg || !out)
         return kvt_fail(KVT_EINVAL, "ec shard: NULL argument");
+    if (kvi_check_reserved(cfg->reserved, sizeof(cfg->reserved), "ec shard config"))
+        return KVT_EINVAL;
     *out = NULL;
     if (cfg->ttl_ns == 0 || cfg->max_records == 0 || cfg->max_residents == 0 ||
         cfg->max_events == 0 || !cfg->clock.now_ns || cfg->max_records > (1u << 24) ||

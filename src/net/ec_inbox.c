@@ -198,6 +198,8 @@ int kvt_ec_inbox_create(const kvt_ec_inbox_config *cfg, kvt_ec_inbox **out)
 {
     if (!cfg || !out || !cfg->consumer)
         return kvt_fail(KVT_EINVAL, "ec inbox: create: NULL argument or no consumer address");
+    if (kvi_check_reserved(cfg->reserved, sizeof(cfg->reserved), "ec inbox config"))
+        return KVT_EINVAL;
     if (cfg->control_timeout_ms < 1 || cfg->retry_ms < 1 || cfg->max_cancels < 1 ||
         cfg->max_cancels > (1u << 24))
         return kvt_fail(KVT_EINVAL, "ec inbox: timeouts >= 1 ms, max_cancels 1..2^24");

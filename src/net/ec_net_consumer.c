@@ -50,6 +50,8 @@ int kvt_ec_net_consumer_create(const kvt_ec_net_config *cfg, kvt_ec_net_consumer
 {
     if (!cfg || !out)
         return kvt_fail(KVT_EINVAL, "ec net: create: NULL argument");
+    if (kvi_check_reserved(cfg->reserved, sizeof(cfg->reserved), "ec net config"))
+        return KVT_EINVAL;
     if (cfg->control_timeout_ms < 1 || cfg->write_timeout_ms < 1 ||
         cfg->control_timeout_ms > 3600000 || cfg->write_timeout_ms > 3600000)
         return kvt_fail(KVT_EINVAL, "ec net: timeouts must be 1 ms .. 1 h");

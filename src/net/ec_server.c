@@ -900,6 +900,8 @@ int kvt_ec_server_start(const kvt_ec_server_config *cfg, kvt_ec_shard *shard, kv
 {
     if (!cfg || !shard || !out)
         return kvt_fail(KVT_EINVAL, "ec server: start: NULL argument");
+    if (kvi_check_reserved(cfg->reserved, sizeof(cfg->reserved), "ec server config"))
+        return KVT_EINVAL;
     *out = NULL;
     int rc = check_config(cfg);
     if (rc)

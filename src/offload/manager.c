@@ -374,6 +374,8 @@ static uint32_t lazy_target(const kvt_offload *m)
 
 static int validate_config(const kvt_offload_config *c, const kvt_pool_config *g)
 {
+    if (kvi_check_reserved(c->reserved, sizeof(c->reserved), "offload config"))
+        return KVT_EINVAL;
     if (c->host_blocks < 2 || c->host_blocks == UINT32_MAX)
         return kvt_fail(KVT_EINVAL,
                         "offload: host_blocks %u must be at least 2 (see "

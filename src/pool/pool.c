@@ -37,6 +37,8 @@ void kvt_pool_config_init(kvt_pool_config *cfg)
 
 static int validate_config(const kvt_pool_config *c, uint32_t *sched_bs)
 {
+    if (kvi_check_reserved(c->reserved, sizeof(c->reserved), "pool config"))
+        return KVT_EINVAL;
     if (c->num_blocks < 2 || c->num_blocks == UINT32_MAX)
         return kvt_fail(KVT_EINVAL,
                         "pool: num_blocks %u must be in 2..%u (block 0 is the null "

@@ -89,6 +89,8 @@ int kvt_worker_create(const kvt_worker_config *cfg, const kvt_layout *layout,
                       const kvt_mirror *mirror, kvt_worker **out)
 {
     *out = NULL;
+    if (kvi_check_reserved(cfg->reserved, sizeof(cfg->reserved), "worker config"))
+        return KVT_EINVAL;
     kvt_worker *w = calloc(1, sizeof(*w));
     if (!w)
         return kvt_fail(KVT_ENOMEM, "worker: out of memory");
@@ -123,6 +125,8 @@ int kvt_worker_create_disk(const kvt_worker_config *cfg, const kvt_layout *layou
                            kvt_worker **out)
 {
     *out = NULL;
+    if (kvi_check_reserved(cfg->reserved, sizeof(cfg->reserved), "worker config"))
+        return KVT_EINVAL;
     kvt_worker *w = calloc(1, sizeof(*w));
     if (!w)
         return kvt_fail(KVT_ENOMEM, "worker: out of memory");

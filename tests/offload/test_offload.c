@@ -1033,10 +1033,44 @@ static void engine_pool_is_reached_through_batched_callbacks(void **state)
     kvt_pool_destroy(gpu);
 }
 
+/* Configs keep room for fields to come: a create refuses a config whose room is not zero (a
+ * field of a newer header than this library), and names the word. */
+static void config_room_must_be_zero(void **state)
+{
+    (void)state;
+    kvt_pool_config pc;
+    kvt_pool_config_init(&pc);
+    pc.num_blocks = 16;
+    pc.reserved[5] = 1;
+    kvt_pool *gpu = NULL;
+    KVT_ERR_(kvt_pool_create(&pc, &gpu), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "reserved word 5"));
+    pc.reserved[5] = 0;
+    KVT_OK_(kvt_pool_create(&pc, &gpu));
+    kvt_offload_config oc;
+    kvt_offload_config_init(&oc);
+    oc.host_blocks = 8;
+    oc.reserved[7] = 42;
+    kvt_offload *m = NULL;
+    KVT_ERR_(kvt_offload_create(&oc, gpu, &m), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "offload config: reserved word 7"));
+    oc.reserved[7] = 0;
+    KVT_OK_(kvt_offload_create(&oc, gpu, &m));
+    kvt_offload_destroy(m);
+    kvt_ec_shard_config sc;
+    kvt_ec_shard_config_init(&sc);
+    sc.capacity = 1 << 20;
+    sc.reserved[0] = 1;
+    kvt_ec_shard *sh = NULL;
+    KVT_ERR_(kvt_ec_shard_create(&sc, &sh), KVT_EINVAL);
+    kvt_pool_destroy(gpu);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(stored_prompt_is_hit_and_loaded_back),
+        cmocka_unit_test(config_room_must_be_zero),
         cmocka_unit_test(exact_multiple_prompt_never_hits_its_last_block),
         cmocka_unit_test(eager_skips_blocks_already_in_the_host_tier),
         cmocka_unit_test(blocks_in_flight_are_not_stored_twice),

@@ -483,7 +483,7 @@ class OffloadManager(_Handle):
         """Counters and gauges as a dict (kvt_offload_stats)."""
         s = L.kvt_offload_stats()
         _lib.kvt_offload_get_stats(self._h, ctypes.byref(s))
-        return {name: getattr(s, name) for name, _ in L.kvt_offload_stats._fields_}
+        return {name: getattr(s, name) for name in L.fields(L.kvt_offload_stats)}
 
     def tier_stats(self):
         """Every tier's figures, by index (0 the host, 1 the disk): a list of dicts with the
@@ -492,7 +492,7 @@ class OffloadManager(_Handle):
         for t in range(_lib.kvt_offload_num_tiers(self._h)):
             s = L.kvt_tier_stats()
             _check(_lib.kvt_offload_get_tier_stats(self._h, t, ctypes.byref(s)))
-            d = {name: getattr(s, name) for name, _ in L.kvt_tier_stats._fields_}
+            d = {name: getattr(s, name) for name in L.fields(L.kvt_tier_stats)}
             d["name"] = s.name.decode()
             out.append(d)
         return out
@@ -716,7 +716,7 @@ class Disk(_Handle):
         """Per-direction counters ([write, read]) and whether a fatal error stopped the tier."""
         s = L.kvt_disk_stats()
         _lib.kvt_disk_get_stats(self._h, ctypes.byref(s))
-        out = {name: list(getattr(s, name)) for name, _ in L.kvt_disk_stats._fields_[:-1]}
+        out = {name: list(getattr(s, name)) for name in L.fields(L.kvt_disk_stats)[:-1]}
         out["fatal"] = bool(s.fatal)
         return out
 

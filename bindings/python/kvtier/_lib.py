@@ -53,11 +53,20 @@ class kvt_group_spec(ctypes.Structure):
     _fields_ = [("kind", c_u32), ("block_size", c_u32), ("sliding_window", c_u32)]
 
 
+# Configs and stats end in `uint64_t reserved[8]`: room for fields to come (zero).
+ROOM = [("reserved", c_u64 * 8)]
+
+
+def fields(struct):
+    """A struct's field names, without its reserved room."""
+    return [n for n, _ in struct._fields_ if n != "reserved"]
+
+
 class kvt_pool_config(ctypes.Structure):
     _fields_ = [("num_blocks", c_u32), ("hash_len", c_u32), ("keys_per_block", c_u32),
                 ("event_capacity", c_u32), ("hash_block_size", c_u32),
                 ("scheduler_block_size", c_u32), ("eagle", c_bool), ("n_groups", c_u32),
-                ("groups", kvt_group_spec * MAX_GROUPS)]
+                ("groups", kvt_group_spec * MAX_GROUPS)] + ROOM
 
 
 class kvt_pool_key(ctypes.Structure):
@@ -95,7 +104,7 @@ class kvt_offload_config(ctypes.Structure):
                 ("max_requests", c_u32), ("max_batched_tokens", c_u32),
                 ("max_model_len", c_u32), ("keys_per_block", c_u32),
                 ("restore_budget", c_u32), ("event_capacity", c_u32), ("block_bytes", c_u64),
-                ("disk_blocks", c_u32), ("defer_schedule_pins", c_bool)]
+                ("disk_blocks", c_u32), ("defer_schedule_pins", c_bool)] + ROOM
 
 
 class kvt_offload_sched_req(ctypes.Structure):
@@ -161,7 +170,7 @@ DISK_GAUGES = ("disk_blocks", "disk_used_blocks", "disk_cached_blocks",
 
 class kvt_offload_stats(ctypes.Structure):
     _fields_ = ([(n, c_u64) for n in STAT_COUNTERS] + [(n, c_u32) for n in STAT_GAUGES] +
-                [(n, c_u64) for n in DISK_COUNTERS] + [(n, c_u32) for n in DISK_GAUGES])
+                [(n, c_u64) for n in DISK_COUNTERS] + [(n, c_u32) for n in DISK_GAUGES]) + ROOM
 
 
 TIER_COUNTERS = ("hit_blocks", "hit_tokens", "load_events", "store_events", "store_blocks",
@@ -173,23 +182,23 @@ TIER_GAUGES = ("blocks", "used_blocks", "cached_blocks", "load_events_in_flight"
 
 class kvt_tier_stats(ctypes.Structure):
     _fields_ = ([("name", ctypes.c_char_p)] + [(n, c_u64) for n in TIER_COUNTERS] +
-                [(n, c_u32) for n in TIER_GAUGES])
+                [(n, c_u32) for n in TIER_GAUGES]) + ROOM
 
 
 class kvt_copy_config(ctypes.Structure):
     _fields_ = [("backend", c_int), ("threads", c_u32), ("max_descriptors", c_u32),
                 ("max_events", c_u32), ("nt_min_bytes", c_u64), ("chunk_bytes", c_u64),
                 ("force_fallback", c_bool), ("prefer_overlap", c_bool),
-                ("kernel_max_bytes", c_u64)]
+                ("kernel_max_bytes", c_u64)] + ROOM
 
 
 class kvt_mirror_config(ctypes.Structure):
     _fields_ = [("host_blocks", c_u32), ("arena_flags", ctypes.c_uint), ("pin", c_bool),
-                ("pin_chunk", c_u64)]
+                ("pin_chunk", c_u64)] + ROOM
 
 
 class kvt_worker_config(ctypes.Structure):
-    _fields_ = [("rank", c_u32), ("copy", kvt_copy_config)]
+    _fields_ = [("rank", c_u32), ("copy", kvt_copy_config)] + ROOM
 
 
 class kvt_region(ctypes.Structure):
@@ -204,12 +213,12 @@ class kvt_kv_tensor(ctypes.Structure):
 class kvt_disk_config(ctypes.Structure):
     _fields_ = [("path", ctypes.c_char_p), ("rank", c_u32), ("capacity_bytes", c_u64),
                 ("alignment", c_u32), ("page_cache", c_bool), ("queue_depth", c_u32),
-                ("max_events", c_u32)]
+                ("max_events", c_u32)] + ROOM
 
 
 class kvt_disk_stats(ctypes.Structure):
     _fields_ = [("events", c_u64 * 2), ("events_done", c_u64 * 2), ("blocks", c_u64 * 2),
-                ("bytes", c_u64 * 2), ("io_errors", c_u64 * 2), ("fatal", c_u32)]
+                ("bytes", c_u64 * 2), ("io_errors", c_u64 * 2), ("fatal", c_u32)] + ROOM
 
 
 class kvt_link_result(ctypes.Structure):
@@ -248,7 +257,7 @@ class kvt_slab_view(ctypes.Structure):
 class kvt_ec_shard_config(ctypes.Structure):
     _fields_ = [("base", vp_), ("capacity", c_u64), ("ttl_ns", c_u64), ("max_records", c_u32),
                 ("max_tombstones", c_u32), ("max_residents", c_u32), ("max_events", c_u32),
-                ("clock", kvt_clock)]
+                ("clock", kvt_clock)] + ROOM
 
 
 class kvt_ec_reply(ctypes.Structure):
@@ -273,13 +282,13 @@ EC_SHARD_COUNTERS = ("reserves", "writes", "follows", "cached_hits", "completes"
 class kvt_ec_shard_stats(ctypes.Structure):
     _fields_ = ([(n, c_u64) for n in EC_SHARD_COUNTERS] +
                 [(n, c_u32) for n in ("records", "tombstones", "residents", "writers")] +
-                [("free_bytes", c_u64), ("capacity", c_u64), ("held_bytes", c_u64)])
+                [("free_bytes", c_u64), ("capacity", c_u64), ("held_bytes", c_u64)]) + ROOM
 
 
 class kvt_ec_sched_config(ctypes.Structure):
     _fields_ = [("shards", c_u32), ("push_wait_ns", c_u64), ("lease_ns", c_u64),
                 ("resident_capacity", c_u64), ("max_transfers", c_u32),
-                ("max_tombstones", c_u32), ("max_partial", c_u32), ("clock", kvt_clock)]
+                ("max_tombstones", c_u32), ("max_partial", c_u32), ("clock", kvt_clock)] + ROOM
 
 
 class kvt_ec_ready(ctypes.Structure):
@@ -300,7 +309,7 @@ EC_TSTATES = ("none", "waiting", "available", "loading", "ready", "resident", "f
 
 class kvt_ec_sched_stats(ctypes.Structure):
     _fields_ = ([(n, c_u64) for n in EC_SCHED_COUNTERS] +
-                [("transfers", c_u32 * len(EC_TSTATES)), ("requests", c_u32)])
+                [("transfers", c_u32 * len(EC_TSTATES)), ("requests", c_u32)]) + ROOM
 
 
 class kvt_ec_load_spec(ctypes.Structure):
@@ -347,7 +356,7 @@ class kvt_ec_server_config(ctypes.Structure):
                 ("curve_secret_key", ctypes.c_char_p),
                 ("curve_clients", P(ctypes.c_char_p)),
                 ("owner_key", ctypes.c_char_p), ("event_host", ctypes.c_char_p),
-                ("spin_us", c_u32)]
+                ("spin_us", c_u32)] + ROOM
 
 
 EC_SERVER_COUNTERS = ("requests", "malformed", "items", "item_errors", "events_sent",
@@ -357,14 +366,14 @@ EC_SERVER_COUNTERS = ("requests", "malformed", "items", "item_errors", "events_s
 
 
 class kvt_ec_server_stats(ctypes.Structure):
-    _fields_ = [(n, c_u64) for n in EC_SERVER_COUNTERS]
+    _fields_ = [(n, c_u64) for n in EC_SERVER_COUNTERS] + ROOM
 
 
 class kvt_ec_net_config(ctypes.Structure):
     _fields_ = [("control_timeout_ms", c_u32), ("write_timeout_ms", c_u32), ("write_window", c_u32),
                 ("detect_peer_failure", ctypes.c_bool),
                 ("curve_server_key", ctypes.c_char_p), ("curve_public_key", ctypes.c_char_p),
-                ("curve_secret_key", ctypes.c_char_p)]
+                ("curve_secret_key", ctypes.c_char_p)] + ROOM
 
 
 class kvt_ec_inbox_config(ctypes.Structure):
@@ -372,7 +381,7 @@ class kvt_ec_inbox_config(ctypes.Structure):
                 ("retry_ms", c_u32), ("max_cancels", c_u32),
                 ("curve_server_key", ctypes.c_char_p), ("curve_public_key", ctypes.c_char_p),
                 ("curve_secret_key", ctypes.c_char_p),
-                ("owner_key", ctypes.c_char_p), ("event_host", ctypes.c_char_p)]
+                ("owner_key", ctypes.c_char_p), ("event_host", ctypes.c_char_p)] + ROOM
 
 
 EC_INBOX_COUNTERS = ("discoveries", "events", "bad_events", "cancels_sent", "cancels_failed",
@@ -380,7 +389,7 @@ EC_INBOX_COUNTERS = ("discoveries", "events", "bad_events", "cancels_sent", "can
 
 
 class kvt_ec_inbox_stats(ctypes.Structure):
-    _fields_ = [(n, c_u64) for n in EC_INBOX_COUNTERS] + [("shards", c_u32)]
+    _fields_ = [(n, c_u64) for n in EC_INBOX_COUNTERS] + [("shards", c_u32)] + ROOM
 
 
 # kvt_ec_cache_ops: the rank's encoder cache as kvt_ec_shard_apply reaches it. (fence returns a
@@ -396,7 +405,7 @@ class kvt_ec_cache_ops(ctypes.Structure):
 
 class kvt_ec_producer_config(ctypes.Structure):
     _fields_ = [("ops", kvt_ec_consumer_ops), ("refresh_age_ns", c_u64), ("max_records", c_u32),
-                ("max_batch", c_u32), ("max_batch_bytes", c_u64), ("clock", kvt_clock)]
+                ("max_batch", c_u32), ("max_batch_bytes", c_u64), ("clock", kvt_clock)] + ROOM
 
 
 EC_PRODUCER_COUNTERS = ("pushes", "reused", "conflicts", "reservations", "refreshes", "batches",
@@ -405,7 +414,7 @@ EC_PRODUCER_COUNTERS = ("pushes", "reused", "conflicts", "reservations", "refres
 
 
 class kvt_ec_producer_stats(ctypes.Structure):
-    _fields_ = [(n, c_u64) for n in EC_PRODUCER_COUNTERS]
+    _fields_ = [(n, c_u64) for n in EC_PRODUCER_COUNTERS] + ROOM
 
 
 class kvt_ec_push_failure(ctypes.Structure):

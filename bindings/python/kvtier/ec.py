@@ -314,7 +314,7 @@ class EcShard(_Owned):
     def stats(self):
         s = L.kvt_ec_shard_stats()
         _lib.kvt_ec_shard_get_stats(self._h, ctypes.byref(s))
-        return {n: getattr(s, n) for n, _ in L.kvt_ec_shard_stats._fields_}
+        return {n: getattr(s, n) for n in L.fields(L.kvt_ec_shard_stats)}
 
     def prometheus(self):
         return _prometheus(_lib.kvt_ec_shard_prometheus, self._h)

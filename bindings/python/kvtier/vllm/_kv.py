@@ -645,7 +645,7 @@ class _Scheduler:
     def stats(self):
         s = L.kvt_offload_stats()
         _lib.kvt_offload_get_stats(self.h, ctypes.byref(s))
-        return {name: getattr(s, name) for name, _ in L.kvt_offload_stats._fields_}
+        return {name: getattr(s, name) for name in L.fields(L.kvt_offload_stats)}
 
     def interval_stats(self):
         """Counter deltas since the last call (vLLM drains them every step)."""
