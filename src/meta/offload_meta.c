@@ -24,6 +24,7 @@
  *   u32 n; n x { i64 event; u32 count }   events strictly ascending
  *   u32 n; n x i64 failed event           ascending, each among the completed
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -295,8 +296,11 @@ int kvt_offload_meta_validate(const kvt_offload_meta *m)
             (rc = check_blocks(x->load_dst, x->n_loads, "tier load_dst")) ||
             (rc = check_event(x->store_event, x->n_stores, "tier store_event")) ||
             (rc = check_blocks(x->store_src, x->n_stores, "tier store_src")) ||
-            (rc = check_blocks(x->store_dst, x->n_stores, "tier store_dst")))
-            return kvi_fail_wrap(rc, t == 0 ? "tier 1" : "tier");
+            (rc = check_blocks(x->store_dst, x->n_stores, "tier store_dst"))) {
+            char what[16];
+            snprintf(what, sizeof(what), "tier %u", t + 1);
+            return kvi_fail_wrap(rc, what);
+        }
     }
     if (m->n_load_invalid > m->n_loads)
         return kvt_fail(KVT_EINVAL, "load_invalid_blocks: %u entries but the load event has %u",

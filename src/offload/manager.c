@@ -768,12 +768,9 @@ int kvt_offload_get_tier_stats(const kvt_offload *m, uint32_t tier, kvt_tier_sta
     out->hit_blocks = T->st.hit_blocks;
     /* a hit's tokens are counted once, by the tier that serves them: the host's are what the
      * tiers behind it did not serve */
-    out->hit_tokens = T->st.hit_tokens;
-    if (tier == 0) {
-        out->hit_tokens = m->st.hit_tokens;
-        for (uint32_t t = 1; t < KVI_OFL_TIERS; t++)
-            out->hit_tokens -= m->tier[t].st.hit_tokens;
-    }
+    out->hit_tokens = tier == 0 ? m->st.hit_tokens : T->st.hit_tokens;
+    for (uint32_t t = 1; tier == 0 && t < KVI_OFL_TIERS; t++)
+        out->hit_tokens -= m->tier[t].st.hit_tokens;
     out->load_events = T->st.load_events;
     out->store_events = T->st.store_events;
     out->store_blocks = T->st.store_blocks;

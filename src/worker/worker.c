@@ -56,8 +56,7 @@ enum { STAGE_TIER = 0 };
 struct kvt_worker {
     kvt_worker_config cfg;
     const kvt_layout *layout;
-    kvt_copy *copy;       /* the copy engine (owned), when stage 0 is one */
-    uint32_t host_blocks; /* mirror blocks or disk slots */
+    kvt_copy *copy; /* the copy engine (owned), when stage 0 is one */
     stage st[KVT_MAX_TIERS];
     int64_t *fev; /* scratch: failed events taken from a backend */
     uint32_t cap_fev;
@@ -76,7 +75,6 @@ struct kvt_worker {
     uint32_t n_invalid, cap_invalid;
     kvi_CUevent compute_done; /* CUDA backend only */
     const kvt_mirror *mirror;
-    kvt_disk *behind; /* three tiers: the disk behind the mirror (borrowed), stage 1 */
 };
 
 void kvt_worker_config_init(kvt_worker_config *cfg)
@@ -96,7 +94,7 @@ int kvt_worker_create(const kvt_worker_config *cfg, const kvt_layout *layout,
         return kvt_fail(KVT_ENOMEM, "worker: out of memory");
     w->cfg = *cfg;
     w->layout = layout;
-    w->host_blocks = w->st[STAGE_TIER].nb = kvt_mirror_num_blocks(mirror);
+    w->st[STAGE_TIER].nb = kvt_mirror_num_blocks(mirror);
     w->mirror = mirror;
     w->last_load = w->last_store = -1;
     for (int t = 0; t < KVT_MAX_TIERS; t++)
@@ -133,7 +131,7 @@ int kvt_worker_create_disk(const kvt_worker_config *cfg, const kvt_layout *layou
     w->cfg = *cfg;
     w->layout = layout;
     w->st[STAGE_TIER].x = kvi_xfer_disk(disk);
-    w->host_blocks = w->st[STAGE_TIER].nb = kvt_disk_num_slots(disk);
+    w->st[STAGE_TIER].nb = kvt_disk_num_slots(disk);
     w->last_load = w->last_store = -1;
     kvt_offload_worker_meta_init(&w->done);
     *out = w;
@@ -144,10 +142,10 @@ int kvt_worker_attach_disk(kvt_worker *w, kvt_disk *disk)
 {
     if (!w || !disk)
         return kvt_fail(KVT_EINVAL, "worker: attach_disk: NULL argument");
-    if (!w->copy || w->behind)
+    if (!w->copy || w->st[1].x.ops)
         return kvt_fail(KVT_ESTATE, "worker %u: attach_disk: %s", w->cfg.rank,
-                        w->behind ? "a disk is already attached"
-                                  : "a disk worker has no host tier");
+                        w->st[1].x.ops ? "a disk is already attached"
+                                       : "a disk worker has no host tier");
     const kvt_layout *l = kvi_disk_layout(disk);
     uint32_t nr = kvt_layout_num_regions(l);
     const kvt_region *lr = kvt_layout_regions(l), *mr = kvt_mirror_regions(w->mirror);
@@ -161,7 +159,6 @@ int kvt_worker_attach_disk(kvt_worker *w, kvt_disk *disk)
                         "worker %u: attach_disk: the disk's layout is not the host mirror's "
                         "(create it over kvt_mirror_layout)",
                         w->cfg.rank);
-    w->behind = disk;
     w->st[1].x = kvi_xfer_disk(disk);
     w->st[1].nb = kvt_disk_num_slots(disk);
     return 0;
@@ -219,7 +216,7 @@ int kvt_worker_bind(kvt_worker *w, const kvt_offload_meta *meta)
     int rc = kvt_offload_meta_validate(meta);
     if (rc)
         return kvi_fail_wrap(rc, "worker: bind");
-    uint32_t dev = kvt_layout_num_blocks(w->layout), host = w->host_blocks;
+    uint32_t dev = kvt_layout_num_blocks(w->layout), host = w->st[STAGE_TIER].nb;
     if ((rc = check_ids(w, "load device", meta->load_gpu_blocks, meta->n_loads, dev)) ||
         (rc = check_ids(w, "load host", meta->load_cpu_blocks, meta->n_loads, host)) ||
         (rc = check_ids(w, "store device", meta->store_gpu_blocks, meta->n_stores, dev)) ||
@@ -324,7 +321,8 @@ static int stage_failures(kvt_worker *w, stage *s, int dir, bool per_block, uint
 int kvt_worker_flush(kvt_worker *w)
 {
     int rc = 0;
-    for (int i = 1; i >= 0; i--) { /* the disk behind first: a write-back reads the mirror */
+    for (int i = KVT_MAX_TIERS - 1; i >= 0; i--) { /* the tiers behind first: a write-back
+                                                     reads the tier in front */
         stage *s = &w->st[i];
         if (s->x.ops && !s->dead) {
             int r = stage_rc(w, s, s->x.ops->flush(s->x.impl));
