@@ -314,7 +314,9 @@ typedef struct kvt_offload_stats {
     uint32_t store_events_in_flight;
     uint32_t pending_store_blocks; /* queued + in flight (abandoned included): if this only
                                       grows, a transfer is stuck */
-    /* three tiers: counters */
+    /* three tiers: counters. The host_* and disk_* fields are a view of tiers 0 and 1 kept for
+     * existing programs; kvt_offload_get_tier_stats reads every tier alike (and tiers past
+     * the disk only there). */
     uint64_t disk_hit_tokens;           /* tokens of hits served from disk (in hit_tokens too) */
     uint64_t disk_hit_blocks;           /* disk slots pinned by hits */
     uint64_t promotions;                /* blocks promoted disk -> host */

@@ -6,12 +6,14 @@
 #ifndef KVT_BASE_ARRAY_H
 #define KVT_BASE_ARRAY_H
 
+#include "base/export.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
 /* Makes room for need elements of elem bytes in *arr (capacity *cap, doubled from 16 as
  * needed, at most UINT32_MAX). KVT_ELIMIT past that, KVT_ENOMEM (message set) if realloc
  * fails; *arr and *cap are unchanged on failure. New elements are not initialized. */
-int kvi_array_grow(void **arr, uint32_t *cap, uint64_t need, size_t elem);
+KVI_EXPORT int kvi_array_grow(void **arr, uint32_t *cap, uint64_t need, size_t elem);
 
 #endif

@@ -12,6 +12,8 @@
 #ifndef KVI_BASE_CUDA_H
 #define KVI_BASE_CUDA_H
 
+#include "base/export.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -111,14 +113,14 @@ typedef struct kvi_cuda_api {
 } kvi_cuda_api;
 
 /* The driver, loaded and initialized once; NULL without a driver or a device. */
-const kvi_cuda_api *kvi_cuda(void);
+KVI_EXPORT const kvi_cuda_api *kvi_cuda(void);
 /* "CUDA_ERROR_..." text for r (never NULL). */
-const char *kvi_cuda_err(kvi_CUresult r);
+KVI_EXPORT const char *kvi_cuda_err(kvi_CUresult r);
 /* Makes device's primary context current on the calling thread (retained once per process). */
-int kvi_cuda_use_device(int device, kvi_CUcontext *ctx);
+KVI_EXPORT int kvi_cuda_use_device(int device, kvi_CUcontext *ctx);
 /* Pins host memory for DMA on device 0 (mapped too: the copy kernel reads it by its host
  * address); KVT_EUNSUPPORTED without a driver. The mirror and the disk's staging use it. */
-int kvi_cuda_host_register(void *p, size_t n);
-void kvi_cuda_host_unregister(void *p);
+KVI_EXPORT int kvi_cuda_host_register(void *p, size_t n);
+KVI_EXPORT void kvi_cuda_host_unregister(void *p);
 
 #endif

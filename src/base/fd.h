@@ -3,8 +3,10 @@
 #ifndef KVT_BASE_FD_H
 #define KVT_BASE_FD_H
 
+#include "base/export.h"
+
 /* 0 when at least `need` more descriptors may be opened under RLIMIT_NOFILE (or nothing can
  * tell); KVT_ELIMIT with a message naming `what` otherwise. */
-int kvi_fd_room(unsigned need, const char *what);
+KVI_EXPORT int kvi_fd_room(unsigned need, const char *what);
 
 #endif

@@ -6,11 +6,13 @@
 #ifndef KVT_BASE_LOG_H
 #define KVT_BASE_LOG_H
 
+#include "base/export.h"
+
 #include "kvtier/base.h"
 
-void kvi_log_write(int level, const char *file, int line, const char *fmt, ...)
+KVI_EXPORT void kvi_log_write(int level, const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
-int kvi_log_level_cached(void);
+KVI_EXPORT int kvi_log_level_cached(void);
 
 #define KVT_LOG(level, ...)                                                                        \
     do {                                                                                           \

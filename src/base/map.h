@@ -18,6 +18,8 @@
 #ifndef KVT_BASE_MAP_H
 #define KVT_BASE_MAP_H
 
+#include "base/export.h"
+
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -35,12 +37,12 @@ typedef struct kvi_map {
 } kvi_map;
 
 /* Allocates a table for up to capacity values (capacity >= 1). */
-int kvi_map_init(kvi_map *m, uint32_t capacity);
-void kvi_map_free(kvi_map *m);
+KVI_EXPORT int kvi_map_init(kvi_map *m, uint32_t capacity);
+KVI_EXPORT void kvi_map_free(kvi_map *m);
 /* Adds (hash, value); duplicates are allowed. KVT_ENOSPC when full. */
-int kvi_map_insert(kvi_map *m, uint64_t hash, uint32_t value);
+KVI_EXPORT int kvi_map_insert(kvi_map *m, uint64_t hash, uint32_t value);
 /* Removes one (hash, value) pair; false if absent. */
-bool kvi_map_remove(kvi_map *m, uint64_t hash, uint32_t value);
+KVI_EXPORT bool kvi_map_remove(kvi_map *m, uint64_t hash, uint32_t value);
 /* Removes everything, keeping the table. */
 void kvi_map_clear(kvi_map *m);
 

@@ -7,6 +7,8 @@
 #ifndef KVT_BASE_PROM_H
 #define KVT_BASE_PROM_H
 
+#include "base/export.h"
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -18,13 +20,13 @@ typedef struct kvi_prom {
 
 void kvi_prom_put(kvi_prom *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* "# HELP / # TYPE" lines and one unlabelled sample of family prefix_name. */
-void kvi_prom_metric(kvi_prom *p, const char *prefix, const char *name, const char *help,
-                     bool gauge, uint64_t v);
+KVI_EXPORT void kvi_prom_metric(kvi_prom *p, const char *prefix, const char *name, const char *help,
+                                bool gauge, uint64_t v);
 /* HELP/TYPE lines of a labelled family, then kvi_prom_sample for each label value. */
-void kvi_prom_family(kvi_prom *p, const char *prefix, const char *name, const char *help,
-                     bool gauge);
-void kvi_prom_sample(kvi_prom *p, const char *prefix, const char *name, const char *label,
-                     const char *value, uint64_t v);
+KVI_EXPORT void kvi_prom_family(kvi_prom *p, const char *prefix, const char *name, const char *help,
+                                bool gauge);
+KVI_EXPORT void kvi_prom_sample(kvi_prom *p, const char *prefix, const char *name,
+                                const char *label, const char *value, uint64_t v);
 /* A latency histogram in Prometheus' cumulative form, with fixed bounds from 10 us to 5 s
  * (KVT_HIST_BOUNDS); observations in nanoseconds. Plain counters: the owner serialises
  * observe and read (its lock, or its one thread). */
@@ -41,6 +43,6 @@ void kvi_prom_hist(kvi_prom *p, const char *prefix, const char *name, const char
                    const char *label, const char *const *values, const kvi_hist *h, size_t n);
 /* *len = bytes written (or needed); KVT_ENOSPC with a message naming `what` if they did not
  * fit, 0 otherwise. */
-int kvi_prom_finish(const kvi_prom *p, size_t *len, const char *what);
+KVI_EXPORT int kvi_prom_finish(const kvi_prom *p, size_t *len, const char *what);
 
 #endif

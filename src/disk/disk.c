@@ -78,6 +78,7 @@ typedef struct disk_geo {
 } disk_geo;
 
 struct kvt_disk {
+    kvi_xfer_port port; /* first: the worker's way in (base/xfer.h) */
     kvt_disk_config cfg;
     const kvt_layout *layout;
     disk_geo geo;
@@ -583,6 +584,7 @@ int kvt_disk_create(const kvt_disk_config *cfg, const kvt_layout *layout, kvt_di
     d->block_bytes = bpb;
     d->slot_bytes = slot;
     d->n_slots = n > UINT32_MAX - 1 ? UINT32_MAX - 1 : (uint32_t)n;
+    kvi_disk_port_init(&d->port, layout, d->n_slots);
     d->cfg.path = cfg->path;
     pthread_mutex_init(&d->mu, NULL);
     pthread_cond_init(&d->cv_work, NULL);
@@ -610,11 +612,6 @@ uint32_t kvt_disk_num_slots(const kvt_disk *d)
 uint64_t kvt_disk_slot_bytes(const kvt_disk *d)
 {
     return d->slot_bytes;
-}
-
-const kvt_layout *kvi_disk_layout(const kvt_disk *d)
-{
-    return d->layout;
 }
 
 const char *kvt_disk_path(const kvt_disk *d)

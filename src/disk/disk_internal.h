@@ -1,11 +1,12 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* What the worker needs to know about a disk beyond the public API. */
+/* The disk's side of the worker's transfer interface: every kvt_disk starts with a port
+ * (base/xfer.h) that this fills. */
 #ifndef KVT_DISK_INTERNAL_H
 #define KVT_DISK_INTERNAL_H
 
+#include "base/xfer.h"
 #include "kvtier/disk.h"
 
-/* The layout the disk was created over (the worker checks it is its host mirror's). */
-const kvt_layout *kvi_disk_layout(const kvt_disk *d);
+void kvi_disk_port_init(kvi_xfer_port *port, const kvt_layout *layout, uint32_t num_slots);
 
 #endif

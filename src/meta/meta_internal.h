@@ -6,27 +6,30 @@
 #ifndef KVT_META_INTERNAL_H
 #define KVT_META_INTERNAL_H
 
+#include "base/export.h"
+
 #include "base/bump.h"
 #include "meta/wire.h"
 
 /* Grows *arr (elements of elem bytes, capacity *cap) to hold need elements. */
-int kvi_meta_grow(void **arr, uint32_t *cap, uint32_t need, size_t elem);
+KVI_EXPORT int kvi_meta_grow(void **arr, uint32_t *cap, uint32_t need, size_t elem);
 
 /* Checks a string field: length within [min_len, KVT_META_MAX_STR], no NUL byte. */
-int kvi_meta_check_str(kvt_str s, uint32_t min_len, const char *what);
+KVI_EXPORT int kvi_meta_check_str(kvt_str s, uint32_t min_len, const char *what);
 
 /* Copies s into b; the result points into b. */
-int kvi_meta_copy_str(kvt_bump *b, const char *s, uint32_t len, kvt_str *out);
+KVI_EXPORT int kvi_meta_copy_str(kvt_bump *b, const char *s, uint32_t len, kvt_str *out);
 
 /* Encoder-cache tensors: a dtype name (1..64 of [a-z0-9_]); a whole description (rank at most
  * KVT_EC_MAX_DIMS; for a dtype this build knows, nbytes = prod(shape) x its size). */
 int kvi_meta_check_dtype(kvt_str d);
-int kvi_meta_check_tensor(uint64_t nbytes, uint32_t ndim, const uint64_t *shape, kvt_str dtype);
+KVI_EXPORT int kvi_meta_check_tensor(uint64_t nbytes, uint32_t ndim, const uint64_t *shape,
+                                     kvt_str dtype);
 /* Shapes on the wire: u8 rank, rank x u64. */
-void kvi_meta_wr_shape(kvi_wr *w, uint32_t ndim, const uint64_t *shape);
-int kvi_meta_rd_shape(kvi_rd *r, uint32_t *ndim, uint64_t *shape);
+KVI_EXPORT void kvi_meta_wr_shape(kvi_wr *w, uint32_t ndim, const uint64_t *shape);
+KVI_EXPORT int kvi_meta_rd_shape(kvi_rd *r, uint32_t *ndim, uint64_t *shape);
 /* Reads a string and copies it (NUL-terminated) into b. */
-int kvi_meta_rd_str_copy(kvi_rd *r, kvt_bump *b, kvt_str *out, const char *what);
+KVI_EXPORT int kvi_meta_rd_str_copy(kvi_rd *r, kvt_bump *b, kvt_str *out, const char *what);
 
 /* Bytewise order of strings, shorter prefix first. */
 int kvi_str_cmp(kvt_str a, kvt_str b);

@@ -16,6 +16,8 @@
 #ifndef KVT_META_WIRE_H
 #define KVT_META_WIRE_H
 
+#include "base/export.h"
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -143,8 +145,8 @@ typedef int (*kvi_body_fn)(void *obj, kvi_rd *r);
 /* One whole decode: header of `kind`, body, nothing after it. A validation failure inside the
  * body (KVT_EINVAL) becomes KVT_EPROTO, and the message is prefixed with `what`. The caller
  * empties its object when this fails. */
-int kvi_wire_decode(const void *buf, size_t len, uint32_t kind, kvi_body_fn body, void *obj,
-                    const char *what);
+KVI_EXPORT int kvi_wire_decode(const void *buf, size_t len, uint32_t kind, kvi_body_fn body,
+                               void *obj, const char *what);
 
 typedef struct kvi_wr {
     uint8_t *p;
@@ -186,9 +188,9 @@ static inline void wr_str(kvi_wr *w, kvt_str s)
 }
 
 /* Writes the header for a body of body_len bytes. */
-void kvi_wire_header(kvi_wr *w, uint32_t kind, size_t body_len);
+KVI_EXPORT void kvi_wire_header(kvi_wr *w, uint32_t kind, size_t body_len);
 
 /* Common encode prologue: checks buf/cap against the exact size. */
-int kvi_wire_check_out(const void *buf, size_t cap, size_t need, size_t *len);
+KVI_EXPORT int kvi_wire_check_out(const void *buf, size_t cap, size_t need, size_t *len);
 
 #endif

@@ -19,10 +19,9 @@
 #include "base/log.h"
 #include "base/util.h"
 #include "base/cuda.h"
-#include "disk/disk_internal.h"
+#include "base/xfer.h"
 #include "kvtier/disk.h"
 #include "kvtier/worker.h"
-#include "worker/xfer.h"
 
 typedef struct pending_load {
     int64_t event;
@@ -123,6 +122,8 @@ int kvt_worker_create_disk(const kvt_worker_config *cfg, const kvt_layout *layou
                            kvt_worker **out)
 {
     *out = NULL;
+    if (!cfg || !disk)
+        return kvt_fail(KVT_EINVAL, "worker: create_disk: NULL argument");
     if (kvi_check_reserved(cfg->reserved, sizeof(cfg->reserved), "worker config"))
         return KVT_EINVAL;
     kvt_worker *w = calloc(1, sizeof(*w));
@@ -130,8 +131,9 @@ int kvt_worker_create_disk(const kvt_worker_config *cfg, const kvt_layout *layou
         return kvt_fail(KVT_ENOMEM, "worker: out of memory");
     w->cfg = *cfg;
     w->layout = layout;
-    w->st[STAGE_TIER].x = kvi_xfer_disk(disk);
-    w->st[STAGE_TIER].nb = kvt_disk_num_slots(disk);
+    const kvi_xfer_port *port = kvi_xfer_port_of(disk);
+    w->st[STAGE_TIER].x = (kvi_xfer){port->ops, disk};
+    w->st[STAGE_TIER].nb = port->num_slots;
     w->last_load = w->last_store = -1;
     kvt_offload_worker_meta_init(&w->done);
     *out = w;
@@ -146,7 +148,8 @@ int kvt_worker_attach_disk(kvt_worker *w, kvt_disk *disk)
         return kvt_fail(KVT_ESTATE, "worker %u: attach_disk: %s", w->cfg.rank,
                         w->st[1].x.ops ? "a disk is already attached"
                                        : "a disk worker has no host tier");
-    const kvt_layout *l = kvi_disk_layout(disk);
+    const kvi_xfer_port *port = kvi_xfer_port_of(disk);
+    const kvt_layout *l = port->layout;
     uint32_t nr = kvt_layout_num_regions(l);
     const kvt_region *lr = kvt_layout_regions(l), *mr = kvt_mirror_regions(w->mirror);
     bool same = kvt_layout_device(l) == KVT_HOST_DEVICE &&
@@ -159,8 +162,8 @@ int kvt_worker_attach_disk(kvt_worker *w, kvt_disk *disk)
                         "worker %u: attach_disk: the disk's layout is not the host mirror's "
                         "(create it over kvt_mirror_layout)",
                         w->cfg.rank);
-    w->st[1].x = kvi_xfer_disk(disk);
-    w->st[1].nb = kvt_disk_num_slots(disk);
+    w->st[1].x = (kvi_xfer){port->ops, disk};
+    w->st[1].nb = port->num_slots;
     return 0;
 }
 

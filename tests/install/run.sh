@@ -1,7 +1,9 @@
 #!/bin/sh
 # SPDX-License-Identifier: Apache-2.0
-# Installs the build into a scratch prefix, then builds and runs tests/install/app.c against
-# it twice: with pkg-config, and with CMake's find_package (shared and static).
+# Installs the build into a scratch prefix, then builds and runs programs against it: app.c
+# (the pool alone) and app_io.c (the disk tier and a link endpoint), with pkg-config and with
+# CMake's find_package (shared and static). A program that moves no bytes must not load
+# ZeroMQ, UCX or liburing, and a find_package of the shared libraries must need nothing else.
 #   tests/install/run.sh BUILD_DIR SCRATCH_DIR
 set -eu
 build=$1
@@ -12,24 +14,50 @@ mkdir -p "$scratch"
 prefix=$scratch/prefix
 cmake --install "$build" --prefix "$prefix" >"$scratch/install.log"
 libdir=$(ls -d "$prefix"/lib*/pkgconfig | head -1 | xargs dirname)
+fail() {
+    echo "install test: $*" >&2
+    exit 1
+}
 # pkg-config, as the README shows it: an rpath to the prefix's libdir, so the program starts
 # without LD_LIBRARY_PATH; and no dependency's private include paths in --cflags
 export PKG_CONFIG_PATH="$libdir/pkgconfig"
-cflags=$(pkg-config --cflags kvtier)
-case "$cflags" in
-*pgm* | *krb5* | *libxml2* | *isystem*)
-    echo "install test: pkg-config --cflags kvtier leaks private include paths: $cflags" >&2
-    exit 1
-    ;;
-esac
-cc "$src/app.c" -o "$scratch/app_pc" $cflags $(pkg-config --libs kvtier) \
-    -Wl,-rpath,"$(pkg-config --variable=libdir kvtier)"
+for m in kvtier kvtier-disk kvtier-net; do
+    cflags=$(pkg-config --cflags $m)
+    case "$cflags" in
+    *pgm* | *krb5* | *libxml2* | *isystem*) fail "pkg-config --cflags $m leaks private include paths: $cflags" ;;
+    esac
+done
+rpath="-Wl,-rpath,$(pkg-config --variable=libdir kvtier)"
+cc "$src/app.c" -o "$scratch/app_pc" $(pkg-config --cflags --libs kvtier) $rpath
 env -u LD_LIBRARY_PATH "$scratch/app_pc"
-pkg-config --static --libs kvtier | grep -q -- -lzmq ||
-    { echo "install test: pkg-config --static --libs kvtier lacks the dependencies" >&2; exit 1; }
-# CMake
-cmake -S "$src" -B "$scratch/cmake" -DCMAKE_PREFIX_PATH="$prefix" >"$scratch/cmake.log"
+cc "$src/app_io.c" -o "$scratch/app_io_pc" $(pkg-config --cflags --libs kvtier-disk kvtier-net) $rpath
+env -u LD_LIBRARY_PATH "$scratch/app_io_pc" "$scratch"
+# what each program loads: the pool program none of the transports' libraries
+loads() { env -u LD_LIBRARY_PATH ldd "$1"; }
+if loads "$scratch/app_pc" | grep -E 'libzmq|libucp|libucs|liburing|libkvtier_(disk|net)'; then
+    fail "app.c (the pool alone) loads a transport's library (above)"
+fi
+loads "$scratch/app_io_pc" | grep -q liburing || fail "app_io does not load liburing"
+loads "$scratch/app_io_pc" | grep -q libzmq || fail "app_io does not load libzmq"
+# static linking: each module names its own dependencies, and only those
+if pkg-config --static --libs kvtier | grep -qE -- '-lzmq|-lucp|-luring'; then
+    fail "pkg-config --static --libs kvtier names a transport: $(pkg-config --static --libs kvtier)"
+fi
+pkg-config --static --libs kvtier-net | grep -q -- -lzmq ||
+    fail "pkg-config --static --libs kvtier-net lacks ZeroMQ"
+pkg-config --static --libs kvtier-disk | grep -q -- -luring ||
+    fail "pkg-config --static --libs kvtier-disk lacks liburing"
+# CMake: the shared libraries need nothing found beyond the package (pkg-config finds nothing
+# here), the static ones find their dependencies
+PKG_CONFIG_LIBDIR=/nonexistent PKG_CONFIG_PATH='' \
+    cmake -S "$src" -B "$scratch/cmake-shared" -DCMAKE_PREFIX_PATH="$prefix" -DKVT_STATIC=OFF \
+    >"$scratch/cmake-shared.log" ||
+    fail "find_package(kvtier) needs more than the package: $scratch/cmake-shared.log"
+cmake --build "$scratch/cmake-shared" >>"$scratch/cmake-shared.log"
+LD_LIBRARY_PATH="$libdir" "$scratch/cmake-shared/app_shared"
+LD_LIBRARY_PATH="$libdir" "$scratch/cmake-shared/app_io_shared" "$scratch"
+cmake -S "$src" -B "$scratch/cmake" -DCMAKE_PREFIX_PATH="$prefix" -DKVT_STATIC=ON >"$scratch/cmake.log"
 cmake --build "$scratch/cmake" >>"$scratch/cmake.log"
-LD_LIBRARY_PATH="$libdir" "$scratch/cmake/app_shared"
 "$scratch/cmake/app_static"
-echo "install test: pkg-config and find_package builds ran"
+"$scratch/cmake/app_io_static" "$scratch"
+echo "install test: pkg-config and find_package builds ran; the pool program loads no transport"

@@ -21,8 +21,9 @@ NO_EVENT = -1
 
 
 def _find_library():
-    # KVTIER_LIB overrides; then the copy `pip install` put inside the package; then a source
-    # tree's build/ (running from bindings/python) and an installed prefix's lib/.
+    # The path of libkvtier: KVTIER_LIB overrides; then the copy `pip install` put inside the
+    # package; then a source tree's build/ (running from bindings/python) and an installed
+    # prefix's lib/. Its siblings libkvtier_disk and libkvtier_net lie beside it.
     env = os.environ.get("KVTIER_LIB")
     if env:
         return env
@@ -38,7 +39,41 @@ def _find_library():
     raise OSError("kvtier: libkvtier.so.0 not found; set KVTIER_LIB to its path")
 
 
-lib = ctypes.CDLL(_find_library())
+class _Libraries:
+    """The three shared libraries as one: libkvtier (pool, offload manager, copy engine,
+    worker, EC state machines), libkvtier_disk (the disk tier) and libkvtier_net (ZeroMQ and
+    UCX). A function is looked up in each, in that order, and kept."""
+
+    def __init__(self, core):
+        d, base = os.path.split(core)
+        self._libs = [ctypes.CDLL(core)]
+        for name in ("kvtier_disk", "kvtier_net"):
+            # the same file name form as libkvtier's (a wheel: libNAME.so; a build: .so.0)
+            sib = base.replace("libkvtier", "lib" + name, 1)
+            self._libs.append(ctypes.CDLL(os.path.join(d, sib) if d else sib))
+
+    def __getattr__(self, name):
+        for one in self._libs:
+            try:
+                f = getattr(one, name)
+            except AttributeError:
+                continue
+            setattr(self, name, f)
+            return f
+        raise AttributeError("kvtier: no function %s in libkvtier, libkvtier_disk or "
+                             "libkvtier_net" % name)
+
+    def __getitem__(self, name):
+        """A function object of its own (as CDLL[name]): callers may set its argtypes apart."""
+        for one in self._libs:
+            try:
+                return one[name]
+            except AttributeError:
+                continue
+        raise KeyError(name)
+
+
+lib = _Libraries(_find_library())
 
 
 class kvt_str(ctypes.Structure):

@@ -4,7 +4,8 @@
  * threads or CUDA, GPU <-> host mirror) and the disk tier (GPU or host mirror <-> the rank's
  * file) both answer it, and the worker drives a stack of them (stage 0: the engine's KV to
  * the first offload tier; stage 1: the host mirror to the disk behind it) without asking
- * which is which.
+ * which is which. Each backend implements it beside its own code (copy/copy_xfer.c,
+ * disk/disk_xfer.c).
  *
  * Every verb is per direction (KVT_COPY_STORE / KVT_COPY_LOAD) and event-ordered as
  * kvt_copy_submit / kvt_disk_submit are. What differs between backends is said by data:
@@ -13,14 +14,13 @@
  * an unknown state (a DMA fault: the rank must restart), and whether load failures are known
  * per block (take_invalid) as well as per event.
  */
-#ifndef KVI_WORKER_XFER_H
-#define KVI_WORKER_XFER_H
+#ifndef KVI_BASE_XFER_H
+#define KVI_BASE_XFER_H
 
 #include <stdbool.h>
 #include <stdint.h>
 
 #include "kvtier/copy.h"
-#include "kvtier/disk.h"
 
 typedef struct kvi_xfer_ops {
     const char *name;         /* "copy", "disk" */
@@ -42,7 +42,24 @@ typedef struct kvi_xfer {
     void *impl;
 } kvi_xfer;
 
+/* A backend whose handle a program creates and lends to the worker (the disk) starts that
+ * handle with a port: the worker, in libkvtier, reaches the backend through it without linking
+ * the backend's own library (libkvtier_disk), so programs that move no bytes to disk never
+ * load liburing. */
+typedef struct kvi_xfer_port {
+    const kvi_xfer_ops *ops;
+    const kvt_layout *layout; /* the blocks on the near side */
+    uint32_t num_slots;       /* blocks of the tier the backend fills */
+} kvi_xfer_port;
+
+/* The port at the start of a lent handle (C11 6.7.2.1: a pointer to a structure, suitably
+ * converted, points to its first member). */
+static inline const kvi_xfer_port *kvi_xfer_port_of(const void *handle)
+{
+    return (const kvi_xfer_port *)handle;
+}
+
+/* The copy engine, created and owned by the worker. */
 kvi_xfer kvi_xfer_copy(kvt_copy *c);
-kvi_xfer kvi_xfer_disk(kvt_disk *d);
 
 #endif

@@ -1,50 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The copy engine and the disk tier behind the worker's transfer interface (xfer.h), through
- * their public calls. */
-#include "worker/xfer.h"
-
-static int copy_submit(void *impl, int dir, int64_t event, const uint32_t *src, const uint32_t *dst,
-                       uint32_t n, void *wait)
-{
-    return kvt_copy_submit(impl, dir, event, src, dst, n, wait);
-}
-
-static int copy_poll(void *impl, int dir, int64_t *hwm)
-{
-    return kvt_copy_poll(impl, dir, hwm);
-}
-
-static uint32_t copy_take_failed(void *impl, int dir, int64_t *out, uint32_t cap)
-{
-    return kvt_copy_take_failed(impl, dir, out, cap);
-}
-
-static int copy_flush(void *impl)
-{
-    return kvt_copy_flush(impl);
-}
-
-static uint32_t copy_outstanding(const void *impl, int dir)
-{
-    return kvt_copy_outstanding(impl, dir);
-}
-
-static const kvi_xfer_ops copy_ops = {
-    .name = "copy",
-    .eio_is_final = false,
-    .store_fail_is_fatal = true, /* a DMA fault: the device is in an unknown state */
-    .submit = copy_submit,
-    .poll = copy_poll,
-    .take_failed = copy_take_failed,
-    .take_invalid = NULL,
-    .flush = copy_flush,
-    .outstanding = copy_outstanding,
-};
-
-kvi_xfer kvi_xfer_copy(kvt_copy *c)
-{
-    return (kvi_xfer){&copy_ops, c};
-}
+/* The disk tier behind the worker's transfer interface (base/xfer.h), through its public
+ * calls; a kvt_disk starts with the port that carries these operations. */
+#include "disk/disk_internal.h"
 
 static int disk_submit(void *impl, int dir, int64_t event, const uint32_t *src, const uint32_t *dst,
                        uint32_t n, void *wait)
@@ -90,7 +47,7 @@ static const kvi_xfer_ops disk_ops = {
     .outstanding = disk_outstanding,
 };
 
-kvi_xfer kvi_xfer_disk(kvt_disk *d)
+void kvi_disk_port_init(kvi_xfer_port *port, const kvt_layout *layout, uint32_t num_slots)
 {
-    return (kvi_xfer){&disk_ops, d};
+    *port = (kvi_xfer_port){&disk_ops, layout, num_slots};
 }
