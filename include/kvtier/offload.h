@@ -89,9 +89,13 @@ typedef struct kvt_offload_config {
                                     between its schedule calls and that next call (vLLM's
                                     connector schedules inside build_connector_meta); default
                                     false */
+    uint32_t max_num_seqs;       /* lazy: the engine's most running requests (vLLM
+                                    max_num_seqs): each may cross into a new block in one
+                                    step, so a full-attention group's window grows by it;
+                                    0 (default) leaves that term out */
     /* room for fields to come, so the struct keeps its size: zero (as *_config_init
      * leaves it); a create refuses a config whose room is not zero */
-    uint64_t reserved[8];
+    uint64_t reserved[7];
 } kvt_offload_config;
 
 typedef struct kvt_offload kvt_offload;
@@ -166,13 +170,23 @@ KVT_API const kvt_pool *kvt_offload_disk_pool(const kvt_offload *m);
 
 /* get_num_new_matched_tokens. hashes: the request's chained block hashes (one per
  * hash_block_size tokens, GPU pool's hash length), num_tokens its length, num_computed the
- * GPU prefix hit (a multiple of the scheduler block size). Sets *hit_tokens to the host-tier
- * hit beyond the GPU hit, capped so the last token is always recomputed; when it is > 0 the
- * hit is pinned until after_alloc or request_finished, and the load is asynchronous. A second
- * match for the same request releases the first pin. */
+ * GPU prefix hit. Sets *hit_tokens to the host-tier hit beyond the GPU hit, capped so the
+ * last token is always recomputed; when it is > 0 the hit is pinned until after_alloc or
+ * request_finished, and the load is asynchronous. A second match for the same request
+ * releases the first pin. A GPU hit that is not a multiple of the scheduler block size (an
+ * engine's fine-grained local hit) is a miss, not an error: hit 0, a warning logged once,
+ * counted in lookups_misaligned. */
 KVT_API int kvt_offload_match(kvt_offload *m, const char *req_id, uint32_t req_id_len,
                               const uint8_t *hashes, uint32_t n_hashes, uint32_t num_tokens,
                               uint32_t num_computed, uint32_t *hit_tokens);
+
+/* kvt_offload_match with flags (KVT_MATCH_*; kvt_offload_match passes 0). */
+#define KVT_MATCH_SKIP_PREFIX_CACHE                                                                \
+    1u /* the request must not reuse cached prefixes (it wants prompt logprobs): no lookup,        \
+          hit 0; its blocks are still stored */
+KVT_API int kvt_offload_match_flags(kvt_offload *m, const char *req_id, uint32_t req_id_len,
+                                    const uint8_t *hashes, uint32_t n_hashes, uint32_t num_tokens,
+                                    uint32_t num_computed, uint32_t flags, uint32_t *hit_tokens);
 
 /* update_state_after_alloc. blocks[g] / n_blocks[g]: the request's GPU block table per
  * KV-cache group after allocation; num_external: tokens the engine accepted from the host hit
@@ -266,6 +280,13 @@ KVT_API int kvt_offload_request_finished(kvt_offload *m, const char *req_id, uin
  * again after their completions arrived. Event ids are never reused. */
 KVT_API int kvt_offload_reset(kvt_offload *m);
 
+/* Lazy mode: the GPU blocks the store scan looks at each step, from the head of the GPU free
+ * queue (an engine sizes its GPU reserve by it); 0 in eager mode. Per prefix-cacheable group
+ * of block size B (context parallelism already in B): full attention
+ * ceil(max_batched_tokens / B) + max_num_seqs, sliding window ceil(window / B) + 1, Mamba 2;
+ * the sum times 2 (upstream's watermark ratio 1.0). */
+KVT_API uint32_t kvt_offload_lazy_window(const kvt_offload *m);
+
 /* True while transfers are in flight or stores are queued: the engine keeps stepping. */
 KVT_API bool kvt_offload_has_pending(const kvt_offload *m);
 
@@ -333,7 +354,9 @@ typedef struct kvt_offload_stats {
     /* three tiers: gauges */
     uint32_t disk_blocks, disk_used_blocks, disk_cached_blocks;
     uint32_t disk_load_events_in_flight, disk_store_events_in_flight;
-    uint64_t reserved[8]; /* room for figures to come (zero) */
+    uint64_t lookups_misaligned; /* matches whose GPU hit ended inside a scheduler block: miss */
+    uint64_t lookups_skipped;    /* matches with KVT_MATCH_SKIP_PREFIX_CACHE: no lookup */
+    uint64_t reserved[6];        /* room for figures to come (zero) */
 } kvt_offload_stats;
 
 KVT_API void kvt_offload_get_stats(const kvt_offload *m, kvt_offload_stats *s);

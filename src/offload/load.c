@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "base/error.h"
+#include "base/log.h"
 #include "offload/offload_internal.h"
 
 void kvi_ofl_release_hit(kvt_offload *m, struct kvi_ofl_req *r)
@@ -36,21 +37,49 @@ int kvt_offload_match(kvt_offload *m, const char *id, uint32_t id_len, const uin
                       uint32_t n_hashes, uint32_t num_tokens, uint32_t num_computed,
                       uint32_t *hit_tokens)
 {
+    return kvt_offload_match_flags(m, id, id_len, hashes, n_hashes, num_tokens, num_computed, 0,
+                                   hit_tokens);
+}
+
+int kvt_offload_match_flags(kvt_offload *m, const char *id, uint32_t id_len, const uint8_t *hashes,
+                            uint32_t n_hashes, uint32_t num_tokens, uint32_t num_computed,
+                            uint32_t flags, uint32_t *hit_tokens)
+{
     kvi_ofl_gpu_flush(m); /* pins a deferred schedule left */
     int rc = kvi_ofl_check_id(id, id_len);
     if (rc)
         return rc;
     if (!hit_tokens || (n_hashes && !hashes))
         return kvt_fail(KVT_EINVAL, "offload: match: NULL argument");
-    if (num_computed % m->sched_bs != 0)
-        return kvt_fail(KVT_EINVAL,
-                        "offload: match: GPU hit of %u tokens is not a multiple of "
-                        "the scheduler block size %u",
-                        num_computed, m->sched_bs);
+    if (flags & ~KVT_MATCH_SKIP_PREFIX_CACHE)
+        return kvt_fail(KVT_EINVAL, "offload: match: unknown flags 0x%x",
+                        flags & ~KVT_MATCH_SKIP_PREFIX_CACHE);
     *hit_tokens = 0;
     struct kvi_ofl_req *r = kvi_ofl_req_find(m, id, id_len);
     if (r)
         kvi_ofl_release_hit(m, r); /* a retry after a failed allocation: the old pin goes */
+    bool skip = flags & KVT_MATCH_SKIP_PREFIX_CACHE;
+    bool misaligned = num_computed % m->sched_bs != 0;
+    if (skip)
+        m->st.lookups_skipped++;
+    else if (misaligned) {
+        /* Transfers are whole scheduler blocks, so a load cannot start inside one: such a
+         * request keeps its GPU hit and gets no host-tier hit (upstream: a warning, not an
+         * error that would fail the engine's step). */
+        m->st.lookups_misaligned++;
+        if (!m->warned_misaligned) {
+            KVT_LOG_W("offload: match: GPU hit of %u tokens is not a multiple of the scheduler "
+                      "block size %u: no host-tier lookup for such requests (counted in "
+                      "lookups_misaligned)",
+                      num_computed, m->sched_bs);
+            m->warned_misaligned = true;
+        }
+    }
+    if (skip || misaligned) {
+        if (r)
+            kvi_ofl_req_maybe_release(m, r);
+        return 0;
+    }
 
     uint32_t start = num_computed / m->gcfg.hash_block_size;
     if (start >= n_hashes || num_tokens <= num_computed + 1) {

@@ -354,7 +354,8 @@ static void host_teardown(kvt_offload *m)
     m->hpromo_src = m->hpromo_next = m->hpromo_gpu = NULL;
 }
 
-/* Lazy watermark (vLLM target_free): GPU blocks at the LRU head that should be safe to evict. */
+/* Lazy watermark (vLLM target_free, with the per-sequence term of spec §2.14): GPU blocks at
+ * the LRU head that should be safe to evict. */
 static uint32_t lazy_target(const kvt_offload *m)
 {
     uint64_t t = 0;
@@ -365,8 +366,8 @@ static uint32_t lazy_target(const kvt_offload *m)
             t += 2;
         else if (s->kind == KVT_GROUP_SLIDING)
             t += (s->sliding_window + bs - 1) / bs + 1;
-        else
-            t += (m->cfg.max_batched_tokens + bs - 1) / bs;
+        else /* every running sequence may cross into a new block on top of the budget */
+            t += (m->cfg.max_batched_tokens + bs - 1) / bs + m->cfg.max_num_seqs;
     }
     t *= 2; /* 1 + WATERMARK_RATIO (1.0) */
     return t > UINT32_MAX ? UINT32_MAX : (uint32_t)t;
@@ -407,7 +408,7 @@ static int create_common(kvt_offload *m)
     m->target_free = cfg->lazy ? lazy_target(m) : 0;
     m->max_search_tokens = cfg->max_model_len;
     m->loadq_head = m->loadq_tail = m->tier[0].acc_head = m->tier[0].acc_tail = OFL_NONE;
-    m->wait_head = m->lazy_cursor = OFL_NONE;
+    m->wait_head = OFL_NONE;
     m->promoq_head = m->promoq_tail = m->tier[1].acc_head = m->tier[1].acc_tail = OFL_NONE;
 
     int rc = host_setup(m, cfg->host_blocks);
@@ -653,7 +654,6 @@ int kvt_offload_reset(kvt_offload *m)
         m->rs_head = (m->rs_head + 1) % m->gpu_nb;
         m->rs_len--;
     }
-    m->lazy_cursor = OFL_NONE;
     /* 3. Requests forget their eager registration; loads never sent are cancelled, sent ones
      *    keep their pins until the workers report them and then clean up as usual. */
     for (uint32_t s = 0; s < m->cfg.max_requests; s++) {
@@ -747,6 +747,11 @@ void kvt_offload_get_stats(const kvt_offload *m, kvt_offload_stats *s)
     s->pending_store_blocks = pending;
 }
 
+uint32_t kvt_offload_lazy_window(const kvt_offload *m)
+{
+    return m ? m->target_free : 0;
+}
+
 uint32_t kvt_offload_num_tiers(const kvt_offload *m)
 {
     uint32_t n = 0;
@@ -808,6 +813,11 @@ int kvt_offload_prometheus(const kvt_offload *m, char *buf, size_t cap, size_t *
          false},
         {"miss_blocks_total", "Missed scheduler blocks.", s.miss_blocks, false},
         {"hits_dropped_total", "Hits not offered for lack of room.", s.hits_dropped, false},
+        {"lookups_misaligned_total",
+         "Matches whose GPU hit ended inside a scheduler block (a miss, no lookup).",
+         s.lookups_misaligned, false},
+        {"lookups_skipped_total", "Matches of requests that reuse no cached prefix (no lookup).",
+         s.lookups_skipped, false},
         {"untracked_requests_total", "Eager requests not registered: request table full.",
          s.untracked_requests, false},
         {"load_events_total", "Load events issued.", s.load_events, false},

@@ -142,7 +142,8 @@ struct kvt_offload {
     kvt_pool_key *scan_keys;
     kvt_pool_config gcfg; /* the GPU pool's groups, hash and block sizes */
     uint32_t gpu_nb, ng, hash_len, kpb, sched_bs;
-    uint32_t target_free; /* lazy watermark, GPU blocks */
+    uint32_t target_free;   /* lazy watermark, GPU blocks */
+    bool warned_misaligned; /* the misaligned-hit warning was logged */
     uint32_t max_search_tokens;
 
     /* requests */
@@ -168,8 +169,6 @@ struct kvt_offload {
     /* eager re-store of GPU blocks whose host copy was evicted */
     uint32_t *restore;
     uint32_t rs_head, rs_len;
-
-    uint32_t lazy_cursor;
 
     /* scratch */
     uint32_t *scratch; /* host blocks' worth of entries */

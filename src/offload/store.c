@@ -11,8 +11,8 @@
  * still referenced by a running request, that GPU block is queued for a re-store, so a prefix
  * that stays hot on the GPU does not silently drop out of the host tier (§2.6 FIXME).
  *
- * Lazy (write-back on pressure): each step walks the GPU free queue from a cursor and stores
- * the hashed blocks nearest eviction, up to a watermark of target_free visited blocks.
+ * Lazy (write-back on pressure): each step looks at the first target_free blocks of the GPU
+ * free queue, from its head, and stores the hashed ones nearest eviction.
  *
  * Every selected block gets a freshly allocated host block; the GPU block's keys (primary and
  * secondary) are copied aside, both blocks are pinned, and the pair joins the accumulator
@@ -384,7 +384,7 @@ void kvi_ofl_select_restores(kvt_offload *m)
 }
 
 /* Lazy mode over an engine's own pool: the window at the head of its free queue, every step
- * from the head (upstream's current rule). */
+ * from the head (upstream's current rule), as kvi_ofl_select_lazy does over a kvt_pool. */
 static void select_lazy_ext(kvt_offload *m, uint32_t budget)
 {
     uint32_t got = m->gops.lru_scan(m->gctx, m->target_free, m->scan_ids, m->scan_keys), n = 0;
@@ -411,29 +411,18 @@ void kvi_ofl_select_lazy(kvt_offload *m)
         select_lazy_ext(m, budget);
         return;
     }
-    uint32_t node = KVT_BLOCK_NONE;
-    if (m->lazy_cursor != OFL_NONE)
-        node = kvt_pool_lru_next(m->gpu, m->lazy_cursor); /* NONE if the cursor was taken */
-    if (node == KVT_BLOCK_NONE) {
-        kvt_block_info bi;
-        bool cursor_free = m->lazy_cursor != OFL_NONE &&
-                           kvt_pool_block_info(m->gpu, m->lazy_cursor, &bi) == 0 && bi.is_free;
-        if (cursor_free)
-            return; /* the cursor is the tail: nothing new to look at */
-        node = kvt_pool_lru_first(m->gpu);
-    }
-    uint32_t visited = 0, n = 0, last = OFL_NONE;
+    /* the first target_free entries of the GPU free queue, from its head, every step (spec
+     * §2.14: no cursor carried across steps; a block deeper than the window waits until it
+     * drifts up) */
+    uint32_t node = kvt_pool_lru_first(m->gpu), visited = 0, n = 0;
     kvt_pool_key k;
     while (node != KVT_BLOCK_NONE && visited < m->target_free && n < budget) {
         visited++;
         if (!(m->gflags[node] & (G_STORING | G_MARK)) && kvi_ofl_gpu_primary(m, node, &k) &&
             !host_has_key(m, &k))
             select_block(m, n++, node, &k);
-        last = node;
         node = kvt_pool_lru_next(m->gpu, node);
     }
-    if (visited)
-        m->lazy_cursor = last;
     if (!n)
         return;
     commit_selection(m, n); /* touching takes the blocks out of the GPU free queue */

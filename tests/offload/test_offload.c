@@ -634,6 +634,154 @@ static void lazy_mode_stores_hashed_blocks_at_the_gpu_lru_head(void **state)
     sim_fini(&s);
 }
 
+/* Spec §2.14: a GPU hit that ends inside a scheduler block, and a request that must not reuse
+ * cached prefixes, get hit 0 (no lookup, counted), never an error; a retry drops the earlier
+ * pin; the skipping request's own blocks are still stored. */
+static void misaligned_gpu_hit_and_prefix_skip_are_misses(void **state)
+{
+    (void)state;
+    sim s;
+    sim_init(&s, 64, 32, false, 1, 64);
+    sim_req a, b;
+    sim_req_make(&a, "a", 2 * SIM_BS + 1, 1, 2 * SIM_BS + 1, 0);
+    sim_store_prompt(&s, &a, 1);
+    KVT_OK_(kvt_pool_reset_prefix_cache(s.gpu));
+    sim_req_make(&b, "b", 2 * SIM_BS + 1, 1, 2 * SIM_BS + 1, 0);
+    kvt_offload_stats st;
+    kvt_offload_get_stats(s.m, &st);
+    uint64_t lookups = st.lookups; /* a's own match */
+    uint32_t hit = 99;
+    KVT_OK_(kvt_offload_match(s.m, "b", 1, b.hashes, b.n_hashes, b.n_tokens, 5, &hit));
+    assert_int_equal(hit, 0);
+    KVT_OK_(kvt_offload_match(s.m, "b", 1, b.hashes, b.n_hashes, b.n_tokens, SIM_BS + 3, &hit));
+    assert_int_equal(hit, 0);
+    kvt_offload_get_stats(s.m, &st);
+    assert_int_equal(st.lookups_misaligned, 2);
+    assert_int_equal(st.lookups, lookups);
+    /* aligned: the full hit, pinned */
+    KVT_OK_(kvt_offload_match(s.m, "b", 1, b.hashes, b.n_hashes, b.n_tokens, 0, &hit));
+    assert_int_equal(hit, 2 * SIM_BS);
+    kvt_offload_get_stats(s.m, &st);
+    assert_int_equal(st.host_used_blocks, 2);
+    /* the same request again, now skipping cached prefixes: hit 0 and the pin is gone */
+    KVT_OK_(kvt_offload_match_flags(s.m, "b", 1, b.hashes, b.n_hashes, b.n_tokens, 0,
+                                    KVT_MATCH_SKIP_PREFIX_CACHE, &hit));
+    assert_int_equal(hit, 0);
+    kvt_offload_get_stats(s.m, &st);
+    assert_int_equal(st.host_used_blocks, 0);
+    assert_int_equal(st.lookups_skipped, 1);
+    assert_int_equal(st.lookups, lookups + 1);
+    assert_int_equal(st.lookups_misaligned, 2);
+    /* a skipping request with a new prompt is still stored */
+    sim_req c;
+    sim_req_make(&c, "c", 2 * SIM_BS + 1, 2, 2 * SIM_BS + 1, 0);
+    KVT_OK_(kvt_offload_match_flags(s.m, "c", 1, c.hashes, c.n_hashes, c.n_tokens, 0,
+                                    KVT_MATCH_SKIP_PREFIX_CACHE, &hit));
+    assert_int_equal(hit, 0);
+    c.n_blocks = 3;
+    KVT_OK_(kvt_pool_alloc(s.gpu, 3, c.blocks));
+    const uint32_t *tab[1] = {c.blocks};
+    uint32_t nb[1] = {3};
+    KVT_OK_(kvt_offload_after_alloc(s.m, "c", 1, tab, nb, 0));
+    sim_compute(&s, &c, c.n_tokens);
+    sim_schedule(&s, &c, 1, false);
+    sim_build(&s, false);
+    assert_int_equal(s.meta.n_stores, 2);
+    sim_report_store(&s, s.meta.store_event, 1);
+    assert_true(sim_host_has(&s, &c, 0) && sim_host_has(&s, &c, 1));
+    /* the counters reach Prometheus */
+    char buf[16384];
+    size_t len;
+    KVT_OK_(kvt_offload_prometheus(s.m, buf, sizeof(buf), &len));
+    assert_non_null(strstr(buf, "kvtier_offload_lookups_misaligned_total 2"));
+    assert_non_null(strstr(buf, "kvtier_offload_lookups_skipped_total 2"));
+    sim_finish(&s, &c);
+    sim_fini(&s);
+}
+
+/* Spec §2.14 lazy window: per prefix-cacheable group of block size B, full attention
+ * ceil(max_batched / B) + max_num_seqs, sliding window ceil(window / B) + 1, Mamba 2; the sum
+ * times 2. Context parallelism is in B, so a larger dcp x pcp gives a smaller window. */
+static void lazy_window_follows_the_upstream_formula(void **state)
+{
+    (void)state;
+    static const struct {
+        uint32_t n_groups;
+        kvt_group_spec groups[3];
+        uint32_t max_batched, max_num_seqs, window;
+    } cases[] = {
+        {1, {{KVT_GROUP_FULL, 16, 0}}, 32, 0, 2 * 2},
+        {1, {{KVT_GROUP_FULL, 16, 0}}, 33, 0, 2 * 3},
+        {1, {{KVT_GROUP_FULL, 16, 0}}, 32, 5, 2 * (2 + 5)},
+        {1, {{KVT_GROUP_FULL, 64, 0}}, 256, 4, 2 * (4 + 4)},  /* CP x4 of 16 */
+        {1, {{KVT_GROUP_FULL, 16, 0}}, 256, 4, 2 * (16 + 4)}, /* the same without CP */
+        {2, {{KVT_GROUP_FULL, 16, 0}, {KVT_GROUP_SLIDING, 16, 40}}, 64, 2, 2 * ((4 + 2) + (3 + 1))},
+        {3,
+         {{KVT_GROUP_FULL, 32, 0}, {KVT_GROUP_SLIDING, 32, 64}, {KVT_GROUP_MAMBA, 32, 0}},
+         64,
+         1,
+         2 * ((2 + 1) + (2 + 1) + 2)},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        kvt_pool_config pc;
+        kvt_pool_config_init(&pc);
+        pc.num_blocks = 64;
+        pc.n_groups = cases[i].n_groups;
+        memcpy(pc.groups, cases[i].groups, sizeof(cases[i].groups));
+        kvt_pool *gpu;
+        KVT_OK_(kvt_pool_create(&pc, &gpu));
+        kvt_offload_config oc;
+        kvt_offload_config_init(&oc);
+        oc.host_blocks = 32;
+        oc.max_batched_tokens = cases[i].max_batched;
+        oc.max_num_seqs = cases[i].max_num_seqs;
+        kvt_offload *m;
+        KVT_OK_(kvt_offload_create(&oc, gpu, &m));
+        assert_int_equal(kvt_offload_lazy_window(m), 0); /* eager: no scan */
+        kvt_offload_destroy(m);
+        oc.lazy = true;
+        KVT_OK_(kvt_offload_create(&oc, gpu, &m));
+        if (kvt_offload_lazy_window(m) != cases[i].window)
+            fail_msg("case %zu: window %u, want %u", i, kvt_offload_lazy_window(m),
+                     cases[i].window);
+        kvt_offload_destroy(m);
+        kvt_pool_destroy(gpu);
+    }
+    assert_int_equal(kvt_offload_lazy_window(NULL), 0);
+}
+
+/* Spec §2.14: the lazy scan looks at the window at the head of the GPU free queue every step;
+ * no cursor carries it deeper, so hashed blocks behind a window of unhashed ones wait (any
+ * number of steps) until they drift up to the head. */
+static void lazy_scan_starts_from_the_head_every_step(void **state)
+{
+    (void)state;
+    sim s;
+    sim_init(&s, 16, 32, true, 1, 32); /* window 2 x ceil(32/16) = 4 */
+    assert_int_equal(kvt_offload_lazy_window(s.m), 4);
+    sim_req a, f;
+    sim_req_make(&a, "a", 2 * SIM_BS + 1, 1, 2 * SIM_BS + 1, 0);
+    sim_admit(&s, &a, 0);
+    sim_compute(&s, &a, a.n_tokens);
+    uint32_t a0 = a.blocks[0], a1 = a.blocks[1];
+    sim_finish(&s, &a); /* a's 3 blocks join the free queue's tail, behind 12 unhashed ones */
+    for (int step = 0; step < 8; step++) { /* a cursor would have walked on to a's blocks */
+        sim_build(&s, false);
+        assert_int_equal(s.meta.store_event, KVT_NO_EVENT);
+    }
+    /* fillers take the 12 blocks ahead of a's: a's blocks come to the head */
+    sim_req_make(&f, "f", 12 * SIM_BS, 5, 0, 5);
+    f.n_blocks = 12;
+    KVT_OK_(kvt_pool_alloc(s.gpu, 12, f.blocks));
+    sim_build(&s, false);
+    assert_int_equal(s.meta.n_stores, 2);
+    assert_true((s.meta.store_gpu_blocks[0] == a0 && s.meta.store_gpu_blocks[1] == a1) ||
+                (s.meta.store_gpu_blocks[0] == a1 && s.meta.store_gpu_blocks[1] == a0));
+    sim_report_store(&s, s.meta.store_event, 1);
+    KVT_OK_(kvt_pool_free(s.gpu, f.blocks, 12));
+    sim_fini(&s);
+}
+
 /* vLLM test_reset_waits_for_pending_eager_store */
 static void reset_waits_for_an_abandoned_store_and_never_caches_it(void **state)
 {
@@ -778,7 +926,8 @@ static void caller_errors_are_reported_and_change_nothing(void **state)
     nb[0] = 2;
     KVT_ERR_(kvt_offload_after_alloc(s.m, "z", 1, tab, nb, 16), KVT_ESTATE); /* no hit */
     KVT_ERR_(kvt_offload_match(s.m, "", 0, a.hashes, 1, 20, 0, &nb[0]), KVT_EINVAL);
-    KVT_ERR_(kvt_offload_match(s.m, "a", 1, a.hashes, 2, 40, 5, &nb[0]), KVT_EINVAL);
+    KVT_ERR_(kvt_offload_match_flags(s.m, "a", 1, a.hashes, 2, 40, 0, 0x80, &nb[0]), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "unknown flags 0x80"));
     char long_id[KVT_REQ_ID_MAX + 2];
     memset(long_id, 'x', sizeof(long_id));
     KVT_ERR_(kvt_offload_schedule(s.m, long_id, KVT_REQ_ID_MAX + 1, tab, nb, 0, 1, false),
@@ -1050,11 +1199,11 @@ static void config_room_must_be_zero(void **state)
     kvt_offload_config oc;
     kvt_offload_config_init(&oc);
     oc.host_blocks = 8;
-    oc.reserved[7] = 42;
+    oc.reserved[6] = 42;
     kvt_offload *m = NULL;
     KVT_ERR_(kvt_offload_create(&oc, gpu, &m), KVT_EINVAL);
-    assert_non_null(strstr(kvt_last_error(), "offload config: reserved word 7"));
-    oc.reserved[7] = 0;
+    assert_non_null(strstr(kvt_last_error(), "offload config: reserved word 6"));
+    oc.reserved[6] = 0;
     KVT_OK_(kvt_offload_create(&oc, gpu, &m));
     kvt_offload_destroy(m);
     kvt_ec_shard_config sc;
@@ -1095,6 +1244,9 @@ int main(void)
         cmocka_unit_test(reset_waits_for_a_lazy_store),
         cmocka_unit_test(preemption_asks_for_a_flush_and_a_resumed_request_rescans_its_blocks),
         cmocka_unit_test(caller_errors_are_reported_and_change_nothing),
+        cmocka_unit_test(misaligned_gpu_hit_and_prefix_skip_are_misses),
+        cmocka_unit_test(lazy_window_follows_the_upstream_formula),
+        cmocka_unit_test(lazy_scan_starts_from_the_head_every_step),
         cmocka_unit_test(host_tier_size_comes_from_capacity_and_the_smallest_worker),
         cmocka_unit_test(metrics_count_activity_in_prometheus_text),
         cmocka_unit_test(engine_pool_is_reached_through_batched_callbacks),

@@ -195,6 +195,9 @@ def test_lazy_mode(model_dir, baseline):
     llm = make_llm(model_dir, extra={"lazy_offload": True}, kv_bytes=kv, max_num_seqs=2,
                    max_num_batched_tokens=256, max_model_len=1024)
     try:
+        # the window of spec §2.14: (ceil(max_num_batched_tokens / B) + max_num_seqs) x 2
+        bs = core(llm).scheduler.cache_config.block_size
+        assert sched_connector(llm).kvtier_lazy_window() == 2 * (-(-256 // bs) + 2)
         assert generate(llm, first) == want
         generate(llm, other)  # pressure: the first prompts' blocks near eviction get stored
         st = sched_connector(llm).kvtier_stats()
@@ -202,6 +205,35 @@ def test_lazy_mode(model_dir, baseline):
         assert generate(llm, first) == want
         st = sched_connector(llm).kvtier_stats()
         assert st["load_blocks"] > 0, st
+    finally:
+        close_llm(llm)
+
+
+def test_prompt_logprobs_requests_do_not_read_the_host_tier(model_dir, baseline):
+    """A request that asks for prompt logprobs must not reuse cached prefixes (vLLM sets
+    skip_reading_prefix_cache): no host-tier lookup, counted in lookups_skipped; plain
+    requests for the same prompts still hit."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+    prompts = prompts_with_prefixes(2, 400, 2, 400, seed=12)
+    want = baseline(prompts)
+    llm = make_llm(model_dir)
+    try:
+        assert generate(llm, prompts) == want
+        conn = sched_connector(llm)
+        reset_prefix_cache(llm)  # the GPU's prefix cache; the host tier keeps the prompts
+        before = conn.kvtier_stats()
+        sp = SamplingParams(max_tokens=2, temperature=0.0, detokenize=False, ignore_eos=True,
+                            prompt_logprobs=1)
+        outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp,
+                            use_tqdm=False)
+        assert all(o.prompt_logprobs for o in outs)
+        st = conn.kvtier_stats()
+        assert st["lookups_skipped"] - before["lookups_skipped"] >= 2, st
+        assert st["hit_tokens"] == before["hit_tokens"], st
+        reset_prefix_cache(llm)
+        assert generate(llm, prompts) == want
+        assert conn.kvtier_stats()["hit_tokens"] > before["hit_tokens"]
     finally:
         close_llm(llm)
 

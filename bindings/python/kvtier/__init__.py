@@ -401,8 +401,9 @@ class OffloadManager(_Handle):
     _destroy = _lib.kvt_offload_destroy
 
     def __init__(self, gpu_pool, host_blocks, world_size=1, lazy=False, block_bytes=0,
-                 max_requests=4096, max_batched_tokens=8192, disk_blocks=0):
-        """disk_blocks > 0: three tiers (GPU -> host -> disk), one full-attention group."""
+                 max_requests=4096, max_batched_tokens=8192, disk_blocks=0, max_num_seqs=0):
+        """disk_blocks > 0: three tiers (GPU -> host -> disk), one full-attention group.
+        max_num_seqs: lazy mode's per-sequence window term (the engine's max_num_seqs)."""
         cfg = L.kvt_offload_config()
         _lib.kvt_offload_config_init(ctypes.byref(cfg))
         cfg.host_blocks = host_blocks
@@ -412,6 +413,7 @@ class OffloadManager(_Handle):
         cfg.block_bytes = block_bytes
         cfg.max_requests = max_requests
         cfg.max_batched_tokens = max_batched_tokens
+        cfg.max_num_seqs = max_num_seqs
         h = ctypes.c_void_p()
         _check(_lib.kvt_offload_create(ctypes.byref(cfg), gpu_pool._h, ctypes.byref(h)))
         self._h = h
@@ -430,14 +432,23 @@ class OffloadManager(_Handle):
     def lower_disk_blocks(self, slots):
         _check(_lib.kvt_offload_lower_disk_blocks(self._h, slots))
 
-    def match(self, req_id, hashes, num_tokens, num_computed):
-        """Host-tier hit in tokens beyond the GPU hit (pinned until after_alloc)."""
+    def match(self, req_id, hashes, num_tokens, num_computed, skip_prefix_cache=False):
+        """Host-tier hit in tokens beyond the GPU hit (pinned until after_alloc). A GPU hit
+        that ends inside a scheduler block is a miss (0); skip_prefix_cache: the request must
+        not reuse cached prefixes (no lookup, 0; its blocks are still stored)."""
         rid = req_id.encode()
         joined = b"".join(hashes)
         hit = L.c_u32()
-        _check(_lib.kvt_offload_match(self._h, rid, len(rid), _bytes_ptr(joined), len(hashes),
-                                      num_tokens, num_computed, ctypes.byref(hit)))
+        flags = L.MATCH_SKIP_PREFIX_CACHE if skip_prefix_cache else 0
+        _check(_lib.kvt_offload_match_flags(self._h, rid, len(rid), _bytes_ptr(joined),
+                                            len(hashes), num_tokens, num_computed, flags,
+                                            ctypes.byref(hit)))
         return hit.value
+
+    @property
+    def lazy_window(self):
+        """Lazy mode: GPU blocks the store scan looks at each step (0 in eager mode)."""
+        return _lib.kvt_offload_lazy_window(self._h)
 
     def after_alloc(self, req_id, block_ids, num_external):
         rid = req_id.encode()

@@ -17,6 +17,7 @@ HASH_LEN = 16
 HOST_DEVICE = -1
 ENOSPC = -3  # KVT_ENOSPC: the size query of a *_prometheus or kvt_metrics_merge call
 COPY_STORE, COPY_LOAD = 0, 1
+MATCH_SKIP_PREFIX_CACHE = 1  # KVT_MATCH_SKIP_PREFIX_CACHE
 NO_EVENT = -1
 
 
@@ -92,6 +93,11 @@ class kvt_group_spec(ctypes.Structure):
 ROOM = [("reserved", c_u64 * 8)]
 
 
+def room(words):
+    """The reserved room of a struct whose later fields took 8 - words of its words."""
+    return [("reserved", c_u64 * words)]
+
+
 def fields(struct):
     """A struct's field names, without its reserved room."""
     return [n for n, _ in struct._fields_ if n != "reserved"]
@@ -139,7 +145,8 @@ class kvt_offload_config(ctypes.Structure):
                 ("max_requests", c_u32), ("max_batched_tokens", c_u32),
                 ("max_model_len", c_u32), ("keys_per_block", c_u32),
                 ("restore_budget", c_u32), ("event_capacity", c_u32), ("block_bytes", c_u64),
-                ("disk_blocks", c_u32), ("defer_schedule_pins", c_bool)] + ROOM
+                ("disk_blocks", c_u32), ("defer_schedule_pins", c_bool),
+                ("max_num_seqs", c_u32)] + room(7)
 
 
 class kvt_offload_sched_req(ctypes.Structure):
@@ -203,9 +210,14 @@ DISK_GAUGES = ("disk_blocks", "disk_used_blocks", "disk_cached_blocks",
                "disk_load_events_in_flight", "disk_store_events_in_flight")
 
 
+# counters added after the disk's, in the struct's reserved room
+LATER_COUNTERS = ("lookups_misaligned", "lookups_skipped")
+
+
 class kvt_offload_stats(ctypes.Structure):
     _fields_ = ([(n, c_u64) for n in STAT_COUNTERS] + [(n, c_u32) for n in STAT_GAUGES] +
-                [(n, c_u64) for n in DISK_COUNTERS] + [(n, c_u32) for n in DISK_GAUGES]) + ROOM
+                [(n, c_u64) for n in DISK_COUNTERS] + [(n, c_u32) for n in DISK_GAUGES] +
+                [(n, c_u64) for n in LATER_COUNTERS]) + room(6)
 
 
 TIER_COUNTERS = ("hit_blocks", "hit_tokens", "load_events", "store_events", "store_blocks",
@@ -540,6 +552,8 @@ _sig("kvt_offload_lower_host_blocks", c_int, vp, c_u32)
 _sig("kvt_offload_lower_disk_blocks", c_int, vp, c_u32)
 _sig("kvt_offload_disk_pool", vp, vp)
 _sig("kvt_offload_match", c_int, vp, cp, c_u32, u8p, c_u32, c_u32, c_u32, P(c_u32))
+_sig("kvt_offload_match_flags", c_int, vp, cp, c_u32, u8p, c_u32, c_u32, c_u32, c_u32, P(c_u32))
+_sig("kvt_offload_lazy_window", c_u32, vp)
 _sig("kvt_offload_after_alloc", c_int, vp, cp, c_u32, P(P(c_u32)), P(c_u32), c_u32)
 _sig("kvt_offload_schedule", c_int, vp, cp, c_u32, P(P(c_u32)), P(c_u32), c_u32, c_u32, c_bool)
 _sig("kvt_offload_build_meta", c_int, vp, c_bool, P(kvt_offload_meta))

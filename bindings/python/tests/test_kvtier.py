@@ -87,6 +87,26 @@ class EngineStep(unittest.TestCase):
         with self.assertRaises(kvtier.KvtierError):
             kvtier.merge_metrics([(text, None), (text, None)])  # the same series twice
 
+    def test_misaligned_and_skipping_matches_are_misses(self):
+        import engine_step
+        e = engine_step.Engine()
+        prompt = list(range(40))
+        e.turn("r", prompt)
+        hashes = kvtier.hash_prompt(7, prompt, engine_step.BS)  # as Engine.turn hashes
+        self.assertEqual(e.mgr.match("q", hashes, 40, 5), 0)  # inside a block: a miss
+        self.assertEqual(e.mgr.match("q", hashes, 40, 0, skip_prefix_cache=True), 0)
+        st = e.mgr.stats()
+        self.assertEqual(st["lookups_misaligned"], 1)
+        self.assertEqual(st["lookups_skipped"], 1)
+        self.assertGreater(e.mgr.match("q", hashes, 40, 0), 0)  # the same, plainly: a hit
+
+    def test_lazy_window(self):
+        gpu = kvtier.Pool(64)
+        self.assertEqual(kvtier.OffloadManager(gpu, host_blocks=8).lazy_window, 0)
+        lazy = kvtier.OffloadManager(gpu, host_blocks=8, lazy=True, max_batched_tokens=64,
+                                     max_num_seqs=3)
+        self.assertEqual(lazy.lazy_window, 2 * (64 // 16 + 3))
+
     def test_layout_from_numpy(self):
         try:
             import numpy as np

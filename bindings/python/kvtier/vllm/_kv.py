@@ -261,7 +261,6 @@ class _Scheduler:
         self.gpu = None  # vLLM's BlockPool, bound by the scheduler
         self.reqs = {}
         self._cb_error = None
-        self._warned_misaligned = False
         self._stats_last = {}
         self._events = bool(getattr(vllm_config, "kv_events_config", None) and
                             vllm_config.kv_events_config.enable_kv_cache_events)
@@ -277,6 +276,7 @@ class _Scheduler:
         oc.lazy = cfg.lazy
         oc.max_requests = cfg.max_requests
         oc.max_batched_tokens = vllm_config.scheduler_config.max_num_batched_tokens
+        oc.max_num_seqs = vllm_config.scheduler_config.max_num_seqs  # the lazy window's term
         oc.max_model_len = vllm_config.model_config.max_model_len
         oc.restore_budget = cfg.restore_budget
         oc.block_bytes = self.bpr * cfg.world_size
@@ -431,25 +431,19 @@ class _Scheduler:
         return st
 
     def match(self, request, num_computed):
-        if getattr(request, "skip_reading_prefix_cache", False):
-            return 0, False
-        if num_computed % self.sched_bs:
-            # a hit must start on a scheduler block: a misaligned local hit is a miss, not an
-            # error (vLLM's fine-grained GPU hits can end between scheduler blocks)
-            if not self._warned_misaligned:
-                logger.warning("kvtier: local prefix hit of %d tokens is not a multiple of %d; "
-                               "no host-tier lookup for such requests", num_computed,
-                               self.sched_bs)
-                self._warned_misaligned = True
-            return 0, False
+        # A request that wants no cached prefix (prompt logprobs) and a local hit that ends
+        # inside a scheduler block both get hit 0 from the library, counted there
+        # (lookups_skipped, lookups_misaligned; the latter logged once).
+        skip = bool(getattr(request, "skip_reading_prefix_cache", False))
         st = self._state(request)
         addr, n = st.sync_hashes()
         if n == 0:
             return 0, False
         hit = L.c_u32()
-        self._call(_lib.kvt_offload_match(self.h, st.rid, len(st.rid), ctypes.cast(addr, L.u8p),
-                                          n, request.num_tokens, num_computed,
-                                          ctypes.byref(hit)))
+        flags = L.MATCH_SKIP_PREFIX_CACHE if skip else 0
+        self._call(_lib.kvt_offload_match_flags(self.h, st.rid, len(st.rid),
+                                                ctypes.cast(addr, L.u8p), n, request.num_tokens,
+                                                num_computed, flags, ctypes.byref(hit)))
         return hit.value, hit.value > 0
 
     def _table_args(self, block_ids):
@@ -932,3 +926,8 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
     def kvtier_stats(self):
         """Cumulative scheduler-side counters and gauges (kvt_offload_stats as a dict)."""
         return self._sched.stats() if self._sched is not None else {}
+
+    def kvtier_lazy_window(self):
+        """Lazy mode: the GPU blocks the store scan looks at each step from the head of the
+        free queue (kvt_offload_lazy_window; 0 in eager mode or on a worker)."""
+        return _lib.kvt_offload_lazy_window(self._sched.h) if self._sched is not None else 0
