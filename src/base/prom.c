@@ -42,6 +42,14 @@ void kvi_prom_sample(kvi_prom *p, const char *prefix, const char *name, const ch
     kvi_prom_put(p, "%s_%s{%s=\"%s\"} %" PRIu64 "\n", prefix, name, label, value, v);
 }
 
+void kvi_prom_pair(kvi_prom *p, const char *prefix, const char *name, const char *help, bool gauge,
+                   const char *const values[2], const uint64_t v[2])
+{
+    kvi_prom_family(p, prefix, name, help, gauge);
+    for (int d = 0; d < 2; d++)
+        kvi_prom_sample(p, prefix, name, "direction", values[d], v[d]);
+}
+
 int kvi_prom_finish(const kvi_prom *p, size_t *len, const char *what)
 {
     *len = p->len;

@@ -27,6 +27,10 @@ KVI_EXPORT void kvi_prom_family(kvi_prom *p, const char *prefix, const char *nam
                                 bool gauge);
 KVI_EXPORT void kvi_prom_sample(kvi_prom *p, const char *prefix, const char *name,
                                 const char *label, const char *value, uint64_t v);
+/* A labelled family with one sample per direction: label="values[d]" v[d], d = 0, 1 (the
+ * transfer backends' per-direction counters). */
+KVI_EXPORT void kvi_prom_pair(kvi_prom *p, const char *prefix, const char *name, const char *help,
+                              bool gauge, const char *const values[2], const uint64_t v[2]);
 /* A latency histogram in Prometheus' cumulative form, with fixed bounds from 10 us to 5 s
  * (KVT_HIST_BOUNDS); observations in nanoseconds. Plain counters: the owner serialises
  * observe and read (its lock, or its one thread). */

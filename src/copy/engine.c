@@ -507,17 +507,12 @@ int kvt_copy_prometheus(const kvt_copy *c, char *buf, size_t cap, size_t *len)
         {"bytes_total", "Bytes submitted.", s.bytes},
         {"descriptors_total", "Copies after coalescing.", s.descriptors},
     };
-    for (size_t i = 0; i < KVT_ARRAY_LEN(counters); i++) {
-        kvi_prom_family(&p, "kvtier_copy", counters[i].name, counters[i].help, false);
-        for (int d = 0; d < 2; d++)
-            kvi_prom_sample(&p, "kvtier_copy", counters[i].name, "direction", dir_name[d],
-                            counters[i].v[d]);
-    }
-    kvi_prom_family(&p, "kvtier_copy", "outstanding_events", "Events submitted, not reported.",
-                    true);
-    for (int d = 0; d < 2; d++)
-        kvi_prom_sample(&p, "kvtier_copy", "outstanding_events", "direction", dir_name[d],
-                        s.outstanding[d]);
+    for (size_t i = 0; i < KVT_ARRAY_LEN(counters); i++)
+        kvi_prom_pair(&p, "kvtier_copy", counters[i].name, counters[i].help, false, dir_name,
+                      counters[i].v);
+    uint64_t outstanding[2] = {s.outstanding[0], s.outstanding[1]};
+    kvi_prom_pair(&p, "kvtier_copy", "outstanding_events", "Events submitted, not reported.", true,
+                  dir_name, outstanding);
     kvi_hist lat[2];
     pthread_mutex_lock(&((kvt_copy *)c)->mu);
     memcpy(lat, c->lat, sizeof(lat));

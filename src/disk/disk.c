@@ -794,12 +794,9 @@ int kvt_disk_prometheus(const kvt_disk *d, char *buf, size_t cap, size_t *len)
         {"bytes_total", "Slot bytes moved successfully.", s.bytes},
         {"io_errors_total", "Blocks whose I/O failed or was short.", s.io_errors},
     };
-    for (size_t i = 0; i < sizeof(counters) / sizeof(counters[0]); i++) {
-        kvi_prom_family(&p, "kvtier_disk", counters[i].name, counters[i].help, false);
-        for (int k = 0; k < 2; k++)
-            kvi_prom_sample(&p, "kvtier_disk", counters[i].name, "direction", dir_name[k],
-                            counters[i].v[k]);
-    }
+    for (size_t i = 0; i < sizeof(counters) / sizeof(counters[0]); i++)
+        kvi_prom_pair(&p, "kvtier_disk", counters[i].name, counters[i].help, false, dir_name,
+                      counters[i].v);
     kvi_prom_metric(&p, "kvtier_disk", "fatal", "1 once a fatal error stopped the tier.", true,
                     s.fatal);
     return kvi_prom_finish(&p, len, "disk");

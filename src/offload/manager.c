@@ -539,26 +539,45 @@ void kvt_offload_destroy(kvt_offload *m)
     free(m);
 }
 
+/* The size handshake's second step for tier t: lowered to what every worker has, only before
+ * the tier's first transfer and hit. */
+static int lower_tier(kvt_offload *m, uint32_t t, uint32_t worker_blocks)
+{
+    struct kvi_ofl_tier *T = &m->tier[t];
+    const char *name = kvi_ofl_tier_name(t);
+    if (!T->pool)
+        return kvt_fail(KVT_ESTATE, "offload: no %s tier (disk_blocks is 0)", name);
+    if (worker_blocks > T->nb)
+        return kvt_fail(KVT_EINVAL,
+                        "offload: a worker reported %u %s blocks, more than the %u planned; the "
+                        "tier is only ever lowered",
+                        worker_blocks, name, T->nb);
+    if (worker_blocks < 2)
+        return kvt_fail(KVT_EINVAL, "offload: a worker has only %u %s blocks (at least 2 needed)",
+                        worker_blocks, name);
+    if (worker_blocks == T->nb)
+        return 0;
+    if (T->transferred || kvt_pool_num_free(T->pool) != T->nb - 1 || T->acc_n)
+        return kvt_fail(KVT_ESTATE,
+                        "offload: the %s tier can only be resized before its first transfer "
+                        "and hit",
+                        name);
+    if (t == 0) {
+        host_teardown(m);
+        return host_setup(m, worker_blocks);
+    }
+    kvi_ofl_tier_teardown(m);
+    return kvi_ofl_tier_setup(m, worker_blocks);
+}
+
 int kvt_offload_lower_host_blocks(kvt_offload *m, uint32_t worker_blocks)
 {
-    if (worker_blocks > m->tier[0].nb)
-        return kvt_fail(KVT_EINVAL,
-                        "offload: a worker reported %u host blocks, more than the "
-                        "%u planned; the tier is only ever lowered",
-                        worker_blocks, m->tier[0].nb);
-    if (worker_blocks < 2)
-        return kvt_fail(KVT_EINVAL,
-                        "offload: a worker allocated only %u host blocks (at least "
-                        "2 needed)",
-                        worker_blocks);
-    if (worker_blocks == m->tier[0].nb)
-        return 0;
-    if (m->tier[0].transferred || kvt_pool_num_free(m->tier[0].pool) != m->tier[0].nb - 1 ||
-        m->tier[0].acc_n)
-        return kvt_fail(KVT_ESTATE, "offload: the host tier can only be resized before its "
-                                    "first transfer and hit");
-    host_teardown(m);
-    return host_setup(m, worker_blocks);
+    return lower_tier(m, 0, worker_blocks);
+}
+
+int kvt_offload_lower_disk_blocks(kvt_offload *m, uint32_t worker_slots)
+{
+    return lower_tier(m, 1, worker_slots);
 }
 
 const kvt_pool *kvt_offload_host_pool(const kvt_offload *m)

@@ -69,28 +69,6 @@ void kvi_ofl_tier_teardown(kvt_offload *m)
     kvi_ofl_evtable_free(&m->tier[1].loads);
 }
 
-int kvt_offload_lower_disk_blocks(kvt_offload *m, uint32_t worker_slots)
-{
-    if (!m->tier[1].pool)
-        return kvt_fail(KVT_ESTATE, "offload: no disk tier (disk_blocks is 0)");
-    if (worker_slots > m->tier[1].nb)
-        return kvt_fail(KVT_EINVAL,
-                        "offload: a worker reported %u disk slots, more than the %u planned; "
-                        "the tier is only ever lowered",
-                        worker_slots, m->tier[1].nb);
-    if (worker_slots < 2)
-        return kvt_fail(KVT_EINVAL, "offload: a worker has only %u disk slots (at least 2 needed)",
-                        worker_slots);
-    if (worker_slots == m->tier[1].nb)
-        return 0;
-    if (m->tier[1].transferred || kvt_pool_num_free(m->tier[1].pool) != m->tier[1].nb - 1 ||
-        m->tier[1].acc_n)
-        return kvt_fail(KVT_ESTATE, "offload: the disk tier can only be resized before its first "
-                                    "transfer and hit");
-    kvi_ofl_tier_teardown(m);
-    return kvi_ofl_tier_setup(m, worker_slots);
-}
-
 const kvt_pool *kvt_offload_disk_pool(const kvt_offload *m)
 {
     return m->tier[1].pool;
