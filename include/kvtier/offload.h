@@ -317,7 +317,7 @@ typedef struct kvt_offload_stats {
     uint64_t store_skipped_cached;    /* already in the host tier */
     uint64_t store_skipped_in_flight; /* already being stored */
     uint64_t store_skipped_unhashed;  /* GPU block carries no hash (masked position) */
-    uint64_t store_skipped_null;      /* null block */
+    uint64_t store_skipped_null;      /* null block (not recovered, below) */
     uint64_t store_dropped_full;      /* selection stopped: no host block free */
     uint64_t restores;                /* blocks re-stored after a host-tier eviction */
     uint64_t restores_dropped_hot;    /* re-stores given up: they would have evicted a block
@@ -354,9 +354,11 @@ typedef struct kvt_offload_stats {
     /* three tiers: gauges */
     uint32_t disk_blocks, disk_used_blocks, disk_cached_blocks;
     uint32_t disk_load_events_in_flight, disk_store_events_in_flight;
-    uint64_t lookups_misaligned; /* matches whose GPU hit ended inside a scheduler block: miss */
-    uint64_t lookups_skipped;    /* matches with KVT_MATCH_SKIP_PREFIX_CACHE: no lookup */
-    uint64_t reserved[6];        /* room for figures to come (zero) */
+    uint64_t lookups_misaligned;   /* matches whose GPU hit ended inside a scheduler block: miss */
+    uint64_t lookups_skipped;      /* matches with KVT_MATCH_SKIP_PREFIX_CACHE: no lookup */
+    uint64_t store_recovered_null; /* nulled table entries whose block was found in the GPU
+                                      pool's index by the position's hash and stored */
+    uint64_t reserved[5];          /* room for figures to come (zero) */
 } kvt_offload_stats;
 
 KVT_API void kvt_offload_get_stats(const kvt_offload *m, kvt_offload_stats *s);

@@ -131,9 +131,19 @@ void kvi_ofl_select_eager(kvt_offload *m, struct kvi_ofl_req *r, const uint32_t 
         uint32_t j = r->cursor[g];
         for (; j < ready; j++) {
             uint32_t gpu = blocks[g][j];
+            bool recovered = false;
             if (gpu == KVT_NULL_BLOCK) {
-                m->st.store_skipped_null++;
-                continue;
+                /* A nulled entry (a sliding window's masked position, a slot the engine let
+                 * go) whose position's hash is still cached in the GPU pool: found through the
+                 * pool's index, pinned and stored like the others, so a clone of the prompt
+                 * gets the full hit in every group (spec §2.14). Needs the request's hashes. */
+                uint32_t ref;
+                if (!kvi_ofl_key_from_hashes(m, hashes, n_hashes, g, j, &k) ||
+                    (gpu = kvi_ofl_gpu_lookup(m, &k, &ref)) == KVT_BLOCK_NONE) {
+                    m->st.store_skipped_null++;
+                    continue;
+                }
+                recovered = true;
             }
             if (m->gflags[gpu] & (G_STORING | G_MARK)) { /* cheapest test first */
                 m->st.store_skipped_in_flight++;
@@ -146,9 +156,9 @@ void kvi_ofl_select_eager(kvt_offload *m, struct kvi_ofl_req *r, const uint32_t 
                 m->st.store_skipped_in_flight++;
                 continue;
             }
-            if (m->ext && !kvi_ofl_key_from_hashes(m, hashes, n_hashes, g, j, &k))
+            if (!recovered && m->ext && !kvi_ofl_key_from_hashes(m, hashes, n_hashes, g, j, &k))
                 break; /* its hash is not known yet: stop here, later calls resume */
-            if (!m->ext && !kvi_ofl_gpu_primary(m, gpu, &k)) {
+            if (!recovered && !m->ext && !kvi_ofl_gpu_primary(m, gpu, &k)) {
                 m->st.store_skipped_unhashed++;
                 continue;
             }
@@ -162,6 +172,7 @@ void kvi_ofl_select_eager(kvt_offload *m, struct kvi_ofl_req *r, const uint32_t 
                 break;
             }
             select_block(m, n++, gpu, &k);
+            m->st.store_recovered_null += recovered;
         }
         r->cursor[g] = j;
     }

@@ -782,6 +782,91 @@ static void lazy_scan_starts_from_the_head_every_step(void **state)
     sim_fini(&s);
 }
 
+/* Full attention + a one-block sliding window: r computed 3 blocks in both groups, then the
+ * engine nulled its window's first two positions (freed: still cached in the GPU pool). r is
+ * stored (hashed: with its hashes, so nulled entries can be looked up; plain: without) and a
+ * request p whose prompt is r's first 2 blocks + 1 token is matched; returns p's hit. */
+static uint32_t nulled_window_then_shorter_clone(bool hashed, uint64_t *recovered)
+{
+    kvt_pool_config pc;
+    kvt_pool_config_init(&pc);
+    pc.num_blocks = 64;
+    pc.n_groups = 2;
+    pc.groups[1].kind = KVT_GROUP_SLIDING;
+    pc.groups[1].block_size = SIM_BS;
+    pc.groups[1].sliding_window = SIM_BS + 1; /* one block before the hit point */
+    kvt_pool *gpu;
+    KVT_OK_(kvt_pool_create(&pc, &gpu));
+    kvt_offload_config oc;
+    kvt_offload_config_init(&oc);
+    oc.host_blocks = 32;
+    kvt_offload *m;
+    KVT_OK_(kvt_offload_create(&oc, gpu, &m));
+    sim_req r, p;
+    sim_req_make(&r, "r", 3 * SIM_BS + 1, 1, 3 * SIM_BS + 1, 0);
+    uint32_t fa[4], sw[4], hit;
+    KVT_OK_(kvt_pool_alloc(gpu, 4, fa));
+    KVT_OK_(kvt_pool_alloc(gpu, 4, sw));
+    for (uint32_t j = 0; j < 3; j++) {
+        KVT_OK_(kvt_pool_insert(gpu, fa[j], r.hashes + j * KVT_BLOCK_HASH_LEN, 0, SIM_BS));
+        KVT_OK_(kvt_pool_insert(gpu, sw[j], r.hashes + j * KVT_BLOCK_HASH_LEN, 1, SIM_BS));
+    }
+    KVT_OK_(kvt_offload_match(m, "r", 1, r.hashes, r.n_hashes, r.n_tokens, 0, &hit));
+    const uint32_t *tab[2] = {fa, sw};
+    uint32_t nb[2] = {4, 4};
+    KVT_OK_(kvt_offload_after_alloc(m, "r", 1, tab, nb, 0));
+    uint32_t gone[2] = {sw[1], sw[0]}; /* out of the window: freed, still cached */
+    KVT_OK_(kvt_pool_free(gpu, gone, 2));
+    sw[0] = sw[1] = KVT_NULL_BLOCK;
+    if (hashed)
+        KVT_OK_(kvt_offload_schedule_hashed(m, "r", 1, tab, nb, r.hashes, r.n_hashes, r.n_tokens, 1,
+                                            false));
+    else
+        KVT_OK_(kvt_offload_schedule(m, "r", 1, tab, nb, r.n_tokens, 1, false));
+    kvt_offload_meta meta;
+    kvt_offload_meta_init(&meta);
+    KVT_OK_(kvt_offload_build_meta(m, false, &meta));
+    assert_int_equal(meta.n_stores, hashed ? 6 : 4);
+    for (uint32_t i = 0; i < meta.n_stores; i++)
+        assert_int_not_equal(meta.store_gpu_blocks[i], KVT_NULL_BLOCK);
+    /* a recovered block is pinned while it is copied: out of the GPU free queue */
+    kvt_block_info bi;
+    KVT_OK_(kvt_pool_block_info(gpu, gone[1], &bi));
+    assert_int_equal(bi.is_free, !hashed);
+    kvt_offload_worker_meta wm;
+    kvt_offload_worker_meta_init(&wm);
+    KVT_OK_(kvt_offload_worker_meta_add(&wm, meta.store_event, 1));
+    KVT_OK_(kvt_offload_apply_output(m, NULL, 0, &wm));
+    KVT_OK_(kvt_offload_request_finished(m, "r", 1, tab, nb, r.n_tokens));
+    KVT_OK_(kvt_pool_free(gpu, fa, 4));
+    KVT_OK_(kvt_pool_free(gpu, sw + 2, 2));
+    KVT_OK_(kvt_pool_reset_prefix_cache(gpu));
+    sim_req_make(&p, "p", 2 * SIM_BS + 1, 1, 2 * SIM_BS + 1, 0);
+    KVT_OK_(kvt_offload_match(m, "p", 1, p.hashes, p.n_hashes, p.n_tokens, 0, &hit));
+    kvt_offload_stats st;
+    kvt_offload_get_stats(m, &st);
+    *recovered = st.store_recovered_null;
+    KVT_OK_(kvt_offload_request_finished(m, "p", 1, tab, (uint32_t[2]){0, 0}, 0));
+    kvt_offload_meta_release(&meta);
+    kvt_offload_worker_meta_release(&wm);
+    kvt_offload_destroy(m);
+    kvt_pool_destroy(gpu);
+    return hit;
+}
+
+/* Spec §2.14: a nulled entry whose hash the GPU pool still caches is found and stored, so a
+ * request sharing a shorter prefix gets the full hit in every group; without the request's
+ * hashes nothing can be recovered and the window group's gap ends the hit at 0. */
+static void nulled_entries_still_cached_on_the_gpu_are_stored(void **state)
+{
+    (void)state;
+    uint64_t recovered;
+    assert_int_equal(nulled_window_then_shorter_clone(true, &recovered), 2 * SIM_BS);
+    assert_int_equal(recovered, 2);
+    assert_int_equal(nulled_window_then_shorter_clone(false, &recovered), 0);
+    assert_int_equal(recovered, 0);
+}
+
 /* vLLM test_reset_waits_for_pending_eager_store */
 static void reset_waits_for_an_abandoned_store_and_never_caches_it(void **state)
 {
@@ -1247,6 +1332,7 @@ int main(void)
         cmocka_unit_test(misaligned_gpu_hit_and_prefix_skip_are_misses),
         cmocka_unit_test(lazy_window_follows_the_upstream_formula),
         cmocka_unit_test(lazy_scan_starts_from_the_head_every_step),
+        cmocka_unit_test(nulled_entries_still_cached_on_the_gpu_are_stored),
         cmocka_unit_test(host_tier_size_comes_from_capacity_and_the_smallest_worker),
         cmocka_unit_test(metrics_count_activity_in_prometheus_text),
         cmocka_unit_test(engine_pool_is_reached_through_batched_callbacks),

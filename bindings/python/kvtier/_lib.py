@@ -211,13 +211,13 @@ DISK_GAUGES = ("disk_blocks", "disk_used_blocks", "disk_cached_blocks",
 
 
 # counters added after the disk's, in the struct's reserved room
-LATER_COUNTERS = ("lookups_misaligned", "lookups_skipped")
+LATER_COUNTERS = ("lookups_misaligned", "lookups_skipped", "store_recovered_null")
 
 
 class kvt_offload_stats(ctypes.Structure):
     _fields_ = ([(n, c_u64) for n in STAT_COUNTERS] + [(n, c_u32) for n in STAT_GAUGES] +
                 [(n, c_u64) for n in DISK_COUNTERS] + [(n, c_u32) for n in DISK_GAUGES] +
-                [(n, c_u64) for n in LATER_COUNTERS]) + room(6)
+                [(n, c_u64) for n in LATER_COUNTERS]) + room(5)
 
 
 TIER_COUNTERS = ("hit_blocks", "hit_tokens", "load_events", "store_events", "store_blocks",
