@@ -43,8 +43,19 @@ enum kvt_group_kind {
     KVT_GROUP_FULL = 0,    /* full attention: a hit is a run of cached blocks from the start */
     KVT_GROUP_SLIDING = 1, /* sliding window: only the last ceil((window-1)/block) blocks
                               before the hit point are needed; earlier ones are null */
-    KVT_GROUP_MAMBA = 2    /* state-space layers: only the last block's state is needed */
+    KVT_GROUP_MAMBA = 2,   /* state-space layers: only the last block's state is needed */
+    /* Not prefix-cacheable (vLLM's prefix_cacheable False): never cached, searched, stored,
+     * loaded, in events or in the lazy window; their block size need not be a multiple (or a
+     * divisor) of hash_block_size and does not enter the scheduler block size. */
+    KVT_GROUP_SCRATCH = 3, /* short scratch or hot-set groups (HiSparse) */
+    KVT_GROUP_RING = 4     /* circular-buffer attention (CircularBufferSpec) */
 };
+
+/* True for the kinds whose blocks can be cached and reused (full, sliding window, Mamba). */
+static inline bool kvt_group_kind_cacheable(uint32_t kind)
+{
+    return kind <= KVT_GROUP_MAMBA;
+}
 
 typedef struct kvt_group_spec {
     uint32_t kind;           /* kvt_group_kind */

@@ -362,6 +362,8 @@ static uint32_t lazy_target(const kvt_offload *m)
     for (uint32_t g = 0; g < m->ng; g++) {
         const kvt_group_spec *s = &m->gcfg.groups[g];
         uint64_t bs = s->block_size;
+        if (!kvt_group_kind_cacheable(s->kind))
+            continue; /* never stored: no part of the window */
         if (s->kind == KVT_GROUP_MAMBA)
             t += 2;
         else if (s->kind == KVT_GROUP_SLIDING)

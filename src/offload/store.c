@@ -125,6 +125,8 @@ void kvi_ofl_select_eager(kvt_offload *m, struct kvi_ofl_req *r, const uint32_t 
     bool full = false;
     kvt_pool_key k;
     for (uint32_t g = 0; g < m->ng && !full; g++) {
+        if (!kvt_group_kind_cacheable(m->gcfg.groups[g].kind))
+            continue; /* scratch and ring groups are never stored */
         uint32_t ready = aligned / m->gcfg.groups[g].block_size;
         if (ready > n_blocks[g])
             ready = n_blocks[g];
@@ -230,6 +232,8 @@ int kvt_offload_schedule_hashed(kvt_offload *m, const char *id, uint32_t id_len,
      * request while this is 0 and no new block was confirmed */
     uint64_t left = 0;
     for (uint32_t g = 0; g < m->ng; g++) {
+        if (!kvt_group_kind_cacheable(m->gcfg.groups[g].kind))
+            continue;
         uint32_t ready = aligned / m->gcfg.groups[g].block_size;
         if (ready > n_blocks[g])
             ready = n_blocks[g];
@@ -405,7 +409,8 @@ static void select_lazy_ext(kvt_offload *m, uint32_t budget)
         uint32_t node = m->scan_ids[i];
         kvt_pool_key *k = &m->scan_keys[i];
         if (node == KVT_NULL_BLOCK || node >= m->gpu_nb || k->num_tokens == 0 ||
-            k->group >= m->ng || (m->gflags[node] & (G_STORING | G_MARK)) || host_has_key(m, k))
+            k->group >= m->ng || !kvt_group_kind_cacheable(m->gcfg.groups[k->group].kind) ||
+            (m->gflags[node] & (G_STORING | G_MARK)) || host_has_key(m, k))
             continue;
         select_block(m, n++, node, k);
     }

@@ -161,7 +161,7 @@ static uint32_t clamp_length(const kvt_pool *p, uint32_t n_hashes, uint32_t max_
 uint32_t kvt_pool_hit_capacity(const kvt_pool *p, uint32_t group, uint32_t n_hashes,
                                uint32_t max_length)
 {
-    if (group >= p->cfg.n_groups)
+    if (group >= p->cfg.n_groups || !kvt_group_kind_cacheable(p->cfg.groups[group].kind))
         return 0;
     return clamp_length(p, n_hashes, max_length) / p->cfg.groups[group].block_size;
 }
@@ -174,11 +174,12 @@ int kvt_pool_find_longest_hit(const kvt_pool *p, const uint8_t *hashes, uint32_t
     uint32_t ng = p->cfg.n_groups;
     uint32_t hit_len = clamp_length(p, n_hashes, max_length);
     for (uint32_t g = 0; g < ng; g++)
-        if (!blocks[g] && hit_len / p->cfg.groups[g].block_size)
+        if (!blocks[g] && kvt_group_kind_cacheable(p->cfg.groups[g].kind) &&
+            hit_len / p->cfg.groups[g].block_size)
             return kvt_fail(KVT_EINVAL, "pool: find_longest_hit: output for group %u is NULL", g);
     memset(hit, 0, sizeof(*hit));
 
-    if (ng == 1) {
+    if (ng == 1) { /* the one group is cacheable (validated) */
         uint32_t n = search_group(p, hashes, 0, hit_len, blocks[0]);
         hit->n_blocks[0] = n;
         hit->length = n * p->cfg.groups[0].block_size;
@@ -189,7 +190,7 @@ int kvt_pool_find_longest_hit(const kvt_pool *p, const uint8_t *hashes, uint32_t
     uint32_t *n = hit->n_blocks;
     for (;;) {
         uint32_t curr = hit_len;
-        for (uint32_t k = 0; k < ng; k++) {
+        for (uint32_t k = 0; k < p->n_order; k++) { /* cacheable groups only */
             uint32_t g = p->order[k];
             uint32_t bs = p->cfg.groups[g].block_size;
             if (p->cfg.groups[g].kind == KVT_GROUP_FULL && searched[g]) {

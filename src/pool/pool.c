@@ -60,10 +60,17 @@ static int validate_config(const kvt_pool_config *c, uint32_t *sched_bs)
     if (c->hash_block_size < 1)
         return kvt_fail(KVT_EINVAL, "pool: hash_block_size must be positive");
     uint64_t lcm = 1;
+    uint32_t cacheable = 0;
     for (uint32_t g = 0; g < c->n_groups; g++) {
         const kvt_group_spec *s = &c->groups[g];
-        if (s->kind > KVT_GROUP_MAMBA)
+        if (s->kind > KVT_GROUP_RING)
             return kvt_fail(KVT_EINVAL, "pool: group %u has unknown kind %u", g, s->kind);
+        if (!kvt_group_kind_cacheable(s->kind)) { /* any block size: it is never hashed */
+            if (s->block_size < 1)
+                return kvt_fail(KVT_EINVAL, "pool: group %u block_size must be positive", g);
+            continue;
+        }
+        cacheable++;
         if (s->block_size < 1 || s->block_size % c->hash_block_size != 0)
             return kvt_fail(KVT_EINVAL,
                             "pool: group %u block_size %u must be a positive "
@@ -76,11 +83,14 @@ static int validate_config(const kvt_pool_config *c, uint32_t *sched_bs)
         if (lcm > UINT32_MAX)
             return kvt_fail(KVT_EINVAL, "pool: LCM of the group block sizes exceeds 2^32");
     }
+    if (cacheable == 0)
+        return kvt_fail(KVT_EINVAL, "pool: none of the %u groups is prefix-cacheable", c->n_groups);
     if (c->scheduler_block_size == 0) {
         *sched_bs = (uint32_t)lcm;
     } else {
         for (uint32_t g = 0; g < c->n_groups; g++)
-            if (c->scheduler_block_size % c->groups[g].block_size != 0)
+            if (kvt_group_kind_cacheable(c->groups[g].kind) &&
+                c->scheduler_block_size % c->groups[g].block_size != 0)
                 return kvt_fail(KVT_EINVAL,
                                 "pool: scheduler_block_size %u is not a multiple of "
                                 "group %u block_size %u",
@@ -151,6 +161,8 @@ int kvt_pool_create(const kvt_pool_config *cfg, kvt_pool **out)
     }
     p->n_free = p->nb - 1;
 
+    /* the search order: full-attention groups first, then the other cacheable ones; groups
+     * that are not prefix-cacheable are not searched at all */
     uint32_t k = 0;
     for (uint32_t g = 0; g < cfg->n_groups; g++) {
         p->hash_step[g] = cfg->groups[g].block_size / cfg->hash_block_size;
@@ -158,9 +170,10 @@ int kvt_pool_create(const kvt_pool_config *cfg, kvt_pool **out)
             p->order[k++] = g;
     }
     for (uint32_t g = 0; g < cfg->n_groups; g++)
-        if (cfg->groups[g].kind != KVT_GROUP_FULL)
+        if (cfg->groups[g].kind != KVT_GROUP_FULL && kvt_group_kind_cacheable(cfg->groups[g].kind))
             p->order[k++] = g;
-    p->simple_hybrid = cfg->n_groups == 2 && cfg->groups[p->order[0]].kind == KVT_GROUP_FULL;
+    p->n_order = k;
+    p->simple_hybrid = k == 2 && cfg->groups[p->order[0]].kind == KVT_GROUP_FULL;
     *out = p;
     return 0;
 }
@@ -296,6 +309,8 @@ int kvt_pool_insert(kvt_pool *p, uint32_t id, const uint8_t *hash, uint32_t grou
     if (group >= p->cfg.n_groups)
         return kvt_fail(KVT_ERANGE, "pool: insert: group %u out of range (%u groups)", group,
                         p->cfg.n_groups);
+    if (!kvt_group_kind_cacheable(p->cfg.groups[group].kind))
+        return kvt_fail(KVT_EINVAL, "pool: insert: group %u is not prefix-cacheable", group);
     if (num_tokens < 1 || num_tokens > p->cfg.groups[group].block_size)
         return kvt_fail(KVT_ERANGE, "pool: insert: num_tokens %u must be in 1..%u", num_tokens,
                         p->cfg.groups[group].block_size);

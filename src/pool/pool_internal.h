@@ -54,7 +54,9 @@ struct kvt_pool {
     uint32_t ev_cap, ev_head, ev_len;
     uint64_t ev_dropped;
 
-    uint32_t order[KVT_MAX_GROUPS];     /* search order: full-attention groups first */
+    uint32_t order[KVT_MAX_GROUPS];     /* search order: full-attention groups first, then
+                                           the other prefix-cacheable ones */
+    uint32_t n_order;                   /* cacheable groups (entries of order) */
     uint32_t hash_step[KVT_MAX_GROUPS]; /* hashes per block of each group */
     bool simple_hybrid;                 /* two groups, the first searched is full attention */
 };

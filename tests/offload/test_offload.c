@@ -715,6 +715,7 @@ static void lazy_window_follows_the_upstream_formula(void **state)
         {1, {{KVT_GROUP_FULL, 16, 0}}, 32, 5, 2 * (2 + 5)},
         {1, {{KVT_GROUP_FULL, 64, 0}}, 256, 4, 2 * (4 + 4)},  /* CP x4 of 16 */
         {1, {{KVT_GROUP_FULL, 16, 0}}, 256, 4, 2 * (16 + 4)}, /* the same without CP */
+        {2, {{KVT_GROUP_FULL, 16, 0}, {KVT_GROUP_SCRATCH, 5, 0}}, 32, 0, 2 * 2}, /* nothing */
         {2, {{KVT_GROUP_FULL, 16, 0}, {KVT_GROUP_SLIDING, 16, 40}}, 64, 2, 2 * ((4 + 2) + (3 + 1))},
         {3,
          {{KVT_GROUP_FULL, 32, 0}, {KVT_GROUP_SLIDING, 32, 64}, {KVT_GROUP_MAMBA, 32, 0}},
@@ -865,6 +866,69 @@ static void nulled_entries_still_cached_on_the_gpu_are_stored(void **state)
     assert_int_equal(recovered, 2);
     assert_int_equal(nulled_window_then_shorter_clone(false, &recovered), 0);
     assert_int_equal(recovered, 0);
+}
+
+/* Spec §2.14: a scratch group (block size unrelated to the hash block) beside full
+ * attention: its blocks are never stored or loaded, and the full-attention hit is whole. */
+static void scratch_groups_are_never_stored_or_loaded(void **state)
+{
+    (void)state;
+    kvt_pool_config pc;
+    kvt_pool_config_init(&pc);
+    pc.num_blocks = 64;
+    pc.n_groups = 2;
+    pc.groups[1].kind = KVT_GROUP_SCRATCH;
+    pc.groups[1].block_size = 7;
+    kvt_pool *gpu;
+    KVT_OK_(kvt_pool_create(&pc, &gpu));
+    kvt_offload_config oc;
+    kvt_offload_config_init(&oc);
+    oc.host_blocks = 32;
+    kvt_offload *m;
+    KVT_OK_(kvt_offload_create(&oc, gpu, &m));
+    sim_req r;
+    sim_req_make(&r, "r", 3 * SIM_BS + 1, 1, 3 * SIM_BS + 1, 0);
+    uint32_t fa[4], sc[2], hit;
+    KVT_OK_(kvt_pool_alloc(gpu, 4, fa));
+    KVT_OK_(kvt_pool_alloc(gpu, 2, sc)); /* a small scratch table, whatever the length */
+    for (uint32_t j = 0; j < 3; j++)
+        KVT_OK_(kvt_pool_insert(gpu, fa[j], r.hashes + j * KVT_BLOCK_HASH_LEN, 0, SIM_BS));
+    const uint32_t *tab[2] = {fa, sc};
+    uint32_t nb[2] = {4, 2};
+    KVT_OK_(kvt_offload_match(m, "r", 1, r.hashes, r.n_hashes, r.n_tokens, 0, &hit));
+    KVT_OK_(kvt_offload_after_alloc(m, "r", 1, tab, nb, 0));
+    assert_int_equal(
+        kvt_offload_schedule_hashed(m, "r", 1, tab, nb, r.hashes, r.n_hashes, r.n_tokens, 1, false),
+        0);
+    kvt_offload_meta meta;
+    kvt_offload_meta_init(&meta);
+    KVT_OK_(kvt_offload_build_meta(m, false, &meta));
+    assert_int_equal(meta.n_stores, 3);
+    for (uint32_t i = 0; i < meta.n_stores; i++)
+        assert_true(meta.store_gpu_blocks[i] != sc[0] && meta.store_gpu_blocks[i] != sc[1]);
+    kvt_offload_worker_meta wm;
+    kvt_offload_worker_meta_init(&wm);
+    KVT_OK_(kvt_offload_worker_meta_add(&wm, meta.store_event, 1));
+    KVT_OK_(kvt_offload_apply_output(m, NULL, 0, &wm));
+    KVT_OK_(kvt_offload_request_finished(m, "r", 1, tab, nb, r.n_tokens));
+    KVT_OK_(kvt_pool_free(gpu, fa, 4));
+    KVT_OK_(kvt_pool_free(gpu, sc, 2));
+    KVT_OK_(kvt_pool_reset_prefix_cache(gpu));
+    KVT_OK_(kvt_offload_match(m, "q", 1, r.hashes, r.n_hashes, r.n_tokens, 0, &hit));
+    assert_int_equal(hit, 3 * SIM_BS);
+    KVT_OK_(kvt_pool_alloc(gpu, 4, fa));
+    KVT_OK_(kvt_pool_alloc(gpu, 2, sc));
+    KVT_OK_(kvt_offload_after_alloc(m, "q", 1, tab, nb, hit));
+    KVT_OK_(kvt_offload_build_meta(m, false, &meta));
+    assert_int_equal(meta.n_loads, 3); /* the full-attention blocks alone */
+    for (uint32_t i = 0; i < meta.n_loads; i++)
+        assert_true(meta.load_gpu_blocks[i] != sc[0] && meta.load_gpu_blocks[i] != sc[1]);
+    kvt_str q = {"q", 1};
+    KVT_OK_(kvt_offload_apply_output(m, &q, 1, NULL));
+    kvt_offload_meta_release(&meta);
+    kvt_offload_worker_meta_release(&wm);
+    kvt_offload_destroy(m);
+    kvt_pool_destroy(gpu);
 }
 
 /* vLLM test_reset_waits_for_pending_eager_store */
@@ -1333,6 +1397,7 @@ int main(void)
         cmocka_unit_test(lazy_window_follows_the_upstream_formula),
         cmocka_unit_test(lazy_scan_starts_from_the_head_every_step),
         cmocka_unit_test(nulled_entries_still_cached_on_the_gpu_are_stored),
+        cmocka_unit_test(scratch_groups_are_never_stored_or_loaded),
         cmocka_unit_test(host_tier_size_comes_from_capacity_and_the_smallest_worker),
         cmocka_unit_test(metrics_count_activity_in_prometheus_text),
         cmocka_unit_test(engine_pool_is_reached_through_batched_callbacks),

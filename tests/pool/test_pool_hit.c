@@ -291,6 +291,61 @@ static void hybrid_search_iterates_to_a_fixed_point(void **state)
     kvt_pool_destroy(p);
 }
 
+/* Spec §2.14: groups that are not prefix-cacheable (scratch, ring) are accepted with block
+ * sizes that need not fit the hash block, leave the scheduler block size alone, are never
+ * cached and never constrain or take part in a hit. */
+static void scratch_and_ring_groups_take_no_part_in_hits(void **state)
+{
+    (void)state;
+    kvt_pool_config c = base_cfg();
+    c.n_groups = 4;
+    c.groups[1].kind = KVT_GROUP_SCRATCH;
+    c.groups[1].block_size = 5; /* neither a multiple nor a divisor of 16 */
+    c.groups[2].kind = KVT_GROUP_SLIDING;
+    c.groups[2].block_size = 16;
+    c.groups[2].sliding_window = 17; /* 1 block */
+    c.groups[3].kind = KVT_GROUP_RING;
+    c.groups[3].block_size = 24;
+    uint32_t sched_bs = 0;
+    KVT_OK_(kvt_pool_config_validate(&c, &sched_bs));
+    assert_int_equal(sched_bs, 16); /* not the LCM with 5 or 24 */
+    kvt_pool *p = make(&c);
+    uint32_t fa[4], sw;
+    for (uint32_t j = 0; j < 4; j++)
+        fa[j] = cache_block(p, &c, 0, j);
+    sw = cache_block(p, &c, 2, 3);
+    uint32_t id;
+    KVT_OK_(kvt_pool_alloc(p, 1, &id));
+    KVT_ERR_(kvt_pool_insert(p, id, req_hashes, 1, 5), KVT_EINVAL); /* never cached */
+    assert_non_null(strstr(kvt_last_error(), "not prefix-cacheable"));
+    KVT_ERR_(kvt_pool_insert(p, id, req_hashes, 3, 24), KVT_EINVAL);
+    uint32_t *outs[KVT_MAX_GROUPS] = {out[0], NULL, out[2], NULL}; /* no room needed for them */
+    kvt_hit h;
+    KVT_OK_(kvt_pool_find_longest_hit(p, req_hashes, 8, 8 * 16, outs, &h));
+    assert_int_equal(h.length, 64);
+    assert_int_equal(h.n_blocks[0], 4);
+    assert_memory_equal(out[0], fa, sizeof(fa));
+    assert_int_equal(h.n_blocks[1], 0);
+    assert_int_equal(h.n_blocks[2], 4);
+    assert_int_equal(out[2][3], sw);
+    assert_int_equal(h.n_blocks[3], 0);
+    assert_int_equal(kvt_pool_hit_capacity(p, 1, 8, 128), 0);
+    assert_int_equal(kvt_pool_hit_capacity(p, 0, 8, 128), 8);
+    kvt_pool_destroy(p);
+    /* a scheduler block size need only fit the cacheable groups */
+    c.scheduler_block_size = 32;
+    KVT_OK_(kvt_pool_config_validate(&c, &sched_bs));
+    assert_int_equal(sched_bs, 32);
+    /* no cacheable group at all, or an unknown kind: refused */
+    kvt_pool_config only = base_cfg();
+    only.groups[0].kind = KVT_GROUP_RING;
+    KVT_ERR_(kvt_pool_config_validate(&only, NULL), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "none of the 1 groups is prefix-cacheable"));
+    only.groups[0].kind = 5;
+    KVT_ERR_(kvt_pool_config_validate(&only, NULL), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "unknown kind 5"));
+}
+
 static void bad_search_arguments_are_rejected(void **state)
 {
     (void)state;
@@ -327,6 +382,7 @@ int main(void)
         cmocka_unit_test(hybrid_groups_agree_on_one_length),
         cmocka_unit_test(hybrid_hit_is_aligned_to_the_scheduler_block_size),
         cmocka_unit_test(hybrid_search_iterates_to_a_fixed_point),
+        cmocka_unit_test(scratch_and_ring_groups_take_no_part_in_hits),
         cmocka_unit_test(bad_search_arguments_are_rejected),
     };
     return cmocka_run_group_tests(tests, setup, NULL);

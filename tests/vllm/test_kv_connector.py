@@ -352,3 +352,20 @@ def test_bad_configuration_is_refused(model_dir, extra, word):
         chain = chain.__cause__
         msg += " | " + str(chain)
     assert "kvtier" in msg and word in msg, msg
+
+
+def test_groups_that_are_not_prefix_cacheable_are_mapped_and_cost_no_host_bytes():
+    """Spec §2.14: a ring (CircularBufferSpec) or scratch group is accepted; its tensors are
+    not part of a host block (the host tier's bytes per block exclude them)."""
+    from types import SimpleNamespace as NS
+    from kvtier.vllm._kv import block_bytes_per_rank, kv_regions
+    nb = 8
+    full = NS(layers=["attn.0", "attn.1"], block_stride=4096, layer_stride=nb * 4096, offset=0)
+    ring = NS(layers=["ring.0"], block_stride=512, layer_stride=nb * 512, offset=2 * nb * 4096)
+    groups = [NS(layer_names=["attn.0", "attn.1"]), NS(layer_names=["ring.0"])]
+    cfg = NS(num_blocks=nb, kv_cache_tensors=[full, ring], kv_cache_groups=groups,
+             prefix_cacheable_group_ids=(0,))
+    assert [layer for layer, _, _ in kv_regions(cfg)] == ["attn.0", "attn.1"]
+    assert block_bytes_per_rank(cfg) == 2 * 4096
+    cfg.prefix_cacheable_group_ids = (0, 1)  # were the ring cacheable, it would count
+    assert block_bytes_per_rank(cfg) == 2 * 4096 + 512

@@ -119,8 +119,11 @@ def kv_regions(kv_cache_config):
     block-outermost ones a single region whose block spans all layers)."""
     nb = kv_cache_config.num_blocks
     seen, out = set(), []
+    # a tensor that only layers of groups that are not prefix-cacheable use (scratch, ring)
+    # never moves: the host tier's bytes per block exclude it
+    skip = _uncacheable_layers(kv_cache_config)
     for t in kv_cache_config.kv_cache_tensors:
-        if not t.layers:
+        if not t.layers or all(name in skip for name in t.layers):
             continue
         bb = t.block_stride
         span_blocks = nb * bb
@@ -140,6 +143,17 @@ def kv_regions(kv_cache_config):
             layer = t.layers[min(i // per_layer, len(t.layers) - 1)]
             out.append((layer, off, bb))
     return out
+
+
+def _cacheable_group_ids(kv_cache_config):
+    groups = kv_cache_config.kv_cache_groups
+    return set(getattr(kv_cache_config, "prefix_cacheable_group_ids", range(len(groups))))
+
+
+def _uncacheable_layers(kv_cache_config):
+    ids = _cacheable_group_ids(kv_cache_config)
+    return {name for g, grp in enumerate(kv_cache_config.kv_cache_groups) if g not in ids
+            for name in grp.layer_names}
 
 
 def block_bytes_per_rank(kv_cache_config):
@@ -168,15 +182,15 @@ def _group_specs(kv_cache_config, vllm_config):
     if not groups or len(groups) > L.MAX_GROUPS:
         raise ConfigError("kvtier: %d KV cache groups (1..%d supported)"
                           % (len(groups), L.MAX_GROUPS))
-    cacheable = set(getattr(kv_cache_config, "prefix_cacheable_group_ids", range(len(groups))))
+    cacheable = _cacheable_group_ids(kv_cache_config)
     for g, grp in enumerate(groups):
         spec = grp.kv_cache_spec
-        if g not in cacheable:
-            raise ConfigError("kvtier: KV cache group %d (%s) is not prefix-cacheable; such "
-                              "groups are not supported yet" % (g, type(spec).__name__))
         gs = cfg.groups[g]
         gs.block_size = spec.block_size
-        if isinstance(spec, SlidingWindowSpec):
+        if g not in cacheable:  # never stored, loaded or searched (spec §2.14)
+            ring = type(spec).__name__ == "CircularBufferSpec"
+            gs.kind = L.GROUP_RING if ring else L.GROUP_SCRATCH
+        elif isinstance(spec, SlidingWindowSpec):
             gs.kind, gs.sliding_window = 1, spec.sliding_window
         elif isinstance(spec, MambaSpec):
             gs.kind = 2
