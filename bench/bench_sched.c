@@ -15,11 +15,18 @@
  * stored is written back (the workers complete promotions and write-backs by the next step
  * too).
  *
+ * A fourth mode runs a hybrid model (eager, two tiers): a full-attention group, a sliding-
+ * window group (128-token window) whose blocks behind the window the engine frees and nulls
+ * in the table as vLLM does (they stay cached in the GPU pool, so the manager recovers them
+ * through the pool's index when it stores), and a scratch group (one 8-token block per
+ * request, never stored); the calls carry the requests' hashes.
+ *
  * Timed: only the manager's calls of a step (match and after_alloc of arrivals, schedule of
  * every running request, build_meta, apply_output, request_finished) — not the engine's own
- * pool work or hashing. Reported per mode (eager, lazy, three tiers) and per N (64, 256, 1024):
- * median and 99th-percentile step time, and blocks moved (stored + loaded) per second of manager
- * time. No baseline: absolute figures (target: eager p50 <= 20 us at 256 requests on one core).
+ * pool work or hashing. Reported per mode (eager, lazy, three tiers, hybrid) and per N (64, 256,
+ * 1024): median and 99th-percentile step time, and blocks moved (stored + loaded) per second of
+ * manager time. No baseline: absolute figures (target: eager p50 <= 20 us at 256 requests on one
+ * core).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -35,6 +42,8 @@
 #define N_SYS   8u
 #define HL      KVT_BLOCK_HASH_LEN
 #define SEED    11u
+#define SW_TOK  128u /* the hybrid mode's sliding window */
+#define NG      3u   /* hybrid: full attention, sliding window, scratch */
 
 struct breq {
     char id[24];
@@ -42,6 +51,7 @@ struct breq {
     uint32_t n_tokens, max_tokens, computed;
     bool loading, active;
     uint32_t blocks[MAX_BLK], n_blocks;
+    uint32_t sw[MAX_BLK], scratch; /* hybrid: the window group's table, the scratch block */
     uint32_t tokens[MAX_TOK];
     uint8_t hashes[MAX_BLK * HL];
 };
@@ -52,6 +62,7 @@ struct hist {
 };
 
 struct sim {
+    bool hybrid;
     kvt_pool *gpu;
     kvt_offload *m;
     struct breq *reqs;
@@ -106,16 +117,23 @@ static void arrive(struct sim *s, struct breq *r)
         r->max_tokens = MAX_TOK;
     hash_full(r, 0);
 
-    uint32_t out[MAX_BLK], *outs[1] = {out};
+    uint32_t out[MAX_BLK], out_sw[MAX_BLK], *outs[NG] = {out, out_sw, NULL};
     kvt_hit gh;
     kvt_pool_find_longest_hit(s->gpu, r->hashes, r->n_tokens / BT, r->n_tokens - 1, outs, &gh);
     /* room for the prompt and its decode (hit blocks still free count as taken) */
-    if (kvt_pool_num_free(s->gpu) < r->max_tokens / BT + 1) {
+    if (kvt_pool_num_free(s->gpu) < (r->max_tokens / BT + 1) * (s->hybrid ? 2 : 1) + 1) {
         r->active = false; /* the engine keeps it waiting; it is retried next step */
         return;
     }
     kvt_pool_touch(s->gpu, out, gh.n_blocks[0]);
     memcpy(r->blocks, out, gh.n_blocks[0] * sizeof(uint32_t));
+    if (s->hybrid) { /* the window's hit: nulls before it, cached blocks in it */
+        for (uint32_t j = 0; j < gh.n_blocks[1]; j++) {
+            r->sw[j] = out_sw[j];
+            if (out_sw[j] != KVT_NULL_BLOCK)
+                kvt_pool_touch(s->gpu, &out_sw[j], 1);
+        }
+    }
     uint32_t hit;
     double t0 = tick();
     int rc = kvt_offload_match(s->m, r->id, r->id_len, r->hashes, r->n_tokens / BT, r->n_tokens,
@@ -126,8 +144,12 @@ static void arrive(struct sim *s, struct breq *r)
     r->n_blocks = (r->n_tokens + BT - 1) / BT;
     if ((rc = kvt_pool_alloc(s->gpu, r->n_blocks - gh.n_blocks[0], r->blocks + gh.n_blocks[0])))
         die("GPU pool too small", rc);
-    const uint32_t *tab[1] = {r->blocks};
-    uint32_t nb[1] = {r->n_blocks};
+    if (s->hybrid &&
+        ((rc = kvt_pool_alloc(s->gpu, r->n_blocks - gh.n_blocks[1], r->sw + gh.n_blocks[1])) ||
+         (rc = kvt_pool_alloc(s->gpu, 1, &r->scratch))))
+        die("GPU pool too small", rc);
+    const uint32_t *tab[NG] = {r->blocks, r->sw, &r->scratch};
+    uint32_t nb[NG] = {r->n_blocks, r->n_blocks, 1};
     t0 = tick();
     rc = kvt_offload_after_alloc(s->m, r->id, r->id_len, tab, nb, hit);
     s->t += tick() - t0;
@@ -139,10 +161,13 @@ static void arrive(struct sim *s, struct breq *r)
 
 static void finish(struct sim *s, struct breq *r)
 {
-    const uint32_t *tab[1] = {r->blocks};
-    uint32_t nb[1] = {r->n_blocks};
+    const uint32_t *tab[NG] = {r->blocks, r->sw, &r->scratch};
+    uint32_t nb[NG] = {r->n_blocks, r->n_blocks, 1};
     double t0 = tick();
-    int rc = kvt_offload_request_finished(s->m, r->id, r->id_len, tab, nb, r->computed);
+    int rc = s->hybrid
+                 ? kvt_offload_request_finished_hashed(s->m, r->id, r->id_len, tab, nb, r->hashes,
+                                                       r->n_tokens / BT, r->computed)
+                 : kvt_offload_request_finished(s->m, r->id, r->id_len, tab, nb, r->computed);
     s->t += tick() - t0;
     if (rc)
         die("request_finished", rc);
@@ -155,6 +180,14 @@ static void finish(struct sim *s, struct breq *r)
     for (uint32_t i = 0; i < r->n_blocks; i++)
         rev[i] = r->blocks[r->n_blocks - 1 - i];
     kvt_pool_free(s->gpu, rev, r->n_blocks);
+    if (s->hybrid) {
+        uint32_t n = 0;
+        for (uint32_t i = r->n_blocks; i-- > 0;)
+            if (r->sw[i] != KVT_NULL_BLOCK)
+                rev[n++] = r->sw[i];
+        rev[n++] = r->scratch;
+        kvt_pool_free(s->gpu, rev, n);
+    }
     r->active = false;
 }
 
@@ -182,8 +215,11 @@ static double step(struct sim *s)
             sched[i] = r->n_tokens - r->computed;
         } else {
             if (r->n_tokens / BT >= r->n_blocks) {
-                if (kvt_pool_alloc(s->gpu, 1, &r->blocks[r->n_blocks]))
+                if (kvt_pool_num_free(s->gpu) < (s->hybrid ? 2u : 1u) ||
+                    kvt_pool_alloc(s->gpu, 1, &r->blocks[r->n_blocks]))
                     continue; /* no slot this step */
+                if (s->hybrid)
+                    kvt_pool_alloc(s->gpu, 1, &r->sw[r->n_blocks]);
                 r->n_blocks++;
             }
             r->tokens[r->n_tokens++] = 1000 + kvt_rand_below(&s->rng, 30000);
@@ -195,11 +231,14 @@ static double step(struct sim *s)
         struct breq *r = &s->reqs[i];
         if (!sched[i])
             continue;
-        const uint32_t *tab[1] = {r->blocks};
-        uint32_t nb[1] = {r->n_blocks};
-        int rc =
-            kvt_offload_schedule(s->m, r->id, r->id_len, tab, nb, r->computed, sched[i], false);
-        if (rc)
+        const uint32_t *tab[NG] = {r->blocks, r->sw, &r->scratch};
+        uint32_t nb[NG] = {r->n_blocks, r->n_blocks, 1};
+        int rc = s->hybrid
+                     ? kvt_offload_schedule_hashed(s->m, r->id, r->id_len, tab, nb, r->hashes,
+                                                   r->computed / BT, r->computed, sched[i], false)
+                     : kvt_offload_schedule(s->m, r->id, r->id_len, tab, nb, r->computed, sched[i],
+                                            false);
+        if (rc < 0)
             die("schedule", rc);
     }
     int rc = kvt_offload_build_meta(s->m, false, &s->meta);
@@ -247,7 +286,19 @@ static double step(struct sim *s)
             kvt_pool_block_info(s->gpu, r->blocks[j], &bi);
             if (!bi.n_keys)
                 kvt_pool_insert(s->gpu, r->blocks[j], r->hashes + j * HL, 0, BT);
+            if (s->hybrid && r->sw[j] != KVT_NULL_BLOCK) {
+                kvt_pool_block_info(s->gpu, r->sw[j], &bi);
+                if (!bi.n_keys)
+                    kvt_pool_insert(s->gpu, r->sw[j], r->hashes + j * HL, 1, BT);
+            }
         }
+        /* the engine frees the window group's blocks that fell behind the window; they stay
+         * cached in the GPU pool until reused */
+        for (uint32_t j = 0; s->hybrid && (j + 1) * BT + SW_TOK <= r->computed; j++)
+            if (r->sw[j] != KVT_NULL_BLOCK) {
+                kvt_pool_free(s->gpu, &r->sw[j], 1);
+                r->sw[j] = KVT_NULL_BLOCK;
+            }
     }
     return s->t;
 }
@@ -260,15 +311,16 @@ static int cmp_double(const void *a, const void *b)
 
 struct result {
     double p50_us, p99_us, blocks_per_s;
-    uint64_t steps, loads, stores, promotions;
+    uint64_t steps, loads, stores, promotions, recovered;
 };
 
-enum { M_EAGER, M_LAZY, M_THREE, N_MODES };
+enum { M_EAGER, M_LAZY, M_THREE, M_HYBRID, N_MODES };
 
 static struct result run(uint32_t n, int mode, double seconds, uint64_t seed)
 {
     struct sim *s = calloc(1, sizeof(*s));
     s->n = n;
+    s->hybrid = mode == M_HYBRID;
     s->rng = seed;
     s->reqs = calloc(n, sizeof(*s->reqs));
     s->n_hist = 2 * n;
@@ -279,6 +331,12 @@ static struct result run(uint32_t n, int mode, double seconds, uint64_t seed)
     kvt_pool_config pc;
     kvt_pool_config_init(&pc);
     pc.num_blocks = n * 80 + MAX_BLK * 4; /* tight: finished conversations age out */
+    if (s->hybrid) {                      /* the same per group; the window's tail costs little */
+        pc.num_blocks = n * 120 + MAX_BLK * 8;
+        pc.n_groups = NG;
+        pc.groups[1] = (kvt_group_spec){KVT_GROUP_SLIDING, BT, SW_TOK};
+        pc.groups[2] = (kvt_group_spec){KVT_GROUP_SCRATCH, 8, 0};
+    }
     int rc = kvt_pool_create(&pc, &s->gpu);
     if (rc)
         die("GPU pool", rc);
@@ -320,6 +378,7 @@ static struct result run(uint32_t n, int mode, double seconds, uint64_t seed)
     res.loads = st1.load_blocks - st0.load_blocks;
     res.stores = st1.store_blocks - st0.store_blocks;
     res.promotions = st1.promotions - st0.promotions;
+    res.recovered = st1.store_recovered_null - st0.store_recovered_null;
     res.blocks_per_s = (double)(res.loads + res.stores) / total;
     free(t);
     kvt_offload_meta_release(&s->meta);
@@ -335,7 +394,7 @@ static struct result run(uint32_t n, int mode, double seconds, uint64_t seed)
 static int bench_sched_run(const kvt_bench_opts *o)
 {
     static const uint32_t ns[3] = {64, 256, 1024};
-    static const char *const names[N_MODES] = {"eager", "lazy", "three"};
+    static const char *const names[N_MODES] = {"eager", "lazy", "three", "hybrid"};
     struct result r[N_MODES][3];
     for (int mode = 0; mode < N_MODES; mode++)
         for (int i = 0; i < 3; i++)
@@ -349,7 +408,8 @@ static int bench_sched_run(const kvt_bench_opts *o)
         kvt_json_num(&j, "step_us_p50", r[M_EAGER][1].p50_us);
         kvt_json_num(&j, "step_us_p99", r[M_EAGER][1].p99_us);
         for (int mode = 0; mode < N_MODES; mode++) {
-            const char *pre = mode == M_EAGER ? "" : mode == M_LAZY ? "lazy_" : "three_tier_";
+            static const char *const prefix[N_MODES] = {"", "lazy_", "three_tier_", "hybrid_"};
+            const char *pre = prefix[mode];
             static const char *const n_req[3] = {"64", "256", "1024"};
             json_t *p50 = json_object(), *p99 = json_object();
             for (int i = 0; i < 3; i++) {
@@ -365,6 +425,9 @@ static int bench_sched_run(const kvt_bench_opts *o)
         kvt_json_num(&j, "blocks_per_s", r[M_EAGER][1].blocks_per_s);
         kvt_json_num(&j, "lazy_blocks_per_s", r[M_LAZY][1].blocks_per_s);
         kvt_json_num(&j, "three_tier_blocks_per_s", r[M_THREE][1].blocks_per_s);
+        kvt_json_num(&j, "hybrid_step_us_p50", r[M_HYBRID][1].p50_us);
+        kvt_json_num(&j, "hybrid_blocks_per_s", r[M_HYBRID][1].blocks_per_s);
+        kvt_json_int(&j, "hybrid_recovered_blocks_256", (long long)r[M_HYBRID][1].recovered);
         kvt_json_int(&j, "stored_blocks_256", (long long)r[M_EAGER][1].stores);
         kvt_json_int(&j, "loaded_blocks_256", (long long)r[M_EAGER][1].loads);
         kvt_json_int(&j, "three_tier_promoted_blocks_256", (long long)r[M_THREE][1].promotions);
@@ -381,7 +444,9 @@ static int bench_sched_run(const kvt_bench_opts *o)
                        r[mode][i].blocks_per_s / 1e6, (unsigned long long)r[mode][i].steps,
                        (unsigned long long)r[mode][i].stores, (unsigned long long)r[mode][i].loads,
                        (unsigned long long)r[mode][i].promotions);
-        printf("  (target: eager p50 <= 20 us at 256 requests; three: host tier = GPU, disk 4x)\n");
+        printf("  (target: eager p50 <= 20 us at 256 requests; three: host tier = GPU, disk 4x;\n"
+               "   hybrid: full attention + %u-token sliding window + scratch, eager)\n",
+               SW_TOK);
     }
     return 0;
 }
