@@ -1,0 +1,550 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Randomized model-based test of the offload manager on hybrid models (spec §2.14).
+ *
+ * Every episode draws a configuration: a full-attention group (16 or 32 tokens per block),
+ * and, each by chance, a sliding-window group, a Mamba group (all mode) and a group that is
+ * not prefix-cacheable (scratch or ring, of any block size). A small vLLM-like engine runs
+ * requests with shared prefixes over one GPU pool: a GPU prefix hit, a host-tier hit that is
+ * loaded, a prefill step, decode steps. As vLLM does, it frees and nulls the window group's
+ * blocks that fall behind the window and all but the last state of the Mamba group (they stay
+ * cached in the GPU pool until reused), and gives its calls the requests' hashes, so the
+ * manager can recover nulled entries. One simulated worker executes each step's events at the
+ * start of the next step (the engine allocates and frees in between) and reports them then.
+ *
+ * Block contents are tags derived from a block's key (hash, group). After every step:
+ *   - no null block travels in a store or a load;
+ *   - no block the engine allocates is one a transfer still uses;
+ *   - every host block the manager lets be found holds the contents of exactly the key it is
+ *     found under (the key of the GPU block it was copied from), and every GPU block that
+ *     carries a key holds that key's contents (loads brought the right bytes);
+ * and at the end of an episode, after draining, a clone of every finished prompt gets from
+ * the host tier at least the hit the GPU pool itself offered when the prompt finished (the
+ * longest hit the rules allow with what was computed: nulled window entries included).
+ *
+ * The host tier is large enough never to evict within an episode, so the last check is
+ * exact. KVTIER_TEST_SCALE multiplies the episodes; the seed is printed on failure
+ * (KVTIER_TEST_SEED replays it).
+ */
+#include "kvt_test.h"
+
+#define HBS      16u  /* hash block size */
+#define MAXTOK   320u /* tokens of the longest request */
+#define MAXH     (MAXTOK / HBS)
+#define MAXB     MAXH /* blocks per group at 16 tokens */
+#define NREQ     6u   /* running at once */
+#define MAX_FIN  48u  /* requests per episode */
+#define GPU_NB   400u
+#define HOST_NB  4096u
+#define HL       KVT_BLOCK_HASH_LEN
+#define MAX_PAIR 4096u
+
+static uint64_t g_seed, g_step;
+
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            print_error("hybrid model: step %llu (replay with KVTIER_TEST_SEED=%llu): ",           \
+                        (unsigned long long)g_step, (unsigned long long)g_seed);                   \
+            fail_msg(__VA_ARGS__);                                                                 \
+        }                                                                                          \
+    } while (0)
+
+#define CALL(expr)                                                                                 \
+    do {                                                                                           \
+        int rc_ = (expr);                                                                          \
+        CHECK(rc_ >= 0, "%s -> %s: %s", #expr, kvt_err_name(rc_), kvt_last_error());               \
+    } while (0)
+
+struct req {
+    bool used, loading;
+    char id[16];
+    uint32_t id_len;
+    uint32_t n_tokens, max_tokens, computed, gpu_hit;
+    uint32_t tokens[MAXTOK];
+    uint8_t hashes[MAXH * HL];
+    uint32_t n_hashes;
+    uint32_t tab[KVT_MAX_GROUPS][MAXB], nb[KVT_MAX_GROUPS];
+};
+
+struct fin { /* a finished prompt, for the clone check */
+    uint32_t n_tokens, n_hashes, ref_hit;
+    uint8_t hashes[MAXH * HL];
+};
+
+struct pair {
+    uint32_t gpu, host;
+};
+
+static struct {
+    uint64_t rng;
+    kvt_pool_config pc;
+    uint32_t ng, sched_bs;
+    kvt_pool *gpu;
+    kvt_offload *m;
+    const kvt_pool *host;
+    struct req r[NREQ];
+    uint32_t prefixes[3][MAXTOK];
+    uint64_t gcont[GPU_NB], hcont[HOST_NB];
+    /* the events of the last build_meta, executed and reported at the next step */
+    struct pair st[MAX_PAIR], ld[MAX_PAIR];
+    uint32_t n_st, n_ld;
+    int64_t st_ev;
+    kvt_str ld_reqs[NREQ];
+    char ld_ids[NREQ][16];
+    uint32_t n_ld_reqs;
+    uint8_t busy[GPU_NB]; /* GPU blocks a pending transfer uses */
+    kvt_offload_meta meta;
+    kvt_offload_worker_meta wm;
+    struct fin fin[MAX_FIN];
+    uint32_t n_fin, arrivals, next_id;
+    uint64_t recovered, loads, stores, clones, clone_tokens;
+} S;
+
+static uint32_t below(uint32_t n)
+{
+    return kvt_test_below(&S.rng, n);
+}
+
+static bool cacheable(uint32_t g)
+{
+    return kvt_group_kind_cacheable(S.pc.groups[g].kind);
+}
+
+static uint64_t tag_of(const uint8_t *hash, uint32_t g)
+{
+    uint64_t v;
+    memcpy(&v, hash, sizeof(v));
+    return (v ^ ((uint64_t)(g + 1) * 0x9E3779B97F4A7C15ull)) | 1; /* never 0 (0: no contents) */
+}
+
+/* The key block j of group g is stored under: the hash at its last hash-block boundary. */
+static const uint8_t *key_hash(const struct req *q, uint32_t g, uint32_t j)
+{
+    uint32_t step = S.pc.groups[g].block_size / HBS;
+    return q->hashes + ((size_t)(j + 1) * step - 1) * HL;
+}
+
+static void configure(void)
+{
+    kvt_pool_config *c = &S.pc;
+    kvt_pool_config_init(c);
+    c->num_blocks = GPU_NB;
+    c->hash_block_size = HBS;
+    uint32_t n = 0;
+    c->groups[n++] = (kvt_group_spec){KVT_GROUP_FULL, HBS * (1 + below(2)), 0};
+    if (below(10) < 7)
+        c->groups[n++] = (kvt_group_spec){KVT_GROUP_SLIDING, HBS * (1 + below(2)), 8 + below(96)};
+    if (below(2))
+        c->groups[n++] = (kvt_group_spec){KVT_GROUP_MAMBA, HBS * (1 + below(2)), 0};
+    if (below(10) < 7)
+        c->groups[n++] =
+            (kvt_group_spec){below(2) ? KVT_GROUP_SCRATCH : KVT_GROUP_RING, 1 + below(40), 0};
+    for (uint32_t i = n; i-- > 1;) { /* any order of the groups */
+        uint32_t k = below(i + 1);
+        kvt_group_spec t = c->groups[i];
+        c->groups[i] = c->groups[k];
+        c->groups[k] = t;
+    }
+    c->n_groups = S.ng = n;
+    KVT_OK_(kvt_pool_config_validate(c, &S.sched_bs));
+}
+
+static void start_episode(void)
+{
+    memset(S.r, 0, sizeof(S.r));
+    memset(S.gcont, 0, sizeof(S.gcont));
+    memset(S.hcont, 0, sizeof(S.hcont));
+    memset(S.busy, 0, sizeof(S.busy));
+    S.n_st = S.n_ld = S.n_ld_reqs = S.n_fin = S.arrivals = 0;
+    S.st_ev = KVT_NO_EVENT;
+    configure();
+    KVT_OK_(kvt_pool_create(&S.pc, &S.gpu));
+    kvt_offload_config oc;
+    kvt_offload_config_init(&oc);
+    oc.host_blocks = HOST_NB;
+    oc.max_model_len = MAXTOK;
+    oc.max_requests = 64;
+    KVT_OK_(kvt_offload_create(&oc, S.gpu, &S.m));
+    S.host = kvt_offload_host_pool(S.m);
+    for (uint32_t p = 0; p < 3; p++)
+        for (uint32_t t = 0; t < MAXTOK; t++)
+            S.prefixes[p][t] = 1 + p * 100000 + t;
+}
+
+static void end_episode(void)
+{
+    kvt_offload_destroy(S.m);
+    kvt_pool_destroy(S.gpu);
+}
+
+static void rehash(struct req *q)
+{
+    KVT_OK_(
+        kvt_hash_prompt(7, q->tokens, q->n_tokens, HBS, NULL, 0, q->hashes, MAXH, &q->n_hashes));
+}
+
+static uint32_t blocks_for(uint32_t g, uint32_t tokens)
+{
+    if (!cacheable(g))
+        return 1; /* one scratch or ring block per request */
+    uint32_t bs = S.pc.groups[g].block_size;
+    return (tokens + bs - 1) / bs;
+}
+
+/* Allocation by the engine: never a block a pending transfer uses. */
+static int engine_alloc(uint32_t n, uint32_t *out)
+{
+    if (kvt_pool_num_free(S.gpu) < n)
+        return -1;
+    KVT_OK_(kvt_pool_alloc(S.gpu, n, out));
+    for (uint32_t i = 0; i < n; i++) {
+        CHECK(!S.busy[out[i]], "the engine was handed GPU block %u, which a transfer still uses",
+              out[i]);
+        S.gcont[out[i]] = 0; /* new owner: nothing computed yet */
+    }
+    return 0;
+}
+
+static const uint32_t *const *tables(struct req *q, const uint32_t **t)
+{
+    for (uint32_t g = 0; g < S.ng; g++)
+        t[g] = q->tab[g];
+    return t;
+}
+
+static void arrive(struct req *q)
+{
+    memset(q, 0, sizeof(*q));
+    q->id_len = (uint32_t)snprintf(q->id, sizeof(q->id), "r%u", S.next_id++);
+    uint32_t shared = below(2) ? HBS * below(12) + below(HBS) : 0;
+    q->n_tokens = 17 + below(220);
+    if (shared > q->n_tokens)
+        shared = q->n_tokens;
+    const uint32_t *pre = S.prefixes[below(3)];
+    for (uint32_t t = 0; t < q->n_tokens; t++)
+        q->tokens[t] = t < shared ? pre[t] : 500000 + (uint32_t)kvt_test_rand(&S.rng) % 400000;
+    q->max_tokens = q->n_tokens + below(40);
+    if (q->max_tokens > MAXTOK)
+        q->max_tokens = MAXTOK;
+    rehash(q);
+    uint32_t need = 0;
+    for (uint32_t g = 0; g < S.ng; g++)
+        need += blocks_for(g, q->max_tokens);
+    if (kvt_pool_num_free(S.gpu) < need + 8)
+        return; /* the engine keeps it waiting */
+    uint32_t out[KVT_MAX_GROUPS][MAXB], *outs[KVT_MAX_GROUPS];
+    for (uint32_t g = 0; g < S.ng; g++)
+        outs[g] = out[g];
+    kvt_hit gh;
+    KVT_OK_(kvt_pool_find_longest_hit(S.gpu, q->hashes, q->n_hashes, q->n_tokens - 1, outs, &gh));
+    for (uint32_t g = 0; g < S.ng; g++) {
+        for (uint32_t j = 0; j < gh.n_blocks[g]; j++) {
+            q->tab[g][j] = out[g][j];
+            if (out[g][j] != KVT_NULL_BLOCK)
+                KVT_OK_(kvt_pool_touch(S.gpu, &out[g][j], 1));
+        }
+        q->nb[g] = gh.n_blocks[g];
+        uint32_t want = blocks_for(g, q->n_tokens);
+        CHECK(engine_alloc(want - q->nb[g], q->tab[g] + q->nb[g]) == 0, "GPU pool sizing");
+        q->nb[g] = want;
+    }
+    q->used = true;
+    q->gpu_hit = gh.length;
+    uint32_t hit;
+    CALL(kvt_offload_match(S.m, q->id, q->id_len, q->hashes, q->n_hashes, q->n_tokens, gh.length,
+                           &hit));
+    CHECK(hit % S.sched_bs == 0 && gh.length + hit < q->n_tokens, "hit %u + %u of %u tokens", hit,
+          gh.length, q->n_tokens);
+    const uint32_t *t[KVT_MAX_GROUPS];
+    CALL(kvt_offload_after_alloc(S.m, q->id, q->id_len, tables(q, t), q->nb, hit));
+    q->computed = gh.length + hit;
+    q->loading = hit > 0;
+    S.arrivals++;
+}
+
+/* Keys of the blocks q's computed tokens completed (cacheable groups, non-null blocks),
+ * contents first; loaded blocks must already hold theirs. */
+static void register_keys(struct req *q, uint32_t from_tokens, bool loaded)
+{
+    for (uint32_t g = 0; g < S.ng; g++) {
+        if (!cacheable(g))
+            continue;
+        uint32_t bs = S.pc.groups[g].block_size;
+        for (uint32_t j = from_tokens / bs; j < q->computed / bs && j < q->nb[g]; j++) {
+            uint32_t b = q->tab[g][j];
+            if (b == KVT_NULL_BLOCK)
+                continue;
+            uint64_t tag = tag_of(key_hash(q, g, j), g);
+            kvt_block_info bi;
+            KVT_OK_(kvt_pool_block_info(S.gpu, b, &bi));
+            if (bi.n_keys) /* a GPU hit: cached already, under this key */
+                continue;
+            if (loaded)
+                CHECK(S.gcont[b] == tag,
+                      "GPU block %u (group %u of kind %u, position %u; GPU hit %u, computed %u) "
+                      "was loaded with the wrong contents",
+                      b, g, S.pc.groups[g].kind, j, q->gpu_hit, q->computed);
+            S.gcont[b] = tag;
+            KVT_OK_(kvt_pool_insert(S.gpu, b, key_hash(q, g, j), g, bs));
+        }
+    }
+}
+
+/* As vLLM: the window group's blocks behind the window, and all but the last state of a Mamba
+ * group, are freed and nulled in the table (they stay cached until reused). */
+static void drop_behind(struct req *q)
+{
+    for (uint32_t g = 0; g < S.ng; g++) {
+        const kvt_group_spec *s = &S.pc.groups[g];
+        if (s->kind != KVT_GROUP_SLIDING && s->kind != KVT_GROUP_MAMBA)
+            continue;
+        uint32_t bs = s->block_size, done = q->computed / bs;
+        for (uint32_t j = 0; j < q->nb[g]; j++) {
+            /* a window of w tokens at position p needs tokens p - w + 1 .. p: block j is
+             * behind once its last token is before that */
+            bool behind = s->kind == KVT_GROUP_SLIDING
+                              ? (j + 1) * bs + s->sliding_window - 1 <= q->computed
+                              : j + 1 < done;
+            if (behind && q->tab[g][j] != KVT_NULL_BLOCK) {
+                KVT_OK_(kvt_pool_free(S.gpu, &q->tab[g][j], 1));
+                q->tab[g][j] = KVT_NULL_BLOCK;
+            }
+        }
+    }
+}
+
+static void finish(struct req *q)
+{
+    const uint32_t *t[KVT_MAX_GROUPS];
+    CALL(kvt_offload_request_finished_hashed(S.m, q->id, q->id_len, tables(q, t), q->nb, q->hashes,
+                                             q->n_hashes, q->computed));
+    if (S.n_fin < MAX_FIN && !q->loading) {
+        /* what the GPU pool offers for this prompt now: the host tier must offer it too */
+        struct fin *f = &S.fin[S.n_fin++];
+        uint32_t out[KVT_MAX_GROUPS][MAXB], *outs[KVT_MAX_GROUPS];
+        for (uint32_t g = 0; g < S.ng; g++)
+            outs[g] = out[g];
+        uint32_t len = q->computed < q->n_tokens ? q->computed : q->n_tokens;
+        f->n_tokens = len;
+        f->n_hashes = len / HBS;
+        memcpy(f->hashes, q->hashes, (size_t)f->n_hashes * HL);
+        kvt_hit gh;
+        KVT_OK_(kvt_pool_find_longest_hit(S.gpu, f->hashes, f->n_hashes, len - 1, outs, &gh));
+        f->ref_hit = gh.length;
+    }
+    for (uint32_t g = 0; g < S.ng; g++)
+        for (uint32_t j = q->nb[g]; j-- > 0;)
+            if (q->tab[g][j] != KVT_NULL_BLOCK)
+                KVT_OK_(kvt_pool_free(S.gpu, &q->tab[g][j], 1));
+    q->used = false;
+}
+
+/* The worker: last step's events, executed and reported now. */
+static void work(void)
+{
+    for (uint32_t i = 0; i < S.n_st; i++) {
+        CHECK(S.gcont[S.st[i].gpu] != 0, "store from GPU block %u, which holds nothing",
+              S.st[i].gpu);
+        S.hcont[S.st[i].host] = S.gcont[S.st[i].gpu];
+    }
+    for (uint32_t i = 0; i < S.n_ld; i++) {
+        CHECK(S.hcont[S.ld[i].host] != 0, "load from host block %u, which holds nothing",
+              S.ld[i].host);
+        S.gcont[S.ld[i].gpu] = S.hcont[S.ld[i].host];
+    }
+    memset(S.busy, 0, sizeof(S.busy));
+    kvt_offload_worker_meta_clear(&S.wm);
+    if (S.st_ev != KVT_NO_EVENT)
+        KVT_OK_(kvt_offload_worker_meta_add(&S.wm, S.st_ev, 1));
+    CALL(kvt_offload_apply_output(S.m, S.ld_reqs, S.n_ld_reqs, &S.wm));
+    for (uint32_t k = 0; k < S.n_ld_reqs; k++)
+        for (uint32_t i = 0; i < NREQ; i++) {
+            struct req *q = &S.r[i];
+            if (q->used && q->loading && q->id_len == S.ld_reqs[k].len &&
+                memcmp(q->id, S.ld_reqs[k].ptr, q->id_len) == 0) {
+                q->loading = false;
+                drop_behind(q); /* positions a window or a state no longer needs: never loaded */
+                register_keys(q, q->gpu_hit, true);
+            }
+        }
+    S.stores += S.n_st;
+    S.loads += S.n_ld;
+    S.n_st = S.n_ld = S.n_ld_reqs = 0;
+    S.st_ev = KVT_NO_EVENT;
+}
+
+/* This step's events, for the worker to execute at the next. */
+static void take_events(void)
+{
+    const kvt_offload_meta *m = &S.meta;
+    CHECK(m->n_stores <= MAX_PAIR && m->n_loads <= MAX_PAIR, "too many pairs");
+    for (uint32_t i = 0; i < m->n_stores; i++) {
+        uint32_t gpu = m->store_gpu_blocks[i], host = m->store_cpu_blocks[i];
+        CHECK(gpu != KVT_NULL_BLOCK && host != KVT_NULL_BLOCK && gpu < GPU_NB && host < HOST_NB,
+              "store pair %u -> %u", gpu, host);
+        S.st[S.n_st++] = (struct pair){gpu, host};
+        S.busy[gpu] = 1;
+    }
+    S.st_ev = m->store_event;
+    for (uint32_t i = 0; i < m->n_loads; i++) {
+        uint32_t gpu = m->load_gpu_blocks[i], host = m->load_cpu_blocks[i];
+        CHECK(gpu != KVT_NULL_BLOCK && host != KVT_NULL_BLOCK && gpu < GPU_NB && host < HOST_NB,
+              "load pair %u -> %u", host, gpu);
+        S.ld[S.n_ld++] = (struct pair){gpu, host};
+        S.busy[gpu] = 1;
+    }
+    for (uint32_t e = 0; e < m->n_load_events; e++)
+        if (m->load_events[e] == m->load_event)
+            for (uint32_t k = m->load_req_first[e]; k < m->load_req_first[e + 1]; k++) {
+                CHECK(S.n_ld_reqs < NREQ, "more loading requests than running ones");
+                kvt_str id = m->load_req_ids[k];
+                memcpy(S.ld_ids[S.n_ld_reqs], id.ptr, id.len);
+                S.ld_reqs[S.n_ld_reqs] = (kvt_str){S.ld_ids[S.n_ld_reqs], id.len};
+                S.n_ld_reqs++;
+            }
+}
+
+/* Every host block that can be found holds exactly its key's contents; so does every GPU
+ * block that carries a key. */
+static void check_contents(void)
+{
+    kvt_pool_key keys[8];
+    uint32_t n;
+    for (uint32_t b = 1; b < HOST_NB; b++) {
+        KVT_OK_(kvt_pool_block_keys(S.host, b, keys, 8, &n));
+        CHECK(n <= 1, "host block %u carries %u keys (one per GPU block)", b, n);
+        if (n)
+            CHECK(S.hcont[b] == tag_of(keys[0].hash, keys[0].group),
+                  "host block %u is found under a key (group %u) whose contents it lacks", b,
+                  keys[0].group);
+    }
+    for (uint32_t b = 1; b < GPU_NB; b++) {
+        KVT_OK_(kvt_pool_block_keys(S.gpu, b, keys, 8, &n));
+        if (n)
+            CHECK(S.gcont[b] == tag_of(keys[0].hash, keys[0].group),
+                  "GPU block %u carries a key whose contents it lacks", b);
+    }
+}
+
+static void step(bool arrivals)
+{
+    g_step++;
+    work();
+    for (uint32_t i = 0; i < NREQ; i++) {
+        struct req *q = &S.r[i];
+        if (q->used && !q->loading && q->computed >= q->max_tokens)
+            finish(q);
+        if (!q->used && arrivals && S.arrivals < MAX_FIN)
+            arrive(q);
+    }
+    uint32_t sched[NREQ] = {0};
+    for (uint32_t i = 0; i < NREQ; i++) {
+        struct req *q = &S.r[i];
+        if (!q->used || q->loading)
+            continue;
+        if (q->computed < q->n_tokens) {
+            sched[i] = q->n_tokens - q->computed; /* prefill in one step */
+        } else if (q->n_tokens < q->max_tokens) {
+            bool room = true; /* decode: a new block where a group needs one */
+            for (uint32_t g = 0; g < S.ng && room; g++)
+                if (cacheable(g) && blocks_for(g, q->n_tokens + 1) > q->nb[g])
+                    room = engine_alloc(1, &q->tab[g][q->nb[g]]) == 0 && ++q->nb[g];
+            if (!room)
+                continue;
+            q->tokens[q->n_tokens++] = 900000 + (uint32_t)kvt_test_rand(&S.rng) % 50000;
+            rehash(q);
+            sched[i] = 1;
+        } else {
+            sched[i] = 0;
+            q->computed = q->max_tokens; /* done */
+            continue;
+        }
+        const uint32_t *t[KVT_MAX_GROUPS];
+        CALL(kvt_offload_schedule_hashed(S.m, q->id, q->id_len, tables(q, t), q->nb, q->hashes,
+                                         q->n_hashes, q->computed, sched[i], false));
+    }
+    CALL(kvt_offload_build_meta(S.m, false, &S.meta));
+    KVT_OK_(kvt_offload_meta_validate(&S.meta));
+    take_events();
+    for (uint32_t i = 0; i < NREQ; i++) { /* the engine computes this step's tokens */
+        struct req *q = &S.r[i];
+        if (!sched[i])
+            continue;
+        uint32_t from = q->computed;
+        q->computed += sched[i];
+        register_keys(q, from, false);
+        drop_behind(q);
+    }
+    check_contents();
+}
+
+/* After draining: a clone of every finished prompt gets at least what the GPU offered. */
+static void check_clones(void)
+{
+    for (uint32_t i = 0; i < S.n_fin; i++) {
+        struct fin *f = &S.fin[i];
+        char id[16];
+        uint32_t id_len = (uint32_t)snprintf(id, sizeof(id), "c%u", i), hit;
+        CALL(kvt_offload_match(S.m, id, id_len, f->hashes, f->n_hashes, f->n_tokens, 0, &hit));
+        CHECK(hit >= f->ref_hit,
+              "a clone of finished prompt %u (%u tokens) gets %u tokens from the host tier; the "
+              "GPU pool offered %u when it finished",
+              i, f->n_tokens, hit, f->ref_hit);
+        uint32_t none[KVT_MAX_GROUPS] = {0};
+        const uint32_t *t[KVT_MAX_GROUPS] = {0};
+        CALL(kvt_offload_request_finished(S.m, id, id_len, t, none, 0));
+        S.clones++;
+        S.clone_tokens += hit;
+    }
+}
+
+static void episode(void)
+{
+    start_episode();
+    while (S.arrivals < MAX_FIN)
+        step(true);
+    for (uint32_t i = 0; i < 400; i++) { /* drain: everything finishes and lands */
+        bool busy = false;
+        for (uint32_t k = 0; k < NREQ; k++)
+            busy |= S.r[k].used;
+        if (!busy && !kvt_offload_has_pending(S.m) && S.n_st == 0 && S.n_ld == 0)
+            break;
+        step(false);
+    }
+    kvt_offload_stats st;
+    kvt_offload_get_stats(S.m, &st);
+    S.recovered += st.store_recovered_null;
+    CHECK(!kvt_offload_has_pending(S.m), "the manager still has work after draining");
+    check_clones();
+    end_episode();
+}
+
+static void hybrid_configurations_keep_every_invariant(void **state)
+{
+    (void)state;
+    g_seed = kvt_test_seed();
+    S.rng = g_seed;
+    kvt_offload_meta_init(&S.meta);
+    kvt_offload_worker_meta_init(&S.wm);
+    uint32_t episodes = (uint32_t)(60 * kvt_test_scale());
+    for (uint32_t e = 0; e < episodes; e++)
+        episode();
+    kvt_offload_meta_release(&S.meta);
+    kvt_offload_worker_meta_release(&S.wm);
+    print_message("hybrid model: %u episodes, %llu steps, %llu blocks stored, %llu loaded, %llu "
+                  "nulled entries recovered, %llu clones (%llu tokens hit); seed %llu\n",
+                  episodes, (unsigned long long)g_step, (unsigned long long)S.stores,
+                  (unsigned long long)S.loads, (unsigned long long)S.recovered,
+                  (unsigned long long)S.clones, (unsigned long long)S.clone_tokens,
+                  (unsigned long long)g_seed);
+    assert_true(S.stores > 0 && S.loads > 0 && S.recovered > 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(hybrid_configurations_keep_every_invariant),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
