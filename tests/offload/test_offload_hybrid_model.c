@@ -9,8 +9,10 @@
  * loaded, a prefill step, decode steps. As vLLM does, it frees and nulls the window group's
  * blocks that fall behind the window and all but the last state of the Mamba group (they stay
  * cached in the GPU pool until reused), and gives its calls the requests' hashes, so the
- * manager can recover nulled entries. One simulated worker executes each step's events at the
- * start of the next step (the engine allocates and frees in between) and reports them then.
+ * manager can recover nulled entries; half the episodes the manager reaches the pool only
+ * through the engine-pool callbacks (touch, free, lookup), as vLLM's connector. One simulated
+ * worker executes each step's events at the start of the next step (the engine allocates and frees
+ * in between) and reports them then.
  *
  * Block contents are tags derived from a block's key (hash, group). After every step:
  *   - no null block travels in a store or a load;
@@ -78,6 +80,7 @@ struct pair {
 
 static struct {
     uint64_t rng;
+    bool ext; /* the manager reaches the GPU pool only through kvt_gpu_pool_ops */
     kvt_pool_config pc;
     uint32_t ng, sched_bs;
     kvt_pool *gpu;
@@ -98,8 +101,35 @@ static struct {
     kvt_offload_worker_meta wm;
     struct fin fin[MAX_FIN];
     uint32_t n_fin, arrivals, next_id;
-    uint64_t recovered, loads, stores, clones, clone_tokens;
+    uint64_t recovered, loads, stores, clones, clone_tokens, ext_episodes;
 } S;
+
+/* ---- the engine's own pool, as kvt_gpu_pool_ops (half the episodes) ------------------- */
+
+static void cb_touch(void *ctx, const uint32_t *ids, uint32_t n)
+{
+    (void)ctx;
+    KVT_OK_(kvt_pool_touch(S.gpu, ids, n));
+}
+
+static void cb_free(void *ctx, const uint32_t *ids, uint32_t n)
+{
+    (void)ctx;
+    KVT_OK_(kvt_pool_free(S.gpu, ids, n));
+}
+
+static uint32_t cb_lookup(void *ctx, const uint8_t *hash, uint32_t group, uint32_t *ref)
+{
+    (void)ctx;
+    uint32_t b;
+    *ref = 0;
+    if (kvt_pool_lookup(S.gpu, hash, group, &b) != 1)
+        return KVT_BLOCK_NONE;
+    kvt_block_info bi;
+    KVT_OK_(kvt_pool_block_info(S.gpu, b, &bi));
+    *ref = bi.ref_cnt;
+    return b;
+}
 
 static uint32_t below(uint32_t n)
 {
@@ -165,7 +195,14 @@ static void start_episode(void)
     oc.host_blocks = HOST_NB;
     oc.max_model_len = MAXTOK;
     oc.max_requests = 64;
-    KVT_OK_(kvt_offload_create(&oc, S.gpu, &S.m));
+    S.ext = below(2);
+    if (S.ext) { /* as vLLM's connector: touch, free and lookup (the recovery needs it) */
+        kvt_gpu_pool_ops ops = {cb_touch, cb_free, NULL, cb_lookup};
+        KVT_OK_(kvt_offload_create_ext(&oc, &S.pc, &ops, NULL, &S.m));
+        S.ext_episodes++;
+    } else {
+        KVT_OK_(kvt_offload_create(&oc, S.gpu, &S.m));
+    }
     S.host = kvt_offload_host_pool(S.m);
     for (uint32_t p = 0; p < 3; p++)
         for (uint32_t t = 0; t < MAXTOK; t++)
@@ -493,7 +530,8 @@ static void check_clones(void)
               i, f->n_tokens, hit, f->ref_hit);
         uint32_t none[KVT_MAX_GROUPS] = {0};
         const uint32_t *t[KVT_MAX_GROUPS] = {0};
-        CALL(kvt_offload_request_finished(S.m, id, id_len, t, none, 0));
+        CALL(kvt_offload_request_finished_hashed(S.m, id, id_len, t, none, f->hashes, f->n_hashes,
+                                                 0));
         S.clones++;
         S.clone_tokens += hit;
     }
@@ -532,12 +570,13 @@ static void hybrid_configurations_keep_every_invariant(void **state)
         episode();
     kvt_offload_meta_release(&S.meta);
     kvt_offload_worker_meta_release(&S.wm);
-    print_message("hybrid model: %u episodes, %llu steps, %llu blocks stored, %llu loaded, %llu "
-                  "nulled entries recovered, %llu clones (%llu tokens hit); seed %llu\n",
-                  episodes, (unsigned long long)g_step, (unsigned long long)S.stores,
-                  (unsigned long long)S.loads, (unsigned long long)S.recovered,
-                  (unsigned long long)S.clones, (unsigned long long)S.clone_tokens,
-                  (unsigned long long)g_seed);
+    print_message("hybrid model: %u episodes (%llu over the engine's own pool), %llu steps, %llu "
+                  "blocks stored, %llu loaded, %llu nulled entries recovered, %llu clones (%llu "
+                  "tokens hit); seed %llu\n",
+                  episodes, (unsigned long long)S.ext_episodes, (unsigned long long)g_step,
+                  (unsigned long long)S.stores, (unsigned long long)S.loads,
+                  (unsigned long long)S.recovered, (unsigned long long)S.clones,
+                  (unsigned long long)S.clone_tokens, (unsigned long long)g_seed);
     assert_true(S.stores > 0 && S.loads > 0 && S.recovered > 0);
 }
 
