@@ -22,6 +22,7 @@ static const struct {
     SIZE(kvt_block_info),
     SIZE(kvt_pool_key),
     SIZE(kvt_pool_event),
+    SIZE(kvt_offload_event),
     SIZE(kvt_gpu_pool_ops),
     SIZE(kvt_str),
     SIZE(kvt_offload_config),

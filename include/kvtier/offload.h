@@ -77,7 +77,8 @@ typedef struct kvt_offload_config {
     uint32_t restore_budget;     /* eager: blocks per step re-stored after the host tier
                                     evicted them while still in use on the GPU; default 256,
                                     0 disables */
-    uint32_t event_capacity;     /* host-tier cache events kept; 0 = off (default) */
+    uint32_t event_capacity;     /* cache events kept between take_events calls (host and
+                                    disk tiers); 0 = off (default) */
     uint64_t block_bytes;        /* bytes one block occupies across all ranks (for the byte
                                     counters); 0 = unknown */
     uint32_t disk_blocks;        /* three tiers: disk slots, null slot included (as host_blocks;
@@ -290,8 +291,61 @@ KVT_API uint32_t kvt_offload_lazy_window(const kvt_offload *m);
 /* True while transfers are in flight or stores are queued: the engine keeps stepping. */
 KVT_API bool kvt_offload_has_pending(const kvt_offload *m);
 
-/* Host-tier cache events (stored / removed / all cleared), as kvt_pool_take_events. */
-KVT_API uint32_t kvt_offload_take_events(kvt_offload *m, kvt_pool_event *out, uint32_t cap,
+/* ---- cache events with request context ------------------------------------------------ */
+
+/* With event_capacity > 0 the manager reports what its tiers cache (vLLM's KV cache events,
+ * spec §2.12 and §2.14). Locality is always local (these tiers belong to this engine). */
+enum kvt_offload_event_type {
+    KVT_OFFLOAD_EV_STORED = 1,      /* a key became findable in a tier */
+    KVT_OFFLOAD_EV_REMOVED = 2,     /* a key left a tier (eviction) */
+    KVT_OFFLOAD_EV_ALL_CLEARED = 3, /* a reset dropped every key of a tier */
+    KVT_OFFLOAD_EV_CONTEXT_DONE = 4 /* no later event names ctx (see set_request_context) */
+};
+
+enum kvt_offload_medium {
+    KVT_MEDIUM_HOST = 0, /* the host tier (vLLM: CPU) */
+    KVT_MEDIUM_DISK = 1  /* the disk tier behind it (vLLM: storage) */
+};
+
+typedef struct kvt_offload_event {
+    uint32_t type;        /* kvt_offload_event_type */
+    uint32_t medium;      /* kvt_offload_medium */
+    uint32_t block;       /* the tier's block (slot) */
+    uint32_t group;       /* KV-cache group of the key */
+    uint32_t num_tokens;  /* tokens the key covers: the group's block size for a primary key,
+                             fewer for a secondary key */
+    uint32_t kind;        /* the group's kvt_group_kind */
+    uint32_t window;      /* the group's sliding window, tokens (0 unless sliding) */
+    uint32_t token_start; /* with ctx: the key covers tokens [token_start, token_start +
+                             num_tokens) of that request */
+    uint64_t ctx;         /* the request's context (kvt_offload_set_request_context); 0 when the
+                             store had no request: lazy stores, re-stores, promotions from and
+                             write-backs to the disk, a request without a context */
+    uint32_t has_parent;  /* with ctx: 1 when parent_hash holds the key of the block before, in
+                             the same group of the request (0 for its first block) */
+    uint32_t reserved;
+    uint8_t hash[KVT_HASH_MAX];        /* hash_len bytes used */
+    uint8_t parent_hash[KVT_HASH_MAX]; /* hash_len bytes used when has_parent */
+} kvt_offload_event;
+
+/* Eager mode, events on: ties a request (after kvt_offload_after_alloc registered it) to the
+ * engine's context ctx (nonzero; the engine's handle on its token ids, LoRA adapter and extra
+ * keys). Stored events of blocks the request's stores select from then on carry ctx, the
+ * block's first token and its parent hash. When the request is finished and the last of its
+ * stores has completed, failed or been abandoned, a CONTEXT_DONE event names ctx, after every
+ * event that names it: the engine may drop its context then. Returns 1 when the manager took
+ * ctx, 0 when it has no use for it (events off, lazy mode, a request not registered for eager
+ * stores, finished, or cleared by a reset): then no event will name ctx. A second call
+ * replaces ctx for stores selected later. KVT_EINVAL for ctx 0 or a bad request id. */
+KVT_API int kvt_offload_set_request_context(kvt_offload *m, const char *req_id, uint32_t req_id_len,
+                                            uint64_t ctx);
+
+/* Moves up to cap queued events, oldest first, into out and returns how many. Events of one
+ * tier keep their order; host and disk events interleave only roughly. *dropped (may be NULL)
+ * receives the events lost since the last call because the buffer (event_capacity) was full:
+ * a consumer mirroring the tiers should then resynchronise, and an engine holding request
+ * contexts may drop those of finished requests (their CONTEXT_DONE may be among the lost). */
+KVT_API uint32_t kvt_offload_take_events(kvt_offload *m, kvt_offload_event *out, uint32_t cap,
                                          uint64_t *dropped);
 
 /* ---- metrics --------------------------------------------------------------------------- */

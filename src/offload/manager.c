@@ -178,6 +178,8 @@ struct kvi_ofl_req *kvi_ofl_req_get(kvt_offload *m, const char *id, uint32_t len
 
 static bool req_busy(const struct kvi_ofl_req *r)
 {
+    if (r->ctx_refs) /* stores in flight will still name its context */
+        return true;
     if (r->flags & (RQ_HIT | RQ_LOAD_QUEUED | RQ_LOAD_SENT | RQ_PROMO_QUEUED | RQ_PROMO_SENT))
         return true;
     return (r->flags & (RQ_EAGER | RQ_FINISHED)) == RQ_EAGER;
@@ -186,6 +188,7 @@ static bool req_busy(const struct kvi_ofl_req *r)
 static void req_free(kvt_offload *m, struct kvi_ofl_req *r)
 {
     uint32_t slot = kvi_ofl_req_slot(m, r);
+    kvi_ofl_events_req_done(m, r);
     kvi_map_remove(&m->req_map, r->id_hash, slot);
     r->used = false;
     r->free_next = m->free_req;
@@ -415,6 +418,8 @@ static int create_common(kvt_offload *m)
 
     int rc = host_setup(m, cfg->host_blocks);
     if (!rc)
+        rc = kvi_ofl_events_setup(m); /* sized by the host tier, which is only ever lowered */
+    if (!rc)
         rc = kvi_ofl_tier_setup(m, cfg->disk_blocks);
     if (!rc)
         rc = kvi_ofl_gpu_setup(m);
@@ -525,6 +530,7 @@ void kvt_offload_destroy(kvt_offload *m)
     if (!m)
         return;
     host_teardown(m);
+    kvi_ofl_events_teardown(m);
     kvi_ofl_tier_teardown(m);
     kvi_ofl_gpu_teardown(m);
     for (uint32_t g = 0; g < KVT_MAX_GROUPS; g++)
@@ -708,12 +714,6 @@ bool kvt_offload_has_pending(const kvt_offload *m)
 {
     return m->tier[0].loads.n || m->tier[0].stores.n || m->tier[0].acc_n ||
            m->loadq_head != OFL_NONE || kvi_ofl_tier_pending(m);
-}
-
-uint32_t kvt_offload_take_events(kvt_offload *m, kvt_pool_event *out, uint32_t cap,
-                                 uint64_t *dropped)
-{
-    return kvt_pool_take_events(m->tier[0].pool, out, cap, dropped);
 }
 
 /* ---- metrics --------------------------------------------------------------------------- */

@@ -71,6 +71,10 @@ struct kvi_ofl_req {
     int64_t promo_event;
     /* eager stores (stores in flight are tracked by their events, not by requests) */
     uint32_t cursor[KVT_MAX_GROUPS];
+    /* events: the engine's context (0: none) and the host blocks in store pairs that name it;
+     * the slot stays while any does (their stored events must still name it) */
+    uint64_t ctx;
+    uint32_t ctx_refs;
     uint32_t wait_next; /* in the finished-waiting list */
     uint32_t free_next; /* in the free-slot list */
     bool used;
@@ -120,6 +124,23 @@ struct kvi_ofl_tier {
         uint64_t store_skipped_cached, store_dropped; /* blocks not stored into this tier */
     } st;
     uint32_t *search_out[KVT_MAX_GROUPS]; /* scratch of the longest-hit search */
+};
+
+/* Cache events with request context (events.c; only with event_capacity > 0). The tiers'
+ * pools queue their own events; the manager drains them into its ring in order, and the host
+ * pool's stored events of a block right at registration, when the store pair still says
+ * which request selected it. */
+struct kvi_ofl_events {
+    kvt_offload_event *ring; /* NULL: events off */
+    uint32_t cap, head, n;
+    uint64_t dropped;
+    /* per host block: the request slot whose store pair fills it (OFL_NONE: none), the
+     * block's first token, and its parent (a has-parent byte, then hash_len bytes) */
+    uint32_t *hslot, *htok;
+    uint8_t *hpar;
+    /* per selected block of the selection being made (parallel to scratch), as above */
+    uint32_t *seltok;
+    uint8_t *selpar;
 };
 
 struct kvt_offload {
@@ -177,6 +198,7 @@ struct kvt_offload {
     /* three tiers */
     uint32_t promoq_head, promoq_tail; /* requests with a promotion but no event yet */
 
+    struct kvi_ofl_events ev;
     kvt_offload_stats st;
 };
 
@@ -288,6 +310,25 @@ void kvi_ofl_register_keys(kvt_offload *m, kvt_pool *p, uint32_t b, const uint8_
                            uint32_t n);
 void kvi_ofl_release_load_pairs(kvt_offload *m, struct kvi_ofl_req *r);
 void kvi_ofl_queue_load(kvt_offload *m, struct kvi_ofl_req *r);
+
+/* events (events.c); every function but setup is a no-op with events off */
+int kvi_ofl_events_setup(kvt_offload *m);
+void kvi_ofl_events_teardown(kvt_offload *m);
+/* Selection entry n of request r's eager store is block j of group g: notes its first token
+ * and parent key (from hashes, or from the GPU pool when none are given), if r has a context. */
+void kvi_ofl_events_note(kvt_offload *m, const struct kvi_ofl_req *r, uint32_t n, uint32_t g,
+                         uint32_t j, const uint32_t *const *blocks, const uint8_t *hashes,
+                         uint32_t n_hashes);
+/* Host block h receives selection entry i of request r (NULL: a store without a request). */
+void kvi_ofl_events_bind(kvt_offload *m, struct kvi_ofl_req *r, uint32_t i, uint32_t h);
+/* Drains tier t's pool into the ring. */
+void kvi_ofl_events_pull(kvt_offload *m, uint32_t t);
+/* Host block h's keys were just registered (stored events queued by the pool): drains them
+ * with h's request context, then lets go of h's context. Called for every host store pair
+ * that ends (registered or not: then only the context goes). */
+void kvi_ofl_events_stored(kvt_offload *m, uint32_t h, bool registered);
+/* Request r's slot is being freed: its context is done. */
+void kvi_ofl_events_req_done(kvt_offload *m, struct kvi_ofl_req *r);
 
 /* three tiers (tier.c); every function is a no-op without a disk tier */
 int kvi_ofl_tier_validate(const kvt_offload_config *c, const kvt_pool_config *g);

@@ -67,7 +67,7 @@ void kvi_ofl_host_alloc(kvt_offload *m, uint32_t n, uint32_t *ids)
 
 /* Turns n selected GPU blocks (m->scratch[0..n), marked G_MARK; with an engine's pool their
  * keys in m->selkeys) into queued store pairs. */
-static void commit_selection(kvt_offload *m, uint32_t n)
+static void commit_selection(kvt_offload *m, uint32_t n, struct kvi_ofl_req *r)
 {
     uint32_t *gpus = m->scratch, *hosts = m->scratch + m->tier[0].nb;
     kvi_ofl_host_alloc(m, n, hosts);
@@ -85,6 +85,7 @@ static void commit_selection(kvt_offload *m, uint32_t n)
                 kvi_ofl_key_pack(m, dst, &m->keys[k]);
         }
         m->tier[0].keys_n[h] = (uint8_t)nk;
+        kvi_ofl_events_bind(m, r, i, h);
         kvi_ofl_gpu_pin(m, g);
         m->gflags[g] = (uint8_t)((m->gflags[g] & ~G_MARK) | G_STORING);
         m->tier[0].store_src[h] = g;
@@ -173,6 +174,7 @@ void kvi_ofl_select_eager(kvt_offload *m, struct kvi_ofl_req *r, const uint32_t 
                 full = true; /* retried next step from here */
                 break;
             }
+            kvi_ofl_events_note(m, r, n, g, j, blocks, hashes, n_hashes);
             select_block(m, n++, gpu, &k);
             m->st.store_recovered_null += recovered;
         }
@@ -180,7 +182,7 @@ void kvi_ofl_select_eager(kvt_offload *m, struct kvi_ofl_req *r, const uint32_t 
     }
     if (!n)
         return;
-    commit_selection(m, n);
+    commit_selection(m, n, r);
 }
 
 static int need_hashes(const kvt_offload *m, const uint8_t *hashes, uint32_t n_hashes,
@@ -394,7 +396,7 @@ void kvi_ofl_select_restores(kvt_offload *m)
     }
     if (!n)
         return;
-    commit_selection(m, n);
+    commit_selection(m, n, NULL);
     m->st.restores += n;
 }
 
@@ -415,7 +417,7 @@ static void select_lazy_ext(kvt_offload *m, uint32_t budget)
         select_block(m, n++, node, k);
     }
     if (n)
-        commit_selection(m, n);
+        commit_selection(m, n, NULL);
 }
 
 void kvi_ofl_select_lazy(kvt_offload *m)
@@ -441,7 +443,7 @@ void kvi_ofl_select_lazy(kvt_offload *m)
     }
     if (!n)
         return;
-    commit_selection(m, n); /* touching takes the blocks out of the GPU free queue */
+    commit_selection(m, n, NULL); /* touching takes the blocks out of the GPU free queue */
 }
 
 void kvi_ofl_emit_stores(kvt_offload *m, uint32_t t, kvt_offload_meta *out)
@@ -503,12 +505,17 @@ static void release_store_pairs(kvt_offload *m, uint32_t t, uint32_t head,
         next = T->store_next[b];
         uint32_t src = T->store_src[b];
         /* a failed event's bytes may be wrong: its blocks never become findable */
-        if (e && !e->abandoned && !e->failed) {
+        bool ok = e && !e->abandoned && !e->failed;
+        if (ok) {
+            if (t == 0) /* what the pool queued before is not this block's */
+                kvi_ofl_events_pull(m, 0);
             kvi_ofl_register_keys(m, T->pool, b, T->keys + (size_t)b * m->kpb * m->key_stride,
                                   T->keys_n[b]);
-            if (t == 0)
-                kvi_ofl_tier_writeback(m, b); /* three tiers: on to disk */
         }
+        if (t == 0)
+            kvi_ofl_events_stored(m, b, ok); /* its stored events, with its request context */
+        if (ok && t == 0)
+            kvi_ofl_tier_writeback(m, b); /* three tiers: on to disk */
         release_store_source(m, t, src, !e || !e->abandoned);
         (void)kvt_pool_free(T->pool, &b, 1);
         T->store_src[b] = T->store_next[b] = OFL_NONE;

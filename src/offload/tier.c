@@ -51,7 +51,7 @@ int kvi_ofl_tier_setup(kvt_offload *m, uint32_t disk_nb)
 {
     if (disk_nb == 0)
         return 0;
-    int rc = kvi_ofl_tier_open(m, 1, disk_nb, 0, MAX_DISK_EVENTS);
+    int rc = kvi_ofl_tier_open(m, 1, disk_nb, m->cfg.event_capacity, MAX_DISK_EVENTS);
     if (rc)
         return rc;
     m->tier[1].search_out[0] = malloc(

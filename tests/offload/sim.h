@@ -32,9 +32,10 @@ typedef struct sim {
     kvt_offload_worker_meta wm;
 } sim;
 
-/* disk_blocks > 0: three tiers */
-static inline void sim_init3(sim *s, uint32_t gpu_blocks, uint32_t host_blocks, bool lazy,
-                             uint32_t world, uint32_t max_batched, uint32_t disk_blocks)
+/* disk_blocks > 0: three tiers; event_capacity 0: events off */
+static inline void sim_init_ev(sim *s, uint32_t gpu_blocks, uint32_t host_blocks, bool lazy,
+                               uint32_t world, uint32_t max_batched, uint32_t disk_blocks,
+                               uint32_t event_capacity)
 {
     kvt_pool_config pc;
     kvt_pool_config_init(&pc);
@@ -47,12 +48,18 @@ static inline void sim_init3(sim *s, uint32_t gpu_blocks, uint32_t host_blocks, 
     oc.lazy = lazy;
     oc.world_size = world;
     oc.max_batched_tokens = max_batched;
-    oc.event_capacity = 256;
+    oc.event_capacity = event_capacity;
     oc.block_bytes = 1000;
     oc.disk_blocks = disk_blocks;
     KVT_OK_(kvt_offload_create(&oc, s->gpu, &s->m));
     kvt_offload_meta_init(&s->meta);
     kvt_offload_worker_meta_init(&s->wm);
+}
+
+static inline void sim_init3(sim *s, uint32_t gpu_blocks, uint32_t host_blocks, bool lazy,
+                             uint32_t world, uint32_t max_batched, uint32_t disk_blocks)
+{
+    sim_init_ev(s, gpu_blocks, host_blocks, lazy, world, max_batched, disk_blocks, 256);
 }
 
 static inline void sim_init(sim *s, uint32_t gpu_blocks, uint32_t host_blocks, bool lazy,

@@ -527,11 +527,11 @@ static void secondary_keys_make_the_host_copy_findable_at_every_granularity(void
     KVT_OK_(kvt_pool_block_keys(kvt_offload_host_pool(s.m), h1, keys, 4, &n));
     assert_int_equal(n, 2);
     assert_int_equal(keys[1].num_tokens, 8);
-    kvt_pool_event ev[16];
+    kvt_offload_event ev[16];
     uint32_t ne = kvt_offload_take_events(s.m, ev, 16, NULL);
     uint32_t stored = 0;
     for (uint32_t i = 0; i < ne; i++)
-        stored += ev[i].type == KVT_POOL_EV_STORED;
+        stored += ev[i].type == KVT_OFFLOAD_EV_STORED;
     assert_int_equal(stored, 3); /* 2 primary + 1 secondary, all at completion */
     sim_finish(&s, &a);
     sim_fini(&s);

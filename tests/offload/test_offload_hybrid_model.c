@@ -24,6 +24,11 @@
  * the host tier at least the hit the GPU pool itself offered when the prompt finished (the
  * longest hit the rules allow with what was computed: nulled window entries included).
  *
+ * Every request gets an event context. Every stored event that names one is a block of that
+ * request: its hash is the request's hash where the block ends, its parent the one where the
+ * block before ends, its kind and window its group's; each context ends exactly once, after
+ * its request finished, with no event naming it afterwards, and after draining all have.
+ *
  * The host tier is large enough never to evict within an episode, so the last check is
  * exact. KVTIER_TEST_SCALE multiplies the episodes; the seed is printed on failure
  * (KVTIER_TEST_SEED replays it).
@@ -60,6 +65,7 @@ static uint64_t g_seed, g_step;
 
 struct req {
     bool used, loading;
+    uint32_t ctx; /* index in S.ctx */
     char id[16];
     uint32_t id_len;
     uint32_t n_tokens, max_tokens, computed, gpu_hit;
@@ -76,6 +82,12 @@ struct fin { /* a finished prompt, for the clone check */
 
 struct pair {
     uint32_t gpu, host;
+};
+
+struct ctxrec { /* an event context: its request's hashes as they grow */
+    uint8_t hashes[MAXH * HL];
+    uint32_t n_hashes;
+    bool finished, done;
 };
 
 static struct {
@@ -101,6 +113,9 @@ static struct {
     kvt_offload_worker_meta wm;
     struct fin fin[MAX_FIN];
     uint32_t n_fin, arrivals, next_id;
+    struct ctxrec ctx[MAX_FIN];
+    uint32_t n_ctx;
+    uint64_t ctx_events;
     uint64_t recovered, loads, stores, clones, clone_tokens, ext_episodes;
 } S;
 
@@ -186,7 +201,7 @@ static void start_episode(void)
     memset(S.gcont, 0, sizeof(S.gcont));
     memset(S.hcont, 0, sizeof(S.hcont));
     memset(S.busy, 0, sizeof(S.busy));
-    S.n_st = S.n_ld = S.n_ld_reqs = S.n_fin = S.arrivals = 0;
+    S.n_st = S.n_ld = S.n_ld_reqs = S.n_fin = S.arrivals = S.n_ctx = 0;
     S.st_ev = KVT_NO_EVENT;
     configure();
     KVT_OK_(kvt_pool_create(&S.pc, &S.gpu));
@@ -195,6 +210,7 @@ static void start_episode(void)
     oc.host_blocks = HOST_NB;
     oc.max_model_len = MAXTOK;
     oc.max_requests = 64;
+    oc.event_capacity = 1u << 16; /* never full within an episode */
     S.ext = below(2);
     if (S.ext) { /* as vLLM's connector: touch, free and lookup (the recovery needs it) */
         kvt_gpu_pool_ops ops = {cb_touch, cb_free, NULL, cb_lookup};
@@ -219,6 +235,11 @@ static void rehash(struct req *q)
 {
     KVT_OK_(
         kvt_hash_prompt(7, q->tokens, q->n_tokens, HBS, NULL, 0, q->hashes, MAXH, &q->n_hashes));
+    if (q->used) { /* its event context follows */
+        struct ctxrec *c = &S.ctx[q->ctx];
+        memcpy(c->hashes, q->hashes, (size_t)q->n_hashes * HL);
+        c->n_hashes = q->n_hashes;
+    }
 }
 
 static uint32_t blocks_for(uint32_t g, uint32_t tokens)
@@ -295,6 +316,12 @@ static void arrive(struct req *q)
           gh.length, q->n_tokens);
     const uint32_t *t[KVT_MAX_GROUPS];
     CALL(kvt_offload_after_alloc(S.m, q->id, q->id_len, tables(q, t), q->nb, hit));
+    CHECK(S.n_ctx < MAX_FIN, "more contexts than arrivals");
+    q->ctx = S.n_ctx++;
+    memset(&S.ctx[q->ctx], 0, sizeof(S.ctx[q->ctx]));
+    rehash(q);
+    int rc = kvt_offload_set_request_context(S.m, q->id, q->id_len, q->ctx + 1);
+    CHECK(rc == 1, "set_request_context -> %d", rc);
     q->computed = gh.length + hit;
     q->loading = hit > 0;
     S.arrivals++;
@@ -356,6 +383,7 @@ static void finish(struct req *q)
     const uint32_t *t[KVT_MAX_GROUPS];
     CALL(kvt_offload_request_finished_hashed(S.m, q->id, q->id_len, tables(q, t), q->nb, q->hashes,
                                              q->n_hashes, q->computed));
+    S.ctx[q->ctx].finished = true;
     if (S.n_fin < MAX_FIN && !q->loading) {
         /* what the GPU pool offers for this prompt now: the host tier must offer it too */
         struct fin *f = &S.fin[S.n_fin++];
@@ -442,6 +470,58 @@ static void take_events(void)
             }
 }
 
+/* The manager's cache events since the last step: stored events that name a context are
+ * blocks of its request, and each context ends once, after its request finished. */
+static void check_cache_events(void)
+{
+    kvt_offload_event ev[256];
+    uint64_t dropped;
+    uint32_t n;
+    do {
+        n = kvt_offload_take_events(S.m, ev, 256, &dropped);
+        CHECK(dropped == 0, "%llu cache events dropped", (unsigned long long)dropped);
+        for (uint32_t i = 0; i < n; i++) {
+            const kvt_offload_event *e = &ev[i];
+            if (e->type != KVT_OFFLOAD_EV_STORED && e->type != KVT_OFFLOAD_EV_CONTEXT_DONE)
+                continue;
+            if (!e->ctx)
+                continue;
+            CHECK(e->ctx <= S.n_ctx, "an event names context %llu, never given",
+                  (unsigned long long)e->ctx);
+            struct ctxrec *c = &S.ctx[e->ctx - 1];
+            CHECK(!c->done, "an event (type %u) names context %llu after it ended", e->type,
+                  (unsigned long long)e->ctx);
+            if (e->type == KVT_OFFLOAD_EV_CONTEXT_DONE) {
+                CHECK(c->finished, "context %llu ended before its request finished",
+                      (unsigned long long)e->ctx);
+                c->done = true;
+                continue;
+            }
+            const kvt_group_spec *gs = &S.pc.groups[e->group];
+            uint32_t end = (e->token_start + e->num_tokens) / HBS;
+            CHECK(e->medium == KVT_MEDIUM_HOST && e->group < S.ng && e->kind == gs->kind &&
+                      e->window == (gs->kind == KVT_GROUP_SLIDING ? gs->sliding_window : 0) &&
+                      e->num_tokens == gs->block_size && e->token_start % gs->block_size == 0,
+                  "stored event of group %u (kind %u, window %u, %u tokens from %u) does not "
+                  "match its group",
+                  e->group, e->kind, e->window, e->num_tokens, e->token_start);
+            CHECK(end >= 1 && end <= c->n_hashes &&
+                      memcmp(e->hash, c->hashes + (size_t)(end - 1) * HL, HL) == 0,
+                  "stored event (group %u, tokens %u..%u) is not its request's block", e->group,
+                  e->token_start, e->token_start + e->num_tokens);
+            if (e->token_start == 0)
+                CHECK(!e->has_parent, "the first block has a parent");
+            else
+                CHECK(e->has_parent &&
+                          memcmp(e->parent_hash,
+                                 c->hashes + (size_t)(e->token_start / HBS - 1) * HL, HL) == 0,
+                      "stored event (group %u, tokens from %u) names the wrong parent", e->group,
+                      e->token_start);
+            S.ctx_events++;
+        }
+    } while (n == 256);
+}
+
 /* Every host block that can be found holds exactly its key's contents; so does every GPU
  * block that carries a key. */
 static void check_contents(void)
@@ -514,6 +594,7 @@ static void step(bool arrivals)
         drop_behind(q);
     }
     check_contents();
+    check_cache_events();
 }
 
 /* After draining: a clone of every finished prompt gets at least what the GPU offered. */
@@ -554,6 +635,10 @@ static void episode(void)
     kvt_offload_get_stats(S.m, &st);
     S.recovered += st.store_recovered_null;
     CHECK(!kvt_offload_has_pending(S.m), "the manager still has work after draining");
+    check_cache_events();
+    for (uint32_t i = 0; i < S.n_ctx; i++)
+        CHECK(S.ctx[i].done, "context %u never ended (its request finished: %d)", i + 1,
+              S.ctx[i].finished);
     check_clones();
     end_episode();
 }
@@ -572,12 +657,13 @@ static void hybrid_configurations_keep_every_invariant(void **state)
     kvt_offload_worker_meta_release(&S.wm);
     print_message("hybrid model: %u episodes (%llu over the engine's own pool), %llu steps, %llu "
                   "blocks stored, %llu loaded, %llu nulled entries recovered, %llu clones (%llu "
-                  "tokens hit); seed %llu\n",
+                  "tokens hit), %llu stored events with context; seed %llu\n",
                   episodes, (unsigned long long)S.ext_episodes, (unsigned long long)g_step,
                   (unsigned long long)S.stores, (unsigned long long)S.loads,
                   (unsigned long long)S.recovered, (unsigned long long)S.clones,
-                  (unsigned long long)S.clone_tokens, (unsigned long long)g_seed);
-    assert_true(S.stores > 0 && S.loads > 0 && S.recovered > 0);
+                  (unsigned long long)S.clone_tokens, (unsigned long long)S.ctx_events,
+                  (unsigned long long)g_seed);
+    assert_true(S.stores > 0 && S.loads > 0 && S.recovered > 0 && S.ctx_events > 0);
 }
 
 int main(void)

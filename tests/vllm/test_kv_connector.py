@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 
-from conftest import (close_llm, core, generate, make_llm, prompts_with_prefixes,
+from conftest import (BLOCK, close_llm, core, generate, make_llm, prompts_with_prefixes,
                       reset_prefix_cache, sched_connector, worker_connector)
 
 
@@ -279,10 +279,31 @@ def test_host_tier_events_reach_vllm(model_dir):
         generate(llm, prompts[:1])
         stored = [e for e in taken if isinstance(e, BlockStored)]
         assert len(stored) == conn.kvtier_stats()["stores_completed"] > 0
-        assert all(e.medium == "CPU" and len(e.block_hashes[0]) == 32 and e.group_idx == 0
-                   for e in stored)
+        # hashes in the form vLLM publishes its own (64-bit ints by default, else 32 bytes)
+        from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
+        form = type(maybe_convert_block_hash(bytes(32)))
+        assert all(e.medium == "CPU" and isinstance(e.block_hashes[0], form) and
+                   e.group_idx == 0 for e in stored)
+        # eager stores carry the request's context: the block's tokens, its parent, its kind
+        prompt, first = prompts[0], {}
+        for e in stored:
+            assert e.block_size == BLOCK and len(e.token_ids) == BLOCK, e
+            assert e.kv_cache_spec_kind == "full_attention" and e.locality == "LOCAL"
+            k = next((i for i in range(len(prompt) // BLOCK)
+                      if prompt[i * BLOCK:(i + 1) * BLOCK] == e.token_ids), None)
+            if k is None:  # the block the prompt's tail and generated tokens filled
+                k = len(prompt) // BLOCK
+                assert e.token_ids[:len(prompt) % BLOCK] == prompt[k * BLOCK:], e
+            assert k not in first
+            first[k] = e
+        assert first[0].parent_block_hash is None
+        for k, e in first.items():
+            if k and k - 1 in first:
+                assert e.parent_block_hash == first[k - 1].block_hashes[0]
+        assert len(first) == len(stored)
         generate(llm, prompts[1:])  # 12 more blocks than the host tier holds: evictions
         assert any(isinstance(e, BlockRemoved) for e in taken), taken
+        assert not conn._sched._ctx  # every finished request's context was given back
     finally:
         close_llm(llm)
 

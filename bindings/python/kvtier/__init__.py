@@ -23,12 +23,13 @@ Worker side, per rank::
 
 Every failure raises KvtierError carrying kvtier's code and message.
 """
+import collections
 import ctypes
 
 from . import _lib as L
 
-__all__ = ["KvtierError", "version", "hash_prompt", "Pool", "OffloadManager", "OffloadMeta",
-           "WorkerMeta", "Layout", "Mirror", "Worker", "Disk", "LinkScheduler", "LinkWorker",
+__all__ = ["KvtierError", "version", "hash_prompt", "Pool", "OffloadManager", "OffloadEvent",
+           "OffloadMeta", "WorkerMeta", "Layout", "Mirror", "Worker", "Disk", "LinkScheduler", "LinkWorker",
            "EcShard", "EcScheduler", "EcProducer", "EcPlanner", "EcMeta", "EcWorkerMeta",
            "EcServer", "EcNetConsumer", "EcInbox",
            "ManualClock", "STORE", "LOAD", "NO_EVENT"]
@@ -401,9 +402,11 @@ class OffloadManager(_Handle):
     _destroy = _lib.kvt_offload_destroy
 
     def __init__(self, gpu_pool, host_blocks, world_size=1, lazy=False, block_bytes=0,
-                 max_requests=4096, max_batched_tokens=8192, disk_blocks=0, max_num_seqs=0):
+                 max_requests=4096, max_batched_tokens=8192, disk_blocks=0, max_num_seqs=0,
+                 event_capacity=0):
         """disk_blocks > 0: three tiers (GPU -> host -> disk), one full-attention group.
-        max_num_seqs: lazy mode's per-sequence window term (the engine's max_num_seqs)."""
+        max_num_seqs: lazy mode's per-sequence window term (the engine's max_num_seqs).
+        event_capacity > 0: cache events kept between take_events calls."""
         cfg = L.kvt_offload_config()
         _lib.kvt_offload_config_init(ctypes.byref(cfg))
         cfg.host_blocks = host_blocks
@@ -414,6 +417,7 @@ class OffloadManager(_Handle):
         cfg.max_requests = max_requests
         cfg.max_batched_tokens = max_batched_tokens
         cfg.max_num_seqs = max_num_seqs
+        cfg.event_capacity = event_capacity
         h = ctypes.c_void_p()
         _check(_lib.kvt_offload_create(ctypes.byref(cfg), gpu_pool._h, ctypes.byref(h)))
         self._h = h
@@ -490,6 +494,22 @@ class OffloadManager(_Handle):
     def has_pending(self):
         return bool(_lib.kvt_offload_has_pending(self._h))
 
+    def set_request_context(self, req_id, ctx):
+        """Ties a registered request to the engine's context ctx (a nonzero int): stored
+        events of its blocks name it, and a "context_done" event ends it. False when the
+        manager has no use for it (events off, lazy mode, request not registered)."""
+        rid = req_id.encode()
+        rc = _lib.kvt_offload_set_request_context(self._h, rid, len(rid), ctx)
+        _check(rc)
+        return rc == 1
+
+    def take_events(self):
+        """The cache events queued since the last call, oldest first, and how many were lost
+        to a full buffer: (list of OffloadEvent, dropped)."""
+        cfg = L.kvt_pool_config()
+        _lib.kvt_pool_get_config(self._gpu._h, ctypes.byref(cfg))
+        return take_offload_events(self._h, cfg.hash_len)
+
     def stats(self):
         """Counters and gauges as a dict (kvt_offload_stats)."""
         s = L.kvt_offload_stats()
@@ -515,6 +535,41 @@ class OffloadManager(_Handle):
         buf = ctypes.create_string_buffer(n.value + 1)
         _check(_lib.kvt_offload_prometheus(self._h, buf, len(buf), ctypes.byref(n)))
         return buf.value.decode()
+
+
+class OffloadEvent(collections.namedtuple("OffloadEvent", [
+        "type", "medium", "block", "group", "num_tokens", "kind", "window", "token_start",
+        "ctx", "hash", "parent_hash"])):
+    """One cache event (kvt_offload_event). type: "stored", "removed", "all_cleared" or
+    "context_done"; medium: "host" or "disk"; kind: a GROUP_* constant; ctx: the request's
+    context or 0; token_start: the first token the key covers (with ctx); parent_hash: bytes,
+    or None without a parent."""
+    __slots__ = ()
+
+
+_EV_TYPES = {L.OFFLOAD_EV_STORED: "stored", L.OFFLOAD_EV_REMOVED: "removed",
+             L.OFFLOAD_EV_ALL_CLEARED: "all_cleared", L.OFFLOAD_EV_CONTEXT_DONE: "context_done"}
+_MEDIA = {L.MEDIUM_HOST: "host", L.MEDIUM_DISK: "disk"}
+
+
+def take_offload_events(handle, hash_len, batch=256):
+    """Drains kvt_offload_take_events on a manager handle whose hashes are hash_len bytes:
+    (list of OffloadEvent, dropped)."""
+    buf = (L.kvt_offload_event * batch)()
+    dropped = L.c_u64()
+    out, lost = [], 0
+    while True:
+        n = _lib.kvt_offload_take_events(handle, buf, batch, ctypes.byref(dropped))
+        lost += dropped.value
+        for i in range(n):
+            e = buf[i]
+            out.append(OffloadEvent(
+                _EV_TYPES.get(e.type, str(e.type)), _MEDIA.get(e.medium, str(e.medium)),
+                e.block, e.group, e.num_tokens, e.kind, e.window, e.token_start, e.ctx,
+                bytes(e.hash[:hash_len]),
+                bytes(e.parent_hash[:hash_len]) if e.has_parent else None))
+        if n < batch:
+            return out, lost
 
 
 def merge_metrics(sources):

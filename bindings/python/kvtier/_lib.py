@@ -120,6 +120,19 @@ class kvt_pool_event(ctypes.Structure):
                 ("hash", ctypes.c_uint8 * 32)]
 
 
+class kvt_offload_event(ctypes.Structure):
+    _fields_ = [("type", c_u32), ("medium", c_u32), ("block", c_u32), ("group", c_u32),
+                ("num_tokens", c_u32), ("kind", c_u32), ("window", c_u32),
+                ("token_start", c_u32), ("ctx", c_u64), ("has_parent", c_u32),
+                ("reserved", c_u32), ("hash", ctypes.c_uint8 * 32),
+                ("parent_hash", ctypes.c_uint8 * 32)]
+
+
+# kvt_offload_event_type / kvt_offload_medium
+OFFLOAD_EV_STORED, OFFLOAD_EV_REMOVED, OFFLOAD_EV_ALL_CLEARED, OFFLOAD_EV_CONTEXT_DONE = 1, 2, 3, 4
+MEDIUM_HOST, MEDIUM_DISK = 0, 1
+
+
 # kvt_gpu_pool_ops: an engine's own GPU block pool (kvt_offload_create_ext)
 GPU_TOUCH = ctypes.CFUNCTYPE(None, ctypes.c_void_p, P(c_u32), c_u32)
 GPU_FREE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, P(c_u32), c_u32)
@@ -499,6 +512,7 @@ _sig("kvt_hash_prompt", c_int, c_u64, P(c_u32), c_u32, c_u32, u8p, ctypes.c_size
      P(c_u32))
 # pool
 _sig("kvt_pool_config_init", None, P(kvt_pool_config))
+_sig("kvt_pool_get_config", None, vp, P(kvt_pool_config))
 _sig("kvt_pool_create", c_int, P(kvt_pool_config), P(vp))
 _sig("kvt_pool_destroy", None, vp)
 _sig("kvt_pool_num_blocks", c_u32, vp)
@@ -545,7 +559,8 @@ _sig("kvt_offload_schedule_hashed", c_int, vp, cp, c_u32, P(P(c_u32)), P(c_u32),
      c_u32, c_u32, c_bool)
 _sig("kvt_offload_request_finished_hashed", c_int, vp, cp, c_u32, P(P(c_u32)), P(c_u32), vp,
      c_u32, c_u32)
-_sig("kvt_offload_take_events", c_u32, vp, P(kvt_pool_event), c_u32, P(c_u64))
+_sig("kvt_offload_take_events", c_u32, vp, P(kvt_offload_event), c_u32, P(c_u64))
+_sig("kvt_offload_set_request_context", c_int, vp, cp, c_u32, c_u64)
 _sig("kvt_pool_config_validate", c_int, P(kvt_pool_config), P(c_u32))
 _sig("kvt_offload_schedule_many", c_int, vp, P(P(kvt_offload_sched_req)), c_u32, P(c_u32))
 _sig("kvt_offload_destroy", None, vp)
@@ -717,7 +732,7 @@ _sig("kvt_ec_worker_meta_add", c_int, P(kvt_ec_worker_meta), c_int, cp, c_u32)
 _sig("kvt_ec_worker_meta_aggregate", c_int, P(kvt_ec_worker_meta), P(kvt_ec_worker_meta))
 
 for _t in (kvt_str, kvt_bump, kvt_group_spec, kvt_pool_config, kvt_hit, kvt_block_info,
-           kvt_pool_key, kvt_pool_event, kvt_gpu_pool_ops, kvt_offload_sched_req,
+           kvt_pool_key, kvt_pool_event, kvt_offload_event, kvt_gpu_pool_ops, kvt_offload_sched_req,
            kvt_offload_config, kvt_offload_meta, kvt_event_report, kvt_offload_worker_meta,
            kvt_offload_stats,
            kvt_copy_config, kvt_mirror_config, kvt_worker_config, kvt_region, kvt_kv_tensor,

@@ -107,6 +107,35 @@ class EngineStep(unittest.TestCase):
                                      max_num_seqs=3)
         self.assertEqual(lazy.lazy_window, 2 * (64 // 16 + 3))
 
+    def test_events_name_the_request_context(self):
+        gpu = kvtier.Pool(64)
+        mgr = kvtier.OffloadManager(gpu, host_blocks=16, event_capacity=64)
+        tokens = list(range(3 * 16 + 1))
+        hashes = kvtier.hash_prompt(7, tokens, 16)
+        self.assertEqual(mgr.match("r", hashes, len(tokens), 0), 0)
+        blocks = gpu.alloc(4)
+        mgr.after_alloc("r", blocks, 0)
+        self.assertTrue(mgr.set_request_context("r", 41))
+        for b in range(3):
+            gpu.insert(blocks[b], hashes[b])
+        mgr.schedule("r", blocks, len(tokens), 1)
+        meta = mgr.build_meta()
+        self.assertEqual(len(meta.stores), 3)
+        report = kvtier.WorkerMeta()
+        report.add(meta.store_event, 1)
+        mgr.request_finished("r", blocks, len(tokens))
+        mgr.apply_output((), report)
+        events, dropped = mgr.take_events()
+        self.assertEqual(dropped, 0)
+        self.assertEqual([e.type for e in events], ["stored"] * 3 + ["context_done"])
+        for i, e in enumerate(events[:3]):
+            self.assertEqual((e.medium, e.ctx, e.token_start, e.num_tokens), ("host", 41, 16 * i, 16))
+            self.assertEqual(e.hash, hashes[i])
+            self.assertEqual(e.parent_hash, hashes[i - 1] if i else None)
+        self.assertEqual(events[3].ctx, 41)
+        lazy = kvtier.OffloadManager(gpu, host_blocks=8, lazy=True, event_capacity=8)
+        self.assertFalse(lazy.set_request_context("r", 41))  # lazy stores carry no context
+
     def test_layout_from_numpy(self):
         try:
             import numpy as np

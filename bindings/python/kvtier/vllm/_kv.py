@@ -279,8 +279,16 @@ class _Scheduler:
         self._events = bool(getattr(vllm_config, "kv_events_config", None) and
                             vllm_config.kv_events_config.enable_kv_cache_events)
         self._medium = "STORAGE" if cfg.backend == "disk" else "CPU"
-        self._kinds = [("full_attention", "sliding_window", "mamba")[self.gcfg.groups[g].kind]
-                       for g in range(self.ng)]
+        # request contexts of the events (kvt_offload_set_request_context): the library names
+        # a request by a number in each stored event; the request stays here until its
+        # context_done event, so a finished request's last stores still get its token ids
+        self._ctx = {}         # ctx -> vLLM Request
+        self._ctx_of = {}      # request id -> ctx
+        self._ctx_next = 1
+        self._ctx_finished = set()  # ctxs of finished requests (dropped if events are lost)
+        # scratch and ring groups never reach an event
+        self._kinds = [{0: "full_attention", 1: "sliding_window", 2: "mamba"}.get(
+            self.gcfg.groups[g].kind) for g in range(self.ng)]
 
         oc = L.kvt_offload_config()
         _lib.kvt_offload_config_init(ctypes.byref(oc))
@@ -480,6 +488,19 @@ class _Scheduler:
         del keep
         if rc < 0 or self._cb_error is not None:
             self._call(rc)
+        if self._events and not self.cfg.lazy:
+            self._bind_context(request, st.rid)
+
+    def _bind_context(self, request, rid):
+        ctx = self._ctx_of.get(request.request_id)
+        if ctx is None:
+            ctx = self._ctx_next
+            self._ctx_next += 1
+        rc = _lib.kvt_offload_set_request_context(self.h, rid, len(rid), ctx)
+        self._call(rc)
+        if rc == 1:
+            self._ctx[ctx] = request
+            self._ctx_of[request.request_id] = ctx
 
     def build_meta(self, so):
         # The hot path of the scheduler side. Per step it must not touch every running request
@@ -628,6 +649,9 @@ class _Scheduler:
         self._call(_lib.kvt_offload_apply_output(self.h, arr, len(ids), w))
 
     def finished(self, request, block_ids):
+        ctx = self._ctx_of.get(request.request_id)
+        if ctx is not None:
+            self._ctx_finished.add(ctx)
         st = self._drop(request.request_id)
         if st is None:
             return
@@ -670,31 +694,81 @@ class _Scheduler:
         if not self._events:
             return []
         from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+        try:
+            from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash as conv
+        except ImportError:  # older vLLM: hashes are published as bytes
+            def conv(h):
+                return h
         out = []
-        buf = (L.kvt_pool_event * 256)()
+        buf = (L.kvt_offload_event * 256)()
         dropped = L.c_u64()
+        hl = self.hash_len
         while True:
             n = _lib.kvt_offload_take_events(self.h, buf, 256, ctypes.byref(dropped))
             for i in range(n):
                 e = buf[i]
-                h = bytes(e.hash[:self.hash_len])
-                if e.type == 1:  # no request context: like vLLM's lazy stores
-                    out.append(BlockStored(block_hashes=[h], parent_block_hash=None,
-                                           token_ids=[], block_size=e.num_tokens, lora_id=None,
-                                           medium=self._medium, lora_name=None,
-                                           group_idx=e.group,
-                                           kv_cache_spec_kind=self._kinds[e.group],
-                                           locality="LOCAL"))
-                elif e.type == 2:
-                    out.append(BlockRemoved(block_hashes=[h], medium=self._medium,
-                                            group_idx=e.group, locality="LOCAL"))
-                elif e.type == 3:
+                if e.type == L.OFFLOAD_EV_CONTEXT_DONE:
+                    req = self._ctx.pop(e.ctx, None)
+                    self._ctx_finished.discard(e.ctx)
+                    if req is not None and self._ctx_of.get(req.request_id) == e.ctx:
+                        del self._ctx_of[req.request_id]
+                    continue
+                if e.type == L.OFFLOAD_EV_ALL_CLEARED:
                     out.append(AllBlocksCleared())
+                    continue
+                medium = ("STORAGE" if e.medium == L.MEDIUM_DISK or self.cfg.backend == "disk"
+                          else "CPU")
+                h = conv(bytes(e.hash[:hl]))
+                if e.type == L.OFFLOAD_EV_REMOVED:
+                    out.append(BlockRemoved(block_hashes=[h], medium=medium, group_idx=e.group,
+                                            locality="LOCAL"))
+                elif e.type == L.OFFLOAD_EV_STORED:
+                    out.append(self._stored_event(BlockStored, e, h, medium, conv))
             if n < 256:
                 break
         if dropped.value:
             logger.warning("kvtier: %d host-tier cache events were dropped", dropped.value)
+            for ctx in self._ctx_finished:  # their context_done may be among the lost
+                req = self._ctx.pop(ctx, None)
+                if req is not None and self._ctx_of.get(req.request_id) == ctx:
+                    del self._ctx_of[req.request_id]
+            self._ctx_finished.clear()
         return out
+
+    def _stored_event(self, BlockStored, e, h, medium, conv):
+        """One BlockStored with the request's context when the store had one (eager); lazy
+        stores, re-stores and disk write-backs carry none, as in vLLM's lazy mode."""
+        req = self._ctx.get(e.ctx) if e.ctx else None
+        kind = self._kinds[e.group]
+        kw = dict(block_hashes=[h], parent_block_hash=None, token_ids=[],
+                  block_size=e.num_tokens, lora_id=None, medium=medium, lora_name=None,
+                  group_idx=e.group, kv_cache_spec_kind=kind,
+                  kv_cache_spec_sliding_window=e.window or None, locality="LOCAL")
+        if req is None:
+            return BlockStored(**kw)
+        start, end = e.token_start, e.token_start + e.num_tokens
+        lora = getattr(req, "lora_request", None)
+        kw.update(token_ids=list(req.all_token_ids[start:end]),
+                  parent_block_hash=conv(bytes(e.parent_hash[:self.hash_len]))
+                  if e.has_parent else None,
+                  lora_id=getattr(lora, "adapter_id", None) if lora else None,
+                  lora_name=getattr(lora, "name", None) if lora else None,
+                  extra_keys=_event_extra_keys(req, start, end))
+        if "session_id" in getattr(BlockStored, "__struct_fields__", ()):
+            kw["session_id"] = getattr(req, "session_id", None)
+        return BlockStored(**kw)
+
+
+def _event_extra_keys(request, start, end):
+    """vLLM's per-block extra keys (LoRA name, multimodal identifiers, cache salt, prompt
+    embeddings) of tokens [start, end) of request, in the untagged shape events publish."""
+    try:
+        from vllm.v1.core.kv_cache_utils import (generate_block_hash_extra_keys,
+                                                 to_event_extra_keys)
+    except ImportError:
+        return None
+    keys, _ = generate_block_hash_extra_keys(request, start, end, 0)
+    return to_event_extra_keys([keys])
 
 
 # ---- worker side --------------------------------------------------------------------------
