@@ -37,15 +37,19 @@ extern "C" {
 /* One KV tensor as the engine allocated it. The block dimension has block_dim_size entries
  * (num_blocks times the physical pages per block, which must divide exactly) at block_stride
  * bytes; the storage is viewed as (-1, num_blocks, block_bytes), one region per leading
- * index (FlashAttention's K/V, head groups hoisted outside the block dimension); bytes past
- * the last whole region are padding and are never copied. Tensors sharing a storage (the
- * same device and storage address) are registered once. */
+ * index (FlashAttention's K/V, head groups hoisted outside the block dimension). Regions
+ * cover the tensor's configured size (size_bytes) when the engine gives it: an allocator's
+ * trailing padding, however large, never becomes a region (spec §2.14). Without it, bytes
+ * past the last whole region of the storage are padding and are never copied. Tensors
+ * sharing a storage (the same device and storage address) are registered once. */
 typedef struct kvt_kv_tensor {
     int32_t device;          /* CUDA ordinal, or KVT_HOST_DEVICE */
     uint64_t storage;        /* address of the storage (not of a view into it) */
     uint64_t storage_bytes;  /* bytes of the storage, padding included */
     uint64_t block_dim_size; /* entries of the block dimension */
     uint64_t block_stride;   /* bytes between consecutive entries of the block dimension */
+    uint64_t size_bytes;     /* the tensor's configured size (vLLM's KVCacheTensor.size), at
+                                most storage_bytes; 0: unknown, the storage's size is used */
 } kvt_kv_tensor;
 
 typedef struct kvt_region {
@@ -62,7 +66,8 @@ KVT_API void kvt_layout_destroy(kvt_layout *l);
 /* Adds a tensor's regions. A tensor whose storage is already registered adds nothing if it
  * derives the same block size (packed HMA: one backing tensor, one view per group) and fails
  * with KVT_EINVAL if not. Fails with KVT_EINVAL on a device mismatch, a block dimension that
- * is not a multiple of num_blocks, or a storage smaller than one region. */
+ * is not a multiple of num_blocks, a size_bytes beyond the storage, or a size (size_bytes,
+ * else storage_bytes) smaller than one region. */
 KVT_API int kvt_layout_add_tensor(kvt_layout *l, const kvt_kv_tensor *t);
 /* A cross-layer tensor (single KV-cache group): all layers of a block side by side, storage
  * (num_blocks, num_layers, page_per_layer). storage_bytes must be a non-zero multiple of

@@ -133,7 +133,13 @@ int kvt_layout_add_tensor(kvt_layout *l, const kvt_kv_tensor *t)
     uint64_t per = t->block_dim_size / l->num_blocks, block_bytes;
     if (__builtin_mul_overflow(t->block_stride, per, &block_bytes))
         return kvt_fail(KVT_ERANGE, "layout: block size overflows");
-    return add_storage_regions(l, t->storage, t->storage_bytes, block_bytes);
+    if (t->size_bytes > t->storage_bytes)
+        return kvt_fail(KVT_EINVAL,
+                        "layout: tensor size of %llu bytes exceeds its storage of %llu bytes",
+                        (unsigned long long)t->size_bytes, (unsigned long long)t->storage_bytes);
+    /* the configured size, not the allocation's: padding never becomes a region */
+    uint64_t bytes = t->size_bytes ? t->size_bytes : t->storage_bytes;
+    return add_storage_regions(l, t->storage, bytes, block_bytes);
 }
 
 int kvt_layout_add_cross_layer(kvt_layout *l, uint64_t storage, uint64_t storage_bytes,

@@ -89,11 +89,36 @@ static void test_layout_rules(void **state)
     KVT_ERR_(kvt_layout_add_tensor(l, &dev), KVT_EINVAL);
     kvt_kv_tensor zero = {KVT_HOST_DEVICE, 1ull << 36, 100 * 64, 100, 0};
     KVT_ERR_(kvt_layout_add_tensor(l, &zero), KVT_EINVAL);
+    kvt_kv_tensor over = {KVT_HOST_DEVICE, 1ull << 37, 100 * 64, 100, 64, 200 * 64};
+    KVT_ERR_(kvt_layout_add_tensor(l, &over), KVT_EINVAL); /* a size beyond the storage */
+    kvt_kv_tensor tiny = {KVT_HOST_DEVICE, 1ull << 38, 400 * 64, 100, 64, 99 * 64};
+    KVT_ERR_(kvt_layout_add_tensor(l, &tiny), KVT_EINVAL); /* a size under one region */
     assert_int_equal(kvt_layout_num_regions(l), 7);
     kvt_layout_destroy(l);
 
     KVT_ERR_(kvt_layout_create(KVT_HOST_DEVICE, 0, &l), KVT_EINVAL);
     KVT_ERR_(kvt_layout_create(-2, 10, &l), KVT_EINVAL);
+}
+
+/* Spec §2.14: an allocator that pads the storage by more than a region (here 1.5 regions)
+ * must not add a region of padding: the configured size decides. */
+static void test_layout_padding_is_not_a_region(void **state)
+{
+    (void)state;
+    kvt_layout *l;
+    KVT_OK_(kvt_layout_create(KVT_HOST_DEVICE, 100, &l));
+    uint64_t span = 100ull * 256, size = 2 * span;
+    kvt_kv_tensor kv = {KVT_HOST_DEVICE, 1ull << 30, size + span + span / 2, 100, 256, size};
+    KVT_OK_(kvt_layout_add_tensor(l, &kv));
+    assert_int_equal(kvt_layout_num_regions(l), 2);
+    assert_true(kvt_layout_block_bytes(l) == 2 * 256);
+    kvt_layout_destroy(l);
+    /* without the configured size the padding's whole region counts (the old rule) */
+    KVT_OK_(kvt_layout_create(KVT_HOST_DEVICE, 100, &l));
+    kv.size_bytes = 0;
+    KVT_OK_(kvt_layout_add_tensor(l, &kv));
+    assert_int_equal(kvt_layout_num_regions(l), 3);
+    kvt_layout_destroy(l);
 }
 
 static void test_layout_cross_layer(void **state)
@@ -509,6 +534,7 @@ int main(void)
         cmocka_unit_test(test_coalesce_spec_examples),
         cmocka_unit_test(test_descs_region_major),
         cmocka_unit_test(test_layout_rules),
+        cmocka_unit_test(test_layout_padding_is_not_a_region),
         cmocka_unit_test(test_layout_cross_layer),
         cmocka_unit_test(test_mirror),
         cmocka_unit_test(test_roundtrip_threads),

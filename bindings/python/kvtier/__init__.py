@@ -617,11 +617,13 @@ class Layout(_Handle):
         self._buffers = []  # keep the memory alive as long as the layout
         self.num_blocks = num_blocks
 
-    def add_tensor(self, obj, block_dim_size, block_stride):
+    def add_tensor(self, obj, block_dim_size, block_stride, size_bytes=0):
         """A KV tensor whose storage is obj (buffer, numpy array or torch tensor): the block
-        dimension has block_dim_size entries block_stride bytes apart (spec §3.1)."""
+        dimension has block_dim_size entries block_stride bytes apart (spec §3.1).
+        size_bytes: the tensor's configured size when the storage is padded beyond it (the
+        padding never becomes a region); 0: the storage's size."""
         addr, nbytes, dev = _address(obj)
-        t = L.kvt_kv_tensor(dev, addr, nbytes, block_dim_size, block_stride)
+        t = L.kvt_kv_tensor(dev, addr, nbytes, block_dim_size, block_stride, size_bytes)
         _check(_lib.kvt_layout_add_tensor(self._h, ctypes.byref(t)))
         self._buffers.append(obj)
 

@@ -268,7 +268,7 @@ class kvt_region(ctypes.Structure):
 
 class kvt_kv_tensor(ctypes.Structure):
     _fields_ = [("device", ctypes.c_int32), ("storage", c_u64), ("storage_bytes", c_u64),
-                ("block_dim_size", c_u64), ("block_stride", c_u64)]
+                ("block_dim_size", c_u64), ("block_stride", c_u64), ("size_bytes", c_u64)]
 
 
 class kvt_disk_config(ctypes.Structure):

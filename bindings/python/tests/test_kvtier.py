@@ -146,6 +146,10 @@ class EngineStep(unittest.TestCase):
         layout.add_tensor(kv, block_dim_size=8, block_stride=256)
         self.assertEqual(layout.num_regions, 2)
         self.assertEqual(layout.block_bytes, 512)
+        padded = np.zeros((3, 8, 256), dtype=np.uint8)  # a whole region of padding
+        layout = kvtier.Layout(8)
+        layout.add_tensor(padded, block_dim_size=8, block_stride=256, size_bytes=2 * 8 * 256)
+        self.assertEqual(layout.num_regions, 2)
 
 
 class DiskAndLink(unittest.TestCase):
