@@ -55,6 +55,17 @@ static inline int kvt_test_exit(int failed)
         assert_true(kvt_last_error()[0] != '\0');                                                  \
     } while (0)
 
+/* A model-based test's check: on failure names the test, how far it got (`unit` `at`: "step
+ * 12") and the seed that replays it, then the message. */
+#define KVT_MODEL_CHECK(what, unit, at, seed, cond, ...)                                           \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            print_error("%s: %s %llu (replay with KVTIER_TEST_SEED=%llu): ", what, unit,           \
+                        (unsigned long long)(at), (unsigned long long)(seed));                     \
+            fail_msg(__VA_ARGS__);                                                                 \
+        }                                                                                          \
+    } while (0)
+
 /* Multiplier for randomized test lengths (KVTIER_TEST_SCALE, default 1). */
 static inline double kvt_test_scale(void)
 {

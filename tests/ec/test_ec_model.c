@@ -29,14 +29,7 @@
 
 static uint64_t g_seed, g_ops;
 
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            print_error("ec model: op %llu (replay with KVTIER_TEST_SEED=%llu): ",                 \
-                        (unsigned long long)g_ops, (unsigned long long)g_seed);                    \
-            fail_msg(__VA_ARGS__);                                                                 \
-        }                                                                                          \
-    } while (0)
+#define CHECK(cond, ...) KVT_MODEL_CHECK("ec model", "op", g_ops, g_seed, cond, __VA_ARGS__)
 
 enum { M_READY, M_ABANDONED, M_CANCEL };
 

@@ -352,24 +352,57 @@ static void a_second_match_releases_the_first_pin(void **state)
     sim_fini(&s);
 }
 
-/* vLLM test_multi_group_null_blocks_skipped: full attention + sliding window. */
-static void null_blocks_never_appear_in_transfers(void **state)
+/* Two KV-cache groups over a kvt_pool of 64 blocks: full attention (group 0) and group 1 of
+ * the given kind, block size and window; a manager with 32 host blocks. */
+typedef struct sim2 {
+    kvt_pool *gpu;
+    kvt_offload *m;
+    kvt_offload_meta meta;
+    kvt_offload_worker_meta wm;
+} sim2;
+
+static void sim2_init(sim2 *t, uint32_t kind, uint32_t block_size, uint32_t window)
 {
-    (void)state;
     kvt_pool_config pc;
     kvt_pool_config_init(&pc);
     pc.num_blocks = 64;
     pc.n_groups = 2;
-    pc.groups[1].kind = KVT_GROUP_SLIDING;
-    pc.groups[1].block_size = SIM_BS;
-    pc.groups[1].sliding_window = SIM_BS + 1; /* one block */
-    kvt_pool *gpu;
-    KVT_OK_(kvt_pool_create(&pc, &gpu));
+    pc.groups[1].kind = kind;
+    pc.groups[1].block_size = block_size;
+    pc.groups[1].sliding_window = window;
+    KVT_OK_(kvt_pool_create(&pc, &t->gpu));
     kvt_offload_config oc;
     kvt_offload_config_init(&oc);
     oc.host_blocks = 32;
-    kvt_offload *m;
-    KVT_OK_(kvt_offload_create(&oc, gpu, &m));
+    KVT_OK_(kvt_offload_create(&oc, t->gpu, &t->m));
+    kvt_offload_meta_init(&t->meta);
+    kvt_offload_worker_meta_init(&t->wm);
+}
+
+/* The worker reports the last build_meta's store event done. */
+static void sim2_report_store(sim2 *t)
+{
+    kvt_offload_worker_meta_clear(&t->wm);
+    KVT_OK_(kvt_offload_worker_meta_add(&t->wm, t->meta.store_event, 1));
+    KVT_OK_(kvt_offload_apply_output(t->m, NULL, 0, &t->wm));
+}
+
+static void sim2_fini(sim2 *t)
+{
+    kvt_offload_meta_release(&t->meta);
+    kvt_offload_worker_meta_release(&t->wm);
+    kvt_offload_destroy(t->m);
+    kvt_pool_destroy(t->gpu);
+}
+
+/* vLLM test_multi_group_null_blocks_skipped: full attention + sliding window. */
+static void null_blocks_never_appear_in_transfers(void **state)
+{
+    (void)state;
+    sim2 t;
+    sim2_init(&t, KVT_GROUP_SLIDING, SIM_BS, SIM_BS + 1); /* a window of one block */
+    kvt_pool *gpu = t.gpu;
+    kvt_offload *m = t.m;
     sim_req r;
     sim_req_make(&r, "r", 3 * SIM_BS + 1, 1, 3 * SIM_BS + 1, 0);
     uint32_t fa[4], sw[4];
@@ -387,16 +420,12 @@ static void null_blocks_never_appear_in_transfers(void **state)
     KVT_OK_(kvt_offload_match(m, "r", 1, r.hashes, r.n_hashes, r.n_tokens, 0, &hit));
     KVT_OK_(kvt_offload_after_alloc(m, "r", 1, tab, nb, 0));
     KVT_OK_(kvt_offload_schedule(m, "r", 1, tab, nb, r.n_tokens, 1, false));
-    kvt_offload_meta meta;
-    kvt_offload_meta_init(&meta);
-    KVT_OK_(kvt_offload_build_meta(m, false, &meta));
-    assert_int_equal(meta.n_stores, 4); /* 3 full-attention blocks + the hashed window block */
-    for (uint32_t i = 0; i < meta.n_stores; i++)
-        assert_int_not_equal(meta.store_gpu_blocks[i], KVT_NULL_BLOCK);
-    kvt_offload_worker_meta wm;
-    kvt_offload_worker_meta_init(&wm);
-    KVT_OK_(kvt_offload_worker_meta_add(&wm, meta.store_event, 1));
-    KVT_OK_(kvt_offload_apply_output(m, NULL, 0, &wm));
+    kvt_offload_meta *meta = &t.meta;
+    KVT_OK_(kvt_offload_build_meta(m, false, meta));
+    assert_int_equal(meta->n_stores, 4); /* 3 full-attention blocks + the hashed window block */
+    for (uint32_t i = 0; i < meta->n_stores; i++)
+        assert_int_not_equal(meta->store_gpu_blocks[i], KVT_NULL_BLOCK);
+    sim2_report_store(&t);
     KVT_OK_(kvt_offload_request_finished(m, "r", 1, tab, nb, r.n_tokens));
     /* a second request hits both groups; null positions are not loaded */
     KVT_OK_(kvt_pool_free(gpu, fa, 4));
@@ -407,16 +436,13 @@ static void null_blocks_never_appear_in_transfers(void **state)
     KVT_OK_(kvt_pool_alloc(gpu, 4, fa));
     KVT_OK_(kvt_pool_alloc(gpu, 2, sw + 2));
     KVT_OK_(kvt_offload_after_alloc(m, "q", 1, tab, nb, hit));
-    KVT_OK_(kvt_offload_build_meta(m, false, &meta));
-    assert_int_equal(meta.n_loads, 4); /* 3 + the one window block */
-    for (uint32_t i = 0; i < meta.n_loads; i++)
-        assert_int_not_equal(meta.load_gpu_blocks[i], KVT_NULL_BLOCK);
+    KVT_OK_(kvt_offload_build_meta(m, false, meta));
+    assert_int_equal(meta->n_loads, 4); /* 3 + the one window block */
+    for (uint32_t i = 0; i < meta->n_loads; i++)
+        assert_int_not_equal(meta->load_gpu_blocks[i], KVT_NULL_BLOCK);
     kvt_str q = {"q", 1};
     KVT_OK_(kvt_offload_apply_output(m, &q, 1, NULL));
-    kvt_offload_meta_release(&meta);
-    kvt_offload_worker_meta_release(&wm);
-    kvt_offload_destroy(m);
-    kvt_pool_destroy(gpu);
+    sim2_fini(&t);
 }
 
 /* #41704 / #53498: blocks confirmed in the request's last step are stored by the final
@@ -789,20 +815,10 @@ static void lazy_scan_starts_from_the_head_every_step(void **state)
  * request p whose prompt is r's first 2 blocks + 1 token is matched; returns p's hit. */
 static uint32_t nulled_window_then_shorter_clone(bool hashed, uint64_t *recovered)
 {
-    kvt_pool_config pc;
-    kvt_pool_config_init(&pc);
-    pc.num_blocks = 64;
-    pc.n_groups = 2;
-    pc.groups[1].kind = KVT_GROUP_SLIDING;
-    pc.groups[1].block_size = SIM_BS;
-    pc.groups[1].sliding_window = SIM_BS + 1; /* one block before the hit point */
-    kvt_pool *gpu;
-    KVT_OK_(kvt_pool_create(&pc, &gpu));
-    kvt_offload_config oc;
-    kvt_offload_config_init(&oc);
-    oc.host_blocks = 32;
-    kvt_offload *m;
-    KVT_OK_(kvt_offload_create(&oc, gpu, &m));
+    sim2 t;
+    sim2_init(&t, KVT_GROUP_SLIDING, SIM_BS, SIM_BS + 1); /* one block before the hit point */
+    kvt_pool *gpu = t.gpu;
+    kvt_offload *m = t.m;
     sim_req r, p;
     sim_req_make(&r, "r", 3 * SIM_BS + 1, 1, 3 * SIM_BS + 1, 0);
     uint32_t fa[4], sw[4], hit;
@@ -824,20 +840,15 @@ static uint32_t nulled_window_then_shorter_clone(bool hashed, uint64_t *recovere
                                             false));
     else
         KVT_OK_(kvt_offload_schedule(m, "r", 1, tab, nb, r.n_tokens, 1, false));
-    kvt_offload_meta meta;
-    kvt_offload_meta_init(&meta);
-    KVT_OK_(kvt_offload_build_meta(m, false, &meta));
-    assert_int_equal(meta.n_stores, hashed ? 6 : 4);
-    for (uint32_t i = 0; i < meta.n_stores; i++)
-        assert_int_not_equal(meta.store_gpu_blocks[i], KVT_NULL_BLOCK);
+    KVT_OK_(kvt_offload_build_meta(m, false, &t.meta));
+    assert_int_equal(t.meta.n_stores, hashed ? 6 : 4);
+    for (uint32_t i = 0; i < t.meta.n_stores; i++)
+        assert_int_not_equal(t.meta.store_gpu_blocks[i], KVT_NULL_BLOCK);
     /* a recovered block is pinned while it is copied: out of the GPU free queue */
     kvt_block_info bi;
     KVT_OK_(kvt_pool_block_info(gpu, gone[1], &bi));
     assert_int_equal(bi.is_free, !hashed);
-    kvt_offload_worker_meta wm;
-    kvt_offload_worker_meta_init(&wm);
-    KVT_OK_(kvt_offload_worker_meta_add(&wm, meta.store_event, 1));
-    KVT_OK_(kvt_offload_apply_output(m, NULL, 0, &wm));
+    sim2_report_store(&t);
     KVT_OK_(kvt_offload_request_finished(m, "r", 1, tab, nb, r.n_tokens));
     KVT_OK_(kvt_pool_free(gpu, fa, 4));
     KVT_OK_(kvt_pool_free(gpu, sw + 2, 2));
@@ -848,10 +859,7 @@ static uint32_t nulled_window_then_shorter_clone(bool hashed, uint64_t *recovere
     kvt_offload_get_stats(m, &st);
     *recovered = st.store_recovered_null;
     KVT_OK_(kvt_offload_request_finished(m, "p", 1, tab, (uint32_t[2]){0, 0}, 0));
-    kvt_offload_meta_release(&meta);
-    kvt_offload_worker_meta_release(&wm);
-    kvt_offload_destroy(m);
-    kvt_pool_destroy(gpu);
+    sim2_fini(&t);
     return hit;
 }
 
@@ -873,19 +881,11 @@ static void nulled_entries_still_cached_on_the_gpu_are_stored(void **state)
 static void scratch_groups_are_never_stored_or_loaded(void **state)
 {
     (void)state;
-    kvt_pool_config pc;
-    kvt_pool_config_init(&pc);
-    pc.num_blocks = 64;
-    pc.n_groups = 2;
-    pc.groups[1].kind = KVT_GROUP_SCRATCH;
-    pc.groups[1].block_size = 7;
-    kvt_pool *gpu;
-    KVT_OK_(kvt_pool_create(&pc, &gpu));
-    kvt_offload_config oc;
-    kvt_offload_config_init(&oc);
-    oc.host_blocks = 32;
-    kvt_offload *m;
-    KVT_OK_(kvt_offload_create(&oc, gpu, &m));
+    sim2 t;
+    sim2_init(&t, KVT_GROUP_SCRATCH, 7, 0);
+    kvt_pool *gpu = t.gpu;
+    kvt_offload *m = t.m;
+    kvt_offload_meta *meta = &t.meta;
     sim_req r;
     sim_req_make(&r, "r", 3 * SIM_BS + 1, 1, 3 * SIM_BS + 1, 0);
     uint32_t fa[4], sc[2], hit;
@@ -900,16 +900,11 @@ static void scratch_groups_are_never_stored_or_loaded(void **state)
     assert_int_equal(
         kvt_offload_schedule_hashed(m, "r", 1, tab, nb, r.hashes, r.n_hashes, r.n_tokens, 1, false),
         0);
-    kvt_offload_meta meta;
-    kvt_offload_meta_init(&meta);
-    KVT_OK_(kvt_offload_build_meta(m, false, &meta));
-    assert_int_equal(meta.n_stores, 3);
-    for (uint32_t i = 0; i < meta.n_stores; i++)
-        assert_true(meta.store_gpu_blocks[i] != sc[0] && meta.store_gpu_blocks[i] != sc[1]);
-    kvt_offload_worker_meta wm;
-    kvt_offload_worker_meta_init(&wm);
-    KVT_OK_(kvt_offload_worker_meta_add(&wm, meta.store_event, 1));
-    KVT_OK_(kvt_offload_apply_output(m, NULL, 0, &wm));
+    KVT_OK_(kvt_offload_build_meta(m, false, meta));
+    assert_int_equal(meta->n_stores, 3);
+    for (uint32_t i = 0; i < meta->n_stores; i++)
+        assert_true(meta->store_gpu_blocks[i] != sc[0] && meta->store_gpu_blocks[i] != sc[1]);
+    sim2_report_store(&t);
     KVT_OK_(kvt_offload_request_finished(m, "r", 1, tab, nb, r.n_tokens));
     KVT_OK_(kvt_pool_free(gpu, fa, 4));
     KVT_OK_(kvt_pool_free(gpu, sc, 2));
@@ -919,16 +914,13 @@ static void scratch_groups_are_never_stored_or_loaded(void **state)
     KVT_OK_(kvt_pool_alloc(gpu, 4, fa));
     KVT_OK_(kvt_pool_alloc(gpu, 2, sc));
     KVT_OK_(kvt_offload_after_alloc(m, "q", 1, tab, nb, hit));
-    KVT_OK_(kvt_offload_build_meta(m, false, &meta));
-    assert_int_equal(meta.n_loads, 3); /* the full-attention blocks alone */
-    for (uint32_t i = 0; i < meta.n_loads; i++)
-        assert_true(meta.load_gpu_blocks[i] != sc[0] && meta.load_gpu_blocks[i] != sc[1]);
+    KVT_OK_(kvt_offload_build_meta(m, false, meta));
+    assert_int_equal(meta->n_loads, 3); /* the full-attention blocks alone */
+    for (uint32_t i = 0; i < meta->n_loads; i++)
+        assert_true(meta->load_gpu_blocks[i] != sc[0] && meta->load_gpu_blocks[i] != sc[1]);
     kvt_str q = {"q", 1};
     KVT_OK_(kvt_offload_apply_output(m, &q, 1, NULL));
-    kvt_offload_meta_release(&meta);
-    kvt_offload_worker_meta_release(&wm);
-    kvt_offload_destroy(m);
-    kvt_pool_destroy(gpu);
+    sim2_fini(&t);
 }
 
 /* vLLM test_reset_waits_for_pending_eager_store */

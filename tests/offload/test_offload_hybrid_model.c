@@ -48,14 +48,7 @@
 
 static uint64_t g_seed, g_step;
 
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            print_error("hybrid model: step %llu (replay with KVTIER_TEST_SEED=%llu): ",           \
-                        (unsigned long long)g_step, (unsigned long long)g_seed);                   \
-            fail_msg(__VA_ARGS__);                                                                 \
-        }                                                                                          \
-    } while (0)
+#define CHECK(cond, ...) KVT_MODEL_CHECK("hybrid model", "step", g_step, g_seed, cond, __VA_ARGS__)
 
 #define CALL(expr)                                                                                 \
     do {                                                                                           \

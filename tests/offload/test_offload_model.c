@@ -57,14 +57,7 @@ static uint64_t g_seed, g_step, g_ops;
 static kvt_offload_stats g_tot;            /* summed over episodes, for the summary */
 static uint64_t g_ext_calls, g_ext_blocks; /* engine-pool callbacks and the blocks they got */
 
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            print_error("offload model: step %llu (replay with KVTIER_TEST_SEED=%llu): ",          \
-                        (unsigned long long)g_step, (unsigned long long)g_seed);                   \
-            fail_msg(__VA_ARGS__);                                                                 \
-        }                                                                                          \
-    } while (0)
+#define CHECK(cond, ...) KVT_MODEL_CHECK("offload model", "step", g_step, g_seed, cond, __VA_ARGS__)
 
 #define CALL(expr)                                                                                 \
     do {                                                                                           \

@@ -40,14 +40,7 @@ struct model {
 static uint64_t g_seed;
 static uint64_t g_op;
 
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            print_error("model mismatch at op %llu (replay with KVTIER_TEST_SEED=%llu): ",         \
-                        (unsigned long long)g_op, (unsigned long long)g_seed);                     \
-            fail_msg(__VA_ARGS__);                                                                 \
-        }                                                                                          \
-    } while (0)
+#define CHECK(cond, ...) KVT_MODEL_CHECK("pool model", "op", g_op, g_seed, cond, __VA_ARGS__)
 
 static void key_bytes(const struct model *m, uint32_t key, uint8_t *out)
 {
