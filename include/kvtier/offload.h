@@ -191,7 +191,9 @@ KVT_API int kvt_offload_match_flags(kvt_offload *m, const char *req_id, uint32_t
 
 /* update_state_after_alloc. blocks[g] / n_blocks[g]: the request's GPU block table per
  * KV-cache group after allocation; num_external: tokens the engine accepted from the host hit
- * (0..hit, a multiple of the scheduler block size; fewer than offered is fine). Registers the
+ * (0..hit, a multiple of the scheduler block size; fewer than offered is fine, except where a
+ * sliding-window or Mamba group needs, at the shorter end, blocks the offered hit left out as
+ * null: KVT_EINVAL, take the whole hit or none). Registers the
  * request for eager stores, pairs the accepted host blocks with the GPU blocks that follow the
  * GPU hit, pins both sides and queues the load for the next build_meta. */
 KVT_API int kvt_offload_after_alloc(kvt_offload *m, const char *req_id, uint32_t req_id_len,

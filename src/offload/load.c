@@ -16,6 +16,7 @@
 
 #include "base/error.h"
 #include "base/log.h"
+#include "base/util.h"
 #include "offload/offload_internal.h"
 
 void kvi_ofl_release_hit(kvt_offload *m, struct kvi_ofl_req *r)
@@ -169,10 +170,25 @@ static int check_pairs(kvt_offload *m, const struct kvi_ofl_req *r, const uint32
     int rc = 0;
     kvi_iditer it = kvi_idlist_begin(&m->hitpool, &r->hit);
     for (uint32_t g = 0; g < m->ng && !rc; g++) {
-        uint32_t n_ext = num_external / m->gcfg.groups[g].block_size;
+        const kvt_group_spec *gs = &m->gcfg.groups[g];
+        uint32_t n_ext = num_external / gs->block_size;
         uint32_t start = load_start(m, r, g, num_external);
+        /* A shorter acceptance than offered ends where a window or state group may need
+         * blocks the offered hit left out (null: before the window of its own end). */
+        uint32_t need = 0;
+        if (num_external < r->hit_len && gs->kind == KVT_GROUP_SLIDING)
+            need = kvi_max_u32(1, (gs->sliding_window - 1 + gs->block_size - 1) / gs->block_size);
+        else if (num_external < r->hit_len && gs->kind == KVT_GROUP_MAMBA)
+            need = 1;
         for (uint32_t i = 0; i < r->hit_n[g]; i++, kvi_iditer_next(&m->hitpool, &it)) {
             uint32_t cpu = kvi_iditer_get(&m->hitpool, &it);
+            if (!rc && i < n_ext && i + need >= n_ext && cpu == KVT_NULL_BLOCK)
+                rc = kvt_fail(KVT_EINVAL,
+                              "offload: after_alloc: %u of the %u tokens offered end where group "
+                              "%u (%s) needs blocks the hit does not hold; take the whole hit "
+                              "or none",
+                              num_external, r->hit_len, g,
+                              gs->kind == KVT_GROUP_SLIDING ? "sliding window" : "Mamba");
             if (rc || i >= n_ext || cpu == KVT_NULL_BLOCK)
                 continue;
             if ((uint64_t)start + i >= n_blocks[g]) {

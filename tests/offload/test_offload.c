@@ -435,6 +435,9 @@ static void null_blocks_never_appear_in_transfers(void **state)
     assert_int_equal(hit, 3 * SIM_BS);
     KVT_OK_(kvt_pool_alloc(gpu, 4, fa));
     KVT_OK_(kvt_pool_alloc(gpu, 2, sw + 2));
+    /* two blocks of the three: the window needs block 1, which the hit left out */
+    KVT_ERR_(kvt_offload_after_alloc(m, "q", 1, tab, nb, 2 * SIM_BS), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "take the whole hit or none"));
     KVT_OK_(kvt_offload_after_alloc(m, "q", 1, tab, nb, hit));
     KVT_OK_(kvt_offload_build_meta(m, false, meta));
     assert_int_equal(meta->n_loads, 4); /* 3 + the one window block */

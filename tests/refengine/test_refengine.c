@@ -80,11 +80,12 @@ static void test_chunking_is_invisible(void **state)
 /* The engine (tp ranks, paged KV, chunked prefill, fixed tiles, vectorized attention) against
  * the plain double-precision computation of the same model: every generated token is the
  * reference's greedy choice after the same prefix. */
-static void check_against_reference(uint32_t tp)
+static void check_against_reference(uint32_t tp, uint32_t window)
 {
     ref_engine_config cfg;
     ref_engine_config_init(&cfg);
     cfg.model.tp = tp;
+    cfg.model.window = window;   /* > 0: odd layers attend to a sliding window */
     cfg.max_batched_tokens = 48; /* several chunks */
     cfg.gpu_blocks = 64;
     char err[256];
@@ -133,9 +134,19 @@ static void check_against_reference(uint32_t tp)
 static void test_engine_computes_the_model(void **state)
 {
     (void)state;
-    check_against_reference(1);
-    check_against_reference(2);
-    check_against_reference(4);
+    check_against_reference(1, 0);
+    check_against_reference(2, 0);
+    check_against_reference(4, 0);
+}
+
+/* A hybrid model (full and sliding-window layers, two KV-cache groups, the window group's
+ * blocks behind the window freed and nulled) computes the plain reference as well; a window
+ * of 40 tokens is not a multiple of the block. */
+static void test_hybrid_engine_computes_the_model(void **state)
+{
+    (void)state;
+    check_against_reference(1, 40);
+    check_against_reference(2, 40);
 }
 
 static void test_encoder_is_deterministic(void **state)
@@ -174,13 +185,14 @@ struct wl_result {
     uint32_t host_hit_turns;
 };
 
-static void run_workload(uint32_t gpu_blocks, uint64_t cpu_bytes, bool lazy, uint32_t tp,
-                         struct wl_result *res)
+static void run_workload_w(uint32_t gpu_blocks, uint64_t cpu_bytes, bool lazy, uint32_t tp,
+                           uint32_t window, struct wl_result *res)
 {
     enum { CONVS = 6, TURNS = 3, ANSWER = 8 };
     ref_engine_config cfg;
     ref_engine_config_init(&cfg);
     cfg.model.tp = tp;
+    cfg.model.window = window;
     cfg.gpu_blocks = gpu_blocks;
     cfg.max_batched_tokens = 128;
     cfg.max_running = 4;
@@ -244,6 +256,12 @@ static void run_workload(uint32_t gpu_blocks, uint64_t cpu_bytes, bool lazy, uin
     ref_engine_destroy(e);
 }
 
+static void run_workload(uint32_t gpu_blocks, uint64_t cpu_bytes, bool lazy, uint32_t tp,
+                         struct wl_result *res)
+{
+    run_workload_w(gpu_blocks, cpu_bytes, lazy, tp, 0, res);
+}
+
 static void test_host_tier_changes_nothing_but_the_work(void **state)
 {
     (void)state;
@@ -262,6 +280,24 @@ static void test_host_tier_changes_nothing_but_the_work(void **state)
     assert_int_equal(without.leaked_gpu + with.leaked_gpu + lazy.leaked_gpu, 0);
     assert_int_equal(with.leaked_host + lazy.leaked_host, 0);
     assert_int_equal(with.st.images_encoded, 3);
+}
+
+/* The hybrid model through the host tier: the same tokens, host hits in both groups (the
+ * window group's nulled blocks recovered from the GPU pool's cache when stored), every loaded
+ * block verified against the KV computed for its hash, nothing left referenced. */
+static void test_hybrid_host_tier_changes_nothing_but_the_work(void **state)
+{
+    (void)state;
+    static struct wl_result without, with;
+    run_workload_w(128, 0, false, 2, 40, &without);
+    run_workload_w(128, 64u << 20, false, 2, 40, &with);
+    assert_memory_equal(without.tok, with.tok, sizeof(with.tok));
+    assert_int_equal(without.st.host_hit_tokens, 0);
+    assert_true(with.st.host_hit_tokens > 0 && with.st.loaded_bytes > 0);
+    assert_true(with.st.prefill_tokens < without.st.prefill_tokens);
+    assert_true(with.st.kv_loads_verified > 0);
+    assert_int_equal(with.st.kv_blocks_mismatched, 0);
+    assert_int_equal(without.leaked_gpu + with.leaked_gpu + with.leaked_host, 0);
 }
 
 static void test_preemption_recomputes_the_same(void **state)
@@ -323,7 +359,9 @@ int main(void)
         cmocka_unit_test(test_chunking_is_invisible),
         cmocka_unit_test(test_encoder_is_deterministic),
         cmocka_unit_test(test_engine_computes_the_model),
+        cmocka_unit_test(test_hybrid_engine_computes_the_model),
         cmocka_unit_test(test_host_tier_changes_nothing_but_the_work),
+        cmocka_unit_test(test_hybrid_host_tier_changes_nothing_but_the_work),
         cmocka_unit_test(test_preemption_recomputes_the_same),
         cmocka_unit_test(test_bad_requests_are_refused),
     };

@@ -144,6 +144,10 @@ class Json(unittest.TestCase):
             d = json.loads(p.stdout)
             self.assertTrue(d["identical"])
             self.assertEqual(d["config"]["tp"], 1)
+            h = d["hybrid"]  # runs 4 and 5: the hybrid model
+            self.assertTrue(h["identical"] and h["offload_worked"] and h["kv_equal"])
+            self.assertEqual(h["window"], 256)
+            self.assertGreater(h["host_tier_hit_rate"], 0)
             with open(os.path.join(out, "report.json")) as f:
                 self.assertEqual(json.load(f), d)
             if shutil.which("gnuplot"):
@@ -151,7 +155,7 @@ class Json(unittest.TestCase):
             else:
                 print("skipped: the plot check (no gnuplot)")
             # progress goes to stderr as lines when stderr is not a terminal
-            self.assertIn("demo: run 3/3:", p.stderr)
+            self.assertIn("demo: run 5/5:", p.stderr)
 
 
 if __name__ == "__main__":

@@ -6,10 +6,13 @@
  *   2. with the host tier (kvt_offload + one kvt_worker per rank; eager stores, or --lazy);
  *   3. with the host tier and encoder disaggregation: an encoder process (`kvtier
  *      ec-encoder`) computes the image embeddings and pushes them over UCX (loopback) into
- *      the engine's consumer shards, one per rank.
- * It checks that every run generated the same tokens and that every transferred embedding
- * equals the locally computed one, prints a table, writes report.json and a plot of the TTFT
- * distributions, and exits non-zero if a check failed.
+ *      the engine's consumer shards, one per rank;
+ * then, for a hybrid model whose odd layers attend to a sliding window (two KV-cache groups,
+ * the window group's blocks behind the window freed and nulled as vLLM does), twice more:
+ *   4. without offload; 5. with the host tier.
+ * It checks that runs 1-3 generated the same tokens, runs 4 and 5 too, and that every
+ * transferred embedding equals the locally computed one, prints tables, writes report.json
+ * and a plot of the TTFT distributions, and exits non-zero if a check failed.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -37,6 +40,7 @@
 struct opts {
     uint32_t convs, turns, tp, concurrency, n_sys, sys_len, doc_min, doc_max, user_min, user_max;
     uint32_t answer, n_images, gpu_blocks, max_batched;
+    uint32_t window, n_runs; /* hybrid runs 4 and 5: their sliding window (0: none), runs */
     uint64_t cpu_bytes, seed;
     bool lazy, json, plot, progress;
     uint32_t inject; /* ref_inject */
@@ -129,7 +133,7 @@ static void progress(const struct opts *o, int run, uint32_t done, uint32_t tota
         if (done == 0)
             last = now;
         if (done == total || now - last >= 5.0) {
-            fprintf(stderr, "demo: run %d/3: %u/%u turns\n", run, done, total);
+            fprintf(stderr, "demo: run %d/%u: %u/%u turns\n", run, o->n_runs, done, total);
             last = now;
         }
         return;
@@ -139,7 +143,7 @@ static void progress(const struct opts *o, int run, uint32_t done, uint32_t tota
     for (uint32_t i = 0; i < 40; i++)
         bar[i] = i < fill ? '#' : '.';
     bar[40] = 0;
-    fprintf(stderr, "\r  run %d/3 [%s] %u/%u turns", run, bar, done, total);
+    fprintf(stderr, "\r  run %d/%u [%s] %u/%u turns", run, o->n_runs, bar, done, total);
     if (done == total)
         fprintf(stderr, "\r%70s\r", "");
     fflush(stderr);
@@ -171,7 +175,8 @@ static int run_once(const struct opts *o, int which, struct run *res)
     ec.gpu_blocks = o->gpu_blocks;
     ec.max_batched_tokens = o->max_batched;
     ec.max_running = o->concurrency * 2;
-    ec.cpu_bytes = which == 1 ? 0 : o->cpu_bytes;
+    ec.cpu_bytes = which == 1 || which == 4 ? 0 : o->cpu_bytes;
+    ec.model.window = which >= 4 ? o->window : 0; /* the hybrid model */
     ec.lazy = o->lazy;
     ec.inject = o->inject;
     ec.remote_images = which == 3;
@@ -435,13 +440,14 @@ int kvt_demo_engine(int argc, char **argv)
                      .n_images = 8,
                      .gpu_blocks = 512,
                      .max_batched = 512,
+                     .window = 256,
                      .cpu_bytes = 512ull << 20,
                      .seed = 1,
                      .plot = true,
                      .out_dir = "."};
     uint64_t convs = o.convs, turns = o.turns, tp = o.tp, conc = o.concurrency;
     uint64_t answer = o.answer, images = o.n_images, gpu_blocks = o.gpu_blocks;
-    uint64_t max_batched = o.max_batched, doc_max = o.doc_max;
+    uint64_t max_batched = o.max_batched, doc_max = o.doc_max, window = o.window;
     bool no_plot = false, no_progress = false;
     const char *inject = NULL;
     const kvt_opt opts[] = {
@@ -466,6 +472,10 @@ int kvt_demo_engine(int argc, char **argv)
          .lo = 1, .hi = 512},
         {"images", KVT_OPT_U64, &images, "N", "distinct images (default 8; 0: none)", .lo = 0,
          .hi = 4096},
+        {"hybrid-window", KVT_OPT_U64, &window, "N",
+         "runs 4-5: a hybrid model whose odd layers attend to the last N tokens\n"
+         "(default 256; 0: no hybrid runs)",
+         .lo = 0, .hi = 8000},
         {"seed", KVT_OPT_U64, &o.seed, "N", "workload and weights seed (default 1)", .lo = 0,
          .hi = UINT64_MAX},
         {"out", KVT_OPT_STR, &o.out_dir, "DIR", "where report.json and ttft.svg go (default .)"},
@@ -487,10 +497,12 @@ int kvt_demo_engine(int argc, char **argv)
             "  cache, a vLLM-like scheduler, tensor-parallel ranks as threads, a vision encoder)\n"
             "  serves a multi-turn chat workload with images three times: without offload, with\n"
             "  the host tier, and with the host tier plus an encoder process pushing embeddings\n"
-            "  over UCX. Checks that the generated tokens are identical, every transferred\n"
-            "  embedding equals the local one, the host tier was hit and saved prefill, every\n"
-            "  block loaded from it holds the KV computed for its hash (checksums per rank) and\n"
-            "  nothing leaked; prints a table, writes report.json and ttft.svg (gnuplot).\n",
+            "  over UCX; then a hybrid model (full and sliding-window layers) twice, without\n"
+            "  and with the host tier. Checks that the generated tokens are identical (runs 1-3,\n"
+            "  and runs 4-5), every transferred embedding equals the local one, the host tier\n"
+            "  was hit and saved prefill, every block loaded from it holds the KV computed for\n"
+            "  its hash (checksums per rank and KV-cache group) and nothing leaked; prints the\n"
+            "  tables, writes report.json and ttft.svg (gnuplot).\n",
         .opts = opts,
         .n_opts = sizeof(opts) / sizeof(opts[0]),
         .footer = "  Exit code 0: all passed; 1: a check failed (named); 2: a usage error.\n"
@@ -505,6 +517,8 @@ int kvt_demo_engine(int argc, char **argv)
     o.concurrency = (uint32_t)conc, o.answer = (uint32_t)answer, o.n_images = (uint32_t)images;
     o.gpu_blocks = (uint32_t)gpu_blocks, o.max_batched = (uint32_t)max_batched;
     o.doc_max = (uint32_t)doc_max;
+    o.window = (uint32_t)window;
+    o.n_runs = o.window ? 5 : 3;
     o.plot = !no_plot;
     o.progress = !no_progress;
     static const char *const inject_names[] = {"corrupt", "swap", "drop"};
@@ -552,11 +566,13 @@ int kvt_demo_engine(int argc, char **argv)
             (double)(o.gpu_blocks - 1) * REF_BT * kv_tok / (1 << 20), kv_tok / 1024.0,
             (double)o.cpu_bytes / (1 << 20), o.lazy ? " (lazy stores)" : " (eager stores)");
     fflush(tbl);
-    struct run runs[3] = {{.name = "without offload"},
+    struct run runs[5] = {{.name = "without offload"},
                           {.name = "with host tier"},
-                          {.name = "host tier + encoder process"}};
+                          {.name = "host tier + encoder process"},
+                          {.name = "hybrid, without offload"},
+                          {.name = "hybrid, with host tier"}};
     int bad = 0;
-    for (int r = 0; r < 3; r++) {
+    for (int r = 0; r < (int)o.n_runs; r++) {
         runs[r].t = calloc(o.convs * o.turns, sizeof(struct turn_rec));
         if (!runs[r].t || run_once(&o, r + 1, &runs[r]))
             bad = 1;
@@ -578,8 +594,16 @@ int kvt_demo_engine(int argc, char **argv)
     }
     double speedup = p50_w > 0 ? p50_wo / p50_w : 0;
     bool leaks = false;
-    for (int r = 0; r < 3 && !bad; r++)
+    for (int r = 0; r < (int)o.n_runs && !bad; r++)
         leaks |= runs[r].leaked_gpu || runs[r].leaked_host;
+    /* the hybrid pair: the same tokens, host-tier hits, every loaded block (both groups) right */
+    const struct run *h0 = &runs[3], *h1 = &runs[4];
+    uint32_t bh = 0;
+    bool hyb = o.window && !bad;
+    bool hyb_identical = !hyb || same_tokens(&o, h0, h1, &bh);
+    bool hyb_worked = !hyb || (h1->st.host_hit_tokens > 0 && h1->st.loaded_bytes > 0 &&
+                               h1->st.prefill_tokens < h0->st.prefill_tokens);
+    bool hyb_kv = !hyb || (h1->st.kv_blocks_mismatched == 0 && h1->st.kv_loads_verified > 0);
     /* offload must have done its work: a run that loaded nothing proves nothing */
     bool offload_worked = !bad && runs[1].st.host_hit_tokens > 0 && runs[1].st.loaded_bytes > 0 &&
                           runs[1].st.prefill_tokens < runs[0].st.prefill_tokens;
@@ -667,6 +691,54 @@ int kvt_demo_engine(int argc, char **argv)
                     i / o.turns, i % o.turns);
         }
     }
+    if (hyb) {
+        fprintf(tbl,
+                "\nhybrid model: layers 1 and 3 attend to the last %u tokens (two KV-cache "
+                "groups: full and sliding window)\n%-44s %15s %15s\n",
+                o.window, "", "without offload", "with host tier");
+#define HROW(label, fmt, expr)                                                                     \
+    do {                                                                                           \
+        double v_[2];                                                                              \
+        for (int r_ = 0; r_ < 2; r_++) {                                                           \
+            const struct run *R = &runs[3 + r_];                                                   \
+            v_[r_] = (expr);                                                                       \
+        }                                                                                          \
+        fprintf(tbl, "%-44s " fmt " " fmt "  \n", label, v_[0], v_[1]);                            \
+    } while (0)
+        HROW("prompt tokens", "%15.0f", (double)R->st.prompt_tokens);
+        HROW("  hit in the GPU prefix cache (%)", "%15.1f",
+             100.0 * R->st.gpu_hit_tokens / (double)R->st.prompt_tokens);
+        HROW("  loaded from the host tier (%)", "%15.1f",
+             100.0 * R->st.host_hit_tokens / (double)R->st.prompt_tokens);
+        HROW("prefill tokens computed", "%15.0f", (double)R->st.prefill_tokens);
+        HROW("TTFT p50, all turns (ms)", "%15.1f",
+             ttft_ms(&o, runs, (int)(R - runs), false, .5, NULL));
+        HROW("wall time (s)", "%15.2f", R->wall);
+        HROW("KV loaded from the host tier (MiB)", "%15.1f", R->st.loaded_bytes / 1048576.0);
+        HROW("preemptions", "%15.0f", (double)R->st.preemptions);
+#undef HROW
+        fprintf(tbl, "hybrid: generated tokens identical with and without offload: %s\n",
+                hyb_identical ? "yes" : "NO");
+        fprintf(tbl,
+                "hybrid: the host tier did its work: %s (%.1f%% of prompt tokens loaded from "
+                "it, %llu vs %llu prefill tokens)\n",
+                hyb_worked ? "yes" : "NO",
+                100.0 * h1->st.host_hit_tokens /
+                    (double)(h1->st.prompt_tokens ? h1->st.prompt_tokens : 1),
+                (unsigned long long)h1->st.prefill_tokens,
+                (unsigned long long)h0->st.prefill_tokens);
+        fprintf(tbl,
+                "hybrid: every loaded KV block (both groups) equal to the KV computed for its "
+                "hash: %s (%llu verified, %llu different)\n",
+                hyb_kv ? "yes" : "NO", (unsigned long long)h1->st.kv_loads_verified,
+                (unsigned long long)h1->st.kv_blocks_mismatched);
+        if (h1->st.kv_blocks_mismatched)
+            fprintf(stderr, "demo: KV check failed in run 5 (%s): %s\n", h1->name,
+                    h1->st.kv_first_mismatch);
+        if (!hyb_identical)
+            fprintf(stderr, "demo: hybrid: conversation %u turn %u generated different tokens\n",
+                    bh / o.turns, bh % o.turns);
+    }
     /* report.json */
     char path[4096];
     snprintf(path, sizeof(path), "%s/report.json", o.out_dir);
@@ -716,6 +788,24 @@ int kvt_demo_engine(int argc, char **argv)
             rep = NULL;
         }
         json_decref(more);
+        if (rep && hyb) {
+            const ref_engine_stats *t1 = &h1->st;
+            json_t *hj = json_pack(
+                "{s:i, s:b, s:b, s:b, s:o, s:[I,I], s:I, s:I, s:[o,o], s:[o,o]}", "window",
+                (int)o.window, "identical", hyb_identical, "offload_worked", hyb_worked, "kv_equal",
+                hyb_kv, "host_tier_hit_rate",
+                kvt_json_real(t1->host_hit_tokens / (double)t1->prompt_tokens), "prefill_tokens",
+                (json_int_t)h0->st.prefill_tokens, (json_int_t)t1->prefill_tokens,
+                "kv_blocks_verified", (json_int_t)t1->kv_loads_verified, "bytes_loaded",
+                (json_int_t)t1->loaded_bytes, "ttft_p50_ms_all",
+                kvt_json_real(ttft_ms(&o, runs, 3, false, .5, NULL)),
+                kvt_json_real(ttft_ms(&o, runs, 4, false, .5, NULL)), "wall_s",
+                kvt_json_real(h0->wall), kvt_json_real(h1->wall));
+            if (!hj || json_object_set_new(rep, "hybrid", hj) != 0) {
+                json_decref(rep);
+                rep = NULL;
+            }
+        }
     } else {
         rep = json_pack("{s:b, s:b, s:s}", "identical", 0, "ec_identical", 0, "error",
                         "a run failed (see stderr)");
@@ -740,17 +830,18 @@ int kvt_demo_engine(int argc, char **argv)
         fprintf(tbl, "wrote %s and %s/ttft.svg\n", path, o.out_dir);
     else if (!bad)
         fprintf(tbl, "wrote %s\n", path);
-    for (int r = 0; r < 3; r++) {
+    for (int r = 0; r < 5; r++) {
         for (uint32_t i = 0; runs[r].t && i < o.convs * o.turns; i++)
             free(runs[r].t[i].gen);
         free(runs[r].t);
     }
-    bool pass = !bad && identical && ec_identical && !leaks && offload_worked && kv_equal;
+    bool pass = !bad && identical && ec_identical && !leaks && offload_worked && kv_equal &&
+                hyb_identical && hyb_worked && hyb_kv;
     if (pass) {
         fprintf(tbl, "demo: all checks passed\n");
     } else {
         /* name the checks that caught it (stderr too: the caller may read only that) */
-        const char *failed[6];
+        const char *failed[9];
         uint32_t nf = 0;
         if (bad)
             failed[nf++] = "a run failed";
@@ -764,6 +855,12 @@ int kvt_demo_engine(int argc, char **argv)
             failed[nf++] = "no blocks left referenced";
         if (!bad && !offload_worked)
             failed[nf++] = "the host tier did its work";
+        if (!hyb_identical)
+            failed[nf++] = "hybrid: identical tokens";
+        if (!hyb_worked)
+            failed[nf++] = "hybrid: the host tier did its work";
+        if (!hyb_kv)
+            failed[nf++] = "hybrid: KV check";
         for (FILE *f = tbl; f; f = f == stderr ? NULL : stderr) {
             fprintf(f, "demo: FAILED:");
             for (uint32_t k = 0; k < nf; k++)

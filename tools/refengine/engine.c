@@ -39,6 +39,8 @@ struct req {
     uint8_t *hashes; /* full blocks of tok[0..len) */
     uint32_t n_hashed;
     uint32_t *blocks, n_blocks, blocks_cap;
+    uint32_t *sw; /* hybrid: the windowed layers' table (n_blocks entries; KVT_NULL_BLOCK behind
+                     the window) */
     uint32_t computed, cached; /* tokens whose KV is in place; blocks cached in the pool */
     uint32_t load_tokens;      /* host-hit tokens being loaded */
     uint32_t verified;         /* blocks below this were checked as loaded (not recorded) */
@@ -69,6 +71,7 @@ struct rank_out {
 struct ref_engine {
     ref_engine_config cfg;
     uint32_t tp, max_tok;
+    uint32_t ng; /* KV-cache groups: 1, or 2 for a hybrid model (full + sliding window) */
     kvt_pool *gpu;
     kvt_offload *off;
     kvt_offload_meta meta;
@@ -372,10 +375,11 @@ static void req_free(struct req *r)
     free(r->img_slot);
     free(r->hashes);
     free(r->blocks);
+    free(r->sw);
     free(r);
 }
 
-static int reserve_blocks(struct req *r, uint32_t n)
+static int reserve_blocks(ref_engine *e, struct req *r, uint32_t n)
 {
     if (n <= r->blocks_cap)
         return 0;
@@ -384,8 +388,39 @@ static int reserve_blocks(struct req *r, uint32_t n)
     if (!b)
         return -1;
     r->blocks = b;
+    if (e->ng == 2) {
+        if (!(b = realloc(r->sw, nc * sizeof(*b))))
+            return -1;
+        r->sw = b;
+    }
     r->blocks_cap = nc;
     return 0;
+}
+
+/* r's block tables as kvtier takes them, one per KV-cache group. */
+static const uint32_t *const *tables(const ref_engine *e, const struct req *r, const uint32_t **tab,
+                                     uint32_t *nb)
+{
+    tab[0] = r->blocks;
+    nb[0] = r->n_blocks;
+    if (e->ng == 2) {
+        tab[1] = r->sw;
+        nb[1] = r->n_blocks;
+    }
+    return tab;
+}
+
+/* Hybrid: as vLLM, the windowed group's blocks that no later token can see (wholly before
+ * the window of position `computed`) are freed and nulled; they stay cached in the pool
+ * until reused. */
+static void drop_behind(ref_engine *e, struct req *r)
+{
+    uint32_t w = e->cfg.model.window;
+    for (uint32_t j = 0; e->ng == 2 && j < r->n_blocks; j++)
+        if ((j + 1) * REF_BT + w - 1 <= r->computed && r->sw[j] != KVT_NULL_BLOCK) {
+            kvt_pool_free(e->gpu, &r->sw[j], 1);
+            r->sw[j] = KVT_NULL_BLOCK;
+        }
 }
 
 /* Extends the chained hashes to every full block of tok[0..len); a block that holds image
@@ -420,7 +455,7 @@ int ref_engine_add(ref_engine *e, const ref_request_spec *s, char *err, size_t c
     if (!s->n_tokens || !s->max_new || s->n_tokens + s->max_new > e->cfg.max_len)
         return fail(err, cap, "request %s: %u prompt + %u new tokens: must be 1..%u", s->id,
                     s->n_tokens, s->max_new, e->cfg.max_len);
-    uint32_t need_blocks = (s->n_tokens + s->max_new + REF_BT - 1) / REF_BT;
+    uint32_t need_blocks = (s->n_tokens + s->max_new + REF_BT - 1) / REF_BT * e->ng;
     if (need_blocks > e->cfg.gpu_blocks - 1)
         return fail(err, cap, "request %s needs %u KV blocks; the GPU tier has %u", s->id,
                     need_blocks, e->cfg.gpu_blocks - 1);
@@ -492,6 +527,9 @@ static void free_blocks(ref_engine *e, struct req *r)
     }
     if (r->n_blocks)
         kvt_pool_free(e->gpu, r->blocks, r->n_blocks);
+    for (uint32_t j = r->n_blocks; e->ng == 2 && j-- > 0;)
+        if (r->sw[j] != KVT_NULL_BLOCK)
+            kvt_pool_free(e->gpu, &r->sw[j], 1);
     r->n_blocks = 0;
 }
 
@@ -499,10 +537,12 @@ static void free_blocks(ref_engine *e, struct req *r)
 static int preempt(ref_engine *e, struct req *v, char *err, size_t cap)
 {
     if (e->off) {
-        const uint32_t *tab[1] = {v->blocks};
-        uint32_t nb[1] = {v->n_blocks};
+        const uint32_t *tab[2];
+        uint32_t nb[2];
         /* its confirmed blocks are flushed to the host tier before the blocks are reused */
-        if (off_check(kvt_offload_request_finished(e->off, v->id, v->idlen, tab, nb, v->computed),
+        if (off_check(kvt_offload_request_finished_hashed(e->off, v->id, v->idlen,
+                                                          tables(e, v, tab, nb), nb, v->hashes,
+                                                          v->n_hashed, v->computed),
                       "request_finished (preemption)", err, cap))
             return -1;
     }
@@ -527,7 +567,7 @@ static int grow(ref_engine *e, struct req *r, uint32_t n_tokens, bool may_preemp
     if (need <= r->n_blocks)
         return 0;
     uint32_t more = need - r->n_blocks;
-    while (kvt_pool_num_free(e->gpu) < more) {
+    while (kvt_pool_num_free(e->gpu) < more * e->ng) {
         if (!may_preempt)
             return 1;
         struct req *v = NULL;
@@ -539,8 +579,10 @@ static int grow(ref_engine *e, struct req *r, uint32_t n_tokens, bool may_preemp
         if (!v)
             return 1;
     }
-    if (reserve_blocks(r, need) ||
-        off_check(kvt_pool_alloc(e->gpu, more, r->blocks + r->n_blocks), "alloc", err, cap))
+    if (reserve_blocks(e, r, need) ||
+        off_check(kvt_pool_alloc(e->gpu, more, r->blocks + r->n_blocks), "alloc", err, cap) ||
+        (e->ng == 2 &&
+         off_check(kvt_pool_alloc(e->gpu, more, r->sw + r->n_blocks), "alloc", err, cap)))
         return -1;
     r->n_blocks = need;
     return 0;
@@ -569,6 +611,7 @@ static void add_chunk(ref_engine *e, struct req *r, uint32_t chunk)
     s->n = chunk;
     s->start_pos = r->computed;
     s->blocks = r->blocks;
+    s->sw_blocks = r->sw;
     s->sample = r->computed + chunk == r->len;
     for (uint32_t i = 0; i < chunk; i++) {
         uint32_t pos = r->computed + i;
@@ -590,13 +633,13 @@ static int admit(ref_engine *e, struct req *r, uint32_t budget, char *err, size_
 {
     if (hash_blocks(e, r))
         return fail(err, cap, "hashing failed: %s", kvt_last_error());
-    uint32_t nfull = r->len / REF_BT, hit_ids[1024];
+    uint32_t nfull = r->len / REF_BT, hit_ids[2][1024], ng = e->ng;
     /* room for a first chunk, before looking anything up */
     uint32_t free_blocks = kvt_pool_num_free(e->gpu);
     uint32_t first_chunk = r->len < budget ? r->len : budget;
-    if (free_blocks < (first_chunk + REF_BT - 1) / REF_BT)
+    if (free_blocks < (first_chunk + REF_BT - 1) / REF_BT * ng)
         return 0;
-    uint32_t *outs[1] = {hit_ids};
+    uint32_t *outs[2] = {hit_ids[0], hit_ids[1]};
     kvt_hit hit;
     uint32_t limit = nfull < 1024 ? nfull : 1024;
     if (off_check(kvt_pool_find_longest_hit(e->gpu, r->hashes, limit, r->len - 1, outs, &hit),
@@ -609,29 +652,53 @@ static int admit(ref_engine *e, struct req *r, uint32_t budget, char *err, size_
         return -1;
     /* accept as much of the host hit as fits (fewer tokens than offered is allowed); without
      * one, blocks for the hit and the first chunk */
-    /* the hit blocks nobody holds leave the free queue when touched */
-    uint32_t hit_free = 0;
-    for (uint32_t i = 0; i < nhit; i++) {
-        kvt_block_info bi;
-        hit_free += kvt_pool_block_info(e->gpu, hit_ids[i], &bi) == 0 && bi.is_free;
-    }
-    uint32_t room = free_blocks - hit_free;
+    /* the hit blocks nobody holds leave the free queue when touched (a window group's hit
+     * has null blocks where no later token looks) */
+    uint32_t hit_free = 0, touch[2 * 1024], n_touch = 0;
+    for (uint32_t g = 0; g < ng; g++)
+        for (uint32_t i = 0; i < nhit; i++) {
+            kvt_block_info bi;
+            if (hit_ids[g][i] == KVT_NULL_BLOCK)
+                continue;
+            touch[n_touch++] = hit_ids[g][i];
+            hit_free += kvt_pool_block_info(e->gpu, hit_ids[g][i], &bi) == 0 && bi.is_free;
+        }
+    uint32_t avail = free_blocks - hit_free, room = avail / ng; /* a block in every group */
     if (room == 0) /* its pinned host hit, if any, is released by the next match */
         return 0;
-    if (host > room * REF_BT)
+    /* A hybrid hit is taken whole or not at all (the window group's blocks before a shorter
+     * end are not in it); as in vLLM, the window group gets no block where the loaded hit
+     * needs none (wholly before the window of its end): those stay null. */
+    if (ng == 2 && host) {
+        uint32_t end = hit.length + host, nb = (end + REF_BT - 1) / REF_BT, want = nb - nhit;
+        for (uint32_t j = nhit; j < nb; j++)
+            want += (j + 1) * REF_BT + e->cfg.model.window - 1 > end;
+        if (want > avail)
+            host = 0;
+    } else if (host > room * REF_BT) {
         host = room * REF_BT;
+    }
     uint32_t rest = r->len - hit.length;
     uint32_t first = host ? 0 : (rest < budget ? rest : budget);
     if (!host && (first + REF_BT - 1) / REF_BT > room)
         first = room * REF_BT;
     uint32_t need = (hit.length + host + first + REF_BT - 1) / REF_BT;
-    if (reserve_blocks(r, need) ||
-        off_check(kvt_pool_touch(e->gpu, hit_ids, nhit), "touch", err, cap))
+    if (reserve_blocks(e, r, need) ||
+        off_check(kvt_pool_touch(e->gpu, touch, n_touch), "touch", err, cap))
         return -1;
-    memcpy(r->blocks, hit_ids, nhit * sizeof(uint32_t));
+    memcpy(r->blocks, hit_ids[0], nhit * sizeof(uint32_t));
     if (need > nhit &&
         off_check(kvt_pool_alloc(e->gpu, need - nhit, r->blocks + nhit), "alloc", err, cap))
         return -1;
+    if (ng == 2) {
+        memcpy(r->sw, hit_ids[1], nhit * sizeof(uint32_t));
+        for (uint32_t j = nhit; j < need; j++) {
+            bool behind = host && (j + 1) * REF_BT + e->cfg.model.window - 1 <= hit.length + host;
+            r->sw[j] = KVT_NULL_BLOCK;
+            if (!behind && off_check(kvt_pool_alloc(e->gpu, 1, &r->sw[j]), "alloc", err, cap))
+                return -1;
+        }
+    }
     r->n_blocks = need;
     r->cached = nhit;
     r->computed = hit.length;
@@ -644,10 +711,11 @@ static int admit(ref_engine *e, struct req *r, uint32_t budget, char *err, size_
         r->admitted_once = true;
     }
     if (e->off) {
-        const uint32_t *tab[1] = {r->blocks};
-        uint32_t nb[1] = {r->n_blocks};
-        if (off_check(kvt_offload_after_alloc(e->off, r->id, r->idlen, tab, nb, host),
-                      "after_alloc", err, cap))
+        const uint32_t *tab[2];
+        uint32_t nb[2];
+        if (off_check(
+                kvt_offload_after_alloc(e->off, r->id, r->idlen, tables(e, r, tab, nb), nb, host),
+                "after_alloc", err, cap))
             return -1;
     }
     if (host) {
@@ -672,11 +740,13 @@ static int run_chunk(ref_engine *e, struct req *r, uint32_t *budget, bool may_pr
     if (g)
         return g;
     if (e->off) {
-        const uint32_t *tab[1] = {r->blocks};
-        uint32_t nb[1] = {r->n_blocks};
-        if (off_check(kvt_offload_schedule(e->off, r->id, r->idlen, tab, nb, r->computed, chunk,
-                                           r->resumed),
-                      "schedule", err, cap))
+        /* with the hashes: a window group's nulled blocks still cached are stored too */
+        const uint32_t *tab[2];
+        uint32_t nb[2];
+        int left =
+            kvt_offload_schedule_hashed(e->off, r->id, r->idlen, tables(e, r, tab, nb), nb,
+                                        r->hashes, r->n_hashed, r->computed, chunk, r->resumed);
+        if (off_check(left < 0 ? left : 0, "schedule", err, cap))
             return -1;
     }
     r->resumed = false;
@@ -732,9 +802,11 @@ static int schedule(ref_engine *e, char *err, size_t cap)
 static int finish(ref_engine *e, struct req *r, char *err, size_t cap)
 {
     if (e->off) {
-        const uint32_t *tab[1] = {r->blocks};
-        uint32_t nb[1] = {r->n_blocks};
-        if (off_check(kvt_offload_request_finished(e->off, r->id, r->idlen, tab, nb, r->computed),
+        const uint32_t *tab[2];
+        uint32_t nb[2];
+        if (off_check(kvt_offload_request_finished_hashed(e->off, r->id, r->idlen,
+                                                          tables(e, r, tab, nb), nb, r->hashes,
+                                                          r->n_hashed, r->computed),
                       "request_finished", err, cap))
             return -1;
     }
@@ -765,14 +837,17 @@ static int finish(ref_engine *e, struct req *r, char *err, size_t cap)
 
 /* ---- the KV check --------------------------------------------------------------------------- */
 
-/* Checksum of block b's KV on rank r: every region of the rank's layout, chained. */
-static uint64_t kv_checksum(ref_engine *e, uint32_t r, uint32_t b)
+/* Checksum of block b of group g on rank r: the regions (a K and a V per layer) of the
+ * layers that use the group's blocks, chained. */
+static uint64_t kv_checksum(ref_engine *e, uint32_t r, uint32_t b, uint32_t g)
 {
     const kvt_region *reg = kvt_layout_regions(e->layout[r]);
     uint64_t h = 0x6b76636b;
     for (uint32_t i = 0; i < kvt_layout_num_regions(e->layout[r]); i++)
-        h = kvt_hash64((const void *)(uintptr_t)(reg[i].base + (uint64_t)b * reg[i].block_bytes),
-                       reg[i].block_bytes, h);
+        if (e->ng == 1 || ref_layer_windowed(&e->cfg.model, i / 2) == (g == 1))
+            h = kvt_hash64(
+                (const void *)(uintptr_t)(reg[i].base + (uint64_t)b * reg[i].block_bytes),
+                reg[i].block_bytes, h);
     return h;
 }
 
@@ -818,28 +893,32 @@ static struct kv_sum *kv_slot(ref_engine *e, const uint8_t *hash, bool add)
 /* Block j of request r (GPU block b) holds KV the engine either computed (record its checksum
  * the first time its hash is seen, compare after) or loaded (compare: it must be what was
  * computed). Returns -1 only when out of memory. */
-static int kv_check_block(ref_engine *e, struct req *r, uint32_t j, bool loaded)
+static int kv_check_block(ref_engine *e, struct req *r, uint32_t j, uint32_t g, bool loaded)
 {
     const char *how = loaded ? "loaded from the host tier" : "computed again";
-    const uint8_t *hash = r->hashes + (size_t)j * KVT_BLOCK_HASH_LEN;
-    uint32_t b = r->blocks[j];
+    uint8_t hash[KVT_BLOCK_HASH_LEN]; /* per group: the window group's KV is another */
+    memcpy(hash, r->hashes + (size_t)j * KVT_BLOCK_HASH_LEN, sizeof(hash));
+    hash[0] ^= (uint8_t)(g * 0x5b);
+    uint32_t b = g ? r->sw[j] : r->blocks[j];
+    if (b == KVT_NULL_BLOCK)
+        return 0;
     struct kv_sum *k = kv_slot(e, hash, false);
     if (!k) {
         if (!(k = kv_slot(e, hash, true)))
             return -1;
         for (uint32_t rk = 0; rk < e->tp; rk++)
-            k->per_rank[rk] = kv_checksum(e, rk, b);
+            k->per_rank[rk] = kv_checksum(e, rk, b, g);
         e->st.kv_blocks_recorded++;
         return 0;
     }
     for (uint32_t rk = 0; rk < e->tp; rk++) {
-        if (kv_checksum(e, rk, b) == k->per_rank[rk])
+        if (kv_checksum(e, rk, b, g) == k->per_rank[rk])
             continue;
         if (!e->st.kv_blocks_mismatched++)
             snprintf(e->st.kv_first_mismatch, sizeof(e->st.kv_first_mismatch),
-                     "request %.*s block %u (GPU block %u, rank %u, %s) differs from the KV "
-                     "computed for its hash",
-                     (int)r->idlen, r->id, j, b, rk, how);
+                     "request %.*s block %u of group %u (GPU block %u, rank %u, %s) differs "
+                     "from the KV computed for its hash",
+                     (int)r->idlen, r->id, j, g, b, rk, how);
         return 0;
     }
     e->st.kv_blocks_verified++;
@@ -941,14 +1020,18 @@ static int apply_outputs(ref_engine *e, char *err, size_t cap)
             return fail(err, cap, "hashing failed: %s", kvt_last_error());
         uint32_t full = r->computed / REF_BT;
         for (; r->cached < full; r->cached++) {
-            if (off_check(kvt_pool_insert(e->gpu, r->blocks[r->cached],
-                                          r->hashes + (size_t)r->cached * KVT_BLOCK_HASH_LEN, 0,
-                                          REF_BT),
-                          "insert", err, cap))
-                return -1;
-            if (e->off && r->cached >= r->verified && kv_check_block(e, r, r->cached, false))
-                return fail(err, cap, "out of memory for the KV check");
+            const uint8_t *h = r->hashes + (size_t)r->cached * KVT_BLOCK_HASH_LEN;
+            for (uint32_t g = 0; g < e->ng; g++) {
+                uint32_t b = g ? r->sw[r->cached] : r->blocks[r->cached];
+                if (b == KVT_NULL_BLOCK)
+                    continue;
+                if (off_check(kvt_pool_insert(e->gpu, b, h, g, REF_BT), "insert", err, cap))
+                    return -1;
+                if (e->off && r->cached >= r->verified && kv_check_block(e, r, r->cached, g, false))
+                    return fail(err, cap, "out of memory for the KV check");
+            }
         }
+        drop_behind(e, r);
         if (r->len - r->n_prompt == r->max_new && finish(e, r, err, cap))
             return -1;
     }
@@ -980,9 +1063,12 @@ static int apply_reports(ref_engine *e, char *err, size_t cap)
                     r->computed += r->load_tokens;
                     uint32_t end = r->computed / REF_BT;
                     inject_load(e, r, first, end);
+                    /* a window group's positions before its window got no load: let go */
+                    drop_behind(e, r);
                     for (uint32_t b = first; b < end; b++)
-                        if (kv_check_block(e, r, b, true))
-                            return fail(err, cap, "out of memory for the KV check");
+                        for (uint32_t g = 0; g < e->ng; g++)
+                            if (kv_check_block(e, r, b, g, true))
+                                return fail(err, cap, "out of memory for the KV check");
                     r->verified = end > r->verified ? end : r->verified;
                     e->st.load_seconds += now_s() - r->t_load;
                     e->st.loads++;
@@ -1183,6 +1269,11 @@ int ref_engine_create(const ref_engine_config *cfg, ref_engine **out, char *err,
     kvt_pool_config pc;
     kvt_pool_config_init(&pc);
     pc.num_blocks = cfg->gpu_blocks;
+    e->ng = cfg->model.window ? 2 : 1;
+    if (e->ng == 2) { /* hybrid: the windowed layers' own group */
+        pc.n_groups = 2;
+        pc.groups[1] = (kvt_group_spec){KVT_GROUP_SLIDING, REF_BT, cfg->model.window};
+    }
     if (off_check(kvt_pool_create(&pc, &e->gpu), "GPU pool", err, cap))
         return -1;
     uint32_t T = e->max_tok;

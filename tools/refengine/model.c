@@ -399,27 +399,28 @@ static inline v8f vexp(v8f x)
     return p * (v8f)e;
 }
 
-/* One token's attention for the rank's heads: q (rotated, nhl heads), npos positions of the
- * sequence's block table, into out (nhl heads). Built twice, for x86-64-v3 (AVX2, FMA) and for
+/* One token's attention for the rank's heads: q (rotated, nhl heads), positions lo .. npos - 1
+ * of the sequence's block table (lo > 0: a sliding window; blocks before lo's are never read,
+ * and may be the null block), into out (nhl heads). Built twice, for x86-64-v3 (AVX2, FMA) and for
  * the baseline; ref_rank_create picks one per machine (no ifunc: sanitizers cannot run a
  * resolver), so a machine always computes the same bits. */
 typedef void attend_fn(ref_rank *, const ref_kv *, uint32_t, const float *, const uint32_t *,
-                       uint32_t, float *);
+                       uint32_t, uint32_t, float *);
 static attend_fn *attend;
 
 static inline __attribute__((always_inline)) void attend_body(ref_rank *r, const ref_kv *kv,
                                                               uint32_t layer, const float *q,
-                                                              const uint32_t *blocks, uint32_t npos,
-                                                              float *out)
+                                                              const uint32_t *blocks, uint32_t lo,
+                                                              uint32_t npos, float *out)
 {
-    const uint32_t G = r->nhl / r->nkvl, nblk = (npos + REF_BT - 1) / REF_BT;
+    const uint32_t G = r->nhl / r->nkvl, nblk = (npos + REF_BT - 1) / REF_BT, b0 = lo / REF_BT;
     const float *K = kv->region[2 * layer], *V = kv->region[2 * layer + 1];
     const float scale = 1.0f / sqrtf((float)REF_HD);
     for (uint32_t g = 0; g < r->nkvl; g++) {
         for (uint32_t j = 0; j < G; j++) {
             const float *qh = q + (size_t)(g * G + j) * REF_HD;
             float *s = r->scores + (size_t)j * (MAX_LEN + REF_BT);
-            for (uint32_t b = 0; b < nblk; b++) {
+            for (uint32_t b = b0; b < nblk; b++) {
                 const float *kb = K + ((size_t)blocks[b] * r->nkvl + g) * REF_HD * REF_BT;
                 v8f a0 = {0}, a1 = {0};
                 for (uint32_t d = 0; d < REF_HD; d++) {
@@ -429,14 +430,15 @@ static inline __attribute__((always_inline)) void attend_body(ref_rank *r, const
                 store8(s + b * REF_BT, a0 * scale);
                 store8(s + b * REF_BT + 8, a1 * scale);
             }
-            float mx = s[0];
-            for (uint32_t p = 1; p < npos; p++)
+            float mx = s[lo];
+            for (uint32_t p = lo + 1; p < npos; p++)
                 mx = s[p] > mx ? s[p] : mx;
             v8f acc = {0};
-            for (uint32_t p = 0; p < nblk * REF_BT; p += 8) {
+            for (uint32_t p = b0 * REF_BT; p < nblk * REF_BT; p += 8) {
                 v8f e = vexp(load8(s + p) - mx);
-                v8i keep = {0, 1, 2, 3, 4, 5, 6, 7};
-                keep = (keep + (int32_t)p) < (int32_t)npos;
+                v8i idx = {0, 1, 2, 3, 4, 5, 6, 7};
+                idx += (int32_t)p;
+                v8i keep = (idx < (int32_t)npos) & (idx >= (int32_t)lo);
                 e = (v8f)((v8i)e & keep);
                 store8(s + p, e);
                 acc += e;
@@ -445,7 +447,7 @@ static inline __attribute__((always_inline)) void attend_body(ref_rank *r, const
             for (int l = 0; l < 8; l++)
                 total += acc[l];
             v8f o0 = {0}, o1 = {0}, o2 = {0}, o3 = {0};
-            for (uint32_t p = 0; p < npos; p++) {
+            for (uint32_t p = lo; p < npos; p++) {
                 const float *vb =
                     V + (((size_t)blocks[p / REF_BT] * r->nkvl + g) * REF_BT + p % REF_BT) * REF_HD;
                 float w = s[p];
@@ -466,16 +468,16 @@ static inline __attribute__((always_inline)) void attend_body(ref_rank *r, const
 
 __attribute__((noinline, target("arch=x86-64-v3"))) static void
 attend_v3(ref_rank *r, const ref_kv *kv, uint32_t layer, const float *q, const uint32_t *blocks,
-          uint32_t npos, float *out)
+          uint32_t lo, uint32_t npos, float *out)
 {
-    attend_body(r, kv, layer, q, blocks, npos, out);
+    attend_body(r, kv, layer, q, blocks, lo, npos, out);
 }
 
 __attribute__((noinline)) static void attend_base(ref_rank *r, const ref_kv *kv, uint32_t layer,
                                                   const float *q, const uint32_t *blocks,
-                                                  uint32_t npos, float *out)
+                                                  uint32_t lo, uint32_t npos, float *out)
 {
-    attend_body(r, kv, layer, q, blocks, npos, out);
+    attend_body(r, kv, layer, q, blocks, lo, npos, out);
 }
 
 static void pick_kernels(void)
@@ -539,14 +541,16 @@ int ref_rank_forward(ref_rank *r, ref_kv *kv, const ref_batch *b)
         mm(r->h, T, d, L->wq, qd, r->q);
         mm(r->h, T, d, L->wk, kd, r->k);
         mm(r->h, T, d, L->wv, kd, r->v);
+        const bool win = ref_layer_windowed(c, li); /* its own group's block table */
         for (uint32_t s = 0; s < b->n_seq; s++) {
             const ref_seq *q = &b->seqs[s];
+            const uint32_t *tab = win ? q->sw_blocks : q->blocks;
             for (uint32_t i = 0; i < q->n; i++) {
                 uint32_t t = q->first + i, pos = q->start_pos + i;
                 const float *cs = r->cs + (size_t)t * REF_HD;
                 for (uint32_t h = 0; h < r->nhl; h++)
                     rope(r->q + (size_t)t * qd + h * REF_HD, cs);
-                uint32_t blk = q->blocks[pos / REF_BT], slot = pos % REF_BT;
+                uint32_t blk = tab[pos / REF_BT], slot = pos % REF_BT;
                 for (uint32_t g = 0; g < r->nkvl; g++) {
                     float *kr = r->k + (size_t)t * kd + g * REF_HD;
                     rope(kr, cs);
@@ -561,8 +565,9 @@ int ref_rank_forward(ref_rank *r, ref_kv *kv, const ref_batch *b)
         for (uint32_t s = 0; s < b->n_seq; s++) {
             const ref_seq *q = &b->seqs[s];
             for (uint32_t i = 0; i < q->n; i++) {
-                uint32_t t = q->first + i;
-                attend(r, kv, li, r->q + (size_t)t * qd, q->blocks, q->start_pos + i + 1,
+                uint32_t t = q->first + i, npos = q->start_pos + i + 1;
+                uint32_t from = win && npos > c->window ? npos - c->window : 0;
+                attend(r, kv, li, r->q + (size_t)t * qd, win ? q->sw_blocks : q->blocks, from, npos,
                        r->att + (size_t)t * qd);
             }
         }
@@ -686,18 +691,21 @@ int ref_reference_forward(const ref_config *c0, const uint32_t *tokens, const fl
                 double *qh = q + hh * REF_HD, mx = -1e300, sum = 0;
                 drope(qh, t);
                 const uint32_t kv = hh / G;
-                for (uint32_t j = 0; j <= t; j++) {
+                const uint32_t lo = ref_layer_windowed(&c, li) && t + 1 > c.window
+                                        ? t + 1 - c.window
+                                        : 0; /* a sliding window: the last `window` positions */
+                for (uint32_t j = lo; j <= t; j++) {
                     double s = 0;
                     for (uint32_t e = 0; e < REF_HD; e++)
                         s += qh[e] * K[(size_t)j * kd + kv * REF_HD + e];
                     p[j] = s / sqrt((double)REF_HD);
                     mx = p[j] > mx ? p[j] : mx;
                 }
-                for (uint32_t j = 0; j <= t; j++)
+                for (uint32_t j = lo; j <= t; j++)
                     sum += p[j] = exp(p[j] - mx);
                 for (uint32_t e = 0; e < REF_HD; e++) {
                     double a = 0;
-                    for (uint32_t j = 0; j <= t; j++)
+                    for (uint32_t j = lo; j <= t; j++)
                         a += p[j] * V[(size_t)j * kd + kv * REF_HD + e];
                     att[hh * REF_HD + e] = a / sum;
                 }

@@ -33,9 +33,18 @@
 
 typedef struct ref_config {
     uint32_t vocab, d_model, n_layers, n_heads, n_kv_heads, ffn;
-    uint32_t tp;   /* ranks; divides n_kv_heads and ffn */
-    uint64_t seed; /* weights */
+    uint32_t tp;     /* ranks; divides n_kv_heads and ffn */
+    uint64_t seed;   /* weights */
+    uint32_t window; /* > 0: a hybrid model whose odd layers attend to the last `window`
+                        positions only (sliding-window attention, their own KV-cache group
+                        and block table); 0: full attention everywhere */
 } ref_config;
+
+/* Whether layer li attends through a sliding window (and the window group's block table). */
+static inline bool ref_layer_windowed(const ref_config *c, uint32_t li)
+{
+    return c->window && (li & 1u);
+}
 
 /* Defaults: vocab 2048, d_model 256, 4 layers, 8 query heads and 4 KV heads of 32, ffn 768. */
 void ref_config_default(ref_config *c);
@@ -66,10 +75,12 @@ typedef struct ref_shared ref_shared;
 
 /* What every rank computes this step: n_tok tokens from n_seq sequences. */
 typedef struct ref_seq {
-    uint32_t first, n;      /* its tokens: rows first .. first + n - 1 of the batch */
-    uint32_t start_pos;     /* position of its first token */
-    const uint32_t *blocks; /* block table (covers start_pos + n positions) */
-    bool sample;            /* sample a token from its last row */
+    uint32_t first, n;         /* its tokens: rows first .. first + n - 1 of the batch */
+    uint32_t start_pos;        /* position of its first token */
+    const uint32_t *blocks;    /* block table (covers start_pos + n positions) */
+    bool sample;               /* sample a token from its last row */
+    const uint32_t *sw_blocks; /* hybrid: the windowed layers' block table (the same length;
+                                  blocks wholly before every token's window may be null) */
 } ref_seq;
 
 typedef struct ref_batch {
