@@ -230,6 +230,36 @@ KVT_API int kvt_offload_request_finished_hashed(kvt_offload *m, const char *req_
                                                 const uint32_t *n_blocks, const uint8_t *hashes,
                                                 uint32_t n_hashes, uint32_t num_confirmed);
 
+/* Mamba in align mode (KVT_GROUP_MAMBA_ALIGN): a state exists only where a request crossed a
+ * block boundary, in a block whose position in the table is not stable, so the schedule calls
+ * never store that group by position. Instead the engine hands over, once per step before
+ * build_meta, the states its requests reached this step. */
+typedef struct kvt_offload_boundary {
+    const char *req_id;
+    uint32_t req_id_len;
+    uint32_t group;             /* a KVT_GROUP_MAMBA_ALIGN group */
+    uint32_t gpu_block;         /* the GPU block holding the state (not the null block) */
+    uint32_t num_tokens;        /* tokens the state covers: a positive multiple of the group's block
+                                   size */
+    const uint8_t *hash;        /* the request's chained hash at num_tokens (hash_len bytes): the
+                                   state's key, as a lookup of a prompt of that prefix finds it */
+    const uint8_t *parent_hash; /* optional, for cache events: the hash where the group's block
+                                   before ends (num_tokens - block size); NULL: none */
+} kvt_offload_boundary;
+
+/* Eager mode: stores the n handed-over states with this step's other stores (one store event;
+ * a store pins the GPU block until it completes, as any other). A state of a request that is
+ * unknown, finished or not registered for eager stores is dropped and counted
+ * (boundary_dropped_gone); one already in the host tier or being stored is skipped as a
+ * positional block would be; with no free host block it is dropped (store_dropped). The engine
+ * must not hand over the states of a request it preempted this step (their blocks are gone).
+ * A malformed entry (group of another kind, block out of range or null, token count not a
+ * positive multiple of the block size, NULL hash or id) fails the call with KVT_EINVAL before
+ * anything is applied. Lazy mode: a no-op (the scan finds the cached state blocks near
+ * eviction like any other). Returns the number of states selected for a store. */
+KVT_API int kvt_offload_boundary_states(kvt_offload *m, const kvt_offload_boundary *states,
+                                        uint32_t n);
+
 /* One request of kvt_offload_schedule_many: the arguments of kvt_offload_schedule_hashed,
  * and its result in left. An engine can keep one per request and update only what changed. */
 typedef struct kvt_offload_sched_req {
@@ -286,7 +316,8 @@ KVT_API int kvt_offload_reset(kvt_offload *m);
 /* Lazy mode: the GPU blocks the store scan looks at each step, from the head of the GPU free
  * queue (an engine sizes its GPU reserve by it); 0 in eager mode. Per prefix-cacheable group
  * of block size B (context parallelism already in B): full attention
- * ceil(max_batched_tokens / B) + max_num_seqs, sliding window ceil(window / B) + 1, Mamba 2;
+ * ceil(max_batched_tokens / B) + max_num_seqs, sliding window ceil(window / B) + 1, Mamba 2,
+ * Mamba in align mode ceil(max_batched_tokens / B) (one prefill step can fill that many);
  * the sum times 2 (upstream's watermark ratio 1.0). */
 KVT_API uint32_t kvt_offload_lazy_window(const kvt_offload *m);
 
@@ -410,11 +441,13 @@ typedef struct kvt_offload_stats {
     /* three tiers: gauges */
     uint32_t disk_blocks, disk_used_blocks, disk_cached_blocks;
     uint32_t disk_load_events_in_flight, disk_store_events_in_flight;
-    uint64_t lookups_misaligned;   /* matches whose GPU hit ended inside a scheduler block: miss */
-    uint64_t lookups_skipped;      /* matches with KVT_MATCH_SKIP_PREFIX_CACHE: no lookup */
-    uint64_t store_recovered_null; /* nulled table entries whose block was found in the GPU
-                                      pool's index by the position's hash and stored */
-    uint64_t reserved[5];          /* room for figures to come (zero) */
+    uint64_t lookups_misaligned;    /* matches whose GPU hit ended inside a scheduler block: miss */
+    uint64_t lookups_skipped;       /* matches with KVT_MATCH_SKIP_PREFIX_CACHE: no lookup */
+    uint64_t store_recovered_null;  /* nulled table entries whose block was found in the GPU
+                                       pool's index by the position's hash and stored */
+    uint64_t boundary_states;       /* Mamba align: handed-over states selected for a store */
+    uint64_t boundary_dropped_gone; /* ... dropped: their request was unknown or finished */
+    uint64_t reserved[3];           /* room for figures to come (zero) */
 } kvt_offload_stats;
 
 KVT_API void kvt_offload_get_stats(const kvt_offload *m, kvt_offload_stats *s);

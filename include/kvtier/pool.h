@@ -48,13 +48,17 @@ enum kvt_group_kind {
      * loaded, in events or in the lazy window; their block size need not be a multiple (or a
      * divisor) of hash_block_size and does not enter the scheduler block size. */
     KVT_GROUP_SCRATCH = 3, /* short scratch or hot-set groups (HiSparse) */
-    KVT_GROUP_RING = 4     /* circular-buffer attention (CircularBufferSpec) */
+    KVT_GROUP_RING = 4,    /* circular-buffer attention (CircularBufferSpec) */
+    /* Mamba in vLLM's `align` mode: a state exists only at block boundaries and its block is
+     * not stable by position, so an offload manager stores it only when the engine hands it
+     * over (kvt_offload_boundary_states), never by scanning the table. Searched as Mamba. */
+    KVT_GROUP_MAMBA_ALIGN = 5
 };
 
 /* True for the kinds whose blocks can be cached and reused (full, sliding window, Mamba). */
 static inline bool kvt_group_kind_cacheable(uint32_t kind)
 {
-    return kind <= KVT_GROUP_MAMBA;
+    return kind <= KVT_GROUP_MAMBA || kind == KVT_GROUP_MAMBA_ALIGN;
 }
 
 typedef struct kvt_group_spec {

@@ -69,23 +69,31 @@ static kvt_offload_event *push(kvt_offload *m)
     return e;
 }
 
+void kvi_ofl_events_note_at(kvt_offload *m, const struct kvi_ofl_req *r, uint32_t n,
+                            uint32_t token_start, const uint8_t *parent)
+{
+    if (!m->ev.ring || !r->ctx)
+        return;
+    m->ev.seltok[n] = token_start;
+    uint8_t *par = m->ev.selpar + (size_t)n * (m->hash_len + 1);
+    par[0] = parent != NULL;
+    if (parent)
+        memcpy(par + 1, parent, m->hash_len);
+}
+
 void kvi_ofl_events_note(kvt_offload *m, const struct kvi_ofl_req *r, uint32_t n, uint32_t g,
                          uint32_t j, const uint32_t *const *blocks, const uint8_t *hashes,
                          uint32_t n_hashes)
 {
     if (!m->ev.ring || !r->ctx)
         return;
-    m->ev.seltok[n] = j * m->gcfg.groups[g].block_size;
-    uint8_t *par = m->ev.selpar + (size_t)n * (m->hash_len + 1);
     kvt_pool_key pk;
     /* the key of the block before, in this group: from the request's hashes when the engine
      * gives them, else from the GPU pool (a masked predecessor then leaves it unknown) */
     bool ok = j > 0 && (kvi_ofl_key_from_hashes(m, hashes, n_hashes, g, j - 1, &pk) ||
                         (!m->ext && !hashes && blocks[g][j - 1] != KVT_NULL_BLOCK &&
                          kvi_ofl_gpu_primary(m, blocks[g][j - 1], &pk)));
-    par[0] = ok;
-    if (ok)
-        memcpy(par + 1, pk.hash, m->hash_len);
+    kvi_ofl_events_note_at(m, r, n, j * m->gcfg.groups[g].block_size, ok ? pk.hash : NULL);
 }
 
 void kvi_ofl_events_bind(kvt_offload *m, struct kvi_ofl_req *r, uint32_t i, uint32_t h)

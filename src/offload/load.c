@@ -178,7 +178,8 @@ static int check_pairs(kvt_offload *m, const struct kvi_ofl_req *r, const uint32
         uint32_t need = 0;
         if (num_external < r->hit_len && gs->kind == KVT_GROUP_SLIDING)
             need = kvi_max_u32(1, (gs->sliding_window - 1 + gs->block_size - 1) / gs->block_size);
-        else if (num_external < r->hit_len && gs->kind == KVT_GROUP_MAMBA)
+        else if (num_external < r->hit_len &&
+                 (gs->kind == KVT_GROUP_MAMBA || gs->kind == KVT_GROUP_MAMBA_ALIGN))
             need = 1;
         for (uint32_t i = 0; i < r->hit_n[g]; i++, kvi_iditer_next(&m->hitpool, &it)) {
             uint32_t cpu = kvi_iditer_get(&m->hitpool, &it);

@@ -369,6 +369,8 @@ static uint32_t lazy_target(const kvt_offload *m)
             continue; /* never stored: no part of the window */
         if (s->kind == KVT_GROUP_MAMBA)
             t += 2;
+        else if (s->kind == KVT_GROUP_MAMBA_ALIGN) /* one prefill step can fill this many */
+            t += (m->cfg.max_batched_tokens + bs - 1) / bs;
         else if (s->kind == KVT_GROUP_SLIDING)
             t += (s->sliding_window + bs - 1) / bs + 1;
         else /* every running sequence may cross into a new block on top of the budget */
@@ -839,6 +841,11 @@ int kvt_offload_prometheus(const kvt_offload *m, char *buf, size_t cap, size_t *
          s.lookups_misaligned, false},
         {"lookups_skipped_total", "Matches of requests that reuse no cached prefix (no lookup).",
          s.lookups_skipped, false},
+        {"boundary_states_total", "Mamba align: handed-over states selected for a store.",
+         s.boundary_states, false},
+        {"boundary_dropped_gone_total",
+         "Mamba align: handed-over states dropped because their request was gone.",
+         s.boundary_dropped_gone, false},
         {"store_recovered_null_total",
          "Nulled table entries found in the GPU pool by their hash and stored.",
          s.store_recovered_null, false},

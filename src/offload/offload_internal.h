@@ -311,6 +311,13 @@ void kvi_ofl_register_keys(kvt_offload *m, kvt_pool *p, uint32_t b, const uint8_
 void kvi_ofl_release_load_pairs(kvt_offload *m, struct kvi_ofl_req *r);
 void kvi_ofl_queue_load(kvt_offload *m, struct kvi_ofl_req *r);
 
+/* Groups the eager scan stores by position: the cacheable ones but Mamba in align mode, whose
+ * states the engine hands over (kvt_offload_boundary_states). */
+static inline bool kvi_ofl_positional(uint32_t kind)
+{
+    return kvt_group_kind_cacheable(kind) && kind != KVT_GROUP_MAMBA_ALIGN;
+}
+
 /* events (events.c); every function but setup is a no-op with events off */
 int kvi_ofl_events_setup(kvt_offload *m);
 void kvi_ofl_events_teardown(kvt_offload *m);
@@ -319,6 +326,9 @@ void kvi_ofl_events_teardown(kvt_offload *m);
 void kvi_ofl_events_note(kvt_offload *m, const struct kvi_ofl_req *r, uint32_t n, uint32_t g,
                          uint32_t j, const uint32_t *const *blocks, const uint8_t *hashes,
                          uint32_t n_hashes);
+/* The same with the first token and the parent's hash (NULL: none) given. */
+void kvi_ofl_events_note_at(kvt_offload *m, const struct kvi_ofl_req *r, uint32_t n,
+                            uint32_t token_start, const uint8_t *parent);
 /* Host block h receives selection entry i of request r (NULL: a store without a request). */
 void kvi_ofl_events_bind(kvt_offload *m, struct kvi_ofl_req *r, uint32_t i, uint32_t h);
 /* Drains tier t's pool into the ring. */

@@ -126,8 +126,8 @@ void kvi_ofl_select_eager(kvt_offload *m, struct kvi_ofl_req *r, const uint32_t 
     bool full = false;
     kvt_pool_key k;
     for (uint32_t g = 0; g < m->ng && !full; g++) {
-        if (!kvt_group_kind_cacheable(m->gcfg.groups[g].kind))
-            continue; /* scratch and ring groups are never stored */
+        if (!kvi_ofl_positional(m->gcfg.groups[g].kind))
+            continue; /* scratch and ring groups are never stored; Mamba align by handoff */
         uint32_t ready = aligned / m->gcfg.groups[g].block_size;
         if (ready > n_blocks[g])
             ready = n_blocks[g];
@@ -234,7 +234,7 @@ int kvt_offload_schedule_hashed(kvt_offload *m, const char *id, uint32_t id_len,
      * request while this is 0 and no new block was confirmed */
     uint64_t left = 0;
     for (uint32_t g = 0; g < m->ng; g++) {
-        if (!kvt_group_kind_cacheable(m->gcfg.groups[g].kind))
+        if (!kvi_ofl_positional(m->gcfg.groups[g].kind))
             continue;
         uint32_t ready = aligned / m->gcfg.groups[g].block_size;
         if (ready > n_blocks[g])
@@ -243,6 +243,85 @@ int kvt_offload_schedule_hashed(kvt_offload *m, const char *id, uint32_t id_len,
             left += ready - r->cursor[g];
     }
     return left > INT32_MAX ? INT32_MAX : (int)left;
+}
+
+static int check_boundary(const kvt_offload *m, const kvt_offload_boundary *b, uint32_t i)
+{
+    int rc = kvi_ofl_check_id(b->req_id, b->req_id_len);
+    if (rc)
+        return kvi_fail_wrap(rc, "offload: boundary_states");
+    const kvt_group_spec *gs = b->group < m->ng ? &m->gcfg.groups[b->group] : NULL;
+    if (!gs || gs->kind != KVT_GROUP_MAMBA_ALIGN)
+        return kvt_fail(KVT_EINVAL,
+                        "offload: boundary_states: state %u names group %u, which is not a Mamba "
+                        "align group",
+                        i, b->group);
+    if (b->gpu_block == KVT_NULL_BLOCK || b->gpu_block >= m->gpu_nb)
+        return kvt_fail(KVT_EINVAL,
+                        "offload: boundary_states: state %u is in GPU block %u (1..%u expected)", i,
+                        b->gpu_block, m->gpu_nb - 1);
+    if (b->num_tokens == 0 || b->num_tokens % gs->block_size)
+        return kvt_fail(KVT_EINVAL,
+                        "offload: boundary_states: state %u covers %u tokens, not a positive "
+                        "multiple of the group's block size %u",
+                        i, b->num_tokens, gs->block_size);
+    if (!b->hash)
+        return kvt_fail(KVT_EINVAL, "offload: boundary_states: state %u has no hash", i);
+    return 0;
+}
+
+int kvt_offload_boundary_states(kvt_offload *m, const kvt_offload_boundary *states, uint32_t n)
+{
+    if (n && !states)
+        return kvt_fail(KVT_EINVAL, "offload: boundary_states: %u states given as NULL", n);
+    for (uint32_t i = 0; i < n; i++) {
+        int rc = check_boundary(m, &states[i], i);
+        if (rc)
+            return rc;
+    }
+    if (m->cfg.lazy)
+        return 0;
+    uint32_t selected = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        const kvt_offload_boundary *b = &states[i];
+        struct kvi_ofl_req *r = kvi_ofl_req_find(m, b->req_id, b->req_id_len);
+        if (!r || !(r->flags & RQ_EAGER) || (r->flags & RQ_FINISHED)) {
+            m->st.boundary_dropped_gone++;
+            continue;
+        }
+        uint32_t gpu = b->gpu_block, bs = m->gcfg.groups[b->group].block_size;
+        if ((m->gflags[gpu] & (G_STORING | G_MARK)) || m->gload_src[gpu] != OFL_NONE) {
+            m->st.store_skipped_in_flight++;
+            continue;
+        }
+        kvt_pool_key k;
+        memset(&k, 0, sizeof(k));
+        memcpy(k.hash, b->hash, m->hash_len);
+        k.group = b->group;
+        k.num_tokens = bs;
+        kvt_pool_key pk; /* over a kvt_pool the block's own keys are stored: they must agree */
+        if (!m->ext && (!kvi_ofl_gpu_primary(m, gpu, &pk) || pk.group != k.group ||
+                        memcmp(pk.hash, k.hash, m->hash_len) != 0)) {
+            m->st.store_skipped_unhashed++;
+            continue;
+        }
+        if (host_has_key(m, &k)) {
+            m->tier[0].st.store_skipped_cached++;
+            continue;
+        }
+        if (kvi_ofl_store_budget(m) == 0) {
+            m->tier[0].st.store_dropped++;
+            continue;
+        }
+        /* one at a time: each commit binds its block to its own request's context */
+        kvi_ofl_events_note_at(m, r, 0, b->num_tokens - bs,
+                               b->num_tokens > bs ? b->parent_hash : NULL);
+        select_block(m, 0, gpu, &k);
+        commit_selection(m, 1, r);
+        selected++;
+    }
+    m->st.boundary_states += selected;
+    return (int)selected;
 }
 
 int kvt_offload_schedule_many(kvt_offload *m, kvt_offload_sched_req *const *reqs, uint32_t n,

@@ -146,6 +146,7 @@ static uint32_t search_group(const struct kvt_pool *p, const uint8_t *hashes, ui
     case KVT_GROUP_SLIDING:
         return scan_sliding(p, hashes, g, n, out);
     case KVT_GROUP_MAMBA:
+    case KVT_GROUP_MAMBA_ALIGN:
         return scan_mamba(p, hashes, g, n, out);
     default:
         return scan_full(p, hashes, g, n, out);

@@ -63,7 +63,7 @@ static int validate_config(const kvt_pool_config *c, uint32_t *sched_bs)
     uint32_t cacheable = 0;
     for (uint32_t g = 0; g < c->n_groups; g++) {
         const kvt_group_spec *s = &c->groups[g];
-        if (s->kind > KVT_GROUP_RING)
+        if (s->kind > KVT_GROUP_MAMBA_ALIGN)
             return kvt_fail(KVT_EINVAL, "pool: group %u has unknown kind %u", g, s->kind);
         if (!kvt_group_kind_cacheable(s->kind)) { /* any block size: it is never hashed */
             if (s->block_size < 1)

@@ -751,6 +751,8 @@ static void lazy_window_follows_the_upstream_formula(void **state)
          64,
          1,
          2 * ((2 + 1) + (2 + 1) + 2)},
+        /* Mamba in align mode: ceil(max_batched / B) state blocks per prefill step */
+        {2, {{KVT_GROUP_FULL, 16, 0}, {KVT_GROUP_MAMBA_ALIGN, 32, 0}}, 64, 0, 2 * (4 + 2)},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         kvt_pool_config pc;
@@ -877,6 +879,86 @@ static void nulled_entries_still_cached_on_the_gpu_are_stored(void **state)
     assert_int_equal(recovered, 2);
     assert_int_equal(nulled_window_then_shorter_clone(false, &recovered), 0);
     assert_int_equal(recovered, 0);
+}
+
+/* Mamba in align mode beside full attention (Mamba blocks of 32 tokens, hash blocks of 16):
+ * r's two states, at 32 and 64 tokens, sit in GPU blocks the engine cached under the hash
+ * where they end. Handed over (or not), they are stored; returns a clone's host-tier hit. */
+static uint32_t mamba_align_clone_hit(bool hand_over, kvt_offload_stats *st)
+{
+    sim2 t;
+    sim2_init(&t, KVT_GROUP_MAMBA_ALIGN, 2 * SIM_BS, 0);
+    kvt_pool *gpu = t.gpu;
+    kvt_offload *m = t.m;
+    sim_req r;
+    sim_req_make(&r, "r", 4 * SIM_BS + 1, 1, 4 * SIM_BS + 1, 0);
+    uint32_t fa[5], mb[3], hit;
+    KVT_OK_(kvt_pool_alloc(gpu, 5, fa));
+    KVT_OK_(kvt_pool_alloc(gpu, 3, mb));
+    for (uint32_t j = 0; j < 4; j++)
+        KVT_OK_(kvt_pool_insert(gpu, fa[j], r.hashes + j * KVT_BLOCK_HASH_LEN, 0, SIM_BS));
+    const uint8_t *h32 = r.hashes + 1 * KVT_BLOCK_HASH_LEN,
+                  *h64 = r.hashes + 3 * KVT_BLOCK_HASH_LEN;
+    KVT_OK_(kvt_pool_insert(gpu, mb[2], h32, 1, 2 * SIM_BS)); /* states in any block */
+    KVT_OK_(kvt_pool_insert(gpu, mb[0], h64, 1, 2 * SIM_BS));
+    const uint32_t *tab[2] = {fa, mb};
+    uint32_t nb[2] = {5, 3};
+    KVT_OK_(kvt_offload_match(m, "r", 1, r.hashes, r.n_hashes, r.n_tokens, 0, &hit));
+    KVT_OK_(kvt_offload_after_alloc(m, "r", 1, tab, nb, 0));
+    KVT_OK_(kvt_offload_schedule(m, "r", 1, tab, nb, r.n_tokens, 1, false));
+    kvt_offload_boundary b[2] = {{"r", 1, 1, mb[2], 2 * SIM_BS, h32},
+                                 {"r", 1, 1, mb[0], 4 * SIM_BS, h64}};
+    if (hand_over) {
+        /* malformed: refused whole, nothing applied */
+        kvt_offload_boundary bad = b[1];
+        bad.group = 0;
+        KVT_ERR_(kvt_offload_boundary_states(m, (kvt_offload_boundary[]){b[0], bad}, 2),
+                 KVT_EINVAL);
+        bad = b[1];
+        bad.num_tokens = SIM_BS;
+        KVT_ERR_(kvt_offload_boundary_states(m, &bad, 1), KVT_EINVAL);
+        bad = b[1];
+        bad.gpu_block = KVT_NULL_BLOCK;
+        KVT_ERR_(kvt_offload_boundary_states(m, &bad, 1), KVT_EINVAL);
+        bad = b[1];
+        bad.hash = NULL;
+        KVT_ERR_(kvt_offload_boundary_states(m, &bad, 1), KVT_EINVAL);
+        kvt_offload_get_stats(m, st);
+        assert_int_equal(st->boundary_states, 0);
+        assert_int_equal(kvt_offload_boundary_states(m, b, 2), 2);
+        /* a departed request's state is dropped and counted */
+        kvt_offload_boundary gone = {"x", 1, 1, mb[1], 2 * SIM_BS, h32};
+        assert_int_equal(kvt_offload_boundary_states(m, &gone, 1), 0);
+    }
+    KVT_OK_(kvt_offload_build_meta(m, false, &t.meta));
+    /* one event: the attention blocks and the states; never a state by its table position */
+    assert_int_equal(t.meta.n_stores, hand_over ? 6 : 4);
+    for (uint32_t i = 0; i < t.meta.n_stores; i++)
+        assert_true(t.meta.store_gpu_blocks[i] != mb[1]);
+    sim2_report_store(&t);
+    KVT_OK_(kvt_offload_request_finished(m, "r", 1, tab, nb, r.n_tokens));
+    KVT_OK_(kvt_pool_free(gpu, fa, 5));
+    KVT_OK_(kvt_pool_free(gpu, mb, 3));
+    KVT_OK_(kvt_pool_reset_prefix_cache(gpu));
+    KVT_OK_(kvt_offload_match(m, "q", 1, r.hashes, r.n_hashes, r.n_tokens, 0, &hit));
+    KVT_OK_(kvt_offload_request_finished(m, "q", 1, tab, (uint32_t[2]){0, 0}, 0));
+    kvt_offload_get_stats(m, st);
+    sim2_fini(&t);
+    return hit;
+}
+
+/* Spec §2.14: in align mode the Mamba group is stored from the engine's handoffs only, with
+ * the step's other stores; a clone of the prompt then gets the whole hit (the state where it
+ * ends); without them the group has nothing and the hit is 0. */
+static void mamba_align_states_are_stored_when_handed_over(void **state)
+{
+    (void)state;
+    kvt_offload_stats st;
+    assert_int_equal(mamba_align_clone_hit(true, &st), 4 * SIM_BS);
+    assert_int_equal(st.boundary_states, 2);
+    assert_int_equal(st.boundary_dropped_gone, 1);
+    assert_int_equal(mamba_align_clone_hit(false, &st), 0);
+    assert_int_equal(st.boundary_states, 0);
 }
 
 /* Spec §2.14: a scratch group (block size unrelated to the hash block) beside full
@@ -1393,6 +1475,7 @@ int main(void)
         cmocka_unit_test(lazy_scan_starts_from_the_head_every_step),
         cmocka_unit_test(nulled_entries_still_cached_on_the_gpu_are_stored),
         cmocka_unit_test(scratch_groups_are_never_stored_or_loaded),
+        cmocka_unit_test(mamba_align_states_are_stored_when_handed_over),
         cmocka_unit_test(host_tier_size_comes_from_capacity_and_the_smallest_worker),
         cmocka_unit_test(metrics_count_activity_in_prometheus_text),
         cmocka_unit_test(engine_pool_is_reached_through_batched_callbacks),

@@ -3,7 +3,8 @@
  * Randomized model-based test of the offload manager on hybrid models (spec §2.14).
  *
  * Every episode draws a configuration: a full-attention group (16 or 32 tokens per block),
- * and, each by chance, a sliding-window group, a Mamba group (all mode) and a group that is
+ * and, each by chance, a sliding-window group, a Mamba group (all mode, or align mode: its
+ * states handed over by the engine at every boundary it computed) and a group that is
  * not prefix-cacheable (scratch or ring, of any block size). A small vLLM-like engine runs
  * requests with shared prefixes over one GPU pool: a GPU prefix hit, a host-tier hit that is
  * loaded, a prefill step, decode steps. As vLLM does, it frees and nulls the window group's
@@ -113,7 +114,7 @@ static struct {
     uint32_t n_ctx;
     uint64_t ctx_events;
     uint64_t recovered, loads, stores, clones, clone_tokens, ext_episodes, lazy_episodes;
-    uint64_t lazy_stores, lazy_loads;
+    uint64_t lazy_stores, lazy_loads, handed;
 } S;
 
 /* ---- the engine's own pool, as kvt_gpu_pool_ops (half the episodes) ------------------- */
@@ -193,7 +194,8 @@ static void configure(void)
     if (below(10) < 7)
         c->groups[n++] = (kvt_group_spec){KVT_GROUP_SLIDING, HBS * (1 + below(2)), 8 + below(96)};
     if (below(2))
-        c->groups[n++] = (kvt_group_spec){KVT_GROUP_MAMBA, HBS * (1 + below(2)), 0};
+        c->groups[n++] = (kvt_group_spec){below(2) ? KVT_GROUP_MAMBA : KVT_GROUP_MAMBA_ALIGN,
+                                          HBS * (1 + below(2)), 0};
     if (below(10) < 7)
         c->groups[n++] =
             (kvt_group_spec){below(2) ? KVT_GROUP_SCRATCH : KVT_GROUP_RING, 1 + below(40), 0};
@@ -379,7 +381,8 @@ static void drop_behind(struct req *q)
 {
     for (uint32_t g = 0; g < S.ng; g++) {
         const kvt_group_spec *s = &S.pc.groups[g];
-        if (s->kind != KVT_GROUP_SLIDING && s->kind != KVT_GROUP_MAMBA)
+        if (s->kind != KVT_GROUP_SLIDING && s->kind != KVT_GROUP_MAMBA &&
+            s->kind != KVT_GROUP_MAMBA_ALIGN)
             continue;
         uint32_t bs = s->block_size, done = q->computed / bs;
         for (uint32_t j = 0; j < q->nb[g]; j++) {
@@ -421,6 +424,31 @@ static void finish(struct req *q)
             if (q->tab[g][j] != KVT_NULL_BLOCK)
                 KVT_OK_(kvt_pool_free(S.gpu, &q->tab[g][j], 1));
     q->used = false;
+}
+
+/* Mamba in align mode: the states q's computation from token `from` reached (block ends),
+ * handed over while q still holds their blocks; the manager pins what it stores. */
+static void hand_over(struct req *q, uint32_t from)
+{
+    kvt_offload_boundary b[KVT_MAX_GROUPS * MAXB];
+    uint32_t n = 0;
+    for (uint32_t g = 0; g < S.ng; g++) {
+        if (S.pc.groups[g].kind != KVT_GROUP_MAMBA_ALIGN)
+            continue;
+        uint32_t bs = S.pc.groups[g].block_size;
+        for (uint32_t j = from / bs; j < q->computed / bs && j < q->nb[g]; j++)
+            if (q->tab[g][j] != KVT_NULL_BLOCK)
+                b[n++] = (kvt_offload_boundary){.req_id = q->id,
+                                                .req_id_len = q->id_len,
+                                                .group = g,
+                                                .gpu_block = q->tab[g][j],
+                                                .num_tokens = (j + 1) * bs,
+                                                .hash = key_hash(q, g, j),
+                                                .parent_hash = j ? key_hash(q, g, j - 1) : NULL};
+    }
+    int got = kvt_offload_boundary_states(S.m, b, n);
+    CHECK(got >= 0 && (uint32_t)got <= n, "boundary_states -> %d: %s", got, kvt_last_error());
+    S.handed += (uint32_t)got;
 }
 
 /* The worker: last step's events, executed and reported now. */
@@ -611,6 +639,7 @@ static void step(bool arrivals)
         uint32_t from = q->computed;
         q->computed += sched[i];
         register_keys(q, from, false);
+        hand_over(q, from);
         drop_behind(q);
     }
     check_contents();
@@ -678,16 +707,18 @@ static void hybrid_configurations_keep_every_invariant(void **state)
     kvt_offload_worker_meta_release(&S.wm);
     print_message("hybrid model: %u episodes (%llu over the engine's own pool, %llu lazy), %llu "
                   "steps, %llu blocks stored, %llu loaded, %llu nulled entries recovered, %llu "
-                  "clones (%llu tokens hit), %llu stored events with context; lazy: %llu stored, "
-                  "%llu loaded; seed %llu\n",
+                  "clones (%llu tokens hit), %llu stored events with context, %llu Mamba align "
+                  "states handed over; lazy: %llu stored, %llu loaded; seed %llu\n",
                   episodes, (unsigned long long)S.ext_episodes, (unsigned long long)S.lazy_episodes,
                   (unsigned long long)g_step, (unsigned long long)S.stores,
                   (unsigned long long)S.loads, (unsigned long long)S.recovered,
                   (unsigned long long)S.clones, (unsigned long long)S.clone_tokens,
-                  (unsigned long long)S.ctx_events, (unsigned long long)S.lazy_stores,
-                  (unsigned long long)S.lazy_loads, (unsigned long long)g_seed);
+                  (unsigned long long)S.ctx_events, (unsigned long long)S.handed,
+                  (unsigned long long)S.lazy_stores, (unsigned long long)S.lazy_loads,
+                  (unsigned long long)g_seed);
     assert_true(S.stores > 0 && S.loads > 0 && S.recovered > 0 && S.ctx_events > 0);
     assert_true(S.lazy_episodes == 0 || S.lazy_stores > 0);
+    assert_true(S.handed > 0);
 }
 
 int main(void)

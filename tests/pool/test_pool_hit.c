@@ -175,11 +175,13 @@ static void sliding_window_short_run_counts_only_at_the_start(void **state)
     kvt_pool_destroy(p);
 }
 
+static uint32_t g_kind_mamba = KVT_GROUP_MAMBA, g_kind_mamba_align = KVT_GROUP_MAMBA_ALIGN;
+
 static void mamba_hit_is_the_last_cached_state(void **state)
 {
     (void)state;
     kvt_pool_config c = base_cfg();
-    c.groups[0].kind = KVT_GROUP_MAMBA;
+    c.groups[0].kind = *(uint32_t *)*state; /* all mode, and align mode: the same search */
     kvt_pool *p = make(&c);
     cache_block(p, &c, 0, 1);
     uint32_t s = cache_block(p, &c, 0, 5);
@@ -341,9 +343,9 @@ static void scratch_and_ring_groups_take_no_part_in_hits(void **state)
     only.groups[0].kind = KVT_GROUP_RING;
     KVT_ERR_(kvt_pool_config_validate(&only, NULL), KVT_EINVAL);
     assert_non_null(strstr(kvt_last_error(), "none of the 1 groups is prefix-cacheable"));
-    only.groups[0].kind = 5;
+    only.groups[0].kind = 6;
     KVT_ERR_(kvt_pool_config_validate(&only, NULL), KVT_EINVAL);
-    assert_non_null(strstr(kvt_last_error(), "unknown kind 5"));
+    assert_non_null(strstr(kvt_last_error(), "unknown kind 6"));
 }
 
 static void bad_search_arguments_are_rejected(void **state)
@@ -377,7 +379,8 @@ int main(void)
         cmocka_unit_test(sliding_window_needs_only_the_last_window),
         cmocka_unit_test(sliding_window_takes_the_rightmost_complete_run),
         cmocka_unit_test(sliding_window_short_run_counts_only_at_the_start),
-        cmocka_unit_test(mamba_hit_is_the_last_cached_state),
+        cmocka_unit_test_prestate(mamba_hit_is_the_last_cached_state, &g_kind_mamba),
+        cmocka_unit_test_prestate(mamba_hit_is_the_last_cached_state, &g_kind_mamba_align),
         cmocka_unit_test(eagle_drops_the_last_matched_block),
         cmocka_unit_test(hybrid_groups_agree_on_one_length),
         cmocka_unit_test(hybrid_hit_is_aligned_to_the_scheduler_block_size),

@@ -375,6 +375,25 @@ def test_bad_configuration_is_refused(model_dir, extra, word):
     assert "kvtier" in msg and word in msg, msg
 
 
+def test_vllm_specs_map_to_group_kinds():
+    """Mamba in vLLM's align mode (its default with prefix caching) is never stored by table
+    position: its states are only valid at boundaries, in blocks that move."""
+    import torch
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec, SlidingWindowSpec
+    from kvtier.vllm._kv import L, ConfigError, _group_kind
+    mamba = dict(block_size=16, shapes=((2, 4),), dtypes=(torch.float32,))
+    assert _group_kind(0, MambaSpec(**mamba, mamba_cache_mode="align"), True) == \
+        (L.GROUP_MAMBA_ALIGN, 0)
+    assert _group_kind(0, MambaSpec(**mamba, mamba_cache_mode="all"), True) == (L.GROUP_MAMBA, 0)
+    assert _group_kind(0, MambaSpec(**mamba), False) == (L.GROUP_SCRATCH, 0)
+    attn = dict(block_size=16, num_kv_heads=1, head_size=8, dtype=torch.float32)
+    assert _group_kind(1, FullAttentionSpec(**attn), True) == (L.GROUP_FULL, 0)
+    assert _group_kind(1, SlidingWindowSpec(**attn, sliding_window=64), True) == \
+        (L.GROUP_SLIDING, 64)
+    with pytest.raises(ConfigError):
+        _group_kind(2, object(), True)
+
+
 def test_groups_that_are_not_prefix_cacheable_are_mapped_and_cost_no_host_bytes():
     """Spec §2.14: a ring (CircularBufferSpec) or scratch group is accepted; its tensors are
     not part of a host block (the host tier's bytes per block exclude them)."""

@@ -18,7 +18,7 @@ HOST_DEVICE = -1
 ENOSPC = -3  # KVT_ENOSPC: the size query of a *_prometheus or kvt_metrics_merge call
 COPY_STORE, COPY_LOAD = 0, 1
 MATCH_SKIP_PREFIX_CACHE = 1  # KVT_MATCH_SKIP_PREFIX_CACHE
-GROUP_FULL, GROUP_SLIDING, GROUP_MAMBA, GROUP_SCRATCH, GROUP_RING = 0, 1, 2, 3, 4
+GROUP_FULL, GROUP_SLIDING, GROUP_MAMBA, GROUP_SCRATCH, GROUP_RING, GROUP_MAMBA_ALIGN = range(6)
 NO_EVENT = -1
 
 
@@ -225,13 +225,14 @@ DISK_GAUGES = ("disk_blocks", "disk_used_blocks", "disk_cached_blocks",
 
 
 # counters added after the disk's, in the struct's reserved room
-LATER_COUNTERS = ("lookups_misaligned", "lookups_skipped", "store_recovered_null")
+LATER_COUNTERS = ("lookups_misaligned", "lookups_skipped", "store_recovered_null",
+                  "boundary_states", "boundary_dropped_gone")
 
 
 class kvt_offload_stats(ctypes.Structure):
     _fields_ = ([(n, c_u64) for n in STAT_COUNTERS] + [(n, c_u32) for n in STAT_GAUGES] +
                 [(n, c_u64) for n in DISK_COUNTERS] + [(n, c_u32) for n in DISK_GAUGES] +
-                [(n, c_u64) for n in LATER_COUNTERS]) + room(5)
+                [(n, c_u64) for n in LATER_COUNTERS]) + room(3)
 
 
 TIER_COUNTERS = ("hit_blocks", "hit_tokens", "load_events", "store_events", "store_blocks",

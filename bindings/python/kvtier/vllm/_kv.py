@@ -170,6 +170,26 @@ def _hash_len(vllm_config):
     raise ConfigError("kvtier: prefix_caching_hash_algo %r is not supported" % algo)
 
 
+def _group_kind(g, spec, cacheable):
+    """(kvt_group_kind, sliding window) of vLLM KV cache group g with spec `spec`."""
+    if not cacheable:  # never stored, loaded or searched (spec §2.14)
+        ring = type(spec).__name__ == "CircularBufferSpec"
+        return (L.GROUP_RING if ring else L.GROUP_SCRATCH), 0
+    if isinstance(spec, SlidingWindowSpec):
+        return L.GROUP_SLIDING, spec.sliding_window
+    if isinstance(spec, MambaSpec):
+        # "all": a state in every block, stored by position. "align" (vLLM's default with
+        # prefix caching): states only at boundaries, in blocks whose table position is not
+        # stable, so never stored by position (kvt_offload_boundary_states hands them over;
+        # vLLM has no hook for that yet, so such a group is not offloaded: no wrong state)
+        all_mode = getattr(spec, "mamba_cache_mode", "all") == "all"
+        return (L.GROUP_MAMBA if all_mode else L.GROUP_MAMBA_ALIGN), 0
+    if isinstance(spec, FullAttentionSpec):
+        return L.GROUP_FULL, 0
+    raise ConfigError("kvtier: KV cache group %d has spec %s, which is not supported"
+                      % (g, type(spec).__name__))
+
+
 def _group_specs(kv_cache_config, vllm_config):
     """kvt_pool_config for vLLM's GPU pool: groups, block sizes, hash block size."""
     from vllm.v1.core.kv_cache_utils import resolve_kv_cache_block_sizes
@@ -187,18 +207,7 @@ def _group_specs(kv_cache_config, vllm_config):
         spec = grp.kv_cache_spec
         gs = cfg.groups[g]
         gs.block_size = spec.block_size
-        if g not in cacheable:  # never stored, loaded or searched (spec §2.14)
-            ring = type(spec).__name__ == "CircularBufferSpec"
-            gs.kind = L.GROUP_RING if ring else L.GROUP_SCRATCH
-        elif isinstance(spec, SlidingWindowSpec):
-            gs.kind, gs.sliding_window = 1, spec.sliding_window
-        elif isinstance(spec, MambaSpec):
-            gs.kind = 2
-        elif isinstance(spec, FullAttentionSpec):
-            gs.kind = 0
-        else:
-            raise ConfigError("kvtier: KV cache group %d has spec %s, which is not supported"
-                              % (g, type(spec).__name__))
+        gs.kind, gs.sliding_window = _group_kind(g, spec, g in cacheable)
     cfg.n_groups = len(groups)
     cfg.num_blocks = kv_cache_config.num_blocks
     cfg.hash_len = _hash_len(vllm_config)
@@ -287,7 +296,7 @@ class _Scheduler:
         self._ctx_next = 1
         self._ctx_finished = set()  # ctxs of finished requests (dropped if events are lost)
         # scratch and ring groups never reach an event
-        self._kinds = [{0: "full_attention", 1: "sliding_window", 2: "mamba"}.get(
+        self._kinds = [{0: "full_attention", 1: "sliding_window", 2: "mamba", 5: "mamba"}.get(
             self.gcfg.groups[g].kind) for g in range(self.ng)]
 
         oc = L.kvt_offload_config()
