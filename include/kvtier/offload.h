@@ -38,7 +38,9 @@
  * only when the promotion completed on every rank does the request's single GPU load (host
  * part + promoted part) get queued. A failed promotion is never a hit: its GPU destinations go
  * out in the load's load_invalid_blocks and the workers report them invalid (the engine
- * recomputes them). One full-attention KV-cache group only.
+ * recomputes them). Every group kind: the disk part is searched with each group's rules as a
+ * continuation of the host hit; with one full-attention group it shortens to the host room
+ * there is, with several it is promoted whole or not at all.
  *
  * Errors: a call that fails (unknown request where one is required, block ids out of range,
  * events the manager never issued, malformed arguments) returns a negative KVT_E* code with

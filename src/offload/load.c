@@ -136,8 +136,7 @@ int kvt_offload_match_flags(kvt_offload *m, const char *id, uint32_t id_len, con
         }
     }
     /* after the host pins, so that allocating host blocks for it cannot evict them */
-    uint32_t nd = r && want_disk ? kvi_ofl_tier_pin(m, r, want_disk) : 0;
-    uint32_t length = hit.length + nd * m->gcfg.groups[0].block_size;
+    uint32_t length = hit.length + (r && want_disk ? kvi_ofl_tier_pin(m, r) : 0);
     m->st.miss_tokens += searchable - length;
     m->st.miss_blocks += (searchable - length) / m->sched_bs;
     if (length == 0) {
@@ -155,8 +154,8 @@ int kvt_offload_match_flags(kvt_offload *m, const char *id, uint32_t id_len, con
 }
 
 /* Position of the first loaded block of group g in the request's block table. */
-static uint32_t load_start(const kvt_offload *m, const struct kvi_ofl_req *r, uint32_t g,
-                           uint32_t num_external)
+uint32_t kvi_ofl_load_start(const kvt_offload *m, const struct kvi_ofl_req *r, uint32_t g,
+                            uint32_t num_external)
 {
     uint32_t gbs = m->gcfg.groups[g].block_size;
     uint32_t total = r->hit_computed + num_external;
@@ -172,7 +171,7 @@ static int check_pairs(kvt_offload *m, const struct kvi_ofl_req *r, const uint32
     for (uint32_t g = 0; g < m->ng && !rc; g++) {
         const kvt_group_spec *gs = &m->gcfg.groups[g];
         uint32_t n_ext = num_external / gs->block_size;
-        uint32_t start = load_start(m, r, g, num_external);
+        uint32_t start = kvi_ofl_load_start(m, r, g, num_external);
         /* A shorter acceptance than offered ends where a window or state group may need
          * blocks the offered hit left out (null: before the window of its own end). */
         uint32_t need = 0;
@@ -212,14 +211,25 @@ static int check_pairs(kvt_offload *m, const struct kvi_ofl_req *r, const uint32
             m->gflags[gpu] |= G_MARK;
         }
     }
-    if (!rc && r->dhit_n) /* three tiers: the disk part follows group 0's host part */
-        rc = kvi_ofl_tier_check_pairs(m, r, blocks[0], n_blocks[0],
-                                      load_start(m, r, 0, num_external), r->hit_n[0],
-                                      num_external / m->gcfg.groups[0].block_size);
+    /* three tiers: a shorter end inside the disk part has a window or state group's blocks
+     * only if that group is full attention (the disk part was promoted for its own end) */
+    bool only_full = true;
+    for (uint32_t g = 0; g < m->ng; g++)
+        only_full &= !kvt_group_kind_cacheable(m->gcfg.groups[g].kind) ||
+                     m->gcfg.groups[g].kind == KVT_GROUP_FULL;
+    if (!rc && r->dhit_n && !only_full && num_external < r->hit_len &&
+        num_external > r->hit_len - r->dhit_len)
+        rc = kvt_fail(KVT_EINVAL,
+                      "offload: after_alloc: %u of the %u tokens offered end inside the part "
+                      "promoted from disk, where a window or Mamba group has no blocks; take "
+                      "the whole hit or at most its %u host-tier tokens",
+                      num_external, r->hit_len, r->hit_len - r->dhit_len);
+    if (!rc && r->dhit_n) /* three tiers: the disk part follows the host part */
+        rc = kvi_ofl_tier_check_pairs(m, r, blocks, n_blocks, num_external);
     /* clear the marks */
     for (uint32_t g = 0; g < m->ng; g++) {
         uint32_t n_ext = num_external / m->gcfg.groups[g].block_size;
-        uint32_t start = load_start(m, r, g, num_external);
+        uint32_t start = kvi_ofl_load_start(m, r, g, num_external);
         for (uint32_t i = 0; i < n_ext && (uint64_t)start + i < n_blocks[g]; i++)
             m->gflags[blocks[g][start + i]] &= (uint8_t)~G_MARK;
     }
@@ -264,7 +274,7 @@ int kvt_offload_after_alloc(kvt_offload *m, const char *id, uint32_t id_len,
         kvi_iditer it = kvi_idlist_begin(&m->hitpool, &r->hit);
         for (uint32_t g = 0; g < m->ng; g++) {
             uint32_t n_ext = num_external / m->gcfg.groups[g].block_size;
-            uint32_t start = load_start(m, r, g, num_external);
+            uint32_t start = kvi_ofl_load_start(m, r, g, num_external);
             for (uint32_t i = 0; i < r->hit_n[g]; i++, kvi_iditer_next(&m->hitpool, &it)) {
                 uint32_t cpu = kvi_iditer_get(&m->hitpool, &it);
                 if (i >= n_ext || cpu == KVT_NULL_BLOCK)
@@ -286,8 +296,7 @@ int kvt_offload_after_alloc(kvt_offload *m, const char *id, uint32_t id_len,
             }
         }
         if (r->dhit_n) /* three tiers: the load waits for the promotion of its disk part */
-            kvi_ofl_tier_pair(m, r, blocks[0], load_start(m, r, 0, num_external), r->hit_n[0],
-                              num_external / m->gcfg.groups[0].block_size, &tail);
+            kvi_ofl_tier_pair(m, r, blocks, num_external, &tail);
         if (r->n_load && !r->n_promo)
             kvi_ofl_queue_load(m, r);
     }

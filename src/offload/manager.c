@@ -339,7 +339,10 @@ static int host_setup(kvt_offload *m, uint32_t host_nb)
     m->hpromo_src = malloc((size_t)host_nb * sizeof(uint32_t));
     m->hpromo_next = malloc((size_t)host_nb * sizeof(uint32_t));
     m->hpromo_gpu = malloc((size_t)host_nb * sizeof(uint32_t));
-    if (!m->scratch || !m->hpromo_src || !m->hpromo_next || !m->hpromo_gpu)
+    m->hpromo_idx = calloc(host_nb, sizeof(uint32_t));
+    m->hpromo_grp = calloc(host_nb, 1);
+    if (!m->scratch || !m->hpromo_src || !m->hpromo_next || !m->hpromo_gpu || !m->hpromo_idx ||
+        !m->hpromo_grp)
         return kvt_fail(KVT_ENOMEM, "offload: cannot allocate state for %u host blocks", host_nb);
     for (uint32_t i = 0; i < host_nb; i++)
         m->hpromo_src[i] = m->hpromo_next[i] = m->hpromo_gpu[i] = OFL_NONE;
@@ -353,8 +356,11 @@ static void host_teardown(kvt_offload *m)
     free(m->hpromo_src);
     free(m->hpromo_next);
     free(m->hpromo_gpu);
+    free(m->hpromo_idx);
+    free(m->hpromo_grp);
     m->scratch = NULL;
-    m->hpromo_src = m->hpromo_next = m->hpromo_gpu = NULL;
+    m->hpromo_src = m->hpromo_next = m->hpromo_gpu = m->hpromo_idx = NULL;
+    m->hpromo_grp = NULL;
 }
 
 /* Lazy watermark (vLLM target_free, with the per-sequence term of spec §2.14): GPU blocks at

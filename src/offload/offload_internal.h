@@ -19,8 +19,9 @@
  *
  * Three-tier mode (tier.c) adds a disk pool and, threaded the same way:
  *   - a request's promotions: a list of freshly allocated host blocks (hpromo_next), each
- *     knowing its disk source (hpromo_src) and, once the engine accepted it, its GPU
- *     destination (hpromo_gpu) — a new host block belongs to one request;
+ *     knowing its disk source (hpromo_src), its group and position in the request's hit
+ *     (hpromo_grp, hpromo_idx) and, once the engine accepted it, its GPU destination
+ *     (hpromo_gpu) — a new host block belongs to one request;
  *   - a write-back event's pairs: a list of destination disk slots (dstore_next), each knowing
  *     its host source (dstore_src);
  *   - requests of a promotion event and of the promotion queue (promo_next).
@@ -67,6 +68,7 @@ struct kvi_ofl_req {
     /* three tiers: disk part of the hit (phase A: dhit_n pairs) or accepted promotions
      * (n_promo pairs), a list of host blocks through hpromo_next */
     uint32_t promo_head, dhit_n, n_promo;
+    uint32_t dhit_len;   /* tokens of the hit that the disk part adds */
     uint32_t promo_next; /* in the promotion queue or in its promotion event's list */
     int64_t promo_event;
     /* eager stores (stores in flight are tracked by their events, not by requests) */
@@ -124,6 +126,7 @@ struct kvi_ofl_tier {
         uint64_t store_skipped_cached, store_dropped; /* blocks not stored into this tier */
     } st;
     uint32_t *search_out[KVT_MAX_GROUPS]; /* scratch of the longest-hit search */
+    uint32_t search_n[KVT_MAX_GROUPS];    /* ... entries per group of the last one */
 };
 
 /* Cache events with request context (events.c; only with event_capacity > 0). The tiers'
@@ -180,7 +183,8 @@ struct kvt_offload {
     /* the tiers: tier[0] the host, tier[1] the disk behind it (three tiers) */
     struct kvi_ofl_tier tier[KVI_OFL_TIERS];
     /* per host block, three tiers: promotions from the disk */
-    uint32_t *hpromo_src, *hpromo_next, *hpromo_gpu;
+    uint32_t *hpromo_src, *hpromo_next, *hpromo_gpu, *hpromo_idx;
+    uint8_t *hpromo_grp;
     size_t key_stride; /* hash_len + group + num_tokens */
 
     /* queues of the step being assembled */
@@ -344,20 +348,28 @@ void kvi_ofl_events_req_done(kvt_offload *m, struct kvi_ofl_req *r);
 int kvi_ofl_tier_validate(const kvt_offload_config *c, const kvt_pool_config *g);
 int kvi_ofl_tier_setup(kvt_offload *m, uint32_t disk_nb);
 void kvi_ofl_tier_teardown(kvt_offload *m);
-/* Searches the disk past a host hit: hashes from index `from`, at most max_len tokens.
- * Returns the blocks found (in m->dsearch_out[0]). */
+/* Searches the disk past a host hit: hashes from index `from`, at most max_len tokens, every
+ * group agreeing on one length (the host hit ends where each group has what it needs, so the
+ * disk part is searched as a prefix of its own). Returns its tokens; the slots found per
+ * group are in tier[1].search_out / search_n. */
 uint32_t kvi_ofl_tier_search(kvt_offload *m, const uint8_t *hashes, uint32_t n_hashes,
                              uint32_t from, uint32_t max_len);
-/* Pins up to want found slots and allocates a host block for each; returns how many. */
-uint32_t kvi_ofl_tier_pin(kvt_offload *m, struct kvi_ofl_req *r, uint32_t want);
+/* Pins the slots the last search found (non-null, every group) and allocates a host block for
+ * each; returns the tokens that adds to r's hit (one full-attention group: as many blocks as
+ * the host tier has room for; otherwise all or nothing). */
+uint32_t kvi_ofl_tier_pin(kvt_offload *m, struct kvi_ofl_req *r);
 /* Releases the phase-A disk pairs of r. */
 void kvi_ofl_tier_release_hit(kvt_offload *m, struct kvi_ofl_req *r);
-/* after_alloc: checks / pairs the disk part of r's hit with GPU blocks blocks[start + first..]
- * of group 0 for the n_ext - first accepted entries. */
-int kvi_ofl_tier_check_pairs(kvt_offload *m, const struct kvi_ofl_req *r, const uint32_t *blocks,
-                             uint32_t n_blocks, uint32_t start, uint32_t first, uint32_t n_ext);
-void kvi_ofl_tier_pair(kvt_offload *m, struct kvi_ofl_req *r, const uint32_t *blocks,
-                       uint32_t start, uint32_t first, uint32_t n_ext, uint32_t *load_tail);
+/* Position in a group's block table of the first block a load of num_external tokens fills. */
+uint32_t kvi_ofl_load_start(const kvt_offload *m, const struct kvi_ofl_req *r, uint32_t g,
+                            uint32_t num_external);
+/* after_alloc: checks / pairs the disk part of r's hit with the GPU blocks at its positions,
+ * for the accepted num_external tokens. */
+int kvi_ofl_tier_check_pairs(kvt_offload *m, const struct kvi_ofl_req *r,
+                             const uint32_t *const *blocks, const uint32_t *n_blocks,
+                             uint32_t num_external);
+void kvi_ofl_tier_pair(kvt_offload *m, struct kvi_ofl_req *r, const uint32_t *const *blocks,
+                       uint32_t num_external, uint32_t *load_tail);
 void kvi_ofl_tier_cancel_promo(kvt_offload *m, struct kvi_ofl_req *r);
 void kvi_ofl_tier_writeback(kvt_offload *m, uint32_t h);
 int kvi_ofl_tier_reserve(kvt_offload *m, kvt_offload_meta *out, uint32_t invalid);

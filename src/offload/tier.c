@@ -19,8 +19,11 @@
  *                its host blocks get no keys and its GPU destinations go out in the load's
  *                load_invalid_blocks (the engine recomputes them, Dynamo #15079).
  *
- * One full-attention KV-cache group only: a disk hit continues a prefix, which is what full
- * attention caches; hybrid models keep two tiers.
+ * Every group kind: the host hit ends where each group has what it needs (a window's blocks
+ * before the end, the last Mamba state), so the disk part is searched as a prefix of its own
+ * with the same per-group rules, and each group's slots are promoted to the positions they
+ * continue. With one full-attention group a disk hit shortens to the host room there is;
+ * with several groups it is promoted whole or not at all.
  */
 #include <inttypes.h>
 #include <stdlib.h>
@@ -39,11 +42,7 @@ int kvi_ofl_tier_validate(const kvt_offload_config *c, const kvt_pool_config *g)
     if (c->disk_blocks < 2 || c->disk_blocks == UINT32_MAX)
         return kvt_fail(KVT_EINVAL, "offload: disk_blocks %u must be at least 2 (or 0: two tiers)",
                         c->disk_blocks);
-    if (g->n_groups != 1 || g->groups[0].kind != KVT_GROUP_FULL)
-        return kvt_fail(KVT_EINVAL,
-                        "offload: three tiers need one full-attention KV-cache group (this "
-                        "pool has %u group%s)",
-                        g->n_groups, g->n_groups == 1 ? " of another kind" : "s");
+    (void)g;
     return 0;
 }
 
@@ -54,18 +53,23 @@ int kvi_ofl_tier_setup(kvt_offload *m, uint32_t disk_nb)
     int rc = kvi_ofl_tier_open(m, 1, disk_nb, m->cfg.event_capacity, MAX_DISK_EVENTS);
     if (rc)
         return rc;
-    m->tier[1].search_out[0] = malloc(
-        ((size_t)m->cfg.max_model_len / m->gcfg.groups[0].block_size + 1) * sizeof(uint32_t));
-    if (!m->tier[1].search_out[0])
-        return kvt_fail(KVT_ENOMEM, "offload: cannot allocate state for %u disk slots", disk_nb);
+    for (uint32_t g = 0; g < m->ng; g++) {
+        m->tier[1].search_out[g] = malloc(
+            ((size_t)m->cfg.max_model_len / m->gcfg.groups[g].block_size + 1) * sizeof(uint32_t));
+        if (!m->tier[1].search_out[g])
+            return kvt_fail(KVT_ENOMEM, "offload: cannot allocate state for %u disk slots",
+                            disk_nb);
+    }
     return kvi_ofl_evtable_init(&m->tier[1].loads, kvi_min_u32(disk_nb, MAX_DISK_EVENTS));
 }
 
 void kvi_ofl_tier_teardown(kvt_offload *m)
 {
     kvi_ofl_tier_close(m, 1);
-    free(m->tier[1].search_out[0]);
-    m->tier[1].search_out[0] = NULL;
+    for (uint32_t g = 0; g < KVT_MAX_GROUPS; g++) {
+        free(m->tier[1].search_out[g]);
+        m->tier[1].search_out[g] = NULL;
+    }
     kvi_ofl_evtable_free(&m->tier[1].loads);
 }
 
@@ -79,40 +83,65 @@ const kvt_pool *kvt_offload_disk_pool(const kvt_offload *m)
 uint32_t kvi_ofl_tier_search(kvt_offload *m, const uint8_t *hashes, uint32_t n_hashes,
                              uint32_t from, uint32_t max_len)
 {
+    memset(m->tier[1].search_n, 0, sizeof(m->tier[1].search_n));
     if (!m->tier[1].pool || from >= n_hashes || max_len < m->sched_bs)
         return 0;
     kvt_hit hit;
     if (kvt_pool_find_longest_hit(m->tier[1].pool, hashes + (size_t)from * m->hash_len,
                                   n_hashes - from, max_len, m->tier[1].search_out, &hit))
         return 0; /* cannot fail on arguments the host search accepted; a miss is safe */
-    return hit.n_blocks[0];
+    memcpy(m->tier[1].search_n, hit.n_blocks, sizeof(m->tier[1].search_n));
+    return hit.length;
 }
 
-uint32_t kvi_ofl_tier_pin(kvt_offload *m, struct kvi_ofl_req *r, uint32_t want)
+uint32_t kvi_ofl_tier_pin(kvt_offload *m, struct kvi_ofl_req *r)
 {
-    uint32_t free_host = kvt_pool_num_free(m->tier[0].pool);
-    uint32_t n = want < free_host ? want : free_host;
-    if (n == 0)
-        return 0;
-    uint32_t *hosts = m->scratch; /* n <= host_nb */
-    kvi_ofl_host_alloc(m, n, hosts);
-    uint32_t tail = OFL_NONE;
-    for (uint32_t k = 0; k < n; k++) {
-        uint32_t d = m->tier[1].search_out[0][k], h = hosts[k];
-        (void)kvt_pool_touch(m->tier[1].pool, &d, 1);
-        m->hpromo_src[h] = d;
-        m->hpromo_gpu[h] = OFL_NONE;
-        m->hpromo_next[h] = OFL_NONE;
-        if (tail == OFL_NONE)
-            r->promo_head = h;
-        else
-            m->hpromo_next[tail] = h;
-        tail = h;
+    struct kvi_ofl_tier *D = &m->tier[1];
+    uint32_t free_host = kvt_pool_num_free(m->tier[0].pool), found = 0, tokens = 0;
+    for (uint32_t g = 0; g < m->ng; g++)
+        for (uint32_t i = 0; i < D->search_n[g]; i++)
+            found += D->search_out[g][i] != KVT_NULL_BLOCK;
+    bool one_full = m->ng == 1 && m->gcfg.groups[0].kind == KVT_GROUP_FULL;
+    if (found > free_host) {
+        if (!one_full)
+            return 0; /* every group must reach the same end: whole or nothing */
+        D->search_n[0] = found = free_host; /* a shorter prefix of one full-attention group */
     }
-    r->dhit_n = n;
-    m->tier[1].st.hit_blocks += n;
-    m->tier[1].st.hit_tokens += (uint64_t)n * m->gcfg.groups[0].block_size;
-    return n;
+    if (found == 0)
+        return 0;
+    uint32_t *hosts = m->scratch; /* found <= host_nb */
+    kvi_ofl_host_alloc(m, found, hosts);
+    uint32_t tail = OFL_NONE, k = 0;
+    for (uint32_t g = 0; g < m->ng; g++)
+        for (uint32_t i = 0; i < D->search_n[g]; i++) {
+            uint32_t d = D->search_out[g][i];
+            if (d == KVT_NULL_BLOCK)
+                continue;
+            uint32_t h = hosts[k++];
+            (void)kvt_pool_touch(D->pool, &d, 1);
+            m->hpromo_src[h] = d;
+            m->hpromo_gpu[h] = OFL_NONE;
+            m->hpromo_next[h] = OFL_NONE;
+            m->hpromo_grp[h] = (uint8_t)g;
+            m->hpromo_idx[h] = r->hit_n[g] + i; /* its position in the request's hit */
+            if (tail == OFL_NONE)
+                r->promo_head = h;
+            else
+                m->hpromo_next[tail] = h;
+            tail = h;
+        }
+    tokens = one_full ? D->search_n[0] * m->gcfg.groups[0].block_size : 0;
+    if (!one_full) /* the whole extension: every group's count covers the same tokens */
+        for (uint32_t g = 0; g < m->ng; g++)
+            if (kvt_group_kind_cacheable(m->gcfg.groups[g].kind)) {
+                tokens = D->search_n[g] * m->gcfg.groups[g].block_size;
+                break;
+            }
+    r->dhit_n = found;
+    r->dhit_len = tokens;
+    D->st.hit_blocks += found;
+    D->st.hit_tokens += tokens;
+    return tokens;
 }
 
 /* Frees one promotion pair: the host block (never findable: no keys) and the slot's pin. */
@@ -134,20 +163,35 @@ void kvi_ofl_tier_release_hit(kvt_offload *m, struct kvi_ofl_req *r)
         (void)kvt_pool_free(m->tier[0].pool, &h, 1);
         h = next;
     }
-    r->dhit_n = 0;
+    r->dhit_n = r->dhit_len = 0;
     r->promo_head = OFL_NONE;
 }
 
-int kvi_ofl_tier_check_pairs(kvt_offload *m, const struct kvi_ofl_req *r, const uint32_t *blocks,
-                             uint32_t n_blocks, uint32_t start, uint32_t first, uint32_t n_ext)
+/* The GPU block promotion h is accepted into (KVT_NULL_BLOCK: not accepted, or a null
+ * position), or OFL_NONE when the table is too short. */
+static uint32_t promo_dest(const kvt_offload *m, const struct kvi_ofl_req *r, uint32_t h,
+                           const uint32_t *const *blocks, const uint32_t *n_blocks,
+                           uint32_t num_external)
 {
-    for (uint32_t k = 0, i = first; k < r->dhit_n && i < n_ext; k++, i++) {
-        if ((uint64_t)start + i >= n_blocks)
+    uint32_t g = m->hpromo_grp[h], i = m->hpromo_idx[h];
+    if (i >= num_external / m->gcfg.groups[g].block_size)
+        return KVT_NULL_BLOCK;
+    uint64_t at = (uint64_t)kvi_ofl_load_start(m, r, g, num_external) + i;
+    return !n_blocks || at < n_blocks[g] ? blocks[g][at] : OFL_NONE;
+}
+
+int kvi_ofl_tier_check_pairs(kvt_offload *m, const struct kvi_ofl_req *r,
+                             const uint32_t *const *blocks, const uint32_t *n_blocks,
+                             uint32_t num_external)
+{
+    uint32_t h = r->promo_head;
+    for (uint32_t k = 0; k < r->dhit_n; k++, h = m->hpromo_next[h]) {
+        uint32_t g = m->hpromo_grp[h], gpu = promo_dest(m, r, h, blocks, n_blocks, num_external);
+        if (gpu == OFL_NONE)
             return kvt_fail(KVT_EINVAL,
-                            "offload: after_alloc: group 0 has %u GPU blocks; the load needs "
-                            "block %u",
-                            n_blocks, start + i);
-        uint32_t gpu = blocks[start + i];
+                            "offload: after_alloc: group %u has %u GPU blocks; the load needs "
+                            "more",
+                            g, n_blocks[g]);
         if (gpu != KVT_NULL_BLOCK && (m->gload_src[gpu] != OFL_NONE || (m->gflags[gpu] & G_MARK)))
             return kvt_fail(KVT_ESTATE,
                             "offload: after_alloc: GPU block %u is already the destination of "
@@ -159,15 +203,16 @@ int kvi_ofl_tier_check_pairs(kvt_offload *m, const struct kvi_ofl_req *r, const 
     return 0;
 }
 
-void kvi_ofl_tier_pair(kvt_offload *m, struct kvi_ofl_req *r, const uint32_t *blocks,
-                       uint32_t start, uint32_t first, uint32_t n_ext, uint32_t *load_tail)
+void kvi_ofl_tier_pair(kvt_offload *m, struct kvi_ofl_req *r, const uint32_t *const *blocks,
+                       uint32_t num_external, uint32_t *load_tail)
 {
     uint32_t h = r->promo_head, kept_tail = OFL_NONE, n = r->dhit_n;
     r->promo_head = OFL_NONE;
-    r->dhit_n = 0;
-    for (uint32_t k = 0, i = first; k < n; k++, i++) {
+    r->dhit_n = r->dhit_len = 0;
+    for (uint32_t k = 0; k < n; k++) {
         uint32_t next = m->hpromo_next[h];
-        uint32_t gpu = i < n_ext ? blocks[start + i] : KVT_NULL_BLOCK;
+        /* checked by kvi_ofl_tier_check_pairs: never OFL_NONE here */
+        uint32_t gpu = promo_dest(m, r, h, blocks, NULL, num_external);
         if (gpu == KVT_NULL_BLOCK) { /* not accepted */
             release_pair(m, h);
             (void)kvt_pool_free(m->tier[0].pool, &h, 1);

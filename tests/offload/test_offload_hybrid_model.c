@@ -45,7 +45,8 @@
 #define NREQ     6u   /* running at once */
 #define MAX_FIN  48u  /* requests per episode */
 #define GPU_NB   400u
-#define HOST_NB  4096u
+#define HOST_NB  4096u /* two tiers: never evicts within an episode */
+#define DISK_NB  4096u /* three tiers: a host tier of 48..303 blocks in front of this */
 #define HL       KVT_BLOCK_HASH_LEN
 #define MAX_PAIR 4096u
 
@@ -97,7 +98,13 @@ static struct {
     const kvt_pool *host;
     struct req r[NREQ];
     uint32_t prefixes[3][MAXTOK];
-    uint64_t gcont[GPU_NB], hcont[HOST_NB];
+    uint64_t gcont[GPU_NB], hcont[HOST_NB], dcont[DISK_NB];
+    bool disk;                              /* three tiers this episode */
+    const kvt_pool *dpool;                  /* the disk tier's index */
+    struct pair wb[MAX_PAIR], pr[MAX_PAIR]; /* write-backs (host, disk), promotions (disk, host) */
+    uint32_t n_wb, n_pr;
+    int64_t wb_ev, pr_ev;
+    uint64_t writebacks, promotions, disk_episodes, disk_clone_episodes;
     /* the events of the last build_meta, executed and reported at the next step */
     struct pair st[MAX_PAIR], ld[MAX_PAIR];
     uint32_t n_st, n_ld;
@@ -214,6 +221,9 @@ static void start_episode(void)
     memset(S.r, 0, sizeof(S.r));
     memset(S.gcont, 0, sizeof(S.gcont));
     memset(S.hcont, 0, sizeof(S.hcont));
+    memset(S.dcont, 0, sizeof(S.dcont));
+    S.n_wb = S.n_pr = 0;
+    S.wb_ev = S.pr_ev = KVT_NO_EVENT;
     memset(S.busy, 0, sizeof(S.busy));
     S.n_st = S.n_ld = S.n_ld_reqs = S.n_fin = S.arrivals = S.n_ctx = 0;
     S.st_ev = KVT_NO_EVENT;
@@ -222,10 +232,18 @@ static void start_episode(void)
     kvt_offload_config oc;
     kvt_offload_config_init(&oc);
     oc.host_blocks = HOST_NB;
+    S.disk = below(3) == 0; /* three tiers: a small host tier, a disk tier behind it */
+    if (S.disk) {
+        oc.host_blocks = 48 + below(256);
+        oc.disk_blocks = DISK_NB;
+        S.disk_episodes++;
+    }
     oc.max_model_len = MAXTOK;
     oc.max_requests = 64;
     oc.event_capacity = 1u << 16; /* never full within an episode */
-    S.lazy = below(3) == 0;
+    /* lazy with a host tier smaller than the GPU's cached blocks stores for ever: every block
+     * the window reaches is stored, evicting one the rotation brings back later */
+    S.lazy = !S.disk && below(2) == 0;
     oc.lazy = S.lazy;
     oc.max_batched_tokens = 64 + 16 * below(8);
     oc.max_num_seqs = below(2) ? NREQ : 0;
@@ -239,6 +257,7 @@ static void start_episode(void)
         KVT_OK_(kvt_offload_create(&oc, S.gpu, &S.m));
     }
     S.host = kvt_offload_host_pool(S.m);
+    S.dpool = kvt_offload_disk_pool(S.m);
     for (uint32_t p = 0; p < 3; p++)
         for (uint32_t t = 0; t < MAXTOK; t++)
             S.prefixes[p][t] = 1 + p * 100000 + t;
@@ -315,12 +334,15 @@ static void arrive(struct req *q)
         outs[g] = out[g];
     kvt_hit gh;
     KVT_OK_(kvt_pool_find_longest_hit(S.gpu, q->hashes, q->n_hashes, q->n_tokens - 1, outs, &gh));
-    for (uint32_t g = 0; g < S.ng; g++) {
+    /* every group's hit blocks are touched before any group allocates: a cached block of one
+     * group's hit must not be handed out as another group's new block */
+    for (uint32_t g = 0; g < S.ng; g++)
         for (uint32_t j = 0; j < gh.n_blocks[g]; j++) {
             q->tab[g][j] = out[g][j];
             if (out[g][j] != KVT_NULL_BLOCK)
                 KVT_OK_(kvt_pool_touch(S.gpu, &out[g][j], 1));
         }
+    for (uint32_t g = 0; g < S.ng; g++) {
         q->nb[g] = gh.n_blocks[g];
         uint32_t want = blocks_for(g, q->n_tokens);
         CHECK(engine_alloc(want - q->nb[g], q->tab[g] + q->nb[g]) == 0, "GPU pool sizing");
@@ -459,6 +481,16 @@ static void work(void)
               S.st[i].gpu);
         S.hcont[S.st[i].host] = S.gcont[S.st[i].gpu];
     }
+    for (uint32_t i = 0; i < S.n_wb; i++) { /* write-backs: their host blocks are stored */
+        CHECK(S.hcont[S.wb[i].gpu] != 0, "write-back from host block %u, which holds nothing",
+              S.wb[i].gpu);
+        S.dcont[S.wb[i].host] = S.hcont[S.wb[i].gpu];
+    }
+    for (uint32_t i = 0; i < S.n_pr; i++) { /* promotions: (disk slot, host block) */
+        CHECK(S.dcont[S.pr[i].gpu] != 0, "promotion from disk slot %u, which holds nothing",
+              S.pr[i].gpu);
+        S.hcont[S.pr[i].host] = S.dcont[S.pr[i].gpu];
+    }
     for (uint32_t i = 0; i < S.n_ld; i++) {
         CHECK(S.hcont[S.ld[i].host] != 0, "load from host block %u, which holds nothing",
               S.ld[i].host);
@@ -468,6 +500,14 @@ static void work(void)
     kvt_offload_worker_meta_clear(&S.wm);
     if (S.st_ev != KVT_NO_EVENT)
         KVT_OK_(kvt_offload_worker_meta_add(&S.wm, S.st_ev, 1));
+    if (S.wb_ev != KVT_NO_EVENT)
+        KVT_OK_(kvt_event_report_add(&S.wm.tier_stores[0], S.wb_ev, 1));
+    if (S.pr_ev != KVT_NO_EVENT)
+        KVT_OK_(kvt_event_report_add(&S.wm.tier_loads[0], S.pr_ev, 1));
+    S.writebacks += S.n_wb;
+    S.promotions += S.n_pr;
+    S.n_wb = S.n_pr = 0;
+    S.wb_ev = S.pr_ev = KVT_NO_EVENT;
     CALL(kvt_offload_apply_output(S.m, S.ld_reqs, S.n_ld_reqs, &S.wm));
     for (uint32_t k = 0; k < S.n_ld_reqs; k++)
         for (uint32_t i = 0; i < NREQ; i++) {
@@ -500,6 +540,22 @@ static void take_events(void)
         S.busy[gpu] = 1;
     }
     S.st_ev = m->store_event;
+    const kvt_tier_xfers *d = &m->tiers[0];
+    CHECK(d->n_stores <= MAX_PAIR && d->n_loads <= MAX_PAIR, "too many disk pairs");
+    for (uint32_t i = 0; i < d->n_stores; i++) {
+        CHECK(S.disk && d->store_src[i] != KVT_NULL_BLOCK && d->store_dst[i] != KVT_NULL_BLOCK &&
+                  d->store_src[i] < HOST_NB && d->store_dst[i] < DISK_NB,
+              "write-back pair %u -> %u", d->store_src[i], d->store_dst[i]);
+        S.wb[S.n_wb++] = (struct pair){d->store_src[i], d->store_dst[i]};
+    }
+    for (uint32_t i = 0; i < d->n_loads; i++) {
+        CHECK(S.disk && d->load_src[i] != KVT_NULL_BLOCK && d->load_dst[i] != KVT_NULL_BLOCK &&
+                  d->load_src[i] < DISK_NB && d->load_dst[i] < HOST_NB,
+              "promotion pair %u -> %u", d->load_src[i], d->load_dst[i]);
+        S.pr[S.n_pr++] = (struct pair){d->load_src[i], d->load_dst[i]};
+    }
+    S.wb_ev = d->store_event;
+    S.pr_ev = d->load_event;
     for (uint32_t i = 0; i < m->n_loads; i++) {
         uint32_t gpu = m->load_gpu_blocks[i], host = m->load_cpu_blocks[i];
         CHECK(gpu != KVT_NULL_BLOCK && host != KVT_NULL_BLOCK && gpu < GPU_NB && host < HOST_NB,
@@ -576,7 +632,7 @@ static void check_contents(void)
 {
     kvt_pool_key keys[8];
     uint32_t n;
-    for (uint32_t b = 1; b < HOST_NB; b++) {
+    for (uint32_t b = 1; b < kvt_pool_num_blocks(S.host); b++) {
         KVT_OK_(kvt_pool_block_keys(S.host, b, keys, 8, &n));
         CHECK(n <= 1, "host block %u carries %u keys (one per GPU block)", b, n);
         if (n)
@@ -589,6 +645,13 @@ static void check_contents(void)
         if (n)
             CHECK(S.gcont[b] == tag_of(keys[0].hash, keys[0].group),
                   "GPU block %u carries a key whose contents it lacks", b);
+    }
+    for (uint32_t b = 1; S.dpool && b < kvt_pool_num_blocks(S.dpool); b++) {
+        KVT_OK_(kvt_pool_block_keys(S.dpool, b, keys, 8, &n));
+        if (n)
+            CHECK(S.dcont[b] == tag_of(keys[0].hash, keys[0].group),
+                  "disk slot %u is found under a key (group %u) whose contents it lacks", b,
+                  keys[0].group);
     }
 }
 
@@ -676,7 +739,8 @@ static void episode(void)
         bool busy = false;
         for (uint32_t k = 0; k < NREQ; k++)
             busy |= S.r[k].used;
-        if (!busy && !kvt_offload_has_pending(S.m) && S.n_st == 0 && S.n_ld == 0)
+        if (!busy && !kvt_offload_has_pending(S.m) && S.n_st == 0 && S.n_ld == 0 && S.n_wb == 0 &&
+            S.n_pr == 0)
             break;
         step(false);
     }
@@ -688,8 +752,14 @@ static void episode(void)
     for (uint32_t i = 0; i < S.n_ctx; i++)
         CHECK(S.ctx[i].done, "context %u never ended (its request finished: %d)", i + 1,
               S.ctx[i].finished);
-    if (!S.lazy)
+    /* the clone rule holds when nothing was lost for room: a small host tier whose blocks are
+     * all pinned drops what it cannot take (a handed-over state for good) */
+    kvt_tier_stats ts;
+    KVT_OK_(kvt_offload_get_tier_stats(S.m, 0, &ts));
+    if (!S.lazy && ts.store_dropped == 0 && st.disk_store_dropped == 0) {
+        S.disk_clone_episodes += S.disk;
         check_clones();
+    }
     end_episode();
 }
 
@@ -705,20 +775,25 @@ static void hybrid_configurations_keep_every_invariant(void **state)
         episode();
     kvt_offload_meta_release(&S.meta);
     kvt_offload_worker_meta_release(&S.wm);
-    print_message("hybrid model: %u episodes (%llu over the engine's own pool, %llu lazy), %llu "
-                  "steps, %llu blocks stored, %llu loaded, %llu nulled entries recovered, %llu "
-                  "clones (%llu tokens hit), %llu stored events with context, %llu Mamba align "
-                  "states handed over; lazy: %llu stored, %llu loaded; seed %llu\n",
+    print_message("hybrid model: %u episodes (%llu over the engine's own pool, %llu lazy, %llu "
+                  "with a disk tier), %llu steps, %llu blocks stored, %llu loaded, %llu nulled "
+                  "entries recovered, %llu clones (%llu tokens hit), %llu stored events with "
+                  "context, %llu Mamba align states handed over; lazy: %llu stored, %llu loaded; "
+                  "disk: %llu written back, %llu promoted, %llu episodes clone-checked; seed "
+                  "%llu\n",
                   episodes, (unsigned long long)S.ext_episodes, (unsigned long long)S.lazy_episodes,
-                  (unsigned long long)g_step, (unsigned long long)S.stores,
-                  (unsigned long long)S.loads, (unsigned long long)S.recovered,
-                  (unsigned long long)S.clones, (unsigned long long)S.clone_tokens,
-                  (unsigned long long)S.ctx_events, (unsigned long long)S.handed,
-                  (unsigned long long)S.lazy_stores, (unsigned long long)S.lazy_loads,
+                  (unsigned long long)S.disk_episodes, (unsigned long long)g_step,
+                  (unsigned long long)S.stores, (unsigned long long)S.loads,
+                  (unsigned long long)S.recovered, (unsigned long long)S.clones,
+                  (unsigned long long)S.clone_tokens, (unsigned long long)S.ctx_events,
+                  (unsigned long long)S.handed, (unsigned long long)S.lazy_stores,
+                  (unsigned long long)S.lazy_loads, (unsigned long long)S.writebacks,
+                  (unsigned long long)S.promotions, (unsigned long long)S.disk_clone_episodes,
                   (unsigned long long)g_seed);
     assert_true(S.stores > 0 && S.loads > 0 && S.recovered > 0 && S.ctx_events > 0);
     assert_true(S.lazy_episodes == 0 || S.lazy_stores > 0);
     assert_true(S.handed > 0);
+    assert_true(S.disk_episodes == 0 || (S.writebacks > 0 && S.promotions > 0));
 }
 
 int main(void)

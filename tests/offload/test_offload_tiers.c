@@ -307,27 +307,103 @@ static void reset_waits_for_write_backs_and_clears_the_disk(void **state)
     sim_fini(&s);
 }
 
-static void three_tiers_need_one_full_attention_group_and_a_real_disk_size(void **state)
+/* Three tiers with a hybrid model (spec §2.14 item 10): full attention + a one-block sliding
+ * window, 8 host blocks, 64 disk slots. r (4 blocks in each group, the window's first three
+ * nulled and recovered) is stored and written back; other prompts push it out of the host
+ * tier; a clone finds it on disk in both groups, the window group only where its end needs
+ * it, and promotes those slots to the positions they continue; a shorter acceptance inside
+ * the disk part is refused. */
+static void a_hybrid_prefix_comes_back_from_disk_in_every_group(void **state)
+{
+    (void)state;
+    kvt_pool_config pc;
+    kvt_pool_config_init(&pc);
+    pc.num_blocks = 64;
+    pc.n_groups = 2;
+    pc.groups[1] = (kvt_group_spec){KVT_GROUP_SLIDING, SIM_BS, SIM_BS + 1};
+    sim s;
+    KVT_OK_(kvt_pool_create(&pc, &s.gpu));
+    kvt_offload_config oc;
+    kvt_offload_config_init(&oc);
+    oc.host_blocks = 9;
+    oc.disk_blocks = 64;
+    KVT_OK_(kvt_offload_create(&oc, s.gpu, &s.m));
+    kvt_offload_meta_init(&s.meta);
+    kvt_offload_worker_meta_init(&s.wm);
+    /* store prompt p (5 blocks, tokens of seed `seed`) in both groups, through to disk */
+    sim_req r[4];
+    uint32_t fa[5], sw[5];
+    const uint32_t *tab[2] = {fa, sw};
+    uint32_t nb[2] = {5, 5}, hit;
+    for (uint32_t p = 0; p < 4; p++) {
+        char id[8];
+        snprintf(id, sizeof(id), "r%u", p);
+        sim_req_make(&r[p], id, 4 * SIM_BS + 1, 10 + p, 4 * SIM_BS + 1, 0);
+        KVT_OK_(kvt_pool_alloc(s.gpu, 5, fa));
+        KVT_OK_(kvt_pool_alloc(s.gpu, 5, sw));
+        for (uint32_t j = 0; j < 4; j++) {
+            KVT_OK_(kvt_pool_insert(s.gpu, fa[j], r[p].hashes + j * KVT_BLOCK_HASH_LEN, 0, SIM_BS));
+            KVT_OK_(kvt_pool_insert(s.gpu, sw[j], r[p].hashes + j * KVT_BLOCK_HASH_LEN, 1, SIM_BS));
+        }
+        KVT_OK_(kvt_offload_match(s.m, id, 2, r[p].hashes, r[p].n_hashes, r[p].n_tokens, 0, &hit));
+        KVT_OK_(kvt_offload_after_alloc(s.m, id, 2, tab, nb, 0));
+        assert_true(kvt_offload_schedule_hashed(s.m, id, 2, tab, nb, r[p].hashes, r[p].n_hashes,
+                                                r[p].n_tokens, 1, false) >= 0);
+        KVT_OK_(kvt_offload_request_finished_hashed(s.m, id, 2, tab, nb, r[p].hashes, r[p].n_hashes,
+                                                    r[p].n_tokens));
+        KVT_OK_(kvt_pool_free(s.gpu, fa, 5));
+        KVT_OK_(kvt_pool_free(s.gpu, sw, 5));
+        sim_build(&s, false);
+        assert_int_equal(s.meta.n_stores, 8);
+        report(&s, R_STORES, s.meta.store_event, 1, false);
+        sim_build(&s, false); /* the write-back */
+        report(&s, R_DISK_STORES, s.meta.tiers[0].store_event, 1, false);
+        KVT_OK_(kvt_pool_reset_prefix_cache(s.gpu));
+    }
+    for (uint32_t j = 0; j < 4; j++) { /* r0 left the host tier; the disk has it */
+        assert_false(sim_host_has(&s, &r[0], j));
+        assert_true(disk_has(&s, &r[0], j));
+    }
+    /* a clone of r0: the whole prefix from disk, the window group's last block only */
+    KVT_OK_(kvt_offload_match(s.m, "c", 1, r[0].hashes, r[0].n_hashes, r[0].n_tokens, 0, &hit));
+    assert_int_equal(hit, 4 * SIM_BS);
+    KVT_OK_(kvt_pool_alloc(s.gpu, 5, fa));
+    KVT_OK_(kvt_pool_alloc(s.gpu, 5, sw));
+    KVT_ERR_(kvt_offload_after_alloc(s.m, "c", 1, tab, nb, 2 * SIM_BS), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "promoted from disk"));
+    KVT_OK_(kvt_offload_after_alloc(s.m, "c", 1, tab, nb, hit));
+    sim_build(&s, false);
+    assert_int_equal(s.meta.tiers[0].n_loads, 5); /* promotions: 4 + the window's one */
+    report(&s, R_DISK_LOADS, s.meta.tiers[0].load_event, 1, false);
+    sim_build(&s, false); /* the GPU load, after the promotion */
+    assert_int_equal(s.meta.n_loads, 5);
+    bool window_block = false;
+    for (uint32_t i = 0; i < s.meta.n_loads; i++) {
+        assert_int_not_equal(s.meta.load_gpu_blocks[i], KVT_NULL_BLOCK);
+        window_block |= s.meta.load_gpu_blocks[i] == sw[3];
+        for (uint32_t j = 0; j < 3; j++)
+            assert_int_not_equal(s.meta.load_gpu_blocks[i], sw[j]); /* not needed: not loaded */
+    }
+    assert_true(window_block);
+    kvt_str c = {"c", 1};
+    KVT_OK_(kvt_offload_apply_output(s.m, &c, 1, NULL));
+    KVT_OK_(kvt_offload_request_finished(s.m, "c", 1, tab, nb, 0));
+    KVT_OK_(kvt_pool_free(s.gpu, fa, 5));
+    KVT_OK_(kvt_pool_free(s.gpu, sw, 5));
+    sim_fini(&s);
+}
+
+static void three_tiers_need_a_real_disk_size(void **state)
 {
     (void)state;
     kvt_pool_config pc;
     kvt_pool_config_init(&pc);
     pc.num_blocks = 32;
-    pc.n_groups = 2;
-    pc.groups[1] = pc.groups[0];
-    pc.groups[1].kind = KVT_GROUP_SLIDING;
-    pc.groups[1].sliding_window = 64;
     kvt_pool *gpu;
-    KVT_OK_(kvt_pool_create(&pc, &gpu));
     kvt_offload_config oc;
     kvt_offload_config_init(&oc);
     oc.host_blocks = 16;
-    oc.disk_blocks = 16;
     kvt_offload *m;
-    KVT_ERR_(kvt_offload_create(&oc, gpu, &m), KVT_EINVAL);
-    assert_non_null(strstr(kvt_last_error(), "full-attention"));
-    kvt_pool_destroy(gpu);
-    pc.n_groups = 1;
     KVT_OK_(kvt_pool_create(&pc, &gpu));
     oc.disk_blocks = 1;
     KVT_ERR_(kvt_offload_create(&oc, gpu, &m), KVT_EINVAL);
@@ -383,7 +459,8 @@ int main(void)
         cmocka_unit_test(host_hit_continues_on_disk),
         cmocka_unit_test(finishing_during_a_promotion_releases_everything_when_it_lands),
         cmocka_unit_test(reset_waits_for_write_backs_and_clears_the_disk),
-        cmocka_unit_test(three_tiers_need_one_full_attention_group_and_a_real_disk_size),
+        cmocka_unit_test(three_tiers_need_a_real_disk_size),
+        cmocka_unit_test(a_hybrid_prefix_comes_back_from_disk_in_every_group),
         cmocka_unit_test(reports_for_disk_events_never_issued_are_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
