@@ -40,6 +40,17 @@ static const uint8_t *hash_of(const sim_req *r, uint32_t block)
     return r->hashes + (size_t)block * KVT_BLOCK_HASH_LEN;
 }
 
+/* Admits r, gives it context ctx (set_request_context must answer `took`), computes its prompt
+ * and runs the step that selects its full blocks for a store. */
+static void admit_with_context(sim *s, sim_req *r, uint64_t ctx, int took)
+{
+    sim_admit(s, r, 0);
+    assert_int_equal(set_ctx(s, r, ctx), took);
+    sim_compute(s, r, r->n_tokens);
+    sim_schedule(s, r, 1, false);
+    sim_build(s, false);
+}
+
 static void stored_events_carry_the_request_context(void **state)
 {
     (void)state;
@@ -47,12 +58,8 @@ static void stored_events_carry_the_request_context(void **state)
     sim_init(&s, 64, 32, false, 1, 64);
     sim_req a;
     sim_req_make(&a, "a", 3 * SIM_BS + 1, 1, 3 * SIM_BS + 1, 0);
-    sim_admit(&s, &a, 0);
-    assert_int_equal(set_ctx(&s, &a, 77), 1);
+    admit_with_context(&s, &a, 77, 1);
     assert_int_equal(set_ctx(&s, &a, 77), 1); /* the same again is fine */
-    sim_compute(&s, &a, a.n_tokens);
-    sim_schedule(&s, &a, 1, false);
-    sim_build(&s, false);
     evs v;
     take(&s, &v);
     assert_int_equal(v.n, 0); /* nothing is findable before the report */
@@ -128,11 +135,7 @@ static void abandoned_stores_store_nothing_and_release_the_context(void **state)
     sim_init(&s, 64, 32, false, 1, 64);
     sim_req a;
     sim_req_make(&a, "a", 2 * SIM_BS + 1, 1, 2 * SIM_BS + 1, 0);
-    sim_admit(&s, &a, 0);
-    assert_int_equal(set_ctx(&s, &a, 9), 1);
-    sim_compute(&s, &a, a.n_tokens);
-    sim_schedule(&s, &a, 1, false);
-    sim_build(&s, false);
+    admit_with_context(&s, &a, 9, 1);
     int64_t ev = s.meta.store_event;
     assert_int_equal(kvt_offload_reset(s.m), KVT_EBUSY);
     assert_int_equal(set_ctx(&s, &a, 9), 0); /* the reset cleared its registration */
@@ -159,11 +162,7 @@ static void failed_stores_store_nothing_and_release_the_context(void **state)
     sim_init(&s, 64, 32, false, 1, 64);
     sim_req a;
     sim_req_make(&a, "a", 2 * SIM_BS + 1, 1, 2 * SIM_BS + 1, 0);
-    sim_admit(&s, &a, 0);
-    assert_int_equal(set_ctx(&s, &a, 3), 1);
-    sim_compute(&s, &a, a.n_tokens);
-    sim_schedule(&s, &a, 1, false);
-    sim_build(&s, false);
+    admit_with_context(&s, &a, 3, 1);
     int64_t ev = s.meta.store_event;
     sim_finish(&s, &a);
     kvt_offload_worker_meta_clear(&s.wm);
@@ -210,11 +209,7 @@ static void with_events_off_no_context_is_taken(void **state)
     sim_init_ev(&s, 64, 32, false, 1, 64, 0, 0);
     sim_req a;
     sim_req_make(&a, "a", 2 * SIM_BS + 1, 1, 2 * SIM_BS + 1, 0);
-    sim_admit(&s, &a, 0);
-    assert_int_equal(set_ctx(&s, &a, 4), 0);
-    sim_compute(&s, &a, a.n_tokens);
-    sim_schedule(&s, &a, 1, false);
-    sim_build(&s, false);
+    admit_with_context(&s, &a, 4, 0);
     sim_report_store(&s, s.meta.store_event, 1);
     sim_finish(&s, &a);
     evs v;
@@ -287,11 +282,7 @@ static void disk_tier_events_name_the_disk(void **state)
     sim_init3(&s, 64, 32, false, 1, 64, 32);
     sim_req a;
     sim_req_make(&a, "a", 2 * SIM_BS + 1, 1, 2 * SIM_BS + 1, 0);
-    sim_admit(&s, &a, 0);
-    assert_int_equal(set_ctx(&s, &a, 11), 1);
-    sim_compute(&s, &a, a.n_tokens);
-    sim_schedule(&s, &a, 1, false);
-    sim_build(&s, false);
+    admit_with_context(&s, &a, 11, 1);
     sim_report_store(&s, s.meta.store_event, 1);
     sim_build(&s, false); /* the write-back */
     int64_t wb = s.meta.tiers[0].store_event;
@@ -325,11 +316,7 @@ static void a_full_buffer_counts_what_it_lost(void **state)
     sim_init_ev(&s, 64, 32, false, 1, 64, 0, 2);
     sim_req a;
     sim_req_make(&a, "a", 4 * SIM_BS + 1, 1, 4 * SIM_BS + 1, 0);
-    sim_admit(&s, &a, 0);
-    assert_int_equal(set_ctx(&s, &a, 8), 1);
-    sim_compute(&s, &a, a.n_tokens);
-    sim_schedule(&s, &a, 1, false);
-    sim_build(&s, false);
+    admit_with_context(&s, &a, 8, 1);
     sim_report_store(&s, s.meta.store_event, 1);
     sim_finish(&s, &a);
     evs v;

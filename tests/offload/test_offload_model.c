@@ -40,6 +40,7 @@
  * failure (KVTIER_TEST_SEED replays it).
  */
 #include "kvt_test.h"
+#include "offload/pool_scan.h"
 
 #define BS        16
 #define MAXB      24
@@ -160,16 +161,7 @@ static void cb_free(void *ctx, const uint32_t *ids, uint32_t n)
 static uint32_t cb_lru_scan(void *ctx, uint32_t cap, uint32_t *ids, kvt_pool_key *keys)
 {
     (void)ctx;
-    uint32_t n = 0;
-    for (uint32_t b = kvt_pool_lru_first(S.gpu); b != KVT_BLOCK_NONE && n < cap;
-         b = kvt_pool_lru_next(S.gpu, b), n++) {
-        uint32_t nk = 0;
-        ids[n] = b;
-        KVT_OK_(kvt_pool_block_keys(S.gpu, b, &keys[n], 1, &nk));
-        if (!nk)
-            keys[n].num_tokens = 0;
-    }
-    return n;
+    return kvt_test_lru_scan(S.gpu, cap, ids, keys);
 }
 
 static uint32_t cb_lookup(void *ctx, const uint8_t *hash, uint32_t group, uint32_t *ref)
