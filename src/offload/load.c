@@ -136,7 +136,7 @@ int kvt_offload_match_flags(kvt_offload *m, const char *id, uint32_t id_len, con
         }
     }
     /* after the host pins, so that allocating host blocks for it cannot evict them */
-    uint32_t length = hit.length + (r && want_disk ? kvi_ofl_tier_pin(m, r) : 0);
+    uint32_t length = hit.length + (r && want_disk ? kvi_ofl_tier_pin(m, r, want_disk) : 0);
     m->st.miss_tokens += searchable - length;
     m->st.miss_blocks += (searchable - length) / m->sched_bs;
     if (length == 0) {
@@ -160,6 +160,16 @@ uint32_t kvi_ofl_load_start(const kvt_offload *m, const struct kvi_ofl_req *r, u
     uint32_t gbs = m->gcfg.groups[g].block_size;
     uint32_t total = r->hit_computed + num_external;
     return (total + gbs - 1) / gbs - num_external / gbs;
+}
+
+/* Whether every prefix-cacheable group is full attention. */
+static bool full_attention_only(const kvt_offload *m)
+{
+    for (uint32_t g = 0; g < m->ng; g++)
+        if (kvt_group_kind_cacheable(m->gcfg.groups[g].kind) &&
+            m->gcfg.groups[g].kind != KVT_GROUP_FULL)
+            return false;
+    return true;
 }
 
 /* Checks every pair before anything changes; marks destinations to catch repeats. */
@@ -213,12 +223,8 @@ static int check_pairs(kvt_offload *m, const struct kvi_ofl_req *r, const uint32
     }
     /* three tiers: a shorter end inside the disk part has a window or state group's blocks
      * only if that group is full attention (the disk part was promoted for its own end) */
-    bool only_full = true;
-    for (uint32_t g = 0; g < m->ng; g++)
-        only_full &= !kvt_group_kind_cacheable(m->gcfg.groups[g].kind) ||
-                     m->gcfg.groups[g].kind == KVT_GROUP_FULL;
-    if (!rc && r->dhit_n && !only_full && num_external < r->hit_len &&
-        num_external > r->hit_len - r->dhit_len)
+    if (!rc && r->dhit_n && num_external < r->hit_len && num_external > r->hit_len - r->dhit_len &&
+        !full_attention_only(m))
         rc = kvt_fail(KVT_EINVAL,
                       "offload: after_alloc: %u of the %u tokens offered end inside the part "
                       "promoted from disk, where a window or Mamba group has no blocks; take "

@@ -354,10 +354,11 @@ void kvi_ofl_tier_teardown(kvt_offload *m);
  * group are in tier[1].search_out / search_n. */
 uint32_t kvi_ofl_tier_search(kvt_offload *m, const uint8_t *hashes, uint32_t n_hashes,
                              uint32_t from, uint32_t max_len);
-/* Pins the slots the last search found (non-null, every group) and allocates a host block for
- * each; returns the tokens that adds to r's hit (one full-attention group: as many blocks as
- * the host tier has room for; otherwise all or nothing). */
-uint32_t kvi_ofl_tier_pin(kvt_offload *m, struct kvi_ofl_req *r);
+/* Pins the slots the last search found (non-null, every group; `tokens` the search's length)
+ * and allocates a host block for each; returns the tokens that adds to r's hit (one
+ * full-attention group: as many blocks as the host tier has room for; otherwise all or
+ * nothing). */
+uint32_t kvi_ofl_tier_pin(kvt_offload *m, struct kvi_ofl_req *r, uint32_t tokens);
 /* Releases the phase-A disk pairs of r. */
 void kvi_ofl_tier_release_hit(kvt_offload *m, struct kvi_ofl_req *r);
 /* Position in a group's block table of the first block a load of num_external tokens fills. */

@@ -94,10 +94,10 @@ uint32_t kvi_ofl_tier_search(kvt_offload *m, const uint8_t *hashes, uint32_t n_h
     return hit.length;
 }
 
-uint32_t kvi_ofl_tier_pin(kvt_offload *m, struct kvi_ofl_req *r)
+uint32_t kvi_ofl_tier_pin(kvt_offload *m, struct kvi_ofl_req *r, uint32_t tokens)
 {
     struct kvi_ofl_tier *D = &m->tier[1];
-    uint32_t free_host = kvt_pool_num_free(m->tier[0].pool), found = 0, tokens = 0;
+    uint32_t free_host = kvt_pool_num_free(m->tier[0].pool), found = 0;
     for (uint32_t g = 0; g < m->ng; g++)
         for (uint32_t i = 0; i < D->search_n[g]; i++)
             found += D->search_out[g][i] != KVT_NULL_BLOCK;
@@ -106,6 +106,7 @@ uint32_t kvi_ofl_tier_pin(kvt_offload *m, struct kvi_ofl_req *r)
         if (!one_full)
             return 0; /* every group must reach the same end: whole or nothing */
         D->search_n[0] = found = free_host; /* a shorter prefix of one full-attention group */
+        tokens = found * m->gcfg.groups[0].block_size;
     }
     if (found == 0)
         return 0;
@@ -130,13 +131,6 @@ uint32_t kvi_ofl_tier_pin(kvt_offload *m, struct kvi_ofl_req *r)
                 m->hpromo_next[tail] = h;
             tail = h;
         }
-    tokens = one_full ? D->search_n[0] * m->gcfg.groups[0].block_size : 0;
-    if (!one_full) /* the whole extension: every group's count covers the same tokens */
-        for (uint32_t g = 0; g < m->ng; g++)
-            if (kvt_group_kind_cacheable(m->gcfg.groups[g].kind)) {
-                tokens = D->search_n[g] * m->gcfg.groups[g].block_size;
-                break;
-            }
     r->dhit_n = found;
     r->dhit_len = tokens;
     D->st.hit_blocks += found;

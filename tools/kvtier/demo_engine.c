@@ -355,6 +355,17 @@ static double ttft_ms(const struct opts *o, const struct run *runs, int r, bool 
     return x;
 }
 
+/* One table row on tbl: the label, then expr (of R, the run) for runs first .. first + n - 1. */
+#define TABLE_ROW(first, n, label, fmt, expr)                                                      \
+    do {                                                                                           \
+        fprintf(tbl, "%-44s", label);                                                              \
+        for (int r_ = (first); r_ < (first) + (n); r_++) {                                         \
+            const struct run *R = &runs[r_];                                                       \
+            fprintf(tbl, " " fmt, (double)(expr));                                                 \
+        }                                                                                          \
+        fprintf(tbl, "  \n");                                                                      \
+    } while (0)
+
 static bool same_tokens(const struct opts *o, const struct run *a, const struct run *b,
                         uint32_t *first_bad)
 {
@@ -617,16 +628,7 @@ int kvt_demo_engine(int argc, char **argv)
     if (!bad) {
         fprintf(tbl, "%-44s %15s %15s %17s\n", "", "without offload", "with host tier",
                 "+ encoder process");
-        double v[3];
-#define ROW(label, fmt, expr)                                                                      \
-    do {                                                                                           \
-        for (int r_ = 0; r_ < 3; r_++) {                                                           \
-            const struct run *R = &runs[r_];                                                       \
-            (void)R;                                                                               \
-            v[r_] = (expr);                                                                        \
-        }                                                                                          \
-        fprintf(tbl, "%-44s " fmt " " fmt " " fmt "  \n", label, v[0], v[1], v[2]);                \
-    } while (0)
+#define ROW(label, fmt, expr) TABLE_ROW(0, 3, label, fmt, expr)
         ROW("prompt tokens", "%15.0f", (double)R->st.prompt_tokens);
         ROW("  hit in the GPU prefix cache (%)", "%15.1f",
             100.0 * R->st.gpu_hit_tokens / (double)R->st.prompt_tokens);
@@ -696,15 +698,7 @@ int kvt_demo_engine(int argc, char **argv)
                 "\nhybrid model: layers 1 and 3 attend to the last %u tokens (two KV-cache "
                 "groups: full and sliding window)\n%-44s %15s %15s\n",
                 o.window, "", "without offload", "with host tier");
-#define HROW(label, fmt, expr)                                                                     \
-    do {                                                                                           \
-        double v_[2];                                                                              \
-        for (int r_ = 0; r_ < 2; r_++) {                                                           \
-            const struct run *R = &runs[3 + r_];                                                   \
-            v_[r_] = (expr);                                                                       \
-        }                                                                                          \
-        fprintf(tbl, "%-44s " fmt " " fmt "  \n", label, v_[0], v_[1]);                            \
-    } while (0)
+#define HROW(label, fmt, expr) TABLE_ROW(3, 2, label, fmt, expr)
         HROW("prompt tokens", "%15.0f", (double)R->st.prompt_tokens);
         HROW("  hit in the GPU prefix cache (%)", "%15.1f",
              100.0 * R->st.gpu_hit_tokens / (double)R->st.prompt_tokens);

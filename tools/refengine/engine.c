@@ -410,14 +410,20 @@ static const uint32_t *const *tables(const ref_engine *e, const struct req *r, c
     return tab;
 }
 
-/* Hybrid: as vLLM, the windowed group's blocks that no later token can see (wholly before
- * the window of position `computed`) are freed and nulled; they stay cached in the pool
- * until reused. */
+/* Hybrid: whether block j is wholly before the window of position pos (no token from pos on
+ * sees it). */
+static bool behind_window(const ref_engine *e, uint32_t j, uint32_t pos)
+{
+    return (j + 1) * REF_BT + e->cfg.model.window - 1 <= pos;
+}
+
+/* Hybrid: as vLLM, the windowed group's blocks that no later token can see (behind the
+ * window of position `computed`) are freed and nulled; they stay cached in the pool until
+ * reused. */
 static void drop_behind(ref_engine *e, struct req *r)
 {
-    uint32_t w = e->cfg.model.window;
     for (uint32_t j = 0; e->ng == 2 && j < r->n_blocks; j++)
-        if ((j + 1) * REF_BT + w - 1 <= r->computed && r->sw[j] != KVT_NULL_BLOCK) {
+        if (behind_window(e, j, r->computed) && r->sw[j] != KVT_NULL_BLOCK) {
             kvt_pool_free(e->gpu, &r->sw[j], 1);
             r->sw[j] = KVT_NULL_BLOCK;
         }
@@ -672,7 +678,7 @@ static int admit(ref_engine *e, struct req *r, uint32_t budget, char *err, size_
     if (ng == 2 && host) {
         uint32_t end = hit.length + host, nb = (end + REF_BT - 1) / REF_BT, want = nb - nhit;
         for (uint32_t j = nhit; j < nb; j++)
-            want += (j + 1) * REF_BT + e->cfg.model.window - 1 > end;
+            want += !behind_window(e, j, end);
         if (want > avail)
             host = 0;
     } else if (host > room * REF_BT) {
@@ -693,7 +699,7 @@ static int admit(ref_engine *e, struct req *r, uint32_t budget, char *err, size_
     if (ng == 2) {
         memcpy(r->sw, hit_ids[1], nhit * sizeof(uint32_t));
         for (uint32_t j = nhit; j < need; j++) {
-            bool behind = host && (j + 1) * REF_BT + e->cfg.model.window - 1 <= hit.length + host;
+            bool behind = host && behind_window(e, j, hit.length + host);
             r->sw[j] = KVT_NULL_BLOCK;
             if (!behind && off_check(kvt_pool_alloc(e->gpu, 1, &r->sw[j]), "alloc", err, cap))
                 return -1;

@@ -47,6 +47,14 @@ try:  # vLLM is not a dependency of the kvtier package: only this module needs i
 except ImportError as e:  # pragma: no cover - exercised only without vLLM
     raise ImportError("kvtier.vllm needs vLLM (pip install vllm); kvtier itself does not: %s"
                       % e) from e
+try:  # what cache events are built with; older vLLM: bytes hashes, no extra keys
+    from vllm.v1.core.kv_cache_utils import (generate_block_hash_extra_keys,
+                                             maybe_convert_block_hash, to_event_extra_keys)
+except ImportError:  # pragma: no cover - older vLLM
+    generate_block_hash_extra_keys = to_event_extra_keys = None
+
+    def maybe_convert_block_hash(h):
+        return h
 
 logger = logging.getLogger("kvtier.vllm")
 L = importlib.import_module("kvtier._lib")  # the module (the package's `_lib` is the CDLL)
@@ -703,11 +711,7 @@ class _Scheduler:
         if not self._events:
             return []
         from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
-        try:
-            from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash as conv
-        except ImportError:  # older vLLM: hashes are published as bytes
-            def conv(h):
-                return h
+        conv = maybe_convert_block_hash
         out = []
         buf = (L.kvt_offload_event * 256)()
         dropped = L.c_u64()
@@ -717,16 +721,13 @@ class _Scheduler:
             for i in range(n):
                 e = buf[i]
                 if e.type == L.OFFLOAD_EV_CONTEXT_DONE:
-                    req = self._ctx.pop(e.ctx, None)
+                    self._drop_context(e.ctx)
                     self._ctx_finished.discard(e.ctx)
-                    if req is not None and self._ctx_of.get(req.request_id) == e.ctx:
-                        del self._ctx_of[req.request_id]
                     continue
                 if e.type == L.OFFLOAD_EV_ALL_CLEARED:
                     out.append(AllBlocksCleared())
                     continue
-                medium = ("STORAGE" if e.medium == L.MEDIUM_DISK or self.cfg.backend == "disk"
-                          else "CPU")
+                medium = "STORAGE" if e.medium == L.MEDIUM_DISK else self._medium
                 h = conv(bytes(e.hash[:hl]))
                 if e.type == L.OFFLOAD_EV_REMOVED:
                     out.append(BlockRemoved(block_hashes=[h], medium=medium, group_idx=e.group,
@@ -738,11 +739,14 @@ class _Scheduler:
         if dropped.value:
             logger.warning("kvtier: %d host-tier cache events were dropped", dropped.value)
             for ctx in self._ctx_finished:  # their context_done may be among the lost
-                req = self._ctx.pop(ctx, None)
-                if req is not None and self._ctx_of.get(req.request_id) == ctx:
-                    del self._ctx_of[req.request_id]
+                self._drop_context(ctx)
             self._ctx_finished.clear()
         return out
+
+    def _drop_context(self, ctx):
+        req = self._ctx.pop(ctx, None)
+        if req is not None and self._ctx_of.get(req.request_id) == ctx:
+            del self._ctx_of[req.request_id]
 
     def _stored_event(self, BlockStored, e, h, medium, conv):
         """One BlockStored with the request's context when the store had one (eager); lazy
@@ -771,10 +775,7 @@ class _Scheduler:
 def _event_extra_keys(request, start, end):
     """vLLM's per-block extra keys (LoRA name, multimodal identifiers, cache salt, prompt
     embeddings) of tokens [start, end) of request, in the untagged shape events publish."""
-    try:
-        from vllm.v1.core.kv_cache_utils import (generate_block_hash_extra_keys,
-                                                 to_event_extra_keys)
-    except ImportError:
+    if generate_block_hash_extra_keys is None:
         return None
     keys, _ = generate_block_hash_extra_keys(request, start, end, 0)
     return to_event_extra_keys([keys])
