@@ -287,9 +287,6 @@ ref_rank *ref_rank_create(const ref_config *c, uint32_t rank, uint32_t max_token
     if (!r)
         return NULL;
     pick_kernels(); /* before any rank thread runs (the same choice every time) */
-    /* one BLAS thread per call: the ranks are the parallelism, and the process-wide setting is
-     * made here, before any rank thread calls into BLAS */
-    openblas_set_num_threads(1);
     r->c = *c;
     r->rank = rank;
     r->sh = shared;
@@ -340,14 +337,74 @@ ref_rank *ref_rank_create(const ref_config *c, uint32_t rank, uint32_t max_token
     return r;
 }
 
-/* Y[rows x n] = X[rows x k] W[n x k]^T in whole tiles: every call has the same shape, so a
- * row's result never depends on the rows it shares a tile with. X and Y hold round_tile(rows)
- * rows. */
+/* Rows per BLAS call, REF_TILE or fewer: see pick_tile. */
+static uint32_t mm_tile = REF_TILE;
+
+/* Y[rows x n] = X[rows x k] W[n x k]^T in whole tiles of mm_tile rows: every call has the same
+ * shape, and pick_tile made sure a row's result does not depend on its place in the tile or on
+ * the rows it shares it with. X and Y hold round_tile(rows) rows. */
 static void mm(const float *X, uint32_t rows, uint32_t k, const float *W, uint32_t n, float *Y)
 {
-    for (uint32_t i = 0; i < rows; i += REF_TILE)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)REF_TILE, (int)n, (int)k, 1.0f,
+    for (uint32_t i = 0; i < rows; i += mm_tile)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)mm_tile, (int)n, (int)k, 1.0f,
                     X + (size_t)i * k, (int)k, W, (int)k, 0.0f, Y + (size_t)i * n, (int)n);
+}
+
+/* Whether a tile of `tile` rows gives every row the bits it gets in row 0, for one shape. */
+static bool tile_is_invariant(uint32_t tile, uint32_t k, uint32_t n)
+{
+    float *W = falloc((size_t)n * k), *X = falloc((size_t)tile * k), *Y = falloc((size_t)tile * n);
+    float *R = falloc(n);
+    bool ok = W && X && Y && R;
+    uint64_t x = 0x243F6A8885A308D3ull;
+    for (size_t i = 0; ok && i < (size_t)n * k; i++, x = x * 6364136223846793005ull + 1)
+        W[i] = (float)(x >> 40) / (float)(1u << 24) - 0.5f;
+    for (size_t i = 0; ok && i < (size_t)tile * k; i++, x = x * 6364136223846793005ull + 1)
+        X[i] = (float)(x >> 40) / (float)(1u << 24) - 0.5f;
+    if (ok) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)tile, (int)n, (int)k, 1.0f, X,
+                    (int)k, W, (int)k, 0.0f, Y, (int)n);
+        memcpy(R, Y, n * sizeof(float));
+    }
+    for (uint32_t p = 1; ok && p < tile; p++) { /* row 0's inputs moved to row p */
+        for (uint32_t e = 0; e < k; e++) {
+            float t = X[e];
+            X[e] = X[(size_t)p * k + e];
+            X[(size_t)p * k + e] = t;
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)tile, (int)n, (int)k, 1.0f, X,
+                    (int)k, W, (int)k, 0.0f, Y, (int)n);
+        ok = memcmp(R, Y + (size_t)p * n, n * sizeof(float)) == 0;
+        for (uint32_t e = 0; e < k; e++) {
+            float t = X[e];
+            X[e] = X[(size_t)p * k + e];
+            X[(size_t)p * k + e] = t;
+        }
+    }
+    free(W);
+    free(X);
+    free(Y);
+    free(R);
+    return ok;
+}
+
+/* The largest tile (REF_TILE, halved down to 1) whose rows are computed alike. A BLAS kernel
+ * may compute some rows of a product in another order than others: OpenBLAS 0.3.21's Haswell
+ * and Zen sgemm kernels on one thread treat rows 6..11 of each 12 apart, so with 32-row tiles
+ * a token's KV depended on how its prompt was chunked (AMD EPYC machines; Intel ones passed).
+ * Probed once, on one thread, with the shapes the default model multiplies. */
+static void pick_tile(void)
+{
+    static const uint32_t shapes[][2] = {{256, 128},  {256, 256}, {768, 256}, {256, 768},
+                                         {256, 2048}, {96, 100},  {128, 256}};
+    for (uint32_t tile = REF_TILE; tile >= 1; tile /= 2) {
+        bool ok = true;
+        for (size_t i = 0; ok && i < sizeof(shapes) / sizeof(shapes[0]); i++)
+            ok = tile_is_invariant(tile, shapes[i][0], shapes[i][1]);
+        mm_tile = tile;
+        if (ok)
+            return;
+    }
 }
 
 static void rmsnorm(const float *x, const float *w, uint32_t d, float *out)
@@ -482,6 +539,14 @@ __attribute__((noinline)) static void attend_base(ref_rank *r, const ref_kv *kv,
 
 static void pick_kernels(void)
 {
+    static bool picked;
+    if (picked)
+        return;
+    picked = true;
+    /* one BLAS thread per call: the ranks are the parallelism, and the process-wide setting is
+     * made here, before any rank thread calls into BLAS */
+    openblas_set_num_threads(1);
+    pick_tile();
     __builtin_cpu_init();
     attend =
         __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? attend_v3 : attend_base;
@@ -771,6 +836,7 @@ ref_encoder *ref_encoder_create(const ref_config *c)
     ref_encoder *e = calloc(1, sizeof(*e));
     if (!e)
         return NULL;
+    pick_kernels(); /* the tile its products use */
     const uint32_t pd = REF_PATCH * REF_PATCH * 3, d = c->d_model;
     e->d = d;
     e->w1 = falloc((size_t)d * pd);

@@ -11,8 +11,9 @@
  *
  * Batch invariance: every token's result depends only on its inputs (its token or embedding,
  * its position, the KV of the positions before it), never on which other tokens share its
- * step or how its prompt was chunked. Matrix products run in fixed tiles of REF_TILE rows
- * (one BLAS call shape per weight), attention walks positions in order with fixed vector
+ * step or how its prompt was chunked. Matrix products run in fixed tiles of at most REF_TILE
+ * rows (one BLAS call shape per weight; a tile size whose rows the machine's BLAS kernel
+ * computes alike, probed once per process), attention walks positions in order with fixed vector
  * lanes. So a prefix recomputed, loaded from the host tier or computed in another chunking
  * gives bit-identical KV, and generated tokens are identical across runs.
  */
@@ -23,7 +24,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#define REF_TILE       32u /* rows per matrix-product call */
+#define REF_TILE       32u /* most rows per matrix-product call (fewer where BLAS needs it) */
 #define REF_BT         16u /* tokens per KV block */
 #define REF_HD         32u /* head dimension */
 #define REF_IMG_SIDE   32u /* images: REF_IMG_SIDE^2 RGB pixels (bytes) */
