@@ -242,7 +242,8 @@ typedef struct kvt_offload_boundary {
     uint32_t group;             /* a KVT_GROUP_MAMBA_ALIGN group */
     uint32_t gpu_block;         /* the GPU block holding the state (not the null block) */
     uint32_t num_tokens;        /* tokens the state covers: a positive multiple of the group's block
-                                   size */
+                                   size (of the hash block size with partial hash hits,
+                                   kvt_offload_hit_alignment) */
     const uint8_t *hash;        /* the request's chained hash at num_tokens (hash_len bytes): the
                                    state's key, as a lookup of a prompt of that prefix finds it */
     const uint8_t *parent_hash; /* optional, for cache events: the hash where the group's block
@@ -256,7 +257,8 @@ typedef struct kvt_offload_boundary {
  * positional block would be; with no free host block it is dropped (store_dropped). The engine
  * must not hand over the states of a request it preempted this step (their blocks are gone).
  * A malformed entry (group of another kind, block out of range or null, token count not a
- * positive multiple of the block size, NULL hash or id) fails the call with KVT_EINVAL before
+ * positive multiple of the block size — the hash block size with partial hash hits —, NULL
+ * hash or id) fails the call with KVT_EINVAL before
  * anything is applied. Lazy mode: a no-op (the scan finds the cached state blocks near
  * eviction like any other). Returns the number of states selected for a store. */
 KVT_API int kvt_offload_boundary_states(kvt_offload *m, const kvt_offload_boundary *states,
@@ -322,6 +324,14 @@ KVT_API int kvt_offload_reset(kvt_offload *m);
  * Mamba in align mode ceil(max_batched_tokens / B) (one prefill step can fill that many);
  * the sum times 2 (upstream's watermark ratio 1.0). */
 KVT_API uint32_t kvt_offload_lazy_window(const kvt_offload *m);
+
+/* Tokens every host-tier hit is a multiple of: the scheduler block size, or the hash block
+ * size when the manager offers partial hash hits (spec §2.14: eager mode, over groups for
+ * which kvt_pool_hit_alignment(KVT_HIT_PARTIAL) is finer — full attention and Mamba align
+ * with a Mamba align block wider than a hash block). A partial hit's last full-attention
+ * block is loaded whole but valid only up to the hit's end: the engine computes the rest of
+ * it. */
+KVT_API uint32_t kvt_offload_hit_alignment(const kvt_offload *m);
 
 /* True while transfers are in flight or stores are queued: the engine keeps stepping. */
 KVT_API bool kvt_offload_has_pending(const kvt_offload *m);
@@ -449,7 +459,9 @@ typedef struct kvt_offload_stats {
                                        pool's index by the position's hash and stored */
     uint64_t boundary_states;       /* Mamba align: handed-over states selected for a store */
     uint64_t boundary_dropped_gone; /* ... dropped: their request was unknown or finished */
-    uint64_t reserved[3];           /* room for figures to come (zero) */
+    uint64_t partial_hits;          /* matches whose hit ends inside a scheduler block */
+    uint64_t partial_tails; /* partly filled full-attention blocks stored at request finish */
+    uint64_t reserved[1];   /* room for figures to come (zero) */
 } kvt_offload_stats;
 
 KVT_API void kvt_offload_get_stats(const kvt_offload *m, kvt_offload_stats *s);

@@ -193,7 +193,7 @@ typedef struct kvt_hit {
 } kvt_hit;
 
 /* Entries group `group` may need in its output array for a search over n_hashes hashes
- * capped at max_length tokens. */
+ * capped at max_length tokens (with or without KVT_HIT_PARTIAL). */
 KVT_API uint32_t kvt_pool_hit_capacity(const kvt_pool *pool, uint32_t group, uint32_t n_hashes,
                                        uint32_t max_length);
 
@@ -210,6 +210,28 @@ KVT_API uint32_t kvt_pool_hit_capacity(const kvt_pool *pool, uint32_t group, uin
 KVT_API int kvt_pool_find_longest_hit(const kvt_pool *pool, const uint8_t *hashes,
                                       uint32_t n_hashes, uint32_t max_length,
                                       uint32_t *const *blocks, kvt_hit *hit);
+
+/* Partial hash hits (vLLM's enable_partial_hash_hits): a hit may end at any hash-block boundary,
+ * not only at a scheduler-block boundary. Honoured when the pool's prefix-cacheable groups are
+ * full attention and Mamba align, at least one Mamba align group has blocks larger than
+ * hash_block_size, and EAGLE is off; otherwise the flag changes nothing. Then:
+ *   full attention  after its run of whole cached blocks, the next block may be a partial one,
+ *                   found under the key of a hash-block boundary inside it (a key whose
+ *                   num_tokens is less than the block size: a partly filled block cached with
+ *                   its token count); a whole block also serves any prefix of itself;
+ *   Mamba align     the rightmost cached state at any hash-block boundary; it sits at index
+ *                   ceil(length / block_size) - 1 of the group's output, earlier entries null.
+ * Group g's output then holds ceil(length / block_size_g) entries; the last block of a full-
+ * attention group may be valid only up to the hit's end. */
+#define KVT_HIT_PARTIAL 1u
+
+KVT_API int kvt_pool_find_longest_hit_flags(const kvt_pool *pool, const uint8_t *hashes,
+                                            uint32_t n_hashes, uint32_t max_length, uint32_t flags,
+                                            uint32_t *const *blocks, kvt_hit *hit);
+
+/* Tokens every hit length is a multiple of for a search with these flags: hash_block_size when
+ * KVT_HIT_PARTIAL is honoured, else the scheduler block size. */
+KVT_API uint32_t kvt_pool_hit_alignment(const kvt_pool *pool, uint32_t flags);
 
 /* ---- chained block hashes -------------------------------------------------------------- */
 

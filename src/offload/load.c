@@ -92,8 +92,14 @@ int kvt_offload_match_flags(kvt_offload *m, const char *id, uint32_t id_len, con
     if (max_hit > m->max_search_tokens)
         max_hit = m->max_search_tokens;
     kvt_hit hit;
-    rc = kvt_pool_find_longest_hit(m->tier[0].pool, hashes + (size_t)start * m->hash_len,
-                                   n_hashes - start, max_hit, m->tier[0].search_out, &hit);
+    /* Partial hash hits with a disk tier: the host hit on scheduler blocks first, which the
+     * disk continues (itself ending anywhere); only where the disk adds nothing, the host's own
+     * partial hit (the disk holds what the host wrote back, so it rarely matters which). */
+    bool disk = m->tier[1].pool != NULL;
+    const uint8_t *from = hashes + (size_t)start * m->hash_len;
+    rc = kvt_pool_find_longest_hit_flags(m->tier[0].pool, from, n_hashes - start, max_hit,
+                                         m->partial && !disk ? KVT_HIT_PARTIAL : 0,
+                                         m->tier[0].search_out, &hit);
     if (rc) {
         if (r)
             kvi_ofl_req_maybe_release(m, r);
@@ -105,6 +111,9 @@ int kvt_offload_match_flags(kvt_offload *m, const char *id, uint32_t id_len, con
     /* three tiers: the disk may continue where the host tier stopped */
     uint32_t want_disk = kvi_ofl_tier_search(
         m, hashes, n_hashes, start + hit.length / m->gcfg.hash_block_size, max_hit - hit.length);
+    if (disk && m->partial && !want_disk) /* cannot fail: the same arguments passed above */
+        (void)kvt_pool_find_longest_hit_flags(m->tier[0].pool, from, n_hashes - start, max_hit,
+                                              KVT_HIT_PARTIAL, m->tier[0].search_out, &hit);
     m->st.lookups++;
     m->st.lookup_tokens += searchable;
     uint32_t total = 0;
@@ -145,6 +154,7 @@ int kvt_offload_match_flags(kvt_offload *m, const char *id, uint32_t id_len, con
         return 0;
     }
     r->flags |= RQ_HIT;
+    m->st.partial_hits += length % m->sched_bs != 0;
     r->hit_len = length;
     r->hit_computed = num_computed;
     m->st.hit_tokens += length;
@@ -159,7 +169,7 @@ uint32_t kvi_ofl_load_start(const kvt_offload *m, const struct kvi_ofl_req *r, u
 {
     uint32_t gbs = m->gcfg.groups[g].block_size;
     uint32_t total = r->hit_computed + num_external;
-    return (total + gbs - 1) / gbs - num_external / gbs;
+    return (total + gbs - 1) / gbs - kvi_ofl_ext_blocks(m, g, num_external);
 }
 
 /* Whether every prefix-cacheable group is full attention. */
@@ -180,19 +190,23 @@ static int check_pairs(kvt_offload *m, const struct kvi_ofl_req *r, const uint32
     kvi_iditer it = kvi_idlist_begin(&m->hitpool, &r->hit);
     for (uint32_t g = 0; g < m->ng && !rc; g++) {
         const kvt_group_spec *gs = &m->gcfg.groups[g];
-        uint32_t n_ext = num_external / gs->block_size;
+        uint32_t n_ext = kvi_ofl_ext_blocks(m, g, num_external);
         uint32_t start = kvi_ofl_load_start(m, r, g, num_external);
-        /* A shorter acceptance than offered ends where a window or state group may need
-         * blocks the offered hit left out (null: before the window of its own end). */
+        /* A shorter acceptance than offered ends where a window group may need blocks the
+         * offered hit left out (null: before the window of its own end); a state group has
+         * states only where the host part and the whole hit end (with partial hits, a state
+         * block inside the acceptance may hold a later state than its end). */
         uint32_t need = 0;
+        bool state = gs->kind == KVT_GROUP_MAMBA || gs->kind == KVT_GROUP_MAMBA_ALIGN;
         if (num_external < r->hit_len && gs->kind == KVT_GROUP_SLIDING)
             need = kvi_max_u32(1, (gs->sliding_window - 1 + gs->block_size - 1) / gs->block_size);
-        else if (num_external < r->hit_len &&
-                 (gs->kind == KVT_GROUP_MAMBA || gs->kind == KVT_GROUP_MAMBA_ALIGN))
+        else if (num_external < r->hit_len && state)
             need = 1;
+        bool no_state =
+            state && num_external != r->hit_len && num_external != r->hit_len - r->dhit_len;
         for (uint32_t i = 0; i < r->hit_n[g]; i++, kvi_iditer_next(&m->hitpool, &it)) {
             uint32_t cpu = kvi_iditer_get(&m->hitpool, &it);
-            if (!rc && i < n_ext && i + need >= n_ext && cpu == KVT_NULL_BLOCK)
+            if (!rc && i < n_ext && i + need >= n_ext && (cpu == KVT_NULL_BLOCK || no_state))
                 rc = kvt_fail(KVT_EINVAL,
                               "offload: after_alloc: %u of the %u tokens offered end where group "
                               "%u (%s) needs blocks the hit does not hold; take the whole hit "
@@ -234,7 +248,7 @@ static int check_pairs(kvt_offload *m, const struct kvi_ofl_req *r, const uint32
         rc = kvi_ofl_tier_check_pairs(m, r, blocks, n_blocks, num_external);
     /* clear the marks */
     for (uint32_t g = 0; g < m->ng; g++) {
-        uint32_t n_ext = num_external / m->gcfg.groups[g].block_size;
+        uint32_t n_ext = kvi_ofl_ext_blocks(m, g, num_external);
         uint32_t start = kvi_ofl_load_start(m, r, g, num_external);
         for (uint32_t i = 0; i < n_ext && (uint64_t)start + i < n_blocks[g]; i++)
             m->gflags[blocks[g][start + i]] &= (uint8_t)~G_MARK;
@@ -257,11 +271,11 @@ int kvt_offload_after_alloc(kvt_offload *m, const char *id, uint32_t id_len,
                             "offload: after_alloc: request %.*s accepted %u external "
                             "tokens but has no pending host hit",
                             (int)id_len, id, num_external);
-        if (num_external > r->hit_len || num_external % m->sched_bs)
+        if (num_external > r->hit_len || num_external % m->hit_align)
             return kvt_fail(KVT_EINVAL,
                             "offload: after_alloc: %u external tokens: must be a "
                             "multiple of %u and at most the %u offered",
-                            num_external, m->sched_bs, r->hit_len);
+                            num_external, m->hit_align, r->hit_len);
         if (r->flags & (RQ_LOAD_QUEUED | RQ_LOAD_SENT | RQ_PROMO_QUEUED | RQ_PROMO_SENT))
             return kvt_fail(KVT_ESTATE, "offload: after_alloc: request %.*s already has a load",
                             (int)id_len, id);
@@ -279,7 +293,7 @@ int kvt_offload_after_alloc(kvt_offload *m, const char *id, uint32_t id_len,
         uint32_t tail = OFL_NONE;
         kvi_iditer it = kvi_idlist_begin(&m->hitpool, &r->hit);
         for (uint32_t g = 0; g < m->ng; g++) {
-            uint32_t n_ext = num_external / m->gcfg.groups[g].block_size;
+            uint32_t n_ext = kvi_ofl_ext_blocks(m, g, num_external);
             uint32_t start = kvi_ofl_load_start(m, r, g, num_external);
             for (uint32_t i = 0; i < r->hit_n[g]; i++, kvi_iditer_next(&m->hitpool, &it)) {
                 uint32_t cpu = kvi_iditer_get(&m->hitpool, &it);

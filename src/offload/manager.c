@@ -425,6 +425,11 @@ static int create_common(kvt_offload *m)
     m->promoq_head = m->promoq_tail = m->tier[1].acc_head = m->tier[1].acc_tail = OFL_NONE;
 
     int rc = host_setup(m, cfg->host_blocks);
+    if (!rc) { /* partial hash hits: eager mode only (spec §2.14) */
+        m->hit_align =
+            cfg->lazy ? m->sched_bs : kvt_pool_hit_alignment(m->tier[0].pool, KVT_HIT_PARTIAL);
+        m->partial = m->hit_align != m->sched_bs;
+    }
     if (!rc)
         rc = kvi_ofl_events_setup(m); /* sized by the host tier, which is only ever lowered */
     if (!rc)
@@ -776,6 +781,11 @@ void kvt_offload_get_stats(const kvt_offload *m, kvt_offload_stats *s)
     s->pending_store_blocks = pending;
 }
 
+uint32_t kvt_offload_hit_alignment(const kvt_offload *m)
+{
+    return m ? m->hit_align : 0;
+}
+
 uint32_t kvt_offload_lazy_window(const kvt_offload *m)
 {
     return m ? m->target_free : 0;
@@ -852,6 +862,11 @@ int kvt_offload_prometheus(const kvt_offload *m, char *buf, size_t cap, size_t *
         {"boundary_dropped_gone_total",
          "Mamba align: handed-over states dropped because their request was gone.",
          s.boundary_dropped_gone, false},
+        {"partial_hits_total", "Host-tier hits that end inside a scheduler block.", s.partial_hits,
+         false},
+        {"partial_tails_total",
+         "Partly filled full-attention blocks stored at request finish (partial hash hits).",
+         s.partial_tails, false},
         {"store_recovered_null_total",
          "Nulled table entries found in the GPU pool by their hash and stored.",
          s.store_recovered_null, false},

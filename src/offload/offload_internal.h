@@ -166,6 +166,9 @@ struct kvt_offload {
     kvt_pool_key *scan_keys;
     kvt_pool_config gcfg; /* the GPU pool's groups, hash and block sizes */
     uint32_t gpu_nb, ng, hash_len, kpb, sched_bs;
+    uint32_t hit_align;     /* hits are multiples of this: sched_bs, or the hash block size with
+                               partial hash hits (eager mode, groups that allow them) */
+    bool partial;           /* partial hash hits: hit_align < sched_bs */
     uint32_t target_free;   /* lazy watermark, GPU blocks */
     bool warned_misaligned; /* the misaligned-hit warning was logged */
     uint32_t max_search_tokens;
@@ -362,6 +365,14 @@ uint32_t kvi_ofl_tier_pin(kvt_offload *m, struct kvi_ofl_req *r, uint32_t tokens
 /* Releases the phase-A disk pairs of r. */
 void kvi_ofl_tier_release_hit(kvt_offload *m, struct kvi_ofl_req *r);
 /* Position in a group's block table of the first block a load of num_external tokens fills. */
+/* GPU blocks of group g that num_external accepted tokens reach (the last one partly with
+ * partial hash hits). */
+static inline uint32_t kvi_ofl_ext_blocks(const kvt_offload *m, uint32_t g, uint32_t num_external)
+{
+    uint32_t bs = m->gcfg.groups[g].block_size;
+    return (uint32_t)(((uint64_t)num_external + bs - 1) / bs);
+}
+
 uint32_t kvi_ofl_load_start(const kvt_offload *m, const struct kvi_ofl_req *r, uint32_t g,
                             uint32_t num_external);
 /* after_alloc: checks / pairs the disk part of r's hit with the GPU blocks at its positions,

@@ -185,6 +185,62 @@ void kvi_ofl_select_eager(kvt_offload *m, struct kvi_ofl_req *r, const uint32_t 
     commit_selection(m, n, r);
 }
 
+/* Partial hash hits: at request finish, each full-attention group's last block, when the final
+ * count ends inside it past at least one hash-block boundary, is stored under the key of that
+ * boundary with its token count (spec §2.14), so a request with the same prompt gets the whole
+ * hit. Once: the request is finished, and a key already cached or being stored is skipped. */
+static void select_partial_tails(kvt_offload *m, struct kvi_ofl_req *r,
+                                 const uint32_t *const *blocks, const uint32_t *n_blocks,
+                                 const uint8_t *hashes, uint32_t n_hashes, uint32_t num_confirmed)
+{
+    uint32_t budget = kvi_ofl_store_budget(m), hbs = m->gcfg.hash_block_size, n = 0;
+    for (uint32_t g = 0; g < m->ng; g++) {
+        const kvt_group_spec *gs = &m->gcfg.groups[g];
+        uint32_t j = num_confirmed / gs->block_size;
+        uint32_t tail = (num_confirmed - j * gs->block_size) / hbs * hbs;
+        if (gs->kind != KVT_GROUP_FULL || tail == 0 || j >= n_blocks[g])
+            continue;
+        uint32_t gpu = blocks[g][j], pos = (j * gs->block_size + tail) / hbs - 1;
+        if (gpu == KVT_NULL_BLOCK || (m->gflags[gpu] & (G_STORING | G_MARK)) ||
+            m->gload_src[gpu] != OFL_NONE)
+            continue;
+        kvt_pool_key k;
+        if (m->ext || hashes) {
+            if (pos >= n_hashes) /* its hash is not known */
+                continue;
+            memset(&k, 0, sizeof(k));
+            memcpy(k.hash, hashes + (size_t)pos * m->hash_len, m->hash_len);
+            k.group = g;
+            k.num_tokens = tail;
+        }
+        /* over a kvt_pool the block's own keys are stored: it must be cached partly, under
+         * this key (the engine caches a partly filled block with its token count) */
+        kvt_pool_key pk;
+        if (!m->ext &&
+            (!kvi_ofl_gpu_primary(m, gpu, &pk) || pk.group != g || pk.num_tokens != tail ||
+             (hashes && memcmp(pk.hash, k.hash, m->hash_len) != 0))) {
+            m->st.store_skipped_unhashed++;
+            continue;
+        }
+        if (!m->ext)
+            k = pk;
+        if (host_has_key(m, &k)) {
+            m->tier[0].st.store_skipped_cached++;
+            continue;
+        }
+        if (n >= budget) {
+            m->tier[0].st.store_dropped++;
+            break;
+        }
+        kvi_ofl_events_note(m, r, n, g, j, blocks, hashes, n_hashes);
+        select_block(m, n++, gpu, &k);
+    }
+    if (!n)
+        return;
+    commit_selection(m, n, r);
+    m->st.partial_tails += n;
+}
+
 static int need_hashes(const kvt_offload *m, const uint8_t *hashes, uint32_t n_hashes,
                        const char *what)
 {
@@ -260,11 +316,14 @@ static int check_boundary(const kvt_offload *m, const kvt_offload_boundary *b, u
         return kvt_fail(KVT_EINVAL,
                         "offload: boundary_states: state %u is in GPU block %u (1..%u expected)", i,
                         b->gpu_block, m->gpu_nb - 1);
-    if (b->num_tokens == 0 || b->num_tokens % gs->block_size)
+    /* with partial hash hits a state may end at any hash-block boundary */
+    uint32_t unit = m->partial ? m->hit_align : gs->block_size;
+    if (b->num_tokens == 0 || b->num_tokens % unit)
         return kvt_fail(KVT_EINVAL,
                         "offload: boundary_states: state %u covers %u tokens, not a positive "
-                        "multiple of the group's block size %u",
-                        i, b->num_tokens, gs->block_size);
+                        "multiple of %u (the %s)",
+                        i, b->num_tokens, unit,
+                        m->partial ? "hash block size" : "group's block size");
     if (!b->hash)
         return kvt_fail(KVT_EINVAL, "offload: boundary_states: state %u has no hash", i);
     return 0;
@@ -298,7 +357,8 @@ int kvt_offload_boundary_states(kvt_offload *m, const kvt_offload_boundary *stat
         memset(&k, 0, sizeof(k));
         memcpy(k.hash, b->hash, m->hash_len);
         k.group = b->group;
-        k.num_tokens = bs;
+        /* the tokens of its block the state reached: bs, or fewer for a partial state */
+        k.num_tokens = b->num_tokens - (b->num_tokens - 1) / bs * bs;
         kvt_pool_key pk; /* over a kvt_pool the block's own keys are stored: they must agree */
         if (!m->ext && (!kvi_ofl_gpu_primary(m, gpu, &pk) || pk.group != k.group ||
                         memcmp(pk.hash, k.hash, m->hash_len) != 0)) {
@@ -314,7 +374,7 @@ int kvt_offload_boundary_states(kvt_offload *m, const kvt_offload_boundary *stat
             continue;
         }
         /* one at a time: each commit binds its block to its own request's context */
-        kvi_ofl_events_note_at(m, r, 0, b->num_tokens - bs,
+        kvi_ofl_events_note_at(m, r, 0, b->num_tokens - k.num_tokens,
                                b->num_tokens > bs ? b->parent_hash : NULL);
         select_block(m, 0, gpu, &k);
         commit_selection(m, 1, r);
@@ -377,14 +437,19 @@ int kvt_offload_request_finished_hashed(kvt_offload *m, const char *id, uint32_t
     bool flush = (r->flags & RQ_EAGER) && !m->cfg.lazy;
     if (flush) {
         uint32_t aligned = num_confirmed / m->sched_bs * m->sched_bs;
+        if (m->partial && num_confirmed / m->hit_align * m->hit_align > aligned)
+            aligned += m->sched_bs; /* the partly filled blocks after it too */
         if ((rc = need_hashes(m, hashes, n_hashes, "request_finished")) ||
             (rc = kvi_ofl_check_span(m, blocks, n_blocks, r->cursor, aligned, "request_finished",
                                      NULL)))
             return rc;
     }
     kvi_ofl_release_hit(m, r);
-    if (flush) /* the final flush */
+    if (flush) { /* the final flush */
         kvi_ofl_select_eager(m, r, blocks, n_blocks, hashes, n_hashes, num_confirmed);
+        if (m->partial)
+            select_partial_tails(m, r, blocks, n_blocks, hashes, n_hashes, num_confirmed);
+    }
     r->flags = (r->flags | RQ_FINISHED) & ~RQ_EAGER;
     if (r->flags & RQ_LOAD_QUEUED)
         kvi_ofl_cancel_queued_load(m, r);

@@ -84,11 +84,12 @@ uint32_t kvi_ofl_tier_search(kvt_offload *m, const uint8_t *hashes, uint32_t n_h
                              uint32_t from, uint32_t max_len)
 {
     memset(m->tier[1].search_n, 0, sizeof(m->tier[1].search_n));
-    if (!m->tier[1].pool || from >= n_hashes || max_len < m->sched_bs)
+    if (!m->tier[1].pool || from >= n_hashes || max_len < m->hit_align)
         return 0;
     kvt_hit hit;
-    if (kvt_pool_find_longest_hit(m->tier[1].pool, hashes + (size_t)from * m->hash_len,
-                                  n_hashes - from, max_len, m->tier[1].search_out, &hit))
+    if (kvt_pool_find_longest_hit_flags(m->tier[1].pool, hashes + (size_t)from * m->hash_len,
+                                        n_hashes - from, max_len, m->partial ? KVT_HIT_PARTIAL : 0,
+                                        m->tier[1].search_out, &hit))
         return 0; /* cannot fail on arguments the host search accepted; a miss is safe */
     memcpy(m->tier[1].search_n, hit.n_blocks, sizeof(m->tier[1].search_n));
     return hit.length;
@@ -168,7 +169,7 @@ static uint32_t promo_dest(const kvt_offload *m, const struct kvi_ofl_req *r, ui
                            uint32_t num_external)
 {
     uint32_t g = m->hpromo_grp[h], i = m->hpromo_idx[h];
-    if (i >= num_external / m->gcfg.groups[g].block_size)
+    if (i >= kvi_ofl_ext_blocks(m, g, num_external))
         return KVT_NULL_BLOCK;
     uint64_t at = (uint64_t)kvi_ofl_load_start(m, r, g, num_external) + i;
     return !n_blocks || at < n_blocks[g] ? blocks[g][at] : OFL_NONE;

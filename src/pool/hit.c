@@ -19,6 +19,13 @@
  * downward-closed (a hit of L blocks contains every shorter hit), so after its first search
  * it is only truncated. With exactly two groups, full attention first, one pass suffices.
  *
+ * With KVT_HIT_PARTIAL on a pool whose groups allow it (full attention and Mamba align, a
+ * Mamba align block wider than a hash block; upstream's partial hash hits), lengths are
+ * searched in tokens at hash-block granularity: full attention takes its whole blocks and
+ * then the longest partly filled next block cached under a key inside it; Mamba align the
+ * rightmost state at any hash-block boundary; the same fixed point follows, a full-attention
+ * group being truncated to any shorter length (a whole block serves each prefix of itself).
+ *
  * Full-attention scans dominate lookup cost (one map probe per block, each a likely cache
  * miss on a large pool), so that loop computes key hashes a few blocks ahead and prefetches
  * their map slots: the probes of consecutive blocks then overlap in the memory system.
@@ -50,8 +57,9 @@ static uint32_t align_down(uint32_t n, uint32_t bs, uint32_t align)
     return (uint32_t)(((uint64_t)n * bs / align) * align / bs);
 }
 
-static uint32_t scan_full(const struct kvt_pool *p, const uint8_t *hashes, uint32_t g, uint32_t n,
-                          uint32_t *out)
+/* Whole cached blocks from the start (at most n), with map probes prefetched ahead. */
+static uint32_t scan_full_raw(const struct kvt_pool *p, const uint8_t *hashes, uint32_t g,
+                              uint32_t n, uint32_t *out)
 {
     uint32_t step = p->hash_step[g];
     uint64_t kh[PREFETCH_AHEAD];
@@ -73,6 +81,13 @@ static uint32_t scan_full(const struct kvt_pool *p, const uint8_t *hashes, uint3
             break;
         out[j] = b;
     }
+    return j;
+}
+
+static uint32_t scan_full(const struct kvt_pool *p, const uint8_t *hashes, uint32_t g, uint32_t n,
+                          uint32_t *out)
+{
+    uint32_t j = scan_full_raw(p, hashes, g, n, out);
     if (p->cfg.eagle && j > 0)
         j--;
     return align_down(j, p->cfg.groups[g].block_size, p->sched_bs);
@@ -153,6 +168,88 @@ static uint32_t search_group(const struct kvt_pool *p, const uint8_t *hashes, ui
     }
 }
 
+/* ---- partial hash hits (KVT_HIT_PARTIAL): lengths in tokens, at hash-block granularity ---- */
+
+static uint32_t lookup_pos(const struct kvt_pool *p, const uint8_t *hashes, uint32_t g,
+                           uint32_t pos)
+{
+    const uint8_t *h = hashes + (size_t)pos * p->hash_len;
+    return kvi_pool_find(p, h, g, kvi_pool_key_hash(p, h, g));
+}
+
+/* Full attention: whole cached blocks, then at most one partly valid block after them. */
+static uint32_t partial_full(const struct kvt_pool *p, const uint8_t *hashes, uint32_t g,
+                             uint32_t max_len, uint32_t *out)
+{
+    uint32_t bs = p->cfg.groups[g].block_size, hbs = p->cfg.hash_block_size;
+    uint32_t j = max_len / bs ? scan_full_raw(p, hashes, g, max_len / bs, out) : 0;
+    uint32_t len = j * bs, room = (max_len - len) / hbs, k = p->hash_step[g];
+    if (room > k - 1) /* a miss before max_len: block j is not whole */
+        room = k - 1;
+    for (uint32_t mm = room; mm >= 1; mm--) { /* longest first */
+        uint32_t b = lookup_pos(p, hashes, g, j * k + mm - 1);
+        if (b != KVT_BLOCK_NONE) {
+            out[j] = b;
+            return len + mm * hbs;
+        }
+    }
+    return len;
+}
+
+/* Mamba align: the rightmost cached state at a hash-block boundary. */
+static uint32_t partial_mamba(const struct kvt_pool *p, const uint8_t *hashes, uint32_t g,
+                              uint32_t max_len, uint32_t *out)
+{
+    uint32_t bs = p->cfg.groups[g].block_size, hbs = p->cfg.hash_block_size;
+    for (uint32_t pos = max_len / hbs; pos-- > 0;) {
+        uint32_t b = lookup_pos(p, hashes, g, pos);
+        if (b == KVT_BLOCK_NONE)
+            continue;
+        uint32_t len = (pos + 1) * hbs, idx = (len + bs - 1) / bs - 1;
+        for (uint32_t i = 0; i < idx; i++)
+            out[i] = KVT_NULL_BLOCK;
+        out[idx] = b;
+        return len;
+    }
+    return 0;
+}
+
+static uint32_t blocks_of(uint32_t len, uint32_t bs)
+{
+    return (uint32_t)(((uint64_t)len + bs - 1) / bs);
+}
+
+/* The coordinator's fixed point with lengths in tokens (only full and Mamba align groups). */
+static void partial_hit(const struct kvt_pool *p, const uint8_t *hashes, uint32_t hit_len,
+                        uint32_t *const *blocks, kvt_hit *hit)
+{
+    uint32_t len[KVT_MAX_GROUPS] = {0};
+    bool searched[KVT_MAX_GROUPS] = {false};
+    for (;;) {
+        uint32_t curr = hit_len;
+        for (uint32_t k = 0; k < p->n_order; k++) {
+            uint32_t g = p->order[k];
+            if (p->cfg.groups[g].kind == KVT_GROUP_FULL && searched[g]) {
+                len[g] = kvi_min_u32(len[g], curr); /* a block serves any prefix of itself */
+            } else {
+                len[g] = p->cfg.groups[g].kind == KVT_GROUP_FULL
+                             ? partial_full(p, hashes, g, curr, blocks[g])
+                             : partial_mamba(p, hashes, g, curr, blocks[g]);
+                searched[g] = true;
+            }
+            curr = len[g];
+        }
+        if (curr >= hit_len)
+            break;
+        hit_len = curr;
+    }
+    for (uint32_t k = 0; k < p->n_order; k++) {
+        uint32_t g = p->order[k];
+        hit->n_blocks[g] = blocks_of(hit_len, p->cfg.groups[g].block_size);
+    }
+    hit->length = hit_len;
+}
+
 static uint32_t clamp_length(const kvt_pool *p, uint32_t n_hashes, uint32_t max_length)
 {
     uint64_t avail = (uint64_t)n_hashes * p->cfg.hash_block_size;
@@ -164,21 +261,43 @@ uint32_t kvt_pool_hit_capacity(const kvt_pool *p, uint32_t group, uint32_t n_has
 {
     if (group >= p->cfg.n_groups || !kvt_group_kind_cacheable(p->cfg.groups[group].kind))
         return 0;
-    return clamp_length(p, n_hashes, max_length) / p->cfg.groups[group].block_size;
+    uint32_t len = clamp_length(p, n_hashes, max_length), bs = p->cfg.groups[group].block_size;
+    return p->partial_ok ? blocks_of(len, bs) : len / bs;
+}
+
+uint32_t kvt_pool_hit_alignment(const kvt_pool *p, uint32_t flags)
+{
+    return (flags & KVT_HIT_PARTIAL) && p->partial_ok ? p->cfg.hash_block_size : p->sched_bs;
 }
 
 int kvt_pool_find_longest_hit(const kvt_pool *p, const uint8_t *hashes, uint32_t n_hashes,
                               uint32_t max_length, uint32_t *const *blocks, kvt_hit *hit)
 {
+    return kvt_pool_find_longest_hit_flags(p, hashes, n_hashes, max_length, 0, blocks, hit);
+}
+
+int kvt_pool_find_longest_hit_flags(const kvt_pool *p, const uint8_t *hashes, uint32_t n_hashes,
+                                    uint32_t max_length, uint32_t flags, uint32_t *const *blocks,
+                                    kvt_hit *hit)
+{
     if (!hit || !blocks || (n_hashes && !hashes))
         return kvt_fail(KVT_EINVAL, "pool: find_longest_hit: NULL argument");
+    if (flags & ~KVT_HIT_PARTIAL)
+        return kvt_fail(KVT_EINVAL, "pool: find_longest_hit: unknown flags 0x%x",
+                        flags & ~KVT_HIT_PARTIAL);
     uint32_t ng = p->cfg.n_groups;
     uint32_t hit_len = clamp_length(p, n_hashes, max_length);
+    bool partial = (flags & KVT_HIT_PARTIAL) && p->partial_ok;
     for (uint32_t g = 0; g < ng; g++)
         if (!blocks[g] && kvt_group_kind_cacheable(p->cfg.groups[g].kind) &&
-            hit_len / p->cfg.groups[g].block_size)
+            (partial ? blocks_of(hit_len, p->cfg.groups[g].block_size)
+                     : hit_len / p->cfg.groups[g].block_size))
             return kvt_fail(KVT_EINVAL, "pool: find_longest_hit: output for group %u is NULL", g);
     memset(hit, 0, sizeof(*hit));
+    if (partial) {
+        partial_hit(p, hashes, hit_len, blocks, hit);
+        return 0;
+    }
 
     if (ng == 1) { /* the one group is cacheable (validated) */
         uint32_t n = search_group(p, hashes, 0, hit_len, blocks[0]);

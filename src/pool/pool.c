@@ -174,6 +174,16 @@ int kvt_pool_create(const kvt_pool_config *cfg, kvt_pool **out)
             p->order[k++] = g;
     p->n_order = k;
     p->simple_hybrid = k == 2 && cfg->groups[p->order[0]].kind == KVT_GROUP_FULL;
+    /* partial hash hits (upstream's rule): a Mamba align group whose blocks span several hash
+     * blocks, and only groups whose search can end inside a block (full attention, Mamba
+     * align); without EAGLE, whose drop of the last block is defined per block */
+    bool mamba_wide = false, others_ok = !cfg->eagle;
+    for (uint32_t i = 0; i < k; i++) {
+        const kvt_group_spec *s = &cfg->groups[p->order[i]];
+        mamba_wide |= s->kind == KVT_GROUP_MAMBA_ALIGN && s->block_size > cfg->hash_block_size;
+        others_ok &= s->kind == KVT_GROUP_FULL || s->kind == KVT_GROUP_MAMBA_ALIGN;
+    }
+    p->partial_ok = mamba_wide && others_ok;
     *out = p;
     return 0;
 }

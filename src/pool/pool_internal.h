@@ -59,6 +59,7 @@ struct kvt_pool {
     uint32_t n_order;                   /* cacheable groups (entries of order) */
     uint32_t hash_step[KVT_MAX_GROUPS]; /* hashes per block of each group */
     bool simple_hybrid;                 /* two groups, the first searched is full attention */
+    bool partial_ok; /* the groups allow hits at hash-block granularity (KVT_HIT_PARTIAL) */
 };
 
 static inline struct kvi_entry *kvi_pool_entry(const struct kvt_pool *p, uint32_t idx)

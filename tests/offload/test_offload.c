@@ -361,12 +361,15 @@ typedef struct sim2 {
     kvt_offload_worker_meta wm;
 } sim2;
 
-static void sim2_init(sim2 *t, uint32_t kind, uint32_t block_size, uint32_t window)
+/* Full attention of fa_bs tokens per block and a second group; lazy or eager stores. */
+static void sim2_init_ex(sim2 *t, uint32_t fa_bs, uint32_t kind, uint32_t block_size,
+                         uint32_t window, bool lazy)
 {
     kvt_pool_config pc;
     kvt_pool_config_init(&pc);
     pc.num_blocks = 64;
     pc.n_groups = 2;
+    pc.groups[0].block_size = fa_bs;
     pc.groups[1].kind = kind;
     pc.groups[1].block_size = block_size;
     pc.groups[1].sliding_window = window;
@@ -374,9 +377,15 @@ static void sim2_init(sim2 *t, uint32_t kind, uint32_t block_size, uint32_t wind
     kvt_offload_config oc;
     kvt_offload_config_init(&oc);
     oc.host_blocks = 32;
+    oc.lazy = lazy;
     KVT_OK_(kvt_offload_create(&oc, t->gpu, &t->m));
     kvt_offload_meta_init(&t->meta);
     kvt_offload_worker_meta_init(&t->wm);
+}
+
+static void sim2_init(sim2 *t, uint32_t kind, uint32_t block_size, uint32_t window)
+{
+    sim2_init_ex(t, SIM_BS, kind, block_size, window, false);
 }
 
 /* The worker reports the last build_meta's store event done. */
@@ -915,7 +924,7 @@ static uint32_t mamba_align_clone_hit(bool hand_over, kvt_offload_stats *st)
         KVT_ERR_(kvt_offload_boundary_states(m, (kvt_offload_boundary[]){b[0], bad}, 2),
                  KVT_EINVAL);
         bad = b[1];
-        bad.num_tokens = SIM_BS;
+        bad.num_tokens = SIM_BS / 2; /* not at a hash-block boundary */
         KVT_ERR_(kvt_offload_boundary_states(m, &bad, 1), KVT_EINVAL);
         bad = b[1];
         bad.gpu_block = KVT_NULL_BLOCK;
@@ -959,6 +968,128 @@ static void mamba_align_states_are_stored_when_handed_over(void **state)
     assert_int_equal(st.boundary_dropped_gone, 1);
     assert_int_equal(mamba_align_clone_hit(false, &st), 0);
     assert_int_equal(st.boundary_states, 0);
+}
+
+/* Spec §2.14, partial hash hits: full attention and Mamba align of 32 tokens per block over
+ * hash blocks of 16. r's 81 tokens end inside its third attention block, which the engine
+ * cached partly (16 tokens, under the hash at 80); its states at 64 and at 80 tokens are
+ * handed over. A clone then gets 80 tokens — not the 64 that whole scheduler blocks give —
+ * with the partly filled block and the state at 80 loaded; the partial block was stored once,
+ * at r's finish. */
+static void partial_hash_hits_load_a_partly_filled_block(void **state)
+{
+    (void)state;
+    sim2 t;
+    sim2_init_ex(&t, 2 * SIM_BS, KVT_GROUP_MAMBA_ALIGN, 2 * SIM_BS, 0, false);
+    kvt_pool *gpu = t.gpu;
+    kvt_offload *m = t.m;
+    assert_int_equal(kvt_offload_hit_alignment(m), SIM_BS);
+    sim_req r;
+    sim_req_make(&r, "r", 5 * SIM_BS + 1, 1, 5 * SIM_BS + 1, 0);
+    const uint8_t *h = r.hashes;
+#define HASH_AT(tokens) (h + ((tokens) / SIM_BS - 1) * KVT_BLOCK_HASH_LEN)
+    uint32_t fa[3], mb[3], hit;
+    KVT_OK_(kvt_pool_alloc(gpu, 3, fa));
+    KVT_OK_(kvt_pool_alloc(gpu, 3, mb));
+    KVT_OK_(kvt_pool_insert(gpu, fa[0], HASH_AT(32), 0, 2 * SIM_BS));
+    KVT_OK_(kvt_pool_insert(gpu, fa[1], HASH_AT(64), 0, 2 * SIM_BS));
+    KVT_OK_(kvt_pool_insert(gpu, mb[1], HASH_AT(64), 1, 2 * SIM_BS));
+    KVT_OK_(kvt_pool_insert(gpu, mb[2], HASH_AT(80), 1, SIM_BS));
+    const uint32_t *tab[2] = {fa, mb};
+    uint32_t nb[2] = {3, 3};
+    KVT_OK_(kvt_offload_match(m, "r", 1, r.hashes, r.n_hashes, r.n_tokens, 0, &hit));
+    KVT_OK_(kvt_offload_after_alloc(m, "r", 1, tab, nb, 0));
+    KVT_OK_(kvt_offload_schedule(m, "r", 1, tab, nb, r.n_tokens, 1, false));
+    kvt_offload_boundary b[2] = {{"r", 1, 1, mb[1], 64, HASH_AT(64), NULL},
+                                 {"r", 1, 1, mb[2], 80, HASH_AT(80), NULL}};
+    assert_int_equal(kvt_offload_boundary_states(m, b, 2), 2); /* 80: a hash-block boundary */
+    KVT_OK_(kvt_offload_build_meta(m, false, &t.meta));
+    assert_int_equal(t.meta.n_stores, 4); /* two whole attention blocks, two states */
+    sim2_report_store(&t);
+    /* at finish the engine has cached the partly filled block (16 tokens) */
+    KVT_OK_(kvt_pool_insert(gpu, fa[2], HASH_AT(80), 0, SIM_BS));
+    KVT_OK_(kvt_offload_request_finished(m, "r", 1, tab, nb, r.n_tokens));
+    KVT_OK_(kvt_offload_build_meta(m, false, &t.meta));
+    assert_int_equal(t.meta.n_stores, 1);
+    assert_int_equal(t.meta.store_gpu_blocks[0], fa[2]);
+    sim2_report_store(&t);
+    kvt_offload_stats st;
+    kvt_offload_get_stats(m, &st);
+    assert_int_equal(st.partial_tails, 1);
+    KVT_OK_(kvt_pool_free(gpu, fa, 3));
+    KVT_OK_(kvt_pool_free(gpu, mb, 3));
+    KVT_OK_(kvt_pool_reset_prefix_cache(gpu));
+
+    /* a clone: 80 tokens, the last attention block partly valid, the state at 80 */
+    uint32_t qf[3], qm[3];
+    KVT_OK_(kvt_pool_alloc(gpu, 3, qf));
+    KVT_OK_(kvt_pool_alloc(gpu, 3, qm));
+    const uint32_t *qtab[2] = {qf, qm};
+    KVT_OK_(kvt_offload_match(m, "q", 1, r.hashes, r.n_hashes, r.n_tokens, 0, &hit));
+    assert_int_equal(hit, 80);
+    KVT_ERR_(kvt_offload_after_alloc(m, "q", 1, qtab, nb, 72), KVT_EINVAL); /* off the grid */
+    /* shorter: the state block holds the state at 80, not at 64 */
+    KVT_ERR_(kvt_offload_after_alloc(m, "q", 1, qtab, nb, 64), KVT_EINVAL);
+    KVT_OK_(kvt_offload_after_alloc(m, "q", 1, qtab, nb, 80));
+    KVT_OK_(kvt_offload_build_meta(m, false, &t.meta));
+    assert_int_equal(t.meta.n_loads, 4);
+    bool seen[4] = {false};
+    for (uint32_t i = 0; i < t.meta.n_loads; i++) {
+        uint32_t g = t.meta.load_gpu_blocks[i];
+        assert_true(g != qm[0] && g != qm[1]); /* states only where the hit ends */
+        seen[0] |= g == qf[0];
+        seen[1] |= g == qf[1];
+        seen[2] |= g == qf[2];
+        seen[3] |= g == qm[2];
+    }
+    assert_true(seen[0] && seen[1] && seen[2] && seen[3]);
+    kvt_offload_get_stats(m, &st);
+    assert_int_equal(st.partial_hits, 1);
+    KVT_OK_(kvt_offload_apply_output(m, &(kvt_str){"q", 1}, 1, NULL));
+    /* the same prompt finishing again stores its partial block no second time */
+    KVT_OK_(kvt_pool_insert(gpu, qf[2], HASH_AT(80), 0, SIM_BS));
+    KVT_OK_(kvt_offload_request_finished(m, "q", 1, qtab, nb, r.n_tokens));
+    KVT_OK_(kvt_offload_build_meta(m, false, &t.meta));
+    assert_int_equal(t.meta.n_stores, 0);
+    kvt_offload_get_stats(m, &st);
+    assert_int_equal(st.partial_tails, 1);
+    KVT_OK_(kvt_pool_free(gpu, qf, 3));
+    KVT_OK_(kvt_pool_free(gpu, qm, 3));
+    sim2_fini(&t);
+#undef HASH_AT
+}
+
+/* Partial hash hits are an eager-mode rule, and need groups that allow them: lazy mode, or a
+ * sliding window beside the Mamba align group, keeps hits on scheduler blocks. */
+static void partial_hash_hits_only_where_the_rules_allow(void **state)
+{
+    (void)state;
+    sim2 t;
+    sim2_init_ex(&t, 2 * SIM_BS, KVT_GROUP_MAMBA_ALIGN, 2 * SIM_BS, 0, true);
+    assert_int_equal(kvt_offload_hit_alignment(t.m), 2 * SIM_BS);
+    sim2_fini(&t);
+    sim2_init_ex(&t, 2 * SIM_BS, KVT_GROUP_MAMBA, 2 * SIM_BS, 0, false); /* all mode */
+    assert_int_equal(kvt_offload_hit_alignment(t.m), 2 * SIM_BS);
+    sim2_fini(&t);
+    sim2_init_ex(&t, SIM_BS, KVT_GROUP_MAMBA_ALIGN, SIM_BS, 0, false); /* one hash block */
+    assert_int_equal(kvt_offload_hit_alignment(t.m), SIM_BS);
+    sim2_fini(&t);
+    kvt_pool_config pc;
+    kvt_pool_config_init(&pc);
+    pc.num_blocks = 16;
+    pc.n_groups = 3;
+    pc.groups[1] = (kvt_group_spec){KVT_GROUP_MAMBA_ALIGN, 2 * SIM_BS, 0};
+    pc.groups[2] = (kvt_group_spec){KVT_GROUP_SLIDING, SIM_BS, 2 * SIM_BS};
+    kvt_pool *gpu;
+    KVT_OK_(kvt_pool_create(&pc, &gpu));
+    kvt_offload_config oc;
+    kvt_offload_config_init(&oc);
+    oc.host_blocks = 8;
+    kvt_offload *m;
+    KVT_OK_(kvt_offload_create(&oc, gpu, &m));
+    assert_int_equal(kvt_offload_hit_alignment(m), 2 * SIM_BS);
+    kvt_offload_destroy(m);
+    kvt_pool_destroy(gpu);
 }
 
 /* Spec §2.14: a scratch group (block size unrelated to the hash block) beside full
@@ -1476,6 +1607,8 @@ int main(void)
         cmocka_unit_test(nulled_entries_still_cached_on_the_gpu_are_stored),
         cmocka_unit_test(scratch_groups_are_never_stored_or_loaded),
         cmocka_unit_test(mamba_align_states_are_stored_when_handed_over),
+        cmocka_unit_test(partial_hash_hits_load_a_partly_filled_block),
+        cmocka_unit_test(partial_hash_hits_only_where_the_rules_allow),
         cmocka_unit_test(host_tier_size_comes_from_capacity_and_the_smallest_worker),
         cmocka_unit_test(metrics_count_activity_in_prometheus_text),
         cmocka_unit_test(engine_pool_is_reached_through_batched_callbacks),

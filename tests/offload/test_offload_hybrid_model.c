@@ -31,6 +31,13 @@
  * block before ends, its kind and window its group's; each context ends exactly once, after
  * its request finished, with no event naming it afterwards, and after draining all have.
  *
+ * A quarter of the configurations are those of partial hash hits (full attention and a Mamba
+ * align group of two hash blocks, spec §2.14): requests end at hash-block boundaries, where the
+ * engine caches the partly filled attention block and hands over the state; a third of the
+ * arrivals continue a finished request's text, so hits end inside blocks; a load that ends
+ * there must bring the KV up to its end (a Mamba state exactly at its end), and the clone check
+ * compares with the GPU pool's own partial hit.
+ *
  * The host tier is large enough never to evict within an episode, so the last check is
  * exact; it is an eager-mode rule (lazy stores only what nears eviction), checked there only.
  * KVTIER_TEST_SCALE multiplies the episodes; the seed is printed on failure (KVTIER_TEST_SEED
@@ -76,6 +83,7 @@ struct req {
 struct fin { /* a finished prompt, for the clone check */
     uint32_t n_tokens, n_hashes, ref_hit;
     uint8_t hashes[MAXH * HL];
+    uint32_t tokens[MAXTOK];
 };
 
 struct pair {
@@ -90,10 +98,11 @@ struct ctxrec { /* an event context: its request's hashes as they grow */
 
 static struct {
     uint64_t rng;
-    bool ext;  /* the manager reaches the GPU pool only through kvt_gpu_pool_ops */
-    bool lazy; /* lazy stores: no request context, no clone check */
+    bool ext;     /* the manager reaches the GPU pool only through kvt_gpu_pool_ops */
+    bool lazy;    /* lazy stores: no request context, no clone check */
+    bool partial; /* partial hash hits: hits end at hash-block boundaries */
     kvt_pool_config pc;
-    uint32_t ng, sched_bs;
+    uint32_t ng, sched_bs, align;
     kvt_pool *gpu;
     kvt_offload *m;
     const kvt_pool *host;
@@ -123,6 +132,7 @@ static struct {
     uint64_t ctx_events;
     uint64_t recovered, loads, stores, clones, clone_tokens, ext_episodes, lazy_episodes;
     uint64_t lazy_stores, lazy_loads, handed;
+    uint64_t partial_episodes, partial_hits, partial_tails;
 } S;
 
 /* ---- the engine's own pool, as kvt_gpu_pool_ops (half the episodes) ------------------- */
@@ -190,11 +200,16 @@ static void configure(void)
     c->hash_block_size = HBS;
     uint32_t n = 0;
     c->groups[n++] = (kvt_group_spec){KVT_GROUP_FULL, HBS * (1 + below(2)), 0};
-    if (below(10) < 7)
-        c->groups[n++] = (kvt_group_spec){KVT_GROUP_SLIDING, HBS * (1 + below(2)), 8 + below(96)};
-    if (below(2))
-        c->groups[n++] = (kvt_group_spec){below(2) ? KVT_GROUP_MAMBA : KVT_GROUP_MAMBA_ALIGN,
-                                          HBS * (1 + below(2)), 0};
+    if (below(4) == 0) { /* the groups of partial hash hits: Mamba align wider than a hash */
+        c->groups[n++] = (kvt_group_spec){KVT_GROUP_MAMBA_ALIGN, 2 * HBS, 0};
+    } else {
+        if (below(10) < 7)
+            c->groups[n++] =
+                (kvt_group_spec){KVT_GROUP_SLIDING, HBS * (1 + below(2)), 8 + below(96)};
+        if (below(2))
+            c->groups[n++] = (kvt_group_spec){below(2) ? KVT_GROUP_MAMBA : KVT_GROUP_MAMBA_ALIGN,
+                                              HBS * (1 + below(2)), 0};
+    }
     if (below(10) < 7)
         c->groups[n++] =
             (kvt_group_spec){below(2) ? KVT_GROUP_SCRATCH : KVT_GROUP_RING, 1 + below(40), 0};
@@ -249,6 +264,9 @@ static void start_episode(void)
         KVT_OK_(kvt_offload_create(&oc, S.gpu, &S.m));
     }
     S.host = kvt_offload_host_pool(S.m);
+    S.align = kvt_offload_hit_alignment(S.m);
+    S.partial = S.align < S.sched_bs;
+    S.partial_episodes += S.partial;
     S.dpool = kvt_offload_disk_pool(S.m);
     for (uint32_t p = 0; p < 3; p++)
         for (uint32_t t = 0; t < MAXTOK; t++)
@@ -310,9 +328,23 @@ static void arrive(struct req *q)
     if (shared > q->n_tokens)
         shared = q->n_tokens;
     const uint32_t *pre = S.prefixes[below(3)];
+    if (S.partial && S.n_fin && below(3) == 0) {
+        /* a follow-up of a finished request: its whole text, and more (partial hash hits
+         * come from where a request ended, inside a block) */
+        const struct fin *f = &S.fin[below(S.n_fin)];
+        pre = f->tokens;
+        shared = f->n_tokens;
+        q->n_tokens = shared + 1 + below(40);
+        if (q->n_tokens > MAXTOK - 40)
+            q->n_tokens = MAXTOK - 40;
+        if (shared > q->n_tokens)
+            shared = q->n_tokens;
+    }
     for (uint32_t t = 0; t < q->n_tokens; t++)
         q->tokens[t] = t < shared ? pre[t] : 500000 + (uint32_t)kvt_test_rand(&S.rng) % 400000;
     q->max_tokens = q->n_tokens + below(40);
+    if (S.partial) /* it ends at a hash-block boundary: a partly filled last block to store */
+        q->max_tokens = (q->max_tokens + HBS - 1) / HBS * HBS;
     if (q->max_tokens > MAXTOK)
         q->max_tokens = MAXTOK;
     rehash(q);
@@ -345,8 +377,9 @@ static void arrive(struct req *q)
     uint32_t hit;
     CALL(kvt_offload_match(S.m, q->id, q->id_len, q->hashes, q->n_hashes, q->n_tokens, gh.length,
                            &hit));
-    CHECK(hit % S.sched_bs == 0 && gh.length + hit < q->n_tokens, "hit %u + %u of %u tokens", hit,
+    CHECK(hit % S.align == 0 && gh.length + hit < q->n_tokens, "hit %u + %u of %u tokens", hit,
           gh.length, q->n_tokens);
+    S.partial_hits += hit % S.sched_bs != 0;
     const uint32_t *t[KVT_MAX_GROUPS];
     CALL(kvt_offload_after_alloc(S.m, q->id, q->id_len, tables(q, t), q->nb, hit));
     CHECK(S.n_ctx < MAX_FIN, "more contexts than arrivals");
@@ -389,6 +422,27 @@ static void register_keys(struct req *q, uint32_t from_tokens, bool loaded)
     }
 }
 
+/* A partial hash hit ends inside a block: a full-attention group's block there holds the KV
+ * up to the hit's end at least (a partly filled block stored under the hash there, or a whole
+ * one), a Mamba align group's block there the state at exactly the hit's end. */
+static void check_partial_load(struct req *q)
+{
+    const uint8_t *at_end = q->hashes + (size_t)(q->computed / HBS - 1) * HL;
+    for (uint32_t g = 0; g < S.ng; g++) {
+        uint32_t bs = S.pc.groups[g].block_size, j = q->computed / bs;
+        if (!cacheable(g) || q->computed % bs == 0 || q->computed <= q->gpu_hit)
+            continue;
+        uint32_t b = q->tab[g][j];
+        uint64_t part = tag_of(at_end, g), whole = 0;
+        if ((j + 1) * (bs / HBS) <= q->n_hashes)
+            whole = tag_of(key_hash(q, g, j), g);
+        CHECK(S.gcont[b] == part || (S.pc.groups[g].kind == KVT_GROUP_FULL && S.gcont[b] == whole),
+              "GPU block %u (group %u of kind %u, position %u) was loaded for a partial hit of "
+              "%u tokens with the wrong contents",
+              b, g, S.pc.groups[g].kind, j, q->computed);
+    }
+}
+
 /* As vLLM: the window group's blocks behind the window, and all but the last state of a Mamba
  * group, are freed and nulled in the table (they stay cached until reused). */
 static void drop_behind(struct req *q)
@@ -398,13 +452,14 @@ static void drop_behind(struct req *q)
         if (s->kind != KVT_GROUP_SLIDING && s->kind != KVT_GROUP_MAMBA &&
             s->kind != KVT_GROUP_MAMBA_ALIGN)
             continue;
-        uint32_t bs = s->block_size, done = q->computed / bs;
+        /* the last state is in the block of the last computed token */
+        uint32_t bs = s->block_size, last = (q->computed + bs - 1) / bs;
         for (uint32_t j = 0; j < q->nb[g]; j++) {
             /* a window of w tokens at position p needs tokens p - w + 1 .. p: block j is
              * behind once its last token is before that */
             bool behind = s->kind == KVT_GROUP_SLIDING
                               ? (j + 1) * bs + s->sliding_window - 1 <= q->computed
-                              : j + 1 < done;
+                              : j + 1 < last;
             if (behind && q->tab[g][j] != KVT_NULL_BLOCK) {
                 KVT_OK_(kvt_pool_free(S.gpu, &q->tab[g][j], 1));
                 q->tab[g][j] = KVT_NULL_BLOCK;
@@ -413,9 +468,47 @@ static void drop_behind(struct req *q)
     }
 }
 
+/* Partial hash hits, at finish: the engine caches each full-attention group's partly filled
+ * last block under the hash where its computed tokens end (with its token count), and hands
+ * over the Mamba align state there. */
+static void cache_partial_end(struct req *q)
+{
+    uint32_t end = q->computed / HBS * HBS;
+    if (!S.partial || end == 0 || end > q->n_hashes * HBS)
+        return;
+    const uint8_t *h = q->hashes + (size_t)(end / HBS - 1) * HL;
+    kvt_offload_boundary st[KVT_MAX_GROUPS];
+    uint32_t n = 0;
+    for (uint32_t g = 0; g < S.ng; g++) {
+        uint32_t bs = S.pc.groups[g].block_size, j = end / bs, kind = S.pc.groups[g].kind;
+        if (end % bs == 0 || j >= q->nb[g] || q->tab[g][j] == KVT_NULL_BLOCK ||
+            (kind != KVT_GROUP_FULL && kind != KVT_GROUP_MAMBA_ALIGN))
+            continue;
+        uint32_t b = q->tab[g][j];
+        kvt_block_info bi;
+        KVT_OK_(kvt_pool_block_info(S.gpu, b, &bi));
+        if (bi.n_keys)
+            continue;
+        S.gcont[b] = tag_of(h, g);
+        KVT_OK_(kvt_pool_insert(S.gpu, b, h, g, end - j * bs));
+        if (kind == KVT_GROUP_MAMBA_ALIGN)
+            st[n++] = (kvt_offload_boundary){.req_id = q->id,
+                                             .req_id_len = q->id_len,
+                                             .group = g,
+                                             .gpu_block = b,
+                                             .num_tokens = end,
+                                             .hash = h,
+                                             .parent_hash = j ? key_hash(q, g, j - 1) : NULL};
+    }
+    int got = kvt_offload_boundary_states(S.m, st, n);
+    CHECK(got >= 0, "boundary_states -> %d: %s", got, kvt_last_error());
+    S.handed += (uint32_t)got;
+}
+
 static void finish(struct req *q)
 {
     const uint32_t *t[KVT_MAX_GROUPS];
+    cache_partial_end(q);
     CALL(kvt_offload_request_finished_hashed(S.m, q->id, q->id_len, tables(q, t), q->nb, q->hashes,
                                              q->n_hashes, q->computed));
     S.ctx[q->ctx].finished = true;
@@ -429,8 +522,10 @@ static void finish(struct req *q)
         f->n_tokens = len;
         f->n_hashes = len / HBS;
         memcpy(f->hashes, q->hashes, (size_t)f->n_hashes * HL);
-        kvt_hit gh;
-        KVT_OK_(kvt_pool_find_longest_hit(S.gpu, f->hashes, f->n_hashes, len - 1, outs, &gh));
+        memcpy(f->tokens, q->tokens, (size_t)len * sizeof(uint32_t));
+        kvt_hit gh; /* with partial hash hits, the GPU pool's own partial hit */
+        KVT_OK_(kvt_pool_find_longest_hit_flags(S.gpu, f->hashes, f->n_hashes, len - 1,
+                                                S.partial ? KVT_HIT_PARTIAL : 0, outs, &gh));
         f->ref_hit = gh.length;
     }
     for (uint32_t g = 0; g < S.ng; g++)
@@ -509,6 +604,7 @@ static void work(void)
                 q->loading = false;
                 drop_behind(q); /* positions a window or a state no longer needs: never loaded */
                 register_keys(q, q->gpu_hit, true);
+                check_partial_load(q);
             }
         }
     S.stores += S.n_st;
@@ -595,9 +691,12 @@ static void check_cache_events(void)
             }
             const kvt_group_spec *gs = &S.pc.groups[e->group];
             uint32_t end = (e->token_start + e->num_tokens) / HBS;
+            bool size_ok =
+                e->num_tokens == gs->block_size ||
+                (S.partial && e->num_tokens % HBS == 0 && e->num_tokens < gs->block_size);
             CHECK(e->medium == KVT_MEDIUM_HOST && e->group < S.ng && e->kind == gs->kind &&
                       e->window == (gs->kind == KVT_GROUP_SLIDING ? gs->sliding_window : 0) &&
-                      e->num_tokens == gs->block_size && e->token_start % gs->block_size == 0,
+                      size_ok && e->num_tokens > 0 && e->token_start % gs->block_size == 0,
                   "stored event of group %u (kind %u, window %u, %u tokens from %u) does not "
                   "match its group",
                   e->group, e->kind, e->window, e->num_tokens, e->token_start);
@@ -711,8 +810,8 @@ static void check_clones(void)
         CALL(kvt_offload_match(S.m, id, id_len, f->hashes, f->n_hashes, f->n_tokens, 0, &hit));
         CHECK(hit >= f->ref_hit,
               "a clone of finished prompt %u (%u tokens) gets %u tokens from the host tier; the "
-              "GPU pool offered %u when it finished",
-              i, f->n_tokens, hit, f->ref_hit);
+              "GPU pool offered %u when it finished (disk tier: %d, partial hits: %d, ext: %d)",
+              i, f->n_tokens, hit, f->ref_hit, S.disk, S.partial, S.ext);
         uint32_t none[KVT_MAX_GROUPS] = {0};
         const uint32_t *t[KVT_MAX_GROUPS] = {0};
         CALL(kvt_offload_request_finished_hashed(S.m, id, id_len, t, none, f->hashes, f->n_hashes,
@@ -739,6 +838,7 @@ static void episode(void)
     kvt_offload_stats st;
     kvt_offload_get_stats(S.m, &st);
     S.recovered += st.store_recovered_null;
+    S.partial_tails += st.partial_tails;
     CHECK(!kvt_offload_has_pending(S.m), "the manager still has work after draining");
     check_cache_events();
     for (uint32_t i = 0; i < S.n_ctx; i++)
@@ -771,7 +871,8 @@ static void hybrid_configurations_keep_every_invariant(void **state)
                   "with a disk tier), %llu steps, %llu blocks stored, %llu loaded, %llu nulled "
                   "entries recovered, %llu clones (%llu tokens hit), %llu stored events with "
                   "context, %llu Mamba align states handed over; lazy: %llu stored, %llu loaded; "
-                  "disk: %llu written back, %llu promoted, %llu episodes clone-checked; seed "
+                  "disk: %llu written back, %llu promoted, %llu episodes clone-checked; partial "
+                  "hash hits: %llu episodes, %llu hits, %llu partly filled blocks stored; seed "
                   "%llu\n",
                   episodes, (unsigned long long)S.ext_episodes, (unsigned long long)S.lazy_episodes,
                   (unsigned long long)S.disk_episodes, (unsigned long long)g_step,
@@ -781,10 +882,12 @@ static void hybrid_configurations_keep_every_invariant(void **state)
                   (unsigned long long)S.handed, (unsigned long long)S.lazy_stores,
                   (unsigned long long)S.lazy_loads, (unsigned long long)S.writebacks,
                   (unsigned long long)S.promotions, (unsigned long long)S.disk_clone_episodes,
-                  (unsigned long long)g_seed);
+                  (unsigned long long)S.partial_episodes, (unsigned long long)S.partial_hits,
+                  (unsigned long long)S.partial_tails, (unsigned long long)g_seed);
     assert_true(S.stores > 0 && S.loads > 0 && S.recovered > 0 && S.ctx_events > 0);
     assert_true(S.lazy_episodes == 0 || S.lazy_stores > 0);
     assert_true(S.handed > 0);
+    assert_true(S.partial_episodes == 0 || (S.partial_hits > 0 && S.partial_tails > 0));
     assert_true(S.disk_episodes == 0 || (S.writebacks > 0 && S.promotions > 0));
 }
 

@@ -370,6 +370,78 @@ static int setup(void **state)
     return 0;
 }
 
+/* Caches a key at hash position pos (tokens (pos+1)*16) for group g on a fresh block. */
+static uint32_t cache_at(kvt_pool *p, uint32_t g, uint32_t pos, uint32_t num_tokens)
+{
+    uint32_t id;
+    KVT_OK_(kvt_pool_alloc(p, 1, &id));
+    KVT_OK_(kvt_pool_insert(p, id, req_hashes + pos * HL, g, num_tokens));
+    return id;
+}
+
+static kvt_hit search_flags(kvt_pool *p, uint32_t n_hashes, uint32_t max_len, uint32_t flags)
+{
+    uint32_t *outs[KVT_MAX_GROUPS];
+    for (uint32_t g = 0; g < KVT_MAX_GROUPS; g++)
+        outs[g] = out[g];
+    kvt_hit hit;
+    KVT_OK_(kvt_pool_find_longest_hit_flags(p, req_hashes, n_hashes, max_len, flags, outs, &hit));
+    return hit;
+}
+
+/* Spec §2.14, partial hash hits: full attention and Mamba align of 64 tokens per block over
+ * hash blocks of 16 (scheduler block 64). Attention: whole block 0, block 1 cached partly
+ * (32 tokens, under the hash at 96). States at 64 and 96 tokens. Aligned: 64 tokens. Partial:
+ * 96, the attention output ending with the partly filled block, the state at index 1. */
+static void partial_hash_hits_end_at_hash_block_boundaries(void **state)
+{
+    (void)state;
+    kvt_pool_config c = base_cfg();
+    c.n_groups = 2;
+    c.groups[0] = (kvt_group_spec){KVT_GROUP_FULL, 64, 0};
+    c.groups[1] = (kvt_group_spec){KVT_GROUP_MAMBA_ALIGN, 64, 0};
+    kvt_pool *p = make(&c);
+    assert_int_equal(kvt_pool_hit_alignment(p, 0), 64);
+    assert_int_equal(kvt_pool_hit_alignment(p, KVT_HIT_PARTIAL), 16);
+    assert_int_equal(kvt_pool_hit_capacity(p, 0, 6, 96), 2); /* the partial block counts */
+    uint32_t a0 = cache_at(p, 0, 3, 64), a1 = cache_at(p, 0, 5, 32);
+    uint32_t s64 = cache_at(p, 1, 3, 64), s96 = cache_at(p, 1, 5, 32);
+    kvt_hit h = search_flags(p, NH, NH * 16, 0);
+    assert_int_equal(h.length, 64);
+    assert_int_equal(h.n_blocks[0], 1);
+    assert_int_equal(out[1][0], s64);
+    h = search_flags(p, NH, NH * 16, KVT_HIT_PARTIAL);
+    assert_int_equal(h.length, 96);
+    assert_int_equal(h.n_blocks[0], 2);
+    assert_int_equal(out[0][0], a0);
+    assert_int_equal(out[0][1], a1);
+    assert_int_equal(h.n_blocks[1], 2);
+    assert_int_equal(out[1][0], KVT_NULL_BLOCK);
+    assert_int_equal(out[1][1], s96);
+    /* capped below the partial block's end: the state at 64 */
+    h = search_flags(p, NH, 95, KVT_HIT_PARTIAL);
+    assert_int_equal(h.length, 64);
+    assert_int_equal(out[1][0], s64);
+    /* a whole attention block serves any prefix of itself: block 1 whole, a state at 80 */
+    uint32_t a1w = cache_at(p, 0, 7, 64), s80 = cache_at(p, 1, 4, 16);
+    KVT_OK_(kvt_pool_evict(p, &s96, 1));
+    h = search_flags(p, NH, NH * 16, KVT_HIT_PARTIAL);
+    assert_int_equal(h.length, 80);
+    assert_int_equal(h.n_blocks[0], 2);
+    assert_int_equal(out[0][1], a1w);
+    assert_int_equal(out[1][1], s80);
+    KVT_ERR_(kvt_pool_find_longest_hit_flags(p, req_hashes, NH, 64, 2,
+                                             (uint32_t *[]){out[0], out[1]}, &h),
+             KVT_EINVAL);
+    kvt_pool_destroy(p);
+    /* a sliding window beside them: the flag changes nothing */
+    c.n_groups = 3;
+    c.groups[2] = (kvt_group_spec){KVT_GROUP_SLIDING, 16, 32};
+    p = make(&c);
+    assert_int_equal(kvt_pool_hit_alignment(p, KVT_HIT_PARTIAL), 64);
+    kvt_pool_destroy(p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -387,6 +459,7 @@ int main(void)
         cmocka_unit_test(hybrid_search_iterates_to_a_fixed_point),
         cmocka_unit_test(scratch_and_ring_groups_take_no_part_in_hits),
         cmocka_unit_test(bad_search_arguments_are_rejected),
+        cmocka_unit_test(partial_hash_hits_end_at_hash_block_boundaries),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

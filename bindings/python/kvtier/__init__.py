@@ -450,6 +450,12 @@ class OffloadManager(_Handle):
         return hit.value
 
     @property
+    def hit_alignment(self):
+        """Tokens every host-tier hit is a multiple of: the scheduler block size, or the hash
+        block size where the manager offers partial hash hits."""
+        return _lib.kvt_offload_hit_alignment(self._h)
+
+    @property
     def lazy_window(self):
         """Lazy mode: GPU blocks the store scan looks at each step (0 in eager mode)."""
         return _lib.kvt_offload_lazy_window(self._h)

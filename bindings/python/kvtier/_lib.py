@@ -226,13 +226,13 @@ DISK_GAUGES = ("disk_blocks", "disk_used_blocks", "disk_cached_blocks",
 
 # counters added after the disk's, in the struct's reserved room
 LATER_COUNTERS = ("lookups_misaligned", "lookups_skipped", "store_recovered_null",
-                  "boundary_states", "boundary_dropped_gone")
+                  "boundary_states", "boundary_dropped_gone", "partial_hits", "partial_tails")
 
 
 class kvt_offload_stats(ctypes.Structure):
     _fields_ = ([(n, c_u64) for n in STAT_COUNTERS] + [(n, c_u32) for n in STAT_GAUGES] +
                 [(n, c_u64) for n in DISK_COUNTERS] + [(n, c_u32) for n in DISK_GAUGES] +
-                [(n, c_u64) for n in LATER_COUNTERS]) + room(3)
+                [(n, c_u64) for n in LATER_COUNTERS]) + room(1)
 
 
 TIER_COUNTERS = ("hit_blocks", "hit_tokens", "load_events", "store_events", "store_blocks",
@@ -571,6 +571,7 @@ _sig("kvt_offload_disk_pool", vp, vp)
 _sig("kvt_offload_match", c_int, vp, cp, c_u32, u8p, c_u32, c_u32, c_u32, P(c_u32))
 _sig("kvt_offload_match_flags", c_int, vp, cp, c_u32, u8p, c_u32, c_u32, c_u32, c_u32, P(c_u32))
 _sig("kvt_offload_lazy_window", c_u32, vp)
+_sig("kvt_offload_hit_alignment", c_u32, vp)
 _sig("kvt_offload_after_alloc", c_int, vp, cp, c_u32, P(P(c_u32)), P(c_u32), c_u32)
 _sig("kvt_offload_schedule", c_int, vp, cp, c_u32, P(P(c_u32)), P(c_u32), c_u32, c_u32, c_bool)
 _sig("kvt_offload_build_meta", c_int, vp, c_bool, P(kvt_offload_meta))

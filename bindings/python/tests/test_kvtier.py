@@ -103,6 +103,8 @@ class EngineStep(unittest.TestCase):
     def test_lazy_window(self):
         gpu = kvtier.Pool(64)
         self.assertEqual(kvtier.OffloadManager(gpu, host_blocks=8).lazy_window, 0)
+        # one full-attention group: hits on its blocks (partial hits need a Mamba align group)
+        self.assertEqual(kvtier.OffloadManager(gpu, host_blocks=8).hit_alignment, 16)
         lazy = kvtier.OffloadManager(gpu, host_blocks=8, lazy=True, max_batched_tokens=64,
                                      max_num_seqs=3)
         self.assertEqual(lazy.lazy_window, 2 * (64 // 16 + 3))
