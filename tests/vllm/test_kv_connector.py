@@ -61,7 +61,11 @@ def test_package_imports_without_environment():
 
 
 def test_reset_gpu_cache_then_served_from_host_tier(model_dir, baseline):
-    prompts = prompts_with_prefixes(6, 700, 3, 400)
+    # 690 tokens: 21 full blocks of 32, and the 12 generated tokens fill no 22nd block. A
+    # block completed during decode is computed in both runs, in other batches, and vLLM's CPU
+    # attention need not give the same bits then (on AMD EPYC machines layer 1 differed by
+    # 4e-6): the byte comparison below is for blocks the second run loaded.
+    prompts = prompts_with_prefixes(6, 690, 3, 400)
     want = baseline(prompts)
     llm = make_llm(model_dir)
     try:
