@@ -22,6 +22,7 @@
 
 #include "base/error.h"
 #include "offload/offload_internal.h"
+#include "pool/pool_internal.h"
 
 int kvi_ofl_gpu_setup(kvt_offload *m)
 {
@@ -121,12 +122,17 @@ uint32_t kvi_ofl_gpu_lookup(const kvt_offload *m, const kvt_pool_key *k, uint32_
         /* an engine's answer is checked like any input: a wrong id must not index our arrays */
         return (b == KVT_NULL_BLOCK || b >= m->gpu_nb) ? KVT_BLOCK_NONE : b;
     }
-    uint32_t b;
-    if (kvt_pool_lookup(m->gpu, k->hash, k->group, &b) != 1)
+    return kvi_ofl_gpu_lookup_kh(m, k, kvi_pool_key_hash(m->gpu, k->hash, k->group), ref);
+}
+
+uint32_t kvi_ofl_gpu_lookup_kh(const kvt_offload *m, const kvt_pool_key *k, uint64_t kh,
+                               uint32_t *ref)
+{
+    *ref = 0;
+    uint32_t b = k->group < m->ng ? kvi_pool_find(m->gpu, k->hash, k->group, kh) : KVT_BLOCK_NONE;
+    if (b == KVT_BLOCK_NONE)
         return KVT_BLOCK_NONE;
-    kvt_block_info bi;
-    (void)kvt_pool_block_info(m->gpu, b, &bi);
-    *ref = bi.ref_cnt;
+    *ref = m->gpu->blocks[b].ref;
     return b;
 }
 

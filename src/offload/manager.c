@@ -162,6 +162,7 @@ struct kvi_ofl_req *kvi_ofl_req_get(kvt_offload *m, const char *id, uint32_t len
     r = &m->reqs[slot];
     m->free_req = r->free_next;
     memset(r, 0, sizeof(*r));
+    memset(kvi_ofl_cursor(m, r), 0, m->ng * sizeof(uint32_t));
     r->used = true;
     r->id_hash = kvi_xxh3_64(id, len, 0);
     r->id_len = len;
@@ -336,13 +337,14 @@ static int host_setup(kvt_offload *m, uint32_t host_nb)
     if (rc)
         return rc;
     m->scratch = malloc((size_t)host_nb * 2 * sizeof(uint32_t));
+    m->evict_kh = malloc((size_t)host_nb * sizeof(uint64_t));
     m->hpromo_src = malloc((size_t)host_nb * sizeof(uint32_t));
     m->hpromo_next = malloc((size_t)host_nb * sizeof(uint32_t));
     m->hpromo_gpu = malloc((size_t)host_nb * sizeof(uint32_t));
     m->hpromo_idx = calloc(host_nb, sizeof(uint32_t));
     m->hpromo_grp = calloc(host_nb, 1);
-    if (!m->scratch || !m->hpromo_src || !m->hpromo_next || !m->hpromo_gpu || !m->hpromo_idx ||
-        !m->hpromo_grp)
+    if (!m->scratch || !m->evict_kh || !m->hpromo_src || !m->hpromo_next || !m->hpromo_gpu ||
+        !m->hpromo_idx || !m->hpromo_grp)
         return kvt_fail(KVT_ENOMEM, "offload: cannot allocate state for %u host blocks", host_nb);
     for (uint32_t i = 0; i < host_nb; i++)
         m->hpromo_src[i] = m->hpromo_next[i] = m->hpromo_gpu[i] = OFL_NONE;
@@ -353,6 +355,7 @@ static void host_teardown(kvt_offload *m)
 {
     kvi_ofl_tier_close(m, 0);
     free(m->scratch);
+    free(m->evict_kh);
     free(m->hpromo_src);
     free(m->hpromo_next);
     free(m->hpromo_gpu);
@@ -451,13 +454,15 @@ static int create_common(kvt_offload *m)
     }
     if (!rc) {
         m->reqs = calloc(cfg->max_requests, sizeof(*m->reqs));
+        m->cursors = calloc((size_t)cfg->max_requests * m->ng, sizeof(uint32_t));
         m->gload_src = malloc((size_t)m->gpu_nb * sizeof(uint32_t));
         m->gload_next = malloc((size_t)m->gpu_nb * sizeof(uint32_t));
         m->gflags = calloc(m->gpu_nb, 1);
         m->restore = malloc((size_t)m->gpu_nb * sizeof(uint32_t));
         uint32_t kmax = kvi_max_u32(m->kpb, m->gcfg.keys_per_block);
         m->keys = malloc((size_t)kmax * sizeof(kvt_pool_key));
-        if (!m->reqs || !m->gload_src || !m->gload_next || !m->gflags || !m->restore || !m->keys)
+        if (!m->reqs || !m->cursors || !m->gload_src || !m->gload_next || !m->gflags ||
+            !m->restore || !m->keys)
             rc = kvt_fail(KVT_ENOMEM, "offload: cannot allocate per-block state");
     }
     if (!rc)
@@ -552,6 +557,7 @@ void kvt_offload_destroy(kvt_offload *m)
     kvi_map_free(&m->req_map);
     kvi_ofl_evtable_free(&m->tier[0].loads);
     free(m->reqs);
+    free(m->cursors);
     free(m->gload_src);
     free(m->gload_next);
     free(m->gflags);

@@ -71,8 +71,8 @@ struct kvi_ofl_req {
     uint32_t dhit_len;   /* tokens of the hit that the disk part adds */
     uint32_t promo_next; /* in the promotion queue or in its promotion event's list */
     int64_t promo_event;
-    /* eager stores (stores in flight are tracked by their events, not by requests) */
-    uint32_t cursor[KVT_MAX_GROUPS];
+    /* eager stores: a cursor per group in m->cursors (kvi_ofl_cursor); stores in flight are
+     * tracked by their events, not by requests */
     /* events: the engine's context (0: none) and the host blocks in store pairs that name it;
      * the slot stays while any does (their stored events must still name it) */
     uint64_t ctx;
@@ -200,6 +200,10 @@ struct kvt_offload {
 
     /* scratch */
     uint32_t *scratch; /* host blocks' worth of entries */
+    /* eager cursors, ng per request slot: apart from the records, so that the schedule call of
+     * a request with nothing new touches one line of its record and a dense array */
+    uint32_t *cursors;
+    uint64_t *evict_kh; /* host allocation: GPU-index key hashes of the blocks it evicts */
     kvt_pool_key *keys;
 
     /* three tiers */
@@ -227,6 +231,9 @@ void kvi_ofl_gpu_flush_unless_deferred(kvt_offload *m); /* ... unless schedule d
 bool kvi_ofl_gpu_primary(const kvt_offload *m, uint32_t gpu, kvt_pool_key *k);
 /* The block cached under k and its reference count; KVT_BLOCK_NONE if none or unknowable. */
 uint32_t kvi_ofl_gpu_lookup(const kvt_offload *m, const kvt_pool_key *k, uint32_t *ref);
+/* kvi_ofl_gpu_lookup over a kvt_pool, with the key's hash in the GPU index given. */
+uint32_t kvi_ofl_gpu_lookup_kh(const kvt_offload *m, const kvt_pool_key *k, uint64_t kh,
+                               uint32_t *ref);
 /* Whether re-stores can be decided (a kvt_pool, or an engine pool with a lookup callback). */
 bool kvi_ofl_gpu_can_lookup(const kvt_offload *m);
 /* Key of block j of group g of a request from its chained hashes; false past the last hash. */
@@ -270,6 +277,12 @@ struct kvi_ofl_req *kvi_ofl_req_get(kvt_offload *m, const char *id, uint32_t len
 static inline uint32_t kvi_ofl_req_slot(const kvt_offload *m, const struct kvi_ofl_req *r)
 {
     return (uint32_t)(r - m->reqs);
+}
+
+/* Request r's eager cursors, one per group. */
+static inline uint32_t *kvi_ofl_cursor(const kvt_offload *m, const struct kvi_ofl_req *r)
+{
+    return m->cursors + (size_t)kvi_ofl_req_slot(m, r) * m->ng;
 }
 /* Frees the slot if the request holds nothing any more (no hit, no load, no eager
  * registration of a running request). */

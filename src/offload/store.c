@@ -23,6 +23,7 @@
 
 #include "base/error.h"
 #include "offload/offload_internal.h"
+#include "pool/pool_internal.h"
 
 static bool host_has_key(const kvt_offload *m, const kvt_pool_key *k)
 {
@@ -44,25 +45,49 @@ static void queue_restore(kvt_offload *m, uint32_t gpu, const kvt_pool_key *k)
  * evicted: a GPU block that still carries the same key and is in use is queued for re-store. */
 void kvi_ofl_host_alloc(kvt_offload *m, uint32_t n, uint32_t *ids)
 {
+    kvt_pool *hp = m->tier[0].pool;
     bool restore = !m->cfg.lazy && m->cfg.restore_budget > 0 && kvi_ofl_gpu_can_lookup(m);
-    uint32_t h = kvt_pool_lru_first(m->tier[0].pool);
-    for (uint32_t i = 0; i < n && h != KVT_BLOCK_NONE;
-         i++, h = kvt_pool_lru_next(m->tier[0].pool, h)) {
-        uint32_t nk = 0, ref;
+    /* The blocks the allocation takes, from the LRU head (ids is the allocation's own output,
+     * written again below in the same order). Their key entries, the host index slots their
+     * eviction probes and, over a kvt_pool, the GPU index slots the re-store check probes are
+     * fetched for all of them first: the cache misses of a long selection overlap instead of
+     * coming one after another (about six per block). */
+    uint32_t got = 0;
+    for (uint32_t h = kvt_pool_lru_first(hp); got < n && h != KVT_BLOCK_NONE;
+         h = kvt_pool_lru_next(hp, h)) {
+        ids[got++] = h;
+        if (hp->blocks[h].keys != KVT_ENTRY_NONE)
+            __builtin_prefetch(kvi_pool_entry(hp, hp->blocks[h].keys), 0, 1);
+    }
+    bool kh = restore && !m->ext && got > 1;
+    for (uint32_t i = 0; i < got; i++) {
+        const struct kvi_block *b = &hp->blocks[ids[i]];
+        if (b->keys == KVT_ENTRY_NONE)
+            continue;
+        const struct kvi_entry *e = kvi_pool_entry(hp, b->keys);
+        kvi_map_prefetch(&hp->map, e->kh);
+        if (kh && e->group < m->ng) {
+            m->evict_kh[i] = kvi_pool_key_hash(m->gpu, e->hash, e->group);
+            kvi_map_prefetch(&m->gpu->map, m->evict_kh[i]);
+        }
+    }
+    for (uint32_t i = 0; i < got; i++) {
+        uint32_t nk = 0, ref, h = ids[i];
         kvt_pool_key *k = &m->keys[0];
-        (void)kvt_pool_block_keys(m->tier[0].pool, h, k, 1, &nk);
+        (void)kvt_pool_block_keys(hp, h, k, 1, &nk);
         if (!nk)
             continue;
         m->tier[0].st.evictions++;
         if (!restore)
             continue;
-        uint32_t gpu = kvi_ofl_gpu_lookup(m, k, &ref);
+        uint32_t gpu =
+            kh ? kvi_ofl_gpu_lookup_kh(m, k, m->evict_kh[i], &ref) : kvi_ofl_gpu_lookup(m, k, &ref);
         if (gpu == KVT_BLOCK_NONE || (m->gflags[gpu] & (G_STORING | G_RESTORE | G_MARK)) ||
             ref == 0 || m->rs_len == m->gpu_nb)
             continue;
         queue_restore(m, gpu, k);
     }
-    (void)kvt_pool_alloc(m->tier[0].pool, n, ids); /* n <= free: cannot fail */
+    (void)kvt_pool_alloc(hp, n, ids); /* n <= free: cannot fail */
 }
 
 /* Turns n selected GPU blocks (m->scratch[0..n), marked G_MARK; with an engine's pool their
@@ -121,7 +146,7 @@ void kvi_ofl_select_eager(kvt_offload *m, struct kvi_ofl_req *r, const uint32_t 
                           const uint32_t *n_blocks, const uint8_t *hashes, uint32_t n_hashes,
                           uint32_t num_confirmed)
 {
-    uint32_t budget = kvi_ofl_store_budget(m);
+    uint32_t budget = kvi_ofl_store_budget(m), *cursor = kvi_ofl_cursor(m, r);
     uint32_t aligned = num_confirmed / m->sched_bs * m->sched_bs, n = 0;
     bool full = false;
     kvt_pool_key k;
@@ -131,7 +156,7 @@ void kvi_ofl_select_eager(kvt_offload *m, struct kvi_ofl_req *r, const uint32_t 
         uint32_t ready = aligned / m->gcfg.groups[g].block_size;
         if (ready > n_blocks[g])
             ready = n_blocks[g];
-        uint32_t j = r->cursor[g];
+        uint32_t j = cursor[g];
         for (; j < ready; j++) {
             uint32_t gpu = blocks[g][j];
             bool recovered = false;
@@ -178,7 +203,7 @@ void kvi_ofl_select_eager(kvt_offload *m, struct kvi_ofl_req *r, const uint32_t 
             select_block(m, n++, gpu, &k);
             m->st.store_recovered_null += recovered;
         }
-        r->cursor[g] = j;
+        cursor[g] = j;
     }
     if (!n)
         return;
@@ -273,15 +298,15 @@ int kvt_offload_schedule_hashed(kvt_offload *m, const char *id, uint32_t id_len,
     struct kvi_ofl_req *r = kvi_ofl_req_find(m, id, id_len);
     if (!r || !(r->flags & RQ_EAGER) || (r->flags & RQ_FINISHED))
         return 0; /* unknown to the eager path, as in vLLM */
+    uint32_t *cursor = kvi_ofl_cursor(m, r);
     if (resumed)
-        memset(r->cursor, 0, sizeof(r->cursor)); /* its blocks were freed and reallocated */
+        memset(cursor, 0, m->ng * sizeof(uint32_t)); /* its blocks were freed and reallocated */
     if (num_scheduled == 0)
         return 0;
     /* most decode steps confirm no new full block: then the span is empty and we stop here */
     uint32_t aligned = num_confirmed / m->sched_bs * m->sched_bs;
     bool news = false;
-    if ((rc = kvi_ofl_check_span(m, blocks, n_blocks, r->cursor, aligned, "schedule", &news)) ||
-        !news)
+    if ((rc = kvi_ofl_check_span(m, blocks, n_blocks, cursor, aligned, "schedule", &news)) || !news)
         return rc;
     m->in_schedule = m->cfg.defer_schedule_pins;
     kvi_ofl_select_eager(m, r, blocks, n_blocks, hashes, n_hashes, num_confirmed);
@@ -295,8 +320,8 @@ int kvt_offload_schedule_hashed(kvt_offload *m, const char *id, uint32_t id_len,
         uint32_t ready = aligned / m->gcfg.groups[g].block_size;
         if (ready > n_blocks[g])
             ready = n_blocks[g];
-        if (ready > r->cursor[g])
-            left += ready - r->cursor[g];
+        if (ready > cursor[g])
+            left += ready - cursor[g];
     }
     return left > INT32_MAX ? INT32_MAX : (int)left;
 }
@@ -440,8 +465,8 @@ int kvt_offload_request_finished_hashed(kvt_offload *m, const char *id, uint32_t
         if (m->partial && num_confirmed / m->hit_align * m->hit_align > aligned)
             aligned += m->sched_bs; /* the partly filled blocks after it too */
         if ((rc = need_hashes(m, hashes, n_hashes, "request_finished")) ||
-            (rc = kvi_ofl_check_span(m, blocks, n_blocks, r->cursor, aligned, "request_finished",
-                                     NULL)))
+            (rc = kvi_ofl_check_span(m, blocks, n_blocks, kvi_ofl_cursor(m, r), aligned,
+                                     "request_finished", NULL)))
             return rc;
     }
     kvi_ofl_release_hit(m, r);
@@ -616,12 +641,12 @@ void kvi_ofl_emit_stores(kvt_offload *m, uint32_t t, kvt_offload_meta *out)
 void kvi_ofl_register_keys(kvt_offload *m, kvt_pool *p, uint32_t b, const uint8_t *k, uint32_t n)
 {
     for (uint32_t i = 0; i < n; i++, k += m->key_stride) {
-        uint32_t group, ntok, other;
+        uint32_t group, ntok;
         memcpy(&group, k + m->hash_len, sizeof(group));
         memcpy(&ntok, k + m->hash_len + sizeof(uint32_t), sizeof(ntok));
-        /* another block may have got the key meanwhile (a promotion): keep one copy */
-        if (kvt_pool_lookup(p, k, group, &other) != 1)
-            (void)kvt_pool_insert(p, b, k, group, ntok); /* now findable */
+        /* now findable; another block may have got the key meanwhile (a promotion): then
+         * one copy stays */
+        (void)kvi_pool_insert_unique(p, b, k, group, ntok);
     }
 }
 

@@ -308,8 +308,25 @@ static int check_ids(const kvt_pool *p, const char *op, const uint32_t *ids, uin
     return 0;
 }
 
+static int insert_key(kvt_pool *p, uint32_t id, const uint8_t *hash, uint32_t group,
+                      uint32_t num_tokens, bool unique);
+
 int kvt_pool_insert(kvt_pool *p, uint32_t id, const uint8_t *hash, uint32_t group,
                     uint32_t num_tokens)
+{
+    return insert_key(p, id, hash, group, num_tokens, false);
+}
+
+int kvi_pool_insert_unique(kvt_pool *p, uint32_t id, const uint8_t *hash, uint32_t group,
+                           uint32_t num_tokens)
+{
+    return insert_key(p, id, hash, group, num_tokens, true);
+}
+
+/* kvt_pool_insert; with unique, nothing happens (0) when any block already carries the key,
+ * found with the same key hash the insertion uses (one hash, one probe sequence). */
+static int insert_key(kvt_pool *p, uint32_t id, const uint8_t *hash, uint32_t group,
+                      uint32_t num_tokens, bool unique)
 {
     if (!hash)
         return kvt_fail(KVT_EINVAL, "pool: insert: hash is NULL");
@@ -330,6 +347,9 @@ int kvt_pool_insert(kvt_pool *p, uint32_t id, const uint8_t *hash, uint32_t grou
                         "pool: insert: block %u is free; only referenced blocks "
                         "can be cached",
                         id);
+    uint64_t kh = kvi_pool_key_hash(p, hash, group);
+    if (unique && kvi_pool_find(p, hash, group, kh) != KVT_BLOCK_NONE)
+        return 0;
     uint32_t last = KVT_ENTRY_NONE;
     for (uint32_t idx = b->keys; idx != KVT_ENTRY_NONE; idx = kvi_pool_entry(p, idx)->next) {
         const struct kvi_entry *e = kvi_pool_entry(p, idx);
@@ -350,7 +370,7 @@ int kvt_pool_insert(kvt_pool *p, uint32_t id, const uint8_t *hash, uint32_t grou
     e->group = group;
     e->num_tokens = num_tokens;
     e->next = KVT_ENTRY_NONE;
-    e->kh = kvi_pool_key_hash(p, hash, group);
+    e->kh = kh;
     memcpy(e->hash, hash, p->hash_len);
     /* Cannot fail: the map has a slot for every entry (invariant 3). */
     (void)kvi_map_insert(&p->map, e->kh, idx);

@@ -62,6 +62,10 @@ struct kvt_pool {
     bool partial_ok; /* the groups allow hits at hash-block granularity (KVT_HIT_PARTIAL) */
 };
 
+/* kvt_pool_insert unless some block already carries the key (then 0, nothing changes). */
+int kvi_pool_insert_unique(kvt_pool *p, uint32_t block, const uint8_t *hash, uint32_t group,
+                           uint32_t num_tokens);
+
 static inline struct kvi_entry *kvi_pool_entry(const struct kvt_pool *p, uint32_t idx)
 {
     return (struct kvi_entry *)(p->entries + (size_t)idx * p->entry_stride);
@@ -73,6 +77,20 @@ static inline uint64_t kvi_pool_key_hash(const struct kvt_pool *p, const uint8_t
     return kvi_xxh3_64(hash, p->hash_len, group);
 }
 
+/* Whether two hashes of the pool's length are equal; the usual 16 bytes without a call. */
+static inline bool kvi_pool_hash_eq(const struct kvt_pool *p, const uint8_t *a, const uint8_t *b)
+{
+    if (p->hash_len == 16) {
+        uint64_t a0, a1, b0, b1;
+        memcpy(&a0, a, 8);
+        memcpy(&a1, a + 8, 8);
+        memcpy(&b0, b, 8);
+        memcpy(&b1, b + 8, 8);
+        return ((a0 ^ b0) | (a1 ^ b1)) == 0;
+    }
+    return memcmp(a, b, p->hash_len) == 0;
+}
+
 /* Block carrying (hash, group) whose key hash is kh, or KVT_BLOCK_NONE. */
 static inline uint32_t kvi_pool_find(const struct kvt_pool *p, const uint8_t *hash, uint32_t group,
                                      uint64_t kh)
@@ -81,7 +99,7 @@ static inline uint32_t kvi_pool_find(const struct kvt_pool *p, const uint8_t *ha
     uint32_t idx;
     while (kvi_map_probe_next(&p->map, kh, &pos, &idx)) {
         const struct kvi_entry *e = kvi_pool_entry(p, idx);
-        if (e->group == group && memcmp(e->hash, hash, p->hash_len) == 0)
+        if (e->group == group && kvi_pool_hash_eq(p, e->hash, hash))
             return e->block;
     }
     return KVT_BLOCK_NONE;
