@@ -177,15 +177,25 @@ static uint32_t lookup_pos(const struct kvt_pool *p, const uint8_t *hashes, uint
     return kvi_pool_find(p, h, g, kvi_pool_key_hash(p, h, g));
 }
 
-/* Full attention: whole cached blocks, then at most one partly valid block after them. */
-static uint32_t partial_full(const struct kvt_pool *p, const uint8_t *hashes, uint32_t g,
-                             uint32_t max_len, uint32_t *out)
+/* Full attention: whole cached blocks, then at most one partly valid block after them. n_hashes
+ * hashes are known. */
+static uint32_t partial_full(const struct kvt_pool *p, const uint8_t *hashes, uint32_t n_hashes,
+                             uint32_t g, uint32_t max_len, uint32_t *out)
 {
     uint32_t bs = p->cfg.groups[g].block_size, hbs = p->cfg.hash_block_size;
     uint32_t j = max_len / bs ? scan_full_raw(p, hashes, g, max_len / bs, out) : 0;
     uint32_t len = j * bs, room = (max_len - len) / hbs, k = p->hash_step[g];
     if (room > k - 1) /* a miss before max_len: block j is not whole */
         room = k - 1;
+    if (room && j == max_len / bs && (j + 1) * k - 1 < n_hashes) {
+        /* the cap ends inside block j, not a miss: cached whole, it serves the part before
+         * the cap */
+        uint32_t b = lookup_pos(p, hashes, g, (j + 1) * k - 1);
+        if (b != KVT_BLOCK_NONE) {
+            out[j] = b;
+            return len + room * hbs;
+        }
+    }
     for (uint32_t mm = room; mm >= 1; mm--) { /* longest first */
         uint32_t b = lookup_pos(p, hashes, g, j * k + mm - 1);
         if (b != KVT_BLOCK_NONE) {
@@ -220,8 +230,8 @@ static uint32_t blocks_of(uint32_t len, uint32_t bs)
 }
 
 /* The coordinator's fixed point with lengths in tokens (only full and Mamba align groups). */
-static void partial_hit(const struct kvt_pool *p, const uint8_t *hashes, uint32_t hit_len,
-                        uint32_t *const *blocks, kvt_hit *hit)
+static void partial_hit(const struct kvt_pool *p, const uint8_t *hashes, uint32_t n_hashes,
+                        uint32_t hit_len, uint32_t *const *blocks, kvt_hit *hit)
 {
     uint32_t len[KVT_MAX_GROUPS] = {0};
     bool searched[KVT_MAX_GROUPS] = {false};
@@ -233,7 +243,7 @@ static void partial_hit(const struct kvt_pool *p, const uint8_t *hashes, uint32_
                 len[g] = kvi_min_u32(len[g], curr); /* a block serves any prefix of itself */
             } else {
                 len[g] = p->cfg.groups[g].kind == KVT_GROUP_FULL
-                             ? partial_full(p, hashes, g, curr, blocks[g])
+                             ? partial_full(p, hashes, n_hashes, g, curr, blocks[g])
                              : partial_mamba(p, hashes, g, curr, blocks[g]);
                 searched[g] = true;
             }
@@ -295,7 +305,7 @@ int kvt_pool_find_longest_hit_flags(const kvt_pool *p, const uint8_t *hashes, ui
             return kvt_fail(KVT_EINVAL, "pool: find_longest_hit: output for group %u is NULL", g);
     memset(hit, 0, sizeof(*hit));
     if (partial) {
-        partial_hit(p, hashes, hit_len, blocks, hit);
+        partial_hit(p, hashes, n_hashes, hit_len, blocks, hit);
         return 0;
     }
 

@@ -442,6 +442,81 @@ static void partial_hash_hits_end_at_hash_block_boundaries(void **state)
     kvt_pool_destroy(p);
 }
 
+/* Partial hash hits against a brute force: full attention and Mamba align of 32 tokens over
+ * hash blocks of 16, random caches (whole and partly filled attention blocks, states at any
+ * hash-block boundary), random caps. The hit must be the longest L (a multiple of 16, within
+ * the cap) where every attention block before L is cached whole, the block holding L's last
+ * token is cached whole or partly up to L or beyond, and a state sits exactly at L; every
+ * block returned must carry the key that makes it so. */
+static bool has_key(kvt_pool *p, uint32_t g, uint32_t pos, uint32_t *b)
+{
+    return kvt_pool_lookup(p, req_hashes + pos * HL, g, b) == 1;
+}
+
+static void partial_hits_agree_with_a_brute_force(void **state)
+{
+    (void)state;
+    uint64_t seed = kvt_test_seed(), rng = seed;
+    print_message("partial hits vs brute force: seed %llu (KVTIER_TEST_SEED replays it)\n",
+                  (unsigned long long)seed);
+    kvt_pool_config c = base_cfg();
+    c.n_groups = 2;
+    c.groups[0] = (kvt_group_spec){KVT_GROUP_FULL, 32, 0};
+    c.groups[1] = (kvt_group_spec){KVT_GROUP_MAMBA_ALIGN, 32, 0};
+    uint32_t rounds = (uint32_t)(2000 * kvt_test_scale()), partial_seen = 0;
+    for (uint32_t round = 0; round < rounds; round++) {
+        kvt_pool *p = make(&c);
+        for (uint32_t pos = 0; pos < NH; pos++) {
+            uint32_t id;
+            if (kvt_test_below(&rng, 4) != 0) { /* attention: whole at odd, partial at even */
+                KVT_OK_(kvt_pool_alloc(p, 1, &id));
+                KVT_OK_(kvt_pool_insert(p, id, req_hashes + pos * HL, 0, pos % 2 ? 32 : 16));
+            }
+            if (kvt_test_below(&rng, 3) == 0) { /* a state after pos + 1 hash blocks */
+                KVT_OK_(kvt_pool_alloc(p, 1, &id));
+                KVT_OK_(kvt_pool_insert(p, id, req_hashes + pos * HL, 1, pos % 2 ? 32 : 16));
+            }
+        }
+        uint32_t nh = kvt_test_below(&rng, NH + 1), max_len = kvt_test_below(&rng, NH * 16 + 8);
+        uint32_t top = nh * 16 < max_len ? nh * 16 : max_len, want = 0, b;
+        for (uint32_t len = top / 16 * 16; len >= 16 && !want; len -= 16) {
+            bool ok = has_key(p, 1, len / 16 - 1, &b);
+            for (uint32_t j = 0; ok && j < len / 32; j++)
+                ok = has_key(p, 0, 2 * j + 1, &b);
+            if (ok && len % 32) /* partly up to len, or whole (its hash known) */
+                ok = has_key(p, 0, len / 16 - 1, &b) ||
+                     (len / 16 < nh && has_key(p, 0, len / 16, &b));
+            if (ok)
+                want = len;
+        }
+        kvt_hit h = search_flags(p, nh, max_len, KVT_HIT_PARTIAL);
+        assert_int_equal(h.length, want);
+        partial_seen += want % 32 != 0;
+        if (want) {
+            uint32_t n = (want + 31) / 32, last = want / 16 - 1;
+            assert_int_equal(h.n_blocks[0], n);
+            assert_int_equal(h.n_blocks[1], n);
+            for (uint32_t j = 0; j + 1 < n || (j < n && want % 32 == 0); j++) {
+                assert_true(has_key(p, 0, 2 * j + 1, &b));
+                assert_int_equal(out[0][j], b);
+            }
+            if (want % 32) { /* the last attention block reaches at least the hit's end */
+                kvt_pool_key k[2];
+                uint32_t nk;
+                KVT_OK_(kvt_pool_block_keys(p, out[0][n - 1], k, 2, &nk));
+                assert_true(nk == 1 && (memcmp(k[0].hash, req_hashes + last * HL, HL) == 0 ||
+                                        memcmp(k[0].hash, req_hashes + (last + 1) * HL, HL) == 0));
+            }
+            assert_true(has_key(p, 1, last, &b));
+            assert_int_equal(out[1][n - 1], b);
+            for (uint32_t j = 0; j + 1 < n; j++)
+                assert_int_equal(out[1][j], KVT_NULL_BLOCK);
+        }
+        kvt_pool_destroy(p);
+    }
+    assert_true(partial_seen > 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -460,6 +535,7 @@ int main(void)
         cmocka_unit_test(scratch_and_ring_groups_take_no_part_in_hits),
         cmocka_unit_test(bad_search_arguments_are_rejected),
         cmocka_unit_test(partial_hash_hits_end_at_hash_block_boundaries),
+        cmocka_unit_test(partial_hits_agree_with_a_brute_force),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }
