@@ -27,6 +27,12 @@ static inline uint32_t kvi_max_u32(uint32_t a, uint32_t b)
     return a > b ? a : b;
 }
 
+/* ceil(a / b), b > 0, without overflow. */
+static inline uint32_t kvi_div_ceil_u32(uint32_t a, uint32_t b)
+{
+    return a / b + (a % b != 0);
+}
+
 static inline uint64_t kvi_gcd_u64(uint64_t a, uint64_t b)
 {
     while (b) {

@@ -143,11 +143,17 @@ bool kvi_ofl_key_from_hashes(const kvt_offload *m, const uint8_t *hashes, uint32
     uint64_t idx = ((uint64_t)j + 1) * step - 1;
     if (!hashes || idx >= n_hashes)
         return false;
-    memset(k->hash, 0, sizeof(k->hash));
-    memcpy(k->hash, hashes + idx * m->hash_len, m->hash_len);
-    k->group = g;
-    k->num_tokens = bs;
+    kvi_ofl_key_set(m, hashes + idx * m->hash_len, g, bs, k);
     return true;
+}
+
+void kvi_ofl_key_set(const kvt_offload *m, const uint8_t *hash, uint32_t group, uint32_t num_tokens,
+                     kvt_pool_key *k)
+{
+    memset(k->hash, 0, sizeof(k->hash));
+    memcpy(k->hash, hash, m->hash_len);
+    k->group = group;
+    k->num_tokens = num_tokens;
 }
 
 void kvi_ofl_key_pack(const kvt_offload *m, uint8_t *dst, const kvt_pool_key *k)

@@ -167,9 +167,8 @@ int kvt_offload_match_flags(kvt_offload *m, const char *id, uint32_t id_len, con
 uint32_t kvi_ofl_load_start(const kvt_offload *m, const struct kvi_ofl_req *r, uint32_t g,
                             uint32_t num_external)
 {
-    uint32_t gbs = m->gcfg.groups[g].block_size;
-    uint32_t total = r->hit_computed + num_external;
-    return (total + gbs - 1) / gbs - kvi_ofl_ext_blocks(m, g, num_external);
+    return kvi_div_ceil_u32(r->hit_computed + num_external, m->gcfg.groups[g].block_size) -
+           kvi_ofl_ext_blocks(m, g, num_external);
 }
 
 /* Whether every prefix-cacheable group is full attention. */

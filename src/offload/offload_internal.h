@@ -34,6 +34,7 @@
 #include "base/idlist.h"
 #include "base/ilist.h"
 #include "base/map.h"
+#include "base/util.h"
 #include "kvtier/offload.h"
 
 #define OFL_NONE UINT32_MAX
@@ -236,6 +237,9 @@ uint32_t kvi_ofl_gpu_lookup_kh(const kvt_offload *m, const kvt_pool_key *k, uint
                                uint32_t *ref);
 /* Whether re-stores can be decided (a kvt_pool, or an engine pool with a lookup callback). */
 bool kvi_ofl_gpu_can_lookup(const kvt_offload *m);
+/* *k = the key (hash of hash_len bytes, group, tokens of its block it covers). */
+void kvi_ofl_key_set(const kvt_offload *m, const uint8_t *hash, uint32_t group, uint32_t num_tokens,
+                     kvt_pool_key *k);
 /* Key of block j of group g of a request from its chained hashes; false past the last hash. */
 bool kvi_ofl_key_from_hashes(const kvt_offload *m, const uint8_t *hashes, uint32_t n_hashes,
                              uint32_t g, uint32_t j, kvt_pool_key *k);
@@ -377,15 +381,14 @@ uint32_t kvi_ofl_tier_search(kvt_offload *m, const uint8_t *hashes, uint32_t n_h
 uint32_t kvi_ofl_tier_pin(kvt_offload *m, struct kvi_ofl_req *r, uint32_t tokens);
 /* Releases the phase-A disk pairs of r. */
 void kvi_ofl_tier_release_hit(kvt_offload *m, struct kvi_ofl_req *r);
-/* Position in a group's block table of the first block a load of num_external tokens fills. */
 /* GPU blocks of group g that num_external accepted tokens reach (the last one partly with
  * partial hash hits). */
 static inline uint32_t kvi_ofl_ext_blocks(const kvt_offload *m, uint32_t g, uint32_t num_external)
 {
-    uint32_t bs = m->gcfg.groups[g].block_size;
-    return (uint32_t)(((uint64_t)num_external + bs - 1) / bs);
+    return kvi_div_ceil_u32(num_external, m->gcfg.groups[g].block_size);
 }
 
+/* Position in a group's block table of the first block a load of num_external tokens fills. */
 uint32_t kvi_ofl_load_start(const kvt_offload *m, const struct kvi_ofl_req *r, uint32_t g,
                             uint32_t num_external);
 /* after_alloc: checks / pairs the disk part of r's hit with the GPU blocks at its positions,

@@ -229,26 +229,19 @@ static void select_partial_tails(kvt_offload *m, struct kvi_ofl_req *r,
         if (gpu == KVT_NULL_BLOCK || (m->gflags[gpu] & (G_STORING | G_MARK)) ||
             m->gload_src[gpu] != OFL_NONE)
             continue;
-        kvt_pool_key k;
-        if (m->ext || hashes) {
-            if (pos >= n_hashes) /* its hash is not known */
-                continue;
-            memset(&k, 0, sizeof(k));
-            memcpy(k.hash, hashes + (size_t)pos * m->hash_len, m->hash_len);
-            k.group = g;
-            k.num_tokens = tail;
-        }
+        const uint8_t *h = hashes ? hashes + (size_t)pos * m->hash_len : NULL;
+        if ((m->ext || hashes) && pos >= n_hashes) /* its hash is not known */
+            continue;
         /* over a kvt_pool the block's own keys are stored: it must be cached partly, under
          * this key (the engine caches a partly filled block with its token count) */
-        kvt_pool_key pk;
-        if (!m->ext &&
-            (!kvi_ofl_gpu_primary(m, gpu, &pk) || pk.group != g || pk.num_tokens != tail ||
-             (hashes && memcmp(pk.hash, k.hash, m->hash_len) != 0))) {
+        kvt_pool_key k;
+        if (m->ext) {
+            kvi_ofl_key_set(m, h, g, tail, &k);
+        } else if (!kvi_ofl_gpu_primary(m, gpu, &k) || k.group != g || k.num_tokens != tail ||
+                   (h && memcmp(k.hash, h, m->hash_len) != 0)) {
             m->st.store_skipped_unhashed++;
             continue;
         }
-        if (!m->ext)
-            k = pk;
         if (host_has_key(m, &k)) {
             m->tier[0].st.store_skipped_cached++;
             continue;
@@ -378,12 +371,8 @@ int kvt_offload_boundary_states(kvt_offload *m, const kvt_offload_boundary *stat
             m->st.store_skipped_in_flight++;
             continue;
         }
-        kvt_pool_key k;
-        memset(&k, 0, sizeof(k));
-        memcpy(k.hash, b->hash, m->hash_len);
-        k.group = b->group;
-        /* the tokens of its block the state reached: bs, or fewer for a partial state */
-        k.num_tokens = b->num_tokens - (b->num_tokens - 1) / bs * bs;
+        kvt_pool_key k; /* the tokens of its block the state reached: bs, or fewer (partial) */
+        kvi_ofl_key_set(m, b->hash, b->group, b->num_tokens - (b->num_tokens - 1) / bs * bs, &k);
         kvt_pool_key pk; /* over a kvt_pool the block's own keys are stored: they must agree */
         if (!m->ext && (!kvi_ofl_gpu_primary(m, gpu, &pk) || pk.group != k.group ||
                         memcmp(pk.hash, k.hash, m->hash_len) != 0)) {

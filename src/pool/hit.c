@@ -42,11 +42,19 @@ static inline const uint8_t *hash_at(const struct kvt_pool *p, const uint8_t *ha
     return hashes + ((size_t)(j + 1) * step - 1) * p->hash_len;
 }
 
+/* Block of group g cached under the request's hash at position pos. */
+static inline uint32_t lookup_pos(const struct kvt_pool *p, const uint8_t *hashes, uint32_t g,
+                                  uint32_t pos)
+{
+    const uint8_t *h = hashes + (size_t)pos * p->hash_len;
+    return kvi_pool_find(p, h, g, kvi_pool_key_hash(p, h, g));
+}
+
+/* Block j of group g (step hashes per block), cached under the hash at its end. */
 static inline uint32_t lookup_at(const struct kvt_pool *p, const uint8_t *hashes, uint32_t step,
                                  uint32_t g, uint32_t j)
 {
-    const uint8_t *h = hash_at(p, hashes, step, j);
-    return kvi_pool_find(p, h, g, kvi_pool_key_hash(p, h, g));
+    return lookup_pos(p, hashes, g, (j + 1) * step - 1);
 }
 
 /* Drops trailing blocks until n * bs is a multiple of align. */
@@ -170,13 +178,6 @@ static uint32_t search_group(const struct kvt_pool *p, const uint8_t *hashes, ui
 
 /* ---- partial hash hits (KVT_HIT_PARTIAL): lengths in tokens, at hash-block granularity ---- */
 
-static uint32_t lookup_pos(const struct kvt_pool *p, const uint8_t *hashes, uint32_t g,
-                           uint32_t pos)
-{
-    const uint8_t *h = hashes + (size_t)pos * p->hash_len;
-    return kvi_pool_find(p, h, g, kvi_pool_key_hash(p, h, g));
-}
-
 /* Full attention: whole cached blocks, then at most one partly valid block after them. n_hashes
  * hashes are known. */
 static uint32_t partial_full(const struct kvt_pool *p, const uint8_t *hashes, uint32_t n_hashes,
@@ -215,18 +216,13 @@ static uint32_t partial_mamba(const struct kvt_pool *p, const uint8_t *hashes, u
         uint32_t b = lookup_pos(p, hashes, g, pos);
         if (b == KVT_BLOCK_NONE)
             continue;
-        uint32_t len = (pos + 1) * hbs, idx = (len + bs - 1) / bs - 1;
+        uint32_t len = (pos + 1) * hbs, idx = kvi_div_ceil_u32(len, bs) - 1;
         for (uint32_t i = 0; i < idx; i++)
             out[i] = KVT_NULL_BLOCK;
         out[idx] = b;
         return len;
     }
     return 0;
-}
-
-static uint32_t blocks_of(uint32_t len, uint32_t bs)
-{
-    return (uint32_t)(((uint64_t)len + bs - 1) / bs);
 }
 
 /* The coordinator's fixed point with lengths in tokens (only full and Mamba align groups). */
@@ -255,7 +251,7 @@ static void partial_hit(const struct kvt_pool *p, const uint8_t *hashes, uint32_
     }
     for (uint32_t k = 0; k < p->n_order; k++) {
         uint32_t g = p->order[k];
-        hit->n_blocks[g] = blocks_of(hit_len, p->cfg.groups[g].block_size);
+        hit->n_blocks[g] = kvi_div_ceil_u32(hit_len, p->cfg.groups[g].block_size);
     }
     hit->length = hit_len;
 }
@@ -272,7 +268,7 @@ uint32_t kvt_pool_hit_capacity(const kvt_pool *p, uint32_t group, uint32_t n_has
     if (group >= p->cfg.n_groups || !kvt_group_kind_cacheable(p->cfg.groups[group].kind))
         return 0;
     uint32_t len = clamp_length(p, n_hashes, max_length), bs = p->cfg.groups[group].block_size;
-    return p->partial_ok ? blocks_of(len, bs) : len / bs;
+    return p->partial_ok ? kvi_div_ceil_u32(len, bs) : len / bs;
 }
 
 uint32_t kvt_pool_hit_alignment(const kvt_pool *p, uint32_t flags)
@@ -300,7 +296,7 @@ int kvt_pool_find_longest_hit_flags(const kvt_pool *p, const uint8_t *hashes, ui
     bool partial = (flags & KVT_HIT_PARTIAL) && p->partial_ok;
     for (uint32_t g = 0; g < ng; g++)
         if (!blocks[g] && kvt_group_kind_cacheable(p->cfg.groups[g].kind) &&
-            (partial ? blocks_of(hit_len, p->cfg.groups[g].block_size)
+            (partial ? kvi_div_ceil_u32(hit_len, p->cfg.groups[g].block_size)
                      : hit_len / p->cfg.groups[g].block_size))
             return kvt_fail(KVT_EINVAL, "pool: find_longest_hit: output for group %u is NULL", g);
     memset(hit, 0, sizeof(*hit));

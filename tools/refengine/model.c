@@ -340,14 +340,29 @@ ref_rank *ref_rank_create(const ref_config *c, uint32_t rank, uint32_t max_token
 /* Rows per BLAS call, REF_TILE or fewer: see pick_tile. */
 static uint32_t mm_tile = REF_TILE;
 
+/* Y[rows x n] = X[rows x k] W[n x k]^T in one BLAS call. */
+static void product(const float *X, uint32_t rows, uint32_t k, const float *W, uint32_t n, float *Y)
+{
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)n, (int)k, 1.0f, X, (int)k,
+                W, (int)k, 0.0f, Y, (int)n);
+}
+
 /* Y[rows x n] = X[rows x k] W[n x k]^T in whole tiles of mm_tile rows: every call has the same
  * shape, and pick_tile made sure a row's result does not depend on its place in the tile or on
  * the rows it shares it with. X and Y hold round_tile(rows) rows. */
 static void mm(const float *X, uint32_t rows, uint32_t k, const float *W, uint32_t n, float *Y)
 {
     for (uint32_t i = 0; i < rows; i += mm_tile)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)mm_tile, (int)n, (int)k, 1.0f,
-                    X + (size_t)i * k, (int)k, W, (int)k, 0.0f, Y + (size_t)i * n, (int)n);
+        product(X + (size_t)i * k, mm_tile, k, W, n, Y + (size_t)i * n);
+}
+
+static void swap_rows(float *X, uint32_t k, uint32_t a, uint32_t b)
+{
+    for (uint32_t e = 0; e < k; e++) {
+        float t = X[(size_t)a * k + e];
+        X[(size_t)a * k + e] = X[(size_t)b * k + e];
+        X[(size_t)b * k + e] = t;
+    }
 }
 
 /* Whether a tile of `tile` rows gives every row the bits it gets in row 0, for one shape. */
@@ -356,30 +371,17 @@ static bool tile_is_invariant(uint32_t tile, uint32_t k, uint32_t n)
     float *W = falloc((size_t)n * k), *X = falloc((size_t)tile * k), *Y = falloc((size_t)tile * n);
     float *R = falloc(n);
     bool ok = W && X && Y && R;
-    uint64_t x = 0x243F6A8885A308D3ull;
-    for (size_t i = 0; ok && i < (size_t)n * k; i++, x = x * 6364136223846793005ull + 1)
-        W[i] = (float)(x >> 40) / (float)(1u << 24) - 0.5f;
-    for (size_t i = 0; ok && i < (size_t)tile * k; i++, x = x * 6364136223846793005ull + 1)
-        X[i] = (float)(x >> 40) / (float)(1u << 24) - 0.5f;
     if (ok) {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)tile, (int)n, (int)k, 1.0f, X,
-                    (int)k, W, (int)k, 0.0f, Y, (int)n);
+        gen(0, 1, n, k, 0.5f, W);
+        gen(0, 2, tile, k, 0.5f, X);
+        product(X, tile, k, W, n, Y);
         memcpy(R, Y, n * sizeof(float));
     }
     for (uint32_t p = 1; ok && p < tile; p++) { /* row 0's inputs moved to row p */
-        for (uint32_t e = 0; e < k; e++) {
-            float t = X[e];
-            X[e] = X[(size_t)p * k + e];
-            X[(size_t)p * k + e] = t;
-        }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)tile, (int)n, (int)k, 1.0f, X,
-                    (int)k, W, (int)k, 0.0f, Y, (int)n);
+        swap_rows(X, k, 0, p);
+        product(X, tile, k, W, n, Y);
         ok = memcmp(R, Y + (size_t)p * n, n * sizeof(float)) == 0;
-        for (uint32_t e = 0; e < k; e++) {
-            float t = X[e];
-            X[e] = X[(size_t)p * k + e];
-            X[(size_t)p * k + e] = t;
-        }
+        swap_rows(X, k, 0, p);
     }
     free(W);
     free(X);
