@@ -140,11 +140,15 @@ enum kvt_arena_flags {
 };
 
 typedef struct kvt_arena_config {
-    size_t size;    /* bytes; rounded up to the page size in use, never to a power of two */
-    unsigned flags; /* kvt_arena_flags; default POPULATE | DONTFORK | THP */
+    size_t size;          /* bytes; rounded up to the page size in use, never to a power of two */
+    unsigned flags;       /* kvt_arena_flags; default POPULATE | DONTFORK | THP */
+    const char *shm_name; /* NULL: anonymous memory (default). Else a POSIX shared memory object
+                             ("/name"), mapped shared: created at the rounded size if absent,
+                             attached if present (its size must be that size). Normal pages
+                             only (THP allowed); the object stays until shm_unlink */
     /* room for fields to come, so the struct keeps its size: zero (as *_config_init
      * leaves it); a create refuses a config whose room is not zero */
-    uint64_t reserved[8];
+    uint64_t reserved[7];
 } kvt_arena_config;
 
 typedef struct kvt_arena kvt_arena;

@@ -13,6 +13,7 @@
 #include "kvtier/ec_net.h"
 #include "kvtier/link.h"
 #include "kvtier/meta.h"
+#include "kvtier/node.h"
 #include "kvtier/offload.h"
 #include "kvtier/pool.h"
 #include "kvtier/worker.h"

@@ -55,6 +55,7 @@
 
 #include "kvtier/base.h"
 #include "kvtier/meta.h"
+#include "kvtier/node.h"
 #include "kvtier/pool.h"
 
 #ifdef __cplusplus
@@ -165,6 +166,13 @@ KVT_API int kvt_offload_lower_host_blocks(kvt_offload *m, uint32_t worker_blocks
 KVT_API int kvt_offload_lower_disk_blocks(kvt_offload *m, uint32_t worker_slots);
 
 /* The host tier's pool, for inspection (hits, keys, LRU); do not modify it. */
+/* Makes the host tier this replica's part of node tier `node` (kvtier/node.h): the host pool
+ * then holds every slot of the node (host_blocks must be kvt_node_num_slots), allocates and
+ * evicts only this replica's own slots, publishes what it stored and finds what the peers
+ * published. Eager mode, two tiers, before the first step; node is borrowed until
+ * kvt_offload_destroy, which withdraws this replica's slots and pins (destroy the manager
+ * before detaching the node). Every call that touches the host tier takes the node's lock. */
+KVT_API int kvt_offload_attach_node(kvt_offload *m, kvt_node *node);
 KVT_API const kvt_pool *kvt_offload_host_pool(const kvt_offload *m);
 /* The disk tier's pool (NULL with two tiers). */
 KVT_API const kvt_pool *kvt_offload_disk_pool(const kvt_offload *m);

@@ -15,7 +15,9 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "base/error.h"
@@ -62,6 +64,52 @@ static int populate(void *p, size_t size, size_t page)
     return 0;
 }
 
+/* Maps shared memory object `name` of exactly `size` bytes, creating it if absent. */
+static int map_shared(const char *name, size_t size, void **out)
+{
+    int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    bool created = fd >= 0;
+    if (created) {
+        if (ftruncate(fd, (off_t)size) != 0) {
+            int rc = kvi_fail_errno(errno, "arena: cannot size %s to %zu bytes", name, size);
+            close(fd);
+            shm_unlink(name);
+            return rc;
+        }
+    } else {
+        if (errno != EEXIST)
+            return kvi_fail_errno(errno, "arena: cannot create %s", name);
+        fd = shm_open(name, O_RDWR | O_CLOEXEC, 0);
+        if (fd < 0)
+            return kvi_fail_errno(errno, "arena: cannot open %s", name);
+        struct stat st;
+        /* its creator may not have sized it yet */
+        for (int i = 0; i < 2000 && fstat(fd, &st) == 0 && st.st_size == 0; i++)
+            usleep(1000);
+        if (fstat(fd, &st) != 0 || (size_t)st.st_size != size) {
+            int rc = kvt_fail(KVT_EINVAL,
+                              "arena: %s has %lld bytes, this mapping needs %zu (the sharers' "
+                              "layouts or block counts differ)",
+                              name, (long long)st.st_size, size);
+            close(fd);
+            return rc;
+        }
+    }
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    int e = errno;
+    close(fd); /* the mapping keeps the object */
+    if (p == MAP_FAILED) {
+        if (created)
+            shm_unlink(name);
+        return kvi_fail_errno(e, "arena: cannot map %s (%zu bytes)", name, size);
+    }
+    *out = p;
+    return 0;
+}
+
+static int finish(const kvt_arena_config *cfg, void *p, size_t size, size_t page, bool huge,
+                  kvt_arena **out);
+
 static int map_region(size_t size, size_t page, int huge_flags, void **out)
 {
     int flags = MAP_PRIVATE | MAP_ANONYMOUS | huge_flags;
@@ -105,6 +153,17 @@ int kvt_arena_create(const kvt_arena_config *cfg, kvt_arena **out)
         return kvt_fail(KVT_EINVAL, "arena: size %zu overflows when rounded to pages", cfg->size);
 
     void *p = NULL;
+    if (cfg->shm_name) {
+        if (huge_flags)
+            return kvt_fail(KVT_EINVAL,
+                            "arena: %s: shared memory takes normal pages (THP "
+                            "applies), not HugeTLB ones",
+                            cfg->shm_name);
+        int rc = map_shared(cfg->shm_name, size, &p);
+        if (rc)
+            return rc;
+        return finish(cfg, p, size, page, false, out);
+    }
     int rc = map_region(size, page, huge_flags, &p);
     if (rc != 0 && huge_flags && (fl & KVT_ARENA_HUGE_FALLBACK)) {
         KVT_LOG_W("%s; falling back to normal pages", kvt_last_error());
@@ -116,8 +175,16 @@ int kvt_arena_create(const kvt_arena_config *cfg, kvt_arena **out)
     }
     if (rc != 0)
         return rc;
+    return finish(cfg, p, size, page, huge_flags != 0, out);
+}
 
-    if (!huge_flags && (fl & KVT_ARENA_THP))
+/* Advice, population and the handle for a fresh mapping (unmapped on failure). */
+static int finish(const kvt_arena_config *cfg, void *p, size_t size, size_t page, bool huge,
+                  kvt_arena **out)
+{
+    unsigned fl = cfg->flags;
+    int rc;
+    if (!huge && (fl & KVT_ARENA_THP))
         (void)madvise(p, size, MADV_HUGEPAGE); /* advisory; THP may be disabled */
     if ((fl & KVT_ARENA_DONTFORK) && madvise(p, size, MADV_DONTFORK) != 0) {
         rc = kvi_fail_errno(errno, "arena: MADV_DONTFORK on %zu bytes", size);

@@ -8,6 +8,7 @@
  * Pinning uses cuMemHostRegister on the arena in chunks of pin_chunk bytes (one registration
  * of >= 512 GiB fails on some systems, spec §6); without a driver the mirror stays unpinned.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,6 +16,7 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "copy/copy_internal.h"
+#include "kvtier/node.h"
 
 #define REGION_ALIGN 4096u
 
@@ -103,6 +105,19 @@ int kvt_mirror_create(const kvt_mirror_config *cfg, const kvt_layout *layout, kv
     kvt_arena_config_init(&ac);
     ac.size = total;
     ac.flags = cfg->arena_flags;
+    char shm[96];
+    if (cfg->node_name) {
+        /* the node tier's data region (kvtier/node.h names it) */
+        size_t len = strlen(cfg->node_name);
+        if (len == 0 || len > KVT_NODE_NAME_MAX || strchr(cfg->node_name, '/')) {
+            free(m->regions);
+            free(m);
+            return kvt_fail(KVT_EINVAL, "mirror: node_name '%s' is not a node tier name",
+                            cfg->node_name);
+        }
+        snprintf(shm, sizeof(shm), "/kvtier.%s.data", cfg->node_name);
+        ac.shm_name = shm;
+    }
     int rc = kvt_arena_create(&ac, &m->arena);
     if (rc) {
         free(m->regions);

@@ -34,17 +34,29 @@ void kvi_ofl_release_hit(kvt_offload *m, struct kvi_ofl_req *r)
     r->flags &= ~RQ_HIT;
 }
 
-int kvt_offload_match(kvt_offload *m, const char *id, uint32_t id_len, const uint8_t *hashes,
-                      uint32_t n_hashes, uint32_t num_tokens, uint32_t num_computed,
-                      uint32_t *hit_tokens)
+static int match_unlocked(kvt_offload *m, const char *id, uint32_t id_len, const uint8_t *hashes,
+                          uint32_t n_hashes, uint32_t num_tokens, uint32_t num_computed,
+                          uint32_t *hit_tokens)
 {
     return kvt_offload_match_flags(m, id, id_len, hashes, n_hashes, num_tokens, num_computed, 0,
                                    hit_tokens);
 }
 
-int kvt_offload_match_flags(kvt_offload *m, const char *id, uint32_t id_len, const uint8_t *hashes,
-                            uint32_t n_hashes, uint32_t num_tokens, uint32_t num_computed,
-                            uint32_t flags, uint32_t *hit_tokens)
+int kvt_offload_match(kvt_offload *m, const char *id, uint32_t id_len, const uint8_t *hashes,
+                      uint32_t n_hashes, uint32_t num_tokens, uint32_t num_computed,
+                      uint32_t *hit_tokens)
+{
+    int rc = kvi_ofl_lock(m);
+    if (rc)
+        return rc;
+    rc = match_unlocked(m, id, id_len, hashes, n_hashes, num_tokens, num_computed, hit_tokens);
+    kvi_ofl_unlock(m);
+    return rc;
+}
+
+static int match_flags_unlocked(kvt_offload *m, const char *id, uint32_t id_len,
+                                const uint8_t *hashes, uint32_t n_hashes, uint32_t num_tokens,
+                                uint32_t num_computed, uint32_t flags, uint32_t *hit_tokens)
 {
     kvi_ofl_gpu_flush(m); /* pins a deferred schedule left */
     int rc = kvi_ofl_check_id(id, id_len);
@@ -163,6 +175,19 @@ int kvt_offload_match_flags(kvt_offload *m, const char *id, uint32_t id_len, con
     return 0;
 }
 
+int kvt_offload_match_flags(kvt_offload *m, const char *id, uint32_t id_len, const uint8_t *hashes,
+                            uint32_t n_hashes, uint32_t num_tokens, uint32_t num_computed,
+                            uint32_t flags, uint32_t *hit_tokens)
+{
+    int rc = kvi_ofl_lock(m);
+    if (rc)
+        return rc;
+    rc = match_flags_unlocked(m, id, id_len, hashes, n_hashes, num_tokens, num_computed, flags,
+                              hit_tokens);
+    kvi_ofl_unlock(m);
+    return rc;
+}
+
 /* Position of the first loaded block of group g in the request's block table. */
 uint32_t kvi_ofl_load_start(const kvt_offload *m, const struct kvi_ofl_req *r, uint32_t g,
                             uint32_t num_external)
@@ -255,9 +280,9 @@ static int check_pairs(kvt_offload *m, const struct kvi_ofl_req *r, const uint32
     return rc;
 }
 
-int kvt_offload_after_alloc(kvt_offload *m, const char *id, uint32_t id_len,
-                            const uint32_t *const *blocks, const uint32_t *n_blocks,
-                            uint32_t num_external)
+static int after_alloc_unlocked(kvt_offload *m, const char *id, uint32_t id_len,
+                                const uint32_t *const *blocks, const uint32_t *n_blocks,
+                                uint32_t num_external)
 {
     kvi_ofl_gpu_flush(m); /* pins a deferred schedule left */
     int rc = kvi_ofl_check_id(id, id_len);
@@ -323,6 +348,18 @@ int kvt_offload_after_alloc(kvt_offload *m, const char *id, uint32_t id_len,
     kvi_ofl_release_hit(m, r);
     kvi_ofl_req_maybe_release(m, r);
     return 0;
+}
+
+int kvt_offload_after_alloc(kvt_offload *m, const char *id, uint32_t id_len,
+                            const uint32_t *const *blocks, const uint32_t *n_blocks,
+                            uint32_t num_external)
+{
+    int rc = kvi_ofl_lock(m);
+    if (rc)
+        return rc;
+    rc = after_alloc_unlocked(m, id, id_len, blocks, n_blocks, num_external);
+    kvi_ofl_unlock(m);
+    return rc;
 }
 
 void kvi_ofl_queue_load(kvt_offload *m, struct kvi_ofl_req *r)

@@ -547,6 +547,8 @@ void kvt_offload_destroy(kvt_offload *m)
 {
     if (!m)
         return;
+    if (m->node)
+        kvi_node_unbind(m->node);
     host_teardown(m);
     kvi_ofl_events_teardown(m);
     kvi_ofl_tier_teardown(m);
@@ -584,6 +586,11 @@ static int lower_tier(kvt_offload *m, uint32_t t, uint32_t worker_blocks)
                         worker_blocks, name);
     if (worker_blocks == T->nb)
         return 0;
+    if (t == 0 && m->node)
+        return kvt_fail(KVT_EINVAL,
+                        "offload: a worker reported %u host blocks; the node tier has %u slots "
+                        "(map its data region: kvt_mirror_config.node_name)",
+                        worker_blocks, T->nb);
     if (T->transferred || kvt_pool_num_free(T->pool) != T->nb - 1 || T->acc_n)
         return kvt_fail(KVT_ESTATE,
                         "offload: the %s tier can only be resized before its first transfer "
@@ -607,6 +614,31 @@ int kvt_offload_lower_disk_blocks(kvt_offload *m, uint32_t worker_slots)
     return lower_tier(m, 1, worker_slots);
 }
 
+int kvt_offload_attach_node(kvt_offload *m, kvt_node *node)
+{
+    if (!m || !node)
+        return kvt_fail(KVT_EINVAL, "offload: attach_node: NULL argument");
+    if (m->node)
+        return kvt_fail(KVT_ESTATE, "offload: a node tier is attached already");
+    if (m->cfg.lazy)
+        return kvt_fail(KVT_EINVAL, "offload: a node tier needs eager stores (lazy is set): "
+                                    "a replica publishes what it stored as it stores it");
+    if (m->tier[1].pool)
+        return kvt_fail(KVT_EUNSUPPORTED,
+                        "offload: a node tier with a disk tier behind it is not supported");
+    struct kvi_ofl_tier *T = &m->tier[0];
+    if (T->transferred || kvt_pool_num_free(T->pool) != T->nb - 1 || T->acc_n ||
+        kvt_pool_num_cached(T->pool))
+        return kvt_fail(KVT_ESTATE,
+                        "offload: attach the node tier before the first step (the host tier "
+                        "has been used)");
+    int rc = kvi_node_bind(node, T->pool);
+    if (rc)
+        return kvi_fail_wrap(rc, "offload");
+    m->node = node;
+    return 0;
+}
+
 const kvt_pool *kvt_offload_host_pool(const kvt_offload *m)
 {
     return m->tier[0].pool;
@@ -614,7 +646,7 @@ const kvt_pool *kvt_offload_host_pool(const kvt_offload *m)
 
 /* ---- step ------------------------------------------------------------------------------ */
 
-int kvt_offload_build_meta(kvt_offload *m, bool preempted, kvt_offload_meta *out)
+static int build_meta_unlocked(kvt_offload *m, bool preempted, kvt_offload_meta *out)
 {
     kvi_ofl_gpu_flush(m); /* pins a deferred schedule left */
     if (!out)
@@ -636,8 +668,18 @@ int kvt_offload_build_meta(kvt_offload *m, bool preempted, kvt_offload_meta *out
     return 0;
 }
 
-int kvt_offload_apply_output(kvt_offload *m, const kvt_str *finished_loads, uint32_t n,
-                             const kvt_offload_worker_meta *stores)
+int kvt_offload_build_meta(kvt_offload *m, bool preempted, kvt_offload_meta *out)
+{
+    int rc = kvi_ofl_lock(m);
+    if (rc)
+        return rc;
+    rc = build_meta_unlocked(m, preempted, out);
+    kvi_ofl_unlock(m);
+    return rc;
+}
+
+static int apply_output_unlocked(kvt_offload *m, const kvt_str *finished_loads, uint32_t n,
+                                 const kvt_offload_worker_meta *stores)
 {
     kvi_ofl_gpu_flush(m); /* pins a deferred schedule left */
     int rc = kvi_ofl_check_load_done(m, finished_loads, n);
@@ -679,7 +721,18 @@ int kvt_offload_apply_output(kvt_offload *m, const kvt_str *finished_loads, uint
     return 0;
 }
 
-int kvt_offload_reset(kvt_offload *m)
+int kvt_offload_apply_output(kvt_offload *m, const kvt_str *finished_loads, uint32_t n,
+                             const kvt_offload_worker_meta *stores)
+{
+    int rc = kvi_ofl_lock(m);
+    if (rc)
+        return rc;
+    rc = apply_output_unlocked(m, finished_loads, n, stores);
+    kvi_ofl_unlock(m);
+    return rc;
+}
+
+static int reset_unlocked(kvt_offload *m)
 {
     kvi_ofl_gpu_flush(m); /* pins a deferred schedule left */
     /* 1. In-flight stores are abandoned: their blocks will be freed, never cached. */
@@ -727,6 +780,16 @@ int kvt_offload_reset(kvt_offload *m)
         return kvi_fail_wrap(KVT_EBUSY, "offload: reset: hits are still pinned");
     m->st.resets++;
     return 0;
+}
+
+int kvt_offload_reset(kvt_offload *m)
+{
+    int rc = kvi_ofl_lock(m);
+    if (rc)
+        return rc;
+    rc = reset_unlocked(m);
+    kvi_ofl_unlock(m);
+    return rc;
 }
 
 bool kvt_offload_has_pending(const kvt_offload *m)

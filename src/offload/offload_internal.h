@@ -36,6 +36,7 @@
 #include "base/map.h"
 #include "base/util.h"
 #include "kvtier/offload.h"
+#include "node/node_internal.h"
 
 #define OFL_NONE UINT32_MAX
 
@@ -212,7 +213,22 @@ struct kvt_offload {
 
     struct kvi_ofl_events ev;
     kvt_offload_stats st;
+
+    /* a node tier (kvt_offload_attach_node): the host pool is this replica's view of it, and
+     * every call that touches the host pool runs under the node's lock */
+    kvt_node *node;
 };
+
+static inline int kvi_ofl_lock(kvt_offload *m)
+{
+    return m->node ? kvi_node_lock(m->node) : 0;
+}
+
+static inline void kvi_ofl_unlock(kvt_offload *m)
+{
+    if (m->node)
+        kvi_node_unlock(m->node);
+}
 
 enum {
     G_STORING = 1u << 0, /* source of an in-flight (non-abandoned) eager store */

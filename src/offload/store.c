@@ -278,10 +278,10 @@ static int plain_call(const kvt_offload *m, const char *what)
     return 0;
 }
 
-int kvt_offload_schedule_hashed(kvt_offload *m, const char *id, uint32_t id_len,
-                                const uint32_t *const *blocks, const uint32_t *n_blocks,
-                                const uint8_t *hashes, uint32_t n_hashes, uint32_t num_confirmed,
-                                uint32_t num_scheduled, bool resumed)
+static int schedule_hashed_unlocked(kvt_offload *m, const char *id, uint32_t id_len,
+                                    const uint32_t *const *blocks, const uint32_t *n_blocks,
+                                    const uint8_t *hashes, uint32_t n_hashes,
+                                    uint32_t num_confirmed, uint32_t num_scheduled, bool resumed)
 {
     int rc = kvi_ofl_check_id(id, id_len);
     if (rc || m->cfg.lazy)
@@ -319,6 +319,20 @@ int kvt_offload_schedule_hashed(kvt_offload *m, const char *id, uint32_t id_len,
     return left > INT32_MAX ? INT32_MAX : (int)left;
 }
 
+int kvt_offload_schedule_hashed(kvt_offload *m, const char *id, uint32_t id_len,
+                                const uint32_t *const *blocks, const uint32_t *n_blocks,
+                                const uint8_t *hashes, uint32_t n_hashes, uint32_t num_confirmed,
+                                uint32_t num_scheduled, bool resumed)
+{
+    int rc = kvi_ofl_lock(m);
+    if (rc)
+        return rc;
+    rc = schedule_hashed_unlocked(m, id, id_len, blocks, n_blocks, hashes, n_hashes, num_confirmed,
+                                  num_scheduled, resumed);
+    kvi_ofl_unlock(m);
+    return rc;
+}
+
 static int check_boundary(const kvt_offload *m, const kvt_offload_boundary *b, uint32_t i)
 {
     int rc = kvi_ofl_check_id(b->req_id, b->req_id_len);
@@ -347,7 +361,7 @@ static int check_boundary(const kvt_offload *m, const kvt_offload_boundary *b, u
     return 0;
 }
 
-int kvt_offload_boundary_states(kvt_offload *m, const kvt_offload_boundary *states, uint32_t n)
+static int boundary_states_unlocked(kvt_offload *m, const kvt_offload_boundary *states, uint32_t n)
 {
     if (n && !states)
         return kvt_fail(KVT_EINVAL, "offload: boundary_states: %u states given as NULL", n);
@@ -398,8 +412,18 @@ int kvt_offload_boundary_states(kvt_offload *m, const kvt_offload_boundary *stat
     return (int)selected;
 }
 
-int kvt_offload_schedule_many(kvt_offload *m, kvt_offload_sched_req *const *reqs, uint32_t n,
-                              uint32_t *n_done)
+int kvt_offload_boundary_states(kvt_offload *m, const kvt_offload_boundary *states, uint32_t n)
+{
+    int rc = kvi_ofl_lock(m);
+    if (rc)
+        return rc;
+    rc = boundary_states_unlocked(m, states, n);
+    kvi_ofl_unlock(m);
+    return rc;
+}
+
+static int schedule_many_unlocked(kvt_offload *m, kvt_offload_sched_req *const *reqs, uint32_t n,
+                                  uint32_t *n_done)
 {
     uint32_t i = 0;
     int rc = 0;
@@ -425,9 +449,20 @@ int kvt_offload_schedule_many(kvt_offload *m, kvt_offload_sched_req *const *reqs
     return rc;
 }
 
-int kvt_offload_schedule(kvt_offload *m, const char *id, uint32_t id_len,
-                         const uint32_t *const *blocks, const uint32_t *n_blocks,
-                         uint32_t num_confirmed, uint32_t num_scheduled, bool resumed)
+int kvt_offload_schedule_many(kvt_offload *m, kvt_offload_sched_req *const *reqs, uint32_t n,
+                              uint32_t *n_done)
+{
+    int rc = kvi_ofl_lock(m);
+    if (rc)
+        return rc;
+    rc = schedule_many_unlocked(m, reqs, n, n_done);
+    kvi_ofl_unlock(m);
+    return rc;
+}
+
+static int schedule_unlocked(kvt_offload *m, const char *id, uint32_t id_len,
+                             const uint32_t *const *blocks, const uint32_t *n_blocks,
+                             uint32_t num_confirmed, uint32_t num_scheduled, bool resumed)
 {
     int rc = plain_call(m, "schedule");
     if (!rc)
@@ -436,10 +471,22 @@ int kvt_offload_schedule(kvt_offload *m, const char *id, uint32_t id_len,
     return rc > 0 ? 0 : rc;
 }
 
-int kvt_offload_request_finished_hashed(kvt_offload *m, const char *id, uint32_t id_len,
-                                        const uint32_t *const *blocks, const uint32_t *n_blocks,
-                                        const uint8_t *hashes, uint32_t n_hashes,
-                                        uint32_t num_confirmed)
+int kvt_offload_schedule(kvt_offload *m, const char *id, uint32_t id_len,
+                         const uint32_t *const *blocks, const uint32_t *n_blocks,
+                         uint32_t num_confirmed, uint32_t num_scheduled, bool resumed)
+{
+    int rc = kvi_ofl_lock(m);
+    if (rc)
+        return rc;
+    rc = schedule_unlocked(m, id, id_len, blocks, n_blocks, num_confirmed, num_scheduled, resumed);
+    kvi_ofl_unlock(m);
+    return rc;
+}
+
+static int request_finished_hashed_unlocked(kvt_offload *m, const char *id, uint32_t id_len,
+                                            const uint32_t *const *blocks, const uint32_t *n_blocks,
+                                            const uint8_t *hashes, uint32_t n_hashes,
+                                            uint32_t num_confirmed)
 {
     kvi_ofl_gpu_flush(m); /* pins a deferred schedule left */
     int rc = kvi_ofl_check_id(id, id_len);
@@ -474,14 +521,40 @@ int kvt_offload_request_finished_hashed(kvt_offload *m, const char *id, uint32_t
     return 0;
 }
 
-int kvt_offload_request_finished(kvt_offload *m, const char *id, uint32_t id_len,
-                                 const uint32_t *const *blocks, const uint32_t *n_blocks,
-                                 uint32_t num_confirmed)
+int kvt_offload_request_finished_hashed(kvt_offload *m, const char *id, uint32_t id_len,
+                                        const uint32_t *const *blocks, const uint32_t *n_blocks,
+                                        const uint8_t *hashes, uint32_t n_hashes,
+                                        uint32_t num_confirmed)
+{
+    int rc = kvi_ofl_lock(m);
+    if (rc)
+        return rc;
+    rc = request_finished_hashed_unlocked(m, id, id_len, blocks, n_blocks, hashes, n_hashes,
+                                          num_confirmed);
+    kvi_ofl_unlock(m);
+    return rc;
+}
+
+static int request_finished_unlocked(kvt_offload *m, const char *id, uint32_t id_len,
+                                     const uint32_t *const *blocks, const uint32_t *n_blocks,
+                                     uint32_t num_confirmed)
 {
     int rc = plain_call(m, "request_finished");
     return rc ? rc
               : kvt_offload_request_finished_hashed(m, id, id_len, blocks, n_blocks, NULL, 0,
                                                     num_confirmed);
+}
+
+int kvt_offload_request_finished(kvt_offload *m, const char *id, uint32_t id_len,
+                                 const uint32_t *const *blocks, const uint32_t *n_blocks,
+                                 uint32_t num_confirmed)
+{
+    int rc = kvi_ofl_lock(m);
+    if (rc)
+        return rc;
+    rc = request_finished_unlocked(m, id, id_len, blocks, n_blocks, num_confirmed);
+    kvi_ofl_unlock(m);
+    return rc;
 }
 
 /* How many host blocks, from the LRU head, a store could take before the first one whose key

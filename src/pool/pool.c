@@ -5,7 +5,9 @@
  * invariants that every function preserves:
  *
  *   1. A non-null block is in the free queue exactly when its ref count is zero; n_free is the
- *      queue's length. The null block is never in the queue and its count never changes.
+ *      queue's length. The null block is never in the queue and its count never changes. In a
+ *      node's shared pool (pool_share.h) this holds for owned blocks; peer blocks are never in
+ *      the queue.
  *   2. Every key of a block is one entry on that block's chain and one slot in the map; the
  *      map holds nothing else. n_cached counts blocks whose chain is non-empty.
  *   3. Entries are preallocated for (num_blocks - 1) * keys_per_block keys, and a block never
@@ -21,6 +23,7 @@
 #include "base/error.h"
 #include "base/util.h"
 #include "pool/pool_internal.h"
+#include "pool/pool_share.h"
 
 #define MAX_KEYS_PER_BLOCK 64u
 
@@ -160,6 +163,7 @@ int kvt_pool_create(const kvt_pool_config *cfg, kvt_pool **out)
             kvi_list_push_back(&p->free_q, &b->link);
     }
     p->n_free = p->nb - 1;
+    p->n_own = p->nb - 1;
 
     /* the search order: full-attention groups first, then the other cacheable ones; groups
      * that are not prefix-cacheable are not searched at all */
@@ -222,14 +226,14 @@ uint32_t kvt_pool_num_cached(const kvt_pool *p)
 
 double kvt_pool_usage(const kvt_pool *p)
 {
-    return 1.0 - (double)p->n_free / (double)(p->nb - 1);
+    return 1.0 - (double)p->n_free / (double)p->n_own;
 }
 
 /* ---- events ---------------------------------------------------------------------------- */
 
 static void emit(kvt_pool *p, uint32_t type, uint32_t block, const struct kvi_entry *e)
 {
-    if (p->ev_cap == 0)
+    if (p->ev_cap == 0 || p->blocks[block].peer)
         return;
     if (p->ev_len == p->ev_cap) {
         p->ev_dropped++;
@@ -276,6 +280,8 @@ static void release_keys(kvt_pool *p, uint32_t id, bool unindex)
     uint32_t idx = b->keys;
     if (idx == KVT_ENTRY_NONE)
         return;
+    if (p->share && !b->peer)
+        p->share->unpublish(p->share_ctx, id);
     while (idx != KVT_ENTRY_NONE) {
         struct kvi_entry *e = kvi_pool_entry(p, idx);
         uint32_t next = e->next;
@@ -342,6 +348,11 @@ static int insert_key(kvt_pool *p, uint32_t id, const uint8_t *hash, uint32_t gr
         return kvt_fail(KVT_ERANGE, "pool: insert: num_tokens %u must be in 1..%u", num_tokens,
                         p->cfg.groups[group].block_size);
     struct kvi_block *b = &p->blocks[id];
+    if (b->peer)
+        return kvt_fail(KVT_ESTATE,
+                        "pool: insert: block %u belongs to another replica of the node; only "
+                        "its owner caches it",
+                        id);
     if (b->ref == 0)
         return kvt_fail(KVT_ESTATE,
                         "pool: insert: block %u is free; only referenced blocks "
@@ -382,6 +393,8 @@ static int insert_key(kvt_pool *p, uint32_t id, const uint8_t *hash, uint32_t gr
     }
     b->n_keys++;
     emit(p, KVT_POOL_EV_STORED, id, e);
+    if (p->share && !b->peer)
+        p->share->publish(p->share_ctx, id, hash, group, num_tokens);
     return 0;
 }
 
@@ -409,13 +422,21 @@ int kvt_pool_evict(kvt_pool *p, const uint32_t *ids, uint32_t n)
 
 int kvt_pool_reset_prefix_cache(kvt_pool *p)
 {
-    uint32_t used = p->nb - 1 - p->n_free;
+    uint32_t used = p->n_own - p->n_free;
     if (used)
         return kvt_fail(KVT_EBUSY, "pool: reset_prefix_cache: %u blocks are still referenced",
                         used);
-    for (uint32_t id = 1; id < p->nb && p->n_cached; id++)
-        release_keys(p, id, false);
-    kvi_map_clear(&p->map);
+    if (p->share) {
+        /* a shared pool forgets only its own blocks: the peers' stay as their owners
+         * published them */
+        for (uint32_t id = 1; id < p->nb; id++)
+            if (!p->blocks[id].peer)
+                release_keys(p, id, true);
+    } else {
+        for (uint32_t id = 1; id < p->nb && p->n_cached; id++)
+            release_keys(p, id, false);
+        kvi_map_clear(&p->map);
+    }
     emit(p, KVT_POOL_EV_ALL_CLEARED, KVT_NULL_BLOCK, NULL);
     return 0;
 }
@@ -455,8 +476,12 @@ int kvt_pool_touch(kvt_pool *p, const uint32_t *ids, uint32_t n)
         if (b->is_null)
             continue;
         if (b->ref == 0) {
-            kvi_list_remove(&b->link);
-            p->n_free--;
+            if (b->peer) {
+                p->share->pin(p->share_ctx, ids[i], true);
+            } else {
+                kvi_list_remove(&b->link);
+                p->n_free--;
+            }
         }
         b->ref++;
     }
@@ -485,12 +510,93 @@ int kvt_pool_free(kvt_pool *p, const uint32_t *ids, uint32_t n)
     }
     for (uint32_t i = 0; i < n; i++) {
         struct kvi_block *b = &p->blocks[ids[i]];
-        if (!b->is_null && b->ref == 0 && !kvi_list_linked(&b->link)) {
+        if (b->is_null || b->ref != 0)
+            continue;
+        if (b->peer) {
+            /* idempotent: a block named twice is reported twice */
+            p->share->pin(p->share_ctx, ids[i], false);
+        } else if (!kvi_list_linked(&b->link)) {
             kvi_list_push_back(&p->free_q, &b->link);
             p->n_free++;
         }
     }
     return 0;
+}
+
+/* ---- a node's shared pool (pool_share.h) ----------------------------------------------- */
+
+int kvi_pool_share(kvt_pool *p, uint32_t own_lo, uint32_t own_hi,
+                   const struct kvi_pool_share_ops *ops, void *ctx)
+{
+    if (!ops || !ops->pin || !ops->publish || !ops->unpublish)
+        return kvt_fail(KVT_EINVAL, "pool: share: incomplete ops");
+    if (p->share)
+        return kvt_fail(KVT_ESTATE, "pool: share: the pool is already shared");
+    if (own_lo == KVT_NULL_BLOCK || own_lo >= own_hi || own_hi > p->nb)
+        return kvt_fail(KVT_ERANGE, "pool: share: owned range [%u, %u) is not inside 1..%u", own_lo,
+                        own_hi, p->nb);
+    if (p->n_free != p->nb - 1 || p->n_cached)
+        return kvt_fail(KVT_ESTATE, "pool: share: the pool has been used already");
+    for (uint32_t id = 1; id < p->nb; id++) {
+        struct kvi_block *b = &p->blocks[id];
+        if (id >= own_lo && id < own_hi)
+            continue;
+        kvi_list_remove(&b->link);
+        b->peer = 1;
+    }
+    p->n_own = own_hi - own_lo;
+    p->n_free = p->n_own;
+    p->share = ops;
+    p->share_ctx = ctx;
+    return 0;
+}
+
+int kvi_pool_share_set_keys(kvt_pool *p, uint32_t id, uint32_t n, const uint8_t *hashes,
+                            const uint32_t *groups, const uint32_t *num_tokens)
+{
+    if (id >= p->nb || !p->blocks[id].peer)
+        return kvt_fail(KVT_ERANGE, "pool: share: block %u is not a peer's", id);
+    if (n > p->cfg.keys_per_block)
+        return kvt_fail(KVT_ELIMIT, "pool: share: %u keys on block %u, at most %u", n, id,
+                        p->cfg.keys_per_block);
+    for (uint32_t i = 0; i < n; i++)
+        if (groups[i] >= p->cfg.n_groups ||
+            !kvt_group_kind_cacheable(p->cfg.groups[groups[i]].kind) || num_tokens[i] < 1 ||
+            num_tokens[i] > p->cfg.groups[groups[i]].block_size)
+            return kvt_fail(KVT_ERANGE,
+                            "pool: share: key %u of block %u: group %u / %u tokens "
+                            "do not fit this pool",
+                            i, id, groups[i], num_tokens[i]);
+    struct kvi_block *b = &p->blocks[id];
+    release_keys(p, id, true);
+    uint32_t last = KVT_ENTRY_NONE;
+    for (uint32_t i = 0; i < n; i++) {
+        const uint8_t *hash = hashes + (size_t)i * p->hash_len;
+        uint32_t idx = p->entry_free;
+        struct kvi_entry *e = kvi_pool_entry(p, idx);
+        p->entry_free = e->next;
+        e->block = id;
+        e->group = groups[i];
+        e->num_tokens = num_tokens[i];
+        e->next = KVT_ENTRY_NONE;
+        e->kh = kvi_pool_key_hash(p, hash, groups[i]);
+        memcpy(e->hash, hash, p->hash_len);
+        (void)kvi_map_insert(&p->map, e->kh, idx); /* room for every entry (invariant 3) */
+        if (last == KVT_ENTRY_NONE) {
+            b->keys = idx;
+            p->n_cached++;
+        } else {
+            kvi_pool_entry(p, last)->next = idx;
+        }
+        last = idx;
+        b->n_keys++;
+    }
+    return 0;
+}
+
+bool kvi_pool_is_peer(const kvt_pool *p, uint32_t id)
+{
+    return id < p->nb && p->blocks[id].peer;
 }
 
 /* ---- inspection ------------------------------------------------------------------------ */

@@ -21,6 +21,7 @@ struct kvi_block {
     uint32_t keys;   /* first key entry, KVT_ENTRY_NONE when uncached */
     uint16_t n_keys; /* keys on the entry chain */
     uint8_t is_null;
+    uint8_t peer; /* a shared pool's block owned by another replica (pool_share.h) */
 };
 
 /* One key of one block. Entries live in a flat array of entry_stride bytes each; the hash
@@ -60,6 +61,11 @@ struct kvt_pool {
     uint32_t hash_step[KVT_MAX_GROUPS]; /* hashes per block of each group */
     bool simple_hybrid;                 /* two groups, the first searched is full attention */
     bool partial_ok; /* the groups allow hits at hash-block granularity (KVT_HIT_PARTIAL) */
+
+    /* a node's shared pool (pool_share.h): NULL ops when not shared */
+    const struct kvi_pool_share_ops *share;
+    void *share_ctx;
+    uint32_t n_own; /* blocks that can be free: nb - 1, or the owned range */
 };
 
 /* kvt_pool_insert unless some block already carries the key (then 0, nothing changes). */

@@ -256,7 +256,7 @@ class kvt_copy_config(ctypes.Structure):
 
 class kvt_mirror_config(ctypes.Structure):
     _fields_ = [("host_blocks", c_u32), ("arena_flags", ctypes.c_uint), ("pin", c_bool),
-                ("pin_chunk", c_u64)] + ROOM
+                ("pin_chunk", c_u64), ("node_name", ctypes.c_char_p)] + room(7)
 
 
 class kvt_worker_config(ctypes.Structure):

@@ -1,0 +1,830 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Node tier metadata: the shared-memory object that says which slot of a node's shared host
+ * tier carries which keys, who pins it and which replicas are alive (kvtier/node.h).
+ *
+ * Layout of /kvtier.<name>.meta (one mapping, fixed at creation):
+ *   header   magic, layout version, the configuration every replica must match, the robust
+ *            mutex, the change log's counters, a record per rank (attached, pid, epoch)
+ *   slots    per slot: version (bumped by every change of its keys), key count, keys
+ *   pins     per rank, per slot: 1 while that rank pins the slot
+ *   log      a ring of slot ids: every change appends the slot it touched
+ *
+ * Every replica keeps a private view of the tier in its host pool (pool_share.h) and brings it
+ * up to date at the start of each locked call by reading the log from where it stopped: a
+ * peer's slot whose version moved gets its published keys, one of its own slots whose peer
+ * pins appeared or vanished gets or loses one local reference (so the owner's pool never
+ * hands it out while a peer reads it). A replica that fell a whole ring behind, or that finds
+ * a rescan asked for (a holder died inside the lock and may have left half an entry), reads
+ * every slot instead. Every update of the metadata is idempotent per slot, so reading an
+ * entry twice costs time, never correctness.
+ *
+ * Liveness is not a heartbeat: each replica holds an open-file-description write lock on
+ * byte `rank` of the metadata object, which the kernel drops when the process dies; F_OFD_GETLK
+ * from another description tells whether it is still held.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "base/error.h"
+#include "base/log.h"
+#include "node/node_internal.h"
+#include "pool/pool_share.h"
+
+#define NODE_MAGIC   0x314e544e5456414bull /* "KAVTNTN1" */
+#define NODE_LAYOUT  1u
+#define LOG_MIN      4096u
+#define OPEN_WAIT_MS 2000u
+
+struct node_rank {
+    uint32_t attached;
+    int32_t pid;
+    uint64_t epoch;
+};
+
+struct node_hdr {
+    uint64_t magic;
+    uint32_t layout;
+    uint32_t ready; /* 1 once the creator initialized everything (release / acquire) */
+    /* what every replica must match */
+    uint32_t ranks, bpr, hash_len, kpb, hash_block_size, pad0;
+    uint64_t block_bytes, hash_seed;
+    uint8_t signature[32];
+    /* where things are */
+    uint64_t slot_stride, slots_off, pins_off, log_off, size;
+    uint32_t log_cap, pad1;
+    pthread_mutex_t lock;
+    int32_t holder; /* rank inside the lock, -1 none */
+    uint32_t pad2;
+    uint64_t log_seq;    /* log entries ever written */
+    uint64_t rescan_seq; /* bumped when every replica must read every slot */
+    uint64_t epochs;     /* attaches ever */
+    struct node_rank rank[KVT_NODE_MAX_RANKS];
+};
+
+struct node_slot {
+    uint32_t version;
+    uint32_t n_keys;
+    uint8_t keys[]; /* n_keys x key_stride: hash, group (u32), num_tokens (u32) */
+};
+
+struct kvt_node {
+    kvt_node_config cfg;
+    char name[KVT_NODE_NAME_MAX + 1];
+    int fd;
+    struct node_hdr *h;
+    size_t size;
+    uint32_t total, own_lo, own_hi, me;
+    size_t key_stride;
+    uint32_t *seen; /* per slot: the version the pool's view holds */
+    uint8_t *busy;  /* per slot: own slot held by one local reference for the peers' pins */
+    uint64_t seq, rescan;
+    kvt_pool *pool;
+    uint32_t depth;
+    uint64_t next_reap_ns;
+    /* scratch of one slot's keys */
+    uint8_t *khash;
+    uint32_t *kgroup, *ktok;
+    kvt_node_stats st;
+};
+
+/* ---- the shared object ----------------------------------------------------------------- */
+
+static inline struct node_slot *slot_at(const kvt_node *n, uint32_t s)
+{
+    return (struct node_slot *)((char *)n->h + n->h->slots_off + (size_t)s * n->h->slot_stride);
+}
+
+static inline uint8_t *pins_of(const kvt_node *n, uint32_t r)
+{
+    return (uint8_t *)n->h + n->h->pins_off + (size_t)r * n->total;
+}
+
+static inline uint32_t *log_ring(const kvt_node *n)
+{
+    return (uint32_t *)((char *)n->h + n->h->log_off);
+}
+
+static void log_slot(kvt_node *n, uint32_t s)
+{
+    struct node_hdr *h = n->h;
+    log_ring(n)[h->log_seq % h->log_cap] = s;
+    h->log_seq++;
+}
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static int shm_path(char *buf, size_t cap, const char *name, const char *kind)
+{
+    int len = snprintf(buf, cap, "/kvtier.%s.%s", name, kind);
+    return len > 0 && (size_t)len < cap ? 0 : -1;
+}
+
+static int check_name(const char *name)
+{
+    if (!name || !*name)
+        return kvt_fail(KVT_EINVAL, "node: name is required");
+    size_t len = strlen(name);
+    if (len > KVT_NODE_NAME_MAX)
+        return kvt_fail(KVT_EINVAL, "node: name '%.48s...' is longer than %u bytes", name,
+                        KVT_NODE_NAME_MAX);
+    for (size_t i = 0; i < len; i++) {
+        char c = name[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '_' || c == '-' || c == '.'))
+            return kvt_fail(KVT_EINVAL, "node: name '%s' has '%c'; use [A-Za-z0-9_.-]", name, c);
+    }
+    return 0;
+}
+
+/* Whether rank r's process still holds its liveness lock (true when it cannot be told). */
+static bool rank_alive(const kvt_node *n, uint32_t r)
+{
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = r, .l_len = 1};
+    if (fcntl(n->fd, F_OFD_GETLK, &fl) != 0)
+        return true;
+    return fl.l_type != F_UNLCK;
+}
+
+/* Rank r's pins released and its slots withdrawn (locked). */
+static void withdraw_rank(kvt_node *n, uint32_t r)
+{
+    struct node_hdr *h = n->h;
+    uint8_t *pins = pins_of(n, r);
+    for (uint32_t s = 0; s < n->total; s++)
+        if (pins[s]) {
+            pins[s] = 0;
+            log_slot(n, s);
+        }
+    for (uint32_t s = r * h->bpr + 1; s < (r + 1) * h->bpr; s++) {
+        struct node_slot *sl = slot_at(n, s);
+        if (sl->n_keys) {
+            sl->n_keys = 0;
+            sl->version++;
+            log_slot(n, s);
+        }
+    }
+}
+
+/* Rank r is gone: withdrawn, its record cleared (locked). */
+static void cleanup_rank(kvt_node *n, uint32_t r)
+{
+    withdraw_rank(n, r);
+    n->h->rank[r].attached = 0;
+    n->h->rank[r].pid = 0;
+}
+
+static int reap_locked(kvt_node *n)
+{
+    int reaped = 0;
+    for (uint32_t r = 0; r < n->h->ranks; r++) {
+        if (r == n->me || !n->h->rank[r].attached || rank_alive(n, r))
+            continue;
+        KVT_LOG_W("node %s: replica %u (pid %d) is gone; releasing its pins and withdrawing "
+                  "its slots",
+                  n->name, r, n->h->rank[r].pid);
+        cleanup_rank(n, r);
+        n->st.reaped++;
+        reaped++;
+    }
+    return reaped;
+}
+
+/* ---- the pool's view -------------------------------------------------------------------- */
+
+static bool own_slot(const kvt_node *n, uint32_t s)
+{
+    return s >= n->own_lo && s < n->own_hi;
+}
+
+/* Brings the pool's view of slot s up to date (locked, bound). */
+static void sync_slot(kvt_node *n, uint32_t s)
+{
+    if (s >= n->total || s % n->h->bpr == 0)
+        return;
+    if (own_slot(n, s)) {
+        bool pinned = false;
+        for (uint32_t r = 0; r < n->h->ranks && !pinned; r++)
+            pinned = r != n->me && pins_of(n, r)[s];
+        if (pinned && !n->busy[s]) {
+            n->busy[s] = 1;
+            (void)kvt_pool_touch(n->pool, &s, 1);
+        } else if (!pinned && n->busy[s]) {
+            n->busy[s] = 0;
+            (void)kvt_pool_free(n->pool, &s, 1);
+        }
+        return;
+    }
+    const struct node_slot *sl = slot_at(n, s);
+    uint32_t version = sl->version;
+    if (version == n->seen[s])
+        return;
+    n->seen[s] = version;
+    uint32_t nk = sl->n_keys;
+    if (nk > n->h->kpb)
+        nk = 0; /* a record no replica could have written: treat as empty */
+    for (uint32_t i = 0; i < nk; i++) {
+        const uint8_t *k = sl->keys + i * n->key_stride;
+        memcpy(n->khash + (size_t)i * n->h->hash_len, k, n->h->hash_len);
+        memcpy(&n->kgroup[i], k + n->h->hash_len, 4);
+        memcpy(&n->ktok[i], k + n->h->hash_len + 4, 4);
+    }
+    if (kvi_pool_share_set_keys(n->pool, s, nk, n->khash, n->kgroup, n->ktok) != 0) {
+        KVT_LOG_W("node %s: slot %u: %s; ignored", n->name, s, kvt_last_error());
+        (void)kvi_pool_share_set_keys(n->pool, s, 0, NULL, NULL, NULL);
+    }
+}
+
+static void refresh(kvt_node *n)
+{
+    struct node_hdr *h = n->h;
+    if (n->cfg.reap_interval_ms) {
+        uint64_t t = now_ns();
+        if (t >= n->next_reap_ns) {
+            reap_locked(n);
+            n->next_reap_ns = t + (uint64_t)n->cfg.reap_interval_ms * 1000000ull;
+        }
+    }
+    if (n->rescan != h->rescan_seq || h->log_seq - n->seq > h->log_cap) {
+        for (uint32_t s = 0; s < n->total; s++)
+            sync_slot(n, s);
+        n->seq = h->log_seq;
+        n->rescan = h->rescan_seq;
+        n->st.full_rescans++;
+        return;
+    }
+    for (; n->seq != h->log_seq; n->seq++)
+        sync_slot(n, log_ring(n)[n->seq % h->log_cap]);
+}
+
+/* Takes the mutex; a holder that died inside it is reaped and every replica rescans. */
+static int lock_raw(kvt_node *n)
+{
+    int rc = pthread_mutex_lock(&n->h->lock);
+    if (rc == EOWNERDEAD) {
+        KVT_LOG_W("node %s: a replica died holding the metadata lock; repairing", n->name);
+        pthread_mutex_consistent(&n->h->lock);
+        n->h->rescan_seq++;
+        n->st.lock_recoveries++;
+        n->h->holder = (int32_t)n->me;
+        reap_locked(n);
+        return 0;
+    }
+    if (rc)
+        return kvi_fail_errno(rc, "node %s: cannot take the metadata lock", n->name);
+    n->h->holder = (int32_t)n->me;
+    return 0;
+}
+
+static void unlock_raw(kvt_node *n)
+{
+    n->h->holder = -1;
+    pthread_mutex_unlock(&n->h->lock);
+}
+
+int kvi_node_lock(kvt_node *n)
+{
+    if (n->depth++)
+        return 0;
+    int rc = lock_raw(n);
+    if (rc) {
+        n->depth = 0;
+        return rc;
+    }
+    if (n->pool)
+        refresh(n);
+    return 0;
+}
+
+void kvi_node_unlock(kvt_node *n)
+{
+    if (n->depth && --n->depth == 0)
+        unlock_raw(n);
+}
+
+/* The pool's reports (pool_share.h). They run inside the manager's locked calls; one that
+ * does not takes the mutex for itself, without refreshing (the pool is mid-operation). */
+static void hook_enter(kvt_node *n)
+{
+    if (n->depth++ == 0 && lock_raw(n) != 0)
+        KVT_LOG_E("node %s: %s; the metadata is updated unlocked", n->name, kvt_last_error());
+}
+
+static void hook_leave(kvt_node *n)
+{
+    kvi_node_unlock(n);
+}
+
+static void hook_pin(void *ctx, uint32_t s, bool on)
+{
+    kvt_node *n = ctx;
+    hook_enter(n);
+    pins_of(n, n->me)[s] = on;
+    log_slot(n, s);
+    hook_leave(n);
+}
+
+static void hook_publish(void *ctx, uint32_t s, const uint8_t *hash, uint32_t group,
+                         uint32_t num_tokens)
+{
+    kvt_node *n = ctx;
+    hook_enter(n);
+    struct node_slot *sl = slot_at(n, s);
+    if (sl->n_keys < n->h->kpb) {
+        uint8_t *k = sl->keys + sl->n_keys * n->key_stride;
+        memcpy(k, hash, n->h->hash_len);
+        memcpy(k + n->h->hash_len, &group, 4);
+        memcpy(k + n->h->hash_len + 4, &num_tokens, 4);
+        sl->n_keys++;
+        sl->version++;
+        log_slot(n, s);
+    }
+    hook_leave(n);
+}
+
+static void hook_unpublish(void *ctx, uint32_t s)
+{
+    kvt_node *n = ctx;
+    hook_enter(n);
+    struct node_slot *sl = slot_at(n, s);
+    if (sl->n_keys) {
+        sl->n_keys = 0;
+        sl->version++;
+        log_slot(n, s);
+    }
+    hook_leave(n);
+}
+
+static const struct kvi_pool_share_ops share_ops = {
+    .pin = hook_pin, .publish = hook_publish, .unpublish = hook_unpublish};
+
+int kvi_node_bind(kvt_node *n, kvt_pool *pool)
+{
+    if (n->pool)
+        return kvt_fail(KVT_ESTATE, "node %s: already lent to an offload manager", n->name);
+    kvt_pool_config pc;
+    kvt_pool_get_config(pool, &pc);
+    if (pc.num_blocks != n->total)
+        return kvt_fail(KVT_EINVAL,
+                        "node %s: the host tier has %u blocks; the node tier has %u slots "
+                        "(host_blocks must be kvt_node_num_slots)",
+                        n->name, pc.num_blocks, n->total);
+    if (pc.hash_len != n->h->hash_len || pc.keys_per_block != n->h->kpb ||
+        pc.hash_block_size != n->h->hash_block_size)
+        return kvt_fail(KVT_EINVAL,
+                        "node %s: the host pool hashes %u-byte keys, %u per block, %u tokens "
+                        "each; the node tier was created for %u, %u, %u",
+                        n->name, pc.hash_len, pc.keys_per_block, pc.hash_block_size, n->h->hash_len,
+                        n->h->kpb, n->h->hash_block_size);
+    int rc = kvi_pool_share(pool, n->own_lo, n->own_hi, &share_ops, n);
+    if (rc)
+        return rc;
+    n->pool = pool;
+    memset(n->seen, 0, n->total * sizeof(*n->seen));
+    memset(n->busy, 0, n->total);
+    rc = kvi_node_lock(n);
+    if (rc)
+        return rc;
+    n->rescan = n->h->rescan_seq - 1; /* read every slot now */
+    refresh(n);
+    kvi_node_unlock(n);
+    return 0;
+}
+
+void kvi_node_unbind(kvt_node *n)
+{
+    if (!n->pool)
+        return;
+    if (lock_raw(n) == 0) {
+        withdraw_rank(n, n->me);
+        unlock_raw(n);
+    }
+    n->pool = NULL;
+}
+
+/* ---- attach / detach -------------------------------------------------------------------- */
+
+void kvt_node_config_init(kvt_node_config *cfg)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->ranks = 1;
+    cfg->hash_len = 16;
+    cfg->keys_per_block = 1;
+    cfg->hash_block_size = 16;
+    cfg->reap_interval_ms = 1000;
+}
+
+static int validate(const kvt_node_config *c)
+{
+    if (kvi_check_reserved(c->reserved, sizeof(c->reserved), "node config"))
+        return KVT_EINVAL;
+    int rc = check_name(c->name);
+    if (rc)
+        return rc;
+    if (c->ranks < 1 || c->ranks > KVT_NODE_MAX_RANKS)
+        return kvt_fail(KVT_EINVAL, "node: ranks %u must be in 1..%u", c->ranks,
+                        KVT_NODE_MAX_RANKS);
+    if (c->rank >= c->ranks)
+        return kvt_fail(KVT_ERANGE, "node: rank %u out of range (%u ranks)", c->rank, c->ranks);
+    if (c->blocks_per_rank < 2)
+        return kvt_fail(KVT_EINVAL, "node: blocks_per_rank %u must be >= 2", c->blocks_per_rank);
+    if ((uint64_t)c->blocks_per_rank * c->ranks >= UINT32_MAX)
+        return kvt_fail(KVT_ERANGE, "node: %u ranks x %u blocks overflow slot ids", c->ranks,
+                        c->blocks_per_rank);
+    if (c->hash_len < 1 || c->hash_len > KVT_HASH_MAX)
+        return kvt_fail(KVT_EINVAL, "node: hash_len %u must be in 1..%u", c->hash_len,
+                        KVT_HASH_MAX);
+    if (c->keys_per_block < 1 || c->keys_per_block > 64)
+        return kvt_fail(KVT_EINVAL, "node: keys_per_block %u must be in 1..64", c->keys_per_block);
+    if (c->hash_block_size < 1)
+        return kvt_fail(KVT_EINVAL, "node: hash_block_size must be > 0");
+    return 0;
+}
+
+static size_t meta_size(const kvt_node_config *c, size_t *slot_stride, size_t *slots_off,
+                        size_t *pins_off, size_t *log_off, uint32_t *log_cap)
+{
+    uint64_t total = (uint64_t)c->ranks * c->blocks_per_rank;
+    size_t ks = c->hash_len + 8u;
+    *slot_stride = (sizeof(struct node_slot) + ks * c->keys_per_block + 7) & ~(size_t)7;
+    *slots_off = (sizeof(struct node_hdr) + 63) & ~(size_t)63;
+    *pins_off = *slots_off + total * *slot_stride;
+    *log_off = (*pins_off + total * c->ranks + 7) & ~(size_t)7;
+    *log_cap = total * 2 > LOG_MIN
+                   ? (uint32_t)(total * 2 > UINT32_MAX / 2 ? UINT32_MAX / 2 : total * 2)
+                   : LOG_MIN;
+    return *log_off + (size_t)*log_cap * sizeof(uint32_t);
+}
+
+/* The creator fills a fresh object of `size` bytes. */
+static int init_meta(struct node_hdr *h, const kvt_node_config *c, size_t size, size_t stride,
+                     size_t slots_off, size_t pins_off, size_t log_off, uint32_t log_cap)
+{
+    h->magic = NODE_MAGIC;
+    h->layout = NODE_LAYOUT;
+    h->ranks = c->ranks;
+    h->bpr = c->blocks_per_rank;
+    h->hash_len = c->hash_len;
+    h->kpb = c->keys_per_block;
+    h->hash_block_size = c->hash_block_size;
+    h->block_bytes = c->block_bytes;
+    h->hash_seed = c->hash_seed;
+    memcpy(h->signature, c->signature, sizeof(h->signature));
+    h->slot_stride = stride;
+    h->slots_off = slots_off;
+    h->pins_off = pins_off;
+    h->log_off = log_off;
+    h->size = size;
+    h->log_cap = log_cap;
+    h->holder = -1;
+    pthread_mutexattr_t a;
+    int rc = pthread_mutexattr_init(&a);
+    if (!rc)
+        rc = pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
+    if (!rc)
+        rc = pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
+    if (!rc)
+        rc = pthread_mutex_init(&h->lock, &a);
+    pthread_mutexattr_destroy(&a);
+    if (rc)
+        return kvi_fail_errno(rc, "node: cannot set up a robust process-shared mutex");
+    __atomic_store_n(&h->ready, 1, __ATOMIC_RELEASE);
+    return 0;
+}
+
+/* What differs between the tier's header and this replica's config (NULL: nothing). */
+static const char *mismatch(const struct node_hdr *h, const kvt_node_config *c, char *buf,
+                            size_t cap)
+{
+#define DIFF(field, what, fmt, a, b)                                                               \
+    if ((a) != (b)) {                                                                              \
+        snprintf(buf, cap, what ": this replica " fmt ", the tier " fmt, (a), (b));                \
+        return buf;                                                                                \
+    }
+    DIFF(ranks, "ranks", "%u", c->ranks, h->ranks);
+    DIFF(bpr, "blocks_per_rank", "%u", c->blocks_per_rank, h->bpr);
+    DIFF(hash_len, "hash length", "%u", c->hash_len, h->hash_len);
+    DIFF(kpb, "keys_per_block", "%u", c->keys_per_block, h->kpb);
+    DIFF(hbs, "hash block size", "%u", c->hash_block_size, h->hash_block_size);
+    DIFF(bb, "block bytes (the KV layout)", "%llu", (unsigned long long)c->block_bytes,
+         (unsigned long long)h->block_bytes);
+    DIFF(seed,
+         "hash seed (set the same PYTHONHASHSEED or a sha256 hash on every replica, or no "
+         "prefix would ever match)",
+         "%016llx", (unsigned long long)c->hash_seed, (unsigned long long)h->hash_seed);
+#undef DIFF
+    if (memcmp(c->signature, h->signature, sizeof(h->signature)) != 0) {
+        snprintf(buf, cap, "configuration signature (model, dtype or cache groups) differs");
+        return buf;
+    }
+    return NULL;
+}
+
+/* Opens (or creates) the metadata object and maps it; *created says which. */
+static int open_meta(kvt_node *n, const kvt_node_config *c, bool *created)
+{
+    char path[96];
+    shm_path(path, sizeof(path), n->name, "meta");
+    size_t stride, soff, poff, loff;
+    uint32_t lcap;
+    size_t size = meta_size(c, &stride, &soff, &poff, &loff, &lcap);
+    int fd = shm_open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd >= 0) {
+        if (ftruncate(fd, (off_t)size) != 0) {
+            int e = errno;
+            close(fd);
+            shm_unlink(path);
+            return kvi_fail_errno(e, "node %s: cannot size the metadata object to %zu bytes",
+                                  n->name, size);
+        }
+        void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        int rc = p == MAP_FAILED ? kvi_fail_errno(errno, "node %s: cannot map metadata", n->name)
+                                 : init_meta(p, c, size, stride, soff, poff, loff, lcap);
+        if (rc) {
+            if (p != MAP_FAILED)
+                munmap(p, size);
+            close(fd);
+            shm_unlink(path);
+            return rc;
+        }
+        n->fd = fd;
+        n->h = p;
+        n->size = size;
+        *created = true;
+        return 0;
+    }
+    if (errno != EEXIST)
+        return kvi_fail_errno(errno, "node %s: cannot create %s", n->name, path);
+    fd = shm_open(path, O_RDWR | O_CLOEXEC, 0);
+    if (fd < 0)
+        return kvi_fail_errno(errno, "node %s: cannot open %s", n->name, path);
+    /* the creator may still be sizing and filling it */
+    struct stat st;
+    struct node_hdr *h = NULL;
+    for (uint32_t waited = 0;; waited++) {
+        if (fstat(fd, &st) != 0) {
+            int e = errno;
+            close(fd);
+            return kvi_fail_errno(e, "node %s: cannot stat %s", n->name, path);
+        }
+        if ((size_t)st.st_size >= sizeof(*h)) {
+            if (!h)
+                h = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+            if (h == MAP_FAILED) {
+                int e = errno;
+                close(fd);
+                return kvi_fail_errno(e, "node %s: cannot map %s", n->name, path);
+            }
+            if (__atomic_load_n(&h->ready, __ATOMIC_ACQUIRE))
+                break;
+        }
+        if (waited >= OPEN_WAIT_MS) {
+            if (h)
+                munmap(h, (size_t)st.st_size);
+            close(fd);
+            return kvt_fail(KVT_EBUSY,
+                            "node %s: %s was never finished by its creator (remove it with "
+                            "kvt_node_unlink if no replica runs)",
+                            n->name, path);
+        }
+        usleep(1000);
+    }
+    if (h->magic != NODE_MAGIC || h->layout != NODE_LAYOUT || h->size != (uint64_t)st.st_size) {
+        munmap(h, (size_t)st.st_size);
+        close(fd);
+        return kvt_fail(KVT_EVERSION,
+                        "node %s: %s is not a node tier of this kvtier version (layout %u); "
+                        "remove it with kvt_node_unlink once no replica uses it",
+                        n->name, path, NODE_LAYOUT);
+    }
+    n->fd = fd;
+    n->h = h;
+    n->size = (size_t)st.st_size;
+    *created = false;
+    return 0;
+}
+
+static void close_meta(kvt_node *n)
+{
+    if (n->h)
+        munmap(n->h, n->size);
+    if (n->fd >= 0)
+        close(n->fd);
+    n->h = NULL;
+    n->fd = -1;
+}
+
+/* Whether the name still refers to the object n mapped (a last detach may have removed it
+ * between our open and our lock). */
+static bool name_current(const kvt_node *n)
+{
+    char path[96];
+    shm_path(path, sizeof(path), n->name, "meta");
+    int fd = shm_open(path, O_RDONLY | O_CLOEXEC, 0);
+    if (fd < 0)
+        return false;
+    struct stat a, b;
+    bool same =
+        fstat(fd, &a) == 0 && fstat(n->fd, &b) == 0 && a.st_ino == b.st_ino && a.st_dev == b.st_dev;
+    close(fd);
+    return same;
+}
+
+static uint32_t attached_alive(kvt_node *n)
+{
+    uint32_t k = 0;
+    for (uint32_t r = 0; r < n->h->ranks; r++)
+        k += n->h->rank[r].attached && (r == n->me || rank_alive(n, r));
+    return k;
+}
+
+void kvt_node_detach(kvt_node *n)
+{
+    if (!n)
+        return;
+    if (n->h && lock_raw(n) == 0) {
+        cleanup_rank(n, n->me);
+        bool last = attached_alive(n) == 0;
+        if (last)
+            kvt_node_unlink(n->name);
+        unlock_raw(n);
+    }
+    close_meta(n);
+    free(n->seen);
+    free(n->busy);
+    free(n->khash);
+    free(n->kgroup);
+    free(n->ktok);
+    free(n);
+}
+
+int kvt_node_attach(const kvt_node_config *cfg, kvt_node **out)
+{
+    if (!out)
+        return kvt_fail(KVT_EINVAL, "node: attach: out is NULL");
+    *out = NULL;
+    if (!cfg)
+        return kvt_fail(KVT_EINVAL, "node: attach: config is NULL");
+    int rc = validate(cfg);
+    if (rc)
+        return rc;
+    kvt_node *n = calloc(1, sizeof(*n));
+    if (!n)
+        return kvt_fail(KVT_ENOMEM, "node: out of memory");
+    n->fd = -1;
+    n->cfg = *cfg;
+    snprintf(n->name, sizeof(n->name), "%s", cfg->name);
+    n->cfg.name = n->name;
+    n->me = cfg->rank;
+    n->total = cfg->ranks * cfg->blocks_per_rank;
+    n->own_lo = cfg->rank * cfg->blocks_per_rank + 1;
+    n->own_hi = (cfg->rank + 1) * cfg->blocks_per_rank;
+    n->key_stride = cfg->hash_len + 8u;
+    n->seen = calloc(n->total, sizeof(*n->seen));
+    n->busy = calloc(n->total, 1);
+    n->khash = calloc(cfg->keys_per_block, cfg->hash_len);
+    n->kgroup = calloc(cfg->keys_per_block, sizeof(uint32_t));
+    n->ktok = calloc(cfg->keys_per_block, sizeof(uint32_t));
+    if (!n->seen || !n->busy || !n->khash || !n->kgroup || !n->ktok) {
+        kvt_node_detach(n);
+        return kvt_fail(KVT_ENOMEM, "node: out of memory for %u slots", n->total);
+    }
+    for (int attempt = 0;; attempt++) {
+        bool created;
+        rc = open_meta(n, cfg, &created);
+        if (rc)
+            break;
+        rc = lock_raw(n);
+        if (rc)
+            break;
+        if (!name_current(n)) { /* removed by a last detach meanwhile: start over */
+            unlock_raw(n);
+            close_meta(n);
+            if (attempt < 3)
+                continue;
+            rc = kvt_fail(KVT_EBUSY, "node %s: the tier keeps being removed", n->name);
+            break;
+        }
+        char why[256];
+        const char *diff = mismatch(n->h, cfg, why, sizeof(why));
+        if (diff) {
+            bool stale = attached_alive(n) == 0;
+            unlock_raw(n);
+            if (stale && attempt < 3) {
+                KVT_LOG_W("node %s: replacing a tier left by dead replicas (%s)", n->name, diff);
+                kvt_node_unlink(n->name);
+                close_meta(n);
+                continue;
+            }
+            rc = kvt_fail(KVT_EINVAL, "node %s: %s", n->name, diff);
+            break;
+        }
+        /* this rank's liveness lock: no live process may hold it */
+        struct flock fl = {
+            .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = cfg->rank, .l_len = 1};
+        if (fcntl(n->fd, F_OFD_SETLK, &fl) != 0) {
+            int e = errno;
+            int pid = n->h->rank[cfg->rank].pid;
+            unlock_raw(n);
+            rc = (e == EAGAIN || e == EACCES)
+                     ? kvt_fail(KVT_EBUSY,
+                                "node %s: rank %u is attached by a live process "
+                                "(pid %d)",
+                                n->name, cfg->rank, pid)
+                     : kvi_fail_errno(e, "node %s: cannot take rank %u's liveness lock", n->name,
+                                      cfg->rank);
+            break;
+        }
+        if (n->h->rank[n->me].attached) /* a previous instance died without detaching */
+            cleanup_rank(n, n->me);
+        reap_locked(n);
+        n->h->epochs++;
+        n->h->rank[n->me] = (struct node_rank){1, (int32_t)getpid(), n->h->epochs};
+        n->st.epoch = n->h->epochs;
+        n->seq = n->h->log_seq;
+        n->rescan = n->h->rescan_seq;
+        n->next_reap_ns = now_ns() + (uint64_t)cfg->reap_interval_ms * 1000000ull;
+        unlock_raw(n);
+        (void)created;
+        *out = n;
+        return 0;
+    }
+    close_meta(n);
+    n->h = NULL;
+    kvt_node_detach(n);
+    return rc;
+}
+
+uint32_t kvt_node_num_slots(const kvt_node *n)
+{
+    return n->total;
+}
+
+int kvt_node_reap(kvt_node *n)
+{
+    if (!n)
+        return kvt_fail(KVT_EINVAL, "node: reap: NULL node");
+    int rc = kvi_node_lock(n);
+    if (rc)
+        return rc;
+    int k = reap_locked(n);
+    if (n->pool)
+        refresh(n);
+    kvi_node_unlock(n);
+    return k;
+}
+
+int kvt_node_get_stats(kvt_node *n, kvt_node_stats *s)
+{
+    if (!n || !s)
+        return kvt_fail(KVT_EINVAL, "node: stats: NULL argument");
+    int rc = kvi_node_lock(n);
+    if (rc)
+        return rc;
+    *s = n->st;
+    s->ranks_attached = 0;
+    for (uint32_t r = 0; r < n->h->ranks; r++)
+        s->ranks_attached += n->h->rank[r].attached;
+    s->published = s->peer_pinned = s->pinned_of_peers = 0;
+    for (uint32_t id = n->own_lo; id < n->own_hi; id++) {
+        s->published += slot_at(n, id)->n_keys != 0;
+        bool pinned = false;
+        for (uint32_t r = 0; r < n->h->ranks && !pinned; r++)
+            pinned = r != n->me && pins_of(n, r)[id];
+        s->peer_pinned += pinned;
+    }
+    const uint8_t *mine = pins_of(n, n->me);
+    for (uint32_t id = 0; id < n->total; id++)
+        s->pinned_of_peers += mine[id];
+    kvi_node_unlock(n);
+    return 0;
+}
+
+int kvt_node_unlink(const char *name)
+{
+    int rc = check_name(name);
+    if (rc)
+        return rc;
+    static const char *const kinds[] = {"meta", "data"};
+    for (int i = 0; i < 2; i++) {
+        char path[96];
+        shm_path(path, sizeof(path), name, kinds[i]);
+        if (shm_unlink(path) != 0 && errno != ENOENT)
+            return kvi_fail_errno(errno, "node %s: cannot remove %s", name, path);
+    }
+    return 0;
+}
