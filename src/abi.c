@@ -35,6 +35,8 @@ static const struct {
     SIZE(kvt_bump),
     SIZE(kvt_copy_config),
     SIZE(kvt_mirror_config),
+    SIZE(kvt_node_config),
+    SIZE(kvt_node_stats),
     SIZE(kvt_worker_config),
     SIZE(kvt_region),
     SIZE(kvt_kv_tensor),

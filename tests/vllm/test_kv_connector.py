@@ -6,6 +6,7 @@ engine without a connector, and checks from the connector's own counters that th
 really served the prefixes (blocks loaded > 0) — a run that loaded nothing fails. The KV bytes
 that come back from the host tier are compared with the ones the engine computed.
 """
+import json
 import os
 import subprocess
 import sys
@@ -362,6 +363,8 @@ BAD = [
     ({"cpu_bytes_to_us": 1 << 30}, "unknown"),
     ({"kvtier_copy_threads": 100000}, "kvtier_copy_threads"),
     ({"cpu_bytes_to_use": 1000}, "host_blocks"),  # less than two blocks of 64 KiB
+    ({"kvtier_node_tier": "a/b"}, "kvtier_node_tier"),
+    ({"kvtier_node_tier": "n", "lazy_offload": True}, "eager"),
 ]
 
 
@@ -413,3 +416,57 @@ def test_groups_that_are_not_prefix_cacheable_are_mapped_and_cost_no_host_bytes(
     assert block_bytes_per_rank(cfg) == 2 * 4096
     cfg.prefix_cacheable_group_ids = (0, 1)  # were the ring cacheable, it would count
     assert block_bytes_per_rank(cfg) == 2 * 4096 + 512
+
+
+def test_a_second_replica_is_served_from_the_node_tier(model_dir, baseline, tmp_path):
+    """Issue 23: two replicas on one node (two processes, as vLLM's data-parallel engines are)
+    share one host tier. The second finds the first one's prefixes in the first one's slots,
+    loads them and generates exactly the tokens of vLLM without a connector; a replica with
+    another hash seed is refused with a message naming it, not left to miss silently."""
+    from kvtier import Node
+    name = "vt%d" % os.getpid()
+    Node.unlink(name)
+    prompts = prompts_with_prefixes(4, 690, 2, 400, seed=5)
+    want = baseline(prompts)
+    path = tmp_path / "prompts.json"
+    path.write_text(json.dumps(prompts))
+    hold = tmp_path / "hold"
+    os.mkfifo(hold)
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "node_replica.py")
+
+    def replica(rank, *more, **kw):
+        return [sys.executable, script, model_dir, name, str(rank), "2", str(path)] + list(more)
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}
+    first = subprocess.Popen(replica(0, str(hold)), stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        r0 = json.loads(first.stdout.readline())  # replica 0 generated and stays alive
+        assert r0["tokens"] == want
+        assert r0["stats"]["stores_completed"] > 0 and r0["stats"]["load_blocks"] == 0
+        assert r0["node"]["published"] > 0, r0["node"]
+        second = subprocess.run(replica(1), capture_output=True, text=True, env=env,
+                                timeout=900)
+        assert second.returncode == 0, second.stderr[-4000:]
+        r1 = json.loads(second.stdout.strip().splitlines()[-1])
+        assert r1["tokens"] == want
+        # every full block of every prompt but the last token's came from replica 0's slots
+        assert r1["stats"]["load_blocks"] > 0, r1["stats"]
+        assert r1["stats"]["hit_tokens"] >= 4 * 672 - 32 * 4, r1["stats"]
+        assert r1["stats"]["loads_completed"] == r1["stats"]["load_blocks"]
+        assert r1["node"]["ranks_attached"] == 2 and r1["node"]["pinned_of_peers"] == 0
+        # another hash seed: refused at the replica's first step, naming the seed
+        bad = subprocess.run(replica(1), capture_output=True, text=True, timeout=900,
+                             env=dict(env, PYTHONHASHSEED="123"))
+        assert bad.returncode != 0
+        assert "hash seed" in bad.stderr, bad.stderr[-4000:]
+    finally:
+        try:  # let replica 0 finish if it waits on the FIFO; otherwise stop it
+            fd = os.open(hold, os.O_WRONLY | os.O_NONBLOCK)
+            os.write(fd, b"done\n")
+            os.close(fd)
+            first.wait(timeout=300)
+        except (OSError, subprocess.TimeoutExpired):
+            first.kill()
+            first.wait()
+        Node.unlink(name)
+    assert first.returncode == 0

@@ -28,7 +28,7 @@ import ctypes
 
 from . import _lib as L
 
-__all__ = ["KvtierError", "version", "hash_prompt", "Pool", "OffloadManager", "OffloadEvent",
+__all__ = ["KvtierError", "version", "hash_prompt", "Pool", "OffloadManager", "OffloadEvent", "Node",
            "OffloadMeta", "WorkerMeta", "Layout", "Mirror", "Worker", "Disk", "LinkScheduler", "LinkWorker",
            "EcShard", "EcScheduler", "EcProducer", "EcPlanner", "EcMeta", "EcWorkerMeta",
            "EcServer", "EcNetConsumer", "EcInbox",
@@ -433,6 +433,12 @@ class OffloadManager(_Handle):
     def lower_host_blocks(self, blocks):
         _check(_lib.kvt_offload_lower_host_blocks(self._h, blocks))
 
+    def attach_node(self, node):
+        """Makes the host tier this replica's part of node tier `node` (a Node) before the
+        first step: host_blocks must be node.num_slots."""
+        _check(_lib.kvt_offload_attach_node(self._h, node._h))
+        self._node = node  # the manager borrows it: keep it alive
+
     def lower_disk_blocks(self, slots):
         _check(_lib.kvt_offload_lower_disk_blocks(self._h, slots))
 
@@ -651,15 +657,68 @@ class Layout(_Handle):
         return _lib.kvt_layout_block_bytes(self._h)
 
 
+class Node(_Handle):
+    """This replica's scheduler attached to a node tier (kvt_node): one host tier shared by
+    the replicas on a node. Lend it to the OffloadManager (attach_node); each replica's
+    worker maps the tier's data with Mirror(..., node_name=name)."""
+    _destroy = _lib.kvt_node_detach
+
+    def __init__(self, name, rank, ranks, blocks_per_rank, hash_len=16, keys_per_block=1,
+                 hash_block_size=16, block_bytes=0, hash_seed=0, signature=b"",
+                 reap_interval_ms=1000):
+        cfg = L.kvt_node_config()
+        _lib.kvt_node_config_init(ctypes.byref(cfg))
+        self._name = name.encode()
+        cfg.name = self._name
+        cfg.rank = rank
+        cfg.ranks = ranks
+        cfg.blocks_per_rank = blocks_per_rank
+        cfg.hash_len = hash_len
+        cfg.keys_per_block = keys_per_block
+        cfg.hash_block_size = hash_block_size
+        cfg.block_bytes = block_bytes
+        cfg.hash_seed = hash_seed & 0xFFFFFFFFFFFFFFFF
+        if len(signature) > 32:
+            raise ValueError("kvtier: a node signature has at most 32 bytes")
+        for i, b in enumerate(signature):
+            cfg.signature[i] = b
+        cfg.reap_interval_ms = reap_interval_ms
+        h = ctypes.c_void_p()
+        _check(_lib.kvt_node_attach(ctypes.byref(cfg), ctypes.byref(h)))
+        self._h = h
+
+    @property
+    def num_slots(self):
+        """Slots of the tier: the manager's host_blocks and each worker's mirror blocks."""
+        return _lib.kvt_node_num_slots(self._h)
+
+    def reap(self):
+        """Checks the peers' liveness now; returns how many dead ones it reaped."""
+        return _check(_lib.kvt_node_reap(self._h))
+
+    def stats(self):
+        st = L.kvt_node_stats()
+        _check(_lib.kvt_node_get_stats(self._h, ctypes.byref(st)))
+        return {n: getattr(st, n) for n, _ in L.kvt_node_stats._fields_ if n != "reserved"}
+
+    @staticmethod
+    def unlink(name):
+        """Removes the names of node tier `name` (what crashed replicas left behind)."""
+        _check(_lib.kvt_node_unlink(name.encode()))
+
+
 class Mirror(_Handle):
     """The host tier of one rank: a host array per region of the layout (kvt_mirror)."""
     _destroy = _lib.kvt_mirror_destroy
 
-    def __init__(self, layout, host_blocks, pin=True):
+    def __init__(self, layout, host_blocks, pin=True, node_name=None):
+        """node_name: the data region of that node tier (host_blocks: its num_slots)."""
         cfg = L.kvt_mirror_config()
         _lib.kvt_mirror_config_init(ctypes.byref(cfg))
         cfg.host_blocks = host_blocks
         cfg.pin = pin
+        self._node_name = node_name.encode() if node_name else None
+        cfg.node_name = self._node_name
         h = ctypes.c_void_p()
         _check(_lib.kvt_mirror_create(ctypes.byref(cfg), layout._h, ctypes.byref(h)))
         self._h = h

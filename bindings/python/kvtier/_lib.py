@@ -259,6 +259,19 @@ class kvt_mirror_config(ctypes.Structure):
                 ("pin_chunk", c_u64), ("node_name", ctypes.c_char_p)] + room(7)
 
 
+class kvt_node_config(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("rank", c_u32), ("ranks", c_u32),
+                ("blocks_per_rank", c_u32), ("hash_len", c_u32), ("keys_per_block", c_u32),
+                ("hash_block_size", c_u32), ("block_bytes", c_u64), ("hash_seed", c_u64),
+                ("signature", ctypes.c_uint8 * 32), ("reap_interval_ms", c_u32)] + ROOM
+
+
+class kvt_node_stats(ctypes.Structure):
+    _fields_ = [("ranks_attached", c_u32), ("published", c_u32), ("peer_pinned", c_u32),
+                ("pinned_of_peers", c_u32), ("epoch", c_u64), ("full_rescans", c_u64),
+                ("reaped", c_u64), ("lock_recoveries", c_u64)] + ROOM
+
+
 class kvt_worker_config(ctypes.Structure):
     _fields_ = [("rank", c_u32), ("copy", kvt_copy_config)] + ROOM
 
@@ -566,6 +579,14 @@ _sig("kvt_pool_config_validate", c_int, P(kvt_pool_config), P(c_u32))
 _sig("kvt_offload_schedule_many", c_int, vp, P(P(kvt_offload_sched_req)), c_u32, P(c_u32))
 _sig("kvt_offload_destroy", None, vp)
 _sig("kvt_offload_lower_host_blocks", c_int, vp, c_u32)
+_sig("kvt_offload_attach_node", c_int, vp, vp)
+_sig("kvt_node_config_init", None, P(kvt_node_config))
+_sig("kvt_node_attach", c_int, P(kvt_node_config), P(vp))
+_sig("kvt_node_detach", None, vp)
+_sig("kvt_node_num_slots", c_u32, vp)
+_sig("kvt_node_reap", c_int, vp)
+_sig("kvt_node_get_stats", c_int, vp, P(kvt_node_stats))
+_sig("kvt_node_unlink", c_int, cp)
 _sig("kvt_offload_lower_disk_blocks", c_int, vp, c_u32)
 _sig("kvt_offload_disk_pool", vp, vp)
 _sig("kvt_offload_match", c_int, vp, cp, c_u32, u8p, c_u32, c_u32, c_u32, P(c_u32))
@@ -738,7 +759,7 @@ for _t in (kvt_str, kvt_bump, kvt_group_spec, kvt_pool_config, kvt_hit, kvt_bloc
            kvt_offload_config, kvt_offload_meta, kvt_event_report, kvt_offload_worker_meta,
            kvt_offload_stats,
            kvt_copy_config, kvt_mirror_config, kvt_worker_config, kvt_region, kvt_kv_tensor,
-           kvt_disk_config, kvt_disk_stats, kvt_link_result, kvt_clock, kvt_ec_item,
+           kvt_node_config, kvt_node_stats, kvt_disk_config, kvt_disk_stats, kvt_link_result, kvt_clock, kvt_ec_item,
            kvt_ec_fence, kvt_slab_view, kvt_ec_shard_config, kvt_ec_reply, kvt_ec_ready_event,
            kvt_ec_shard_stats, kvt_ec_sched_config, kvt_ec_ready, kvt_ec_feature,
            kvt_ec_sched_stats, kvt_ec_load_spec, kvt_ec_push_spec, kvt_ec_meta, kvt_strset,

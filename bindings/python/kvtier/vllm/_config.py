@@ -26,6 +26,11 @@ _KEYS = {
     "kvtier_max_requests": "requests the manager tracks at once",
     "kvtier_restore_budget": "blocks re-stored per step after a host eviction (0: off)",
     "kvtier_disk_queue_depth": "io_uring queue depth of the disk tier",
+    "kvtier_node_tier": "name of a host tier shared by the replicas on this node (opt-in)",
+    "kvtier_node_rank": "this replica's index in the node tier (default: vLLM's local "
+                        "data-parallel rank)",
+    "kvtier_node_ranks": "replicas sharing the node tier (default: vLLM's local "
+                         "data-parallel size)",
 }
 
 
@@ -106,9 +111,48 @@ class KvtierConfig:
         elif any(k in extra for k in ("disk_path", "disk_capacity_bytes", "use_page_cache")):
             raise ConfigError('kvtier: disk settings given but kv_offload_backend is "%s"; set '
                               'kv_offload_backend to "disk" or "cpu+disk"' % backend)
+        self._node(extra, backend, world_size)
         if backend != "disk" and self.cpu_bytes_per_rank <= 0:
             raise ConfigError("kvtier: cpu_bytes_to_use%s is 0: the host tier needs memory"
                               % ("_per_rank" if "cpu_bytes_to_use_per_rank" in extra else ""))
+
+    def _node(self, extra, backend, world_size):
+        name = extra.get("kvtier_node_tier")
+        self.node_tier = name
+        self.node_rank = _int(extra, "kvtier_node_rank", None, 0, 63)
+        self.node_ranks = _int(extra, "kvtier_node_ranks", None, 1, 64)
+        if name is None:
+            if self.node_rank is not None or self.node_ranks is not None:
+                raise ConfigError("kvtier: kvtier_node_rank/kvtier_node_ranks given without "
+                                  "kvtier_node_tier (the shared tier's name)")
+            return
+        if (not isinstance(name, str) or not name or len(name) > 48 or
+                any(not (c.isascii() and (c.isalnum() or c in "_.-")) for c in name)):
+            raise ConfigError("kvtier: kvtier_node_tier=%r: expected 1..48 characters of "
+                              "[A-Za-z0-9_.-]" % (name,))
+        if backend != "cpu":
+            raise ConfigError('kvtier: kvtier_node_tier needs kv_offload_backend "cpu" (a '
+                              'shared host tier with a disk tier is not supported), not "%s"'
+                              % backend)
+        if self.lazy:
+            raise ConfigError("kvtier: kvtier_node_tier needs eager stores (lazy_offload "
+                              "false): a replica publishes its blocks as it stores them")
+        if world_size != 1:
+            raise ConfigError("kvtier: kvtier_node_tier supports replicas of one rank "
+                              "(tensor and pipeline parallel size 1); this one has %d"
+                              % world_size)
+
+    def resolve_node(self, parallel_config):
+        """The node tier's rank and size, defaulting to vLLM's local data-parallel ones."""
+        if not self.node_tier:
+            return
+        if self.node_rank is None:
+            self.node_rank = getattr(parallel_config, "data_parallel_rank_local", None) or 0
+        if self.node_ranks is None:
+            self.node_ranks = getattr(parallel_config, "data_parallel_size_local", None) or 1
+        if self.node_rank >= self.node_ranks:
+            raise ConfigError("kvtier: kvtier_node_rank %d is not below kvtier_node_ranks %d"
+                              % (self.node_rank, self.node_ranks))
 
     @property
     def tier_bytes_per_rank(self):

@@ -32,7 +32,8 @@ import importlib
 import logging
 from typing import Any
 
-from .. import Disk, KvtierError, Layout, Mirror, OffloadManager, OffloadMeta, Worker, WorkerMeta
+from .. import (Disk, KvtierError, Layout, Mirror, Node, OffloadManager, OffloadMeta, Worker,
+                 WorkerMeta)
 from ._config import ConfigError, KvtierConfig
 
 try:  # vLLM is not a dependency of the kvtier package: only this module needs it
@@ -289,6 +290,14 @@ class _Scheduler:
         self.hash_len = self.gcfg.hash_len
         self.bpr = block_bytes_per_rank(kv_cache_config)
         self.host_blocks = host_blocks_for(cfg, kv_cache_config)
+        # a node tier: every replica's slots (this one's per-rank share times the replicas),
+        # attached at the first call, once vLLM fixed its hash seed (NONE_HASH)
+        self.node = None
+        self._node_pending = bool(cfg.node_tier)
+        self._vllm_config = vllm_config
+        if cfg.node_tier:
+            self.node_bpr = self.host_blocks
+            self.host_blocks = self.node_bpr * cfg.node_ranks
         self.gpu = None  # vLLM's BlockPool, bound by the scheduler
         self.reqs = {}
         self._cb_error = None
@@ -390,6 +399,35 @@ class _Scheduler:
         h, self.h = getattr(self, "h", None), None
         if h:
             _lib.kvt_offload_destroy(h)
+        node, self.node = getattr(self, "node", None), None
+        if node is not None:
+            node.close()  # after the manager: it withdraws this replica's slots first
+
+    def _attach_node(self):
+        """Joins the node tier: its configuration carries everything the replicas must share
+        (a replica with another hash seed is refused, not left to miss forever)."""
+        import hashlib
+        from vllm.v1.core import kv_cache_utils
+        self._node_pending = False
+        c, v = self.cfg, self._vllm_config
+        seed = int.from_bytes(bytes(kv_cache_utils.NONE_HASH)[:8], "little")
+        groups = tuple((self.gcfg.groups[g].kind, self.gcfg.groups[g].block_size)
+                       for g in range(self.ng))
+        sig = hashlib.sha256(repr((str(v.model_config.model), str(v.model_config.dtype),
+                                   str(v.cache_config.prefix_caching_hash_algo), groups,
+                                   self.gcfg.hash_block_size)).encode()).digest()
+        self.node = Node(c.node_tier, c.node_rank, c.node_ranks, self.node_bpr,
+                         hash_len=self.hash_len, keys_per_block=self.gcfg.keys_per_block,
+                         hash_block_size=self.gcfg.hash_block_size, block_bytes=self.bpr,
+                         hash_seed=seed, signature=sig)
+        self._call(_lib.kvt_offload_attach_node(self.h, self.node._h))
+        logger.info("kvtier: node tier %s: replica %d of %d, %d of its %d slots are this "
+                    "replica's", c.node_tier, c.node_rank, c.node_ranks, self.node_bpr - 1,
+                    self.host_blocks)
+
+    def node_stats(self):
+        """The node tier's counters (kvt_node_stats), or None without one."""
+        return self.node.stats() if self.node is not None else None
 
     # -- C calls and the callbacks they make --------------------------------------------
 
@@ -470,6 +508,8 @@ class _Scheduler:
         return st
 
     def match(self, request, num_computed):
+        if self._node_pending:
+            self._attach_node()
         # A request that wants no cached prefix (prompt logprobs) and a local hit that ends
         # inside a scheduler block both get hit 0 from the library, counted there
         # (lookups_skipped, lookups_misaligned; the latter logged once).
@@ -520,6 +560,8 @@ class _Scheduler:
             self._ctx_of[request.request_id] = ctx
 
     def build_meta(self, so):
+        if self._node_pending:
+            self._attach_node()
         # The hot path of the scheduler side. Per step it must not touch every running request
         # in Python: the requests that may have a newly confirmed block are found with array
         # operations over CachedRequestData (num_computed_tokens // block_size against the
@@ -839,7 +881,9 @@ class _Worker:
                              page_cache=c.page_cache, queue_depth=c.disk_queue_depth)
             self.worker = Worker(layout, disk=self.disk, rank=rank, threads=c.copy_threads)
         else:
-            self.mirror = Mirror(layout, self.host_blocks, pin=self.cuda)
+            node = c.node_tier
+            self.mirror = Mirror(layout, self.host_blocks * (c.node_ranks if node else 1),
+                                 pin=self.cuda, node_name=node)
             self.worker = Worker(layout, self.mirror, rank=rank, threads=c.copy_threads)
             if c.backend == "cpu+disk":
                 self.disk = Disk(self.mirror.layout(), c.disk_path, c.disk_bytes_per_rank,
@@ -905,6 +949,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         super().__init__(vllm_config, role, kv_cache_config)
         extra = self._kv_transfer_config.kv_connector_extra_config or {}
         self.kvtier_config = KvtierConfig(extra, vllm_config.parallel_config.world_size)
+        self.kvtier_config.resolve_node(vllm_config.parallel_config)
         self._sched = None
         self._worker = None
         if not vllm_config.cache_config.enable_prefix_caching:
@@ -1024,6 +1069,11 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
     def kvtier_stats(self):
         """Cumulative scheduler-side counters and gauges (kvt_offload_stats as a dict)."""
         return self._sched.stats() if self._sched is not None else {}
+
+    def kvtier_node_stats(self):
+        """The node tier's counters (kvt_node_stats as a dict); None without a node tier or
+        before the replica joined it (its first scheduler call)."""
+        return self._sched.node_stats() if self._sched is not None else None
 
     def kvtier_lazy_window(self):
         """Lazy mode: the GPU blocks the store scan looks at each step from the head of the
