@@ -21,15 +21,20 @@
  * through the pool's index when it stores), and a scratch group (one 8-token block per
  * request, never stored); the calls carry the requests' hashes.
  *
+ * A fifth mode is the eager one with the host tier in a node tier (kvtier/node.h): this
+ * replica is rank 0 of two (rank 1 attached and idle), so every call takes the shared lock
+ * and every store and eviction is published through the shared metadata.
+ *
  * Timed: only the manager's calls of a step (match and after_alloc of arrivals, schedule of
  * every running request, build_meta, apply_output, request_finished) — not the engine's own
- * pool work or hashing. Reported per mode (eager, lazy, three tiers, hybrid) and per N (64, 256,
- * 1024): median and 99th-percentile step time, and blocks moved (stored + loaded) per second of
- * manager time. No baseline: absolute figures (target: eager p50 <= 20 us at 256 requests on one
+ * pool work or hashing. Reported per mode (eager, lazy, three tiers, hybrid, node) and per N (64,
+ * 256, 1024): median and 99th-percentile step time, and blocks moved (stored + loaded) per second
+ * of manager time. No baseline: absolute figures (target: eager p50 <= 20 us at 256 requests on one
  * core).
  */
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "bench_util.h"
 #include "kvtier/kvtier.h"
@@ -314,7 +319,7 @@ struct result {
     uint64_t steps, loads, stores, promotions, recovered;
 };
 
-enum { M_EAGER, M_LAZY, M_THREE, M_HYBRID, N_MODES };
+enum { M_EAGER, M_LAZY, M_THREE, M_HYBRID, M_NODE, N_MODES };
 
 static struct result run(uint32_t n, int mode, double seconds, uint64_t seed)
 {
@@ -348,8 +353,28 @@ static struct result run(uint32_t n, int mode, double seconds, uint64_t seed)
     oc.lazy = mode == M_LAZY;
     oc.max_requests = n * 2 + 64;
     oc.max_model_len = MAX_TOK;
+    kvt_node *node = NULL, *peer = NULL;
+    char name[48];
+    if (mode == M_NODE) { /* eager, this replica rank 0 of a node tier whose rank 1 idles */
+        snprintf(name, sizeof(name), "bench-sched-%d", (int)getpid());
+        kvt_node_unlink(name);
+        kvt_node_config nc;
+        kvt_node_config_init(&nc);
+        nc.name = name;
+        nc.ranks = 2;
+        nc.blocks_per_rank = oc.host_blocks;
+        nc.keys_per_block = pc.keys_per_block;
+        if ((rc = kvt_node_attach(&nc, &node)))
+            die("node tier", rc);
+        nc.rank = 1;
+        if ((rc = kvt_node_attach(&nc, &peer)))
+            die("node tier", rc);
+        oc.host_blocks = kvt_node_num_slots(node);
+    }
     if ((rc = kvt_offload_create(&oc, s->gpu, &s->m)))
         die("manager", rc);
+    if (node && (rc = kvt_offload_attach_node(s->m, node)))
+        die("node tier", rc);
     kvt_offload_meta_init(&s->meta);
     kvt_offload_worker_meta_init(&s->wm);
     /* stagger the requests so finishes spread over steps, then warm up */
@@ -384,6 +409,8 @@ static struct result run(uint32_t n, int mode, double seconds, uint64_t seed)
     kvt_offload_meta_release(&s->meta);
     kvt_offload_worker_meta_release(&s->wm);
     kvt_offload_destroy(s->m);
+    kvt_node_detach(peer);
+    kvt_node_detach(node);
     kvt_pool_destroy(s->gpu);
     free(s->reqs);
     free(s->hist);
@@ -394,7 +421,7 @@ static struct result run(uint32_t n, int mode, double seconds, uint64_t seed)
 static int bench_sched_run(const kvt_bench_opts *o)
 {
     static const uint32_t ns[3] = {64, 256, 1024};
-    static const char *const names[N_MODES] = {"eager", "lazy", "three", "hybrid"};
+    static const char *const names[N_MODES] = {"eager", "lazy", "three", "hybrid", "node"};
     struct result r[N_MODES][3];
     for (int mode = 0; mode < N_MODES; mode++)
         for (int i = 0; i < 3; i++)
@@ -408,7 +435,8 @@ static int bench_sched_run(const kvt_bench_opts *o)
         kvt_json_num(&j, "step_us_p50", r[M_EAGER][1].p50_us);
         kvt_json_num(&j, "step_us_p99", r[M_EAGER][1].p99_us);
         for (int mode = 0; mode < N_MODES; mode++) {
-            static const char *const prefix[N_MODES] = {"", "lazy_", "three_tier_", "hybrid_"};
+            static const char *const prefix[N_MODES] = {"", "lazy_", "three_tier_", "hybrid_",
+                                                        "node_"};
             const char *pre = prefix[mode];
             static const char *const n_req[3] = {"64", "256", "1024"};
             json_t *p50 = json_object(), *p99 = json_object();
@@ -428,6 +456,8 @@ static int bench_sched_run(const kvt_bench_opts *o)
         kvt_json_num(&j, "hybrid_step_us_p50", r[M_HYBRID][1].p50_us);
         kvt_json_num(&j, "hybrid_blocks_per_s", r[M_HYBRID][1].blocks_per_s);
         kvt_json_int(&j, "hybrid_recovered_blocks_256", (long long)r[M_HYBRID][1].recovered);
+        kvt_json_num(&j, "node_step_us_p50", r[M_NODE][1].p50_us);
+        kvt_json_num(&j, "node_vs_eager_p50", r[M_NODE][1].p50_us / r[M_EAGER][1].p50_us);
         kvt_json_int(&j, "stored_blocks_256", (long long)r[M_EAGER][1].stores);
         kvt_json_int(&j, "loaded_blocks_256", (long long)r[M_EAGER][1].loads);
         kvt_json_int(&j, "three_tier_promoted_blocks_256", (long long)r[M_THREE][1].promotions);
@@ -445,7 +475,8 @@ static int bench_sched_run(const kvt_bench_opts *o)
                        (unsigned long long)r[mode][i].stores, (unsigned long long)r[mode][i].loads,
                        (unsigned long long)r[mode][i].promotions);
         printf("  (target: eager p50 <= 20 us at 256 requests; three: host tier = GPU, disk 4x;\n"
-               "   hybrid: full attention + %u-token sliding window + scratch, eager)\n",
+               "   hybrid: full attention + %u-token sliding window + scratch, eager;\n"
+               "   node: eager with a node tier, rank 0 of 2)\n",
                SW_TOK);
     }
     return 0;
