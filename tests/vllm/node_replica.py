@@ -11,8 +11,11 @@ from conftest import close_llm, generate, make_llm, sched_connector
 
 def main(model_dir, name, rank, ranks, prompts_path, hold=None):
     prompts = json.load(open(prompts_path))
+    # 16 MiB per replica (256 blocks of 64 KiB): the tier lives in /dev/shm, which containers
+    # often keep small
     llm = make_llm(model_dir, extra={"kvtier_node_tier": name, "kvtier_node_rank": int(rank),
-                                     "kvtier_node_ranks": int(ranks)})
+                                     "kvtier_node_ranks": int(ranks),
+                                     "cpu_bytes_to_use": 16 << 20})
     try:
         tokens = generate(llm, prompts)
         conn = sched_connector(llm)
