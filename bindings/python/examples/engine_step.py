@@ -23,15 +23,20 @@ def kv_bytes(block_hash):
 
 
 class Engine:
-    def __init__(self):
+    def __init__(self, node=None, node_name=None):
+        """node: a kvtier.Node of tier node_name; the host tier is then this replica's part of
+        the tier the replicas on the node share."""
+        host = node.num_slots if node else HOST_BLOCKS
         # scheduler side
         self.gpu = kvtier.Pool(GPU_BLOCKS, block_size=BS)
-        self.mgr = kvtier.OffloadManager(self.gpu, HOST_BLOCKS, block_bytes=BLOCK_BYTES)
+        self.mgr = kvtier.OffloadManager(self.gpu, host, block_bytes=BLOCK_BYTES)
+        if node:
+            self.mgr.attach_node(node)
         # worker side (one rank): its KV cache, host tier and worker
         self.device = bytearray(GPU_BLOCKS * BLOCK_BYTES)
         self.layout = kvtier.Layout(GPU_BLOCKS)
         self.layout.add_buffer(self.device, BLOCK_BYTES)
-        self.mirror = kvtier.Mirror(self.layout, HOST_BLOCKS)
+        self.mirror = kvtier.Mirror(self.layout, host, node_name=node_name)
         self.worker = kvtier.Worker(self.layout, self.mirror, threads=2)
 
     def step(self, preempted=False):

@@ -25,6 +25,7 @@ Every failure raises KvtierError carrying kvtier's code and message.
 """
 import collections
 import ctypes
+import weakref
 
 from . import _lib as L
 
@@ -438,6 +439,7 @@ class OffloadManager(_Handle):
         first step: host_blocks must be node.num_slots."""
         _check(_lib.kvt_offload_attach_node(self._h, node._h))
         self._node = node  # the manager borrows it: keep it alive
+        node._managers.append(weakref.ref(self))
 
     def lower_disk_blocks(self, slots):
         _check(_lib.kvt_offload_lower_disk_blocks(self._h, slots))
@@ -686,6 +688,16 @@ class Node(_Handle):
         h = ctypes.c_void_p()
         _check(_lib.kvt_node_attach(ctypes.byref(cfg), ctypes.byref(h)))
         self._h = h
+        self._managers = []  # managers it is lent to: destroyed before it is detached
+
+    def close(self):
+        """Detaches now; a manager it was lent to is closed first (it must not outlive it)."""
+        for ref in getattr(self, "_managers", ()):
+            m = ref()
+            if m is not None:
+                m.close()
+        self._managers = []
+        super().close()
 
     @property
     def num_slots(self):

@@ -154,6 +154,37 @@ class EngineStep(unittest.TestCase):
         self.assertEqual(layout.num_regions, 2)
 
 
+class NodeTier(unittest.TestCase):
+    def test_a_replica_loads_what_its_peer_stored(self):
+        import engine_step
+        name = "py%d" % os.getpid()
+        kvtier.Node.unlink(name)
+        nodes = [kvtier.Node(name, r, 2, engine_step.HOST_BLOCKS, block_bytes=4096, hash_seed=7)
+                 for r in range(2)]
+        try:
+            a, b = (engine_step.Engine(n, name) for n in nodes)
+            tokens = list(range(5 * engine_step.BS + 3))
+            self.assertEqual(a.turn("a", tokens)["recomputed"], 83)
+            self.assertEqual(nodes[0].stats()["published"], 5)
+            second = b.turn("b", tokens)  # checks every loaded byte
+            self.assertEqual(second["host_hit"], 80)
+            self.assertEqual(second["loaded_blocks"], 5)
+            self.assertEqual(nodes[1].stats()["published"], 0)  # nothing stored twice
+            self.assertEqual(nodes[0].stats()["peer_pinned"], 0)
+            with self.assertRaises(kvtier.KvtierError) as ei:
+                kvtier.Node(name, 1, 2, engine_step.HOST_BLOCKS, block_bytes=4096, hash_seed=7)
+            self.assertIn("attached by a live process", str(ei.exception))
+            with self.assertRaises(kvtier.KvtierError) as ei:
+                kvtier.Node(name, 0, 2, engine_step.HOST_BLOCKS, block_bytes=4096, hash_seed=8)
+            self.assertIn("hash seed", str(ei.exception))
+            for e in (a, b):
+                e.worker.close()
+        finally:  # closing a node closes the manager it was lent to first
+            for n in nodes:
+                n.close()
+            kvtier.Node.unlink(name)
+
+
 class DiskAndLink(unittest.TestCase):
     def test_worker_on_a_disk_tier_round_trip(self):
         import tempfile
