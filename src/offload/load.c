@@ -46,12 +46,8 @@ int kvt_offload_match(kvt_offload *m, const char *id, uint32_t id_len, const uin
                       uint32_t n_hashes, uint32_t num_tokens, uint32_t num_computed,
                       uint32_t *hit_tokens)
 {
-    int rc = kvi_ofl_lock(m);
-    if (rc)
-        return rc;
-    rc = match_unlocked(m, id, id_len, hashes, n_hashes, num_tokens, num_computed, hit_tokens);
-    kvi_ofl_unlock(m);
-    return rc;
+    KVI_OFL_LOCKED(
+        m, match_unlocked(m, id, id_len, hashes, n_hashes, num_tokens, num_computed, hit_tokens));
 }
 
 static int match_flags_unlocked(kvt_offload *m, const char *id, uint32_t id_len,
@@ -179,13 +175,8 @@ int kvt_offload_match_flags(kvt_offload *m, const char *id, uint32_t id_len, con
                             uint32_t n_hashes, uint32_t num_tokens, uint32_t num_computed,
                             uint32_t flags, uint32_t *hit_tokens)
 {
-    int rc = kvi_ofl_lock(m);
-    if (rc)
-        return rc;
-    rc = match_flags_unlocked(m, id, id_len, hashes, n_hashes, num_tokens, num_computed, flags,
-                              hit_tokens);
-    kvi_ofl_unlock(m);
-    return rc;
+    KVI_OFL_LOCKED(m, match_flags_unlocked(m, id, id_len, hashes, n_hashes, num_tokens,
+                                           num_computed, flags, hit_tokens));
 }
 
 /* Position of the first loaded block of group g in the request's block table. */
@@ -354,12 +345,7 @@ int kvt_offload_after_alloc(kvt_offload *m, const char *id, uint32_t id_len,
                             const uint32_t *const *blocks, const uint32_t *n_blocks,
                             uint32_t num_external)
 {
-    int rc = kvi_ofl_lock(m);
-    if (rc)
-        return rc;
-    rc = after_alloc_unlocked(m, id, id_len, blocks, n_blocks, num_external);
-    kvi_ofl_unlock(m);
-    return rc;
+    KVI_OFL_LOCKED(m, after_alloc_unlocked(m, id, id_len, blocks, n_blocks, num_external));
 }
 
 void kvi_ofl_queue_load(kvt_offload *m, struct kvi_ofl_req *r)

@@ -670,12 +670,7 @@ static int build_meta_unlocked(kvt_offload *m, bool preempted, kvt_offload_meta 
 
 int kvt_offload_build_meta(kvt_offload *m, bool preempted, kvt_offload_meta *out)
 {
-    int rc = kvi_ofl_lock(m);
-    if (rc)
-        return rc;
-    rc = build_meta_unlocked(m, preempted, out);
-    kvi_ofl_unlock(m);
-    return rc;
+    KVI_OFL_LOCKED(m, build_meta_unlocked(m, preempted, out));
 }
 
 static int apply_output_unlocked(kvt_offload *m, const kvt_str *finished_loads, uint32_t n,
@@ -724,12 +719,7 @@ static int apply_output_unlocked(kvt_offload *m, const kvt_str *finished_loads, 
 int kvt_offload_apply_output(kvt_offload *m, const kvt_str *finished_loads, uint32_t n,
                              const kvt_offload_worker_meta *stores)
 {
-    int rc = kvi_ofl_lock(m);
-    if (rc)
-        return rc;
-    rc = apply_output_unlocked(m, finished_loads, n, stores);
-    kvi_ofl_unlock(m);
-    return rc;
+    KVI_OFL_LOCKED(m, apply_output_unlocked(m, finished_loads, n, stores));
 }
 
 static int reset_unlocked(kvt_offload *m)
@@ -784,12 +774,7 @@ static int reset_unlocked(kvt_offload *m)
 
 int kvt_offload_reset(kvt_offload *m)
 {
-    int rc = kvi_ofl_lock(m);
-    if (rc)
-        return rc;
-    rc = reset_unlocked(m);
-    kvi_ofl_unlock(m);
-    return rc;
+    KVI_OFL_LOCKED(m, reset_unlocked(m));
 }
 
 bool kvt_offload_has_pending(const kvt_offload *m)

@@ -230,6 +230,18 @@ static inline void kvi_ofl_unlock(kvt_offload *m)
         kvi_node_unlock(m->node);
 }
 
+/* The body of a public call that touches the host tier: `call` (its *_unlocked twin) under
+ * the node tier's lock, when there is one. */
+#define KVI_OFL_LOCKED(m, call)                                                                    \
+    do {                                                                                           \
+        int rc_ = kvi_ofl_lock(m);                                                                 \
+        if (rc_)                                                                                   \
+            return rc_;                                                                            \
+        rc_ = (call);                                                                              \
+        kvi_ofl_unlock(m);                                                                         \
+        return rc_;                                                                                \
+    } while (0)
+
 enum {
     G_STORING = 1u << 0, /* source of an in-flight (non-abandoned) eager store */
     G_RESTORE = 1u << 1, /* queued for re-store */

@@ -324,13 +324,8 @@ int kvt_offload_schedule_hashed(kvt_offload *m, const char *id, uint32_t id_len,
                                 const uint8_t *hashes, uint32_t n_hashes, uint32_t num_confirmed,
                                 uint32_t num_scheduled, bool resumed)
 {
-    int rc = kvi_ofl_lock(m);
-    if (rc)
-        return rc;
-    rc = schedule_hashed_unlocked(m, id, id_len, blocks, n_blocks, hashes, n_hashes, num_confirmed,
-                                  num_scheduled, resumed);
-    kvi_ofl_unlock(m);
-    return rc;
+    KVI_OFL_LOCKED(m, schedule_hashed_unlocked(m, id, id_len, blocks, n_blocks, hashes, n_hashes,
+                                               num_confirmed, num_scheduled, resumed));
 }
 
 static int check_boundary(const kvt_offload *m, const kvt_offload_boundary *b, uint32_t i)
@@ -414,12 +409,7 @@ static int boundary_states_unlocked(kvt_offload *m, const kvt_offload_boundary *
 
 int kvt_offload_boundary_states(kvt_offload *m, const kvt_offload_boundary *states, uint32_t n)
 {
-    int rc = kvi_ofl_lock(m);
-    if (rc)
-        return rc;
-    rc = boundary_states_unlocked(m, states, n);
-    kvi_ofl_unlock(m);
-    return rc;
+    KVI_OFL_LOCKED(m, boundary_states_unlocked(m, states, n));
 }
 
 static int schedule_many_unlocked(kvt_offload *m, kvt_offload_sched_req *const *reqs, uint32_t n,
@@ -452,12 +442,7 @@ static int schedule_many_unlocked(kvt_offload *m, kvt_offload_sched_req *const *
 int kvt_offload_schedule_many(kvt_offload *m, kvt_offload_sched_req *const *reqs, uint32_t n,
                               uint32_t *n_done)
 {
-    int rc = kvi_ofl_lock(m);
-    if (rc)
-        return rc;
-    rc = schedule_many_unlocked(m, reqs, n, n_done);
-    kvi_ofl_unlock(m);
-    return rc;
+    KVI_OFL_LOCKED(m, schedule_many_unlocked(m, reqs, n, n_done));
 }
 
 static int schedule_unlocked(kvt_offload *m, const char *id, uint32_t id_len,
@@ -475,12 +460,8 @@ int kvt_offload_schedule(kvt_offload *m, const char *id, uint32_t id_len,
                          const uint32_t *const *blocks, const uint32_t *n_blocks,
                          uint32_t num_confirmed, uint32_t num_scheduled, bool resumed)
 {
-    int rc = kvi_ofl_lock(m);
-    if (rc)
-        return rc;
-    rc = schedule_unlocked(m, id, id_len, blocks, n_blocks, num_confirmed, num_scheduled, resumed);
-    kvi_ofl_unlock(m);
-    return rc;
+    KVI_OFL_LOCKED(m, schedule_unlocked(m, id, id_len, blocks, n_blocks, num_confirmed,
+                                        num_scheduled, resumed));
 }
 
 static int request_finished_hashed_unlocked(kvt_offload *m, const char *id, uint32_t id_len,
@@ -526,13 +507,8 @@ int kvt_offload_request_finished_hashed(kvt_offload *m, const char *id, uint32_t
                                         const uint8_t *hashes, uint32_t n_hashes,
                                         uint32_t num_confirmed)
 {
-    int rc = kvi_ofl_lock(m);
-    if (rc)
-        return rc;
-    rc = request_finished_hashed_unlocked(m, id, id_len, blocks, n_blocks, hashes, n_hashes,
-                                          num_confirmed);
-    kvi_ofl_unlock(m);
-    return rc;
+    KVI_OFL_LOCKED(m, request_finished_hashed_unlocked(m, id, id_len, blocks, n_blocks, hashes,
+                                                       n_hashes, num_confirmed));
 }
 
 static int request_finished_unlocked(kvt_offload *m, const char *id, uint32_t id_len,
@@ -549,12 +525,7 @@ int kvt_offload_request_finished(kvt_offload *m, const char *id, uint32_t id_len
                                  const uint32_t *const *blocks, const uint32_t *n_blocks,
                                  uint32_t num_confirmed)
 {
-    int rc = kvi_ofl_lock(m);
-    if (rc)
-        return rc;
-    rc = request_finished_unlocked(m, id, id_len, blocks, n_blocks, num_confirmed);
-    kvi_ofl_unlock(m);
-    return rc;
+    KVI_OFL_LOCKED(m, request_finished_unlocked(m, id, id_len, blocks, n_blocks, num_confirmed));
 }
 
 /* How many host blocks, from the LRU head, a store could take before the first one whose key

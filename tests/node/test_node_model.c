@@ -113,8 +113,8 @@ static void issue(rep *p, mreq *q)
         uint32_t slot = m->store_cpu_blocks[i], gpu = m->store_gpu_blocks[i];
         CHECK(slot > p->rank * BPR && slot < (p->rank + 1) * BPR,
               "replica %u stores into slot %u, not its own", p->rank, slot);
-        CHECK(readers[slot] == 0, "replica %u stores into slot %u while %u loads read it",
-              p->rank, slot, readers[slot]);
+        CHECK(readers[slot] == 0, "replica %u stores into slot %u while %u loads read it", p->rank,
+              slot, readers[slot]);
         CHECK(writing[slot] < 0 || inst[slot] != p->instance,
               "replica %u stores into slot %u, which its store event %lld still writes", p->rank,
               slot, (long long)writing[slot]);
@@ -140,9 +140,8 @@ static void issue(rep *p, mreq *q)
         CHECK(j < q->r.n_blocks, "load into GPU block %u outside the request", gpu);
         uint64_t want = tag_of(q->r.hashes + j * KVT_BLOCK_HASH_LEN);
         CHECK(slot < SLOTS && tag[slot] == want,
-              "replica %u loads block %u of %s from slot %u, which holds %llx, not %llx",
-              p->rank, j, q->r.id, slot, (unsigned long long)tag[slot],
-              (unsigned long long)want);
+              "replica %u loads block %u of %s from slot %u, which holds %llx, not %llx", p->rank,
+              j, q->r.id, slot, (unsigned long long)tag[slot], (unsigned long long)want);
         CHECK(writing[slot] < 0, "replica %u loads slot %u while store %lld still writes it",
               p->rank, slot, (long long)writing[slot]);
         readers[slot]++;
