@@ -448,6 +448,8 @@ def test_a_second_replica_is_served_from_the_node_tier(model_dir, baseline, tmp_
                                 timeout=900)
         assert second.returncode == 0, second.stderr[-4000:]
         r1 = json.loads(second.stdout.strip().splitlines()[-1])
+        print("replica 1: %d hit tokens, %d blocks loaded from replica 0's slots"
+              % (r1["stats"]["hit_tokens"], r1["stats"]["load_blocks"]))
         assert r1["tokens"] == want
         # every full block of every prompt but the last token's came from replica 0's slots
         assert r1["stats"]["load_blocks"] > 0, r1["stats"]

@@ -408,7 +408,6 @@ class _Scheduler:
         (a replica with another hash seed is refused, not left to miss forever)."""
         import hashlib
         from vllm.v1.core import kv_cache_utils
-        self._node_pending = False
         c, v = self.cfg, self._vllm_config
         seed = int.from_bytes(bytes(kv_cache_utils.NONE_HASH)[:8], "little")
         groups = tuple((self.gcfg.groups[g].kind, self.gcfg.groups[g].block_size)
@@ -416,11 +415,17 @@ class _Scheduler:
         sig = hashlib.sha256(repr((str(v.model_config.model), str(v.model_config.dtype),
                                    str(v.cache_config.prefix_caching_hash_algo), groups,
                                    self.gcfg.hash_block_size)).encode()).digest()
-        self.node = Node(c.node_tier, c.node_rank, c.node_ranks, self.node_bpr,
-                         hash_len=self.hash_len, keys_per_block=self.gcfg.keys_per_block,
-                         hash_block_size=self.gcfg.hash_block_size, block_bytes=self.bpr,
-                         hash_seed=seed, signature=sig)
-        self._call(_lib.kvt_offload_attach_node(self.h, self.node._h))
+        node = Node(c.node_tier, c.node_rank, c.node_ranks, self.node_bpr,
+                    hash_len=self.hash_len, keys_per_block=self.gcfg.keys_per_block,
+                    hash_block_size=self.gcfg.hash_block_size, block_bytes=self.bpr,
+                    hash_seed=seed, signature=sig)
+        try:
+            self._call(_lib.kvt_offload_attach_node(self.h, node._h))
+        except Exception:
+            node.close()
+            raise
+        self.node = node
+        self._node_pending = False  # only now: a replica that could not join keeps failing
         logger.info("kvtier: node tier %s: replica %d of %d, %d of its %d slots are this "
                     "replica's", c.node_tier, c.node_rank, c.node_ranks, self.node_bpr - 1,
                     self.host_blocks)
