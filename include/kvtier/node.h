@@ -68,9 +68,12 @@ typedef struct kvt_node_config {
     uint8_t signature[32];     /* digest of whatever else must agree (model, dtype, cache
                                   groups); compared byte for byte */
     uint32_t reap_interval_ms; /* how often a locked call checks peers' liveness; default 1000 */
+    uint32_t lock_timeout_ms;  /* longest wait for the metadata lock; a call that waits longer
+                                  fails with KVT_EBUSY naming the holder (a live but stopped
+                                  replica), instead of hanging; default 10000 */
     /* room for fields to come, so the struct keeps its size: zero (as *_config_init
      * leaves it); a create refuses a config whose room is not zero */
-    uint64_t reserved[8];
+    uint64_t reserved[7];
 } kvt_node_config;
 
 typedef struct kvt_node kvt_node;

@@ -276,7 +276,20 @@ static void refresh(kvt_node *n)
 /* Takes the mutex; a holder that died inside it is reaped and every replica rescans. */
 static int lock_raw(kvt_node *n)
 {
-    int rc = pthread_mutex_lock(&n->h->lock);
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until); /* pthread_mutex_timedlock's clock */
+    uint64_t ns = (uint64_t)until.tv_nsec + (uint64_t)n->cfg.lock_timeout_ms * 1000000ull;
+    until.tv_sec += (time_t)(ns / 1000000000ull);
+    until.tv_nsec = (long)(ns % 1000000000ull);
+    int rc = pthread_mutex_timedlock(&n->h->lock, &until);
+    if (rc == ETIMEDOUT) {
+        int32_t holder = n->h->holder;
+        int pid = holder >= 0 && (uint32_t)holder < n->h->ranks ? n->h->rank[holder].pid : 0;
+        return kvt_fail(KVT_EBUSY,
+                        "node %s: replica %d (pid %d) has held the metadata lock for over %u "
+                        "ms; is it stopped?",
+                        n->name, holder, pid, n->cfg.lock_timeout_ms);
+    }
     if (rc == EOWNERDEAD) {
         KVT_LOG_W("node %s: a replica died holding the metadata lock; repairing", n->name);
         pthread_mutex_consistent(&n->h->lock);
@@ -320,31 +333,38 @@ void kvi_node_unlock(kvt_node *n)
 
 /* The pool's reports (pool_share.h). They run inside the manager's locked calls; one that
  * does not takes the mutex for itself, without refreshing (the pool is mid-operation). */
-static void hook_enter(kvt_node *n)
+static bool hook_enter(kvt_node *n)
 {
-    if (n->depth++ == 0 && lock_raw(n) != 0)
+    if (n->depth)
+        return false;
+    if (lock_raw(n) != 0) {
         KVT_LOG_E("node %s: %s; the metadata is updated unlocked", n->name, kvt_last_error());
+        return false;
+    }
+    n->depth = 1;
+    return true;
 }
 
-static void hook_leave(kvt_node *n)
+static void hook_leave(kvt_node *n, bool locked_here)
 {
-    kvi_node_unlock(n);
+    if (locked_here)
+        kvi_node_unlock(n);
 }
 
 static void hook_pin(void *ctx, uint32_t s, bool on)
 {
     kvt_node *n = ctx;
-    hook_enter(n);
+    bool mine = hook_enter(n);
     pins_of(n, n->me)[s] = on;
     log_slot(n, s);
-    hook_leave(n);
+    hook_leave(n, mine);
 }
 
 static void hook_publish(void *ctx, uint32_t s, const uint8_t *hash, uint32_t group,
                          uint32_t num_tokens)
 {
     kvt_node *n = ctx;
-    hook_enter(n);
+    bool mine = hook_enter(n);
     struct node_slot *sl = slot_at(n, s);
     if (sl->n_keys < n->h->kpb) {
         uint8_t *k = sl->keys + sl->n_keys * n->key_stride;
@@ -355,20 +375,20 @@ static void hook_publish(void *ctx, uint32_t s, const uint8_t *hash, uint32_t gr
         sl->version++;
         log_slot(n, s);
     }
-    hook_leave(n);
+    hook_leave(n, mine);
 }
 
 static void hook_unpublish(void *ctx, uint32_t s)
 {
     kvt_node *n = ctx;
-    hook_enter(n);
+    bool mine = hook_enter(n);
     struct node_slot *sl = slot_at(n, s);
     if (sl->n_keys) {
         sl->n_keys = 0;
         sl->version++;
         log_slot(n, s);
     }
-    hook_leave(n);
+    hook_leave(n, mine);
 }
 
 static const struct kvi_pool_share_ops share_ops = {
@@ -428,6 +448,7 @@ void kvt_node_config_init(kvt_node_config *cfg)
     cfg->keys_per_block = 1;
     cfg->hash_block_size = 16;
     cfg->reap_interval_ms = 1000;
+    cfg->lock_timeout_ms = 10000;
 }
 
 static int validate(const kvt_node_config *c)
@@ -454,6 +475,8 @@ static int validate(const kvt_node_config *c)
         return kvt_fail(KVT_EINVAL, "node: keys_per_block %u must be in 1..64", c->keys_per_block);
     if (c->hash_block_size < 1)
         return kvt_fail(KVT_EINVAL, "node: hash_block_size must be > 0");
+    if (c->lock_timeout_ms < 1)
+        return kvt_fail(KVT_EINVAL, "node: lock_timeout_ms must be > 0");
     return 0;
 }
 

@@ -434,6 +434,51 @@ static void a_holder_dying_inside_the_lock_is_repaired(void **state)
     replica_close(&a);
 }
 
+static void a_stopped_holder_makes_calls_fail_not_hang(void **state)
+{
+    (void)state;
+    kvt_node_config c;
+    node_cfg(&c, 0);
+    c.lock_timeout_ms = 200;
+    replica a;
+    KVT_OK_(kvt_node_attach(&c, &a.node));
+    sim_init(&a.s, GPU_NB, kvt_node_num_slots(a.node), false, 1, 8192);
+    KVT_OK_(kvt_offload_attach_node(a.s.m, a.node));
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        kvt_node_config cc;
+        node_cfg(&cc, 1);
+        kvt_node *n;
+        if (kvt_node_attach(&cc, &n) || kvi_node_lock(n) || write(fds[1], "k", 1) != 1)
+            _exit(10);
+        for (;;)
+            pause(); /* holds the lock, alive */
+    }
+    close(fds[1]);
+    char ch;
+    assert_int_equal(read(fds[0], &ch, 1), 1);
+    close(fds[0]);
+    kvt_node_stats st;
+    KVT_ERR_(kvt_node_get_stats(a.node, &st), KVT_EBUSY);
+    assert_non_null(strstr(kvt_last_error(), "is it stopped"));
+    uint32_t hit = 1;
+    sim_req p;
+    sim_req_make(&p, "p", 3 * SIM_BS, 1, 3 * SIM_BS, 0);
+    KVT_ERR_(kvt_offload_match(a.s.m, "p", 1, p.hashes, p.n_hashes, p.n_tokens, 0, &hit),
+             KVT_EBUSY);
+    kill_replica(pid); /* the kernel hands the lock over; the next call repairs */
+    st = stats_of(&a);
+    assert_int_equal(st.lock_recoveries, 1);
+    assert_int_equal(st.ranks_attached, 1);
+    sim_store_prompt(&a.s, &p, 1);
+    assert_int_equal(stats_of(&a).published, 3);
+    replica_close(&a);
+}
+
 /* ---- bytes through the shared data region ----------------------------------------------- */
 
 #define KV_BPB 2048
@@ -601,6 +646,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(a_restarted_replica_is_not_consulted_for_old_entries, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(a_holder_dying_inside_the_lock_is_repaired, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(a_stopped_holder_makes_calls_fail_not_hang, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(loaded_bytes_come_from_the_peer_that_stored_them, setup,
                                         teardown),

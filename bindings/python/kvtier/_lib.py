@@ -263,7 +263,8 @@ class kvt_node_config(ctypes.Structure):
     _fields_ = [("name", ctypes.c_char_p), ("rank", c_u32), ("ranks", c_u32),
                 ("blocks_per_rank", c_u32), ("hash_len", c_u32), ("keys_per_block", c_u32),
                 ("hash_block_size", c_u32), ("block_bytes", c_u64), ("hash_seed", c_u64),
-                ("signature", ctypes.c_uint8 * 32), ("reap_interval_ms", c_u32)] + ROOM
+                ("signature", ctypes.c_uint8 * 32), ("reap_interval_ms", c_u32),
+                ("lock_timeout_ms", c_u32)] + room(7)
 
 
 class kvt_node_stats(ctypes.Structure):
