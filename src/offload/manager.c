@@ -767,7 +767,10 @@ static int reset_unlocked(kvt_offload *m)
     if (!rc && m->tier[1].pool)
         rc = kvt_pool_reset_prefix_cache(m->tier[1].pool);
     if (rc)
-        return kvi_fail_wrap(KVT_EBUSY, "offload: reset: hits are still pinned");
+        return kvi_fail_wrap(KVT_EBUSY, m->node ? "offload: reset: hits are still pinned, or "
+                                                  "peers of the node tier read this replica's "
+                                                  "slots"
+                                                : "offload: reset: hits are still pinned");
     m->st.resets++;
     return 0;
 }

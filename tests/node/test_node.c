@@ -398,6 +398,25 @@ static void a_restarted_replica_is_not_consulted_for_old_entries(void **state)
     replica_close(&a);
 }
 
+static void a_tier_left_by_dead_replicas_is_replaced_not_refused(void **state)
+{
+    (void)state;
+    pid_t pid = spawn_replica(1, false); /* creates the tier (seed SIM_SEED) and stores */
+    kvt_node_config c;
+    node_cfg(&c, 0);
+    c.hash_seed = 99;
+    kvt_node *n = NULL;
+    KVT_ERR_(kvt_node_attach(&c, &n), KVT_EINVAL); /* its creator lives: refused */
+    assert_non_null(strstr(kvt_last_error(), "hash seed"));
+    kill_replica(pid); /* now no one uses it: another configuration takes the name */
+    KVT_OK_(kvt_node_attach(&c, &n));
+    kvt_node_stats st;
+    KVT_OK_(kvt_node_get_stats(n, &st));
+    assert_int_equal(st.ranks_attached, 1);
+    assert_int_equal(st.epoch, 1); /* a new tier */
+    kvt_node_detach(n);
+}
+
 static void a_holder_dying_inside_the_lock_is_repaired(void **state)
 {
     (void)state;
@@ -644,6 +663,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(a_killed_replica_leaves_no_pinned_slot_behind, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(a_restarted_replica_is_not_consulted_for_old_entries, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(a_tier_left_by_dead_replicas_is_replaced_not_refused, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(a_holder_dying_inside_the_lock_is_repaired, setup,
                                         teardown),
