@@ -76,4 +76,8 @@ static inline uint64_t kvi_pow2_ceil(uint64_t x)
     return 1ull << (64 - __builtin_clzll(x - 1));
 }
 
+/* POSIX shared-memory name of a node tier's object: kind "meta" (kvtier/node.h, src/node) or
+ * "data" (the workers' mirrors, src/copy). */
+#define KVI_NODE_SHM_NAME "/kvtier.%s.%s"
+
 #endif

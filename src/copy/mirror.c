@@ -15,6 +15,7 @@
 #include "base/cuda.h"
 #include "base/error.h"
 #include "base/log.h"
+#include "base/util.h"
 #include "copy/copy_internal.h"
 #include "kvtier/node.h"
 
@@ -115,7 +116,7 @@ int kvt_mirror_create(const kvt_mirror_config *cfg, const kvt_layout *layout, kv
             return kvt_fail(KVT_EINVAL, "mirror: node_name '%s' is not a node tier name",
                             cfg->node_name);
         }
-        snprintf(shm, sizeof(shm), "/kvtier.%s.data", cfg->node_name);
+        snprintf(shm, sizeof(shm), KVI_NODE_SHM_NAME, cfg->node_name, "data");
         ac.shm_name = shm;
     }
     int rc = kvt_arena_create(&ac, &m->arena);

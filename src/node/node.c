@@ -37,6 +37,7 @@
 
 #include "base/error.h"
 #include "base/log.h"
+#include "base/util.h"
 #include "node/node_internal.h"
 #include "pool/pool_share.h"
 
@@ -122,17 +123,10 @@ static void log_slot(kvt_node *n, uint32_t s)
     h->log_seq++;
 }
 
-static uint64_t now_ns(void)
+/* buf holds 96 bytes: the name is checked to fit (KVT_NODE_NAME_MAX) */
+static void shm_path(char *buf, size_t cap, const char *name, const char *kind)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-static int shm_path(char *buf, size_t cap, const char *name, const char *kind)
-{
-    int len = snprintf(buf, cap, "/kvtier.%s.%s", name, kind);
-    return len > 0 && (size_t)len < cap ? 0 : -1;
+    snprintf(buf, cap, KVI_NODE_SHM_NAME, name, kind);
 }
 
 static int check_name(const char *name)
@@ -212,15 +206,22 @@ static bool own_slot(const kvt_node *n, uint32_t s)
     return s >= n->own_lo && s < n->own_hi;
 }
 
+/* Whether any replica but this one pins slot s. */
+static bool peer_pinned(const kvt_node *n, uint32_t s)
+{
+    for (uint32_t r = 0; r < n->h->ranks; r++)
+        if (r != n->me && pins_of(n, r)[s])
+            return true;
+    return false;
+}
+
 /* Brings the pool's view of slot s up to date (locked, bound). */
 static void sync_slot(kvt_node *n, uint32_t s)
 {
     if (s >= n->total || s % n->h->bpr == 0)
         return;
     if (own_slot(n, s)) {
-        bool pinned = false;
-        for (uint32_t r = 0; r < n->h->ranks && !pinned; r++)
-            pinned = r != n->me && pins_of(n, r)[s];
+        bool pinned = peer_pinned(n, s);
         if (pinned && !n->busy[s]) {
             n->busy[s] = 1;
             (void)kvt_pool_touch(n->pool, &s, 1);
@@ -255,7 +256,7 @@ static void refresh(kvt_node *n)
     struct node_hdr *h = n->h;
     /* the clock is read every 64th locked call: a call costs tens of nanoseconds */
     if (n->cfg.reap_interval_ms && (++n->calls & 63) == 0) {
-        uint64_t t = now_ns();
+        uint64_t t = kvt_monotonic_ns();
         if (t >= n->next_reap_ns) {
             reap_locked(n);
             n->next_reap_ns = t + (uint64_t)n->cfg.reap_interval_ms * 1000000ull;
@@ -426,19 +427,19 @@ int kvi_node_bind(kvt_node *n, kvt_pool *pool)
                         "each; the node tier was created for %u, %u, %u",
                         n->name, pc.hash_len, pc.keys_per_block, pc.hash_block_size, n->h->hash_len,
                         n->h->kpb, n->h->hash_block_size);
-    int rc = kvi_pool_share(pool, n->own_lo, n->own_hi, &share_ops, n);
+    int rc = kvi_node_lock(n); /* no pool yet: no refresh, the rescan below is the one */
     if (rc)
         return rc;
-    n->pool = pool;
-    memset(n->seen, 0, n->total * sizeof(*n->seen));
-    memset(n->busy, 0, n->total);
-    rc = kvi_node_lock(n);
-    if (rc)
-        return rc;
-    n->rescan = n->h->rescan_seq - 1; /* read every slot now */
-    refresh(n);
+    rc = kvi_pool_share(pool, n->own_lo, n->own_hi, &share_ops, n);
+    if (!rc) {
+        n->pool = pool;
+        memset(n->seen, 0, n->total * sizeof(*n->seen));
+        memset(n->busy, 0, n->total);
+        n->rescan = n->h->rescan_seq - 1; /* read every slot now */
+        refresh(n);
+    }
     kvi_node_unlock(n);
-    return 0;
+    return rc;
 }
 
 void kvi_node_unbind(kvt_node *n)
@@ -549,20 +550,19 @@ static int init_meta(struct node_hdr *h, const kvt_node_config *c, size_t size, 
 static const char *mismatch(const struct node_hdr *h, const kvt_node_config *c, char *buf,
                             size_t cap)
 {
-#define DIFF(field, what, fmt, a, b)                                                               \
+#define DIFF(what, fmt, a, b)                                                                      \
     if ((a) != (b)) {                                                                              \
         snprintf(buf, cap, what ": this replica " fmt ", the tier " fmt, (a), (b));                \
         return buf;                                                                                \
     }
-    DIFF(ranks, "ranks", "%u", c->ranks, h->ranks);
-    DIFF(bpr, "blocks_per_rank", "%u", c->blocks_per_rank, h->bpr);
-    DIFF(hash_len, "hash length", "%u", c->hash_len, h->hash_len);
-    DIFF(kpb, "keys_per_block", "%u", c->keys_per_block, h->kpb);
-    DIFF(hbs, "hash block size", "%u", c->hash_block_size, h->hash_block_size);
-    DIFF(bb, "block bytes (the KV layout)", "%llu", (unsigned long long)c->block_bytes,
+    DIFF("ranks", "%u", c->ranks, h->ranks);
+    DIFF("blocks_per_rank", "%u", c->blocks_per_rank, h->bpr);
+    DIFF("hash length", "%u", c->hash_len, h->hash_len);
+    DIFF("keys_per_block", "%u", c->keys_per_block, h->kpb);
+    DIFF("hash block size", "%u", c->hash_block_size, h->hash_block_size);
+    DIFF("block bytes (the KV layout)", "%llu", (unsigned long long)c->block_bytes,
          (unsigned long long)h->block_bytes);
-    DIFF(seed,
-         "hash seed (set the same PYTHONHASHSEED or a sha256 hash on every replica, or no "
+    DIFF("hash seed (set the same PYTHONHASHSEED or a sha256 hash on every replica, or no "
          "prefix would ever match)",
          "%016llx", (unsigned long long)c->hash_seed, (unsigned long long)h->hash_seed);
 #undef DIFF
@@ -573,8 +573,8 @@ static const char *mismatch(const struct node_hdr *h, const kvt_node_config *c, 
     return NULL;
 }
 
-/* Opens (or creates) the metadata object and maps it; *created says which. */
-static int open_meta(kvt_node *n, const kvt_node_config *c, bool *created)
+/* Opens the metadata object, creating and filling it if absent, and maps it. */
+static int open_meta(kvt_node *n, const kvt_node_config *c)
 {
     char path[96];
     shm_path(path, sizeof(path), n->name, "meta");
@@ -603,7 +603,6 @@ static int open_meta(kvt_node *n, const kvt_node_config *c, bool *created)
         n->fd = fd;
         n->h = p;
         n->size = size;
-        *created = true;
         return 0;
     }
     if (errno != EEXIST)
@@ -653,7 +652,6 @@ static int open_meta(kvt_node *n, const kvt_node_config *c, bool *created)
     n->fd = fd;
     n->h = h;
     n->size = (size_t)st.st_size;
-    *created = false;
     return 0;
 }
 
@@ -743,8 +741,7 @@ int kvt_node_attach(const kvt_node_config *cfg, kvt_node **out)
         return kvt_fail(KVT_ENOMEM, "node: out of memory for %u slots", n->total);
     }
     for (int attempt = 0;; attempt++) {
-        bool created;
-        rc = open_meta(n, cfg, &created);
+        rc = open_meta(n, cfg);
         if (rc)
             break;
         rc = lock_raw(n);
@@ -796,9 +793,8 @@ int kvt_node_attach(const kvt_node_config *cfg, kvt_node **out)
         n->st.epoch = n->h->epochs;
         n->seq = n->h->log_seq;
         n->rescan = n->h->rescan_seq;
-        n->next_reap_ns = now_ns() + (uint64_t)cfg->reap_interval_ms * 1000000ull;
+        n->next_reap_ns = kvt_monotonic_ns() + (uint64_t)cfg->reap_interval_ms * 1000000ull;
         unlock_raw(n);
-        (void)created;
         *out = n;
         return 0;
     }
@@ -841,10 +837,7 @@ int kvt_node_get_stats(kvt_node *n, kvt_node_stats *s)
     s->published = s->peer_pinned = s->pinned_of_peers = 0;
     for (uint32_t id = n->own_lo; id < n->own_hi; id++) {
         s->published += slot_at(n, id)->n_keys != 0;
-        bool pinned = false;
-        for (uint32_t r = 0; r < n->h->ranks && !pinned; r++)
-            pinned = r != n->me && pins_of(n, r)[id];
-        s->peer_pinned += pinned;
+        s->peer_pinned += peer_pinned(n, id);
     }
     const uint8_t *mine = pins_of(n, n->me);
     for (uint32_t id = 0; id < n->total; id++)
