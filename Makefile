@@ -30,7 +30,7 @@ CMAKE_FLAGS  ?=
 DEV_FLAGS     = -DKVT_WERROR=ON
 SOURCES       = $(shell find include src tests tools bench fuzz -name '*.[ch]')
 FUZZ_TARGETS  = offload_meta offload_worker_meta ec_meta ec_worker_meta ec_load_spec ec_push_spec \
-                link ec_shard ec_ctl ec_server
+                link ec_shard ec_ctl ec_server remote_wire
 
 VALGRIND_TESTS = test_pool test_meta_offload test_meta_ec test_offload test_offload_tiers \
                  test_offload_model test_slab test_ec_shard test_ec_shard_model test_ec_sched \
@@ -69,7 +69,7 @@ install: build
 test-asan: deps
 	@cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DKVT_SANITIZE=address $(DEV_FLAGS) >/dev/null
 	@cmake --build build-asan -j$(JOBS)
-	cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+	cd build-asan && ASAN_OPTIONS=detect_leaks=1 LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp UBSAN_OPTIONS=print_stacktrace=1 \
 	    ctest --output-on-failure -j$(JOBS)
 
 # The soak (docs/reliability.md): offload and encoder-cache rounds with random faults for
@@ -77,7 +77,7 @@ test-asan: deps
 soak: deps
 	@cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DKVT_SANITIZE=address $(DEV_FLAGS) >/dev/null
 	@cmake --build build-asan -j$(JOBS) --target kvtier_cli
-	cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+	cd build-asan && ASAN_OPTIONS=detect_leaks=1 LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp UBSAN_OPTIONS=print_stacktrace=1 \
 	    bin/kvtier demo --soak $(SOAK_SECONDS)
 
 # Line coverage of src/ by the whole test suite (gcovr), printed; HTML in build-cov/coverage/.

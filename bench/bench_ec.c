@@ -105,45 +105,6 @@ int kvt_bench_ec_consumer(void)
     return 0;
 }
 
-/* ---- the baseline -----------------------------------------------------------------------------
- */
-
-/* ucx_perftest tag_bw of size bytes on the transport UCX_TLS names: GB/s, 0 if it failed. */
-static double perftest_once(uint64_t size, int iters, uint32_t port, const char *env)
-{
-    char cmd[512];
-    snprintf(cmd, sizeof(cmd), "%s timeout 60 ucx_perftest -p %u >/dev/null 2>&1 &", env, port);
-    if (system(cmd) != 0)
-        return 0;
-    usleep(1000 * 1000); /* the server is listening by then */
-    snprintf(cmd, sizeof(cmd),
-             "%s timeout 60 ucx_perftest 127.0.0.1 -p %u -t tag_bw -s %llu -n %d 2>/dev/null", env,
-             port, (unsigned long long)size, iters);
-    FILE *f = popen(cmd, "r");
-    if (!f)
-        return 0;
-    char line[512];
-    double mibs = 0;
-    while (fgets(line, sizeof(line), f)) {
-        double it, p50, avg, all, bw_avg, bw_all;
-        if (sscanf(line, "Final: %lf %lf %lf %lf %lf %lf", &it, &p50, &avg, &all, &bw_avg,
-                   &bw_all) == 6)
-            mibs = bw_all;
-    }
-    pclose(f);
-    return mibs * 1048576.0 / 1e9;
-}
-
-/* env: variables for both perftest processes ("" for none) */
-static double perftest_gbps(uint64_t size, int iters, const char *env)
-{
-    double g = 0;
-    for (uint32_t i = 0; i < 3 && g == 0; i++) /* a port someone else holds: another one */
-        g = perftest_once(size, iters, 40000 + (uint32_t)((getpid() * 13u + i * 977u) % 20000u),
-                          env);
-    return g;
-}
-
 /* ---- the producer (this process) ----------------------------------------------------------- */
 
 typedef struct phase {
@@ -432,8 +393,10 @@ static int run(const kvt_bench_opts *o)
     /* the baseline is the better of UCX's two protocol selections (kvtier turns the newer one
      * on unless UCX_PROTO_ENABLE says otherwise): the ratio is never flattered by a slow
      * default */
-    double base_default = perftest_gbps(16u << 20, 100, "UCX_PROTO_ENABLE=n");
-    double base_proto = perftest_gbps(16u << 20, 100, "UCX_PROTO_ENABLE=y");
+    double base_default =
+        kvt_bench_perftest_gbps(16u << 20, 100, "UCX_PROTO_ENABLE=n", "", "127.0.0.1");
+    double base_proto =
+        kvt_bench_perftest_gbps(16u << 20, 100, "UCX_PROTO_ENABLE=y", "", "127.0.0.1");
     double base = base_default > base_proto ? base_default : base_proto;
     if (base <= 0) { /* no baseline, no figure: a ratio of 0 would read as a result */
         fprintf(stderr,

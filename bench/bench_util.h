@@ -41,6 +41,7 @@ extern const kvt_bench kvt_bench_sched;
 extern const kvt_bench kvt_bench_copy;
 extern const kvt_bench kvt_bench_disk;
 extern const kvt_bench kvt_bench_ec;
+extern const kvt_bench kvt_bench_remote;
 
 double kvt_now_s(void);
 
@@ -63,6 +64,13 @@ void kvt_json_set(kvt_json *j, const char *key, json_t *val);
 json_t *kvt_json_real(double v);
 /* Prints the object on one line and frees it; 0, or -1 if it could not be written. */
 int kvt_json_end(kvt_json *j);
+
+/* The baseline of the network benchmarks: `ucx_perftest tag_bw` of size bytes, iters
+ * iterations, GB/s (0 if it did not run). env: variables for both processes ("" for none);
+ * server_prefix: what the server's command line starts with ("" or "ip netns exec NS");
+ * host: the address the client reaches the server at. */
+double kvt_bench_perftest_gbps(uint64_t size, int iters, const char *env, const char *server_prefix,
+                               const char *host);
 
 /* Host description for reports: cores and CPU model. */
 void kvt_json_host(kvt_json *j);

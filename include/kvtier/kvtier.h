@@ -16,6 +16,7 @@
 #include "kvtier/node.h"
 #include "kvtier/offload.h"
 #include "kvtier/pool.h"
+#include "kvtier/remote.h"
 #include "kvtier/worker.h"
 #include "kvtier/version.h"
 

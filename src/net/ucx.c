@@ -88,6 +88,11 @@ static void route_ucx_log(void)
 
 int kvi_ucx_create(kvi_ucx **out)
 {
+    return kvi_ucx_create_proto(out, true);
+}
+
+int kvi_ucx_create_proto(kvi_ucx **out, bool new_protocols)
+{
     if (!out)
         return kvt_fail(KVT_EINVAL, "ucx: create: NULL out");
     *out = NULL;
@@ -106,7 +111,8 @@ int kvi_ucx_create(kvi_ucx **out)
      * 1.3x faster than its default (docs/benchmarks.md) and ties over tcp: on, unless the
      * user chose with UCX_PROTO_ENABLE */
     const char *pe = getenv("UCX_PROTO_ENABLE");
-    if ((!pe || !*pe) && ucp_config_modify(cfg, "PROTO_ENABLE", "y") != UCS_OK)
+    if ((!pe || !*pe) &&
+        ucp_config_modify(cfg, "PROTO_ENABLE", new_protocols ? "y" : "n") != UCS_OK)
         KVT_LOG_D("ucx: this UCX has no PROTO_ENABLE setting; its default protocols are used");
     ucp_params_t p = {.field_mask = UCP_PARAM_FIELD_FEATURES,
                       .features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP};
@@ -293,6 +299,11 @@ int kvi_ucx_recv_end(kvi_ucx *u, kvi_ucx_recv *r, int wait_ms)
     ucp_request_free(r->req);
     free(r);
     return full ? 1 : 0;
+}
+
+void kvi_ucx_recv_forget(kvi_ucx_recv *r)
+{
+    free(r);
 }
 
 /* ---- send ---------------------------------------------------------------------------------- */

@@ -22,6 +22,10 @@ typedef struct kvi_ucx kvi_ucx;
 typedef struct kvi_ucx_recv kvi_ucx_recv;
 
 int kvi_ucx_create(kvi_ucx **out);
+/* kvi_ucx_create with UCX's newer protocol selection on or off (UCX_PROTO_ENABLE, when the
+ * user set it, wins): the encoder-cache planes turn it on (shared memory + cma 1.3x faster),
+ * the remote tier off (tcp rendezvous of 1 MiB blocks 1.25x faster, docs/benchmarks.md). */
+int kvi_ucx_create_proto(kvi_ucx **out, bool new_protocols);
 /* Endpoints are closed (forcibly); receives still posted must have been cancelled. */
 void kvi_ucx_destroy(kvi_ucx *u);
 /* The worker's address, for peers to send to (valid until destroy). */
@@ -56,6 +60,10 @@ int kvi_ucx_recv_wait(kvi_ucx *u, kvi_ucx_recv *r, int wait_ms);
  * arrived after all, 0 if not (cancelled or failed); KVT_EBUSY if UCX still holds the buffer
  * after wait_ms: the receive is kept (and its memory must be too); call again later. */
 int kvi_ucx_recv_end(kvi_ucx *u, kvi_ucx_recv *r, int wait_ms);
+
+/* Frees a receive that kvi_ucx_recv_end could not end, once its worker was destroyed
+ * (kvi_ucx_destroy): nothing can write its buffer any more. */
+void kvi_ucx_recv_forget(kvi_ucx_recv *r);
 
 /* One send of a batch (kvi_ucx_send_many); rc is the outcome: 0 or a KVT_E* code. */
 typedef struct kvi_ucx_send_item {

@@ -31,9 +31,10 @@ class Help(unittest.TestCase):
     def test_every_command_answers_help(self):
         cmds = [["--help"], ["bench", "--help"], ["demo", "--help"],
                 ["demo", "--components", "--help"], ["demo", "--soak", "1", "--help"],
-                ["ec-consumer", "--help"], ["ec-producer", "--help"], ["ec-encoder", "--help"]]
+                ["ec-consumer", "--help"], ["ec-producer", "--help"], ["ec-encoder", "--help"],
+                ["remote-peer", "--help"]]
         names = benches()
-        self.assertEqual(sorted(names), ["copy", "disk", "ec", "pool", "sched"])
+        self.assertEqual(sorted(names), ["copy", "disk", "ec", "pool", "remote", "sched"])
         cmds += [["bench", b, "--help"] for b in names]
         for c in cmds:
             with self.subTest(cmd=" ".join(c)):

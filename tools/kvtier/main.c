@@ -9,13 +9,14 @@
 #include <unistd.h>
 
 #include "bench_util.h"
+#include "remote_cmds.h"
 #include "cli.h"
 #include "demo.h"
 #include "ec_cmds.h"
 #include "kvtier/kvtier.h"
 
 static const kvt_bench *const benches[] = {&kvt_bench_pool, &kvt_bench_sched, &kvt_bench_copy,
-                                           &kvt_bench_disk, &kvt_bench_ec};
+                                           &kvt_bench_disk, &kvt_bench_ec,    &kvt_bench_remote};
 
 static void usage(FILE *f)
 {
@@ -33,6 +34,8 @@ static void usage(FILE *f)
         "  kvtier ec-consumer --host A --port P [options]   an encoder-cache consumer (--help)\n"
         "  kvtier ec-producer --consumer tcp://A:P [options] pushes into one (--help)\n"
         "  kvtier ec-encoder --consumer tcp://A:P [options]  the demo's encoder process (--help)\n"
+        "  kvtier remote-peer --directory A --instance I (--serve S | --read S) [...]\n"
+        "                                     one remote-tier instance (--help)\n"
         "  kvtier --help | --version\n"
         "  Options take --name value or --name=value. Exit codes: 0 ok, 1 failure, 2 usage.\n"
         "\n"
@@ -222,6 +225,8 @@ int main(int argc, char **argv)
         return kvt_cmd_ec_producer(argc - 1, argv + 1);
     if (strcmp(cmd, "ec-encoder") == 0)
         return kvt_cmd_ec_encoder(argc - 1, argv + 1);
+    if (strcmp(cmd, "remote-peer") == 0)
+        return kvt_cmd_remote_peer(argc - 1, argv + 1);
     fprintf(stderr, "kvtier: unknown command '%s'\n\n", cmd);
     usage(stderr);
     return 2;

@@ -1,0 +1,347 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * `kvtier bench remote`: the remote tier between two instances, against `ucx_perftest tag_bw`
+ * with the block size on the same link, in the same command (BENCHMARKS.md).
+ *
+ * The command starts its own Redis (a unix socket in a temporary directory) and an owner
+ * instance (`kvtier remote-peer --serve`, a child process) holding 64 blocks of 1 MiB, and a
+ * second one with owner_checksum off holding 64 others; this process is
+ * the reader. When it runs as root and may create a network namespace, the owner and its
+ * ucx_perftest server run in one of their own, joined to this one by a veth pair (two "hosts"
+ * on one machine); otherwise both sides use loopback, and the JSON says which.
+ *
+ *   lookup_us_p50 / _p99  one kvt_remote_lookup of a request's 64 chained hashes (one Redis
+ *                         round trip), over --seconds / 2
+ *   load_gbps             bytes / time of kvt_remote_read of all 64 blocks (each a request to
+ *                         the owner, its checks, the UCX sends and the reader's checksum),
+ *                         repeated over --seconds / 2; the first read's bytes are compared
+ *                         with the generator's
+ *   ratio_vs_ucx_perftest load_gbps / ucx_perftest tag_bw of one block's size over the link
+ *   load_gbps_reader_check_only  the same from a second owner that checks generation and hash
+ *                         but not the bytes' checksum before it sends (owner_checksum = 0; the
+ *                         reader's check stays)
+ *
+ * Mooncake's store needs its master service, which its PyPI package does not start by itself
+ * here; the JSON says so (mooncake_store_why) rather than printing a ratio.
+ */
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "bench_util.h"
+#include "kvtier/remote.h"
+#include "remote_cmds.h"
+
+#define NBLK 64u
+#define HL   16u
+#define CRED "kvtier-bench-remote-credential"
+
+typedef struct env {
+    char dir[64], sock[96], ns[32], host_ip[32], peer_ip[32], prefix[64];
+    pid_t redis;
+    bool netns;
+} env;
+
+static int cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static pid_t start_redis(env *e)
+{
+    pid_t p = fork();
+    if (p == 0) {
+        freopen("/dev/null", "w", stdout);
+        execlp("redis-server", "redis-server", "--port", "0", "--unixsocket", e->sock,
+               "--unixsocketperm", "777", "--save", "", "--appendonly", "no", (char *)NULL);
+        _exit(127);
+    }
+    for (int i = 0; p > 0 && i < 300; i++) {
+        struct stat st;
+        if (stat(e->sock, &st) == 0)
+            return p;
+        int ws;
+        if (waitpid(p, &ws, WNOHANG) == p)
+            return -1;
+        usleep(10000);
+    }
+    return -1;
+}
+
+/* A namespace with a veth pair to this one; false (loopback) if it cannot be made here. */
+static bool make_netns(env *e)
+{
+    if (geteuid() != 0 || system("command -v ip >/dev/null 2>&1") != 0)
+        return false;
+    unsigned k = (unsigned)getpid() % 200u;
+    snprintf(e->ns, sizeof(e->ns), "kvtb-%d", (int)getpid());
+    snprintf(e->host_ip, sizeof(e->host_ip), "10.79.%u.1", k);
+    snprintf(e->peer_ip, sizeof(e->peer_ip), "10.79.%u.2", k);
+    char cmd[768];
+    snprintf(cmd, sizeof(cmd),
+             "set -e; ip netns add %s; ip link add kvtbh%d type veth peer name kvtbp%d;"
+             "ip link set kvtbp%d netns %s; ip addr add %s/24 dev kvtbh%d;"
+             "ip -n %s addr add %s/24 dev kvtbp%d; ip link set kvtbh%d up;"
+             "ip -n %s link set kvtbp%d up; ip -n %s link set lo up",
+             e->ns, (int)getpid(), (int)getpid(), (int)getpid(), e->ns, e->host_ip, (int)getpid(),
+             e->ns, e->peer_ip, (int)getpid(), (int)getpid(), e->ns, (int)getpid(), e->ns);
+    if (system(cmd) != 0) {
+        snprintf(cmd, sizeof(cmd), "ip netns del %s 2>/dev/null; ip link del kvtbh%d 2>/dev/null",
+                 e->ns, (int)getpid());
+        (void)system(cmd);
+        return false;
+    }
+    snprintf(e->prefix, sizeof(e->prefix), "ip netns exec %s", e->ns);
+    return true;
+}
+
+static void teardown(env *e)
+{
+    char cmd[256];
+    if (e->netns) {
+        snprintf(cmd, sizeof(cmd), "ip netns del %s 2>/dev/null; ip link del kvtbh%d 2>/dev/null",
+                 e->ns, (int)getpid());
+        (void)system(cmd);
+    }
+    if (e->redis > 0) {
+        kill(e->redis, SIGKILL);
+        waitpid(e->redis, NULL, 0);
+    }
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", e->dir);
+    (void)system(cmd);
+}
+
+/* The owner process: `kvtier remote-peer --serve 1`, in the namespace (or here); its stdout
+ * is read until it says it serves. */
+static pid_t start_owner(const env *e, uint64_t block_kib, const char *name, const char *seq,
+                         bool owner_checksum)
+{
+    char self[512];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    int fd[2];
+    if (n <= 0 || pipe(fd) != 0)
+        return -1;
+    self[n] = '\0';
+    char blocks[16], slots[16], kib[24];
+    snprintf(blocks, sizeof(blocks), "%u", NBLK);
+    snprintf(slots, sizeof(slots), "%u", NBLK + 1);
+    snprintf(kib, sizeof(kib), "%" PRIu64, block_kib);
+    const char *argv[32];
+    int k = 0;
+    if (e->netns)
+        argv[k++] = "ip", argv[k++] = "netns", argv[k++] = "exec", argv[k++] = e->ns;
+    const char *rest[] = {self,
+                          "remote-peer",
+                          "--directory",
+                          e->sock,
+                          "--instance",
+                          name,
+                          "--listen",
+                          e->netns ? e->peer_ip : "127.0.0.1",
+                          "--credential",
+                          CRED,
+                          "--serve",
+                          seq,
+                          "--blocks",
+                          blocks,
+                          "--slots",
+                          slots,
+                          "--block-kib",
+                          kib,
+                          owner_checksum ? NULL : "--no-owner-checksum",
+                          NULL};
+    for (int i = 0; rest[i]; i++)
+        argv[k++] = rest[i];
+    argv[k] = NULL;
+    pid_t p = fork();
+    if (p == 0) {
+        dup2(fd[1], 1);
+        close(fd[0]);
+        close(fd[1]);
+        execvp(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    close(fd[1]);
+    FILE *f = p > 0 ? fdopen(fd[0], "r") : NULL;
+    char line[512];
+    bool up = false;
+    while (f && !up && fgets(line, sizeof(line), f))
+        up = strstr(line, "serving") != NULL;
+    if (f)
+        fclose(f);
+    else
+        close(fd[0]);
+    if (!up && p > 0) {
+        kill(p, SIGKILL);
+        waitpid(p, NULL, 0);
+        return -1;
+    }
+    return p;
+}
+
+/* Reads the NBLK blocks at locs again and again for `seconds` (at least 3 times): GB/s, or -1
+ * after a failure or wrong bytes (the first read's are compared with the generator's). */
+static double read_phase(kvt_remote *r, const kvt_remote_loc *locs, const uint8_t *hashes,
+                         uint64_t seq, uint8_t *dst, uint8_t *want, uint64_t bb, double seconds)
+{
+    void *ptrs[NBLK];
+    int st[NBLK];
+    for (uint32_t i = 0; i < NBLK; i++)
+        ptrs[i] = dst + (uint64_t)i * bb;
+    uint64_t bytes = 0, rounds = 0;
+    double t_read = 0, t_end = kvt_now_s() + seconds;
+    while (rounds < 3 || kvt_now_s() < t_end) {
+        double t0 = kvt_now_s();
+        int rc = kvt_remote_read(r, locs, hashes, NBLK, ptrs, st);
+        t_read += kvt_now_s() - t0;
+        if (rc) {
+            fprintf(stderr, "kvtier bench remote: read: %s\n", kvt_last_error());
+            return -1;
+        }
+        for (uint32_t i = 0; rounds == 0 && i < NBLK; i++) {
+            kvt_remote_seq_fill(seq, i, want, bb);
+            if (memcmp(want, ptrs[i], bb) != 0) {
+                fprintf(stderr, "kvtier bench remote: block %u read wrong bytes\n", i);
+                return -1;
+            }
+        }
+        bytes += NBLK * bb;
+        rounds++;
+    }
+    return (double)bytes / t_read / 1e9;
+}
+
+static int run(const kvt_bench_opts *o)
+{
+    env e = {0};
+    snprintf(e.dir, sizeof(e.dir), "/tmp/kvtb-remote-XXXXXX");
+    if (!mkdtemp(e.dir)) {
+        fprintf(stderr, "kvtier bench remote: cannot make a temporary directory\n");
+        return 1;
+    }
+    snprintf(e.sock, sizeof(e.sock), "%s/redis.sock", e.dir);
+    const char *tls = o->transport && strcmp(o->transport, "shm") == 0 ? "shm" : "tcp";
+    setenv("UCX_TLS", tls, 1);
+    e.redis = start_redis(&e);
+    if (e.redis <= 0) {
+        fprintf(stderr, "kvtier bench remote: cannot start redis-server (scripts/install-deps "
+                        "installs it)\n");
+        teardown(&e);
+        return 1;
+    }
+    e.netns = strcmp(tls, "tcp") == 0 && make_netns(&e);
+    const uint64_t block_kib = 1024, bb = block_kib << 10;
+    pid_t owner = start_owner(&e, block_kib, "owner", "1", true);
+    pid_t owner2 = owner > 0 ? start_owner(&e, block_kib, "owner-fast", "2", false) : -1;
+    kvt_remote *r = NULL;
+    uint8_t *dst = malloc(NBLK * bb), *want = malloc(bb), hashes[NBLK * HL];
+    int code = 1;
+    if (owner <= 0 || owner2 <= 0 || !dst || !want) {
+        fprintf(stderr, "kvtier bench remote: the owner did not start\n");
+        goto out;
+    }
+    kvt_remote_config c;
+    kvt_remote_config_init(&c);
+    c.directory = e.sock;
+    c.space = "kvtier";
+    c.instance = "reader";
+    c.listen_host = e.netns ? e.host_ip : "127.0.0.1";
+    c.credential = CRED;
+    c.block_bytes = bb;
+    c.hash_len = HL;
+    c.timeout_ms = 10000;
+    if (kvt_remote_create(&c, &r)) {
+        fprintf(stderr, "kvtier bench remote: %s\n", kvt_last_error());
+        goto out;
+    }
+    kvt_remote_seq_hashes(1, NBLK, HL, hashes);
+    kvt_remote_loc locs[NBLK];
+    uint32_t hit = 0;
+    /* lookups */
+    size_t cap = 1u << 20, nl = 0;
+    double *lat = malloc(cap * sizeof(double));
+    double t_end = kvt_now_s() + o->seconds / 2;
+    while (lat && nl < cap && (nl < 100 || kvt_now_s() < t_end)) {
+        double t0 = kvt_now_s();
+        (void)kvt_remote_lookup(r, hashes, NBLK, locs, &hit);
+        lat[nl++] = (kvt_now_s() - t0) * 1e6;
+    }
+    if (!lat || hit != NBLK) {
+        fprintf(stderr, "kvtier bench remote: the lookup found %u of %u blocks\n", hit, NBLK);
+        free(lat);
+        goto out;
+    }
+    qsort(lat, nl, sizeof(double), cmp_d);
+    double p50 = lat[nl / 2], p99 = lat[(size_t)((double)nl * 0.99)];
+    free(lat);
+    /* reads: sequence 1 from the owner that checks checksums, 2 from the one that does not */
+    double gbps = read_phase(r, locs, hashes, 1, dst, want, bb, o->seconds / 4);
+    uint8_t hashes2[NBLK * HL];
+    kvt_remote_loc locs2[NBLK];
+    kvt_remote_seq_hashes(2, NBLK, HL, hashes2);
+    (void)kvt_remote_lookup(r, hashes2, NBLK, locs2, &hit);
+    double gbps_fast =
+        hit == NBLK ? read_phase(r, locs2, hashes2, 2, dst, want, bb, o->seconds / 4) : -1;
+    if (gbps < 0 || gbps_fast < 0)
+        goto out;
+    double base = kvt_bench_perftest_gbps(bb, 400, "", e.prefix, e.netns ? e.peer_ip : "127.0.0.1");
+    const char *link = e.netns ? "veth between two network namespaces" : "loopback";
+    const char *mc_why = "not run: Mooncake's store needs its master service (mooncake_master), "
+                         "which its PyPI wheel does not start here";
+    if (o->json) {
+        kvt_json j;
+        kvt_json_begin(&j, stdout);
+        kvt_json_str(&j, "bench", "remote");
+        kvt_json_host(&j);
+        kvt_json_str(&j, "transport", tls);
+        kvt_json_str(&j, "link", link);
+        kvt_json_int(&j, "block_bytes", (long long)bb);
+        kvt_json_int(&j, "blocks_per_read", NBLK);
+        kvt_json_int(&j, "lookups", (long long)nl);
+        kvt_json_num(&j, "lookup_us_p50", p50);
+        kvt_json_num(&j, "lookup_us_p99", p99);
+        kvt_json_num(&j, "load_gbps", gbps);
+        kvt_json_num(&j, "load_gbps_reader_check_only", gbps_fast);
+        kvt_json_num(&j, "ucx_perftest_gbps", base);
+        kvt_json_num(&j, "ratio_vs_ucx_perftest", base > 0 ? gbps / base : 0.0 / 0.0);
+        kvt_json_num(&j, "ratio_vs_ucx_perftest_reader_check_only",
+                     base > 0 ? gbps_fast / base : 0.0 / 0.0);
+        kvt_json_set(&j, "ratio_vs_mooncake_store", json_null());
+        kvt_json_str(&j, "mooncake_store_why", mc_why);
+        kvt_json_end(&j);
+    } else {
+        printf("bench remote (%s, UCX_TLS=%s): lookup of %u chained hashes p50 %.1f us, p99 "
+               "%.1f us (%zu lookups)\n",
+               link, tls, NBLK, p50, p99, nl);
+        printf("  read of %u x %" PRIu64 " KiB blocks: %.2f GB/s (owner checks checksums), "
+               "%.2f GB/s (reader only); ucx_perftest tag_bw %" PRIu64
+               " KiB: %.2f GB/s; ratios %.2f, %.2f\n",
+               NBLK, block_kib, gbps, gbps_fast, block_kib, base, base > 0 ? gbps / base : 0.0,
+               base > 0 ? gbps_fast / base : 0.0);
+        printf("  Mooncake store: %s\n", mc_why);
+    }
+    code = 0;
+out:
+    kvt_remote_destroy(r);
+    pid_t owners[2] = {owner, owner2};
+    for (int i = 0; i < 2; i++)
+        if (owners[i] > 0) { /* ip netns exec execs the command: the pid is the owner's */
+            kill(owners[i], SIGTERM);
+            waitpid(owners[i], NULL, 0);
+        }
+    free(dst);
+    free(want);
+    teardown(&e);
+    return code;
+}
+
+const kvt_bench kvt_bench_remote = {"remote",
+                                    "remote tier: lookup latency and reads between two instances, "
+                                    "vs ucx_perftest",
+                                    run, "json,seconds,transport"};

@@ -1,0 +1,148 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * kvtier remote tier: blocks one engine instance holds in its host tier, found and read by
+ * instances on other hosts (issue 23, part 2).
+ *
+ * Two parts, behind one interface (src/remote/remote_internal.h), so that other backends can
+ * follow:
+ *   directory     which instance holds which block. Redis (hiredis): an entry per block hash,
+ *                 written only after the block's store completed (kvt_remote_publish), removed
+ *                 before its slot is reused (kvt_remote_withdraw); a liveness key per instance
+ *                 that expires unless the instance refreshes it; an epoch per instance start.
+ *                 A lookup of a request's chained hashes is one round trip (a server-side
+ *                 script) and returns the longest prefix whose owners are alive in the epoch
+ *                 that published them: a restarted instance's old entries never count. Redis
+ *                 holds no KV bytes.
+ *   data channel  the bytes, peer to peer: the reader posts UCX tagged receives straight into
+ *                 its destinations and sends the owner a request (ZeroMQ) carrying the shared
+ *                 credential; the owner checks the credential and that each slot still holds
+ *                 the block (generation, hash, checksum of its bytes) before it sends, and
+ *                 re-checks the generation after; the reader checks the checksum of what
+ *                 landed. A stale directory entry therefore costs a miss, never wrong bytes.
+ *
+ * Failure: every wait is bounded. An owner that dies or stalls mid-read fails the read's
+ * blocks within timeout_ms (the engine recomputes them). Redis unreachable: lookups return no
+ * hit and publications are dropped (counted in kvt_remote_stats), never an error; the
+ * instance registers again (with a new epoch) once Redis answers. Instances whose hash seed
+ * or signature differ from a live instance of the same space are refused at create, naming
+ * the other instance (they would never hit each other's blocks).
+ *
+ * Thread rules: publish, withdraw, lookup, read and get_stats are called by one thread at a
+ * time (the caller's); the object runs one thread of its own that serves peers' reads and
+ * refreshes the liveness key.
+ */
+#ifndef KVTIER_REMOTE_H
+#define KVTIER_REMOTE_H
+
+#include "kvtier/base.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KVT_REMOTE_NAME_MAX  64u   /* bytes of a space's or an instance's name */
+#define KVT_REMOTE_MAX_HASH  32u   /* bytes of a block hash */
+#define KVT_REMOTE_MAX_READ  4096u /* blocks per kvt_remote_lookup / kvt_remote_read */
+#define KVT_REMOTE_MAX_PEERS 64u   /* distinct owners one lookup may name */
+
+typedef struct kvt_remote_config {
+    const char *directory;      /* the Redis server: "host:port" or a unix socket path; required */
+    const char *space;          /* the instances that may read each other's blocks: 1..64 bytes
+                                   of [A-Za-z0-9_.-]; required */
+    const char *instance;       /* this instance, unique in the space (same charset); required */
+    const char *listen_host;    /* address the read server binds (tcp); required */
+    uint16_t listen_port;       /* 0: any free port (kvt_remote_port tells) */
+    const char *advertise_host; /* the address peers use to reach it; default listen_host */
+    const char *credential;     /* the space's shared secret, 16..256 bytes: requests carry it,
+                                   owners check it; required */
+    void *region;               /* the bytes this instance serves: slot s at region +
+                                   s * block_bytes (NULL: serve nothing, read only) */
+    uint64_t block_bytes;       /* bytes per block, the same in the whole space; required */
+    uint32_t n_slots;           /* slots of region */
+    uint32_t hash_len;          /* bytes per block hash, 1..32; default 16 */
+    uint64_t hash_seed;         /* fingerprint of the hash function and its seed (vLLM: the first 8
+                                   bytes of the root hash); must agree across the space */
+    uint8_t signature[32];      /* digest of what else must agree (model, dtype, layout) */
+    uint32_t ttl_ms;     /* liveness key lifetime, refreshed every ttl_ms / 3; default 3000 */
+    uint32_t timeout_ms; /* a read's bound, per owner; default 2000 */
+    uint32_t directory_timeout_ms; /* bound of one Redis round trip; default 250 */
+    uint32_t retry_ms;             /* after Redis failed, how long calls skip it before one tries
+                                      to reconnect; default 1000 */
+    uint32_t owner_checksum; /* 1 (default): the owner hashes a slot's bytes before it sends and
+                                compares with the checksum recorded at publish; 0: it checks
+                                generation and hash only, and the reader's check of what landed
+                                (always on) catches changed bytes (about 20% more throughput
+                                on 2 cores, docs/remote.md) */
+    uint32_t reserved32;
+    /* room for fields to come: zero (as kvt_remote_config_init leaves it) */
+    uint64_t reserved[5];
+} kvt_remote_config;
+
+typedef struct kvt_remote kvt_remote;
+
+/* Where a looked-up block is: an owner (index into this object's peer table, valid until the
+ * next kvt_remote_lookup) and the slot and generation it was published with. */
+typedef struct kvt_remote_loc {
+    uint32_t peer;
+    uint32_t slot;
+    uint64_t generation;
+} kvt_remote_loc;
+
+typedef struct kvt_remote_stats {
+    uint64_t epoch;                /* this instance's epoch (0: not registered) */
+    uint64_t registrations;        /* times it registered (Redis restarts, expiries) */
+    uint64_t published, withdrawn; /* directory entries written / removed */
+    uint64_t publish_dropped;      /* publications lost to an unreachable directory */
+    uint64_t lookups, lookup_blocks, hit_blocks;
+    uint64_t directory_errors;                 /* Redis round trips that failed or timed out */
+    uint64_t reads, read_blocks;               /* blocks asked of peers */
+    uint64_t read_ok, read_stale, read_failed; /* their outcomes */
+    uint64_t read_bytes;
+    uint64_t served_blocks, served_stale, served_bytes; /* this instance as an owner */
+    uint64_t refused_requests; /* requests refused: credential, epoch, malformed */
+    uint64_t reserved[8];
+} kvt_remote_stats;
+
+KVT_API void kvt_remote_config_init(kvt_remote_config *c);
+/* Connects to the directory, registers (new epoch; refused when a live instance of the space
+ * has another hash seed or signature: KVT_EINVAL naming it), binds the read server and starts
+ * its thread. An unreachable directory is not an error: the instance registers when it
+ * answers. */
+KVT_API int kvt_remote_create(const kvt_remote_config *c, kvt_remote **out);
+/* Removes the liveness key (peers stop consulting this instance at once), stops the server
+ * and frees everything. Reads in flight have ended (every read is bounded). */
+KVT_API void kvt_remote_destroy(kvt_remote *r);
+/* The read server's port. */
+KVT_API uint16_t kvt_remote_port(const kvt_remote *r);
+/* Slots slots[0 .. n) now hold the blocks with hashes[i * hash_len ..], their stores
+ * complete: records each one's checksum and generation and writes their directory entries
+ * (one round trip). A directory failure is counted (publish_dropped), not returned;
+ * KVT_ERANGE for a slot out of range (nothing published). */
+KVT_API int kvt_remote_publish(kvt_remote *r, const uint32_t *slots, const uint8_t *hashes,
+                               uint32_t n);
+/* Slots slots[0 .. n) are about to be reused: from now on no read is served from them (a read
+ * under way is reported stale to its reader), and their directory entries are removed (those
+ * still ours; one round trip). */
+KVT_API int kvt_remote_withdraw(kvt_remote *r, const uint32_t *slots, uint32_t n);
+/* Finds the longest prefix of hashes (n chained block hashes, hash_len bytes each) held by
+ * live instances of the space (this one excluded), in one directory round trip: *n_hit
+ * blocks, located in out[0 .. *n_hit). An unreachable directory gives *n_hit = 0. */
+KVT_API int kvt_remote_lookup(kvt_remote *r, const uint8_t *hashes, uint32_t n, kvt_remote_loc *out,
+                              uint32_t *n_hit);
+/* Reads n looked-up blocks (locs, their hashes) into dst[i] (block_bytes each). status[i]:
+ * 0 (the bytes landed and their checksum matched), KVT_ENOENT (the owner no longer holds the
+ * block), KVT_EIO (owner unreachable, dead or too slow: failed within timeout_ms) or
+ * KVT_EPROTO (wrong bytes). Returns 0 when every block was read, else the first failure's
+ * code. A destination whose status is KVT_EBUSY may still be written by UCX until
+ * kvt_remote_destroy returns (a receive UCX did not give back; not seen in practice). */
+KVT_API int kvt_remote_read(kvt_remote *r, const kvt_remote_loc *locs, const uint8_t *hashes,
+                            uint32_t n, void *const *dst, int *status);
+/* The endpoint ("host:port") and instance name of peer `index` of the last lookup. */
+KVT_API const char *kvt_remote_peer_name(const kvt_remote *r, uint32_t index);
+KVT_API void kvt_remote_get_stats(kvt_remote *r, kvt_remote_stats *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVTIER_REMOTE_H */

@@ -1,0 +1,156 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The remote tier's read request and reply (little endian, docs/wire.md):
+ *
+ *   request  u32 magic "KVRR"; u32 version; u64 req_id; u64 epoch; u64 tag; u32 hash_len;
+ *            u32 cred_len, cred; u32 addr_len, addr; u32 n; n x {u32 slot; u64 generation;
+ *            hash_len bytes hash}
+ *   reply    u32 magic "KVRP"; u32 version; u64 req_id; i32 status; u32 n;
+ *            n x {i32 status; u64 checksum}
+ *
+ * Decoding checks every length against what is left and every count against its limit
+ * before anything is used, and refuses trailing bytes.
+ */
+#include <string.h>
+
+#include "base/error.h"
+#include "meta/wire.h"
+#include "remote/remote_internal.h"
+
+size_t kvi_rreq_size(const kvi_rreq *q)
+{
+    return 4 + 4 + 8 + 8 + 8 + 4 + 4 + q->cred_len + 4 + q->addr_len + 4 +
+           (size_t)q->n * (4 + 8 + q->hash_len);
+}
+
+void kvi_rreq_encode(const kvi_rreq *q, uint8_t *buf)
+{
+    kvi_wr w = {buf};
+    wr_u32(&w, KVI_RREQ_MAGIC);
+    wr_u32(&w, KVI_RWIRE_VERSION);
+    wr_u64(&w, q->req_id);
+    wr_u64(&w, q->epoch);
+    wr_u64(&w, q->tag);
+    wr_u32(&w, q->hash_len);
+    wr_u32(&w, q->cred_len);
+    memcpy(w.p, q->cred, q->cred_len), w.p += q->cred_len;
+    wr_u32(&w, q->addr_len);
+    memcpy(w.p, q->addr, q->addr_len), w.p += q->addr_len;
+    wr_u32(&w, q->n);
+    for (uint32_t i = 0; i < q->n; i++) {
+        wr_u32(&w, q->blocks[i].slot);
+        wr_u64(&w, q->blocks[i].generation);
+        memcpy(w.p, q->blocks[i].hash, q->hash_len), w.p += q->hash_len;
+    }
+}
+
+static int head(kvi_rd *r, uint32_t magic, const char *what)
+{
+    uint32_t m, v;
+    int rc = rd_u32(r, &m, "magic");
+    if (rc)
+        return rc;
+    if (m != magic)
+        return kvt_fail(KVT_EPROTO, "remote: not a %s (magic %08x)", what, m);
+    if ((rc = rd_u32(r, &v, "version")))
+        return rc;
+    if (v != KVI_RWIRE_VERSION)
+        return kvt_fail(KVT_EVERSION, "remote: %s version %u, this build speaks %u", what, v,
+                        KVI_RWIRE_VERSION);
+    return 0;
+}
+
+/* A length-prefixed byte string of 1..max bytes. */
+static int bytes(kvi_rd *r, const uint8_t **p, uint32_t *len, uint32_t max, const char *what)
+{
+    int rc = rd_u32(r, len, what);
+    if (rc)
+        return rc;
+    if (*len == 0 || *len > max)
+        return kvt_fail(KVT_EPROTO, "remote: %s of %u bytes (1..%u)", what, *len, max);
+    if ((rc = rd_need(r, *len, what)))
+        return rc;
+    *p = r->p;
+    r->p += *len;
+    return 0;
+}
+
+static int trailing(const kvi_rd *r, const char *what)
+{
+    return r->p == r->end ? 0
+                          : kvt_fail(KVT_EPROTO, "remote: %zu bytes after the %s",
+                                     (size_t)(r->end - r->p), what);
+}
+
+int kvi_rreq_decode(const uint8_t *buf, size_t len, kvi_rreq *q)
+{
+    kvi_rd r = {buf, buf, buf + len};
+    int rc;
+    if ((rc = head(&r, KVI_RREQ_MAGIC, "read request")) ||
+        (rc = rd_u64(&r, &q->req_id, "req_id")) || (rc = rd_u64(&r, &q->epoch, "epoch")) ||
+        (rc = rd_u64(&r, &q->tag, "tag")) || (rc = rd_u32(&r, &q->hash_len, "hash_len")))
+        return rc;
+    if (q->hash_len == 0 || q->hash_len > KVT_REMOTE_MAX_HASH)
+        return kvt_fail(KVT_EPROTO, "remote: hash_len %u (1..%u)", q->hash_len,
+                        KVT_REMOTE_MAX_HASH);
+    if ((rc = bytes(&r, &q->cred, &q->cred_len, KVI_RCRED_MAX, "credential")) ||
+        (rc = bytes(&r, &q->addr, &q->addr_len, KVI_RADDR_MAX, "data address")) ||
+        (rc = rd_count(&r, &q->n, KVT_REMOTE_MAX_READ, 12 + (size_t)q->hash_len, "blocks")))
+        return rc;
+    if (q->n == 0)
+        return kvt_fail(KVT_EPROTO, "remote: a read request of no block");
+    for (uint32_t i = 0; i < q->n; i++) {
+        kvi_rreq_block *b = &q->blocks[i];
+        (void)rd_u32(&r, &b->slot, "slot"); /* rd_count checked the room */
+        (void)rd_u64(&r, &b->generation, "generation");
+        b->hash = r.p;
+        r.p += q->hash_len;
+    }
+    return trailing(&r, "read request");
+}
+
+size_t kvi_rrep_size(const kvi_rrep *p)
+{
+    return 4 + 4 + 8 + 4 + 4 + (size_t)p->n * 12;
+}
+
+void kvi_rrep_encode(const kvi_rrep *p, uint8_t *buf)
+{
+    kvi_wr w = {buf};
+    wr_u32(&w, KVI_RREP_MAGIC);
+    wr_u32(&w, KVI_RWIRE_VERSION);
+    wr_u64(&w, p->req_id);
+    wr_u32(&w, (uint32_t)p->status);
+    wr_u32(&w, p->n);
+    for (uint32_t i = 0; i < p->n; i++) {
+        wr_u32(&w, (uint32_t)p->blocks[i].status);
+        wr_u64(&w, p->blocks[i].checksum);
+    }
+}
+
+static bool known_status(int32_t s)
+{
+    return s == 0 || (s <= KVT_EINVAL && s >= KVT_EUNSUPPORTED);
+}
+
+int kvi_rrep_decode(const uint8_t *buf, size_t len, kvi_rrep *p)
+{
+    kvi_rd r = {buf, buf, buf + len};
+    uint32_t st;
+    int rc;
+    if ((rc = head(&r, KVI_RREP_MAGIC, "read reply")) || (rc = rd_u64(&r, &p->req_id, "req_id")) ||
+        (rc = rd_u32(&r, &st, "status")) ||
+        (rc = rd_count(&r, &p->n, KVT_REMOTE_MAX_READ, 12, "blocks")))
+        return rc;
+    p->status = (int32_t)st;
+    if (!known_status(p->status))
+        return kvt_fail(KVT_EPROTO, "remote: reply status %d", p->status);
+    for (uint32_t i = 0; i < p->n; i++) {
+        (void)rd_u32(&r, &st, "status");
+        p->blocks[i].status = (int32_t)st;
+        (void)rd_u64(&r, &p->blocks[i].checksum, "checksum");
+        if (!known_status(p->blocks[i].status))
+            return kvt_fail(KVT_EPROTO, "remote: block %u status %d", i, p->blocks[i].status);
+    }
+    return trailing(&r, "read reply");
+}

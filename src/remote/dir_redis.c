@@ -1,0 +1,477 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The remote tier's directory in Redis (hiredis). Keys of space S (one hash tag, so a Redis
+ * Cluster keeps a space on one shard):
+ *
+ *   kvt:{S}:live:<I>   "<epoch> <endpoint>", expiring: instance I is alive in that epoch
+ *   kvt:{S}:epoch:<I>  counter: I's last epoch
+ *   kvt:{S}:seeds      hash I -> "<hash seed> <signature> <hash_len>" (checked against live
+ *                      instances when one enters)
+ *   kvt:{S}:own:<I>    set of the entry keys I wrote (dropped when I enters again or leaves)
+ *   kvt:{S}:b:<hex>    "<I> <epoch> <slot> <generation>": who holds the block
+ *
+ * Every operation is one EVAL (a script runs atomically on the server): entering checks the
+ * seeds and starts an epoch, a lookup walks a request's chain and stops at the first block
+ * that is missing or whose owner is not alive in the entry's epoch. Values are parsed and
+ * validated here before use: a Redis that answers garbage gives misses, never a crash.
+ */
+#include <errno.h>
+#include <hiredis/hiredis.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
+#include <time.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/error.h"
+#include "base/log.h"
+#include "base/util.h"
+#include "remote/remote_internal.h"
+
+typedef struct rdir {
+    redisContext *c;
+    char host[256];
+    char name[272]; /* "host:port" or the socket path, for messages */
+    int port;       /* 0: host is a unix socket path */
+    struct timeval tv;
+    uint32_t retry_ms;
+    uint64_t retry_at_ns; /* no reconnect before this after a failure */
+} rdir;
+
+static const char ENTER[] =
+    "local all = redis.call('HGETALL', KEYS[1])\n"
+    "for i = 1, #all, 2 do\n"
+    "  if all[i] ~= ARGV[1] and all[i+1] ~= ARGV[2] and\n"
+    "     redis.call('EXISTS', ARGV[3] .. all[i]) == 1 then\n"
+    "    return {0, all[i], all[i+1]}\n"
+    "  end\n"
+    "end\n"
+    "local cur = redis.call('GET', KEYS[3])\n"
+    "if cur then return {2, cur} end\n"
+    "for _, k in ipairs(redis.call('SMEMBERS', KEYS[4])) do\n"
+    "  local v = redis.call('GET', k)\n"
+    "  if v and string.sub(v, 1, #ARGV[1] + 1) == ARGV[1] .. ' ' then redis.call('DEL', k) end\n"
+    "end\n"
+    "redis.call('DEL', KEYS[4])\n"
+    "redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])\n"
+    "local ep = redis.call('INCR', KEYS[2])\n"
+    "redis.call('SET', KEYS[3], ep .. ' ' .. ARGV[4], 'PX', ARGV[5])\n"
+    "return {1, ep}\n";
+
+static const char REFRESH[] = "if redis.call('GET', KEYS[1]) == ARGV[1] then\n"
+                              "  return redis.call('PEXPIRE', KEYS[1], ARGV[2])\n"
+                              "end\n"
+                              "return 0\n";
+
+static const char LEAVE[] =
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end\n"
+    "for _, k in ipairs(redis.call('SMEMBERS', KEYS[2])) do\n"
+    "  local v = redis.call('GET', k)\n"
+    "  if v and string.sub(v, 1, #ARGV[2] + 1) == ARGV[2] .. ' ' then redis.call('DEL', k) end\n"
+    "end\n"
+    "redis.call('DEL', KEYS[2])\n"
+    "return 1\n";
+
+/* KEYS: entries, then the owner's set; ARGV: their values */
+static const char PUBLISH[] = "for i = 1, #KEYS - 1 do\n"
+                              "  redis.call('SET', KEYS[i], ARGV[i])\n"
+                              "  redis.call('SADD', KEYS[#KEYS], KEYS[i])\n"
+                              "end\n"
+                              "return #KEYS - 1\n";
+
+static const char WITHDRAW[] =
+    "local n = 0\n"
+    "for i = 1, #KEYS - 1 do\n"
+    "  if redis.call('GET', KEYS[i]) == ARGV[i] then redis.call('DEL', KEYS[i]); n = n + 1 end\n"
+    "  redis.call('SREM', KEYS[#KEYS], KEYS[i])\n"
+    "end\n"
+    "return n\n";
+
+/* KEYS: the chain's entries; ARGV: the live-key prefix, self */
+static const char LOOKUP[] =
+    "local out, live = {}, {}\n"
+    "for i, k in ipairs(KEYS) do\n"
+    "  local v = redis.call('GET', k)\n"
+    "  if not v then break end\n"
+    "  local inst, ep = string.match(v, '^(%S+) (%d+) ')\n"
+    "  if not inst or inst == ARGV[2] then break end\n"
+    "  local l = live[inst]\n"
+    "  if l == nil then l = redis.call('GET', ARGV[1] .. inst) or false; live[inst] = l end\n"
+    "  if not l then break end\n"
+    "  local lep, addr = string.match(l, '^(%d+) (%S+)$')\n"
+    "  if lep ~= ep then break end\n"
+    "  out[#out + 1] = v .. ' ' .. addr\n"
+    "end\n"
+    "return out\n";
+
+static void drop(rdir *d, const char *why)
+{
+    if (d->c) {
+        KVT_LOG_D("remote directory: %s: %s", why, d->c->errstr);
+        redisFree(d->c);
+        d->c = NULL;
+    }
+    d->retry_at_ns = kvt_monotonic_ns() + (uint64_t)d->retry_ms * 1000000u;
+}
+
+static int conn(rdir *d)
+{
+    if (d->c)
+        return 0;
+    if (kvt_monotonic_ns() < d->retry_at_ns)
+        return kvt_fail(KVT_EIO, "remote directory: %s unreachable (retrying later)", d->name);
+    d->c = d->port ? redisConnectWithTimeout(d->host, d->port, d->tv)
+                   : redisConnectUnixWithTimeout(d->host, d->tv);
+    if (!d->c)
+        return kvt_fail(KVT_ENOMEM, "remote directory: out of memory");
+    if (d->c->err || redisSetTimeout(d->c, d->tv) != REDIS_OK) {
+        int rc = kvt_fail(KVT_EIO, "remote directory: cannot reach %s: %s", d->name, d->c->errstr);
+        drop(d, "connect");
+        return rc;
+    }
+    return 0;
+}
+
+/* One EVAL: script, keys, args. *out is the reply (freeReplyObject), never an error reply. */
+static int eval(rdir *d, const char *script, uint32_t nk, const char **keys, const size_t *klen,
+                uint32_t na, const char **args, const size_t *alen, redisReply **out)
+{
+    int rc = conn(d);
+    if (rc)
+        return rc;
+    uint32_t argc = 3 + nk + na;
+    const char **argv = malloc(argc * sizeof(*argv));
+    size_t *argl = malloc(argc * sizeof(*argl));
+    if (!argv || !argl) {
+        free(argv);
+        free(argl);
+        return kvt_fail(KVT_ENOMEM, "remote directory: out of memory");
+    }
+    char nks[16];
+    snprintf(nks, sizeof(nks), "%u", nk);
+    argv[0] = "EVAL", argl[0] = 4;
+    argv[1] = script, argl[1] = strlen(script);
+    argv[2] = nks, argl[2] = strlen(nks);
+    for (uint32_t i = 0; i < nk; i++)
+        argv[3 + i] = keys[i], argl[3 + i] = klen ? klen[i] : strlen(keys[i]);
+    for (uint32_t i = 0; i < na; i++)
+        argv[3 + nk + i] = args[i], argl[3 + nk + i] = alen ? alen[i] : strlen(args[i]);
+    /* a Redis that went away makes the write raise SIGPIPE: blocked in this thread for the
+     * call, and one it raised consumed, so the process's handling is left as it was */
+    sigset_t pipe_set, old;
+    sigemptyset(&pipe_set);
+    sigaddset(&pipe_set, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe_set, &old);
+    sigset_t pending;
+    sigpending(&pending);
+    bool was_pending = sigismember(&pending, SIGPIPE);
+    redisReply *rep = redisCommandArgv(d->c, (int)argc, argv, argl);
+    if (!was_pending) {
+        sigpending(&pending);
+        if (sigismember(&pending, SIGPIPE)) {
+            struct timespec zero = {0, 0};
+            (void)sigtimedwait(&pipe_set, NULL, &zero);
+        }
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    free(argv);
+    free(argl);
+    if (!rep) {
+        rc = kvt_fail(KVT_EIO, "remote directory: %s", d->c->errstr[0] ? d->c->errstr : "no reply");
+        drop(d, "round trip");
+        return rc;
+    }
+    if (rep->type == REDIS_REPLY_ERROR) {
+        rc = kvt_fail(KVT_EIO, "remote directory: Redis refused: %.200s", rep->str);
+        freeReplyObject(rep);
+        return rc;
+    }
+    *out = rep;
+    return 0;
+}
+
+static int key(char *buf, size_t cap, const kvi_rdir_self *s, const char *kind, const char *name)
+{
+    int n = snprintf(buf, cap, "kvt:{%s}:%s:%s", s->space, kind, name);
+    return n > 0 && (size_t)n < cap ? 0 : kvt_fail(KVT_EINVAL, "remote directory: name too long");
+}
+
+static void seeds_value(char *buf, size_t cap, const kvi_rdir_self *s)
+{
+    int n = snprintf(buf, cap, "%016" PRIx64 " ", s->hash_seed);
+    for (uint32_t i = 0; i < 32 && n + 2 < (int)cap; i++)
+        n += snprintf(buf + n, cap - (size_t)n, "%02x", s->signature[i]);
+    snprintf(buf + n, cap - (size_t)n, " %u", s->hash_len);
+}
+
+static int d_enter(void *vd, const kvi_rdir_self *s, uint64_t *epoch)
+{
+    rdir *d = vd;
+    char k[4][160], live_prefix[160], seeds[120], ttl[16];
+    if (key(k[0], sizeof(k[0]), s, "seeds", "") ||
+        key(k[1], sizeof(k[1]), s, "epoch", s->instance) ||
+        key(k[2], sizeof(k[2]), s, "live", s->instance) ||
+        key(k[3], sizeof(k[3]), s, "own", s->instance) ||
+        key(live_prefix, sizeof(live_prefix), s, "live", ""))
+        return KVT_EINVAL;
+    k[0][strlen(k[0]) - 1] = '\0'; /* "kvt:{S}:seeds" */
+    seeds_value(seeds, sizeof(seeds), s);
+    snprintf(ttl, sizeof(ttl), "%u", s->ttl_ms);
+    const char *keys[4] = {k[0], k[1], k[2], k[3]};
+    const char *args[5] = {s->instance, seeds, live_prefix, s->endpoint, ttl};
+    redisReply *rep;
+    int rc = eval(d, ENTER, 4, keys, NULL, 5, args, NULL, &rep);
+    if (rc)
+        return rc;
+    rc = kvt_fail(KVT_EIO, "remote directory: unexpected answer to enter");
+    if (rep->type == REDIS_REPLY_ARRAY && rep->elements >= 2 &&
+        rep->element[0]->type == REDIS_REPLY_INTEGER) {
+        long long what = rep->element[0]->integer;
+        redisReply *e1 = rep->element[1];
+        if (what == 1 && e1->type == REDIS_REPLY_INTEGER && e1->integer > 0) {
+            *epoch = (uint64_t)e1->integer;
+            rc = 0;
+        } else if (what == 0 && rep->elements == 3 && e1->type == REDIS_REPLY_STRING &&
+                   rep->element[2]->type == REDIS_REPLY_STRING) {
+            rc = kvt_fail(KVT_EINVAL,
+                          "remote: instance '%.64s' of space '%s' is live with hash seed / "
+                          "signature / hash length '%.120s', this one has '%s': their blocks "
+                          "would never match (check PYTHONHASHSEED, the model and the block "
+                          "size)",
+                          e1->str, s->space, rep->element[2]->str, seeds);
+        } else if (what == 2 && e1->type == REDIS_REPLY_STRING) {
+            rc = kvt_fail(KVT_EBUSY,
+                          "remote: instance name '%s' is live in space '%s' (%.100s): another "
+                          "process uses it, or it ended less than ttl ago",
+                          s->instance, s->space, e1->str);
+        }
+    }
+    freeReplyObject(rep);
+    return rc;
+}
+
+static int live_value(char *buf, size_t cap, const kvi_rdir_self *s, uint64_t epoch)
+{
+    int n = snprintf(buf, cap, "%" PRIu64 " %s", epoch, s->endpoint);
+    return n > 0 && (size_t)n < cap ? 0
+                                    : kvt_fail(KVT_EINVAL, "remote directory: endpoint too long");
+}
+
+static int d_refresh(void *vd, const kvi_rdir_self *s, uint64_t epoch)
+{
+    rdir *d = vd;
+    char k[160], v[128], ttl[16];
+    if (key(k, sizeof(k), s, "live", s->instance) || live_value(v, sizeof(v), s, epoch))
+        return KVT_EINVAL;
+    snprintf(ttl, sizeof(ttl), "%u", s->ttl_ms);
+    const char *keys[1] = {k};
+    const char *args[2] = {v, ttl};
+    redisReply *rep;
+    int rc = eval(d, REFRESH, 1, keys, NULL, 2, args, NULL, &rep);
+    if (rc)
+        return rc;
+    rc = rep->type == REDIS_REPLY_INTEGER && rep->integer == 1
+             ? 0
+             : kvt_fail(KVT_ENOENT, "remote: the liveness key of epoch %" PRIu64 " is gone", epoch);
+    freeReplyObject(rep);
+    return rc;
+}
+
+static int d_leave(void *vd, const kvi_rdir_self *s, uint64_t epoch)
+{
+    rdir *d = vd;
+    char k[2][160], v[128];
+    if (key(k[0], sizeof(k[0]), s, "live", s->instance) ||
+        key(k[1], sizeof(k[1]), s, "own", s->instance) || live_value(v, sizeof(v), s, epoch))
+        return KVT_EINVAL;
+    const char *keys[2] = {k[0], k[1]};
+    const char *args[2] = {v, s->instance};
+    redisReply *rep;
+    int rc = eval(d, LEAVE, 2, keys, NULL, 2, args, NULL, &rep);
+    if (!rc)
+        freeReplyObject(rep);
+    return rc;
+}
+
+/* Entry keys and values of n blocks, plus the owner's set key last; one allocation. */
+typedef struct batch {
+    const char **keys, **vals;
+    char *mem;
+} batch;
+
+enum { ENTRY_KEY_MAX = 96 + 2 * KVT_REMOTE_MAX_HASH, ENTRY_VAL_MAX = KVT_REMOTE_NAME_MAX + 64 };
+
+static int batch_make(batch *b, const kvi_rdir_self *s, uint64_t epoch, const uint8_t *hashes,
+                      const uint32_t *slots, const uint64_t *gens, uint32_t n, bool with_own)
+{
+    b->keys = malloc((n + 1) * sizeof(char *));
+    b->vals = malloc((n + 1) * sizeof(char *));
+    b->mem = malloc((size_t)(n + 1) * (ENTRY_KEY_MAX + ENTRY_VAL_MAX));
+    if (!b->keys || !b->vals || !b->mem) {
+        free(b->keys), free(b->vals), free(b->mem);
+        return kvt_fail(KVT_ENOMEM, "remote directory: out of memory for %u entries", n);
+    }
+    char *p = b->mem;
+    for (uint32_t i = 0; i < n; i++) {
+        char hex[2 * KVT_REMOTE_MAX_HASH + 1];
+        for (uint32_t j = 0; j < s->hash_len; j++)
+            snprintf(hex + 2 * j, 3, "%02x", hashes[(size_t)i * s->hash_len + j]);
+        snprintf(p, ENTRY_KEY_MAX, "kvt:{%s}:b:%s", s->space, hex);
+        b->keys[i] = p, p += ENTRY_KEY_MAX;
+        snprintf(p, ENTRY_VAL_MAX, "%s %" PRIu64 " %u %" PRIu64, s->instance, epoch,
+                 slots ? slots[i] : 0, gens ? gens[i] : 0);
+        b->vals[i] = p, p += ENTRY_VAL_MAX;
+    }
+    if (with_own) {
+        snprintf(p, ENTRY_KEY_MAX + ENTRY_VAL_MAX, "kvt:{%s}:own:%s", s->space, s->instance);
+        b->keys[n] = p;
+    }
+    return 0;
+}
+
+static void batch_free(batch *b)
+{
+    free(b->keys), free(b->vals), free(b->mem);
+}
+
+static int d_change(rdir *d, const char *script, const kvi_rdir_self *s, uint64_t epoch,
+                    const uint8_t *hashes, const uint32_t *slots, const uint64_t *gens, uint32_t n)
+{
+    batch b;
+    int rc = batch_make(&b, s, epoch, hashes, slots, gens, n, true);
+    if (rc)
+        return rc;
+    redisReply *rep;
+    rc = eval(d, script, n + 1, b.keys, NULL, n, b.vals, NULL, &rep);
+    if (!rc)
+        freeReplyObject(rep);
+    batch_free(&b);
+    return rc;
+}
+
+static int d_publish(void *vd, const kvi_rdir_self *s, uint64_t epoch, const uint8_t *hashes,
+                     const uint32_t *slots, const uint64_t *gens, uint32_t n)
+{
+    return d_change(vd, PUBLISH, s, epoch, hashes, slots, gens, n);
+}
+
+static int d_withdraw(void *vd, const kvi_rdir_self *s, uint64_t epoch, const uint8_t *hashes,
+                      const uint32_t *slots, const uint64_t *gens, uint32_t n)
+{
+    return d_change(vd, WITHDRAW, s, epoch, hashes, slots, gens, n);
+}
+
+/* "<I> <epoch> <slot> <generation> <endpoint>" -> hit; false for anything else. */
+static bool parse_hit(const char *v, size_t len, kvi_rdir_hit *h)
+{
+    char buf[ENTRY_VAL_MAX + KVI_RDIR_EP_MAX + 8];
+    if (len >= sizeof(buf) || memchr(v, '\0', len))
+        return false;
+    memcpy(buf, v, len);
+    buf[len] = '\0';
+    char *save = NULL, *tok[5];
+    char *p = buf;
+    for (int i = 0; i < 5; i++, p = NULL)
+        if (!(tok[i] = strtok_r(p, " ", &save)))
+            return false;
+    if (strtok_r(NULL, " ", &save) || strlen(tok[0]) > KVT_REMOTE_NAME_MAX ||
+        strlen(tok[4]) > KVI_RDIR_EP_MAX)
+        return false;
+    char *end;
+    errno = 0;
+    unsigned long long ep = strtoull(tok[1], &end, 10);
+    if (errno || *end || ep == 0)
+        return false;
+    unsigned long long slot = strtoull(tok[2], &end, 10);
+    if (errno || *end || slot > UINT32_MAX)
+        return false;
+    unsigned long long gen = strtoull(tok[3], &end, 10);
+    if (errno || *end)
+        return false;
+    strcpy(h->instance, tok[0]);
+    strcpy(h->endpoint, tok[4]);
+    h->epoch = ep, h->slot = (uint32_t)slot, h->generation = gen;
+    return true;
+}
+
+static int d_lookup(void *vd, const kvi_rdir_self *s, const uint8_t *hashes, uint32_t n,
+                    kvi_rdir_hit *out, uint32_t *n_hit)
+{
+    rdir *d = vd;
+    *n_hit = 0;
+    batch b;
+    int rc = batch_make(&b, s, 0, hashes, NULL, NULL, n, false);
+    if (rc)
+        return rc;
+    char live_prefix[160];
+    rc = key(live_prefix, sizeof(live_prefix), s, "live", "");
+    const char *args[2] = {live_prefix, s->instance};
+    redisReply *rep = NULL;
+    if (!rc)
+        rc = eval(d, LOOKUP, n, b.keys, NULL, 2, args, NULL, &rep);
+    batch_free(&b);
+    if (rc)
+        return rc;
+    if (rep->type == REDIS_REPLY_ARRAY) {
+        uint32_t m = rep->elements < n ? (uint32_t)rep->elements : n;
+        for (uint32_t i = 0; i < m; i++) {
+            redisReply *e = rep->element[i];
+            if (e->type != REDIS_REPLY_STRING || !parse_hit(e->str, e->len, &out[i]))
+                break;
+            (*n_hit)++;
+        }
+    }
+    freeReplyObject(rep);
+    return 0;
+}
+
+static void d_close(void *vd)
+{
+    rdir *d = vd;
+    if (d->c)
+        redisFree(d->c);
+    free(d);
+}
+
+static const kvi_rdir_ops REDIS_OPS = {
+    .enter = d_enter,
+    .refresh = d_refresh,
+    .leave = d_leave,
+    .publish = d_publish,
+    .withdraw = d_withdraw,
+    .lookup = d_lookup,
+    .close = d_close,
+};
+
+int kvi_rdir_redis_open(const char *addr, uint32_t timeout_ms, uint32_t retry_ms, kvi_rdir *out)
+{
+    if (!addr || !*addr || strlen(addr) >= 256)
+        return kvt_fail(KVT_EINVAL, "remote: directory must be \"host:port\" or a unix socket "
+                                    "path");
+    rdir *d = calloc(1, sizeof(*d));
+    if (!d)
+        return kvt_fail(KVT_ENOMEM, "remote: out of memory");
+    const char *colon = strrchr(addr, ':');
+    if (addr[0] == '/' || !colon) {
+        snprintf(d->host, sizeof(d->host), "%s", addr);
+    } else {
+        char *end;
+        errno = 0;
+        unsigned long port = strtoul(colon + 1, &end, 10);
+        if (errno || *end || port == 0 || port > 65535 || colon == addr) {
+            free(d);
+            return kvt_fail(KVT_EINVAL, "remote: directory '%s': bad port", addr);
+        }
+        snprintf(d->host, sizeof(d->host), "%.*s", (int)(colon - addr), addr);
+        d->port = (int)port;
+    }
+    snprintf(d->name, sizeof(d->name), "%s", addr);
+    d->tv.tv_sec = timeout_ms / 1000;
+    d->tv.tv_usec = (suseconds_t)(timeout_ms % 1000) * 1000;
+    d->retry_ms = retry_ms;
+    out->ops = &REDIS_OPS;
+    out->d = d;
+    return 0;
+}

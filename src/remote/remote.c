@@ -1,0 +1,1031 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * kvt_remote (kvtier/remote.h): a directory (remote_internal.h) and the ZeroMQ + UCX data
+ * channel, composed.
+ *
+ * The owner side is one thread: it serves read requests arriving on a ROUTER socket and keeps
+ * the liveness key fresh (registering again, with a new epoch, when the key is gone: a Redis
+ * restart or a stall longer than ttl_ms; it then publishes again every block it holds). A
+ * request is served in three checks: the credential (compared in constant time), the epoch
+ * (a request for entries of an earlier start of this instance gets nothing), and per block
+ * the slot's record (published, same generation and hash) and the checksum of its bytes
+ * against the one recorded at publish. The bytes go by UCX tagged sends into the receives the
+ * reader posted; after the sends completed the generation is looked at again, so a slot
+ * withdrawn meanwhile is reported stale; the reply carries each sent block's checksum, which
+ * the reader checks on what landed.
+ *
+ * The reader side runs on the caller's thread: receives posted first, then one request per
+ * owner, then one poll loop (ZeroMQ sockets and UCX's event fd) until every block is decided
+ * or timeout_ms passed. A socket whose owner did not answer is closed (the next read
+ * reconnects); receives not completed are cancelled before read returns.
+ */
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "base/error.h"
+#include "base/hash.h"
+#include "base/log.h"
+#include "base/util.h"
+#include "net/ucx.h"
+#include "remote/remote_internal.h"
+
+#define CHECKSUM_SEED   0x6b76746965722d72ull /* "kvtier-r" */
+#define REPUBLISH_BATCH 1024u
+#define SEND_WINDOW     16u
+#define MAX_REQ_BYTES   (64u + KVI_RCRED_MAX + KVI_RADDR_MAX + KVT_REMOTE_MAX_READ * (12u + 32u))
+
+typedef struct slotrec {
+    uint64_t gen;
+    uint64_t checksum;
+    bool published;
+    uint8_t hash[KVT_REMOTE_MAX_HASH];
+} slotrec;
+
+typedef struct rpeer {
+    char instance[KVT_REMOTE_NAME_MAX + 1];
+    char endpoint[KVI_RDIR_EP_MAX + 1];
+    char name[KVT_REMOTE_NAME_MAX + KVI_RDIR_EP_MAX + 4];
+    uint64_t epoch;
+    void *sock;    /* DEALER; NULL until used or after a failure */
+    uint64_t used; /* lookup counter when last named */
+} rpeer;
+
+typedef struct zombie {
+    kvi_ucx_recv *r;
+    struct zombie *next;
+} zombie;
+
+struct kvt_remote {
+    kvt_remote_config cfg;
+    char *strs; /* copies of the config's strings */
+    char endpoint[KVI_RDIR_EP_MAX + 1];
+    kvi_rdir_self self;
+    kvi_rdir dir;     /* the caller's connection */
+    kvi_rdir dir_srv; /* the server thread's */
+    _Atomic uint64_t epoch;
+    bool registered_once;
+
+    pthread_mutex_t mu; /* slots */
+    slotrec *slots;
+
+    void *zctx;
+    void *router;
+    uint16_t port;
+    kvi_ucx *ucx_srv, *ucx_cli;
+    pthread_t thr;
+    bool thr_started;
+    atomic_bool stop;
+
+    rpeer peers[KVT_REMOTE_MAX_PEERS];
+    uint32_t n_peers;
+    uint64_t lookups_seq;
+    uint64_t next_req;
+    zombie *zombies;
+    kvi_rdir_hit *hits; /* KVT_REMOTE_MAX_READ */
+
+    kvt_remote_stats st; /* the caller's counters */
+    _Atomic uint64_t a_registrations, a_served, a_served_stale, a_served_bytes, a_refused;
+};
+
+static uint64_t checksum(const void *p, uint64_t len)
+{
+    return kvi_xxh3_64(p, (size_t)len, CHECKSUM_SEED);
+}
+
+/* The checksum of a slot's bytes as the owner is about to send them. Nothing orders this read
+ * after a write into the slot by another agent (a worker, a buggy store): that is what the
+ * comparison with the checksum recorded at publish is for (tests/tsan.supp names it). */
+__attribute__((noinline)) static uint64_t region_checksum(const void *p, uint64_t len)
+{
+    return checksum(p, len);
+}
+
+static void add(_Atomic uint64_t *c, uint64_t v)
+{
+    atomic_fetch_add_explicit(c, v, memory_order_relaxed);
+}
+
+static bool name_ok(const char *s)
+{
+    size_t n = s ? strlen(s) : 0;
+    if (n == 0 || n > KVT_REMOTE_NAME_MAX)
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '_' || c == '.' || c == '-'))
+            return false;
+    }
+    return true;
+}
+
+void kvt_remote_config_init(kvt_remote_config *c)
+{
+    if (!c)
+        return;
+    memset(c, 0, sizeof(*c));
+    c->hash_len = 16;
+    c->ttl_ms = 3000;
+    c->timeout_ms = 2000;
+    c->directory_timeout_ms = 250;
+    c->retry_ms = 1000;
+    c->owner_checksum = 1;
+}
+
+static int validate(const kvt_remote_config *c)
+{
+    int rc = kvi_check_reserved(c->reserved, sizeof(c->reserved), "remote config");
+    if (rc)
+        return rc;
+    if (!c->directory || !*c->directory)
+        return kvt_fail(KVT_EINVAL, "remote: directory (the Redis server) is required");
+    if (!name_ok(c->space) || !name_ok(c->instance))
+        return kvt_fail(KVT_EINVAL,
+                        "remote: space and instance must be 1..%u bytes of "
+                        "[A-Za-z0-9_.-]",
+                        KVT_REMOTE_NAME_MAX);
+    if (!c->listen_host || !*c->listen_host || strlen(c->listen_host) > 64 ||
+        (c->advertise_host && (!*c->advertise_host || strlen(c->advertise_host) > 64)))
+        return kvt_fail(KVT_EINVAL, "remote: listen_host (and advertise_host) must be 1..64 "
+                                    "bytes");
+    size_t cl = c->credential ? strlen(c->credential) : 0;
+    if (cl < 16 || cl > KVI_RCRED_MAX)
+        return kvt_fail(KVT_EINVAL,
+                        "remote: credential must be 16..%u bytes (the space's "
+                        "shared secret)",
+                        KVI_RCRED_MAX);
+    if (c->block_bytes == 0 || c->block_bytes > (1ull << 32))
+        return kvt_fail(KVT_EINVAL, "remote: block_bytes must be 1..4 GiB");
+    if (c->region && (c->n_slots == 0 || c->n_slots > (1ull << 40) / c->block_bytes))
+        return kvt_fail(KVT_EINVAL, "remote: a region needs 1.. slots (n_slots %u)", c->n_slots);
+    if (!c->region && c->n_slots)
+        return kvt_fail(KVT_EINVAL, "remote: n_slots without a region");
+    if (c->owner_checksum > 1 || c->reserved32)
+        return kvt_fail(KVT_EINVAL, "remote: owner_checksum is 0 or 1 (and reserved32 zero)");
+    if (c->hash_len == 0 || c->hash_len > KVT_REMOTE_MAX_HASH)
+        return kvt_fail(KVT_EINVAL, "remote: hash_len %u (1..%u)", c->hash_len,
+                        KVT_REMOTE_MAX_HASH);
+    if (c->ttl_ms < 30 || c->timeout_ms == 0 || c->directory_timeout_ms == 0)
+        return kvt_fail(KVT_EINVAL, "remote: ttl_ms (>= 30), timeout_ms and "
+                                    "directory_timeout_ms must be set");
+    return 0;
+}
+
+/* ---- registration (server thread, and once at create) ------------------------------------ */
+
+static void republish(kvt_remote *r, kvi_rdir *dir, uint64_t epoch)
+{
+    uint8_t *hashes = malloc((size_t)REPUBLISH_BATCH * r->cfg.hash_len);
+    uint32_t slots[REPUBLISH_BATCH];
+    uint64_t gens[REPUBLISH_BATCH];
+    if (!hashes)
+        return;
+    uint32_t s = 0;
+    while (s < r->cfg.n_slots) {
+        uint32_t n = 0;
+        pthread_mutex_lock(&r->mu);
+        for (; s < r->cfg.n_slots && n < REPUBLISH_BATCH; s++)
+            if (r->slots[s].published) {
+                memcpy(hashes + (size_t)n * r->cfg.hash_len, r->slots[s].hash, r->cfg.hash_len);
+                slots[n] = s, gens[n] = r->slots[s].gen, n++;
+            }
+        pthread_mutex_unlock(&r->mu);
+        if (n && dir->ops->publish(dir->d, &r->self, epoch, hashes, slots, gens, n))
+            break;
+    }
+    free(hashes);
+}
+
+/* Enters the directory; 0 or the directory's code (KVT_EINVAL: refused for its seed). */
+static int enter(kvt_remote *r, kvi_rdir *dir)
+{
+    uint64_t ep;
+    int rc = dir->ops->enter(dir->d, &r->self, &ep);
+    if (rc)
+        return rc;
+    atomic_store(&r->epoch, ep);
+    add(&r->a_registrations, 1);
+    KVT_LOG_I("remote: %s entered space %s as epoch %" PRIu64 " (%s)", r->cfg.instance,
+              r->cfg.space, ep, r->endpoint);
+    republish(r, dir, ep);
+    return 0;
+}
+
+static void heartbeat(kvt_remote *r)
+{
+    uint64_t ep = atomic_load(&r->epoch);
+    if (ep) {
+        int rc = r->dir_srv.ops->refresh(r->dir_srv.d, &r->self, ep);
+        if (rc != KVT_ENOENT)
+            return; /* fresh, or Redis unreachable (peers will see the key expire) */
+        KVT_LOG_W("remote: %s: %s; entering again", r->cfg.instance, kvt_last_error());
+        atomic_store(&r->epoch, 0);
+    }
+    int rc = enter(r, &r->dir_srv);
+    if (rc && rc != KVT_EIO)
+        KVT_LOG_W("remote: %s not registered: %s", r->cfg.instance, kvt_last_error());
+}
+
+/* ---- the owner: serving one request --------------------------------------------------------- */
+
+static bool same_secret(const uint8_t *a, uint32_t alen, const char *b)
+{
+    size_t blen = strlen(b);
+    uint8_t d = (uint8_t)(alen != blen);
+    for (size_t i = 0; i < blen; i++)
+        d |= (uint8_t)(b[i] ^ (i < alen ? a[i] : 0));
+    return d == 0;
+}
+
+typedef struct serve_ctx {
+    kvi_rreq_block blocks[KVT_REMOTE_MAX_READ];
+    kvi_rrep_block out[KVT_REMOTE_MAX_READ];
+    kvi_ucx_send_item items[KVT_REMOTE_MAX_READ];
+    uint32_t item_block[KVT_REMOTE_MAX_READ];
+} serve_ctx;
+
+static int serve(kvt_remote *r, serve_ctx *sc, const uint8_t *buf, size_t len, kvi_rrep *rep)
+{
+    kvi_rreq q = {.blocks = sc->blocks};
+    rep->blocks = sc->out;
+    rep->n = 0;
+    int rc = kvi_rreq_decode(buf, len, &q);
+    if (rc)
+        return rc;
+    rep->req_id = q.req_id;
+    if (!same_secret(q.cred, q.cred_len, r->cfg.credential))
+        return kvt_fail(KVT_EINVAL, "remote: wrong credential");
+    if (q.hash_len != r->cfg.hash_len)
+        return kvt_fail(KVT_EPROTO, "remote: hash_len %u, this space uses %u", q.hash_len,
+                        r->cfg.hash_len);
+    if ((rc = kvi_ucx_address_check(r->ucx_srv, q.addr, q.addr_len)))
+        return rc;
+    rep->n = q.n;
+    uint64_t ep = atomic_load(&r->epoch);
+    uint32_t ni = 0;
+    for (uint32_t i = 0; i < q.n; i++) {
+        const kvi_rreq_block *b = &q.blocks[i];
+        kvi_rrep_block *o = &sc->out[i];
+        o->status = KVT_ENOENT, o->checksum = 0;
+        if (!r->cfg.region || q.epoch != ep || ep == 0 || b->slot >= r->cfg.n_slots)
+            continue;
+        pthread_mutex_lock(&r->mu);
+        const slotrec *s = &r->slots[b->slot];
+        bool ok =
+            s->published && s->gen == b->generation && memcmp(s->hash, b->hash, q.hash_len) == 0;
+        uint64_t want = s->checksum;
+        pthread_mutex_unlock(&r->mu);
+        if (!ok)
+            continue;
+        const uint8_t *src =
+            (const uint8_t *)r->cfg.region + (uint64_t)b->slot * r->cfg.block_bytes;
+        uint64_t sum = r->cfg.owner_checksum ? region_checksum(src, r->cfg.block_bytes) : want;
+        if (sum != want) {
+            KVT_LOG_W("remote: slot %u's bytes changed since it was published (a store into a "
+                      "published slot?); not served",
+                      b->slot);
+            continue;
+        }
+        o->status = 0, o->checksum = sum;
+        sc->items[ni] = (kvi_ucx_send_item){.addr = q.addr,
+                                            .addr_len = q.addr_len,
+                                            .buf = src,
+                                            .len = r->cfg.block_bytes,
+                                            .tag = q.tag ^ i};
+        sc->item_block[ni++] = i;
+    }
+    if (ni)
+        (void)kvi_ucx_send_many(r->ucx_srv, sc->items, ni, SEND_WINDOW, (int)r->cfg.timeout_ms);
+    uint64_t sent = 0, stale = 0;
+    for (uint32_t k = 0; k < ni; k++) {
+        uint32_t i = sc->item_block[k];
+        if (sc->items[k].rc) {
+            sc->out[i].status = KVT_EIO;
+            continue;
+        }
+        pthread_mutex_lock(&r->mu);
+        bool same = r->slots[q.blocks[i].slot].gen == q.blocks[i].generation;
+        pthread_mutex_unlock(&r->mu);
+        if (!same)
+            sc->out[i].status = KVT_ENOENT;
+        else
+            sent++;
+    }
+    stale = 0;
+    for (uint32_t i = 0; i < q.n; i++)
+        stale += sc->out[i].status == KVT_ENOENT;
+    add(&r->a_served, sent);
+    add(&r->a_served_stale, stale);
+    add(&r->a_served_bytes, sent * r->cfg.block_bytes);
+    return 0;
+}
+
+static void serve_one(kvt_remote *r, serve_ctx *sc, uint8_t *rbuf)
+{
+    zmq_msg_t id, body;
+    zmq_msg_init(&id);
+    zmq_msg_init(&body);
+    if (zmq_msg_recv(&id, r->router, ZMQ_DONTWAIT) < 0)
+        goto out;
+    int more = zmq_msg_more(&id);
+    if (!more || zmq_msg_recv(&body, r->router, ZMQ_DONTWAIT) < 0)
+        goto out;
+    while (zmq_msg_more(&body)) { /* a request is two parts; drop the rest */
+        zmq_msg_t x;
+        zmq_msg_init(&x);
+        int got = zmq_msg_recv(&x, r->router, ZMQ_DONTWAIT);
+        zmq_msg_close(&x);
+        if (got < 0)
+            break;
+        zmq_msg_close(&body);
+        zmq_msg_init(&body);
+        add(&r->a_refused, 1);
+        goto out;
+    }
+    kvi_rrep rep = {0};
+    int rc = serve(r, sc, zmq_msg_data(&body), zmq_msg_size(&body), &rep);
+    if (rc) {
+        add(&r->a_refused, 1);
+        KVT_LOG_D("remote: request refused: %s", kvt_last_error());
+        rep.status = rc, rep.n = 0;
+    }
+    size_t n = kvi_rrep_size(&rep);
+    kvi_rrep_encode(&rep, rbuf);
+    if (zmq_send(r->router, zmq_msg_data(&id), zmq_msg_size(&id), ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0)
+        (void)zmq_send(r->router, rbuf, n, ZMQ_DONTWAIT);
+out:
+    zmq_msg_close(&id);
+    zmq_msg_close(&body);
+}
+
+static void *server_main(void *arg)
+{
+    kvt_remote *r = arg;
+    serve_ctx *sc = malloc(sizeof(*sc));
+    uint8_t *rbuf = malloc(64 + (size_t)KVT_REMOTE_MAX_READ * 12);
+    uint64_t beat_ns = (uint64_t)r->cfg.ttl_ms * 1000000u / 3, next_beat = 0;
+    while (sc && rbuf && !atomic_load(&r->stop)) {
+        uint64_t now = kvt_monotonic_ns();
+        if (now >= next_beat) {
+            heartbeat(r);
+            next_beat = kvt_monotonic_ns() + beat_ns;
+            now = kvt_monotonic_ns();
+        }
+        long wait_ms = (long)((next_beat - now) / 1000000u);
+        if (wait_ms > 50)
+            wait_ms = 50; /* notice stop */
+        zmq_pollitem_t it = {.socket = r->router, .events = ZMQ_POLLIN};
+        if (zmq_poll(&it, 1, wait_ms) > 0)
+            for (int k = 0; k < 64 && !atomic_load(&r->stop); k++) {
+                uint32_t ev = 0;
+                size_t el = sizeof(ev);
+                if (zmq_getsockopt(r->router, ZMQ_EVENTS, &ev, &el) || !(ev & ZMQ_POLLIN))
+                    break;
+                serve_one(r, sc, rbuf);
+            }
+        kvi_ucx_progress(r->ucx_srv);
+    }
+    free(sc);
+    free(rbuf);
+    return NULL;
+}
+
+/* ---- create / destroy ---------------------------------------------------------------------- */
+
+static char *dupcat(char **p, const char *s)
+{
+    if (!s)
+        return NULL;
+    size_t n = strlen(s) + 1;
+    char *d = *p;
+    memcpy(d, s, n);
+    *p += n;
+    return d;
+}
+
+static int zfail(const char *what)
+{
+    return kvt_fail(KVT_EIO, "remote: %s: %s", what, zmq_strerror(zmq_errno()));
+}
+
+static int bind_server(kvt_remote *r)
+{
+    r->router = zmq_socket(r->zctx, ZMQ_ROUTER);
+    if (!r->router)
+        return zfail("socket");
+    int zero = 0, hwm = 1024;
+    int64_t max = MAX_REQ_BYTES;
+    zmq_setsockopt(r->router, ZMQ_LINGER, &zero, sizeof(zero));
+    zmq_setsockopt(r->router, ZMQ_MAXMSGSIZE, &max, sizeof(max));
+    zmq_setsockopt(r->router, ZMQ_RCVHWM, &hwm, sizeof(hwm));
+    char ep[128];
+    snprintf(ep, sizeof(ep), "tcp://%s:%u", r->cfg.listen_host, r->cfg.listen_port);
+    if (zmq_bind(r->router, ep) != 0)
+        return kvt_fail(KVT_EIO, "remote: cannot bind %s: %s", ep, zmq_strerror(zmq_errno()));
+    char last[128];
+    size_t ll = sizeof(last);
+    if (zmq_getsockopt(r->router, ZMQ_LAST_ENDPOINT, last, &ll) != 0)
+        return zfail("endpoint");
+    const char *colon = strrchr(last, ':');
+    r->port = colon ? (uint16_t)atoi(colon + 1) : 0;
+    const char *host = r->cfg.advertise_host ? r->cfg.advertise_host : r->cfg.listen_host;
+    snprintf(r->endpoint, sizeof(r->endpoint), "%s:%u", host, r->port);
+    return 0;
+}
+
+int kvt_remote_create(const kvt_remote_config *c, kvt_remote **out)
+{
+    if (!c || !out)
+        return kvt_fail(KVT_EINVAL, "remote: create: NULL argument");
+    *out = NULL;
+    int rc = validate(c);
+    if (rc)
+        return rc;
+    kvt_remote *r = calloc(1, sizeof(*r));
+    size_t sl = strlen(c->directory) + strlen(c->space) + strlen(c->instance) +
+                strlen(c->listen_host) + strlen(c->credential) +
+                (c->advertise_host ? strlen(c->advertise_host) : 0) + 6;
+    if (!r || !(r->strs = malloc(sl)) ||
+        !(r->hits = malloc(KVT_REMOTE_MAX_READ * sizeof(*r->hits))) ||
+        (c->region && !(r->slots = calloc(c->n_slots, sizeof(*r->slots))))) {
+        if (r) {
+            free(r->strs);
+            free(r->hits);
+        }
+        free(r);
+        return kvt_fail(KVT_ENOMEM, "remote: out of memory");
+    }
+    r->cfg = *c;
+    char *p = r->strs;
+    r->cfg.directory = dupcat(&p, c->directory);
+    r->cfg.space = dupcat(&p, c->space);
+    r->cfg.instance = dupcat(&p, c->instance);
+    r->cfg.listen_host = dupcat(&p, c->listen_host);
+    r->cfg.credential = dupcat(&p, c->credential);
+    r->cfg.advertise_host = dupcat(&p, c->advertise_host);
+    pthread_mutex_init(&r->mu, NULL);
+    r->next_req = ((uint64_t)getpid() << 32) ^ kvt_monotonic_ns();
+    *out = r; /* kvt_remote_destroy undoes a partial create */
+    if ((rc = kvi_rdir_redis_open(c->directory, c->directory_timeout_ms, c->retry_ms, &r->dir)) ||
+        (rc = kvi_rdir_redis_open(c->directory, c->directory_timeout_ms, c->retry_ms, &r->dir_srv)))
+        goto fail;
+    if (!(r->zctx = zmq_ctx_new())) {
+        rc = zfail("context");
+        goto fail;
+    }
+    if ((rc = bind_server(r)) || (rc = kvi_ucx_create_proto(&r->ucx_srv, false)) ||
+        (rc = kvi_ucx_create_proto(&r->ucx_cli, false)))
+        goto fail;
+    if (c->region && ((rc = kvi_ucx_map(r->ucx_srv, c->region, c->n_slots * c->block_bytes)) ||
+                      (rc = kvi_ucx_map(r->ucx_cli, c->region, c->n_slots * c->block_bytes))))
+        goto fail;
+    r->self = (kvi_rdir_self){.space = r->cfg.space,
+                              .instance = r->cfg.instance,
+                              .endpoint = r->endpoint,
+                              .hash_seed = c->hash_seed,
+                              .signature = r->cfg.signature,
+                              .hash_len = c->hash_len,
+                              .ttl_ms = c->ttl_ms};
+    rc = enter(r, &r->dir);
+    if (rc == KVT_EINVAL)
+        goto fail;
+    if (rc)
+        KVT_LOG_W("remote: %s starts unregistered (%s); it registers when it can", c->instance,
+                  kvt_last_error());
+    if (pthread_create(&r->thr, NULL, server_main, r) != 0) {
+        rc = kvt_fail(KVT_ESYS, "remote: cannot start the server thread");
+        goto fail;
+    }
+    r->thr_started = true;
+    return 0;
+fail : {
+    char msg[512];
+    snprintf(msg, sizeof(msg), "%s", kvt_last_error());
+    kvt_remote_destroy(r);
+    *out = NULL;
+    return kvt_fail(rc, "%s", msg);
+}
+}
+
+/* Ends the receives UCX did not give back (zombies): once more with a wait, then, if any is
+ * still held, by destroying the reader's worker (nothing writes their buffers after that) and
+ * making a new one unless `final`. */
+static int bury(kvt_remote *r, bool final)
+{
+    zombie *keep = r->zombies;
+    uint64_t end = kvt_monotonic_ns() + 200 * 1000000ull;
+    do {
+        zombie *still = NULL;
+        for (zombie *z = keep, *nx; z; z = nx) {
+            nx = z->next;
+            if (kvi_ucx_recv_end(r->ucx_cli, z->r, 0) == KVT_EBUSY)
+                z->next = still, still = z;
+            else
+                free(z);
+        }
+        keep = still;
+    } while (keep && kvt_monotonic_ns() < end);
+    r->zombies = NULL;
+    if (!keep)
+        return 0;
+    KVT_LOG_W("remote: UCX holds a receive of a read that ended; its worker is replaced");
+    kvi_ucx_destroy(r->ucx_cli);
+    r->ucx_cli = NULL;
+    for (zombie *z = keep, *nx; z; z = nx) {
+        nx = z->next;
+        kvi_ucx_recv_forget(z->r);
+        free(z);
+    }
+    if (final)
+        return 0;
+    int rc = kvi_ucx_create_proto(&r->ucx_cli, false);
+    if (!rc && r->cfg.region)
+        rc = kvi_ucx_map(r->ucx_cli, r->cfg.region, r->cfg.n_slots * r->cfg.block_bytes);
+    return rc;
+}
+
+static void close_peer(rpeer *p)
+{
+    if (p->sock)
+        zmq_close(p->sock);
+    p->sock = NULL;
+}
+
+void kvt_remote_destroy(kvt_remote *r)
+{
+    if (!r)
+        return;
+    if (r->thr_started) {
+        atomic_store(&r->stop, true);
+        pthread_join(r->thr, NULL);
+    }
+    uint64_t ep = atomic_load(&r->epoch);
+    if (ep && r->dir.ops)
+        (void)r->dir.ops->leave(r->dir.d, &r->self, ep);
+    bury(r, true);
+    for (uint32_t i = 0; i < r->n_peers; i++)
+        close_peer(&r->peers[i]);
+    if (r->router)
+        zmq_close(r->router);
+    if (r->zctx)
+        zmq_ctx_term(r->zctx);
+    if (r->ucx_srv)
+        kvi_ucx_destroy(r->ucx_srv);
+    if (r->ucx_cli)
+        kvi_ucx_destroy(r->ucx_cli);
+    if (r->dir.ops)
+        r->dir.ops->close(r->dir.d);
+    if (r->dir_srv.ops)
+        r->dir_srv.ops->close(r->dir_srv.d);
+    pthread_mutex_destroy(&r->mu);
+    free(r->slots);
+    free(r->hits);
+    free(r->strs);
+    free(r);
+}
+
+uint16_t kvt_remote_port(const kvt_remote *r)
+{
+    return r ? r->port : 0;
+}
+
+/* ---- publish / withdraw --------------------------------------------------------------------- */
+
+static int check_slots(const kvt_remote *r, const uint32_t *slots, uint32_t n)
+{
+    if (!r->cfg.region)
+        return kvt_fail(KVT_ESTATE, "remote: this instance serves no region");
+    if (!slots || n > KVT_REMOTE_MAX_READ)
+        return kvt_fail(KVT_EINVAL, "remote: %u slots (at most %u per call)", n,
+                        KVT_REMOTE_MAX_READ);
+    for (uint32_t i = 0; i < n; i++)
+        if (slots[i] >= r->cfg.n_slots)
+            return kvt_fail(KVT_ERANGE, "remote: slot %u out of range (%u slots)", slots[i],
+                            r->cfg.n_slots);
+    return 0;
+}
+
+int kvt_remote_publish(kvt_remote *r, const uint32_t *slots, const uint8_t *hashes, uint32_t n)
+{
+    if (!r || (n && !hashes))
+        return kvt_fail(KVT_EINVAL, "remote: publish: NULL argument");
+    int rc = check_slots(r, slots, n);
+    if (rc || n == 0)
+        return rc;
+    uint64_t *gens = malloc(n * sizeof(*gens));
+    if (!gens)
+        return kvt_fail(KVT_ENOMEM, "remote: out of memory");
+    const uint32_t hl = r->cfg.hash_len;
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t sum =
+            checksum((const uint8_t *)r->cfg.region + (uint64_t)slots[i] * r->cfg.block_bytes,
+                     r->cfg.block_bytes);
+        pthread_mutex_lock(&r->mu);
+        slotrec *s = &r->slots[slots[i]];
+        s->gen++;
+        s->checksum = sum;
+        memcpy(s->hash, hashes + (size_t)i * hl, hl);
+        s->published = true;
+        gens[i] = s->gen;
+        pthread_mutex_unlock(&r->mu);
+    }
+    uint64_t ep = atomic_load(&r->epoch);
+    if (!ep || r->dir.ops->publish(r->dir.d, &r->self, ep, hashes, slots, gens, n)) {
+        r->st.publish_dropped += n;
+        if (ep)
+            r->st.directory_errors++;
+    } else {
+        r->st.published += n;
+    }
+    free(gens);
+    return 0;
+}
+
+int kvt_remote_withdraw(kvt_remote *r, const uint32_t *slots, uint32_t n)
+{
+    if (!r)
+        return kvt_fail(KVT_EINVAL, "remote: withdraw: NULL argument");
+    int rc = check_slots(r, slots, n);
+    if (rc || n == 0)
+        return rc;
+    const uint32_t hl = r->cfg.hash_len;
+    uint8_t *hashes = malloc((size_t)n * hl);
+    uint32_t *ws = malloc(n * sizeof(*ws));
+    uint64_t *gens = malloc(n * sizeof(*gens));
+    if (!hashes || !ws || !gens) {
+        free(hashes), free(ws), free(gens);
+        return kvt_fail(KVT_ENOMEM, "remote: out of memory");
+    }
+    uint32_t m = 0;
+    pthread_mutex_lock(&r->mu);
+    for (uint32_t i = 0; i < n; i++) {
+        slotrec *s = &r->slots[slots[i]];
+        if (!s->published)
+            continue;
+        memcpy(hashes + (size_t)m * hl, s->hash, hl);
+        ws[m] = slots[i], gens[m] = s->gen, m++;
+        s->published = false;
+        s->gen++; /* a send under way now reports stale */
+    }
+    pthread_mutex_unlock(&r->mu);
+    uint64_t ep = atomic_load(&r->epoch);
+    if (m && ep) {
+        if (r->dir.ops->withdraw(r->dir.d, &r->self, ep, hashes, ws, gens, m))
+            r->st.directory_errors++;
+        else
+            r->st.withdrawn += m;
+    }
+    free(hashes), free(ws), free(gens);
+    return 0;
+}
+
+/* ---- lookup --------------------------------------------------------------------------------- */
+
+static uint32_t peer_for(kvt_remote *r, const kvi_rdir_hit *h)
+{
+    uint32_t victim = UINT32_MAX;
+    for (uint32_t i = 0; i < r->n_peers; i++) {
+        rpeer *p = &r->peers[i];
+        if (strcmp(p->instance, h->instance) == 0 && strcmp(p->endpoint, h->endpoint) == 0) {
+            if (p->epoch != h->epoch)
+                p->epoch = h->epoch, close_peer(p);
+            p->used = r->lookups_seq;
+            return i;
+        }
+        if (p->used != r->lookups_seq && (victim == UINT32_MAX || p->used < r->peers[victim].used))
+            victim = i;
+    }
+    uint32_t i = r->n_peers < KVT_REMOTE_MAX_PEERS ? r->n_peers++ : victim;
+    if (i == UINT32_MAX)
+        return UINT32_MAX; /* every slot of the table named in this lookup */
+    rpeer *p = &r->peers[i];
+    close_peer(p);
+    snprintf(p->instance, sizeof(p->instance), "%s", h->instance);
+    snprintf(p->endpoint, sizeof(p->endpoint), "%s", h->endpoint);
+    snprintf(p->name, sizeof(p->name), "%s@%s", h->instance, h->endpoint);
+    p->epoch = h->epoch;
+    p->used = r->lookups_seq;
+    return i;
+}
+
+int kvt_remote_lookup(kvt_remote *r, const uint8_t *hashes, uint32_t n, kvt_remote_loc *out,
+                      uint32_t *n_hit)
+{
+    if (!r || !n_hit || (n && (!hashes || !out)))
+        return kvt_fail(KVT_EINVAL, "remote: lookup: NULL argument");
+    *n_hit = 0;
+    if (n > KVT_REMOTE_MAX_READ)
+        return kvt_fail(KVT_ELIMIT, "remote: lookup of %u blocks (at most %u)", n,
+                        KVT_REMOTE_MAX_READ);
+    if (n == 0)
+        return 0;
+    r->st.lookups++;
+    r->st.lookup_blocks += n;
+    r->lookups_seq++;
+    uint32_t m = 0;
+    if (r->dir.ops->lookup(r->dir.d, &r->self, hashes, n, r->hits, &m)) {
+        r->st.directory_errors++;
+        return 0; /* Redis down: misses */
+    }
+    for (uint32_t i = 0; i < m; i++) {
+        uint32_t pi = peer_for(r, &r->hits[i]);
+        if (pi == UINT32_MAX)
+            break;
+        out[i] = (kvt_remote_loc){
+            .peer = pi, .slot = r->hits[i].slot, .generation = r->hits[i].generation};
+        (*n_hit)++;
+    }
+    r->st.hit_blocks += *n_hit;
+    return 0;
+}
+
+const char *kvt_remote_peer_name(const kvt_remote *r, uint32_t index)
+{
+    return r && index < r->n_peers ? r->peers[index].name : NULL;
+}
+
+/* ---- read ----------------------------------------------------------------------------------- */
+
+typedef struct rd_block {
+    kvi_ucx_recv *recv;
+    uint64_t checksum;
+    int state; /* 0 waiting for the reply, 1 waiting for the bytes, 2 decided */
+} rd_block;
+
+typedef struct rd_peer {
+    uint64_t req_id;
+    uint32_t first, n; /* indices into order[] */
+    bool replied;
+} rd_peer;
+
+static int open_peer(kvt_remote *r, rpeer *p)
+{
+    if (p->sock)
+        return 0;
+    p->sock = zmq_socket(r->zctx, ZMQ_DEALER);
+    if (!p->sock)
+        return zfail("socket");
+    int zero = 0;
+    int64_t max = 64 + (int64_t)KVT_REMOTE_MAX_READ * 12;
+    zmq_setsockopt(p->sock, ZMQ_LINGER, &zero, sizeof(zero));
+    zmq_setsockopt(p->sock, ZMQ_MAXMSGSIZE, &max, sizeof(max));
+    char ep[KVI_RDIR_EP_MAX + 8];
+    snprintf(ep, sizeof(ep), "tcp://%s", p->endpoint);
+    if (zmq_connect(p->sock, ep) != 0) {
+        int rc = kvt_fail(KVT_EIO, "remote: cannot connect %s: %s", ep, zmq_strerror(zmq_errno()));
+        close_peer(p);
+        return rc;
+    }
+    return 0;
+}
+
+static void end_recv(kvt_remote *r, rd_block *b)
+{
+    if (!b->recv)
+        return;
+    if (kvi_ucx_recv_end(r->ucx_cli, b->recv, 0) == KVT_EBUSY) {
+        zombie *z = malloc(sizeof(*z));
+        if (z) { /* buried before read returns; without memory, leaked rather than freed */
+            z->r = b->recv;
+            z->next = r->zombies;
+            r->zombies = z;
+        }
+    }
+    b->recv = NULL;
+}
+
+/* Takes one reply off peer's socket, if any, and applies it. */
+static void take_reply(kvt_remote *r, rpeer *p, rd_peer *rp, const uint32_t *order, rd_block *bs,
+                       int *status, kvi_rrep_block *tmp)
+{
+    zmq_msg_t m;
+    zmq_msg_init(&m);
+    while (zmq_msg_recv(&m, p->sock, ZMQ_DONTWAIT) >= 0) {
+        kvi_rrep rep = {.blocks = tmp};
+        bool multi = zmq_msg_more(&m);
+        if (multi || kvi_rrep_decode(zmq_msg_data(&m), zmq_msg_size(&m), &rep) ||
+            rep.req_id != rp->req_id) {
+            if (multi || rep.req_id != rp->req_id)
+                KVT_LOG_D("remote: a late or foreign reply from %s dropped", p->name);
+            continue; /* an earlier request's late reply */
+        }
+        rp->replied = true;
+        for (uint32_t k = 0; k < rp->n; k++) {
+            uint32_t i = order[rp->first + k];
+            if (rep.status) {
+                status[i] = rep.status == KVT_EINVAL ? KVT_EINVAL : KVT_EIO;
+                bs[i].state = 2;
+            } else if (rep.n != rp->n) {
+                status[i] = KVT_EPROTO, bs[i].state = 2;
+            } else if (tmp[k].status) {
+                status[i] = tmp[k].status == KVT_ENOENT ? KVT_ENOENT : KVT_EIO;
+                bs[i].state = 2;
+            } else {
+                bs[i].checksum = tmp[k].checksum;
+                bs[i].state = 1;
+            }
+            if (bs[i].state == 2)
+                end_recv(r, &bs[i]);
+        }
+        if (rep.status)
+            KVT_LOG_W("remote: %s refused a read: %s", p->name, kvt_strerror(rep.status));
+        break;
+    }
+    zmq_msg_close(&m);
+}
+
+int kvt_remote_read(kvt_remote *r, const kvt_remote_loc *locs, const uint8_t *hashes, uint32_t n,
+                    void *const *dst, int *status)
+{
+    if (!r || (n && (!locs || !hashes || !dst || !status)))
+        return kvt_fail(KVT_EINVAL, "remote: read: NULL argument");
+    if (n > KVT_REMOTE_MAX_READ)
+        return kvt_fail(KVT_ELIMIT, "remote: read of %u blocks (at most %u)", n,
+                        KVT_REMOTE_MAX_READ);
+    for (uint32_t i = 0; i < n; i++)
+        if (locs[i].peer >= r->n_peers || !dst[i])
+            return kvt_fail(KVT_EINVAL,
+                            "remote: read: block %u names peer %u (%u known) or "
+                            "no destination",
+                            i, locs[i].peer, r->n_peers);
+    if (n == 0)
+        return 0;
+    if (!r->ucx_cli)
+        return kvt_fail(KVT_ESTATE, "remote: no UCX worker to read with (its replacement failed)");
+    const uint32_t hl = r->cfg.hash_len;
+    rd_block *bs = calloc(n, sizeof(*bs));
+    uint32_t *order = malloc(n * sizeof(*order));
+    rd_peer *rps = calloc(r->n_peers, sizeof(*rps));
+    kvi_rreq_block *qb = malloc(n * sizeof(*qb));
+    kvi_rrep_block *tmp = malloc(KVT_REMOTE_MAX_READ * sizeof(*tmp));
+    const void *addr;
+    size_t addr_len;
+    int rc = 0;
+    if (!bs || !order || !rps || !qb || !tmp) {
+        rc = kvt_fail(KVT_ENOMEM, "remote: out of memory");
+        goto out;
+    }
+    if ((rc = kvi_ucx_address(r->ucx_cli, &addr, &addr_len)))
+        goto out;
+    r->st.reads++;
+    r->st.read_blocks += n;
+    /* group by peer (counting sort keeps each owner's blocks in request order) */
+    for (uint32_t i = 0; i < n; i++)
+        rps[locs[i].peer].n++;
+    for (uint32_t p = 0, acc = 0; p < r->n_peers; p++)
+        rps[p].first = acc, acc += rps[p].n, rps[p].n = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        rd_peer *rp = &rps[locs[i].peer];
+        order[rp->first + rp->n++] = i;
+        status[i] = KVT_EIO;
+    }
+    uint64_t deadline = kvt_monotonic_ns() + (uint64_t)r->cfg.timeout_ms * 1000000u;
+    for (uint32_t p = 0; p < r->n_peers; p++) {
+        rd_peer *rp = &rps[p];
+        if (!rp->n)
+            continue;
+        rpeer *pe = &r->peers[p];
+        uint64_t tag = 0;
+        if (getrandom(&tag, sizeof(tag), 0) != sizeof(tag))
+            tag = kvi_xxh3_64(&rp, sizeof(rp), kvt_monotonic_ns() ^ r->next_req);
+        tag &= ~(uint64_t)0xffff; /* block k of the request: tag ^ k */
+        bool ok = open_peer(r, pe) == 0;
+        for (uint32_t k = 0; ok && k < rp->n; k++) {
+            uint32_t i = order[rp->first + k];
+            if (kvi_ucx_recv_post(r->ucx_cli, dst[i], r->cfg.block_bytes, tag ^ k, &bs[i].recv))
+                ok = false;
+            qb[k] = (kvi_rreq_block){.slot = locs[i].slot,
+                                     .generation = locs[i].generation,
+                                     .hash = hashes + (size_t)i * hl};
+        }
+        if (ok) {
+            rp->req_id = ++r->next_req;
+            kvi_rreq q = {.req_id = rp->req_id,
+                          .epoch = pe->epoch,
+                          .tag = tag,
+                          .hash_len = hl,
+                          .cred = (const uint8_t *)r->cfg.credential,
+                          .cred_len = (uint32_t)strlen(r->cfg.credential),
+                          .addr = addr,
+                          .addr_len = (uint32_t)addr_len,
+                          .n = rp->n,
+                          .blocks = qb};
+            size_t len = kvi_rreq_size(&q);
+            uint8_t *buf = malloc(len);
+            if (buf) {
+                kvi_rreq_encode(&q, buf);
+                ok = zmq_send(pe->sock, buf, len, ZMQ_DONTWAIT) == (int)len;
+                free(buf);
+            } else {
+                ok = false;
+            }
+        }
+        if (!ok) { /* this owner's blocks fail now */
+            KVT_LOG_D("remote: cannot ask %s: %s", pe->name, kvt_last_error());
+            rp->replied = true;
+            for (uint32_t k = 0; k < rp->n; k++)
+                bs[order[rp->first + k]].state = 2, end_recv(r, &bs[order[rp->first + k]]);
+        }
+    }
+    /* one loop: replies on the owners' sockets, bytes through UCX */
+    zmq_pollitem_t items[KVT_REMOTE_MAX_PEERS + 1];
+    uint32_t item_peer[KVT_REMOTE_MAX_PEERS];
+    int efd = -1;
+    (void)kvi_ucx_efd(r->ucx_cli, &efd);
+    for (;;) {
+        while (kvi_ucx_progress(r->ucx_cli))
+            ;
+        bool open = false;
+        for (uint32_t i = 0; i < n; i++) {
+            rd_block *b = &bs[i];
+            if (b->state == 1) {
+                int w = kvi_ucx_recv_wait(r->ucx_cli, b->recv, 0);
+                if (w == 0) {
+                    open = true;
+                    continue;
+                }
+                if (w == 1)
+                    status[i] =
+                        checksum(dst[i], r->cfg.block_bytes) == b->checksum ? 0 : KVT_EPROTO;
+                else
+                    status[i] = KVT_EIO;
+                b->state = 2;
+                end_recv(r, b);
+            } else if (b->state == 0) {
+                open = true;
+            }
+        }
+        if (!open)
+            break;
+        uint64_t now = kvt_monotonic_ns();
+        if (now >= deadline)
+            break;
+        uint32_t ni = 0;
+        for (uint32_t p = 0; p < r->n_peers; p++)
+            if (rps[p].n && !rps[p].replied && r->peers[p].sock) {
+                items[ni] = (zmq_pollitem_t){.socket = r->peers[p].sock, .events = ZMQ_POLLIN};
+                item_peer[ni++] = p;
+            }
+        uint32_t nz = ni;
+        long wait = (long)((deadline - now) / 1000000u) + 1;
+        if (efd >= 0 && kvi_ucx_arm(r->ucx_cli) == 0)
+            items[ni++] = (zmq_pollitem_t){.fd = efd, .events = ZMQ_POLLIN};
+        else if (efd >= 0)
+            wait = 0;
+        if (efd < 0 && wait > 1)
+            wait = 1;
+        if (zmq_poll(items, (int)ni, wait) > 0)
+            for (uint32_t k = 0; k < nz; k++)
+                if (items[k].revents & ZMQ_POLLIN) {
+                    uint32_t p = item_peer[k];
+                    take_reply(r, &r->peers[p], &rps[p], order, bs, status, tmp);
+                }
+    }
+    /* what is undecided at the deadline failed; an owner that did not answer loses its socket */
+    for (uint32_t p = 0; p < r->n_peers; p++)
+        if (rps[p].n && !rps[p].replied) {
+            KVT_LOG_W("remote: %s did not answer within %u ms", r->peers[p].name,
+                      r->cfg.timeout_ms);
+            close_peer(&r->peers[p]);
+        }
+    for (uint32_t i = 0; i < n; i++) {
+        if (bs[i].state != 2)
+            status[i] = KVT_EIO;
+        end_recv(r, &bs[i]);
+        if (status[i] == 0)
+            r->st.read_ok++, r->st.read_bytes += r->cfg.block_bytes;
+        else if (status[i] == KVT_ENOENT)
+            r->st.read_stale++;
+        else
+            r->st.read_failed++;
+        if (status[i] && !rc)
+            rc = status[i];
+    }
+    if (r->zombies && bury(r, false))
+        KVT_LOG_E("remote: cannot make a new UCX worker: %s", kvt_last_error());
+    if (rc)
+        kvt_fail(rc, "remote: %u blocks read; the first failure: %s", n, kvt_strerror(rc));
+out:
+    free(bs), free(order), free(rps), free(qb), free(tmp);
+    return rc;
+}
+
+void kvt_remote_get_stats(kvt_remote *r, kvt_remote_stats *out)
+{
+    if (!r || !out)
+        return;
+    *out = r->st;
+    out->epoch = atomic_load(&r->epoch);
+    out->registrations = atomic_load(&r->a_registrations);
+    out->served_blocks = atomic_load(&r->a_served);
+    out->served_stale = atomic_load(&r->a_served_stale);
+    out->served_bytes = atomic_load(&r->a_served_bytes);
+    out->refused_requests = atomic_load(&r->a_refused);
+}

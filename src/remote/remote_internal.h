@@ -1,0 +1,119 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The remote tier's two seams (kvtier/remote.h): a directory (which live instance holds which
+ * block) and a data channel (the bytes, with the owner's checks). kvt_remote composes one of
+ * each; the Redis directory (dir_redis.c) and the ZeroMQ + UCX channel (chan.c) are the ones
+ * built today; another backend (Mooncake's store, say) implements the same operations.
+ */
+#ifndef KVT_REMOTE_INTERNAL_H
+#define KVT_REMOTE_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvtier/remote.h"
+
+#define KVI_RDIR_EP_MAX 80u /* bytes of an endpoint "host:port" */
+
+/* What an instance tells the directory about itself. */
+typedef struct kvi_rdir_self {
+    const char *space, *instance;
+    const char *endpoint; /* "host:port" of its read server */
+    uint64_t hash_seed;
+    const uint8_t *signature; /* 32 bytes */
+    uint32_t hash_len;
+    uint32_t ttl_ms;
+} kvi_rdir_self;
+
+/* One directory entry found by a lookup. */
+typedef struct kvi_rdir_hit {
+    char instance[KVT_REMOTE_NAME_MAX + 1];
+    char endpoint[KVI_RDIR_EP_MAX + 1];
+    uint64_t epoch;
+    uint32_t slot;
+    uint64_t generation;
+} kvi_rdir_hit;
+
+/* A directory. Every call is one round trip bounded by the directory's timeout; a failed
+ * round trip returns KVT_EIO with a message (the caller counts it and goes on). */
+typedef struct kvi_rdir_ops {
+    /* Registers self: refuses (KVT_EINVAL, naming it) when a live instance of the space has
+     * another seed or signature; otherwise drops self's entries of earlier epochs and starts a
+     * new epoch with a liveness key of ttl_ms. */
+    int (*enter)(void *d, const kvi_rdir_self *self, uint64_t *epoch);
+    /* Refreshes the liveness key of epoch; KVT_ENOENT if it expired or belongs to another
+     * epoch (the caller registers again). */
+    int (*refresh)(void *d, const kvi_rdir_self *self, uint64_t epoch);
+    /* Removes the liveness key and self's entries. */
+    int (*leave)(void *d, const kvi_rdir_self *self, uint64_t epoch);
+    int (*publish)(void *d, const kvi_rdir_self *self, uint64_t epoch, const uint8_t *hashes,
+                   const uint32_t *slots, const uint64_t *gens, uint32_t n);
+    int (*withdraw)(void *d, const kvi_rdir_self *self, uint64_t epoch, const uint8_t *hashes,
+                    const uint32_t *slots, const uint64_t *gens, uint32_t n);
+    /* The longest prefix of hashes whose entries name live instances in their current epoch
+     * (self excluded). */
+    int (*lookup)(void *d, const kvi_rdir_self *self, const uint8_t *hashes, uint32_t n,
+                  kvi_rdir_hit *out, uint32_t *n_hit);
+    void (*close)(void *d);
+} kvi_rdir_ops;
+
+typedef struct kvi_rdir {
+    const kvi_rdir_ops *ops;
+    void *d;
+} kvi_rdir;
+
+/* The Redis directory at addr ("host:port" or a unix socket path). Connects lazily: opening
+ * never fails for an unreachable server. */
+int kvi_rdir_redis_open(const char *addr, uint32_t timeout_ms, uint32_t retry_ms, kvi_rdir *out);
+
+/* ---- the data channel's wire (chan_wire.c): one request, one reply, both validated ------- */
+
+#define KVI_RREQ_MAGIC    0x5252564bu /* "KVRR" */
+#define KVI_RREP_MAGIC    0x5052564bu /* "KVRP" */
+#define KVI_RWIRE_VERSION 1u
+#define KVI_RCRED_MAX     256u
+#define KVI_RADDR_MAX     4096u /* bytes of a UCX worker address */
+
+typedef struct kvi_rreq_block {
+    uint32_t slot;
+    uint64_t generation;
+    const uint8_t *hash; /* hash_len bytes (into the message) */
+} kvi_rreq_block;
+
+typedef struct kvi_rreq {
+    uint64_t req_id;
+    uint64_t epoch; /* the owner's epoch the entries were published in */
+    uint64_t tag;   /* block i arrives with tag ^ i */
+    uint32_t hash_len;
+    const uint8_t *cred; /* into the message */
+    uint32_t cred_len;
+    const uint8_t *addr; /* the reader's UCX worker address */
+    uint32_t addr_len;
+    uint32_t n;
+    kvi_rreq_block *blocks; /* decode: caller's array of KVT_REMOTE_MAX_READ */
+} kvi_rreq;
+
+/* Per block: its outcome and, when sent, the checksum of the bytes sent. */
+typedef struct kvi_rrep_block {
+    int32_t status; /* 0 sent, KVT_ENOENT stale */
+    uint64_t checksum;
+} kvi_rrep_block;
+
+typedef struct kvi_rrep {
+    uint64_t req_id;
+    int32_t status; /* 0, or the owner's refusal of the whole request */
+    uint32_t n;
+    kvi_rrep_block *blocks;
+} kvi_rrep;
+
+size_t kvi_rreq_size(const kvi_rreq *q);
+void kvi_rreq_encode(const kvi_rreq *q, uint8_t *buf);
+/* KVT_EPROTO / KVT_EVERSION / KVT_ELIMIT with a message; q->blocks must have room for
+ * KVT_REMOTE_MAX_READ. Pointers in q point into buf. */
+int kvi_rreq_decode(const uint8_t *buf, size_t len, kvi_rreq *q);
+size_t kvi_rrep_size(const kvi_rrep *p);
+void kvi_rrep_encode(const kvi_rrep *p, uint8_t *buf);
+int kvi_rrep_decode(const uint8_t *buf, size_t len, kvi_rrep *p);
+
+#endif

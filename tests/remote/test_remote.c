@@ -1,0 +1,594 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The remote tier (kvtier/remote.h) against a real Redis that the test starts itself (on a
+ * unix socket in a temporary directory): hits across instances with every byte checked, stale
+ * entries costing misses, the credential, mismatched seeds, an owner stopped or killed during
+ * reads, an owner restarted, Redis restarted, and the read channel's decoders on broken input.
+ * Without redis-server on PATH every case is skipped (and says so).
+ */
+#include <errno.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+
+#include "kvt_test.h"
+#include "kvtier/remote.h"
+#include "remote/remote_internal.h"
+
+#define BB    8192u /* block bytes */
+#define SLOTS 64u
+#define HL    16u
+#define CRED  "a-shared-secret-of-the-space"
+
+static char g_dir[64], g_sock[96];
+static pid_t g_redis = -1;
+static char g_space[32];
+
+static void sleep_ms(unsigned ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+        ;
+}
+
+static bool redis_start(void)
+{
+    pid_t p = fork();
+    if (p == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        char log[128];
+        snprintf(log, sizeof(log), "%s/redis.log", g_dir);
+        execlp("redis-server", "redis-server", "--port", "0", "--unixsocket", g_sock,
+               "--unixsocketperm", "700", "--save", "", "--appendonly", "no", "--logfile", log,
+               "--dir", g_dir, (char *)NULL);
+        _exit(127);
+    }
+    if (p < 0)
+        return false;
+    for (int i = 0; i < 200; i++) {
+        struct stat st;
+        if (stat(g_sock, &st) == 0)
+            break;
+        int ws;
+        if (waitpid(p, &ws, WNOHANG) == p)
+            return false;
+        sleep_ms(10);
+    }
+    g_redis = p;
+    return true;
+}
+
+static void redis_stop(void)
+{
+    if (g_redis > 0) {
+        kill(g_redis, SIGKILL);
+        waitpid(g_redis, NULL, 0);
+        unlink(g_sock);
+    }
+    g_redis = -1;
+}
+
+static int group_setup(void **state)
+{
+    (void)state;
+    snprintf(g_dir, sizeof(g_dir), "/tmp/kvt-remote-XXXXXX");
+    if (!mkdtemp(g_dir))
+        return -1;
+    snprintf(g_sock, sizeof(g_sock), "%s/redis.sock", g_dir);
+    redis_start();
+    return 0;
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    redis_stop();
+    char cmd[128];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", g_dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+static int each_setup(void **state)
+{
+    (void)state;
+    static int n;
+    snprintf(g_space, sizeof(g_space), "t%d-%d", (int)getpid(), n++);
+    return 0;
+}
+
+#define NEED_REDIS()                                                                               \
+    do {                                                                                           \
+        if (g_redis <= 0)                                                                          \
+            KVT_SKIP("redis-server could not be started (scripts/install-deps installs it)");      \
+    } while (0)
+
+/* chained block hashes of prefix `seq`: hash i depends on i and the sequence */
+static void chain(uint32_t seq, uint32_t n, uint8_t *out)
+{
+    for (uint32_t i = 0; i < n; i++)
+        for (uint32_t j = 0; j < HL; j++)
+            out[i * HL + j] = (uint8_t)(seq * 131u + i * 7u + j * 29u + (i >> 8));
+}
+
+/* the bytes of block i of sequence seq */
+static void fill(uint8_t *p, uint32_t seq, uint32_t i)
+{
+    for (uint32_t k = 0; k < BB; k += 4) {
+        uint32_t v = seq * 2654435761u ^ i * 40503u ^ k;
+        memcpy(p + k, &v, 4);
+    }
+}
+
+static bool same_as(const uint8_t *p, uint32_t seq, uint32_t i)
+{
+    uint8_t want[BB];
+    fill(want, seq, i);
+    return memcmp(p, want, BB) == 0;
+}
+
+typedef struct inst {
+    kvt_remote *r;
+    uint8_t *region;
+} inst;
+
+static int make(inst *in, const char *name, bool serve, uint64_t seed, const char *cred,
+                uint32_t timeout_ms)
+{
+    kvt_remote_config c;
+    kvt_remote_config_init(&c);
+    c.directory = g_sock;
+    c.space = g_space;
+    c.instance = name;
+    c.listen_host = "127.0.0.1";
+    c.credential = cred;
+    c.block_bytes = BB;
+    c.hash_len = HL;
+    c.hash_seed = seed;
+    c.ttl_ms = 300;
+    c.timeout_ms = timeout_ms;
+    c.retry_ms = 100;
+    in->region = NULL;
+    if (serve) {
+        in->region = calloc(SLOTS, BB);
+        assert_non_null(in->region);
+        c.region = in->region;
+        c.n_slots = SLOTS;
+    }
+    int rc = kvt_remote_create(&c, &in->r);
+    if (rc) {
+        free(in->region);
+        in->region = NULL;
+    }
+    return rc;
+}
+
+static void drop_inst(inst *in)
+{
+    kvt_remote_destroy(in->r);
+    free(in->region);
+    in->r = NULL;
+    in->region = NULL;
+}
+
+/* stores blocks [0, n) of seq into slots first.. and publishes them */
+static void store(inst *in, uint32_t seq, uint32_t n, uint32_t first)
+{
+    uint8_t hashes[SLOTS * HL];
+    uint32_t slots[SLOTS];
+    chain(seq, n, hashes);
+    for (uint32_t i = 0; i < n; i++) {
+        slots[i] = first + i;
+        fill(in->region + (size_t)slots[i] * BB, seq, i);
+    }
+    KVT_OK_(kvt_remote_publish(in->r, slots, hashes, n));
+}
+
+/* looks up n blocks of seq and reads what hit; returns the hits, checks every byte read;
+ * counts outcomes into ok / stale / failed */
+static uint32_t fetch(inst *in, uint32_t seq, uint32_t n, uint32_t *ok, uint32_t *stale,
+                      uint32_t *failed)
+{
+    uint8_t hashes[SLOTS * HL];
+    kvt_remote_loc locs[SLOTS];
+    uint32_t hit = 0;
+    chain(seq, n, hashes);
+    KVT_OK_(kvt_remote_lookup(in->r, hashes, n, locs, &hit));
+    *ok = *stale = *failed = 0;
+    if (!hit)
+        return 0;
+    uint8_t *dst = malloc((size_t)hit * BB);
+    void *ptrs[SLOTS];
+    int st[SLOTS];
+    assert_non_null(dst);
+    for (uint32_t i = 0; i < hit; i++)
+        ptrs[i] = dst + (size_t)i * BB;
+    (void)kvt_remote_read(in->r, locs, hashes, hit, ptrs, st);
+    for (uint32_t i = 0; i < hit; i++) {
+        if (st[i] == 0) {
+            if (!same_as(dst + (size_t)i * BB, seq, i))
+                fail_msg("block %u of sequence %u: wrong bytes read", i, seq);
+            (*ok)++;
+        } else if (st[i] == KVT_ENOENT) {
+            (*stale)++;
+        } else {
+            assert_true(st[i] == KVT_EIO || st[i] == KVT_EINVAL);
+            (*failed)++;
+        }
+    }
+    free(dst);
+    return hit;
+}
+
+static void hits_across_instances_every_byte_checked(void **state)
+{
+    (void)state;
+    NEED_REDIS();
+    inst a, b;
+    KVT_OK_(make(&a, "a", true, 7, CRED, 2000));
+    KVT_OK_(make(&b, "b", true, 7, CRED, 2000));
+    store(&a, 1, 32, 1);
+    store(&b, 2, 8, 40);
+    uint32_t ok, stale, failed;
+    /* b finds a's 32 blocks (its chain of 40 ends there) and a finds b's 8 */
+    assert_int_equal(fetch(&b, 1, 40, &ok, &stale, &failed), 32);
+    assert_int_equal(ok, 32);
+    assert_int_equal(fetch(&a, 2, 8, &ok, &stale, &failed), 8);
+    assert_int_equal(ok, 8);
+    /* an instance never finds itself */
+    assert_int_equal(fetch(&a, 1, 32, &ok, &stale, &failed), 0);
+    kvt_remote_stats sa, sb;
+    kvt_remote_get_stats(a.r, &sa);
+    kvt_remote_get_stats(b.r, &sb);
+    assert_int_equal(sa.published, 32);
+    assert_int_equal(sa.served_blocks, 32);
+    assert_int_equal(sb.read_ok, 32);
+    assert_int_equal(sb.read_bytes, 32ull * BB);
+    assert_true(sa.epoch > 0 && sb.epoch > 0);
+    assert_non_null(kvt_remote_peer_name(b.r, 0));
+    drop_inst(&b);
+    drop_inst(&a);
+}
+
+static void a_withdrawn_or_reused_slot_costs_a_miss_never_wrong_bytes(void **state)
+{
+    (void)state;
+    NEED_REDIS();
+    inst a, b;
+    KVT_OK_(make(&a, "a", true, 7, CRED, 2000));
+    KVT_OK_(make(&b, "b", false, 7, CRED, 2000));
+    store(&a, 3, 16, 1);
+    uint8_t hashes[16 * HL];
+    kvt_remote_loc locs[16];
+    uint32_t hit;
+    chain(3, 16, hashes);
+    KVT_OK_(kvt_remote_lookup(b.r, hashes, 16, locs, &hit));
+    assert_int_equal(hit, 16);
+    /* after the lookup, a reuses slot 6 (block 5) for another block: withdraw, then store */
+    uint32_t s6 = 6;
+    KVT_OK_(kvt_remote_withdraw(a.r, &s6, 1));
+    fill(a.region + 6 * BB, 99, 0);
+    /* and scribbles over slot 9 (block 8) without withdrawing it: the checksum catches it */
+    a.region[9 * BB + 100] ^= 0xff;
+    uint8_t *dst = malloc(16 * BB);
+    void *ptrs[16];
+    int st[16];
+    for (uint32_t i = 0; i < 16; i++)
+        ptrs[i] = dst + (size_t)i * BB;
+    KVT_ERR_(kvt_remote_read(b.r, locs, hashes, 16, ptrs, st), KVT_ENOENT);
+    for (uint32_t i = 0; i < 16; i++) {
+        if (i == 5 || i == 8)
+            assert_int_equal(st[i], KVT_ENOENT);
+        else {
+            assert_int_equal(st[i], 0);
+            assert_true(same_as(dst + (size_t)i * BB, 3, i));
+        }
+    }
+    free(dst);
+    /* the directory lost block 5: the prefix now ends there */
+    uint32_t ok, stale, failed;
+    assert_int_equal(fetch(&b, 3, 16, &ok, &stale, &failed), 5);
+    kvt_remote_stats sa;
+    kvt_remote_get_stats(a.r, &sa);
+    assert_int_equal(sa.withdrawn, 1);
+    assert_true(sa.served_stale >= 2);
+    drop_inst(&b);
+    drop_inst(&a);
+}
+
+static void a_wrong_credential_is_refused(void **state)
+{
+    (void)state;
+    NEED_REDIS();
+    inst a, b;
+    KVT_OK_(make(&a, "a", true, 7, CRED, 2000));
+    KVT_OK_(make(&b, "b", false, 7, "not-the-secret-of-the-space", 2000));
+    store(&a, 4, 4, 1);
+    uint32_t ok, stale, failed;
+    assert_int_equal(fetch(&b, 4, 4, &ok, &stale, &failed), 4);
+    assert_int_equal(ok, 0);
+    assert_int_equal(failed, 4);
+    kvt_remote_stats sa;
+    kvt_remote_get_stats(a.r, &sa);
+    assert_int_equal(sa.served_blocks, 0);
+    assert_int_equal(sa.refused_requests, 1);
+    drop_inst(&b);
+    drop_inst(&a);
+}
+
+static void mismatched_seeds_are_refused_naming_the_other(void **state)
+{
+    (void)state;
+    NEED_REDIS();
+    inst a, c;
+    KVT_OK_(make(&a, "a", true, 7, CRED, 2000));
+    KVT_ERR_(make(&c, "c", false, 8, CRED, 2000), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "'a'"));
+    assert_non_null(strstr(kvt_last_error(), "hash seed"));
+    /* once a is gone, a space may move to another seed */
+    drop_inst(&a);
+    KVT_OK_(make(&c, "c", false, 8, CRED, 2000));
+    drop_inst(&c);
+}
+
+/* The owner process (main with --owner: a fresh process, so that no thread of the test's own
+ * crosses the fork): serves seq's n blocks as instance `name` until killed; writes one byte to
+ * fd 3 once it published them. */
+static int owner_main(const char *space, const char *name, uint32_t seq, uint32_t n)
+{
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    snprintf(g_space, sizeof(g_space), "%s", space);
+    inst a;
+    if (make(&a, name, true, 7, CRED, 2000) != 0)
+        return 2;
+    /* the new epoch: wait until registered (an old key of the name may still be live) */
+    for (int i = 0; i < 500; i++) {
+        kvt_remote_stats s;
+        kvt_remote_get_stats(a.r, &s);
+        if (s.epoch)
+            break;
+        sleep_ms(10);
+    }
+    store(&a, seq, n, 1);
+    char c = 'r';
+    if (write(3, &c, 1) != 1)
+        return 3;
+    for (;;)
+        pause();
+}
+
+static pid_t owner_child(const char *name, uint32_t seq, uint32_t n)
+{
+    int p2c[2];
+    assert_int_equal(pipe(p2c), 0);
+    pid_t p = fork();
+    assert_true(p >= 0);
+    if (p == 0) {
+        dup2(p2c[1], 3);
+        char s[16], k[16];
+        snprintf(s, sizeof(s), "%u", seq);
+        snprintf(k, sizeof(k), "%u", n);
+        execl("/proc/self/exe", "test_remote", "--owner", g_space, g_sock, name, s, k,
+              (char *)NULL);
+        _exit(127);
+    }
+    close(p2c[1]);
+    char c;
+    assert_int_equal(read(p2c[0], &c, 1), 1);
+    close(p2c[0]);
+    return p;
+}
+
+static void an_owner_stopped_or_killed_mid_read_fails_the_read_and_restarts_empty(void **state)
+{
+    (void)state;
+    NEED_REDIS();
+    inst b;
+    KVT_OK_(make(&b, "b", false, 7, CRED, 400));
+    pid_t own = owner_child("a", 5, 24);
+    uint32_t ok, stale, failed;
+    assert_int_equal(fetch(&b, 5, 24, &ok, &stale, &failed), 24);
+    assert_int_equal(ok, 24);
+    /* stopped: its entries are still in the directory, the read fails within timeout_ms */
+    uint8_t hashes[24 * HL];
+    kvt_remote_loc locs[24];
+    uint32_t hit;
+    chain(5, 24, hashes);
+    KVT_OK_(kvt_remote_lookup(b.r, hashes, 24, locs, &hit));
+    assert_int_equal(hit, 24);
+    kill(own, SIGSTOP);
+    uint8_t *dst = malloc(24 * BB);
+    void *ptrs[24];
+    int st[24];
+    for (uint32_t i = 0; i < 24; i++)
+        ptrs[i] = dst + (size_t)i * BB;
+    KVT_ERR_(kvt_remote_read(b.r, locs, hashes, 24, ptrs, st), KVT_EIO);
+    for (uint32_t i = 0; i < 24; i++)
+        assert_int_equal(st[i], KVT_EIO);
+    /* killed: its liveness key expires, its entries stop counting */
+    kill(own, SIGKILL);
+    waitpid(own, NULL, 0);
+    KVT_ERR_(kvt_remote_read(b.r, locs, hashes, 24, ptrs, st), KVT_EIO);
+    sleep_ms(400);
+    assert_int_equal(fetch(&b, 5, 24, &ok, &stale, &failed), 0);
+    /* restarted under the same name: empty, a new epoch; the old entries never come back,
+     * what it stores anew is found */
+    own = owner_child("a", 6, 8);
+    assert_int_equal(fetch(&b, 5, 24, &ok, &stale, &failed), 0);
+    assert_int_equal(fetch(&b, 6, 8, &ok, &stale, &failed), 8);
+    assert_int_equal(ok, 8);
+    /* an entry of the old epoch that survived in the directory (say, Redis restored from a
+     * snapshot) does not count: the lookup checks the owner's live epoch */
+    char cmd[512], hex[2 * HL + 1];
+    for (uint32_t j = 0; j < HL; j++)
+        snprintf(hex + 2 * j, 3, "%02x", hashes[j]);
+    snprintf(cmd, sizeof(cmd), "redis-cli -s %s SET 'kvt:{%s}:b:%s' 'a 1 1 1' >/dev/null", g_sock,
+             g_space, hex);
+    assert_int_equal(system(cmd), 0);
+    KVT_OK_(kvt_remote_lookup(b.r, hashes, 1, locs, &hit));
+    assert_int_equal(hit, 0);
+
+    kill(own, SIGKILL);
+    waitpid(own, NULL, 0);
+    free(dst);
+    drop_inst(&b);
+}
+
+static void redis_down_means_misses_and_a_restart_rebuilds_the_directory(void **state)
+{
+    (void)state;
+    NEED_REDIS();
+    inst a, b;
+    KVT_OK_(make(&a, "a", true, 7, CRED, 2000));
+    KVT_OK_(make(&b, "b", false, 7, CRED, 2000));
+    store(&a, 7, 12, 1);
+    uint32_t ok, stale, failed;
+    assert_int_equal(fetch(&b, 7, 12, &ok, &stale, &failed), 12);
+    redis_stop();
+    assert_int_equal(fetch(&b, 7, 12, &ok, &stale, &failed), 0); /* a miss, not an error */
+    store(&a, 8, 4, 20);                                         /* dropped, not an error */
+    kvt_remote_stats sa, sb;
+    kvt_remote_get_stats(a.r, &sa);
+    kvt_remote_get_stats(b.r, &sb);
+    assert_int_equal(sa.publish_dropped, 4);
+    assert_true(sb.directory_errors >= 1);
+    assert_true(redis_start());
+    /* a notices its key is gone, enters again and publishes what it holds */
+    uint32_t hit = 0;
+    for (int i = 0; i < 300 && hit < 12; i++) {
+        sleep_ms(20);
+        hit = fetch(&b, 7, 12, &ok, &stale, &failed);
+    }
+    assert_int_equal(hit, 12);
+    assert_int_equal(ok, 12);
+    assert_int_equal(fetch(&b, 8, 4, &ok, &stale, &failed), 4);
+    kvt_remote_get_stats(a.r, &sa);
+    assert_true(sa.registrations >= 2);
+    drop_inst(&b);
+    drop_inst(&a);
+}
+
+static void bad_configs_are_refused(void **state)
+{
+    (void)state;
+    kvt_remote_config c;
+    kvt_remote *r = NULL;
+    kvt_remote_config_init(&c);
+    c.directory = "/nonexistent/redis.sock";
+    c.space = "s";
+    c.instance = "x";
+    c.listen_host = "127.0.0.1";
+    c.credential = CRED;
+    c.block_bytes = BB;
+    c.credential = "short";
+    KVT_ERR_(kvt_remote_create(&c, &r), KVT_EINVAL);
+    c.credential = CRED;
+    c.space = "a space";
+    KVT_ERR_(kvt_remote_create(&c, &r), KVT_EINVAL);
+    c.space = "s";
+    c.hash_len = 33;
+    KVT_ERR_(kvt_remote_create(&c, &r), KVT_EINVAL);
+    c.hash_len = HL;
+    c.reserved[0] = 1;
+    KVT_ERR_(kvt_remote_create(&c, &r), KVT_EINVAL);
+    c.reserved[0] = 0;
+    /* an unreachable directory is not an error: the instance starts unregistered */
+    KVT_OK_(kvt_remote_create(&c, &r));
+    uint8_t h[HL] = {1};
+    kvt_remote_loc loc;
+    uint32_t hit = 7;
+    KVT_OK_(kvt_remote_lookup(r, h, 1, &loc, &hit));
+    assert_int_equal(hit, 0);
+    uint32_t slot = 0;
+    KVT_ERR_(kvt_remote_publish(r, &slot, h, 1), KVT_ESTATE); /* it serves no region */
+    kvt_remote_destroy(r);
+}
+
+static void the_read_messages_are_validated(void **state)
+{
+    (void)state;
+    uint8_t hash[HL] = {9};
+    uint8_t addr[40] = {1};
+    kvi_rreq_block blk[2] = {{.slot = 3, .generation = 5, .hash = hash},
+                             {.slot = 4, .generation = 6, .hash = hash}};
+    kvi_rreq q = {.req_id = 11,
+                  .epoch = 2,
+                  .tag = 0x10000,
+                  .hash_len = HL,
+                  .cred = (const uint8_t *)CRED,
+                  .cred_len = sizeof(CRED) - 1,
+                  .addr = addr,
+                  .addr_len = sizeof(addr),
+                  .n = 2,
+                  .blocks = blk};
+    size_t len = kvi_rreq_size(&q);
+    uint8_t *buf = malloc(len + 1);
+    kvi_rreq_encode(&q, buf);
+    kvi_rreq_block *out = malloc(KVT_REMOTE_MAX_READ * sizeof(*out));
+    kvi_rreq d = {.blocks = out};
+    KVT_OK_(kvi_rreq_decode(buf, len, &d));
+    assert_int_equal(d.n, 2);
+    assert_int_equal(d.blocks[1].slot, 4);
+    assert_int_equal(d.blocks[1].generation, 6);
+    assert_int_equal(d.cred_len, sizeof(CRED) - 1);
+    /* every truncation, a trailing byte, a bad magic, version, hash length and count */
+    for (size_t cut = 0; cut < len; cut++)
+        assert_true(kvi_rreq_decode(buf, cut, &d) < 0);
+    buf[len] = 0;
+    KVT_ERR_(kvi_rreq_decode(buf, len + 1, &d), KVT_EPROTO);
+    buf[0] ^= 1;
+    KVT_ERR_(kvi_rreq_decode(buf, len, &d), KVT_EPROTO);
+    buf[0] ^= 1;
+    buf[4] = 9;
+    KVT_ERR_(kvi_rreq_decode(buf, len, &d), KVT_EVERSION);
+    buf[4] = 1;
+    buf[32] = 0; /* hash_len 0 */
+    KVT_ERR_(kvi_rreq_decode(buf, len, &d), KVT_EPROTO);
+    buf[32] = HL;
+    size_t n_at = 4 + 4 + 8 + 8 + 8 + 4 + 4 + q.cred_len + 4 + q.addr_len;
+    buf[n_at + 3] = 0x7f; /* a huge count */
+    KVT_ERR_(kvi_rreq_decode(buf, len, &d), KVT_ELIMIT);
+    free(buf);
+    free(out);
+
+    kvi_rrep_block rb[2] = {{0, 77}, {KVT_ENOENT, 0}}, rout[KVT_REMOTE_MAX_READ > 0 ? 2 : 1];
+    kvi_rrep p = {.req_id = 11, .status = 0, .n = 2, .blocks = rb};
+    len = kvi_rrep_size(&p);
+    buf = malloc(len);
+    kvi_rrep_encode(&p, buf);
+    kvi_rrep_block *big = malloc(KVT_REMOTE_MAX_READ * sizeof(*big));
+    kvi_rrep pd = {.blocks = big};
+    KVT_OK_(kvi_rrep_decode(buf, len, &pd));
+    assert_int_equal(pd.blocks[0].checksum, 77);
+    assert_int_equal(pd.blocks[1].status, KVT_ENOENT);
+    for (size_t cut = 0; cut < len; cut++)
+        assert_true(kvi_rrep_decode(buf, cut, &pd) < 0);
+    buf[len - 12] = 0x55; /* an unknown status */
+    KVT_ERR_(kvi_rrep_decode(buf, len, &pd), KVT_EPROTO);
+    (void)rout;
+    free(buf);
+    free(big);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 7 && strcmp(argv[1], "--owner") == 0) {
+        snprintf(g_sock, sizeof(g_sock), "%s", argv[3]);
+        return owner_main(argv[2], argv[4], (uint32_t)atoi(argv[5]), (uint32_t)atoi(argv[6]));
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup(hits_across_instances_every_byte_checked, each_setup),
+        cmocka_unit_test_setup(a_withdrawn_or_reused_slot_costs_a_miss_never_wrong_bytes,
+                               each_setup),
+        cmocka_unit_test_setup(a_wrong_credential_is_refused, each_setup),
+        cmocka_unit_test_setup(mismatched_seeds_are_refused_naming_the_other, each_setup),
+        cmocka_unit_test_setup(
+            an_owner_stopped_or_killed_mid_read_fails_the_read_and_restarts_empty, each_setup),
+        cmocka_unit_test_setup(redis_down_means_misses_and_a_restart_rebuilds_the_directory,
+                               each_setup),
+        cmocka_unit_test(bad_configs_are_refused),
+        cmocka_unit_test(the_read_messages_are_validated),
+    };
+    return kvt_test_exit(cmocka_run_group_tests(tests, group_setup, group_teardown));
+}
