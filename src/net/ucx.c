@@ -465,6 +465,12 @@ static void wait_events(kvi_ucx *u)
 
 int kvi_ucx_send_many(kvi_ucx *u, kvi_ucx_send_item *v, uint32_t n, uint32_t window, int timeout_ms)
 {
+    return kvi_ucx_send_many_prep(u, v, n, window, timeout_ms, NULL, NULL);
+}
+
+int kvi_ucx_send_many_prep(kvi_ucx *u, kvi_ucx_send_item *v, uint32_t n, uint32_t window,
+                           int timeout_ms, int (*prep)(void *arg, uint32_t i), void *arg)
+{
     if (n == 0)
         return 0;
     if (!v || window == 0)
@@ -511,8 +517,8 @@ int kvi_ucx_send_many(kvi_ucx *u, kvi_ucx_send_item *v, uint32_t n, uint32_t win
         for (uint32_t j = 0; j < window && next < n; j++) {
             if (fl[j].q)
                 continue;
-            while (next < n && !ep_of[next])
-                next++; /* no endpoint: its rc says why */
+            while (next < n && (!ep_of[next] || (prep && (v[next].rc = prep(arg, next)))))
+                next++; /* no endpoint, or prep refused it: its rc says why */
             if (next == n)
                 break;
             inflight *f = &fl[j];

@@ -89,20 +89,25 @@ static const char WITHDRAW[] =
     "end\n"
     "return n\n";
 
-/* KEYS: the chain's entries; ARGV: the live-key prefix, self */
+/* KEYS: the chain's entries; ARGV: the live-key prefix, self. Values are
+ * "<instance> <epoch> <slot> <generation>", live keys "<epoch> <endpoint>". */
 static const char LOOKUP[] =
+    "local vs = redis.call('MGET', unpack(KEYS))\n"
     "local out, live = {}, {}\n"
-    "for i, k in ipairs(KEYS) do\n"
-    "  local v = redis.call('GET', k)\n"
+    "for i = 1, #KEYS do\n"
+    "  local v = vs[i]\n"
     "  if not v then break end\n"
-    "  local inst, ep = string.match(v, '^(%S+) (%d+) ')\n"
-    "  if not inst or inst == ARGV[2] then break end\n"
+    "  local a = string.find(v, ' ', 1, true)\n"
+    "  local b = a and string.find(v, ' ', a + 1, true)\n"
+    "  if not b then break end\n"
+    "  local inst = string.sub(v, 1, a - 1)\n"
+    "  if inst == ARGV[2] then break end\n"
     "  local l = live[inst]\n"
     "  if l == nil then l = redis.call('GET', ARGV[1] .. inst) or false; live[inst] = l end\n"
     "  if not l then break end\n"
-    "  local lep, addr = string.match(l, '^(%d+) (%S+)$')\n"
-    "  if lep ~= ep then break end\n"
-    "  out[#out + 1] = v .. ' ' .. addr\n"
+    "  local c = string.find(l, ' ', 1, true)\n"
+    "  if not c or string.sub(l, 1, c - 1) ~= string.sub(v, a + 1, b - 1) then break end\n"
+    "  out[#out + 1] = v .. string.sub(l, c)\n"
     "end\n"
     "return out\n";
 
@@ -315,9 +320,12 @@ static int batch_make(batch *b, const kvi_rdir_self *s, uint64_t epoch, const ui
     }
     char *p = b->mem;
     for (uint32_t i = 0; i < n; i++) {
+        static const char digits[] = "0123456789abcdef";
         char hex[2 * KVT_REMOTE_MAX_HASH + 1];
+        const uint8_t *h = hashes + (size_t)i * s->hash_len;
         for (uint32_t j = 0; j < s->hash_len; j++)
-            snprintf(hex + 2 * j, 3, "%02x", hashes[(size_t)i * s->hash_len + j]);
+            hex[2 * j] = digits[h[j] >> 4], hex[2 * j + 1] = digits[h[j] & 15];
+        hex[2 * s->hash_len] = '\0';
         snprintf(p, ENTRY_KEY_MAX, "kvt:{%s}:b:%s", s->space, hex);
         b->keys[i] = p, p += ENTRY_KEY_MAX;
         snprintf(p, ENTRY_VAL_MAX, "%s %" PRIu64 " %u %" PRIu64, s->instance, epoch,

@@ -249,7 +249,27 @@ typedef struct serve_ctx {
     kvi_rrep_block out[KVT_REMOTE_MAX_READ];
     kvi_ucx_send_item items[KVT_REMOTE_MAX_READ];
     uint32_t item_block[KVT_REMOTE_MAX_READ];
+    uint64_t want[KVT_REMOTE_MAX_READ]; /* per item: the checksum recorded at publish */
+    kvt_remote *r;
 } serve_ctx;
+
+/* Just before item k is sent (earlier ones in flight): its bytes against the checksum
+ * recorded at publish. */
+static int check_bytes(void *arg, uint32_t k)
+{
+    serve_ctx *sc = arg;
+    kvt_remote *r = sc->r;
+    if (!r->cfg.owner_checksum)
+        return 0;
+    kvi_rrep_block *o = &sc->out[sc->item_block[k]];
+    if (region_checksum(sc->items[k].buf, r->cfg.block_bytes) == sc->want[k])
+        return 0;
+    KVT_LOG_W("remote: slot %u's bytes changed since it was published (a store into a published "
+              "slot?); not served",
+              sc->blocks[sc->item_block[k]].slot);
+    o->status = KVT_ENOENT, o->checksum = 0;
+    return KVT_ENOENT;
+}
 
 static int serve(kvt_remote *r, serve_ctx *sc, const uint8_t *buf, size_t len, kvi_rrep *rep)
 {
@@ -284,30 +304,25 @@ static int serve(kvt_remote *r, serve_ctx *sc, const uint8_t *buf, size_t len, k
         pthread_mutex_unlock(&r->mu);
         if (!ok)
             continue;
-        const uint8_t *src =
-            (const uint8_t *)r->cfg.region + (uint64_t)b->slot * r->cfg.block_bytes;
-        uint64_t sum = r->cfg.owner_checksum ? region_checksum(src, r->cfg.block_bytes) : want;
-        if (sum != want) {
-            KVT_LOG_W("remote: slot %u's bytes changed since it was published (a store into a "
-                      "published slot?); not served",
-                      b->slot);
-            continue;
-        }
-        o->status = 0, o->checksum = sum;
+        o->status = 0, o->checksum = want;
+        sc->want[ni] = want;
         sc->items[ni] = (kvi_ucx_send_item){.addr = q.addr,
                                             .addr_len = q.addr_len,
-                                            .buf = src,
+                                            .buf = (const uint8_t *)r->cfg.region +
+                                                   (uint64_t)b->slot * r->cfg.block_bytes,
                                             .len = r->cfg.block_bytes,
                                             .tag = q.tag ^ i};
         sc->item_block[ni++] = i;
     }
     if (ni)
-        (void)kvi_ucx_send_many(r->ucx_srv, sc->items, ni, SEND_WINDOW, (int)r->cfg.timeout_ms);
+        (void)kvi_ucx_send_many_prep(r->ucx_srv, sc->items, ni, SEND_WINDOW, (int)r->cfg.timeout_ms,
+                                     check_bytes, sc);
     uint64_t sent = 0, stale = 0;
     for (uint32_t k = 0; k < ni; k++) {
         uint32_t i = sc->item_block[k];
         if (sc->items[k].rc) {
-            sc->out[i].status = KVT_EIO;
+            if (sc->items[k].rc != KVT_ENOENT)
+                sc->out[i].status = KVT_EIO;
             continue;
         }
         pthread_mutex_lock(&r->mu);
@@ -318,7 +333,6 @@ static int serve(kvt_remote *r, serve_ctx *sc, const uint8_t *buf, size_t len, k
         else
             sent++;
     }
-    stale = 0;
     for (uint32_t i = 0; i < q.n; i++)
         stale += sc->out[i].status == KVT_ENOENT;
     add(&r->a_served, sent);
@@ -369,6 +383,8 @@ static void *server_main(void *arg)
 {
     kvt_remote *r = arg;
     serve_ctx *sc = malloc(sizeof(*sc));
+    if (sc)
+        sc->r = r;
     uint8_t *rbuf = malloc(64 + (size_t)KVT_REMOTE_MAX_READ * 12);
     uint64_t beat_ns = (uint64_t)r->cfg.ttl_ms * 1000000u / 3, next_beat = 0;
     while (sc && rbuf && !atomic_load(&r->stop)) {
