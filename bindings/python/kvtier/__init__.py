@@ -29,7 +29,7 @@ import weakref
 
 from . import _lib as L
 
-__all__ = ["KvtierError", "version", "hash_prompt", "Pool", "OffloadManager", "OffloadEvent", "Node",
+__all__ = ["KvtierError", "version", "hash_prompt", "Pool", "OffloadManager", "OffloadEvent", "Node", "Remote",
            "OffloadMeta", "WorkerMeta", "Layout", "Mirror", "Worker", "Disk", "LinkScheduler", "LinkWorker",
            "EcShard", "EcScheduler", "EcProducer", "EcPlanner", "EcMeta", "EcWorkerMeta",
            "EcServer", "EcNetConsumer", "EcInbox",
@@ -717,6 +717,108 @@ class Node(_Handle):
     def unlink(name):
         """Removes the names of node tier `name` (what crashed replicas left behind)."""
         _check(_lib.kvt_node_unlink(name.encode()))
+
+
+class Remote(_Handle):
+    """This instance in a remote tier (kvt_remote): its blocks found by instances on other
+    hosts through a Redis directory and read peer to peer over UCX, every block checked
+    (docs/remote.md). region: a buffer (bytearray, numpy array, ...) of n_slots x block_bytes
+    this instance serves, or None to read only."""
+    _destroy = _lib.kvt_remote_destroy
+
+    def __init__(self, directory, space, instance, listen_host, credential, block_bytes,
+                 region=None, hash_len=16, hash_seed=0, signature=b"", listen_port=0,
+                 advertise_host=None, ttl_ms=3000, timeout_ms=2000, directory_timeout_ms=250,
+                 retry_ms=1000, owner_checksum=True):
+        cfg = L.kvt_remote_config()
+        _lib.kvt_remote_config_init(ctypes.byref(cfg))
+        self._strs = [x.encode() if isinstance(x, str) else x for x in (
+            directory, space, instance, listen_host, credential, advertise_host)]
+        (cfg.directory, cfg.space, cfg.instance, cfg.listen_host, cfg.credential,
+         cfg.advertise_host) = self._strs
+        cfg.listen_port = listen_port
+        cfg.block_bytes = block_bytes
+        cfg.hash_len = hash_len
+        cfg.hash_seed = hash_seed & 0xFFFFFFFFFFFFFFFF
+        if len(signature) > 32:
+            raise ValueError("kvtier: a remote signature has at most 32 bytes")
+        for i, b in enumerate(signature):
+            cfg.signature[i] = b
+        cfg.ttl_ms, cfg.timeout_ms = ttl_ms, timeout_ms
+        cfg.directory_timeout_ms, cfg.retry_ms = directory_timeout_ms, retry_ms
+        cfg.owner_checksum = 1 if owner_checksum else 0
+        self._region = region
+        if region is not None:
+            addr, nbytes, _dev = _address(region)
+            cfg.region = addr
+            cfg.n_slots = nbytes // block_bytes
+        self.block_bytes = block_bytes
+        self.hash_len = hash_len
+        h = ctypes.c_void_p()
+        _check(_lib.kvt_remote_create(ctypes.byref(cfg), ctypes.byref(h)))
+        self._h = h
+
+    @property
+    def port(self):
+        return _lib.kvt_remote_port(self._h)
+
+    def _hashes(self, hashes):
+        b = bytes(hashes)
+        if len(b) % self.hash_len:
+            raise ValueError("kvtier: hashes are %d bytes each" % self.hash_len)
+        return (ctypes.c_uint8 * max(len(b), 1)).from_buffer_copy(b or b"\0"), len(b) // self.hash_len
+
+    def publish(self, slots, hashes):
+        """Slots now hold the blocks with these hashes (concatenated), their stores complete."""
+        hb, n = self._hashes(hashes)
+        if n != len(slots):
+            raise ValueError("kvtier: %d slots but %d hashes" % (len(slots), n))
+        sl = (ctypes.c_uint32 * max(n, 1))(*slots)
+        _check(_lib.kvt_remote_publish(self._h, sl, hb, n))
+
+    def withdraw(self, slots):
+        """Slots are about to be reused."""
+        sl = (ctypes.c_uint32 * max(len(slots), 1))(*slots)
+        _check(_lib.kvt_remote_withdraw(self._h, sl, len(slots)))
+
+    def lookup(self, hashes):
+        """The longest prefix of these chained hashes held by live peers: a list of
+        (peer, slot, generation), one per block found."""
+        hb, n = self._hashes(hashes)
+        locs = (L.kvt_remote_loc * max(n, 1))()
+        hit = ctypes.c_uint32()
+        _check(_lib.kvt_remote_lookup(self._h, hb, n, locs, ctypes.byref(hit)))
+        return [(locs[i].peer, locs[i].slot, locs[i].generation) for i in range(hit.value)]
+
+    def read(self, locs, hashes, dsts):
+        """Reads looked-up blocks into dsts (buffers of block_bytes each); a status per block:
+        0, or a negative KVT_E* code (kvtier.strerror) — a failed block is a miss."""
+        hb, n = self._hashes(hashes)
+        if not (n == len(locs) == len(dsts)):
+            raise ValueError("kvtier: read: %d locations, %d hashes, %d destinations" % (
+                len(locs), n, len(dsts)))
+        lv = (L.kvt_remote_loc * max(n, 1))()
+        for i, (peer, slot, gen) in enumerate(locs):
+            lv[i].peer, lv[i].slot, lv[i].generation = peer, slot, gen
+        pv = (ctypes.c_void_p * max(n, 1))()
+        for i, d in enumerate(dsts):
+            addr, nbytes, _dev = _address(d)
+            if nbytes < self.block_bytes:
+                raise ValueError("kvtier: destination %d holds %d bytes, a block %d" % (
+                    i, nbytes, self.block_bytes))
+            pv[i] = addr
+        st = (ctypes.c_int * max(n, 1))()
+        _lib.kvt_remote_read(self._h, lv, hb, n, pv, st)
+        return [st[i] for i in range(n)]
+
+    def peer_name(self, peer):
+        name = _lib.kvt_remote_peer_name(self._h, peer)
+        return name.decode() if name else None
+
+    def stats(self):
+        st = L.kvt_remote_stats()
+        _lib.kvt_remote_get_stats(self._h, ctypes.byref(st))
+        return {n: getattr(st, n) for n, _ in L.kvt_remote_stats._fields_ if n != "reserved"}
 
 
 class Mirror(_Handle):

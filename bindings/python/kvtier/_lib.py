@@ -273,6 +273,29 @@ class kvt_node_stats(ctypes.Structure):
                 ("reaped", c_u64), ("lock_recoveries", c_u64)] + ROOM
 
 
+class kvt_remote_config(ctypes.Structure):
+    _fields_ = [("directory", ctypes.c_char_p), ("space", ctypes.c_char_p),
+                ("instance", ctypes.c_char_p), ("listen_host", ctypes.c_char_p),
+                ("listen_port", ctypes.c_uint16), ("advertise_host", ctypes.c_char_p),
+                ("credential", ctypes.c_char_p), ("region", ctypes.c_void_p),
+                ("block_bytes", c_u64), ("n_slots", c_u32), ("hash_len", c_u32),
+                ("hash_seed", c_u64), ("signature", ctypes.c_uint8 * 32), ("ttl_ms", c_u32),
+                ("timeout_ms", c_u32), ("directory_timeout_ms", c_u32), ("retry_ms", c_u32),
+                ("owner_checksum", c_u32), ("reserved32", c_u32)] + room(5)
+
+
+class kvt_remote_loc(ctypes.Structure):
+    _fields_ = [("peer", c_u32), ("slot", c_u32), ("generation", c_u64)]
+
+
+class kvt_remote_stats(ctypes.Structure):
+    _fields_ = [(n, c_u64) for n in (
+        "epoch", "registrations", "published", "withdrawn", "publish_dropped", "lookups",
+        "lookup_blocks", "hit_blocks", "directory_errors", "reads", "read_blocks", "read_ok",
+        "read_stale", "read_failed", "read_bytes", "served_blocks", "served_stale",
+        "served_bytes", "refused_requests")] + room(8)
+
+
 class kvt_worker_config(ctypes.Structure):
     _fields_ = [("rank", c_u32), ("copy", kvt_copy_config)] + ROOM
 
@@ -736,6 +759,17 @@ _sig("kvt_ec_server_event_port", c_u32, vp)
 _sig("kvt_ec_server_apply", c_int, vp, P(kvt_ec_meta), P(kvt_ec_cache_ops), P(kvt_ec_worker_meta))
 _sig("kvt_ec_server_get_stats", None, vp, P(kvt_ec_server_stats))
 _sig("kvt_ec_net_config_init", None, P(kvt_ec_net_config))
+# the remote tier (kvtier/remote.h)
+_sig("kvt_remote_config_init", None, P(kvt_remote_config))
+_sig("kvt_remote_create", c_int, P(kvt_remote_config), P(vp))
+_sig("kvt_remote_destroy", None, vp)
+_sig("kvt_remote_port", ctypes.c_uint16, vp)
+_sig("kvt_remote_publish", c_int, vp, P(c_u32), u8p, c_u32)
+_sig("kvt_remote_withdraw", c_int, vp, P(c_u32), c_u32)
+_sig("kvt_remote_lookup", c_int, vp, u8p, c_u32, P(kvt_remote_loc), P(c_u32))
+_sig("kvt_remote_read", c_int, vp, P(kvt_remote_loc), u8p, c_u32, P(vp), P(ctypes.c_int))
+_sig("kvt_remote_peer_name", ctypes.c_char_p, vp, c_u32)
+_sig("kvt_remote_get_stats", None, vp, P(kvt_remote_stats))
 _sig("kvt_ec_net_consumer_create", c_int, P(kvt_ec_net_config), P(vp))
 _sig("kvt_ec_net_consumer_destroy", None, vp)
 _sig("kvt_ec_net_consumer_ops", kvt_ec_consumer_ops, vp)
@@ -767,7 +801,8 @@ for _t in (kvt_str, kvt_bump, kvt_group_spec, kvt_pool_config, kvt_hit, kvt_bloc
            kvt_ec_worker_meta, kvt_ec_consumer_ops, kvt_ec_producer_config,
            kvt_ec_producer_stats, kvt_ec_push_failure, kvt_ec_local_consumer, kvt_ec_binding,
            kvt_ec_server_config, kvt_ec_server_stats, kvt_ec_net_config, kvt_ec_inbox_config,
-           kvt_ec_inbox_stats, kvt_ec_cache_ops):
+           kvt_ec_inbox_stats, kvt_ec_cache_ops, kvt_remote_config, kvt_remote_loc,
+           kvt_remote_stats):
     _c = lib.kvt_sizeof(_t.__name__.encode())
     if _c != ctypes.sizeof(_t):
         raise ImportError("kvtier: %s is %d bytes in the library but %d in the bindings; "

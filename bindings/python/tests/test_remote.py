@@ -1,0 +1,96 @@
+# SPDX-License-Identifier: Apache-2.0
+"""kvtier.Remote against a redis-server the test starts (a unix socket in a temporary
+directory): two instances in one process, every byte read checked, a withdrawn block a miss,
+another hash seed refused, Redis gone = misses."""
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+import kvtier  # noqa: E402
+
+BB = 4096
+HL = 16
+CRED = "python-remote-test-credential"
+
+
+def chain(seq, n):
+    return b"".join(bytes((seq * 31 + i * 7 + j) & 0xFF for j in range(HL)) for i in range(n))
+
+
+def block(seq, i):
+    return bytes(((seq * 131 + i * 17 + k) * 2654435761 >> 13) & 0xFF for k in range(BB))
+
+
+@unittest.skipUnless(shutil.which("redis-server"), "needs redis-server (scripts/install-deps)")
+class Remote(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="kvt-pyremote-")
+        self.sock = os.path.join(self.dir, "redis.sock")
+        self.redis = subprocess.Popen(
+            ["redis-server", "--port", "0", "--unixsocket", self.sock, "--save", "",
+             "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for _ in range(200):
+            if os.path.exists(self.sock):
+                break
+            time.sleep(0.01)
+        self.assertTrue(os.path.exists(self.sock), "redis-server did not start")
+        self.objs = []
+
+    def tearDown(self):
+        for o in reversed(self.objs):
+            o.close()
+        self.redis.kill()
+        self.redis.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def make(self, name, region=None, seed=5):
+        r = kvtier.Remote(self.sock, "py", name, "127.0.0.1", CRED, BB, region=region,
+                          hash_len=HL, hash_seed=seed, ttl_ms=300, timeout_ms=1000, retry_ms=50)
+        self.objs.append(r)
+        return r
+
+    def test_blocks_read_across_instances_are_intact(self):
+        region = bytearray(16 * BB)
+        a = self.make("a", region)
+        b = self.make("b")
+        for i in range(8):
+            region[(i + 1) * BB:(i + 2) * BB] = block(3, i)
+        a.publish(list(range(1, 9)), chain(3, 8))
+        locs = b.lookup(chain(3, 12))
+        self.assertEqual(len(locs), 8)  # the chain ends where a's blocks end
+        dsts = [bytearray(BB) for _ in locs]
+        self.assertEqual(b.read(locs, chain(3, 8), dsts), [0] * 8)
+        for i, d in enumerate(dsts):
+            self.assertEqual(bytes(d), block(3, i), "block %d" % i)
+        self.assertIn("a@127.0.0.1:", b.peer_name(locs[0][0]))
+        # a withdrawn block ends the prefix; a read of its old location is stale
+        a.withdraw([4])
+        self.assertEqual(len(b.lookup(chain(3, 8))), 3)
+        st = b.read(locs[3:4], chain(3, 8)[3 * HL:4 * HL], dsts[3:4])
+        self.assertEqual(st, [-4])  # KVT_ENOENT
+        self.assertEqual(a.stats()["served_blocks"], 8)
+        self.assertEqual(b.stats()["read_ok"], 8)
+
+    def test_another_seed_is_refused_and_redis_gone_means_misses(self):
+        region = bytearray(4 * BB)
+        a = self.make("a", region)
+        with self.assertRaises(kvtier.KvtierError) as cm:
+            self.make("c", seed=6)
+        self.assertIn("hash seed", str(cm.exception))
+        b = self.make("b")
+        a.publish([1], chain(4, 1))
+        self.assertEqual(len(b.lookup(chain(4, 1))), 1)
+        self.redis.kill()
+        self.redis.wait()
+        self.assertEqual(b.lookup(chain(4, 1)), [])  # a miss, not an error
+        self.assertGreater(b.stats()["directory_errors"], 0)
+
+
+if __name__ == "__main__":
+    unittest.main()
