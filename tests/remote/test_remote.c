@@ -398,6 +398,9 @@ static void an_owner_stopped_or_killed_mid_read_fails_the_read_and_restarts_empt
     KVT_OK_(kvt_remote_lookup(b.r, hashes, 24, locs, &hit));
     assert_int_equal(hit, 24);
     kill(own, SIGSTOP);
+    int ws;
+    assert_int_equal(waitpid(own, &ws, WUNTRACED), own); /* stopped by now, not just signalled */
+    assert_true(WIFSTOPPED(ws));
     uint8_t *dst = malloc(24 * BB);
     void *ptrs[24];
     int st[24];
