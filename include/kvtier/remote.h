@@ -74,8 +74,11 @@ typedef struct kvt_remote_config {
                                 (always on) catches changed bytes (about 20% more throughput
                                 on 2 cores, docs/remote.md) */
     uint32_t reserved32;
+    const char *directory_password; /* Redis AUTH (requirepass or an ACL user's password;
+                                       "user:password" for an ACL user); NULL: none. A
+                                       directory that refuses it fails the create */
     /* room for fields to come: zero (as kvt_remote_config_init leaves it) */
-    uint64_t reserved[5];
+    uint64_t reserved[4];
 } kvt_remote_config;
 
 typedef struct kvt_remote kvt_remote;

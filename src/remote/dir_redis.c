@@ -33,8 +33,9 @@
 typedef struct rdir {
     redisContext *c;
     char host[256];
-    char name[272]; /* "host:port" or the socket path, for messages */
-    int port;       /* 0: host is a unix socket path */
+    char name[272];        /* "host:port" or the socket path, for messages */
+    char *user, *password; /* AUTH; NULL: none */
+    int port;              /* 0: host is a unix socket path */
     struct timeval tv;
     uint32_t retry_ms;
     uint64_t retry_at_ns; /* no reconnect before this after a failure */
@@ -136,6 +137,22 @@ static int conn(rdir *d)
         drop(d, "connect");
         return rc;
     }
+    if (d->password) {
+        redisReply *rep = d->user ? redisCommand(d->c, "AUTH %s %s", d->user, d->password)
+                                  : redisCommand(d->c, "AUTH %s", d->password);
+        int rc = 0;
+        if (!rep)
+            rc = kvt_fail(KVT_EIO, "remote directory: %s: no answer to AUTH", d->name);
+        else if (rep->type == REDIS_REPLY_ERROR)
+            rc = kvt_fail(KVT_EINVAL, "remote directory: %s refused the password: %.200s", d->name,
+                          rep->str);
+        if (rep)
+            freeReplyObject(rep);
+        if (rc) {
+            drop(d, "auth");
+            return rc;
+        }
+    }
     return 0;
 }
 
@@ -189,8 +206,14 @@ static int eval(rdir *d, const char *script, uint32_t nk, const char **keys, con
         return rc;
     }
     if (rep->type == REDIS_REPLY_ERROR) {
-        rc = kvt_fail(KVT_EIO, "remote directory: Redis refused: %.200s", rep->str);
+        bool auth = strncmp(rep->str, "NOAUTH", 6) == 0 || strncmp(rep->str, "NOPERM", 6) == 0 ||
+                    strncmp(rep->str, "WRONGPASS", 9) == 0 ||
+                    strstr(rep->str, "unauthenticated") != NULL; /* Redis 7, large commands */
+        rc = kvt_fail(auth ? KVT_EINVAL : KVT_EIO, "remote directory: Redis refused: %.200s%s",
+                      rep->str, auth ? " (directory_password)" : "");
         freeReplyObject(rep);
+        if (auth)
+            drop(d, "auth"); /* Redis may have closed the connection */
         return rc;
     }
     *out = rep;
@@ -440,6 +463,8 @@ static void d_close(void *vd)
     rdir *d = vd;
     if (d->c)
         redisFree(d->c);
+    free(d->user);
+    free(d->password);
     free(d);
 }
 
@@ -453,7 +478,8 @@ static const kvi_rdir_ops REDIS_OPS = {
     .close = d_close,
 };
 
-int kvi_rdir_redis_open(const char *addr, uint32_t timeout_ms, uint32_t retry_ms, kvi_rdir *out)
+int kvi_rdir_redis_open(const char *addr, const char *password, uint32_t timeout_ms,
+                        uint32_t retry_ms, kvi_rdir *out)
 {
     if (!addr || !*addr || strlen(addr) >= 256)
         return kvt_fail(KVT_EINVAL, "remote: directory must be \"host:port\" or a unix socket "
@@ -476,6 +502,17 @@ int kvi_rdir_redis_open(const char *addr, uint32_t timeout_ms, uint32_t retry_ms
         d->port = (int)port;
     }
     snprintf(d->name, sizeof(d->name), "%s", addr);
+    if (password) {
+        const char *colon_pw = strchr(password, ':');
+        d->user = colon_pw ? strndup(password, (size_t)(colon_pw - password)) : NULL;
+        d->password = strdup(colon_pw ? colon_pw + 1 : password);
+        if (!d->password || (colon_pw && !d->user)) {
+            free(d->user);
+            free(d->password);
+            free(d);
+            return kvt_fail(KVT_ENOMEM, "remote: out of memory");
+        }
+    }
     d->tv.tv_sec = timeout_ms / 1000;
     d->tv.tv_usec = (suseconds_t)(timeout_ms % 1000) * 1000;
     d->retry_ms = retry_ms;

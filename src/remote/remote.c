@@ -167,6 +167,10 @@ static int validate(const kvt_remote_config *c)
         return kvt_fail(KVT_EINVAL, "remote: a region needs 1.. slots (n_slots %u)", c->n_slots);
     if (!c->region && c->n_slots)
         return kvt_fail(KVT_EINVAL, "remote: n_slots without a region");
+    if (c->directory_password &&
+        (!*c->directory_password || strlen(c->directory_password) > KVI_RCRED_MAX * 2))
+        return kvt_fail(KVT_EINVAL, "remote: directory_password must be 1..%u bytes (or NULL)",
+                        KVI_RCRED_MAX * 2);
     if (c->owner_checksum > 1 || c->reserved32)
         return kvt_fail(KVT_EINVAL, "remote: owner_checksum is 0 or 1 (and reserved32 zero)");
     if (c->hash_len == 0 || c->hash_len > KVT_REMOTE_MAX_HASH)
@@ -486,11 +490,14 @@ int kvt_remote_create(const kvt_remote_config *c, kvt_remote **out)
     r->cfg.listen_host = dupcat(&p, c->listen_host);
     r->cfg.credential = dupcat(&p, c->credential);
     r->cfg.advertise_host = dupcat(&p, c->advertise_host);
+    r->cfg.directory_password = NULL; /* the directories keep their own copies */
     pthread_mutex_init(&r->mu, NULL);
     r->next_req = ((uint64_t)getpid() << 32) ^ kvt_monotonic_ns();
     *out = r; /* kvt_remote_destroy undoes a partial create */
-    if ((rc = kvi_rdir_redis_open(c->directory, c->directory_timeout_ms, c->retry_ms, &r->dir)) ||
-        (rc = kvi_rdir_redis_open(c->directory, c->directory_timeout_ms, c->retry_ms, &r->dir_srv)))
+    if ((rc = kvi_rdir_redis_open(c->directory, c->directory_password, c->directory_timeout_ms,
+                                  c->retry_ms, &r->dir)) ||
+        (rc = kvi_rdir_redis_open(c->directory, c->directory_password, c->directory_timeout_ms,
+                                  c->retry_ms, &r->dir_srv)))
         goto fail;
     if (!(r->zctx = zmq_ctx_new())) {
         rc = zfail("context");

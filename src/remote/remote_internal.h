@@ -63,9 +63,12 @@ typedef struct kvi_rdir {
     void *d;
 } kvi_rdir;
 
-/* The Redis directory at addr ("host:port" or a unix socket path). Connects lazily: opening
- * never fails for an unreachable server. */
-int kvi_rdir_redis_open(const char *addr, uint32_t timeout_ms, uint32_t retry_ms, kvi_rdir *out);
+/* The Redis directory at addr ("host:port" or a unix socket path), authenticating with
+ * password (NULL: none; "user:password" for an ACL user). Connects lazily: opening never
+ * fails for an unreachable server; a server that refuses the password fails each call with
+ * KVT_EINVAL (a configuration error, not an outage). */
+int kvi_rdir_redis_open(const char *addr, const char *password, uint32_t timeout_ms,
+                        uint32_t retry_ms, kvi_rdir *out);
 
 /* ---- the data channel's wire (chan_wire.c): one request, one reply, both validated ------- */
 

@@ -33,31 +33,37 @@ static void sleep_ms(unsigned ms)
         ;
 }
 
-static bool redis_start(void)
+/* a redis-server on unix socket `sock` (requirepass `password` unless NULL); its pid or -1 */
+static pid_t redis_at(const char *sock, const char *password)
 {
     pid_t p = fork();
     if (p == 0) {
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         char log[128];
         snprintf(log, sizeof(log), "%s/redis.log", g_dir);
-        execlp("redis-server", "redis-server", "--port", "0", "--unixsocket", g_sock,
+        execlp("redis-server", "redis-server", "--port", "0", "--unixsocket", sock,
                "--unixsocketperm", "700", "--save", "", "--appendonly", "no", "--logfile", log,
-               "--dir", g_dir, (char *)NULL);
+               "--dir", g_dir, "--requirepass", password ? password : "", (char *)NULL);
         _exit(127);
     }
     if (p < 0)
-        return false;
+        return -1;
     for (int i = 0; i < 200; i++) {
         struct stat st;
-        if (stat(g_sock, &st) == 0)
-            break;
+        if (stat(sock, &st) == 0)
+            return p;
         int ws;
         if (waitpid(p, &ws, WNOHANG) == p)
-            return false;
+            return -1;
         sleep_ms(10);
     }
-    g_redis = p;
-    return true;
+    return -1;
+}
+
+static bool redis_start(void)
+{
+    g_redis = redis_at(g_sock, NULL);
+    return g_redis > 0;
 }
 
 static void redis_stop(void)
@@ -472,6 +478,56 @@ static void redis_down_means_misses_and_a_restart_rebuilds_the_directory(void **
     drop_inst(&a);
 }
 
+static void a_password_protected_directory(void **state)
+{
+    (void)state;
+    NEED_REDIS();
+    char sock[128];
+    snprintf(sock, sizeof(sock), "%s/auth.sock", g_dir);
+    pid_t pr = redis_at(sock, "directory-secret");
+    assert_true(pr > 0);
+    kvt_remote_config c;
+    kvt_remote_config_init(&c);
+    c.directory = sock;
+    c.space = g_space;
+    c.instance = "a";
+    c.listen_host = "127.0.0.1";
+    c.credential = CRED;
+    c.block_bytes = BB;
+    c.hash_len = HL;
+    uint8_t *region = calloc(SLOTS, BB);
+    c.region = region;
+    c.n_slots = SLOTS;
+    kvt_remote *a = NULL, *b = NULL;
+    /* no password or a wrong one: a configuration error, said at create */
+    KVT_ERR_(kvt_remote_create(&c, &a), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "directory_password"));
+    c.directory_password = "wrong";
+    KVT_ERR_(kvt_remote_create(&c, &a), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "refused the password"));
+    c.directory_password = "directory-secret";
+    KVT_OK_(kvt_remote_create(&c, &a));
+    c.instance = "b";
+    c.region = NULL;
+    c.n_slots = 0;
+    KVT_OK_(kvt_remote_create(&c, &b));
+    uint8_t hashes[4 * HL];
+    uint32_t slots[4] = {1, 2, 3, 4};
+    chain(9, 4, hashes);
+    for (uint32_t i = 0; i < 4; i++)
+        fill(region + (size_t)slots[i] * BB, 9, i);
+    KVT_OK_(kvt_remote_publish(a, slots, hashes, 4));
+    kvt_remote_loc locs[4];
+    uint32_t hit = 0;
+    KVT_OK_(kvt_remote_lookup(b, hashes, 4, locs, &hit));
+    assert_int_equal(hit, 4);
+    kvt_remote_destroy(b);
+    kvt_remote_destroy(a);
+    free(region);
+    kill(pr, SIGKILL);
+    waitpid(pr, NULL, 0);
+}
+
 static void bad_configs_are_refused(void **state)
 {
     (void)state;
@@ -590,6 +646,7 @@ int main(int argc, char **argv)
             an_owner_stopped_or_killed_mid_read_fails_the_read_and_restarts_empty, each_setup),
         cmocka_unit_test_setup(redis_down_means_misses_and_a_restart_rebuilds_the_directory,
                                each_setup),
+        cmocka_unit_test_setup(a_password_protected_directory, each_setup),
         cmocka_unit_test(bad_configs_are_refused),
         cmocka_unit_test(the_read_messages_are_validated),
     };

@@ -102,7 +102,8 @@ int kvt_cmd_remote_peer(int argc, char **argv)
                  "  and reads one from its peers, checking every byte.\n",
         .opts = opts,
         .n_opts = sizeof(opts) / sizeof(opts[0]),
-        .footer = "  UCX_TLS selects the data plane's transports. Exit code 0: served until\n"
+        .footer = "  KVTIER_REMOTE_DIRECTORY_PASSWORD: Redis's password (AUTH; user:password).\n"
+                  "  UCX_TLS selects the data plane's transports. Exit code 0: served until\n"
                   "  stopped, or every block read was intact (and --expect-hits held);\n"
                   "  1: a failure; 2: a usage error.\n"};
     int prc = kvt_cli_parse(&cli, argc, argv);
@@ -134,6 +135,7 @@ int kvt_cmd_remote_peer(int argc, char **argv)
     c.timeout_ms = (uint32_t)timeout;
     c.ttl_ms = (uint32_t)ttl;
     c.owner_checksum = no_owner_checksum ? 0 : 1;
+    c.directory_password = getenv("KVTIER_REMOTE_DIRECTORY_PASSWORD");
     uint8_t *region = NULL;
     if (serve != UINT64_MAX) {
         region = calloc(slots, bb);

@@ -729,13 +729,14 @@ class Remote(_Handle):
     def __init__(self, directory, space, instance, listen_host, credential, block_bytes,
                  region=None, hash_len=16, hash_seed=0, signature=b"", listen_port=0,
                  advertise_host=None, ttl_ms=3000, timeout_ms=2000, directory_timeout_ms=250,
-                 retry_ms=1000, owner_checksum=True):
+                 retry_ms=1000, owner_checksum=True, directory_password=None):
         cfg = L.kvt_remote_config()
         _lib.kvt_remote_config_init(ctypes.byref(cfg))
         self._strs = [x.encode() if isinstance(x, str) else x for x in (
-            directory, space, instance, listen_host, credential, advertise_host)]
+            directory, space, instance, listen_host, credential, advertise_host,
+            directory_password)]
         (cfg.directory, cfg.space, cfg.instance, cfg.listen_host, cfg.credential,
-         cfg.advertise_host) = self._strs
+         cfg.advertise_host, cfg.directory_password) = self._strs
         cfg.listen_port = listen_port
         cfg.block_bytes = block_bytes
         cfg.hash_len = hash_len

@@ -281,7 +281,8 @@ class kvt_remote_config(ctypes.Structure):
                 ("block_bytes", c_u64), ("n_slots", c_u32), ("hash_len", c_u32),
                 ("hash_seed", c_u64), ("signature", ctypes.c_uint8 * 32), ("ttl_ms", c_u32),
                 ("timeout_ms", c_u32), ("directory_timeout_ms", c_u32), ("retry_ms", c_u32),
-                ("owner_checksum", c_u32), ("reserved32", c_u32)] + room(5)
+                ("owner_checksum", c_u32), ("reserved32", c_u32),
+                ("directory_password", ctypes.c_char_p)] + room(4)
 
 
 class kvt_remote_loc(ctypes.Structure):
