@@ -120,7 +120,9 @@ KVT_API uint16_t kvt_remote_port(const kvt_remote *r);
 /* Slots slots[0 .. n) now hold the blocks with hashes[i * hash_len ..], their stores
  * complete: records each one's checksum and generation and writes their directory entries
  * (one round trip). A directory failure is counted (publish_dropped), not returned;
- * KVT_ERANGE for a slot out of range (nothing published). */
+ * KVT_ERANGE for a slot out of range (nothing published). Publishing a slot again replaces
+ * its block; the old block's entry stays until overwritten (a read of it is stale, a miss):
+ * withdraw before reuse. */
 KVT_API int kvt_remote_publish(kvt_remote *r, const uint32_t *slots, const uint8_t *hashes,
                                uint32_t n);
 /* Slots slots[0 .. n) are about to be reused: from now on no read is served from them (a read
