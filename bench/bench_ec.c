@@ -113,12 +113,6 @@ typedef struct phase {
     double gbps, p50_us, items_per_s, consumer_cpu; /* consumer_cpu: its CPU s / wall s */
 } phase;
 
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 /* The consumer process's CPU time so far, seconds (utime + stime from /proc). */
 static double proc_cpu_s(pid_t pid)
 {
@@ -196,7 +190,7 @@ static int push_phase(pusher *pu, phase *ph, int seq)
     }
     ph->gbps = (double)ph->size * done / dt / 1e9;
     ph->items_per_s = done / dt;
-    qsort(lat, (size_t)nb, sizeof(double), cmp_d);
+    qsort(lat, (size_t)nb, sizeof(double), kvt_cmp_double);
     ph->p50_us = lat[nb / 2] * 1e6;
     free(lat);
     return bad;

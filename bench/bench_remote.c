@@ -35,6 +35,7 @@
 
 #include "bench_util.h"
 #include "kvtier/remote.h"
+#include "redis_server.h"
 #include "remote_cmds.h"
 
 #define NBLK 64u
@@ -46,33 +47,6 @@ typedef struct env {
     pid_t redis;
     bool netns;
 } env;
-
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static pid_t start_redis(env *e)
-{
-    pid_t p = fork();
-    if (p == 0) {
-        freopen("/dev/null", "w", stdout);
-        execlp("redis-server", "redis-server", "--port", "0", "--unixsocket", e->sock,
-               "--unixsocketperm", "777", "--save", "", "--appendonly", "no", (char *)NULL);
-        _exit(127);
-    }
-    for (int i = 0; p > 0 && i < 300; i++) {
-        struct stat st;
-        if (stat(e->sock, &st) == 0)
-            return p;
-        int ws;
-        if (waitpid(p, &ws, WNOHANG) == p)
-            return -1;
-        usleep(10000);
-    }
-    return -1;
-}
 
 /* A namespace with a veth pair to this one; false (loopback) if it cannot be made here. */
 static bool make_netns(env *e)
@@ -109,10 +83,7 @@ static void teardown(env *e)
                  e->ns, (int)getpid());
         (void)system(cmd);
     }
-    if (e->redis > 0) {
-        kill(e->redis, SIGKILL);
-        waitpid(e->redis, NULL, 0);
-    }
+    kvt_redis_stop(e->redis, e->sock);
     snprintf(cmd, sizeof(cmd), "rm -rf %s", e->dir);
     (void)system(cmd);
 }
@@ -228,7 +199,7 @@ static int run(const kvt_bench_opts *o)
     snprintf(e.sock, sizeof(e.sock), "%s/redis.sock", e.dir);
     const char *tls = o->transport && strcmp(o->transport, "shm") == 0 ? "shm" : "tcp";
     setenv("UCX_TLS", tls, 1);
-    e.redis = start_redis(&e);
+    e.redis = kvt_redis_start(e.dir, e.sock, NULL);
     if (e.redis <= 0) {
         fprintf(stderr, "kvtier bench remote: cannot start redis-server (scripts/install-deps "
                         "installs it)\n");
@@ -277,7 +248,7 @@ static int run(const kvt_bench_opts *o)
         free(lat);
         goto out;
     }
-    qsort(lat, nl, sizeof(double), cmp_d);
+    qsort(lat, nl, sizeof(double), kvt_cmp_double);
     double p50 = lat[nl / 2], p99 = lat[(size_t)((double)nl * 0.99)];
     free(lat);
     /* reads: sequence 1 from the owner that checks checksums, 2 from the one that does not */

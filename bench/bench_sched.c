@@ -308,12 +308,6 @@ static double step(struct sim *s)
     return s->t;
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 struct result {
     double p50_us, p99_us, blocks_per_s;
     uint64_t steps, loads, stores, promotions, recovered;
@@ -395,7 +389,7 @@ static struct result run(uint32_t n, int mode, double seconds, uint64_t seed)
         total += t[k++];
     }
     kvt_offload_get_stats(s->m, &st1);
-    qsort(t, k, sizeof(double), cmp_double);
+    qsort(t, k, sizeof(double), kvt_cmp_double);
     struct result res;
     res.p50_us = t[k / 2] * 1e6;
     res.p99_us = t[(k * 99) / 100] * 1e6;

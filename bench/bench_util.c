@@ -129,3 +129,9 @@ double kvt_bench_perftest_gbps(uint64_t size, int iters, const char *env, const 
                           env, server_prefix, host);
     return g;
 }
+
+int kvt_cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}

@@ -44,6 +44,8 @@ extern const kvt_bench kvt_bench_ec;
 extern const kvt_bench kvt_bench_remote;
 
 double kvt_now_s(void);
+/* qsort's comparator of doubles, ascending (for percentiles). */
+int kvt_cmp_double(const void *a, const void *b);
 
 /* One JSON object built with jansson, printed by kvt_json_end: kvt_json_begin, then fields.
  * A number that is not finite (a ratio over nothing measured) is written as null, so the

@@ -24,7 +24,7 @@ typedef struct kvi_ucx_recv kvi_ucx_recv;
 int kvi_ucx_create(kvi_ucx **out);
 /* kvi_ucx_create with UCX's newer protocol selection on or off (UCX_PROTO_ENABLE, when the
  * user set it, wins): the encoder-cache planes turn it on (shared memory + cma 1.3x faster),
- * the remote tier off (tcp rendezvous of 1 MiB blocks 1.25x faster, docs/benchmarks.md). */
+ * the remote tier off (1 MiB tag sends over tcp 1.25x faster, docs/remote.md). */
 int kvi_ucx_create_proto(kvi_ucx **out, bool new_protocols);
 /* Endpoints are closed (forcibly); receives still posted must have been cancelled. */
 void kvi_ucx_destroy(kvi_ucx *u);

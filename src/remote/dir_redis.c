@@ -220,9 +220,11 @@ static int eval(rdir *d, const char *script, uint32_t nk, const char **keys, con
     return 0;
 }
 
+/* "kvt:{S}:kind:name", or "kvt:{S}:kind" without a name */
 static int key(char *buf, size_t cap, const kvi_rdir_self *s, const char *kind, const char *name)
 {
-    int n = snprintf(buf, cap, "kvt:{%s}:%s:%s", s->space, kind, name);
+    int n = name ? snprintf(buf, cap, "kvt:{%s}:%s:%s", s->space, kind, name)
+                 : snprintf(buf, cap, "kvt:{%s}:%s", s->space, kind);
     return n > 0 && (size_t)n < cap ? 0 : kvt_fail(KVT_EINVAL, "remote directory: name too long");
 }
 
@@ -238,13 +240,12 @@ static int d_enter(void *vd, const kvi_rdir_self *s, uint64_t *epoch)
 {
     rdir *d = vd;
     char k[4][160], live_prefix[160], seeds[120], ttl[16];
-    if (key(k[0], sizeof(k[0]), s, "seeds", "") ||
+    if (key(k[0], sizeof(k[0]), s, "seeds", NULL) ||
         key(k[1], sizeof(k[1]), s, "epoch", s->instance) ||
         key(k[2], sizeof(k[2]), s, "live", s->instance) ||
         key(k[3], sizeof(k[3]), s, "own", s->instance) ||
         key(live_prefix, sizeof(live_prefix), s, "live", ""))
         return KVT_EINVAL;
-    k[0][strlen(k[0]) - 1] = '\0'; /* "kvt:{S}:seeds" */
     seeds_value(seeds, sizeof(seeds), s);
     snprintf(ttl, sizeof(ttl), "%u", s->ttl_ms);
     const char *keys[4] = {k[0], k[1], k[2], k[3]};
@@ -323,7 +324,8 @@ static int d_leave(void *vd, const kvi_rdir_self *s, uint64_t epoch)
     return rc;
 }
 
-/* Entry keys and values of n blocks, plus the owner's set key last; one allocation. */
+/* Entry keys of n blocks; for a change (slots given) also their values and the owner's set
+ * key last. One allocation. */
 typedef struct batch {
     const char **keys, **vals;
     char *mem;
@@ -332,7 +334,7 @@ typedef struct batch {
 enum { ENTRY_KEY_MAX = 96 + 2 * KVT_REMOTE_MAX_HASH, ENTRY_VAL_MAX = KVT_REMOTE_NAME_MAX + 64 };
 
 static int batch_make(batch *b, const kvi_rdir_self *s, uint64_t epoch, const uint8_t *hashes,
-                      const uint32_t *slots, const uint64_t *gens, uint32_t n, bool with_own)
+                      const uint32_t *slots, const uint64_t *gens, uint32_t n)
 {
     b->keys = malloc((n + 1) * sizeof(char *));
     b->vals = malloc((n + 1) * sizeof(char *));
@@ -351,11 +353,14 @@ static int batch_make(batch *b, const kvi_rdir_self *s, uint64_t epoch, const ui
         hex[2 * s->hash_len] = '\0';
         snprintf(p, ENTRY_KEY_MAX, "kvt:{%s}:b:%s", s->space, hex);
         b->keys[i] = p, p += ENTRY_KEY_MAX;
-        snprintf(p, ENTRY_VAL_MAX, "%s %" PRIu64 " %u %" PRIu64, s->instance, epoch,
-                 slots ? slots[i] : 0, gens ? gens[i] : 0);
-        b->vals[i] = p, p += ENTRY_VAL_MAX;
+        if (slots) {
+            snprintf(p, ENTRY_VAL_MAX, "%s %" PRIu64 " %u %" PRIu64, s->instance, epoch, slots[i],
+                     gens[i]);
+            b->vals[i] = p;
+        }
+        p += ENTRY_VAL_MAX;
     }
-    if (with_own) {
+    if (slots) {
         snprintf(p, ENTRY_KEY_MAX + ENTRY_VAL_MAX, "kvt:{%s}:own:%s", s->space, s->instance);
         b->keys[n] = p;
     }
@@ -371,7 +376,7 @@ static int d_change(rdir *d, const char *script, const kvi_rdir_self *s, uint64_
                     const uint8_t *hashes, const uint32_t *slots, const uint64_t *gens, uint32_t n)
 {
     batch b;
-    int rc = batch_make(&b, s, epoch, hashes, slots, gens, n, true);
+    int rc = batch_make(&b, s, epoch, hashes, slots, gens, n);
     if (rc)
         return rc;
     redisReply *rep;
@@ -433,7 +438,7 @@ static int d_lookup(void *vd, const kvi_rdir_self *s, const uint8_t *hashes, uin
     rdir *d = vd;
     *n_hit = 0;
     batch b;
-    int rc = batch_make(&b, s, 0, hashes, NULL, NULL, n, false);
+    int rc = batch_make(&b, s, 0, hashes, NULL, NULL, n);
     if (rc)
         return rc;
     char live_prefix[160];

@@ -100,7 +100,7 @@ read_seq "$NS_B" rb 1 0 --repeat 400 >"$LOGS/during-kill.log" 2>&1 &
 RD=$!
 sleep 0.4
 kill -9 "$A1"; wait "$A1" 2>/dev/null
-wait "$RD"; RC=$?
+wait "$RD"
 OUT=$(grep "remote-peer: read" "$LOGS/during-kill.log")
 echo "remote_hosts: while the owner was killed: $OUT"
 echo "$OUT" | grep -q " 0 corrupt" || fail "corrupt blocks while the owner was killed"

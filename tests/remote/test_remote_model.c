@@ -15,14 +15,8 @@
  * Blocks are content-addressed (the bytes of block id are a function of id), as KV blocks of
  * one prefix are. KVTIER_TEST_SCALE multiplies the length, KVTIER_TEST_SEED replays a run.
  */
-#include <errno.h>
-#include <signal.h>
-#include <sys/prctl.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
-#include <time.h>
-
 #include "kvt_test.h"
+#include "redis_server.h"
 #include "kvtier/remote.h"
 
 #define NI    3u  /* instances */
@@ -243,33 +237,14 @@ static int group_setup(void **state)
     if (!mkdtemp(g_dir))
         return -1;
     snprintf(g_sock, sizeof(g_sock), "%s/redis.sock", g_dir);
-    pid_t p = fork();
-    if (p == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        execlp("redis-server", "redis-server", "--port", "0", "--unixsocket", g_sock,
-               "--unixsocketperm", "700", "--save", "", "--appendonly", "no", "--dir", g_dir,
-               "--logfile", "redis.log", (char *)NULL);
-        _exit(127);
-    }
-    for (int i = 0; p > 0 && i < 300; i++) {
-        struct stat st;
-        if (stat(g_sock, &st) == 0) {
-            g_redis = p;
-            break;
-        }
-        struct timespec ts = {0, 10000000};
-        nanosleep(&ts, NULL);
-    }
+    g_redis = kvt_redis_start(g_dir, g_sock, NULL);
     return 0;
 }
 
 static int group_teardown(void **state)
 {
     (void)state;
-    if (g_redis > 0) {
-        kill(g_redis, SIGKILL);
-        waitpid(g_redis, NULL, 0);
-    }
+    kvt_redis_stop(g_redis, g_sock);
     char cmd[128];
     snprintf(cmd, sizeof(cmd), "rm -rf %s", g_dir);
     return system(cmd) == 0 ? 0 : -1;

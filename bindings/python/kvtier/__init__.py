@@ -659,6 +659,14 @@ class Layout(_Handle):
         return _lib.kvt_layout_block_bytes(self._h)
 
 
+def _set_signature(cfg, signature, what):
+    """cfg.signature (32 bytes) from up to 32 bytes of a digest, zero-padded."""
+    if len(signature) > 32:
+        raise ValueError("kvtier: a %s signature has at most 32 bytes" % what)
+    for i, b in enumerate(signature):
+        cfg.signature[i] = b
+
+
 class Node(_Handle):
     """This replica's scheduler attached to a node tier (kvt_node): one host tier shared by
     the replicas on a node. Lend it to the OffloadManager (attach_node); each replica's
@@ -680,10 +688,7 @@ class Node(_Handle):
         cfg.hash_block_size = hash_block_size
         cfg.block_bytes = block_bytes
         cfg.hash_seed = hash_seed & 0xFFFFFFFFFFFFFFFF
-        if len(signature) > 32:
-            raise ValueError("kvtier: a node signature has at most 32 bytes")
-        for i, b in enumerate(signature):
-            cfg.signature[i] = b
+        _set_signature(cfg, signature, "node")
         cfg.reap_interval_ms = reap_interval_ms
         h = ctypes.c_void_p()
         _check(_lib.kvt_node_attach(ctypes.byref(cfg), ctypes.byref(h)))
@@ -741,10 +746,7 @@ class Remote(_Handle):
         cfg.block_bytes = block_bytes
         cfg.hash_len = hash_len
         cfg.hash_seed = hash_seed & 0xFFFFFFFFFFFFFFFF
-        if len(signature) > 32:
-            raise ValueError("kvtier: a remote signature has at most 32 bytes")
-        for i, b in enumerate(signature):
-            cfg.signature[i] = b
+        _set_signature(cfg, signature, "remote")
         cfg.ttl_ms, cfg.timeout_ms = ttl_ms, timeout_ms
         cfg.directory_timeout_ms, cfg.retry_ms = directory_timeout_ms, retry_ms
         cfg.owner_checksum = 1 if owner_checksum else 0
