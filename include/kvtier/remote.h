@@ -35,6 +35,7 @@
 #define KVTIER_REMOTE_H
 
 #include "kvtier/base.h"
+#include "kvtier/copy.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -56,9 +57,11 @@ typedef struct kvt_remote_config {
     const char *credential;     /* the space's shared secret, 16..256 bytes: requests carry it,
                                    owners check it; required */
     void *region;               /* the bytes this instance serves: slot s at region +
-                                   s * block_bytes (NULL: serve nothing, read only) */
-    uint64_t block_bytes;       /* bytes per block, the same in the whole space; required */
-    uint32_t n_slots;           /* slots of region */
+                                   s * block_bytes (NULL: serve nothing, read only; or
+                                   regions below) */
+    uint64_t block_bytes;       /* bytes per block, the same in the whole space; required
+                                   (with regions: their block bytes summed, or 0 for that) */
+    uint32_t n_slots;           /* slots of region (or of each of regions) */
     uint32_t hash_len;          /* bytes per block hash, 1..32; default 16 */
     uint64_t hash_seed;         /* fingerprint of the hash function and its seed (vLLM: the first 8
                                    bytes of the root hash); must agree across the space */
@@ -73,12 +76,18 @@ typedef struct kvt_remote_config {
                                 generation and hash only, and the reader's check of what landed
                                 (always on) catches changed bytes (reads 15-17% faster on
                                 2 cores, docs/remote.md) */
-    uint32_t reserved32;
+    uint32_t n_regions;      /* with regions: how many (1..KVT_MAX_REGIONS) */
     const char *directory_password; /* Redis AUTH (requirepass or an ACL user's password;
                                        "user:password" for an ACL user); NULL: none. A
                                        directory that refuses it fails the create */
+    /* Instead of region: a block scattered over several arrays, as a host mirror holds it
+     * (kvt_mirror_regions): slot s is regions[0].base + s * regions[0].block_bytes, then
+     * regions[1]'s, and so on, n_slots slots each; a block moves as one piece per region and
+     * its checksum covers them in order. Every instance of a space must use the same split
+     * (the signature says so). NULL: region. */
+    const kvt_region *regions;
     /* room for fields to come: zero (as kvt_remote_config_init leaves it) */
-    uint64_t reserved[4];
+    uint64_t reserved[3];
 } kvt_remote_config;
 
 typedef struct kvt_remote kvt_remote;
@@ -142,6 +151,11 @@ KVT_API int kvt_remote_lookup(kvt_remote *r, const uint8_t *hashes, uint32_t n, 
  * kvt_remote_destroy returns (a receive UCX did not give back; not seen in practice). */
 KVT_API int kvt_remote_read(kvt_remote *r, const kvt_remote_loc *locs, const uint8_t *hashes,
                             uint32_t n, void *const *dst, int *status);
+/* kvt_remote_read into this instance's own slots (region or regions): block i lands in slot
+ * slots[i] (which the caller keeps from being served or written meanwhile: withdrawn, not
+ * published). The same statuses and return. */
+KVT_API int kvt_remote_read_slots(kvt_remote *r, const kvt_remote_loc *locs, const uint8_t *hashes,
+                                  uint32_t n, const uint32_t *slots, int *status);
 /* The endpoint ("host:port") and instance name of peer `index` of the last lookup. */
 KVT_API const char *kvt_remote_peer_name(const kvt_remote *r, uint32_t index);
 KVT_API void kvt_remote_get_stats(kvt_remote *r, kvt_remote_stats *out);

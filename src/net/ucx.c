@@ -40,7 +40,8 @@ struct kvi_ucx {
     ucp_worker_h worker;
     ucp_address_t *addr;
     size_t addr_len;
-    ucp_mem_h mem;
+    ucp_mem_h *mem; /* registered buffers (kvi_ucx_map) */
+    uint32_t n_mem;
     ep_slot *eps[MAX_EPS]; /* heap slots: the error handler keeps a pointer to its own */
     bool peer_failure;     /* endpoints ask UCX for peer failure detection */
     int efd;               /* the worker's event descriptor, -1 until a sender sleeps on it */
@@ -161,8 +162,9 @@ void kvi_ucx_destroy(kvi_ucx *u)
         return;
     while (u->n_eps)
         close_ep(u, 0);
-    if (u->mem)
-        ucp_mem_unmap(u->ctx, u->mem);
+    for (uint32_t i = 0; i < u->n_mem; i++)
+        ucp_mem_unmap(u->ctx, u->mem[i]);
+    free(u->mem);
     ucp_worker_release_address(u->worker, u->addr);
     ucp_worker_destroy(u->worker);
     ucp_cleanup(u->ctx);
@@ -195,14 +197,19 @@ int kvi_ucx_address_check(const kvi_ucx *u, const void *addr, size_t len)
 
 int kvi_ucx_map(kvi_ucx *u, void *base, size_t len)
 {
-    if (u->mem)
-        return kvt_fail(KVT_ESTATE, "ucx: a buffer is already registered");
+    ucp_mem_h *m = realloc(u->mem, (u->n_mem + 1) * sizeof(*m));
+    if (!m)
+        return kvt_fail(KVT_ENOMEM, "ucx: out of memory");
+    u->mem = m;
     ucp_mem_map_params_t mp = {.field_mask =
                                    UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH,
                                .address = base,
                                .length = len};
-    ucs_status_t st = ucp_mem_map(u->ctx, &mp, &u->mem);
-    return st == UCS_OK ? 0 : ufail(st, "registering the receive buffer");
+    ucs_status_t st = ucp_mem_map(u->ctx, &mp, &u->mem[u->n_mem]);
+    if (st != UCS_OK)
+        return ufail(st, "registering a buffer");
+    u->n_mem++;
+    return 0;
 }
 
 void kvi_ucx_set_peer_failure(kvi_ucx *u, bool on)

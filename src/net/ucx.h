@@ -33,7 +33,8 @@ int kvi_ucx_address(kvi_ucx *u, const void **addr, size_t *len);
 /* A peer's worker address is well formed enough to hand to UCX (see ucx.c): 0, or KVT_EPROTO
  * with a message. */
 int kvi_ucx_address_check(const kvi_ucx *u, const void *addr, size_t len);
-/* Registers [base, base + len) once (a consumer's receive buffer): zero-copy receives. */
+/* Registers [base, base + len) (a consumer's receive buffer, an owner's served arrays; one
+ * call per buffer): zero-copy transfers. */
 int kvi_ucx_map(kvi_ucx *u, void *base, size_t len);
 /* Endpoints made from now on ask UCX for peer failure detection (UCP_ERR_HANDLING_MODE_PEER;
  * off by default). On: a consumer that dies fails the sends in flight to it as soon as UCX

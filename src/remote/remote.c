@@ -38,7 +38,8 @@
 
 #define CHECKSUM_SEED   0x6b76746965722d72ull /* "kvtier-r" */
 #define REPUBLISH_BATCH 1024u
-#define SEND_WINDOW     16u
+#define SEND_WINDOW     16u /* sends in flight per piece of a block */
+#define MAX_SEND_WINDOW 256u
 #define MAX_REQ_BYTES   (64u + KVI_RCRED_MAX + KVI_RADDR_MAX + KVT_REMOTE_MAX_READ * (12u + 32u))
 
 typedef struct slotrec {
@@ -64,7 +65,12 @@ typedef struct zombie {
 
 struct kvt_remote {
     kvt_remote_config cfg;
-    char *strs; /* copies of the config's strings */
+    /* a block's pieces, in order: one array per piece, n_slots blocks each (one piece for a
+     * plain region; a reader that serves nothing still knows their sizes) */
+    kvt_region *piece;
+    uint32_t n_pieces;
+    bool serves; /* region or regions with slots */
+    char *strs;  /* copies of the config's strings */
     char endpoint[KVI_RDIR_EP_MAX + 1];
     kvi_rdir_self self;
     kvi_rdir dir;     /* the caller's connection */
@@ -94,17 +100,32 @@ struct kvt_remote {
     _Atomic uint64_t a_registrations, a_served, a_served_stale, a_served_bytes, a_refused;
 };
 
-static uint64_t checksum(const void *p, uint64_t len)
+/* A block's checksum: its pieces in order, each hashed with the hash so far as its seed. */
+static uint64_t checksum(const void *p, uint64_t len, uint64_t seed)
 {
-    return kvi_xxh3_64(p, (size_t)len, CHECKSUM_SEED);
+    return kvi_xxh3_64(p, (size_t)len, seed);
+}
+
+/* Piece j of slot s. */
+static uint8_t *piece_at(const kvt_remote *r, uint32_t j, uint32_t s)
+{
+    return (uint8_t *)(uintptr_t)(r->piece[j].base + (uint64_t)s * r->piece[j].block_bytes);
+}
+
+static uint64_t slot_checksum(const kvt_remote *r, uint32_t s)
+{
+    uint64_t h = CHECKSUM_SEED;
+    for (uint32_t j = 0; j < r->n_pieces; j++)
+        h = checksum(piece_at(r, j, s), r->piece[j].block_bytes, h);
+    return h;
 }
 
 /* The checksum of a slot's bytes as the owner is about to send them. Nothing orders this read
  * after a write into the slot by another agent (a worker, a buggy store): that is what the
  * comparison with the checksum recorded at publish is for (tests/tsan.supp names it). */
-__attribute__((noinline)) static uint64_t region_checksum(const void *p, uint64_t len)
+__attribute__((noinline)) static uint64_t region_checksum(const kvt_remote *r, uint32_t s)
 {
-    return checksum(p, len);
+    return slot_checksum(r, s);
 }
 
 static void add(_Atomic uint64_t *c, uint64_t v)
@@ -161,18 +182,42 @@ static int validate(const kvt_remote_config *c)
                         "remote: credential must be 16..%u bytes (the space's "
                         "shared secret)",
                         KVI_RCRED_MAX);
-    if (c->block_bytes == 0 || c->block_bytes > (1ull << 32))
+    uint64_t bb = c->block_bytes;
+    if (c->regions) {
+        if (c->region || c->n_regions == 0 || c->n_regions > KVT_MAX_REGIONS)
+            return kvt_fail(KVT_EINVAL,
+                            "remote: regions: 1..%u of them (n_regions %u), and no "
+                            "region beside them",
+                            KVT_MAX_REGIONS, c->n_regions);
+        uint64_t sum = 0;
+        for (uint32_t j = 0; j < c->n_regions; j++) {
+            if (c->regions[j].block_bytes == 0 || c->regions[j].block_bytes > (1ull << 32) ||
+                (c->n_slots && !c->regions[j].base))
+                return kvt_fail(KVT_EINVAL, "remote: region %u: no base or block bytes", j);
+            sum += c->regions[j].block_bytes;
+        }
+        if (bb && bb != sum)
+            return kvt_fail(KVT_EINVAL,
+                            "remote: block_bytes %" PRIu64 " is not the regions' %" PRIu64
+                            " (0: theirs)",
+                            bb, sum);
+        bb = sum;
+    } else if (c->n_regions) {
+        return kvt_fail(KVT_EINVAL, "remote: n_regions without regions");
+    }
+    if (bb == 0 || bb > (1ull << 32))
         return kvt_fail(KVT_EINVAL, "remote: block_bytes must be 1..4 GiB");
-    if (c->region && (c->n_slots == 0 || c->n_slots > (1ull << 40) / c->block_bytes))
+    if ((c->region || (c->regions && c->n_slots)) &&
+        (c->n_slots == 0 || c->n_slots > (1ull << 40) / bb))
         return kvt_fail(KVT_EINVAL, "remote: a region needs 1.. slots (n_slots %u)", c->n_slots);
-    if (!c->region && c->n_slots)
+    if (!c->region && !c->regions && c->n_slots)
         return kvt_fail(KVT_EINVAL, "remote: n_slots without a region");
     if (c->directory_password &&
         (!*c->directory_password || strlen(c->directory_password) > KVI_RCRED_MAX * 2))
         return kvt_fail(KVT_EINVAL, "remote: directory_password must be 1..%u bytes (or NULL)",
                         KVI_RCRED_MAX * 2);
-    if (c->owner_checksum > 1 || c->reserved32)
-        return kvt_fail(KVT_EINVAL, "remote: owner_checksum is 0 or 1 (and reserved32 zero)");
+    if (c->owner_checksum > 1)
+        return kvt_fail(KVT_EINVAL, "remote: owner_checksum is 0 or 1");
     if (c->hash_len == 0 || c->hash_len > KVT_REMOTE_MAX_HASH)
         return kvt_fail(KVT_EINVAL, "remote: hash_len %u (1..%u)", c->hash_len,
                         KVT_REMOTE_MAX_HASH);
@@ -251,28 +296,48 @@ static bool same_secret(const uint8_t *a, uint32_t alen, const char *b)
 typedef struct serve_ctx {
     kvi_rreq_block blocks[KVT_REMOTE_MAX_READ];
     kvi_rrep_block out[KVT_REMOTE_MAX_READ];
-    kvi_ucx_send_item items[KVT_REMOTE_MAX_READ];
-    uint32_t item_block[KVT_REMOTE_MAX_READ];
-    uint64_t want[KVT_REMOTE_MAX_READ]; /* per item: the checksum recorded at publish */
+    uint64_t want[KVT_REMOTE_MAX_READ]; /* per block: the checksum recorded at publish */
+    /* one send per piece of each block served, grown as requests need */
+    kvi_ucx_send_item *items;
+    uint32_t *item_block, cap;
     kvt_remote *r;
 } serve_ctx;
 
-/* Just before item k is sent (earlier ones in flight): its bytes against the checksum
- * recorded at publish. */
+/* Just before item k is sent (earlier ones in flight): at a block's first piece, the bytes of
+ * all its pieces against the checksum recorded at publish; a block that failed sends nothing
+ * more. */
 static int check_bytes(void *arg, uint32_t k)
 {
     serve_ctx *sc = arg;
     kvt_remote *r = sc->r;
-    if (!r->cfg.owner_checksum)
+    uint32_t i = sc->item_block[k];
+    kvi_rrep_block *o = &sc->out[i];
+    if (o->status)
+        return o->status;
+    if (!r->cfg.owner_checksum || k % r->n_pieces)
         return 0;
-    kvi_rrep_block *o = &sc->out[sc->item_block[k]];
-    if (region_checksum(sc->items[k].buf, r->cfg.block_bytes) == sc->want[k])
+    if (region_checksum(r, sc->blocks[i].slot) == sc->want[i])
         return 0;
     KVT_LOG_W("remote: slot %u's bytes changed since it was published (a store into a published "
               "slot?); not served",
-              sc->blocks[sc->item_block[k]].slot);
+              sc->blocks[i].slot);
     o->status = KVT_ENOENT, o->checksum = 0;
     return KVT_ENOENT;
+}
+
+static int grow_items(serve_ctx *sc, uint32_t n)
+{
+    if (n <= sc->cap)
+        return 0;
+    kvi_ucx_send_item *it = realloc(sc->items, (size_t)n * sizeof(*it));
+    if (it)
+        sc->items = it;
+    uint32_t *ib = it ? realloc(sc->item_block, (size_t)n * sizeof(*ib)) : NULL;
+    if (!ib)
+        return kvt_fail(KVT_ENOMEM, "remote: out of memory for a request of %u pieces", n);
+    sc->item_block = ib;
+    sc->cap = n;
+    return 0;
 }
 
 static int serve(kvt_remote *r, serve_ctx *sc, const uint8_t *buf, size_t len, kvi_rrep *rep)
@@ -289,7 +354,8 @@ static int serve(kvt_remote *r, serve_ctx *sc, const uint8_t *buf, size_t len, k
     if (q.hash_len != r->cfg.hash_len)
         return kvt_fail(KVT_EPROTO, "remote: hash_len %u, this space uses %u", q.hash_len,
                         r->cfg.hash_len);
-    if ((rc = kvi_ucx_address_check(r->ucx_srv, q.addr, q.addr_len)))
+    if ((rc = kvi_ucx_address_check(r->ucx_srv, q.addr, q.addr_len)) ||
+        (rc = grow_items(sc, q.n * r->n_pieces)))
         return rc;
     rep->n = q.n;
     uint64_t ep = atomic_load(&r->epoch);
@@ -298,7 +364,7 @@ static int serve(kvt_remote *r, serve_ctx *sc, const uint8_t *buf, size_t len, k
         const kvi_rreq_block *b = &q.blocks[i];
         kvi_rrep_block *o = &sc->out[i];
         o->status = KVT_ENOENT, o->checksum = 0;
-        if (!r->cfg.region || q.epoch != ep || ep == 0 || b->slot >= r->cfg.n_slots)
+        if (!r->serves || q.epoch != ep || ep == 0 || b->slot >= r->cfg.n_slots)
             continue;
         pthread_mutex_lock(&r->mu);
         const slotrec *s = &r->slots[b->slot];
@@ -309,36 +375,40 @@ static int serve(kvt_remote *r, serve_ctx *sc, const uint8_t *buf, size_t len, k
         if (!ok)
             continue;
         o->status = 0, o->checksum = want;
-        sc->want[ni] = want;
-        sc->items[ni] = (kvi_ucx_send_item){.addr = q.addr,
-                                            .addr_len = q.addr_len,
-                                            .buf = (const uint8_t *)r->cfg.region +
-                                                   (uint64_t)b->slot * r->cfg.block_bytes,
-                                            .len = r->cfg.block_bytes,
-                                            .tag = q.tag ^ i};
-        sc->item_block[ni++] = i;
+        sc->want[i] = want;
+        for (uint32_t j = 0; j < r->n_pieces; j++) { /* piece j of block i: tag ^ (i * np + j) */
+            sc->items[ni] = (kvi_ucx_send_item){.addr = q.addr,
+                                                .addr_len = q.addr_len,
+                                                .buf = piece_at(r, j, b->slot),
+                                                .len = r->piece[j].block_bytes,
+                                                .tag = q.tag ^ ((uint64_t)i * r->n_pieces + j)};
+            sc->item_block[ni++] = i;
+        }
     }
     if (ni)
-        (void)kvi_ucx_send_many_prep(r->ucx_srv, sc->items, ni, SEND_WINDOW, (int)r->cfg.timeout_ms,
-                                     check_bytes, sc);
-    uint64_t sent = 0, stale = 0;
+        (void)kvi_ucx_send_many_prep(r->ucx_srv, sc->items, ni,
+                                     kvi_min_u32(SEND_WINDOW * r->n_pieces, MAX_SEND_WINDOW),
+                                     (int)r->cfg.timeout_ms, check_bytes, sc);
     for (uint32_t k = 0; k < ni; k++) {
         uint32_t i = sc->item_block[k];
-        if (sc->items[k].rc) {
-            if (sc->items[k].rc != KVT_ENOENT)
-                sc->out[i].status = KVT_EIO;
-            continue;
-        }
-        pthread_mutex_lock(&r->mu);
-        bool same = r->slots[q.blocks[i].slot].gen == q.blocks[i].generation;
-        pthread_mutex_unlock(&r->mu);
-        if (!same)
-            sc->out[i].status = KVT_ENOENT;
-        else
-            sent++;
+        if (sc->items[k].rc && !sc->out[i].status)
+            sc->out[i].status = sc->items[k].rc == KVT_ENOENT ? KVT_ENOENT : KVT_EIO;
     }
-    for (uint32_t i = 0; i < q.n; i++)
+    uint64_t sent = 0, stale = 0;
+    for (uint32_t i = 0; i < q.n; i++) {
+        if (!sc->out[i].status) {
+            pthread_mutex_lock(&r->mu);
+            bool same = r->slots[q.blocks[i].slot].gen == q.blocks[i].generation;
+            pthread_mutex_unlock(&r->mu);
+            if (!same)
+                sc->out[i].status = KVT_ENOENT;
+            else
+                sent++;
+        }
+        if (sc->out[i].status)
+            sc->out[i].checksum = 0;
         stale += sc->out[i].status == KVT_ENOENT;
+    }
     add(&r->a_served, sent);
     add(&r->a_served_stale, stale);
     add(&r->a_served_bytes, sent * r->cfg.block_bytes);
@@ -386,7 +456,7 @@ out:
 static void *server_main(void *arg)
 {
     kvt_remote *r = arg;
-    serve_ctx *sc = malloc(sizeof(*sc));
+    serve_ctx *sc = calloc(1, sizeof(*sc));
     if (sc)
         sc->r = r;
     uint8_t *rbuf = malloc(64 + (size_t)KVT_REMOTE_MAX_READ * 12);
@@ -412,6 +482,8 @@ static void *server_main(void *arg)
             }
         kvi_ucx_progress(r->ucx_srv);
     }
+    if (sc)
+        free(sc->items), free(sc->item_block);
     free(sc);
     free(rbuf);
     return NULL;
@@ -460,6 +532,15 @@ static int bind_server(kvt_remote *r)
     return 0;
 }
 
+/* Registers the served arrays with a UCX worker (nothing when this instance serves none). */
+static int map_pieces(kvt_remote *r, kvi_ucx *u)
+{
+    int rc = 0;
+    for (uint32_t j = 0; r->serves && j < r->n_pieces && !rc; j++)
+        rc = kvi_ucx_map(u, piece_at(r, j, 0), r->cfg.n_slots * r->piece[j].block_bytes);
+    return rc;
+}
+
 int kvt_remote_create(const kvt_remote_config *c, kvt_remote **out)
 {
     if (!c || !out)
@@ -472,17 +553,32 @@ int kvt_remote_create(const kvt_remote_config *c, kvt_remote **out)
     size_t sl = strlen(c->directory) + strlen(c->space) + strlen(c->instance) +
                 strlen(c->listen_host) + strlen(c->credential) +
                 (c->advertise_host ? strlen(c->advertise_host) : 0) + 6;
+    uint32_t np = c->regions ? c->n_regions : 1;
     if (!r || !(r->strs = malloc(sl)) ||
         !(r->hits = malloc(KVT_REMOTE_MAX_READ * sizeof(*r->hits))) ||
-        (c->region && !(r->slots = calloc(c->n_slots, sizeof(*r->slots))))) {
+        !(r->piece = malloc(np * sizeof(*r->piece))) ||
+        (c->n_slots && !(r->slots = calloc(c->n_slots, sizeof(*r->slots))))) {
         if (r) {
             free(r->strs);
             free(r->hits);
+            free(r->piece);
         }
         free(r);
         return kvt_fail(KVT_ENOMEM, "remote: out of memory");
     }
     r->cfg = *c;
+    r->n_pieces = np;
+    r->serves = c->n_slots > 0;
+    if (c->regions) {
+        memcpy(r->piece, c->regions, np * sizeof(*r->piece));
+        r->cfg.block_bytes = 0;
+        for (uint32_t j = 0; j < np; j++)
+            r->cfg.block_bytes += r->piece[j].block_bytes;
+    } else {
+        r->piece[0] =
+            (kvt_region){.base = (uint64_t)(uintptr_t)c->region, .block_bytes = c->block_bytes};
+    }
+    r->cfg.regions = r->piece;
     char *p = r->strs;
     r->cfg.directory = dupcat(&p, c->directory);
     r->cfg.space = dupcat(&p, c->space);
@@ -506,8 +602,7 @@ int kvt_remote_create(const kvt_remote_config *c, kvt_remote **out)
     if ((rc = bind_server(r)) || (rc = kvi_ucx_create_proto(&r->ucx_srv, false)) ||
         (rc = kvi_ucx_create_proto(&r->ucx_cli, false)))
         goto fail;
-    if (c->region && ((rc = kvi_ucx_map(r->ucx_srv, c->region, c->n_slots * c->block_bytes)) ||
-                      (rc = kvi_ucx_map(r->ucx_cli, c->region, c->n_slots * c->block_bytes))))
+    if ((rc = map_pieces(r, r->ucx_srv)) || (rc = map_pieces(r, r->ucx_cli)))
         goto fail;
     r->self = (kvi_rdir_self){.space = r->cfg.space,
                               .instance = r->cfg.instance,
@@ -569,9 +664,7 @@ static int bury(kvt_remote *r, bool final)
     if (final)
         return 0;
     int rc = kvi_ucx_create_proto(&r->ucx_cli, false);
-    if (!rc && r->cfg.region)
-        rc = kvi_ucx_map(r->ucx_cli, r->cfg.region, r->cfg.n_slots * r->cfg.block_bytes);
-    return rc;
+    return rc ? rc : map_pieces(r, r->ucx_cli);
 }
 
 static void close_peer(rpeer *p)
@@ -609,6 +702,7 @@ void kvt_remote_destroy(kvt_remote *r)
         r->dir_srv.ops->close(r->dir_srv.d);
     pthread_mutex_destroy(&r->mu);
     free(r->slots);
+    free(r->piece);
     free(r->hits);
     free(r->strs);
     free(r);
@@ -623,7 +717,7 @@ uint16_t kvt_remote_port(const kvt_remote *r)
 
 static int check_slots(const kvt_remote *r, const uint32_t *slots, uint32_t n)
 {
-    if (!r->cfg.region)
+    if (!r->serves)
         return kvt_fail(KVT_ESTATE, "remote: this instance serves no region");
     if (!slots || n > KVT_REMOTE_MAX_READ)
         return kvt_fail(KVT_EINVAL, "remote: %u slots (at most %u per call)", n,
@@ -647,9 +741,7 @@ int kvt_remote_publish(kvt_remote *r, const uint32_t *slots, const uint8_t *hash
         return kvt_fail(KVT_ENOMEM, "remote: out of memory");
     const uint32_t hl = r->cfg.hash_len;
     for (uint32_t i = 0; i < n; i++) {
-        uint64_t sum =
-            checksum((const uint8_t *)r->cfg.region + (uint64_t)slots[i] * r->cfg.block_bytes,
-                     r->cfg.block_bytes);
+        uint64_t sum = slot_checksum(r, slots[i]);
         pthread_mutex_lock(&r->mu);
         slotrec *s = &r->slots[slots[i]];
         s->gen++;
@@ -777,7 +869,7 @@ const char *kvt_remote_peer_name(const kvt_remote *r, uint32_t index)
 /* ---- read ----------------------------------------------------------------------------------- */
 
 typedef struct rd_block {
-    kvi_ucx_recv *recv;
+    kvi_ucx_recv **recv; /* one per piece */
     uint64_t checksum;
     int state; /* 0 waiting for the reply, 1 waiting for the bytes, 2 decided */
 } rd_block;
@@ -811,17 +903,53 @@ static int open_peer(kvt_remote *r, rpeer *p)
 
 static void end_recv(kvt_remote *r, rd_block *b)
 {
-    if (!b->recv)
-        return;
-    if (kvi_ucx_recv_end(r->ucx_cli, b->recv, 0) == KVT_EBUSY) {
-        zombie *z = malloc(sizeof(*z));
-        if (z) { /* buried before read returns; without memory, leaked rather than freed */
-            z->r = b->recv;
-            z->next = r->zombies;
-            r->zombies = z;
+    for (uint32_t j = 0; j < r->n_pieces; j++) {
+        if (!b->recv[j])
+            continue;
+        if (kvi_ucx_recv_end(r->ucx_cli, b->recv[j], 0) == KVT_EBUSY) {
+            zombie *z = malloc(sizeof(*z));
+            if (z) { /* buried before read returns; without memory, leaked rather than freed */
+                z->r = b->recv[j];
+                z->next = r->zombies;
+                r->zombies = z;
+            }
         }
+        b->recv[j] = NULL;
     }
-    b->recv = NULL;
+}
+
+/* Where piece j of block i of a read lands: in dst[i] (pieces back to back) or in slot
+ * slots[i] of this instance's own arrays. */
+typedef struct rd_dst {
+    void *const *dst;
+    const uint32_t *slots;
+    uint64_t *off; /* per piece: its offset in a block */
+} rd_dst;
+
+static uint8_t *dst_piece(const kvt_remote *r, const rd_dst *d, uint32_t i, uint32_t j)
+{
+    return d->dst ? (uint8_t *)d->dst[i] + d->off[j] : piece_at(r, j, d->slots[i]);
+}
+
+/* The checksum of block i as it landed. */
+static uint64_t landed_checksum(const kvt_remote *r, const rd_dst *d, uint32_t i)
+{
+    uint64_t h = CHECKSUM_SEED;
+    for (uint32_t j = 0; j < r->n_pieces; j++)
+        h = checksum(dst_piece(r, d, i, j), r->piece[j].block_bytes, h);
+    return h;
+}
+
+/* A block whose state is 1 (the owner sent it): 0 while a piece is still under way, 1 when
+ * every piece arrived, -1 when one failed. */
+static int pieces_done(kvt_remote *r, rd_block *b)
+{
+    for (uint32_t j = 0; j < r->n_pieces; j++) {
+        int w = kvi_ucx_recv_wait(r->ucx_cli, b->recv[j], 0);
+        if (w != 1)
+            return w == 0 ? 0 : -1;
+    }
+    return 1;
 }
 
 /* Takes one reply off peer's socket, if any, and applies it. */
@@ -864,26 +992,12 @@ static void take_reply(kvt_remote *r, rpeer *p, rd_peer *rp, const uint32_t *ord
     zmq_msg_close(&m);
 }
 
-int kvt_remote_read(kvt_remote *r, const kvt_remote_loc *locs, const uint8_t *hashes, uint32_t n,
-                    void *const *dst, int *status)
+static int read_blocks(kvt_remote *r, const kvt_remote_loc *locs, const uint8_t *hashes, uint32_t n,
+                       const rd_dst *d, int *status)
 {
-    if (!r || (n && (!locs || !hashes || !dst || !status)))
-        return kvt_fail(KVT_EINVAL, "remote: read: NULL argument");
-    if (n > KVT_REMOTE_MAX_READ)
-        return kvt_fail(KVT_ELIMIT, "remote: read of %u blocks (at most %u)", n,
-                        KVT_REMOTE_MAX_READ);
-    for (uint32_t i = 0; i < n; i++)
-        if (locs[i].peer >= r->n_peers || !dst[i])
-            return kvt_fail(KVT_EINVAL,
-                            "remote: read: block %u names peer %u (%u known) or "
-                            "no destination",
-                            i, locs[i].peer, r->n_peers);
-    if (n == 0)
-        return 0;
-    if (!r->ucx_cli)
-        return kvt_fail(KVT_ESTATE, "remote: no UCX worker to read with (its replacement failed)");
-    const uint32_t hl = r->cfg.hash_len;
+    const uint32_t hl = r->cfg.hash_len, np = r->n_pieces;
     rd_block *bs = calloc(n, sizeof(*bs));
+    kvi_ucx_recv **recvs = calloc((size_t)n * np, sizeof(*recvs));
     uint32_t *order = malloc(n * sizeof(*order));
     rd_peer *rps = calloc(r->n_peers, sizeof(*rps));
     kvi_rreq_block *qb = malloc(n * sizeof(*qb));
@@ -891,10 +1005,12 @@ int kvt_remote_read(kvt_remote *r, const kvt_remote_loc *locs, const uint8_t *ha
     const void *addr;
     size_t addr_len;
     int rc = 0;
-    if (!bs || !order || !rps || !qb || !tmp) {
+    if (!bs || !recvs || !order || !rps || !qb || !tmp) {
         rc = kvt_fail(KVT_ENOMEM, "remote: out of memory");
         goto out;
     }
+    for (uint32_t i = 0; i < n; i++)
+        bs[i].recv = recvs + (size_t)i * np;
     if ((rc = kvi_ucx_address(r->ucx_cli, &addr, &addr_len)))
         goto out;
     r->st.reads++;
@@ -918,12 +1034,14 @@ int kvt_remote_read(kvt_remote *r, const kvt_remote_loc *locs, const uint8_t *ha
         uint64_t tag = 0;
         if (getrandom(&tag, sizeof(tag), 0) != sizeof(tag))
             tag = kvi_xxh3_64(&rp, sizeof(rp), kvt_monotonic_ns() ^ r->next_req);
-        tag &= ~(uint64_t)0xffff; /* block k of the request: tag ^ k */
+        tag &= ~(uint64_t)0xffffffff; /* piece j of block k of the request: tag ^ (k * np + j) */
         bool ok = open_peer(r, pe) == 0;
         for (uint32_t k = 0; ok && k < rp->n; k++) {
             uint32_t i = order[rp->first + k];
-            if (kvi_ucx_recv_post(r->ucx_cli, dst[i], r->cfg.block_bytes, tag ^ k, &bs[i].recv))
-                ok = false;
+            for (uint32_t j = 0; ok && j < np; j++)
+                if (kvi_ucx_recv_post(r->ucx_cli, dst_piece(r, d, i, j), r->piece[j].block_bytes,
+                                      tag ^ ((uint64_t)k * np + j), &bs[i].recv[j]))
+                    ok = false;
             qb[k] = (kvi_rreq_block){.slot = locs[i].slot,
                                      .generation = locs[i].generation,
                                      .hash = hashes + (size_t)i * hl};
@@ -969,14 +1087,13 @@ int kvt_remote_read(kvt_remote *r, const kvt_remote_loc *locs, const uint8_t *ha
         for (uint32_t i = 0; i < n; i++) {
             rd_block *b = &bs[i];
             if (b->state == 1) {
-                int w = kvi_ucx_recv_wait(r->ucx_cli, b->recv, 0);
+                int w = pieces_done(r, b);
                 if (w == 0) {
                     open = true;
                     continue;
                 }
                 if (w == 1)
-                    status[i] =
-                        checksum(dst[i], r->cfg.block_bytes) == b->checksum ? 0 : KVT_EPROTO;
+                    status[i] = landed_checksum(r, d, i) == b->checksum ? 0 : KVT_EPROTO;
                 else
                     status[i] = KVT_EIO;
                 b->state = 2;
@@ -1036,8 +1153,62 @@ int kvt_remote_read(kvt_remote *r, const kvt_remote_loc *locs, const uint8_t *ha
     if (rc)
         kvt_fail(rc, "remote: %u blocks read; the first failure: %s", n, kvt_strerror(rc));
 out:
-    free(bs), free(order), free(rps), free(qb), free(tmp);
+    free(bs), free(recvs), free(order), free(rps), free(qb), free(tmp);
     return rc;
+}
+
+static int check_read(const kvt_remote *r, const kvt_remote_loc *locs, uint32_t n)
+{
+    if (n > KVT_REMOTE_MAX_READ)
+        return kvt_fail(KVT_ELIMIT, "remote: read of %u blocks (at most %u)", n,
+                        KVT_REMOTE_MAX_READ);
+    for (uint32_t i = 0; i < n; i++)
+        if (locs[i].peer >= r->n_peers)
+            return kvt_fail(KVT_EINVAL, "remote: read: block %u names peer %u (%u known)", i,
+                            locs[i].peer, r->n_peers);
+    if (n && !r->ucx_cli)
+        return kvt_fail(KVT_ESTATE, "remote: no UCX worker to read with (its replacement failed)");
+    return 0;
+}
+
+int kvt_remote_read(kvt_remote *r, const kvt_remote_loc *locs, const uint8_t *hashes, uint32_t n,
+                    void *const *dst, int *status)
+{
+    if (!r || (n && (!locs || !hashes || !dst || !status)))
+        return kvt_fail(KVT_EINVAL, "remote: read: NULL argument");
+    int rc = check_read(r, locs, n);
+    for (uint32_t i = 0; i < n && !rc; i++)
+        if (!dst[i])
+            rc = kvt_fail(KVT_EINVAL, "remote: read: block %u has no destination", i);
+    if (rc || n == 0)
+        return rc;
+    uint64_t *off = malloc(r->n_pieces * sizeof(*off));
+    if (!off)
+        return kvt_fail(KVT_ENOMEM, "remote: out of memory");
+    for (uint32_t j = 0, acc = 0; j < r->n_pieces; acc += (uint32_t)r->piece[j].block_bytes, j++)
+        off[j] = acc;
+    rd_dst d = {.dst = dst, .off = off};
+    rc = read_blocks(r, locs, hashes, n, &d, status);
+    free(off);
+    return rc;
+}
+
+int kvt_remote_read_slots(kvt_remote *r, const kvt_remote_loc *locs, const uint8_t *hashes,
+                          uint32_t n, const uint32_t *slots, int *status)
+{
+    if (!r || (n && (!locs || !hashes || !slots || !status)))
+        return kvt_fail(KVT_EINVAL, "remote: read_slots: NULL argument");
+    int rc = check_read(r, locs, n);
+    if (!rc && n && !r->serves)
+        rc = kvt_fail(KVT_ESTATE, "remote: read_slots: this instance has no slots");
+    for (uint32_t i = 0; i < n && !rc; i++)
+        if (slots[i] >= r->cfg.n_slots)
+            rc = kvt_fail(KVT_ERANGE, "remote: read_slots: slot %u out of range (%u slots)",
+                          slots[i], r->cfg.n_slots);
+    if (rc || n == 0)
+        return rc;
+    rd_dst d = {.slots = slots};
+    return read_blocks(r, locs, hashes, n, &d, status);
 }
 
 void kvt_remote_get_stats(kvt_remote *r, kvt_remote_stats *out)

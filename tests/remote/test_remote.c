@@ -497,6 +497,112 @@ static void a_password_protected_directory(void **state)
     kvt_redis_stop(pr, sock);
 }
 
+/* A block split over three arrays, as a host mirror holds it: the pieces travel one by one,
+ * land in the reader's own slots (or back to back in a buffer), and a scribble in the last
+ * piece of a published slot costs a miss. */
+#define NPIECE 3
+static const uint64_t g_piece[NPIECE] = {BB / 4, BB / 2, BB / 4};
+
+typedef struct split_inst {
+    kvt_remote *r;
+    uint8_t *arr[NPIECE];
+    kvt_region reg[NPIECE];
+} split_inst;
+
+static void make_split(split_inst *in, const char *name)
+{
+    kvt_remote_config c;
+    kvt_remote_config_init(&c);
+    c.directory = g_sock;
+    c.space = g_space;
+    c.instance = name;
+    c.listen_host = "127.0.0.1";
+    c.credential = CRED;
+    c.hash_len = HL;
+    c.hash_seed = 7;
+    c.ttl_ms = 300;
+    c.retry_ms = 100;
+    for (uint32_t j = 0; j < NPIECE; j++) {
+        in->arr[j] = calloc(SLOTS, g_piece[j]);
+        assert_non_null(in->arr[j]);
+        in->reg[j] =
+            (kvt_region){.base = (uint64_t)(uintptr_t)in->arr[j], .block_bytes = g_piece[j]};
+    }
+    c.regions = in->reg;
+    c.n_regions = NPIECE;
+    c.n_slots = SLOTS;
+    KVT_OK_(kvt_remote_create(&c, &in->r));
+}
+
+static void drop_split(split_inst *in)
+{
+    kvt_remote_destroy(in->r);
+    for (uint32_t j = 0; j < NPIECE; j++)
+        free(in->arr[j]);
+}
+
+/* slot s of in, its pieces gathered back to back */
+static void gather(const split_inst *in, uint32_t s, uint8_t *out)
+{
+    for (uint32_t j = 0, off = 0; j < NPIECE; off += (uint32_t)g_piece[j], j++)
+        memcpy(out + off, in->arr[j] + (size_t)s * g_piece[j], g_piece[j]);
+}
+
+static void a_block_split_over_regions_moves_piece_by_piece(void **state)
+{
+    (void)state;
+    NEED_REDIS();
+    split_inst a, b;
+    make_split(&a, "a");
+    make_split(&b, "b");
+    enum { N = 12 };
+    uint8_t hashes[N * HL], block[BB];
+    uint32_t slots[N];
+    chain(5, N, hashes);
+    for (uint32_t i = 0; i < N; i++) {
+        slots[i] = 3 + i;
+        fill(block, 5, i);
+        for (uint32_t j = 0, off = 0; j < NPIECE; off += (uint32_t)g_piece[j], j++)
+            memcpy(a.arr[j] + (size_t)slots[i] * g_piece[j], block + off, g_piece[j]);
+    }
+    KVT_OK_(kvt_remote_publish(a.r, slots, hashes, N));
+    kvt_remote_loc locs[N];
+    uint32_t hit = 0, dst[N];
+    int st[N];
+    KVT_OK_(kvt_remote_lookup(b.r, hashes, N, locs, &hit));
+    assert_int_equal(hit, N);
+    for (uint32_t i = 0; i < N; i++)
+        dst[i] = SLOTS - 1 - i;
+    KVT_OK_(kvt_remote_read_slots(b.r, locs, hashes, N, dst, st));
+    for (uint32_t i = 0; i < N; i++) {
+        assert_int_equal(st[i], 0);
+        gather(&b, dst[i], block);
+        if (!same_as(block, 5, i))
+            fail_msg("block %u: wrong bytes in the reader's slot", i);
+    }
+    /* into a plain buffer: the pieces back to back */
+    uint8_t *buf = malloc((size_t)N * BB);
+    void *ptrs[N];
+    assert_non_null(buf);
+    for (uint32_t i = 0; i < N; i++)
+        ptrs[i] = buf + (size_t)i * BB;
+    KVT_OK_(kvt_remote_read(b.r, locs, hashes, N, ptrs, st));
+    for (uint32_t i = 0; i < N; i++)
+        if (st[i] || !same_as(buf + (size_t)i * BB, 5, i))
+            fail_msg("block %u: status %d or wrong bytes in the buffer", i, st[i]);
+    /* a scribble in the last piece of published block 4: that block is a miss, the rest hit */
+    a.arr[NPIECE - 1][(size_t)slots[4] * g_piece[NPIECE - 1] + 5] ^= 0x5a;
+    (void)kvt_remote_read(b.r, locs, hashes, N, ptrs, st);
+    for (uint32_t i = 0; i < N; i++)
+        assert_int_equal(st[i], i == 4 ? KVT_ENOENT : 0);
+    /* out-of-range destination slots are refused before anything moves */
+    dst[0] = SLOTS;
+    KVT_ERR_(kvt_remote_read_slots(b.r, locs, hashes, 1, dst, st), KVT_ERANGE);
+    free(buf);
+    drop_split(&b);
+    drop_split(&a);
+}
+
 static void bad_configs_are_refused(void **state)
 {
     (void)state;
@@ -521,6 +627,21 @@ static void bad_configs_are_refused(void **state)
     c.reserved[0] = 1;
     KVT_ERR_(kvt_remote_create(&c, &r), KVT_EINVAL);
     c.reserved[0] = 0;
+    kvt_region reg[2] = {{.base = 4096, .block_bytes = BB / 2},
+                         {.base = 8192, .block_bytes = BB / 2}};
+    c.regions = reg;
+    c.n_regions = 2;
+    c.n_slots = 4;
+    c.block_bytes = BB + 1; /* not the regions' sum */
+    KVT_ERR_(kvt_remote_create(&c, &r), KVT_EINVAL);
+    c.block_bytes = BB;
+    c.region = reg; /* both a region and regions */
+    KVT_ERR_(kvt_remote_create(&c, &r), KVT_EINVAL);
+    c.region = NULL;
+    c.n_regions = 0; /* regions without their count */
+    KVT_ERR_(kvt_remote_create(&c, &r), KVT_EINVAL);
+    c.regions = NULL;
+    c.n_slots = 0;
     /* an unreachable directory is not an error: the instance starts unregistered */
     KVT_OK_(kvt_remote_create(&c, &r));
     uint8_t h[HL] = {1};
@@ -615,6 +736,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup(redis_down_means_misses_and_a_restart_rebuilds_the_directory,
                                each_setup),
         cmocka_unit_test_setup(a_password_protected_directory, each_setup),
+        cmocka_unit_test_setup(a_block_split_over_regions_moves_piece_by_piece, each_setup),
         cmocka_unit_test(bad_configs_are_refused),
         cmocka_unit_test(the_read_messages_are_validated),
     };

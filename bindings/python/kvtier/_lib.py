@@ -281,8 +281,8 @@ class kvt_remote_config(ctypes.Structure):
                 ("block_bytes", c_u64), ("n_slots", c_u32), ("hash_len", c_u32),
                 ("hash_seed", c_u64), ("signature", ctypes.c_uint8 * 32), ("ttl_ms", c_u32),
                 ("timeout_ms", c_u32), ("directory_timeout_ms", c_u32), ("retry_ms", c_u32),
-                ("owner_checksum", c_u32), ("reserved32", c_u32),
-                ("directory_password", ctypes.c_char_p)] + room(4)
+                ("owner_checksum", c_u32), ("n_regions", c_u32),
+                ("directory_password", ctypes.c_char_p), ("regions", ctypes.c_void_p)] + room(3)
 
 
 class kvt_remote_loc(ctypes.Structure):
@@ -769,6 +769,8 @@ _sig("kvt_remote_publish", c_int, vp, P(c_u32), u8p, c_u32)
 _sig("kvt_remote_withdraw", c_int, vp, P(c_u32), c_u32)
 _sig("kvt_remote_lookup", c_int, vp, u8p, c_u32, P(kvt_remote_loc), P(c_u32))
 _sig("kvt_remote_read", c_int, vp, P(kvt_remote_loc), u8p, c_u32, P(vp), P(ctypes.c_int))
+_sig("kvt_remote_read_slots", c_int, vp, P(kvt_remote_loc), u8p, c_u32, P(c_u32),
+     P(ctypes.c_int))
 _sig("kvt_remote_peer_name", ctypes.c_char_p, vp, c_u32)
 _sig("kvt_remote_get_stats", None, vp, P(kvt_remote_stats))
 _sig("kvt_ec_net_consumer_create", c_int, P(kvt_ec_net_config), P(vp))
