@@ -103,6 +103,7 @@ typedef struct kvt_offload_config {
 } kvt_offload_config;
 
 typedef struct kvt_offload kvt_offload;
+typedef struct kvt_remote kvt_remote; /* kvtier/remote.h */
 
 KVT_API void kvt_offload_config_init(kvt_offload_config *cfg);
 
@@ -173,6 +174,22 @@ KVT_API int kvt_offload_lower_disk_blocks(kvt_offload *m, uint32_t worker_slots)
  * kvt_offload_destroy, which withdraws this replica's slots and pins (destroy the manager
  * before detaching the node). Every call that touches the host tier takes the node's lock. */
 KVT_API int kvt_offload_attach_node(kvt_offload *m, kvt_node *node);
+/* Adds the remote tier (kvtier/remote.h) behind this manager's host (and disk) tier:
+ *   lookups   past the host hit (and where the disk adds nothing), match looks the request's
+ *             remaining hashes up in the directory (one round trip) and reads the blocks
+ *             other instances hold into freshly allocated host blocks, every one checked; the
+ *             prefix read whole becomes part of the host hit (findable from then on) and
+ *             reaches the GPU through the usual load. A block that could not be read is a
+ *             miss, never part of a hit. The read runs in match, bounded by the remote's
+ *             timeout_ms (docs/remote.md).
+ *   stores    each host block whose store completed is published; a host block is withdrawn
+ *             before it is reused, and every one at kvt_offload_reset.
+ * The remote must serve this host tier's own bytes: its slots are the host blocks (n_slots =
+ * the host tier's blocks, null block included; its regions the mirror's), so the worker that
+ * fills them runs in this process, one rank (world_size 1). One full-attention group whose
+ * hash block is the scheduler block, the same hash length, no node tier. remote is borrowed
+ * until kvt_offload_destroy; blocks stored before the attach are not published. */
+KVT_API int kvt_offload_attach_remote(kvt_offload *m, kvt_remote *remote);
 KVT_API const kvt_pool *kvt_offload_host_pool(const kvt_offload *m);
 /* The disk tier's pool (NULL with two tiers). */
 KVT_API const kvt_pool *kvt_offload_disk_pool(const kvt_offload *m);
@@ -468,8 +485,8 @@ typedef struct kvt_offload_stats {
     uint64_t boundary_states;       /* Mamba align: handed-over states selected for a store */
     uint64_t boundary_dropped_gone; /* ... dropped: their request was unknown or finished */
     uint64_t partial_hits;          /* matches whose hit ends inside a scheduler block */
-    uint64_t partial_tails; /* partly filled full-attention blocks stored at request finish */
-    uint64_t reserved[1];   /* room for figures to come (zero) */
+    uint64_t partial_tails;     /* partly filled full-attention blocks stored at request finish */
+    uint64_t remote_hit_blocks; /* blocks read from the remote tier into hits */
 } kvt_offload_stats;
 
 KVT_API void kvt_offload_get_stats(const kvt_offload *m, kvt_offload_stats *s);

@@ -127,13 +127,21 @@ static int match_flags_unlocked(kvt_offload *m, const char *id, uint32_t id_len,
     uint32_t total = 0;
     for (uint32_t g = 0; g < m->ng; g++)
         total += hit.n_blocks[g];
-    if (hit.length || want_disk) {
+    /* the remote tier may continue where the host stopped (and the disk added nothing);
+     * its blocks join the host hit, so the hit list must hold them too */
+    uint32_t from_remote = start + hit.length / m->gcfg.hash_block_size;
+    uint32_t want_remote =
+        want_disk ? 0
+                  : kvi_ofl_remote_lookup(m, hashes, n_hashes, from_remote, max_hit - hit.length);
+    if (hit.length || want_disk || want_remote) {
         if (!r)
             r = kvi_ofl_req_get(m, id, id_len);
+        if (r && want_remote && !kvi_idpool_can_hold(&m->hitpool, &r->hit, total + want_remote))
+            want_remote = 0; /* no room for the remote part: the host part alone */
         if (!r || !kvi_idpool_can_hold(&m->hitpool, &r->hit, total)) {
             m->st.hits_dropped++;
             hit.length = 0; /* not offering a hit is always safe */
-            total = want_disk = 0;
+            total = want_disk = want_remote = 0;
         }
     }
     uint32_t pinned = 0;
@@ -154,6 +162,8 @@ static int match_flags_unlocked(kvt_offload *m, const char *id, uint32_t id_len,
     }
     /* after the host pins, so that allocating host blocks for it cannot evict them */
     uint32_t length = hit.length + (r && want_disk ? kvi_ofl_tier_pin(m, r, want_disk) : 0);
+    if (r && want_remote)
+        length += kvi_ofl_remote_fetch(m, r, hashes, from_remote, want_remote);
     m->st.miss_tokens += searchable - length;
     m->st.miss_blocks += (searchable - length) / m->sched_bs;
     if (length == 0) {

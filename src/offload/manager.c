@@ -549,6 +549,8 @@ void kvt_offload_destroy(kvt_offload *m)
         return;
     if (m->node)
         kvi_node_unbind(m->node);
+    kvi_ofl_remote_withdraw_all(m); /* peers stop reading the host tier before it goes */
+    kvi_ofl_remote_teardown(m);
     host_teardown(m);
     kvi_ofl_events_teardown(m);
     kvi_ofl_tier_teardown(m);
@@ -771,6 +773,7 @@ static int reset_unlocked(kvt_offload *m)
                                                   "peers of the node tier read this replica's "
                                                   "slots"
                                                 : "offload: reset: hits are still pinned");
+    kvi_ofl_remote_withdraw_all(m);
     m->st.resets++;
     return 0;
 }
@@ -921,6 +924,8 @@ int kvt_offload_prometheus(const kvt_offload *m, char *buf, size_t cap, size_t *
          s.boundary_dropped_gone, false},
         {"partial_hits_total", "Host-tier hits that end inside a scheduler block.", s.partial_hits,
          false},
+        {"remote_hit_blocks_total", "Blocks read from the remote tier into hits.",
+         s.remote_hit_blocks, false},
         {"partial_tails_total",
          "Partly filled full-attention blocks stored at request finish (partial hash hits).",
          s.partial_tails, false},

@@ -36,6 +36,7 @@
 #include "base/map.h"
 #include "base/util.h"
 #include "kvtier/offload.h"
+#include "kvtier/remote.h"
 #include "node/node_internal.h"
 
 #define OFL_NONE UINT32_MAX
@@ -217,6 +218,17 @@ struct kvt_offload {
     /* a node tier (kvt_offload_attach_node): the host pool is this replica's view of it, and
      * every call that touches the host pool runs under the node's lock */
     kvt_node *node;
+
+    /* a remote tier (kvt_offload_attach_remote; remote.c): its port, the locations a lookup
+     * found, the host blocks a read fills and their statuses (KVT_REMOTE_MAX_READ each), and
+     * the host blocks of completed stores waiting to be published with their hashes */
+    kvt_remote *remote;
+    const struct kvi_remote_port *rport;
+    kvt_remote_loc *rloc;
+    uint32_t *rids;
+    int *rst;
+    uint32_t *pub_slots, pub_n;
+    uint8_t *pub_hashes;
 };
 
 static inline int kvi_ofl_lock(kvt_offload *m)
@@ -391,6 +403,23 @@ void kvi_ofl_events_pull(kvt_offload *m, uint32_t t);
 void kvi_ofl_events_stored(kvt_offload *m, uint32_t h, bool registered);
 /* Request r's slot is being freed: its context is done. */
 void kvi_ofl_events_req_done(kvt_offload *m, struct kvi_ofl_req *r);
+
+/* the remote tier (remote.c); every function is a no-op without one */
+void kvi_ofl_remote_teardown(kvt_offload *m);
+/* Looks up past the hit: hashes from index `from`, at most max_len tokens (and as many blocks
+ * as the host tier can allocate); returns the blocks found (their locations in m->rloc). */
+uint32_t kvi_ofl_remote_lookup(kvt_offload *m, const uint8_t *hashes, uint32_t n_hashes,
+                               uint32_t from, uint32_t max_len);
+/* Reads the n blocks the last lookup found (hashes from index `from`) into new host blocks;
+ * the prefix read whole joins r's hit (group 0). Returns its tokens. */
+uint32_t kvi_ofl_remote_fetch(kvt_offload *m, struct kvi_ofl_req *r, const uint8_t *hashes,
+                              uint32_t from, uint32_t n);
+/* Host block h's store completed and its keys are registered: publish it (batched). */
+void kvi_ofl_remote_stored(kvt_offload *m, uint32_t h);
+void kvi_ofl_remote_publish_flush(kvt_offload *m);
+/* Host blocks about to be reused / every host block (reset): withdrawn. */
+void kvi_ofl_remote_withdraw(kvt_offload *m, const uint32_t *ids, uint32_t n);
+void kvi_ofl_remote_withdraw_all(kvt_offload *m);
 
 /* three tiers (tier.c); every function is a no-op without a disk tier */
 int kvi_ofl_tier_validate(const kvt_offload_config *c, const kvt_pool_config *g);

@@ -32,6 +32,7 @@
 #include "base/error.h"
 #include "base/hash.h"
 #include "base/log.h"
+#include "base/remote_port.h"
 #include "base/util.h"
 #include "net/ucx.h"
 #include "remote/remote_internal.h"
@@ -64,6 +65,7 @@ typedef struct zombie {
 } zombie;
 
 struct kvt_remote {
+    kvi_remote_port rport; /* first: the offload manager's way in (base/remote_port.h) */
     kvt_remote_config cfg;
     /* a block's pieces, in order: one array per piece, n_slots blocks each (one piece for a
      * plain region; a reader that serves nothing still knows their sizes) */
@@ -579,6 +581,13 @@ int kvt_remote_create(const kvt_remote_config *c, kvt_remote **out)
             (kvt_region){.base = (uint64_t)(uintptr_t)c->region, .block_bytes = c->block_bytes};
     }
     r->cfg.regions = r->piece;
+    r->rport = (kvi_remote_port){.lookup = kvt_remote_lookup,
+                                 .read_slots = kvt_remote_read_slots,
+                                 .publish = kvt_remote_publish,
+                                 .withdraw = kvt_remote_withdraw,
+                                 .n_slots = c->n_slots,
+                                 .hash_len = c->hash_len,
+                                 .block_bytes = r->cfg.block_bytes};
     char *p = r->strs;
     r->cfg.directory = dupcat(&p, c->directory);
     r->cfg.space = dupcat(&p, c->space);

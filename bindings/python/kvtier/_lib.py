@@ -226,13 +226,14 @@ DISK_GAUGES = ("disk_blocks", "disk_used_blocks", "disk_cached_blocks",
 
 # counters added after the disk's, in the struct's reserved room
 LATER_COUNTERS = ("lookups_misaligned", "lookups_skipped", "store_recovered_null",
-                  "boundary_states", "boundary_dropped_gone", "partial_hits", "partial_tails")
+                  "boundary_states", "boundary_dropped_gone", "partial_hits", "partial_tails",
+                  "remote_hit_blocks")
 
 
 class kvt_offload_stats(ctypes.Structure):
     _fields_ = ([(n, c_u64) for n in STAT_COUNTERS] + [(n, c_u32) for n in STAT_GAUGES] +
                 [(n, c_u64) for n in DISK_COUNTERS] + [(n, c_u32) for n in DISK_GAUGES] +
-                [(n, c_u64) for n in LATER_COUNTERS]) + room(1)
+                [(n, c_u64) for n in LATER_COUNTERS])
 
 
 TIER_COUNTERS = ("hit_blocks", "hit_tokens", "load_events", "store_events", "store_blocks",
@@ -604,6 +605,7 @@ _sig("kvt_pool_config_validate", c_int, P(kvt_pool_config), P(c_u32))
 _sig("kvt_offload_schedule_many", c_int, vp, P(P(kvt_offload_sched_req)), c_u32, P(c_u32))
 _sig("kvt_offload_destroy", None, vp)
 _sig("kvt_offload_lower_host_blocks", c_int, vp, c_u32)
+_sig("kvt_offload_attach_remote", c_int, vp, vp)
 _sig("kvt_offload_attach_node", c_int, vp, vp)
 _sig("kvt_node_config_init", None, P(kvt_node_config))
 _sig("kvt_node_attach", c_int, P(kvt_node_config), P(vp))

@@ -1,0 +1,33 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The remote tier as the offload manager reaches it. A kvt_remote (libkvtier_net) starts
+ * with this port, so the manager (libkvtier) calls it without linking UCX, ZeroMQ or hiredis
+ * — the same arrangement as the disk's kvi_xfer_port.
+ */
+#ifndef KVI_BASE_REMOTE_PORT_H
+#define KVI_BASE_REMOTE_PORT_H
+
+#include <stdint.h>
+
+#include "kvtier/remote.h"
+
+typedef struct kvi_remote_port {
+    int (*lookup)(kvt_remote *r, const uint8_t *hashes, uint32_t n, kvt_remote_loc *out,
+                  uint32_t *n_hit);
+    int (*read_slots)(kvt_remote *r, const kvt_remote_loc *locs, const uint8_t *hashes, uint32_t n,
+                      const uint32_t *slots, int *status);
+    int (*publish)(kvt_remote *r, const uint32_t *slots, const uint8_t *hashes, uint32_t n);
+    int (*withdraw)(kvt_remote *r, const uint32_t *slots, uint32_t n);
+    uint32_t n_slots;     /* slots it serves (0: none) */
+    uint32_t hash_len;    /* bytes per block hash */
+    uint64_t block_bytes; /* bytes per block, all pieces */
+} kvi_remote_port;
+
+/* The port at the start of a kvt_remote (C11 6.7.2.1: a pointer to a structure, suitably
+ * converted, points to its first member). */
+static inline const kvi_remote_port *kvi_remote_port_of(const kvt_remote *r)
+{
+    return (const kvi_remote_port *)(const void *)r;
+}
+
+#endif
