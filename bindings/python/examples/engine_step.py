@@ -23,9 +23,11 @@ def kv_bytes(block_hash):
 
 
 class Engine:
-    def __init__(self, node=None, node_name=None):
+    def __init__(self, node=None, node_name=None, remote=None):
         """node: a kvtier.Node of tier node_name; the host tier is then this replica's part of
-        the tier the replicas on the node share."""
+        the tier the replicas on the node share. remote: kvtier.Remote's arguments (a dict:
+        directory, space, instance, listen_host, credential, ...); the engine then joins that
+        remote tier, serving its host mirror, and finds what other instances stored."""
         host = node.num_slots if node else HOST_BLOCKS
         # scheduler side
         self.gpu = kvtier.Pool(GPU_BLOCKS, block_size=BS)
@@ -38,6 +40,10 @@ class Engine:
         self.layout.add_buffer(self.device, BLOCK_BYTES)
         self.mirror = kvtier.Mirror(self.layout, host, node_name=node_name)
         self.worker = kvtier.Worker(self.layout, self.mirror, threads=2)
+        self.remote = None
+        if remote:
+            self.remote = kvtier.Remote(block_bytes=0, mirror=self.mirror, **remote)
+            self.mgr.attach_remote(self.remote)
 
     def step(self, preempted=False):
         meta = self.mgr.build_meta(preempted)      # build_connector_meta -> every worker

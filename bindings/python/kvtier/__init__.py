@@ -434,6 +434,13 @@ class OffloadManager(_Handle):
     def lower_host_blocks(self, blocks):
         _check(_lib.kvt_offload_lower_host_blocks(self._h, blocks))
 
+    def attach_remote(self, remote):
+        """Puts the remote tier `remote` (a Remote serving this host tier's mirror) behind the
+        host tier: match reads what other instances hold, completed stores are published."""
+        _check(_lib.kvt_offload_attach_remote(self._h, remote._h))
+        self._remote = remote  # borrowed: keep it alive
+        remote._managers.append(weakref.ref(self))
+
     def attach_node(self, node):
         """Makes the host tier this replica's part of node tier `node` (a Node) before the
         first step: host_blocks must be node.num_slots."""
@@ -728,13 +735,15 @@ class Remote(_Handle):
     """This instance in a remote tier (kvt_remote): its blocks found by instances on other
     hosts through a Redis directory and read peer to peer over UCX, every block checked
     (docs/remote.md). region: a buffer (bytearray, numpy array, ...) of n_slots x block_bytes
-    this instance serves, or None to read only."""
+    this instance serves, or None to read only; or mirror: a host Mirror whose blocks (every
+    region's piece of each) it serves, block_bytes then 0 or their sum — the remote tier an
+    OffloadManager over that mirror attaches (attach_remote)."""
     _destroy = _lib.kvt_remote_destroy
 
     def __init__(self, directory, space, instance, listen_host, credential, block_bytes,
                  region=None, hash_len=16, hash_seed=0, signature=b"", listen_port=0,
                  advertise_host=None, ttl_ms=3000, timeout_ms=2000, directory_timeout_ms=250,
-                 retry_ms=1000, owner_checksum=True, directory_password=None):
+                 retry_ms=1000, owner_checksum=True, directory_password=None, mirror=None):
         cfg = L.kvt_remote_config()
         _lib.kvt_remote_config_init(ctypes.byref(cfg))
         self._strs = [x.encode() if isinstance(x, str) else x for x in (
@@ -751,15 +760,35 @@ class Remote(_Handle):
         cfg.directory_timeout_ms, cfg.retry_ms = directory_timeout_ms, retry_ms
         cfg.owner_checksum = 1 if owner_checksum else 0
         self._region = region
+        if region is not None and mirror is not None:
+            raise ValueError("kvtier: a Remote serves a region or a mirror, not both")
         if region is not None:
             addr, nbytes, _dev = _address(region)
             cfg.region = addr
             cfg.n_slots = nbytes // block_bytes
+        if mirror is not None:
+            cfg.regions = ctypes.cast(_lib.kvt_mirror_regions(mirror._h), ctypes.c_void_p)
+            cfg.n_regions = _lib.kvt_mirror_num_regions(mirror._h)
+            cfg.n_slots = _lib.kvt_mirror_num_blocks(mirror._h)
+            block_bytes = sum(_lib.kvt_mirror_regions(mirror._h)[i].block_bytes
+                              for i in range(cfg.n_regions))
+            cfg.block_bytes = block_bytes
+        self._mirror = mirror  # served: it must outlive this object
+        self._managers = []  # managers it is lent to: closed before it is destroyed
         self.block_bytes = block_bytes
         self.hash_len = hash_len
         h = ctypes.c_void_p()
         _check(_lib.kvt_remote_create(ctypes.byref(cfg), ctypes.byref(h)))
         self._h = h
+
+    def close(self):
+        """Leaves the space now; a manager it was lent to is closed first."""
+        for ref in getattr(self, "_managers", ()):
+            m = ref()
+            if m is not None:
+                m.close()
+        self._managers = []
+        super().close()
 
     @property
     def port(self):

@@ -91,6 +91,32 @@ class Remote(unittest.TestCase):
         self.assertEqual(b.lookup(chain(4, 1)), [])  # a miss, not an error
         self.assertGreater(b.stats()["directory_errors"], 0)
 
+    def test_an_engine_loads_what_another_engine_stored(self):
+        sys.path.insert(0, os.path.join(HERE, "..", "examples"))
+        import engine_step
+        args = dict(directory=self.sock, space="pyeng", listen_host="127.0.0.1",
+                    credential=CRED, hash_seed=7, ttl_ms=300, retry_ms=50)
+        a = engine_step.Engine(remote=dict(args, instance="a"))
+        b = engine_step.Engine(remote=dict(args, instance="b"))
+        self.objs += [a.mgr, b.mgr, a.remote, b.remote]
+        tokens = list(range(5 * engine_step.BS + 3))
+        self.assertEqual(a.turn("a", tokens)["recomputed"], 83)
+        self.assertEqual(a.remote.stats()["published"], 5)
+        second = b.turn("b", tokens)  # checks every loaded byte
+        self.assertEqual(second["host_hit"], 80)
+        self.assertEqual(second["loaded_blocks"], 5)
+        self.assertEqual(b.mgr.stats()["remote_hit_blocks"], 5)
+        self.assertEqual(b.remote.stats()["read_ok"], 5)
+        # a Remote whose slots are not the host tier's blocks is refused, saying why
+        other = kvtier.Remote(self.sock, "pyeng", "c", "127.0.0.1", CRED, BB, hash_seed=7,
+                              region=bytearray(3 * BB))
+        self.objs.append(other)
+        mgr = kvtier.OffloadManager(kvtier.Pool(8, block_size=engine_step.BS), 8)
+        self.objs.insert(0, mgr)
+        with self.assertRaises(kvtier.KvtierError) as cm:
+            mgr.attach_remote(other)
+        self.assertIn("slots", str(cm.exception))
+
 
 if __name__ == "__main__":
     unittest.main()
