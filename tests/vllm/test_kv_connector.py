@@ -472,3 +472,99 @@ def test_a_second_replica_is_served_from_the_node_tier(model_dir, baseline, tmp_
             first.wait()
         Node.unlink(name)
     assert first.returncode == 0
+
+
+@pytest.mark.parametrize("extra,word", [
+    ({"kvtier_remote_space": "s"}, "kvtier_remote_directory"),
+    ({"kvtier_remote_directory": "/tmp/r.sock", "kvtier_remote_credential": "short"},
+     "credential"),
+    ({"kvtier_remote_directory": "/tmp/r.sock", "kvtier_remote_instance": "a b",
+      "kvtier_remote_credential": "x" * 16}, "kvtier_remote_instance"),
+    ({"kvtier_remote_directory": "/tmp/r.sock", "kvtier_remote_credential": "x" * 16,
+      "kv_offload_backend": "disk", "disk_path": "/tmp/d"}, "host tier"),
+    ({"kvtier_remote_directory": "/tmp/r.sock", "kvtier_remote_credential": "x" * 16,
+      "kvtier_remote_port": 70000}, "kvtier_remote_port"),
+])
+def test_bad_remote_configuration_is_refused(extra, word, monkeypatch):
+    from kvtier.vllm import ConfigError, KvtierConfig
+    monkeypatch.delenv("KVTIER_REMOTE_CREDENTIAL", raising=False)
+    with pytest.raises(ConfigError) as ei:
+        KvtierConfig(extra, 1)
+    assert word in str(ei.value), str(ei.value)
+    with pytest.raises(ConfigError) as ei:  # one rank only
+        KvtierConfig({"kvtier_remote_directory": "/tmp/r.sock",
+                      "kvtier_remote_credential": "x" * 16}, 2)
+    assert "one rank" in str(ei.value)
+
+
+def test_a_second_instance_is_served_from_the_remote_tier(model_dir, baseline, tmp_path):
+    """Issue 23: two engine instances (two processes, as on two hosts) and a Redis directory
+    the test starts. The second finds the first one's prefixes in the directory, reads them
+    from the first one's host tier over UCX into its own and generates exactly the tokens of
+    vLLM without a connector; once the first is gone, the second's lookups miss and it
+    recomputes (the same tokens again)."""
+    import shutil
+    import time
+    if not shutil.which("redis-server"):
+        pytest.skip("needs redis-server (scripts/install-deps)")
+    sock = str(tmp_path / "redis.sock")
+    redis = subprocess.Popen(["redis-server", "--port", "0", "--unixsocket", sock, "--save", "",
+                              "--appendonly", "no"], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    prompts = prompts_with_prefixes(4, 690, 2, 400, seed=8)
+    want = baseline(prompts)
+    path = tmp_path / "prompts.json"
+    path.write_text(json.dumps(prompts))
+    hold = tmp_path / "hold"
+    os.mkfifo(hold)
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "remote_instance.py")
+    env = dict(os.environ, KVTIER_REMOTE_CREDENTIAL="vllm-remote-test-credential")
+
+    def instance(name, *more):
+        return [sys.executable, script, model_dir, sock, "vt%d" % os.getpid(), name,
+                str(path)] + list(more)
+
+    first = None
+    try:
+        for _ in range(300):
+            if os.path.exists(sock):
+                break
+            time.sleep(0.01)
+        first = subprocess.Popen(instance("a", str(hold)), stdout=subprocess.PIPE, text=True,
+                                 env=env)
+        r0 = json.loads(first.stdout.readline())  # instance a generated and stays alive
+        assert r0["tokens"] == want
+        assert r0["remote"]["published"] > 0 and r0["stats"]["remote_hit_blocks"] == 0, r0
+        second = subprocess.run(instance("b"), capture_output=True, text=True, env=env,
+                                timeout=900)
+        assert second.returncode == 0, second.stderr[-4000:]
+        r1 = json.loads(second.stdout.strip().splitlines()[-1])
+        print("instance b: %d hit tokens, %d blocks read from instance a"
+              % (r1["stats"]["hit_tokens"], r1["stats"]["remote_hit_blocks"]))
+        assert r1["tokens"] == want
+        # every full block of each prompt's first turn but the last token's came from a:
+        # 4 prompts of 690 tokens (21 full blocks each), two prefixes of 400 tokens
+        assert r1["stats"]["remote_hit_blocks"] > 0, r1["stats"]
+        assert r1["remote"]["read_ok"] == r1["stats"]["remote_hit_blocks"], r1["remote"]
+        assert r1["remote"]["read_failed"] == 0 and r1["remote"]["read_stale"] == 0
+        assert r1["stats"]["hit_tokens"] >= 4 * 672 - 32 * 4, r1["stats"]
+        assert r1["stats"]["loads_completed"] == r1["stats"]["load_blocks"]
+    finally:
+        if first is not None:
+            try:  # let instance a finish if it waits on the FIFO; otherwise stop it
+                fd = os.open(hold, os.O_WRONLY | os.O_NONBLOCK)
+                os.write(fd, b"done\n")
+                os.close(fd)
+                first.wait(timeout=300)
+            except (OSError, subprocess.TimeoutExpired):
+                first.kill()
+                first.wait()
+    assert first.returncode == 0
+    # a gone: its liveness key went with it, so b's lookups miss and b recomputes
+    third = subprocess.run(instance("c"), capture_output=True, text=True, env=env, timeout=900)
+    redis.kill()
+    redis.wait()
+    assert third.returncode == 0, third.stderr[-4000:]
+    r2 = json.loads(third.stdout.strip().splitlines()[-1])
+    assert r2["tokens"] == want
+    assert r2["stats"]["remote_hit_blocks"] == 0 and r2["remote"]["read_blocks"] == 0, r2

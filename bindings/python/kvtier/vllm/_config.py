@@ -31,7 +31,22 @@ _KEYS = {
                         "data-parallel rank)",
     "kvtier_node_ranks": "replicas sharing the node tier (default: vLLM's local "
                          "data-parallel size)",
+    "kvtier_remote_directory": "the remote tier's Redis server, host:port or a unix socket "
+                               "path (opt-in: instances on other hosts find and read each "
+                               "other's blocks)",
+    "kvtier_remote_space": "the instances that share blocks (default kvtier)",
+    "kvtier_remote_instance": "this instance's name in the space (default: host name and "
+                              "process id)",
+    "kvtier_remote_listen_host": "address this instance serves its blocks on (default "
+                                 "127.0.0.1)",
+    "kvtier_remote_advertise_host": "address peers reach it at (default the listen host)",
+    "kvtier_remote_port": "port it serves on (default 0: any free port)",
+    "kvtier_remote_credential": "the space's shared secret, 16..256 bytes (default: the "
+                                "environment's KVTIER_REMOTE_CREDENTIAL)",
+    "kvtier_remote_timeout_ms": "bound of one read from a peer (default 2000)",
 }
+
+REMOTE_NAME_CHARS = "_.-"
 
 
 class ConfigError(ValueError):
@@ -112,6 +127,7 @@ class KvtierConfig:
             raise ConfigError('kvtier: disk settings given but kv_offload_backend is "%s"; set '
                               'kv_offload_backend to "disk" or "cpu+disk"' % backend)
         self._node(extra, backend, world_size)
+        self._remote(extra, backend, world_size)
         if backend != "disk" and self.cpu_bytes_per_rank <= 0:
             raise ConfigError("kvtier: cpu_bytes_to_use%s is 0: the host tier needs memory"
                               % ("_per_rank" if "cpu_bytes_to_use_per_rank" in extra else ""))
@@ -139,6 +155,66 @@ class KvtierConfig:
                               "false): a replica publishes its blocks as it stores them")
         if world_size != 1:
             raise ConfigError("kvtier: kvtier_node_tier supports replicas of one rank "
+                              "(tensor and pipeline parallel size 1); this one has %d"
+                              % world_size)
+
+    def _remote(self, extra, backend, world_size):
+        import os
+        import socket
+        d = extra.get("kvtier_remote_directory")
+        self.remote_directory = d
+        given = sorted(k for k in extra if k.startswith("kvtier_remote_") and
+                       k != "kvtier_remote_directory")
+        if d is None:
+            if given:
+                raise ConfigError("kvtier: %s given without kvtier_remote_directory (the "
+                                  "remote tier's Redis server)" % ", ".join(given))
+            return
+        if not isinstance(d, str) or not d.strip():
+            raise ConfigError("kvtier: kvtier_remote_directory=%r: expected host:port or a "
+                              "unix socket path" % (d,))
+
+        def name(key, default):
+            v = extra.get(key, default)
+            if (not isinstance(v, str) or not 1 <= len(v) <= 64 or
+                    any(not (c.isascii() and (c.isalnum() or c in REMOTE_NAME_CHARS))
+                        for c in v)):
+                raise ConfigError("kvtier: %s=%r: expected 1..64 characters of [A-Za-z0-9_.-]"
+                                  % (key, v))
+            return v
+
+        def host(key, default):
+            v = extra.get(key, default)
+            if v is not None and (not isinstance(v, str) or not 1 <= len(v) <= 64):
+                raise ConfigError("kvtier: %s=%r: expected an address of 1..64 characters"
+                                  % (key, v))
+            return v
+
+        self.remote_space = name("kvtier_remote_space", "kvtier")
+        default_inst = "".join(c if c.isascii() and (c.isalnum() or c in REMOTE_NAME_CHARS)
+                               else "-" for c in socket.gethostname())[:48]
+        self.remote_instance = name("kvtier_remote_instance",
+                                    "%s-%d" % (default_inst or "host", os.getpid()))
+        self.remote_listen_host = host("kvtier_remote_listen_host", "127.0.0.1")
+        self.remote_advertise_host = host("kvtier_remote_advertise_host", None)
+        self.remote_port = _int(extra, "kvtier_remote_port", 0, 0, 65535)
+        self.remote_timeout_ms = _int(extra, "kvtier_remote_timeout_ms", 2000, 1, 600000)
+        cred = extra.get("kvtier_remote_credential",
+                         os.environ.get("KVTIER_REMOTE_CREDENTIAL"))
+        if not isinstance(cred, str) or not 16 <= len(cred.encode()) <= 256:
+            raise ConfigError("kvtier: the remote tier needs a credential of 16..256 bytes "
+                              "(kvtier_remote_credential, or KVTIER_REMOTE_CREDENTIAL in the "
+                              "environment): every instance of the space shares it")
+        self.remote_credential = cred
+        self.remote_directory_password = os.environ.get("KVTIER_REMOTE_DIRECTORY_PASSWORD")
+        if backend not in ("cpu", "cpu+disk"):
+            raise ConfigError('kvtier: kvtier_remote_directory needs a host tier '
+                              '(kv_offload_backend "cpu" or "cpu+disk"), not "%s"' % backend)
+        if self.node_tier:
+            raise ConfigError("kvtier: kvtier_remote_directory beside kvtier_node_tier is not "
+                              "supported yet")
+        if world_size != 1:
+            raise ConfigError("kvtier: kvtier_remote_directory supports engines of one rank "
                               "(tensor and pipeline parallel size 1); this one has %d"
                               % world_size)
 

@@ -32,8 +32,8 @@ import importlib
 import logging
 from typing import Any
 
-from .. import (Disk, KvtierError, Layout, Mirror, Node, OffloadManager, OffloadMeta, Worker,
-                 WorkerMeta)
+from .. import (Disk, KvtierError, Layout, Mirror, Node, OffloadManager, OffloadMeta, Remote,
+                 Worker, WorkerMeta)
 from ._config import ConfigError, KvtierConfig
 
 try:  # vLLM is not a dependency of the kvtier package: only this module needs it
@@ -281,6 +281,40 @@ class _Req:
         return self.hashes.buffer_info()[0], n
 
 
+class _HostShare:
+    """A worker's host mirror that the scheduler's remote tier serves too (same process): the
+    last of the two to close frees it, so no peer's read ever lands in freed memory."""
+
+    def __init__(self, mirror):
+        self.mirror, self.users = mirror, 1
+
+    def release(self):
+        self.users -= 1
+        if self.users == 0:
+            self.mirror.close()
+
+
+# engine id -> the _HostShare of that engine's worker in this process (remote tier only)
+_HOSTS = {}
+
+
+def _signature(vllm_config, gcfg):
+    """Digest of what instances sharing KV blocks must agree on besides the hash seed."""
+    import hashlib
+    v = vllm_config
+    groups = tuple((gcfg.groups[g].kind, gcfg.groups[g].block_size)
+                   for g in range(gcfg.n_groups))
+    return hashlib.sha256(repr((str(v.model_config.model), str(v.model_config.dtype),
+                                str(v.cache_config.prefix_caching_hash_algo), groups,
+                                gcfg.hash_block_size)).encode()).digest()
+
+
+def _hash_seed():
+    """vLLM's hash seed as a fingerprint: the first 8 bytes of its root hash (NONE_HASH)."""
+    from vllm.v1.core import kv_cache_utils
+    return int.from_bytes(bytes(kv_cache_utils.NONE_HASH)[:8], "little")
+
+
 class _Scheduler:
     def __init__(self, vllm_config, kv_cache_config, cfg):
         self.cfg = cfg
@@ -298,6 +332,10 @@ class _Scheduler:
         if cfg.node_tier:
             self.node_bpr = self.host_blocks
             self.host_blocks = self.node_bpr * cfg.node_ranks
+        # a remote tier: attached at the first call too, over the worker's mirror
+        self.remote = None
+        self._host_share = None
+        self._remote_pending = bool(cfg.remote_directory)
         self.gpu = None  # vLLM's BlockPool, bound by the scheduler
         self.reqs = {}
         self._cb_error = None
@@ -402,19 +440,51 @@ class _Scheduler:
         node, self.node = getattr(self, "node", None), None
         if node is not None:
             node.close()  # after the manager: it withdraws this replica's slots first
+        remote, self.remote = getattr(self, "remote", None), None
+        if remote is not None:
+            remote.close()  # after the manager (it withdraws), before the mirror goes
+        share, self._host_share = getattr(self, "_host_share", None), None
+        if share is not None:
+            share.release()
+
+    def _attach_remote(self):
+        """Joins the remote tier, serving the host tier of this engine's worker: the worker
+        must be in this process (vLLM's uniprocess executor, one rank)."""
+        c, v = self.cfg, self._vllm_config
+        share = _HOSTS.get(v.kv_transfer_config.engine_id)
+        if share is None or share.mirror._h is None:
+            raise ConfigError("kvtier: kvtier_remote_directory: this engine's worker is not in "
+                              "the scheduler's process, so the remote tier cannot serve its "
+                              "host tier (it needs one rank and vLLM's uniprocess executor)")
+        remote = Remote(c.remote_directory, c.remote_space, c.remote_instance,
+                        c.remote_listen_host, c.remote_credential, 0, mirror=share.mirror,
+                        hash_len=self.hash_len, hash_seed=_hash_seed(),
+                        signature=_signature(v, self.gcfg), listen_port=c.remote_port,
+                        advertise_host=c.remote_advertise_host,
+                        timeout_ms=c.remote_timeout_ms,
+                        directory_password=c.remote_directory_password)
+        try:
+            self._call(_lib.kvt_offload_attach_remote(self.h, remote._h))
+        except Exception:
+            remote.close()
+            raise
+        share.users += 1
+        self._host_share = share
+        self.remote = remote
+        self._remote_pending = False
+        logger.info("kvtier: remote tier: instance %s of space %s, directory %s, serving on "
+                    "port %d", c.remote_instance, c.remote_space, c.remote_directory,
+                    remote.port)
+
+    def remote_stats(self):
+        """The remote tier's counters (kvt_remote_stats), or None without one."""
+        return self.remote.stats() if self.remote is not None else None
 
     def _attach_node(self):
         """Joins the node tier: its configuration carries everything the replicas must share
         (a replica with another hash seed is refused, not left to miss forever)."""
-        import hashlib
-        from vllm.v1.core import kv_cache_utils
-        c, v = self.cfg, self._vllm_config
-        seed = int.from_bytes(bytes(kv_cache_utils.NONE_HASH)[:8], "little")
-        groups = tuple((self.gcfg.groups[g].kind, self.gcfg.groups[g].block_size)
-                       for g in range(self.ng))
-        sig = hashlib.sha256(repr((str(v.model_config.model), str(v.model_config.dtype),
-                                   str(v.cache_config.prefix_caching_hash_algo), groups,
-                                   self.gcfg.hash_block_size)).encode()).digest()
+        c = self.cfg
+        seed, sig = _hash_seed(), _signature(self._vllm_config, self.gcfg)
         node = Node(c.node_tier, c.node_rank, c.node_ranks, self.node_bpr,
                     hash_len=self.hash_len, keys_per_block=self.gcfg.keys_per_block,
                     hash_block_size=self.gcfg.hash_block_size, block_bytes=self.bpr,
@@ -515,6 +585,8 @@ class _Scheduler:
     def match(self, request, num_computed):
         if self._node_pending:
             self._attach_node()
+        if self._remote_pending:
+            self._attach_remote()
         # A request that wants no cached prefix (prompt logprobs) and a local hit that ends
         # inside a scheduler block both get hit 0 from the library, counted there
         # (lookups_skipped, lookups_misaligned; the latter logged once).
@@ -567,6 +639,8 @@ class _Scheduler:
     def build_meta(self, so):
         if self._node_pending:
             self._attach_node()
+        if self._remote_pending:
+            self._attach_remote()
         # The hot path of the scheduler side. Per step it must not touch every running request
         # in Python: the requests that may have a newly confirmed block are found with array
         # operations over CachedRequestData (num_computed_tokens // block_size against the
@@ -834,6 +908,8 @@ class _Worker:
     def __init__(self, vllm_config, kv_cache_config, cfg):
         self.cfg = cfg
         self.kv_cache_config = kv_cache_config
+        self._engine_id = vllm_config.kv_transfer_config.engine_id
+        self._host_share = None
         self.host_blocks = host_blocks_for(cfg, kv_cache_config)
         self.worker = self.mirror = self.layout = self.disk = None
         self.cuda = False
@@ -890,6 +966,9 @@ class _Worker:
             self.mirror = Mirror(layout, self.host_blocks * (c.node_ranks if node else 1),
                                  pin=self.cuda, node_name=node)
             self.worker = Worker(layout, self.mirror, rank=rank, threads=c.copy_threads)
+            if c.remote_directory:  # the scheduler's remote tier serves this mirror
+                self._host_share = _HostShare(self.mirror)
+                _HOSTS[self._engine_id] = self._host_share
             if c.backend == "cpu+disk":
                 self.disk = Disk(self.mirror.layout(), c.disk_path, c.disk_bytes_per_rank,
                                  rank=rank, page_cache=c.page_cache,
@@ -935,8 +1014,15 @@ class _Worker:
         self._bound = None
 
     def close(self):
+        share, self._host_share = self._host_share, None
+        if share is not None and _HOSTS.get(self._engine_id) is share:
+            del _HOSTS[self._engine_id]
         for o in (self.worker, self.disk, self.mirror, self.layout):
-            if o is not None:
+            if o is None:
+                continue
+            if o is self.mirror and share is not None:
+                share.release()  # the remote tier may still serve it
+            else:
                 o.close()
         self.worker = self.disk = self.mirror = self.layout = None
 
@@ -1074,6 +1160,11 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
     def kvtier_stats(self):
         """Cumulative scheduler-side counters and gauges (kvt_offload_stats as a dict)."""
         return self._sched.stats() if self._sched is not None else {}
+
+    def kvtier_remote_stats(self):
+        """The remote tier's counters (kvt_remote_stats as a dict); None without a remote
+        tier or on a worker."""
+        return self._sched.remote_stats() if self._sched is not None else None
 
     def kvtier_node_stats(self):
         """The node tier's counters (kvt_node_stats as a dict); None without a node tier or
