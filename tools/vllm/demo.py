@@ -6,7 +6,13 @@ fall out of the GPU-side prefix cache, run three ways:
   1. vLLM without a KV connector (every evicted prefix is prefilled again);
   2. vLLM with kvtier's KvtierConnector (evicted prefixes come back from kvtier's host tier);
   3. vLLM with its own SimpleCPUOffloadConnector, where it runs (on the CPU it does not: its
-     worker needs CUDA streams; the error is recorded in the report).
+     worker needs CUDA streams; the error is recorded in the report);
+  4. two instances and kvtier's remote tier (where redis-server is installed): an owner
+     instance (another process, as on another host) answers every conversation's first turn,
+     and a fresh reader instance answers the same first turns, finding their prefixes in the
+     owner's host tier through the Redis directory (which the demo starts) and reading them
+     over UCX instead of recomputing them. Its TTFT is compared with the first turns of run 1,
+     where the same prefixes were computed.
 
 Workload: C conversations, each with its own long document, T turns each; turn t of every
 conversation runs before turn t+1 of any (round robin), and the GPU-side KV cache holds only
@@ -56,8 +62,9 @@ def workload(conversations, turns, doc_tokens, question_tokens, seed=7):
     return docs, questions
 
 
-def run(label, model_dir, args, connector, extra=None):
-    """Runs the whole workload on a fresh engine; returns per-turn records and the stats."""
+def run(label, model_dir, args, connector, extra=None, n_turns=None, hold=None):
+    """Runs the workload (its first n_turns turns; default all) on a fresh engine; returns
+    per-turn records and the stats. hold(result): called before the engine shuts down."""
     from vllm import LLM, SamplingParams
     from vllm.config import KVTransferConfig
     from vllm.inputs import TokensPrompt
@@ -83,7 +90,7 @@ def run(label, model_dir, args, connector, extra=None):
     turns = []
     start = time.monotonic()
     last = start
-    for t in range(args.turns):
+    for t in range(n_turns or args.turns):
         for c in range(args.conversations):
             prompt = history[c] + questions[c][t]
             before = len(history[c])
@@ -100,13 +107,84 @@ def run(label, model_dir, args, connector, extra=None):
                 last = time.monotonic()
                 log("%s: turn %d/%d, %.0f s" % (label, t + 1, args.turns, last - start))
     wall = time.monotonic() - start
-    stats = {}
+    stats, remote = {}, None
     if connector == "KvtierConnector":
-        stats = llm.llm_engine.engine_core.engine_core.scheduler.connector.kvtier_stats()
+        conn = llm.llm_engine.engine_core.engine_core.scheduler.connector
+        stats, remote = conn.kvtier_stats(), conn.kvtier_remote_stats()
+    res = {"turns": turns, "wall_s": wall, "stats": stats, "remote": remote}
+    if hold:
+        hold(res)
     llm.llm_engine.engine_core.shutdown()
     del llm
     gc.collect()
-    return {"turns": turns, "wall_s": wall, "stats": stats}
+    return res
+
+
+def remote_extra(args, sock, instance):
+    return {"cpu_bytes_to_use": args.cpu_bytes, "kvtier_remote_directory": sock,
+            "kvtier_remote_space": "vllm-demo", "kvtier_remote_instance": instance}
+
+
+def remote_owner(args, model_dir):
+    """--remote-owner: the owner instance of run 4, in its own process. Answers every first
+    turn, prints one JSON line (token ids, counters) and serves its host tier until a line
+    arrives on stdin."""
+    def hold(res):
+        print(json.dumps({"tokens": [r["tokens"] for r in res["turns"]],
+                          "remote": res["remote"], "stats": res["stats"]}), flush=True)
+        sys.stdin.readline()
+    run("remote-tier owner", model_dir, args, "KvtierConnector",
+        remote_extra(args, args.remote_owner, "owner"), n_turns=1, hold=hold)
+    return 0
+
+
+def run_remote(args, model_dir):
+    """Run 4: starts redis-server and the owner process, then the reader here. Returns the
+    reader's run (with "owner": the owner's line) or raises."""
+    import secrets
+    import shutil
+    import subprocess
+    import tempfile
+    if not shutil.which("redis-server"):
+        raise RuntimeError("redis-server is not installed (scripts/install-deps installs it)")
+    tmp = tempfile.mkdtemp(prefix="kvt-vllm-demo-")
+    sock = os.path.join(tmp, "redis.sock")
+    env = dict(os.environ, KVTIER_REMOTE_CREDENTIAL=secrets.token_hex(16))
+    os.environ["KVTIER_REMOTE_CREDENTIAL"] = env["KVTIER_REMOTE_CREDENTIAL"]
+    redis = subprocess.Popen(["redis-server", "--port", "0", "--unixsocket", sock, "--save", "",
+                              "--appendonly", "no", "--dir", tmp],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    owner = None
+    try:
+        for _ in range(300):
+            if os.path.exists(sock):
+                break
+            time.sleep(0.01)
+        cmd = [sys.executable, os.path.abspath(__file__)] + sys.argv[1:] + [
+            "--remote-owner", sock, "--model-dir", model_dir]
+        owner = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                 env=env)
+        line = owner.stdout.readline()
+        if not line:
+            raise RuntimeError("the owner instance exited (code %s)" % owner.wait())
+        info = json.loads(line)
+        log("remote-tier owner: %d blocks published" % info["remote"]["published"])
+        res = run("remote-tier reader", model_dir, args, "KvtierConnector",
+                  remote_extra(args, sock, "reader"), n_turns=1)
+        res["owner"] = info
+        return res
+    finally:
+        if owner is not None:
+            try:
+                owner.stdin.write("done\n")
+                owner.stdin.flush()
+                owner.wait(timeout=300)
+            except (OSError, subprocess.TimeoutExpired):
+                owner.kill()
+                owner.wait()
+        redis.kill()
+        redis.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def pct(values, q):
@@ -134,6 +212,8 @@ def main():
     ap.add_argument("--model-dir", default=None, help="where to write the model (default: "
                     "<out>/vllm-demo-model)")
     ap.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
+    ap.add_argument("--no-remote", action="store_true", help="skip run 4 (the remote tier)")
+    ap.add_argument("--remote-owner", metavar="REDIS_SOCKET", help=argparse.SUPPRESS)
     args = ap.parse_args()
     for k in ("conversations", "turns", "doc_tokens", "question_tokens", "answer_tokens",
               "gpu_blocks", "cpu_bytes"):
@@ -148,9 +228,22 @@ def main():
     model_dir = write_model(args.model_dir or os.path.join(args.out, "vllm-demo-model"),
                             max_positions=max(8192, args.max_model_len), **MODEL)
 
+    if args.remote_owner:
+        return remote_owner(args, model_dir)
     runs = {"without": run("without a connector", model_dir, args, None)}
     runs["kvtier"] = run("with kvtier", model_dir, args, "KvtierConnector",
                          {"cpu_bytes_to_use": args.cpu_bytes})
+    remote = {"ran": False}
+    if args.no_remote:
+        remote["why"] = "--no-remote"
+    else:
+        try:
+            remote["run"] = run_remote(args, model_dir)
+            remote["ran"] = True
+        except Exception as e:
+            remote["why"] = "%s: %s" % (type(e).__name__, str(e).splitlines()[0][:300])
+            log("the remote-tier run did not run: %s" % remote["why"])
+            gc.collect()
     baseline = {"name": "SimpleCPUOffloadConnector", "ran": False}
     try:
         runs["baseline"] = run("with SimpleCPUOffloadConnector", model_dir, args,
@@ -197,6 +290,27 @@ def main():
     rep["baseline_connector"] = baseline
     if baseline["ran"]:
         rep["ttft_p50_ms_baseline"] = pct(ttfts("baseline", evicted), 50)
+    rep["remote_tier"] = {"ran": remote["ran"]}
+    if remote["ran"]:
+        rr = remote["run"]["turns"]
+        first = [i for i, r in enumerate(base) if r["turn"] == 0]
+        rt = rep["remote_tier"]
+        rt["turns"] = len(rr)
+        rt["identical"] = [r["tokens"] for r in rr] == [base[i]["tokens"] for i in first] == \
+            remote["run"]["owner"]["tokens"]
+        rt["ttft_p50_ms_recompute"] = pct([base[i]["ttft_ms"] for i in first], 50)
+        rt["ttft_p50_ms_remote_hit"] = pct([r["ttft_ms"] for r in rr], 50)
+        rt["speedup_p50"] = (rt["ttft_p50_ms_recompute"] / rt["ttft_p50_ms_remote_hit"]
+                             if rt["ttft_p50_ms_remote_hit"] else None)
+        st, rs = remote["run"]["stats"], remote["run"]["remote"] or {}
+        rt["remote_hit_blocks"] = st.get("remote_hit_blocks", 0)
+        rt["prompt_tokens"] = sum(r["prompt_tokens"] for r in rr)
+        rt["hit_tokens"] = st.get("hit_tokens", 0)
+        rt["read_ok"], rt["read_failed"] = rs.get("read_ok", 0), rs.get("read_failed", 0)
+        rt["read_mib"] = rs.get("read_bytes", 0) / (1 << 20)
+        rt["owner_published"] = remote["run"]["owner"]["remote"]["published"]
+    else:
+        rep["remote_tier"]["why"] = remote["why"]
     rep["model"] = dict(MODEL, block_size=BLOCK, gpu_blocks=args.gpu_blocks)
     path = os.path.join(args.out, "vllm-report.json")
     with open(path, "w") as f:
@@ -231,6 +345,17 @@ def main():
           file=out)
     if not baseline["ran"]:
         print("vLLM's SimpleCPUOffloadConnector: did not run (%s)" % baseline["why"], file=out)
+    rt = rep["remote_tier"]
+    if rt["ran"]:
+        print("remote tier, two instances: the reader's first turns (%d, %d prompt tokens) found "
+              "%d tokens in the owner's host tier (%d blocks, %.1f MiB read): TTFT p50 %s ms vs "
+              "%s ms recomputing them: %sx; token ids identical: %s"
+              % (rt["turns"], rt["prompt_tokens"], rt["hit_tokens"], rt["remote_hit_blocks"],
+                 rt["read_mib"], f(rt["ttft_p50_ms_remote_hit"]),
+                 f(rt["ttft_p50_ms_recompute"]), f(rt["speedup_p50"]),
+                 "yes" if rt["identical"] else "NO"), file=out)
+    else:
+        print("remote tier: did not run (%s)" % rt["why"], file=out)
     print("report: %s" % path, file=out)
     if args.json:
         print(json.dumps(rep, indent=1))
@@ -241,6 +366,10 @@ def main():
         failed.append("kvtier loaded no block: the host tier served nothing")
     if not evicted:
         failed.append("no turn's prefix left the GPU cache: the workload proves nothing")
+    if rt["ran"] and not rt["identical"]:
+        failed.append("the remote-tier run's token ids differ")
+    if rt["ran"] and rt["remote_hit_blocks"] <= 0:
+        failed.append("the remote-tier reader read no block from the owner")
     if failed:
         print("vllm-demo: FAILED: " + "; ".join(failed), file=sys.stderr)
         return 1
