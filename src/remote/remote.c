@@ -1043,7 +1043,11 @@ static int read_blocks(kvt_remote *r, const kvt_remote_loc *locs, const uint8_t 
         uint64_t tag = 0;
         if (getrandom(&tag, sizeof(tag), 0) != sizeof(tag))
             tag = kvi_xxh3_64(&rp, sizeof(rp), kvt_monotonic_ns() ^ r->next_req);
-        tag &= ~(uint64_t)0xffffffff; /* piece j of block k of the request: tag ^ (k * np + j) */
+        /* piece j of block k of the request: tag ^ (k * np + j); the bits above stay random */
+        uint64_t span = 1;
+        while (span < (uint64_t)rp->n * np)
+            span <<= 1;
+        tag &= ~(span - 1);
         bool ok = open_peer(r, pe) == 0;
         for (uint32_t k = 0; ok && k < rp->n; k++) {
             uint32_t i = order[rp->first + k];
