@@ -198,51 +198,12 @@ static int push_phase(pusher *pu, phase *ph, int seq)
 
 /* ---- the peers: Mooncake's transfer engine and NIXL (bench/peers/ec_peers.py) ---------------- */
 
-#ifndef KVT_SOURCE_DIR
-#define KVT_SOURCE_DIR "."
-#endif
-
 /* The peers' figures for transport tr, as the script printed them, or NULL with *why set. */
 static json_t *run_peers(const kvt_bench_opts *o, const char *tr, char *why, size_t cap)
 {
-    const char *py = o->peers ? o->peers : getenv("KVTIER_PEERS_PYTHON");
-    const char *venv = KVT_SOURCE_DIR "/.venv-bench/bin/python";
-    if (!py)
-        py = access(venv, X_OK) == 0 ? venv : NULL;
-    if (!py) {
-        snprintf(why, cap,
-                 "no Python with the peers' packages: make bench-env makes %s, or "
-                 "--peers / KVTIER_PEERS_PYTHON names one",
-                 venv);
-        return NULL;
-    }
-    if (strcmp(py, "none") == 0) {
-        snprintf(why, cap, "skipped (--peers none)");
-        return NULL;
-    }
-    const char *script = getenv("KVTIER_PEERS_SCRIPT");
-    if (!script)
-        script = KVT_SOURCE_DIR "/bench/peers/ec_peers.py";
-    if (strchr(py, '\'') || strchr(script, '\'')) {
-        snprintf(why, cap, "a quote in the peers' Python or script path");
-        return NULL;
-    }
-    char cmd[8192];
-    snprintf(cmd, sizeof(cmd), "'%s' '%s' --transport %s --seconds %g", py, script, tr, o->seconds);
-    FILE *f = popen(cmd, "r");
-    if (!f) {
-        snprintf(why, cap, "cannot run %s", py);
-        return NULL;
-    }
-    json_error_t err;
-    json_t *r = json_loadf(f, JSON_DISABLE_EOF_CHECK, &err);
-    int st = pclose(f);
-    if (!r || !json_is_object(r)) {
-        snprintf(why, cap, "%s printed no JSON object (exit status %d): %s", script, st, err.text);
-        json_decref(r);
-        return NULL;
-    }
-    return r;
+    char args[64];
+    snprintf(args, sizeof(args), "--transport %s --seconds %g", tr, o->seconds);
+    return kvt_bench_run_peers(o, "ec_peers.py", args, why, cap);
 }
 
 /* Adds each peer's figures and kvtier's ratios to them: `<peer>_gbps` (16 MiB items),

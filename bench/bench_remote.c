@@ -21,8 +21,11 @@
  *                         but not the bytes' checksum before it sends (owner_checksum = 0; the
  *                         reader's check stays)
  *
- * Mooncake's store needs its master service, which its PyPI package does not start by itself
- * here; the JSON says so (mooncake_store_why) rather than printing a ratio.
+ *   mooncake_store_gbps   Mooncake's store (bench/peers/remote_peers.py, in .venv-bench): its
+ *                         master started here, an owner process (in the owner's namespace)
+ *                         putting the same 64 blocks, this namespace reading them with
+ *                         batch_get_into, no segment of its own; ratio_vs_mooncake_store is
+ *                         load_gbps over it (mooncake_store_why when it did not run)
  */
 #include <inttypes.h>
 #include <signal.h>
@@ -211,6 +214,7 @@ static int run(const kvt_bench_opts *o)
     pid_t owner = start_owner(&e, block_kib, "owner", "1", true);
     pid_t owner2 = owner > 0 ? start_owner(&e, block_kib, "owner-fast", "2", false) : -1;
     kvt_remote *r = NULL;
+    json_t *mc_all = NULL; /* the Mooncake store's figures */
     uint8_t *dst = malloc(NBLK * bb), *want = malloc(bb), hashes[NBLK * HL];
     int code = 1;
     if (owner <= 0 || owner2 <= 0 || !dst || !want) {
@@ -263,8 +267,22 @@ static int run(const kvt_bench_opts *o)
         goto out;
     double base = kvt_bench_perftest_gbps(bb, 400, "", e.prefix, e.netns ? e.peer_ip : "127.0.0.1");
     const char *link = e.netns ? "veth between two network namespaces" : "loopback";
-    const char *mc_why = "not run: Mooncake's store needs its master service (mooncake_master), "
-                         "which its PyPI wheel does not start here";
+    /* Mooncake's store on the same link: its owner in the owner's namespace */
+    char mc_why[512] = "", mc_args[512];
+    snprintf(mc_args, sizeof(mc_args),
+             "--blocks %u --block-bytes %" PRIu64 " --seconds %g%s%s%s%s%s%s%s", NBLK, bb,
+             o->seconds / 2 > 0.3 ? o->seconds / 2 : 0.3, e.netns ? " --owner-prefix '" : "",
+             e.netns ? e.prefix : "", e.netns ? "' --host-ip " : "", e.netns ? e.host_ip : "",
+             e.netns ? " --peer-ip " : "", e.netns ? e.peer_ip : "", "");
+    mc_all = kvt_bench_run_peers(o, "remote_peers.py", mc_args, mc_why, sizeof(mc_why));
+    json_t *mc = mc_all ? json_object_get(mc_all, "mooncake_store") : NULL;
+    double mc_gbps = -1;
+    if (mc && json_is_true(json_object_get(mc, "ran")))
+        mc_gbps = json_number_value(json_object_get(mc, "gbps"));
+    else if (mc && json_is_string(json_object_get(mc, "why")))
+        snprintf(mc_why, sizeof(mc_why), "%s", json_string_value(json_object_get(mc, "why")));
+    else if (mc_all && !mc_why[0])
+        snprintf(mc_why, sizeof(mc_why), "remote_peers.py printed no mooncake_store figures");
     if (o->json) {
         kvt_json j;
         kvt_json_begin(&j, stdout);
@@ -283,8 +301,15 @@ static int run(const kvt_bench_opts *o)
         kvt_json_num(&j, "ratio_vs_ucx_perftest", base > 0 ? gbps / base : 0.0 / 0.0);
         kvt_json_num(&j, "ratio_vs_ucx_perftest_reader_check_only",
                      base > 0 ? gbps_fast / base : 0.0 / 0.0);
-        kvt_json_set(&j, "ratio_vs_mooncake_store", json_null());
-        kvt_json_str(&j, "mooncake_store_why", mc_why);
+        if (mc_gbps > 0) {
+            kvt_json_num(&j, "mooncake_store_gbps", mc_gbps);
+            kvt_json_num(&j, "ratio_vs_mooncake_store", gbps / mc_gbps);
+            kvt_json_str(&j, "mooncake_store_version",
+                         json_string_value(json_object_get(mc, "version")));
+        } else {
+            kvt_json_set(&j, "ratio_vs_mooncake_store", json_null());
+            kvt_json_str(&j, "mooncake_store_why", mc_why);
+        }
         kvt_json_end(&j);
     } else {
         printf("bench remote (%s, UCX_TLS=%s): lookup of %u chained hashes p50 %.1f us, p99 "
@@ -295,10 +320,16 @@ static int run(const kvt_bench_opts *o)
                " KiB: %.2f GB/s; ratios %.2f, %.2f\n",
                NBLK, block_kib, gbps, gbps_fast, block_kib, base, base > 0 ? gbps / base : 0.0,
                base > 0 ? gbps_fast / base : 0.0);
-        printf("  Mooncake store: %s\n", mc_why);
+        if (mc_gbps > 0)
+            printf("  Mooncake store (batch_get_into of the same blocks, same link): %.2f GB/s; "
+                   "ratio %.2f\n",
+                   mc_gbps, gbps / mc_gbps);
+        else
+            printf("  Mooncake store: not run: %s\n", mc_why);
     }
     code = 0;
 out:
+    json_decref(mc_all);
     kvt_remote_destroy(r);
     pid_t owners[2] = {owner, owner2};
     for (int i = 0; i < 2; i++)

@@ -135,3 +135,53 @@ int kvt_cmp_double(const void *a, const void *b)
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
 }
+
+/* ---- the peers' Python (bench/peers/) ------------------------------------------------------- */
+
+#ifndef KVT_SOURCE_DIR
+#define KVT_SOURCE_DIR "."
+#endif
+
+json_t *kvt_bench_run_peers(const kvt_bench_opts *o, const char *script_name, const char *args,
+                            char *why, size_t cap)
+{
+    const char *py = o->peers ? o->peers : getenv("KVTIER_PEERS_PYTHON");
+    const char *venv = KVT_SOURCE_DIR "/.venv-bench/bin/python";
+    if (!py)
+        py = access(venv, X_OK) == 0 ? venv : NULL;
+    if (!py) {
+        snprintf(why, cap,
+                 "no Python with the peers' packages: make bench-env makes %s, or "
+                 "--peers / KVTIER_PEERS_PYTHON names one",
+                 venv);
+        return NULL;
+    }
+    if (strcmp(py, "none") == 0) {
+        snprintf(why, cap, "skipped (--peers none)");
+        return NULL;
+    }
+    char script[4096];
+    const char *dir = getenv("KVTIER_PEERS_DIR");
+    snprintf(script, sizeof(script), "%s/%s", dir ? dir : KVT_SOURCE_DIR "/bench/peers",
+             script_name);
+    if (strchr(py, '\'') || strchr(script, '\'')) {
+        snprintf(why, cap, "a quote in the peers' Python or script path");
+        return NULL;
+    }
+    char cmd[8192];
+    snprintf(cmd, sizeof(cmd), "'%s' '%s' %s", py, script, args);
+    FILE *f = popen(cmd, "r");
+    if (!f) {
+        snprintf(why, cap, "cannot run %s", py);
+        return NULL;
+    }
+    json_error_t err;
+    json_t *r = json_loadf(f, JSON_DISABLE_EOF_CHECK, &err);
+    int st = pclose(f);
+    if (!r || !json_is_object(r)) {
+        snprintf(why, cap, "%s printed no JSON object (exit status %d): %s", script, st, err.text);
+        json_decref(r);
+        return NULL;
+    }
+    return r;
+}

@@ -47,6 +47,13 @@ double kvt_now_s(void);
 /* qsort's comparator of doubles, ascending (for percentiles). */
 int kvt_cmp_double(const void *a, const void *b);
 
+/* Runs script_name (in bench/peers/, or $KVTIER_PEERS_DIR) with args under the Python that has
+ * the peers' packages (--peers, $KVTIER_PEERS_PYTHON, or .venv-bench from make bench-env) and
+ * returns the JSON object it printed, or NULL with why set (no such Python, "--peers none", no
+ * JSON). */
+json_t *kvt_bench_run_peers(const kvt_bench_opts *o, const char *script_name, const char *args,
+                            char *why, size_t cap);
+
 /* One JSON object built with jansson, printed by kvt_json_end: kvt_json_begin, then fields.
  * A number that is not finite (a ratio over nothing measured) is written as null, so the
  * output always parses. */
