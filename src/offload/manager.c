@@ -263,6 +263,7 @@ void kvt_offload_config_init(kvt_offload_config *cfg)
     cfg->max_batched_tokens = 8192;
     cfg->restore_budget = 256;
     cfg->max_model_len = 1u << 20;
+    cfg->remote_miss_ms = 1000;
 }
 
 int kvt_offload_size_host(uint64_t capacity_bytes, uint64_t block_bytes, uint32_t *blocks)

@@ -229,7 +229,11 @@ struct kvt_offload {
     int *rst;
     uint32_t *pub_slots, pub_n;
     uint8_t *pub_hashes;
+    struct kvi_ofl_rmiss { /* recent lookups that found nothing: a span's hash, until when */
+        uint64_t key, until_ns;
+    } *rmiss; /* KVI_OFL_RMISS entries, direct mapped */
 };
+#define KVI_OFL_RMISS 1024u
 
 static inline int kvi_ofl_lock(kvt_offload *m)
 {

@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "base/error.h"
+#include "base/hash.h"
 #include "base/log.h"
 #include "base/remote_port.h"
 #include "base/util.h"
@@ -55,7 +56,8 @@ static int attach_unlocked(kvt_offload *m, kvt_remote *remote)
     m->rst = malloc(KVT_REMOTE_MAX_READ * sizeof(*m->rst));
     m->pub_slots = malloc(KVT_REMOTE_MAX_READ * sizeof(*m->pub_slots));
     m->pub_hashes = malloc((size_t)KVT_REMOTE_MAX_READ * m->hash_len);
-    if (!m->rloc || !m->rids || !m->rst || !m->pub_slots || !m->pub_hashes) {
+    m->rmiss = calloc(KVI_OFL_RMISS, sizeof(*m->rmiss));
+    if (!m->rloc || !m->rids || !m->rst || !m->pub_slots || !m->pub_hashes || !m->rmiss) {
         kvi_ofl_remote_teardown(m);
         return kvt_fail(KVT_ENOMEM, "offload: attach_remote: out of memory");
     }
@@ -75,7 +77,9 @@ int kvt_offload_attach_remote(kvt_offload *m, kvt_remote *remote)
 void kvi_ofl_remote_teardown(kvt_offload *m)
 {
     free(m->rloc), free(m->rids), free(m->rst), free(m->pub_slots), free(m->pub_hashes);
+    free(m->rmiss);
     m->rloc = NULL, m->rids = NULL, m->rst = NULL, m->pub_slots = NULL, m->pub_hashes = NULL;
+    m->rmiss = NULL;
     m->remote = NULL;
     m->rport = NULL;
 }
@@ -90,9 +94,24 @@ uint32_t kvi_ofl_remote_lookup(kvt_offload *m, const uint8_t *hashes, uint32_t n
     uint32_t n = kvi_min_u32(n_hashes - from, max_len / m->sched_bs);
     n = kvi_min_u32(n, kvt_pool_num_free(m->tier[0].pool));
     n = kvi_min_u32(n, KVT_REMOTE_MAX_READ);
+    if (n == 0)
+        return 0;
+    /* a span that just missed (a waiting request matched again) is not looked up again yet */
+    const uint8_t *h0 = hashes + (size_t)from * m->hash_len;
+    struct kvi_ofl_rmiss *x = NULL;
+    uint64_t now = 0, key = 0;
+    if (m->cfg.remote_miss_ms) {
+        key = kvi_xxh3_64(h0, (size_t)n * m->hash_len, n);
+        x = &m->rmiss[key & (KVI_OFL_RMISS - 1)];
+        now = kvt_monotonic_ns();
+        if (x->key == key && now < x->until_ns)
+            return 0;
+    }
     uint32_t hit = 0;
-    if (n && m->rport->lookup(m->remote, hashes + (size_t)from * m->hash_len, n, m->rloc, &hit))
-        return 0; /* arguments checked above; a failed lookup is a miss */
+    if (m->rport->lookup(m->remote, h0, n, m->rloc, &hit))
+        hit = 0; /* arguments checked above; a failed lookup is a miss */
+    if (x && hit == 0)
+        *x = (struct kvi_ofl_rmiss){key, now + (uint64_t)m->cfg.remote_miss_ms * 1000000u};
     return hit;
 }
 

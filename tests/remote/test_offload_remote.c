@@ -22,6 +22,8 @@
 
 static char g_dir[64], g_sock[96], g_space[32];
 static pid_t g_redis = -1;
+static uint32_t g_miss_ms; /* the managers' remote_miss_ms: 0 (look up every time) unless a
+                              case says otherwise */
 
 static int group_setup(void **state)
 {
@@ -48,6 +50,7 @@ static int each_setup(void **state)
     (void)state;
     static int n;
     snprintf(g_space, sizeof(g_space), "o%d-%d", (int)getpid(), n++);
+    g_miss_ms = 0;
     return 0;
 }
 
@@ -95,9 +98,26 @@ static int remote_open(inst *x, const char *name, uint32_t n_slots, uint32_t has
     return kvt_remote_create(&c, &x->r);
 }
 
+/* sim_init with the manager's remote_miss_ms set */
+static void sim_open(sim *s)
+{
+    kvt_pool_config pc;
+    kvt_pool_config_init(&pc);
+    pc.num_blocks = GPU_NB;
+    pc.keys_per_block = 4;
+    KVT_OK_(kvt_pool_create(&pc, &s->gpu));
+    kvt_offload_config oc;
+    kvt_offload_config_init(&oc);
+    oc.host_blocks = HOST_NB;
+    oc.remote_miss_ms = g_miss_ms;
+    KVT_OK_(kvt_offload_create(&oc, s->gpu, &s->m));
+    kvt_offload_meta_init(&s->meta);
+    kvt_offload_worker_meta_init(&s->wm);
+}
+
 static void inst_open(inst *x, const char *name)
 {
-    sim_init(&x->s, GPU_NB, HOST_NB, false, 1, 8192);
+    sim_open(&x->s);
     x->kv = calloc(2 * GPU_NB, KV_BPB);
     assert_non_null(x->kv);
     KVT_OK_(kvt_layout_create(KVT_HOST_DEVICE, GPU_NB, &x->layout));
@@ -296,12 +316,46 @@ static void a_reset_withdraws_everything(void **state)
     inst_close(&a);
 }
 
+static void a_span_that_missed_is_not_looked_up_again_at_once(void **state)
+{
+    (void)state;
+    NEED_REDIS();
+    g_miss_ms = 600000; /* far longer than this case */
+    inst a, b;
+    inst_open(&a, "a");
+    inst_open(&b, "b");
+    sim_req p, q1, q2, r1;
+    /* b asks for a prompt nobody holds: one lookup; asked again (a waiting request matched
+     * every step), none, even though a has stored it meanwhile */
+    assert_int_equal(admit_and_check(&b, &q1, "q1", 9, 6), 0);
+    assert_int_equal(rstats(&b).lookups, 1);
+    compute_and_store(&a, &p, "p", 9, 6);
+    assert_int_equal(admit_and_check(&b, &q2, "q2", 9, 6), 0);
+    assert_int_equal(rstats(&b).lookups, 1);
+    /* another span is looked up */
+    assert_int_equal(admit_and_check(&b, &r1, "r1", 10, 6), 0);
+    assert_int_equal(rstats(&b).lookups, 2);
+    inst_close(&b);
+    /* with a window of 1 ms, the same span is looked up again once it passed */
+    g_miss_ms = 1;
+    inst_open(&b, "b");
+    sim_req p2, q4, q5;
+    assert_int_equal(admit_and_check(&b, &q4, "q4", 12, 5), 0);
+    compute_and_store(&a, &p2, "p2", 12, 5);
+    struct timespec ts = {0, 20 * 1000000L};
+    nanosleep(&ts, NULL);
+    assert_int_equal(admit_and_check(&b, &q5, "q5", 12, 5), 5);
+    assert_int_equal(rstats(&b).lookups, 2);
+    inst_close(&b);
+    inst_close(&a);
+}
+
 static void configurations_that_do_not_fit_are_refused(void **state)
 {
     (void)state;
     NEED_REDIS();
     inst a;
-    sim_init(&a.s, GPU_NB, HOST_NB, false, 1, 8192);
+    sim_open(&a.s);
     a.kv = calloc(2 * GPU_NB, KV_BPB);
     assert_non_null(a.kv);
     KVT_OK_(kvt_layout_create(KVT_HOST_DEVICE, GPU_NB, &a.layout));
@@ -340,6 +394,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup(evicted_blocks_are_withdrawn_and_never_named, each_setup),
         cmocka_unit_test_setup(a_block_whose_bytes_changed_ends_the_hit_there, each_setup),
         cmocka_unit_test_setup(a_reset_withdraws_everything, each_setup),
+        cmocka_unit_test_setup(a_span_that_missed_is_not_looked_up_again_at_once, each_setup),
         cmocka_unit_test_setup(configurations_that_do_not_fit_are_refused, each_setup),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);

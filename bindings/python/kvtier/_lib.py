@@ -160,7 +160,7 @@ class kvt_offload_config(ctypes.Structure):
                 ("max_model_len", c_u32), ("keys_per_block", c_u32),
                 ("restore_budget", c_u32), ("event_capacity", c_u32), ("block_bytes", c_u64),
                 ("disk_blocks", c_u32), ("defer_schedule_pins", c_bool),
-                ("max_num_seqs", c_u32)] + room(7)
+                ("max_num_seqs", c_u32), ("remote_miss_ms", c_u32)] + room(7)
 
 
 class kvt_offload_sched_req(ctypes.Structure):
