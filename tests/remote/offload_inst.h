@@ -1,0 +1,233 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Engine instances joined by a remote tier, for the tests of kvt_offload_attach_remote
+ * (test_offload_remote, test_offload_remote_model): each one a manager over a sim GPU pool, a
+ * worker, a host mirror of two regions and the kvt_remote serving it, against a redis-server
+ * the test starts on a unix socket. KV bytes are a function of the block hash, so any block
+ * loaded anywhere can be checked.
+ */
+#ifndef KVT_TEST_OFFLOAD_INST_H
+#define KVT_TEST_OFFLOAD_INST_H
+
+#include <stdlib.h>
+
+#include "redis_server.h"
+#include "kvtier/remote.h"
+#include "kvtier/worker.h"
+#include "offload/sim.h"
+
+#define GPU_NB  64
+#define HOST_NB 24 /* null block included */
+#define KV_BPB  2048
+#define CRED    "a-shared-secret-of-the-space"
+
+static char g_dir[64], g_sock[96], g_space[32];
+static pid_t g_redis = -1;
+static uint32_t g_miss_ms; /* the managers' remote_miss_ms: 0 (look up every time) unless a
+                              case says otherwise */
+
+static inline int group_setup(void **state)
+{
+    (void)state;
+    snprintf(g_dir, sizeof(g_dir), "/tmp/kvt-oremote-XXXXXX");
+    if (!mkdtemp(g_dir))
+        return -1;
+    snprintf(g_sock, sizeof(g_sock), "%s/redis.sock", g_dir);
+    g_redis = kvt_redis_start(g_dir, g_sock, NULL);
+    return 0;
+}
+
+static inline int group_teardown(void **state)
+{
+    (void)state;
+    kvt_redis_stop(g_redis, g_sock);
+    char cmd[128];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", g_dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+static inline int each_setup(void **state)
+{
+    (void)state;
+    static int n;
+    snprintf(g_space, sizeof(g_space), "o%d-%d", (int)getpid(), n++);
+    g_miss_ms = 0;
+    return 0;
+}
+
+#define NEED_REDIS()                                                                               \
+    do {                                                                                           \
+        if (g_redis <= 0)                                                                          \
+            KVT_SKIP("redis-server could not be started (scripts/install-deps installs it)");      \
+    } while (0)
+
+static inline unsigned char kv_byte(uint64_t tag, uint32_t region, uint64_t off)
+{
+    uint64_t x = tag ^ ((uint64_t)region << 48) ^ off * 0x9E3779B97F4A7C15ull;
+    x ^= x >> 31;
+    x *= 0xBF58476D1CE4E5B9ull;
+    return (unsigned char)(x >> 40);
+}
+
+/* One engine instance: its "GPU" (two regions of GPU_NB blocks in host memory), host mirror,
+ * worker, manager and remote tier. */
+typedef struct inst {
+    sim s;
+    unsigned char *kv;
+    kvt_layout *layout;
+    kvt_mirror *mirror;
+    kvt_worker *w;
+    kvt_remote *r;
+} inst;
+
+static inline int remote_open(inst *x, const char *name, uint32_t n_slots, uint32_t hash_len)
+{
+    kvt_remote_config c;
+    kvt_remote_config_init(&c);
+    c.directory = g_sock;
+    c.space = g_space;
+    c.instance = name;
+    c.listen_host = "127.0.0.1";
+    c.credential = CRED;
+    c.regions = kvt_mirror_regions(x->mirror);
+    c.n_regions = kvt_mirror_num_regions(x->mirror);
+    c.n_slots = n_slots;
+    c.hash_len = hash_len;
+    c.hash_seed = SIM_SEED;
+    c.ttl_ms = 600;
+    c.retry_ms = 100;
+    return kvt_remote_create(&c, &x->r);
+}
+
+/* sim_init with the manager's remote_miss_ms set */
+static inline void sim_open(sim *s)
+{
+    kvt_pool_config pc;
+    kvt_pool_config_init(&pc);
+    pc.num_blocks = GPU_NB;
+    pc.keys_per_block = 4;
+    KVT_OK_(kvt_pool_create(&pc, &s->gpu));
+    kvt_offload_config oc;
+    kvt_offload_config_init(&oc);
+    oc.host_blocks = HOST_NB;
+    oc.remote_miss_ms = g_miss_ms;
+    KVT_OK_(kvt_offload_create(&oc, s->gpu, &s->m));
+    kvt_offload_meta_init(&s->meta);
+    kvt_offload_worker_meta_init(&s->wm);
+}
+
+static inline void inst_open(inst *x, const char *name)
+{
+    sim_open(&x->s);
+    x->kv = calloc(2 * GPU_NB, KV_BPB);
+    assert_non_null(x->kv);
+    KVT_OK_(kvt_layout_create(KVT_HOST_DEVICE, GPU_NB, &x->layout));
+    kvt_kv_tensor kv = {KVT_HOST_DEVICE, (uint64_t)(uintptr_t)x->kv, 2ull * GPU_NB * KV_BPB, GPU_NB,
+                        KV_BPB};
+    KVT_OK_(kvt_layout_add_tensor(x->layout, &kv));
+    kvt_mirror_config mc;
+    kvt_mirror_config_init(&mc);
+    mc.host_blocks = HOST_NB;
+    KVT_OK_(kvt_mirror_create(&mc, x->layout, &x->mirror));
+    assert_int_equal(kvt_mirror_num_regions(x->mirror), 2);
+    kvt_worker_config wc;
+    kvt_worker_config_init(&wc);
+    wc.copy.threads = 1;
+    KVT_OK_(kvt_worker_create(&wc, x->layout, x->mirror, &x->w));
+    KVT_OK_(remote_open(x, name, HOST_NB, KVT_BLOCK_HASH_LEN));
+    KVT_OK_(kvt_offload_attach_remote(x->s.m, x->r));
+}
+
+static inline void inst_close(inst *x)
+{
+    sim_fini(&x->s); /* withdraws what it published, before the remote and the mirror go */
+    kvt_remote_destroy(x->r);
+    kvt_worker_destroy(x->w);
+    kvt_mirror_destroy(x->mirror);
+    kvt_layout_destroy(x->layout);
+    free(x->kv);
+}
+
+static inline uint64_t tag_of(const sim_req *q, uint32_t j)
+{
+    uint64_t t;
+    memcpy(&t, q->hashes + j * KVT_BLOCK_HASH_LEN, 8);
+    return t;
+}
+
+static inline unsigned char *dev_block(inst *x, uint32_t region, uint32_t b)
+{
+    return x->kv + ((size_t)region * GPU_NB + b) * KV_BPB;
+}
+
+/* One engine step after scheduling: metadata to the worker, copies to completion, reports
+ * back (twice: a step without new events collects what finished). */
+static inline void step(inst *x)
+{
+    sim *s = &x->s;
+    sim_build(s, false);
+    const kvt_str *fin;
+    uint32_t n_fin;
+    for (int round = 0; round < 2; round++) {
+        KVT_OK_(kvt_worker_bind(x->w, &s->meta));
+        KVT_OK_(kvt_worker_get_finished(x->w, NULL, &fin, &n_fin));
+        KVT_OK_(kvt_worker_build_meta(x->w, &s->wm));
+        KVT_OK_(kvt_offload_apply_output(s->m, fin, n_fin, &s->wm));
+        kvt_worker_clear(x->w);
+        KVT_OK_(kvt_worker_flush(x->w));
+        if (round == 0)
+            sim_build(s, false);
+    }
+}
+
+/* x computes prompt p (n_blocks full blocks and a tail; its KV bytes tagged by block hash)
+ * and stores it. */
+static inline void compute_and_store(inst *x, sim_req *p, const char *id, uint32_t seed,
+                                     uint32_t n_blocks)
+{
+    sim_req_make(p, id, n_blocks * SIM_BS + 5, seed, n_blocks * SIM_BS + 5, 0);
+    sim_admit(&x->s, p, 0);
+    for (uint32_t j = 0; j < n_blocks; j++)
+        for (uint32_t reg = 0; reg < 2; reg++)
+            for (uint32_t o = 0; o < KV_BPB; o++)
+                dev_block(x, reg, p->blocks[j])[o] = kv_byte(tag_of(p, j), reg, o);
+    sim_compute(&x->s, p, p->n_tokens);
+    sim_schedule(&x->s, p, 1, false);
+    step(x);
+    sim_finish(&x->s, p);
+}
+
+/* y admits prompt `seed` (as q); returns the blocks of its hit, every loaded byte checked. */
+static inline uint32_t admit_and_check(inst *y, sim_req *q, const char *id, uint32_t seed,
+                                       uint32_t n_blocks)
+{
+    sim_req_make(q, id, n_blocks * SIM_BS + 5, seed, n_blocks * SIM_BS + 5, 1);
+    uint32_t hit = sim_admit(&y->s, q, UINT32_MAX);
+    assert_int_equal(hit % SIM_BS, 0);
+    step(y);
+    for (uint32_t j = 0; j < hit / SIM_BS; j++)
+        for (uint32_t reg = 0; reg < 2; reg++) {
+            const unsigned char *d = dev_block(y, reg, q->blocks[j]);
+            for (uint32_t o = 0; o < KV_BPB; o++)
+                if (d[o] != kv_byte(tag_of(q, j), reg, o))
+                    fail_msg("%s: block %u region %u byte %u differs", id, j, reg, o);
+        }
+    sim_finish(&y->s, q);
+    return hit / SIM_BS;
+}
+
+static inline kvt_remote_stats rstats(inst *x)
+{
+    kvt_remote_stats st;
+    kvt_remote_get_stats(x->r, &st);
+    return st;
+}
+
+static inline kvt_offload_stats ostats(inst *x)
+{
+    kvt_offload_stats st;
+    kvt_offload_get_stats(x->s.m, &st);
+    return st;
+}
+
+#endif

@@ -1,0 +1,203 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Model-based test of the remote tier behind the offload manager: three engine instances
+ * (offload_inst.h) serve random requests over a few shared prefixes, with GPU-cache resets,
+ * host-tier resets and restarts, against a model of the directory — which instance is named
+ * for which block: the last to store it, until that instance evicts it, is reset or restarts.
+ * For every request the model predicts the hit before the match: the GPU hit, then the run of
+ * blocks in the instance's own host tier, then the run the directory names other instances
+ * for; the manager's hit must be exactly that. Every block of every hit is checked byte for
+ * byte on the instance's GPU blocks, and no read may be stale or fail (nothing dies here: the
+ * directory must never name a block its owner no longer holds).
+ *
+ * KVTIER_TEST_SCALE scales the steps, KVTIER_TEST_SEED replays a run.
+ */
+#include "offload_inst.h"
+
+#define NI       3  /* instances */
+#define FAMILIES 6  /* prefix families: block j of family f has one hash everywhere */
+#define MAXB     12 /* full blocks of a request, at most */
+#define WHAT     "offload remote model"
+
+static inst g_in[NI];
+static int g_dir_owner[FAMILIES][MAXB];     /* the model: the instance named, or -1 */
+static uint32_t g_slot[NI][FAMILIES][MAXB]; /* the host block holding it, as last observed */
+static uint8_t g_hash[FAMILIES][MAXB][KVT_BLOCK_HASH_LEN];
+
+/* The host block of instance i that holds the block with hash h, or UINT32_MAX. */
+static uint32_t host_slot(uint32_t i, const uint8_t *h)
+{
+    uint32_t b;
+    return kvt_pool_lookup(kvt_offload_host_pool(g_in[i].s.m), h, 0, &b) == 1 ? b : UINT32_MAX;
+}
+
+static bool host_has(uint32_t i, const uint8_t *h)
+{
+    return host_slot(i, h) != UINT32_MAX;
+}
+
+/* An instance's entries go when it no longer holds the block (withdrawn at eviction). */
+static void sync_evictions(void)
+{
+    for (uint32_t f = 0; f < FAMILIES; f++)
+        for (uint32_t j = 0; j < MAXB; j++) {
+            int o = g_dir_owner[f][j];
+            if (o >= 0 && !host_has((uint32_t)o, g_hash[f][j]))
+                g_dir_owner[f][j] = -1;
+        }
+}
+
+/* What instance i published since it was last observed: every block it now holds in another
+ * host block than before (a store, or a store again of a block evicted while the engine still
+ * used it: kvt_offload_config.restore_budget), but for the blocks it read from the others,
+ * which serve() records as they land. */
+static void observe(uint32_t i)
+{
+    for (uint32_t f = 0; f < FAMILIES; f++)
+        for (uint32_t j = 0; j < MAXB; j++) {
+            uint32_t now = host_slot(i, g_hash[f][j]);
+            if (now != g_slot[i][f][j] && now != UINT32_MAX)
+                g_dir_owner[f][j] = (int)i;
+            g_slot[i][f][j] = now;
+        }
+}
+
+static void forget_instance(uint32_t i)
+{
+    for (uint32_t f = 0; f < FAMILIES; f++)
+        for (uint32_t j = 0; j < MAXB; j++)
+            if (g_dir_owner[f][j] == (int)i)
+                g_dir_owner[f][j] = -1;
+}
+
+typedef struct counts {
+    uint64_t requests, host_blocks, remote_blocks, gpu_blocks, computed_blocks;
+    uint64_t resets, restarts, gpu_resets;
+} counts;
+
+/* Instance i serves a request of family f with n full blocks (and a tail of its own). */
+static void serve(uint32_t i, uint32_t f, uint32_t n, uint32_t own, uint64_t at, uint64_t seed,
+                  counts *c)
+{
+    inst *x = &g_in[i];
+    sim_req q;
+    char id[32];
+    snprintf(id, sizeof(id), "r%llu", (unsigned long long)at);
+    sim_req_make(&q, id, n * SIM_BS + 1 + own % (SIM_BS - 1), f, n * SIM_BS, 1000 + own);
+    /* the prediction: GPU hit, own host run, then the run the directory names others for */
+    uint32_t out[SIM_MAX_BLK], *outs[1] = {out};
+    kvt_hit gh;
+    KVT_OK_(kvt_pool_find_longest_hit(x->s.gpu, q.hashes, q.n_hashes, q.n_tokens - 1, outs, &gh));
+    uint32_t g = gh.n_blocks[0], h = 0, r = 0;
+    while (g + h < n && host_has(i, g_hash[f][g + h]))
+        h++;
+    while (g + h + r < n && g_dir_owner[f][g + h + r] >= 0 && g_dir_owner[f][g + h + r] != (int)i)
+        r++;
+    uint32_t hit = sim_admit(&x->s, &q, UINT32_MAX);
+    KVT_MODEL_CHECK(WHAT, "step", at, seed, q.gpu_hit == g * SIM_BS && hit == (h + r) * SIM_BS,
+                    "instance %u, family %u, %u blocks: GPU hit %u, hit %u tokens; the model: "
+                    "GPU %u blocks, %u from its host tier, %u from the others",
+                    i, f, n, q.gpu_hit, hit, g, h, r);
+    for (uint32_t j = g + h; j < g + h + r; j++) /* read from the others: not published */
+        g_slot[i][f][j] = host_slot(i, g_hash[f][j]);
+    step(x);
+    /* every block it now has on the GPU: the hit, GPU-cached and loaded, byte for byte */
+    for (uint32_t j = 0; j < g + h + r; j++)
+        for (uint32_t reg = 0; reg < 2; reg++) {
+            const unsigned char *d = dev_block(x, reg, q.blocks[j]);
+            for (uint32_t o = 0; o < KV_BPB; o++)
+                KVT_MODEL_CHECK(WHAT, "step", at, seed, d[o] == kv_byte(tag_of(&q, j), reg, o),
+                                "instance %u: block %u of family %u, region %u, byte %u differs", i,
+                                j, f, reg, o);
+        }
+    /* the engine computes the rest and stores it */
+    for (uint32_t j = g + h + r; j < q.n_blocks; j++)
+        for (uint32_t reg = 0; reg < 2; reg++)
+            for (uint32_t o = 0; o < KV_BPB; o++)
+                dev_block(x, reg, q.blocks[j])[o] =
+                    j < n ? kv_byte(tag_of(&q, j), reg, o) : (unsigned char)(o ^ own);
+    sim_compute(&x->s, &q, q.n_tokens);
+    sim_schedule(&x->s, &q, 1, false);
+    step(x);
+    sim_finish(&x->s, &q);
+    observe(i);
+    sync_evictions();
+    c->requests++;
+    c->gpu_blocks += g, c->host_blocks += h, c->remote_blocks += r;
+    c->computed_blocks += n - g - h - r;
+}
+
+static void the_manager_agrees_with_the_model(void **state)
+{
+    (void)state;
+    NEED_REDIS();
+    uint64_t seed = kvt_test_seed(), rng = seed;
+    uint64_t steps = (uint64_t)(1500 * kvt_test_scale());
+    for (uint32_t f = 0; f < FAMILIES; f++) {
+        sim_req q;
+        sim_req_make(&q, "h", MAXB * SIM_BS + 1, f, MAXB * SIM_BS, 0);
+        for (uint32_t j = 0; j < MAXB; j++) {
+            memcpy(g_hash[f][j], q.hashes + j * KVT_BLOCK_HASH_LEN, KVT_BLOCK_HASH_LEN);
+            g_dir_owner[f][j] = -1;
+            for (uint32_t i = 0; i < NI; i++)
+                g_slot[i][f][j] = UINT32_MAX;
+        }
+    }
+    static const char *const names[NI] = {"m0", "m1", "m2"};
+    for (uint32_t i = 0; i < NI; i++)
+        inst_open(&g_in[i], names[i]);
+    counts c = {0};
+    for (uint64_t s = 0; s < steps; s++) {
+        uint32_t i = kvt_rand_below(&rng, NI), op = kvt_rand_below(&rng, 100);
+        if (op < 80) {
+            serve(i, kvt_rand_below(&rng, FAMILIES), 1 + kvt_rand_below(&rng, MAXB),
+                  kvt_rand_below(&rng, 1000), s, seed, &c);
+        } else if (op < 90) { /* the GPU cache forgets: hits must come from the tiers */
+            KVT_OK_(kvt_pool_reset_prefix_cache(g_in[i].s.gpu));
+            c.gpu_resets++;
+        } else if (op < 95) { /* the host tier forgets: every block withdrawn */
+            KVT_OK_(kvt_offload_reset(g_in[i].s.m));
+            forget_instance(i);
+            observe(i);
+            c.resets++;
+        } else { /* a restart: a new epoch, an empty host tier */
+            inst_close(&g_in[i]);
+            forget_instance(i);
+            inst_open(&g_in[i], names[i]);
+            observe(i);
+            c.restarts++;
+        }
+    }
+    uint64_t stale = 0, failed = 0, read_ok = 0, remote_hits = 0;
+    for (uint32_t i = 0; i < NI; i++) {
+        kvt_remote_stats rs = rstats(&g_in[i]);
+        stale += rs.read_stale, failed += rs.read_failed, read_ok += rs.read_ok;
+        remote_hits += ostats(&g_in[i]).remote_hit_blocks;
+    }
+    KVT_MODEL_CHECK(WHAT, "step", steps, seed, stale == 0 && failed == 0,
+                    "%llu stale and %llu failed reads: the directory named blocks their owners "
+                    "no longer held",
+                    (unsigned long long)stale, (unsigned long long)failed);
+    /* the run must have exercised the remote tier (the counters of the last start of each
+     * instance, so at most what the requests counted) */
+    assert_true(c.remote_blocks >= steps / 10);
+    assert_true(remote_hits <= c.remote_blocks && read_ok == remote_hits);
+    print_message("offload remote model: seed %llu, %llu steps: %llu requests (blocks: %llu GPU "
+                  "hits, %llu own host tier, %llu from the others, %llu computed), %llu GPU "
+                  "resets, %llu host resets, %llu restarts\n",
+                  (unsigned long long)seed, (unsigned long long)steps,
+                  (unsigned long long)c.requests, (unsigned long long)c.gpu_blocks,
+                  (unsigned long long)c.host_blocks, (unsigned long long)c.remote_blocks,
+                  (unsigned long long)c.computed_blocks, (unsigned long long)c.gpu_resets,
+                  (unsigned long long)c.resets, (unsigned long long)c.restarts);
+    for (uint32_t i = 0; i < NI; i++)
+        inst_close(&g_in[i]);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup(the_manager_agrees_with_the_model, each_setup),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
