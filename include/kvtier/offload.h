@@ -97,10 +97,12 @@ typedef struct kvt_offload_config {
                                     max_num_seqs): each may cross into a new block in one
                                     step, so a full-attention group's window grows by it;
                                     0 (default) leaves that term out */
-    uint32_t remote_miss_ms;     /* remote tier: a lookup that found nothing is not repeated
-                                    for the same span of hashes for this long (a waiting
-                                    request is matched again every step: one directory round
-                                    trip each); default 1000, 0 = always look up */
+    uint32_t remote_miss_ms;     /* remote tier: a lookup that found nothing, or whose owner
+                                    did not answer in time, is not repeated for the same span
+                                    of hashes for this long (a waiting request is matched again
+                                    every step: a directory round trip, or a stall of the
+                                    remote's timeout_ms, each); default 1000, 0 = always look
+                                    up */
     /* room for fields to come, so the struct keeps its size: zero (as *_config_init
      * leaves it); a create refuses a config whose room is not zero */
     uint64_t reserved[7];

@@ -231,7 +231,8 @@ struct kvt_offload {
     uint8_t *pub_hashes;
     struct kvi_ofl_rmiss { /* recent lookups that found nothing: a span's hash, until when */
         uint64_t key, until_ns;
-    } * rmiss; /* KVI_OFL_RMISS entries, direct mapped */
+    } * rmiss, *rmiss_last; /* KVI_OFL_RMISS entries, direct mapped; the last lookup's */
+    uint64_t rmiss_last_key;
 };
 #define KVI_OFL_RMISS 1024u
 

@@ -112,6 +112,7 @@ uint32_t kvi_ofl_remote_lookup(kvt_offload *m, const uint8_t *hashes, uint32_t n
         hit = 0; /* arguments checked above; a failed lookup is a miss */
     if (x && hit == 0)
         *x = (struct kvi_ofl_rmiss){key, now + (uint64_t)m->cfg.remote_miss_ms * 1000000u};
+    m->rmiss_last = x, m->rmiss_last_key = key;
     return hit;
 }
 
@@ -145,6 +146,14 @@ uint32_t kvi_ofl_remote_fetch(kvt_offload *m, struct kvi_ofl_req *r, const uint8
     }
     r->hit_n[0] += prefix;
     m->st.remote_hit_blocks += prefix;
+    /* an owner that did not answer in time is not asked for this span again at once: the
+     * request is matched again next step, and each try would stall the step timeout_ms */
+    for (uint32_t i = 0; i < n && m->rmiss_last; i++)
+        if (m->rst[i] == KVT_EIO) {
+            *m->rmiss_last = (struct kvi_ofl_rmiss){
+                m->rmiss_last_key, kvt_monotonic_ns() + (uint64_t)m->cfg.remote_miss_ms * 1000000u};
+            break;
+        }
     if (prefix < n)
         KVT_LOG_D("offload: remote tier: %u of %u blocks read whole", prefix, n);
     return prefix * m->sched_bs;

@@ -23,6 +23,7 @@
 
 static char g_dir[64], g_sock[96], g_space[32];
 static pid_t g_redis = -1;
+static uint32_t g_timeout_ms = 2000, g_ttl_ms = 600; /* the remotes' timeout_ms, ttl_ms */
 static uint32_t g_miss_ms; /* the managers' remote_miss_ms: 0 (look up every time) unless a
                               case says otherwise */
 
@@ -52,6 +53,7 @@ static inline int each_setup(void **state)
     static int n;
     snprintf(g_space, sizeof(g_space), "o%d-%d", (int)getpid(), n++);
     g_miss_ms = 0;
+    g_timeout_ms = 2000;
     return 0;
 }
 
@@ -94,7 +96,8 @@ static inline int remote_open(inst *x, const char *name, uint32_t n_slots, uint3
     c.n_slots = n_slots;
     c.hash_len = hash_len;
     c.hash_seed = SIM_SEED;
-    c.ttl_ms = 600;
+    c.ttl_ms = g_ttl_ms;
+    c.timeout_ms = g_timeout_ms;
     c.retry_ms = 100;
     return kvt_remote_create(&c, &x->r);
 }

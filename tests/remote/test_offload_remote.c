@@ -8,6 +8,11 @@
  * ends the hit there, a reset withdraws everything, and an instance whose configuration does
  * not fit is refused.
  */
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include "offload_inst.h"
 
 static void a_second_instance_loads_what_the_first_stored(void **state)
@@ -132,6 +137,66 @@ static void a_span_that_missed_is_not_looked_up_again_at_once(void **state)
     inst_close(&a);
 }
 
+/* The owner of a_stopped_owner_costs_one_bounded_miss, in a process of its own (exec'd, so
+ * that no thread of the test's is forked): stores families 5 and 6, says so on fd 3, waits. */
+static int owner_main(const char *space, const char *sock)
+{
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    snprintf(g_space, sizeof(g_space), "%s", space);
+    snprintf(g_sock, sizeof(g_sock), "%s", sock);
+    g_ttl_ms = 30000; /* alive in the directory while stopped, for as long as the case runs */
+    inst a;
+    inst_open(&a, "a");
+    sim_req p5, p6;
+    compute_and_store(&a, &p5, "p5", 5, 6);
+    compute_and_store(&a, &p6, "p6", 6, 6);
+    char c = 'r';
+    if (write(3, &c, 1) != 1)
+        return 3;
+    for (;;)
+        pause();
+}
+
+static void a_stopped_owner_costs_one_bounded_miss(void **state)
+{
+    (void)state;
+    NEED_REDIS();
+    g_miss_ms = 600000;
+    g_timeout_ms = 300;
+    int p2c[2];
+    assert_int_equal(pipe(p2c), 0);
+    pid_t own = fork();
+    assert_true(own >= 0);
+    if (own == 0) {
+        dup2(p2c[1], 3);
+        execl("/proc/self/exe", "test_offload_remote", "--owner", g_space, g_sock, (char *)NULL);
+        _exit(127);
+    }
+    close(p2c[1]);
+    char c;
+    assert_int_equal(read(p2c[0], &c, 1), 1);
+    close(p2c[0]);
+    inst b;
+    inst_open(&b, "b");
+    sim_req q5, q6, q6b;
+    assert_int_equal(admit_and_check(&b, &q5, "q5", 5, 6), 6); /* a serves */
+    /* stopped (and seen stopped): the directory still names it; b's read fails within its
+     * timeout, the match offers nothing and the engine computes the prompt */
+    kill(own, SIGSTOP);
+    int ws;
+    assert_int_equal(waitpid(own, &ws, WUNTRACED), own);
+    assert_true(WIFSTOPPED(ws));
+    assert_int_equal(admit_and_check(&b, &q6, "q6", 6, 6), 0);
+    assert_int_equal(rstats(&b).read_failed, 6);
+    assert_int_equal(rstats(&b).lookups, 2);
+    /* matched again (a waiting request, next step): no second lookup, no second stall */
+    assert_int_equal(admit_and_check(&b, &q6b, "q6b", 6, 6), 0);
+    assert_int_equal(rstats(&b).lookups, 2);
+    kill(own, SIGKILL);
+    waitpid(own, NULL, 0);
+    inst_close(&b);
+}
+
 static void configurations_that_do_not_fit_are_refused(void **state)
 {
     (void)state;
@@ -170,13 +235,15 @@ static void configurations_that_do_not_fit_are_refused(void **state)
 
 int main(int argc, char **argv)
 {
-    (void)argc, (void)argv;
+    if (argc == 4 && strcmp(argv[1], "--owner") == 0)
+        return owner_main(argv[2], argv[3]);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(a_second_instance_loads_what_the_first_stored, each_setup),
         cmocka_unit_test_setup(evicted_blocks_are_withdrawn_and_never_named, each_setup),
         cmocka_unit_test_setup(a_block_whose_bytes_changed_ends_the_hit_there, each_setup),
         cmocka_unit_test_setup(a_reset_withdraws_everything, each_setup),
         cmocka_unit_test_setup(a_span_that_missed_is_not_looked_up_again_at_once, each_setup),
+        cmocka_unit_test_setup(a_stopped_owner_costs_one_bounded_miss, each_setup),
         cmocka_unit_test_setup(configurations_that_do_not_fit_are_refused, each_setup),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
