@@ -502,14 +502,6 @@ static void a_stopped_holder_makes_calls_fail_not_hang(void **state)
 
 #define KV_BPB 2048
 
-static unsigned char kv_byte(uint64_t tag, uint32_t region, uint64_t off)
-{
-    uint64_t x = tag ^ ((uint64_t)region << 48) ^ off * 0x9E3779B97F4A7C15ull;
-    x ^= x >> 31;
-    x *= 0xBF58476D1CE4E5B9ull;
-    return (unsigned char)(x >> 40);
-}
-
 typedef struct wrep {
     replica r;
     unsigned char *kv; /* "device": 2 regions of GPU_NB blocks */
@@ -547,13 +539,6 @@ static void wrep_close(wrep *x)
     replica_close(&x->r);
 }
 
-static uint64_t tag_of(const sim_req *q, uint32_t j)
-{
-    uint64_t t;
-    memcpy(&t, q->hashes + j * KVT_BLOCK_HASH_LEN, 8);
-    return t;
-}
-
 static unsigned char *dev_block(wrep *x, uint32_t region, uint32_t b)
 {
     return x->kv + ((size_t)region * GPU_NB + b) * KV_BPB;
@@ -563,20 +548,7 @@ static unsigned char *dev_block(wrep *x, uint32_t region, uint32_t b)
  * the copies run to completion, the reports back. */
 static void wrep_step(wrep *x)
 {
-    sim *s = &x->r.s;
-    sim_build(s, false);
-    const kvt_str *fin;
-    uint32_t n_fin;
-    for (int round = 0; round < 2; round++) {
-        KVT_OK_(kvt_worker_bind(x->w, &s->meta));
-        KVT_OK_(kvt_worker_get_finished(x->w, NULL, &fin, &n_fin));
-        KVT_OK_(kvt_worker_build_meta(x->w, &s->wm));
-        KVT_OK_(kvt_offload_apply_output(s->m, fin, n_fin, &s->wm));
-        kvt_worker_clear(x->w);
-        KVT_OK_(kvt_worker_flush(x->w));
-        if (round == 0) /* a step without new events collects what finished */
-            sim_build(s, false);
-    }
+    sim_worker_step(&x->r.s, x->w);
 }
 
 static void loaded_bytes_come_from_the_peer_that_stored_them(void **state)
@@ -592,7 +564,7 @@ static void loaded_bytes_come_from_the_peer_that_stored_them(void **state)
     for (uint32_t j = 0; j < 9; j++)
         for (uint32_t reg = 0; reg < 2; reg++)
             for (uint32_t o = 0; o < KV_BPB; o++)
-                dev_block(&a, reg, p.blocks[j])[o] = kv_byte(tag_of(&p, j), reg, o);
+                dev_block(&a, reg, p.blocks[j])[o] = sim_kv_byte(sim_tag(&p, j), reg, o);
     sim_compute(&a.r.s, &p, p.n_tokens);
     sim_schedule(&a.r.s, &p, 1, false);
     wrep_step(&a);
@@ -610,7 +582,7 @@ static void loaded_bytes_come_from_the_peer_that_stored_them(void **state)
         for (uint32_t reg = 0; reg < 2; reg++) {
             const unsigned char *d = dev_block(&b, reg, q.blocks[j]);
             for (uint32_t o = 0; o < KV_BPB; o++)
-                if (d[o] != kv_byte(tag_of(&q, j), reg, o))
+                if (d[o] != sim_kv_byte(sim_tag(&q, j), reg, o))
                     fail_msg("block %u region %u byte %u differs", j, reg, o);
             checked++;
         }

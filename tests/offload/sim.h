@@ -8,6 +8,7 @@
 #define KVT_TEST_OFFLOAD_SIM_H
 
 #include "kvt_test.h"
+#include "kvtier/worker.h"
 
 #define SIM_BS      16
 #define SIM_MAX_BLK 64
@@ -201,6 +202,44 @@ static inline void sim_store_prompt(sim *s, sim_req *r, uint32_t ranks)
         sim_report_store(s, ev1, ranks);
     if (ev2 != KVT_NO_EVENT)
         sim_report_store(s, ev2, ranks);
+}
+
+/* One engine step with a real worker: the manager's metadata to worker w, the copies run to
+ * completion, the reports back — twice, as a step without new events collects what the
+ * first one finished. */
+static inline void sim_worker_step(sim *s, kvt_worker *w)
+{
+    sim_build(s, false);
+    const kvt_str *fin;
+    uint32_t n_fin;
+    for (int round = 0; round < 2; round++) {
+        KVT_OK_(kvt_worker_bind(w, &s->meta));
+        KVT_OK_(kvt_worker_get_finished(w, NULL, &fin, &n_fin));
+        KVT_OK_(kvt_worker_build_meta(w, &s->wm));
+        KVT_OK_(kvt_offload_apply_output(s->m, fin, n_fin, &s->wm));
+        kvt_worker_clear(w);
+        KVT_OK_(kvt_worker_flush(w));
+        if (round == 0)
+            sim_build(s, false);
+    }
+}
+
+/* Block j's tag: the first 8 bytes of its hash. */
+static inline uint64_t sim_tag(const sim_req *q, uint32_t j)
+{
+    uint64_t t;
+    memcpy(&t, q->hashes + j * KVT_BLOCK_HASH_LEN, 8);
+    return t;
+}
+
+/* What computing block bytes writes in a test that checks them: byte `off` of region `region`
+ * of the block whose tag (its hash's first 8 bytes) is `tag`. */
+static inline unsigned char sim_kv_byte(uint64_t tag, uint32_t region, uint64_t off)
+{
+    uint64_t x = tag ^ ((uint64_t)region << 48) ^ off * 0x9E3779B97F4A7C15ull;
+    x ^= x >> 31;
+    x *= 0xBF58476D1CE4E5B9ull;
+    return (unsigned char)(x >> 40);
 }
 
 static inline bool sim_host_has(sim *s, const sim_req *r, uint32_t block)

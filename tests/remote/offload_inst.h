@@ -11,7 +11,7 @@
 
 #include <stdlib.h>
 
-#include "redis_server.h"
+#include "redis_group.h"
 #include "kvtier/remote.h"
 #include "kvtier/worker.h"
 #include "offload/sim.h"
@@ -21,31 +21,10 @@
 #define KV_BPB  2048
 #define CRED    "a-shared-secret-of-the-space"
 
-static char g_dir[64], g_sock[96], g_space[32];
-static pid_t g_redis = -1;
+static char g_space[32];
 static uint32_t g_timeout_ms = 2000, g_ttl_ms = 600; /* the remotes' timeout_ms, ttl_ms */
 static uint32_t g_miss_ms; /* the managers' remote_miss_ms: 0 (look up every time) unless a
                               case says otherwise */
-
-static inline int group_setup(void **state)
-{
-    (void)state;
-    snprintf(g_dir, sizeof(g_dir), "/tmp/kvt-oremote-XXXXXX");
-    if (!mkdtemp(g_dir))
-        return -1;
-    snprintf(g_sock, sizeof(g_sock), "%s/redis.sock", g_dir);
-    g_redis = kvt_redis_start(g_dir, g_sock, NULL);
-    return 0;
-}
-
-static inline int group_teardown(void **state)
-{
-    (void)state;
-    kvt_redis_stop(g_redis, g_sock);
-    char cmd[128];
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", g_dir);
-    return system(cmd) == 0 ? 0 : -1;
-}
 
 static inline int each_setup(void **state)
 {
@@ -55,20 +34,6 @@ static inline int each_setup(void **state)
     g_miss_ms = 0;
     g_timeout_ms = 2000;
     return 0;
-}
-
-#define NEED_REDIS()                                                                               \
-    do {                                                                                           \
-        if (g_redis <= 0)                                                                          \
-            KVT_SKIP("redis-server could not be started (scripts/install-deps installs it)");      \
-    } while (0)
-
-static inline unsigned char kv_byte(uint64_t tag, uint32_t region, uint64_t off)
-{
-    uint64_t x = tag ^ ((uint64_t)region << 48) ^ off * 0x9E3779B97F4A7C15ull;
-    x ^= x >> 31;
-    x *= 0xBF58476D1CE4E5B9ull;
-    return (unsigned char)(x >> 40);
 }
 
 /* One engine instance: its "GPU" (two regions of GPU_NB blocks in host memory), host mirror,
@@ -151,13 +116,6 @@ static inline void inst_close(inst *x)
     free(x->kv);
 }
 
-static inline uint64_t tag_of(const sim_req *q, uint32_t j)
-{
-    uint64_t t;
-    memcpy(&t, q->hashes + j * KVT_BLOCK_HASH_LEN, 8);
-    return t;
-}
-
 static inline unsigned char *dev_block(inst *x, uint32_t region, uint32_t b)
 {
     return x->kv + ((size_t)region * GPU_NB + b) * KV_BPB;
@@ -167,20 +125,7 @@ static inline unsigned char *dev_block(inst *x, uint32_t region, uint32_t b)
  * back (twice: a step without new events collects what finished). */
 static inline void step(inst *x)
 {
-    sim *s = &x->s;
-    sim_build(s, false);
-    const kvt_str *fin;
-    uint32_t n_fin;
-    for (int round = 0; round < 2; round++) {
-        KVT_OK_(kvt_worker_bind(x->w, &s->meta));
-        KVT_OK_(kvt_worker_get_finished(x->w, NULL, &fin, &n_fin));
-        KVT_OK_(kvt_worker_build_meta(x->w, &s->wm));
-        KVT_OK_(kvt_offload_apply_output(s->m, fin, n_fin, &s->wm));
-        kvt_worker_clear(x->w);
-        KVT_OK_(kvt_worker_flush(x->w));
-        if (round == 0)
-            sim_build(s, false);
-    }
+    sim_worker_step(&x->s, x->w);
 }
 
 /* x computes prompt p (n_blocks full blocks and a tail; its KV bytes tagged by block hash)
@@ -193,7 +138,7 @@ static inline void compute_and_store(inst *x, sim_req *p, const char *id, uint32
     for (uint32_t j = 0; j < n_blocks; j++)
         for (uint32_t reg = 0; reg < 2; reg++)
             for (uint32_t o = 0; o < KV_BPB; o++)
-                dev_block(x, reg, p->blocks[j])[o] = kv_byte(tag_of(p, j), reg, o);
+                dev_block(x, reg, p->blocks[j])[o] = sim_kv_byte(sim_tag(p, j), reg, o);
     sim_compute(&x->s, p, p->n_tokens);
     sim_schedule(&x->s, p, 1, false);
     step(x);
@@ -212,7 +157,7 @@ static inline uint32_t admit_and_check(inst *y, sim_req *q, const char *id, uint
         for (uint32_t reg = 0; reg < 2; reg++) {
             const unsigned char *d = dev_block(y, reg, q->blocks[j]);
             for (uint32_t o = 0; o < KV_BPB; o++)
-                if (d[o] != kv_byte(tag_of(q, j), reg, o))
+                if (d[o] != sim_kv_byte(sim_tag(q, j), reg, o))
                     fail_msg("%s: block %u region %u byte %u differs", id, j, reg, o);
         }
     sim_finish(&y->s, q);

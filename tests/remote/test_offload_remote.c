@@ -33,8 +33,7 @@ static void a_second_instance_loads_what_the_first_stored(void **state)
     /* they are b's host blocks now: the next request hits there, no read */
     assert_int_equal(admit_and_check(&b, &q2, "q2", 3, 9), 9);
     assert_int_equal(rstats(&b).reads, 1);
-    /* a longer prompt on a: its own host tier has the first 9; nothing of b's is published
-     * back (b stored none of them) */
+    /* b stored none of them: it publishes nothing (a stays their owner) */
     assert_int_equal(rstats(&b).published, 0);
     inst_close(&b);
     inst_close(&a);

@@ -106,7 +106,7 @@ static void serve(uint32_t i, uint32_t f, uint32_t n, uint32_t own, uint64_t at,
         for (uint32_t reg = 0; reg < 2; reg++) {
             const unsigned char *d = dev_block(x, reg, q.blocks[j]);
             for (uint32_t o = 0; o < KV_BPB; o++)
-                KVT_MODEL_CHECK(WHAT, "step", at, seed, d[o] == kv_byte(tag_of(&q, j), reg, o),
+                KVT_MODEL_CHECK(WHAT, "step", at, seed, d[o] == sim_kv_byte(sim_tag(&q, j), reg, o),
                                 "instance %u: block %u of family %u, region %u, byte %u differs", i,
                                 j, f, reg, o);
         }
@@ -115,7 +115,7 @@ static void serve(uint32_t i, uint32_t f, uint32_t n, uint32_t own, uint64_t at,
         for (uint32_t reg = 0; reg < 2; reg++)
             for (uint32_t o = 0; o < KV_BPB; o++)
                 dev_block(x, reg, q.blocks[j])[o] =
-                    j < n ? kv_byte(tag_of(&q, j), reg, o) : (unsigned char)(o ^ own);
+                    j < n ? sim_kv_byte(sim_tag(&q, j), reg, o) : (unsigned char)(o ^ own);
     sim_compute(&x->s, &q, q.n_tokens);
     sim_schedule(&x->s, &q, 1, false);
     step(x);

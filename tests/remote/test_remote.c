@@ -14,7 +14,7 @@
 #include <time.h>
 
 #include "kvt_test.h"
-#include "redis_server.h"
+#include "redis_group.h"
 #include "kvtier/remote.h"
 #include "remote/remote_internal.h"
 
@@ -23,8 +23,6 @@
 #define HL    16u
 #define CRED  "a-shared-secret-of-the-space"
 
-static char g_dir[64], g_sock[96];
-static pid_t g_redis = -1;
 static char g_space[32];
 
 static void sleep_ms(unsigned ms)
@@ -34,38 +32,6 @@ static void sleep_ms(unsigned ms)
         ;
 }
 
-static bool redis_start(void)
-{
-    g_redis = kvt_redis_start(g_dir, g_sock, NULL);
-    return g_redis > 0;
-}
-
-static void redis_stop(void)
-{
-    kvt_redis_stop(g_redis, g_sock);
-    g_redis = -1;
-}
-
-static int group_setup(void **state)
-{
-    (void)state;
-    snprintf(g_dir, sizeof(g_dir), "/tmp/kvt-remote-XXXXXX");
-    if (!mkdtemp(g_dir))
-        return -1;
-    snprintf(g_sock, sizeof(g_sock), "%s/redis.sock", g_dir);
-    redis_start();
-    return 0;
-}
-
-static int group_teardown(void **state)
-{
-    (void)state;
-    redis_stop();
-    char cmd[128];
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", g_dir);
-    return system(cmd) == 0 ? 0 : -1;
-}
-
 static int each_setup(void **state)
 {
     (void)state;
@@ -73,12 +39,6 @@ static int each_setup(void **state)
     snprintf(g_space, sizeof(g_space), "t%d-%d", (int)getpid(), n++);
     return 0;
 }
-
-#define NEED_REDIS()                                                                               \
-    do {                                                                                           \
-        if (g_redis <= 0)                                                                          \
-            KVT_SKIP("redis-server could not be started (scripts/install-deps installs it)");      \
-    } while (0)
 
 /* chained block hashes of prefix `seq`: hash i depends on i and the sequence */
 static void chain(uint32_t seq, uint32_t n, uint8_t *out)

@@ -16,7 +16,7 @@
  * one prefix are. KVTIER_TEST_SCALE multiplies the length, KVTIER_TEST_SEED replays a run.
  */
 #include "kvt_test.h"
-#include "redis_server.h"
+#include "redis_group.h"
 #include "kvtier/remote.h"
 
 #define NI    3u  /* instances */
@@ -26,9 +26,6 @@
 #define HL    16u
 #define CHAIN 12u
 #define CRED  "model-test-credential-of-the-space"
-
-static char g_dir[64], g_sock[96];
-static pid_t g_redis = -1;
 
 typedef struct minst {
     kvt_remote *r;
@@ -170,8 +167,7 @@ static void check_lookup_and_read(uint32_t i, const uint32_t *chain, uint32_t n,
 static void remote_against_the_model(void **state)
 {
     (void)state;
-    if (g_redis <= 0)
-        KVT_SKIP("redis-server could not be started (scripts/install-deps installs it)");
+    NEED_REDIS();
     uint64_t seed = kvt_test_seed();
     uint64_t steps = (uint64_t)(4000 * kvt_test_scale());
     uint64_t rng = seed;
@@ -228,26 +224,6 @@ static void remote_against_the_model(void **state)
         kvt_remote_destroy(g_in[i].r);
         free(g_in[i].region);
     }
-}
-
-static int group_setup(void **state)
-{
-    (void)state;
-    snprintf(g_dir, sizeof(g_dir), "/tmp/kvt-rmodel-XXXXXX");
-    if (!mkdtemp(g_dir))
-        return -1;
-    snprintf(g_sock, sizeof(g_sock), "%s/redis.sock", g_dir);
-    g_redis = kvt_redis_start(g_dir, g_sock, NULL);
-    return 0;
-}
-
-static int group_teardown(void **state)
-{
-    (void)state;
-    kvt_redis_stop(g_redis, g_sock);
-    char cmd[128];
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", g_dir);
-    return system(cmd) == 0 ? 0 : -1;
 }
 
 int main(void)

@@ -2,8 +2,11 @@
 """Shared setup of the vLLM tests (make test-vllm): a real vLLM engine on the CPU, in this
 process (VLLM_ENABLE_V1_MULTIPROCESSING=0), so a test can reach the scheduler-side connector,
 the worker-side connector and the KV cache tensors it checks byte for byte."""
+import contextlib
 import gc
+import json
 import os
+import subprocess
 import sys
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -94,3 +97,46 @@ def prompts_with_prefixes(n, length, n_prefixes, prefix_len, seed=1):
     prefixes = [[rng.randrange(3, 2000) for _ in range(prefix_len)] for _ in range(n_prefixes)]
     return [prefixes[i % n_prefixes] + [rng.randrange(3, 2000) for _ in range(length - prefix_len)]
             for i in range(n)]
+
+
+INSTANCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "instance.py")
+
+
+def instance_cmd(model_dir, extra, prompts_path, hold=None):
+    """The command of one engine instance in its own process (instance.py)."""
+    return [sys.executable, INSTANCE, model_dir, json.dumps(extra), str(prompts_path)] + (
+        [str(hold)] if hold else [])
+
+
+def run_instance(model_dir, extra, prompts_path, env, timeout=900):
+    """Runs one engine instance to its end; returns (exit status, its JSON line or None,
+    the end of its stderr)."""
+    p = subprocess.run(instance_cmd(model_dir, extra, prompts_path), capture_output=True,
+                       text=True, env=env, timeout=timeout)
+    lines = p.stdout.strip().splitlines()
+    return p.returncode, json.loads(lines[-1]) if p.returncode == 0 and lines else None, \
+        p.stderr[-4000:]
+
+
+@contextlib.contextmanager
+def held_instance(model_dir, extra, prompts_path, hold, env):
+    """An engine instance in its own process that generated its prompts and stays alive (its
+    tiers shared or served) until the block ends; yields its JSON line. hold: a FIFO path."""
+    if not os.path.exists(hold):
+        os.mkfifo(hold)
+    p = subprocess.Popen(instance_cmd(model_dir, extra, prompts_path, hold),
+                         stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        line = p.stdout.readline()
+        assert line, "the held instance exited (status %s)" % p.wait()
+        yield json.loads(line)
+    finally:
+        try:  # let it finish if it waits on the FIFO; otherwise stop it
+            fd = os.open(hold, os.O_WRONLY | os.O_NONBLOCK)
+            os.write(fd, b"done\n")
+            os.close(fd)
+            p.wait(timeout=300)
+        except (OSError, subprocess.TimeoutExpired):
+            p.kill()
+            p.wait()
+    assert p.returncode == 0, "the held instance exited with %s" % p.returncode

@@ -14,8 +14,9 @@ import sys
 import pytest
 import torch
 
-from conftest import (BLOCK, close_llm, core, generate, make_llm, prompts_with_prefixes,
-                      reset_prefix_cache, sched_connector, worker_connector)
+from conftest import (BLOCK, close_llm, core, generate, held_instance, make_llm,
+                      prompts_with_prefixes, reset_prefix_cache, run_instance, sched_connector,
+                      worker_connector)
 
 
 @pytest.fixture(scope="module")
@@ -430,48 +431,36 @@ def test_a_second_replica_is_served_from_the_node_tier(model_dir, baseline, tmp_
     want = baseline(prompts)
     path = tmp_path / "prompts.json"
     path.write_text(json.dumps(prompts))
-    hold = tmp_path / "hold"
-    os.mkfifo(hold)
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "node_replica.py")
 
-    def replica(rank, *more, **kw):
-        return [sys.executable, script, model_dir, name, str(rank), "2", str(path)] + list(more)
+    def replica(rank):
+        # 16 MiB per replica (256 blocks of 64 KiB): the tier lives in /dev/shm, which
+        # containers often keep small
+        return {"kvtier_node_tier": name, "kvtier_node_rank": rank, "kvtier_node_ranks": 2,
+                "cpu_bytes_to_use": 16 << 20}
 
     env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}
-    first = subprocess.Popen(replica(0, str(hold)), stdout=subprocess.PIPE, text=True, env=env)
     try:
-        r0 = json.loads(first.stdout.readline())  # replica 0 generated and stays alive
-        assert r0["tokens"] == want
-        assert r0["stats"]["stores_completed"] > 0 and r0["stats"]["load_blocks"] == 0
-        assert r0["node"]["published"] > 0, r0["node"]
-        second = subprocess.run(replica(1), capture_output=True, text=True, env=env,
-                                timeout=900)
-        assert second.returncode == 0, second.stderr[-4000:]
-        r1 = json.loads(second.stdout.strip().splitlines()[-1])
-        print("replica 1: %d hit tokens, %d blocks loaded from replica 0's slots"
-              % (r1["stats"]["hit_tokens"], r1["stats"]["load_blocks"]))
-        assert r1["tokens"] == want
-        # every full block of every prompt but the last token's came from replica 0's slots
-        assert r1["stats"]["load_blocks"] > 0, r1["stats"]
-        assert r1["stats"]["hit_tokens"] >= 4 * 672 - 32 * 4, r1["stats"]
-        assert r1["stats"]["loads_completed"] == r1["stats"]["load_blocks"]
-        assert r1["node"]["ranks_attached"] == 2 and r1["node"]["pinned_of_peers"] == 0
-        # another hash seed: refused at the replica's first step, naming the seed
-        bad = subprocess.run(replica(1), capture_output=True, text=True, timeout=900,
-                             env=dict(env, PYTHONHASHSEED="123"))
-        assert bad.returncode != 0
-        assert "hash seed" in bad.stderr, bad.stderr[-4000:]
+        with held_instance(model_dir, replica(0), path, str(tmp_path / "hold"), env) as r0:
+            assert r0["tokens"] == want
+            assert r0["stats"]["stores_completed"] > 0 and r0["stats"]["load_blocks"] == 0
+            assert r0["node"]["published"] > 0, r0["node"]
+            rc, r1, err = run_instance(model_dir, replica(1), path, env)
+            assert rc == 0, err
+            print("replica 1: %d hit tokens, %d blocks loaded from replica 0's slots"
+                  % (r1["stats"]["hit_tokens"], r1["stats"]["load_blocks"]))
+            assert r1["tokens"] == want
+            # every full block of every prompt but the last token's came from replica 0's slots
+            assert r1["stats"]["load_blocks"] > 0, r1["stats"]
+            assert r1["stats"]["hit_tokens"] >= 4 * 672 - 32 * 4, r1["stats"]
+            assert r1["stats"]["loads_completed"] == r1["stats"]["load_blocks"]
+            assert r1["node"]["ranks_attached"] == 2 and r1["node"]["pinned_of_peers"] == 0
+            # another hash seed: refused at the replica's first step, naming the seed
+            rc, _, err = run_instance(model_dir, replica(1), path,
+                                      dict(env, PYTHONHASHSEED="123"))
+            assert rc != 0
+            assert "hash seed" in err, err
     finally:
-        try:  # let replica 0 finish if it waits on the FIFO; otherwise stop it
-            fd = os.open(hold, os.O_WRONLY | os.O_NONBLOCK)
-            os.write(fd, b"done\n")
-            os.close(fd)
-            first.wait(timeout=300)
-        except (OSError, subprocess.TimeoutExpired):
-            first.kill()
-            first.wait()
         Node.unlink(name)
-    assert first.returncode == 0
 
 
 @pytest.mark.parametrize("extra,word", [
@@ -501,7 +490,7 @@ def test_a_second_instance_is_served_from_the_remote_tier(model_dir, baseline, t
     """Issue 23: two engine instances (two processes, as on two hosts) and a Redis directory
     the test starts. The second finds the first one's prefixes in the directory, reads them
     from the first one's host tier over UCX into its own and generates exactly the tokens of
-    vLLM without a connector; once the first is gone, the second's lookups miss and it
+    vLLM without a connector; once the first is gone, the next instance's lookups miss and it
     recomputes (the same tokens again)."""
     import shutil
     import time
@@ -515,56 +504,37 @@ def test_a_second_instance_is_served_from_the_remote_tier(model_dir, baseline, t
     want = baseline(prompts)
     path = tmp_path / "prompts.json"
     path.write_text(json.dumps(prompts))
-    hold = tmp_path / "hold"
-    os.mkfifo(hold)
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "remote_instance.py")
     env = dict(os.environ, KVTIER_REMOTE_CREDENTIAL="vllm-remote-test-credential")
 
-    def instance(name, *more):
-        return [sys.executable, script, model_dir, sock, "vt%d" % os.getpid(), name,
-                str(path)] + list(more)
+    def instance(name):
+        return {"kvtier_remote_directory": sock, "kvtier_remote_space": "vt%d" % os.getpid(),
+                "kvtier_remote_instance": name}
 
-    first = None
     try:
         for _ in range(300):
             if os.path.exists(sock):
                 break
             time.sleep(0.01)
-        first = subprocess.Popen(instance("a", str(hold)), stdout=subprocess.PIPE, text=True,
-                                 env=env)
-        r0 = json.loads(first.stdout.readline())  # instance a generated and stays alive
-        assert r0["tokens"] == want
-        assert r0["remote"]["published"] > 0 and r0["stats"]["remote_hit_blocks"] == 0, r0
-        second = subprocess.run(instance("b"), capture_output=True, text=True, env=env,
-                                timeout=900)
-        assert second.returncode == 0, second.stderr[-4000:]
-        r1 = json.loads(second.stdout.strip().splitlines()[-1])
-        print("instance b: %d hit tokens, %d blocks read from instance a"
-              % (r1["stats"]["hit_tokens"], r1["stats"]["remote_hit_blocks"]))
-        assert r1["tokens"] == want
-        # every full block of each prompt's first turn but the last token's came from a:
-        # 4 prompts of 690 tokens (21 full blocks each), two prefixes of 400 tokens
-        assert r1["stats"]["remote_hit_blocks"] > 0, r1["stats"]
-        assert r1["remote"]["read_ok"] == r1["stats"]["remote_hit_blocks"], r1["remote"]
-        assert r1["remote"]["read_failed"] == 0 and r1["remote"]["read_stale"] == 0
-        assert r1["stats"]["hit_tokens"] >= 4 * 672 - 32 * 4, r1["stats"]
-        assert r1["stats"]["loads_completed"] == r1["stats"]["load_blocks"]
+        with held_instance(model_dir, instance("a"), path, str(tmp_path / "hold"), env) as r0:
+            assert r0["tokens"] == want
+            assert r0["remote"]["published"] > 0 and r0["stats"]["remote_hit_blocks"] == 0, r0
+            rc, r1, err = run_instance(model_dir, instance("b"), path, env)
+            assert rc == 0, err
+            print("instance b: %d hit tokens, %d blocks read from instance a"
+                  % (r1["stats"]["hit_tokens"], r1["stats"]["remote_hit_blocks"]))
+            assert r1["tokens"] == want
+            # every full block but the last token's came from a, or from b's own host tier
+            # once b had read a shared prefix: 4 prompts of 690 tokens (21 full blocks each)
+            assert r1["stats"]["remote_hit_blocks"] > 0, r1["stats"]
+            assert r1["remote"]["read_ok"] == r1["stats"]["remote_hit_blocks"], r1["remote"]
+            assert r1["remote"]["read_failed"] == 0 and r1["remote"]["read_stale"] == 0
+            assert r1["stats"]["hit_tokens"] >= 4 * 672 - 32 * 4, r1["stats"]
+            assert r1["stats"]["loads_completed"] == r1["stats"]["load_blocks"]
+        # a gone: its liveness key went with it, so c's lookups miss and c recomputes
+        rc, r2, err = run_instance(model_dir, instance("c"), path, env)
+        assert rc == 0, err
+        assert r2["tokens"] == want
+        assert r2["stats"]["remote_hit_blocks"] == 0 and r2["remote"]["read_blocks"] == 0, r2
     finally:
-        if first is not None:
-            try:  # let instance a finish if it waits on the FIFO; otherwise stop it
-                fd = os.open(hold, os.O_WRONLY | os.O_NONBLOCK)
-                os.write(fd, b"done\n")
-                os.close(fd)
-                first.wait(timeout=300)
-            except (OSError, subprocess.TimeoutExpired):
-                first.kill()
-                first.wait()
-    assert first.returncode == 0
-    # a gone: its liveness key went with it, so b's lookups miss and b recomputes
-    third = subprocess.run(instance("c"), capture_output=True, text=True, env=env, timeout=900)
-    redis.kill()
-    redis.wait()
-    assert third.returncode == 0, third.stderr[-4000:]
-    r2 = json.loads(third.stdout.strip().splitlines()[-1])
-    assert r2["tokens"] == want
-    assert r2["stats"]["remote_hit_blocks"] == 0 and r2["remote"]["read_blocks"] == 0, r2
+        redis.kill()
+        redis.wait()

@@ -674,7 +674,20 @@ def _set_signature(cfg, signature, what):
         cfg.signature[i] = b
 
 
-class Node(_Handle):
+class _Lent(_Handle):
+    """A handle lent to OffloadManagers (attach_node, attach_remote): closing it closes them
+    first, as they must not outlive it."""
+
+    def close(self):
+        for ref in getattr(self, "_managers", ()):
+            m = ref()
+            if m is not None:
+                m.close()
+        self._managers = []
+        super().close()
+
+
+class Node(_Lent):
     """This replica's scheduler attached to a node tier (kvt_node): one host tier shared by
     the replicas on a node. Lend it to the OffloadManager (attach_node); each replica's
     worker maps the tier's data with Mirror(..., node_name=name)."""
@@ -702,14 +715,6 @@ class Node(_Handle):
         self._h = h
         self._managers = []  # managers it is lent to: destroyed before it is detached
 
-    def close(self):
-        """Detaches now; a manager it was lent to is closed first (it must not outlive it)."""
-        for ref in getattr(self, "_managers", ()):
-            m = ref()
-            if m is not None:
-                m.close()
-        self._managers = []
-        super().close()
 
     @property
     def num_slots(self):
@@ -731,7 +736,7 @@ class Node(_Handle):
         _check(_lib.kvt_node_unlink(name.encode()))
 
 
-class Remote(_Handle):
+class Remote(_Lent):
     """This instance in a remote tier (kvt_remote): its blocks found by instances on other
     hosts through a Redis directory and read peer to peer over UCX, every block checked
     (docs/remote.md). region: a buffer (bytearray, numpy array, ...) of n_slots x block_bytes
@@ -781,14 +786,6 @@ class Remote(_Handle):
         _check(_lib.kvt_remote_create(ctypes.byref(cfg), ctypes.byref(h)))
         self._h = h
 
-    def close(self):
-        """Leaves the space now; a manager it was lent to is closed first."""
-        for ref in getattr(self, "_managers", ()):
-            m = ref()
-            if m is not None:
-                m.close()
-        self._managers = []
-        super().close()
 
     @property
     def port(self):
