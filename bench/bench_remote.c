@@ -345,5 +345,5 @@ out:
 
 const kvt_bench kvt_bench_remote = {"remote",
                                     "remote tier: lookup latency and reads between two instances, "
-                                    "vs ucx_perftest",
-                                    run, "json,seconds,transport"};
+                                    "vs ucx_perftest and Mooncake's store",
+                                    run, "json,seconds,transport,peers"};

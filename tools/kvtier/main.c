@@ -66,8 +66,10 @@ static int cmd_bench(int argc, char **argv)
         {"transport", KVT_OPT_CHOICE, &o.transport, "T",
          "tcp (default) or shm (UCX_TLS=shm: shared memory + cma)", .choices = "tcp|shm"},
         {"peers", KVT_OPT_STR, &o.peers, "PYTHON",
-         "ec: the Python with the peers' packages (default: $KVTIER_PEERS_PYTHON,\n"
-         "then the source tree's .venv-bench from make bench-env); none: skip them"},
+         "ec, remote: the Python with the peers' packages (default:\n"
+         "$KVTIER_PEERS_PYTHON, then the source tree's .venv-bench from make\n"
+         "bench-env); none: skip them. $KVTIER_PEERS_DIR: where their scripts are\n"
+         "(default: the source tree's bench/peers)"},
         {"detect-peer-failure", KVT_OPT_FLAG, &o.detect_peer_failure, NULL,
          "ec: the producer's endpoints with UCX peer failure detection\n"
          "(kvt_ec_net_config.detect_peer_failure; off by default)"},
