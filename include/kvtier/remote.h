@@ -147,8 +147,10 @@ KVT_API int kvt_remote_lookup(kvt_remote *r, const uint8_t *hashes, uint32_t n, 
  * 0 (the bytes landed and their checksum matched), KVT_ENOENT (the owner no longer holds the
  * block), KVT_EIO (owner unreachable, dead or too slow: failed within timeout_ms) or
  * KVT_EPROTO (wrong bytes). Returns 0 when every block was read, else the first failure's
- * code. A destination whose status is KVT_EBUSY may still be written by UCX until
- * kvt_remote_destroy returns (a receive UCX did not give back; not seen in practice). */
+ * code; a read refused before it started (bad arguments, no memory) returns that code and
+ * writes it as every block's status, so a status of 0 always means read and checked. A destination
+ * whose status is KVT_EBUSY may still be written by UCX until kvt_remote_destroy returns (a receive
+ * UCX did not give back; not seen in practice). */
 KVT_API int kvt_remote_read(kvt_remote *r, const kvt_remote_loc *locs, const uint8_t *hashes,
                             uint32_t n, void *const *dst, int *status);
 /* kvt_remote_read into this instance's own slots (region or regions): block i lands in slot

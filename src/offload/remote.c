@@ -125,6 +125,8 @@ uint32_t kvi_ofl_remote_fetch(kvt_offload *m, struct kvi_ofl_req *r, const uint8
     if (n == 0)
         return 0;
     kvi_ofl_host_alloc(m, n, m->rids); /* withdraws them */
+    for (uint32_t i = 0; i < n; i++)
+        m->rst[i] = KVT_EIO; /* only what the read says it checked is a hit */
     (void)m->rport->read_slots(m->remote, m->rloc, h0, n, m->rids, m->rst);
     uint32_t prefix = 0;
     bool whole = true;

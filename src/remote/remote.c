@@ -877,6 +877,14 @@ const char *kvt_remote_peer_name(const kvt_remote *r, uint32_t index)
 
 /* ---- read ----------------------------------------------------------------------------------- */
 
+/* A read refused before it started: every block's status says so (none read). */
+static int refuse_read(int rc, int *status, uint32_t n)
+{
+    for (uint32_t i = 0; status && i < n && i < KVT_REMOTE_MAX_READ; i++)
+        status[i] = rc;
+    return rc;
+}
+
 typedef struct rd_block {
     kvi_ucx_recv **recv; /* one per piece */
     uint64_t checksum;
@@ -1015,13 +1023,15 @@ static int read_blocks(kvt_remote *r, const kvt_remote_loc *locs, const uint8_t 
     size_t addr_len;
     int rc = 0;
     if (!bs || !recvs || !order || !rps || !qb || !tmp) {
-        rc = kvt_fail(KVT_ENOMEM, "remote: out of memory");
+        rc = refuse_read(kvt_fail(KVT_ENOMEM, "remote: out of memory"), status, n);
         goto out;
     }
     for (uint32_t i = 0; i < n; i++)
         bs[i].recv = recvs + (size_t)i * np;
-    if ((rc = kvi_ucx_address(r->ucx_cli, &addr, &addr_len)))
+    if ((rc = kvi_ucx_address(r->ucx_cli, &addr, &addr_len))) {
+        refuse_read(rc, status, n);
         goto out;
+    }
     r->st.reads++;
     r->st.read_blocks += n;
     /* group by peer (counting sort keeps each owner's blocks in request order) */
@@ -1188,16 +1198,16 @@ int kvt_remote_read(kvt_remote *r, const kvt_remote_loc *locs, const uint8_t *ha
                     void *const *dst, int *status)
 {
     if (!r || (n && (!locs || !hashes || !dst || !status)))
-        return kvt_fail(KVT_EINVAL, "remote: read: NULL argument");
+        return refuse_read(kvt_fail(KVT_EINVAL, "remote: read: NULL argument"), status, n);
     int rc = check_read(r, locs, n);
     for (uint32_t i = 0; i < n && !rc; i++)
         if (!dst[i])
             rc = kvt_fail(KVT_EINVAL, "remote: read: block %u has no destination", i);
     if (rc || n == 0)
-        return rc;
+        return refuse_read(rc, status, n);
     uint64_t *off = malloc(r->n_pieces * sizeof(*off));
     if (!off)
-        return kvt_fail(KVT_ENOMEM, "remote: out of memory");
+        return refuse_read(kvt_fail(KVT_ENOMEM, "remote: out of memory"), status, n);
     for (uint32_t j = 0, acc = 0; j < r->n_pieces; acc += (uint32_t)r->piece[j].block_bytes, j++)
         off[j] = acc;
     rd_dst d = {.dst = dst, .off = off};
@@ -1210,7 +1220,7 @@ int kvt_remote_read_slots(kvt_remote *r, const kvt_remote_loc *locs, const uint8
                           uint32_t n, const uint32_t *slots, int *status)
 {
     if (!r || (n && (!locs || !hashes || !slots || !status)))
-        return kvt_fail(KVT_EINVAL, "remote: read_slots: NULL argument");
+        return refuse_read(kvt_fail(KVT_EINVAL, "remote: read_slots: NULL argument"), status, n);
     int rc = check_read(r, locs, n);
     if (!rc && n && !r->serves)
         rc = kvt_fail(KVT_ESTATE, "remote: read_slots: this instance has no slots");
@@ -1219,7 +1229,7 @@ int kvt_remote_read_slots(kvt_remote *r, const kvt_remote_loc *locs, const uint8
             rc = kvt_fail(KVT_ERANGE, "remote: read_slots: slot %u out of range (%u slots)",
                           slots[i], r->cfg.n_slots);
     if (rc || n == 0)
-        return rc;
+        return refuse_read(rc, status, n);
     rd_dst d = {.slots = slots};
     return read_blocks(r, locs, hashes, n, &d, status);
 }

@@ -611,6 +611,20 @@ static void bad_configs_are_refused(void **state)
     assert_int_equal(hit, 0);
     uint32_t slot = 0;
     KVT_ERR_(kvt_remote_publish(r, &slot, h, 1), KVT_ESTATE); /* it serves no region */
+    /* a read refused before it starts writes its code as every block's status: a status of
+     * 0 always means read and checked */
+    uint8_t buf[BB];
+    void *ptrs[2] = {buf, buf};
+    int st[2] = {0, 0};
+    kvt_remote_loc bad[2] = {{.peer = 7}, {.peer = 7}};
+    uint8_t h2[2 * HL] = {1};
+    KVT_ERR_(kvt_remote_read(r, bad, h2, 2, ptrs, st), KVT_EINVAL);
+    assert_int_equal(st[0], KVT_EINVAL);
+    assert_int_equal(st[1], KVT_EINVAL);
+    st[0] = st[1] = 0;
+    uint32_t two[2] = {0, 0};
+    KVT_ERR_(kvt_remote_read_slots(r, bad, h2, 2, two, st), KVT_EINVAL);
+    assert_int_equal(st[0], KVT_EINVAL);
     kvt_remote_destroy(r);
 }
 
