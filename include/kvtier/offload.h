@@ -187,7 +187,8 @@ KVT_API int kvt_offload_attach_node(kvt_offload *m, kvt_node *node);
  *             prefix read whole becomes part of the host hit (findable from then on) and
  *             reaches the GPU through the usual load. A block that could not be read is a
  *             miss, never part of a hit. The read runs in match, bounded by the remote's
- *             timeout_ms (docs/remote.md).
+ *             timeout_ms (docs/remote.md); a span that found nothing or whose owner did not
+ *             answer is not looked up again for remote_miss_ms.
  *   stores    each host block whose store completed is published; a host block is withdrawn
  *             before it is reused, and every one at kvt_offload_reset.
  * The remote must serve this host tier's own bytes: its slots are the host blocks (n_slots =
