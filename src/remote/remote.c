@@ -82,6 +82,11 @@ struct kvt_remote {
 
     pthread_mutex_t mu; /* slots */
     slotrec *slots;
+    /* the caller's scratch for publish and withdraw (KVT_REMOTE_MAX_READ entries; one thread
+     * at a time calls them): no allocation on the engine's store path */
+    uint8_t *sc_hashes;
+    uint32_t *sc_slots;
+    uint64_t *sc_gens;
 
     void *zctx;
     void *router;
@@ -559,11 +564,18 @@ int kvt_remote_create(const kvt_remote_config *c, kvt_remote **out)
     if (!r || !(r->strs = malloc(sl)) ||
         !(r->hits = malloc(KVT_REMOTE_MAX_READ * sizeof(*r->hits))) ||
         !(r->piece = malloc(np * sizeof(*r->piece))) ||
-        (c->n_slots && !(r->slots = calloc(c->n_slots, sizeof(*r->slots))))) {
+        (c->n_slots && (!(r->slots = calloc(c->n_slots, sizeof(*r->slots))) ||
+                        !(r->sc_hashes = malloc((size_t)KVT_REMOTE_MAX_READ * c->hash_len)) ||
+                        !(r->sc_slots = malloc(KVT_REMOTE_MAX_READ * sizeof(uint32_t))) ||
+                        !(r->sc_gens = malloc(KVT_REMOTE_MAX_READ * sizeof(uint64_t)))))) {
         if (r) {
             free(r->strs);
             free(r->hits);
             free(r->piece);
+            free(r->slots);
+            free(r->sc_hashes);
+            free(r->sc_slots);
+            free(r->sc_gens);
         }
         free(r);
         return kvt_fail(KVT_ENOMEM, "remote: out of memory");
@@ -711,6 +723,9 @@ void kvt_remote_destroy(kvt_remote *r)
         r->dir_srv.ops->close(r->dir_srv.d);
     pthread_mutex_destroy(&r->mu);
     free(r->slots);
+    free(r->sc_hashes);
+    free(r->sc_slots);
+    free(r->sc_gens);
     free(r->piece);
     free(r->hits);
     free(r->strs);
@@ -745,9 +760,7 @@ int kvt_remote_publish(kvt_remote *r, const uint32_t *slots, const uint8_t *hash
     int rc = check_slots(r, slots, n);
     if (rc || n == 0)
         return rc;
-    uint64_t *gens = malloc(n * sizeof(*gens));
-    if (!gens)
-        return kvt_fail(KVT_ENOMEM, "remote: out of memory");
+    uint64_t *gens = r->sc_gens;
     const uint32_t hl = r->cfg.hash_len;
     for (uint32_t i = 0; i < n; i++) {
         uint64_t sum = slot_checksum(r, slots[i]);
@@ -768,7 +781,6 @@ int kvt_remote_publish(kvt_remote *r, const uint32_t *slots, const uint8_t *hash
     } else {
         r->st.published += n;
     }
-    free(gens);
     return 0;
 }
 
@@ -780,13 +792,9 @@ int kvt_remote_withdraw(kvt_remote *r, const uint32_t *slots, uint32_t n)
     if (rc || n == 0)
         return rc;
     const uint32_t hl = r->cfg.hash_len;
-    uint8_t *hashes = malloc((size_t)n * hl);
-    uint32_t *ws = malloc(n * sizeof(*ws));
-    uint64_t *gens = malloc(n * sizeof(*gens));
-    if (!hashes || !ws || !gens) {
-        free(hashes), free(ws), free(gens);
-        return kvt_fail(KVT_ENOMEM, "remote: out of memory");
-    }
+    uint8_t *hashes = r->sc_hashes;
+    uint32_t *ws = r->sc_slots;
+    uint64_t *gens = r->sc_gens;
     uint32_t m = 0;
     pthread_mutex_lock(&r->mu);
     for (uint32_t i = 0; i < n; i++) {
@@ -806,7 +814,6 @@ int kvt_remote_withdraw(kvt_remote *r, const uint32_t *slots, uint32_t n)
         else
             r->st.withdrawn += m;
     }
-    free(hashes), free(ws), free(gens);
     return 0;
 }
 

@@ -513,12 +513,7 @@ typedef struct wrep {
 static void wrep_open(wrep *x, uint32_t rank)
 {
     replica_open(&x->r, rank);
-    x->kv = calloc(2 * GPU_NB, KV_BPB);
-    assert_non_null(x->kv);
-    KVT_OK_(kvt_layout_create(KVT_HOST_DEVICE, GPU_NB, &x->layout));
-    kvt_kv_tensor kv = {KVT_HOST_DEVICE, (uint64_t)(uintptr_t)x->kv, 2ull * GPU_NB * KV_BPB, GPU_NB,
-                        KV_BPB};
-    KVT_OK_(kvt_layout_add_tensor(x->layout, &kv));
+    sim_host_kv(GPU_NB, KV_BPB, &x->kv, &x->layout);
     kvt_mirror_config mc;
     kvt_mirror_config_init(&mc);
     mc.host_blocks = kvt_node_num_slots(x->r.node);

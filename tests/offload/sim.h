@@ -33,16 +33,24 @@ typedef struct sim {
     kvt_offload_worker_meta wm;
 } sim;
 
-/* disk_blocks > 0: three tiers; event_capacity 0: events off */
-static inline void sim_init_ev(sim *s, uint32_t gpu_blocks, uint32_t host_blocks, bool lazy,
-                               uint32_t world, uint32_t max_batched, uint32_t disk_blocks,
-                               uint32_t event_capacity)
+/* A GPU pool of gpu_blocks and a manager created with oc. */
+static inline void sim_init_cfg(sim *s, uint32_t gpu_blocks, const kvt_offload_config *oc)
 {
     kvt_pool_config pc;
     kvt_pool_config_init(&pc);
     pc.num_blocks = gpu_blocks;
     pc.keys_per_block = 4;
     KVT_OK_(kvt_pool_create(&pc, &s->gpu));
+    KVT_OK_(kvt_offload_create(oc, s->gpu, &s->m));
+    kvt_offload_meta_init(&s->meta);
+    kvt_offload_worker_meta_init(&s->wm);
+}
+
+/* disk_blocks > 0: three tiers; event_capacity 0: events off */
+static inline void sim_init_ev(sim *s, uint32_t gpu_blocks, uint32_t host_blocks, bool lazy,
+                               uint32_t world, uint32_t max_batched, uint32_t disk_blocks,
+                               uint32_t event_capacity)
+{
     kvt_offload_config oc;
     kvt_offload_config_init(&oc);
     oc.host_blocks = host_blocks;
@@ -52,9 +60,7 @@ static inline void sim_init_ev(sim *s, uint32_t gpu_blocks, uint32_t host_blocks
     oc.event_capacity = event_capacity;
     oc.block_bytes = 1000;
     oc.disk_blocks = disk_blocks;
-    KVT_OK_(kvt_offload_create(&oc, s->gpu, &s->m));
-    kvt_offload_meta_init(&s->meta);
-    kvt_offload_worker_meta_init(&s->wm);
+    sim_init_cfg(s, gpu_blocks, &oc);
 }
 
 static inline void sim_init3(sim *s, uint32_t gpu_blocks, uint32_t host_blocks, bool lazy,
@@ -202,6 +208,19 @@ static inline void sim_store_prompt(sim *s, sim_req *r, uint32_t ranks)
         sim_report_store(s, ev1, ranks);
     if (ev2 != KVT_NO_EVENT)
         sim_report_store(s, ev2, ranks);
+}
+
+/* A "GPU" in host memory for tests with a real worker: two regions (K and V) of gpu_blocks
+ * blocks of bpb bytes each, zeroed, and the layout over them. */
+static inline void sim_host_kv(uint32_t gpu_blocks, uint32_t bpb, unsigned char **kv,
+                               kvt_layout **layout)
+{
+    *kv = calloc(2 * (size_t)gpu_blocks, bpb);
+    assert_non_null(*kv);
+    KVT_OK_(kvt_layout_create(KVT_HOST_DEVICE, gpu_blocks, layout));
+    kvt_kv_tensor t = {KVT_HOST_DEVICE, (uint64_t)(uintptr_t)*kv, 2ull * gpu_blocks * bpb,
+                       gpu_blocks, bpb};
+    KVT_OK_(kvt_layout_add_tensor(*layout, &t));
 }
 
 /* One engine step with a real worker: the manager's metadata to worker w, the copies run to

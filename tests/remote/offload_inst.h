@@ -50,12 +50,7 @@ typedef struct inst {
 static inline int remote_open(inst *x, const char *name, uint32_t n_slots, uint32_t hash_len)
 {
     kvt_remote_config c;
-    kvt_remote_config_init(&c);
-    c.directory = g_sock;
-    c.space = g_space;
-    c.instance = name;
-    c.listen_host = "127.0.0.1";
-    c.credential = CRED;
+    test_remote_config(&c, g_space, name, CRED);
     c.regions = kvt_mirror_regions(x->mirror);
     c.n_regions = kvt_mirror_num_regions(x->mirror);
     c.n_slots = n_slots;
@@ -63,36 +58,23 @@ static inline int remote_open(inst *x, const char *name, uint32_t n_slots, uint3
     c.hash_seed = SIM_SEED;
     c.ttl_ms = g_ttl_ms;
     c.timeout_ms = g_timeout_ms;
-    c.retry_ms = 100;
     return kvt_remote_create(&c, &x->r);
 }
 
 /* sim_init with the manager's remote_miss_ms set */
 static inline void sim_open(sim *s)
 {
-    kvt_pool_config pc;
-    kvt_pool_config_init(&pc);
-    pc.num_blocks = GPU_NB;
-    pc.keys_per_block = 4;
-    KVT_OK_(kvt_pool_create(&pc, &s->gpu));
     kvt_offload_config oc;
     kvt_offload_config_init(&oc);
     oc.host_blocks = HOST_NB;
     oc.remote_miss_ms = g_miss_ms;
-    KVT_OK_(kvt_offload_create(&oc, s->gpu, &s->m));
-    kvt_offload_meta_init(&s->meta);
-    kvt_offload_worker_meta_init(&s->wm);
+    sim_init_cfg(s, GPU_NB, &oc);
 }
 
 static inline void inst_open(inst *x, const char *name)
 {
     sim_open(&x->s);
-    x->kv = calloc(2 * GPU_NB, KV_BPB);
-    assert_non_null(x->kv);
-    KVT_OK_(kvt_layout_create(KVT_HOST_DEVICE, GPU_NB, &x->layout));
-    kvt_kv_tensor kv = {KVT_HOST_DEVICE, (uint64_t)(uintptr_t)x->kv, 2ull * GPU_NB * KV_BPB, GPU_NB,
-                        KV_BPB};
-    KVT_OK_(kvt_layout_add_tensor(x->layout, &kv));
+    sim_host_kv(GPU_NB, KV_BPB, &x->kv, &x->layout);
     kvt_mirror_config mc;
     kvt_mirror_config_init(&mc);
     mc.host_blocks = HOST_NB;

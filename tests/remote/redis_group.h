@@ -14,6 +14,7 @@
 
 #include "kvt_test.h"
 #include "redis_server.h"
+#include "kvtier/remote.h"
 
 static char g_dir[64], g_sock[96];
 static pid_t g_redis = -1;
@@ -48,6 +49,21 @@ static inline int group_teardown(void **state)
     char cmd[128];
     snprintf(cmd, sizeof(cmd), "rm -rf %s", g_dir);
     return system(cmd) == 0 ? 0 : -1;
+}
+
+/* A remote tier config against the test's Redis: instance `name` of `space`, serving on
+ * loopback, short liveness (300 ms) and reconnect (100 ms) times for the tests' restarts. */
+static inline void test_remote_config(kvt_remote_config *c, const char *space, const char *name,
+                                      const char *cred)
+{
+    kvt_remote_config_init(c);
+    c->directory = g_sock;
+    c->space = space;
+    c->instance = name;
+    c->listen_host = "127.0.0.1";
+    c->credential = cred;
+    c->ttl_ms = 300;
+    c->retry_ms = 100;
 }
 
 #define NEED_REDIS()                                                                               \

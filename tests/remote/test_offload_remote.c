@@ -202,12 +202,7 @@ static void configurations_that_do_not_fit_are_refused(void **state)
     NEED_REDIS();
     inst a;
     sim_open(&a.s);
-    a.kv = calloc(2 * GPU_NB, KV_BPB);
-    assert_non_null(a.kv);
-    KVT_OK_(kvt_layout_create(KVT_HOST_DEVICE, GPU_NB, &a.layout));
-    kvt_kv_tensor kv = {KVT_HOST_DEVICE, (uint64_t)(uintptr_t)a.kv, 2ull * GPU_NB * KV_BPB, GPU_NB,
-                        KV_BPB};
-    KVT_OK_(kvt_layout_add_tensor(a.layout, &kv));
+    sim_host_kv(GPU_NB, KV_BPB, &a.kv, &a.layout);
     kvt_mirror_config mc;
     kvt_mirror_config_init(&mc);
     mc.host_blocks = HOST_NB;

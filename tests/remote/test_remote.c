@@ -73,18 +73,11 @@ static int make(inst *in, const char *name, bool serve, uint64_t seed, const cha
                 uint32_t timeout_ms)
 {
     kvt_remote_config c;
-    kvt_remote_config_init(&c);
-    c.directory = g_sock;
-    c.space = g_space;
-    c.instance = name;
-    c.listen_host = "127.0.0.1";
-    c.credential = cred;
+    test_remote_config(&c, g_space, name, cred);
     c.block_bytes = BB;
     c.hash_len = HL;
     c.hash_seed = seed;
-    c.ttl_ms = 300;
     c.timeout_ms = timeout_ms;
-    c.retry_ms = 100;
     in->region = NULL;
     if (serve) {
         in->region = calloc(SLOTS, BB);
@@ -472,16 +465,9 @@ typedef struct split_inst {
 static void make_split(split_inst *in, const char *name)
 {
     kvt_remote_config c;
-    kvt_remote_config_init(&c);
-    c.directory = g_sock;
-    c.space = g_space;
-    c.instance = name;
-    c.listen_host = "127.0.0.1";
-    c.credential = CRED;
+    test_remote_config(&c, g_space, name, CRED);
     c.hash_len = HL;
     c.hash_seed = 7;
-    c.ttl_ms = 300;
-    c.retry_ms = 100;
     for (uint32_t j = 0; j < NPIECE; j++) {
         in->arr[j] = calloc(SLOTS, g_piece[j]);
         assert_non_null(in->arr[j]);
