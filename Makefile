@@ -30,7 +30,7 @@ CMAKE_FLAGS  ?=
 DEV_FLAGS     = -DKVT_WERROR=ON
 SOURCES       = $(shell find include src tests tools bench fuzz -name '*.[ch]')
 FUZZ_TARGETS  = offload_meta offload_worker_meta ec_meta ec_worker_meta ec_load_spec ec_push_spec \
-                link ec_shard ec_ctl ec_server remote_wire
+                link ec_shard ec_ctl ec_server remote_wire node_header
 
 VALGRIND_TESTS = test_pool test_meta_offload test_meta_ec test_offload test_offload_tiers \
                  test_offload_model test_slab test_ec_shard test_ec_shard_model test_ec_sched \

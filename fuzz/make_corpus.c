@@ -7,10 +7,12 @@
 #include <errno.h>
 #include <stdio.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "net/ec_ctl.h"
 #include "meta/meta_samples.h"
 #include "net/link_internal.h"
+#include "kvtier/node.h"
 
 static const struct {
     uint32_t kind;
@@ -187,6 +189,45 @@ static int ec_server_seeds(const char *dir)
     return write_file(path, ops, sizeof(ops));
 }
 
+/* Seeds of fuzz_node_header: real metadata objects of two shapes (attached, copied, detached). */
+static int node_seeds(const char *dir)
+{
+    char path[512];
+    snprintf(path, sizeof(path), "%s/node_header", dir);
+    if (mkdir(path, 0755) != 0 && errno != EEXIST) {
+        perror(path);
+        return 1;
+    }
+    static const uint32_t shapes[][3] = {{1, 2, 1}, {2, 8, 4}}; /* ranks, bpr, keys per block */
+    for (int v = 0; v < 2; v++) {
+        char name[64];
+        snprintf(name, sizeof(name), "corpus-%d-%d", (int)getpid(), v);
+        kvt_node_config c;
+        kvt_node_config_init(&c);
+        c.name = name;
+        c.ranks = shapes[v][0];
+        c.blocks_per_rank = shapes[v][1];
+        c.keys_per_block = shapes[v][2];
+        kvt_node *n;
+        if (kvt_node_attach(&c, &n) != 0) {
+            fprintf(stderr, "make_corpus: node tier: %s\n", kvt_last_error());
+            return 1;
+        }
+        char shm[128];
+        snprintf(shm, sizeof(shm), "/dev/shm/kvtier.%s.meta", name);
+        FILE *f = fopen(shm, "rb");
+        static uint8_t buf[1 << 20];
+        size_t len = f ? fread(buf, 1, sizeof(buf), f) : 0;
+        if (f)
+            fclose(f);
+        kvt_node_detach(n);
+        snprintf(path, sizeof(path), "%s/node_header/seed-%d", dir, v);
+        if (!len || write_file(path, buf, len))
+            return 1;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     const char *dir = argc > 1 ? argv[1] : "fuzz/corpus";
@@ -216,5 +257,5 @@ int main(int argc, char **argv)
                 return 1;
         }
     }
-    return link_seeds(dir) || ec_ctl_seeds(dir) || ec_server_seeds(dir);
+    return link_seeds(dir) || ec_ctl_seeds(dir) || ec_server_seeds(dir) || node_seeds(dir);
 }

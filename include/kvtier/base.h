@@ -140,15 +140,21 @@ enum kvt_arena_flags {
 };
 
 typedef struct kvt_arena_config {
-    size_t size;          /* bytes; rounded up to the page size in use, never to a power of two */
-    unsigned flags;       /* kvt_arena_flags; default POPULATE | DONTFORK | THP */
-    const char *shm_name; /* NULL: anonymous memory (default). Else a POSIX shared memory object
-                             ("/name"), mapped shared: created at the rounded size if absent,
-                             attached if present (its size must be that size). Normal pages
-                             only (THP allowed); the object stays until shm_unlink */
+    size_t size;           /* bytes; rounded up to the page size in use, never to a power of two */
+    unsigned flags;        /* kvt_arena_flags; default POPULATE | DONTFORK | THP */
+    const char *shm_name;  /* NULL: anonymous memory (default). Else a POSIX shared memory object
+                              ("/name"), mapped shared: created at the rounded size if absent,
+                              attached if present (its size must be that size). Normal pages
+                              only (THP allowed); the object stays until shm_unlink. Created
+                              O_EXCL mode 0600; an existing one is attached only if this user
+                              owns it and its mode lets nobody else in (KVT_EEXIST / KVT_ESTATE
+                              naming its owner otherwise) */
+    const char *shm_group; /* with shm_name: NULL (this user only) or the group that shares it
+                              (mode 0660; an existing object must have that group and give
+                              nobody outside it access) */
     /* room for fields to come, so the struct keeps its size: zero (as *_config_init
      * leaves it); a create refuses a config whose room is not zero */
-    uint64_t reserved[7];
+    uint64_t reserved[6];
 } kvt_arena_config;
 
 typedef struct kvt_arena kvt_arena;

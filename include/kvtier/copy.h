@@ -86,20 +86,22 @@ KVT_API uint64_t kvt_layout_block_bytes(const kvt_layout *l);
 /* ---- host mirror ------------------------------------------------------------------------- */
 
 typedef struct kvt_mirror_config {
-    uint32_t host_blocks;  /* pages per region, null block included (the manager's handshake) */
-    unsigned arena_flags;  /* kvt_arena_flags; default POPULATE | DONTFORK | THP */
-    bool pin;              /* register with CUDA for DMA when a driver is present; default true.
-                              Without a driver, or if registration fails, the mirror stays
-                              unpinned (a warning is logged; copies still work, slower) */
-    uint64_t pin_chunk;    /* bytes per cuMemHostRegister call; default 64 GiB (one call
-                              >= 512 GiB fails on some systems) */
-    const char *node_name; /* NULL: the rank's own host tier (default). Else the data region
-                              of node tier node_name (kvtier/node.h), shared by the replicas on
-                              the node: host_blocks must be its kvt_node_num_slots, and every
-                              replica's layout must have the same block bytes */
+    uint32_t host_blocks;   /* pages per region, null block included (the manager's handshake) */
+    unsigned arena_flags;   /* kvt_arena_flags; default POPULATE | DONTFORK | THP */
+    bool pin;               /* register with CUDA for DMA when a driver is present; default true.
+                               Without a driver, or if registration fails, the mirror stays
+                               unpinned (a warning is logged; copies still work, slower) */
+    uint64_t pin_chunk;     /* bytes per cuMemHostRegister call; default 64 GiB (one call
+                               >= 512 GiB fails on some systems) */
+    const char *node_name;  /* NULL: the rank's own host tier (default). Else the data region
+                               of node tier node_name (kvtier/node.h), shared by the replicas on
+                               the node: host_blocks must be its kvt_node_num_slots, and every
+                               replica's layout must have the same block bytes */
+    const char *node_group; /* with node_name: the node tier's group (kvt_node_config.group);
+                               NULL: this user only */
     /* room for fields to come, so the struct keeps its size: zero (as *_config_init
      * leaves it); a create refuses a config whose room is not zero */
-    uint64_t reserved[7];
+    uint64_t reserved[6];
 } kvt_mirror_config;
 
 typedef struct kvt_mirror kvt_mirror;

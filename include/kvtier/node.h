@@ -33,9 +33,13 @@
  * replica with another hash seed would never hit the others' blocks (and silently recompute
  * everything), one with another block layout would read garbage.
  *
- * Both objects are created with mode 0600: only processes of the same user share them. The
- * names are removed when the last replica detaches (kvt_node_unlink removes what crashed
- * replicas left behind).
+ * Both objects are created O_EXCL with mode 0600 (0660 and the group, with `group`): only
+ * processes of the same user (or group) share them. An object that already exists is used
+ * only if it is owned by this user (or has that group) and its mode lets nobody else in, and
+ * its header is checked field by field before anything in it is used: a name another user
+ * holds is refused with KVT_EEXIST naming the holder, an object whose mode lets others in with
+ * KVT_ESTATE, a damaged header with KVT_EPROTO or KVT_EVERSION. The names are removed when the
+ * last replica detaches (kvt_node_unlink removes what crashed replicas left behind).
  *
  * Thread rules: a kvt_node is used by one thread at a time, the scheduler's (through the
  * manager it is attached to). Calls into the metadata take the mutex, held for microseconds.
@@ -71,9 +75,13 @@ typedef struct kvt_node_config {
     uint32_t lock_timeout_ms;  /* longest wait for the metadata lock; a call that waits longer
                                   fails with KVT_EBUSY naming the holder (a live but stopped
                                   replica), instead of hanging; default 10000 */
+    const char *group;         /* NULL: only this user's processes share the tier (default). A
+                                  group name: replicas running as different users of that group
+                                  share it (objects 0660, that group; every replica must name
+                                  it, and the workers' mirrors too: kvt_mirror_config) */
     /* room for fields to come, so the struct keeps its size: zero (as *_config_init
      * leaves it); a create refuses a config whose room is not zero */
-    uint64_t reserved[7];
+    uint64_t reserved[6];
 } kvt_node_config;
 
 typedef struct kvt_node kvt_node;
@@ -97,7 +105,9 @@ KVT_API void kvt_node_config_init(kvt_node_config *cfg);
  * is dead and whose configuration differs is replaced. */
 KVT_API int kvt_node_attach(const kvt_node_config *cfg, kvt_node **out);
 /* Withdraws this replica's slots, releases its pins and detaches; the last replica to go
- * removes both names. The manager it was lent to must be destroyed first. */
+ * removes both names. Safe in any order with the manager it was lent to: while a manager
+ * still holds it, the detach is deferred to that manager's kvt_offload_destroy (so finalizers
+ * that run in no particular order, as at a Python interpreter's exit, never crash). */
 KVT_API void kvt_node_detach(kvt_node *node);
 /* Slots of the tier (ranks x blocks_per_rank): the manager's host_blocks and each worker's
  * mirror host_blocks. */

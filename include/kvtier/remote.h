@@ -122,7 +122,9 @@ KVT_API void kvt_remote_config_init(kvt_remote_config *c);
  * answers. */
 KVT_API int kvt_remote_create(const kvt_remote_config *c, kvt_remote **out);
 /* Removes the liveness key (peers stop consulting this instance at once), stops the server
- * and frees everything. Reads in flight have ended (every read is bounded). */
+ * and frees everything. Reads in flight have ended (every read is bounded). Safe in any order
+ * with an offload manager it was lent to (kvt_offload_attach_remote): while the manager holds
+ * it, the destroy is deferred to the manager's kvt_offload_destroy. */
 KVT_API void kvt_remote_destroy(kvt_remote *r);
 /* The read server's port. */
 KVT_API uint16_t kvt_remote_port(const kvt_remote *r);

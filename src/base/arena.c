@@ -22,6 +22,7 @@
 
 #include "base/error.h"
 #include "base/log.h"
+#include "base/shm.h"
 #include "base/util.h"
 
 #ifndef MAP_HUGE_SHIFT
@@ -64,33 +65,35 @@ static int populate(void *p, size_t size, size_t page)
     return 0;
 }
 
-/* Maps shared memory object `name` of exactly `size` bytes, creating it if absent. */
-static int map_shared(const char *name, size_t size, void **out)
+/* Maps shared memory object `name` of exactly `size` bytes, creating it if absent; an existing
+ * one only if it is ours (or the sharing group's) and closed to others (base/shm.h). */
+static int map_shared(const char *name, const char *group, size_t size, void **out)
 {
-    int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    bool created = fd >= 0;
+    kvi_shm_share share;
+    int rc = kvi_shm_share_of(group, &share);
+    if (rc)
+        return kvi_fail_wrap(rc, "arena");
+    int fd;
+    bool created;
+    if ((rc = kvi_shm_open(name, &share, "arena", &fd, &created)))
+        return rc;
     if (created) {
         if (ftruncate(fd, (off_t)size) != 0) {
-            int rc = kvi_fail_errno(errno, "arena: cannot size %s to %zu bytes", name, size);
+            rc = kvi_fail_errno(errno, "arena: cannot size %s to %zu bytes", name, size);
             close(fd);
             shm_unlink(name);
             return rc;
         }
     } else {
-        if (errno != EEXIST)
-            return kvi_fail_errno(errno, "arena: cannot create %s", name);
-        fd = shm_open(name, O_RDWR | O_CLOEXEC, 0);
-        if (fd < 0)
-            return kvi_fail_errno(errno, "arena: cannot open %s", name);
         struct stat st;
         /* its creator may not have sized it yet */
         for (int i = 0; i < 2000 && fstat(fd, &st) == 0 && st.st_size == 0; i++)
             usleep(1000);
         if (fstat(fd, &st) != 0 || (size_t)st.st_size != size) {
-            int rc = kvt_fail(KVT_EINVAL,
-                              "arena: %s has %lld bytes, this mapping needs %zu (the sharers' "
-                              "layouts or block counts differ)",
-                              name, (long long)st.st_size, size);
+            rc = kvt_fail(KVT_EINVAL,
+                          "arena: %s has %lld bytes, this mapping needs %zu (the sharers' "
+                          "layouts or block counts differ)",
+                          name, (long long)st.st_size, size);
             close(fd);
             return rc;
         }
@@ -159,7 +162,7 @@ int kvt_arena_create(const kvt_arena_config *cfg, kvt_arena **out)
                             "arena: %s: shared memory takes normal pages (THP "
                             "applies), not HugeTLB ones",
                             cfg->shm_name);
-        int rc = map_shared(cfg->shm_name, size, &p);
+        int rc = map_shared(cfg->shm_name, cfg->shm_group, size, &p);
         if (rc)
             return rc;
         return finish(cfg, p, size, page, false, out);

@@ -7,6 +7,7 @@
 #ifndef KVI_BASE_REMOTE_PORT_H
 #define KVI_BASE_REMOTE_PORT_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "kvtier/remote.h"
@@ -18,6 +19,11 @@ typedef struct kvi_remote_port {
                       const uint32_t *slots, int *status);
     int (*publish)(kvt_remote *r, const uint32_t *slots, const uint8_t *hashes, uint32_t n);
     int (*withdraw)(kvt_remote *r, const uint32_t *slots, uint32_t n);
+    /* The manager lets go of it (its teardown): if its owner destroyed it meanwhile, this
+     * completes that destroy. */
+    void (*unlend)(kvt_remote *r);
+    bool lent;            /* a manager holds it (set by the manager's attach) */
+    bool orphaned;        /* kvt_remote_destroy was called while lent: unlend destroys it */
     uint32_t n_slots;     /* slots it serves (0: none) */
     uint32_t hash_len;    /* bytes per block hash */
     uint64_t block_bytes; /* bytes per block, all pieces */
@@ -25,9 +31,9 @@ typedef struct kvi_remote_port {
 
 /* The port at the start of a kvt_remote (C11 6.7.2.1: a pointer to a structure, suitably
  * converted, points to its first member). */
-static inline const kvi_remote_port *kvi_remote_port_of(const kvt_remote *r)
+static inline kvi_remote_port *kvi_remote_port_of(kvt_remote *r)
 {
-    return (const kvi_remote_port *)(const void *)r;
+    return (kvi_remote_port *)(void *)r;
 }
 
 #endif

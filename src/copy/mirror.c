@@ -118,6 +118,7 @@ int kvt_mirror_create(const kvt_mirror_config *cfg, const kvt_layout *layout, kv
         }
         snprintf(shm, sizeof(shm), KVI_NODE_SHM_NAME, cfg->node_name, "data");
         ac.shm_name = shm;
+        ac.shm_group = cfg->node_group;
     }
     int rc = kvt_arena_create(&ac, &m->arena);
     if (rc) {

@@ -26,6 +26,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,6 +40,7 @@
 #include "base/log.h"
 #include "base/util.h"
 #include "node/node_internal.h"
+#include "base/shm.h"
 #include "pool/pool_share.h"
 
 #define NODE_MAGIC   0x314e544e5456414bull /* "KAVTNTN1" */
@@ -46,44 +48,29 @@
 #define LOG_MIN      4096u
 #define OPEN_WAIT_MS 2000u
 
-struct node_rank {
-    uint32_t attached;
-    int32_t pid;
-    uint64_t epoch;
-};
-
-struct node_hdr {
-    uint64_t magic;
-    uint32_t layout;
-    uint32_t ready; /* 1 once the creator initialized everything (release / acquire) */
-    /* what every replica must match */
-    uint32_t ranks, bpr, hash_len, kpb, hash_block_size, pad0;
-    uint64_t block_bytes, hash_seed;
-    uint8_t signature[32];
-    /* where things are */
-    uint64_t slot_stride, slots_off, pins_off, log_off, size;
-    uint32_t log_cap, pad1;
-    pthread_mutex_t lock;
-    int32_t holder; /* rank inside the lock, -1 none */
-    uint32_t pad2;
-    uint64_t log_seq;    /* log entries ever written */
-    uint64_t rescan_seq; /* bumped when every replica must read every slot */
-    uint64_t epochs;     /* attaches ever */
-    struct node_rank rank[KVT_NODE_MAX_RANKS];
-};
-
 struct node_slot {
     uint32_t version;
     uint32_t n_keys;
     uint8_t keys[]; /* n_keys x key_stride: hash, group (u32), num_tokens (u32) */
 };
 
+/* Where things are in the metadata object: computed from this replica's own configuration
+ * (which attach compares with the header's) and never read back from the shared header, so
+ * that nothing another process writes there can move an access out of the mapping. */
+struct node_lay {
+    size_t slot_stride, slots_off, pins_off, log_off, size;
+    uint32_t log_cap;
+};
+
 struct kvt_node {
     kvt_node_config cfg;
     char name[KVT_NODE_NAME_MAX + 1];
+    char group[64];
+    kvi_shm_share share;
     int fd;
     struct node_hdr *h;
     size_t size;
+    struct node_lay lay;
     uint32_t total, own_lo, own_hi, me;
     size_t key_stride;
     uint32_t *seen; /* per slot: the version the pool's view holds */
@@ -91,6 +78,7 @@ struct kvt_node {
     uint64_t seq, rescan;
     kvt_pool *pool;
     uint32_t depth;
+    bool orphaned;  /* detached by its owner while still lent: freed when the manager unbinds */
     uint32_t calls; /* locked calls, for the reap clock */
     uint64_t next_reap_ns;
     /* scratch of one slot's keys */
@@ -103,23 +91,23 @@ struct kvt_node {
 
 static inline struct node_slot *slot_at(const kvt_node *n, uint32_t s)
 {
-    return (struct node_slot *)((char *)n->h + n->h->slots_off + (size_t)s * n->h->slot_stride);
+    return (struct node_slot *)((char *)n->h + n->lay.slots_off + (size_t)s * n->lay.slot_stride);
 }
 
 static inline uint8_t *pins_of(const kvt_node *n, uint32_t r)
 {
-    return (uint8_t *)n->h + n->h->pins_off + (size_t)r * n->total;
+    return (uint8_t *)n->h + n->lay.pins_off + (size_t)r * n->total;
 }
 
 static inline uint32_t *log_ring(const kvt_node *n)
 {
-    return (uint32_t *)((char *)n->h + n->h->log_off);
+    return (uint32_t *)((char *)n->h + n->lay.log_off);
 }
 
 static void log_slot(kvt_node *n, uint32_t s)
 {
     struct node_hdr *h = n->h;
-    log_ring(n)[h->log_seq % h->log_cap] = s;
+    log_ring(n)[h->log_seq % n->lay.log_cap] = s;
     h->log_seq++;
 }
 
@@ -158,14 +146,14 @@ static bool rank_alive(const kvt_node *n, uint32_t r)
 /* Rank r's pins released and its slots withdrawn (locked). */
 static void withdraw_rank(kvt_node *n, uint32_t r)
 {
-    struct node_hdr *h = n->h;
     uint8_t *pins = pins_of(n, r);
     for (uint32_t s = 0; s < n->total; s++)
         if (pins[s]) {
             pins[s] = 0;
             log_slot(n, s);
         }
-    for (uint32_t s = r * h->bpr + 1; s < (r + 1) * h->bpr; s++) {
+    uint32_t bpr = n->cfg.blocks_per_rank;
+    for (uint32_t s = r * bpr + 1; s < (r + 1) * bpr; s++) {
         struct node_slot *sl = slot_at(n, s);
         if (sl->n_keys) {
             sl->n_keys = 0;
@@ -186,7 +174,7 @@ static void cleanup_rank(kvt_node *n, uint32_t r)
 static int reap_locked(kvt_node *n)
 {
     int reaped = 0;
-    for (uint32_t r = 0; r < n->h->ranks; r++) {
+    for (uint32_t r = 0; r < n->cfg.ranks; r++) {
         if (r == n->me || !n->h->rank[r].attached || rank_alive(n, r))
             continue;
         KVT_LOG_W("node %s: replica %u (pid %d) is gone; releasing its pins and withdrawing "
@@ -201,6 +189,8 @@ static int reap_locked(kvt_node *n)
 
 /* ---- the pool's view -------------------------------------------------------------------- */
 
+static void node_free(kvt_node *n);
+
 static bool own_slot(const kvt_node *n, uint32_t s)
 {
     return s >= n->own_lo && s < n->own_hi;
@@ -209,7 +199,7 @@ static bool own_slot(const kvt_node *n, uint32_t s)
 /* Whether any replica but this one pins slot s. */
 static bool peer_pinned(const kvt_node *n, uint32_t s)
 {
-    for (uint32_t r = 0; r < n->h->ranks; r++)
+    for (uint32_t r = 0; r < n->cfg.ranks; r++)
         if (r != n->me && pins_of(n, r)[s])
             return true;
     return false;
@@ -218,7 +208,7 @@ static bool peer_pinned(const kvt_node *n, uint32_t s)
 /* Brings the pool's view of slot s up to date (locked, bound). */
 static void sync_slot(kvt_node *n, uint32_t s)
 {
-    if (s >= n->total || s % n->h->bpr == 0)
+    if (s >= n->total || s % n->cfg.blocks_per_rank == 0)
         return;
     if (own_slot(n, s)) {
         bool pinned = peer_pinned(n, s);
@@ -237,13 +227,14 @@ static void sync_slot(kvt_node *n, uint32_t s)
         return;
     n->seen[s] = version;
     uint32_t nk = sl->n_keys;
-    if (nk > n->h->kpb)
+    const uint32_t hl = n->cfg.hash_len;
+    if (nk > n->cfg.keys_per_block)
         nk = 0; /* a record no replica could have written: treat as empty */
     for (uint32_t i = 0; i < nk; i++) {
         const uint8_t *k = sl->keys + i * n->key_stride;
-        memcpy(n->khash + (size_t)i * n->h->hash_len, k, n->h->hash_len);
-        memcpy(&n->kgroup[i], k + n->h->hash_len, 4);
-        memcpy(&n->ktok[i], k + n->h->hash_len + 4, 4);
+        memcpy(n->khash + (size_t)i * hl, k, hl);
+        memcpy(&n->kgroup[i], k + hl, 4);
+        memcpy(&n->ktok[i], k + hl + 4, 4);
     }
     if (kvi_pool_share_set_keys(n->pool, s, nk, n->khash, n->kgroup, n->ktok) != 0) {
         KVT_LOG_W("node %s: slot %u: %s; ignored", n->name, s, kvt_last_error());
@@ -262,7 +253,8 @@ static void refresh(kvt_node *n)
             n->next_reap_ns = t + (uint64_t)n->cfg.reap_interval_ms * 1000000ull;
         }
     }
-    if (n->rescan != h->rescan_seq || h->log_seq - n->seq > h->log_cap) {
+    const uint32_t cap = n->lay.log_cap;
+    if (n->rescan != h->rescan_seq || h->log_seq - n->seq > cap) {
         for (uint32_t s = 0; s < n->total; s++)
             sync_slot(n, s);
         n->seq = h->log_seq;
@@ -271,7 +263,7 @@ static void refresh(kvt_node *n)
         return;
     }
     for (; n->seq != h->log_seq; n->seq++)
-        sync_slot(n, log_ring(n)[n->seq % h->log_cap]);
+        sync_slot(n, log_ring(n)[n->seq % cap]);
 }
 
 /* The mutex is ours (rc 0), or ours from a holder that died inside it (EOWNERDEAD): that one
@@ -309,7 +301,7 @@ static int lock_raw(kvt_node *n)
     rc = pthread_mutex_timedlock(&n->h->lock, &until);
     if (rc == ETIMEDOUT) {
         int32_t holder = n->h->holder;
-        int pid = holder >= 0 && (uint32_t)holder < n->h->ranks ? n->h->rank[holder].pid : 0;
+        int pid = holder >= 0 && (uint32_t)holder < n->cfg.ranks ? n->h->rank[holder].pid : 0;
         return kvt_fail(KVT_EBUSY,
                         "node %s: replica %d (pid %d) has held the metadata lock for over %u "
                         "ms; is it stopped?",
@@ -381,12 +373,13 @@ static void hook_publish(void *ctx, uint32_t s, const uint8_t *hash, uint32_t gr
     kvt_node *n = ctx;
     bool mine = hook_enter(n);
     struct node_slot *sl = slot_at(n, s);
-    if (sl->n_keys < n->h->kpb) {
-        uint8_t *k = sl->keys + sl->n_keys * n->key_stride;
-        memcpy(k, hash, n->h->hash_len);
-        memcpy(k + n->h->hash_len, &group, 4);
-        memcpy(k + n->h->hash_len + 4, &num_tokens, 4);
-        sl->n_keys++;
+    uint32_t nk = sl->n_keys, hl = n->cfg.hash_len;
+    if (nk < n->cfg.keys_per_block) {
+        uint8_t *k = sl->keys + nk * n->key_stride;
+        memcpy(k, hash, hl);
+        memcpy(k + hl, &group, 4);
+        memcpy(k + hl + 4, &num_tokens, 4);
+        sl->n_keys = nk + 1;
         sl->version++;
         log_slot(n, s);
     }
@@ -420,13 +413,13 @@ int kvi_node_bind(kvt_node *n, kvt_pool *pool)
                         "node %s: the host tier has %u blocks; the node tier has %u slots "
                         "(host_blocks must be kvt_node_num_slots)",
                         n->name, pc.num_blocks, n->total);
-    if (pc.hash_len != n->h->hash_len || pc.keys_per_block != n->h->kpb ||
-        pc.hash_block_size != n->h->hash_block_size)
+    if (pc.hash_len != n->cfg.hash_len || pc.keys_per_block != n->cfg.keys_per_block ||
+        pc.hash_block_size != n->cfg.hash_block_size)
         return kvt_fail(KVT_EINVAL,
                         "node %s: the host pool hashes %u-byte keys, %u per block, %u tokens "
                         "each; the node tier was created for %u, %u, %u",
-                        n->name, pc.hash_len, pc.keys_per_block, pc.hash_block_size, n->h->hash_len,
-                        n->h->kpb, n->h->hash_block_size);
+                        n->name, pc.hash_len, pc.keys_per_block, pc.hash_block_size,
+                        n->cfg.hash_len, n->cfg.keys_per_block, n->cfg.hash_block_size);
     int rc = kvi_node_lock(n); /* no pool yet: no refresh, the rescan below is the one */
     if (rc)
         return rc;
@@ -444,13 +437,13 @@ int kvi_node_bind(kvt_node *n, kvt_pool *pool)
 
 void kvi_node_unbind(kvt_node *n)
 {
-    if (!n->pool)
-        return;
-    if (lock_raw(n) == 0) {
+    if (n->pool && lock_raw(n) == 0) {
         withdraw_rank(n, n->me);
         unlock_raw(n);
     }
     n->pool = NULL;
+    if (n->orphaned) /* its owner detached it first */
+        node_free(n);
 }
 
 /* ---- attach / detach -------------------------------------------------------------------- */
@@ -492,27 +485,35 @@ static int validate(const kvt_node_config *c)
         return kvt_fail(KVT_EINVAL, "node: hash_block_size must be > 0");
     if (c->lock_timeout_ms < 1)
         return kvt_fail(KVT_EINVAL, "node: lock_timeout_ms must be > 0");
+    if (c->group && (!*c->group || strlen(c->group) >= 64))
+        return kvt_fail(KVT_EINVAL, "node: group must be 1..63 bytes (or NULL: this user only)");
     return 0;
 }
 
-static size_t meta_size(const kvt_node_config *c, size_t *slot_stride, size_t *slots_off,
-                        size_t *pins_off, size_t *log_off, uint32_t *log_cap)
+/* Where things are for a tier of this shape (the fields the header records); false when the
+ * shape does not fit in memory. */
+static bool meta_layout(uint32_t ranks, uint32_t bpr, uint32_t hash_len, uint32_t kpb,
+                        struct node_lay *l)
 {
-    uint64_t total = (uint64_t)c->ranks * c->blocks_per_rank;
-    size_t ks = c->hash_len + 8u;
-    *slot_stride = (sizeof(struct node_slot) + ks * c->keys_per_block + 7) & ~(size_t)7;
-    *slots_off = (sizeof(struct node_hdr) + 63) & ~(size_t)63;
-    *pins_off = *slots_off + total * *slot_stride;
-    *log_off = (*pins_off + total * c->ranks + 7) & ~(size_t)7;
-    *log_cap = total * 2 > LOG_MIN
-                   ? (uint32_t)(total * 2 > UINT32_MAX / 2 ? UINT32_MAX / 2 : total * 2)
-                   : LOG_MIN;
-    return *log_off + (size_t)*log_cap * sizeof(uint32_t);
+    uint64_t total = (uint64_t)ranks * bpr;
+    uint64_t ks = hash_len + 8u;
+    l->slot_stride = (sizeof(struct node_slot) + ks * kpb + 7) & ~(size_t)7;
+    l->slots_off = (sizeof(struct node_hdr) + 63) & ~(size_t)63;
+    uint64_t cap = total * 2 > LOG_MIN ? total * 2 : LOG_MIN;
+    l->log_cap = (uint32_t)(cap > UINT32_MAX / 2 ? UINT32_MAX / 2 : cap);
+    size_t slots, pins, log;
+    if (__builtin_mul_overflow(total, l->slot_stride, &slots) ||
+        __builtin_mul_overflow(total, (uint64_t)ranks, &pins) ||
+        __builtin_add_overflow(l->slots_off, slots, &l->pins_off) ||
+        __builtin_add_overflow(l->pins_off, pins + 7, &l->log_off))
+        return false;
+    l->log_off &= ~(size_t)7;
+    log = (size_t)l->log_cap * sizeof(uint32_t);
+    return !__builtin_add_overflow(l->log_off, log, &l->size);
 }
 
 /* The creator fills a fresh object of `size` bytes. */
-static int init_meta(struct node_hdr *h, const kvt_node_config *c, size_t size, size_t stride,
-                     size_t slots_off, size_t pins_off, size_t log_off, uint32_t log_cap)
+static int init_meta(struct node_hdr *h, const kvt_node_config *c, const struct node_lay *l)
 {
     h->magic = NODE_MAGIC;
     h->layout = NODE_LAYOUT;
@@ -524,12 +525,12 @@ static int init_meta(struct node_hdr *h, const kvt_node_config *c, size_t size, 
     h->block_bytes = c->block_bytes;
     h->hash_seed = c->hash_seed;
     memcpy(h->signature, c->signature, sizeof(h->signature));
-    h->slot_stride = stride;
-    h->slots_off = slots_off;
-    h->pins_off = pins_off;
-    h->log_off = log_off;
-    h->size = size;
-    h->log_cap = log_cap;
+    h->slot_stride = l->slot_stride;
+    h->slots_off = l->slots_off;
+    h->pins_off = l->pins_off;
+    h->log_off = l->log_off;
+    h->size = l->size;
+    h->log_cap = l->log_cap;
     h->holder = -1;
     pthread_mutexattr_t a;
     int rc = pthread_mutexattr_init(&a);
@@ -573,16 +574,50 @@ static const char *mismatch(const struct node_hdr *h, const kvt_node_config *c, 
     return NULL;
 }
 
-/* Opens the metadata object, creating and filling it if absent, and maps it. */
+int kvi_node_header_check(const void *p, size_t size)
+{
+    const struct node_hdr *h = p;
+    if (size < sizeof(*h))
+        return kvt_fail(KVT_EPROTO, "node: a metadata object of %zu bytes (a header is %zu)", size,
+                        sizeof(*h));
+    if (h->magic != NODE_MAGIC || h->layout != NODE_LAYOUT)
+        return kvt_fail(KVT_EVERSION,
+                        "node: not a node tier of this kvtier version (layout %u, this build "
+                        "reads %u)",
+                        h->layout, NODE_LAYOUT);
+    if (h->ranks < 1 || h->ranks > KVT_NODE_MAX_RANKS || h->bpr < 2 ||
+        (uint64_t)h->ranks * h->bpr >= UINT32_MAX || h->hash_len < 1 ||
+        h->hash_len > KVT_HASH_MAX || h->kpb < 1 || h->kpb > 64 || h->hash_block_size < 1)
+        return kvt_fail(KVT_EPROTO,
+                        "node: a header with ranks %u, blocks_per_rank %u, hash_len %u, "
+                        "keys_per_block %u, hash_block_size %u (out of range)",
+                        h->ranks, h->bpr, h->hash_len, h->kpb, h->hash_block_size);
+    struct node_lay l;
+    if (!meta_layout(h->ranks, h->bpr, h->hash_len, h->kpb, &l) || h->size != size ||
+        l.size != size || h->slot_stride != l.slot_stride || h->slots_off != l.slots_off ||
+        h->pins_off != l.pins_off || h->log_off != l.log_off || h->log_cap != l.log_cap)
+        return kvt_fail(KVT_EPROTO,
+                        "node: a header whose offsets, capacities or size (%" PRIu64
+                        " bytes recorded, %zu mapped) are not the ones its shape gives",
+                        h->size, size);
+    return 0;
+}
+
+/* Opens the metadata object, creating and filling it if absent, and maps it. An existing
+ * object must be ours (kvi_shm_open) and its header must check before anything in it is
+ * used. */
 static int open_meta(kvt_node *n, const kvt_node_config *c)
 {
-    char path[96];
+    char path[96], who[80];
     shm_path(path, sizeof(path), n->name, "meta");
-    size_t stride, soff, poff, loff;
-    uint32_t lcap;
-    size_t size = meta_size(c, &stride, &soff, &poff, &loff, &lcap);
-    int fd = shm_open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (fd >= 0) {
+    snprintf(who, sizeof(who), "node %s", n->name);
+    const size_t size = n->lay.size;
+    int fd;
+    bool created;
+    int rc = kvi_shm_open(path, &n->share, who, &fd, &created);
+    if (rc)
+        return rc;
+    if (created) {
         if (ftruncate(fd, (off_t)size) != 0) {
             int e = errno;
             close(fd);
@@ -591,8 +626,8 @@ static int open_meta(kvt_node *n, const kvt_node_config *c)
                                   n->name, size);
         }
         void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-        int rc = p == MAP_FAILED ? kvi_fail_errno(errno, "node %s: cannot map metadata", n->name)
-                                 : init_meta(p, c, size, stride, soff, poff, loff, lcap);
+        rc = p == MAP_FAILED ? kvi_fail_errno(errno, "node %s: cannot map metadata", n->name)
+                             : init_meta(p, c, &n->lay);
         if (rc) {
             if (p != MAP_FAILED)
                 munmap(p, size);
@@ -605,53 +640,49 @@ static int open_meta(kvt_node *n, const kvt_node_config *c)
         n->size = size;
         return 0;
     }
-    if (errno != EEXIST)
-        return kvi_fail_errno(errno, "node %s: cannot create %s", n->name, path);
-    fd = shm_open(path, O_RDWR | O_CLOEXEC, 0);
-    if (fd < 0)
-        return kvi_fail_errno(errno, "node %s: cannot open %s", n->name, path);
     /* the creator may still be sizing and filling it */
     struct stat st;
     struct node_hdr *h = NULL;
+    size_t mapped = 0;
     for (uint32_t waited = 0;; waited++) {
         if (fstat(fd, &st) != 0) {
-            int e = errno;
-            close(fd);
-            return kvi_fail_errno(e, "node %s: cannot stat %s", n->name, path);
+            rc = kvi_fail_errno(errno, "node %s: cannot stat %s", n->name, path);
+            break;
         }
         if ((size_t)st.st_size >= sizeof(*h)) {
-            if (!h)
-                h = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+            if (!h) {
+                mapped = (size_t)st.st_size;
+                h = mmap(NULL, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+            }
             if (h == MAP_FAILED) {
-                int e = errno;
-                close(fd);
-                return kvi_fail_errno(e, "node %s: cannot map %s", n->name, path);
+                h = NULL;
+                rc = kvi_fail_errno(errno, "node %s: cannot map %s", n->name, path);
+                break;
             }
             if (__atomic_load_n(&h->ready, __ATOMIC_ACQUIRE))
                 break;
         }
         if (waited >= OPEN_WAIT_MS) {
-            if (h)
-                munmap(h, (size_t)st.st_size);
-            close(fd);
-            return kvt_fail(KVT_EBUSY,
-                            "node %s: %s was never finished by its creator (remove it with "
-                            "kvt_node_unlink if no replica runs)",
-                            n->name, path);
+            rc = kvt_fail(KVT_EBUSY,
+                          "node %s: %s was never finished by its creator (remove it with "
+                          "kvt_node_unlink if no replica runs)",
+                          n->name, path);
+            break;
         }
         usleep(1000);
     }
-    if (h->magic != NODE_MAGIC || h->layout != NODE_LAYOUT || h->size != (uint64_t)st.st_size) {
-        munmap(h, (size_t)st.st_size);
+    if (!rc && (rc = kvi_node_header_check(h, mapped)))
+        rc = kvt_fail(rc, "node %s: %s: %s; remove it with kvt_node_unlink once no replica uses it",
+                      n->name, path, kvt_last_error());
+    if (rc) {
+        if (h)
+            munmap(h, mapped);
         close(fd);
-        return kvt_fail(KVT_EVERSION,
-                        "node %s: %s is not a node tier of this kvtier version (layout %u); "
-                        "remove it with kvt_node_unlink once no replica uses it",
-                        n->name, path, NODE_LAYOUT);
+        return rc;
     }
     n->fd = fd;
     n->h = h;
-    n->size = (size_t)st.st_size;
+    n->size = mapped;
     return 0;
 }
 
@@ -684,15 +715,13 @@ static bool name_current(const kvt_node *n)
 static uint32_t attached_alive(kvt_node *n)
 {
     uint32_t k = 0;
-    for (uint32_t r = 0; r < n->h->ranks; r++)
+    for (uint32_t r = 0; r < n->cfg.ranks; r++)
         k += n->h->rank[r].attached && (r == n->me || rank_alive(n, r));
     return k;
 }
 
-void kvt_node_detach(kvt_node *n)
+static void node_free(kvt_node *n)
 {
-    if (!n)
-        return;
     if (n->h && lock_raw(n) == 0) {
         cleanup_rank(n, n->me);
         bool last = attached_alive(n) == 0;
@@ -707,6 +736,17 @@ void kvt_node_detach(kvt_node *n)
     free(n->kgroup);
     free(n->ktok);
     free(n);
+}
+
+void kvt_node_detach(kvt_node *n)
+{
+    if (!n)
+        return;
+    if (n->pool) { /* still lent: the manager's destroy detaches it (any order is safe) */
+        n->orphaned = true;
+        return;
+    }
+    node_free(n);
 }
 
 int kvt_node_attach(const kvt_node_config *cfg, kvt_node **out)
@@ -731,6 +771,19 @@ int kvt_node_attach(const kvt_node_config *cfg, kvt_node **out)
     n->own_lo = cfg->rank * cfg->blocks_per_rank + 1;
     n->own_hi = (cfg->rank + 1) * cfg->blocks_per_rank;
     n->key_stride = cfg->hash_len + 8u;
+    if (cfg->group)
+        snprintf(n->group, sizeof(n->group), "%s", cfg->group);
+    n->cfg.group = cfg->group ? n->group : NULL;
+    if ((rc = kvi_shm_share_of(cfg->group, &n->share))) {
+        kvt_node_detach(n);
+        return kvi_fail_wrap(rc, "node");
+    }
+    if (!meta_layout(cfg->ranks, cfg->blocks_per_rank, cfg->hash_len, cfg->keys_per_block,
+                     &n->lay)) {
+        kvt_node_detach(n);
+        return kvt_fail(KVT_ERANGE, "node: %u ranks x %u blocks do not fit in memory", cfg->ranks,
+                        cfg->blocks_per_rank);
+    }
     n->seen = calloc(n->total, sizeof(*n->seen));
     n->busy = calloc(n->total, 1);
     n->khash = calloc(cfg->keys_per_block, cfg->hash_len);
@@ -832,7 +885,7 @@ int kvt_node_get_stats(kvt_node *n, kvt_node_stats *s)
         return rc;
     *s = n->st;
     s->ranks_attached = 0;
-    for (uint32_t r = 0; r < n->h->ranks; r++)
+    for (uint32_t r = 0; r < n->cfg.ranks; r++)
         s->ranks_attached += n->h->rank[r].attached;
     s->published = s->peer_pinned = s->pinned_of_peers = 0;
     for (uint32_t id = n->own_lo; id < n->own_hi; id++) {

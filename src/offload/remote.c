@@ -35,7 +35,9 @@ static int attach_unlocked(kvt_offload *m, kvt_remote *remote)
         return kvt_fail(KVT_ESTATE, "offload: a remote tier is attached already");
     if (m->node)
         return kvt_fail(KVT_EINVAL, "offload: a remote tier beside a node tier is not supported");
-    const kvi_remote_port *p = kvi_remote_port_of(remote);
+    kvi_remote_port *p = kvi_remote_port_of(remote);
+    if (p->lent)
+        return kvt_fail(KVT_ESTATE, "offload: this remote tier is lent to another manager");
     const kvt_group_spec *g = &m->gcfg.groups[0];
     if (m->ng != 1 || g->kind != KVT_GROUP_FULL || m->gcfg.hash_block_size != g->block_size ||
         m->partial)
@@ -64,6 +66,7 @@ static int attach_unlocked(kvt_offload *m, kvt_remote *remote)
     m->pub_n = 0;
     m->remote = remote;
     m->rport = p;
+    p->lent = true;
     return 0;
 }
 
@@ -80,8 +83,12 @@ void kvi_ofl_remote_teardown(kvt_offload *m)
     free(m->rmiss);
     m->rloc = NULL, m->rids = NULL, m->rst = NULL, m->pub_slots = NULL, m->pub_hashes = NULL;
     m->rmiss = NULL;
+    kvt_remote *r = m->remote;
+    const kvi_remote_port *p = m->rport;
     m->remote = NULL;
     m->rport = NULL;
+    if (r)
+        p->unlend(r); /* may destroy r, if its owner asked for that meanwhile */
 }
 
 /* ---- hits ---------------------------------------------------------------------------------- */

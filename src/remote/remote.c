@@ -548,6 +548,16 @@ static int map_pieces(kvt_remote *r, kvi_ucx *u)
     return rc;
 }
 
+static void remote_free(kvt_remote *r);
+
+/* The manager let go (base/remote_port.h). */
+static void unlend(kvt_remote *r)
+{
+    r->rport.lent = false;
+    if (r->rport.orphaned)
+        remote_free(r);
+}
+
 int kvt_remote_create(const kvt_remote_config *c, kvt_remote **out)
 {
     if (!c || !out)
@@ -597,6 +607,7 @@ int kvt_remote_create(const kvt_remote_config *c, kvt_remote **out)
                                  .read_slots = kvt_remote_read_slots,
                                  .publish = kvt_remote_publish,
                                  .withdraw = kvt_remote_withdraw,
+                                 .unlend = unlend,
                                  .n_slots = c->n_slots,
                                  .hash_len = c->hash_len,
                                  .block_bytes = r->cfg.block_bytes};
@@ -699,6 +710,15 @@ void kvt_remote_destroy(kvt_remote *r)
 {
     if (!r)
         return;
+    if (r->rport.lent) { /* the manager's destroy finishes it (any order is safe) */
+        r->rport.orphaned = true;
+        return;
+    }
+    remote_free(r);
+}
+
+static void remote_free(kvt_remote *r)
+{
     if (r->thr_started) {
         atomic_store(&r->stop, true);
         pthread_join(r->thr, NULL);

@@ -9,7 +9,9 @@
  * real processes killed with SIGKILL: their pins must be released and their slots withdrawn,
  * and a holder that dies inside the metadata lock must leave a lock the next caller repairs.
  */
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 
@@ -619,6 +621,25 @@ static void the_data_region_is_one_memory_and_its_size_is_checked(void **state)
     free(dev);
 }
 
+/* Issue 36: the node tier detached before the manager it was lent to (finalizers in no
+ * particular order, as at a Python interpreter's exit): the detach waits for the manager,
+ * whose destroy completes it; the last replica's names are then gone. */
+static void detach_before_the_manager_is_deferred_not_a_crash(void **state)
+{
+    (void)state;
+    replica r;
+    replica_open(&r, 0);
+    kvt_node_detach(r.node); /* still lent: deferred */
+    kvt_node_stats st;
+    KVT_OK_(kvt_node_get_stats(r.node, &st)); /* still valid */
+    assert_int_equal(st.ranks_attached, 1);
+    sim_fini(&r.s); /* the manager lets go: the detach happens now */
+    char p[96];
+    snprintf(p, sizeof(p), "/kvtier.%s.meta", g_name);
+    int fd = shm_open(p, O_RDONLY, 0);
+    assert_int_equal(fd, -1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -641,6 +662,8 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(the_data_region_is_one_memory_and_its_size_is_checked,
                                         setup, teardown),
+        cmocka_unit_test_setup_teardown(detach_before_the_manager_is_deferred_not_a_crash, setup,
+                                        teardown),
     };
     return kvt_test_exit(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -102,6 +102,28 @@ static void a_reset_withdraws_everything(void **state)
     inst_close(&a);
 }
 
+/* Issue 36: the owner destroys the remote tier before the manager it lent it to (finalizers
+ * in no particular order): the destroy waits for the manager, whose own destroy withdraws
+ * what it published and then finishes it. A peer then finds nothing. */
+static void the_remote_tier_may_go_before_its_manager(void **state)
+{
+    (void)state;
+    NEED_REDIS();
+    inst a, b;
+    inst_open(&a, "a");
+    inst_open(&b, "b");
+    sim_req p, q;
+    compute_and_store(&a, &p, "p", 11, 4);
+    kvt_remote_destroy(a.r); /* deferred: a's manager still holds it */
+    sim_fini(&a.s);          /* withdraws, then completes the destroy */
+    kvt_worker_destroy(a.w);
+    kvt_mirror_destroy(a.mirror);
+    kvt_layout_destroy(a.layout);
+    free(a.kv);
+    assert_int_equal(admit_and_check(&b, &q, "q", 11, 4), 0);
+    inst_close(&b);
+}
+
 static void a_span_that_missed_is_not_looked_up_again_at_once(void **state)
 {
     (void)state;
@@ -236,6 +258,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup(evicted_blocks_are_withdrawn_and_never_named, each_setup),
         cmocka_unit_test_setup(a_block_whose_bytes_changed_ends_the_hit_there, each_setup),
         cmocka_unit_test_setup(a_reset_withdraws_everything, each_setup),
+        cmocka_unit_test_setup(the_remote_tier_may_go_before_its_manager, each_setup),
         cmocka_unit_test_setup(a_span_that_missed_is_not_looked_up_again_at_once, each_setup),
         cmocka_unit_test_setup(a_stopped_owner_costs_one_bounded_miss, each_setup),
         cmocka_unit_test_setup(configurations_that_do_not_fit_are_refused, each_setup),

@@ -486,6 +486,31 @@ def test_bad_remote_configuration_is_refused(extra, word, monkeypatch):
     assert "one rank" in str(ei.value)
 
 
+@pytest.mark.parametrize("extra,word", [
+    ({"cpu_bytes_to_use": (1 << 64) + (8 << 30)}, "cpu_bytes_to_use"),
+    ({"cpu_bytes_to_use_per_rank": 1 << 64}, "cpu_bytes_to_use_per_rank"),
+    ({"cpu_bytes_to_use": "18446744073709551616"}, "cpu_bytes_to_use"),
+    ({"cpu_bytes_to_use": "\u00b2"}, "cpu_bytes_to_use"),  # a digit to str.isdigit, not int
+    ({"kv_offload_backend": "disk", "disk_path": "/tmp/d",
+      "disk_capacity_bytes": 1 << 63}, "disk_capacity_bytes"),
+    ({"kv_offload_backend": "disk", "disk_path": "/tmp/d\0x"}, "disk_path"),
+    ({"kvtier_remote_directory": "/tmp/r.sock",
+      "kvtier_remote_credential": "x" * 16 + "\0" + "y" * 16}, "NUL"),
+    ({"kvtier_remote_directory": "/tmp/r\0.sock", "kvtier_remote_credential": "x" * 16},
+     "kvtier_remote_directory"),
+    ({"kvtier_node_group": "g"}, "kvtier_node_tier"),
+])
+def test_values_are_range_checked_before_any_conversion(extra, word, monkeypatch):
+    """Issue 36: a size past 2**63 - 1 is refused, not wrapped by ctypes (2**64 + 8 GiB was
+    read as 8 GiB); a NUL inside a string handed to C (the remote credential: truncated
+    silently before) is refused naming the key."""
+    from kvtier.vllm import ConfigError, KvtierConfig
+    monkeypatch.delenv("KVTIER_REMOTE_CREDENTIAL", raising=False)
+    with pytest.raises(ConfigError) as ei:
+        KvtierConfig(extra, 1)
+    assert word in str(ei.value), str(ei.value)
+
+
 def test_a_second_instance_is_served_from_the_remote_tier(model_dir, baseline, tmp_path):
     """Issue 23: two engine instances (two processes, as on two hosts) and a Redis directory
     the test starts. The second finds the first one's prefixes in the directory, reads them

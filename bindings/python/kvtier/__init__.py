@@ -695,7 +695,9 @@ class Node(_Lent):
 
     def __init__(self, name, rank, ranks, blocks_per_rank, hash_len=16, keys_per_block=1,
                  hash_block_size=16, block_bytes=0, hash_seed=0, signature=b"",
-                 reap_interval_ms=1000):
+                 reap_interval_ms=1000, group=None):
+        """group: None (only this user's processes share the tier) or the name of the group
+        whose members' replicas share it (every replica, and its workers' Mirror, name it)."""
         cfg = L.kvt_node_config()
         _lib.kvt_node_config_init(ctypes.byref(cfg))
         self._name = name.encode()
@@ -710,6 +712,8 @@ class Node(_Lent):
         cfg.hash_seed = hash_seed & 0xFFFFFFFFFFFFFFFF
         _set_signature(cfg, signature, "node")
         cfg.reap_interval_ms = reap_interval_ms
+        self._group = group.encode() if group else None
+        cfg.group = self._group
         h = ctypes.c_void_p()
         _check(_lib.kvt_node_attach(ctypes.byref(cfg), ctypes.byref(h)))
         self._h = h
@@ -854,14 +858,17 @@ class Mirror(_Handle):
     """The host tier of one rank: a host array per region of the layout (kvt_mirror)."""
     _destroy = _lib.kvt_mirror_destroy
 
-    def __init__(self, layout, host_blocks, pin=True, node_name=None):
-        """node_name: the data region of that node tier (host_blocks: its num_slots)."""
+    def __init__(self, layout, host_blocks, pin=True, node_name=None, node_group=None):
+        """node_name: the data region of that node tier (host_blocks: its num_slots);
+        node_group: the node tier's sharing group (Node's group)."""
         cfg = L.kvt_mirror_config()
         _lib.kvt_mirror_config_init(ctypes.byref(cfg))
         cfg.host_blocks = host_blocks
         cfg.pin = pin
         self._node_name = node_name.encode() if node_name else None
         cfg.node_name = self._node_name
+        self._node_group = node_group.encode() if node_group else None
+        cfg.node_group = self._node_group
         h = ctypes.c_void_p()
         _check(_lib.kvt_mirror_create(ctypes.byref(cfg), layout._h, ctypes.byref(h)))
         self._h = h

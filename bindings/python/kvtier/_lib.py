@@ -78,6 +78,46 @@ class _Libraries:
 lib = _Libraries(_find_library())
 
 
+_INT_RANGE = {}
+for _t in (ctypes.c_uint8, ctypes.c_uint16, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_uint):
+    _INT_RANGE[_t] = (0, (1 << (8 * ctypes.sizeof(_t))) - 1)
+for _t in (ctypes.c_int8, ctypes.c_int16, ctypes.c_int32, ctypes.c_int64, ctypes.c_int):
+    _INT_RANGE[_t] = (-(1 << (8 * ctypes.sizeof(_t) - 1)), (1 << (8 * ctypes.sizeof(_t) - 1)) - 1)
+
+
+class Struct(ctypes.Structure):
+    """A ctypes struct (every *_config here) whose fields are checked before ctypes converts them: ctypes stores an
+    integer modulo the field's width (2**64 + 8 GiB becomes 8 GiB) and a C string up to its
+    first NUL (a credential with a NUL inside would be cut short). Here an integer out of the
+    field's range, a non-integer in an integer field, or bytes holding a NUL raise ValueError
+    (TypeError for a wrong type) naming the struct and the field."""
+
+    def __setattr__(self, name, value):
+        kinds = type(self).__dict__.get("_kinds_")
+        if kinds is None:
+            kinds = {n: t for n, t in type(self)._fields_}
+            type(self)._kinds_ = kinds
+        t = kinds.get(name)
+        if t in _INT_RANGE:
+            if isinstance(value, bool) and t is not c_bool:
+                value = int(value)
+            if not isinstance(value, int):
+                raise TypeError("kvtier: %s.%s=%r: expected an integer"
+                                % (type(self).__name__, name, value))
+            lo, hi = _INT_RANGE[t]
+            if not lo <= value <= hi:
+                raise ValueError("kvtier: %s.%s=%d: out of range %d..%d"
+                                 % (type(self).__name__, name, value, lo, hi))
+        elif t is ctypes.c_char_p and value is not None:
+            if not isinstance(value, bytes):
+                raise TypeError("kvtier: %s.%s=%r: expected bytes"
+                                % (type(self).__name__, name, value))
+            if b"\0" in value:
+                raise ValueError("kvtier: %s.%s: a NUL byte inside would cut the string short"
+                                 % (type(self).__name__, name))
+        super().__setattr__(name, value)
+
+
 class kvt_str(ctypes.Structure):
     _fields_ = [("ptr", ctypes.c_char_p), ("len", c_u32)]
 
@@ -104,7 +144,7 @@ def fields(struct):
     return [n for n, _ in struct._fields_ if n != "reserved"]
 
 
-class kvt_pool_config(ctypes.Structure):
+class kvt_pool_config(Struct):
     _fields_ = [("num_blocks", c_u32), ("hash_len", c_u32), ("keys_per_block", c_u32),
                 ("event_capacity", c_u32), ("hash_block_size", c_u32),
                 ("scheduler_block_size", c_u32), ("eagle", c_bool), ("n_groups", c_u32),
@@ -154,7 +194,7 @@ class kvt_block_info(ctypes.Structure):
                 ("is_free", c_bool)]
 
 
-class kvt_offload_config(ctypes.Structure):
+class kvt_offload_config(Struct):
     _fields_ = [("host_blocks", c_u32), ("world_size", c_u32), ("lazy", c_bool),
                 ("max_requests", c_u32), ("max_batched_tokens", c_u32),
                 ("max_model_len", c_u32), ("keys_per_block", c_u32),
@@ -248,24 +288,25 @@ class kvt_tier_stats(ctypes.Structure):
                 [(n, c_u32) for n in TIER_GAUGES]) + ROOM
 
 
-class kvt_copy_config(ctypes.Structure):
+class kvt_copy_config(Struct):
     _fields_ = [("backend", c_int), ("threads", c_u32), ("max_descriptors", c_u32),
                 ("max_events", c_u32), ("nt_min_bytes", c_u64), ("chunk_bytes", c_u64),
                 ("force_fallback", c_bool), ("prefer_overlap", c_bool),
                 ("kernel_max_bytes", c_u64)] + ROOM
 
 
-class kvt_mirror_config(ctypes.Structure):
+class kvt_mirror_config(Struct):
     _fields_ = [("host_blocks", c_u32), ("arena_flags", ctypes.c_uint), ("pin", c_bool),
-                ("pin_chunk", c_u64), ("node_name", ctypes.c_char_p)] + room(7)
+                ("pin_chunk", c_u64), ("node_name", ctypes.c_char_p),
+                ("node_group", ctypes.c_char_p)] + room(6)
 
 
-class kvt_node_config(ctypes.Structure):
+class kvt_node_config(Struct):
     _fields_ = [("name", ctypes.c_char_p), ("rank", c_u32), ("ranks", c_u32),
                 ("blocks_per_rank", c_u32), ("hash_len", c_u32), ("keys_per_block", c_u32),
                 ("hash_block_size", c_u32), ("block_bytes", c_u64), ("hash_seed", c_u64),
                 ("signature", ctypes.c_uint8 * 32), ("reap_interval_ms", c_u32),
-                ("lock_timeout_ms", c_u32)] + room(7)
+                ("lock_timeout_ms", c_u32), ("group", ctypes.c_char_p)] + room(6)
 
 
 class kvt_node_stats(ctypes.Structure):
@@ -274,7 +315,7 @@ class kvt_node_stats(ctypes.Structure):
                 ("reaped", c_u64), ("lock_recoveries", c_u64)] + ROOM
 
 
-class kvt_remote_config(ctypes.Structure):
+class kvt_remote_config(Struct):
     _fields_ = [("directory", ctypes.c_char_p), ("space", ctypes.c_char_p),
                 ("instance", ctypes.c_char_p), ("listen_host", ctypes.c_char_p),
                 ("listen_port", ctypes.c_uint16), ("advertise_host", ctypes.c_char_p),
@@ -298,7 +339,7 @@ class kvt_remote_stats(ctypes.Structure):
         "served_bytes", "refused_requests")] + room(8)
 
 
-class kvt_worker_config(ctypes.Structure):
+class kvt_worker_config(Struct):
     _fields_ = [("rank", c_u32), ("copy", kvt_copy_config)] + ROOM
 
 
@@ -311,7 +352,7 @@ class kvt_kv_tensor(ctypes.Structure):
                 ("block_dim_size", c_u64), ("block_stride", c_u64), ("size_bytes", c_u64)]
 
 
-class kvt_disk_config(ctypes.Structure):
+class kvt_disk_config(Struct):
     _fields_ = [("path", ctypes.c_char_p), ("rank", c_u32), ("capacity_bytes", c_u64),
                 ("alignment", c_u32), ("page_cache", c_bool), ("queue_depth", c_u32),
                 ("max_events", c_u32)] + ROOM
@@ -355,7 +396,7 @@ class kvt_slab_view(ctypes.Structure):
     _fields_ = [("offset", c_u64), ("nbytes", c_u64), ("rounded", c_u64), ("ptr", vp_)]
 
 
-class kvt_ec_shard_config(ctypes.Structure):
+class kvt_ec_shard_config(Struct):
     _fields_ = [("base", vp_), ("capacity", c_u64), ("ttl_ns", c_u64), ("max_records", c_u32),
                 ("max_tombstones", c_u32), ("max_residents", c_u32), ("max_events", c_u32),
                 ("clock", kvt_clock)] + ROOM
@@ -386,7 +427,7 @@ class kvt_ec_shard_stats(ctypes.Structure):
                 [("free_bytes", c_u64), ("capacity", c_u64), ("held_bytes", c_u64)]) + ROOM
 
 
-class kvt_ec_sched_config(ctypes.Structure):
+class kvt_ec_sched_config(Struct):
     _fields_ = [("shards", c_u32), ("push_wait_ns", c_u64), ("lease_ns", c_u64),
                 ("resident_capacity", c_u64), ("max_transfers", c_u32),
                 ("max_tombstones", c_u32), ("max_partial", c_u32), ("clock", kvt_clock)] + ROOM
@@ -449,7 +490,7 @@ class kvt_ec_consumer_ops(ctypes.Structure):
 
 # ---- encoder cache across processes (kvtier/ec_net.h) ----
 
-class kvt_ec_server_config(ctypes.Structure):
+class kvt_ec_server_config(Struct):
     _fields_ = [("host", ctypes.c_char_p), ("base_port", c_u32), ("dp_index", c_u32),
                 ("tp_size", c_u32), ("tp_rank", c_u32), ("max_events", c_u32),
                 ("expire_interval_ns", c_u64), ("poll_ms", c_u32), ("data_plane", c_bool),
@@ -470,14 +511,14 @@ class kvt_ec_server_stats(ctypes.Structure):
     _fields_ = [(n, c_u64) for n in EC_SERVER_COUNTERS] + ROOM
 
 
-class kvt_ec_net_config(ctypes.Structure):
+class kvt_ec_net_config(Struct):
     _fields_ = [("control_timeout_ms", c_u32), ("write_timeout_ms", c_u32), ("write_window", c_u32),
                 ("detect_peer_failure", ctypes.c_bool),
                 ("curve_server_key", ctypes.c_char_p), ("curve_public_key", ctypes.c_char_p),
                 ("curve_secret_key", ctypes.c_char_p)] + ROOM
 
 
-class kvt_ec_inbox_config(ctypes.Structure):
+class kvt_ec_inbox_config(Struct):
     _fields_ = [("consumer", ctypes.c_char_p), ("control_timeout_ms", c_u32),
                 ("retry_ms", c_u32), ("max_cancels", c_u32),
                 ("curve_server_key", ctypes.c_char_p), ("curve_public_key", ctypes.c_char_p),
@@ -504,7 +545,7 @@ class kvt_ec_cache_ops(ctypes.Structure):
                 ("ctx", ctypes.c_void_p)]
 
 
-class kvt_ec_producer_config(ctypes.Structure):
+class kvt_ec_producer_config(Struct):
     _fields_ = [("ops", kvt_ec_consumer_ops), ("refresh_age_ns", c_u64), ("max_records", c_u32),
                 ("max_batch", c_u32), ("max_batch_bytes", c_u64), ("clock", kvt_clock)] + ROOM
 

@@ -185,6 +185,55 @@ class NodeTier(unittest.TestCase):
             kvtier.Node.unlink(name)
 
 
+    def test_finalizers_in_any_order_never_crash(self):
+        """Issue 36: a node tier and the manager it is lent to, in a reference cycle that the
+        garbage collector (or the interpreter's exit) finalizes in no particular order: the
+        process exits cleanly (it died of SIGSEGV in kvt_offload_destroy before)."""
+        import subprocess
+        import textwrap
+        code = textwrap.dedent("""
+            import gc, os, sys
+            sys.path[:0] = [%r, %r]
+            import kvtier, engine_step
+            name = "pyexit%%d" %% os.getpid()
+            node = kvtier.Node(name, 0, 1, engine_step.HOST_BLOCKS, block_bytes=4096,
+                               hash_seed=7)
+            e = engine_step.Engine(node, name)
+            e.turn("a", list(range(5 * engine_step.BS + 3)))
+            class Cycle: pass
+            c = Cycle(); c.node, c.engine, c.self = node, e, c; e.cyc = c
+            if sys.argv[1] == "collect":
+                del node, e, c
+                gc.collect()
+            """ % (os.path.join(HERE, ".."), os.path.join(HERE, "..", "examples")))
+        for how in ("collect", "exit"):
+            r = subprocess.run([sys.executable, "-c", code, how], capture_output=True,
+                               text=True, timeout=120)
+            self.assertEqual(r.returncode, 0, how + ": " + r.stderr[-2000:])
+
+    def test_config_values_are_range_checked_before_ctypes_converts_them(self):
+        """ctypes stores an integer modulo its width and a string up to its first NUL: the
+        binding's config structs refuse both, naming the field."""
+        L = kvtier.L  # the ctypes declarations (kvtier._lib)
+        cfg = L.kvt_node_config()
+        with self.assertRaises(ValueError) as cm:
+            cfg.blocks_per_rank = (1 << 32) + 8
+        self.assertIn("blocks_per_rank", str(cm.exception))
+        with self.assertRaises(ValueError):
+            cfg.hash_seed = -1
+        with self.assertRaises(ValueError) as cm:
+            cfg.name = b"tier\0other"
+        self.assertIn("NUL", str(cm.exception))
+        rc = L.kvt_remote_config()
+        with self.assertRaises(ValueError) as cm:
+            rc.credential = b"x" * 16 + b"\0" + b"y" * 16
+        self.assertIn("credential", str(cm.exception))
+        with self.assertRaises(TypeError):
+            rc.timeout_ms = "1000"
+        cfg.blocks_per_rank = (1 << 32) - 1  # the largest value fits
+        self.assertEqual(cfg.blocks_per_rank, (1 << 32) - 1)
+
+
 class DiskAndLink(unittest.TestCase):
     def test_worker_on_a_disk_tier_round_trip(self):
         import tempfile

@@ -10,6 +10,7 @@ refused).
 """
 
 DEFAULT_CPU_BYTES = 8 << 30  # vLLM's default: 8 GiB for the whole server
+MAX_BYTES = (1 << 63) - 1  # sizes are C uint64_t / off_t: nothing larger is a real size
 DEFAULT_DISK_BYTES = 100 << 30
 BACKENDS = ("cpu", "disk", "cpu+disk")
 
@@ -27,6 +28,8 @@ _KEYS = {
     "kvtier_restore_budget": "blocks re-stored per step after a host eviction (0: off)",
     "kvtier_disk_queue_depth": "io_uring queue depth of the disk tier",
     "kvtier_node_tier": "name of a host tier shared by the replicas on this node (opt-in)",
+    "kvtier_node_group": "the group whose members' replicas share the node tier (default: "
+                         "only this user's)",
     "kvtier_node_rank": "this replica's index in the node tier (default: vLLM's local "
                         "data-parallel rank)",
     "kvtier_node_ranks": "replicas sharing the node tier (default: vLLM's local "
@@ -65,7 +68,7 @@ def _int(extra, key, default, minimum=0, maximum=None):
         v = int(v)
     elif isinstance(v, str):
         s = v.strip()
-        if not s.isdigit():
+        if not (s.isascii() and s.isdigit()):
             raise ConfigError("kvtier: %s=%r: expected a non-negative integer" % (key, v))
         v = int(s)
     elif not isinstance(v, int):
@@ -74,6 +77,20 @@ def _int(extra, key, default, minimum=0, maximum=None):
         raise ConfigError("kvtier: %s=%d: must be at least %d" % (key, v, minimum))
     if maximum is not None and v > maximum:
         raise ConfigError("kvtier: %s=%d: must be at most %d" % (key, v, maximum))
+    return v
+
+
+def _size(extra, key, default, minimum=0):
+    """A byte count: an integer 0 (or minimum) .. 2**63 - 1, checked before any conversion."""
+    return _int(extra, key, default, minimum, MAX_BYTES)
+
+
+def _text(extra, key, default=None):
+    """A string handed to C: no NUL byte inside (C would read it cut short)."""
+    v = extra.get(key, default)
+    if isinstance(v, str) and "\0" in v:
+        raise ConfigError("kvtier: %s: a NUL character inside the value (C would read it "
+                          "cut short there)" % key)
     return v
 
 
@@ -103,16 +120,16 @@ class KvtierConfig:
         if world_size < 1:
             raise ConfigError("kvtier: world_size %d must be positive" % world_size)
         self.world_size = world_size
-        total = _int(extra, "cpu_bytes_to_use", DEFAULT_CPU_BYTES)
-        self.cpu_bytes_per_rank = _int(extra, "cpu_bytes_to_use_per_rank", total // world_size)
+        total = _size(extra, "cpu_bytes_to_use", DEFAULT_CPU_BYTES)
+        self.cpu_bytes_per_rank = _size(extra, "cpu_bytes_to_use_per_rank", total // world_size)
         self.lazy = _bool(extra, "lazy_offload", False)
         backend = extra.get("kv_offload_backend", "cpu")
         if not isinstance(backend, str) or backend not in BACKENDS:
             raise ConfigError("kvtier: kv_offload_backend=%r: expected one of %s"
                               % (backend, ", ".join(BACKENDS)))
         self.backend = backend
-        self.disk_path = extra.get("disk_path")
-        self.disk_bytes_per_rank = _int(extra, "disk_capacity_bytes", DEFAULT_DISK_BYTES, 1)
+        self.disk_path = _text(extra, "disk_path")
+        self.disk_bytes_per_rank = _size(extra, "disk_capacity_bytes", DEFAULT_DISK_BYTES, 1)
         self.page_cache = _bool(extra, "use_page_cache", False)
         _int(extra, "disk_buffer_slots", 2, 1)  # checked, then unused
         self.copy_threads = _int(extra, "kvtier_copy_threads", 0, 0, 256)
@@ -133,14 +150,20 @@ class KvtierConfig:
                               % ("_per_rank" if "cpu_bytes_to_use_per_rank" in extra else ""))
 
     def _node(self, extra, backend, world_size):
-        name = extra.get("kvtier_node_tier")
+        name = _text(extra, "kvtier_node_tier")
         self.node_tier = name
+        group = _text(extra, "kvtier_node_group")
+        if group is not None and (not isinstance(group, str) or not 1 <= len(group) <= 63):
+            raise ConfigError("kvtier: kvtier_node_group=%r: expected a group name of 1..63 "
+                              "characters" % (group,))
+        self.node_group = group
         self.node_rank = _int(extra, "kvtier_node_rank", None, 0, 63)
         self.node_ranks = _int(extra, "kvtier_node_ranks", None, 1, 64)
         if name is None:
-            if self.node_rank is not None or self.node_ranks is not None:
-                raise ConfigError("kvtier: kvtier_node_rank/kvtier_node_ranks given without "
-                                  "kvtier_node_tier (the shared tier's name)")
+            if self.node_rank is not None or self.node_ranks is not None or group is not None:
+                raise ConfigError("kvtier: kvtier_node_rank/kvtier_node_ranks/"
+                                  "kvtier_node_group given without kvtier_node_tier (the "
+                                  "shared tier's name)")
             return
         if (not isinstance(name, str) or not name or len(name) > 48 or
                 any(not (c.isascii() and (c.isalnum() or c in "_.-")) for c in name)):
@@ -161,7 +184,7 @@ class KvtierConfig:
     def _remote(self, extra, backend, world_size):
         import os
         import socket
-        d = extra.get("kvtier_remote_directory")
+        d = _text(extra, "kvtier_remote_directory")
         self.remote_directory = d
         given = sorted(k for k in extra if k.startswith("kvtier_remote_") and
                        k != "kvtier_remote_directory")
@@ -184,7 +207,7 @@ class KvtierConfig:
             return v
 
         def host(key, default):
-            v = extra.get(key, default)
+            v = _text(extra, key, default)
             if v is not None and (not isinstance(v, str) or not 1 <= len(v) <= 64):
                 raise ConfigError("kvtier: %s=%r: expected an address of 1..64 characters"
                                   % (key, v))
@@ -201,12 +224,19 @@ class KvtierConfig:
         self.remote_timeout_ms = _int(extra, "kvtier_remote_timeout_ms", 2000, 1, 600000)
         cred = extra.get("kvtier_remote_credential",
                          os.environ.get("KVTIER_REMOTE_CREDENTIAL"))
+        if isinstance(cred, str) and "\0" in cred:
+            raise ConfigError("kvtier: the remote credential (kvtier_remote_credential or "
+                              "KVTIER_REMOTE_CREDENTIAL) holds a NUL character: C would read "
+                              "it cut short there, and the space's secret would be weaker than "
+                              "the one given")
         if not isinstance(cred, str) or not 16 <= len(cred.encode()) <= 256:
             raise ConfigError("kvtier: the remote tier needs a credential of 16..256 bytes "
                               "(kvtier_remote_credential, or KVTIER_REMOTE_CREDENTIAL in the "
                               "environment): every instance of the space shares it")
         self.remote_credential = cred
         self.remote_directory_password = os.environ.get("KVTIER_REMOTE_DIRECTORY_PASSWORD")
+        if self.remote_directory_password is not None and "\0" in self.remote_directory_password:
+            raise ConfigError("kvtier: KVTIER_REMOTE_DIRECTORY_PASSWORD holds a NUL character")
         if backend not in ("cpu", "cpu+disk"):
             raise ConfigError('kvtier: kvtier_remote_directory needs a host tier '
                               '(kv_offload_backend "cpu" or "cpu+disk"), not "%s"' % backend)

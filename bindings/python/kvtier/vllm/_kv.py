@@ -488,7 +488,7 @@ class _Scheduler:
         node = Node(c.node_tier, c.node_rank, c.node_ranks, self.node_bpr,
                     hash_len=self.hash_len, keys_per_block=self.gcfg.keys_per_block,
                     hash_block_size=self.gcfg.hash_block_size, block_bytes=self.bpr,
-                    hash_seed=seed, signature=sig)
+                    hash_seed=seed, signature=sig, group=c.node_group)
         try:
             self._call(_lib.kvt_offload_attach_node(self.h, node._h))
         except Exception:
@@ -964,7 +964,8 @@ class _Worker:
         else:
             node = c.node_tier
             self.mirror = Mirror(layout, self.host_blocks * (c.node_ranks if node else 1),
-                                 pin=self.cuda, node_name=node)
+                                 pin=self.cuda, node_name=node,
+                                 node_group=c.node_group if node else None)
             self.worker = Worker(layout, self.mirror, rank=rank, threads=c.copy_threads)
             if c.remote_directory:  # the scheduler's remote tier serves this mirror
                 self._host_share = _HostShare(self.mirror)
