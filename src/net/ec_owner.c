@@ -3,9 +3,17 @@
  * The consumer's owner key: the secret a cancel without reservation id (the consumer's own
  * scheduler letting go of a transfer) must present, so that no other peer can cancel a
  * transfer or plant a tombstone. A server without a configured key makes one and leaves it
- * where only its user on its host can read it: <XDG_RUNTIME_DIR or /tmp>/kvtier-<uid>/
- * ec-owner-<control port>, a 0600 file in a 0700 directory that must be ours (a directory
- * someone else made, or one others may enter, is refused rather than trusted).
+ * where only its user on its host can read it: ec-owner-<control port>, a 0600 file in a
+ * 0700 directory of that user, which the inbox of the same host and user reads.
+ *
+ * The directory is the first usable one of, in order: $XDG_RUNTIME_DIR/kvtier-<uid>,
+ * /run/user/<uid>/kvtier-<uid> (the runtime directory systemd makes, when the variable is not
+ * set), ${TMPDIR:-/tmp}/kvtier-<uid>, $HOME/.kvtier-<uid>. Usable: absent under a base that
+ * exists (it is made, 0700), or present as a directory of this user closed to others. A name
+ * someone else made (another user pre-creating /tmp/kvtier-<uid> to keep the consumer from
+ * ever cancelling) or one others may enter is never trusted: it is skipped with a warning
+ * naming its owner, and the next candidate serves. The server and the inbox walk the same
+ * list, so they meet in the same place; the inbox reads a key only from a usable directory.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -17,18 +25,79 @@
 #include <unistd.h>
 
 #include "base/error.h"
+#include "base/log.h"
+#include "base/util.h"
 #include "net/ec_ctl.h"
 #include "kvtier/ec_net.h"
 
-static int key_dir(char *buf, size_t cap)
+#define KEY_DIRS 4
+
+/* Candidate i's directory into buf: 0, or 1 when it does not apply here (no such base). */
+static int key_dir(int i, char *buf, size_t cap)
 {
-    const char *base = getenv("XDG_RUNTIME_DIR");
-    if (!base || base[0] != '/')
-        base = "/tmp";
-    int n = snprintf(buf, cap, "%s/kvtier-%u", base, (unsigned)getuid());
-    if (n < 0 || (size_t)n >= cap)
-        return kvt_fail(KVT_EINVAL, "ec owner key: directory name too long");
+    unsigned uid = (unsigned)getuid();
+    const char *base = NULL;
+    char run[64];
+    const char *xdg = getenv("XDG_RUNTIME_DIR");
+    switch (i) {
+    case 0:
+        base = xdg && xdg[0] == '/' ? xdg : NULL;
+        break;
+    case 1:
+        snprintf(run, sizeof(run), "/run/user/%u", uid);
+        base = (!xdg || strcmp(xdg, run) != 0) && access(run, F_OK) == 0 ? run : NULL;
+        break;
+    case 2:
+        base = getenv("TMPDIR");
+        if (!base || base[0] != '/')
+            base = "/tmp";
+        break;
+    default: {
+        const char *home = getenv("HOME");
+        int n = home && home[0] == '/' ? snprintf(buf, cap, "%s/.kvtier-%u", home, uid) : -1;
+        return n > 0 && (size_t)n < cap ? 0 : 1;
+    }
+    }
+    if (!base)
+        return 1;
+    int n = snprintf(buf, cap, "%s/kvtier-%u", base, uid);
+    return n > 0 && (size_t)n < cap ? 0 : 1;
+}
+
+/* The directory is ours and only ours (made if absent and `make`); 0, or why not. */
+static int private_dir(const char *dir, bool make)
+{
+    if (make && mkdir(dir, 0700) != 0 && errno != EEXIST)
+        return kvt_fail(KVT_ESYS, "ec owner key: mkdir %s: %s", dir, strerror(errno));
+    struct stat st;
+    if (lstat(dir, &st) != 0)
+        return kvt_fail(KVT_ENOENT, "ec owner key: %s: %s", dir, strerror(errno));
+    if (!S_ISDIR(st.st_mode) || st.st_uid != getuid() || (st.st_mode & 077))
+        return kvt_fail(KVT_ESTATE,
+                        "ec owner key: %s is not a directory of this user closed to others "
+                        "(owner uid %u, mode %04o); not keeping a secret there",
+                        dir, (unsigned)st.st_uid, (unsigned)(st.st_mode & 07777));
     return 0;
+}
+
+/* The first usable candidate's directory (made if `make`): 0, or KVT_ESTATE naming them all. */
+static int usable_dir(bool make, char *dir, size_t cap)
+{
+    char why[1024] = "";
+    size_t wl = 0;
+    for (int i = 0; i < KEY_DIRS; i++) {
+        if (key_dir(i, dir, cap))
+            continue;
+        int rc = private_dir(dir, make);
+        if (rc == 0)
+            return 0;
+        if (rc == KVT_ESTATE)
+            KVT_LOG_W("%s; trying the next place", kvt_last_error());
+        int n = snprintf(why + wl, sizeof(why) - wl, "%s%s", wl ? "; " : "", kvt_last_error());
+        if (n > 0)
+            wl = kvi_min_u32((uint32_t)(wl + (size_t)n), (uint32_t)sizeof(why) - 1);
+    }
+    return kvt_fail(KVT_ESTATE, "ec owner key: no private directory for the key: %s", why);
 }
 
 int kvt_ec_owner_key_path(uint32_t port, char *buf, size_t cap)
@@ -36,7 +105,7 @@ int kvt_ec_owner_key_path(uint32_t port, char *buf, size_t cap)
     if (!buf || port < 1 || port > 65535)
         return kvt_fail(KVT_EINVAL, "ec owner key: a port 1..65535 and a buffer are needed");
     char dir[512];
-    int rc = key_dir(dir, sizeof(dir));
+    int rc = usable_dir(true, dir, sizeof(dir));
     if (rc)
         return rc;
     int n = snprintf(buf, cap, "%s/ec-owner-%u", dir, port);
@@ -79,30 +148,10 @@ bool kvi_ecc_key_equal(const char *a, const char *b)
     return diff == 0 && a[KVT_EC_RID_LEN] == 0 && b[KVT_EC_RID_LEN] == 0;
 }
 
-/* The directory exists, is ours and only ours. */
-static int private_dir(const char *dir)
-{
-    if (mkdir(dir, 0700) != 0 && errno != EEXIST)
-        return kvt_fail(KVT_ESYS, "ec owner key: mkdir %s: %s", dir, strerror(errno));
-    struct stat st;
-    if (lstat(dir, &st) != 0)
-        return kvt_fail(KVT_ESYS, "ec owner key: %s: %s", dir, strerror(errno));
-    if (!S_ISDIR(st.st_mode) || st.st_uid != getuid() || (st.st_mode & 077))
-        return kvt_fail(KVT_ESTATE,
-                        "ec owner key: %s is not a directory of this user closed to others "
-                        "(refusing to keep a secret there)",
-                        dir);
-    return 0;
-}
-
 int kvi_ecc_owner_write(uint32_t port, const char *key)
 {
-    char dir[512], path[600];
-    int rc = key_dir(dir, sizeof(dir));
-    if (!rc)
-        rc = private_dir(dir);
-    if (!rc)
-        rc = kvt_ec_owner_key_path(port, path, sizeof(path));
+    char path[600];
+    int rc = kvt_ec_owner_key_path(port, path, sizeof(path));
     if (rc)
         return rc;
     char tmp[640];

@@ -8,6 +8,7 @@
  */
 #include <pthread.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <zmq.h>
 
 #include "kvt_test.h"
@@ -481,9 +482,10 @@ static void reservations_are_capabilities(void **state)
 
 /* Without a configured owner key the server makes one and leaves it for the inbox of this
  * host and user in a private file, removed when the server stops. */
-static void an_unconfigured_owner_key_goes_to_a_private_file(void **state)
+/* A server without an owner key writes one to a private file; the key read back from it is
+ * the one the server checks; the file goes with the server. Returns where it was. */
+static void owner_key_round_trip(char *path, size_t cap)
 {
-    (void)state;
     uint8_t *buf = aligned_alloc(256, CAP);
     kvt_ec_shard *sh;
     kvt_ec_shard_config sc;
@@ -503,9 +505,9 @@ static void an_unconfigured_owner_key_goes_to_a_private_file(void **state)
     }
     KVT_OK_(rc);
     uint32_t port = kvt_ec_server_port(srv);
-    char key[KVT_EC_RID_LEN + 1], path[600];
+    char key[KVT_EC_RID_LEN + 1];
     KVT_OK_(kvi_ecc_owner_read(port, key));
-    KVT_OK_(kvt_ec_owner_key_path(port, path, sizeof(path)));
+    KVT_OK_(kvt_ec_owner_key_path(port, path, cap));
     struct stat stt;
     assert_int_equal(stat(path, &stt), 0);
     assert_int_equal(stt.st_mode & 0777, 0600);
@@ -530,6 +532,60 @@ static void an_unconfigured_owner_key_goes_to_a_private_file(void **state)
     assert_int_not_equal(stat(path, &stt), 0); /* gone with its server */
     KVT_OK_(kvt_ec_shard_destroy(sh));
     free(buf);
+}
+
+static void an_unconfigured_owner_key_goes_to_a_private_file(void **state)
+{
+    (void)state;
+    char path[600];
+    owner_key_round_trip(path, sizeof(path));
+}
+
+/* Issue 36: another user pre-creates the first place the key would go (kvtier-<uid> under
+ * $XDG_RUNTIME_DIR here, as it could under /tmp), open to all. The server does not trust it:
+ * it writes the key to the next private place, where the inbox's lookup finds it, and cancels
+ * keep working. Before, the server refused the directory and wrote no key at all. */
+static void a_squatted_key_directory_is_skipped(void **state)
+{
+    (void)state;
+    if (geteuid() != 0)
+        KVT_SKIP("a second user needs root");
+    char base[] = "/tmp/kvt-squat-XXXXXX", tmp[] = "/tmp/kvt-tmp-XXXXXX";
+    assert_non_null(mkdtemp(base));
+    assert_non_null(mkdtemp(tmp));
+    assert_int_equal(chmod(base, 01777), 0);
+    char squat[128];
+    snprintf(squat, sizeof(squat), "%s/kvtier-%u", base, (unsigned)getuid());
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (setgid(65534) != 0 || setuid(65534) != 0 || mkdir(squat, 0777) != 0 ||
+            chmod(squat, 0777) != 0)
+            _exit(1);
+        _exit(0);
+    }
+    int st;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    char *old_xdg = getenv("XDG_RUNTIME_DIR") ? strdup(getenv("XDG_RUNTIME_DIR")) : NULL;
+    char *old_tmp = getenv("TMPDIR") ? strdup(getenv("TMPDIR")) : NULL;
+    setenv("XDG_RUNTIME_DIR", base, 1);
+    setenv("TMPDIR", tmp, 1);
+    char path[600];
+    owner_key_round_trip(path, sizeof(path));
+    assert_null(strstr(path, base)); /* not in the squatted directory */
+    struct stat sq;
+    assert_int_equal(stat(squat, &sq), 0);
+    assert_int_equal(sq.st_uid, 65534); /* left alone, and nothing written into it */
+    assert_int_equal(rmdir(squat), 0);
+    old_xdg ? setenv("XDG_RUNTIME_DIR", old_xdg, 1) : unsetenv("XDG_RUNTIME_DIR");
+    old_tmp ? setenv("TMPDIR", old_tmp, 1) : unsetenv("TMPDIR");
+    free(old_xdg);
+    free(old_tmp);
+    char made[160];
+    snprintf(made, sizeof(made), "%s/kvtier-%u", tmp, (unsigned)getuid());
+    rmdir(made);
+    rmdir(tmp);
+    rmdir(base);
 }
 
 /* By default the event socket listens on 127.0.0.1 only (from /proc/net/tcp: the local address
@@ -620,8 +676,9 @@ int main(void)
         cmocka_unit_test(events_wait_for_a_puller_and_the_backlog_is_bounded),
         cmocka_unit_test(reservations_are_capabilities),
         cmocka_unit_test(an_unconfigured_owner_key_goes_to_a_private_file),
+        cmocka_unit_test(a_squatted_key_directory_is_skipped),
         cmocka_unit_test(events_are_served_on_loopback_only),
         cmocka_unit_test(bind_errors_and_a_dead_server),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return kvt_test_exit(cmocka_run_group_tests(tests, NULL, NULL));
 }
