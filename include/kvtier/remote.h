@@ -68,7 +68,10 @@ typedef struct kvt_remote_config {
     uint8_t signature[32];      /* digest of what else must agree (model, dtype, layout) */
     uint32_t ttl_ms;     /* liveness key lifetime, refreshed every ttl_ms / 3; default 3000 */
     uint32_t timeout_ms; /* a read's bound, per owner; default 2000 */
-    uint32_t directory_timeout_ms; /* bound of one Redis round trip; default 250 */
+    uint32_t directory_timeout_ms; /* bound of one whole directory call (connecting, AUTH, the
+                                      request and its reply): a Redis that is slow, stops
+                                      half-way or drips bytes costs at most this, then the call
+                                      is a miss (or a dropped publication); default 250 */
     uint32_t retry_ms;             /* after Redis failed, how long calls skip it before one tries
                                       to reconnect; default 1000 */
     uint32_t owner_checksum; /* 1 (default): the owner hashes a slot's bytes before it sends and

@@ -16,10 +16,11 @@
  * validated here before use: a Redis that answers garbage gives misses, never a crash.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <hiredis/hiredis.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <inttypes.h>
-#include <pthread.h>
-#include <signal.h>
 #include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,7 +37,7 @@ typedef struct rdir {
     char name[272];        /* "host:port" or the socket path, for messages */
     char *user, *password; /* AUTH; NULL: none */
     int port;              /* 0: host is a unix socket path */
-    struct timeval tv;
+    uint32_t timeout_ms;   /* bound of one whole call */
     uint32_t retry_ms;
     uint64_t retry_at_ns; /* no reconnect before this after a failure */
 } rdir;
@@ -122,32 +123,117 @@ static void drop(rdir *d, const char *why)
     d->retry_at_ns = kvt_monotonic_ns() + (uint64_t)d->retry_ms * 1000000u;
 }
 
-static int conn(rdir *d)
+/* Milliseconds left before deadline (0 when it passed). */
+static int left_ms(uint64_t deadline)
+{
+    uint64_t now = kvt_monotonic_ns();
+    return now >= deadline ? 0 : (int)((deadline - now + 999999u) / 1000000u);
+}
+
+/* One request and its reply on d->c's socket, the whole exchange bounded by deadline: the
+ * socket is non-blocking and every wait is a poll with what is left, so a server that drips
+ * bytes, or stops half-way, costs at most the deadline (a per-read timeout would let it hold
+ * the caller as long as it keeps sending). A reply larger than MAX_REPLY is refused. */
+static int exchange(rdir *d, const char *cmd, size_t len, uint64_t deadline, redisReply **out)
+{
+    enum { MAX_REPLY = 16u << 20 };
+    int fd = d->c->fd;
+    size_t off = 0, got = 0;
+    while (off < len) {
+        ssize_t n = send(fd, cmd + off, len - off, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n > 0) {
+            off += (size_t)n;
+            continue;
+        }
+        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+            return kvt_fail(KVT_EIO, "remote directory: %s: send: %s", d->name, strerror(errno));
+        struct pollfd pf = {fd, POLLOUT, 0};
+        int ms = left_ms(deadline);
+        if (ms == 0 || (poll(&pf, 1, ms) == 0 && left_ms(deadline) == 0))
+            return kvt_fail(KVT_EIO, "remote directory: %s took longer than %u ms (sending)",
+                            d->name, d->timeout_ms);
+    }
+    for (;;) {
+        void *rep = NULL;
+        if (redisReaderGetReply(d->c->reader, &rep) != REDIS_OK)
+            return kvt_fail(KVT_EIO, "remote directory: %s: a reply that does not parse: %s",
+                            d->name, d->c->reader->errstr);
+        if (rep) {
+            *out = rep;
+            return 0;
+        }
+        char buf[16384];
+        ssize_t n = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+        if (n > 0) {
+            if ((got += (size_t)n) > MAX_REPLY)
+                return kvt_fail(KVT_EIO, "remote directory: %s: a reply of more than %u bytes",
+                                d->name, (unsigned)MAX_REPLY);
+            if (redisReaderFeed(d->c->reader, buf, (size_t)n) != REDIS_OK)
+                return kvt_fail(KVT_ENOMEM, "remote directory: out of memory");
+            continue;
+        }
+        if (n == 0)
+            return kvt_fail(KVT_EIO, "remote directory: %s closed the connection", d->name);
+        if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+            return kvt_fail(KVT_EIO, "remote directory: %s: recv: %s", d->name, strerror(errno));
+        struct pollfd pf = {fd, POLLIN, 0};
+        int ms = left_ms(deadline);
+        if (ms == 0 || (poll(&pf, 1, ms) == 0 && left_ms(deadline) == 0))
+            return kvt_fail(KVT_EIO,
+                            "remote directory: %s took longer than %u ms (%zu bytes of "
+                            "the reply in)",
+                            d->name, d->timeout_ms, got);
+    }
+}
+
+/* A formatted command's round trip; on a transport failure the connection is dropped (the
+ * reader may hold half a reply). */
+static int round_trip(rdir *d, int argc, const char **argv, const size_t *argl, uint64_t deadline,
+                      redisReply **out)
+{
+    char *cmd = NULL;
+    int len = redisFormatCommandArgv(&cmd, argc, argv, argl);
+    if (len < 0)
+        return kvt_fail(KVT_ENOMEM, "remote directory: out of memory");
+    int rc = exchange(d, cmd, (size_t)len, deadline, out);
+    redisFreeCommand(cmd);
+    if (rc)
+        drop(d, "round trip");
+    return rc;
+}
+
+static int conn(rdir *d, uint64_t deadline)
 {
     if (d->c)
         return 0;
     if (kvt_monotonic_ns() < d->retry_at_ns)
         return kvt_fail(KVT_EIO, "remote directory: %s unreachable (retrying later)", d->name);
-    d->c = d->port ? redisConnectWithTimeout(d->host, d->port, d->tv)
-                   : redisConnectUnixWithTimeout(d->host, d->tv);
+    int ms = left_ms(deadline);
+    if (ms == 0)
+        return kvt_fail(KVT_EIO, "remote directory: %s: no time left to connect", d->name);
+    struct timeval tv = {ms / 1000, (suseconds_t)(ms % 1000) * 1000};
+    d->c = d->port ? redisConnectWithTimeout(d->host, d->port, tv)
+                   : redisConnectUnixWithTimeout(d->host, tv);
     if (!d->c)
         return kvt_fail(KVT_ENOMEM, "remote directory: out of memory");
-    if (d->c->err || redisSetTimeout(d->c, d->tv) != REDIS_OK) {
-        int rc = kvt_fail(KVT_EIO, "remote directory: cannot reach %s: %s", d->name, d->c->errstr);
+    int fl = d->c->err ? -1 : fcntl(d->c->fd, F_GETFL);
+    if (fl < 0 || fcntl(d->c->fd, F_SETFL, fl | O_NONBLOCK) != 0) {
+        int rc = kvt_fail(KVT_EIO, "remote directory: cannot reach %s: %s", d->name,
+                          d->c->err ? d->c->errstr : strerror(errno));
         drop(d, "connect");
         return rc;
     }
     if (d->password) {
-        redisReply *rep = d->user ? redisCommand(d->c, "AUTH %s %s", d->user, d->password)
-                                  : redisCommand(d->c, "AUTH %s", d->password);
-        int rc = 0;
-        if (!rep)
-            rc = kvt_fail(KVT_EIO, "remote directory: %s: no answer to AUTH", d->name);
-        else if (rep->type == REDIS_REPLY_ERROR)
+        const char *argv[3] = {"AUTH", d->user ? d->user : d->password, d->password};
+        size_t argl[3] = {4, strlen(argv[1]), strlen(d->password)};
+        redisReply *rep;
+        int rc = round_trip(d, d->user ? 3 : 2, argv, argl, deadline, &rep);
+        if (rc)
+            return rc;
+        if (rep->type == REDIS_REPLY_ERROR)
             rc = kvt_fail(KVT_EINVAL, "remote directory: %s refused the password: %.200s", d->name,
                           rep->str);
-        if (rep)
-            freeReplyObject(rep);
+        freeReplyObject(rep);
         if (rc) {
             drop(d, "auth");
             return rc;
@@ -156,11 +242,13 @@ static int conn(rdir *d)
     return 0;
 }
 
-/* One EVAL: script, keys, args. *out is the reply (freeReplyObject), never an error reply. */
+/* One EVAL: script, keys, args. *out is the reply (freeReplyObject), never an error reply.
+ * The whole call (connecting, authenticating, sending, the reply) ends within timeout_ms. */
 static int eval(rdir *d, const char *script, uint32_t nk, const char **keys, const size_t *klen,
                 uint32_t na, const char **args, const size_t *alen, redisReply **out)
 {
-    int rc = conn(d);
+    uint64_t deadline = kvt_monotonic_ns() + (uint64_t)d->timeout_ms * 1000000u;
+    int rc = conn(d, deadline);
     if (rc)
         return rc;
     uint32_t argc = 3 + nk + na;
@@ -180,31 +268,12 @@ static int eval(rdir *d, const char *script, uint32_t nk, const char **keys, con
         argv[3 + i] = keys[i], argl[3 + i] = klen ? klen[i] : strlen(keys[i]);
     for (uint32_t i = 0; i < na; i++)
         argv[3 + nk + i] = args[i], argl[3 + nk + i] = alen ? alen[i] : strlen(args[i]);
-    /* a Redis that went away makes the write raise SIGPIPE: blocked in this thread for the
-     * call, and one it raised consumed, so the process's handling is left as it was */
-    sigset_t pipe_set, old;
-    sigemptyset(&pipe_set);
-    sigaddset(&pipe_set, SIGPIPE);
-    pthread_sigmask(SIG_BLOCK, &pipe_set, &old);
-    sigset_t pending;
-    sigpending(&pending);
-    bool was_pending = sigismember(&pending, SIGPIPE);
-    redisReply *rep = redisCommandArgv(d->c, (int)argc, argv, argl);
-    if (!was_pending) {
-        sigpending(&pending);
-        if (sigismember(&pending, SIGPIPE)) {
-            struct timespec zero = {0, 0};
-            (void)sigtimedwait(&pipe_set, NULL, &zero);
-        }
-    }
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    redisReply *rep = NULL;
+    rc = round_trip(d, (int)argc, argv, argl, deadline, &rep);
     free(argv);
     free(argl);
-    if (!rep) {
-        rc = kvt_fail(KVT_EIO, "remote directory: %s", d->c->errstr[0] ? d->c->errstr : "no reply");
-        drop(d, "round trip");
+    if (rc)
         return rc;
-    }
     if (rep->type == REDIS_REPLY_ERROR) {
         bool auth = strncmp(rep->str, "NOAUTH", 6) == 0 || strncmp(rep->str, "NOPERM", 6) == 0 ||
                     strncmp(rep->str, "WRONGPASS", 9) == 0 ||
@@ -518,8 +587,7 @@ int kvi_rdir_redis_open(const char *addr, const char *password, uint32_t timeout
             return kvt_fail(KVT_ENOMEM, "remote: out of memory");
         }
     }
-    d->tv.tv_sec = timeout_ms / 1000;
-    d->tv.tv_usec = (suseconds_t)(timeout_ms % 1000) * 1000;
+    d->timeout_ms = timeout_ms;
     d->retry_ms = retry_ms;
     out->ops = &REDIS_OPS;
     out->d = d;
