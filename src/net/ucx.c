@@ -2,6 +2,7 @@
 /*
  * The encoder-cache data plane over UCX tag matching (ucx.h).
  */
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +11,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <ucp/api/ucp.h>
+#include <ucs/algorithm/crc.h>
 #include <ucs/debug/log_def.h>
 
 #include "base/error.h"
@@ -45,6 +47,9 @@ struct kvi_ucx {
     ep_slot *eps[MAX_EPS]; /* heap slots: the error handler keeps a pointer to its own */
     bool peer_failure;     /* endpoints ask UCX for peer failure detection */
     int efd;               /* the worker's event descriptor, -1 until a sender sleeps on it */
+    unsigned addr_version; /* the format version of our own worker address */
+    bool addr_parses;      /* our own address parses (ucx_addr.c): peers' are checked in full */
+    kvi_ucx_addr_ref ref;  /* our own address's transports, what peers' are checked against */
     uint32_t n_eps, evict;
 };
 
@@ -136,6 +141,20 @@ int kvi_ucx_create_proto(kvi_ucx **out, bool new_protocols)
         free(u);
         return rc;
     }
+    u->addr_version = ((const uint8_t *)u->addr)[0] & 0x0fu;
+    u->addr_parses = kvi_ucx_addr_parse(u->addr, u->addr_len, u->addr_version, NULL, &u->ref) == 0;
+    /* tcp's device address is an IPv4 or an IPv6 one: both lengths are its own */
+    uint16_t tcp = ucs_crc16_string("tcp");
+    for (uint32_t i = 0; i < u->ref.n; i++)
+        u->ref.e[i].any_dev_len = u->ref.e[i].csum == tcp;
+    if (!u->addr_parses) {
+        static _Atomic bool said;
+        if (!atomic_exchange(&said, true))
+            KVT_LOG_E("ucx: this UCX (%s) packs worker addresses in a layout kvtier does not "
+                      "parse (%s): peers' addresses are checked by their header only, and a "
+                      "crafted one may abort the process inside UCX",
+                      ucp_get_version_string(), kvt_last_error());
+    }
     *out = u;
     return 0;
 }
@@ -180,12 +199,15 @@ int kvi_ucx_address(kvi_ucx *u, const void **addr, size_t *len)
 
 int kvi_ucx_address_check(const kvi_ucx *u, const void *addr, size_t len)
 {
-    /* UCX unpacks a worker address without bounds on what it trusts (a crafted header byte
-     * aborts the process inside ucp_ep_create), so a peer's address must look like the ones
-     * this build packs: the same header byte (format version and flags) and room for at least
-     * a header and a worker id. */
+    /* UCX unpacks a worker address without bounds on what it trusts (a crafted byte aborts the
+     * process inside ucp_ep_create, or makes it read past the end): the whole address is parsed
+     * first (ucx_addr.c). Our own address parsed at create, so the format is the one this
+     * build's UCX packs; where it did not (another UCX's format), the header byte is all that
+     * can be compared, and create said so. */
+    if (u->addr_parses)
+        return kvi_ucx_addr_parse(addr, len, u->addr_version, &u->ref, NULL);
     const uint8_t *a = addr;
-    if (!addr || len < 9 || len > (1u << 16))
+    if (!addr || len < 9 || len > KVI_UCX_ADDR_MAX)
         return kvt_fail(KVT_EPROTO, "ucx: a peer's worker address of %zu bytes", len);
     if (a[0] != ((const uint8_t *)u->addr)[0])
         return kvt_fail(KVT_EPROTO,

@@ -30,9 +30,34 @@ int kvi_ucx_create_proto(kvi_ucx **out, bool new_protocols);
 void kvi_ucx_destroy(kvi_ucx *u);
 /* The worker's address, for peers to send to (valid until destroy). */
 int kvi_ucx_address(kvi_ucx *u, const void **addr, size_t *len);
-/* A peer's worker address is well formed enough to hand to UCX (see ucx.c): 0, or KVT_EPROTO
- * with a message. */
+#define KVI_UCX_ADDR_MAX (1u << 16) /* bytes of a worker address we accept */
+
+/* A peer's worker address may be handed to UCX: parsed in full as this build's UCX packs one
+ * (kvi_ucx_addr_parse), in the format version u's own address has. 0, or KVT_EPROTO with a
+ * message naming what does not fit. */
 int kvi_ucx_address_check(const kvi_ucx *u, const void *addr, size_t len);
+/* What our own address says of each transport: its name checksum and the lengths of its
+ * device and interface addresses (any_dev_len: a transport whose device address length
+ * varies, tcp's by address family). */
+#define KVI_UCX_ADDR_REF_MAX 128u
+typedef struct kvi_ucx_addr_ref_entry {
+    uint16_t csum;
+    unsigned dev_len, if_len;
+    bool any_dev_len;
+} kvi_ucx_addr_ref_entry;
+typedef struct kvi_ucx_addr_ref {
+    uint32_t n;
+    kvi_ucx_addr_ref_entry e[KVI_UCX_ADDR_REF_MAX];
+} kvi_ucx_addr_ref;
+
+/* The parse itself (ucx_addr.c; no UCX needed): UCX 1.13's worker address layout, format
+ * `version` (the header's low 4 bits: 0 for UCX's v1, 1 for its v2), every length inside
+ * [addr, addr + len), every value in its range and the parse ending exactly there; with ref,
+ * a transport we also have must have our interface address length and a device address
+ * length we have (UCX's transports read those addresses without knowing their length).
+ * out (may be NULL) receives the transports, to serve as a ref. 0, or KVT_EPROTO. */
+int kvi_ucx_addr_parse(const void *addr, size_t len, unsigned version, const kvi_ucx_addr_ref *ref,
+                       kvi_ucx_addr_ref *out);
 /* Registers [base, base + len) (a consumer's receive buffer, an owner's served arrays; one
  * call per buffer): zero-copy transfers. */
 int kvi_ucx_map(kvi_ucx *u, void *base, size_t len);
