@@ -13,12 +13,17 @@
  *                 script) and returns the longest prefix whose owners are alive in the epoch
  *                 that published them: a restarted instance's old entries never count. Redis
  *                 holds no KV bytes.
- *   data channel  the bytes, peer to peer: the reader posts UCX tagged receives straight into
- *                 its destinations and sends the owner a request (ZeroMQ) carrying the shared
- *                 credential; the owner checks the credential and that each slot still holds
- *                 the block (generation, hash, checksum of its bytes) before it sends, and
- *                 re-checks the generation after; the reader checks the checksum of what
- *                 landed. A stale directory entry therefore costs a miss, never wrong bytes.
+ *   data channel  the bytes, peer to peer. A connection starts with a handshake in which both
+ *                 sides prove they hold the space's credential without sending it (keys
+ *                 derived from it; docs/security.md); requests and replies are MACed under
+ *                 the session. The reader posts UCX tagged receives straight into its
+ *                 destinations and sends the owner a request (ZeroMQ); the owner checks that
+ *                 each slot still holds the block (generation, hash, and its bytes against
+ *                 the tag it recorded at publish) before it sends, and re-checks the
+ *                 generation after; the reader accepts a block only if the owner's tag (GMAC
+ *                 under a key only members can derive, over the hash and the bytes) checks
+ *                 on what landed. So neither a stale entry nor a directory writer without the
+ *                 credential can make a reader accept a wrong byte: either costs a miss.
  *
  * Failure: every wait is bounded. An owner that dies or stalls mid-read fails the read's
  * blocks within timeout_ms (the engine recomputes them). Redis unreachable: lookups return no
@@ -54,8 +59,9 @@ typedef struct kvt_remote_config {
     const char *listen_host;    /* address the read server binds (tcp); required */
     uint16_t listen_port;       /* 0: any free port (kvt_remote_port tells) */
     const char *advertise_host; /* the address peers use to reach it; default listen_host */
-    const char *credential;     /* the space's shared secret, 16..256 bytes: requests carry it,
-                                   owners check it; required */
+    const char *credential;     /* the space's shared secret, 16..256 bytes; required. Keys are
+                                   derived from it at create and it is not kept: it never
+                                   leaves the process, not even hashed */
     void *region;               /* the bytes this instance serves: slot s at region +
                                    s * block_bytes (NULL: serve nothing, read only; or
                                    regions below) */
@@ -89,8 +95,13 @@ typedef struct kvt_remote_config {
      * its checksum covers them in order. Every instance of a space must use the same split
      * (the signature says so). NULL: region. */
     const kvt_region *regions;
+    uint32_t encrypt; /* 1: the bytes of blocks this instance reads, and of those it serves,
+                         travel encrypted (AES-256-GCM under the connection's session key); an
+                         owner with encrypt set refuses readers that do not ask for it. 0
+                         (default): authenticated (a tag under the owner's key), not secret */
+    uint32_t pad0;
     /* room for fields to come: zero (as kvt_remote_config_init leaves it) */
-    uint64_t reserved[3];
+    uint64_t reserved[2];
 } kvt_remote_config;
 
 typedef struct kvt_remote kvt_remote;
@@ -114,8 +125,11 @@ typedef struct kvt_remote_stats {
     uint64_t read_ok, read_stale, read_failed; /* their outcomes */
     uint64_t read_bytes;
     uint64_t served_blocks, served_stale, served_bytes; /* this instance as an owner */
-    uint64_t refused_requests; /* requests refused: credential, epoch, malformed */
-    uint64_t reserved[8];
+    uint64_t refused_requests; /* requests refused: authentication, epoch, malformed */
+    uint64_t handshakes;       /* sessions established (as reader and as owner) */
+    uint64_t auth_failures;    /* proofs, MACs or block tags that did not check: a peer without
+                                  the credential, a replay, bytes changed on the way */
+    uint64_t reserved[6];
 } kvt_remote_stats;
 
 KVT_API void kvt_remote_config_init(kvt_remote_config *c);

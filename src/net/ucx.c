@@ -498,7 +498,8 @@ int kvi_ucx_send_many(kvi_ucx *u, kvi_ucx_send_item *v, uint32_t n, uint32_t win
 }
 
 int kvi_ucx_send_many_prep(kvi_ucx *u, kvi_ucx_send_item *v, uint32_t n, uint32_t window,
-                           int timeout_ms, int (*prep)(void *arg, uint32_t i), void *arg)
+                           int timeout_ms, int (*prep)(void *arg, uint32_t i, uint32_t w),
+                           void *arg)
 {
     if (n == 0)
         return 0;
@@ -546,7 +547,7 @@ int kvi_ucx_send_many_prep(kvi_ucx *u, kvi_ucx_send_item *v, uint32_t n, uint32_
         for (uint32_t j = 0; j < window && next < n; j++) {
             if (fl[j].q)
                 continue;
-            while (next < n && (!ep_of[next] || (prep && (v[next].rc = prep(arg, next)))))
+            while (next < n && (!ep_of[next] || (prep && (v[next].rc = prep(arg, next, j)))))
                 next++; /* no endpoint, or prep refused it: its rc says why */
             if (next == n)
                 break;

@@ -110,11 +110,14 @@ typedef struct kvi_ucx_send_item {
  * addresses per batch. */
 int kvi_ucx_send_many(kvi_ucx *u, kvi_ucx_send_item *v, uint32_t n, uint32_t window,
                       int timeout_ms);
-/* kvi_ucx_send_many calling prep(arg, i) just before item i is posted (while earlier items
- * are in flight, so that work per item overlaps the transfer); a nonzero return is item i's
- * rc, and it is not sent. */
+/* kvi_ucx_send_many calling prep(arg, i, w) just before item i is posted from window slot w
+ * (0 .. window - 1; while earlier items are in flight, so that work per item overlaps the
+ * transfer). prep may point v[i].buf elsewhere, at memory it owns per window slot: slot w is
+ * given to no other item until item i's send completed. A nonzero return is item i's rc, and
+ * it is not sent. */
 int kvi_ucx_send_many_prep(kvi_ucx *u, kvi_ucx_send_item *v, uint32_t n, uint32_t window,
-                           int timeout_ms, int (*prep)(void *arg, uint32_t i), void *arg);
+                           int timeout_ms, int (*prep)(void *arg, uint32_t i, uint32_t w),
+                           void *arg);
 /* One send (kvi_ucx_send_many of one item). */
 int kvi_ucx_send(kvi_ucx *u, const void *addr, size_t addr_len, const void *buf, size_t len,
                  uint64_t tag, int timeout_ms);

@@ -1,23 +1,31 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvt_remote (kvtier/remote.h): a directory (remote_internal.h) and the ZeroMQ + UCX data
- * channel, composed.
+ * channel, composed, with the space's credential turned into keys (auth.h) that never leave
+ * the process.
  *
- * The owner side is one thread: it serves read requests arriving on a ROUTER socket and keeps
- * the liveness key fresh (registering again, with a new epoch, when the key is gone: a Redis
- * restart or a stall longer than ttl_ms; it then publishes again every block it holds). A
- * request is served in three checks: the credential (compared in constant time), the epoch
- * (a request for entries of an earlier start of this instance gets nothing), and per block
- * the slot's record (published, same generation and hash) and the checksum of its bytes
- * against the one recorded at publish. The bytes go by UCX tagged sends into the receives the
- * reader posted; after the sends completed the generation is looked at again, so a slot
- * withdrawn meanwhile is reported stale; the reply carries each sent block's checksum, which
- * the reader checks on what landed.
+ * The owner side is one thread: it answers handshakes and serves read requests arriving on a
+ * ROUTER socket, and keeps the liveness key fresh (registering again, with a new epoch, when
+ * the key is gone: a Redis restart or a stall longer than ttl_ms; it then publishes again
+ * every block it holds). A connection's first message is a hello; the owner answers with its
+ * nonce, boot id and a proof of membership, and keeps the connection's session (bounded
+ * table, oldest dropped). A request is read only once its MAC under that session checks and
+ * its sequence number grew (a replay is refused); then the epoch (a request for entries of an
+ * earlier start of this instance gets nothing) and per block the slot's record (published,
+ * same generation and hash) and, with owner_checksum, the slot's bytes against the tag
+ * recorded at publish. The bytes go by UCX tagged sends into the receives the reader posted
+ * (encrypted under the session on the way, when asked); after the sends completed the
+ * generation is looked at again, so a slot withdrawn meanwhile is reported stale; the reply,
+ * MACed, carries each sent block's tag.
  *
- * The reader side runs on the caller's thread: receives posted first, then one request per
- * owner, then one poll loop (ZeroMQ sockets and UCX's event fd) until every block is decided
- * or timeout_ms passed. A socket whose owner did not answer is closed (the next read
- * reconnects); receives not completed are cancelled before read returns.
+ * The reader side runs on the caller's thread: per owner, a handshake when its connection has
+ * no session yet (the owner's proof checked: a directory entry naming a process without the
+ * credential never gets a request, an address or a tag), then receives posted and one request,
+ * all owners at once in one poll loop (ZeroMQ sockets and UCX's event fd) until every block is
+ * decided or timeout_ms passed. A block counts only when its tag checks on the bytes that
+ * landed: GMAC under the owner's block key (or GCM decryption under the session). A socket
+ * whose owner did not answer is closed (the next read reconnects and shakes hands again);
+ * receives not completed are cancelled before read returns.
  */
 #include <inttypes.h>
 #include <pthread.h>
@@ -27,6 +35,7 @@
 #include <string.h>
 #include <sys/random.h>
 #include <unistd.h>
+#include <openssl/crypto.h>
 #include <zmq.h>
 
 #include "base/error.h"
@@ -35,21 +44,24 @@
 #include "base/remote_port.h"
 #include "base/util.h"
 #include "net/ucx.h"
+#include "remote/auth.h"
 #include "remote/remote_internal.h"
 
-#define CHECKSUM_SEED   0x6b76746965722d72ull /* "kvtier-r" */
 #define REPUBLISH_BATCH 1024u
-#define SEND_WINDOW     16u /* sends in flight per piece of a block */
+#define MAX_SESSIONS    1024u /* connections an owner keeps a session for (oldest dropped) */
+#define SEND_WINDOW     16u   /* sends in flight per piece of a block */
 #define MAX_SEND_WINDOW 256u
-#define MAX_REQ_BYTES   (64u + KVI_RCRED_MAX + KVI_RADDR_MAX + KVT_REMOTE_MAX_READ * (12u + 32u))
+#define MAX_REQ_BYTES   (96u + KVI_RADDR_MAX + KVT_REMOTE_MAX_READ * (12u + 32u))
+#define MAX_REP_BYTES   (64u + KVT_REMOTE_MAX_READ * 20u)
 
 typedef struct slotrec {
     uint64_t gen;
-    uint64_t checksum;
+    uint8_t tag[KVI_RTAG]; /* GMAC of the hash and the bytes at publish (auth.h) */
     bool published;
     uint8_t hash[KVT_REMOTE_MAX_HASH];
 } slotrec;
 
+/* An owner as a reader sees it: where it is, and the session of the connection to it. */
 typedef struct rpeer {
     char instance[KVT_REMOTE_NAME_MAX + 1];
     char endpoint[KVI_RDIR_EP_MAX + 1];
@@ -57,7 +69,23 @@ typedef struct rpeer {
     uint64_t epoch;
     void *sock;    /* DEALER; NULL until used or after a failure */
     uint64_t used; /* lookup counter when last named */
+    /* the session: none, hello sent (nr kept), or ready (keys derived) */
+    enum { SESS_NONE, SESS_HELLO, SESS_READY } sess;
+    uint8_t nr[KVI_RNONCE];
+    uint8_t mac_key[KVI_RKEY], enc_key[KVI_RKEY];
+    uint8_t block_key[KVI_RKEY]; /* the owner's, from its boot id */
+    uint64_t seq;
 } rpeer;
+
+/* A connection as the owner sees it (routing id), once it said hello. */
+typedef struct osess {
+    uint8_t id[256];
+    uint32_t id_len;
+    uint8_t nr[KVI_RNONCE], no[KVI_RNONCE];
+    uint8_t mac_key[KVI_RKEY], enc_key[KVI_RKEY];
+    uint64_t last_seq;
+    uint64_t used; /* tick of its last message: the oldest goes first when the table is full */
+} osess;
 
 typedef struct zombie {
     kvi_ucx_recv *r;
@@ -103,15 +131,20 @@ struct kvt_remote {
     zombie *zombies;
     kvi_rdir_hit *hits; /* KVT_REMOTE_MAX_READ */
 
-    kvt_remote_stats st; /* the caller's counters */
-    _Atomic uint64_t a_registrations, a_served, a_served_stale, a_served_bytes, a_refused;
-};
+    /* keys (auth.h): the space's, this process's boot id and the block key it publishes under */
+    kvi_rkeys keys;
+    uint8_t boot[KVI_RBOOT];
+    uint8_t block_key[KVI_RKEY];
+    kvi_rgcm *gcm; /* the caller's (publish, reads) */
+    /* the server thread's sessions */
+    osess *sess;
+    uint32_t n_sess;
+    uint64_t sess_tick;
 
-/* A block's checksum: its pieces in order, each hashed with the hash so far as its seed. */
-static uint64_t checksum(const void *p, uint64_t len, uint64_t seed)
-{
-    return kvi_xxh3_64(p, (size_t)len, seed);
-}
+    kvt_remote_stats st; /* the caller's counters */
+    _Atomic uint64_t a_registrations, a_served, a_served_stale, a_served_bytes, a_refused,
+        a_handshakes, a_auth_failures;
+};
 
 /* Piece j of slot s. */
 static uint8_t *piece_at(const kvt_remote *r, uint32_t j, uint32_t s)
@@ -119,20 +152,27 @@ static uint8_t *piece_at(const kvt_remote *r, uint32_t j, uint32_t s)
     return (uint8_t *)(uintptr_t)(r->piece[j].base + (uint64_t)s * r->piece[j].block_bytes);
 }
 
-static uint64_t slot_checksum(const kvt_remote *r, uint32_t s)
+/* The tag of a block (its pieces at piece(j)) published as (slot, gen) with hash: GMAC under
+ * key (auth.h). 0, or libcrypto's failure. */
+static int block_tag(const kvt_remote *r, kvi_rgcm *g, const uint8_t *key, uint32_t slot,
+                     uint64_t gen, const uint8_t *hash, uint8_t *const *piece,
+                     uint8_t tag[KVI_RTAG])
 {
-    uint64_t h = CHECKSUM_SEED;
-    for (uint32_t j = 0; j < r->n_pieces; j++)
-        h = checksum(piece_at(r, j, s), r->piece[j].block_bytes, h);
-    return h;
+    uint8_t nonce[12];
+    kvi_rauth_block_nonce(slot, gen, nonce);
+    int rc = kvi_rgcm_begin(g, key, nonce, 0);
+    for (uint32_t j = 0; !rc && j < r->n_pieces; j++)
+        rc = kvi_rgcm_piece(g, piece[j], NULL, r->piece[j].block_bytes);
+    if (!rc)
+        rc = kvi_rgcm_aad(g, hash, r->cfg.hash_len);
+    return rc ? rc : kvi_rgcm_tag(g, tag);
 }
 
-/* The checksum of a slot's bytes as the owner is about to send them. Nothing orders this read
- * after a write into the slot by another agent (a worker, a buggy store): that is what the
- * comparison with the checksum recorded at publish is for (tests/tsan.supp names it). */
-__attribute__((noinline)) static uint64_t region_checksum(const kvt_remote *r, uint32_t s)
+/* The pieces of this instance's slot s. */
+static void slot_pieces(const kvt_remote *r, uint32_t s, uint8_t **out)
 {
-    return slot_checksum(r, s);
+    for (uint32_t j = 0; j < r->n_pieces; j++)
+        out[j] = piece_at(r, j, s);
 }
 
 static void add(_Atomic uint64_t *c, uint64_t v)
@@ -223,8 +263,8 @@ static int validate(const kvt_remote_config *c)
         (!*c->directory_password || strlen(c->directory_password) > KVI_RCRED_MAX * 2))
         return kvt_fail(KVT_EINVAL, "remote: directory_password must be 1..%u bytes (or NULL)",
                         KVI_RCRED_MAX * 2);
-    if (c->owner_checksum > 1)
-        return kvt_fail(KVT_EINVAL, "remote: owner_checksum is 0 or 1");
+    if (c->owner_checksum > 1 || c->encrypt > 1)
+        return kvt_fail(KVT_EINVAL, "remote: owner_checksum and encrypt are 0 or 1");
     if (c->hash_len == 0 || c->hash_len > KVT_REMOTE_MAX_HASH)
         return kvt_fail(KVT_EINVAL, "remote: hash_len %u (1..%u)", c->hash_len,
                         KVT_REMOTE_MAX_HASH);
@@ -289,47 +329,143 @@ static void heartbeat(kvt_remote *r)
         KVT_LOG_W("remote: %s not registered: %s", r->cfg.instance, kvt_last_error());
 }
 
-/* ---- the owner: serving one request --------------------------------------------------------- */
+/* ---- the owner: sessions -------------------------------------------------------------------- */
 
-static bool same_secret(const uint8_t *a, uint32_t alen, const char *b)
+static osess *sess_find(kvt_remote *r, const void *id, size_t len)
 {
-    size_t blen = strlen(b);
-    uint8_t d = (uint8_t)(alen != blen);
-    for (size_t i = 0; i < blen; i++)
-        d |= (uint8_t)(b[i] ^ (i < alen ? a[i] : 0));
-    return d == 0;
+    for (uint32_t i = 0; i < r->n_sess; i++)
+        if (r->sess[i].id_len == len && memcmp(r->sess[i].id, id, len) == 0) {
+            r->sess[i].used = ++r->sess_tick;
+            return &r->sess[i];
+        }
+    return NULL;
 }
+
+/* A fresh session for connection id: its old one replaced, else a free entry, else the entry
+ * used longest ago (a flood of hellos costs other strangers their sessions, never more). */
+static osess *sess_new(kvt_remote *r, const void *id, size_t len)
+{
+    osess *s = sess_find(r, id, len);
+    if (!s && r->n_sess < MAX_SESSIONS)
+        s = &r->sess[r->n_sess++];
+    if (!s) {
+        s = &r->sess[0];
+        for (uint32_t i = 1; i < r->n_sess; i++)
+            if (r->sess[i].used < s->used)
+                s = &r->sess[i];
+    }
+    memset(s, 0, sizeof(*s));
+    memcpy(s->id, id, len);
+    s->id_len = (uint32_t)len;
+    s->used = ++r->sess_tick;
+    return s;
+}
+
+/* A hello: a new session for this connection, answered with this owner's nonce, boot id and
+ * proof of membership. 0 and *out_len, or the refusal (nothing is answered). */
+static int on_hello(kvt_remote *r, const void *id, size_t id_len, const uint8_t *buf, size_t len,
+                    uint8_t *out, size_t *out_len)
+{
+    kvi_rhello h;
+    int rc = kvi_rhello_decode(buf, len, &h);
+    if (rc)
+        return rc;
+    osess *s = sess_new(r, id, id_len);
+    memcpy(s->nr, h.nr, KVI_RNONCE);
+    kvi_rchal c = {.name = (const uint8_t *)r->cfg.instance,
+                   .name_len = (uint32_t)strlen(r->cfg.instance)};
+    memcpy(c.nr, h.nr, KVI_RNONCE);
+    memcpy(c.boot, r->boot, KVI_RBOOT);
+    if ((rc = kvi_rauth_random(s->no, KVI_RNONCE)) ||
+        (rc = kvi_rauth_session(&r->keys, s->nr, s->no, s->mac_key, s->enc_key)) ||
+        (rc =
+             kvi_rauth_proof(&r->keys, "owner", s->nr, s->no, r->cfg.instance, r->boot, c.proof))) {
+        s->id_len = 0; /* unusable */
+        return rc;
+    }
+    memcpy(c.no, s->no, KVI_RNONCE);
+    kvi_rchal_encode(&c, out);
+    *out_len = kvi_rchal_size(&c);
+    return 0;
+}
+
+/* ---- the owner: serving one request --------------------------------------------------------- */
 
 typedef struct serve_ctx {
     kvi_rreq_block blocks[KVT_REMOTE_MAX_READ];
     kvi_rrep_block out[KVT_REMOTE_MAX_READ];
-    uint64_t want[KVT_REMOTE_MAX_READ]; /* per block: the checksum recorded at publish */
+    uint8_t want[KVT_REMOTE_MAX_READ][KVI_RTAG]; /* per block: the tag recorded at publish */
+    uint64_t gen[KVT_REMOTE_MAX_READ];
     /* one send per piece of each block served, grown as requests need */
     kvi_ucx_send_item *items;
     uint32_t *item_block, cap;
+    /* the request being served: its session, whether it asked for encryption, its seq */
+    const osess *ss;
+    bool enc, authed;
+    uint64_t seq;
+    const uint8_t *hashes[KVT_REMOTE_MAX_READ];
+    kvi_rgcm *chk, *gcm; /* the owner's check of its bytes, the encryption of a block */
+    uint8_t *stage;      /* encryption: one piece per window slot */
+    size_t stage_piece;
+    uint32_t stage_slots;
     kvt_remote *r;
 } serve_ctx;
 
-/* Just before item k is sent (earlier ones in flight): at a block's first piece, the bytes of
- * all its pieces against the checksum recorded at publish; a block that failed sends nothing
- * more. */
-static int check_bytes(void *arg, uint32_t k)
+/* The nonce of block i of request seq, encrypted under a session. */
+static void enc_nonce(uint64_t seq, uint32_t i, uint8_t nonce[12])
+{
+    for (int b = 0; b < 8; b++)
+        nonce[b] = (uint8_t)(seq >> (8 * b));
+    for (int b = 0; b < 4; b++)
+        nonce[8 + b] = (uint8_t)(i >> (8 * b));
+}
+
+/* Just before item k is sent from window slot w (earlier ones in flight): at a block's first
+ * piece, the bytes of all its pieces against the tag recorded at publish (always when the
+ * block goes encrypted: the reader then sees the owner's encryption tag only); when
+ * encrypted, the piece goes through the slot's staging buffer. A block that failed sends
+ * nothing more. */
+static int prep_item(void *arg, uint32_t k, uint32_t w)
 {
     serve_ctx *sc = arg;
     kvt_remote *r = sc->r;
-    uint32_t i = sc->item_block[k];
+    uint32_t i = sc->item_block[k], j = k % r->n_pieces;
     kvi_rrep_block *o = &sc->out[i];
     if (o->status)
         return o->status;
-    if (!r->cfg.owner_checksum || k % r->n_pieces)
+    uint32_t slot = sc->blocks[i].slot;
+    if (j == 0 && (r->cfg.owner_checksum || sc->enc)) {
+        uint8_t tag[KVI_RTAG], *pc[KVT_MAX_REGIONS];
+        slot_pieces(r, slot, pc);
+        if (block_tag(r, sc->chk, r->block_key, slot, sc->gen[i], sc->hashes[i], pc, tag) ||
+            !kvi_rauth_equal(tag, sc->want[i], KVI_RTAG)) {
+            KVT_LOG_W("remote: slot %u's bytes changed since it was published (a store into a "
+                      "published slot?); not served",
+                      slot);
+            o->status = KVT_ENOENT;
+            return KVT_ENOENT;
+        }
+    }
+    if (!sc->enc)
         return 0;
-    if (region_checksum(r, sc->blocks[i].slot) == sc->want[i])
-        return 0;
-    KVT_LOG_W("remote: slot %u's bytes changed since it was published (a store into a published "
-              "slot?); not served",
-              sc->blocks[i].slot);
-    o->status = KVT_ENOENT, o->checksum = 0;
-    return KVT_ENOENT;
+    uint8_t *dst = sc->stage + (size_t)w * sc->stage_piece;
+    int rc = 0;
+    if (j == 0) {
+        uint8_t nonce[12];
+        enc_nonce(sc->seq, i, nonce);
+        if (!(rc = kvi_rgcm_begin(sc->gcm, sc->ss->enc_key, nonce, 1)))
+            rc = kvi_rgcm_aad(sc->gcm, sc->hashes[i], r->cfg.hash_len);
+    }
+    if (!rc)
+        rc = kvi_rgcm_piece(sc->gcm, sc->items[k].buf, dst, sc->items[k].len);
+    if (!rc && j + 1 == r->n_pieces)
+        rc = kvi_rgcm_tag(sc->gcm, o->tag);
+    if (rc) {
+        o->status = KVT_EIO;
+        return KVT_EIO;
+    }
+    sc->items[k].buf = dst;
+    return 0;
 }
 
 static int grow_items(serve_ctx *sc, uint32_t n)
@@ -347,22 +483,61 @@ static int grow_items(serve_ctx *sc, uint32_t n)
     return 0;
 }
 
-static int serve(kvt_remote *r, serve_ctx *sc, const uint8_t *buf, size_t len, kvi_rrep *rep)
+/* The send window, and for encrypted requests a staging piece per window slot. */
+static int send_window(serve_ctx *sc, uint32_t *window)
+{
+    kvt_remote *r = sc->r;
+    *window = kvi_min_u32(SEND_WINDOW * r->n_pieces, MAX_SEND_WINDOW);
+    if (!sc->enc || sc->stage)
+        return 0;
+    size_t piece = 0;
+    for (uint32_t j = 0; j < r->n_pieces; j++)
+        if (r->piece[j].block_bytes > piece)
+            piece = r->piece[j].block_bytes;
+    sc->stage = malloc(piece * *window);
+    if (!sc->stage)
+        return kvt_fail(KVT_ENOMEM, "remote: out of memory for encryption's staging");
+    sc->stage_piece = piece;
+    sc->stage_slots = *window;
+    return 0;
+}
+
+static int serve(kvt_remote *r, serve_ctx *sc, osess *ss, const uint8_t *buf, size_t len,
+                 kvi_rrep *rep)
 {
     kvi_rreq q = {.blocks = sc->blocks};
     rep->blocks = sc->out;
     rep->n = 0;
+    sc->authed = false;
     int rc = kvi_rreq_decode(buf, len, &q);
     if (rc)
         return rc;
     rep->req_id = q.req_id;
-    if (!same_secret(q.cred, q.cred_len, r->cfg.credential))
-        return kvt_fail(KVT_EINVAL, "remote: wrong credential");
+    rep->seq = q.seq;
+    if (!ss)
+        return kvt_fail(KVT_ESTATE, "remote: a request on a connection without a session");
+    uint8_t mac[KVI_RTAG];
+    if ((rc = kvi_rauth_mac(ss->mac_key, "req", buf, len - KVI_RMAC, mac)))
+        return rc;
+    if (!kvi_rauth_equal(mac, buf + len - KVI_RMAC, KVI_RMAC) || q.seq <= ss->last_seq) {
+        add(&r->a_auth_failures, 1);
+        return kvt_fail(KVT_EINVAL, "remote: a request whose MAC does not check, or a replay");
+    }
+    if (ss->last_seq == 0)
+        add(&r->a_handshakes, 1); /* the reader proved itself with its first request */
+    ss->last_seq = q.seq;
+    sc->authed = true;
+    sc->ss = ss;
+    sc->seq = q.seq;
+    sc->enc = q.flags & KVI_RREQ_ENCRYPT;
+    if (r->cfg.encrypt && !sc->enc)
+        return kvt_fail(KVT_EINVAL, "remote: this owner serves encrypted reads only");
     if (q.hash_len != r->cfg.hash_len)
         return kvt_fail(KVT_EPROTO, "remote: hash_len %u, this space uses %u", q.hash_len,
                         r->cfg.hash_len);
+    uint32_t window;
     if ((rc = kvi_ucx_address_check(r->ucx_srv, q.addr, q.addr_len)) ||
-        (rc = grow_items(sc, q.n * r->n_pieces)))
+        (rc = grow_items(sc, q.n * r->n_pieces)) || (rc = send_window(sc, &window)))
         return rc;
     rep->n = q.n;
     uint64_t ep = atomic_load(&r->epoch);
@@ -370,19 +545,23 @@ static int serve(kvt_remote *r, serve_ctx *sc, const uint8_t *buf, size_t len, k
     for (uint32_t i = 0; i < q.n; i++) {
         const kvi_rreq_block *b = &q.blocks[i];
         kvi_rrep_block *o = &sc->out[i];
-        o->status = KVT_ENOENT, o->checksum = 0;
+        o->status = KVT_ENOENT;
+        memset(o->tag, 0, KVI_RTAG);
         if (!r->serves || q.epoch != ep || ep == 0 || b->slot >= r->cfg.n_slots)
             continue;
         pthread_mutex_lock(&r->mu);
         const slotrec *s = &r->slots[b->slot];
         bool ok =
             s->published && s->gen == b->generation && memcmp(s->hash, b->hash, q.hash_len) == 0;
-        uint64_t want = s->checksum;
+        memcpy(sc->want[i], s->tag, KVI_RTAG);
         pthread_mutex_unlock(&r->mu);
         if (!ok)
             continue;
-        o->status = 0, o->checksum = want;
-        sc->want[i] = want;
+        o->status = 0;
+        if (!sc->enc)
+            memcpy(o->tag, sc->want[i], KVI_RTAG);
+        sc->gen[i] = b->generation;
+        sc->hashes[i] = b->hash;
         for (uint32_t j = 0; j < r->n_pieces; j++) { /* piece j of block i: tag ^ (i * np + j) */
             sc->items[ni] = (kvi_ucx_send_item){.addr = q.addr,
                                                 .addr_len = q.addr_len,
@@ -393,9 +572,8 @@ static int serve(kvt_remote *r, serve_ctx *sc, const uint8_t *buf, size_t len, k
         }
     }
     if (ni)
-        (void)kvi_ucx_send_many_prep(r->ucx_srv, sc->items, ni,
-                                     kvi_min_u32(SEND_WINDOW * r->n_pieces, MAX_SEND_WINDOW),
-                                     (int)r->cfg.timeout_ms, check_bytes, sc);
+        (void)kvi_ucx_send_many_prep(r->ucx_srv, sc->items, ni, window, (int)r->cfg.timeout_ms,
+                                     prep_item, sc);
     for (uint32_t k = 0; k < ni; k++) {
         uint32_t i = sc->item_block[k];
         if (sc->items[k].rc && !sc->out[i].status)
@@ -413,13 +591,28 @@ static int serve(kvt_remote *r, serve_ctx *sc, const uint8_t *buf, size_t len, k
                 sent++;
         }
         if (sc->out[i].status)
-            sc->out[i].checksum = 0;
+            memset(sc->out[i].tag, 0, KVI_RTAG);
         stale += sc->out[i].status == KVT_ENOENT;
     }
     add(&r->a_served, sent);
     add(&r->a_served_stale, stale);
     add(&r->a_served_bytes, sent * r->cfg.block_bytes);
     return 0;
+}
+
+/* Sends the reply of one request: MACed under its session when the request's MAC checked,
+ * else with a zero MAC (a refusal a reader believes only as "shake hands again"). */
+static void send_reply(kvt_remote *r, serve_ctx *sc, const zmq_msg_t *id, kvi_rrep *rep,
+                       uint8_t *rbuf)
+{
+    size_t n = kvi_rrep_size(rep);
+    kvi_rrep_encode(rep, rbuf);
+    if (sc->authed &&
+        kvi_rauth_mac(sc->ss->mac_key, "rep", rbuf, n - KVI_RMAC, rbuf + n - KVI_RMAC) != 0)
+        return; /* libcrypto failed: no reply, the reader's read times out */
+    if (zmq_send(r->router, zmq_msg_data((zmq_msg_t *)id), zmq_msg_size((zmq_msg_t *)id),
+                 ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0)
+        (void)zmq_send(r->router, rbuf, n, ZMQ_DONTWAIT);
 }
 
 static void serve_one(kvt_remote *r, serve_ctx *sc, uint8_t *rbuf)
@@ -432,7 +625,7 @@ static void serve_one(kvt_remote *r, serve_ctx *sc, uint8_t *rbuf)
     int more = zmq_msg_more(&id);
     if (!more || zmq_msg_recv(&body, r->router, ZMQ_DONTWAIT) < 0)
         goto out;
-    while (zmq_msg_more(&body)) { /* a request is two parts; drop the rest */
+    while (zmq_msg_more(&body)) { /* a message is two parts; drop the rest */
         zmq_msg_t x;
         zmq_msg_init(&x);
         int got = zmq_msg_recv(&x, r->router, ZMQ_DONTWAIT);
@@ -444,17 +637,32 @@ static void serve_one(kvt_remote *r, serve_ctx *sc, uint8_t *rbuf)
         add(&r->a_refused, 1);
         goto out;
     }
+    const uint8_t *b = zmq_msg_data(&body);
+    size_t len = zmq_msg_size(&body), idl = zmq_msg_size(&id);
+    if (idl == 0 || idl > sizeof(((osess *)0)->id)) {
+        add(&r->a_refused, 1);
+        goto out;
+    }
+    int rc;
+    if (kvi_rwire_magic(b, len) == KVI_RHELLO_MAGIC) {
+        size_t n = 0;
+        if ((rc = on_hello(r, zmq_msg_data(&id), idl, b, len, rbuf, &n)) == 0) {
+            if (zmq_send(r->router, zmq_msg_data(&id), idl, ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0)
+                (void)zmq_send(r->router, rbuf, n, ZMQ_DONTWAIT);
+        } else {
+            add(&r->a_refused, 1);
+            KVT_LOG_D("remote: hello refused: %s", kvt_last_error());
+        }
+        goto out;
+    }
     kvi_rrep rep = {0};
-    int rc = serve(r, sc, zmq_msg_data(&body), zmq_msg_size(&body), &rep);
+    rc = serve(r, sc, sess_find(r, zmq_msg_data(&id), idl), b, len, &rep);
     if (rc) {
         add(&r->a_refused, 1);
         KVT_LOG_D("remote: request refused: %s", kvt_last_error());
         rep.status = rc, rep.n = 0;
     }
-    size_t n = kvi_rrep_size(&rep);
-    kvi_rrep_encode(&rep, rbuf);
-    if (zmq_send(r->router, zmq_msg_data(&id), zmq_msg_size(&id), ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0)
-        (void)zmq_send(r->router, rbuf, n, ZMQ_DONTWAIT);
+    send_reply(r, sc, &id, &rep, rbuf);
 out:
     zmq_msg_close(&id);
     zmq_msg_close(&body);
@@ -464,9 +672,16 @@ static void *server_main(void *arg)
 {
     kvt_remote *r = arg;
     serve_ctx *sc = calloc(1, sizeof(*sc));
-    if (sc)
+    if (sc) {
         sc->r = r;
-    uint8_t *rbuf = malloc(64 + (size_t)KVT_REMOTE_MAX_READ * 12);
+        if (kvi_rgcm_new(&sc->chk) || kvi_rgcm_new(&sc->gcm)) {
+            KVT_LOG_E("remote: %s: serving nothing", kvt_last_error());
+            kvi_rgcm_free(sc->chk), kvi_rgcm_free(sc->gcm);
+            free(sc);
+            sc = NULL;
+        }
+    }
+    uint8_t *rbuf = malloc(MAX_REP_BYTES + 512);
     uint64_t beat_ns = (uint64_t)r->cfg.ttl_ms * 1000000u / 3, next_beat = 0;
     while (sc && rbuf && !atomic_load(&r->stop)) {
         uint64_t now = kvt_monotonic_ns();
@@ -489,8 +704,11 @@ static void *server_main(void *arg)
             }
         kvi_ucx_progress(r->ucx_srv);
     }
-    if (sc)
-        free(sc->items), free(sc->item_block);
+    if (sc) {
+        free(sc->items), free(sc->item_block), free(sc->stage);
+        kvi_rgcm_free(sc->chk), kvi_rgcm_free(sc->gcm);
+        OPENSSL_cleanse(sc, sizeof(*sc));
+    }
     free(sc);
     free(rbuf);
     return NULL;
@@ -568,8 +786,7 @@ int kvt_remote_create(const kvt_remote_config *c, kvt_remote **out)
         return rc;
     kvt_remote *r = calloc(1, sizeof(*r));
     size_t sl = strlen(c->directory) + strlen(c->space) + strlen(c->instance) +
-                strlen(c->listen_host) + strlen(c->credential) +
-                (c->advertise_host ? strlen(c->advertise_host) : 0) + 6;
+                strlen(c->listen_host) + (c->advertise_host ? strlen(c->advertise_host) : 0) + 6;
     uint32_t np = c->regions ? c->n_regions : 1;
     if (!r || !(r->strs = malloc(sl)) ||
         !(r->hits = malloc(KVT_REMOTE_MAX_READ * sizeof(*r->hits))) ||
@@ -616,12 +833,22 @@ int kvt_remote_create(const kvt_remote_config *c, kvt_remote **out)
     r->cfg.space = dupcat(&p, c->space);
     r->cfg.instance = dupcat(&p, c->instance);
     r->cfg.listen_host = dupcat(&p, c->listen_host);
-    r->cfg.credential = dupcat(&p, c->credential);
+    r->cfg.credential = NULL; /* turned into keys below, never kept */
     r->cfg.advertise_host = dupcat(&p, c->advertise_host);
     r->cfg.directory_password = NULL; /* the directories keep their own copies */
     pthread_mutex_init(&r->mu, NULL);
     r->next_req = ((uint64_t)getpid() << 32) ^ kvt_monotonic_ns();
     *out = r; /* kvt_remote_destroy undoes a partial create */
+    /* the space's keys; the credential itself is not kept */
+    if ((rc = kvi_rauth_keys(c->credential, strlen(c->credential), c->space, &r->keys)) ||
+        (rc = kvi_rauth_random(r->boot, sizeof(r->boot))) ||
+        (rc = kvi_rauth_block_key(&r->keys, r->cfg.instance, r->boot, r->block_key)) ||
+        (rc = kvi_rgcm_new(&r->gcm)))
+        goto fail;
+    if (!(r->sess = calloc(MAX_SESSIONS, sizeof(*r->sess)))) {
+        rc = kvt_fail(KVT_ENOMEM, "remote: out of memory");
+        goto fail;
+    }
     if ((rc = kvi_rdir_redis_open(c->directory, c->directory_password, c->directory_timeout_ms,
                                   c->retry_ms, &r->dir)) ||
         (rc = kvi_rdir_redis_open(c->directory, c->directory_password, c->directory_timeout_ms,
@@ -704,6 +931,7 @@ static void close_peer(rpeer *p)
     if (p->sock)
         zmq_close(p->sock);
     p->sock = NULL;
+    p->sess = SESS_NONE;
 }
 
 void kvt_remote_destroy(kvt_remote *r)
@@ -742,6 +970,12 @@ static void remote_free(kvt_remote *r)
     if (r->dir_srv.ops)
         r->dir_srv.ops->close(r->dir_srv.d);
     pthread_mutex_destroy(&r->mu);
+    kvi_rgcm_free(r->gcm);
+    free(r->sess);
+    OPENSSL_cleanse(&r->keys, sizeof(r->keys));
+    OPENSSL_cleanse(r->block_key, sizeof(r->block_key));
+    for (uint32_t i = 0; i < r->n_peers; i++)
+        OPENSSL_cleanse(&r->peers[i], sizeof(r->peers[i]));
     free(r->slots);
     free(r->sc_hashes);
     free(r->sc_slots);
@@ -781,18 +1015,38 @@ int kvt_remote_publish(kvt_remote *r, const uint32_t *slots, const uint8_t *hash
     if (rc || n == 0)
         return rc;
     uint64_t *gens = r->sc_gens;
+    uint32_t *ok_slots = r->sc_slots;
+    uint8_t *ok_hashes = r->sc_hashes;
     const uint32_t hl = r->cfg.hash_len;
+    uint32_t m = 0;
     for (uint32_t i = 0; i < n; i++) {
-        uint64_t sum = slot_checksum(r, slots[i]);
+        /* a new generation first (nothing is served from the slot meanwhile), then its tag over
+         * the bytes as they are now, then it is servable */
+        const uint8_t *h = hashes + (size_t)i * hl;
         pthread_mutex_lock(&r->mu);
         slotrec *s = &r->slots[slots[i]];
-        s->gen++;
-        s->checksum = sum;
-        memcpy(s->hash, hashes + (size_t)i * hl, hl);
-        s->published = true;
-        gens[i] = s->gen;
+        uint64_t gen = ++s->gen;
+        s->published = false;
         pthread_mutex_unlock(&r->mu);
+        uint8_t tag[KVI_RTAG], *pc[KVT_MAX_REGIONS];
+        slot_pieces(r, slots[i], pc);
+        if (block_tag(r, r->gcm, r->block_key, slots[i], gen, h, pc, tag)) {
+            KVT_LOG_E("remote: slot %u not published: %s", slots[i], kvt_last_error());
+            r->st.publish_dropped++;
+            continue;
+        }
+        pthread_mutex_lock(&r->mu);
+        memcpy(s->tag, tag, KVI_RTAG);
+        memcpy(s->hash, h, hl);
+        s->published = true;
+        pthread_mutex_unlock(&r->mu);
+        ok_slots[m] = slots[i], gens[m] = gen;
+        memcpy(ok_hashes + (size_t)m * hl, h, hl);
+        m++;
     }
+    slots = ok_slots, hashes = ok_hashes, n = m;
+    if (n == 0)
+        return 0;
     uint64_t ep = atomic_load(&r->epoch);
     if (!ep || r->dir.ops->publish(r->dir.d, &r->self, ep, hashes, slots, gens, n)) {
         r->st.publish_dropped += n;
@@ -914,25 +1168,28 @@ static int refuse_read(int rc, int *status, uint32_t n)
 
 typedef struct rd_block {
     kvi_ucx_recv **recv; /* one per piece */
-    uint64_t checksum;
-    int state; /* 0 waiting for the reply, 1 waiting for the bytes, 2 decided */
+    uint8_t tag[KVI_RTAG];
+    uint32_t peer, k; /* its owner, its index in that owner's request */
+    int state;        /* 0 waiting for the reply, 1 waiting for the bytes, 2 decided */
 } rd_block;
 
 typedef struct rd_peer {
-    uint64_t req_id;
+    uint64_t req_id, seq;
     uint32_t first, n; /* indices into order[] */
-    bool replied;
+    uint64_t tag;      /* the receives' base tag */
+    int stage;         /* 0 nothing sent, 1 hello sent, 2 request sent, 3 decided */
 } rd_peer;
 
 static int open_peer(kvt_remote *r, rpeer *p)
 {
     if (p->sock)
         return 0;
+    p->sess = SESS_NONE;
     p->sock = zmq_socket(r->zctx, ZMQ_DEALER);
     if (!p->sock)
         return zfail("socket");
     int zero = 0;
-    int64_t max = 64 + (int64_t)KVT_REMOTE_MAX_READ * 12;
+    int64_t max = MAX_REP_BYTES + 512;
     zmq_setsockopt(p->sock, ZMQ_LINGER, &zero, sizeof(zero));
     zmq_setsockopt(p->sock, ZMQ_MAXMSGSIZE, &max, sizeof(max));
     char ep[KVI_RDIR_EP_MAX + 8];
@@ -975,13 +1232,56 @@ static uint8_t *dst_piece(const kvt_remote *r, const rd_dst *d, uint32_t i, uint
     return d->dst ? (uint8_t *)d->dst[i] + d->off[j] : piece_at(r, j, d->slots[i]);
 }
 
-/* The checksum of block i as it landed. */
-static uint64_t landed_checksum(const kvt_remote *r, const rd_dst *d, uint32_t i)
+/* One read, as its pieces move between the functions of the poll loop. */
+typedef struct rd_ctx {
+    kvt_remote *r;
+    const kvt_remote_loc *locs;
+    const uint8_t *hashes;
+    const rd_dst *d;
+    int *status;
+    uint32_t n;
+    rd_block *bs;
+    rd_peer *rps;
+    uint32_t *order;
+    kvi_rreq_block *qb;
+    kvi_rrep_block *tmp;
+    const void *addr;
+    size_t addr_len;
+} rd_ctx;
+
+/* Block i landed whole: accepted only if its tag checks on the bytes that landed (decrypted
+ * first when the read was encrypted). */
+static int landed(rd_ctx *x, uint32_t i)
 {
-    uint64_t h = CHECKSUM_SEED;
+    kvt_remote *r = x->r;
+    const rd_block *b = &x->bs[i];
+    const rpeer *pe = &r->peers[b->peer];
+    const uint8_t *hash = x->hashes + (size_t)i * r->cfg.hash_len;
+    uint8_t *pc[KVT_MAX_REGIONS];
     for (uint32_t j = 0; j < r->n_pieces; j++)
-        h = checksum(dst_piece(r, d, i, j), r->piece[j].block_bytes, h);
-    return h;
+        pc[j] = dst_piece(r, x->d, i, j);
+    bool ok;
+    if (r->cfg.encrypt) {
+        uint8_t nonce[12];
+        enc_nonce(x->rps[b->peer].seq, b->k, nonce);
+        ok = kvi_rgcm_begin(r->gcm, pe->enc_key, nonce, -1) == 0 &&
+             kvi_rgcm_aad(r->gcm, hash, r->cfg.hash_len) == 0;
+        for (uint32_t j = 0; ok && j < r->n_pieces; j++)
+            ok = kvi_rgcm_piece(r->gcm, pc[j], pc[j], r->piece[j].block_bytes) == 0;
+        ok = ok && kvi_rgcm_check(r->gcm, b->tag);
+    } else {
+        uint8_t tag[KVI_RTAG];
+        ok = block_tag(r, r->gcm, pe->block_key, x->locs[i].slot, x->locs[i].generation, hash, pc,
+                       tag) == 0 &&
+             kvi_rauth_equal(tag, b->tag, KVI_RTAG);
+    }
+    if (ok)
+        return 0;
+    r->st.auth_failures++;
+    KVT_LOG_W("remote: a block from %s failed its tag (bytes changed on the way, or not the "
+              "owner's); not used",
+              pe->name);
+    return KVT_EPROTO;
 }
 
 /* A block whose state is 1 (the owner sent it): 0 while a piece is still under way, 1 when
@@ -996,66 +1296,239 @@ static int pieces_done(kvt_remote *r, rd_block *b)
     return 1;
 }
 
-/* Takes one reply off peer's socket, if any, and applies it. */
-static void take_reply(kvt_remote *r, rpeer *p, rd_peer *rp, const uint32_t *order, rd_block *bs,
-                       int *status, kvi_rrep_block *tmp)
+/* Every block of owner p fails with rc now; its connection is dropped when `drop` (a failed
+ * or foreign handshake: the next read starts a fresh one). */
+static void peer_fails(rd_ctx *x, uint32_t p, int rc, bool drop)
 {
+    rd_peer *rp = &x->rps[p];
+    for (uint32_t k = 0; k < rp->n; k++) {
+        rd_block *b = &x->bs[x->order[rp->first + k]];
+        if (b->state == 2)
+            continue;
+        x->status[x->order[rp->first + k]] = rc;
+        b->state = 2;
+        end_recv(x->r, b);
+    }
+    rp->stage = 3;
+    if (drop)
+        close_peer(&x->r->peers[p]);
+}
+
+static int zsend(void *sock, const uint8_t *buf, size_t len)
+{
+    return zmq_send(sock, buf, len, ZMQ_DONTWAIT) == (int)len
+               ? 0
+               : kvt_fail(KVT_EIO, "remote: send: %s", zmq_strerror(zmq_errno()));
+}
+
+static int send_hello(rd_ctx *x, uint32_t p)
+{
+    kvt_remote *r = x->r;
+    rpeer *pe = &r->peers[p];
+    kvi_rhello h = {.name = (const uint8_t *)r->cfg.instance,
+                    .name_len = (uint32_t)strlen(r->cfg.instance)};
+    uint8_t buf[256];
+    int rc = kvi_rauth_random(pe->nr, KVI_RNONCE);
+    if (rc)
+        return rc;
+    memcpy(h.nr, pe->nr, KVI_RNONCE);
+    kvi_rhello_encode(&h, buf);
+    if ((rc = zsend(pe->sock, buf, kvi_rhello_size(&h))))
+        return rc;
+    pe->sess = SESS_HELLO;
+    x->rps[p].stage = 1;
+    return 0;
+}
+
+/* Posts the receives of owner p's blocks, then sends it the request, MACed. */
+static int send_request(rd_ctx *x, uint32_t p)
+{
+    kvt_remote *r = x->r;
+    rpeer *pe = &r->peers[p];
+    rd_peer *rp = &x->rps[p];
+    const uint32_t hl = r->cfg.hash_len, np = r->n_pieces;
+    uint64_t tag = 0;
+    int rc = kvi_rauth_random(&tag, sizeof(tag));
+    if (rc)
+        return rc;
+    /* piece j of block k of the request: tag ^ (k * np + j); the bits above stay random */
+    uint64_t span = 1;
+    while (span < (uint64_t)rp->n * np)
+        span <<= 1;
+    tag &= ~(span - 1);
+    for (uint32_t k = 0; k < rp->n; k++) {
+        uint32_t i = x->order[rp->first + k];
+        for (uint32_t j = 0; j < np; j++)
+            if ((rc = kvi_ucx_recv_post(r->ucx_cli, dst_piece(r, x->d, i, j),
+                                        r->piece[j].block_bytes, tag ^ ((uint64_t)k * np + j),
+                                        &x->bs[i].recv[j])))
+                return rc;
+        x->qb[k] = (kvi_rreq_block){.slot = x->locs[i].slot,
+                                    .generation = x->locs[i].generation,
+                                    .hash = x->hashes + (size_t)i * hl};
+    }
+    rp->req_id = ++r->next_req;
+    rp->seq = ++pe->seq;
+    kvi_rreq q = {.seq = rp->seq,
+                  .req_id = rp->req_id,
+                  .epoch = pe->epoch,
+                  .tag = tag,
+                  .flags = r->cfg.encrypt ? KVI_RREQ_ENCRYPT : 0,
+                  .hash_len = hl,
+                  .addr = x->addr,
+                  .addr_len = (uint32_t)x->addr_len,
+                  .n = rp->n,
+                  .blocks = x->qb};
+    size_t len = kvi_rreq_size(&q);
+    uint8_t *buf = malloc(len);
+    if (!buf)
+        return kvt_fail(KVT_ENOMEM, "remote: out of memory");
+    kvi_rreq_encode(&q, buf);
+    rc = kvi_rauth_mac(pe->mac_key, "req", buf, len - KVI_RMAC, buf + len - KVI_RMAC);
+    if (!rc)
+        rc = zsend(pe->sock, buf, len);
+    free(buf);
+    if (!rc)
+        rp->stage = 2;
+    return rc;
+}
+
+/* Owner p's challenge: its proof checked (it holds the credential, and it is the instance the
+ * directory named), the session's keys derived, and the request sent. */
+static void take_challenge(rd_ctx *x, uint32_t p, const uint8_t *buf, size_t len)
+{
+    kvt_remote *r = x->r;
+    rpeer *pe = &r->peers[p];
+    kvi_rchal c;
+    uint8_t proof[KVI_RKEY];
+    char name[KVT_REMOTE_NAME_MAX + 1];
+    int rc = kvi_rchal_decode(buf, len, &c);
+    if (!rc) {
+        memcpy(name, c.name, c.name_len);
+        name[c.name_len] = 0;
+        rc = kvi_rauth_proof(&r->keys, "owner", pe->nr, c.no, name, c.boot, proof);
+    }
+    if (!rc && (!kvi_rauth_equal(c.nr, pe->nr, KVI_RNONCE) ||
+                !kvi_rauth_equal(proof, c.proof, KVI_RKEY) || strcmp(name, pe->instance) != 0)) {
+        r->st.auth_failures++;
+        rc = kvt_fail(KVT_EINVAL,
+                      "remote: %s did not prove it holds the space's credential "
+                      "(or is another instance than the directory named)",
+                      pe->name);
+    }
+    if (!rc && !(rc = kvi_rauth_session(&r->keys, pe->nr, c.no, pe->mac_key, pe->enc_key)) &&
+        !(rc = kvi_rauth_block_key(&r->keys, name, c.boot, pe->block_key))) {
+        pe->sess = SESS_READY;
+        pe->seq = 0;
+        r->st.handshakes++;
+        rc = send_request(x, p);
+    }
+    if (rc) {
+        KVT_LOG_W("remote: %s", kvt_last_error());
+        peer_fails(x, p, rc == KVT_EINVAL ? KVT_EINVAL : KVT_EIO, true);
+    }
+}
+
+/* Owner p's reply: believed only with a MAC under its session (a zero MAC is a refusal
+ * before any session: shake hands again next time). */
+static void take_reply(rd_ctx *x, uint32_t p, const uint8_t *buf, size_t len)
+{
+    kvt_remote *r = x->r;
+    rpeer *pe = &r->peers[p];
+    rd_peer *rp = &x->rps[p];
+    kvi_rrep rep = {.blocks = x->tmp};
+    if (kvi_rrep_decode(buf, len, &rep) || rep.req_id != rp->req_id || rep.seq != rp->seq) {
+        KVT_LOG_D("remote: a late, foreign or malformed reply from %s dropped", pe->name);
+        return; /* an earlier request's late reply */
+    }
+    uint8_t mac[KVI_RTAG];
+    if (kvi_rauth_mac(pe->mac_key, "rep", buf, len - KVI_RMAC, mac) ||
+        !kvi_rauth_equal(mac, buf + len - KVI_RMAC, KVI_RMAC)) {
+        static const uint8_t zero[KVI_RMAC];
+        if (!kvi_rauth_equal(buf + len - KVI_RMAC, zero, KVI_RMAC))
+            r->st.auth_failures++;
+        KVT_LOG_W("remote: %s answered outside the session (%s); shaking hands again next time",
+                  pe->name, kvt_strerror(rep.status));
+        peer_fails(x, p, KVT_EIO, true);
+        return;
+    }
+    rp->stage = 3;
+    for (uint32_t k = 0; k < rp->n; k++) {
+        uint32_t i = x->order[rp->first + k];
+        rd_block *b = &x->bs[i];
+        if (rep.status) {
+            x->status[i] = rep.status == KVT_EINVAL ? KVT_EINVAL : KVT_EIO;
+            b->state = 2;
+        } else if (rep.n != rp->n) {
+            x->status[i] = KVT_EPROTO, b->state = 2;
+        } else if (x->tmp[k].status) {
+            x->status[i] = x->tmp[k].status == KVT_ENOENT ? KVT_ENOENT : KVT_EIO;
+            b->state = 2;
+        } else {
+            memcpy(b->tag, x->tmp[k].tag, KVI_RTAG);
+            b->state = 1;
+        }
+        if (b->state == 2)
+            end_recv(r, b);
+    }
+    if (rep.status)
+        KVT_LOG_W("remote: %s refused a read: %s", pe->name, kvt_strerror(rep.status));
+}
+
+/* Takes what owner p's socket holds: its challenge or its reply. */
+static void take(rd_ctx *x, uint32_t p)
+{
+    rpeer *pe = &x->r->peers[p];
     zmq_msg_t m;
     zmq_msg_init(&m);
-    while (zmq_msg_recv(&m, p->sock, ZMQ_DONTWAIT) >= 0) {
-        kvi_rrep rep = {.blocks = tmp};
-        bool multi = zmq_msg_more(&m);
-        if (multi || kvi_rrep_decode(zmq_msg_data(&m), zmq_msg_size(&m), &rep) ||
-            rep.req_id != rp->req_id) {
-            if (multi || rep.req_id != rp->req_id)
-                KVT_LOG_D("remote: a late or foreign reply from %s dropped", p->name);
-            continue; /* an earlier request's late reply */
-        }
-        rp->replied = true;
-        for (uint32_t k = 0; k < rp->n; k++) {
-            uint32_t i = order[rp->first + k];
-            if (rep.status) {
-                status[i] = rep.status == KVT_EINVAL ? KVT_EINVAL : KVT_EIO;
-                bs[i].state = 2;
-            } else if (rep.n != rp->n) {
-                status[i] = KVT_EPROTO, bs[i].state = 2;
-            } else if (tmp[k].status) {
-                status[i] = tmp[k].status == KVT_ENOENT ? KVT_ENOENT : KVT_EIO;
-                bs[i].state = 2;
-            } else {
-                bs[i].checksum = tmp[k].checksum;
-                bs[i].state = 1;
-            }
-            if (bs[i].state == 2)
-                end_recv(r, &bs[i]);
-        }
-        if (rep.status)
-            KVT_LOG_W("remote: %s refused a read: %s", p->name, kvt_strerror(rep.status));
-        break;
+    while (pe->sock && x->rps[p].stage < 3 && zmq_msg_recv(&m, pe->sock, ZMQ_DONTWAIT) >= 0) {
+        const uint8_t *b = zmq_msg_data(&m);
+        size_t len = zmq_msg_size(&m);
+        if (zmq_msg_more(&m))
+            continue; /* not ours: a message is one part */
+        uint32_t magic = kvi_rwire_magic(b, len);
+        if (x->rps[p].stage == 1 && magic == KVI_RCHAL_MAGIC)
+            take_challenge(x, p, b, len);
+        else if (x->rps[p].stage == 2 && magic == KVI_RREP_MAGIC)
+            take_reply(x, p, b, len);
     }
     zmq_msg_close(&m);
+}
+
+/* Starts owner p's part of the read: a handshake if its connection has no session, else the
+ * request at once. */
+static void start_peer(rd_ctx *x, uint32_t p)
+{
+    kvt_remote *r = x->r;
+    rpeer *pe = &r->peers[p];
+    int rc = open_peer(r, pe);
+    if (!rc)
+        rc = pe->sess == SESS_READY ? send_request(x, p) : send_hello(x, p);
+    if (rc) {
+        KVT_LOG_D("remote: cannot ask %s: %s", pe->name, kvt_last_error());
+        peer_fails(x, p, KVT_EIO, true);
+    }
 }
 
 static int read_blocks(kvt_remote *r, const kvt_remote_loc *locs, const uint8_t *hashes, uint32_t n,
                        const rd_dst *d, int *status)
 {
-    const uint32_t hl = r->cfg.hash_len, np = r->n_pieces;
-    rd_block *bs = calloc(n, sizeof(*bs));
+    const uint32_t np = r->n_pieces;
+    rd_ctx x = {.r = r, .locs = locs, .hashes = hashes, .d = d, .status = status, .n = n};
+    x.bs = calloc(n, sizeof(*x.bs));
     kvi_ucx_recv **recvs = calloc((size_t)n * np, sizeof(*recvs));
-    uint32_t *order = malloc(n * sizeof(*order));
-    rd_peer *rps = calloc(r->n_peers, sizeof(*rps));
-    kvi_rreq_block *qb = malloc(n * sizeof(*qb));
-    kvi_rrep_block *tmp = malloc(KVT_REMOTE_MAX_READ * sizeof(*tmp));
-    const void *addr;
-    size_t addr_len;
+    x.order = malloc(n * sizeof(*x.order));
+    x.rps = calloc(r->n_peers, sizeof(*x.rps));
+    x.qb = malloc(n * sizeof(*x.qb));
+    x.tmp = malloc(KVT_REMOTE_MAX_READ * sizeof(*x.tmp));
     int rc = 0;
-    if (!bs || !recvs || !order || !rps || !qb || !tmp) {
+    if (!x.bs || !recvs || !x.order || !x.rps || !x.qb || !x.tmp) {
         rc = refuse_read(kvt_fail(KVT_ENOMEM, "remote: out of memory"), status, n);
         goto out;
     }
     for (uint32_t i = 0; i < n; i++)
-        bs[i].recv = recvs + (size_t)i * np;
-    if ((rc = kvi_ucx_address(r->ucx_cli, &addr, &addr_len))) {
+        x.bs[i].recv = recvs + (size_t)i * np;
+    if ((rc = kvi_ucx_address(r->ucx_cli, &x.addr, &x.addr_len))) {
         refuse_read(rc, status, n);
         goto out;
     }
@@ -1063,69 +1536,21 @@ static int read_blocks(kvt_remote *r, const kvt_remote_loc *locs, const uint8_t 
     r->st.read_blocks += n;
     /* group by peer (counting sort keeps each owner's blocks in request order) */
     for (uint32_t i = 0; i < n; i++)
-        rps[locs[i].peer].n++;
+        x.rps[locs[i].peer].n++;
     for (uint32_t p = 0, acc = 0; p < r->n_peers; p++)
-        rps[p].first = acc, acc += rps[p].n, rps[p].n = 0;
+        x.rps[p].first = acc, acc += x.rps[p].n, x.rps[p].n = 0;
     for (uint32_t i = 0; i < n; i++) {
-        rd_peer *rp = &rps[locs[i].peer];
-        order[rp->first + rp->n++] = i;
+        rd_peer *rp = &x.rps[locs[i].peer];
+        x.bs[i].peer = locs[i].peer;
+        x.bs[i].k = rp->n;
+        x.order[rp->first + rp->n++] = i;
         status[i] = KVT_EIO;
     }
     uint64_t deadline = kvt_monotonic_ns() + (uint64_t)r->cfg.timeout_ms * 1000000u;
-    for (uint32_t p = 0; p < r->n_peers; p++) {
-        rd_peer *rp = &rps[p];
-        if (!rp->n)
-            continue;
-        rpeer *pe = &r->peers[p];
-        uint64_t tag = 0;
-        if (getrandom(&tag, sizeof(tag), 0) != sizeof(tag))
-            tag = kvi_xxh3_64(&rp, sizeof(rp), kvt_monotonic_ns() ^ r->next_req);
-        /* piece j of block k of the request: tag ^ (k * np + j); the bits above stay random */
-        uint64_t span = 1;
-        while (span < (uint64_t)rp->n * np)
-            span <<= 1;
-        tag &= ~(span - 1);
-        bool ok = open_peer(r, pe) == 0;
-        for (uint32_t k = 0; ok && k < rp->n; k++) {
-            uint32_t i = order[rp->first + k];
-            for (uint32_t j = 0; ok && j < np; j++)
-                if (kvi_ucx_recv_post(r->ucx_cli, dst_piece(r, d, i, j), r->piece[j].block_bytes,
-                                      tag ^ ((uint64_t)k * np + j), &bs[i].recv[j]))
-                    ok = false;
-            qb[k] = (kvi_rreq_block){.slot = locs[i].slot,
-                                     .generation = locs[i].generation,
-                                     .hash = hashes + (size_t)i * hl};
-        }
-        if (ok) {
-            rp->req_id = ++r->next_req;
-            kvi_rreq q = {.req_id = rp->req_id,
-                          .epoch = pe->epoch,
-                          .tag = tag,
-                          .hash_len = hl,
-                          .cred = (const uint8_t *)r->cfg.credential,
-                          .cred_len = (uint32_t)strlen(r->cfg.credential),
-                          .addr = addr,
-                          .addr_len = (uint32_t)addr_len,
-                          .n = rp->n,
-                          .blocks = qb};
-            size_t len = kvi_rreq_size(&q);
-            uint8_t *buf = malloc(len);
-            if (buf) {
-                kvi_rreq_encode(&q, buf);
-                ok = zmq_send(pe->sock, buf, len, ZMQ_DONTWAIT) == (int)len;
-                free(buf);
-            } else {
-                ok = false;
-            }
-        }
-        if (!ok) { /* this owner's blocks fail now */
-            KVT_LOG_D("remote: cannot ask %s: %s", pe->name, kvt_last_error());
-            rp->replied = true;
-            for (uint32_t k = 0; k < rp->n; k++)
-                bs[order[rp->first + k]].state = 2, end_recv(r, &bs[order[rp->first + k]]);
-        }
-    }
-    /* one loop: replies on the owners' sockets, bytes through UCX */
+    for (uint32_t p = 0; p < r->n_peers; p++)
+        if (x.rps[p].n)
+            start_peer(&x, p);
+    /* one loop: handshakes and replies on the owners' sockets, bytes through UCX */
     zmq_pollitem_t items[KVT_REMOTE_MAX_PEERS + 1];
     uint32_t item_peer[KVT_REMOTE_MAX_PEERS];
     int efd = -1;
@@ -1135,17 +1560,14 @@ static int read_blocks(kvt_remote *r, const kvt_remote_loc *locs, const uint8_t 
             ;
         bool open = false;
         for (uint32_t i = 0; i < n; i++) {
-            rd_block *b = &bs[i];
+            rd_block *b = &x.bs[i];
             if (b->state == 1) {
                 int w = pieces_done(r, b);
                 if (w == 0) {
                     open = true;
                     continue;
                 }
-                if (w == 1)
-                    status[i] = landed_checksum(r, d, i) == b->checksum ? 0 : KVT_EPROTO;
-                else
-                    status[i] = KVT_EIO;
+                status[i] = w == 1 ? landed(&x, i) : KVT_EIO;
                 b->state = 2;
                 end_recv(r, b);
             } else if (b->state == 0) {
@@ -1159,7 +1581,7 @@ static int read_blocks(kvt_remote *r, const kvt_remote_loc *locs, const uint8_t 
             break;
         uint32_t ni = 0;
         for (uint32_t p = 0; p < r->n_peers; p++)
-            if (rps[p].n && !rps[p].replied && r->peers[p].sock) {
+            if (x.rps[p].n && (x.rps[p].stage == 1 || x.rps[p].stage == 2) && r->peers[p].sock) {
                 items[ni] = (zmq_pollitem_t){.socket = r->peers[p].sock, .events = ZMQ_POLLIN};
                 item_peer[ni++] = p;
             }
@@ -1173,22 +1595,20 @@ static int read_blocks(kvt_remote *r, const kvt_remote_loc *locs, const uint8_t 
             wait = 1;
         if (zmq_poll(items, (int)ni, wait) > 0)
             for (uint32_t k = 0; k < nz; k++)
-                if (items[k].revents & ZMQ_POLLIN) {
-                    uint32_t p = item_peer[k];
-                    take_reply(r, &r->peers[p], &rps[p], order, bs, status, tmp);
-                }
+                if (items[k].revents & ZMQ_POLLIN)
+                    take(&x, item_peer[k]);
     }
     /* what is undecided at the deadline failed; an owner that did not answer loses its socket */
     for (uint32_t p = 0; p < r->n_peers; p++)
-        if (rps[p].n && !rps[p].replied) {
+        if (x.rps[p].n && (x.rps[p].stage == 1 || x.rps[p].stage == 2)) {
             KVT_LOG_W("remote: %s did not answer within %u ms", r->peers[p].name,
                       r->cfg.timeout_ms);
             close_peer(&r->peers[p]);
         }
     for (uint32_t i = 0; i < n; i++) {
-        if (bs[i].state != 2)
+        if (x.bs[i].state != 2)
             status[i] = KVT_EIO;
-        end_recv(r, &bs[i]);
+        end_recv(r, &x.bs[i]);
         if (status[i] == 0)
             r->st.read_ok++, r->st.read_bytes += r->cfg.block_bytes;
         else if (status[i] == KVT_ENOENT)
@@ -1203,7 +1623,7 @@ static int read_blocks(kvt_remote *r, const kvt_remote_loc *locs, const uint8_t 
     if (rc)
         kvt_fail(rc, "remote: %u blocks read; the first failure: %s", n, kvt_strerror(rc));
 out:
-    free(bs), free(recvs), free(order), free(rps), free(qb), free(tmp);
+    free(x.bs), free(recvs), free(x.order), free(x.rps), free(x.qb), free(x.tmp);
     return rc;
 }
 

@@ -70,13 +70,35 @@ typedef struct kvi_rdir {
 int kvi_rdir_redis_open(const char *addr, const char *password, uint32_t timeout_ms,
                         uint32_t retry_ms, kvi_rdir *out);
 
-/* ---- the data channel's wire (chan_wire.c): one request, one reply, both validated ------- */
+/* ---- the data channel's wire (chan_wire.c): validated, authenticated ------------------- */
 
+/* A connection starts with a handshake in which each side proves it holds the space's
+ * credential without sending it (auth.h): hello (the reader's nonce), challenge (the owner's
+ * nonce, instance, boot id and proof). The reader's first request, MACed with the session key
+ * only a member can derive, is its proof; the owner reads nothing of a request (its UCX
+ * address included) before that MAC checks. */
+#define KVI_RHELLO_MAGIC  0x4852564bu /* "KVRH" */
+#define KVI_RCHAL_MAGIC   0x4352564bu /* "KVRC" */
 #define KVI_RREQ_MAGIC    0x5252564bu /* "KVRR" */
 #define KVI_RREP_MAGIC    0x5052564bu /* "KVRP" */
-#define KVI_RWIRE_VERSION 1u
+#define KVI_RWIRE_VERSION 2u
 #define KVI_RCRED_MAX     256u
 #define KVI_RADDR_MAX     4096u /* bytes of a UCX worker address */
+#define KVI_RREQ_ENCRYPT  1u    /* request flag: send the bytes encrypted under the session */
+
+typedef struct kvi_rhello {
+    uint8_t nr[32];      /* the reader's nonce */
+    const uint8_t *name; /* the reader's instance name, for the owner's logs */
+    uint32_t name_len;
+} kvi_rhello;
+
+typedef struct kvi_rchal {
+    uint8_t nr[32], no[32]; /* the reader's nonce echoed, the owner's */
+    uint8_t boot[16];       /* the owner's boot id (its block key) */
+    const uint8_t *name;    /* the owner's instance name */
+    uint32_t name_len;
+    uint8_t proof[32]; /* kvi_rauth_proof("owner", nr, no, name, boot) */
+} kvi_rchal;
 
 typedef struct kvi_rreq_block {
     uint32_t slot;
@@ -85,38 +107,51 @@ typedef struct kvi_rreq_block {
 } kvi_rreq_block;
 
 typedef struct kvi_rreq {
+    uint64_t seq; /* strictly growing per session: a replayed request is refused */
     uint64_t req_id;
     uint64_t epoch; /* the owner's epoch the entries were published in */
-    uint64_t tag;   /* block i arrives with tag ^ i */
+    uint64_t tag;   /* piece j of block i arrives with tag ^ (i * pieces + j) */
+    uint32_t flags; /* KVI_RREQ_ENCRYPT */
     uint32_t hash_len;
-    const uint8_t *cred; /* into the message */
-    uint32_t cred_len;
     const uint8_t *addr; /* the reader's UCX worker address */
     uint32_t addr_len;
     uint32_t n;
     kvi_rreq_block *blocks; /* decode: caller's array of KVT_REMOTE_MAX_READ */
 } kvi_rreq;
 
-/* Per block: its outcome and, when sent, the checksum of the bytes sent. */
+/* Per block: its outcome and, when sent, its tag: the owner's published tag (GMAC under its
+ * block key), or the GCM tag of the encrypted bytes. */
 typedef struct kvi_rrep_block {
     int32_t status; /* 0 sent, KVT_ENOENT stale */
-    uint64_t checksum;
+    uint8_t tag[16];
 } kvi_rrep_block;
 
 typedef struct kvi_rrep {
+    uint64_t seq; /* the request's */
     uint64_t req_id;
     int32_t status; /* 0, or the owner's refusal of the whole request */
     uint32_t n;
     kvi_rrep_block *blocks;
 } kvi_rrep;
 
+/* Encoders write the whole message; a request's and a reply's last 16 bytes are its MAC,
+ * written as zeros here and filled by the caller (over every byte before them). Decoders
+ * return KVT_EPROTO / KVT_EVERSION / KVT_ELIMIT with a message; pointers point into buf; a
+ * request's or reply's MAC is at buf + len - 16 (kvi_rwire_mac). */
+#define KVI_RMAC 16u
+size_t kvi_rhello_size(const kvi_rhello *h);
+void kvi_rhello_encode(const kvi_rhello *h, uint8_t *buf);
+int kvi_rhello_decode(const uint8_t *buf, size_t len, kvi_rhello *h);
+size_t kvi_rchal_size(const kvi_rchal *c);
+void kvi_rchal_encode(const kvi_rchal *c, uint8_t *buf);
+int kvi_rchal_decode(const uint8_t *buf, size_t len, kvi_rchal *c);
 size_t kvi_rreq_size(const kvi_rreq *q);
 void kvi_rreq_encode(const kvi_rreq *q, uint8_t *buf);
-/* KVT_EPROTO / KVT_EVERSION / KVT_ELIMIT with a message; q->blocks must have room for
- * KVT_REMOTE_MAX_READ. Pointers in q point into buf. */
 int kvi_rreq_decode(const uint8_t *buf, size_t len, kvi_rreq *q);
 size_t kvi_rrep_size(const kvi_rrep *p);
 void kvi_rrep_encode(const kvi_rrep *p, uint8_t *buf);
 int kvi_rrep_decode(const uint8_t *buf, size_t len, kvi_rrep *p);
+/* The magic a message starts with (0 if shorter than 4 bytes). */
+uint32_t kvi_rwire_magic(const uint8_t *buf, size_t len);
 
 #endif

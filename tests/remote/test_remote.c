@@ -238,10 +238,15 @@ static void a_wrong_credential_is_refused(void **state)
     assert_int_equal(fetch(&b, 4, 4, &ok, &stale, &failed), 4);
     assert_int_equal(ok, 0);
     assert_int_equal(failed, 4);
-    kvt_remote_stats sa;
+    /* b saw that a's proof was not made with its key and sent no request (no address, no
+     * tag); a served nothing and never counted b as a member */
+    kvt_remote_stats sa, sb;
     kvt_remote_get_stats(a.r, &sa);
+    kvt_remote_get_stats(b.r, &sb);
     assert_int_equal(sa.served_blocks, 0);
-    assert_int_equal(sa.refused_requests, 1);
+    assert_int_equal(sa.handshakes, 0);
+    assert_int_equal(sb.handshakes, 0);
+    assert_int_equal(sb.auth_failures, 1);
     drop_inst(&b);
     drop_inst(&a);
 }
@@ -621,12 +626,12 @@ static void the_read_messages_are_validated(void **state)
     uint8_t addr[40] = {1};
     kvi_rreq_block blk[2] = {{.slot = 3, .generation = 5, .hash = hash},
                              {.slot = 4, .generation = 6, .hash = hash}};
-    kvi_rreq q = {.req_id = 11,
+    kvi_rreq q = {.seq = 3,
+                  .req_id = 11,
                   .epoch = 2,
                   .tag = 0x10000,
+                  .flags = KVI_RREQ_ENCRYPT,
                   .hash_len = HL,
-                  .cred = (const uint8_t *)CRED,
-                  .cred_len = sizeof(CRED) - 1,
                   .addr = addr,
                   .addr_len = sizeof(addr),
                   .n = 2,
@@ -638,10 +643,11 @@ static void the_read_messages_are_validated(void **state)
     kvi_rreq d = {.blocks = out};
     KVT_OK_(kvi_rreq_decode(buf, len, &d));
     assert_int_equal(d.n, 2);
+    assert_int_equal(d.seq, 3);
+    assert_int_equal(d.flags, KVI_RREQ_ENCRYPT);
     assert_int_equal(d.blocks[1].slot, 4);
     assert_int_equal(d.blocks[1].generation, 6);
-    assert_int_equal(d.cred_len, sizeof(CRED) - 1);
-    /* every truncation, a trailing byte, a bad magic, version, hash length and count */
+    /* every truncation, a trailing byte, a bad magic, version, flags, hash length and count */
     for (size_t cut = 0; cut < len; cut++)
         assert_true(kvi_rreq_decode(buf, cut, &d) < 0);
     buf[len] = 0;
@@ -649,34 +655,61 @@ static void the_read_messages_are_validated(void **state)
     buf[0] ^= 1;
     KVT_ERR_(kvi_rreq_decode(buf, len, &d), KVT_EPROTO);
     buf[0] ^= 1;
-    buf[4] = 9;
+    buf[4] = 1; /* version 1 carried the credential: refused */
     KVT_ERR_(kvi_rreq_decode(buf, len, &d), KVT_EVERSION);
-    buf[4] = 1;
-    buf[32] = 0; /* hash_len 0 */
+    buf[4] = 2;
+    const size_t flags_at = 4 + 4 + 8 + 8 + 8 + 8, hl_at = flags_at + 4;
+    buf[flags_at] = 6;
     KVT_ERR_(kvi_rreq_decode(buf, len, &d), KVT_EPROTO);
-    buf[32] = HL;
-    size_t n_at = 4 + 4 + 8 + 8 + 8 + 4 + 4 + q.cred_len + 4 + q.addr_len;
+    buf[flags_at] = 1;
+    buf[hl_at] = 0; /* hash_len 0 */
+    KVT_ERR_(kvi_rreq_decode(buf, len, &d), KVT_EPROTO);
+    buf[hl_at] = HL;
+    size_t n_at = hl_at + 4 + 4 + q.addr_len;
     buf[n_at + 3] = 0x7f; /* a huge count */
     KVT_ERR_(kvi_rreq_decode(buf, len, &d), KVT_ELIMIT);
     free(buf);
     free(out);
 
-    kvi_rrep_block rb[2] = {{0, 77}, {KVT_ENOENT, 0}};
-    kvi_rrep p = {.req_id = 11, .status = 0, .n = 2, .blocks = rb};
+    kvi_rrep_block rb[2] = {{0, {77}}, {KVT_ENOENT, {0}}};
+    kvi_rrep p = {.seq = 3, .req_id = 11, .status = 0, .n = 2, .blocks = rb};
     len = kvi_rrep_size(&p);
     buf = malloc(len);
     kvi_rrep_encode(&p, buf);
     kvi_rrep_block *big = malloc(KVT_REMOTE_MAX_READ * sizeof(*big));
     kvi_rrep pd = {.blocks = big};
     KVT_OK_(kvi_rrep_decode(buf, len, &pd));
-    assert_int_equal(pd.blocks[0].checksum, 77);
+    assert_int_equal(pd.blocks[0].tag[0], 77);
     assert_int_equal(pd.blocks[1].status, KVT_ENOENT);
     for (size_t cut = 0; cut < len; cut++)
         assert_true(kvi_rrep_decode(buf, cut, &pd) < 0);
-    buf[len - 12] = 0x55; /* an unknown status */
+    buf[len - KVI_RMAC - 20] = 0x55; /* an unknown status */
     KVT_ERR_(kvi_rrep_decode(buf, len, &pd), KVT_EPROTO);
     free(buf);
     free(big);
+
+    /* hello and challenge: round trips, every truncation refused */
+    kvi_rhello h = {.nr = {1, 2, 3}, .name = (const uint8_t *)"reader", .name_len = 6};
+    uint8_t hb[128], cb[256];
+    kvi_rhello_encode(&h, hb);
+    kvi_rhello hd;
+    KVT_OK_(kvi_rhello_decode(hb, kvi_rhello_size(&h), &hd));
+    assert_int_equal(hd.name_len, 6);
+    for (size_t cut = 0; cut < kvi_rhello_size(&h); cut++)
+        assert_true(kvi_rhello_decode(hb, cut, &hd) < 0);
+    kvi_rchal c = {.nr = {1},
+                   .no = {2},
+                   .boot = {3},
+                   .name = (const uint8_t *)"o",
+                   .name_len = 1,
+                   .proof = {4}};
+    kvi_rchal_encode(&c, cb);
+    kvi_rchal cd;
+    KVT_OK_(kvi_rchal_decode(cb, kvi_rchal_size(&c), &cd));
+    assert_int_equal(cd.proof[0], 4);
+    assert_int_equal(cd.boot[0], 3);
+    for (size_t cut = 0; cut < kvi_rchal_size(&c); cut++)
+        assert_true(kvi_rchal_decode(cb, cut, &cd) < 0);
 }
 
 int main(int argc, char **argv)

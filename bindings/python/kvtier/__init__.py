@@ -752,7 +752,8 @@ class Remote(_Lent):
     def __init__(self, directory, space, instance, listen_host, credential, block_bytes,
                  region=None, hash_len=16, hash_seed=0, signature=b"", listen_port=0,
                  advertise_host=None, ttl_ms=3000, timeout_ms=2000, directory_timeout_ms=250,
-                 retry_ms=1000, owner_checksum=True, directory_password=None, mirror=None):
+                 retry_ms=1000, owner_checksum=True, directory_password=None, mirror=None,
+                 encrypt=False):
         cfg = L.kvt_remote_config()
         _lib.kvt_remote_config_init(ctypes.byref(cfg))
         self._strs = [x.encode() if isinstance(x, str) else x for x in (
@@ -768,6 +769,7 @@ class Remote(_Lent):
         cfg.ttl_ms, cfg.timeout_ms = ttl_ms, timeout_ms
         cfg.directory_timeout_ms, cfg.retry_ms = directory_timeout_ms, retry_ms
         cfg.owner_checksum = 1 if owner_checksum else 0
+        cfg.encrypt = 1 if encrypt else 0
         self._region = region
         if region is not None and mirror is not None:
             raise ValueError("kvtier: a Remote serves a region or a mirror, not both")

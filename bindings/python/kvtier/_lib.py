@@ -324,7 +324,8 @@ class kvt_remote_config(Struct):
                 ("hash_seed", c_u64), ("signature", ctypes.c_uint8 * 32), ("ttl_ms", c_u32),
                 ("timeout_ms", c_u32), ("directory_timeout_ms", c_u32), ("retry_ms", c_u32),
                 ("owner_checksum", c_u32), ("n_regions", c_u32),
-                ("directory_password", ctypes.c_char_p), ("regions", ctypes.c_void_p)] + room(3)
+                ("directory_password", ctypes.c_char_p), ("regions", ctypes.c_void_p),
+                ("encrypt", c_u32), ("pad0", c_u32)] + room(2)
 
 
 class kvt_remote_loc(ctypes.Structure):
@@ -336,7 +337,7 @@ class kvt_remote_stats(ctypes.Structure):
         "epoch", "registrations", "published", "withdrawn", "publish_dropped", "lookups",
         "lookup_blocks", "hit_blocks", "directory_errors", "reads", "read_blocks", "read_ok",
         "read_stale", "read_failed", "read_bytes", "served_blocks", "served_stale",
-        "served_bytes", "refused_requests")] + room(8)
+        "served_bytes", "refused_requests", "handshakes", "auth_failures")] + room(6)
 
 
 class kvt_worker_config(Struct):

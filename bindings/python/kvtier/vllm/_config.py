@@ -47,6 +47,8 @@ _KEYS = {
     "kvtier_remote_credential": "the space's shared secret, 16..256 bytes (default: the "
                                 "environment's KVTIER_REMOTE_CREDENTIAL)",
     "kvtier_remote_timeout_ms": "bound of one read from a peer (default 2000)",
+    "kvtier_remote_encrypt": "encrypt the KV bytes between instances (true/false, default "
+                             "false: authenticated, not secret)",
 }
 
 REMOTE_NAME_CHARS = "_.-"
@@ -222,6 +224,7 @@ class KvtierConfig:
         self.remote_advertise_host = host("kvtier_remote_advertise_host", None)
         self.remote_port = _int(extra, "kvtier_remote_port", 0, 0, 65535)
         self.remote_timeout_ms = _int(extra, "kvtier_remote_timeout_ms", 2000, 1, 600000)
+        self.remote_encrypt = _bool(extra, "kvtier_remote_encrypt", False)
         cred = extra.get("kvtier_remote_credential",
                          os.environ.get("KVTIER_REMOTE_CREDENTIAL"))
         if isinstance(cred, str) and "\0" in cred:

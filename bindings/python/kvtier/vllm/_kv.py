@@ -462,7 +462,8 @@ class _Scheduler:
                         signature=_signature(v, self.gcfg), listen_port=c.remote_port,
                         advertise_host=c.remote_advertise_host,
                         timeout_ms=c.remote_timeout_ms,
-                        directory_password=c.remote_directory_password)
+                        directory_password=c.remote_directory_password,
+                        encrypt=c.remote_encrypt)
         try:
             self._call(_lib.kvt_offload_attach_remote(self.h, remote._h))
         except Exception:
