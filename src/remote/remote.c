@@ -1424,7 +1424,7 @@ static void take_challenge(rd_ctx *x, uint32_t p, const uint8_t *buf, size_t len
         rc = send_request(x, p);
     }
     if (rc) {
-        KVT_LOG_W("remote: %s", kvt_last_error());
+        KVT_LOG_W("%s", kvt_last_error());
         peer_fails(x, p, rc == KVT_EINVAL ? KVT_EINVAL : KVT_EIO, true);
     }
 }
@@ -1692,4 +1692,6 @@ void kvt_remote_get_stats(kvt_remote *r, kvt_remote_stats *out)
     out->served_stale = atomic_load(&r->a_served_stale);
     out->served_bytes = atomic_load(&r->a_served_bytes);
     out->refused_requests = atomic_load(&r->a_refused);
+    out->handshakes = r->st.handshakes + atomic_load(&r->a_handshakes);
+    out->auth_failures = r->st.auth_failures + atomic_load(&r->a_auth_failures);
 }
