@@ -13,6 +13,7 @@
 #include "meta/meta_samples.h"
 #include "net/link_internal.h"
 #include "kvtier/node.h"
+#include "remote/remote_internal.h"
 
 static const struct {
     uint32_t kind;
@@ -189,6 +190,45 @@ static int ec_server_seeds(const char *dir)
     return write_file(path, ops, sizeof(ops));
 }
 
+/* Seeds of fuzz_remote_wire (version 2): selector byte, then a hello, a challenge, a request
+ * of two blocks and its reply. */
+static int remote_seeds(const char *dir)
+{
+    char path[512];
+    snprintf(path, sizeof(path), "%s/remote_wire", dir);
+    if (mkdir(path, 0755) != 0 && errno != EEXIST) {
+        perror(path);
+        return 1;
+    }
+    static uint8_t buf[4096];
+    uint8_t hash[16] = {1, 2, 3}, addr[40] = {0x20, 7};
+    kvi_rhello h = {.nr = {9}, .name = (const uint8_t *)"reader-1", .name_len = 8};
+    kvi_rchal c = {.nr = {9}, .no = {8}, .boot = {7}, .name = (const uint8_t *)"owner-1",
+                   .name_len = 7, .proof = {6}};
+    kvi_rreq_block blk[2] = {{3, 5, hash}, {4, 6, hash}};
+    kvi_rreq q = {.seq = 1, .req_id = 2, .epoch = 3, .tag = 0x100, .flags = 1, .hash_len = 16,
+                  .addr = addr, .addr_len = 40, .n = 2, .blocks = blk};
+    kvi_rrep_block rb[2] = {{0, {1}}, {KVT_ENOENT, {0}}};
+    kvi_rrep p = {.seq = 1, .req_id = 2, .n = 2, .blocks = rb};
+    size_t len[4] = {kvi_rhello_size(&h), kvi_rchal_size(&c), kvi_rreq_size(&q),
+                     kvi_rrep_size(&p)};
+    for (int v = 0; v < 4; v++) {
+        buf[0] = (uint8_t)v;
+        if (v == 0)
+            kvi_rhello_encode(&h, buf + 1);
+        else if (v == 1)
+            kvi_rchal_encode(&c, buf + 1);
+        else if (v == 2)
+            kvi_rreq_encode(&q, buf + 1);
+        else
+            kvi_rrep_encode(&p, buf + 1);
+        snprintf(path, sizeof(path), "%s/remote_wire/v2-seed-%d", dir, v);
+        if (write_file(path, buf, 1 + len[v]))
+            return 1;
+    }
+    return 0;
+}
+
 /* Seeds of fuzz_node_header: real metadata objects of two shapes (attached, copied, detached). */
 static int node_seeds(const char *dir)
 {
@@ -257,5 +297,6 @@ int main(int argc, char **argv)
                 return 1;
         }
     }
-    return link_seeds(dir) || ec_ctl_seeds(dir) || ec_server_seeds(dir) || node_seeds(dir);
+    return link_seeds(dir) || ec_ctl_seeds(dir) || ec_server_seeds(dir) || node_seeds(dir) ||
+           remote_seeds(dir);
 }
