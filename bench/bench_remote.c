@@ -18,8 +18,17 @@
  *                         with the generator's
  *   ratio_vs_ucx_perftest load_gbps / ucx_perftest tag_bw of one block's size over the link
  *   load_gbps_reader_check_only  the same from a second owner that checks generation and hash
- *                         but not the bytes' checksum before it sends (owner_checksum = 0; the
- *                         reader's check stays)
+ *                         but not the bytes' tag before it sends (owner_checksum = 0; the
+ *                         reader's check of the tag stays)
+ *   load_gbps_encrypted   the same from a third owner with encrypt = 1, read by a reader with
+ *                         encrypt = 1: the owner checks each block's tag and encrypts it
+ *                         (AES-256-GCM) on the way out, the reader decrypts it in place
+ *   first_read_extra_us   a fresh reader's first read of one block minus its second: what
+ *                         connecting costs once per owner (the ZeroMQ connection, the
+ *                         handshake's round trip and key derivations, UCX's endpoint setup)
+ *   one_core_gbps         what each block's check costs on one core of this machine, in this
+ *                         process: xxh3 (the checksum the tier used before authentication,
+ *                         spoofable), GMAC (the tag it uses now), AES-256-GCM (encryption)
  *
  *   mooncake_store_gbps   Mooncake's store (bench/peers/remote_peers.py, in .venv-bench): its
  *                         master started here, an owner process (in the owner's namespace)
@@ -35,6 +44,9 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <openssl/evp.h>
+#include <xxhash.h>
 
 #include "bench_util.h"
 #include "kvtier/remote.h"
@@ -94,7 +106,7 @@ static void teardown(env *e)
 /* The owner process: `kvtier remote-peer --serve 1`, in the namespace (or here); its stdout
  * is read until it says it serves. */
 static pid_t start_owner(const env *e, uint64_t block_kib, const char *name, const char *seq,
-                         bool owner_checksum)
+                         bool owner_checksum, bool encrypt)
 {
     char self[512];
     ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
@@ -110,28 +122,18 @@ static pid_t start_owner(const env *e, uint64_t block_kib, const char *name, con
     int k = 0;
     if (e->netns)
         argv[k++] = "ip", argv[k++] = "netns", argv[k++] = "exec", argv[k++] = e->ns;
-    const char *rest[] = {self,
-                          "remote-peer",
-                          "--directory",
-                          e->sock,
-                          "--instance",
-                          name,
-                          "--listen",
-                          e->netns ? e->peer_ip : "127.0.0.1",
-                          "--credential",
-                          CRED,
-                          "--serve",
-                          seq,
-                          "--blocks",
-                          blocks,
-                          "--slots",
-                          slots,
-                          "--block-kib",
-                          kib,
-                          owner_checksum ? NULL : "--no-owner-checksum",
-                          NULL};
+    const char *rest[] = {
+        self,           "remote-peer", "--directory", e->sock,
+        "--instance",   name,          "--listen",    e->netns ? e->peer_ip : "127.0.0.1",
+        "--credential", CRED,          "--serve",     seq,
+        "--blocks",     blocks,        "--slots",     slots,
+        "--block-kib",  kib,           NULL};
     for (int i = 0; rest[i]; i++)
         argv[k++] = rest[i];
+    if (!owner_checksum)
+        argv[k++] = "--no-owner-checksum";
+    if (encrypt)
+        argv[k++] = "--encrypt";
     argv[k] = NULL;
     pid_t p = fork();
     if (p == 0) {
@@ -168,6 +170,12 @@ static double read_phase(kvt_remote *r, const kvt_remote_loc *locs, const uint8_
     int st[NBLK];
     for (uint32_t i = 0; i < NBLK; i++)
         ptrs[i] = dst + (uint64_t)i * bb;
+    /* one untimed round first: connections, UCX's protocol choice and the destination's
+     * pages are set up before the clock runs (the first phase used to pay for them alone) */
+    if (kvt_remote_read(r, locs, hashes, NBLK, ptrs, st)) {
+        fprintf(stderr, "kvtier bench remote: read: %s\n", kvt_last_error());
+        return -1;
+    }
     uint64_t bytes = 0, rounds = 0;
     double t_read = 0, t_end = kvt_now_s() + seconds;
     while (rounds < 3 || kvt_now_s() < t_end) {
@@ -191,6 +199,67 @@ static double read_phase(kvt_remote *r, const kvt_remote_loc *locs, const uint8_
     return (double)bytes / t_read / 1e9;
 }
 
+/* A fresh reader's first read of one block of sequence 1 (connection, handshake and UCX
+ * endpoint included) minus its second: microseconds. */
+static double first_read_extra_us(const kvt_remote_config *base, uint64_t bb)
+{
+    kvt_remote_config c = *base;
+    c.instance = "reader-hs";
+    kvt_remote *r;
+    uint8_t hashes[HL];
+    kvt_remote_seq_hashes(1, 1, HL, hashes);
+    kvt_remote_loc loc;
+    uint32_t hit = 0;
+    void *dst = malloc(bb);
+    double t[2] = {-1, -1};
+    if (dst && kvt_remote_create(&c, &r) == 0) {
+        if (kvt_remote_lookup(r, hashes, 1, &loc, &hit) == 0 && hit == 1)
+            for (int k = 0; k < 2; k++) {
+                int st;
+                double t0 = kvt_now_s();
+                if (kvt_remote_read(r, &loc, hashes, 1, &dst, &st) == 0)
+                    t[k] = kvt_now_s() - t0;
+            }
+        kvt_remote_destroy(r);
+    }
+    free(dst);
+    return t[0] >= 0 && t[1] >= 0 ? (t[0] - t[1]) * 1e6 : 0.0 / 0.0;
+}
+
+/* GB/s on one core over a block of bb bytes: xxh3 (the old checksum), GMAC and AES-256-GCM. */
+static void one_core(uint64_t bb, uint8_t *buf, double *xxh3, double *gmac, double *gcm)
+{
+    static const uint8_t key[32] = {1}, iv[12] = {2};
+    EVP_CIPHER *aes = EVP_CIPHER_fetch(NULL, "AES-256-GCM", NULL);
+    EVP_CIPHER_CTX *c = EVP_CIPHER_CTX_new();
+    uint8_t *out = malloc(bb);
+    double sec[3] = {0, 0, 0};
+    uint64_t sink = 0;
+    int reps = 64, l;
+    for (int mode = 0; aes && c && out && mode < 3; mode++) {
+        double t0 = kvt_now_s();
+        for (int k = 0; k < reps; k++) {
+            if (mode == 0) {
+                sink ^= XXH3_64bits_withSeed(buf, bb, (uint64_t)k);
+                continue;
+            }
+            EVP_EncryptInit_ex(c, aes, NULL, key, iv);
+            EVP_EncryptUpdate(c, mode == 1 ? NULL : out, &l, buf, (int)bb);
+            EVP_EncryptFinal_ex(c, out, &l);
+        }
+        sec[mode] = kvt_now_s() - t0;
+    }
+    double bytes = (double)bb * reps;
+    *xxh3 = sec[0] > 0 ? bytes / sec[0] / 1e9 : 0.0 / 0.0;
+    *gmac = sec[1] > 0 ? bytes / sec[1] / 1e9 : 0.0 / 0.0;
+    *gcm = sec[2] > 0 ? bytes / sec[2] / 1e9 : 0.0 / 0.0;
+    if (sink == 1)
+        fprintf(stderr, " "); /* keeps the hashing from being optimized away */
+    free(out);
+    EVP_CIPHER_CTX_free(c);
+    EVP_CIPHER_free(aes);
+}
+
 static int run(const kvt_bench_opts *o)
 {
     env e = {0};
@@ -211,13 +280,14 @@ static int run(const kvt_bench_opts *o)
     }
     e.netns = strcmp(tls, "tcp") == 0 && make_netns(&e);
     const uint64_t block_kib = 1024, bb = block_kib << 10;
-    pid_t owner = start_owner(&e, block_kib, "owner", "1", true);
-    pid_t owner2 = owner > 0 ? start_owner(&e, block_kib, "owner-fast", "2", false) : -1;
-    kvt_remote *r = NULL;
+    pid_t owner = start_owner(&e, block_kib, "owner", "1", true, false);
+    pid_t owner2 = owner > 0 ? start_owner(&e, block_kib, "owner-fast", "2", false, false) : -1;
+    pid_t owner3 = owner2 > 0 ? start_owner(&e, block_kib, "owner-enc", "3", true, true) : -1;
+    kvt_remote *r = NULL, *renc = NULL;
     json_t *mc_all = NULL; /* the Mooncake store's figures */
     uint8_t *dst = malloc(NBLK * bb), *want = malloc(bb), hashes[NBLK * HL];
     int code = 1;
-    if (owner <= 0 || owner2 <= 0 || !dst || !want) {
+    if (owner <= 0 || owner2 <= 0 || owner3 <= 0 || !dst || !want) {
         fprintf(stderr, "kvtier bench remote: the owner did not start\n");
         goto out;
     }
@@ -231,7 +301,14 @@ static int run(const kvt_bench_opts *o)
     c.block_bytes = bb;
     c.hash_len = HL;
     c.timeout_ms = 10000;
+    double hs_us = first_read_extra_us(&c, bb);
     if (kvt_remote_create(&c, &r)) {
+        fprintf(stderr, "kvtier bench remote: %s\n", kvt_last_error());
+        goto out;
+    }
+    c.instance = "reader-enc";
+    c.encrypt = 1;
+    if (kvt_remote_create(&c, &renc)) {
         fprintf(stderr, "kvtier bench remote: %s\n", kvt_last_error());
         goto out;
     }
@@ -263,8 +340,16 @@ static int run(const kvt_bench_opts *o)
     (void)kvt_remote_lookup(r, hashes2, NBLK, locs2, &hit);
     double gbps_fast =
         hit == NBLK ? read_phase(r, locs2, hashes2, 2, dst, want, bb, o->seconds / 4) : -1;
-    if (gbps < 0 || gbps_fast < 0)
+    uint8_t hashes3[NBLK * HL];
+    kvt_remote_loc locs3[NBLK];
+    kvt_remote_seq_hashes(3, NBLK, HL, hashes3);
+    (void)kvt_remote_lookup(renc, hashes3, NBLK, locs3, &hit);
+    double gbps_enc =
+        hit == NBLK ? read_phase(renc, locs3, hashes3, 3, dst, want, bb, o->seconds / 4) : -1;
+    if (gbps < 0 || gbps_fast < 0 || gbps_enc < 0)
         goto out;
+    double core_xxh3, core_gmac, core_gcm;
+    one_core(bb, dst, &core_xxh3, &core_gmac, &core_gcm);
     double base = kvt_bench_perftest_gbps(bb, 400, "", e.prefix, e.netns ? e.peer_ip : "127.0.0.1");
     const char *link = e.netns ? "veth between two network namespaces" : "loopback";
     /* Mooncake's store on the same link: its owner in the owner's namespace */
@@ -297,10 +382,16 @@ static int run(const kvt_bench_opts *o)
         kvt_json_num(&j, "lookup_us_p99", p99);
         kvt_json_num(&j, "load_gbps", gbps);
         kvt_json_num(&j, "load_gbps_reader_check_only", gbps_fast);
+        kvt_json_num(&j, "load_gbps_encrypted", gbps_enc);
+        kvt_json_num(&j, "first_read_extra_us", hs_us);
+        kvt_json_num(&j, "one_core_xxh3_gbps", core_xxh3);
+        kvt_json_num(&j, "one_core_gmac_gbps", core_gmac);
+        kvt_json_num(&j, "one_core_aes_gcm_gbps", core_gcm);
         kvt_json_num(&j, "ucx_perftest_gbps", base);
         kvt_json_num(&j, "ratio_vs_ucx_perftest", base > 0 ? gbps / base : 0.0 / 0.0);
         kvt_json_num(&j, "ratio_vs_ucx_perftest_reader_check_only",
                      base > 0 ? gbps_fast / base : 0.0 / 0.0);
+        kvt_json_num(&j, "ratio_vs_ucx_perftest_encrypted", base > 0 ? gbps_enc / base : 0.0 / 0.0);
         if (mc_gbps > 0) {
             kvt_json_num(&j, "mooncake_store_gbps", mc_gbps);
             kvt_json_num(&j, "ratio_vs_mooncake_store", gbps / mc_gbps);
@@ -315,11 +406,16 @@ static int run(const kvt_bench_opts *o)
         printf("bench remote (%s, UCX_TLS=%s): lookup of %u chained hashes p50 %.1f us, p99 "
                "%.1f us (%zu lookups)\n",
                link, tls, NBLK, p50, p99, nl);
-        printf("  read of %u x %" PRIu64 " KiB blocks: %.2f GB/s (owner checks checksums), "
-               "%.2f GB/s (reader only); ucx_perftest tag_bw %" PRIu64
-               " KiB: %.2f GB/s; ratios %.2f, %.2f\n",
-               NBLK, block_kib, gbps, gbps_fast, block_kib, base, base > 0 ? gbps / base : 0.0,
-               base > 0 ? gbps_fast / base : 0.0);
+        printf("  read of %u x %" PRIu64 " KiB blocks: %.2f GB/s (owner and reader check "
+               "tags), %.2f GB/s (reader only), %.2f GB/s (encrypted); ucx_perftest tag_bw "
+               "%" PRIu64 " KiB: %.2f GB/s; ratios %.2f, %.2f, %.2f\n",
+               NBLK, block_kib, gbps, gbps_fast, gbps_enc, block_kib, base,
+               base > 0 ? gbps / base : 0.0, base > 0 ? gbps_fast / base : 0.0,
+               base > 0 ? gbps_enc / base : 0.0);
+        printf("  a first read costs %.0f us more (connection, handshake, UCX endpoint); one "
+               "core: xxh3 %.1f GB/s, GMAC %.1f GB/s, AES-256-GCM "
+               "%.1f GB/s\n",
+               hs_us, core_xxh3, core_gmac, core_gcm);
         if (mc_gbps > 0)
             printf("  Mooncake store (batch_get_into of the same blocks, same link): %.2f GB/s; "
                    "ratio %.2f\n",
@@ -331,8 +427,9 @@ static int run(const kvt_bench_opts *o)
 out:
     json_decref(mc_all);
     kvt_remote_destroy(r);
-    pid_t owners[2] = {owner, owner2};
-    for (int i = 0; i < 2; i++)
+    kvt_remote_destroy(renc);
+    pid_t owners[3] = {owner, owner2, owner3};
+    for (int i = 0; i < 3; i++)
         if (owners[i] > 0) { /* ip netns exec execs the command: the pid is the owner's */
             kill(owners[i], SIGTERM);
             waitpid(owners[i], NULL, 0);

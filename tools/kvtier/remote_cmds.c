@@ -56,7 +56,7 @@ int kvt_cmd_remote_peer(int argc, char **argv)
     uint64_t port = 0, seed = 0, block_kib = 64, slots = 1024, timeout = 2000, ttl = 3000;
     uint64_t serve = UINT64_MAX, read_seq = UINT64_MAX, blocks = 64, repeat = 1;
     uint64_t expect = UINT64_MAX;
-    bool no_owner_checksum = false;
+    bool no_owner_checksum = false, encrypt = false;
     const kvt_opt opts[] = {
         {"directory", KVT_OPT_STR, &directory, "ADDR",
          "the Redis server: host:port or a unix socket path (required)"},
@@ -90,6 +90,9 @@ int kvt_cmd_remote_peer(int argc, char **argv)
         {"no-owner-checksum", KVT_OPT_FLAG, &no_owner_checksum, NULL,
          "--serve: check generation and hash only before sending\n"
          "(kvt_remote_config.owner_checksum = 0; readers still check)"},
+        {"encrypt", KVT_OPT_FLAG, &encrypt, NULL,
+         "the bytes travel encrypted (kvt_remote_config.encrypt = 1;\n"
+         "an owner that sets it serves encrypted reads only)"},
         {"expect-hits", KVT_OPT_U64, &expect, "N",
          "--read: fail unless the last round found and read N blocks", .lo = 0,
          .hi = KVT_REMOTE_MAX_READ},
@@ -135,6 +138,7 @@ int kvt_cmd_remote_peer(int argc, char **argv)
     c.timeout_ms = (uint32_t)timeout;
     c.ttl_ms = (uint32_t)ttl;
     c.owner_checksum = no_owner_checksum ? 0 : 1;
+    c.encrypt = encrypt ? 1 : 0;
     c.directory_password = getenv("KVTIER_REMOTE_DIRECTORY_PASSWORD");
     uint8_t *region = NULL;
     if (serve != UINT64_MAX) {
