@@ -78,8 +78,7 @@ int kvt_bench_ec_consumer(void)
     printf("port %u\n", kvt_ec_server_port(srv));
     fflush(stdout);
     void *ctx = zmq_ctx_new(), *pull = zmq_socket(ctx, ZMQ_PULL);
-    char ep[64];
-    snprintf(ep, sizeof(ep), "tcp://127.0.0.1:%u", kvt_ec_server_event_port(srv));
+    const char *ep = kvt_ec_server_event_endpoint(srv);
     int t = 100, zero = 0;
     zmq_setsockopt(pull, ZMQ_RCVTIMEO, &t, sizeof(t));
     zmq_setsockopt(pull, ZMQ_LINGER, &zero, sizeof(zero));

@@ -53,8 +53,10 @@ typedef struct kvt_ec_server_config {
      * a 0700 directory, kvt_ec_owner_key_path); set it explicitly on the server and the inbox
      * when they run on different hosts. */
     const char *owner_key;
-    /* Where the event socket binds; default (NULL) 127.0.0.1: only processes of this host may
-     * take readiness events. Another address serves remote schedulers (with CURVE). */
+    /* Where the event socket binds. Default (NULL): a unix socket in this user's private
+     * directory (the owner key's, kvt_ec_owner_key_path): only this user's processes on this
+     * host can take readiness events. An address serves remote schedulers, and needs CURVE
+     * (curve_secret_key; refused without it: whoever connected would take events). */
     const char *event_host;
     /* after UCX made progress, the server keeps polling (no sleep) this long before it waits
      * on its descriptors again: bytes that arrive in bursts are taken without a wake-up each.
@@ -79,9 +81,13 @@ KVT_API int kvt_ec_server_start(const kvt_ec_server_config *cfg, kvt_ec_shard *s
 /* Stops the thread and closes the sockets (pending events are dropped); NULL is a no-op. The
  * shard is left as it is: its writers still own their memory (kvt_ec_shard_destroy decides). */
 KVT_API void kvt_ec_server_stop(kvt_ec_server *s);
-/* The bound control and event ports. */
+/* The bound control port, and the event socket's port (0 when it is a unix socket: event_host
+ * NULL). */
 KVT_API uint32_t kvt_ec_server_port(const kvt_ec_server *s);
 KVT_API uint32_t kvt_ec_server_event_port(const kvt_ec_server *s);
+/* The endpoint a ZeroMQ PULL connects to for this server's events ("ipc://..." or
+ * "tcp://host:port"); valid until the server stops. */
+KVT_API const char *kvt_ec_server_event_endpoint(const kvt_ec_server *s);
 /* kvt_ec_shard_apply under the server's lock: the consumer worker's step. */
 KVT_API int kvt_ec_server_apply(kvt_ec_server *s, const kvt_ec_meta *meta,
                                 const kvt_ec_cache_ops *ops, kvt_ec_worker_meta *out);
@@ -169,7 +175,9 @@ typedef struct kvt_ec_inbox_config {
     /* The shards' owner key (kvt_ec_server_config.owner_key); NULL: read, per shard, from the
      * file its server wrote on this host (kvt_ec_owner_key_path). */
     const char *owner_key;
-    /* Where the shards' event sockets are reached; default (NULL) 127.0.0.1. */
+    /* Where the shards' event sockets are reached: default (NULL) their unix sockets on this
+     * host (kvt_ec_server_config.event_host NULL; the servers and this inbox run as one user);
+     * an address: their tcp ports there (with CURVE). */
     const char *event_host;
     /* room for fields to come, so the struct keeps its size: zero (as *_config_init
      * leaves it); a create refuses a config whose room is not zero */
@@ -200,7 +208,7 @@ KVT_API int kvt_ec_inbox_step(kvt_ec_inbox *in, kvt_ec_sched *sched);
 KVT_API void kvt_ec_inbox_get_stats(kvt_ec_inbox *in, kvt_ec_inbox_stats *st);
 
 /* For programs that read a shard's event socket themselves (a ZeroMQ PULL connected to
- * tcp://<event_host>:<kvt_ec_server_event_port>) instead of through an inbox: decodes one
+ * kvt_ec_server_event_endpoint) instead of through an inbox: decodes one
  * message into out, and the sending shard's rank into shard (may be NULL). KVT_EPROTO /
  * KVT_ELIMIT / KVT_EVERSION for a message that is not a valid event (out is untouched). */
 KVT_API int kvt_ec_event_decode(const void *buf, size_t len, kvt_ec_ready_event *out,

@@ -159,6 +159,10 @@ bool kvi_ecc_key_equal(const char *a, const char *b);
 int kvi_ecc_owner_write(uint32_t port, const char *key);
 int kvi_ecc_owner_read(uint32_t port, char out[KVT_EC_RID_LEN + 1]);
 void kvi_ecc_owner_remove(uint32_t port, const char *key);
+/* The event socket of the server on control port `port` when its events stay on this host:
+ * "ipc://<the owner key's directory>/ec-events-<port>" (0700, this user's: other users cannot
+ * connect). The server binds it, the inbox of the same host and user connects to it. */
+int kvi_ecc_event_path(uint32_t port, char *buf, size_t cap);
 
 /* ---- client ------------------------------------------------------------------------------ */
 

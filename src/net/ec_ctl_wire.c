@@ -13,7 +13,7 @@
  *                                      key, which a cancel without reservation id needs)
  *   reply    u32 op; i32 code; str error; then, when code is 0, by op
  *              peers                   u32 n; n x u32 port
- *              event_port              u32 port
+ *              event_port              u32 port (0: a unix socket of the server's user)
  *              others                  u32 n; n x result
  *            result: i32 code; str error; then, when its code is 0, by op
  *              status                  bool found; if found: str mm_hash; bool ready;
@@ -476,10 +476,9 @@ int kvi_ecc_reply_validate(const kvi_ecc_reply *r)
                 return kvt_fail(KVT_EINVAL, "peers: port %u is not a TCP port", r->ports[i]);
         return 0;
     }
-    if (r->op == KVT_ECC_EVENT_PORT)
-        return r->port >= 1 && r->port <= 65535
-                   ? 0
-                   : kvt_fail(KVT_EINVAL, "event_port: %u is not a TCP port", r->port);
+    if (r->op == KVT_ECC_EVENT_PORT) /* 0: a unix socket of the server's user on its host */
+        return r->port <= 65535 ? 0
+                                : kvt_fail(KVT_EINVAL, "event_port: %u is not a TCP port", r->port);
     if (r->op == KVT_ECC_DATA_ADDRESS)
         return r->data_addr && r->data_addr_len >= 1 && r->data_addr_len <= KVT_ECC_MAX_ADDR
                    ? 0

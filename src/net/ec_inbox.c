@@ -46,6 +46,7 @@ struct kvt_ec_inbox {
     bool curve;
     char server_key[41], public_key[41], secret_key[41];
     char event_host[128];
+    bool local_events;              /* no event_host: the shards' unix sockets */
     char owner[KVT_EC_RID_LEN + 1]; /* configured owner key, or "" (read per shard) */
     /* the thread's: each shard's key as read from its server's file ("" until read, and
      * again after a refused cancel: a restarted server writes a new one) */
@@ -237,6 +238,7 @@ int kvt_ec_inbox_create(const kvt_ec_inbox_config *cfg, kvt_ec_inbox **out)
     memcpy(in->host, h, hl);
     snprintf(in->event_host, sizeof(in->event_host), "%s",
              cfg->event_host ? cfg->event_host : "127.0.0.1");
+    in->local_events = cfg->event_host == NULL;
     in->cfg.event_host = in->event_host;
     if (cfg->owner_key)
         memcpy(in->owner, cfg->owner_key, KVT_EC_RID_LEN + 1);
@@ -310,9 +312,18 @@ static int connect_pull(kvt_ec_inbox *in)
     int rc = in->curve ? kvi_ecc_curve_client(in->pull, &keys) : 0;
     if (rc)
         return rc;
+    uint32_t ports[KVT_EC_MAX_SHARDS];
+    pthread_mutex_lock(&in->mu);
+    memcpy(ports, in->ports, sizeof(ports));
+    pthread_mutex_unlock(&in->mu);
     for (uint32_t k = 0; k < n; k++) {
         char ep[200];
-        endpoint(ep, sizeof(ep), in->event_host, evs[k]);
+        if (in->local_events) { /* each shard's unix socket, in this user's directory */
+            if ((rc = kvi_ecc_event_path(ports[k], ep, sizeof(ep))))
+                return rc;
+        } else {
+            endpoint(ep, sizeof(ep), in->event_host, evs[k]);
+        }
         if (zmq_connect(in->pull, ep) != 0)
             return kvt_fail(KVT_EIO, "ec inbox: connect %s: %s", ep, zmq_strerror(zmq_errno()));
     }

@@ -14,6 +14,8 @@
  * ever cancelling) or one others may enter is never trusted: it is skipped with a warning
  * naming its owner, and the next candidate serves. The server and the inbox walk the same
  * list, so they meet in the same place; the inbox reads a key only from a usable directory.
+ * The same directory holds each server's event socket (a unix socket, ec-events-<port>): only
+ * this user's processes can connect to it, so no other local user takes readiness events.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -111,6 +113,24 @@ int kvt_ec_owner_key_path(uint32_t port, char *buf, size_t cap)
     int n = snprintf(buf, cap, "%s/ec-owner-%u", dir, port);
     if (n < 0 || (size_t)n >= cap)
         return kvt_fail(KVT_EINVAL, "ec owner key: path too long");
+    return 0;
+}
+
+int kvi_ecc_event_path(uint32_t port, char *buf, size_t cap)
+{
+    if (port < 1 || port > 65535)
+        return kvt_fail(KVT_EINVAL, "ec events: a port 1..65535 is needed");
+    char dir[512];
+    int rc = usable_dir(true, dir, sizeof(dir));
+    if (rc)
+        return rc;
+    /* a unix socket's path fits in 107 bytes (sun_path), "ipc://" not counted */
+    int n = snprintf(buf, cap, "ipc://%s/ec-events-%u", dir, port);
+    if (n < 0 || (size_t)n >= cap || n - 6 > 107)
+        return kvt_fail(KVT_EINVAL,
+                        "ec events: the socket path %s/ec-events-%u is longer than a unix "
+                        "socket's 107 bytes (set XDG_RUNTIME_DIR or TMPDIR shorter)",
+                        dir, port);
     return 0;
 }
 

@@ -50,7 +50,8 @@ struct kvt_ec_server {
     pthread_t thread;
     atomic_bool stop;
     void *ctx, *rep, *push;
-    uint32_t port, event_port;
+    uint32_t port, event_port; /* event_port: 0 for a unix socket (event_ep) */
+    char event_ep[320];
     /* event ring (the thread's) */
     kvt_ec_ready_event *ring;
     uint32_t head, n;
@@ -137,7 +138,13 @@ static int check_config(const kvt_ec_server_config *c)
     if (c->owner_key && kvi_ecc_key_check(c->owner_key))
         return kvt_fail(KVT_EINVAL, "ec server: owner_key is not 32 lowercase hex digits");
     if (c->event_host && !c->event_host[0])
-        return kvt_fail(KVT_EINVAL, "ec server: an empty event_host (NULL means 127.0.0.1)");
+        return kvt_fail(KVT_EINVAL, "ec server: an empty event_host (NULL: a unix socket of this "
+                                    "user)");
+    if (c->event_host && !c->curve_secret_key)
+        return kvt_fail(KVT_EINVAL,
+                        "ec server: event_host %s needs CURVE (curve_secret_key and "
+                        "curve_clients): without it, whoever connects takes readiness events",
+                        c->event_host);
     return 0;
 }
 
@@ -856,8 +863,16 @@ static int bind_sockets(kvt_ec_server *s)
         return rc;
     if (zmq_bind(s->rep, ep) != 0)
         return zfail("failed to bind", ep);
-    /* events: the local machine only, unless the caller names another address */
-    if ((rc = endpoint(ep, sizeof(ep), s->cfg.event_host ? s->cfg.event_host : "127.0.0.1", 0)))
+    /* events: a unix socket in this user's private directory (no other user can connect, so
+     * no outsider takes an event), unless the caller names an address, which needs CURVE */
+    if (!s->cfg.event_host) {
+        if ((rc = kvi_ecc_event_path(s->port, s->event_ep, sizeof(s->event_ep))))
+            return rc;
+        if (zmq_bind(s->push, s->event_ep) != 0)
+            return zfail("failed to bind the event socket", s->event_ep);
+        return 0;
+    }
+    if ((rc = endpoint(ep, sizeof(ep), s->cfg.event_host, 0)))
         return rc;
     if (zmq_bind(s->push, ep) != 0)
         return zfail("failed to bind the event socket", ep);
@@ -869,6 +884,7 @@ static int bind_sockets(kvt_ec_server *s)
     s->event_port = colon ? (uint32_t)strtoul(colon + 1, NULL, 10) : 0;
     if (s->event_port == 0)
         return kvt_fail(KVT_EIO, "ec server: cannot read the event port from %s", last);
+    snprintf(s->event_ep, sizeof(s->event_ep), "%s", last);
     return 0;
 }
 
@@ -939,8 +955,8 @@ int kvt_ec_server_start(const kvt_ec_server_config *cfg, kvt_ec_shard *shard, kv
         teardown(s);
         return rc;
     }
-    KVT_LOG_I("ec server: shard %u of %u serving on port %u, events on port %u", cfg->tp_rank,
-              cfg->tp_size, s->port, s->event_port);
+    KVT_LOG_I("ec server: shard %u of %u serving on port %u, events at %s", cfg->tp_rank,
+              cfg->tp_size, s->port, s->event_ep);
     *out = s;
     return 0;
 }
@@ -957,6 +973,11 @@ void kvt_ec_server_stop(kvt_ec_server *s)
 uint32_t kvt_ec_server_port(const kvt_ec_server *s)
 {
     return s->port;
+}
+
+const char *kvt_ec_server_event_endpoint(const kvt_ec_server *s)
+{
+    return s ? s->event_ep : NULL;
 }
 
 uint32_t kvt_ec_server_event_port(const kvt_ec_server *s)

@@ -427,8 +427,9 @@ static void forged_bytes_are_refused(void **state)
     KVT_OK_(kvi_ecc_reply_encode(&rep, g_buf, sizeof(g_buf), &len));
     KVT_ERR_(kvi_ecc_request_decode(&back, g_buf, len), KVT_EPROTO);
     assert_non_null(strstr(kvt_last_error(), "expected"));
-    /* a reply: port 0, a success with a message, a positive code */
-    rep.port = 0;
+    /* a reply: a port past 65535 (0 is a unix socket: allowed), a success with a message, a
+     * positive code */
+    rep.port = 65536;
     KVT_ERR_(kvi_ecc_reply_encode(&rep, g_buf, sizeof(g_buf), &len), KVT_EINVAL);
     rep.port = 7;
     rep.error = S("oops");

@@ -89,9 +89,7 @@ static void consumer_start_ttl(consumer *c, bool data_plane, uint64_t ttl_ns)
         zmq_setsockopt(c->pull, ZMQ_CURVE_SECRETKEY, g_curve_pull[2], 40);
     }
     for (uint32_t k = 0; k < SHARDS; k++) {
-        char ep[64];
-        snprintf(ep, sizeof(ep), "tcp://127.0.0.1:%u", kvt_ec_server_event_port(c->srv[k]));
-        assert_int_equal(zmq_connect(c->pull, ep), 0);
+        assert_int_equal(zmq_connect(c->pull, kvt_ec_server_event_endpoint(c->srv[k])), 0);
     }
 }
 

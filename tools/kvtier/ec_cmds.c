@@ -174,10 +174,7 @@ int kvt_cmd_ec_consumer(int argc, char **argv)
     zmq_setsockopt(pull, ZMQ_RCVTIMEO, &t, sizeof(t));
     zmq_setsockopt(pull, ZMQ_LINGER, &zero, sizeof(zero));
     for (uint32_t k = 0; k < shards && !rc; k++) {
-        char ep[300];
-        snprintf(ep, sizeof(ep), strchr(host, ':') ? "tcp://[%s]:%u" : "tcp://%s:%u", host,
-                 kvt_ec_server_event_port(srv[k]));
-        if (zmq_connect(pull, ep) != 0)
+        if (zmq_connect(pull, kvt_ec_server_event_endpoint(srv[k])) != 0)
             rc = kvt_fail(KVT_EIO, "cannot connect to the events of shard %u", k);
     }
     uint64_t ok = 0, bad = 0, other = 0, bytes = 0, abandoned = 0;
@@ -454,9 +451,7 @@ int kvt_ec_net_soak_round(uint64_t seed, kvt_ec_net_soak *res)
     zmq_setsockopt(pull, ZMQ_RCVTIMEO, &t, sizeof(t));
     zmq_setsockopt(pull, ZMQ_LINGER, &zero, sizeof(zero));
     for (uint32_t k = 0; k < SH && !rc; k++) {
-        char ep[64];
-        snprintf(ep, sizeof(ep), "tcp://127.0.0.1:%u", kvt_ec_server_event_port(srv[k]));
-        zmq_connect(pull, ep);
+        zmq_connect(pull, kvt_ec_server_event_endpoint(srv[k]));
     }
     /* half the time the producer dies mid-push: after a random number of items it reserves
      * the next one everywhere and kills itself before writing it */

@@ -1241,8 +1241,7 @@ static int start_servers(ref_engine *e, char *err, size_t cap)
     int zero = 0;
     zmq_setsockopt(e->pull, ZMQ_LINGER, &zero, sizeof(zero));
     for (uint32_t k = 0; k < e->tp; k++) {
-        char ep[64];
-        snprintf(ep, sizeof(ep), "tcp://127.0.0.1:%u", kvt_ec_server_event_port(e->srv[k]));
+        const char *ep = kvt_ec_server_event_endpoint(e->srv[k]);
         if (zmq_connect(e->pull, ep) != 0)
             return fail(err, cap, "cannot connect to %s: %s", ep, zmq_strerror(zmq_errno()));
     }

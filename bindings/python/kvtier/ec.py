@@ -611,7 +611,8 @@ class EcServer:
                  owner_key=None, event_host=None):
         """owner_key: the consumer's 32-hex-digit secret its scheduler's cancels must show
         (None: a random one, left in a private file for the inbox of this host and user);
-        event_host: where readiness events are served (None: 127.0.0.1). complete_wait_ms is
+        event_host: where readiness events are served (None: a unix socket only this user's
+        processes on this host can reach; an address needs CURVE). complete_wait_ms is
         accepted and ignored: completions never wait."""
         cfg = L.kvt_ec_server_config()
         _lib.kvt_ec_server_config_init(ctypes.byref(cfg))
@@ -653,7 +654,13 @@ class EcServer:
 
     @property
     def event_port(self):
+        """The event socket's TCP port; 0 when it is a unix socket (no event_host)."""
         return _lib.kvt_ec_server_event_port(self._h)
+
+    @property
+    def event_endpoint(self):
+        """What a ZeroMQ PULL connects to for this shard's readiness events."""
+        return _lib.kvt_ec_server_event_endpoint(self._h).decode()
 
     def apply(self, meta, holds, place):
         """The consumer worker's step on this shard (kvt_ec_server_apply): holds(mm_hash) says

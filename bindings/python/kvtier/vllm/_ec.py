@@ -49,7 +49,8 @@ _EXTRA_KEYS = {
     "complete_wait_ms": "ignored (a shard never waits on a completion; kept for old configs)",
     "owner_key": "consumer: the 32-hex-digit secret the scheduler's cancels show its shards "
                  "(default: made by each shard, read from a private file on this host)",
-    "event_host": "consumer: where the shards serve readiness events (default 127.0.0.1)",
+    "event_host": "consumer: where the shards serve readiness events (default: a unix socket "
+                  "of this user; an address needs CURVE keys)",
     "curve_server_secret_key": "consumer: the shards' CURVE secret key (Z85)",
     "curve_server_public_key": "producer / consumer scheduler: the shards' CURVE public key",
     "curve_public_key": "this client's CURVE public key",
