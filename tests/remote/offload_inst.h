@@ -23,6 +23,7 @@
 
 static char g_space[32];
 static uint32_t g_timeout_ms = 2000, g_ttl_ms = 600; /* the remotes' timeout_ms, ttl_ms */
+static uint32_t g_dir_timeout_ms = 250;              /* their directory_timeout_ms */
 static uint32_t g_miss_ms; /* the managers' remote_miss_ms: 0 (look up every time) unless a
                               case says otherwise */
 
@@ -33,6 +34,7 @@ static inline int each_setup(void **state)
     snprintf(g_space, sizeof(g_space), "o%d-%d", (int)getpid(), n++);
     g_miss_ms = 0;
     g_timeout_ms = 2000;
+    g_dir_timeout_ms = 250;
     return 0;
 }
 
@@ -58,6 +60,7 @@ static inline int remote_open(inst *x, const char *name, uint32_t n_slots, uint3
     c.hash_seed = SIM_SEED;
     c.ttl_ms = g_ttl_ms;
     c.timeout_ms = g_timeout_ms;
+    c.directory_timeout_ms = g_dir_timeout_ms;
     return kvt_remote_create(&c, &x->r);
 }
 

@@ -72,7 +72,11 @@ static void inst_open(uint32_t i)
     c.hash_len = HL;
     c.region = m->region;
     c.n_slots = SLOTS;
-    c.timeout_ms = 2000;
+    /* nothing dies here: the bounds guard against a hang, and no wait on a loaded machine may
+     * turn a predicted hit into a miss (issue 36) */
+    c.timeout_ms = 60000;
+    c.directory_timeout_ms = 30000;
+    c.ttl_ms = 60000;
     KVT_OK_(kvt_remote_create(&c, &m->r));
     for (uint32_t s = 0; s < SLOTS; s++)
         m->held[s] = -1, m->published[s] = m->scribbled[s] = false;

@@ -373,10 +373,25 @@ static uint32_t step(engine *e, bool preempted, kvt_str *fin_out, uint32_t cap)
     return res.n_finished;
 }
 
+/* Waiting for workers in other processes: the loops below wait for a condition, stepping, and
+ * give up only after HANG_S, a guard against a real hang far beyond any wait a loaded machine
+ * shows (under two CPU hogs a fixed 2,000 steps of 200 us ran out: issue 36). */
+#define HANG_S 120
+
+static bool before(uint64_t deadline)
+{
+    return kvt_monotonic_ns() < deadline;
+}
+
+static uint64_t hang_deadline(void)
+{
+    return kvt_monotonic_ns() + (uint64_t)HANG_S * 1000000000ull;
+}
+
 static void drain(engine *e)
 {
     kvt_str fin[8];
-    for (int i = 0; i < 2000 && kvt_offload_has_pending(e->s.m); i++) {
+    for (uint64_t end = hang_deadline(); kvt_offload_has_pending(e->s.m) && before(end);) {
         step(e, false, fin, 8);
         usleep(200);
     }
@@ -411,7 +426,8 @@ static uint32_t load_prompt(engine *e, sim_req *r, bool preempt_midway)
     if (r->ext)
         expect_load(e, r);
     bool done = r->ext == 0;
-    for (int i = 0; i < 5000 && !done; i++) {
+    uint64_t end = hang_deadline();
+    for (int i = 0; !done && before(end); i++) {
         kvt_str fin[16];
         uint32_t n = step(e, preempt_midway && i == 0, fin, 16);
         for (uint32_t k = 0; k < n; k++)
