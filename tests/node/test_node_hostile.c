@@ -39,6 +39,17 @@ static void shm_path(char *buf, size_t cap, const char *kind)
     snprintf(buf, cap, "/kvtier.%s.%s", g_name, kind);
 }
 
+/* Opens the tier's metadata object (flags O_RDONLY or O_RDWR) and stats it. */
+static int open_meta_object(int flags, struct stat *st)
+{
+    char p[96];
+    shm_path(p, sizeof(p), "meta");
+    int fd = shm_open(p, flags, 0);
+    assert_true(fd >= 0);
+    assert_int_equal(fstat(fd, st), 0);
+    return fd;
+}
+
 static int teardown(void **state)
 {
     (void)state;
@@ -114,12 +125,8 @@ static uint8_t *real_meta(size_t *len)
     node_cfg(&c, 0);
     kvt_node *n;
     KVT_OK_(kvt_node_attach(&c, &n));
-    char p[96];
-    shm_path(p, sizeof(p), "meta");
-    int fd = shm_open(p, O_RDONLY, 0);
-    assert_true(fd >= 0);
     struct stat st;
-    assert_int_equal(fstat(fd, &st), 0);
+    int fd = open_meta_object(O_RDONLY, &st);
     uint8_t *b = malloc((size_t)st.st_size);
     assert_non_null(b);
     assert_int_equal(pread(fd, b, (size_t)st.st_size, 0), st.st_size);
@@ -241,12 +248,8 @@ static void damaged_header_words_are_refused(void **state)
     node_cfg(&c1, 1);
     kvt_node *a;
     KVT_OK_(kvt_node_attach(&c0, &a));
-    char p[96];
-    shm_path(p, sizeof(p), "meta");
-    int fd = shm_open(p, O_RDWR, 0);
-    assert_true(fd >= 0);
     struct stat st;
-    assert_int_equal(fstat(fd, &st), 0);
+    int fd = open_meta_object(O_RDWR, &st);
     uint8_t *h = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     assert_true(h != MAP_FAILED);
     close(fd);
@@ -312,12 +315,8 @@ static void a_sharing_group_admits_its_members(void **state)
     if (!getgrnam("nogroup"))
         KVT_SKIP("no group named nogroup");
     assert_int_equal(as_other_user(create_as_group_member, NULL), 0);
-    char p[96];
-    shm_path(p, sizeof(p), "meta");
-    int fd = shm_open(p, O_RDONLY, 0);
     struct stat st;
-    assert_true(fd >= 0 && fstat(fd, &st) == 0);
-    close(fd);
+    close(open_meta_object(O_RDONLY, &st));
     assert_int_equal(st.st_uid, OTHER_ID);
     assert_int_equal(st.st_mode & 0777, 0660);
     kvt_node_config c;
