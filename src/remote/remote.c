@@ -1405,6 +1405,9 @@ static void take_challenge(rd_ctx *x, uint32_t p, const uint8_t *buf, size_t len
     uint8_t proof[KVI_RKEY];
     char name[KVT_REMOTE_NAME_MAX + 1];
     int rc = kvi_rchal_decode(buf, len, &c);
+    if (!rc && memchr(c.name, 0, c.name_len))
+        rc = kvt_fail(KVT_EPROTO, "remote: %s: a challenge naming an instance with a NUL byte",
+                      pe->name);
     if (!rc) {
         memcpy(name, c.name, c.name_len);
         name[c.name_len] = 0;
