@@ -343,19 +343,19 @@ static osess *sess_find(kvt_remote *r, const void *id, size_t len)
     return NULL;
 }
 
-/* A fresh session for connection id: its old one replaced, else a free entry, else the entry
- * used longest ago (a flood of hellos costs other strangers their sessions, never more). */
+/* A fresh session for connection id: its old one replaced, else a free entry, else the one
+ * used longest ago among those whose reader never proved itself (a request that checked), and
+ * only if every one did, the one used longest ago: a flood of hellos from strangers costs
+ * other strangers their half-open sessions, not the members theirs. */
 static osess *sess_new(kvt_remote *r, const void *id, size_t len)
 {
     osess *s = sess_find(r, id, len);
     if (!s && r->n_sess < MAX_SESSIONS)
         s = &r->sess[r->n_sess++];
-    if (!s) {
-        s = &r->sess[0];
-        for (uint32_t i = 1; i < r->n_sess; i++)
-            if (r->sess[i].used < s->used)
+    for (int proven = 0; !s && proven < 2; proven++)
+        for (uint32_t i = 0; i < r->n_sess; i++)
+            if ((r->sess[i].last_seq != 0) == (proven != 0) && (!s || r->sess[i].used < s->used))
                 s = &r->sess[i];
-    }
     memset(s, 0, sizeof(*s));
     memcpy(s->id, id, len);
     s->id_len = (uint32_t)len;

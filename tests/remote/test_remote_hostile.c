@@ -15,6 +15,7 @@
  *     of their control traffic, and nowhere the credential; Redis holds it nowhere either;
  *   - a member (a client holding the credential) sends a crafted UCX address, replays a
  *     request and sends one with a broken MAC: each refused, the owner serves on;
+ *   - a stranger's flood of hellos evicts no member's session;
  *   - encrypted reads move the same bytes; an owner that encrypts refuses a plain reader;
  *   - a Redis that drips its reply a byte at a time holds a call no longer than its deadline.
  */
@@ -592,6 +593,53 @@ static void a_member_with_a_crafted_address_or_a_replay_is_refused(void **state)
     drop_inst(&a);
 }
 
+/* A stranger says hello from more connections than an owner keeps sessions for (1,024): the
+ * half-open sessions go first, so a member's proven session survives and its next read needs
+ * no new handshake. */
+static void a_hello_flood_does_not_evict_a_members_session(void **state)
+{
+    (void)state;
+    NEED_REDIS();
+    inst a, b;
+    KVT_OK_(make(&a, "a", true, 7, CRED, 2000));
+    KVT_OK_(make(&b, "b", false, 7, CRED, 2000));
+    store(&a, 8, 4, 1);
+    uint32_t ok, stale, failed;
+    assert_int_equal(fetch(&b, 8, 4, &ok, &stale, &failed), 4);
+    assert_int_equal(ok, 4);
+    kvt_remote_stats sb;
+    kvt_remote_get_stats(b.r, &sb);
+    uint64_t hs = sb.handshakes;
+    void *ctx = zmq_ctx_new();
+    char ep[64];
+    snprintf(ep, sizeof(ep), "tcp://127.0.0.1:%u", kvt_remote_port(a.r));
+    uint32_t answered = 0;
+    for (uint32_t k = 0; k < 1100; k++) {
+        void *d = zmq_socket(ctx, ZMQ_DEALER);
+        int tmo = 2000, zero = 0;
+        zmq_setsockopt(d, ZMQ_RCVTIMEO, &tmo, sizeof(tmo));
+        zmq_setsockopt(d, ZMQ_LINGER, &zero, sizeof(zero));
+        char id[16];
+        int idl = snprintf(id, sizeof(id), "s%u", k);
+        zmq_setsockopt(d, ZMQ_ROUTING_ID, id, (size_t)idl);
+        zmq_connect(d, ep);
+        kvi_rhello h = {.name = (const uint8_t *)"stranger", .name_len = 8};
+        uint8_t buf[256];
+        kvi_rhello_encode(&h, buf);
+        zmq_send(d, buf, kvi_rhello_size(&h), 0);
+        answered += zmq_recv(d, buf, sizeof(buf), 0) > 0;
+        zmq_close(d);
+    }
+    zmq_ctx_term(ctx);
+    assert_int_equal(answered, 1100);
+    assert_int_equal(fetch(&b, 8, 4, &ok, &stale, &failed), 4);
+    assert_int_equal(ok, 4);
+    kvt_remote_get_stats(b.r, &sb);
+    assert_int_equal(sb.handshakes, hs); /* the same session */
+    drop_inst(&b);
+    drop_inst(&a);
+}
+
 static void encrypting(kvt_remote_config *c)
 {
     c->encrypt = 1;
@@ -726,6 +774,7 @@ int main(void)
         cmocka_unit_test_setup(a_replayed_or_redirected_entry_costs_a_miss, each_setup),
         cmocka_unit_test_setup(the_credential_is_never_sent_anywhere, each_setup),
         cmocka_unit_test_setup(a_member_with_a_crafted_address_or_a_replay_is_refused, each_setup),
+        cmocka_unit_test_setup(a_hello_flood_does_not_evict_a_members_session, each_setup),
         cmocka_unit_test_setup(encrypted_reads, each_setup),
         cmocka_unit_test_setup(a_dripping_directory_costs_one_deadline, each_setup),
     };
