@@ -203,15 +203,26 @@ static int remote_seeds(const char *dir)
     static uint8_t buf[4096];
     uint8_t hash[16] = {1, 2, 3}, addr[40] = {0x20, 7};
     kvi_rhello h = {.nr = {9}, .name = (const uint8_t *)"reader-1", .name_len = 8};
-    kvi_rchal c = {.nr = {9}, .no = {8}, .boot = {7}, .name = (const uint8_t *)"owner-1",
-                   .name_len = 7, .proof = {6}};
+    kvi_rchal c = {.nr = {9},
+                   .no = {8},
+                   .boot = {7},
+                   .name = (const uint8_t *)"owner-1",
+                   .name_len = 7,
+                   .proof = {6}};
     kvi_rreq_block blk[2] = {{3, 5, hash}, {4, 6, hash}};
-    kvi_rreq q = {.seq = 1, .req_id = 2, .epoch = 3, .tag = 0x100, .flags = 1, .hash_len = 16,
-                  .addr = addr, .addr_len = 40, .n = 2, .blocks = blk};
+    kvi_rreq q = {.seq = 1,
+                  .req_id = 2,
+                  .epoch = 3,
+                  .tag = 0x100,
+                  .flags = 1,
+                  .hash_len = 16,
+                  .addr = addr,
+                  .addr_len = 40,
+                  .n = 2,
+                  .blocks = blk};
     kvi_rrep_block rb[2] = {{0, {1}}, {KVT_ENOENT, {0}}};
     kvi_rrep p = {.seq = 1, .req_id = 2, .n = 2, .blocks = rb};
-    size_t len[4] = {kvi_rhello_size(&h), kvi_rchal_size(&c), kvi_rreq_size(&q),
-                     kvi_rrep_size(&p)};
+    size_t len[4] = {kvi_rhello_size(&h), kvi_rchal_size(&c), kvi_rreq_size(&q), kvi_rrep_size(&p)};
     for (int v = 0; v < 4; v++) {
         buf[0] = (uint8_t)v;
         if (v == 0)

@@ -36,8 +36,8 @@
  * counters) beside two CPU hogs, the workers' start (the copy kernels' calibration, twice at
  * once) kept the first hello more than 30 s away (issue 36: the parallel coverage run failed,
  * its rerun passed). ctest stops the test at 600 s. */
-#define TIMEOUT_MS  300000
-#define N_PROMPTS   14
+#define TIMEOUT_MS 300000
+#define N_PROMPTS  14
 
 #define DISK_SLOTS 128 /* three tiers: every prompt fits on disk */
 
