@@ -21,6 +21,7 @@
 #include <pthread.h>
 
 #include "base/prom.h"
+#include "base/ring.h"
 #include "kvtier/copy.h"
 
 struct kvt_layout {
@@ -126,8 +127,7 @@ struct kvt_copy {
     pthread_cond_t cv_work; /* queue gained work, or stop */
     pthread_cond_t cv_done; /* a job finished or was issued */
     copy_ring ring[2];
-    copy_job **queue; /* submission queue, 2 * max_events */
-    uint32_t q_head, q_tail, q_cap;
+    kvi_ring queue; /* submission queue of copy_job *, 2 * max_events */
     bool stop;
     uint32_t active[2];   /* CPU: jobs started and not done, per direction (0 or 1) */
     kvt_copy_stats st;    /* counters (under mu) */

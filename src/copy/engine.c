@@ -114,7 +114,7 @@ static void free_engine(kvt_copy *c)
         free(c->ring[d].slots);
         free(c->ring[d].failed);
     }
-    free(c->queue);
+    kvi_ring_free(&c->queue);
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->cv_work);
     pthread_cond_destroy(&c->cv_done);
@@ -205,9 +205,8 @@ int kvt_copy_create(const kvt_copy_config *cfg, const kvt_layout *layout, const 
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv_work, NULL);
     pthread_cond_init(&c->cv_done, NULL);
-    c->q_cap = 2 * cfg->max_events;
-    c->queue = calloc(c->q_cap, sizeof(*c->queue));
-    bool ok = c->queue != NULL;
+    /* never full: each direction's ring bounds its queued jobs to max_events */
+    bool ok = kvi_ring_init(&c->queue, sizeof(copy_job *), 2 * cfg->max_events) == 0;
     for (int d = 0; d < 2 && ok; d++) {
         c->ring[d].slots = calloc(cfg->max_events, sizeof(copy_job));
         c->ring[d].failed = calloc(cfg->max_events, sizeof(int64_t));
@@ -356,7 +355,7 @@ int kvt_copy_submit(kvt_copy *c, int dir, int64_t event, const uint32_t *src, co
     c->st.descriptors[dir] += j->n_descs;
     j->state = JOB_QUEUED;
     ring->tail++;
-    c->queue[c->q_tail++ % c->q_cap] = j;
+    *(copy_job **)kvi_ring_push(&c->queue) = j;
     pthread_cond_broadcast(&c->cv_work);
     pthread_mutex_unlock(&c->mu);
     return 0;
@@ -364,7 +363,7 @@ int kvt_copy_submit(kvt_copy *c, int dir, int64_t event, const uint32_t *src, co
 
 copy_job *kvi_copy_queue_front(kvt_copy *c)
 {
-    return c->q_head == c->q_tail ? NULL : c->queue[c->q_head % c->q_cap];
+    return kvi_ring_len(&c->queue) ? *KVI_RING_AT(&c->queue, copy_job *, 0) : NULL;
 }
 
 copy_job *kvi_copy_wait_front(kvt_copy *c)
@@ -379,7 +378,7 @@ copy_job *kvi_copy_wait_front(kvt_copy *c)
 
 void kvi_copy_queue_pop(kvt_copy *c)
 {
-    c->q_head++;
+    kvi_ring_drop(&c->queue, 1);
     pthread_cond_broadcast(&c->cv_done);
 }
 
@@ -433,7 +432,7 @@ uint32_t kvt_copy_take_failed(kvt_copy *c, int dir, int64_t *out, uint32_t cap)
 /* Under c->mu: a job still waiting for a copy thread or being copied by the CPU backend. */
 static bool any_queued(kvt_copy *c)
 {
-    if (c->q_head != c->q_tail)
+    if (kvi_ring_len(&c->queue))
         return true;
     for (int d = 0; d < 2; d++)
         for (uint32_t i = c->ring[d].head; i != c->ring[d].tail; i++)

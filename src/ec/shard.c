@@ -102,13 +102,11 @@ static void new_rid(kvt_ec_shard *sh, char *out)
 
 static void push_event(kvt_ec_shard *sh, const rec *r, bool abandoned)
 {
-    uint32_t cap = sh->cfg.max_events;
-    if (sh->ev_n == cap) { /* the backlog is bounded: the oldest goes */
-        sh->ev_head = (sh->ev_head + 1) % cap;
-        sh->ev_n--;
-        sh->st.events_dropped++;
-    }
-    kvt_ec_ready_event *e = &sh->ev[(sh->ev_head + sh->ev_n++) % cap];
+    bool dropped = false; /* the backlog is bounded: the oldest goes */
+    kvt_ec_ready_event *e = kvi_ring_push_over(&sh->ev, &dropped);
+    sh->st.events_dropped += dropped || !e;
+    if (!e)
+        return;
     memcpy(e->transfer_id, r->tid.s, r->tid.len + 1);
     memcpy(e->mm_hash, r->h.s, r->h.len + 1);
     memcpy(e->reservation_id, r->rid, sizeof(e->reservation_id));
@@ -121,13 +119,11 @@ static void push_event(kvt_ec_shard *sh, const rec *r, bool abandoned)
 
 static void push_reclaimed(kvt_ec_shard *sh, const ec_key *h)
 {
-    uint32_t cap = sh->cfg.max_events;
-    if (sh->recl_n == cap) {
-        sh->recl_head = (sh->recl_head + 1) % cap;
-        sh->recl_n--;
-        sh->st.events_dropped++;
-    }
-    memcpy(sh->recl[(sh->recl_head + sh->recl_n++) % cap], h->s, h->len + 1);
+    bool dropped = false;
+    char *e = kvi_ring_push_over(&sh->recl, &dropped);
+    sh->st.events_dropped += dropped || !e;
+    if (e)
+        memcpy(e, h->s, h->len + 1);
 }
 
 /* ---- records --------------------------------------------------------------------------- */
@@ -293,12 +289,10 @@ int kvt_ec_shard_create(const kvt_ec_shard_config *cfg, kvt_ec_shard **out)
         rc = kvi_map_init(&sh->writer_map, cfg->max_records);
     if (!rc)
         rc = kvi_map_init(&sh->res_map, cfg->max_residents);
-    if (!rc) {
-        sh->ev = calloc(cfg->max_events, sizeof(*sh->ev));
-        sh->recl = calloc(cfg->max_events, sizeof(*sh->recl));
-        if (!sh->ev || !sh->recl)
-            rc = kvt_fail(KVT_ENOMEM, "ec shard: out of memory");
-    }
+    if (!rc)
+        rc = kvi_ring_init(&sh->ev, sizeof(kvt_ec_ready_event), cfg->max_events);
+    if (!rc)
+        rc = kvi_ring_init(&sh->recl, KVT_EC_KEY_MAX + 1, cfg->max_events);
     if (!rc && getrandom(sh->rid_state, sizeof(sh->rid_state), 0) != sizeof(sh->rid_state))
         rc = kvt_fail(KVT_ESYS, "ec shard: getrandom failed");
     sh->rid_state[0] |= 1; /* never all zero */
@@ -335,8 +329,8 @@ int kvt_ec_shard_destroy(kvt_ec_shard *sh)
     free(sh->recs);
     free(sh->res);
     free(sh->defer);
-    free(sh->ev);
-    free(sh->recl);
+    kvi_ring_free(&sh->ev);
+    kvi_ring_free(&sh->recl);
     free(sh);
     return 0;
 }
@@ -857,23 +851,13 @@ int kvt_ec_shard_status(const kvt_ec_shard *sh, const char *tid, uint32_t len, k
 
 uint32_t kvt_ec_shard_take_events(kvt_ec_shard *sh, kvt_ec_ready_event *out, uint32_t cap)
 {
-    uint32_t n = 0;
-    for (; n < cap && sh->ev_n; n++, sh->ev_n--) {
-        out[n] = sh->ev[sh->ev_head];
-        sh->ev_head = (sh->ev_head + 1) % sh->cfg.max_events;
-    }
-    return n;
+    return kvi_ring_take(&sh->ev, out, cap);
 }
 
 uint32_t kvt_ec_shard_take_reclaimed(kvt_ec_shard *sh, char (*out)[KVT_EC_KEY_MAX + 1],
                                      uint32_t cap)
 {
-    uint32_t n = 0;
-    for (; n < cap && sh->recl_n; n++, sh->recl_n--) {
-        memcpy(out[n], sh->recl[sh->recl_head], KVT_EC_KEY_MAX + 1);
-        sh->recl_head = (sh->recl_head + 1) % sh->cfg.max_events;
-    }
-    return n;
+    return kvi_ring_take(&sh->recl, out, cap);
 }
 
 void kvt_ec_shard_get_stats(const kvt_ec_shard *sh, kvt_ec_shard_stats *st)

@@ -10,6 +10,7 @@
 
 #include "base/array.h"
 #include "base/map.h"
+#include "base/ring.h"
 #include "ec/ec_key.h"
 #include "ec/shard_internal.h"
 
@@ -72,10 +73,8 @@ struct kvt_ec_shard {
     kvi_ilist lru; /* evictable residents, oldest first */
     pending_free *defer;
     uint32_t n_defer, cap_defer;
-    kvt_ec_ready_event *ev;
-    uint32_t ev_head, ev_n;
-    char (*recl)[KVT_EC_KEY_MAX + 1];
-    uint32_t recl_head, recl_n;
+    kvi_ring ev;   /* kvt_ec_ready_event; the oldest goes when full */
+    kvi_ring recl; /* reclaimed mm_hashes, KVT_EC_KEY_MAX + 1 bytes each; likewise */
     uint64_t next_deadline;
     uint64_t rid_state[2];
     bool shutting_down;

@@ -19,6 +19,7 @@
 #include "base/error.h"
 #include "base/fd.h"
 #include "base/log.h"
+#include "base/ring.h"
 #include "net/ec_ctl.h"
 #include "kvtier/ec_net.h"
 
@@ -37,8 +38,7 @@ struct kvt_ec_inbox {
     uint32_t n;
     uint32_t ports[KVT_EC_MAX_SHARDS], event_ports[KVT_EC_MAX_SHARDS];
     /* cancel queue (under mu) */
-    tid_t *q;
-    uint32_t head, len;
+    kvi_ring q; /* tid_t: cancels for the thread; the newest is dropped when full */
     kvt_ec_inbox_stats st;
     /* the scheduler thread's */
     void *ctx, *pull;
@@ -175,14 +175,9 @@ static void *inbox_main(void *arg)
             continue;
         }
         pthread_mutex_lock(&in->mu);
-        while (!in->len && !atomic_load(&in->stop))
+        while (!kvi_ring_len(&in->q) && !atomic_load(&in->stop))
             pthread_cond_wait(&in->cv, &in->mu);
-        bool have = in->len > 0;
-        if (have) {
-            memcpy(tid, in->q[in->head], sizeof(tid));
-            in->head = (in->head + 1) % in->cfg.max_cancels;
-            in->len--;
-        }
+        bool have = kvi_ring_take(&in->q, tid, 1) == 1;
         pthread_mutex_unlock(&in->mu);
         if (have)
             cancel_everywhere(in, cli, &q, &p, tid);
@@ -249,14 +244,13 @@ int kvt_ec_inbox_create(const kvt_ec_inbox_config *cfg, kvt_ec_inbox **out)
         free(in);
         return room;
     }
-    in->q = calloc(cfg->max_cancels, sizeof(tid_t));
-    in->ctx = zmq_ctx_new();
-    if (!in->q || !in->ctx) {
-        free(in->q);
-        if (in->ctx)
-            zmq_ctx_term(in->ctx);
+    int rc = kvi_ring_init(&in->q, sizeof(tid_t), cfg->max_cancels);
+    if (!rc && !(in->ctx = zmq_ctx_new()))
+        rc = kvt_fail(KVT_ENOMEM, "ec inbox: out of memory");
+    if (rc) {
+        kvi_ring_free(&in->q);
         free(in);
-        return kvt_fail(KVT_ENOMEM, "ec inbox: out of memory");
+        return rc;
     }
     pthread_mutex_init(&in->mu, NULL);
     pthread_cond_init(&in->cv, NULL);
@@ -264,7 +258,7 @@ int kvt_ec_inbox_create(const kvt_ec_inbox_config *cfg, kvt_ec_inbox **out)
         pthread_mutex_destroy(&in->mu);
         pthread_cond_destroy(&in->cv);
         zmq_ctx_term(in->ctx);
-        free(in->q);
+        kvi_ring_free(&in->q);
         free(in);
         return kvt_fail(KVT_ESYS, "ec inbox: cannot start its thread");
     }
@@ -286,7 +280,7 @@ void kvt_ec_inbox_destroy(kvt_ec_inbox *in)
     zmq_ctx_term(in->ctx);
     pthread_mutex_destroy(&in->mu);
     pthread_cond_destroy(&in->cv);
-    free(in->q);
+    kvi_ring_free(&in->q);
     free(in);
 }
 
@@ -389,11 +383,11 @@ int kvt_ec_inbox_step(kvt_ec_inbox *in, kvt_ec_sched *sched)
     while (!rc && (n = kvt_ec_sched_take_cancels(sched, ids, 16)) > 0) {
         pthread_mutex_lock(&in->mu);
         for (uint32_t i = 0; i < n; i++) {
-            if (in->len == in->cfg.max_cancels) {
+            char *slot = kvi_ring_push(&in->q);
+            if (slot)
+                memcpy(slot, ids[i], sizeof(tid_t));
+            else
                 dropped++;
-                continue;
-            }
-            memcpy(in->q[(in->head + in->len++) % in->cfg.max_cancels], ids[i], sizeof(tid_t));
         }
         pthread_cond_signal(&in->cv);
         pthread_mutex_unlock(&in->mu);

@@ -23,6 +23,7 @@
 #include "base/fd.h"
 #include "base/log.h"
 #include "base/map.h"
+#include "base/ring.h"
 #include "net/ec_ctl.h"
 #include "net/ec_server_internal.h"
 #include "ec/shard_internal.h"
@@ -53,8 +54,7 @@ struct kvt_ec_server {
     uint32_t port, event_port; /* event_port: 0 for a unix socket (event_ep) */
     char event_ep[320];
     /* event ring (the thread's) */
-    kvt_ec_ready_event *ring;
-    uint32_t head, n;
+    kvi_ring ring; /* kvt_ec_ready_event */
     /* codec state (the thread's) */
     kvi_ecc_request req;
     kvi_ecc_reply rep_msg;
@@ -571,8 +571,9 @@ int kvi_ec_server_open_local(kvt_ec_shard *shard, kvt_ec_server **out)
     pthread_mutex_init(&s->st_lock, NULL);
     kvi_ecc_request_init(&s->req);
     kvi_ecc_reply_init(&s->rep_msg);
-    s->ring = calloc(s->cfg.max_events, sizeof(*s->ring));
-    int rc = s->ring ? kvi_ecc_key_random(s->owner) : kvt_fail(KVT_ENOMEM, "ec server: oom");
+    int rc = kvi_ring_init(&s->ring, sizeof(kvt_ec_ready_event), s->cfg.max_events);
+    if (!rc)
+        rc = kvi_ecc_key_random(s->owner);
     if (rc) {
         teardown(s);
         return rc;
@@ -604,17 +605,15 @@ void kvi_ec_server_close_local(kvt_ec_server *s)
 
 static void collect_events(kvt_ec_server *s)
 {
-    uint32_t cap = s->cfg.max_events;
     kvt_ec_ready_event ev[32];
     uint32_t n, dropped = 0;
     while ((n = kvt_ec_shard_take_events(s->shard, ev, 32)) > 0)
         for (uint32_t i = 0; i < n; i++) {
-            if (s->n == cap) { /* nobody pulls: the oldest goes */
-                s->head = (s->head + 1) % cap;
-                s->n--;
-                dropped++;
-            }
-            s->ring[(s->head + s->n++) % cap] = ev[i];
+            bool over = false; /* nobody pulls: the oldest goes */
+            kvt_ec_ready_event *e = kvi_ring_push_over(&s->ring, &over);
+            dropped += over || !e;
+            if (e)
+                *e = ev[i];
         }
     if (dropped) {
         KVT_LOG_W("ec server port %u: event backlog full, %u oldest events dropped", s->port,
@@ -629,8 +628,8 @@ static void push_events(kvt_ec_server *s)
 {
     uint8_t buf[2048];
     uint64_t sent = 0;
-    while (s->n) {
-        const kvt_ec_ready_event *e = &s->ring[s->head];
+    while (kvi_ring_len(&s->ring)) {
+        const kvt_ec_ready_event *e = KVI_RING_AT(&s->ring, kvt_ec_ready_event, 0);
         kvi_ecc_event m = {0};
         m.transfer_id = (kvt_str){e->transfer_id, (uint32_t)strlen(e->transfer_id)};
         m.mm_hash = (kvt_str){e->mm_hash, (uint32_t)strlen(e->mm_hash)};
@@ -651,8 +650,7 @@ static void push_events(kvt_ec_server *s)
         } else {
             sent++;
         }
-        s->head = (s->head + 1) % s->cfg.max_events;
-        s->n--;
+        kvi_ring_drop(&s->ring, 1);
     }
     if (sent) {
         pthread_mutex_lock(&s->st_lock);
@@ -742,7 +740,7 @@ static void teardown(kvt_ec_server *s)
     kvi_ecc_request_release(&s->req);
     kvi_ecc_reply_release(&s->rep_msg);
     free(s->out);
-    free(s->ring);
+    kvi_ring_free(&s->ring);
     pthread_mutex_destroy(&s->lock);
     pthread_mutex_destroy(&s->st_lock);
     free(s);
@@ -932,9 +930,7 @@ int kvt_ec_server_start(const kvt_ec_server_config *cfg, kvt_ec_shard *shard, kv
     pthread_mutex_init(&s->st_lock, NULL);
     kvi_ecc_request_init(&s->req);
     kvi_ecc_reply_init(&s->rep_msg);
-    s->ring = calloc(cfg->max_events, sizeof(*s->ring));
-    if (!s->ring)
-        rc = kvt_fail(KVT_ENOMEM, "ec server: out of memory for %u events", cfg->max_events);
+    rc = kvi_ring_init(&s->ring, sizeof(kvt_ec_ready_event), cfg->max_events);
     if (!rc && cfg->data_plane)
         rc = data_plane_setup(s);
     if (!rc)

@@ -31,15 +31,16 @@ int kvi_ofl_events_setup(kvt_offload *m)
     if (!cap)
         return 0;
     size_t par = (size_t)m->hash_len + 1;
-    ev->ring = calloc(cap, sizeof(*ev->ring));
+    int rc = kvi_ring_init(&ev->ring, sizeof(kvt_offload_event), cap);
+    if (rc)
+        return kvi_fail_wrap(rc, "offload: cache events");
     ev->hslot = malloc((size_t)nb * sizeof(uint32_t));
     ev->htok = calloc(nb, sizeof(uint32_t));
     ev->hpar = calloc(nb, par);
     ev->seltok = calloc(nb, sizeof(uint32_t));
     ev->selpar = calloc(nb, par);
-    if (!ev->ring || !ev->hslot || !ev->htok || !ev->hpar || !ev->seltok || !ev->selpar)
+    if (!ev->hslot || !ev->htok || !ev->hpar || !ev->seltok || !ev->selpar)
         return kvt_fail(KVT_ENOMEM, "offload: cannot allocate %u cache events", cap);
-    ev->cap = cap;
     for (uint32_t i = 0; i < nb; i++)
         ev->hslot[i] = OFL_NONE;
     return 0;
@@ -48,7 +49,7 @@ int kvi_ofl_events_setup(kvt_offload *m)
 void kvi_ofl_events_teardown(kvt_offload *m)
 {
     struct kvi_ofl_events *ev = &m->ev;
-    free(ev->ring);
+    kvi_ring_free(&ev->ring);
     free(ev->hslot);
     free(ev->htok);
     free(ev->hpar);
@@ -60,11 +61,11 @@ void kvi_ofl_events_teardown(kvt_offload *m)
 static kvt_offload_event *push(kvt_offload *m)
 {
     struct kvi_ofl_events *ev = &m->ev;
-    if (ev->n == ev->cap) {
+    kvt_offload_event *e = kvi_ring_push(&ev->ring);
+    if (!e) {
         ev->dropped++;
         return NULL;
     }
-    kvt_offload_event *e = &ev->ring[(ev->head + ev->n++) % ev->cap];
     memset(e, 0, sizeof(*e));
     return e;
 }
@@ -72,7 +73,7 @@ static kvt_offload_event *push(kvt_offload *m)
 void kvi_ofl_events_note_at(kvt_offload *m, const struct kvi_ofl_req *r, uint32_t n,
                             uint32_t token_start, const uint8_t *parent)
 {
-    if (!m->ev.ring || !r->ctx)
+    if (!m->ev.ring.cap || !r->ctx)
         return;
     m->ev.seltok[n] = token_start;
     uint8_t *par = m->ev.selpar + (size_t)n * (m->hash_len + 1);
@@ -85,7 +86,7 @@ void kvi_ofl_events_note(kvt_offload *m, const struct kvi_ofl_req *r, uint32_t n
                          uint32_t j, const uint32_t *const *blocks, const uint8_t *hashes,
                          uint32_t n_hashes)
 {
-    if (!m->ev.ring || !r->ctx)
+    if (!m->ev.ring.cap || !r->ctx)
         return;
     kvt_pool_key pk;
     /* the key of the block before, in this group: from the request's hashes when the engine
@@ -99,7 +100,7 @@ void kvi_ofl_events_note(kvt_offload *m, const struct kvi_ofl_req *r, uint32_t n
 void kvi_ofl_events_bind(kvt_offload *m, struct kvi_ofl_req *r, uint32_t i, uint32_t h)
 {
     struct kvi_ofl_events *ev = &m->ev;
-    if (!ev->ring)
+    if (!ev->ring.cap)
         return;
     if (!r || !r->ctx) {
         ev->hslot[h] = OFL_NONE;
@@ -153,14 +154,14 @@ static void pull(kvt_offload *m, uint32_t t, uint32_t block, uint32_t slot)
 
 void kvi_ofl_events_pull(kvt_offload *m, uint32_t t)
 {
-    if (m->ev.ring && m->tier[t].pool)
+    if (m->ev.ring.cap && m->tier[t].pool)
         pull(m, t, OFL_NONE, OFL_NONE);
 }
 
 void kvi_ofl_events_stored(kvt_offload *m, uint32_t h, bool registered)
 {
     struct kvi_ofl_events *ev = &m->ev;
-    if (!ev->ring)
+    if (!ev->ring.cap)
         return;
     uint32_t slot = ev->hslot[h];
     if (registered)
@@ -173,7 +174,7 @@ void kvi_ofl_events_stored(kvt_offload *m, uint32_t h, bool registered)
 
 void kvi_ofl_events_req_done(kvt_offload *m, struct kvi_ofl_req *r)
 {
-    if (!m->ev.ring || !r->ctx)
+    if (!m->ev.ring.cap || !r->ctx)
         return;
     kvt_offload_event *e = push(m);
     if (e) {
@@ -190,7 +191,7 @@ int kvt_offload_set_request_context(kvt_offload *m, const char *id, uint32_t id_
         return rc;
     if (!ctx)
         return kvt_fail(KVT_EINVAL, "offload: set_request_context: ctx must not be 0");
-    if (!m->ev.ring || m->cfg.lazy)
+    if (!m->ev.ring.cap || m->cfg.lazy)
         return 0; /* events off, or lazy stores, which carry no request context */
     struct kvi_ofl_req *r = kvi_ofl_req_find(m, id, id_len);
     if (!r || !(r->flags & RQ_EAGER) || (r->flags & RQ_FINISHED))
@@ -208,14 +209,10 @@ uint32_t kvt_offload_take_events(kvt_offload *m, kvt_offload_event *out, uint32_
 {
     struct kvi_ofl_events *ev = &m->ev;
     uint32_t n = 0;
-    if (ev->ring) {
-        kvi_ofl_events_pull(m, 0);
-        kvi_ofl_events_pull(m, 1);
-        n = out ? kvi_min_u32(cap, ev->n) : 0;
-        for (uint32_t i = 0; i < n; i++)
-            out[i] = ev->ring[(ev->head + i) % ev->cap];
-        ev->head = ev->cap ? (ev->head + n) % ev->cap : 0;
-        ev->n -= n;
+    if (ev->ring.cap) {
+        for (uint32_t t = 0; t < KVI_OFL_TIERS; t++)
+            kvi_ofl_events_pull(m, t);
+        n = kvi_ring_take(&ev->ring, out, cap);
     }
     if (dropped) {
         *dropped = ev->dropped;

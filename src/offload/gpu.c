@@ -32,8 +32,7 @@ int kvi_ofl_gpu_setup(kvt_offload *m)
     if (!m->ext)
         return 0;
     m->selkeys = malloc((size_t)m->tier[0].nb * m->key_stride);
-    m->rskeys = malloc((size_t)m->gpu_nb * m->key_stride);
-    if (!m->selkeys || !m->rskeys)
+    if (!m->selkeys)
         return kvt_fail(KVT_ENOMEM, "offload: cannot allocate key buffers");
     if (m->target_free) {
         m->scan_ids = malloc((size_t)m->target_free * sizeof(uint32_t));
@@ -48,11 +47,10 @@ void kvi_ofl_gpu_teardown(kvt_offload *m)
 {
     free(m->gbuf);
     free(m->selkeys);
-    free(m->rskeys);
     free(m->scan_ids);
     free(m->scan_keys);
     m->gbuf = m->scan_ids = NULL;
-    m->selkeys = m->rskeys = NULL;
+    m->selkeys = NULL;
     m->scan_keys = NULL;
 }
 

@@ -459,12 +459,14 @@ static int create_common(kvt_offload *m)
         m->gload_src = malloc((size_t)m->gpu_nb * sizeof(uint32_t));
         m->gload_next = malloc((size_t)m->gpu_nb * sizeof(uint32_t));
         m->gflags = calloc(m->gpu_nb, 1);
-        m->restore = malloc((size_t)m->gpu_nb * sizeof(uint32_t));
         uint32_t kmax = kvi_max_u32(m->kpb, m->gcfg.keys_per_block);
         m->keys = malloc((size_t)kmax * sizeof(kvt_pool_key));
-        if (!m->reqs || !m->cursors || !m->gload_src || !m->gload_next || !m->gflags ||
-            !m->restore || !m->keys)
+        if (!m->reqs || !m->cursors || !m->gload_src || !m->gload_next || !m->gflags || !m->keys)
             rc = kvt_fail(KVT_ENOMEM, "offload: cannot allocate per-block state");
+    }
+    if (!rc) { /* re-store queue entries: a GPU block, then (engine pools) its packed key */
+        size_t e = sizeof(uint32_t) + (m->ext ? m->key_stride : 0);
+        rc = kvi_ring_init(&m->restore, (uint32_t)((e + 3) & ~(size_t)3), m->gpu_nb);
     }
     if (!rc)
         rc = kvi_map_init(&m->req_map, cfg->max_requests);
@@ -566,7 +568,7 @@ void kvt_offload_destroy(kvt_offload *m)
     free(m->gload_src);
     free(m->gload_next);
     free(m->gflags);
-    free(m->restore);
+    kvi_ring_free(&m->restore);
     free(m->keys);
     free(m);
 }
@@ -741,11 +743,12 @@ static int reset_unlocked(kvt_offload *m)
     kvi_ofl_tier_abandon(m); /* write-backs and promotions in flight, queued write-backs */
     /* 2. Stores queued for the next event and re-stores are dropped. */
     kvi_ofl_release_accumulator(m, 0);
-    while (m->rs_len) {
-        m->gflags[m->restore[m->rs_head]] &= (uint8_t)~G_RESTORE;
-        m->rs_head = (m->rs_head + 1) % m->gpu_nb;
-        m->rs_len--;
+    for (uint32_t i = 0; i < kvi_ring_len(&m->restore); i++) {
+        uint32_t gpu;
+        memcpy(&gpu, kvi_ring_at(&m->restore, i), sizeof(gpu));
+        m->gflags[gpu] &= (uint8_t)~G_RESTORE;
     }
+    kvi_ring_clear(&m->restore);
     /* 3. Requests forget their eager registration; loads never sent are cancelled, sent ones
      *    keep their pins until the workers report them and then clean up as usual. */
     for (uint32_t s = 0; s < m->cfg.max_requests; s++) {

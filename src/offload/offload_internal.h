@@ -34,6 +34,7 @@
 #include "base/idlist.h"
 #include "base/ilist.h"
 #include "base/map.h"
+#include "base/ring.h"
 #include "base/util.h"
 #include "kvtier/offload.h"
 #include "kvtier/remote.h"
@@ -137,8 +138,7 @@ struct kvi_ofl_tier {
  * pool's stored events of a block right at registration, when the store pair still says
  * which request selected it. */
 struct kvi_ofl_events {
-    kvt_offload_event *ring; /* NULL: events off */
-    uint32_t cap, head, n;
+    kvi_ring ring; /* kvt_offload_event; capacity 0: events off */
     uint64_t dropped;
     /* per host block: the request slot whose store pair fills it (OFL_NONE: none), the
      * block's first token, and its parent (a has-parent byte, then hash_len bytes) */
@@ -162,9 +162,9 @@ struct kvt_offload {
     uint32_t gbuf_n;
     bool gbuf_pin;
     bool in_schedule; /* inside kvt_offload_schedule_hashed with defer_schedule_pins */
-    /* ext: the primary key of each selected block (parallel to scratch), of each queued
-     * re-store (parallel to restore) and the lazy scan's window (target_free entries) */
-    uint8_t *selkeys, *rskeys;
+    /* ext: the primary key of each selected block (parallel to scratch) and the lazy scan's
+     * window (target_free entries) */
+    uint8_t *selkeys;
     uint32_t *scan_ids;
     kvt_pool_key *scan_keys;
     kvt_pool_config gcfg; /* the GPU pool's groups, hash and block sizes */
@@ -197,9 +197,9 @@ struct kvt_offload {
     uint32_t loadq_head, loadq_tail; /* requests with a load but no event yet */
     uint32_t wait_head;              /* finished requests waiting for their load */
 
-    /* eager re-store of GPU blocks whose host copy was evicted */
-    uint32_t *restore;
-    uint32_t rs_head, rs_len;
+    /* eager re-store of GPU blocks whose host copy was evicted: a GPU block per entry, with
+     * its packed key over an engine's pool (whose keys cannot be asked later) */
+    kvi_ring restore;
 
     /* scratch */
     uint32_t *scratch; /* host blocks' worth of entries */

@@ -31,14 +31,15 @@ static bool host_has_key(const kvt_offload *m, const kvt_pool_key *k)
     return kvt_pool_lookup(m->tier[0].pool, k->hash, k->group, &b) == 1;
 }
 
-/* Queues GPU block gpu (known under key k) for a re-store. */
+/* Queues GPU block gpu (known under key k) for a re-store: never full, as a block is queued
+ * at most once (G_RESTORE) and the queue holds every GPU block. */
 static void queue_restore(kvt_offload *m, uint32_t gpu, const kvt_pool_key *k)
 {
-    uint32_t at = (m->rs_head + m->rs_len++) % m->gpu_nb;
+    unsigned char *e = kvi_ring_push(&m->restore);
     m->gflags[gpu] |= G_RESTORE;
-    m->restore[at] = gpu;
+    memcpy(e, &gpu, sizeof(gpu));
     if (m->ext)
-        kvi_ofl_key_pack(m, m->rskeys + (size_t)at * m->key_stride, k);
+        kvi_ofl_key_pack(m, e + sizeof(gpu), k);
 }
 
 /* Allocates n host blocks (n <= free). Eager mode first looks at the cached blocks about to be
@@ -83,7 +84,7 @@ void kvi_ofl_host_alloc(kvt_offload *m, uint32_t n, uint32_t *ids)
         uint32_t gpu =
             kh ? kvi_ofl_gpu_lookup_kh(m, k, m->evict_kh[i], &ref) : kvi_ofl_gpu_lookup(m, k, &ref);
         if (gpu == KVT_BLOCK_NONE || (m->gflags[gpu] & (G_STORING | G_RESTORE | G_MARK)) ||
-            ref == 0 || m->rs_len == m->gpu_nb)
+            ref == 0 || kvi_ring_full(&m->restore))
             continue;
         queue_restore(m, gpu, k);
     }
@@ -547,13 +548,15 @@ static uint32_t cold_victims(const kvt_offload *m, uint32_t limit)
 
 /* Whether queued re-store gpu (ring slot at) is still wanted: in use on the GPU under its key
  * and not back in the host tier. Sets *k to that key. */
-static bool restore_wanted(const kvt_offload *m, uint32_t gpu, uint32_t at, kvt_pool_key *k)
+/* The queued entry e (GPU block gpu, then its packed key over an engine's pool): sets *k. */
+static bool restore_wanted(const kvt_offload *m, uint32_t gpu, const unsigned char *e,
+                           kvt_pool_key *k)
 {
     uint32_t ref;
     if (m->gflags[gpu] & (G_STORING | G_MARK))
         return false; /* being stored */
     if (m->ext) {
-        kvi_ofl_key_unpack(m, m->rskeys + (size_t)at * m->key_stride, k);
+        kvi_ofl_key_unpack(m, e + sizeof(gpu), k);
         if (kvi_ofl_gpu_lookup(m, k, &ref) != gpu || ref == 0)
             return false; /* gone or reused */
     } else {
@@ -567,7 +570,7 @@ static bool restore_wanted(const kvt_offload *m, uint32_t gpu, uint32_t at, kvt_
 
 void kvi_ofl_select_restores(kvt_offload *m)
 {
-    if (!m->rs_len)
+    if (!kvi_ring_len(&m->restore))
         return;
     uint32_t budget = kvi_ofl_store_budget(m);
     if (budget > m->cfg.restore_budget)
@@ -578,14 +581,15 @@ void kvi_ofl_select_restores(kvt_offload *m)
      * back the same bytes (the soak found this). Such a candidate is dropped instead: the
      * host tier has no room that is worth less to it. */
     uint32_t cold = cold_victims(m, budget);
-    uint32_t n = 0, todo = m->rs_len;
+    uint32_t n = 0, todo = kvi_ring_len(&m->restore), gpu;
     kvt_pool_key k;
     for (uint32_t i = 0; i < todo; i++) {
-        uint32_t at = m->rs_head, gpu = m->restore[at];
-        m->rs_head = (m->rs_head + 1) % m->gpu_nb;
-        m->rs_len--;
+        const unsigned char *e = kvi_ring_at(&m->restore, 0);
+        memcpy(&gpu, e, sizeof(gpu));
+        bool wanted = restore_wanted(m, gpu, e, &k); /* before its room can be reused */
+        kvi_ring_drop(&m->restore, 1);
         m->gflags[gpu] &= (uint8_t)~G_RESTORE;
-        if (!restore_wanted(m, gpu, at, &k))
+        if (!wanted)
             continue;      /* gone, being stored, or back in the host tier */
         if (n >= budget) { /* still wanted: keep it queued for the next step */
             queue_restore(m, gpu, &k);

@@ -135,18 +135,17 @@ int kvt_pool_create(const kvt_pool_config *cfg, kvt_pool **out)
     p->entry_stride = (sizeof(struct kvi_entry) + p->hash_len + 7) & ~(size_t)7;
     p->blocks = calloc(p->nb, sizeof(*p->blocks));
     p->entries = malloc((size_t)n_entries * p->entry_stride);
-    if (cfg->event_capacity)
-        p->ev = calloc(cfg->event_capacity, sizeof(*p->ev));
-    if (!p->blocks || !p->entries || (cfg->event_capacity && !p->ev)) {
+    if (!p->blocks || !p->entries) {
         kvt_pool_destroy(p);
         return kvt_fail(KVT_ENOMEM, "pool: cannot allocate %u blocks", cfg->num_blocks);
     }
-    rc = kvi_map_init(&p->map, n_entries);
+    rc = kvi_ring_init(&p->ev, sizeof(kvt_pool_event), cfg->event_capacity);
+    if (!rc)
+        rc = kvi_map_init(&p->map, n_entries);
     if (rc) {
         kvt_pool_destroy(p);
         return kvi_fail_wrap(rc, "pool");
     }
-    p->ev_cap = cfg->event_capacity;
 
     for (uint32_t i = 0; i < n_entries; i++)
         kvi_pool_entry(p, i)->next = i + 1 < n_entries ? i + 1 : KVT_ENTRY_NONE;
@@ -199,7 +198,7 @@ void kvt_pool_destroy(kvt_pool *p)
     kvi_map_free(&p->map);
     free(p->blocks);
     free(p->entries);
-    free(p->ev);
+    kvi_ring_free(&p->ev);
     free(p);
 }
 
@@ -233,13 +232,13 @@ double kvt_pool_usage(const kvt_pool *p)
 
 static void emit(kvt_pool *p, uint32_t type, uint32_t block, const struct kvi_entry *e)
 {
-    if (p->ev_cap == 0 || p->blocks[block].peer)
+    if (p->ev.cap == 0 || p->blocks[block].peer)
         return;
-    if (p->ev_len == p->ev_cap) {
+    kvt_pool_event *ev = kvi_ring_push(&p->ev);
+    if (!ev) {
         p->ev_dropped++;
         return;
     }
-    kvt_pool_event *ev = &p->ev[(p->ev_head + p->ev_len) % p->ev_cap];
     memset(ev, 0, sizeof(*ev));
     ev->type = type;
     ev->block = block;
@@ -248,20 +247,11 @@ static void emit(kvt_pool *p, uint32_t type, uint32_t block, const struct kvi_en
         ev->num_tokens = e->num_tokens;
         memcpy(ev->hash, e->hash, p->hash_len);
     }
-    p->ev_len++;
 }
 
 uint32_t kvt_pool_take_events(kvt_pool *p, kvt_pool_event *out, uint32_t cap, uint64_t *dropped)
 {
-    uint32_t n = 0;
-    if (out)
-        n = kvi_min_u32(cap, p->ev_len);
-    for (uint32_t i = 0; i < n; i++)
-        out[i] = p->ev[(p->ev_head + i) % p->ev_cap];
-    if (n) {
-        p->ev_head = (p->ev_head + n) % p->ev_cap;
-        p->ev_len -= n;
-    }
+    uint32_t n = kvi_ring_take(&p->ev, out, cap);
     if (dropped) {
         *dropped = p->ev_dropped;
         p->ev_dropped = 0;

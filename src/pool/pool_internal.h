@@ -11,6 +11,7 @@
 #include "base/hash.h"
 #include "base/list.h"
 #include "base/map.h"
+#include "base/ring.h"
 #include "kvtier/pool.h"
 
 #define KVT_ENTRY_NONE UINT32_MAX
@@ -51,8 +52,7 @@ struct kvt_pool {
     size_t entry_stride;
     uint32_t entry_free; /* free-entry chain */
 
-    kvt_pool_event *ev;
-    uint32_t ev_cap, ev_head, ev_len;
+    kvi_ring ev; /* kvt_pool_event; the newest is lost when full */
     uint64_t ev_dropped;
 
     uint32_t order[KVT_MAX_GROUPS];     /* search order: full-attention groups first, then
