@@ -393,9 +393,9 @@ void kvi_ofl_cancel_queued_load(kvt_offload *m, struct kvi_ofl_req *r)
  * the queued stores), so that once an event is created nothing can fail. */
 int kvi_ofl_reserve_step(kvt_offload *m, kvt_offload_meta *out)
 {
-    uint32_t pairs = 0, reqs = 0, events = m->tier[0].loads.n;
+    uint32_t pairs = 0, reqs = 0, events = kvi_evtable_len(&m->tier[0].loads);
     size_t bytes = 0;
-    if (m->loadq_head != OFL_NONE && m->tier[0].loads.n < m->tier[0].loads.cap) {
+    if (m->loadq_head != OFL_NONE && !kvi_evtable_full(&m->tier[0].loads)) {
         events++;
         for (uint32_t s = m->loadq_head; s != OFL_NONE; s = m->reqs[s].load_next) {
             pairs += m->reqs[s].n_load;
@@ -403,12 +403,11 @@ int kvi_ofl_reserve_step(kvt_offload *m, kvt_offload_meta *out)
             bytes += m->reqs[s].id_len + 1;
         }
     }
-    for (uint32_t i = m->tier[0].loads.active.head; i != OFL_NONE;
-         i = m->tier[0].loads.e[i].link.next)
-        for (uint32_t s = m->tier[0].loads.e[i].head; s != OFL_NONE; s = m->reqs[s].load_next) {
-            reqs++;
-            bytes += m->reqs[s].id_len + 1;
-        }
+    KVI_OFL_FOR_EVENTS(e, &m->tier[0].loads)
+    for (uint32_t s = e->head; s != OFL_NONE; s = m->reqs[s].load_next) {
+        reqs++;
+        bytes += m->reqs[s].id_len + 1;
+    }
     int rc = kvt_offload_meta_reserve(out, pairs, m->tier[0].acc_n, events, reqs, bytes);
     if (rc)
         return kvi_fail_wrap(rc, "offload: build_meta");
@@ -417,7 +416,7 @@ int kvi_ofl_reserve_step(kvt_offload *m, kvt_offload_meta *out)
 
 void kvi_ofl_emit_loads(kvt_offload *m, kvt_offload_meta *out)
 {
-    if (m->loadq_head != OFL_NONE && m->tier[0].loads.n < m->tier[0].loads.cap) {
+    if (m->loadq_head != OFL_NONE && !kvi_evtable_full(&m->tier[0].loads)) {
         struct kvi_ofl_event *e = kvi_ofl_evtable_add(&m->tier[0].loads, m->tier[0].load_counter++);
         uint32_t pairs = 0;
         e->head = m->loadq_head;
@@ -442,11 +441,9 @@ void kvi_ofl_emit_loads(kvt_offload *m, kvt_offload_meta *out)
         m->st.load_blocks += pairs;
         m->tier[0].transferred = true;
     }
-    for (uint32_t i = m->tier[0].loads.active.head; i != OFL_NONE;
-         i = m->tier[0].loads.e[i].link.next)
-        for (uint32_t s = m->tier[0].loads.e[i].head; s != OFL_NONE; s = m->reqs[s].load_next)
-            (void)kvt_offload_meta_add_load_req(out, m->tier[0].loads.e[i].id, m->reqs[s].id,
-                                                m->reqs[s].id_len);
+    KVI_OFL_FOR_EVENTS(e, &m->tier[0].loads)
+    for (uint32_t s = e->head; s != OFL_NONE; s = m->reqs[s].load_next)
+        (void)kvt_offload_meta_add_load_req(out, e->id, m->reqs[s].id, m->reqs[s].id_len);
 }
 
 int kvi_ofl_check_load_done(const kvt_offload *m, const kvt_str *ids, uint32_t n)

@@ -1,8 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * Internal state of the offload manager, shared by manager.c (life cycle, step assembly,
- * reset, metrics), load.c (match, after_alloc, loads) and store.c (eager, lazy, re-store,
- * store completion).
+ * Internal state of the offload manager, shared by manager.c (life cycle), requests.c (the
+ * request table), step.c (step assembly, reset), metrics.c (stats, Prometheus), load.c
+ * (match, after_alloc, loads), store.c (eager, lazy, re-store, store completion), tier.c (the
+ * disk behind the host), events.c (cache events), remote.c (the remote tier), gpu.c (the
+ * engine's GPU pool).
  *
  * Everything is preallocated at create, sized from the pools and the config. Variable-length
  * per-transfer lists are threaded through per-block arrays instead of being allocated:
@@ -31,6 +33,8 @@
 
 #include <stddef.h>
 
+#include "base/error.h"
+#include "base/evtable.h"
 #include "base/idlist.h"
 #include "base/ilist.h"
 #include "base/map.h"
@@ -86,22 +90,14 @@ struct kvi_ofl_req {
     bool used;
 };
 
-/* An in-flight event: loads keep a list of request slots, stores a list of host blocks. */
+/* An in-flight event (the record of its entry in a base/evtable.h table): loads keep a list of
+ * request slots, stores a list of blocks of the tier they fill. */
 struct kvi_ofl_event {
     int64_t id;
     uint32_t head, tail, n;
     uint32_t reported; /* stores: worker reports so far */
     bool abandoned;
-    bool failed;        /* stores: a worker could not write some block (never made findable) */
-    kvi_ilink link;     /* the active list, ascending id */
-    uint32_t free_next; /* the free list */
-};
-
-struct kvi_ofl_evtable {
-    struct kvi_ofl_event *e;
-    uint32_t cap, n, free_head;
-    kvi_ilist active; /* ascending id */
-    kvi_map map;
+    bool failed; /* stores: a worker could not write some block (never made findable) */
 };
 
 /* An offload tier: the host tier (tier[0]) or the disk behind it (tier[1], three tiers). A
@@ -118,7 +114,7 @@ struct kvi_ofl_tier {
     uint8_t *keys;   /* keys to register on completion: kpb x key_stride bytes per block */
     uint8_t *keys_n; /* how many */
     uint32_t acc_head, acc_tail, acc_n; /* blocks selected for the next store event */
-    struct kvi_ofl_evtable loads, stores;
+    kvi_evtable loads, stores;          /* of struct kvi_ofl_event */
     int64_t load_counter, store_counter;
     bool transferred; /* any event issued yet (size fixed from then on) */
     struct {          /* counters, exported per tier by kvt_offload_get_stats */
@@ -299,27 +295,53 @@ int kvi_ofl_tier_open(kvt_offload *m, uint32_t t, uint32_t nb, uint32_t event_ca
                       uint32_t max_store_events);
 void kvi_ofl_tier_close(kvt_offload *m, uint32_t t);
 
-/* event tables (manager.c) */
-int kvi_ofl_evtable_init(struct kvi_ofl_evtable *t, uint32_t cap);
-void kvi_ofl_evtable_free(struct kvi_ofl_evtable *t);
-struct kvi_ofl_event *kvi_ofl_evtable_find(const struct kvi_ofl_evtable *t, int64_t id);
-/* Appends an event with a larger id than every active one; NULL when full. */
-struct kvi_ofl_event *kvi_ofl_evtable_add(struct kvi_ofl_evtable *t, int64_t id);
-void kvi_ofl_evtable_remove(struct kvi_ofl_evtable *t, struct kvi_ofl_event *e);
-static inline uint32_t kvi_ofl_evtable_index(const struct kvi_ofl_evtable *t,
-                                             const struct kvi_ofl_event *e)
+/* event tables of struct kvi_ofl_event (base/evtable.h, typed) */
+static inline int kvi_ofl_evtable_init(kvi_evtable *t, uint32_t cap)
 {
-    return (uint32_t)(e - t->e);
+    int rc = kvi_evtable_init(t, cap, sizeof(struct kvi_ofl_event));
+    return rc ? kvi_fail_wrap(rc, "offload") : 0;
 }
 
+static inline struct kvi_ofl_event *kvi_ofl_ev_at(const kvi_evtable *t, uint32_t i)
+{
+    return i == KVI_NIL ? NULL : (struct kvi_ofl_event *)kvi_evtable_rec(t, i);
+}
+
+static inline struct kvi_ofl_event *kvi_ofl_evtable_find(const kvi_evtable *t, int64_t id)
+{
+    return kvi_ofl_ev_at(t, kvi_evtable_find(t, id));
+}
+
+/* Appends an event with a larger id than every active one, its lists empty; NULL when full. */
+static inline struct kvi_ofl_event *kvi_ofl_evtable_add(kvi_evtable *t, int64_t id)
+{
+    struct kvi_ofl_event *e = kvi_ofl_ev_at(t, kvi_evtable_add(t, id));
+    if (e) {
+        e->id = id;
+        e->head = e->tail = OFL_NONE;
+    }
+    return e;
+}
+
+static inline void kvi_ofl_evtable_remove(kvi_evtable *t, struct kvi_ofl_event *e)
+{
+    kvi_evtable_remove(t, kvi_evtable_index(t, e));
+}
+
+/* Walks table t's events in ascending id: KVI_OFL_FOR_EVENTS(e, &T->stores) { ... }; the body
+ * must not remove e (the walk reads its successor after the body). */
+#define KVI_OFL_FOR_EVENTS(e, t)                                                                   \
+    for (struct kvi_ofl_event *e = kvi_ofl_ev_at((t), kvi_evtable_first(t)); e;                    \
+         e = kvi_ofl_ev_at((t), kvi_evtable_next((t), kvi_evtable_index((t), e))))
+
 /* FIFOs of request slots (the load queue, a load event's requests, the promotion queue),
- * linked through the uint32_t field at offset `link` of struct kvi_ofl_req (manager.c) */
+ * linked through the uint32_t field at offset `link` of struct kvi_ofl_req (requests.c) */
 #define OFL_LOAD_LINK  offsetof(struct kvi_ofl_req, load_next)
 #define OFL_PROMO_LINK offsetof(struct kvi_ofl_req, promo_next)
 void kvi_ofl_rq_push(kvt_offload *m, uint32_t *head, uint32_t *tail, size_t link, uint32_t slot);
 void kvi_ofl_rq_unlink(kvt_offload *m, uint32_t *head, uint32_t *tail, size_t link, uint32_t slot);
 
-/* requests (manager.c) */
+/* requests (requests.c) */
 struct kvi_ofl_req *kvi_ofl_req_find(const kvt_offload *m, const char *id, uint32_t len);
 /* Finds or creates; NULL with KVT_ENOSPC / KVT_EINVAL set when impossible. */
 struct kvi_ofl_req *kvi_ofl_req_get(kvt_offload *m, const char *id, uint32_t len);
@@ -336,6 +358,8 @@ static inline uint32_t *kvi_ofl_cursor(const kvt_offload *m, const struct kvi_of
 /* Frees the slot if the request holds nothing any more (no hit, no load, no eager
  * registration of a running request). */
 void kvi_ofl_req_maybe_release(kvt_offload *m, struct kvi_ofl_req *r);
+/* Frees the finished requests whose transfers are all done (after every step). */
+void kvi_ofl_req_sweep(kvt_offload *m);
 int kvi_ofl_fail_id(const char *id, uint32_t len);
 static inline int kvi_ofl_check_id(const char *id, uint32_t len)
 {

@@ -141,7 +141,7 @@ uint32_t kvi_ofl_store_budget(const kvt_offload *m)
     /* Free host blocks, cached ones included (storing evicts the LRU): each selection takes
      * its blocks at once, so the count already reflects earlier selections and pins of the
      * step. No room for another in-flight store event: select nothing. */
-    return m->tier[0].stores.n < m->tier[0].stores.cap ? kvt_pool_num_free(m->tier[0].pool) : 0;
+    return !kvi_evtable_full(&m->tier[0].stores) ? kvt_pool_num_free(m->tier[0].pool) : 0;
 }
 
 void kvi_ofl_select_eager(kvt_offload *m, struct kvi_ofl_req *r, const uint32_t *const *blocks,

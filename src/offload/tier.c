@@ -70,7 +70,7 @@ void kvi_ofl_tier_teardown(kvt_offload *m)
         free(m->tier[1].search_out[g]);
         m->tier[1].search_out[g] = NULL;
     }
-    kvi_ofl_evtable_free(&m->tier[1].loads);
+    kvi_evtable_free(&m->tier[1].loads);
 }
 
 const kvt_pool *kvt_offload_disk_pool(const kvt_offload *m)
@@ -273,7 +273,7 @@ void kvi_ofl_tier_writeback(kvt_offload *m, uint32_t h)
         m->tier[1].st.store_skipped_cached++;
         return;
     }
-    if (m->tier[1].stores.n >= m->tier[1].stores.cap || kvt_pool_num_free(m->tier[1].pool) == 0) {
+    if (kvi_evtable_full(&m->tier[1].stores) || kvt_pool_num_free(m->tier[1].pool) == 0) {
         m->tier[1].st.store_dropped++;
         return;
     }
@@ -301,7 +301,7 @@ void kvi_ofl_tier_writeback(kvt_offload *m, uint32_t h)
 int kvi_ofl_tier_reserve(kvt_offload *m, kvt_offload_meta *out, uint32_t invalid)
 {
     uint32_t promos = 0;
-    if (m->tier[1].pool && m->tier[1].loads.n < m->tier[1].loads.cap)
+    if (m->tier[1].pool && !kvi_evtable_full(&m->tier[1].loads))
         for (uint32_t s = m->promoq_head; s != OFL_NONE; s = m->reqs[s].promo_next)
             promos += m->reqs[s].n_promo;
     int rc = kvt_offload_meta_reserve_invalid(out, invalid);
@@ -314,7 +314,7 @@ void kvi_ofl_tier_emit(kvt_offload *m, kvt_offload_meta *out)
 {
     if (!m->tier[1].pool)
         return;
-    if (m->promoq_head != OFL_NONE && m->tier[1].loads.n < m->tier[1].loads.cap) {
+    if (m->promoq_head != OFL_NONE && !kvi_evtable_full(&m->tier[1].loads)) {
         struct kvi_ofl_event *e = kvi_ofl_evtable_add(&m->tier[1].loads, m->tier[1].load_counter++);
         e->head = m->promoq_head;
         e->tail = m->promoq_tail;
@@ -354,7 +354,7 @@ int kvi_ofl_tier_check_output(const kvt_offload *m, const kvt_offload_worker_met
 }
 
 /* Counts a report towards its event; returns the event once all workers reported it. */
-static struct kvi_ofl_event *count_report(kvt_offload *m, struct kvi_ofl_evtable *t,
+static struct kvi_ofl_event *count_report(kvt_offload *m, kvi_evtable *t,
                                           const kvt_event_report *rep, uint32_t i)
 {
     struct kvi_ofl_event *e = kvi_ofl_evtable_find(t, rep->events[i]);
@@ -429,17 +429,16 @@ void kvi_ofl_tier_abandon(kvt_offload *m)
 {
     if (!m->tier[1].pool)
         return;
-    for (uint32_t i = m->tier[1].stores.active.head; i != OFL_NONE;
-         i = m->tier[1].stores.e[i].link.next)
-        m->tier[1].stores.e[i].abandoned = true;
-    for (uint32_t i = m->tier[1].loads.active.head; i != OFL_NONE;
-         i = m->tier[1].loads.e[i].link.next)
-        m->tier[1].loads.e[i].abandoned = true;
+    KVI_OFL_FOR_EVENTS(e, &m->tier[1].stores)
+    e->abandoned = true;
+    KVI_OFL_FOR_EVENTS(e, &m->tier[1].loads)
+    e->abandoned = true;
     kvi_ofl_release_accumulator(m, 1);
 }
 
 bool kvi_ofl_tier_pending(const kvt_offload *m)
 {
-    return m->tier[1].pool && (m->tier[1].loads.n || m->tier[1].stores.n || m->tier[1].acc_n ||
-                               m->promoq_head != OFL_NONE);
+    return m->tier[1].pool &&
+           (kvi_evtable_len(&m->tier[1].loads) || kvi_evtable_len(&m->tier[1].stores) ||
+            m->tier[1].acc_n || m->promoq_head != OFL_NONE);
 }

@@ -1,0 +1,304 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The offload manager's metrics: kvt_offload_stats (totals, with the disk tier's counters
+ * under their historical names), per-tier stats (kvt_offload_get_tier_stats) and the
+ * Prometheus exposition, whose tier families carry the tier's name as a label.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "base/error.h"
+#include "base/prom.h"
+#include "offload/offload_internal.h"
+
+/* ---- metrics --------------------------------------------------------------------------- */
+
+void kvt_offload_get_stats(const kvt_offload *m, kvt_offload_stats *s)
+{
+    if (!m || !s) { /* an object that failed to be created reads as all zero */
+        if (s)
+            memset(s, 0, sizeof(*s));
+        return;
+    }
+    *s = m->st;
+    kvt_tier_stats h, d;
+    (void)kvt_offload_get_tier_stats(m, 0, &h);
+    (void)kvt_offload_get_tier_stats(m, 1, &d); /* all zero with two tiers */
+    s->hit_blocks = h.hit_blocks;
+    s->load_events = h.load_events;
+    s->store_events = h.store_events;
+    s->store_blocks = h.store_blocks;
+    s->stores_completed = h.stores_completed;
+    s->stores_failed = h.stores_failed;
+    s->stores_abandoned = h.stores_abandoned;
+    s->store_skipped_cached = h.store_skipped_cached;
+    s->store_dropped_full = h.store_dropped;
+    s->host_evictions = h.evictions;
+    s->host_blocks = h.blocks;
+    s->host_used_blocks = h.used_blocks;
+    s->host_cached_blocks = h.cached_blocks;
+    s->load_events_in_flight = h.load_events_in_flight;
+    s->store_events_in_flight = h.store_events_in_flight;
+    s->disk_hit_blocks = d.hit_blocks;
+    s->disk_hit_tokens = d.hit_tokens;
+    s->disk_load_events = d.load_events;
+    s->disk_store_events = d.store_events;
+    s->disk_store_blocks = d.store_blocks;
+    s->disk_stores_completed = d.stores_completed;
+    s->disk_stores_failed = d.stores_failed;
+    s->disk_stores_abandoned = d.stores_abandoned;
+    s->disk_store_skipped_cached = d.store_skipped_cached;
+    s->disk_store_dropped = d.store_dropped;
+    s->disk_evictions = d.evictions;
+    s->disk_blocks = d.blocks;
+    s->disk_used_blocks = d.used_blocks;
+    s->disk_cached_blocks = d.cached_blocks;
+    s->disk_load_events_in_flight = d.load_events_in_flight;
+    s->disk_store_events_in_flight = d.store_events_in_flight;
+    s->requests = m->n_reqs;
+    uint32_t pending = m->tier[0].acc_n;
+    KVI_OFL_FOR_EVENTS(e, &m->tier[0].stores)
+    pending += e->n;
+    s->pending_store_blocks = pending;
+}
+
+uint32_t kvt_offload_hit_alignment(const kvt_offload *m)
+{
+    return m ? m->hit_align : 0;
+}
+
+uint32_t kvt_offload_lazy_window(const kvt_offload *m)
+{
+    return m ? m->target_free : 0;
+}
+
+uint32_t kvt_offload_num_tiers(const kvt_offload *m)
+{
+    uint32_t n = 0;
+    for (uint32_t t = 0; m && t < KVI_OFL_TIERS; t++)
+        if (m->tier[t].pool)
+            n = t + 1; /* tiers are consecutive: tier t exists only behind tier t - 1 */
+    return n;
+}
+
+int kvt_offload_get_tier_stats(const kvt_offload *m, uint32_t tier, kvt_tier_stats *out)
+{
+    if (!out)
+        return kvt_fail(KVT_EINVAL, "offload: get_tier_stats: NULL output");
+    memset(out, 0, sizeof(*out));
+    if (tier >= KVI_OFL_TIERS || tier >= kvt_offload_num_tiers(m))
+        return kvt_fail(KVT_ERANGE, "offload: tier %u of %u", tier, kvt_offload_num_tiers(m));
+    const struct kvi_ofl_tier *T = &m->tier[tier];
+    out->name = kvi_ofl_tier_name(tier);
+    out->hit_blocks = T->st.hit_blocks;
+    /* a hit's tokens are counted once, by the tier that serves them: the host's are what the
+     * tiers behind it did not serve */
+    out->hit_tokens = tier == 0 ? m->st.hit_tokens : T->st.hit_tokens;
+    for (uint32_t t = 1; tier == 0 && t < KVI_OFL_TIERS; t++)
+        out->hit_tokens -= m->tier[t].st.hit_tokens;
+    out->load_events = T->st.load_events;
+    out->store_events = T->st.store_events;
+    out->store_blocks = T->st.store_blocks;
+    out->stores_completed = T->st.stores_completed;
+    out->stores_failed = T->st.stores_failed;
+    out->stores_abandoned = T->st.stores_abandoned;
+    out->store_skipped_cached = T->st.store_skipped_cached;
+    out->store_dropped = T->st.store_dropped;
+    out->evictions = T->st.evictions;
+    out->blocks = T->nb - 1;
+    out->used_blocks = T->nb - 1 - kvt_pool_num_free(T->pool);
+    out->cached_blocks = kvt_pool_num_cached(T->pool);
+    out->load_events_in_flight = kvi_evtable_len(&T->loads);
+    out->store_events_in_flight = kvi_evtable_len(&T->stores);
+    return 0;
+}
+
+int kvt_offload_prometheus(const kvt_offload *m, char *buf, size_t cap, size_t *len)
+{
+    if (!len || (cap && !buf))
+        return kvt_fail(KVT_EINVAL, "offload: prometheus: NULL argument");
+    kvt_offload_stats s;
+    kvt_offload_get_stats(m, &s);
+    kvi_prom p = {buf, cap, 0};
+    const struct {
+        const char *name, *help;
+        uint64_t v;
+        bool gauge;
+    } metrics[] = {
+        {"lookups_total", "Host-tier searches by match.", s.lookups, false},
+        {"lookup_tokens_total", "Tokens those searches could have hit.", s.lookup_tokens, false},
+        {"hit_tokens_total", "Tokens hit in the host tier.", s.hit_tokens, false},
+        {"hit_blocks_total", "Host blocks pinned by hits.", s.hit_blocks, false},
+        {"miss_tokens_total", "Searchable tokens the host tier did not have.", s.miss_tokens,
+         false},
+        {"miss_blocks_total", "Missed scheduler blocks.", s.miss_blocks, false},
+        {"hits_dropped_total", "Hits not offered for lack of room.", s.hits_dropped, false},
+        {"lookups_misaligned_total",
+         "Matches whose GPU hit ended inside a scheduler block (a miss, no lookup).",
+         s.lookups_misaligned, false},
+        {"lookups_skipped_total", "Matches of requests that reuse no cached prefix (no lookup).",
+         s.lookups_skipped, false},
+        {"boundary_states_total", "Mamba align: handed-over states selected for a store.",
+         s.boundary_states, false},
+        {"boundary_dropped_gone_total",
+         "Mamba align: handed-over states dropped because their request was gone.",
+         s.boundary_dropped_gone, false},
+        {"partial_hits_total", "Host-tier hits that end inside a scheduler block.", s.partial_hits,
+         false},
+        {"remote_hit_blocks_total", "Blocks read from the remote tier into hits.",
+         s.remote_hit_blocks, false},
+        {"partial_tails_total",
+         "Partly filled full-attention blocks stored at request finish (partial hash hits).",
+         s.partial_tails, false},
+        {"store_recovered_null_total",
+         "Nulled table entries found in the GPU pool by their hash and stored.",
+         s.store_recovered_null, false},
+        {"untracked_requests_total", "Eager requests not registered: request table full.",
+         s.untracked_requests, false},
+        {"load_events_total", "Load events issued.", s.load_events, false},
+        {"load_blocks_total", "Blocks in issued load events.", s.load_blocks, false},
+        {"loads_completed_total", "Blocks whose load completed.", s.loads_completed, false},
+        {"store_events_total", "Store events issued.", s.store_events, false},
+        {"store_blocks_total", "Blocks in issued store events.", s.store_blocks, false},
+        {"stores_completed_total", "Blocks made findable in the host tier.", s.stores_completed,
+         false},
+        {"stores_abandoned_total", "Blocks whose store completed after a reset.",
+         s.stores_abandoned, false},
+        {"stores_failed_total", "Blocks of store events a worker could not write (not cached).",
+         s.stores_failed, false},
+        {"restores_total", "Blocks re-stored after a host-tier eviction.", s.restores, false},
+        {"restores_dropped_hot_total",
+         "Re-stores given up because they would have evicted a block in use on the GPU.",
+         s.restores_dropped_hot, false},
+        {"host_evictions_total", "Cached host blocks reused for new stores.", s.host_evictions,
+         false},
+        {"stale_reports_total", "Store reports for completed or abandoned events.", s.stale_reports,
+         false},
+        {"loaded_bytes_total", "Bytes loaded (blocks x block_bytes).", s.bytes_loaded, false},
+        {"stored_bytes_total", "Bytes stored (blocks x block_bytes).", s.bytes_stored, false},
+        {"resets_total", "Successful resets.", s.resets, false},
+        {"host_blocks", "Usable host-tier blocks.", s.host_blocks, true},
+        {"host_used_blocks", "Host blocks pinned by hits or transfers.", s.host_used_blocks, true},
+        {"host_cached_blocks", "Host blocks that can be hit.", s.host_cached_blocks, true},
+        {"requests", "Requests tracked.", s.requests, true},
+        {"load_events_in_flight", "Load events not yet completed.", s.load_events_in_flight, true},
+        {"store_events_in_flight", "Store events not yet completed.", s.store_events_in_flight,
+         true},
+        {"pending_store_blocks", "Blocks queued or in flight to the host tier.",
+         s.pending_store_blocks, true},
+    };
+    const struct {
+        const char *name, *help;
+        uint64_t v;
+        bool gauge;
+    } disk_metrics[] = {
+        {"disk_hit_tokens_total", "Tokens of hits served from the disk tier.", s.disk_hit_tokens,
+         false},
+        {"disk_hit_blocks_total", "Disk slots pinned by hits.", s.disk_hit_blocks, false},
+        {"promotions_total", "Blocks promoted from disk to host.", s.promotions, false},
+        {"promotions_failed_total", "Blocks whose promotion failed (reported invalid).",
+         s.promotions_failed, false},
+        {"disk_load_events_total", "Promotion events issued.", s.disk_load_events, false},
+        {"disk_store_events_total", "Write-back events issued.", s.disk_store_events, false},
+        {"disk_store_blocks_total", "Blocks in write-back events.", s.disk_store_blocks, false},
+        {"disk_stores_completed_total", "Blocks made findable on disk.", s.disk_stores_completed,
+         false},
+        {"disk_stores_failed_total", "Write-back blocks a worker could not write.",
+         s.disk_stores_failed, false},
+        {"disk_stores_abandoned_total", "Write-backs completed after a reset.",
+         s.disk_stores_abandoned, false},
+        {"disk_store_skipped_cached_total", "Blocks not written back: already on disk.",
+         s.disk_store_skipped_cached, false},
+        {"disk_store_dropped_total", "Blocks not written back: no free slot or event room.",
+         s.disk_store_dropped, false},
+        {"disk_evictions_total", "Cached disk slots reused.", s.disk_evictions, false},
+        {"disk_blocks", "Usable disk-tier slots (0: two tiers).", s.disk_blocks, true},
+        {"disk_used_blocks", "Disk slots pinned by hits or transfers.", s.disk_used_blocks, true},
+        {"disk_cached_blocks", "Disk slots that can be hit.", s.disk_cached_blocks, true},
+        {"disk_load_events_in_flight", "Promotion events not yet completed.",
+         s.disk_load_events_in_flight, true},
+        {"disk_store_events_in_flight", "Write-back events not yet completed.",
+         s.disk_store_events_in_flight, true},
+    };
+    for (size_t i = 0; i < KVT_ARRAY_LEN(metrics); i++)
+        kvi_prom_metric(&p, "kvtier_offload", metrics[i].name, metrics[i].help, metrics[i].gauge,
+                        metrics[i].v);
+    for (size_t i = 0; m->tier[1].pool && i < KVT_ARRAY_LEN(disk_metrics);
+         i++) /* three tiers only */
+        kvi_prom_metric(&p, "kvtier_offload", disk_metrics[i].name, disk_metrics[i].help,
+                        disk_metrics[i].gauge, disk_metrics[i].v);
+        /* Every tier's figures, with a tier label, for dashboards that sum or compare tiers (the
+         * unlabelled families above stay for existing scrapes). */
+#define TIER_FIELD(f, name, help, gauge)                                                           \
+    {                                                                                              \
+        name, help, offsetof(kvt_tier_stats, f), sizeof(((kvt_tier_stats *)0)->f), gauge           \
+    }
+    static const struct {
+        const char *name, *help;
+        size_t off, size;
+        bool gauge;
+    } tf[] = {
+        TIER_FIELD(blocks, "tier_blocks", "Usable blocks per tier.", true),
+        TIER_FIELD(used_blocks, "tier_used_blocks", "Blocks pinned by hits or transfers per tier.",
+                   true),
+        TIER_FIELD(cached_blocks, "tier_cached_blocks", "Blocks that can be hit per tier.", true),
+        TIER_FIELD(load_events_in_flight, "tier_load_events_in_flight",
+                   "Load events out of the tier not yet completed.", true),
+        TIER_FIELD(store_events_in_flight, "tier_store_events_in_flight",
+                   "Store events into the tier not yet completed.", true),
+        TIER_FIELD(hit_blocks, "tier_hit_blocks_total", "Blocks pinned by hits per tier.", false),
+        TIER_FIELD(hit_tokens, "tier_hit_tokens_total", "Tokens of hits served by the tier.",
+                   false),
+        TIER_FIELD(load_events, "tier_load_events_total", "Load events out of the tier issued.",
+                   false),
+        TIER_FIELD(store_events, "tier_store_events_total", "Store events into the tier issued.",
+                   false),
+        TIER_FIELD(store_blocks, "tier_store_blocks_total", "Blocks in those store events.", false),
+        TIER_FIELD(stores_completed, "tier_stores_completed_total",
+                   "Blocks made findable in the tier.", false),
+        TIER_FIELD(stores_failed, "tier_stores_failed_total",
+                   "Blocks of store events a worker could not write.", false),
+        TIER_FIELD(stores_abandoned, "tier_stores_abandoned_total",
+                   "Blocks whose store completed after a reset.", false),
+        TIER_FIELD(store_skipped_cached, "tier_store_skipped_cached_total",
+                   "Blocks not stored: already in the tier.", false),
+        TIER_FIELD(store_dropped, "tier_store_dropped_total",
+                   "Blocks not stored: no free block or event room.", false),
+        TIER_FIELD(evictions, "tier_evictions_total", "Cached blocks reused for new ones per tier.",
+                   false),
+    };
+#undef TIER_FIELD
+    kvt_tier_stats ts[KVT_MAX_TIERS];
+    uint32_t n_tiers = kvt_offload_num_tiers(m);
+    for (uint32_t t = 0; t < n_tiers && t < KVT_MAX_TIERS; t++)
+        (void)kvt_offload_get_tier_stats(m, t, &ts[t]);
+    for (size_t i = 0; i < KVT_ARRAY_LEN(tf); i++) {
+        kvi_prom_family(&p, "kvtier_offload", tf[i].name, tf[i].help, tf[i].gauge);
+        for (uint32_t t = 0; t < n_tiers && t < KVT_MAX_TIERS; t++) {
+            const char *f = (const char *)&ts[t] + tf[i].off;
+            uint64_t v;
+            if (tf[i].size == sizeof(uint64_t)) {
+                memcpy(&v, f, sizeof(v));
+            } else {
+                uint32_t v32;
+                memcpy(&v32, f, sizeof(v32));
+                v = v32;
+            }
+            kvi_prom_sample(&p, "kvtier_offload", tf[i].name, "tier", ts[t].name, v);
+        }
+    }
+    const struct {
+        const char *reason;
+        uint64_t v;
+    } skipped[] = {
+        {"already_cached", s.store_skipped_cached}, {"in_flight", s.store_skipped_in_flight},
+        {"not_hashed", s.store_skipped_unhashed},   {"null_block", s.store_skipped_null},
+        {"host_full", s.store_dropped_full},
+    };
+    kvi_prom_family(&p, "kvtier_offload", "store_skipped_blocks_total",
+                    "Blocks not stored, by reason.", false);
+    for (size_t i = 0; i < KVT_ARRAY_LEN(skipped); i++)
+        kvi_prom_sample(&p, "kvtier_offload", "store_skipped_blocks_total", "reason",
+                        skipped[i].reason, skipped[i].v);
+    return kvi_prom_finish(&p, len, "offload");
+}
