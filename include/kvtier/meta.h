@@ -36,7 +36,7 @@ extern "C" {
 #endif
 
 #define KVT_NO_EVENT        (-1) /* INVALID_JOB_ID: no event this step */
-#define KVT_META_VERSION    4u   /* wire version this build writes and reads (4: EC capabilities) */
+#define KVT_META_VERSION    5u   /* wire version this build writes and reads (5: tier sections) */
 #define KVT_META_HEADER_LEN 12u
 #define KVT_META_MAX_BLOCKS (1u << 24) /* block ids per list */
 #define KVT_META_MAX_ITEMS  (1u << 20) /* events, ids, specs or set members per list */
@@ -67,9 +67,10 @@ KVT_API int kvt_meta_peek(const void *buf, size_t len, uint32_t *kind, uint32_t 
 
 /* ---- KV offload: scheduler -> worker ---------------------------------------------------- */
 
-/* The offload tiers behind the engine's GPU memory, in order: tier 0 the host (its transfers
- * with the GPU are the seed's fields of kvt_offload_meta), tier 1 the local disk behind it. */
-#define KVT_MAX_TIERS 2
+/* The most offload tiers behind the engine's GPU memory, in order: tier 0 the first (the host;
+ * its transfers with the GPU are the seed's fields of kvt_offload_meta), tier t >= 1 behind
+ * tier t - 1 (today the local disk is tier 1). Messages name the tiers they carry. */
+#define KVT_MAX_TIERS 4
 
 /* One step's transfers between tier t >= 1 and the tier in front of it (t - 1): loads
  * (promotions, t -> t - 1) and stores (write-backs, t - 1 -> t), one event each, numbered per
@@ -109,8 +110,8 @@ typedef struct kvt_offload_meta {
      * finishes (the engine recomputes them). A subset of load_gpu_blocks. */
     uint32_t n_load_invalid;
     uint32_t *load_invalid_blocks;
-    /* tiers[t - 1]: the transfers of tier t with the tier in front of it (with three tiers,
-     * tiers[0] holds the disk's promotions and write-backs; empty otherwise) */
+    /* tiers[t - 1]: the transfers of tier t with the tier in front of it (a disk behind the
+     * host: tiers[0] holds its promotions and write-backs; empty for a tier that is absent) */
     kvt_tier_xfers tiers[KVT_MAX_TIERS - 1];
     /* private */
     uint32_t cap_loads, cap_events, cap_first, cap_reqs, cap_stores, cap_invalid;

@@ -11,18 +11,23 @@
  *   u32 n; n x u32 store_gpu_blocks     u32 n; n x u32 store_cpu_blocks
  *   u8  need_flush
  *   u32 n; n x u32 load_invalid_blocks
- *   then for each tier t = 1 .. KVT_MAX_TIERS - 1 (version 4: the disk):
- *   i64 load_event
- *   u32 n; n x u32 load_src (tier t)      u32 n; n x u32 load_dst (tier t - 1)
- *   i64 store_event
- *   u32 n; n x u32 store_src (tier t - 1) u32 n; n x u32 store_dst (tier t)
+ *   u8  n_tiers; n_tiers x, for each tier t with transfers this step (ascending):
+ *     u8  t                                 1 .. KVT_MAX_TIERS - 1
+ *     i64 load_event
+ *     u32 n; n x u32 load_src (tier t)      u32 n; n x u32 load_dst (tier t - 1)
+ *     i64 store_event
+ *     u32 n; n x u32 store_src (tier t - 1) u32 n; n x u32 store_dst (tier t)
  * The two lists of a pair carry their own lengths, as the Python dataclass does, and the
  * decoder insists that they agree.
  *
- * Body of a worker message: the reports stores, then tier_stores and tier_loads of each tier
- * t = 1 .. KVT_MAX_TIERS - 1, each
+ * Body of a worker message: the report stores, then
+ *   u8  n_tiers; n_tiers x, for each tier t with completions (ascending):
+ *     u8  t; the reports tier_stores[t - 1], tier_loads[t - 1]
+ * where a report is
  *   u32 n; n x { i64 event; u32 count }   events strictly ascending
  *   u32 n; n x i64 failed event           ascending, each among the completed
+ * A tier without transfers (without completions) is left out, and a decoder refuses an empty
+ * section: the encoding stays canonical, and a message says which tiers it speaks of.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -375,6 +380,21 @@ bool kvt_offload_meta_equal(const kvt_offload_meta *a, const kvt_offload_meta *b
     return true;
 }
 
+/* A tier section is written only when the tier moves something this step (validated: an
+ * event is KVT_NO_EVENT exactly when its lists are empty). */
+static bool xfers_empty(const kvt_tier_xfers *x)
+{
+    return x->load_event == KVT_NO_EVENT && x->store_event == KVT_NO_EVENT;
+}
+
+static uint32_t xfers_sections(const kvt_offload_meta *m)
+{
+    uint32_t n = 0;
+    for (uint32_t t = 0; t < KVT_MAX_TIERS - 1; t++)
+        n += !xfers_empty(&m->tiers[t]);
+    return n;
+}
+
 size_t kvt_offload_meta_encoded_size(const kvt_offload_meta *m)
 {
     size_t n = KVT_META_HEADER_LEN;
@@ -385,10 +405,11 @@ size_t kvt_offload_meta_encoded_size(const kvt_offload_meta *m)
     n += 8 + 4 + 4 * (size_t)m->n_stores + 4 + 4 * (size_t)m->n_stores;
     n += 1;
     n += 4 + 4 * (size_t)m->n_load_invalid;
-    for (uint32_t t = 0; t < KVT_MAX_TIERS - 1; t++) {
-        n += 8 + 8 + 8 * (size_t)m->tiers[t].n_loads;
-        n += 8 + 8 + 8 * (size_t)m->tiers[t].n_stores;
-    }
+    n += 1;
+    for (uint32_t t = 0; t < KVT_MAX_TIERS - 1; t++)
+        if (!xfers_empty(&m->tiers[t]))
+            n += 1 + 8 + 8 + 8 * (size_t)m->tiers[t].n_loads + 8 + 8 +
+                 8 * (size_t)m->tiers[t].n_stores;
     return n;
 }
 
@@ -425,8 +446,12 @@ int kvt_offload_meta_encode(const kvt_offload_meta *m, void *buf, size_t cap, si
     wr_blocks(&w, m->store_cpu_blocks, m->n_stores);
     wr_u8(&w, m->need_flush ? 1 : 0);
     wr_blocks(&w, m->load_invalid_blocks, m->n_load_invalid);
+    wr_u8(&w, (uint8_t)xfers_sections(m));
     for (uint32_t t = 0; t < KVT_MAX_TIERS - 1; t++) {
         const kvt_tier_xfers *x = &m->tiers[t];
+        if (xfers_empty(x))
+            continue;
+        wr_u8(&w, (uint8_t)(t + 1));
         wr_u64(&w, (uint64_t)x->load_event);
         wr_blocks(&w, x->load_src, x->n_loads);
         wr_blocks(&w, x->load_dst, x->n_loads);
@@ -516,8 +541,22 @@ static int decode_offload(void *obj, kvi_rd *r)
         (rc = rd_blocks(r, &m->load_invalid_blocks, &m->cap_invalid, &m->n_load_invalid,
                         "load_invalid_blocks")))
         return rc;
-    for (uint32_t t = 0; t < KVT_MAX_TIERS - 1; t++) {
-        kvt_tier_xfers *x = &m->tiers[t];
+    uint8_t n_tiers, tier, last = 0;
+    if ((rc = rd_u8(r, &n_tiers, "tier sections")))
+        return rc;
+    if (n_tiers > KVT_MAX_TIERS - 1)
+        return kvt_fail(KVT_EPROTO, "%u tier sections, this build has tiers 1 .. %u", n_tiers,
+                        KVT_MAX_TIERS - 1);
+    for (uint32_t i = 0; i < n_tiers; i++) {
+        if ((rc = rd_u8(r, &tier, "tier")))
+            return rc;
+        if (tier <= last || tier >= KVT_MAX_TIERS)
+            return kvt_fail(KVT_EPROTO,
+                            "tier section %u names tier %u (after tier %u; tiers are "
+                            "1 .. %u, ascending)",
+                            i, tier, last, KVT_MAX_TIERS - 1);
+        last = tier;
+        kvt_tier_xfers *x = &m->tiers[tier - 1];
         if ((rc = rd_i64(r, &x->load_event, "tier load_event")) ||
             (rc = rd_block_pair(r, &x->load_src, &x->load_dst, &x->cap_loads, &x->n_loads,
                                 "tier load_src", "tier load_dst")) ||
@@ -525,6 +564,8 @@ static int decode_offload(void *obj, kvi_rd *r)
             (rc = rd_block_pair(r, &x->store_src, &x->store_dst, &x->cap_stores, &x->n_stores,
                                 "tier store_src", "tier store_dst")))
             return rc;
+        if (xfers_empty(x))
+            return kvt_fail(KVT_EPROTO, "tier %u: an empty section", tier);
     }
     return kvt_offload_meta_validate(m);
 }
@@ -561,9 +602,21 @@ static const kvt_event_report *creport(const kvt_offload_worker_meta *m, int i)
 {
     return report((kvt_offload_worker_meta *)m, i);
 }
-_Static_assert(KVT_MAX_TIERS == 2, "name the reports of the new tier below");
-static const char *const report_name[N_REPORTS] = {"store events", "tier 1 store events",
-                                                   "tier 1 load events"};
+/* Report i's name in messages ("tier 2 load events"), written into buf. */
+static const char *report_name(int i, char *buf, size_t cap)
+{
+    if (i == 0)
+        return "store events";
+    snprintf(buf, cap, "tier %d %s events", (i - 1) / 2 + 1, (i - 1) % 2 ? "load" : "store");
+    return buf;
+}
+
+/* Tier t's section (t >= 1) of a worker message holds reports 2t - 1 and 2t: it is written
+ * when either has a completion (failed events are among the completed). */
+static bool tier_reports_empty(const kvt_offload_worker_meta *m, uint32_t t)
+{
+    return m->tier_stores[t - 1].n_completed == 0 && m->tier_loads[t - 1].n_completed == 0;
+}
 
 void kvt_offload_worker_meta_init(kvt_offload_worker_meta *m)
 {
@@ -778,8 +831,9 @@ int kvt_offload_worker_meta_validate(const kvt_offload_worker_meta *m)
 {
     if (!m)
         return kvt_fail(KVT_EINVAL, "meta: NULL worker metadata");
+    char name[32];
     for (int i = 0; i < N_REPORTS; i++) {
-        int rc = report_validate(creport(m, i), report_name[i]);
+        int rc = report_validate(creport(m, i), report_name(i, name, sizeof(name)));
         if (rc)
             return rc;
     }
@@ -810,9 +864,14 @@ bool kvt_offload_worker_meta_equal(const kvt_offload_worker_meta *a,
 
 size_t kvt_offload_worker_meta_encoded_size(const kvt_offload_worker_meta *m)
 {
-    size_t n = KVT_META_HEADER_LEN;
-    for (int i = 0; i < N_REPORTS; i++)
-        n += 4 + 12 * (size_t)creport(m, i)->n_completed + 4 + 8 * (size_t)creport(m, i)->n_failed;
+    size_t n = KVT_META_HEADER_LEN + 1;
+    for (int i = 0; i < N_REPORTS; i++) {
+        const kvt_event_report *e = creport(m, i);
+        if (i && tier_reports_empty(m, (uint32_t)(i - 1) / 2 + 1))
+            continue;
+        n +=
+            (i && (i - 1) % 2 == 0) + 4 + 12 * (size_t)e->n_completed + 4 + 8 * (size_t)e->n_failed;
+    }
     return n;
 }
 
@@ -827,8 +886,18 @@ int kvt_offload_worker_meta_encode(const kvt_offload_worker_meta *m, void *buf, 
         return rc;
     kvi_wr w = {buf};
     kvi_wire_header(&w, KVT_META_OFFLOAD_WORKER, need - KVT_META_HEADER_LEN);
+    uint32_t sections = 0;
+    for (uint32_t t = 1; t < KVT_MAX_TIERS; t++)
+        sections += !tier_reports_empty(m, t);
     for (int r = 0; r < N_REPORTS; r++) {
         const kvt_event_report *e = creport(m, r);
+        uint32_t t = r ? (uint32_t)(r - 1) / 2 + 1 : 0;
+        if (r == 1)
+            wr_u8(&w, (uint8_t)sections);
+        if (t && tier_reports_empty(m, t))
+            continue;
+        if (t && (r - 1) % 2 == 0)
+            wr_u8(&w, (uint8_t)t);
         wr_u32(&w, e->n_completed);
         for (uint32_t i = 0; i < e->n_completed; i++) {
             wr_u64(&w, (uint64_t)e->events[i]);
@@ -870,10 +939,29 @@ static int decode_report(kvi_rd *r, kvt_event_report *m, const char *what)
 static int decode_worker(void *obj, kvi_rd *r)
 {
     kvt_offload_worker_meta *m = obj;
-    for (int i = 0; i < N_REPORTS; i++) {
-        int rc = decode_report(r, report(m, i), report_name[i]);
-        if (rc)
+    char name[32];
+    uint8_t n_tiers, tier, last = 0;
+    int rc = decode_report(r, &m->stores, report_name(0, name, sizeof(name)));
+    if (rc || (rc = rd_u8(r, &n_tiers, "tier sections")))
+        return rc;
+    if (n_tiers > KVT_MAX_TIERS - 1)
+        return kvt_fail(KVT_EPROTO, "%u tier sections, this build has tiers 1 .. %u", n_tiers,
+                        KVT_MAX_TIERS - 1);
+    for (uint32_t i = 0; i < n_tiers; i++) {
+        if ((rc = rd_u8(r, &tier, "tier")))
             return rc;
+        if (tier <= last || tier >= KVT_MAX_TIERS)
+            return kvt_fail(KVT_EPROTO,
+                            "tier section %u names tier %u (after tier %u; tiers are "
+                            "1 .. %u, ascending)",
+                            i, tier, last, KVT_MAX_TIERS - 1);
+        last = tier;
+        int k = 2 * tier - 1;
+        if ((rc = decode_report(r, report(m, k), report_name(k, name, sizeof(name)))) ||
+            (rc = decode_report(r, report(m, k + 1), report_name(k + 1, name, sizeof(name)))))
+            return rc;
+        if (tier_reports_empty(m, tier))
+            return kvt_fail(KVT_EPROTO, "tier %u: an empty section", tier);
     }
     return kvt_offload_worker_meta_validate(m);
 }

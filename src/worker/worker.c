@@ -233,9 +233,9 @@ int kvt_worker_bind(kvt_worker *w, const kvt_offload_meta *meta)
         uint32_t front = w->st[t - 1].nb;
         if ((x->n_loads || x->n_stores) && !st->x.ops)
             return kvt_fail(KVT_EINVAL,
-                            "worker %u: the metadata moves blocks to or from tier %u (disk) but "
-                            "no disk is attached (kvt_worker_attach_disk)",
-                            w->cfg.rank, t);
+                            "worker %u: the metadata moves blocks to or from tier %u but this "
+                            "worker has no tier %u (kvt_worker_attach_disk attaches tier 1)",
+                            w->cfg.rank, t, t);
         if (!st->x.ops)
             continue;
         if ((rc = check_ids(w, "promotion source", x->load_src, x->n_loads, st->nb)) ||

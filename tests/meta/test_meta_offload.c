@@ -28,7 +28,7 @@ static void empty_step_has_no_events_and_round_trips(void **state)
     KVT_OK_(kvt_offload_meta_validate(&m));
     roundtrip(&m, &back);
     assert_int_equal(kvt_offload_meta_encoded_size(&m),
-                     12 + 8 + 8 + 4 + 8 + 8 + 1 + 4 + (8 + 8) + (8 + 8));
+                     12 + 8 + 8 + 4 + 8 + 8 + 1 + 4 + 1); /* no tier sections */
     kvt_offload_meta_release(&m);
     kvt_offload_meta_release(&back);
 }
@@ -134,22 +134,17 @@ static void encode_reports_a_small_buffer(void **state)
     kvt_offload_meta_release(&m);
 }
 
-/* The three-tier part of an offload message, empty. */
+/* The end of an offload message: no invalid load destinations, no tier sections. */
 static void wb_disk_none(wb *w)
 {
     wb_u32(w, 0);
-    for (int i = 0; i < 2; i++) {
-        wb_u64(w, (uint64_t)-1);
-        wb_u32(w, 0);
-        wb_u32(w, 0);
-    }
+    wb_u8(w, 0);
 }
 
-/* The disk reports of a worker message, empty. */
+/* The tier sections of a worker message: none. */
 static void wb_disk_reports_none(wb *w)
 {
-    for (int i = 0; i < 4; i++)
-        wb_u32(w, 0);
+    wb_u8(w, 0);
 }
 
 /* Hand-built messages that break one rule each. */
@@ -426,6 +421,100 @@ static void worker_disk_reports_aggregate_and_round_trip(void **state)
     kvt_offload_worker_meta_release(&back);
 }
 
+/* A chain of four tiers: each section names its tier, only the tiers that move something are
+ * written, and a decoder refuses sections out of order, repeated, empty or past the last tier. */
+static void tier_sections_name_their_tier(void **state)
+{
+    (void)state;
+    kvt_offload_meta m, back;
+    kvt_offload_meta_init(&m);
+    kvt_offload_meta_init(&back);
+    m.tiers[2].store_event = 6; /* tier 3 only: host -> 1 -> 2 -> 3 */
+    KVT_OK_(kvt_offload_meta_add_tier_store(&m, 3, 40, 41));
+    roundtrip(&m, &back);
+    assert_int_equal(back.tiers[2].store_dst[0], 41);
+    assert_int_equal(back.tiers[0].store_event, KVT_NO_EVENT);
+    assert_int_equal(back.tiers[1].load_event, KVT_NO_EVENT);
+    size_t empty = 12 + 8 + 8 + 4 + 8 + 8 + 1 + 4 + 1;
+    assert_int_equal(kvt_offload_meta_encoded_size(&m), empty + 1 + 8 + 8 + 8 + 8 + 8);
+    kvt_offload_meta_release(&m);
+    kvt_offload_meta_release(&back);
+
+    /* hand-built: an empty step, then n sections (tier, load event + pair, store event + pair) */
+    static const struct {
+        uint8_t n, tier[2];
+        bool empty;
+        const char *why;
+    } bad[] = {
+        {2, {2, 1}, false, "after tier 2"},
+        {2, {1, 1}, false, "after tier 1"},
+        {1, {0}, false, "names tier 0"},
+        {1, {KVT_MAX_TIERS}, false, "names tier 4"},
+        {KVT_MAX_TIERS, {1, 2}, false, "tier sections, this build"},
+        {1, {2}, true, "tier 2: an empty section"},
+    };
+    kvt_offload_meta_init(&m);
+    for (size_t k = 0; k < sizeof(bad) / sizeof(bad[0]); k++) {
+        wb w;
+        wb_begin(&w, KVT_META_OFFLOAD);
+        wb_u64(&w, (uint64_t)-1);
+        wb_u32(&w, 0);
+        wb_u32(&w, 0);
+        wb_u32(&w, 0);
+        wb_u64(&w, (uint64_t)-1);
+        wb_u32(&w, 0);
+        wb_u32(&w, 0);
+        wb_u8(&w, 0);
+        wb_u32(&w, 0);
+        wb_u8(&w, bad[k].n);
+        for (uint32_t i = 0; i < bad[k].n && i < 2; i++) {
+            wb_u8(&w, bad[k].tier[i]);
+            wb_u64(&w, (uint64_t)-1); /* no promotions */
+            wb_u32(&w, 0);
+            wb_u32(&w, 0);
+            wb_u64(&w, bad[k].empty ? (uint64_t)-1 : 3); /* one write-back, or nothing */
+            uint32_t n = bad[k].empty ? 0 : 1;
+            wb_u32(&w, n);
+            if (n)
+                wb_u32(&w, 5);
+            wb_u32(&w, n);
+            if (n)
+                wb_u32(&w, 6);
+        }
+        wb_done(&w);
+        KVT_ERR_(kvt_offload_meta_decode(&m, w.b, w.n), KVT_EPROTO);
+        if (!strstr(kvt_last_error(), bad[k].why))
+            fail_msg("case %zu: %s", k, kvt_last_error());
+    }
+    kvt_offload_meta_release(&m);
+
+    /* worker side: tier 3's reports alone, and an empty section refused */
+    kvt_offload_worker_meta a, wback;
+    kvt_offload_worker_meta_init(&a);
+    kvt_offload_worker_meta_init(&wback);
+    KVT_OK_(kvt_event_report_add(&a.tier_loads[2], 4, 1));
+    unsigned char buf[128];
+    size_t len;
+    KVT_OK_(kvt_offload_worker_meta_encode(&a, buf, sizeof(buf), &len));
+    assert_int_equal(len, kvt_offload_worker_meta_encoded_size(&a));
+    assert_int_equal(len, 12 + 8 + 1 + 1 + 8 + (4 + 12 + 4));
+    KVT_OK_(kvt_offload_worker_meta_decode(&wback, buf, len));
+    assert_true(kvt_offload_worker_meta_equal(&a, &wback));
+    wb w;
+    wb_begin(&w, KVT_META_OFFLOAD_WORKER);
+    wb_u32(&w, 0);
+    wb_u32(&w, 0);
+    wb_u8(&w, 1);
+    wb_u8(&w, 2);
+    for (int i = 0; i < 4; i++)
+        wb_u32(&w, 0);
+    wb_done(&w);
+    KVT_ERR_(kvt_offload_worker_meta_decode(&wback, w.b, w.n), KVT_EPROTO);
+    assert_non_null(strstr(kvt_last_error(), "tier 2: an empty section"));
+    kvt_offload_worker_meta_release(&a);
+    kvt_offload_worker_meta_release(&wback);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -443,6 +532,7 @@ int main(void)
         cmocka_unit_test(worker_report_round_trips_and_decoder_wants_ascending_events),
         cmocka_unit_test(disk_tier_lists_round_trip_and_are_checked),
         cmocka_unit_test(worker_disk_reports_aggregate_and_round_trip),
+        cmocka_unit_test(tier_sections_name_their_tier),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -210,7 +210,7 @@ class kvt_offload_sched_req(ctypes.Structure):
                 ("resumed", c_bool), ("left", ctypes.c_int32)]
 
 
-MAX_TIERS = 2  # KVT_MAX_TIERS: the host, and the disk behind it
+MAX_TIERS = 4  # KVT_MAX_TIERS: the host, and up to three tiers behind it
 
 
 class kvt_tier_xfers(ctypes.Structure):

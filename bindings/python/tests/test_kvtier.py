@@ -304,8 +304,9 @@ class DiskAndLink(unittest.TestCase):
             step(store=[(1, 2)])                   # GPU 1 -> host 2
             _, rep = step(tier_store=[(2, 5)])     # host 2 -> slot 5
             self.assertEqual(rep.completed_of("tier_stores", 1), {0: 1})
-            self.assertEqual(m_tiers_of(rep), {("stores", 0): {}, ("tier_stores", 1): {0: 1},
-                                               ("tier_loads", 1): {}})
+            tiers = m_tiers_of(rep)
+            self.assertEqual(len(tiers), 1 + 2 * (kvtier.L.MAX_TIERS - 1))
+            self.assertEqual({k: v for k, v in tiers.items() if v}, {("tier_stores", 1): {0: 1}})
             with self.assertRaises(ValueError):
                 rep.completed_of("tier_stores")    # which tier?
             mirror.block(0, 2)[:] = b"\0" * 4096    # the host tier forgets it
