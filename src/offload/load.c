@@ -403,11 +403,11 @@ int kvi_ofl_reserve_step(kvt_offload *m, kvt_offload_meta *out)
             bytes += m->reqs[s].id_len + 1;
         }
     }
-    KVI_OFL_FOR_EVENTS(e, &m->tier[0].loads)
-    for (uint32_t s = e->head; s != OFL_NONE; s = m->reqs[s].load_next) {
-        reqs++;
-        bytes += m->reqs[s].id_len + 1;
-    }
+    KVI_OFL_FOR_EVENTS (e, &m->tier[0].loads)
+        for (uint32_t s = e->head; s != OFL_NONE; s = m->reqs[s].load_next) {
+            reqs++;
+            bytes += m->reqs[s].id_len + 1;
+        }
     int rc = kvt_offload_meta_reserve(out, pairs, m->tier[0].acc_n, events, reqs, bytes);
     if (rc)
         return kvi_fail_wrap(rc, "offload: build_meta");
@@ -441,9 +441,9 @@ void kvi_ofl_emit_loads(kvt_offload *m, kvt_offload_meta *out)
         m->st.load_blocks += pairs;
         m->tier[0].transferred = true;
     }
-    KVI_OFL_FOR_EVENTS(e, &m->tier[0].loads)
-    for (uint32_t s = e->head; s != OFL_NONE; s = m->reqs[s].load_next)
-        (void)kvt_offload_meta_add_load_req(out, e->id, m->reqs[s].id, m->reqs[s].id_len);
+    KVI_OFL_FOR_EVENTS (e, &m->tier[0].loads)
+        for (uint32_t s = e->head; s != OFL_NONE; s = m->reqs[s].load_next)
+            (void)kvt_offload_meta_add_load_req(out, e->id, m->reqs[s].id, m->reqs[s].id_len);
 }
 
 int kvi_ofl_check_load_done(const kvt_offload *m, const kvt_str *ids, uint32_t n)

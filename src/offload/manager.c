@@ -46,11 +46,13 @@ int kvt_offload_size_host(uint64_t capacity_bytes, uint64_t block_bytes, uint32_
     return 0;
 }
 
-static const char *const g_tier_names[KVI_OFL_TIERS] = {"host", "disk"};
+/* Tier names, in metrics and messages: the host, the disk, then tiers named by position. */
+static const char *const g_tier_names[] = {"host", "disk", "tier2", "tier3"};
+_Static_assert(KVT_ARRAY_LEN(g_tier_names) == KVI_OFL_TIERS, "name every tier");
 
 const char *kvi_ofl_tier_name(uint32_t t)
 {
-    return t < KVI_OFL_TIERS ? g_tier_names[t] : "?";
+    return t < KVT_ARRAY_LEN(g_tier_names) ? g_tier_names[t] : "?";
 }
 
 int kvi_ofl_tier_open(kvt_offload *m, uint32_t t, uint32_t nb, uint32_t event_capacity,

@@ -57,8 +57,8 @@ void kvt_offload_get_stats(const kvt_offload *m, kvt_offload_stats *s)
     s->disk_store_events_in_flight = d.store_events_in_flight;
     s->requests = m->n_reqs;
     uint32_t pending = m->tier[0].acc_n;
-    KVI_OFL_FOR_EVENTS(e, &m->tier[0].stores)
-    pending += e->n;
+    KVI_OFL_FOR_EVENTS (e, &m->tier[0].stores)
+        pending += e->n;
     s->pending_store_blocks = pending;
 }
 

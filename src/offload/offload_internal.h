@@ -100,11 +100,13 @@ struct kvi_ofl_event {
     bool failed; /* stores: a worker could not write some block (never made findable) */
 };
 
-/* An offload tier: the host tier (tier[0]) or the disk behind it (tier[1], three tiers). A
+/* An offload tier: tier[0] the first below the GPU (the host), tier[t] behind tier[t - 1]
+ * (today tier[1] is the disk; tiers without a pool are absent, and tiers are consecutive). A
  * tier's blocks are filled by store events from the level in front of it (the GPU for tier 0,
- * tier t-1 otherwise) and read back by load events into it; everything a tier needs for
- * that is here, so the code that stores, completes, abandons and reports walks tiers by index. */
-#define KVI_OFL_TIERS 2
+ * tier t - 1 otherwise: write-backs) and read back by load events into it; everything a tier
+ * needs for that is here, so the code that stores, writes back, completes, abandons and
+ * reports walks tiers by index. */
+#define KVI_OFL_TIERS KVT_MAX_TIERS
 struct kvi_ofl_tier {
     kvt_pool *pool; /* NULL: no such tier */
     uint32_t nb;    /* blocks, null block included */
@@ -182,7 +184,7 @@ struct kvt_offload {
     /* per GPU block */
     uint32_t *gload_src, *gload_next;
     uint8_t *gflags; /* G_* */
-    /* the tiers: tier[0] the host, tier[1] the disk behind it (three tiers) */
+    /* the tiers: tier[0] the host, tier[1] the disk behind it (three tiers), ... */
     struct kvi_ofl_tier tier[KVI_OFL_TIERS];
     /* per host block, three tiers: promotions from the disk */
     uint32_t *hpromo_src, *hpromo_next, *hpromo_gpu, *hpromo_idx;
@@ -485,7 +487,9 @@ int kvi_ofl_tier_check_pairs(kvt_offload *m, const struct kvi_ofl_req *r,
 void kvi_ofl_tier_pair(kvt_offload *m, struct kvi_ofl_req *r, const uint32_t *const *blocks,
                        uint32_t num_external, uint32_t *load_tail);
 void kvi_ofl_tier_cancel_promo(kvt_offload *m, struct kvi_ofl_req *r);
-void kvi_ofl_tier_writeback(kvt_offload *m, uint32_t h);
+/* Block b of tier t - 1 was stored and registered: queues its write-back into tier t (a no-op
+ * without tier t, or when tier t has it). */
+void kvi_ofl_tier_writeback(kvt_offload *m, uint32_t t, uint32_t b);
 int kvi_ofl_tier_reserve(kvt_offload *m, kvt_offload_meta *out, uint32_t invalid);
 void kvi_ofl_tier_emit(kvt_offload *m, kvt_offload_meta *out);
 int kvi_ofl_tier_check_output(const kvt_offload *m, const kvt_offload_worker_meta *wm);

@@ -94,8 +94,7 @@ static int reset_unlocked(kvt_offload *m)
 {
     kvi_ofl_gpu_flush(m); /* pins a deferred schedule left */
     /* 1. In-flight stores are abandoned: their blocks will be freed, never cached. */
-    KVI_OFL_FOR_EVENTS(e, &m->tier[0].stores)
-    {
+    KVI_OFL_FOR_EVENTS (e, &m->tier[0].stores) {
         if (e->abandoned)
             continue;
         e->abandoned = true;
@@ -126,16 +125,18 @@ static int reset_unlocked(kvt_offload *m)
     }
     kvi_ofl_req_sweep(m);
     kvi_ofl_gpu_flush(m);
-    uint32_t disk_events =
-        m->tier[1].pool ? kvi_evtable_len(&m->tier[1].stores) + kvi_evtable_len(&m->tier[1].loads)
-                        : 0;
-    if (kvi_evtable_len(&m->tier[0].stores) || kvi_evtable_len(&m->tier[0].loads) || disk_events)
-        return kvt_fail(
-            KVT_EBUSY, "offload: reset: %u store, %u load and %u disk events still in flight",
-            kvi_evtable_len(&m->tier[0].stores), kvi_evtable_len(&m->tier[0].loads), disk_events);
-    int rc = kvt_pool_reset_prefix_cache(m->tier[0].pool);
-    if (!rc && m->tier[1].pool)
-        rc = kvt_pool_reset_prefix_cache(m->tier[1].pool);
+    uint32_t behind = 0; /* events of the tiers behind the first */
+    for (uint32_t t = 1; t < KVI_OFL_TIERS && m->tier[t].pool; t++)
+        behind += kvi_evtable_len(&m->tier[t].stores) + kvi_evtable_len(&m->tier[t].loads);
+    if (kvi_evtable_len(&m->tier[0].stores) || kvi_evtable_len(&m->tier[0].loads) || behind)
+        return kvt_fail(KVT_EBUSY,
+                        "offload: reset: %u store, %u load and %u events of the tiers behind "
+                        "still in flight",
+                        kvi_evtable_len(&m->tier[0].stores), kvi_evtable_len(&m->tier[0].loads),
+                        behind);
+    int rc = 0;
+    for (uint32_t t = 0; t < KVI_OFL_TIERS && m->tier[t].pool && !rc; t++)
+        rc = kvt_pool_reset_prefix_cache(m->tier[t].pool);
     if (rc)
         return kvi_fail_wrap(KVT_EBUSY, m->node ? "offload: reset: hits are still pinned, or "
                                                   "peers of the node tier read this replica's "

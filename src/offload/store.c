@@ -723,8 +723,8 @@ static void release_store_pairs(kvt_offload *m, uint32_t t, uint32_t head,
         }
         if (t == 0)
             kvi_ofl_events_stored(m, b, ok); /* its stored events, with its request context */
-        if (ok && t == 0)
-            kvi_ofl_tier_writeback(m, b); /* three tiers: on to disk */
+        if (ok && t + 1 < KVI_OFL_TIERS)
+            kvi_ofl_tier_writeback(m, t + 1, b); /* on to the tier behind, if any */
         release_store_source(m, t, src, !e || !e->abandoned);
         (void)kvt_pool_free(T->pool, &b, 1);
         T->store_src[b] = T->store_next[b] = OFL_NONE;

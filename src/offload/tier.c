@@ -1,17 +1,18 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * Three tiers: GPU -> host -> disk (issue 5; LMCache and Mooncake have it, vLLM's
- * SimpleCPUOffloadConnector does not). The disk tier is a second pool with its own events,
- * driven from the host tier's completions and hits:
+ * The tiers behind the host: GPU -> host -> disk (issue 5; LMCache and Mooncake have it,
+ * vLLM's SimpleCPUOffloadConnector does not). A tier behind is a pool with its own events,
+ * driven from the completions of the tier in front of it and from hits:
  *
- *   write-back   when a host store event completes, each of its blocks that the disk lacks
- *                gets a disk slot (evicting the disk's LRU) and joins the next disk store
- *                event; the host block stays pinned until the write landed, and the slot
- *                becomes findable only when all world_size workers reported it. A host
- *                eviction therefore drops nothing the disk holds; the eviction itself never
- *                has to wait for a write.
- *   promotion    match continues past the host hit on disk, pins the slots it found and
- *                allocates a host block for each (so after_alloc cannot run out of host
+ *   write-back   when a store event into tier t - 1 completes, each of its blocks that tier t
+ *                lacks gets a block there (evicting tier t's LRU) and joins tier t's next
+ *                store event; the block in front stays pinned until the write landed, and the
+ *                new one becomes findable only when all world_size workers reported it. An
+ *                eviction in front therefore drops nothing the tier behind holds, and never
+ *                has to wait for a write. Stores, write-backs, completions, abandons and
+ *                reports walk the tiers by index (any number up to KVT_MAX_TIERS).
+ *   promotion    (the disk, tier 1, into the host) match continues past the host hit on disk, pins
+ * the slots it found and allocates a host block for each (so after_alloc cannot run out of host
  *                space); after_alloc pairs the accepted ones with GPU blocks and queues a
  *                disk load event; when all workers reported it, the promoted host blocks
  *                become findable and the request's single GPU load is queued.
@@ -26,6 +27,7 @@
  * with several groups it is promoted whole or not at all.
  */
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -65,12 +67,14 @@ int kvi_ofl_tier_setup(kvt_offload *m, uint32_t disk_nb)
 
 void kvi_ofl_tier_teardown(kvt_offload *m)
 {
-    kvi_ofl_tier_close(m, 1);
-    for (uint32_t g = 0; g < KVT_MAX_GROUPS; g++) {
-        free(m->tier[1].search_out[g]);
-        m->tier[1].search_out[g] = NULL;
+    for (uint32_t t = 1; t < KVI_OFL_TIERS; t++) {
+        kvi_ofl_tier_close(m, t);
+        for (uint32_t g = 0; g < KVT_MAX_GROUPS; g++) {
+            free(m->tier[t].search_out[g]);
+            m->tier[t].search_out[g] = NULL;
+        }
+        kvi_evtable_free(&m->tier[t].loads);
     }
-    kvi_evtable_free(&m->tier[1].loads);
 }
 
 const kvt_pool *kvt_offload_disk_pool(const kvt_offload *m)
@@ -262,38 +266,39 @@ void kvi_ofl_tier_cancel_promo(kvt_offload *m, struct kvi_ofl_req *r)
 
 /* ---- write-back ------------------------------------------------------------------------ */
 
-void kvi_ofl_tier_writeback(kvt_offload *m, uint32_t h)
+void kvi_ofl_tier_writeback(kvt_offload *m, uint32_t t, uint32_t b)
 {
-    if (!m->tier[1].pool || m->tier[0].keys_n[h] == 0)
+    struct kvi_ofl_tier *F = &m->tier[t - 1], *T = &m->tier[t];
+    if (!T->pool || F->keys_n[b] == 0)
         return;
-    const uint8_t *keys = m->tier[0].keys + (size_t)h * m->kpb * m->key_stride;
+    const uint8_t *keys = F->keys + (size_t)b * m->kpb * m->key_stride;
     uint32_t group, d;
     memcpy(&group, keys + m->hash_len, sizeof(group));
-    if (kvt_pool_lookup(m->tier[1].pool, keys, group, &d) == 1) {
-        m->tier[1].st.store_skipped_cached++;
+    if (kvt_pool_lookup(T->pool, keys, group, &d) == 1) {
+        T->st.store_skipped_cached++;
         return;
     }
-    if (kvi_evtable_full(&m->tier[1].stores) || kvt_pool_num_free(m->tier[1].pool) == 0) {
-        m->tier[1].st.store_dropped++;
+    if (kvi_evtable_full(&T->stores) || kvt_pool_num_free(T->pool) == 0) {
+        T->st.store_dropped++;
         return;
     }
-    uint32_t lru = kvt_pool_lru_first(m->tier[1].pool), nk = 0;
+    uint32_t lru = kvt_pool_lru_first(T->pool), nk = 0;
     kvt_pool_key k;
-    if (lru != KVT_BLOCK_NONE && kvt_pool_block_keys(m->tier[1].pool, lru, &k, 1, &nk) == 0 && nk)
-        m->tier[1].st.evictions++;
-    (void)kvt_pool_alloc(m->tier[1].pool, 1, &d); /* a free slot exists */
-    memcpy(m->tier[1].keys + (size_t)d * m->kpb * m->key_stride, keys,
-           (size_t)m->tier[0].keys_n[h] * m->key_stride);
-    m->tier[1].keys_n[d] = m->tier[0].keys_n[h];
-    (void)kvt_pool_touch(m->tier[0].pool, &h, 1); /* pinned until the write landed */
-    m->tier[1].store_src[d] = h;
-    m->tier[1].store_next[d] = OFL_NONE;
-    if (m->tier[1].acc_tail == OFL_NONE)
-        m->tier[1].acc_head = d;
+    if (lru != KVT_BLOCK_NONE && kvt_pool_block_keys(T->pool, lru, &k, 1, &nk) == 0 && nk)
+        T->st.evictions++;
+    (void)kvt_pool_alloc(T->pool, 1, &d); /* a free block exists */
+    memcpy(T->keys + (size_t)d * m->kpb * m->key_stride, keys,
+           (size_t)F->keys_n[b] * m->key_stride);
+    T->keys_n[d] = F->keys_n[b];
+    (void)kvt_pool_touch(F->pool, &b, 1); /* pinned until the write landed */
+    T->store_src[d] = b;
+    T->store_next[d] = OFL_NONE;
+    if (T->acc_tail == OFL_NONE)
+        T->acc_head = d;
     else
-        m->tier[1].store_next[m->tier[1].acc_tail] = d;
-    m->tier[1].acc_tail = d;
-    m->tier[1].acc_n++;
+        T->store_next[T->acc_tail] = d;
+    T->acc_tail = d;
+    T->acc_n++;
 }
 
 /* ---- step assembly --------------------------------------------------------------------- */
@@ -305,8 +310,8 @@ int kvi_ofl_tier_reserve(kvt_offload *m, kvt_offload_meta *out, uint32_t invalid
         for (uint32_t s = m->promoq_head; s != OFL_NONE; s = m->reqs[s].promo_next)
             promos += m->reqs[s].n_promo;
     int rc = kvt_offload_meta_reserve_invalid(out, invalid);
-    if (!rc)
-        rc = kvt_offload_meta_reserve_tier(out, 1, promos, m->tier[1].acc_n);
+    for (uint32_t t = 1; t < KVI_OFL_TIERS && !rc && m->tier[t].pool; t++)
+        rc = kvt_offload_meta_reserve_tier(out, t, t == 1 ? promos : 0, m->tier[t].acc_n);
     return rc ? kvi_fail_wrap(rc, "offload: build_meta") : 0;
 }
 
@@ -331,7 +336,8 @@ void kvi_ofl_tier_emit(kvt_offload *m, kvt_offload_meta *out)
         m->tier[1].st.load_events++;
         m->tier[1].transferred = true;
     }
-    kvi_ofl_emit_stores(m, 1, out);
+    for (uint32_t t = 1; t < KVI_OFL_TIERS && m->tier[t].pool; t++)
+        kvi_ofl_emit_stores(m, t, out);
 }
 
 /* ---- completions ----------------------------------------------------------------------- */
@@ -349,8 +355,16 @@ static int check_issued(const kvt_event_report *rep, int64_t next, const char *w
 
 int kvi_ofl_tier_check_output(const kvt_offload *m, const kvt_offload_worker_meta *wm)
 {
-    int rc = check_issued(&wm->tier_stores[0], m->tier[1].store_counter, "disk store");
-    return rc ? rc : check_issued(&wm->tier_loads[0], m->tier[1].load_counter, "disk load");
+    int rc = 0;
+    for (uint32_t t = 1; t < KVI_OFL_TIERS && !rc; t++) {
+        char what[32];
+        snprintf(what, sizeof(what), "%s store", kvi_ofl_tier_name(t));
+        rc = check_issued(&wm->tier_stores[t - 1], m->tier[t].store_counter, what);
+        snprintf(what, sizeof(what), "%s load", kvi_ofl_tier_name(t));
+        if (!rc)
+            rc = check_issued(&wm->tier_loads[t - 1], m->tier[t].load_counter, what);
+    }
+    return rc;
 }
 
 /* Counts a report towards its event; returns the event once all workers reported it. */
@@ -409,17 +423,22 @@ static void complete_promotion(kvt_offload *m, struct kvi_ofl_event *e)
 
 void kvi_ofl_tier_apply_output(kvt_offload *m, const kvt_offload_worker_meta *wm)
 {
-    if (!m->tier[1].pool)
-        return;
-    for (uint32_t i = 0; i < wm->tier_stores[0].n_completed; i++) {
-        struct kvi_ofl_event *e = count_report(m, &m->tier[1].stores, &wm->tier_stores[0], i);
-        if (e)
-            kvi_ofl_complete_store(m, 1, e);
+    /* stores front to back: a completion into tier t queues its write-back into tier t + 1 */
+    for (uint32_t t = 1; t < KVI_OFL_TIERS && m->tier[t].pool; t++) {
+        const kvt_event_report *rep = &wm->tier_stores[t - 1];
+        for (uint32_t i = 0; i < rep->n_completed; i++) {
+            struct kvi_ofl_event *e = count_report(m, &m->tier[t].stores, rep, i);
+            if (e)
+                kvi_ofl_complete_store(m, t, e);
+        }
     }
-    for (uint32_t i = 0; i < wm->tier_loads[0].n_completed; i++) {
-        struct kvi_ofl_event *e = count_report(m, &m->tier[1].loads, &wm->tier_loads[0], i);
-        if (e)
-            complete_promotion(m, e);
+    for (uint32_t t = 1; t < KVI_OFL_TIERS && m->tier[t].pool; t++) {
+        const kvt_event_report *rep = &wm->tier_loads[t - 1];
+        for (uint32_t i = 0; i < rep->n_completed; i++) {
+            struct kvi_ofl_event *e = count_report(m, &m->tier[t].loads, rep, i);
+            if (e)
+                complete_promotion(m, e);
+        }
     }
 }
 
@@ -427,18 +446,20 @@ void kvi_ofl_tier_apply_output(kvt_offload *m, const kvt_offload_worker_meta *wm
 
 void kvi_ofl_tier_abandon(kvt_offload *m)
 {
-    if (!m->tier[1].pool)
-        return;
-    KVI_OFL_FOR_EVENTS(e, &m->tier[1].stores)
-    e->abandoned = true;
-    KVI_OFL_FOR_EVENTS(e, &m->tier[1].loads)
-    e->abandoned = true;
-    kvi_ofl_release_accumulator(m, 1);
+    for (uint32_t t = 1; t < KVI_OFL_TIERS && m->tier[t].pool; t++) {
+        KVI_OFL_FOR_EVENTS (e, &m->tier[t].stores)
+            e->abandoned = true;
+        KVI_OFL_FOR_EVENTS (e, &m->tier[t].loads)
+            e->abandoned = true;
+        kvi_ofl_release_accumulator(m, t);
+    }
 }
 
 bool kvi_ofl_tier_pending(const kvt_offload *m)
 {
-    return m->tier[1].pool &&
-           (kvi_evtable_len(&m->tier[1].loads) || kvi_evtable_len(&m->tier[1].stores) ||
-            m->tier[1].acc_n || m->promoq_head != OFL_NONE);
+    for (uint32_t t = 1; t < KVI_OFL_TIERS && m->tier[t].pool; t++)
+        if (kvi_evtable_len(&m->tier[t].loads) || kvi_evtable_len(&m->tier[t].stores) ||
+            m->tier[t].acc_n)
+            return true;
+    return m->promoq_head != OFL_NONE;
 }

@@ -31,8 +31,7 @@ static void push_remove_and_walk_keep_order(void **state)
     assert_false(kvi_list_linked(&it[2].link));
     int expect[] = {0, 1, 3}, n = 0;
     kvi_list *pos;
-    kvi_list_for_each(pos, &head)
-    {
+    kvi_list_for_each (pos, &head) {
         assert_int_equal(kvi_list_entry(pos, struct item, link)->v, expect[n++]);
     }
     assert_int_equal(n, 3);

@@ -6,6 +6,7 @@
  * invalid load destinations; finishing during a promotion, reset and the configuration rules.
  */
 #include "offload/sim.h"
+#include "offload/offload_internal.h" /* a third tier, opened by hand */
 
 enum { R_STORES, R_DISK_STORES, R_DISK_LOADS };
 
@@ -449,6 +450,67 @@ static void reports_for_disk_events_never_issued_are_refused(void **state)
     sim_fini(&s);
 }
 
+static bool tier_has(sim *s, uint32_t t, const sim_req *r, uint32_t block)
+{
+    uint32_t b;
+    return kvt_pool_lookup(s->m->tier[t].pool, r->hashes + block * KVT_BLOCK_HASH_LEN, 0, &b) == 1;
+}
+
+/* Write-backs walk the chain by index: a third tier behind the disk (no public config opens
+ * one yet: it is opened here through the manager's internals) gets each block once the disk
+ * holds it, in its own tier section of the metadata, findable only when every worker reported
+ * it, its source pinned until then; reset and has_pending see it. */
+static void write_backs_walk_a_chain_of_tiers(void **state)
+{
+    (void)state;
+    sim s;
+    sim_init3(&s, 64, 32, false, 2, 64, 32);
+    KVT_OK_(kvi_ofl_tier_open(s.m, 2, 16, 0, 64));
+    assert_int_equal(kvt_offload_num_tiers(s.m), 3);
+    sim_req a;
+    sim_req_make(&a, "a", 4 * SIM_BS + 1, 1, 4 * SIM_BS + 1, 0);
+    sim_store_prompt(&s, &a, 2); /* host store completed: write-backs into the disk queued */
+    sim_build(&s, false);
+    assert_int_equal(s.meta.tiers[0].n_stores, 4);
+    assert_int_equal(s.meta.tiers[1].store_event, KVT_NO_EVENT); /* nothing on disk yet */
+    kvt_offload_worker_meta_clear(&s.wm);
+    KVT_OK_(kvt_event_report_add(&s.wm.tier_stores[0], s.meta.tiers[0].store_event, 2));
+    KVT_OK_(kvt_offload_apply_output(s.m, NULL, 0, &s.wm));
+    assert_true(disk_has(&s, &a, 0));
+    sim_build(&s, false); /* the disk's completions move on to tier 2 */
+    assert_int_equal(s.meta.tiers[0].store_event, KVT_NO_EVENT);
+    assert_int_equal(s.meta.tiers[1].store_event, 0);
+    assert_int_equal(s.meta.tiers[1].n_stores, 4);
+    uint32_t d0 = s.meta.tiers[1].store_src[0];
+    kvt_block_info bi;
+    KVT_OK_(kvt_pool_block_info(kvt_offload_disk_pool(s.m), d0, &bi));
+    assert_int_equal(bi.ref_cnt, 1); /* pinned until the write landed */
+    assert_true(kvt_offload_has_pending(s.m));
+    kvt_offload_worker_meta_clear(&s.wm);
+    KVT_OK_(kvt_event_report_add(&s.wm.tier_stores[1], 0, 1));
+    KVT_OK_(kvt_offload_apply_output(s.m, NULL, 0, &s.wm));
+    assert_false(tier_has(&s, 2, &a, 0)); /* one of two workers */
+    KVT_OK_(kvt_offload_apply_output(s.m, NULL, 0, &s.wm));
+    for (uint32_t b = 0; b < 4; b++)
+        assert_true(tier_has(&s, 2, &a, b));
+    KVT_OK_(kvt_pool_block_info(kvt_offload_disk_pool(s.m), d0, &bi));
+    assert_int_equal(bi.ref_cnt, 0);
+    kvt_tier_stats ts;
+    KVT_OK_(kvt_offload_get_tier_stats(s.m, 2, &ts));
+    assert_string_equal(ts.name, "tier2");
+    assert_int_equal(ts.stores_completed, 4);
+    assert_int_equal(ts.cached_blocks, 4);
+    /* a report for a tier-2 event never issued is refused by name */
+    kvt_offload_worker_meta_clear(&s.wm);
+    KVT_OK_(kvt_event_report_add(&s.wm.tier_stores[1], 7, 1));
+    KVT_ERR_(kvt_offload_apply_output(s.m, NULL, 0, &s.wm), KVT_ERANGE);
+    assert_non_null(strstr(kvt_last_error(), "tier2 store event 7"));
+    assert_false(kvt_offload_has_pending(s.m));
+    KVT_OK_(kvt_offload_reset(s.m));
+    assert_false(tier_has(&s, 2, &a, 0)); /* reset clears every tier */
+    sim_fini(&s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -462,6 +524,7 @@ int main(void)
         cmocka_unit_test(three_tiers_need_a_real_disk_size),
         cmocka_unit_test(a_hybrid_prefix_comes_back_from_disk_in_every_group),
         cmocka_unit_test(reports_for_disk_events_never_issued_are_refused),
+        cmocka_unit_test(write_backs_walk_a_chain_of_tiers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
