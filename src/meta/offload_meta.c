@@ -602,14 +602,12 @@ static const kvt_event_report *creport(const kvt_offload_worker_meta *m, int i)
 {
     return report((kvt_offload_worker_meta *)m, i);
 }
-/* Report i's name in messages ("tier 2 load events"), written into buf. */
-static const char *report_name(int i, char *buf, size_t cap)
-{
-    if (i == 0)
-        return "store events";
-    snprintf(buf, cap, "tier %d %s events", (i - 1) / 2 + 1, (i - 1) % 2 ? "load" : "store");
-    return buf;
-}
+/* Report i's name in messages: a table, as validation runs on every report of every step. */
+static const char *const report_names[] = {
+    "store events",       "tier 1 store events", "tier 1 load events", "tier 2 store events",
+    "tier 2 load events", "tier 3 store events", "tier 3 load events"};
+_Static_assert(sizeof(report_names) / sizeof(report_names[0]) == N_REPORTS,
+               "name the reports of every tier");
 
 /* Tier t's section (t >= 1) of a worker message holds reports 2t - 1 and 2t: it is written
  * when either has a completion (failed events are among the completed). */
@@ -831,9 +829,8 @@ int kvt_offload_worker_meta_validate(const kvt_offload_worker_meta *m)
 {
     if (!m)
         return kvt_fail(KVT_EINVAL, "meta: NULL worker metadata");
-    char name[32];
     for (int i = 0; i < N_REPORTS; i++) {
-        int rc = report_validate(creport(m, i), report_name(i, name, sizeof(name)));
+        int rc = report_validate(creport(m, i), report_names[i]);
         if (rc)
             return rc;
     }
@@ -939,9 +936,8 @@ static int decode_report(kvi_rd *r, kvt_event_report *m, const char *what)
 static int decode_worker(void *obj, kvi_rd *r)
 {
     kvt_offload_worker_meta *m = obj;
-    char name[32];
     uint8_t n_tiers, tier, last = 0;
-    int rc = decode_report(r, &m->stores, report_name(0, name, sizeof(name)));
+    int rc = decode_report(r, &m->stores, report_names[0]);
     if (rc || (rc = rd_u8(r, &n_tiers, "tier sections")))
         return rc;
     if (n_tiers > KVT_MAX_TIERS - 1)
@@ -957,8 +953,8 @@ static int decode_worker(void *obj, kvi_rd *r)
                             i, tier, last, KVT_MAX_TIERS - 1);
         last = tier;
         int k = 2 * tier - 1;
-        if ((rc = decode_report(r, report(m, k), report_name(k, name, sizeof(name)))) ||
-            (rc = decode_report(r, report(m, k + 1), report_name(k + 1, name, sizeof(name)))))
+        if ((rc = decode_report(r, report(m, k), report_names[k])) ||
+            (rc = decode_report(r, report(m, k + 1), report_names[k + 1])))
             return rc;
         if (tier_reports_empty(m, tier))
             return kvt_fail(KVT_EPROTO, "tier %u: an empty section", tier);

@@ -27,7 +27,6 @@
  * with several groups it is promoted whole or not at all.
  */
 #include <inttypes.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -342,14 +341,16 @@ void kvi_ofl_tier_emit(kvt_offload *m, kvt_offload_meta *out)
 
 /* ---- completions ----------------------------------------------------------------------- */
 
-static int check_issued(const kvt_event_report *rep, int64_t next, const char *what)
+/* Refuses reports of tier t's events (loads or stores) that were never issued; the message
+ * is formatted only then (this runs every step). */
+static int check_issued(const kvt_event_report *rep, int64_t next, uint32_t t, const char *kind)
 {
     for (uint32_t i = 0; i < rep->n_completed; i++)
         if (rep->events[i] >= next)
             return kvt_fail(KVT_ERANGE,
-                            "offload: apply_output: %s event %" PRId64
+                            "offload: apply_output: %s %s event %" PRId64
                             " was never issued (next is %" PRId64 ")",
-                            what, rep->events[i], next);
+                            kvi_ofl_tier_name(t), kind, rep->events[i], next);
     return 0;
 }
 
@@ -357,12 +358,9 @@ int kvi_ofl_tier_check_output(const kvt_offload *m, const kvt_offload_worker_met
 {
     int rc = 0;
     for (uint32_t t = 1; t < KVI_OFL_TIERS && !rc; t++) {
-        char what[32];
-        snprintf(what, sizeof(what), "%s store", kvi_ofl_tier_name(t));
-        rc = check_issued(&wm->tier_stores[t - 1], m->tier[t].store_counter, what);
-        snprintf(what, sizeof(what), "%s load", kvi_ofl_tier_name(t));
+        rc = check_issued(&wm->tier_stores[t - 1], m->tier[t].store_counter, t, "store");
         if (!rc)
-            rc = check_issued(&wm->tier_loads[t - 1], m->tier[t].load_counter, what);
+            rc = check_issued(&wm->tier_loads[t - 1], m->tier[t].load_counter, t, "load");
     }
     return rc;
 }
