@@ -462,6 +462,30 @@ int kvt_offload_meta_encode(const kvt_offload_meta *m, void *buf, size_t cap, si
     return 0;
 }
 
+/* The tier sections of both messages: a count, then sections each opening with its tier,
+ * strictly ascending in 1 .. KVT_MAX_TIERS - 1. */
+static int rd_tier_count(kvi_rd *r, uint8_t *n)
+{
+    int rc = rd_u8(r, n, "tier sections");
+    if (!rc && *n > KVT_MAX_TIERS - 1)
+        rc = kvt_fail(KVT_EPROTO, "%u tier sections, this build has tiers 1 .. %u", *n,
+                      KVT_MAX_TIERS - 1);
+    return rc;
+}
+
+/* Section i's tier into *tier, which holds the previous section's (0 before the first). */
+static int rd_tier(kvi_rd *r, uint32_t i, uint8_t *tier)
+{
+    uint8_t last = *tier;
+    int rc = rd_u8(r, tier, "tier");
+    if (!rc && (*tier <= last || *tier >= KVT_MAX_TIERS))
+        rc = kvt_fail(KVT_EPROTO,
+                      "tier section %u names tier %u (after tier %u; tiers are 1 .. %u, "
+                      "ascending)",
+                      i, *tier, last, KVT_MAX_TIERS - 1);
+    return rc;
+}
+
 /* Reads a pair of block lists of equal length (names what_a / what_b) into *a / *b. */
 static int rd_block_pair(kvi_rd *r, uint32_t **a, uint32_t **b, uint32_t *cap, uint32_t *n,
                          const char *what_a, const char *what_b)
@@ -541,21 +565,12 @@ static int decode_offload(void *obj, kvi_rd *r)
         (rc = rd_blocks(r, &m->load_invalid_blocks, &m->cap_invalid, &m->n_load_invalid,
                         "load_invalid_blocks")))
         return rc;
-    uint8_t n_tiers, tier, last = 0;
-    if ((rc = rd_u8(r, &n_tiers, "tier sections")))
+    uint8_t n_tiers, tier = 0;
+    if ((rc = rd_tier_count(r, &n_tiers)))
         return rc;
-    if (n_tiers > KVT_MAX_TIERS - 1)
-        return kvt_fail(KVT_EPROTO, "%u tier sections, this build has tiers 1 .. %u", n_tiers,
-                        KVT_MAX_TIERS - 1);
     for (uint32_t i = 0; i < n_tiers; i++) {
-        if ((rc = rd_u8(r, &tier, "tier")))
+        if ((rc = rd_tier(r, i, &tier)))
             return rc;
-        if (tier <= last || tier >= KVT_MAX_TIERS)
-            return kvt_fail(KVT_EPROTO,
-                            "tier section %u names tier %u (after tier %u; tiers are "
-                            "1 .. %u, ascending)",
-                            i, tier, last, KVT_MAX_TIERS - 1);
-        last = tier;
         kvt_tier_xfers *x = &m->tiers[tier - 1];
         if ((rc = rd_i64(r, &x->load_event, "tier load_event")) ||
             (rc = rd_block_pair(r, &x->load_src, &x->load_dst, &x->cap_loads, &x->n_loads,
@@ -936,22 +951,13 @@ static int decode_report(kvi_rd *r, kvt_event_report *m, const char *what)
 static int decode_worker(void *obj, kvi_rd *r)
 {
     kvt_offload_worker_meta *m = obj;
-    uint8_t n_tiers, tier, last = 0;
+    uint8_t n_tiers, tier = 0;
     int rc = decode_report(r, &m->stores, report_names[0]);
-    if (rc || (rc = rd_u8(r, &n_tiers, "tier sections")))
+    if (rc || (rc = rd_tier_count(r, &n_tiers)))
         return rc;
-    if (n_tiers > KVT_MAX_TIERS - 1)
-        return kvt_fail(KVT_EPROTO, "%u tier sections, this build has tiers 1 .. %u", n_tiers,
-                        KVT_MAX_TIERS - 1);
     for (uint32_t i = 0; i < n_tiers; i++) {
-        if ((rc = rd_u8(r, &tier, "tier")))
+        if ((rc = rd_tier(r, i, &tier)))
             return rc;
-        if (tier <= last || tier >= KVT_MAX_TIERS)
-            return kvt_fail(KVT_EPROTO,
-                            "tier section %u names tier %u (after tier %u; tiers are "
-                            "1 .. %u, ascending)",
-                            i, tier, last, KVT_MAX_TIERS - 1);
-        last = tier;
         int k = 2 * tier - 1;
         if ((rc = decode_report(r, report(m, k), report_names[k])) ||
             (rc = decode_report(r, report(m, k + 1), report_names[k + 1])))
