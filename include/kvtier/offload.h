@@ -516,7 +516,9 @@ typedef struct kvt_tier_stats {
     uint64_t evictions;            /* cached blocks reused for new ones */
     uint32_t blocks, used_blocks, cached_blocks;
     uint32_t load_events_in_flight, store_events_in_flight;
-    uint64_t reserved[8]; /* room for figures to come (zero) */
+    uint64_t loads_failed; /* blocks a worker could not read out of this tier: their keys are
+                              dropped, so the next request misses rather than fails again */
+    uint64_t reserved[7];  /* room for figures to come (zero) */
 } kvt_tier_stats;
 
 /* Tiers this manager has: 1 (host) or 2 (host and disk); 0 for NULL. */

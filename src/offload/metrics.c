@@ -105,6 +105,7 @@ int kvt_offload_get_tier_stats(const kvt_offload *m, uint32_t tier, kvt_tier_sta
     out->store_skipped_cached = T->st.store_skipped_cached;
     out->store_dropped = T->st.store_dropped;
     out->evictions = T->st.evictions;
+    out->loads_failed = T->st.loads_failed;
     out->blocks = T->nb - 1;
     out->used_blocks = T->nb - 1 - kvt_pool_num_free(T->pool);
     out->cached_blocks = kvt_pool_num_cached(T->pool);
@@ -266,6 +267,8 @@ int kvt_offload_prometheus(const kvt_offload *m, char *buf, size_t cap, size_t *
                    "Blocks not stored: no free block or event room.", false),
         TIER_FIELD(evictions, "tier_evictions_total", "Cached blocks reused for new ones per tier.",
                    false),
+        TIER_FIELD(loads_failed, "tier_loads_failed_total",
+                   "Blocks a worker could not read out of the tier (their keys dropped).", false),
     };
 #undef TIER_FIELD
     kvt_tier_stats ts[KVT_MAX_TIERS];

@@ -126,6 +126,7 @@ struct kvi_ofl_tier {
         uint64_t evictions;              /* cached blocks reused for new stores */
         uint64_t hit_blocks, hit_tokens; /* tier 0's tokens: kvt_offload_get_tier_stats */
         uint64_t store_skipped_cached, store_dropped; /* blocks not stored into this tier */
+        uint64_t loads_failed; /* blocks whose load out of this tier failed: keys dropped */
     } st;
     uint32_t *search_out[KVT_MAX_GROUPS]; /* scratch of the longest-hit search */
     uint32_t search_n[KVT_MAX_GROUPS];    /* ... entries per group of the last one */

@@ -18,7 +18,8 @@
  *                become findable and the request's single GPU load is queued.
  *   failures     a failed write-back is never findable; a failed promotion is never a hit:
  *                its host blocks get no keys and its GPU destinations go out in the load's
- *                load_invalid_blocks (the engine recomputes them, Dynamo #15079).
+ *                load_invalid_blocks (the engine recomputes them, Dynamo #15079), and its
+ *                slots' keys are dropped (the next request misses instead of failing again).
  *
  * Every group kind: the host hit ends where each group has what it needs (a window's blocks
  * before the end, the last Mamba state), so the disk part is searched as a prefix of its own
@@ -392,6 +393,11 @@ static void complete_promotion(kvt_offload *m, struct kvi_ofl_event *e)
             if (e->failed) {
                 m->gflags[m->hpromo_gpu[h]] |= G_INVALID; /* never a hit */
                 m->st.promotions_failed++;
+                /* the slot may be bad: it is forgotten, so the next request misses instead of
+                 * failing on it again (vLLM resets the failed request's slots); its keys leave
+                 * with REMOVED events */
+                (void)kvt_pool_evict(m->tier[1].pool, &d, 1);
+                m->tier[1].st.loads_failed++;
                 continue;
             }
             m->st.promotions++;

@@ -215,8 +215,21 @@ static void failed_promotion_is_never_a_hit_and_its_blocks_come_back_invalid(voi
     kvt_offload_get_stats(s.m, &st);
     assert_int_equal(st.promotions_failed, 4);
     assert_int_equal(st.promotions, 0);
+    /* the slots that failed are forgotten (vLLM resets the failed request's slots), counted
+     * and evented: the next request with the prompt misses instead of failing on them again */
     for (uint32_t i = 0; i < 4; i++)
-        assert_true(disk_has(&s, &a, i)); /* the disk copy is still there */
+        assert_false(disk_has(&s, &a, i));
+    kvt_tier_stats ts;
+    KVT_OK_(kvt_offload_get_tier_stats(s.m, 1, &ts));
+    assert_int_equal(ts.loads_failed, 4);
+    kvt_offload_event ev[64];
+    uint32_t n_ev = kvt_offload_take_events(s.m, ev, 64, NULL), removed = 0;
+    for (uint32_t i = 0; i < n_ev; i++)
+        removed += ev[i].type == KVT_OFFLOAD_EV_REMOVED && ev[i].medium == KVT_MEDIUM_DISK;
+    assert_int_equal(removed, 4);
+    sim_req c;
+    sim_req_make(&c, "c", 4 * SIM_BS + 1, 1, 4 * SIM_BS + 1, 0);
+    assert_int_equal(sim_admit(&s, &c, UINT32_MAX), 0);
     assert_false(kvt_offload_has_pending(s.m));
     sim_fini(&s);
 }

@@ -283,9 +283,13 @@ TIER_GAUGES = ("blocks", "used_blocks", "cached_blocks", "load_events_in_flight"
                "store_events_in_flight")
 
 
+TIER_LATER_COUNTERS = ("loads_failed",)  # after the gauges, in the reserved room
+
+
 class kvt_tier_stats(ctypes.Structure):
     _fields_ = ([("name", ctypes.c_char_p)] + [(n, c_u64) for n in TIER_COUNTERS] +
-                [(n, c_u32) for n in TIER_GAUGES]) + ROOM
+                [(n, c_u32) for n in TIER_GAUGES] +
+                [(n, c_u64) for n in TIER_LATER_COUNTERS] + room(8 - len(TIER_LATER_COUNTERS)))
 
 
 class kvt_copy_config(Struct):
