@@ -506,6 +506,21 @@ KVT_API int kvt_ec_producer_push_many(kvt_ec_producer *p, const kvt_ec_push_spec
 KVT_API int kvt_ec_producer_bind_source(kvt_ec_producer *p, const char *mm_hash, uint32_t len,
                                         const void *src, uint64_t nbytes,
                                         const kvt_ec_fence *fence);
+/* An encoder output as the engine holds it: its shape (ndim <= KVT_EC_MAX_DIMS entries) and
+ * dtype (a NUL-terminated name as in the push specs, e.g. "float16"). */
+typedef struct kvt_ec_source_desc {
+    uint32_t ndim;
+    uint64_t shape[KVT_EC_MAX_DIMS];
+    const char *dtype;
+} kvt_ec_source_desc;
+/* kvt_ec_producer_bind_source that also checks the output's shape and dtype against each
+ * waiting push of mm_hash: a push that differs is not bound but FAILED (its reservations
+ * abandoned, its request in failed_saves, the difference in its error), as a wrong size is at
+ * dispatch. Returns how many were bound; KVT_EINVAL for a bad desc (nothing changed). */
+KVT_API int kvt_ec_producer_bind_source_typed(kvt_ec_producer *p, const char *mm_hash, uint32_t len,
+                                              const void *src, uint64_t nbytes,
+                                              const kvt_ec_source_desc *desc,
+                                              const kvt_ec_fence *fence);
 /* The dispatcher: pushes every record whose source is bound and ready, in batches per consumer
  * of up to max_batch records and max_batch_bytes (a record still waiting never holds back a
  * ready one): refresh stale reservations, check each source against its spec, write every

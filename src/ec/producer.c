@@ -773,8 +773,42 @@ int kvt_ec_producer_push(kvt_ec_producer *p, const kvt_ec_push_spec *s)
     return kvt_ec_producer_push_many(p, s, 1);
 }
 
-int kvt_ec_producer_bind_source(kvt_ec_producer *p, const char *mm_hash, uint32_t len,
-                                const void *src, uint64_t nbytes, const kvt_ec_fence *fence)
+/* Why record r's push does not describe the output desc (NULL: it does), written into buf. */
+static const char *desc_mismatch(const prec *r, const kvt_ec_source_desc *d, char *buf, size_t cap)
+{
+    bool same = d->ndim == r->ndim && strlen(d->dtype) == r->dtype.len &&
+                memcmp(d->dtype, r->dtype.s, r->dtype.len) == 0;
+    for (uint32_t i = 0; same && i < d->ndim; i++)
+        same = d->shape[i] == r->shape[i];
+    if (same)
+        return NULL;
+    char have[96] = "", want[96] = "";
+    for (uint32_t i = 0, o = 0, q = 0; i < KVT_EC_MAX_DIMS; i++) {
+        if (i < d->ndim && o < sizeof(have))
+            o += (uint32_t)snprintf(have + o, sizeof(have) - o, "%s%llu", i ? "," : "",
+                                    (unsigned long long)d->shape[i]);
+        if (i < r->ndim && q < sizeof(want))
+            q += (uint32_t)snprintf(want + q, sizeof(want) - q, "%s%llu", i ? "," : "",
+                                    (unsigned long long)r->shape[i]);
+    }
+    snprintf(buf, cap, "source of %.64s is (%.40s) %.24s but the push says (%.40s) %.24s", r->h.s,
+             have, d->dtype, want, r->dtype.s);
+    return buf;
+}
+
+static int check_desc(const kvt_ec_source_desc *d)
+{
+    if (d->ndim > KVT_EC_MAX_DIMS)
+        return kvt_fail(KVT_EINVAL, "ec producer: bind_source: ndim %u exceeds %u", d->ndim,
+                        KVT_EC_MAX_DIMS);
+    if (!d->dtype || !d->dtype[0] || strlen(d->dtype) > KVT_EC_KEY_MAX)
+        return kvt_fail(KVT_EINVAL, "ec producer: bind_source: dtype must be 1..%u bytes",
+                        KVT_EC_KEY_MAX);
+    return 0;
+}
+
+static int bind_source(kvt_ec_producer *p, const char *mm_hash, uint32_t len, const void *src,
+                       uint64_t nbytes, const kvt_ec_source_desc *desc, const kvt_ec_fence *fence)
 {
     ec_key h;
     int rc = pkey_set(&h, (kvt_str){mm_hash, len}, "mm_hash", false);
@@ -782,6 +816,8 @@ int kvt_ec_producer_bind_source(kvt_ec_producer *p, const char *mm_hash, uint32_
         return rc;
     if (!src && nbytes)
         return kvt_fail(KVT_EINVAL, "ec producer: NULL source");
+    if (desc && (rc = check_desc(desc)))
+        return rc;
     /* the records listed under h: each leaves the list once bound, or once found no longer
      * waiting (the walk collects them first: the map must not change during it) */
     uint32_t found[64], nf;
@@ -799,6 +835,13 @@ int kvt_ec_producer_bind_source(kvt_ec_producer *p, const char *mm_hash, uint32_
             r->in_wait = false;
             if (!r->used || r->state != KVT_ECP_WAITING_INPUTS || r->has_src)
                 continue;
+            char why[256];
+            const char *bad = desc ? desc_mismatch(r, desc, why, sizeof(why)) : NULL;
+            if (bad) { /* never pushed: the consumer would read it with the wrong shape */
+                KVT_LOG_W("ec producer: push %s failed: %s", r->t.s, bad);
+                fail(p, r, bad);
+                continue;
+            }
             r->src = src;
             r->src_bytes = nbytes;
             r->fence = fence ? *fence : (kvt_ec_fence){NULL, NULL};
@@ -807,6 +850,21 @@ int kvt_ec_producer_bind_source(kvt_ec_producer *p, const char *mm_hash, uint32_
         }
     } while (nf == 64);
     return bound;
+}
+
+int kvt_ec_producer_bind_source(kvt_ec_producer *p, const char *mm_hash, uint32_t len,
+                                const void *src, uint64_t nbytes, const kvt_ec_fence *fence)
+{
+    return bind_source(p, mm_hash, len, src, nbytes, NULL, fence);
+}
+
+int kvt_ec_producer_bind_source_typed(kvt_ec_producer *p, const char *mm_hash, uint32_t len,
+                                      const void *src, uint64_t nbytes,
+                                      const kvt_ec_source_desc *desc, const kvt_ec_fence *fence)
+{
+    if (!desc)
+        return kvt_fail(KVT_EINVAL, "ec producer: bind_source_typed: NULL desc");
+    return bind_source(p, mm_hash, len, src, nbytes, desc, fence);
 }
 
 /* ---- dispatch ----------------------------------------------------------------------------------

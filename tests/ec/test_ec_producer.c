@@ -234,6 +234,47 @@ static void invalid_source_fails_before_staging(void **state_)
     rig_close(&g);
 }
 
+/* An output of the right size and the wrong shape or dtype is never pushed (issue 37): bound
+ * with its description, each push that says otherwise fails and frees its reservations; one
+ * that agrees is bound and pushed; a bad description changes nothing. */
+static void a_source_of_another_shape_or_dtype_is_refused(void **state_)
+{
+    (void)state_;
+    rig g;
+    rig_open(&g, 2, 64 * 1024);
+    push(&g, "t", "h", "r"); /* (TOK, 256) float32 */
+    push(&g, "u", "h2", "r2");
+    push(&g, "v", "h3", "r3");
+    kvt_ec_source_desc d = {2, {TOK * 2, 128}, "float32"}; /* same bytes, another shape */
+    KVT_ERR_(kvt_ec_producer_bind_source_typed(g.p, "h", 1, g.src[0], TOK * 1024, NULL, NULL),
+             KVT_EINVAL);
+    kvt_ec_source_desc bad = {KVT_EC_MAX_DIMS + 1, {0}, "float32"};
+    KVT_ERR_(kvt_ec_producer_bind_source_typed(g.p, "h", 1, g.src[0], TOK * 1024, &bad, NULL),
+             KVT_EINVAL);
+    bad = (kvt_ec_source_desc){2, {TOK, 256}, ""};
+    KVT_ERR_(kvt_ec_producer_bind_source_typed(g.p, "h", 1, g.src[0], TOK * 1024, &bad, NULL),
+             KVT_EINVAL);
+    assert_int_equal(pstate(&g, "t"), KVT_ECP_WAITING_INPUTS); /* nothing changed */
+    assert_int_equal(kvt_ec_producer_bind_source_typed(g.p, "h", 1, g.src[0], TOK * 1024, &d, NULL),
+                     0);
+    assert_int_equal(pstate(&g, "t"), KVT_ECP_FAILED);
+    for (uint32_t k = 0; k < 2; k++)
+        assert_int_equal(kvt_ec_shard_state(g.c.sh[k], "t", 1), KVT_EC_CANCELLED);
+    kvt_ec_push_failure f[2];
+    assert_int_equal(kvt_ec_producer_take_failures(g.p, f, 2), 1);
+    assert_non_null(strstr(f[0].error, "(4,128) float32 but the push says (2,256) float32"));
+    d = (kvt_ec_source_desc){2, {TOK, 256}, "bfloat16"}; /* the right shape, another dtype */
+    assert_int_equal(
+        kvt_ec_producer_bind_source_typed(g.p, "h2", 2, g.src[1], TOK * 1024, &d, NULL), 0);
+    assert_int_equal(pstate(&g, "u"), KVT_ECP_FAILED);
+    d.dtype = "float32";
+    assert_int_equal(
+        kvt_ec_producer_bind_source_typed(g.p, "h3", 2, g.src[2], TOK * 1024, &d, NULL), 1);
+    assert_int_equal(kvt_ec_producer_dispatch(g.p), 1);
+    expect_bytes(&g, 0, "v", "h3", 2);
+    rig_close(&g);
+}
+
 static void failed_push_is_reported_not_raised(void **state_)
 {
     (void)state_;
@@ -599,6 +640,7 @@ int main(void)
         cmocka_unit_test(source_waits_for_its_readiness_fence),
         cmocka_unit_test(invalid_source_fails_before_staging),
         cmocka_unit_test(failed_push_is_reported_not_raised),
+        cmocka_unit_test(a_source_of_another_shape_or_dtype_is_refused),
         cmocka_unit_test(partial_complete_abandons_all_shards_before_releasing_source),
         cmocka_unit_test(notify_completions_tolerates_rejected_reservation),
         cmocka_unit_test(finished_request_cancels_unbound_reservation),

@@ -393,6 +393,10 @@ class kvt_ec_item(ctypes.Structure):
                 ("dtype_len", c_u32)]
 
 
+class kvt_ec_source_desc(ctypes.Structure):
+    _fields_ = [("ndim", c_u32), ("shape", c_u64 * EC_MAX_DIMS), ("dtype", ctypes.c_char_p)]
+
+
 class kvt_ec_fence(ctypes.Structure):
     _fields_ = [("done", vp_), ("ctx", vp_)]
 
@@ -783,6 +787,8 @@ _sig("kvt_ec_producer_destroy", None, vp)
 _sig("kvt_ec_producer_push", c_int, vp, P(kvt_ec_push_spec))
 _sig("kvt_ec_producer_push_many", c_int, vp, P(kvt_ec_push_spec), c_u32)
 _sig("kvt_ec_producer_bind_source", c_int, vp, cp, c_u32, vp, c_u64, P(kvt_ec_fence))
+_sig("kvt_ec_producer_bind_source_typed", c_int, vp, cp, c_u32, vp, c_u64,
+     P(kvt_ec_source_desc), P(kvt_ec_fence))
 _sig("kvt_ec_producer_dispatch", c_int, vp)
 _sig("kvt_ec_producer_request_finished", c_int, vp, cp, c_u32)
 _sig("kvt_ec_producer_pending", c_bool, vp)

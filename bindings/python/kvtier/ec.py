@@ -495,16 +495,13 @@ class EcProducer(_Owned):
             arr[i] = _push_spec(spec, keep)
         _check(_lib.kvt_ec_producer_push_many(self._h, arr, len(specs)))
 
-    def bind_source(self, mm_hash, data):
+    def bind_source(self, mm_hash, data, shape=None, dtype=None):
         """save_caches: the encoder output of mm_hash (bytes-like); kept alive here until the
-        pushes that read it are done. Returns how many pushes it was bound to."""
-        h = _b(mm_hash)
+        pushes that read it are done. With shape and dtype (e.g. (576, 4096), "float16") each
+        push of mm_hash that says otherwise fails instead of being bound. Returns how many
+        pushes it was bound to."""
         buf = ctypes.create_string_buffer(bytes(data), len(data))
-        self._sources.setdefault(mm_hash, []).append(buf)
-        rc = _lib.kvt_ec_producer_bind_source(self._h, h, len(h), ctypes.addressof(buf),
-                                              len(data), None)
-        _check(rc if rc < 0 else 0)
-        return rc
+        return _bind(self, mm_hash, ctypes.addressof(buf), len(data), buf, shape, dtype)
 
     def dispatch(self):
         rc = _lib.kvt_ec_producer_dispatch(self._h)
@@ -738,14 +735,35 @@ def _producer_over_network(cls, net, refresh_age_s=150.0):
 EcProducer.over_network = classmethod(_producer_over_network)
 
 
-def _bind_source_at(self, mm_hash, address, nbytes, owner):
-    """bind_source without a copy: the encoder output at address (nbytes), kept valid by
-    holding owner (a tensor) until the pushes that read it are done."""
+def _bind(self, mm_hash, address, nbytes, owner, shape, dtype):
+    """Binds nbytes at address as mm_hash's output, owner kept alive meanwhile; typed when
+    shape and dtype are given (both or neither)."""
+    if (shape is None) != (dtype is None):
+        raise ValueError("kvtier: bind_source: give shape and dtype together")
     h = _b(mm_hash)
+    desc = None
+    if shape is not None:
+        shape = tuple(int(d) for d in shape)
+        if len(shape) > L.EC_MAX_DIMS:
+            raise ValueError("kvtier: bind_source: %d dimensions, at most %d"
+                             % (len(shape), L.EC_MAX_DIMS))
+        desc = L.kvt_ec_source_desc(len(shape), (L.c_u64 * L.EC_MAX_DIMS)(*shape),
+                                       _b(dtype))
     self._sources.setdefault(mm_hash, []).append(owner)
-    rc = _lib.kvt_ec_producer_bind_source(self._h, h, len(h), address, nbytes, None)
+    if desc is None:
+        rc = _lib.kvt_ec_producer_bind_source(self._h, h, len(h), address, nbytes, None)
+    else:
+        rc = _lib.kvt_ec_producer_bind_source_typed(self._h, h, len(h), address, nbytes,
+                                                    ctypes.byref(desc), None)
     _check(rc if rc < 0 else 0)
     return rc
+
+
+def _bind_source_at(self, mm_hash, address, nbytes, owner, shape=None, dtype=None):
+    """bind_source without a copy: the encoder output at address (nbytes), kept valid by
+    holding owner (a tensor) until the pushes that read it are done; shape and dtype as for
+    bind_source."""
+    return _bind(self, mm_hash, address, nbytes, owner, shape, dtype)
 
 
 EcProducer.bind_source_at = _bind_source_at

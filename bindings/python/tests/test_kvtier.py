@@ -378,6 +378,27 @@ class EncoderCache(unittest.TestCase):
     """An encoder pushes an embedding into a one-shard consumer; the consumer scheduler sees
     it ready, loads it, and the worker reads exactly the encoder's bytes."""
 
+    def test_a_source_of_another_shape_is_refused(self):
+        clock = kvtier.ManualClock()
+        shard = kvtier.EcShard(1 << 20, clock=clock)
+        prod = kvtier.EcProducer([shard], clock=clock)
+        plan = kvtier.EcPlanner()
+        emb = bytes(16 * 256 * 2)
+        for t, h in (("x1", "img-a"), ("x2", "img-b")):
+            plan.prepare({"mm_hash": h, "shape": (16, 256), "dtype": "bfloat16",
+                          "consumer": "local://prefill", "transfer_id": t, "request_id": "r" + t})
+        for p in plan.build_meta().pushes:
+            prod.push(p)
+        with self.assertRaises(ValueError):
+            prod.bind_source("img-a", emb, shape=(16, 256))  # dtype missing
+        self.assertEqual(prod.bind_source("img-a", emb, shape=(8, 512), dtype="bfloat16"), 0)
+        self.assertEqual(prod.state("x1"), "failed")
+        self.assertEqual(prod.bind_source("img-b", emb, shape=(16, 256), dtype="bfloat16"), 1)
+        self.assertEqual(prod.dispatch(), 1)
+        self.assertEqual(prod.state("x2"), "done")
+        prod.close()
+        shard.close()
+
     def test_push_ready_load_and_reload_locally(self):
         clock = kvtier.ManualClock()
         shard = kvtier.EcShard(1 << 20, clock=clock)

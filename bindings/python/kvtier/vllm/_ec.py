@@ -286,7 +286,11 @@ class KvtierECConnector(ECConnectorBase):
         if t.device.type != "cpu":
             t = t.to("cpu")  # synchronous: the bytes are final when bound
         t = t.contiguous()
-        self._producer.bind_source_at(mm_hash, t.data_ptr(), t.numel() * t.element_size(), t)
+        # typed: a push whose spec says another shape or dtype fails instead of landing as
+        # bytes the consumer would read wrongly
+        self._producer.bind_source_at(mm_hash, t.data_ptr(), t.numel() * t.element_size(), t,
+                                      shape=tuple(t.shape),
+                                      dtype=str(t.dtype).removeprefix("torch."))
 
     def save_caches(self, encoder_cache, mm_hash, **kwargs: Any) -> None:
         if self._producer is None or mm_hash not in encoder_cache:
