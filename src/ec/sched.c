@@ -659,13 +659,15 @@ int kvt_ec_sched_consumed(kvt_ec_sched *s, const char *req_id, uint32_t req_len,
      * stays in the encoder cache, so the record stays READY and becomes RESIDENT when the
      * cache evicts it). A transfer never loaded is released too when another transfer of the
      * item serves it (READY, LOADING or RESIDENT): nothing will ever load it. It is kept only
-     * when the engine's own encoder cache is the item's one copy (a local hit), for a load
-     * after that copy is evicted. */
+     * when the engine's own encoder cache holds the item (a local hit: the engine says so with
+     * cache_added / cache_freed) and no other transfer does, for a load after that copy is
+     * evicted; otherwise its consumer memory would stay held until the lease expires. */
     if (x && x->state == KVT_ECT_READY) {
         queue_cancel(s, x);
     } else if (x && (x->state == KVT_ECT_AVAILABLE || x->state == KVT_ECT_WAITING) &&
-               oldest_of(s, &h,
-                         BIT(KVT_ECT_READY) | BIT(KVT_ECT_LOADING) | BIT(KVT_ECT_RESIDENT)) &&
+               (!mirror_has(s, &h) ||
+                oldest_of(s, &h,
+                          BIT(KVT_ECT_READY) | BIT(KVT_ECT_LOADING) | BIT(KVT_ECT_RESIDENT))) &&
                !bound_by_other(s, r, xi(s, x))) {
         finish_x(s, x, KVT_ECT_CANCELLED, true);
     }
@@ -717,12 +719,16 @@ int kvt_ec_sched_request_finished_bound(kvt_ec_sched *s, const char *req_id, uin
     }
     sreq *r = req_find(s, &id);
     for (uint32_t f = 0; r && f < r->n; f++) {
-        uint32_t idx = r->own[f];
-        if (idx == NONE || !s->x[idx].used || terminal(&s->x[idx]))
-            continue;
-        /* a transfer another request borrowed or waits for survives this cleanup */
-        if (!bound_by_other(s, r, idx))
-            let_go(s, &s->x[idx]);
+        /* its own transfer, and one it borrowed (whose owner may have finished first: the last
+         * request that holds a transfer lets it go, or it would stay READY with nobody left,
+         * its shard entry pinned); one another request borrowed or waits for survives */
+        for (int k = 0; k < 2; k++) {
+            uint32_t idx = k ? r->used_[f] : r->own[f];
+            if (idx == NONE || (k && idx == r->own[f]) || !s->x[idx].used || terminal(&s->x[idx]))
+                continue;
+            if (!bound_by_other(s, r, idx))
+                let_go(s, &s->x[idx]);
+        }
     }
     /* the request's bindings: transfers ensure never saw (a request aborted before it) are
      * cancelled on the shards too, and a tombstone answers their readiness later */

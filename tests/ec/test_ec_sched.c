@@ -566,6 +566,53 @@ static void consuming_a_borrowed_feature_releases_its_own_transfer(void **state_
     rig_close(&g);
 }
 
+/* A request that loads an item through another request's transfer keeps it after the owner
+ * finished; when the borrower finishes too, the transfer is let go (the ranks drop the item,
+ * the shards release it): nothing stays READY with no request (issue 37). */
+static void a_borrowed_transfer_is_released_by_its_last_holder(void **state_)
+{
+    (void)state_;
+    rig g;
+    rig_open(&g, 1);
+    ready(&g, "t", "h", 0);
+    load_ready(&g, "r1", "h", "t");
+    assert_true(ensure(&g, "r2", "h", "t2")); /* r2's own push never came: it borrows t */
+    build(&g);
+    KVT_OK_(kvt_ec_sched_request_finished(g.s, "r1", 2));
+    assert_int_equal(state(&g, "t"), KVT_ECT_READY); /* r2 still holds it */
+    char out[8][KVT_EC_KEY_MAX + 1];
+    assert_int_equal(cancels(&g, out), 0);
+    kvt_ec_feature b = {"h", 1, "t2", 2};
+    KVT_OK_(kvt_ec_sched_request_finished_bound(g.s, "r2", 2, &b, 1));
+    assert_int_equal(state(&g, "t"), KVT_ECT_CANCELLED);
+    build(&g);
+    assert_int_equal(g.meta.n_freed, 1); /* the ranks drop the item: nothing stays pinned */
+    assert_string_equal(g.meta.freed[0].ptr, "h");
+    assert_int_equal(cancels(&g, out), 2); /* t, and r2's own t2 (never seen) */
+    rig_close(&g);
+}
+
+/* An AVAILABLE transfer is kept after consumption only while the engine's own cache holds the
+ * item (a local hit, for a reload after eviction); consumed when the engine says its cache no
+ * longer holds it, the transfer is let go at once instead of holding consumer memory until
+ * its lease expires (issue 37). */
+static void an_available_transfer_is_kept_only_for_a_local_hit(void **state_)
+{
+    (void)state_;
+    rig g;
+    rig_open(&g, 1);
+    ready(&g, "t", "h", 0);
+    KVT_OK_(kvt_ec_sched_cache_added(g.s, "h", 1));
+    assert_true(ensure(&g, "r1", "h", "t")); /* served by the engine's cache */
+    KVT_OK_(kvt_ec_sched_cache_freed(g.s, "h", 1));
+    kvt_ec_feature f = {"h", 1, "t", 1};
+    KVT_OK_(kvt_ec_sched_consumed(g.s, "r1", 2, &f));
+    assert_int_equal(state(&g, "t"), KVT_ECT_CANCELLED);
+    char out[8][KVT_EC_KEY_MAX + 1];
+    assert_int_equal(cancels(&g, out), 1);
+    rig_close(&g);
+}
+
 static void a_rejected_push_fails_its_request(void **state_)
 {
     (void)state_;
@@ -654,6 +701,8 @@ int main(void)
         cmocka_unit_test(an_undispatched_load_of_a_finished_request_is_cancelled),
         cmocka_unit_test(finishing_with_bindings_cancels_unseen_transfers),
         cmocka_unit_test(consuming_a_borrowed_feature_releases_its_own_transfer),
+        cmocka_unit_test(a_borrowed_transfer_is_released_by_its_last_holder),
+        cmocka_unit_test(an_available_transfer_is_kept_only_for_a_local_hit),
         cmocka_unit_test(cancelled_transfer_ignores_late_ready_events),
         cmocka_unit_test(same_hash_keeps_only_latest_resident),
         cmocka_unit_test(orphaned_copies_of_an_evicted_item_are_cancelled_once),

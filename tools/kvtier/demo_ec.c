@@ -356,7 +356,11 @@ int kvt_demo_ec_run(uint64_t seed, const kvt_demo_faults *fl, kvt_demo_ec_result
                         r->used[s] = ++r->clock;
                     D.verified_bytes += im->nbytes;
                 }
-                rc = kvt_ec_sched_consumed(sched, q->id, (uint32_t)strlen(q->id), &fs[f]);
+                /* the engine's encoder cache holds it (vLLM: update_state_after_alloc): a
+                 * transfer let go later keeps the shards' copy for a local reload */
+                rc = kvt_ec_sched_cache_added(sched, im->hash, (uint32_t)strlen(im->hash));
+                if (!rc)
+                    rc = kvt_ec_sched_consumed(sched, q->id, (uint32_t)strlen(q->id), &fs[f]);
             }
             if (!rc)
                 rc = kvt_ec_sched_request_finished(sched, q->id, (uint32_t)strlen(q->id));
