@@ -152,9 +152,14 @@ typedef struct kvt_arena_config {
     const char *shm_group; /* with shm_name: NULL (this user only) or the group that shares it
                               (mode 0660; an existing object must have that group and give
                               nobody outside it access) */
+    int32_t numa_node;     /* -1 (config_init): no preference, the kernel's default policy.
+                              Else the NUMA node whose memory holds every page (mbind
+                              MPOL_BIND before the pages are populated; pages of an existing
+                              shared object are moved where the kernel can). KVT_EINVAL for a
+                              node this machine does not have */
     /* room for fields to come, so the struct keeps its size: zero (as *_config_init
      * leaves it); a create refuses a config whose room is not zero */
-    uint64_t reserved[6];
+    uint64_t reserved[5];
 } kvt_arena_config;
 
 typedef struct kvt_arena kvt_arena;

@@ -99,9 +99,12 @@ typedef struct kvt_mirror_config {
                                replica's layout must have the same block bytes */
     const char *node_group; /* with node_name: the node tier's group (kvt_node_config.group);
                                NULL: this user only */
+    int32_t numa_node;      /* the NUMA node of the mirror's memory (kvt_arena_config's);
+                               -1 (config_init): no preference. Choose the GPU's node: a host
+                               tier on the far socket halves what the link can carry */
     /* room for fields to come, so the struct keeps its size: zero (as *_config_init
      * leaves it); a create refuses a config whose room is not zero */
-    uint64_t reserved[6];
+    uint64_t reserved[5];
 } kvt_mirror_config;
 
 typedef struct kvt_mirror kvt_mirror;

@@ -13,11 +13,13 @@
  * must not become 1 TiB.
  */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "base/error.h"
@@ -49,6 +51,32 @@ void kvt_arena_config_init(kvt_arena_config *cfg)
 {
     memset(cfg, 0, sizeof(*cfg));
     cfg->flags = KVT_ARENA_POPULATE | KVT_ARENA_DONTFORK | KVT_ARENA_THP;
+    cfg->numa_node = -1;
+}
+
+#define MAX_NUMA_NODES 1024 /* the nodemask passed to mbind */
+
+/* Binds [p, p + size) to NUMA node `node` before its pages are populated (the raw syscall:
+ * libnuma adds nothing here). Pages already present (an existing shared object) are moved
+ * where the kernel can. */
+static int bind_node(void *p, size_t size, int32_t node)
+{
+    unsigned long mask[MAX_NUMA_NODES / (8 * sizeof(unsigned long))] = {0};
+    mask[node / (8 * sizeof(unsigned long))] = 1ul << (node % (8 * sizeof(unsigned long)));
+    if (syscall(SYS_mbind, p, size, 2 /* MPOL_BIND */, mask, (unsigned long)MAX_NUMA_NODES + 1,
+                2 /* MPOL_MF_MOVE */) == 0)
+        return 0;
+    int e = errno;
+    if (e == EINVAL) {
+        char path[64];
+        snprintf(path, sizeof(path), "/sys/devices/system/node/node%d", node);
+        if (access(path, F_OK) != 0)
+            return kvt_fail(KVT_EINVAL,
+                            "arena: NUMA node %d: this machine has no such node "
+                            "(see /sys/devices/system/node)",
+                            node);
+    }
+    return kvi_fail_errno(e, "arena: binding %zu bytes to NUMA node %d (mbind)", size, node);
 }
 
 static int populate(void *p, size_t size, size_t page)
@@ -139,6 +167,9 @@ int kvt_arena_create(const kvt_arena_config *cfg, kvt_arena **out)
     if (kvi_check_reserved(cfg->reserved, sizeof(cfg->reserved), "arena config"))
         return KVT_EINVAL;
     unsigned fl = cfg->flags;
+    if (cfg->numa_node < -1 || cfg->numa_node >= MAX_NUMA_NODES)
+        return kvt_fail(KVT_EINVAL, "arena: numa_node %d: -1 (no preference) or a node 0..%d",
+                        cfg->numa_node, MAX_NUMA_NODES - 1);
     if ((fl & KVT_ARENA_HUGE_2M) && (fl & KVT_ARENA_HUGE_1G))
         return kvt_fail(KVT_EINVAL, "arena: choose 2 MiB or 1 GiB huge pages, not both");
 
@@ -191,6 +222,10 @@ static int finish(const kvt_arena_config *cfg, void *p, size_t size, size_t page
         (void)madvise(p, size, MADV_HUGEPAGE); /* advisory; THP may be disabled */
     if ((fl & KVT_ARENA_DONTFORK) && madvise(p, size, MADV_DONTFORK) != 0) {
         rc = kvi_fail_errno(errno, "arena: MADV_DONTFORK on %zu bytes", size);
+        munmap(p, size);
+        return rc;
+    }
+    if (cfg->numa_node >= 0 && (rc = bind_node(p, size, cfg->numa_node)) != 0) {
         munmap(p, size);
         return rc;
     }

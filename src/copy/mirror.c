@@ -29,6 +29,7 @@ void kvt_mirror_config_init(kvt_mirror_config *cfg)
     cfg->arena_flags = ac.flags;
     cfg->pin = true;
     cfg->pin_chunk = 64ull << 30;
+    cfg->numa_node = ac.numa_node;
 }
 
 uint32_t kvt_mirror_blocks_for(const kvt_layout *layout, uint64_t capacity_bytes)
@@ -106,6 +107,7 @@ int kvt_mirror_create(const kvt_mirror_config *cfg, const kvt_layout *layout, kv
     kvt_arena_config_init(&ac);
     ac.size = total;
     ac.flags = cfg->arena_flags;
+    ac.numa_node = cfg->numa_node;
     char shm[96];
     if (cfg->node_name) {
         /* the node tier's data region (kvtier/node.h names it) */

@@ -3,6 +3,8 @@
  * Host arenas: mapping, population, page-size rounding (never a power of two), bump
  * allocation, and failing closed with a clear message when huge pages are short.
  */
+#include <errno.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -35,6 +37,61 @@ static void arena_is_rounded_to_pages_not_to_a_power_of_two(void **state)
     memset(base, 0x5a, kvt_arena_size(a));
     assert_int_equal(base[kvt_arena_size(a) - 1], 0x5a);
     kvt_arena_destroy(a);
+}
+
+/* The NUMA node of the page at p (move_pages in query mode), or -errno. */
+static int page_node(void *p)
+{
+    void *pages[1] = {p};
+    int status[1] = {-1};
+    if (syscall(SYS_move_pages, 0, 1ul, pages, NULL, status, 0) != 0)
+        return -errno;
+    return status[0];
+}
+
+/* numa_node: -1 is no preference, a node this machine has holds every page, one it lacks (or a
+ * value out of range) is refused with the reason, nothing left mapped. Node 0 exists on every
+ * Linux machine: checked everywhere (test_arena_numa checks a second node where there is one). */
+static void numa_node_places_pages_or_is_refused(void **state)
+{
+    (void)state;
+    kvt_arena_config c;
+    kvt_arena_config_init(&c);
+    assert_int_equal(c.numa_node, -1);
+    c.size = 64 * 4096;
+    c.flags = KVT_ARENA_POPULATE;
+    c.numa_node = 0;
+    kvt_arena *a;
+    KVT_OK_(kvt_arena_create(&c, &a));
+    unsigned char *base = kvt_arena_base(a);
+    for (size_t off = 0; off < kvt_arena_size(a); off += 4096)
+        assert_int_equal(page_node(base + off), 0);
+    kvt_arena_destroy(a);
+    c.numa_node = 1000; /* in range, but no machine here has it */
+    KVT_ERR_(kvt_arena_create(&c, &a), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "NUMA node 1000: this machine has no such node"));
+    c.numa_node = -2;
+    KVT_ERR_(kvt_arena_create(&c, &a), KVT_EINVAL);
+    c.numa_node = 4096;
+    KVT_ERR_(kvt_arena_create(&c, &a), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "numa_node 4096"));
+    /* a host mirror passes its node to its arena */
+    kvt_layout *lay;
+    KVT_OK_(kvt_layout_create(KVT_HOST_DEVICE, 8, &lay));
+    KVT_OK_(kvt_layout_add_region(lay, 1 << 20, 4096));
+    kvt_mirror_config mc;
+    kvt_mirror_config_init(&mc);
+    assert_int_equal(mc.numa_node, -1);
+    mc.host_blocks = 16;
+    mc.pin = false;
+    mc.numa_node = 1000;
+    kvt_mirror *m;
+    KVT_ERR_(kvt_mirror_create(&mc, lay, &m), KVT_EINVAL);
+    mc.numa_node = 0;
+    KVT_OK_(kvt_mirror_create(&mc, lay, &m));
+    assert_int_equal(page_node((void *)(uintptr_t)kvt_mirror_regions(m)[0].base), 0);
+    kvt_mirror_destroy(m);
+    kvt_layout_destroy(lay);
 }
 
 static void bump_allocation_respects_alignment_and_size(void **state)
@@ -135,6 +192,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(arena_is_rounded_to_pages_not_to_a_power_of_two),
         cmocka_unit_test(bump_allocation_respects_alignment_and_size),
+        cmocka_unit_test(numa_node_places_pages_or_is_refused),
         cmocka_unit_test(bad_configs_are_rejected),
         cmocka_unit_test(huge_page_shortage_fails_closed),
         cmocka_unit_test(arena_is_not_inherited_by_children),

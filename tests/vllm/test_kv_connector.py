@@ -499,6 +499,9 @@ def test_bad_remote_configuration_is_refused(extra, word, monkeypatch):
     ({"kvtier_remote_directory": "/tmp/r\0.sock", "kvtier_remote_credential": "x" * 16},
      "kvtier_remote_directory"),
     ({"kvtier_node_group": "g"}, "kvtier_node_tier"),
+    ({"kvtier_numa_node": -2}, "kvtier_numa_node"),
+    ({"kvtier_numa_node": "1024"}, "kvtier_numa_node"),
+    ({"kvtier_numa_node": "node0"}, "kvtier_numa_node"),
 ])
 def test_values_are_range_checked_before_any_conversion(extra, word, monkeypatch):
     """Issue 36: a size past 2**63 - 1 is refused, not wrapped by ctypes (2**64 + 8 GiB was

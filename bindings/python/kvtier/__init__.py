@@ -860,13 +860,16 @@ class Mirror(_Handle):
     """The host tier of one rank: a host array per region of the layout (kvt_mirror)."""
     _destroy = _lib.kvt_mirror_destroy
 
-    def __init__(self, layout, host_blocks, pin=True, node_name=None, node_group=None):
+    def __init__(self, layout, host_blocks, pin=True, node_name=None, node_group=None,
+                 numa_node=-1):
         """node_name: the data region of that node tier (host_blocks: its num_slots);
-        node_group: the node tier's sharing group (Node's group)."""
+        node_group: the node tier's sharing group (Node's group); numa_node: the NUMA node
+        whose memory holds the mirror (-1: no preference)."""
         cfg = L.kvt_mirror_config()
         _lib.kvt_mirror_config_init(ctypes.byref(cfg))
         cfg.host_blocks = host_blocks
         cfg.pin = pin
+        cfg.numa_node = numa_node
         self._node_name = node_name.encode() if node_name else None
         cfg.node_name = self._node_name
         self._node_group = node_group.encode() if node_group else None

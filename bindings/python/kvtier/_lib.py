@@ -302,7 +302,7 @@ class kvt_copy_config(Struct):
 class kvt_mirror_config(Struct):
     _fields_ = [("host_blocks", c_u32), ("arena_flags", ctypes.c_uint), ("pin", c_bool),
                 ("pin_chunk", c_u64), ("node_name", ctypes.c_char_p),
-                ("node_group", ctypes.c_char_p)] + room(6)
+                ("node_group", ctypes.c_char_p), ("numa_node", ctypes.c_int32)] + room(5)
 
 
 class kvt_node_config(Struct):

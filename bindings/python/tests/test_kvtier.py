@@ -374,6 +374,23 @@ class DiskAndLink(unittest.TestCase):
 
 
 
+class NumaPlacement(unittest.TestCase):
+    def test_a_mirror_takes_a_numa_node_and_refuses_a_missing_one(self):
+        layout = kvtier.Layout(8)
+        dev = bytearray(8 * 4096)
+        layout.add_buffer(dev, 4096)
+        m = kvtier.Mirror(layout, 16, pin=False, numa_node=0)  # node 0: every Linux has it
+        m.close()
+        with self.assertRaises(kvtier.KvtierError) as ei:
+            kvtier.Mirror(layout, 16, pin=False, numa_node=1000)
+        self.assertIn("NUMA node 1000", str(ei.exception))
+        with self.assertRaises(kvtier.KvtierError) as ei:
+            kvtier.Mirror(layout, 16, pin=False, numa_node=-2)
+        self.assertIn("numa_node -2", str(ei.exception))
+        with self.assertRaises(ValueError):
+            kvtier.Mirror(layout, 16, pin=False, numa_node=1 << 40)  # past int32: refused
+
+
 class EncoderCache(unittest.TestCase):
     """An encoder pushes an embedding into a one-shard consumer; the consumer scheduler sees
     it ready, loads it, and the worker reads exactly the encoder's bytes."""

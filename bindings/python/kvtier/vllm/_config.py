@@ -27,6 +27,8 @@ _KEYS = {
     "kvtier_max_requests": "requests the manager tracks at once",
     "kvtier_restore_budget": "blocks re-stored per step after a host eviction (0: off)",
     "kvtier_disk_queue_depth": "io_uring queue depth of the disk tier",
+    "kvtier_numa_node": "NUMA node of each rank's host tier memory (-1: no preference; choose "
+                        "the GPU's node on a multi-socket server)",
     "kvtier_node_tier": "name of a host tier shared by the replicas on this node (opt-in)",
     "kvtier_node_group": "the group whose members' replicas share the node tier (default: "
                          "only this user's)",
@@ -70,8 +72,10 @@ def _int(extra, key, default, minimum=0, maximum=None):
         v = int(v)
     elif isinstance(v, str):
         s = v.strip()
-        if not (s.isascii() and s.isdigit()):
-            raise ConfigError("kvtier: %s=%r: expected a non-negative integer" % (key, v))
+        digits = s[1:] if s.startswith("-") and minimum is not None and minimum < 0 else s
+        if not (digits.isascii() and digits.isdigit()):
+            raise ConfigError("kvtier: %s=%r: expected %s integer"
+                              % (key, v, "an" if digits is not s else "a non-negative"))
         v = int(s)
     elif not isinstance(v, int):
         raise ConfigError("kvtier: %s=%r: expected an integer" % (key, v))
@@ -138,6 +142,7 @@ class KvtierConfig:
         self.max_requests = _int(extra, "kvtier_max_requests", 4096, 1, 1 << 22)
         self.restore_budget = _int(extra, "kvtier_restore_budget", 256, 0, 1 << 20)
         self.disk_queue_depth = _int(extra, "kvtier_disk_queue_depth", 16, 1, 4096)
+        self.numa_node = _int(extra, "kvtier_numa_node", -1, -1, 1023)
         if backend in ("disk", "cpu+disk"):
             if not isinstance(self.disk_path, str) or not self.disk_path:
                 raise ConfigError('kvtier: kv_offload_backend="%s" needs disk_path (a path '

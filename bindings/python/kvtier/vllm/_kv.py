@@ -966,7 +966,8 @@ class _Worker:
             node = c.node_tier
             self.mirror = Mirror(layout, self.host_blocks * (c.node_ranks if node else 1),
                                  pin=self.cuda, node_name=node,
-                                 node_group=c.node_group if node else None)
+                                 node_group=c.node_group if node else None,
+                                 numa_node=c.numa_node)
             self.worker = Worker(layout, self.mirror, rank=rank, threads=c.copy_threads)
             if c.remote_directory:  # the scheduler's remote tier serves this mirror
                 self._host_share = _HostShare(self.mirror)
