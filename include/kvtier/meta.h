@@ -186,6 +186,13 @@ typedef struct kvt_offload_worker_meta {
     kvt_event_report stores;
     kvt_event_report tier_stores[KVT_MAX_TIERS - 1];
     kvt_event_report tier_loads[KVT_MAX_TIERS - 1];
+    /* tier-0 blocks whose load to the GPU failed on this worker (strictly ascending, no null
+     * block): the manager drops their keys, so the next request misses instead of reading
+     * them again (vLLM resets a failed load's slots). Aggregation unites them. */
+    uint32_t n_failed_load_src;
+    uint32_t *failed_load_src;
+    /* private */
+    uint32_t cap_failed_load_src;
 } kvt_offload_worker_meta;
 
 KVT_API void kvt_offload_worker_meta_init(kvt_offload_worker_meta *m);
@@ -195,8 +202,10 @@ KVT_API void kvt_offload_worker_meta_release(kvt_offload_worker_meta *m);
 KVT_API int kvt_offload_worker_meta_add(kvt_offload_worker_meta *m, int64_t event, uint32_t count);
 KVT_API int kvt_offload_worker_meta_add_failed(kvt_offload_worker_meta *m, int64_t event);
 KVT_API bool kvt_offload_worker_meta_failed(const kvt_offload_worker_meta *m, int64_t event);
-/* dst += src, report by report: counts summed per event (vLLM aggregate), failed sets united.
- * On failure dst is unchanged. */
+/* Adds a tier-0 block to failed_load_src (kept ascending; a block already there is fine). */
+KVT_API int kvt_offload_worker_meta_add_failed_load(kvt_offload_worker_meta *m, uint32_t block);
+/* dst += src, report by report: counts summed per event (vLLM aggregate), failed sets united,
+ * failed_load_src united. On failure dst is unchanged. */
 KVT_API int kvt_offload_worker_meta_aggregate(kvt_offload_worker_meta *dst,
                                               const kvt_offload_worker_meta *src);
 KVT_API int kvt_offload_worker_meta_validate(const kvt_offload_worker_meta *m);

@@ -21,6 +21,7 @@
  * decoder insists that they agree.
  *
  * Body of a worker message: the report stores, then
+ *   u32 n; n x u32 failed_load_src        tier-0 blocks whose load failed, ascending
  *   u8  n_tiers; n_tiers x, for each tier t with completions (ascending):
  *     u8  t; the reports tier_stores[t - 1], tier_loads[t - 1]
  * where a report is
@@ -640,12 +641,66 @@ void kvt_offload_worker_meta_clear(kvt_offload_worker_meta *m)
 {
     for (int i = 0; i < N_REPORTS; i++)
         report(m, i)->n_completed = report(m, i)->n_failed = 0;
+    m->n_failed_load_src = 0;
 }
 
 void kvt_offload_worker_meta_release(kvt_offload_worker_meta *m)
 {
     for (int i = 0; i < N_REPORTS; i++)
         report_release(report(m, i));
+    free(m->failed_load_src);
+    m->failed_load_src = NULL;
+    m->n_failed_load_src = m->cap_failed_load_src = 0;
+}
+
+/* ---- failed load sources: an ascending set of tier-0 blocks ---------------------------- */
+
+static int fls_reserve(kvt_offload_worker_meta *m, uint64_t need)
+{
+    if (need > KVT_META_MAX_BLOCKS)
+        return kvt_fail(KVT_ELIMIT, "meta: more than %u failed load sources", KVT_META_MAX_BLOCKS);
+    return need ? kvi_meta_grow((void **)&m->failed_load_src, &m->cap_failed_load_src,
+                                (uint32_t)need, sizeof(uint32_t))
+                : 0;
+}
+
+int kvt_offload_worker_meta_add_failed_load(kvt_offload_worker_meta *m, uint32_t block)
+{
+    if (!m || block == 0u) /* 0: the null block (kvtier/pool.h) */
+        return kvt_fail(KVT_EINVAL, "meta: failed load source: %s",
+                        m ? "the null block" : "NULL metadata");
+    uint32_t i = m->n_failed_load_src;
+    while (i > 0 && m->failed_load_src[i - 1] > block)
+        i--;
+    if (i > 0 && m->failed_load_src[i - 1] == block)
+        return 0;
+    int rc = fls_reserve(m, (uint64_t)m->n_failed_load_src + 1);
+    if (rc)
+        return rc;
+    memmove(m->failed_load_src + i + 1, m->failed_load_src + i,
+            (size_t)(m->n_failed_load_src - i) * sizeof(uint32_t));
+    m->failed_load_src[i] = block;
+    m->n_failed_load_src++;
+    return 0;
+}
+
+/* dst's set united with src's (room reserved: n_dst + n_src). */
+static void fls_merge(kvt_offload_worker_meta *dst, const kvt_offload_worker_meta *src)
+{
+    uint32_t a = dst->n_failed_load_src, b = src->n_failed_load_src, k = a + b;
+    uint32_t *d = dst->failed_load_src;
+    /* merge from the back into the reserved room, then drop duplicates */
+    while (b > 0) {
+        if (a > 0 && d[a - 1] > src->failed_load_src[b - 1])
+            d[--k] = d[--a];
+        else
+            d[--k] = src->failed_load_src[--b];
+    }
+    uint32_t n = dst->n_failed_load_src + src->n_failed_load_src, w = 0;
+    for (uint32_t i = 0; i < n; i++)
+        if (w == 0 || d[i] != d[w - 1])
+            d[w++] = d[i];
+    dst->n_failed_load_src = w;
 }
 
 static int report_reserve(kvt_event_report *m, uint32_t need)
@@ -802,8 +857,12 @@ int kvt_offload_worker_meta_aggregate(kvt_offload_worker_meta *dst,
         if (rc)
             return rc;
     }
+    int rc = fls_reserve(dst, (uint64_t)dst->n_failed_load_src + src->n_failed_load_src);
+    if (rc)
+        return rc;
     for (int i = 0; i < N_REPORTS; i++)
         report_merge(report(dst, i), creport(src, i), u[i]);
+    fls_merge(dst, src);
     return 0;
 }
 
@@ -849,6 +908,18 @@ int kvt_offload_worker_meta_validate(const kvt_offload_worker_meta *m)
         if (rc)
             return rc;
     }
+    if (m->n_failed_load_src > KVT_META_MAX_BLOCKS)
+        return kvt_fail(KVT_ELIMIT, "failed load sources: %u exceed the limit of %u",
+                        m->n_failed_load_src, KVT_META_MAX_BLOCKS);
+    if (m->n_failed_load_src && !m->failed_load_src)
+        return kvt_fail(KVT_EINVAL, "failed load sources: NULL list");
+    for (uint32_t i = 0; i < m->n_failed_load_src; i++)
+        if (m->failed_load_src[i] == 0u ||
+            (i && m->failed_load_src[i] <= m->failed_load_src[i - 1]))
+            return kvt_fail(KVT_EINVAL,
+                            "failed load sources: block %u at index %u is the null block or "
+                            "not ascending",
+                            m->failed_load_src[i], i);
     return 0;
 }
 
@@ -871,12 +942,13 @@ bool kvt_offload_worker_meta_equal(const kvt_offload_worker_meta *a,
     for (int i = 0; i < N_REPORTS; i++)
         if (!report_equal(creport(a, i), creport(b, i)))
             return false;
-    return true;
+    return a->n_failed_load_src == b->n_failed_load_src &&
+           blocks_equal(a->failed_load_src, b->failed_load_src, a->n_failed_load_src);
 }
 
 size_t kvt_offload_worker_meta_encoded_size(const kvt_offload_worker_meta *m)
 {
-    size_t n = KVT_META_HEADER_LEN + 1;
+    size_t n = KVT_META_HEADER_LEN + 1 + 4 + 4 * (size_t)m->n_failed_load_src;
     for (int i = 0; i < N_REPORTS; i++) {
         const kvt_event_report *e = creport(m, i);
         if (i && tier_reports_empty(m, (uint32_t)(i - 1) / 2 + 1))
@@ -904,8 +976,10 @@ int kvt_offload_worker_meta_encode(const kvt_offload_worker_meta *m, void *buf, 
     for (int r = 0; r < N_REPORTS; r++) {
         const kvt_event_report *e = creport(m, r);
         uint32_t t = r ? (uint32_t)(r - 1) / 2 + 1 : 0;
-        if (r == 1)
+        if (r == 1) {
+            wr_blocks(&w, m->failed_load_src, m->n_failed_load_src);
             wr_u8(&w, (uint8_t)sections);
+        }
         if (t && tier_reports_empty(m, t))
             continue;
         if (t && (r - 1) % 2 == 0)
@@ -953,7 +1027,10 @@ static int decode_worker(void *obj, kvi_rd *r)
     kvt_offload_worker_meta *m = obj;
     uint8_t n_tiers, tier = 0;
     int rc = decode_report(r, &m->stores, report_names[0]);
-    if (rc || (rc = rd_tier_count(r, &n_tiers)))
+    if (rc ||
+        (rc = rd_blocks(r, &m->failed_load_src, &m->cap_failed_load_src, &m->n_failed_load_src,
+                        "failed load sources")) ||
+        (rc = rd_tier_count(r, &n_tiers)))
         return rc;
     for (uint32_t i = 0; i < n_tiers; i++) {
         if ((rc = rd_tier(r, i, &tier)))

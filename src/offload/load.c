@@ -491,3 +491,13 @@ void kvi_ofl_apply_load_done(kvt_offload *m, struct kvi_ofl_req *r)
     r->load_next = OFL_NONE;
     kvi_ofl_req_maybe_release(m, r);
 }
+
+void kvi_ofl_load_failed(kvt_offload *m, uint32_t b)
+{
+    kvt_block_info bi;
+    if (kvt_pool_block_info(m->tier[0].pool, b, &bi) || bi.is_null || bi.n_keys == 0)
+        return; /* already forgotten (reported by several ranks, or evicted meanwhile) */
+    kvi_ofl_remote_withdraw(m, &b, 1); /* peers stop reading it too */
+    (void)kvt_pool_evict(m->tier[0].pool, &b, 1);
+    m->tier[0].st.loads_failed++;
+}

@@ -59,6 +59,15 @@ static int apply_output_unlocked(kvt_offload *m, const kvt_str *finished_loads, 
                                 stores->stores.events[i], m->tier[0].store_counter);
         if ((rc = kvi_ofl_tier_check_output(m, stores)))
             return rc;
+        for (uint32_t i = 0; i < stores->n_failed_load_src; i++)
+            if (stores->failed_load_src[i] >= m->tier[0].nb)
+                return kvt_fail(KVT_ERANGE,
+                                "offload: apply_output: failed load source %u out of range (the "
+                                "%s tier has %u blocks)",
+                                stores->failed_load_src[i], kvi_ofl_tier_name(0), m->tier[0].nb);
+        /* blocks a worker could not read are forgotten before their loads release them */
+        for (uint32_t i = 0; i < stores->n_failed_load_src; i++)
+            kvi_ofl_load_failed(m, stores->failed_load_src[i]);
     }
     for (uint32_t i = 0; i < n; i++)
         kvi_ofl_apply_load_done(m,

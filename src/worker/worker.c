@@ -27,6 +27,7 @@ typedef struct pending_load {
     int64_t event;
     uint32_t n, cap;
     uint32_t *blocks; /* destination device blocks */
+    uint32_t *src;    /* their sources in tier 0, pairwise (cap entries too) */
     uint32_t n_inv, cap_inv;
     uint32_t *inv; /* of which the manager declared invalid (failed promotions) */
 } pending_load;
@@ -183,6 +184,7 @@ void kvt_worker_destroy(kvt_worker *w)
         kvi_cuda()->EventDestroy(w->compute_done);
     for (uint32_t i = 0; i < w->cap_loads; i++) {
         free(w->loads[i].blocks);
+        free(w->loads[i].src);
         free(w->loads[i].inv);
     }
     free(w->loads);
@@ -431,14 +433,19 @@ static int submit(kvt_worker *w, void *stream)
     if (m->load_event != KVT_NO_EVENT) {
         rc = grow((void **)&w->loads, &w->cap_loads, w->n_loads + 1, sizeof(*w->loads), true);
         pending_load *p = rc ? NULL : &w->loads[w->n_loads];
-        if (p)
+        if (p) {
+            uint32_t cap = p->cap;
             rc = grow((void **)&p->blocks, &p->cap, m->n_loads, sizeof(uint32_t), false);
+            if (!rc) /* src follows blocks' capacity */
+                rc = grow((void **)&p->src, &cap, p->cap, sizeof(uint32_t), false);
+        }
         if (!rc)
             rc = stage_submit(w, &w->st[STAGE_TIER], KVT_COPY_LOAD, m->load_event,
                               m->load_cpu_blocks, m->load_gpu_blocks, m->n_loads, wait);
         if (rc)
             return kvi_fail_wrap(rc, "worker: load");
         memcpy(p->blocks, m->load_gpu_blocks, m->n_loads * sizeof(uint32_t));
+        memcpy(p->src, m->load_cpu_blocks, m->n_loads * sizeof(uint32_t));
         p->n = m->n_loads;
         p->n_inv = 0;
         if (m->n_load_invalid &&
@@ -510,6 +517,16 @@ static int stage_settle(kvt_worker *w, stage *s, int dir, bool per_block, int64_
     return stage_failures(w, s, dir, per_block, n_failed);
 }
 
+/* GPU block gpu's load failed: the source of the pending load that fills it is reported. */
+static int report_failed_source(kvt_worker *w, uint32_t gpu)
+{
+    for (uint32_t k = 0; k < w->n_loads; k++)
+        for (uint32_t i = 0; i < w->loads[k].n; i++)
+            if (w->loads[k].blocks[i] == gpu)
+                return kvt_offload_worker_meta_add_failed_load(&w->done, w->loads[k].src[i]);
+    return 0;
+}
+
 static int poll_loads(kvt_worker *w)
 {
     /* Without metadata finished loads cannot be translated: they wait for the next bind. */
@@ -518,8 +535,13 @@ static int poll_loads(kvt_worker *w)
     stage *s = &w->st[STAGE_TIER];
     /* a backend that knows which blocks failed names them; a dead stage fails them all */
     int64_t hwm;
-    uint32_t n_failed;
+    uint32_t n_failed, inv_before = w->n_invalid;
     int rc0 = stage_settle(w, s, KVT_COPY_LOAD, true, &hwm, &n_failed);
+    if (rc0)
+        return rc0;
+    /* blocks the backend named failed: their sources go to the manager, which drops their keys */
+    for (uint32_t i = inv_before; i < w->n_invalid && !rc0; i++)
+        rc0 = report_failed_source(w, w->invalid[i]);
     if (rc0)
         return rc0;
     const int64_t *failed = w->fev;
@@ -542,6 +564,8 @@ static int poll_loads(kvt_worker *w)
                 memcpy(w->invalid + w->n_invalid, p->blocks, p->n * sizeof(uint32_t));
                 w->n_invalid += p->n;
             }
+            for (uint32_t i = 0; i < p->n && !rc; i++) /* a whole event failed */
+                rc = kvt_offload_worker_meta_add_failed_load(&w->done, p->src[i]);
         }
         if (rc)
             return rc;

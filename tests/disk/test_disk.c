@@ -471,6 +471,9 @@ static void test_worker_disk_failures(void **state)
     uint32_t inv[8];
     assert_int_equal(kvt_worker_take_invalid_blocks(w, inv, 8), 1);
     assert_int_equal(inv[0], 21);
+    /* and its source goes to the manager, which forgets it (issue 37) */
+    assert_int_equal(wm.n_failed_load_src, 1);
+    assert_int_equal(wm.failed_load_src[0], 11);
     /* a fatal error on slot 5 */
     which[1] = 5;
     kvt_offload_meta_clear(&m);
@@ -493,6 +496,9 @@ static void test_worker_disk_failures(void **state)
     kvt_worker_clear(w);
     assert_true(kvt_offload_worker_meta_failed(&wm, 2));
     assert_int_equal(kvt_worker_take_invalid_blocks(w, inv, 8), 2);
+    assert_int_equal(wm.n_failed_load_src, 2); /* this step's: both, with the tier off */
+    assert_int_equal(wm.failed_load_src[0], 10);
+    assert_int_equal(wm.failed_load_src[1], 12);
     assert_int_equal(kvt_worker_pending(w, KVT_COPY_LOAD), 0);
     assert_int_equal(kvt_worker_pending(w, KVT_COPY_STORE), 0);
     kvt_worker_destroy(w);

@@ -141,9 +141,10 @@ static void wb_disk_none(wb *w)
     wb_u8(w, 0);
 }
 
-/* The tier sections of a worker message: none. */
+/* The end of a worker message: no failed load sources, no tier sections. */
 static void wb_disk_reports_none(wb *w)
 {
+    wb_u32(w, 0);
     wb_u8(w, 0);
 }
 
@@ -497,13 +498,14 @@ static void tier_sections_name_their_tier(void **state)
     size_t len;
     KVT_OK_(kvt_offload_worker_meta_encode(&a, buf, sizeof(buf), &len));
     assert_int_equal(len, kvt_offload_worker_meta_encoded_size(&a));
-    assert_int_equal(len, 12 + 8 + 1 + 1 + 8 + (4 + 12 + 4));
+    assert_int_equal(len, 12 + 8 + 4 + 1 + 1 + 8 + (4 + 12 + 4));
     KVT_OK_(kvt_offload_worker_meta_decode(&wback, buf, len));
     assert_true(kvt_offload_worker_meta_equal(&a, &wback));
     wb w;
     wb_begin(&w, KVT_META_OFFLOAD_WORKER);
     wb_u32(&w, 0);
     wb_u32(&w, 0);
+    wb_u32(&w, 0); /* no failed load sources */
     wb_u8(&w, 1);
     wb_u8(&w, 2);
     for (int i = 0; i < 4; i++)
@@ -513,6 +515,46 @@ static void tier_sections_name_their_tier(void **state)
     assert_non_null(strstr(kvt_last_error(), "tier 2: an empty section"));
     kvt_offload_worker_meta_release(&a);
     kvt_offload_worker_meta_release(&wback);
+}
+
+/* The tier-0 blocks whose load failed travel with a worker's reports as an ascending set:
+ * added in any order, united by aggregation, refused when null or out of order. */
+static void failed_load_sources_are_an_ascending_set(void **state)
+{
+    (void)state;
+    kvt_offload_worker_meta a, b, back;
+    kvt_offload_worker_meta_init(&a);
+    kvt_offload_worker_meta_init(&b);
+    kvt_offload_worker_meta_init(&back);
+    KVT_OK_(kvt_offload_worker_meta_add_failed_load(&a, 9));
+    KVT_OK_(kvt_offload_worker_meta_add_failed_load(&a, 3));
+    KVT_OK_(kvt_offload_worker_meta_add_failed_load(&a, 9)); /* once */
+    KVT_ERR_(kvt_offload_worker_meta_add_failed_load(&a, 0), KVT_EINVAL);
+    KVT_OK_(kvt_offload_worker_meta_add_failed_load(&b, 5));
+    KVT_OK_(kvt_offload_worker_meta_add_failed_load(&b, 9));
+    KVT_OK_(kvt_offload_worker_meta_aggregate(&a, &b));
+    assert_int_equal(a.n_failed_load_src, 3);
+    assert_int_equal(a.failed_load_src[0], 3);
+    assert_int_equal(a.failed_load_src[1], 5);
+    assert_int_equal(a.failed_load_src[2], 9);
+    unsigned char buf[128];
+    size_t len;
+    KVT_OK_(kvt_offload_worker_meta_encode(&a, buf, sizeof(buf), &len));
+    assert_int_equal(len, 12 + 8 + 4 + 3 * 4 + 1);
+    KVT_OK_(kvt_offload_worker_meta_decode(&back, buf, len));
+    assert_true(kvt_offload_worker_meta_equal(&a, &back));
+    a.failed_load_src[1] = 2; /* out of order */
+    KVT_ERR_(kvt_offload_worker_meta_validate(&a), KVT_EINVAL);
+    a.failed_load_src[1] = 0; /* the null block */
+    KVT_ERR_(kvt_offload_worker_meta_validate(&a), KVT_EINVAL);
+    buf[12 + 8 + 4 + 4] = 2; /* on the wire: 3, 2, 9 */
+    KVT_ERR_(kvt_offload_worker_meta_decode(&back, buf, len), KVT_EPROTO);
+    assert_non_null(strstr(kvt_last_error(), "failed load sources"));
+    kvt_offload_worker_meta_clear(&a);
+    assert_int_equal(a.n_failed_load_src, 0);
+    kvt_offload_worker_meta_release(&a);
+    kvt_offload_worker_meta_release(&b);
+    kvt_offload_worker_meta_release(&back);
 }
 
 int main(void)
@@ -533,6 +575,7 @@ int main(void)
         cmocka_unit_test(disk_tier_lists_round_trip_and_are_checked),
         cmocka_unit_test(worker_disk_reports_aggregate_and_round_trip),
         cmocka_unit_test(tier_sections_name_their_tier),
+        cmocka_unit_test(failed_load_sources_are_an_ascending_set),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

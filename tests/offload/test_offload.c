@@ -541,6 +541,55 @@ static void failed_store_is_never_findable_and_releases_its_blocks(void **state)
     sim_fini(&s);
 }
 
+/* A worker that could not read some of a load's sources (a disk that is the tier, an I/O
+ * error) names them with its report: their keys are dropped, counted and evented, so the next
+ * request with the prompt misses them instead of failing on them again (issue 37; vLLM resets
+ * the failed request's slots). A source out of range is refused before anything changes. */
+static void a_failed_load_drops_its_sources_keys(void **state)
+{
+    (void)state;
+    sim s;
+    sim_init_ev(&s, 64, 32, false, 1, 64, 0, 64);
+    sim_req a, b, c;
+    sim_req_make(&a, "a", 4 * SIM_BS + 1, 1, 4 * SIM_BS + 1, 0);
+    sim_admit_and_store(&s, &a);
+    sim_report_store(&s, s.meta.store_event, 1);
+    sim_finish(&s, &a);
+    KVT_OK_(kvt_pool_reset_prefix_cache(s.gpu));
+    kvt_offload_event ev[64];
+    (void)kvt_offload_take_events(s.m, ev, 64, NULL);
+    sim_req_make(&b, "b", 4 * SIM_BS + 1, 1, 4 * SIM_BS + 1, 0);
+    assert_int_equal(sim_admit(&s, &b, UINT32_MAX), 4 * SIM_BS);
+    sim_build(&s, false);
+    assert_int_equal(s.meta.n_loads, 4);
+    uint32_t bad = s.meta.load_cpu_blocks[2];
+    kvt_offload_worker_meta_clear(&s.wm);
+    KVT_OK_(kvt_offload_worker_meta_add_failed_load(&s.wm, 10000)); /* not a host block */
+    kvt_str id = {"b", 1};
+    KVT_ERR_(kvt_offload_apply_output(s.m, &id, 1, &s.wm), KVT_ERANGE);
+    assert_true(sim_host_has(&s, &a, 2));
+    kvt_offload_worker_meta_clear(&s.wm);
+    KVT_OK_(kvt_offload_worker_meta_add_failed_load(&s.wm, bad));
+    KVT_OK_(kvt_offload_apply_output(s.m, &id, 1, &s.wm));
+    assert_false(sim_host_has(&s, &a, 2));
+    assert_true(sim_host_has(&s, &a, 1));
+    kvt_tier_stats ts;
+    KVT_OK_(kvt_offload_get_tier_stats(s.m, 0, &ts));
+    assert_int_equal(ts.loads_failed, 1);
+    uint32_t n = kvt_offload_take_events(s.m, ev, 64, NULL), removed = 0;
+    for (uint32_t i = 0; i < n; i++)
+        removed += ev[i].type == KVT_OFFLOAD_EV_REMOVED && ev[i].block == bad;
+    assert_int_equal(removed, 1);
+    KVT_OK_(kvt_offload_apply_output(s.m, NULL, 0, &s.wm)); /* reported again: once */
+    KVT_OK_(kvt_offload_get_tier_stats(s.m, 0, &ts));
+    assert_int_equal(ts.loads_failed, 1);
+    sim_finish(&s, &b);
+    KVT_OK_(kvt_pool_reset_prefix_cache(s.gpu));
+    sim_req_make(&c, "c", 4 * SIM_BS + 1, 1, 4 * SIM_BS + 1, 0);
+    assert_int_equal(sim_admit(&s, &c, UINT32_MAX), 2 * SIM_BS); /* up to the bad block */
+    sim_fini(&s);
+}
+
 /* #53532: secondary keys of a GPU block are registered on its host copy through the pool. */
 static void secondary_keys_make_the_host_copy_findable_at_every_granularity(void **state)
 {
@@ -1592,6 +1641,7 @@ int main(void)
         cmocka_unit_test(final_flush_stores_the_last_confirmed_blocks),
         cmocka_unit_test(store_completes_only_when_every_worker_reported),
         cmocka_unit_test(failed_store_is_never_findable_and_releases_its_blocks),
+        cmocka_unit_test(a_failed_load_drops_its_sources_keys),
         cmocka_unit_test(secondary_keys_make_the_host_copy_findable_at_every_granularity),
         cmocka_unit_test(block_evicted_from_host_while_in_use_on_gpu_is_stored_again),
         cmocka_unit_test(re_store_never_evicts_a_block_in_use_on_the_gpu),

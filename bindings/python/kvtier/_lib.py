@@ -243,7 +243,9 @@ class kvt_event_report(ctypes.Structure):
 class kvt_offload_worker_meta(ctypes.Structure):
     _fields_ = [("stores", kvt_event_report),
                 ("tier_stores", kvt_event_report * (MAX_TIERS - 1)),
-                ("tier_loads", kvt_event_report * (MAX_TIERS - 1))]
+                ("tier_loads", kvt_event_report * (MAX_TIERS - 1)),
+                ("n_failed_load_src", c_u32), ("failed_load_src", P(c_u32)),
+                ("cap_failed_load_src", c_u32)]
 
 
 STAT_COUNTERS = ("lookups", "lookup_tokens", "hit_tokens", "hit_blocks", "miss_tokens",
