@@ -36,7 +36,7 @@ extern "C" {
 #endif
 
 #define KVT_NO_EVENT        (-1) /* INVALID_JOB_ID: no event this step */
-#define KVT_META_VERSION    5u   /* wire version this build writes and reads (5: tier sections) */
+#define KVT_META_VERSION    5u   /* wire version written and read (5: tier sections) */
 #define KVT_META_HEADER_LEN 12u
 #define KVT_META_MAX_BLOCKS (1u << 24) /* block ids per list */
 #define KVT_META_MAX_ITEMS  (1u << 20) /* events, ids, specs or set members per list */
