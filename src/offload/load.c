@@ -492,12 +492,13 @@ void kvi_ofl_apply_load_done(kvt_offload *m, struct kvi_ofl_req *r)
     kvi_ofl_req_maybe_release(m, r);
 }
 
-void kvi_ofl_load_failed(kvt_offload *m, uint32_t b)
+void kvi_ofl_load_failed(kvt_offload *m, uint32_t t, uint32_t b)
 {
     kvt_block_info bi;
-    if (kvt_pool_block_info(m->tier[0].pool, b, &bi) || bi.is_null || bi.n_keys == 0)
-        return; /* already forgotten (reported by several ranks, or evicted meanwhile) */
-    kvi_ofl_remote_withdraw(m, &b, 1); /* peers stop reading it too */
-    (void)kvt_pool_evict(m->tier[0].pool, &b, 1);
-    m->tier[0].st.loads_failed++;
+    if (kvt_pool_block_info(m->tier[t].pool, b, &bi) || bi.is_null || bi.n_keys == 0)
+        return; /* already forgotten (reported by several ranks or pairs, or evicted meanwhile) */
+    if (t == 0)
+        kvi_ofl_remote_withdraw(m, &b, 1); /* the remote tier serves host blocks: peers stop */
+    (void)kvt_pool_evict(m->tier[t].pool, &b, 1);
+    m->tier[t].st.loads_failed++;
 }

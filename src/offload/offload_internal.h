@@ -382,10 +382,11 @@ int kvi_ofl_reserve_step(kvt_offload *m, kvt_offload_meta *out);
 void kvi_ofl_emit_loads(kvt_offload *m, kvt_offload_meta *out);
 int kvi_ofl_check_load_done(const kvt_offload *m, const kvt_str *ids, uint32_t n);
 void kvi_ofl_apply_load_done(kvt_offload *m, struct kvi_ofl_req *r);
-/* A worker could not read block b of tier 0 for a load: its keys are dropped (REMOVED events,
- * withdrawn from the remote tier, counted in loads_failed) so the next request misses instead
- * of failing on it again (vLLM resets the failed request's slots). */
-void kvi_ofl_load_failed(kvt_offload *m, uint32_t b);
+/* A worker could not read block b of tier t for a load (to the GPU, or a promotion): its keys
+ * are dropped (REMOVED events, withdrawn from the remote tier for the host, counted once in
+ * tier t's loads_failed) so the next request misses instead of failing on it again (vLLM
+ * resets the failed request's slots). */
+void kvi_ofl_load_failed(kvt_offload *m, uint32_t t, uint32_t b);
 
 /* stores (store.c) */
 /* Issues tier t's accumulated stores as one event into out. */

@@ -67,7 +67,7 @@ static int apply_output_unlocked(kvt_offload *m, const kvt_str *finished_loads, 
                                 stores->failed_load_src[i], kvi_ofl_tier_name(0), m->tier[0].nb);
         /* blocks a worker could not read are forgotten before their loads release them */
         for (uint32_t i = 0; i < stores->n_failed_load_src; i++)
-            kvi_ofl_load_failed(m, stores->failed_load_src[i]);
+            kvi_ofl_load_failed(m, 0, stores->failed_load_src[i]);
     }
     for (uint32_t i = 0; i < n; i++)
         kvi_ofl_apply_load_done(m,

@@ -546,9 +546,9 @@ static uint32_t cold_victims(const kvt_offload *m, uint32_t limit)
     return n;
 }
 
-/* Whether queued re-store gpu (ring slot at) is still wanted: in use on the GPU under its key
- * and not back in the host tier. Sets *k to that key. */
-/* The queued entry e (GPU block gpu, then its packed key over an engine's pool): sets *k. */
+/* Whether queued re-store entry e (GPU block gpu, then its packed key over an engine's pool) is
+ * still wanted: in use on the GPU under its key and not back in the host tier. Sets *k to that
+ * key. */
 static bool restore_wanted(const kvt_offload *m, uint32_t gpu, const unsigned char *e,
                            kvt_pool_key *k)
 {

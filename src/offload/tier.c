@@ -11,15 +11,14 @@
  *                eviction in front therefore drops nothing the tier behind holds, and never
  *                has to wait for a write. Stores, write-backs, completions, abandons and
  *                reports walk the tiers by index (any number up to KVT_MAX_TIERS).
- *   promotion    (the disk, tier 1, into the host) match continues past the host hit on disk, pins
- * the slots it found and allocates a host block for each (so after_alloc cannot run out of host
- *                space); after_alloc pairs the accepted ones with GPU blocks and queues a
- *                disk load event; when all workers reported it, the promoted host blocks
- *                become findable and the request's single GPU load is queued.
- *   failures     a failed write-back is never findable; a failed promotion is never a hit:
- *                its host blocks get no keys and its GPU destinations go out in the load's
- *                load_invalid_blocks (the engine recomputes them, Dynamo #15079), and its
- *                slots' keys are dropped (the next request misses instead of failing again).
+ *   promotion    (the disk, tier 1, into the host) match continues past the host hit on
+ *                disk, pins the slots it found and allocates a host block for each (so
+ *                after_alloc cannot run out of host space); after_alloc pairs the accepted ones
+ * with GPU blocks and queues a disk load event; when all workers reported it, the promoted host
+ * blocks become findable and the request's single GPU load is queued. failures     a failed
+ * write-back is never findable; a failed promotion is never a hit: its host blocks get no keys and
+ * its GPU destinations go out in the load's load_invalid_blocks (the engine recomputes them, Dynamo
+ * #15079), and its slots' keys are dropped (the next request misses instead of failing again).
  *
  * Every group kind: the host hit ends where each group has what it needs (a window's blocks
  * before the end, the last Mamba state), so the disk part is searched as a prefix of its own
@@ -393,11 +392,7 @@ static void complete_promotion(kvt_offload *m, struct kvi_ofl_event *e)
             if (e->failed) {
                 m->gflags[m->hpromo_gpu[h]] |= G_INVALID; /* never a hit */
                 m->st.promotions_failed++;
-                /* the slot may be bad: it is forgotten, so the next request misses instead of
-                 * failing on it again (vLLM resets the failed request's slots); its keys leave
-                 * with REMOVED events */
-                (void)kvt_pool_evict(m->tier[1].pool, &d, 1);
-                m->tier[1].st.loads_failed++;
+                kvi_ofl_load_failed(m, 1, d); /* the slot may be bad: forgotten */
                 continue;
             }
             m->st.promotions++;
@@ -436,13 +431,14 @@ void kvi_ofl_tier_apply_output(kvt_offload *m, const kvt_offload_worker_meta *wm
                 kvi_ofl_complete_store(m, t, e);
         }
     }
-    for (uint32_t t = 1; t < KVI_OFL_TIERS && m->tier[t].pool; t++) {
-        const kvt_event_report *rep = &wm->tier_loads[t - 1];
-        for (uint32_t i = 0; i < rep->n_completed; i++) {
-            struct kvi_ofl_event *e = count_report(m, &m->tier[t].loads, rep, i);
-            if (e)
-                complete_promotion(m, e);
-        }
+    /* promotions: only the disk (tier 1) issues loads; reports of another tier's loads were
+     * refused by kvi_ofl_tier_check_output (nothing was issued) */
+    if (!m->tier[1].pool)
+        return;
+    for (uint32_t i = 0; i < wm->tier_loads[0].n_completed; i++) {
+        struct kvi_ofl_event *e = count_report(m, &m->tier[1].loads, &wm->tier_loads[0], i);
+        if (e)
+            complete_promotion(m, e);
     }
 }
 

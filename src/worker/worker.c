@@ -25,9 +25,9 @@
 
 typedef struct pending_load {
     int64_t event;
-    uint32_t n, cap;
+    uint32_t n, cap, cap_src;
     uint32_t *blocks; /* destination device blocks */
-    uint32_t *src;    /* their sources in tier 0, pairwise (cap entries too) */
+    uint32_t *src;    /* their sources in tier 0, pairwise */
     uint32_t n_inv, cap_inv;
     uint32_t *inv; /* of which the manager declared invalid (failed promotions) */
 } pending_load;
@@ -433,12 +433,10 @@ static int submit(kvt_worker *w, void *stream)
     if (m->load_event != KVT_NO_EVENT) {
         rc = grow((void **)&w->loads, &w->cap_loads, w->n_loads + 1, sizeof(*w->loads), true);
         pending_load *p = rc ? NULL : &w->loads[w->n_loads];
-        if (p) {
-            uint32_t cap = p->cap;
+        if (p)
             rc = grow((void **)&p->blocks, &p->cap, m->n_loads, sizeof(uint32_t), false);
-            if (!rc) /* src follows blocks' capacity */
-                rc = grow((void **)&p->src, &cap, p->cap, sizeof(uint32_t), false);
-        }
+        if (p && !rc)
+            rc = grow((void **)&p->src, &p->cap_src, m->n_loads, sizeof(uint32_t), false);
         if (!rc)
             rc = stage_submit(w, &w->st[STAGE_TIER], KVT_COPY_LOAD, m->load_event,
                               m->load_cpu_blocks, m->load_gpu_blocks, m->n_loads, wait);
