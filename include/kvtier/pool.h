@@ -63,8 +63,10 @@ static inline bool kvt_group_kind_cacheable(uint32_t kind)
 
 typedef struct kvt_group_spec {
     uint32_t kind;           /* kvt_group_kind */
-    uint32_t block_size;     /* tokens per block, already multiplied by the context-parallel
-                                world size; a multiple of hash_block_size */
+    uint32_t block_size;     /* tokens per block; a multiple of hash_block_size. Attention
+                                groups: the effective size, already multiplied by the
+                                decode context-parallel size (vLLM's resolve_dcp_kv_block_size);
+                                Mamba groups: the model's own (a state is whole on every rank) */
     uint32_t sliding_window; /* tokens; KVT_GROUP_SLIDING only */
 } kvt_group_spec;
 
@@ -80,9 +82,15 @@ typedef struct kvt_pool_config {
     bool eagle;                    /* EAGLE speculative decoding: drop the last matched block */
     uint32_t n_groups;             /* KV cache groups (key group ids 0..n_groups-1); default 1 */
     kvt_group_spec groups[KVT_MAX_GROUPS]; /* default: groups[0] full attention, 16 tokens */
+    /* Context parallelism (vLLM's decode_context_parallel_size and prefill's); 0 or 1: none.
+     * An attention group's block_size must be a multiple of dcp. With dcp > 1 partial
+     * hash hits are allowed when a Mamba align block is at least the hash block (without, it
+     * must be larger); pcp > 1 takes full-attention groups only (upstream's rules). */
+    uint32_t dcp_world_size;
+    uint32_t pcp_world_size;
     /* room for fields to come, so the struct keeps its size: zero (as *_config_init
      * leaves it); a create refuses a config whose room is not zero */
-    uint64_t reserved[8];
+    uint64_t reserved[7];
 } kvt_pool_config;
 
 typedef struct kvt_pool kvt_pool;

@@ -144,12 +144,22 @@ uint32_t kvi_ofl_store_budget(const kvt_offload *m)
     return !kvi_evtable_full(&m->tier[0].stores) ? kvt_pool_num_free(m->tier[0].pool) : 0;
 }
 
+/* Where a store selection ends: the last scheduler-block boundary of the confirmed tokens —
+ * or, with partial hash hits, the last hash-block boundary, where a hit may end and a state
+ * may be (spec §2.14): the whole attention blocks before it are stored in the same step as
+ * that state, not only once the scheduler block around it is confirmed. */
+static uint32_t store_end(const kvt_offload *m, uint32_t num_confirmed)
+{
+    uint32_t unit = m->partial ? m->hit_align : m->sched_bs;
+    return num_confirmed / unit * unit;
+}
+
 void kvi_ofl_select_eager(kvt_offload *m, struct kvi_ofl_req *r, const uint32_t *const *blocks,
                           const uint32_t *n_blocks, const uint8_t *hashes, uint32_t n_hashes,
                           uint32_t num_confirmed)
 {
     uint32_t budget = kvi_ofl_store_budget(m), *cursor = kvi_ofl_cursor(m, r);
-    uint32_t aligned = num_confirmed / m->sched_bs * m->sched_bs, n = 0;
+    uint32_t aligned = store_end(m, num_confirmed), n = 0;
     bool full = false;
     kvt_pool_key k;
     for (uint32_t g = 0; g < m->ng && !full; g++) {
@@ -299,7 +309,7 @@ static int schedule_hashed_unlocked(kvt_offload *m, const char *id, uint32_t id_
     if (num_scheduled == 0)
         return 0;
     /* most decode steps confirm no new full block: then the span is empty and we stop here */
-    uint32_t aligned = num_confirmed / m->sched_bs * m->sched_bs;
+    uint32_t aligned = store_end(m, num_confirmed);
     bool news = false;
     if ((rc = kvi_ofl_check_span(m, blocks, n_blocks, cursor, aligned, "schedule", &news)) || !news)
         return rc;

@@ -38,6 +38,43 @@ void kvt_pool_config_init(kvt_pool_config *cfg)
     cfg->groups[0].block_size = 16;
 }
 
+static uint32_t cp_size(uint32_t n)
+{
+    return n ? n : 1;
+}
+
+/* Context parallelism, upstream's rules: attention blocks are spread over the decode ranks
+ * (their effective block size is a multiple of dcp), Mamba states are whole on every rank;
+ * decode context parallelism takes full attention and Mamba groups (and groups that are never
+ * cached), prefill context parallelism full attention only. */
+static int validate_cp(const kvt_pool_config *c)
+{
+    uint32_t dcp = cp_size(c->dcp_world_size), pcp = cp_size(c->pcp_world_size);
+    if (dcp > 1024 || pcp > 1024)
+        return kvt_fail(KVT_EINVAL, "pool: context-parallel sizes dcp %u, pcp %u (1..1024)", dcp,
+                        pcp);
+    if (dcp == 1 && pcp == 1)
+        return 0;
+    for (uint32_t g = 0; g < c->n_groups; g++) {
+        uint32_t kind = c->groups[g].kind, bs = c->groups[g].block_size;
+        if (!kvt_group_kind_cacheable(kind))
+            continue;
+        bool mamba = kind == KVT_GROUP_MAMBA || kind == KVT_GROUP_MAMBA_ALIGN;
+        if ((pcp > 1 && kind != KVT_GROUP_FULL) || (dcp > 1 && kind == KVT_GROUP_SLIDING))
+            return kvt_fail(KVT_EINVAL,
+                            "pool: group %u (kind %u) cannot be used with %s context parallelism "
+                            "(%s)",
+                            g, kind, pcp > 1 ? "prefill" : "decode",
+                            pcp > 1 ? "full attention only" : "full attention and Mamba only");
+        if (!mamba && bs % dcp != 0)
+            return kvt_fail(KVT_EINVAL,
+                            "pool: group %u block_size %u is not a multiple of dcp_world_size %u "
+                            "(give the effective block size)",
+                            g, bs, dcp);
+    }
+    return 0;
+}
+
 static int validate_config(const kvt_pool_config *c, uint32_t *sched_bs)
 {
     if (kvi_check_reserved(c->reserved, sizeof(c->reserved), "pool config"))
@@ -62,6 +99,9 @@ static int validate_config(const kvt_pool_config *c, uint32_t *sched_bs)
                         KVT_MAX_GROUPS);
     if (c->hash_block_size < 1)
         return kvt_fail(KVT_EINVAL, "pool: hash_block_size must be positive");
+    int rc = validate_cp(c);
+    if (rc)
+        return rc;
     uint64_t lcm = 1;
     uint32_t cacheable = 0;
     for (uint32_t g = 0; g < c->n_groups; g++) {
@@ -178,12 +218,16 @@ int kvt_pool_create(const kvt_pool_config *cfg, kvt_pool **out)
     p->n_order = k;
     p->simple_hybrid = k == 2 && cfg->groups[p->order[0]].kind == KVT_GROUP_FULL;
     /* partial hash hits (upstream's rule): a Mamba align group whose blocks span several hash
-     * blocks, and only groups whose search can end inside a block (full attention, Mamba
-     * align); without EAGLE, whose drop of the last block is defined per block */
-    bool mamba_wide = false, others_ok = !cfg->eagle;
+     * blocks — or, under decode context parallelism, which scales the attention blocks
+     * instead, at least one —, and only groups whose search can end inside a block (full
+     * attention, Mamba align); without EAGLE, whose drop of the last block is defined per
+     * block */
+    bool mamba_wide = false, others_ok = !cfg->eagle, dcp = cp_size(cfg->dcp_world_size) > 1;
     for (uint32_t i = 0; i < k; i++) {
         const kvt_group_spec *s = &cfg->groups[p->order[i]];
-        mamba_wide |= s->kind == KVT_GROUP_MAMBA_ALIGN && s->block_size > cfg->hash_block_size;
+        mamba_wide |=
+            s->kind == KVT_GROUP_MAMBA_ALIGN &&
+            (dcp ? s->block_size >= cfg->hash_block_size : s->block_size > cfg->hash_block_size);
         others_ok &= s->kind == KVT_GROUP_FULL || s->kind == KVT_GROUP_MAMBA_ALIGN;
     }
     p->partial_ok = mamba_wide && others_ok;

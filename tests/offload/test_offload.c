@@ -362,8 +362,10 @@ typedef struct sim2 {
 } sim2;
 
 /* Full attention of fa_bs tokens per block and a second group; lazy or eager stores. */
-static void sim2_init_ex(sim2 *t, uint32_t fa_bs, uint32_t kind, uint32_t block_size,
-                         uint32_t window, bool lazy)
+/* full attention of fa_bs tokens per block beside a group of `kind`, under decode context
+ * parallelism of dcp ranks (0: none; fa_bs is the effective size) */
+static void sim2_init_cp(sim2 *t, uint32_t fa_bs, uint32_t kind, uint32_t block_size,
+                         uint32_t window, bool lazy, uint32_t dcp)
 {
     kvt_pool_config pc;
     kvt_pool_config_init(&pc);
@@ -373,6 +375,7 @@ static void sim2_init_ex(sim2 *t, uint32_t fa_bs, uint32_t kind, uint32_t block_
     pc.groups[1].kind = kind;
     pc.groups[1].block_size = block_size;
     pc.groups[1].sliding_window = window;
+    pc.dcp_world_size = dcp;
     KVT_OK_(kvt_pool_create(&pc, &t->gpu));
     kvt_offload_config oc;
     kvt_offload_config_init(&oc);
@@ -381,6 +384,12 @@ static void sim2_init_ex(sim2 *t, uint32_t fa_bs, uint32_t kind, uint32_t block_
     KVT_OK_(kvt_offload_create(&oc, t->gpu, &t->m));
     kvt_offload_meta_init(&t->meta);
     kvt_offload_worker_meta_init(&t->wm);
+}
+
+static void sim2_init_ex(sim2 *t, uint32_t fa_bs, uint32_t kind, uint32_t block_size,
+                         uint32_t window, bool lazy)
+{
+    sim2_init_cp(t, fa_bs, kind, block_size, window, lazy, 0);
 }
 
 static void sim2_init(sim2 *t, uint32_t kind, uint32_t block_size, uint32_t window)
@@ -1108,6 +1117,145 @@ static void partial_hash_hits_load_a_partly_filled_block(void **state)
 #undef HASH_AT
 }
 
+/* Issue 37, partial hash hits at store time: full attention of 32 tokens, Mamba align of 64
+ * (scheduler block 64) over hash blocks of 16. r's states at 64, 128 and 160 tokens are handed
+ * over with 161 tokens confirmed: the step stores every whole attention block up to 160 — the
+ * last hash-block boundary, where a state is — not only those up to 128, the last scheduler
+ * block. A clone then gets 160 tokens (it got 128 while the block of tokens 128..159 was
+ * never stored, not even at finish). */
+static void partial_hash_hits_store_up_to_the_last_state(void **state)
+{
+    (void)state;
+    sim2 t;
+    sim2_init_ex(&t, 2 * SIM_BS, KVT_GROUP_MAMBA_ALIGN, 4 * SIM_BS, 0, false);
+    kvt_pool *gpu = t.gpu;
+    kvt_offload *m = t.m;
+    assert_int_equal(kvt_offload_hit_alignment(m), SIM_BS);
+    sim_req r;
+    sim_req_make(&r, "r", 10 * SIM_BS + 1, 1, 10 * SIM_BS + 1, 0);
+    const uint8_t *h = r.hashes;
+#define HASH_AT(tokens) (h + ((tokens) / SIM_BS - 1) * KVT_BLOCK_HASH_LEN)
+    uint32_t fa[6], mb[3], hit;
+    KVT_OK_(kvt_pool_alloc(gpu, 6, fa));
+    KVT_OK_(kvt_pool_alloc(gpu, 3, mb));
+    for (uint32_t j = 0; j < 5; j++)
+        KVT_OK_(kvt_pool_insert(gpu, fa[j], HASH_AT(32 * (j + 1)), 0, 2 * SIM_BS));
+    KVT_OK_(kvt_pool_insert(gpu, mb[0], HASH_AT(64), 1, 4 * SIM_BS));
+    KVT_OK_(kvt_pool_insert(gpu, mb[1], HASH_AT(128), 1, 4 * SIM_BS));
+    KVT_OK_(kvt_pool_insert(gpu, mb[2], HASH_AT(160), 1, 2 * SIM_BS));
+    const uint32_t *tab[2] = {fa, mb};
+    uint32_t nb[2] = {6, 3};
+    KVT_OK_(kvt_offload_match(m, "r", 1, r.hashes, r.n_hashes, r.n_tokens, 0, &hit));
+    assert_int_equal(hit, 0);
+    KVT_OK_(kvt_offload_after_alloc(m, "r", 1, tab, nb, 0));
+    KVT_OK_(kvt_offload_schedule(m, "r", 1, tab, nb, r.n_tokens, r.n_tokens, false));
+    kvt_offload_boundary b[3] = {{"r", 1, 1, mb[0], 64, HASH_AT(64), NULL},
+                                 {"r", 1, 1, mb[1], 128, HASH_AT(128), HASH_AT(64)},
+                                 {"r", 1, 1, mb[2], 160, HASH_AT(160), HASH_AT(128)}};
+    assert_int_equal(kvt_offload_boundary_states(m, b, 3), 3);
+    KVT_OK_(kvt_offload_build_meta(m, false, &t.meta));
+    assert_int_equal(t.meta.n_stores, 8); /* five whole attention blocks, three states */
+    bool fa4 = false;
+    for (uint32_t i = 0; i < t.meta.n_stores; i++)
+        fa4 |= t.meta.store_gpu_blocks[i] == fa[4];
+    assert_true(fa4);
+    sim2_report_store(&t);
+    KVT_OK_(kvt_offload_request_finished(m, "r", 1, tab, nb, r.n_tokens));
+    KVT_OK_(kvt_offload_build_meta(m, false, &t.meta));
+    assert_int_equal(t.meta.n_stores, 0); /* nothing left, no partly filled block */
+    KVT_OK_(kvt_pool_free(gpu, fa, 6));
+    KVT_OK_(kvt_pool_free(gpu, mb, 3));
+    KVT_OK_(kvt_pool_reset_prefix_cache(gpu));
+
+    uint32_t qf[6], qm[3];
+    KVT_OK_(kvt_pool_alloc(gpu, 6, qf));
+    KVT_OK_(kvt_pool_alloc(gpu, 3, qm));
+    const uint32_t *qtab[2] = {qf, qm};
+    KVT_OK_(kvt_offload_match(m, "q", 1, r.hashes, r.n_hashes, r.n_tokens, 0, &hit));
+    assert_int_equal(hit, 160);
+    KVT_OK_(kvt_offload_after_alloc(m, "q", 1, qtab, nb, 160));
+    KVT_OK_(kvt_offload_build_meta(m, false, &t.meta));
+    assert_int_equal(t.meta.n_loads, 6); /* five attention blocks and the state at 160 */
+    KVT_OK_(kvt_offload_apply_output(m, &(kvt_str){"q", 1}, 1, NULL));
+    KVT_OK_(kvt_offload_request_finished(m, "q", 1, qtab, nb, 0));
+    KVT_OK_(kvt_pool_free(gpu, qf, 6));
+    KVT_OK_(kvt_pool_free(gpu, qm, 3));
+    sim2_fini(&t);
+#undef HASH_AT
+}
+
+/* Issue 37, decode context parallelism (upstream's rule): it scales the attention blocks, so a
+ * Mamba align block as large as the hash block allows partial hash hits — without it the block
+ * must be larger. Hash 16, Mamba align 16, attention 64 x dcp 2 = 128: the hit alignment is 16,
+ * not 128; r's 81 tokens end inside its one attention block, cached partly at 80 and stored at
+ * finish; a clone gets 80 tokens (it got 0). */
+static void partial_hash_hits_under_decode_context_parallelism(void **state)
+{
+    (void)state;
+    sim2 t;
+    sim2_init_cp(&t, 8 * SIM_BS, KVT_GROUP_MAMBA_ALIGN, SIM_BS, 0, false, 1);
+    assert_int_equal(kvt_offload_hit_alignment(t.m), 8 * SIM_BS); /* no dcp: 16 is not wider */
+    sim2_fini(&t);
+    sim2_init_cp(&t, 8 * SIM_BS, KVT_GROUP_MAMBA_ALIGN, SIM_BS, 0, false, 2);
+    kvt_pool *gpu = t.gpu;
+    kvt_offload *m = t.m;
+    assert_int_equal(kvt_offload_hit_alignment(m), SIM_BS);
+    sim_req r;
+    sim_req_make(&r, "r", 5 * SIM_BS + 1, 1, 5 * SIM_BS + 1, 0);
+    const uint8_t *h = r.hashes;
+    uint32_t fa[1], mb[6], hit;
+    KVT_OK_(kvt_pool_alloc(gpu, 1, fa));
+    KVT_OK_(kvt_pool_alloc(gpu, 6, mb));
+    for (uint32_t j = 0; j < 5; j++)
+        KVT_OK_(kvt_pool_insert(gpu, mb[j], h + j * KVT_BLOCK_HASH_LEN, 1, SIM_BS));
+    const uint32_t *tab[2] = {fa, mb};
+    uint32_t nb[2] = {1, 6};
+    KVT_OK_(kvt_offload_match(m, "r", 1, r.hashes, r.n_hashes, r.n_tokens, 0, &hit));
+    KVT_OK_(kvt_offload_after_alloc(m, "r", 1, tab, nb, 0));
+    KVT_OK_(kvt_offload_schedule(m, "r", 1, tab, nb, r.n_tokens, r.n_tokens, false));
+    kvt_offload_boundary b[2] = {{"r", 1, 1, mb[3], 64, h + 3 * KVT_BLOCK_HASH_LEN, NULL},
+                                 {"r", 1, 1, mb[4], 80, h + 4 * KVT_BLOCK_HASH_LEN, NULL}};
+    assert_int_equal(kvt_offload_boundary_states(m, b, 2), 2);
+    KVT_OK_(kvt_offload_build_meta(m, false, &t.meta));
+    assert_int_equal(t.meta.n_stores, 2); /* the states; the attention block is not full */
+    sim2_report_store(&t);
+    KVT_OK_(kvt_pool_insert(gpu, fa[0], h + 4 * KVT_BLOCK_HASH_LEN, 0, 5 * SIM_BS));
+    KVT_OK_(kvt_offload_request_finished(m, "r", 1, tab, nb, r.n_tokens));
+    KVT_OK_(kvt_offload_build_meta(m, false, &t.meta));
+    assert_int_equal(t.meta.n_stores, 1);
+    assert_int_equal(t.meta.store_gpu_blocks[0], fa[0]);
+    sim2_report_store(&t);
+    KVT_OK_(kvt_pool_free(gpu, fa, 1));
+    KVT_OK_(kvt_pool_free(gpu, mb, 6));
+    KVT_OK_(kvt_pool_reset_prefix_cache(gpu));
+    KVT_OK_(kvt_offload_match(m, "q", 1, r.hashes, r.n_hashes, r.n_tokens, 0, &hit));
+    assert_int_equal(hit, 80);
+    KVT_OK_(kvt_offload_request_finished(m, "q", 1, tab, (uint32_t[2]){0, 0}, 0));
+    sim2_fini(&t);
+
+    /* what context parallelism cannot take is refused with the reason */
+    kvt_pool_config pc;
+    kvt_pool_config_init(&pc);
+    pc.num_blocks = 16;
+    pc.groups[0].block_size = 3 * SIM_BS;
+    pc.dcp_world_size = 32; /* 48 tokens cannot be spread over 32 ranks */
+    kvt_pool *p;
+    KVT_ERR_(kvt_pool_create(&pc, &p), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "dcp_world_size 32"));
+    pc.groups[0].block_size = 2 * SIM_BS;
+    pc.dcp_world_size = 2;
+    pc.n_groups = 2;
+    pc.groups[1] = (kvt_group_spec){KVT_GROUP_SLIDING, SIM_BS, 2 * SIM_BS};
+    KVT_ERR_(kvt_pool_create(&pc, &p), KVT_EINVAL);
+    pc.groups[1] = (kvt_group_spec){KVT_GROUP_MAMBA_ALIGN, SIM_BS, 0};
+    pc.dcp_world_size = 0;
+    pc.pcp_world_size = 2;
+    KVT_ERR_(kvt_pool_create(&pc, &p), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "prefill"));
+    pc.pcp_world_size = 4096;
+    KVT_ERR_(kvt_pool_create(&pc, &p), KVT_EINVAL);
+}
+
 /* Partial hash hits are an eager-mode rule, and need groups that allow them: lazy mode, or a
  * sliding window beside the Mamba align group, keeps hits on scheduler blocks. */
 static void partial_hash_hits_only_where_the_rules_allow(void **state)
@@ -1659,6 +1807,8 @@ int main(void)
         cmocka_unit_test(mamba_align_states_are_stored_when_handed_over),
         cmocka_unit_test(partial_hash_hits_load_a_partly_filled_block),
         cmocka_unit_test(partial_hash_hits_only_where_the_rules_allow),
+        cmocka_unit_test(partial_hash_hits_store_up_to_the_last_state),
+        cmocka_unit_test(partial_hash_hits_under_decode_context_parallelism),
         cmocka_unit_test(host_tier_size_comes_from_capacity_and_the_smallest_worker),
         cmocka_unit_test(metrics_count_activity_in_prometheus_text),
         cmocka_unit_test(engine_pool_is_reached_through_batched_callbacks),

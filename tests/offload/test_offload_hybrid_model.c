@@ -32,7 +32,9 @@
  * its request finished, with no event naming it afterwards, and after draining all have.
  *
  * A quarter of the configurations are those of partial hash hits (full attention and a Mamba
- * align group of two hash blocks, spec §2.14): requests end at hash-block boundaries, where the
+ * align group of two hash blocks, spec §2.14; half of them under decode context parallelism of
+ * two ranks, with attention blocks of two or four hash blocks and Mamba blocks of one or two,
+ * issue 37): requests end at hash-block boundaries, where the
  * engine caches the partly filled attention block and hands over the state; a third of the
  * arrivals continue a finished request's text, so hits end inside blocks; a load that ends
  * there must bring the KV up to its end (a Mamba state exactly at its end), and the clone check
@@ -132,7 +134,7 @@ static struct {
     uint64_t ctx_events;
     uint64_t recovered, loads, stores, clones, clone_tokens, ext_episodes, lazy_episodes;
     uint64_t lazy_stores, lazy_loads, handed;
-    uint64_t partial_episodes, partial_hits, partial_tails;
+    uint64_t partial_episodes, partial_hits, partial_tails, dcp_episodes;
 } S;
 
 /* ---- the engine's own pool, as kvt_gpu_pool_ops (half the episodes) ------------------- */
@@ -206,7 +208,15 @@ static void configure(void)
     c->groups[n++] = (kvt_group_spec){KVT_GROUP_FULL, HBS * (1 + below(2)), 0};
     if (g_force_partial || below(4) == 0) { /* the groups of partial hash hits: Mamba align
                                                wider than a hash */
-        c->groups[n++] = (kvt_group_spec){KVT_GROUP_MAMBA_ALIGN, 2 * HBS, 0};
+        if (below(2)) { /* decode context parallelism over 2 ranks: the attention block is
+                           the effective one, and a Mamba block of one hash is enough */
+            c->dcp_world_size = 2;
+            c->groups[0].block_size *= 2;
+            c->groups[n++] = (kvt_group_spec){KVT_GROUP_MAMBA_ALIGN, HBS * (1 + below(2)), 0};
+            S.dcp_episodes++;
+        } else {
+            c->groups[n++] = (kvt_group_spec){KVT_GROUP_MAMBA_ALIGN, 2 * HBS, 0};
+        }
     } else {
         if (below(10) < 7)
             c->groups[n++] =
@@ -874,7 +884,8 @@ static void hybrid_configurations_keep_every_invariant(void **state)
      * 46578639826433 had 7 partial episodes, 9 hits and no tail): more episodes of that
      * configuration, until both have been seen, so that the checks below never depend on luck */
     g_force_partial = true;
-    for (uint32_t extra = 0; extra < 100 && (S.partial_hits == 0 || S.partial_tails == 0);
+    for (uint32_t extra = 0;
+         extra < 100 && (S.partial_hits == 0 || S.partial_tails == 0 || S.dcp_episodes == 0);
          extra++, episodes++)
         episode();
     g_force_partial = false;
@@ -885,8 +896,8 @@ static void hybrid_configurations_keep_every_invariant(void **state)
                   "entries recovered, %llu clones (%llu tokens hit), %llu stored events with "
                   "context, %llu Mamba align states handed over; lazy: %llu stored, %llu loaded; "
                   "disk: %llu written back, %llu promoted, %llu episodes clone-checked; partial "
-                  "hash hits: %llu episodes, %llu hits, %llu partly filled blocks stored; seed "
-                  "%llu\n",
+                  "hash hits: %llu episodes (%llu of decode context parallelism), %llu hits, "
+                  "%llu partly filled blocks stored; seed %llu\n",
                   episodes, (unsigned long long)S.ext_episodes, (unsigned long long)S.lazy_episodes,
                   (unsigned long long)S.disk_episodes, (unsigned long long)g_step,
                   (unsigned long long)S.stores, (unsigned long long)S.loads,
@@ -895,12 +906,13 @@ static void hybrid_configurations_keep_every_invariant(void **state)
                   (unsigned long long)S.handed, (unsigned long long)S.lazy_stores,
                   (unsigned long long)S.lazy_loads, (unsigned long long)S.writebacks,
                   (unsigned long long)S.promotions, (unsigned long long)S.disk_clone_episodes,
-                  (unsigned long long)S.partial_episodes, (unsigned long long)S.partial_hits,
-                  (unsigned long long)S.partial_tails, (unsigned long long)g_seed);
+                  (unsigned long long)S.partial_episodes, (unsigned long long)S.dcp_episodes,
+                  (unsigned long long)S.partial_hits, (unsigned long long)S.partial_tails,
+                  (unsigned long long)g_seed);
     assert_true(S.stores > 0 && S.loads > 0 && S.recovered > 0 && S.ctx_events > 0);
     assert_true(S.lazy_episodes == 0 || S.lazy_stores > 0);
     assert_true(S.handed > 0);
-    assert_true(S.partial_hits > 0 && S.partial_tails > 0);
+    assert_true(S.partial_hits > 0 && S.partial_tails > 0 && S.dcp_episodes > 0);
     assert_true(S.disk_episodes == 0 || (S.writebacks > 0 && S.promotions > 0));
 }
 

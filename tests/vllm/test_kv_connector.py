@@ -402,6 +402,43 @@ def test_vllm_specs_map_to_group_kinds():
         _group_kind(2, object(), True)
 
 
+def test_decode_context_parallelism_enters_the_block_sizes_and_partial_hits():
+    """Issue 37: under decode context parallelism vLLM spreads an attention block over the
+    ranks (its effective size is dcp times the spec's) and keeps Mamba states whole; the pool
+    config carries both sizes and dcp, so a Mamba align block of one hash block allows partial
+    hash hits, as upstream's rule says (without dcp it must be wider)."""
+    import ctypes
+    from types import SimpleNamespace as NS
+    import torch
+    from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
+                                            MambaSpec)
+    from kvtier.vllm._kv import L, _group_specs, _lib
+    attn = FullAttentionSpec(block_size=64, num_kv_heads=1, head_size=8, dtype=torch.float32)
+    mamba = MambaSpec(block_size=16, shapes=((2, 4),), dtypes=(torch.float32,),
+                      mamba_cache_mode="align")
+    kv = KVCacheConfig(num_blocks=32, kv_cache_tensors=[],
+                       kv_cache_groups=[KVCacheGroupSpec(["a"], attn),
+                                        KVCacheGroupSpec(["m"], mamba)])
+    for dcp, sizes, align in ((2, (128, 16), 16), (1, (64, 16), 64)):
+        vc = NS(parallel_config=NS(decode_context_parallel_size=dcp,
+                                   prefill_context_parallel_size=1),
+                cache_config=NS(block_size=64, prefix_match_unit=None, enable_prefix_caching=True,
+                                mamba_cache_mode="align"),
+                kv_transfer_config=object(), model_config=NS(), speculative_config=None)
+        try:
+            cfg = _group_specs(kv, vc)
+        except AttributeError as e:  # the fake config lacks what this vLLM reads
+            pytest.skip("vLLM reads more of its config than this test fakes: %s" % e)
+        assert (cfg.groups[0].block_size, cfg.groups[1].block_size) == sizes
+        assert cfg.dcp_world_size == dcp and cfg.hash_block_size == 16
+        pool = ctypes.c_void_p()
+        assert _lib.kvt_pool_create(ctypes.byref(cfg), ctypes.byref(pool)) == 0
+        try:
+            assert _lib.kvt_pool_hit_alignment(pool, L.HIT_PARTIAL) == align
+        finally:
+            _lib.kvt_pool_destroy(pool)
+
+
 def test_groups_that_are_not_prefix_cacheable_are_mapped_and_cost_no_host_bytes():
     """Spec §2.14: a ring (CircularBufferSpec) or scratch group is accepted; its tensors are
     not part of a host block (the host tier's bytes per block exclude them)."""

@@ -19,6 +19,7 @@ ENOSPC = -3  # KVT_ENOSPC: the size query of a *_prometheus or kvt_metrics_merge
 COPY_STORE, COPY_LOAD = 0, 1
 MATCH_SKIP_PREFIX_CACHE = 1  # KVT_MATCH_SKIP_PREFIX_CACHE
 GROUP_FULL, GROUP_SLIDING, GROUP_MAMBA, GROUP_SCRATCH, GROUP_RING, GROUP_MAMBA_ALIGN = range(6)
+HIT_PARTIAL = 1  # KVT_HIT_PARTIAL
 NO_EVENT = -1
 
 
@@ -148,7 +149,8 @@ class kvt_pool_config(Struct):
     _fields_ = [("num_blocks", c_u32), ("hash_len", c_u32), ("keys_per_block", c_u32),
                 ("event_capacity", c_u32), ("hash_block_size", c_u32),
                 ("scheduler_block_size", c_u32), ("eagle", c_bool), ("n_groups", c_u32),
-                ("groups", kvt_group_spec * MAX_GROUPS)] + ROOM
+                ("groups", kvt_group_spec * MAX_GROUPS), ("dcp_world_size", c_u32),
+                ("pcp_world_size", c_u32), ("reserved", c_u64 * 7)]
 
 
 class kvt_pool_key(ctypes.Structure):
@@ -609,6 +611,7 @@ _sig("kvt_pool_create", c_int, P(kvt_pool_config), P(vp))
 _sig("kvt_pool_destroy", None, vp)
 _sig("kvt_pool_num_blocks", c_u32, vp)
 _sig("kvt_pool_num_free", c_u32, vp)
+_sig("kvt_pool_hit_alignment", c_u32, vp, c_u32)
 _sig("kvt_pool_num_cached", c_u32, vp)
 _sig("kvt_pool_alloc", c_int, vp, c_u32, P(c_u32))
 _sig("kvt_pool_touch", c_int, vp, P(c_u32), c_u32)
