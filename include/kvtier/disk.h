@@ -34,7 +34,7 @@
 #define KVTIER_DISK_H
 
 #include "kvtier/base.h"
-#include "kvtier/copy.h"
+#include "kvtier/layout.h"
 
 #ifdef __cplusplus
 extern "C" {

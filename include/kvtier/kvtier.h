@@ -8,6 +8,7 @@
 
 #include "kvtier/base.h"
 #include "kvtier/copy.h"
+#include "kvtier/layout.h"
 #include "kvtier/disk.h"
 #include "kvtier/ec.h"
 #include "kvtier/ec_net.h"

@@ -40,7 +40,7 @@
 #define KVTIER_REMOTE_H
 
 #include "kvtier/base.h"
-#include "kvtier/copy.h"
+#include "kvtier/layout.h"
 
 #ifdef __cplusplus
 extern "C" {
