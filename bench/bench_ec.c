@@ -268,10 +268,8 @@ static pid_t spawn_consumer(int *out_fd)
     return pid;
 }
 
-static int run(const kvt_bench_opts *o)
+static int measure(const kvt_bench_opts *o)
 {
-    if (o->ec_consumer)
-        return kvt_bench_ec_consumer();
     const char *tr = o->transport ? o->transport : "tcp";
     const char *tls = strcmp(tr, "tcp") == 0 ? "tcp" : strcmp(tr, "shm") == 0 ? "shm" : NULL;
     if (!tls) {
@@ -420,5 +418,13 @@ static int run(const kvt_bench_opts *o)
     return 0;
 }
 
-const kvt_bench kvt_bench_ec = {"ec", "encoder-cache push, 2 processes, vs ucx_perftest", run,
-                                "json,seconds,transport,peers,detect-peer-failure,ec-consumer"};
+static int run(const kvt_bench_opts *o)
+{
+    if (o->ec_consumer)
+        return kvt_bench_ec_consumer();
+    return kvt_bench_contended(o, measure, "ec");
+}
+
+const kvt_bench kvt_bench_ec = {
+    "ec", "encoder-cache push, 2 processes, vs ucx_perftest", run,
+    "json,seconds,transport,peers,detect-peer-failure,ec-consumer,contend,contend-pin"};

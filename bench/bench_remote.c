@@ -260,7 +260,7 @@ static void one_core(uint64_t bb, uint8_t *buf, double *xxh3, double *gmac, doub
     EVP_CIPHER_free(aes);
 }
 
-static int run(const kvt_bench_opts *o)
+static int measure(const kvt_bench_opts *o)
 {
     env e = {0};
     snprintf(e.dir, sizeof(e.dir), "/tmp/kvtb-remote-XXXXXX");
@@ -440,7 +440,12 @@ out:
     return code;
 }
 
+static int run(const kvt_bench_opts *o)
+{
+    return kvt_bench_contended(o, measure, "remote");
+}
+
 const kvt_bench kvt_bench_remote = {"remote",
                                     "remote tier: lookup latency and reads between two instances, "
                                     "vs ucx_perftest and Mooncake's store",
-                                    run, "json,seconds,transport,peers"};
+                                    run, "json,seconds,transport,peers,contend,contend-pin"};

@@ -3,9 +3,14 @@
  * Benchmark helpers: timing, JSON output and a description of the host, so a printed figure
  * always says where it was measured.
  */
+#define _GNU_SOURCE /* sched_setaffinity */
 #include "bench_util.h"
 
 #include <math.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -68,6 +73,72 @@ int kvt_json_end(kvt_json *j)
     return rc;
 }
 
+/* ---- contention ---------------------------------------------------------------------------- */
+
+static struct {
+    pid_t pids[KVT_BENCH_MAX_CONTEND];
+    uint32_t n;
+    bool pin;
+} g_contend;
+
+static void spin_forever(uint32_t i, bool pin)
+{
+    prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlives the benchmark */
+    if (pin) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        CPU_SET((int)(i % (uint32_t)(cores > 0 ? cores : 1)), &set);
+        (void)sched_setaffinity(0, sizeof(set), &set);
+    }
+    volatile uint64_t x = 0;
+    for (;;)
+        x++;
+}
+
+int kvt_bench_contend_start(uint32_t n, bool pin)
+{
+    if (n > KVT_BENCH_MAX_CONTEND)
+        return -1;
+    g_contend.pin = pin && n > 0;
+    for (uint32_t i = 0; i < n; i++) {
+        pid_t p = fork();
+        if (p < 0) {
+            kvt_bench_contend_stop();
+            return -1;
+        }
+        if (p == 0)
+            spin_forever(i, pin);
+        g_contend.pids[g_contend.n++] = p;
+    }
+    return 0;
+}
+
+void kvt_bench_contend_stop(void)
+{
+    for (uint32_t i = 0; i < g_contend.n; i++) {
+        kill(g_contend.pids[i], SIGKILL);
+        waitpid(g_contend.pids[i], NULL, 0);
+    }
+    g_contend.n = 0;
+    g_contend.pin = false;
+}
+
+int kvt_bench_contended(const kvt_bench_opts *o, int (*measure)(const kvt_bench_opts *o),
+                        const char *name)
+{
+    if (o->contend && kvt_bench_contend_start(o->contend, o->contend_pin) != 0) {
+        fprintf(stderr, "kvtier bench %s: cannot start %u spinning processes\n", name, o->contend);
+        return 1;
+    }
+    if (o->contend && !o->json)
+        printf("(%u process%s spinning%s during every phase, the baselines' included)\n",
+               o->contend, o->contend == 1 ? "" : "es", o->contend_pin ? ", pinned" : "");
+    int rc = measure(o);
+    kvt_bench_contend_stop();
+    return rc;
+}
+
 void kvt_json_host(kvt_json *j)
 {
     char model[256] = "unknown";
@@ -89,6 +160,8 @@ void kvt_json_host(kvt_json *j)
     }
     kvt_json_int(j, "host_cores", sysconf(_SC_NPROCESSORS_ONLN));
     kvt_json_str(j, "host_cpu", model);
+    kvt_json_int(j, "contend_processes", g_contend.n);
+    kvt_json_bool(j, "contend_pinned", g_contend.pin);
 }
 
 /* ---- the network benchmarks' baseline ------------------------------------------------------ */

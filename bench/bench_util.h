@@ -27,6 +27,8 @@ typedef struct kvt_bench_opts {
     bool ec_consumer;         /* ec: run as the consumer process (internal) */
     const char *peers;        /* ec: the Python that runs the peers (Mooncake, NIXL), or "none" */
     bool detect_peer_failure; /* ec: UCX peer failure detection on the producer's endpoints */
+    uint32_t contend;         /* ec, remote: processes spinning while everything is measured */
+    bool contend_pin;         /* ... each pinned to a core (i mod cores) */
 } kvt_bench_opts;
 
 typedef struct kvt_bench {
@@ -81,7 +83,18 @@ int kvt_json_end(kvt_json *j);
 double kvt_bench_perftest_gbps(uint64_t size, int iters, const char *env, const char *server_prefix,
                                const char *host);
 
-/* Host description for reports: cores and CPU model. */
+/* Host description for reports: cores and CPU model, and the contention it ran under. */
 void kvt_json_host(kvt_json *j);
+
+/* --contend N: N processes that spin, each on a core of its own if pin (core i mod cores), from
+ * kvt_bench_contend_start until kvt_bench_contend_stop — an inference server's cores are never
+ * idle. They die with the benchmark. Returns 0, or -1 with none left running. */
+#define KVT_BENCH_MAX_CONTEND 64u
+int kvt_bench_contend_start(uint32_t n, bool pin);
+void kvt_bench_contend_stop(void);
+/* Runs measure(o) with o->contend spinning processes around it (kvtier's phases, the baselines'
+ * and the peers' alike); its return code. */
+int kvt_bench_contended(const kvt_bench_opts *o, int (*measure)(const kvt_bench_opts *o),
+                        const char *name);
 
 #endif

@@ -62,6 +62,23 @@ class Values(unittest.TestCase):
                 d = json.loads(p.stdout)
                 self.assertEqual(d["bench"], "sched")
 
+    def test_contention_runs_during_the_bench_and_ends_with_it(self):
+        """Issue 38: --contend N spins N processes during every phase, says so in the report,
+        and leaves none behind."""
+        def spinners():
+            out = subprocess.run(["ps", "-eo", "comm="], capture_output=True, text=True).stdout
+            return out.split().count(os.path.basename(CLI)[:15])
+        before = spinners()
+        p = run("bench", "ec", "--json", "--seconds", "0.02", "--transport", "tcp", "--peers",
+                "none", "--contend", "2", "--contend-pin")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        d = json.loads(p.stdout)
+        self.assertEqual((d["contend_processes"], d["contend_pinned"]), (2, True))
+        self.assertEqual(spinners(), before)
+        q = run("bench", "ec", "--contend", "65")
+        self.assertEqual(q.returncode, 2)
+        self.assertIn("--contend", q.stderr)
+
     def test_bad_values_are_usage_errors_naming_the_option(self):
         cases = [
             (["bench", "pool", "--seed", "-1"], "--seed '-1'"),

@@ -47,7 +47,7 @@ static void usage(FILE *f)
 static int cmd_bench(int argc, char **argv)
 {
     kvt_bench_opts o = {.json = false, .seconds = 2.0, .seed = 1, .blocks = 0, .backend = "cpu"};
-    uint64_t blocks = 0, threads = 0;
+    uint64_t blocks = 0, threads = 0, contend = 0;
     bool list = false;
     const kvt_opt opts[] = {
         {"json", KVT_OPT_FLAG, &o.json, NULL, "print one JSON object on stdout"},
@@ -73,6 +73,12 @@ static int cmd_bench(int argc, char **argv)
         {"detect-peer-failure", KVT_OPT_FLAG, &o.detect_peer_failure, NULL,
          "ec: the producer's endpoints with UCX peer failure detection\n"
          "(kvt_ec_net_config.detect_peer_failure; off by default)"},
+        {"contend", KVT_OPT_U64, &contend, "N",
+         "ec, remote: N processes spin during every phase, kvtier's and the\n"
+         "baselines' (default 0: a quiet machine)",
+         .lo = 0, .hi = KVT_BENCH_MAX_CONTEND},
+        {"contend-pin", KVT_OPT_FLAG, &o.contend_pin, NULL,
+         "with --contend: each spinner pinned to a core of its own"},
         {"ec-consumer", KVT_OPT_FLAG, &o.ec_consumer, NULL,
          "internal: run as the consumer process of bench ec"},
         {"list", KVT_OPT_FLAG, &list, NULL, "list the benchmarks"},
@@ -110,6 +116,7 @@ static int cmd_bench(int argc, char **argv)
             return rc < 0 ? KVT_EXIT_OK : rc;
         o.blocks = (uint32_t)blocks;
         o.threads = (uint32_t)threads;
+        o.contend = (uint32_t)contend;
         return b->run(&o);
     }
     /* No name: --list or --help. */
