@@ -103,11 +103,12 @@ typedef struct kvt_offload_meta {
     int64_t store_event; /* KVT_NO_EVENT when nothing stores this step */
     uint32_t n_stores;
     uint32_t *store_gpu_blocks; /* source GPU blocks */
-    uint32_t *store_cpu_blocks; /* destination host blocks (or disk slots), pairwise */
+    uint32_t *store_cpu_blocks; /* destination blocks of tier 0, the first below the GPU (the
+                                   host; a disk when it is the only tier), pairwise */
     bool need_flush;            /* a request was preempted: finish in-flight copies first */
-    /* load_invalid_blocks: destination GPU blocks of this step's load event whose host source
-     * could not be promoted from disk; the worker reports them invalid when the event
-     * finishes (the engine recomputes them). A subset of load_gpu_blocks. */
+    /* load_invalid_blocks: destination GPU blocks of this step's load event whose tier-0
+     * source could not be promoted from the tier below; the worker reports them invalid when the
+     * event finishes (the engine recomputes them). A subset of load_gpu_blocks. */
     uint32_t n_load_invalid;
     uint32_t *load_invalid_blocks;
     /* tiers[t - 1]: the transfers of tier t with the tier in front of it (a disk behind the
