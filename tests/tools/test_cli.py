@@ -65,12 +65,12 @@ class Values(unittest.TestCase):
     def test_contention_runs_during_the_bench_and_ends_with_it(self):
         """Issue 38: --contend N spins N processes during every phase, says so in the report,
         and leaves none behind."""
-        def spinners():  # processes running the CLI's binary (from /proc: no ps needed)
-            name, n = os.path.basename(CLI)[:15], 0
+        def spinners():  # processes running the CLI's binary, whatever their name (it
+            # re-executes itself through /proc/self/exe); from /proc, no ps needed
+            exe, n = os.path.realpath(CLI), 0
             for pid in filter(str.isdigit, os.listdir("/proc")):
                 try:
-                    with open("/proc/%s/comm" % pid) as f:
-                        n += f.read().strip() == name
+                    n += os.path.realpath("/proc/%s/exe" % pid) == exe
                 except OSError:
                     pass
             return n
