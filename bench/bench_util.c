@@ -96,25 +96,7 @@ static void spin_forever(uint32_t i, bool pin)
         x++;
 }
 
-int kvt_bench_contend_start(uint32_t n, bool pin)
-{
-    if (n > KVT_BENCH_MAX_CONTEND)
-        return -1;
-    g_contend.pin = pin && n > 0;
-    for (uint32_t i = 0; i < n; i++) {
-        pid_t p = fork();
-        if (p < 0) {
-            kvt_bench_contend_stop();
-            return -1;
-        }
-        if (p == 0)
-            spin_forever(i, pin);
-        g_contend.pids[g_contend.n++] = p;
-    }
-    return 0;
-}
-
-void kvt_bench_contend_stop(void)
+static void contend_stop(void)
 {
     for (uint32_t i = 0; i < g_contend.n; i++) {
         kill(g_contend.pids[i], SIGKILL);
@@ -124,10 +106,29 @@ void kvt_bench_contend_stop(void)
     g_contend.pin = false;
 }
 
+/* n spinners (see bench_util.h); 0, or -1 with none left running */
+static int contend_start(uint32_t n, bool pin)
+{
+    if (n > KVT_BENCH_MAX_CONTEND)
+        return -1;
+    g_contend.pin = pin && n > 0;
+    for (uint32_t i = 0; i < n; i++) {
+        pid_t p = fork();
+        if (p < 0) {
+            contend_stop();
+            return -1;
+        }
+        if (p == 0)
+            spin_forever(i, pin);
+        g_contend.pids[g_contend.n++] = p;
+    }
+    return 0;
+}
+
 int kvt_bench_contended(const kvt_bench_opts *o, int (*measure)(const kvt_bench_opts *o),
                         const char *name)
 {
-    if (o->contend && kvt_bench_contend_start(o->contend, o->contend_pin) != 0) {
+    if (o->contend && contend_start(o->contend, o->contend_pin) != 0) {
         fprintf(stderr, "kvtier bench %s: cannot start %u spinning processes\n", name, o->contend);
         return 1;
     }
@@ -135,7 +136,7 @@ int kvt_bench_contended(const kvt_bench_opts *o, int (*measure)(const kvt_bench_
         printf("(%u process%s spinning%s during every phase, the baselines' included)\n",
                o->contend, o->contend == 1 ? "" : "es", o->contend_pin ? ", pinned" : "");
     int rc = measure(o);
-    kvt_bench_contend_stop();
+    contend_stop();
     return rc;
 }
 

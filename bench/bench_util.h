@@ -86,14 +86,11 @@ double kvt_bench_perftest_gbps(uint64_t size, int iters, const char *env, const 
 /* Host description for reports: cores and CPU model, and the contention it ran under. */
 void kvt_json_host(kvt_json *j);
 
-/* --contend N: N processes that spin, each on a core of its own if pin (core i mod cores), from
- * kvt_bench_contend_start until kvt_bench_contend_stop — an inference server's cores are never
- * idle. They die with the benchmark. Returns 0, or -1 with none left running. */
+/* --contend N: runs measure(o) with o->contend processes spinning around it (kvtier's phases,
+ * the baselines' and the peers' alike), each on a core of its own if o->contend_pin (core i mod
+ * cores) — an inference server's cores are never idle. They die with the benchmark. Returns
+ * measure's code, or 1 if the spinners could not be started. */
 #define KVT_BENCH_MAX_CONTEND 64u
-int kvt_bench_contend_start(uint32_t n, bool pin);
-void kvt_bench_contend_stop(void);
-/* Runs measure(o) with o->contend spinning processes around it (kvtier's phases, the baselines'
- * and the peers' alike); its return code. */
 int kvt_bench_contended(const kvt_bench_opts *o, int (*measure)(const kvt_bench_opts *o),
                         const char *name);
 

@@ -13,12 +13,14 @@
  *                reports walk the tiers by index (any number up to KVT_MAX_TIERS).
  *   promotion    (the disk, tier 1, into the host) match continues past the host hit on
  *                disk, pins the slots it found and allocates a host block for each (so
- *                after_alloc cannot run out of host space); after_alloc pairs the accepted ones
- * with GPU blocks and queues a disk load event; when all workers reported it, the promoted host
- * blocks become findable and the request's single GPU load is queued. failures     a failed
- * write-back is never findable; a failed promotion is never a hit: its host blocks get no keys and
- * its GPU destinations go out in the load's load_invalid_blocks (the engine recomputes them, Dynamo
- * #15079), and its slots' keys are dropped (the next request misses instead of failing again).
+ *                after_alloc cannot run out of host space); after_alloc pairs the accepted
+ *                ones with GPU blocks and queues a disk load event; when all workers reported
+ *                it, the promoted host blocks become findable and the request's single GPU
+ *                load is queued.
+ *   failures     a failed write-back is never findable; a failed promotion is never a hit:
+ *                its host blocks get no keys and its GPU destinations go out in the load's
+ *                load_invalid_blocks (the engine recomputes them, Dynamo #15079), and its
+ *                slots' keys are dropped (the next request misses instead of failing again).
  *
  * Every group kind: the host hit ends where each group has what it needs (a window's blocks
  * before the end, the last Mamba state), so the disk part is searched as a prefix of its own

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from conftest import close_llm, make_llm, sched_connector, snapshot_blocks
+from smollm2 import chat_ids
 
 # a GPU cache of 32 MiB holds 22 blocks of 32 tokens of this model (46 KiB per token): one
 # document's chat, not two
@@ -13,17 +14,16 @@ KV = dict(kv_bytes=32 << 20, max_model_len=640, skip_tokenizer_init=False)
 
 
 def document(river, town, craft, first):
-    """A few paragraphs of plain English, about 430 tokens."""
+    """A few paragraphs of plain English, about 470 tokens."""
     facts = ["The river %s flows %d kilometres past the town of %s, where %s has been made "
              "since %d." % (river, 7 * i % 113 + 20, town, craft, first + 3 * i)
              for i in range(16)]
     return " ".join(facts)
 
 
-def chat_ids(tok, doc, question):
-    ids = tok.apply_chat_template([{"role": "user", "content": doc + "\n\n" + question}],
-                                  add_generation_prompt=True, tokenize=True)
-    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+def ask(tok, doc, question):
+    """The prompt ids of a one-message chat: the document, then the question."""
+    return chat_ids(tok, [{"role": "user", "content": doc + "\n\n" + question}])
 
 
 def run_chats(llm, chats, max_tokens=24):
@@ -43,9 +43,9 @@ def test_a_real_model_is_served_from_the_host_tier(real_model_dir):
     tok = AutoTokenizer.from_pretrained(real_model_dir)
     a = document("Elbe", "Meissen", "porcelain", 1710)
     b = document("Rhine", "Mainz", "wine", 1450)
-    chats = [chat_ids(tok, a, "Where is porcelain made?"),
-             chat_ids(tok, b, "Which river flows past Mainz?"),
-             chat_ids(tok, a, "Since when has porcelain been made there?")]
+    chats = [ask(tok, a, "Where is porcelain made?"),
+             ask(tok, b, "Which river flows past Mainz?"),
+             ask(tok, a, "Since when has porcelain been made there?")]
     assert all(400 < len(c) < 560 for c in chats), [len(c) for c in chats]
     llm = make_llm(real_model_dir, connector=False, **KV)
     try:

@@ -44,6 +44,8 @@ os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout: resu
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from smollm2 import chat_ids, kv_bytes_per_token  # noqa: E402
+from smollm2 import write_model as write_real_model  # noqa: E402
 from tinyllama import write_model  # noqa: E402
 
 # A model whose prefill of a 2,000-token conversation costs far more than copying its KV:
@@ -66,18 +68,29 @@ def workload(conversations, turns, doc_tokens, question_tokens, seed=7):
     return docs, questions
 
 
+def transfer_config(connector, extra):
+    """vLLM's KVTransferConfig for connector (kvtier's, or one of vLLM's by name), or None."""
+    if not connector:
+        return None
+    from vllm.config import KVTransferConfig
+    return KVTransferConfig(kv_connector=connector, kv_role="kv_both",
+                            kv_connector_module_path="kvtier.vllm"
+                            if connector == "KvtierConnector" else None,
+                            kv_connector_extra_config=extra or {})
+
+
+def ttft_ms(out):
+    """vLLM's own first_token_latency of a finished request, in ms (None without metrics)."""
+    m = out.metrics
+    return m.first_token_latency * 1000 if m is not None and m.first_token_latency else None
+
+
 def run(label, model_dir, args, connector, extra=None, n_turns=None, hold=None):
     """Runs the workload (its first n_turns turns; default all) on a fresh engine; returns
     per-turn records and the stats. hold(result): called before the engine shuts down."""
     from vllm import LLM, SamplingParams
-    from vllm.config import KVTransferConfig
     from vllm.inputs import TokensPrompt
-    ktc = None
-    if connector:
-        ktc = KVTransferConfig(kv_connector=connector, kv_role="kv_both",
-                               kv_connector_module_path="kvtier.vllm"
-                               if connector == "KvtierConnector" else None,
-                               kv_connector_extra_config=extra or {})
+    ktc = transfer_config(connector, extra)
     t0 = time.monotonic()
     llm = LLM(model=model_dir, load_format="safetensors", skip_tokenizer_init=True,
               dtype="float32", max_model_len=args.max_model_len, enable_prefix_caching=True,
@@ -99,13 +112,10 @@ def run(label, model_dir, args, connector, extra=None, n_turns=None, hold=None):
             prompt = history[c] + questions[c][t]
             before = len(history[c])
             out = llm.generate([TokensPrompt(prompt_token_ids=prompt)], sp, use_tqdm=False)[0]
-            m = out.metrics
-            ttft = m.first_token_latency if m is not None and m.first_token_latency else None
             toks = list(out.outputs[0].token_ids)
             turns.append({"conversation": c, "turn": t, "prompt_tokens": len(prompt),
                           "context_tokens": before, "gpu_cached_tokens": out.num_cached_tokens,
-                          "ttft_ms": ttft * 1000 if ttft is not None else None,
-                          "tokens": toks})
+                          "ttft_ms": ttft_ms(out), "tokens": toks})
             history[c] = prompt + toks
             if time.monotonic() - last > 5:
                 last = time.monotonic()
@@ -196,11 +206,10 @@ REAL_TOPICS = [("Elbe", "Meissen", "porcelain", 1710), ("Rhine", "Mainz", "wine"
                ("Neckar", "Tuebingen", "books", 1477), ("Mosel", "Trier", "slate", 1590)]
 REAL_QUESTIONS = ["Where is {craft} made?", "Since when has {craft} been made in {town}?",
                   "Which river flows past {town}?", "Summarise the document in one sentence."]
-REAL_KV_PER_TOKEN = 30 * 2 * 3 * 64 * 4  # SmolLM2-135M: layers x (K, V) x kv_heads x head x fp32
 
 
 def real_document(river, town, craft, first):
-    """A long document of plain English (about 500 tokens)."""
+    """A long document of plain English (560-590 tokens)."""
     return " ".join("In year %d of its records the town of %s, on the river %s, counted %d "
                     "workshops where %s was made; the oldest of them dates from %d."
                     % (i + 1, town, river, 3 + 7 * i % 23, craft, first + 11 * i)
@@ -212,19 +221,15 @@ def run_real(label, model_dir, args, connector):
     rendered with its chat template; the GPU cache holds about one conversation and a half."""
     from transformers import AutoTokenizer
     from vllm import LLM, SamplingParams
-    from vllm.config import KVTransferConfig
     from vllm.inputs import TokensPrompt
     tok = AutoTokenizer.from_pretrained(model_dir)
-    ktc = None
-    if connector:
-        ktc = KVTransferConfig(kv_connector="KvtierConnector", kv_role="kv_both",
-                               kv_connector_module_path="kvtier.vllm",
-                               kv_connector_extra_config={"cpu_bytes_to_use": args.cpu_bytes})
+    ktc = transfer_config("KvtierConnector" if connector else None,
+                          {"cpu_bytes_to_use": args.cpu_bytes})
     t0 = time.monotonic()
     llm = LLM(model=model_dir, load_format="safetensors", dtype="float32",
               max_model_len=(args.real_gpu_blocks - 1) * BLOCK,  # one block is vLLM's null block
               enable_prefix_caching=True, block_size=BLOCK, seed=0, enforce_eager=True,
-              kv_cache_memory_bytes=args.real_gpu_blocks * BLOCK * REAL_KV_PER_TOKEN,
+              kv_cache_memory_bytes=args.real_gpu_blocks * BLOCK * kv_bytes_per_token(model_dir),
               max_num_batched_tokens=1024, max_num_seqs=4, kv_transfer_config=ktc,
               disable_log_stats=False)  # TTFT comes from the request metrics
     log("%s: engine ready in %.1f s" % (label, time.monotonic() - t0))
@@ -238,16 +243,13 @@ def run_real(label, model_dir, args, connector):
             if t == 0:
                 q = real_document(river, town, craft, first) + "\n\n" + q
             chats[c].append({"role": "user", "content": q})
-            ids = tok.apply_chat_template(chats[c], add_generation_prompt=True, tokenize=True)
-            ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+            ids = chat_ids(tok, chats[c])
             out = llm.generate([TokensPrompt(prompt_token_ids=ids)], sp, use_tqdm=False)[0]
-            m = out.metrics
-            ttft = m.first_token_latency if m is not None and m.first_token_latency else None
             text = out.outputs[0].text
             chats[c].append({"role": "assistant", "content": text})
             turns.append({"conversation": c, "turn": t, "prompt_tokens": len(ids),
                           "gpu_cached_tokens": out.num_cached_tokens,
-                          "ttft_ms": ttft * 1000 if ttft is not None else None,
+                          "ttft_ms": ttft_ms(out),
                           "tokens": list(out.outputs[0].token_ids), "question": q[-80:],
                           "answer": text})
     wall = time.monotonic() - start
@@ -262,8 +264,6 @@ def run_real(label, model_dir, args, connector):
 
 def real_model_report(args):
     """Runs 5a/5b and their part of the report (or why they did not run)."""
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from smollm2 import write_model as write_real_model
     model_dir = write_real_model(args.real_model or os.path.join(args.out, "vllm-models",
                                                                  "smollm2-135m-instruct"))
     without = run_real("real model, without a connector", model_dir, args, False)

@@ -74,6 +74,23 @@ def write_model(out):
     return out
 
 
+def chat_ids(tok, messages):
+    """The prompt token ids of a chat (a list of {"role", "content"}) in the model's template,
+    ready for the assistant's turn. (transformers returns a list or, in newer releases, a
+    mapping with input_ids.)"""
+    ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
+def kv_bytes_per_token(model_dir):
+    """Bytes of float32 KV one token takes in the model written at model_dir: layers x (K, V)
+    x KV heads x head size x 4 (46,080 for SmolLM2-135M)."""
+    with open(os.path.join(model_dir, "config.json")) as f:
+        c = json.load(f)
+    head = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+    return c["num_hidden_layers"] * 2 * c["num_key_value_heads"] * head * 4
+
+
 if __name__ == "__main__":
     if len(sys.argv) != 2:
         sys.exit("usage: smollm2.py OUT_DIR")

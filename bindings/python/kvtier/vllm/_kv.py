@@ -199,20 +199,10 @@ def _group_kind(g, spec, cacheable):
                       % (g, type(spec).__name__))
 
 
-def _effective_block_size(spec, dcp):
-    """A group's block size as the scheduler sees it: attention blocks spread over the decode
-    context-parallel ranks are dcp times larger, Mamba states are whole on every rank."""
-    try:
-        from vllm.v1.core.kv_cache_utils import resolve_dcp_kv_block_size
-    except ImportError:  # an older vLLM: attention groups scale, Mamba groups do not
-        from vllm.v1.kv_cache_interface import MambaSpec
-        return spec.block_size * (1 if isinstance(spec, MambaSpec) else dcp)
-    return resolve_dcp_kv_block_size(spec, dcp)
-
-
 def _group_specs(kv_cache_config, vllm_config):
     """kvt_pool_config for vLLM's GPU pool: groups, block sizes, hash block size."""
-    from vllm.v1.core.kv_cache_utils import resolve_kv_cache_block_sizes
+    from vllm.v1.core.kv_cache_utils import (resolve_dcp_kv_block_size,
+                                             resolve_kv_cache_block_sizes)
     sched_bs, hash_bs = resolve_kv_cache_block_sizes(kv_cache_config, vllm_config)
     par = vllm_config.parallel_config
     dcp = par.decode_context_parallel_size
@@ -226,7 +216,9 @@ def _group_specs(kv_cache_config, vllm_config):
     for g, grp in enumerate(groups):
         spec = grp.kv_cache_spec
         gs = cfg.groups[g]
-        gs.block_size = _effective_block_size(spec, dcp)
+        # as the scheduler sees it: attention blocks spread over the decode context-parallel
+        # ranks are dcp times larger, Mamba states are whole on every rank
+        gs.block_size = resolve_dcp_kv_block_size(spec, dcp)
         gs.kind, gs.sliding_window = _group_kind(g, spec, g in cacheable)
     cfg.n_groups = len(groups)
     cfg.dcp_world_size = dcp
