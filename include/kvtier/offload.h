@@ -349,6 +349,25 @@ KVT_API int kvt_offload_request_finished(kvt_offload *m, const char *req_id, uin
  * again after their completions arrived. Event ids are never reused. */
 KVT_API int kvt_offload_reset(kvt_offload *m);
 
+/* reset without waiting for the workers: abandons in-flight work and clears every tier now.
+ * Nothing stored before the call is found after it; blocks that abandoned transfers still read
+ * or write stay allocated, without keys, until the workers report them (they are then freed,
+ * never findable). Loads already sent complete as usual. Returns KVT_EBUSY, changing nothing,
+ * while a request that has not finished holds a hit or a load of the tiers (it would read
+ * bytes from before the clear). Counted in resets. */
+KVT_API int kvt_offload_clear(kvt_offload *m);
+
+/* Lets the engine clear its own prefix cache while stores are in flight (vLLM's pause with
+ * clear_cache, LLM.sleep, release_kv_cache_memory: its block pool refuses to reset while any
+ * block is referenced). Abandons every store as kvt_offload_reset does (in flight, queued,
+ * re-stores) and releases the engine blocks in-flight stores read now, not when the workers
+ * report them. The engine may reuse and rewrite those blocks at once: an abandoned store's bytes
+ * are never findable, and the host blocks it writes stay allocated until its completion arrives
+ * (a worker may still be writing them). Loads sent to the workers keep their engine blocks (a
+ * worker writes them): *held_by_loads (may be NULL) says how many. The host tier keeps what it
+ * holds; kvt_offload_reset clears it. */
+KVT_API int kvt_offload_release_engine_blocks(kvt_offload *m, uint32_t *held_by_loads);
+
 /* Lazy mode: the GPU blocks the store scan looks at each step, from the head of the GPU free
  * queue (an engine sizes its GPU reserve by it); 0 in eager mode. Per prefix-cacheable group
  * of block size B (context parallelism already in B): full attention

@@ -11,6 +11,7 @@
 
 #include "base/error.h"
 #include "offload/offload_internal.h"
+#include "pool/pool_internal.h"
 
 /* ---- step ------------------------------------------------------------------------------ */
 
@@ -99,19 +100,29 @@ int kvt_offload_apply_output(kvt_offload *m, const kvt_str *finished_loads, uint
     KVI_OFL_LOCKED(m, apply_output_unlocked(m, finished_loads, n, stores));
 }
 
-static int reset_unlocked(kvt_offload *m)
+/* Abandons every store: in-flight events' blocks are never made findable (their completions
+ * only free them), queued selections and re-stores are dropped. let_go releases the engine
+ * blocks in-flight stores read now instead of at their completions (a released source is
+ * OFL_NONE); the tier blocks they write stay allocated until then. */
+static void abandon_stores(kvt_offload *m, bool let_go)
 {
+    struct kvi_ofl_tier *T = &m->tier[0];
     kvi_ofl_gpu_flush(m); /* pins a deferred schedule left */
-    /* 1. In-flight stores are abandoned: their blocks will be freed, never cached. */
-    KVI_OFL_FOR_EVENTS (e, &m->tier[0].stores) {
-        if (e->abandoned)
-            continue;
+    KVI_OFL_FOR_EVENTS (e, &T->stores) {
+        for (uint32_t h = e->head; h != OFL_NONE; h = T->store_next[h]) {
+            uint32_t g = T->store_src[h];
+            if (g == OFL_NONE)
+                continue; /* let go of before */
+            if (!e->abandoned)
+                m->gflags[g] &= (uint8_t)~G_STORING;
+            if (let_go) {
+                kvi_ofl_gpu_unpin(m, g);
+                T->store_src[h] = OFL_NONE;
+            }
+        }
         e->abandoned = true;
-        for (uint32_t h = e->head; h != OFL_NONE; h = m->tier[0].store_next[h])
-            m->gflags[m->tier[0].store_src[h]] &= (uint8_t)~G_STORING;
     }
     kvi_ofl_tier_abandon(m); /* write-backs and promotions in flight, queued write-backs */
-    /* 2. Stores queued for the next event and re-stores are dropped. */
     kvi_ofl_release_accumulator(m, 0);
     for (uint32_t i = 0; i < kvi_ring_len(&m->restore); i++) {
         uint32_t gpu;
@@ -119,8 +130,13 @@ static int reset_unlocked(kvt_offload *m)
         m->gflags[gpu] &= (uint8_t)~G_RESTORE;
     }
     kvi_ring_clear(&m->restore);
-    /* 3. Requests forget their eager registration; loads never sent are cancelled, sent ones
-     *    keep their pins until the workers report them and then clean up as usual. */
+    kvi_ofl_gpu_flush(m);
+}
+
+/* Requests forget their eager registration; loads never sent are cancelled, sent ones keep
+ * their pins until the workers report them and then clean up as usual. */
+static void forget_requests(kvt_offload *m)
+{
     for (uint32_t s = 0; s < m->cfg.max_requests; s++) {
         struct kvi_ofl_req *r = &m->reqs[s];
         if (!r->used)
@@ -134,6 +150,16 @@ static int reset_unlocked(kvt_offload *m)
     }
     kvi_ofl_req_sweep(m);
     kvi_ofl_gpu_flush(m);
+}
+
+static int reset_unlocked(kvt_offload *m)
+{
+    /* 1. In-flight stores are abandoned: their blocks will be freed, never cached.
+     * 2. Stores queued for the next event and re-stores are dropped. */
+    abandon_stores(m, false);
+    /* 3. Requests forget their eager registration; loads never sent are cancelled, sent ones
+     *    keep their pins until the workers report them and then clean up as usual. */
+    forget_requests(m);
     uint32_t behind = 0; /* events of the tiers behind the first */
     for (uint32_t t = 1; t < KVI_OFL_TIERS && m->tier[t].pool; t++)
         behind += kvi_evtable_len(&m->tier[t].stores) + kvi_evtable_len(&m->tier[t].loads);
@@ -159,6 +185,51 @@ static int reset_unlocked(kvt_offload *m)
 int kvt_offload_reset(kvt_offload *m)
 {
     KVI_OFL_LOCKED(m, reset_unlocked(m));
+}
+
+static int clear_unlocked(kvt_offload *m)
+{
+    uint32_t using = 0; /* requests that would read bytes from before the clear */
+    for (uint32_t s = 0; s < m->cfg.max_requests; s++) {
+        const struct kvi_ofl_req *r = &m->reqs[s];
+        using +=
+            r->used && !(r->flags & RQ_FINISHED) &&
+            (r->flags & (RQ_HIT | RQ_LOAD_QUEUED | RQ_LOAD_SENT | RQ_PROMO_QUEUED | RQ_PROMO_SENT));
+    }
+    if (using)
+        return kvt_fail(KVT_EBUSY,
+                        "offload: clear: %u unfinished requests hold a hit or a load of the "
+                        "tiers",
+                        using);
+    abandon_stores(m, false);
+    forget_requests(m);
+    for (uint32_t t = 0; t < KVI_OFL_TIERS && m->tier[t].pool; t++)
+        kvi_pool_forget_keys(m->tier[t].pool);
+    kvi_ofl_remote_withdraw_all(m);
+    m->st.resets++;
+    return 0;
+}
+
+int kvt_offload_clear(kvt_offload *m)
+{
+    KVI_OFL_LOCKED(m, clear_unlocked(m));
+}
+
+static int release_engine_blocks_unlocked(kvt_offload *m, uint32_t *held_by_loads)
+{
+    abandon_stores(m, true);
+    uint32_t held = 0;
+    for (uint32_t s = 0; s < m->cfg.max_requests; s++)
+        if (m->reqs[s].used)
+            held += m->reqs[s].n_load;
+    if (held_by_loads)
+        *held_by_loads = held;
+    return 0;
+}
+
+int kvt_offload_release_engine_blocks(kvt_offload *m, uint32_t *held_by_loads)
+{
+    KVI_OFL_LOCKED(m, release_engine_blocks_unlocked(m, held_by_loads));
 }
 
 bool kvt_offload_has_pending(const kvt_offload *m)

@@ -735,7 +735,8 @@ static void release_store_pairs(kvt_offload *m, uint32_t t, uint32_t head,
             kvi_ofl_events_stored(m, b, ok); /* its stored events, with its request context */
         if (ok && t + 1 < KVI_OFL_TIERS)
             kvi_ofl_tier_writeback(m, t + 1, b); /* on to the tier behind, if any */
-        release_store_source(m, t, src, !e || !e->abandoned);
+        if (src != OFL_NONE) /* OFL_NONE: the engine's block was let go of before */
+            release_store_source(m, t, src, !e || !e->abandoned);
         (void)kvt_pool_free(T->pool, &b, 1);
         T->store_src[b] = T->store_next[b] = OFL_NONE;
     }

@@ -454,12 +454,8 @@ int kvt_pool_evict(kvt_pool *p, const uint32_t *ids, uint32_t n)
     return 0;
 }
 
-int kvt_pool_reset_prefix_cache(kvt_pool *p)
+void kvi_pool_forget_keys(kvt_pool *p)
 {
-    uint32_t used = p->n_own - p->n_free;
-    if (used)
-        return kvt_fail(KVT_EBUSY, "pool: reset_prefix_cache: %u blocks are still referenced",
-                        used);
     if (p->share) {
         /* a shared pool forgets only its own blocks: the peers' stay as their owners
          * published them */
@@ -472,6 +468,15 @@ int kvt_pool_reset_prefix_cache(kvt_pool *p)
         kvi_map_clear(&p->map);
     }
     emit(p, KVT_POOL_EV_ALL_CLEARED, KVT_NULL_BLOCK, NULL);
+}
+
+int kvt_pool_reset_prefix_cache(kvt_pool *p)
+{
+    uint32_t used = p->n_own - p->n_free;
+    if (used)
+        return kvt_fail(KVT_EBUSY, "pool: reset_prefix_cache: %u blocks are still referenced",
+                        used);
+    kvi_pool_forget_keys(p);
     return 0;
 }
 

@@ -68,6 +68,11 @@ struct kvt_pool {
     uint32_t n_own; /* blocks that can be free: nb - 1, or the owned range */
 };
 
+/* Every key of the pool's own blocks is forgotten, referenced blocks included (their holders
+ * keep the bytes; freed, they come back uncached); kvt_pool_reset_prefix_cache without its
+ * check that nothing is referenced. */
+void kvi_pool_forget_keys(kvt_pool *p);
+
 /* kvt_pool_insert unless some block already carries the key (then 0, nothing changes). */
 int kvi_pool_insert_unique(kvt_pool *p, uint32_t block, const uint8_t *hash, uint32_t group,
                            uint32_t num_tokens);

@@ -1396,6 +1396,100 @@ static void reset_waits_for_an_abandoned_load(void **state)
     sim_fini(&s);
 }
 
+/* vLLM's pause with clear_cache resets its block pool before any connector hook: the engine
+ * blocks that in-flight stores read are let go of first, the stores' bytes discarded when they
+ * complete; a load in flight keeps its blocks until it is reported. */
+static void released_engine_blocks_let_the_engine_reset_with_stores_in_flight(void **state)
+{
+    (void)state;
+    sim s;
+    sim_init(&s, 64, 32, false, 1, 64);
+    sim_req x, a, b;
+    sim_req_make(&x, "x", 2 * SIM_BS + 1, 9, 2 * SIM_BS + 1, 0);
+    sim_store_prompt(&s, &x, 1);
+    KVT_OK_(kvt_pool_reset_prefix_cache(s.gpu));
+    sim_req_make(&b, "b", 2 * SIM_BS + 1, 9, 2 * SIM_BS + 1, 0); /* x's prompt: a host hit */
+    assert_int_equal(sim_admit(&s, &b, UINT32_MAX), 2 * SIM_BS);
+    sim_build(&s, false); /* b's load is in flight */
+    assert_int_equal(s.meta.n_loads, 2);
+    sim_req_make(&a, "a", 2 * SIM_BS + 1, 1, 2 * SIM_BS + 1, 0);
+    int64_t ev = sim_admit_and_store(&s, &a);
+    assert_true(ev != KVT_NO_EVENT);
+    sim_finish(&s, &a); /* aborted: its store stays in flight */
+    KVT_ERR_(kvt_pool_reset_prefix_cache(s.gpu), KVT_EBUSY);
+    uint32_t held = 99;
+    KVT_OK_(kvt_offload_release_engine_blocks(s.m, &held));
+    assert_int_equal(held, 2); /* b's load: a worker still writes its blocks */
+    KVT_ERR_(kvt_pool_reset_prefix_cache(s.gpu), KVT_EBUSY);
+    sim_report_load(&s, &b);
+    sim_finish(&s, &b);
+    KVT_OK_(kvt_offload_release_engine_blocks(s.m, NULL)); /* twice: nothing more to release */
+    KVT_OK_(kvt_pool_reset_prefix_cache(s.gpu));           /* a's store is still in flight */
+    assert_true(kvt_offload_has_pending(s.m));
+    /* the engine reuses every block at once; the late completion releases nothing of its */
+    uint32_t all[63];
+    KVT_OK_(kvt_pool_alloc(s.gpu, 63, all));
+    sim_report_store(&s, ev, 1);
+    for (uint32_t i = 0; i < 63; i++)
+        assert_int_equal(sim_gpu_ref(&s, all[i]), 1);
+    assert_false(sim_host_has(&s, &a, 0)); /* abandoned: never findable */
+    assert_true(sim_host_has(&s, &x, 0));  /* what the host tier held stays */
+    kvt_offload_stats st;
+    kvt_offload_get_stats(s.m, &st);
+    assert_int_equal(st.stores_abandoned, 2);
+    assert_int_equal(st.host_used_blocks, 0);   /* a's slots were freed at completion */
+    assert_int_equal(st.host_cached_blocks, 2); /* x's */
+    assert_false(kvt_offload_has_pending(s.m));
+    KVT_OK_(kvt_offload_reset(s.m));
+    assert_false(sim_host_has(&s, &x, 0));
+    KVT_OK_(kvt_pool_free(s.gpu, all, 63));
+    sim_fini(&s);
+}
+
+/* clear: the tiers are emptied at once, in-flight work abandoned and freed when reported; it
+ * refuses while an unfinished request would still read bytes from before it */
+static void clear_empties_the_tiers_without_waiting_for_the_workers(void **state)
+{
+    (void)state;
+    sim s;
+    sim_init(&s, 64, 32, false, 1, 64);
+    sim_req x, a, b;
+    sim_req_make(&x, "x", 2 * SIM_BS + 1, 9, 2 * SIM_BS + 1, 0);
+    sim_store_prompt(&s, &x, 1);
+    KVT_OK_(kvt_pool_reset_prefix_cache(s.gpu));
+    sim_req_make(&b, "b", 2 * SIM_BS + 1, 9, 2 * SIM_BS + 1, 0);
+    uint32_t hit;
+    KVT_OK_(kvt_offload_match(s.m, "b", 1, b.hashes, b.n_hashes, b.n_tokens, 0, &hit));
+    assert_int_equal(hit, 2 * SIM_BS); /* b holds a hit of x's blocks */
+    KVT_ERR_(kvt_offload_clear(s.m), KVT_EBUSY);
+    assert_true(sim_host_has(&s, &x, 0)); /* refused: nothing changed */
+    const uint32_t *none[1] = {NULL};
+    uint32_t zero[1] = {0};
+    KVT_OK_(kvt_offload_request_finished(s.m, "b", 1, none, zero, 0));
+    sim_req_make(&a, "a", 2 * SIM_BS + 1, 1, 2 * SIM_BS + 1, 0);
+    int64_t ev = sim_admit_and_store(&s, &a);
+    sim_finish(&s, &a);
+    KVT_ERR_(kvt_offload_reset(s.m), KVT_EBUSY); /* reset waits for a's store */
+    KVT_OK_(kvt_offload_clear(s.m));             /* clear does not */
+    assert_false(sim_host_has(&s, &x, 0));
+    assert_true(kvt_offload_has_pending(s.m));
+    kvt_offload_stats st;
+    kvt_offload_get_stats(s.m, &st);
+    assert_int_equal(st.host_cached_blocks, 0);
+    assert_int_equal(st.host_used_blocks, 2); /* a's, until its store is reported */
+    sim_report_store(&s, ev, 1);
+    assert_false(sim_host_has(&s, &a, 0));
+    kvt_offload_get_stats(s.m, &st);
+    assert_int_equal(st.host_used_blocks, 0);
+    assert_int_equal(st.host_cached_blocks, 0);
+    assert_int_equal(st.stores_abandoned, 2);
+    assert_int_equal(st.resets, 1);
+    assert_int_equal(kvt_pool_num_free(s.gpu), 63);
+    sim_store_prompt(&s, &x, 1); /* and the tier fills again */
+    assert_true(sim_host_has(&s, &x, 0) && sim_host_has(&s, &x, 1));
+    sim_fini(&s);
+}
+
 /* vLLM test_reset_waits_for_pending_lazy_store_and_clears_cpu_cache */
 static void reset_waits_for_a_lazy_store(void **state)
 {
@@ -1797,6 +1891,8 @@ int main(void)
         cmocka_unit_test(reset_waits_for_an_abandoned_store_and_never_caches_it),
         cmocka_unit_test(reset_waits_for_an_abandoned_load),
         cmocka_unit_test(reset_waits_for_a_lazy_store),
+        cmocka_unit_test(released_engine_blocks_let_the_engine_reset_with_stores_in_flight),
+        cmocka_unit_test(clear_empties_the_tiers_without_waiting_for_the_workers),
         cmocka_unit_test(preemption_asks_for_a_flush_and_a_resumed_request_rescans_its_blocks),
         cmocka_unit_test(caller_errors_are_reported_and_change_nothing),
         cmocka_unit_test(misaligned_gpu_hit_and_prefix_skip_are_misses),

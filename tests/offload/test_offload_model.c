@@ -54,7 +54,7 @@
 #define HL        KVT_BLOCK_HASH_LEN
 #define HASH_SEED 7
 
-static uint64_t g_seed, g_step, g_ops;
+static uint64_t g_seed, g_step, g_ops, g_releases, g_clears;
 static kvt_offload_stats g_tot;            /* summed over episodes, for the summary */
 static uint64_t g_ext_calls, g_ext_blocks; /* engine-pool callbacks and the blocks they got */
 
@@ -103,6 +103,7 @@ struct wev {
     char reqs[MAXR][16];
     uint32_t done;    /* ranks that executed it */
     uint32_t applied; /* store: reports the manager has applied; load: 1 once applied */
+    bool let_go;      /* store: its GPU sources were released early (kvt_offload_release_...) */
 };
 
 struct outbox { /* a report on its way to the scheduler */
@@ -234,7 +235,7 @@ static bool gpu_in_transfer(uint32_t b)
 static void live(const struct wev *e, int d)
 {
     for (uint32_t k = 0; k < e->n; k++) {
-        if (e->kind == EV_LOAD || e->kind == EV_STORE)
+        if (e->kind == EV_LOAD || (e->kind == EV_STORE && !e->let_go))
             S.g_live[e->gpu[k]] += (uint32_t)d;
         if (e->kind != EV_DLOAD) /* a promotion's host block is held by its request */
             S.h_live[e->host[k]] += (uint32_t)d;
@@ -625,6 +626,50 @@ static void deliver(bool all)
             }
 }
 
+/* An engine that resets its own prefix cache while stores are in flight (vLLM's pause with
+ * clear_cache): the manager releases the GPU blocks in-flight stores read; the engine may hand
+ * them out at once (the ranks may still copy them: those stores are abandoned, so whatever
+ * they copy is never findable), and their completions must release nothing more. */
+static void release_engine_blocks(void)
+{
+    g_ops++;
+    g_releases++;
+    uint32_t held = UINT32_MAX;
+    int rc = kvt_offload_release_engine_blocks(S.m, &held);
+    CHECK(rc == 0, "release_engine_blocks returned %d", rc);
+    uint32_t loading = 0;
+    for (uint32_t i = 0; i < S.n_idx[EV_STORE]; i++) {
+        struct wev *e = &S.ev[S.idx[EV_STORE][i]];
+        if (e->applied >= S.world || e->let_go)
+            continue; /* completed: nothing of it is held */
+        live(e, -1);
+        e->let_go = true;
+        live(e, +1); /* its host blocks stay held until it completes */
+    }
+    for (uint32_t i = 0; i < S.n_idx[EV_LOAD]; i++)
+        if (!S.ev[S.idx[EV_LOAD][i]].applied)
+            loading += S.ev[S.idx[EV_LOAD][i]].n;
+    CHECK(held >= loading && held < S.gpu_nb, "%u engine blocks held by loads, %u in flight", held,
+          loading);
+}
+
+/* After a reset or a clear nothing of before is findable on any tier. */
+static void check_tiers_empty(const char *op)
+{
+    for (uint32_t h = 1; h < S.host_nb; h++) {
+        kvt_pool_key k;
+        uint32_t n;
+        KVT_OK_(kvt_pool_block_keys(S.host, h, &k, 1, &n));
+        CHECK(n == 0, "host block %u is findable after a %s", h, op);
+    }
+    for (uint32_t d = 1; S.disk && d < S.disk_nb; d++) {
+        kvt_pool_key k;
+        uint32_t n;
+        KVT_OK_(kvt_pool_block_keys(S.disk, d, &k, 1, &n));
+        CHECK(n == 0, "disk slot %u is findable after a %s", d, op);
+    }
+}
+
 /* ---- invariants ------------------------------------------------------------------------ */
 
 static void check_refs(void)
@@ -794,9 +839,16 @@ static void step(uint64_t *rng)
         load_queued |= S.reqs[i].n_hold && S.reqs[i].promo_idx < 0;
     if (!load_queued && (S.reset_pending || kvt_test_below(rng, 600) == 0)) {
         g_ops++;
-        int rc = kvt_offload_reset(S.m);
-        CHECK(rc == 0 || rc == KVT_EBUSY, "reset returned %d", rc);
+        /* clear empties the tiers at once, reset waits for the workers */
+        bool clear = kvt_test_below(rng, 2);
+        int rc = clear ? kvt_offload_clear(S.m) : kvt_offload_reset(S.m);
+        CHECK(rc == 0 || rc == KVT_EBUSY, "%s returned %d", clear ? "clear" : "reset", rc);
+        g_clears += clear && rc == 0;
+        if (rc == 0)
+            check_tiers_empty(clear ? "clear" : "reset");
         S.reset_pending = rc == KVT_EBUSY;
+    } else if (kvt_test_below(rng, 500) == 0) {
+        release_engine_blocks();
     }
     CHECK(S.n_ev < MAX_EV - 8, "harness event capacity");
 }
@@ -914,7 +966,7 @@ static void manager_keeps_every_invariant_under_random_traffic(void **state)
     g_seed = kvt_test_seed();
     uint64_t rng = g_seed, goal = (uint64_t)(200000 * kvt_test_scale());
     uint32_t episodes = 0;
-    g_ops = 0;
+    g_ops = g_releases = g_clears = 0;
     g_ext_calls = g_ext_blocks = 0;
     memset(&g_tot, 0, sizeof(g_tot));
     while (g_ops < goal) {
@@ -924,15 +976,17 @@ static void manager_keeps_every_invariant_under_random_traffic(void **state)
     print_message(
         "offload model: %llu manager calls in %u episodes, %llu steps (seed %llu): "
         "%llu hit tokens, %llu blocks loaded, %llu stored (%llu abandoned, %llu failed), %llu "
-        "host evictions, %llu re-stores, %llu stores dropped for room, %llu resets; three tiers: "
-        "%llu disk hit tokens, %llu promoted (%llu failed), %llu written back (%llu failed, %llu "
+        "host evictions, %llu re-stores, %llu stores dropped for room, %llu resets (%llu "
+        "clears), %llu engine block releases; three tiers: %llu disk hit tokens, %llu promoted "
+        "(%llu failed), %llu written back (%llu failed, %llu "
         "dropped); engine-pool episodes: %llu callbacks for %llu blocks\n",
         (unsigned long long)g_ops, episodes, (unsigned long long)g_step, (unsigned long long)g_seed,
         (unsigned long long)g_tot.hit_tokens, (unsigned long long)g_tot.load_blocks,
         (unsigned long long)g_tot.store_blocks, (unsigned long long)g_tot.stores_abandoned,
         (unsigned long long)g_tot.stores_failed, (unsigned long long)g_tot.host_evictions,
         (unsigned long long)g_tot.restores, (unsigned long long)g_tot.store_dropped_full,
-        (unsigned long long)g_tot.resets, (unsigned long long)g_tot.disk_hit_tokens,
+        (unsigned long long)g_tot.resets, (unsigned long long)g_clears,
+        (unsigned long long)g_releases, (unsigned long long)g_tot.disk_hit_tokens,
         (unsigned long long)g_tot.promotions, (unsigned long long)g_tot.promotions_failed,
         (unsigned long long)g_tot.disk_stores_completed,
         (unsigned long long)g_tot.disk_stores_failed, (unsigned long long)g_tot.disk_store_dropped,

@@ -248,6 +248,44 @@ def test_reset_connector_clears_the_host_tier(model_dir, baseline):
         close_llm(llm)
 
 
+def test_pause_with_clear_cache_mid_batch(model_dir, baseline):
+    """vLLM's pause_scheduler(mode="abort", clear_cache=True), the path behind LLM.sleep,
+    pause_generation(clear_cache=True) and release_kv_cache_memory, in the middle of a batch:
+    the abort's final flush selects stores (and earlier steps' may be in flight), vLLM resets
+    its block pool before any connector hook, and the pool refuses while their GPU blocks are
+    referenced (SimpleCPUOffloadConnector fails here too). kvtier lets go of them and clears
+    its tiers at once; the engine pauses, resumes and serves the same tokens; the abandoned
+    stores' host blocks come back when reported."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+    prompts = prompts_with_prefixes(4, 400, 2, 300, seed=21)
+    want = baseline(prompts)
+    llm = make_llm(model_dir)
+    try:
+        assert generate(llm, prompts) == want
+        engine, conn = llm.llm_engine, sched_connector(llm)
+        sp = SamplingParams(max_tokens=32, temperature=0.0, detokenize=False, ignore_eos=True)
+        ids = ["mid-%d" % i for i in range(4)]
+        for rid, p in zip(ids, prompts_with_prefixes(4, 500, 4, 500, seed=22)):
+            engine.add_request(rid, TokensPrompt(prompt_token_ids=p), sp)
+        for _ in range(2):  # prefills under way, stores selected and in flight
+            engine.step()
+        assert core(llm).scheduler.has_unfinished_requests()
+        before = conn.kvtier_stats()
+        core(llm).pause_scheduler(mode="abort", clear_cache=True)
+        # the abort's final flush alone pins blocks: the pool refused and kvtier let go
+        assert conn.kvtier_engine_block_releases() == 1
+        st = conn.kvtier_stats()
+        assert st["resets"] == before["resets"] + 1 and st["host_cached_blocks"] == 0, st
+        core(llm).resume_scheduler()
+        engine.abort_request(ids)
+        assert generate(llm, prompts) == want
+        st = conn.kvtier_stats()
+        assert not conn.has_pending_push_work() and st["host_used_blocks"] == 0, st
+    finally:
+        close_llm(llm)
+
+
 def test_host_tier_events_reach_vllm(model_dir):
     """With vLLM's KV cache events on, take_events hands vLLM one BlockStored per stored host
     block (medium CPU, the block's key) and removals when the host tier evicts."""

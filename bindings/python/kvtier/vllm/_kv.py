@@ -342,6 +342,7 @@ class _Scheduler:
         self._host_share = None
         self._remote_pending = bool(cfg.remote_directory)
         self.gpu = None  # vLLM's BlockPool, bound by the scheduler
+        self.engine_block_releases = 0  # times its reset was refused and kvtier let go
         self.reqs = {}
         self._cb_error = None
         self._stats_last = {}
@@ -809,14 +810,50 @@ class _Scheduler:
             self._call(rc)
 
     def reset(self):
-        rc = _lib.kvt_offload_reset(self.h)
-        if rc == -7:  # KVT_EBUSY: transfers still in flight, "not yet"
+        # clear, not reset: vLLM's pause with clear_cache asks once, with no step between, and
+        # fails on "not yet"; abandoned transfers finish on their own (docs/vllm.md)
+        rc = _lib.kvt_offload_clear(self.h)
+        if rc == -7:  # KVT_EBUSY: an unfinished request holds a hit or a load: "not yet"
             return False
         self._call(rc)
         return True
 
     def has_pending(self):
         return bool(_lib.kvt_offload_has_pending(self.h))
+
+    def release_engine_blocks(self):
+        """Abandons every store and gives back the GPU blocks in-flight stores read now (the
+        host blocks they write stay allocated until the workers report them); returns how many
+        GPU blocks loads in flight still hold."""
+        held = ctypes.c_uint32(0)
+        self._call(_lib.kvt_offload_release_engine_blocks(self.h, ctypes.byref(held)))
+        return held.value
+
+    def guard_pool_reset(self, pool):
+        """vLLM's pause with clear_cache (LLM.sleep, pause_generation(clear_cache=True),
+        release_kv_cache_memory) resets the block pool before any connector hook, and the pool
+        refuses while a block is referenced: the GPU blocks of stores in flight are. When the
+        pool refuses, this lets go of them (their stores are abandoned: the cache is being
+        cleared) and asks again."""
+        inner = pool.reset_prefix_cache
+
+        def reset_prefix_cache():
+            if inner():
+                return True
+            if getattr(self, "h", None) is None:
+                return False
+            held = self.release_engine_blocks()
+            self.engine_block_releases += 1
+            if held:
+                logger.warning("kvtier: %d GPU blocks are still being loaded into by the "
+                               "workers: the prefix cache cannot be reset until they report "
+                               "them", held)
+            else:
+                logger.info("kvtier: abandoned the stores in flight to let vLLM reset its "
+                            "prefix cache")
+            return inner()
+
+        pool.reset_prefix_cache = reset_prefix_cache
 
     def stats(self):
         s = L.kvt_offload_stats()
@@ -1113,6 +1150,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
     def bind_gpu_block_pool(self, gpu_block_pool):
         if self._sched is not None:
             self._sched.gpu = gpu_block_pool
+            self._sched.guard_pool_reset(gpu_block_pool)
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
         if self._sched is None:
@@ -1160,6 +1198,11 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
     @classmethod
     def build_kv_connector_stats(cls, data=None):
         return KvtierStats(data=data) if data is not None else KvtierStats()
+
+    def kvtier_engine_block_releases(self):
+        """Scheduler side: how many times vLLM's block pool refused a reset and kvtier let go
+        of the GPU blocks its stores held (a pause with clear_cache mid-batch)."""
+        return self._sched.engine_block_releases if self._sched is not None else 0
 
     def kvtier_flushes(self):
         """Worker side: how many steps made this rank wait for all its copies (preemption)."""
