@@ -171,11 +171,17 @@ static int by_family(const void *a, const void *b)
     return x->s < y->s ? -1 : x->s > y->s; /* text order within a source */
 }
 
-int kvt_metrics_merge(const kvt_metrics_source *src, size_t n, char *buf, size_t cap, size_t *len)
+/* The merge's working set: every sample line of every source and every family seen. */
+typedef struct merge {
+    mline *ln;
+    mfam *fam;
+    size_t nl, nf;
+} merge;
+
+/* Checks the sources; *max_lines: an upper bound of their lines. */
+static int check_sources(const kvt_metrics_source *src, size_t n, size_t *max_lines)
 {
-    if (!len || (n && !src) || (cap && !buf))
-        return kvt_fail(KVT_EINVAL, "metrics merge: NULL argument");
-    size_t max_lines = 0;
+    *max_lines = 0;
     for (size_t i = 0; i < n; i++) {
         if (!src[i].text)
             return kvt_fail(KVT_EINVAL, "metrics merge: source %zu has no text", i);
@@ -185,117 +191,148 @@ int kvt_metrics_merge(const kvt_metrics_source *src, size_t n, char *buf, size_t
                             "separated by commas",
                             i, src[i].labels);
         for (size_t k = 0; k < src[i].len; k++)
-            max_lines += src[i].text[k] == '\n';
-        max_lines++;
+            *max_lines += src[i].text[k] == '\n';
+        (*max_lines)++;
     }
-    mline *ln = calloc(max_lines ? max_lines : 1, sizeof(*ln));
-    mfam *fam = calloc(max_lines ? max_lines : 1, sizeof(*fam));
-    int rc = 0;
-    size_t nl = 0, nf = 0;
-    if (!ln || !fam) {
-        rc = kvt_fail(KVT_ENOMEM, "metrics merge: out of memory");
-        goto out;
-    }
-    for (size_t i = 0; i < n && !rc; i++) {
-        const char *t = src[i].text, *end = t + src[i].len;
-        size_t cur = SIZE_MAX; /* the family of the last TYPE line */
-        while (t < end && !rc) {
-            const char *e = memchr(t, '\n', (size_t)(end - t));
-            size_t l = e ? (size_t)(e - t) : (size_t)(end - t);
-            if (l == 0) {
-                t += 1;
-                continue;
-            }
-            bool help = l > 7 && memcmp(t, "# HELP ", 7) == 0;
-            bool type = l > 7 && memcmp(t, "# TYPE ", 7) == 0;
-            if (help || type) {
-                const char *nm = t + 7, *sp = memchr(nm, ' ', l - 7);
-                size_t nlen = sp ? (size_t)(sp - nm) : l - 7;
-                size_t f = find_fam(fam, nf, nm, nlen);
-                if (f == nf)
-                    fam[nf++] = (mfam){.name = nm, .name_len = nlen};
-                if (help && !fam[f].help_line) {
-                    fam[f].help_line = t;
-                    fam[f].help_len = l;
-                } else if (type) {
-                    const char *ty = sp ? sp + 1 : "";
-                    size_t tl = sp ? (size_t)(t + l - ty) : 0;
-                    if (fam[f].type && (fam[f].type_len != tl || memcmp(fam[f].type, ty, tl))) {
-                        rc = kvt_fail(KVT_EINVAL,
-                                      "metrics merge: family %.*s is a %.*s in one source and "
-                                      "a %.*s in source %zu",
-                                      (int)nlen, nm, (int)fam[f].type_len, fam[f].type, (int)tl, ty,
-                                      i);
-                        break;
-                    }
-                    fam[f].type = ty;
-                    fam[f].type_len = tl;
-                    fam[f].type_line = t;
-                    fam[f].type_line_len = l;
-                    cur = f;
-                }
-            } else if (t[0] != '#') {
-                size_t nlen = strcspn(t, "{ ");
-                if (nlen > l)
-                    nlen = l;
-                size_t f = cur;
-                /* a sample outside its family's TYPE block (or of an untyped family) */
-                if (f == SIZE_MAX ||
-                    (fam[f].name_len > nlen || memcmp(fam[f].name, t, fam[f].name_len) != 0)) {
-                    f = find_fam(fam, nf, t, nlen);
-                    if (f == nf)
-                        fam[nf++] = (mfam){.name = t, .name_len = nlen};
-                }
-                ln[nl++] = (mline){.s = t, .len = l, .src = i, .fam = f, .sample = true};
-            }
-            t += l + 1;
+    return 0;
+}
+
+static size_t family_of(merge *g, const char *name, size_t len)
+{
+    size_t f = find_fam(g->fam, g->nf, name, len);
+    if (f == g->nf)
+        g->fam[g->nf++] = (mfam){.name = name, .name_len = len};
+    return f;
+}
+
+/* A "# HELP" or "# TYPE" line t of l bytes in source i; *cur: the family of the last TYPE. */
+static int merge_comment(merge *g, const char *t, size_t l, size_t i, size_t *cur)
+{
+    bool help = memcmp(t, "# HELP ", 7) == 0;
+    const char *nm = t + 7, *sp = memchr(nm, ' ', l - 7);
+    size_t nlen = sp ? (size_t)(sp - nm) : l - 7;
+    size_t f = family_of(g, nm, nlen);
+    mfam *F = &g->fam[f];
+    if (help) {
+        if (!F->help_line) {
+            F->help_line = t;
+            F->help_len = l;
         }
+        return 0;
     }
-    if (rc)
-        goto out;
-    qsort(ln, nl, sizeof(*ln), by_family);
-    kvi_prom p = {buf, cap, 0};
+    const char *ty = sp ? sp + 1 : "";
+    size_t tl = sp ? (size_t)(t + l - ty) : 0;
+    if (F->type && (F->type_len != tl || memcmp(F->type, ty, tl)))
+        return kvt_fail(KVT_EINVAL,
+                        "metrics merge: family %.*s is a %.*s in one source and a %.*s in "
+                        "source %zu",
+                        (int)nlen, nm, (int)F->type_len, F->type, (int)tl, ty, i);
+    F->type = ty;
+    F->type_len = tl;
+    F->type_line = t;
+    F->type_line_len = l;
+    *cur = f;
+    return 0;
+}
+
+/* Reads source i's lines into the working set. */
+static int merge_source(merge *g, const kvt_metrics_source *src, size_t i)
+{
+    const char *t = src[i].text, *end = t + src[i].len;
+    size_t cur = SIZE_MAX; /* the family of the last TYPE line */
+    while (t < end) {
+        const char *e = memchr(t, '\n', (size_t)(end - t));
+        size_t l = e ? (size_t)(e - t) : (size_t)(end - t);
+        if (l > 7 && (memcmp(t, "# HELP ", 7) == 0 || memcmp(t, "# TYPE ", 7) == 0)) {
+            int rc = merge_comment(g, t, l, i, &cur);
+            if (rc)
+                return rc;
+        } else if (l > 0 && t[0] != '#') {
+            size_t nlen = strcspn(t, "{ ");
+            if (nlen > l)
+                nlen = l;
+            size_t f = cur;
+            /* a sample outside its family's TYPE block (or of an untyped family) */
+            if (f == SIZE_MAX || g->fam[f].name_len > nlen ||
+                memcmp(g->fam[f].name, t, g->fam[f].name_len) != 0)
+                f = family_of(g, t, nlen);
+            g->ln[g->nl++] = (mline){.s = t, .len = l, .src = i, .fam = f, .sample = true};
+        }
+        t += l + 1;
+    }
+    return 0;
+}
+
+/* Writes the sorted samples, each family's HELP and TYPE first, each source's labels added. */
+static void merge_write(const merge *g, const kvt_metrics_source *src, kvi_prom *p)
+{
     size_t last_fam = SIZE_MAX;
-    for (size_t k = 0; k < nl; k++) {
-        const mline *m = &ln[k];
-        const mfam *f = &fam[m->fam];
+    for (size_t k = 0; k < g->nl; k++) {
+        const mline *m = &g->ln[k];
+        const mfam *f = &g->fam[m->fam];
         if (m->fam != last_fam) {
             if (f->help_line)
-                kvi_prom_put(&p, "%.*s\n", (int)f->help_len, f->help_line);
+                kvi_prom_put(p, "%.*s\n", (int)f->help_len, f->help_line);
             if (f->type_line)
-                kvi_prom_put(&p, "%.*s\n", (int)f->type_line_len, f->type_line);
+                kvi_prom_put(p, "%.*s\n", (int)f->type_line_len, f->type_line);
             last_fam = m->fam;
         }
         const char *labels = src[m->src].labels;
         size_t nlen = strcspn(m->s, "{ ");
         if (!labels || !*labels || nlen >= m->len) {
-            kvi_prom_put(&p, "%.*s\n", (int)m->len, m->s);
+            kvi_prom_put(p, "%.*s\n", (int)m->len, m->s);
         } else if (m->s[nlen] == '{') {
             bool empty = nlen + 1 < m->len && m->s[nlen + 1] == '}';
-            kvi_prom_put(&p, "%.*s{%s%s%.*s\n", (int)nlen, m->s, labels, empty ? "" : ",",
+            kvi_prom_put(p, "%.*s{%s%s%.*s\n", (int)nlen, m->s, labels, empty ? "" : ",",
                          (int)(m->len - nlen - 1), m->s + nlen + 1);
         } else {
-            kvi_prom_put(&p, "%.*s{%s}%.*s\n", (int)nlen, m->s, labels, (int)(m->len - nlen),
+            kvi_prom_put(p, "%.*s{%s}%.*s\n", (int)nlen, m->s, labels, (int)(m->len - nlen),
                          m->s + nlen);
         }
     }
-    /* Two sources whose series coincide (same labels) make an invalid exposition. */
-    for (size_t k = 1; k < nl && !rc; k++) {
-        const mline *a = &ln[k - 1], *b = &ln[k];
-        if (a->fam == b->fam && a->src != b->src) {
-            const char *la = src[a->src].labels ? src[a->src].labels : "";
-            const char *lb = src[b->src].labels ? src[b->src].labels : "";
-            if (strcmp(la, lb) == 0)
-                rc = kvt_fail(KVT_EINVAL,
-                              "metrics merge: sources %zu and %zu both write %.*s with labels "
-                              "'%s': give each source labels of its own (rank, shard)",
-                              a->src, b->src, (int)fam[a->fam].name_len, fam[a->fam].name, la);
-        }
+}
+
+/* Two sources whose series coincide (same labels) make an invalid exposition. */
+static int merge_check_collisions(const merge *g, const kvt_metrics_source *src)
+{
+    for (size_t k = 1; k < g->nl; k++) {
+        const mline *a = &g->ln[k - 1], *b = &g->ln[k];
+        if (a->fam != b->fam || a->src == b->src)
+            continue;
+        const char *la = src[a->src].labels ? src[a->src].labels : "";
+        const char *lb = src[b->src].labels ? src[b->src].labels : "";
+        if (strcmp(la, lb) == 0)
+            return kvt_fail(KVT_EINVAL,
+                            "metrics merge: sources %zu and %zu both write %.*s with labels "
+                            "'%s': give each source labels of its own (rank, shard)",
+                            a->src, b->src, (int)g->fam[a->fam].name_len, g->fam[a->fam].name, la);
     }
-    if (!rc)
-        rc = kvi_prom_finish(&p, len, "metrics merge");
-out:
-    free(ln);
-    free(fam);
+    return 0;
+}
+
+int kvt_metrics_merge(const kvt_metrics_source *src, size_t n, char *buf, size_t cap, size_t *len)
+{
+    if (!len || (n && !src) || (cap && !buf))
+        return kvt_fail(KVT_EINVAL, "metrics merge: NULL argument");
+    size_t max_lines;
+    int rc = check_sources(src, n, &max_lines);
+    if (rc)
+        return rc;
+    merge g = {calloc(max_lines ? max_lines : 1, sizeof(mline)),
+               calloc(max_lines ? max_lines : 1, sizeof(mfam)), 0, 0};
+    if (!g.ln || !g.fam)
+        rc = kvt_fail(KVT_ENOMEM, "metrics merge: out of memory");
+    for (size_t i = 0; i < n && !rc; i++)
+        rc = merge_source(&g, src, i);
+    if (!rc) {
+        qsort(g.ln, g.nl, sizeof(*g.ln), by_family);
+        kvi_prom p = {buf, cap, 0};
+        merge_write(&g, src, &p);
+        rc = merge_check_collisions(&g, src);
+        if (!rc)
+            rc = kvi_prom_finish(&p, len, "metrics merge");
+    }
+    free(g.ln);
+    free(g.fam);
     return rc;
 }

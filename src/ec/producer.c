@@ -269,25 +269,11 @@ static int abandon_room(kvt_ec_producer *p, uint32_t n)
  * operations that failed. ok[i] becomes false for a record not abandoned everywhere (its error
  * says why). A shard that did not answer is silenced (see above); a reserve whose reply was
  * lost is asked again first (the shard answers its own client with the same reservation). */
-static void abandon_many(kvt_ec_producer *p, const uint32_t *idx, uint32_t n, bool *ok)
+/* Before abandoning: a shard that stopped answering keeps its reservation (the consumer's TTL
+ * ends it); a reservation lost with its connection is asked for again, to be abandoned. */
+static void abandon_prepare(kvt_ec_producer *p, const uint32_t *idx, uint32_t n, bool *ok)
 {
     const kvt_ec_consumer_ops *o = &p->cfg.ops;
-    kvt_ec_batch_op one_op;
-    uint32_t one_rec;
-    bool one_grouped;
-    kvt_ec_batch_op *ops = &one_op;
-    uint32_t *rec = &one_rec;
-    bool *grouped = &one_grouped;
-    if (n > 1 && abandon_room(p, n)) { /* no scratch: one record at a time */
-        for (uint32_t i = 0; i < n; i++)
-            abandon_many(p, &idx[i], 1, &ok[i]);
-        return;
-    }
-    if (n > 1) {
-        ops = p->ab_ops;
-        rec = p->ab_rec;
-        grouped = p->ab_grouped;
-    }
     for (uint32_t i = 0; i < n; i++) {
         prec *r = &p->r[idx[i]];
         ok[i] = true;
@@ -309,57 +295,89 @@ static void abandon_many(kvt_ec_producer *p, const uint32_t *idx, uint32_t n, bo
             }
         }
     }
+}
+
+/* Abandons, on shard k, the reservations of the records idx[i..n) of record idx[i]'s consumer
+ * not yet grouped, in one batch (asked twice); false when none of them has a shard k. */
+static bool abandon_on_shard(kvt_ec_producer *p, const uint32_t *idx, uint32_t n, uint32_t i,
+                             uint32_t k, const bool *grouped, kvt_ec_batch_op *ops, uint32_t *rec,
+                             bool *ok)
+{
+    const ec_key *consumer = &p->r[idx[i]].consumer;
+    uint32_t m = 0;
+    bool more = false;
+    for (uint32_t j = i; j < n; j++) {
+        prec *r = &p->r[idx[j]];
+        if (grouped[j] || !ec_key_eq(&r->consumer, consumer) || k >= r->n_shards)
+            continue;
+        more = true;
+        if (!r->sh[k].ok || r->sh[k].r.cancelled)
+            continue;
+        ops[m] = (kvt_ec_batch_op){.transfer_id = r->t.s,
+                                   .len = r->t.len,
+                                   .reservation_id = r->sh[k].r.reservation_id,
+                                   .abandon = true};
+        rec[m++] = j;
+    }
+    if (!more)
+        return false;
+    uint32_t left = m;
+    int call_rc = 0;
+    for (int attempt = 0; attempt < 2 && left; attempt++) {
+        call_rc = call_cancel(p, consumer->s, k, ops, left);
+        uint32_t f = 0;
+        for (uint32_t j = 0; j < left; j++) {
+            prec *r = &p->r[idx[rec[j]]];
+            if (!ops[j].rc) {
+                r->sh[k].ok = false;
+                p->st.abandons++;
+                continue;
+            }
+            ops[f] = ops[j]; /* asked again */
+            rec[f++] = rec[j];
+        }
+        left = f;
+    }
+    for (uint32_t j = 0; j < left; j++) { /* two attempts failed */
+        prec *r = &p->r[idx[rec[j]]];
+        kvt_fail(ops[j].rc, "%s", ops[j].error);
+        set_error(r, "abandoning a reservation");
+        r->sh[k].ok = false;
+        p->st.abandons++;
+        ok[rec[j]] = false;
+    }
+    if (left && (call_rc == KVT_EIO || ops[0].rc == KVT_EIO))
+        silence(p, &p->r[idx[rec[0]]], k);
+    return true;
+}
+
+static void abandon_many(kvt_ec_producer *p, const uint32_t *idx, uint32_t n, bool *ok)
+{
+    kvt_ec_batch_op one_op;
+    uint32_t one_rec;
+    bool one_grouped;
+    kvt_ec_batch_op *ops = &one_op;
+    uint32_t *rec = &one_rec;
+    bool *grouped = &one_grouped;
+    if (n > 1 && abandon_room(p, n)) { /* no scratch: one record at a time */
+        for (uint32_t i = 0; i < n; i++)
+            abandon_many(p, &idx[i], 1, &ok[i]);
+        return;
+    }
+    if (n > 1) {
+        ops = p->ab_ops;
+        rec = p->ab_rec;
+        grouped = p->ab_grouped;
+    }
+    abandon_prepare(p, idx, n, ok);
     memset(grouped, 0, n * sizeof(bool));
     for (uint32_t i = 0; i < n; i++) {
         if (grouped[i])
             continue;
+        for (uint32_t k = 0;
+             k < KVT_EC_MAX_SHARDS && abandon_on_shard(p, idx, n, i, k, grouped, ops, rec, ok); k++)
+            ;
         const ec_key *consumer = &p->r[idx[i]].consumer;
-        for (uint32_t k = 0; k < KVT_EC_MAX_SHARDS; k++) {
-            uint32_t m = 0;
-            bool more = false;
-            for (uint32_t j = i; j < n; j++) {
-                prec *r = &p->r[idx[j]];
-                if (grouped[j] || !ec_key_eq(&r->consumer, consumer) || k >= r->n_shards)
-                    continue;
-                more = true;
-                if (!r->sh[k].ok || r->sh[k].r.cancelled)
-                    continue;
-                ops[m] = (kvt_ec_batch_op){.transfer_id = r->t.s,
-                                           .len = r->t.len,
-                                           .reservation_id = r->sh[k].r.reservation_id,
-                                           .abandon = true};
-                rec[m++] = j;
-            }
-            if (!more)
-                break;
-            uint32_t left = m;
-            int call_rc = 0;
-            for (int attempt = 0; attempt < 2 && left; attempt++) {
-                call_rc = call_cancel(p, consumer->s, k, ops, left);
-                uint32_t f = 0;
-                for (uint32_t j = 0; j < left; j++) {
-                    prec *r = &p->r[idx[rec[j]]];
-                    if (!ops[j].rc) {
-                        r->sh[k].ok = false;
-                        p->st.abandons++;
-                        continue;
-                    }
-                    ops[f] = ops[j]; /* asked again */
-                    rec[f++] = rec[j];
-                }
-                left = f;
-            }
-            for (uint32_t j = 0; j < left; j++) { /* two attempts failed */
-                prec *r = &p->r[idx[rec[j]]];
-                kvt_fail(ops[j].rc, "%s", ops[j].error);
-                set_error(r, "abandoning a reservation");
-                r->sh[k].ok = false;
-                p->st.abandons++;
-                ok[rec[j]] = false;
-            }
-            if (left && (call_rc == KVT_EIO || ops[0].rc == KVT_EIO))
-                silence(p, &p->r[idx[rec[0]]], k);
-        }
         for (uint32_t j = i; j < n; j++)
             if (ec_key_eq(&p->r[idx[j]].consumer, consumer))
                 grouped[j] = true;
@@ -930,23 +948,13 @@ static int write_room(kvt_ec_producer *p, uint64_t n)
 /* One batch of ready records of one consumer: every write in flight together, then one
  * completion message per shard. A record that fails anywhere has every shard abandoned
  * (FAILED, reported by take_failures, never raised); the others go on. */
-static void push_batch(kvt_ec_producer *p, batch *b, const char *consumer)
+/* Writes every shard of every record of the batch in one call; records that fail are failed
+ * later, the others go on to NOTIFYING. Returns the most shards a record has. */
+static uint32_t batch_write(kvt_ec_producer *p, batch *b, const char *consumer)
 {
     uint32_t nw = 0, max_shards = 0;
-    uint64_t need = 0;
-    for (uint32_t i = 0; i < b->n; i++)
-        need += p->r[b->idx[i]].n_shards;
-    if (write_room(p, need)) {
-        kvt_fail(KVT_ENOMEM, "ec producer: out of memory for %llu writes",
-                 (unsigned long long)need);
-        for (uint32_t i = 0; i < b->n; i++)
-            fail_later(p, &p->r[b->idx[i]], "writing");
-        fail_flush(p);
-        return;
-    }
     kvt_ec_write_op *w = p->b_w;
-    uint32_t *w_rec = p->b_w_rec, *c_rec = p->b_c_rec;
-    kvt_ec_batch_op *c = p->b_c;
+    uint32_t *w_rec = p->b_w_rec;
     for (uint32_t i = 0; i < b->n; i++) {
         prec *r = &p->r[b->idx[i]];
         if (r->src_bytes != r->nbytes) { /* before anything is written */
@@ -986,36 +994,60 @@ static void push_batch(kvt_ec_producer *p, batch *b, const char *consumer)
     for (uint32_t i = 0; i < b->n; i++)
         if (p->r[b->idx[i]].state == KVT_ECP_WRITING)
             p->r[b->idx[i]].state = KVT_ECP_NOTIFYING;
-    for (uint32_t k = 0; k < max_shards; k++) {
-        uint32_t nc = 0;
-        for (uint32_t i = 0; i < b->n; i++) {
-            prec *r = &p->r[b->idx[i]];
-            shard_res *x = &r->sh[k];
-            if (r->state != KVT_ECP_NOTIFYING || k >= r->n_shards || !x->ok || x->r.cancelled)
-                continue;
-            c[nc] = (kvt_ec_batch_op){
-                .transfer_id = r->t.s, .len = r->t.len, .reservation_id = x->r.reservation_id};
-            c_rec[nc++] = b->idx[i];
-        }
-        if (!nc)
+    return max_shards;
+}
+
+/* Completes, on shard k, every record of the batch still notifying, in one message. */
+static void batch_complete(kvt_ec_producer *p, batch *b, const char *consumer, uint32_t k)
+{
+    kvt_ec_batch_op *c = p->b_c;
+    uint32_t *c_rec = p->b_c_rec;
+    uint32_t nc = 0;
+    for (uint32_t i = 0; i < b->n; i++) {
+        prec *r = &p->r[b->idx[i]];
+        shard_res *x = &r->sh[k];
+        if (r->state != KVT_ECP_NOTIFYING || k >= r->n_shards || !x->ok || x->r.cancelled)
             continue;
-        if (call_complete(p, consumer, k, c, nc) == KVT_EIO)
-            silence(p, &p->r[c_rec[0]], k); /* the message got no answer */
-        p->st.completes += nc;
-        for (uint32_t j = 0; j < nc; j++) {
-            prec *r = &p->r[c_rec[j]];
-            if (c[j].rc) {
-                kvt_fail(c[j].rc, "%s", c[j].error);
-                fail_later(p, r, "completing"); /* every shard abandoned, completed ones too */
-            } else if (!c[j].accepted) {
-                /* the consumer let go of it meanwhile (consumed, cancelled, expired): nothing
-                 * to undo, and not a failure of the push ([later] in the spec: logged, the
-                 * batch goes on) */
-                KVT_LOG_I("ec producer: shard %u rejected the completion of %s", k, r->t.s);
-                p->st.rejected++;
-            }
+        c[nc] = (kvt_ec_batch_op){
+            .transfer_id = r->t.s, .len = r->t.len, .reservation_id = x->r.reservation_id};
+        c_rec[nc++] = b->idx[i];
+    }
+    if (!nc)
+        return;
+    if (call_complete(p, consumer, k, c, nc) == KVT_EIO)
+        silence(p, &p->r[c_rec[0]], k); /* the message got no answer */
+    p->st.completes += nc;
+    for (uint32_t j = 0; j < nc; j++) {
+        prec *r = &p->r[c_rec[j]];
+        if (c[j].rc) {
+            kvt_fail(c[j].rc, "%s", c[j].error);
+            fail_later(p, r, "completing"); /* every shard abandoned, completed ones too */
+        } else if (!c[j].accepted) {
+            /* the consumer let go of it meanwhile (consumed, cancelled, expired): nothing
+             * to undo, and not a failure of the push ([later] in the spec: logged, the
+             * batch goes on) */
+            KVT_LOG_I("ec producer: shard %u rejected the completion of %s", k, r->t.s);
+            p->st.rejected++;
         }
     }
+}
+
+static void push_batch(kvt_ec_producer *p, batch *b, const char *consumer)
+{
+    uint64_t need = 0;
+    for (uint32_t i = 0; i < b->n; i++)
+        need += p->r[b->idx[i]].n_shards;
+    if (write_room(p, need)) {
+        kvt_fail(KVT_ENOMEM, "ec producer: out of memory for %llu writes",
+                 (unsigned long long)need);
+        for (uint32_t i = 0; i < b->n; i++)
+            fail_later(p, &p->r[b->idx[i]], "writing");
+        fail_flush(p);
+        return;
+    }
+    uint32_t max_shards = batch_write(p, b, consumer);
+    for (uint32_t k = 0; k < max_shards; k++)
+        batch_complete(p, b, consumer, k);
     for (uint32_t i = 0; i < b->n; i++)
         if (p->r[b->idx[i]].state == KVT_ECP_NOTIFYING)
             record_done(p, &p->r[b->idx[i]]);

@@ -749,16 +749,10 @@ void kvt_node_detach(kvt_node *n)
     node_free(n);
 }
 
-int kvt_node_attach(const kvt_node_config *cfg, kvt_node **out)
+/* The handle with its private state; the tier not yet opened. */
+static int node_new(const kvt_node_config *cfg, kvt_node **out)
 {
-    if (!out)
-        return kvt_fail(KVT_EINVAL, "node: attach: out is NULL");
-    *out = NULL;
-    if (!cfg)
-        return kvt_fail(KVT_EINVAL, "node: attach: config is NULL");
-    int rc = validate(cfg);
-    if (rc)
-        return rc;
+    int rc;
     kvt_node *n = calloc(1, sizeof(*n));
     if (!n)
         return kvt_fail(KVT_ENOMEM, "node: out of memory");
@@ -793,61 +787,82 @@ int kvt_node_attach(const kvt_node_config *cfg, kvt_node **out)
         kvt_node_detach(n);
         return kvt_fail(KVT_ENOMEM, "node: out of memory for %u slots", n->total);
     }
-    for (int attempt = 0;; attempt++) {
-        rc = open_meta(n, cfg);
-        if (rc)
-            break;
-        rc = lock_raw(n);
-        if (rc)
-            break;
-        if (!name_current(n)) { /* removed by a last detach meanwhile: start over */
-            unlock_raw(n);
-            close_meta(n);
-            if (attempt < 3)
-                continue;
-            rc = kvt_fail(KVT_EBUSY, "node %s: the tier keeps being removed", n->name);
-            break;
-        }
-        char why[256];
-        const char *diff = mismatch(n->h, cfg, why, sizeof(why));
-        if (diff) {
-            bool stale = attached_alive(n) == 0;
-            unlock_raw(n);
-            if (stale && attempt < 3) {
-                KVT_LOG_W("node %s: replacing a tier left by dead replicas (%s)", n->name, diff);
-                kvt_node_unlink(n->name);
-                close_meta(n);
-                continue;
-            }
-            rc = kvt_fail(KVT_EINVAL, "node %s: %s", n->name, diff);
-            break;
-        }
-        /* this rank's liveness lock: no live process may hold it */
-        struct flock fl = {
-            .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = cfg->rank, .l_len = 1};
-        if (fcntl(n->fd, F_OFD_SETLK, &fl) != 0) {
-            int e = errno;
-            int pid = n->h->rank[cfg->rank].pid;
-            unlock_raw(n);
-            rc = (e == EAGAIN || e == EACCES)
-                     ? kvt_fail(KVT_EBUSY,
-                                "node %s: rank %u is attached by a live process "
-                                "(pid %d)",
-                                n->name, cfg->rank, pid)
-                     : kvi_fail_errno(e, "node %s: cannot take rank %u's liveness lock", n->name,
-                                      cfg->rank);
-            break;
-        }
-        if (n->h->rank[n->me].attached) /* a previous instance died without detaching */
-            cleanup_rank(n, n->me);
-        reap_locked(n);
-        n->h->epochs++;
-        n->h->rank[n->me] = (struct node_rank){1, (int32_t)getpid(), n->h->epochs};
-        n->st.epoch = n->h->epochs;
-        n->seq = n->h->log_seq;
-        n->rescan = n->h->rescan_seq;
-        n->next_reap_ns = kvt_monotonic_ns() + (uint64_t)cfg->reap_interval_ms * 1000000ull;
+    *out = n;
+    return 0;
+}
+
+/* Takes this rank's liveness lock (no live process may hold it) and registers the rank, under
+ * the tier's lock, which it releases. */
+static int take_rank(kvt_node *n, const kvt_node_config *cfg)
+{
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = cfg->rank, .l_len = 1};
+    if (fcntl(n->fd, F_OFD_SETLK, &fl) != 0) {
+        int e = errno;
+        int pid = n->h->rank[cfg->rank].pid;
         unlock_raw(n);
+        return (e == EAGAIN || e == EACCES)
+                   ? kvt_fail(KVT_EBUSY, "node %s: rank %u is attached by a live process (pid %d)",
+                              n->name, cfg->rank, pid)
+                   : kvi_fail_errno(e, "node %s: cannot take rank %u's liveness lock", n->name,
+                                    cfg->rank);
+    }
+    if (n->h->rank[n->me].attached) /* a previous instance died without detaching */
+        cleanup_rank(n, n->me);
+    reap_locked(n);
+    n->h->epochs++;
+    n->h->rank[n->me] = (struct node_rank){1, (int32_t)getpid(), n->h->epochs};
+    n->st.epoch = n->h->epochs;
+    n->seq = n->h->log_seq;
+    n->rescan = n->h->rescan_seq;
+    n->next_reap_ns = kvt_monotonic_ns() + (uint64_t)cfg->reap_interval_ms * 1000000ull;
+    unlock_raw(n);
+    return 0;
+}
+
+#define JOIN_AGAIN 1 /* the tier was removed or replaced meanwhile: open it again */
+
+/* One attempt to join the tier: 0, JOIN_AGAIN or an error. */
+static int join_once(kvt_node *n, const kvt_node_config *cfg, int attempt)
+{
+    int rc = open_meta(n, cfg);
+    if (rc || (rc = lock_raw(n)))
+        return rc;
+    if (!name_current(n)) { /* removed by a last detach meanwhile: start over */
+        unlock_raw(n);
+        close_meta(n);
+        return attempt < 3 ? JOIN_AGAIN
+                           : kvt_fail(KVT_EBUSY, "node %s: the tier keeps being removed", n->name);
+    }
+    char why[256];
+    const char *diff = mismatch(n->h, cfg, why, sizeof(why));
+    if (diff) {
+        bool stale = attached_alive(n) == 0;
+        unlock_raw(n);
+        if (stale && attempt < 3) {
+            KVT_LOG_W("node %s: replacing a tier left by dead replicas (%s)", n->name, diff);
+            kvt_node_unlink(n->name);
+            close_meta(n);
+            return JOIN_AGAIN;
+        }
+        return kvt_fail(KVT_EINVAL, "node %s: %s", n->name, diff);
+    }
+    return take_rank(n, cfg);
+}
+
+int kvt_node_attach(const kvt_node_config *cfg, kvt_node **out)
+{
+    if (!out)
+        return kvt_fail(KVT_EINVAL, "node: attach: out is NULL");
+    *out = NULL;
+    if (!cfg)
+        return kvt_fail(KVT_EINVAL, "node: attach: config is NULL");
+    kvt_node *n = NULL;
+    int rc = validate(cfg);
+    if (rc || (rc = node_new(cfg, &n)))
+        return rc;
+    for (int attempt = 0; (rc = join_once(n, cfg, attempt)) == JOIN_AGAIN; attempt++)
+        ;
+    if (rc == 0) {
         *out = n;
         return 0;
     }

@@ -778,14 +778,9 @@ static void unlend(kvt_remote *r)
         remote_free(r);
 }
 
-int kvt_remote_create(const kvt_remote_config *c, kvt_remote **out)
+/* The object with its copies of the configuration; nothing started yet. */
+static int remote_alloc(const kvt_remote_config *c, kvt_remote **out)
 {
-    if (!c || !out)
-        return kvt_fail(KVT_EINVAL, "remote: create: NULL argument");
-    *out = NULL;
-    int rc = validate(c);
-    if (rc)
-        return rc;
     kvt_remote *r = calloc(1, sizeof(*r));
     size_t sl = strlen(c->directory) + strlen(c->space) + strlen(c->instance) +
                 strlen(c->listen_host) + (c->advertise_host ? strlen(c->advertise_host) : 0) + 6;
@@ -840,31 +835,35 @@ int kvt_remote_create(const kvt_remote_config *c, kvt_remote **out)
     r->cfg.directory_password = NULL; /* the directories keep their own copies */
     pthread_mutex_init(&r->mu, NULL);
     r->next_req = ((uint64_t)getpid() << 32) ^ kvt_monotonic_ns();
-    *out = r; /* kvt_remote_destroy undoes a partial create */
+    *out = r;
+    return 0;
+}
+
+/* The space's keys, the directory connections, the server's socket, UCX, the registration and
+ * the server thread; on failure kvt_remote_destroy undoes what was done. */
+static int remote_start(kvt_remote *r, const kvt_remote_config *c)
+{
+    int rc;
     /* the space's keys; the credential itself is not kept */
     if ((rc = kvi_rauth_keys(c->credential, strlen(c->credential), c->space, &r->keys)) ||
         (rc = kvi_rauth_random(r->boot, sizeof(r->boot))) ||
         (rc = kvi_rauth_block_key(&r->keys, r->cfg.instance, r->boot, r->block_key)) ||
         (rc = kvi_rgcm_new(&r->gcm)))
-        goto fail;
-    if (!(r->sess = calloc(MAX_SESSIONS, sizeof(*r->sess)))) {
-        rc = kvt_fail(KVT_ENOMEM, "remote: out of memory");
-        goto fail;
-    }
+        return rc;
+    if (!(r->sess = calloc(MAX_SESSIONS, sizeof(*r->sess))))
+        return kvt_fail(KVT_ENOMEM, "remote: out of memory");
     if ((rc = kvi_rdir_redis_open(c->directory, c->directory_password, c->directory_timeout_ms,
                                   c->retry_ms, &r->dir)) ||
         (rc = kvi_rdir_redis_open(c->directory, c->directory_password, c->directory_timeout_ms,
                                   c->retry_ms, &r->dir_srv)))
-        goto fail;
-    if (!(r->zctx = zmq_ctx_new())) {
-        rc = zfail("context");
-        goto fail;
-    }
+        return rc;
+    if (!(r->zctx = zmq_ctx_new()))
+        return zfail("context");
     if ((rc = bind_server(r)) || (rc = kvi_ucx_create_proto(&r->ucx_srv, false)) ||
         (rc = kvi_ucx_create_proto(&r->ucx_cli, false)))
-        goto fail;
+        return rc;
     if ((rc = map_pieces(r, r->ucx_srv)) || (rc = map_pieces(r, r->ucx_cli)))
-        goto fail;
+        return rc;
     r->self = (kvi_rdir_self){.space = r->cfg.space,
                               .instance = r->cfg.instance,
                               .endpoint = r->endpoint,
@@ -874,23 +873,33 @@ int kvt_remote_create(const kvt_remote_config *c, kvt_remote **out)
                               .ttl_ms = c->ttl_ms};
     rc = enter(r, &r->dir);
     if (rc == KVT_EINVAL)
-        goto fail;
+        return rc;
     if (rc)
         KVT_LOG_W("remote: %s starts unregistered (%s); it registers when it can", c->instance,
                   kvt_last_error());
-    if (pthread_create(&r->thr, NULL, server_main, r) != 0) {
-        rc = kvt_fail(KVT_ESYS, "remote: cannot start the server thread");
-        goto fail;
-    }
+    if (pthread_create(&r->thr, NULL, server_main, r) != 0)
+        return kvt_fail(KVT_ESYS, "remote: cannot start the server thread");
     r->thr_started = true;
     return 0;
-fail : {
-    char msg[512];
-    snprintf(msg, sizeof(msg), "%s", kvt_last_error());
-    kvt_remote_destroy(r);
-    *out = NULL;
-    return kvt_fail(rc, "%s", msg);
 }
+
+int kvt_remote_create(const kvt_remote_config *c, kvt_remote **out)
+{
+    if (!c || !out)
+        return kvt_fail(KVT_EINVAL, "remote: create: NULL argument");
+    *out = NULL;
+    kvt_remote *r = NULL;
+    int rc = validate(c);
+    if (rc || (rc = remote_alloc(c, &r)))
+        return rc;
+    if ((rc = remote_start(r, c))) {
+        char msg[512];
+        snprintf(msg, sizeof(msg), "%s", kvt_last_error());
+        kvt_remote_destroy(r);
+        return kvt_fail(rc, "%s", msg);
+    }
+    *out = r;
+    return 0;
 }
 
 /* Ends the receives UCX did not give back (zombies): once more with a wait, then, if any is
