@@ -17,6 +17,8 @@
 #   make vllm-model    the real model of the vLLM demo and tests (SmolLM2-135M-Instruct)
 #   make test-vllm     kvtier's vLLM connectors in a real vLLM engine on the CPU (pytest)
 #   make vllm-demo     vLLM on a multi-turn workload without / with kvtier (build/vllm-report.json)
+#   make vllm-serve-bench  `vllm serve` under concurrent clients without / with kvtier, killed and
+#                      restarted (build/vllm-serve-report.json, about 13 minutes)
 #   make bench-vllm    scheduler cost: kvtier's connector vs vLLM's SimpleCPUOffloadConnector
 #   make bench-env     the pinned peers of `bench ec` (.venv-bench: Mooncake's transfer engine, NIXL)
 
@@ -37,7 +39,7 @@ VALGRIND_TESTS = test_pool test_meta_offload test_meta_ec test_offload test_offl
                  test_offload_model test_slab test_ec_shard test_ec_shard_model test_ec_sched \
                  test_ec_producer test_ec_planner test_ec_model test_worker test_copy test_link
 
-.PHONY: vllm-env vllm-model test-vllm vllm-demo bench-vllm bench-env
+.PHONY: vllm-env vllm-model test-vllm vllm-demo vllm-serve-bench bench-vllm bench-env
 .PHONY: all deps build test demo bench install test-asan test-tsan coverage fuzz fuzz-build fuzz-corpus \
         valgrind soak format format-check symbols clean
 
@@ -153,6 +155,9 @@ test-vllm: vllm-model
 
 vllm-demo: vllm-env
 	$(VLLM_PY) tools/vllm/demo.py --out $(BUILD)
+
+vllm-serve-bench: vllm-model
+	$(VLLM_PY) tools/vllm/serve_bench.py --model $(VLLM_MODEL) --out $(BUILD)/vllm-serve-report.json
 
 bench-vllm: vllm-env
 	$(VLLM_PY) bench/vllm/bench_sched.py --json
