@@ -1368,17 +1368,24 @@ static void reset_waits_for_an_abandoned_store_and_never_caches_it(void **state)
     sim_fini(&s);
 }
 
+/* A sim whose host tier holds prompt x (seed p) and whose GPU cache was reset since; b is a
+ * request of the same prompt, not admitted: a host hit. */
+static void host_holds_a_prompt_the_gpu_lost(sim *s, sim_req *x, sim_req *b, uint32_t p)
+{
+    sim_init(s, 64, 32, false, 1, 64);
+    sim_req_make(x, "x", 2 * SIM_BS + 1, p, 2 * SIM_BS + 1, 0);
+    sim_store_prompt(s, x, 1);
+    KVT_OK_(kvt_pool_reset_prefix_cache(s->gpu));
+    sim_req_make(b, "b", 2 * SIM_BS + 1, p, 2 * SIM_BS + 1, 0);
+}
+
 /* vLLM test_reset_waits_for_pending_load */
 static void reset_waits_for_an_abandoned_load(void **state)
 {
     (void)state;
     sim s;
-    sim_init(&s, 64, 32, false, 1, 64);
     sim_req a, b, c;
-    sim_req_make(&a, "a", 2 * SIM_BS + 1, 1, 2 * SIM_BS + 1, 0);
-    sim_store_prompt(&s, &a, 1);
-    KVT_OK_(kvt_pool_reset_prefix_cache(s.gpu));
-    sim_req_make(&b, "b", 2 * SIM_BS + 1, 1, 2 * SIM_BS + 1, 0);
+    host_holds_a_prompt_the_gpu_lost(&s, &a, &b, 1);
     sim_admit(&s, &b, UINT32_MAX);
     sim_build(&s, false); /* b's load is in flight */
     sim_req_make(&c, "c", 2 * SIM_BS + 1, 1, 2 * SIM_BS + 1, 0);
@@ -1403,12 +1410,8 @@ static void released_engine_blocks_let_the_engine_reset_with_stores_in_flight(vo
 {
     (void)state;
     sim s;
-    sim_init(&s, 64, 32, false, 1, 64);
     sim_req x, a, b;
-    sim_req_make(&x, "x", 2 * SIM_BS + 1, 9, 2 * SIM_BS + 1, 0);
-    sim_store_prompt(&s, &x, 1);
-    KVT_OK_(kvt_pool_reset_prefix_cache(s.gpu));
-    sim_req_make(&b, "b", 2 * SIM_BS + 1, 9, 2 * SIM_BS + 1, 0); /* x's prompt: a host hit */
+    host_holds_a_prompt_the_gpu_lost(&s, &x, &b, 9);
     assert_int_equal(sim_admit(&s, &b, UINT32_MAX), 2 * SIM_BS);
     sim_build(&s, false); /* b's load is in flight */
     assert_int_equal(s.meta.n_loads, 2);
@@ -1452,12 +1455,8 @@ static void clear_empties_the_tiers_without_waiting_for_the_workers(void **state
 {
     (void)state;
     sim s;
-    sim_init(&s, 64, 32, false, 1, 64);
     sim_req x, a, b;
-    sim_req_make(&x, "x", 2 * SIM_BS + 1, 9, 2 * SIM_BS + 1, 0);
-    sim_store_prompt(&s, &x, 1);
-    KVT_OK_(kvt_pool_reset_prefix_cache(s.gpu));
-    sim_req_make(&b, "b", 2 * SIM_BS + 1, 9, 2 * SIM_BS + 1, 0);
+    host_holds_a_prompt_the_gpu_lost(&s, &x, &b, 9);
     uint32_t hit;
     KVT_OK_(kvt_offload_match(s.m, "b", 1, b.hashes, b.n_hashes, b.n_tokens, 0, &hit));
     assert_int_equal(hit, 2 * SIM_BS); /* b holds a hit of x's blocks */
