@@ -272,8 +272,11 @@ def test_pause_with_clear_cache_mid_batch(model_dir, baseline):
             engine.step()
         assert core(llm).scheduler.has_unfinished_requests()
         before = conn.kvtier_stats()
+        drains = worker_connector().kvtier_drains()
         core(llm).pause_scheduler(mode="abort", clear_cache=True)
-        # the abort's final flush alone pins blocks: the pool refused and kvtier let go
+        # the worker's copies were waited for when vLLM synchronized the device, before its
+        # reset; the abort's final flush alone pins blocks: the pool refused and kvtier let go
+        assert worker_connector().kvtier_drains() == drains + 1
         assert conn.kvtier_engine_block_releases() == 1
         st = conn.kvtier_stats()
         assert st["resets"] == before["resets"] + 1 and st["host_cached_blocks"] == 0, st

@@ -30,6 +30,7 @@ import array
 import ctypes
 import importlib
 import logging
+import weakref
 from typing import Any
 
 from .. import (Disk, KvtierError, Layout, Mirror, Node, OffloadManager, OffloadMeta, Remote,
@@ -947,6 +948,32 @@ def _event_extra_keys(request, start, end):
 
 # ---- worker side --------------------------------------------------------------------------
 
+_DRAINING = weakref.WeakSet()  # worker sides whose copies a device synchronization waits for
+
+
+def _drain_at_device_sync(worker_side):
+    """vLLM's pause with clear_cache and its sleep call synchronize_device on every worker
+    before the block pool is reset or the KV cache freed; kvtier's copies run on its own
+    threads (and CUDA streams a device synchronization may not cover when not yet issued), so
+    they are waited for there: no copy reads a block after the scheduler side let go of it."""
+    _DRAINING.add(worker_side)
+    try:
+        from vllm.v1.worker.worker_base import WorkerBase
+    except ImportError:  # an older vLLM: nothing to hook (docs/vllm.md)
+        return
+    inner = WorkerBase.synchronize_device
+    if getattr(inner, "_kvtier_drain", False):
+        return
+
+    def synchronize_device(self):
+        for w in list(_DRAINING):
+            w.drain()
+        return inner(self)
+
+    synchronize_device._kvtier_drain = True
+    WorkerBase.synchronize_device = synchronize_device
+
+
 class _Worker:
     def __init__(self, vllm_config, kv_cache_config, cfg):
         self.cfg = cfg
@@ -959,6 +986,7 @@ class _Worker:
         self._bound = None
         self._empty_meta = OffloadMeta()
         self.flushes = 0  # preemptions that made this rank wait for its copies
+        self.drains = 0  # device synchronizations that waited for this rank's copies
 
     def register(self, kv_caches):
         cfg = self.kv_cache_config
@@ -1022,6 +1050,16 @@ class _Worker:
         logger.info("kvtier: rank %d: %d regions, %d bytes per block, %d host blocks, %s "
                     "copies", rank, layout.num_regions, layout.block_bytes, self.host_blocks,
                     "CUDA" if self.cuda else "CPU")
+        _drain_at_device_sync(self)
+
+    def drain(self):
+        """Waits until every copy this rank submitted has finished (their reports still go out
+        with the next steps): vLLM synchronizes the device before it resets its prefix cache
+        or frees the KV cache (pause with clear_cache, sleep), and the scheduler side then lets
+        go of the blocks the copies used."""
+        if self.worker is not None:
+            self.drains += 1
+            self.worker.flush()
 
     def bind(self, meta):
         if self.worker is None:
@@ -1203,6 +1241,11 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         """Scheduler side: how many times vLLM's block pool refused a reset and kvtier let go
         of the GPU blocks its stores held (a pause with clear_cache mid-batch)."""
         return self._sched.engine_block_releases if self._sched is not None else 0
+
+    def kvtier_drains(self):
+        """Worker side: how many device synchronizations (vLLM's pause, sleep) waited for this
+        rank's copies."""
+        return self._worker.drains if self._worker is not None else 0
 
     def kvtier_flushes(self):
         """Worker side: how many steps made this rank wait for all its copies (preemption)."""
