@@ -363,7 +363,7 @@ KVT_API int kvt_offload_clear(kvt_offload *m);
  * re-stores) and releases the engine blocks in-flight stores read now, not when the workers
  * report them. The engine may reuse and rewrite those blocks at once: an abandoned store's bytes
  * are never findable, and the host blocks it writes stay allocated until its completion arrives
- * (a worker may still be writing them). Loads sent to the workers keep their engine blocks (a
+ * (a worker may still be writing them). Loads, queued or sent, keep their engine blocks (a
  * worker writes them): *held_by_loads (may be NULL) says how many. The host tier keeps what it
  * holds; kvt_offload_reset clears it. */
 KVT_API int kvt_offload_release_engine_blocks(kvt_offload *m, uint32_t *held_by_loads);

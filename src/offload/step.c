@@ -154,11 +154,7 @@ static void forget_requests(kvt_offload *m)
 
 static int reset_unlocked(kvt_offload *m)
 {
-    /* 1. In-flight stores are abandoned: their blocks will be freed, never cached.
-     * 2. Stores queued for the next event and re-stores are dropped. */
     abandon_stores(m, false);
-    /* 3. Requests forget their eager registration; loads never sent are cancelled, sent ones
-     *    keep their pins until the workers report them and then clean up as usual. */
     forget_requests(m);
     uint32_t behind = 0; /* events of the tiers behind the first */
     for (uint32_t t = 1; t < KVI_OFL_TIERS && m->tier[t].pool; t++)

@@ -44,7 +44,7 @@ os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout: resu
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from smollm2 import chat_ids, kv_bytes_per_token  # noqa: E402
+from smollm2 import QUESTIONS, chat_ids, document, kv_bytes_per_token  # noqa: E402
 from smollm2 import write_model as write_real_model  # noqa: E402
 from tinyllama import write_model  # noqa: E402
 
@@ -204,16 +204,6 @@ def run_remote(args, model_dir):
 REAL_TOPICS = [("Elbe", "Meissen", "porcelain", 1710), ("Rhine", "Mainz", "wine", 1450),
                ("Danube", "Passau", "glass", 1520), ("Main", "Wuerzburg", "organs", 1630),
                ("Neckar", "Tuebingen", "books", 1477), ("Mosel", "Trier", "slate", 1590)]
-REAL_QUESTIONS = ["Where is {craft} made?", "Since when has {craft} been made in {town}?",
-                  "Which river flows past {town}?", "Summarise the document in one sentence."]
-
-
-def real_document(river, town, craft, first):
-    """A long document of plain English (560-590 tokens)."""
-    return " ".join("In year %d of its records the town of %s, on the river %s, counted %d "
-                    "workshops where %s was made; the oldest of them dates from %d."
-                    % (i + 1, town, river, 3 + 7 * i % 23, craft, first + 11 * i)
-                    for i in range(14))
 
 
 def run_real(label, model_dir, args, connector):
@@ -239,9 +229,9 @@ def run_real(label, model_dir, args, connector):
     start = time.monotonic()
     for t in range(args.real_turns):
         for c, (river, town, craft, first) in enumerate(REAL_TOPICS[:args.real_conversations]):
-            q = REAL_QUESTIONS[t % len(REAL_QUESTIONS)].format(craft=craft, town=town)
+            q = QUESTIONS[t % len(QUESTIONS)].format(craft=craft, town=town)
             if t == 0:
-                q = real_document(river, town, craft, first) + "\n\n" + q
+                q = document(river, town, craft, first) + "\n\n" + q
             chats[c].append({"role": "user", "content": q})
             ids = chat_ids(tok, chats[c])
             out = llm.generate([TokensPrompt(prompt_token_ids=ids)], sp, use_tqdm=False)[0]

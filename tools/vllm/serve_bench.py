@@ -45,7 +45,7 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from smollm2 import kv_bytes_per_token  # noqa: E402
+from smollm2 import QUESTIONS, document, kv_bytes_per_token  # noqa: E402
 from smollm2 import write_model  # noqa: E402
 
 BLOCK = 32
@@ -55,29 +55,21 @@ TOWNS = ["Meissen", "Mainz", "Passau", "Wuerzburg", "Tuebingen", "Trier", "Hamel
          "Rosenheim", "Marburg", "Kassel", "Lingen"]
 CRAFTS = ["porcelain", "wine", "glass", "organs", "books", "slate", "clocks", "paper", "salt",
           "bells", "linen", "cheese"]
-QUESTIONS = ["Where is {craft} made?", "Since when has {craft} been made in {town}?",
-             "Which river flows past {town}?", "Summarise the document in one sentence."]
 
 
 def log(msg):
     print("vllm-serve-bench: " + msg, file=sys.stderr, flush=True)
 
 
-def document(i):
-    """Document i: a long text (about 600 tokens) about one town, river and craft."""
-    river, town, craft = RIVERS[i % 12], TOWNS[(i * 5) % 12], CRAFTS[(i * 7) % 12]
-    first = 1400 + 13 * i
-    text = " ".join("In year %d of its records the town of %s, on the river %s, counted %d "
-                    "workshops where %s was made; the oldest of them dates from %d."
-                    % (k + 1, town, river, 3 + (7 * k + i) % 23, craft, first + 11 * k)
-                    for k in range(14))
-    return text, town, craft
+def topic(i):
+    """Document i's river, town, craft and first year."""
+    return RIVERS[i % 12], TOWNS[(i * 5) % 12], CRAFTS[(i * 7) % 12], 1400 + 13 * i
 
 
 def question(doc, turn):
-    text, town, craft = document(doc)
+    river, town, craft, first = topic(doc)
     q = QUESTIONS[turn % len(QUESTIONS)].format(craft=craft, town=town)
-    return text + "\n\n" + q if turn == 0 else q
+    return document(river, town, craft, first, salt=doc) + "\n\n" + q if turn == 0 else q
 
 
 # ---- the server ---------------------------------------------------------------------------------

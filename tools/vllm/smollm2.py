@@ -91,6 +91,20 @@ def kv_bytes_per_token(model_dir):
     return c["num_hidden_layers"] * 2 * c["num_key_value_heads"] * head * 4
 
 
+# Chat workloads over the real model (make vllm-demo run 5, make vllm-serve-bench): long
+# documents of plain English about a town, its river and its craft, and questions about them.
+QUESTIONS = ["Where is {craft} made?", "Since when has {craft} been made in {town}?",
+             "Which river flows past {town}?", "Summarise the document in one sentence."]
+
+
+def document(river, town, craft, first, salt=0):
+    """A long document (560-600 tokens): 14 yearly records; salt varies the workshop counts."""
+    return " ".join("In year %d of its records the town of %s, on the river %s, counted %d "
+                    "workshops where %s was made; the oldest of them dates from %d."
+                    % (k + 1, town, river, 3 + (7 * k + salt) % 23, craft, first + 11 * k)
+                    for k in range(14))
+
+
 if __name__ == "__main__":
     if len(sys.argv) != 2:
         sys.exit("usage: smollm2.py OUT_DIR")

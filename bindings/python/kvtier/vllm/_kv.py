@@ -825,7 +825,7 @@ class _Scheduler:
     def release_engine_blocks(self):
         """Abandons every store and gives back the GPU blocks in-flight stores read now (the
         host blocks they write stay allocated until the workers report them); returns how many
-        GPU blocks loads in flight still hold."""
+        GPU blocks loads (queued or sent) still hold."""
         held = ctypes.c_uint32(0)
         self._call(_lib.kvt_offload_release_engine_blocks(self.h, ctypes.byref(held)))
         return held.value
@@ -846,9 +846,8 @@ class _Scheduler:
             held = self.release_engine_blocks()
             self.engine_block_releases += 1
             if held:
-                logger.warning("kvtier: %d GPU blocks are still being loaded into by the "
-                               "workers: the prefix cache cannot be reset until they report "
-                               "them", held)
+                logger.warning("kvtier: %d GPU blocks are still held by loads: the prefix "
+                               "cache cannot be reset until the workers report them", held)
             else:
                 logger.info("kvtier: abandoned the stores in flight to let vLLM reset its "
                             "prefix cache")
