@@ -31,7 +31,7 @@ VLLM_PY       = $(CURDIR)/$(VLLM_VENV)/bin/python
 JOBS         ?= $(shell nproc)
 CMAKE_FLAGS  ?=
 DEV_FLAGS     = -DKVT_WERROR=ON
-SOURCES       = $(shell find include src tests tools bench fuzz -name '*.[ch]')
+SOURCES       = $(shell find include src tests tools bench fuzz bindings/python/ext -name '*.[ch]')
 FUZZ_TARGETS  = offload_meta offload_worker_meta ec_meta ec_worker_meta ec_load_spec ec_push_spec \
                 link ec_shard ec_ctl ec_server remote_wire node_header
 
@@ -159,7 +159,7 @@ vllm-demo: vllm-env
 vllm-serve-bench: vllm-model
 	$(VLLM_PY) tools/vllm/serve_bench.py --model $(VLLM_MODEL) --out $(BUILD)/vllm-serve-report.json
 
-bench-vllm: vllm-env
+bench-vllm: vllm-env build
 	$(VLLM_PY) bench/vllm/bench_sched.py --json
 
 # The peers `kvtier bench ec` measures beside kvtier, pinned (bench/peers/requirements.txt).

@@ -21,7 +21,10 @@ evicted them, so both connectors load from their host tier as well as store.
 
 Output: one JSON object (--json) with per-step connector time (mean, p50, p90) for both, their
 ratio, the steps replayed, and the blocks each connector stored and loaded (they must agree:
-the same decisions, or the comparison would be unfair).
+the same decisions, or the comparison would be unfair); which of kvtier's scheduler-side hooks
+ran (kvtier_hooks: the compiled module kvtier._sched or the ctypes path, --hooks); and the C
+manager's own p50 per step from `kvtier bench sched` at the same request count, measured in the
+same run, with the connector's ratio to it (connector_vs_c_p50).
 """
 import argparse
 import json
@@ -83,6 +86,9 @@ class Timed:
     def __init__(self, conn):
         self.t = 0.0
         self.calls = {}
+        side = getattr(conn, "_sched", None)  # kvtier's: which hooks ran
+        self.hooks = None if side is None or not hasattr(side, "compiled") else (
+            "compiled" if side.compiled else "ctypes")
         for name in dir(type(conn)):
             if name.startswith("_") or name in ("role",):
                 continue
@@ -198,6 +204,25 @@ def replay(sched, hasher, prompts, args, world):
     return per_step, running_at, timer, tally
 
 
+def c_manager_p50(running, seconds):
+    """kvtier bench sched's eager p50 per step at `running` requests (the C manager alone, on
+    its own workload), measured now: (microseconds, None), or (None, why not)."""
+    import subprocess
+    cli = os.environ.get("KVTIER_CLI") or os.path.join(os.path.dirname(os.path.abspath(
+        __file__)), "..", "..", "build", "bin", "kvtier")
+    if not os.path.exists(cli):
+        return None, "no kvtier CLI at %s (make build)" % cli
+    out = subprocess.run([cli, "bench", "sched", "--json", "--seconds", str(seconds)],
+                         capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        return None, "kvtier bench sched failed: %s" % out.stderr.strip()[-300:]
+    by = json.loads(out.stdout).get("step_us_p50_by_requests", {})
+    if str(running) not in by:
+        return None, "kvtier bench sched measures %s requests, not %d" % (
+            "/".join(sorted(by, key=int)), running)
+    return by[str(running)], None
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--running", type=int, default=256, help="requests running at once")
@@ -215,7 +240,13 @@ def main():
     ap.add_argument("--repeat", type=int, default=3,
                     help="replays per connector, alternating; the fastest is reported")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--hooks", choices=("auto", "compiled", "ctypes"), default="auto",
+                    help="kvtier's scheduler-side hooks (KVTIER_VLLM_SCHED): the compiled "
+                         "module or the ctypes path")
+    ap.add_argument("--c-seconds", type=float, default=1.0,
+                    help="time budget of each phase of kvtier bench sched (the C figure)")
     args = ap.parse_args()
+    os.environ["KVTIER_VLLM_SCHED"] = args.hooks
     for k in ("running", "requests", "prompt", "gen", "prefixes", "gpu_blocks", "cpu_blocks",
               "repeat"):
         if getattr(args, k) < 1:
@@ -255,6 +286,15 @@ def main():
               file=sys.stderr)
     res["ratio_p50"] = res["vllm"]["step_us_p50"] / res["kvtier"]["step_us_p50"]
     res["ratio_mean"] = res["vllm"]["step_us_mean"] / res["kvtier"]["step_us_mean"]
+    # the connector against the C manager it drives: kvtier bench sched at the same request
+    # count (its own workload: every running request scheduled every step)
+    c_p50, why = c_manager_p50(args.running, args.c_seconds)
+    res["c_step_us_p50"] = c_p50
+    res["connector_vs_c_p50"] = res["kvtier"]["step_us_p50"] / c_p50 if c_p50 else None
+    if why:
+        res["c_step_us_p50_skipped"] = why
+        print("bench-vllm: the C figure is skipped: %s" % why, file=sys.stderr)
+    res["kvtier_hooks"] = best["kvtier"][2].hooks
     res["same_steps"] = res["vllm"]["steps"] == res["kvtier"]["steps"]
     res["same_transfers"] = all(res["vllm"][k] == res["kvtier"][k]
                                 for k in ("loaded_blocks", "stored_blocks"))

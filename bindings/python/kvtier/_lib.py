@@ -48,6 +48,7 @@ class _Libraries:
     UCX). A function is looked up in each, in that order, and kept."""
 
     def __init__(self, core):
+        self.path = os.path.abspath(core) if os.sep in core else core
         d, base = os.path.split(core)
         self._libs = [ctypes.CDLL(core)]
         for name in ("kvtier_disk", "kvtier_net"):
@@ -77,6 +78,34 @@ class _Libraries:
 
 
 lib = _Libraries(_find_library())
+
+
+def load_extension(name):
+    """The compiled module kvtier.<name> lying beside libkvtier (inside the package in a wheel,
+    build/lib in a build tree), or None where it was not built. It must come from the same
+    build as the library: it calls the functions this module loaded."""
+    import importlib.machinery
+    import importlib.util
+    import sys
+    full = "kvtier." + name
+    if full in sys.modules:
+        return sys.modules[full]
+    d = os.path.dirname(lib.path)
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        p = os.path.join(d, name + suffix)
+        if os.path.exists(p):
+            loader = importlib.machinery.ExtensionFileLoader(full, p)
+            spec = importlib.util.spec_from_file_location(full, p, loader=loader)
+            mod = importlib.util.module_from_spec(spec)
+            loader.exec_module(mod)
+            sys.modules[full] = mod
+            return mod
+    return None
+
+
+def address(fn_name):
+    """The address of a library function (for a compiled module that calls it)."""
+    return ctypes.cast(lib[fn_name], ctypes.c_void_p).value
 
 
 _INT_RANGE = {}

@@ -30,6 +30,7 @@ import array
 import ctypes
 import importlib
 import logging
+import os
 import weakref
 from typing import Any
 
@@ -95,6 +96,31 @@ class KvtierWorkerMetadata(KVConnectorWorkerMetadata):
         mine = WorkerMeta.decode(self.data)
         mine.aggregate(WorkerMeta.decode(other.data))
         return KvtierWorkerMetadata(mine.encode())
+
+
+def _tokens_per_step(vllm_config):
+    """The most tokens a decoding request computes in one step: one, plus the speculative
+    tokens checked with it."""
+    spec = getattr(vllm_config, "speculative_config", None)
+    return 1 + int(getattr(spec, "num_speculative_tokens", 0) or 0)
+
+
+def _sched_extension():
+    """kvtier._sched, the compiled scheduler side, or None: not built (no Python headers when
+    kvtier was installed), or KVTIER_VLLM_SCHED=ctypes asks for the ctypes path."""
+    how = os.environ.get("KVTIER_VLLM_SCHED", "auto")
+    if how not in ("auto", "compiled", "ctypes"):
+        raise ConfigError("kvtier: KVTIER_VLLM_SCHED=%r: auto, compiled or ctypes" % how)
+    if how == "ctypes":
+        return None
+    ext = L.load_extension("_sched")
+    if ext is None and how == "compiled":
+        raise ConfigError("kvtier: KVTIER_VLLM_SCHED=compiled but kvtier._sched was not built "
+                          "(install Python's headers, e.g. Debian's python3-dev, and reinstall)")
+    if ext is None:
+        logger.warning("kvtier: kvtier._sched was not built (no Python headers when kvtier was "
+                       "installed): the scheduler side runs its slower ctypes path")
+    return ext
 
 
 _STAT_COUNTERS = ("lookups", "hit_tokens", "miss_tokens", "load_blocks", "loads_completed",
@@ -380,19 +406,41 @@ class _Scheduler:
         oc.defer_schedule_pins = True
         if two_tier_disk:
             oc.disk_blocks = OffloadManager.size_host(cfg.disk_bytes_per_rank, self.bpr)
-        # the callbacks keep references to these ctypes function objects for as long as C may
-        # call them: they live on self
-        self._ops = L.kvt_gpu_pool_ops(L.GPU_TOUCH(self._touch), L.GPU_FREE(self._free),
-                                       L.GPU_LRU_SCAN(self._lru_scan),
-                                       L.GPU_LOOKUP(self._lookup))
+        ext = _sched_extension()
+        self._fast = None
+        if ext is not None:
+            # the compiled hooks (kvtier._sched): its pool callbacks are C functions with the
+            # extension object as their context
+            self._fast = ext.Scheduler(
+                [L.address(n) for n in ext.API_NAMES],
+                [self.gcfg.groups[g].block_size for g in range(self.ng)], self.sched_bs,
+                self.hash_len, not cfg.lazy, KvtierError,
+                [(k, getattr(L.kvt_offload_stats, k).offset) for k in _STAT_COUNTERS],
+                _tokens_per_step(vllm_config))
+            touch, free, scan, lookup, ctx = self._fast.ops()
+            self._ops = L.kvt_gpu_pool_ops(ctypes.cast(touch, L.GPU_TOUCH),
+                                           ctypes.cast(free, L.GPU_FREE),
+                                           ctypes.cast(scan, L.GPU_LRU_SCAN),
+                                           ctypes.cast(lookup, L.GPU_LOOKUP))
+            ctx = ctypes.c_void_p(ctx)
+        else:
+            # the callbacks keep references to these ctypes function objects for as long as C
+            # may call them: they live on self
+            self._ops = L.kvt_gpu_pool_ops(L.GPU_TOUCH(self._touch), L.GPU_FREE(self._free),
+                                           L.GPU_LRU_SCAN(self._lru_scan),
+                                           L.GPU_LOOKUP(self._lookup))
+            ctx = None
         h = ctypes.c_void_p()
         self._call(_lib.kvt_offload_create_ext(ctypes.byref(oc), ctypes.byref(self.gcfg),
-                                               ctypes.byref(self._ops), None, ctypes.byref(h)))
+                                               ctypes.byref(self._ops), ctx, ctypes.byref(h)))
         self.h = h
         self.meta = OffloadMeta()
         self._meta_ref = ctypes.byref(self.meta._m)
         self._wm = WorkerMeta()  # reused: decoded into every step
         self._wm_ref = ctypes.byref(self._wm._m)
+        if self._fast is not None:
+            self._fast.bind(h.value, ctypes.addressof(self.meta._m),
+                            ctypes.addressof(self._wm._m))
         self._st = L.kvt_offload_stats()
         self._st_ref = ctypes.byref(self._st)
         self._empty = KvtierConnectorMetadata()
@@ -436,12 +484,26 @@ class _Scheduler:
                        ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint32]
         self._fin_fn = ff
         logger.info("kvtier: scheduler side: %d host blocks of %d bytes per rank (%s), %d "
-                    "ranks, %s stores, %d GPU blocks", self.host_blocks, self.bpr, cfg.backend,
-                    cfg.world_size, "lazy" if cfg.lazy else "eager",
-                    kv_cache_config.num_blocks)
+                    "ranks, %s stores, %d GPU blocks, %s hooks", self.host_blocks, self.bpr,
+                    cfg.backend, cfg.world_size, "lazy" if cfg.lazy else "eager",
+                    kv_cache_config.num_blocks,
+                    "compiled" if self._fast is not None else "ctypes")
+
+    @property
+    def compiled(self):
+        """True when the hooks run in kvtier._sched."""
+        return self._fast is not None
+
+    def bind_gpu(self, pool):
+        self.gpu = pool
+        if self._fast is not None:
+            self._fast.set_gpu(pool)
 
     def close(self):
         h, self.h = getattr(self, "h", None), None
+        fast = getattr(self, "_fast", None)
+        if fast is not None:
+            fast.unbind()
         if h:
             _lib.kvt_offload_destroy(h)
         node, self.node = getattr(self, "node", None), None
@@ -518,6 +580,8 @@ class _Scheduler:
         err, self._cb_error = self._cb_error, None
         if err is not None:
             raise err
+        if self._fast is not None:
+            self._fast.raise_kept()  # a compiled pool callback's exception
         if rc < 0:
             raise KvtierError(rc, _lib.kvt_last_error().decode(errors="replace"))
         return rc
@@ -599,6 +663,10 @@ class _Scheduler:
         # inside a scheduler block both get hit 0 from the library, counted there
         # (lookups_skipped, lookups_misaligned; the latter logged once).
         skip = bool(getattr(request, "skip_reading_prefix_cache", False))
+        if self._fast is not None:
+            hit = self._fast.match(request, num_computed,
+                                   L.MATCH_SKIP_PREFIX_CACHE if skip else 0)
+            return hit, hit > 0
         st = self._state(request)
         addr, n = st.sync_hashes()
         if n == 0:
@@ -623,6 +691,11 @@ class _Scheduler:
         return keep
 
     def after_alloc(self, request, blocks, num_external):
+        if self._fast is not None:
+            self._fast.after_alloc(request, blocks.get_block_ids(), num_external)
+            if self._events and not self.cfg.lazy:
+                self._bind_context(request, request.request_id.encode())
+            return
         st = self._state(request)
         keep = self._table_args(blocks.get_block_ids())
         rc = self._alloc_fn(self.h, st.rid, len(st.rid), self._ptrs, self._counts,
@@ -654,6 +727,11 @@ class _Scheduler:
         # operations over CachedRequestData (num_computed_tokens // block_size against the
         # last call's count), and only those, plus those whose last call left blocks over (no
         # room, no hash yet), get a C call.
+        if self._fast is not None:  # all of it in C, the metadata encoded
+            data = self._fast.build_meta(so)
+            if data is None:
+                return self._empty
+            return KvtierConnectorMetadata(data, bool(so.preempted_req_ids))
         reqs = self.reqs
         preempted = so.preempted_req_ids
         if preempted:
@@ -780,6 +858,9 @@ class _Scheduler:
         data = wm.data if wm is not None else b""
         if not fin and not data:
             return
+        if self._fast is not None:
+            self._fast.apply_output(fin, data)
+            return
         if fin:
             ids = [r.encode() for r in fin]
             arr = (L.kvt_str * len(ids))(*[L.kvt_str(b, len(b)) for b in ids])
@@ -798,6 +879,9 @@ class _Scheduler:
         ctx = self._ctx_of.get(request.request_id)
         if ctx is not None:
             self._ctx_finished.add(ctx)
+        if self._fast is not None:
+            self._fast.finished(request, block_ids)
+            return
         st = self._drop(request.request_id)
         if st is None:
             return
@@ -861,7 +945,10 @@ class _Scheduler:
         return {name: getattr(s, name) for name in L.fields(L.kvt_offload_stats)}
 
     def interval_stats(self):
-        """Counter deltas since the last call (vLLM drains them every step)."""
+        """Counter deltas since the last call (vLLM drains them every step); None (or {}) when
+        none moved."""
+        if self._fast is not None:
+            return self._fast.interval_stats()
         _lib.kvt_offload_get_stats(self.h, self._st_ref)
         st, last = self._st, self._stats_last
         out = {}
@@ -1186,7 +1273,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
     # -- scheduler side --
     def bind_gpu_block_pool(self, gpu_block_pool):
         if self._sched is not None:
-            self._sched.gpu = gpu_block_pool
+            self._sched.bind_gpu(gpu_block_pool)
             self._sched.guard_pool_reset(gpu_block_pool)
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
@@ -1230,7 +1317,8 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         sched = getattr(self, "_sched", None)
         if sched is None:
             return None
-        return KvtierStats(data=sched.interval_stats())
+        data = sched.interval_stats()
+        return KvtierStats(data=data) if data else None
 
     @classmethod
     def build_kv_connector_stats(cls, data=None):

@@ -1,0 +1,1622 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* kvtier._sched: the scheduler side of kvtier's vLLM connector (kvtier/vllm/_kv.py) as compiled
+ * calls that take vLLM's own objects.
+ *
+ * Why: through ctypes every hook vLLM calls costs Python frames, a conversion per element
+ * (block ids, hashes, request ids) and a release and retake of the GIL per C call; make
+ * bench-vllm measured the connector at 170-310 us per step of which the C manager was 20-33.
+ * Here one call per hook walks vLLM's lists (SchedulerOutput, the request's block_hashes, its
+ * block table) in C, keeps each request's table and hashes in C arrays grown in place, calls
+ * the manager and encodes the step's metadata. Same decisions as the ctypes path, which stays
+ * as the fallback where this module is not built (no Python headers) and as the reference a
+ * test compares it with.
+ *
+ * The library is not linked: the package hands over the addresses of the functions it loaded
+ * with ctypes (the same copy of libkvtier, so the same handles and the same thread's error
+ * message), in the order of API_NAMES, and the sizes of the structs both sides share are checked
+ * against that copy's kvt_sizeof before anything is called. The engine's GPU block pool
+ * callbacks (kvt_gpu_pool_ops) are C functions here calling vLLM's BlockPool; an exception in
+ * one is kept and raised when the manager call that ran it returns.
+ *
+ * Thread rules: vLLM calls the scheduler side from the engine core's thread only. The GIL is
+ * held throughout: the manager's calls are short and the pool callbacks need it anyway.
+ * Python's limited API (3.9) only: one build serves every CPython from 3.9. */
+#define Py_LIMITED_API 0x03090000
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvtier/kvtier.h"
+
+/* ---- the library's functions, by address -------------------------------------------------- */
+
+#define FS_API(X)                                                                                  \
+    X(kvt_sizeof)                                                                                  \
+    X(kvt_last_error)                                                                              \
+    X(kvt_offload_match_flags)                                                                     \
+    X(kvt_offload_after_alloc)                                                                     \
+    X(kvt_offload_schedule_many)                                                                   \
+    X(kvt_offload_build_meta)                                                                      \
+    X(kvt_offload_request_finished_hashed)                                                         \
+    X(kvt_offload_apply_output)                                                                    \
+    X(kvt_offload_meta_encoded_size)                                                               \
+    X(kvt_offload_meta_encode)                                                                     \
+    X(kvt_offload_worker_meta_decode)                                                              \
+    X(kvt_offload_get_stats)
+
+struct fs_api {
+#define FS_FIELD(name) __typeof__(name) *name;
+    FS_API(FS_FIELD)
+#undef FS_FIELD
+};
+
+#define FS_NAME(name) #name,
+static const char *const api_names[] = {FS_API(FS_NAME)};
+#undef FS_NAME
+#define N_API (sizeof(api_names) / sizeof(api_names[0]))
+
+/* the structs whose layout this module and the loaded library must agree on */
+static const struct {
+    const char *name;
+    size_t size;
+} shared_structs[] = {
+    {"kvt_offload_sched_req", sizeof(kvt_offload_sched_req)},
+    {"kvt_offload_meta", sizeof(kvt_offload_meta)},
+    {"kvt_offload_worker_meta", sizeof(kvt_offload_worker_meta)},
+    {"kvt_offload_stats", sizeof(kvt_offload_stats)},
+    {"kvt_pool_key", sizeof(kvt_pool_key)},
+    {"kvt_str", sizeof(kvt_str)},
+};
+
+/* ---- interned attribute names ------------------------------------------------------------ */
+
+#define FS_ATTRS(X)                                                                                \
+    X(block_hashes)                                                                                \
+    X(request_id)                                                                                  \
+    X(num_tokens)                                                                                  \
+    X(num_computed_tokens)                                                                         \
+    X(num_output_placeholders)                                                                     \
+    X(skip_reading_prefix_cache)                                                                   \
+    X(get_block_ids)                                                                               \
+    X(scheduled_new_reqs)                                                                          \
+    X(scheduled_cached_reqs)                                                                       \
+    X(req_id)                                                                                      \
+    X(req_ids)                                                                                     \
+    X(block_ids)                                                                                   \
+    X(new_block_ids)                                                                               \
+    X(resumed_req_ids)                                                                             \
+    X(num_scheduled_tokens)                                                                        \
+    X(preempted_req_ids)                                                                           \
+    X(finished_recving)                                                                            \
+    X(kv_connector_worker_meta)                                                                    \
+    X(data)                                                                                        \
+    X(blocks)                                                                                      \
+    X(touch)                                                                                       \
+    X(free_blocks)                                                                                 \
+    X(free_block_queue)                                                                            \
+    X(iter_blocks_after)                                                                           \
+    X(block_id)                                                                                    \
+    X(block_hash)                                                                                  \
+    X(is_null)                                                                                     \
+    X(ref_cnt)                                                                                     \
+    X(cached_block_hash_to_block)                                                                  \
+    X(get_one_block)
+
+static struct {
+#define FS_STR(name) PyObject *name;
+    FS_ATTRS(FS_STR)
+#undef FS_STR
+} s_;
+
+/* ---- per-request state ---------------------------------------------------------------------- */
+
+struct fs_link {
+    struct fs_link *prev, *next; /* NULL while not linked */
+};
+
+/* Steps ahead a check can be placed at; a later one is placed at the last and put back. */
+#define FS_WHEEL 64
+
+struct fs_table {
+    uint32_t *ids;
+    uint32_t n, cap;
+};
+
+/* One request the scheduler side knows (from its first match to request_finished): its GPU
+ * block table per group and its chained hashes, grown as vLLM reports them, and its entry of
+ * kvt_offload_schedule_many, kept across steps. Owned by fs_sched.recs[slot]; its slot is
+ * what fs_sched.reqs maps its id to. */
+typedef struct fs_req {
+    struct fs_link link; /* in the bucket of fs_sched.wheel its check is due in */
+    uint64_t due;        /* the step its next check is due in */
+    /* when queued for schedule_many, for run_batch's next_check */
+    uint32_t computed, placeholders, scheduled, num_tokens;
+    PyObject *request; /* vLLM's Request */
+    PyObject *rid;     /* its id as UTF-8 bytes */
+    uint8_t *hashes;
+    uint32_t n_hashes, cap_hashes;
+    uint32_t slot;
+    int32_t pending; /* blocks the last call left (no room, no hash yet) */
+    bool restart;    /* preempted: stores restart from its first block */
+    bool in_batch;   /* queued for this step's kvt_offload_schedule_many */
+    uint32_t ng;
+    kvt_offload_sched_req item;
+    struct fs_table *tables; /* [ng] */
+    const uint32_t **ptrs;   /* [ng] */
+    uint32_t *counts;        /* [ng] */
+} fs_req;
+
+typedef struct fs_stat {
+    PyObject *name;
+    size_t offset;
+} fs_stat;
+
+typedef struct {
+    PyObject_HEAD struct fs_api api;
+    kvt_offload *m;
+    kvt_offload_meta *meta;         /* the Python OffloadMeta's struct */
+    kvt_offload_worker_meta *wmeta; /* the Python WorkerMeta's struct */
+    PyObject *error_type;           /* kvtier.KvtierError */
+    /* Request records by slot. The step's scan reads, for each of the running requests, only
+     * the dict entry of its id, its slot's number object (one of slot_obj[], made once) and
+     * ready[slot]: a compact array, where a pointer per record cost a cache miss each. */
+    PyObject *reqs;      /* dict: request id (str) -> slot_obj[slot] */
+    fs_req **recs;       /* [cap_slots] */
+    int64_t *ready;      /* [cap_slots] confirmed scheduler blocks the last schedule call of that
+                            request covered (-1: none yet) */
+    PyObject **slot_obj; /* [cap_slots] the slot numbers as Python ints */
+    PyObject **key_obj;  /* [cap_slots] the id each slot's record was made with */
+    /* The same map by the id object's address: vLLM hands over the request's own id object
+     * every step, and a dict lookup reads the string's cached hash from it (a cache miss per
+     * request, 256 per step). Open addressing, linear probing, at most half full (tombstones
+     * included); an entry's key is held by key_obj[slot], so no other object can take its
+     * address while it is in the map. A miss falls back to the dict (an equal id in another
+     * object). */
+    struct fs_ptr_entry {
+        PyObject *key; /* NULL: empty; &ptr_tomb: deleted */
+        uint32_t slot;
+    } * ptr_map;
+    uint32_t ptr_cap, ptr_used; /* ptr_used counts tombstones too */
+    uint32_t *free_slots;       /* [cap_slots] a stack of unused slots */
+    uint32_t n_free, cap_slots;
+    PyObject *gpu; /* vLLM's BlockPool, or NULL before it is bound */
+    PyObject *gpu_blocks, *gpu_touch, *gpu_free;
+    PyObject *cb_type, *cb_value, *cb_tb; /* the first exception a pool callback raised */
+    uint32_t ng, sched_bs, hash_len;
+    bool eager;
+    uint32_t group_tokens[KVT_MAX_GROUPS]; /* each group's block size (lru_scan's keys) */
+    /* When each running request's next check is due. A request's confirmed tokens grow by at
+     * most tokens_per_step a step once its prompt is computed (decode: 1 plus the speculative
+     * tokens; see next_check for the placeholders of async scheduling), so its next block
+     * cannot be confirmed before the step this wheel holds it for: a step
+     * checks only the requests due in it, new ones and those given new blocks, never all of
+     * them. A request with blocks left over (no room, no hash yet), in prefill, restarting or
+     * not scheduled is due in the next step. A check only ever comes early, never late: a
+     * late one would delay a store, which request_finished's flush still makes. */
+    struct fs_link wheel[FS_WHEEL];
+    uint64_t step;
+    uint32_t tokens_per_step;
+    fs_req **batch;
+    kvt_offload_sched_req **items;
+    uint32_t n_batch, cap_batch;
+    struct fs_table scratch[KVT_MAX_GROUPS]; /* after_alloc's and finished's tables */
+    const uint32_t *scratch_ptrs[KVT_MAX_GROUPS];
+    uint32_t scratch_counts[KVT_MAX_GROUPS];
+    uint32_t *ids_buf; /* a pool callback's list, and keys of the lru scan */
+    kvt_offload_stats last;
+    fs_stat *stats;
+    uint32_t n_stats;
+} fs_sched;
+
+static void link_del(struct fs_link *l)
+{
+    if (l->next == NULL)
+        return;
+    l->prev->next = l->next;
+    l->next->prev = l->prev;
+    l->prev = l->next = NULL;
+}
+
+static void link_add_tail(struct fs_link *head, struct fs_link *l)
+{
+    l->prev = head->prev;
+    l->next = head;
+    head->prev->next = l;
+    head->prev = l;
+}
+
+/* Holds r for a check in step due (at the latest FS_WHEEL - 1 steps ahead, from where it is
+ * put back). */
+static void wheel_put(fs_sched *s, fs_req *r, uint64_t due)
+{
+    link_del(&r->link);
+    r->due = due > s->step ? due : s->step;
+    uint64_t at = r->due - s->step < FS_WHEEL ? r->due : s->step + FS_WHEEL - 1;
+    link_add_tail(&s->wheel[at % FS_WHEEL], &r->link);
+}
+
+static void req_free(fs_req *r)
+{
+    link_del(&r->link);
+    Py_XDECREF(r->request);
+    Py_XDECREF(r->rid);
+    free(r->hashes);
+    for (uint32_t g = 0; g < r->ng; g++)
+        free(r->tables[g].ids);
+    free(r->tables); /* with ptrs and counts: one allocation */
+    free(r);
+}
+
+/* ---- small helpers ----------------------------------------------------------------------- */
+
+static int grow(void **p, uint32_t *cap, uint32_t need, size_t elem)
+{
+    if (need <= *cap)
+        return 0;
+    uint32_t c = *cap ? *cap : 16;
+    while (c < need) {
+        if (c > UINT32_MAX / 2) {
+            PyErr_SetString(PyExc_OverflowError, "kvtier: table too large");
+            return -1;
+        }
+        c *= 2;
+    }
+    void *n = realloc(*p, (size_t)c * elem);
+    if (n == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    *p = n;
+    *cap = c;
+    return 0;
+}
+
+static int fail_call(fs_sched *s, int rc)
+{
+    const char *msg = s->api.kvt_last_error();
+    PyObject *args = Py_BuildValue("(is)", rc, msg ? msg : "");
+    if (args != NULL) {
+        PyErr_SetObject(s->error_type, args);
+        Py_DECREF(args);
+    }
+    return -1;
+}
+
+/* After a manager call: the pool callbacks' exception first, then the call's failure. */
+static int check(fs_sched *s, int rc)
+{
+    if (s->cb_type != NULL) {
+        PyErr_Restore(s->cb_type, s->cb_value, s->cb_tb);
+        s->cb_type = s->cb_value = s->cb_tb = NULL;
+        return -1;
+    }
+    return rc < 0 ? fail_call(s, rc) : 0;
+}
+
+static int as_u32(PyObject *o, uint32_t *out, const char *what)
+{
+    unsigned long v = PyLong_AsUnsignedLong(o);
+    if (v == (unsigned long)-1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "kvtier: %s is not an integer in 0..2^32-1", what);
+        return -1;
+    }
+    if (v > UINT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "kvtier: %s %lu out of range", what, v);
+        return -1;
+    }
+    *out = (uint32_t)v;
+    return 0;
+}
+
+#define attr_u32(o, name, out) attr_u32_(o, s_.name, out, #name)
+static int attr_u32_(PyObject *o, PyObject *name, uint32_t *out, const char *what)
+{
+    PyObject *v = PyObject_GetAttr(o, name);
+    if (v == NULL)
+        return -1;
+    int rc = as_u32(v, out, what);
+    Py_DECREF(v);
+    return rc;
+}
+
+/* Appends the ints of seq (a list or tuple of block ids) to t. */
+static int table_extend(struct fs_table *t, PyObject *seq)
+{
+    Py_ssize_t n = PySequence_Size(seq);
+    if (n < 0)
+        return -1;
+    if ((uint64_t)t->n + (uint64_t)n > UINT32_MAX / 2) {
+        PyErr_SetString(PyExc_OverflowError, "kvtier: block table too large");
+        return -1;
+    }
+    if (grow((void **)&t->ids, &t->cap, t->n + (uint32_t)n, sizeof(uint32_t)) < 0)
+        return -1;
+    bool list = PyList_Check(seq);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *o = list ? PyList_GetItem(seq, i) : PySequence_GetItem(seq, i);
+        if (o == NULL)
+            return -1;
+        int rc = as_u32(o, &t->ids[t->n + i], "block id");
+        if (!list)
+            Py_DECREF(o);
+        if (rc < 0)
+            return -1;
+    }
+    t->n += (uint32_t)n;
+    return 0;
+}
+
+/* tables[0..ng) := groups (a sequence of sequences of block ids; fewer groups leave the rest
+ * empty); extend instead of replacing when append is set. */
+static int tables_set(fs_sched *s, struct fs_table *tables, PyObject *groups, bool append)
+{
+    Py_ssize_t ng = PySequence_Size(groups);
+    if (ng < 0)
+        return -1;
+    if ((uint32_t)ng > s->ng) {
+        PyErr_Format(PyExc_ValueError, "kvtier: %zd block tables for %u KV cache groups", ng,
+                     s->ng);
+        return -1;
+    }
+    for (uint32_t g = 0; g < s->ng; g++) {
+        if (!append)
+            tables[g].n = 0;
+        if ((Py_ssize_t)g >= ng)
+            continue;
+        PyObject *one = PySequence_GetItem(groups, g);
+        if (one == NULL)
+            return -1;
+        int rc = one == Py_None ? 0 : table_extend(&tables[g], one);
+        Py_DECREF(one);
+        if (rc < 0)
+            return -1;
+    }
+    return 0;
+}
+
+static void tables_point(fs_sched *s, const struct fs_table *tables, const uint32_t **ptrs,
+                         uint32_t *counts)
+{
+    for (uint32_t g = 0; g < s->ng; g++) {
+        ptrs[g] = tables[g].ids;
+        counts[g] = tables[g].n;
+    }
+}
+
+/* ---- request records ------------------------------------------------------------------------ */
+
+static char ptr_tomb;
+
+static uint32_t ptr_hash(const fs_sched *s, const PyObject *p)
+{
+    return (uint32_t)(((uintptr_t)p >> 4) * 0x9E3779B97F4A7C15ull >> 32) & (s->ptr_cap - 1);
+}
+
+static Py_ssize_t ptr_find(const fs_sched *s, const PyObject *key)
+{
+    if (s->ptr_cap == 0)
+        return -1;
+    for (uint32_t i = ptr_hash(s, key);; i = (i + 1) & (s->ptr_cap - 1)) {
+        const struct fs_ptr_entry *e = &s->ptr_map[i];
+        if (e->key == key)
+            return e->slot;
+        if (e->key == NULL)
+            return -1;
+    }
+}
+
+static void ptr_put(fs_sched *s, struct fs_ptr_entry *map, uint32_t cap, PyObject *key,
+                    uint32_t slot)
+{
+    uint32_t i = (uint32_t)(((uintptr_t)key >> 4) * 0x9E3779B97F4A7C15ull >> 32) & (cap - 1);
+    while (map[i].key != NULL)
+        i = (i + 1) & (cap - 1);
+    map[i].key = key;
+    map[i].slot = slot;
+    (void)s;
+}
+
+/* Adds key -> slot, rebuilding the table (without tombstones, larger if need be) when it
+ * would be more than half used. */
+static int ptr_add(fs_sched *s, PyObject *key, uint32_t slot)
+{
+    if (2 * (s->ptr_used + 1) > s->ptr_cap) {
+        uint32_t live = 0, cap = 64;
+        for (uint32_t i = 0; i < s->ptr_cap; i++)
+            live += s->ptr_map[i].key != NULL && s->ptr_map[i].key != (PyObject *)&ptr_tomb;
+        while (cap < 4 * (live + 1))
+            cap *= 2;
+        struct fs_ptr_entry *map = calloc(cap, sizeof(*map));
+        if (map == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        for (uint32_t i = 0; i < s->ptr_cap; i++) {
+            PyObject *k = s->ptr_map[i].key;
+            if (k != NULL && k != (PyObject *)&ptr_tomb)
+                ptr_put(s, map, cap, k, s->ptr_map[i].slot);
+        }
+        free(s->ptr_map);
+        s->ptr_map = map;
+        s->ptr_cap = cap;
+        s->ptr_used = live;
+    }
+    ptr_put(s, s->ptr_map, s->ptr_cap, key, slot);
+    s->ptr_used++;
+    return 0;
+}
+
+static void ptr_del(fs_sched *s, const PyObject *key)
+{
+    if (s->ptr_cap == 0)
+        return;
+    for (uint32_t i = ptr_hash(s, key);; i = (i + 1) & (s->ptr_cap - 1)) {
+        struct fs_ptr_entry *e = &s->ptr_map[i];
+        if (e->key == NULL)
+            return;
+        if (e->key == key) {
+            e->key = (PyObject *)&ptr_tomb;
+            return;
+        }
+    }
+}
+
+/* The slot of request id rid, or -1 (an exception set if the lookup failed). */
+static Py_ssize_t slot_of(fs_sched *s, PyObject *rid)
+{
+    Py_ssize_t slot = ptr_find(s, rid);
+    if (slot >= 0)
+        return slot;
+    PyObject *o = PyDict_GetItemWithError(s->reqs, rid);
+    return o == NULL ? -1 : PyLong_AsSsize_t(o);
+}
+
+static fs_req *req_get(fs_sched *s, PyObject *rid)
+{
+    Py_ssize_t slot = slot_of(s, rid);
+    return slot < 0 ? NULL : s->recs[slot];
+}
+
+/* A free slot, the tables grown (doubled) when none is left. */
+static int slot_take(fs_sched *s, uint32_t *slot)
+{
+    if (s->n_free == 0) {
+        uint32_t old = s->cap_slots, cap = old ? 2 * old : 64;
+        if (cap > (1u << 24)) {
+            PyErr_SetString(PyExc_OverflowError, "kvtier: too many requests");
+            return -1;
+        }
+        fs_req **recs = realloc(s->recs, cap * sizeof(*recs));
+        if (recs != NULL)
+            s->recs = recs;
+        int64_t *ready = recs ? realloc(s->ready, cap * sizeof(*ready)) : NULL;
+        if (ready != NULL)
+            s->ready = ready;
+        PyObject **objs = ready ? realloc(s->slot_obj, cap * sizeof(*objs)) : NULL;
+        if (objs != NULL)
+            s->slot_obj = objs;
+        PyObject **keys = objs ? realloc(s->key_obj, cap * sizeof(*keys)) : NULL;
+        if (keys != NULL)
+            s->key_obj = keys;
+        uint32_t *fr = keys ? realloc(s->free_slots, cap * sizeof(*fr)) : NULL;
+        if (fr == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        s->free_slots = fr;
+        for (uint32_t i = old; i < cap; i++) {
+            if ((objs[i] = PyLong_FromUnsignedLong(i)) == NULL) {
+                for (uint32_t j = old; j < i; j++)
+                    Py_DECREF(objs[j]);
+                return -1;
+            }
+            recs[i] = NULL;
+            keys[i] = NULL;
+        }
+        for (uint32_t i = cap; i > old; i--)
+            fr[s->n_free++] = i - 1;
+        s->cap_slots = cap;
+    }
+    *slot = s->free_slots[--s->n_free];
+    return 0;
+}
+
+/* Forgets the record of rid (none: nothing happens); returns it, still allocated, to a caller
+ * that asks (out not NULL) and frees it otherwise. */
+static int req_forget(fs_sched *s, PyObject *rid, fs_req **out)
+{
+    Py_ssize_t slot = slot_of(s, rid);
+    if (out != NULL)
+        *out = NULL;
+    if (slot < 0)
+        return PyErr_Occurred() ? -1 : 0;
+    if (PyDict_DelItem(s->reqs, rid) < 0)
+        return -1;
+    fs_req *r = s->recs[slot];
+    s->recs[slot] = NULL;
+    ptr_del(s, s->key_obj[slot]);
+    Py_CLEAR(s->key_obj[slot]);
+    s->free_slots[s->n_free++] = (uint32_t)slot;
+    if (out != NULL)
+        *out = r;
+    else
+        req_free(r);
+    return 0;
+}
+
+static fs_req *req_state(fs_sched *s, PyObject *request)
+{
+    PyObject *rid = PyObject_GetAttr(request, s_.request_id);
+    if (rid == NULL)
+        return NULL;
+    fs_req *r = req_get(s, rid);
+    if (r != NULL || PyErr_Occurred()) {
+        Py_DECREF(rid);
+        return r;
+    }
+    size_t ng = s->ng;
+    uint32_t slot;
+    if (slot_take(s, &slot) < 0) {
+        Py_DECREF(rid);
+        return NULL;
+    }
+    r = calloc(1, sizeof(*r));
+    void *arrays =
+        calloc(1, ng * (sizeof(struct fs_table) + sizeof(uint32_t *) + sizeof(uint32_t)));
+    if (r == NULL || arrays == NULL) {
+        s->free_slots[s->n_free++] = slot;
+        free(r);
+        free(arrays);
+        Py_DECREF(rid);
+        PyErr_NoMemory();
+        return NULL;
+    }
+    r->tables = arrays;
+    r->ng = s->ng;
+    r->ptrs = (const uint32_t **)(r->tables + ng);
+    r->counts = (uint32_t *)(r->ptrs + ng);
+    r->slot = slot;
+    s->ready[slot] = -1;
+
+    r->rid = PyUnicode_AsUTF8String(rid);
+    Py_INCREF(request);
+    r->request = request;
+    if (r->rid == NULL || ptr_add(s, rid, slot) < 0) {
+        s->free_slots[s->n_free++] = slot;
+        req_free(r);
+        Py_DECREF(rid);
+        return NULL;
+    }
+    if (PyDict_SetItem(s->reqs, rid, s->slot_obj[slot]) < 0) {
+        ptr_del(s, rid);
+        s->free_slots[s->n_free++] = slot;
+        req_free(r);
+        Py_DECREF(rid);
+        return NULL;
+    }
+    Py_INCREF(rid);
+    s->key_obj[slot] = rid;
+    s->recs[slot] = r;
+    kvt_offload_sched_req *it = &r->item;
+    it->req_id = PyBytes_AsString(r->rid);
+    it->req_id_len = (uint32_t)PyBytes_Size(r->rid);
+    it->blocks = r->ptrs;
+    it->n_blocks = r->counts;
+    Py_DECREF(rid);
+    return r;
+}
+
+/* Appends the hashes vLLM computed since the last call (request.block_hashes only grows). */
+static int req_sync_hashes(fs_sched *s, fs_req *r)
+{
+    PyObject *bh = PyObject_GetAttr(r->request, s_.block_hashes);
+    if (bh == NULL)
+        return -1;
+    int rc = -1;
+    Py_ssize_t n = PySequence_Size(bh);
+    if (n < 0)
+        goto out;
+    if ((uint64_t)n > UINT32_MAX / 2 / s->hash_len) {
+        PyErr_SetString(PyExc_OverflowError, "kvtier: too many block hashes");
+        goto out;
+    }
+    if ((uint32_t)n < r->n_hashes) { /* vLLM never shrinks it; a new list restarts */
+        r->n_hashes = 0;
+    }
+    if ((uint32_t)n > r->n_hashes &&
+        grow((void **)&r->hashes, &r->cap_hashes, (uint32_t)n * s->hash_len, 1) < 0)
+        goto out;
+    for (Py_ssize_t i = r->n_hashes; i < n; i++) {
+        PyObject *h = PySequence_GetItem(bh, i);
+        if (h == NULL)
+            goto out;
+        char *p;
+        Py_ssize_t len;
+        if (PyBytes_AsStringAndSize(h, &p, &len) < 0 || (size_t)len != s->hash_len) {
+            if (!PyErr_Occurred())
+                PyErr_Format(PyExc_ValueError,
+                             "kvtier: block hash %zd of a request is %zd bytes, not %u", i, len,
+                             s->hash_len);
+            Py_DECREF(h);
+            goto out;
+        }
+        memcpy(r->hashes + (size_t)i * s->hash_len, p, s->hash_len);
+        Py_DECREF(h);
+    }
+    r->n_hashes = (uint32_t)n;
+    rc = 0;
+out:
+    Py_DECREF(bh);
+    return rc;
+}
+
+static void req_restart(fs_sched *s, fs_req *r)
+{
+    r->restart = true;
+    r->pending = 0;
+    s->ready[r->slot] = -1;
+    wheel_put(s, r, s->step + 1);
+}
+
+/* ---- the GPU pool callbacks (kvt_gpu_pool_ops) ------------------------------------------- */
+
+static void set_ref(PyObject **slot, PyObject *v)
+{
+    PyObject *old = *slot;
+    *slot = v;
+    Py_XDECREF(old);
+}
+
+static void keep_error(fs_sched *s)
+{
+    if (s->cb_type == NULL)
+        PyErr_Fetch(&s->cb_type, &s->cb_value, &s->cb_tb);
+    else
+        PyErr_Clear();
+}
+
+/* Calls fn([gpu.blocks[id] for id in ids]). */
+static void call_with_blocks(fs_sched *s, PyObject *fn, const uint32_t *ids, uint32_t n)
+{
+    if (fn == NULL) {
+        if (s->cb_type == NULL)
+            PyErr_SetString(PyExc_RuntimeError, "kvtier: no GPU block pool bound");
+        keep_error(s);
+        return;
+    }
+    PyObject *list = PyList_New(n);
+    if (list == NULL) {
+        keep_error(s);
+        return;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        PyObject *b = PyList_GetItem(s->gpu_blocks, ids[i]);
+        if (b == NULL) {
+            Py_DECREF(list);
+            keep_error(s);
+            return;
+        }
+        Py_INCREF(b);
+        PyList_SetItem(list, i, b);
+    }
+    PyObject *res = PyObject_CallFunctionObjArgs(fn, list, NULL);
+    Py_DECREF(list);
+    if (res == NULL)
+        keep_error(s);
+    Py_XDECREF(res);
+}
+
+static void gpu_touch(void *ctx, const uint32_t *ids, uint32_t n)
+{
+    fs_sched *s = ctx;
+    call_with_blocks(s, s->gpu_touch, ids, n);
+}
+
+static void gpu_free(void *ctx, const uint32_t *ids, uint32_t n)
+{
+    fs_sched *s = ctx;
+    call_with_blocks(s, s->gpu_free, ids, n);
+}
+
+/* vLLM's key of a cached block: the hash, then the group as 4 big-endian bytes. */
+static int scan_one(fs_sched *s, PyObject *blk, uint32_t *id, kvt_pool_key *key)
+{
+    if (attr_u32(blk, block_id, id) < 0)
+        return -1;
+    key->num_tokens = 0;
+    PyObject *h = PyObject_GetAttr(blk, s_.block_hash);
+    PyObject *null = h ? PyObject_GetAttr(blk, s_.is_null) : NULL;
+    int rc = -1;
+    if (null == NULL)
+        goto out;
+    int is_null = PyObject_IsTrue(null);
+    if (is_null < 0)
+        goto out;
+    rc = 0;
+    if (h == Py_None || is_null)
+        goto out;
+    char *p;
+    Py_ssize_t len;
+    rc = PyBytes_AsStringAndSize(h, &p, &len);
+    if (rc == 0 && (size_t)len != s->hash_len + 4) {
+        PyErr_Format(PyExc_ValueError, "kvtier: a cached block's key is %zd bytes, not %u", len,
+                     s->hash_len + 4);
+        rc = -1;
+    }
+    if (rc < 0)
+        goto out;
+    const uint8_t *g = (const uint8_t *)p + s->hash_len;
+    uint32_t group = (uint32_t)g[0] << 24 | (uint32_t)g[1] << 16 | (uint32_t)g[2] << 8 | g[3];
+    if (group >= s->ng) {
+        PyErr_Format(PyExc_ValueError, "kvtier: a cached block's group %u of %u", group, s->ng);
+        rc = -1;
+        goto out;
+    }
+    memset(key->hash, 0, sizeof(key->hash));
+    memcpy(key->hash, p, s->hash_len);
+    key->group = group;
+    key->num_tokens = s->group_tokens[group];
+out:
+    Py_XDECREF(h);
+    Py_XDECREF(null);
+    return rc;
+}
+
+static uint32_t gpu_lru_scan(void *ctx, uint32_t cap, uint32_t *ids, kvt_pool_key *keys)
+{
+    fs_sched *s = ctx;
+    uint32_t n = 0;
+    PyObject *it = NULL, *q = s->gpu ? PyObject_GetAttr(s->gpu, s_.free_block_queue) : NULL;
+    if (q != NULL)
+        it = PyObject_CallMethodObjArgs(q, s_.iter_blocks_after, Py_None, NULL);
+    Py_XDECREF(q);
+    if (it == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_RuntimeError, "kvtier: no GPU block pool bound");
+        keep_error(s);
+        return 0;
+    }
+    PyObject *blk;
+    while (n < cap && (blk = PyIter_Next(it)) != NULL) {
+        int rc = scan_one(s, blk, &ids[n], &keys[n]);
+        Py_DECREF(blk);
+        if (rc < 0)
+            break;
+        n++;
+    }
+    Py_DECREF(it);
+    if (PyErr_Occurred()) {
+        keep_error(s);
+        return 0;
+    }
+    return n;
+}
+
+static uint32_t gpu_lookup(void *ctx, const uint8_t *hash, uint32_t group, uint32_t *ref_cnt)
+{
+    fs_sched *s = ctx;
+    uint8_t key[KVT_HASH_MAX + 4];
+    memcpy(key, hash, s->hash_len);
+    key[s->hash_len] = (uint8_t)(group >> 24);
+    key[s->hash_len + 1] = (uint8_t)(group >> 16);
+    key[s->hash_len + 2] = (uint8_t)(group >> 8);
+    key[s->hash_len + 3] = (uint8_t)group;
+    uint32_t id = KVT_BLOCK_NONE;
+    PyObject *k = PyBytes_FromStringAndSize((const char *)key, s->hash_len + 4);
+    PyObject *map = k && s->gpu ? PyObject_GetAttr(s->gpu, s_.cached_block_hash_to_block) : NULL;
+    PyObject *blk = map ? PyObject_CallMethodObjArgs(map, s_.get_one_block, k, NULL) : NULL;
+    if (blk != NULL && blk != Py_None &&
+        (attr_u32(blk, ref_cnt, ref_cnt) < 0 || attr_u32(blk, block_id, &id) < 0))
+        id = KVT_BLOCK_NONE;
+    if (PyErr_Occurred() || (k && !s->gpu)) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_RuntimeError, "kvtier: no GPU block pool bound");
+        keep_error(s);
+        id = KVT_BLOCK_NONE;
+    }
+    Py_XDECREF(blk);
+    Py_XDECREF(map);
+    Py_XDECREF(k);
+    return id;
+}
+
+/* ---- the object ------------------------------------------------------------------------------ */
+
+static int sched_init(PyObject *self, PyObject *args, PyObject *kw)
+{
+    fs_sched *s = (fs_sched *)self;
+    PyObject *addrs, *err, *tokens, *stats;
+    unsigned int sched_bs, hash_len;
+    int eager;
+    unsigned int tokens_per_step;
+    static char *kwlist[] = {"functions",  "group_tokens", "sched_block_size", "hash_len", "eager",
+                             "error_type", "stats",        "tokens_per_step",  NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOIIpOOI", kwlist, &addrs, &tokens, &sched_bs,
+                                     &hash_len, &eager, &err, &stats, &tokens_per_step))
+        return -1;
+    if (tokens_per_step < 1 || tokens_per_step > (1u << 20)) {
+        PyErr_Format(PyExc_ValueError, "kvtier: tokens_per_step %u (1..2^20)", tokens_per_step);
+        return -1;
+    }
+    if (s->reqs != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "kvtier: _sched.Scheduler initialised twice");
+        return -1;
+    }
+    if (PySequence_Size(addrs) != (Py_ssize_t)N_API) {
+        PyErr_Format(PyExc_ValueError, "kvtier: %zu function addresses expected (API_NAMES)",
+                     N_API);
+        return -1;
+    }
+    void **fns = (void **)&s->api;
+    for (size_t i = 0; i < N_API; i++) {
+        PyObject *a = PySequence_GetItem(addrs, (Py_ssize_t)i);
+        fns[i] = a ? PyLong_AsVoidPtr(a) : NULL;
+        Py_XDECREF(a);
+        if (fns[i] == NULL) {
+            if (!PyErr_Occurred())
+                PyErr_Format(PyExc_ValueError, "kvtier: no address for %s", api_names[i]);
+            return -1;
+        }
+    }
+    for (size_t i = 0; i < sizeof(shared_structs) / sizeof(shared_structs[0]); i++) {
+        size_t lib = s->api.kvt_sizeof(shared_structs[i].name);
+        if (lib != shared_structs[i].size) {
+            PyErr_Format(PyExc_ImportError,
+                         "kvtier: struct %s is %zu bytes in libkvtier but %zu in kvtier._sched "
+                         "(built from another version): reinstall kvtier",
+                         shared_structs[i].name, lib, shared_structs[i].size);
+            return -1;
+        }
+    }
+    Py_ssize_t ng = PySequence_Size(tokens);
+    if (ng < 1 || ng > KVT_MAX_GROUPS || hash_len < 1 || hash_len > KVT_HASH_MAX || sched_bs < 1) {
+        if (!PyErr_Occurred())
+            PyErr_Format(PyExc_ValueError,
+                         "kvtier: %zd groups (1..%d), hash length %u (1..%d), scheduler block "
+                         "size %u",
+                         ng, KVT_MAX_GROUPS, hash_len, KVT_HASH_MAX, sched_bs);
+        return -1;
+    }
+    s->ng = (uint32_t)ng;
+    for (Py_ssize_t g = 0; g < ng; g++) {
+        PyObject *t = PySequence_GetItem(tokens, g);
+        int rc = t ? as_u32(t, &s->group_tokens[g], "group block size") : -1;
+        Py_XDECREF(t);
+        if (rc < 0)
+            return -1;
+    }
+    Py_ssize_t ns = PySequence_Size(stats);
+    if (ns < 0)
+        return -1;
+    s->stats = calloc((size_t)ns + 1, sizeof(*s->stats));
+    if (s->stats == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < ns; i++) { /* (name, offset) of each counter drained per step */
+        PyObject *row = PySequence_GetItem(stats, i);
+        PyObject *name = NULL;
+        Py_ssize_t off = -1;
+        if (row != NULL && PyArg_ParseTuple(row, "Un", &name, &off) && off >= 0 &&
+            (size_t)off + sizeof(uint64_t) <= sizeof(kvt_offload_stats)) {
+            Py_INCREF(name);
+            s->stats[s->n_stats].name = name;
+            s->stats[s->n_stats++].offset = (size_t)off;
+        } else if (!PyErr_Occurred()) {
+            PyErr_Format(PyExc_ValueError, "kvtier: stats row %zd: offset %zd out of range", i,
+                         off);
+        }
+        Py_XDECREF(row);
+        if (PyErr_Occurred())
+            return -1;
+    }
+    s->sched_bs = sched_bs;
+    s->hash_len = hash_len;
+    s->eager = eager;
+    for (int i = 0; i < FS_WHEEL; i++)
+        s->wheel[i].prev = s->wheel[i].next = &s->wheel[i];
+    s->tokens_per_step = tokens_per_step;
+    Py_INCREF(err);
+    s->error_type = err;
+    s->reqs = PyDict_New();
+    return s->reqs ? 0 : -1;
+}
+
+static void drop_all(fs_sched *s)
+{
+    Py_CLEAR(s->reqs);
+    for (uint32_t i = 0; i < s->cap_slots; i++) {
+        if (s->recs[i] != NULL)
+            req_free(s->recs[i]);
+        Py_DECREF(s->slot_obj[i]);
+        Py_XDECREF(s->key_obj[i]);
+    }
+    free(s->recs);
+    free(s->key_obj);
+    free(s->ptr_map);
+    s->ptr_map = NULL;
+    s->ptr_cap = s->ptr_used = 0;
+    free(s->ready);
+    free(s->slot_obj);
+    free(s->free_slots);
+    s->recs = NULL;
+    s->cap_slots = s->n_free = 0;
+}
+
+static void sched_dealloc(PyObject *self)
+{
+    fs_sched *s = (fs_sched *)self;
+    PyTypeObject *tp = Py_TYPE(self);
+    drop_all(s);
+    Py_CLEAR(s->error_type);
+    Py_CLEAR(s->gpu);
+    Py_CLEAR(s->gpu_blocks);
+    Py_CLEAR(s->gpu_touch);
+    Py_CLEAR(s->gpu_free);
+    Py_CLEAR(s->cb_type);
+    Py_CLEAR(s->cb_value);
+    Py_CLEAR(s->cb_tb);
+    for (uint32_t i = 0; i < s->n_stats; i++)
+        Py_DECREF(s->stats[i].name);
+    free(s->stats);
+    for (uint32_t g = 0; g < KVT_MAX_GROUPS; g++)
+        free(s->scratch[g].ids);
+    free(s->batch);
+    free(s->items);
+    freefunc f = (freefunc)PyType_GetSlot(tp, Py_tp_free);
+    f(self);
+    Py_DECREF(tp);
+}
+
+/* ops() -> (touch, free, lru_scan, lookup, ctx): the addresses of the pool callbacks, for the
+ * kvt_gpu_pool_ops given to kvt_offload_create_ext, with this object as their context. */
+static PyObject *sched_ops(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+    return Py_BuildValue("(NNNNN)", PyLong_FromVoidPtr((void *)gpu_touch),
+                         PyLong_FromVoidPtr((void *)gpu_free),
+                         PyLong_FromVoidPtr((void *)gpu_lru_scan),
+                         PyLong_FromVoidPtr((void *)gpu_lookup), PyLong_FromVoidPtr(self));
+}
+
+/* bind(manager, meta, worker_meta): addresses of the kvt_offload handle and of the two structs
+ * (owned by the Python objects, which must outlive this one). */
+static PyObject *sched_bind(PyObject *self, PyObject *args)
+{
+    fs_sched *s = (fs_sched *)self;
+    PyObject *h, *meta, *wmeta;
+    if (!PyArg_ParseTuple(args, "OOO", &h, &meta, &wmeta))
+        return NULL;
+    s->m = PyLong_AsVoidPtr(h);
+    s->meta = PyLong_AsVoidPtr(meta);
+    s->wmeta = PyLong_AsVoidPtr(wmeta);
+    if (PyErr_Occurred())
+        return NULL;
+    if (s->m == NULL || s->meta == NULL || s->wmeta == NULL) {
+        s->m = NULL;
+        PyErr_SetString(PyExc_ValueError, "kvtier: bind: a NULL address");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *sched_unbind(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+    ((fs_sched *)self)->m = NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *sched_set_gpu(PyObject *self, PyObject *pool)
+{
+    fs_sched *s = (fs_sched *)self;
+    PyObject *blocks = PyObject_GetAttr(pool, s_.blocks);
+    PyObject *touch = blocks ? PyObject_GetAttr(pool, s_.touch) : NULL;
+    PyObject *fr = touch ? PyObject_GetAttr(pool, s_.free_blocks) : NULL;
+    if (fr == NULL || !PyList_Check(blocks)) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "kvtier: the block pool's blocks is not a list");
+        Py_XDECREF(blocks);
+        Py_XDECREF(touch);
+        Py_XDECREF(fr);
+        return NULL;
+    }
+    Py_INCREF(pool);
+    set_ref(&s->gpu, pool);
+    set_ref(&s->gpu_blocks, blocks);
+    set_ref(&s->gpu_touch, touch);
+    set_ref(&s->gpu_free, fr);
+    Py_RETURN_NONE;
+}
+
+static int bound(fs_sched *s)
+{
+    if (s->m != NULL)
+        return 0;
+    PyErr_SetString(PyExc_RuntimeError, "kvtier: the scheduler side is closed");
+    return -1;
+}
+
+/* match(request, num_computed, flags) -> hit tokens (get_num_new_matched_tokens). */
+static PyObject *sched_match(PyObject *self, PyObject *args)
+{
+    fs_sched *s = (fs_sched *)self;
+    PyObject *request;
+    unsigned int computed, flags;
+    if (!PyArg_ParseTuple(args, "OII", &request, &computed, &flags) || bound(s) < 0)
+        return NULL;
+    fs_req *r = req_state(s, request);
+    if (r == NULL || req_sync_hashes(s, r) < 0)
+        return NULL;
+    if (r->n_hashes == 0)
+        return PyLong_FromLong(0);
+    uint32_t ntok, hit = 0;
+    if (attr_u32(request, num_tokens, &ntok) < 0)
+        return NULL;
+    int rc = s->api.kvt_offload_match_flags(s->m, r->item.req_id, r->item.req_id_len, r->hashes,
+                                            r->n_hashes, ntok, computed, flags, &hit);
+    if (check(s, rc) < 0)
+        return NULL;
+    return PyLong_FromUnsignedLong(hit);
+}
+
+/* after_alloc(request, block_ids, num_external): block_ids is KVCacheBlocks.get_block_ids(). */
+static PyObject *sched_after_alloc(PyObject *self, PyObject *args)
+{
+    fs_sched *s = (fs_sched *)self;
+    PyObject *request, *ids;
+    unsigned int ext;
+    if (!PyArg_ParseTuple(args, "OOI", &request, &ids, &ext) || bound(s) < 0)
+        return NULL;
+    fs_req *r = req_state(s, request);
+    if (r == NULL || tables_set(s, s->scratch, ids, false) < 0)
+        return NULL;
+    tables_point(s, s->scratch, s->scratch_ptrs, s->scratch_counts);
+    int rc = s->api.kvt_offload_after_alloc(s->m, r->item.req_id, r->item.req_id_len,
+                                            s->scratch_ptrs, s->scratch_counts, ext);
+    if (check(s, rc) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* Queues r for this step's kvt_offload_schedule_many if a block of it may be newly confirmed
+ * (or some were left over): the ctypes path's _schedule_one. */
+/* The step r's next check is due in: before this step r computed `computed` of its
+ * num_tokens tokens, `placeholders` of them not yet confirmed; this step computes `scheduled`
+ * more; its last schedule call covered s->ready[slot] scheduler blocks. A request with known
+ * tokens left after this step is in a prefill (a first one, or the recomputation of a resumed
+ * request) and may compute any number in the next step: due then. Otherwise it decodes: by
+ * the step k steps from now its confirmed tokens grow by at most placeholders + scheduled +
+ * (k - 1) * tokens_per_step (confirmation catches up at most the placeholders outstanding
+ * now, this step computes `scheduled`, each later one at most tokens_per_step), so its next
+ * block cannot be confirmed sooner. */
+static uint64_t next_check(const fs_sched *s, const fs_req *r, uint32_t computed,
+                           uint32_t placeholders, uint32_t scheduled, uint32_t num_tokens)
+{
+    if (r->pending || r->restart || (uint64_t)computed + scheduled < num_tokens)
+        return s->step + 1;
+    uint64_t confirmed = computed >= placeholders ? computed - placeholders : 0;
+    int64_t ready = s->ready[r->slot] < 0 ? 0 : s->ready[r->slot];
+    uint64_t boundary = (uint64_t)(ready + 1) * s->sched_bs;
+    uint64_t reach = confirmed + placeholders + scheduled; /* the most by the next step */
+    if (boundary <= reach)
+        return s->step + 1;
+    return s->step + 1 + (boundary - reach + s->tokens_per_step - 1) / s->tokens_per_step;
+}
+
+/* Queues r for this step's kvt_offload_schedule_many if a block of it may be newly confirmed
+ * (or some were left over); otherwise holds it for its next check. */
+static int schedule_one(fs_sched *s, fs_req *r, PyObject *nsched, PyObject *rid)
+{
+    if (r->in_batch)
+        return 0;
+    PyObject *o = PyDict_GetItemWithError(nsched, rid);
+    uint32_t scheduled = 0, computed, placeholders;
+    if (o == NULL && PyErr_Occurred())
+        return -1;
+    if (o != NULL && as_u32(o, &scheduled, "num_scheduled_tokens") < 0)
+        return -1;
+    if (scheduled == 0) { /* not running this step: look again in the next */
+        wheel_put(s, r, s->step + 1);
+        return 0;
+    }
+    uint32_t num_tokens;
+    if (attr_u32(r->request, num_computed_tokens, &computed) < 0 ||
+        attr_u32(r->request, num_output_placeholders, &placeholders) < 0 ||
+        attr_u32(r->request, num_tokens, &num_tokens) < 0)
+        return -1;
+    uint32_t confirmed = computed >= placeholders ? computed - placeholders : 0;
+    int64_t ready = confirmed / s->sched_bs;
+    if (ready <= s->ready[r->slot] && !r->pending && !r->restart) {
+        wheel_put(s, r, next_check(s, r, computed, placeholders, scheduled, num_tokens));
+        return 0;
+    }
+    s->ready[r->slot] = ready;
+    if (req_sync_hashes(s, r) < 0)
+        return -1;
+    if (s->n_batch == s->cap_batch) {
+        uint32_t cap = s->cap_batch, c2 = cap;
+        if (grow((void **)&s->batch, &cap, s->n_batch + 1, sizeof(*s->batch)) < 0 ||
+            grow((void **)&s->items, &c2, s->n_batch + 1, sizeof(*s->items)) < 0)
+            return -1;
+        s->cap_batch = cap < c2 ? cap : c2;
+    }
+    kvt_offload_sched_req *it = &r->item;
+    it->hashes = r->hashes;
+    it->n_hashes = r->n_hashes;
+    tables_point(s, r->tables, r->ptrs, r->counts);
+    it->num_confirmed = confirmed;
+    it->num_scheduled = scheduled;
+    it->resumed = r->restart;
+    r->restart = false;
+    r->in_batch = true;
+    r->computed = computed;
+    r->placeholders = placeholders;
+    r->scheduled = scheduled;
+    r->num_tokens = num_tokens;
+    s->batch[s->n_batch] = r;
+    s->items[s->n_batch++] = it;
+    return 0;
+}
+
+static int select_new(fs_sched *s, PyObject *so, PyObject *nsched)
+{
+    PyObject *news = PyObject_GetAttr(so, s_.scheduled_new_reqs);
+    if (news == NULL)
+        return -1;
+    int rc = 0;
+    Py_ssize_t n = PySequence_Size(news);
+    for (Py_ssize_t i = 0; rc == 0 && i < n; i++) {
+        PyObject *nr = PySequence_GetItem(news, i);
+        PyObject *rid = nr ? PyObject_GetAttr(nr, s_.req_id) : NULL;
+        PyObject *ids = rid ? PyObject_GetAttr(nr, s_.block_ids) : NULL;
+        fs_req *r = ids ? req_get(s, rid) : NULL;
+        rc = ids == NULL || PyErr_Occurred() ? -1 : 0;
+        if (r != NULL) { /* a (re)started request: its whole table */
+            rc = tables_set(s, r->tables, ids, false);
+            if (rc == 0 && s->eager)
+                rc = schedule_one(s, r, nsched, rid);
+        }
+        Py_XDECREF(ids);
+        Py_XDECREF(rid);
+        Py_XDECREF(nr);
+    }
+    Py_DECREF(news);
+    return n < 0 ? -1 : rc;
+}
+
+/* Item i of a list or tuple (borrowed). */
+static PyObject *item(PyObject *seq, bool list, Py_ssize_t i)
+{
+    return list ? PyList_GetItem(seq, i) : PyTuple_GetItem(seq, i);
+}
+
+/* Running request rid's new blocks nw (resumed: they replace its table); one given a new
+ * block is checked in this step. */
+static int cached_one(fs_sched *s, PyObject *rid, PyObject *nw, PyObject *resumed)
+{
+    Py_ssize_t slot = slot_of(s, rid);
+    if (slot < 0)
+        return PyErr_Occurred() ? -1 : 0;
+    fs_req *r = s->recs[slot];
+    if (nw != Py_None) {
+        int res = resumed != NULL ? PySequence_Contains(resumed, rid) : 0;
+        if (res > 0) {
+            for (uint32_t g = 0; g < s->ng; g++)
+                r->tables[g].n = 0;
+            req_restart(s, r);
+        }
+        if (res < 0 || tables_set(s, r->tables, nw, true) < 0)
+            return -1;
+        wheel_put(s, r, s->step);
+    }
+    return 0;
+}
+
+/* The checks due in this step. */
+static int run_due(fs_sched *s, PyObject *nsched)
+{
+    struct fs_link due, *head = &s->wheel[s->step % FS_WHEEL];
+    if (head->next == head)
+        return 0;
+    due.prev = head->prev; /* the bucket moves to a list of its own: checks put back go in */
+    due.next = head->next; /* buckets of their own */
+    due.prev->next = due.next->prev = &due;
+    head->prev = head->next = head;
+    int rc = 0;
+    while (due.next != &due) {
+        fs_req *r = (fs_req *)due.next; /* link is the first member */
+        link_del(&r->link);
+        if (rc < 0) {
+            wheel_put(s, r, s->step + 1);
+            continue;
+        }
+        if (r->due > s->step)
+            wheel_put(s, r, r->due);
+        else
+            rc = schedule_one(s, r, nsched, s->key_obj[r->slot]);
+    }
+    return rc;
+}
+
+/* The scheduled running requests (CachedRequestData), then those the last calls left blocks
+ * of. */
+static int select_cached(fs_sched *s, PyObject *so, PyObject *nsched)
+{
+    PyObject *c = PyObject_GetAttr(so, s_.scheduled_cached_reqs), *resumed = NULL;
+    PyObject *seq[2] = {NULL, NULL}; /* req_ids, new_block_ids */
+    PyObject *const names[2] = {s_.req_ids, s_.new_block_ids};
+    bool list[2];
+    int rc = -1;
+    if (c == NULL)
+        return -1;
+    for (int k = 0; k < 2; k++) {
+        PyObject *o = PyObject_GetAttr(c, names[k]);
+        seq[k] = o ? PySequence_Fast(o, "kvtier: CachedRequestData holds a non-sequence") : NULL;
+        Py_XDECREF(o);
+        if (seq[k] == NULL)
+            goto out;
+        list[k] = PyList_Check(seq[k]);
+    }
+    resumed = PyObject_GetAttr(c, s_.resumed_req_ids);
+    if (resumed == Py_None)
+        Py_CLEAR(resumed);
+    Py_ssize_t n = PyObject_Length(seq[0]);
+    Py_ssize_t nr = resumed ? PyObject_Length(resumed) : PyErr_Occurred() ? -1 : 0;
+    if (nr < 0 || PyObject_Length(seq[1]) != n) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "kvtier: CachedRequestData's lists differ in length");
+        goto out;
+    }
+    if (nr == 0)
+        Py_CLEAR(resumed);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *nw = item(seq[1], list[1], i);
+        if (nw != Py_None && cached_one(s, item(seq[0], list[0], i), nw, resumed) < 0)
+            goto out;
+    }
+    rc = run_due(s, nsched);
+out:
+    Py_XDECREF(resumed);
+    for (int k = 0; k < 2; k++)
+        Py_XDECREF(seq[k]);
+    Py_DECREF(c);
+    return rc;
+}
+
+static int run_batch(fs_sched *s)
+{
+    uint32_t n = s->n_batch;
+    if (n == 0)
+        return 0;
+    s->n_batch = 0;
+    int rc = s->api.kvt_offload_schedule_many(s->m, s->items, n, NULL);
+    for (uint32_t i = 0; i < n; i++) {
+        fs_req *r = s->batch[i];
+        r->in_batch = false;
+        if (rc < 0) {
+            wheel_put(s, r, s->step + 1);
+            continue;
+        }
+        r->pending = r->item.left;
+        wheel_put(s, r,
+                  next_check(s, r, r->computed, r->placeholders, r->scheduled, r->num_tokens));
+    }
+    return check(s, rc);
+}
+
+static bool meta_empty(const kvt_offload_meta *m)
+{
+    if (m->n_loads || m->n_stores || m->n_load_events || m->n_load_invalid)
+        return false;
+    for (int t = 0; t < KVT_MAX_TIERS - 1; t++)
+        if (m->tiers[t].n_loads || m->tiers[t].n_stores)
+            return false;
+    return true;
+}
+
+/* build_meta(scheduler_output) -> the step's encoded metadata, or None when it carries nothing
+ * (and nobody was preempted). */
+static PyObject *sched_build_meta(PyObject *self, PyObject *so)
+{
+    fs_sched *s = (fs_sched *)self;
+    if (bound(s) < 0)
+        return NULL;
+    PyObject *pre = PyObject_GetAttr(so, s_.preempted_req_ids);
+    PyObject *nsched = pre ? PyObject_GetAttr(so, s_.num_scheduled_tokens) : NULL;
+    PyObject *out = NULL;
+    if (nsched == NULL)
+        goto done;
+    if (!PyDict_Check(nsched)) {
+        PyErr_SetString(PyExc_TypeError, "kvtier: num_scheduled_tokens is not a dict");
+        goto done;
+    }
+    int preempted = PyObject_IsTrue(pre);
+    if (preempted < 0)
+        goto done;
+    if (preempted) { /* its blocks were freed: stores restart from block 0 */
+        PyObject *it = PyObject_GetIter(pre), *rid;
+        if (it == NULL)
+            goto done;
+        while ((rid = PyIter_Next(it)) != NULL) {
+            fs_req *r = req_get(s, rid);
+            if (r != NULL) {
+                for (uint32_t g = 0; g < s->ng; g++)
+                    r->tables[g].n = 0;
+                req_restart(s, r);
+            }
+            Py_DECREF(rid);
+        }
+        Py_DECREF(it);
+        if (PyErr_Occurred())
+            goto done;
+    }
+    if (select_new(s, so, nsched) < 0 || (s->eager && select_cached(s, so, nsched) < 0)) {
+        for (uint32_t i = 0; i < s->n_batch; i++) { /* checked again in the next step */
+            s->batch[i]->in_batch = false;
+            wheel_put(s, s->batch[i], s->step + 1);
+        }
+        s->n_batch = 0;
+        goto done;
+    }
+    int rc = run_batch(s);
+    s->step++;
+    if (rc < 0)
+        goto done;
+    rc = s->api.kvt_offload_build_meta(s->m, preempted, s->meta);
+    if (check(s, rc) < 0)
+        goto done;
+    if (!preempted && meta_empty(s->meta)) {
+        out = Py_None;
+        Py_INCREF(out);
+        goto done;
+    }
+    size_t cap = s->api.kvt_offload_meta_encoded_size(s->meta), len = 0;
+    out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)cap);
+    if (out == NULL)
+        goto done;
+    rc = s->api.kvt_offload_meta_encode(s->meta, PyBytes_AsString(out), cap, &len);
+    if (rc < 0 || len != cap) {
+        Py_CLEAR(out);
+        fail_call(s, rc < 0 ? rc : KVT_EINVAL);
+    }
+done:
+    Py_XDECREF(nsched);
+    Py_XDECREF(pre);
+    return out;
+}
+
+/* apply_output(finished_recving, worker_meta_bytes): update_connector_output. */
+static PyObject *sched_apply_output(PyObject *self, PyObject *args)
+{
+    fs_sched *s = (fs_sched *)self;
+    PyObject *fin, *data;
+    if (!PyArg_ParseTuple(args, "OO", &fin, &data) || bound(s) < 0)
+        return NULL;
+    Py_ssize_t n = fin == Py_None ? 0 : PySequence_Size(fin);
+    if (n < 0)
+        return NULL;
+    const kvt_offload_worker_meta *w = NULL;
+    if (data != Py_None && PyBytes_Size(data) > 0) {
+        int rc = s->api.kvt_offload_worker_meta_decode(s->wmeta, PyBytes_AsString(data),
+                                                       (size_t)PyBytes_Size(data));
+        if (rc < 0) {
+            const char *msg = s->api.kvt_last_error();
+            PyObject *a = Py_BuildValue("(is)", rc, msg ? msg : "");
+            if (a != NULL) {
+                PyObject *m = PyUnicode_FromFormat("worker report: %s", msg ? msg : "");
+                set_ref(&a, m ? Py_BuildValue("(iN)", rc, m) : NULL);
+            }
+            if (a != NULL) {
+                PyErr_SetObject(s->error_type, a);
+                Py_DECREF(a);
+            }
+            return NULL;
+        }
+        w = s->wmeta;
+    } else if (PyErr_Occurred()) {
+        return NULL;
+    }
+    if (n == 0 && w == NULL)
+        Py_RETURN_NONE;
+    kvt_str *names = n ? calloc((size_t)n, sizeof(*names)) : NULL;
+    PyObject *keep = n ? PyList_New(0) : NULL;
+    PyObject *result = NULL;
+    if (n && (names == NULL || keep == NULL)) {
+        if (!PyErr_Occurred())
+            PyErr_NoMemory();
+        goto out;
+    }
+    PyObject *it = n ? PyObject_GetIter(fin) : NULL, *rid;
+    Py_ssize_t k = 0;
+    while (it != NULL && k < n && (rid = PyIter_Next(it)) != NULL) {
+        PyObject *b = PyUnicode_AsUTF8String(rid);
+        Py_DECREF(rid);
+        if (b == NULL || PyList_Append(keep, b) < 0) {
+            Py_XDECREF(b);
+            break;
+        }
+        Py_DECREF(b);
+        names[k].ptr = PyBytes_AsString(b); /* kept alive by keep */
+        names[k++].len = (uint32_t)PyBytes_Size(b);
+    }
+    Py_XDECREF(it);
+    if (PyErr_Occurred())
+        goto out;
+    if (check(s, s->api.kvt_offload_apply_output(s->m, names, (uint32_t)k, w)) == 0) {
+        result = Py_None;
+        Py_INCREF(result);
+    }
+out:
+    Py_XDECREF(keep);
+    free(names);
+    return result;
+}
+
+/* finished(request, block_ids): request_finished(_all_groups); forgets the request. */
+static PyObject *sched_finished(PyObject *self, PyObject *args)
+{
+    fs_sched *s = (fs_sched *)self;
+    PyObject *request, *ids;
+    if (!PyArg_ParseTuple(args, "OO", &request, &ids) || bound(s) < 0)
+        return NULL;
+    PyObject *rid = PyObject_GetAttr(request, s_.request_id);
+    if (rid == NULL)
+        return NULL;
+    fs_req *r;
+    int forgot = req_forget(s, rid, &r); /* r lives until the call returned */
+    Py_DECREF(rid);
+    if (r == NULL) {
+        if (forgot < 0)
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    PyObject *result = NULL;
+    uint32_t computed, placeholders;
+    if (req_sync_hashes(s, r) < 0 || tables_set(s, s->scratch, ids, false) < 0 ||
+        attr_u32(request, num_computed_tokens, &computed) < 0 ||
+        attr_u32(request, num_output_placeholders, &placeholders) < 0)
+        goto out;
+    link_del(&r->link);
+    tables_point(s, s->scratch, s->scratch_ptrs, s->scratch_counts);
+    int rc = s->api.kvt_offload_request_finished_hashed(
+        s->m, r->item.req_id, r->item.req_id_len, s->scratch_ptrs, s->scratch_counts, r->hashes,
+        r->n_hashes, computed >= placeholders ? computed - placeholders : 0);
+    if (check(s, rc) == 0) {
+        result = Py_None;
+        Py_INCREF(result);
+    }
+out:
+    req_free(r);
+    return result;
+}
+
+/* interval_stats() -> {counter: delta since the last call}, or None when none moved. */
+static PyObject *sched_interval_stats(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+    fs_sched *s = (fs_sched *)self;
+    if (bound(s) < 0)
+        return NULL;
+    kvt_offload_stats now;
+    s->api.kvt_offload_get_stats(s->m, &now);
+    PyObject *d = NULL;
+    for (uint32_t i = 0; i < s->n_stats; i++) {
+        uint64_t v, was;
+        memcpy(&v, (const char *)&now + s->stats[i].offset, sizeof(v));
+        memcpy(&was, (const char *)&s->last + s->stats[i].offset, sizeof(was));
+        if (d == NULL && v != was && (d = PyDict_New()) == NULL)
+            return NULL;
+        if (d == NULL)
+            continue;
+        PyObject *x = PyLong_FromUnsignedLongLong(v - was);
+        if (x == NULL || PyDict_SetItem(d, s->stats[i].name, x) < 0) {
+            Py_XDECREF(x);
+            Py_DECREF(d);
+            return NULL;
+        }
+        Py_DECREF(x);
+    }
+    s->last = now;
+    if (d == NULL)
+        Py_RETURN_NONE;
+    return d;
+}
+
+/* forget(request_id): drops a request's record without telling the manager. */
+static PyObject *sched_forget(PyObject *self, PyObject *rid)
+{
+    if (req_forget((fs_sched *)self, rid, NULL) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* raise_kept(): raises the exception a pool callback raised during a manager call made
+ * outside this module (the package's ctypes calls: reset, release of engine blocks). */
+static PyObject *sched_raise_kept(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+    if (check((fs_sched *)self, 0) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *sched_len(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+    return PyLong_FromSsize_t(PyDict_Size(((fs_sched *)self)->reqs));
+}
+
+static PyMethodDef sched_methods[] = {
+    {"ops", sched_ops, METH_NOARGS, "(touch, free, lru_scan, lookup, ctx) addresses"},
+    {"bind", sched_bind, METH_VARARGS, "bind(manager, meta, worker_meta) addresses"},
+    {"unbind", sched_unbind, METH_NOARGS, "forget the manager (it is being destroyed)"},
+    {"set_gpu", sched_set_gpu, METH_O, "set_gpu(block_pool)"},
+    {"match", sched_match, METH_VARARGS, "match(request, num_computed, flags) -> hit tokens"},
+    {"after_alloc", sched_after_alloc, METH_VARARGS, "after_alloc(request, ids, external)"},
+    {"build_meta", sched_build_meta, METH_O, "build_meta(so) -> bytes or None"},
+    {"apply_output", sched_apply_output, METH_VARARGS, "apply_output(fin, data)"},
+    {"finished", sched_finished, METH_VARARGS, "finished(request, block_ids)"},
+    {"interval_stats", sched_interval_stats, METH_NOARGS, "counter deltas, or None"},
+    {"forget", sched_forget, METH_O, "forget(request_id)"},
+    {"requests", sched_len, METH_NOARGS, "requests with a record"},
+    {"raise_kept", sched_raise_kept, METH_NOARGS, "raises a pool callback's kept exception"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyType_Slot sched_slots[] = {
+    {Py_tp_init, sched_init},
+    {Py_tp_dealloc, sched_dealloc},
+    {Py_tp_methods, sched_methods},
+    {Py_tp_doc, "kvtier's vLLM scheduler side, compiled (see kvtier/vllm/_kv.py)"},
+    {0, NULL},
+};
+
+static PyType_Spec sched_spec = {
+    "kvtier._sched.Scheduler", sizeof(fs_sched), 0, Py_TPFLAGS_DEFAULT, sched_slots,
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT,
+    "_sched",
+    "kvtier's vLLM scheduler side, compiled",
+    -1,
+    NULL,
+    NULL,
+    NULL,
+    NULL,
+    NULL,
+};
+
+PyMODINIT_FUNC PyInit__sched(void)
+{
+#define FS_INTERN(name)                                                                            \
+    if (s_.name == NULL && (s_.name = PyUnicode_InternFromString(#name)) == NULL)                  \
+        return NULL;
+    FS_ATTRS(FS_INTERN)
+#undef FS_INTERN
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    PyObject *tp = PyType_FromSpec(&sched_spec);
+    PyObject *names = PyTuple_New((Py_ssize_t)N_API);
+    for (size_t i = 0; names != NULL && i < N_API; i++)
+        PyTuple_SetItem(names, (Py_ssize_t)i, PyUnicode_FromString(api_names[i]));
+    if (tp == NULL || names == NULL || PyModule_AddObject(m, "Scheduler", tp) < 0) {
+        Py_XDECREF(tp);
+        Py_XDECREF(names);
+        Py_DECREF(m);
+        return NULL;
+    }
+    if (PyModule_AddObject(m, "API_NAMES", names) < 0) {
+        Py_DECREF(names);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
