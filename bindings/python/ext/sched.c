@@ -711,16 +711,22 @@ static void call_with_blocks(fs_sched *s, PyObject *fn, const uint32_t *ids, uin
     Py_XDECREF(res);
 }
 
+/* The callbacks take the GIL: this module's hooks hold it, but the package's ctypes calls
+ * (reset, release of engine blocks) release it around the manager call that runs them. */
 static void gpu_touch(void *ctx, const uint32_t *ids, uint32_t n)
 {
     fs_sched *s = ctx;
+    PyGILState_STATE g = PyGILState_Ensure();
     call_with_blocks(s, s->gpu_touch, ids, n);
+    PyGILState_Release(g);
 }
 
 static void gpu_free(void *ctx, const uint32_t *ids, uint32_t n)
 {
     fs_sched *s = ctx;
+    PyGILState_STATE g = PyGILState_Ensure();
     call_with_blocks(s, s->gpu_free, ids, n);
+    PyGILState_Release(g);
 }
 
 /* vLLM's key of a cached block: the hash, then the group as 4 big-endian bytes. */
@@ -767,9 +773,18 @@ out:
     return rc;
 }
 
+static uint32_t lru_scan(fs_sched *s, uint32_t cap, uint32_t *ids, kvt_pool_key *keys);
+
 static uint32_t gpu_lru_scan(void *ctx, uint32_t cap, uint32_t *ids, kvt_pool_key *keys)
 {
-    fs_sched *s = ctx;
+    PyGILState_STATE g = PyGILState_Ensure();
+    uint32_t n = lru_scan(ctx, cap, ids, keys);
+    PyGILState_Release(g);
+    return n;
+}
+
+static uint32_t lru_scan(fs_sched *s, uint32_t cap, uint32_t *ids, kvt_pool_key *keys)
+{
     uint32_t n = 0;
     PyObject *it = NULL, *q = s->gpu ? PyObject_GetAttr(s->gpu, s_.free_block_queue) : NULL;
     if (q != NULL)
@@ -797,9 +812,18 @@ static uint32_t gpu_lru_scan(void *ctx, uint32_t cap, uint32_t *ids, kvt_pool_ke
     return n;
 }
 
+static uint32_t lookup(fs_sched *s, const uint8_t *hash, uint32_t group, uint32_t *ref_cnt);
+
 static uint32_t gpu_lookup(void *ctx, const uint8_t *hash, uint32_t group, uint32_t *ref_cnt)
 {
-    fs_sched *s = ctx;
+    PyGILState_STATE g = PyGILState_Ensure();
+    uint32_t id = lookup(ctx, hash, group, ref_cnt);
+    PyGILState_Release(g);
+    return id;
+}
+
+static uint32_t lookup(fs_sched *s, const uint8_t *hash, uint32_t group, uint32_t *ref_cnt)
+{
     uint8_t key[KVT_HASH_MAX + 4];
     memcpy(key, hash, s->hash_len);
     key[s->hash_len] = (uint8_t)(group >> 24);

@@ -168,6 +168,22 @@ class CompiledScheduler(unittest.TestCase):
         hit = self.side.match(twin, 0, 0)
         self.assertEqual(hit, 4 * BS)
 
+    def test_callbacks_run_from_a_ctypes_call_take_the_gil(self):
+        """ctypes releases the GIL around a call: the engine-block release the package makes
+        through ctypes runs the C free callback, which must take it back (it crashed)."""
+        r = request("a", 2 * BS, 1)
+        self.side.match(r, 0, 0)
+        self.side.after_alloc(r, (r.ids,), 0)
+        self.step(output(new=[r], scheduled={"a": 2 * BS}))
+        r.num_computed_tokens = 2 * BS
+        r.num_tokens += 1
+        m = self.step(output(cached=[r], scheduled={"a": 1}))
+        self.assertEqual([g for g, _ in m.stores], [1, 2])
+        held = ctypes.c_uint32(0)
+        self.assertEqual(L.lib.kvt_offload_release_engine_blocks(self.h, ctypes.byref(held)), 0)
+        self.assertEqual(sorted(self.pool.freed), [1, 2])
+        self.assertEqual(held.value, 0)
+
     def test_a_hash_of_the_wrong_length_is_refused(self):
         r = request("a", 2 * BS, 1)
         r.block_hashes[1] = b"short"
