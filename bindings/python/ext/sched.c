@@ -80,6 +80,8 @@ static const struct {
     X(num_tokens)                                                                                  \
     X(num_computed_tokens)                                                                         \
     X(num_output_placeholders)                                                                     \
+    X(num_prompt_tokens)                                                                           \
+    X(__dict__)                                                                                    \
     X(skip_reading_prefix_cache)                                                                   \
     X(get_block_ids)                                                                               \
     X(scheduled_new_reqs)                                                                          \
@@ -134,9 +136,13 @@ typedef struct fs_req {
     struct fs_link link; /* in the bucket of fs_sched.wheel its check is due in */
     uint64_t due;        /* the step its next check is due in */
     /* when queued for schedule_many, for run_batch's next_check */
-    uint32_t computed, placeholders, scheduled, num_tokens;
-    PyObject *request; /* vLLM's Request */
-    PyObject *rid;     /* its id as UTF-8 bytes */
+    uint32_t computed, placeholders, scheduled;
+    bool prefill;
+    bool recompute;         /* resumed: recomputing tokens past its prompt */
+    uint32_t prompt_tokens; /* num_prompt_tokens */
+    PyObject *attrs;        /* the request's instance dict (NULL: it has none) */
+    PyObject *request;      /* vLLM's Request */
+    PyObject *rid;          /* its id as UTF-8 bytes */
     uint8_t *hashes;
     uint32_t n_hashes, cap_hashes;
     uint32_t slot;
@@ -243,6 +249,7 @@ static void req_free(fs_req *r)
 {
     link_del(&r->link);
     Py_XDECREF(r->request);
+    Py_XDECREF(r->attrs);
     Py_XDECREF(r->rid);
     free(r->hashes);
     for (uint32_t g = 0; g < r->ng; g++)
@@ -323,6 +330,22 @@ static int attr_u32_(PyObject *o, PyObject *name, uint32_t *out, const char *wha
     Py_DECREF(v);
     return rc;
 }
+
+/* A plain attribute of a request, read from its instance dict where it is there (a checked
+ * step reads a few of each due request: the generic lookup walks the type's MRO first), else
+ * looked up as any attribute. New reference. */
+static PyObject *req_attr(PyObject *request, PyObject *attrs, PyObject *name)
+{
+    PyObject *v = attrs ? PyDict_GetItemWithError(attrs, name) : NULL;
+    if (v != NULL) {
+        Py_INCREF(v);
+        return v;
+    }
+    return PyErr_Occurred() ? NULL : PyObject_GetAttr(request, name);
+}
+
+#define req_u32(r, name, out) req_u32_(r, s_.name, out, #name)
+static int req_u32_(const struct fs_req *r, PyObject *name, uint32_t *out, const char *what);
 
 /* Appends the ints of seq (a list or tuple of block ids) to t. */
 static int table_extend(struct fs_table *t, PyObject *seq)
@@ -586,6 +609,12 @@ static fs_req *req_state(fs_sched *s, PyObject *request)
     r->rid = PyUnicode_AsUTF8String(rid);
     Py_INCREF(request);
     r->request = request;
+    if (r->rid != NULL && (r->attrs = PyObject_GetAttr(request, s_.__dict__)) == NULL)
+        PyErr_Clear(); /* no instance dict: every attribute is looked up */
+    if (r->attrs != NULL && !PyDict_Check(r->attrs))
+        Py_CLEAR(r->attrs);
+    if (r->rid != NULL && req_u32(r, num_prompt_tokens, &r->prompt_tokens) < 0)
+        Py_CLEAR(r->rid);
     if (r->rid == NULL || ptr_add(s, rid, slot) < 0) {
         s->free_slots[s->n_free++] = slot;
         req_free(r);
@@ -611,10 +640,20 @@ static fs_req *req_state(fs_sched *s, PyObject *request)
     return r;
 }
 
+static int req_u32_(const struct fs_req *r, PyObject *name, uint32_t *out, const char *what)
+{
+    PyObject *v = req_attr(r->request, r->attrs, name);
+    if (v == NULL)
+        return -1;
+    int rc = as_u32(v, out, what);
+    Py_DECREF(v);
+    return rc;
+}
+
 /* Appends the hashes vLLM computed since the last call (request.block_hashes only grows). */
 static int req_sync_hashes(fs_sched *s, fs_req *r)
 {
-    PyObject *bh = PyObject_GetAttr(r->request, s_.block_hashes);
+    PyObject *bh = req_attr(r->request, r->attrs, s_.block_hashes);
     if (bh == NULL)
         return -1;
     int rc = -1;
@@ -658,6 +697,7 @@ out:
 static void req_restart(fs_sched *s, fs_req *r)
 {
     r->restart = true;
+    r->recompute = true;
     r->pending = 0;
     s->ready[r->slot] = -1;
     wheel_put(s, r, s->step + 1);
@@ -1120,9 +1160,9 @@ static PyObject *sched_after_alloc(PyObject *self, PyObject *args)
  * now, this step computes `scheduled`, each later one at most tokens_per_step), so its next
  * block cannot be confirmed sooner. */
 static uint64_t next_check(const fs_sched *s, const fs_req *r, uint32_t computed,
-                           uint32_t placeholders, uint32_t scheduled, uint32_t num_tokens)
+                           uint32_t placeholders, uint32_t scheduled, bool prefill)
 {
-    if (r->pending || r->restart || (uint64_t)computed + scheduled < num_tokens)
+    if (r->pending || r->restart || prefill)
         return s->step + 1;
     uint64_t confirmed = computed >= placeholders ? computed - placeholders : 0;
     int64_t ready = s->ready[r->slot] < 0 ? 0 : s->ready[r->slot];
@@ -1131,6 +1171,24 @@ static uint64_t next_check(const fs_sched *s, const fs_req *r, uint32_t computed
     if (boundary <= reach)
         return s->step + 1;
     return s->step + 1 + (boundary - reach + s->tokens_per_step - 1) / s->tokens_per_step;
+}
+
+/* Whether r, scheduled for `scheduled` tokens this step, still has known tokens to compute
+ * after it (a prefill, which may compute any number in the next step): a chunk larger than a
+ * decode step, a prompt not yet computed, or a resumed request recomputing its output (the
+ * only case that reads num_tokens, a property). */
+static int is_prefill(const fs_sched *s, fs_req *r, uint32_t computed, uint32_t scheduled,
+                      bool *prefill)
+{
+    *prefill = scheduled > s->tokens_per_step || computed < r->prompt_tokens;
+    if (*prefill || !r->recompute)
+        return 0;
+    uint32_t n;
+    if (attr_u32(r->request, num_tokens, &n) < 0)
+        return -1;
+    *prefill = (uint64_t)computed + scheduled < n;
+    r->recompute = *prefill;
+    return 0;
 }
 
 /* Queues r for this step's kvt_offload_schedule_many if a block of it may be newly confirmed
@@ -1149,15 +1207,16 @@ static int schedule_one(fs_sched *s, fs_req *r, PyObject *nsched, PyObject *rid)
         wheel_put(s, r, s->step + 1);
         return 0;
     }
-    uint32_t num_tokens;
-    if (attr_u32(r->request, num_computed_tokens, &computed) < 0 ||
-        attr_u32(r->request, num_output_placeholders, &placeholders) < 0 ||
-        attr_u32(r->request, num_tokens, &num_tokens) < 0)
+    if (req_u32(r, num_computed_tokens, &computed) < 0 ||
+        req_u32(r, num_output_placeholders, &placeholders) < 0)
+        return -1;
+    bool prefill;
+    if (is_prefill(s, r, computed, scheduled, &prefill) < 0)
         return -1;
     uint32_t confirmed = computed >= placeholders ? computed - placeholders : 0;
     int64_t ready = confirmed / s->sched_bs;
     if (ready <= s->ready[r->slot] && !r->pending && !r->restart) {
-        wheel_put(s, r, next_check(s, r, computed, placeholders, scheduled, num_tokens));
+        wheel_put(s, r, next_check(s, r, computed, placeholders, scheduled, prefill));
         return 0;
     }
     s->ready[r->slot] = ready;
@@ -1182,7 +1241,7 @@ static int schedule_one(fs_sched *s, fs_req *r, PyObject *nsched, PyObject *rid)
     r->computed = computed;
     r->placeholders = placeholders;
     r->scheduled = scheduled;
-    r->num_tokens = num_tokens;
+    r->prefill = prefill;
     s->batch[s->n_batch] = r;
     s->items[s->n_batch++] = it;
     return 0;
@@ -1328,8 +1387,7 @@ static int run_batch(fs_sched *s)
             continue;
         }
         r->pending = r->item.left;
-        wheel_put(s, r,
-                  next_check(s, r, r->computed, r->placeholders, r->scheduled, r->num_tokens));
+        wheel_put(s, r, next_check(s, r, r->computed, r->placeholders, r->scheduled, r->prefill));
     }
     return check(s, rc);
 }
@@ -1503,8 +1561,8 @@ static PyObject *sched_finished(PyObject *self, PyObject *args)
     PyObject *result = NULL;
     uint32_t computed, placeholders;
     if (req_sync_hashes(s, r) < 0 || tables_set(s, s->scratch, ids, false) < 0 ||
-        attr_u32(request, num_computed_tokens, &computed) < 0 ||
-        attr_u32(request, num_output_placeholders, &placeholders) < 0)
+        req_u32(r, num_computed_tokens, &computed) < 0 ||
+        req_u32(r, num_output_placeholders, &placeholders) < 0)
         goto out;
     link_del(&r->link);
     tables_point(s, s->scratch, s->scratch_ptrs, s->scratch_counts);

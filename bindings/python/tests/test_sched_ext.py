@@ -50,7 +50,7 @@ class Pool:
 def request(rid, tokens, first_block):
     """A request of `tokens` prompt tokens whose blocks are first_block, first_block + 1, ..."""
     n = tokens // BS
-    return NS(request_id=rid, num_tokens=tokens, num_computed_tokens=0,
+    return NS(request_id=rid, num_tokens=tokens, num_prompt_tokens=tokens, num_computed_tokens=0,
               num_output_placeholders=0,
               block_hashes=[(rid + ":%d" % i).encode().ljust(HLEN, b".")[:HLEN]
                             for i in range(n)],
