@@ -282,15 +282,21 @@ static int grow(void **p, uint32_t *cap, uint32_t need, size_t elem)
     return 0;
 }
 
-static int fail_call(fs_sched *s, int rc)
+/* Raises error_type(rc, what + the library's message); returns -1. */
+static int fail_call_in(fs_sched *s, int rc, const char *what)
 {
     const char *msg = s->api.kvt_last_error();
-    PyObject *args = Py_BuildValue("(is)", rc, msg ? msg : "");
+    PyObject *args = Py_BuildValue("(iN)", rc, PyUnicode_FromFormat("%s%s", what, msg ? msg : ""));
     if (args != NULL) {
         PyErr_SetObject(s->error_type, args);
         Py_DECREF(args);
     }
     return -1;
+}
+
+static int fail_call(fs_sched *s, int rc)
+{
+    return fail_call_in(s, rc, "");
 }
 
 /* After a manager call: the pool callbacks' exception first, then the call's failure. */
@@ -1488,16 +1494,7 @@ static PyObject *sched_apply_output(PyObject *self, PyObject *args)
         int rc = s->api.kvt_offload_worker_meta_decode(s->wmeta, PyBytes_AsString(data),
                                                        (size_t)PyBytes_Size(data));
         if (rc < 0) {
-            const char *msg = s->api.kvt_last_error();
-            PyObject *a = Py_BuildValue("(is)", rc, msg ? msg : "");
-            if (a != NULL) {
-                PyObject *m = PyUnicode_FromFormat("worker report: %s", msg ? msg : "");
-                set_ref(&a, m ? Py_BuildValue("(iN)", rc, m) : NULL);
-            }
-            if (a != NULL) {
-                PyErr_SetObject(s->error_type, a);
-                Py_DECREF(a);
-            }
+            fail_call_in(s, rc, "worker report: ");
             return NULL;
         }
         w = s->wmeta;

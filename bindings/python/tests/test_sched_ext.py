@@ -118,6 +118,16 @@ class CompiledScheduler(unittest.TestCase):
         data = self.side.build_meta(so)
         return kvtier.OffloadMeta.decode(data) if data is not None else None
 
+    def prefilled(self, blocks):
+        """Request "a" of `blocks` blocks from GPU block 1 on, its prompt run: it decodes."""
+        r = request("a", blocks * BS, 1)
+        self.side.match(r, 0, 0)
+        self.side.after_alloc(r, (r.ids,), 0)
+        self.step(output(new=[r], scheduled={"a": blocks * BS}))
+        r.num_computed_tokens = blocks * BS
+        r.num_tokens += 1
+        return r
+
     def test_blocks_are_stored_as_they_are_confirmed_and_pinned_until_reported(self):
         r = request("a", 4 * BS, 1)
         self.assertEqual(self.side.match(r, 0, 0), 0)  # nothing cached yet
@@ -152,12 +162,7 @@ class CompiledScheduler(unittest.TestCase):
         self.assertEqual(self.side.requests(), 0)
 
     def test_a_prefix_stored_is_found_by_the_next_request(self):
-        r = request("a", 4 * BS, 1)
-        self.side.match(r, 0, 0)
-        self.side.after_alloc(r, (r.ids,), 0)
-        self.step(output(new=[r], scheduled={"a": 4 * BS}))
-        r.num_computed_tokens = 4 * BS
-        r.num_tokens += 1
+        r = self.prefilled(4)
         m = self.step(output(cached=[r], scheduled={"a": 1}))
         w = kvtier.WorkerMeta()
         w.add(m.store_event, 1)
@@ -171,12 +176,7 @@ class CompiledScheduler(unittest.TestCase):
     def test_callbacks_run_from_a_ctypes_call_take_the_gil(self):
         """ctypes releases the GIL around a call: the engine-block release the package makes
         through ctypes runs the C free callback, which must take it back (it crashed)."""
-        r = request("a", 2 * BS, 1)
-        self.side.match(r, 0, 0)
-        self.side.after_alloc(r, (r.ids,), 0)
-        self.step(output(new=[r], scheduled={"a": 2 * BS}))
-        r.num_computed_tokens = 2 * BS
-        r.num_tokens += 1
+        r = self.prefilled(2)
         m = self.step(output(cached=[r], scheduled={"a": 1}))
         self.assertEqual([g for g, _ in m.stores], [1, 2])
         held = ctypes.c_uint32(0)
@@ -203,12 +203,7 @@ class CompiledScheduler(unittest.TestCase):
             self.side.after_alloc(r, ([1], [2]), 0)
 
     def test_the_pools_exception_comes_out_of_the_hook(self):
-        r = request("a", 2 * BS, 1)
-        self.side.match(r, 0, 0)
-        self.side.after_alloc(r, (r.ids,), 0)
-        self.step(output(new=[r], scheduled={"a": 2 * BS}))
-        r.num_computed_tokens = 2 * BS
-        r.num_tokens += 1
+        r = self.prefilled(2)
         self.pool.fail = MemoryError("pool refused")
         with self.assertRaisesRegex(MemoryError, "pool refused"):
             self.step(output(cached=[r], scheduled={"a": 1}))
