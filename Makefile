@@ -25,6 +25,7 @@
 BUILD        ?= build
 PREFIX       ?= /usr/local
 FUZZ_SECONDS ?= 30
+BENCH_VLLM_FLAGS ?=
 SOAK_SECONDS ?= 300
 VLLM_VENV    ?= .venv-vllm
 VLLM_PY       = $(CURDIR)/$(VLLM_VENV)/bin/python
@@ -160,7 +161,7 @@ vllm-serve-bench: vllm-model
 	$(VLLM_PY) tools/vllm/serve_bench.py --model $(VLLM_MODEL) --out $(BUILD)/vllm-serve-report.json
 
 bench-vllm: vllm-env build
-	$(VLLM_PY) bench/vllm/bench_sched.py --json
+	$(VLLM_PY) bench/vllm/bench_sched.py --json $(BENCH_VLLM_FLAGS)
 
 # The peers `kvtier bench ec` measures beside kvtier, pinned (bench/peers/requirements.txt).
 bench-env: deps
