@@ -18,8 +18,9 @@
  * callbacks (kvt_gpu_pool_ops) are C functions here calling vLLM's BlockPool; an exception in
  * one is kept and raised when the manager call that ran it returns.
  *
- * Thread rules: vLLM calls the scheduler side from the engine core's thread only. The GIL is
- * held throughout: the manager's calls are short and the pool callbacks need it anyway.
+ * Thread rules: vLLM calls the scheduler side from the engine core's thread only. The hooks
+ * hold the GIL throughout (the manager's calls are short and the pool callbacks need it); the
+ * callbacks take it themselves, for the package's ctypes calls that release it.
  * Python's limited API (3.9) only: one build serves every CPython from 3.9. */
 #define Py_LIMITED_API 0x03090000
 #define PY_SSIZE_T_CLEAN
@@ -82,8 +83,6 @@ static const struct {
     X(num_output_placeholders)                                                                     \
     X(num_prompt_tokens)                                                                           \
     X(__dict__)                                                                                    \
-    X(skip_reading_prefix_cache)                                                                   \
-    X(get_block_ids)                                                                               \
     X(scheduled_new_reqs)                                                                          \
     X(scheduled_cached_reqs)                                                                       \
     X(req_id)                                                                                      \
@@ -93,9 +92,6 @@ static const struct {
     X(resumed_req_ids)                                                                             \
     X(num_scheduled_tokens)                                                                        \
     X(preempted_req_ids)                                                                           \
-    X(finished_recving)                                                                            \
-    X(kv_connector_worker_meta)                                                                    \
-    X(data)                                                                                        \
     X(blocks)                                                                                      \
     X(touch)                                                                                       \
     X(free_blocks)                                                                                 \
@@ -130,8 +126,8 @@ struct fs_table {
 
 /* One request the scheduler side knows (from its first match to request_finished): its GPU
  * block table per group and its chained hashes, grown as vLLM reports them, and its entry of
- * kvt_offload_schedule_many, kept across steps. Owned by fs_sched.recs[slot]; its slot is
- * what fs_sched.reqs maps its id to. */
+ * kvt_offload_schedule_many, kept across steps. fs_sched.reqs and ptr_map lead to it from its
+ * id; it is freed when it is forgotten (request_finished) or with the scheduler side. */
 typedef struct fs_req {
     struct fs_link link; /* in the bucket of fs_sched.wheel its check is due in */
     uint64_t due;        /* the step its next check is due in */
@@ -142,10 +138,11 @@ typedef struct fs_req {
     uint32_t prompt_tokens; /* num_prompt_tokens */
     PyObject *attrs;        /* the request's instance dict (NULL: it has none) */
     PyObject *request;      /* vLLM's Request */
+    PyObject *key;          /* its id (str) as the maps were given it */
     PyObject *rid;          /* its id as UTF-8 bytes */
     uint8_t *hashes;
     uint32_t n_hashes, cap_hashes;
-    uint32_t slot;
+    int64_t ready;   /* confirmed scheduler blocks its last schedule call covered (-1: none) */
     int32_t pending; /* blocks the last call left (no room, no hash yet) */
     bool restart;    /* preempted: stores restart from its first block */
     bool in_batch;   /* queued for this step's kvt_offload_schedule_many */
@@ -167,29 +164,18 @@ typedef struct {
     kvt_offload_meta *meta;         /* the Python OffloadMeta's struct */
     kvt_offload_worker_meta *wmeta; /* the Python WorkerMeta's struct */
     PyObject *error_type;           /* kvtier.KvtierError */
-    /* Request records by slot. The step's scan reads, for each of the running requests, only
-     * the dict entry of its id, its slot's number object (one of slot_obj[], made once) and
-     * ready[slot]: a compact array, where a pointer per record cost a cache miss each. */
-    PyObject *reqs;      /* dict: request id (str) -> slot_obj[slot] */
-    fs_req **recs;       /* [cap_slots] */
-    int64_t *ready;      /* [cap_slots] confirmed scheduler blocks the last schedule call of that
-                            request covered (-1: none yet) */
-    PyObject **slot_obj; /* [cap_slots] the slot numbers as Python ints */
-    PyObject **key_obj;  /* [cap_slots] the id each slot's record was made with */
+    PyObject *reqs;                 /* dict: request id (str) -> the record's address (int) */
     /* The same map by the id object's address: vLLM hands over the request's own id object
      * every step, and a dict lookup reads the string's cached hash from it (a cache miss per
-     * request, 256 per step). Open addressing, linear probing, at most half full (tombstones
-     * included); an entry's key is held by key_obj[slot], so no other object can take its
-     * address while it is in the map. A miss falls back to the dict (an equal id in another
-     * object). */
+     * request). Open addressing, linear probing, at most half full (tombstones included); an
+     * entry's key is held by its record (fs_req.key), so no other object can take its address
+     * while it is in the map. A miss falls back to the dict (an equal id in another object). */
     struct fs_ptr_entry {
         PyObject *key; /* NULL: empty; &ptr_tomb: deleted */
-        uint32_t slot;
+        fs_req *rec;
     } * ptr_map;
     uint32_t ptr_cap, ptr_used; /* ptr_used counts tombstones too */
-    uint32_t *free_slots;       /* [cap_slots] a stack of unused slots */
-    uint32_t n_free, cap_slots;
-    PyObject *gpu; /* vLLM's BlockPool, or NULL before it is bound */
+    PyObject *gpu;              /* vLLM's BlockPool, or NULL before it is bound */
     PyObject *gpu_blocks, *gpu_touch, *gpu_free;
     PyObject *cb_type, *cb_value, *cb_tb; /* the first exception a pool callback raised */
     uint32_t ng, sched_bs, hash_len;
@@ -212,7 +198,6 @@ typedef struct {
     struct fs_table scratch[KVT_MAX_GROUPS]; /* after_alloc's and finished's tables */
     const uint32_t *scratch_ptrs[KVT_MAX_GROUPS];
     uint32_t scratch_counts[KVT_MAX_GROUPS];
-    uint32_t *ids_buf; /* a pool callback's list, and keys of the lru scan */
     kvt_offload_stats last;
     fs_stat *stats;
     uint32_t n_stats;
@@ -249,6 +234,7 @@ static void req_free(fs_req *r)
 {
     link_del(&r->link);
     Py_XDECREF(r->request);
+    Py_XDECREF(r->key);
     Py_XDECREF(r->attrs);
     Py_XDECREF(r->rid);
     free(r->hashes);
@@ -421,38 +407,31 @@ static void tables_point(fs_sched *s, const struct fs_table *tables, const uint3
 
 static char ptr_tomb;
 
-static uint32_t ptr_hash(const fs_sched *s, const PyObject *p)
+static uint32_t ptr_hash(const PyObject *p, uint32_t cap)
 {
-    return (uint32_t)(((uintptr_t)p >> 4) * 0x9E3779B97F4A7C15ull >> 32) & (s->ptr_cap - 1);
+    return (uint32_t)(((uintptr_t)p >> 4) * 0x9E3779B97F4A7C15ull >> 32) & (cap - 1);
 }
 
-static Py_ssize_t ptr_find(const fs_sched *s, const PyObject *key)
+/* The entry of key, or the empty one it would go in. */
+static struct fs_ptr_entry *ptr_entry(const fs_sched *s, const PyObject *key)
 {
-    if (s->ptr_cap == 0)
-        return -1;
-    for (uint32_t i = ptr_hash(s, key);; i = (i + 1) & (s->ptr_cap - 1)) {
-        const struct fs_ptr_entry *e = &s->ptr_map[i];
-        if (e->key == key)
-            return e->slot;
-        if (e->key == NULL)
-            return -1;
-    }
+    for (uint32_t i = ptr_hash(key, s->ptr_cap);; i = (i + 1) & (s->ptr_cap - 1))
+        if (s->ptr_map[i].key == key || s->ptr_map[i].key == NULL)
+            return &s->ptr_map[i];
 }
 
-static void ptr_put(fs_sched *s, struct fs_ptr_entry *map, uint32_t cap, PyObject *key,
-                    uint32_t slot)
+static void ptr_put(struct fs_ptr_entry *map, uint32_t cap, PyObject *key, fs_req *rec)
 {
-    uint32_t i = (uint32_t)(((uintptr_t)key >> 4) * 0x9E3779B97F4A7C15ull >> 32) & (cap - 1);
+    uint32_t i = ptr_hash(key, cap);
     while (map[i].key != NULL)
         i = (i + 1) & (cap - 1);
     map[i].key = key;
-    map[i].slot = slot;
-    (void)s;
+    map[i].rec = rec;
 }
 
-/* Adds key -> slot, rebuilding the table (without tombstones, larger if need be) when it
+/* Adds key -> rec, rebuilding the table (without tombstones, larger if need be) when it
  * would be more than half used. */
-static int ptr_add(fs_sched *s, PyObject *key, uint32_t slot)
+static int ptr_add(fs_sched *s, PyObject *key, fs_req *rec)
 {
     if (2 * (s->ptr_used + 1) > s->ptr_cap) {
         uint32_t live = 0, cap = 64;
@@ -468,14 +447,14 @@ static int ptr_add(fs_sched *s, PyObject *key, uint32_t slot)
         for (uint32_t i = 0; i < s->ptr_cap; i++) {
             PyObject *k = s->ptr_map[i].key;
             if (k != NULL && k != (PyObject *)&ptr_tomb)
-                ptr_put(s, map, cap, k, s->ptr_map[i].slot);
+                ptr_put(map, cap, k, s->ptr_map[i].rec);
         }
         free(s->ptr_map);
         s->ptr_map = map;
         s->ptr_cap = cap;
         s->ptr_used = live;
     }
-    ptr_put(s, s->ptr_map, s->ptr_cap, key, slot);
+    ptr_put(s->ptr_map, s->ptr_cap, key, rec);
     s->ptr_used++;
     return 0;
 }
@@ -484,97 +463,34 @@ static void ptr_del(fs_sched *s, const PyObject *key)
 {
     if (s->ptr_cap == 0)
         return;
-    for (uint32_t i = ptr_hash(s, key);; i = (i + 1) & (s->ptr_cap - 1)) {
-        struct fs_ptr_entry *e = &s->ptr_map[i];
-        if (e->key == NULL)
-            return;
-        if (e->key == key) {
-            e->key = (PyObject *)&ptr_tomb;
-            return;
-        }
-    }
+    struct fs_ptr_entry *e = ptr_entry(s, key);
+    if (e->key == key)
+        e->key = (PyObject *)&ptr_tomb;
 }
 
-/* The slot of request id rid, or -1 (an exception set if the lookup failed). */
-static Py_ssize_t slot_of(fs_sched *s, PyObject *rid)
-{
-    Py_ssize_t slot = ptr_find(s, rid);
-    if (slot >= 0)
-        return slot;
-    PyObject *o = PyDict_GetItemWithError(s->reqs, rid);
-    return o == NULL ? -1 : PyLong_AsSsize_t(o);
-}
-
+/* The record of request id rid, or NULL (an exception set if the lookup failed). */
 static fs_req *req_get(fs_sched *s, PyObject *rid)
 {
-    Py_ssize_t slot = slot_of(s, rid);
-    return slot < 0 ? NULL : s->recs[slot];
-}
-
-/* A free slot, the tables grown (doubled) when none is left. */
-static int slot_take(fs_sched *s, uint32_t *slot)
-{
-    if (s->n_free == 0) {
-        uint32_t old = s->cap_slots, cap = old ? 2 * old : 64;
-        if (cap > (1u << 24)) {
-            PyErr_SetString(PyExc_OverflowError, "kvtier: too many requests");
-            return -1;
-        }
-        fs_req **recs = realloc(s->recs, cap * sizeof(*recs));
-        if (recs != NULL)
-            s->recs = recs;
-        int64_t *ready = recs ? realloc(s->ready, cap * sizeof(*ready)) : NULL;
-        if (ready != NULL)
-            s->ready = ready;
-        PyObject **objs = ready ? realloc(s->slot_obj, cap * sizeof(*objs)) : NULL;
-        if (objs != NULL)
-            s->slot_obj = objs;
-        PyObject **keys = objs ? realloc(s->key_obj, cap * sizeof(*keys)) : NULL;
-        if (keys != NULL)
-            s->key_obj = keys;
-        uint32_t *fr = keys ? realloc(s->free_slots, cap * sizeof(*fr)) : NULL;
-        if (fr == NULL) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        s->free_slots = fr;
-        for (uint32_t i = old; i < cap; i++) {
-            if ((objs[i] = PyLong_FromUnsignedLong(i)) == NULL) {
-                for (uint32_t j = old; j < i; j++)
-                    Py_DECREF(objs[j]);
-                return -1;
-            }
-            recs[i] = NULL;
-            keys[i] = NULL;
-        }
-        for (uint32_t i = cap; i > old; i--)
-            fr[s->n_free++] = i - 1;
-        s->cap_slots = cap;
+    if (s->ptr_cap != 0) {
+        const struct fs_ptr_entry *e = ptr_entry(s, rid);
+        if (e->key == rid)
+            return e->rec;
     }
-    *slot = s->free_slots[--s->n_free];
-    return 0;
+    PyObject *o = PyDict_GetItemWithError(s->reqs, rid);
+    return o == NULL ? NULL : PyLong_AsVoidPtr(o);
 }
 
-/* Forgets the record of rid (none: nothing happens); returns it, still allocated, to a caller
- * that asks (out not NULL) and frees it otherwise. */
+/* Forgets the record of rid (none: nothing happens); returns it, still allocated, in *out. */
 static int req_forget(fs_sched *s, PyObject *rid, fs_req **out)
 {
-    Py_ssize_t slot = slot_of(s, rid);
-    if (out != NULL)
-        *out = NULL;
-    if (slot < 0)
+    fs_req *r = *out = req_get(s, rid);
+    if (r == NULL)
         return PyErr_Occurred() ? -1 : 0;
-    if (PyDict_DelItem(s->reqs, rid) < 0)
+    if (PyDict_DelItem(s->reqs, r->key) < 0) {
+        *out = NULL;
         return -1;
-    fs_req *r = s->recs[slot];
-    s->recs[slot] = NULL;
-    ptr_del(s, s->key_obj[slot]);
-    Py_CLEAR(s->key_obj[slot]);
-    s->free_slots[s->n_free++] = (uint32_t)slot;
-    if (out != NULL)
-        *out = r;
-    else
-        req_free(r);
+    }
+    ptr_del(s, r->key);
     return 0;
 }
 
@@ -589,16 +505,10 @@ static fs_req *req_state(fs_sched *s, PyObject *request)
         return r;
     }
     size_t ng = s->ng;
-    uint32_t slot;
-    if (slot_take(s, &slot) < 0) {
-        Py_DECREF(rid);
-        return NULL;
-    }
     r = calloc(1, sizeof(*r));
     void *arrays =
         calloc(1, ng * (sizeof(struct fs_table) + sizeof(uint32_t *) + sizeof(uint32_t)));
     if (r == NULL || arrays == NULL) {
-        s->free_slots[s->n_free++] = slot;
         free(r);
         free(arrays);
         Py_DECREF(rid);
@@ -609,9 +519,8 @@ static fs_req *req_state(fs_sched *s, PyObject *request)
     r->ng = s->ng;
     r->ptrs = (const uint32_t **)(r->tables + ng);
     r->counts = (uint32_t *)(r->ptrs + ng);
-    r->slot = slot;
-    s->ready[slot] = -1;
-
+    r->ready = -1;
+    r->key = rid; /* the reference taken above */
     r->rid = PyUnicode_AsUTF8String(rid);
     Py_INCREF(request);
     r->request = request;
@@ -621,28 +530,24 @@ static fs_req *req_state(fs_sched *s, PyObject *request)
         Py_CLEAR(r->attrs);
     if (r->rid != NULL && req_u32(r, num_prompt_tokens, &r->prompt_tokens) < 0)
         Py_CLEAR(r->rid);
-    if (r->rid == NULL || ptr_add(s, rid, slot) < 0) {
-        s->free_slots[s->n_free++] = slot;
+    PyObject *addr = r->rid ? PyLong_FromVoidPtr(r) : NULL;
+    if (addr == NULL || ptr_add(s, rid, r) < 0) {
+        Py_XDECREF(addr);
         req_free(r);
-        Py_DECREF(rid);
         return NULL;
     }
-    if (PyDict_SetItem(s->reqs, rid, s->slot_obj[slot]) < 0) {
+    if (PyDict_SetItem(s->reqs, rid, addr) < 0) {
         ptr_del(s, rid);
-        s->free_slots[s->n_free++] = slot;
+        Py_DECREF(addr);
         req_free(r);
-        Py_DECREF(rid);
         return NULL;
     }
-    Py_INCREF(rid);
-    s->key_obj[slot] = rid;
-    s->recs[slot] = r;
+    Py_DECREF(addr);
     kvt_offload_sched_req *it = &r->item;
     it->req_id = PyBytes_AsString(r->rid);
     it->req_id_len = (uint32_t)PyBytes_Size(r->rid);
     it->blocks = r->ptrs;
     it->n_blocks = r->counts;
-    Py_DECREF(rid);
     return r;
 }
 
@@ -705,7 +610,7 @@ static void req_restart(fs_sched *s, fs_req *r)
     r->restart = true;
     r->recompute = true;
     r->pending = 0;
-    s->ready[r->slot] = -1;
+    r->ready = -1;
     wheel_put(s, r, s->step + 1);
 }
 
@@ -819,16 +724,6 @@ out:
     return rc;
 }
 
-static uint32_t lru_scan(fs_sched *s, uint32_t cap, uint32_t *ids, kvt_pool_key *keys);
-
-static uint32_t gpu_lru_scan(void *ctx, uint32_t cap, uint32_t *ids, kvt_pool_key *keys)
-{
-    PyGILState_STATE g = PyGILState_Ensure();
-    uint32_t n = lru_scan(ctx, cap, ids, keys);
-    PyGILState_Release(g);
-    return n;
-}
-
 static uint32_t lru_scan(fs_sched *s, uint32_t cap, uint32_t *ids, kvt_pool_key *keys)
 {
     uint32_t n = 0;
@@ -858,16 +753,6 @@ static uint32_t lru_scan(fs_sched *s, uint32_t cap, uint32_t *ids, kvt_pool_key 
     return n;
 }
 
-static uint32_t lookup(fs_sched *s, const uint8_t *hash, uint32_t group, uint32_t *ref_cnt);
-
-static uint32_t gpu_lookup(void *ctx, const uint8_t *hash, uint32_t group, uint32_t *ref_cnt)
-{
-    PyGILState_STATE g = PyGILState_Ensure();
-    uint32_t id = lookup(ctx, hash, group, ref_cnt);
-    PyGILState_Release(g);
-    return id;
-}
-
 static uint32_t lookup(fs_sched *s, const uint8_t *hash, uint32_t group, uint32_t *ref_cnt)
 {
     uint8_t key[KVT_HASH_MAX + 4];
@@ -892,6 +777,22 @@ static uint32_t lookup(fs_sched *s, const uint8_t *hash, uint32_t group, uint32_
     Py_XDECREF(blk);
     Py_XDECREF(map);
     Py_XDECREF(k);
+    return id;
+}
+
+static uint32_t gpu_lru_scan(void *ctx, uint32_t cap, uint32_t *ids, kvt_pool_key *keys)
+{
+    PyGILState_STATE g = PyGILState_Ensure();
+    uint32_t n = lru_scan(ctx, cap, ids, keys);
+    PyGILState_Release(g);
+    return n;
+}
+
+static uint32_t gpu_lookup(void *ctx, const uint8_t *hash, uint32_t group, uint32_t *ref_cnt)
+{
+    PyGILState_STATE g = PyGILState_Ensure();
+    uint32_t id = lookup(ctx, hash, group, ref_cnt);
+    PyGILState_Release(g);
     return id;
 }
 
@@ -999,23 +900,13 @@ static int sched_init(PyObject *self, PyObject *args, PyObject *kw)
 
 static void drop_all(fs_sched *s)
 {
+    PyObject *key, *addr;
+    for (Py_ssize_t pos = 0; s->reqs != NULL && PyDict_Next(s->reqs, &pos, &key, &addr);)
+        req_free(PyLong_AsVoidPtr(addr));
     Py_CLEAR(s->reqs);
-    for (uint32_t i = 0; i < s->cap_slots; i++) {
-        if (s->recs[i] != NULL)
-            req_free(s->recs[i]);
-        Py_DECREF(s->slot_obj[i]);
-        Py_XDECREF(s->key_obj[i]);
-    }
-    free(s->recs);
-    free(s->key_obj);
     free(s->ptr_map);
     s->ptr_map = NULL;
     s->ptr_cap = s->ptr_used = 0;
-    free(s->ready);
-    free(s->slot_obj);
-    free(s->free_slots);
-    s->recs = NULL;
-    s->cap_slots = s->n_free = 0;
 }
 
 static void sched_dealloc(PyObject *self)
@@ -1154,11 +1045,9 @@ static PyObject *sched_after_alloc(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
-/* Queues r for this step's kvt_offload_schedule_many if a block of it may be newly confirmed
- * (or some were left over): the ctypes path's _schedule_one. */
 /* The step r's next check is due in: before this step r computed `computed` of its
  * num_tokens tokens, `placeholders` of them not yet confirmed; this step computes `scheduled`
- * more; its last schedule call covered s->ready[slot] scheduler blocks. A request with known
+ * more; its last schedule call covered r->ready scheduler blocks. A request with known
  * tokens left after this step is in a prefill (a first one, or the recomputation of a resumed
  * request) and may compute any number in the next step: due then. Otherwise it decodes: by
  * the step k steps from now its confirmed tokens grow by at most placeholders + scheduled +
@@ -1171,7 +1060,7 @@ static uint64_t next_check(const fs_sched *s, const fs_req *r, uint32_t computed
     if (r->pending || r->restart || prefill)
         return s->step + 1;
     uint64_t confirmed = computed >= placeholders ? computed - placeholders : 0;
-    int64_t ready = s->ready[r->slot] < 0 ? 0 : s->ready[r->slot];
+    int64_t ready = r->ready < 0 ? 0 : r->ready;
     uint64_t boundary = (uint64_t)(ready + 1) * s->sched_bs;
     uint64_t reach = confirmed + placeholders + scheduled; /* the most by the next step */
     if (boundary <= reach)
@@ -1221,11 +1110,11 @@ static int schedule_one(fs_sched *s, fs_req *r, PyObject *nsched, PyObject *rid)
         return -1;
     uint32_t confirmed = computed >= placeholders ? computed - placeholders : 0;
     int64_t ready = confirmed / s->sched_bs;
-    if (ready <= s->ready[r->slot] && !r->pending && !r->restart) {
+    if (ready <= r->ready && !r->pending && !r->restart) {
         wheel_put(s, r, next_check(s, r, computed, placeholders, scheduled, prefill));
         return 0;
     }
-    s->ready[r->slot] = ready;
+    r->ready = ready;
     if (req_sync_hashes(s, r) < 0)
         return -1;
     if (s->n_batch == s->cap_batch) {
@@ -1285,25 +1174,22 @@ static PyObject *item(PyObject *seq, bool list, Py_ssize_t i)
     return list ? PyList_GetItem(seq, i) : PyTuple_GetItem(seq, i);
 }
 
-/* Running request rid's new blocks nw (resumed: they replace its table); one given a new
- * block is checked in this step. */
+/* Running request rid's new blocks nw (resumed: they replace its table); a request given a
+ * new block is checked in this step. */
 static int cached_one(fs_sched *s, PyObject *rid, PyObject *nw, PyObject *resumed)
 {
-    Py_ssize_t slot = slot_of(s, rid);
-    if (slot < 0)
+    fs_req *r = req_get(s, rid);
+    if (r == NULL)
         return PyErr_Occurred() ? -1 : 0;
-    fs_req *r = s->recs[slot];
-    if (nw != Py_None) {
-        int res = resumed != NULL ? PySequence_Contains(resumed, rid) : 0;
-        if (res > 0) {
-            for (uint32_t g = 0; g < s->ng; g++)
-                r->tables[g].n = 0;
-            req_restart(s, r);
-        }
-        if (res < 0 || tables_set(s, r->tables, nw, true) < 0)
-            return -1;
-        wheel_put(s, r, s->step);
+    int res = resumed != NULL ? PySequence_Contains(resumed, rid) : 0;
+    if (res > 0) {
+        for (uint32_t g = 0; g < s->ng; g++)
+            r->tables[g].n = 0;
+        req_restart(s, r);
     }
+    if (res < 0 || tables_set(s, r->tables, nw, true) < 0)
+        return -1;
+    wheel_put(s, r, s->step);
     return 0;
 }
 
@@ -1328,7 +1214,7 @@ static int run_due(fs_sched *s, PyObject *nsched)
         if (r->due > s->step)
             wheel_put(s, r, r->due);
         else
-            rc = schedule_one(s, r, nsched, s->key_obj[r->slot]);
+            rc = schedule_one(s, r, nsched, r->key);
     }
     return rc;
 }
@@ -1561,7 +1447,6 @@ static PyObject *sched_finished(PyObject *self, PyObject *args)
         req_u32(r, num_computed_tokens, &computed) < 0 ||
         req_u32(r, num_output_placeholders, &placeholders) < 0)
         goto out;
-    link_del(&r->link);
     tables_point(s, s->scratch, s->scratch_ptrs, s->scratch_counts);
     int rc = s->api.kvt_offload_request_finished_hashed(
         s->m, r->item.req_id, r->item.req_id_len, s->scratch_ptrs, s->scratch_counts, r->hashes,
@@ -1607,14 +1492,6 @@ static PyObject *sched_interval_stats(PyObject *self, PyObject *unused)
     return d;
 }
 
-/* forget(request_id): drops a request's record without telling the manager. */
-static PyObject *sched_forget(PyObject *self, PyObject *rid)
-{
-    if (req_forget((fs_sched *)self, rid, NULL) < 0)
-        return NULL;
-    Py_RETURN_NONE;
-}
-
 /* raise_kept(): raises the exception a pool callback raised during a manager call made
  * outside this module (the package's ctypes calls: reset, release of engine blocks). */
 static PyObject *sched_raise_kept(PyObject *self, PyObject *unused)
@@ -1642,7 +1519,6 @@ static PyMethodDef sched_methods[] = {
     {"apply_output", sched_apply_output, METH_VARARGS, "apply_output(fin, data)"},
     {"finished", sched_finished, METH_VARARGS, "finished(request, block_ids)"},
     {"interval_stats", sched_interval_stats, METH_NOARGS, "counter deltas, or None"},
-    {"forget", sched_forget, METH_O, "forget(request_id)"},
     {"requests", sched_len, METH_NOARGS, "requests with a record"},
     {"raise_kept", sched_raise_kept, METH_NOARGS, "raises a pool callback's kept exception"},
     {NULL, NULL, 0, NULL},

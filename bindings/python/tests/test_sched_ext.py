@@ -138,7 +138,7 @@ class CompiledScheduler(unittest.TestCase):
         m = self.step(output(cached=[r], scheduled={"a": 1}))
         self.assertEqual([g for g, _ in m.stores], [1, 2, 3, 4])
         self.assertEqual(sorted(self.pool.touched), [1, 2, 3, 4])  # pinned by the store
-        # decoding: nothing new until the fifth block fills, and no call for the request
+        # decoding: no store until the fifth block is confirmed
         for i in range(1, BS):
             r.num_computed_tokens += 1
             r.num_tokens += 1

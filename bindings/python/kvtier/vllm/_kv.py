@@ -444,6 +444,16 @@ class _Scheduler:
         self._st = L.kvt_offload_stats()
         self._st_ref = ctypes.byref(self._st)
         self._empty = KvtierConnectorMetadata()
+        if self._fast is None:
+            self._init_ctypes_hooks(cfg)
+        logger.info("kvtier: scheduler side: %d host blocks of %d bytes per rank (%s), %d "
+                    "ranks, %s stores, %d GPU blocks, %s hooks", self.host_blocks, self.bpr,
+                    cfg.backend, cfg.world_size, "lazy" if cfg.lazy else "eager",
+                    kv_cache_config.num_blocks,
+                    "compiled" if self._fast is not None else "ctypes")
+
+    def _init_ctypes_hooks(self, cfg):
+        """What the ctypes path of the hooks keeps (the compiled module keeps its own)."""
         # per-request state the hot path reads without touching Python objects: the confirmed
         # scheduler blocks each request's last schedule call covered (-1: none yet)
         import numpy as np
@@ -452,15 +462,8 @@ class _Scheduler:
         self._free_slots = list(range(cfg.max_requests - 1, -1, -1))
         self._slot_of = {}  # request id -> slot
         self._retry = set()  # requests whose last call left blocks, or that restart
-        # the schedule call with reusable argument arrays (a private function object, so the
-        # shared declaration in kvtier._lib is not changed)
-        fn = _lib["kvt_offload_schedule_hashed"]
-        fn.restype = ctypes.c_int
-        fn.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_uint32,
-                       ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_uint32),
-                       ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_uint32,
-                       ctypes.c_bool]
-        self._sched_fn = fn
+        # the step's schedule call with reusable argument arrays (private function objects,
+        # so the shared declarations in kvtier._lib are not changed)
         fm = _lib["kvt_offload_schedule_many"]
         fm.restype = ctypes.c_int
         fm.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint32,
@@ -483,11 +486,6 @@ class _Scheduler:
                        ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_uint32),
                        ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint32]
         self._fin_fn = ff
-        logger.info("kvtier: scheduler side: %d host blocks of %d bytes per rank (%s), %d "
-                    "ranks, %s stores, %d GPU blocks, %s hooks", self.host_blocks, self.bpr,
-                    cfg.backend, cfg.world_size, "lazy" if cfg.lazy else "eager",
-                    kv_cache_config.num_blocks,
-                    "compiled" if self._fast is not None else "ctypes")
 
     @property
     def compiled(self):
@@ -722,16 +720,15 @@ class _Scheduler:
             self._attach_node()
         if self._remote_pending:
             self._attach_remote()
-        # The hot path of the scheduler side. Per step it must not touch every running request
-        # in Python: the requests that may have a newly confirmed block are found with array
-        # operations over CachedRequestData (num_computed_tokens // block_size against the
-        # last call's count), and only those, plus those whose last call left blocks over (no
-        # room, no hash yet), get a C call.
         if self._fast is not None:  # all of it in C, the metadata encoded
             data = self._fast.build_meta(so)
             if data is None:
                 return self._empty
             return KvtierConnectorMetadata(data, bool(so.preempted_req_ids))
+        # The ctypes path of the step. It must not touch every running request in Python: the requests that may have a newly confirmed block are found with array
+        # operations over CachedRequestData (num_computed_tokens // block_size against the
+        # last call's count), and only those, plus those whose last call left blocks over (no
+        # room, no hash yet), get a C call.
         reqs = self.reqs
         preempted = so.preempted_req_ids
         if preempted:
@@ -945,8 +942,8 @@ class _Scheduler:
         return {name: getattr(s, name) for name in L.fields(L.kvt_offload_stats)}
 
     def interval_stats(self):
-        """Counter deltas since the last call (vLLM drains them every step); None (or {}) when
-        none moved."""
+        """Counter deltas since the last call (vLLM drains them every step); the compiled hooks
+        give None when none moved."""
         if self._fast is not None:
             return self._fast.interval_stats()
         _lib.kvt_offload_get_stats(self.h, self._st_ref)
