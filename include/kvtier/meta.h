@@ -68,21 +68,23 @@ KVT_API int kvt_meta_peek(const void *buf, size_t len, uint32_t *kind, uint32_t 
 /* ---- KV offload: scheduler -> worker ---------------------------------------------------- */
 
 /* The most offload tiers behind the engine's GPU memory, in order: tier 0 the first (the host;
- * its transfers with the GPU are the seed's fields of kvt_offload_meta), tier t >= 1 behind
- * tier t - 1 (today the local disk is tier 1). Messages name the tiers they carry. */
+ * its transfers with the GPU are the seed's fields of kvt_offload_meta), tier t >= 1 behind it
+ * in the order a lookup consults them (the local disk is tier 1). Messages name the tiers they
+ * carry. */
 #define KVT_MAX_TIERS 4
 
-/* One step's transfers between tier t >= 1 and the tier in front of it (t - 1): loads
- * (promotions, t -> t - 1) and stores (write-backs, t - 1 -> t), one event each, numbered per
- * tier and direction like the others; KVT_NO_EVENT exactly when the lists are empty. */
+/* One step's transfers between tier t >= 1 and tier 0 (the host: every tier behind exchanges
+ * blocks with it only): loads (promotions, t -> 0) and stores (write-backs, 0 -> t), one event
+ * each, numbered per tier and direction like the others; KVT_NO_EVENT exactly when the lists
+ * are empty. */
 typedef struct kvt_tier_xfers {
     int64_t load_event;
     uint32_t n_loads;
     uint32_t *load_src; /* tier t blocks */
-    uint32_t *load_dst; /* tier t - 1 blocks, pairwise */
+    uint32_t *load_dst; /* tier 0 blocks, pairwise */
     int64_t store_event;
     uint32_t n_stores;
-    uint32_t *store_src; /* tier t - 1 blocks */
+    uint32_t *store_src; /* tier 0 blocks */
     uint32_t *store_dst; /* tier t blocks, pairwise */
     /* private */
     uint32_t cap_loads, cap_stores;
@@ -111,7 +113,7 @@ typedef struct kvt_offload_meta {
      * event finishes (the engine recomputes them). A subset of load_gpu_blocks. */
     uint32_t n_load_invalid;
     uint32_t *load_invalid_blocks;
-    /* tiers[t - 1]: the transfers of tier t with the tier in front of it (a disk behind the
+    /* tiers[t - 1]: the transfers of tier t with the host (a disk behind the
      * host: tiers[0] holds its promotions and write-backs; empty for a tier that is absent) */
     kvt_tier_xfers tiers[KVT_MAX_TIERS - 1];
     /* private */
@@ -128,7 +130,7 @@ KVT_API int kvt_offload_meta_add_store(kvt_offload_meta *m, uint32_t gpu_block, 
 /* Appends a GPU block to load_invalid_blocks. */
 KVT_API int kvt_offload_meta_add_load_invalid(kvt_offload_meta *m, uint32_t gpu_block);
 /* Appends a pair to tier t's (1 <= t < KVT_MAX_TIERS) loads (src a block of tier t, dst of
- * tier t - 1) or stores (src a block of tier t - 1, dst of tier t); KVT_ERANGE for another t. */
+ * tier 0) or stores (src a block of tier 0, dst of tier t); KVT_ERANGE for another t. */
 KVT_API int kvt_offload_meta_add_tier_load(kvt_offload_meta *m, uint32_t tier, uint32_t src,
                                            uint32_t dst);
 KVT_API int kvt_offload_meta_add_tier_store(kvt_offload_meta *m, uint32_t tier, uint32_t src,
@@ -181,8 +183,8 @@ KVT_API int kvt_event_report_add_failed(kvt_event_report *r, int64_t event);
 KVT_API bool kvt_event_report_failed(const kvt_event_report *r, int64_t event);
 
 /* stores: completed_store_events (GPU -> host) and failed_store_events.
- * tier_stores[t - 1] / tier_loads[t - 1]: tier t's stores (write-backs from tier t - 1) and
- * loads (promotions into tier t - 1), reported the same way (empty without tier t). */
+ * tier_stores[t - 1] / tier_loads[t - 1]: tier t's stores (write-backs from the host) and
+ * loads (promotions into the host), reported the same way (empty without tier t). */
 typedef struct kvt_offload_worker_meta {
     kvt_event_report stores;
     kvt_event_report tier_stores[KVT_MAX_TIERS - 1];

@@ -30,17 +30,21 @@
  *     TOCTOU of vLLM #39702;
  *   - event ids per direction only grow, even across reset.
  *
- * Three tiers (disk_blocks > 0): GPU -> host -> disk. Every block whose host store completed
- * is written back to a disk slot (the host block stays pinned until the write lands) and
- * becomes findable on disk only when all workers reported the write, so a host eviction drops
- * nothing the disk holds. match continues the search on disk past the host hit; after_alloc
- * promotes the accepted disk part to freshly allocated host blocks (a disk load event), and
- * only when the promotion completed on every rank does the request's single GPU load (host
- * part + promoted part) get queued. A failed promotion is never a hit: its GPU destinations go
- * out in the load's load_invalid_blocks and the workers report them invalid (the engine
- * recomputes them). Every group kind: the disk part is searched with each group's rules as a
- * continuation of the host hit; with one full-attention group it shortens to the host room
- * there is, with several it is promoted whole or not at all.
+ * Tiers behind the host (disk_blocks > 0: a disk as tier 1; kvt_offload_add_tier: more, up to
+ * KVT_MAX_TIERS in all): GPU -> host -> tier 1 -> tier 2 ... Every block whose host store
+ * completed is written back into each tier behind that lacks it (the host block stays pinned
+ * until the write lands) and becomes findable there only when all workers reported the write,
+ * so a host eviction drops nothing a tier behind holds. match continues the search past the
+ * host hit through the tiers behind in order, each where the ones before it stopped;
+ * after_alloc promotes the accepted part to freshly allocated host blocks (one load event per
+ * tier that has some), and only when every promotion of the request completed on every rank
+ * does its single GPU load (host part + promoted part) get queued. A failed promotion is never
+ * a hit: its GPU destinations go out in the load's load_invalid_blocks and the workers report
+ * them invalid (the engine recomputes them). Every group kind: each tier's part is searched
+ * with each group's rules as a continuation of the hit so far; with one full-attention group
+ * it shortens to the host room there is, with several it is promoted whole or not at all.
+ * A tier behind exchanges blocks with the host only (write-backs from it, promotions into
+ * it): the worker's stage at the tier's index moves them (kvt_worker_attach_disk_tier).
  *
  * Errors: a call that fails (unknown request where one is required, block ids out of range,
  * events the manager never issued, malformed arguments) returns a negative KVT_E* code with
@@ -171,6 +175,16 @@ KVT_API int kvt_offload_lower_host_blocks(kvt_offload *m, uint32_t worker_blocks
 /* Three tiers: lowers the disk tier to the fewest slots any worker has, as
  * kvt_offload_lower_host_blocks (KVT_ESTATE without a disk tier or after its first transfer). */
 KVT_API int kvt_offload_lower_disk_blocks(kvt_offload *m, uint32_t worker_slots);
+/* The same for tier `tier` (1 is the disk of disk_blocks; KVT_ERANGE past KVT_MAX_TIERS). */
+KVT_API int kvt_offload_lower_tier_blocks(kvt_offload *m, uint32_t tier, uint32_t worker_blocks);
+
+/* Adds a tier of `blocks` blocks (null block included, at least 2) behind the last one (the
+ * host, or the disk of disk_blocks), named `name` (1 to 15 characters of a-z, 0-9 and _, not
+ * taken: it labels the tier's metrics and messages); *index (may be NULL) gets its position.
+ * Before the first step (KVT_ESTATE once a tier was used); KVT_ENOSPC past KVT_MAX_TIERS;
+ * KVT_EUNSUPPORTED with a node tier. The workers attach the tier's stage at the same index. */
+KVT_API int kvt_offload_add_tier(kvt_offload *m, const char *name, uint32_t blocks,
+                                 uint32_t *index);
 
 /* The host tier's pool, for inspection (hits, keys, LRU); do not modify it. */
 /* Makes the host tier this replica's part of node tier `node` (kvtier/node.h): the host pool
@@ -198,8 +212,10 @@ KVT_API int kvt_offload_attach_node(kvt_offload *m, kvt_node *node);
  * until kvt_offload_destroy; blocks stored before the attach are not published. */
 KVT_API int kvt_offload_attach_remote(kvt_offload *m, kvt_remote *remote);
 KVT_API const kvt_pool *kvt_offload_host_pool(const kvt_offload *m);
-/* The disk tier's pool (NULL with two tiers). */
+/* The disk tier's pool (tier 1; NULL with two tiers). */
 KVT_API const kvt_pool *kvt_offload_disk_pool(const kvt_offload *m);
+/* Tier t's pool (0 the host; NULL for a tier that is not there). */
+KVT_API const kvt_pool *kvt_offload_tier_pool(const kvt_offload *m, uint32_t tier);
 
 /* ---- per-step hooks -------------------------------------------------------------------- */
 

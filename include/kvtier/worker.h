@@ -72,8 +72,16 @@ KVT_API int kvt_worker_create_disk(const kvt_worker_config *cfg, const kvt_layou
  * metadata's tier_stores[0] / tier_loads[0] (an I/O error: completed and failed). A fatal disk
  * error turns the third tier off: its transfers fail at once, without I/O, and the host tier
  * keeps working. KVT_EINVAL if the disk's layout does not cover the mirror's blocks,
- * KVT_ESTATE on a disk worker or a second call. */
+ * KVT_ESTATE on a disk worker or a second call. The same as kvt_worker_attach_disk_tier(w, 1,
+ * disk). */
 KVT_API int kvt_worker_attach_disk(kvt_worker *w, kvt_disk *disk);
+/* disk becomes tier `tier` (1 to KVT_MAX_TIERS - 1) behind this worker's host mirror, the
+ * manager's tier of that index (kvt_offload_add_tier): as kvt_worker_attach_disk, with its
+ * transfers in tiers[tier - 1] of the metadata and reported in tier_stores[tier - 1] /
+ * tier_loads[tier - 1]. Every tier behind exchanges blocks with the host mirror only, so each
+ * disk is created over kvt_mirror_layout(mirror). KVT_ERANGE for another index, KVT_ESTATE if
+ * the index is taken, KVT_EINVAL if the disk is another index's already. */
+KVT_API int kvt_worker_attach_disk_tier(kvt_worker *w, uint32_t tier, kvt_disk *disk);
 /* Waits for every copy, then frees the worker. */
 KVT_API void kvt_worker_destroy(kvt_worker *w);
 

@@ -14,9 +14,9 @@
  *   u8  n_tiers; n_tiers x, for each tier t with transfers this step (ascending):
  *     u8  t                                 1 .. KVT_MAX_TIERS - 1
  *     i64 load_event
- *     u32 n; n x u32 load_src (tier t)      u32 n; n x u32 load_dst (tier t - 1)
+ *     u32 n; n x u32 load_src (tier t)      u32 n; n x u32 load_dst (tier 0)
  *     i64 store_event
- *     u32 n; n x u32 store_src (tier t - 1) u32 n; n x u32 store_dst (tier t)
+ *     u32 n; n x u32 store_src (tier 0)     u32 n; n x u32 store_dst (tier t)
  * The two lists of a pair carry their own lengths, as the Python dataclass does, and the
  * decoder insists that they agree.
  *

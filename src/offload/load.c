@@ -100,13 +100,14 @@ static int match_flags_unlocked(kvt_offload *m, const char *id, uint32_t id_len,
     if (max_hit > m->max_search_tokens)
         max_hit = m->max_search_tokens;
     kvt_hit hit;
-    /* Partial hash hits with a disk tier: the host hit on scheduler blocks first, which the
-     * disk continues (itself ending anywhere); only where the disk adds nothing, the host's own
-     * partial hit (the disk holds what the host wrote back, so it rarely matters which). */
-    bool disk = m->tier[1].pool != NULL;
+    /* Partial hash hits with tiers behind the host: the host hit on scheduler blocks first,
+     * which they continue (the last part found itself ending anywhere); only where they add
+     * nothing, the host's own partial hit (they hold what the host wrote back, so it rarely
+     * matters which). */
+    bool behind = kvi_ofl_ntiers(m) > 1;
     const uint8_t *from = hashes + (size_t)start * m->hash_len;
     rc = kvt_pool_find_longest_hit_flags(m->tier[0].pool, from, n_hashes - start, max_hit,
-                                         m->partial && !disk ? KVT_HIT_PARTIAL : 0,
+                                         m->partial && !behind ? KVT_HIT_PARTIAL : 0,
                                          m->tier[0].search_out, &hit);
     if (rc) {
         if (r)
@@ -116,10 +117,13 @@ static int match_flags_unlocked(kvt_offload *m, const char *id, uint32_t id_len,
     uint64_t searchable = (uint64_t)(n_hashes - start) * m->gcfg.hash_block_size;
     if (searchable > max_hit)
         searchable = max_hit;
-    /* three tiers: the disk may continue where the host tier stopped */
-    uint32_t want_disk = kvi_ofl_tier_search(
-        m, hashes, n_hashes, start + hit.length / m->gcfg.hash_block_size, max_hit - hit.length);
-    if (disk && m->partial && !want_disk) /* cannot fail: the same arguments passed above */
+    uint32_t want[KVI_OFL_TIERS] = {0};
+    uint32_t want_behind =
+        behind ? kvi_ofl_tier_search_chain(m, hashes, n_hashes,
+                                           start + hit.length / m->gcfg.hash_block_size,
+                                           max_hit - hit.length, want)
+               : 0;
+    if (behind && m->partial && !want_behind) /* cannot fail: the same arguments passed above */
         (void)kvt_pool_find_longest_hit_flags(m->tier[0].pool, from, n_hashes - start, max_hit,
                                               KVT_HIT_PARTIAL, m->tier[0].search_out, &hit);
     m->st.lookups++;
@@ -127,13 +131,13 @@ static int match_flags_unlocked(kvt_offload *m, const char *id, uint32_t id_len,
     uint32_t total = 0;
     for (uint32_t g = 0; g < m->ng; g++)
         total += hit.n_blocks[g];
-    /* the remote tier may continue where the host stopped (and the disk added nothing);
-     * its blocks join the host hit, so the hit list must hold them too */
+    /* the remote tier may continue where the host stopped (and the tiers behind it added
+     * nothing); its blocks join the host hit, so the hit list must hold them too */
     uint32_t from_remote = start + hit.length / m->gcfg.hash_block_size;
     uint32_t want_remote =
-        want_disk ? 0
-                  : kvi_ofl_remote_lookup(m, hashes, n_hashes, from_remote, max_hit - hit.length);
-    if (hit.length || want_disk || want_remote) {
+        want_behind ? 0
+                    : kvi_ofl_remote_lookup(m, hashes, n_hashes, from_remote, max_hit - hit.length);
+    if (hit.length || want_behind || want_remote) {
         if (!r)
             r = kvi_ofl_req_get(m, id, id_len);
         if (r && want_remote && !kvi_idpool_can_hold(&m->hitpool, &r->hit, total + want_remote))
@@ -141,7 +145,7 @@ static int match_flags_unlocked(kvt_offload *m, const char *id, uint32_t id_len,
         if (!r || !kvi_idpool_can_hold(&m->hitpool, &r->hit, total)) {
             m->st.hits_dropped++;
             hit.length = 0; /* not offering a hit is always safe */
-            total = want_disk = want_remote = 0;
+            total = want_behind = want_remote = 0;
         }
     }
     uint32_t pinned = 0;
@@ -161,7 +165,7 @@ static int match_flags_unlocked(kvt_offload *m, const char *id, uint32_t id_len,
         }
     }
     /* after the host pins, so that allocating host blocks for it cannot evict them */
-    uint32_t length = hit.length + (r && want_disk ? kvi_ofl_tier_pin(m, r, want_disk) : 0);
+    uint32_t length = hit.length + (r && want_behind ? kvi_ofl_tier_pin_chain(m, r, want) : 0);
     if (r && want_remote)
         length += kvi_ofl_remote_fetch(m, r, hashes, from_remote, want_remote);
     m->st.miss_tokens += searchable - length;
@@ -260,16 +264,16 @@ static int check_pairs(kvt_offload *m, const struct kvi_ofl_req *r, const uint32
             m->gflags[gpu] |= G_MARK;
         }
     }
-    /* three tiers: a shorter end inside the disk part has a window or state group's blocks
-     * only if that group is full attention (the disk part was promoted for its own end) */
+    /* a shorter end inside the part behind the host has a window or state group's blocks
+     * only if that group is full attention (that part was promoted for its own end) */
     if (!rc && r->dhit_n && num_external < r->hit_len && num_external > r->hit_len - r->dhit_len &&
         !full_attention_only(m))
         rc = kvt_fail(KVT_EINVAL,
                       "offload: after_alloc: %u of the %u tokens offered end inside the part "
-                      "promoted from disk, where a window or Mamba group has no blocks; take "
-                      "the whole hit or at most its %u host-tier tokens",
+                      "promoted from the tiers behind the host, where a window or Mamba group "
+                      "has no blocks; take the whole hit or at most its %u host-tier tokens",
                       num_external, r->hit_len, r->hit_len - r->dhit_len);
-    if (!rc && r->dhit_n) /* three tiers: the disk part follows the host part */
+    if (!rc && r->dhit_n) /* the part behind the host follows the host part */
         rc = kvi_ofl_tier_check_pairs(m, r, blocks, n_blocks, num_external);
     /* clear the marks */
     for (uint32_t g = 0; g < m->ng; g++) {
@@ -340,7 +344,7 @@ static int after_alloc_unlocked(kvt_offload *m, const char *id, uint32_t id_len,
                 r->n_load++;
             }
         }
-        if (r->dhit_n) /* three tiers: the load waits for the promotion of its disk part */
+        if (r->dhit_n) /* the load waits for the promotion of the part behind the host */
             kvi_ofl_tier_pair(m, r, blocks, num_external, &tail);
         if (r->n_load && !r->n_promo)
             kvi_ofl_queue_load(m, r);
@@ -411,7 +415,7 @@ int kvi_ofl_reserve_step(kvt_offload *m, kvt_offload_meta *out)
     int rc = kvt_offload_meta_reserve(out, pairs, m->tier[0].acc_n, events, reqs, bytes);
     if (rc)
         return kvi_fail_wrap(rc, "offload: build_meta");
-    return kvi_ofl_tier_reserve(m, out, m->tier[1].pool ? pairs : 0);
+    return kvi_ofl_tier_reserve(m, out, kvi_ofl_ntiers(m) > 1 ? pairs : 0);
 }
 
 void kvi_ofl_emit_loads(kvt_offload *m, kvt_offload_meta *out)

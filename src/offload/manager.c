@@ -46,13 +46,16 @@ int kvt_offload_size_host(uint64_t capacity_bytes, uint64_t block_bytes, uint32_
     return 0;
 }
 
-/* Tier names, in metrics and messages: the host, the disk, then tiers named by position. */
-static const char *const g_tier_names[] = {"host", "disk", "tier2", "tier3"};
-_Static_assert(KVT_ARRAY_LEN(g_tier_names) == KVI_OFL_TIERS, "name every tier");
+/* Tier names, in metrics and messages: the host's, the name a tier behind was given, or its
+ * position (a tier that is not there, in an error message). */
+static const char *const g_tier_positions[] = {"host", "tier1", "tier2", "tier3"};
+_Static_assert(KVT_ARRAY_LEN(g_tier_positions) == KVI_OFL_TIERS, "name every tier");
 
-const char *kvi_ofl_tier_name(uint32_t t)
+const char *kvi_ofl_tier_name(const kvt_offload *m, uint32_t t)
 {
-    return t < KVT_ARRAY_LEN(g_tier_names) ? g_tier_names[t] : "?";
+    if (t >= KVI_OFL_TIERS)
+        return "?";
+    return t && m->tier[t].name[0] ? m->tier[t].name : g_tier_positions[t];
 }
 
 int kvi_ofl_tier_open(kvt_offload *m, uint32_t t, uint32_t nb, uint32_t event_capacity,
@@ -66,7 +69,7 @@ int kvi_ofl_tier_open(kvt_offload *m, uint32_t t, uint32_t nb, uint32_t event_ca
     int rc = kvt_pool_create(&pc, &T->pool);
     if (rc) {
         char what[32];
-        snprintf(what, sizeof(what), "offload: %s pool", kvi_ofl_tier_name(t));
+        snprintf(what, sizeof(what), "offload: %s pool", kvi_ofl_tier_name(m, t));
         return kvi_fail_wrap(rc, what);
     }
     T->nb = nb;
@@ -76,7 +79,7 @@ int kvi_ofl_tier_open(kvt_offload *m, uint32_t t, uint32_t nb, uint32_t event_ca
     T->keys_n = calloc(nb, 1);
     if (!T->store_src || !T->store_next || !T->keys || !T->keys_n)
         return kvt_fail(KVT_ENOMEM, "offload: cannot allocate state for %u %s blocks", nb,
-                        kvi_ofl_tier_name(t));
+                        kvi_ofl_tier_name(m, t));
     for (uint32_t i = 0; i < nb; i++)
         T->store_src[i] = T->store_next[i] = OFL_NONE;
     T->acc_head = T->acc_tail = OFL_NONE;
@@ -107,16 +110,18 @@ static int host_setup(kvt_offload *m, uint32_t host_nb)
         return rc;
     m->scratch = malloc((size_t)host_nb * 2 * sizeof(uint32_t));
     m->evict_kh = malloc((size_t)host_nb * sizeof(uint64_t));
-    m->hpromo_src = malloc((size_t)host_nb * sizeof(uint32_t));
-    m->hpromo_next = malloc((size_t)host_nb * sizeof(uint32_t));
-    m->hpromo_gpu = malloc((size_t)host_nb * sizeof(uint32_t));
-    m->hpromo_idx = calloc(host_nb, sizeof(uint32_t));
-    m->hpromo_grp = calloc(host_nb, 1);
-    if (!m->scratch || !m->evict_kh || !m->hpromo_src || !m->hpromo_next || !m->hpromo_gpu ||
-        !m->hpromo_idx || !m->hpromo_grp)
+    struct kvi_ofl_promos *P = &m->promo;
+    uint32_t **arrays[] = {&P->src, &P->next, &P->gpu, &P->idx, &P->evnext, &P->req};
+    bool ok = m->scratch && m->evict_kh;
+    for (size_t i = 0; i < KVT_ARRAY_LEN(arrays); i++)
+        ok &= (*arrays[i] = malloc((size_t)host_nb * sizeof(uint32_t))) != NULL;
+    P->grp = calloc(host_nb, 1);
+    P->tier = calloc(host_nb, 1);
+    if (!ok || !P->grp || !P->tier)
         return kvt_fail(KVT_ENOMEM, "offload: cannot allocate state for %u host blocks", host_nb);
-    for (uint32_t i = 0; i < host_nb; i++)
-        m->hpromo_src[i] = m->hpromo_next[i] = m->hpromo_gpu[i] = OFL_NONE;
+    for (size_t i = 0; i < KVT_ARRAY_LEN(arrays); i++)
+        for (uint32_t h = 0; h < host_nb; h++)
+            (*arrays[i])[h] = OFL_NONE;
     return 0;
 }
 
@@ -125,14 +130,16 @@ static void host_teardown(kvt_offload *m)
     kvi_ofl_tier_close(m, 0);
     free(m->scratch);
     free(m->evict_kh);
-    free(m->hpromo_src);
-    free(m->hpromo_next);
-    free(m->hpromo_gpu);
-    free(m->hpromo_idx);
-    free(m->hpromo_grp);
+    struct kvi_ofl_promos *P = &m->promo;
+    uint32_t **arrays[] = {&P->src, &P->next, &P->gpu, &P->idx, &P->evnext, &P->req};
+    for (size_t i = 0; i < KVT_ARRAY_LEN(arrays); i++) {
+        free(*arrays[i]);
+        *arrays[i] = NULL;
+    }
+    free(P->grp);
+    free(P->tier);
+    P->grp = P->tier = NULL;
     m->scratch = NULL;
-    m->hpromo_src = m->hpromo_next = m->hpromo_gpu = m->hpromo_idx = NULL;
-    m->hpromo_grp = NULL;
 }
 
 /* Lazy watermark (vLLM target_free, with the per-sequence term of spec §2.14): GPU blocks at
@@ -194,7 +201,7 @@ static int create_common(kvt_offload *m)
     m->max_search_tokens = cfg->max_model_len;
     m->loadq_head = m->loadq_tail = m->tier[0].acc_head = m->tier[0].acc_tail = OFL_NONE;
     m->wait_head = OFL_NONE;
-    m->promoq_head = m->promoq_tail = m->tier[1].acc_head = m->tier[1].acc_tail = OFL_NONE;
+    m->promoq_head = m->promoq_tail = OFL_NONE;
 
     int rc = host_setup(m, cfg->host_blocks);
     if (!rc) { /* partial hash hits: eager mode only (spec §2.14) */
@@ -205,7 +212,7 @@ static int create_common(kvt_offload *m)
     if (!rc)
         rc = kvi_ofl_events_setup(m); /* sized by the host tier, which is only ever lowered */
     if (!rc)
-        rc = kvi_ofl_tier_setup(m, cfg->disk_blocks);
+        rc = cfg->disk_blocks ? kvi_ofl_tier_setup(m, 1, "disk", cfg->disk_blocks) : 0;
     if (!rc)
         rc = kvi_ofl_gpu_setup(m);
     uint32_t search_ids = 0;
@@ -345,10 +352,13 @@ void kvt_offload_destroy(kvt_offload *m)
  * the tier's first transfer and hit. */
 static int lower_tier(kvt_offload *m, uint32_t t, uint32_t worker_blocks)
 {
+    if (t >= KVI_OFL_TIERS)
+        return kvt_fail(KVT_ERANGE, "offload: tier %u: at most %u tiers", t, KVI_OFL_TIERS);
     struct kvi_ofl_tier *T = &m->tier[t];
-    const char *name = kvi_ofl_tier_name(t);
+    const char *name = kvi_ofl_tier_name(m, t);
     if (!T->pool)
-        return kvt_fail(KVT_ESTATE, "offload: no %s tier (disk_blocks is 0)", name);
+        return kvt_fail(KVT_ESTATE, "offload: no tier %u (%s)", t,
+                        t == 1 ? "disk_blocks is 0" : "kvt_offload_add_tier adds one");
     if (worker_blocks > T->nb)
         return kvt_fail(KVT_EINVAL,
                         "offload: a worker reported %u %s blocks, more than the %u planned; the "
@@ -373,8 +383,7 @@ static int lower_tier(kvt_offload *m, uint32_t t, uint32_t worker_blocks)
         host_teardown(m);
         return host_setup(m, worker_blocks);
     }
-    kvi_ofl_tier_teardown(m);
-    return kvi_ofl_tier_setup(m, worker_blocks);
+    return kvi_ofl_tier_resize(m, t, worker_blocks);
 }
 
 int kvt_offload_lower_host_blocks(kvt_offload *m, uint32_t worker_blocks)
@@ -387,6 +396,71 @@ int kvt_offload_lower_disk_blocks(kvt_offload *m, uint32_t worker_slots)
     return lower_tier(m, 1, worker_slots);
 }
 
+int kvt_offload_lower_tier_blocks(kvt_offload *m, uint32_t tier, uint32_t worker_blocks)
+{
+    if (!m)
+        return kvt_fail(KVT_EINVAL, "offload: lower_tier_blocks: NULL manager");
+    return lower_tier(m, tier, worker_blocks);
+}
+
+/* A tier's name: 1 to 15 characters of [a-z0-9_], not taken (it labels metrics). */
+static int check_tier_name(const kvt_offload *m, const char *name)
+{
+    size_t n = name ? strlen(name) : 0;
+    bool ok = n > 0 && n < KVI_OFL_TIER_NAME;
+    for (size_t i = 0; ok && i < n; i++)
+        ok = (name[i] >= 'a' && name[i] <= 'z') || (name[i] >= '0' && name[i] <= '9') ||
+             name[i] == '_';
+    if (!ok)
+        return kvt_fail(KVT_EINVAL,
+                        "offload: add_tier: name \"%s\" must be 1 to %d characters of a-z, 0-9 "
+                        "and _",
+                        name ? name : "(null)", KVI_OFL_TIER_NAME - 1);
+    for (uint32_t t = 0; t < KVI_OFL_TIERS; t++)
+        if ((t == 0 || m->tier[t].pool) && strcmp(kvi_ofl_tier_name(m, t), name) == 0)
+            return kvt_fail(KVT_EINVAL, "offload: add_tier: tier %u is already named \"%s\"", t,
+                            name);
+    return 0;
+}
+
+static int add_tier_unlocked(kvt_offload *m, const char *name, uint32_t blocks, uint32_t *index)
+{
+    uint32_t t = kvi_ofl_ntiers(m);
+    int rc = check_tier_name(m, name);
+    if (rc)
+        return rc;
+    if (t >= KVI_OFL_TIERS)
+        return kvt_fail(KVT_ENOSPC, "offload: add_tier: %u tiers already (KVT_MAX_TIERS)", t);
+    if (blocks < 2 || blocks == UINT32_MAX)
+        return kvt_fail(KVT_EINVAL,
+                        "offload: add_tier: %u blocks (at least 2, the null block "
+                        "included)",
+                        blocks);
+    if (m->node)
+        return kvt_fail(KVT_EUNSUPPORTED,
+                        "offload: a node tier with a tier behind it is not supported");
+    for (uint32_t u = 0; u < t; u++)
+        if (m->tier[u].transferred || kvt_pool_num_cached(m->tier[u].pool))
+            return kvt_fail(KVT_ESTATE,
+                            "offload: add_tier: add tiers before the first step (the "
+                            "%s tier has been used)",
+                            kvi_ofl_tier_name(m, u));
+    if ((rc = kvi_ofl_tier_setup(m, t, name, blocks))) {
+        kvi_ofl_tier_remove(m, t); /* what it opened */
+        return rc;
+    }
+    if (index)
+        *index = t;
+    return 0;
+}
+
+int kvt_offload_add_tier(kvt_offload *m, const char *name, uint32_t blocks, uint32_t *index)
+{
+    if (!m)
+        return kvt_fail(KVT_EINVAL, "offload: add_tier: NULL manager");
+    KVI_OFL_LOCKED(m, add_tier_unlocked(m, name, blocks, index));
+}
+
 int kvt_offload_attach_node(kvt_offload *m, kvt_node *node)
 {
     if (!m || !node)
@@ -396,9 +470,9 @@ int kvt_offload_attach_node(kvt_offload *m, kvt_node *node)
     if (m->cfg.lazy)
         return kvt_fail(KVT_EINVAL, "offload: a node tier needs eager stores (lazy is set): "
                                     "a replica publishes what it stored as it stores it");
-    if (m->tier[1].pool)
+    if (kvi_ofl_ntiers(m) > 1)
         return kvt_fail(KVT_EUNSUPPORTED,
-                        "offload: a node tier with a disk tier behind it is not supported");
+                        "offload: a node tier with a tier behind it is not supported");
     struct kvi_ofl_tier *T = &m->tier[0];
     if (T->transferred || kvt_pool_num_free(T->pool) != T->nb - 1 || T->acc_n ||
         kvt_pool_num_cached(T->pool))

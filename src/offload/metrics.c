@@ -95,7 +95,7 @@ int kvt_offload_get_tier_stats(const kvt_offload *m, uint32_t tier, kvt_tier_sta
     if (tier >= KVI_OFL_TIERS || tier >= kvt_offload_num_tiers(m))
         return kvt_fail(KVT_ERANGE, "offload: tier %u of %u", tier, kvt_offload_num_tiers(m));
     const struct kvi_ofl_tier *T = &m->tier[tier];
-    out->name = kvi_ofl_tier_name(tier);
+    out->name = kvi_ofl_tier_name(m, tier);
     out->hit_blocks = T->st.hit_blocks;
     /* a hit's tokens are counted once, by the tier that serves them: the host's are what the
      * tiers behind it did not serve */

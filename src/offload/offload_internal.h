@@ -3,7 +3,7 @@
  * Internal state of the offload manager, shared by manager.c (life cycle), requests.c (the
  * request table), step.c (step assembly, reset), metrics.c (stats, Prometheus), load.c
  * (match, after_alloc, loads), store.c (eager, lazy, re-store, store completion), tier.c (the
- * disk behind the host), events.c (cache events), remote.c (the remote tier), gpu.c (the
+ * tiers behind the host), events.c (cache events), remote.c (the remote tier), gpu.c (the
  * engine's GPU pool).
  *
  * Everything is preallocated at create, sized from the pools and the config. Variable-length
@@ -19,14 +19,15 @@
  * Only phase-A hits (host blocks pinned between match and after_alloc, possibly shared by
  * several requests) live in chunked id lists from a preallocated pool (base/idlist.h).
  *
- * Three-tier mode (tier.c) adds a disk pool and, threaded the same way:
- *   - a request's promotions: a list of freshly allocated host blocks (hpromo_next), each
- *     knowing its disk source (hpromo_src), its group and position in the request's hit
- *     (hpromo_grp, hpromo_idx) and, once the engine accepted it, its GPU destination
- *     (hpromo_gpu) — a new host block belongs to one request;
- *   - a write-back event's pairs: a list of destination disk slots (dstore_next), each knowing
- *     its host source (dstore_src);
- *   - requests of a promotion event and of the promotion queue (promo_next).
+ * The tiers behind the host (tier.c) add, threaded the same way:
+ *   - a request's promotions: a list of freshly allocated host blocks (promo.next), each
+ *     knowing its source tier and block there (promo.tier, promo.src), its group and position
+ *     in the request's hit (promo.grp, promo.idx) and, once the engine accepted it, its GPU
+ *     destination (promo.gpu) and request (promo.req) — a new host block belongs to one
+ *     request; a promotion event of tier t lists its pairs (promo.evnext);
+ *   - a write-back event's pairs: a list of destination blocks of its tier (store_next), each
+ *     knowing its host source (store_src);
+ *   - requests of the promotion queue (promo_next).
  */
 #ifndef KVT_OFFLOAD_INTERNAL_H
 #define KVT_OFFLOAD_INTERNAL_H
@@ -53,8 +54,8 @@ enum {
     RQ_HIT = 1u << 2,          /* phase-A hit pinned */
     RQ_LOAD_QUEUED = 1u << 3,  /* load recorded by after_alloc, no event yet */
     RQ_LOAD_SENT = 1u << 4,    /* load event issued, completion pending */
-    RQ_PROMO_QUEUED = 1u << 5, /* three tiers: promotion recorded, no event yet */
-    RQ_PROMO_SENT = 1u << 6,   /* promotion event issued; the GPU load waits for it */
+    RQ_PROMO_QUEUED = 1u << 5, /* promotions into the host recorded, no event yet */
+    RQ_PROMO_SENT = 1u << 6,   /* promotion events issued; the GPU load waits for them */
     RQ_WAITING = 1u << 7,      /* on the finished-waiting list */
     RQ_LISTED = 1u << 8        /* scratch mark while apply_output validates its input */
 };
@@ -73,12 +74,13 @@ struct kvi_ofl_req {
     uint32_t load_head; /* first destination GPU block (gload_next chain) */
     uint32_t n_load;
     uint32_t load_next; /* in the queued-load list or in its load event's list */
-    /* three tiers: disk part of the hit (phase A: dhit_n pairs) or accepted promotions
-     * (n_promo pairs), a list of host blocks through hpromo_next */
+    /* the part of the hit behind the host (phase A: dhit_n pairs over dhit_pos[g] positions
+     * per group, null ones included) or the accepted promotions (n_promo pairs not yet
+     * completed), a list of host blocks through promo.next */
     uint32_t promo_head, dhit_n, n_promo;
-    uint32_t dhit_len;   /* tokens of the hit that the disk part adds */
-    uint32_t promo_next; /* in the promotion queue or in its promotion event's list */
-    int64_t promo_event;
+    uint32_t dhit_len; /* tokens of the hit that the tiers behind the host add */
+    uint32_t dhit_pos[KVT_MAX_GROUPS];
+    uint32_t promo_next; /* in the promotion queue */
     /* eager stores: a cursor per group in m->cursors (kvi_ofl_cursor); stores in flight are
      * tracked by their events, not by requests */
     /* events: the engine's context (0: none) and the host blocks in store pairs that name it;
@@ -100,22 +102,26 @@ struct kvi_ofl_event {
     bool failed; /* stores: a worker could not write some block (never made findable) */
 };
 
-/* An offload tier: tier[0] the first below the GPU (the host), tier[t] behind tier[t - 1]
- * (today tier[1] is the disk; tiers without a pool are absent, and tiers are consecutive). A
- * tier's blocks are filled by store events from the level in front of it (the GPU for tier 0,
- * tier t - 1 otherwise: write-backs) and read back by load events into it; everything a tier
- * needs for that is here, so the code that stores, writes back, completes, abandons and
- * reports walks tiers by index. */
-#define KVI_OFL_TIERS KVT_MAX_TIERS
+/* An offload tier: tier[0] the first below the GPU (the host), tier[t >= 1] behind it, in the
+ * order a lookup consults them (the disk from kvt_offload_config.disk_blocks first, then those
+ * of kvt_offload_add_tier; tiers are consecutive). Tier 0's blocks are filled by store events
+ * from the GPU; a tier behind exchanges blocks with the host only: write-backs of the host's
+ * completed stores into it, promotions out of it into new host blocks. Everything a tier needs
+ * for that is here, so the code that searches, stores, writes back, promotes, completes,
+ * abandons and reports walks tiers by index. */
+#define KVI_OFL_TIERS     KVT_MAX_TIERS
+#define KVI_OFL_TIER_NAME 16
 struct kvi_ofl_tier {
     kvt_pool *pool; /* NULL: no such tier */
-    uint32_t nb;    /* blocks, null block included */
+    char name[KVI_OFL_TIER_NAME];
+    uint32_t nb; /* blocks, null block included */
     /* per block: the store pair that fills it (the source in the level in front) and the
      * list of the event being assembled or in flight */
     uint32_t *store_src, *store_next;
     uint8_t *keys;   /* keys to register on completion: kpb x key_stride bytes per block */
     uint8_t *keys_n; /* how many */
     uint32_t acc_head, acc_tail, acc_n; /* blocks selected for the next store event */
+    uint32_t promo_queued;              /* tiers behind: pairs waiting for a promotion event */
     kvi_evtable loads, stores;          /* of struct kvi_ofl_event */
     int64_t load_counter, store_counter;
     bool transferred; /* any event issued yet (size fixed from then on) */
@@ -185,11 +191,13 @@ struct kvt_offload {
     /* per GPU block */
     uint32_t *gload_src, *gload_next;
     uint8_t *gflags; /* G_* */
-    /* the tiers: tier[0] the host, tier[1] the disk behind it (three tiers), ... */
+    /* the tiers: tier[0] the host, tier[1 ..] behind it */
     struct kvi_ofl_tier tier[KVI_OFL_TIERS];
-    /* per host block, three tiers: promotions from the disk */
-    uint32_t *hpromo_src, *hpromo_next, *hpromo_gpu, *hpromo_idx;
-    uint8_t *hpromo_grp;
+    /* per host block: its promotion from a tier behind (see the top of this file) */
+    struct kvi_ofl_promos {
+        uint32_t *src, *next, *gpu, *idx, *evnext, *req;
+        uint8_t *grp, *tier;
+    } promo;
     size_t key_stride; /* hash_len + group + num_tokens */
 
     /* queues of the step being assembled */
@@ -208,8 +216,7 @@ struct kvt_offload {
     uint64_t *evict_kh; /* host allocation: GPU-index key hashes of the blocks it evicts */
     kvt_pool_key *keys;
 
-    /* three tiers */
-    uint32_t promoq_head, promoq_tail; /* requests with a promotion but no event yet */
+    uint32_t promoq_head, promoq_tail; /* requests with promotions but no event yet */
 
     struct kvi_ofl_events ev;
     kvt_offload_stats st;
@@ -293,7 +300,7 @@ void kvi_ofl_key_unpack(const kvt_offload *m, const uint8_t *src, kvt_pool_key *
 
 /* tiers (manager.c): a tier's pool, per-block store pairs and keys, and store event table
  * (at most max_store_events, fewer for a small tier); close frees them. */
-const char *kvi_ofl_tier_name(uint32_t t);
+const char *kvi_ofl_tier_name(const kvt_offload *m, uint32_t t);
 int kvi_ofl_tier_open(kvt_offload *m, uint32_t t, uint32_t nb, uint32_t event_capacity,
                       uint32_t max_store_events);
 void kvi_ofl_tier_close(kvt_offload *m, uint32_t t);
@@ -458,22 +465,44 @@ void kvi_ofl_remote_publish_flush(kvt_offload *m);
 void kvi_ofl_remote_withdraw(kvt_offload *m, const uint32_t *ids, uint32_t n);
 void kvi_ofl_remote_withdraw_all(kvt_offload *m);
 
-/* three tiers (tier.c); every function is a no-op without a disk tier */
+/* the tiers behind the host (tier.c); every function is a no-op without one */
 int kvi_ofl_tier_validate(const kvt_offload_config *c, const kvt_pool_config *g);
-int kvi_ofl_tier_setup(kvt_offload *m, uint32_t disk_nb);
+/* Opens tier t behind the host (name, nb blocks, null block included) / closes every one. */
+int kvi_ofl_tier_setup(kvt_offload *m, uint32_t t, const char *name, uint32_t nb);
+void kvi_ofl_tier_remove(kvt_offload *m, uint32_t t);
 void kvi_ofl_tier_teardown(kvt_offload *m);
-/* Searches the disk past a host hit: hashes from index `from`, at most max_len tokens, every
- * group agreeing on one length (the host hit ends where each group has what it needs, so the
- * disk part is searched as a prefix of its own). Returns its tokens; the slots found per
- * group are in tier[1].search_out / search_n. */
-uint32_t kvi_ofl_tier_search(kvt_offload *m, const uint8_t *hashes, uint32_t n_hashes,
-                             uint32_t from, uint32_t max_len);
-/* Pins the slots the last search found (non-null, every group; `tokens` the search's length)
- * and allocates a host block for each; returns the tokens that adds to r's hit (one
- * full-attention group: as many blocks as the host tier has room for; otherwise all or
- * nothing). */
-uint32_t kvi_ofl_tier_pin(kvt_offload *m, struct kvi_ofl_req *r, uint32_t tokens);
-/* Releases the phase-A disk pairs of r. */
+/* Reopens tier t (before its first transfer) with nb blocks. */
+int kvi_ofl_tier_resize(kvt_offload *m, uint32_t t, uint32_t nb);
+/* Number of tiers, the host included. */
+static inline uint32_t kvi_ofl_ntiers(const kvt_offload *m)
+{
+    uint32_t n = 1;
+    while (n < KVI_OFL_TIERS && m->tier[n].pool)
+        n++;
+    return n;
+}
+/* Searches tier t past the hit so far: hashes from index `from`, at most max_len tokens, every
+ * group agreeing on one length (the hit so far ends where each group has what it needs, so
+ * the part of tier t is searched as a prefix of its own); partial: it may end inside a
+ * scheduler block. Returns its tokens; the blocks found per group are in tier[t].search_out
+ * / search_n. */
+uint32_t kvi_ofl_tier_search(kvt_offload *m, uint32_t t, const uint8_t *hashes, uint32_t n_hashes,
+                             uint32_t from, uint32_t max_len, bool partial);
+/* The tiers behind the host past a host hit of host_len tokens (from: its end's hash index,
+ * max_len: tokens searchable past it): each tier continues where the ones before it stopped,
+ * want[t] its tokens; the last tier that adds anything (the host, 0, if none does) is searched
+ * again with partial hits when the manager allows them. Returns the tokens found behind. */
+uint32_t kvi_ofl_tier_search_chain(kvt_offload *m, const uint8_t *hashes, uint32_t n_hashes,
+                                   uint32_t from, uint32_t max_len, uint32_t *want);
+/* Pins what the last kvi_ofl_tier_search_chain found, tier by tier, stopping at the first that
+ * is shortened; returns the tokens that adds to r's hit. */
+uint32_t kvi_ofl_tier_pin_chain(kvt_offload *m, struct kvi_ofl_req *r, const uint32_t *want);
+/* Pins the blocks the last search of tier t found (non-null, every group; `tokens` the
+ * search's length) and allocates a host block for each; returns the tokens that adds to r's
+ * hit (one full-attention group: as many blocks as the host tier has room for; otherwise all
+ * or nothing). */
+uint32_t kvi_ofl_tier_pin(kvt_offload *m, struct kvi_ofl_req *r, uint32_t t, uint32_t tokens);
+/* Releases the phase-A pairs of r's part behind the host. */
 void kvi_ofl_tier_release_hit(kvt_offload *m, struct kvi_ofl_req *r);
 /* GPU blocks of group g that num_external accepted tokens reach (the last one partly with
  * partial hash hits). */
@@ -485,17 +514,17 @@ static inline uint32_t kvi_ofl_ext_blocks(const kvt_offload *m, uint32_t g, uint
 /* Position in a group's block table of the first block a load of num_external tokens fills. */
 uint32_t kvi_ofl_load_start(const kvt_offload *m, const struct kvi_ofl_req *r, uint32_t g,
                             uint32_t num_external);
-/* after_alloc: checks / pairs the disk part of r's hit with the GPU blocks at its positions,
- * for the accepted num_external tokens. */
+/* after_alloc: checks / pairs the part of r's hit behind the host with the GPU blocks at its
+ * positions, for the accepted num_external tokens. */
 int kvi_ofl_tier_check_pairs(kvt_offload *m, const struct kvi_ofl_req *r,
                              const uint32_t *const *blocks, const uint32_t *n_blocks,
                              uint32_t num_external);
 void kvi_ofl_tier_pair(kvt_offload *m, struct kvi_ofl_req *r, const uint32_t *const *blocks,
                        uint32_t num_external, uint32_t *load_tail);
 void kvi_ofl_tier_cancel_promo(kvt_offload *m, struct kvi_ofl_req *r);
-/* Block b of tier t - 1 was stored and registered: queues its write-back into tier t (a no-op
- * without tier t, or when tier t has it). */
-void kvi_ofl_tier_writeback(kvt_offload *m, uint32_t t, uint32_t b);
+/* Host block h was stored and registered: queues its write-back into every tier behind that
+ * lacks it. */
+void kvi_ofl_tier_writeback(kvt_offload *m, uint32_t h);
 int kvi_ofl_tier_reserve(kvt_offload *m, kvt_offload_meta *out, uint32_t invalid);
 void kvi_ofl_tier_emit(kvt_offload *m, kvt_offload_meta *out);
 int kvi_ofl_tier_check_output(const kvt_offload *m, const kvt_offload_worker_meta *wm);

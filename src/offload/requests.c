@@ -93,7 +93,6 @@ struct kvi_ofl_req *kvi_ofl_req_get(kvt_offload *m, const char *id, uint32_t len
     r->load_event = KVT_NO_EVENT;
     r->load_head = r->load_next = r->wait_next = OFL_NONE;
     r->promo_head = r->promo_next = OFL_NONE;
-    r->promo_event = KVT_NO_EVENT;
     (void)kvi_map_insert(&m->req_map, r->id_hash, slot); /* room for every slot */
     m->n_reqs++;
     return r;

@@ -65,7 +65,7 @@ static int apply_output_unlocked(kvt_offload *m, const kvt_str *finished_loads, 
                 return kvt_fail(KVT_ERANGE,
                                 "offload: apply_output: failed load source %u out of range (the "
                                 "%s tier has %u blocks)",
-                                stores->failed_load_src[i], kvi_ofl_tier_name(0), m->tier[0].nb);
+                                stores->failed_load_src[i], kvi_ofl_tier_name(m, 0), m->tier[0].nb);
         /* blocks a worker could not read are forgotten before their loads release them */
         for (uint32_t i = 0; i < stores->n_failed_load_src; i++)
             kvi_ofl_load_failed(m, 0, stores->failed_load_src[i]);

@@ -699,12 +699,12 @@ void kvi_ofl_register_keys(kvt_offload *m, kvt_pool *p, uint32_t b, const uint8_
 }
 
 /* Gives back the source of a store pair into tier t: a GPU block (tier 0: pinned, and marked
- * storing unless a reset already cleared the mark) or a block of tier t-1 (pinned until the
- * write landed). */
+ * storing unless a reset already cleared the mark) or a host block (pinned until the write
+ * landed). */
 static void release_store_source(kvt_offload *m, uint32_t t, uint32_t src, bool clear_mark)
 {
     if (t > 0) {
-        (void)kvt_pool_free(m->tier[t - 1].pool, &src, 1);
+        (void)kvt_pool_free(m->tier[0].pool, &src, 1);
         return;
     }
     if (clear_mark)
@@ -733,9 +733,9 @@ static void release_store_pairs(kvt_offload *m, uint32_t t, uint32_t head,
         }
         if (t == 0)
             kvi_ofl_events_stored(m, b, ok); /* its stored events, with its request context */
-        if (ok && t + 1 < KVI_OFL_TIERS)
-            kvi_ofl_tier_writeback(m, t + 1, b); /* on to the tier behind, if any */
-        if (src != OFL_NONE) /* OFL_NONE: the engine's block was let go of before */
+        if (ok && t == 0)
+            kvi_ofl_tier_writeback(m, b); /* on to the tiers behind, if any */
+        if (src != OFL_NONE)              /* OFL_NONE: the engine's block was let go of before */
             release_store_source(m, t, src, !e || !e->abandoned);
         (void)kvt_pool_free(T->pool, &b, 1);
         T->store_src[b] = T->store_next[b] = OFL_NONE;

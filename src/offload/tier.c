@@ -1,34 +1,42 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The tiers behind the host: GPU -> host -> disk (issue 5; LMCache and Mooncake have it,
- * vLLM's SimpleCPUOffloadConnector does not). A tier behind is a pool with its own events,
- * driven from the completions of the tier in front of it and from hits:
+ * The tiers behind the host: GPU -> host -> tier 1 -> tier 2 ... (issue 5, then 41; LMCache
+ * and Mooncake have them, vLLM's SimpleCPUOffloadConnector does not). A tier behind is a pool
+ * with its own events that exchanges blocks with the host only — every tier any engine of
+ * this field puts behind host memory (a disk, another host's memory, an object store) reads
+ * from and writes into host memory — driven from the host's completions and from hits:
  *
- *   write-back   when a store event into tier t - 1 completes, each of its blocks that tier t
- *                lacks gets a block there (evicting tier t's LRU) and joins tier t's next
- *                store event; the block in front stays pinned until the write landed, and the
- *                new one becomes findable only when all world_size workers reported it. An
- *                eviction in front therefore drops nothing the tier behind holds, and never
- *                has to wait for a write. Stores, write-backs, completions, abandons and
- *                reports walk the tiers by index (any number up to KVT_MAX_TIERS).
- *   promotion    (the disk, tier 1, into the host) match continues past the host hit on
- *                disk, pins the slots it found and allocates a host block for each (so
+ *   write-back   when a store event into the host completes, each of its blocks that a tier
+ *                behind lacks gets a block there (evicting that tier's LRU) and joins the
+ *                tier's next store event; the host block stays pinned until the write landed,
+ *                and the new one becomes findable only when all world_size workers reported
+ *                it. A host eviction therefore drops nothing a tier behind holds, and never
+ *                has to wait for a write.
+ *   promotion    match continues past the host hit through the tiers behind, in order, each
+ *                where the ones before it stopped (each span served by the first tier that
+ *                has it), pins the blocks it found and allocates a host block for each (so
  *                after_alloc cannot run out of host space); after_alloc pairs the accepted
- *                ones with GPU blocks and queues a disk load event; when all workers reported
- *                it, the promoted host blocks become findable and the request's single GPU
- *                load is queued.
+ *                ones with GPU blocks and queues them; build_meta issues one load event per
+ *                tier that has some (all tiers at once, or none that step); when every tier's
+ *                event of a request was reported by all workers, its promoted host blocks
+ *                are findable and its single GPU load is queued.
  *   failures     a failed write-back is never findable; a failed promotion is never a hit:
  *                its host blocks get no keys and its GPU destinations go out in the load's
  *                load_invalid_blocks (the engine recomputes them, Dynamo #15079), and its
- *                slots' keys are dropped (the next request misses instead of failing again).
+ *                source blocks' keys are dropped (the next request misses instead of failing
+ *                again).
  *
- * Every group kind: the host hit ends where each group has what it needs (a window's blocks
- * before the end, the last Mamba state), so the disk part is searched as a prefix of its own
- * with the same per-group rules, and each group's slots are promoted to the positions they
- * continue. With one full-attention group a disk hit shortens to the host room there is;
+ * Nothing here names a tier by kind or index: what a tier is (a disk, a second disk, ...) is
+ * the worker's business (the stage attached at its index).
+ *
+ * Every group kind: the hit so far ends where each group has what it needs (a window's blocks
+ * before the end, the last Mamba state), so each tier's part is searched as a prefix of its
+ * own with the same per-group rules, and each group's blocks are promoted to the positions
+ * they continue. With one full-attention group a part shortens to the host room there is;
  * with several groups it is promoted whole or not at all.
  */
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -36,7 +44,7 @@
 #include "base/util.h"
 #include "offload/offload_internal.h"
 
-#define MAX_DISK_EVENTS 1024u /* kvt_disk's default max_events per direction */
+#define MAX_BEHIND_EVENTS 1024u /* kvt_disk's default max_events per direction */
 
 int kvi_ofl_tier_validate(const kvt_offload_config *c, const kvt_pool_config *g)
 {
@@ -49,33 +57,46 @@ int kvi_ofl_tier_validate(const kvt_offload_config *c, const kvt_pool_config *g)
     return 0;
 }
 
-int kvi_ofl_tier_setup(kvt_offload *m, uint32_t disk_nb)
+int kvi_ofl_tier_setup(kvt_offload *m, uint32_t t, const char *name, uint32_t nb)
 {
-    if (disk_nb == 0)
-        return 0;
-    int rc = kvi_ofl_tier_open(m, 1, disk_nb, m->cfg.event_capacity, MAX_DISK_EVENTS);
-    if (rc)
-        return rc;
-    for (uint32_t g = 0; g < m->ng; g++) {
-        m->tier[1].search_out[g] = malloc(
+    struct kvi_ofl_tier *T = &m->tier[t];
+    snprintf(T->name, sizeof(T->name), "%s", name);
+    int rc = kvi_ofl_tier_open(m, t, nb, m->cfg.event_capacity, MAX_BEHIND_EVENTS);
+    for (uint32_t g = 0; g < m->ng && !rc; g++) {
+        T->search_out[g] = malloc(
             ((size_t)m->cfg.max_model_len / m->gcfg.groups[g].block_size + 1) * sizeof(uint32_t));
-        if (!m->tier[1].search_out[g])
-            return kvt_fail(KVT_ENOMEM, "offload: cannot allocate state for %u disk slots",
-                            disk_nb);
+        if (!T->search_out[g])
+            rc = kvt_fail(KVT_ENOMEM, "offload: cannot allocate state for %u %s blocks", nb,
+                          T->name);
     }
-    return kvi_ofl_evtable_init(&m->tier[1].loads, kvi_min_u32(disk_nb, MAX_DISK_EVENTS));
+    if (!rc)
+        rc = kvi_ofl_evtable_init(&T->loads, kvi_min_u32(nb, MAX_BEHIND_EVENTS));
+    return rc;
+}
+
+void kvi_ofl_tier_remove(kvt_offload *m, uint32_t t)
+{
+    kvi_ofl_tier_close(m, t);
+    memset(m->tier[t].name, 0, sizeof(m->tier[t].name));
+    for (uint32_t g = 0; g < KVT_MAX_GROUPS; g++) {
+        free(m->tier[t].search_out[g]);
+        m->tier[t].search_out[g] = NULL;
+    }
+    kvi_evtable_free(&m->tier[t].loads);
 }
 
 void kvi_ofl_tier_teardown(kvt_offload *m)
 {
-    for (uint32_t t = 1; t < KVI_OFL_TIERS; t++) {
-        kvi_ofl_tier_close(m, t);
-        for (uint32_t g = 0; g < KVT_MAX_GROUPS; g++) {
-            free(m->tier[t].search_out[g]);
-            m->tier[t].search_out[g] = NULL;
-        }
-        kvi_evtable_free(&m->tier[t].loads);
-    }
+    for (uint32_t t = 1; t < KVI_OFL_TIERS; t++)
+        kvi_ofl_tier_remove(m, t);
+}
+
+int kvi_ofl_tier_resize(kvt_offload *m, uint32_t t, uint32_t nb)
+{
+    char name[KVI_OFL_TIER_NAME];
+    memcpy(name, m->tier[t].name, sizeof(name));
+    kvi_ofl_tier_remove(m, t);
+    return kvi_ofl_tier_setup(m, t, name, nb);
 }
 
 const kvt_pool *kvt_offload_disk_pool(const kvt_offload *m)
@@ -83,73 +104,138 @@ const kvt_pool *kvt_offload_disk_pool(const kvt_offload *m)
     return m->tier[1].pool;
 }
 
+const kvt_pool *kvt_offload_tier_pool(const kvt_offload *m, uint32_t t)
+{
+    return m && t < KVI_OFL_TIERS ? m->tier[t].pool : NULL;
+}
+
 /* ---- promotion: match and after_alloc ------------------------------------------------------ */
 
-uint32_t kvi_ofl_tier_search(kvt_offload *m, const uint8_t *hashes, uint32_t n_hashes,
-                             uint32_t from, uint32_t max_len)
+uint32_t kvi_ofl_tier_search(kvt_offload *m, uint32_t t, const uint8_t *hashes, uint32_t n_hashes,
+                             uint32_t from, uint32_t max_len, bool partial)
 {
-    memset(m->tier[1].search_n, 0, sizeof(m->tier[1].search_n));
-    if (!m->tier[1].pool || from >= n_hashes || max_len < m->hit_align)
+    struct kvi_ofl_tier *T = &m->tier[t];
+    memset(T->search_n, 0, sizeof(T->search_n));
+    if (!T->pool || from >= n_hashes || max_len < m->hit_align)
         return 0;
     kvt_hit hit;
-    if (kvt_pool_find_longest_hit_flags(m->tier[1].pool, hashes + (size_t)from * m->hash_len,
-                                        n_hashes - from, max_len, m->partial ? KVT_HIT_PARTIAL : 0,
-                                        m->tier[1].search_out, &hit))
+    if (kvt_pool_find_longest_hit_flags(T->pool, hashes + (size_t)from * m->hash_len,
+                                        n_hashes - from, max_len, partial ? KVT_HIT_PARTIAL : 0,
+                                        T->search_out, &hit))
         return 0; /* cannot fail on arguments the host search accepted; a miss is safe */
-    memcpy(m->tier[1].search_n, hit.n_blocks, sizeof(m->tier[1].search_n));
+    memcpy(T->search_n, hit.n_blocks, sizeof(T->search_n));
     return hit.length;
 }
 
-uint32_t kvi_ofl_tier_pin(kvt_offload *m, struct kvi_ofl_req *r, uint32_t tokens)
+uint32_t kvi_ofl_tier_search_chain(kvt_offload *m, const uint8_t *hashes, uint32_t n_hashes,
+                                   uint32_t from, uint32_t max_len, uint32_t *want)
 {
-    struct kvi_ofl_tier *D = &m->tier[1];
+    uint32_t total = 0, last = 0, last_from = 0;
+    for (uint32_t t = 1; t < KVI_OFL_TIERS; t++) {
+        uint32_t at = from + total / m->gcfg.hash_block_size;
+        want[t] = kvi_ofl_tier_search(m, t, hashes, n_hashes, at, max_len - total, false);
+        if (want[t]) {
+            last = t;
+            last_from = at;
+        }
+        total += want[t];
+    }
+    /* partial hash hits: only the last part may end inside a scheduler block — the last tier
+     * that added something, searched again from where its part starts, or else the first
+     * tier behind it with a partial hit where the hit so far ends */
+    if (!m->partial)
+        return total;
+    if (last) {
+        uint32_t w = kvi_ofl_tier_search(m, last, hashes, n_hashes, last_from,
+                                         max_len - (total - want[last]), true);
+        if (w > want[last]) {
+            total += w - want[last];
+            want[last] = w;
+            return total;
+        }
+        /* the same end: search_out holds the same blocks as before */
+    }
+    for (uint32_t t = last + 1; t < KVI_OFL_TIERS && m->tier[t].pool; t++) {
+        want[t] = kvi_ofl_tier_search(
+            m, t, hashes, n_hashes, from + total / m->gcfg.hash_block_size, max_len - total, true);
+        if (want[t]) {
+            total += want[t];
+            break;
+        }
+    }
+    return total;
+}
+
+uint32_t kvi_ofl_tier_pin(kvt_offload *m, struct kvi_ofl_req *r, uint32_t t, uint32_t tokens)
+{
+    struct kvi_ofl_tier *T = &m->tier[t];
+    struct kvi_ofl_promos *P = &m->promo;
     uint32_t free_host = kvt_pool_num_free(m->tier[0].pool), found = 0;
     for (uint32_t g = 0; g < m->ng; g++)
-        for (uint32_t i = 0; i < D->search_n[g]; i++)
-            found += D->search_out[g][i] != KVT_NULL_BLOCK;
+        for (uint32_t i = 0; i < T->search_n[g]; i++)
+            found += T->search_out[g][i] != KVT_NULL_BLOCK;
     bool one_full = m->ng == 1 && m->gcfg.groups[0].kind == KVT_GROUP_FULL;
     if (found > free_host) {
         if (!one_full)
             return 0; /* every group must reach the same end: whole or nothing */
-        D->search_n[0] = found = free_host; /* a shorter prefix of one full-attention group */
+        T->search_n[0] = found = free_host; /* a shorter prefix of one full-attention group */
         tokens = found * m->gcfg.groups[0].block_size;
     }
     if (found == 0)
         return 0;
     uint32_t *hosts = m->scratch; /* found <= host_nb */
     kvi_ofl_host_alloc(m, found, hosts);
-    uint32_t tail = OFL_NONE, k = 0;
-    for (uint32_t g = 0; g < m->ng; g++)
-        for (uint32_t i = 0; i < D->search_n[g]; i++) {
-            uint32_t d = D->search_out[g][i];
-            if (d == KVT_NULL_BLOCK)
+    uint32_t tail = r->promo_head, k = 0;
+    while (tail != OFL_NONE && P->next[tail] != OFL_NONE)
+        tail = P->next[tail];
+    for (uint32_t g = 0; g < m->ng; g++) {
+        for (uint32_t i = 0; i < T->search_n[g]; i++) {
+            uint32_t b = T->search_out[g][i];
+            if (b == KVT_NULL_BLOCK)
                 continue;
             uint32_t h = hosts[k++];
-            (void)kvt_pool_touch(D->pool, &d, 1);
-            m->hpromo_src[h] = d;
-            m->hpromo_gpu[h] = OFL_NONE;
-            m->hpromo_next[h] = OFL_NONE;
-            m->hpromo_grp[h] = (uint8_t)g;
-            m->hpromo_idx[h] = r->hit_n[g] + i; /* its position in the request's hit */
+            (void)kvt_pool_touch(T->pool, &b, 1);
+            P->src[h] = b;
+            P->tier[h] = (uint8_t)t;
+            P->gpu[h] = P->next[h] = P->evnext[h] = P->req[h] = OFL_NONE;
+            P->grp[h] = (uint8_t)g;
+            P->idx[h] = r->hit_n[g] + r->dhit_pos[g] + i; /* its position in the hit */
             if (tail == OFL_NONE)
                 r->promo_head = h;
             else
-                m->hpromo_next[tail] = h;
+                P->next[tail] = h;
             tail = h;
         }
-    r->dhit_n = found;
-    r->dhit_len = tokens;
-    D->st.hit_blocks += found;
-    D->st.hit_tokens += tokens;
+        r->dhit_pos[g] += T->search_n[g];
+    }
+    r->dhit_n += found;
+    r->dhit_len += tokens;
+    T->st.hit_blocks += found;
+    T->st.hit_tokens += tokens;
     return tokens;
 }
 
-/* Frees one promotion pair: the host block (never findable: no keys) and the slot's pin. */
+uint32_t kvi_ofl_tier_pin_chain(kvt_offload *m, struct kvi_ofl_req *r, const uint32_t *want)
+{
+    uint32_t total = 0;
+    for (uint32_t t = 1; t < KVI_OFL_TIERS; t++) {
+        if (!want[t])
+            continue;
+        uint32_t got = kvi_ofl_tier_pin(m, r, t, want[t]);
+        total += got;
+        if (got < want[t])
+            break; /* shortened: the next tier's part would not continue it */
+    }
+    return total;
+}
+
+/* Frees one promotion pair's source pin (the host block is the caller's). */
 static void release_pair(kvt_offload *m, uint32_t h)
 {
-    uint32_t d = m->hpromo_src[h];
-    (void)kvt_pool_free(m->tier[1].pool, &d, 1);
-    m->hpromo_src[h] = m->hpromo_next[h] = m->hpromo_gpu[h] = OFL_NONE;
+    struct kvi_ofl_promos *P = &m->promo;
+    uint32_t b = P->src[h];
+    (void)kvt_pool_free(m->tier[P->tier[h]].pool, &b, 1);
+    P->src[h] = P->next[h] = P->gpu[h] = P->evnext[h] = P->req[h] = OFL_NONE;
 }
 
 void kvi_ofl_tier_release_hit(kvt_offload *m, struct kvi_ofl_req *r)
@@ -158,12 +244,13 @@ void kvi_ofl_tier_release_hit(kvt_offload *m, struct kvi_ofl_req *r)
         return; /* none, or already paired by after_alloc (the chain is the load's now) */
     uint32_t h = r->promo_head;
     for (uint32_t k = 0; k < r->dhit_n; k++) {
-        uint32_t next = m->hpromo_next[h];
+        uint32_t next = m->promo.next[h];
         release_pair(m, h);
         (void)kvt_pool_free(m->tier[0].pool, &h, 1);
         h = next;
     }
     r->dhit_n = r->dhit_len = 0;
+    memset(r->dhit_pos, 0, sizeof(r->dhit_pos));
     r->promo_head = OFL_NONE;
 }
 
@@ -173,7 +260,7 @@ static uint32_t promo_dest(const kvt_offload *m, const struct kvi_ofl_req *r, ui
                            const uint32_t *const *blocks, const uint32_t *n_blocks,
                            uint32_t num_external)
 {
-    uint32_t g = m->hpromo_grp[h], i = m->hpromo_idx[h];
+    uint32_t g = m->promo.grp[h], i = m->promo.idx[h];
     if (i >= kvi_ofl_ext_blocks(m, g, num_external))
         return KVT_NULL_BLOCK;
     uint64_t at = (uint64_t)kvi_ofl_load_start(m, r, g, num_external) + i;
@@ -185,8 +272,8 @@ int kvi_ofl_tier_check_pairs(kvt_offload *m, const struct kvi_ofl_req *r,
                              uint32_t num_external)
 {
     uint32_t h = r->promo_head;
-    for (uint32_t k = 0; k < r->dhit_n; k++, h = m->hpromo_next[h]) {
-        uint32_t g = m->hpromo_grp[h], gpu = promo_dest(m, r, h, blocks, n_blocks, num_external);
+    for (uint32_t k = 0; k < r->dhit_n; k++, h = m->promo.next[h]) {
+        uint32_t g = m->promo.grp[h], gpu = promo_dest(m, r, h, blocks, n_blocks, num_external);
         if (gpu == OFL_NONE)
             return kvt_fail(KVT_EINVAL,
                             "offload: after_alloc: group %u has %u GPU blocks; the load needs "
@@ -206,11 +293,13 @@ int kvi_ofl_tier_check_pairs(kvt_offload *m, const struct kvi_ofl_req *r,
 void kvi_ofl_tier_pair(kvt_offload *m, struct kvi_ofl_req *r, const uint32_t *const *blocks,
                        uint32_t num_external, uint32_t *load_tail)
 {
+    struct kvi_ofl_promos *P = &m->promo;
     uint32_t h = r->promo_head, kept_tail = OFL_NONE, n = r->dhit_n;
     r->promo_head = OFL_NONE;
     r->dhit_n = r->dhit_len = 0;
+    memset(r->dhit_pos, 0, sizeof(r->dhit_pos));
     for (uint32_t k = 0; k < n; k++) {
-        uint32_t next = m->hpromo_next[h];
+        uint32_t next = P->next[h];
         /* checked by kvi_ofl_tier_check_pairs: never OFL_NONE here */
         uint32_t gpu = promo_dest(m, r, h, blocks, NULL, num_external);
         if (gpu == KVT_NULL_BLOCK) { /* not accepted */
@@ -219,7 +308,7 @@ void kvi_ofl_tier_pair(kvt_offload *m, struct kvi_ofl_req *r, const uint32_t *co
             h = next;
             continue;
         }
-        /* the allocation's reference on h becomes the load's pin; the slot keeps its pin */
+        /* the allocation's reference on h becomes the load's pin; the source keeps its pin */
         kvi_ofl_gpu_pin(m, gpu);
         m->gload_src[gpu] = h;
         m->gload_next[gpu] = OFL_NONE;
@@ -229,14 +318,16 @@ void kvi_ofl_tier_pair(kvt_offload *m, struct kvi_ofl_req *r, const uint32_t *co
             m->gload_next[*load_tail] = gpu;
         *load_tail = gpu;
         r->n_load++;
-        m->hpromo_gpu[h] = gpu;
-        m->hpromo_next[h] = OFL_NONE;
+        P->gpu[h] = gpu;
+        P->req[h] = kvi_ofl_req_slot(m, r);
+        P->next[h] = OFL_NONE;
         if (kept_tail == OFL_NONE)
             r->promo_head = h;
         else
-            m->hpromo_next[kept_tail] = h;
+            P->next[kept_tail] = h;
         kept_tail = h;
         r->n_promo++;
+        m->tier[P->tier[h]].promo_queued++;
         h = next;
     }
     if (r->n_promo) {
@@ -246,33 +337,26 @@ void kvi_ofl_tier_pair(kvt_offload *m, struct kvi_ofl_req *r, const uint32_t *co
     }
 }
 
-/* Drops r's accepted promotions (slot pins); the host blocks go with its load pairs. */
-static void drop_promotions(kvt_offload *m, struct kvi_ofl_req *r)
-{
-    for (uint32_t h = r->promo_head, next; h != OFL_NONE; h = next) {
-        next = m->hpromo_next[h];
-        release_pair(m, h);
-    }
-    r->promo_head = OFL_NONE;
-    r->n_promo = 0;
-}
-
 void kvi_ofl_tier_cancel_promo(kvt_offload *m, struct kvi_ofl_req *r)
 {
     kvi_ofl_rq_unlink(m, &m->promoq_head, &m->promoq_tail, OFL_PROMO_LINK, kvi_ofl_req_slot(m, r));
-    drop_promotions(m, r);
+    for (uint32_t h = r->promo_head, next; h != OFL_NONE; h = next) {
+        next = m->promo.next[h];
+        m->tier[m->promo.tier[h]].promo_queued--;
+        release_pair(m, h); /* the host blocks go with the load pairs */
+    }
+    r->promo_head = OFL_NONE;
+    r->n_promo = 0;
     kvi_ofl_release_load_pairs(m, r);
     r->flags &= ~RQ_PROMO_QUEUED;
 }
 
 /* ---- write-back ------------------------------------------------------------------------ */
 
-void kvi_ofl_tier_writeback(kvt_offload *m, uint32_t t, uint32_t b)
+static void writeback_into(kvt_offload *m, uint32_t t, uint32_t h)
 {
-    struct kvi_ofl_tier *F = &m->tier[t - 1], *T = &m->tier[t];
-    if (!T->pool || F->keys_n[b] == 0)
-        return;
-    const uint8_t *keys = F->keys + (size_t)b * m->kpb * m->key_stride;
+    struct kvi_ofl_tier *F = &m->tier[0], *T = &m->tier[t];
+    const uint8_t *keys = F->keys + (size_t)h * m->kpb * m->key_stride;
     uint32_t group, d;
     memcpy(&group, keys + m->hash_len, sizeof(group));
     if (kvt_pool_lookup(T->pool, keys, group, &d) == 1) {
@@ -289,10 +373,10 @@ void kvi_ofl_tier_writeback(kvt_offload *m, uint32_t t, uint32_t b)
         T->st.evictions++;
     (void)kvt_pool_alloc(T->pool, 1, &d); /* a free block exists */
     memcpy(T->keys + (size_t)d * m->kpb * m->key_stride, keys,
-           (size_t)F->keys_n[b] * m->key_stride);
-    T->keys_n[d] = F->keys_n[b];
-    (void)kvt_pool_touch(F->pool, &b, 1); /* pinned until the write landed */
-    T->store_src[d] = b;
+           (size_t)F->keys_n[h] * m->key_stride);
+    T->keys_n[d] = F->keys_n[h];
+    (void)kvt_pool_touch(F->pool, &h, 1); /* pinned until the write landed */
+    T->store_src[d] = h;
     T->store_next[d] = OFL_NONE;
     if (T->acc_tail == OFL_NONE)
         T->acc_head = d;
@@ -302,41 +386,74 @@ void kvi_ofl_tier_writeback(kvt_offload *m, uint32_t t, uint32_t b)
     T->acc_n++;
 }
 
+void kvi_ofl_tier_writeback(kvt_offload *m, uint32_t h)
+{
+    if (m->tier[0].keys_n[h] == 0)
+        return;
+    for (uint32_t t = 1; t < KVI_OFL_TIERS && m->tier[t].pool; t++)
+        writeback_into(m, t, h);
+}
+
 /* ---- step assembly --------------------------------------------------------------------- */
+
+/* Whether this step's promotions go out: every tier with pairs queued has event room (a
+ * request's promotions are all sent at once, so it never waits on some and not others). */
+static bool promotions_go(const kvt_offload *m)
+{
+    if (m->promoq_head == OFL_NONE)
+        return false;
+    for (uint32_t t = 1; t < KVI_OFL_TIERS && m->tier[t].pool; t++)
+        if (m->tier[t].promo_queued && kvi_evtable_full(&m->tier[t].loads))
+            return false;
+    return true;
+}
 
 int kvi_ofl_tier_reserve(kvt_offload *m, kvt_offload_meta *out, uint32_t invalid)
 {
-    uint32_t promos = 0;
-    if (m->tier[1].pool && !kvi_evtable_full(&m->tier[1].loads))
-        for (uint32_t s = m->promoq_head; s != OFL_NONE; s = m->reqs[s].promo_next)
-            promos += m->reqs[s].n_promo;
+    bool go = promotions_go(m);
     int rc = kvt_offload_meta_reserve_invalid(out, invalid);
     for (uint32_t t = 1; t < KVI_OFL_TIERS && !rc && m->tier[t].pool; t++)
-        rc = kvt_offload_meta_reserve_tier(out, t, t == 1 ? promos : 0, m->tier[t].acc_n);
+        rc = kvt_offload_meta_reserve_tier(out, t, go ? m->tier[t].promo_queued : 0,
+                                           m->tier[t].acc_n);
     return rc ? kvi_fail_wrap(rc, "offload: build_meta") : 0;
+}
+
+/* Issues the queued promotions: one load event per tier that has some, listing its pairs. */
+static void emit_promotions(kvt_offload *m, kvt_offload_meta *out)
+{
+    struct kvi_ofl_promos *P = &m->promo;
+    struct kvi_ofl_event *ev[KVI_OFL_TIERS] = {NULL};
+    for (uint32_t t = 1; t < KVI_OFL_TIERS && m->tier[t].pool; t++) {
+        struct kvi_ofl_tier *T = &m->tier[t];
+        if (!T->promo_queued)
+            continue;
+        ev[t] = kvi_ofl_evtable_add(&T->loads, T->load_counter++); /* room checked */
+        out->tiers[t - 1].load_event = ev[t]->id;
+        T->st.load_events++;
+        T->transferred = true;
+        T->promo_queued = 0;
+    }
+    for (uint32_t s = m->promoq_head; s != OFL_NONE; s = m->reqs[s].promo_next) {
+        struct kvi_ofl_req *r = &m->reqs[s];
+        r->flags = (r->flags & ~RQ_PROMO_QUEUED) | RQ_PROMO_SENT;
+        for (uint32_t h = r->promo_head; h != OFL_NONE; h = P->next[h]) {
+            struct kvi_ofl_event *e = ev[P->tier[h]];
+            (void)kvt_offload_meta_add_tier_load(out, P->tier[h], P->src[h], h);
+            if (e->tail == OFL_NONE)
+                e->head = h;
+            else
+                P->evnext[e->tail] = h;
+            e->tail = h;
+            e->n++;
+        }
+    }
+    m->promoq_head = m->promoq_tail = OFL_NONE;
 }
 
 void kvi_ofl_tier_emit(kvt_offload *m, kvt_offload_meta *out)
 {
-    if (!m->tier[1].pool)
-        return;
-    if (m->promoq_head != OFL_NONE && !kvi_evtable_full(&m->tier[1].loads)) {
-        struct kvi_ofl_event *e = kvi_ofl_evtable_add(&m->tier[1].loads, m->tier[1].load_counter++);
-        e->head = m->promoq_head;
-        e->tail = m->promoq_tail;
-        for (uint32_t s = m->promoq_head; s != OFL_NONE; s = m->reqs[s].promo_next) {
-            struct kvi_ofl_req *r = &m->reqs[s];
-            r->flags = (r->flags & ~RQ_PROMO_QUEUED) | RQ_PROMO_SENT;
-            r->promo_event = e->id;
-            e->n++;
-            for (uint32_t h = r->promo_head; h != OFL_NONE; h = m->hpromo_next[h])
-                (void)kvt_offload_meta_add_tier_load(out, 1, m->hpromo_src[h], h);
-        }
-        m->promoq_head = m->promoq_tail = OFL_NONE;
-        out->tiers[0].load_event = e->id;
-        m->tier[1].st.load_events++;
-        m->tier[1].transferred = true;
-    }
+    if (promotions_go(m))
+        emit_promotions(m, out);
     for (uint32_t t = 1; t < KVI_OFL_TIERS && m->tier[t].pool; t++)
         kvi_ofl_emit_stores(m, t, out);
 }
@@ -345,14 +462,15 @@ void kvi_ofl_tier_emit(kvt_offload *m, kvt_offload_meta *out)
 
 /* Refuses reports of tier t's events (loads or stores) that were never issued; the message
  * is formatted only then (this runs every step). */
-static int check_issued(const kvt_event_report *rep, int64_t next, uint32_t t, const char *kind)
+static int check_issued(const kvt_event_report *rep, int64_t next, const char *name,
+                        const char *kind)
 {
     for (uint32_t i = 0; i < rep->n_completed; i++)
         if (rep->events[i] >= next)
             return kvt_fail(KVT_ERANGE,
                             "offload: apply_output: %s %s event %" PRId64
                             " was never issued (next is %" PRId64 ")",
-                            kvi_ofl_tier_name(t), kind, rep->events[i], next);
+                            name, kind, rep->events[i], next);
     return 0;
 }
 
@@ -360,9 +478,10 @@ int kvi_ofl_tier_check_output(const kvt_offload *m, const kvt_offload_worker_met
 {
     int rc = 0;
     for (uint32_t t = 1; t < KVI_OFL_TIERS && !rc; t++) {
-        rc = check_issued(&wm->tier_stores[t - 1], m->tier[t].store_counter, t, "store");
+        const char *name = kvi_ofl_tier_name(m, t);
+        rc = check_issued(&wm->tier_stores[t - 1], m->tier[t].store_counter, name, "store");
         if (!rc)
-            rc = check_issued(&wm->tier_loads[t - 1], m->tier[t].load_counter, t, "load");
+            rc = check_issued(&wm->tier_loads[t - 1], m->tier[t].load_counter, name, "load");
     }
     return rc;
 }
@@ -383,48 +502,59 @@ static struct kvi_ofl_event *count_report(kvt_offload *m, kvi_evtable *t,
     return e->reported >= m->cfg.world_size ? e : NULL;
 }
 
-static void complete_promotion(kvt_offload *m, struct kvi_ofl_event *e)
+/* Promotion h out of tier t landed (or failed) on every worker. */
+static void complete_pair(kvt_offload *m, uint32_t t, uint32_t h, const struct kvi_ofl_event *e)
 {
-    uint32_t s = e->head;
-    while (s != OFL_NONE) {
-        struct kvi_ofl_req *r = &m->reqs[s];
-        s = r->promo_next;
-        for (uint32_t h = r->promo_head; h != OFL_NONE; h = m->hpromo_next[h]) {
-            uint32_t d = m->hpromo_src[h], nk = 0;
-            if (e->failed) {
-                m->gflags[m->hpromo_gpu[h]] |= G_INVALID; /* never a hit */
-                m->st.promotions_failed++;
-                kvi_ofl_load_failed(m, 1, d); /* the slot may be bad: forgotten */
-                continue;
-            }
-            m->st.promotions++;
-            if (e->abandoned)
-                continue;
-            /* the promoted block is findable in the host tier from now on */
-            (void)kvt_pool_block_keys(m->tier[1].pool, d, m->keys, m->kpb, &nk);
-            for (uint32_t k = 0; k < nk && k < m->kpb; k++) {
-                uint32_t b;
-                if (kvt_pool_lookup(m->tier[0].pool, m->keys[k].hash, m->keys[k].group, &b) != 1)
-                    (void)kvt_pool_insert(m->tier[0].pool, h, m->keys[k].hash, m->keys[k].group,
-                                          m->keys[k].num_tokens);
-            }
-        }
-        drop_promotions(m, r);
-        r->flags &= ~RQ_PROMO_SENT;
-        r->promo_event = KVT_NO_EVENT;
-        r->promo_next = OFL_NONE;
-        if (r->flags & RQ_FINISHED) /* nobody waits for the GPU load any more */
-            kvi_ofl_release_load_pairs(m, r);
-        else
-            kvi_ofl_queue_load(m, r);
-        kvi_ofl_req_maybe_release(m, r);
+    struct kvi_ofl_promos *P = &m->promo;
+    uint32_t b = P->src[h], nk = 0;
+    if (e->failed) {
+        m->gflags[P->gpu[h]] |= G_INVALID; /* never a hit */
+        m->st.promotions_failed++;
+        kvi_ofl_load_failed(m, t, b); /* the source may be bad: forgotten */
+        return;
     }
-    kvi_ofl_evtable_remove(&m->tier[1].loads, e);
+    m->st.promotions++;
+    if (e->abandoned)
+        return;
+    /* the promoted block is findable in the host tier from now on */
+    (void)kvt_pool_block_keys(m->tier[t].pool, b, m->keys, m->kpb, &nk);
+    for (uint32_t k = 0; k < nk && k < m->kpb; k++) {
+        uint32_t other;
+        if (kvt_pool_lookup(m->tier[0].pool, m->keys[k].hash, m->keys[k].group, &other) != 1)
+            (void)kvt_pool_insert(m->tier[0].pool, h, m->keys[k].hash, m->keys[k].group,
+                                  m->keys[k].num_tokens);
+    }
+}
+
+/* Every promotion of r landed: its GPU load goes (or, finished meanwhile, its pins). */
+static void promotions_done(kvt_offload *m, struct kvi_ofl_req *r)
+{
+    r->promo_head = OFL_NONE;
+    r->flags &= ~RQ_PROMO_SENT;
+    r->promo_next = OFL_NONE;
+    if (r->flags & RQ_FINISHED) /* nobody waits for the GPU load any more */
+        kvi_ofl_release_load_pairs(m, r);
+    else
+        kvi_ofl_queue_load(m, r);
+    kvi_ofl_req_maybe_release(m, r);
+}
+
+static void complete_promotion(kvt_offload *m, uint32_t t, struct kvi_ofl_event *e)
+{
+    struct kvi_ofl_promos *P = &m->promo;
+    for (uint32_t h = e->head, next; h != OFL_NONE; h = next) {
+        next = P->evnext[h];
+        struct kvi_ofl_req *r = &m->reqs[P->req[h]];
+        complete_pair(m, t, h, e);
+        release_pair(m, h);
+        if (--r->n_promo == 0)
+            promotions_done(m, r);
+    }
+    kvi_ofl_evtable_remove(&m->tier[t].loads, e);
 }
 
 void kvi_ofl_tier_apply_output(kvt_offload *m, const kvt_offload_worker_meta *wm)
 {
-    /* stores front to back: a completion into tier t queues its write-back into tier t + 1 */
     for (uint32_t t = 1; t < KVI_OFL_TIERS && m->tier[t].pool; t++) {
         const kvt_event_report *rep = &wm->tier_stores[t - 1];
         for (uint32_t i = 0; i < rep->n_completed; i++) {
@@ -432,15 +562,12 @@ void kvi_ofl_tier_apply_output(kvt_offload *m, const kvt_offload_worker_meta *wm
             if (e)
                 kvi_ofl_complete_store(m, t, e);
         }
-    }
-    /* promotions: only the disk (tier 1) issues loads; reports of another tier's loads were
-     * refused by kvi_ofl_tier_check_output (nothing was issued) */
-    if (!m->tier[1].pool)
-        return;
-    for (uint32_t i = 0; i < wm->tier_loads[0].n_completed; i++) {
-        struct kvi_ofl_event *e = count_report(m, &m->tier[1].loads, &wm->tier_loads[0], i);
-        if (e)
-            complete_promotion(m, e);
+        rep = &wm->tier_loads[t - 1];
+        for (uint32_t i = 0; i < rep->n_completed; i++) {
+            struct kvi_ofl_event *e = count_report(m, &m->tier[t].loads, rep, i);
+            if (e)
+                complete_promotion(m, t, e);
+        }
     }
 }
 

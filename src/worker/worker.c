@@ -48,9 +48,9 @@ typedef struct stage {
 } stage;
 
 /* Stage 0 moves the engine's KV to and from the first offload tier (the copy engine to the
- * host mirror, or a disk as that tier); stage t >= 1 moves tier t - 1 to and from tier t
- * behind it (write-backs and promotions: the metadata's tiers[t - 1]), three tiers: stage 1,
- * the host mirror and the disk behind it. */
+ * host mirror, or a disk as that tier); stage t >= 1 moves the host mirror to and from tier t
+ * behind it (write-backs and promotions: the metadata's tiers[t - 1]), e.g. stage 1 a disk,
+ * stage 2 a second disk. */
 enum { STAGE_TIER = 0 };
 
 struct kvt_worker {
@@ -141,15 +141,22 @@ int kvt_worker_create_disk(const kvt_worker_config *cfg, const kvt_layout *layou
     return 0;
 }
 
-int kvt_worker_attach_disk(kvt_worker *w, kvt_disk *disk)
+int kvt_worker_attach_disk_tier(kvt_worker *w, uint32_t tier, kvt_disk *disk)
 {
     if (!w || !disk)
         return kvt_fail(KVT_EINVAL, "worker: attach_disk: NULL argument");
-    if (!w->copy || w->st[1].x.ops)
+    if (tier == 0 || tier >= KVT_MAX_TIERS)
+        return kvt_fail(KVT_ERANGE, "worker %u: attach_disk: tier %u (1 to %u)", w->cfg.rank, tier,
+                        KVT_MAX_TIERS - 1);
+    if (!w->copy || w->st[tier].x.ops)
         return kvt_fail(KVT_ESTATE, "worker %u: attach_disk: %s", w->cfg.rank,
-                        w->st[1].x.ops ? "a disk is already attached"
-                                       : "a disk worker has no host tier");
+                        w->st[tier].x.ops ? "tier already attached"
+                                          : "a disk worker has no host tier");
     const kvi_xfer_port *port = kvi_xfer_port_of(disk);
+    for (uint32_t t = 1; t < KVT_MAX_TIERS; t++)
+        if (w->st[t].x.impl == disk)
+            return kvt_fail(KVT_EINVAL, "worker %u: attach_disk: that disk is tier %u already",
+                            w->cfg.rank, t);
     const kvt_layout *l = port->layout;
     uint32_t nr = kvt_layout_num_regions(l);
     const kvt_region *lr = kvt_layout_regions(l), *mr = kvt_mirror_regions(w->mirror);
@@ -163,20 +170,25 @@ int kvt_worker_attach_disk(kvt_worker *w, kvt_disk *disk)
                         "worker %u: attach_disk: the disk's layout is not the host mirror's "
                         "(create it over kvt_mirror_layout)",
                         w->cfg.rank);
-    w->st[1].x = (kvi_xfer){port->ops, disk};
-    w->st[1].nb = port->num_slots;
+    w->st[tier].x = (kvi_xfer){port->ops, disk};
+    w->st[tier].nb = port->num_slots;
     return 0;
+}
+
+int kvt_worker_attach_disk(kvt_worker *w, kvt_disk *disk)
+{
+    return kvt_worker_attach_disk_tier(w, 1, disk);
 }
 
 void kvt_worker_destroy(kvt_worker *w)
 {
     if (!w)
         return;
-    for (int i = 0; i < 2; i++) /* borrowed backends: nothing of ours may still be in flight */
+    for (int i = 0; i < KVT_MAX_TIERS; i++) /* borrowed backends: nothing of ours in flight */
         if (w->st[i].x.ops && w->st[i].x.impl != w->copy)
             w->st[i].x.ops->flush(w->st[i].x.impl);
     kvt_copy_destroy(w->copy);
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < KVT_MAX_TIERS; i++)
         for (int d = 0; d < 2; d++)
             free(w->st[i].ev[d].ev);
     free(w->fev);
@@ -232,11 +244,11 @@ int kvt_worker_bind(kvt_worker *w, const kvt_offload_meta *meta)
     for (uint32_t t = 1; t < KVT_MAX_TIERS; t++) { /* write-backs and promotions */
         const kvt_tier_xfers *x = &meta->tiers[t - 1];
         const stage *st = &w->st[t];
-        uint32_t front = w->st[t - 1].nb;
+        uint32_t front = w->st[STAGE_TIER].nb; /* every tier behind exchanges with the host */
         if ((x->n_loads || x->n_stores) && !st->x.ops)
             return kvt_fail(KVT_EINVAL,
                             "worker %u: the metadata moves blocks to or from tier %u but this "
-                            "worker has no tier %u (kvt_worker_attach_disk attaches tier 1)",
+                            "worker has no tier %u (kvt_worker_attach_disk_tier attaches one)",
                             w->cfg.rank, t, t);
         if (!st->x.ops)
             continue;

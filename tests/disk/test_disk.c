@@ -4,12 +4,14 @@
  * followed, unlinked at shutdown), slot sizing, bytes stored and loaded back verified in
  * direct and page-cache modes, ids checked first, and failures: an I/O error or a short
  * transfer fails that block only (a store event listed as failed, a load's block listed as
- * invalid, the rest of the event intact), a fatal error is sticky and names the file.
+ * invalid, the rest of the event intact), a fatal error is sticky and names the file. And a
+ * chain of two disks behind the host under the real manager and worker, bytes checked.
  */
 #include <errno.h>
 #include <sys/stat.h>
 
 #include "kvt_test.h"
+#include "offload/sim.h"
 
 #include "kvtier/disk.h"
 
@@ -648,6 +650,158 @@ static void test_worker_three_tiers(void **state)
     rig_close(&g);
 }
 
+/* ---- a chain of tiers under the real manager and worker --------------------------------- */
+
+#define CH_GPU 64
+#define CH_BPB 4096
+
+static bool g_fail_stores; /* the disk of tier 1 fails every write while set */
+
+static int fail_stores(void *ctx, int dir, uint32_t slot, int res)
+{
+    (void)ctx;
+    (void)slot;
+    return dir == KVT_COPY_STORE && g_fail_stores ? -EIO : res;
+}
+
+typedef struct chain {
+    sim s;
+    unsigned char *kv;
+    kvt_layout *layout, *ml;
+    kvt_mirror *mirror;
+    kvt_disk *d[2];
+    kvt_worker *w;
+} chain;
+
+static void chain_open(chain *c, uint32_t host_blocks)
+{
+    memset(c, 0, sizeof(*c));
+    sim_init3(&c->s, CH_GPU, host_blocks, false, 1, 64, 32);
+    KVT_OK_(kvt_offload_add_tier(c->s.m, "disk2", 32, NULL));
+    sim_host_kv(CH_GPU, CH_BPB, &c->kv, &c->layout);
+    kvt_mirror_config mc;
+    kvt_mirror_config_init(&mc);
+    mc.host_blocks = host_blocks;
+    KVT_OK_(kvt_mirror_create(&mc, c->layout, &c->mirror));
+    KVT_OK_(kvt_mirror_layout(c->mirror, &c->ml));
+    kvt_worker_config wc;
+    kvt_worker_config_init(&wc);
+    wc.copy.threads = 1;
+    KVT_OK_(kvt_worker_create(&wc, c->layout, c->mirror, &c->w));
+    for (int i = 0; i < 2; i++) {
+        kvt_disk_config dc;
+        kvt_disk_config_init(&dc);
+        char base[300];
+        snprintf(base, sizeof(base), "%s/chain%d", g_dir, i + 1);
+        dc.path = base;
+        dc.page_cache = true;
+        dc.capacity_bytes = 32ull * 2 * CH_BPB;
+        KVT_OK_(kvt_disk_create(&dc, c->ml, &c->d[i]));
+        assert_int_equal(kvt_disk_num_slots(c->d[i]), 32);
+    }
+    kvt_disk_set_fault(c->d[0], fail_stores, NULL);
+    KVT_ERR_(kvt_worker_attach_disk_tier(c->w, 4, c->d[1]), KVT_ERANGE);
+    KVT_OK_(kvt_worker_attach_disk_tier(c->w, 2, c->d[1]));
+    KVT_ERR_(kvt_worker_attach_disk_tier(c->w, 1, c->d[1]), KVT_EINVAL); /* tier 2 already */
+    KVT_OK_(kvt_worker_attach_disk(c->w, c->d[0]));
+}
+
+static void chain_close(chain *c)
+{
+    kvt_worker_destroy(c->w);
+    for (int i = 0; i < 2; i++)
+        kvt_disk_destroy(c->d[i]);
+    kvt_layout_destroy(c->ml);
+    kvt_mirror_destroy(c->mirror);
+    kvt_layout_destroy(c->layout);
+    free(c->kv);
+    sim_fini(&c->s);
+}
+
+static unsigned char *chain_block(chain *c, uint32_t region, uint32_t b)
+{
+    return c->kv + ((size_t)region * CH_GPU + b) * CH_BPB;
+}
+
+/* Computes q's prompt (bytes tagged by each block's hash), stores it and lets every transfer
+ * it causes land (the host store, then the write-backs into both disks). */
+static void chain_store(chain *c, sim_req *q)
+{
+    sim_admit(&c->s, q, 0);
+    for (uint32_t j = 0; j < q->n_tokens / SIM_BS; j++)
+        for (uint32_t reg = 0; reg < 2; reg++)
+            for (uint32_t o = 0; o < CH_BPB; o++)
+                chain_block(c, reg, q->blocks[j])[o] = sim_kv_byte(sim_tag(q, j), reg, o);
+    sim_compute(&c->s, q, q->n_tokens);
+    sim_schedule(&c->s, q, 1, false);
+    for (int i = 0; i < 3; i++)
+        sim_worker_step(&c->s, c->w);
+    sim_finish(&c->s, q);
+    sim_worker_step(&c->s, c->w);
+}
+
+/* Two disks behind the host, each attached at its tier's index: the host's stores are written
+ * back into both from the host mirror; one disk failing its writes leaves the other's copy;
+ * a prompt that left the host comes back from both disks at once (each the part it holds) and
+ * the GPU gets the bytes that were computed, every byte checked. */
+static void test_chain_of_two_disks_end_to_end(void **state)
+{
+    (void)state;
+    chain c;
+    chain_open(&c, 8);
+    sim_req x, a, b;
+    sim_req_make(&x, "x", 2 * SIM_BS + 1, 1, 2 * SIM_BS, 9); /* a's first two blocks */
+    chain_store(&c, &x);
+    sim_req_make(&a, "a", 4 * SIM_BS + 1, 1, 4 * SIM_BS + 1, 0);
+    g_fail_stores = true; /* a's last two blocks reach only the second disk */
+    chain_store(&c, &a);
+    g_fail_stores = false;
+    kvt_tier_stats t1, t2;
+    KVT_OK_(kvt_offload_get_tier_stats(c.s.m, 1, &t1));
+    KVT_OK_(kvt_offload_get_tier_stats(c.s.m, 2, &t2));
+    assert_int_equal(t1.stores_completed, 2);
+    assert_int_equal(t1.stores_failed, 2);
+    assert_int_equal(t2.stores_completed, 4);
+    for (uint32_t i = 0; i < 8 && (sim_host_has(&c.s, &a, 0) || sim_host_has(&c.s, &a, 1) ||
+                                   sim_host_has(&c.s, &a, 2) || sim_host_has(&c.s, &a, 3));
+         i++) { /* push a out of the host */
+        sim_req o;
+        char id[16];
+        snprintf(id, sizeof(id), "o%u", i);
+        sim_req_make(&o, id, 4 * SIM_BS + 1, 50 + i, 4 * SIM_BS + 1, 50 + i);
+        chain_store(&c, &o);
+    }
+    for (uint32_t j = 0; j < 4; j++)
+        assert_false(sim_host_has(&c.s, &a, j));
+    KVT_OK_(kvt_pool_reset_prefix_cache(c.s.gpu));
+    memset(c.kv, 0, 2ull * CH_GPU * CH_BPB);
+
+    sim_req_make(&b, "b", 4 * SIM_BS + 1, 1, 4 * SIM_BS + 1, 0);
+    assert_int_equal(sim_admit(&c.s, &b, UINT32_MAX), 4 * SIM_BS);
+    for (int i = 0; i < 3; i++) /* promotions out of both disks, then the GPU load */
+        sim_worker_step(&c.s, c.w);
+    KVT_OK_(kvt_offload_get_tier_stats(c.s.m, 1, &t1));
+    KVT_OK_(kvt_offload_get_tier_stats(c.s.m, 2, &t2));
+    assert_int_equal(t1.hit_tokens, 2 * SIM_BS);
+    assert_int_equal(t2.hit_tokens, 2 * SIM_BS);
+    assert_int_equal(t1.load_events, 1);
+    assert_int_equal(t2.load_events, 1);
+    kvt_offload_stats st;
+    kvt_offload_get_stats(c.s.m, &st);
+    assert_int_equal(st.promotions, 4);
+    assert_int_equal(st.promotions_failed, 0);
+    assert_false(kvt_offload_has_pending(c.s.m));
+    for (uint32_t j = 0; j < 4; j++)
+        for (uint32_t reg = 0; reg < 2; reg++) {
+            const unsigned char *d = chain_block(&c, reg, b.blocks[j]);
+            for (uint32_t o = 0; o < CH_BPB; o++)
+                if (d[o] != sim_kv_byte(sim_tag(&b, j), reg, o))
+                    fail_msg("block %u region %u byte %u differs", j, reg, o);
+        }
+    sim_finish(&c.s, &b);
+    chain_close(&c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -661,6 +815,7 @@ int main(void)
         cmocka_unit_test(test_worker_on_disk),
         cmocka_unit_test(test_worker_disk_failures),
         cmocka_unit_test(test_worker_three_tiers),
+        cmocka_unit_test(test_chain_of_two_disks_end_to_end),
     };
     return kvt_test_exit(cmocka_run_group_tests(tests, make_dir, remove_dir));
 }

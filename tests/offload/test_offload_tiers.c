@@ -384,7 +384,7 @@ static void a_hybrid_prefix_comes_back_from_disk_in_every_group(void **state)
     KVT_OK_(kvt_pool_alloc(s.gpu, 5, fa));
     KVT_OK_(kvt_pool_alloc(s.gpu, 5, sw));
     KVT_ERR_(kvt_offload_after_alloc(s.m, "c", 1, tab, nb, 2 * SIM_BS), KVT_EINVAL);
-    assert_non_null(strstr(kvt_last_error(), "promoted from disk"));
+    assert_non_null(strstr(kvt_last_error(), "promoted from the tiers behind"));
     KVT_OK_(kvt_offload_after_alloc(s.m, "c", 1, tab, nb, hit));
     sim_build(&s, false);
     assert_int_equal(s.meta.tiers[0].n_loads, 5); /* promotions: 4 + the window's one */
@@ -469,58 +469,266 @@ static bool tier_has(sim *s, uint32_t t, const sim_req *r, uint32_t block)
     return kvt_pool_lookup(s->m->tier[t].pool, r->hashes + block * KVT_BLOCK_HASH_LEN, 0, &b) == 1;
 }
 
-/* Write-backs walk the chain by index: a third tier behind the disk (no public config opens
- * one yet: it is opened here through the manager's internals) gets each block once the disk
- * holds it, in its own tier section of the metadata, findable only when every worker reported
- * it, its source pinned until then; reset and has_pending see it. */
-static void write_backs_walk_a_chain_of_tiers(void **state)
+/* Reports event ev of tier t's loads or stores for `ranks` workers, failed or not. */
+static void report_tier(sim *s, uint32_t t, bool loads, int64_t ev, uint32_t ranks, bool failed)
+{
+    kvt_offload_worker_meta_clear(&s->wm);
+    kvt_event_report *r = loads ? &s->wm.tier_loads[t - 1] : &s->wm.tier_stores[t - 1];
+    KVT_OK_(kvt_event_report_add(r, ev, ranks));
+    if (failed)
+        KVT_OK_(kvt_event_report_add_failed(r, ev));
+    KVT_OK_(kvt_offload_apply_output(s->m, NULL, 0, &s->wm));
+}
+
+/* Every tier behind exchanges blocks with the host: a tier added behind the disk gets each
+ * block the host stored in the same step as the disk, from the host block, in its own tier
+ * section of the metadata, findable only when every worker reported it, the host block pinned
+ * until both writes landed; reset and has_pending see it. */
+static void write_backs_go_from_the_host_into_every_tier_behind(void **state)
 {
     (void)state;
     sim s;
     sim_init3(&s, 64, 32, false, 2, 64, 32);
-    KVT_OK_(kvi_ofl_tier_open(s.m, 2, 16, 0, 64));
+    uint32_t idx = 0;
+    KVT_OK_(kvt_offload_add_tier(s.m, "far", 16, &idx));
+    assert_int_equal(idx, 2);
     assert_int_equal(kvt_offload_num_tiers(s.m), 3);
     sim_req a;
     sim_req_make(&a, "a", 4 * SIM_BS + 1, 1, 4 * SIM_BS + 1, 0);
-    sim_store_prompt(&s, &a, 2); /* host store completed: write-backs into the disk queued */
+    sim_store_prompt(&s, &a, 2); /* host store completed: write-backs queued */
     sim_build(&s, false);
     assert_int_equal(s.meta.tiers[0].n_stores, 4);
-    assert_int_equal(s.meta.tiers[1].store_event, KVT_NO_EVENT); /* nothing on disk yet */
-    kvt_offload_worker_meta_clear(&s.wm);
-    KVT_OK_(kvt_event_report_add(&s.wm.tier_stores[0], s.meta.tiers[0].store_event, 2));
-    KVT_OK_(kvt_offload_apply_output(s.m, NULL, 0, &s.wm));
-    assert_true(disk_has(&s, &a, 0));
-    sim_build(&s, false); /* the disk's completions move on to tier 2 */
-    assert_int_equal(s.meta.tiers[0].store_event, KVT_NO_EVENT);
     assert_int_equal(s.meta.tiers[1].store_event, 0);
     assert_int_equal(s.meta.tiers[1].n_stores, 4);
-    uint32_t d0 = s.meta.tiers[1].store_src[0];
-    kvt_block_info bi;
-    KVT_OK_(kvt_pool_block_info(kvt_offload_disk_pool(s.m), d0, &bi));
-    assert_int_equal(bi.ref_cnt, 1); /* pinned until the write landed */
+    uint32_t h0 = s.meta.tiers[1].store_src[0];
+    assert_int_equal(h0, s.meta.tiers[0].store_src[0]); /* both from the host block */
+    assert_int_equal(host_ref(&s, h0), 2);              /* pinned by each write */
+    report_tier(&s, 1, false, s.meta.tiers[0].store_event, 2, false);
+    assert_true(disk_has(&s, &a, 0));
+    assert_false(tier_has(&s, 2, &a, 0));
+    assert_int_equal(host_ref(&s, h0), 1);
     assert_true(kvt_offload_has_pending(s.m));
-    kvt_offload_worker_meta_clear(&s.wm);
-    KVT_OK_(kvt_event_report_add(&s.wm.tier_stores[1], 0, 1));
-    KVT_OK_(kvt_offload_apply_output(s.m, NULL, 0, &s.wm));
+    report_tier(&s, 2, false, 0, 1, false);
     assert_false(tier_has(&s, 2, &a, 0)); /* one of two workers */
-    KVT_OK_(kvt_offload_apply_output(s.m, NULL, 0, &s.wm));
+    report_tier(&s, 2, false, 0, 1, false);
     for (uint32_t b = 0; b < 4; b++)
         assert_true(tier_has(&s, 2, &a, b));
-    KVT_OK_(kvt_pool_block_info(kvt_offload_disk_pool(s.m), d0, &bi));
-    assert_int_equal(bi.ref_cnt, 0);
+    assert_int_equal(host_ref(&s, h0), 0);
     kvt_tier_stats ts;
     KVT_OK_(kvt_offload_get_tier_stats(s.m, 2, &ts));
-    assert_string_equal(ts.name, "tier2");
+    assert_string_equal(ts.name, "far");
     assert_int_equal(ts.stores_completed, 4);
     assert_int_equal(ts.cached_blocks, 4);
     /* a report for a tier-2 event never issued is refused by name */
     kvt_offload_worker_meta_clear(&s.wm);
     KVT_OK_(kvt_event_report_add(&s.wm.tier_stores[1], 7, 1));
     KVT_ERR_(kvt_offload_apply_output(s.m, NULL, 0, &s.wm), KVT_ERANGE);
-    assert_non_null(strstr(kvt_last_error(), "tier2 store event 7"));
+    assert_non_null(strstr(kvt_last_error(), "far store event 7"));
     assert_false(kvt_offload_has_pending(s.m));
     KVT_OK_(kvt_offload_reset(s.m));
     assert_false(tier_has(&s, 2, &a, 0)); /* reset clears every tier */
+    sim_fini(&s);
+}
+
+/* Host, disk and a tier behind it; x (a's first two blocks) on both, a's last two only on
+ * the third tier (their disk write-back failed), nothing on the host any more. */
+static void three_tier_setup(sim *s, sim_req *a)
+{
+    sim_init3(s, 64, 8, false, 1, 64, 64);
+    KVT_OK_(kvt_offload_add_tier(s->m, "far", 64, NULL));
+    sim_req x;
+    sim_req_make(&x, "x", 2 * SIM_BS + 1, 1, 2 * SIM_BS, 9);
+    sim_store_prompt(s, &x, 1);
+    sim_build(s, false);
+    report_tier(s, 1, false, s->meta.tiers[0].store_event, 1, false);
+    report_tier(s, 2, false, s->meta.tiers[1].store_event, 1, false);
+    sim_req_make(a, "a", 4 * SIM_BS + 1, 1, 4 * SIM_BS + 1, 0);
+    sim_store_prompt(s, a, 1);
+    sim_build(s, false);
+    assert_int_equal(s->meta.tiers[0].n_stores, 2); /* the first two are there already */
+    report_tier(s, 1, false, s->meta.tiers[0].store_event, 1, true);
+    report_tier(s, 2, false, s->meta.tiers[1].store_event, 1, false);
+    for (uint32_t i = 0; i < 8 && (sim_host_has(s, a, 0) || sim_host_has(s, a, 3)); i++) {
+        sim_req o;
+        char id[16];
+        snprintf(id, sizeof(id), "o%u", i);
+        sim_req_make(&o, id, 4 * SIM_BS + 1, 50 + i, 4 * SIM_BS + 1, 50 + i);
+        sim_store_prompt(s, &o, 1);
+        sim_build(s, false);
+        report_tier(s, 1, false, s->meta.tiers[0].store_event, 1, false);
+        report_tier(s, 2, false, s->meta.tiers[1].store_event, 1, false);
+    }
+    for (uint32_t b = 0; b < 4; b++) {
+        assert_false(sim_host_has(s, a, b));
+        assert_int_equal(disk_has(s, a, b), b < 2);
+        assert_true(tier_has(s, 2, a, b));
+    }
+    KVT_OK_(kvt_pool_reset_prefix_cache(s->gpu));
+}
+
+/* A hit served by two tiers behind the host: the disk's part first, the third tier's where the
+ * disk stops, one promotion event per tier in the same step, and the request's single GPU
+ * load only when both landed, in the hit's order. */
+static void a_hit_spans_two_tiers_behind_the_host(void **state)
+{
+    (void)state;
+    sim s;
+    sim_req a, b;
+    three_tier_setup(&s, &a);
+    sim_req_make(&b, "b", 4 * SIM_BS + 1, 1, 4 * SIM_BS + 1, 0);
+    assert_int_equal(sim_admit(&s, &b, UINT32_MAX), 4 * SIM_BS);
+    sim_build(&s, false);
+    assert_int_equal(s.meta.load_event, KVT_NO_EVENT);
+    assert_int_equal(s.meta.tiers[0].n_loads, 2);
+    assert_int_equal(s.meta.tiers[1].n_loads, 2);
+    int64_t e1 = s.meta.tiers[0].load_event, e2 = s.meta.tiers[1].load_event;
+    assert_true(e1 != KVT_NO_EVENT && e2 != KVT_NO_EVENT);
+    uint32_t hosts[4] = {s.meta.tiers[0].load_dst[0], s.meta.tiers[0].load_dst[1],
+                         s.meta.tiers[1].load_dst[0], s.meta.tiers[1].load_dst[1]};
+    uint32_t src2;
+    assert_int_equal(
+        kvt_pool_lookup(kvt_offload_tier_pool(s.m, 2), b.hashes + 2 * KVT_BLOCK_HASH_LEN, 0, &src2),
+        1);
+    assert_int_equal(s.meta.tiers[1].load_src[0], src2);
+    report_tier(&s, 2, true, e2, 1, false);
+    sim_build(&s, false);
+    assert_int_equal(s.meta.load_event, KVT_NO_EVENT); /* the disk's part is not there yet */
+    assert_true(sim_host_has(&s, &b, 2));
+    assert_false(sim_host_has(&s, &b, 0));
+    report_tier(&s, 1, true, e1, 1, false);
+    sim_build(&s, false);
+    assert_int_equal(s.meta.load_event, 0);
+    assert_int_equal(s.meta.n_loads, 4);
+    assert_int_equal(s.meta.n_load_invalid, 0);
+    for (uint32_t i = 0; i < 4; i++) {
+        assert_int_equal(s.meta.load_gpu_blocks[i], b.blocks[i]);
+        assert_int_equal(s.meta.load_cpu_blocks[i], hosts[i]);
+    }
+    sim_report_load(&s, &b);
+    sim_finish(&s, &b);
+    kvt_tier_stats d, f, h;
+    KVT_OK_(kvt_offload_get_tier_stats(s.m, 0, &h));
+    KVT_OK_(kvt_offload_get_tier_stats(s.m, 1, &d));
+    KVT_OK_(kvt_offload_get_tier_stats(s.m, 2, &f));
+    assert_int_equal(d.hit_tokens, 2 * SIM_BS);
+    assert_int_equal(f.hit_tokens, 2 * SIM_BS);
+    assert_int_equal(h.hit_tokens, 0);
+    assert_int_equal(d.load_events, 1);
+    assert_int_equal(f.load_events, 1);
+    assert_int_equal(d.used_blocks + f.used_blocks + h.used_blocks, 0);
+    assert_false(kvt_offload_has_pending(s.m));
+    sim_fini(&s);
+}
+
+/* One tier's promotion failing spoils only its part: those GPU blocks come back invalid, its
+ * sources are forgotten, the other tier's part is a hit. Finishing before the promotions
+ * landed releases everything when the last one does. */
+static void a_failed_tier_spoils_only_its_part(void **state)
+{
+    (void)state;
+    sim s;
+    sim_req a, b, c;
+    three_tier_setup(&s, &a);
+    sim_req_make(&b, "b", 4 * SIM_BS + 1, 1, 4 * SIM_BS + 1, 0);
+    sim_admit(&s, &b, UINT32_MAX);
+    sim_build(&s, false);
+    int64_t e1 = s.meta.tiers[0].load_event, e2 = s.meta.tiers[1].load_event;
+    report_tier(&s, 2, true, e2, 1, true);
+    report_tier(&s, 1, true, e1, 1, false);
+    sim_build(&s, false);
+    assert_int_equal(s.meta.n_loads, 4);
+    assert_int_equal(s.meta.n_load_invalid, 2);
+    assert_int_equal(s.meta.load_invalid_blocks[0], b.blocks[2]);
+    assert_int_equal(s.meta.load_invalid_blocks[1], b.blocks[3]);
+    assert_true(sim_host_has(&s, &b, 1));
+    assert_false(sim_host_has(&s, &b, 2));
+    assert_false(tier_has(&s, 2, &a, 2)); /* forgotten */
+    sim_report_load(&s, &b);
+    sim_finish(&s, &b);
+    kvt_tier_stats f;
+    KVT_OK_(kvt_offload_get_tier_stats(s.m, 2, &f));
+    assert_int_equal(f.loads_failed, 2);
+    /* the next request with the prompt: the host's two promoted blocks, then a miss */
+    KVT_OK_(kvt_pool_reset_prefix_cache(s.gpu));
+    sim_req_make(&c, "c", 4 * SIM_BS + 1, 1, 4 * SIM_BS + 1, 0);
+    assert_int_equal(sim_admit(&s, &c, UINT32_MAX), 2 * SIM_BS);
+    sim_build(&s, false);
+    assert_int_equal(s.meta.n_loads, 2);
+    sim_report_load(&s, &c);
+    sim_finish(&s, &c);
+    assert_false(kvt_offload_has_pending(s.m));
+    sim_fini(&s);
+}
+
+/* A request that finishes while its promotions out of two tiers are in flight keeps its GPU
+ * blocks until the last one landed, then lets everything go, with no GPU load. */
+static void finishing_during_promotions_of_two_tiers_waits_for_the_last(void **state)
+{
+    (void)state;
+    sim s;
+    sim_req a, b;
+    three_tier_setup(&s, &a);
+    sim_req_make(&b, "b", 4 * SIM_BS + 1, 1, 4 * SIM_BS + 1, 0);
+    sim_admit(&s, &b, UINT32_MAX);
+    sim_build(&s, false);
+    int64_t e1 = s.meta.tiers[0].load_event, e2 = s.meta.tiers[1].load_event;
+    uint32_t gpu0 = b.blocks[0], gpu3 = b.blocks[3];
+    sim_finish(&s, &b);
+    report_tier(&s, 1, true, e1, 1, false);
+    assert_int_equal(sim_gpu_ref(&s, gpu0), 1); /* still the load's */
+    assert_true(kvt_offload_has_pending(s.m));
+    report_tier(&s, 2, true, e2, 1, false);
+    assert_int_equal(sim_gpu_ref(&s, gpu0), 0);
+    assert_int_equal(sim_gpu_ref(&s, gpu3), 0);
+    sim_build(&s, false);
+    assert_int_equal(s.meta.load_event, KVT_NO_EVENT);
+    assert_true(sim_host_has(&s, &b, 3)); /* the promotions are kept */
+    kvt_offload_stats st;
+    kvt_offload_get_stats(s.m, &st);
+    assert_int_equal(st.requests, 0);
+    assert_int_equal(st.host_used_blocks, 0);
+    for (uint32_t t = 1; t < 3; t++) {
+        kvt_tier_stats ts;
+        KVT_OK_(kvt_offload_get_tier_stats(s.m, t, &ts));
+        assert_int_equal(ts.used_blocks, 0);
+    }
+    assert_false(kvt_offload_has_pending(s.m));
+    sim_fini(&s);
+}
+
+/* Tiers are added before the first step, with names that label metrics, up to
+ * KVT_MAX_TIERS. */
+static void tiers_are_added_before_the_first_step_with_distinct_names(void **state)
+{
+    (void)state;
+    sim s;
+    sim_init3(&s, 64, 32, false, 1, 64, 32);
+    KVT_ERR_(kvt_offload_add_tier(s.m, "disk", 16, NULL), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "already named"));
+    KVT_ERR_(kvt_offload_add_tier(s.m, "Bad-Name", 16, NULL), KVT_EINVAL);
+    KVT_ERR_(kvt_offload_add_tier(s.m, "", 16, NULL), KVT_EINVAL);
+    KVT_ERR_(kvt_offload_add_tier(s.m, "x", 1, NULL), KVT_EINVAL);
+    KVT_ERR_(kvt_offload_lower_tier_blocks(s.m, 2, 8), KVT_ESTATE);
+    KVT_OK_(kvt_offload_add_tier(s.m, "far", 16, NULL));
+    KVT_OK_(kvt_offload_lower_tier_blocks(s.m, 2, 8));
+    kvt_tier_stats ts;
+    KVT_OK_(kvt_offload_get_tier_stats(s.m, 2, &ts));
+    assert_string_equal(ts.name, "far"); /* the name survives the resize */
+    assert_int_equal(ts.blocks, 7);
+    KVT_OK_(kvt_offload_add_tier(s.m, "farther", 16, NULL));
+    KVT_ERR_(kvt_offload_add_tier(s.m, "fifth", 16, NULL), KVT_ENOSPC);
+    assert_int_equal(kvt_offload_num_tiers(s.m), KVT_MAX_TIERS);
+    char buf[65536];
+    size_t len;
+    KVT_OK_(kvt_offload_prometheus(s.m, buf, sizeof(buf), &len));
+    assert_non_null(strstr(buf, "kvtier_offload_tier_blocks{tier=\"farther\"} 15\n"));
+    sim_fini(&s);
+    /* after the first step: refused */
+    sim_init3(&s, 64, 32, false, 1, 64, 32);
+    sim_req a;
+    sim_req_make(&a, "a", 2 * SIM_BS + 1, 1, 2 * SIM_BS + 1, 0);
+    sim_store_prompt(&s, &a, 1);
+    KVT_ERR_(kvt_offload_add_tier(s.m, "late", 16, NULL), KVT_ESTATE);
     sim_fini(&s);
 }
 
@@ -537,7 +745,11 @@ int main(void)
         cmocka_unit_test(three_tiers_need_a_real_disk_size),
         cmocka_unit_test(a_hybrid_prefix_comes_back_from_disk_in_every_group),
         cmocka_unit_test(reports_for_disk_events_never_issued_are_refused),
-        cmocka_unit_test(write_backs_walk_a_chain_of_tiers),
+        cmocka_unit_test(write_backs_go_from_the_host_into_every_tier_behind),
+        cmocka_unit_test(a_hit_spans_two_tiers_behind_the_host),
+        cmocka_unit_test(a_failed_tier_spoils_only_its_part),
+        cmocka_unit_test(finishing_during_promotions_of_two_tiers_waits_for_the_last),
+        cmocka_unit_test(tiers_are_added_before_the_first_step_with_distinct_names),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
