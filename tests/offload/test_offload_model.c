@@ -22,13 +22,15 @@
  *   - every event is completed exactly once (no stale or unknown reports);
  * and at the end, after draining, both pools are fully free and the manager holds nothing.
  *
- * Half the episodes run three tiers: the ranks also execute write-backs (host -> disk slot)
- * and promotions (disk slot -> host), each failing now and then on one rank (garbage lands,
- * the event is reported failed). The checks extend to the disk: every slot's references are
- * the pending hits pinning it plus the transfers using it; every findable slot holds its
- * key's contents on every rank; a request whose hit continues on disk holds its GPU and host
- * blocks from after_alloc until its GPU load is issued (or, finished meanwhile, until its
- * promotion completed); and a failed promotion must come back as invalid load destinations
+ * Most episodes run a chain of one to three tiers behind the host (the disk of disk_blocks or
+ * a tier of kvt_offload_add_tier first, then more added): the ranks also execute write-backs
+ * (host -> a tier's block) and promotions (a tier's block -> host), each failing now and then
+ * on one rank (garbage lands, the event is reported failed). The checks extend to every tier:
+ * every block's references are the pending hits pinning it plus the transfers using it; every
+ * findable block holds its key's contents on every rank; a request whose hit continues behind
+ * the host holds its GPU and host blocks from after_alloc until its GPU load is issued (or,
+ * finished meanwhile, until its last promotion completed), and loads only after every tier's
+ * promotion of it completed; a failed promotion must come back as invalid load destinations
  * (the engine then recomputes from the first one) or the request's contents check fails.
  *
  * Half the episodes run the manager over the engine's own pool (kvt_offload_create_ext): the
@@ -51,11 +53,16 @@
 #define MAX_GPU   128
 #define MAX_HOST  192
 #define MAX_DISK  256
+#define MAX_TIERS 4 /* the host and three behind it */
+#define N_KINDS   (2 * MAX_TIERS)
 #define HL        KVT_BLOCK_HASH_LEN
 #define HASH_SEED 7
 
 static uint64_t g_seed, g_step, g_ops, g_releases, g_clears;
 static kvt_offload_stats g_tot;            /* summed over episodes, for the summary */
+static kvt_tier_stats g_behind;            /* the tiers behind the host, summed */
+static uint32_t g_chains[MAX_TIERS];       /* episodes per number of tiers (the host included) */
+static uint64_t g_spans;                   /* requests promoted out of two tiers or more */
 static uint64_t g_ext_calls, g_ext_blocks; /* engine-pool callbacks and the blocks they got */
 
 #define CHECK(cond, ...) KVT_MODEL_CHECK("offload model", "step", g_step, g_seed, cond, __VA_ARGS__)
@@ -81,17 +88,25 @@ struct req {
     uint32_t computed;
     uint32_t pins[MAXB], n_pins; /* host blocks pinned by its pending hit */
     bool resumed;
-    /* three tiers */
-    uint32_t ppins[MAXB], n_ppins; /* host blocks allocated for the disk part of its hit */
-    uint32_t dpins[MAXB], n_dpins; /* disk slots pinned by the disk part of its hit */
+    /* tiers behind the host */
+    uint32_t ppins[MAXB], n_ppins; /* host blocks allocated for the part behind of its hit */
+    uint32_t dpins[MAXB], dpin_t[MAXB], n_dpins; /* blocks (and their tiers) pinned there */
     uint32_t hold_g[MAXB], hold_h[MAXB], n_hold, hold_disk; /* load pairs waiting for a
                                        promotion; entries >= hold_disk are the promoted ones */
-    uint32_t hold_s[MAXB], n_hold_s;                        /* slots of the accepted promotions */
-    int32_t promo_idx; /* -1 queued, >= 0 its promotion event, -2 promoted (load queued) */
-    bool zombie;       /* finished while its promotion was in flight */
+    uint32_t hold_s[MAXB], hold_st[MAXB], n_hold_s;         /* sources of the accepted promotions */
+    bool promo_q;                                           /* promotions queued, no event yet */
+    uint32_t promo_left;         /* promotion events issued and not yet completed */
+    int32_t promo_ev[MAX_TIERS]; /* per tier: its promotion event, -1 none */
+    bool zombie;                 /* finished while its promotions were in flight */
 };
 
-enum { EV_LOAD, EV_STORE, EV_DSTORE, EV_DLOAD };
+/* event kinds: GPU loads and stores, then per tier t >= 1 its write-backs (2t) and promotions
+ * (2t + 1) */
+enum { EV_LOAD, EV_STORE };
+#define EV_TSTORE(t)  (2 * (t))
+#define EV_TLOAD(t)   (2 * (t) + 1)
+#define KIND_TIER(k)  ((uint32_t)(k) / 2)
+#define KIND_TLOAD(k) ((k) >= 2 && (k) % 2 == 1)
 
 struct wev {
     int64_t id;
@@ -117,17 +132,18 @@ struct outbox { /* a report on its way to the scheduler */
 static struct {
     kvt_pool *gpu;
     kvt_offload *m;
-    const kvt_pool *host, *disk;
-    uint32_t gpu_nb, host_nb, disk_nb, world;
+    const kvt_pool *host, *tp[MAX_TIERS];                   /* tp[t]: tier t >= 1's pool */
+    uint32_t gpu_nb, host_nb, tnb[MAX_TIERS], tiers, world; /* tiers: the host and behind */
     bool lazy;
     bool ext; /* the manager reaches S.gpu only through the callbacks below */
     uint64_t cb_calls, cb_blocks;
     struct req reqs[MAXR];
-    uint64_t gcont[MAX_RANKS][MAX_GPU], hcont[MAX_RANKS][MAX_HOST], dcont[MAX_RANKS][MAX_DISK];
+    uint64_t gcont[MAX_RANKS][MAX_GPU], hcont[MAX_RANKS][MAX_HOST];
+    uint64_t tcont[MAX_TIERS][MAX_RANKS][MAX_DISK];
     struct wev ev[MAX_EV];
-    uint32_t n_ev;                     /* events ever issued this episode */
-    uint32_t rank_next[4][MAX_RANKS];  /* per kind: next event index each rank executes */
-    uint32_t idx[4][MAX_EV], n_idx[4]; /* per kind: events in issue order */
+    uint32_t n_ev;                          /* events ever issued this episode */
+    uint32_t rank_next[N_KINDS][MAX_RANKS]; /* per kind: next event index each rank executes */
+    uint32_t idx[N_KINDS][MAX_EV], n_idx[N_KINDS]; /* per kind: events in issue order */
     struct outbox out[MAX_EV * MAX_RANKS];
     uint32_t n_out;
     uint32_t prefixes[4][6 * BS];
@@ -135,7 +151,7 @@ static struct {
     kvt_offload_meta meta;
     kvt_offload_worker_meta wm;
     uint32_t next_id;
-    uint32_t g_live[MAX_GPU], h_live[MAX_HOST], d_live[MAX_DISK]; /* transfers in flight */
+    uint32_t g_live[MAX_GPU], h_live[MAX_HOST], t_live[MAX_TIERS][MAX_DISK]; /* in flight */
     uint32_t hist[8][MAXB * BS], hist_len[8]; /* finished conversations that may come back */
 } S;
 
@@ -237,10 +253,10 @@ static void live(const struct wev *e, int d)
     for (uint32_t k = 0; k < e->n; k++) {
         if (e->kind == EV_LOAD || (e->kind == EV_STORE && !e->let_go))
             S.g_live[e->gpu[k]] += (uint32_t)d;
-        if (e->kind != EV_DLOAD) /* a promotion's host block is held by its request */
+        if (!KIND_TLOAD(e->kind)) /* a promotion's host block is held by its request */
             S.h_live[e->host[k]] += (uint32_t)d;
-        if (e->kind == EV_DSTORE || e->kind == EV_DLOAD)
-            S.d_live[e->slot[k]] += (uint32_t)d;
+        if (e->kind >= 2)
+            S.t_live[KIND_TIER(e->kind)][e->slot[k]] += (uint32_t)d;
     }
 }
 
@@ -278,9 +294,9 @@ static void finish(struct req *r)
     r->n_pins = r->n_ppins = r->n_dpins = 0;
     release_blocks(r);
     r->used = false;
-    /* a promotion in flight keeps its pairs until it completes; a queued one or a queued
-     * load is cancelled at once */
-    r->zombie = r->n_hold && r->promo_idx >= 0;
+    /* promotions in flight keep their pairs until the last completes; queued ones or a
+     * queued load are cancelled at once */
+    r->zombie = r->n_hold && r->promo_left > 0;
     if (!r->zombie)
         r->n_hold = 0;
 }
@@ -308,34 +324,47 @@ static void admit(struct req *r, uint64_t *rng)
     KVT_OK_(kvt_pool_find_longest_hit(S.gpu, r->hashes, nh, r->n_tokens - 1, outs, &gh));
     /* predict the host blocks match will pin: the same search on the same state */
     uint32_t pred[MAXB], *pouts[1] = {pred}, start = gh.length / BS;
-    kvt_hit hh = {0}, dh = {0};
+    kvt_hit hh = {0};
     if (start < nh && r->n_tokens > gh.length + 1)
         KVT_OK_(kvt_pool_find_longest_hit(S.host, r->hashes + start * HL, nh - start,
                                           r->n_tokens - 1 - gh.length, pouts, &hh));
-    /* three tiers: and the disk slots where the host hit stops */
-    uint32_t dpred[MAXB], *douts[1] = {dpred}, dstart = start + hh.length / BS;
-    if (S.disk && dstart < nh && r->n_tokens > gh.length + hh.length + 1)
-        KVT_OK_(kvt_pool_find_longest_hit(S.disk, r->hashes + dstart * HL, nh - dstart,
-                                          r->n_tokens - 1 - gh.length - hh.length, douts, &dh));
+    /* and behind the host: each tier where the ones before it stopped, in order (the blocks
+     * found, behind one another, with their tiers) */
+    uint32_t dpred[MAXB], dpred_t[MAXB], n_dpred = 0, at = start + hh.length / BS;
+    uint32_t used = gh.length + hh.length;
+    for (uint32_t t = 1; t < S.tiers; t++) {
+        uint32_t found[MAXB], *fouts[1] = {found};
+        kvt_hit th = {0};
+        if (at < nh && r->n_tokens > used + 1)
+            KVT_OK_(kvt_pool_find_longest_hit(S.tp[t], r->hashes + at * HL, nh - at,
+                                              r->n_tokens - 1 - used, fouts, &th));
+        for (uint32_t j = 0; j < th.n_blocks[0]; j++) {
+            dpred[n_dpred] = found[j];
+            dpred_t[n_dpred++] = t;
+        }
+        at += th.length / BS;
+        used += th.length;
+    }
     /* host references before the match, less the old pins it releases first */
     static uint32_t before[MAX_HOST];
-    for (uint32_t h = 1; S.disk && h < S.host_nb; h++)
+    for (uint32_t h = 1; S.tiers > 1 && h < S.host_nb; h++)
         before[h] = host_ref(h);
-    for (uint32_t j = 0; S.disk && j < r->n_pins; j++)
+    for (uint32_t j = 0; S.tiers > 1 && j < r->n_pins; j++)
         before[r->pins[j]]--;
-    for (uint32_t j = 0; S.disk && j < r->n_ppins; j++)
+    for (uint32_t j = 0; S.tiers > 1 && j < r->n_ppins; j++)
         before[r->ppins[j]]--;
     uint32_t hit;
     CALL(kvt_offload_match(S.m, r->id, r->id_len, r->hashes, nh, r->n_tokens, gh.length, &hit));
     CHECK(hit >= hh.length, "match offered %u tokens, the host tier holds %u", hit, hh.length);
     uint32_t nd = (hit - hh.length) / BS;
-    CHECK(nd <= dh.n_blocks[0], "match offered %u disk blocks, the disk holds %u", nd,
-          dh.n_blocks[0]);
+    CHECK(nd <= n_dpred, "match offered %u blocks behind the host, the tiers there hold %u", nd,
+          n_dpred);
     r->n_pins = hh.n_blocks[0];
     memcpy(r->pins, pred, r->n_pins * sizeof(uint32_t));
-    /* the disk part: the first nd slots found, and nd newly referenced host blocks */
+    /* the part behind: the first nd blocks found, and nd newly referenced host blocks */
     r->n_dpins = nd;
     memcpy(r->dpins, dpred, nd * sizeof(uint32_t));
+    memcpy(r->dpin_t, dpred_t, nd * sizeof(uint32_t));
     r->n_ppins = 0;
     for (uint32_t h = 1; nd && h < S.host_nb; h++)
         if (host_ref(h) == before[h] + 1 && !in_list(r->pins, r->n_pins, h))
@@ -376,9 +405,13 @@ static void admit(struct req *r, uint64_t *rng)
         CHECK(r->n_hold == acc, "%u of %u accepted blocks held", r->n_hold, acc);
         r->n_hold_s = acc - acc_host;
         memcpy(r->hold_s, r->dpins, r->n_hold_s * sizeof(uint32_t));
+        memcpy(r->hold_st, r->dpin_t, r->n_hold_s * sizeof(uint32_t));
         for (uint32_t j = acc_host; j < acc; j++)
             r->hold_g[j] = r->blocks[gh.n_blocks[0] + j];
-        r->promo_idx = -1;
+        r->promo_q = true;
+        r->promo_left = 0;
+        for (uint32_t t = 0; t < MAX_TIERS; t++)
+            r->promo_ev[t] = -1;
     }
     r->n_pins = r->n_ppins = r->n_dpins = 0;
     r->computed = gh.length + accept;
@@ -421,9 +454,10 @@ static struct wev *new_event(int kind, int64_t id, uint32_t n, const uint32_t *a
     e->kind = kind;
     e->n = n;
     /* a and b in the metadata's order: load (gpu, host), store (gpu, host), write-back
-     * (host, slot), promotion (slot, host) */
-    uint32_t *dst_a = kind == EV_DSTORE ? e->host : kind == EV_DLOAD ? e->slot : e->gpu;
-    uint32_t *dst_b = kind == EV_DSTORE ? e->slot : e->host;
+     * (host, block of the tier), promotion (block of the tier, host) */
+    bool tload = KIND_TLOAD(kind), tstore = kind >= 2 && !tload;
+    uint32_t *dst_a = tstore ? e->host : tload ? e->slot : e->gpu;
+    uint32_t *dst_b = tstore ? e->slot : e->host;
     memcpy(dst_a, a, n * sizeof(uint32_t));
     memcpy(dst_b, b, n * sizeof(uint32_t));
     S.idx[kind][S.n_idx[kind]++] = S.n_ev++;
@@ -446,8 +480,8 @@ static void record_events(void)
         for (uint32_t k = 0; k < e->n_reqs; k++) /* its held pairs are the event's now */
             for (uint32_t i = 0; i < MAXR; i++)
                 if (S.reqs[i].used && strcmp(S.reqs[i].id, e->reqs[k]) == 0) {
-                    CHECK(S.reqs[i].promo_idx == -2 || !S.reqs[i].n_hold,
-                          "request %s loads before its promotion completed", e->reqs[k]);
+                    CHECK(!S.reqs[i].n_hold || (!S.reqs[i].promo_q && !S.reqs[i].promo_left),
+                          "request %s loads before its promotions completed", e->reqs[k]);
                     S.reqs[i].n_hold = 0;
                 }
         live(e, 1);
@@ -456,19 +490,48 @@ static void record_events(void)
         live(new_event(EV_STORE, m->store_event, m->n_stores, m->store_gpu_blocks,
                        m->store_cpu_blocks),
              1);
-    if (m->tiers[0].store_event != KVT_NO_EVENT)
-        live(new_event(EV_DSTORE, m->tiers[0].store_event, m->tiers[0].n_stores,
-                       m->tiers[0].store_src, m->tiers[0].store_dst),
-             1);
-    if (m->tiers[0].load_event != KVT_NO_EVENT) {
-        struct wev *e = new_event(EV_DLOAD, m->tiers[0].load_event, m->tiers[0].n_loads,
-                                  m->tiers[0].load_src, m->tiers[0].load_dst);
+    bool any_promotion = false;
+    for (uint32_t t = 1; t < MAX_TIERS; t++) {
+        const kvt_tier_xfers *x = &m->tiers[t - 1];
+        CHECK(t < S.tiers || (x->store_event == KVT_NO_EVENT && x->load_event == KVT_NO_EVENT),
+              "transfers of tier %u, which is not there", t);
+        if (x->store_event != KVT_NO_EVENT)
+            live(new_event(EV_TSTORE(t), x->store_event, x->n_stores, x->store_src, x->store_dst),
+                 1);
+        if (x->load_event == KVT_NO_EVENT)
+            continue;
+        any_promotion = true;
+        struct wev *e = new_event(EV_TLOAD(t), x->load_event, x->n_loads, x->load_src, x->load_dst);
         for (uint32_t i = 0; i < MAXR; i++) { /* which requests it promotes */
             struct req *r = &S.reqs[i];
-            if (r->n_hold && r->promo_idx == -1 && in_list(e->host, e->n, r->hold_h[r->hold_disk]))
-                r->promo_idx = (int32_t)(S.n_ev - 1);
+            bool mine = false;
+            for (uint32_t j = r->hold_disk; r->n_hold && r->promo_q && j < r->n_hold; j++)
+                mine |= in_list(e->host, e->n, r->hold_h[j]);
+            if (mine) {
+                r->promo_ev[t] = (int32_t)(S.n_ev - 1);
+                r->promo_left++;
+            }
         }
         live(e, 1);
+    }
+    /* a request's promotions go out together, every tier's in the same step */
+    for (uint32_t i = 0; any_promotion && i < MAXR; i++) {
+        struct req *r = &S.reqs[i];
+        if (!r->n_hold || !r->promo_q || !r->promo_left)
+            continue;
+        uint32_t want = 0, got = 0;
+        for (uint32_t j = 0; j < r->n_hold_s; j++) {
+            bool seen = false;
+            for (uint32_t k = 0; k < j; k++)
+                seen |= r->hold_st[k] == r->hold_st[j];
+            want += !seen;
+        }
+        for (uint32_t t = 1; t < MAX_TIERS; t++)
+            got += r->promo_ev[t] >= 0;
+        CHECK(got == want, "request %s: promotions out of %u tiers issued, %u expected", r->id, got,
+              want);
+        g_spans += got > 1;
+        r->promo_q = false;
     }
 }
 
@@ -496,19 +559,18 @@ static bool execute(struct wev *e, uint32_t k, uint64_t *rng)
         case EV_STORE:
             S.hcont[k][e->host[i]] = S.gcont[k][e->gpu[i]];
             break;
-        case EV_DSTORE:
-            S.dcont[k][e->slot[i]] = S.hcont[k][e->host[i]];
-            break;
         default:
-            S.hcont[k][e->host[i]] = S.dcont[k][e->slot[i]];
+            if (KIND_TLOAD(e->kind))
+                S.hcont[k][e->host[i]] = S.tcont[KIND_TIER(e->kind)][k][e->slot[i]];
+            else
+                S.tcont[KIND_TIER(e->kind)][k][e->slot[i]] = S.hcont[k][e->host[i]];
         }
     }
     if (e->kind == EV_LOAD || kvt_test_below(rng, 24))
         return false;
     uint32_t i = kvt_test_below(rng, e->n);
-    dst = e->kind == EV_STORE    ? &S.hcont[k][e->host[i]]
-          : e->kind == EV_DSTORE ? &S.dcont[k][e->slot[i]]
-                                 : &S.hcont[k][e->host[i]];
+    dst = e->kind == EV_STORE || KIND_TLOAD(e->kind) ? &S.hcont[k][e->host[i]]
+                                                     : &S.tcont[KIND_TIER(e->kind)][k][e->slot[i]];
     *dst = 0xBADBADBADull;
     return true;
 }
@@ -517,7 +579,7 @@ static bool execute(struct wev *e, uint32_t k, uint64_t *rng)
 static void run_workers(bool flush, uint64_t *rng)
 {
     for (uint32_t k = 0; k < S.world; k++)
-        for (int kind = 0; kind < 4; kind++) {
+        for (int kind = 0; kind < N_KINDS; kind++) {
             uint32_t n = flush ? UINT32_MAX : kvt_test_below(rng, 3);
             for (; n && S.rank_next[kind][k] < S.n_idx[kind]; n--) {
                 uint32_t idx = S.idx[kind][S.rank_next[kind][k]++];
@@ -541,21 +603,23 @@ static struct wev *find_event(int kind, int64_t id)
 
 static kvt_event_report *report_of(int kind)
 {
-    return kind == EV_STORE    ? &S.wm.stores
-           : kind == EV_DSTORE ? &S.wm.tier_stores[0]
-                               : &S.wm.tier_loads[0];
+    return kind == EV_STORE   ? &S.wm.stores
+           : KIND_TLOAD(kind) ? &S.wm.tier_loads[KIND_TIER(kind) - 1]
+                              : &S.wm.tier_stores[KIND_TIER(kind) - 1];
 }
 
-/* A promotion completed on every rank: its requests' loads are queued (or, finished, their
- * pairs released). */
+/* A promotion completed on every rank: the loads of the requests it was the last promotion of
+ * are queued (or, finished, their pairs released). */
 static void promotion_done(const struct wev *e)
 {
-    uint32_t idx = (uint32_t)(e - S.ev);
+    uint32_t idx = (uint32_t)(e - S.ev), t = KIND_TIER(e->kind);
     for (uint32_t i = 0; i < MAXR; i++) {
         struct req *r = &S.reqs[i];
-        if (r->promo_idx != (int32_t)idx)
+        if (r->promo_ev[t] != (int32_t)idx)
             continue;
-        r->promo_idx = -2;
+        r->promo_ev[t] = -1;
+        if (--r->promo_left)
+            continue;
         if (r->zombie) {
             r->zombie = false;
             r->n_hold = 0;
@@ -590,11 +654,13 @@ static void deliver(bool all)
         }
     }
     S.n_out = keep;
-    if (!n_ids && !S.wm.stores.n_completed && !S.wm.tier_stores[0].n_completed &&
-        !S.wm.tier_loads[0].n_completed)
+    bool any = n_ids || S.wm.stores.n_completed;
+    for (uint32_t t = 0; t < MAX_TIERS - 1; t++)
+        any |= S.wm.tier_stores[t].n_completed || S.wm.tier_loads[t].n_completed;
+    if (!any)
         return;
     CALL(kvt_offload_apply_output(S.m, ids, n_ids, &S.wm));
-    for (int kind = EV_STORE; kind <= EV_DLOAD; kind++) {
+    for (int kind = EV_STORE; kind < N_KINDS; kind++) {
         const kvt_event_report *rep = report_of(kind);
         for (uint32_t i = 0; i < rep->n_completed; i++) {
             struct wev *e = find_event(kind, rep->events[i]);
@@ -602,7 +668,7 @@ static void deliver(bool all)
             e->applied += rep->counts[i];
             if (was_live && e->applied >= S.world) {
                 live(e, -1);
-                if (kind == EV_DLOAD)
+                if (KIND_TLOAD(kind))
                     promotion_done(e);
             }
         }
@@ -662,27 +728,28 @@ static void check_tiers_empty(const char *op)
         KVT_OK_(kvt_pool_block_keys(S.host, h, &k, 1, &n));
         CHECK(n == 0, "host block %u is findable after a %s", h, op);
     }
-    for (uint32_t d = 1; S.disk && d < S.disk_nb; d++) {
-        kvt_pool_key k;
-        uint32_t n;
-        KVT_OK_(kvt_pool_block_keys(S.disk, d, &k, 1, &n));
-        CHECK(n == 0, "disk slot %u is findable after a %s", d, op);
-    }
+    for (uint32_t t = 1; t < S.tiers; t++)
+        for (uint32_t d = 1; d < S.tnb[t]; d++) {
+            kvt_pool_key k;
+            uint32_t n;
+            KVT_OK_(kvt_pool_block_keys(S.tp[t], d, &k, 1, &n));
+            CHECK(n == 0, "tier %u block %u is findable after a %s", t, d, op);
+        }
 }
 
 /* ---- invariants ------------------------------------------------------------------------ */
 
 static void check_refs(void)
 {
-    uint32_t gexp[MAX_GPU] = {0}, hexp[MAX_HOST] = {0}, dexp[MAX_DISK] = {0};
+    uint32_t gexp[MAX_GPU] = {0}, hexp[MAX_HOST] = {0}, dexp[MAX_TIERS][MAX_DISK] = {{0}};
     for (uint32_t i = 0; i < MAXR; i++) {
         const struct req *r = &S.reqs[i];
         for (uint32_t j = 0; j < r->n_hold; j++) { /* zombies included */
             gexp[r->hold_g[j]]++;
             hexp[r->hold_h[j]]++;
         }
-        for (uint32_t j = 0; r->n_hold && r->promo_idx == -1 && j < r->n_hold_s; j++)
-            dexp[r->hold_s[j]]++; /* promotion queued, not in an event yet */
+        for (uint32_t j = 0; r->n_hold && r->promo_q && j < r->n_hold_s; j++)
+            dexp[r->hold_st[j]][r->hold_s[j]]++; /* promotion queued, not in an event yet */
         if (!r->used)
             continue;
         for (uint32_t j = 0; j < r->n_blocks; j++)
@@ -693,7 +760,7 @@ static void check_refs(void)
         for (uint32_t j = 0; j < r->n_ppins; j++)
             hexp[r->ppins[j]]++;
         for (uint32_t j = 0; j < r->n_dpins; j++)
-            dexp[r->dpins[j]]++;
+            dexp[r->dpin_t[j]][r->dpins[j]]++;
     }
     for (uint32_t b = 0; b < S.gpu_nb; b++)
         gexp[b] += S.g_live[b];
@@ -711,12 +778,14 @@ static void check_refs(void)
         CHECK(bi.ref_cnt == hexp[h], "host block %u has %u references, expected %u", h, bi.ref_cnt,
               hexp[h]);
     }
-    for (uint32_t d = 1; S.disk && d < S.disk_nb; d++) {
-        kvt_block_info bi;
-        KVT_OK_(kvt_pool_block_info(S.disk, d, &bi));
-        CHECK(bi.ref_cnt == dexp[d] + S.d_live[d], "disk slot %u has %u references, expected %u", d,
-              bi.ref_cnt, dexp[d] + S.d_live[d]);
-    }
+    for (uint32_t t = 1; t < S.tiers; t++)
+        for (uint32_t d = 1; d < S.tnb[t]; d++) {
+            kvt_block_info bi;
+            KVT_OK_(kvt_pool_block_info(S.tp[t], d, &bi));
+            CHECK(bi.ref_cnt == dexp[t][d] + S.t_live[t][d],
+                  "tier %u block %u has %u references, expected %u", t, d, bi.ref_cnt,
+                  dexp[t][d] + S.t_live[t][d]);
+        }
 }
 
 static void check_findable_data(void)
@@ -733,14 +802,15 @@ static void check_findable_data(void)
                   "other contents",
                   h, r);
     }
-    for (uint32_t d = 1; S.disk && d < S.disk_nb; d++) {
-        kvt_pool_key k;
-        uint32_t n;
-        KVT_OK_(kvt_pool_block_keys(S.disk, d, &k, 1, &n));
-        for (uint32_t r = 0; n && r < S.world; r++)
-            CHECK(S.dcont[r][d] == tag(k.hash, r),
-                  "disk slot %u is findable but rank %u holds other contents", d, r);
-    }
+    for (uint32_t t = 1; t < S.tiers; t++)
+        for (uint32_t d = 1; d < S.tnb[t]; d++) {
+            kvt_pool_key k;
+            uint32_t n;
+            KVT_OK_(kvt_pool_block_keys(S.tp[t], d, &k, 1, &n));
+            for (uint32_t r = 0; n && r < S.world; r++)
+                CHECK(S.tcont[t][r][d] == tag(k.hash, r),
+                      "tier %u block %u is findable but rank %u holds other contents", t, d, r);
+        }
     kvt_offload_stats st;
     kvt_offload_get_stats(S.m, &st);
     CHECK(st.stale_reports == 0, "%llu stale reports", (unsigned long long)st.stale_reports);
@@ -836,7 +906,7 @@ static void step(uint64_t *rng)
      * only while no request waits for one; promotions in flight are fine) */
     bool load_queued = false;
     for (uint32_t i = 0; i < MAXR; i++)
-        load_queued |= S.reqs[i].n_hold && S.reqs[i].promo_idx < 0;
+        load_queued |= S.reqs[i].n_hold && !S.reqs[i].promo_left;
     if (!load_queued && (S.reset_pending || kvt_test_below(rng, 600) == 0)) {
         g_ops++;
         /* clear empties the tiers at once, reset waits for the workers */
@@ -860,7 +930,11 @@ static void episode(uint64_t *rng, uint64_t ops_goal)
     S.host_nb = 8 + kvt_test_below(rng, MAX_HOST - 8 + 1);
     S.world = 1 + kvt_test_below(rng, MAX_RANKS);
     S.lazy = kvt_test_below(rng, 2);
-    S.disk_nb = kvt_test_below(rng, 2) ? 4 + kvt_test_below(rng, MAX_DISK - 4 + 1) : 0;
+    /* the chain: the host alone in a quarter of the episodes, else one to three tiers behind */
+    S.tiers = 1 + kvt_test_below(rng, MAX_TIERS);
+    for (uint32_t t = 1; t < S.tiers; t++)
+        S.tnb[t] = 4 + kvt_test_below(rng, MAX_DISK - 4 + 1);
+    bool disk_by_config = kvt_test_below(rng, 2);
     for (uint32_t p = 0; p < 4; p++)
         for (uint32_t t = 0; t < 6 * BS; t++)
             S.prefixes[p][t] = 1000 * (p + 1) + t;
@@ -877,7 +951,7 @@ static void episode(uint64_t *rng, uint64_t ops_goal)
     uint32_t budgets[3] = {0, 2, 256};
     oc.restore_budget = budgets[kvt_test_below(rng, 3)];
     oc.max_requests = MAXR + 4;
-    oc.disk_blocks = S.disk_nb;
+    oc.disk_blocks = S.tiers > 1 && disk_by_config ? S.tnb[1] : 0;
     S.ext = kvt_test_below(rng, 2);
     /* the harness frees no GPU block between its schedule calls and build_meta */
     oc.defer_schedule_pins = S.ext && kvt_test_below(rng, 2);
@@ -888,8 +962,17 @@ static void episode(uint64_t *rng, uint64_t ops_goal)
     } else {
         KVT_OK_(kvt_offload_create(&oc, S.gpu, &S.m));
     }
+    for (uint32_t t = oc.disk_blocks ? 2 : 1; t < S.tiers; t++) {
+        char name[16];
+        uint32_t idx;
+        snprintf(name, sizeof(name), "t%u", t);
+        KVT_OK_(kvt_offload_add_tier(S.m, name, S.tnb[t], &idx));
+        CHECK(idx == t, "tier %s added at %u", name, idx);
+    }
+    CHECK(kvt_offload_num_tiers(S.m) == S.tiers, "%u tiers", kvt_offload_num_tiers(S.m));
     S.host = kvt_offload_host_pool(S.m);
-    S.disk = kvt_offload_disk_pool(S.m);
+    for (uint32_t t = 1; t < S.tiers; t++)
+        S.tp[t] = kvt_offload_tier_pool(S.m, t);
     kvt_offload_meta_init(&S.meta);
     kvt_offload_worker_meta_init(&S.wm);
 
@@ -916,10 +999,10 @@ static void episode(uint64_t *rng, uint64_t ops_goal)
         kvt_offload_stats ps;
         kvt_offload_get_stats(S.m, &ps);
         CHECK(false,
-              "transfers still pending after draining: %u load, %u store, %u promotion, %u "
-              "write-back events, %u store blocks",
-              ps.load_events_in_flight, ps.store_events_in_flight, ps.disk_load_events_in_flight,
-              ps.disk_store_events_in_flight, ps.pending_store_blocks);
+              "transfers still pending after draining: %u load, %u store events, %u store "
+              "blocks (tier 1: %u promotion, %u write-back events)",
+              ps.load_events_in_flight, ps.store_events_in_flight, ps.pending_store_blocks,
+              ps.disk_load_events_in_flight, ps.disk_store_events_in_flight);
     }
     CALL(kvt_offload_reset(S.m));
     kvt_offload_stats st;
@@ -937,16 +1020,21 @@ static void episode(uint64_t *rng, uint64_t ops_goal)
     g_tot.resets += st.resets;
     g_tot.store_dropped_full += st.store_dropped_full;
     g_tot.stores_failed += st.stores_failed;
-    g_tot.disk_hit_tokens += st.disk_hit_tokens;
     g_tot.promotions += st.promotions;
     g_tot.promotions_failed += st.promotions_failed;
-    g_tot.disk_stores_completed += st.disk_stores_completed;
-    g_tot.disk_stores_failed += st.disk_stores_failed;
-    g_tot.disk_store_dropped += st.disk_store_dropped;
-    CHECK(st.disk_store_blocks ==
-              st.disk_stores_completed + st.disk_stores_abandoned + st.disk_stores_failed,
-          "disk store blocks unbalanced");
-    CHECK(!S.disk || kvt_pool_num_free(S.disk) == S.disk_nb - 1, "disk pool not fully free");
+    g_chains[S.tiers - 1]++;
+    for (uint32_t t = 1; t < S.tiers; t++) {
+        kvt_tier_stats ts;
+        KVT_OK_(kvt_offload_get_tier_stats(S.m, t, &ts));
+        g_behind.hit_tokens += ts.hit_tokens;
+        g_behind.stores_completed += ts.stores_completed;
+        g_behind.stores_failed += ts.stores_failed;
+        g_behind.store_dropped += ts.store_dropped;
+        g_behind.load_events += ts.load_events;
+        CHECK(ts.store_blocks == ts.stores_completed + ts.stores_abandoned + ts.stores_failed,
+              "tier %u store blocks unbalanced", t);
+        CHECK(kvt_pool_num_free(S.tp[t]) == S.tnb[t] - 1, "tier %u pool not fully free", t);
+    }
     CHECK(st.store_blocks == st.stores_completed + st.stores_abandoned + st.stores_failed,
           "store blocks unbalanced");
     CHECK(st.load_blocks == st.loads_completed, "load blocks unbalanced");
@@ -969,6 +1057,9 @@ static void manager_keeps_every_invariant_under_random_traffic(void **state)
     g_ops = g_releases = g_clears = 0;
     g_ext_calls = g_ext_blocks = 0;
     memset(&g_tot, 0, sizeof(g_tot));
+    memset(&g_behind, 0, sizeof(g_behind));
+    memset(g_chains, 0, sizeof(g_chains));
+    g_spans = 0;
     while (g_ops < goal) {
         episode(&rng, 5000 + kvt_test_below(&rng, 20000));
         episodes++;
@@ -977,19 +1068,22 @@ static void manager_keeps_every_invariant_under_random_traffic(void **state)
         "offload model: %llu manager calls in %u episodes, %llu steps (seed %llu): "
         "%llu hit tokens, %llu blocks loaded, %llu stored (%llu abandoned, %llu failed), %llu "
         "host evictions, %llu re-stores, %llu stores dropped for room, %llu resets (%llu "
-        "clears), %llu engine block releases; three tiers: %llu disk hit tokens, %llu promoted "
-        "(%llu failed), %llu written back (%llu failed, %llu "
-        "dropped); engine-pool episodes: %llu callbacks for %llu blocks\n",
+        "clears), %llu engine block releases; chains of 1/2/3/4 tiers in %u/%u/%u/%u episodes: "
+        "%llu hit tokens behind the host, %llu promoted (%llu failed) in %llu events, %llu "
+        "requests out of two tiers or more, %llu "
+        "written back (%llu failed, %llu dropped); engine-pool episodes: %llu callbacks for "
+        "%llu blocks\n",
         (unsigned long long)g_ops, episodes, (unsigned long long)g_step, (unsigned long long)g_seed,
         (unsigned long long)g_tot.hit_tokens, (unsigned long long)g_tot.load_blocks,
         (unsigned long long)g_tot.store_blocks, (unsigned long long)g_tot.stores_abandoned,
         (unsigned long long)g_tot.stores_failed, (unsigned long long)g_tot.host_evictions,
         (unsigned long long)g_tot.restores, (unsigned long long)g_tot.store_dropped_full,
         (unsigned long long)g_tot.resets, (unsigned long long)g_clears,
-        (unsigned long long)g_releases, (unsigned long long)g_tot.disk_hit_tokens,
-        (unsigned long long)g_tot.promotions, (unsigned long long)g_tot.promotions_failed,
-        (unsigned long long)g_tot.disk_stores_completed,
-        (unsigned long long)g_tot.disk_stores_failed, (unsigned long long)g_tot.disk_store_dropped,
+        (unsigned long long)g_releases, g_chains[0], g_chains[1], g_chains[2], g_chains[3],
+        (unsigned long long)g_behind.hit_tokens, (unsigned long long)g_tot.promotions,
+        (unsigned long long)g_tot.promotions_failed, (unsigned long long)g_behind.load_events,
+        (unsigned long long)g_spans, (unsigned long long)g_behind.stores_completed,
+        (unsigned long long)g_behind.stores_failed, (unsigned long long)g_behind.store_dropped,
         (unsigned long long)g_ext_calls, (unsigned long long)g_ext_blocks);
 }
 
