@@ -181,8 +181,10 @@ KVT_API int kvt_offload_lower_tier_blocks(kvt_offload *m, uint32_t tier, uint32_
 /* Adds a tier of `blocks` blocks (null block included, at least 2) behind the last one (the
  * host, or the disk of disk_blocks), named `name` (1 to 15 characters of a-z, 0-9 and _, not
  * taken: it labels the tier's metrics and messages); *index (may be NULL) gets its position.
- * Before the first step (KVT_ESTATE once a tier was used); KVT_ENOSPC past KVT_MAX_TIERS;
- * KVT_EUNSUPPORTED with a node tier. The workers attach the tier's stage at the same index. */
+ * Before the first step (KVT_ESTATE once a tier was used); KVT_ENOSPC past KVT_MAX_TIERS.
+ * The workers attach the tier's stage at the same index. With a node tier the tiers behind
+ * are this replica's own: they take its stores and promote into its own slots, which the
+ * peers then find. */
 KVT_API int kvt_offload_add_tier(kvt_offload *m, const char *name, uint32_t blocks,
                                  uint32_t *index);
 
@@ -190,7 +192,8 @@ KVT_API int kvt_offload_add_tier(kvt_offload *m, const char *name, uint32_t bloc
 /* Makes the host tier this replica's part of node tier `node` (kvtier/node.h): the host pool
  * then holds every slot of the node (host_blocks must be kvt_node_num_slots), allocates and
  * evicts only this replica's own slots, publishes what it stored and finds what the peers
- * published. Eager mode, two tiers, before the first step; node is borrowed until
+ * published. Eager mode, before the first step (tiers behind it, kvt_offload_add_tier or
+ * disk_blocks, are this replica's own); node is borrowed until
  * kvt_offload_destroy, which withdraws this replica's slots and pins (destroy the manager
  * before detaching the node). Every call that touches the host tier takes the node's lock. */
 KVT_API int kvt_offload_attach_node(kvt_offload *m, kvt_node *node);

@@ -436,9 +436,6 @@ static int add_tier_unlocked(kvt_offload *m, const char *name, uint32_t blocks, 
                         "offload: add_tier: %u blocks (at least 2, the null block "
                         "included)",
                         blocks);
-    if (m->node)
-        return kvt_fail(KVT_EUNSUPPORTED,
-                        "offload: a node tier with a tier behind it is not supported");
     for (uint32_t u = 0; u < t; u++)
         if (m->tier[u].transferred || kvt_pool_num_cached(m->tier[u].pool))
             return kvt_fail(KVT_ESTATE,
@@ -470,9 +467,6 @@ int kvt_offload_attach_node(kvt_offload *m, kvt_node *node)
     if (m->cfg.lazy)
         return kvt_fail(KVT_EINVAL, "offload: a node tier needs eager stores (lazy is set): "
                                     "a replica publishes what it stored as it stores it");
-    if (kvi_ofl_ntiers(m) > 1)
-        return kvt_fail(KVT_EUNSUPPORTED,
-                        "offload: a node tier with a tier behind it is not supported");
     struct kvi_ofl_tier *T = &m->tier[0];
     if (T->transferred || kvt_pool_num_free(T->pool) != T->nb - 1 || T->acc_n ||
         kvt_pool_num_cached(T->pool))

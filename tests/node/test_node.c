@@ -16,6 +16,7 @@
 #include <sys/wait.h>
 
 #include "kvt_test.h"
+#include "kvtier/disk.h"
 #include "node/node_internal.h"
 #include "offload/sim.h"
 
@@ -589,6 +590,106 @@ static void loaded_bytes_come_from_the_peer_that_stored_them(void **state)
     wrep_close(&a);
 }
 
+/* Computes prompt p on replica x (bytes tagged by each block's hash), stores it and lets
+ * every transfer it causes land. */
+static void wrep_store(wrep *x, sim_req *p)
+{
+    sim_admit(&x->r.s, p, 0);
+    for (uint32_t j = 0; j < p->n_tokens / SIM_BS; j++)
+        for (uint32_t reg = 0; reg < 2; reg++)
+            for (uint32_t o = 0; o < KV_BPB; o++)
+                dev_block(x, reg, p->blocks[j])[o] = sim_kv_byte(sim_tag(p, j), reg, o);
+    sim_compute(&x->r.s, p, p->n_tokens);
+    sim_schedule(&x->r.s, p, 1, false);
+    wrep_step(x);
+    sim_finish(&x->r.s, p);
+    wrep_step(x);
+}
+
+static void expect_loaded(wrep *x, sim_req *q, uint32_t blocks)
+{
+    for (uint32_t j = 0; j < blocks; j++)
+        for (uint32_t reg = 0; reg < 2; reg++) {
+            const unsigned char *d = dev_block(x, reg, q->blocks[j]);
+            for (uint32_t o = 0; o < KV_BPB; o++)
+                if (d[o] != sim_kv_byte(sim_tag(q, j), reg, o))
+                    fail_msg("request %s block %u region %u byte %u differs", q->id, j, reg, o);
+        }
+}
+
+/* Issue 41: a node tier with a disk behind it. The replica's stores are written back into its
+ * own disk; once its own slots let a prompt go, a request finds it on that disk, promotes it
+ * into the replica's own slots, and the peers find it there again (published): every byte
+ * checked on both replicas. */
+static void a_disk_behind_the_node_tier_promotes_into_own_slots(void **state)
+{
+    (void)state;
+    char dir[] = "kvt-node-disk-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    wrep a, b;
+    wrep_open(&a, 0);
+    wrep_open(&b, 1);
+    KVT_OK_(kvt_offload_add_tier(a.r.s.m, "disk", 64, NULL));
+    kvt_layout *ml;
+    KVT_OK_(kvt_mirror_layout(a.mirror, &ml));
+    kvt_disk_config dc;
+    kvt_disk_config_init(&dc);
+    char path[64];
+    snprintf(path, sizeof(path), "%s/kv", dir);
+    dc.path = path;
+    dc.page_cache = true;
+    dc.capacity_bytes = 64ull * 2 * KV_BPB;
+    kvt_disk *d;
+    KVT_OK_(kvt_disk_create(&dc, ml, &d));
+    KVT_OK_(kvt_worker_attach_disk_tier(a.w, 1, d));
+
+    sim_req p;
+    sim_req_make(&p, "p", 9 * SIM_BS + 5, 3, 9 * SIM_BS + 5, 0);
+    wrep_store(&a, &p);
+    kvt_tier_stats ts;
+    KVT_OK_(kvt_offload_get_tier_stats(a.r.s.m, 1, &ts));
+    assert_int_equal(ts.stores_completed, 9);
+    for (uint32_t i = 0; i < 3; i++) { /* 27 blocks more than a's 23 own slots hold */
+        sim_req o;
+        char id[8];
+        snprintf(id, sizeof(id), "o%u", i);
+        sim_req_make(&o, id, 9 * SIM_BS + 5, 10 + i, 9 * SIM_BS + 5, 0);
+        wrep_store(&a, &o);
+    }
+    for (uint32_t j = 0; j < 9; j++)
+        assert_false(sim_host_has(&b.r.s, &p, j)); /* the node let it go */
+
+    memset(a.kv, 0, 2ull * GPU_NB * KV_BPB);
+    KVT_OK_(kvt_pool_reset_prefix_cache(a.r.s.gpu));
+    sim_req q;
+    sim_req_make(&q, "q", 9 * SIM_BS + 5, 3, 9 * SIM_BS + 5, 1);
+    assert_int_equal(sim_admit(&a.r.s, &q, UINT32_MAX), 9 * SIM_BS);
+    for (int i = 0; i < 3; i++) /* the promotion, then the GPU load */
+        wrep_step(&a);
+    KVT_OK_(kvt_offload_get_tier_stats(a.r.s.m, 1, &ts));
+    assert_int_equal(ts.hit_tokens, 9 * SIM_BS);
+    assert_int_equal(ts.load_events, 1);
+    assert_false(kvt_offload_has_pending(a.r.s.m));
+    expect_loaded(&a, &q, 9);
+    sim_finish(&a.r.s, &q);
+
+    /* published again from a's own slots: b loads it through the node */
+    sim_req u;
+    sim_req_make(&u, "u", 9 * SIM_BS + 5, 3, 9 * SIM_BS + 5, 2);
+    assert_int_equal(sim_admit(&b.r.s, &u, UINT32_MAX), 9 * SIM_BS);
+    wrep_step(&b);
+    expect_loaded(&b, &u, 9);
+    sim_finish(&b.r.s, &u);
+
+    kvt_worker_destroy(a.w); /* before the disk it borrows */
+    a.w = NULL;
+    kvt_disk_destroy(d);
+    kvt_layout_destroy(ml);
+    wrep_close(&b);
+    wrep_close(&a);
+    rmdir(dir);
+}
+
 static void the_data_region_is_one_memory_and_its_size_is_checked(void **state)
 {
     (void)state;
@@ -662,6 +763,8 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(the_data_region_is_one_memory_and_its_size_is_checked,
                                         setup, teardown),
+        cmocka_unit_test_setup_teardown(a_disk_behind_the_node_tier_promotes_into_own_slots, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(detach_before_the_manager_is_deferred_not_a_crash, setup,
                                         teardown),
     };

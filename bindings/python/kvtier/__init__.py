@@ -451,6 +451,18 @@ class OffloadManager(_Handle):
     def lower_disk_blocks(self, slots):
         _check(_lib.kvt_offload_lower_disk_blocks(self._h, slots))
 
+    def add_tier(self, name, blocks):
+        """Adds a tier of `blocks` blocks (null block included) named `name` behind the last
+        one, before the first step; returns its index (the workers attach its disk there:
+        Worker.attach_disk(disk, tier=index))."""
+        idx = L.c_u32()
+        _check(_lib.kvt_offload_add_tier(self._h, name.encode(), blocks, ctypes.byref(idx)))
+        return idx.value
+
+    def lower_tier_blocks(self, tier, blocks):
+        """The size handshake of tier `tier` (as lower_host_blocks)."""
+        _check(_lib.kvt_offload_lower_tier_blocks(self._h, tier, blocks))
+
     def match(self, req_id, hashes, num_tokens, num_computed, skip_prefix_cache=False):
         """Host-tier hit in tokens beyond the GPU hit (pinned until after_alloc). A GPU hit
         that ends inside a scheduler block is a miss (0); skip_prefix_cache: the request must
@@ -923,9 +935,10 @@ class Worker(_Handle):
         self._keep = (layout, mirror, disk)
         self._meta = None
 
-    def attach_disk(self, disk):
-        """Three tiers: disk (a Disk over mirror.layout()) behind this worker's mirror."""
-        _check(_lib.kvt_worker_attach_disk(self._h, disk._h))
+    def attach_disk(self, disk, tier=1):
+        """disk (a Disk over mirror.layout()) as tier `tier` behind this worker's mirror: 1 the
+        disk of the manager's disk_blocks, 2 and 3 those of OffloadManager.add_tier."""
+        _check(_lib.kvt_worker_attach_disk_tier(self._h, tier, disk._h))
         self._keep = self._keep + (disk,)
 
     def bind(self, meta):

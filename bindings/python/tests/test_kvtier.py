@@ -332,6 +332,45 @@ class DiskAndLink(unittest.TestCase):
         self.assertEqual(tiers[0]["blocks"], mgr.stats()["host_blocks"])
         self.assertIn('kvtier_offload_tier_blocks{tier="disk"} 11', mgr.prometheus())
 
+    def test_manager_and_worker_with_two_disks(self):
+        gpu = kvtier.Pool(32)
+        mgr = kvtier.OffloadManager(gpu, host_blocks=8, disk_blocks=16)
+        self.assertEqual(mgr.add_tier("archive", 24), 2)
+        with self.assertRaises(kvtier.KvtierError) as cm:
+            mgr.add_tier("archive", 24)
+        self.assertIn("already named", cm.exception.message)
+        mgr.lower_tier_blocks(2, 20)
+        self.assertEqual([t["name"] for t in mgr.tier_stats()], ["host", "disk", "archive"])
+        self.assertEqual(mgr.tier_stats()[2]["blocks"], 19)
+        self.assertIn('kvtier_offload_tier_blocks{tier="archive"} 19', mgr.prometheus())
+        import tempfile
+        with tempfile.TemporaryDirectory(dir=".") as d:
+            dev = bytearray(16 * 4096)
+            layout = kvtier.Layout(16)
+            layout.add_buffer(dev, 4096)
+            mirror = kvtier.Mirror(layout, 8, pin=False)
+            worker = kvtier.Worker(layout, mirror=mirror, threads=1)
+            disks = [kvtier.Disk(mirror.layout(), os.path.join(d, "kv%d" % t), 8 * 4096,
+                                 page_cache=True) for t in (1, 2)]
+            with self.assertRaises(kvtier.KvtierError):
+                worker.attach_disk(disks[1], tier=4)
+            worker.attach_disk(disks[1], tier=2)
+            worker.attach_disk(disks[0])
+            mirror.block(0, 2)[:] = bytes(range(256)) * 16
+            m = kvtier.OffloadMeta()          # host 2 -> the second disk's slot 5
+            m.set_tier_events(2, store_event=0)
+            m.add_tier_store(2, 2, 5)
+            worker.bind(m)
+            worker.get_finished()
+            worker.flush()
+            worker.get_finished()
+            rep = worker.build_meta()
+            worker.clear()
+            self.assertEqual(rep.completed_of("tier_stores", 2), {0: 1})
+            worker.close()
+            for disk in disks:
+                disk.close()
+
     @staticmethod
     def _store_meta():
         m = kvtier.OffloadMeta()  # store event 0: GPU block 1 -> slot / host block 3
