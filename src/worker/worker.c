@@ -22,6 +22,7 @@
 #include "base/xfer.h"
 #include "kvtier/disk.h"
 #include "kvtier/worker.h"
+#include "worker/worker_internal.h"
 
 typedef struct pending_load {
     int64_t event;
@@ -141,22 +142,20 @@ int kvt_worker_create_disk(const kvt_worker_config *cfg, const kvt_layout *layou
     return 0;
 }
 
-int kvt_worker_attach_disk_tier(kvt_worker *w, uint32_t tier, kvt_disk *disk)
+int kvi_worker_attach_xfer(kvt_worker *w, uint32_t tier, const kvi_xfer_port *port, void *impl,
+                           const char *what)
 {
-    if (!w || !disk)
-        return kvt_fail(KVT_EINVAL, "worker: attach_disk: NULL argument");
     if (tier == 0 || tier >= KVT_MAX_TIERS)
-        return kvt_fail(KVT_ERANGE, "worker %u: attach_disk: tier %u (1 to %u)", w->cfg.rank, tier,
-                        KVT_MAX_TIERS - 1);
+        return kvt_fail(KVT_ERANGE, "worker %u: attach %s: tier %u (1 to %u)", w->cfg.rank, what,
+                        tier, KVT_MAX_TIERS - 1);
     if (!w->copy || w->st[tier].x.ops)
-        return kvt_fail(KVT_ESTATE, "worker %u: attach_disk: %s", w->cfg.rank,
+        return kvt_fail(KVT_ESTATE, "worker %u: attach %s: %s", w->cfg.rank, what,
                         w->st[tier].x.ops ? "tier already attached"
                                           : "a disk worker has no host tier");
-    const kvi_xfer_port *port = kvi_xfer_port_of(disk);
     for (uint32_t t = 1; t < KVT_MAX_TIERS; t++)
-        if (w->st[t].x.impl == disk)
-            return kvt_fail(KVT_EINVAL, "worker %u: attach_disk: that disk is tier %u already",
-                            w->cfg.rank, t);
+        if (w->st[t].x.impl == impl)
+            return kvt_fail(KVT_EINVAL, "worker %u: attach %s: it is tier %u already", w->cfg.rank,
+                            what, t);
     const kvt_layout *l = port->layout;
     uint32_t nr = kvt_layout_num_regions(l);
     const kvt_region *lr = kvt_layout_regions(l), *mr = kvt_mirror_regions(w->mirror);
@@ -167,12 +166,19 @@ int kvt_worker_attach_disk_tier(kvt_worker *w, uint32_t tier, kvt_disk *disk)
         same = lr[i].base == mr[i].base && lr[i].block_bytes == mr[i].block_bytes;
     if (!same)
         return kvt_fail(KVT_EINVAL,
-                        "worker %u: attach_disk: the disk's layout is not the host mirror's "
-                        "(create it over kvt_mirror_layout)",
-                        w->cfg.rank);
-    w->st[tier].x = (kvi_xfer){port->ops, disk};
+                        "worker %u: attach %s: its layout is not the host mirror's (create it "
+                        "over kvt_mirror_layout)",
+                        w->cfg.rank, what);
+    w->st[tier].x = (kvi_xfer){port->ops, impl};
     w->st[tier].nb = port->num_slots;
     return 0;
+}
+
+int kvt_worker_attach_disk_tier(kvt_worker *w, uint32_t tier, kvt_disk *disk)
+{
+    if (!w || !disk)
+        return kvt_fail(KVT_EINVAL, "worker: attach_disk: NULL argument");
+    return kvi_worker_attach_xfer(w, tier, kvi_xfer_port_of(disk), disk, "disk");
 }
 
 int kvt_worker_attach_disk(kvt_worker *w, kvt_disk *disk)

@@ -14,6 +14,7 @@
 #include "offload/sim.h"
 
 #include "kvtier/disk.h"
+#include "worker/worker_internal.h"
 
 #define DEV 40
 /* Unaligned regions (11,256 bytes, padded to 12,288) go through staging buffers; aligned
@@ -650,6 +651,111 @@ static void test_worker_three_tiers(void **state)
     rig_close(&g);
 }
 
+/* ---- a tier of its own kind ------------------------------------------------------------ */
+
+/* What a new kind of tier costs: an in-memory "far" tier (a CXL pool, another host's memory)
+ * with injected latency. Its whole implementation is this backend — it answers the worker's
+ * transfer interface (base/xfer.h), moving blocks between the host mirror and its own memory —
+ * plus its registration: kvt_offload_add_tier on the scheduler side, kvi_worker_attach_xfer on
+ * the worker. Nothing in the offload manager knows it. */
+#define FAR_Q 64
+typedef struct far_tier {
+    kvi_xfer_port port; /* first: the worker reaches the backend through it */
+    const kvt_mirror *mirror;
+    unsigned char *mem; /* nb blocks, each the mirror's regions' bytes in order */
+    uint64_t block_bytes;
+    uint32_t delay; /* polls an event waits before it completes */
+    bool fail_stores;
+    struct {
+        int64_t ev[FAR_Q], failed[FAR_Q], hwm;
+        uint32_t due[FAR_Q], n, n_failed;
+        bool bad[FAR_Q];
+    } q[2];
+} far_tier;
+
+static void far_copy(far_tier *f, uint32_t host, uint32_t blk, bool to_far)
+{
+    const kvt_region *r = kvt_mirror_regions(f->mirror);
+    unsigned char *p = f->mem + blk * f->block_bytes;
+    for (uint32_t i = 0; i < kvt_mirror_num_regions(f->mirror); i++) {
+        unsigned char *h = (unsigned char *)(uintptr_t)(r[i].base + host * r[i].block_bytes);
+        memcpy(to_far ? p : h, to_far ? h : p, r[i].block_bytes);
+        p += r[i].block_bytes;
+    }
+}
+
+static int far_submit(void *impl, int dir, int64_t event, const uint32_t *src, const uint32_t *dst,
+                      uint32_t n, void *wait)
+{
+    far_tier *f = impl;
+    (void)wait;
+    if (f->q[dir].n == FAR_Q)
+        return kvt_fail(KVT_ENOSPC, "far tier: queue full");
+    bool bad = dir == KVT_COPY_STORE && f->fail_stores;
+    for (uint32_t i = 0; i < n; i++) /* store: host -> far; load: far -> host */
+        if (!bad)
+            far_copy(f, dir == KVT_COPY_STORE ? src[i] : dst[i],
+                     dir == KVT_COPY_STORE ? dst[i] : src[i], dir == KVT_COPY_STORE);
+    uint32_t k = f->q[dir].n++;
+    f->q[dir].ev[k] = event;
+    f->q[dir].due[k] = f->delay;
+    f->q[dir].bad[k] = bad;
+    return 0;
+}
+
+static int far_poll(void *impl, int dir, int64_t *hwm)
+{
+    far_tier *f = impl;
+    while (f->q[dir].n && f->q[dir].due[0]-- == 0) {
+        if (f->q[dir].bad[0])
+            f->q[dir].failed[f->q[dir].n_failed++] = f->q[dir].ev[0];
+        f->q[dir].hwm = f->q[dir].ev[0];
+        f->q[dir].n--;
+        memmove(f->q[dir].ev, f->q[dir].ev + 1, f->q[dir].n * sizeof(int64_t));
+        memmove(f->q[dir].due, f->q[dir].due + 1, f->q[dir].n * sizeof(uint32_t));
+        memmove(f->q[dir].bad, f->q[dir].bad + 1, f->q[dir].n * sizeof(bool));
+    }
+    *hwm = f->q[dir].hwm;
+    return 0;
+}
+
+static uint32_t far_take_failed(void *impl, int dir, int64_t *out, uint32_t cap)
+{
+    far_tier *f = impl;
+    uint32_t n = f->q[dir].n_failed < cap ? f->q[dir].n_failed : cap;
+    memcpy(out, f->q[dir].failed, n * sizeof(int64_t));
+    f->q[dir].n_failed -= n;
+    memmove(f->q[dir].failed, f->q[dir].failed + n, f->q[dir].n_failed * sizeof(int64_t));
+    return n;
+}
+
+static int far_flush(void *impl)
+{
+    far_tier *f = impl;
+    for (int d = 0; d < 2; d++) {
+        for (uint32_t i = 0; i < f->q[d].n; i++)
+            f->q[d].due[i] = 0;
+        int64_t hwm;
+        far_poll(f, d, &hwm);
+    }
+    return 0;
+}
+
+static uint32_t far_outstanding(const void *impl, int dir)
+{
+    return ((const far_tier *)impl)->q[dir].n;
+}
+
+static const kvi_xfer_ops far_ops = {
+    .name = "far",
+    .submit = far_submit,
+    .poll = far_poll,
+    .take_failed = far_take_failed,
+    .take_invalid = NULL, /* failures per event */
+    .flush = far_flush,
+    .outstanding = far_outstanding,
+};
+
 /* ---- a chain of tiers under the real manager and worker --------------------------------- */
 
 #define CH_GPU 64
@@ -670,14 +776,17 @@ typedef struct chain {
     kvt_layout *layout, *ml;
     kvt_mirror *mirror;
     kvt_disk *d[2];
+    far_tier *far; /* with far: tier 1, and the disk d[1] tier 2 */
     kvt_worker *w;
 } chain;
 
-static void chain_open(chain *c, uint32_t host_blocks)
+static void chain_open(chain *c, uint32_t host_blocks, bool far)
 {
     memset(c, 0, sizeof(*c));
-    sim_init3(&c->s, CH_GPU, host_blocks, false, 1, 64, 32);
-    KVT_OK_(kvt_offload_add_tier(c->s.m, "disk2", 32, NULL));
+    sim_init3(&c->s, CH_GPU, host_blocks, false, 1, 64, far ? 0 : 32);
+    if (far)
+        KVT_OK_(kvt_offload_add_tier(c->s.m, "far", 32, NULL));
+    KVT_OK_(kvt_offload_add_tier(c->s.m, far ? "disk" : "disk2", 32, NULL));
     sim_host_kv(CH_GPU, CH_BPB, &c->kv, &c->layout);
     kvt_mirror_config mc;
     kvt_mirror_config_init(&mc);
@@ -688,7 +797,7 @@ static void chain_open(chain *c, uint32_t host_blocks)
     kvt_worker_config_init(&wc);
     wc.copy.threads = 1;
     KVT_OK_(kvt_worker_create(&wc, c->layout, c->mirror, &c->w));
-    for (int i = 0; i < 2; i++) {
+    for (int i = far ? 1 : 0; i < 2; i++) {
         kvt_disk_config dc;
         kvt_disk_config_init(&dc);
         char base[300];
@@ -698,6 +807,20 @@ static void chain_open(chain *c, uint32_t host_blocks)
         dc.capacity_bytes = 32ull * 2 * CH_BPB;
         KVT_OK_(kvt_disk_create(&dc, c->ml, &c->d[i]));
         assert_int_equal(kvt_disk_num_slots(c->d[i]), 32);
+    }
+    if (far) {
+        far_tier *f = c->far = calloc(1, sizeof(*f));
+        assert_non_null(f);
+        f->mirror = c->mirror;
+        f->block_bytes = 2 * CH_BPB;
+        f->mem = calloc(32, f->block_bytes);
+        assert_non_null(f->mem);
+        f->delay = 3;
+        f->q[0].hwm = f->q[1].hwm = -1;
+        f->port = (kvi_xfer_port){&far_ops, c->ml, 32};
+        KVT_OK_(kvi_worker_attach_xfer(c->w, 1, &f->port, f, "far"));
+        KVT_OK_(kvt_worker_attach_disk_tier(c->w, 2, c->d[1]));
+        return;
     }
     kvt_disk_set_fault(c->d[0], fail_stores, NULL);
     KVT_ERR_(kvt_worker_attach_disk_tier(c->w, 4, c->d[1]), KVT_ERANGE);
@@ -711,6 +834,10 @@ static void chain_close(chain *c)
     kvt_worker_destroy(c->w);
     for (int i = 0; i < 2; i++)
         kvt_disk_destroy(c->d[i]);
+    if (c->far) {
+        free(c->far->mem);
+        free(c->far);
+    }
     kvt_layout_destroy(c->ml);
     kvt_mirror_destroy(c->mirror);
     kvt_layout_destroy(c->layout);
@@ -718,68 +845,74 @@ static void chain_close(chain *c)
     sim_fini(&c->s);
 }
 
-static unsigned char *chain_block(chain *c, uint32_t region, uint32_t b)
+/* Steps until nothing is pending (write-backs and promotions take a few steps). */
+static void chain_drain(chain *c)
 {
-    return c->kv + ((size_t)region * CH_GPU + b) * CH_BPB;
+    for (int i = 0; i < 3 || (i < 30 && kvt_offload_has_pending(c->s.m)); i++)
+        sim_worker_step(&c->s, c->w);
+    assert_false(kvt_offload_has_pending(c->s.m));
 }
 
 /* Computes q's prompt (bytes tagged by each block's hash), stores it and lets every transfer
- * it causes land (the host store, then the write-backs into both disks). */
+ * it causes land (the host store, then the write-backs into the tiers behind). */
 static void chain_store(chain *c, sim_req *q)
 {
     sim_admit(&c->s, q, 0);
-    for (uint32_t j = 0; j < q->n_tokens / SIM_BS; j++)
-        for (uint32_t reg = 0; reg < 2; reg++)
-            for (uint32_t o = 0; o < CH_BPB; o++)
-                chain_block(c, reg, q->blocks[j])[o] = sim_kv_byte(sim_tag(q, j), reg, o);
+    sim_kv_write(c->kv, CH_GPU, CH_BPB, q, q->n_tokens / SIM_BS);
     sim_compute(&c->s, q, q->n_tokens);
     sim_schedule(&c->s, q, 1, false);
-    for (int i = 0; i < 3; i++)
-        sim_worker_step(&c->s, c->w);
-    sim_finish(&c->s, q);
     sim_worker_step(&c->s, c->w);
+    sim_finish(&c->s, q);
+    chain_drain(c);
 }
 
-/* Two disks behind the host, each attached at its tier's index: the host's stores are written
- * back into both from the host mirror; one disk failing its writes leaves the other's copy;
- * a prompt that left the host comes back from both disks at once (each the part it holds) and
- * the GPU gets the bytes that were computed, every byte checked. */
-static void test_chain_of_two_disks_end_to_end(void **state)
+/* Stores other prompts until the host tier holds none of q's 4 blocks; the engine's prefix
+ * cache and its "device" bytes are then cleared. */
+static void chain_push_out(chain *c, const sim_req *q)
 {
-    (void)state;
-    chain c;
-    chain_open(&c, 8);
-    sim_req x, a, b;
-    sim_req_make(&x, "x", 2 * SIM_BS + 1, 1, 2 * SIM_BS, 9); /* a's first two blocks */
-    chain_store(&c, &x);
-    sim_req_make(&a, "a", 4 * SIM_BS + 1, 1, 4 * SIM_BS + 1, 0);
-    g_fail_stores = true; /* a's last two blocks reach only the second disk */
-    chain_store(&c, &a);
-    g_fail_stores = false;
-    kvt_tier_stats t1, t2;
-    KVT_OK_(kvt_offload_get_tier_stats(c.s.m, 1, &t1));
-    KVT_OK_(kvt_offload_get_tier_stats(c.s.m, 2, &t2));
-    assert_int_equal(t1.stores_completed, 2);
-    assert_int_equal(t1.stores_failed, 2);
-    assert_int_equal(t2.stores_completed, 4);
-    for (uint32_t i = 0; i < 8 && (sim_host_has(&c.s, &a, 0) || sim_host_has(&c.s, &a, 1) ||
-                                   sim_host_has(&c.s, &a, 2) || sim_host_has(&c.s, &a, 3));
-         i++) { /* push a out of the host */
+    for (uint32_t i = 0; i < 8 && (sim_host_has(&c->s, q, 0) || sim_host_has(&c->s, q, 1) ||
+                                   sim_host_has(&c->s, q, 2) || sim_host_has(&c->s, q, 3));
+         i++) {
         sim_req o;
         char id[16];
         snprintf(id, sizeof(id), "o%u", i);
         sim_req_make(&o, id, 4 * SIM_BS + 1, 50 + i, 4 * SIM_BS + 1, 50 + i);
-        chain_store(&c, &o);
+        chain_store(c, &o);
     }
     for (uint32_t j = 0; j < 4; j++)
-        assert_false(sim_host_has(&c.s, &a, j));
-    KVT_OK_(kvt_pool_reset_prefix_cache(c.s.gpu));
-    memset(c.kv, 0, 2ull * CH_GPU * CH_BPB);
+        assert_false(sim_host_has(&c->s, q, j));
+    KVT_OK_(kvt_pool_reset_prefix_cache(c->s.gpu));
+    memset(c->kv, 0, 2ull * CH_GPU * CH_BPB);
+}
+
+/* A chain of two tiers behind the host: the host's stores are written back into both from the
+ * host mirror; tier 1 failing its writes of a prompt's last two blocks leaves tier 2's copies;
+ * the prompt, once out of the host, comes back from both tiers at once (each the part it
+ * holds) in one GPU load, and the GPU gets the bytes that were computed, every byte checked. */
+static void chain_hit_across_two_tiers(bool far)
+{
+    chain c;
+    chain_open(&c, 8, far);
+    bool *fail = far ? &c.far->fail_stores : &g_fail_stores;
+    sim_req x, a, b;
+    sim_req_make(&x, "x", 2 * SIM_BS + 1, 1, 2 * SIM_BS, 9); /* a's first two blocks */
+    chain_store(&c, &x);
+    sim_req_make(&a, "a", 4 * SIM_BS + 1, 1, 4 * SIM_BS + 1, 0);
+    *fail = true;
+    chain_store(&c, &a);
+    *fail = false;
+    kvt_tier_stats t1, t2;
+    KVT_OK_(kvt_offload_get_tier_stats(c.s.m, 1, &t1));
+    KVT_OK_(kvt_offload_get_tier_stats(c.s.m, 2, &t2));
+    assert_string_equal(t1.name, far ? "far" : "disk");
+    assert_int_equal(t1.stores_completed, 2);
+    assert_int_equal(t1.stores_failed, 2);
+    assert_int_equal(t2.stores_completed, 4);
+    chain_push_out(&c, &a);
 
     sim_req_make(&b, "b", 4 * SIM_BS + 1, 1, 4 * SIM_BS + 1, 0);
     assert_int_equal(sim_admit(&c.s, &b, UINT32_MAX), 4 * SIM_BS);
-    for (int i = 0; i < 3; i++) /* promotions out of both disks, then the GPU load */
-        sim_worker_step(&c.s, c.w);
+    chain_drain(&c); /* promotions out of both tiers, then the GPU load */
     KVT_OK_(kvt_offload_get_tier_stats(c.s.m, 1, &t1));
     KVT_OK_(kvt_offload_get_tier_stats(c.s.m, 2, &t2));
     assert_int_equal(t1.hit_tokens, 2 * SIM_BS);
@@ -790,16 +923,25 @@ static void test_chain_of_two_disks_end_to_end(void **state)
     kvt_offload_get_stats(c.s.m, &st);
     assert_int_equal(st.promotions, 4);
     assert_int_equal(st.promotions_failed, 0);
-    assert_false(kvt_offload_has_pending(c.s.m));
-    for (uint32_t j = 0; j < 4; j++)
-        for (uint32_t reg = 0; reg < 2; reg++) {
-            const unsigned char *d = chain_block(&c, reg, b.blocks[j]);
-            for (uint32_t o = 0; o < CH_BPB; o++)
-                if (d[o] != sim_kv_byte(sim_tag(&b, j), reg, o))
-                    fail_msg("block %u region %u byte %u differs", j, reg, o);
-        }
+    assert_int_equal(st.load_events, 1); /* b's single GPU load */
+    sim_kv_expect(c.kv, CH_GPU, CH_BPB, &b, 4, "chain");
     sim_finish(&c.s, &b);
     chain_close(&c);
+}
+
+/* Two disks, each attached at its tier's index (kvt_worker_attach_disk_tier). */
+static void test_chain_of_two_disks_end_to_end(void **state)
+{
+    (void)state;
+    chain_hit_across_two_tiers(false);
+}
+
+/* The far tier (tier 1, three polls of latency, its promotion completing after the disk's)
+ * with a disk behind it (tier 2). */
+static void test_a_new_tier_kind_in_the_chain(void **state)
+{
+    (void)state;
+    chain_hit_across_two_tiers(true);
 }
 
 int main(void)
@@ -816,6 +958,7 @@ int main(void)
         cmocka_unit_test(test_worker_disk_failures),
         cmocka_unit_test(test_worker_three_tiers),
         cmocka_unit_test(test_chain_of_two_disks_end_to_end),
+        cmocka_unit_test(test_a_new_tier_kind_in_the_chain),
     };
     return kvt_test_exit(cmocka_run_group_tests(tests, make_dir, remove_dir));
 }

@@ -537,11 +537,6 @@ static void wrep_close(wrep *x)
     replica_close(&x->r);
 }
 
-static unsigned char *dev_block(wrep *x, uint32_t region, uint32_t b)
-{
-    return x->kv + ((size_t)region * GPU_NB + b) * KV_BPB;
-}
-
 /* One engine step of replica x after its scheduling: the manager's metadata to the worker,
  * the copies run to completion, the reports back. */
 static void wrep_step(wrep *x)
@@ -559,10 +554,7 @@ static void loaded_bytes_come_from_the_peer_that_stored_them(void **state)
     sim_req p;
     sim_req_make(&p, "p", 9 * SIM_BS + 5, 3, 9 * SIM_BS + 5, 0);
     sim_admit(&a.r.s, &p, 0);
-    for (uint32_t j = 0; j < 9; j++)
-        for (uint32_t reg = 0; reg < 2; reg++)
-            for (uint32_t o = 0; o < KV_BPB; o++)
-                dev_block(&a, reg, p.blocks[j])[o] = sim_kv_byte(sim_tag(&p, j), reg, o);
+    sim_kv_write(a.kv, GPU_NB, KV_BPB, &p, 9);
     sim_compute(&a.r.s, &p, p.n_tokens);
     sim_schedule(&a.r.s, &p, 1, false);
     wrep_step(&a);
@@ -575,16 +567,7 @@ static void loaded_bytes_come_from_the_peer_that_stored_them(void **state)
     assert_int_equal(sim_admit(&b.r.s, &q, UINT32_MAX), 9 * SIM_BS);
     wrep_step(&b);
     assert_int_equal(stats_of(&b.r).pinned_of_peers, 0); /* the load finished */
-    uint32_t checked = 0;
-    for (uint32_t j = 0; j < 9; j++)
-        for (uint32_t reg = 0; reg < 2; reg++) {
-            const unsigned char *d = dev_block(&b, reg, q.blocks[j]);
-            for (uint32_t o = 0; o < KV_BPB; o++)
-                if (d[o] != sim_kv_byte(sim_tag(&q, j), reg, o))
-                    fail_msg("block %u region %u byte %u differs", j, reg, o);
-            checked++;
-        }
-    assert_int_equal(checked, 18);
+    sim_kv_expect(b.kv, GPU_NB, KV_BPB, &q, 9, "peer");
     sim_finish(&b.r.s, &q);
     wrep_close(&b);
     wrep_close(&a);
@@ -595,26 +578,12 @@ static void loaded_bytes_come_from_the_peer_that_stored_them(void **state)
 static void wrep_store(wrep *x, sim_req *p)
 {
     sim_admit(&x->r.s, p, 0);
-    for (uint32_t j = 0; j < p->n_tokens / SIM_BS; j++)
-        for (uint32_t reg = 0; reg < 2; reg++)
-            for (uint32_t o = 0; o < KV_BPB; o++)
-                dev_block(x, reg, p->blocks[j])[o] = sim_kv_byte(sim_tag(p, j), reg, o);
+    sim_kv_write(x->kv, GPU_NB, KV_BPB, p, p->n_tokens / SIM_BS);
     sim_compute(&x->r.s, p, p->n_tokens);
     sim_schedule(&x->r.s, p, 1, false);
     wrep_step(x);
     sim_finish(&x->r.s, p);
     wrep_step(x);
-}
-
-static void expect_loaded(wrep *x, sim_req *q, uint32_t blocks)
-{
-    for (uint32_t j = 0; j < blocks; j++)
-        for (uint32_t reg = 0; reg < 2; reg++) {
-            const unsigned char *d = dev_block(x, reg, q->blocks[j]);
-            for (uint32_t o = 0; o < KV_BPB; o++)
-                if (d[o] != sim_kv_byte(sim_tag(q, j), reg, o))
-                    fail_msg("request %s block %u region %u byte %u differs", q->id, j, reg, o);
-        }
 }
 
 /* Issue 41: a node tier with a disk behind it. The replica's stores are written back into its
@@ -670,7 +639,7 @@ static void a_disk_behind_the_node_tier_promotes_into_own_slots(void **state)
     assert_int_equal(ts.hit_tokens, 9 * SIM_BS);
     assert_int_equal(ts.load_events, 1);
     assert_false(kvt_offload_has_pending(a.r.s.m));
-    expect_loaded(&a, &q, 9);
+    sim_kv_expect(a.kv, GPU_NB, KV_BPB, &q, 9, "promoted");
     sim_finish(&a.r.s, &q);
 
     /* published again from a's own slots: b loads it through the node */
@@ -678,7 +647,7 @@ static void a_disk_behind_the_node_tier_promotes_into_own_slots(void **state)
     sim_req_make(&u, "u", 9 * SIM_BS + 5, 3, 9 * SIM_BS + 5, 2);
     assert_int_equal(sim_admit(&b.r.s, &u, UINT32_MAX), 9 * SIM_BS);
     wrep_step(&b);
-    expect_loaded(&b, &u, 9);
+    sim_kv_expect(b.kv, GPU_NB, KV_BPB, &u, 9, "through the node");
     sim_finish(&b.r.s, &u);
 
     kvt_worker_destroy(a.w); /* before the disk it borrows */

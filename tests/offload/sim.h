@@ -261,6 +261,39 @@ static inline unsigned char sim_kv_byte(uint64_t tag, uint32_t region, uint64_t 
     return (unsigned char)(x >> 40);
 }
 
+/* In a "GPU" of sim_host_kv (kv: 2 regions of gpu_blocks blocks of bpb bytes): writes the
+ * bytes of r's first n blocks as computing them would / checks every byte of them (the
+ * failure names `what`, the block, region and byte). */
+static inline unsigned char *sim_kv_block(unsigned char *kv, uint32_t gpu_blocks, uint32_t bpb,
+                                          uint32_t region, uint32_t b)
+{
+    return kv + ((size_t)region * gpu_blocks + b) * bpb;
+}
+
+static inline void sim_kv_write(unsigned char *kv, uint32_t gpu_blocks, uint32_t bpb,
+                                const sim_req *r, uint32_t n)
+{
+    for (uint32_t j = 0; j < n; j++)
+        for (uint32_t reg = 0; reg < 2; reg++) {
+            unsigned char *d = sim_kv_block(kv, gpu_blocks, bpb, reg, r->blocks[j]);
+            for (uint32_t o = 0; o < bpb; o++)
+                d[o] = sim_kv_byte(sim_tag(r, j), reg, o);
+        }
+}
+
+static inline void sim_kv_expect(unsigned char *kv, uint32_t gpu_blocks, uint32_t bpb,
+                                 const sim_req *r, uint32_t n, const char *what)
+{
+    for (uint32_t j = 0; j < n; j++)
+        for (uint32_t reg = 0; reg < 2; reg++) {
+            const unsigned char *d = sim_kv_block(kv, gpu_blocks, bpb, reg, r->blocks[j]);
+            for (uint32_t o = 0; o < bpb; o++)
+                if (d[o] != sim_kv_byte(sim_tag(r, j), reg, o))
+                    fail_msg("%s: request %s block %u region %u byte %u differs", what, r->id, j,
+                             reg, o);
+        }
+}
+
 static inline bool sim_host_has(sim *s, const sim_req *r, uint32_t block)
 {
     uint32_t b;

@@ -120,10 +120,7 @@ static inline void compute_and_store(inst *x, sim_req *p, const char *id, uint32
 {
     sim_req_make(p, id, n_blocks * SIM_BS + 5, seed, n_blocks * SIM_BS + 5, 0);
     sim_admit(&x->s, p, 0);
-    for (uint32_t j = 0; j < n_blocks; j++)
-        for (uint32_t reg = 0; reg < 2; reg++)
-            for (uint32_t o = 0; o < KV_BPB; o++)
-                dev_block(x, reg, p->blocks[j])[o] = sim_kv_byte(sim_tag(p, j), reg, o);
+    sim_kv_write(x->kv, GPU_NB, KV_BPB, p, n_blocks);
     sim_compute(&x->s, p, p->n_tokens);
     sim_schedule(&x->s, p, 1, false);
     step(x);
@@ -138,13 +135,7 @@ static inline uint32_t admit_and_check(inst *y, sim_req *q, const char *id, uint
     uint32_t hit = sim_admit(&y->s, q, UINT32_MAX);
     assert_int_equal(hit % SIM_BS, 0);
     step(y);
-    for (uint32_t j = 0; j < hit / SIM_BS; j++)
-        for (uint32_t reg = 0; reg < 2; reg++) {
-            const unsigned char *d = dev_block(y, reg, q->blocks[j]);
-            for (uint32_t o = 0; o < KV_BPB; o++)
-                if (d[o] != sim_kv_byte(sim_tag(q, j), reg, o))
-                    fail_msg("%s: block %u region %u byte %u differs", id, j, reg, o);
-        }
+    sim_kv_expect(y->kv, GPU_NB, KV_BPB, q, hit / SIM_BS, id);
     sim_finish(&y->s, q);
     return hit / SIM_BS;
 }
