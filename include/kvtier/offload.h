@@ -197,8 +197,9 @@ KVT_API int kvt_offload_add_tier(kvt_offload *m, const char *name, uint32_t bloc
  * kvt_offload_destroy, which withdraws this replica's slots and pins (destroy the manager
  * before detaching the node). Every call that touches the host tier takes the node's lock. */
 KVT_API int kvt_offload_attach_node(kvt_offload *m, kvt_node *node);
-/* Adds the remote tier (kvtier/remote.h) behind this manager's host (and disk) tier:
- *   lookups   past the host hit (and where the disk adds nothing), match looks the request's
+/* Adds the remote tier (kvtier/remote.h) behind this manager's host tier (and the tiers behind
+ * it):
+ *   lookups   past the host hit (where the tiers behind add nothing), match looks the request's
  *             remaining hashes up in the directory (one round trip) and reads the blocks
  *             other instances hold into freshly allocated host blocks, every one checked; the
  *             prefix read whole becomes part of the host hit (findable from then on) and

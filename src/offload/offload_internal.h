@@ -2,9 +2,9 @@
 /*
  * Internal state of the offload manager, shared by manager.c (life cycle), requests.c (the
  * request table), step.c (step assembly, reset), metrics.c (stats, Prometheus), load.c
- * (match, after_alloc, loads), store.c (eager, lazy, re-store, store completion), tier.c (the
- * tiers behind the host), events.c (cache events), remote.c (the remote tier), gpu.c (the
- * engine's GPU pool).
+ * (match, after_alloc, loads), store.c (eager, lazy, re-store, store completion), tier.c (a
+ * tier's state, the tiers behind the host), events.c (cache events), remote.c (the remote
+ * tier), gpu.c (the engine's GPU pool). manager.c calls the others; none calls it.
  *
  * Everything is preallocated at create, sized from the pools and the config. Variable-length
  * per-transfer lists are threaded through per-block arrays instead of being allocated:
@@ -298,7 +298,7 @@ bool kvi_ofl_key_from_hashes(const kvt_offload *m, const uint8_t *hashes, uint32
 void kvi_ofl_key_pack(const kvt_offload *m, uint8_t *dst, const kvt_pool_key *k);
 void kvi_ofl_key_unpack(const kvt_offload *m, const uint8_t *src, kvt_pool_key *k);
 
-/* tiers (manager.c): a tier's pool, per-block store pairs and keys, and store event table
+/* tiers (tier.c): a tier's pool, per-block store pairs and keys, and store event table
  * (at most max_store_events, fewer for a small tier); close frees them. */
 const char *kvi_ofl_tier_name(const kvt_offload *m, uint32_t t);
 int kvi_ofl_tier_open(kvt_offload *m, uint32_t t, uint32_t nb, uint32_t event_capacity,

@@ -46,6 +46,66 @@
 
 #define MAX_BEHIND_EVENTS 1024u /* kvt_disk's default max_events per direction */
 
+/* ---- a tier's state (every tier, the host included) ------------------------------------- */
+
+/* Tier names, in metrics and messages: the host's, the name a tier behind was given, or its
+ * position (a tier that is not there, in an error message). */
+static const char *const g_tier_positions[] = {"host", "tier1", "tier2", "tier3"};
+_Static_assert(KVT_ARRAY_LEN(g_tier_positions) == KVI_OFL_TIERS, "name every tier");
+
+const char *kvi_ofl_tier_name(const kvt_offload *m, uint32_t t)
+{
+    if (t >= KVI_OFL_TIERS)
+        return "?";
+    return t && m->tier[t].name[0] ? m->tier[t].name : g_tier_positions[t];
+}
+
+int kvi_ofl_tier_open(kvt_offload *m, uint32_t t, uint32_t nb, uint32_t event_capacity,
+                      uint32_t max_store_events)
+{
+    struct kvi_ofl_tier *T = &m->tier[t];
+    kvt_pool_config pc = m->gcfg;
+    pc.num_blocks = nb;
+    pc.keys_per_block = m->kpb;
+    pc.event_capacity = event_capacity;
+    int rc = kvt_pool_create(&pc, &T->pool);
+    if (rc) {
+        char what[32];
+        snprintf(what, sizeof(what), "offload: %s pool", kvi_ofl_tier_name(m, t));
+        return kvi_fail_wrap(rc, what);
+    }
+    T->nb = nb;
+    T->store_src = malloc((size_t)nb * sizeof(uint32_t));
+    T->store_next = malloc((size_t)nb * sizeof(uint32_t));
+    T->keys = malloc((size_t)nb * m->kpb * m->key_stride);
+    T->keys_n = calloc(nb, 1);
+    if (!T->store_src || !T->store_next || !T->keys || !T->keys_n)
+        return kvt_fail(KVT_ENOMEM, "offload: cannot allocate state for %u %s blocks", nb,
+                        kvi_ofl_tier_name(m, t));
+    for (uint32_t i = 0; i < nb; i++)
+        T->store_src[i] = T->store_next[i] = OFL_NONE;
+    T->acc_head = T->acc_tail = OFL_NONE;
+    T->acc_n = 0;
+    return kvi_ofl_evtable_init(&T->stores, kvi_min_u32(nb, max_store_events));
+}
+
+void kvi_ofl_tier_close(kvt_offload *m, uint32_t t)
+{
+    struct kvi_ofl_tier *T = &m->tier[t];
+    kvt_pool_destroy(T->pool);
+    free(T->store_src);
+    free(T->store_next);
+    free(T->keys);
+    free(T->keys_n);
+    kvi_evtable_free(&T->stores);
+    T->pool = NULL;
+    T->store_src = T->store_next = NULL;
+    T->keys = T->keys_n = NULL;
+    T->nb = 0;
+}
+
+/* ---- the tiers behind the host ------------------------------------------------------------ */
+
 int kvi_ofl_tier_validate(const kvt_offload_config *c, const kvt_pool_config *g)
 {
     if (c->disk_blocks == 0)
