@@ -331,17 +331,9 @@ static int after_alloc_unlocked(kvt_offload *m, const char *id, uint32_t id_len,
                 uint32_t gpu = blocks[g][start + i];
                 if (gpu == KVT_NULL_BLOCK)
                     continue;
-                (void)kvt_pool_touch(m->tier[0].pool, &cpu,
-                                     1); /* load pin, before the hit pin goes */
-                kvi_ofl_gpu_pin(m, gpu);
-                m->gload_src[gpu] = cpu;
-                m->gload_next[gpu] = OFL_NONE;
-                if (tail == OFL_NONE)
-                    r->load_head = gpu;
-                else
-                    m->gload_next[tail] = gpu;
-                tail = gpu;
-                r->n_load++;
+                /* the load's pin on cpu, before the hit pin goes */
+                (void)kvt_pool_touch(m->tier[0].pool, &cpu, 1);
+                kvi_ofl_add_load_pair(m, r, gpu, cpu, &tail);
             }
         }
         if (r->dhit_n) /* the load waits for the promotion of the part behind the host */
@@ -360,6 +352,20 @@ int kvt_offload_after_alloc(kvt_offload *m, const char *id, uint32_t id_len,
                             uint32_t num_external)
 {
     KVI_OFL_LOCKED(m, after_alloc_unlocked(m, id, id_len, blocks, n_blocks, num_external));
+}
+
+void kvi_ofl_add_load_pair(kvt_offload *m, struct kvi_ofl_req *r, uint32_t gpu, uint32_t host,
+                           uint32_t *tail)
+{
+    kvi_ofl_gpu_pin(m, gpu);
+    m->gload_src[gpu] = host;
+    m->gload_next[gpu] = OFL_NONE;
+    if (*tail == OFL_NONE)
+        r->load_head = gpu;
+    else
+        m->gload_next[*tail] = gpu;
+    *tail = gpu;
+    r->n_load++;
 }
 
 void kvi_ofl_queue_load(kvt_offload *m, struct kvi_ofl_req *r)

@@ -417,6 +417,10 @@ void kvi_ofl_host_alloc(kvt_offload *m, uint32_t n, uint32_t *ids);
 void kvi_ofl_register_keys(kvt_offload *m, kvt_pool *p, uint32_t b, const uint8_t *keys,
                            uint32_t n);
 void kvi_ofl_release_load_pairs(kvt_offload *m, struct kvi_ofl_req *r);
+/* Appends load pair (gpu <- host block) to r's load list (tail: its last GPU block, OFL_NONE
+ * when empty) and pins gpu; the host block's pin is the caller's. */
+void kvi_ofl_add_load_pair(kvt_offload *m, struct kvi_ofl_req *r, uint32_t gpu, uint32_t host,
+                           uint32_t *tail);
 void kvi_ofl_queue_load(kvt_offload *m, struct kvi_ofl_req *r);
 
 /* Groups the eager scan stores by position: the cacheable ones but Mamba in align mode, whose

@@ -369,15 +369,7 @@ void kvi_ofl_tier_pair(kvt_offload *m, struct kvi_ofl_req *r, const uint32_t *co
             continue;
         }
         /* the allocation's reference on h becomes the load's pin; the source keeps its pin */
-        kvi_ofl_gpu_pin(m, gpu);
-        m->gload_src[gpu] = h;
-        m->gload_next[gpu] = OFL_NONE;
-        if (*load_tail == OFL_NONE)
-            r->load_head = gpu;
-        else
-            m->gload_next[*load_tail] = gpu;
-        *load_tail = gpu;
-        r->n_load++;
+        kvi_ofl_add_load_pair(m, r, gpu, h, load_tail);
         P->gpu[h] = gpu;
         P->req[h] = kvi_ofl_req_slot(m, r);
         P->next[h] = OFL_NONE;

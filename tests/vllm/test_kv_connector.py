@@ -581,7 +581,10 @@ def test_a_second_instance_is_served_from_the_remote_tier(model_dir, baseline, t
     the test starts. The second finds the first one's prefixes in the directory, reads them
     from the first one's host tier over UCX into its own and generates exactly the tokens of
     vLLM without a connector; once the first is gone, the next instance's lookups miss and it
-    recomputes (the same tokens again)."""
+    recomputes (the same tokens again). Issue 41: every instance has a disk tier behind its
+    host tier (kv_offload_backend cpu+disk, a file of its own), so the remote tier is
+    consulted past a local miss of both; the first instance writes its prefixes back to its
+    disk as well."""
     import shutil
     import time
     if not shutil.which("redis-server"):
@@ -598,7 +601,8 @@ def test_a_second_instance_is_served_from_the_remote_tier(model_dir, baseline, t
 
     def instance(name):
         return {"kvtier_remote_directory": sock, "kvtier_remote_space": "vt%d" % os.getpid(),
-                "kvtier_remote_instance": name}
+                "kvtier_remote_instance": name, "kv_offload_backend": "cpu+disk",
+                "disk_path": str(tmp_path / ("disk-" + name)), "disk_capacity_bytes": 64 << 20}
 
     try:
         for _ in range(300):
@@ -608,6 +612,7 @@ def test_a_second_instance_is_served_from_the_remote_tier(model_dir, baseline, t
         with held_instance(model_dir, instance("a"), path, str(tmp_path / "hold"), env) as r0:
             assert r0["tokens"] == want
             assert r0["remote"]["published"] > 0 and r0["stats"]["remote_hit_blocks"] == 0, r0
+            assert r0["stats"]["disk_blocks"] > 0, r0["stats"]  # the disk behind its host
             rc, r1, err = run_instance(model_dir, instance("b"), path, env)
             assert rc == 0, err
             print("instance b: %d hit tokens, %d blocks read from instance a"
@@ -616,6 +621,7 @@ def test_a_second_instance_is_served_from_the_remote_tier(model_dir, baseline, t
             # every full block but the last token's came from a, or from b's own host tier
             # once b had read a shared prefix: 4 prompts of 690 tokens (21 full blocks each)
             assert r1["stats"]["remote_hit_blocks"] > 0, r1["stats"]
+            assert r1["stats"]["disk_hit_tokens"] == 0, r1["stats"]  # b's disk is new
             assert r1["remote"]["read_ok"] == r1["stats"]["remote_hit_blocks"], r1["remote"]
             assert r1["remote"]["read_failed"] == 0 and r1["remote"]["read_stale"] == 0
             assert r1["stats"]["hit_tokens"] >= 4 * 672 - 32 * 4, r1["stats"]
