@@ -485,7 +485,9 @@ def test_a_second_replica_is_served_from_the_node_tier(model_dir, baseline, tmp_
     """Issue 23: two replicas on one node (two processes, as vLLM's data-parallel engines are)
     share one host tier. The second finds the first one's prefixes in the first one's slots,
     loads them and generates exactly the tokens of vLLM without a connector; a replica with
-    another hash seed is refused with a message naming it, not left to miss silently."""
+    another hash seed is refused with a message naming it, not left to miss silently. Issue 41:
+    each replica has a disk of its own behind its part of the node (cpu+disk), written back
+    from its own stores."""
     from kvtier import Node
     name = "vt%d" % os.getpid()
     Node.unlink(name)
@@ -498,7 +500,8 @@ def test_a_second_replica_is_served_from_the_node_tier(model_dir, baseline, tmp_
         # 16 MiB per replica (256 blocks of 64 KiB): the tier lives in /dev/shm, which
         # containers often keep small
         return {"kvtier_node_tier": name, "kvtier_node_rank": rank, "kvtier_node_ranks": 2,
-                "cpu_bytes_to_use": 16 << 20}
+                "cpu_bytes_to_use": 16 << 20, "kv_offload_backend": "cpu+disk",
+                "disk_path": str(tmp_path / ("disk-%d" % rank)), "disk_capacity_bytes": 64 << 20}
 
     env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}
     try:
@@ -506,6 +509,7 @@ def test_a_second_replica_is_served_from_the_node_tier(model_dir, baseline, tmp_
             assert r0["tokens"] == want
             assert r0["stats"]["stores_completed"] > 0 and r0["stats"]["load_blocks"] == 0
             assert r0["node"]["published"] > 0, r0["node"]
+            assert r0["stats"]["disk_stores_completed"] > 0, r0["stats"]  # its own disk
             rc, r1, err = run_instance(model_dir, replica(1), path, env)
             assert rc == 0, err
             print("replica 1: %d hit tokens, %d blocks loaded from replica 0's slots"

@@ -176,10 +176,9 @@ class KvtierConfig:
                 any(not (c.isascii() and (c.isalnum() or c in "_.-")) for c in name)):
             raise ConfigError("kvtier: kvtier_node_tier=%r: expected 1..48 characters of "
                               "[A-Za-z0-9_.-]" % (name,))
-        if backend != "cpu":
-            raise ConfigError('kvtier: kvtier_node_tier needs kv_offload_backend "cpu" (a '
-                              'shared host tier with a disk tier is not supported), not "%s"'
-                              % backend)
+        if backend not in ("cpu", "cpu+disk"):
+            raise ConfigError('kvtier: kvtier_node_tier needs kv_offload_backend "cpu" or '
+                              '"cpu+disk" (the node tier is a host tier), not "%s"' % backend)
         if self.lazy:
             raise ConfigError("kvtier: kvtier_node_tier needs eager stores (lazy_offload "
                               "false): a replica publishes its blocks as it stores them")
