@@ -80,11 +80,7 @@ uint32_t kvt_offload_lazy_window(const kvt_offload *m)
 
 uint32_t kvt_offload_num_tiers(const kvt_offload *m)
 {
-    uint32_t n = 0;
-    for (uint32_t t = 0; m && t < KVI_OFL_TIERS; t++)
-        if (m->tier[t].pool)
-            n = t + 1; /* tiers are consecutive: tier t exists only behind tier t - 1 */
-    return n;
+    return m ? kvi_ofl_ntiers(m) : 0;
 }
 
 int kvt_offload_get_tier_stats(const kvt_offload *m, uint32_t tier, kvt_tier_stats *out)
