@@ -36,7 +36,7 @@ extern "C" {
 #endif
 
 #define KVT_NO_EVENT        (-1) /* INVALID_JOB_ID: no event this step */
-#define KVT_META_VERSION    5u   /* wire version written and read (5: tier sections) */
+#define KVT_META_VERSION    6u   /* wire version written and read (6: remote reads) */
 #define KVT_META_HEADER_LEN 12u
 #define KVT_META_MAX_BLOCKS (1u << 24) /* block ids per list */
 #define KVT_META_MAX_ITEMS  (1u << 20) /* events, ids, specs or set members per list */
@@ -90,6 +90,39 @@ typedef struct kvt_tier_xfers {
     uint32_t cap_loads, cap_stores;
 } kvt_tier_xfers;
 
+/* The sources of a remote tier's loads this step (a remote tier behind the host,
+ * kvtier/remote.h, whose blocks other engine instances hold): tiers[tier - 1].load_src are
+ * source ids in 1 .. n_srcs (0 is null, as a block id is), srcs[id - 1] says where that block
+ * is — an owner (an index into owners), the slot and generation it was published with — and
+ * its hash. Each worker reads its part of every block from the owner, into the paired host
+ * block. tier 0: no remote reads this step (every list empty). */
+#define KVT_META_MAX_OWNERS 64u /* owners of one step's remote reads */
+#define KVT_META_MAX_HASH   32u /* bytes of a remote block's hash */
+
+typedef struct kvt_remote_owner {
+    kvt_str instance; /* 1 .. 64 bytes */
+    kvt_str endpoint; /* its read server, "host:port", 1 .. 80 bytes */
+    uint64_t epoch;   /* its start that published the blocks */
+} kvt_remote_owner;
+
+typedef struct kvt_remote_src {
+    uint32_t owner;
+    uint32_t slot;
+    uint64_t generation;
+    uint8_t hash[KVT_META_MAX_HASH]; /* hash_len bytes used */
+} kvt_remote_src;
+
+typedef struct kvt_remote_reads {
+    uint32_t tier;     /* 1 .. KVT_MAX_TIERS - 1, or 0: none */
+    uint32_t hash_len; /* 1 .. KVT_META_MAX_HASH */
+    uint32_t n_owners;
+    kvt_remote_owner *owners;
+    uint32_t n_srcs;
+    kvt_remote_src *srcs;
+    /* private */
+    uint32_t cap_owners, cap_srcs;
+} kvt_remote_reads;
+
 typedef struct kvt_offload_meta {
     int64_t load_event; /* KVT_NO_EVENT when nothing loads this step */
     uint32_t n_loads;
@@ -119,6 +152,8 @@ typedef struct kvt_offload_meta {
     /* private */
     uint32_t cap_loads, cap_events, cap_first, cap_reqs, cap_stores, cap_invalid;
     kvt_bump strings;
+    /* where the loads of a remote tier come from (its strings in `strings`) */
+    kvt_remote_reads remote;
 } kvt_offload_meta;
 
 KVT_API void kvt_offload_meta_init(kvt_offload_meta *m);
@@ -135,6 +170,16 @@ KVT_API int kvt_offload_meta_add_tier_load(kvt_offload_meta *m, uint32_t tier, u
                                            uint32_t dst);
 KVT_API int kvt_offload_meta_add_tier_store(kvt_offload_meta *m, uint32_t tier, uint32_t src,
                                             uint32_t dst);
+/* Appends an owner of remote blocks to m->remote (strings copied), its index in *index. */
+KVT_API int kvt_offload_meta_add_remote_owner(kvt_offload_meta *m, const char *instance,
+                                              const char *endpoint, uint64_t epoch,
+                                              uint32_t *index);
+/* Appends the source of a load of remote tier `tier` (the same tier and hash_len for every
+ * source of a message): owner index, slot, generation and hash (hash_len bytes); its source id
+ * (1-based, for kvt_offload_meta_add_tier_load) in *id. */
+KVT_API int kvt_offload_meta_add_remote_src(kvt_offload_meta *m, uint32_t tier, uint32_t owner,
+                                            uint32_t slot, uint64_t generation, const uint8_t *hash,
+                                            uint32_t hash_len, uint32_t *id);
 /* Appends a request to load event `event`. Events must be added in ascending order, all
  * requests of one event together (call repeatedly with the same event). */
 KVT_API int kvt_offload_meta_add_load_req(kvt_offload_meta *m, int64_t event, const char *req_id,
@@ -150,7 +195,9 @@ KVT_API int kvt_offload_meta_reserve_tier(kvt_offload_meta *m, uint32_t tier, ui
 /* Checks the invariants: pairwise lists of equal length; an event is KVT_NO_EVENT exactly when
  * its lists are empty; no null block (0) in any list; load events ascending, each with at least
  * one request; this step's load event listed among them; load_invalid_blocks only with a load
- * event and no longer than its list; limits respected. */
+ * event and no longer than its list; remote reads only with a remote tier that writes nothing
+ * back, every source id of its loads in range, every source's owner listed, owners' names and
+ * endpoints non-empty and within their lengths; limits respected. */
 KVT_API int kvt_offload_meta_validate(const kvt_offload_meta *m);
 KVT_API bool kvt_offload_meta_equal(const kvt_offload_meta *a, const kvt_offload_meta *b);
 KVT_API size_t kvt_offload_meta_encoded_size(const kvt_offload_meta *m);
@@ -196,6 +243,13 @@ typedef struct kvt_offload_worker_meta {
     uint32_t *failed_load_src;
     /* private */
     uint32_t cap_failed_load_src;
+    /* tier-0 blocks whose promotion from a tier behind failed on this worker while the rest of
+     * its event landed (a remote block gone stale, say; strictly ascending, no null block):
+     * the manager makes each one invalid, as if its event had failed for it alone.
+     * Aggregation unites them. */
+    uint32_t n_failed_promo;
+    uint32_t *failed_promo;
+    uint32_t cap_failed_promo; /* private */
 } kvt_offload_worker_meta;
 
 KVT_API void kvt_offload_worker_meta_init(kvt_offload_worker_meta *m);
@@ -207,8 +261,10 @@ KVT_API int kvt_offload_worker_meta_add_failed(kvt_offload_worker_meta *m, int64
 KVT_API bool kvt_offload_worker_meta_failed(const kvt_offload_worker_meta *m, int64_t event);
 /* Adds a tier-0 block to failed_load_src (kept ascending; a block already there is fine). */
 KVT_API int kvt_offload_worker_meta_add_failed_load(kvt_offload_worker_meta *m, uint32_t block);
+/* Adds a tier-0 block to failed_promo (kept ascending; a block already there is fine). */
+KVT_API int kvt_offload_worker_meta_add_failed_promo(kvt_offload_worker_meta *m, uint32_t block);
 /* dst += src, report by report: counts summed per event (vLLM aggregate), failed sets united,
- * failed_load_src united. On failure dst is unchanged. */
+ * failed_load_src and failed_promo united. On failure dst is unchanged. */
 KVT_API int kvt_offload_worker_meta_aggregate(kvt_offload_worker_meta *dst,
                                               const kvt_offload_worker_meta *src);
 KVT_API int kvt_offload_worker_meta_validate(const kvt_offload_worker_meta *m);

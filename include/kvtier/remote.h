@@ -32,9 +32,11 @@
  * or signature differ from a live instance of the same space are refused at create, naming
  * the other instance (they would never hit each other's blocks).
  *
- * Thread rules: publish, withdraw, lookup, read and get_stats are called by one thread at a
- * time (the caller's); the object runs one thread of its own that serves peers' reads and
- * refreshes the liveness key.
+ * Thread rules: two sides, each called by one thread at a time, the two at once if need be:
+ * the lookup side (publish, withdraw, lookup, lookup_peer, peer_name, and read / read_slots,
+ * which name the last lookup's peers) and the reader side (read_from: an offload worker's
+ * reads, by peer). get_stats may be called on either. The object runs one thread of its own
+ * that serves peers' reads and refreshes the liveness key.
  */
 #ifndef KVTIER_REMOTE_H
 #define KVTIER_REMOTE_H
@@ -106,8 +108,20 @@ typedef struct kvt_remote_config {
 
 typedef struct kvt_remote kvt_remote;
 
+#define KVT_REMOTE_EP_MAX 80u /* bytes of an endpoint "host:port" */
+
+/* An owner: its instance name, the endpoint of its read server and the epoch (start) of it
+ * that published the blocks. What a reader needs to reach it, on any thread or process of the
+ * space: a lookup's peers (kvt_remote_lookup_peer) travel to the reader as these. */
+typedef struct kvt_remote_peer {
+    char instance[KVT_REMOTE_NAME_MAX + 1];
+    char endpoint[KVT_REMOTE_EP_MAX + 1];
+    uint64_t epoch;
+} kvt_remote_peer;
+
 /* Where a looked-up block is: an owner (index into this object's peer table, valid until the
- * next kvt_remote_lookup) and the slot and generation it was published with. */
+ * next kvt_remote_lookup; or, for kvt_remote_read_from, into the peers it is given) and the
+ * slot and generation it was published with. */
 typedef struct kvt_remote_loc {
     uint32_t peer;
     uint32_t slot;
@@ -177,6 +191,16 @@ KVT_API int kvt_remote_read(kvt_remote *r, const kvt_remote_loc *locs, const uin
  * published). The same statuses and return. */
 KVT_API int kvt_remote_read_slots(kvt_remote *r, const kvt_remote_loc *locs, const uint8_t *hashes,
                                   uint32_t n, const uint32_t *slots, int *status);
+/* kvt_remote_read_slots by peer: block i is read from owner peers[locs[i].peer] (n_peers of
+ * them, at most KVT_REMOTE_MAX_PEERS) into this instance's slot slots[i]. The reader side:
+ * it may run on another thread than the lookup side, and the peers may come from another
+ * process's lookup. The same statuses and return. */
+KVT_API int kvt_remote_read_from(kvt_remote *r, const kvt_remote_peer *peers, uint32_t n_peers,
+                                 const kvt_remote_loc *locs, const uint8_t *hashes, uint32_t n,
+                                 const uint32_t *slots, int *status);
+/* Peer `index` of the last lookup, as a reader elsewhere needs it. KVT_ERANGE past the
+ * lookup's peers. */
+KVT_API int kvt_remote_lookup_peer(const kvt_remote *r, uint32_t index, kvt_remote_peer *out);
 /* The endpoint ("host:port") and instance name of peer `index` of the last lookup. */
 KVT_API const char *kvt_remote_peer_name(const kvt_remote *r, uint32_t index);
 KVT_API void kvt_remote_get_stats(kvt_remote *r, kvt_remote_stats *out);

@@ -51,6 +51,7 @@ typedef struct kvt_worker_config {
 } kvt_worker_config;
 
 typedef struct kvt_worker kvt_worker;
+typedef struct kvt_remote kvt_remote; /* kvtier/remote.h */
 
 KVT_API void kvt_worker_config_init(kvt_worker_config *cfg);
 /* Creates the worker and its copy engine over layout (the rank's KV cache) and mirror (its
@@ -82,6 +83,17 @@ KVT_API int kvt_worker_attach_disk(kvt_worker *w, kvt_disk *disk);
  * disk is created over kvt_mirror_layout(mirror). KVT_ERANGE for another index, KVT_ESTATE if
  * the index is taken, KVT_EINVAL if the disk is another index's already. */
 KVT_API int kvt_worker_attach_disk_tier(kvt_worker *w, uint32_t tier, kvt_disk *disk);
+/* The remote tier (kvtier/remote.h) becomes tier `tier` behind this worker's host mirror, the
+ * manager's remote tier (kvt_offload_attach_remote; kvt_offload_remote_tier says its index):
+ * its loads — reads of blocks other instances hold, described in the metadata's remote
+ * section — are read on a thread of the worker's own, by owner, into the host blocks they
+ * name (the remote's slots, which must be this mirror's regions), bounded by the remote's
+ * timeout_ms. A block not read whole and checked is reported in failed_promo (the manager
+ * makes it invalid; the engine recomputes it); the event completes either way. The remote is
+ * borrowed until kvt_worker_destroy (a kvt_remote_destroy meanwhile is finished then).
+ * KVT_ERANGE / KVT_ESTATE as kvt_worker_attach_disk_tier, KVT_EINVAL if the remote serves
+ * other arrays than the mirror's. */
+KVT_API int kvt_worker_attach_remote(kvt_worker *w, uint32_t tier, kvt_remote *remote);
 /* Waits for every copy, then frees the worker. */
 KVT_API void kvt_worker_destroy(kvt_worker *w);
 

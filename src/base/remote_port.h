@@ -12,6 +12,8 @@
 
 #include "kvtier/remote.h"
 
+struct kvi_xfer_ops;
+
 typedef struct kvi_remote_port {
     int (*lookup)(kvt_remote *r, const uint8_t *hashes, uint32_t n, kvt_remote_loc *out,
                   uint32_t *n_hit);
@@ -19,11 +21,19 @@ typedef struct kvi_remote_port {
                       const uint32_t *slots, int *status);
     int (*publish)(kvt_remote *r, const uint32_t *slots, const uint8_t *hashes, uint32_t n);
     int (*withdraw)(kvt_remote *r, const uint32_t *slots, uint32_t n);
-    /* The manager lets go of it (its teardown): if its owner destroyed it meanwhile, this
-     * completes that destroy. */
+    /* The manager lets go of it (its teardown): if its owner destroyed it meanwhile, and no
+     * worker reads through it, this completes that destroy. */
     void (*unlend)(kvt_remote *r);
-    bool lent;            /* a manager holds it (set by the manager's attach) */
-    bool orphaned;        /* kvt_remote_destroy was called while lent: unlend destroys it */
+    /* A worker's reads of remote blocks into the host mirror (kvt_worker_attach_remote): a
+     * transfer backend (base/xfer.h) reading on a thread of its own, by owner, into this
+     * remote's slots; its close lets go of r as unlend does. */
+    int (*stage_open)(kvt_remote *r, const struct kvi_xfer_ops **ops, void **impl);
+    bool lent;     /* a manager holds it (set by the manager's attach) */
+    bool staged;   /* a worker reads through it (set by stage_open) */
+    bool orphaned; /* kvt_remote_destroy was called while lent or staged: the last to let
+                      go destroys it */
+    const kvt_region *regions; /* the arrays it serves and reads into, n_regions of them */
+    uint32_t n_regions;
     uint32_t n_slots;     /* slots it serves (0: none) */
     uint32_t hash_len;    /* bytes per block hash */
     uint64_t block_bytes; /* bytes per block, all pieces */

@@ -22,6 +22,8 @@
 
 #include "kvtier/copy.h"
 
+struct kvt_offload_meta;
+
 typedef struct kvi_xfer_ops {
     const char *name;         /* "copy", "disk" */
     bool eio_is_final;        /* KVT_EIO from submit, poll or flush: the backend stopped */
@@ -35,6 +37,14 @@ typedef struct kvi_xfer_ops {
     uint32_t (*take_invalid)(void *impl, uint32_t *out, uint32_t cap);
     int (*flush)(void *impl);
     uint32_t (*outstanding)(const void *impl, int dir);
+    /* Optional: the step's metadata, before its transfers are submitted, for a backend whose
+     * sources are described there rather than by a block id alone (the remote tier: a load's
+     * source id names an owner, slot, generation and hash in meta->remote). Kept only until
+     * the submits of that step return. */
+    int (*set_meta)(void *impl, const struct kvt_offload_meta *meta);
+    /* Optional: frees a backend the worker created itself (kvt_worker_attach_remote); NULL
+     * for the ones it borrows (the disk). */
+    void (*close)(void *impl);
 } kvi_xfer_ops;
 
 typedef struct kvi_xfer {

@@ -17,11 +17,16 @@
  *     u32 n; n x u32 load_src (tier t)      u32 n; n x u32 load_dst (tier 0)
  *     i64 store_event
  *     u32 n; n x u32 store_src (tier 0)     u32 n; n x u32 store_dst (tier t)
+ *   u8  remote tier (0: none; then nothing follows)
+ *   u8  hash_len
+ *   u32 n; n x { str instance; str endpoint; u64 epoch }            owners
+ *   u32 n; n x { u32 owner; u32 slot; u64 generation; hash_len bytes } sources
  * The two lists of a pair carry their own lengths, as the Python dataclass does, and the
  * decoder insists that they agree.
  *
  * Body of a worker message: the report stores, then
  *   u32 n; n x u32 failed_load_src        tier-0 blocks whose load failed, ascending
+ *   u32 n; n x u32 failed_promo           tier-0 blocks whose promotion failed, ascending
  *   u8  n_tiers; n_tiers x, for each tier t with completions (ascending):
  *     u8  t; the reports tier_stores[t - 1], tier_loads[t - 1]
  * where a report is
@@ -60,6 +65,8 @@ void kvt_offload_meta_clear(kvt_offload_meta *m)
         m->tiers[t].n_loads = m->tiers[t].n_stores = 0;
         m->tiers[t].load_event = m->tiers[t].store_event = KVT_NO_EVENT;
     }
+    m->remote.tier = m->remote.hash_len = 0;
+    m->remote.n_owners = m->remote.n_srcs = 0;
     kvt_bump_clear(&m->strings);
 }
 
@@ -79,6 +86,8 @@ void kvt_offload_meta_release(kvt_offload_meta *m)
         free(m->tiers[t].store_src);
         free(m->tiers[t].store_dst);
     }
+    free(m->remote.owners);
+    free(m->remote.srcs);
     kvt_bump_release(&m->strings);
     kvt_offload_meta_init(m);
 }
@@ -246,6 +255,52 @@ int kvt_offload_meta_add_load_req(kvt_offload_meta *m, int64_t event, const char
     return 0;
 }
 
+int kvt_offload_meta_add_remote_owner(kvt_offload_meta *m, const char *instance,
+                                      const char *endpoint, uint64_t epoch, uint32_t *index)
+{
+    if (!m || !instance || !endpoint || !index)
+        return kvt_fail(KVT_EINVAL, "meta: add_remote_owner: NULL argument");
+    kvt_remote_reads *x = &m->remote;
+    if (x->n_owners >= KVT_META_MAX_OWNERS)
+        return kvt_fail(KVT_ELIMIT, "meta: more than %u remote owners", KVT_META_MAX_OWNERS);
+    kvt_remote_owner o = {.epoch = epoch};
+    int rc = kvi_meta_grow((void **)&x->owners, &x->cap_owners, x->n_owners + 1, sizeof(o));
+    if (rc ||
+        (rc = kvi_meta_copy_str(&m->strings, instance, (uint32_t)strlen(instance), &o.instance)) ||
+        (rc = kvi_meta_copy_str(&m->strings, endpoint, (uint32_t)strlen(endpoint), &o.endpoint)))
+        return rc;
+    *index = x->n_owners;
+    x->owners[x->n_owners++] = o;
+    return 0;
+}
+
+int kvt_offload_meta_add_remote_src(kvt_offload_meta *m, uint32_t tier, uint32_t owner,
+                                    uint32_t slot, uint64_t generation, const uint8_t *hash,
+                                    uint32_t hash_len, uint32_t *id)
+{
+    if (!m || !hash || !id)
+        return kvt_fail(KVT_EINVAL, "meta: add_remote_src: NULL argument");
+    kvt_remote_reads *x = &m->remote;
+    if (tier == 0 || tier >= KVT_MAX_TIERS || hash_len == 0 || hash_len > KVT_META_MAX_HASH)
+        return kvt_fail(KVT_ERANGE, "meta: add_remote_src: tier %u, hash_len %u", tier, hash_len);
+    if (x->n_srcs && (tier != x->tier || hash_len != x->hash_len))
+        return kvt_fail(KVT_EINVAL,
+                        "meta: add_remote_src: tier %u with hash_len %u after tier %u with %u",
+                        tier, hash_len, x->tier, x->hash_len);
+    if (x->n_srcs >= KVT_META_MAX_BLOCKS)
+        return kvt_fail(KVT_ELIMIT, "meta: more than %u remote sources", KVT_META_MAX_BLOCKS);
+    int rc = kvi_meta_grow((void **)&x->srcs, &x->cap_srcs, x->n_srcs + 1, sizeof(*x->srcs));
+    if (rc)
+        return rc;
+    kvt_remote_src *r = &x->srcs[x->n_srcs++];
+    *r = (kvt_remote_src){.owner = owner, .slot = slot, .generation = generation};
+    memcpy(r->hash, hash, hash_len);
+    x->tier = tier;
+    x->hash_len = hash_len;
+    *id = x->n_srcs;
+    return 0;
+}
+
 static int check_blocks(const uint32_t *ids, uint32_t n, const char *what)
 {
     if (n > KVT_META_MAX_BLOCKS)
@@ -266,6 +321,54 @@ static int check_event(int64_t event, uint32_t n, const char *what)
     if ((event == KVT_NO_EVENT) != (n == 0))
         return kvt_fail(KVT_EINVAL, "%s is %lld with %u blocks (no event exactly when empty)", what,
                         (long long)event, n);
+    return 0;
+}
+
+/* The remote reads: a tier that writes nothing back, whose loads name sources in range, each
+ * of a listed owner (instance and endpoint within a kvt_remote_peer's lengths). */
+static int check_remote(const kvt_offload_meta *m)
+{
+    const kvt_remote_reads *x = &m->remote;
+    if (x->tier == 0) {
+        if (x->n_owners || x->n_srcs)
+            return kvt_fail(KVT_EINVAL, "remote reads: %u owners and %u sources without a tier",
+                            x->n_owners, x->n_srcs);
+        return 0;
+    }
+    if (x->tier >= KVT_MAX_TIERS || x->hash_len == 0 || x->hash_len > KVT_META_MAX_HASH)
+        return kvt_fail(KVT_EINVAL, "remote reads: tier %u, hash_len %u", x->tier, x->hash_len);
+    if (x->n_owners > KVT_META_MAX_OWNERS || x->n_srcs > KVT_META_MAX_BLOCKS)
+        return kvt_fail(KVT_ELIMIT, "remote reads: %u owners, %u sources", x->n_owners, x->n_srcs);
+    if ((x->n_owners && !x->owners) || (x->n_srcs && !x->srcs))
+        return kvt_fail(KVT_EINVAL, "remote reads: NULL list");
+    const kvt_tier_xfers *t = &m->tiers[x->tier - 1];
+    if (t->n_stores)
+        return kvt_fail(KVT_EINVAL, "remote reads: remote tier %u has %u write-backs", x->tier,
+                        t->n_stores);
+    if (t->n_loads == 0 || x->n_srcs == 0)
+        return kvt_fail(KVT_EINVAL, "remote reads: tier %u with %u loads and %u sources", x->tier,
+                        t->n_loads, x->n_srcs);
+    for (uint32_t i = 0; i < t->n_loads; i++)
+        if (t->load_src[i] > x->n_srcs)
+            return kvt_fail(KVT_EINVAL, "remote reads: load %u names source %u of %u", i,
+                            t->load_src[i], x->n_srcs);
+    for (uint32_t i = 0; i < x->n_srcs; i++)
+        if (x->srcs[i].owner >= x->n_owners)
+            return kvt_fail(KVT_EINVAL, "remote reads: source %u names owner %u of %u", i,
+                            x->srcs[i].owner, x->n_owners);
+    for (uint32_t i = 0; i < x->n_owners; i++) {
+        const kvt_remote_owner *o = &x->owners[i];
+        int rc = kvi_meta_check_str(o->instance, 1, "remote owner instance");
+        if (!rc)
+            rc = kvi_meta_check_str(o->endpoint, 1, "remote owner endpoint");
+        if (!rc && (o->instance.len > 64 || o->endpoint.len > 80))
+            rc = kvt_fail(KVT_EINVAL,
+                          "remote owner %u: instance of %u bytes (at most 64), endpoint of %u "
+                          "(at most 80)",
+                          i, o->instance.len, o->endpoint.len);
+        if (rc)
+            return rc;
+    }
     return 0;
 }
 
@@ -311,6 +414,8 @@ int kvt_offload_meta_validate(const kvt_offload_meta *m)
     if (m->n_load_invalid > m->n_loads)
         return kvt_fail(KVT_EINVAL, "load_invalid_blocks: %u entries but the load event has %u",
                         m->n_load_invalid, m->n_loads);
+    if ((rc = check_remote(m)))
+        return rc;
     if (m->n_load_events > KVT_META_MAX_ITEMS || m->n_load_reqs > KVT_META_MAX_ITEMS)
         return kvt_fail(KVT_ELIMIT, "load_event_to_reqs: more than %u entries", KVT_META_MAX_ITEMS);
     if (m->n_load_events && (!m->load_events || !m->load_req_first || !m->load_req_ids))
@@ -348,6 +453,25 @@ static bool blocks_equal(const uint32_t *a, const uint32_t *b, uint32_t n)
     return n == 0 || memcmp(a, b, (size_t)n * sizeof(uint32_t)) == 0;
 }
 
+static bool remote_equal(const kvt_remote_reads *a, const kvt_remote_reads *b)
+{
+    if (a->tier != b->tier || a->n_owners != b->n_owners || a->n_srcs != b->n_srcs ||
+        (a->tier && a->hash_len != b->hash_len))
+        return false;
+    for (uint32_t i = 0; i < a->n_owners; i++)
+        if (!kvi_str_equal(a->owners[i].instance, b->owners[i].instance) ||
+            !kvi_str_equal(a->owners[i].endpoint, b->owners[i].endpoint) ||
+            a->owners[i].epoch != b->owners[i].epoch)
+            return false;
+    for (uint32_t i = 0; i < a->n_srcs; i++) {
+        const kvt_remote_src *x = &a->srcs[i], *y = &b->srcs[i];
+        if (x->owner != y->owner || x->slot != y->slot || x->generation != y->generation ||
+            memcmp(x->hash, y->hash, a->hash_len) != 0)
+            return false;
+    }
+    return true;
+}
+
 bool kvt_offload_meta_equal(const kvt_offload_meta *a, const kvt_offload_meta *b)
 {
     if (a->load_event != b->load_event || a->store_event != b->store_event ||
@@ -378,7 +502,7 @@ bool kvt_offload_meta_equal(const kvt_offload_meta *a, const kvt_offload_meta *b
     for (uint32_t i = 0; i < a->n_load_reqs; i++)
         if (!kvi_str_equal(a->load_req_ids[i], b->load_req_ids[i]))
             return false;
-    return true;
+    return remote_equal(&a->remote, &b->remote);
 }
 
 /* A tier section is written only when the tier moves something this step (validated: an
@@ -411,6 +535,12 @@ size_t kvt_offload_meta_encoded_size(const kvt_offload_meta *m)
         if (!xfers_empty(&m->tiers[t]))
             n += 1 + 8 + 8 + 8 * (size_t)m->tiers[t].n_loads + 8 + 8 +
                  8 * (size_t)m->tiers[t].n_stores;
+    n += 1;
+    if (m->remote.tier) {
+        n += 1 + 4 + 4 + (16 + (size_t)m->remote.hash_len) * m->remote.n_srcs;
+        for (uint32_t i = 0; i < m->remote.n_owners; i++)
+            n += 4 + m->remote.owners[i].instance.len + 4 + m->remote.owners[i].endpoint.len + 8;
+    }
     return n;
 }
 
@@ -419,6 +549,28 @@ static void wr_blocks(kvi_wr *w, const uint32_t *ids, uint32_t n)
     wr_u32(w, n);
     for (uint32_t i = 0; i < n; i++)
         wr_u32(w, ids[i]);
+}
+
+static void wr_remote(kvi_wr *w, const kvt_remote_reads *x)
+{
+    wr_u8(w, (uint8_t)x->tier);
+    if (!x->tier)
+        return;
+    wr_u8(w, (uint8_t)x->hash_len);
+    wr_u32(w, x->n_owners);
+    for (uint32_t i = 0; i < x->n_owners; i++) {
+        wr_str(w, x->owners[i].instance);
+        wr_str(w, x->owners[i].endpoint);
+        wr_u64(w, x->owners[i].epoch);
+    }
+    wr_u32(w, x->n_srcs);
+    for (uint32_t i = 0; i < x->n_srcs; i++) {
+        wr_u32(w, x->srcs[i].owner);
+        wr_u32(w, x->srcs[i].slot);
+        wr_u64(w, x->srcs[i].generation);
+        memcpy(w->p, x->srcs[i].hash, x->hash_len);
+        w->p += x->hash_len;
+    }
 }
 
 int kvt_offload_meta_encode(const kvt_offload_meta *m, void *buf, size_t cap, size_t *len)
@@ -460,6 +612,7 @@ int kvt_offload_meta_encode(const kvt_offload_meta *m, void *buf, size_t cap, si
         wr_blocks(&w, x->store_src, x->n_stores);
         wr_blocks(&w, x->store_dst, x->n_stores);
     }
+    wr_remote(&w, &m->remote);
     return 0;
 }
 
@@ -526,6 +679,51 @@ static int rd_blocks(kvi_rd *r, uint32_t **a, uint32_t *cap, uint32_t *n, const 
     return 0;
 }
 
+/* The remote reads' section (validated with the rest by the caller). */
+static int rd_remote(kvi_rd *r, kvt_offload_meta *m)
+{
+    uint8_t tier, hl;
+    uint32_t n;
+    int rc = rd_u8(r, &tier, "remote tier");
+    if (rc || tier == 0)
+        return rc;
+    if ((rc = rd_u8(r, &hl, "remote hash_len")))
+        return rc;
+    if (tier >= KVT_MAX_TIERS || hl == 0 || hl > KVT_META_MAX_HASH)
+        return kvt_fail(KVT_EPROTO, "remote reads: tier %u, hash_len %u", tier, hl);
+    if ((rc = rd_count(r, &n, KVT_META_MAX_OWNERS, 16, "remote owners")))
+        return rc;
+    for (uint32_t i = 0; i < n; i++) {
+        kvt_remote_owner o;
+        if ((rc = kvi_meta_rd_str_copy(r, &m->strings, &o.instance, "remote owner instance")) ||
+            (rc = kvi_meta_rd_str_copy(r, &m->strings, &o.endpoint, "remote owner endpoint")) ||
+            (rc = rd_u64(r, &o.epoch, "remote owner epoch")))
+            return rc;
+        if ((rc = kvi_meta_grow((void **)&m->remote.owners, &m->remote.cap_owners, i + 1,
+                                sizeof(o))))
+            return rc;
+        m->remote.owners[i] = o;
+        m->remote.n_owners = i + 1;
+    }
+    if ((rc = rd_count(r, &n, KVT_META_MAX_BLOCKS, 16 + (size_t)hl, "remote sources")) ||
+        (rc = kvi_meta_grow((void **)&m->remote.srcs, &m->remote.cap_srcs, n,
+                            sizeof(*m->remote.srcs))))
+        return rc;
+    for (uint32_t i = 0; i < n; i++) {
+        kvt_remote_src *s = &m->remote.srcs[i];
+        memset(s, 0, sizeof(*s));
+        s->owner = ld_le32(r->p);
+        s->slot = ld_le32(r->p + 4);
+        s->generation = ld_le64(r->p + 8);
+        memcpy(s->hash, r->p + 16, hl);
+        r->p += 16 + (size_t)hl;
+    }
+    m->remote.n_srcs = n;
+    m->remote.tier = tier;
+    m->remote.hash_len = hl;
+    return 0;
+}
+
 static int decode_offload(void *obj, kvi_rd *r)
 {
     kvt_offload_meta *m = obj;
@@ -583,6 +781,8 @@ static int decode_offload(void *obj, kvi_rd *r)
         if (xfers_empty(x))
             return kvt_fail(KVT_EPROTO, "tier %u: an empty section", tier);
     }
+    if ((rc = rd_remote(r, m)))
+        return rc;
     return kvt_offload_meta_validate(m);
 }
 
@@ -642,6 +842,7 @@ void kvt_offload_worker_meta_clear(kvt_offload_worker_meta *m)
     for (int i = 0; i < N_REPORTS; i++)
         report(m, i)->n_completed = report(m, i)->n_failed = 0;
     m->n_failed_load_src = 0;
+    m->n_failed_promo = 0;
 }
 
 void kvt_offload_worker_meta_release(kvt_offload_worker_meta *m)
@@ -649,58 +850,101 @@ void kvt_offload_worker_meta_release(kvt_offload_worker_meta *m)
     for (int i = 0; i < N_REPORTS; i++)
         report_release(report(m, i));
     free(m->failed_load_src);
-    m->failed_load_src = NULL;
+    free(m->failed_promo);
+    m->failed_load_src = m->failed_promo = NULL;
     m->n_failed_load_src = m->cap_failed_load_src = 0;
+    m->n_failed_promo = m->cap_failed_promo = 0;
 }
 
-/* ---- failed load sources: an ascending set of tier-0 blocks ---------------------------- */
+/* ---- failed load sources and promotions: ascending sets of tier-0 blocks ---------------- */
 
-static int fls_reserve(kvt_offload_worker_meta *m, uint64_t need)
+typedef struct blockset {
+    uint32_t **a, *n, *cap;
+    const char *what;
+} blockset;
+
+static blockset fls_of(kvt_offload_worker_meta *m)
+{
+    return (blockset){&m->failed_load_src, &m->n_failed_load_src, &m->cap_failed_load_src,
+                      "failed load sources"};
+}
+
+static blockset fpr_of(kvt_offload_worker_meta *m)
+{
+    return (blockset){&m->failed_promo, &m->n_failed_promo, &m->cap_failed_promo,
+                      "failed promotions"};
+}
+
+static int set_reserve(blockset s, uint64_t need)
 {
     if (need > KVT_META_MAX_BLOCKS)
-        return kvt_fail(KVT_ELIMIT, "meta: more than %u failed load sources", KVT_META_MAX_BLOCKS);
-    return need ? kvi_meta_grow((void **)&m->failed_load_src, &m->cap_failed_load_src,
-                                (uint32_t)need, sizeof(uint32_t))
-                : 0;
+        return kvt_fail(KVT_ELIMIT, "meta: more than %u %s", KVT_META_MAX_BLOCKS, s.what);
+    return need ? kvi_meta_grow((void **)s.a, s.cap, (uint32_t)need, sizeof(uint32_t)) : 0;
+}
+
+static int set_add(blockset s, uint32_t block)
+{
+    if (block == 0u) /* 0: the null block (kvtier/pool.h) */
+        return kvt_fail(KVT_EINVAL, "meta: %s: the null block", s.what);
+    uint32_t i = *s.n;
+    while (i > 0 && (*s.a)[i - 1] > block)
+        i--;
+    if (i > 0 && (*s.a)[i - 1] == block)
+        return 0;
+    int rc = set_reserve(s, (uint64_t)*s.n + 1);
+    if (rc)
+        return rc;
+    memmove(*s.a + i + 1, *s.a + i, (size_t)(*s.n - i) * sizeof(uint32_t));
+    (*s.a)[i] = block;
+    (*s.n)++;
+    return 0;
 }
 
 int kvt_offload_worker_meta_add_failed_load(kvt_offload_worker_meta *m, uint32_t block)
 {
-    if (!m || block == 0u) /* 0: the null block (kvtier/pool.h) */
-        return kvt_fail(KVT_EINVAL, "meta: failed load source: %s",
-                        m ? "the null block" : "NULL metadata");
-    uint32_t i = m->n_failed_load_src;
-    while (i > 0 && m->failed_load_src[i - 1] > block)
-        i--;
-    if (i > 0 && m->failed_load_src[i - 1] == block)
-        return 0;
-    int rc = fls_reserve(m, (uint64_t)m->n_failed_load_src + 1);
-    if (rc)
-        return rc;
-    memmove(m->failed_load_src + i + 1, m->failed_load_src + i,
-            (size_t)(m->n_failed_load_src - i) * sizeof(uint32_t));
-    m->failed_load_src[i] = block;
-    m->n_failed_load_src++;
-    return 0;
+    if (!m)
+        return kvt_fail(KVT_EINVAL, "meta: failed load source: NULL metadata");
+    return set_add(fls_of(m), block);
 }
 
-/* dst's set united with src's (room reserved: n_dst + n_src). */
-static void fls_merge(kvt_offload_worker_meta *dst, const kvt_offload_worker_meta *src)
+int kvt_offload_worker_meta_add_failed_promo(kvt_offload_worker_meta *m, uint32_t block)
 {
-    uint32_t a = dst->n_failed_load_src, b = src->n_failed_load_src, k = a + b;
-    uint32_t *d = dst->failed_load_src;
+    if (!m)
+        return kvt_fail(KVT_EINVAL, "meta: failed promotion: NULL metadata");
+    return set_add(fpr_of(m), block);
+}
+
+/* d's set united with the n_src blocks of src (room reserved: *d.n + n_src). */
+static void set_merge(blockset d, const uint32_t *src, uint32_t n_src)
+{
+    uint32_t a = *d.n, b = n_src, k = a + b;
+    uint32_t *x = *d.a;
     /* merge from the back into the reserved room, then drop duplicates */
     while (b > 0) {
-        if (a > 0 && d[a - 1] > src->failed_load_src[b - 1])
-            d[--k] = d[--a];
+        if (a > 0 && x[a - 1] > src[b - 1])
+            x[--k] = x[--a];
         else
-            d[--k] = src->failed_load_src[--b];
+            x[--k] = src[--b];
     }
-    uint32_t n = dst->n_failed_load_src + src->n_failed_load_src, w = 0;
+    uint32_t n = *d.n + n_src, w = 0;
     for (uint32_t i = 0; i < n; i++)
-        if (w == 0 || d[i] != d[w - 1])
-            d[w++] = d[i];
-    dst->n_failed_load_src = w;
+        if (w == 0 || x[i] != x[w - 1])
+            x[w++] = x[i];
+    *d.n = w;
+}
+
+static int set_validate(const uint32_t *a, uint32_t n, const char *what)
+{
+    if (n > KVT_META_MAX_BLOCKS)
+        return kvt_fail(KVT_ELIMIT, "%s: %u exceed the limit of %u", what, n, KVT_META_MAX_BLOCKS);
+    if (n && !a)
+        return kvt_fail(KVT_EINVAL, "%s: NULL list", what);
+    for (uint32_t i = 0; i < n; i++)
+        if (a[i] == 0u || (i && a[i] <= a[i - 1]))
+            return kvt_fail(KVT_EINVAL,
+                            "%s: block %u at index %u is the null block or not ascending", what,
+                            a[i], i);
+    return 0;
 }
 
 static int report_reserve(kvt_event_report *m, uint32_t need)
@@ -857,12 +1101,15 @@ int kvt_offload_worker_meta_aggregate(kvt_offload_worker_meta *dst,
         if (rc)
             return rc;
     }
-    int rc = fls_reserve(dst, (uint64_t)dst->n_failed_load_src + src->n_failed_load_src);
+    int rc = set_reserve(fls_of(dst), (uint64_t)dst->n_failed_load_src + src->n_failed_load_src);
+    if (!rc)
+        rc = set_reserve(fpr_of(dst), (uint64_t)dst->n_failed_promo + src->n_failed_promo);
     if (rc)
         return rc;
     for (int i = 0; i < N_REPORTS; i++)
         report_merge(report(dst, i), creport(src, i), u[i]);
-    fls_merge(dst, src);
+    set_merge(fls_of(dst), src->failed_load_src, src->n_failed_load_src);
+    set_merge(fpr_of(dst), src->failed_promo, src->n_failed_promo);
     return 0;
 }
 
@@ -908,19 +1155,8 @@ int kvt_offload_worker_meta_validate(const kvt_offload_worker_meta *m)
         if (rc)
             return rc;
     }
-    if (m->n_failed_load_src > KVT_META_MAX_BLOCKS)
-        return kvt_fail(KVT_ELIMIT, "failed load sources: %u exceed the limit of %u",
-                        m->n_failed_load_src, KVT_META_MAX_BLOCKS);
-    if (m->n_failed_load_src && !m->failed_load_src)
-        return kvt_fail(KVT_EINVAL, "failed load sources: NULL list");
-    for (uint32_t i = 0; i < m->n_failed_load_src; i++)
-        if (m->failed_load_src[i] == 0u ||
-            (i && m->failed_load_src[i] <= m->failed_load_src[i - 1]))
-            return kvt_fail(KVT_EINVAL,
-                            "failed load sources: block %u at index %u is the null block or "
-                            "not ascending",
-                            m->failed_load_src[i], i);
-    return 0;
+    int rc = set_validate(m->failed_load_src, m->n_failed_load_src, "failed load sources");
+    return rc ? rc : set_validate(m->failed_promo, m->n_failed_promo, "failed promotions");
 }
 
 static bool report_equal(const kvt_event_report *a, const kvt_event_report *b)
@@ -943,12 +1179,15 @@ bool kvt_offload_worker_meta_equal(const kvt_offload_worker_meta *a,
         if (!report_equal(creport(a, i), creport(b, i)))
             return false;
     return a->n_failed_load_src == b->n_failed_load_src &&
-           blocks_equal(a->failed_load_src, b->failed_load_src, a->n_failed_load_src);
+           blocks_equal(a->failed_load_src, b->failed_load_src, a->n_failed_load_src) &&
+           a->n_failed_promo == b->n_failed_promo &&
+           blocks_equal(a->failed_promo, b->failed_promo, a->n_failed_promo);
 }
 
 size_t kvt_offload_worker_meta_encoded_size(const kvt_offload_worker_meta *m)
 {
-    size_t n = KVT_META_HEADER_LEN + 1 + 4 + 4 * (size_t)m->n_failed_load_src;
+    size_t n = KVT_META_HEADER_LEN + 1 + 4 + 4 * (size_t)m->n_failed_load_src + 4 +
+               4 * (size_t)m->n_failed_promo;
     for (int i = 0; i < N_REPORTS; i++) {
         const kvt_event_report *e = creport(m, i);
         if (i && tier_reports_empty(m, (uint32_t)(i - 1) / 2 + 1))
@@ -978,6 +1217,7 @@ int kvt_offload_worker_meta_encode(const kvt_offload_worker_meta *m, void *buf, 
         uint32_t t = r ? (uint32_t)(r - 1) / 2 + 1 : 0;
         if (r == 1) {
             wr_blocks(&w, m->failed_load_src, m->n_failed_load_src);
+            wr_blocks(&w, m->failed_promo, m->n_failed_promo);
             wr_u8(&w, (uint8_t)sections);
         }
         if (t && tier_reports_empty(m, t))
@@ -1030,6 +1270,8 @@ static int decode_worker(void *obj, kvi_rd *r)
     if (rc ||
         (rc = rd_blocks(r, &m->failed_load_src, &m->cap_failed_load_src, &m->n_failed_load_src,
                         "failed load sources")) ||
+        (rc = rd_blocks(r, &m->failed_promo, &m->cap_failed_promo, &m->n_failed_promo,
+                        "failed promotions")) ||
         (rc = rd_tier_count(r, &n_tiers)))
         return rc;
     for (uint32_t i = 0; i < n_tiers; i++) {

@@ -77,6 +77,13 @@ typedef struct rpeer {
     uint64_t seq;
 } rpeer;
 
+/* An owner as a lookup names it: who and where, no connection. */
+typedef struct lkpeer {
+    kvt_remote_peer id;
+    char name[KVT_REMOTE_NAME_MAX + KVI_RDIR_EP_MAX + 4];
+    uint64_t used; /* lookup counter when last named */
+} lkpeer;
+
 /* A connection as the owner sees it (routing id), once it said hello. */
 typedef struct osess {
     uint8_t id[256];
@@ -124,12 +131,23 @@ struct kvt_remote {
     bool thr_started;
     atomic_bool stop;
 
+    /* the lookup side (lookup, publish, withdraw: one thread at a time): the owners the last
+     * lookups named, by who and where only (kvt_remote_loc.peer indexes lk) */
+    lkpeer lk[KVT_REMOTE_MAX_PEERS];
+    uint32_t n_lk;
+    uint64_t lookups_seq;
+    kvi_rdir_hit *hits; /* KVT_REMOTE_MAX_READ */
+
+    /* the reader side (reads: one at a time, under rd_mu, on any thread; it may run beside the
+     * lookup side): a connection and session per owner, the UCX worker the bytes land through,
+     * its own GCM context */
+    pthread_mutex_t rd_mu;
     rpeer peers[KVT_REMOTE_MAX_PEERS];
     uint32_t n_peers;
-    uint64_t lookups_seq;
+    uint64_t reads_seq;
     uint64_t next_req;
     zombie *zombies;
-    kvi_rdir_hit *hits; /* KVT_REMOTE_MAX_READ */
+    kvi_rgcm *gcm_rd;
 
     /* keys (auth.h): the space's, this process's boot id and the block key it publishes under */
     kvi_rkeys keys;
@@ -141,9 +159,11 @@ struct kvt_remote {
     uint32_t n_sess;
     uint64_t sess_tick;
 
-    kvt_remote_stats st; /* the caller's counters */
+    kvt_remote_stats st; /* the lookup side's counters */
     _Atomic uint64_t a_registrations, a_served, a_served_stale, a_served_bytes, a_refused,
         a_handshakes, a_auth_failures;
+    /* the reader side's (kvt_remote_get_stats may run on the lookup side meanwhile) */
+    _Atomic uint64_t a_reads, a_read_blocks, a_read_ok, a_read_stale, a_read_failed, a_read_bytes;
 };
 
 /* Piece j of slot s. */
@@ -774,7 +794,15 @@ static void remote_free(kvt_remote *r);
 static void unlend(kvt_remote *r)
 {
     r->rport.lent = false;
-    if (r->rport.orphaned)
+    if (r->rport.orphaned && !r->rport.staged)
+        remote_free(r);
+}
+
+/* The worker's stage let go (remote_xfer.c). */
+void kvi_remote_unstage(kvt_remote *r)
+{
+    r->rport.staged = false;
+    if (r->rport.orphaned && !r->rport.lent)
         remote_free(r);
 }
 
@@ -822,6 +850,9 @@ static int remote_alloc(const kvt_remote_config *c, kvt_remote **out)
                                  .publish = kvt_remote_publish,
                                  .withdraw = kvt_remote_withdraw,
                                  .unlend = unlend,
+                                 .stage_open = kvi_remote_stage_open,
+                                 .regions = r->piece,
+                                 .n_regions = np,
                                  .n_slots = c->n_slots,
                                  .hash_len = c->hash_len,
                                  .block_bytes = r->cfg.block_bytes};
@@ -834,6 +865,7 @@ static int remote_alloc(const kvt_remote_config *c, kvt_remote **out)
     r->cfg.advertise_host = dupcat(&p, c->advertise_host);
     r->cfg.directory_password = NULL; /* the directories keep their own copies */
     pthread_mutex_init(&r->mu, NULL);
+    pthread_mutex_init(&r->rd_mu, NULL);
     r->next_req = ((uint64_t)getpid() << 32) ^ kvt_monotonic_ns();
     *out = r;
     return 0;
@@ -848,7 +880,7 @@ static int remote_start(kvt_remote *r, const kvt_remote_config *c)
     if ((rc = kvi_rauth_keys(c->credential, strlen(c->credential), c->space, &r->keys)) ||
         (rc = kvi_rauth_random(r->boot, sizeof(r->boot))) ||
         (rc = kvi_rauth_block_key(&r->keys, r->cfg.instance, r->boot, r->block_key)) ||
-        (rc = kvi_rgcm_new(&r->gcm)))
+        (rc = kvi_rgcm_new(&r->gcm)) || (rc = kvi_rgcm_new(&r->gcm_rd)))
         return rc;
     if (!(r->sess = calloc(MAX_SESSIONS, sizeof(*r->sess))))
         return kvt_fail(KVT_ENOMEM, "remote: out of memory");
@@ -949,7 +981,7 @@ void kvt_remote_destroy(kvt_remote *r)
 {
     if (!r)
         return;
-    if (r->rport.lent) { /* the manager's destroy finishes it (any order is safe) */
+    if (r->rport.lent || r->rport.staged) { /* the last borrower finishes it (any order) */
         r->rport.orphaned = true;
         return;
     }
@@ -981,7 +1013,9 @@ static void remote_free(kvt_remote *r)
     if (r->dir_srv.ops)
         r->dir_srv.ops->close(r->dir_srv.d);
     pthread_mutex_destroy(&r->mu);
+    pthread_mutex_destroy(&r->rd_mu);
     kvi_rgcm_free(r->gcm);
+    kvi_rgcm_free(r->gcm_rd);
     free(r->sess);
     OPENSSL_cleanse(&r->keys, sizeof(r->keys));
     OPENSSL_cleanse(r->block_key, sizeof(r->block_key));
@@ -1104,29 +1138,29 @@ int kvt_remote_withdraw(kvt_remote *r, const uint32_t *slots, uint32_t n)
 
 /* ---- lookup --------------------------------------------------------------------------------- */
 
+/* The lookup-side index of the owner a hit names (the least recently named entry replaced
+ * when the table is full); UINT32_MAX when every entry was named by this lookup. */
 static uint32_t peer_for(kvt_remote *r, const kvi_rdir_hit *h)
 {
     uint32_t victim = UINT32_MAX;
-    for (uint32_t i = 0; i < r->n_peers; i++) {
-        rpeer *p = &r->peers[i];
-        if (strcmp(p->instance, h->instance) == 0 && strcmp(p->endpoint, h->endpoint) == 0) {
-            if (p->epoch != h->epoch)
-                p->epoch = h->epoch, close_peer(p);
+    for (uint32_t i = 0; i < r->n_lk; i++) {
+        lkpeer *p = &r->lk[i];
+        if (strcmp(p->id.instance, h->instance) == 0 && strcmp(p->id.endpoint, h->endpoint) == 0) {
+            p->id.epoch = h->epoch;
             p->used = r->lookups_seq;
             return i;
         }
-        if (p->used != r->lookups_seq && (victim == UINT32_MAX || p->used < r->peers[victim].used))
+        if (p->used != r->lookups_seq && (victim == UINT32_MAX || p->used < r->lk[victim].used))
             victim = i;
     }
-    uint32_t i = r->n_peers < KVT_REMOTE_MAX_PEERS ? r->n_peers++ : victim;
+    uint32_t i = r->n_lk < KVT_REMOTE_MAX_PEERS ? r->n_lk++ : victim;
     if (i == UINT32_MAX)
-        return UINT32_MAX; /* every slot of the table named in this lookup */
-    rpeer *p = &r->peers[i];
-    close_peer(p);
-    snprintf(p->instance, sizeof(p->instance), "%s", h->instance);
-    snprintf(p->endpoint, sizeof(p->endpoint), "%s", h->endpoint);
+        return UINT32_MAX;
+    lkpeer *p = &r->lk[i];
+    snprintf(p->id.instance, sizeof(p->id.instance), "%s", h->instance);
+    snprintf(p->id.endpoint, sizeof(p->id.endpoint), "%s", h->endpoint);
     snprintf(p->name, sizeof(p->name), "%s@%s", h->instance, h->endpoint);
-    p->epoch = h->epoch;
+    p->id.epoch = h->epoch;
     p->used = r->lookups_seq;
     return i;
 }
@@ -1164,7 +1198,49 @@ int kvt_remote_lookup(kvt_remote *r, const uint8_t *hashes, uint32_t n, kvt_remo
 
 const char *kvt_remote_peer_name(const kvt_remote *r, uint32_t index)
 {
-    return r && index < r->n_peers ? r->peers[index].name : NULL;
+    return r && index < r->n_lk ? r->lk[index].name : NULL;
+}
+
+int kvt_remote_lookup_peer(const kvt_remote *r, uint32_t index, kvt_remote_peer *out)
+{
+    if (!r || !out)
+        return kvt_fail(KVT_EINVAL, "remote: lookup_peer: NULL argument");
+    if (index >= r->n_lk)
+        return kvt_fail(KVT_ERANGE, "remote: lookup_peer: peer %u (the lookups named %u)", index,
+                        r->n_lk);
+    *out = r->lk[index].id;
+    return 0;
+}
+
+/* The reader-side connection for owner id (under rd_mu): the same instance at the same
+ * endpoint keeps its connection unless its epoch changed; else the least recently used entry
+ * not needed by this read is replaced. UINT32_MAX when every entry is needed by this read. */
+static uint32_t reader_peer(kvt_remote *r, const kvt_remote_peer *id)
+{
+    uint32_t victim = UINT32_MAX;
+    for (uint32_t i = 0; i < r->n_peers; i++) {
+        rpeer *p = &r->peers[i];
+        if (strcmp(p->instance, id->instance) == 0 && strcmp(p->endpoint, id->endpoint) == 0) {
+            if (p->epoch != id->epoch)
+                p->epoch = id->epoch, close_peer(p);
+            p->used = r->reads_seq;
+            return i;
+        }
+        if (p->used != r->reads_seq && (victim == UINT32_MAX || p->used < r->peers[victim].used))
+            victim = i;
+    }
+    uint32_t i = r->n_peers < KVT_REMOTE_MAX_PEERS ? r->n_peers++ : victim;
+    if (i == UINT32_MAX)
+        return UINT32_MAX;
+    rpeer *p = &r->peers[i];
+    close_peer(p);
+    OPENSSL_cleanse(p, sizeof(*p));
+    snprintf(p->instance, sizeof(p->instance), "%s", id->instance);
+    snprintf(p->endpoint, sizeof(p->endpoint), "%s", id->endpoint);
+    snprintf(p->name, sizeof(p->name), "%s@%s", id->instance, id->endpoint);
+    p->epoch = id->epoch;
+    p->used = r->reads_seq;
+    return i;
 }
 
 /* ---- read ----------------------------------------------------------------------------------- */
@@ -1275,20 +1351,20 @@ static int landed(rd_ctx *x, uint32_t i)
     if (r->cfg.encrypt) {
         uint8_t nonce[12];
         enc_nonce(x->rps[b->peer].seq, b->k, nonce);
-        ok = kvi_rgcm_begin(r->gcm, pe->enc_key, nonce, -1) == 0 &&
-             kvi_rgcm_aad(r->gcm, hash, r->cfg.hash_len) == 0;
+        ok = kvi_rgcm_begin(r->gcm_rd, pe->enc_key, nonce, -1) == 0 &&
+             kvi_rgcm_aad(r->gcm_rd, hash, r->cfg.hash_len) == 0;
         for (uint32_t j = 0; ok && j < r->n_pieces; j++)
-            ok = kvi_rgcm_piece(r->gcm, pc[j], pc[j], r->piece[j].block_bytes) == 0;
-        ok = ok && kvi_rgcm_check(r->gcm, b->tag);
+            ok = kvi_rgcm_piece(r->gcm_rd, pc[j], pc[j], r->piece[j].block_bytes) == 0;
+        ok = ok && kvi_rgcm_check(r->gcm_rd, b->tag);
     } else {
         uint8_t tag[KVI_RTAG];
-        ok = block_tag(r, r->gcm, pe->block_key, x->locs[i].slot, x->locs[i].generation, hash, pc,
-                       tag) == 0 &&
+        ok = block_tag(r, r->gcm_rd, pe->block_key, x->locs[i].slot, x->locs[i].generation, hash,
+                       pc, tag) == 0 &&
              kvi_rauth_equal(tag, b->tag, KVI_RTAG);
     }
     if (ok)
         return 0;
-    r->st.auth_failures++;
+    add(&r->a_auth_failures, 1);
     KVT_LOG_W("remote: a block from %s failed its tag (bytes changed on the way, or not the "
               "owner's); not used",
               pe->name);
@@ -1424,7 +1500,7 @@ static void take_challenge(rd_ctx *x, uint32_t p, const uint8_t *buf, size_t len
     }
     if (!rc && (!kvi_rauth_equal(c.nr, pe->nr, KVI_RNONCE) ||
                 !kvi_rauth_equal(proof, c.proof, KVI_RKEY) || strcmp(name, pe->instance) != 0)) {
-        r->st.auth_failures++;
+        add(&r->a_auth_failures, 1);
         rc = kvt_fail(KVT_EINVAL,
                       "remote: %s did not prove it holds the space's credential "
                       "(or is another instance than the directory named)",
@@ -1434,7 +1510,7 @@ static void take_challenge(rd_ctx *x, uint32_t p, const uint8_t *buf, size_t len
         !(rc = kvi_rauth_block_key(&r->keys, name, c.boot, pe->block_key))) {
         pe->sess = SESS_READY;
         pe->seq = 0;
-        r->st.handshakes++;
+        add(&r->a_handshakes, 1);
         rc = send_request(x, p);
     }
     if (rc) {
@@ -1460,7 +1536,7 @@ static void take_reply(rd_ctx *x, uint32_t p, const uint8_t *buf, size_t len)
         !kvi_rauth_equal(mac, buf + len - KVI_RMAC, KVI_RMAC)) {
         static const uint8_t zero[KVI_RMAC];
         if (!kvi_rauth_equal(buf + len - KVI_RMAC, zero, KVI_RMAC))
-            r->st.auth_failures++;
+            add(&r->a_auth_failures, 1);
         KVT_LOG_W("remote: %s answered outside the session (%s); shaking hands again next time",
                   pe->name, kvt_strerror(rep.status));
         peer_fails(x, p, KVT_EIO, true);
@@ -1546,8 +1622,8 @@ static int read_blocks(kvt_remote *r, const kvt_remote_loc *locs, const uint8_t 
         refuse_read(rc, status, n);
         goto out;
     }
-    r->st.reads++;
-    r->st.read_blocks += n;
+    add(&r->a_reads, 1);
+    add(&r->a_read_blocks, n);
     /* group by peer (counting sort keeps each owner's blocks in request order) */
     for (uint32_t i = 0; i < n; i++)
         x.rps[locs[i].peer].n++;
@@ -1624,11 +1700,11 @@ static int read_blocks(kvt_remote *r, const kvt_remote_loc *locs, const uint8_t 
             status[i] = KVT_EIO;
         end_recv(r, &x.bs[i]);
         if (status[i] == 0)
-            r->st.read_ok++, r->st.read_bytes += r->cfg.block_bytes;
+            add(&r->a_read_ok, 1), add(&r->a_read_bytes, r->cfg.block_bytes);
         else if (status[i] == KVT_ENOENT)
-            r->st.read_stale++;
+            add(&r->a_read_stale, 1);
         else
-            r->st.read_failed++;
+            add(&r->a_read_failed, 1);
         if (status[i] && !rc)
             rc = status[i];
     }
@@ -1641,18 +1717,53 @@ out:
     return rc;
 }
 
-static int check_read(const kvt_remote *r, const kvt_remote_loc *locs, uint32_t n)
+static int check_read(const kvt_remote_loc *locs, uint32_t n, uint32_t n_peers)
 {
     if (n > KVT_REMOTE_MAX_READ)
         return kvt_fail(KVT_ELIMIT, "remote: read of %u blocks (at most %u)", n,
                         KVT_REMOTE_MAX_READ);
     for (uint32_t i = 0; i < n; i++)
-        if (locs[i].peer >= r->n_peers)
+        if (locs[i].peer >= n_peers)
             return kvt_fail(KVT_EINVAL, "remote: read: block %u names peer %u (%u known)", i,
-                            locs[i].peer, r->n_peers);
-    if (n && !r->ucx_cli)
-        return kvt_fail(KVT_ESTATE, "remote: no UCX worker to read with (its replacement failed)");
+                            locs[i].peer, n_peers);
     return 0;
+}
+
+/* The read of n blocks whose owners are ids[locs[i].peer], on the reader side: each owner
+ * mapped to the reader's connection to it, under rd_mu. */
+static int read_by_id(kvt_remote *r, const kvt_remote_peer *ids, const kvt_remote_loc *locs,
+                      const uint8_t *hashes, uint32_t n, const rd_dst *d, int *status)
+{
+    kvt_remote_loc *rl = malloc(n * sizeof(*rl));
+    if (!rl)
+        return refuse_read(kvt_fail(KVT_ENOMEM, "remote: out of memory"), status, n);
+    uint32_t map[KVT_REMOTE_MAX_PEERS];
+    memset(map, 0xff, sizeof(map));
+    pthread_mutex_lock(&r->rd_mu);
+    int rc = r->ucx_cli ? 0
+                        : kvt_fail(KVT_ESTATE,
+                                   "remote: no UCX worker to read with (its replacement failed)");
+    r->reads_seq++;
+    for (uint32_t i = 0; i < n && !rc; i++) {
+        uint32_t p = locs[i].peer;
+        if (map[p] == UINT32_MAX) /* at most KVT_REMOTE_MAX_PEERS owners: always an entry */
+            map[p] = reader_peer(r, &ids[p]);
+        rl[i] = locs[i];
+        rl[i].peer = map[p];
+    }
+    rc = rc ? refuse_read(rc, status, n) : read_blocks(r, rl, hashes, n, d, status);
+    pthread_mutex_unlock(&r->rd_mu);
+    free(rl);
+    return rc;
+}
+
+/* The peers of the last lookup as ids (the lookup side's reads). */
+static kvt_remote_peer *lookup_ids(const kvt_remote *r)
+{
+    kvt_remote_peer *ids = malloc(KVT_REMOTE_MAX_PEERS * sizeof(*ids));
+    for (uint32_t i = 0; ids && i < r->n_lk; i++)
+        ids[i] = r->lk[i].id;
+    return ids;
 }
 
 int kvt_remote_read(kvt_remote *r, const kvt_remote_loc *locs, const uint8_t *hashes, uint32_t n,
@@ -1660,21 +1771,36 @@ int kvt_remote_read(kvt_remote *r, const kvt_remote_loc *locs, const uint8_t *ha
 {
     if (!r || (n && (!locs || !hashes || !dst || !status)))
         return refuse_read(kvt_fail(KVT_EINVAL, "remote: read: NULL argument"), status, n);
-    int rc = check_read(r, locs, n);
+    int rc = check_read(locs, n, r->n_lk);
     for (uint32_t i = 0; i < n && !rc; i++)
         if (!dst[i])
             rc = kvt_fail(KVT_EINVAL, "remote: read: block %u has no destination", i);
     if (rc || n == 0)
         return refuse_read(rc, status, n);
     uint64_t *off = malloc(r->n_pieces * sizeof(*off));
-    if (!off)
+    kvt_remote_peer *ids = lookup_ids(r);
+    if (!off || !ids) {
+        free(off), free(ids);
         return refuse_read(kvt_fail(KVT_ENOMEM, "remote: out of memory"), status, n);
+    }
     for (uint32_t j = 0, acc = 0; j < r->n_pieces; acc += (uint32_t)r->piece[j].block_bytes, j++)
         off[j] = acc;
     rd_dst d = {.dst = dst, .off = off};
-    rc = read_blocks(r, locs, hashes, n, &d, status);
-    free(off);
+    rc = read_by_id(r, ids, locs, hashes, n, &d, status);
+    free(off), free(ids);
     return rc;
+}
+
+/* The checks of a read into this instance's slots. */
+static int check_slots_read(const kvt_remote *r, const uint32_t *slots, uint32_t n)
+{
+    if (n && !r->serves)
+        return kvt_fail(KVT_ESTATE, "remote: read_slots: this instance has no slots");
+    for (uint32_t i = 0; i < n; i++)
+        if (slots[i] >= r->cfg.n_slots)
+            return kvt_fail(KVT_ERANGE, "remote: read_slots: slot %u out of range (%u slots)",
+                            slots[i], r->cfg.n_slots);
+    return 0;
 }
 
 int kvt_remote_read_slots(kvt_remote *r, const kvt_remote_loc *locs, const uint8_t *hashes,
@@ -1682,17 +1808,43 @@ int kvt_remote_read_slots(kvt_remote *r, const kvt_remote_loc *locs, const uint8
 {
     if (!r || (n && (!locs || !hashes || !slots || !status)))
         return refuse_read(kvt_fail(KVT_EINVAL, "remote: read_slots: NULL argument"), status, n);
-    int rc = check_read(r, locs, n);
-    if (!rc && n && !r->serves)
-        rc = kvt_fail(KVT_ESTATE, "remote: read_slots: this instance has no slots");
-    for (uint32_t i = 0; i < n && !rc; i++)
-        if (slots[i] >= r->cfg.n_slots)
-            rc = kvt_fail(KVT_ERANGE, "remote: read_slots: slot %u out of range (%u slots)",
-                          slots[i], r->cfg.n_slots);
+    int rc = check_read(locs, n, r->n_lk);
+    if (!rc)
+        rc = check_slots_read(r, slots, n);
+    if (rc || n == 0)
+        return refuse_read(rc, status, n);
+    kvt_remote_peer *ids = lookup_ids(r);
+    if (!ids)
+        return refuse_read(kvt_fail(KVT_ENOMEM, "remote: out of memory"), status, n);
+    rd_dst d = {.slots = slots};
+    rc = read_by_id(r, ids, locs, hashes, n, &d, status);
+    free(ids);
+    return rc;
+}
+
+int kvt_remote_read_from(kvt_remote *r, const kvt_remote_peer *peers, uint32_t n_peers,
+                         const kvt_remote_loc *locs, const uint8_t *hashes, uint32_t n,
+                         const uint32_t *slots, int *status)
+{
+    if (!r || (n && (!peers || !locs || !hashes || !slots || !status)))
+        return refuse_read(kvt_fail(KVT_EINVAL, "remote: read_from: NULL argument"), status, n);
+    int rc = n_peers > KVT_REMOTE_MAX_PEERS
+                 ? kvt_fail(KVT_ELIMIT, "remote: read_from: %u peers (at most %u)", n_peers,
+                            KVT_REMOTE_MAX_PEERS)
+                 : check_read(locs, n, n_peers);
+    for (uint32_t k = 0; k < n_peers && !rc; k++)
+        if (!memchr(peers[k].instance, 0, sizeof(peers[k].instance)) ||
+            !memchr(peers[k].endpoint, 0, sizeof(peers[k].endpoint)) || !peers[k].endpoint[0])
+            rc = kvt_fail(KVT_EINVAL,
+                          "remote: read_from: peer %u has no endpoint or an "
+                          "unterminated name",
+                          k);
+    if (!rc)
+        rc = check_slots_read(r, slots, n);
     if (rc || n == 0)
         return refuse_read(rc, status, n);
     rd_dst d = {.slots = slots};
-    return read_blocks(r, locs, hashes, n, &d, status);
+    return read_by_id(r, peers, locs, hashes, n, &d, status);
 }
 
 void kvt_remote_get_stats(kvt_remote *r, kvt_remote_stats *out)
@@ -1701,6 +1853,12 @@ void kvt_remote_get_stats(kvt_remote *r, kvt_remote_stats *out)
         return;
     *out = r->st;
     out->epoch = atomic_load(&r->epoch);
+    out->reads = atomic_load(&r->a_reads);
+    out->read_blocks = atomic_load(&r->a_read_blocks);
+    out->read_ok = atomic_load(&r->a_read_ok);
+    out->read_stale = atomic_load(&r->a_read_stale);
+    out->read_failed = atomic_load(&r->a_read_failed);
+    out->read_bytes = atomic_load(&r->a_read_bytes);
     out->registrations = atomic_load(&r->a_registrations);
     out->served_blocks = atomic_load(&r->a_served);
     out->served_stale = atomic_load(&r->a_served_stale);

@@ -14,7 +14,7 @@
 
 #include "kvtier/remote.h"
 
-#define KVI_RDIR_EP_MAX 80u /* bytes of an endpoint "host:port" */
+#define KVI_RDIR_EP_MAX KVT_REMOTE_EP_MAX /* bytes of an endpoint "host:port" */
 
 /* What an instance tells the directory about itself. */
 typedef struct kvi_rdir_self {
@@ -67,6 +67,12 @@ typedef struct kvi_rdir {
  * password (NULL: none; "user:password" for an ACL user). Connects lazily: opening never
  * fails for an unreachable server; a server that refuses the password fails each call with
  * KVT_EINVAL (a configuration error, not an outage). */
+/* The worker's reads through remote r (remote_xfer.c; the port's stage_open), and their end:
+ * the stage lets go of r, which a kvt_remote_destroy while it read may have left to it. */
+struct kvi_xfer_ops;
+int kvi_remote_stage_open(kvt_remote *r, const struct kvi_xfer_ops **ops, void **impl);
+void kvi_remote_unstage(kvt_remote *r);
+
 int kvi_rdir_redis_open(const char *addr, const char *password, uint32_t timeout_ms,
                         uint32_t retry_ms, kvi_rdir *out);
 

@@ -19,6 +19,7 @@
 #include "base/log.h"
 #include "base/util.h"
 #include "base/cuda.h"
+#include "base/remote_port.h"
 #include "base/xfer.h"
 #include "kvtier/disk.h"
 #include "kvtier/worker.h"
@@ -186,6 +187,39 @@ int kvt_worker_attach_disk(kvt_worker *w, kvt_disk *disk)
     return kvt_worker_attach_disk_tier(w, 1, disk);
 }
 
+int kvt_worker_attach_remote(kvt_worker *w, uint32_t tier, kvt_remote *remote)
+{
+    if (!w || !remote)
+        return kvt_fail(KVT_EINVAL, "worker: attach_remote: NULL argument");
+    kvi_remote_port *p = kvi_remote_port_of(remote);
+    if (tier == 0 || tier >= KVT_MAX_TIERS)
+        return kvt_fail(KVT_ERANGE, "worker %u: attach remote: tier %u (1 to %u)", w->cfg.rank,
+                        tier, KVT_MAX_TIERS - 1);
+    if (!w->copy || w->st[tier].x.ops)
+        return kvt_fail(KVT_ESTATE, "worker %u: attach remote: %s", w->cfg.rank,
+                        w->st[tier].x.ops ? "tier already attached"
+                                          : "a disk worker has no host tier");
+    /* it reads into its own slots: they must be the host mirror's blocks */
+    uint32_t nr = kvt_mirror_num_regions(w->mirror);
+    const kvt_region *mr = kvt_mirror_regions(w->mirror);
+    bool same = p->n_slots == kvt_mirror_num_blocks(w->mirror) && p->n_regions == nr;
+    for (uint32_t i = 0; same && i < nr; i++)
+        same = p->regions[i].base == mr[i].base && p->regions[i].block_bytes == mr[i].block_bytes;
+    if (!same)
+        return kvt_fail(KVT_EINVAL,
+                        "worker %u: attach remote: it serves other arrays than the host mirror's "
+                        "(create it with kvt_mirror_regions and n_slots = the mirror's blocks)",
+                        w->cfg.rank);
+    const kvi_xfer_ops *ops;
+    void *impl;
+    int rc = p->stage_open(remote, &ops, &impl);
+    if (rc)
+        return kvi_fail_wrap(rc, "worker: attach remote");
+    w->st[tier].x = (kvi_xfer){ops, impl};
+    w->st[tier].nb = UINT32_MAX; /* its loads name sources of the metadata, not blocks */
+    return 0;
+}
+
 void kvt_worker_destroy(kvt_worker *w)
 {
     if (!w)
@@ -193,6 +227,9 @@ void kvt_worker_destroy(kvt_worker *w)
     for (int i = 0; i < KVT_MAX_TIERS; i++) /* borrowed backends: nothing of ours in flight */
         if (w->st[i].x.ops && w->st[i].x.impl != w->copy)
             w->st[i].x.ops->flush(w->st[i].x.impl);
+    for (int i = 0; i < KVT_MAX_TIERS; i++) /* and the ones the worker made, closed */
+        if (w->st[i].x.ops && w->st[i].x.ops->close)
+            w->st[i].x.ops->close(w->st[i].x.impl);
     kvt_copy_destroy(w->copy);
     for (int i = 0; i < KVT_MAX_TIERS; i++)
         for (int d = 0; d < 2; d++)
@@ -258,6 +295,12 @@ int kvt_worker_bind(kvt_worker *w, const kvt_offload_meta *meta)
                             w->cfg.rank, t, t);
         if (!st->x.ops)
             continue;
+        if (x->n_loads && (meta->remote.tier == t) != (st->x.ops->set_meta != NULL))
+            return kvt_fail(KVT_EINVAL,
+                            "worker %u: tier %u's loads are %s, but this worker's tier %u is a %s "
+                            "tier",
+                            w->cfg.rank, t, meta->remote.tier == t ? "remote reads" : "blocks", t,
+                            st->x.ops->name);
         if ((rc = check_ids(w, "promotion source", x->load_src, x->n_loads, st->nb)) ||
             (rc = check_ids(w, "promotion destination", x->load_dst, x->n_loads, front)) ||
             (rc = check_ids(w, "write-back source", x->store_src, x->n_stores, front)) ||
@@ -388,6 +431,8 @@ static int stage_failures(kvt_worker *w, stage *s, int dir, bool per_block, uint
     }
     if (!blocks)
         return 0;
+    /* a tier behind the host names the host blocks whose promotion failed: the manager's */
+    bool behind = s != &w->st[STAGE_TIER];
     uint32_t got, sink[256];
     do {
         int rc = per_block ? grow_invalid(w, 256) : 0;
@@ -396,6 +441,9 @@ static int stage_failures(kvt_worker *w, stage *s, int dir, bool per_block, uint
         got = o->take_invalid(s->x.impl, per_block ? w->invalid + w->n_invalid : sink, 256);
         if (per_block)
             w->n_invalid += got;
+        for (uint32_t i = 0; behind && !per_block && i < got; i++)
+            if ((rc = kvt_offload_worker_meta_add_failed_promo(&w->done, sink[i])))
+                return rc;
     } while (got == 256);
     return 0;
 }
@@ -424,7 +472,10 @@ static int submit_behind(kvt_worker *w, uint32_t t, int dir, int64_t event, cons
     if (event == KVT_NO_EVENT)
         return 0;
     ev_fifo *f = &w->st[t].ev[dir];
+    const kvi_xfer_ops *o = w->st[t].x.ops;
     int rc = grow((void **)&f->ev, &f->cap, f->n + 1ull, sizeof(int64_t), false);
+    if (!rc && o->set_meta && !w->st[t].dead)
+        rc = o->set_meta(w->st[t].x.impl, w->meta);
     if (!rc)
         rc = stage_submit(w, &w->st[t], dir, event, src, dst, n, NULL);
     if (rc)
@@ -634,7 +685,8 @@ static int poll_behind(kvt_worker *w, uint32_t t, int dir)
     if (f->n == 0)
         return 0;
     int64_t hwm;
-    uint32_t n_failed; /* a promotion fails as an event: the manager re-reads nothing of it */
+    uint32_t n_failed; /* a promotion fails as an event (the manager re-reads nothing of it),
+                          or, from a backend that knows, block by block (failed_promo) */
     int rc0 = stage_settle(w, s, dir, false, &hwm, &n_failed);
     if (rc0)
         return rc0;

@@ -28,7 +28,7 @@ static void empty_step_has_no_events_and_round_trips(void **state)
     KVT_OK_(kvt_offload_meta_validate(&m));
     roundtrip(&m, &back);
     assert_int_equal(kvt_offload_meta_encoded_size(&m),
-                     12 + 8 + 8 + 4 + 8 + 8 + 1 + 4 + 1); /* no tier sections */
+                     12 + 8 + 8 + 4 + 8 + 8 + 1 + 4 + 1 + 1); /* no tiers, no remote */
     kvt_offload_meta_release(&m);
     kvt_offload_meta_release(&back);
 }
@@ -134,16 +134,19 @@ static void encode_reports_a_small_buffer(void **state)
     kvt_offload_meta_release(&m);
 }
 
-/* The end of an offload message: no invalid load destinations, no tier sections. */
+/* The end of an offload message: no invalid load destinations, no tier sections, no remote
+ * reads. */
 static void wb_disk_none(wb *w)
 {
     wb_u32(w, 0);
     wb_u8(w, 0);
+    wb_u8(w, 0);
 }
 
-/* The end of a worker message: no failed load sources, no tier sections. */
+/* The end of a worker message: no failed load sources or promotions, no tier sections. */
 static void wb_disk_reports_none(wb *w)
 {
+    wb_u32(w, 0);
     wb_u32(w, 0);
     wb_u8(w, 0);
 }
@@ -436,7 +439,7 @@ static void tier_sections_name_their_tier(void **state)
     assert_int_equal(back.tiers[2].store_dst[0], 41);
     assert_int_equal(back.tiers[0].store_event, KVT_NO_EVENT);
     assert_int_equal(back.tiers[1].load_event, KVT_NO_EVENT);
-    size_t empty = 12 + 8 + 8 + 4 + 8 + 8 + 1 + 4 + 1;
+    size_t empty = 12 + 8 + 8 + 4 + 8 + 8 + 1 + 4 + 1 + 1;
     assert_int_equal(kvt_offload_meta_encoded_size(&m), empty + 1 + 8 + 8 + 8 + 8 + 8);
     kvt_offload_meta_release(&m);
     kvt_offload_meta_release(&back);
@@ -482,6 +485,7 @@ static void tier_sections_name_their_tier(void **state)
             if (n)
                 wb_u32(&w, 6);
         }
+        wb_u8(&w, 0); /* no remote reads */
         wb_done(&w);
         KVT_ERR_(kvt_offload_meta_decode(&m, w.b, w.n), KVT_EPROTO);
         if (!strstr(kvt_last_error(), bad[k].why))
@@ -498,7 +502,7 @@ static void tier_sections_name_their_tier(void **state)
     size_t len;
     KVT_OK_(kvt_offload_worker_meta_encode(&a, buf, sizeof(buf), &len));
     assert_int_equal(len, kvt_offload_worker_meta_encoded_size(&a));
-    assert_int_equal(len, 12 + 8 + 4 + 1 + 1 + 8 + (4 + 12 + 4));
+    assert_int_equal(len, 12 + 8 + 4 + 4 + 1 + 1 + 8 + (4 + 12 + 4));
     KVT_OK_(kvt_offload_worker_meta_decode(&wback, buf, len));
     assert_true(kvt_offload_worker_meta_equal(&a, &wback));
     wb w;
@@ -506,6 +510,7 @@ static void tier_sections_name_their_tier(void **state)
     wb_u32(&w, 0);
     wb_u32(&w, 0);
     wb_u32(&w, 0); /* no failed load sources */
+    wb_u32(&w, 0); /* no failed promotions */
     wb_u8(&w, 1);
     wb_u8(&w, 2);
     for (int i = 0; i < 4; i++)
@@ -540,7 +545,7 @@ static void failed_load_sources_are_an_ascending_set(void **state)
     unsigned char buf[128];
     size_t len;
     KVT_OK_(kvt_offload_worker_meta_encode(&a, buf, sizeof(buf), &len));
-    assert_int_equal(len, 12 + 8 + 4 + 3 * 4 + 1);
+    assert_int_equal(len, 12 + 8 + 4 + 3 * 4 + 4 + 1);
     KVT_OK_(kvt_offload_worker_meta_decode(&back, buf, len));
     assert_true(kvt_offload_worker_meta_equal(&a, &back));
     a.failed_load_src[1] = 2; /* out of order */
@@ -555,6 +560,132 @@ static void failed_load_sources_are_an_ascending_set(void **state)
     kvt_offload_worker_meta_release(&a);
     kvt_offload_worker_meta_release(&b);
     kvt_offload_worker_meta_release(&back);
+}
+
+/* The blocks whose promotion failed alone: a set like failed_load_src, its own list on the
+ * wire after it. */
+static void failed_promotions_are_an_ascending_set(void **state)
+{
+    (void)state;
+    kvt_offload_worker_meta a, b, back;
+    kvt_offload_worker_meta_init(&a);
+    kvt_offload_worker_meta_init(&b);
+    kvt_offload_worker_meta_init(&back);
+    KVT_OK_(kvt_offload_worker_meta_add_failed_promo(&a, 7));
+    KVT_OK_(kvt_offload_worker_meta_add_failed_promo(&a, 2));
+    KVT_ERR_(kvt_offload_worker_meta_add_failed_promo(&a, 0), KVT_EINVAL);
+    KVT_OK_(kvt_offload_worker_meta_add_failed_promo(&b, 7));
+    KVT_OK_(kvt_offload_worker_meta_add_failed_promo(&b, 4));
+    KVT_OK_(kvt_offload_worker_meta_add_failed_load(&b, 4)); /* a separate set */
+    KVT_OK_(kvt_offload_worker_meta_aggregate(&a, &b));
+    assert_int_equal(a.n_failed_promo, 3);
+    assert_int_equal(a.failed_promo[0], 2);
+    assert_int_equal(a.failed_promo[1], 4);
+    assert_int_equal(a.failed_promo[2], 7);
+    assert_int_equal(a.n_failed_load_src, 1);
+    unsigned char buf[128];
+    size_t len;
+    KVT_OK_(kvt_offload_worker_meta_encode(&a, buf, sizeof(buf), &len));
+    assert_int_equal(len, 12 + 8 + 4 + 4 + 4 + 3 * 4 + 1);
+    KVT_OK_(kvt_offload_worker_meta_decode(&back, buf, len));
+    assert_true(kvt_offload_worker_meta_equal(&a, &back));
+    back.failed_promo[2] = 3;
+    assert_false(kvt_offload_worker_meta_equal(&a, &back));
+    KVT_ERR_(kvt_offload_worker_meta_validate(&back), KVT_EINVAL);
+    buf[12 + 8 + 8 + 4 + 4] = 9; /* on the wire: 9, 4, 7 */
+    KVT_ERR_(kvt_offload_worker_meta_decode(&back, buf, len), KVT_EPROTO);
+    assert_non_null(strstr(kvt_last_error(), "failed promotions"));
+    kvt_offload_worker_meta_release(&a);
+    kvt_offload_worker_meta_release(&b);
+    kvt_offload_worker_meta_release(&back);
+}
+
+/* A step with remote reads: tier 2's loads name sources 1 .. n, each an owner's slot. */
+static void remote_reads_round_trip_and_are_checked(void **state)
+{
+    (void)state;
+    kvt_offload_meta m, back;
+    kvt_offload_meta_init(&m);
+    kvt_offload_meta_init(&back);
+    uint32_t o0, o1, id;
+    uint8_t h[20];
+    KVT_OK_(kvt_offload_meta_add_remote_owner(&m, "a", "10.0.0.1:5000", 3, &o0));
+    KVT_OK_(kvt_offload_meta_add_remote_owner(&m, "bb", "10.0.0.2:5001", 9, &o1));
+    assert_int_equal(o1, 1);
+    m.tiers[1].load_event = 4;
+    for (uint32_t i = 0; i < 3; i++) {
+        memset(h, (int)(0x40 + i), sizeof(h));
+        KVT_OK_(kvt_offload_meta_add_remote_src(&m, 2, i % 2, 10 + i, 100 + i, h, 20, &id));
+        assert_int_equal(id, i + 1);
+        KVT_OK_(kvt_offload_meta_add_tier_load(&m, 2, id, 30 + i));
+    }
+    /* every source of a message: one tier, one hash length */
+    KVT_ERR_(kvt_offload_meta_add_remote_src(&m, 1, 0, 1, 1, h, 20, &id), KVT_EINVAL);
+    KVT_ERR_(kvt_offload_meta_add_remote_src(&m, 2, 0, 1, 1, h, 33, &id), KVT_ERANGE);
+    roundtrip(&m, &back);
+    assert_int_equal(back.remote.tier, 2);
+    assert_int_equal(back.remote.n_srcs, 3);
+    assert_int_equal(back.remote.srcs[2].slot, 12);
+    assert_int_equal(back.remote.srcs[2].generation, 102);
+    assert_int_equal(back.remote.srcs[2].hash[19], 0x42);
+    assert_string_equal(back.remote.owners[1].endpoint.ptr, "10.0.0.2:5001");
+    assert_int_equal(back.remote.owners[1].epoch, 9);
+    size_t empty = 12 + 8 + 8 + 4 + 8 + 8 + 1 + 4 + 1 + 1;
+    assert_int_equal(kvt_offload_meta_encoded_size(&m),
+                     empty + (1 + 8 + 4 + 12 + 4 + 12 + 8 + 4 + 4) + 1 + 4 + (4 + 1 + 4 + 13 + 8) +
+                         (4 + 2 + 4 + 13 + 8) + 4 + 3 * (16 + 20));
+
+    /* each rule broken once, by the validator (and so by encode and decode) */
+    m.tiers[1].load_src[1] = 4; /* past the sources */
+    KVT_ERR_(kvt_offload_meta_validate(&m), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "names source 4 of 3"));
+    m.tiers[1].load_src[1] = 2;
+    m.remote.srcs[0].owner = 2; /* not listed */
+    KVT_ERR_(kvt_offload_meta_validate(&m), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "names owner 2 of 2"));
+    m.remote.srcs[0].owner = 0;
+    m.remote.owners[0].endpoint.len = 0;
+    KVT_ERR_(kvt_offload_meta_validate(&m), KVT_EINVAL);
+    m.remote.owners[0].endpoint.len = 13;
+    m.remote.owners[0].instance.len = 65;
+    KVT_ERR_(kvt_offload_meta_validate(&m), KVT_EINVAL);
+    m.remote.owners[0].instance.len = 1;
+    m.tiers[1].store_event = 5; /* a write-back into the remote tier */
+    KVT_OK_(kvt_offload_meta_add_tier_store(&m, 2, 1, 1));
+    KVT_ERR_(kvt_offload_meta_validate(&m), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "write-backs"));
+    kvt_offload_meta_clear(&m);
+    assert_int_equal(m.remote.tier, 0);
+    m.remote.n_owners = 1; /* owners without a tier */
+    KVT_ERR_(kvt_offload_meta_validate(&m), KVT_EINVAL);
+    m.remote.n_owners = 0;
+    KVT_OK_(kvt_offload_meta_validate(&m));
+
+    /* hand-built: a remote section whose hash length is out of range, then one whose sources
+     * claim more bytes than the message holds */
+    for (int k = 0; k < 2; k++) {
+        wb w;
+        wb_begin(&w, KVT_META_OFFLOAD);
+        wb_u64(&w, (uint64_t)-1);
+        wb_u32(&w, 0);
+        wb_u32(&w, 0);
+        wb_u32(&w, 0);
+        wb_u64(&w, (uint64_t)-1);
+        wb_u32(&w, 0);
+        wb_u32(&w, 0);
+        wb_u8(&w, 0);
+        wb_u32(&w, 0);
+        wb_u8(&w, 0);                /* no tier sections */
+        wb_u8(&w, 1);                /* remote tier 1 */
+        wb_u8(&w, k == 0 ? 33 : 16); /* hash_len */
+        wb_u32(&w, 0);               /* no owners */
+        wb_u32(&w, 1000);            /* sources */
+        wb_done(&w);
+        KVT_ERR_(kvt_offload_meta_decode(&back, w.b, w.n), KVT_EPROTO);
+        assert_non_null(strstr(kvt_last_error(), k == 0 ? "hash_len 33" : "cannot fit"));
+    }
+    kvt_offload_meta_release(&m);
+    kvt_offload_meta_release(&back);
 }
 
 int main(void)
@@ -576,6 +707,8 @@ int main(void)
         cmocka_unit_test(worker_disk_reports_aggregate_and_round_trip),
         cmocka_unit_test(tier_sections_name_their_tier),
         cmocka_unit_test(failed_load_sources_are_an_ascending_set),
+        cmocka_unit_test(failed_promotions_are_an_ascending_set),
+        cmocka_unit_test(remote_reads_round_trip_and_are_checked),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -7,6 +7,7 @@
  * Without redis-server on PATH every case is skipped (and says so).
  */
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
@@ -92,6 +93,103 @@ static void a_withdrawn_or_reused_slot_costs_a_miss_never_wrong_bytes(void **sta
     kvt_remote_get_stats(a.r, &sa);
     assert_int_equal(sa.withdrawn, 1);
     assert_true(sa.served_stale >= 2);
+    drop_inst(&b);
+    drop_inst(&a);
+}
+
+/* The reader side (kvt_remote_read_from, by peer, into the reader's own slots), as an offload
+ * worker runs it: on its own thread while the lookup side looks up and publishes, with peers
+ * copied out of a lookup (kvt_remote_lookup_peer); every byte checked. */
+typedef struct side_reader {
+    kvt_remote *r;
+    const uint8_t *region;
+    kvt_remote_peer peers[KVT_REMOTE_MAX_PEERS];
+    uint32_t n_peers;
+    kvt_remote_loc locs[32];
+    uint8_t hashes[32 * HL];
+    uint32_t rounds, ok;
+} side_reader;
+
+static void *side_read(void *arg)
+{
+    side_reader *x = arg;
+    uint32_t slots[32];
+    int st[32];
+    for (uint32_t i = 0; i < 32; i++)
+        slots[i] = 10 + i;
+    for (uint32_t k = 0; k < x->rounds; k++) {
+        memset(st, 0x7f, sizeof(st));
+        if (kvt_remote_read_from(x->r, x->peers, x->n_peers, x->locs, x->hashes, 32, slots, st))
+            continue;
+        bool good = true;
+        for (uint32_t i = 0; i < 32; i++)
+            good = good && st[i] == 0 && same_as(x->region + (size_t)slots[i] * BB, 1, i);
+        x->ok += good;
+    }
+    return NULL;
+}
+
+static void reads_by_peer_run_beside_lookups_on_another_thread(void **state)
+{
+    (void)state;
+    NEED_REDIS();
+    inst a, b;
+    KVT_OK_(make(&a, "a", true, 7, CRED, 2000));
+    KVT_OK_(make(&b, "b", true, 7, CRED, 2000));
+    store(&a, 1, 32, 1);
+    store(&a, 2, 8, 40);
+    side_reader x = {.r = b.r, .region = b.region, .rounds = 20};
+    uint32_t hit = 0;
+    chain(1, 32, x.hashes);
+    KVT_OK_(kvt_remote_lookup(b.r, x.hashes, 32, x.locs, &hit));
+    assert_int_equal(hit, 32);
+    for (uint32_t i = 0; i < 32; i++) /* one owner: peer 0 of this lookup */
+        assert_int_equal(x.locs[i].peer, 0);
+    KVT_OK_(kvt_remote_lookup_peer(b.r, 0, &x.peers[0]));
+    x.n_peers = 1;
+    assert_string_equal(x.peers[0].instance, "a");
+    kvt_remote_peer none;
+    KVT_ERR_(kvt_remote_lookup_peer(b.r, 1, &none), KVT_ERANGE);
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, side_read, &x), 0);
+    uint32_t ok, stale, failed;
+    for (uint32_t k = 0; k < 30; k++) { /* the lookup side meanwhile: lookups, reads, publishes */
+        assert_int_equal(fetch(&b, 2, 8, &ok, &stale, &failed), 8);
+        assert_int_equal(ok, 8);
+        store(&b, 3, 4, 50);
+    }
+    pthread_join(t, NULL);
+    assert_int_equal(x.ok, x.rounds);
+    kvt_remote_stats sb;
+    kvt_remote_get_stats(b.r, &sb);
+    assert_int_equal(sb.read_ok, 20u * 32 + 30u * 8);
+
+    /* bad requests are refused whole, each block's status saying so */
+    uint32_t slots[32];
+    int st[32];
+    for (uint32_t i = 0; i < 32; i++)
+        slots[i] = 10 + i;
+    x.locs[3].peer = 1;
+    KVT_ERR_(kvt_remote_read_from(b.r, x.peers, 1, x.locs, x.hashes, 32, slots, st), KVT_EINVAL);
+    assert_int_equal(st[31], KVT_EINVAL);
+    x.locs[3].peer = 0;
+    slots[5] = SLOTS;
+    KVT_ERR_(kvt_remote_read_from(b.r, x.peers, 1, x.locs, x.hashes, 32, slots, st), KVT_ERANGE);
+    slots[5] = 15;
+    kvt_remote_peer bad = x.peers[0];
+    memset(bad.endpoint, 'x', sizeof(bad.endpoint));
+    KVT_ERR_(kvt_remote_read_from(b.r, &bad, 1, x.locs, x.hashes, 32, slots, st), KVT_EINVAL);
+    KVT_ERR_(kvt_remote_read_from(b.r, x.peers, KVT_REMOTE_MAX_PEERS + 1, x.locs, x.hashes, 32,
+                                  slots, st),
+             KVT_ELIMIT);
+    /* an owner named with another epoch than its current one: nothing read */
+    bad = x.peers[0];
+    bad.epoch--;
+    assert_int_not_equal(kvt_remote_read_from(b.r, &bad, 1, x.locs, x.hashes, 4, slots, st), 0);
+    for (uint32_t i = 0; i < 4; i++)
+        assert_int_not_equal(st[i], 0);
+    /* and the right one again: read */
+    KVT_OK_(kvt_remote_read_from(b.r, x.peers, 1, x.locs, x.hashes, 4, slots, st));
     drop_inst(&b);
     drop_inst(&a);
 }
@@ -592,6 +690,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup(hits_across_instances_every_byte_checked, each_setup),
         cmocka_unit_test_setup(a_withdrawn_or_reused_slot_costs_a_miss_never_wrong_bytes,
                                each_setup),
+        cmocka_unit_test_setup(reads_by_peer_run_beside_lookups_on_another_thread, each_setup),
         cmocka_unit_test_setup(a_wrong_credential_is_refused, each_setup),
         cmocka_unit_test_setup(mismatched_seeds_are_refused_naming_the_other, each_setup),
         cmocka_unit_test_setup(

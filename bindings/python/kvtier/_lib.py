@@ -251,6 +251,21 @@ class kvt_tier_xfers(ctypes.Structure):
                 ("cap_stores", c_u32)]
 
 
+class kvt_remote_owner(ctypes.Structure):
+    _fields_ = [("instance", kvt_str), ("endpoint", kvt_str), ("epoch", c_u64)]
+
+
+class kvt_remote_src(ctypes.Structure):
+    _fields_ = [("owner", c_u32), ("slot", c_u32), ("generation", c_u64),
+                ("hash", ctypes.c_uint8 * 32)]
+
+
+class kvt_remote_reads(ctypes.Structure):
+    _fields_ = [("tier", c_u32), ("hash_len", c_u32), ("n_owners", c_u32),
+                ("owners", P(kvt_remote_owner)), ("n_srcs", c_u32), ("srcs", P(kvt_remote_src)),
+                ("cap_owners", c_u32), ("cap_srcs", c_u32)]
+
+
 class kvt_offload_meta(ctypes.Structure):
     _fields_ = [("load_event", c_i64), ("n_loads", c_u32), ("load_gpu_blocks", P(c_u32)),
                 ("load_cpu_blocks", P(c_u32)), ("n_load_events", c_u32),
@@ -262,7 +277,7 @@ class kvt_offload_meta(ctypes.Structure):
                 ("tiers", kvt_tier_xfers * (MAX_TIERS - 1)),
                 ("cap_loads", c_u32), ("cap_events", c_u32), ("cap_first", c_u32),
                 ("cap_reqs", c_u32), ("cap_stores", c_u32), ("cap_invalid", c_u32),
-                ("strings", kvt_bump)]
+                ("strings", kvt_bump), ("remote", kvt_remote_reads)]
 
 
 class kvt_event_report(ctypes.Structure):
@@ -276,7 +291,8 @@ class kvt_offload_worker_meta(ctypes.Structure):
                 ("tier_stores", kvt_event_report * (MAX_TIERS - 1)),
                 ("tier_loads", kvt_event_report * (MAX_TIERS - 1)),
                 ("n_failed_load_src", c_u32), ("failed_load_src", P(c_u32)),
-                ("cap_failed_load_src", c_u32)]
+                ("cap_failed_load_src", c_u32), ("n_failed_promo", c_u32),
+                ("failed_promo", P(c_u32)), ("cap_failed_promo", c_u32)]
 
 
 STAT_COUNTERS = ("lookups", "lookup_tokens", "hit_tokens", "hit_blocks", "miss_tokens",
