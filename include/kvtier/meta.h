@@ -188,7 +188,9 @@ KVT_API int kvt_offload_meta_add_load_req(kvt_offload_meta *m, int64_t event, co
  * bytes, so the adds that follow cannot fail. */
 KVT_API int kvt_offload_meta_reserve(kvt_offload_meta *m, uint32_t loads, uint32_t stores,
                                      uint32_t events, uint32_t reqs, size_t req_bytes);
-/* The same for load_invalid_blocks, and for tier t's loads and stores. */
+/* The same for load_invalid_blocks, for tier t's loads and stores, and for remote owners
+ * (their names at their longest) and sources. */
+KVT_API int kvt_offload_meta_reserve_remote(kvt_offload_meta *m, uint32_t owners, uint32_t srcs);
 KVT_API int kvt_offload_meta_reserve_invalid(kvt_offload_meta *m, uint32_t invalid);
 KVT_API int kvt_offload_meta_reserve_tier(kvt_offload_meta *m, uint32_t tier, uint32_t loads,
                                           uint32_t stores);

@@ -197,16 +197,17 @@ KVT_API int kvt_offload_add_tier(kvt_offload *m, const char *name, uint32_t bloc
  * kvt_offload_destroy, which withdraws this replica's slots and pins (destroy the manager
  * before detaching the node). Every call that touches the host tier takes the node's lock. */
 KVT_API int kvt_offload_attach_node(kvt_offload *m, kvt_node *node);
-/* Adds the remote tier (kvtier/remote.h) behind this manager's host tier (and the tiers behind
- * it):
- *   lookups   past the host hit (where the tiers behind add nothing), match looks the request's
- *             remaining hashes up in the directory (one round trip) and reads the blocks
- *             other instances hold into freshly allocated host blocks, every one checked; the
- *             prefix read whole becomes part of the host hit (findable from then on) and
- *             reaches the GPU through the usual load. A block that could not be read is a
- *             miss, never part of a hit. The read runs in match, bounded by the remote's
- *             timeout_ms (docs/remote.md); a span that found nothing or whose owner did not
- *             answer is not looked up again for remote_miss_ms.
+/* Adds the remote tier (kvtier/remote.h) as the last tier of this manager's chain, behind the
+ * host tier and the tiers behind it (add those first; kvt_offload_remote_tier says its index):
+ *   lookups   past what the host and the tiers behind it hold, match looks the request's
+ *             remaining hashes up in the directory (one round trip, the only network call on
+ *             the scheduler's thread) and makes the blocks other instances hold promotions
+ *             into freshly allocated host blocks, as any tier behind does: the workers read
+ *             them (kvt_worker_attach_remote, every block checked), and the request's GPU load
+ *             goes once they landed. A block a worker could not read whole is an invalid
+ *             block (the engine recomputes from it) and gets no key. A span that found nothing
+ *             is not looked up again for remote_miss_ms; an owner a read from failed is not
+ *             read from again for as long (docs/remote.md).
  *   stores    each host block whose store completed is published; a host block is withdrawn
  *             before it is reused, and every one at kvt_offload_reset.
  * The remote must serve this host tier's own bytes: its slots are the host blocks (n_slots =
@@ -215,6 +216,8 @@ KVT_API int kvt_offload_attach_node(kvt_offload *m, kvt_node *node);
  * hash block is the scheduler block, the same hash length, no node tier. remote is borrowed
  * until kvt_offload_destroy; blocks stored before the attach are not published. */
 KVT_API int kvt_offload_attach_remote(kvt_offload *m, kvt_remote *remote);
+/* The remote tier's index in the chain (kvt_worker_attach_remote takes it), 0 without one. */
+KVT_API uint32_t kvt_offload_remote_tier(const kvt_offload *m);
 KVT_API const kvt_pool *kvt_offload_host_pool(const kvt_offload *m);
 /* The disk tier's pool (tier 1; NULL with two tiers). */
 KVT_API const kvt_pool *kvt_offload_disk_pool(const kvt_offload *m);

@@ -17,8 +17,7 @@ struct kvi_xfer_ops;
 typedef struct kvi_remote_port {
     int (*lookup)(kvt_remote *r, const uint8_t *hashes, uint32_t n, kvt_remote_loc *out,
                   uint32_t *n_hit);
-    int (*read_slots)(kvt_remote *r, const kvt_remote_loc *locs, const uint8_t *hashes, uint32_t n,
-                      const uint32_t *slots, int *status);
+    int (*lookup_peer)(const kvt_remote *r, uint32_t index, kvt_remote_peer *out);
     int (*publish)(kvt_remote *r, const uint32_t *slots, const uint8_t *hashes, uint32_t n);
     int (*withdraw)(kvt_remote *r, const uint32_t *slots, uint32_t n);
     /* The manager lets go of it (its teardown): if its owner destroyed it meanwhile, and no

@@ -255,6 +255,19 @@ int kvt_offload_meta_add_load_req(kvt_offload_meta *m, int64_t event, const char
     return 0;
 }
 
+int kvt_offload_meta_reserve_remote(kvt_offload_meta *m, uint32_t owners, uint32_t srcs)
+{
+    kvt_remote_reads *x = &m->remote;
+    uint64_t no = (uint64_t)x->n_owners + owners, ns = (uint64_t)x->n_srcs + srcs;
+    if (no > KVT_META_MAX_OWNERS || ns > KVT_META_MAX_BLOCKS)
+        return kvt_fail(KVT_ELIMIT, "meta: reserve beyond the message limits");
+    int rc = kvi_meta_grow((void **)&x->owners, &x->cap_owners, (uint32_t)no, sizeof(*x->owners));
+    if (!rc)
+        rc = kvi_meta_grow((void **)&x->srcs, &x->cap_srcs, (uint32_t)ns, sizeof(*x->srcs));
+    /* an instance (64 bytes) and an endpoint (80), each NUL-terminated and aligned */
+    return rc || !owners ? rc : kvi_bump_reserve(&m->strings, (size_t)owners * (65 + 81 + 16));
+}
+
 int kvt_offload_meta_add_remote_owner(kvt_offload_meta *m, const char *instance,
                                       const char *endpoint, uint64_t epoch, uint32_t *index)
 {

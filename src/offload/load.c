@@ -131,17 +131,14 @@ static int match_flags_unlocked(kvt_offload *m, const char *id, uint32_t id_len,
     uint32_t total = 0;
     for (uint32_t g = 0; g < m->ng; g++)
         total += hit.n_blocks[g];
-    /* the remote tier may continue where the host stopped (and the tiers behind it added
-     * nothing); its blocks join the host hit, so the hit list must hold them too */
-    uint32_t from_remote = start + hit.length / m->gcfg.hash_block_size;
+    /* the remote tier, last in the chain, continues where the others stopped (it is attached
+     * only without partial hash hits: the hit so far ends on a scheduler block) */
+    uint32_t from_remote = start + (hit.length + want_behind) / m->gcfg.hash_block_size;
     uint32_t want_remote =
-        want_behind ? 0
-                    : kvi_ofl_remote_lookup(m, hashes, n_hashes, from_remote, max_hit - hit.length);
+        kvi_ofl_remote_lookup(m, hashes, n_hashes, from_remote, max_hit - hit.length - want_behind);
     if (hit.length || want_behind || want_remote) {
         if (!r)
             r = kvi_ofl_req_get(m, id, id_len);
-        if (r && want_remote && !kvi_idpool_can_hold(&m->hitpool, &r->hit, total + want_remote))
-            want_remote = 0; /* no room for the remote part: the host part alone */
         if (!r || !kvi_idpool_can_hold(&m->hitpool, &r->hit, total)) {
             m->st.hits_dropped++;
             hit.length = 0; /* not offering a hit is always safe */
@@ -164,10 +161,12 @@ static int match_flags_unlocked(kvt_offload *m, const char *id, uint32_t id_len,
             }
         }
     }
-    /* after the host pins, so that allocating host blocks for it cannot evict them */
-    uint32_t length = hit.length + (r && want_behind ? kvi_ofl_tier_pin_chain(m, r, want) : 0);
-    if (r && want_remote)
-        length += kvi_ofl_remote_fetch(m, r, hashes, from_remote, want_remote);
+    /* after the host pins, so that allocating host blocks for them cannot evict them; each
+     * part only if the ones before it were not shortened (it would not continue them) */
+    uint32_t behind_got = r && want_behind ? kvi_ofl_tier_pin_chain(m, r, want) : 0;
+    uint32_t length = hit.length + behind_got;
+    if (r && want_remote && behind_got == want_behind)
+        length += kvi_ofl_remote_pin(m, r, hashes, from_remote, want_remote);
     m->st.miss_tokens += searchable - length;
     m->st.miss_blocks += (searchable - length) / m->sched_bs;
     if (length == 0) {
@@ -421,7 +420,7 @@ int kvi_ofl_reserve_step(kvt_offload *m, kvt_offload_meta *out)
     int rc = kvt_offload_meta_reserve(out, pairs, m->tier[0].acc_n, events, reqs, bytes);
     if (rc)
         return kvi_fail_wrap(rc, "offload: build_meta");
-    return kvi_ofl_tier_reserve(m, out, kvi_ofl_ntiers(m) > 1 ? pairs : 0);
+    return kvi_ofl_tier_reserve(m, out, kvi_ofl_ntiers(m) > 1 || m->rtier ? pairs : 0);
 }
 
 void kvi_ofl_emit_loads(kvt_offload *m, kvt_offload_meta *out)

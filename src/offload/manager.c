@@ -60,7 +60,8 @@ static int host_setup(kvt_offload *m, uint32_t host_nb)
         ok &= (*arrays[i] = malloc((size_t)host_nb * sizeof(uint32_t))) != NULL;
     P->grp = calloc(host_nb, 1);
     P->tier = calloc(host_nb, 1);
-    if (!ok || !P->grp || !P->tier)
+    P->bad = calloc(host_nb, 1);
+    if (!ok || !P->grp || !P->tier || !P->bad)
         return kvt_fail(KVT_ENOMEM, "offload: cannot allocate state for %u host blocks", host_nb);
     for (size_t i = 0; i < KVT_ARRAY_LEN(arrays); i++)
         for (uint32_t h = 0; h < host_nb; h++)
@@ -81,7 +82,8 @@ static void host_teardown(kvt_offload *m)
     }
     free(P->grp);
     free(P->tier);
-    P->grp = P->tier = NULL;
+    free(P->bad);
+    P->grp = P->tier = P->bad = NULL;
     m->scratch = NULL;
 }
 
@@ -372,6 +374,9 @@ static int add_tier_unlocked(kvt_offload *m, const char *name, uint32_t blocks, 
     int rc = check_tier_name(m, name);
     if (rc)
         return rc;
+    if (m->remote)
+        return kvt_fail(KVT_ESTATE, "offload: add_tier: the remote tier is last in the chain: "
+                                    "add tiers before attaching it");
     if (t >= KVI_OFL_TIERS)
         return kvt_fail(KVT_ENOSPC, "offload: add_tier: %u tiers already (KVT_MAX_TIERS)", t);
     if (blocks < 2 || blocks == UINT32_MAX)

@@ -111,8 +111,27 @@ struct kvi_ofl_event {
  * abandons and reports walks tiers by index. */
 #define KVI_OFL_TIERS     KVT_MAX_TIERS
 #define KVI_OFL_TIER_NAME 16
+
+/* What the promotion code asks of the tier a promotion into host block h comes from (its
+ * source: m->promo.src[h]). The tiers with a pool of their own answer from it (tier.c); the
+ * remote tier, whose blocks other instances hold, from what its lookup said (remote.c). */
+struct kvi_ofl_src_ops {
+    /* the promotion is over (landed, failed or dropped): the source's pin goes */
+    void (*release)(kvt_offload *m, uint32_t t, uint32_t h);
+    /* the keys the promoted block takes, into m->keys (at most kpb); their count */
+    uint32_t (*keys)(kvt_offload *m, uint32_t t, uint32_t h);
+    /* the promotion failed: the source may be bad (its keys are dropped, counted) */
+    void (*failed)(kvt_offload *m, uint32_t t, uint32_t h);
+    /* room in the step's metadata for n more sources (before any event is added) */
+    int (*reserve)(kvt_offload *m, uint32_t t, kvt_offload_meta *out, uint32_t n);
+    /* the source id the metadata's load pair names (describing it there if need be) */
+    uint32_t (*emit)(kvt_offload *m, uint32_t t, uint32_t h, kvt_offload_meta *out);
+};
+extern const struct kvi_ofl_src_ops kvi_ofl_pool_src, kvi_ofl_remote_src;
+
 struct kvi_ofl_tier {
-    kvt_pool *pool; /* NULL: no such tier */
+    kvt_pool *pool;                    /* NULL: no pool (no such tier, or the remote tier) */
+    const struct kvi_ofl_src_ops *src; /* tiers behind: NULL when there is no such tier */
     char name[KVI_OFL_TIER_NAME];
     uint32_t nb; /* blocks, null block included */
     /* per block: the store pair that fills it (the source in the level in front) and the
@@ -197,6 +216,7 @@ struct kvt_offload {
     struct kvi_ofl_promos {
         uint32_t *src, *next, *gpu, *idx, *evnext, *req;
         uint8_t *grp, *tier;
+        uint8_t *bad; /* a worker reported it failed (failed_promo): fails at completion */
     } promo;
     size_t key_stride; /* hash_len + group + num_tokens */
 
@@ -225,20 +245,29 @@ struct kvt_offload {
      * every call that touches the host pool runs under the node's lock */
     kvt_node *node;
 
-    /* a remote tier (kvt_offload_attach_remote; remote.c): its port, the locations a lookup
-     * found, the host blocks a read fills and their statuses (KVT_REMOTE_MAX_READ each), and
-     * the host blocks of completed stores waiting to be published with their hashes */
+    /* a remote tier (kvt_offload_attach_remote; remote.c): its port and index in the chain,
+     * the locations a lookup found (KVT_REMOTE_MAX_READ), the owners that promotions in
+     * flight read from (KVT_REMOTE_MAX_PEERS, shared by count), per host block promoted out
+     * of it where its block is (owner, slot, generation, hash), and the host blocks of
+     * completed stores waiting to be published with their hashes */
     kvt_remote *remote;
     const struct kvi_remote_port *rport;
+    uint32_t rtier;
     kvt_remote_loc *rloc;
-    uint32_t *rids;
-    int *rst;
+    struct kvi_ofl_rpeer {
+        kvt_remote_peer id;
+        uint32_t refs;
+        uint32_t wire;    /* its index among the owners of the metadata being built */
+        uint64_t down_ns; /* a read from it failed: not read from again before then */
+    } * rpeers;
+    uint32_t *rs_peer, *rs_slot;
+    uint64_t *rs_gen;
+    uint8_t *rs_hash;
     uint32_t *pub_slots, pub_n;
     uint8_t *pub_hashes;
     struct kvi_ofl_rmiss { /* recent lookups that found nothing: a span's hash, until when */
         uint64_t key, until_ns;
-    } * rmiss, *rmiss_last; /* KVI_OFL_RMISS entries, direct mapped; the last lookup's */
-    uint64_t rmiss_last_key;
+    } * rmiss; /* KVI_OFL_RMISS entries, direct mapped */
 };
 #define KVI_OFL_RMISS 1024u
 
@@ -458,10 +487,12 @@ void kvi_ofl_remote_teardown(kvt_offload *m);
  * as the host tier can allocate); returns the blocks found (their locations in m->rloc). */
 uint32_t kvi_ofl_remote_lookup(kvt_offload *m, const uint8_t *hashes, uint32_t n_hashes,
                                uint32_t from, uint32_t max_len);
-/* Reads the n blocks the last lookup found (hashes from index `from`) into new host blocks;
- * the prefix read whole joins r's hit (group 0). Returns its tokens. */
-uint32_t kvi_ofl_remote_fetch(kvt_offload *m, struct kvi_ofl_req *r, const uint8_t *hashes,
-                              uint32_t from, uint32_t n);
+/* The n blocks the last lookup found (hashes from index `from`) become promotions of r out of
+ * the remote tier into new host blocks (as many as the host has room for and the owner table
+ * can name), after its promotions out of the tiers before it: the workers read them. Returns
+ * their tokens. */
+uint32_t kvi_ofl_remote_pin(kvt_offload *m, struct kvi_ofl_req *r, const uint8_t *hashes,
+                            uint32_t from, uint32_t n);
 /* Host block h's store completed and its keys are registered: publish it (batched). */
 void kvi_ofl_remote_stored(kvt_offload *m, uint32_t h);
 void kvi_ofl_remote_publish_flush(kvt_offload *m);
@@ -507,6 +538,11 @@ uint32_t kvi_ofl_tier_pin_chain(kvt_offload *m, struct kvi_ofl_req *r, const uin
  * hit (one full-attention group: as many blocks as the host tier has room for; otherwise all
  * or nothing). */
 uint32_t kvi_ofl_tier_pin(kvt_offload *m, struct kvi_ofl_req *r, uint32_t t, uint32_t tokens);
+/* The last promotion of r's chain (OFL_NONE: none yet), and one more appended after *tail:
+ * host block h from source src of tier t, at position idx of group g's hit. */
+uint32_t kvi_ofl_promo_tail(const kvt_offload *m, const struct kvi_ofl_req *r);
+void kvi_ofl_promo_link(kvt_offload *m, struct kvi_ofl_req *r, uint32_t *tail, uint32_t h,
+                        uint32_t t, uint32_t src, uint32_t g, uint32_t idx);
 /* Releases the phase-A pairs of r's part behind the host. */
 void kvi_ofl_tier_release_hit(kvt_offload *m, struct kvi_ofl_req *r);
 /* GPU blocks of group g that num_external accepted tokens reach (the last one partly with

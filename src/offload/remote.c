@@ -1,22 +1,27 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The remote tier behind the host tier (kvt_offload_attach_remote; kvtier/remote.h, issue 23).
+ * The remote tier, last in the chain behind the host tier (kvt_offload_attach_remote;
+ * kvtier/remote.h, issues 23 and 41).
  *
- *   hits       match looks the hashes past the host hit up in the directory (one round trip,
- *              only where a disk tier adds nothing) and reads what other instances hold into
- *              host blocks it allocates (withdrawn first: they may be this instance's published
- *              slots); each block read whole and checked gets its key in the host pool (it is a
- *              cached host block from then on), and the prefix read whole joins the request's
- *              host hit, pinned by its allocation, so after_alloc and the GPU load treat it as
- *              any host block. A block that failed is freed without a key: a miss.
+ *   hits       match looks the hashes past what the host and the tiers behind it hold up in the
+ *              directory (one round trip) and makes each block found a promotion out of the
+ *              remote tier into a host block it allocates (withdrawn first: it may be one of
+ *              this instance's published slots), as the other tiers' promotions are: after_alloc
+ *              pairs them with GPU blocks, build_meta issues them (the metadata's remote section
+ *              says where each block is: owner, slot, generation, hash), the workers read them
+ *              (kvt_worker_attach_remote), and the GPU load goes when every one landed. A block
+ *              read whole and checked gets its key in the host pool; one that failed (stale,
+ *              owner gone, wrong bytes: the worker's failed_promo) is an invalid block, which
+ *              the engine recomputes. The scheduler's thread never waits for bytes.
  *   publish    a host block whose store completed on every worker (its keys registered) is
  *              published, in one directory round trip per batch of completions.
  *   withdraw   every host block the manager allocates is withdrawn first (nothing to do for
  *              those not published); kvt_offload_reset withdraws all.
  *
- * The bytes never pass through the manager: the remote reads and serves the host tier's own
- * arrays, which is why its worker must live in this process.
+ * The bytes never pass through the manager: the remote serves the host tier's own arrays and
+ * the worker reads into them, which is why this manager's worker lives in this process.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -53,16 +58,39 @@ static int attach_unlocked(kvt_offload *m, kvt_remote *remote)
     if (p->hash_len != m->hash_len)
         return kvt_fail(KVT_EINVAL, "offload: the remote tier's hash_len %u is not the pool's %u",
                         p->hash_len, m->hash_len);
+    uint32_t t = kvi_ofl_ntiers(m), nb = m->tier[0].nb;
+    if (t >= KVI_OFL_TIERS)
+        return kvt_fail(KVT_ENOSPC,
+                        "offload: attach_remote: %u tiers already (KVT_MAX_TIERS); the remote "
+                        "tier would be tier %u",
+                        t, t);
+    struct kvi_ofl_tier *T = &m->tier[t];
     m->rloc = malloc(KVT_REMOTE_MAX_READ * sizeof(*m->rloc));
-    m->rids = malloc(KVT_REMOTE_MAX_READ * sizeof(*m->rids));
-    m->rst = malloc(KVT_REMOTE_MAX_READ * sizeof(*m->rst));
+    m->rpeers = calloc(KVT_REMOTE_MAX_PEERS, sizeof(*m->rpeers));
+    m->rs_peer = malloc(nb * sizeof(*m->rs_peer));
+    m->rs_slot = malloc(nb * sizeof(*m->rs_slot));
+    m->rs_gen = malloc(nb * sizeof(*m->rs_gen));
+    m->rs_hash = malloc((size_t)nb * m->hash_len);
     m->pub_slots = malloc(KVT_REMOTE_MAX_READ * sizeof(*m->pub_slots));
     m->pub_hashes = malloc((size_t)KVT_REMOTE_MAX_READ * m->hash_len);
     m->rmiss = calloc(KVI_OFL_RMISS, sizeof(*m->rmiss));
-    if (!m->rloc || !m->rids || !m->rst || !m->pub_slots || !m->pub_hashes || !m->rmiss) {
+    int rc = !m->rloc || !m->rpeers || !m->rs_peer || !m->rs_slot || !m->rs_gen || !m->rs_hash ||
+                     !m->pub_slots || !m->pub_hashes || !m->rmiss
+                 ? kvt_fail(KVT_ENOMEM, "offload: attach_remote: out of memory")
+                 : 0;
+    /* its place in the chain: events of its own (its stores: none, ever) */
+    if (!rc && !(rc = kvi_ofl_evtable_init(&T->loads, kvi_min_u32(nb, 1024))))
+        rc = kvi_ofl_evtable_init(&T->stores, 1);
+    if (rc) {
         kvi_ofl_remote_teardown(m);
-        return kvt_fail(KVT_ENOMEM, "offload: attach_remote: out of memory");
+        kvi_evtable_free(&T->loads);
+        kvi_evtable_free(&T->stores);
+        return rc;
     }
+    snprintf(T->name, sizeof(T->name), "remote");
+    T->acc_head = T->acc_tail = OFL_NONE;
+    T->src = &kvi_ofl_remote_src;
+    m->rtier = t;
     m->pub_n = 0;
     m->remote = remote;
     m->rport = p;
@@ -77,12 +105,18 @@ int kvt_offload_attach_remote(kvt_offload *m, kvt_remote *remote)
     KVI_OFL_LOCKED(m, attach_unlocked(m, remote));
 }
 
+uint32_t kvt_offload_remote_tier(const kvt_offload *m)
+{
+    return m ? m->rtier : 0;
+}
+
 void kvi_ofl_remote_teardown(kvt_offload *m)
 {
-    free(m->rloc), free(m->rids), free(m->rst), free(m->pub_slots), free(m->pub_hashes);
-    free(m->rmiss);
-    m->rloc = NULL, m->rids = NULL, m->rst = NULL, m->pub_slots = NULL, m->pub_hashes = NULL;
+    free(m->rloc), free(m->rpeers), free(m->pub_slots), free(m->pub_hashes), free(m->rmiss);
+    free(m->rs_peer), free(m->rs_slot), free(m->rs_gen), free(m->rs_hash);
+    m->rloc = NULL, m->rpeers = NULL, m->pub_slots = NULL, m->pub_hashes = NULL;
     m->rmiss = NULL;
+    m->rs_peer = m->rs_slot = NULL, m->rs_gen = NULL, m->rs_hash = NULL;
     kvt_remote *r = m->remote;
     const kvi_remote_port *p = m->rport;
     m->remote = NULL;
@@ -119,54 +153,122 @@ uint32_t kvi_ofl_remote_lookup(kvt_offload *m, const uint8_t *hashes, uint32_t n
         hit = 0; /* arguments checked above; a failed lookup is a miss */
     if (x && hit == 0)
         *x = (struct kvi_ofl_rmiss){key, now + (uint64_t)m->cfg.remote_miss_ms * 1000000u};
-    m->rmiss_last = x, m->rmiss_last_key = key;
     return hit;
 }
 
-uint32_t kvi_ofl_remote_fetch(kvt_offload *m, struct kvi_ofl_req *r, const uint8_t *hashes,
-                              uint32_t from, uint32_t n)
+/* The manager's entry for peer lp of the last lookup: the same owner (instance, endpoint,
+ * epoch) shares one; else an entry no promotion reads from is taken (the one whose failure
+ * is oldest). UINT32_MAX: every entry is in use (the hit ends before that owner's blocks). */
+static uint32_t owner_entry(kvt_offload *m, uint32_t lp)
 {
-    kvt_pool *hp = m->tier[0].pool;
-    const uint8_t *h0 = hashes + (size_t)from * m->hash_len;
-    n = kvi_min_u32(n, kvt_pool_num_free(hp)); /* the hit's host blocks are pinned now */
+    kvt_remote_peer id;
+    if (m->rport->lookup_peer(m->remote, lp, &id))
+        return UINT32_MAX;
+    uint32_t unused = UINT32_MAX;
+    for (uint32_t i = 0; i < KVT_REMOTE_MAX_PEERS; i++) {
+        struct kvi_ofl_rpeer *p = &m->rpeers[i];
+        if (p->id.epoch == id.epoch && strcmp(p->id.instance, id.instance) == 0 &&
+            strcmp(p->id.endpoint, id.endpoint) == 0)
+            return i;
+        if (p->refs == 0 && (unused == UINT32_MAX || p->down_ns < m->rpeers[unused].down_ns))
+            unused = i;
+    }
+    if (unused != UINT32_MAX)
+        m->rpeers[unused] = (struct kvi_ofl_rpeer){.id = id, .wire = UINT32_MAX};
+    return unused;
+}
+
+uint32_t kvi_ofl_remote_pin(kvt_offload *m, struct kvi_ofl_req *r, const uint8_t *hashes,
+                            uint32_t from, uint32_t n)
+{
+    uint32_t t = m->rtier, map[KVT_REMOTE_MAX_PEERS], k = 0;
+    uint64_t now = m->cfg.remote_miss_ms ? kvt_monotonic_ns() : 0;
+    n = kvi_min_u32(n, kvt_pool_num_free(m->tier[0].pool)); /* the hit's host blocks are pinned */
+    memset(map, 0xff, sizeof(map));
+    for (; k < n; k++) {
+        uint32_t lp = m->rloc[k].peer;
+        if (lp >= KVT_REMOTE_MAX_PEERS)
+            break;
+        if (map[lp] == UINT32_MAX && (map[lp] = owner_entry(m, lp)) == UINT32_MAX)
+            break;
+        if (m->rpeers[map[lp]].down_ns > now)
+            break; /* its reads failed a moment ago: the hit ends before its blocks */
+        m->rpeers[map[lp]].refs++; /* taken now: a later owner cannot take this entry */
+    }
+    n = k;
     if (n == 0)
         return 0;
-    kvi_ofl_host_alloc(m, n, m->rids); /* withdraws them */
-    for (uint32_t i = 0; i < n; i++)
-        m->rst[i] = KVT_EIO; /* only what the read says it checked is a hit */
-    (void)m->rport->read_slots(m->remote, m->rloc, h0, n, m->rids, m->rst);
-    uint32_t prefix = 0;
-    bool whole = true;
+    const uint8_t *h0 = hashes + (size_t)from * m->hash_len;
+    uint32_t *hosts = m->scratch;
+    kvi_ofl_host_alloc(m, n, hosts); /* withdraws them: they may be published slots */
+    uint32_t tail = kvi_ofl_promo_tail(m, r);
     for (uint32_t i = 0; i < n; i++) {
-        uint32_t h = m->rids[i], b;
-        const uint8_t *hash = h0 + (size_t)i * m->hash_len;
-        bool ok = m->rst[i] == 0;
-        /* a block read whole is a cached host block from now on (unless another block holds
-         * its key already) */
-        if (ok && kvt_pool_lookup(hp, hash, 0, &b) != 1)
-            (void)kvt_pool_insert(hp, h, hash, 0, m->sched_bs);
-        whole = whole && ok;
-        if (whole) { /* the allocation's reference is the hit's pin */
-            (void)kvi_idlist_push(&m->hitpool, &r->hit, h); /* room checked by match */
-            prefix++;
-        } else {
-            (void)kvt_pool_free(hp, &h, 1);
-        }
+        uint32_t h = hosts[i];
+        m->rs_peer[h] = map[m->rloc[i].peer];
+        m->rs_slot[h] = m->rloc[i].slot;
+        m->rs_gen[h] = m->rloc[i].generation;
+        memcpy(m->rs_hash + (size_t)h * m->hash_len, h0 + (size_t)i * m->hash_len, m->hash_len);
+        kvi_ofl_promo_link(m, r, &tail, h, t, h, 0, i);
     }
-    r->hit_n[0] += prefix;
-    m->st.remote_hit_blocks += prefix;
-    /* an owner that did not answer in time is not asked for this span again at once: the
-     * request is matched again next step, and each try would stall the step timeout_ms */
-    for (uint32_t i = 0; i < n && m->rmiss_last; i++)
-        if (m->rst[i] == KVT_EIO) {
-            *m->rmiss_last = (struct kvi_ofl_rmiss){
-                m->rmiss_last_key, kvt_monotonic_ns() + (uint64_t)m->cfg.remote_miss_ms * 1000000u};
-            break;
-        }
-    if (prefix < n)
-        KVT_LOG_D("offload: remote tier: %u of %u blocks read whole", prefix, n);
-    return prefix * m->sched_bs;
+    r->dhit_pos[0] += n;
+    r->dhit_n += n;
+    r->dhit_len += n * m->sched_bs;
+    m->tier[t].st.hit_blocks += n;
+    m->tier[t].st.hit_tokens += (uint64_t)n * m->sched_bs;
+    m->st.remote_hit_blocks += n;
+    return n * m->sched_bs;
 }
+
+/* ---- the remote tier as a promotion's source ----------------------------------------------- */
+
+static void remote_release(kvt_offload *m, uint32_t t, uint32_t h)
+{
+    (void)t;
+    m->rpeers[m->rs_peer[h]].refs--;
+}
+
+static uint32_t remote_keys(kvt_offload *m, uint32_t t, uint32_t h)
+{
+    (void)t;
+    kvi_ofl_key_set(m, m->rs_hash + (size_t)h * m->hash_len, 0, m->sched_bs, &m->keys[0]);
+    return 1;
+}
+
+static void remote_failed(kvt_offload *m, uint32_t t, uint32_t h)
+{
+    m->tier[t].st.loads_failed++; /* the owner's block: nothing of ours to forget */
+    /* an owner that failed a read (dead, stopped, too slow, or its block gone) is not read
+     * from again for remote_miss_ms: each try would cost the workers up to timeout_ms */
+    if (m->cfg.remote_miss_ms)
+        m->rpeers[m->rs_peer[h]].down_ns =
+            kvt_monotonic_ns() + (uint64_t)m->cfg.remote_miss_ms * 1000000u;
+}
+
+static int remote_reserve(kvt_offload *m, uint32_t t, kvt_offload_meta *out, uint32_t n)
+{
+    (void)t;
+    for (uint32_t i = 0; i < KVT_REMOTE_MAX_PEERS; i++)
+        m->rpeers[i].wire = UINT32_MAX; /* named again in this step's metadata */
+    return kvt_offload_meta_reserve_remote(out, KVT_REMOTE_MAX_PEERS, n);
+}
+
+static uint32_t remote_emit(kvt_offload *m, uint32_t t, uint32_t h, kvt_offload_meta *out)
+{
+    struct kvi_ofl_rpeer *p = &m->rpeers[m->rs_peer[h]];
+    uint32_t id = 0;
+    if (p->wire == UINT32_MAX) /* room reserved: cannot fail */
+        (void)kvt_offload_meta_add_remote_owner(out, p->id.instance, p->id.endpoint, p->id.epoch,
+                                                &p->wire);
+    (void)kvt_offload_meta_add_remote_src(out, t, p->wire, m->rs_slot[h], m->rs_gen[h],
+                                          m->rs_hash + (size_t)h * m->hash_len, m->hash_len, &id);
+    return id;
+}
+
+const struct kvi_ofl_src_ops kvi_ofl_remote_src = {.release = remote_release,
+                                                   .keys = remote_keys,
+                                                   .failed = remote_failed,
+                                                   .reserve = remote_reserve,
+                                                   .emit = remote_emit};
 
 /* ---- publish / withdraw -------------------------------------------------------------------- */
 
@@ -210,7 +312,7 @@ void kvi_ofl_remote_withdraw_all(kvt_offload *m)
     for (uint32_t b = 1; b < m->tier[0].nb;) {
         uint32_t n = 0;
         for (; b < m->tier[0].nb && n < KVT_REMOTE_MAX_READ; b++)
-            m->rids[n++] = b;
-        kvi_ofl_remote_withdraw(m, m->rids, n);
+            m->pub_slots[n++] = b;
+        kvi_ofl_remote_withdraw(m, m->pub_slots, n);
     }
 }

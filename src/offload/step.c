@@ -157,7 +157,7 @@ static int reset_unlocked(kvt_offload *m)
     abandon_stores(m, false);
     forget_requests(m);
     uint32_t behind = 0; /* events of the tiers behind the first */
-    for (uint32_t t = 1; t < KVI_OFL_TIERS && m->tier[t].pool; t++)
+    for (uint32_t t = 1; t < KVI_OFL_TIERS && m->tier[t].src; t++)
         behind += kvi_evtable_len(&m->tier[t].stores) + kvi_evtable_len(&m->tier[t].loads);
     if (kvi_evtable_len(&m->tier[0].stores) || kvi_evtable_len(&m->tier[0].loads) || behind)
         return kvt_fail(KVT_EBUSY,

@@ -131,12 +131,15 @@ int kvi_ofl_tier_setup(kvt_offload *m, uint32_t t, const char *name, uint32_t nb
     }
     if (!rc)
         rc = kvi_ofl_evtable_init(&T->loads, kvi_min_u32(nb, MAX_BEHIND_EVENTS));
+    if (!rc)
+        T->src = &kvi_ofl_pool_src;
     return rc;
 }
 
 void kvi_ofl_tier_remove(kvt_offload *m, uint32_t t)
 {
     kvi_ofl_tier_close(m, t);
+    m->tier[t].src = NULL;
     memset(m->tier[t].name, 0, sizeof(m->tier[t].name));
     for (uint32_t g = 0; g < KVT_MAX_GROUPS; g++) {
         free(m->tier[t].search_out[g]);
@@ -226,10 +229,34 @@ uint32_t kvi_ofl_tier_search_chain(kvt_offload *m, const uint8_t *hashes, uint32
     return total;
 }
 
+uint32_t kvi_ofl_promo_tail(const kvt_offload *m, const struct kvi_ofl_req *r)
+{
+    uint32_t tail = r->promo_head;
+    while (tail != OFL_NONE && m->promo.next[tail] != OFL_NONE)
+        tail = m->promo.next[tail];
+    return tail;
+}
+
+void kvi_ofl_promo_link(kvt_offload *m, struct kvi_ofl_req *r, uint32_t *tail, uint32_t h,
+                        uint32_t t, uint32_t src, uint32_t g, uint32_t i)
+{
+    struct kvi_ofl_promos *P = &m->promo;
+    P->src[h] = src;
+    P->tier[h] = (uint8_t)t;
+    P->gpu[h] = P->next[h] = P->evnext[h] = P->req[h] = OFL_NONE;
+    P->grp[h] = (uint8_t)g;
+    P->bad[h] = 0;
+    P->idx[h] = r->hit_n[g] + r->dhit_pos[g] + i; /* its position in the hit */
+    if (*tail == OFL_NONE)
+        r->promo_head = h;
+    else
+        P->next[*tail] = h;
+    *tail = h;
+}
+
 uint32_t kvi_ofl_tier_pin(kvt_offload *m, struct kvi_ofl_req *r, uint32_t t, uint32_t tokens)
 {
     struct kvi_ofl_tier *T = &m->tier[t];
-    struct kvi_ofl_promos *P = &m->promo;
     uint32_t free_host = kvt_pool_num_free(m->tier[0].pool), found = 0;
     for (uint32_t g = 0; g < m->ng; g++)
         for (uint32_t i = 0; i < T->search_n[g]; i++)
@@ -245,26 +272,14 @@ uint32_t kvi_ofl_tier_pin(kvt_offload *m, struct kvi_ofl_req *r, uint32_t t, uin
         return 0;
     uint32_t *hosts = m->scratch; /* found <= host_nb */
     kvi_ofl_host_alloc(m, found, hosts);
-    uint32_t tail = r->promo_head, k = 0;
-    while (tail != OFL_NONE && P->next[tail] != OFL_NONE)
-        tail = P->next[tail];
+    uint32_t tail = kvi_ofl_promo_tail(m, r), k = 0;
     for (uint32_t g = 0; g < m->ng; g++) {
         for (uint32_t i = 0; i < T->search_n[g]; i++) {
             uint32_t b = T->search_out[g][i];
             if (b == KVT_NULL_BLOCK)
                 continue;
-            uint32_t h = hosts[k++];
             (void)kvt_pool_touch(T->pool, &b, 1);
-            P->src[h] = b;
-            P->tier[h] = (uint8_t)t;
-            P->gpu[h] = P->next[h] = P->evnext[h] = P->req[h] = OFL_NONE;
-            P->grp[h] = (uint8_t)g;
-            P->idx[h] = r->hit_n[g] + r->dhit_pos[g] + i; /* its position in the hit */
-            if (tail == OFL_NONE)
-                r->promo_head = h;
-            else
-                P->next[tail] = h;
-            tail = h;
+            kvi_ofl_promo_link(m, r, &tail, hosts[k++], t, b, g, i);
         }
         r->dhit_pos[g] += T->search_n[g];
     }
@@ -289,13 +304,52 @@ uint32_t kvi_ofl_tier_pin_chain(kvt_offload *m, struct kvi_ofl_req *r, const uin
     return total;
 }
 
+/* ---- a pool tier as a promotion's source ------------------------------------------------ */
+
+static void pool_release(kvt_offload *m, uint32_t t, uint32_t h)
+{
+    uint32_t b = m->promo.src[h];
+    (void)kvt_pool_free(m->tier[t].pool, &b, 1);
+}
+
+static uint32_t pool_keys(kvt_offload *m, uint32_t t, uint32_t h)
+{
+    uint32_t nk = 0;
+    (void)kvt_pool_block_keys(m->tier[t].pool, m->promo.src[h], m->keys, m->kpb, &nk);
+    return nk < m->kpb ? nk : m->kpb;
+}
+
+static void pool_failed(kvt_offload *m, uint32_t t, uint32_t h)
+{
+    kvi_ofl_load_failed(m, t, m->promo.src[h]); /* the source may be bad: forgotten */
+}
+
+static int pool_reserve(kvt_offload *m, uint32_t t, kvt_offload_meta *out, uint32_t n)
+{
+    (void)m, (void)t, (void)out, (void)n;
+    return 0; /* a block id says it all */
+}
+
+static uint32_t pool_emit(kvt_offload *m, uint32_t t, uint32_t h, kvt_offload_meta *out)
+{
+    (void)t, (void)out;
+    return m->promo.src[h];
+}
+
+const struct kvi_ofl_src_ops kvi_ofl_pool_src = {.release = pool_release,
+                                                 .keys = pool_keys,
+                                                 .failed = pool_failed,
+                                                 .reserve = pool_reserve,
+                                                 .emit = pool_emit};
+
 /* Frees one promotion pair's source pin (the host block is the caller's). */
 static void release_pair(kvt_offload *m, uint32_t h)
 {
     struct kvi_ofl_promos *P = &m->promo;
-    uint32_t b = P->src[h];
-    (void)kvt_pool_free(m->tier[P->tier[h]].pool, &b, 1);
+    uint32_t t = P->tier[h];
+    m->tier[t].src->release(m, t, h);
     P->src[h] = P->next[h] = P->gpu[h] = P->evnext[h] = P->req[h] = OFL_NONE;
+    P->bad[h] = 0;
 }
 
 void kvi_ofl_tier_release_hit(kvt_offload *m, struct kvi_ofl_req *r)
@@ -454,7 +508,7 @@ static bool promotions_go(const kvt_offload *m)
 {
     if (m->promoq_head == OFL_NONE)
         return false;
-    for (uint32_t t = 1; t < KVI_OFL_TIERS && m->tier[t].pool; t++)
+    for (uint32_t t = 1; t < KVI_OFL_TIERS && m->tier[t].src; t++)
         if (m->tier[t].promo_queued && kvi_evtable_full(&m->tier[t].loads))
             return false;
     return true;
@@ -464,9 +518,12 @@ int kvi_ofl_tier_reserve(kvt_offload *m, kvt_offload_meta *out, uint32_t invalid
 {
     bool go = promotions_go(m);
     int rc = kvt_offload_meta_reserve_invalid(out, invalid);
-    for (uint32_t t = 1; t < KVI_OFL_TIERS && !rc && m->tier[t].pool; t++)
-        rc = kvt_offload_meta_reserve_tier(out, t, go ? m->tier[t].promo_queued : 0,
-                                           m->tier[t].acc_n);
+    for (uint32_t t = 1; t < KVI_OFL_TIERS && !rc && m->tier[t].src; t++) {
+        uint32_t n = go ? m->tier[t].promo_queued : 0;
+        rc = kvt_offload_meta_reserve_tier(out, t, n, m->tier[t].acc_n);
+        if (!rc && n)
+            rc = m->tier[t].src->reserve(m, t, out, n);
+    }
     return rc ? kvi_fail_wrap(rc, "offload: build_meta") : 0;
 }
 
@@ -475,7 +532,7 @@ static void emit_promotions(kvt_offload *m, kvt_offload_meta *out)
 {
     struct kvi_ofl_promos *P = &m->promo;
     struct kvi_ofl_event *ev[KVI_OFL_TIERS] = {NULL};
-    for (uint32_t t = 1; t < KVI_OFL_TIERS && m->tier[t].pool; t++) {
+    for (uint32_t t = 1; t < KVI_OFL_TIERS && m->tier[t].src; t++) {
         struct kvi_ofl_tier *T = &m->tier[t];
         if (!T->promo_queued)
             continue;
@@ -489,8 +546,9 @@ static void emit_promotions(kvt_offload *m, kvt_offload_meta *out)
         struct kvi_ofl_req *r = &m->reqs[s];
         r->flags = (r->flags & ~RQ_PROMO_QUEUED) | RQ_PROMO_SENT;
         for (uint32_t h = r->promo_head; h != OFL_NONE; h = P->next[h]) {
-            struct kvi_ofl_event *e = ev[P->tier[h]];
-            (void)kvt_offload_meta_add_tier_load(out, P->tier[h], P->src[h], h);
+            uint32_t t = P->tier[h];
+            struct kvi_ofl_event *e = ev[t];
+            (void)kvt_offload_meta_add_tier_load(out, t, m->tier[t].src->emit(m, t, h, out), h);
             if (e->tail == OFL_NONE)
                 e->head = h;
             else
@@ -529,6 +587,14 @@ static int check_issued(const kvt_event_report *rep, int64_t next, const char *n
 int kvi_ofl_tier_check_output(const kvt_offload *m, const kvt_offload_worker_meta *wm)
 {
     int rc = 0;
+    for (uint32_t i = 0; i < wm->n_failed_promo && !rc; i++) {
+        uint32_t h = wm->failed_promo[i];
+        if (h >= m->tier[0].nb || m->promo.req[h] == OFL_NONE)
+            rc = kvt_fail(KVT_ERANGE,
+                          "offload: apply_output: failed promotion into host block %u, which "
+                          "no promotion in flight fills",
+                          h);
+    }
     for (uint32_t t = 1; t < KVI_OFL_TIERS && !rc; t++) {
         const char *name = kvi_ofl_tier_name(m, t);
         rc = check_issued(&wm->tier_stores[t - 1], m->tier[t].store_counter, name, "store");
@@ -554,23 +620,23 @@ static struct kvi_ofl_event *count_report(kvt_offload *m, kvi_evtable *t,
     return e->reported >= m->cfg.world_size ? e : NULL;
 }
 
-/* Promotion h out of tier t landed (or failed) on every worker. */
+/* Promotion h out of tier t landed (or failed: its event, or h alone) on every worker. */
 static void complete_pair(kvt_offload *m, uint32_t t, uint32_t h, const struct kvi_ofl_event *e)
 {
     struct kvi_ofl_promos *P = &m->promo;
-    uint32_t b = P->src[h], nk = 0;
-    if (e->failed) {
+    const struct kvi_ofl_src_ops *src = m->tier[t].src;
+    if (e->failed || P->bad[h]) {
         m->gflags[P->gpu[h]] |= G_INVALID; /* never a hit */
         m->st.promotions_failed++;
-        kvi_ofl_load_failed(m, t, b); /* the source may be bad: forgotten */
+        src->failed(m, t, h);
         return;
     }
     m->st.promotions++;
     if (e->abandoned)
         return;
     /* the promoted block is findable in the host tier from now on */
-    (void)kvt_pool_block_keys(m->tier[t].pool, b, m->keys, m->kpb, &nk);
-    for (uint32_t k = 0; k < nk && k < m->kpb; k++) {
+    uint32_t nk = src->keys(m, t, h);
+    for (uint32_t k = 0; k < nk; k++) {
         uint32_t other;
         if (kvt_pool_lookup(m->tier[0].pool, m->keys[k].hash, m->keys[k].group, &other) != 1)
             (void)kvt_pool_insert(m->tier[0].pool, h, m->keys[k].hash, m->keys[k].group,
@@ -607,7 +673,11 @@ static void complete_promotion(kvt_offload *m, uint32_t t, struct kvi_ofl_event 
 
 void kvi_ofl_tier_apply_output(kvt_offload *m, const kvt_offload_worker_meta *wm)
 {
-    for (uint32_t t = 1; t < KVI_OFL_TIERS && m->tier[t].pool; t++) {
+    /* blocks that failed alone (checked: host blocks in promotions in flight), before the
+     * events that complete them */
+    for (uint32_t i = 0; i < wm->n_failed_promo; i++)
+        m->promo.bad[wm->failed_promo[i]] = 1;
+    for (uint32_t t = 1; t < KVI_OFL_TIERS && m->tier[t].src; t++) {
         const kvt_event_report *rep = &wm->tier_stores[t - 1];
         for (uint32_t i = 0; i < rep->n_completed; i++) {
             struct kvi_ofl_event *e = count_report(m, &m->tier[t].stores, rep, i);
@@ -627,7 +697,7 @@ void kvi_ofl_tier_apply_output(kvt_offload *m, const kvt_offload_worker_meta *wm
 
 void kvi_ofl_tier_abandon(kvt_offload *m)
 {
-    for (uint32_t t = 1; t < KVI_OFL_TIERS && m->tier[t].pool; t++) {
+    for (uint32_t t = 1; t < KVI_OFL_TIERS && m->tier[t].src; t++) {
         KVI_OFL_FOR_EVENTS (e, &m->tier[t].stores)
             e->abandoned = true;
         KVI_OFL_FOR_EVENTS (e, &m->tier[t].loads)
@@ -638,7 +708,7 @@ void kvi_ofl_tier_abandon(kvt_offload *m)
 
 bool kvi_ofl_tier_pending(const kvt_offload *m)
 {
-    for (uint32_t t = 1; t < KVI_OFL_TIERS && m->tier[t].pool; t++)
+    for (uint32_t t = 1; t < KVI_OFL_TIERS && m->tier[t].src; t++)
         if (kvi_evtable_len(&m->tier[t].loads) || kvi_evtable_len(&m->tier[t].stores) ||
             m->tier[t].acc_n)
             return true;

@@ -846,7 +846,7 @@ static int remote_alloc(const kvt_remote_config *c, kvt_remote **out)
     }
     r->cfg.regions = r->piece;
     r->rport = (kvi_remote_port){.lookup = kvt_remote_lookup,
-                                 .read_slots = kvt_remote_read_slots,
+                                 .lookup_peer = kvt_remote_lookup_peer,
                                  .publish = kvt_remote_publish,
                                  .withdraw = kvt_remote_withdraw,
                                  .unlend = unlend,

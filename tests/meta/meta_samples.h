@@ -72,6 +72,17 @@ static inline unsigned char *kvt_sample_encode(uint32_t kind, int variant, size_
             m.tiers[0].store_event = 8;
             for (uint32_t i = 0; i < 3; i++)
                 kvt_offload_meta_add_tier_store(&m, 1, 70 + i, 200 + i);
+            /* remote reads (tier 2): two owners, three sources */
+            uint32_t own[2], id;
+            uint8_t hash[16];
+            kvt_offload_meta_add_remote_owner(&m, "inst-a", "10.1.2.3:41000", 7, &own[0]);
+            kvt_offload_meta_add_remote_owner(&m, "inst-b", "10.1.2.4:41000", 2, &own[1]);
+            m.tiers[1].load_event = 3;
+            for (uint32_t i = 0; i < 3; i++) {
+                memset(hash, 0x30 + (int)i, sizeof(hash));
+                kvt_offload_meta_add_remote_src(&m, 2, own[i % 2], 5 + i, 11 + i, hash, 16, &id);
+                kvt_offload_meta_add_tier_load(&m, 2, id, 300 + i);
+            }
         }
         need = kvt_offload_meta_encoded_size(&m);
         buf = malloc(need);
@@ -89,6 +100,9 @@ static inline unsigned char *kvt_sample_encode(uint32_t kind, int variant, size_
             kvt_event_report_add(&m.tier_stores[0], 5, 1);
             kvt_event_report_add(&m.tier_loads[0], 2, 2);
             kvt_event_report_add_failed(&m.tier_loads[0], 2);
+            kvt_event_report_add(&m.tier_loads[1], 3, 1); /* remote reads, two blocks failed */
+            kvt_offload_worker_meta_add_failed_promo(&m, 301);
+            kvt_offload_worker_meta_add_failed_promo(&m, 300);
         }
         need = kvt_offload_worker_meta_encoded_size(&m);
         buf = malloc(need);

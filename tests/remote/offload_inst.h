@@ -89,6 +89,7 @@ static inline void inst_open(inst *x, const char *name)
     KVT_OK_(kvt_worker_create(&wc, x->layout, x->mirror, &x->w));
     KVT_OK_(remote_open(x, name, HOST_NB, KVT_BLOCK_HASH_LEN));
     KVT_OK_(kvt_offload_attach_remote(x->s.m, x->r));
+    KVT_OK_(kvt_worker_attach_remote(x->w, kvt_offload_remote_tier(x->s.m), x->r));
 }
 
 static inline void inst_close(inst *x)
@@ -107,11 +108,15 @@ static inline unsigned char *dev_block(inst *x, uint32_t region, uint32_t b)
 }
 
 /* One engine step after scheduling: metadata to the worker, copies to completion, reports
- * back (twice: a step without new events collects what finished). */
+ * back (twice: a step without new events collects what finished), then once more: a remote
+ * hit is a promotion the workers read first, and its GPU load goes the step after. */
 static inline void step(inst *x)
 {
     sim_worker_step(&x->s, x->w);
+    sim_worker_step(&x->s, x->w);
 }
+
+static uint32_t g_invalid; /* the last admit_and_check's invalid blocks */
 
 /* x computes prompt p (n_blocks full blocks and a tail; its KV bytes tagged by block hash)
  * and stores it. */
@@ -135,9 +140,16 @@ static inline uint32_t admit_and_check(inst *y, sim_req *q, const char *id, uint
     uint32_t hit = sim_admit(&y->s, q, UINT32_MAX);
     assert_int_equal(hit % SIM_BS, 0);
     step(y);
-    sim_kv_expect(y->kv, GPU_NB, KV_BPB, q, hit / SIM_BS, id);
+    /* blocks the worker could not read are invalid: the engine recomputes from the first */
+    uint32_t inv[GPU_NB], good = hit / SIM_BS;
+    g_invalid = kvt_worker_take_invalid_blocks(y->w, inv, GPU_NB);
+    for (uint32_t k = 0; k < g_invalid; k++)
+        for (uint32_t j = 0; j < good; j++)
+            if (q->blocks[j] == inv[k])
+                good = j;
+    sim_kv_expect(y->kv, GPU_NB, KV_BPB, q, good, id);
     sim_finish(&y->s, q);
-    return hit / SIM_BS;
+    return good;
 }
 
 static inline kvt_remote_stats rstats(inst *x)

@@ -6,8 +6,9 @@
  * for which block: the last to store it, until that instance evicts it, is reset or restarts.
  * For every request the model predicts the hit before the match: the GPU hit, then the run of
  * blocks in the instance's own host tier, then the run the directory names other instances
- * for; the manager's hit must be exactly that. Every block of every hit is checked byte for
- * byte on the instance's GPU blocks, and no read may be stale or fail (nothing dies here: the
+ * for; the manager's hit must be exactly that (the last part read by the instance's worker
+ * during the step, as promotions out of the remote tier). Every block of every hit is checked byte
+ * for byte on the instance's GPU blocks, and no read may be stale or fail (nothing dies here: the
  * directory must never name a block its owner no longer holds).
  *
  * KVTIER_TEST_SCALE scales the steps, KVTIER_TEST_SEED replays a run.
@@ -98,9 +99,10 @@ static void serve(uint32_t i, uint32_t f, uint32_t n, uint32_t own, uint64_t at,
                     "instance %u, family %u, %u blocks: GPU hit %u, hit %u tokens; the model: "
                     "GPU %u blocks, %u from its host tier, %u from the others",
                     i, f, n, q.gpu_hit, hit, g, h, r);
-    for (uint32_t j = g + h; j < g + h + r; j++) /* read from the others: not published */
-        g_slot[i][f][j] = host_slot(i, g_hash[f][j]);
     step(x);
+    /* read from the others (by the worker, during the step): not published */
+    for (uint32_t j = g + h; j < g + h + r; j++)
+        g_slot[i][f][j] = host_slot(i, g_hash[f][j]);
     /* every block it now has on the GPU: the hit, GPU-cached and loaded, byte for byte */
     for (uint32_t j = 0; j < g + h + r; j++)
         for (uint32_t reg = 0; reg < 2; reg++) {

@@ -44,6 +44,7 @@ class Engine:
         if remote:
             self.remote = kvtier.Remote(block_bytes=0, mirror=self.mirror, **remote)
             self.mgr.attach_remote(self.remote)
+            self.worker.attach_remote(self.remote, self.mgr.remote_tier)
 
     def step(self, preempted=False):
         meta = self.mgr.build_meta(preempted)      # build_connector_meta -> every worker

@@ -435,11 +435,18 @@ class OffloadManager(_Handle):
         _check(_lib.kvt_offload_lower_host_blocks(self._h, blocks))
 
     def attach_remote(self, remote):
-        """Puts the remote tier `remote` (a Remote serving this host tier's mirror) behind the
-        host tier: match reads what other instances hold, completed stores are published."""
+        """Puts the remote tier `remote` (a Remote serving this host tier's mirror) last in
+        the chain: match makes what other instances hold promotions that the worker reads
+        (Worker.attach_remote(remote, tier=OffloadManager.remote_tier)); completed stores are
+        published."""
         _check(_lib.kvt_offload_attach_remote(self._h, remote._h))
         self._remote = remote  # borrowed: keep it alive
         remote._managers.append(weakref.ref(self))
+
+    @property
+    def remote_tier(self):
+        """The remote tier's index in the chain (0 without one)."""
+        return _lib.kvt_offload_remote_tier(self._h)
 
     def attach_node(self, node):
         """Makes the host tier this replica's part of node tier `node` (a Node) before the
@@ -940,6 +947,13 @@ class Worker(_Handle):
         disk of the manager's disk_blocks, 2 and 3 those of OffloadManager.add_tier."""
         _check(_lib.kvt_worker_attach_disk_tier(self._h, tier, disk._h))
         self._keep = self._keep + (disk,)
+
+    def attach_remote(self, remote, tier):
+        """remote (a Remote serving this worker's mirror) as tier `tier` (the manager's
+        remote_tier): the worker reads the remote hits' blocks into the mirror, on a thread of
+        its own."""
+        _check(_lib.kvt_worker_attach_remote(self._h, tier, remote._h))
+        self._keep = self._keep + (remote,)
 
     def bind(self, meta):
         """bind_connector_metadata (meta: OffloadMeta, kept until clear)."""

@@ -315,10 +315,11 @@ class _Req:
 
 class _HostShare:
     """A worker's host mirror that the scheduler's remote tier serves too (same process): the
-    last of the two to close frees it, so no peer's read ever lands in freed memory."""
+    last of the two to close frees it, so no peer's read ever lands in freed memory. The
+    worker reads the remote tier's hits into it (Worker.attach_remote)."""
 
-    def __init__(self, mirror):
-        self.mirror, self.users = mirror, 1
+    def __init__(self, mirror, worker):
+        self.mirror, self.worker, self.users = mirror, worker, 1
 
     def release(self):
         self.users -= 1
@@ -533,6 +534,8 @@ class _Scheduler:
                         encrypt=c.remote_encrypt)
         try:
             self._call(_lib.kvt_offload_attach_remote(self.h, remote._h))
+            # the worker reads the remote hits' blocks, on a thread of its own
+            share.worker.attach_remote(remote, _lib.kvt_offload_remote_tier(self.h))
         except Exception:
             remote.close()
             raise
@@ -1123,7 +1126,7 @@ class _Worker:
                                  numa_node=c.numa_node)
             self.worker = Worker(layout, self.mirror, rank=rank, threads=c.copy_threads)
             if c.remote_directory:  # the scheduler's remote tier serves this mirror
-                self._host_share = _HostShare(self.mirror)
+                self._host_share = _HostShare(self.mirror, self.worker)
                 _HOSTS[self._engine_id] = self._host_share
             if c.backend == "cpu+disk":
                 self.disk = Disk(self.mirror.layout(), c.disk_path, c.disk_bytes_per_rank,
