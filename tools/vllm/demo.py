@@ -85,6 +85,36 @@ def ttft_ms(out):
     return m.first_token_latency * 1000 if m is not None and m.first_token_latency else None
 
 
+class _SchedTimer:
+    """Times the scheduler-side connector calls of an engine in this process: how long
+    get_num_new_matched_tokens took when it offered a hit (where a remote hit used to be read
+    while the engine waited), and every build_connector_meta. Wraps the instance's methods."""
+    def __init__(self, conn):
+        self.hit_ms, self.meta_ms = [], []
+        match, build = conn.get_num_new_matched_tokens, conn.build_connector_meta
+
+        def timed_match(*a, **kw):
+            t = time.perf_counter()
+            res = match(*a, **kw)
+            if res and res[0]:
+                self.hit_ms.append((time.perf_counter() - t) * 1e3)
+            return res
+
+        def timed_build(*a, **kw):
+            t = time.perf_counter()
+            res = build(*a, **kw)
+            self.meta_ms.append((time.perf_counter() - t) * 1e3)
+            return res
+        conn.get_num_new_matched_tokens, conn.build_connector_meta = timed_match, timed_build
+
+    def report(self):
+        return {"match_with_hit_ms_p50": pct(self.hit_ms, 50),
+                "match_with_hit_ms_max": max(self.hit_ms) if self.hit_ms else None,
+                "matches_with_hit": len(self.hit_ms),
+                "build_meta_ms_p50": pct(self.meta_ms, 50),
+                "build_meta_ms_max": max(self.meta_ms) if self.meta_ms else None}
+
+
 def run(label, model_dir, args, connector, extra=None, n_turns=None, hold=None):
     """Runs the workload (its first n_turns turns; default all) on a fresh engine; returns
     per-turn records and the stats. hold(result): called before the engine shuts down."""
@@ -99,6 +129,9 @@ def run(label, model_dir, args, connector, extra=None, n_turns=None, hold=None):
               max_num_batched_tokens=2048, max_num_seqs=4, kv_transfer_config=ktc,
               disable_log_stats=False)
     log("%s: engine ready in %.1f s" % (label, time.monotonic() - t0))
+    timer = None
+    if connector == "KvtierConnector":
+        timer = _SchedTimer(llm.llm_engine.engine_core.engine_core.scheduler.connector)
     docs, questions = workload(args.conversations, args.turns, args.doc_tokens,
                                args.question_tokens)
     history = [list(d) for d in docs]
@@ -125,7 +158,8 @@ def run(label, model_dir, args, connector, extra=None, n_turns=None, hold=None):
     if connector == "KvtierConnector":
         conn = llm.llm_engine.engine_core.engine_core.scheduler.connector
         stats, remote = conn.kvtier_stats(), conn.kvtier_remote_stats()
-    res = {"turns": turns, "wall_s": wall, "stats": stats, "remote": remote}
+    res = {"turns": turns, "wall_s": wall, "stats": stats, "remote": remote,
+           "sched": timer.report() if timer else None}
     if hold:
         hold(res)
     llm.llm_engine.engine_core.shutdown()
@@ -416,6 +450,10 @@ def main():
         rt["read_ok"], rt["read_failed"] = rs.get("read_ok", 0), rs.get("read_failed", 0)
         rt["read_mib"] = rs.get("read_bytes", 0) / (1 << 20)
         rt["owner_published"] = remote["run"]["owner"]["remote"]["published"]
+        # the scheduler's side: match on a remote hit (a directory lookup; the bytes are read
+        # by the worker) beside match on a host hit of run 2
+        rt["sched"] = remote["run"]["sched"]
+        rt["sched_host_hits"] = runs["kvtier"]["sched"]
     else:
         rep["remote_tier"]["why"] = remote["why"]
     rep["model"] = dict(MODEL, block_size=BLOCK, gpu_blocks=args.gpu_blocks)
@@ -462,6 +500,14 @@ def main():
                  rt["read_mib"], f(rt["ttft_p50_ms_remote_hit"]),
                  f(rt["ttft_p50_ms_recompute"]), f(rt["speedup_p50"]),
                  "yes" if rt["identical"] else "NO"), file=out)
+        sr, sh = rt["sched"] or {}, rt["sched_host_hits"] or {}
+        print("  the scheduler's side: match offering a remote hit p50 %s ms (max %s) vs a host "
+              "hit %s ms (max %s); build_connector_meta p50 %s ms"
+              % (f(sr.get("match_with_hit_ms_p50"), "%.2f"), f(sr.get("match_with_hit_ms_max"),
+                                                              "%.2f"),
+                 f(sh.get("match_with_hit_ms_p50"), "%.2f"),
+                 f(sh.get("match_with_hit_ms_max"), "%.2f"),
+                 f(sr.get("build_meta_ms_p50"), "%.2f")), file=out)
     else:
         print("remote tier: did not run (%s)" % rt["why"], file=out)
     if real["ran"]:
