@@ -126,6 +126,9 @@ struct kvi_ofl_src_ops {
     int (*reserve)(kvt_offload *m, uint32_t t, kvt_offload_meta *out, uint32_t n);
     /* the source id the metadata's load pair names (describing it there if need be) */
     uint32_t (*emit)(kvt_offload *m, uint32_t t, uint32_t h, kvt_offload_meta *out);
+    /* its blocks are this instance's own (stored here once): promoted into the host, they are
+     * published to the remote tier again; a remote tier's are not (their owner is a peer) */
+    bool own;
 };
 extern const struct kvi_ofl_src_ops kvi_ofl_pool_src, kvi_ofl_remote_src;
 

@@ -340,7 +340,8 @@ const struct kvi_ofl_src_ops kvi_ofl_pool_src = {.release = pool_release,
                                                  .keys = pool_keys,
                                                  .failed = pool_failed,
                                                  .reserve = pool_reserve,
-                                                 .emit = pool_emit};
+                                                 .emit = pool_emit,
+                                                 .own = true};
 
 /* Frees one promotion pair's source pin (the host block is the caller's). */
 static void release_pair(kvt_offload *m, uint32_t h)
@@ -634,14 +635,17 @@ static void complete_pair(kvt_offload *m, uint32_t t, uint32_t h, const struct k
     m->st.promotions++;
     if (e->abandoned)
         return;
-    /* the promoted block is findable in the host tier from now on */
-    uint32_t nk = src->keys(m, t, h);
+    /* the promoted block is findable in the host tier from now on (and, one of this
+     * instance's own, by its peers again: its host copy was withdrawn when it was evicted) */
+    uint32_t nk = src->keys(m, t, h), added = 0;
     for (uint32_t k = 0; k < nk; k++) {
         uint32_t other;
         if (kvt_pool_lookup(m->tier[0].pool, m->keys[k].hash, m->keys[k].group, &other) != 1)
-            (void)kvt_pool_insert(m->tier[0].pool, h, m->keys[k].hash, m->keys[k].group,
-                                  m->keys[k].num_tokens);
+            added += kvt_pool_insert(m->tier[0].pool, h, m->keys[k].hash, m->keys[k].group,
+                                     m->keys[k].num_tokens) == 0;
     }
+    if (added && src->own)
+        kvi_ofl_remote_stored(m, h);
 }
 
 /* Every promotion of r landed: its GPU load goes (or, finished meanwhile, its pins). */
@@ -691,6 +695,7 @@ void kvi_ofl_tier_apply_output(kvt_offload *m, const kvt_offload_worker_meta *wm
                 complete_promotion(m, t, e);
         }
     }
+    kvi_ofl_remote_publish_flush(m); /* the promoted blocks of our own, if any */
 }
 
 /* ---- reset and metrics ----------------------------------------------------------------- */

@@ -10,8 +10,10 @@
 #define KVT_TEST_OFFLOAD_INST_H
 
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "redis_group.h"
+#include "kvtier/disk.h"
 #include "kvtier/remote.h"
 #include "kvtier/worker.h"
 #include "offload/sim.h"
@@ -39,7 +41,8 @@ static inline int each_setup(void **state)
 }
 
 /* One engine instance: its "GPU" (two regions of GPU_NB blocks in host memory), host mirror,
- * worker, manager and remote tier. */
+ * worker, manager and remote tier, and optionally a disk tier between the host and the remote
+ * (its file in a directory of the working directory, removed at close). */
 typedef struct inst {
     sim s;
     unsigned char *kv;
@@ -47,6 +50,9 @@ typedef struct inst {
     kvt_mirror *mirror;
     kvt_worker *w;
     kvt_remote *r;
+    kvt_disk *disk;
+    kvt_layout *ml; /* the disk's near side: the mirror's layout (borrowed by the disk) */
+    char dir[32];
 } inst;
 
 static inline int remote_open(inst *x, const char *name, uint32_t n_slots, uint32_t hash_len)
@@ -74,7 +80,27 @@ static inline void sim_open(sim *s)
     sim_init_cfg(s, GPU_NB, &oc);
 }
 
-static inline void inst_open(inst *x, const char *name)
+/* A disk tier of `blocks` blocks behind x's host tier (before the remote is attached). */
+static inline void inst_add_disk(inst *x, uint32_t blocks)
+{
+    snprintf(x->dir, sizeof(x->dir), "kvt-rdisk-XXXXXX");
+    assert_non_null(mkdtemp(x->dir));
+    KVT_OK_(kvt_offload_add_tier(x->s.m, "disk", blocks, NULL));
+    KVT_OK_(kvt_mirror_layout(x->mirror, &x->ml));
+    kvt_disk_config dc;
+    kvt_disk_config_init(&dc);
+    char path[64];
+    snprintf(path, sizeof(path), "%s/kv", x->dir);
+    dc.path = path;
+    dc.page_cache = true;
+    dc.capacity_bytes = (uint64_t)blocks * 2 * KV_BPB;
+    KVT_OK_(kvt_disk_create(&dc, x->ml, &x->disk));
+    KVT_OK_(kvt_worker_attach_disk_tier(x->w, 1, x->disk));
+}
+
+/* An instance; disk_blocks > 0: with a disk tier of that many blocks between the host and the
+ * remote tier. */
+static inline void inst_open_disk(inst *x, const char *name, uint32_t disk_blocks)
 {
     sim_open(&x->s);
     sim_host_kv(GPU_NB, KV_BPB, &x->kv, &x->layout);
@@ -87,9 +113,19 @@ static inline void inst_open(inst *x, const char *name)
     kvt_worker_config_init(&wc);
     wc.copy.threads = 1;
     KVT_OK_(kvt_worker_create(&wc, x->layout, x->mirror, &x->w));
+    x->disk = NULL;
+    x->ml = NULL;
+    x->dir[0] = 0;
+    if (disk_blocks)
+        inst_add_disk(x, disk_blocks);
     KVT_OK_(remote_open(x, name, HOST_NB, KVT_BLOCK_HASH_LEN));
     KVT_OK_(kvt_offload_attach_remote(x->s.m, x->r));
     KVT_OK_(kvt_worker_attach_remote(x->w, kvt_offload_remote_tier(x->s.m), x->r));
+}
+
+static inline void inst_open(inst *x, const char *name)
+{
+    inst_open_disk(x, name, 0);
 }
 
 static inline void inst_close(inst *x)
@@ -97,6 +133,10 @@ static inline void inst_close(inst *x)
     sim_fini(&x->s); /* withdraws what it published, before the remote and the mirror go */
     kvt_remote_destroy(x->r);
     kvt_worker_destroy(x->w);
+    kvt_disk_destroy(x->disk); /* unlinks its file */
+    kvt_layout_destroy(x->ml);
+    if (x->dir[0])
+        rmdir(x->dir);
     kvt_mirror_destroy(x->mirror);
     kvt_layout_destroy(x->layout);
     free(x->kv);

@@ -1,15 +1,18 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Model-based test of the remote tier behind the offload manager: three engine instances
- * (offload_inst.h) serve random requests over a few shared prefixes, with GPU-cache resets,
- * host-tier resets and restarts, against a model of the directory — which instance is named
- * for which block: the last to store it, until that instance evicts it, is reset or restarts.
- * For every request the model predicts the hit before the match: the GPU hit, then the run of
- * blocks in the instance's own host tier, then the run the directory names other instances
- * for; the manager's hit must be exactly that (the last part read by the instance's worker
- * during the step, as promotions out of the remote tier). Every block of every hit is checked byte
- * for byte on the instance's GPU blocks, and no read may be stale or fail (nothing dies here: the
- * directory must never name a block its owner no longer holds).
+ * (offload_inst.h), each with or without a disk tier between its host tier and the remote
+ * (chosen per run: host+remote and host+disk+remote chains side by side), serve random
+ * requests over a few shared prefixes, with GPU-cache resets, host-tier resets and restarts,
+ * against a model of the directory — which instance is named for which block: the last to
+ * store it (or to promote it back from its own disk), until that instance evicts it, is reset
+ * or restarts. For every request the model predicts the hit before the match: the GPU hit,
+ * then the run of blocks in the instance's own host tier, then the run on its own disk, then
+ * the run the directory names other instances for; the manager's hit must be exactly that
+ * (the disk's and the remote's parts promoted by the instance's worker during the step). Every
+ * block of every hit is checked byte for byte on the instance's GPU blocks, and no read may be
+ * stale or fail (nothing dies here: the directory must never name a block its owner no longer
+ * holds).
  *
  * KVTIER_TEST_SCALE scales the steps, KVTIER_TEST_SEED replays a run.
  */
@@ -21,7 +24,8 @@
 #define WHAT     "offload remote model"
 
 static inst g_in[NI];
-static int g_dir_owner[FAMILIES][MAXB];     /* the model: the instance named, or -1 */
+static uint32_t g_disk[NI];             /* an instance's disk blocks (0: none), for the whole run */
+static int g_dir_owner[FAMILIES][MAXB]; /* the model: the instance named, or -1 */
 static uint32_t g_slot[NI][FAMILIES][MAXB]; /* the host block holding it, as last observed */
 static uint8_t g_hash[FAMILIES][MAXB][KVT_BLOCK_HASH_LEN];
 
@@ -35,6 +39,13 @@ static uint32_t host_slot(uint32_t i, const uint8_t *h)
 static bool host_has(uint32_t i, const uint8_t *h)
 {
     return host_slot(i, h) != UINT32_MAX;
+}
+
+static bool disk_has(uint32_t i, const uint8_t *h)
+{
+    const kvt_pool *d = kvt_offload_tier_pool(g_in[i].s.m, 1);
+    uint32_t b;
+    return d && kvt_pool_lookup(d, h, 0, &b) == 1;
 }
 
 /* An instance's entries go when it no longer holds the block (withdrawn at eviction). */
@@ -72,7 +83,8 @@ static void forget_instance(uint32_t i)
 }
 
 typedef struct counts {
-    uint64_t requests, host_blocks, remote_blocks, gpu_blocks, computed_blocks;
+    uint64_t requests, host_blocks, disk_blocks, remote_blocks, gpu_blocks, computed_blocks;
+    uint64_t disk_then_remote; /* requests whose hit ran from their disk into the remote */
     uint64_t resets, restarts, gpu_resets;
 } counts;
 
@@ -89,31 +101,35 @@ static void serve(uint32_t i, uint32_t f, uint32_t n, uint32_t own, uint64_t at,
     uint32_t out[SIM_MAX_BLK], *outs[1] = {out};
     kvt_hit gh;
     KVT_OK_(kvt_pool_find_longest_hit(x->s.gpu, q.hashes, q.n_hashes, q.n_tokens - 1, outs, &gh));
-    uint32_t g = gh.n_blocks[0], h = 0, r = 0;
+    uint32_t g = gh.n_blocks[0], h = 0, d = 0, r = 0;
     while (g + h < n && host_has(i, g_hash[f][g + h]))
         h++;
-    while (g + h + r < n && g_dir_owner[f][g + h + r] >= 0 && g_dir_owner[f][g + h + r] != (int)i)
+    while (g + h + d < n && disk_has(i, g_hash[f][g + h + d]))
+        d++;
+    uint32_t l = g + h + d; /* the local part ends here */
+    while (l + r < n && g_dir_owner[f][l + r] >= 0 && g_dir_owner[f][l + r] != (int)i)
         r++;
     uint32_t hit = sim_admit(&x->s, &q, UINT32_MAX);
-    KVT_MODEL_CHECK(WHAT, "step", at, seed, q.gpu_hit == g * SIM_BS && hit == (h + r) * SIM_BS,
+    KVT_MODEL_CHECK(WHAT, "step", at, seed, q.gpu_hit == g * SIM_BS && hit == (h + d + r) * SIM_BS,
                     "instance %u, family %u, %u blocks: GPU hit %u, hit %u tokens; the model: "
-                    "GPU %u blocks, %u from its host tier, %u from the others",
-                    i, f, n, q.gpu_hit, hit, g, h, r);
+                    "GPU %u blocks, %u from its host tier, %u from its disk, %u from the others",
+                    i, f, n, q.gpu_hit, hit, g, h, d, r);
     step(x);
-    /* read from the others (by the worker, during the step): not published */
-    for (uint32_t j = g + h; j < g + h + r; j++)
+    /* read from the others (by the worker, during the step): not published; what came back
+     * from its own disk is (observe sees it) */
+    for (uint32_t j = l; j < l + r; j++)
         g_slot[i][f][j] = host_slot(i, g_hash[f][j]);
     /* every block it now has on the GPU: the hit, GPU-cached and loaded, byte for byte */
-    for (uint32_t j = 0; j < g + h + r; j++)
+    for (uint32_t j = 0; j < l + r; j++)
         for (uint32_t reg = 0; reg < 2; reg++) {
-            const unsigned char *d = dev_block(x, reg, q.blocks[j]);
+            const unsigned char *p = dev_block(x, reg, q.blocks[j]);
             for (uint32_t o = 0; o < KV_BPB; o++)
-                KVT_MODEL_CHECK(WHAT, "step", at, seed, d[o] == sim_kv_byte(sim_tag(&q, j), reg, o),
+                KVT_MODEL_CHECK(WHAT, "step", at, seed, p[o] == sim_kv_byte(sim_tag(&q, j), reg, o),
                                 "instance %u: block %u of family %u, region %u, byte %u differs", i,
                                 j, f, reg, o);
         }
     /* the engine computes the rest and stores it */
-    for (uint32_t j = g + h + r; j < q.n_blocks; j++)
+    for (uint32_t j = l + r; j < q.n_blocks; j++)
         for (uint32_t reg = 0; reg < 2; reg++)
             for (uint32_t o = 0; o < KV_BPB; o++)
                 dev_block(x, reg, q.blocks[j])[o] =
@@ -125,8 +141,9 @@ static void serve(uint32_t i, uint32_t f, uint32_t n, uint32_t own, uint64_t at,
     observe(i);
     sync_evictions();
     c->requests++;
-    c->gpu_blocks += g, c->host_blocks += h, c->remote_blocks += r;
-    c->computed_blocks += n - g - h - r;
+    c->gpu_blocks += g, c->host_blocks += h, c->disk_blocks += d, c->remote_blocks += r;
+    c->computed_blocks += n - l - r;
+    c->disk_then_remote += d && r;
 }
 
 static void the_manager_agrees_with_the_model(void **state)
@@ -153,8 +170,11 @@ static void the_manager_agrees_with_the_model(void **state)
     g_timeout_ms = 60000;
     g_ttl_ms = 60000;
     static const char *const names[NI] = {"m0", "m1", "m2"};
+    /* the chains: a disk behind the host of instance 0 always, of the others by the seed */
     for (uint32_t i = 0; i < NI; i++)
-        inst_open(&g_in[i], names[i]);
+        g_disk[i] = i == 0 || kvt_rand_below(&rng, 2) ? 16 + kvt_rand_below(&rng, 32) : 0;
+    for (uint32_t i = 0; i < NI; i++)
+        inst_open_disk(&g_in[i], names[i], g_disk[i]);
     counts c = {0};
     for (uint64_t s = 0; s < steps; s++) {
         uint32_t i = kvt_rand_below(&rng, NI), op = kvt_rand_below(&rng, 100);
@@ -172,7 +192,7 @@ static void the_manager_agrees_with_the_model(void **state)
         } else { /* a restart: a new epoch, an empty host tier */
             inst_close(&g_in[i]);
             forget_instance(i);
-            inst_open(&g_in[i], names[i]);
+            inst_open_disk(&g_in[i], names[i], g_disk[i]);
             observe(i);
             c.restarts++;
         }
@@ -190,14 +210,17 @@ static void the_manager_agrees_with_the_model(void **state)
     /* the run must have exercised the remote tier (the counters of the last start of each
      * instance, so at most what the requests counted) */
     assert_true(c.remote_blocks >= steps / 10);
+    assert_true(c.disk_blocks > 0); /* instance 0 has a disk behind its host tier */
     assert_true(remote_hits <= c.remote_blocks && read_ok == remote_hits);
-    print_message("offload remote model: seed %llu, %llu steps: %llu requests (blocks: %llu GPU "
-                  "hits, %llu own host tier, %llu from the others, %llu computed), %llu GPU "
+    print_message("offload remote model: seed %llu, %llu steps, disks %u/%u/%u: %llu requests "
+                  "(blocks: %llu GPU hits, %llu own host tier, %llu own disk, %llu from the "
+                  "others, %llu computed; %llu hits from a disk into the remote), %llu GPU "
                   "resets, %llu host resets, %llu restarts\n",
-                  (unsigned long long)seed, (unsigned long long)steps,
-                  (unsigned long long)c.requests, (unsigned long long)c.gpu_blocks,
-                  (unsigned long long)c.host_blocks, (unsigned long long)c.remote_blocks,
-                  (unsigned long long)c.computed_blocks, (unsigned long long)c.gpu_resets,
+                  (unsigned long long)seed, (unsigned long long)steps, g_disk[0], g_disk[1],
+                  g_disk[2], (unsigned long long)c.requests, (unsigned long long)c.gpu_blocks,
+                  (unsigned long long)c.host_blocks, (unsigned long long)c.disk_blocks,
+                  (unsigned long long)c.remote_blocks, (unsigned long long)c.computed_blocks,
+                  (unsigned long long)c.disk_then_remote, (unsigned long long)c.gpu_resets,
                   (unsigned long long)c.resets, (unsigned long long)c.restarts);
     for (uint32_t i = 0; i < NI; i++)
         inst_close(&g_in[i]);
