@@ -544,7 +544,7 @@ KVT_API void kvt_offload_get_stats(const kvt_offload *m, kvt_offload_stats *s);
  * walks tiers by index instead of naming them; kvt_offload_stats' host_* / disk_* fields are
  * the flat view of these. */
 typedef struct kvt_tier_stats {
-    const char *name;              /* "host", "disk" (static) */
+    const char *name;              /* "host", "disk", "remote", or a name of add_tier */
     uint64_t hit_blocks;           /* blocks of this tier pinned by hits */
     uint64_t hit_tokens;           /* tokens of hits served from this tier */
     uint64_t load_events;          /* loads out of this tier issued (to the GPU, or promotions) */
@@ -563,7 +563,8 @@ typedef struct kvt_tier_stats {
     uint64_t reserved[7];  /* room for figures to come (zero) */
 } kvt_tier_stats;
 
-/* Tiers this manager has: 1 (host) or 2 (host and disk); 0 for NULL. */
+/* Tiers this manager has, the host and every tier behind it, the remote tier (which has no
+ * blocks of its own: its blocks, used and cached figures are 0) last; 0 for NULL. */
 KVT_API uint32_t kvt_offload_num_tiers(const kvt_offload *m);
 /* Tier `tier`'s figures; KVT_ERANGE (out zeroed) for a tier the manager does not have. */
 KVT_API int kvt_offload_get_tier_stats(const kvt_offload *m, uint32_t tier, kvt_tier_stats *out);

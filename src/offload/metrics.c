@@ -80,7 +80,7 @@ uint32_t kvt_offload_lazy_window(const kvt_offload *m)
 
 uint32_t kvt_offload_num_tiers(const kvt_offload *m)
 {
-    return m ? kvi_ofl_ntiers(m) : 0;
+    return m ? kvi_ofl_ntiers(m) + (m->rtier != 0) : 0; /* the remote tier is the last */
 }
 
 int kvt_offload_get_tier_stats(const kvt_offload *m, uint32_t tier, kvt_tier_stats *out)
@@ -108,9 +108,11 @@ int kvt_offload_get_tier_stats(const kvt_offload *m, uint32_t tier, kvt_tier_sta
     out->store_dropped = T->st.store_dropped;
     out->evictions = T->st.evictions;
     out->loads_failed = T->st.loads_failed;
-    out->blocks = T->nb - 1;
-    out->used_blocks = T->nb - 1 - kvt_pool_num_free(T->pool);
-    out->cached_blocks = kvt_pool_num_cached(T->pool);
+    if (T->pool) { /* the remote tier's blocks are its owners' */
+        out->blocks = T->nb - 1;
+        out->used_blocks = T->nb - 1 - kvt_pool_num_free(T->pool);
+        out->cached_blocks = kvt_pool_num_cached(T->pool);
+    }
     out->load_events_in_flight = kvi_evtable_len(&T->loads);
     out->store_events_in_flight = kvi_evtable_len(&T->stores);
     return 0;

@@ -511,8 +511,9 @@ void kvi_ofl_tier_remove(kvt_offload *m, uint32_t t);
 void kvi_ofl_tier_teardown(kvt_offload *m);
 /* Reopens tier t (before its first transfer) with nb blocks. */
 int kvi_ofl_tier_resize(kvt_offload *m, uint32_t t, uint32_t nb);
-/* Number of tiers, the host included (tiers are consecutive: tier t exists only behind tier
- * t - 1); kvt_offload_num_tiers. */
+/* Number of tiers with a pool, the host included (tiers are consecutive: tier t exists only
+ * behind tier t - 1; the remote tier, which has none, comes after them: kvt_offload_num_tiers
+ * counts it). */
 static inline uint32_t kvi_ofl_ntiers(const kvt_offload *m)
 {
     uint32_t n = 1;

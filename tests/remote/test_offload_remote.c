@@ -88,6 +88,22 @@ static void a_block_whose_bytes_changed_is_an_invalid_block(void **state)
     /* the other seven are b's host blocks now; block 5 never got a key */
     assert_true(sim_host_has(&b.s, &q, 4) && sim_host_has(&b.s, &q, 6));
     assert_false(sim_host_has(&b.s, &q, 5));
+    /* the remote is the chain's last tier, with figures of its own under its name */
+    uint32_t rt = kvt_offload_remote_tier(b.s.m);
+    assert_int_equal(rt, 1);
+    assert_int_equal(kvt_offload_num_tiers(b.s.m), 2);
+    kvt_tier_stats ts;
+    KVT_OK_(kvt_offload_get_tier_stats(b.s.m, rt, &ts));
+    assert_string_equal(ts.name, "remote");
+    assert_int_equal(ts.hit_blocks, 8);
+    assert_int_equal(ts.hit_tokens, 8 * SIM_BS);
+    assert_int_equal(ts.load_events, 1);
+    assert_int_equal(ts.loads_failed, 1);
+    assert_int_equal(ts.blocks, 0);
+    char prom[1 << 16];
+    size_t plen;
+    KVT_OK_(kvt_offload_prometheus(b.s.m, prom, sizeof(prom), &plen));
+    assert_non_null(strstr(prom, "kvtier_offload_tier_loads_failed_total{tier=\"remote\"} 1"));
     inst_close(&b);
     inst_close(&a);
 }
