@@ -151,6 +151,21 @@ static void wb_disk_reports_none(wb *w)
     wb_u8(w, 0);
 }
 
+/* An offload message up to its tier sections: no load, no store, no flush, no invalid blocks. */
+static void wb_offload_seed_fields(wb *w)
+{
+    wb_begin(w, KVT_META_OFFLOAD);
+    wb_u64(w, (uint64_t)-1);
+    wb_u32(w, 0);
+    wb_u32(w, 0);
+    wb_u32(w, 0);
+    wb_u64(w, (uint64_t)-1);
+    wb_u32(w, 0);
+    wb_u32(w, 0);
+    wb_u8(w, 0);
+    wb_u32(w, 0);
+}
+
 /* Hand-built messages that break one rule each. */
 static void wb_offload(wb *w, int64_t load_ev, uint32_t n_g, uint32_t n_c, int64_t ev_key,
                        uint32_t n_reqs, uint8_t flush)
@@ -460,16 +475,7 @@ static void tier_sections_name_their_tier(void **state)
     kvt_offload_meta_init(&m);
     for (size_t k = 0; k < sizeof(bad) / sizeof(bad[0]); k++) {
         wb w;
-        wb_begin(&w, KVT_META_OFFLOAD);
-        wb_u64(&w, (uint64_t)-1);
-        wb_u32(&w, 0);
-        wb_u32(&w, 0);
-        wb_u32(&w, 0);
-        wb_u64(&w, (uint64_t)-1);
-        wb_u32(&w, 0);
-        wb_u32(&w, 0);
-        wb_u8(&w, 0);
-        wb_u32(&w, 0);
+        wb_offload_seed_fields(&w);
         wb_u8(&w, bad[k].n);
         for (uint32_t i = 0; i < bad[k].n && i < 2; i++) {
             wb_u8(&w, bad[k].tier[i]);
@@ -665,16 +671,7 @@ static void remote_reads_round_trip_and_are_checked(void **state)
      * claim more bytes than the message holds */
     for (int k = 0; k < 2; k++) {
         wb w;
-        wb_begin(&w, KVT_META_OFFLOAD);
-        wb_u64(&w, (uint64_t)-1);
-        wb_u32(&w, 0);
-        wb_u32(&w, 0);
-        wb_u32(&w, 0);
-        wb_u64(&w, (uint64_t)-1);
-        wb_u32(&w, 0);
-        wb_u32(&w, 0);
-        wb_u8(&w, 0);
-        wb_u32(&w, 0);
+        wb_offload_seed_fields(&w);
         wb_u8(&w, 0);                /* no tier sections */
         wb_u8(&w, 1);                /* remote tier 1 */
         wb_u8(&w, k == 0 ? 33 : 16); /* hash_len */
