@@ -65,22 +65,30 @@ class Values(unittest.TestCase):
     def test_contention_runs_during_the_bench_and_ends_with_it(self):
         """Issue 38: --contend N spins N processes during every phase, says so in the report,
         and leaves none behind."""
+        # this run's processes carry a mark in their environment (the spinners inherit it):
+        # other tests that run the CLI meanwhile (ctest -j) are not counted
+        mark = "KVT_TEST_CONTEND_MARK=%d.%d" % (os.getpid(), id(self))
+
         def spinners():  # processes running the CLI's binary, whatever their name (it
-            # re-executes itself through /proc/self/exe); from /proc, no ps needed
+            # re-executes itself through /proc/self/exe), with this run's mark; from /proc
             exe, n = os.path.realpath(CLI), 0
             for pid in filter(str.isdigit, os.listdir("/proc")):
                 try:
-                    n += os.path.realpath("/proc/%s/exe" % pid) == exe
+                    if os.path.realpath("/proc/%s/exe" % pid) != exe:
+                        continue
+                    with open("/proc/%s/environ" % pid, "rb") as f:
+                        n += mark.encode() in f.read().split(b"\0")
                 except OSError:
                     pass
             return n
-        before = spinners()
+        self.assertEqual(spinners(), 0)
+        key, val = mark.split("=")
         p = run("bench", "ec", "--json", "--seconds", "0.02", "--transport", "tcp", "--peers",
-                "none", "--contend", "2", "--contend-pin")
+                "none", "--contend", "2", "--contend-pin", env={key: val})
         self.assertEqual(p.returncode, 0, p.stderr)
         d = json.loads(p.stdout)
         self.assertEqual((d["contend_processes"], d["contend_pinned"]), (2, True))
-        self.assertEqual(spinners(), before)
+        self.assertEqual(spinners(), 0)
         q = run("bench", "ec", "--contend", "65")
         self.assertEqual(q.returncode, 2)
         self.assertIn("--contend", q.stderr)
