@@ -1791,14 +1791,15 @@ int kvt_remote_read(kvt_remote *r, const kvt_remote_loc *locs, const uint8_t *ha
     return rc;
 }
 
-/* The checks of a read into this instance's slots. */
-static int check_slots_read(const kvt_remote *r, const uint32_t *slots, uint32_t n)
+/* The checks of a read into this instance's slots (what: the call, for its messages). */
+static int check_slots_read(const kvt_remote *r, const uint32_t *slots, uint32_t n,
+                            const char *what)
 {
     if (n && !r->serves)
-        return kvt_fail(KVT_ESTATE, "remote: read_slots: this instance has no slots");
+        return kvt_fail(KVT_ESTATE, "remote: %s: this instance has no slots", what);
     for (uint32_t i = 0; i < n; i++)
         if (slots[i] >= r->cfg.n_slots)
-            return kvt_fail(KVT_ERANGE, "remote: read_slots: slot %u out of range (%u slots)",
+            return kvt_fail(KVT_ERANGE, "remote: %s: slot %u out of range (%u slots)", what,
                             slots[i], r->cfg.n_slots);
     return 0;
 }
@@ -1810,7 +1811,7 @@ int kvt_remote_read_slots(kvt_remote *r, const kvt_remote_loc *locs, const uint8
         return refuse_read(kvt_fail(KVT_EINVAL, "remote: read_slots: NULL argument"), status, n);
     int rc = check_read(locs, n, r->n_lk);
     if (!rc)
-        rc = check_slots_read(r, slots, n);
+        rc = check_slots_read(r, slots, n, "read_slots");
     if (rc || n == 0)
         return refuse_read(rc, status, n);
     kvt_remote_peer *ids = lookup_ids(r);
@@ -1840,7 +1841,7 @@ int kvt_remote_read_from(kvt_remote *r, const kvt_remote_peer *peers, uint32_t n
                           "unterminated name",
                           k);
     if (!rc)
-        rc = check_slots_read(r, slots, n);
+        rc = check_slots_read(r, slots, n, "read_from");
     if (rc || n == 0)
         return refuse_read(rc, status, n);
     rd_dst d = {.slots = slots};
