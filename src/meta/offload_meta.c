@@ -704,18 +704,16 @@ static int rd_remote(kvi_rd *r, kvt_offload_meta *m)
         return rc;
     if (tier >= KVT_MAX_TIERS || hl == 0 || hl > KVT_META_MAX_HASH)
         return kvt_fail(KVT_EPROTO, "remote reads: tier %u, hash_len %u", tier, hl);
-    if ((rc = rd_count(r, &n, KVT_META_MAX_OWNERS, 16, "remote owners")))
+    if ((rc = rd_count(r, &n, KVT_META_MAX_OWNERS, 16, "remote owners")) ||
+        (rc = kvi_meta_grow((void **)&m->remote.owners, &m->remote.cap_owners, n,
+                            sizeof(*m->remote.owners))))
         return rc;
     for (uint32_t i = 0; i < n; i++) {
-        kvt_remote_owner o;
-        if ((rc = kvi_meta_rd_str_copy(r, &m->strings, &o.instance, "remote owner instance")) ||
-            (rc = kvi_meta_rd_str_copy(r, &m->strings, &o.endpoint, "remote owner endpoint")) ||
-            (rc = rd_u64(r, &o.epoch, "remote owner epoch")))
+        kvt_remote_owner *o = &m->remote.owners[i];
+        if ((rc = kvi_meta_rd_str_copy(r, &m->strings, &o->instance, "remote owner instance")) ||
+            (rc = kvi_meta_rd_str_copy(r, &m->strings, &o->endpoint, "remote owner endpoint")) ||
+            (rc = rd_u64(r, &o->epoch, "remote owner epoch")))
             return rc;
-        if ((rc = kvi_meta_grow((void **)&m->remote.owners, &m->remote.cap_owners, i + 1,
-                                sizeof(o))))
-            return rc;
-        m->remote.owners[i] = o;
         m->remote.n_owners = i + 1;
     }
     if ((rc = rd_count(r, &n, KVT_META_MAX_BLOCKS, 16 + (size_t)hl, "remote sources")) ||

@@ -61,14 +61,18 @@ typedef struct slotrec {
     uint8_t hash[KVT_REMOTE_MAX_HASH];
 } slotrec;
 
+/* An owner in a table of owners (the lookup side's, the reader's): who and where, its name
+ * for messages, and the lookup or read that last named it. */
+typedef struct peer_key {
+    kvt_remote_peer id;
+    char name[KVT_REMOTE_NAME_MAX + KVI_RDIR_EP_MAX + 4];
+    uint64_t used;
+} peer_key;
+
 /* An owner as a reader sees it: where it is, and the session of the connection to it. */
 typedef struct rpeer {
-    char instance[KVT_REMOTE_NAME_MAX + 1];
-    char endpoint[KVI_RDIR_EP_MAX + 1];
-    char name[KVT_REMOTE_NAME_MAX + KVI_RDIR_EP_MAX + 4];
-    uint64_t epoch;
-    void *sock;    /* DEALER; NULL until used or after a failure */
-    uint64_t used; /* lookup counter when last named */
+    peer_key k;
+    void *sock; /* DEALER; NULL until used or after a failure */
     /* the session: none, hello sent (nr kept), or ready (keys derived) */
     enum { SESS_NONE, SESS_HELLO, SESS_READY } sess;
     uint8_t nr[KVI_RNONCE];
@@ -76,13 +80,6 @@ typedef struct rpeer {
     uint8_t block_key[KVI_RKEY]; /* the owner's, from its boot id */
     uint64_t seq;
 } rpeer;
-
-/* An owner as a lookup names it: who and where, no connection. */
-typedef struct lkpeer {
-    kvt_remote_peer id;
-    char name[KVT_REMOTE_NAME_MAX + KVI_RDIR_EP_MAX + 4];
-    uint64_t used; /* lookup counter when last named */
-} lkpeer;
 
 /* A connection as the owner sees it (routing id), once it said hello. */
 typedef struct osess {
@@ -133,7 +130,7 @@ struct kvt_remote {
 
     /* the lookup side (lookup, publish, withdraw: one thread at a time): the owners the last
      * lookups named, by who and where only (kvt_remote_loc.peer indexes lk) */
-    lkpeer lk[KVT_REMOTE_MAX_PEERS];
+    peer_key lk[KVT_REMOTE_MAX_PEERS];
     uint32_t n_lk;
     uint64_t lookups_seq;
     kvi_rdir_hit *hits; /* KVT_REMOTE_MAX_READ */
@@ -1138,30 +1135,58 @@ int kvt_remote_withdraw(kvt_remote *r, const uint32_t *slots, uint32_t n)
 
 /* ---- lookup --------------------------------------------------------------------------------- */
 
-/* The lookup-side index of the owner a hit names (the least recently named entry replaced
- * when the table is full); UINT32_MAX when every entry was named by this lookup. */
-static uint32_t peer_for(kvt_remote *r, const kvi_rdir_hit *h)
+/* How an owner's entry was found (peer_slot). */
+enum { PEER_SAME, PEER_EPOCH, PEER_NEW };
+
+static peer_key *key_at(void *table, size_t stride, uint32_t i)
+{
+    return (peer_key *)(void *)((char *)table + (size_t)i * stride);
+}
+
+/* The entry of owner id in a table of *n entries `stride` bytes apart, each starting with its
+ * peer_key: the same instance at the same endpoint (its epoch and use updated: *kind PEER_SAME
+ * or PEER_EPOCH), else a new entry or the least recently used one not named at seq (*kind
+ * PEER_NEW: the caller resets what it holds, then peer_key_set). UINT32_MAX when every entry
+ * was named at seq. */
+static uint32_t peer_slot(void *table, size_t stride, uint32_t *n, const kvt_remote_peer *id,
+                          uint64_t seq, int *kind)
 {
     uint32_t victim = UINT32_MAX;
-    for (uint32_t i = 0; i < r->n_lk; i++) {
-        lkpeer *p = &r->lk[i];
-        if (strcmp(p->id.instance, h->instance) == 0 && strcmp(p->id.endpoint, h->endpoint) == 0) {
-            p->id.epoch = h->epoch;
-            p->used = r->lookups_seq;
+    for (uint32_t i = 0; i < *n; i++) {
+        peer_key *k = key_at(table, stride, i);
+        if (strcmp(k->id.instance, id->instance) == 0 &&
+            strcmp(k->id.endpoint, id->endpoint) == 0) {
+            *kind = k->id.epoch == id->epoch ? PEER_SAME : PEER_EPOCH;
+            k->id.epoch = id->epoch;
+            k->used = seq;
             return i;
         }
-        if (p->used != r->lookups_seq && (victim == UINT32_MAX || p->used < r->lk[victim].used))
+        if (k->used != seq &&
+            (victim == UINT32_MAX || k->used < key_at(table, stride, victim)->used))
             victim = i;
     }
-    uint32_t i = r->n_lk < KVT_REMOTE_MAX_PEERS ? r->n_lk++ : victim;
-    if (i == UINT32_MAX)
-        return UINT32_MAX;
-    lkpeer *p = &r->lk[i];
-    snprintf(p->id.instance, sizeof(p->id.instance), "%s", h->instance);
-    snprintf(p->id.endpoint, sizeof(p->id.endpoint), "%s", h->endpoint);
-    snprintf(p->name, sizeof(p->name), "%s@%s", h->instance, h->endpoint);
-    p->id.epoch = h->epoch;
-    p->used = r->lookups_seq;
+    *kind = PEER_NEW;
+    return *n < KVT_REMOTE_MAX_PEERS ? (*n)++ : victim;
+}
+
+static void peer_key_set(peer_key *k, const kvt_remote_peer *id, uint64_t seq)
+{
+    k->id = *id;
+    snprintf(k->name, sizeof(k->name), "%s@%s", id->instance, id->endpoint);
+    k->used = seq;
+}
+
+/* The lookup-side index of the owner a hit names; UINT32_MAX when every entry was named by
+ * this lookup. */
+static uint32_t peer_for(kvt_remote *r, const kvi_rdir_hit *h)
+{
+    kvt_remote_peer id = {.epoch = h->epoch};
+    snprintf(id.instance, sizeof(id.instance), "%s", h->instance);
+    snprintf(id.endpoint, sizeof(id.endpoint), "%s", h->endpoint);
+    int kind;
+    uint32_t i = peer_slot(r->lk, sizeof(r->lk[0]), &r->n_lk, &id, r->lookups_seq, &kind);
+    if (i != UINT32_MAX && kind == PEER_NEW)
+        peer_key_set(&r->lk[i], &id, r->lookups_seq);
     return i;
 }
 
@@ -1217,29 +1242,17 @@ int kvt_remote_lookup_peer(const kvt_remote *r, uint32_t index, kvt_remote_peer 
  * not needed by this read is replaced. UINT32_MAX when every entry is needed by this read. */
 static uint32_t reader_peer(kvt_remote *r, const kvt_remote_peer *id)
 {
-    uint32_t victim = UINT32_MAX;
-    for (uint32_t i = 0; i < r->n_peers; i++) {
-        rpeer *p = &r->peers[i];
-        if (strcmp(p->instance, id->instance) == 0 && strcmp(p->endpoint, id->endpoint) == 0) {
-            if (p->epoch != id->epoch)
-                p->epoch = id->epoch, close_peer(p);
-            p->used = r->reads_seq;
-            return i;
-        }
-        if (p->used != r->reads_seq && (victim == UINT32_MAX || p->used < r->peers[victim].used))
-            victim = i;
-    }
-    uint32_t i = r->n_peers < KVT_REMOTE_MAX_PEERS ? r->n_peers++ : victim;
+    int kind;
+    uint32_t i = peer_slot(r->peers, sizeof(r->peers[0]), &r->n_peers, id, r->reads_seq, &kind);
     if (i == UINT32_MAX)
-        return UINT32_MAX;
+        return i;
     rpeer *p = &r->peers[i];
-    close_peer(p);
-    OPENSSL_cleanse(p, sizeof(*p));
-    snprintf(p->instance, sizeof(p->instance), "%s", id->instance);
-    snprintf(p->endpoint, sizeof(p->endpoint), "%s", id->endpoint);
-    snprintf(p->name, sizeof(p->name), "%s@%s", id->instance, id->endpoint);
-    p->epoch = id->epoch;
-    p->used = r->reads_seq;
+    if (kind != PEER_SAME)
+        close_peer(p); /* a restarted owner, or another one: its session is not this one's */
+    if (kind == PEER_NEW) {
+        OPENSSL_cleanse(p, sizeof(*p));
+        peer_key_set(&p->k, id, r->reads_seq);
+    }
     return i;
 }
 
@@ -1280,7 +1293,7 @@ static int open_peer(kvt_remote *r, rpeer *p)
     zmq_setsockopt(p->sock, ZMQ_LINGER, &zero, sizeof(zero));
     zmq_setsockopt(p->sock, ZMQ_MAXMSGSIZE, &max, sizeof(max));
     char ep[KVI_RDIR_EP_MAX + 8];
-    snprintf(ep, sizeof(ep), "tcp://%s", p->endpoint);
+    snprintf(ep, sizeof(ep), "tcp://%s", p->k.id.endpoint);
     if (zmq_connect(p->sock, ep) != 0) {
         int rc = kvt_fail(KVT_EIO, "remote: cannot connect %s: %s", ep, zmq_strerror(zmq_errno()));
         close_peer(p);
@@ -1367,7 +1380,7 @@ static int landed(rd_ctx *x, uint32_t i)
     add(&r->a_auth_failures, 1);
     KVT_LOG_W("remote: a block from %s failed its tag (bytes changed on the way, or not the "
               "owner's); not used",
-              pe->name);
+              pe->k.name);
     return KVT_EPROTO;
 }
 
@@ -1458,7 +1471,7 @@ static int send_request(rd_ctx *x, uint32_t p)
     rp->seq = ++pe->seq;
     kvi_rreq q = {.seq = rp->seq,
                   .req_id = rp->req_id,
-                  .epoch = pe->epoch,
+                  .epoch = pe->k.id.epoch,
                   .tag = tag,
                   .flags = r->cfg.encrypt ? KVI_RREQ_ENCRYPT : 0,
                   .hash_len = hl,
@@ -1492,19 +1505,20 @@ static void take_challenge(rd_ctx *x, uint32_t p, const uint8_t *buf, size_t len
     int rc = kvi_rchal_decode(buf, len, &c);
     if (!rc && memchr(c.name, 0, c.name_len))
         rc = kvt_fail(KVT_EPROTO, "remote: %s: a challenge naming an instance with a NUL byte",
-                      pe->name);
+                      pe->k.name);
     if (!rc) {
         memcpy(name, c.name, c.name_len);
         name[c.name_len] = 0;
         rc = kvi_rauth_proof(&r->keys, "owner", pe->nr, c.no, name, c.boot, proof);
     }
-    if (!rc && (!kvi_rauth_equal(c.nr, pe->nr, KVI_RNONCE) ||
-                !kvi_rauth_equal(proof, c.proof, KVI_RKEY) || strcmp(name, pe->instance) != 0)) {
+    if (!rc &&
+        (!kvi_rauth_equal(c.nr, pe->nr, KVI_RNONCE) || !kvi_rauth_equal(proof, c.proof, KVI_RKEY) ||
+         strcmp(name, pe->k.id.instance) != 0)) {
         add(&r->a_auth_failures, 1);
         rc = kvt_fail(KVT_EINVAL,
                       "remote: %s did not prove it holds the space's credential "
                       "(or is another instance than the directory named)",
-                      pe->name);
+                      pe->k.name);
     }
     if (!rc && !(rc = kvi_rauth_session(&r->keys, pe->nr, c.no, pe->mac_key, pe->enc_key)) &&
         !(rc = kvi_rauth_block_key(&r->keys, name, c.boot, pe->block_key))) {
@@ -1528,7 +1542,7 @@ static void take_reply(rd_ctx *x, uint32_t p, const uint8_t *buf, size_t len)
     rd_peer *rp = &x->rps[p];
     kvi_rrep rep = {.blocks = x->tmp};
     if (kvi_rrep_decode(buf, len, &rep) || rep.req_id != rp->req_id || rep.seq != rp->seq) {
-        KVT_LOG_D("remote: a late, foreign or malformed reply from %s dropped", pe->name);
+        KVT_LOG_D("remote: a late, foreign or malformed reply from %s dropped", pe->k.name);
         return; /* an earlier request's late reply */
     }
     uint8_t mac[KVI_RTAG];
@@ -1538,7 +1552,7 @@ static void take_reply(rd_ctx *x, uint32_t p, const uint8_t *buf, size_t len)
         if (!kvi_rauth_equal(buf + len - KVI_RMAC, zero, KVI_RMAC))
             add(&r->a_auth_failures, 1);
         KVT_LOG_W("remote: %s answered outside the session (%s); shaking hands again next time",
-                  pe->name, kvt_strerror(rep.status));
+                  pe->k.name, kvt_strerror(rep.status));
         peer_fails(x, p, KVT_EIO, true);
         return;
     }
@@ -1562,7 +1576,7 @@ static void take_reply(rd_ctx *x, uint32_t p, const uint8_t *buf, size_t len)
             end_recv(r, b);
     }
     if (rep.status)
-        KVT_LOG_W("remote: %s refused a read: %s", pe->name, kvt_strerror(rep.status));
+        KVT_LOG_W("remote: %s refused a read: %s", pe->k.name, kvt_strerror(rep.status));
 }
 
 /* Takes what owner p's socket holds: its challenge or its reply. */
@@ -1595,7 +1609,7 @@ static void start_peer(rd_ctx *x, uint32_t p)
     if (!rc)
         rc = pe->sess == SESS_READY ? send_request(x, p) : send_hello(x, p);
     if (rc) {
-        KVT_LOG_D("remote: cannot ask %s: %s", pe->name, kvt_last_error());
+        KVT_LOG_D("remote: cannot ask %s: %s", pe->k.name, kvt_last_error());
         peer_fails(x, p, KVT_EIO, true);
     }
 }
@@ -1691,7 +1705,7 @@ static int read_blocks(kvt_remote *r, const kvt_remote_loc *locs, const uint8_t 
     /* what is undecided at the deadline failed; an owner that did not answer loses its socket */
     for (uint32_t p = 0; p < r->n_peers; p++)
         if (x.rps[p].n && (x.rps[p].stage == 1 || x.rps[p].stage == 2)) {
-            KVT_LOG_W("remote: %s did not answer within %u ms", r->peers[p].name,
+            KVT_LOG_W("remote: %s did not answer within %u ms", r->peers[p].k.name,
                       r->cfg.timeout_ms);
             close_peer(&r->peers[p]);
         }
@@ -1729,10 +1743,12 @@ static int check_read(const kvt_remote_loc *locs, uint32_t n, uint32_t n_peers)
     return 0;
 }
 
-/* The read of n blocks whose owners are ids[locs[i].peer], on the reader side: each owner
- * mapped to the reader's connection to it, under rd_mu. */
-static int read_by_id(kvt_remote *r, const kvt_remote_peer *ids, const kvt_remote_loc *locs,
-                      const uint8_t *hashes, uint32_t n, const rd_dst *d, int *status)
+/* The read of n blocks whose owners are ids[locs[i].peer] (an array of entries `stride` bytes
+ * apart: the caller's peers, or the lookup side's table read in place), on the reader side:
+ * each owner mapped to the reader's connection to it, under rd_mu. */
+static int read_by_id(kvt_remote *r, const kvt_remote_peer *ids, size_t stride,
+                      const kvt_remote_loc *locs, const uint8_t *hashes, uint32_t n,
+                      const rd_dst *d, int *status)
 {
     kvt_remote_loc *rl = malloc(n * sizeof(*rl));
     if (!rl)
@@ -1747,7 +1763,8 @@ static int read_by_id(kvt_remote *r, const kvt_remote_peer *ids, const kvt_remot
     for (uint32_t i = 0; i < n && !rc; i++) {
         uint32_t p = locs[i].peer;
         if (map[p] == UINT32_MAX) /* at most KVT_REMOTE_MAX_PEERS owners: always an entry */
-            map[p] = reader_peer(r, &ids[p]);
+            map[p] = reader_peer(
+                r, (const kvt_remote_peer *)(const void *)((const char *)ids + (size_t)p * stride));
         rl[i] = locs[i];
         rl[i].peer = map[p];
     }
@@ -1755,15 +1772,6 @@ static int read_by_id(kvt_remote *r, const kvt_remote_peer *ids, const kvt_remot
     pthread_mutex_unlock(&r->rd_mu);
     free(rl);
     return rc;
-}
-
-/* The peers of the last lookup as ids (the lookup side's reads). */
-static kvt_remote_peer *lookup_ids(const kvt_remote *r)
-{
-    kvt_remote_peer *ids = malloc(KVT_REMOTE_MAX_PEERS * sizeof(*ids));
-    for (uint32_t i = 0; ids && i < r->n_lk; i++)
-        ids[i] = r->lk[i].id;
-    return ids;
 }
 
 int kvt_remote_read(kvt_remote *r, const kvt_remote_loc *locs, const uint8_t *hashes, uint32_t n,
@@ -1778,16 +1786,13 @@ int kvt_remote_read(kvt_remote *r, const kvt_remote_loc *locs, const uint8_t *ha
     if (rc || n == 0)
         return refuse_read(rc, status, n);
     uint64_t *off = malloc(r->n_pieces * sizeof(*off));
-    kvt_remote_peer *ids = lookup_ids(r);
-    if (!off || !ids) {
-        free(off), free(ids);
+    if (!off)
         return refuse_read(kvt_fail(KVT_ENOMEM, "remote: out of memory"), status, n);
-    }
     for (uint32_t j = 0, acc = 0; j < r->n_pieces; acc += (uint32_t)r->piece[j].block_bytes, j++)
         off[j] = acc;
     rd_dst d = {.dst = dst, .off = off};
-    rc = read_by_id(r, ids, locs, hashes, n, &d, status);
-    free(off), free(ids);
+    rc = read_by_id(r, &r->lk[0].id, sizeof(r->lk[0]), locs, hashes, n, &d, status);
+    free(off);
     return rc;
 }
 
@@ -1814,13 +1819,8 @@ int kvt_remote_read_slots(kvt_remote *r, const kvt_remote_loc *locs, const uint8
         rc = check_slots_read(r, slots, n, "read_slots");
     if (rc || n == 0)
         return refuse_read(rc, status, n);
-    kvt_remote_peer *ids = lookup_ids(r);
-    if (!ids)
-        return refuse_read(kvt_fail(KVT_ENOMEM, "remote: out of memory"), status, n);
     rd_dst d = {.slots = slots};
-    rc = read_by_id(r, ids, locs, hashes, n, &d, status);
-    free(ids);
-    return rc;
+    return read_by_id(r, &r->lk[0].id, sizeof(r->lk[0]), locs, hashes, n, &d, status);
 }
 
 int kvt_remote_read_from(kvt_remote *r, const kvt_remote_peer *peers, uint32_t n_peers,
@@ -1845,7 +1845,7 @@ int kvt_remote_read_from(kvt_remote *r, const kvt_remote_peer *peers, uint32_t n
     if (rc || n == 0)
         return refuse_read(rc, status, n);
     rd_dst d = {.slots = slots};
-    return read_by_id(r, peers, locs, hashes, n, &d, status);
+    return read_by_id(r, peers, sizeof(*peers), locs, hashes, n, &d, status);
 }
 
 void kvt_remote_get_stats(kvt_remote *r, kvt_remote_stats *out)
