@@ -210,7 +210,8 @@ static void the_manager_agrees_with_the_model(void **state)
     /* the run must have exercised the remote tier (the counters of the last start of each
      * instance, so at most what the requests counted) */
     assert_true(c.remote_blocks >= steps / 10);
-    assert_true(c.disk_blocks > 0); /* instance 0 has a disk behind its host tier */
+    /* the disk's part is reported, not required: a seed whose requests never come back to a
+     * prefix that left instance 0's host tier while still on its disk has none */
     assert_true(remote_hits <= c.remote_blocks && read_ok == remote_hits);
     print_message("offload remote model: seed %llu, %llu steps, disks %u/%u/%u: %llu requests "
                   "(blocks: %llu GPU hits, %llu own host tier, %llu own disk, %llu from the "
