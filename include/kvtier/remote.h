@@ -32,6 +32,10 @@
  * or signature differ from a live instance of the same space are refused at create, naming
  * the other instance (they would never hit each other's blocks).
  *
+ * Tensor parallelism: each rank of an engine is an object of its own (config ranks, rank),
+ * registered as "<instance>#<rank>", publishing and serving its part of each block; the
+ * scheduler's lookup-only client (rank KVT_REMOTE_NO_RANK) finds the blocks all ranks hold.
+ *
  * Thread rules: two sides, each called by one thread at a time, the two at once if need be:
  * the lookup side (publish, withdraw, lookup, lookup_peer, peer_name, and read / read_slots,
  * which name the last lookup's peers) and the reader side (read_from: an offload worker's
@@ -102,9 +106,23 @@ typedef struct kvt_remote_config {
                          owner with encrypt set refuses readers that do not ask for it. 0
                          (default): authenticated (a tag under the owner's key), not secret */
     uint32_t pad0;
+    /* An engine of tensor parallelism: every rank holds its part of each block (its heads) and
+     * serves and reads only that part, rank r from the owners' rank r. ranks: 0 or 1 (one
+     * rank: the object is the whole instance), 2..KVT_REMOTE_MAX_RANKS; rank: which one this
+     * object is (0..ranks-1; it registers, publishes and is read as "<instance>#<rank>", so the
+     * instance name may be at most 61 bytes), or KVT_REMOTE_NO_RANK: the scheduler's directory
+     * client, which only looks up (a hit is a block every rank of one or more owners holds, its
+     * parts in rank order), serves and reads nothing and never registers (no region, listen
+     * host or credential needed). Every instance of a space has the same ranks (the directory
+     * refuses another). */
+    uint32_t ranks;
+    uint32_t rank;
     /* room for fields to come: zero (as kvt_remote_config_init leaves it) */
-    uint64_t reserved[2];
+    uint64_t reserved[1];
 } kvt_remote_config;
+
+#define KVT_REMOTE_MAX_RANKS 16u         /* tensor-parallel ranks of one instance */
+#define KVT_REMOTE_NO_RANK   0xffffffffu /* kvt_remote_config.rank: lookups only */
 
 typedef struct kvt_remote kvt_remote;
 
@@ -173,7 +191,10 @@ KVT_API int kvt_remote_publish(kvt_remote *r, const uint32_t *slots, const uint8
 KVT_API int kvt_remote_withdraw(kvt_remote *r, const uint32_t *slots, uint32_t n);
 /* Finds the longest prefix of hashes (n chained block hashes, hash_len bytes each) held by
  * live instances of the space (this one excluded), in one directory round trip: *n_hit
- * blocks, located in out[0 .. *n_hit). An unreachable directory gives *n_hit = 0. */
+ * blocks, located in out[0 .. *n_hit). An unreachable directory gives *n_hit = 0. With ranks
+ * > 1, a block is found when every rank's part is (each filed by an owner's rank of the same
+ * index): out holds n * ranks entries, block i's rank k at out[i * ranks + k], and at most
+ * KVT_REMOTE_MAX_READ / ranks blocks are looked up per call. */
 KVT_API int kvt_remote_lookup(kvt_remote *r, const uint8_t *hashes, uint32_t n, kvt_remote_loc *out,
                               uint32_t *n_hit);
 /* Reads n looked-up blocks (locs, their hashes) into dst[i] (block_bytes each). status[i]:

@@ -9,6 +9,9 @@
  *                      instances when one enters)
  *   kvt:{S}:own:<I>    set of the entry keys I wrote (dropped when I enters again or leaves)
  *   kvt:{S}:b:<hex>    "<I> <epoch> <slot> <generation>": who holds the block
+ *   kvt:{S}:b:<hex>:<r>  the same for rank r's part, in a space of engines of several ranks
+ *                      (each rank registers as "<I>#<r>": a liveness key, an epoch and its
+ *                      entries of its own; the seeds say how many ranks)
  *
  * Every operation is one EVAL (a script runs atomically on the server): entering checks the
  * seeds and starts an epoch, a lookup walks a request's chain and stops at the first block
@@ -91,8 +94,9 @@ static const char WITHDRAW[] =
     "end\n"
     "return n\n";
 
-/* KEYS: the chain's entries; ARGV: the live-key prefix, self. Values are
- * "<instance> <epoch> <slot> <generation>", live keys "<epoch> <endpoint>". */
+/* KEYS: the chain's entries, each block's ranks in order; ARGV: the live-key prefix, self's
+ * instance name, the ranks. Values are "<instance> <epoch> <slot> <generation>", live keys
+ * "<epoch> <endpoint>"; an instance "<I>#<r>" is rank r of I. Whole blocks only. */
 static const char LOOKUP[] =
     "local vs = redis.call('MGET', unpack(KEYS))\n"
     "local out, live = {}, {}\n"
@@ -103,7 +107,8 @@ static const char LOOKUP[] =
     "  local b = a and string.find(v, ' ', a + 1, true)\n"
     "  if not b then break end\n"
     "  local inst = string.sub(v, 1, a - 1)\n"
-    "  if inst == ARGV[2] then break end\n"
+    "  local h = string.find(inst, '#', 1, true)\n"
+    "  if (h and string.sub(inst, 1, h - 1) or inst) == ARGV[2] then break end\n"
     "  local l = live[inst]\n"
     "  if l == nil then l = redis.call('GET', ARGV[1] .. inst) or false; live[inst] = l end\n"
     "  if not l then break end\n"
@@ -111,6 +116,8 @@ static const char LOOKUP[] =
     "  if not c or string.sub(l, 1, c - 1) ~= string.sub(v, a + 1, b - 1) then break end\n"
     "  out[#out + 1] = v .. string.sub(l, c)\n"
     "end\n"
+    "local r = tonumber(ARGV[3])\n"
+    "while #out % r ~= 0 do out[#out] = nil end\n"
     "return out\n";
 
 static void drop(rdir *d, const char *why)
@@ -297,12 +304,14 @@ static int key(char *buf, size_t cap, const kvi_rdir_self *s, const char *kind, 
     return n > 0 && (size_t)n < cap ? 0 : kvt_fail(KVT_EINVAL, "remote directory: name too long");
 }
 
+/* What must agree across the space: the hash seed, the signature, the hash length and the
+ * ranks (an instance of another tensor parallelism splits a block otherwise). */
 static void seeds_value(char *buf, size_t cap, const kvi_rdir_self *s)
 {
     int n = snprintf(buf, cap, "%016" PRIx64 " ", s->hash_seed);
     for (uint32_t i = 0; i < 32 && n + 2 < (int)cap; i++)
         n += snprintf(buf + n, cap - (size_t)n, "%02x", s->signature[i]);
-    snprintf(buf + n, cap - (size_t)n, " %u", s->hash_len);
+    snprintf(buf + n, cap - (size_t)n, " %u %u", s->hash_len, s->ranks);
 }
 
 static int d_enter(void *vd, const kvi_rdir_self *s, uint64_t *epoch)
@@ -335,9 +344,9 @@ static int d_enter(void *vd, const kvi_rdir_self *s, uint64_t *epoch)
                    rep->element[2]->type == REDIS_REPLY_STRING) {
             rc = kvt_fail(KVT_EINVAL,
                           "remote: instance '%.64s' of space '%s' is live with hash seed / "
-                          "signature / hash length '%.120s', this one has '%s': their blocks "
-                          "would never match (check PYTHONHASHSEED, the model and the block "
-                          "size)",
+                          "signature / hash length / ranks '%.120s', this one has '%s': their "
+                          "blocks would never match (check PYTHONHASHSEED, the model, the block "
+                          "size and the tensor parallelism)",
                           e1->str, s->space, rep->element[2]->str, seeds);
         } else if (what == 2 && e1->type == REDIS_REPLY_STRING) {
             rc = kvt_fail(KVT_EBUSY,
@@ -402,32 +411,47 @@ typedef struct batch {
 
 enum { ENTRY_KEY_MAX = 96 + 2 * KVT_REMOTE_MAX_HASH, ENTRY_VAL_MAX = KVT_REMOTE_NAME_MAX + 64 };
 
+/* The entry key of a block's part: rank `rank`'s in a space of several ranks. */
+static void entry_key(char *buf, const kvi_rdir_self *s, const uint8_t *h, uint32_t rank)
+{
+    static const char digits[] = "0123456789abcdef";
+    char hex[2 * KVT_REMOTE_MAX_HASH + 1];
+    for (uint32_t j = 0; j < s->hash_len; j++)
+        hex[2 * j] = digits[h[j] >> 4], hex[2 * j + 1] = digits[h[j] & 15];
+    hex[2 * s->hash_len] = '\0';
+    if (s->ranks > 1)
+        snprintf(buf, ENTRY_KEY_MAX, "kvt:{%s}:b:%s:%u", s->space, hex, rank);
+    else
+        snprintf(buf, ENTRY_KEY_MAX, "kvt:{%s}:b:%s", s->space, hex);
+}
+
+/* A change (slots given): n entries of self's rank, their values, the owner's set last. A
+ * lookup: n blocks' entries, every rank's. */
 static int batch_make(batch *b, const kvi_rdir_self *s, uint64_t epoch, const uint8_t *hashes,
                       const uint32_t *slots, const uint64_t *gens, uint32_t n)
 {
-    b->keys = malloc((n + 1) * sizeof(char *));
-    b->vals = malloc((n + 1) * sizeof(char *));
-    b->mem = malloc((size_t)(n + 1) * (ENTRY_KEY_MAX + ENTRY_VAL_MAX));
+    uint32_t per = slots ? 1 : s->ranks;
+    size_t nk = (size_t)n * per + 1;
+    b->keys = malloc(nk * sizeof(char *));
+    b->vals = malloc(nk * sizeof(char *));
+    b->mem = malloc(nk * (ENTRY_KEY_MAX + ENTRY_VAL_MAX));
     if (!b->keys || !b->vals || !b->mem) {
         free(b->keys), free(b->vals), free(b->mem);
         return kvt_fail(KVT_ENOMEM, "remote directory: out of memory for %u entries", n);
     }
     char *p = b->mem;
     for (uint32_t i = 0; i < n; i++) {
-        static const char digits[] = "0123456789abcdef";
-        char hex[2 * KVT_REMOTE_MAX_HASH + 1];
         const uint8_t *h = hashes + (size_t)i * s->hash_len;
-        for (uint32_t j = 0; j < s->hash_len; j++)
-            hex[2 * j] = digits[h[j] >> 4], hex[2 * j + 1] = digits[h[j] & 15];
-        hex[2 * s->hash_len] = '\0';
-        snprintf(p, ENTRY_KEY_MAX, "kvt:{%s}:b:%s", s->space, hex);
-        b->keys[i] = p, p += ENTRY_KEY_MAX;
-        if (slots) {
-            snprintf(p, ENTRY_VAL_MAX, "%s %" PRIu64 " %u %" PRIu64, s->instance, epoch, slots[i],
-                     gens[i]);
-            b->vals[i] = p;
+        if (!slots) {
+            for (uint32_t k = 0; k < per; k++, p += ENTRY_KEY_MAX)
+                entry_key(p, s, h, k), b->keys[(size_t)i * per + k] = p;
+            continue;
         }
-        p += ENTRY_VAL_MAX;
+        entry_key(p, s, h, s->rank);
+        b->keys[i] = p, p += ENTRY_KEY_MAX;
+        snprintf(p, ENTRY_VAL_MAX, "%s %" PRIu64 " %u %" PRIu64, s->instance, epoch, slots[i],
+                 gens[i]);
+        b->vals[i] = p, p += ENTRY_VAL_MAX;
     }
     if (slots) {
         snprintf(p, ENTRY_KEY_MAX + ENTRY_VAL_MAX, "kvt:{%s}:own:%s", s->space, s->instance);
@@ -468,8 +492,9 @@ static int d_withdraw(void *vd, const kvi_rdir_self *s, uint64_t epoch, const ui
     return d_change(vd, WITHDRAW, s, epoch, hashes, slots, gens, n);
 }
 
-/* "<I> <epoch> <slot> <generation> <endpoint>" -> hit; false for anything else. */
-static bool parse_hit(const char *v, size_t len, kvi_rdir_hit *h)
+/* "<I> <epoch> <slot> <generation> <endpoint>" -> hit of rank `rank` (of `ranks`); false for
+ * anything else, an owner of another rank included. */
+static bool parse_hit(const char *v, size_t len, uint32_t rank, uint32_t ranks, kvi_rdir_hit *h)
 {
     char buf[ENTRY_VAL_MAX + KVI_RDIR_EP_MAX + 8];
     if (len >= sizeof(buf) || memchr(v, '\0', len))
@@ -495,6 +520,11 @@ static bool parse_hit(const char *v, size_t len, kvi_rdir_hit *h)
     unsigned long long gen = strtoull(tok[3], &end, 10);
     if (errno || *end)
         return false;
+    const char *sharp = strchr(tok[0], '#');
+    char want[16];
+    snprintf(want, sizeof(want), "#%u", rank);
+    if (ranks > 1 ? !sharp || sharp == tok[0] || strcmp(sharp, want) != 0 : sharp != NULL)
+        return false; /* filed under another rank's key */
     strcpy(h->instance, tok[0]);
     strcpy(h->endpoint, tok[4]);
     h->epoch = ep, h->slot = (uint32_t)slot, h->generation = gen;
@@ -510,23 +540,25 @@ static int d_lookup(void *vd, const kvi_rdir_self *s, const uint8_t *hashes, uin
     int rc = batch_make(&b, s, 0, hashes, NULL, NULL, n);
     if (rc)
         return rc;
-    char live_prefix[160];
+    char live_prefix[160], ranks[16];
     rc = key(live_prefix, sizeof(live_prefix), s, "live", "");
-    const char *args[2] = {live_prefix, s->instance};
+    snprintf(ranks, sizeof(ranks), "%u", s->ranks);
+    const char *args[3] = {live_prefix, s->base, ranks};
     redisReply *rep = NULL;
+    uint32_t per = s->ranks, nk = n * per;
     if (!rc)
-        rc = eval(d, LOOKUP, n, b.keys, NULL, 2, args, NULL, &rep);
+        rc = eval(d, LOOKUP, nk, b.keys, NULL, 3, args, NULL, &rep);
     batch_free(&b);
     if (rc)
         return rc;
     if (rep->type == REDIS_REPLY_ARRAY) {
-        uint32_t m = rep->elements < n ? (uint32_t)rep->elements : n;
-        for (uint32_t i = 0; i < m; i++) {
+        uint32_t m = rep->elements < nk ? (uint32_t)rep->elements : nk, i = 0;
+        for (; i < m; i++) {
             redisReply *e = rep->element[i];
-            if (e->type != REDIS_REPLY_STRING || !parse_hit(e->str, e->len, &out[i]))
+            if (e->type != REDIS_REPLY_STRING || !parse_hit(e->str, e->len, i % per, per, &out[i]))
                 break;
-            (*n_hit)++;
         }
+        *n_hit = i / per; /* whole blocks */
     }
     freeReplyObject(rep);
     return 0;

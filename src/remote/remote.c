@@ -103,8 +103,12 @@ struct kvt_remote {
      * plain region; a reader that serves nothing still knows their sizes) */
     kvt_region *piece;
     uint32_t n_pieces;
-    bool serves; /* region or regions with slots */
-    char *strs;  /* copies of the config's strings */
+    bool serves;      /* region or regions with slots */
+    bool lookup_only; /* KVT_REMOTE_NO_RANK: the scheduler's directory client */
+    uint32_t parts;   /* ranks of every instance of the space: a block's parts */
+    char *strs;       /* copies of the config's strings; cfg.instance is this rank's name
+                         ("<instance>#<rank>" with ranks > 1), base the instance's */
+    const char *base;
     char endpoint[KVI_RDIR_EP_MAX + 1];
     kvi_rdir_self self;
     kvi_rdir dir;     /* the caller's connection */
@@ -238,6 +242,29 @@ static int validate(const kvt_remote_config *c)
                         "remote: space and instance must be 1..%u bytes of "
                         "[A-Za-z0-9_.-]",
                         KVT_REMOTE_NAME_MAX);
+    if (c->ranks > KVT_REMOTE_MAX_RANKS ||
+        (c->rank != KVT_REMOTE_NO_RANK && c->rank >= (c->ranks ? c->ranks : 1)))
+        return kvt_fail(KVT_EINVAL,
+                        "remote: rank %u of %u ranks (ranks 0..%u; rank below ranks, or "
+                        "KVT_REMOTE_NO_RANK for lookups only)",
+                        c->rank, c->ranks, KVT_REMOTE_MAX_RANKS);
+    if (c->ranks > 1 && c->rank != KVT_REMOTE_NO_RANK &&
+        strlen(c->instance) + 3 > KVT_REMOTE_NAME_MAX)
+        return kvt_fail(KVT_EINVAL,
+                        "remote: instance '%s': a rank's name is \"<instance>#<rank>\", at most "
+                        "%u bytes; the instance may have %u",
+                        c->instance, KVT_REMOTE_NAME_MAX, KVT_REMOTE_NAME_MAX - 3);
+    if (c->rank == KVT_REMOTE_NO_RANK) {
+        if (c->region || c->regions || c->n_slots)
+            return kvt_fail(KVT_EINVAL, "remote: a lookup-only client (KVT_REMOTE_NO_RANK) "
+                                        "serves no region");
+        if (c->hash_len == 0 || c->hash_len > KVT_REMOTE_MAX_HASH)
+            return kvt_fail(KVT_EINVAL, "remote: hash_len %u (1..%u)", c->hash_len,
+                            KVT_REMOTE_MAX_HASH);
+        if (c->directory_timeout_ms == 0)
+            return kvt_fail(KVT_EINVAL, "remote: directory_timeout_ms must be set");
+        return 0; /* no server, no reads: no listen host, credential or block size */
+    }
     if (!c->listen_host || !*c->listen_host || strlen(c->listen_host) > 64 ||
         (c->advertise_host && (!*c->advertise_host || strlen(c->advertise_host) > 64)))
         return kvt_fail(KVT_EINVAL, "remote: listen_host (and advertise_host) must be 1..64 "
@@ -807,11 +834,12 @@ void kvi_remote_unstage(kvt_remote *r)
 static int remote_alloc(const kvt_remote_config *c, kvt_remote **out)
 {
     kvt_remote *r = calloc(1, sizeof(*r));
-    size_t sl = strlen(c->directory) + strlen(c->space) + strlen(c->instance) +
-                strlen(c->listen_host) + (c->advertise_host ? strlen(c->advertise_host) : 0) + 6;
-    uint32_t np = c->regions ? c->n_regions : 1;
+    size_t sl = strlen(c->directory) + strlen(c->space) + 2 * strlen(c->instance) + 8 +
+                (c->listen_host ? strlen(c->listen_host) : 0) +
+                (c->advertise_host ? strlen(c->advertise_host) : 0) + 6;
+    uint32_t np = c->regions ? c->n_regions : 1, parts = c->ranks ? c->ranks : 1;
     if (!r || !(r->strs = malloc(sl)) ||
-        !(r->hits = malloc(KVT_REMOTE_MAX_READ * sizeof(*r->hits))) ||
+        !(r->hits = malloc((size_t)KVT_REMOTE_MAX_READ * parts * sizeof(*r->hits))) ||
         !(r->piece = malloc(np * sizeof(*r->piece))) ||
         (c->n_slots && (!(r->slots = calloc(c->n_slots, sizeof(*r->slots))) ||
                         !(r->sc_hashes = malloc((size_t)KVT_REMOTE_MAX_READ * c->hash_len)) ||
@@ -832,6 +860,8 @@ static int remote_alloc(const kvt_remote_config *c, kvt_remote **out)
     r->cfg = *c;
     r->n_pieces = np;
     r->serves = c->n_slots > 0;
+    r->parts = parts;
+    r->lookup_only = c->rank == KVT_REMOTE_NO_RANK;
     if (c->regions) {
         memcpy(r->piece, c->regions, np * sizeof(*r->piece));
         r->cfg.block_bytes = 0;
@@ -856,7 +886,12 @@ static int remote_alloc(const kvt_remote_config *c, kvt_remote **out)
     char *p = r->strs;
     r->cfg.directory = dupcat(&p, c->directory);
     r->cfg.space = dupcat(&p, c->space);
-    r->cfg.instance = dupcat(&p, c->instance);
+    r->base = dupcat(&p, c->instance);
+    r->cfg.instance = r->base;
+    if (parts > 1 && !r->lookup_only) { /* validated: fits KVT_REMOTE_NAME_MAX */
+        r->cfg.instance = p;
+        p += (size_t)sprintf(p, "%s#%u", c->instance, c->rank) + 1;
+    }
     r->cfg.listen_host = dupcat(&p, c->listen_host);
     r->cfg.credential = NULL; /* turned into keys below, never kept */
     r->cfg.advertise_host = dupcat(&p, c->advertise_host);
@@ -872,6 +907,19 @@ static int remote_alloc(const kvt_remote_config *c, kvt_remote **out)
  * the server thread; on failure kvt_remote_destroy undoes what was done. */
 static int remote_start(kvt_remote *r, const kvt_remote_config *c)
 {
+    r->self = (kvi_rdir_self){.space = r->cfg.space,
+                              .instance = r->cfg.instance,
+                              .base = r->base,
+                              .endpoint = r->endpoint,
+                              .hash_seed = c->hash_seed,
+                              .signature = r->cfg.signature,
+                              .hash_len = c->hash_len,
+                              .ttl_ms = c->ttl_ms,
+                              .ranks = r->parts,
+                              .rank = c->rank};
+    if (r->lookup_only) /* the directory, for lookups: nothing to serve, read or register */
+        return kvi_rdir_redis_open(c->directory, c->directory_password, c->directory_timeout_ms,
+                                   c->retry_ms, &r->dir);
     int rc;
     /* the space's keys; the credential itself is not kept */
     if ((rc = kvi_rauth_keys(c->credential, strlen(c->credential), c->space, &r->keys)) ||
@@ -893,13 +941,6 @@ static int remote_start(kvt_remote *r, const kvt_remote_config *c)
         return rc;
     if ((rc = map_pieces(r, r->ucx_srv)) || (rc = map_pieces(r, r->ucx_cli)))
         return rc;
-    r->self = (kvi_rdir_self){.space = r->cfg.space,
-                              .instance = r->cfg.instance,
-                              .endpoint = r->endpoint,
-                              .hash_seed = c->hash_seed,
-                              .signature = r->cfg.signature,
-                              .hash_len = c->hash_len,
-                              .ttl_ms = c->ttl_ms};
     rc = enter(r, &r->dir);
     if (rc == KVT_EINVAL)
         return rc;
@@ -1204,17 +1245,24 @@ int kvt_remote_lookup(kvt_remote *r, const uint8_t *hashes, uint32_t n, kvt_remo
     r->st.lookups++;
     r->st.lookup_blocks += n;
     r->lookups_seq++;
-    uint32_t m = 0;
+    uint32_t m = 0, np = r->parts;
+    n = kvi_min_u32(n, KVT_REMOTE_MAX_READ / np); /* entries of one round trip */
     if (r->dir.ops->lookup(r->dir.d, &r->self, hashes, n, r->hits, &m)) {
         r->st.directory_errors++;
         return 0; /* Redis down: misses */
     }
     for (uint32_t i = 0; i < m; i++) {
-        uint32_t pi = peer_for(r, &r->hits[i]);
-        if (pi == UINT32_MAX)
+        uint32_t k = 0;
+        for (; k < np; k++) { /* a block counts with all its parts */
+            const kvi_rdir_hit *h = &r->hits[(size_t)i * np + k];
+            uint32_t pi = peer_for(r, h);
+            if (pi == UINT32_MAX)
+                break;
+            out[(size_t)i * np + k] =
+                (kvt_remote_loc){.peer = pi, .slot = h->slot, .generation = h->generation};
+        }
+        if (k < np)
             break;
-        out[i] = (kvt_remote_loc){
-            .peer = pi, .slot = r->hits[i].slot, .generation = r->hits[i].generation};
         (*n_hit)++;
     }
     r->st.hit_blocks += *n_hit;
@@ -1743,6 +1791,20 @@ static int check_read(const kvt_remote_loc *locs, uint32_t n, uint32_t n_peers)
     return 0;
 }
 
+/* Rank r of an instance reads only from the owners' rank r ("<instance>#<r>"; with one rank,
+ * from instances without a rank): any other owner holds other heads of the block, whose tag
+ * would check. A directory entry filed under the wrong rank is refused here. */
+static int check_rank(const kvt_remote *r, const kvt_remote_peer *id)
+{
+    const char *h = strchr(id->instance, '#');
+    char want[16];
+    snprintf(want, sizeof(want), "#%u", r->cfg.rank);
+    if (r->parts > 1 ? h && h != id->instance && strcmp(h, want) == 0 : !h)
+        return 0;
+    return kvt_fail(KVT_EINVAL, "remote: owner '%s' is not rank %u of an instance of %u ranks",
+                    id->instance, r->parts > 1 ? r->cfg.rank : 0, r->parts);
+}
+
 /* The read of n blocks whose owners are ids[locs[i].peer] (an array of entries `stride` bytes
  * apart: the caller's peers, or the lookup side's table read in place), on the reader side:
  * each owner mapped to the reader's connection to it, under rd_mu. */
@@ -1756,15 +1818,17 @@ static int read_by_id(kvt_remote *r, const kvt_remote_peer *ids, size_t stride,
     uint32_t map[KVT_REMOTE_MAX_PEERS];
     memset(map, 0xff, sizeof(map));
     pthread_mutex_lock(&r->rd_mu);
-    int rc = r->ucx_cli ? 0
-                        : kvt_fail(KVT_ESTATE,
-                                   "remote: no UCX worker to read with (its replacement failed)");
+    int rc = r->lookup_only ? kvt_fail(KVT_ESTATE, "remote: a lookup-only client reads nothing")
+             : r->ucx_cli   ? 0
+                            : kvt_fail(KVT_ESTATE,
+                                       "remote: no UCX worker to read with (its replacement failed)");
     r->reads_seq++;
     for (uint32_t i = 0; i < n && !rc; i++) {
         uint32_t p = locs[i].peer;
-        if (map[p] == UINT32_MAX) /* at most KVT_REMOTE_MAX_PEERS owners: always an entry */
-            map[p] = reader_peer(
-                r, (const kvt_remote_peer *)(const void *)((const char *)ids + (size_t)p * stride));
+        const kvt_remote_peer *id =
+            (const kvt_remote_peer *)(const void *)((const char *)ids + (size_t)p * stride);
+        if (map[p] == UINT32_MAX && !(rc = check_rank(r, id)))
+            map[p] = reader_peer(r, id); /* at most KVT_REMOTE_MAX_PEERS owners: an entry */
         rl[i] = locs[i];
         rl[i].peer = map[p];
     }

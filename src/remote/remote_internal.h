@@ -18,7 +18,11 @@
 
 /* What an instance tells the directory about itself. */
 typedef struct kvi_rdir_self {
-    const char *space, *instance;
+    const char *space;
+    const char *instance; /* as registered: "<instance>#<rank>" for a rank of several */
+    const char *base;     /* the instance's own name (a lookup excludes all its ranks) */
+    uint32_t ranks;       /* every instance's ranks: entries and hits are per rank */
+    uint32_t rank;        /* this one's (KVT_REMOTE_NO_RANK: a lookup-only client) */
     const char *endpoint; /* "host:port" of its read server */
     uint64_t hash_seed;
     const uint8_t *signature; /* 32 bytes */
@@ -52,7 +56,8 @@ typedef struct kvi_rdir_ops {
     int (*withdraw)(void *d, const kvi_rdir_self *self, uint64_t epoch, const uint8_t *hashes,
                     const uint32_t *slots, const uint64_t *gens, uint32_t n);
     /* The longest prefix of hashes whose entries name live instances in their current epoch
-     * (self excluded). */
+     * (self excluded): *n_hit blocks, each with self->ranks parts in out (block i's rank k at
+     * out[i * ranks + k], an owner registered as rank k). */
     int (*lookup)(void *d, const kvi_rdir_self *self, const uint8_t *hashes, uint32_t n,
                   kvi_rdir_hit *out, uint32_t *n_hit);
     void (*close)(void *d);

@@ -194,6 +194,118 @@ static void reads_by_peer_run_beside_lookups_on_another_thread(void **state)
     drop_inst(&a);
 }
 
+/* Engines of tensor parallelism 2: each rank of instance "a" serves its own part of every block
+ * (its bytes differ by rank), registered as "a#0" and "a#1"; instance "b"'s scheduler looks up
+ * with a lookup-only client and each of b's ranks reads its part from a's rank of the same
+ * index. A block is a hit only when both ranks published it. */
+static uint32_t g_rank;
+static void rank_n_tweak(kvt_remote_config *c)
+{
+    c->ranks = 2;
+    c->rank = g_rank;
+}
+
+static void lookup_only_tweak(kvt_remote_config *c)
+{
+    c->ranks = 2;
+    c->rank = KVT_REMOTE_NO_RANK;
+}
+
+static void make_rank(inst *in, const char *name, uint32_t rank)
+{
+    g_rank = rank;
+    KVT_OK_(make_with(in, name, true, 7, CRED, 2000, rank_n_tweak));
+}
+
+/* stores blocks [0, n) of seq into slots first.. with rank r's bytes (sequence seq + 100 r) */
+static void store_part(inst *in, uint32_t seq, uint32_t r, uint32_t n, uint32_t first)
+{
+    uint8_t hashes[SLOTS * HL];
+    uint32_t slots[SLOTS];
+    chain(seq, n, hashes);
+    for (uint32_t i = 0; i < n; i++) {
+        slots[i] = first + i;
+        fill(in->region + (size_t)slots[i] * BB, seq + 100 * r, i);
+    }
+    KVT_OK_(kvt_remote_publish(in->r, slots, hashes, n));
+}
+
+static void ranks_publish_their_parts_and_read_the_same_rank(void **state)
+{
+    (void)state;
+    NEED_REDIS();
+    inst a[2], b[2], bs, as;
+    make_rank(&a[0], "a", 0);
+    make_rank(&a[1], "a", 1);
+    make_rank(&b[0], "b", 0);
+    make_rank(&b[1], "b", 1);
+    KVT_OK_(make_with(&bs, "b", false, 7, NULL, 2000, lookup_only_tweak));
+    KVT_OK_(make_with(&as, "a", false, 7, NULL, 2000, lookup_only_tweak));
+    store_part(&a[0], 1, 0, 16, 1);
+    store_part(&a[1], 1, 1, 10, 1); /* rank 1 holds only the first 10 */
+    uint8_t hashes[16 * HL];
+    kvt_remote_loc locs[16 * 2];
+    uint32_t hit = 0;
+    chain(1, 16, hashes);
+    KVT_OK_(kvt_remote_lookup(bs.r, hashes, 16, locs, &hit));
+    assert_int_equal(hit, 10); /* whole blocks only */
+    /* block i's part k at locs[2 i + k], from a's rank k */
+    kvt_remote_peer peer[2];
+    for (uint32_t k = 0; k < 2; k++) {
+        KVT_OK_(kvt_remote_lookup_peer(bs.r, locs[k].peer, &peer[k]));
+        char want[8];
+        snprintf(want, sizeof(want), "a#%u", k);
+        assert_string_equal(peer[k].instance, want);
+    }
+    /* an instance never finds itself, whichever rank published */
+    uint32_t self = 0;
+    KVT_OK_(kvt_remote_lookup(as.r, hashes, 16, locs + 0, &self));
+    assert_int_equal(self, 0);
+    KVT_OK_(kvt_remote_lookup(bs.r, hashes, 16, locs, &hit));
+    /* each of b's ranks reads its part, into its own slots 20.., every byte checked */
+    for (uint32_t k = 0; k < 2; k++) {
+        kvt_remote_loc mine[10];
+        uint32_t slots[10];
+        int st[10];
+        for (uint32_t i = 0; i < 10; i++) {
+            mine[i] = locs[2 * i + k];
+            mine[i].peer = 0;
+            slots[i] = 20 + i;
+        }
+        KVT_OK_(kvt_remote_read_from(b[k].r, &peer[k], 1, mine, hashes, 10, slots, st));
+        for (uint32_t i = 0; i < 10; i++) {
+            assert_int_equal(st[i], 0);
+            assert_true(same_as(b[k].region + (size_t)(20 + i) * BB, 1 + 100 * k, i));
+        }
+        /* the other rank's owner holds other heads of the block: refused, nothing read */
+        KVT_ERR_(kvt_remote_read_from(b[k].r, &peer[1 - k], 1, mine, hashes, 10, slots, st),
+                 KVT_EINVAL);
+        assert_int_equal(st[0], KVT_EINVAL);
+    }
+    /* a lookup-only client neither publishes nor reads */
+    uint32_t s1 = 1;
+    int st1;
+    KVT_ERR_(kvt_remote_publish(bs.r, &s1, hashes, 1), KVT_ESTATE);
+    KVT_ERR_(kvt_remote_read_from(bs.r, &peer[0], 1, locs, hashes, 1, &s1, &st1), KVT_ESTATE);
+    /* a rank withdraws its part: the block stops being a hit for everyone */
+    uint32_t s4 = 4; /* block 3 */
+    KVT_OK_(kvt_remote_withdraw(a[1].r, &s4, 1));
+    KVT_OK_(kvt_remote_lookup(bs.r, hashes, 16, locs, &hit));
+    assert_int_equal(hit, 3);
+    /* an instance of one rank cannot join a space of two (its blocks would be split otherwise) */
+    inst c;
+    int rc = make(&c, "c", true, 7, CRED, 2000);
+    assert_int_equal(rc, KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "ranks"));
+    kvt_remote_stats sa;
+    kvt_remote_get_stats(a[0].r, &sa);
+    assert_int_equal(sa.served_blocks, 10);
+    for (uint32_t k = 0; k < 2; k++)
+        drop_inst(&a[k]), drop_inst(&b[k]);
+    drop_inst(&bs);
+    drop_inst(&as);
+}
+
 static void a_wrong_credential_is_refused(void **state)
 {
     (void)state;
@@ -546,6 +658,24 @@ static void bad_configs_are_refused(void **state)
     c.reserved[0] = 1;
     KVT_ERR_(kvt_remote_create(&c, &r), KVT_EINVAL);
     c.reserved[0] = 0;
+    c.ranks = KVT_REMOTE_MAX_RANKS + 1;
+    KVT_ERR_(kvt_remote_create(&c, &r), KVT_EINVAL);
+    c.ranks = 2;
+    c.rank = 2; /* past the ranks */
+    KVT_ERR_(kvt_remote_create(&c, &r), KVT_EINVAL);
+    c.rank = 1;
+    c.instance = "an-instance-name-of-sixty-two-bytes-which-is-one-too-many-0123";
+    KVT_ERR_(kvt_remote_create(&c, &r), KVT_EINVAL); /* "<instance>#1" would not fit */
+    c.instance = "x";
+    uint8_t one_block[BB];
+    c.rank = KVT_REMOTE_NO_RANK; /* a lookup-only client serves nothing */
+    c.region = one_block;
+    c.n_slots = 1;
+    KVT_ERR_(kvt_remote_create(&c, &r), KVT_EINVAL);
+    c.region = NULL;
+    c.n_slots = 0;
+    c.ranks = 0;
+    c.rank = 0;
     kvt_region reg[2] = {{.base = 4096, .block_bytes = BB / 2},
                          {.base = 8192, .block_bytes = BB / 2}};
     c.regions = reg;
@@ -691,6 +821,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup(a_withdrawn_or_reused_slot_costs_a_miss_never_wrong_bytes,
                                each_setup),
         cmocka_unit_test_setup(reads_by_peer_run_beside_lookups_on_another_thread, each_setup),
+        cmocka_unit_test_setup(ranks_publish_their_parts_and_read_the_same_rank, each_setup),
         cmocka_unit_test_setup(a_wrong_credential_is_refused, each_setup),
         cmocka_unit_test_setup(mismatched_seeds_are_refused_naming_the_other, each_setup),
         cmocka_unit_test_setup(

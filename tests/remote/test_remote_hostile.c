@@ -314,6 +314,49 @@ static void a_replayed_or_redirected_entry_costs_a_miss(void **state)
     drop_inst(&a);
 }
 
+/* Tensor parallelism 2: a directory writer files rank 1's entry of a block under rank 0's key.
+ * Rank 1's bytes carry rank 1's tag and would check; the lookup refuses the entry (the hit ends
+ * before that block), and a reader of rank 0 refuses an owner of rank 1 outright. */
+static uint32_t g_rank;
+static void rank_tweak(kvt_remote_config *c)
+{
+    c->ranks = 2;
+    c->rank = g_rank;
+}
+
+static void an_entry_filed_under_another_rank_is_refused(void **state)
+{
+    (void)state;
+    NEED_REDIS();
+    inst a[2], bs;
+    for (g_rank = 0; g_rank < 2; g_rank++)
+        KVT_OK_(make_with(&a[g_rank], "a", true, 7, CRED, 2000, rank_tweak));
+    g_rank = KVT_REMOTE_NO_RANK;
+    KVT_OK_(make_with(&bs, "b", false, 7, NULL, 2000, rank_tweak));
+    uint8_t h[4 * HL];
+    uint32_t slots[4] = {1, 2, 3, 4};
+    chain(1, 4, h);
+    for (uint32_t k = 0; k < 2; k++)
+        KVT_OK_(kvt_remote_publish(a[k].r, slots, h, 4));
+    kvt_remote_loc locs[8];
+    uint32_t hit = 0;
+    KVT_OK_(kvt_remote_lookup(bs.r, h, 4, locs, &hit));
+    assert_int_equal(hit, 4);
+    char k0[128], k1[136];
+    hexkey(k0, sizeof(k0), h + 2 * HL); /* block 2 */
+    snprintf(k1, sizeof(k1), "%s:1", k0);
+    strcat(k0, ":0");
+    redisReply *v1 = rcmd("GET %s", k1);
+    assert_int_equal(v1->type, REDIS_REPLY_STRING);
+    freeReplyObject(rcmd("SET %s %s", k0, v1->str));
+    freeReplyObject(v1);
+    KVT_OK_(kvt_remote_lookup(bs.r, h, 4, locs, &hit));
+    assert_int_equal(hit, 2);
+    drop_inst(&bs);
+    for (uint32_t k = 0; k < 2; k++)
+        drop_inst(&a[k]);
+}
+
 /* ---- a relay the directory writer puts in the middle ------------------------------------- */
 
 typedef struct relay {
@@ -772,6 +815,7 @@ int main(void)
         cmocka_unit_test_setup(a_directory_writer_without_the_credential_gets_no_block_accepted,
                                each_setup),
         cmocka_unit_test_setup(a_replayed_or_redirected_entry_costs_a_miss, each_setup),
+        cmocka_unit_test_setup(an_entry_filed_under_another_rank_is_refused, each_setup),
         cmocka_unit_test_setup(the_credential_is_never_sent_anywhere, each_setup),
         cmocka_unit_test_setup(a_member_with_a_crafted_address_or_a_replay_is_refused, each_setup),
         cmocka_unit_test_setup(a_hello_flood_does_not_evict_a_members_session, each_setup),

@@ -765,14 +765,18 @@ class Remote(_Lent):
     (docs/remote.md). region: a buffer (bytearray, numpy array, ...) of n_slots x block_bytes
     this instance serves, or None to read only; or mirror: a host Mirror whose blocks (every
     region's piece of each) it serves, block_bytes then 0 or their sum — the remote tier an
-    OffloadManager over that mirror attaches (attach_remote)."""
+    OffloadManager over that mirror attaches (attach_remote). ranks, rank: an engine of
+    tensor parallelism: this object is rank `rank` of `ranks`, serving and reading that
+    rank's part of each block; rank=None makes the scheduler's lookup-only client (no region,
+    listen host or credential; lookups return every rank's part of a block)."""
     _destroy = _lib.kvt_remote_destroy
+    NO_RANK = 0xFFFFFFFF
 
     def __init__(self, directory, space, instance, listen_host, credential, block_bytes,
                  region=None, hash_len=16, hash_seed=0, signature=b"", listen_port=0,
                  advertise_host=None, ttl_ms=3000, timeout_ms=2000, directory_timeout_ms=250,
                  retry_ms=1000, owner_checksum=True, directory_password=None, mirror=None,
-                 encrypt=False):
+                 encrypt=False, ranks=1, rank=0):
         cfg = L.kvt_remote_config()
         _lib.kvt_remote_config_init(ctypes.byref(cfg))
         self._strs = [x.encode() if isinstance(x, str) else x for x in (
@@ -789,6 +793,9 @@ class Remote(_Lent):
         cfg.directory_timeout_ms, cfg.retry_ms = directory_timeout_ms, retry_ms
         cfg.owner_checksum = 1 if owner_checksum else 0
         cfg.encrypt = 1 if encrypt else 0
+        cfg.ranks = ranks
+        cfg.rank = self.NO_RANK if rank is None else rank
+        self.ranks = max(ranks, 1)
         self._region = region
         if region is not None and mirror is not None:
             raise ValueError("kvtier: a Remote serves a region or a mirror, not both")
@@ -837,12 +844,14 @@ class Remote(_Lent):
 
     def lookup(self, hashes):
         """The longest prefix of these chained hashes held by live peers: a list of
-        (peer, slot, generation), one per block found."""
+        (peer, slot, generation), one per block found (with ranks > 1, one per part: block i's
+        rank k at i * ranks + k)."""
         hb, n = self._hashes(hashes)
-        locs = (L.kvt_remote_loc * max(n, 1))()
+        locs = (L.kvt_remote_loc * max(n * self.ranks, 1))()
         hit = ctypes.c_uint32()
         _check(_lib.kvt_remote_lookup(self._h, hb, n, locs, ctypes.byref(hit)))
-        return [(locs[i].peer, locs[i].slot, locs[i].generation) for i in range(hit.value)]
+        return [(locs[i].peer, locs[i].slot, locs[i].generation)
+                for i in range(hit.value * self.ranks)]
 
     def read(self, locs, hashes, dsts):
         """Reads looked-up blocks into dsts (buffers of block_bytes each); a status per block:

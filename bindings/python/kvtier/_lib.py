@@ -378,7 +378,7 @@ class kvt_remote_config(Struct):
                 ("timeout_ms", c_u32), ("directory_timeout_ms", c_u32), ("retry_ms", c_u32),
                 ("owner_checksum", c_u32), ("n_regions", c_u32),
                 ("directory_password", ctypes.c_char_p), ("regions", ctypes.c_void_p),
-                ("encrypt", c_u32), ("pad0", c_u32)] + room(2)
+                ("encrypt", c_u32), ("pad0", c_u32), ("ranks", c_u32), ("rank", c_u32)] + room(1)
 
 
 class kvt_remote_loc(ctypes.Structure):

@@ -91,6 +91,27 @@ class Remote(unittest.TestCase):
         self.assertEqual(b.lookup(chain(4, 1)), [])  # a miss, not an error
         self.assertGreater(b.stats()["directory_errors"], 0)
 
+    def test_ranks_publish_their_parts_and_the_scheduler_finds_whole_blocks(self):
+        def rank(name, k, region=None):
+            r = kvtier.Remote(self.sock, "pyr", name, "127.0.0.1", CRED, BB, region=region,
+                              hash_len=HL, hash_seed=5, ttl_ms=300, retry_ms=50, ranks=2,
+                              rank=k)
+            self.objs.append(r)
+            return r
+        regions = [bytearray(4 * BB), bytearray(4 * BB)]
+        a = [rank("a", k, regions[k]) for k in range(2)]
+        sched = kvtier.Remote(self.sock, "pyr", "b", None, None, 0, hash_len=HL, hash_seed=5,
+                              ranks=2, rank=None)
+        self.objs.append(sched)
+        a[0].publish([1, 2], chain(6, 2))
+        a[1].publish([1], chain(6, 1))
+        locs = sched.lookup(chain(6, 2))
+        self.assertEqual(len(locs), 2)  # block 0's two parts; block 1 lacks rank 1's
+        self.assertEqual(sched.peer_name(locs[0][0]).split("@")[0], "a#0")
+        self.assertEqual(sched.peer_name(locs[1][0]).split("@")[0], "a#1")
+        with self.assertRaises(kvtier.KvtierError):
+            sched.publish([1], chain(6, 1))  # it serves nothing
+
     def test_an_engine_loads_what_another_engine_stored(self):
         sys.path.insert(0, os.path.join(HERE, "..", "examples"))
         import engine_step
