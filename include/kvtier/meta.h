@@ -36,7 +36,7 @@ extern "C" {
 #endif
 
 #define KVT_NO_EVENT        (-1) /* INVALID_JOB_ID: no event this step */
-#define KVT_META_VERSION    6u   /* wire version written and read (6: remote reads) */
+#define KVT_META_VERSION    7u   /* wire version written and read (7: remote parts per rank) */
 #define KVT_META_HEADER_LEN 12u
 #define KVT_META_MAX_BLOCKS (1u << 24) /* block ids per list */
 #define KVT_META_MAX_ITEMS  (1u << 20) /* events, ids, specs or set members per list */
@@ -90,14 +90,23 @@ typedef struct kvt_tier_xfers {
     uint32_t cap_loads, cap_stores;
 } kvt_tier_xfers;
 
-/* The sources of a remote tier's loads this step (a remote tier behind the host,
- * kvtier/remote.h, whose blocks other engine instances hold): tiers[tier - 1].load_src are
- * source ids in 1 .. n_srcs (0 is null, as a block id is), srcs[id - 1] says where that block
- * is — an owner (an index into owners), the slot and generation it was published with — and
- * its hash. Each worker reads its part of every block from the owner, into the paired host
- * block. tier 0: no remote reads this step (every list empty). */
+/* The remote tier's part of a step (a remote tier behind the host, kvtier/remote.h, whose
+ * blocks other engine instances hold). tier 0: none (every list empty).
+ *
+ * Reads: tiers[tier - 1].load_src are source ids in 1 .. n_srcs (0 is null, as a block id
+ * is). An engine of `parts` ranks (1 .. KVT_META_MAX_PARTS) splits a block into parts, one per
+ * rank: srcs[(id - 1) * parts + k] says where rank k's part of block id is — an owner (an index
+ * into owners: that owner's rank k), the slot and generation it was published with — and the
+ * block's hash (the same in every part). Worker k reads part k into the paired host block.
+ *
+ * Publications, for a scheduler whose remote tier is a lookup-only client (the ranks serve the
+ * bytes): pub_blocks[i], a host block whose store completed on every rank, now holds the block
+ * with hash pub_hashes[i * hash_len ..]: each rank publishes its part. withdraw_blocks: host
+ * blocks about to be written again, withdrawn by every rank before any transfer of this step
+ * (after the publications); withdraw_all: every host block (a reset), before those. */
 #define KVT_META_MAX_OWNERS 64u /* owners of one step's remote reads */
 #define KVT_META_MAX_HASH   32u /* bytes of a remote block's hash */
+#define KVT_META_MAX_PARTS  16u /* ranks of an engine whose blocks are read remotely */
 
 typedef struct kvt_remote_owner {
     kvt_str instance; /* 1 .. 64 bytes */
@@ -117,10 +126,17 @@ typedef struct kvt_remote_reads {
     uint32_t hash_len; /* 1 .. KVT_META_MAX_HASH */
     uint32_t n_owners;
     kvt_remote_owner *owners;
-    uint32_t n_srcs;
-    kvt_remote_src *srcs;
+    uint32_t n_srcs;      /* blocks read */
+    kvt_remote_src *srcs; /* n_srcs * parts entries */
+    uint32_t parts;       /* 1 .. KVT_META_MAX_PARTS (0 when tier is 0) */
+    uint32_t n_pubs;
+    uint32_t *pub_blocks; /* host blocks, not 0 */
+    uint8_t *pub_hashes;  /* n_pubs * hash_len bytes */
+    uint32_t n_withdraws;
+    uint32_t *withdraw_blocks; /* host blocks, not 0 */
+    bool withdraw_all;
     /* private */
-    uint32_t cap_owners, cap_srcs;
+    uint32_t cap_owners, cap_srcs, cap_pubs, cap_withdraws;
 } kvt_remote_reads;
 
 typedef struct kvt_offload_meta {
@@ -174,12 +190,27 @@ KVT_API int kvt_offload_meta_add_tier_store(kvt_offload_meta *m, uint32_t tier, 
 KVT_API int kvt_offload_meta_add_remote_owner(kvt_offload_meta *m, const char *instance,
                                               const char *endpoint, uint64_t epoch,
                                               uint32_t *index);
-/* Appends the source of a load of remote tier `tier` (the same tier and hash_len for every
- * source of a message): owner index, slot, generation and hash (hash_len bytes); its source id
- * (1-based, for kvt_offload_meta_add_tier_load) in *id. */
+/* Appends the source of a load of remote tier `tier` (the same tier, hash_len and parts for
+ * every source of a message): owner index, slot, generation and hash (hash_len bytes); its
+ * source id (1-based, for kvt_offload_meta_add_tier_load) in *id. A block of one part. */
 KVT_API int kvt_offload_meta_add_remote_src(kvt_offload_meta *m, uint32_t tier, uint32_t owner,
                                             uint32_t slot, uint64_t generation, const uint8_t *hash,
                                             uint32_t hash_len, uint32_t *id);
+/* The same for a block of `parts` parts: part k's owner, slot and generation in parts_of[k]
+ * (their hash fields are not read). */
+KVT_API int kvt_offload_meta_add_remote_parts(kvt_offload_meta *m, uint32_t tier, uint32_t parts,
+                                              const kvt_remote_src *parts_of, const uint8_t *hash,
+                                              uint32_t hash_len, uint32_t *id);
+/* Opens remote tier `tier`'s section of the step (a lookup-only scheduler's tier sends
+ * publications and withdrawals with or without reads) and appends to it: a publication of host
+ * block `block` holding hash (hash_len bytes); a withdrawal of host block `block`; or every
+ * host block's withdrawal. */
+KVT_API int kvt_offload_meta_add_remote_pub(kvt_offload_meta *m, uint32_t tier, uint32_t block,
+                                            const uint8_t *hash, uint32_t hash_len);
+KVT_API int kvt_offload_meta_add_remote_withdraw(kvt_offload_meta *m, uint32_t tier, uint32_t block,
+                                                 uint32_t hash_len);
+KVT_API int kvt_offload_meta_remote_withdraw_all(kvt_offload_meta *m, uint32_t tier,
+                                                 uint32_t hash_len);
 /* Appends a request to load event `event`. Events must be added in ascending order, all
  * requests of one event together (call repeatedly with the same event). */
 KVT_API int kvt_offload_meta_add_load_req(kvt_offload_meta *m, int64_t event, const char *req_id,
@@ -189,7 +220,7 @@ KVT_API int kvt_offload_meta_add_load_req(kvt_offload_meta *m, int64_t event, co
 KVT_API int kvt_offload_meta_reserve(kvt_offload_meta *m, uint32_t loads, uint32_t stores,
                                      uint32_t events, uint32_t reqs, size_t req_bytes);
 /* The same for load_invalid_blocks, for tier t's loads and stores, and for remote owners
- * (their names at their longest) and sources. */
+ * (their names at their longest) and source entries (blocks times their parts). */
 KVT_API int kvt_offload_meta_reserve_remote(kvt_offload_meta *m, uint32_t owners, uint32_t srcs);
 KVT_API int kvt_offload_meta_reserve_invalid(kvt_offload_meta *m, uint32_t invalid);
 KVT_API int kvt_offload_meta_reserve_tier(kvt_offload_meta *m, uint32_t tier, uint32_t loads,

@@ -19,8 +19,12 @@
  *     u32 n; n x u32 store_src (tier 0)     u32 n; n x u32 store_dst (tier t)
  *   u8  remote tier (0: none; then nothing follows)
  *   u8  hash_len
+ *   u8  parts                                                        ranks of a block
  *   u32 n; n x { str instance; str endpoint; u64 epoch }            owners
- *   u32 n; n x { u32 owner; u32 slot; u64 generation; hash_len bytes } sources
+ *   u32 n; n x { hash_len bytes; parts x { u32 owner; u32 slot; u64 generation } } sources
+ *   u8  withdraw_all
+ *   u32 n; n x { u32 block; hash_len bytes }                         publications
+ *   u32 n; n x u32 block                                             withdrawals
  * The two lists of a pair carry their own lengths, as the Python dataclass does, and the
  * decoder insists that they agree.
  *
@@ -65,8 +69,10 @@ void kvt_offload_meta_clear(kvt_offload_meta *m)
         m->tiers[t].n_loads = m->tiers[t].n_stores = 0;
         m->tiers[t].load_event = m->tiers[t].store_event = KVT_NO_EVENT;
     }
-    m->remote.tier = m->remote.hash_len = 0;
+    m->remote.tier = m->remote.hash_len = m->remote.parts = 0;
     m->remote.n_owners = m->remote.n_srcs = 0;
+    m->remote.n_pubs = m->remote.n_withdraws = 0;
+    m->remote.withdraw_all = false;
     kvt_bump_clear(&m->strings);
 }
 
@@ -88,6 +94,9 @@ void kvt_offload_meta_release(kvt_offload_meta *m)
     }
     free(m->remote.owners);
     free(m->remote.srcs);
+    free(m->remote.pub_blocks);
+    free(m->remote.pub_hashes);
+    free(m->remote.withdraw_blocks);
     kvt_bump_release(&m->strings);
     kvt_offload_meta_init(m);
 }
@@ -258,8 +267,9 @@ int kvt_offload_meta_add_load_req(kvt_offload_meta *m, int64_t event, const char
 int kvt_offload_meta_reserve_remote(kvt_offload_meta *m, uint32_t owners, uint32_t srcs)
 {
     kvt_remote_reads *x = &m->remote;
-    uint64_t no = (uint64_t)x->n_owners + owners, ns = (uint64_t)x->n_srcs + srcs;
-    if (no > KVT_META_MAX_OWNERS || ns > KVT_META_MAX_BLOCKS)
+    uint64_t no = (uint64_t)x->n_owners + owners;
+    uint64_t ns = (uint64_t)x->n_srcs * (x->parts ? x->parts : 1) + srcs;
+    if (no > KVT_META_MAX_OWNERS || ns > (uint64_t)KVT_META_MAX_BLOCKS * KVT_META_MAX_PARTS)
         return kvt_fail(KVT_ELIMIT, "meta: reserve beyond the message limits");
     int rc = kvi_meta_grow((void **)&x->owners, &x->cap_owners, (uint32_t)no, sizeof(*x->owners));
     if (!rc)
@@ -287,31 +297,114 @@ int kvt_offload_meta_add_remote_owner(kvt_offload_meta *m, const char *instance,
     return 0;
 }
 
+/* Opens the remote section as tier `tier` with hash_len (and parts, once sources come: 0
+ * leaves them to later), or checks that it is that tier's. */
+static int remote_open(kvt_remote_reads *x, uint32_t tier, uint32_t hash_len, uint32_t parts,
+                       const char *what)
+{
+    if (tier == 0 || tier >= KVT_MAX_TIERS || hash_len == 0 || hash_len > KVT_META_MAX_HASH ||
+        parts > KVT_META_MAX_PARTS)
+        return kvt_fail(KVT_ERANGE, "meta: %s: tier %u, hash_len %u, %u parts", what, tier,
+                        hash_len, parts);
+    if (x->tier && (tier != x->tier || hash_len != x->hash_len))
+        return kvt_fail(KVT_EINVAL, "meta: %s: tier %u with hash_len %u after tier %u with %u",
+                        what, tier, hash_len, x->tier, x->hash_len);
+    if (parts && x->n_srcs && parts != x->parts)
+        return kvt_fail(KVT_EINVAL, "meta: %s: %u parts after sources of %u", what, parts,
+                        x->parts);
+    x->tier = tier;
+    x->hash_len = hash_len;
+    if (parts)
+        x->parts = parts;
+    else if (!x->parts)
+        x->parts = 1;
+    return 0;
+}
+
+int kvt_offload_meta_add_remote_parts(kvt_offload_meta *m, uint32_t tier, uint32_t parts,
+                                      const kvt_remote_src *parts_of, const uint8_t *hash,
+                                      uint32_t hash_len, uint32_t *id)
+{
+    if (!m || !parts_of || !hash || !id)
+        return kvt_fail(KVT_EINVAL, "meta: add_remote_src: NULL argument");
+    kvt_remote_reads *x = &m->remote;
+    if (parts == 0)
+        return kvt_fail(KVT_ERANGE, "meta: add_remote_src: 0 parts");
+    int rc = remote_open(x, tier, hash_len, parts, "add_remote_src");
+    if (rc)
+        return rc;
+    if (x->n_srcs >= KVT_META_MAX_BLOCKS)
+        return kvt_fail(KVT_ELIMIT, "meta: more than %u remote sources", KVT_META_MAX_BLOCKS);
+    if ((rc = kvi_meta_grow((void **)&x->srcs, &x->cap_srcs, (x->n_srcs + 1) * parts,
+                            sizeof(*x->srcs))))
+        return rc;
+    kvt_remote_src *r = &x->srcs[(size_t)x->n_srcs++ * parts];
+    for (uint32_t k = 0; k < parts; k++) {
+        r[k] = (kvt_remote_src){.owner = parts_of[k].owner,
+                                .slot = parts_of[k].slot,
+                                .generation = parts_of[k].generation};
+        memcpy(r[k].hash, hash, hash_len);
+    }
+    *id = x->n_srcs;
+    return 0;
+}
+
 int kvt_offload_meta_add_remote_src(kvt_offload_meta *m, uint32_t tier, uint32_t owner,
                                     uint32_t slot, uint64_t generation, const uint8_t *hash,
                                     uint32_t hash_len, uint32_t *id)
 {
-    if (!m || !hash || !id)
-        return kvt_fail(KVT_EINVAL, "meta: add_remote_src: NULL argument");
+    kvt_remote_src one = {.owner = owner, .slot = slot, .generation = generation};
+    return kvt_offload_meta_add_remote_parts(m, tier, 1, &one, hash, hash_len, id);
+}
+
+int kvt_offload_meta_add_remote_pub(kvt_offload_meta *m, uint32_t tier, uint32_t block,
+                                    const uint8_t *hash, uint32_t hash_len)
+{
+    if (!m || !hash)
+        return kvt_fail(KVT_EINVAL, "meta: add_remote_pub: NULL argument");
     kvt_remote_reads *x = &m->remote;
-    if (tier == 0 || tier >= KVT_MAX_TIERS || hash_len == 0 || hash_len > KVT_META_MAX_HASH)
-        return kvt_fail(KVT_ERANGE, "meta: add_remote_src: tier %u, hash_len %u", tier, hash_len);
-    if (x->n_srcs && (tier != x->tier || hash_len != x->hash_len))
-        return kvt_fail(KVT_EINVAL,
-                        "meta: add_remote_src: tier %u with hash_len %u after tier %u with %u",
-                        tier, hash_len, x->tier, x->hash_len);
-    if (x->n_srcs >= KVT_META_MAX_BLOCKS)
-        return kvt_fail(KVT_ELIMIT, "meta: more than %u remote sources", KVT_META_MAX_BLOCKS);
-    int rc = kvi_meta_grow((void **)&x->srcs, &x->cap_srcs, x->n_srcs + 1, sizeof(*x->srcs));
+    int rc = remote_open(x, tier, hash_len, 0, "add_remote_pub");
     if (rc)
         return rc;
-    kvt_remote_src *r = &x->srcs[x->n_srcs++];
-    *r = (kvt_remote_src){.owner = owner, .slot = slot, .generation = generation};
-    memcpy(r->hash, hash, hash_len);
-    x->tier = tier;
-    x->hash_len = hash_len;
-    *id = x->n_srcs;
+    if (x->n_pubs >= KVT_META_MAX_BLOCKS)
+        return kvt_fail(KVT_ELIMIT, "meta: more than %u publications", KVT_META_MAX_BLOCKS);
+    uint32_t ca = x->cap_pubs, ch = x->cap_pubs;
+    if ((rc = kvi_meta_grow((void **)&x->pub_blocks, &ca, x->n_pubs + 1, sizeof(uint32_t))) ||
+        (rc = kvi_meta_grow((void **)&x->pub_hashes, &ch, x->n_pubs + 1, KVT_META_MAX_HASH)))
+        return rc;
+    x->cap_pubs = ca < ch ? ca : ch;
+    x->pub_blocks[x->n_pubs] = block;
+    memcpy(x->pub_hashes + (size_t)x->n_pubs * hash_len, hash, hash_len);
+    x->n_pubs++;
     return 0;
+}
+
+int kvt_offload_meta_add_remote_withdraw(kvt_offload_meta *m, uint32_t tier, uint32_t block,
+                                         uint32_t hash_len)
+{
+    if (!m)
+        return kvt_fail(KVT_EINVAL, "meta: add_remote_withdraw: NULL argument");
+    kvt_remote_reads *x = &m->remote;
+    int rc = remote_open(x, tier, hash_len, 0, "add_remote_withdraw");
+    if (rc)
+        return rc;
+    if (x->n_withdraws >= KVT_META_MAX_BLOCKS)
+        return kvt_fail(KVT_ELIMIT, "meta: more than %u withdrawals", KVT_META_MAX_BLOCKS);
+    if ((rc = kvi_meta_grow((void **)&x->withdraw_blocks, &x->cap_withdraws, x->n_withdraws + 1,
+                            sizeof(uint32_t))))
+        return rc;
+    x->withdraw_blocks[x->n_withdraws++] = block;
+    return 0;
+}
+
+int kvt_offload_meta_remote_withdraw_all(kvt_offload_meta *m, uint32_t tier, uint32_t hash_len)
+{
+    if (!m)
+        return kvt_fail(KVT_EINVAL, "meta: remote_withdraw_all: NULL argument");
+    int rc = remote_open(&m->remote, tier, hash_len, 0, "remote_withdraw_all");
+    if (!rc)
+        m->remote.withdraw_all = true;
+    return rc;
 }
 
 static int check_blocks(const uint32_t *ids, uint32_t n, const char *what)
@@ -343,35 +436,49 @@ static int check_remote(const kvt_offload_meta *m)
 {
     const kvt_remote_reads *x = &m->remote;
     if (x->tier == 0) {
-        if (x->n_owners || x->n_srcs)
-            return kvt_fail(KVT_EINVAL, "remote reads: %u owners and %u sources without a tier",
-                            x->n_owners, x->n_srcs);
+        if (x->n_owners || x->n_srcs || x->n_pubs || x->n_withdraws || x->withdraw_all)
+            return kvt_fail(KVT_EINVAL,
+                            "remote reads: %u owners, %u sources, %u publications and %u "
+                            "withdrawals without a tier",
+                            x->n_owners, x->n_srcs, x->n_pubs, x->n_withdraws);
         return 0;
     }
-    if (x->tier >= KVT_MAX_TIERS || x->hash_len == 0 || x->hash_len > KVT_META_MAX_HASH)
-        return kvt_fail(KVT_EINVAL, "remote reads: tier %u, hash_len %u", x->tier, x->hash_len);
+    if (x->tier >= KVT_MAX_TIERS || x->hash_len == 0 || x->hash_len > KVT_META_MAX_HASH ||
+        x->parts == 0 || x->parts > KVT_META_MAX_PARTS)
+        return kvt_fail(KVT_EINVAL, "remote reads: tier %u, hash_len %u, %u parts", x->tier,
+                        x->hash_len, x->parts);
     if (x->n_owners > KVT_META_MAX_OWNERS || x->n_srcs > KVT_META_MAX_BLOCKS)
         return kvt_fail(KVT_ELIMIT, "remote reads: %u owners, %u sources", x->n_owners, x->n_srcs);
-    if ((x->n_owners && !x->owners) || (x->n_srcs && !x->srcs))
+    if ((x->n_owners && !x->owners) || (x->n_srcs && !x->srcs) ||
+        (x->n_pubs && (!x->pub_blocks || !x->pub_hashes)))
         return kvt_fail(KVT_EINVAL, "remote reads: NULL list");
+    int rc = check_blocks(x->pub_blocks, x->n_pubs, "remote publications");
+    if (!rc)
+        rc = check_blocks(x->withdraw_blocks, x->n_withdraws, "remote withdrawals");
+    if (rc)
+        return rc;
     const kvt_tier_xfers *t = &m->tiers[x->tier - 1];
     if (t->n_stores)
         return kvt_fail(KVT_EINVAL, "remote reads: remote tier %u has %u write-backs", x->tier,
                         t->n_stores);
-    if (t->n_loads == 0 || x->n_srcs == 0)
+    if ((t->n_loads == 0) != (x->n_srcs == 0))
         return kvt_fail(KVT_EINVAL, "remote reads: tier %u with %u loads and %u sources", x->tier,
                         t->n_loads, x->n_srcs);
     for (uint32_t i = 0; i < t->n_loads; i++)
         if (t->load_src[i] > x->n_srcs)
             return kvt_fail(KVT_EINVAL, "remote reads: load %u names source %u of %u", i,
                             t->load_src[i], x->n_srcs);
-    for (uint32_t i = 0; i < x->n_srcs; i++)
+    for (uint32_t i = 0; i < x->n_srcs * x->parts; i++) {
         if (x->srcs[i].owner >= x->n_owners)
-            return kvt_fail(KVT_EINVAL, "remote reads: source %u names owner %u of %u", i,
-                            x->srcs[i].owner, x->n_owners);
+            return kvt_fail(KVT_EINVAL, "remote reads: source %u names owner %u of %u",
+                            i / x->parts, x->srcs[i].owner, x->n_owners);
+        if (i % x->parts && memcmp(x->srcs[i].hash, x->srcs[i - 1].hash, x->hash_len) != 0)
+            return kvt_fail(KVT_EINVAL, "remote reads: source %u: parts of other hashes",
+                            i / x->parts);
+    }
     for (uint32_t i = 0; i < x->n_owners; i++) {
         const kvt_remote_owner *o = &x->owners[i];
-        int rc = kvi_meta_check_str(o->instance, 1, "remote owner instance");
+        rc = kvi_meta_check_str(o->instance, 1, "remote owner instance");
         if (!rc)
             rc = kvi_meta_check_str(o->endpoint, 1, "remote owner endpoint");
         if (!rc && (o->instance.len > 64 || o->endpoint.len > 80))
@@ -469,14 +576,19 @@ static bool blocks_equal(const uint32_t *a, const uint32_t *b, uint32_t n)
 static bool remote_equal(const kvt_remote_reads *a, const kvt_remote_reads *b)
 {
     if (a->tier != b->tier || a->n_owners != b->n_owners || a->n_srcs != b->n_srcs ||
-        (a->tier && a->hash_len != b->hash_len))
+        (a->tier && (a->hash_len != b->hash_len || a->parts != b->parts)) ||
+        a->n_pubs != b->n_pubs || a->n_withdraws != b->n_withdraws ||
+        a->withdraw_all != b->withdraw_all ||
+        !blocks_equal(a->pub_blocks, b->pub_blocks, a->n_pubs) ||
+        !blocks_equal(a->withdraw_blocks, b->withdraw_blocks, a->n_withdraws) ||
+        (a->n_pubs && memcmp(a->pub_hashes, b->pub_hashes, (size_t)a->n_pubs * a->hash_len) != 0))
         return false;
     for (uint32_t i = 0; i < a->n_owners; i++)
         if (!kvi_str_equal(a->owners[i].instance, b->owners[i].instance) ||
             !kvi_str_equal(a->owners[i].endpoint, b->owners[i].endpoint) ||
             a->owners[i].epoch != b->owners[i].epoch)
             return false;
-    for (uint32_t i = 0; i < a->n_srcs; i++) {
+    for (uint32_t i = 0; i < a->n_srcs * (a->tier ? a->parts : 0); i++) {
         const kvt_remote_src *x = &a->srcs[i], *y = &b->srcs[i];
         if (x->owner != y->owner || x->slot != y->slot || x->generation != y->generation ||
             memcmp(x->hash, y->hash, a->hash_len) != 0)
@@ -549,10 +661,12 @@ size_t kvt_offload_meta_encoded_size(const kvt_offload_meta *m)
             n += 1 + 8 + 8 + 8 * (size_t)m->tiers[t].n_loads + 8 + 8 +
                  8 * (size_t)m->tiers[t].n_stores;
     n += 1;
-    if (m->remote.tier) {
-        n += 1 + 4 + 4 + (16 + (size_t)m->remote.hash_len) * m->remote.n_srcs;
-        for (uint32_t i = 0; i < m->remote.n_owners; i++)
-            n += 4 + m->remote.owners[i].instance.len + 4 + m->remote.owners[i].endpoint.len + 8;
+    const kvt_remote_reads *x = &m->remote;
+    if (x->tier) {
+        n += 1 + 1 + 4 + 4 + (x->hash_len + 16 * (size_t)x->parts) * x->n_srcs;
+        for (uint32_t i = 0; i < x->n_owners; i++)
+            n += 4 + x->owners[i].instance.len + 4 + x->owners[i].endpoint.len + 8;
+        n += 1 + 4 + (4 + (size_t)x->hash_len) * x->n_pubs + 4 + 4 * (size_t)x->n_withdraws;
     }
     return n;
 }
@@ -570,6 +684,7 @@ static void wr_remote(kvi_wr *w, const kvt_remote_reads *x)
     if (!x->tier)
         return;
     wr_u8(w, (uint8_t)x->hash_len);
+    wr_u8(w, (uint8_t)x->parts);
     wr_u32(w, x->n_owners);
     for (uint32_t i = 0; i < x->n_owners; i++) {
         wr_str(w, x->owners[i].instance);
@@ -578,12 +693,23 @@ static void wr_remote(kvi_wr *w, const kvt_remote_reads *x)
     }
     wr_u32(w, x->n_srcs);
     for (uint32_t i = 0; i < x->n_srcs; i++) {
-        wr_u32(w, x->srcs[i].owner);
-        wr_u32(w, x->srcs[i].slot);
-        wr_u64(w, x->srcs[i].generation);
-        memcpy(w->p, x->srcs[i].hash, x->hash_len);
+        const kvt_remote_src *s = &x->srcs[(size_t)i * x->parts];
+        memcpy(w->p, s->hash, x->hash_len);
+        w->p += x->hash_len;
+        for (uint32_t k = 0; k < x->parts; k++) {
+            wr_u32(w, s[k].owner);
+            wr_u32(w, s[k].slot);
+            wr_u64(w, s[k].generation);
+        }
+    }
+    wr_u8(w, x->withdraw_all ? 1 : 0);
+    wr_u32(w, x->n_pubs);
+    for (uint32_t i = 0; i < x->n_pubs; i++) {
+        wr_u32(w, x->pub_blocks[i]);
+        memcpy(w->p, x->pub_hashes + (size_t)i * x->hash_len, x->hash_len);
         w->p += x->hash_len;
     }
+    wr_blocks(w, x->withdraw_blocks, x->n_withdraws);
 }
 
 int kvt_offload_meta_encode(const kvt_offload_meta *m, void *buf, size_t cap, size_t *len)
@@ -695,15 +821,18 @@ static int rd_blocks(kvi_rd *r, uint32_t **a, uint32_t *cap, uint32_t *n, const 
 /* The remote reads' section (validated with the rest by the caller). */
 static int rd_remote(kvi_rd *r, kvt_offload_meta *m)
 {
-    uint8_t tier, hl;
+    uint8_t tier, hl, parts;
     uint32_t n;
+    kvt_remote_reads *x = &m->remote;
     int rc = rd_u8(r, &tier, "remote tier");
     if (rc || tier == 0)
         return rc;
-    if ((rc = rd_u8(r, &hl, "remote hash_len")))
+    if ((rc = rd_u8(r, &hl, "remote hash_len")) || (rc = rd_u8(r, &parts, "remote parts")))
         return rc;
-    if (tier >= KVT_MAX_TIERS || hl == 0 || hl > KVT_META_MAX_HASH)
-        return kvt_fail(KVT_EPROTO, "remote reads: tier %u, hash_len %u", tier, hl);
+    if (tier >= KVT_MAX_TIERS || hl == 0 || hl > KVT_META_MAX_HASH || parts == 0 ||
+        parts > KVT_META_MAX_PARTS)
+        return kvt_fail(KVT_EPROTO, "remote reads: tier %u, hash_len %u, %u parts", tier, hl,
+                        parts);
     if ((rc = rd_count(r, &n, KVT_META_MAX_OWNERS, 16, "remote owners")) ||
         (rc = kvi_meta_grow((void **)&m->remote.owners, &m->remote.cap_owners, n,
                             sizeof(*m->remote.owners))))
@@ -716,23 +845,47 @@ static int rd_remote(kvi_rd *r, kvt_offload_meta *m)
             return rc;
         m->remote.n_owners = i + 1;
     }
-    if ((rc = rd_count(r, &n, KVT_META_MAX_BLOCKS, 16 + (size_t)hl, "remote sources")) ||
-        (rc = kvi_meta_grow((void **)&m->remote.srcs, &m->remote.cap_srcs, n,
-                            sizeof(*m->remote.srcs))))
+    if ((rc = rd_count(r, &n, KVT_META_MAX_BLOCKS, hl + 16 * (size_t)parts, "remote sources")) ||
+        (rc = kvi_meta_grow((void **)&x->srcs, &x->cap_srcs, n * parts, sizeof(*x->srcs))))
         return rc;
     for (uint32_t i = 0; i < n; i++) {
-        kvt_remote_src *s = &m->remote.srcs[i];
-        memset(s, 0, sizeof(*s));
-        s->owner = ld_le32(r->p);
-        s->slot = ld_le32(r->p + 4);
-        s->generation = ld_le64(r->p + 8);
-        memcpy(s->hash, r->p + 16, hl);
-        r->p += 16 + (size_t)hl;
+        const uint8_t *hash = r->p;
+        r->p += hl;
+        for (uint32_t k = 0; k < parts; k++) {
+            kvt_remote_src *s = &x->srcs[(size_t)i * parts + k];
+            memset(s, 0, sizeof(*s));
+            s->owner = ld_le32(r->p);
+            s->slot = ld_le32(r->p + 4);
+            s->generation = ld_le64(r->p + 8);
+            memcpy(s->hash, hash, hl);
+            r->p += 16;
+        }
     }
-    m->remote.n_srcs = n;
-    m->remote.tier = tier;
-    m->remote.hash_len = hl;
-    return 0;
+    x->n_srcs = n;
+    x->tier = tier;
+    x->hash_len = hl;
+    x->parts = parts;
+    uint8_t all;
+    if ((rc = rd_u8(r, &all, "remote withdraw_all")))
+        return rc;
+    if (all > 1)
+        return kvt_fail(KVT_EPROTO, "remote withdraw_all: %u", all);
+    x->withdraw_all = all;
+    uint32_t ca, ch;
+    if ((rc = rd_count(r, &n, KVT_META_MAX_BLOCKS, 4 + (size_t)hl, "remote publications")) ||
+        (ca = ch = x->cap_pubs,
+         (rc = kvi_meta_grow((void **)&x->pub_blocks, &ca, n, sizeof(uint32_t)))) ||
+        (rc = kvi_meta_grow((void **)&x->pub_hashes, &ch, n, KVT_META_MAX_HASH)))
+        return rc;
+    x->cap_pubs = ca < ch ? ca : ch;
+    for (uint32_t i = 0; i < n; i++) {
+        x->pub_blocks[i] = ld_le32(r->p);
+        memcpy(x->pub_hashes + (size_t)i * hl, r->p + 4, hl);
+        r->p += 4 + (size_t)hl;
+    }
+    x->n_pubs = n;
+    return rd_blocks(r, &x->withdraw_blocks, &x->cap_withdraws, &x->n_withdraws,
+                     "remote withdrawals");
 }
 
 static int decode_offload(void *obj, kvi_rd *r)

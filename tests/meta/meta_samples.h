@@ -72,17 +72,23 @@ static inline unsigned char *kvt_sample_encode(uint32_t kind, int variant, size_
             m.tiers[0].store_event = 8;
             for (uint32_t i = 0; i < 3; i++)
                 kvt_offload_meta_add_tier_store(&m, 1, 70 + i, 200 + i);
-            /* remote reads (tier 2): two owners, three sources */
+            /* remote reads (tier 2) of an engine of two ranks: two owners' ranks, three
+             * sources of two parts; a publication and two withdrawals */
             uint32_t own[2], id;
             uint8_t hash[16];
-            kvt_offload_meta_add_remote_owner(&m, "inst-a", "10.1.2.3:41000", 7, &own[0]);
-            kvt_offload_meta_add_remote_owner(&m, "inst-b", "10.1.2.4:41000", 2, &own[1]);
+            kvt_offload_meta_add_remote_owner(&m, "inst-a#0", "10.1.2.3:41000", 7, &own[0]);
+            kvt_offload_meta_add_remote_owner(&m, "inst-a#1", "10.1.2.4:41000", 2, &own[1]);
             m.tiers[1].load_event = 3;
             for (uint32_t i = 0; i < 3; i++) {
+                kvt_remote_src parts[2] = {{.owner = own[0], .slot = 5 + i, .generation = 11 + i},
+                                           {.owner = own[1], .slot = 5 + i, .generation = 12}};
                 memset(hash, 0x30 + (int)i, sizeof(hash));
-                kvt_offload_meta_add_remote_src(&m, 2, own[i % 2], 5 + i, 11 + i, hash, 16, &id);
+                kvt_offload_meta_add_remote_parts(&m, 2, 2, parts, hash, 16, &id);
                 kvt_offload_meta_add_tier_load(&m, 2, id, 300 + i);
             }
+            kvt_offload_meta_add_remote_pub(&m, 2, 70, hash, 16);
+            kvt_offload_meta_add_remote_withdraw(&m, 2, 300, 16);
+            kvt_offload_meta_add_remote_withdraw(&m, 2, 301, 16);
         }
         need = kvt_offload_meta_encoded_size(&m);
         buf = malloc(need);

@@ -638,8 +638,9 @@ static void remote_reads_round_trip_and_are_checked(void **state)
     assert_int_equal(back.remote.owners[1].epoch, 9);
     size_t empty = 12 + 8 + 8 + 4 + 8 + 8 + 1 + 4 + 1 + 1;
     assert_int_equal(kvt_offload_meta_encoded_size(&m),
-                     empty + (1 + 8 + 4 + 12 + 4 + 12 + 8 + 4 + 4) + 1 + 4 + (4 + 1 + 4 + 13 + 8) +
-                         (4 + 2 + 4 + 13 + 8) + 4 + 3 * (16 + 20));
+                     empty + (1 + 8 + 4 + 12 + 4 + 12 + 8 + 4 + 4) + 1 + 1 + 4 +
+                         (4 + 1 + 4 + 13 + 8) + (4 + 2 + 4 + 13 + 8) + 4 + 3 * (16 + 20) + 1 + 4 +
+                         4);
 
     /* each rule broken once, by the validator (and so by encode and decode) */
     m.tiers[1].load_src[1] = 4; /* past the sources */
@@ -675,11 +676,105 @@ static void remote_reads_round_trip_and_are_checked(void **state)
         wb_u8(&w, 0);                /* no tier sections */
         wb_u8(&w, 1);                /* remote tier 1 */
         wb_u8(&w, k == 0 ? 33 : 16); /* hash_len */
+        wb_u8(&w, 1);                /* parts */
         wb_u32(&w, 0);               /* no owners */
         wb_u32(&w, 1000);            /* sources */
         wb_done(&w);
         KVT_ERR_(kvt_offload_meta_decode(&back, w.b, w.n), KVT_EPROTO);
         assert_non_null(strstr(kvt_last_error(), k == 0 ? "hash_len 33" : "cannot fit"));
+    }
+    kvt_offload_meta_release(&m);
+    kvt_offload_meta_release(&back);
+}
+
+/* Engines of two ranks: each source has a part per rank, one hash; a lookup-only scheduler's
+ * tier also carries publications and withdrawals, with or without reads. */
+static void remote_parts_publications_and_withdrawals_round_trip(void **state)
+{
+    (void)state;
+    kvt_offload_meta m, back;
+    kvt_offload_meta_init(&m);
+    kvt_offload_meta_init(&back);
+    uint8_t h[16];
+    uint32_t o[2], id;
+    KVT_OK_(kvt_offload_meta_add_remote_owner(&m, "a#0", "10.0.0.1:5000", 3, &o[0]));
+    KVT_OK_(kvt_offload_meta_add_remote_owner(&m, "a#1", "10.0.0.1:5001", 4, &o[1]));
+    m.tiers[0].load_event = 7;
+    for (uint32_t i = 0; i < 2; i++) {
+        kvt_remote_src parts[2] = {{.owner = 0, .slot = 5 + i, .generation = 1},
+                                   {.owner = 1, .slot = 5 + i, .generation = 2}};
+        memset(h, (int)(0x60 + i), sizeof(h));
+        KVT_OK_(kvt_offload_meta_add_remote_parts(&m, 1, 2, parts, h, 16, &id));
+        KVT_OK_(kvt_offload_meta_add_tier_load(&m, 1, id, 20 + i));
+    }
+    kvt_remote_src one = {0};
+    KVT_ERR_(kvt_offload_meta_add_remote_parts(&m, 1, 1, &one, h, 16, &id), KVT_EINVAL);
+    KVT_ERR_(kvt_offload_meta_add_remote_parts(&m, 1, KVT_META_MAX_PARTS + 1, &one, h, 16, &id),
+             KVT_ERANGE);
+    memset(h, 0x11, sizeof(h));
+    KVT_OK_(kvt_offload_meta_add_remote_pub(&m, 1, 9, h, 16));
+    KVT_OK_(kvt_offload_meta_add_remote_withdraw(&m, 1, 30, 16));
+    KVT_OK_(kvt_offload_meta_add_remote_withdraw(&m, 1, 31, 16));
+    KVT_OK_(kvt_offload_meta_remote_withdraw_all(&m, 1, 16));
+    KVT_ERR_(kvt_offload_meta_add_remote_pub(&m, 2, 9, h, 16), KVT_EINVAL); /* another tier */
+    roundtrip(&m, &back);
+    assert_int_equal(back.remote.parts, 2);
+    assert_int_equal(back.remote.n_srcs, 2);
+    assert_int_equal(back.remote.srcs[3].owner, 1); /* block 2's rank 1 */
+    assert_int_equal(back.remote.srcs[3].slot, 6);
+    assert_int_equal(back.remote.srcs[3].generation, 2);
+    assert_int_equal(back.remote.srcs[3].hash[15], 0x61);
+    assert_int_equal(back.remote.n_pubs, 1);
+    assert_int_equal(back.remote.pub_blocks[0], 9);
+    assert_int_equal(back.remote.pub_hashes[15], 0x11);
+    assert_int_equal(back.remote.n_withdraws, 2);
+    assert_int_equal(back.remote.withdraw_blocks[1], 31);
+    assert_true(back.remote.withdraw_all);
+
+    /* each rule broken once */
+    m.remote.srcs[1].hash[0] ^= 1; /* a part of another block */
+    KVT_ERR_(kvt_offload_meta_validate(&m), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "parts of other hashes"));
+    m.remote.srcs[1].hash[0] ^= 1;
+    m.remote.pub_blocks[0] = 0;
+    KVT_ERR_(kvt_offload_meta_validate(&m), KVT_EINVAL);
+    m.remote.pub_blocks[0] = 9;
+    m.remote.withdraw_blocks[0] = 0;
+    KVT_ERR_(kvt_offload_meta_validate(&m), KVT_EINVAL);
+    m.remote.withdraw_blocks[0] = 30;
+    m.remote.parts = 0;
+    KVT_ERR_(kvt_offload_meta_validate(&m), KVT_EINVAL);
+    m.remote.parts = 2;
+    KVT_OK_(kvt_offload_meta_validate(&m));
+
+    /* publications alone: a section without reads */
+    kvt_offload_meta_clear(&m);
+    KVT_OK_(kvt_offload_meta_add_remote_pub(&m, 1, 3, h, 16));
+    roundtrip(&m, &back);
+    assert_int_equal(back.remote.tier, 1);
+    assert_int_equal(back.remote.n_srcs, 0);
+    assert_int_equal(back.remote.n_pubs, 1);
+    kvt_offload_meta_clear(&m);
+    m.remote.n_pubs = 1; /* publications without a tier */
+    KVT_ERR_(kvt_offload_meta_validate(&m), KVT_EINVAL);
+    m.remote.n_pubs = 0;
+
+    /* hand-built: 17 parts; withdraw_all 2 */
+    for (int k = 0; k < 2; k++) {
+        wb w;
+        wb_offload_seed_fields(&w);
+        wb_u8(&w, 0);               /* no tier sections */
+        wb_u8(&w, 1);               /* remote tier 1 */
+        wb_u8(&w, 16);              /* hash_len */
+        wb_u8(&w, k == 0 ? 17 : 1); /* parts */
+        wb_u32(&w, 0);              /* no owners */
+        wb_u32(&w, 0);              /* no sources */
+        wb_u8(&w, 2);               /* withdraw_all */
+        wb_u32(&w, 0);
+        wb_u32(&w, 0);
+        wb_done(&w);
+        KVT_ERR_(kvt_offload_meta_decode(&back, w.b, w.n), KVT_EPROTO);
+        assert_non_null(strstr(kvt_last_error(), k == 0 ? "17 parts" : "withdraw_all"));
     }
     kvt_offload_meta_release(&m);
     kvt_offload_meta_release(&back);
@@ -706,6 +801,7 @@ int main(void)
         cmocka_unit_test(failed_load_sources_are_an_ascending_set),
         cmocka_unit_test(failed_promotions_are_an_ascending_set),
         cmocka_unit_test(remote_reads_round_trip_and_are_checked),
+        cmocka_unit_test(remote_parts_publications_and_withdrawals_round_trip),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -263,7 +263,11 @@ class kvt_remote_src(ctypes.Structure):
 class kvt_remote_reads(ctypes.Structure):
     _fields_ = [("tier", c_u32), ("hash_len", c_u32), ("n_owners", c_u32),
                 ("owners", P(kvt_remote_owner)), ("n_srcs", c_u32), ("srcs", P(kvt_remote_src)),
-                ("cap_owners", c_u32), ("cap_srcs", c_u32)]
+                ("parts", c_u32), ("n_pubs", c_u32), ("pub_blocks", P(c_u32)),
+                ("pub_hashes", P(ctypes.c_uint8)), ("n_withdraws", c_u32),
+                ("withdraw_blocks", P(c_u32)), ("withdraw_all", ctypes.c_bool),
+                ("cap_owners", c_u32), ("cap_srcs", c_u32), ("cap_pubs", c_u32),
+                ("cap_withdraws", c_u32)]
 
 
 class kvt_offload_meta(ctypes.Structure):
