@@ -26,7 +26,7 @@ typedef struct kvi_remote_port {
     /* A worker's reads of remote blocks into the host mirror (kvt_worker_attach_remote): a
      * transfer backend (base/xfer.h) reading on a thread of its own, by owner, into this
      * remote's slots; its close lets go of r as unlend does. */
-    int (*stage_open)(kvt_remote *r, const struct kvi_xfer_ops **ops, void **impl);
+    int (*stage_open)(kvt_remote *r, uint32_t tier, const struct kvi_xfer_ops **ops, void **impl);
     bool lent;     /* a manager holds it (set by the manager's attach) */
     bool staged;   /* a worker reads through it (set by stage_open) */
     bool orphaned; /* kvt_remote_destroy was called while lent or staged: the last to let
@@ -36,6 +36,10 @@ typedef struct kvi_remote_port {
     uint32_t n_slots;     /* slots it serves (0: none) */
     uint32_t hash_len;    /* bytes per block hash */
     uint64_t block_bytes; /* bytes per block, all pieces */
+    uint32_t parts;       /* ranks of every engine of the space (a block's parts) */
+    uint32_t rank;        /* this one's part, or KVT_REMOTE_NO_RANK */
+    bool lookup_only;     /* a scheduler's directory client: the ranks publish (through the
+                             metadata) and read */
 } kvi_remote_port;
 
 /* The port at the start of a kvt_remote (C11 6.7.2.1: a pointer to a structure, suitably

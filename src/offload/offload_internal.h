@@ -126,6 +126,11 @@ struct kvi_ofl_src_ops {
     int (*reserve)(kvt_offload *m, uint32_t t, kvt_offload_meta *out, uint32_t n);
     /* the source id the metadata's load pair names (describing it there if need be) */
     uint32_t (*emit)(kvt_offload *m, uint32_t t, uint32_t h, kvt_offload_meta *out);
+    /* Optional: what the tier sends every step besides its promotions, after the step's
+     * room was reserved and before anything is issued (the remote tier behind a lookup-only
+     * client: the ranks' publications and withdrawals). A failure fails the build; what it
+     * would have sent is sent by the next one. */
+    int (*step)(kvt_offload *m, uint32_t t, kvt_offload_meta *out);
     /* its blocks are this instance's own (stored here once): promoted into the host, they are
      * published to the remote tier again; a remote tier's are not (their owner is a peer) */
     bool own;
@@ -251,8 +256,12 @@ struct kvt_offload {
     /* a remote tier (kvt_offload_attach_remote; remote.c): its port and index in the chain,
      * the locations a lookup found (KVT_REMOTE_MAX_READ), the owners that promotions in
      * flight read from (KVT_REMOTE_MAX_PEERS, shared by count), per host block promoted out
-     * of it where its block is (owner, slot, generation, hash), and the host blocks of
-     * completed stores waiting to be published with their hashes */
+     * of it where its block is (per part: owner, slot, generation; its hash), and the host
+     * blocks of completed stores waiting to be published with their hashes. Behind a
+     * lookup-only client (the ranks serve and publish their parts, rparts of them), the
+     * publications and withdrawals wait for the next step's metadata instead: which host
+     * blocks the ranks were told to publish (rpub), the withdrawals (wd_slots), a reset
+     * (wd_all). */
     kvt_remote *remote;
     const struct kvi_remote_port *rport;
     uint32_t rtier;
@@ -268,6 +277,11 @@ struct kvt_offload {
     uint8_t *rs_hash;
     uint32_t *pub_slots, pub_n;
     uint8_t *pub_hashes;
+    uint32_t rparts;
+    bool rvia_meta;
+    uint8_t *rpub;
+    uint32_t *wd_slots, wd_n;
+    bool wd_all;
     struct kvi_ofl_rmiss { /* recent lookups that found nothing: a span's hash, until when */
         uint64_t key, until_ns;
     } * rmiss; /* KVI_OFL_RMISS entries, direct mapped */

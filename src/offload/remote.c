@@ -19,7 +19,10 @@
  *              those not published); kvt_offload_reset withdraws all.
  *
  * The bytes never pass through the manager: the remote serves the host tier's own arrays and
- * the worker reads into them, which is why this manager's worker lives in this process.
+ * the worker reads into them — one worker in this process, or, behind a lookup-only client
+ * (an engine of several ranks, or a scheduler in a process of its own), every rank with a
+ * remote of its own: then a block has a part per rank (its sources name each part's owner),
+ * and publish and withdraw go to the ranks in the next step's metadata (the step op below).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -50,7 +53,16 @@ static int attach_unlocked(kvt_offload *m, kvt_remote *remote)
                         "offload: the remote tier supports one full-attention group whose hash "
                         "block is its block (this manager has %u groups, hash block %u, block %u)",
                         m->ng, m->gcfg.hash_block_size, g->block_size);
-    if (p->n_slots != m->tier[0].nb)
+    uint32_t ranks = p->parts ? p->parts : 1;
+    if (p->lookup_only ? ranks != m->cfg.world_size : m->cfg.world_size != 1)
+        return kvt_fail(KVT_EINVAL,
+                        "offload: a remote tier %s, but this manager's world_size is %u (an "
+                        "engine of several ranks attaches a lookup-only client of that many "
+                        "ranks, and each rank's worker a remote of its own)",
+                        p->lookup_only ? "client for engines of several ranks must have them all"
+                                       : "that serves this process's host tier needs one rank",
+                        m->cfg.world_size);
+    if (!p->lookup_only && p->n_slots != m->tier[0].nb)
         return kvt_fail(KVT_EINVAL,
                         "offload: the remote tier serves %u slots; the host tier has %u blocks "
                         "(its slots must be the host blocks: regions of the host mirror)",
@@ -65,17 +77,26 @@ static int attach_unlocked(kvt_offload *m, kvt_remote *remote)
                         "tier would be tier %u",
                         t, t);
     struct kvi_ofl_tier *T = &m->tier[t];
-    m->rloc = malloc(KVT_REMOTE_MAX_READ * sizeof(*m->rloc));
+    uint32_t P = p->parts ? p->parts : 1;
+    /* behind a lookup-only client the pending publications are bounded by the host blocks,
+     * not flushed in batches */
+    size_t npub = p->lookup_only ? nb : KVT_REMOTE_MAX_READ;
+    m->rloc = malloc((size_t)KVT_REMOTE_MAX_READ * P * sizeof(*m->rloc));
     m->rpeers = calloc(KVT_REMOTE_MAX_PEERS, sizeof(*m->rpeers));
-    m->rs_peer = malloc(nb * sizeof(*m->rs_peer));
-    m->rs_slot = malloc(nb * sizeof(*m->rs_slot));
-    m->rs_gen = malloc(nb * sizeof(*m->rs_gen));
+    m->rs_peer = malloc((size_t)nb * P * sizeof(*m->rs_peer));
+    m->rs_slot = malloc((size_t)nb * P * sizeof(*m->rs_slot));
+    m->rs_gen = malloc((size_t)nb * P * sizeof(*m->rs_gen));
     m->rs_hash = malloc((size_t)nb * m->hash_len);
-    m->pub_slots = malloc(KVT_REMOTE_MAX_READ * sizeof(*m->pub_slots));
-    m->pub_hashes = malloc((size_t)KVT_REMOTE_MAX_READ * m->hash_len);
+    m->pub_slots = malloc(npub * sizeof(*m->pub_slots));
+    m->pub_hashes = malloc(npub * m->hash_len);
     m->rmiss = calloc(KVI_OFL_RMISS, sizeof(*m->rmiss));
+    if (p->lookup_only) {
+        m->rpub = calloc(nb, 1);
+        m->wd_slots = malloc(nb * sizeof(*m->wd_slots));
+    }
     int rc = !m->rloc || !m->rpeers || !m->rs_peer || !m->rs_slot || !m->rs_gen || !m->rs_hash ||
-                     !m->pub_slots || !m->pub_hashes || !m->rmiss
+                     !m->pub_slots || !m->pub_hashes || !m->rmiss ||
+                     (p->lookup_only && (!m->rpub || !m->wd_slots))
                  ? kvt_fail(KVT_ENOMEM, "offload: attach_remote: out of memory")
                  : 0;
     /* its place in the chain: events of its own (its stores: none, ever) */
@@ -91,7 +112,10 @@ static int attach_unlocked(kvt_offload *m, kvt_remote *remote)
     T->acc_head = T->acc_tail = OFL_NONE;
     T->src = &kvi_ofl_remote_src;
     m->rtier = t;
-    m->pub_n = 0;
+    m->pub_n = m->wd_n = 0;
+    m->wd_all = false;
+    m->rparts = P;
+    m->rvia_meta = p->lookup_only;
     m->remote = remote;
     m->rport = p;
     p->lent = true;
@@ -114,8 +138,9 @@ void kvi_ofl_remote_teardown(kvt_offload *m)
 {
     free(m->rloc), free(m->rpeers), free(m->pub_slots), free(m->pub_hashes), free(m->rmiss);
     free(m->rs_peer), free(m->rs_slot), free(m->rs_gen), free(m->rs_hash);
+    free(m->rpub), free(m->wd_slots);
     m->rloc = NULL, m->rpeers = NULL, m->pub_slots = NULL, m->pub_hashes = NULL;
-    m->rmiss = NULL;
+    m->rmiss = NULL, m->rpub = NULL, m->wd_slots = NULL;
     m->rs_peer = m->rs_slot = NULL, m->rs_gen = NULL, m->rs_hash = NULL;
     kvt_remote *r = m->remote;
     const kvi_remote_port *p = m->rport;
@@ -134,7 +159,7 @@ uint32_t kvi_ofl_remote_lookup(kvt_offload *m, const uint8_t *hashes, uint32_t n
         return 0;
     uint32_t n = kvi_min_u32(n_hashes - from, max_len / m->sched_bs);
     n = kvi_min_u32(n, kvt_pool_num_free(m->tier[0].pool));
-    n = kvi_min_u32(n, KVT_REMOTE_MAX_READ);
+    n = kvi_min_u32(n, KVT_REMOTE_MAX_READ / m->rparts);
     if (n == 0)
         return 0;
     /* a span that just missed (a waiting request matched again) is not looked up again yet */
@@ -178,23 +203,38 @@ static uint32_t owner_entry(kvt_offload *m, uint32_t lp)
     return unused;
 }
 
-uint32_t kvi_ofl_remote_pin(kvt_offload *m, struct kvi_ofl_req *r, const uint8_t *hashes,
-                            uint32_t from, uint32_t n)
+/* Takes the owners of every part of looked-up block k (map: the lookup's peers to the
+ * manager's entries); false, nothing taken, when one has no entry or failed a moment ago. */
+static bool take_owners(kvt_offload *m, uint32_t k, uint32_t *map, uint64_t now)
 {
-    uint32_t t = m->rtier, map[KVT_REMOTE_MAX_PEERS], k = 0;
-    uint64_t now = m->cfg.remote_miss_ms ? kvt_monotonic_ns() : 0;
-    n = kvi_min_u32(n, kvt_pool_num_free(m->tier[0].pool)); /* the hit's host blocks are pinned */
-    memset(map, 0xff, sizeof(map));
-    for (; k < n; k++) {
-        uint32_t lp = m->rloc[k].peer;
-        if (lp >= KVT_REMOTE_MAX_PEERS)
-            break;
-        if (map[lp] == UINT32_MAX && (map[lp] = owner_entry(m, lp)) == UINT32_MAX)
+    const uint32_t P = m->rparts;
+    uint32_t j = 0;
+    for (; j < P; j++) {
+        uint32_t lp = m->rloc[(size_t)k * P + j].peer;
+        if (lp >= KVT_REMOTE_MAX_PEERS ||
+            (map[lp] == UINT32_MAX && (map[lp] = owner_entry(m, lp)) == UINT32_MAX))
             break;
         if (m->rpeers[map[lp]].down_ns > now)
             break; /* its reads failed a moment ago: the hit ends before its blocks */
         m->rpeers[map[lp]].refs++; /* taken now: a later owner cannot take this entry */
     }
+    if (j == P)
+        return true;
+    while (j--)
+        m->rpeers[map[m->rloc[(size_t)k * P + j].peer]].refs--;
+    return false;
+}
+
+uint32_t kvi_ofl_remote_pin(kvt_offload *m, struct kvi_ofl_req *r, const uint8_t *hashes,
+                            uint32_t from, uint32_t n)
+{
+    uint32_t t = m->rtier, map[KVT_REMOTE_MAX_PEERS], k = 0;
+    const uint32_t P = m->rparts;
+    uint64_t now = m->cfg.remote_miss_ms ? kvt_monotonic_ns() : 0;
+    n = kvi_min_u32(n, kvt_pool_num_free(m->tier[0].pool)); /* the hit's host blocks are pinned */
+    memset(map, 0xff, sizeof(map));
+    while (k < n && take_owners(m, k, map, now))
+        k++;
     n = k;
     if (n == 0)
         return 0;
@@ -204,9 +244,13 @@ uint32_t kvi_ofl_remote_pin(kvt_offload *m, struct kvi_ofl_req *r, const uint8_t
     uint32_t tail = kvi_ofl_promo_tail(m, r);
     for (uint32_t i = 0; i < n; i++) {
         uint32_t h = hosts[i];
-        m->rs_peer[h] = map[m->rloc[i].peer];
-        m->rs_slot[h] = m->rloc[i].slot;
-        m->rs_gen[h] = m->rloc[i].generation;
+        for (uint32_t j = 0; j < P; j++) {
+            const kvt_remote_loc *l = &m->rloc[(size_t)i * P + j];
+            size_t at = (size_t)h * P + j;
+            m->rs_peer[at] = map[l->peer];
+            m->rs_slot[at] = l->slot;
+            m->rs_gen[at] = l->generation;
+        }
         memcpy(m->rs_hash + (size_t)h * m->hash_len, h0 + (size_t)i * m->hash_len, m->hash_len);
         kvi_ofl_promo_link(m, r, &tail, h, t, h, 0, i);
     }
@@ -224,7 +268,8 @@ uint32_t kvi_ofl_remote_pin(kvt_offload *m, struct kvi_ofl_req *r, const uint8_t
 static void remote_release(kvt_offload *m, uint32_t t, uint32_t h)
 {
     (void)t;
-    m->rpeers[m->rs_peer[h]].refs--;
+    for (uint32_t j = 0; j < m->rparts; j++)
+        m->rpeers[m->rs_peer[(size_t)h * m->rparts + j]].refs--;
 }
 
 static uint32_t remote_keys(kvt_offload *m, uint32_t t, uint32_t h)
@@ -239,9 +284,9 @@ static void remote_failed(kvt_offload *m, uint32_t t, uint32_t h)
     m->tier[t].st.loads_failed++; /* the owner's block: nothing of ours to forget */
     /* an owner that failed a read (dead, stopped, too slow, or its block gone) is not read
      * from again for remote_miss_ms: each try would cost the workers up to timeout_ms */
-    if (m->cfg.remote_miss_ms)
-        m->rpeers[m->rs_peer[h]].down_ns =
-            kvt_monotonic_ns() + (uint64_t)m->cfg.remote_miss_ms * 1000000u;
+    uint64_t until = kvt_monotonic_ns() + (uint64_t)m->cfg.remote_miss_ms * 1000000u;
+    for (uint32_t j = 0; m->cfg.remote_miss_ms && j < m->rparts; j++)     /* which part failed is */
+        m->rpeers[m->rs_peer[(size_t)h * m->rparts + j]].down_ns = until; /* the workers' */
 }
 
 static int remote_reserve(kvt_offload *m, uint32_t t, kvt_offload_meta *out, uint32_t n)
@@ -249,32 +294,59 @@ static int remote_reserve(kvt_offload *m, uint32_t t, kvt_offload_meta *out, uin
     (void)t;
     for (uint32_t i = 0; i < KVT_REMOTE_MAX_PEERS; i++)
         m->rpeers[i].wire = UINT32_MAX; /* named again in this step's metadata */
-    return kvt_offload_meta_reserve_remote(out, KVT_REMOTE_MAX_PEERS, n);
+    return kvt_offload_meta_reserve_remote(out, KVT_REMOTE_MAX_PEERS, n * m->rparts);
 }
 
 static uint32_t remote_emit(kvt_offload *m, uint32_t t, uint32_t h, kvt_offload_meta *out)
 {
-    struct kvi_ofl_rpeer *p = &m->rpeers[m->rs_peer[h]];
+    kvt_remote_src parts[KVT_REMOTE_MAX_RANKS];
+    const uint32_t P = m->rparts;
+    for (uint32_t j = 0; j < P; j++) {
+        size_t at = (size_t)h * P + j;
+        struct kvi_ofl_rpeer *p = &m->rpeers[m->rs_peer[at]];
+        if (p->wire == UINT32_MAX) /* room reserved: cannot fail */
+            (void)kvt_offload_meta_add_remote_owner(out, p->id.instance, p->id.endpoint,
+                                                    p->id.epoch, &p->wire);
+        parts[j] =
+            (kvt_remote_src){.owner = p->wire, .slot = m->rs_slot[at], .generation = m->rs_gen[at]};
+    }
     uint32_t id = 0;
-    if (p->wire == UINT32_MAX) /* room reserved: cannot fail */
-        (void)kvt_offload_meta_add_remote_owner(out, p->id.instance, p->id.endpoint, p->id.epoch,
-                                                &p->wire);
-    (void)kvt_offload_meta_add_remote_src(out, t, p->wire, m->rs_slot[h], m->rs_gen[h],
-                                          m->rs_hash + (size_t)h * m->hash_len, m->hash_len, &id);
+    (void)kvt_offload_meta_add_remote_parts(out, t, P, parts, m->rs_hash + (size_t)h * m->hash_len,
+                                            m->hash_len, &id);
     return id;
+}
+
+/* Behind a lookup-only client: the publications and withdrawals since the last step, for
+ * every rank to make (kvtier/meta.h). Kept until they are in a step's metadata. */
+static int remote_step(kvt_offload *m, uint32_t t, kvt_offload_meta *out)
+{
+    int rc = 0;
+    if (!m->rvia_meta || (!m->pub_n && !m->wd_n && !m->wd_all))
+        return 0;
+    if (m->wd_all)
+        rc = kvt_offload_meta_remote_withdraw_all(out, t, m->hash_len);
+    for (uint32_t i = 0; i < m->pub_n && !rc; i++)
+        rc = kvt_offload_meta_add_remote_pub(out, t, m->pub_slots[i],
+                                             m->pub_hashes + (size_t)i * m->hash_len, m->hash_len);
+    for (uint32_t i = 0; i < m->wd_n && !rc; i++)
+        rc = kvt_offload_meta_add_remote_withdraw(out, t, m->wd_slots[i], m->hash_len);
+    if (!rc)
+        m->pub_n = m->wd_n = 0, m->wd_all = false;
+    return rc;
 }
 
 const struct kvi_ofl_src_ops kvi_ofl_remote_src = {.release = remote_release,
                                                    .keys = remote_keys,
                                                    .failed = remote_failed,
                                                    .reserve = remote_reserve,
-                                                   .emit = remote_emit};
+                                                   .emit = remote_emit,
+                                                   .step = remote_step};
 
 /* ---- publish / withdraw -------------------------------------------------------------------- */
 
 void kvi_ofl_remote_publish_flush(kvt_offload *m)
 {
-    if (!m->remote || !m->pub_n)
+    if (!m->remote || !m->pub_n || m->rvia_meta)
         return;
     /* slots in range and hashes present: a failure is counted by the remote, not returned */
     (void)m->rport->publish(m->remote, m->pub_slots, m->pub_hashes, m->pub_n);
@@ -288,7 +360,15 @@ void kvi_ofl_remote_stored(kvt_offload *m, uint32_t h)
     kvt_pool_key k;
     uint32_t nk = 0;
     if (kvt_pool_block_keys(m->tier[0].pool, h, &k, 1, &nk) || nk == 0)
-        return; /* its key is another block's: nothing of its own to publish */
+        return;         /* its key is another block's: nothing of its own to publish */
+    if (m->rvia_meta) { /* the ranks publish, told by the next step */
+        if (m->rpub[h] || m->pub_n == m->tier[0].nb)
+            return;
+        m->rpub[h] = 1;
+        m->pub_slots[m->pub_n] = h;
+        memcpy(m->pub_hashes + (size_t)m->pub_n++ * m->hash_len, k.hash, m->hash_len);
+        return;
+    }
     m->pub_slots[m->pub_n] = h;
     memcpy(m->pub_hashes + (size_t)m->pub_n * m->hash_len, k.hash, m->hash_len);
     if (++m->pub_n == KVT_REMOTE_MAX_READ)
@@ -299,6 +379,14 @@ void kvi_ofl_remote_withdraw(kvt_offload *m, const uint32_t *ids, uint32_t n)
 {
     if (!m->remote)
         return;
+    if (m->rvia_meta) { /* only what the ranks were told to publish */
+        for (uint32_t i = 0; i < n; i++)
+            if (m->rpub[ids[i]] && m->wd_n < m->tier[0].nb) {
+                m->rpub[ids[i]] = 0;
+                m->wd_slots[m->wd_n++] = ids[i];
+            }
+        return;
+    }
     kvi_ofl_remote_publish_flush(m); /* never publish a block after its withdrawal */
     for (uint32_t i = 0; i < n; i += KVT_REMOTE_MAX_READ)
         (void)m->rport->withdraw(m->remote, ids + i, kvi_min_u32(n - i, KVT_REMOTE_MAX_READ));
@@ -308,6 +396,12 @@ void kvi_ofl_remote_withdraw_all(kvt_offload *m)
 {
     if (!m->remote)
         return;
+    if (m->rvia_meta) {
+        memset(m->rpub, 0, m->tier[0].nb);
+        m->pub_n = m->wd_n = 0;
+        m->wd_all = true;
+        return;
+    }
     kvi_ofl_remote_publish_flush(m);
     for (uint32_t b = 1; b < m->tier[0].nb;) {
         uint32_t n = 0;

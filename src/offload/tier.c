@@ -525,6 +525,9 @@ int kvi_ofl_tier_reserve(kvt_offload *m, kvt_offload_meta *out, uint32_t invalid
         if (!rc && n)
             rc = m->tier[t].src->reserve(m, t, out, n);
     }
+    for (uint32_t t = 1; t < KVI_OFL_TIERS && !rc && m->tier[t].src; t++)
+        if (m->tier[t].src->step)
+            rc = m->tier[t].src->step(m, t, out);
     return rc ? kvi_fail_wrap(rc, "offload: build_meta") : 0;
 }
 

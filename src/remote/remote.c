@@ -882,7 +882,10 @@ static int remote_alloc(const kvt_remote_config *c, kvt_remote **out)
                                  .n_regions = np,
                                  .n_slots = c->n_slots,
                                  .hash_len = c->hash_len,
-                                 .block_bytes = r->cfg.block_bytes};
+                                 .block_bytes = r->cfg.block_bytes,
+                                 .parts = parts,
+                                 .rank = c->rank,
+                                 .lookup_only = c->rank == KVT_REMOTE_NO_RANK};
     char *p = r->strs;
     r->cfg.directory = dupcat(&p, c->directory);
     r->cfg.space = dupcat(&p, c->space);
@@ -1090,7 +1093,21 @@ static int check_slots(const kvt_remote *r, const uint32_t *slots, uint32_t n)
     return 0;
 }
 
+uint64_t kvi_remote_slot_gen(kvt_remote *r, uint32_t slot)
+{
+    pthread_mutex_lock(&r->mu);
+    uint64_t g = slot < r->cfg.n_slots ? r->slots[slot].gen : 0;
+    pthread_mutex_unlock(&r->mu);
+    return g;
+}
+
 int kvt_remote_publish(kvt_remote *r, const uint32_t *slots, const uint8_t *hashes, uint32_t n)
+{
+    return kvi_remote_publish_at(r, slots, hashes, NULL, n);
+}
+
+int kvi_remote_publish_at(kvt_remote *r, const uint32_t *slots, const uint8_t *hashes,
+                          const uint64_t *expect, uint32_t n)
 {
     if (!r || (n && !hashes))
         return kvt_fail(KVT_EINVAL, "remote: publish: NULL argument");
@@ -1108,6 +1125,10 @@ int kvt_remote_publish(kvt_remote *r, const uint32_t *slots, const uint8_t *hash
         const uint8_t *h = hashes + (size_t)i * hl;
         pthread_mutex_lock(&r->mu);
         slotrec *s = &r->slots[slots[i]];
+        if (expect && s->gen != expect[i]) { /* withdrawn since it was asked for: its bytes */
+            pthread_mutex_unlock(&r->mu);    /* may be another block's already */
+            continue;
+        }
         uint64_t gen = ++s->gen;
         s->published = false;
         pthread_mutex_unlock(&r->mu);
@@ -1119,10 +1140,15 @@ int kvt_remote_publish(kvt_remote *r, const uint32_t *slots, const uint8_t *hash
             continue;
         }
         pthread_mutex_lock(&r->mu);
-        memcpy(s->tag, tag, KVI_RTAG);
-        memcpy(s->hash, h, hl);
-        s->published = true;
+        bool still = s->gen == gen; /* not withdrawn while the tag was computed */
+        if (still) {
+            memcpy(s->tag, tag, KVI_RTAG);
+            memcpy(s->hash, h, hl);
+            s->published = true;
+        }
         pthread_mutex_unlock(&r->mu);
+        if (!still)
+            continue;
         ok_slots[m] = slots[i], gens[m] = gen;
         memcpy(ok_hashes + (size_t)m * hl, h, hl);
         m++;
@@ -1141,6 +1167,41 @@ int kvt_remote_publish(kvt_remote *r, const uint32_t *slots, const uint8_t *hash
     return 0;
 }
 
+uint32_t kvi_remote_unpublish(kvt_remote *r, const uint32_t *slots, uint32_t n, uint8_t *hashes,
+                              uint32_t *ws, uint64_t *gens)
+{
+    const uint32_t hl = r->cfg.hash_len;
+    uint32_t m = 0;
+    pthread_mutex_lock(&r->mu);
+    for (uint32_t i = 0; i < (slots ? n : r->cfg.n_slots); i++) {
+        uint32_t k = slots ? slots[i] : i;
+        slotrec *s = &r->slots[k];
+        s->gen++; /* a send under way now reports stale; a publication asked for before, not
+                     yet made, is not made */
+        if (!s->published)
+            continue;
+        memcpy(hashes + (size_t)m * hl, s->hash, hl);
+        ws[m] = k, gens[m] = s->gen - 1, m++;
+        s->published = false;
+    }
+    pthread_mutex_unlock(&r->mu);
+    return m;
+}
+
+void kvi_remote_dir_withdraw(kvt_remote *r, const uint8_t *hashes, const uint32_t *slots,
+                             const uint64_t *gens, uint32_t n)
+{
+    uint64_t ep = atomic_load(&r->epoch);
+    for (uint32_t i = 0; ep && i < n; i += KVT_REMOTE_MAX_READ) {
+        uint32_t k = n - i < KVT_REMOTE_MAX_READ ? n - i : KVT_REMOTE_MAX_READ;
+        if (r->dir.ops->withdraw(r->dir.d, &r->self, ep, hashes + (size_t)i * r->cfg.hash_len,
+                                 slots + i, gens + i, k))
+            r->st.directory_errors++;
+        else
+            r->st.withdrawn += k;
+    }
+}
+
 int kvt_remote_withdraw(kvt_remote *r, const uint32_t *slots, uint32_t n)
 {
     if (!r)
@@ -1148,29 +1209,8 @@ int kvt_remote_withdraw(kvt_remote *r, const uint32_t *slots, uint32_t n)
     int rc = check_slots(r, slots, n);
     if (rc || n == 0)
         return rc;
-    const uint32_t hl = r->cfg.hash_len;
-    uint8_t *hashes = r->sc_hashes;
-    uint32_t *ws = r->sc_slots;
-    uint64_t *gens = r->sc_gens;
-    uint32_t m = 0;
-    pthread_mutex_lock(&r->mu);
-    for (uint32_t i = 0; i < n; i++) {
-        slotrec *s = &r->slots[slots[i]];
-        if (!s->published)
-            continue;
-        memcpy(hashes + (size_t)m * hl, s->hash, hl);
-        ws[m] = slots[i], gens[m] = s->gen, m++;
-        s->published = false;
-        s->gen++; /* a send under way now reports stale */
-    }
-    pthread_mutex_unlock(&r->mu);
-    uint64_t ep = atomic_load(&r->epoch);
-    if (m && ep) {
-        if (r->dir.ops->withdraw(r->dir.d, &r->self, ep, hashes, ws, gens, m))
-            r->st.directory_errors++;
-        else
-            r->st.withdrawn += m;
-    }
+    uint32_t m = kvi_remote_unpublish(r, slots, n, r->sc_hashes, r->sc_slots, r->sc_gens);
+    kvi_remote_dir_withdraw(r, r->sc_hashes, r->sc_slots, r->sc_gens, m);
     return 0;
 }
 

@@ -75,8 +75,30 @@ typedef struct kvi_rdir {
 /* The worker's reads through remote r (remote_xfer.c; the port's stage_open), and their end:
  * the stage lets go of r, which a kvt_remote_destroy while it read may have left to it. */
 struct kvi_xfer_ops;
-int kvi_remote_stage_open(kvt_remote *r, const struct kvi_xfer_ops **ops, void **impl);
+int kvi_remote_stage_open(kvt_remote *r, uint32_t tier, const struct kvi_xfer_ops **ops,
+                          void **impl);
 void kvi_remote_unstage(kvt_remote *r);
+
+/* A rank's publications, as its scheduler's metadata asks for them (remote_xfer.c), in two
+ * halves so that none waits for the directory on the engine's thread:
+ *   kvi_remote_slot_gen      a slot's generation now (taken when the publication is asked for);
+ *   kvi_remote_publish_at    kvt_remote_publish of the slots whose generation is still
+ *                            expect[i]: a slot withdrawn since (its bytes may be another
+ *                            block's by now) is left unpublished;
+ *   kvi_remote_unpublish     the local half of a withdrawal (every slot when slots is NULL):
+ *                            no read is served from them from now on, no publication asked for
+ *                            before is made; the ones that were published are written to
+ *                            hashes/ws/gens (room for n, or n_slots), their count returned;
+ *   kvi_remote_dir_withdraw  the directory's half, for those.
+ * publish_at and dir_withdraw use the lookup side's connection and counters: the caller is
+ * the lookup side. */
+uint64_t kvi_remote_slot_gen(kvt_remote *r, uint32_t slot);
+int kvi_remote_publish_at(kvt_remote *r, const uint32_t *slots, const uint8_t *hashes,
+                          const uint64_t *expect, uint32_t n);
+uint32_t kvi_remote_unpublish(kvt_remote *r, const uint32_t *slots, uint32_t n, uint8_t *hashes,
+                              uint32_t *ws, uint64_t *gens);
+void kvi_remote_dir_withdraw(kvt_remote *r, const uint8_t *hashes, const uint32_t *slots,
+                             const uint64_t *gens, uint32_t n);
 
 int kvi_rdir_redis_open(const char *addr, const char *password, uint32_t timeout_ms,
                         uint32_t retry_ms, kvi_rdir *out);

@@ -17,6 +17,15 @@
  *
  * A remote tier takes no write-backs (the host's own blocks are what it serves): a store
  * submitted to it is refused.
+ *
+ * A rank of an engine of several ranks (kvt_remote_config.ranks) reads its own part of each
+ * block (srcs[(id - 1) * parts + rank]) and publishes it: the scheduler, whose remote tier is a
+ * lookup-only client, sends each step the host blocks whose stores completed on every rank and
+ * those about to be written again (meta->remote: publications, withdrawals). set_meta, on the
+ * engine's thread before the step's transfers, withdraws locally at once (from then on no read
+ * is served from those slots, and no publication asked for earlier is made) and notes each
+ * publication's generation; the thread, in order with the reads, computes the tags and writes
+ * the directory — a publication whose slot was withdrawn meanwhile is dropped there.
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -25,30 +34,37 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "base/remote_port.h"
+#include "base/util.h"
 #include "base/xfer.h"
 #include "kvtier/meta.h"
 #include "remote/remote_internal.h"
 
-/* One load event, as submit copied it. */
+/* One load event, as submit copied it; or a batch of publications or directory
+ * withdrawals of a step. */
 typedef struct rx_job {
+    enum { JOB_READ, JOB_PUB, JOB_WITHDRAW } kind;
     int64_t event;
     uint32_t n, n_peers;
     kvt_remote_peer *peers;
     kvt_remote_loc *locs;
     uint8_t *hashes;
     uint32_t *slots;
+    uint64_t *gens; /* publications: the generations they were asked at; withdrawals: the ones
+                       published */
     struct rx_job *next;
 } rx_job;
 
 typedef struct rx_stage {
     kvt_remote *r;
     uint32_t hash_len;
-    const kvt_offload_meta *meta; /* the step being submitted (set_meta) */
+    uint32_t tier, parts, rank, n_slots; /* its place in the chain; its part of a block */
+    const kvt_offload_meta *meta;        /* the step being submitted (set_meta) */
     pthread_t thr;
     pthread_mutex_t mu;
     pthread_cond_t cv, idle;
     rx_job *head, *tail; /* queued */
-    uint32_t queued;     /* queued or being read */
+    uint32_t queued;     /* jobs queued or running */
+    uint32_t reads;      /* of them, reads (load events) */
     int64_t hwm;         /* the last event finished */
     uint32_t *invalid;   /* failed destination blocks, not yet taken */
     uint32_t n_invalid, cap_invalid;
@@ -61,7 +77,7 @@ static void job_free(rx_job *j)
 {
     if (!j)
         return;
-    free(j->peers), free(j->locs), free(j->hashes), free(j->slots);
+    free(j->peers), free(j->locs), free(j->hashes), free(j->slots), free(j->gens);
     free(j);
 }
 
@@ -85,8 +101,13 @@ static void *rx_main(void *arg)
             break;
         rx_job *j = x->head;
         pthread_mutex_unlock(&x->mu);
-        /* the read, outside the lock: polls and takes go on meanwhile */
-        for (uint32_t at = 0; at < j->n; at += KVT_REMOTE_MAX_READ) {
+        /* the job, outside the lock: polls and takes go on meanwhile */
+        for (uint32_t at = 0; j->kind == JOB_PUB && at < j->n; at += KVT_REMOTE_MAX_READ)
+            (void)kvi_remote_publish_at(x->r, j->slots + at, j->hashes + (size_t)at * x->hash_len,
+                                        j->gens + at, kvi_min_u32(j->n - at, KVT_REMOTE_MAX_READ));
+        if (j->kind == JOB_WITHDRAW)
+            kvi_remote_dir_withdraw(x->r, j->hashes, j->slots, j->gens, j->n);
+        for (uint32_t at = 0; j->kind == JOB_READ && at < j->n; at += KVT_REMOTE_MAX_READ) {
             uint32_t k = j->n - at < KVT_REMOTE_MAX_READ ? j->n - at : KVT_REMOTE_MAX_READ;
             for (uint32_t i = 0; i < k; i++)
                 x->status[i] = KVT_EIO;
@@ -101,9 +122,12 @@ static void *rx_main(void *arg)
         x->head = j->next;
         if (!x->head)
             x->tail = NULL;
-        x->hwm = j->event; /* after its failures: see the top of this file */
+        if (j->kind == JOB_READ) {
+            x->hwm = j->event; /* after its failures: see the top of this file */
+            x->reads--;
+            x->pending -= j->n;
+        }
         x->queued--;
-        x->pending -= j->n;
         if (x->queued == 0)
             pthread_cond_broadcast(&x->idle);
         job_free(j);
@@ -112,10 +136,96 @@ static void *rx_main(void *arg)
     return NULL;
 }
 
+/* Queues j (under mu). */
+static void enqueue(rx_stage *x, rx_job *j)
+{
+    if (x->tail)
+        x->tail->next = j;
+    else
+        x->head = j;
+    x->tail = j;
+    x->queued++;
+    x->reads += j->kind == JOB_READ;
+    pthread_cond_signal(&x->cv);
+}
+
+/* A job of n blocks' slots, hashes and generations (the arrays its to fill). */
+static rx_job *job_new(int kind, uint32_t n, uint32_t hash_len)
+{
+    rx_job *j = calloc(1, sizeof(*j));
+    size_t k = n ? n : 1;
+    if (j && (!(j->slots = malloc(k * sizeof(*j->slots))) || !(j->hashes = malloc(k * hash_len)) ||
+              !(j->gens = malloc(k * sizeof(*j->gens))))) {
+        job_free(j);
+        j = NULL;
+    }
+    if (j)
+        j->kind = kind;
+    return j;
+}
+
+/* The local half of a withdrawal of slots (all of them when NULL) now, the directory's
+ * queued. */
+static int withdraw_now(rx_stage *x, const uint32_t *slots, uint32_t n)
+{
+    rx_job *j = job_new(JOB_WITHDRAW, slots ? n : x->n_slots, x->hash_len);
+    if (!j)
+        return kvt_fail(KVT_ENOMEM, "remote tier: out of memory");
+    j->n = kvi_remote_unpublish(x->r, slots, n, j->hashes, j->slots, j->gens);
+    if (j->n == 0) {
+        job_free(j);
+        return 0;
+    }
+    pthread_mutex_lock(&x->mu);
+    enqueue(x, j);
+    pthread_mutex_unlock(&x->mu);
+    return 0;
+}
+
+/* A step's publications and withdrawals (the scheduler's tier is a lookup-only client):
+ * withdraw_all, then the publications (each with its slot's generation now), then the
+ * withdrawals, which cancel a publication of the same slot made just before. */
+static int apply_pubs(rx_stage *x, const kvt_remote_reads *rr)
+{
+    if (rr->hash_len != x->hash_len)
+        return kvt_fail(KVT_EINVAL,
+                        "remote tier: the metadata's hashes have %u bytes, the remote's %u",
+                        rr->hash_len, x->hash_len);
+    for (uint32_t i = 0; i < rr->n_pubs; i++)
+        if (rr->pub_blocks[i] >= x->n_slots)
+            return kvt_fail(KVT_ERANGE, "remote tier: publication of block %u (%u slots)",
+                            rr->pub_blocks[i], x->n_slots);
+    for (uint32_t i = 0; i < rr->n_withdraws; i++)
+        if (rr->withdraw_blocks[i] >= x->n_slots)
+            return kvt_fail(KVT_ERANGE, "remote tier: withdrawal of block %u (%u slots)",
+                            rr->withdraw_blocks[i], x->n_slots);
+    int rc = rr->withdraw_all ? withdraw_now(x, NULL, 0) : 0;
+    if (!rc && rr->n_pubs) {
+        rx_job *j = job_new(JOB_PUB, rr->n_pubs, x->hash_len);
+        if (!j)
+            return kvt_fail(KVT_ENOMEM, "remote tier: out of memory");
+        j->n = rr->n_pubs;
+        memcpy(j->slots, rr->pub_blocks, j->n * sizeof(*j->slots));
+        memcpy(j->hashes, rr->pub_hashes, (size_t)j->n * x->hash_len);
+        for (uint32_t i = 0; i < j->n; i++)
+            j->gens[i] = kvi_remote_slot_gen(x->r, j->slots[i]);
+        pthread_mutex_lock(&x->mu);
+        enqueue(x, j);
+        pthread_mutex_unlock(&x->mu);
+    }
+    if (!rc && rr->n_withdraws)
+        rc = withdraw_now(x, rr->withdraw_blocks, rr->n_withdraws);
+    return rc;
+}
+
 static int rx_set_meta(void *impl, const kvt_offload_meta *meta)
 {
-    ((rx_stage *)impl)->meta = meta;
-    return 0;
+    rx_stage *x = impl;
+    x->meta = meta;
+    const kvt_remote_reads *rr = &meta->remote;
+    if (rr->tier != x->tier || (!rr->n_pubs && !rr->n_withdraws && !rr->withdraw_all))
+        return 0;
+    return apply_pubs(x, rr);
 }
 
 /* The job of load event `event`: pairs (source id src[i] of the metadata's remote reads,
@@ -127,10 +237,11 @@ static int make_job(rx_stage *x, int64_t event, const uint32_t *src, const uint3
     if (!rr || rr->n_srcs == 0)
         return kvt_fail(KVT_EINVAL, "remote tier: load event %lld without remote sources",
                         (long long)event);
-    if (rr->hash_len != x->hash_len)
+    if (rr->hash_len != x->hash_len || rr->parts != x->parts)
         return kvt_fail(KVT_EINVAL,
-                        "remote tier: the metadata's hashes have %u bytes, the remote's %u",
-                        rr->hash_len, x->hash_len);
+                        "remote tier: the metadata's blocks have %u-byte hashes and %u parts, "
+                        "the remote's %u and %u (its engine's ranks)",
+                        rr->hash_len, rr->parts, x->hash_len, x->parts);
     rx_job *j = calloc(1, sizeof(*j));
     uint32_t map[KVT_META_MAX_OWNERS];
     if (!j || !(j->peers = malloc(KVT_META_MAX_OWNERS * sizeof(*j->peers))) ||
@@ -146,7 +257,7 @@ static int make_job(rx_stage *x, int64_t event, const uint32_t *src, const uint3
             job_free(j);
             return kvt_fail(KVT_EINVAL, "remote tier: source %u of %u", src[i], rr->n_srcs);
         }
-        const kvt_remote_src *s = &rr->srcs[src[i] - 1];
+        const kvt_remote_src *s = &rr->srcs[(size_t)(src[i] - 1) * x->parts + x->rank];
         if (map[s->owner] == UINT32_MAX) {
             const kvt_remote_owner *o = &rr->owners[s->owner];
             kvt_remote_peer *p = &j->peers[j->n_peers];
@@ -192,13 +303,7 @@ static int rx_submit(void *impl, int dir, int64_t event, const uint32_t *src, co
         x->cap_invalid = (uint32_t)need;
     }
     x->pending += n;
-    if (x->tail)
-        x->tail->next = j;
-    else
-        x->head = j;
-    x->tail = j;
-    x->queued++;
-    pthread_cond_signal(&x->cv);
+    enqueue(x, j);
     pthread_mutex_unlock(&x->mu);
     return 0;
 }
@@ -244,7 +349,7 @@ static uint32_t rx_outstanding(const void *impl, int dir)
 {
     rx_stage *x = (rx_stage *)impl;
     pthread_mutex_lock(&x->mu);
-    uint32_t n = dir == KVT_COPY_LOAD ? x->queued : 0;
+    uint32_t n = dir == KVT_COPY_LOAD ? x->reads : 0;
     pthread_mutex_unlock(&x->mu);
     return n;
 }
@@ -279,7 +384,7 @@ static const kvi_xfer_ops rx_ops = {.name = "remote",
                                     .set_meta = rx_set_meta,
                                     .close = rx_close};
 
-int kvi_remote_stage_open(kvt_remote *r, const kvi_xfer_ops **ops, void **impl)
+int kvi_remote_stage_open(kvt_remote *r, uint32_t tier, const kvi_xfer_ops **ops, void **impl)
 {
     kvi_remote_port *p = kvi_remote_port_of(r);
     if (p->staged)
@@ -294,6 +399,10 @@ int kvi_remote_stage_open(kvt_remote *r, const kvi_xfer_ops **ops, void **impl)
     }
     x->r = r;
     x->hash_len = p->hash_len;
+    x->tier = tier;
+    x->parts = p->parts;
+    x->rank = p->parts > 1 ? p->rank : 0;
+    x->n_slots = p->n_slots;
     x->hwm = -1;
     pthread_mutex_init(&x->mu, NULL);
     pthread_cond_init(&x->cv, NULL);

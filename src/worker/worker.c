@@ -212,7 +212,7 @@ int kvt_worker_attach_remote(kvt_worker *w, uint32_t tier, kvt_remote *remote)
                         w->cfg.rank);
     const kvi_xfer_ops *ops;
     void *impl;
-    int rc = p->stage_open(remote, &ops, &impl);
+    int rc = p->stage_open(remote, tier, &ops, &impl);
     if (rc)
         return kvi_fail_wrap(rc, "worker: attach remote");
     w->st[tier].x = (kvi_xfer){ops, impl};
@@ -284,6 +284,13 @@ int kvt_worker_bind(kvt_worker *w, const kvt_offload_meta *meta)
         (rc = check_ids(w, "invalid load device", meta->load_invalid_blocks, meta->n_load_invalid,
                         dev)))
         return rc;
+    const kvt_remote_reads *rr = &meta->remote;
+    if ((rr->n_pubs || rr->n_withdraws || rr->withdraw_all) &&
+        !(w->st[rr->tier].x.ops && w->st[rr->tier].x.ops->set_meta))
+        return kvt_fail(KVT_EINVAL,
+                        "worker %u: the metadata publishes this rank's blocks in remote tier %u, "
+                        "but this worker has no remote tier %u (kvt_worker_attach_remote)",
+                        w->cfg.rank, rr->tier, rr->tier);
     for (uint32_t t = 1; t < KVT_MAX_TIERS; t++) { /* write-backs and promotions */
         const kvt_tier_xfers *x = &meta->tiers[t - 1];
         const stage *st = &w->st[t];
@@ -472,10 +479,7 @@ static int submit_behind(kvt_worker *w, uint32_t t, int dir, int64_t event, cons
     if (event == KVT_NO_EVENT)
         return 0;
     ev_fifo *f = &w->st[t].ev[dir];
-    const kvi_xfer_ops *o = w->st[t].x.ops;
     int rc = grow((void **)&f->ev, &f->cap, f->n + 1ull, sizeof(int64_t), false);
-    if (!rc && o->set_meta && !w->st[t].dead)
-        rc = o->set_meta(w->st[t].x.impl, w->meta);
     if (!rc)
         rc = stage_submit(w, &w->st[t], dir, event, src, dst, n, NULL);
     if (rc)
@@ -489,6 +493,14 @@ static int submit(kvt_worker *w, void *stream)
 {
     const kvt_offload_meta *m = w->meta;
     w->submitted = true;
+    /* the step's metadata to the backends described there (the remote tier: its reads'
+     * sources, and the publications and withdrawals that come before any transfer) */
+    for (uint32_t t = 1; t < KVT_MAX_TIERS; t++) {
+        const kvi_xfer_ops *o = w->st[t].x.ops;
+        int rc = o && o->set_meta && !w->st[t].dead ? o->set_meta(w->st[t].x.impl, m) : 0;
+        if (rc)
+            return kvi_fail_wrap(rc, "worker: tier");
+    }
     bool any = m->load_event != KVT_NO_EVENT || m->store_event != KVT_NO_EVENT;
     for (uint32_t t = 1; t < KVT_MAX_TIERS; t++)
         any |= m->tiers[t - 1].load_event != KVT_NO_EVENT ||
