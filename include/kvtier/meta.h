@@ -173,6 +173,9 @@ typedef struct kvt_offload_meta {
 } kvt_offload_meta;
 
 KVT_API void kvt_offload_meta_init(kvt_offload_meta *m);
+/* Whether m gives the workers nothing to do (no transfer, event list or invalid block, no
+ * remote publication or withdrawal; need_flush aside): a connector may skip sending it. */
+KVT_API bool kvt_offload_meta_empty(const kvt_offload_meta *m);
 KVT_API void kvt_offload_meta_clear(kvt_offload_meta *m);
 KVT_API void kvt_offload_meta_release(kvt_offload_meta *m);
 /* Appends one (gpu, cpu) pair to the load lists / store lists. */

@@ -407,7 +407,8 @@ KVT_API uint32_t kvt_offload_lazy_window(const kvt_offload *m);
  * it. */
 KVT_API uint32_t kvt_offload_hit_alignment(const kvt_offload *m);
 
-/* True while transfers are in flight or stores are queued: the engine keeps stepping. */
+/* True while transfers are in flight, stores are queued or a remote tier's publications and
+ * withdrawals wait for the ranks (behind a lookup-only client): the engine keeps stepping. */
 KVT_API bool kvt_offload_has_pending(const kvt_offload *m);
 
 /* ---- cache events with request context ------------------------------------------------ */

@@ -57,6 +57,17 @@ void kvt_offload_meta_init(kvt_offload_meta *m)
         m->tiers[t].load_event = m->tiers[t].store_event = KVT_NO_EVENT;
 }
 
+bool kvt_offload_meta_empty(const kvt_offload_meta *m)
+{
+    if (m->n_loads || m->n_stores || m->n_load_events || m->n_load_invalid || m->remote.n_pubs ||
+        m->remote.n_withdraws || m->remote.withdraw_all)
+        return false;
+    for (uint32_t t = 0; t < KVT_MAX_TIERS - 1; t++)
+        if (m->tiers[t].n_loads || m->tiers[t].n_stores)
+            return false;
+    return true;
+}
+
 void kvt_offload_meta_clear(kvt_offload_meta *m)
 {
     m->load_event = KVT_NO_EVENT;

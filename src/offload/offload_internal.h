@@ -131,6 +131,8 @@ struct kvi_ofl_src_ops {
      * client: the ranks' publications and withdrawals). A failure fails the build; what it
      * would have sent is sent by the next one. */
     int (*step)(kvt_offload *m, uint32_t t, kvt_offload_meta *out);
+    /* Optional: step has something to send (the engine keeps stepping until it went out) */
+    bool (*step_pending)(const kvt_offload *m, uint32_t t);
     /* its blocks are this instance's own (stored here once): promoted into the host, they are
      * published to the remote tier again; a remote tier's are not (their owner is a peer) */
     bool own;

@@ -335,12 +335,19 @@ static int remote_step(kvt_offload *m, uint32_t t, kvt_offload_meta *out)
     return rc;
 }
 
+static bool remote_step_pending(const kvt_offload *m, uint32_t t)
+{
+    (void)t;
+    return m->rvia_meta && (m->pub_n || m->wd_n || m->wd_all);
+}
+
 const struct kvi_ofl_src_ops kvi_ofl_remote_src = {.release = remote_release,
                                                    .keys = remote_keys,
                                                    .failed = remote_failed,
                                                    .reserve = remote_reserve,
                                                    .emit = remote_emit,
-                                                   .step = remote_step};
+                                                   .step = remote_step,
+                                                   .step_pending = remote_step_pending};
 
 /* ---- publish / withdraw -------------------------------------------------------------------- */
 

@@ -718,7 +718,8 @@ bool kvi_ofl_tier_pending(const kvt_offload *m)
 {
     for (uint32_t t = 1; t < KVI_OFL_TIERS && m->tier[t].src; t++)
         if (kvi_evtable_len(&m->tier[t].loads) || kvi_evtable_len(&m->tier[t].stores) ||
-            m->tier[t].acc_n)
+            m->tier[t].acc_n ||
+            (m->tier[t].src->step_pending && m->tier[t].src->step_pending(m, t)))
             return true;
     return m->promoq_head != OFL_NONE;
 }

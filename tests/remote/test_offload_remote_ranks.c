@@ -270,7 +270,9 @@ static void evicted_and_reset_blocks_are_withdrawn_by_every_rank(void **state)
         assert_int_equal(tp_rstats(&b, k).read_ok, got);
     }
     KVT_OK_(kvt_offload_reset(a.s.m));
+    assert_true(kvt_offload_has_pending(a.s.m)); /* the engine steps until the ranks know */
     tp_step(&a); /* the reset reaches the ranks with the next step */
+    assert_false(kvt_offload_has_pending(a.s.m));
     for (uint32_t k = 0; k < RANKS; k++)
         assert_int_equal(tp_rstats(&a, k).published - tp_rstats(&a, k).withdrawn, 0);
     assert_int_equal(tp_admit_and_check(&b, &q2, "q2", 6, 16), 0);

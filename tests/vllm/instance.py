@@ -3,9 +3,11 @@
 replicas on a node, instances on "hosts"): a vLLM engine whose KvtierConnector gets the extra
 config EXTRA (JSON), generates the prompts of PROMPTS (a JSON file) and prints one JSON line:
 the token ids, the connector's counters, the node tier's and the remote tier's (null where
-there is none). With a FIFO path as HOLD it then waits, alive (its host tier shared or served),
+there is none). KVTIER_TEST_TP in the environment: its tensor parallelism (vLLM's
+multiprocess executor). With a FIFO path as HOLD it then waits, alive (its host tier shared or served),
 until a line arrives on it."""
 import json
+import os
 import sys
 
 from conftest import close_llm, generate, make_llm, sched_connector
@@ -13,7 +15,9 @@ from conftest import close_llm, generate, make_llm, sched_connector
 
 def main(model_dir, extra, prompts_path, hold=None):
     prompts = json.load(open(prompts_path))
-    llm = make_llm(model_dir, extra=json.loads(extra))
+    tp = int(os.environ.get("KVTIER_TEST_TP", "1"))  # tensor parallelism (multiprocess)
+    llm = make_llm(model_dir, extra=json.loads(extra), tensor_parallel_size=tp,
+                   **({"distributed_executor_backend": "mp"} if tp > 1 else {}))
     try:
         tokens = generate(llm, prompts)
         conn = sched_connector(llm)

@@ -638,3 +638,55 @@ def test_a_second_instance_is_served_from_the_remote_tier(model_dir, baseline, t
     finally:
         redis.kill()
         redis.wait()
+
+
+def test_two_tensor_parallel_instances_share_prefixes_through_the_remote_tier(model_dir,
+                                                                             baseline,
+                                                                             tmp_path):
+    """Issue 41: two engine instances of tensor parallelism 2 (vLLM's multiprocess executor:
+    a scheduler process and two rank processes each) and a Redis directory. Each rank serves
+    its own part (its heads) of every block as "<instance>#<rank>" and publishes it when the
+    scheduler's metadata says the store completed on both; the second instance's scheduler
+    finds blocks both of the first one's ranks hold, and each of its ranks reads its part from
+    the first one's rank of the same index (checked by the owner's tag on what landed): the
+    tokens are vLLM's without a connector."""
+    import shutil
+    import time
+    if not shutil.which("redis-server"):
+        pytest.skip("needs redis-server (scripts/install-deps)")
+    sock = str(tmp_path / "redis.sock")
+    redis = subprocess.Popen(["redis-server", "--port", "0", "--unixsocket", sock, "--save", "",
+                              "--appendonly", "no"], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    prompts = prompts_with_prefixes(2, 400, 2, 400, seed=12)
+    want = baseline(prompts)
+    path = tmp_path / "prompts.json"
+    path.write_text(json.dumps(prompts))
+    env = dict(os.environ, KVTIER_REMOTE_CREDENTIAL="vllm-remote-test-credential",
+               KVTIER_TEST_TP="2", VLLM_CPU_OMP_THREADS_BIND="0|1")
+
+    def instance(name):
+        return {"kvtier_remote_directory": sock, "kvtier_remote_space": "tp%d" % os.getpid(),
+                "kvtier_remote_instance": name}
+
+    try:
+        for _ in range(300):
+            if os.path.exists(sock):
+                break
+            time.sleep(0.01)
+        with held_instance(model_dir, instance("a"), path, str(tmp_path / "hold"), env) as r0:
+            assert r0["tokens"] == want
+            assert r0["stats"]["stores_completed"] > 0, r0["stats"]
+            assert r0["remote"]["published"] == 0, r0["remote"]  # the ranks publish
+            rc, r1, err = run_instance(model_dir, instance("b"), path, env)
+            assert rc == 0, err
+            print("instance b (2 ranks): %d hit tokens, %d blocks read from instance a's ranks"
+                  % (r1["stats"]["hit_tokens"], r1["stats"]["remote_hit_blocks"]))
+            assert r1["tokens"] == want
+            assert r1["stats"]["remote_hit_blocks"] > 0, r1["stats"]
+            assert r1["remote"]["hit_blocks"] >= r1["stats"]["remote_hit_blocks"], r1["remote"]
+            assert r1["stats"]["promotions_failed"] == 0, r1["stats"]
+            assert r1["stats"]["loads_completed"] == r1["stats"]["load_blocks"], r1["stats"]
+    finally:
+        redis.kill()
+        redis.wait()

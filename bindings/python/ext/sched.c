@@ -46,6 +46,7 @@
     X(kvt_offload_apply_output)                                                                    \
     X(kvt_offload_meta_encoded_size)                                                               \
     X(kvt_offload_meta_encode)                                                                     \
+    X(kvt_offload_meta_empty)                                                                      \
     X(kvt_offload_worker_meta_decode)                                                              \
     X(kvt_offload_get_stats)
 
@@ -1284,16 +1285,6 @@ static int run_batch(fs_sched *s)
     return check(s, rc);
 }
 
-static bool meta_empty(const kvt_offload_meta *m)
-{
-    if (m->n_loads || m->n_stores || m->n_load_events || m->n_load_invalid)
-        return false;
-    for (int t = 0; t < KVT_MAX_TIERS - 1; t++)
-        if (m->tiers[t].n_loads || m->tiers[t].n_stores)
-            return false;
-    return true;
-}
-
 /* build_meta(scheduler_output) -> the step's encoded metadata, or None when it carries nothing
  * (and nobody was preempted). */
 static PyObject *sched_build_meta(PyObject *self, PyObject *so)
@@ -1345,7 +1336,7 @@ static PyObject *sched_build_meta(PyObject *self, PyObject *so)
     rc = s->api.kvt_offload_build_meta(s->m, preempted, s->meta);
     if (check(s, rc) < 0)
         goto done;
-    if (!preempted && meta_empty(s->meta)) {
+    if (!preempted && s->api.kvt_offload_meta_empty(s->meta)) {
         out = Py_None;
         Py_INCREF(out);
         goto done;

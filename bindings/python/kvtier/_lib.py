@@ -682,6 +682,7 @@ for kind in ("kvt_offload_meta", "kvt_offload_worker_meta"):
     _sig(kind + "_encode", c_int, P(t), vp, ctypes.c_size_t, P(ctypes.c_size_t))
     _sig(kind + "_decode", c_int, P(t), vp, ctypes.c_size_t)
 _sig("kvt_offload_meta_add_load", c_int, P(kvt_offload_meta), c_u32, c_u32)
+_sig("kvt_offload_meta_empty", ctypes.c_bool, P(kvt_offload_meta))
 _sig("kvt_offload_meta_add_store", c_int, P(kvt_offload_meta), c_u32, c_u32)
 _sig("kvt_offload_meta_add_load_req", c_int, P(kvt_offload_meta), c_i64, cp, c_u32)
 _sig("kvt_offload_worker_meta_add", c_int, P(kvt_offload_worker_meta), c_i64, c_u32)

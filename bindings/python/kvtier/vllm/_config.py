@@ -250,10 +250,13 @@ class KvtierConfig:
         if self.node_tier:
             raise ConfigError("kvtier: kvtier_remote_directory beside kvtier_node_tier is not "
                               "supported yet")
-        if world_size != 1:
-            raise ConfigError("kvtier: kvtier_remote_directory supports engines of one rank "
-                              "(tensor and pipeline parallel size 1); this one has %d"
-                              % world_size)
+        # an engine of several ranks: each rank serves its part of every block under
+        # "<instance>#<rank>" (at most 64 characters)
+        self.remote_instance_given = "kvtier_remote_instance" in extra
+        if world_size > 1 and len(self.remote_instance) > 64 - 1 - len(str(world_size - 1)):
+            raise ConfigError("kvtier: kvtier_remote_instance=%r: an engine of %d ranks serves "
+                              "as <instance>#<rank>, at most 64 characters"
+                              % (self.remote_instance, world_size))
 
     def resolve_node(self, parallel_config):
         """The node tier's rank and size, defaulting to vLLM's local data-parallel ones."""

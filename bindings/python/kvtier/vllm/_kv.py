@@ -342,10 +342,29 @@ def _signature(vllm_config, gcfg):
                                 gcfg.hash_block_size)).encode()).digest()
 
 
-def _hash_seed():
-    """vLLM's hash seed as a fingerprint: the first 8 bytes of its root hash (NONE_HASH)."""
+def _hash_seed(vllm_config=None):
+    """vLLM's hash seed as a fingerprint: the first 8 bytes of its root hash (NONE_HASH). In a
+    worker process, where vLLM does not set NONE_HASH, it is derived as the engine core derives
+    it (the same value whenever it is reproducible across processes: PYTHONHASHSEED set, or a
+    cryptographic hash)."""
     from vllm.v1.core import kv_cache_utils
-    return int.from_bytes(bytes(kv_cache_utils.NONE_HASH)[:8], "little")
+    h = getattr(kv_cache_utils, "NONE_HASH", None)
+    if h is None and vllm_config is not None:
+        from vllm.utils.hashing import get_hash_fn_by_name
+        fn = get_hash_fn_by_name(vllm_config.cache_config.prefix_caching_hash_algo)
+        h = fn(kv_cache_utils.resolve_none_hash_seed(fn))
+    return int.from_bytes(bytes(h)[:8], "little")
+
+
+def _remote_instance(cfg, vllm_config):
+    """This engine's name in the remote space. An engine of several ranks has processes of
+    its own for its scheduler and each rank: unless given, the name comes from the engine id
+    they share (the host name's and pid's default would differ between them)."""
+    if cfg.remote_instance_given or cfg.world_size == 1:
+        return cfg.remote_instance
+    eid = "".join(c if c.isascii() and (c.isalnum() or c in "_.-") else "-"
+                  for c in str(vllm_config.kv_transfer_config.engine_id))
+    return (cfg.remote_instance.rsplit("-", 1)[0][:20] + "-" + eid)[:60]
 
 
 class _Scheduler:
@@ -516,9 +535,13 @@ class _Scheduler:
             share.release()
 
     def _attach_remote(self):
-        """Joins the remote tier, serving the host tier of this engine's worker: the worker
-        must be in this process (vLLM's uniprocess executor, one rank)."""
+        """Joins the remote tier. One rank: serving the host tier of this engine's worker,
+        which is in this process (vLLM's uniprocess executor). Several ranks (the multiprocess
+        executor): a lookup-only client of the directory; each rank serves, publishes and reads
+        its own part of every block through a remote of its own (_Worker)."""
         c, v = self.cfg, self._vllm_config
+        if c.world_size > 1:
+            return self._attach_remote_client()
         share = _HOSTS.get(v.kv_transfer_config.engine_id)
         if share is None or share.mirror._h is None:
             raise ConfigError("kvtier: kvtier_remote_directory: this engine's worker is not in "
@@ -546,6 +569,24 @@ class _Scheduler:
         logger.info("kvtier: remote tier: instance %s of space %s, directory %s, serving on "
                     "port %d", c.remote_instance, c.remote_space, c.remote_directory,
                     remote.port)
+
+    def _attach_remote_client(self):
+        c, v = self.cfg, self._vllm_config
+        remote = Remote(c.remote_directory, c.remote_space, _remote_instance(c, v), None, None, 0,
+                        hash_len=self.hash_len, hash_seed=_hash_seed(),
+                        timeout_ms=c.remote_timeout_ms,
+                        directory_password=c.remote_directory_password, ranks=c.world_size,
+                        rank=None)
+        try:
+            self._call(_lib.kvt_offload_attach_remote(self.h, remote._h))
+        except Exception:
+            remote.close()
+            raise
+        self.remote = remote
+        self._remote_pending = False
+        logger.info("kvtier: remote tier: instance %s of space %s, directory %s, %d ranks "
+                    "(each serves its part)", _remote_instance(c, v), c.remote_space,
+                    c.remote_directory, c.world_size)
 
     def remote_stats(self):
         """The remote tier's counters (kvt_remote_stats), or None without one."""
@@ -748,9 +789,7 @@ class _Scheduler:
         self._run_batch()
         m = self.meta
         self._call(_lib.kvt_offload_build_meta(self.h, bool(preempted), self._meta_ref))
-        c = m._m
-        if not (c.n_loads or c.n_stores or c.n_load_events or c.n_load_invalid or preempted or
-                any(x.n_loads or x.n_stores for x in c.tiers)):
+        if not preempted and _lib.kvt_offload_meta_empty(self._meta_ref):
             return self._empty
         return KvtierConnectorMetadata(m.encode(), bool(preempted))
 
@@ -1065,7 +1104,9 @@ class _Worker:
         self.cfg = cfg
         self.kv_cache_config = kv_cache_config
         self._engine_id = vllm_config.kv_transfer_config.engine_id
+        self._vllm_config = vllm_config
         self._host_share = None
+        self.remote = None
         self.host_blocks = host_blocks_for(cfg, kv_cache_config)
         self.worker = self.mirror = self.layout = self.disk = None
         self.cuda = False
@@ -1125,7 +1166,7 @@ class _Worker:
                                  node_group=c.node_group if node else None,
                                  numa_node=c.numa_node)
             self.worker = Worker(layout, self.mirror, rank=rank, threads=c.copy_threads)
-            if c.remote_directory:  # the scheduler's remote tier serves this mirror
+            if c.remote_directory and c.world_size == 1:  # the scheduler's remote serves it
                 self._host_share = _HostShare(self.mirror, self.worker)
                 _HOSTS[self._engine_id] = self._host_share
             if c.backend == "cpu+disk":
@@ -1133,10 +1174,36 @@ class _Worker:
                                  rank=rank, page_cache=c.page_cache,
                                  queue_depth=c.disk_queue_depth)
                 self.worker.attach_disk(self.disk)
+            if c.remote_directory and c.world_size > 1:
+                self._attach_rank_remote(rank)
         logger.info("kvtier: rank %d: %d regions, %d bytes per block, %d host blocks, %s "
                     "copies", rank, layout.num_regions, layout.block_bytes, self.host_blocks,
                     "CUDA" if self.cuda else "CPU")
         _drain_at_device_sync(self)
+
+    def _attach_rank_remote(self, rank):
+        """This rank's part of the remote tier (an engine of several ranks): it serves its
+        part of every block from its mirror, publishes and withdraws it as the scheduler's
+        metadata says, and reads its part of the remote hits."""
+        c, v = self.cfg, self._vllm_config
+        gcfg = _group_specs(self.kv_cache_config, v)
+        self.remote = Remote(c.remote_directory, c.remote_space, _remote_instance(c, v),
+                             c.remote_listen_host, c.remote_credential, 0, mirror=self.mirror,
+                             hash_len=gcfg.hash_len, hash_seed=_hash_seed(v),
+                             signature=_signature(v, gcfg),
+                             listen_port=c.remote_port + rank if c.remote_port else 0,
+                             advertise_host=c.remote_advertise_host,
+                             timeout_ms=c.remote_timeout_ms,
+                             directory_password=c.remote_directory_password,
+                             encrypt=c.remote_encrypt, ranks=c.world_size, rank=rank)
+        # the tier after the host and its disk, as in the scheduler's chain
+        self.worker.attach_remote(self.remote, 2 if self.disk is not None else 1)
+        logger.info("kvtier: rank %d serves its part of the remote tier on port %d", rank,
+                    self.remote.port)
+
+    def remote_stats(self):
+        """This rank's part of the remote tier (kvt_remote_stats), or None."""
+        return self.remote.stats() if self.remote is not None else None
 
     def drain(self):
         """Waits until every copy this rank submitted has finished (their reports still go out
@@ -1186,14 +1253,15 @@ class _Worker:
         share, self._host_share = self._host_share, None
         if share is not None and _HOSTS.get(self._engine_id) is share:
             del _HOSTS[self._engine_id]
-        for o in (self.worker, self.disk, self.mirror, self.layout):
+        # the rank's remote after the worker (its reads end with it), before the mirror it serves
+        for o in (self.worker, self.remote, self.disk, self.mirror, self.layout):
             if o is None:
                 continue
             if o is self.mirror and share is not None:
                 share.release()  # the remote tier may still serve it
             else:
                 o.close()
-        self.worker = self.disk = self.mirror = self.layout = None
+        self.worker = self.remote = self.disk = self.mirror = self.layout = None
 
 
 # ---- the connector ------------------------------------------------------------------------
