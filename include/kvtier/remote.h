@@ -110,11 +110,11 @@ typedef struct kvt_remote_config {
      * serves and reads only that part, rank r from the owners' rank r. ranks: 0 or 1 (one
      * rank: the object is the whole instance), 2..KVT_REMOTE_MAX_RANKS; rank: which one this
      * object is (0..ranks-1; it registers, publishes and is read as "<instance>#<rank>", so the
-     * instance name may be at most 61 bytes), or KVT_REMOTE_NO_RANK: the scheduler's directory
-     * client, which only looks up (a hit is a block every rank of one or more owners holds, its
-     * parts in rank order), serves and reads nothing and never registers (no region, listen
-     * host or credential needed). Every instance of a space has the same ranks (the directory
-     * refuses another). */
+     * instance may have at most 62 bytes, 61 past 10 ranks), or KVT_REMOTE_NO_RANK: the directory
+     * client of a scheduler, which only looks up (a hit is a block every rank of one or more owners
+     * holds, its parts in rank order), serves and reads nothing and never registers (no region,
+     * listen host or credential needed). Every instance of a space has the same ranks (the
+     * directory refuses another). */
     uint32_t ranks;
     uint32_t rank;
     /* room for fields to come: zero (as kvt_remote_config_init leaves it) */

@@ -248,12 +248,13 @@ static int validate(const kvt_remote_config *c)
                         "remote: rank %u of %u ranks (ranks 0..%u; rank below ranks, or "
                         "KVT_REMOTE_NO_RANK for lookups only)",
                         c->rank, c->ranks, KVT_REMOTE_MAX_RANKS);
+    size_t suffix = c->ranks > 10 ? 3 : 2; /* "#<rank>" of the highest rank */
     if (c->ranks > 1 && c->rank != KVT_REMOTE_NO_RANK &&
-        strlen(c->instance) + 3 > KVT_REMOTE_NAME_MAX)
+        strlen(c->instance) + suffix > KVT_REMOTE_NAME_MAX)
         return kvt_fail(KVT_EINVAL,
                         "remote: instance '%s': a rank's name is \"<instance>#<rank>\", at most "
-                        "%u bytes; the instance may have %u",
-                        c->instance, KVT_REMOTE_NAME_MAX, KVT_REMOTE_NAME_MAX - 3);
+                        "%u bytes; with %u ranks the instance may have %zu",
+                        c->instance, KVT_REMOTE_NAME_MAX, c->ranks, KVT_REMOTE_NAME_MAX - suffix);
     if (c->rank == KVT_REMOTE_NO_RANK) {
         if (c->region || c->regions || c->n_slots)
             return kvt_fail(KVT_EINVAL, "remote: a lookup-only client (KVT_REMOTE_NO_RANK) "

@@ -664,7 +664,7 @@ static void bad_configs_are_refused(void **state)
     c.rank = 2; /* past the ranks */
     KVT_ERR_(kvt_remote_create(&c, &r), KVT_EINVAL);
     c.rank = 1;
-    c.instance = "an-instance-name-of-sixty-two-bytes-which-is-one-too-many-0123";
+    c.instance = "an-instance-name-of-sixty-three-bytes-which-is-one-too-many-012";
     KVT_ERR_(kvt_remote_create(&c, &r), KVT_EINVAL); /* "<instance>#1" would not fit */
     c.instance = "x";
     uint8_t one_block[BB];

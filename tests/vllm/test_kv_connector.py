@@ -546,10 +546,14 @@ def test_bad_remote_configuration_is_refused(extra, word, monkeypatch):
     with pytest.raises(ConfigError) as ei:
         KvtierConfig(extra, 1)
     assert word in str(ei.value), str(ei.value)
-    with pytest.raises(ConfigError) as ei:  # one rank only
+    # several ranks serve as "<instance>#<rank>": the name must leave room for the suffix
+    KvtierConfig({"kvtier_remote_directory": "/tmp/r.sock", "kvtier_remote_credential": "x" * 16,
+                  "kvtier_remote_instance": "i" * 62}, 2)
+    with pytest.raises(ConfigError) as ei:
         KvtierConfig({"kvtier_remote_directory": "/tmp/r.sock",
-                      "kvtier_remote_credential": "x" * 16}, 2)
-    assert "one rank" in str(ei.value)
+                      "kvtier_remote_credential": "x" * 16, "kvtier_remote_instance": "i" * 62},
+                     11)
+    assert "<instance>#<rank>" in str(ei.value)
 
 
 @pytest.mark.parametrize("extra,word", [
