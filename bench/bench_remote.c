@@ -30,6 +30,13 @@
  *                         process: xxh3 (the checksum the tier used before authentication,
  *                         spoofable), GMAC (the tag it uses now), AES-256-GCM (encryption)
  *
+ *   ranks2_load_gbps      tensor parallelism 2: two owner processes, the ranks of one
+ *                         instance, each serving its half of every block (block size / 2),
+ *                         and two reader ranks of this process reading their parts at once
+ *                         (kvt_remote_read_from, a thread each) where a lookup-only client
+ *                         (the scheduler's) found the blocks: bytes of whole blocks / time;
+ *                         ratio_vs_ucx_perftest_ranks2 is over the same ucx_perftest figure
+ *
  *   mooncake_store_gbps   Mooncake's store (bench/peers/remote_peers.py, in .venv-bench): its
  *                         master started here, an owner process (in the owner's namespace)
  *                         putting the same 64 blocks, this namespace reading them with
@@ -37,6 +44,7 @@
  *                         load_gbps over it (mooncake_store_why when it did not run)
  */
 #include <inttypes.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,6 +62,7 @@
 #include "remote_cmds.h"
 
 #define NBLK 64u
+#define TP   2u /* the ranks of the tensor-parallel phase */
 #define HL   16u
 #define CRED "kvtier-bench-remote-credential"
 
@@ -106,7 +115,7 @@ static void teardown(env *e)
 /* The owner process: `kvtier remote-peer --serve 1`, in the namespace (or here); its stdout
  * is read until it says it serves. */
 static pid_t start_owner(const env *e, uint64_t block_kib, const char *name, const char *seq,
-                         bool owner_checksum, bool encrypt)
+                         bool owner_checksum, bool encrypt, int rank)
 {
     char self[512];
     ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
@@ -134,6 +143,11 @@ static pid_t start_owner(const env *e, uint64_t block_kib, const char *name, con
         argv[k++] = "--no-owner-checksum";
     if (encrypt)
         argv[k++] = "--encrypt";
+    char rk[8];
+    snprintf(rk, sizeof(rk), "%d", rank);
+    if (rank >= 0) /* a rank of an instance of TP ranks, in a space of such instances */
+        argv[k++] = "--ranks", argv[k++] = "2", argv[k++] = "--rank", argv[k++] = rk,
+        argv[k++] = "--space", argv[k++] = "kvtier-tp";
     argv[k] = NULL;
     pid_t p = fork();
     if (p == 0) {
@@ -226,6 +240,121 @@ static double first_read_extra_us(const kvt_remote_config *base, uint64_t bb)
     return t[0] >= 0 && t[1] >= 0 ? (t[0] - t[1]) * 1e6 : 0.0 / 0.0;
 }
 
+/* One reader rank's read of its part of the NBLK blocks (a thread of ranks_phase). */
+typedef struct tp_reader {
+    kvt_remote *r;
+    kvt_remote_peer peers[KVT_REMOTE_MAX_PEERS];
+    uint32_t n_peers;
+    kvt_remote_loc locs[NBLK];
+    const uint8_t *hashes;
+    uint32_t slots[NBLK];
+    int st[NBLK];
+    int rc;
+    uint8_t *region;
+} tp_reader;
+
+static void *tp_read(void *arg)
+{
+    tp_reader *x = arg;
+    x->rc =
+        kvt_remote_read_from(x->r, x->peers, x->n_peers, x->locs, x->hashes, NBLK, x->slots, x->st);
+    return NULL;
+}
+
+/* Both reader ranks read their parts at once; 0, or the first failure. */
+static int tp_round(tp_reader *x)
+{
+    pthread_t t[TP];
+    for (uint32_t k = 0; k < TP; k++)
+        if (pthread_create(&t[k], NULL, tp_read, &x[k]) != 0)
+            x[k].rc = KVT_ESYS, t[k] = 0;
+    int rc = 0;
+    for (uint32_t k = 0; k < TP; k++) {
+        if (t[k])
+            pthread_join(t[k], NULL);
+        if (x[k].rc && !rc)
+            rc = x[k].rc;
+    }
+    return rc;
+}
+
+/* Tensor parallelism 2 (the owners started as ranks of "owner-tp", sequence 4, a half block
+ * each): a lookup-only client finds the blocks, two reader ranks read their parts at once,
+ * each into slots of its own, again and again for `seconds` (at least 3 rounds): GB/s of
+ * whole blocks, or -1 after a failure or wrong bytes (the first round's are checked). */
+static double ranks_phase(const kvt_remote_config *base, uint64_t bb, double seconds)
+{
+    const uint64_t part = bb / TP;
+    kvt_remote_config c = *base;
+    c.space = "kvtier-tp"; /* every instance of a space has the same ranks */
+    c.instance = "reader-tp";
+    c.ranks = TP;
+    c.rank = KVT_REMOTE_NO_RANK;
+    c.block_bytes = part;
+    kvt_remote *client = NULL;
+    tp_reader x[TP];
+    memset(x, 0, sizeof(x));
+    uint8_t hashes[NBLK * HL], *want = malloc(part);
+    kvt_remote_loc locs[NBLK * TP];
+    uint32_t hit = 0;
+    double gbps = -1;
+    int rc = want ? kvt_remote_create(&c, &client) : KVT_ENOMEM;
+    for (uint32_t k = 0; k < TP && !rc; k++) {
+        c.rank = k;
+        c.region = x[k].region = calloc(NBLK + 1, part);
+        c.n_slots = NBLK + 1;
+        rc = c.region ? kvt_remote_create(&c, &x[k].r) : KVT_ENOMEM;
+    }
+    kvt_remote_seq_hashes(4, NBLK, HL, hashes);
+    if (!rc)
+        rc = kvt_remote_lookup(client, hashes, NBLK, locs, &hit);
+    if (!rc && hit != NBLK)
+        rc = kvt_fail(KVT_ENOENT, "the lookup found %u of %u blocks", hit, NBLK);
+    for (uint32_t k = 0; k < TP && !rc; k++) { /* rank k's part of block i: locs[i * TP + k] */
+        x[k].hashes = hashes;
+        for (uint32_t i = 0; i < NBLK && !rc; i++) {
+            uint32_t lp = locs[i * TP + k].peer, j = 0;
+            kvt_remote_peer id;
+            rc = kvt_remote_lookup_peer(client, lp, &id);
+            while (!rc && j < x[k].n_peers && strcmp(x[k].peers[j].instance, id.instance))
+                j++;
+            if (!rc && j == x[k].n_peers)
+                x[k].peers[x[k].n_peers++] = id;
+            x[k].locs[i] = locs[i * TP + k];
+            x[k].locs[i].peer = j;
+            x[k].slots[i] = i + 1;
+        }
+    }
+    if (!rc && !(rc = tp_round(x))) { /* untimed: connections and pages first */
+        uint64_t bytes = 0, rounds = 0;
+        double t = 0, t_end = kvt_now_s() + seconds;
+        while (!rc && (rounds < 3 || kvt_now_s() < t_end)) {
+            double t0 = kvt_now_s();
+            rc = tp_round(x);
+            t += kvt_now_s() - t0;
+            for (uint32_t k = 0; !rc && rounds == 0 && k < TP; k++)
+                for (uint32_t i = 0; !rc && i < NBLK; i++) {
+                    kvt_remote_seq_fill(4 + ((uint64_t)k << 32), i, want, part);
+                    if (memcmp(want, x[k].region + (uint64_t)(i + 1) * part, part) != 0)
+                        rc = kvt_fail(KVT_EPROTO, "rank %u's part of block %u: wrong bytes", k, i);
+                }
+            bytes += NBLK * bb;
+            rounds++;
+        }
+        if (!rc)
+            gbps = (double)bytes / t / 1e9;
+    }
+    if (rc)
+        fprintf(stderr, "kvtier bench remote: tensor parallelism 2: %s\n", kvt_last_error());
+    for (uint32_t k = 0; k < TP; k++) {
+        kvt_remote_destroy(x[k].r);
+        free(x[k].region);
+    }
+    kvt_remote_destroy(client);
+    free(want);
+    return gbps;
+}
+
 /* GB/s on one core over a block of bb bytes: xxh3 (the old checksum), GMAC and AES-256-GCM. */
 static void one_core(uint64_t bb, uint8_t *buf, double *xxh3, double *gmac, double *gcm)
 {
@@ -280,14 +409,18 @@ static int measure(const kvt_bench_opts *o)
     }
     e.netns = strcmp(tls, "tcp") == 0 && make_netns(&e);
     const uint64_t block_kib = 1024, bb = block_kib << 10;
-    pid_t owner = start_owner(&e, block_kib, "owner", "1", true, false);
-    pid_t owner2 = owner > 0 ? start_owner(&e, block_kib, "owner-fast", "2", false, false) : -1;
-    pid_t owner3 = owner2 > 0 ? start_owner(&e, block_kib, "owner-enc", "3", true, true) : -1;
+    pid_t owner = start_owner(&e, block_kib, "owner", "1", true, false, -1);
+    pid_t owner2 = owner > 0 ? start_owner(&e, block_kib, "owner-fast", "2", false, false, -1) : -1;
+    pid_t owner3 = owner2 > 0 ? start_owner(&e, block_kib, "owner-enc", "3", true, true, -1) : -1;
+    pid_t tp_owner[TP] = {-1, -1};
+    for (int k = 0; k < (int)TP && owner3 > 0; k++)
+        tp_owner[k] = start_owner(&e, block_kib / TP, "owner-tp", "4", true, false, k);
     kvt_remote *r = NULL, *renc = NULL;
     json_t *mc_all = NULL; /* the Mooncake store's figures */
     uint8_t *dst = malloc(NBLK * bb), *want = malloc(bb), hashes[NBLK * HL];
     int code = 1;
-    if (owner <= 0 || owner2 <= 0 || owner3 <= 0 || !dst || !want) {
+    if (owner <= 0 || owner2 <= 0 || owner3 <= 0 || tp_owner[0] <= 0 || tp_owner[1] <= 0 || !dst ||
+        !want) {
         fprintf(stderr, "kvtier bench remote: the owner did not start\n");
         goto out;
     }
@@ -346,7 +479,8 @@ static int measure(const kvt_bench_opts *o)
     (void)kvt_remote_lookup(renc, hashes3, NBLK, locs3, &hit);
     double gbps_enc =
         hit == NBLK ? read_phase(renc, locs3, hashes3, 3, dst, want, bb, o->seconds / 4) : -1;
-    if (gbps < 0 || gbps_fast < 0 || gbps_enc < 0)
+    double gbps_tp = ranks_phase(&c, bb, o->seconds / 4);
+    if (gbps < 0 || gbps_fast < 0 || gbps_enc < 0 || gbps_tp < 0)
         goto out;
     double core_xxh3, core_gmac, core_gcm;
     one_core(bb, dst, &core_xxh3, &core_gmac, &core_gcm);
@@ -383,6 +517,9 @@ static int measure(const kvt_bench_opts *o)
         kvt_json_num(&j, "load_gbps", gbps);
         kvt_json_num(&j, "load_gbps_reader_check_only", gbps_fast);
         kvt_json_num(&j, "load_gbps_encrypted", gbps_enc);
+        kvt_json_int(&j, "ranks2_owners", TP);
+        kvt_json_num(&j, "ranks2_load_gbps", gbps_tp);
+        kvt_json_num(&j, "ratio_vs_ucx_perftest_ranks2", base > 0 ? gbps_tp / base : 0.0 / 0.0);
         kvt_json_num(&j, "first_read_extra_us", hs_us);
         kvt_json_num(&j, "one_core_xxh3_gbps", core_xxh3);
         kvt_json_num(&j, "one_core_gmac_gbps", core_gmac);
@@ -412,6 +549,9 @@ static int measure(const kvt_bench_opts *o)
                NBLK, block_kib, gbps, gbps_fast, gbps_enc, block_kib, base,
                base > 0 ? gbps / base : 0.0, base > 0 ? gbps_fast / base : 0.0,
                base > 0 ? gbps_enc / base : 0.0);
+        printf("  tensor parallelism 2 (two owner ranks, two reader ranks at once, each a half "
+               "block): %.2f GB/s of whole blocks; ratio %.2f\n",
+               gbps_tp, base > 0 ? gbps_tp / base : 0.0);
         printf("  a first read costs %.0f us more (connection, handshake, UCX endpoint); one "
                "core: xxh3 %.1f GB/s, GMAC %.1f GB/s, AES-256-GCM "
                "%.1f GB/s\n",
@@ -428,8 +568,8 @@ out:
     json_decref(mc_all);
     kvt_remote_destroy(r);
     kvt_remote_destroy(renc);
-    pid_t owners[3] = {owner, owner2, owner3};
-    for (int i = 0; i < 3; i++)
+    pid_t owners[3 + TP] = {owner, owner2, owner3, tp_owner[0], tp_owner[1]};
+    for (int i = 0; i < 3 + (int)TP; i++)
         if (owners[i] > 0) { /* ip netns exec execs the command: the pid is the owner's */
             kill(owners[i], SIGTERM);
             waitpid(owners[i], NULL, 0);

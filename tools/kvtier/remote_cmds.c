@@ -55,7 +55,7 @@ int kvt_cmd_remote_peer(int argc, char **argv)
     const char *advertise = NULL, *credential = NULL;
     uint64_t port = 0, seed = 0, block_kib = 64, slots = 1024, timeout = 2000, ttl = 3000;
     uint64_t serve = UINT64_MAX, read_seq = UINT64_MAX, blocks = 64, repeat = 1;
-    uint64_t expect = UINT64_MAX;
+    uint64_t expect = UINT64_MAX, ranks = 1, rank = 0;
     bool no_owner_checksum = false, encrypt = false;
     const kvt_opt opts[] = {
         {"directory", KVT_OPT_STR, &directory, "ADDR",
@@ -93,6 +93,13 @@ int kvt_cmd_remote_peer(int argc, char **argv)
         {"encrypt", KVT_OPT_FLAG, &encrypt, NULL,
          "the bytes travel encrypted (kvt_remote_config.encrypt = 1;\n"
          "an owner that sets it serves encrypted reads only)"},
+        {"ranks", KVT_OPT_U64, &ranks, "N",
+         "--serve: one rank of an engine of N ranks (default 1);\n"
+         "it serves as <instance>#<rank>, its part of each block\n"
+         "generated as sequence SEQ + (rank << 32)",
+         .lo = 1, .hi = KVT_REMOTE_MAX_RANKS},
+        {"rank", KVT_OPT_U64, &rank, "K", "--serve: which rank (default 0)", .lo = 0,
+         .hi = KVT_REMOTE_MAX_RANKS - 1},
         {"expect-hits", KVT_OPT_U64, &expect, "N",
          "--read: fail unless the last round found and read N blocks", .lo = 0,
          .hi = KVT_REMOTE_MAX_READ},
@@ -116,9 +123,11 @@ int kvt_cmd_remote_peer(int argc, char **argv)
         credential = getenv("KVTIER_REMOTE_CREDENTIAL");
     if (!directory || !instance || !credential ||
         (serve == UINT64_MAX) == (read_seq == UINT64_MAX) ||
-        (serve != UINT64_MAX && blocks >= slots)) {
+        (serve != UINT64_MAX && blocks >= slots) || rank >= ranks ||
+        (ranks > 1 && serve == UINT64_MAX)) {
         fprintf(stderr, "kvtier remote-peer: --directory, --instance, --credential and one of "
-                        "--serve / --read are required; --blocks must be below --slots\n");
+                        "--serve / --read are required; --blocks must be below --slots; --rank "
+                        "below --ranks, which only --serve takes\n");
         return KVT_EXIT_USAGE;
     }
     const uint32_t hl = 16;
@@ -140,6 +149,8 @@ int kvt_cmd_remote_peer(int argc, char **argv)
     c.owner_checksum = no_owner_checksum ? 0 : 1;
     c.encrypt = encrypt ? 1 : 0;
     c.directory_password = getenv("KVTIER_REMOTE_DIRECTORY_PASSWORD");
+    c.ranks = (uint32_t)ranks;
+    c.rank = (uint32_t)rank;
     uint8_t *region = NULL;
     if (serve != UINT64_MAX) {
         region = calloc(slots, bb);
@@ -175,7 +186,7 @@ int kvt_cmd_remote_peer(int argc, char **argv)
         kvt_remote_seq_hashes(serve, (uint32_t)blocks, hl, hashes);
         for (uint32_t i = 0; sl && i < blocks; i++) {
             sl[i] = i + 1;
-            kvt_remote_seq_fill(serve, i, region + (uint64_t)sl[i] * bb, bb);
+            kvt_remote_seq_fill(serve + (rank << 32), i, region + (uint64_t)sl[i] * bb, bb);
         }
         if (!sl || kvt_remote_publish(r, sl, hashes, (uint32_t)blocks)) {
             fprintf(stderr, "kvtier remote-peer: publish: %s\n", kvt_last_error());
