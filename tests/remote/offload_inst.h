@@ -55,18 +55,25 @@ typedef struct inst {
     char dir[32];
 } inst;
 
+/* The config of instance `name`'s remote serving a mirror's n_slots blocks. */
+static inline void remote_config_over(kvt_remote_config *c, kvt_mirror *mirror, const char *name,
+                                      uint32_t n_slots, uint32_t hash_len)
+{
+    test_remote_config(c, g_space, name, CRED);
+    c->regions = kvt_mirror_regions(mirror);
+    c->n_regions = kvt_mirror_num_regions(mirror);
+    c->n_slots = n_slots;
+    c->hash_len = hash_len;
+    c->hash_seed = SIM_SEED;
+    c->ttl_ms = g_ttl_ms;
+    c->timeout_ms = g_timeout_ms;
+    c->directory_timeout_ms = g_dir_timeout_ms;
+}
+
 static inline int remote_open(inst *x, const char *name, uint32_t n_slots, uint32_t hash_len)
 {
     kvt_remote_config c;
-    test_remote_config(&c, g_space, name, CRED);
-    c.regions = kvt_mirror_regions(x->mirror);
-    c.n_regions = kvt_mirror_num_regions(x->mirror);
-    c.n_slots = n_slots;
-    c.hash_len = hash_len;
-    c.hash_seed = SIM_SEED;
-    c.ttl_ms = g_ttl_ms;
-    c.timeout_ms = g_timeout_ms;
-    c.directory_timeout_ms = g_dir_timeout_ms;
+    remote_config_over(&c, x->mirror, name, n_slots, hash_len);
     return kvt_remote_create(&c, &x->r);
 }
 

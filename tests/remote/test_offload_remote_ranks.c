@@ -56,13 +56,7 @@ static void tp_open(tp *x, const char *name)
         wc.rank = k;
         wc.copy.threads = 1;
         KVT_OK_(kvt_worker_create(&wc, p->layout, p->mirror, &p->w));
-        test_remote_config(&c, g_space, name, CRED);
-        c.regions = kvt_mirror_regions(p->mirror);
-        c.n_regions = kvt_mirror_num_regions(p->mirror);
-        c.n_slots = HOST_NB;
-        c.hash_len = KVT_BLOCK_HASH_LEN;
-        c.hash_seed = SIM_SEED;
-        c.ttl_ms = g_ttl_ms;
+        remote_config_over(&c, p->mirror, name, HOST_NB, KVT_BLOCK_HASH_LEN);
         c.ranks = RANKS;
         c.rank = k;
         KVT_OK_(kvt_remote_create(&c, &p->r));
@@ -121,7 +115,8 @@ static void tp_round(tp *x)
         KVT_OK_(kvt_worker_bind(x->rk[k].w, &x->s.meta));
         KVT_OK_(kvt_worker_get_finished(x->rk[k].w, NULL, &f, &nf[k]));
         assert_true(nf[k] <= 64);
-        memcpy(fin[k], f, nf[k] * sizeof(*f));
+        if (nf[k])
+            memcpy(fin[k], f, nf[k] * sizeof(*f));
         KVT_OK_(kvt_worker_build_meta(x->rk[k].w, &x->wm[k]));
     }
     KVT_OK_(kvt_offload_worker_meta_aggregate(&x->wm[0], &x->wm[1]));

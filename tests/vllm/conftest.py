@@ -167,3 +167,26 @@ def held_instance(model_dir, extra, prompts_path, hold, env):
             p.kill()
             p.wait()
     assert p.returncode == 0, "the held instance exited with %s" % p.returncode
+
+
+@pytest.fixture
+def redis_sock(tmp_path):
+    """A redis-server of the test's own on a unix socket in tmp_path (the remote tier's
+    directory): its path, the server stopped after the test. Skipped without redis-server."""
+    import shutil
+    import time
+    if not shutil.which("redis-server"):
+        pytest.skip("needs redis-server (scripts/install-deps)")
+    sock = str(tmp_path / "redis.sock")
+    redis = subprocess.Popen(["redis-server", "--port", "0", "--unixsocket", sock, "--save", "",
+                              "--appendonly", "no"], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(300):
+            if os.path.exists(sock):
+                break
+            time.sleep(0.01)
+        yield sock
+    finally:
+        redis.kill()
+        redis.wait()

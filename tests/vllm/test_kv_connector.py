@@ -584,7 +584,8 @@ def test_values_are_range_checked_before_any_conversion(extra, word, monkeypatch
     assert word in str(ei.value), str(ei.value)
 
 
-def test_a_second_instance_is_served_from_the_remote_tier(model_dir, baseline, tmp_path):
+def test_a_second_instance_is_served_from_the_remote_tier(model_dir, baseline, tmp_path,
+                                                          redis_sock):
     """Issue 23: two engine instances (two processes, as on two hosts) and a Redis directory
     the test starts. The second finds the first one's prefixes in the directory, reads them
     from the first one's host tier over UCX into its own and generates exactly the tokens of
@@ -593,14 +594,7 @@ def test_a_second_instance_is_served_from_the_remote_tier(model_dir, baseline, t
     host tier (kv_offload_backend cpu+disk, a file of its own), so the remote tier is
     consulted past a local miss of both; the first instance writes its prefixes back to its
     disk as well."""
-    import shutil
-    import time
-    if not shutil.which("redis-server"):
-        pytest.skip("needs redis-server (scripts/install-deps)")
-    sock = str(tmp_path / "redis.sock")
-    redis = subprocess.Popen(["redis-server", "--port", "0", "--unixsocket", sock, "--save", "",
-                              "--appendonly", "no"], stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
+    sock = redis_sock
     prompts = prompts_with_prefixes(4, 690, 2, 400, seed=8)
     want = baseline(prompts)
     path = tmp_path / "prompts.json"
@@ -612,41 +606,34 @@ def test_a_second_instance_is_served_from_the_remote_tier(model_dir, baseline, t
                 "kvtier_remote_instance": name, "kv_offload_backend": "cpu+disk",
                 "disk_path": str(tmp_path / ("disk-" + name)), "disk_capacity_bytes": 64 << 20}
 
-    try:
-        for _ in range(300):
-            if os.path.exists(sock):
-                break
-            time.sleep(0.01)
-        with held_instance(model_dir, instance("a"), path, str(tmp_path / "hold"), env) as r0:
-            assert r0["tokens"] == want
-            assert r0["remote"]["published"] > 0 and r0["stats"]["remote_hit_blocks"] == 0, r0
-            assert r0["stats"]["disk_blocks"] > 0, r0["stats"]  # the disk behind its host
-            rc, r1, err = run_instance(model_dir, instance("b"), path, env)
-            assert rc == 0, err
-            print("instance b: %d hit tokens, %d blocks read from instance a"
-                  % (r1["stats"]["hit_tokens"], r1["stats"]["remote_hit_blocks"]))
-            assert r1["tokens"] == want
-            # every full block but the last token's came from a, or from b's own host tier
-            # once b had read a shared prefix: 4 prompts of 690 tokens (21 full blocks each)
-            assert r1["stats"]["remote_hit_blocks"] > 0, r1["stats"]
-            assert r1["stats"]["disk_hit_tokens"] == 0, r1["stats"]  # b's disk is new
-            assert r1["remote"]["read_ok"] == r1["stats"]["remote_hit_blocks"], r1["remote"]
-            assert r1["remote"]["read_failed"] == 0 and r1["remote"]["read_stale"] == 0
-            assert r1["stats"]["hit_tokens"] >= 4 * 672 - 32 * 4, r1["stats"]
-            assert r1["stats"]["loads_completed"] == r1["stats"]["load_blocks"]
-        # a gone: its liveness key went with it, so c's lookups miss and c recomputes
-        rc, r2, err = run_instance(model_dir, instance("c"), path, env)
+    with held_instance(model_dir, instance("a"), path, str(tmp_path / "hold"), env) as r0:
+        assert r0["tokens"] == want
+        assert r0["remote"]["published"] > 0 and r0["stats"]["remote_hit_blocks"] == 0, r0
+        assert r0["stats"]["disk_blocks"] > 0, r0["stats"]  # the disk behind its host
+        rc, r1, err = run_instance(model_dir, instance("b"), path, env)
         assert rc == 0, err
-        assert r2["tokens"] == want
-        assert r2["stats"]["remote_hit_blocks"] == 0 and r2["remote"]["read_blocks"] == 0, r2
-    finally:
-        redis.kill()
-        redis.wait()
+        print("instance b: %d hit tokens, %d blocks read from instance a"
+              % (r1["stats"]["hit_tokens"], r1["stats"]["remote_hit_blocks"]))
+        assert r1["tokens"] == want
+        # every full block but the last token's came from a, or from b's own host tier
+        # once b had read a shared prefix: 4 prompts of 690 tokens (21 full blocks each)
+        assert r1["stats"]["remote_hit_blocks"] > 0, r1["stats"]
+        assert r1["stats"]["disk_hit_tokens"] == 0, r1["stats"]  # b's disk is new
+        assert r1["remote"]["read_ok"] == r1["stats"]["remote_hit_blocks"], r1["remote"]
+        assert r1["remote"]["read_failed"] == 0 and r1["remote"]["read_stale"] == 0
+        assert r1["stats"]["hit_tokens"] >= 4 * 672 - 32 * 4, r1["stats"]
+        assert r1["stats"]["loads_completed"] == r1["stats"]["load_blocks"]
+    # a gone: its liveness key went with it, so c's lookups miss and c recomputes
+    rc, r2, err = run_instance(model_dir, instance("c"), path, env)
+    assert rc == 0, err
+    assert r2["tokens"] == want
+    assert r2["stats"]["remote_hit_blocks"] == 0 and r2["remote"]["read_blocks"] == 0, r2
 
 
 def test_two_tensor_parallel_instances_share_prefixes_through_the_remote_tier(model_dir,
                                                                              baseline,
-                                                                             tmp_path):
+                                                                             tmp_path,
+                                                                             redis_sock):
     """Issue 41: two engine instances of tensor parallelism 2 (vLLM's multiprocess executor:
     a scheduler process and two rank processes each) and a Redis directory. Each rank serves
     its own part (its heads) of every block as "<instance>#<rank>" and publishes it when the
@@ -654,14 +641,7 @@ def test_two_tensor_parallel_instances_share_prefixes_through_the_remote_tier(mo
     finds blocks both of the first one's ranks hold, and each of its ranks reads its part from
     the first one's rank of the same index (checked by the owner's tag on what landed): the
     tokens are vLLM's without a connector."""
-    import shutil
-    import time
-    if not shutil.which("redis-server"):
-        pytest.skip("needs redis-server (scripts/install-deps)")
-    sock = str(tmp_path / "redis.sock")
-    redis = subprocess.Popen(["redis-server", "--port", "0", "--unixsocket", sock, "--save", "",
-                              "--appendonly", "no"], stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
+    sock = redis_sock
     prompts = prompts_with_prefixes(2, 400, 2, 400, seed=12)
     want = baseline(prompts)
     path = tmp_path / "prompts.json"
@@ -673,24 +653,16 @@ def test_two_tensor_parallel_instances_share_prefixes_through_the_remote_tier(mo
         return {"kvtier_remote_directory": sock, "kvtier_remote_space": "tp%d" % os.getpid(),
                 "kvtier_remote_instance": name}
 
-    try:
-        for _ in range(300):
-            if os.path.exists(sock):
-                break
-            time.sleep(0.01)
-        with held_instance(model_dir, instance("a"), path, str(tmp_path / "hold"), env) as r0:
-            assert r0["tokens"] == want
-            assert r0["stats"]["stores_completed"] > 0, r0["stats"]
-            assert r0["remote"]["published"] == 0, r0["remote"]  # the ranks publish
-            rc, r1, err = run_instance(model_dir, instance("b"), path, env)
-            assert rc == 0, err
-            print("instance b (2 ranks): %d hit tokens, %d blocks read from instance a's ranks"
-                  % (r1["stats"]["hit_tokens"], r1["stats"]["remote_hit_blocks"]))
-            assert r1["tokens"] == want
-            assert r1["stats"]["remote_hit_blocks"] > 0, r1["stats"]
-            assert r1["remote"]["hit_blocks"] >= r1["stats"]["remote_hit_blocks"], r1["remote"]
-            assert r1["stats"]["promotions_failed"] == 0, r1["stats"]
-            assert r1["stats"]["loads_completed"] == r1["stats"]["load_blocks"], r1["stats"]
-    finally:
-        redis.kill()
-        redis.wait()
+    with held_instance(model_dir, instance("a"), path, str(tmp_path / "hold"), env) as r0:
+        assert r0["tokens"] == want
+        assert r0["stats"]["stores_completed"] > 0, r0["stats"]
+        assert r0["remote"]["published"] == 0, r0["remote"]  # the ranks publish
+        rc, r1, err = run_instance(model_dir, instance("b"), path, env)
+        assert rc == 0, err
+        print("instance b (2 ranks): %d hit tokens, %d blocks read from instance a's ranks"
+              % (r1["stats"]["hit_tokens"], r1["stats"]["remote_hit_blocks"]))
+        assert r1["tokens"] == want
+        assert r1["stats"]["remote_hit_blocks"] > 0, r1["stats"]
+        assert r1["remote"]["hit_blocks"] >= r1["stats"]["remote_hit_blocks"], r1["remote"]
+        assert r1["stats"]["promotions_failed"] == 0, r1["stats"]
+        assert r1["stats"]["loads_completed"] == r1["stats"]["load_blocks"], r1["stats"]
