@@ -36,11 +36,12 @@
  * registered as "<instance>#<rank>", publishing and serving its part of each block; the
  * scheduler's lookup-only client (rank KVT_REMOTE_NO_RANK) finds the blocks all ranks hold.
  *
- * Thread rules: two sides, each called by one thread at a time, the two at once if need be:
- * the lookup side (publish, withdraw, lookup, lookup_peer, peer_name, and read / read_slots,
- * which name the last lookup's peers) and the reader side (read_from: an offload worker's
- * reads, by peer). get_stats may be called on either. The object runs one thread of its own
- * that serves peers' reads and refreshes the liveness key.
+ * Thread rules: three sides, each called by one thread at a time, any of them at once if need
+ * be: the lookup side (lookup, lookup_peer, peer_name, and read / read_slots, which name the
+ * last lookup's peers), the publisher side (publish, withdraw: an offload worker's, as its
+ * scheduler's metadata asks) and the reader side (read_from: an offload worker's reads, by
+ * peer). get_stats may be called on any. The object runs one thread of its own that serves
+ * peers' reads and refreshes the liveness key.
  */
 #ifndef KVTIER_REMOTE_H
 #define KVTIER_REMOTE_H

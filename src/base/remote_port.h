@@ -18,8 +18,6 @@ typedef struct kvi_remote_port {
     int (*lookup)(kvt_remote *r, const uint8_t *hashes, uint32_t n, kvt_remote_loc *out,
                   uint32_t *n_hit);
     int (*lookup_peer)(const kvt_remote *r, uint32_t index, kvt_remote_peer *out);
-    int (*publish)(kvt_remote *r, const uint32_t *slots, const uint8_t *hashes, uint32_t n);
-    int (*withdraw)(kvt_remote *r, const uint32_t *slots, uint32_t n);
     /* The manager lets go of it (its teardown): if its owner destroyed it meanwhile, and no
      * worker reads through it, this completes that destroy. */
     void (*unlend)(kvt_remote *r);
@@ -38,8 +36,8 @@ typedef struct kvi_remote_port {
     uint64_t block_bytes; /* bytes per block, all pieces */
     uint32_t parts;       /* ranks of every engine of the space (a block's parts) */
     uint32_t rank;        /* this one's part, or KVT_REMOTE_NO_RANK */
-    bool lookup_only;     /* a scheduler's directory client: the ranks publish (through the
-                             metadata) and read */
+    bool lookup_only;     /* a scheduler's directory client: the ranks serve, publish and
+                             read, each through a remote of its own */
 } kvi_remote_port;
 
 /* The port at the start of a kvt_remote (C11 6.7.2.1: a pointer to a structure, suitably

@@ -259,11 +259,10 @@ struct kvt_offload {
      * the locations a lookup found (KVT_REMOTE_MAX_READ), the owners that promotions in
      * flight read from (KVT_REMOTE_MAX_PEERS, shared by count), per host block promoted out
      * of it where its block is (per part: owner, slot, generation; its hash), and the host
-     * blocks of completed stores waiting to be published with their hashes. Behind a
-     * lookup-only client (the ranks serve and publish their parts, rparts of them), the
-     * publications and withdrawals wait for the next step's metadata instead: which host
-     * blocks the ranks were told to publish (rpub), the withdrawals (wd_slots), a reset
-     * (wd_all). */
+     * blocks of completed stores waiting to be published with their hashes, for the workers
+     * (each serves and publishes its part of a block: rparts of them), in the next step's
+     * metadata: which host blocks they were told to publish (rpub), the withdrawals
+     * (wd_slots), a reset (wd_all). */
     kvt_remote *remote;
     const struct kvi_remote_port *rport;
     uint32_t rtier;
@@ -280,7 +279,6 @@ struct kvt_offload {
     uint32_t *pub_slots, pub_n;
     uint8_t *pub_hashes;
     uint32_t rparts;
-    bool rvia_meta;
     uint8_t *rpub;
     uint32_t *wd_slots, wd_n;
     bool wd_all;
@@ -512,9 +510,9 @@ uint32_t kvi_ofl_remote_lookup(kvt_offload *m, const uint8_t *hashes, uint32_t n
  * their tokens. */
 uint32_t kvi_ofl_remote_pin(kvt_offload *m, struct kvi_ofl_req *r, const uint8_t *hashes,
                             uint32_t from, uint32_t n);
-/* Host block h's store completed and its keys are registered: publish it (batched). */
+/* Host block h's store completed and its keys are registered: the workers publish it (told by
+ * the next step's metadata). */
 void kvi_ofl_remote_stored(kvt_offload *m, uint32_t h);
-void kvi_ofl_remote_publish_flush(kvt_offload *m);
 /* Host blocks about to be reused / every host block (reset): withdrawn. */
 void kvi_ofl_remote_withdraw(kvt_offload *m, const uint32_t *ids, uint32_t n);
 void kvi_ofl_remote_withdraw_all(kvt_offload *m);

@@ -13,16 +13,20 @@
  *              read whole and checked gets its key in the host pool; one that failed (stale,
  *              owner gone, wrong bytes: the worker's failed_promo) is an invalid block, which
  *              the engine recomputes. The scheduler's thread never waits for bytes.
- *   publish    a host block whose store completed on every worker (its keys registered) is
- *              published, in one directory round trip per batch of completions.
- *   withdraw   every host block the manager allocates is withdrawn first (nothing to do for
- *              those not published); kvt_offload_reset withdraws all.
+ *   publish    a host block whose store completed on every worker (its keys registered) goes
+ *              in the next step's metadata, and each worker publishes it (its part) on its
+ *              remote, on the remote stage's thread: the tags over the bytes and the directory
+ *              round trips never run on the scheduler's thread.
+ *   withdraw   every host block the manager allocates and had told the workers to publish is
+ *              withdrawn by them before the step's transfers; kvt_offload_reset withdraws all,
+ *              and so does the first step (what the remote served before is not this
+ *              manager's).
  *
  * The bytes never pass through the manager: the remote serves the host tier's own arrays and
- * the worker reads into them — one worker in this process, or, behind a lookup-only client
- * (an engine of several ranks, or a scheduler in a process of its own), every rank with a
- * remote of its own: then a block has a part per rank (its sources name each part's owner),
- * and publish and withdraw go to the ranks in the next step's metadata (the step op below).
+ * the worker reads into them — one worker in this process, whose remote the manager also looks
+ * up with, or, behind a lookup-only client (an engine of several ranks, or a scheduler in a
+ * process of its own), every rank with a remote of its own: then a block has a part per rank
+ * (its sources name each part's owner).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -78,25 +82,19 @@ static int attach_unlocked(kvt_offload *m, kvt_remote *remote)
                         t, t);
     struct kvi_ofl_tier *T = &m->tier[t];
     uint32_t P = p->parts ? p->parts : 1;
-    /* behind a lookup-only client the pending publications are bounded by the host blocks,
-     * not flushed in batches */
-    size_t npub = p->lookup_only ? nb : KVT_REMOTE_MAX_READ;
     m->rloc = malloc((size_t)KVT_REMOTE_MAX_READ * P * sizeof(*m->rloc));
     m->rpeers = calloc(KVT_REMOTE_MAX_PEERS, sizeof(*m->rpeers));
     m->rs_peer = malloc((size_t)nb * P * sizeof(*m->rs_peer));
     m->rs_slot = malloc((size_t)nb * P * sizeof(*m->rs_slot));
     m->rs_gen = malloc((size_t)nb * P * sizeof(*m->rs_gen));
     m->rs_hash = malloc((size_t)nb * m->hash_len);
-    m->pub_slots = malloc(npub * sizeof(*m->pub_slots));
-    m->pub_hashes = malloc(npub * m->hash_len);
+    m->pub_slots = malloc(nb * sizeof(*m->pub_slots));
+    m->pub_hashes = malloc((size_t)nb * m->hash_len);
     m->rmiss = calloc(KVI_OFL_RMISS, sizeof(*m->rmiss));
-    if (p->lookup_only) {
-        m->rpub = calloc(nb, 1);
-        m->wd_slots = malloc(nb * sizeof(*m->wd_slots));
-    }
+    m->rpub = calloc(nb, 1);
+    m->wd_slots = malloc(nb * sizeof(*m->wd_slots));
     int rc = !m->rloc || !m->rpeers || !m->rs_peer || !m->rs_slot || !m->rs_gen || !m->rs_hash ||
-                     !m->pub_slots || !m->pub_hashes || !m->rmiss ||
-                     (p->lookup_only && (!m->rpub || !m->wd_slots))
+                     !m->pub_slots || !m->pub_hashes || !m->rmiss || !m->rpub || !m->wd_slots
                  ? kvt_fail(KVT_ENOMEM, "offload: attach_remote: out of memory")
                  : 0;
     /* its place in the chain: events of its own (its stores: none, ever) */
@@ -113,9 +111,10 @@ static int attach_unlocked(kvt_offload *m, kvt_remote *remote)
     T->src = &kvi_ofl_remote_src;
     m->rtier = t;
     m->pub_n = m->wd_n = 0;
-    m->wd_all = false;
+    /* what the remote served before this manager is not this manager's: the workers withdraw
+     * every slot with the first step (nothing to do on a fresh remote) */
+    m->wd_all = true;
     m->rparts = P;
-    m->rvia_meta = p->lookup_only;
     m->remote = remote;
     m->rport = p;
     p->lent = true;
@@ -316,12 +315,12 @@ static uint32_t remote_emit(kvt_offload *m, uint32_t t, uint32_t h, kvt_offload_
     return id;
 }
 
-/* Behind a lookup-only client: the publications and withdrawals since the last step, for
- * every rank to make (kvtier/meta.h). Kept until they are in a step's metadata. */
+/* The publications and withdrawals since the last step, for the workers to make on their
+ * remotes (kvtier/meta.h). Kept until they are in a step's metadata. */
 static int remote_step(kvt_offload *m, uint32_t t, kvt_offload_meta *out)
 {
     int rc = 0;
-    if (!m->rvia_meta || (!m->pub_n && !m->wd_n && !m->wd_all))
+    if (!m->pub_n && !m->wd_n && !m->wd_all)
         return 0;
     if (m->wd_all)
         rc = kvt_offload_meta_remote_withdraw_all(out, t, m->hash_len);
@@ -338,7 +337,7 @@ static int remote_step(kvt_offload *m, uint32_t t, kvt_offload_meta *out)
 static bool remote_step_pending(const kvt_offload *m, uint32_t t)
 {
     (void)t;
-    return m->rvia_meta && (m->pub_n || m->wd_n || m->wd_all);
+    return m->pub_n || m->wd_n || m->wd_all;
 }
 
 const struct kvi_ofl_src_ops kvi_ofl_remote_src = {.release = remote_release,
@@ -351,15 +350,6 @@ const struct kvi_ofl_src_ops kvi_ofl_remote_src = {.release = remote_release,
 
 /* ---- publish / withdraw -------------------------------------------------------------------- */
 
-void kvi_ofl_remote_publish_flush(kvt_offload *m)
-{
-    if (!m->remote || !m->pub_n || m->rvia_meta)
-        return;
-    /* slots in range and hashes present: a failure is counted by the remote, not returned */
-    (void)m->rport->publish(m->remote, m->pub_slots, m->pub_hashes, m->pub_n);
-    m->pub_n = 0;
-}
-
 void kvi_ofl_remote_stored(kvt_offload *m, uint32_t h)
 {
     if (!m->remote)
@@ -367,53 +357,30 @@ void kvi_ofl_remote_stored(kvt_offload *m, uint32_t h)
     kvt_pool_key k;
     uint32_t nk = 0;
     if (kvt_pool_block_keys(m->tier[0].pool, h, &k, 1, &nk) || nk == 0)
-        return;         /* its key is another block's: nothing of its own to publish */
-    if (m->rvia_meta) { /* the ranks publish, told by the next step */
-        if (m->rpub[h] || m->pub_n == m->tier[0].nb)
-            return;
-        m->rpub[h] = 1;
-        m->pub_slots[m->pub_n] = h;
-        memcpy(m->pub_hashes + (size_t)m->pub_n++ * m->hash_len, k.hash, m->hash_len);
+        return; /* its key is another block's: nothing of its own to publish */
+    if (m->rpub[h] || m->pub_n == m->tier[0].nb)
         return;
-    }
+    m->rpub[h] = 1; /* the workers publish, told by the next step */
     m->pub_slots[m->pub_n] = h;
-    memcpy(m->pub_hashes + (size_t)m->pub_n * m->hash_len, k.hash, m->hash_len);
-    if (++m->pub_n == KVT_REMOTE_MAX_READ)
-        kvi_ofl_remote_publish_flush(m);
+    memcpy(m->pub_hashes + (size_t)m->pub_n++ * m->hash_len, k.hash, m->hash_len);
 }
 
 void kvi_ofl_remote_withdraw(kvt_offload *m, const uint32_t *ids, uint32_t n)
 {
     if (!m->remote)
         return;
-    if (m->rvia_meta) { /* only what the ranks were told to publish */
-        for (uint32_t i = 0; i < n; i++)
-            if (m->rpub[ids[i]] && m->wd_n < m->tier[0].nb) {
-                m->rpub[ids[i]] = 0;
-                m->wd_slots[m->wd_n++] = ids[i];
-            }
-        return;
-    }
-    kvi_ofl_remote_publish_flush(m); /* never publish a block after its withdrawal */
-    for (uint32_t i = 0; i < n; i += KVT_REMOTE_MAX_READ)
-        (void)m->rport->withdraw(m->remote, ids + i, kvi_min_u32(n - i, KVT_REMOTE_MAX_READ));
+    for (uint32_t i = 0; i < n; i++) /* only what the workers were told to publish */
+        if (m->rpub[ids[i]] && m->wd_n < m->tier[0].nb) {
+            m->rpub[ids[i]] = 0;
+            m->wd_slots[m->wd_n++] = ids[i];
+        }
 }
 
 void kvi_ofl_remote_withdraw_all(kvt_offload *m)
 {
     if (!m->remote)
         return;
-    if (m->rvia_meta) {
-        memset(m->rpub, 0, m->tier[0].nb);
-        m->pub_n = m->wd_n = 0;
-        m->wd_all = true;
-        return;
-    }
-    kvi_ofl_remote_publish_flush(m);
-    for (uint32_t b = 1; b < m->tier[0].nb;) {
-        uint32_t n = 0;
-        for (; b < m->tier[0].nb && n < KVT_REMOTE_MAX_READ; b++)
-            m->pub_slots[n++] = b;
-        kvi_ofl_remote_withdraw(m, m->pub_slots, n);
-    }
+    memset(m->rpub, 0, m->tier[0].nb);
+    m->pub_n = m->wd_n = 0;
+    m->wd_all = true;
 }

@@ -740,10 +740,8 @@ static void release_store_pairs(kvt_offload *m, uint32_t t, uint32_t head,
         (void)kvt_pool_free(T->pool, &b, 1);
         T->store_src[b] = T->store_next[b] = OFL_NONE;
     }
-    if (t == 0) {
+    if (t == 0)
         kvi_ofl_gpu_flush(m);
-        kvi_ofl_remote_publish_flush(m);
-    }
 }
 
 void kvi_ofl_complete_store(kvt_offload *m, uint32_t t, struct kvi_ofl_event *e)

@@ -698,7 +698,6 @@ void kvi_ofl_tier_apply_output(kvt_offload *m, const kvt_offload_worker_meta *wm
                 complete_promotion(m, t, e);
         }
     }
-    kvi_ofl_remote_publish_flush(m); /* the promoted blocks of our own, if any */
 }
 
 /* ---- reset and metrics ----------------------------------------------------------------- */

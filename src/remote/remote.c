@@ -111,15 +111,16 @@ struct kvt_remote {
     const char *base;
     char endpoint[KVI_RDIR_EP_MAX + 1];
     kvi_rdir_self self;
-    kvi_rdir dir;     /* the caller's connection */
+    kvi_rdir dir;     /* the lookup side's connection */
+    kvi_rdir dir_pub; /* the publisher side's (publish, withdraw) */
     kvi_rdir dir_srv; /* the server thread's */
     _Atomic uint64_t epoch;
     bool registered_once;
 
     pthread_mutex_t mu; /* slots */
     slotrec *slots;
-    /* the caller's scratch for publish and withdraw (KVT_REMOTE_MAX_READ entries; one thread
-     * at a time calls them): no allocation on the engine's store path */
+    /* the publisher side's scratch for publish and withdraw (KVT_REMOTE_MAX_READ entries; one
+     * thread at a time calls them): no allocation on the engine's store path */
     uint8_t *sc_hashes;
     uint32_t *sc_slots;
     uint64_t *sc_gens;
@@ -163,7 +164,9 @@ struct kvt_remote {
     kvt_remote_stats st; /* the lookup side's counters */
     _Atomic uint64_t a_registrations, a_served, a_served_stale, a_served_bytes, a_refused,
         a_handshakes, a_auth_failures;
-    /* the reader side's (kvt_remote_get_stats may run on the lookup side meanwhile) */
+    /* the publisher side's and the reader side's (kvt_remote_get_stats may run on the lookup
+     * side meanwhile) */
+    _Atomic uint64_t a_published, a_withdrawn, a_pub_dropped, a_pub_dir_errors;
     _Atomic uint64_t a_reads, a_read_blocks, a_read_ok, a_read_stale, a_read_failed, a_read_bytes;
 };
 
@@ -875,8 +878,6 @@ static int remote_alloc(const kvt_remote_config *c, kvt_remote **out)
     r->cfg.regions = r->piece;
     r->rport = (kvi_remote_port){.lookup = kvt_remote_lookup,
                                  .lookup_peer = kvt_remote_lookup_peer,
-                                 .publish = kvt_remote_publish,
-                                 .withdraw = kvt_remote_withdraw,
                                  .unlend = unlend,
                                  .stage_open = kvi_remote_stage_open,
                                  .regions = r->piece,
@@ -935,6 +936,8 @@ static int remote_start(kvt_remote *r, const kvt_remote_config *c)
         return kvt_fail(KVT_ENOMEM, "remote: out of memory");
     if ((rc = kvi_rdir_redis_open(c->directory, c->directory_password, c->directory_timeout_ms,
                                   c->retry_ms, &r->dir)) ||
+        (rc = kvi_rdir_redis_open(c->directory, c->directory_password, c->directory_timeout_ms,
+                                  c->retry_ms, &r->dir_pub)) ||
         (rc = kvi_rdir_redis_open(c->directory, c->directory_password, c->directory_timeout_ms,
                                   c->retry_ms, &r->dir_srv)))
         return rc;
@@ -1052,6 +1055,8 @@ static void remote_free(kvt_remote *r)
         kvi_ucx_destroy(r->ucx_cli);
     if (r->dir.ops)
         r->dir.ops->close(r->dir.d);
+    if (r->dir_pub.ops)
+        r->dir_pub.ops->close(r->dir_pub.d);
     if (r->dir_srv.ops)
         r->dir_srv.ops->close(r->dir_srv.d);
     pthread_mutex_destroy(&r->mu);
@@ -1137,7 +1142,7 @@ int kvi_remote_publish_at(kvt_remote *r, const uint32_t *slots, const uint8_t *h
         slot_pieces(r, slots[i], pc);
         if (block_tag(r, r->gcm, r->block_key, slots[i], gen, h, pc, tag)) {
             KVT_LOG_E("remote: slot %u not published: %s", slots[i], kvt_last_error());
-            r->st.publish_dropped++;
+            add(&r->a_pub_dropped, 1);
             continue;
         }
         pthread_mutex_lock(&r->mu);
@@ -1158,12 +1163,12 @@ int kvi_remote_publish_at(kvt_remote *r, const uint32_t *slots, const uint8_t *h
     if (n == 0)
         return 0;
     uint64_t ep = atomic_load(&r->epoch);
-    if (!ep || r->dir.ops->publish(r->dir.d, &r->self, ep, hashes, slots, gens, n)) {
-        r->st.publish_dropped += n;
+    if (!ep || r->dir_pub.ops->publish(r->dir_pub.d, &r->self, ep, hashes, slots, gens, n)) {
+        add(&r->a_pub_dropped, n);
         if (ep)
-            r->st.directory_errors++;
+            add(&r->a_pub_dir_errors, 1);
     } else {
-        r->st.published += n;
+        add(&r->a_published, n);
     }
     return 0;
 }
@@ -1195,11 +1200,11 @@ void kvi_remote_dir_withdraw(kvt_remote *r, const uint8_t *hashes, const uint32_
     uint64_t ep = atomic_load(&r->epoch);
     for (uint32_t i = 0; ep && i < n; i += KVT_REMOTE_MAX_READ) {
         uint32_t k = n - i < KVT_REMOTE_MAX_READ ? n - i : KVT_REMOTE_MAX_READ;
-        if (r->dir.ops->withdraw(r->dir.d, &r->self, ep, hashes + (size_t)i * r->cfg.hash_len,
-                                 slots + i, gens + i, k))
-            r->st.directory_errors++;
+        if (r->dir_pub.ops->withdraw(r->dir_pub.d, &r->self, ep,
+                                     hashes + (size_t)i * r->cfg.hash_len, slots + i, gens + i, k))
+            add(&r->a_pub_dir_errors, 1);
         else
-            r->st.withdrawn += k;
+            add(&r->a_withdrawn, k);
     }
 }
 
@@ -1959,6 +1964,10 @@ void kvt_remote_get_stats(kvt_remote *r, kvt_remote_stats *out)
         return;
     *out = r->st;
     out->epoch = atomic_load(&r->epoch);
+    out->published = atomic_load(&r->a_published);
+    out->withdrawn = atomic_load(&r->a_withdrawn);
+    out->publish_dropped = atomic_load(&r->a_pub_dropped);
+    out->directory_errors += atomic_load(&r->a_pub_dir_errors);
     out->reads = atomic_load(&r->a_reads);
     out->read_blocks = atomic_load(&r->a_read_blocks);
     out->read_ok = atomic_load(&r->a_read_ok);

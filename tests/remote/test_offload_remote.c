@@ -118,6 +118,8 @@ static void a_reset_withdraws_everything(void **state)
     sim_req p, q;
     compute_and_store(&a, &p, "p", 7, 6);
     KVT_OK_(kvt_offload_reset(a.s.m));
+    assert_true(kvt_offload_has_pending(a.s.m)); /* the worker withdraws with the next step */
+    step(&a);
     assert_int_equal(rstats(&a).withdrawn, 6);
     assert_int_equal(admit_and_check(&b, &q, "q", 7, 6), 0);
     assert_int_equal(rstats(&b).hit_blocks, 0);

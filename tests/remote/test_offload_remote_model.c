@@ -186,6 +186,7 @@ static void the_manager_agrees_with_the_model(void **state)
             c.gpu_resets++;
         } else if (op < 95) { /* the host tier forgets: every block withdrawn */
             KVT_OK_(kvt_offload_reset(g_in[i].s.m));
+            step(&g_in[i]); /* the worker withdraws with the step after the reset */
             forget_instance(i);
             observe(i);
             c.resets++;
