@@ -208,13 +208,17 @@ KVT_API int kvt_offload_attach_node(kvt_offload *m, kvt_node *node);
  *             block (the engine recomputes from it) and gets no key. A span that found nothing
  *             is not looked up again for remote_miss_ms; an owner a read from failed is not
  *             read from again for as long (docs/remote.md).
- *   stores    each host block whose store completed is published; a host block is withdrawn
- *             before it is reused, and every one at kvt_offload_reset.
- * The remote must serve this host tier's own bytes: its slots are the host blocks (n_slots =
- * the host tier's blocks, null block included; its regions the mirror's), so the worker that
- * fills them runs in this process, one rank (world_size 1). One full-attention group whose
- * hash block is the scheduler block, the same hash length, no node tier. remote is borrowed
- * until kvt_offload_destroy; blocks stored before the attach are not published. */
+ *   stores    each host block whose store completed is published, and a host block is
+ *             withdrawn before it is reused (every one at kvt_offload_reset and with the first
+ *             step), by the workers: the next step's metadata tells them (kvtier/meta.h), and
+ *             their remote stage tags the bytes and writes the directory on its own thread.
+ * Either the remote serves this host tier's own bytes — its slots are the host blocks (n_slots
+ * = the host tier's blocks, null block included; its regions the mirror's), so the worker that
+ * fills them runs in this process, one rank (world_size 1) — or it is a lookup-only client
+ * (KVT_REMOTE_NO_RANK) of world_size ranks, each rank's worker serving its part through a
+ * remote of its own. One full-attention group whose hash block is the scheduler block, the same
+ * hash length, no node tier. remote is borrowed until kvt_offload_destroy; blocks stored
+ * before the attach are not published. */
 KVT_API int kvt_offload_attach_remote(kvt_offload *m, kvt_remote *remote);
 /* The remote tier's index in the chain (kvt_worker_attach_remote takes it), 0 without one. */
 KVT_API uint32_t kvt_offload_remote_tier(const kvt_offload *m);
