@@ -623,6 +623,12 @@ def test_a_second_instance_is_served_from_the_remote_tier(model_dir, baseline, t
         assert r1["remote"]["read_failed"] == 0 and r1["remote"]["read_stale"] == 0
         assert r1["stats"]["hit_tokens"] >= 4 * 672 - 32 * 4, r1["stats"]
         assert r1["stats"]["loads_completed"] == r1["stats"]["load_blocks"]
+        # every full block is a prompt block (690 tokens and 12 generated stay inside 21), which
+        # b got from a, directly or through its own host tier: its bytes are a's
+        common = [h for h in r1["kv"] if h in r0["kv"]]
+        assert common and len(common) >= len(r1["kv"]) // 2, (len(common), len(r1["kv"]))
+        for h in common:
+            assert r1["kv"][h] == r0["kv"][h], "block %s: loaded bytes differ from a's" % h
     # a gone: its liveness key went with it, so c's lookups miss and c recomputes
     rc, r2, err = run_instance(model_dir, instance("c"), path, env)
     assert rc == 0, err
@@ -640,7 +646,8 @@ def test_two_tensor_parallel_instances_share_prefixes_through_the_remote_tier(mo
     scheduler's metadata says the store completed on both; the second instance's scheduler
     finds blocks both of the first one's ranks hold, and each of its ranks reads its part from
     the first one's rank of the same index (checked by the owner's tag on what landed): the
-    tokens are vLLM's without a connector."""
+    tokens are vLLM's without a connector, and every block's bytes in the second engine's KV
+    cache are, rank by rank, the ones the first computed."""
     sock = redis_sock
     prompts = prompts_with_prefixes(2, 400, 2, 400, seed=12)
     want = baseline(prompts)
@@ -666,3 +673,11 @@ def test_two_tensor_parallel_instances_share_prefixes_through_the_remote_tier(mo
         assert r1["remote"]["hit_blocks"] >= r1["stats"]["remote_hit_blocks"], r1["remote"]
         assert r1["stats"]["promotions_failed"] == 0, r1["stats"]
         assert r1["stats"]["loads_completed"] == r1["stats"]["load_blocks"], r1["stats"]
+        # every full block is a prompt block b loaded from a (400 tokens and 12 generated stay
+        # inside 12 full blocks): on each rank, its bytes in b's KV cache are a's
+        common = [h for h in r1["kv"] if h in r0["kv"]]
+        assert common and len(common) >= len(r1["kv"]) // 2, (len(common), len(r1["kv"]))
+        for h in common:
+            assert len(r1["kv"][h]) == 2 and r1["kv"][h] == r0["kv"][h], \
+                "block %s: rank digests %s loaded, %s computed" % (h, r1["kv"][h], r0["kv"][h])
+        assert any(r1["kv"][h][0] != r1["kv"][h][1] for h in common)  # the ranks' heads differ
