@@ -99,9 +99,9 @@ typedef struct kvt_tier_xfers {
  * into owners: that owner's rank k), the slot and generation it was published with — and the
  * block's hash (the same in every part). Worker k reads part k into the paired host block.
  *
- * Publications, for a scheduler whose remote tier is a lookup-only client (the ranks serve the
- * bytes): pub_blocks[i], a host block whose store completed on every rank, now holds the block
- * with hash pub_hashes[i * hash_len ..]: each rank publishes its part. withdraw_blocks: host
+ * Publications (the workers serve the bytes, so they publish them): pub_blocks[i], a host block
+ * whose store completed on every rank, now holds the block with hash
+ * pub_hashes[i * hash_len ..]: each rank publishes its part. withdraw_blocks: host
  * blocks about to be written again, withdrawn by every rank before any transfer of this step
  * (after the publications); withdraw_all: every host block (a reset), before those. */
 #define KVT_META_MAX_OWNERS 64u /* owners of one step's remote reads */
@@ -204,8 +204,8 @@ KVT_API int kvt_offload_meta_add_remote_src(kvt_offload_meta *m, uint32_t tier, 
 KVT_API int kvt_offload_meta_add_remote_parts(kvt_offload_meta *m, uint32_t tier, uint32_t parts,
                                               const kvt_remote_src *parts_of, const uint8_t *hash,
                                               uint32_t hash_len, uint32_t *id);
-/* Opens remote tier `tier`'s section of the step (a lookup-only scheduler's tier sends
- * publications and withdrawals with or without reads) and appends to it: a publication of host
+/* Opens remote tier `tier`'s section of the step (publications and withdrawals go with or
+ * without reads) and appends to it: a publication of host
  * block `block` holding hash (hash_len bytes); a withdrawal of host block `block`; or every
  * host block's withdrawal. */
 KVT_API int kvt_offload_meta_add_remote_pub(kvt_offload_meta *m, uint32_t tier, uint32_t block,

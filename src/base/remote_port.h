@@ -34,7 +34,7 @@ typedef struct kvi_remote_port {
     uint32_t n_slots;     /* slots it serves (0: none) */
     uint32_t hash_len;    /* bytes per block hash */
     uint64_t block_bytes; /* bytes per block, all pieces */
-    uint32_t parts;       /* ranks of every engine of the space (a block's parts) */
+    uint32_t parts;       /* ranks of every engine of the space (a block's parts), >= 1 */
     uint32_t rank;        /* this one's part, or KVT_REMOTE_NO_RANK */
     bool lookup_only;     /* a scheduler's directory client: the ranks serve, publish and
                              read, each through a remote of its own */

@@ -127,8 +127,8 @@ struct kvi_ofl_src_ops {
     /* the source id the metadata's load pair names (describing it there if need be) */
     uint32_t (*emit)(kvt_offload *m, uint32_t t, uint32_t h, kvt_offload_meta *out);
     /* Optional: what the tier sends every step besides its promotions, after the step's
-     * room was reserved and before anything is issued (the remote tier behind a lookup-only
-     * client: the ranks' publications and withdrawals). A failure fails the build; what it
+     * room was reserved and before anything is issued (the remote tier: the workers'
+     * publications and withdrawals). A failure fails the build; what it
      * would have sent is sent by the next one. */
     int (*step)(kvt_offload *m, uint32_t t, kvt_offload_meta *out);
     /* Optional: step has something to send (the engine keeps stepping until it went out) */

@@ -57,8 +57,8 @@ static int attach_unlocked(kvt_offload *m, kvt_remote *remote)
                         "offload: the remote tier supports one full-attention group whose hash "
                         "block is its block (this manager has %u groups, hash block %u, block %u)",
                         m->ng, m->gcfg.hash_block_size, g->block_size);
-    uint32_t ranks = p->parts ? p->parts : 1;
-    if (p->lookup_only ? ranks != m->cfg.world_size : m->cfg.world_size != 1)
+    const uint32_t P = p->parts; /* ranks, at least 1 */
+    if (p->lookup_only ? P != m->cfg.world_size : m->cfg.world_size != 1)
         return kvt_fail(KVT_EINVAL,
                         "offload: a remote tier %s, but this manager's world_size is %u (an "
                         "engine of several ranks attaches a lookup-only client of that many "
@@ -81,7 +81,6 @@ static int attach_unlocked(kvt_offload *m, kvt_remote *remote)
                         "tier would be tier %u",
                         t, t);
     struct kvi_ofl_tier *T = &m->tier[t];
-    uint32_t P = p->parts ? p->parts : 1;
     m->rloc = malloc((size_t)KVT_REMOTE_MAX_READ * P * sizeof(*m->rloc));
     m->rpeers = calloc(KVT_REMOTE_MAX_PEERS, sizeof(*m->rpeers));
     m->rs_peer = malloc((size_t)nb * P * sizeof(*m->rs_peer));
@@ -283,9 +282,11 @@ static void remote_failed(kvt_offload *m, uint32_t t, uint32_t h)
     m->tier[t].st.loads_failed++; /* the owner's block: nothing of ours to forget */
     /* an owner that failed a read (dead, stopped, too slow, or its block gone) is not read
      * from again for remote_miss_ms: each try would cost the workers up to timeout_ms */
+    if (!m->cfg.remote_miss_ms)
+        return;
     uint64_t until = kvt_monotonic_ns() + (uint64_t)m->cfg.remote_miss_ms * 1000000u;
-    for (uint32_t j = 0; m->cfg.remote_miss_ms && j < m->rparts; j++)     /* which part failed is */
-        m->rpeers[m->rs_peer[(size_t)h * m->rparts + j]].down_ns = until; /* the workers' */
+    for (uint32_t j = 0; j < m->rparts; j++) /* which part failed, the workers know */
+        m->rpeers[m->rs_peer[(size_t)h * m->rparts + j]].down_ns = until;
 }
 
 static int remote_reserve(kvt_offload *m, uint32_t t, kvt_offload_meta *out, uint32_t n)

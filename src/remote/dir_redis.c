@@ -520,10 +520,7 @@ static bool parse_hit(const char *v, size_t len, uint32_t rank, uint32_t ranks, 
     unsigned long long gen = strtoull(tok[3], &end, 10);
     if (errno || *end)
         return false;
-    const char *sharp = strchr(tok[0], '#');
-    char want[16];
-    snprintf(want, sizeof(want), "#%u", rank);
-    if (ranks > 1 ? !sharp || sharp == tok[0] || strcmp(sharp, want) != 0 : sharp != NULL)
+    if (!kvi_rname_is_rank(tok[0], rank, ranks))
         return false; /* filed under another rank's key */
     strcpy(h->instance, tok[0]);
     strcpy(h->endpoint, tok[4]);

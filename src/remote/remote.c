@@ -133,8 +133,8 @@ struct kvt_remote {
     bool thr_started;
     atomic_bool stop;
 
-    /* the lookup side (lookup, publish, withdraw: one thread at a time): the owners the last
-     * lookups named, by who and where only (kvt_remote_loc.peer indexes lk) */
+    /* the lookup side (lookup, lookup_peer, read, read_slots: one thread at a time): the owners
+     * the last lookups named, by who and where only (kvt_remote_loc.peer indexes lk) */
     peer_key lk[KVT_REMOTE_MAX_PEERS];
     uint32_t n_lk;
     uint64_t lookups_seq;
@@ -1099,12 +1099,12 @@ static int check_slots(const kvt_remote *r, const uint32_t *slots, uint32_t n)
     return 0;
 }
 
-uint64_t kvi_remote_slot_gen(kvt_remote *r, uint32_t slot)
+void kvi_remote_slot_gens(kvt_remote *r, const uint32_t *slots, uint32_t n, uint64_t *gens)
 {
     pthread_mutex_lock(&r->mu);
-    uint64_t g = slot < r->cfg.n_slots ? r->slots[slot].gen : 0;
+    for (uint32_t i = 0; i < n; i++)
+        gens[i] = slots[i] < r->cfg.n_slots ? r->slots[slots[i]].gen : 0;
     pthread_mutex_unlock(&r->mu);
-    return g;
 }
 
 int kvt_remote_publish(kvt_remote *r, const uint32_t *slots, const uint8_t *hashes, uint32_t n)
@@ -1842,10 +1842,7 @@ static int check_read(const kvt_remote_loc *locs, uint32_t n, uint32_t n_peers)
  * would check. A directory entry filed under the wrong rank is refused here. */
 static int check_rank(const kvt_remote *r, const kvt_remote_peer *id)
 {
-    const char *h = strchr(id->instance, '#');
-    char want[16];
-    snprintf(want, sizeof(want), "#%u", r->cfg.rank);
-    if (r->parts > 1 ? h && h != id->instance && strcmp(h, want) == 0 : !h)
+    if (kvi_rname_is_rank(id->instance, r->cfg.rank, r->parts))
         return 0;
     return kvt_fail(KVT_EINVAL, "remote: owner '%s' is not rank %u of an instance of %u ranks",
                     id->instance, r->parts > 1 ? r->cfg.rank : 0, r->parts);

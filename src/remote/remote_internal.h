@@ -11,6 +11,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <string.h>
 
 #include "kvtier/remote.h"
 
@@ -29,6 +31,19 @@ typedef struct kvi_rdir_self {
     uint32_t hash_len;
     uint32_t ttl_ms;
 } kvi_rdir_self;
+
+/* Whether `instance` names rank `rank` of an instance of `ranks` ranks ("<I>#<rank>", I not
+ * empty), or, with one rank, an instance without a rank. What the directory's lookup and the
+ * reader both require of an owner: another rank's part carries a tag that checks. */
+static inline bool kvi_rname_is_rank(const char *instance, uint32_t rank, uint32_t ranks)
+{
+    const char *sharp = strchr(instance, '#');
+    if (ranks <= 1)
+        return sharp == NULL;
+    char want[16];
+    snprintf(want, sizeof(want), "#%u", rank);
+    return sharp && sharp != instance && strcmp(sharp, want) == 0;
+}
 
 /* One directory entry found by a lookup. */
 typedef struct kvi_rdir_hit {
@@ -81,7 +96,7 @@ void kvi_remote_unstage(kvt_remote *r);
 
 /* A rank's publications, as its scheduler's metadata asks for them (remote_xfer.c), in two
  * halves so that none waits for the directory on the engine's thread:
- *   kvi_remote_slot_gen      a slot's generation now (taken when the publication is asked for);
+ *   kvi_remote_slot_gens     slots' generations now (taken when the publications are asked for);
  *   kvi_remote_publish_at    kvt_remote_publish of the slots whose generation is still
  *                            expect[i]: a slot withdrawn since (its bytes may be another
  *                            block's by now) is left unpublished;
@@ -90,9 +105,9 @@ void kvi_remote_unstage(kvt_remote *r);
  *                            before is made; the ones that were published are written to
  *                            hashes/ws/gens (room for n, or n_slots), their count returned;
  *   kvi_remote_dir_withdraw  the directory's half, for those.
- * publish_at and dir_withdraw use the lookup side's connection and counters: the caller is
- * the lookup side. */
-uint64_t kvi_remote_slot_gen(kvt_remote *r, uint32_t slot);
+ * publish_at and dir_withdraw are the publisher side (kvtier/remote.h): its own directory
+ * connection, atomic counters and scratch; one thread at a time. */
+void kvi_remote_slot_gens(kvt_remote *r, const uint32_t *slots, uint32_t n, uint64_t *gens);
 int kvi_remote_publish_at(kvt_remote *r, const uint32_t *slots, const uint8_t *hashes,
                           const uint64_t *expect, uint32_t n);
 uint32_t kvi_remote_unpublish(kvt_remote *r, const uint32_t *slots, uint32_t n, uint8_t *hashes,

@@ -18,14 +18,15 @@
  * A remote tier takes no write-backs (the host's own blocks are what it serves): a store
  * submitted to it is refused.
  *
- * A rank of an engine of several ranks (kvt_remote_config.ranks) reads its own part of each
- * block (srcs[(id - 1) * parts + rank]) and publishes it: the scheduler, whose remote tier is a
- * lookup-only client, sends each step the host blocks whose stores completed on every rank and
- * those about to be written again (meta->remote: publications, withdrawals). set_meta, on the
- * engine's thread before the step's transfers, withdraws locally at once (from then on no read
- * is served from those slots, and no publication asked for earlier is made) and notes each
- * publication's generation; the thread, in order with the reads, computes the tags and writes
- * the directory — a publication whose slot was withdrawn meanwhile is dropped there.
+ * The worker also publishes what its remote serves: the scheduler sends each step the host
+ * blocks whose stores completed on every worker and those about to be written again
+ * (meta->remote: publications, withdrawals). set_meta, on the engine's thread before the
+ * step's transfers, withdraws locally at once (from then on no read is served from those
+ * slots, and no publication asked for earlier is made) and notes each publication's
+ * generation; the thread, in order with the reads, computes the tags and writes the directory
+ * — a publication whose slot was withdrawn meanwhile is dropped there. A rank of an engine of
+ * several ranks (kvt_remote_config.ranks) reads and publishes its own part of each block
+ * (srcs[(id - 1) * parts + rank]).
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -182,24 +183,30 @@ static int withdraw_now(rx_stage *x, const uint32_t *slots, uint32_t n)
     return 0;
 }
 
-/* A step's publications and withdrawals (the scheduler's tier is a lookup-only client):
- * withdraw_all, then the publications (each with its slot's generation now), then the
- * withdrawals, which cancel a publication of the same slot made just before. */
+/* Every block of a step's list is one of the remote's slots. */
+static int check_slots(const rx_stage *x, const uint32_t *blocks, uint32_t n, const char *what)
+{
+    for (uint32_t i = 0; i < n; i++)
+        if (blocks[i] >= x->n_slots)
+            return kvt_fail(KVT_ERANGE, "remote tier: %s of block %u (%u slots)", what, blocks[i],
+                            x->n_slots);
+    return 0;
+}
+
+/* A step's publications and withdrawals: withdraw_all, then the publications (each with its
+ * slot's generation now), then the withdrawals, which cancel a publication of the same slot
+ * made just before. */
 static int apply_pubs(rx_stage *x, const kvt_remote_reads *rr)
 {
     if (rr->hash_len != x->hash_len)
         return kvt_fail(KVT_EINVAL,
                         "remote tier: the metadata's hashes have %u bytes, the remote's %u",
                         rr->hash_len, x->hash_len);
-    for (uint32_t i = 0; i < rr->n_pubs; i++)
-        if (rr->pub_blocks[i] >= x->n_slots)
-            return kvt_fail(KVT_ERANGE, "remote tier: publication of block %u (%u slots)",
-                            rr->pub_blocks[i], x->n_slots);
-    for (uint32_t i = 0; i < rr->n_withdraws; i++)
-        if (rr->withdraw_blocks[i] >= x->n_slots)
-            return kvt_fail(KVT_ERANGE, "remote tier: withdrawal of block %u (%u slots)",
-                            rr->withdraw_blocks[i], x->n_slots);
-    int rc = rr->withdraw_all ? withdraw_now(x, NULL, 0) : 0;
+    int rc = check_slots(x, rr->pub_blocks, rr->n_pubs, "publication");
+    if (!rc)
+        rc = check_slots(x, rr->withdraw_blocks, rr->n_withdraws, "withdrawal");
+    if (!rc && rr->withdraw_all)
+        rc = withdraw_now(x, NULL, 0);
     if (!rc && rr->n_pubs) {
         rx_job *j = job_new(JOB_PUB, rr->n_pubs, x->hash_len);
         if (!j)
@@ -207,8 +214,7 @@ static int apply_pubs(rx_stage *x, const kvt_remote_reads *rr)
         j->n = rr->n_pubs;
         memcpy(j->slots, rr->pub_blocks, j->n * sizeof(*j->slots));
         memcpy(j->hashes, rr->pub_hashes, (size_t)j->n * x->hash_len);
-        for (uint32_t i = 0; i < j->n; i++)
-            j->gens[i] = kvi_remote_slot_gen(x->r, j->slots[i]);
+        kvi_remote_slot_gens(x->r, j->slots, j->n, j->gens);
         pthread_mutex_lock(&x->mu);
         enqueue(x, j);
         pthread_mutex_unlock(&x->mu);

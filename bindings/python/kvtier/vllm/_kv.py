@@ -1201,10 +1201,6 @@ class _Worker:
         logger.info("kvtier: rank %d serves its part of the remote tier on port %d", rank,
                     self.remote.port)
 
-    def remote_stats(self):
-        """This rank's part of the remote tier (kvt_remote_stats), or None."""
-        return self.remote.stats() if self.remote is not None else None
-
     def drain(self):
         """Waits until every copy this rank submitted has finished (their reports still go out
         with the next steps): vLLM synchronizes the device before it resets its prefix cache
