@@ -217,8 +217,11 @@ KVT_API int kvt_offload_attach_node(kvt_offload *m, kvt_node *node);
  * fills them runs in this process, one rank (world_size 1) — or it is a lookup-only client
  * (KVT_REMOTE_NO_RANK) of world_size ranks, each rank's worker serving its part through a
  * remote of its own. One full-attention group whose hash block is the scheduler block, the same
- * hash length, no node tier. remote is borrowed until kvt_offload_destroy; blocks stored
- * before the attach are not published. */
+ * hash length. Beside a node tier (a replica's remote serves the node's data region: n_slots =
+ * every slot of the node) a replica publishes its own slots only, and match lets the node's
+ * lock go for the directory's round trip, then searches again (an answer for a hit that moved
+ * meanwhile is dropped: kvt_tier_stats.lookups_dropped). remote is borrowed until
+ * kvt_offload_destroy; blocks stored before the attach are not published. */
 KVT_API int kvt_offload_attach_remote(kvt_offload *m, kvt_remote *remote);
 /* The remote tier's index in the chain (kvt_worker_attach_remote takes it), 0 without one. */
 KVT_API uint32_t kvt_offload_remote_tier(const kvt_offload *m);
@@ -563,9 +566,12 @@ typedef struct kvt_tier_stats {
     uint64_t evictions;            /* cached blocks reused for new ones */
     uint32_t blocks, used_blocks, cached_blocks;
     uint32_t load_events_in_flight, store_events_in_flight;
-    uint64_t loads_failed; /* blocks a worker could not read out of this tier: their keys are
-                              dropped, so the next request misses rather than fails again */
-    uint64_t reserved[7];  /* room for figures to come (zero) */
+    uint64_t loads_failed;    /* blocks a worker could not read out of this tier: their keys are
+                                 dropped, so the next request misses rather than fails again */
+    uint64_t lookups_dropped; /* the remote tier: directory answers not offered, as the hit in
+                                 front of them had changed while a node tier's lock was let
+                                 go for the round trip (the request looks up again) */
+    uint64_t reserved[6];     /* room for figures to come (zero) */
 } kvt_tier_stats;
 
 /* Tiers this manager has, the host and every tier behind it, the remote tier (which has no

@@ -338,6 +338,20 @@ void kvi_node_unlock(kvt_node *n)
         unlock_raw(n);
 }
 
+bool kvi_node_let_go(kvt_node *n)
+{
+    if (n->depth != 1)
+        return false;
+    n->depth = 0;
+    unlock_raw(n);
+    return true;
+}
+
+int kvi_node_reacquire(kvt_node *n)
+{
+    return kvi_node_lock(n);
+}
+
 /* The pool's reports (pool_share.h). They run inside the manager's locked calls; one that
  * does not takes the mutex for itself, without refreshing (the pool is mid-operation). */
 static bool hook_enter(kvt_node *n)

@@ -8,6 +8,7 @@
 #define KVT_NODE_INTERNAL_H
 
 #include <pthread.h>
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "kvtier/node.h"
@@ -57,5 +58,12 @@ int kvi_node_lock(kvt_node *n);
  * target fuzz_node_header drives it.) */
 int kvi_node_header_check(const void *p, size_t size);
 void kvi_node_unlock(kvt_node *n);
+/* Lets go of the lock inside a locked call, for a wait that must not hold every replica up (a
+ * network round trip): true when it was let go (the outermost lock), false when it is held by
+ * an enclosing call too (it stays held). kvi_node_reacquire takes it again and refreshes the
+ * view: whatever the caller found in the pool before must be searched again. On failure the
+ * lock is not held and the enclosing call's kvi_node_unlock does nothing. */
+bool kvi_node_let_go(kvt_node *n);
+int kvi_node_reacquire(kvt_node *n);
 
 #endif

@@ -34,20 +34,76 @@ void kvi_ofl_release_hit(kvt_offload *m, struct kvi_ofl_req *r)
     r->flags &= ~RQ_HIT;
 }
 
-static int match_unlocked(kvt_offload *m, const char *id, uint32_t id_len, const uint8_t *hashes,
-                          uint32_t n_hashes, uint32_t num_tokens, uint32_t num_computed,
-                          uint32_t *hit_tokens)
-{
-    return kvt_offload_match_flags(m, id, id_len, hashes, n_hashes, num_tokens, num_computed, 0,
-                                   hit_tokens);
-}
-
 int kvt_offload_match(kvt_offload *m, const char *id, uint32_t id_len, const uint8_t *hashes,
                       uint32_t n_hashes, uint32_t num_tokens, uint32_t num_computed,
                       uint32_t *hit_tokens)
 {
-    KVI_OFL_LOCKED(
-        m, match_unlocked(m, id, id_len, hashes, n_hashes, num_tokens, num_computed, hit_tokens));
+    /* locked once, by the call it is: a nested lock could not be let go for the directory */
+    return kvt_offload_match_flags(m, id, id_len, hashes, n_hashes, num_tokens, num_computed, 0,
+                                   hit_tokens);
+}
+
+/* What the tiers of this process hold past the GPU hit: the host tier's hit on scheduler
+ * blocks (its blocks in the host tier's search_out), and the blocks each tier behind it
+ * continues that with (want[t], their sum `behind`). */
+struct local_hit {
+    kvt_hit hit;
+    uint32_t want[KVI_OFL_TIERS], behind;
+};
+
+static int search_local(kvt_offload *m, const uint8_t *hashes, uint32_t n_hashes, uint32_t start,
+                        uint32_t max_hit, struct local_hit *lh)
+{
+    /* Partial hash hits with tiers behind the host: the host hit on scheduler blocks first,
+     * which they continue (the last part found itself ending anywhere); only where they add
+     * nothing, the host's own partial hit (they hold what the host wrote back, so it rarely
+     * matters which). */
+    bool behind = kvi_ofl_ntiers(m) > 1;
+    const uint8_t *from = hashes + (size_t)start * m->hash_len;
+    memset(lh->want, 0, sizeof(lh->want));
+    int rc = kvt_pool_find_longest_hit_flags(m->tier[0].pool, from, n_hashes - start, max_hit,
+                                             m->partial && !behind ? KVT_HIT_PARTIAL : 0,
+                                             m->tier[0].search_out, &lh->hit);
+    if (rc)
+        return rc;
+    lh->behind = behind
+                     ? kvi_ofl_tier_search_chain(m, hashes, n_hashes,
+                                                 start + lh->hit.length / m->gcfg.hash_block_size,
+                                                 max_hit - lh->hit.length, lh->want)
+                     : 0;
+    if (behind && m->partial && !lh->behind) /* cannot fail: the same arguments passed above */
+        (void)kvt_pool_find_longest_hit_flags(m->tier[0].pool, from, n_hashes - start, max_hit,
+                                              KVT_HIT_PARTIAL, m->tier[0].search_out, &lh->hit);
+    if (!lh->hit.length)
+        memset(lh->hit.n_blocks, 0, sizeof(lh->hit.n_blocks));
+    return 0;
+}
+
+/* The remote tier, last in the chain, continues where the others stopped (it is attached only
+ * without partial hash hits: the hit so far ends on a scheduler block): the blocks the
+ * directory names other instances for (*want_remote, their places in m->rloc). With a node
+ * tier the directory's round trip runs with the node's lock let go — the other replicas'
+ * calls must not wait for the network — so the pool may have changed meanwhile (a peer's slot
+ * withdrawn, one published): the local search is made again, and the directory's answer kept
+ * only if the local hit still ends where it was asked from (else this match offers no remote
+ * blocks; the request's next match looks up again). */
+static int search_remote(kvt_offload *m, const uint8_t *hashes, uint32_t n_hashes, uint32_t start,
+                         uint32_t max_hit, struct local_hit *lh, uint32_t *want_remote)
+{
+    uint32_t local = lh->hit.length + lh->behind;
+    uint32_t from = start + local / m->gcfg.hash_block_size;
+    bool let_go = false;
+    *want_remote = kvi_ofl_remote_lookup(m, hashes, n_hashes, from, max_hit - local, &let_go);
+    if (!let_go)
+        return 0;
+    int rc = kvi_node_reacquire(m->node);
+    if (!rc)
+        rc = search_local(m, hashes, n_hashes, start, max_hit, lh);
+    if (!rc && lh->hit.length + lh->behind != local && *want_remote) {
+        *want_remote = 0;
+        m->tier[m->rtier].st.lookups_dropped++;
+    }
+    return rc;
 }
 
 static int match_flags_unlocked(kvt_offload *m, const char *id, uint32_t id_len,
@@ -99,16 +155,11 @@ static int match_flags_unlocked(kvt_offload *m, const char *id, uint32_t id_len,
     uint32_t max_hit = num_tokens - 1 - num_computed;
     if (max_hit > m->max_search_tokens)
         max_hit = m->max_search_tokens;
-    kvt_hit hit;
-    /* Partial hash hits with tiers behind the host: the host hit on scheduler blocks first,
-     * which they continue (the last part found itself ending anywhere); only where they add
-     * nothing, the host's own partial hit (they hold what the host wrote back, so it rarely
-     * matters which). */
-    bool behind = kvi_ofl_ntiers(m) > 1;
-    const uint8_t *from = hashes + (size_t)start * m->hash_len;
-    rc = kvt_pool_find_longest_hit_flags(m->tier[0].pool, from, n_hashes - start, max_hit,
-                                         m->partial && !behind ? KVT_HIT_PARTIAL : 0,
-                                         m->tier[0].search_out, &hit);
+    struct local_hit lh;
+    uint32_t want_remote = 0;
+    rc = search_local(m, hashes, n_hashes, start, max_hit, &lh);
+    if (!rc)
+        rc = search_remote(m, hashes, n_hashes, start, max_hit, &lh, &want_remote);
     if (rc) {
         if (r)
             kvi_ofl_req_maybe_release(m, r);
@@ -117,25 +168,14 @@ static int match_flags_unlocked(kvt_offload *m, const char *id, uint32_t id_len,
     uint64_t searchable = (uint64_t)(n_hashes - start) * m->gcfg.hash_block_size;
     if (searchable > max_hit)
         searchable = max_hit;
-    uint32_t want[KVI_OFL_TIERS] = {0};
-    uint32_t want_behind =
-        behind ? kvi_ofl_tier_search_chain(m, hashes, n_hashes,
-                                           start + hit.length / m->gcfg.hash_block_size,
-                                           max_hit - hit.length, want)
-               : 0;
-    if (behind && m->partial && !want_behind) /* cannot fail: the same arguments passed above */
-        (void)kvt_pool_find_longest_hit_flags(m->tier[0].pool, from, n_hashes - start, max_hit,
-                                              KVT_HIT_PARTIAL, m->tier[0].search_out, &hit);
     m->st.lookups++;
     m->st.lookup_tokens += searchable;
+    kvt_hit hit = lh.hit;
+    uint32_t *want = lh.want, want_behind = lh.behind;
+    uint32_t from_remote = start + (hit.length + want_behind) / m->gcfg.hash_block_size;
     uint32_t total = 0;
     for (uint32_t g = 0; g < m->ng; g++)
         total += hit.n_blocks[g];
-    /* the remote tier, last in the chain, continues where the others stopped (it is attached
-     * only without partial hash hits: the hit so far ends on a scheduler block) */
-    uint32_t from_remote = start + (hit.length + want_behind) / m->gcfg.hash_block_size;
-    uint32_t want_remote =
-        kvi_ofl_remote_lookup(m, hashes, n_hashes, from_remote, max_hit - hit.length - want_behind);
     if (hit.length || want_behind || want_remote) {
         if (!r)
             r = kvi_ofl_req_get(m, id, id_len);

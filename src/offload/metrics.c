@@ -108,6 +108,7 @@ int kvt_offload_get_tier_stats(const kvt_offload *m, uint32_t tier, kvt_tier_sta
     out->store_dropped = T->st.store_dropped;
     out->evictions = T->st.evictions;
     out->loads_failed = T->st.loads_failed;
+    out->lookups_dropped = T->st.lookups_dropped;
     if (T->pool) { /* the remote tier's blocks are its owners' */
         out->blocks = T->nb - 1;
         out->used_blocks = T->nb - 1 - kvt_pool_num_free(T->pool);
@@ -252,6 +253,10 @@ static const struct stat_row tier_rows[] = {
     TIER(evictions, "tier_evictions_total", "Cached blocks reused for new ones per tier.", false),
     TIER(loads_failed, "tier_loads_failed_total",
          "Blocks a worker could not read out of the tier (their keys dropped).", false),
+    TIER(lookups_dropped, "tier_lookups_dropped_total",
+         "Remote lookups not offered: the hit before them changed while a node tier's lock was "
+         "let go.",
+         false),
 };
 
 #undef TIER

@@ -161,7 +161,8 @@ struct kvi_ofl_tier {
         uint64_t evictions;              /* cached blocks reused for new stores */
         uint64_t hit_blocks, hit_tokens; /* tier 0's tokens: kvt_offload_get_tier_stats */
         uint64_t store_skipped_cached, store_dropped; /* blocks not stored into this tier */
-        uint64_t loads_failed; /* blocks whose load out of this tier failed: keys dropped */
+        uint64_t loads_failed;    /* blocks whose load out of this tier failed: keys dropped */
+        uint64_t lookups_dropped; /* remote: answers dropped, the hit before them had moved */
     } st;
     uint32_t *search_out[KVT_MAX_GROUPS]; /* scratch of the longest-hit search */
     uint32_t search_n[KVT_MAX_GROUPS];    /* ... entries per group of the last one */
@@ -501,9 +502,11 @@ void kvi_ofl_events_req_done(kvt_offload *m, struct kvi_ofl_req *r);
 /* the remote tier (remote.c); every function is a no-op without one */
 void kvi_ofl_remote_teardown(kvt_offload *m);
 /* Looks up past the hit: hashes from index `from`, at most max_len tokens (and as many blocks
- * as the host tier can allocate); returns the blocks found (their locations in m->rloc). */
+ * as the host tier can allocate); returns the blocks found (their locations in m->rloc). With
+ * a node tier the directory's round trip runs with the node's lock let go: then *let_go is set
+ * and the caller takes the lock again (kvi_node_reacquire) and searches its tiers again. */
 uint32_t kvi_ofl_remote_lookup(kvt_offload *m, const uint8_t *hashes, uint32_t n_hashes,
-                               uint32_t from, uint32_t max_len);
+                               uint32_t from, uint32_t max_len, bool *let_go);
 /* The n blocks the last lookup found (hashes from index `from`) become promotions of r out of
  * the remote tier into new host blocks (as many as the host has room for and the owner table
  * can name), after its promotions out of the tiers before it: the workers read them. Returns

@@ -45,8 +45,6 @@ static int attach_unlocked(kvt_offload *m, kvt_remote *remote)
         return kvt_fail(KVT_EINVAL, "offload: attach_remote: NULL argument");
     if (m->remote)
         return kvt_fail(KVT_ESTATE, "offload: a remote tier is attached already");
-    if (m->node)
-        return kvt_fail(KVT_EINVAL, "offload: a remote tier beside a node tier is not supported");
     kvi_remote_port *p = kvi_remote_port_of(remote);
     if (p->lent)
         return kvt_fail(KVT_ESTATE, "offload: this remote tier is lent to another manager");
@@ -151,7 +149,7 @@ void kvi_ofl_remote_teardown(kvt_offload *m)
 /* ---- hits ---------------------------------------------------------------------------------- */
 
 uint32_t kvi_ofl_remote_lookup(kvt_offload *m, const uint8_t *hashes, uint32_t n_hashes,
-                               uint32_t from, uint32_t max_len)
+                               uint32_t from, uint32_t max_len, bool *let_go)
 {
     if (!m->remote || from >= n_hashes)
         return 0;
@@ -172,6 +170,8 @@ uint32_t kvi_ofl_remote_lookup(kvt_offload *m, const uint8_t *hashes, uint32_t n
             return 0;
     }
     uint32_t hit = 0;
+    /* the round trip holds no other replica of a node tier up */
+    *let_go = m->node && kvi_node_let_go(m->node);
     if (m->rport->lookup(m->remote, h0, n, m->rloc, &hit))
         hit = 0; /* arguments checked above; a failed lookup is a miss */
     if (x && hit == 0)

@@ -4,7 +4,9 @@
  * (test_offload_remote, test_offload_remote_model): each one a manager over a sim GPU pool, a
  * worker, a host mirror of two regions and the kvt_remote serving it, against a redis-server
  * the test starts on a unix socket. KV bytes are a function of the block hash, so any block
- * loaded anywhere can be checked.
+ * loaded anywhere can be checked. An instance may be a replica of a node tier (inst_open_on):
+ * its host tier is then the node's (every replica's HOST_NB slots), its mirror the node's data
+ * region, and its remote serves that region (what it publishes: its own slots).
  */
 #ifndef KVT_TEST_OFFLOAD_INST_H
 #define KVT_TEST_OFFLOAD_INST_H
@@ -14,6 +16,7 @@
 
 #include "redis_group.h"
 #include "kvtier/disk.h"
+#include "kvtier/node.h"
 #include "kvtier/remote.h"
 #include "kvtier/worker.h"
 #include "offload/sim.h"
@@ -53,6 +56,8 @@ typedef struct inst {
     kvt_disk *disk;
     kvt_layout *ml; /* the disk's near side: the mirror's layout (borrowed by the disk) */
     char dir[32];
+    kvt_node *node; /* a node tier's replica, or NULL */
+    uint32_t rank;  /* its rank */
 } inst;
 
 /* The config of instance `name`'s remote serving a mirror's n_slots blocks. */
@@ -77,14 +82,19 @@ static inline int remote_open(inst *x, const char *name, uint32_t n_slots, uint3
     return kvt_remote_create(&c, &x->r);
 }
 
-/* sim_init with the manager's remote_miss_ms set */
-static inline void sim_open(sim *s)
+/* sim_init with the manager's remote_miss_ms set, a host tier of host_blocks */
+static inline void sim_open_n(sim *s, uint32_t host_blocks)
 {
     kvt_offload_config oc;
     kvt_offload_config_init(&oc);
-    oc.host_blocks = HOST_NB;
+    oc.host_blocks = host_blocks;
     oc.remote_miss_ms = g_miss_ms;
     sim_init_cfg(s, GPU_NB, &oc);
+}
+
+static inline void sim_open(sim *s)
+{
+    sim_open_n(s, HOST_NB);
 }
 
 /* A disk tier of `blocks` blocks behind x's host tier (before the remote is attached). */
@@ -105,15 +115,39 @@ static inline void inst_add_disk(inst *x, uint32_t blocks)
     KVT_OK_(kvt_worker_attach_disk_tier(x->w, 1, x->disk));
 }
 
-/* An instance; disk_blocks > 0: with a disk tier of that many blocks between the host and the
- * remote tier. */
-static inline void inst_open_disk(inst *x, const char *name, uint32_t disk_blocks)
+/* Replica `rank` of node tier `node_name` (ranks replicas of HOST_NB slots each). */
+static inline kvt_node *node_join(const char *node_name, uint32_t rank, uint32_t ranks)
 {
-    sim_open(&x->s);
+    kvt_node_config nc;
+    kvt_node_config_init(&nc);
+    nc.name = node_name;
+    nc.rank = rank;
+    nc.ranks = ranks;
+    nc.blocks_per_rank = HOST_NB;
+    nc.hash_len = KVT_BLOCK_HASH_LEN;
+    nc.keys_per_block = 4; /* sim's GPU pool, which the host pool copies */
+    nc.hash_seed = SIM_SEED;
+    nc.reap_interval_ms = 0;
+    nc.lock_timeout_ms = 3000; /* a replica that kept the lock would fail a peer's call here */
+    kvt_node *n = NULL;
+    KVT_OK_(kvt_node_attach(&nc, &n));
+    return n;
+}
+
+/* An instance; disk_blocks > 0: with a disk tier of that many blocks between the host and the
+ * remote tier; node_name: as replica `rank` of that node tier of `ranks` replicas. */
+static inline void inst_open_on(inst *x, const char *name, uint32_t disk_blocks,
+                                const char *node_name, uint32_t rank, uint32_t ranks)
+{
+    x->node = node_name ? node_join(node_name, rank, ranks) : NULL;
+    x->rank = rank;
+    uint32_t slots = x->node ? kvt_node_num_slots(x->node) : HOST_NB;
+    sim_open_n(&x->s, slots);
     sim_host_kv(GPU_NB, KV_BPB, &x->kv, &x->layout);
     kvt_mirror_config mc;
     kvt_mirror_config_init(&mc);
-    mc.host_blocks = HOST_NB;
+    mc.host_blocks = slots;
+    mc.node_name = node_name;
     KVT_OK_(kvt_mirror_create(&mc, x->layout, &x->mirror));
     assert_int_equal(kvt_mirror_num_regions(x->mirror), 2);
     kvt_worker_config wc;
@@ -125,9 +159,16 @@ static inline void inst_open_disk(inst *x, const char *name, uint32_t disk_block
     x->dir[0] = 0;
     if (disk_blocks)
         inst_add_disk(x, disk_blocks);
-    KVT_OK_(remote_open(x, name, HOST_NB, KVT_BLOCK_HASH_LEN));
+    if (x->node) /* after the disk: the peers' slots make the pool look used */
+        KVT_OK_(kvt_offload_attach_node(x->s.m, x->node));
+    KVT_OK_(remote_open(x, name, slots, KVT_BLOCK_HASH_LEN));
     KVT_OK_(kvt_offload_attach_remote(x->s.m, x->r));
     KVT_OK_(kvt_worker_attach_remote(x->w, kvt_offload_remote_tier(x->s.m), x->r));
+}
+
+static inline void inst_open_disk(inst *x, const char *name, uint32_t disk_blocks)
+{
+    inst_open_on(x, name, disk_blocks, NULL, 0, 1);
 }
 
 static inline void inst_open(inst *x, const char *name)
@@ -147,6 +188,7 @@ static inline void inst_close(inst *x)
     kvt_mirror_destroy(x->mirror);
     kvt_layout_destroy(x->layout);
     free(x->kv);
+    kvt_node_detach(x->node); /* after the manager: it withdrew this replica's slots */
 }
 
 static inline unsigned char *dev_block(inst *x, uint32_t region, uint32_t b)

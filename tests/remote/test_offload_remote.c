@@ -6,13 +6,16 @@
  * into its host tier and loads to its GPU blocks: every byte checked. Evicted blocks are
  * withdrawn (a peer's lookup never names them), a block whose bytes changed is a miss and
  * ends the hit there, a reset withdraws everything, and an instance whose configuration does
- * not fit is refused.
+ * not fit is refused. Replicas of a node tier take part as one host tier: what one read from a
+ * remote owner the other loads from the node, what one stored a remote instance reads, and the
+ * directory's round trip runs with the node's lock let go.
  */
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "base/remote_port.h"
 #include "offload_inst.h"
 
 static void a_second_instance_loads_what_the_first_stored(void **state)
@@ -275,6 +278,97 @@ static void configurations_that_do_not_fit_are_refused(void **state)
     free(a.kv);
 }
 
+/* ---- a node tier beside the remote tier ----------------------------------------------------- */
+
+static char g_node[40];
+static int (*g_real_lookup)(kvt_remote *r, const uint8_t *hashes, uint32_t n, kvt_remote_loc *out,
+                            uint32_t *n_hit);
+static inst *g_storer; /* set: the next lookup through the wrapped port has it store first */
+static uint32_t g_store_seed, g_store_blocks;
+
+/* A lookup during which another replica of the node stores the prompt looked up: it takes the
+ * node's lock for each of its calls, which it gets only if the looking replica let it go. */
+static int lookup_while_a_peer_stores(kvt_remote *r, const uint8_t *hashes, uint32_t n,
+                                      kvt_remote_loc *out, uint32_t *n_hit)
+{
+    inst *x = g_storer;
+    g_storer = NULL;
+    if (x) {
+        sim_req p;
+        compute_and_store(x, &p, "during", g_store_seed, g_store_blocks);
+    }
+    return g_real_lookup(r, hashes, n, out, n_hit);
+}
+
+static void replicas_of_a_node_tier_share_the_remote_tier(void **state)
+{
+    (void)state;
+    NEED_REDIS();
+    snprintf(g_node, sizeof(g_node), "tr-%d", (int)getpid());
+    kvt_node_unlink(g_node);
+    inst a0, a1, b;
+    inst_open_on(&a0, "a0", 0, g_node, 0, 2);
+    inst_open_on(&a1, "a1", 0, g_node, 1, 2);
+    inst_open(&b, "b");
+    sim_req p, q, q2, u, v, w;
+
+    /* a0 reads what b stored, into its own slots of the node; a1 then loads it from the node,
+     * reading nothing; neither publishes it (b owns it) */
+    compute_and_store(&b, &p, "p", 3, 9);
+    assert_int_equal(admit_and_check(&a0, &q, "q", 3, 9), 9);
+    assert_int_equal(rstats(&a0).read_ok, 9);
+    assert_int_equal(admit_and_check(&a1, &q2, "q2", 3, 9), 9);
+    assert_int_equal(rstats(&a1).reads, 0);
+    assert_int_equal(rstats(&a0).published + rstats(&a1).published, 0);
+    for (uint32_t j = 0; j < 9; j++) {
+        uint32_t s;
+        assert_int_equal(kvt_pool_lookup(kvt_offload_host_pool(a1.s.m),
+                                         p.hashes + j * KVT_BLOCK_HASH_LEN, 0, &s),
+                         1);
+        assert_true(s > 0 && s < HOST_NB); /* a0's slot */
+    }
+
+    /* what a1 stores in its own slots it publishes: b reads it from a1 */
+    compute_and_store(&a1, &u, "u", 4, 8);
+    assert_int_equal(rstats(&a1).published, 8);
+    assert_int_equal(admit_and_check(&b, &v, "v", 4, 8), 8);
+    assert_int_equal(rstats(&a1).served_blocks, 8);
+
+    /* the lookup runs with the node's lock let go: a1 stores prompt 5 meanwhile (b stored it
+     * first, so the directory names it), and a0 takes it from the node, not the directory —
+     * its answer came back for a hit that had moved */
+    sim_req bp, q3;
+    compute_and_store(&b, &bp, "bp", 5, 6);
+    kvi_remote_port *port = kvi_remote_port_of(a0.r);
+    g_real_lookup = port->lookup;
+    port->lookup = lookup_while_a_peer_stores;
+    g_storer = &a1, g_store_seed = 5, g_store_blocks = 6;
+    uint64_t reads = rstats(&a0).reads;
+    assert_int_equal(admit_and_check(&a0, &q3, "q3", 5, 6), 6);
+    port->lookup = g_real_lookup;
+    assert_null(g_storer); /* it ran */
+    assert_int_equal(rstats(&a0).reads, reads);
+    kvt_tier_stats ts;
+    KVT_OK_(kvt_offload_get_tier_stats(a0.s.m, kvt_offload_remote_tier(a0.s.m), &ts));
+    assert_int_equal(ts.lookups_dropped, 1);
+    static char prom[1 << 16];
+    size_t plen;
+    KVT_OK_(kvt_offload_prometheus(a0.s.m, prom, sizeof(prom), &plen));
+    assert_non_null(strstr(prom, "kvtier_offload_tier_lookups_dropped_total{tier=\"remote\"} 1"));
+
+    /* a0's reset withdraws its own slots from the node: a1 reads prompt 3 from b again */
+    KVT_OK_(kvt_offload_reset(a0.s.m));
+    step(&a0);
+    KVT_OK_(kvt_pool_reset_prefix_cache(a1.s.gpu));
+    reads = rstats(&a1).read_ok;
+    assert_int_equal(admit_and_check(&a1, &w, "w", 3, 9), 9);
+    assert_int_equal(rstats(&a1).read_ok, reads + 9);
+    inst_close(&b);
+    inst_close(&a1);
+    inst_close(&a0);
+    kvt_node_unlink(g_node);
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 4 && strcmp(argv[1], "--owner") == 0)
@@ -288,6 +382,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup(a_span_that_missed_is_not_looked_up_again_at_once, each_setup),
         cmocka_unit_test_setup(a_stopped_owner_costs_one_bounded_miss, each_setup),
         cmocka_unit_test_setup(configurations_that_do_not_fit_are_refused, each_setup),
+        cmocka_unit_test_setup(replicas_of_a_node_tier_share_the_remote_tier, each_setup),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

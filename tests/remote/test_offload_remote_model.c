@@ -14,6 +14,11 @@
  * stale or fail (nothing dies here: the directory must never name a block its owner no longer
  * holds).
  *
+ * The second case makes instances 0 and 1 the two replicas of a node tier (node+remote and
+ * node+disk+remote chains): their host tier is one, so a replica's host run is what either
+ * holds in its own slots; each publishes only its own slots, and the directory names it only
+ * while its own slot holds the block.
+ *
  * KVTIER_TEST_SCALE scales the steps, KVTIER_TEST_SEED replays a run.
  */
 #include "offload_inst.h"
@@ -28,17 +33,38 @@ static uint32_t g_disk[NI];             /* an instance's disk blocks (0: none), 
 static int g_dir_owner[FAMILIES][MAXB]; /* the model: the instance named, or -1 */
 static uint32_t g_slot[NI][FAMILIES][MAXB]; /* the host block holding it, as last observed */
 static uint8_t g_hash[FAMILIES][MAXB][KVT_BLOCK_HASH_LEN];
+static char g_node[40]; /* instances 0 and 1 are its replicas, or "" */
 
-/* The host block of instance i that holds the block with hash h, or UINT32_MAX. */
+/* The host block of instance i of its own that holds the block with hash h, or UINT32_MAX (a
+ * replica's pool finds its peer's slots too, but only the owner changes a slot's keys: its
+ * own range of its pool is always current). */
 static uint32_t host_slot(uint32_t i, const uint8_t *h)
 {
     uint32_t b;
-    return kvt_pool_lookup(kvt_offload_host_pool(g_in[i].s.m), h, 0, &b) == 1 ? b : UINT32_MAX;
+    if (kvt_pool_lookup(kvt_offload_host_pool(g_in[i].s.m), h, 0, &b) != 1)
+        return UINT32_MAX;
+    uint32_t lo = g_in[i].node ? g_in[i].rank * HOST_NB : 0;
+    return b > lo && b < lo + HOST_NB ? b : UINT32_MAX;
 }
 
 static bool host_has(uint32_t i, const uint8_t *h)
 {
     return host_slot(i, h) != UINT32_MAX;
+}
+
+/* In instance i's host tier: its own, or, a replica, in its peer's slots. */
+static bool tier_has(uint32_t i, const uint8_t *h)
+{
+    return host_has(i, h) || (g_in[i].node && i < 2 && host_has(1 - i, h));
+}
+
+static void open_instance(uint32_t i)
+{
+    static const char *const names[NI] = {"m0", "m1", "m2"};
+    if (g_node[0] && i < 2)
+        inst_open_on(&g_in[i], names[i], g_disk[i], g_node, i, 2);
+    else
+        inst_open_disk(&g_in[i], names[i], g_disk[i]);
 }
 
 static bool disk_has(uint32_t i, const uint8_t *h)
@@ -102,7 +128,7 @@ static void serve(uint32_t i, uint32_t f, uint32_t n, uint32_t own, uint64_t at,
     kvt_hit gh;
     KVT_OK_(kvt_pool_find_longest_hit(x->s.gpu, q.hashes, q.n_hashes, q.n_tokens - 1, outs, &gh));
     uint32_t g = gh.n_blocks[0], h = 0, d = 0, r = 0;
-    while (g + h < n && host_has(i, g_hash[f][g + h]))
+    while (g + h < n && tier_has(i, g_hash[f][g + h]))
         h++;
     while (g + h + d < n && disk_has(i, g_hash[f][g + h + d]))
         d++;
@@ -146,10 +172,14 @@ static void serve(uint32_t i, uint32_t f, uint32_t n, uint32_t own, uint64_t at,
     c->disk_then_remote += d && r;
 }
 
-static void the_manager_agrees_with_the_model(void **state)
+static void run_model(bool node)
 {
-    (void)state;
     NEED_REDIS();
+    g_node[0] = 0;
+    if (node) {
+        snprintf(g_node, sizeof(g_node), "trm-%d", (int)getpid());
+        kvt_node_unlink(g_node);
+    }
     uint64_t seed = kvt_test_seed(), rng = seed;
     uint64_t steps = (uint64_t)(1500 * kvt_test_scale());
     for (uint32_t f = 0; f < FAMILIES; f++) {
@@ -169,12 +199,11 @@ static void the_manager_agrees_with_the_model(void **state)
     g_dir_timeout_ms = 30000;
     g_timeout_ms = 60000;
     g_ttl_ms = 60000;
-    static const char *const names[NI] = {"m0", "m1", "m2"};
     /* the chains: a disk behind the host of instance 0 always, of the others by the seed */
     for (uint32_t i = 0; i < NI; i++)
         g_disk[i] = i == 0 || kvt_rand_below(&rng, 2) ? 16 + kvt_rand_below(&rng, 32) : 0;
     for (uint32_t i = 0; i < NI; i++)
-        inst_open_disk(&g_in[i], names[i], g_disk[i]);
+        open_instance(i);
     counts c = {0};
     for (uint64_t s = 0; s < steps; s++) {
         uint32_t i = kvt_rand_below(&rng, NI), op = kvt_rand_below(&rng, 100);
@@ -193,7 +222,7 @@ static void the_manager_agrees_with_the_model(void **state)
         } else { /* a restart: a new epoch, an empty host tier */
             inst_close(&g_in[i]);
             forget_instance(i);
-            inst_open_disk(&g_in[i], names[i], g_disk[i]);
+            open_instance(i);
             observe(i);
             c.restarts++;
         }
@@ -214,11 +243,12 @@ static void the_manager_agrees_with_the_model(void **state)
     /* the disk's part is reported, not required: a seed whose requests never come back to a
      * prefix that left instance 0's host tier while still on its disk has none */
     assert_true(remote_hits <= c.remote_blocks && read_ok == remote_hits);
-    print_message("offload remote model: seed %llu, %llu steps, disks %u/%u/%u: %llu requests "
-                  "(blocks: %llu GPU hits, %llu own host tier, %llu own disk, %llu from the "
+    print_message("offload remote model: seed %llu, %llu steps,%s disks %u/%u/%u: %llu requests "
+                  "(blocks: %llu GPU hits, %llu its host tier, %llu own disk, %llu from the "
                   "others, %llu computed; %llu hits from a disk into the remote), %llu GPU "
                   "resets, %llu host resets, %llu restarts\n",
-                  (unsigned long long)seed, (unsigned long long)steps, g_disk[0], g_disk[1],
+                  (unsigned long long)seed, (unsigned long long)steps,
+                  node ? " instances 0 and 1 a node tier's replicas," : "", g_disk[0], g_disk[1],
                   g_disk[2], (unsigned long long)c.requests, (unsigned long long)c.gpu_blocks,
                   (unsigned long long)c.host_blocks, (unsigned long long)c.disk_blocks,
                   (unsigned long long)c.remote_blocks, (unsigned long long)c.computed_blocks,
@@ -226,12 +256,27 @@ static void the_manager_agrees_with_the_model(void **state)
                   (unsigned long long)c.resets, (unsigned long long)c.restarts);
     for (uint32_t i = 0; i < NI; i++)
         inst_close(&g_in[i]);
+    if (node)
+        kvt_node_unlink(g_node);
+}
+
+static void the_manager_agrees_with_the_model(void **state)
+{
+    (void)state;
+    run_model(false);
+}
+
+static void replicas_of_a_node_tier_agree_with_the_model(void **state)
+{
+    (void)state;
+    run_model(true);
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(the_manager_agrees_with_the_model, each_setup),
+        cmocka_unit_test_setup(replicas_of_a_node_tier_agree_with_the_model, each_setup),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

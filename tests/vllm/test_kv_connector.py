@@ -636,6 +636,57 @@ def test_a_second_instance_is_served_from_the_remote_tier(model_dir, baseline, t
     assert r2["stats"]["remote_hit_blocks"] == 0 and r2["remote"]["read_blocks"] == 0, r2
 
 
+def test_replicas_of_a_node_tier_read_through_the_remote_tier(model_dir, baseline, tmp_path,
+                                                               redis_sock):
+    """Issue 41: the remote tier beside a node tier. Instance a (another host, in effect)
+    computes the prompts; replica 0 of a node tier finds them in the directory and reads them
+    into its own slots of the node; replica 1 then loads them from the node and reads nothing
+    from the directory's owners. Tokens are vLLM's without a connector, and every block
+    replica 1 holds has a's bytes."""
+    from kvtier import Node
+    name = "vn%d" % os.getpid()
+    Node.unlink(name)
+    prompts = prompts_with_prefixes(4, 690, 2, 400, seed=14)
+    want = baseline(prompts)
+    path = tmp_path / "prompts.json"
+    path.write_text(json.dumps(prompts))
+    env = dict(os.environ, KVTIER_REMOTE_CREDENTIAL="vllm-remote-test-credential")
+
+    def instance(inst):
+        return {"kvtier_remote_directory": redis_sock, "kvtier_remote_space": "vn%d" % os.getpid(),
+                "kvtier_remote_instance": inst}
+
+    def replica(rank):
+        return dict(instance("r%d" % rank), kvtier_node_tier=name, kvtier_node_rank=rank,
+                    kvtier_node_ranks=2, cpu_bytes_to_use=16 << 20)
+
+    try:
+        with held_instance(model_dir, instance("a"), path, str(tmp_path / "hold-a"), env) as ra:
+            assert ra["tokens"] == want and ra["remote"]["published"] > 0, ra["remote"]
+            with held_instance(model_dir, replica(0), path, str(tmp_path / "hold-0"),
+                               env) as r0:
+                print("replica 0: %d blocks read from a" % r0["stats"]["remote_hit_blocks"])
+                assert r0["tokens"] == want
+                assert r0["stats"]["remote_hit_blocks"] > 0, r0["stats"]
+                assert r0["remote"]["read_ok"] == r0["stats"]["remote_hit_blocks"], r0["remote"]
+                assert r0["remote"]["read_failed"] == 0 and r0["remote"]["read_stale"] == 0
+                rc, r1, err = run_instance(model_dir, replica(1), path, env)
+                assert rc == 0, err
+                print("replica 1: %d blocks loaded from the node, %d read remotely"
+                      % (r1["stats"]["load_blocks"], r1["remote"]["read_blocks"]))
+                assert r1["tokens"] == want
+                assert r1["stats"]["load_blocks"] > 0, r1["stats"]
+                assert r1["stats"]["hit_tokens"] >= 4 * 672 - 32 * 4, r1["stats"]
+                assert r1["remote"]["read_blocks"] == 0, r1["remote"]
+                assert r1["node"]["ranks_attached"] == 2, r1["node"]
+                common = [h for h in r1["kv"] if h in ra["kv"]]
+                assert len(common) >= len(r1["kv"]) // 2, (len(common), len(r1["kv"]))
+                for h in common:
+                    assert r1["kv"][h] == ra["kv"][h], "block %s: bytes differ from a's" % h
+    finally:
+        Node.unlink(name)
+
+
 def test_two_tensor_parallel_instances_share_prefixes_through_the_remote_tier(model_dir,
                                                                              baseline,
                                                                              tmp_path,

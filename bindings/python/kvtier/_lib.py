@@ -336,7 +336,7 @@ TIER_GAUGES = ("blocks", "used_blocks", "cached_blocks", "load_events_in_flight"
                "store_events_in_flight")
 
 
-TIER_LATER_COUNTERS = ("loads_failed",)  # after the gauges, in the reserved room
+TIER_LATER_COUNTERS = ("loads_failed", "lookups_dropped")  # after the gauges, in the reserved room
 
 
 class kvt_tier_stats(ctypes.Structure):

@@ -247,9 +247,6 @@ class KvtierConfig:
         if backend not in ("cpu", "cpu+disk"):
             raise ConfigError('kvtier: kvtier_remote_directory needs a host tier '
                               '(kv_offload_backend "cpu" or "cpu+disk"), not "%s"' % backend)
-        if self.node_tier:
-            raise ConfigError("kvtier: kvtier_remote_directory beside kvtier_node_tier is not "
-                              "supported yet")
         # an engine of several ranks: each rank serves its part of every block under
         # "<instance>#<rank>" (at most 64 characters)
         self.remote_instance_given = "kvtier_remote_instance" in extra
