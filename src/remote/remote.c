@@ -1363,8 +1363,10 @@ static int refuse_read(int rc, int *status, uint32_t n)
 typedef struct rd_block {
     kvi_ucx_recv **recv; /* one per piece */
     uint8_t tag[KVI_RTAG];
-    uint32_t peer, k; /* its owner, its index in that owner's request */
-    int state;        /* 0 waiting for the reply, 1 waiting for the bytes, 2 decided */
+    uint8_t mine[KVI_RTAG]; /* the tag of what landed, when it landed before the reply */
+    bool early;             /* mine holds it */
+    uint32_t peer, k;       /* its owner, its index in that owner's request */
+    int state;              /* 0 waiting for the reply, 1 waiting for the bytes, 2 decided */
 } rd_block;
 
 typedef struct rd_peer {
@@ -1443,12 +1445,24 @@ typedef struct rd_ctx {
     size_t addr_len;
 } rd_ctx;
 
+/* The tag of block i's bytes as they landed (the owner's block key, the slot and generation
+ * the read asked for: all known before the reply). */
+static int tag_landed(rd_ctx *x, uint32_t i, uint8_t *tag)
+{
+    kvt_remote *r = x->r;
+    uint8_t *pc[KVT_MAX_REGIONS];
+    for (uint32_t j = 0; j < r->n_pieces; j++)
+        pc[j] = dst_piece(r, x->d, i, j);
+    return block_tag(r, r->gcm_rd, r->peers[x->bs[i].peer].block_key, x->locs[i].slot,
+                     x->locs[i].generation, x->hashes + (size_t)i * r->cfg.hash_len, pc, tag);
+}
+
 /* Block i landed whole: accepted only if its tag checks on the bytes that landed (decrypted
  * first when the read was encrypted). */
 static int landed(rd_ctx *x, uint32_t i)
 {
     kvt_remote *r = x->r;
-    const rd_block *b = &x->bs[i];
+    rd_block *b = &x->bs[i];
     const rpeer *pe = &r->peers[b->peer];
     const uint8_t *hash = x->hashes + (size_t)i * r->cfg.hash_len;
     uint8_t *pc[KVT_MAX_REGIONS];
@@ -1463,11 +1477,9 @@ static int landed(rd_ctx *x, uint32_t i)
         for (uint32_t j = 0; ok && j < r->n_pieces; j++)
             ok = kvi_rgcm_piece(r->gcm_rd, pc[j], pc[j], r->piece[j].block_bytes) == 0;
         ok = ok && kvi_rgcm_check(r->gcm_rd, b->tag);
-    } else {
-        uint8_t tag[KVI_RTAG];
-        ok = block_tag(r, r->gcm_rd, pe->block_key, x->locs[i].slot, x->locs[i].generation, hash,
-                       pc, tag) == 0 &&
-             kvi_rauth_equal(tag, b->tag, KVI_RTAG);
+    } else { /* the tag of what landed: taken as it landed, or now */
+        ok = (b->early || tag_landed(x, i, b->mine) == 0) &&
+             kvi_rauth_equal(b->mine, b->tag, KVI_RTAG);
     }
     if (ok)
         return 0;
@@ -1770,6 +1782,11 @@ static int read_blocks(kvt_remote *r, const kvt_remote_loc *locs, const uint8_t 
                 end_recv(r, b);
             } else if (b->state == 0) {
                 open = true;
+                /* landed before the owner's reply (it comes after its last send): its tag
+                 * now, while the other blocks are still under way, not all of them after */
+                if (!b->early && !r->cfg.encrypt && x.rps[b->peer].stage == 2 &&
+                    pieces_done(r, b) == 1)
+                    b->early = tag_landed(&x, i, b->mine) == 0;
             }
         }
         if (!open)

@@ -97,6 +97,57 @@ static void a_withdrawn_or_reused_slot_costs_a_miss_never_wrong_bytes(void **sta
     drop_inst(&a);
 }
 
+static void owner_checks_off(kvt_remote_config *c)
+{
+    c->owner_checksum = 0;
+}
+
+/* An owner that does not check its bytes (owner_checksum = 0) sends a scribbled block as it
+ * is: the reader's tag over what landed refuses it (taken as each block lands, before the
+ * owner's reply, or after the reply for a block still under way then; one comparison). */
+static void the_reader_refuses_bytes_the_owner_did_not_check(void **state)
+{
+    (void)state;
+    NEED_REDIS();
+    inst a, b;
+    KVT_OK_(make_with(&a, "a", true, 7, CRED, 2000, owner_checks_off));
+    KVT_OK_(make(&b, "b", false, 7, CRED, 2000));
+    store(&a, 3, 32, 1);
+    uint8_t hashes[32 * HL];
+    kvt_remote_loc locs[32];
+    uint32_t hit;
+    chain(3, 32, hashes);
+    KVT_OK_(kvt_remote_lookup(b.r, hashes, 32, locs, &hit));
+    assert_int_equal(hit, 32);
+    a.region[1 * BB + 5] ^= 0x01;     /* block 0 */
+    a.region[32 * BB + 8190] ^= 0x80; /* block 31 */
+    uint8_t *dst = malloc(32 * BB);
+    void *ptrs[32];
+    int st[32];
+    for (uint32_t i = 0; i < 32; i++)
+        ptrs[i] = dst + (size_t)i * BB;
+    const uint32_t rounds = 20;
+    for (uint32_t k = 0; k < rounds; k++) {
+        memset(dst, 0, 32 * BB);
+        KVT_ERR_(kvt_remote_read(b.r, locs, hashes, 32, ptrs, st), KVT_EPROTO);
+        for (uint32_t i = 0; i < 32; i++) {
+            if (i == 0 || i == 31)
+                assert_int_equal(st[i], KVT_EPROTO);
+            else {
+                assert_int_equal(st[i], 0);
+                assert_true(same_as(dst + (size_t)i * BB, 3, i));
+            }
+        }
+    }
+    free(dst);
+    kvt_remote_stats sb;
+    kvt_remote_get_stats(b.r, &sb);
+    assert_int_equal(sb.auth_failures, 2 * rounds);
+    assert_int_equal(sb.read_ok, 30 * rounds);
+    drop_inst(&b);
+    drop_inst(&a);
+}
+
 /* The reader side (kvt_remote_read_from, by peer, into the reader's own slots), as an offload
  * worker runs it: on its own thread while the lookup side looks up and publishes, with peers
  * copied out of a lookup (kvt_remote_lookup_peer); every byte checked. */
@@ -820,6 +871,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup(hits_across_instances_every_byte_checked, each_setup),
         cmocka_unit_test_setup(a_withdrawn_or_reused_slot_costs_a_miss_never_wrong_bytes,
                                each_setup),
+        cmocka_unit_test_setup(the_reader_refuses_bytes_the_owner_did_not_check, each_setup),
         cmocka_unit_test_setup(reads_by_peer_run_beside_lookups_on_another_thread, each_setup),
         cmocka_unit_test_setup(ranks_publish_their_parts_and_read_the_same_rank, each_setup),
         cmocka_unit_test_setup(a_wrong_credential_is_refused, each_setup),
