@@ -43,6 +43,7 @@ typedef struct rdir {
     uint32_t timeout_ms;   /* bound of one whole call */
     uint32_t retry_ms;
     uint64_t retry_at_ns; /* no reconnect before this after a failure */
+    bool hung_up;         /* the last exchange failed as the server had closed the connection */
 } rdir;
 
 static const char ENTER[] =
@@ -152,8 +153,10 @@ static int exchange(rdir *d, const char *cmd, size_t len, uint64_t deadline, red
             off += (size_t)n;
             continue;
         }
-        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+            d->hung_up = errno == EPIPE || errno == ECONNRESET;
             return kvt_fail(KVT_EIO, "remote directory: %s: send: %s", d->name, strerror(errno));
+        }
         struct pollfd pf = {fd, POLLOUT, 0};
         int ms = left_ms(deadline);
         if (ms == 0 || (poll(&pf, 1, ms) == 0 && left_ms(deadline) == 0))
@@ -179,8 +182,10 @@ static int exchange(rdir *d, const char *cmd, size_t len, uint64_t deadline, red
                 return kvt_fail(KVT_ENOMEM, "remote directory: out of memory");
             continue;
         }
-        if (n == 0)
+        if (n == 0 || (n < 0 && errno == ECONNRESET)) {
+            d->hung_up = got == 0;
             return kvt_fail(KVT_EIO, "remote directory: %s closed the connection", d->name);
+        }
         if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
             return kvt_fail(KVT_EIO, "remote directory: %s: recv: %s", d->name, strerror(errno));
         struct pollfd pf = {fd, POLLIN, 0};
@@ -255,6 +260,7 @@ static int eval(rdir *d, const char *script, uint32_t nk, const char **keys, con
                 uint32_t na, const char **args, const size_t *alen, redisReply **out)
 {
     uint64_t deadline = kvt_monotonic_ns() + (uint64_t)d->timeout_ms * 1000000u;
+    bool reused = d->c != NULL;
     int rc = conn(d, deadline);
     if (rc)
         return rc;
@@ -276,7 +282,18 @@ static int eval(rdir *d, const char *script, uint32_t nk, const char **keys, con
     for (uint32_t i = 0; i < na; i++)
         argv[3 + nk + i] = args[i], argl[3 + nk + i] = alen ? alen[i] : strlen(args[i]);
     redisReply *rep = NULL;
+    d->hung_up = false;
     rc = round_trip(d, (int)argc, argv, argl, deadline, &rep);
+    if (rc && d->hung_up && reused) {
+        /* a connection that had worked, closed by the server before it answered: a restarted
+         * Redis, or one that drops idle clients. Once more on a fresh one, within the same
+         * deadline, rather than losing the call (a publication dropped, a lookup missed)
+         * and waiting retry_ms. A script that ran before the close runs again: every one is
+         * idempotent but enter's new epoch, of which the first is then never used. */
+        d->retry_at_ns = 0;
+        if (!(rc = conn(d, deadline)))
+            rc = round_trip(d, (int)argc, argv, argl, deadline, &rep);
+    }
     free(argv);
     free(argl);
     if (rc)

@@ -11,8 +11,15 @@
  * the run the directory names other instances for; the manager's hit must be exactly that
  * (the disk's and the remote's parts promoted by the instance's worker during the step). Every
  * block of every hit is checked byte for byte on the instance's GPU blocks, and no read may be
- * stale or fail (nothing dies here: the directory must never name a block its owner no longer
+ * stale or fail (no owner dies here: the directory must never name a block its owner no longer
  * holds).
+ *
+ * The directory restarts now and then (Redis stopped and started empty): every instance must
+ * notice, enter again and publish again what it holds, until the directory is the model's
+ * again — checked entry by entry through a lookup-only client before the run goes on. An
+ * instance whose heartbeat was starved past its liveness (a loaded machine) re-registers too:
+ * a hit shorter than predicted is accepted only then, and the directory is waited for the
+ * same way.
  *
  * The second case makes instances 0 and 1 the two replicas of a node tier (node+remote and
  * node+disk+remote chains): their host tier is one, so a replica's host run is what either
@@ -32,8 +39,12 @@ static inst g_in[NI];
 static uint32_t g_disk[NI];             /* an instance's disk blocks (0: none), for the whole run */
 static int g_dir_owner[FAMILIES][MAXB]; /* the model: the instance named, or -1 */
 static uint32_t g_slot[NI][FAMILIES][MAXB]; /* the host block holding it, as last observed */
+static bool g_pub[NI][FAMILIES][MAXB];      /* it published the block there */
 static uint8_t g_hash[FAMILIES][MAXB][KVT_BLOCK_HASH_LEN];
 static char g_node[40]; /* instances 0 and 1 are its replicas, or "" */
+static const char *const g_names[NI] = {"m0", "m1", "m2"};
+static kvt_remote *g_obs; /* a lookup-only client: what the directory holds */
+static uint64_t g_regs;   /* the instances' registrations, as last synced */
 
 /* The host block of instance i of its own that holds the block with hash h, or UINT32_MAX (a
  * replica's pool finds its peer's slots too, but only the owner changes a slot's keys: its
@@ -60,11 +71,67 @@ static bool tier_has(uint32_t i, const uint8_t *h)
 
 static void open_instance(uint32_t i)
 {
-    static const char *const names[NI] = {"m0", "m1", "m2"};
     if (g_node[0] && i < 2)
-        inst_open_on(&g_in[i], names[i], g_disk[i], g_node, i, 2);
+        inst_open_on(&g_in[i], g_names[i], g_disk[i], g_node, i, 2);
     else
-        inst_open_disk(&g_in[i], names[i], g_disk[i]);
+        inst_open_disk(&g_in[i], g_names[i], g_disk[i]);
+}
+
+static uint64_t registrations(void)
+{
+    uint64_t n = 0;
+    for (uint32_t i = 0; i < NI; i++)
+        n += rstats(&g_in[i]).registrations;
+    return n;
+}
+
+/* Whether instance o still holds, in the slot it published it in, block j of family f. */
+static bool holds_published(uint32_t o, uint32_t f, uint32_t j)
+{
+    return g_pub[o][f][j] && host_slot(o, g_hash[f][j]) == g_slot[o][f][j];
+}
+
+/* Whether the directory is what instances that entered again made of it: every instance
+ * publishes again what it holds, so a block is named iff one of them holds it published — any
+ * of them (the last to publish again wins). With `adopt`, the model takes the names. */
+static bool directory_rebuilt(bool adopt)
+{
+    for (uint32_t f = 0; f < FAMILIES; f++)
+        for (uint32_t j = 0; j < MAXB; j++) {
+            kvt_remote_loc loc;
+            kvt_remote_peer who;
+            uint32_t hit = 0, o = 0;
+            bool held = false;
+            for (uint32_t i = 0; i < NI; i++)
+                held |= holds_published(i, f, j);
+            if (kvt_remote_lookup(g_obs, g_hash[f][j], 1, &loc, &hit) || hit != (held ? 1u : 0u))
+                return false;
+            if (!hit)
+                continue;
+            if (kvt_remote_lookup_peer(g_obs, loc.peer, &who))
+                return false;
+            while (o < NI && strcmp(who.instance, g_names[o]) != 0)
+                o++;
+            if (o == NI || !holds_published(o, f, j))
+                return false;
+            if (adopt)
+                g_dir_owner[f][j] = (int)o;
+        }
+    return true;
+}
+
+/* Waits until the instances registered at least `regs` times in all and rebuilt the
+ * directory (after a restart, or an expired liveness). */
+static void sync_directory(uint64_t regs, uint64_t at, uint64_t seed)
+{
+    uint64_t until = kvt_monotonic_ns() + 60ull * 1000000000u;
+    while ((registrations() < regs || !directory_rebuilt(false)) && kvt_monotonic_ns() < until)
+        usleep(20000);
+    KVT_MODEL_CHECK(WHAT, "step", at, seed, registrations() >= regs && directory_rebuilt(true),
+                    "the directory is not the model's a minute after it lost its entries "
+                    "(registrations %llu, wanted %llu)",
+                    (unsigned long long)registrations(), (unsigned long long)regs);
+    g_regs = registrations();
 }
 
 static bool disk_has(uint32_t i, const uint8_t *h)
@@ -95,7 +162,9 @@ static void observe(uint32_t i)
         for (uint32_t j = 0; j < MAXB; j++) {
             uint32_t now = host_slot(i, g_hash[f][j]);
             if (now != g_slot[i][f][j] && now != UINT32_MAX)
-                g_dir_owner[f][j] = (int)i;
+                g_dir_owner[f][j] = (int)i, g_pub[i][f][j] = true;
+            if (now == UINT32_MAX)
+                g_pub[i][f][j] = false;
             g_slot[i][f][j] = now;
         }
 }
@@ -106,12 +175,13 @@ static void forget_instance(uint32_t i)
         for (uint32_t j = 0; j < MAXB; j++)
             if (g_dir_owner[f][j] == (int)i)
                 g_dir_owner[f][j] = -1;
+    memset(g_pub[i], 0, sizeof(g_pub[i]));
 }
 
 typedef struct counts {
     uint64_t requests, host_blocks, disk_blocks, remote_blocks, gpu_blocks, computed_blocks;
     uint64_t disk_then_remote; /* requests whose hit ran from their disk into the remote */
-    uint64_t resets, restarts, gpu_resets;
+    uint64_t resets, restarts, gpu_resets, dir_restarts, lapses;
 } counts;
 
 /* Instance i serves a request of family f with n full blocks (and a tail of its own). */
@@ -136,6 +206,14 @@ static void serve(uint32_t i, uint32_t f, uint32_t n, uint32_t own, uint64_t at,
     while (l + r < n && g_dir_owner[f][l + r] >= 0 && g_dir_owner[f][l + r] != (int)i)
         r++;
     uint32_t hit = sim_admit(&x->s, &q, UINT32_MAX);
+    /* an instance that re-registered meanwhile (its liveness expired) was missing from the
+     * directory for a while: its blocks may have been a miss */
+    bool lapsed =
+        registrations() != g_regs && hit >= (h + d) * SIM_BS && hit < (h + d + r) * SIM_BS;
+    if (lapsed) {
+        c->lapses++;
+        r = hit / SIM_BS - h - d;
+    }
     KVT_MODEL_CHECK(WHAT, "step", at, seed, q.gpu_hit == g * SIM_BS && hit == (h + d + r) * SIM_BS,
                     "instance %u, family %u, %u blocks: GPU hit %u, hit %u tokens; the model: "
                     "GPU %u blocks, %u from its host tier, %u from its disk, %u from the others",
@@ -144,7 +222,7 @@ static void serve(uint32_t i, uint32_t f, uint32_t n, uint32_t own, uint64_t at,
     /* read from the others (by the worker, during the step): not published; what came back
      * from its own disk is (observe sees it) */
     for (uint32_t j = l; j < l + r; j++)
-        g_slot[i][f][j] = host_slot(i, g_hash[f][j]);
+        g_slot[i][f][j] = host_slot(i, g_hash[f][j]), g_pub[i][f][j] = false;
     /* every block it now has on the GPU: the hit, GPU-cached and loaded, byte for byte */
     for (uint32_t j = 0; j < l + r; j++)
         for (uint32_t reg = 0; reg < 2; reg++) {
@@ -166,6 +244,8 @@ static void serve(uint32_t i, uint32_t f, uint32_t n, uint32_t own, uint64_t at,
     sim_finish(&x->s, &q);
     observe(i);
     sync_evictions();
+    if (registrations() != g_regs)
+        sync_directory(0, at, seed);
     c->requests++;
     c->gpu_blocks += g, c->host_blocks += h, c->disk_blocks += d, c->remote_blocks += r;
     c->computed_blocks += n - l - r;
@@ -189,7 +269,7 @@ static void run_model(bool node)
             memcpy(g_hash[f][j], q.hashes + j * KVT_BLOCK_HASH_LEN, KVT_BLOCK_HASH_LEN);
             g_dir_owner[f][j] = -1;
             for (uint32_t i = 0; i < NI; i++)
-                g_slot[i][f][j] = UINT32_MAX;
+                g_slot[i][f][j] = UINT32_MAX, g_pub[i][f][j] = false;
         }
     }
     /* nothing dies and Redis never stops here, so no wait may decide the outcome: on a loaded
@@ -198,12 +278,21 @@ static void run_model(bool node)
      * guards against a hang, far above any wait seen. */
     g_dir_timeout_ms = 30000;
     g_timeout_ms = 60000;
-    g_ttl_ms = 60000;
+    g_ttl_ms = 3000; /* heartbeats every second: a restarted directory is rebuilt that soon */
     /* the chains: a disk behind the host of instance 0 always, of the others by the seed */
     for (uint32_t i = 0; i < NI; i++)
         g_disk[i] = i == 0 || kvt_rand_below(&rng, 2) ? 16 + kvt_rand_below(&rng, 32) : 0;
     for (uint32_t i = 0; i < NI; i++)
         open_instance(i);
+    kvt_remote_config oc;
+    test_remote_config(&oc, g_space, "observer", NULL);
+    oc.listen_host = NULL;
+    oc.rank = KVT_REMOTE_NO_RANK;
+    oc.hash_len = KVT_BLOCK_HASH_LEN;
+    oc.hash_seed = SIM_SEED;
+    oc.directory_timeout_ms = 30000;
+    KVT_OK_(kvt_remote_create(&oc, &g_obs));
+    g_regs = registrations();
     counts c = {0};
     for (uint64_t s = 0; s < steps; s++) {
         uint32_t i = kvt_rand_below(&rng, NI), op = kvt_rand_below(&rng, 100);
@@ -213,6 +302,12 @@ static void run_model(bool node)
         } else if (op < 90) { /* the GPU cache forgets: hits must come from the tiers */
             KVT_OK_(kvt_pool_reset_prefix_cache(g_in[i].s.gpu));
             c.gpu_resets++;
+        } else if (op == 90 && kvt_rand_below(&rng, 2) == 0) {
+            /* the directory restarts empty: the instances must rebuild it */
+            redis_stop();
+            assert_true(redis_start());
+            sync_directory(g_regs + NI, s, seed); /* each enters again */
+            c.dir_restarts++;
         } else if (op < 95) { /* the host tier forgets: every block withdrawn */
             KVT_OK_(kvt_offload_reset(g_in[i].s.m));
             step(&g_in[i]); /* the worker withdraws with the step after the reset */
@@ -224,6 +319,7 @@ static void run_model(bool node)
             forget_instance(i);
             open_instance(i);
             observe(i);
+            g_regs = registrations(); /* a new remote: its own count */
             c.restarts++;
         }
     }
@@ -246,16 +342,20 @@ static void run_model(bool node)
     print_message("offload remote model: seed %llu, %llu steps,%s disks %u/%u/%u: %llu requests "
                   "(blocks: %llu GPU hits, %llu its host tier, %llu own disk, %llu from the "
                   "others, %llu computed; %llu hits from a disk into the remote), %llu GPU "
-                  "resets, %llu host resets, %llu restarts\n",
+                  "resets, %llu host resets, %llu restarts, %llu directory restarts (%llu "
+                  "hits cut short by a lapsed liveness)\n",
                   (unsigned long long)seed, (unsigned long long)steps,
                   node ? " instances 0 and 1 a node tier's replicas," : "", g_disk[0], g_disk[1],
                   g_disk[2], (unsigned long long)c.requests, (unsigned long long)c.gpu_blocks,
                   (unsigned long long)c.host_blocks, (unsigned long long)c.disk_blocks,
                   (unsigned long long)c.remote_blocks, (unsigned long long)c.computed_blocks,
                   (unsigned long long)c.disk_then_remote, (unsigned long long)c.gpu_resets,
-                  (unsigned long long)c.resets, (unsigned long long)c.restarts);
+                  (unsigned long long)c.resets, (unsigned long long)c.restarts,
+                  (unsigned long long)c.dir_restarts, (unsigned long long)c.lapses);
     for (uint32_t i = 0; i < NI; i++)
         inst_close(&g_in[i]);
+    kvt_remote_destroy(g_obs);
+    g_obs = NULL;
     if (node)
         kvt_node_unlink(g_node);
 }

@@ -537,6 +537,43 @@ static void redis_down_means_misses_and_a_restart_rebuilds_the_directory(void **
     drop_inst(&a);
 }
 
+/* A restarted Redis closes every client's connection; the first call on each then finds it
+ * closed. It reconnects at once and makes the call, rather than failing it (a lookup that
+ * misses, a publication dropped) and waiting retry_ms. */
+static void the_first_calls_after_a_directory_restart_are_not_lost(void **state)
+{
+    (void)state;
+    NEED_REDIS();
+    inst a, b;
+    KVT_OK_(make(&a, "a", true, 7, CRED, 2000));
+    KVT_OK_(make(&b, "b", false, 7, CRED, 2000));
+    store(&a, 7, 6, 1);
+    uint32_t ok, stale, failed;
+    assert_int_equal(fetch(&b, 7, 6, &ok, &stale, &failed), 6);
+    kvt_remote_stats sa0, sb0, sa, sb;
+    kvt_remote_get_stats(a.r, &sa0);
+    kvt_remote_get_stats(b.r, &sb0);
+    redis_stop();
+    assert_true(redis_start());
+    /* both connections are stale now: neither call fails */
+    fetch(&b, 7, 6, &ok, &stale, &failed);
+    store(&a, 9, 4, 30);
+    kvt_remote_get_stats(a.r, &sa);
+    kvt_remote_get_stats(b.r, &sb);
+    assert_int_equal(sb.directory_errors, sb0.directory_errors);
+    assert_int_equal(sa.publish_dropped, sa0.publish_dropped);
+    /* once a entered again, what it published before and since is found */
+    uint32_t hit = 0;
+    for (int i = 0; i < 300 && hit < 4; i++) {
+        sleep_ms(20);
+        hit = fetch(&b, 9, 4, &ok, &stale, &failed);
+    }
+    assert_int_equal(hit, 4);
+    assert_int_equal(fetch(&b, 7, 6, &ok, &stale, &failed), 6);
+    drop_inst(&b);
+    drop_inst(&a);
+}
+
 static void a_password_protected_directory(void **state)
 {
     (void)state;
@@ -880,6 +917,7 @@ int main(int argc, char **argv)
             an_owner_stopped_or_killed_mid_read_fails_the_read_and_restarts_empty, each_setup),
         cmocka_unit_test_setup(redis_down_means_misses_and_a_restart_rebuilds_the_directory,
                                each_setup),
+        cmocka_unit_test_setup(the_first_calls_after_a_directory_restart_are_not_lost, each_setup),
         cmocka_unit_test_setup(a_password_protected_directory, each_setup),
         cmocka_unit_test_setup(a_block_split_over_regions_moves_piece_by_piece, each_setup),
         cmocka_unit_test(bad_configs_are_refused),
