@@ -21,6 +21,11 @@
  * a hit shorter than predicted is accepted only then, and the directory is waited for the
  * same way.
  *
+ * A fourth owner, "x", lives in a process of its own and holds the last family, all of it;
+ * now and then it is killed (SIGKILL: nothing withdrawn) and later started again. Once its
+ * liveness expired the directory must name it for nothing (its entries stop counting), and
+ * the model forgets it; started again, it publishes the family anew (a new epoch).
+ *
  * The second case makes instances 0 and 1 the two replicas of a node tier (node+remote and
  * node+disk+remote chains): their host tier is one, so a replica's host run is what either
  * holds in its own slots; each publishes only its own slots, and the directory names it only
@@ -30,9 +35,15 @@
  */
 #include "offload_inst.h"
 
-#define NI       3  /* instances */
-#define FAMILIES 6  /* prefix families: block j of family f has one hash everywhere */
-#define MAXB     12 /* full blocks of a request, at most */
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+
+#define NI       3              /* instances */
+#define FAMILIES 7              /* prefix families: block j of family f has one hash everywhere */
+#define XF       (FAMILIES - 1) /* the family x holds */
+#define X        NI             /* x's index in g_dir_owner and g_names */
+#define MAXB     12             /* full blocks of a request, at most */
 #define WHAT     "offload remote model"
 
 static inst g_in[NI];
@@ -42,7 +53,8 @@ static uint32_t g_slot[NI][FAMILIES][MAXB]; /* the host block holding it, as las
 static bool g_pub[NI][FAMILIES][MAXB];      /* it published the block there */
 static uint8_t g_hash[FAMILIES][MAXB][KVT_BLOCK_HASH_LEN];
 static char g_node[40]; /* instances 0 and 1 are its replicas, or "" */
-static const char *const g_names[NI] = {"m0", "m1", "m2"};
+static const char *const g_names[NI + 1] = {"m0", "m1", "m2", "x"};
+static pid_t g_x = -1;    /* x's process, while it lives */
 static kvt_remote *g_obs; /* a lookup-only client: what the directory holds */
 static uint64_t g_regs;   /* the instances' registrations, as last synced */
 
@@ -85,9 +97,12 @@ static uint64_t registrations(void)
     return n;
 }
 
-/* Whether instance o still holds, in the slot it published it in, block j of family f. */
+/* Whether instance o still holds, in the slot it published it in, block j of family f (x,
+ * while it lives: its family, always). */
 static bool holds_published(uint32_t o, uint32_t f, uint32_t j)
 {
+    if (o == X)
+        return g_x > 0 && f == XF;
     return g_pub[o][f][j] && host_slot(o, g_hash[f][j]) == g_slot[o][f][j];
 }
 
@@ -102,7 +117,7 @@ static bool directory_rebuilt(bool adopt)
             kvt_remote_peer who;
             uint32_t hit = 0, o = 0;
             bool held = false;
-            for (uint32_t i = 0; i < NI; i++)
+            for (uint32_t i = 0; i <= X; i++)
                 held |= holds_published(i, f, j);
             if (kvt_remote_lookup(g_obs, g_hash[f][j], 1, &loc, &hit) || hit != (held ? 1u : 0u))
                 return false;
@@ -110,12 +125,30 @@ static bool directory_rebuilt(bool adopt)
                 continue;
             if (kvt_remote_lookup_peer(g_obs, loc.peer, &who))
                 return false;
-            while (o < NI && strcmp(who.instance, g_names[o]) != 0)
+            while (o <= X && strcmp(who.instance, g_names[o]) != 0)
                 o++;
-            if (o == NI || !holds_published(o, f, j))
+            if (o > X || !holds_published(o, f, j))
                 return false;
             if (adopt)
                 g_dir_owner[f][j] = (int)o;
+        }
+    return true;
+}
+
+/* Whether the directory names, for every block, the instance the model says (or none). */
+static bool directory_is_the_model(void)
+{
+    for (uint32_t f = 0; f < FAMILIES; f++)
+        for (uint32_t j = 0; j < MAXB; j++) {
+            kvt_remote_loc loc;
+            kvt_remote_peer who;
+            uint32_t hit = 0;
+            int o = g_dir_owner[f][j];
+            if (kvt_remote_lookup(g_obs, g_hash[f][j], 1, &loc, &hit) || hit != (o >= 0 ? 1u : 0u))
+                return false;
+            if (hit && (kvt_remote_lookup_peer(g_obs, loc.peer, &who) ||
+                        strcmp(who.instance, g_names[o]) != 0))
+                return false;
         }
     return true;
 }
@@ -147,7 +180,7 @@ static void sync_evictions(void)
     for (uint32_t f = 0; f < FAMILIES; f++)
         for (uint32_t j = 0; j < MAXB; j++) {
             int o = g_dir_owner[f][j];
-            if (o >= 0 && !host_has((uint32_t)o, g_hash[f][j]))
+            if (o >= 0 && o != X && !host_has((uint32_t)o, g_hash[f][j]))
                 g_dir_owner[f][j] = -1;
         }
 }
@@ -178,10 +211,81 @@ static void forget_instance(uint32_t i)
     memset(g_pub[i], 0, sizeof(g_pub[i]));
 }
 
+/* x, in a process of its own (exec'd, so that no thread of the test's is forked): stores its
+ * family, says so on fd 3 once the directory has it, waits to be killed. */
+static int x_main(const char *space, const char *sock)
+{
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    snprintf(g_space, sizeof(g_space), "%s", space);
+    snprintf(g_sock, sizeof(g_sock), "%s", sock);
+    g_ttl_ms = 3000;
+    g_dir_timeout_ms = 30000;
+    inst a;
+    inst_open(&a, g_names[X]);
+    /* registered first: the liveness of the x killed before may not have expired yet (it
+     * holds the name until then), and a publication before registering is dropped */
+    for (int i = 0; i < 3000 && rstats(&a).epoch == 0; i++)
+        usleep(10000);
+    sim_req p;
+    sim_req_make(&p, "x", MAXB * SIM_BS + 5, XF, MAXB * SIM_BS + 5, 0);
+    sim_admit(&a.s, &p, 0);
+    sim_kv_write(a.kv, GPU_NB, KV_BPB, &p, MAXB);
+    sim_compute(&a.s, &p, p.n_tokens);
+    sim_schedule(&a.s, &p, 1, false);
+    step(&a);
+    sim_finish(&a.s, &p);
+    for (int i = 0; i < 3000 && rstats(&a).published < MAXB; i++)
+        usleep(10000); /* the worker's remote stage writes the directory on its thread */
+    char c = rstats(&a).published == MAXB ? 'r' : 'e';
+    if (write(3, &c, 1) != 1 || c != 'r')
+        return 3;
+    for (;;)
+        pause();
+}
+
+/* Starts x; the directory names it for its whole family. */
+static void x_start(void)
+{
+    int p2c[2];
+    assert_int_equal(pipe(p2c), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        dup2(p2c[1], 3);
+        execl("/proc/self/exe", "test_offload_remote_model", "--x", g_space, g_sock, (char *)NULL);
+        _exit(127);
+    }
+    close(p2c[1]);
+    char c = 0;
+    ssize_t n = read(p2c[0], &c, 1);
+    close(p2c[0]);
+    assert_true(n == 1 && c == 'r');
+    g_x = pid;
+    for (uint32_t j = 0; j < MAXB; j++)
+        g_dir_owner[XF][j] = X;
+}
+
+/* Kills x; returns once its liveness expired and the directory names it for nothing. */
+static void x_kill(uint64_t at, uint64_t seed)
+{
+    kill(g_x, SIGKILL);
+    waitpid(g_x, NULL, 0);
+    g_x = -1;
+    for (uint32_t f = 0; f < FAMILIES; f++)
+        for (uint32_t j = 0; j < MAXB; j++)
+            if (g_dir_owner[f][j] == X)
+                g_dir_owner[f][j] = -1;
+    uint64_t until = kvt_monotonic_ns() + 60ull * 1000000000u;
+    while (!directory_is_the_model() && kvt_monotonic_ns() < until)
+        usleep(50000);
+    KVT_MODEL_CHECK(WHAT, "step", at, seed, directory_is_the_model(),
+                    "the directory still names x a minute after it was killed");
+}
+
 typedef struct counts {
     uint64_t requests, host_blocks, disk_blocks, remote_blocks, gpu_blocks, computed_blocks;
     uint64_t disk_then_remote; /* requests whose hit ran from their disk into the remote */
-    uint64_t resets, restarts, gpu_resets, dir_restarts, lapses;
+    uint64_t resets, restarts, gpu_resets, dir_restarts, lapses, x_deaths;
 } counts;
 
 /* Instance i serves a request of family f with n full blocks (and a tail of its own). */
@@ -293,6 +397,7 @@ static void run_model(bool node)
     oc.directory_timeout_ms = 30000;
     KVT_OK_(kvt_remote_create(&oc, &g_obs));
     g_regs = registrations();
+    x_start();
     counts c = {0};
     for (uint64_t s = 0; s < steps; s++) {
         uint32_t i = kvt_rand_below(&rng, NI), op = kvt_rand_below(&rng, 100);
@@ -302,6 +407,12 @@ static void run_model(bool node)
         } else if (op < 90) { /* the GPU cache forgets: hits must come from the tiers */
             KVT_OK_(kvt_pool_reset_prefix_cache(g_in[i].s.gpu));
             c.gpu_resets++;
+        } else if (op == 91 && kvt_rand_below(&rng, 4) == 0) {
+            /* x dies without a word, or starts again */
+            if (g_x > 0)
+                x_kill(s, seed), c.x_deaths++;
+            else
+                x_start();
         } else if (op == 90 && kvt_rand_below(&rng, 2) == 0) {
             /* the directory restarts empty: the instances must rebuild it */
             redis_stop();
@@ -343,7 +454,7 @@ static void run_model(bool node)
                   "(blocks: %llu GPU hits, %llu its host tier, %llu own disk, %llu from the "
                   "others, %llu computed; %llu hits from a disk into the remote), %llu GPU "
                   "resets, %llu host resets, %llu restarts, %llu directory restarts (%llu "
-                  "hits cut short by a lapsed liveness)\n",
+                  "hits cut short by a lapsed liveness), x killed %llu times\n",
                   (unsigned long long)seed, (unsigned long long)steps,
                   node ? " instances 0 and 1 a node tier's replicas," : "", g_disk[0], g_disk[1],
                   g_disk[2], (unsigned long long)c.requests, (unsigned long long)c.gpu_blocks,
@@ -351,11 +462,17 @@ static void run_model(bool node)
                   (unsigned long long)c.remote_blocks, (unsigned long long)c.computed_blocks,
                   (unsigned long long)c.disk_then_remote, (unsigned long long)c.gpu_resets,
                   (unsigned long long)c.resets, (unsigned long long)c.restarts,
-                  (unsigned long long)c.dir_restarts, (unsigned long long)c.lapses);
+                  (unsigned long long)c.dir_restarts, (unsigned long long)c.lapses,
+                  (unsigned long long)c.x_deaths);
     for (uint32_t i = 0; i < NI; i++)
         inst_close(&g_in[i]);
     kvt_remote_destroy(g_obs);
     g_obs = NULL;
+    if (g_x > 0) {
+        kill(g_x, SIGKILL);
+        waitpid(g_x, NULL, 0);
+        g_x = -1;
+    }
     if (node)
         kvt_node_unlink(g_node);
 }
@@ -372,8 +489,10 @@ static void replicas_of_a_node_tier_agree_with_the_model(void **state)
     run_model(true);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    if (argc == 4 && strcmp(argv[1], "--x") == 0)
+        return x_main(argv[2], argv[3]);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(the_manager_agrees_with_the_model, each_setup),
         cmocka_unit_test_setup(replicas_of_a_node_tier_agree_with_the_model, each_setup),
