@@ -43,24 +43,26 @@ int kvt_offload_match(kvt_offload *m, const char *id, uint32_t id_len, const uin
                                    hit_tokens);
 }
 
-/* What the tiers of this process hold past the GPU hit: the host tier's hit on scheduler
- * blocks (its blocks in the host tier's search_out), and the blocks each tier behind it
- * continues that with (want[t], their sum `behind`). */
+/* What the tiers hold past the GPU hit: the host tier's hit on scheduler blocks (its blocks
+ * in the host tier's search_out), and the part each tier behind it continues that with (c,
+ * their sum `behind`). */
 struct local_hit {
     kvt_hit hit;
-    uint32_t want[KVI_OFL_TIERS], behind;
+    struct kvi_ofl_chain_hit c;
+    uint32_t behind;
 };
 
-static int search_local(kvt_offload *m, const uint8_t *hashes, uint32_t n_hashes, uint32_t start,
-                        uint32_t max_hit, struct local_hit *lh)
+/* The host and the tiers behind it before tier `upto`. */
+static int search_chain(kvt_offload *m, const uint8_t *hashes, uint32_t n_hashes, uint32_t start,
+                        uint32_t max_hit, uint32_t upto, struct local_hit *lh)
 {
     /* Partial hash hits with tiers behind the host: the host hit on scheduler blocks first,
      * which they continue (the last part found itself ending anywhere); only where they add
      * nothing, the host's own partial hit (they hold what the host wrote back, so it rarely
      * matters which). */
-    bool behind = kvi_ofl_ntiers(m) > 1;
+    bool behind = kvi_ofl_chain_len(m) > 1;
     const uint8_t *from = hashes + (size_t)start * m->hash_len;
-    memset(lh->want, 0, sizeof(lh->want));
+    memset(&lh->c, 0, sizeof(lh->c));
     int rc = kvt_pool_find_longest_hit_flags(m->tier[0].pool, from, n_hashes - start, max_hit,
                                              m->partial && !behind ? KVT_HIT_PARTIAL : 0,
                                              m->tier[0].search_out, &lh->hit);
@@ -69,7 +71,7 @@ static int search_local(kvt_offload *m, const uint8_t *hashes, uint32_t n_hashes
     lh->behind = behind
                      ? kvi_ofl_tier_search_chain(m, hashes, n_hashes,
                                                  start + lh->hit.length / m->gcfg.hash_block_size,
-                                                 max_hit - lh->hit.length, lh->want)
+                                                 max_hit - lh->hit.length, upto, &lh->c)
                      : 0;
     if (behind && m->partial && !lh->behind) /* cannot fail: the same arguments passed above */
         (void)kvt_pool_find_longest_hit_flags(m->tier[0].pool, from, n_hashes - start, max_hit,
@@ -79,31 +81,30 @@ static int search_local(kvt_offload *m, const uint8_t *hashes, uint32_t n_hashes
     return 0;
 }
 
-/* The remote tier, last in the chain, continues where the others stopped (it is attached only
- * without partial hash hits: the hit so far ends on a scheduler block): the blocks the
- * directory names other instances for (*want_remote, their places in m->rloc). With a node
- * tier the directory's round trip runs with the node's lock let go — the other replicas'
- * calls must not wait for the network — so the pool may have changed meanwhile (a peer's slot
- * withdrawn, one published): the local search is made again, and the directory's answer kept
- * only if the local hit still ends where it was asked from (else this match offers no remote
- * blocks; the request's next match looks up again). */
-static int search_remote(kvt_offload *m, const uint8_t *hashes, uint32_t n_hashes, uint32_t start,
-                         uint32_t max_hit, struct local_hit *lh, uint32_t *want_remote)
+/* The whole chain. A tier whose search let the node tier's lock go (the remote tier's
+ * directory round trip: the other replicas' calls wait for no network) is the last; the pool
+ * may have changed meanwhile (a peer's slot withdrawn, one published), so once the lock is
+ * back the tiers before it are searched again, and its part is kept only if they still end
+ * where it was looked up from (else this match offers none of it, counted in the tier's
+ * lookups_dropped; the request's next match looks again). */
+static int search_all(kvt_offload *m, const uint8_t *hashes, uint32_t n_hashes, uint32_t start,
+                      uint32_t max_hit, struct local_hit *lh)
 {
-    uint32_t local = lh->hit.length + lh->behind;
-    uint32_t from = start + local / m->gcfg.hash_block_size;
-    bool let_go = false;
-    *want_remote = kvi_ofl_remote_lookup(m, hashes, n_hashes, from, max_hit - local, &let_go);
-    if (!let_go)
-        return 0;
-    int rc = kvi_node_reacquire(m->node);
-    if (!rc)
-        rc = search_local(m, hashes, n_hashes, start, max_hit, lh);
-    if (!rc && lh->hit.length + lh->behind != local && *want_remote) {
-        *want_remote = 0;
-        m->tier[m->rtier].st.lookups_dropped++;
+    int rc = search_chain(m, hashes, n_hashes, start, max_hit, KVI_OFL_TIERS, lh);
+    uint32_t t = lh->c.let_go;
+    if (rc || !t)
+        return rc;
+    uint32_t want = lh->c.want[t], from = lh->c.from[t],
+             before = lh->hit.length + lh->behind - want;
+    if ((rc = kvi_ofl_relock(m)) || (rc = search_chain(m, hashes, n_hashes, start, max_hit, t, lh)))
+        return rc;
+    if (lh->hit.length + lh->behind == before) {
+        lh->c.want[t] = want, lh->c.from[t] = from;
+        lh->behind += want;
+    } else if (want) {
+        m->tier[t].st.lookups_dropped++;
     }
-    return rc;
+    return 0;
 }
 
 static int match_flags_unlocked(kvt_offload *m, const char *id, uint32_t id_len,
@@ -156,10 +157,7 @@ static int match_flags_unlocked(kvt_offload *m, const char *id, uint32_t id_len,
     if (max_hit > m->max_search_tokens)
         max_hit = m->max_search_tokens;
     struct local_hit lh;
-    uint32_t want_remote = 0;
-    rc = search_local(m, hashes, n_hashes, start, max_hit, &lh);
-    if (!rc)
-        rc = search_remote(m, hashes, n_hashes, start, max_hit, &lh, &want_remote);
+    rc = search_all(m, hashes, n_hashes, start, max_hit, &lh);
     if (rc) {
         if (r)
             kvi_ofl_req_maybe_release(m, r);
@@ -171,18 +169,17 @@ static int match_flags_unlocked(kvt_offload *m, const char *id, uint32_t id_len,
     m->st.lookups++;
     m->st.lookup_tokens += searchable;
     kvt_hit hit = lh.hit;
-    uint32_t *want = lh.want, want_behind = lh.behind;
-    uint32_t from_remote = start + (hit.length + want_behind) / m->gcfg.hash_block_size;
+    uint32_t want_behind = lh.behind;
     uint32_t total = 0;
     for (uint32_t g = 0; g < m->ng; g++)
         total += hit.n_blocks[g];
-    if (hit.length || want_behind || want_remote) {
+    if (hit.length || want_behind) {
         if (!r)
             r = kvi_ofl_req_get(m, id, id_len);
         if (!r || !kvi_idpool_can_hold(&m->hitpool, &r->hit, total)) {
             m->st.hits_dropped++;
             hit.length = 0; /* not offering a hit is always safe */
-            total = want_behind = want_remote = 0;
+            total = want_behind = 0;
         }
     }
     uint32_t pinned = 0;
@@ -203,10 +200,8 @@ static int match_flags_unlocked(kvt_offload *m, const char *id, uint32_t id_len,
     }
     /* after the host pins, so that allocating host blocks for them cannot evict them; each
      * part only if the ones before it were not shortened (it would not continue them) */
-    uint32_t behind_got = r && want_behind ? kvi_ofl_tier_pin_chain(m, r, want) : 0;
-    uint32_t length = hit.length + behind_got;
-    if (r && want_remote && behind_got == want_behind)
-        length += kvi_ofl_remote_pin(m, r, hashes, from_remote, want_remote);
+    uint32_t length =
+        hit.length + (r && want_behind ? kvi_ofl_tier_pin_chain(m, r, hashes, &lh.c) : 0);
     m->st.miss_tokens += searchable - length;
     m->st.miss_blocks += (searchable - length) / m->sched_bs;
     if (length == 0) {

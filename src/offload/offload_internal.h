@@ -115,7 +115,20 @@ struct kvi_ofl_event {
 /* What the promotion code asks of the tier a promotion into host block h comes from (its
  * source: m->promo.src[h]). The tiers with a pool of their own answer from it (tier.c); the
  * remote tier, whose blocks other instances hold, from what its lookup said (remote.c). */
+struct kvi_ofl_req;
+
 struct kvi_ofl_src_ops {
+    /* Looks the request's hashes up from index `from`, at most max_len tokens, as the part of
+     * the hit that continues the tiers before it; returns its tokens (what it found kept for
+     * pin). A search that waits on something outside this process (the remote tier's
+     * directory) lets a node tier's lock go meanwhile and sets *let_go; such a tier is the
+     * last of the chain. */
+    uint32_t (*search)(kvt_offload *m, uint32_t t, const uint8_t *hashes, uint32_t n_hashes,
+                       uint32_t from, uint32_t max_len, bool *let_go);
+    /* Pins what the last search found (`tokens` of it, from hash index `from`) as promotions
+     * of r into fresh host blocks; returns the tokens that adds to r's hit. */
+    uint32_t (*pin)(kvt_offload *m, struct kvi_ofl_req *r, uint32_t t, const uint8_t *hashes,
+                    uint32_t from, uint32_t tokens);
     /* the promotion is over (landed, failed or dropped): the source's pin goes */
     void (*release)(kvt_offload *m, uint32_t t, uint32_t h);
     /* the keys the promoted block takes, into m->keys (at most kpb); their count */
@@ -292,6 +305,12 @@ struct kvt_offload {
 static inline int kvi_ofl_lock(kvt_offload *m)
 {
     return m->node ? kvi_node_lock(m->node) : 0;
+}
+
+/* Takes the node tier's lock again after a search let it go (kvi_node_let_go). */
+static inline int kvi_ofl_relock(kvt_offload *m)
+{
+    return m->node ? kvi_node_reacquire(m->node) : 0;
 }
 
 static inline void kvi_ofl_unlock(kvt_offload *m)
@@ -501,18 +520,6 @@ void kvi_ofl_events_req_done(kvt_offload *m, struct kvi_ofl_req *r);
 
 /* the remote tier (remote.c); every function is a no-op without one */
 void kvi_ofl_remote_teardown(kvt_offload *m);
-/* Looks up past the hit: hashes from index `from`, at most max_len tokens (and as many blocks
- * as the host tier can allocate); returns the blocks found (their locations in m->rloc). With
- * a node tier the directory's round trip runs with the node's lock let go: then *let_go is set
- * and the caller takes the lock again (kvi_node_reacquire) and searches its tiers again. */
-uint32_t kvi_ofl_remote_lookup(kvt_offload *m, const uint8_t *hashes, uint32_t n_hashes,
-                               uint32_t from, uint32_t max_len, bool *let_go);
-/* The n blocks the last lookup found (hashes from index `from`) become promotions of r out of
- * the remote tier into new host blocks (as many as the host has room for and the owner table
- * can name), after its promotions out of the tiers before it: the workers read them. Returns
- * their tokens. */
-uint32_t kvi_ofl_remote_pin(kvt_offload *m, struct kvi_ofl_req *r, const uint8_t *hashes,
-                            uint32_t from, uint32_t n);
 /* Host block h's store completed and its keys are registered: the workers publish it (told by
  * the next step's metadata). */
 void kvi_ofl_remote_stored(kvt_offload *m, uint32_t h);
@@ -538,6 +545,14 @@ static inline uint32_t kvi_ofl_ntiers(const kvt_offload *m)
         n++;
     return n;
 }
+/* Tiers of the chain, the host and the remote tier (which has no pool) included. */
+static inline uint32_t kvi_ofl_chain_len(const kvt_offload *m)
+{
+    uint32_t n = 1;
+    while (n < KVI_OFL_TIERS && m->tier[n].src)
+        n++;
+    return n;
+}
 /* Searches tier t past the hit so far: hashes from index `from`, at most max_len tokens, every
  * group agreeing on one length (the hit so far ends where each group has what it needs, so
  * the part of tier t is searched as a prefix of its own); partial: it may end inside a
@@ -545,15 +560,23 @@ static inline uint32_t kvi_ofl_ntiers(const kvt_offload *m)
  * / search_n. */
 uint32_t kvi_ofl_tier_search(kvt_offload *m, uint32_t t, const uint8_t *hashes, uint32_t n_hashes,
                              uint32_t from, uint32_t max_len, bool partial);
-/* The tiers behind the host past a host hit of host_len tokens (from: its end's hash index,
- * max_len: tokens searchable past it): each tier continues where the ones before it stopped,
- * want[t] its tokens; the last tier that adds anything (the host, 0, if none does) is searched
- * again with partial hits when the manager allows them. Returns the tokens found behind. */
+/* What the tiers behind the host found past its hit: tier t's part is want[t] tokens from hash
+ * index from[t]; let_go: the tier whose search let a node tier's lock go (0: none). */
+struct kvi_ofl_chain_hit {
+    uint32_t want[KVI_OFL_TIERS], from[KVI_OFL_TIERS];
+    uint32_t let_go;
+};
+/* The tiers behind the host, before tier `upto`, past a host hit (from: its end's hash index,
+ * max_len: tokens searchable past it): each tier continues where the ones before it stopped;
+ * the last pool tier that adds anything is searched again with partial hits when the manager
+ * allows them. Stops after a tier that let the lock go. Returns the tokens found behind. */
 uint32_t kvi_ofl_tier_search_chain(kvt_offload *m, const uint8_t *hashes, uint32_t n_hashes,
-                                   uint32_t from, uint32_t max_len, uint32_t *want);
+                                   uint32_t from, uint32_t max_len, uint32_t upto,
+                                   struct kvi_ofl_chain_hit *c);
 /* Pins what the last kvi_ofl_tier_search_chain found, tier by tier, stopping at the first that
  * is shortened; returns the tokens that adds to r's hit. */
-uint32_t kvi_ofl_tier_pin_chain(kvt_offload *m, struct kvi_ofl_req *r, const uint32_t *want);
+uint32_t kvi_ofl_tier_pin_chain(kvt_offload *m, struct kvi_ofl_req *r, const uint8_t *hashes,
+                                const struct kvi_ofl_chain_hit *c);
 /* Pins the blocks the last search of tier t found (non-null, every group; `tokens` the
  * search's length) and allocates a host block for each; returns the tokens that adds to r's
  * hit (one full-attention group: as many blocks as the host tier has room for; otherwise all

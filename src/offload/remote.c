@@ -148,9 +148,14 @@ void kvi_ofl_remote_teardown(kvt_offload *m)
 
 /* ---- hits ---------------------------------------------------------------------------------- */
 
-uint32_t kvi_ofl_remote_lookup(kvt_offload *m, const uint8_t *hashes, uint32_t n_hashes,
-                               uint32_t from, uint32_t max_len, bool *let_go)
+/* Looks up past the hit: hashes from index `from`, at most max_len tokens (and as many blocks
+ * as the host tier can allocate); returns their tokens (the blocks' places in m->rloc). With a
+ * node tier the directory's round trip runs with the node's lock let go (*let_go): the other
+ * replicas' calls wait for no network. */
+static uint32_t remote_search(kvt_offload *m, uint32_t t, const uint8_t *hashes, uint32_t n_hashes,
+                              uint32_t from, uint32_t max_len, bool *let_go)
 {
+    (void)t;
     if (!m->remote || from >= n_hashes)
         return 0;
     uint32_t n = kvi_min_u32(n_hashes - from, max_len / m->sched_bs);
@@ -176,7 +181,7 @@ uint32_t kvi_ofl_remote_lookup(kvt_offload *m, const uint8_t *hashes, uint32_t n
         hit = 0; /* arguments checked above; a failed lookup is a miss */
     if (x && hit == 0)
         *x = (struct kvi_ofl_rmiss){key, now + (uint64_t)m->cfg.remote_miss_ms * 1000000u};
-    return hit;
+    return hit * m->sched_bs;
 }
 
 /* The manager's entry for peer lp of the last lookup: the same owner (instance, endpoint,
@@ -223,10 +228,14 @@ static bool take_owners(kvt_offload *m, uint32_t k, uint32_t *map, uint64_t now)
     return false;
 }
 
-uint32_t kvi_ofl_remote_pin(kvt_offload *m, struct kvi_ofl_req *r, const uint8_t *hashes,
-                            uint32_t from, uint32_t n)
+/* The blocks the last lookup found (`tokens` of them, hashes from index `from`) become
+ * promotions of r out of the remote tier into new host blocks (as many as the host has room
+ * for and the owner table can name), after its promotions out of the tiers before it: the
+ * workers read them. Returns their tokens. */
+static uint32_t remote_pin(kvt_offload *m, struct kvi_ofl_req *r, uint32_t t, const uint8_t *hashes,
+                           uint32_t from, uint32_t tokens)
 {
-    uint32_t t = m->rtier, map[KVT_REMOTE_MAX_PEERS], k = 0;
+    uint32_t map[KVT_REMOTE_MAX_PEERS], k = 0, n = tokens / m->sched_bs;
     const uint32_t P = m->rparts;
     uint64_t now = m->cfg.remote_miss_ms ? kvt_monotonic_ns() : 0;
     n = kvi_min_u32(n, kvt_pool_num_free(m->tier[0].pool)); /* the hit's host blocks are pinned */
@@ -341,7 +350,9 @@ static bool remote_step_pending(const kvt_offload *m, uint32_t t)
     return m->pub_n || m->wd_n || m->wd_all;
 }
 
-const struct kvi_ofl_src_ops kvi_ofl_remote_src = {.release = remote_release,
+const struct kvi_ofl_src_ops kvi_ofl_remote_src = {.search = remote_search,
+                                                   .pin = remote_pin,
+                                                   .release = remote_release,
                                                    .keys = remote_keys,
                                                    .failed = remote_failed,
                                                    .reserve = remote_reserve,

@@ -191,17 +191,26 @@ uint32_t kvi_ofl_tier_search(kvt_offload *m, uint32_t t, const uint8_t *hashes, 
 }
 
 uint32_t kvi_ofl_tier_search_chain(kvt_offload *m, const uint8_t *hashes, uint32_t n_hashes,
-                                   uint32_t from, uint32_t max_len, uint32_t *want)
+                                   uint32_t from, uint32_t max_len, uint32_t upto,
+                                   struct kvi_ofl_chain_hit *c)
 {
-    uint32_t total = 0, last = 0, last_from = 0;
-    for (uint32_t t = 1; t < KVI_OFL_TIERS; t++) {
+    uint32_t total = 0, last = 0, last_from = 0, n = kvi_min_u32(upto, kvi_ofl_chain_len(m));
+    uint32_t *want = c->want;
+    memset(c, 0, sizeof(*c));
+    for (uint32_t t = 1; t < n; t++) {
         uint32_t at = from + total / m->gcfg.hash_block_size;
-        want[t] = kvi_ofl_tier_search(m, t, hashes, n_hashes, at, max_len - total, false);
-        if (want[t]) {
+        bool let_go = false;
+        c->from[t] = at;
+        want[t] = m->tier[t].src->search(m, t, hashes, n_hashes, at, max_len - total, &let_go);
+        if (want[t] && m->tier[t].pool) {
             last = t;
             last_from = at;
         }
         total += want[t];
+        if (let_go) { /* the last tier: the caller takes the lock again and looks again */
+            c->let_go = t;
+            return total;
+        }
     }
     /* partial hash hits: only the last part may end inside a scheduler block — the last tier
      * that added something, searched again from where its part starts, or else the first
@@ -218,9 +227,9 @@ uint32_t kvi_ofl_tier_search_chain(kvt_offload *m, const uint8_t *hashes, uint32
         }
         /* the same end: search_out holds the same blocks as before */
     }
-    for (uint32_t t = last + 1; t < KVI_OFL_TIERS && m->tier[t].pool; t++) {
-        want[t] = kvi_ofl_tier_search(
-            m, t, hashes, n_hashes, from + total / m->gcfg.hash_block_size, max_len - total, true);
+    for (uint32_t t = last + 1; t < n && m->tier[t].pool; t++) {
+        c->from[t] = from + total / m->gcfg.hash_block_size;
+        want[t] = kvi_ofl_tier_search(m, t, hashes, n_hashes, c->from[t], max_len - total, true);
         if (want[t]) {
             total += want[t];
             break;
@@ -290,21 +299,36 @@ uint32_t kvi_ofl_tier_pin(kvt_offload *m, struct kvi_ofl_req *r, uint32_t t, uin
     return tokens;
 }
 
-uint32_t kvi_ofl_tier_pin_chain(kvt_offload *m, struct kvi_ofl_req *r, const uint32_t *want)
+uint32_t kvi_ofl_tier_pin_chain(kvt_offload *m, struct kvi_ofl_req *r, const uint8_t *hashes,
+                                const struct kvi_ofl_chain_hit *c)
 {
     uint32_t total = 0;
     for (uint32_t t = 1; t < KVI_OFL_TIERS; t++) {
-        if (!want[t])
+        if (!c->want[t])
             continue;
-        uint32_t got = kvi_ofl_tier_pin(m, r, t, want[t]);
+        uint32_t got = m->tier[t].src->pin(m, r, t, hashes, c->from[t], c->want[t]);
         total += got;
-        if (got < want[t])
+        if (got < c->want[t])
             break; /* shortened: the next tier's part would not continue it */
     }
     return total;
 }
 
 /* ---- a pool tier as a promotion's source ------------------------------------------------ */
+
+static uint32_t pool_search(kvt_offload *m, uint32_t t, const uint8_t *hashes, uint32_t n_hashes,
+                            uint32_t from, uint32_t max_len, bool *let_go)
+{
+    (void)let_go; /* its pool is here */
+    return kvi_ofl_tier_search(m, t, hashes, n_hashes, from, max_len, false);
+}
+
+static uint32_t pool_pin(kvt_offload *m, struct kvi_ofl_req *r, uint32_t t, const uint8_t *hashes,
+                         uint32_t from, uint32_t tokens)
+{
+    (void)hashes, (void)from; /* its last search's blocks are in search_out */
+    return kvi_ofl_tier_pin(m, r, t, tokens);
+}
 
 static void pool_release(kvt_offload *m, uint32_t t, uint32_t h)
 {
@@ -336,7 +360,9 @@ static uint32_t pool_emit(kvt_offload *m, uint32_t t, uint32_t h, kvt_offload_me
     return m->promo.src[h];
 }
 
-const struct kvi_ofl_src_ops kvi_ofl_pool_src = {.release = pool_release,
+const struct kvi_ofl_src_ops kvi_ofl_pool_src = {.search = pool_search,
+                                                 .pin = pool_pin,
+                                                 .release = pool_release,
                                                  .keys = pool_keys,
                                                  .failed = pool_failed,
                                                  .reserve = pool_reserve,
