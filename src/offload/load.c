@@ -455,7 +455,7 @@ int kvi_ofl_reserve_step(kvt_offload *m, kvt_offload_meta *out)
     int rc = kvt_offload_meta_reserve(out, pairs, m->tier[0].acc_n, events, reqs, bytes);
     if (rc)
         return kvi_fail_wrap(rc, "offload: build_meta");
-    return kvi_ofl_tier_reserve(m, out, kvi_ofl_ntiers(m) > 1 || m->rtier ? pairs : 0);
+    return kvi_ofl_tier_reserve(m, out, kvi_ofl_chain_len(m) > 1 ? pairs : 0);
 }
 
 void kvi_ofl_emit_loads(kvt_offload *m, kvt_offload_meta *out)
@@ -542,7 +542,7 @@ void kvi_ofl_load_failed(kvt_offload *m, uint32_t t, uint32_t b)
     if (kvt_pool_block_info(m->tier[t].pool, b, &bi) || bi.is_null || bi.n_keys == 0)
         return; /* already forgotten (reported by several ranks or pairs, or evicted meanwhile) */
     if (t == 0)
-        kvi_ofl_remote_withdraw(m, &b, 1); /* the remote tier serves host blocks: peers stop */
+        kvi_ofl_chain_host_reused(m, &b, 1); /* a tier serving host blocks: peers stop */
     (void)kvt_pool_evict(m->tier[t].pool, &b, 1);
     m->tier[t].st.loads_failed++;
 }

@@ -272,7 +272,7 @@ void kvt_offload_destroy(kvt_offload *m)
         return;
     if (m->node)
         kvi_node_unbind(m->node);
-    kvi_ofl_remote_withdraw_all(m); /* peers stop reading the host tier before it goes */
+    kvi_ofl_chain_host_forgotten(m); /* peers stop reading the host tier before it goes */
     kvi_ofl_remote_teardown(m);
     host_teardown(m);
     kvi_ofl_events_teardown(m);

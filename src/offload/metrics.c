@@ -80,7 +80,7 @@ uint32_t kvt_offload_lazy_window(const kvt_offload *m)
 
 uint32_t kvt_offload_num_tiers(const kvt_offload *m)
 {
-    return m ? kvi_ofl_ntiers(m) + (m->rtier != 0) : 0; /* the remote tier is the last */
+    return m ? kvi_ofl_chain_len(m) : 0;
 }
 
 int kvt_offload_get_tier_stats(const kvt_offload *m, uint32_t tier, kvt_tier_stats *out)

@@ -146,6 +146,13 @@ struct kvi_ofl_src_ops {
     int (*step)(kvt_offload *m, uint32_t t, kvt_offload_meta *out);
     /* Optional: step has something to send (the engine keeps stepping until it went out) */
     bool (*step_pending)(const kvt_offload *m, uint32_t t);
+    /* Optional, for a tier that serves the host tier's blocks to others (the remote tier
+     * publishes them): host block h's store completed and its keys are registered; host
+     * blocks ids[0 .. n) are about to be rewritten or forgotten; every host block was
+     * forgotten (a reset, the manager's end). */
+    void (*host_stored)(kvt_offload *m, uint32_t t, uint32_t h);
+    void (*host_reused)(kvt_offload *m, uint32_t t, const uint32_t *ids, uint32_t n);
+    void (*host_forgotten)(kvt_offload *m, uint32_t t);
     /* its blocks are this instance's own (stored here once): promoted into the host, they are
      * published to the remote tier again; a remote tier's are not (their owner is a peer) */
     bool own;
@@ -518,14 +525,13 @@ void kvi_ofl_events_stored(kvt_offload *m, uint32_t h, bool registered);
 /* Request r's slot is being freed: its context is done. */
 void kvi_ofl_events_req_done(kvt_offload *m, struct kvi_ofl_req *r);
 
-/* the remote tier (remote.c); every function is a no-op without one */
+/* the remote tier (remote.c); a no-op without one */
 void kvi_ofl_remote_teardown(kvt_offload *m);
-/* Host block h's store completed and its keys are registered: the workers publish it (told by
- * the next step's metadata). */
-void kvi_ofl_remote_stored(kvt_offload *m, uint32_t h);
-/* Host blocks about to be reused / every host block (reset): withdrawn. */
-void kvi_ofl_remote_withdraw(kvt_offload *m, const uint32_t *ids, uint32_t n);
-void kvi_ofl_remote_withdraw_all(kvt_offload *m);
+/* What happens to host blocks, told to every tier of the chain that wants to know (the
+ * src_ops' host_* hooks; tier.c). */
+void kvi_ofl_chain_host_stored(kvt_offload *m, uint32_t h);
+void kvi_ofl_chain_host_reused(kvt_offload *m, const uint32_t *ids, uint32_t n);
+void kvi_ofl_chain_host_forgotten(kvt_offload *m);
 
 /* the tiers behind the host (tier.c); every function is a no-op without one */
 int kvi_ofl_tier_validate(const kvt_offload_config *c, const kvt_pool_config *g);

@@ -350,22 +350,11 @@ static bool remote_step_pending(const kvt_offload *m, uint32_t t)
     return m->pub_n || m->wd_n || m->wd_all;
 }
 
-const struct kvi_ofl_src_ops kvi_ofl_remote_src = {.search = remote_search,
-                                                   .pin = remote_pin,
-                                                   .release = remote_release,
-                                                   .keys = remote_keys,
-                                                   .failed = remote_failed,
-                                                   .reserve = remote_reserve,
-                                                   .emit = remote_emit,
-                                                   .step = remote_step,
-                                                   .step_pending = remote_step_pending};
-
 /* ---- publish / withdraw -------------------------------------------------------------------- */
 
-void kvi_ofl_remote_stored(kvt_offload *m, uint32_t h)
+static void remote_host_stored(kvt_offload *m, uint32_t t, uint32_t h)
 {
-    if (!m->remote)
-        return;
+    (void)t;
     kvt_pool_key k;
     uint32_t nk = 0;
     if (kvt_pool_block_keys(m->tier[0].pool, h, &k, 1, &nk) || nk == 0)
@@ -377,10 +366,9 @@ void kvi_ofl_remote_stored(kvt_offload *m, uint32_t h)
     memcpy(m->pub_hashes + (size_t)m->pub_n++ * m->hash_len, k.hash, m->hash_len);
 }
 
-void kvi_ofl_remote_withdraw(kvt_offload *m, const uint32_t *ids, uint32_t n)
+static void remote_host_reused(kvt_offload *m, uint32_t t, const uint32_t *ids, uint32_t n)
 {
-    if (!m->remote)
-        return;
+    (void)t;
     for (uint32_t i = 0; i < n; i++) /* only what the workers were told to publish */
         if (m->rpub[ids[i]] && m->wd_n < m->tier[0].nb) {
             m->rpub[ids[i]] = 0;
@@ -388,11 +376,23 @@ void kvi_ofl_remote_withdraw(kvt_offload *m, const uint32_t *ids, uint32_t n)
         }
 }
 
-void kvi_ofl_remote_withdraw_all(kvt_offload *m)
+static void remote_host_forgotten(kvt_offload *m, uint32_t t)
 {
-    if (!m->remote)
-        return;
+    (void)t;
     memset(m->rpub, 0, m->tier[0].nb);
     m->pub_n = m->wd_n = 0;
     m->wd_all = true;
 }
+
+const struct kvi_ofl_src_ops kvi_ofl_remote_src = {.search = remote_search,
+                                                   .pin = remote_pin,
+                                                   .release = remote_release,
+                                                   .keys = remote_keys,
+                                                   .failed = remote_failed,
+                                                   .reserve = remote_reserve,
+                                                   .emit = remote_emit,
+                                                   .step = remote_step,
+                                                   .step_pending = remote_step_pending,
+                                                   .host_stored = remote_host_stored,
+                                                   .host_reused = remote_host_reused,
+                                                   .host_forgotten = remote_host_forgotten};

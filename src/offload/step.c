@@ -173,7 +173,7 @@ static int reset_unlocked(kvt_offload *m)
                                                   "peers of the node tier read this replica's "
                                                   "slots"
                                                 : "offload: reset: hits are still pinned");
-    kvi_ofl_remote_withdraw_all(m);
+    kvi_ofl_chain_host_forgotten(m);
     m->st.resets++;
     return 0;
 }
@@ -201,7 +201,7 @@ static int clear_unlocked(kvt_offload *m)
     forget_requests(m);
     for (uint32_t t = 0; t < KVI_OFL_TIERS && m->tier[t].pool; t++)
         kvi_pool_forget_keys(m->tier[t].pool);
-    kvi_ofl_remote_withdraw_all(m);
+    kvi_ofl_chain_host_forgotten(m);
     m->st.resets++;
     return 0;
 }

@@ -88,8 +88,8 @@ void kvi_ofl_host_alloc(kvt_offload *m, uint32_t n, uint32_t *ids)
             continue;
         queue_restore(m, gpu, k);
     }
-    (void)kvt_pool_alloc(hp, n, ids);   /* n <= free: cannot fail */
-    kvi_ofl_remote_withdraw(m, ids, n); /* before anything rewrites them */
+    (void)kvt_pool_alloc(hp, n, ids);     /* n <= free: cannot fail */
+    kvi_ofl_chain_host_reused(m, ids, n); /* before anything rewrites them */
 }
 
 /* Turns n selected GPU blocks (m->scratch[0..n), marked G_MARK; with an engine's pool their
@@ -729,7 +729,7 @@ static void release_store_pairs(kvt_offload *m, uint32_t t, uint32_t head,
             kvi_ofl_register_keys(m, T->pool, b, T->keys + (size_t)b * m->kpb * m->key_stride,
                                   T->keys_n[b]);
             if (t == 0)
-                kvi_ofl_remote_stored(m, b); /* findable here: peers may read it */
+                kvi_ofl_chain_host_stored(m, b); /* findable here: peers may read it */
         }
         if (t == 0)
             kvi_ofl_events_stored(m, b, ok); /* its stored events, with its request context */

@@ -314,6 +314,29 @@ uint32_t kvi_ofl_tier_pin_chain(kvt_offload *m, struct kvi_ofl_req *r, const uin
     return total;
 }
 
+/* ---- what happens to host blocks, for the tiers that serve them ---------------------------- */
+
+void kvi_ofl_chain_host_stored(kvt_offload *m, uint32_t h)
+{
+    for (uint32_t t = 1, n = kvi_ofl_chain_len(m); t < n; t++)
+        if (m->tier[t].src->host_stored)
+            m->tier[t].src->host_stored(m, t, h);
+}
+
+void kvi_ofl_chain_host_reused(kvt_offload *m, const uint32_t *ids, uint32_t n)
+{
+    for (uint32_t t = 1, nt = kvi_ofl_chain_len(m); t < nt; t++)
+        if (m->tier[t].src->host_reused)
+            m->tier[t].src->host_reused(m, t, ids, n);
+}
+
+void kvi_ofl_chain_host_forgotten(kvt_offload *m)
+{
+    for (uint32_t t = 1, n = kvi_ofl_chain_len(m); t < n; t++)
+        if (m->tier[t].src->host_forgotten)
+            m->tier[t].src->host_forgotten(m, t);
+}
+
 /* ---- a pool tier as a promotion's source ------------------------------------------------ */
 
 static uint32_t pool_search(kvt_offload *m, uint32_t t, const uint8_t *hashes, uint32_t n_hashes,
@@ -674,7 +697,7 @@ static void complete_pair(kvt_offload *m, uint32_t t, uint32_t h, const struct k
                                      m->keys[k].num_tokens) == 0;
     }
     if (added && src->own)
-        kvi_ofl_remote_stored(m, h);
+        kvi_ofl_chain_host_stored(m, h);
 }
 
 /* Every promotion of r landed: its GPU load goes (or, finished meanwhile, its pins). */
