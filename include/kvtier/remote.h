@@ -149,7 +149,8 @@ typedef struct kvt_remote_loc {
 
 typedef struct kvt_remote_stats {
     uint64_t epoch;                /* this instance's epoch (0: not registered) */
-    uint64_t registrations;        /* times it registered (Redis restarts, expiries) */
+    uint64_t registrations;        /* times it registered (Redis restarts, expiries), each
+                                      counted once it published again what it holds */
     uint64_t published, withdrawn; /* directory entries written / removed */
     uint64_t publish_dropped;      /* publications lost to an unreachable directory */
     uint64_t lookups, lookup_blocks, hit_blocks;

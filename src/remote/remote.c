@@ -357,10 +357,10 @@ static int enter(kvt_remote *r, kvi_rdir *dir)
     if (rc)
         return rc;
     atomic_store(&r->epoch, ep);
-    add(&r->a_registrations, 1);
     KVT_LOG_I("remote: %s entered space %s as epoch %" PRIu64 " (%s)", r->cfg.instance,
               r->cfg.space, ep, r->endpoint);
     republish(r, dir, ep);
+    add(&r->a_registrations, 1); /* counted once what it holds is published again */
     return 0;
 }
 

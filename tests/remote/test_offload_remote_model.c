@@ -121,8 +121,11 @@ static bool directory_rebuilt(bool adopt)
                 held |= holds_published(i, f, j);
             if (kvt_remote_lookup(g_obs, g_hash[f][j], 1, &loc, &hit) || hit != (held ? 1u : 0u))
                 return false;
-            if (!hit)
+            if (!hit) {
+                if (adopt)
+                    g_dir_owner[f][j] = -1;
                 continue;
+            }
             if (kvt_remote_lookup_peer(g_obs, loc.peer, &who))
                 return false;
             while (o <= X && strcmp(who.instance, g_names[o]) != 0)
@@ -243,7 +246,7 @@ static int x_main(const char *space, const char *sock)
         pause();
 }
 
-/* Starts x; the directory names it for its whole family. */
+/* Starts x; the directory names it for its whole family (what it published last). */
 static void x_start(void)
 {
     int p2c[2];
@@ -324,9 +327,14 @@ static void serve(uint32_t i, uint32_t f, uint32_t n, uint32_t own, uint64_t at,
                     i, f, n, q.gpu_hit, hit, g, h, d, r);
     step(x);
     /* read from the others (by the worker, during the step): not published; what came back
-     * from its own disk is (observe sees it) */
-    for (uint32_t j = l; j < l + r; j++)
-        g_slot[i][f][j] = host_slot(i, g_hash[f][j]), g_pub[i][f][j] = false;
+     * from its own disk is (observe sees it). A block it held already, past one it did not
+     * (the hit is a prefix), was read into another host block that took no key: its own copy
+     * stays as it was. */
+    for (uint32_t j = l; j < l + r; j++) {
+        uint32_t now = host_slot(i, g_hash[f][j]);
+        if (now != g_slot[i][f][j])
+            g_slot[i][f][j] = now, g_pub[i][f][j] = false;
+    }
     /* every block it now has on the GPU: the hit, GPU-cached and loaded, byte for byte */
     for (uint32_t j = 0; j < l + r; j++)
         for (uint32_t reg = 0; reg < 2; reg++) {
@@ -414,10 +422,20 @@ static void run_model(bool node)
             else
                 x_start();
         } else if (op == 90 && kvt_rand_below(&rng, 2) == 0) {
-            /* the directory restarts empty: the instances must rebuild it */
+            /* the directory restarts empty: the instances must rebuild it. x goes down with
+             * it and comes back after (its re-entry is not seen from here, and the last to
+             * publish a block again is the one named) */
+            bool x = g_x > 0;
+            if (x) {
+                kill(g_x, SIGKILL);
+                waitpid(g_x, NULL, 0);
+                g_x = -1;
+            }
             redis_stop();
             assert_true(redis_start());
             sync_directory(g_regs + NI, s, seed); /* each enters again */
+            if (x)
+                x_start();
             c.dir_restarts++;
         } else if (op < 95) { /* the host tier forgets: every block withdrawn */
             KVT_OK_(kvt_offload_reset(g_in[i].s.m));
