@@ -347,11 +347,6 @@ bool kvi_node_let_go(kvt_node *n)
     return true;
 }
 
-int kvi_node_reacquire(kvt_node *n)
-{
-    return kvi_node_lock(n);
-}
-
 /* The pool's reports (pool_share.h). They run inside the manager's locked calls; one that
  * does not takes the mutex for itself, without refreshing (the pool is mid-operation). */
 static bool hook_enter(kvt_node *n)

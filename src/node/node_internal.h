@@ -60,10 +60,9 @@ int kvi_node_header_check(const void *p, size_t size);
 void kvi_node_unlock(kvt_node *n);
 /* Lets go of the lock inside a locked call, for a wait that must not hold every replica up (a
  * network round trip): true when it was let go (the outermost lock), false when it is held by
- * an enclosing call too (it stays held). kvi_node_reacquire takes it again and refreshes the
- * view: whatever the caller found in the pool before must be searched again. On failure the
- * lock is not held and the enclosing call's kvi_node_unlock does nothing. */
+ * an enclosing call too (it stays held). kvi_node_lock takes it again and refreshes the view:
+ * whatever the caller found in the pool before must be searched again. If that lock fails,
+ * the enclosing call's kvi_node_unlock does nothing (the depth is 0). */
 bool kvi_node_let_go(kvt_node *n);
-int kvi_node_reacquire(kvt_node *n);
 
 #endif

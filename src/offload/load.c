@@ -96,7 +96,7 @@ static int search_all(kvt_offload *m, const uint8_t *hashes, uint32_t n_hashes, 
         return rc;
     uint32_t want = lh->c.want[t], from = lh->c.from[t],
              before = lh->hit.length + lh->behind - want;
-    if ((rc = kvi_ofl_relock(m)) || (rc = search_chain(m, hashes, n_hashes, start, max_hit, t, lh)))
+    if ((rc = kvi_ofl_lock(m)) || (rc = search_chain(m, hashes, n_hashes, start, max_hit, t, lh)))
         return rc;
     if (lh->hit.length + lh->behind == before) {
         lh->c.want[t] = want, lh->c.from[t] = from;

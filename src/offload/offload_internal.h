@@ -314,12 +314,6 @@ static inline int kvi_ofl_lock(kvt_offload *m)
     return m->node ? kvi_node_lock(m->node) : 0;
 }
 
-/* Takes the node tier's lock again after a search let it go (kvi_node_let_go). */
-static inline int kvi_ofl_relock(kvt_offload *m)
-{
-    return m->node ? kvi_node_reacquire(m->node) : 0;
-}
-
 static inline void kvi_ofl_unlock(kvt_offload *m)
 {
     if (m->node)

@@ -1464,13 +1464,12 @@ static int landed(rd_ctx *x, uint32_t i)
     kvt_remote *r = x->r;
     rd_block *b = &x->bs[i];
     const rpeer *pe = &r->peers[b->peer];
-    const uint8_t *hash = x->hashes + (size_t)i * r->cfg.hash_len;
-    uint8_t *pc[KVT_MAX_REGIONS];
-    for (uint32_t j = 0; j < r->n_pieces; j++)
-        pc[j] = dst_piece(r, x->d, i, j);
     bool ok;
     if (r->cfg.encrypt) {
-        uint8_t nonce[12];
+        const uint8_t *hash = x->hashes + (size_t)i * r->cfg.hash_len;
+        uint8_t *pc[KVT_MAX_REGIONS], nonce[12];
+        for (uint32_t j = 0; j < r->n_pieces; j++)
+            pc[j] = dst_piece(r, x->d, i, j);
         enc_nonce(x->rps[b->peer].seq, b->k, nonce);
         ok = kvi_rgcm_begin(r->gcm_rd, pe->enc_key, nonce, -1) == 0 &&
              kvi_rgcm_aad(r->gcm_rd, hash, r->cfg.hash_len) == 0;

@@ -106,6 +106,25 @@ static bool holds_published(uint32_t o, uint32_t f, uint32_t j)
     return g_pub[o][f][j] && host_slot(o, g_hash[f][j]) == g_slot[o][f][j];
 }
 
+/* Whom the directory names for block j of family f, as a lookup-only client sees it: an
+ * index into g_names, -1 for none, -2 when the lookup failed or named someone unknown. */
+static int named(uint32_t f, uint32_t j)
+{
+    kvt_remote_loc loc;
+    kvt_remote_peer who;
+    uint32_t hit = 0;
+    if (kvt_remote_lookup(g_obs, g_hash[f][j], 1, &loc, &hit))
+        return -2;
+    if (!hit)
+        return -1;
+    if (kvt_remote_lookup_peer(g_obs, loc.peer, &who))
+        return -2;
+    for (int o = 0; o <= X; o++)
+        if (strcmp(who.instance, g_names[o]) == 0)
+            return o;
+    return -2;
+}
+
 /* Whether the directory is what instances that entered again made of it: every instance
  * publishes again what it holds, so a block is named iff one of them holds it published — any
  * of them (the last to publish again wins). With `adopt`, the model takes the names. */
@@ -113,27 +132,14 @@ static bool directory_rebuilt(bool adopt)
 {
     for (uint32_t f = 0; f < FAMILIES; f++)
         for (uint32_t j = 0; j < MAXB; j++) {
-            kvt_remote_loc loc;
-            kvt_remote_peer who;
-            uint32_t hit = 0, o = 0;
             bool held = false;
             for (uint32_t i = 0; i <= X; i++)
                 held |= holds_published(i, f, j);
-            if (kvt_remote_lookup(g_obs, g_hash[f][j], 1, &loc, &hit) || hit != (held ? 1u : 0u))
-                return false;
-            if (!hit) {
-                if (adopt)
-                    g_dir_owner[f][j] = -1;
-                continue;
-            }
-            if (kvt_remote_lookup_peer(g_obs, loc.peer, &who))
-                return false;
-            while (o <= X && strcmp(who.instance, g_names[o]) != 0)
-                o++;
-            if (o > X || !holds_published(o, f, j))
+            int o = named(f, j);
+            if (o == -2 || (o >= 0) != held || (o >= 0 && !holds_published((uint32_t)o, f, j)))
                 return false;
             if (adopt)
-                g_dir_owner[f][j] = (int)o;
+                g_dir_owner[f][j] = o;
         }
     return true;
 }
@@ -142,17 +148,9 @@ static bool directory_rebuilt(bool adopt)
 static bool directory_is_the_model(void)
 {
     for (uint32_t f = 0; f < FAMILIES; f++)
-        for (uint32_t j = 0; j < MAXB; j++) {
-            kvt_remote_loc loc;
-            kvt_remote_peer who;
-            uint32_t hit = 0;
-            int o = g_dir_owner[f][j];
-            if (kvt_remote_lookup(g_obs, g_hash[f][j], 1, &loc, &hit) || hit != (o >= 0 ? 1u : 0u))
+        for (uint32_t j = 0; j < MAXB; j++)
+            if (named(f, j) != g_dir_owner[f][j])
                 return false;
-            if (hit && (kvt_remote_lookup_peer(g_obs, loc.peer, &who) ||
-                        strcmp(who.instance, g_names[o]) != 0))
-                return false;
-        }
     return true;
 }
 
@@ -230,13 +228,7 @@ static int x_main(const char *space, const char *sock)
     for (int i = 0; i < 3000 && rstats(&a).epoch == 0; i++)
         usleep(10000);
     sim_req p;
-    sim_req_make(&p, "x", MAXB * SIM_BS + 5, XF, MAXB * SIM_BS + 5, 0);
-    sim_admit(&a.s, &p, 0);
-    sim_kv_write(a.kv, GPU_NB, KV_BPB, &p, MAXB);
-    sim_compute(&a.s, &p, p.n_tokens);
-    sim_schedule(&a.s, &p, 1, false);
-    step(&a);
-    sim_finish(&a.s, &p);
+    compute_and_store(&a, &p, "x", XF, MAXB);
     for (int i = 0; i < 3000 && rstats(&a).published < MAXB; i++)
         usleep(10000); /* the worker's remote stage writes the directory on its thread */
     char c = rstats(&a).published == MAXB ? 'r' : 'e';
