@@ -8,7 +8,12 @@
 #
 #   bench/gpu/run.sh OUTDIR            KVT_GIB: GiB per direction (default 4)
 #                                      KVT_VARIANTS=1: also the CUDA variants (fallback,
-#                                      overlap hint, 1024-descriptor batches)
+#                                      overlap hint, 1024-descriptor batches, the kernel's
+#                                      thread blocks per multiprocessor: 1, 4, 8)
+#
+# Where compute-sanitizer is on the PATH, test_copy_cuda also runs under its memcheck tool.
+# Without the project's build dependencies on the GPU machine, build here, carry the build
+# and the libraries it links (ldd) and point KVT_BUILD_DIR and LD_LIBRARY_PATH at them.
 set -u
 out=${1:?usage: bench/gpu/run.sh OUTDIR}
 mkdir -p "$out"
@@ -33,6 +38,16 @@ for t in test_copy_cuda test_cuda_frag test_copy test_copy_kernels test_copy_mod
         status=1
     fi
 done
+if command -v compute-sanitizer >/dev/null 2>&1; then
+    if timeout 300 compute-sanitizer --target-processes all --tool memcheck --error-exitcode 9 \
+        "$build/tests/test_copy_cuda" >"$out/memcheck_test_copy_cuda.txt" 2>&1; then
+        echo "test_copy_cuda under compute-sanitizer memcheck: ok"
+    else
+        echo "test_copy_cuda under compute-sanitizer memcheck: FAILED"
+        tail -20 "$out/memcheck_test_copy_cuda.txt"
+        status=1
+    fi
+fi
 "$build/bin/kvtier" bench copy --backend cuda --json --gib "${KVT_GIB:-4}" \
     >"$out/bench_copy_cuda.json" 2>"$out/bench_copy_cuda.err" || status=1
 "$build/bin/kvtier" bench copy --json >"$out/bench_copy_cpu.json" 2>"$out/bench_copy_cpu.err" ||
@@ -55,6 +70,10 @@ if [ -n "${KVT_VARIANTS:-}" ]; then
         --gib "$g" >"$out/variant_overlap.json" 2>&1 || status=1
     KVTIER_MAX_BATCH_DESCRIPTORS=1024 "$build/bin/kvtier" bench copy --backend cuda --json \
         --gib "$g" >"$out/variant_cap1024.json" 2>&1 || status=1
+    for b in 1 4 8; do
+        KVTIER_CUDA_KERNEL_BLOCKS_PER_SM=$b "$build/bin/kvtier" bench copy --backend cuda --json \
+            --gib "$g" >"$out/variant_blocks_per_sm_$b.json" 2>&1 || status=1
+    done
     cat "$out"/variant_*.json
 fi
 cat "$out"/bench_copy_*.json "$out"/bench_copy_*.err

@@ -116,7 +116,8 @@ typedef struct kvt_copy_stats {
     uint64_t bytes[2];         /* bytes submitted */
     uint64_t descriptors[2];   /* copies after coalescing, region-major */
     uint32_t outstanding[2];   /* events submitted and not yet reported */
-    uint64_t reserved[8];      /* room for figures to come (zero) */
+    uint64_t kernel_events[2]; /* CUDA: of the events, those the gather/scatter kernel copied */
+    uint64_t reserved[6];      /* room for figures to come (zero) */
 } kvt_copy_stats;
 
 KVT_API void kvt_copy_get_stats(const kvt_copy *c, kvt_copy_stats *s);

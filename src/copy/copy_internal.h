@@ -129,10 +129,11 @@ struct kvt_copy {
     copy_ring ring[2];
     kvi_ring queue; /* submission queue of copy_job *, 2 * max_events */
     bool stop;
-    uint32_t active[2];   /* CPU: jobs started and not done, per direction (0 or 1) */
-    kvt_copy_stats st;    /* counters (under mu) */
-    kvi_hist lat[2];      /* submit-to-reported latency per direction (under mu) */
-    uint64_t block_bytes; /* the layout's bytes per block, for the byte counter */
+    uint32_t active[2];            /* CPU: jobs started and not done, per direction (0 or 1) */
+    kvt_copy_stats st;             /* counters (under mu) */
+    kvi_hist lat[2];               /* submit-to-reported latency per direction (under mu) */
+    uint64_t block_bytes;          /* the layout's bytes per block, for the byte counter */
+    uint32_t kernel_blocks_per_sm; /* CUDA gather/scatter kernel: grid per multiprocessor */
     uint32_t n_threads;
     pthread_t *threads;
     const struct copy_kernel *kern[2]; /* CPU: kernels for small and large runs (kernels.h) */

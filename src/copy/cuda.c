@@ -103,6 +103,9 @@ static bool issue(kvt_copy *c, cuda_be *b, copy_job *j)
                       (long long)j->event, j->n_descs, kvi_cuda_err(r));
             return false;
         }
+        pthread_mutex_lock(&c->mu);
+        c->st.kernel_events[j->dir]++;
+        pthread_mutex_unlock(&c->mu);
     } else if (b->batched) {
         if (!grow_scratch(b, j->n_descs)) {
             KVT_LOG_E("copy: %s event %lld: out of memory", what, (long long)j->event);
@@ -216,7 +219,7 @@ static int cuda_start(kvt_copy *c)
         snprintf(b->frag.why, sizeof(b->frag.why), "kernel_max_bytes is 0");
     else if (b->cu->DeviceGet(&dev_handle, device) != KVT_CUDA_SUCCESS)
         snprintf(b->frag.why, sizeof(b->frag.why), "cuDeviceGet(%d) failed", device);
-    else if (kvi_frag_load(b->cu, dev_handle, &b->frag))
+    else if (kvi_frag_load(b->cu, dev_handle, c->kernel_blocks_per_sm, &b->frag))
         KVT_LOG_I("copy: device %d: gather/scatter kernel loaded and self-tested; jobs of "
                   "fragments averaging <= %llu bytes use it",
                   device, (unsigned long long)b->frag_max);

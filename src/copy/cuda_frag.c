@@ -126,7 +126,8 @@ out:
     return ok;
 }
 
-bool kvi_frag_load(const kvi_cuda_api *cu, kvi_CUdevice device, kvi_frag_kernel *k)
+bool kvi_frag_load(const kvi_cuda_api *cu, kvi_CUdevice device, uint32_t blocks_per_sm,
+                   kvi_frag_kernel *k)
 {
     memset(k, 0, sizeof(*k));
     if (kvi_cuda_frag_ptx_len == 0) {
@@ -163,7 +164,7 @@ bool kvi_frag_load(const kvi_cuda_api *cu, kvi_CUdevice device, kvi_frag_kernel 
         kvi_frag_unload(cu, k);
         return false;
     }
-    k->max_grid = sms > 0 ? (uint32_t)sms * 8 : 256;
+    k->max_grid = (sms > 0 ? (uint32_t)sms : 32) * blocks_per_sm;
     char why[sizeof(k->why)];
     if (!self_test(cu, k, why, sizeof(why))) {
         kvi_frag_unload(cu, k);

@@ -25,6 +25,7 @@
 #include "base/prom.h"
 #include "base/util.h"
 #include "copy/copy_internal.h"
+#include "copy/cuda_frag_internal.h"
 #include "copy/kernels.h"
 
 void kvt_copy_config_init(kvt_copy_config *cfg)
@@ -94,6 +95,23 @@ static int env_kernel_max(uint64_t *max)
                         "the kernel)",
                         e);
     *max = v;
+    return 0;
+}
+
+/* Thread blocks per multiprocessor in one launch of the CUDA gather/scatter kernel: a
+ * benchmark knob (bench/gpu/run.sh sweeps it). */
+static int env_kernel_blocks(uint32_t *per_sm)
+{
+    const char *e = getenv("KVTIER_CUDA_KERNEL_BLOCKS_PER_SM");
+    if (!e || !*e)
+        return 0;
+    char *end;
+    errno = 0;
+    unsigned long v = strtoul(e, &end, 10);
+    if (*end || errno || e[0] == '-' || v == 0 || v > 64)
+        return kvt_fail(KVT_EINVAL,
+                        "copy: KVTIER_CUDA_KERNEL_BLOCKS_PER_SM=\"%s\" is not a count in 1..64", e);
+    *per_sm = (uint32_t)v;
     return 0;
 }
 
@@ -193,6 +211,9 @@ int kvt_copy_create(const kvt_copy_config *cfg, const kvt_layout *layout, const 
     rc = env_descriptor_cap(&c->cfg.max_descriptors);
     if (!rc)
         rc = env_kernel_max(&c->cfg.kernel_max_bytes);
+    c->kernel_blocks_per_sm = KVT_FRAG_BLOCKS_PER_SM;
+    if (!rc)
+        rc = env_kernel_blocks(&c->kernel_blocks_per_sm);
     if (rc) {
         free(c);
         return rc;
@@ -268,11 +289,8 @@ static int reserve(void **p, uint32_t *cap, uint64_t need, size_t elem)
 /* Splits the job's byte stream into chunk_bytes pieces for the CPU copy threads. */
 static int plan_chunks(kvt_copy *c, copy_job *j)
 {
-    uint64_t C = c->cfg.chunk_bytes, total = 0;
-    for (uint32_t d = 0; d < j->n_descs; d++)
-        total += j->descs[d].size;
-    j->bytes = total;
-    uint64_t n = (total + C - 1) / C;
+    uint64_t C = c->cfg.chunk_bytes;
+    uint64_t n = (j->bytes + C - 1) / C;
     uint32_t cap1 = j->cap_chunks, cap2 = j->cap_chunks;
     int rc = reserve((void **)&j->chunk_desc, &cap1, n, sizeof(uint32_t));
     if (!rc)
@@ -341,6 +359,7 @@ int kvt_copy_submit(kvt_copy *c, int dir, int64_t event, const uint32_t *src, co
     kvi_copy_build_descs(store ? dev_r : host_r, store ? host_r : dev_r, nr, j->runs, runs,
                          j->descs);
     j->n_descs = runs * nr;
+    j->bytes = (uint64_t)n * c->block_bytes; /* the CUDA backend picks DMA or kernel by it */
     if (c->kind == KVT_BACKEND_CPU && (rc = plan_chunks(c, j)))
         return rc;
     j->dir = dir;
@@ -505,6 +524,8 @@ int kvt_copy_prometheus(const kvt_copy *c, char *buf, size_t cap, size_t *len)
         {"blocks_total", "Block pairs submitted.", s.blocks},
         {"bytes_total", "Bytes submitted.", s.bytes},
         {"descriptors_total", "Copies after coalescing.", s.descriptors},
+        {"kernel_events_total", "Events the CUDA gather/scatter kernel copied (the rest: DMA).",
+         s.kernel_events},
     };
     for (size_t i = 0; i < KVT_ARRAY_LEN(counters); i++)
         kvi_prom_pair(&p, "kvtier_copy", counters[i].name, counters[i].help, false, dir_name,

@@ -166,22 +166,34 @@ static void roundtrip(grig *g, bool fallback, uint32_t max_desc, uint64_t kernel
         return;
     }
     assert_int_equal(kvt_copy_batched(c), !fallback && g->cu->MemcpyBatchAsync != NULL);
+    /* Two events each way: one run of 10 blocks (2 descriptors averaging 340 KiB: DMA under
+     * the default 128 KiB), then 10 scattered blocks (20 averaging 34 KiB: the kernel). */
     uint32_t src[20], dst[20], back[20];
     for (uint32_t i = 0; i < 20; i++) {
-        src[i] = i < 10 ? 3 + i : 40 - 2 * (i - 10); /* one run, then scattered */
+        src[i] = i < 10 ? 3 + i : 40 - 2 * (i - 10);
         dst[i] = i < 10 ? 50 + i : 5 + 3 * (i - 10);
         back[i] = (src[i] + 21) % NB;
         fill_dev(g, src[i], 1000 * fallback + max_desc + src[i]);
     }
-    KVT_OK_(kvt_copy_submit(c, KVT_COPY_STORE, 0, src, dst, 20, NULL));
-    wait_hwm(c, KVT_COPY_STORE, 0);
+    KVT_OK_(kvt_copy_submit(c, KVT_COPY_STORE, 0, src, dst, 10, NULL));
+    KVT_OK_(kvt_copy_submit(c, KVT_COPY_STORE, 1, src + 10, dst + 10, 10, NULL));
+    wait_hwm(c, KVT_COPY_STORE, 1);
     for (uint32_t i = 0; i < 20; i++)
         check_host(g, dst[i], 1000 * fallback + max_desc + src[i]);
-    KVT_OK_(kvt_copy_submit(c, KVT_COPY_LOAD, 4, dst, back, 20, NULL));
+    KVT_OK_(kvt_copy_submit(c, KVT_COPY_LOAD, 4, dst, back, 10, NULL));
+    KVT_OK_(kvt_copy_submit(c, KVT_COPY_LOAD, 5, dst + 10, back + 10, 10, NULL));
     KVT_OK_(kvt_copy_flush(c));
-    wait_hwm(c, KVT_COPY_LOAD, 4);
+    wait_hwm(c, KVT_COPY_LOAD, 5);
     for (uint32_t i = 0; i < 20; i++)
         check_dev(g, back[i], 1000 * fallback + max_desc + src[i]);
+    /* each event took the path its fragments' mean size asks for */
+    kvt_copy_stats st;
+    kvt_copy_get_stats(c, &st);
+    uint64_t by_kernel = kernel_max == 0 ? 0 : kernel_max == UINT64_MAX ? 2 : 1;
+    for (int d = 0; d < 2; d++) {
+        assert_int_equal(st.events[d], 2);
+        assert_int_equal(st.kernel_events[d], by_kernel);
+    }
     int64_t failed[2];
     assert_int_equal(kvt_copy_take_failed(c, KVT_COPY_LOAD, failed, 2), 0);
     kvt_copy_destroy(c);
@@ -203,8 +215,8 @@ static void test_cuda_roundtrip_fallback(void **state)
     roundtrip(g, true, 0, 0);
 }
 
-/* Every job through the kernel (2 MiB runs too), then the default: runs up to 128 KiB by the
- * kernel, longer ones (the coalesced run of 10 blocks) by DMA, in the same events. */
+/* Every job through the kernel (long runs too), then the default: events whose fragments
+ * average up to 128 KiB by the kernel, the event of one long run by DMA. */
 static void test_cuda_roundtrip_kernel(void **state)
 {
     NEED_GPU(g);
