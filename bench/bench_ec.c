@@ -342,8 +342,8 @@ static int measure(const kvt_bench_opts *o)
         fprintf(stderr, "kvtier bench ec: %s\n", kvt_last_error());
         return 1;
     }
-    /* the baseline is the better of UCX's two protocol selections (kvtier turns the newer one
-     * on unless UCX_PROTO_ENABLE says otherwise): the ratio is never flattered by a slow
+    /* the baseline is the better of UCX's two protocol selections (kvtier uses the classic one
+     * unless UCX_PROTO_ENABLE says otherwise): the ratio is never flattered by a slow
      * default */
     double base_default =
         kvt_bench_perftest_gbps(16u << 20, 100, "UCX_PROTO_ENABLE=n", "", "127.0.0.1");

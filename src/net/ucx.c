@@ -94,11 +94,6 @@ static void route_ucx_log(void)
 
 int kvi_ucx_create(kvi_ucx **out)
 {
-    return kvi_ucx_create_proto(out, true);
-}
-
-int kvi_ucx_create_proto(kvi_ucx **out, bool new_protocols)
-{
     if (!out)
         return kvt_fail(KVT_EINVAL, "ucx: create: NULL out");
     *out = NULL;
@@ -113,12 +108,9 @@ int kvi_ucx_create_proto(kvi_ucx **out, bool new_protocols)
         free(u);
         return ufail(st, "reading the configuration");
     }
-    /* UCX 1.13's newer protocol selection moves large items over shared memory + cma about
-     * 1.3x faster than its default (docs/benchmarks.md) and ties over tcp: on, unless the
-     * user chose with UCX_PROTO_ENABLE */
+    /* the classic selection, unless the user chose with UCX_PROTO_ENABLE (ucx.h) */
     const char *pe = getenv("UCX_PROTO_ENABLE");
-    if ((!pe || !*pe) &&
-        ucp_config_modify(cfg, "PROTO_ENABLE", new_protocols ? "y" : "n") != UCS_OK)
+    if ((!pe || !*pe) && ucp_config_modify(cfg, "PROTO_ENABLE", "n") != UCS_OK)
         KVT_LOG_D("ucx: this UCX has no PROTO_ENABLE setting; its default protocols are used");
     ucp_params_t p = {.field_mask = UCP_PARAM_FIELD_FEATURES,
                       .features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP};

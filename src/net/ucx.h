@@ -21,11 +21,11 @@
 typedef struct kvi_ucx kvi_ucx;
 typedef struct kvi_ucx_recv kvi_ucx_recv;
 
+/* A context and worker with UCX's classic protocol selection (UCX_PROTO_ENABLE=n; the user's
+ * UCX_PROTO_ENABLE wins): over shared memory its rendezvous is one copy by the receiver (cma),
+ * which keeps its speed on a busy machine, where the newer selection's two-sided pipeline
+ * fell to a fifth (docs/benchmarks.md, contention); over tcp the two tie. */
 int kvi_ucx_create(kvi_ucx **out);
-/* kvi_ucx_create with UCX's newer protocol selection on or off (UCX_PROTO_ENABLE, when the
- * user set it, wins): the encoder-cache planes turn it on (shared memory + cma 1.3x faster),
- * the remote tier off (1 MiB tag sends over tcp 1.25x faster, docs/remote.md). */
-int kvi_ucx_create_proto(kvi_ucx **out, bool new_protocols);
 /* Endpoints are closed (forcibly); receives still posted must have been cancelled. */
 void kvi_ucx_destroy(kvi_ucx *u);
 /* The worker's address, for peers to send to (valid until destroy). */

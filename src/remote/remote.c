@@ -943,8 +943,8 @@ static int remote_start(kvt_remote *r, const kvt_remote_config *c)
         return rc;
     if (!(r->zctx = zmq_ctx_new()))
         return zfail("context");
-    if ((rc = bind_server(r)) || (rc = kvi_ucx_create_proto(&r->ucx_srv, false)) ||
-        (rc = kvi_ucx_create_proto(&r->ucx_cli, false)))
+    if ((rc = bind_server(r)) || (rc = kvi_ucx_create(&r->ucx_srv)) ||
+        (rc = kvi_ucx_create(&r->ucx_cli)))
         return rc;
     if ((rc = map_pieces(r, r->ucx_srv)) || (rc = map_pieces(r, r->ucx_cli)))
         return rc;
@@ -1010,7 +1010,7 @@ static int bury(kvt_remote *r, bool final)
     }
     if (final)
         return 0;
-    int rc = kvi_ucx_create_proto(&r->ucx_cli, false);
+    int rc = kvi_ucx_create(&r->ucx_cli);
     return rc ? rc : map_pieces(r, r->ucx_cli);
 }
 
