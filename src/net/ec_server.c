@@ -27,6 +27,7 @@
 #include "net/ec_ctl.h"
 #include "net/ec_server_internal.h"
 #include "ec/shard_internal.h"
+#include "net/spin.h"
 #include "net/ucx.h"
 #include "kvtier/ec_net.h"
 
@@ -70,7 +71,7 @@ struct kvt_ec_server {
     kvi_map rx_map;
     uint32_t rx_free;
     uint32_t n_pending; /* receives with complete_pending ... */
-    uint64_t busy_at;   /* when UCX last made progress */
+    kvi_spin spin;      /* after UCX's last progress: poll without sleeping how long */
     uint32_t *pend;     /* ... listed here (so a pass looks at them alone, not at every slot) */
     /* the consumer's owner key, and whether this server wrote it to the key file */
     char owner[KVT_EC_RID_LEN + 1];
@@ -670,7 +671,7 @@ static void *server_main(void *arg)
             while (kvi_ucx_progress(s->ucx))
                 moved = true;
             if (moved)
-                s->busy_at = kvt_monotonic_ns();
+                kvi_spin_busy(&s->spin);
         }
         pthread_mutex_lock(&s->lock);
         uint64_t now = kvt_monotonic_ns();
@@ -688,8 +689,7 @@ static void *server_main(void *arg)
         long timeout = (long)s->cfg.poll_ms;
         /* a burst goes on: poll without sleeping; otherwise arm UCX's descriptor (0 when events
          * are pending already: progress first) */
-        if (s->ucx && (kvt_monotonic_ns() - s->busy_at < s->cfg.spin_us * 1000ull ||
-                       kvi_ucx_arm(s->ucx) != 0))
+        if (s->ucx && (kvi_spin_idle(&s->spin, kvt_monotonic_ns()) || kvi_ucx_arm(s->ucx) != 0))
             timeout = 0;
         zmq_pollitem_t it[3] = {
             {s->rep, 0, ZMQ_POLLIN, 0}, {s->zap, 0, ZMQ_POLLIN, 0}, {NULL, s->efd, ZMQ_POLLIN, 0}};
@@ -924,6 +924,9 @@ int kvt_ec_server_start(const kvt_ec_server_config *cfg, kvt_ec_shard *shard, kv
     if (!s)
         return kvt_fail(KVT_ENOMEM, "ec server: out of memory");
     s->cfg = *cfg;
+    /* the server's spin does not adapt: between single pushes it is what catches the next item's
+     * bytes (adaptive, the median 64 KiB push went from 0.22 to 0.44 ms on a quiet machine) */
+    kvi_spin_init(&s->spin, (uint64_t)cfg->spin_us * 1000u, false);
     s->shard = shard;
     s->port = shard_port(cfg, cfg->tp_rank);
     pthread_mutex_init(&s->lock, NULL);

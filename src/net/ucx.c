@@ -16,6 +16,7 @@
 
 #include "base/error.h"
 #include "base/log.h"
+#include "net/spin.h"
 #include "net/ucx.h"
 #include "kvtier/base.h"
 
@@ -37,6 +38,15 @@ typedef struct ep_slot {
     bool pinned;          /* used by the batch being resolved: not evicted */
 } ep_slot;
 
+/* A sender with nothing completed spins this long (spin.h: not at all while the machine is
+ * crowded), then sleeps on the worker's descriptor for at most 1 ms
+ * at a time. Measured (docs/benchmarks.md): spinning 20 us before sleeping up to 100 ms gave
+ * 16 MiB batches over tcp at 1.8-3.6 GB/s from run to run (the descriptor does not always wake
+ * the sender when its socket can take more bytes); 200 us and 1 ms naps give 3.3-3.5, as
+ * spinning throughout does, while leaving the CPU to the receiver between items. */
+#define SPIN_NS 200000ull
+#define NAP_MS  1
+
 struct kvi_ucx {
     ucp_context_h ctx;
     ucp_worker_h worker;
@@ -47,6 +57,7 @@ struct kvi_ucx {
     ep_slot *eps[MAX_EPS]; /* heap slots: the error handler keeps a pointer to its own */
     bool peer_failure;     /* endpoints ask UCX for peer failure detection */
     int efd;               /* the worker's event descriptor, -1 until a sender sleeps on it */
+    kvi_spin spin;         /* a sender's spin before it sleeps */
     unsigned addr_version; /* the format version of our own worker address */
     bool addr_parses;      /* our own address parses (ucx_addr.c): peers' are checked in full */
     kvi_ucx_addr_ref ref;  /* our own address's transports, what peers' are checked against */
@@ -102,6 +113,7 @@ int kvi_ucx_create(kvi_ucx **out)
     if (!u)
         return kvt_fail(KVT_ENOMEM, "ucx: out of memory");
     u->efd = -1;
+    kvi_spin_init(&u->spin, SPIN_NS, true);
     ucp_config_t *cfg;
     ucs_status_t st = ucp_config_read(NULL, NULL, &cfg);
     if (st != UCS_OK) {
@@ -463,14 +475,6 @@ static void send_abort(kvi_ucx *u, kvi_ucx_send_item *v, inflight *fl, uint32_t 
     }
 }
 
-/* A sender with nothing completed spins this long, then sleeps on the worker's descriptor for
- * at most 1 ms at a time. Measured (docs/benchmarks.md): spinning 20 us before sleeping up to
- * 100 ms gave 16 MiB batches over tcp at 1.8-3.6 GB/s from run to run (the descriptor does not
- * always wake the sender when its socket can take more bytes); 200 us and 1 ms naps give
- * 3.3-3.5, as spinning throughout does, while leaving the CPU to the receiver between items. */
-#define SPIN_NS 200000ull
-#define NAP_MS  1
-
 /* Sleeps until the worker has events, or a nap passed. */
 static void wait_events(kvi_ucx *u)
 {
@@ -532,7 +536,6 @@ int kvi_ucx_send_many_prep(kvi_ucx *u, kvi_ucx_send_item *v, uint32_t n, uint32_
     for (uint32_t j = 0; j < np; j++)
         peers[j]->pinned = false;
     uint32_t next = 0, live = 0;
-    uint64_t idle_since = 0;
     uint64_t quiet_until = kvt_monotonic_ns() + (uint64_t)timeout_ms * 1000000ull;
     for (;;) {
         /* post into free window slots */
@@ -576,13 +579,11 @@ int kvi_ucx_send_many_prep(kvi_ucx *u, kvi_ucx_send_item *v, uint32_t n, uint32_
         uint64_t now = kvt_monotonic_ns();
         if (got) {
             quiet_until = now + (uint64_t)timeout_ms * 1000000ull;
-            idle_since = 0;
+            kvi_spin_busy(&u->spin);
         } else if (now < quiet_until) {
             /* nothing moved: spin a little, then sleep on the worker's descriptor, leaving
              * the CPU to the receiver (on a small machine it is this process's peer) */
-            if (!idle_since)
-                idle_since = now;
-            else if (now - idle_since > SPIN_NS)
+            if (!kvi_spin_idle(&u->spin, now))
                 wait_events(u);
         } else {
             send_abort(u, v, fl, window, timeout_ms);
