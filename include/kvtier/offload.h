@@ -544,9 +544,25 @@ typedef struct kvt_offload_stats {
     uint64_t partial_hits;          /* matches whose hit ends inside a scheduler block */
     uint64_t partial_tails;     /* partly filled full-attention blocks stored at request finish */
     uint64_t remote_hit_blocks; /* blocks read from the remote tier into hits */
+    /* fields after this point came after the struct's size was frozen at 448 bytes
+     * (KVT_OFFLOAD_STATS_SIZE_0): a program built before them reads none of them */
+    uint64_t hit_requests; /* matches that offered a hit (any tier): the request hit rate's
+                              numerator, lookups its denominator */
 } kvt_offload_stats;
 
+/* The stats into the caller's struct of `size` bytes, the struct's size in the caller's
+ * header (sizeof *s): the library writes the first min(size, its own size) bytes and zeroes
+ * the rest of the caller's, so a program built against an older, shorter struct reads its
+ * own fields and nothing past them, and one built against a newer header reads zero for
+ * fields this library lacks. Fields are only ever appended. Returns the library's size of
+ * the struct (s may be NULL to ask only that). */
+KVT_API size_t kvt_offload_stats_read(const kvt_offload *m, kvt_offload_stats *s, size_t size);
+/* kvt_offload_stats_read with the size the struct had when it stopped growing in place
+ * (448 bytes: every program built before the sized read came calls this symbol). Compiled
+ * against this header, the name is a macro that passes sizeof *s instead. */
+#define KVT_OFFLOAD_STATS_SIZE_0 448u
 KVT_API void kvt_offload_get_stats(const kvt_offload *m, kvt_offload_stats *s);
+#define kvt_offload_get_stats(m, s) ((void)kvt_offload_stats_read((m), (s), sizeof(*(s))))
 
 /* The same figures for every tier (tier 0 the host, tier 1 the disk behind it), so a program
  * walks tiers by index instead of naming them; kvt_offload_stats' host_* / disk_* fields are

@@ -210,6 +210,7 @@ static int match_flags_unlocked(kvt_offload *m, const char *id, uint32_t id_len,
         return 0;
     }
     r->flags |= RQ_HIT;
+    m->st.hit_requests++;
     m->st.partial_hits += length % m->sched_bs != 0;
     r->hit_len = length;
     r->hit_computed = num_computed;

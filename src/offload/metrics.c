@@ -14,13 +14,35 @@
 
 /* ---- metrics --------------------------------------------------------------------------- */
 
-void kvt_offload_get_stats(const kvt_offload *m, kvt_offload_stats *s)
+static void fill_stats(const kvt_offload *m, kvt_offload_stats *s);
+
+size_t kvt_offload_stats_read(const kvt_offload *m, kvt_offload_stats *s, size_t size)
 {
-    if (!m || !s) { /* an object that failed to be created reads as all zero */
-        if (s)
-            memset(s, 0, sizeof(*s));
-        return;
-    }
+    if (!s)
+        return sizeof(*s);
+    kvt_offload_stats all;
+    memset(&all, 0, sizeof(all)); /* an object that failed to be created reads as all zero */
+    if (m)
+        fill_stats(m, &all);
+    memcpy(s, &all, size < sizeof(all) ? size : sizeof(all));
+    if (size > sizeof(all)) /* a newer header's fields: this library has none of them */
+        memset((char *)s + sizeof(all), 0, size - sizeof(all));
+    return sizeof(all);
+}
+
+_Static_assert(sizeof(kvt_offload_stats) >= KVT_OFFLOAD_STATS_SIZE_0,
+               "kvt_offload_stats only grows");
+_Static_assert(offsetof(kvt_offload_stats, hit_requests) == KVT_OFFLOAD_STATS_SIZE_0,
+               "the fields after the frozen size start at it");
+
+/* the symbol programs built before kvt_offload_stats_read call (the header's macro aside) */
+void(kvt_offload_get_stats)(const kvt_offload *m, kvt_offload_stats *s)
+{
+    (void)kvt_offload_stats_read(m, s, KVT_OFFLOAD_STATS_SIZE_0);
+}
+
+static void fill_stats(const kvt_offload *m, kvt_offload_stats *s)
+{
     *s = m->st;
     kvt_tier_stats h, d;
     (void)kvt_offload_get_tier_stats(m, 0, &h);
@@ -156,6 +178,7 @@ static const struct stat_row offload_rows[] = {
          false),
     STAT(remote_hit_blocks, "remote_hit_blocks_total",
          "Blocks read from the remote tier into hits.", false),
+    STAT(hit_requests, "hit_requests_total", "Matches that offered a hit (any tier).", false),
     STAT(partial_tails, "partial_tails_total",
          "Partly filled full-attention blocks stored at request finish (partial hash hits).",
          false),

@@ -32,6 +32,10 @@ cc "$src/app.c" -o "$scratch/app_pc" $(pkg-config --cflags --libs kvtier) $rpath
 env -u LD_LIBRARY_PATH "$scratch/app_pc"
 cc "$src/app_io.c" -o "$scratch/app_io_pc" $(pkg-config --cflags --libs kvtier-disk kvtier-net) $rpath
 env -u LD_LIBRARY_PATH "$scratch/app_io_pc" "$scratch"
+# a program built against an older header (abi0: 3e4dc23's, a shorter kvt_offload_stats)
+cc -I"$src/abi0" "$src/app_abi0.c" -o "$scratch/app_abi0" $(pkg-config --cflags --libs kvtier) \
+    $rpath
+env -u LD_LIBRARY_PATH "$scratch/app_abi0"
 # what each program loads: the pool program none of the transports' libraries
 loads() { env -u LD_LIBRARY_PATH ldd "$1"; }
 if loads "$scratch/app_pc" | grep -E 'libzmq|libucp|libucs|liburing|libkvtier_(disk|net)'; then

@@ -48,6 +48,25 @@ static void stored_prompt_is_hit_and_loaded_back(void **state)
     assert_int_equal(st.host_used_blocks, 0);
     assert_int_equal(st.loads_completed, 4);
     assert_int_equal(st.bytes_loaded, 4000);
+    assert_int_equal(st.hit_requests, 1); /* b's match (a's missed) */
+    /* the sized read: a shorter struct gets its bytes and nothing past them, a longer one
+     * zeros past the library's; the old symbol reads the frozen 448 bytes */
+    unsigned char buf[sizeof(st) + 32];
+    memset(buf, 0xA5, sizeof(buf));
+    assert_int_equal(kvt_offload_stats_read(s.m, (kvt_offload_stats *)buf, 16), sizeof(st));
+    assert_memory_equal(buf, &st, 16);
+    assert_int_equal(buf[16], 0xA5);
+    memset(buf, 0xA5, sizeof(buf));
+    assert_int_equal(kvt_offload_stats_read(s.m, (kvt_offload_stats *)buf, sizeof(buf)),
+                     sizeof(st));
+    assert_memory_equal(buf, &st, sizeof(st));
+    for (size_t i = sizeof(st); i < sizeof(buf); i++)
+        assert_int_equal(buf[i], 0);
+    assert_int_equal(kvt_offload_stats_read(s.m, NULL, 0), sizeof(st));
+    memset(buf, 0xA5, sizeof(buf));
+    (kvt_offload_get_stats)(s.m, (kvt_offload_stats *)buf);
+    assert_memory_equal(buf, &st, KVT_OFFLOAD_STATS_SIZE_0);
+    assert_int_equal(buf[KVT_OFFLOAD_STATS_SIZE_0], 0xA5);
     sim_finish(&s, &b);
     assert_int_equal(kvt_pool_num_free(s.gpu), 63);
     sim_fini(&s);

@@ -137,6 +137,7 @@ static struct {
     bool lazy;
     bool ext; /* the manager reaches S.gpu only through the callbacks below */
     uint64_t cb_calls, cb_blocks;
+    uint64_t hit_matches; /* matches that offered a hit: kvt_offload_stats.hit_requests */
     struct req reqs[MAXR];
     uint64_t gcont[MAX_RANKS][MAX_GPU], hcont[MAX_RANKS][MAX_HOST];
     uint64_t tcont[MAX_TIERS][MAX_RANKS][MAX_DISK];
@@ -356,6 +357,7 @@ static void admit(struct req *r, uint64_t *rng)
     uint32_t hit;
     CALL(kvt_offload_match(S.m, r->id, r->id_len, r->hashes, nh, r->n_tokens, gh.length, &hit));
     CHECK(hit >= hh.length, "match offered %u tokens, the host tier holds %u", hit, hh.length);
+    S.hit_matches += hit > 0;
     uint32_t nd = (hit - hh.length) / BS;
     CHECK(nd <= n_dpred, "match offered %u blocks behind the host, the tiers there hold %u", nd,
           n_dpred);
@@ -1011,6 +1013,8 @@ static void episode(uint64_t *rng, uint64_t ops_goal)
     g_ext_calls += S.cb_calls;
     g_ext_blocks += S.cb_blocks;
     CHECK(st.requests == 0, "%u requests still tracked", st.requests);
+    CHECK(st.hit_requests == S.hit_matches, "hit_requests %llu, matches that offered a hit %llu",
+          (unsigned long long)st.hit_requests, (unsigned long long)S.hit_matches);
     g_tot.hit_tokens += st.hit_tokens;
     g_tot.load_blocks += st.load_blocks;
     g_tot.store_blocks += st.store_blocks;

@@ -48,7 +48,7 @@
     X(kvt_offload_meta_encode)                                                                     \
     X(kvt_offload_meta_empty)                                                                      \
     X(kvt_offload_worker_meta_decode)                                                              \
-    X(kvt_offload_get_stats)
+    X(kvt_offload_stats_read)
 
 struct fs_api {
 #define FS_FIELD(name) __typeof__(name) *name;
@@ -1459,7 +1459,7 @@ static PyObject *sched_interval_stats(PyObject *self, PyObject *unused)
     if (bound(s) < 0)
         return NULL;
     kvt_offload_stats now;
-    s->api.kvt_offload_get_stats(s->m, &now);
+    (void)s->api.kvt_offload_stats_read(s->m, &now, sizeof(now));
     PyObject *d = NULL;
     for (uint32_t i = 0; i < s->n_stats; i++) {
         uint64_t v, was;

@@ -553,7 +553,7 @@ class OffloadManager(_Handle):
     def stats(self):
         """Counters and gauges as a dict (kvt_offload_stats)."""
         s = L.kvt_offload_stats()
-        _lib.kvt_offload_get_stats(self._h, ctypes.byref(s))
+        _lib.kvt_offload_stats_read(self._h, ctypes.byref(s), ctypes.sizeof(s))
         return {name: getattr(s, name) for name in L.fields(L.kvt_offload_stats)}
 
     def tier_stats(self):

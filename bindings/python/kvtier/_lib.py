@@ -321,12 +321,16 @@ DISK_GAUGES = ("disk_blocks", "disk_used_blocks", "disk_cached_blocks",
 LATER_COUNTERS = ("lookups_misaligned", "lookups_skipped", "store_recovered_null",
                   "boundary_states", "boundary_dropped_gone", "partial_hits", "partial_tails",
                   "remote_hit_blocks")
+# after the struct's size was frozen at 448 bytes: read with kvt_offload_stats_read, which
+# fills what the library has (a library older than this mirror leaves these 0)
+GROWN_COUNTERS = ("hit_requests",)
 
 
 class kvt_offload_stats(ctypes.Structure):
     _fields_ = ([(n, c_u64) for n in STAT_COUNTERS] + [(n, c_u32) for n in STAT_GAUGES] +
                 [(n, c_u64) for n in DISK_COUNTERS] + [(n, c_u32) for n in DISK_GAUGES] +
-                [(n, c_u64) for n in LATER_COUNTERS])
+                [(n, c_u64) for n in LATER_COUNTERS] +
+                [(n, c_u64) for n in GROWN_COUNTERS])
 
 
 TIER_COUNTERS = ("hit_blocks", "hit_tokens", "load_events", "store_events", "store_blocks",
@@ -737,7 +741,7 @@ _sig("kvt_offload_reset", c_int, vp)
 _sig("kvt_offload_clear", c_int, vp)
 _sig("kvt_offload_has_pending", c_bool, vp)
 _sig("kvt_offload_release_engine_blocks", c_int, vp, P(c_u32))
-_sig("kvt_offload_get_stats", None, vp, P(kvt_offload_stats))
+_sig("kvt_offload_stats_read", ctypes.c_size_t, vp, P(kvt_offload_stats), ctypes.c_size_t)
 _sig("kvt_offload_prometheus", c_int, vp, cp, ctypes.c_size_t, P(ctypes.c_size_t))
 _sig("kvt_offload_num_tiers", c_u32, vp)
 _sig("kvt_offload_get_tier_stats", c_int, vp, c_u32, P(kvt_tier_stats))

@@ -980,7 +980,7 @@ class _Scheduler:
 
     def stats(self):
         s = L.kvt_offload_stats()
-        _lib.kvt_offload_get_stats(self.h, ctypes.byref(s))
+        _lib.kvt_offload_stats_read(self.h, ctypes.byref(s), ctypes.sizeof(s))
         return {name: getattr(s, name) for name in L.fields(L.kvt_offload_stats)}
 
     def interval_stats(self):
@@ -988,7 +988,7 @@ class _Scheduler:
         give None when none moved."""
         if self._fast is not None:
             return self._fast.interval_stats()
-        _lib.kvt_offload_get_stats(self.h, self._st_ref)
+        _lib.kvt_offload_stats_read(self.h, self._st_ref, ctypes.sizeof(self._st))
         st, last = self._st, self._stats_last
         out = {}
         for k in _STAT_COUNTERS:
