@@ -3,9 +3,12 @@
  * Sizes of the public structs by name, so bindings that declare them (bindings/python's
  * ctypes mirror) can check at load time that their declarations match this build.
  */
+#include <stddef.h>
 #include <string.h>
 
+#include "base/error.h"
 #include "kvtier/kvtier.h"
+#include "offload/stats_schema.h"
 
 #define SIZE(t)                                                                                    \
     {                                                                                              \
@@ -78,6 +81,7 @@ static const struct {
     SIZE(kvt_ec_inbox_config),
     SIZE(kvt_ec_inbox_stats),
     SIZE(kvt_ec_cache_ops),
+    SIZE(kvt_field),
 };
 
 size_t kvt_sizeof(const char *type_name)
@@ -86,4 +90,55 @@ size_t kvt_sizeof(const char *type_name)
         if (strcmp(sizes[i].name, type_name) == 0)
             return sizes[i].size;
     return 0;
+}
+
+/* ---- descriptions, from the schema tables (src/offload/stats_schema.h) ---------------------- */
+
+#define KVI_KIND_COUNTER      KVT_FIELD_COUNTER
+#define KVI_KIND_GAUGE        KVT_FIELD_GAUGE
+#define KVI_KIND_DISK_COUNTER KVT_FIELD_COUNTER
+#define KVI_KIND_DISK_GAUGE   KVT_FIELD_GAUGE
+#define KVI_KIND_STRING       KVT_FIELD_STRING
+#define KVI_KIND_ROOM         KVT_FIELD_ROOM
+/* elements of a field: reserved room counts its words, everything else is one */
+#define KVI_COUNT(kind, bytes) (KVI_KIND_##kind == KVT_FIELD_ROOM ? (bytes) / 8 : 1)
+
+#define DESCRIBE(T, prefix, f, kind, family, help)                                                 \
+    {#f,                                                                                           \
+     help,                                                                                         \
+     sizeof(family) > 1 ? prefix family : "",                                                      \
+     (uint32_t)offsetof(T, f),                                                                     \
+     (uint32_t)(sizeof(((T *)0)->f) / KVI_COUNT(kind, sizeof(((T *)0)->f))),                       \
+     (uint32_t)KVI_COUNT(kind, sizeof(((T *)0)->f)),                                               \
+     KVI_KIND_##kind},
+#define OFFLOAD_ROW(f, kind, family, help)                                                         \
+    DESCRIBE(kvt_offload_stats, "kvtier_offload_", f, kind, family, help)
+#define TIER_ROW(f, kind, family, help)                                                            \
+    DESCRIBE(kvt_tier_stats, "kvtier_offload_tier_", f, kind, family, help)
+
+static const kvt_field offload_fields[] = {KVI_OFFLOAD_STATS(OFFLOAD_ROW)};
+static const kvt_field tier_fields[] = {KVI_TIER_STATS(TIER_ROW)};
+
+static const struct {
+    const char *name;
+    const kvt_field *fields;
+    uint32_t n;
+} described[] = {
+    {"kvt_offload_stats", offload_fields, sizeof(offload_fields) / sizeof(offload_fields[0])},
+    {"kvt_tier_stats", tier_fields, sizeof(tier_fields) / sizeof(tier_fields[0])},
+};
+
+int kvt_describe(const char *type_name, const kvt_field **fields, uint32_t *n)
+{
+    if (!type_name || !fields || !n)
+        return kvt_fail(KVT_EINVAL, "describe: NULL argument");
+    for (size_t i = 0; i < sizeof(described) / sizeof(described[0]); i++)
+        if (strcmp(described[i].name, type_name) == 0) {
+            *fields = described[i].fields;
+            *n = described[i].n;
+            return 0;
+        }
+    *fields = NULL;
+    *n = 0;
+    return kvt_fail(KVT_ENOENT, "describe: this library does not describe \"%s\"", type_name);
 }

@@ -29,6 +29,31 @@ extern "C" {
  * declare the structs themselves check them against this build. */
 KVT_API size_t kvt_sizeof(const char *type_name);
 
+/* One field of a public struct as this library lays it out (kvt_describe). */
+typedef struct kvt_field {
+    const char *name;   /* the field's name in the header */
+    const char *help;   /* one line: what it counts or holds */
+    const char *metric; /* its Prometheus family ("kvtier_offload_lookups_total"; a tier
+                           struct's: one sample per tier, labelled tier="..."), "" if the
+                           field has none of its own */
+    uint32_t offset;    /* bytes from the struct's start */
+    uint32_t size;      /* bytes of one element: 4 or 8 for a number, a pointer's for a name */
+    uint32_t count;     /* elements (1; reserved room: its words) */
+    uint32_t kind;      /* KVT_FIELD_* */
+} kvt_field;
+
+#define KVT_FIELD_COUNTER 0u /* an unsigned integer that only grows */
+#define KVT_FIELD_GAUGE   1u /* an unsigned integer that goes up and down */
+#define KVT_FIELD_STRING  2u /* a NUL-terminated name the library owns (const char *) */
+#define KVT_FIELD_ROOM    3u /* reserved words, zero */
+
+/* The fields of public struct `type_name` in the header's order (ascending offsets), as this
+ * library lays it out: *fields receives a table the library owns, *n its rows. Bindings build
+ * their mirrors of the stats structs from it instead of declaring them by hand (a field added
+ * to the library then reaches them without a change). KVT_ENOENT for a struct this library
+ * does not describe; it describes kvt_offload_stats and kvt_tier_stats. */
+KVT_API int kvt_describe(const char *type_name, const kvt_field **fields, uint32_t *n);
+
 #ifdef __cplusplus
 }
 #endif

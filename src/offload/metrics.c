@@ -11,6 +11,7 @@
 #include "base/error.h"
 #include "base/prom.h"
 #include "offload/offload_internal.h"
+#include "offload/stats_schema.h"
 
 /* ---- metrics --------------------------------------------------------------------------- */
 
@@ -144,143 +145,41 @@ int kvt_offload_get_tier_stats(const kvt_offload *m, uint32_t tier, kvt_tier_sta
 /* ---- the Prometheus exposition: one row per family ----------------------------------- */
 
 /* A family read from a field of a stats struct: name (after "kvtier_offload_"), help text,
- * where the field is and how wide (4 or 8 bytes), gauge or counter. */
+ * where the field is and how wide (4 or 8 bytes), gauge or counter, only with a disk tier.
+ * The rows come from the schema (stats_schema.h); fields without a family of their own and
+ * names are left out (a row with no name). */
 struct stat_row {
     const char *name, *help;
     size_t off, size;
-    bool gauge;
+    bool gauge, disk;
 };
 
-#define ROW(type, f, name, help, gauge)                                                            \
-    {                                                                                              \
-        name, help, offsetof(type, f), sizeof(((type *)0)->f), gauge                               \
-    }
-#define STAT(f, name, help, gauge) ROW(kvt_offload_stats, f, name, help, gauge)
-#define TIER(f, name, help, gauge) ROW(kvt_tier_stats, f, name, help, gauge)
+#define IS_GAUGE_COUNTER      false
+#define IS_GAUGE_GAUGE        true
+#define IS_GAUGE_DISK_COUNTER false
+#define IS_GAUGE_DISK_GAUGE   true
+#define IS_GAUGE_STRING       false
+#define IS_GAUGE_ROOM         false
+#define IS_DISK_COUNTER       false
+#define IS_DISK_GAUGE         false
+#define IS_DISK_DISK_COUNTER  true
+#define IS_DISK_DISK_GAUGE    true
+#define IS_DISK_STRING        false
+#define IS_DISK_ROOM          false
+#define ROW(type, prefix, f, kind, family, help)                                                   \
+    {sizeof(family) > 1 ? prefix family : NULL,                                                    \
+     help,                                                                                         \
+     offsetof(type, f),                                                                            \
+     sizeof(((type *)0)->f),                                                                       \
+     IS_GAUGE_##kind,                                                                              \
+     IS_DISK_##kind},
+#define STAT(f, kind, family, help) ROW(kvt_offload_stats, "", f, kind, family, help)
+#define TIER(f, kind, family, help) ROW(kvt_tier_stats, "tier_", f, kind, family, help)
 
-static const struct stat_row offload_rows[] = {
-    STAT(lookups, "lookups_total", "Host-tier searches by match.", false),
-    STAT(lookup_tokens, "lookup_tokens_total", "Tokens those searches could have hit.", false),
-    STAT(hit_tokens, "hit_tokens_total", "Tokens hit in the host tier.", false),
-    STAT(hit_blocks, "hit_blocks_total", "Host blocks pinned by hits.", false),
-    STAT(miss_tokens, "miss_tokens_total", "Searchable tokens the host tier did not have.", false),
-    STAT(miss_blocks, "miss_blocks_total", "Missed scheduler blocks.", false),
-    STAT(hits_dropped, "hits_dropped_total", "Hits not offered for lack of room.", false),
-    STAT(lookups_misaligned, "lookups_misaligned_total",
-         "Matches whose GPU hit ended inside a scheduler block (a miss, no lookup).", false),
-    STAT(lookups_skipped, "lookups_skipped_total",
-         "Matches of requests that reuse no cached prefix (no lookup).", false),
-    STAT(boundary_states, "boundary_states_total",
-         "Mamba align: handed-over states selected for a store.", false),
-    STAT(boundary_dropped_gone, "boundary_dropped_gone_total",
-         "Mamba align: handed-over states dropped because their request was gone.", false),
-    STAT(partial_hits, "partial_hits_total", "Host-tier hits that end inside a scheduler block.",
-         false),
-    STAT(remote_hit_blocks, "remote_hit_blocks_total",
-         "Blocks read from the remote tier into hits.", false),
-    STAT(hit_requests, "hit_requests_total", "Matches that offered a hit (any tier).", false),
-    STAT(partial_tails, "partial_tails_total",
-         "Partly filled full-attention blocks stored at request finish (partial hash hits).",
-         false),
-    STAT(store_recovered_null, "store_recovered_null_total",
-         "Nulled table entries found in the GPU pool by their hash and stored.", false),
-    STAT(untracked_requests, "untracked_requests_total",
-         "Eager requests not registered: request table full.", false),
-    STAT(load_events, "load_events_total", "Load events issued.", false),
-    STAT(load_blocks, "load_blocks_total", "Blocks in issued load events.", false),
-    STAT(loads_completed, "loads_completed_total", "Blocks whose load completed.", false),
-    STAT(store_events, "store_events_total", "Store events issued.", false),
-    STAT(store_blocks, "store_blocks_total", "Blocks in issued store events.", false),
-    STAT(stores_completed, "stores_completed_total", "Blocks made findable in the host tier.",
-         false),
-    STAT(stores_abandoned, "stores_abandoned_total", "Blocks whose store completed after a reset.",
-         false),
-    STAT(stores_failed, "stores_failed_total",
-         "Blocks of store events a worker could not write (not cached).", false),
-    STAT(restores, "restores_total", "Blocks re-stored after a host-tier eviction.", false),
-    STAT(restores_dropped_hot, "restores_dropped_hot_total",
-         "Re-stores given up because they would have evicted a block in use on the GPU.", false),
-    STAT(host_evictions, "host_evictions_total", "Cached host blocks reused for new stores.",
-         false),
-    STAT(stale_reports, "stale_reports_total", "Store reports for completed or abandoned events.",
-         false),
-    STAT(bytes_loaded, "loaded_bytes_total", "Bytes loaded (blocks x block_bytes).", false),
-    STAT(bytes_stored, "stored_bytes_total", "Bytes stored (blocks x block_bytes).", false),
-    STAT(resets, "resets_total", "Successful resets.", false),
-    STAT(host_blocks, "host_blocks", "Usable host-tier blocks.", true),
-    STAT(host_used_blocks, "host_used_blocks", "Host blocks pinned by hits or transfers.", true),
-    STAT(host_cached_blocks, "host_cached_blocks", "Host blocks that can be hit.", true),
-    STAT(requests, "requests", "Requests tracked.", true),
-    STAT(load_events_in_flight, "load_events_in_flight", "Load events not yet completed.", true),
-    STAT(store_events_in_flight, "store_events_in_flight", "Store events not yet completed.", true),
-    STAT(pending_store_blocks, "pending_store_blocks",
-         "Blocks queued or in flight to the host tier.", true),
-};
-
-/* three tiers only */
-static const struct stat_row disk_rows[] = {
-    STAT(disk_hit_tokens, "disk_hit_tokens_total", "Tokens of hits served from the disk tier.",
-         false),
-    STAT(disk_hit_blocks, "disk_hit_blocks_total", "Disk slots pinned by hits.", false),
-    STAT(promotions, "promotions_total", "Blocks promoted from disk to host.", false),
-    STAT(promotions_failed, "promotions_failed_total",
-         "Blocks whose promotion failed (reported invalid).", false),
-    STAT(disk_load_events, "disk_load_events_total", "Promotion events issued.", false),
-    STAT(disk_store_events, "disk_store_events_total", "Write-back events issued.", false),
-    STAT(disk_store_blocks, "disk_store_blocks_total", "Blocks in write-back events.", false),
-    STAT(disk_stores_completed, "disk_stores_completed_total", "Blocks made findable on disk.",
-         false),
-    STAT(disk_stores_failed, "disk_stores_failed_total",
-         "Write-back blocks a worker could not write.", false),
-    STAT(disk_stores_abandoned, "disk_stores_abandoned_total",
-         "Write-backs completed after a reset.", false),
-    STAT(disk_store_skipped_cached, "disk_store_skipped_cached_total",
-         "Blocks not written back: already on disk.", false),
-    STAT(disk_store_dropped, "disk_store_dropped_total",
-         "Blocks not written back: no free slot or event room.", false),
-    STAT(disk_evictions, "disk_evictions_total", "Cached disk slots reused.", false),
-    STAT(disk_blocks, "disk_blocks", "Usable disk-tier slots (0: two tiers).", true),
-    STAT(disk_used_blocks, "disk_used_blocks", "Disk slots pinned by hits or transfers.", true),
-    STAT(disk_cached_blocks, "disk_cached_blocks", "Disk slots that can be hit.", true),
-    STAT(disk_load_events_in_flight, "disk_load_events_in_flight",
-         "Promotion events not yet completed.", true),
-    STAT(disk_store_events_in_flight, "disk_store_events_in_flight",
-         "Write-back events not yet completed.", true),
-};
-
+static const struct stat_row offload_rows[] = {KVI_OFFLOAD_STATS(STAT)};
 /* Every tier's figures, with a tier label, for dashboards that sum or compare tiers (the
  * unlabelled families above stay for existing scrapes). */
-static const struct stat_row tier_rows[] = {
-    TIER(blocks, "tier_blocks", "Usable blocks per tier.", true),
-    TIER(used_blocks, "tier_used_blocks", "Blocks pinned by hits or transfers per tier.", true),
-    TIER(cached_blocks, "tier_cached_blocks", "Blocks that can be hit per tier.", true),
-    TIER(load_events_in_flight, "tier_load_events_in_flight",
-         "Load events out of the tier not yet completed.", true),
-    TIER(store_events_in_flight, "tier_store_events_in_flight",
-         "Store events into the tier not yet completed.", true),
-    TIER(hit_blocks, "tier_hit_blocks_total", "Blocks pinned by hits per tier.", false),
-    TIER(hit_tokens, "tier_hit_tokens_total", "Tokens of hits served by the tier.", false),
-    TIER(load_events, "tier_load_events_total", "Load events out of the tier issued.", false),
-    TIER(store_events, "tier_store_events_total", "Store events into the tier issued.", false),
-    TIER(store_blocks, "tier_store_blocks_total", "Blocks in those store events.", false),
-    TIER(stores_completed, "tier_stores_completed_total", "Blocks made findable in the tier.",
-         false),
-    TIER(stores_failed, "tier_stores_failed_total",
-         "Blocks of store events a worker could not write.", false),
-    TIER(stores_abandoned, "tier_stores_abandoned_total",
-         "Blocks whose store completed after a reset.", false),
-    TIER(store_skipped_cached, "tier_store_skipped_cached_total",
-         "Blocks not stored: already in the tier.", false),
-    TIER(store_dropped, "tier_store_dropped_total",
-         "Blocks not stored: no free block or event room.", false),
-    TIER(evictions, "tier_evictions_total", "Cached blocks reused for new ones per tier.", false),
-    TIER(loads_failed, "tier_loads_failed_total",
-         "Blocks a worker could not read out of the tier (their keys dropped).", false),
-    TIER(lookups_dropped, "tier_lookups_dropped_total",
-         "Remote lookups not offered: the hit before them changed while a node tier's lock was "
-         "let go.",
-         false),
-};
+static const struct stat_row tier_rows[] = {KVI_TIER_STATS(TIER)};
 
 #undef TIER
 #undef STAT
@@ -299,11 +198,13 @@ static uint64_t row_value(const void *stats, const struct stat_row *r)
     return v32;
 }
 
-static void emit_rows(kvi_prom *p, const void *stats, const struct stat_row *rows, size_t n)
+static void emit_rows(kvi_prom *p, const void *stats, const struct stat_row *rows, size_t n,
+                      bool disk)
 {
     for (size_t i = 0; i < n; i++)
-        kvi_prom_metric(p, "kvtier_offload", rows[i].name, rows[i].help, rows[i].gauge,
-                        row_value(stats, &rows[i]));
+        if (rows[i].name && (disk || !rows[i].disk))
+            kvi_prom_metric(p, "kvtier_offload", rows[i].name, rows[i].help, rows[i].gauge,
+                            row_value(stats, &rows[i]));
 }
 
 static void emit_tiers(kvi_prom *p, const kvt_offload *m)
@@ -314,6 +215,8 @@ static void emit_tiers(kvi_prom *p, const kvt_offload *m)
         (void)kvt_offload_get_tier_stats(m, t, &ts[t]);
     for (size_t i = 0; i < KVT_ARRAY_LEN(tier_rows); i++) {
         const struct stat_row *r = &tier_rows[i];
+        if (!r->name)
+            continue;
         kvi_prom_family(p, "kvtier_offload", r->name, r->help, r->gauge);
         for (uint32_t t = 0; t < n_tiers && t < KVT_MAX_TIERS; t++)
             kvi_prom_sample(p, "kvtier_offload", r->name, "tier", ts[t].name, row_value(&ts[t], r));
@@ -327,9 +230,7 @@ int kvt_offload_prometheus(const kvt_offload *m, char *buf, size_t cap, size_t *
     kvt_offload_stats s;
     kvt_offload_get_stats(m, &s);
     kvi_prom p = {buf, cap, 0};
-    emit_rows(&p, &s, offload_rows, KVT_ARRAY_LEN(offload_rows));
-    if (m && m->tier[1].pool)
-        emit_rows(&p, &s, disk_rows, KVT_ARRAY_LEN(disk_rows));
+    emit_rows(&p, &s, offload_rows, KVT_ARRAY_LEN(offload_rows), m && m->tier[1].pool);
     emit_tiers(&p, m);
     const struct {
         const char *reason;

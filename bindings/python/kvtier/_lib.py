@@ -299,54 +299,56 @@ class kvt_offload_worker_meta(ctypes.Structure):
                 ("failed_promo", P(c_u32)), ("cap_failed_promo", c_u32)]
 
 
-STAT_COUNTERS = ("lookups", "lookup_tokens", "hit_tokens", "hit_blocks", "miss_tokens",
-                 "miss_blocks", "hits_dropped", "untracked_requests", "load_events",
-                 "load_blocks", "loads_completed", "store_events", "store_blocks",
-                 "stores_completed", "stores_abandoned", "stores_failed",
-                 "store_skipped_cached", "store_skipped_in_flight", "store_skipped_unhashed",
-                 "store_skipped_null", "store_dropped_full", "restores",
-                 "restores_dropped_hot", "host_evictions",
-                 "stale_reports", "bytes_loaded", "bytes_stored", "resets")
-STAT_GAUGES = ("host_blocks", "host_used_blocks", "host_cached_blocks", "requests",
-               "load_events_in_flight", "store_events_in_flight", "pending_store_blocks")
-DISK_COUNTERS = ("disk_hit_tokens", "disk_hit_blocks", "promotions", "promotions_failed",
-                 "disk_load_events", "disk_store_events", "disk_store_blocks",
-                 "disk_stores_completed", "disk_stores_failed", "disk_stores_abandoned",
-                 "disk_store_skipped_cached", "disk_store_dropped", "disk_evictions")
-DISK_GAUGES = ("disk_blocks", "disk_used_blocks", "disk_cached_blocks",
-               "disk_load_events_in_flight", "disk_store_events_in_flight")
+class kvt_field(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("help", ctypes.c_char_p), ("metric", ctypes.c_char_p),
+                ("offset", c_u32), ("size", c_u32), ("count", c_u32), ("kind", c_u32)]
 
 
-# counters added after the disk's, in the struct's reserved room
-LATER_COUNTERS = ("lookups_misaligned", "lookups_skipped", "store_recovered_null",
-                  "boundary_states", "boundary_dropped_gone", "partial_hits", "partial_tails",
-                  "remote_hit_blocks")
-# after the struct's size was frozen at 448 bytes: read with kvt_offload_stats_read, which
-# fills what the library has (a library older than this mirror leaves these 0)
-GROWN_COUNTERS = ("hit_requests",)
+FIELD_COUNTER, FIELD_GAUGE, FIELD_STRING, FIELD_ROOM = range(4)  # KVT_FIELD_*
 
 
-class kvt_offload_stats(ctypes.Structure):
-    _fields_ = ([(n, c_u64) for n in STAT_COUNTERS] + [(n, c_u32) for n in STAT_GAUGES] +
-                [(n, c_u64) for n in DISK_COUNTERS] + [(n, c_u32) for n in DISK_GAUGES] +
-                [(n, c_u64) for n in LATER_COUNTERS] +
-                [(n, c_u64) for n in GROWN_COUNTERS])
+def described(type_name):
+    """A ctypes mirror of public struct type_name laid out as the loaded library describes it
+    (kvt_describe): a field the library gained reaches Python without a change here. Every
+    field's offset is checked against the library's; a library that does not describe the
+    struct, or a layout ctypes cannot reproduce, is an ImportError naming the struct."""
+    try:
+        fn = lib["kvt_describe"]
+    except KeyError:
+        raise ImportError("kvtier: %s has no kvt_describe: the bindings need a newer libkvtier"
+                          % lib.path) from None
+    fn.restype = c_int
+    fn.argtypes = [ctypes.c_char_p, P(P(kvt_field)), P(c_u32)]
+    rows, n = P(kvt_field)(), c_u32()
+    if fn(type_name.encode(), ctypes.byref(rows), ctypes.byref(n)) != 0:
+        raise ImportError("kvtier: %s does not describe %s: the bindings need a newer "
+                          "libkvtier" % (lib.path, type_name))
+    fields, offsets = [], []
+    for i in range(n.value):
+        r = rows[i]
+        if r.kind == FIELD_STRING:
+            t = ctypes.c_char_p
+        elif r.size in (4, 8):
+            t = c_u32 if r.size == 4 else c_u64
+        else:
+            raise ImportError("kvtier: %s.%s is %d bytes wide, not a number this binding reads"
+                              % (type_name, r.name.decode(), r.size))
+        if r.kind == FIELD_ROOM:
+            t = t * r.count
+        fields.append((r.name.decode(), t))
+        offsets.append(r.offset)
+    cls = type(type_name, (ctypes.Structure,), {"_fields_": fields})
+    for (name, _), off in zip(fields, offsets):
+        if getattr(cls, name).offset != off:
+            raise ImportError("kvtier: %s.%s lies at %d in the library, %d in ctypes' layout"
+                              % (type_name, name, off, getattr(cls, name).offset))
+    return cls
 
 
-TIER_COUNTERS = ("hit_blocks", "hit_tokens", "load_events", "store_events", "store_blocks",
-                 "stores_completed", "stores_failed", "stores_abandoned",
-                 "store_skipped_cached", "store_dropped", "evictions")
-TIER_GAUGES = ("blocks", "used_blocks", "cached_blocks", "load_events_in_flight",
-               "store_events_in_flight")
-
-
-TIER_LATER_COUNTERS = ("loads_failed", "lookups_dropped")  # after the gauges, in the reserved room
-
-
-class kvt_tier_stats(ctypes.Structure):
-    _fields_ = ([("name", ctypes.c_char_p)] + [(n, c_u64) for n in TIER_COUNTERS] +
-                [(n, c_u32) for n in TIER_GAUGES] +
-                [(n, c_u64) for n in TIER_LATER_COUNTERS] + room(8 - len(TIER_LATER_COUNTERS)))
+# The stats structs, read from the library (a field added there appears here); their sizes are
+# checked against kvt_sizeof below like every other struct's.
+kvt_offload_stats = described("kvt_offload_stats")
+kvt_tier_stats = described("kvt_tier_stats")
 
 
 class kvt_copy_config(Struct):
@@ -926,7 +928,7 @@ for _t in (kvt_str, kvt_bump, kvt_group_spec, kvt_pool_config, kvt_hit, kvt_bloc
            kvt_ec_producer_stats, kvt_ec_push_failure, kvt_ec_local_consumer, kvt_ec_binding,
            kvt_ec_server_config, kvt_ec_server_stats, kvt_ec_net_config, kvt_ec_inbox_config,
            kvt_ec_inbox_stats, kvt_ec_cache_ops, kvt_remote_config, kvt_remote_loc,
-           kvt_remote_stats):
+           kvt_remote_stats, kvt_field):
     _c = lib.kvt_sizeof(_t.__name__.encode())
     if _c != ctypes.sizeof(_t):
         raise ImportError("kvtier: %s is %d bytes in the library but %d in the bindings; "

@@ -2,6 +2,7 @@
 """Tests of the Python bindings (run by ctest as test_python)."""
 import os
 import sys
+import ctypes
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -99,6 +100,19 @@ class EngineStep(unittest.TestCase):
         self.assertEqual(st["lookups_misaligned"], 1)
         self.assertEqual(st["lookups_skipped"], 1)
         self.assertGreater(e.mgr.match("q", hashes, 40, 0), 0)  # the same, plainly: a hit
+        self.assertEqual(e.mgr.stats()["hit_requests"], st["hit_requests"] + 1)
+
+    def test_stats_mirrors_come_from_the_library(self):
+        L = sys.modules["kvtier._lib"]
+        for name in ("kvt_offload_stats", "kvt_tier_stats"):
+            cls = getattr(L, name)
+            self.assertEqual(ctypes.sizeof(cls), L.lib.kvt_sizeof(name.encode()))
+        names = L.fields(L.kvt_offload_stats)
+        self.assertIn("hit_requests", names)  # appended after the frozen 448 bytes
+        self.assertEqual(names[0], "lookups")
+        self.assertEqual(L.kvt_offload_stats.hit_requests.offset, 448)
+        with self.assertRaises(ImportError):
+            L.described("kvt_no_such_struct")
 
     def test_lazy_window(self):
         gpu = kvtier.Pool(64)
