@@ -170,10 +170,12 @@ bench-env: deps
 format:
 	clang-format -i $(SOURCES)
 
-# After a public header gains or loses a KVT_API function: the version script and docs/api.md.
+# After a public header gains or loses a KVT_API function: the version script and docs/api.md;
+# after a stats schema row changes (src/offload/stats_schema.h): docs/offload.md's tables.
 symbols:
 	scripts/gen-symbols
 	scripts/gen-api-doc
+	scripts/gen-metrics-doc
 
 format-check: deps
 	clang-format --dry-run -Werror $(SOURCES)
