@@ -116,8 +116,15 @@ size_t kvt_sizeof(const char *type_name)
 #define TIER_ROW(f, kind, family, help)                                                            \
     DESCRIBE(kvt_tier_stats, "kvtier_offload_tier_", f, kind, family, help)
 
+#define NODE_ROW(f, kind, family, help)                                                            \
+    DESCRIBE(kvt_node_stats, "kvtier_node_", f, kind, family, help)
+#define REMOTE_ROW(f, kind, family, help)                                                          \
+    DESCRIBE(kvt_remote_stats, "kvtier_remote_", f, kind, family, help)
+
 static const kvt_field offload_fields[] = {KVI_OFFLOAD_STATS(OFFLOAD_ROW)};
 static const kvt_field tier_fields[] = {KVI_TIER_STATS(TIER_ROW)};
+static const kvt_field node_fields[] = {KVI_NODE_STATS(NODE_ROW)};
+static const kvt_field remote_fields[] = {KVI_REMOTE_STATS(REMOTE_ROW)};
 
 static const struct {
     const char *name;
@@ -126,6 +133,8 @@ static const struct {
 } described[] = {
     {"kvt_offload_stats", offload_fields, sizeof(offload_fields) / sizeof(offload_fields[0])},
     {"kvt_tier_stats", tier_fields, sizeof(tier_fields) / sizeof(tier_fields[0])},
+    {"kvt_node_stats", node_fields, sizeof(node_fields) / sizeof(node_fields[0])},
+    {"kvt_remote_stats", remote_fields, sizeof(remote_fields) / sizeof(remote_fields[0])},
 };
 
 int kvt_describe(const char *type_name, const kvt_field **fields, uint32_t *n)

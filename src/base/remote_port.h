@@ -25,6 +25,8 @@ typedef struct kvi_remote_port {
      * transfer backend (base/xfer.h) reading on a thread of its own, by owner, into this
      * remote's slots; its close lets go of r as unlend does. */
     int (*stage_open)(kvt_remote *r, uint32_t tier, const struct kvi_xfer_ops **ops, void **impl);
+    /* kvt_remote_get_stats, for the manager's exposition */
+    void (*stats)(kvt_remote *r, kvt_remote_stats *out);
     bool lent;     /* a manager holds it (set by the manager's attach) */
     bool staged;   /* a worker reads through it (set by stage_open) */
     bool orphaned; /* kvt_remote_destroy was called while lent or staged: the last to let

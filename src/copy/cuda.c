@@ -63,7 +63,84 @@ static bool grow_scratch(cuda_be *b, size_t n)
     return true;
 }
 
-/* Issues one job on its stream. Returns false (with the reason logged) on failure. */
+/* The job's fragments in one launch of the gather/scatter kernel, from the slot's pinned
+ * table: the slot is reused only after this job's completion event, so the kernel has read
+ * the table by then. */
+static bool issue_kernel(kvt_copy *c, cuda_be *b, copy_job *j, kvi_CUstream s, const char *what)
+{
+    const kvi_cuda_api *cu = b->cu;
+    kvi_CUresult r;
+    if (j->be_frags_cap < j->n_descs) {
+        if (j->be_frags)
+            cu->MemFreeHost(j->be_frags);
+        j->be_frags = NULL;
+        j->be_frags_cap = 0;
+        r = cu->MemAllocHost(&j->be_frags, (size_t)j->n_descs * sizeof(kvi_frag));
+        if (r != KVT_CUDA_SUCCESS) {
+            j->be_frags = NULL;
+            KVT_LOG_E("copy: %s event %lld: cuMemAllocHost of %u fragments: %s", what,
+                      (long long)j->event, j->n_descs, kvi_cuda_err(r));
+            return false;
+        }
+        j->be_frags_cap = j->n_descs;
+    }
+    kvi_frag *f = j->be_frags;
+    for (uint32_t i = 0; i < j->n_descs; i++)
+        f[i] = (kvi_frag){j->descs[i].dst, j->descs[i].src, j->descs[i].size};
+    r = kvi_frag_launch(cu, &b->frag, f, j->n_descs, s);
+    if (r != KVT_CUDA_SUCCESS) {
+        KVT_LOG_E("copy: %s event %lld: launch of the copy kernel (%u fragments): %s", what,
+                  (long long)j->event, j->n_descs, kvi_cuda_err(r));
+        return false;
+    }
+    pthread_mutex_lock(&c->mu);
+    c->st.kernel_events[j->dir]++;
+    pthread_mutex_unlock(&c->mu);
+    return true;
+}
+
+/* The job's descriptors to the copy engines: batches of at most max_descriptors through
+ * cuMemcpyBatchAsync, or one cuMemcpyAsync each where the driver lacks it. */
+static bool issue_dma(kvt_copy *c, cuda_be *b, copy_job *j, kvi_CUstream s, const char *what)
+{
+    const kvi_cuda_api *cu = b->cu;
+    kvi_CUresult r;
+    if (!b->batched) {
+        for (uint32_t i = 0; i < j->n_descs; i++) {
+            r = cu->MemcpyAsync(j->descs[i].dst, j->descs[i].src, j->descs[i].size, s);
+            if (r != KVT_CUDA_SUCCESS) {
+                KVT_LOG_E("copy: %s event %lld: cuMemcpyAsync of descriptor %u: %s", what,
+                          (long long)j->event, i, kvi_cuda_err(r));
+                return false;
+            }
+        }
+        return true;
+    }
+    if (!grow_scratch(b, j->n_descs)) {
+        KVT_LOG_E("copy: %s event %lld: out of memory", what, (long long)j->event);
+        return false;
+    }
+    for (uint32_t i = 0; i < j->n_descs; i++) {
+        b->dsts[i] = j->descs[i].dst;
+        b->srcs[i] = j->descs[i].src;
+        b->sizes[i] = j->descs[i].size;
+    }
+    uint32_t cap = c->cfg.max_descriptors ? c->cfg.max_descriptors : KVT_CUDA_BATCH_DEFAULT;
+    for (uint32_t at = 0; at < j->n_descs; at += cap) {
+        size_t n = j->n_descs - at < cap ? j->n_descs - at : cap, attr_idx = 0, fail = 0;
+        r = cu->MemcpyBatchAsync(b->dsts + at, b->srcs + at, b->sizes + at, n, &b->attrs[j->dir],
+                                 &attr_idx, 1, &fail, s);
+        if (r != KVT_CUDA_SUCCESS) {
+            KVT_LOG_E("copy: %s event %lld: cuMemcpyBatchAsync failed at descriptor %zu: %s", what,
+                      (long long)j->event, at + fail, kvi_cuda_err(r));
+            return false;
+        }
+    }
+    return true;
+}
+
+/* Issues one job on its stream: its wait event, its copies (the kernel or DMA), its
+ * completion event. Returns false (with the reason logged) on failure. */
 static bool issue(kvt_copy *c, cuda_be *b, copy_job *j)
 {
     const kvi_cuda_api *cu = b->cu;
@@ -77,66 +154,11 @@ static bool issue(kvt_copy *c, cuda_be *b, copy_job *j)
                   kvi_cuda_err(r));
         return false;
     }
-    if (b->frag.ok && kvi_frag_use(j->bytes, j->n_descs, b->frag_max)) {
-        /* the job's fragments in the slot's pinned table: the slot is reused only after this
-         * job's completion event, so the kernel has read the table by then */
-        if (j->be_frags_cap < j->n_descs) {
-            if (j->be_frags)
-                cu->MemFreeHost(j->be_frags);
-            j->be_frags = NULL;
-            j->be_frags_cap = 0;
-            r = cu->MemAllocHost(&j->be_frags, (size_t)j->n_descs * sizeof(kvi_frag));
-            if (r != KVT_CUDA_SUCCESS) {
-                j->be_frags = NULL;
-                KVT_LOG_E("copy: %s event %lld: cuMemAllocHost of %u fragments: %s", what,
-                          (long long)j->event, j->n_descs, kvi_cuda_err(r));
-                return false;
-            }
-            j->be_frags_cap = j->n_descs;
-        }
-        kvi_frag *f = j->be_frags;
-        for (uint32_t i = 0; i < j->n_descs; i++)
-            f[i] = (kvi_frag){j->descs[i].dst, j->descs[i].src, j->descs[i].size};
-        r = kvi_frag_launch(cu, &b->frag, f, j->n_descs, s);
-        if (r != KVT_CUDA_SUCCESS) {
-            KVT_LOG_E("copy: %s event %lld: launch of the copy kernel (%u fragments): %s", what,
-                      (long long)j->event, j->n_descs, kvi_cuda_err(r));
-            return false;
-        }
-        pthread_mutex_lock(&c->mu);
-        c->st.kernel_events[j->dir]++;
-        pthread_mutex_unlock(&c->mu);
-    } else if (b->batched) {
-        if (!grow_scratch(b, j->n_descs)) {
-            KVT_LOG_E("copy: %s event %lld: out of memory", what, (long long)j->event);
-            return false;
-        }
-        for (uint32_t i = 0; i < j->n_descs; i++) {
-            b->dsts[i] = j->descs[i].dst;
-            b->srcs[i] = j->descs[i].src;
-            b->sizes[i] = j->descs[i].size;
-        }
-        uint32_t cap = c->cfg.max_descriptors ? c->cfg.max_descriptors : KVT_CUDA_BATCH_DEFAULT;
-        for (uint32_t at = 0; at < j->n_descs; at += cap) {
-            size_t n = j->n_descs - at < cap ? j->n_descs - at : cap, attr_idx = 0, fail = 0;
-            r = cu->MemcpyBatchAsync(b->dsts + at, b->srcs + at, b->sizes + at, n,
-                                     &b->attrs[j->dir], &attr_idx, 1, &fail, s);
-            if (r != KVT_CUDA_SUCCESS) {
-                KVT_LOG_E("copy: %s event %lld: cuMemcpyBatchAsync failed at descriptor %zu: %s",
-                          what, (long long)j->event, at + fail, kvi_cuda_err(r));
-                return false;
-            }
-        }
-    } else {
-        for (uint32_t i = 0; i < j->n_descs; i++) {
-            r = cu->MemcpyAsync(j->descs[i].dst, j->descs[i].src, j->descs[i].size, s);
-            if (r != KVT_CUDA_SUCCESS) {
-                KVT_LOG_E("copy: %s event %lld: cuMemcpyAsync of descriptor %u: %s", what,
-                          (long long)j->event, i, kvi_cuda_err(r));
-                return false;
-            }
-        }
-    }
+    bool ok = b->frag.ok && kvi_frag_use(j->bytes, j->n_descs, b->frag_max)
+                  ? issue_kernel(c, b, j, s, what)
+                  : issue_dma(c, b, j, s, what);
+    if (!ok)
+        return false;
     r = cu->EventRecord((kvi_CUevent)j->be_event, s);
     if (r != KVT_CUDA_SUCCESS) {
         KVT_LOG_E("copy: %s event %lld: cuEventRecord: %s", what, (long long)j->event,

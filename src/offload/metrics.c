@@ -10,6 +10,7 @@
 
 #include "base/error.h"
 #include "base/prom.h"
+#include "base/remote_port.h"
 #include "offload/offload_internal.h"
 #include "offload/stats_schema.h"
 
@@ -180,6 +181,14 @@ static const struct stat_row offload_rows[] = {KVI_OFFLOAD_STATS(STAT)};
 /* Every tier's figures, with a tier label, for dashboards that sum or compare tiers (the
  * unlabelled families above stay for existing scrapes). */
 static const struct stat_row tier_rows[] = {KVI_TIER_STATS(TIER)};
+/* the node and remote tiers the manager was lent: their own families, kvtier_node_* and
+ * kvtier_remote_* (emitted with their prefix, not "kvtier_offload") */
+#define NODE(f, kind, family, help)   ROW(kvt_node_stats, "", f, kind, family, help)
+#define REMOTE(f, kind, family, help) ROW(kvt_remote_stats, "", f, kind, family, help)
+static const struct stat_row node_rows[] = {KVI_NODE_STATS(NODE)};
+static const struct stat_row remote_rows[] = {KVI_REMOTE_STATS(REMOTE)};
+#undef REMOTE
+#undef NODE
 
 #undef TIER
 #undef STAT
@@ -198,12 +207,12 @@ static uint64_t row_value(const void *stats, const struct stat_row *r)
     return v32;
 }
 
-static void emit_rows(kvi_prom *p, const void *stats, const struct stat_row *rows, size_t n,
-                      bool disk)
+static void emit_rows(kvi_prom *p, const char *prefix, const void *stats,
+                      const struct stat_row *rows, size_t n, bool disk)
 {
     for (size_t i = 0; i < n; i++)
         if (rows[i].name && (disk || !rows[i].disk))
-            kvi_prom_metric(p, "kvtier_offload", rows[i].name, rows[i].help, rows[i].gauge,
+            kvi_prom_metric(p, prefix, rows[i].name, rows[i].help, rows[i].gauge,
                             row_value(stats, &rows[i]));
 }
 
@@ -230,7 +239,18 @@ int kvt_offload_prometheus(const kvt_offload *m, char *buf, size_t cap, size_t *
     kvt_offload_stats s;
     kvt_offload_get_stats(m, &s);
     kvi_prom p = {buf, cap, 0};
-    emit_rows(&p, &s, offload_rows, KVT_ARRAY_LEN(offload_rows), m && m->tier[1].pool);
+    emit_rows(&p, "kvtier_offload", &s, offload_rows, KVT_ARRAY_LEN(offload_rows),
+              m && m->tier[1].pool);
+    if (m && m->node) {
+        kvt_node_stats ns;
+        if (kvt_node_get_stats(m->node, &ns) == 0)
+            emit_rows(&p, "kvtier_node", &ns, node_rows, KVT_ARRAY_LEN(node_rows), false);
+    }
+    if (m && m->remote && m->rport->stats) {
+        kvt_remote_stats rs;
+        m->rport->stats(m->remote, &rs);
+        emit_rows(&p, "kvtier_remote", &rs, remote_rows, KVT_ARRAY_LEN(remote_rows), false);
+    }
     emit_tiers(&p, m);
     const struct {
         const char *reason;

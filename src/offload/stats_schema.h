@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The offload manager's stats structs, one row per field in the header's order (a unit test
+ * The offload manager's stats structs, and those of the node and remote tiers it may be lent,
+ * one row per field in the header's order (a unit test
  * holds the rows to the struct: every field, in order, nothing else). From these rows come
  * the Prometheus families (metrics.c) and the description the bindings build their mirrors
  * from (kvt_describe, src/abi.c). A new field is a row here, a line in the header and its
@@ -135,6 +136,49 @@
     X(lookups_dropped, COUNTER, "lookups_dropped_total",                                           \
       "Remote lookups not offered: the hit before them changed while a node tier's lock was "      \
       "let go.")                                                                                   \
+    X(reserved, ROOM, "", "Room for figures to come (zero).")
+
+/* kvt_node_stats (a replica's view of its node tier): families "kvtier_node_" + family */
+#define KVI_NODE_STATS(X)                                                                          \
+    X(ranks_attached, GAUGE, "ranks_attached", "Replicas attached to the node tier now.")          \
+    X(published, GAUGE, "published_slots", "This replica's slots that carry keys.")                \
+    X(peer_pinned, GAUGE, "peer_pinned_slots", "This replica's slots that peers pin now.")         \
+    X(pinned_of_peers, GAUGE, "pinned_peer_slots", "Peers' slots this replica pins now.")          \
+    X(epoch, GAUGE, "epoch", "This attachment's number (attaches of the tier so far).")            \
+    X(full_rescans, COUNTER, "full_rescans_total", "Times this replica re-read every slot.")       \
+    X(reaped, COUNTER, "reaped_total", "Dead peers this replica reaped.")                          \
+    X(lock_recoveries, COUNTER, "lock_recoveries_total",                                           \
+      "Times this replica found the lock's holder dead.")                                          \
+    X(reserved, ROOM, "", "Room for figures to come (zero).")
+
+/* kvt_remote_stats (this instance of the remote tier): families "kvtier_remote_" + family */
+#define KVI_REMOTE_STATS(X)                                                                        \
+    X(epoch, GAUGE, "epoch", "This instance's epoch in the directory (0: not registered).")        \
+    X(registrations, COUNTER, "registrations_total",                                               \
+      "Times it registered and published again what it holds.")                                    \
+    X(published, COUNTER, "published_total", "Directory entries written.")                         \
+    X(withdrawn, COUNTER, "withdrawn_total", "Directory entries removed.")                         \
+    X(publish_dropped, COUNTER, "publish_dropped_total",                                           \
+      "Publications lost to an unreachable directory.")                                            \
+    X(lookups, COUNTER, "lookups_total", "Directory lookups.")                                     \
+    X(lookup_blocks, COUNTER, "lookup_blocks_total", "Blocks asked of the directory.")             \
+    X(hit_blocks, COUNTER, "hit_blocks_total", "Blocks the directory named an owner for.")         \
+    X(directory_errors, COUNTER, "directory_errors_total",                                         \
+      "Directory round trips that failed or timed out.")                                           \
+    X(reads, COUNTER, "reads_total", "Reads asked of peers.")                                      \
+    X(read_blocks, COUNTER, "read_blocks_total", "Blocks asked of peers.")                         \
+    X(read_ok, COUNTER, "read_ok_total", "Blocks read and checked.")                               \
+    X(read_stale, COUNTER, "read_stale_total", "Blocks the owner no longer held as published.")    \
+    X(read_failed, COUNTER, "read_failed_total", "Blocks whose read failed.")                      \
+    X(read_bytes, COUNTER, "read_bytes_total", "Bytes read from peers.")                           \
+    X(served_blocks, COUNTER, "served_blocks_total", "Blocks this instance served as owner.")      \
+    X(served_stale, COUNTER, "served_stale_total", "Requests for blocks it no longer held.")       \
+    X(served_bytes, COUNTER, "served_bytes_total", "Bytes this instance served as owner.")         \
+    X(refused_requests, COUNTER, "refused_requests_total",                                         \
+      "Requests refused: authentication, epoch or malformed.")                                     \
+    X(handshakes, COUNTER, "handshakes_total", "Sessions established, as reader and as owner.")    \
+    X(auth_failures, COUNTER, "auth_failures_total",                                               \
+      "Proofs, MACs or block tags that did not check.")                                            \
     X(reserved, ROOM, "", "Room for figures to come (zero).")
 
 #endif

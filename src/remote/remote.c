@@ -880,6 +880,7 @@ static int remote_alloc(const kvt_remote_config *c, kvt_remote **out)
                                  .lookup_peer = kvt_remote_lookup_peer,
                                  .unlend = unlend,
                                  .stage_open = kvi_remote_stage_open,
+                                 .stats = kvt_remote_get_stats,
                                  .regions = r->piece,
                                  .n_regions = np,
                                  .n_slots = c->n_slots,

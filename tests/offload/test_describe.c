@@ -39,6 +39,8 @@ static void test_describes_the_stats_structs(void **state)
     (void)state;
     covers("kvt_offload_stats", sizeof(kvt_offload_stats));
     covers("kvt_tier_stats", sizeof(kvt_tier_stats));
+    covers("kvt_node_stats", sizeof(kvt_node_stats));
+    covers("kvt_remote_stats", sizeof(kvt_remote_stats));
     const kvt_field *f;
     uint32_t n;
     KVT_OK_(kvt_describe("kvt_offload_stats", &f, &n));

@@ -355,6 +355,13 @@ static void replicas_of_a_node_tier_share_the_remote_tier(void **state)
     size_t plen;
     KVT_OK_(kvt_offload_prometheus(a0.s.m, prom, sizeof(prom), &plen));
     assert_non_null(strstr(prom, "kvtier_offload_tier_lookups_dropped_total{tier=\"remote\"} 1"));
+    /* the node's and the remote's own families, from the tiers the manager was lent */
+    char want[128];
+    assert_non_null(strstr(prom, "\nkvtier_node_ranks_attached 2\n"));
+    snprintf(want, sizeof(want), "\nkvtier_remote_read_ok_total %llu\n",
+             (unsigned long long)rstats(&a0).read_ok);
+    assert_non_null(strstr(prom, want));
+    assert_non_null(strstr(prom, "# TYPE kvtier_remote_epoch gauge\n"));
 
     /* a0's reset withdraws its own slots from the node: a1 reads prompt 3 from b again */
     KVT_OK_(kvt_offload_reset(a0.s.m));

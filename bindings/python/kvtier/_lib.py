@@ -346,7 +346,8 @@ def described(type_name):
 
 
 # The stats structs, read from the library (a field added there appears here); their sizes are
-# checked against kvt_sizeof below like every other struct's.
+# checked against kvt_sizeof below like every other struct's. kvt_node_stats and
+# kvt_remote_stats are read the same way where they are used, below.
 kvt_offload_stats = described("kvt_offload_stats")
 kvt_tier_stats = described("kvt_tier_stats")
 
@@ -372,10 +373,7 @@ class kvt_node_config(Struct):
                 ("lock_timeout_ms", c_u32), ("group", ctypes.c_char_p)] + room(6)
 
 
-class kvt_node_stats(ctypes.Structure):
-    _fields_ = [("ranks_attached", c_u32), ("published", c_u32), ("peer_pinned", c_u32),
-                ("pinned_of_peers", c_u32), ("epoch", c_u64), ("full_rescans", c_u64),
-                ("reaped", c_u64), ("lock_recoveries", c_u64)] + ROOM
+kvt_node_stats = described("kvt_node_stats")
 
 
 class kvt_remote_config(Struct):
@@ -395,12 +393,7 @@ class kvt_remote_loc(ctypes.Structure):
     _fields_ = [("peer", c_u32), ("slot", c_u32), ("generation", c_u64)]
 
 
-class kvt_remote_stats(ctypes.Structure):
-    _fields_ = [(n, c_u64) for n in (
-        "epoch", "registrations", "published", "withdrawn", "publish_dropped", "lookups",
-        "lookup_blocks", "hit_blocks", "directory_errors", "reads", "read_blocks", "read_ok",
-        "read_stale", "read_failed", "read_bytes", "served_blocks", "served_stale",
-        "served_bytes", "refused_requests", "handshakes", "auth_failures")] + room(6)
+kvt_remote_stats = described("kvt_remote_stats")
 
 
 class kvt_worker_config(Struct):

@@ -104,7 +104,7 @@ class EngineStep(unittest.TestCase):
 
     def test_stats_mirrors_come_from_the_library(self):
         L = sys.modules["kvtier._lib"]
-        for name in ("kvt_offload_stats", "kvt_tier_stats"):
+        for name in ("kvt_offload_stats", "kvt_tier_stats", "kvt_node_stats", "kvt_remote_stats"):
             cls = getattr(L, name)
             self.assertEqual(ctypes.sizeof(cls), L.lib.kvt_sizeof(name.encode()))
         names = L.fields(L.kvt_offload_stats)
