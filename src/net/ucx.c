@@ -493,26 +493,13 @@ int kvi_ucx_send_many(kvi_ucx *u, kvi_ucx_send_item *v, uint32_t n, uint32_t win
     return kvi_ucx_send_many_prep(u, v, n, window, timeout_ms, NULL, NULL);
 }
 
-int kvi_ucx_send_many_prep(kvi_ucx *u, kvi_ucx_send_item *v, uint32_t n, uint32_t window,
-                           int timeout_ms, int (*prep)(void *arg, uint32_t i, uint32_t w),
-                           void *arg)
+/* Every distinct peer's endpoint of the batch, first (none is evicted while the batch uses
+ * it): ep_of[i] for item i, NULL with v[i].rc set where there is none. Returns the first
+ * failure's code, 0 if none. */
+static int batch_endpoints(kvi_ucx *u, kvi_ucx_send_item *v, uint32_t n, ep_slot **ep_of)
 {
-    if (n == 0)
-        return 0;
-    if (!v || window == 0)
-        return kvt_fail(KVT_EINVAL, "ucx: send_many: no items or a window of 0");
-    /* every distinct peer's endpoint first (none is evicted while this batch uses it) */
     ep_slot *peers[MAX_EPS / 2];
     uint32_t np = 0;
-    ep_slot **ep_of = malloc(n * sizeof(*ep_of));
-    if (window > n)
-        window = n;
-    inflight *fl = calloc(window, sizeof(*fl));
-    if (!ep_of || !fl) {
-        free(ep_of);
-        free(fl);
-        return kvt_fail(KVT_ENOMEM, "ucx: out of memory for a batch of %u sends", n);
-    }
     int first = 0;
     for (uint32_t i = 0; i < n; i++) {
         v[i].rc = 0;
@@ -535,47 +522,94 @@ int kvi_ucx_send_many_prep(kvi_ucx *u, kvi_ucx_send_item *v, uint32_t n, uint32_
     }
     for (uint32_t j = 0; j < np; j++)
         peers[j]->pinned = false;
-    uint32_t next = 0, live = 0;
+    return first;
+}
+
+/* A batch's state between its calls below. */
+typedef struct send_batch {
+    kvi_ucx_send_item *v;
+    uint32_t n, window, next, live; /* next: the first item not posted; live: sends in flight */
+    ep_slot **ep_of;
+    inflight *fl;
+    int (*prep)(void *arg, uint32_t i, uint32_t w);
+    void *arg;
+} send_batch;
+
+/* Posts items into the free window slots (an item without an endpoint, or that prep refused,
+ * is passed over: its rc says why). */
+static void post_window(send_batch *B)
+{
+    kvi_ucx_send_item *v = B->v;
+    for (uint32_t j = 0; j < B->window && B->next < B->n; j++) {
+        if (B->fl[j].q)
+            continue;
+        while (B->next < B->n &&
+               (!B->ep_of[B->next] || (B->prep && (v[B->next].rc = B->prep(B->arg, B->next, j)))))
+            B->next++;
+        if (B->next == B->n)
+            break;
+        inflight *f = &B->fl[j];
+        f->ss = (send_state){false, UCS_OK};
+        f->item = B->next;
+        f->ep = B->ep_of[B->next];
+        ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                                                 UCP_OP_ATTR_FIELD_USER_DATA |
+                                                 UCP_OP_ATTR_FLAG_NO_IMM_CMPL,
+                                 .cb.send = send_cb,
+                                 .user_data = &f->ss};
+        kvi_ucx_send_item *it = &v[B->next];
+        void *q = ucp_tag_send_nbx(f->ep->ep, it->buf, it->len, it->tag, &p);
+        if (UCS_PTR_IS_ERR(q)) {
+            it->rc = ufail(UCS_PTR_STATUS(q), "send");
+            f->ep->failed = true;
+        } else {
+            f->q = q;
+            B->live++;
+        }
+        B->next++;
+    }
+}
+
+/* Progresses the worker and finishes the sends that completed: how many things moved. */
+static unsigned reap_window(kvi_ucx *u, send_batch *B)
+{
+    unsigned got = 0;
+    while (ucp_worker_progress(u->worker))
+        got++;
+    for (uint32_t j = 0; j < B->window; j++)
+        if (B->fl[j].q && B->fl[j].ss.done) {
+            send_done(&B->v[B->fl[j].item], &B->fl[j]);
+            B->live--;
+            got++;
+        }
+    return got;
+}
+
+int kvi_ucx_send_many_prep(kvi_ucx *u, kvi_ucx_send_item *v, uint32_t n, uint32_t window,
+                           int timeout_ms, int (*prep)(void *arg, uint32_t i, uint32_t w),
+                           void *arg)
+{
+    if (n == 0)
+        return 0;
+    if (!v || window == 0)
+        return kvt_fail(KVT_EINVAL, "ucx: send_many: no items or a window of 0");
+    if (window > n)
+        window = n;
+    send_batch B = {
+        v,    n,  window, 0, 0, malloc(n * sizeof(ep_slot *)), calloc(window, sizeof(inflight)),
+        prep, arg};
+    if (!B.ep_of || !B.fl) {
+        free(B.ep_of);
+        free(B.fl);
+        return kvt_fail(KVT_ENOMEM, "ucx: out of memory for a batch of %u sends", n);
+    }
+    int first = batch_endpoints(u, v, n, B.ep_of);
     uint64_t quiet_until = kvt_monotonic_ns() + (uint64_t)timeout_ms * 1000000ull;
     for (;;) {
-        /* post into free window slots */
-        for (uint32_t j = 0; j < window && next < n; j++) {
-            if (fl[j].q)
-                continue;
-            while (next < n && (!ep_of[next] || (prep && (v[next].rc = prep(arg, next, j)))))
-                next++; /* no endpoint, or prep refused it: its rc says why */
-            if (next == n)
-                break;
-            inflight *f = &fl[j];
-            f->ss = (send_state){false, UCS_OK};
-            f->item = next;
-            f->ep = ep_of[next];
-            ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
-                                                     UCP_OP_ATTR_FIELD_USER_DATA |
-                                                     UCP_OP_ATTR_FLAG_NO_IMM_CMPL,
-                                     .cb.send = send_cb,
-                                     .user_data = &f->ss};
-            void *q = ucp_tag_send_nbx(f->ep->ep, v[next].buf, v[next].len, v[next].tag, &p);
-            if (UCS_PTR_IS_ERR(q)) {
-                v[next].rc = ufail(UCS_PTR_STATUS(q), "send");
-                f->ep->failed = true;
-            } else {
-                f->q = q;
-                live++;
-            }
-            next++;
-        }
-        if (!live && next == n)
+        post_window(&B);
+        if (!B.live && B.next == n)
             break;
-        unsigned got = 0;
-        while (ucp_worker_progress(u->worker))
-            got++;
-        for (uint32_t j = 0; j < window; j++)
-            if (fl[j].q && fl[j].ss.done) {
-                send_done(&v[fl[j].item], &fl[j]);
-                live--;
-                got++;
-            }
+        unsigned got = reap_window(u, &B);
         uint64_t now = kvt_monotonic_ns();
         if (got) {
             quiet_until = now + (uint64_t)timeout_ms * 1000000ull;
@@ -586,11 +620,10 @@ int kvi_ucx_send_many_prep(kvi_ucx *u, kvi_ucx_send_item *v, uint32_t n, uint32_
             if (!kvi_spin_idle(&u->spin, now))
                 wait_events(u);
         } else {
-            send_abort(u, v, fl, window, timeout_ms);
-            for (; next < n; next++) /* never posted */
-                if (!v[next].rc)
-                    v[next].rc = kvt_fail(KVT_EIO, "ucx: send not attempted: the batch stalled");
-            live = 0;
+            send_abort(u, v, B.fl, window, timeout_ms);
+            for (; B.next < n; B.next++) /* never posted */
+                if (!v[B.next].rc)
+                    v[B.next].rc = kvt_fail(KVT_EIO, "ucx: send not attempted: the batch stalled");
             break;
         }
     }
@@ -603,8 +636,8 @@ int kvi_ucx_send_many_prep(kvi_ucx *u, kvi_ucx_send_item *v, uint32_t n, uint32_
         else
             e++;
     }
-    free(ep_of);
-    free(fl);
+    free(B.ep_of);
+    free(B.fl);
     return first; /* kvt_last_error(): the last failure's message */
 }
 
