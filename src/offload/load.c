@@ -107,6 +107,79 @@ static int search_all(kvt_offload *m, const uint8_t *hashes, uint32_t n_hashes, 
     return 0;
 }
 
+/* A match that makes no lookup is counted: the request skips the prefix cache, or its GPU hit
+ * ends inside a scheduler block. Transfers are whole scheduler blocks, so a load cannot start
+ * inside one: such a request keeps its GPU hit and gets no host-tier hit (upstream: a warning,
+ * not an error that would fail the engine's step). */
+static bool no_lookup(kvt_offload *m, uint32_t flags, uint32_t num_computed)
+{
+    if (flags & KVT_MATCH_SKIP_PREFIX_CACHE) {
+        m->st.lookups_skipped++;
+        return true;
+    }
+    if (num_computed % m->sched_bs == 0)
+        return false;
+    m->st.lookups_misaligned++;
+    if (!m->warned_misaligned) {
+        KVT_LOG_W("offload: match: GPU hit of %u tokens is not a multiple of the scheduler "
+                  "block size %u: no host-tier lookup for such requests (counted in "
+                  "lookups_misaligned)",
+                  num_computed, m->sched_bs);
+        m->warned_misaligned = true;
+    }
+    return true;
+}
+
+/* A match that offers nothing lets the request go if nothing else holds it; returns rc. */
+static int let_go(kvt_offload *m, struct kvi_ofl_req *r, int rc)
+{
+    if (r)
+        kvi_ofl_req_maybe_release(m, r);
+    return rc;
+}
+
+/* The host part of a hit into r: its block ids per group (room checked by the caller), each
+ * real block pinned in the host pool. Returns how many it pinned. */
+static uint32_t pin_host_hit(kvt_offload *m, struct kvi_ofl_req *r, const kvt_hit *hit)
+{
+    uint32_t pinned = 0;
+    for (uint32_t g = 0; g < m->ng; g++) {
+        r->hit_n[g] = hit->n_blocks[g];
+        for (uint32_t i = 0; i < hit->n_blocks[g]; i++) {
+            uint32_t b = m->tier[0].search_out[g][i];
+            (void)kvi_idlist_push(&m->hitpool, &r->hit, b);
+            if (b != KVT_NULL_BLOCK) {
+                (void)kvt_pool_touch(m->tier[0].pool, &b, 1);
+                pinned++;
+            }
+        }
+    }
+    return pinned;
+}
+
+/* Whether request *r (found, or registered now) can hold a hit of total host blocks. */
+static bool room_for_hit(kvt_offload *m, struct kvi_ofl_req **r, const char *id, uint32_t id_len,
+                         uint32_t total)
+{
+    if (!*r)
+        *r = kvi_ofl_req_get(m, id, id_len);
+    return *r && kvi_idpool_can_hold(&m->hitpool, &(*r)->hit, total);
+}
+
+/* The hit offered to request r, length tokens past its GPU hit of num_computed: pinned until
+ * after_alloc or its finish. */
+static void offer_hit(kvt_offload *m, struct kvi_ofl_req *r, uint32_t length, uint32_t num_computed,
+                      uint32_t pinned)
+{
+    r->flags |= RQ_HIT;
+    r->hit_len = length;
+    r->hit_computed = num_computed;
+    m->st.hit_requests++;
+    m->st.partial_hits += length % m->sched_bs != 0;
+    m->st.hit_tokens += length;
+    m->tier[0].st.hit_blocks += pinned;
+}
+
 static int match_flags_unlocked(kvt_offload *m, const char *id, uint32_t id_len,
                                 const uint8_t *hashes, uint32_t n_hashes, uint32_t num_tokens,
                                 uint32_t num_computed, uint32_t flags, uint32_t *hit_tokens)
@@ -124,45 +197,16 @@ static int match_flags_unlocked(kvt_offload *m, const char *id, uint32_t id_len,
     struct kvi_ofl_req *r = kvi_ofl_req_find(m, id, id_len);
     if (r)
         kvi_ofl_release_hit(m, r); /* a retry after a failed allocation: the old pin goes */
-    bool skip = flags & KVT_MATCH_SKIP_PREFIX_CACHE;
-    bool misaligned = num_computed % m->sched_bs != 0;
-    if (skip)
-        m->st.lookups_skipped++;
-    else if (misaligned) {
-        /* Transfers are whole scheduler blocks, so a load cannot start inside one: such a
-         * request keeps its GPU hit and gets no host-tier hit (upstream: a warning, not an
-         * error that would fail the engine's step). */
-        m->st.lookups_misaligned++;
-        if (!m->warned_misaligned) {
-            KVT_LOG_W("offload: match: GPU hit of %u tokens is not a multiple of the scheduler "
-                      "block size %u: no host-tier lookup for such requests (counted in "
-                      "lookups_misaligned)",
-                      num_computed, m->sched_bs);
-            m->warned_misaligned = true;
-        }
-    }
-    if (skip || misaligned) {
-        if (r)
-            kvi_ofl_req_maybe_release(m, r);
-        return 0;
-    }
-
     uint32_t start = num_computed / m->gcfg.hash_block_size;
-    if (start >= n_hashes || num_tokens <= num_computed + 1) {
-        if (r)
-            kvi_ofl_req_maybe_release(m, r);
-        return 0;
-    }
+    if (no_lookup(m, flags, num_computed) || start >= n_hashes || num_tokens <= num_computed + 1)
+        return let_go(m, r, 0);
     uint32_t max_hit = num_tokens - 1 - num_computed;
     if (max_hit > m->max_search_tokens)
         max_hit = m->max_search_tokens;
     struct local_hit lh;
     rc = search_all(m, hashes, n_hashes, start, max_hit, &lh);
-    if (rc) {
-        if (r)
-            kvi_ofl_req_maybe_release(m, r);
-        return kvi_fail_wrap(rc, "offload: match");
-    }
+    if (rc)
+        return let_go(m, r, kvi_fail_wrap(rc, "offload: match"));
     uint64_t searchable = (uint64_t)(n_hashes - start) * m->gcfg.hash_block_size;
     if (searchable > max_hit)
         searchable = max_hit;
@@ -173,49 +217,23 @@ static int match_flags_unlocked(kvt_offload *m, const char *id, uint32_t id_len,
     uint32_t total = 0;
     for (uint32_t g = 0; g < m->ng; g++)
         total += hit.n_blocks[g];
-    if (hit.length || want_behind) {
-        if (!r)
-            r = kvi_ofl_req_get(m, id, id_len);
-        if (!r || !kvi_idpool_can_hold(&m->hitpool, &r->hit, total)) {
-            m->st.hits_dropped++;
-            hit.length = 0; /* not offering a hit is always safe */
-            total = want_behind = 0;
-        }
+    if ((hit.length || want_behind) && !room_for_hit(m, &r, id, id_len, total)) {
+        m->st.hits_dropped++;
+        hit.length = 0; /* not offering a hit is always safe */
+        want_behind = 0;
     }
-    uint32_t pinned = 0;
     if (!hit.length)
         memset(hit.n_blocks, 0, sizeof(hit.n_blocks));
-    if (r) {
-        for (uint32_t g = 0; g < m->ng; g++) {
-            r->hit_n[g] = hit.n_blocks[g];
-            for (uint32_t i = 0; i < hit.n_blocks[g]; i++) {
-                uint32_t b = m->tier[0].search_out[g][i];
-                (void)kvi_idlist_push(&m->hitpool, &r->hit, b); /* room checked above */
-                if (b != KVT_NULL_BLOCK) {
-                    (void)kvt_pool_touch(m->tier[0].pool, &b, 1);
-                    pinned++;
-                }
-            }
-        }
-    }
+    uint32_t pinned = r ? pin_host_hit(m, r, &hit) : 0;
     /* after the host pins, so that allocating host blocks for them cannot evict them; each
      * part only if the ones before it were not shortened (it would not continue them) */
     uint32_t length =
         hit.length + (r && want_behind ? kvi_ofl_tier_pin_chain(m, r, hashes, &lh.c) : 0);
     m->st.miss_tokens += searchable - length;
     m->st.miss_blocks += (searchable - length) / m->sched_bs;
-    if (length == 0) {
-        if (r)
-            kvi_ofl_req_maybe_release(m, r);
-        return 0;
-    }
-    r->flags |= RQ_HIT;
-    m->st.hit_requests++;
-    m->st.partial_hits += length % m->sched_bs != 0;
-    r->hit_len = length;
-    r->hit_computed = num_computed;
-    m->st.hit_tokens += length;
-    m->tier[0].st.hit_blocks += pinned;
+    if (length == 0)
+        return let_go(m, r, 0);
+    offer_hit(m, r, length, num_computed, pinned);
     *hit_tokens = length;
     return 0;
 }
