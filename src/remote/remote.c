@@ -1720,6 +1720,109 @@ static void start_peer(rd_ctx *x, uint32_t p)
     }
 }
 
+/* Groups the read's blocks by owner (a counting sort keeps each owner's blocks in request
+ * order); every block's status starts as a failure. */
+static void group_by_peer(rd_ctx *x)
+{
+    kvt_remote *r = x->r;
+    for (uint32_t i = 0; i < x->n; i++)
+        x->rps[x->locs[i].peer].n++;
+    for (uint32_t p = 0, acc = 0; p < r->n_peers; p++)
+        x->rps[p].first = acc, acc += x->rps[p].n, x->rps[p].n = 0;
+    for (uint32_t i = 0; i < x->n; i++) {
+        rd_peer *rp = &x->rps[x->locs[i].peer];
+        x->bs[i].peer = x->locs[i].peer;
+        x->bs[i].k = rp->n;
+        x->order[rp->first + rp->n++] = i;
+        x->status[i] = KVT_EIO;
+    }
+}
+
+/* One look at every block: a block whose owner answered is decided once its pieces landed;
+ * one still waiting for the reply is tagged as soon as its bytes landed (the reply comes after
+ * the owner's last send: its tag now, while the others are under way, not all after). Returns
+ * whether any block is still open. */
+static bool sweep_blocks(rd_ctx *x)
+{
+    kvt_remote *r = x->r;
+    bool open = false;
+    for (uint32_t i = 0; i < x->n; i++) {
+        rd_block *b = &x->bs[i];
+        if (b->state == 1) {
+            int w = pieces_done(r, b);
+            if (w == 0) {
+                open = true;
+                continue;
+            }
+            x->status[i] = w == 1 ? landed(x, i) : KVT_EIO;
+            b->state = 2;
+            end_recv(r, b);
+        } else if (b->state == 0) {
+            open = true;
+            if (!b->early && !r->cfg.encrypt && x->rps[b->peer].stage == 2 &&
+                pieces_done(r, b) == 1)
+                b->early = tag_landed(x, i, b->mine) == 0;
+        }
+    }
+    return open;
+}
+
+/* Waits, until the deadline at most, for the owners' sockets (handshakes, replies) or UCX's
+ * descriptor (bytes), and takes what the sockets have. */
+static void wait_owners(rd_ctx *x, uint64_t now, uint64_t deadline, int efd)
+{
+    kvt_remote *r = x->r;
+    zmq_pollitem_t items[KVT_REMOTE_MAX_PEERS + 1];
+    uint32_t item_peer[KVT_REMOTE_MAX_PEERS];
+    uint32_t ni = 0;
+    for (uint32_t p = 0; p < r->n_peers; p++)
+        if (x->rps[p].n && (x->rps[p].stage == 1 || x->rps[p].stage == 2) && r->peers[p].sock) {
+            items[ni] = (zmq_pollitem_t){.socket = r->peers[p].sock, .events = ZMQ_POLLIN};
+            item_peer[ni++] = p;
+        }
+    uint32_t nz = ni;
+    long wait = (long)((deadline - now) / 1000000u) + 1;
+    if (efd >= 0 && kvi_ucx_arm(r->ucx_cli) == 0)
+        items[ni++] = (zmq_pollitem_t){.fd = efd, .events = ZMQ_POLLIN};
+    else if (efd >= 0)
+        wait = 0;
+    if (efd < 0 && wait > 1)
+        wait = 1;
+    if (zmq_poll(items, (int)ni, wait) > 0)
+        for (uint32_t k = 0; k < nz; k++)
+            if (items[k].revents & ZMQ_POLLIN)
+                take(x, item_peer[k]);
+}
+
+/* What is undecided at the end failed; an owner that did not answer loses its socket. Counts
+ * the outcomes; returns the first failure's code (0: every block read). */
+static int finish_read(rd_ctx *x)
+{
+    kvt_remote *r = x->r;
+    int rc = 0;
+    for (uint32_t p = 0; p < r->n_peers; p++)
+        if (x->rps[p].n && (x->rps[p].stage == 1 || x->rps[p].stage == 2)) {
+            KVT_LOG_W("remote: %s did not answer within %u ms", r->peers[p].k.name,
+                      r->cfg.timeout_ms);
+            close_peer(&r->peers[p]);
+        }
+    for (uint32_t i = 0; i < x->n; i++) {
+        int *st = &x->status[i];
+        if (x->bs[i].state != 2)
+            *st = KVT_EIO;
+        end_recv(r, &x->bs[i]);
+        if (*st == 0)
+            add(&r->a_read_ok, 1), add(&r->a_read_bytes, r->cfg.block_bytes);
+        else if (*st == KVT_ENOENT)
+            add(&r->a_read_stale, 1);
+        else
+            add(&r->a_read_failed, 1);
+        if (*st && !rc)
+            rc = *st;
+    }
+    return rc;
+}
+
 static int read_blocks(kvt_remote *r, const kvt_remote_loc *locs, const uint8_t *hashes, uint32_t n,
                        const rd_dst *d, int *status)
 {
@@ -1744,95 +1847,25 @@ static int read_blocks(kvt_remote *r, const kvt_remote_loc *locs, const uint8_t 
     }
     add(&r->a_reads, 1);
     add(&r->a_read_blocks, n);
-    /* group by peer (counting sort keeps each owner's blocks in request order) */
-    for (uint32_t i = 0; i < n; i++)
-        x.rps[locs[i].peer].n++;
-    for (uint32_t p = 0, acc = 0; p < r->n_peers; p++)
-        x.rps[p].first = acc, acc += x.rps[p].n, x.rps[p].n = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        rd_peer *rp = &x.rps[locs[i].peer];
-        x.bs[i].peer = locs[i].peer;
-        x.bs[i].k = rp->n;
-        x.order[rp->first + rp->n++] = i;
-        status[i] = KVT_EIO;
-    }
+    group_by_peer(&x);
     uint64_t deadline = kvt_monotonic_ns() + (uint64_t)r->cfg.timeout_ms * 1000000u;
     for (uint32_t p = 0; p < r->n_peers; p++)
         if (x.rps[p].n)
             start_peer(&x, p);
     /* one loop: handshakes and replies on the owners' sockets, bytes through UCX */
-    zmq_pollitem_t items[KVT_REMOTE_MAX_PEERS + 1];
-    uint32_t item_peer[KVT_REMOTE_MAX_PEERS];
     int efd = -1;
     (void)kvi_ucx_efd(r->ucx_cli, &efd);
     for (;;) {
         while (kvi_ucx_progress(r->ucx_cli))
             ;
-        bool open = false;
-        for (uint32_t i = 0; i < n; i++) {
-            rd_block *b = &x.bs[i];
-            if (b->state == 1) {
-                int w = pieces_done(r, b);
-                if (w == 0) {
-                    open = true;
-                    continue;
-                }
-                status[i] = w == 1 ? landed(&x, i) : KVT_EIO;
-                b->state = 2;
-                end_recv(r, b);
-            } else if (b->state == 0) {
-                open = true;
-                /* landed before the owner's reply (it comes after its last send): its tag
-                 * now, while the other blocks are still under way, not all of them after */
-                if (!b->early && !r->cfg.encrypt && x.rps[b->peer].stage == 2 &&
-                    pieces_done(r, b) == 1)
-                    b->early = tag_landed(&x, i, b->mine) == 0;
-            }
-        }
-        if (!open)
+        if (!sweep_blocks(&x))
             break;
         uint64_t now = kvt_monotonic_ns();
         if (now >= deadline)
             break;
-        uint32_t ni = 0;
-        for (uint32_t p = 0; p < r->n_peers; p++)
-            if (x.rps[p].n && (x.rps[p].stage == 1 || x.rps[p].stage == 2) && r->peers[p].sock) {
-                items[ni] = (zmq_pollitem_t){.socket = r->peers[p].sock, .events = ZMQ_POLLIN};
-                item_peer[ni++] = p;
-            }
-        uint32_t nz = ni;
-        long wait = (long)((deadline - now) / 1000000u) + 1;
-        if (efd >= 0 && kvi_ucx_arm(r->ucx_cli) == 0)
-            items[ni++] = (zmq_pollitem_t){.fd = efd, .events = ZMQ_POLLIN};
-        else if (efd >= 0)
-            wait = 0;
-        if (efd < 0 && wait > 1)
-            wait = 1;
-        if (zmq_poll(items, (int)ni, wait) > 0)
-            for (uint32_t k = 0; k < nz; k++)
-                if (items[k].revents & ZMQ_POLLIN)
-                    take(&x, item_peer[k]);
+        wait_owners(&x, now, deadline, efd);
     }
-    /* what is undecided at the deadline failed; an owner that did not answer loses its socket */
-    for (uint32_t p = 0; p < r->n_peers; p++)
-        if (x.rps[p].n && (x.rps[p].stage == 1 || x.rps[p].stage == 2)) {
-            KVT_LOG_W("remote: %s did not answer within %u ms", r->peers[p].k.name,
-                      r->cfg.timeout_ms);
-            close_peer(&r->peers[p]);
-        }
-    for (uint32_t i = 0; i < n; i++) {
-        if (x.bs[i].state != 2)
-            status[i] = KVT_EIO;
-        end_recv(r, &x.bs[i]);
-        if (status[i] == 0)
-            add(&r->a_read_ok, 1), add(&r->a_read_bytes, r->cfg.block_bytes);
-        else if (status[i] == KVT_ENOENT)
-            add(&r->a_read_stale, 1);
-        else
-            add(&r->a_read_failed, 1);
-        if (status[i] && !rc)
-            rc = status[i];
-    }
+    rc = finish_read(&x);
     if (r->zombies && bury(r, false))
         KVT_LOG_E("remote: cannot make a new UCX worker: %s", kvt_last_error());
     if (rc)
