@@ -453,6 +453,115 @@ static void own(rec *r, const char *owner)
         snprintf(r->owner, sizeof(r->owner), "%s", owner);
 }
 
+/* A new record for transfer t of item (h, d) in state st, owned by owner (NULL: none): its
+ * reservation id drawn. NULL when out of memory (rec_new may move the record array). */
+static rec *rec_start(kvt_ec_shard *sh, const ec_key *t, const ec_key *h, const desc *d, int st,
+                      const char *owner)
+{
+    rec *r = rec_new(sh, t);
+    if (!r)
+        return NULL;
+    r->h = *h;
+    r->d = *d;
+    r->state = st;
+    new_rid(sh, r->rid);
+    own(r, owner);
+    return r;
+}
+
+/* Transfer t reserved again (a retry): the same answer, or why not. */
+static int reserve_again(kvt_ec_shard *sh, rec *r, const ec_key *t, const ec_key *h, const desc *d,
+                         kvt_ec_reply *out)
+{
+    if (r->state == KVT_EC_CANCELLED) {
+        memset(out, 0, sizeof(*out));
+        out->nbytes = d->nbytes;
+        out->cancelled = true;
+        return 0;
+    }
+    if (r->state == KVT_EC_EXPIRE_PENDING)
+        return kvt_fail(KVT_ESTATE,
+                        "ec shard: transfer %s still has an active writer (refresh-abandon it "
+                        "first)",
+                        t->s);
+    if (!ec_key_eq(&r->h, h) || !desc_eq(&r->d, d))
+        return kvt_fail(KVT_EINVAL, "ec shard: conflicting reservation for transfer_id %s", t->s);
+    fill_reply(sh, r, rec_view(sh, r), out);
+    if (r->state == KVT_EC_WRITING)
+        set_expiry(sh, r);
+    out->ready = r->state == KVT_EC_READY;
+    out->cached = r->cached;
+    out->cancelled = r->state == KVT_EC_CANCEL_PENDING;
+    return 0;
+}
+
+/* A resident hit: the record leases the cached tensor and is READY at once. */
+static int reserve_cached(kvt_ec_shard *sh, const ec_key *t, const ec_key *h, const desc *d, res *e,
+                          const char *owner, kvt_ec_reply *out)
+{
+    if (!desc_eq(&e->d, d))
+        return kvt_fail(KVT_EINVAL, "ec shard: conflicting cached tensor for %s", h->s);
+    rec *r = rec_start(sh, t, h, d, KVT_EC_READY, owner);
+    if (!r)
+        return kvt_fail(KVT_ENOMEM, "ec shard: out of memory");
+    r->cached = true;
+    kvi_shard_lease_take(sh, r, e);
+    set_expiry(sh, r);
+    fill_reply(sh, r, &e->view, out);
+    out->ready = out->cached = true;
+    push_event(sh, r, false);
+    sh->st.cached_hits++;
+    return 0;
+}
+
+/* A follower of writer w in flight for the same item: it waits for w's bytes. */
+static int reserve_follower(kvt_ec_shard *sh, const ec_key *t, const ec_key *h, const desc *d,
+                            rec *w, const char *owner, kvt_ec_reply *out)
+{
+    if (!desc_eq(&w->d, d))
+        return kvt_fail(KVT_EINVAL, "ec shard: conflicting reservation for %s in flight", h->s);
+    uint32_t wi = rec_idx(sh, w);
+    rec *r = rec_start(sh, t, h, d, KVT_EC_WRITING, owner);
+    if (!r)
+        return kvt_fail(KVT_ENOMEM, "ec shard: out of memory");
+    w = &sh->recs[wi]; /* rec_new may have moved the record array */
+    r->writer = wi;
+    r->fnext = w->ffirst;
+    r->fprev = NONE;
+    if (w->ffirst != NONE)
+        sh->recs[w->ffirst].fprev = rec_idx(sh, r);
+    w->ffirst = rec_idx(sh, r);
+    set_expiry(sh, r);
+    fill_reply(sh, r, &w->alloc, out);
+    sh->st.follows++;
+    return 0;
+}
+
+/* The item's writer: room allocated (reclaiming cached tensors if need be) for its bytes. */
+static int reserve_writer(kvt_ec_shard *sh, const ec_key *t, const ec_key *h, const desc *d,
+                          const char *owner, kvt_ec_reply *out)
+{
+    kvt_slab_view v;
+    int rc = alloc_with_reclaim(sh, d->nbytes, &v);
+    if (rc)
+        return rc;
+    rec *r = rec_start(sh, t, h, d, KVT_EC_WRITING, owner);
+    if (!r) {
+        (void)kvt_slab_free(sh->slab, &v);
+        return kvt_fail(KVT_ENOMEM, "ec shard: out of memory");
+    }
+    v.nbytes = d->nbytes;
+    r->alloc = v;
+    r->has_alloc = true;
+    (void)kvi_map_insert(&sh->writer_map, h->hash, rec_idx(sh, r)); /* room: max_records */
+    r->is_writer = true;
+    set_expiry(sh, r);
+    fill_reply(sh, r, &v, out);
+    out->write = true;
+    sh->st.writes++;
+    return 0;
+}
+
 int kvi_ec_shard_reserve_as(kvt_ec_shard *sh, const char *tid, uint32_t tid_len,
                             const kvt_ec_item *item, const char *owner, kvt_ec_reply *out)
 {
@@ -475,102 +584,21 @@ int kvi_ec_shard_reserve_as(kvt_ec_shard *sh, const char *tid, uint32_t tid_len,
         r = NULL;
     }
     if (r && owner && r->state != KVT_EC_CANCELLED &&
-        strncmp(r->owner, owner, sizeof(r->owner)) != 0) {
+        strncmp(r->owner, owner, sizeof(r->owner)) != 0)
         return kvt_fail(KVT_EEXIST, "ec shard: transfer %s is reserved by another client", t.s);
-    }
-    if (r) {
-        if (r->state == KVT_EC_CANCELLED) {
-            memset(out, 0, sizeof(*out));
-            out->nbytes = d.nbytes;
-            out->cancelled = true;
-            return 0;
-        }
-        if (r->state == KVT_EC_EXPIRE_PENDING)
-            return kvt_fail(KVT_ESTATE,
-                            "ec shard: transfer %s still has an active writer (refresh-abandon "
-                            "it first)",
-                            t.s);
-        if (!ec_key_eq(&r->h, &h) || !desc_eq(&r->d, &d))
-            return kvt_fail(KVT_EINVAL, "ec shard: conflicting reservation for transfer_id %s",
-                            t.s);
-        fill_reply(sh, r, rec_view(sh, r), out);
-        if (r->state == KVT_EC_WRITING)
-            set_expiry(sh, r);
-        out->ready = r->state == KVT_EC_READY;
-        out->cached = r->cached;
-        out->cancelled = r->state == KVT_EC_CANCEL_PENDING;
-        return 0;
-    }
+    if (r)
+        return reserve_again(sh, r, &t, &h, &d, out);
     if (sh->live >= sh->cfg.max_records)
         return kvt_fail(KVT_ELIMIT, "ec shard: %u reservations live (max_records)", sh->live);
     res *e = kvi_shard_res_find(sh, &h);
-    if (e) { /* resident hit */
-        if (!desc_eq(&e->d, &d))
-            return kvt_fail(KVT_EINVAL, "ec shard: conflicting cached tensor for %s", h.s);
-        if (!(r = rec_new(sh, &t)))
-            return kvt_fail(KVT_ENOMEM, "ec shard: out of memory");
-        r->h = h;
-        r->d = d;
-        r->state = KVT_EC_READY;
-        r->cached = true;
-        new_rid(sh, r->rid);
-        own(r, owner);
-        kvi_shard_lease_take(sh, r, e);
-        set_expiry(sh, r);
-        fill_reply(sh, r, &e->view, out);
-        out->ready = out->cached = true;
-        push_event(sh, r, false);
-        sh->st.cached_hits++;
-        return 0;
-    }
+    if (e)
+        return reserve_cached(sh, &t, &h, &d, e, owner, out);
     rec *w = writer_find(sh, &h);
-    if (w && w->state == KVT_EC_WRITING) { /* follower of the writer in flight */
-        if (!desc_eq(&w->d, &d))
-            return kvt_fail(KVT_EINVAL, "ec shard: conflicting reservation for %s in flight", h.s);
-        uint32_t wi = rec_idx(sh, w);
-        if (!(r = rec_new(sh, &t))) /* (may move the record array) */
-            return kvt_fail(KVT_ENOMEM, "ec shard: out of memory");
-        w = &sh->recs[wi];
-        r->h = h;
-        r->d = d;
-        r->state = KVT_EC_WRITING;
-        new_rid(sh, r->rid);
-        own(r, owner);
-        r->writer = rec_idx(sh, w);
-        r->fnext = w->ffirst;
-        r->fprev = NONE;
-        if (w->ffirst != NONE)
-            sh->recs[w->ffirst].fprev = rec_idx(sh, r);
-        w->ffirst = rec_idx(sh, r);
-        set_expiry(sh, r);
-        fill_reply(sh, r, &w->alloc, out);
-        sh->st.follows++;
-        return 0;
-    }
+    if (w && w->state == KVT_EC_WRITING)
+        return reserve_follower(sh, &t, &h, &d, w, owner, out);
     if (w) /* a deferred writer of h: settled by its completion, no longer followed */
         writer_unregister(sh, w);
-    kvt_slab_view v;
-    if ((rc = alloc_with_reclaim(sh, d.nbytes, &v)))
-        return rc;
-    if (!(r = rec_new(sh, &t))) {
-        (void)kvt_slab_free(sh->slab, &v);
-        return kvt_fail(KVT_ENOMEM, "ec shard: out of memory");
-    }
-    r->h = h;
-    r->d = d;
-    r->state = KVT_EC_WRITING;
-    new_rid(sh, r->rid);
-    own(r, owner);
-    v.nbytes = d.nbytes;
-    r->alloc = v;
-    r->has_alloc = true;
-    (void)kvi_map_insert(&sh->writer_map, h.hash, rec_idx(sh, r)); /* room: max_records */
-    r->is_writer = true;
-    set_expiry(sh, r);
-    fill_reply(sh, r, &v, out);
-    out->write = true;
-    sh->st.writes++;
-    return 0;
+    return reserve_writer(sh, &t, &h, &d, owner, out);
 }
 
 /* ---- complete / cancel ----------------------------------------------------------------- */
