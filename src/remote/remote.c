@@ -552,57 +552,53 @@ static int send_window(serve_ctx *sc, uint32_t *window)
     return 0;
 }
 
-static int serve(kvt_remote *r, serve_ctx *sc, osess *ss, const uint8_t *buf, size_t len,
-                 kvi_rrep *rep)
+/* The request's MAC under the session's key and its sequence (no replay): a request that
+ * checks authenticates the reader; its first one counts as the handshake. */
+static int check_request(kvt_remote *r, serve_ctx *sc, osess *ss, const uint8_t *buf, size_t len,
+                         const kvi_rreq *q)
 {
-    kvi_rreq q = {.blocks = sc->blocks};
-    rep->blocks = sc->out;
-    rep->n = 0;
-    sc->authed = false;
-    int rc = kvi_rreq_decode(buf, len, &q);
-    if (rc)
-        return rc;
-    rep->req_id = q.req_id;
-    rep->seq = q.seq;
     if (!ss)
         return kvt_fail(KVT_ESTATE, "remote: a request on a connection without a session");
     uint8_t mac[KVI_RTAG];
-    if ((rc = kvi_rauth_mac(ss->mac_key, "req", buf, len - KVI_RMAC, mac)))
+    int rc = kvi_rauth_mac(ss->mac_key, "req", buf, len - KVI_RMAC, mac);
+    if (rc)
         return rc;
-    if (!kvi_rauth_equal(mac, buf + len - KVI_RMAC, KVI_RMAC) || q.seq <= ss->last_seq) {
+    if (!kvi_rauth_equal(mac, buf + len - KVI_RMAC, KVI_RMAC) || q->seq <= ss->last_seq) {
         add(&r->a_auth_failures, 1);
         return kvt_fail(KVT_EINVAL, "remote: a request whose MAC does not check, or a replay");
     }
     if (ss->last_seq == 0)
         add(&r->a_handshakes, 1); /* the reader proved itself with its first request */
-    ss->last_seq = q.seq;
+    ss->last_seq = q->seq;
     sc->authed = true;
     sc->ss = ss;
-    sc->seq = q.seq;
-    sc->enc = q.flags & KVI_RREQ_ENCRYPT;
+    sc->seq = q->seq;
+    sc->enc = q->flags & KVI_RREQ_ENCRYPT;
     if (r->cfg.encrypt && !sc->enc)
         return kvt_fail(KVT_EINVAL, "remote: this owner serves encrypted reads only");
-    if (q.hash_len != r->cfg.hash_len)
-        return kvt_fail(KVT_EPROTO, "remote: hash_len %u, this space uses %u", q.hash_len,
+    if (q->hash_len != r->cfg.hash_len)
+        return kvt_fail(KVT_EPROTO, "remote: hash_len %u, this space uses %u", q->hash_len,
                         r->cfg.hash_len);
-    uint32_t window;
-    if ((rc = kvi_ucx_address_check(r->ucx_srv, q.addr, q.addr_len)) ||
-        (rc = grow_items(sc, q.n * r->n_pieces)) || (rc = send_window(sc, &window)))
-        return rc;
-    rep->n = q.n;
+    return 0;
+}
+
+/* The sends of the blocks this owner holds as asked (slot, generation, hash, this epoch):
+ * one per piece, into sc->items; the others answer "stale". Returns how many sends. */
+static uint32_t plan_sends(kvt_remote *r, serve_ctx *sc, const kvi_rreq *q)
+{
     uint64_t ep = atomic_load(&r->epoch);
     uint32_t ni = 0;
-    for (uint32_t i = 0; i < q.n; i++) {
-        const kvi_rreq_block *b = &q.blocks[i];
+    for (uint32_t i = 0; i < q->n; i++) {
+        const kvi_rreq_block *b = &q->blocks[i];
         kvi_rrep_block *o = &sc->out[i];
         o->status = KVT_ENOENT;
         memset(o->tag, 0, KVI_RTAG);
-        if (!r->serves || q.epoch != ep || ep == 0 || b->slot >= r->cfg.n_slots)
+        if (!r->serves || q->epoch != ep || ep == 0 || b->slot >= r->cfg.n_slots)
             continue;
         pthread_mutex_lock(&r->mu);
         const slotrec *s = &r->slots[b->slot];
         bool ok =
-            s->published && s->gen == b->generation && memcmp(s->hash, b->hash, q.hash_len) == 0;
+            s->published && s->gen == b->generation && memcmp(s->hash, b->hash, q->hash_len) == 0;
         memcpy(sc->want[i], s->tag, KVI_RTAG);
         pthread_mutex_unlock(&r->mu);
         if (!ok)
@@ -613,27 +609,31 @@ static int serve(kvt_remote *r, serve_ctx *sc, osess *ss, const uint8_t *buf, si
         sc->gen[i] = b->generation;
         sc->hashes[i] = b->hash;
         for (uint32_t j = 0; j < r->n_pieces; j++) { /* piece j of block i: tag ^ (i * np + j) */
-            sc->items[ni] = (kvi_ucx_send_item){.addr = q.addr,
-                                                .addr_len = q.addr_len,
+            sc->items[ni] = (kvi_ucx_send_item){.addr = q->addr,
+                                                .addr_len = q->addr_len,
                                                 .buf = piece_at(r, j, b->slot),
                                                 .len = r->piece[j].block_bytes,
-                                                .tag = q.tag ^ ((uint64_t)i * r->n_pieces + j)};
+                                                .tag = q->tag ^ ((uint64_t)i * r->n_pieces + j)};
             sc->item_block[ni++] = i;
         }
     }
-    if (ni)
-        (void)kvi_ucx_send_many_prep(r->ucx_srv, sc->items, ni, window, (int)r->cfg.timeout_ms,
-                                     prep_item, sc);
+    return ni;
+}
+
+/* After the sends: a block whose send failed, or whose slot was reused meanwhile (its bytes
+ * may be the new block's), is stale; the outcomes are counted. */
+static void settle_sends(kvt_remote *r, serve_ctx *sc, const kvi_rreq *q, uint32_t ni)
+{
     for (uint32_t k = 0; k < ni; k++) {
         uint32_t i = sc->item_block[k];
         if (sc->items[k].rc && !sc->out[i].status)
             sc->out[i].status = sc->items[k].rc == KVT_ENOENT ? KVT_ENOENT : KVT_EIO;
     }
     uint64_t sent = 0, stale = 0;
-    for (uint32_t i = 0; i < q.n; i++) {
+    for (uint32_t i = 0; i < q->n; i++) {
         if (!sc->out[i].status) {
             pthread_mutex_lock(&r->mu);
-            bool same = r->slots[q.blocks[i].slot].gen == q.blocks[i].generation;
+            bool same = r->slots[q->blocks[i].slot].gen == q->blocks[i].generation;
             pthread_mutex_unlock(&r->mu);
             if (!same)
                 sc->out[i].status = KVT_ENOENT;
@@ -647,6 +647,31 @@ static int serve(kvt_remote *r, serve_ctx *sc, osess *ss, const uint8_t *buf, si
     add(&r->a_served, sent);
     add(&r->a_served_stale, stale);
     add(&r->a_served_bytes, sent * r->cfg.block_bytes);
+}
+
+static int serve(kvt_remote *r, serve_ctx *sc, osess *ss, const uint8_t *buf, size_t len,
+                 kvi_rrep *rep)
+{
+    kvi_rreq q = {.blocks = sc->blocks};
+    rep->blocks = sc->out;
+    rep->n = 0;
+    sc->authed = false;
+    int rc = kvi_rreq_decode(buf, len, &q);
+    if (rc)
+        return rc;
+    rep->req_id = q.req_id;
+    rep->seq = q.seq;
+    uint32_t window;
+    if ((rc = check_request(r, sc, ss, buf, len, &q)) ||
+        (rc = kvi_ucx_address_check(r->ucx_srv, q.addr, q.addr_len)) ||
+        (rc = grow_items(sc, q.n * r->n_pieces)) || (rc = send_window(sc, &window)))
+        return rc;
+    rep->n = q.n;
+    uint32_t ni = plan_sends(r, sc, &q);
+    if (ni)
+        (void)kvi_ucx_send_many_prep(r->ucx_srv, sc->items, ni, window, (int)r->cfg.timeout_ms,
+                                     prep_item, sc);
+    settle_sends(r, sc, &q, ni);
     return 0;
 }
 
