@@ -233,11 +233,9 @@ void kvt_remote_config_init(kvt_remote_config *c)
     c->owner_checksum = 1;
 }
 
-static int validate(const kvt_remote_config *c)
+/* The names: directory, space, instance, and rank of ranks (the instance's per-rank name fits). */
+static int validate_names(const kvt_remote_config *c)
 {
-    int rc = kvi_check_reserved(c->reserved, sizeof(c->reserved), "remote config");
-    if (rc)
-        return rc;
     if (!c->directory || !*c->directory)
         return kvt_fail(KVT_EINVAL, "remote: directory (the Redis server) is required");
     if (!name_ok(c->space) || !name_ok(c->instance))
@@ -258,27 +256,13 @@ static int validate(const kvt_remote_config *c)
                         "remote: instance '%s': a rank's name is \"<instance>#<rank>\", at most "
                         "%u bytes; with %u ranks the instance may have %zu",
                         c->instance, KVT_REMOTE_NAME_MAX, c->ranks, KVT_REMOTE_NAME_MAX - suffix);
-    if (c->rank == KVT_REMOTE_NO_RANK) {
-        if (c->region || c->regions || c->n_slots)
-            return kvt_fail(KVT_EINVAL, "remote: a lookup-only client (KVT_REMOTE_NO_RANK) "
-                                        "serves no region");
-        if (c->hash_len == 0 || c->hash_len > KVT_REMOTE_MAX_HASH)
-            return kvt_fail(KVT_EINVAL, "remote: hash_len %u (1..%u)", c->hash_len,
-                            KVT_REMOTE_MAX_HASH);
-        if (c->directory_timeout_ms == 0)
-            return kvt_fail(KVT_EINVAL, "remote: directory_timeout_ms must be set");
-        return 0; /* no server, no reads: no listen host, credential or block size */
-    }
-    if (!c->listen_host || !*c->listen_host || strlen(c->listen_host) > 64 ||
-        (c->advertise_host && (!*c->advertise_host || strlen(c->advertise_host) > 64)))
-        return kvt_fail(KVT_EINVAL, "remote: listen_host (and advertise_host) must be 1..64 "
-                                    "bytes");
-    size_t cl = c->credential ? strlen(c->credential) : 0;
-    if (cl < 16 || cl > KVI_RCRED_MAX)
-        return kvt_fail(KVT_EINVAL,
-                        "remote: credential must be 16..%u bytes (the space's "
-                        "shared secret)",
-                        KVI_RCRED_MAX);
+    return 0;
+}
+
+/* The memory served and read into: one region or several (n_regions), their block bytes
+ * (block_bytes 0: theirs) and slots. */
+static int validate_regions(const kvt_remote_config *c)
+{
     uint64_t bb = c->block_bytes;
     if (c->regions) {
         if (c->region || c->n_regions == 0 || c->n_regions > KVT_MAX_REGIONS)
@@ -309,15 +293,52 @@ static int validate(const kvt_remote_config *c)
         return kvt_fail(KVT_EINVAL, "remote: a region needs 1.. slots (n_slots %u)", c->n_slots);
     if (!c->region && !c->regions && c->n_slots)
         return kvt_fail(KVT_EINVAL, "remote: n_slots without a region");
+    return 0;
+}
+
+static int validate_hash_len(const kvt_remote_config *c)
+{
+    if (c->hash_len == 0 || c->hash_len > KVT_REMOTE_MAX_HASH)
+        return kvt_fail(KVT_EINVAL, "remote: hash_len %u (1..%u)", c->hash_len,
+                        KVT_REMOTE_MAX_HASH);
+    return 0;
+}
+
+static int validate(const kvt_remote_config *c)
+{
+    int rc = kvi_check_reserved(c->reserved, sizeof(c->reserved), "remote config");
+    if (rc || (rc = validate_names(c)))
+        return rc;
+    if (c->rank == KVT_REMOTE_NO_RANK) {
+        if (c->region || c->regions || c->n_slots)
+            return kvt_fail(KVT_EINVAL, "remote: a lookup-only client (KVT_REMOTE_NO_RANK) "
+                                        "serves no region");
+        if ((rc = validate_hash_len(c)))
+            return rc;
+        if (c->directory_timeout_ms == 0)
+            return kvt_fail(KVT_EINVAL, "remote: directory_timeout_ms must be set");
+        return 0; /* no server, no reads: no listen host, credential or block size */
+    }
+    if (!c->listen_host || !*c->listen_host || strlen(c->listen_host) > 64 ||
+        (c->advertise_host && (!*c->advertise_host || strlen(c->advertise_host) > 64)))
+        return kvt_fail(KVT_EINVAL, "remote: listen_host (and advertise_host) must be 1..64 "
+                                    "bytes");
+    size_t cl = c->credential ? strlen(c->credential) : 0;
+    if (cl < 16 || cl > KVI_RCRED_MAX)
+        return kvt_fail(KVT_EINVAL,
+                        "remote: credential must be 16..%u bytes (the space's "
+                        "shared secret)",
+                        KVI_RCRED_MAX);
+    if ((rc = validate_regions(c)))
+        return rc;
     if (c->directory_password &&
         (!*c->directory_password || strlen(c->directory_password) > KVI_RCRED_MAX * 2))
         return kvt_fail(KVT_EINVAL, "remote: directory_password must be 1..%u bytes (or NULL)",
                         KVI_RCRED_MAX * 2);
     if (c->owner_checksum > 1 || c->encrypt > 1)
         return kvt_fail(KVT_EINVAL, "remote: owner_checksum and encrypt are 0 or 1");
-    if (c->hash_len == 0 || c->hash_len > KVT_REMOTE_MAX_HASH)
-        return kvt_fail(KVT_EINVAL, "remote: hash_len %u (1..%u)", c->hash_len,
-                        KVT_REMOTE_MAX_HASH);
+    if ((rc = validate_hash_len(c)))
+        return rc;
     if (c->ttl_ms < 30 || c->timeout_ms == 0 || c->directory_timeout_ms == 0)
         return kvt_fail(KVT_EINVAL, "remote: ttl_ms (>= 30), timeout_ms and "
                                     "directory_timeout_ms must be set");
