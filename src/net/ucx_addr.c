@@ -118,6 +118,75 @@ static bool known_lengths(const kvi_ucx_addr_ref *ref, const entry *e, const cha
     return !known; /* a transport we do not have: UCX ignores it */
 }
 
+/* The header: format version, flags, and the worker's id, client id and name it announces.
+ * Leaves r->p at the device list; *v receives the version. */
+static int parse_header(rd *r, const uint8_t *a, size_t len, unsigned version, unsigned *v)
+{
+    if (!a || len < 2 || len > KVI_UCX_ADDR_MAX)
+        return kvt_fail(KVT_EPROTO, "ucx: a peer's worker address of %zu bytes", len);
+    unsigned flags;
+    *v = a[0] & 0x0fu;
+    if (*v != version || (*v != V1 && *v != V2))
+        return kvt_fail(KVT_EPROTO,
+                        "ucx: a peer's worker address of format version %u; this build's UCX "
+                        "packs version %u (another UCX version, or a forged address)",
+                        *v, version);
+    if (*v == V1) {
+        flags = a[0] >> 4;
+        r->p = a + 1;
+    } else {
+        if (a[0] >> 4)
+            return bad(r, a, "header bits this UCX never sets");
+        flags = a[1];
+        r->p = a + 2;
+    }
+    if (flags & ~0x0fu)
+        return bad(r, a, "unknown header flags");
+    const uint8_t *b;
+    if ((*v == V1 || (flags & 0x2)) && !take(r, 8, NULL)) /* uuid */
+        return bad(r, a, "truncated worker id");
+    if ((flags & 0x4) && !take(r, 8, NULL)) /* client id */
+        return bad(r, a, "truncated client id");
+    if ((flags & 0x1) && (!take(r, 1, &b) || !take(r, *b, NULL))) /* the worker's name */
+        return bad(r, a, "truncated worker name");
+    return 0;
+}
+
+/* One transport of a device (dev_len: the device address's length): checked against ref's
+ * lengths if given, recorded in out if given; *last: it was the device's last. */
+static int parse_transport(rd *r, const uint8_t *a, unsigned v, unsigned dev_len,
+                           const kvi_ucx_addr_ref *ref, kvi_ucx_addr_ref *out, bool *last)
+{
+    const uint8_t *b;
+    entry e = {.dev_len = dev_len};
+    if (!take(r, 2, &b)) /* transport name checksum */
+        return bad(r, a, "truncated transport");
+    memcpy(&e.csum, b, 2);
+    if (v == V1) {
+        if (!take(r, 16, &b))
+            return bad(r, a, "truncated transport attributes");
+        if (!attrs_v1_ok(b))
+            return bad(r, a, "transport attributes out of range");
+    } else if (!take(r, 8, NULL)) {
+        return bad(r, a, "truncated transport attributes");
+    }
+    unsigned tlf, if_len;
+    if (!extended(r, 0x3fu, &tlf, &if_len))
+        return bad(r, a, "truncated interface address length");
+    if (tlf & 0x40u)
+        return bad(r, a, "endpoint addresses in a worker address");
+    *last = tlf & 0x80u;
+    if (!take(r, if_len, NULL))
+        return bad(r, a, "an interface address past the end");
+    e.if_len = if_len;
+    const char *why;
+    if (ref && !known_lengths(ref, &e, &why))
+        return bad(r, a, why);
+    if (out && out->n < KVI_UCX_ADDR_REF_MAX)
+        out->e[out->n++] = (kvi_ucx_addr_ref_entry){e.csum, e.dev_len, e.if_len, false};
+    return 0;
+}
+
 int kvi_ucx_addr_parse(const void *addr, size_t len, unsigned version, const kvi_ucx_addr_ref *ref,
                        kvi_ucx_addr_ref *out)
 {
@@ -125,37 +194,14 @@ int kvi_ucx_addr_parse(const void *addr, size_t len, unsigned version, const kvi
     rd r = {a, a + len, version};
     if (out)
         out->n = 0;
-    if (!addr || len < 2 || len > KVI_UCX_ADDR_MAX)
-        return kvt_fail(KVT_EPROTO, "ucx: a peer's worker address of %zu bytes", len);
-    unsigned v = a[0] & 0x0fu, flags;
-    if (v != version || (v != V1 && v != V2))
-        return kvt_fail(KVT_EPROTO,
-                        "ucx: a peer's worker address of format version %u; this build's UCX "
-                        "packs version %u (another UCX version, or a forged address)",
-                        v, version);
-    if (v == V1) {
-        flags = a[0] >> 4;
-        r.p = a + 1;
-    } else {
-        if (a[0] >> 4)
-            return bad(&r, a, "header bits this UCX never sets");
-        flags = a[1];
-        r.p = a + 2;
-    }
-    if (flags & ~0x0fu)
-        return bad(&r, a, "unknown header flags");
-    const uint8_t *b;
-    if ((v == V1 || (flags & 0x2)) && !take(&r, 8, NULL)) /* uuid */
-        return bad(&r, a, "truncated worker id");
-    if ((flags & 0x4) && !take(&r, 8, NULL)) /* client id */
-        return bad(&r, a, "truncated client id");
-    if (flags & 0x1) { /* the worker's name */
-        if (!take(&r, 1, &b) || !take(&r, *b, NULL))
-            return bad(&r, a, "truncated worker name");
-    }
+    unsigned v = 0;
+    int rc = parse_header(&r, a, len, version, &v);
+    if (rc)
+        return rc;
     if (r.p < r.end && *r.p == NULL_RESOURCE) /* no device at all */
         return r.p + 1 == r.end ? 0 : bad(&r, a, "bytes after an empty device list");
     unsigned entries = 0;
+    const uint8_t *b;
     for (bool last_dev = false; !last_dev;) {
         unsigned mdf, md, devf, dev_len;
         if (!extended(&r, v == V1 ? 0x1fu : 0x7fu, &mdf, &md))
@@ -175,32 +221,8 @@ int kvi_ucx_addr_parse(const void *addr, size_t len, unsigned version, const kvi
         for (bool last_tl = empty; !last_tl;) {
             if (++entries > MAX_RESOURCES)
                 return bad(&r, a, "more transports than UCX handles");
-            entry e = {.dev_len = dev_len};
-            if (!take(&r, 2, &b)) /* transport name checksum */
-                return bad(&r, a, "truncated transport");
-            memcpy(&e.csum, b, 2);
-            if (v == V1) {
-                if (!take(&r, 16, &b))
-                    return bad(&r, a, "truncated transport attributes");
-                if (!attrs_v1_ok(b))
-                    return bad(&r, a, "transport attributes out of range");
-            } else if (!take(&r, 8, NULL)) {
-                return bad(&r, a, "truncated transport attributes");
-            }
-            unsigned tlf, if_len;
-            if (!extended(&r, 0x3fu, &tlf, &if_len))
-                return bad(&r, a, "truncated interface address length");
-            if (tlf & 0x40u)
-                return bad(&r, a, "endpoint addresses in a worker address");
-            last_tl = tlf & 0x80u;
-            if (!take(&r, if_len, NULL))
-                return bad(&r, a, "an interface address past the end");
-            e.if_len = if_len;
-            const char *why;
-            if (ref && !known_lengths(ref, &e, &why))
-                return bad(&r, a, why);
-            if (out && out->n < KVI_UCX_ADDR_REF_MAX)
-                out->e[out->n++] = (kvi_ucx_addr_ref_entry){e.csum, e.dev_len, e.if_len, false};
+            if ((rc = parse_transport(&r, a, v, dev_len, ref, out, &last_tl)))
+                return rc;
         }
     }
     return r.p == r.end ? 0 : bad(&r, a, "bytes after the last device");
