@@ -154,6 +154,56 @@ int kvt_pool_config_validate(const kvt_pool_config *cfg, uint32_t *scheduler_blo
     return rc;
 }
 
+/* Every entry and every block free (the null block aside), in order. */
+static void init_free_lists(kvt_pool *p, uint32_t n_entries)
+{
+    for (uint32_t i = 0; i < n_entries; i++)
+        kvi_pool_entry(p, i)->next = i + 1 < n_entries ? i + 1 : KVT_ENTRY_NONE;
+    p->entry_free = 0;
+    kvi_list_init(&p->free_q);
+    for (uint32_t i = 0; i < p->nb; i++) {
+        struct kvi_block *b = &p->blocks[i];
+        kvi_list_init(&b->link);
+        b->keys = KVT_ENTRY_NONE;
+        if (i == KVT_NULL_BLOCK)
+            b->is_null = 1;
+        else
+            kvi_list_push_back(&p->free_q, &b->link);
+    }
+    p->n_free = p->nb - 1;
+    p->n_own = p->nb - 1;
+}
+
+/* The search order: full-attention groups first, then the other cacheable ones; groups that
+ * are not prefix-cacheable are not searched at all. Partial hash hits (upstream's rule): a
+ * Mamba align group whose blocks span several hash blocks — or, under decode context
+ * parallelism, which scales the attention blocks instead, at least one —, and only groups
+ * whose search can end inside a block (full attention, Mamba align); without EAGLE, whose
+ * drop of the last block is defined per block. */
+static void plan_search(kvt_pool *p, const kvt_pool_config *cfg)
+{
+    uint32_t k = 0;
+    for (uint32_t g = 0; g < cfg->n_groups; g++) {
+        p->hash_step[g] = cfg->groups[g].block_size / cfg->hash_block_size;
+        if (cfg->groups[g].kind == KVT_GROUP_FULL)
+            p->order[k++] = g;
+    }
+    for (uint32_t g = 0; g < cfg->n_groups; g++)
+        if (cfg->groups[g].kind != KVT_GROUP_FULL && kvt_group_kind_cacheable(cfg->groups[g].kind))
+            p->order[k++] = g;
+    p->n_order = k;
+    p->simple_hybrid = k == 2 && cfg->groups[p->order[0]].kind == KVT_GROUP_FULL;
+    bool mamba_wide = false, others_ok = !cfg->eagle, dcp = cp_size(cfg->dcp_world_size) > 1;
+    for (uint32_t i = 0; i < k; i++) {
+        const kvt_group_spec *s = &cfg->groups[p->order[i]];
+        mamba_wide |=
+            s->kind == KVT_GROUP_MAMBA_ALIGN &&
+            (dcp ? s->block_size >= cfg->hash_block_size : s->block_size > cfg->hash_block_size);
+        others_ok &= s->kind == KVT_GROUP_FULL || s->kind == KVT_GROUP_MAMBA_ALIGN;
+    }
+    p->partial_ok = mamba_wide && others_ok;
+}
+
 int kvt_pool_create(const kvt_pool_config *cfg, kvt_pool **out)
 {
     *out = NULL;
@@ -187,50 +237,8 @@ int kvt_pool_create(const kvt_pool_config *cfg, kvt_pool **out)
         return kvi_fail_wrap(rc, "pool");
     }
 
-    for (uint32_t i = 0; i < n_entries; i++)
-        kvi_pool_entry(p, i)->next = i + 1 < n_entries ? i + 1 : KVT_ENTRY_NONE;
-    p->entry_free = 0;
-
-    kvi_list_init(&p->free_q);
-    for (uint32_t i = 0; i < p->nb; i++) {
-        struct kvi_block *b = &p->blocks[i];
-        kvi_list_init(&b->link);
-        b->keys = KVT_ENTRY_NONE;
-        if (i == KVT_NULL_BLOCK)
-            b->is_null = 1;
-        else
-            kvi_list_push_back(&p->free_q, &b->link);
-    }
-    p->n_free = p->nb - 1;
-    p->n_own = p->nb - 1;
-
-    /* the search order: full-attention groups first, then the other cacheable ones; groups
-     * that are not prefix-cacheable are not searched at all */
-    uint32_t k = 0;
-    for (uint32_t g = 0; g < cfg->n_groups; g++) {
-        p->hash_step[g] = cfg->groups[g].block_size / cfg->hash_block_size;
-        if (cfg->groups[g].kind == KVT_GROUP_FULL)
-            p->order[k++] = g;
-    }
-    for (uint32_t g = 0; g < cfg->n_groups; g++)
-        if (cfg->groups[g].kind != KVT_GROUP_FULL && kvt_group_kind_cacheable(cfg->groups[g].kind))
-            p->order[k++] = g;
-    p->n_order = k;
-    p->simple_hybrid = k == 2 && cfg->groups[p->order[0]].kind == KVT_GROUP_FULL;
-    /* partial hash hits (upstream's rule): a Mamba align group whose blocks span several hash
-     * blocks — or, under decode context parallelism, which scales the attention blocks
-     * instead, at least one —, and only groups whose search can end inside a block (full
-     * attention, Mamba align); without EAGLE, whose drop of the last block is defined per
-     * block */
-    bool mamba_wide = false, others_ok = !cfg->eagle, dcp = cp_size(cfg->dcp_world_size) > 1;
-    for (uint32_t i = 0; i < k; i++) {
-        const kvt_group_spec *s = &cfg->groups[p->order[i]];
-        mamba_wide |=
-            s->kind == KVT_GROUP_MAMBA_ALIGN &&
-            (dcp ? s->block_size >= cfg->hash_block_size : s->block_size > cfg->hash_block_size);
-        others_ok &= s->kind == KVT_GROUP_FULL || s->kind == KVT_GROUP_MAMBA_ALIGN;
-    }
-    p->partial_ok = mamba_wide && others_ok;
+    init_free_lists(p, n_entries);
+    plan_search(p, cfg);
     *out = p;
     return 0;
 }
