@@ -39,15 +39,11 @@
 #include "base/util.h"
 #include "offload/offload_internal.h"
 
-static int attach_unlocked(kvt_offload *m, kvt_remote *remote)
+/* Whether this manager can take remote p: one full-attention group, as many ranks as its
+ * workers (a lookup-only client) or one (a remote that serves this process's host tier, its
+ * slots the host blocks), the pool's hash length. */
+static int check_fit(const kvt_offload *m, const kvi_remote_port *p)
 {
-    if (!m || !remote)
-        return kvt_fail(KVT_EINVAL, "offload: attach_remote: NULL argument");
-    if (m->remote)
-        return kvt_fail(KVT_ESTATE, "offload: a remote tier is attached already");
-    kvi_remote_port *p = kvi_remote_port_of(remote);
-    if (p->lent)
-        return kvt_fail(KVT_ESTATE, "offload: this remote tier is lent to another manager");
     const kvt_group_spec *g = &m->gcfg.groups[0];
     if (m->ng != 1 || g->kind != KVT_GROUP_FULL || m->gcfg.hash_block_size != g->block_size ||
         m->partial)
@@ -55,8 +51,7 @@ static int attach_unlocked(kvt_offload *m, kvt_remote *remote)
                         "offload: the remote tier supports one full-attention group whose hash "
                         "block is its block (this manager has %u groups, hash block %u, block %u)",
                         m->ng, m->gcfg.hash_block_size, g->block_size);
-    const uint32_t P = p->parts; /* ranks, at least 1 */
-    if (p->lookup_only ? P != m->cfg.world_size : m->cfg.world_size != 1)
+    if (p->lookup_only ? p->parts != m->cfg.world_size : m->cfg.world_size != 1)
         return kvt_fail(KVT_EINVAL,
                         "offload: a remote tier %s, but this manager's world_size is %u (an "
                         "engine of several ranks attaches a lookup-only client of that many "
@@ -72,13 +67,14 @@ static int attach_unlocked(kvt_offload *m, kvt_remote *remote)
     if (p->hash_len != m->hash_len)
         return kvt_fail(KVT_EINVAL, "offload: the remote tier's hash_len %u is not the pool's %u",
                         p->hash_len, m->hash_len);
-    uint32_t t = kvi_ofl_ntiers(m), nb = m->tier[0].nb;
-    if (t >= KVI_OFL_TIERS)
-        return kvt_fail(KVT_ENOSPC,
-                        "offload: attach_remote: %u tiers already (KVT_MAX_TIERS); the remote "
-                        "tier would be tier %u",
-                        t, t);
-    struct kvi_ofl_tier *T = &m->tier[t];
+    return 0;
+}
+
+/* The manager's tables for a remote of P parts (lookups, owners per host block,
+ * publications, withdrawals); KVT_ENOMEM (what was allocated stays for the teardown). */
+static int alloc_tables(kvt_offload *m, uint32_t P)
+{
+    uint32_t nb = m->tier[0].nb;
     m->rloc = malloc((size_t)KVT_REMOTE_MAX_READ * P * sizeof(*m->rloc));
     m->rpeers = calloc(KVT_REMOTE_MAX_PEERS, sizeof(*m->rpeers));
     m->rs_peer = malloc((size_t)nb * P * sizeof(*m->rs_peer));
@@ -90,10 +86,32 @@ static int attach_unlocked(kvt_offload *m, kvt_remote *remote)
     m->rmiss = calloc(KVI_OFL_RMISS, sizeof(*m->rmiss));
     m->rpub = calloc(nb, 1);
     m->wd_slots = malloc(nb * sizeof(*m->wd_slots));
-    int rc = !m->rloc || !m->rpeers || !m->rs_peer || !m->rs_slot || !m->rs_gen || !m->rs_hash ||
-                     !m->pub_slots || !m->pub_hashes || !m->rmiss || !m->rpub || !m->wd_slots
-                 ? kvt_fail(KVT_ENOMEM, "offload: attach_remote: out of memory")
-                 : 0;
+    return !m->rloc || !m->rpeers || !m->rs_peer || !m->rs_slot || !m->rs_gen || !m->rs_hash ||
+                   !m->pub_slots || !m->pub_hashes || !m->rmiss || !m->rpub || !m->wd_slots
+               ? kvt_fail(KVT_ENOMEM, "offload: attach_remote: out of memory")
+               : 0;
+}
+
+static int attach_unlocked(kvt_offload *m, kvt_remote *remote)
+{
+    if (!m || !remote)
+        return kvt_fail(KVT_EINVAL, "offload: attach_remote: NULL argument");
+    if (m->remote)
+        return kvt_fail(KVT_ESTATE, "offload: a remote tier is attached already");
+    kvi_remote_port *p = kvi_remote_port_of(remote);
+    if (p->lent)
+        return kvt_fail(KVT_ESTATE, "offload: this remote tier is lent to another manager");
+    int rc = check_fit(m, p);
+    if (rc)
+        return rc;
+    uint32_t t = kvi_ofl_ntiers(m), nb = m->tier[0].nb;
+    if (t >= KVI_OFL_TIERS)
+        return kvt_fail(KVT_ENOSPC,
+                        "offload: attach_remote: %u tiers already (KVT_MAX_TIERS); the remote "
+                        "tier would be tier %u",
+                        t, t);
+    struct kvi_ofl_tier *T = &m->tier[t];
+    rc = alloc_tables(m, p->parts);
     /* its place in the chain: events of its own (its stores: none, ever) */
     if (!rc && !(rc = kvi_ofl_evtable_init(&T->loads, kvi_min_u32(nb, 1024))))
         rc = kvi_ofl_evtable_init(&T->stores, 1);
@@ -111,7 +129,7 @@ static int attach_unlocked(kvt_offload *m, kvt_remote *remote)
     /* what the remote served before this manager is not this manager's: the workers withdraw
      * every slot with the first step (nothing to do on a fresh remote) */
     m->wd_all = true;
-    m->rparts = P;
+    m->rparts = p->parts;
     m->remote = remote;
     m->rport = p;
     p->lent = true;
