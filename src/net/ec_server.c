@@ -354,77 +354,94 @@ static void reap_dead_writers(kvt_ec_server *s)
         count(s, &s->st.writers_reaped, reaped);
 }
 
+/* STATUS: what the shard knows of the transfer (never its reservation id: a capability of
+ * its client alone). */
+static int status_item(kvt_ec_server *s, const kvi_ecc_item *it, kvi_ecc_result *x)
+{
+    static _Thread_local kvt_ec_status st;
+    int rc = kvt_ec_shard_status(s->shard, it->transfer_id.ptr, it->transfer_id.len, &st);
+    if (rc != 1)
+        return rc;
+    x->found = true;
+    x->mm_hash = (kvt_str){st.mm_hash, (uint32_t)strlen(st.mm_hash)};
+    x->ready = st.ready;
+    x->nbytes = st.nbytes;
+    x->ndim = st.ndim;
+    memcpy(x->shape, st.shape, sizeof(x->shape));
+    x->dtype = (kvt_str){st.dtype, (uint32_t)strlen(st.dtype)};
+    return 0;
+}
+
+/* RESERVE: the shard's answer, and for a writer the receive of exactly its region posted
+ * (no receive, no writer: the reservation is given back before anyone writes). */
+static int reserve_item(kvt_ec_server *s, const kvi_ecc_item *it, kvi_ecc_result *x)
+{
+    static _Thread_local kvt_ec_reply r;
+    kvt_ec_item item = {it->mm_hash.ptr, it->mm_hash.len, it->nbytes, it->ndim, {0},
+                        it->dtype.ptr,   it->dtype.len};
+    memcpy(item.shape, it->shape, sizeof(item.shape));
+    int rc = kvi_ec_shard_reserve_as(s->shard, it->transfer_id.ptr, it->transfer_id.len, &item,
+                                     it->client_key.ptr, &r);
+    if (rc == KVT_EEXIST)
+        count(s, &s->st.refused, 1);
+    if (!rc && r.write && s->ucx &&
+        (rc = rx_post(s, it->transfer_id.ptr, it->transfer_id.len, &r))) {
+        char msg[512];
+        bool done;
+        snprintf(msg, sizeof(msg), "%s", kvt_last_error());
+        (void)kvt_ec_shard_cancel(s->shard, it->transfer_id.ptr, it->transfer_id.len,
+                                  r.reservation_id, true, false, &done);
+        return kvt_fail(rc, "%s", msg);
+    }
+    if (rc)
+        return rc;
+    x->reservation_id = (kvt_str){r.reservation_id, (uint32_t)strlen(r.reservation_id)};
+    x->offset = r.offset;
+    x->nbytes = r.nbytes;
+    x->tag = kvi_ecc_rid_tag(r.reservation_id);
+    x->write = r.write;
+    x->ready = r.ready;
+    x->cached = r.cached;
+    x->cancelled = r.cancelled;
+    return 0;
+}
+
+/* CANCEL: without a reservation id only the consumer's own scheduler, who must show the owner
+ * key (no one else may cancel a transfer or plant a tombstone ahead of its producer). */
+static int cancel_item(kvt_ec_server *s, const kvi_ecc_item *it, kvi_ecc_result *x)
+{
+    if (it->reservation_id.len == 0 && !kvi_ecc_key_equal(it->client_key.ptr, s->owner)) {
+        count(s, &s->st.refused, 1);
+        return kvt_fail(KVT_EINVAL, "ec server: a cancel without reservation id needs the "
+                                    "consumer's owner key");
+    }
+    int rc = 0;
+    if (!s->ucx || !it->abandon || !(rc = rx_end(s, it)))
+        rc = kvt_ec_shard_cancel(s->shard, it->transfer_id.ptr, it->transfer_id.len,
+                                 it->reservation_id.len ? it->reservation_id.ptr : NULL,
+                                 it->abandon, it->refresh, &x->cancelled);
+    return rc;
+}
+
 static int do_item(kvt_ec_server *s, uint32_t op, const kvi_ecc_item *it, kvi_ecc_result *x)
 {
-    kvt_ec_shard *sh = s->shard;
     int rc = 0;
     memset(x, 0, sizeof(*x));
     switch (op) {
-    case KVT_ECC_STATUS: {
-        static _Thread_local kvt_ec_status st;
-        rc = kvt_ec_shard_status(sh, it->transfer_id.ptr, it->transfer_id.len, &st);
-        if (rc == 1) {
-            x->found = true; /* never the reservation id: a capability of its client alone */
-            x->mm_hash = (kvt_str){st.mm_hash, (uint32_t)strlen(st.mm_hash)};
-            x->ready = st.ready;
-            x->nbytes = st.nbytes;
-            x->ndim = st.ndim;
-            memcpy(x->shape, st.shape, sizeof(x->shape));
-            x->dtype = (kvt_str){st.dtype, (uint32_t)strlen(st.dtype)};
-            rc = 0;
-        }
+    case KVT_ECC_STATUS:
+        rc = status_item(s, it, x);
         break;
-    }
     case KVT_ECC_RESERVE:
-    case KVT_ECC_RESERVE_BATCH: {
-        static _Thread_local kvt_ec_reply r;
-        kvt_ec_item item = {it->mm_hash.ptr, it->mm_hash.len, it->nbytes, it->ndim, {0},
-                            it->dtype.ptr,   it->dtype.len};
-        memcpy(item.shape, it->shape, sizeof(item.shape));
-        rc = kvi_ec_shard_reserve_as(sh, it->transfer_id.ptr, it->transfer_id.len, &item,
-                                     it->client_key.ptr, &r);
-        if (rc == KVT_EEXIST)
-            count(s, &s->st.refused, 1);
-        if (!rc && r.write && s->ucx &&
-            (rc = rx_post(s, it->transfer_id.ptr, it->transfer_id.len, &r))) {
-            /* no receive, no writer: the reservation is given back before anyone writes */
-            char msg[512];
-            bool done;
-            snprintf(msg, sizeof(msg), "%s", kvt_last_error());
-            (void)kvt_ec_shard_cancel(sh, it->transfer_id.ptr, it->transfer_id.len,
-                                      r.reservation_id, true, false, &done);
-            rc = kvt_fail(rc, "%s", msg);
-        }
-        if (!rc) {
-            x->reservation_id = (kvt_str){r.reservation_id, (uint32_t)strlen(r.reservation_id)};
-            x->offset = r.offset;
-            x->nbytes = r.nbytes;
-            x->tag = kvi_ecc_rid_tag(r.reservation_id);
-            x->write = r.write;
-            x->ready = r.ready;
-            x->cached = r.cached;
-            x->cancelled = r.cancelled;
-        }
+    case KVT_ECC_RESERVE_BATCH:
+        rc = reserve_item(s, it, x);
         break;
-    }
     case KVT_ECC_COMPLETE:
     case KVT_ECC_COMPLETE_BATCH:
         rc = complete_item(s, it, x);
         break;
     case KVT_ECC_CANCEL:
     case KVT_ECC_CANCEL_BATCH:
-        /* without a reservation id: the consumer's own scheduler, who must show the owner key
-         * (no one else may cancel a transfer or plant a tombstone ahead of its producer) */
-        if (it->reservation_id.len == 0 && !kvi_ecc_key_equal(it->client_key.ptr, s->owner)) {
-            count(s, &s->st.refused, 1);
-            rc = kvt_fail(KVT_EINVAL, "ec server: a cancel without reservation id needs the "
-                                      "consumer's owner key");
-            break;
-        }
-        if (!s->ucx || !it->abandon || !(rc = rx_end(s, it)))
-            rc = kvt_ec_shard_cancel(sh, it->transfer_id.ptr, it->transfer_id.len,
-                                     it->reservation_id.len ? it->reservation_id.ptr : NULL,
-                                     it->abandon, it->refresh, &x->cancelled);
+        rc = cancel_item(s, it, x);
         break;
     }
     if (rc < 0)
