@@ -615,71 +615,78 @@ int kvi_node_header_check(const void *p, size_t size)
 /* Opens the metadata object, creating and filling it if absent, and maps it. An existing
  * object must be ours (kvi_shm_open) and its header must check before anything in it is
  * used. */
+/* The creator's part: the object sized, mapped and filled (ready set last). */
+static int create_meta(kvt_node *n, const kvt_node_config *c, int fd, const char *path)
+{
+    const size_t size = n->lay.size;
+    if (ftruncate(fd, (off_t)size) != 0) {
+        int e = errno;
+        close(fd);
+        shm_unlink(path);
+        return kvi_fail_errno(e, "node %s: cannot size the metadata object to %zu bytes", n->name,
+                              size);
+    }
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    int rc = p == MAP_FAILED ? kvi_fail_errno(errno, "node %s: cannot map metadata", n->name)
+                             : init_meta(p, c, &n->lay);
+    if (rc) {
+        if (p != MAP_FAILED)
+            munmap(p, size);
+        close(fd);
+        shm_unlink(path);
+        return rc;
+    }
+    n->fd = fd;
+    n->h = p;
+    n->size = size;
+    return 0;
+}
+
+/* A joiner's part: the object mapped once its creator has sized it, then waited for until
+ * the creator marks it ready (OPEN_WAIT_MS at most). *h and *mapped: what was mapped. */
+static int await_meta(kvt_node *n, int fd, const char *path, struct node_hdr **h, size_t *mapped)
+{
+    struct stat st;
+    for (uint32_t waited = 0;; waited++) {
+        if (fstat(fd, &st) != 0)
+            return kvi_fail_errno(errno, "node %s: cannot stat %s", n->name, path);
+        if ((size_t)st.st_size >= sizeof(**h)) {
+            if (!*h) {
+                *mapped = (size_t)st.st_size;
+                *h = mmap(NULL, *mapped, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+            }
+            if (*h == MAP_FAILED) {
+                *h = NULL;
+                return kvi_fail_errno(errno, "node %s: cannot map %s", n->name, path);
+            }
+            if (__atomic_load_n(&(*h)->ready, __ATOMIC_ACQUIRE))
+                return 0;
+        }
+        if (waited >= OPEN_WAIT_MS)
+            return kvt_fail(KVT_EBUSY,
+                            "node %s: %s was never finished by its creator (remove it with "
+                            "kvt_node_unlink if no replica runs)",
+                            n->name, path);
+        usleep(1000);
+    }
+}
+
 static int open_meta(kvt_node *n, const kvt_node_config *c)
 {
     char path[96], who[80];
     shm_path(path, sizeof(path), n->name, "meta");
     snprintf(who, sizeof(who), "node %s", n->name);
-    const size_t size = n->lay.size;
     int fd;
     bool created;
     int rc = kvi_shm_open(path, &n->share, who, &fd, &created);
     if (rc)
         return rc;
-    if (created) {
-        if (ftruncate(fd, (off_t)size) != 0) {
-            int e = errno;
-            close(fd);
-            shm_unlink(path);
-            return kvi_fail_errno(e, "node %s: cannot size the metadata object to %zu bytes",
-                                  n->name, size);
-        }
-        void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-        rc = p == MAP_FAILED ? kvi_fail_errno(errno, "node %s: cannot map metadata", n->name)
-                             : init_meta(p, c, &n->lay);
-        if (rc) {
-            if (p != MAP_FAILED)
-                munmap(p, size);
-            close(fd);
-            shm_unlink(path);
-            return rc;
-        }
-        n->fd = fd;
-        n->h = p;
-        n->size = size;
-        return 0;
-    }
+    if (created)
+        return create_meta(n, c, fd, path);
     /* the creator may still be sizing and filling it */
-    struct stat st;
     struct node_hdr *h = NULL;
     size_t mapped = 0;
-    for (uint32_t waited = 0;; waited++) {
-        if (fstat(fd, &st) != 0) {
-            rc = kvi_fail_errno(errno, "node %s: cannot stat %s", n->name, path);
-            break;
-        }
-        if ((size_t)st.st_size >= sizeof(*h)) {
-            if (!h) {
-                mapped = (size_t)st.st_size;
-                h = mmap(NULL, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-            }
-            if (h == MAP_FAILED) {
-                h = NULL;
-                rc = kvi_fail_errno(errno, "node %s: cannot map %s", n->name, path);
-                break;
-            }
-            if (__atomic_load_n(&h->ready, __ATOMIC_ACQUIRE))
-                break;
-        }
-        if (waited >= OPEN_WAIT_MS) {
-            rc = kvt_fail(KVT_EBUSY,
-                          "node %s: %s was never finished by its creator (remove it with "
-                          "kvt_node_unlink if no replica runs)",
-                          n->name, path);
-            break;
-        }
-        usleep(1000);
-    }
+    rc = await_meta(n, fd, path, &h, &mapped);
     if (!rc && (rc = kvi_node_header_check(h, mapped)))
         rc = kvt_fail(rc, "node %s: %s: %s; remove it with kvt_node_unlink once no replica uses it",
                       n->name, path, kvt_last_error());
