@@ -881,6 +881,56 @@ void kvi_remote_unstage(kvt_remote *r)
 }
 
 /* The object with its copies of the configuration; nothing started yet. */
+/* The remote's copies of the configuration's strings, in one allocation (r->strs): the
+ * credential and the directory's password are not kept (turned into keys; the directories
+ * keep their own). A rank of several has the instance name "<instance>#<rank>". */
+static void copy_strings(kvt_remote *r, const kvt_remote_config *c)
+{
+    char *p = r->strs;
+    r->cfg.directory = dupcat(&p, c->directory);
+    r->cfg.space = dupcat(&p, c->space);
+    r->base = dupcat(&p, c->instance);
+    r->cfg.instance = r->base;
+    if (r->parts > 1 && !r->lookup_only) { /* validated: fits KVT_REMOTE_NAME_MAX */
+        r->cfg.instance = p;
+        p += (size_t)sprintf(p, "%s#%u", c->instance, c->rank) + 1;
+    }
+    r->cfg.listen_host = dupcat(&p, c->listen_host);
+    r->cfg.credential = NULL;
+    r->cfg.advertise_host = dupcat(&p, c->advertise_host);
+    r->cfg.directory_password = NULL;
+}
+
+/* The pieces of a block (one region, or the configured regions) and the port the offload
+ * manager and the workers reach this remote through. */
+static void set_pieces_and_port(kvt_remote *r, const kvt_remote_config *c)
+{
+    uint32_t np = r->n_pieces;
+    if (c->regions) {
+        memcpy(r->piece, c->regions, np * sizeof(*r->piece));
+        r->cfg.block_bytes = 0;
+        for (uint32_t j = 0; j < np; j++)
+            r->cfg.block_bytes += r->piece[j].block_bytes;
+    } else {
+        r->piece[0] =
+            (kvt_region){.base = (uint64_t)(uintptr_t)c->region, .block_bytes = c->block_bytes};
+    }
+    r->cfg.regions = r->piece;
+    r->rport = (kvi_remote_port){.lookup = kvt_remote_lookup,
+                                 .lookup_peer = kvt_remote_lookup_peer,
+                                 .unlend = unlend,
+                                 .stage_open = kvi_remote_stage_open,
+                                 .stats = kvt_remote_get_stats,
+                                 .regions = r->piece,
+                                 .n_regions = np,
+                                 .n_slots = c->n_slots,
+                                 .hash_len = c->hash_len,
+                                 .block_bytes = r->cfg.block_bytes,
+                                 .parts = r->parts,
+                                 .rank = c->rank,
+                                 .lookup_only = r->lookup_only};
+}
+
 static int remote_alloc(const kvt_remote_config *c, kvt_remote **out)
 {
     kvt_remote *r = calloc(1, sizeof(*r));
@@ -912,42 +962,8 @@ static int remote_alloc(const kvt_remote_config *c, kvt_remote **out)
     r->serves = c->n_slots > 0;
     r->parts = parts;
     r->lookup_only = c->rank == KVT_REMOTE_NO_RANK;
-    if (c->regions) {
-        memcpy(r->piece, c->regions, np * sizeof(*r->piece));
-        r->cfg.block_bytes = 0;
-        for (uint32_t j = 0; j < np; j++)
-            r->cfg.block_bytes += r->piece[j].block_bytes;
-    } else {
-        r->piece[0] =
-            (kvt_region){.base = (uint64_t)(uintptr_t)c->region, .block_bytes = c->block_bytes};
-    }
-    r->cfg.regions = r->piece;
-    r->rport = (kvi_remote_port){.lookup = kvt_remote_lookup,
-                                 .lookup_peer = kvt_remote_lookup_peer,
-                                 .unlend = unlend,
-                                 .stage_open = kvi_remote_stage_open,
-                                 .stats = kvt_remote_get_stats,
-                                 .regions = r->piece,
-                                 .n_regions = np,
-                                 .n_slots = c->n_slots,
-                                 .hash_len = c->hash_len,
-                                 .block_bytes = r->cfg.block_bytes,
-                                 .parts = parts,
-                                 .rank = c->rank,
-                                 .lookup_only = c->rank == KVT_REMOTE_NO_RANK};
-    char *p = r->strs;
-    r->cfg.directory = dupcat(&p, c->directory);
-    r->cfg.space = dupcat(&p, c->space);
-    r->base = dupcat(&p, c->instance);
-    r->cfg.instance = r->base;
-    if (parts > 1 && !r->lookup_only) { /* validated: fits KVT_REMOTE_NAME_MAX */
-        r->cfg.instance = p;
-        p += (size_t)sprintf(p, "%s#%u", c->instance, c->rank) + 1;
-    }
-    r->cfg.listen_host = dupcat(&p, c->listen_host);
-    r->cfg.credential = NULL; /* turned into keys below, never kept */
-    r->cfg.advertise_host = dupcat(&p, c->advertise_host);
-    r->cfg.directory_password = NULL; /* the directories keep their own copies */
+    set_pieces_and_port(r, c);
+    copy_strings(r, c);
     pthread_mutex_init(&r->mu, NULL);
     pthread_mutex_init(&r->rd_mu, NULL);
     r->next_req = ((uint64_t)getpid() << 32) ^ kvt_monotonic_ns();
