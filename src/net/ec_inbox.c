@@ -190,10 +190,10 @@ static void *inbox_main(void *arg)
 
 /* ---- the scheduler thread ------------------------------------------------------------------ */
 
-int kvt_ec_inbox_create(const kvt_ec_inbox_config *cfg, kvt_ec_inbox **out)
+/* The configuration's values, and the consumer's host (*h, *hl: in cfg->consumer, brackets
+ * of an IPv6 literal left out) from its "tcp://host:port". */
+static int check_config(const kvt_ec_inbox_config *cfg, const char **h, size_t *hl)
 {
-    if (!cfg || !out || !cfg->consumer)
-        return kvt_fail(KVT_EINVAL, "ec inbox: create: NULL argument or no consumer address");
     if (kvi_check_reserved(cfg->reserved, sizeof(cfg->reserved), "ec inbox config"))
         return KVT_EINVAL;
     if (cfg->control_timeout_ms < 1 || cfg->retry_ms < 1 || cfg->max_cancels < 1 ||
@@ -203,25 +203,26 @@ int kvt_ec_inbox_create(const kvt_ec_inbox_config *cfg, kvt_ec_inbox **out)
         return kvt_fail(KVT_EINVAL, "ec inbox: owner_key is not 32 lowercase hex digits");
     if (cfg->event_host && (!cfg->event_host[0] || strlen(cfg->event_host) >= 128))
         return kvt_fail(KVT_EINVAL, "ec inbox: event_host empty or too long");
-    const char *h = strncmp(cfg->consumer, "tcp://", 6) == 0 ? cfg->consumer + 6 : cfg->consumer;
-    const char *colon = strrchr(h, ':');
-    size_t hl = colon ? (size_t)(colon - h) : 0;
-    if (hl && h[0] == '[' && colon[-1] == ']')
-        h++, hl -= 2;
+    *h = strncmp(cfg->consumer, "tcp://", 6) == 0 ? cfg->consumer + 6 : cfg->consumer;
+    const char *colon = strrchr(*h, ':');
+    *hl = colon ? (size_t)(colon - *h) : 0;
+    if (*hl && (*h)[0] == '[' && colon[-1] == ']')
+        (*h)++, *hl -= 2;
     int port = colon ? atoi(colon + 1) : 0;
-    if (!colon || hl == 0 || hl >= 128 || port < 1 || port > 65535 || strlen(cfg->consumer) >= 160)
+    if (!colon || *hl == 0 || *hl >= 128 || port < 1 || port > 65535 ||
+        strlen(cfg->consumer) >= 160)
         return kvt_fail(KVT_EINVAL, "ec inbox: consumer address %s is not host:port",
                         cfg->consumer);
-    kvi_ecc_curve keys = {cfg->curve_server_key, cfg->curve_public_key, cfg->curve_secret_key};
-    bool curve;
-    int crc = kvi_ecc_curve_check(&keys, &curve);
-    if (crc)
-        return crc;
-    kvt_ec_inbox *in = calloc(1, sizeof(*in));
-    if (!in)
-        return kvt_fail(KVT_ENOMEM, "ec inbox: out of memory");
+    return 0;
+}
+
+/* The inbox keeps its own copies of what the thread and the step read later: the CURVE keys,
+ * the consumer's address and host, the event host, the owner key. */
+static void keep_config(kvt_ec_inbox *in, const kvt_ec_inbox_config *cfg, bool curve, const char *h,
+                        size_t hl)
+{
     in->cfg = *cfg;
-    if ((in->curve = curve)) { /* copies: the thread and the step read them later */
+    if ((in->curve = curve)) {
         memcpy(in->server_key, cfg->curve_server_key, 40);
         memcpy(in->public_key, cfg->curve_public_key, 40);
         memcpy(in->secret_key, cfg->curve_secret_key, 40);
@@ -239,12 +240,28 @@ int kvt_ec_inbox_create(const kvt_ec_inbox_config *cfg, kvt_ec_inbox **out)
         memcpy(in->owner, cfg->owner_key, KVT_EC_RID_LEN + 1);
     in->cfg.owner_key = NULL;
     in->cfg.consumer = in->consumer;
-    int room = kvi_fd_room(24, "ec inbox"); /* its context, and its thread's client */
-    if (room) {
-        free(in);
-        return room;
-    }
-    int rc = kvi_ring_init(&in->q, sizeof(tid_t), cfg->max_cancels);
+}
+
+int kvt_ec_inbox_create(const kvt_ec_inbox_config *cfg, kvt_ec_inbox **out)
+{
+    if (!cfg || !out || !cfg->consumer)
+        return kvt_fail(KVT_EINVAL, "ec inbox: create: NULL argument or no consumer address");
+    const char *h = NULL;
+    size_t hl = 0;
+    int rc = check_config(cfg, &h, &hl);
+    if (rc)
+        return rc;
+    kvi_ecc_curve keys = {cfg->curve_server_key, cfg->curve_public_key, cfg->curve_secret_key};
+    bool curve;
+    if ((rc = kvi_ecc_curve_check(&keys, &curve)))
+        return rc;
+    if ((rc = kvi_fd_room(24, "ec inbox"))) /* its context, and its thread's client */
+        return rc;
+    kvt_ec_inbox *in = calloc(1, sizeof(*in));
+    if (!in)
+        return kvt_fail(KVT_ENOMEM, "ec inbox: out of memory");
+    keep_config(in, cfg, curve, h, hl);
+    rc = kvi_ring_init(&in->q, sizeof(tid_t), cfg->max_cancels);
     if (!rc && !(in->ctx = zmq_ctx_new()))
         rc = kvt_fail(KVT_ENOMEM, "ec inbox: out of memory");
     if (rc) {
