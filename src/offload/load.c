@@ -265,6 +265,32 @@ static bool full_attention_only(const kvt_offload *m)
 }
 
 /* Checks every pair before anything changes; marks destinations to catch repeats. */
+/* A shorter acceptance than offered ends where a window group may need blocks the offered hit
+ * left out (null: before the window of its own end): how many blocks before the end it needs;
+ * a state group has states only where the host part and the whole hit end (with partial hits,
+ * a state block inside the acceptance may hold a later state than its end): *no_state. */
+static uint32_t end_needs(const kvt_group_spec *gs, const struct kvi_ofl_req *r,
+                          uint32_t num_external, bool *no_state)
+{
+    bool state = gs->kind == KVT_GROUP_MAMBA || gs->kind == KVT_GROUP_MAMBA_ALIGN;
+    *no_state = state && num_external != r->hit_len && num_external != r->hit_len - r->dhit_len;
+    if (num_external < r->hit_len && gs->kind == KVT_GROUP_SLIDING)
+        return kvi_max_u32(1, (gs->sliding_window - 1 + gs->block_size - 1) / gs->block_size);
+    return num_external < r->hit_len && state ? 1 : 0;
+}
+
+/* The marks check_pairs set on the load's GPU blocks, cleared. */
+static void clear_marks(kvt_offload *m, const struct kvi_ofl_req *r, const uint32_t *const *blocks,
+                        const uint32_t *n_blocks, uint32_t num_external)
+{
+    for (uint32_t g = 0; g < m->ng; g++) {
+        uint32_t n_ext = kvi_ofl_ext_blocks(m, g, num_external);
+        uint32_t start = kvi_ofl_load_start(m, r, g, num_external);
+        for (uint32_t i = 0; i < n_ext && (uint64_t)start + i < n_blocks[g]; i++)
+            m->gflags[blocks[g][start + i]] &= (uint8_t)~G_MARK;
+    }
+}
+
 static int check_pairs(kvt_offload *m, const struct kvi_ofl_req *r, const uint32_t *const *blocks,
                        const uint32_t *n_blocks, uint32_t num_external)
 {
@@ -274,18 +300,8 @@ static int check_pairs(kvt_offload *m, const struct kvi_ofl_req *r, const uint32
         const kvt_group_spec *gs = &m->gcfg.groups[g];
         uint32_t n_ext = kvi_ofl_ext_blocks(m, g, num_external);
         uint32_t start = kvi_ofl_load_start(m, r, g, num_external);
-        /* A shorter acceptance than offered ends where a window group may need blocks the
-         * offered hit left out (null: before the window of its own end); a state group has
-         * states only where the host part and the whole hit end (with partial hits, a state
-         * block inside the acceptance may hold a later state than its end). */
-        uint32_t need = 0;
-        bool state = gs->kind == KVT_GROUP_MAMBA || gs->kind == KVT_GROUP_MAMBA_ALIGN;
-        if (num_external < r->hit_len && gs->kind == KVT_GROUP_SLIDING)
-            need = kvi_max_u32(1, (gs->sliding_window - 1 + gs->block_size - 1) / gs->block_size);
-        else if (num_external < r->hit_len && state)
-            need = 1;
-        bool no_state =
-            state && num_external != r->hit_len && num_external != r->hit_len - r->dhit_len;
+        bool no_state;
+        uint32_t need = end_needs(gs, r, num_external, &no_state);
         for (uint32_t i = 0; i < r->hit_n[g]; i++, kvi_iditer_next(&m->hitpool, &it)) {
             uint32_t cpu = kvi_iditer_get(&m->hitpool, &it);
             if (!rc && i < n_ext && i + need >= n_ext && (cpu == KVT_NULL_BLOCK || no_state))
@@ -328,13 +344,7 @@ static int check_pairs(kvt_offload *m, const struct kvi_ofl_req *r, const uint32
                       num_external, r->hit_len, r->hit_len - r->dhit_len);
     if (!rc && r->dhit_n) /* the part behind the host follows the host part */
         rc = kvi_ofl_tier_check_pairs(m, r, blocks, n_blocks, num_external);
-    /* clear the marks */
-    for (uint32_t g = 0; g < m->ng; g++) {
-        uint32_t n_ext = kvi_ofl_ext_blocks(m, g, num_external);
-        uint32_t start = kvi_ofl_load_start(m, r, g, num_external);
-        for (uint32_t i = 0; i < n_ext && (uint64_t)start + i < n_blocks[g]; i++)
-            m->gflags[blocks[g][start + i]] &= (uint8_t)~G_MARK;
-    }
+    clear_marks(m, r, blocks, n_blocks, num_external);
     return rc;
 }
 
