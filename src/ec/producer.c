@@ -686,28 +686,50 @@ static int push_record(kvt_ec_producer *p, const kvt_ec_push_spec *s, uint32_t *
 /* Reserves the new records idx[0..n) on every shard of their consumers: one batch per
  * (consumer, shard). A record refused by a shard is FAILED (the shards it holds abandoned)
  * and asks no further shard. */
+/* The reserve call's scratch, kept from one call to the next, for n records. */
+static int grow_reserve_scratch(kvt_ec_producer *p, uint32_t n)
+{
+    if (n <= p->cap_rs)
+        return 0;
+    kvt_ec_batch_op *o2 = realloc(p->rs_ops, n * sizeof(*o2));
+    if (o2)
+        p->rs_ops = o2;
+    kvt_ec_item *i2 = realloc(p->rs_items, n * sizeof(*i2));
+    if (i2)
+        p->rs_items = i2;
+    uint32_t *r2 = realloc(p->rs_rec, n * sizeof(*r2));
+    if (r2)
+        p->rs_rec = r2;
+    bool *d2 = realloc(p->rs_done, n * sizeof(*d2));
+    if (d2)
+        p->rs_done = d2;
+    if (!o2 || !i2 || !r2 || !d2)
+        return kvt_fail(KVT_ENOMEM, "ec producer: out of memory");
+    p->cap_rs = n;
+    return 0;
+}
+
+/* One reserve message to shard k of consumer for the m records rec[] (ops[] their items):
+ * each record takes its reply, or fails (the shards it reserved already are abandoned). */
+static void reserve_on_shard(kvt_ec_producer *p, const ec_key *consumer, uint32_t k,
+                             kvt_ec_batch_op *ops, const uint32_t *rec, uint32_t m)
+{
+    if (call_reserve(p, consumer->s, k, ops, m) == KVT_EIO)
+        silence(p, &p->r[rec[0]], k); /* the message got no answer */
+    for (uint32_t j = 0; j < m; j++) {
+        prec *r = &p->r[rec[j]];
+        if (!ops[j].rc)
+            r->sh[k].r = ops[j].reply;
+        else
+            kvt_fail(ops[j].rc, "%s", ops[j].error);
+        if (reserved(p, r, k, ops[j].rc))
+            fail_later(p, r, "reserving");
+    }
+}
+
 static int reserve_new(kvt_ec_producer *p, const uint32_t *idx, uint32_t n)
 {
-    int rc = 0;
-    if (n > p->cap_rs) { /* scratch kept from one call to the next */
-        uint32_t c = n;
-        kvt_ec_batch_op *o2 = realloc(p->rs_ops, c * sizeof(*o2));
-        if (o2)
-            p->rs_ops = o2;
-        kvt_ec_item *i2 = realloc(p->rs_items, c * sizeof(*i2));
-        if (i2)
-            p->rs_items = i2;
-        uint32_t *r2 = realloc(p->rs_rec, c * sizeof(*r2));
-        if (r2)
-            p->rs_rec = r2;
-        bool *d2 = realloc(p->rs_done, c * sizeof(*d2));
-        if (d2)
-            p->rs_done = d2;
-        if (o2 && i2 && r2 && d2)
-            p->cap_rs = c;
-        else
-            rc = kvt_fail(KVT_ENOMEM, "ec producer: out of memory");
-    }
+    int rc = grow_reserve_scratch(p, n);
     kvt_ec_batch_op *ops = p->rs_ops;
     kvt_ec_item *items = p->rs_items;
     uint32_t *rec = p->rs_rec;
@@ -737,17 +759,7 @@ static int reserve_new(kvt_ec_producer *p, const uint32_t *idx, uint32_t n)
             }
             if (!m)
                 break;
-            if (call_reserve(p, consumer->s, k, ops, m) == KVT_EIO)
-                silence(p, &p->r[rec[0]], k); /* the message got no answer */
-            for (uint32_t j = 0; j < m; j++) {
-                prec *r = &p->r[rec[j]];
-                if (!ops[j].rc)
-                    r->sh[k].r = ops[j].reply;
-                else
-                    kvt_fail(ops[j].rc, "%s", ops[j].error);
-                if (reserved(p, r, k, ops[j].rc))
-                    fail_later(p, r, "reserving"); /* the shards already reserved are abandoned */
-            }
+            reserve_on_shard(p, consumer, k, ops, rec, m);
         }
         for (uint32_t j = i; j < n; j++)
             if (ec_key_eq(&p->r[idx[j]].consumer, consumer))
