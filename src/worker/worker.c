@@ -489,6 +489,38 @@ static int submit_behind(kvt_worker *w, uint32_t t, int dir, int64_t event, cons
     return 0;
 }
 
+/* The step's load into the GPU, and what the worker keeps of it until it completes (its GPU
+ * blocks, their host sources, the blocks already known invalid). */
+static int submit_load(kvt_worker *w, const kvt_offload_meta *m, void *wait)
+{
+    int rc = grow((void **)&w->loads, &w->cap_loads, w->n_loads + 1, sizeof(*w->loads), true);
+    pending_load *p = rc ? NULL : &w->loads[w->n_loads];
+    if (p)
+        rc = grow((void **)&p->blocks, &p->cap, m->n_loads, sizeof(uint32_t), false);
+    if (p && !rc)
+        rc = grow((void **)&p->src, &p->cap_src, m->n_loads, sizeof(uint32_t), false);
+    if (!rc)
+        rc = stage_submit(w, &w->st[STAGE_TIER], KVT_COPY_LOAD, m->load_event, m->load_cpu_blocks,
+                          m->load_gpu_blocks, m->n_loads, wait);
+    if (rc)
+        return kvi_fail_wrap(rc, "worker: load");
+    memcpy(p->blocks, m->load_gpu_blocks, m->n_loads * sizeof(uint32_t));
+    memcpy(p->src, m->load_cpu_blocks, m->n_loads * sizeof(uint32_t));
+    p->n = m->n_loads;
+    p->n_inv = 0;
+    if (m->n_load_invalid &&
+        (rc = grow((void **)&p->inv, &p->cap_inv, m->n_load_invalid, sizeof(uint32_t), false)))
+        return rc;
+    if (m->n_load_invalid) {
+        memcpy(p->inv, m->load_invalid_blocks, m->n_load_invalid * sizeof(uint32_t));
+        p->n_inv = m->n_load_invalid;
+    }
+    p->event = m->load_event;
+    w->n_loads++;
+    w->last_load = m->load_event;
+    return 0;
+}
+
 static int submit(kvt_worker *w, void *stream)
 {
     const kvt_offload_meta *m = w->meta;
@@ -511,33 +543,8 @@ static int submit(kvt_worker *w, void *stream)
     int rc = compute_point(w, stream, &wait);
     if (rc)
         return rc;
-    if (m->load_event != KVT_NO_EVENT) {
-        rc = grow((void **)&w->loads, &w->cap_loads, w->n_loads + 1, sizeof(*w->loads), true);
-        pending_load *p = rc ? NULL : &w->loads[w->n_loads];
-        if (p)
-            rc = grow((void **)&p->blocks, &p->cap, m->n_loads, sizeof(uint32_t), false);
-        if (p && !rc)
-            rc = grow((void **)&p->src, &p->cap_src, m->n_loads, sizeof(uint32_t), false);
-        if (!rc)
-            rc = stage_submit(w, &w->st[STAGE_TIER], KVT_COPY_LOAD, m->load_event,
-                              m->load_cpu_blocks, m->load_gpu_blocks, m->n_loads, wait);
-        if (rc)
-            return kvi_fail_wrap(rc, "worker: load");
-        memcpy(p->blocks, m->load_gpu_blocks, m->n_loads * sizeof(uint32_t));
-        memcpy(p->src, m->load_cpu_blocks, m->n_loads * sizeof(uint32_t));
-        p->n = m->n_loads;
-        p->n_inv = 0;
-        if (m->n_load_invalid &&
-            (rc = grow((void **)&p->inv, &p->cap_inv, m->n_load_invalid, sizeof(uint32_t), false)))
-            return rc;
-        if (m->n_load_invalid) {
-            memcpy(p->inv, m->load_invalid_blocks, m->n_load_invalid * sizeof(uint32_t));
-            p->n_inv = m->n_load_invalid;
-        }
-        p->event = m->load_event;
-        w->n_loads++;
-        w->last_load = m->load_event;
-    }
+    if (m->load_event != KVT_NO_EVENT && (rc = submit_load(w, m, wait)))
+        return rc;
     if (m->store_event != KVT_NO_EVENT) {
         rc = grow((void **)&w->stores, &w->cap_stores, w->n_stores + 1, sizeof(int64_t), false);
         if (!rc)
