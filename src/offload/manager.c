@@ -133,6 +133,38 @@ static int validate_config(const kvt_offload_config *c, const kvt_pool_config *g
 }
 
 /* Everything but the GPU pool's identity: m->cfg, m->gcfg, m->gpu / m->ext are set. */
+/* The host-tier search's output per group (a hit of max_model_len tokens at most) and the
+ * pool of hit ids: room for several concurrent maximal hits (a hit that does not fit is not
+ * offered). */
+static int search_setup(kvt_offload *m)
+{
+    uint32_t search_ids = 0;
+    for (uint32_t g = 0; g < m->ng; g++) {
+        uint32_t n = m->cfg.max_model_len / m->gcfg.groups[g].block_size + 1;
+        m->tier[0].search_out[g] = malloc((size_t)n * sizeof(uint32_t));
+        if (!m->tier[0].search_out[g])
+            return kvt_fail(KVT_ENOMEM, "offload: cannot allocate search buffers");
+        search_ids += n;
+    }
+    uint64_t ids = (uint64_t)search_ids * 4 + 1024;
+    return kvi_idpool_init(&m->hitpool, ids > UINT32_MAX / 2 ? UINT32_MAX / 2 : (uint32_t)ids);
+}
+
+/* The request table and the per-GPU-block state (a load's source and chain, flags). */
+static int per_block_setup(kvt_offload *m)
+{
+    m->reqs = calloc(m->cfg.max_requests, sizeof(*m->reqs));
+    m->cursors = calloc((size_t)m->cfg.max_requests * m->ng, sizeof(uint32_t));
+    m->gload_src = malloc((size_t)m->gpu_nb * sizeof(uint32_t));
+    m->gload_next = malloc((size_t)m->gpu_nb * sizeof(uint32_t));
+    m->gflags = calloc(m->gpu_nb, 1);
+    uint32_t kmax = kvi_max_u32(m->kpb, m->gcfg.keys_per_block);
+    m->keys = malloc((size_t)kmax * sizeof(kvt_pool_key));
+    if (!m->reqs || !m->cursors || !m->gload_src || !m->gload_next || !m->gflags || !m->keys)
+        return kvt_fail(KVT_ENOMEM, "offload: cannot allocate per-block state");
+    return 0;
+}
+
 static int create_common(kvt_offload *m)
 {
     const kvt_offload_config *cfg = &m->cfg;
@@ -160,30 +192,10 @@ static int create_common(kvt_offload *m)
         rc = cfg->disk_blocks ? kvi_ofl_tier_setup(m, 1, "disk", cfg->disk_blocks) : 0;
     if (!rc)
         rc = kvi_ofl_gpu_setup(m);
-    uint32_t search_ids = 0;
-    for (uint32_t g = 0; g < m->ng && !rc; g++) {
-        uint32_t n = cfg->max_model_len / m->gcfg.groups[g].block_size + 1;
-        m->tier[0].search_out[g] = malloc((size_t)n * sizeof(uint32_t));
-        if (!m->tier[0].search_out[g])
-            rc = kvt_fail(KVT_ENOMEM, "offload: cannot allocate search buffers");
-        search_ids += n;
-    }
-    if (!rc) {
-        /* room for several concurrent maximal hits; a hit that does not fit is not offered */
-        uint64_t ids = (uint64_t)search_ids * 4 + 1024;
-        rc = kvi_idpool_init(&m->hitpool, ids > UINT32_MAX / 2 ? UINT32_MAX / 2 : (uint32_t)ids);
-    }
-    if (!rc) {
-        m->reqs = calloc(cfg->max_requests, sizeof(*m->reqs));
-        m->cursors = calloc((size_t)cfg->max_requests * m->ng, sizeof(uint32_t));
-        m->gload_src = malloc((size_t)m->gpu_nb * sizeof(uint32_t));
-        m->gload_next = malloc((size_t)m->gpu_nb * sizeof(uint32_t));
-        m->gflags = calloc(m->gpu_nb, 1);
-        uint32_t kmax = kvi_max_u32(m->kpb, m->gcfg.keys_per_block);
-        m->keys = malloc((size_t)kmax * sizeof(kvt_pool_key));
-        if (!m->reqs || !m->cursors || !m->gload_src || !m->gload_next || !m->gflags || !m->keys)
-            rc = kvt_fail(KVT_ENOMEM, "offload: cannot allocate per-block state");
-    }
+    if (!rc)
+        rc = search_setup(m);
+    if (!rc)
+        rc = per_block_setup(m);
     if (!rc) { /* re-store queue entries: a GPU block, then (engine pools) its packed key */
         size_t e = sizeof(uint32_t) + (m->ext ? m->key_stride : 0);
         rc = kvi_ring_init(&m->restore, (uint32_t)((e + 3) & ~(size_t)3), m->gpu_nb);
