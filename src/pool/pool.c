@@ -75,6 +75,38 @@ static int validate_cp(const kvt_pool_config *c)
     return 0;
 }
 
+/* Every group's kind and block size; *lcm receives the least common multiple of the
+ * prefix-cacheable groups' block sizes (at least one group must be). */
+static int validate_groups(const kvt_pool_config *c, uint64_t *lcm)
+{
+    uint32_t cacheable = 0;
+    for (uint32_t g = 0; g < c->n_groups; g++) {
+        const kvt_group_spec *s = &c->groups[g];
+        if (s->kind > KVT_GROUP_MAMBA_ALIGN)
+            return kvt_fail(KVT_EINVAL, "pool: group %u has unknown kind %u", g, s->kind);
+        if (!kvt_group_kind_cacheable(s->kind)) { /* any block size: it is never hashed */
+            if (s->block_size < 1)
+                return kvt_fail(KVT_EINVAL, "pool: group %u block_size must be positive", g);
+            continue;
+        }
+        cacheable++;
+        if (s->block_size < 1 || s->block_size % c->hash_block_size != 0)
+            return kvt_fail(KVT_EINVAL,
+                            "pool: group %u block_size %u must be a positive "
+                            "multiple of hash_block_size %u",
+                            g, s->block_size, c->hash_block_size);
+        if (s->kind == KVT_GROUP_SLIDING && s->sliding_window < 1)
+            return kvt_fail(KVT_EINVAL, "pool: sliding-window group %u needs sliding_window >= 1",
+                            g);
+        *lcm = *lcm / kvi_gcd_u64(*lcm, s->block_size) * s->block_size;
+        if (*lcm > UINT32_MAX)
+            return kvt_fail(KVT_EINVAL, "pool: LCM of the group block sizes exceeds 2^32");
+    }
+    if (cacheable == 0)
+        return kvt_fail(KVT_EINVAL, "pool: none of the %u groups is prefix-cacheable", c->n_groups);
+    return 0;
+}
+
 static int validate_config(const kvt_pool_config *c, uint32_t *sched_bs)
 {
     if (kvi_check_reserved(c->reserved, sizeof(c->reserved), "pool config"))
@@ -103,31 +135,8 @@ static int validate_config(const kvt_pool_config *c, uint32_t *sched_bs)
     if (rc)
         return rc;
     uint64_t lcm = 1;
-    uint32_t cacheable = 0;
-    for (uint32_t g = 0; g < c->n_groups; g++) {
-        const kvt_group_spec *s = &c->groups[g];
-        if (s->kind > KVT_GROUP_MAMBA_ALIGN)
-            return kvt_fail(KVT_EINVAL, "pool: group %u has unknown kind %u", g, s->kind);
-        if (!kvt_group_kind_cacheable(s->kind)) { /* any block size: it is never hashed */
-            if (s->block_size < 1)
-                return kvt_fail(KVT_EINVAL, "pool: group %u block_size must be positive", g);
-            continue;
-        }
-        cacheable++;
-        if (s->block_size < 1 || s->block_size % c->hash_block_size != 0)
-            return kvt_fail(KVT_EINVAL,
-                            "pool: group %u block_size %u must be a positive "
-                            "multiple of hash_block_size %u",
-                            g, s->block_size, c->hash_block_size);
-        if (s->kind == KVT_GROUP_SLIDING && s->sliding_window < 1)
-            return kvt_fail(KVT_EINVAL, "pool: sliding-window group %u needs sliding_window >= 1",
-                            g);
-        lcm = lcm / kvi_gcd_u64(lcm, s->block_size) * s->block_size;
-        if (lcm > UINT32_MAX)
-            return kvt_fail(KVT_EINVAL, "pool: LCM of the group block sizes exceeds 2^32");
-    }
-    if (cacheable == 0)
-        return kvt_fail(KVT_EINVAL, "pool: none of the %u groups is prefix-cacheable", c->n_groups);
+    if ((rc = validate_groups(c, &lcm)))
+        return rc;
     if (c->scheduler_block_size == 0) {
         *sched_bs = (uint32_t)lcm;
     } else {
