@@ -187,6 +187,35 @@ static void stop_threads(kvt_copy *c)
     c->ops->stop(c);
 }
 
+/* The environment's overrides of the configuration (KVTIER_MAX_BATCH_DESCRIPTORS,
+ * KVTIER_CUDA_KERNEL_MAX_BYTES, KVTIER_CUDA_KERNEL_BLOCKS_PER_SM); a malformed one fails. */
+static int apply_env(kvt_copy *c)
+{
+    c->kernel_blocks_per_sm = KVT_FRAG_BLOCKS_PER_SM;
+    int rc = env_descriptor_cap(&c->cfg.max_descriptors);
+    if (!rc)
+        rc = env_kernel_max(&c->cfg.kernel_max_bytes);
+    if (!rc)
+        rc = env_kernel_blocks(&c->kernel_blocks_per_sm);
+    return rc;
+}
+
+/* The submission queue (never full: each direction's ring bounds its queued jobs to
+ * max_events) and each direction's ring of job slots; false when out of memory. */
+static bool init_rings(kvt_copy *c)
+{
+    uint32_t n = c->cfg.max_events;
+    bool ok = kvi_ring_init(&c->queue, sizeof(copy_job *), 2 * n) == 0;
+    for (int d = 0; d < 2 && ok; d++) {
+        c->ring[d].slots = calloc(n, sizeof(copy_job));
+        c->ring[d].failed = calloc(n, sizeof(int64_t));
+        c->ring[d].hwm = -1;
+        c->ring[d].last_event = -1;
+        ok = c->ring[d].slots && c->ring[d].failed;
+    }
+    return ok;
+}
+
 int kvt_copy_create(const kvt_copy_config *cfg, const kvt_layout *layout, const kvt_mirror *mirror,
                     kvt_copy **out)
 {
@@ -208,13 +237,7 @@ int kvt_copy_create(const kvt_copy_config *cfg, const kvt_layout *layout, const 
     if (!c)
         return kvt_fail(KVT_ENOMEM, "copy: out of memory");
     c->cfg = *cfg;
-    rc = env_descriptor_cap(&c->cfg.max_descriptors);
-    if (!rc)
-        rc = env_kernel_max(&c->cfg.kernel_max_bytes);
-    c->kernel_blocks_per_sm = KVT_FRAG_BLOCKS_PER_SM;
-    if (!rc)
-        rc = env_kernel_blocks(&c->kernel_blocks_per_sm);
-    if (rc) {
+    if ((rc = apply_env(c))) {
         free(c);
         return rc;
     }
@@ -226,16 +249,7 @@ int kvt_copy_create(const kvt_copy_config *cfg, const kvt_layout *layout, const 
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv_work, NULL);
     pthread_cond_init(&c->cv_done, NULL);
-    /* never full: each direction's ring bounds its queued jobs to max_events */
-    bool ok = kvi_ring_init(&c->queue, sizeof(copy_job *), 2 * cfg->max_events) == 0;
-    for (int d = 0; d < 2 && ok; d++) {
-        c->ring[d].slots = calloc(cfg->max_events, sizeof(copy_job));
-        c->ring[d].failed = calloc(cfg->max_events, sizeof(int64_t));
-        c->ring[d].hwm = -1;
-        c->ring[d].last_event = -1;
-        ok = c->ring[d].slots && c->ring[d].failed;
-    }
-    if (!ok) {
+    if (!init_rings(c)) {
         free_engine(c);
         return kvt_fail(KVT_ENOMEM, "copy: out of memory");
     }
