@@ -31,6 +31,21 @@ static bool host_has_key(const kvt_offload *m, const kvt_pool_key *k)
     return kvt_pool_lookup(m->tier[0].pool, k->hash, k->group, &b) == 1;
 }
 
+/* Whether a block under key k is stored as the n-th of this step's selection: 0 yes; 1 no,
+ * the host tier has it already; -1 no, the step's budget is spent (both counted). */
+static int room_for(kvt_offload *m, const kvt_pool_key *k, uint32_t n, uint32_t budget)
+{
+    if (host_has_key(m, k)) {
+        m->tier[0].st.store_skipped_cached++;
+        return 1;
+    }
+    if (n >= budget) {
+        m->tier[0].st.store_dropped++;
+        return -1;
+    }
+    return 0;
+}
+
 /* Queues GPU block gpu (known under key k) for a re-store: never full, as a block is queued
  * at most once (G_RESTORE) and the queue holds every GPU block. */
 static void queue_restore(kvt_offload *m, uint32_t gpu, const kvt_pool_key *k)
@@ -202,12 +217,10 @@ void kvi_ofl_select_eager(kvt_offload *m, struct kvi_ofl_req *r, const uint32_t 
                 m->st.store_skipped_unhashed++;
                 continue;
             }
-            if (host_has_key(m, &k)) {
-                m->tier[0].st.store_skipped_cached++;
+            int room = room_for(m, &k, n, budget);
+            if (room > 0)
                 continue;
-            }
-            if (n >= budget) {
-                m->tier[0].st.store_dropped++;
+            if (room < 0) {
                 full = true; /* retried next step from here */
                 break;
             }
@@ -254,14 +267,11 @@ static void select_partial_tails(kvt_offload *m, struct kvi_ofl_req *r,
             m->st.store_skipped_unhashed++;
             continue;
         }
-        if (host_has_key(m, &k)) {
-            m->tier[0].st.store_skipped_cached++;
+        int room = room_for(m, &k, n, budget);
+        if (room > 0)
             continue;
-        }
-        if (n >= budget) {
-            m->tier[0].st.store_dropped++;
+        if (room < 0)
             break;
-        }
         kvi_ofl_events_note(m, r, n, g, j, blocks, hashes, n_hashes);
         select_block(m, n++, gpu, &k);
     }

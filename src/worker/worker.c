@@ -85,10 +85,9 @@ void kvt_worker_config_init(kvt_worker_config *cfg)
     kvt_copy_config_init(&cfg->copy);
 }
 
-int kvt_worker_create(const kvt_worker_config *cfg, const kvt_layout *layout,
-                      const kvt_mirror *mirror, kvt_worker **out)
+/* A worker with no stage yet: its configuration checked and kept, no event seen. */
+static int worker_new(const kvt_worker_config *cfg, const kvt_layout *layout, kvt_worker **out)
 {
-    *out = NULL;
     if (kvi_check_reserved(cfg->reserved, sizeof(cfg->reserved), "worker config"))
         return KVT_EINVAL;
     kvt_worker *w = calloc(1, sizeof(*w));
@@ -96,13 +95,25 @@ int kvt_worker_create(const kvt_worker_config *cfg, const kvt_layout *layout,
         return kvt_fail(KVT_ENOMEM, "worker: out of memory");
     w->cfg = *cfg;
     w->layout = layout;
-    w->st[STAGE_TIER].nb = kvt_mirror_num_blocks(mirror);
-    w->mirror = mirror;
     w->last_load = w->last_store = -1;
     for (int t = 0; t < KVT_MAX_TIERS; t++)
         w->st[t].ev[0].last = w->st[t].ev[1].last = -1;
     kvt_offload_worker_meta_init(&w->done);
-    int rc = kvt_copy_create(&cfg->copy, layout, mirror, &w->copy);
+    *out = w;
+    return 0;
+}
+
+int kvt_worker_create(const kvt_worker_config *cfg, const kvt_layout *layout,
+                      const kvt_mirror *mirror, kvt_worker **out)
+{
+    *out = NULL;
+    kvt_worker *w;
+    int rc = worker_new(cfg, layout, &w);
+    if (rc)
+        return rc;
+    w->st[STAGE_TIER].nb = kvt_mirror_num_blocks(mirror);
+    w->mirror = mirror;
+    rc = kvt_copy_create(&cfg->copy, layout, mirror, &w->copy);
     if (!rc && kvt_copy_backend_kind(w->copy) == KVT_BACKEND_CUDA) {
         const kvi_cuda_api *cu = kvi_cuda();
         rc = kvi_cuda_use_device(kvt_layout_device(layout), NULL);
@@ -127,18 +138,13 @@ int kvt_worker_create_disk(const kvt_worker_config *cfg, const kvt_layout *layou
     *out = NULL;
     if (!cfg || !disk)
         return kvt_fail(KVT_EINVAL, "worker: create_disk: NULL argument");
-    if (kvi_check_reserved(cfg->reserved, sizeof(cfg->reserved), "worker config"))
-        return KVT_EINVAL;
-    kvt_worker *w = calloc(1, sizeof(*w));
-    if (!w)
-        return kvt_fail(KVT_ENOMEM, "worker: out of memory");
-    w->cfg = *cfg;
-    w->layout = layout;
+    kvt_worker *w;
+    int rc = worker_new(cfg, layout, &w);
+    if (rc)
+        return rc;
     const kvi_xfer_port *port = kvi_xfer_port_of(disk);
     w->st[STAGE_TIER].x = (kvi_xfer){port->ops, disk};
     w->st[STAGE_TIER].nb = port->num_slots;
-    w->last_load = w->last_store = -1;
-    kvt_offload_worker_meta_init(&w->done);
     *out = w;
     return 0;
 }
