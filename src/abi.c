@@ -94,14 +94,8 @@ size_t kvt_sizeof(const char *type_name)
 
 /* ---- descriptions, from the schema tables (src/offload/stats_schema.h) ---------------------- */
 
-#define KVI_KIND_COUNTER      KVT_FIELD_COUNTER
-#define KVI_KIND_GAUGE        KVT_FIELD_GAUGE
-#define KVI_KIND_DISK_COUNTER KVT_FIELD_COUNTER
-#define KVI_KIND_DISK_GAUGE   KVT_FIELD_GAUGE
-#define KVI_KIND_STRING       KVT_FIELD_STRING
-#define KVI_KIND_ROOM         KVT_FIELD_ROOM
 /* elements of a field: reserved room counts its words, everything else is one */
-#define KVI_COUNT(kind, bytes) (KVI_KIND_##kind == KVT_FIELD_ROOM ? (bytes) / 8 : 1)
+#define KVI_COUNT(kind, bytes) (KVI_STAT_KIND_##kind == KVT_FIELD_ROOM ? (bytes) / 8 : 1)
 
 #define DESCRIBE(T, prefix, f, kind, family, help)                                                 \
     {#f,                                                                                           \
@@ -110,7 +104,7 @@ size_t kvt_sizeof(const char *type_name)
      (uint32_t)offsetof(T, f),                                                                     \
      (uint32_t)(sizeof(((T *)0)->f) / KVI_COUNT(kind, sizeof(((T *)0)->f))),                       \
      (uint32_t)KVI_COUNT(kind, sizeof(((T *)0)->f)),                                               \
-     KVI_KIND_##kind},
+     KVI_STAT_KIND_##kind},
 #define OFFLOAD_ROW(f, kind, family, help)                                                         \
     DESCRIBE(kvt_offload_stats, "kvtier_offload_", f, kind, family, help)
 #define TIER_ROW(f, kind, family, help)                                                            \

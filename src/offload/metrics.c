@@ -155,25 +155,13 @@ struct stat_row {
     bool gauge, disk;
 };
 
-#define IS_GAUGE_COUNTER      false
-#define IS_GAUGE_GAUGE        true
-#define IS_GAUGE_DISK_COUNTER false
-#define IS_GAUGE_DISK_GAUGE   true
-#define IS_GAUGE_STRING       false
-#define IS_GAUGE_ROOM         false
-#define IS_DISK_COUNTER       false
-#define IS_DISK_GAUGE         false
-#define IS_DISK_DISK_COUNTER  true
-#define IS_DISK_DISK_GAUGE    true
-#define IS_DISK_STRING        false
-#define IS_DISK_ROOM          false
 #define ROW(type, prefix, f, kind, family, help)                                                   \
     {sizeof(family) > 1 ? prefix family : NULL,                                                    \
      help,                                                                                         \
      offsetof(type, f),                                                                            \
      sizeof(((type *)0)->f),                                                                       \
-     IS_GAUGE_##kind,                                                                              \
-     IS_DISK_##kind},
+     KVI_STAT_KIND_##kind == KVT_FIELD_GAUGE,                                                      \
+     KVI_STAT_DISK_##kind},
 #define STAT(f, kind, family, help) ROW(kvt_offload_stats, "", f, kind, family, help)
 #define TIER(f, kind, family, help) ROW(kvt_tier_stats, "tier_", f, kind, family, help)
 

@@ -17,6 +17,23 @@
 #ifndef KVT_OFFLOAD_STATS_SCHEMA_H
 #define KVT_OFFLOAD_STATS_SCHEMA_H
 
+#include "kvtier/kvtier.h" /* KVT_FIELD_* */
+
+/* What a row's kind means, for every expansion of the tables: KVI_STAT_KIND_<kind> its
+ * kvt_field kind, KVI_STAT_DISK_<kind> whether it is exposed only with a disk tier. */
+#define KVI_STAT_KIND_COUNTER      KVT_FIELD_COUNTER
+#define KVI_STAT_KIND_GAUGE        KVT_FIELD_GAUGE
+#define KVI_STAT_KIND_DISK_COUNTER KVT_FIELD_COUNTER
+#define KVI_STAT_KIND_DISK_GAUGE   KVT_FIELD_GAUGE
+#define KVI_STAT_KIND_STRING       KVT_FIELD_STRING
+#define KVI_STAT_KIND_ROOM         KVT_FIELD_ROOM
+#define KVI_STAT_DISK_COUNTER      0
+#define KVI_STAT_DISK_GAUGE        0
+#define KVI_STAT_DISK_DISK_COUNTER 1
+#define KVI_STAT_DISK_DISK_GAUGE   1
+#define KVI_STAT_DISK_STRING       0
+#define KVI_STAT_DISK_ROOM         0
+
 #define KVI_OFFLOAD_STATS(X)                                                                       \
     X(lookups, COUNTER, "lookups_total", "Host-tier searches by match.")                           \
     X(lookup_tokens, COUNTER, "lookup_tokens_total", "Tokens those searches could have hit.")      \
