@@ -2,8 +2,10 @@
 """ctypes declarations of kvtier's C API (the subset the Python package wraps).
 
 Every struct mirrors its C declaration field for field, private fields included, so that
-kvtier can be handed memory Python allocated; at load time each size is checked against the
-library's own (kvt_sizeof), and a mismatch refuses to load rather than corrupting memory.
+kvtier can be handed memory Python allocated; the stats structs the library describes
+(kvt_describe) are built from that description instead. At load time each size is checked
+against the library's own (kvt_sizeof), and a mismatch refuses to load rather than corrupting
+memory.
 """
 import ctypes
 import ctypes.util
