@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -92,5 +93,36 @@ static inline uint32_t kvt_test_below(uint64_t *s, uint32_t n)
 {
     return kvt_rand_below(s, n);
 }
+
+/* `promtool check metrics` on a Prometheus text: its exit status (0: valid), or -1 when
+ * promtool cannot be run (Debian package prometheus; scripts/install-deps installs it). */
+static inline int kvt_test_promtool(const char *text)
+{
+    char path[] = "/tmp/kvt-metrics-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    size_t n = strlen(text);
+    assert_int_equal(write(fd, text, n), (ssize_t)n);
+    close(fd);
+    char cmd[256];
+    snprintf(cmd, sizeof(cmd), "promtool check metrics < %s > /dev/null 2>&1", path);
+    int st = system(cmd);
+    unlink(path);
+    if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) == 127)
+        return -1;
+    return WEXITSTATUS(st);
+}
+
+/* Asserts that promtool finds an exposition valid; says "skipped" (the rest of the test
+ * runs) where promtool is missing. */
+#define KVT_PROMTOOL_OK(text)                                                                      \
+    do {                                                                                           \
+        int st_ = kvt_test_promtool(text);                                                         \
+        if (st_ < 0)                                                                               \
+            print_message("skipped: promtool check at %s:%d (promtool not installed)\n", __FILE__, \
+                          __LINE__);                                                               \
+        else                                                                                       \
+            assert_int_equal(st_, 0);                                                              \
+    } while (0)
 
 #endif

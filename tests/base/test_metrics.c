@@ -163,24 +163,6 @@ static char *text_of_shard(const kvt_ec_shard *sh)
     return t;
 }
 
-/* promtool's exit status on text (0 valid), or -1 when promtool cannot be run. */
-static int promtool(const char *text)
-{
-    char path[] = "/tmp/kvt-metrics-XXXXXX";
-    int fd = mkstemp(path);
-    assert_true(fd >= 0);
-    size_t n = strlen(text);
-    assert_int_equal(write(fd, text, n), (ssize_t)n);
-    close(fd);
-    char cmd[256];
-    snprintf(cmd, sizeof(cmd), "promtool check metrics < %s > /dev/null 2>&1", path);
-    int st = system(cmd);
-    unlink(path);
-    if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) == 127)
-        return -1;
-    return WEXITSTATUS(st);
-}
-
 static void two_ranks_and_two_shards_pass_promtool(void **state)
 {
     (void)state;
@@ -209,7 +191,7 @@ static void two_ranks_and_two_shards_pass_promtool(void **state)
                                  {t[2], strlen(t[2]), "shard=\"0\""},
                                  {t[3], strlen(t[3]), "shard=\"1\""}};
     char *all = merge(src, 4);
-    assert_int_equal(promtool(all), 0);
+    assert_int_equal(kvt_test_promtool(all), 0);
     assert_non_null(strstr(all, "kvtier_copy_events_total{rank=\"1\",direction=\"store\"} 1\n"));
     /* the check can fail: what two objects' texts give when simply concatenated */
     size_t a = strlen(t[0]), b = strlen(t[1]);
@@ -217,7 +199,7 @@ static void two_ranks_and_two_shards_pass_promtool(void **state)
     assert_non_null(cat);
     memcpy(cat, t[0], a);
     memcpy(cat + a, t[1], b + 1);
-    assert_int_not_equal(promtool(cat), 0);
+    assert_int_not_equal(kvt_test_promtool(cat), 0);
     free(cat);
     free(all);
     for (int k = 0; k < 4; k++)

@@ -367,6 +367,7 @@ static void test_ids_checked_before_copy(void **state)
     KVT_ERR_(kvt_copy_prometheus(c, text, 16, &len), KVT_ENOSPC);
     assert_true(len > 16);
     KVT_OK_(kvt_copy_prometheus(c, text, sizeof(text), &len));
+    KVT_PROMTOOL_OK(text);
     assert_non_null(strstr(text, "kvtier_copy_events_total{direction=\"store\"} 1\n"));
     assert_non_null(strstr(text, "# TYPE kvtier_copy_outstanding_events gauge"));
     kvt_copy_destroy(c);

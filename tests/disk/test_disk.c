@@ -316,6 +316,7 @@ static void io_errors(bool aligned)
     char text[4096];
     size_t len;
     KVT_OK_(kvt_disk_prometheus(g.disk, text, sizeof(text), &len));
+    KVT_PROMTOOL_OK(text);
     assert_non_null(strstr(text, "kvtier_disk_io_errors_total{direction=\"read\"} 2\n"));
     rig_close(&g);
 }

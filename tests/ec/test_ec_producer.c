@@ -424,9 +424,11 @@ static void local_consumer_delivers_and_metrics_count_it(void **state_)
     char buf[8192];
     size_t len;
     KVT_OK_(kvt_ec_producer_prometheus(p, buf, sizeof(buf), &len));
+    KVT_PROMTOOL_OK(buf);
     assert_non_null(strstr(buf, "kvtier_ec_producer_writes_total 2"));
     assert_non_null(strstr(buf, "kvtier_ec_producer_pending 0"));
     KVT_OK_(kvt_ec_shard_prometheus(g.c.sh[0], buf, sizeof(buf), &len));
+    KVT_PROMTOOL_OK(buf);
     assert_non_null(strstr(buf, "kvtier_ec_shard_takes_total 1"));
     assert_non_null(strstr(buf, "kvtier_ec_shard_residents 1"));
     KVT_ERR_(kvt_ec_shard_prometheus(g.c.sh[0], buf, 16, &len), KVT_ENOSPC);
@@ -437,6 +439,7 @@ static void local_consumer_delivers_and_metrics_count_it(void **state_)
     kvt_ec_ready ev = {"t", 1, {"h", 1, TOK * 1024, 2, {TOK, 256}, "float32", 7}, 0};
     KVT_OK_(kvt_ec_sched_observe_ready(sched, &ev));
     KVT_OK_(kvt_ec_sched_prometheus(sched, buf, sizeof(buf), &len));
+    KVT_PROMTOOL_OK(buf);
     assert_non_null(strstr(buf, "kvtier_ec_sched_transfers{state=\"available\"} 1"));
     assert_non_null(strstr(buf, "kvtier_ec_sched_ready_events_total 1"));
     kvt_ec_sched_destroy(sched);

@@ -96,6 +96,7 @@ static void test_families_are_exposed(void **state)
     assert_int_equal(kvt_offload_prometheus(m, NULL, 0, &len), KVT_ENOSPC);
     char *buf = malloc(len + 1);
     KVT_OK_(kvt_offload_prometheus(m, buf, len + 1, &len));
+    KVT_PROMTOOL_OK(buf);
     const char *types[] = {"kvt_offload_stats", "kvt_tier_stats"};
     for (int t = 0; t < 2; t++) {
         const kvt_field *f;

@@ -808,6 +808,7 @@ static void misaligned_gpu_hit_and_prefix_skip_are_misses(void **state)
     char buf[16384];
     size_t len;
     KVT_OK_(kvt_offload_prometheus(s.m, buf, sizeof(buf), &len));
+    KVT_PROMTOOL_OK(buf);
     assert_non_null(strstr(buf, "kvtier_offload_lookups_misaligned_total 2"));
     assert_non_null(strstr(buf, "kvtier_offload_lookups_skipped_total 2"));
     sim_finish(&s, &c);
@@ -1636,6 +1637,7 @@ static void metrics_count_activity_in_prometheus_text(void **state)
     char buf[16384];
     size_t len;
     KVT_OK_(kvt_offload_prometheus(s.m, buf, sizeof(buf), &len));
+    KVT_PROMTOOL_OK(buf);
     assert_int_equal(strlen(buf), len);
     assert_non_null(strstr(buf, "# TYPE kvtier_offload_stores_completed_total counter\n"
                                 "kvtier_offload_stores_completed_total 3\n"));
@@ -1656,6 +1658,7 @@ static void metrics_count_activity_in_prometheus_text(void **state)
     assert_int_equal(st.miss_tokens - st0.miss_tokens, 2 * SIM_BS);
     assert_int_equal(st.miss_blocks - st0.miss_blocks, 2);
     KVT_OK_(kvt_offload_prometheus(s.m, buf, sizeof(buf), &len));
+    KVT_PROMTOOL_OK(buf);
     assert_non_null(strstr(buf, "kvtier_offload_miss_blocks_total 5\n"));
     KVT_OK_(kvt_offload_request_finished(s.m, "b", 1, NULL, NULL, 0));
     assert_non_null(

@@ -185,6 +185,7 @@ static void disk_hit_is_promoted_before_the_single_gpu_load(void **state)
     char buf[32768];
     size_t len;
     KVT_OK_(kvt_offload_prometheus(s.m, buf, sizeof(buf), &len));
+    KVT_PROMTOOL_OK(buf);
     char want[96];
     snprintf(want, sizeof(want), "kvtier_offload_tier_hit_tokens_total{tier=\"disk\"} %llu\n",
              (unsigned long long)disk_tokens);
@@ -433,6 +434,7 @@ static void three_tiers_need_a_real_disk_size(void **state)
     char buf[16384];
     size_t len;
     KVT_OK_(kvt_offload_prometheus(m, buf, sizeof(buf), &len));
+    KVT_PROMTOOL_OK(buf);
     assert_null(strstr(buf, "disk"));
     kvt_offload_destroy(m);
     oc.disk_blocks = 16;
@@ -444,6 +446,7 @@ static void three_tiers_need_a_real_disk_size(void **state)
     kvt_offload_get_stats(m, &st);
     assert_int_equal(st.disk_blocks, 11);
     KVT_OK_(kvt_offload_prometheus(m, buf, sizeof(buf), &len));
+    KVT_PROMTOOL_OK(buf);
     assert_non_null(strstr(buf, "kvtier_offload_disk_blocks 11"));
     kvt_offload_destroy(m);
     kvt_pool_destroy(gpu);
@@ -721,6 +724,7 @@ static void tiers_are_added_before_the_first_step_with_distinct_names(void **sta
     char buf[65536];
     size_t len;
     KVT_OK_(kvt_offload_prometheus(s.m, buf, sizeof(buf), &len));
+    KVT_PROMTOOL_OK(buf);
     assert_non_null(strstr(buf, "kvtier_offload_tier_blocks{tier=\"farther\"} 15\n"));
     sim_fini(&s);
     /* after the first step: refused */

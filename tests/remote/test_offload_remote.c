@@ -106,6 +106,7 @@ static void a_block_whose_bytes_changed_is_an_invalid_block(void **state)
     char prom[1 << 16];
     size_t plen;
     KVT_OK_(kvt_offload_prometheus(b.s.m, prom, sizeof(prom), &plen));
+    KVT_PROMTOOL_OK(prom);
     assert_non_null(strstr(prom, "kvtier_offload_tier_loads_failed_total{tier=\"remote\"} 1"));
     inst_close(&b);
     inst_close(&a);
@@ -354,6 +355,7 @@ static void replicas_of_a_node_tier_share_the_remote_tier(void **state)
     static char prom[1 << 16];
     size_t plen;
     KVT_OK_(kvt_offload_prometheus(a0.s.m, prom, sizeof(prom), &plen));
+    KVT_PROMTOOL_OK(prom);
     assert_non_null(strstr(prom, "kvtier_offload_tier_lookups_dropped_total{tier=\"remote\"} 1"));
     /* the node's and the remote's own families, from the tiers the manager was lent */
     char want[128];
