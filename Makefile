@@ -176,6 +176,7 @@ symbols:
 	scripts/gen-symbols
 	scripts/gen-api-doc
 	scripts/gen-metrics-doc
+	scripts/gen-config-doc
 
 format-check: deps
 	clang-format --dry-run -Werror $(SOURCES)

@@ -82,6 +82,7 @@ static const struct {
     SIZE(kvt_ec_inbox_stats),
     SIZE(kvt_ec_cache_ops),
     SIZE(kvt_field),
+    SIZE(kvt_config_field),
 };
 
 size_t kvt_sizeof(const char *type_name)

@@ -54,6 +54,37 @@ typedef struct kvt_field {
  * does not describe; it describes kvt_offload_stats and kvt_tier_stats. */
 KVT_API int kvt_describe(const char *type_name, const kvt_field **fields, uint32_t *n);
 
+/* One field of a public configuration struct as this library lays it out and checks it
+ * (kvt_describe_config): its default is what the struct's *_config_init sets, its bounds
+ * what the *_create call refuses outside of (KVT_EINVAL naming the field). */
+typedef struct kvt_config_field {
+    const char *name; /* the field's name in the header */
+    const char *help; /* what it sets, with its special values */
+    uint32_t offset;  /* bytes from the struct's start */
+    uint32_t size;    /* bytes: 1 (bool), 4 or 8 (a number), a pointer's (a string); reserved
+                         room: all its bytes */
+    uint32_t type;    /* KVT_CONFIG_* */
+    uint32_t flags;   /* KVT_CONFIG_REQUIRED: no usable default, the caller sets it */
+    uint64_t def;     /* the default; a signed field's in two's complement */
+    uint64_t min;     /* the bounds, inclusive, as def (a string and room have none) */
+    uint64_t max;
+} kvt_config_field;
+
+#define KVT_CONFIG_UINT     0u /* an unsigned integer */
+#define KVT_CONFIG_INT      1u /* a signed integer */
+#define KVT_CONFIG_BOOL     2u /* a bool (size 1) */
+#define KVT_CONFIG_STRING   3u /* a borrowed const char *; default NULL */
+#define KVT_CONFIG_ROOM     4u /* reserved words: leave them zero */
+#define KVT_CONFIG_REQUIRED 1u /* flags: the default refuses to create; set the field */
+
+/* The fields of configuration struct `type_name` in the header's order, with their defaults
+ * and bounds: *fields receives a table the library owns, *n its rows. The vLLM connector takes
+ * the defaults and bounds of its keys that set these fields from it. KVT_ENOENT for a struct
+ * this library does not describe; it describes kvt_offload_config, kvt_copy_config and
+ * kvt_disk_config. */
+KVT_API int kvt_describe_config(const char *type_name, const kvt_config_field **fields,
+                                uint32_t *n);
+
 #ifdef __cplusplus
 }
 #endif

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "base/array.h"
+#include "base/config.h"
 #include "base/error.h"
 #include "base/log.h"
 #include "base/prom.h"
@@ -30,12 +31,7 @@
 
 void kvt_copy_config_init(kvt_copy_config *cfg)
 {
-    memset(cfg, 0, sizeof(*cfg));
-    cfg->backend = KVT_BACKEND_AUTO;
-    cfg->max_events = 1024;
-    cfg->nt_min_bytes = 4096;
-    cfg->chunk_bytes = 1u << 20;
-    cfg->kernel_max_bytes = 128u << 10;
+    kvi_config_init(KVI_CONFIG_COPY, cfg);
 }
 
 uint32_t kvi_copy_coalesce(const uint32_t *src, const uint32_t *dst, uint32_t n, kvi_run *runs)
@@ -220,15 +216,11 @@ int kvt_copy_create(const kvt_copy_config *cfg, const kvt_layout *layout, const 
                     kvt_copy **out)
 {
     *out = NULL;
-    if (kvi_check_reserved(cfg->reserved, sizeof(cfg->reserved), "copy config"))
+    if (kvi_config_check(KVI_CONFIG_COPY, cfg))
         return KVT_EINVAL;
     int rc = check_mirror(layout, mirror);
     if (rc)
         return rc;
-    if (cfg->max_events == 0 || cfg->max_events > (1u << 20))
-        return kvt_fail(KVT_EINVAL, "copy: max_events %u out of range 1..2^20", cfg->max_events);
-    if (cfg->chunk_bytes < 4096)
-        return kvt_fail(KVT_EINVAL, "copy: chunk_bytes must be >= 4096");
     const copy_backend_ops *ops = NULL;
     rc = pick_backend(cfg, layout, &ops);
     if (rc)

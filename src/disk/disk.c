@@ -32,6 +32,7 @@
 #include <unistd.h>
 
 #include "base/array.h"
+#include "base/config.h"
 #include "base/error.h"
 #include "base/log.h"
 #include "base/prom.h"
@@ -103,10 +104,7 @@ struct kvt_disk {
 
 void kvt_disk_config_init(kvt_disk_config *cfg)
 {
-    memset(cfg, 0, sizeof(*cfg));
-    cfg->alignment = 4096;
-    cfg->queue_depth = 16;
-    cfg->max_events = 1024;
+    kvi_config_init(KVI_CONFIG_DISK, cfg);
 }
 
 void kvt_disk_set_fault(kvt_disk *d, kvt_disk_fault_fn fn, void *ctx)
@@ -543,7 +541,7 @@ static int open_file(kvt_disk *d)
 int kvt_disk_create(const kvt_disk_config *cfg, const kvt_layout *layout, kvt_disk **out)
 {
     *out = NULL;
-    if (kvi_check_reserved(cfg->reserved, sizeof(cfg->reserved), "disk config"))
+    if (kvi_config_check(KVI_CONFIG_DISK, cfg))
         return KVT_EINVAL;
     if (!cfg->path || !cfg->path[0])
         return kvt_fail(KVT_EINVAL, "disk: path is required");
@@ -555,12 +553,8 @@ int kvt_disk_create(const kvt_disk_config *cfg, const kvt_layout *layout, kvt_di
     if (kvt_layout_num_regions(layout) == 0)
         return kvt_fail(KVT_EINVAL, "disk: the layout has no regions");
     uint32_t a = cfg->alignment;
-    if (a < 512 || (a & (a - 1)))
-        return kvt_fail(KVT_EINVAL, "disk: alignment %u is not a power of two >= 512", a);
-    if (cfg->queue_depth == 0 || cfg->queue_depth > 4096)
-        return kvt_fail(KVT_EINVAL, "disk: queue_depth %u out of range 1..4096", cfg->queue_depth);
-    if (cfg->max_events == 0 || cfg->max_events > (1u << 20))
-        return kvt_fail(KVT_EINVAL, "disk: max_events %u out of range", cfg->max_events);
+    if (a & (a - 1)) /* the row bounds it to 512..2^30 */
+        return kvt_fail(KVT_EINVAL, "disk: alignment %u is not a power of two", a);
     uint64_t bpb = kvt_layout_block_bytes(layout);
     uint64_t slot = cfg->page_cache ? bpb : (bpb + a - 1) / a * a;
     if (slot > INT32_MAX)

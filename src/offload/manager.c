@@ -10,25 +10,18 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/config.h"
 #include "base/error.h"
 #include "base/util.h"
 #include "offload/offload_internal.h"
 
-#define MAX_WORLD    65536u
-#define MAX_EVENTS   65536u
-#define MAX_REQUESTS (1u << 22)
+#define MAX_EVENTS 65536u
 
 /* ---- life cycle ------------------------------------------------------------------------ */
 
 void kvt_offload_config_init(kvt_offload_config *cfg)
 {
-    memset(cfg, 0, sizeof(*cfg));
-    cfg->world_size = 1;
-    cfg->max_requests = 4096;
-    cfg->max_batched_tokens = 8192;
-    cfg->restore_budget = 256;
-    cfg->max_model_len = 1u << 20;
-    cfg->remote_miss_ms = 1000;
+    kvi_config_init(KVI_CONFIG_OFFLOAD, cfg);
 }
 
 int kvt_offload_size_host(uint64_t capacity_bytes, uint64_t block_bytes, uint32_t *blocks)
@@ -110,25 +103,11 @@ static uint32_t lazy_target(const kvt_offload *m)
     return t > UINT32_MAX ? UINT32_MAX : (uint32_t)t;
 }
 
+/* The rows' bounds (src/base/config_schema.h), then what no row can say. */
 static int validate_config(const kvt_offload_config *c, const kvt_pool_config *g)
 {
-    if (kvi_check_reserved(c->reserved, sizeof(c->reserved), "offload config"))
+    if (kvi_config_check(KVI_CONFIG_OFFLOAD, c))
         return KVT_EINVAL;
-    if (c->host_blocks < 2 || c->host_blocks == UINT32_MAX)
-        return kvt_fail(KVT_EINVAL,
-                        "offload: host_blocks %u must be at least 2 (see "
-                        "kvt_offload_size_host)",
-                        c->host_blocks);
-    if (c->world_size < 1 || c->world_size > MAX_WORLD)
-        return kvt_fail(KVT_EINVAL, "offload: world_size %u must be in 1..%u", c->world_size,
-                        MAX_WORLD);
-    if (c->max_requests < 1 || c->max_requests > MAX_REQUESTS)
-        return kvt_fail(KVT_EINVAL, "offload: max_requests %u must be in 1..%u", c->max_requests,
-                        MAX_REQUESTS);
-    if (c->max_model_len < 1)
-        return kvt_fail(KVT_EINVAL, "offload: max_model_len must be positive");
-    if (c->keys_per_block > 64)
-        return kvt_fail(KVT_EINVAL, "offload: keys_per_block %u exceeds 64", c->keys_per_block);
     return kvi_ofl_tier_validate(c, g);
 }
 

@@ -108,9 +108,7 @@ void kvi_ofl_tier_close(kvt_offload *m, uint32_t t)
 
 int kvi_ofl_tier_validate(const kvt_offload_config *c, const kvt_pool_config *g)
 {
-    if (c->disk_blocks == 0)
-        return 0;
-    if (c->disk_blocks < 2 || c->disk_blocks == UINT32_MAX)
+    if (c->disk_blocks == 1) /* the row bounds it to 0..2^32-2 */
         return kvt_fail(KVT_EINVAL, "offload: disk_blocks %u must be at least 2 (or 0: two tiers)",
                         c->disk_blocks);
     (void)g;

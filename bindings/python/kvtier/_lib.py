@@ -227,15 +227,6 @@ class kvt_block_info(ctypes.Structure):
                 ("is_free", c_bool)]
 
 
-class kvt_offload_config(Struct):
-    _fields_ = [("host_blocks", c_u32), ("world_size", c_u32), ("lazy", c_bool),
-                ("max_requests", c_u32), ("max_batched_tokens", c_u32),
-                ("max_model_len", c_u32), ("keys_per_block", c_u32),
-                ("restore_budget", c_u32), ("event_capacity", c_u32), ("block_bytes", c_u64),
-                ("disk_blocks", c_u32), ("defer_schedule_pins", c_bool),
-                ("max_num_seqs", c_u32), ("remote_miss_ms", c_u32)] + room(7)
-
-
 class kvt_offload_sched_req(ctypes.Structure):
     _fields_ = [("req_id", ctypes.c_char_p), ("req_id_len", c_u32), ("num_confirmed", c_u32),
                 ("num_scheduled", c_u32), ("n_hashes", c_u32), ("hashes", ctypes.c_void_p),
@@ -347,6 +338,81 @@ def described(type_name):
     return cls
 
 
+class kvt_config_field(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("help", ctypes.c_char_p), ("offset", c_u32),
+                ("size", c_u32), ("type", c_u32), ("flags", c_u32), ("default", c_u64),
+                ("min", c_u64), ("max", c_u64)]
+
+
+CONFIG_UINT, CONFIG_INT, CONFIG_BOOL, CONFIG_STRING, CONFIG_ROOM = range(5)  # KVT_CONFIG_*
+CONFIG_REQUIRED = 1
+
+
+class ConfigRow:
+    """One field of a configuration struct as the library describes it (kvt_describe_config):
+    name, help, type (CONFIG_*), required, and for a number its default and inclusive bounds
+    (Python ints, a signed field's as negative numbers where negative)."""
+    __slots__ = ("name", "help", "type", "size", "offset", "required", "default", "min", "max")
+
+    def __init__(self, r):
+        self.name, self.help = r.name.decode(), r.help.decode()
+        self.type, self.size, self.offset = r.type, r.size, r.offset
+        self.required = bool(r.flags & CONFIG_REQUIRED)
+
+        def signed(v):
+            return v - (1 << 64) if r.type == CONFIG_INT and v >= 1 << 63 else v
+        self.default, self.min, self.max = signed(r.default), signed(r.min), signed(r.max)
+
+
+def config_rows(type_name):
+    """The rows of configuration struct type_name, from the loaded library: {name: ConfigRow}
+    in the header's order. ImportError naming the struct where the library does not describe
+    it."""
+    try:
+        fn = lib["kvt_describe_config"]
+    except KeyError:
+        raise ImportError("kvtier: %s has no kvt_describe_config: the bindings need a newer "
+                          "libkvtier" % lib.path) from None
+    fn.restype = c_int
+    fn.argtypes = [ctypes.c_char_p, P(P(kvt_config_field)), P(c_u32)]
+    rows, n = P(kvt_config_field)(), c_u32()
+    if fn(type_name.encode(), ctypes.byref(rows), ctypes.byref(n)) != 0:
+        raise ImportError("kvtier: %s does not describe %s: the bindings need a newer "
+                          "libkvtier" % (lib.path, type_name))
+    return {r.name: r for r in (ConfigRow(rows[i]) for i in range(n.value))}
+
+
+def configured(type_name):
+    """A checked ctypes mirror (Struct) of configuration struct type_name laid out as the
+    library describes it (kvt_describe_config), each offset checked: ImportError naming the
+    struct, never a wrong layout."""
+    fields, offsets = [], []
+    for r in config_rows(type_name).values():
+        if r.type == CONFIG_BOOL:
+            t = c_bool
+        elif r.type == CONFIG_STRING:
+            t = ctypes.c_char_p
+        elif r.type == CONFIG_ROOM:
+            t = c_u64 * (r.size // 8)
+        elif r.size in (4, 8):
+            t = {(4, False): c_u32, (8, False): c_u64, (4, True): ctypes.c_int32,
+                 (8, True): c_i64}[(r.size, r.type == CONFIG_INT)]
+        else:
+            raise ImportError("kvtier: %s.%s is %d bytes wide, not a number this binding reads"
+                              % (type_name, r.name, r.size))
+        fields.append((r.name, t))
+        offsets.append(r.offset)
+    cls = type(type_name, (Struct,), {"_fields_": fields})
+    for (name, _), off in zip(fields, offsets):
+        if getattr(cls, name).offset != off:
+            raise ImportError("kvtier: %s.%s lies at %d in the library, %d in ctypes' layout"
+                              % (type_name, name, off, getattr(cls, name).offset))
+    return cls
+
+
+kvt_offload_config = configured("kvt_offload_config")
+
+
 # The stats structs, read from the library (a field added there appears here); their sizes are
 # checked against kvt_sizeof below like every other struct's. kvt_node_stats and
 # kvt_remote_stats are read the same way where they are used, below.
@@ -354,11 +420,7 @@ kvt_offload_stats = described("kvt_offload_stats")
 kvt_tier_stats = described("kvt_tier_stats")
 
 
-class kvt_copy_config(Struct):
-    _fields_ = [("backend", c_int), ("threads", c_u32), ("max_descriptors", c_u32),
-                ("max_events", c_u32), ("nt_min_bytes", c_u64), ("chunk_bytes", c_u64),
-                ("force_fallback", c_bool), ("prefer_overlap", c_bool),
-                ("kernel_max_bytes", c_u64)] + ROOM
+kvt_copy_config = configured("kvt_copy_config")
 
 
 class kvt_mirror_config(Struct):
@@ -411,10 +473,7 @@ class kvt_kv_tensor(ctypes.Structure):
                 ("block_dim_size", c_u64), ("block_stride", c_u64), ("size_bytes", c_u64)]
 
 
-class kvt_disk_config(Struct):
-    _fields_ = [("path", ctypes.c_char_p), ("rank", c_u32), ("capacity_bytes", c_u64),
-                ("alignment", c_u32), ("page_cache", c_bool), ("queue_depth", c_u32),
-                ("max_events", c_u32)] + ROOM
+kvt_disk_config = configured("kvt_disk_config")
 
 
 class kvt_disk_stats(ctypes.Structure):

@@ -114,6 +114,25 @@ class EngineStep(unittest.TestCase):
         with self.assertRaises(ImportError):
             L.described("kvt_no_such_struct")
 
+    def test_config_mirrors_and_defaults_come_from_the_library(self):
+        L = sys.modules["kvtier._lib"]
+        for name in ("kvt_offload_config", "kvt_copy_config", "kvt_disk_config"):
+            cls = getattr(L, name)
+            self.assertEqual(ctypes.sizeof(cls), L.lib.kvt_sizeof(name.encode()), name)
+            c = cls()
+            getattr(L.lib, name + "_init")(ctypes.byref(c))
+            for row in L.config_rows(name).values():
+                if row.type in (L.CONFIG_STRING, L.CONFIG_ROOM):
+                    continue
+                self.assertEqual(int(getattr(c, row.name)), row.default, (name, row.name))
+                self.assertLessEqual(row.min, row.max)
+        rows = L.config_rows("kvt_offload_config")
+        self.assertTrue(rows["host_blocks"].required)
+        self.assertEqual((rows["max_requests"].min, rows["max_requests"].max), (1, 1 << 22))
+        self.assertEqual(L.config_rows("kvt_copy_config")["backend"].type, L.CONFIG_INT)
+        with self.assertRaises(ImportError):
+            L.config_rows("kvt_offload_stats")
+
     def test_lazy_window(self):
         gpu = kvtier.Pool(64)
         self.assertEqual(kvtier.OffloadManager(gpu, host_blocks=8).lazy_window, 0)

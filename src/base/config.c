@@ -1,0 +1,147 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The configuration structs' rows (config_schema.h) as tables: defaults, bounds and the
+ * description bindings read. A field is read and written through its offset and size, so one
+ * loop serves every struct.
+ */
+#include <inttypes.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "base/config.h"
+#include "base/config_schema.h"
+#include "base/error.h"
+#include "kvtier/kvtier.h"
+
+#define ROW(T, f, type, def, min, max, help)                                                       \
+    {#f,                                                                                           \
+     help,                                                                                         \
+     (uint32_t)offsetof(T, f),                                                                     \
+     (uint32_t)sizeof(((T *)0)->f),                                                                \
+     KVI_CFG_TYPE_##type,                                                                          \
+     KVI_CFG_FLAGS_##type,                                                                         \
+     (uint64_t)(def),                                                                              \
+     (uint64_t)(min),                                                                              \
+     (uint64_t)(max)},
+#define OFFLOAD_ROW(...) ROW(kvt_offload_config, __VA_ARGS__)
+#define COPY_ROW(...)    ROW(kvt_copy_config, __VA_ARGS__)
+#define DISK_ROW(...)    ROW(kvt_disk_config, __VA_ARGS__)
+
+static const kvt_config_field offload_rows[] = {KVI_OFFLOAD_CONFIG(OFFLOAD_ROW)};
+static const kvt_config_field copy_rows[] = {KVI_COPY_CONFIG(COPY_ROW)};
+static const kvt_config_field disk_rows[] = {KVI_DISK_CONFIG(DISK_ROW)};
+
+#define TABLE(T, who, rows)                                                                        \
+    {                                                                                              \
+#T, who, rows, sizeof(rows) / sizeof(rows[0])                                              \
+    }
+
+static const struct config_table {
+    const char *type; /* the struct's name */
+    const char *who;  /* the module its messages name */
+    const kvt_config_field *rows;
+    uint32_t n;
+} tables[] = {
+    [KVI_CONFIG_OFFLOAD] = TABLE(kvt_offload_config, "offload", offload_rows),
+    [KVI_CONFIG_COPY] = TABLE(kvt_copy_config, "copy", copy_rows),
+    [KVI_CONFIG_DISK] = TABLE(kvt_disk_config, "disk", disk_rows),
+};
+
+/* a number field's value, a signed one sign-extended */
+static uint64_t get(const void *cfg, const kvt_config_field *f)
+{
+    const char *p = (const char *)cfg + f->offset;
+    if (f->size == 1) {
+        uint8_t v;
+        memcpy(&v, p, 1);
+        return v;
+    }
+    if (f->size == 4) {
+        uint32_t v;
+        memcpy(&v, p, 4);
+        return f->type == KVT_CONFIG_INT ? (uint64_t)(int64_t)(int32_t)v : v;
+    }
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+
+static void put(void *cfg, const kvt_config_field *f, uint64_t v)
+{
+    char *p = (char *)cfg + f->offset;
+    if (f->size == 1) {
+        bool b = v != 0;
+        memcpy(p, &b, 1);
+    } else if (f->size == 4) {
+        uint32_t w = (uint32_t)v;
+        memcpy(p, &w, 4);
+    } else {
+        memcpy(p, &v, 8);
+    }
+}
+
+void kvi_config_init(kvi_config_id id, void *cfg)
+{
+    const struct config_table *t = &tables[id];
+    const kvt_config_field *last = &t->rows[t->n - 1];
+    memset(cfg, 0, last->offset + last->size);
+    for (uint32_t i = 0; i < t->n; i++)
+        if (t->rows[i].type != KVT_CONFIG_STRING && t->rows[i].type != KVT_CONFIG_ROOM)
+            put(cfg, &t->rows[i], t->rows[i].def);
+}
+
+static int out_of_range(const char *who, const kvt_config_field *f, uint64_t v)
+{
+    if ((f->flags & KVT_CONFIG_REQUIRED) && v == 0)
+        return kvt_fail(KVT_EINVAL, "%s: %s is not set; it has no default (%s)", who, f->name,
+                        f->help);
+    if (f->type == KVT_CONFIG_INT)
+        return kvt_fail(KVT_EINVAL,
+                        "%s: %s %" PRId64 " is out of range %" PRId64 "..%" PRId64 " (%s)", who,
+                        f->name, (int64_t)v, (int64_t)f->min, (int64_t)f->max, f->help);
+    return kvt_fail(KVT_EINVAL, "%s: %s %" PRIu64 " is out of range %" PRIu64 "..%" PRIu64 " (%s)",
+                    who, f->name, v, f->min, f->max, f->help);
+}
+
+int kvi_config_check(kvi_config_id id, const void *cfg)
+{
+    const struct config_table *t = &tables[id];
+    for (uint32_t i = 0; i < t->n; i++) {
+        const kvt_config_field *f = &t->rows[i];
+        if (f->type == KVT_CONFIG_STRING)
+            continue;
+        if (f->type == KVT_CONFIG_ROOM) {
+            char what[48];
+            snprintf(what, sizeof(what), "%s config", t->who);
+            if (kvi_check_reserved((const uint64_t *)(const void *)((const char *)cfg + f->offset),
+                                   f->size, what))
+                return KVT_EINVAL;
+            continue;
+        }
+        uint64_t v = get(cfg, f);
+        bool bad = f->type == KVT_CONFIG_INT
+                       ? (int64_t)v < (int64_t)f->min || (int64_t)v > (int64_t)f->max
+                       : v < f->min || v > f->max;
+        if (bad)
+            return out_of_range(t->who, f, v);
+    }
+    return 0;
+}
+
+int kvt_describe_config(const char *type_name, const kvt_config_field **fields, uint32_t *n)
+{
+    if (!type_name || !fields || !n)
+        return kvt_fail(KVT_EINVAL, "describe_config: NULL argument");
+    for (size_t i = 0; i < sizeof(tables) / sizeof(tables[0]); i++)
+        if (strcmp(tables[i].type, type_name) == 0) {
+            *fields = tables[i].rows;
+            *n = tables[i].n;
+            return 0;
+        }
+    *fields = NULL;
+    *n = 0;
+    return kvt_fail(KVT_ENOENT, "describe_config: this library does not describe \"%s\"",
+                    type_name);
+}
