@@ -377,6 +377,25 @@ def test_host_and_disk_tiers(model_dir, baseline, tmp_path):
         close_llm(llm)
 
 
+def test_keys_that_set_c_fields_take_the_librarys_defaults_and_bounds():
+    """A kvtier_ key that sets a C config field has no default or bounds of its own: they are
+    the library's row of that field (kvt_describe_config), enforced here before any C call."""
+    from kvtier._lib import config_rows
+    from kvtier.vllm._config import KEYS, ConfigError
+    backed = [k for k in KEYS if k.c]
+    assert len(backed) >= 4
+    for k in backed:
+        struct, field = k.c.split(".")
+        row = config_rows(struct)[field]
+        assert k.read({}) == row.default, k.name
+        assert k.read({k.name: row.max}) == row.max
+        with pytest.raises(ConfigError, match=k.name):
+            k.read({k.name: row.max + 1})
+        if row.min > 0:
+            with pytest.raises(ConfigError, match=k.name):
+                k.read({k.name: row.min - 1})
+
+
 BAD = [
     ({"lazy_offload": "sometimes"}, "lazy_offload"),
     ({"cpu_bytes_to_use": -5}, "cpu_bytes_to_use"),

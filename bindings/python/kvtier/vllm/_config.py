@@ -6,52 +6,133 @@ cpu_bytes_to_use_per_rank, lazy_offload, kv_offload_backend, disk_path, disk_cap
 use_page_cache, disk_buffer_slots); kvtier's own keys start with "kvtier_". Unlike vLLM, a bad
 value or an unknown key is an error that names the key, the value and what is allowed: an engine
 must not start half-configured because of a typo (vLLM's `bool("false")` is True; here it is
-refused).
+refused). Every key is one row of KEYS; docs/vllm.md's table is written from the rows.
 """
 
 DEFAULT_CPU_BYTES = 8 << 30  # vLLM's default: 8 GiB for the whole server
 MAX_BYTES = (1 << 63) - 1  # sizes are C uint64_t / off_t: nothing larger is a real size
 DEFAULT_DISK_BYTES = 100 << 30
 BACKENDS = ("cpu", "disk", "cpu+disk")
+_UNSET = object()
 
-_KEYS = {
-    "cpu_bytes_to_use": "host tier bytes for the whole server, split evenly across ranks",
-    "cpu_bytes_to_use_per_rank": "host tier bytes per rank (overrides cpu_bytes_to_use)",
-    "lazy_offload": "store blocks only as they near eviction from the GPU (true/false)",
-    "kv_offload_backend": "cpu (host memory), disk (a file per rank), cpu+disk (both, kvtier)",
-    "disk_path": "path prefix of each rank's disk file (rank N adds .rankN)",
-    "disk_capacity_bytes": "disk tier bytes per rank",
-    "use_page_cache": "disk I/O through the page cache instead of O_DIRECT (true/false)",
-    "disk_buffer_slots": "accepted for compatibility with vLLM; kvtier needs no staging slots",
-    "kvtier_copy_threads": "CPU copy threads per rank (0: one per core)",
-    "kvtier_max_requests": "requests the manager tracks at once",
-    "kvtier_restore_budget": "blocks re-stored per step after a host eviction (0: off)",
-    "kvtier_disk_queue_depth": "io_uring queue depth of the disk tier",
-    "kvtier_numa_node": "NUMA node of each rank's host tier memory (-1: no preference; choose "
-                        "the GPU's node on a multi-socket server)",
-    "kvtier_node_tier": "name of a host tier shared by the replicas on this node (opt-in)",
-    "kvtier_node_group": "the group whose members' replicas share the node tier (default: "
-                         "only this user's)",
-    "kvtier_node_rank": "this replica's index in the node tier (default: vLLM's local "
-                        "data-parallel rank)",
-    "kvtier_node_ranks": "replicas sharing the node tier (default: vLLM's local "
-                         "data-parallel size)",
-    "kvtier_remote_directory": "the remote tier's Redis server, host:port or a unix socket "
-                               "path (opt-in: instances on other hosts find and read each "
-                               "other's blocks)",
-    "kvtier_remote_space": "the instances that share blocks (default kvtier)",
-    "kvtier_remote_instance": "this instance's name in the space (default: host name and "
-                              "process id)",
-    "kvtier_remote_listen_host": "address this instance serves its blocks on (default "
-                                 "127.0.0.1)",
-    "kvtier_remote_advertise_host": "address peers reach it at (default the listen host)",
-    "kvtier_remote_port": "port it serves on (default 0: any free port)",
-    "kvtier_remote_credential": "the space's shared secret, 16..256 bytes (default: the "
-                                "environment's KVTIER_REMOTE_CREDENTIAL)",
-    "kvtier_remote_timeout_ms": "bound of one read from a peer (default 2000)",
-    "kvtier_remote_encrypt": "encrypt the KV bytes between instances (true/false, default "
-                             "false: authenticated, not secret)",
-}
+
+class Key:
+    """One kv_connector_extra_config key: its name, what it holds (SIZE, INT, BOOL, TEXT or
+    CHOICE), its default and inclusive bounds, and its documentation (docs/vllm.md's table is
+    written from these rows by scripts/gen-config-doc). A key that sets a field of a C
+    configuration struct names it (c="kvt_offload_config.max_requests") and takes its default
+    and bounds from the library's row of that field (kvt_describe_config), so they are written
+    once. `shown` is the default as the docs say it where it is computed (None: the value)."""
+    __slots__ = ("name", "kind", "doc", "c", "shown", "choices", "default", "lo", "hi")
+
+    def __init__(self, name, kind, doc, default=None, lo=None, hi=None, c=None, shown=None,
+                 choices=None):
+        self.name, self.kind, self.doc, self.c, self.shown = name, kind, doc, c, shown
+        self.default, self.lo, self.hi, self.choices = default, lo, hi, choices
+
+    def bounds(self):
+        """(default, lo, hi), from the library's row where the key sets a C field."""
+        if self.c:
+            from .._lib import config_rows
+            struct, field = self.c.split(".")
+            r = config_rows(struct)[field]
+            return r.default, r.min, r.max
+        return self.default, self.lo, self.hi
+
+    def read(self, extra, default=_UNSET):
+        """The key's value in extra, checked; its default (or the one given) when absent."""
+        d, lo, hi = self.bounds()
+        if default is not _UNSET:
+            d = default
+        if self.kind in (SIZE, INT):
+            return _int(extra, self.name, d, 0 if lo is None else lo,
+                        MAX_BYTES if hi is None and self.kind == SIZE else hi)
+        if self.kind == BOOL:
+            return _bool(extra, self.name, d)
+        v = _text(extra, self.name, d)
+        if self.kind == CHOICE and (not isinstance(v, str) or v not in self.choices):
+            raise ConfigError("kvtier: %s=%r: expected one of %s"
+                              % (self.name, v, ", ".join(self.choices)))
+        return v
+
+
+SIZE, INT, BOOL, TEXT, CHOICE = "size", "int", "bool", "text", "choice"
+
+KEYS = (
+    Key("cpu_bytes_to_use", SIZE, "host tier for the whole server, split evenly across "
+        "`world_size` ranks (as vLLM's)", DEFAULT_CPU_BYTES),
+    Key("cpu_bytes_to_use_per_rank", SIZE, "host tier per rank; overrides the above",
+        shown="`cpu_bytes_to_use` / ranks"),
+    Key("lazy_offload", BOOL, "store only blocks about to be evicted from the GPU (write-back) "
+        "instead of every confirmed block (write-through)", False),
+    Key("kv_offload_backend", CHOICE, '`"cpu"`: host memory; `"disk"`: a file per rank is the '
+        'tier (io_uring, O_DIRECT); `"cpu+disk"`: kvtier\'s three tiers, the disk behind the '
+        "host tier", "cpu", choices=BACKENDS),
+    Key("disk_path", TEXT, "path prefix of each rank's file (`disk` and `cpu+disk` require "
+        "it; rank N adds `.rankN`)"),
+    Key("disk_capacity_bytes", SIZE, "disk tier per rank", DEFAULT_DISK_BYTES, 1),
+    Key("use_page_cache", BOOL, "disk I/O through the page cache instead of O_DIRECT", False),
+    Key("disk_buffer_slots", INT, "accepted for compatibility with vLLM (kvtier's disk path "
+        "needs no staging slots)", 2, 1),
+    Key("kvtier_copy_threads", INT, "CPU copy threads per rank (0: one per core)",
+        c="kvt_copy_config.threads"),
+    Key("kvtier_max_requests", INT, "requests the manager tracks at once",
+        c="kvt_offload_config.max_requests"),
+    Key("kvtier_restore_budget", INT, "blocks per step re-stored after the host tier evicted "
+        "them while the GPU still uses them (0: off; vLLM has no such step)",
+        c="kvt_offload_config.restore_budget"),
+    Key("kvtier_disk_queue_depth", INT, "io_uring queue depth of the disk tier",
+        c="kvt_disk_config.queue_depth"),
+    Key("kvtier_numa_node", INT, "the NUMA node whose memory holds each rank's host tier "
+        "(`kvt_mirror_config.numa_node`, bound with `mbind` before the pages are touched; a "
+        "node the machine lacks is refused); -1: no preference. On a two-socket server choose "
+        "the GPU's node (`/sys/bus/pci/devices/<gpu>/numa_node`): a host tier on the far "
+        "socket crosses the inter-socket link on every copy. vLLM's offload connectors have "
+        "no such key", -1, -1, 1023),
+    Key("kvtier_node_tier", TEXT, "name of a host tier shared by the replicas on this node "
+        "(1..48 of `[A-Za-z0-9_.-]`; [node.md](node.md)): each replica's prefixes are hits for "
+        'the others. Needs `kv_offload_backend` `"cpu"` or `"cpu+disk"` (then each replica has '
+        "a disk of its own behind its part), eager stores and one rank per replica; every "
+        "replica needs the same hash seed (`PYTHONHASHSEED`, or an unset one with sha256), or "
+        "it is refused"),
+    Key("kvtier_node_group", TEXT, "the group whose members' replicas share the node tier, "
+        "when replicas run as different users: the tier's objects are mode 0660 in that group "
+        "([node.md](node.md#who-may-share-it))", shown="— (this user only)"),
+    Key("kvtier_node_rank", INT, "this replica's index in the node tier", None, 0, 63,
+        shown="vLLM's local data-parallel rank"),
+    Key("kvtier_node_ranks", INT, "replicas sharing the node tier", None, 1, 64,
+        shown="vLLM's local data-parallel size"),
+    Key("kvtier_remote_directory", TEXT, "the remote tier's Redis server, `host:port` or a "
+        "unix socket path ([remote.md](remote.md)): instances on other hosts find and read "
+        'each other\'s prefixes. Needs a host tier (`"cpu"` or `"cpu+disk"`), beside a node '
+        "tier or not (each replica serves its own slots of the node); with tensor parallelism "
+        "every rank serves and reads its own part of each block "
+        "([remote.md](remote.md#engines-of-several-ranks)); every instance of a space needs "
+        "the same hash seed and model, or it is refused naming the live one"),
+    Key("kvtier_remote_space", TEXT, "the instances that share blocks (1..64 of "
+        "`[A-Za-z0-9_.-]`)", "kvtier"),
+    Key("kvtier_remote_instance", TEXT, "this instance's name in the space (unique); with "
+        "several ranks each rank serves as `<instance>#<rank>`, so at most 62 characters",
+        shown="host name and process id (one rank); host name and vLLM's engine id (several: "
+        "the scheduler's and the rank processes' name must agree)"),
+    Key("kvtier_remote_listen_host", TEXT, "address this instance serves its blocks on",
+        "127.0.0.1"),
+    Key("kvtier_remote_advertise_host", TEXT, "address peers reach it at",
+        shown="the listen host"),
+    Key("kvtier_remote_port", INT, "port it serves on, 0: any free port (several ranks: rank "
+        "r on `port + r` when a port is set)", 0, 0, 65535),
+    Key("kvtier_remote_credential", TEXT, "the space's shared secret, 16–256 bytes (better "
+        "from the environment than in the config); the Redis password, if any, comes from "
+        "`KVTIER_REMOTE_DIRECTORY_PASSWORD`", shown="`KVTIER_REMOTE_CREDENTIAL`"),
+    Key("kvtier_remote_timeout_ms", INT, "bound of one read from a peer", 2000, 1, 600000),
+    Key("kvtier_remote_encrypt", BOOL, "encrypt the KV bytes between instances (AES-256-GCM "
+        "under each connection's session key; every instance of the space should set it: an "
+        "owner that sets it serves encrypted reads only). Off, the bytes are authenticated, "
+        "not secret ([security.md](security.md#the-remote-tier-who-may-read-an-instances-"
+        "blocks))", False),
+)
+KEY = {k.name: k for k in KEYS}
+_KEYS = KEY  # the known keys' names, for the unknown-key error
 
 REMOTE_NAME_CHARS = "_.-"
 
@@ -84,11 +165,6 @@ def _int(extra, key, default, minimum=0, maximum=None):
     if maximum is not None and v > maximum:
         raise ConfigError("kvtier: %s=%d: must be at most %d" % (key, v, maximum))
     return v
-
-
-def _size(extra, key, default, minimum=0):
-    """A byte count: an integer 0 (or minimum) .. 2**63 - 1, checked before any conversion."""
-    return _int(extra, key, default, minimum, MAX_BYTES)
 
 
 def _text(extra, key, default=None):
@@ -126,23 +202,20 @@ class KvtierConfig:
         if world_size < 1:
             raise ConfigError("kvtier: world_size %d must be positive" % world_size)
         self.world_size = world_size
-        total = _size(extra, "cpu_bytes_to_use", DEFAULT_CPU_BYTES)
-        self.cpu_bytes_per_rank = _size(extra, "cpu_bytes_to_use_per_rank", total // world_size)
-        self.lazy = _bool(extra, "lazy_offload", False)
-        backend = extra.get("kv_offload_backend", "cpu")
-        if not isinstance(backend, str) or backend not in BACKENDS:
-            raise ConfigError("kvtier: kv_offload_backend=%r: expected one of %s"
-                              % (backend, ", ".join(BACKENDS)))
-        self.backend = backend
-        self.disk_path = _text(extra, "disk_path")
-        self.disk_bytes_per_rank = _size(extra, "disk_capacity_bytes", DEFAULT_DISK_BYTES, 1)
-        self.page_cache = _bool(extra, "use_page_cache", False)
-        _int(extra, "disk_buffer_slots", 2, 1)  # checked, then unused
-        self.copy_threads = _int(extra, "kvtier_copy_threads", 0, 0, 256)
-        self.max_requests = _int(extra, "kvtier_max_requests", 4096, 1, 1 << 22)
-        self.restore_budget = _int(extra, "kvtier_restore_budget", 256, 0, 1 << 20)
-        self.disk_queue_depth = _int(extra, "kvtier_disk_queue_depth", 16, 1, 4096)
-        self.numa_node = _int(extra, "kvtier_numa_node", -1, -1, 1023)
+        total = KEY["cpu_bytes_to_use"].read(extra)
+        self.cpu_bytes_per_rank = KEY["cpu_bytes_to_use_per_rank"].read(extra,
+                                                                       total // world_size)
+        self.lazy = KEY["lazy_offload"].read(extra)
+        self.backend = backend = KEY["kv_offload_backend"].read(extra)
+        self.disk_path = KEY["disk_path"].read(extra)
+        self.disk_bytes_per_rank = KEY["disk_capacity_bytes"].read(extra)
+        self.page_cache = KEY["use_page_cache"].read(extra)
+        KEY["disk_buffer_slots"].read(extra)  # checked, then unused
+        self.copy_threads = KEY["kvtier_copy_threads"].read(extra)
+        self.max_requests = KEY["kvtier_max_requests"].read(extra)
+        self.restore_budget = KEY["kvtier_restore_budget"].read(extra)
+        self.disk_queue_depth = KEY["kvtier_disk_queue_depth"].read(extra)
+        self.numa_node = KEY["kvtier_numa_node"].read(extra)
         if backend in ("disk", "cpu+disk"):
             if not isinstance(self.disk_path, str) or not self.disk_path:
                 raise ConfigError('kvtier: kv_offload_backend="%s" needs disk_path (a path '
@@ -157,15 +230,15 @@ class KvtierConfig:
                               % ("_per_rank" if "cpu_bytes_to_use_per_rank" in extra else ""))
 
     def _node(self, extra, backend, world_size):
-        name = _text(extra, "kvtier_node_tier")
+        name = KEY["kvtier_node_tier"].read(extra)
         self.node_tier = name
-        group = _text(extra, "kvtier_node_group")
+        group = KEY["kvtier_node_group"].read(extra)
         if group is not None and (not isinstance(group, str) or not 1 <= len(group) <= 63):
             raise ConfigError("kvtier: kvtier_node_group=%r: expected a group name of 1..63 "
                               "characters" % (group,))
         self.node_group = group
-        self.node_rank = _int(extra, "kvtier_node_rank", None, 0, 63)
-        self.node_ranks = _int(extra, "kvtier_node_ranks", None, 1, 64)
+        self.node_rank = KEY["kvtier_node_rank"].read(extra)
+        self.node_ranks = KEY["kvtier_node_ranks"].read(extra)
         if name is None:
             if self.node_rank is not None or self.node_ranks is not None or group is not None:
                 raise ConfigError("kvtier: kvtier_node_rank/kvtier_node_ranks/"
@@ -190,7 +263,7 @@ class KvtierConfig:
     def _remote(self, extra, backend, world_size):
         import os
         import socket
-        d = _text(extra, "kvtier_remote_directory")
+        d = KEY["kvtier_remote_directory"].read(extra)
         self.remote_directory = d
         given = sorted(k for k in extra if k.startswith("kvtier_remote_") and
                        k != "kvtier_remote_directory")
@@ -203,8 +276,8 @@ class KvtierConfig:
             raise ConfigError("kvtier: kvtier_remote_directory=%r: expected host:port or a "
                               "unix socket path" % (d,))
 
-        def name(key, default):
-            v = extra.get(key, default)
+        def name(key, default=_UNSET):
+            v = KEY[key].read(extra, default)
             if (not isinstance(v, str) or not 1 <= len(v) <= 64 or
                     any(not (c.isascii() and (c.isalnum() or c in REMOTE_NAME_CHARS))
                         for c in v)):
@@ -212,23 +285,23 @@ class KvtierConfig:
                                   % (key, v))
             return v
 
-        def host(key, default):
-            v = _text(extra, key, default)
+        def host(key):
+            v = KEY[key].read(extra)
             if v is not None and (not isinstance(v, str) or not 1 <= len(v) <= 64):
                 raise ConfigError("kvtier: %s=%r: expected an address of 1..64 characters"
                                   % (key, v))
             return v
 
-        self.remote_space = name("kvtier_remote_space", "kvtier")
+        self.remote_space = name("kvtier_remote_space")
         default_inst = "".join(c if c.isascii() and (c.isalnum() or c in REMOTE_NAME_CHARS)
                                else "-" for c in socket.gethostname())[:48]
         self.remote_instance = name("kvtier_remote_instance",
                                     "%s-%d" % (default_inst or "host", os.getpid()))
-        self.remote_listen_host = host("kvtier_remote_listen_host", "127.0.0.1")
-        self.remote_advertise_host = host("kvtier_remote_advertise_host", None)
-        self.remote_port = _int(extra, "kvtier_remote_port", 0, 0, 65535)
-        self.remote_timeout_ms = _int(extra, "kvtier_remote_timeout_ms", 2000, 1, 600000)
-        self.remote_encrypt = _bool(extra, "kvtier_remote_encrypt", False)
+        self.remote_listen_host = host("kvtier_remote_listen_host")
+        self.remote_advertise_host = host("kvtier_remote_advertise_host")
+        self.remote_port = KEY["kvtier_remote_port"].read(extra)
+        self.remote_timeout_ms = KEY["kvtier_remote_timeout_ms"].read(extra)
+        self.remote_encrypt = KEY["kvtier_remote_encrypt"].read(extra)
         cred = extra.get("kvtier_remote_credential",
                          os.environ.get("KVTIER_REMOTE_CREDENTIAL"))
         if isinstance(cred, str) and "\0" in cred:
