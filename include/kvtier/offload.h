@@ -546,8 +546,10 @@ typedef struct kvt_offload_stats {
     uint64_t remote_hit_blocks; /* blocks read from the remote tier into hits */
     /* fields after this point came after the struct's size was frozen at 448 bytes
      * (KVT_OFFLOAD_STATS_SIZE_0): a program built before them reads none of them */
-    uint64_t hit_requests; /* matches that offered a hit (any tier): the request hit rate's
-                              numerator, lookups its denominator */
+    uint64_t hit_requests;          /* matches that offered a hit (any tier): the request hit rate's
+                                       numerator, lookups its denominator */
+    uint64_t remote_lookups_spared; /* remote-tier lookups not sent: the same span of hashes
+                                       missed less than remote_miss_ms ago */
 } kvt_offload_stats;
 
 /* The stats into the caller's struct of `size` bytes, the struct's size in the caller's

@@ -189,8 +189,10 @@ static uint32_t remote_search(kvt_offload *m, uint32_t t, const uint8_t *hashes,
         key = kvi_xxh3_64(h0, (size_t)n * m->hash_len, n);
         x = &m->rmiss[key & (KVI_OFL_RMISS - 1)];
         now = kvt_monotonic_ns();
-        if (x->key == key && now < x->until_ns)
+        if (x->key == key && now < x->until_ns) {
+            m->st.remote_lookups_spared++;
             return 0;
+        }
     }
     uint32_t hit = 0;
     /* the round trip holds no other replica of a node tier up */

@@ -121,7 +121,9 @@
       "Partly filled full-attention blocks stored at request finish (partial hash hits).")         \
     X(remote_hit_blocks, COUNTER, "remote_hit_blocks_total",                                       \
       "Blocks read from the remote tier into hits.")                                               \
-    X(hit_requests, COUNTER, "hit_requests_total", "Matches that offered a hit (any tier).")
+    X(hit_requests, COUNTER, "hit_requests_total", "Matches that offered a hit (any tier).")       \
+    X(remote_lookups_spared, COUNTER, "remote_lookups_spared_total",                               \
+      "Remote-tier lookups not sent: the same span missed less than remote_miss_ms ago.")
 
 /* kvt_tier_stats: its families are "tier_" + family, one sample per tier labelled tier="name" */
 #define KVI_TIER_STATS(X)                                                                          \

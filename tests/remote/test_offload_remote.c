@@ -163,12 +163,20 @@ static void a_span_that_missed_is_not_looked_up_again_at_once(void **state)
      * every step), none, even though a has stored it meanwhile */
     assert_int_equal(admit_and_check(&b, &q1, "q1", 9, 6), 0);
     assert_int_equal(rstats(&b).lookups, 1);
+    kvt_offload_stats st;
+    kvt_offload_get_stats(b.s.m, &st);
+    assert_int_equal(st.remote_lookups_spared, 0);
     compute_and_store(&a, &p, "p", 9, 6);
     assert_int_equal(admit_and_check(&b, &q2, "q2", 9, 6), 0);
     assert_int_equal(rstats(&b).lookups, 1);
+    kvt_offload_get_stats(b.s.m, &st);
+    assert_true(st.remote_lookups_spared >= 1); /* the manager says what it spared */
+    uint64_t spared = st.remote_lookups_spared;
     /* another span is looked up */
     assert_int_equal(admit_and_check(&b, &r1, "r1", 10, 6), 0);
     assert_int_equal(rstats(&b).lookups, 2);
+    kvt_offload_get_stats(b.s.m, &st);
+    assert_int_equal(st.remote_lookups_spared, spared);
     inst_close(&b);
     /* with a window of 1 ms, the same span is looked up again once it passed */
     g_miss_ms = 1;
