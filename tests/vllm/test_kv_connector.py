@@ -558,6 +558,8 @@ def test_a_second_replica_is_served_from_the_node_tier(model_dir, baseline, tmp_
       "kv_offload_backend": "disk", "disk_path": "/tmp/d"}, "host tier"),
     ({"kvtier_remote_directory": "/tmp/r.sock", "kvtier_remote_credential": "x" * 16,
       "kvtier_remote_port": 70000}, "kvtier_remote_port"),
+    ({"kvtier_remote_directory": "/tmp/r.sock", "kvtier_remote_credential": "x" * 16,
+      "kvtier_remote_miss_ms": -1}, "kvtier_remote_miss_ms"),
 ])
 def test_bad_remote_configuration_is_refused(extra, word, monkeypatch):
     from kvtier.vllm import ConfigError, KvtierConfig
@@ -565,6 +567,9 @@ def test_bad_remote_configuration_is_refused(extra, word, monkeypatch):
     with pytest.raises(ConfigError) as ei:
         KvtierConfig(extra, 1)
     assert word in str(ei.value), str(ei.value)
+    ok = {"kvtier_remote_directory": "/tmp/r.sock", "kvtier_remote_credential": "x" * 16}
+    assert KvtierConfig(ok, 1).remote_miss_ms == 1000  # kvt_offload_config's default
+    assert KvtierConfig(dict(ok, kvtier_remote_miss_ms="0"), 1).remote_miss_ms == 0
     # several ranks serve as "<instance>#<rank>": the name must leave room for the suffix
     KvtierConfig({"kvtier_remote_directory": "/tmp/r.sock", "kvtier_remote_credential": "x" * 16,
                   "kvtier_remote_instance": "i" * 62}, 2)

@@ -125,6 +125,10 @@ KEYS = (
         "from the environment than in the config); the Redis password, if any, comes from "
         "`KVTIER_REMOTE_DIRECTORY_PASSWORD`", shown="`KVTIER_REMOTE_CREDENTIAL`"),
     Key("kvtier_remote_timeout_ms", INT, "bound of one read from a peer", 2000, 1, 600000),
+    Key("kvtier_remote_miss_ms", INT, "a span of hashes the remote tier did not have (or "
+        "whose owner did not answer) is not looked up again for this long: a waiting request "
+        "is matched every step, each lookup a directory round trip; 0: always look up",
+        c="kvt_offload_config.remote_miss_ms"),
     Key("kvtier_remote_encrypt", BOOL, "encrypt the KV bytes between instances (AES-256-GCM "
         "under each connection's session key; every instance of the space should set it: an "
         "owner that sets it serves encrypted reads only). Off, the bytes are authenticated, "
@@ -302,6 +306,7 @@ class KvtierConfig:
         self.remote_port = KEY["kvtier_remote_port"].read(extra)
         self.remote_timeout_ms = KEY["kvtier_remote_timeout_ms"].read(extra)
         self.remote_encrypt = KEY["kvtier_remote_encrypt"].read(extra)
+        self.remote_miss_ms = KEY["kvtier_remote_miss_ms"].read(extra)
         cred = extra.get("kvtier_remote_credential",
                          os.environ.get("KVTIER_REMOTE_CREDENTIAL"))
         if isinstance(cred, str) and "\0" in cred:

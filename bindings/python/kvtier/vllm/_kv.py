@@ -418,6 +418,8 @@ class _Scheduler:
         oc.max_num_seqs = vllm_config.scheduler_config.max_num_seqs  # the lazy window's term
         oc.max_model_len = vllm_config.model_config.max_model_len
         oc.restore_budget = cfg.restore_budget
+        if cfg.remote_directory:
+            oc.remote_miss_ms = cfg.remote_miss_ms
         oc.block_bytes = self.bpr * cfg.world_size
         oc.event_capacity = 65536 if self._events else 0
         # the schedule calls are made inside build_connector_meta, after vLLM scheduled the
