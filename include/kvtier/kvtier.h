@@ -75,13 +75,14 @@ typedef struct kvt_config_field {
 #define KVT_CONFIG_BOOL     2u /* a bool (size 1) */
 #define KVT_CONFIG_STRING   3u /* a borrowed const char *; default NULL */
 #define KVT_CONFIG_ROOM     4u /* reserved words: leave them zero */
+#define KVT_CONFIG_BYTES    5u /* an array of `size` bytes; default zero, no bounds */
 #define KVT_CONFIG_REQUIRED 1u /* flags: the default refuses to create; set the field */
 
 /* The fields of configuration struct `type_name` in the header's order, with their defaults
  * and bounds: *fields receives a table the library owns, *n its rows. The vLLM connector takes
  * the defaults and bounds of its keys that set these fields from it. KVT_ENOENT for a struct
- * this library does not describe; it describes kvt_offload_config, kvt_copy_config and
- * kvt_disk_config. */
+ * this library does not describe; it describes kvt_offload_config, kvt_copy_config,
+ * kvt_disk_config and kvt_node_config. */
 KVT_API int kvt_describe_config(const char *type_name, const kvt_config_field **fields,
                                 uint32_t *n);
 

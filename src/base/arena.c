@@ -256,20 +256,9 @@ void kvt_arena_destroy(kvt_arena *a)
     free(a);
 }
 
-void *kvt_arena_base(const kvt_arena *a)
-{
-    return a->base;
-}
-
-size_t kvt_arena_size(const kvt_arena *a)
-{
-    return a->size;
-}
-
-size_t kvt_arena_page_size(const kvt_arena *a)
-{
-    return a->page;
-}
+KVI_GETTER(void *, kvt_arena_base, kvt_arena, base)
+KVI_GETTER(size_t, kvt_arena_size, kvt_arena, size)
+KVI_GETTER(size_t, kvt_arena_page_size, kvt_arena, page)
 
 int kvt_arena_alloc(kvt_arena *a, size_t size, size_t align, void **out)
 {

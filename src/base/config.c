@@ -28,10 +28,12 @@
 #define OFFLOAD_ROW(...) ROW(kvt_offload_config, __VA_ARGS__)
 #define COPY_ROW(...)    ROW(kvt_copy_config, __VA_ARGS__)
 #define DISK_ROW(...)    ROW(kvt_disk_config, __VA_ARGS__)
+#define NODE_ROW(...)    ROW(kvt_node_config, __VA_ARGS__)
 
 static const kvt_config_field offload_rows[] = {KVI_OFFLOAD_CONFIG(OFFLOAD_ROW)};
 static const kvt_config_field copy_rows[] = {KVI_COPY_CONFIG(COPY_ROW)};
 static const kvt_config_field disk_rows[] = {KVI_DISK_CONFIG(DISK_ROW)};
+static const kvt_config_field node_rows[] = {KVI_NODE_CONFIG(NODE_ROW)};
 
 #define TABLE(T, who, rows)                                                                        \
     {                                                                                              \
@@ -47,7 +49,14 @@ static const struct config_table {
     [KVI_CONFIG_OFFLOAD] = TABLE(kvt_offload_config, "offload", offload_rows),
     [KVI_CONFIG_COPY] = TABLE(kvt_copy_config, "copy", copy_rows),
     [KVI_CONFIG_DISK] = TABLE(kvt_disk_config, "disk", disk_rows),
+    [KVI_CONFIG_NODE] = TABLE(kvt_node_config, "node", node_rows),
 };
+
+/* strings, bytes and room are not numbers: no default but zero, no bounds */
+static bool is_number(const kvt_config_field *f)
+{
+    return f->type <= KVT_CONFIG_BOOL;
+}
 
 /* a number field's value, a signed one sign-extended */
 static uint64_t get(const void *cfg, const kvt_config_field *f)
@@ -88,7 +97,7 @@ void kvi_config_init(kvi_config_id id, void *cfg)
     const kvt_config_field *last = &t->rows[t->n - 1];
     memset(cfg, 0, last->offset + last->size);
     for (uint32_t i = 0; i < t->n; i++)
-        if (t->rows[i].type != KVT_CONFIG_STRING && t->rows[i].type != KVT_CONFIG_ROOM)
+        if (is_number(&t->rows[i]))
             put(cfg, &t->rows[i], t->rows[i].def);
 }
 
@@ -110,7 +119,7 @@ int kvi_config_check(kvi_config_id id, const void *cfg)
     const struct config_table *t = &tables[id];
     for (uint32_t i = 0; i < t->n; i++) {
         const kvt_config_field *f = &t->rows[i];
-        if (f->type == KVT_CONFIG_STRING)
+        if (f->type == KVT_CONFIG_STRING || f->type == KVT_CONFIG_BYTES)
             continue;
         if (f->type == KVT_CONFIG_ROOM) {
             char what[48];

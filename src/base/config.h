@@ -13,6 +13,7 @@ typedef enum kvi_config_id {
     KVI_CONFIG_OFFLOAD, /* kvt_offload_config */
     KVI_CONFIG_COPY,    /* kvt_copy_config */
     KVI_CONFIG_DISK,    /* kvt_disk_config */
+    KVI_CONFIG_NODE,    /* kvt_node_config */
 } kvi_config_id;
 
 /* Zeroes *cfg and sets each row's default. */

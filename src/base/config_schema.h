@@ -11,28 +11,31 @@
  *   X(field, type, default, min, max, help)
  *
  * type: UINT, INT (signed), BOOL, STRING (a borrowed const char *; default NULL, no bounds),
- * ROOM (reserved words, zero), REQUIRED (an unsigned field without a usable default: the
- * caller sets it; default 0, which the bounds refuse). Bounds are inclusive. A check that no
- * row can say (a power of two, one field against another) stays in the create function.
+ * BYTES (an array of bytes; zero, no bounds), ROOM (reserved words, zero), REQUIRED (an unsigned
+ * field without a usable default: the caller sets it; default 0, which the bounds refuse). Bounds
+ * are inclusive. A check that no row can say (a power of two, one field against another) stays in
+ * the create function.
  */
 #ifndef KVT_BASE_CONFIG_SCHEMA_H
 #define KVT_BASE_CONFIG_SCHEMA_H
 
 #include <stdint.h>
 
-#include "kvtier/kvtier.h" /* KVT_CONFIG_* */
+#include "kvtier/kvtier.h" /* KVT_CONFIG_*, and the limits the rows name */
 
 #define KVI_CFG_TYPE_UINT      KVT_CONFIG_UINT
 #define KVI_CFG_TYPE_INT       KVT_CONFIG_INT
 #define KVI_CFG_TYPE_BOOL      KVT_CONFIG_BOOL
 #define KVI_CFG_TYPE_STRING    KVT_CONFIG_STRING
 #define KVI_CFG_TYPE_ROOM      KVT_CONFIG_ROOM
+#define KVI_CFG_TYPE_BYTES     KVT_CONFIG_BYTES
 #define KVI_CFG_TYPE_REQUIRED  KVT_CONFIG_UINT
 #define KVI_CFG_FLAGS_UINT     0u
 #define KVI_CFG_FLAGS_INT      0u
 #define KVI_CFG_FLAGS_BOOL     0u
 #define KVI_CFG_FLAGS_STRING   0u
 #define KVI_CFG_FLAGS_ROOM     0u
+#define KVI_CFG_FLAGS_BYTES    0u
 #define KVI_CFG_FLAGS_REQUIRED KVT_CONFIG_REQUIRED
 
 #define KVI_U32_MAX UINT32_MAX
@@ -110,6 +113,38 @@
     X(page_cache, BOOL, 0, 0, 1, "buffered I/O instead of O_DIRECT; slots are not padded")         \
     X(queue_depth, UINT, 16, 1, 4096, "I/Os in flight per pipeline (= staging buffers)")           \
     X(max_events, UINT, 1024, 1, 1u << 20, "events outstanding per direction")                     \
+    X(reserved, ROOM, 0, 0, 0, "room for fields to come: zero")
+
+#define KVI_NODE_CONFIG(X)                                                                         \
+    X(name, STRING, 0, 0, 0,                                                                       \
+      "the node tier's name (required): 1..KVT_NODE_NAME_MAX bytes of [A-Za-z0-9_.-]; its "        \
+      "objects are /kvtier.NAME.meta and .data in /dev/shm")                                       \
+    X(rank, UINT, 0, 0, KVT_NODE_MAX_RANKS - 1, "this replica, 0 .. ranks - 1")                    \
+    X(ranks, UINT, 1, 1, KVT_NODE_MAX_RANKS, "replicas sharing the tier")                          \
+    X(blocks_per_rank, REQUIRED, 0, 2, KVI_U32_MAX - 1,                                            \
+      "slots each replica owns, its unused first slot included (ranks x blocks_per_rank below "    \
+      "2^32 - 1)")                                                                                 \
+    X(hash_len, UINT, 16, 1, KVT_HASH_MAX, "bytes per block hash, as the pools'")                  \
+    X(keys_per_block, UINT, 1, 1, 64, "keys a host block carries, as the host pool's")             \
+    X(hash_block_size, UINT, 16, 1, KVI_U32_MAX, "tokens per hash block, as the pools'")           \
+    X(block_bytes, UINT, 0, 0, KVI_U64_MAX,                                                        \
+      "bytes of one block in the workers' layout; 0: not compared")                                \
+    X(hash_seed, UINT, 0, 0, KVI_U64_MAX,                                                          \
+      "fingerprint of the hash function and its seed (vLLM: the first 8 bytes of the root "        \
+      "hash); every replica must agree")                                                           \
+    X(signature, BYTES, 0, 0, 0,                                                                   \
+      "digest of whatever else must agree (model, dtype, cache groups), compared byte for byte")   \
+    X(reap_interval_ms, UINT, 1000, 0, KVI_U32_MAX,                                                \
+      "how often a locked call checks the peers' liveness; 0: only at attach, after a dead "       \
+      "holder, and on kvt_node_reap")                                                              \
+    X(lock_timeout_ms, UINT, 10000, 1, KVI_U32_MAX,                                                \
+      "longest wait for the metadata lock: a call that waits longer fails with KVT_EBUSY naming "  \
+      "the holder (a live but stopped replica) instead of hanging")                                \
+    X(group, STRING, 0, 0, 0,                                                                      \
+      "NULL: only this user's processes share the tier (objects 0600). A group name (1..63 "       \
+      "bytes): replicas running as different users of that group share it (objects 0660 in that "  \
+      "group; an existing object is used only if it has that group and gives nobody outside it "   \
+      "access; every replica and the workers' mirrors name it)")                                   \
     X(reserved, ROOM, 0, 0, 0, "room for fields to come: zero")
 
 #endif

@@ -15,6 +15,14 @@
 #define KVT_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 #define KVT_CACHELINE    64
 
+/* Defines public accessor `ret name(const T *x)`, which returns x->field (its declaration,
+ * with its documentation, is in the public header). */
+#define KVI_GETTER(ret, name, T, field)                                                            \
+    ret name(const T *x)                                                                           \
+    {                                                                                              \
+        return x->field;                                                                           \
+    }
+
 #define kvi_container_of(ptr, type, member) ((type *)((char *)(ptr)-offsetof(type, member)))
 
 static inline uint32_t kvi_min_u32(uint32_t a, uint32_t b)

@@ -271,10 +271,7 @@ void kvt_copy_destroy(kvt_copy *c)
     free_engine(c);
 }
 
-int kvt_copy_backend_kind(const kvt_copy *c)
-{
-    return c->kind;
-}
+KVI_GETTER(int, kvt_copy_backend_kind, kvt_copy, kind)
 
 static int check_ids(const char *what, const uint32_t *ids, uint32_t n, uint32_t limit,
                      int64_t event)

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "base/array.h"
+#include "base/util.h"
 #include "base/error.h"
 #include "copy/copy_internal.h"
 
@@ -161,25 +162,10 @@ int kvt_layout_add_cross_layer(kvt_layout *l, uint64_t storage, uint64_t storage
     return add_storage_regions(l, storage, block_bytes * l->num_blocks, block_bytes);
 }
 
-uint32_t kvt_layout_num_regions(const kvt_layout *l)
-{
-    return l->n_regions;
-}
-
-uint32_t kvt_layout_num_blocks(const kvt_layout *l)
-{
-    return l->num_blocks;
-}
-
-int32_t kvt_layout_device(const kvt_layout *l)
-{
-    return l->device;
-}
-
-const kvt_region *kvt_layout_regions(const kvt_layout *l)
-{
-    return l->regions;
-}
+KVI_GETTER(uint32_t, kvt_layout_num_regions, kvt_layout, n_regions)
+KVI_GETTER(uint32_t, kvt_layout_num_blocks, kvt_layout, num_blocks)
+KVI_GETTER(int32_t, kvt_layout_device, kvt_layout, device)
+KVI_GETTER(const kvt_region *, kvt_layout_regions, kvt_layout, regions)
 
 uint64_t kvt_layout_block_bytes(const kvt_layout *l)
 {

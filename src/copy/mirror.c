@@ -154,25 +154,10 @@ void kvt_mirror_destroy(kvt_mirror *m)
     free(m);
 }
 
-uint32_t kvt_mirror_num_blocks(const kvt_mirror *m)
-{
-    return m->num_blocks;
-}
-
-const kvt_region *kvt_mirror_regions(const kvt_mirror *m)
-{
-    return m->regions;
-}
-
-uint32_t kvt_mirror_num_regions(const kvt_mirror *m)
-{
-    return m->n_regions;
-}
-
-bool kvt_mirror_pinned(const kvt_mirror *m)
-{
-    return m->pinned;
-}
+KVI_GETTER(uint32_t, kvt_mirror_num_blocks, kvt_mirror, num_blocks)
+KVI_GETTER(const kvt_region *, kvt_mirror_regions, kvt_mirror, regions)
+KVI_GETTER(uint32_t, kvt_mirror_num_regions, kvt_mirror, n_regions)
+KVI_GETTER(bool, kvt_mirror_pinned, kvt_mirror, pinned)
 
 int kvt_mirror_layout(const kvt_mirror *m, kvt_layout **out)
 {

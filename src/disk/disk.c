@@ -32,6 +32,7 @@
 #include <unistd.h>
 
 #include "base/array.h"
+#include "base/util.h"
 #include "base/config.h"
 #include "base/error.h"
 #include "base/log.h"
@@ -598,20 +599,9 @@ int kvt_disk_create(const kvt_disk_config *cfg, const kvt_layout *layout, kvt_di
     return 0;
 }
 
-uint32_t kvt_disk_num_slots(const kvt_disk *d)
-{
-    return d->n_slots;
-}
-
-uint64_t kvt_disk_slot_bytes(const kvt_disk *d)
-{
-    return d->slot_bytes;
-}
-
-const char *kvt_disk_path(const kvt_disk *d)
-{
-    return d->path;
-}
+KVI_GETTER(uint32_t, kvt_disk_num_slots, kvt_disk, n_slots)
+KVI_GETTER(uint64_t, kvt_disk_slot_bytes, kvt_disk, slot_bytes)
+KVI_GETTER(const char *, kvt_disk_path, kvt_disk, path)
 
 /* ---- events -------------------------------------------------------------------------------- */
 

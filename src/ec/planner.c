@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "base/array.h"
+#include "base/util.h"
 #include "base/error.h"
 #include "base/map.h"
 #include "ec/ec_key.h"
@@ -261,10 +262,7 @@ int kvt_ec_planner_apply_output(kvt_ec_planner *p, const kvt_ec_worker_meta *agg
     return 0;
 }
 
-bool kvt_ec_planner_has_pending_push_work(const kvt_ec_planner *p)
-{
-    return p->pending;
-}
+KVI_GETTER(bool, kvt_ec_planner_has_pending_push_work, kvt_ec_planner, pending)
 
 uint32_t kvt_ec_planner_take_failed(kvt_ec_planner *p, char (*out)[KVT_EC_KEY_MAX + 1],
                                     uint32_t cap)

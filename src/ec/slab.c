@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "base/array.h"
+#include "base/util.h"
 #include "base/error.h"
 #include "kvtier/ec.h"
 
@@ -132,20 +133,9 @@ int kvt_slab_free(kvt_slab *s, const kvt_slab_view *v)
     return 0;
 }
 
-uint64_t kvt_slab_capacity(const kvt_slab *s)
-{
-    return s->capacity;
-}
-
-uint64_t kvt_slab_free_bytes(const kvt_slab *s)
-{
-    return s->free_bytes;
-}
-
-uint32_t kvt_slab_free_extents(const kvt_slab *s)
-{
-    return s->n;
-}
+KVI_GETTER(uint64_t, kvt_slab_capacity, kvt_slab, capacity)
+KVI_GETTER(uint64_t, kvt_slab_free_bytes, kvt_slab, free_bytes)
+KVI_GETTER(uint32_t, kvt_slab_free_extents, kvt_slab, n)
 
 uint64_t kvt_slab_largest_free(const kvt_slab *s)
 {

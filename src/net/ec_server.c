@@ -20,6 +20,7 @@
 #include <zmq.h>
 
 #include "base/error.h"
+#include "base/util.h"
 #include "base/fd.h"
 #include "base/log.h"
 #include "base/map.h"
@@ -986,20 +987,14 @@ void kvt_ec_server_stop(kvt_ec_server *s)
     teardown(s);
 }
 
-uint32_t kvt_ec_server_port(const kvt_ec_server *s)
-{
-    return s->port;
-}
+KVI_GETTER(uint32_t, kvt_ec_server_port, kvt_ec_server, port)
 
 const char *kvt_ec_server_event_endpoint(const kvt_ec_server *s)
 {
     return s ? s->event_ep : NULL;
 }
 
-uint32_t kvt_ec_server_event_port(const kvt_ec_server *s)
-{
-    return s->event_port;
-}
+KVI_GETTER(uint32_t, kvt_ec_server_event_port, kvt_ec_server, event_port)
 
 int kvt_ec_server_apply(kvt_ec_server *s, const kvt_ec_meta *meta, const kvt_ec_cache_ops *ops,
                         kvt_ec_worker_meta *out)

@@ -36,6 +36,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/config.h"
 #include "base/error.h"
 #include "base/log.h"
 #include "base/util.h"
@@ -459,41 +460,22 @@ void kvi_node_unbind(kvt_node *n)
 
 void kvt_node_config_init(kvt_node_config *cfg)
 {
-    memset(cfg, 0, sizeof(*cfg));
-    cfg->ranks = 1;
-    cfg->hash_len = 16;
-    cfg->keys_per_block = 1;
-    cfg->hash_block_size = 16;
-    cfg->reap_interval_ms = 1000;
-    cfg->lock_timeout_ms = 10000;
+    kvi_config_init(KVI_CONFIG_NODE, cfg);
 }
 
+/* The rows' bounds (src/base/config_schema.h), then what no row can say. */
 static int validate(const kvt_node_config *c)
 {
-    if (kvi_check_reserved(c->reserved, sizeof(c->reserved), "node config"))
+    if (kvi_config_check(KVI_CONFIG_NODE, c))
         return KVT_EINVAL;
     int rc = check_name(c->name);
     if (rc)
         return rc;
-    if (c->ranks < 1 || c->ranks > KVT_NODE_MAX_RANKS)
-        return kvt_fail(KVT_EINVAL, "node: ranks %u must be in 1..%u", c->ranks,
-                        KVT_NODE_MAX_RANKS);
     if (c->rank >= c->ranks)
         return kvt_fail(KVT_ERANGE, "node: rank %u out of range (%u ranks)", c->rank, c->ranks);
-    if (c->blocks_per_rank < 2)
-        return kvt_fail(KVT_EINVAL, "node: blocks_per_rank %u must be >= 2", c->blocks_per_rank);
     if ((uint64_t)c->blocks_per_rank * c->ranks >= UINT32_MAX)
         return kvt_fail(KVT_ERANGE, "node: %u ranks x %u blocks overflow slot ids", c->ranks,
                         c->blocks_per_rank);
-    if (c->hash_len < 1 || c->hash_len > KVT_HASH_MAX)
-        return kvt_fail(KVT_EINVAL, "node: hash_len %u must be in 1..%u", c->hash_len,
-                        KVT_HASH_MAX);
-    if (c->keys_per_block < 1 || c->keys_per_block > 64)
-        return kvt_fail(KVT_EINVAL, "node: keys_per_block %u must be in 1..64", c->keys_per_block);
-    if (c->hash_block_size < 1)
-        return kvt_fail(KVT_EINVAL, "node: hash_block_size must be > 0");
-    if (c->lock_timeout_ms < 1)
-        return kvt_fail(KVT_EINVAL, "node: lock_timeout_ms must be > 0");
     if (c->group && (!*c->group || strlen(c->group) >= 64))
         return kvt_fail(KVT_EINVAL, "node: group must be 1..63 bytes (or NULL: this user only)");
     return 0;
@@ -888,10 +870,7 @@ int kvt_node_attach(const kvt_node_config *cfg, kvt_node **out)
     return rc;
 }
 
-uint32_t kvt_node_num_slots(const kvt_node *n)
-{
-    return n->total;
-}
+KVI_GETTER(uint32_t, kvt_node_num_slots, kvt_node, total)
 
 int kvt_node_reap(kvt_node *n)
 {

@@ -419,7 +419,4 @@ int kvt_offload_attach_node(kvt_offload *m, kvt_node *node)
     return 0;
 }
 
-const kvt_pool *kvt_offload_host_pool(const kvt_offload *m)
-{
-    return m->tier[0].pool;
-}
+KVI_GETTER(const kvt_pool *, kvt_offload_host_pool, kvt_offload, tier[0].pool)

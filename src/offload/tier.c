@@ -160,10 +160,7 @@ int kvi_ofl_tier_resize(kvt_offload *m, uint32_t t, uint32_t nb)
     return kvi_ofl_tier_setup(m, t, name, nb);
 }
 
-const kvt_pool *kvt_offload_disk_pool(const kvt_offload *m)
-{
-    return m->tier[1].pool;
-}
+KVI_GETTER(const kvt_pool *, kvt_offload_disk_pool, kvt_offload, tier[1].pool)
 
 const kvt_pool *kvt_offload_tier_pool(const kvt_offload *m, uint32_t t)
 {

@@ -269,20 +269,9 @@ void kvt_pool_get_config(const kvt_pool *p, kvt_pool_config *cfg)
     cfg->scheduler_block_size = p->sched_bs;
 }
 
-uint32_t kvt_pool_num_blocks(const kvt_pool *p)
-{
-    return p->nb;
-}
-
-uint32_t kvt_pool_num_free(const kvt_pool *p)
-{
-    return p->n_free;
-}
-
-uint32_t kvt_pool_num_cached(const kvt_pool *p)
-{
-    return p->n_cached;
-}
+KVI_GETTER(uint32_t, kvt_pool_num_blocks, kvt_pool, nb)
+KVI_GETTER(uint32_t, kvt_pool_num_free, kvt_pool, n_free)
+KVI_GETTER(uint32_t, kvt_pool_num_cached, kvt_pool, n_cached)
 
 double kvt_pool_usage(const kvt_pool *p)
 {

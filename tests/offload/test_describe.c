@@ -177,6 +177,17 @@ static int try_disk(const void *cfg)
     return rc;
 }
 
+static int try_node(const void *cfg)
+{
+    kvt_node *n = NULL;
+    int rc = kvt_node_attach(cfg, &n);
+    if (n) {
+        kvt_node_detach(n);
+        kvt_node_unlink(((const kvt_node_config *)cfg)->name);
+    }
+    return rc;
+}
+
 static void rigs_up(void)
 {
     kvt_pool_config pc;
@@ -218,7 +229,9 @@ static void config_rows_hold(const char *type, size_t size, void (*init)(void *)
     init(def);
     size_t at = 0;
     for (uint32_t i = 0; i < n; i++) {
-        size_t align = f[i].type == KVT_CONFIG_ROOM ? 8 : f[i].size;
+        size_t align = f[i].type == KVT_CONFIG_ROOM    ? 8
+                       : f[i].type == KVT_CONFIG_BYTES ? 1
+                                                       : f[i].size;
         size_t want = (at + align - 1) / align * align;
         if (f[i].offset != want)
             fail_msg("%s: row %u (%s) at offset %u, the previous ends at %zu: a field is missing "
@@ -226,7 +239,7 @@ static void config_rows_hold(const char *type, size_t size, void (*init)(void *)
                      type, i, f[i].name, f[i].offset, at);
         assert_true(f[i].help && f[i].help[0]);
         at = f[i].offset + (size_t)f[i].size;
-        if (f[i].type == KVT_CONFIG_STRING || f[i].type == KVT_CONFIG_ROOM)
+        if (f[i].type > KVT_CONFIG_BOOL) /* a string, bytes, room: no default but zero */
             continue;
         if (cfg_get(def, &f[i]) != f[i].def)
             fail_msg("%s.%s: config_init set %llu, the row says %llu", type, f[i].name,
@@ -237,7 +250,7 @@ static void config_rows_hold(const char *type, size_t size, void (*init)(void *)
     KVT_OK_(try_create(def));
     for (uint32_t i = 0; i < n; i++) {
         const kvt_config_field *r = &f[i];
-        if (r->type == KVT_CONFIG_STRING)
+        if (r->type == KVT_CONFIG_STRING || r->type == KVT_CONFIG_BYTES)
             continue;
         uint64_t bad[2];
         int nbad = 0;
@@ -300,6 +313,21 @@ static void disk_ready(void *c)
     d->page_cache = true; /* tmpfs has no O_DIRECT */
 }
 
+static void node_init(void *c)
+{
+    kvt_node_config_init(c);
+}
+
+static char g_node_name[48];
+
+static void node_ready(void *c)
+{
+    kvt_node_config *n = c;
+    snprintf(g_node_name, sizeof(g_node_name), "kvt-describe-%d", (int)getpid());
+    n->name = g_node_name;
+    n->blocks_per_rank = 8;
+}
+
 static void test_config_rows_are_the_defaults_and_the_bounds(void **state)
 {
     (void)state;
@@ -308,6 +336,7 @@ static void test_config_rows_are_the_defaults_and_the_bounds(void **state)
                      try_offload);
     config_rows_hold("kvt_copy_config", sizeof(kvt_copy_config), copy_init, copy_ready, try_copy);
     config_rows_hold("kvt_disk_config", sizeof(kvt_disk_config), disk_init, disk_ready, try_disk);
+    config_rows_hold("kvt_node_config", sizeof(kvt_node_config), node_init, node_ready, try_node);
     rigs_down();
     const kvt_config_field *f = (const kvt_config_field *)1;
     uint32_t n = 3;

@@ -81,26 +81,8 @@ def hash_prompt(seed, tokens, block_size=16):
     return [raw[i * L.HASH_LEN:(i + 1) * L.HASH_LEN] for i in range(got.value)]
 
 
-class _Handle:
-    _destroy = None
-
-    def close(self):
-        """Frees the object now (otherwise at garbage collection)."""
-        h, self._h = getattr(self, "_h", None), None
-        if h:
-            type(self)._destroy(h)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
+_Handle = L.Handle
+_getter = L.Handle.getter
 
 
 class Pool(_Handle):
@@ -124,13 +106,9 @@ class Pool(_Handle):
         self._h = h
         self.block_size = block_size
 
-    @property
-    def num_blocks(self):
-        return _lib.kvt_pool_num_blocks(self._h)
+    num_blocks = _getter("kvt_pool_num_blocks")
 
-    @property
-    def num_free(self):
-        return _lib.kvt_pool_num_free(self._h)
+    num_free = _getter("kvt_pool_num_free")
 
     def alloc(self, n):
         ids = (L.c_u32 * max(1, n))()
@@ -194,39 +172,14 @@ def _decode(cls, kind, data):
     return self
 
 
-class OffloadMeta:
+class OffloadMeta(L.Meta):
     """Scheduler -> worker metadata of one step (kvt_offload_meta)."""
 
-    def __init__(self):
-        self._m = L.kvt_offload_meta()
-        _lib.kvt_offload_meta_init(ctypes.byref(self._m))
+    _kind = "kvt_offload_meta"
 
-    def __del__(self):
-        _lib.kvt_offload_meta_release(ctypes.byref(self._m))
-
-    @property
-    def load_event(self):
-        return self._m.load_event
-
-    @load_event.setter
-    def load_event(self, v):
-        self._m.load_event = v
-
-    @property
-    def store_event(self):
-        return self._m.store_event
-
-    @store_event.setter
-    def store_event(self, v):
-        self._m.store_event = v
-
-    @property
-    def need_flush(self):
-        return self._m.need_flush
-
-    @need_flush.setter
-    def need_flush(self, v):
-        self._m.need_flush = bool(v)
+    load_event = L.Meta.field("load_event")
+    store_event = L.Meta.field("store_event")
+    need_flush = L.Meta.field("need_flush", bool)
 
     def add_load(self, gpu_block, host_block):
         _check(_lib.kvt_offload_meta_add_load(ctypes.byref(self._m), gpu_block, host_block))
@@ -323,17 +276,12 @@ class OffloadMeta:
 _REPORTS = ("stores", "tier_stores", "tier_loads")
 
 
-class WorkerMeta:
+class WorkerMeta(L.Meta):
     """Worker -> scheduler report: {event: count} and the failed events, per kind: "stores"
     (GPU -> host), and per tier t >= 1 (three tiers: t = 1, the disk) "tier_stores"
     (write-backs into tier t) and "tier_loads" (promotions out of it)."""
 
-    def __init__(self):
-        self._m = L.kvt_offload_worker_meta()
-        _lib.kvt_offload_worker_meta_init(ctypes.byref(self._m))
-
-    def __del__(self):
-        _lib.kvt_offload_worker_meta_release(ctypes.byref(self._m))
+    _kind = "kvt_offload_worker_meta"
 
     def _report(self, kind, tier=None):
         if kind not in _REPORTS:
@@ -443,10 +391,8 @@ class OffloadManager(_Handle):
         self._remote = remote  # borrowed: keep it alive
         remote._managers.append(weakref.ref(self))
 
-    @property
-    def remote_tier(self):
-        """The remote tier's index in the chain (0 without one)."""
-        return _lib.kvt_offload_remote_tier(self._h)
+    remote_tier = _getter("kvt_offload_remote_tier",
+                          "The remote tier's index in the chain (0 without one).")
 
     def attach_node(self, node):
         """Makes the host tier this replica's part of node tier `node` (a Node) before the
@@ -483,16 +429,14 @@ class OffloadManager(_Handle):
                                             ctypes.byref(hit)))
         return hit.value
 
-    @property
-    def hit_alignment(self):
-        """Tokens every host-tier hit is a multiple of: the scheduler block size, or the hash
-        block size where the manager offers partial hash hits."""
-        return _lib.kvt_offload_hit_alignment(self._h)
+    hit_alignment = _getter("kvt_offload_hit_alignment",
+                            "Tokens every host-tier hit is a multiple of: the scheduler block "
+                            "size, or the hash block size where the manager offers partial hash "
+                            "hits.")
 
-    @property
-    def lazy_window(self):
-        """Lazy mode: GPU blocks the store scan looks at each step (0 in eager mode)."""
-        return _lib.kvt_offload_lazy_window(self._h)
+    lazy_window = _getter("kvt_offload_lazy_window",
+                          "Lazy mode: GPU blocks the store scan looks at each step (0 in eager "
+                          "mode).")
 
     def after_alloc(self, req_id, block_ids, num_external):
         rid = req_id.encode()
@@ -676,13 +620,9 @@ class Layout(_Handle):
         _check(_lib.kvt_layout_add_region(self._h, addr, block_bytes))
         self._buffers.append(obj)
 
-    @property
-    def num_regions(self):
-        return _lib.kvt_layout_num_regions(self._h)
+    num_regions = _getter("kvt_layout_num_regions")
 
-    @property
-    def block_bytes(self):
-        return _lib.kvt_layout_block_bytes(self._h)
+    block_bytes = _getter("kvt_layout_block_bytes")
 
 
 def _set_signature(cfg, signature, what):
@@ -739,10 +679,9 @@ class Node(_Lent):
         self._managers = []  # managers it is lent to: destroyed before it is detached
 
 
-    @property
-    def num_slots(self):
-        """Slots of the tier: the manager's host_blocks and each worker's mirror blocks."""
-        return _lib.kvt_node_num_slots(self._h)
+    num_slots = _getter("kvt_node_num_slots",
+                        "Slots of the tier: the manager's host_blocks and each worker's mirror "
+                        "blocks.")
 
     def reap(self):
         """Checks the peers' liveness now; returns how many dead ones it reaped."""
@@ -819,9 +758,7 @@ class Remote(_Lent):
         self._h = h
 
 
-    @property
-    def port(self):
-        return _lib.kvt_remote_port(self._h)
+    port = _getter("kvt_remote_port")
 
     def _hashes(self, hashes):
         b = bytes(hashes)
@@ -1024,17 +961,11 @@ class Disk(_Handle):
         self._h = h
         self._layout = layout
 
-    @property
-    def num_slots(self):
-        return _lib.kvt_disk_num_slots(self._h)
+    num_slots = _getter("kvt_disk_num_slots")
 
-    @property
-    def slot_bytes(self):
-        return _lib.kvt_disk_slot_bytes(self._h)
+    slot_bytes = _getter("kvt_disk_slot_bytes")
 
-    @property
-    def path(self):
-        return _lib.kvt_disk_path(self._h).decode()
+    path = _getter("kvt_disk_path", text=True)
 
     def stats(self):
         """Per-direction counters ([write, read]) and whether a fatal error stopped the tier."""

@@ -300,25 +300,30 @@ class kvt_field(ctypes.Structure):
 FIELD_COUNTER, FIELD_GAUGE, FIELD_STRING, FIELD_ROOM = range(4)  # KVT_FIELD_*
 
 
+def _rows(fn_name, row_type, type_name):
+    """The rows describer fn_name (kvt_describe, kvt_describe_config) gives for type_name, as
+    a list of row_type; ImportError naming the struct where the library lacks either."""
+    try:
+        fn = lib[fn_name]
+    except KeyError:
+        raise ImportError("kvtier: %s has no %s: the bindings need a newer libkvtier"
+                          % (lib.path, fn_name)) from None
+    fn.restype = c_int
+    fn.argtypes = [ctypes.c_char_p, P(P(row_type)), P(c_u32)]
+    rows, n = P(row_type)(), c_u32()
+    if fn(type_name.encode(), ctypes.byref(rows), ctypes.byref(n)) != 0:
+        raise ImportError("kvtier: %s does not describe %s: the bindings need a newer "
+                          "libkvtier" % (lib.path, type_name))
+    return [rows[i] for i in range(n.value)]
+
+
 def described(type_name):
     """A ctypes mirror of public struct type_name laid out as the loaded library describes it
     (kvt_describe): a field the library gained reaches Python without a change here. Every
     field's offset is checked against the library's; a library that does not describe the
     struct, or a layout ctypes cannot reproduce, is an ImportError naming the struct."""
-    try:
-        fn = lib["kvt_describe"]
-    except KeyError:
-        raise ImportError("kvtier: %s has no kvt_describe: the bindings need a newer libkvtier"
-                          % lib.path) from None
-    fn.restype = c_int
-    fn.argtypes = [ctypes.c_char_p, P(P(kvt_field)), P(c_u32)]
-    rows, n = P(kvt_field)(), c_u32()
-    if fn(type_name.encode(), ctypes.byref(rows), ctypes.byref(n)) != 0:
-        raise ImportError("kvtier: %s does not describe %s: the bindings need a newer "
-                          "libkvtier" % (lib.path, type_name))
     fields, offsets = [], []
-    for i in range(n.value):
-        r = rows[i]
+    for r in _rows("kvt_describe", kvt_field, type_name):
         if r.kind == FIELD_STRING:
             t = ctypes.c_char_p
         elif r.size in (4, 8):
@@ -344,7 +349,7 @@ class kvt_config_field(ctypes.Structure):
                 ("min", c_u64), ("max", c_u64)]
 
 
-CONFIG_UINT, CONFIG_INT, CONFIG_BOOL, CONFIG_STRING, CONFIG_ROOM = range(5)  # KVT_CONFIG_*
+CONFIG_UINT, CONFIG_INT, CONFIG_BOOL, CONFIG_STRING, CONFIG_ROOM, CONFIG_BYTES = range(6)
 CONFIG_REQUIRED = 1
 
 
@@ -368,18 +373,8 @@ def config_rows(type_name):
     """The rows of configuration struct type_name, from the loaded library: {name: ConfigRow}
     in the header's order. ImportError naming the struct where the library does not describe
     it."""
-    try:
-        fn = lib["kvt_describe_config"]
-    except KeyError:
-        raise ImportError("kvtier: %s has no kvt_describe_config: the bindings need a newer "
-                          "libkvtier" % lib.path) from None
-    fn.restype = c_int
-    fn.argtypes = [ctypes.c_char_p, P(P(kvt_config_field)), P(c_u32)]
-    rows, n = P(kvt_config_field)(), c_u32()
-    if fn(type_name.encode(), ctypes.byref(rows), ctypes.byref(n)) != 0:
-        raise ImportError("kvtier: %s does not describe %s: the bindings need a newer "
-                          "libkvtier" % (lib.path, type_name))
-    return {r.name: r for r in (ConfigRow(rows[i]) for i in range(n.value))}
+    rows = _rows("kvt_describe_config", kvt_config_field, type_name)
+    return {r.name: r for r in map(ConfigRow, rows)}
 
 
 def configured(type_name):
@@ -394,6 +389,8 @@ def configured(type_name):
             t = ctypes.c_char_p
         elif r.type == CONFIG_ROOM:
             t = c_u64 * (r.size // 8)
+        elif r.type == CONFIG_BYTES:
+            t = ctypes.c_uint8 * r.size
         elif r.size in (4, 8):
             t = {(4, False): c_u32, (8, False): c_u64, (4, True): ctypes.c_int32,
                  (8, True): c_i64}[(r.size, r.type == CONFIG_INT)]
@@ -429,12 +426,7 @@ class kvt_mirror_config(Struct):
                 ("node_group", ctypes.c_char_p), ("numa_node", ctypes.c_int32)] + room(5)
 
 
-class kvt_node_config(Struct):
-    _fields_ = [("name", ctypes.c_char_p), ("rank", c_u32), ("ranks", c_u32),
-                ("blocks_per_rank", c_u32), ("hash_len", c_u32), ("keys_per_block", c_u32),
-                ("hash_block_size", c_u32), ("block_bytes", c_u64), ("hash_seed", c_u64),
-                ("signature", ctypes.c_uint8 * 32), ("reap_interval_ms", c_u32),
-                ("lock_timeout_ms", c_u32), ("group", ctypes.c_char_p)] + room(6)
+kvt_node_config = configured("kvt_node_config")
 
 
 kvt_node_stats = described("kvt_node_stats")
@@ -732,8 +724,11 @@ _sig("kvt_pool_reset_prefix_cache", c_int, vp)
 _sig("kvt_pool_hit_capacity", c_u32, vp, c_u32, c_u32, c_u32)
 _sig("kvt_pool_find_longest_hit", c_int, vp, u8p, c_u32, c_u32, P(P(c_u32)), P(kvt_hit))
 # metadata
-for kind in ("kvt_offload_meta", "kvt_offload_worker_meta"):
-    t = kvt_offload_meta if kind == "kvt_offload_meta" else kvt_offload_worker_meta
+
+
+def _meta_sigs(t):
+    """The functions every metadata struct t has: init, clear, release, validate, the codec."""
+    kind = t.__name__
     _sig(kind + "_init", None, P(t))
     _sig(kind + "_clear", None, P(t))
     _sig(kind + "_release", None, P(t))
@@ -741,6 +736,10 @@ for kind in ("kvt_offload_meta", "kvt_offload_worker_meta"):
     _sig(kind + "_encoded_size", ctypes.c_size_t, P(t))
     _sig(kind + "_encode", c_int, P(t), vp, ctypes.c_size_t, P(ctypes.c_size_t))
     _sig(kind + "_decode", c_int, P(t), vp, ctypes.c_size_t)
+
+
+_meta_sigs(kvt_offload_meta)
+_meta_sigs(kvt_offload_worker_meta)
 _sig("kvt_offload_meta_add_load", c_int, P(kvt_offload_meta), c_u32, c_u32)
 _sig("kvt_offload_meta_empty", ctypes.c_bool, P(kvt_offload_meta))
 _sig("kvt_offload_meta_add_store", c_int, P(kvt_offload_meta), c_u32, c_u32)
@@ -958,14 +957,8 @@ _sig("kvt_ec_inbox_create", c_int, P(kvt_ec_inbox_config), P(vp))
 _sig("kvt_ec_inbox_destroy", None, vp)
 _sig("kvt_ec_inbox_step", c_int, vp, vp)
 _sig("kvt_ec_inbox_get_stats", None, vp, P(kvt_ec_inbox_stats))
-for kind, t in (("kvt_ec_meta", kvt_ec_meta), ("kvt_ec_worker_meta", kvt_ec_worker_meta)):
-    _sig(kind + "_init", None, P(t))
-    _sig(kind + "_clear", None, P(t))
-    _sig(kind + "_release", None, P(t))
-    _sig(kind + "_validate", c_int, P(t))
-    _sig(kind + "_encoded_size", ctypes.c_size_t, P(t))
-    _sig(kind + "_encode", c_int, P(t), vp, ctypes.c_size_t, P(ctypes.c_size_t))
-    _sig(kind + "_decode", c_int, P(t), vp, ctypes.c_size_t)
+_meta_sigs(kvt_ec_meta)
+_meta_sigs(kvt_ec_worker_meta)
 _sig("kvt_ec_worker_meta_add", c_int, P(kvt_ec_worker_meta), c_int, cp, c_u32)
 _sig("kvt_ec_worker_meta_aggregate", c_int, P(kvt_ec_worker_meta), P(kvt_ec_worker_meta))
 
@@ -988,3 +981,55 @@ for _t in (kvt_str, kvt_bump, kvt_group_spec, kvt_pool_config, kvt_hit, kvt_bloc
         raise ImportError("kvtier: %s is %d bytes in the library but %d in the bindings; "
                           "the bindings do not match this libkvtier" % (
                               _t.__name__, _c, ctypes.sizeof(_t)))
+
+
+class Handle:
+    """An object of the library owned through a handle _h, freed by the class's _destroy:
+    by close(), by leaving a with block, or at garbage collection."""
+    _destroy = None
+
+    def close(self):
+        """Frees the object now (otherwise at garbage collection)."""
+        h, self._h = getattr(self, "_h", None), None
+        if h:
+            type(self)._destroy(h)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    @staticmethod
+    def getter(fn, doc=None, text=False):
+        """A read-only property: library function fn of the handle (a C string decoded when
+        text)."""
+        def get(self):
+            v = getattr(lib, fn)(self._h)
+            return v.decode() if text else v
+        return property(get, doc=doc)
+
+
+class Meta:
+    """A metadata struct held by value in _m: _kind names it (kvt_offload_meta, ...); its
+    _init runs at construction and its _release at garbage collection."""
+    _kind = None
+
+    def __init__(self):
+        self._m = globals()[self._kind]()
+        getattr(lib, self._kind + "_init")(ctypes.byref(self._m))
+
+    def __del__(self):
+        getattr(lib, self._kind + "_release")(ctypes.byref(self._m))
+
+    @staticmethod
+    def field(name, conv=None):
+        """A property reading and writing field `name` of _m (written through conv)."""
+        return property(lambda self: getattr(self._m, name),
+                        lambda self, v: setattr(self._m, name, conv(v) if conv else v))

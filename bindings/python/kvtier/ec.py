@@ -80,38 +80,16 @@ def _keys(fn, h):
             return out
 
 
-class _Owned:
-    _destroy = None
-
-    def close(self):
-        if getattr(self, "_h", None):
-            type(self)._destroy(self._h)
-            self._h = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
+_Owned = L.Handle
+_getter = L.Handle.getter
 
 
 # ---- metadata -----------------------------------------------------------------------------------
 
-class EcMeta:
+class EcMeta(L.Meta):
     """Scheduler -> worker metadata of one step (kvt_ec_meta): loads, pushes, freed."""
 
-    def __init__(self):
-        self._m = L.kvt_ec_meta()
-        _lib.kvt_ec_meta_init(ctypes.byref(self._m))
-
-    def __del__(self):
-        _lib.kvt_ec_meta_release(ctypes.byref(self._m))
+    _kind = "kvt_ec_meta"
 
     @staticmethod
     def _spec(s, push):
@@ -154,7 +132,7 @@ EcMeta.encode.__doc__ = "The wire encoding (docs/wire.md)."
 EcMeta.decode = classmethod(lambda cls, data: _ec_codec()[1](cls, "kvt_ec_meta", data))
 
 
-class EcWorkerMeta:
+class EcWorkerMeta(L.Meta):
     """Worker -> scheduler report (kvt_ec_worker_meta)."""
 
     def encode(self):
@@ -165,12 +143,7 @@ class EcWorkerMeta:
         """Decodes and validates an encoded report (KvtierError on anything malformed)."""
         return _ec_codec()[1](cls, "kvt_ec_worker_meta", data)
 
-    def __init__(self):
-        self._m = L.kvt_ec_worker_meta()
-        _lib.kvt_ec_worker_meta_init(ctypes.byref(self._m))
-
-    def __del__(self):
-        _lib.kvt_ec_worker_meta_release(ctypes.byref(self._m))
+    _kind = "kvt_ec_worker_meta"
 
     @staticmethod
     def _set(ss):
@@ -307,9 +280,7 @@ class EcShard(_Owned):
     def reclaimed(self):
         return _keys(_lib.kvt_ec_shard_take_reclaimed, self._h)
 
-    @property
-    def writers(self):
-        return _lib.kvt_ec_shard_writers(self._h)
+    writers = _getter("kvt_ec_shard_writers")
 
     def stats(self):
         s = L.kvt_ec_shard_stats()
@@ -645,19 +616,15 @@ class EcServer:
         except Exception:
             pass
 
-    @property
-    def port(self):
-        return _lib.kvt_ec_server_port(self._h)
+    port = _getter("kvt_ec_server_port")
 
-    @property
-    def event_port(self):
-        """The event socket's TCP port; 0 when it is a unix socket (no event_host)."""
-        return _lib.kvt_ec_server_event_port(self._h)
+    event_port = _getter("kvt_ec_server_event_port",
+                         "The event socket's TCP port; 0 when it is a unix socket (no "
+                         "event_host).")
 
-    @property
-    def event_endpoint(self):
-        """What a ZeroMQ PULL connects to for this shard's readiness events."""
-        return _lib.kvt_ec_server_event_endpoint(self._h).decode()
+    event_endpoint = _getter("kvt_ec_server_event_endpoint",
+                             "What a ZeroMQ PULL connects to for this shard's readiness events.",
+                             text=True)
 
     def apply(self, meta, holds, place):
         """The consumer worker's step on this shard (kvt_ec_server_apply): holds(mm_hash) says

@@ -116,13 +116,14 @@ class EngineStep(unittest.TestCase):
 
     def test_config_mirrors_and_defaults_come_from_the_library(self):
         L = sys.modules["kvtier._lib"]
-        for name in ("kvt_offload_config", "kvt_copy_config", "kvt_disk_config"):
+        for name in ("kvt_offload_config", "kvt_copy_config", "kvt_disk_config",
+                     "kvt_node_config"):
             cls = getattr(L, name)
             self.assertEqual(ctypes.sizeof(cls), L.lib.kvt_sizeof(name.encode()), name)
             c = cls()
             getattr(L.lib, name + "_init")(ctypes.byref(c))
             for row in L.config_rows(name).values():
-                if row.type in (L.CONFIG_STRING, L.CONFIG_ROOM):
+                if row.type in (L.CONFIG_STRING, L.CONFIG_ROOM, L.CONFIG_BYTES):
                     continue
                 self.assertEqual(int(getattr(c, row.name)), row.default, (name, row.name))
                 self.assertLessEqual(row.min, row.max)
@@ -267,6 +268,16 @@ class NodeTier(unittest.TestCase):
         self.assertEqual(cfg.blocks_per_rank, (1 << 32) - 1)
 
 
+def host_rig():
+    """16 device blocks of 4 KiB in a bytearray, their layout, an 8-block host mirror and a
+    worker of one copy thread."""
+    dev = bytearray(16 * 4096)
+    layout = kvtier.Layout(16)
+    layout.add_buffer(dev, 4096)
+    mirror = kvtier.Mirror(layout, 8, pin=False)
+    return dev, layout, mirror, kvtier.Worker(layout, mirror=mirror, threads=1)
+
+
 class DiskAndLink(unittest.TestCase):
     def test_worker_on_a_disk_tier_round_trip(self):
         import tempfile
@@ -303,11 +314,7 @@ class DiskAndLink(unittest.TestCase):
 
         import tempfile
         with tempfile.TemporaryDirectory(dir=".") as d:
-            dev = bytearray(16 * 4096)
-            layout = kvtier.Layout(16)
-            layout.add_buffer(dev, 4096)
-            mirror = kvtier.Mirror(layout, 8, pin=False)
-            worker = kvtier.Worker(layout, mirror=mirror, threads=1)
+            dev, layout, mirror, worker = host_rig()
             disk = kvtier.Disk(mirror.layout(), os.path.join(d, "kv3"), 8 * 4096,
                                page_cache=True)
             worker.attach_disk(disk)
@@ -378,11 +385,7 @@ class DiskAndLink(unittest.TestCase):
         self.assertIn('kvtier_offload_tier_blocks{tier="archive"} 19', mgr.prometheus())
         import tempfile
         with tempfile.TemporaryDirectory(dir=".") as d:
-            dev = bytearray(16 * 4096)
-            layout = kvtier.Layout(16)
-            layout.add_buffer(dev, 4096)
-            mirror = kvtier.Mirror(layout, 8, pin=False)
-            worker = kvtier.Worker(layout, mirror=mirror, threads=1)
+            dev, layout, mirror, worker = host_rig()
             disks = [kvtier.Disk(mirror.layout(), os.path.join(d, "kv%d" % t), 8 * 4096,
                                  page_cache=True) for t in (1, 2)]
             with self.assertRaises(kvtier.KvtierError):

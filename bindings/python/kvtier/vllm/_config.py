@@ -98,10 +98,10 @@ KEYS = (
     Key("kvtier_node_group", TEXT, "the group whose members' replicas share the node tier, "
         "when replicas run as different users: the tier's objects are mode 0660 in that group "
         "([node.md](node.md#who-may-share-it))", shown="— (this user only)"),
-    Key("kvtier_node_rank", INT, "this replica's index in the node tier", None, 0, 63,
-        shown="vLLM's local data-parallel rank"),
-    Key("kvtier_node_ranks", INT, "replicas sharing the node tier", None, 1, 64,
-        shown="vLLM's local data-parallel size"),
+    Key("kvtier_node_rank", INT, "this replica's index in the node tier",
+        c="kvt_node_config.rank", shown="vLLM's local data-parallel rank"),
+    Key("kvtier_node_ranks", INT, "replicas sharing the node tier",
+        c="kvt_node_config.ranks", shown="vLLM's local data-parallel size"),
     Key("kvtier_remote_directory", TEXT, "the remote tier's Redis server, `host:port` or a "
         "unix socket path ([remote.md](remote.md)): instances on other hosts find and read "
         'each other\'s prefixes. Needs a host tier (`"cpu"` or `"cpu+disk"`), beside a node '
@@ -241,8 +241,8 @@ class KvtierConfig:
             raise ConfigError("kvtier: kvtier_node_group=%r: expected a group name of 1..63 "
                               "characters" % (group,))
         self.node_group = group
-        self.node_rank = KEY["kvtier_node_rank"].read(extra)
-        self.node_ranks = KEY["kvtier_node_ranks"].read(extra)
+        self.node_rank = KEY["kvtier_node_rank"].read(extra, None)  # None: vLLM's
+        self.node_ranks = KEY["kvtier_node_ranks"].read(extra, None)
         if name is None:
             if self.node_rank is not None or self.node_ranks is not None or group is not None:
                 raise ConfigError("kvtier: kvtier_node_rank/kvtier_node_ranks/"

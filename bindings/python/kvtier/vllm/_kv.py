@@ -572,6 +572,15 @@ class _Scheduler:
                     "port %d", c.remote_instance, c.remote_space, c.remote_directory,
                     remote.port)
 
+    def _lend(self, attach, tier):
+        """Lends the manager a node or remote tier (attach: its kvt_offload_attach_*); a tier
+        the manager refused is closed."""
+        try:
+            self._call(attach(self.h, tier._h))
+        except Exception:
+            tier.close()
+            raise
+
     def _attach_remote_client(self):
         c, v = self.cfg, self._vllm_config
         remote = Remote(c.remote_directory, c.remote_space, _remote_instance(c, v), None, None, 0,
@@ -579,11 +588,7 @@ class _Scheduler:
                         timeout_ms=c.remote_timeout_ms,
                         directory_password=c.remote_directory_password, ranks=c.world_size,
                         rank=None)
-        try:
-            self._call(_lib.kvt_offload_attach_remote(self.h, remote._h))
-        except Exception:
-            remote.close()
-            raise
+        self._lend(_lib.kvt_offload_attach_remote, remote)
         self.remote = remote
         self._remote_pending = False
         logger.info("kvtier: remote tier: instance %s of space %s, directory %s, %d ranks "
@@ -603,11 +608,7 @@ class _Scheduler:
                     hash_len=self.hash_len, keys_per_block=self.gcfg.keys_per_block,
                     hash_block_size=self.gcfg.hash_block_size, block_bytes=self.bpr,
                     hash_seed=seed, signature=sig, group=c.node_group)
-        try:
-            self._call(_lib.kvt_offload_attach_node(self.h, node._h))
-        except Exception:
-            node.close()
-            raise
+        self._lend(_lib.kvt_offload_attach_node, node)
         self.node = node
         self._node_pending = False  # only now: a replica that could not join keeps failing
         logger.info("kvtier: node tier %s: replica %d of %d, %d of its %d slots are this "
