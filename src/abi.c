@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <string.h>
 
+#include "base/config.h"
 #include "base/error.h"
 #include "kvtier/kvtier.h"
 #include "offload/stats_schema.h"
@@ -121,28 +122,11 @@ static const kvt_field tier_fields[] = {KVI_TIER_STATS(TIER_ROW)};
 static const kvt_field node_fields[] = {KVI_NODE_STATS(NODE_ROW)};
 static const kvt_field remote_fields[] = {KVI_REMOTE_STATS(REMOTE_ROW)};
 
-static const struct {
-    const char *name;
-    const kvt_field *fields;
-    uint32_t n;
-} described[] = {
+static const kvi_described described[] = {
     {"kvt_offload_stats", offload_fields, sizeof(offload_fields) / sizeof(offload_fields[0])},
     {"kvt_tier_stats", tier_fields, sizeof(tier_fields) / sizeof(tier_fields[0])},
     {"kvt_node_stats", node_fields, sizeof(node_fields) / sizeof(node_fields[0])},
     {"kvt_remote_stats", remote_fields, sizeof(remote_fields) / sizeof(remote_fields[0])},
 };
 
-int kvt_describe(const char *type_name, const kvt_field **fields, uint32_t *n)
-{
-    if (!type_name || !fields || !n)
-        return kvt_fail(KVT_EINVAL, "describe: NULL argument");
-    for (size_t i = 0; i < sizeof(described) / sizeof(described[0]); i++)
-        if (strcmp(described[i].name, type_name) == 0) {
-            *fields = described[i].fields;
-            *n = described[i].n;
-            return 0;
-        }
-    *fields = NULL;
-    *n = 0;
-    return kvt_fail(KVT_ENOENT, "describe: this library does not describe \"%s\"", type_name);
-}
+KVI_DESCRIBER(kvt_describe, kvt_field, described, "describe")

@@ -35,21 +35,24 @@ static const kvt_config_field copy_rows[] = {KVI_COPY_CONFIG(COPY_ROW)};
 static const kvt_config_field disk_rows[] = {KVI_DISK_CONFIG(DISK_ROW)};
 static const kvt_config_field node_rows[] = {KVI_NODE_CONFIG(NODE_ROW)};
 
-#define TABLE(T, who, rows)                                                                        \
+#define TABLE(T, rows)                                                                             \
     {                                                                                              \
-#T, who, rows, sizeof(rows) / sizeof(rows[0])                                              \
+#T, rows, sizeof(rows) / sizeof(rows[0])                                                   \
     }
 
-static const struct config_table {
-    const char *type; /* the struct's name */
-    const char *who;  /* the module its messages name */
-    const kvt_config_field *rows;
-    uint32_t n;
-} tables[] = {
-    [KVI_CONFIG_OFFLOAD] = TABLE(kvt_offload_config, "offload", offload_rows),
-    [KVI_CONFIG_COPY] = TABLE(kvt_copy_config, "copy", copy_rows),
-    [KVI_CONFIG_DISK] = TABLE(kvt_disk_config, "disk", disk_rows),
-    [KVI_CONFIG_NODE] = TABLE(kvt_node_config, "node", node_rows),
+static const kvi_described tables[] = {
+    [KVI_CONFIG_OFFLOAD] = TABLE(kvt_offload_config, offload_rows),
+    [KVI_CONFIG_COPY] = TABLE(kvt_copy_config, copy_rows),
+    [KVI_CONFIG_DISK] = TABLE(kvt_disk_config, disk_rows),
+    [KVI_CONFIG_NODE] = TABLE(kvt_node_config, node_rows),
+};
+
+/* the module each struct's messages name */
+static const char *const module_of[] = {
+    [KVI_CONFIG_OFFLOAD] = "offload",
+    [KVI_CONFIG_COPY] = "copy",
+    [KVI_CONFIG_DISK] = "disk",
+    [KVI_CONFIG_NODE] = "node",
 };
 
 /* strings, bytes and room are not numbers: no default but zero, no bounds */
@@ -93,12 +96,12 @@ static void put(void *cfg, const kvt_config_field *f, uint64_t v)
 
 void kvi_config_init(kvi_config_id id, void *cfg)
 {
-    const struct config_table *t = &tables[id];
-    const kvt_config_field *last = &t->rows[t->n - 1];
-    memset(cfg, 0, last->offset + last->size);
-    for (uint32_t i = 0; i < t->n; i++)
-        if (is_number(&t->rows[i]))
-            put(cfg, &t->rows[i], t->rows[i].def);
+    const kvt_config_field *rows = tables[id].rows;
+    const uint32_t n = tables[id].n;
+    memset(cfg, 0, rows[n - 1].offset + rows[n - 1].size);
+    for (uint32_t i = 0; i < n; i++)
+        if (is_number(&rows[i]))
+            put(cfg, &rows[i], rows[i].def);
 }
 
 static int out_of_range(const char *who, const kvt_config_field *f, uint64_t v)
@@ -116,14 +119,14 @@ static int out_of_range(const char *who, const kvt_config_field *f, uint64_t v)
 
 int kvi_config_check(kvi_config_id id, const void *cfg)
 {
-    const struct config_table *t = &tables[id];
-    for (uint32_t i = 0; i < t->n; i++) {
-        const kvt_config_field *f = &t->rows[i];
+    const kvt_config_field *rows = tables[id].rows;
+    for (uint32_t i = 0; i < tables[id].n; i++) {
+        const kvt_config_field *f = &rows[i];
         if (f->type == KVT_CONFIG_STRING || f->type == KVT_CONFIG_BYTES)
             continue;
         if (f->type == KVT_CONFIG_ROOM) {
             char what[48];
-            snprintf(what, sizeof(what), "%s config", t->who);
+            snprintf(what, sizeof(what), "%s config", module_of[id]);
             if (kvi_check_reserved((const uint64_t *)(const void *)((const char *)cfg + f->offset),
                                    f->size, what))
                 return KVT_EINVAL;
@@ -134,23 +137,25 @@ int kvi_config_check(kvi_config_id id, const void *cfg)
                        ? (int64_t)v < (int64_t)f->min || (int64_t)v > (int64_t)f->max
                        : v < f->min || v > f->max;
         if (bad)
-            return out_of_range(t->who, f, v);
+            return out_of_range(module_of[id], f, v);
     }
     return 0;
 }
 
-int kvt_describe_config(const char *type_name, const kvt_config_field **fields, uint32_t *n)
+int kvi_describe_find(const kvi_described *table, size_t count, const char *fn,
+                      const char *type_name, const void **rows, uint32_t *n)
 {
-    if (!type_name || !fields || !n)
-        return kvt_fail(KVT_EINVAL, "describe_config: NULL argument");
-    for (size_t i = 0; i < sizeof(tables) / sizeof(tables[0]); i++)
-        if (strcmp(tables[i].type, type_name) == 0) {
-            *fields = tables[i].rows;
-            *n = tables[i].n;
+    if (!type_name || !rows || !n)
+        return kvt_fail(KVT_EINVAL, "%s: NULL argument", fn);
+    for (size_t i = 0; i < count; i++)
+        if (strcmp(table[i].name, type_name) == 0) {
+            *rows = table[i].rows;
+            *n = table[i].n;
             return 0;
         }
-    *fields = NULL;
+    *rows = NULL;
     *n = 0;
-    return kvt_fail(KVT_ENOENT, "describe_config: this library does not describe \"%s\"",
-                    type_name);
+    return kvt_fail(KVT_ENOENT, "%s: this library does not describe \"%s\"", fn, type_name);
 }
+
+KVI_DESCRIBER(kvt_describe_config, kvt_config_field, tables, "describe_config")

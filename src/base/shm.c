@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <pwd.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,32 +37,33 @@ int kvi_shm_share_of(const char *group, kvi_shm_share *out)
     return 0;
 }
 
-static void user_name(uid_t uid, char *buf, size_t cap)
+/* "'name' (uid N)", or "uid N" for an id without a name (a group's: gid) */
+static void id_name(bool group, unsigned id, char *buf, size_t cap)
 {
-    struct passwd pw, *res = NULL;
     char tmp[2048];
-    if (getpwuid_r(uid, &pw, tmp, sizeof(tmp), &res) == 0 && res)
-        snprintf(buf, cap, "'%s' (uid %u)", pw.pw_name, (unsigned)uid);
+    const char *name = NULL;
+    if (group) {
+        struct group gr, *res = NULL;
+        if (getgrgid_r((gid_t)id, &gr, tmp, sizeof(tmp), &res) == 0 && res)
+            name = gr.gr_name;
+    } else {
+        struct passwd pw, *res = NULL;
+        if (getpwuid_r((uid_t)id, &pw, tmp, sizeof(tmp), &res) == 0 && res)
+            name = pw.pw_name;
+    }
+    const char *kind = group ? "gid" : "uid";
+    if (name)
+        snprintf(buf, cap, "'%s' (%s %u)", name, kind, id);
     else
-        snprintf(buf, cap, "uid %u", (unsigned)uid);
-}
-
-static void group_name(gid_t gid, char *buf, size_t cap)
-{
-    struct group gr, *res = NULL;
-    char tmp[2048];
-    if (getgrgid_r(gid, &gr, tmp, sizeof(tmp), &res) == 0 && res)
-        snprintf(buf, cap, "'%s' (gid %u)", gr.gr_name, (unsigned)gid);
-    else
-        snprintf(buf, cap, "gid %u", (unsigned)gid);
+        snprintf(buf, cap, "%s %u", kind, id);
 }
 
 static int refuse(const struct stat *st, const char *name, const kvi_shm_share *share,
                   const char *who)
 {
     char u[128], g[128];
-    user_name(st->st_uid, u, sizeof(u));
-    group_name(st->st_gid, g, sizeof(g));
+    id_name(false, (unsigned)st->st_uid, u, sizeof(u));
+    id_name(true, (unsigned)st->st_gid, g, sizeof(g));
     unsigned mode = (unsigned)(st->st_mode & 07777);
     if (!S_ISREG(st->st_mode))
         return kvt_fail(KVT_EEXIST, "%s: %s is not a shared-memory object (owner %s)", who, name,

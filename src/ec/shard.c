@@ -100,6 +100,18 @@ static void new_rid(kvt_ec_shard *sh, char *out)
     out[KVT_EC_RID_LEN] = 0;
 }
 
+/* What a record says of its item (mm_hash, reservation, size, shape, dtype) into dst, a
+ * kvt_ec_ready_event or a kvt_ec_status (the same field names). */
+#define ITEM_OF(dst, r)                                                                            \
+    do {                                                                                           \
+        memcpy((dst)->mm_hash, (r)->h.s, (r)->h.len + 1);                                          \
+        memcpy((dst)->reservation_id, (r)->rid, sizeof((dst)->reservation_id));                    \
+        (dst)->nbytes = (r)->d.nbytes;                                                             \
+        (dst)->ndim = (r)->d.ndim;                                                                 \
+        memcpy((dst)->shape, (r)->d.shape, sizeof((dst)->shape));                                  \
+        memcpy((dst)->dtype, (r)->d.dtype, sizeof((dst)->dtype));                                  \
+    } while (0)
+
 static void push_event(kvt_ec_shard *sh, const rec *r, bool abandoned)
 {
     bool dropped = false; /* the backlog is bounded: the oldest goes */
@@ -108,12 +120,7 @@ static void push_event(kvt_ec_shard *sh, const rec *r, bool abandoned)
     if (!e)
         return;
     memcpy(e->transfer_id, r->tid.s, r->tid.len + 1);
-    memcpy(e->mm_hash, r->h.s, r->h.len + 1);
-    memcpy(e->reservation_id, r->rid, sizeof(e->reservation_id));
-    e->nbytes = r->d.nbytes;
-    e->ndim = r->d.ndim;
-    memcpy(e->shape, r->d.shape, sizeof(e->shape));
-    memcpy(e->dtype, r->d.dtype, sizeof(e->dtype));
+    ITEM_OF(e, r);
     e->abandoned = abandoned;
 }
 
@@ -866,12 +873,7 @@ int kvt_ec_shard_status(const kvt_ec_shard *sh, const char *tid, uint32_t len, k
     const rec *r = rec_find(sh, &t);
     if (!r || r->state < KVT_EC_WRITING || r->state > KVT_EC_EXPIRE_PENDING)
         return 0; /* unknown, reaped or a tombstone: no active record */
-    memcpy(out->mm_hash, r->h.s, r->h.len + 1);
-    memcpy(out->reservation_id, r->rid, sizeof(out->reservation_id));
-    out->nbytes = r->d.nbytes;
-    out->ndim = r->d.ndim;
-    memcpy(out->shape, r->d.shape, sizeof(out->shape));
-    memcpy(out->dtype, r->d.dtype, sizeof(out->dtype));
+    ITEM_OF(out, r);
     out->state = r->state;
     out->ready = r->state == KVT_EC_READY;
     return 1;

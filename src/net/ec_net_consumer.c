@@ -182,12 +182,17 @@ static int shard_of(kvt_ec_net_consumer *c, const char *name, uint32_t k, remote
     return rc;
 }
 
-/* One item to shard k; its result's code becomes the return value, with the shard's words. */
-static int call_item(kvt_ec_net_consumer *c, remote *r, uint32_t k, uint32_t op,
+/* One item to shard k of consumer `name`; its result's code becomes the return value, with the
+ * shard's words. */
+static int call_item(kvt_ec_net_consumer *c, const char *name, uint32_t k, uint32_t op,
                      const kvi_ecc_item *it)
 {
+    remote *r;
+    int rc = shard_of(c, name, k, &r);
+    if (rc)
+        return rc;
     kvi_ecc_request_begin(&c->q, op);
-    int rc = kvi_ecc_request_add(&c->q, it);
+    rc = kvi_ecc_request_add(&c->q, it);
     if (!rc)
         rc = call(c, r->host, r->ports[k]);
     if (!rc && c->p.results[0].code)
@@ -236,12 +241,9 @@ static int op_reserve(void *ctx, const char *name, uint32_t k, const char *tid, 
                       const kvt_ec_item *item, kvt_ec_reply *out)
 {
     kvt_ec_net_consumer *c = ctx;
-    remote *r;
-    int rc = shard_of(c, name, k, &r);
-    if (rc)
-        return rc;
     kvi_ecc_item it = reserve_item(c, tid, len, item);
-    if ((rc = call_item(c, r, k, KVT_ECC_RESERVE, &it)))
+    int rc = call_item(c, name, k, KVT_ECC_RESERVE, &it);
+    if (rc)
         return rc;
     reply_of(&c->p.results[0], out);
     return 0;
@@ -348,13 +350,10 @@ static int op_write(void *ctx, const char *name, uint32_t k, const kvt_ec_reply 
 static int op_complete(void *ctx, const char *name, uint32_t k, const char *tid, uint32_t len,
                        const char *rid, bool *accepted)
 {
-    kvt_ec_net_consumer *c = ctx;
-    remote *r;
-    int rc = shard_of(c, name, k, &r);
-    if (rc)
-        return rc;
     kvi_ecc_item it = {.transfer_id = {tid, len}, .reservation_id = {rid, (uint32_t)strlen(rid)}};
-    if ((rc = call_item(c, r, k, KVT_ECC_COMPLETE, &it)))
+    kvt_ec_net_consumer *c = ctx;
+    int rc = call_item(c, name, k, KVT_ECC_COMPLETE, &it);
+    if (rc)
         return rc;
     *accepted = c->p.results[0].completed;
     return 0;
@@ -363,16 +362,11 @@ static int op_complete(void *ctx, const char *name, uint32_t k, const char *tid,
 static int op_cancel(void *ctx, const char *name, uint32_t k, const char *tid, uint32_t len,
                      const char *rid, bool abandon, bool refresh)
 {
-    kvt_ec_net_consumer *c = ctx;
-    remote *r;
-    int rc = shard_of(c, name, k, &r);
-    if (rc)
-        return rc;
     kvi_ecc_item it = {.transfer_id = {tid, len},
                        .reservation_id = {rid ? rid : "", rid ? (uint32_t)strlen(rid) : 0},
                        .abandon = abandon,
                        .refresh = refresh};
-    return call_item(c, r, k, KVT_ECC_CANCEL, &it);
+    return call_item(ctx, name, k, KVT_ECC_CANCEL, &it);
 }
 
 /* The batched control calls: chunks of KVT_ECC_MAX_BATCH, one exchange each; every item's

@@ -594,9 +594,24 @@ int kvi_node_header_check(const void *p, size_t size)
     return 0;
 }
 
-/* Opens the metadata object, creating and filling it if absent, and maps it. An existing
- * object must be ours (kvi_shm_open) and its header must check before anything in it is
- * used. */
+/* Succeeded (rc 0): the descriptor and the mapping of `size` bytes become the node's. Failed:
+ * both are let go, and the object is unlinked when its creator failed (unlink_path). */
+static int keep_meta(kvt_node *n, int rc, int fd, void *p, size_t size, const char *unlink_path)
+{
+    if (rc) {
+        if (p && p != MAP_FAILED)
+            munmap(p, size);
+        close(fd);
+        if (unlink_path)
+            shm_unlink(unlink_path);
+        return rc;
+    }
+    n->fd = fd;
+    n->h = p;
+    n->size = size;
+    return 0;
+}
+
 /* The creator's part: the object sized, mapped and filled (ready set last). */
 static int create_meta(kvt_node *n, const kvt_node_config *c, int fd, const char *path)
 {
@@ -611,17 +626,7 @@ static int create_meta(kvt_node *n, const kvt_node_config *c, int fd, const char
     void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     int rc = p == MAP_FAILED ? kvi_fail_errno(errno, "node %s: cannot map metadata", n->name)
                              : init_meta(p, c, &n->lay);
-    if (rc) {
-        if (p != MAP_FAILED)
-            munmap(p, size);
-        close(fd);
-        shm_unlink(path);
-        return rc;
-    }
-    n->fd = fd;
-    n->h = p;
-    n->size = size;
-    return 0;
+    return keep_meta(n, rc, fd, p, size, path);
 }
 
 /* A joiner's part: the object mapped once its creator has sized it, then waited for until
@@ -653,6 +658,9 @@ static int await_meta(kvt_node *n, int fd, const char *path, struct node_hdr **h
     }
 }
 
+/* Opens the metadata object, creating and filling it if absent, and maps it. An existing
+ * object must be ours (kvi_shm_open) and its header must check before anything in it is
+ * used. */
 static int open_meta(kvt_node *n, const kvt_node_config *c)
 {
     char path[96], who[80];
@@ -672,16 +680,7 @@ static int open_meta(kvt_node *n, const kvt_node_config *c)
     if (!rc && (rc = kvi_node_header_check(h, mapped)))
         rc = kvt_fail(rc, "node %s: %s: %s; remove it with kvt_node_unlink once no replica uses it",
                       n->name, path, kvt_last_error());
-    if (rc) {
-        if (h)
-            munmap(h, mapped);
-        close(fd);
-        return rc;
-    }
-    n->fd = fd;
-    n->h = h;
-    n->size = mapped;
-    return 0;
+    return keep_meta(n, rc, fd, h, mapped, NULL);
 }
 
 static void close_meta(kvt_node *n)

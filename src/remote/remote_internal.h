@@ -187,18 +187,15 @@ typedef struct kvi_rrep {
  * return KVT_EPROTO / KVT_EVERSION / KVT_ELIMIT with a message; pointers point into buf; a
  * request's or reply's MAC is at buf + len - 16 (kvi_rwire_mac). */
 #define KVI_RMAC 16u
-size_t kvi_rhello_size(const kvi_rhello *h);
-void kvi_rhello_encode(const kvi_rhello *h, uint8_t *buf);
-int kvi_rhello_decode(const uint8_t *buf, size_t len, kvi_rhello *h);
-size_t kvi_rchal_size(const kvi_rchal *c);
-void kvi_rchal_encode(const kvi_rchal *c, uint8_t *buf);
-int kvi_rchal_decode(const uint8_t *buf, size_t len, kvi_rchal *c);
-size_t kvi_rreq_size(const kvi_rreq *q);
-void kvi_rreq_encode(const kvi_rreq *q, uint8_t *buf);
-int kvi_rreq_decode(const uint8_t *buf, size_t len, kvi_rreq *q);
-size_t kvi_rrep_size(const kvi_rrep *p);
-void kvi_rrep_encode(const kvi_rrep *p, uint8_t *buf);
-int kvi_rrep_decode(const uint8_t *buf, size_t len, kvi_rrep *p);
+/* each message T has T_size (its encoded bytes), T_encode and T_decode */
+#define KVI_RWIRE_CODEC(T)                                                                         \
+    size_t T##_size(const T *m);                                                                   \
+    void T##_encode(const T *m, uint8_t *buf);                                                     \
+    int T##_decode(const uint8_t *buf, size_t len, T *m);
+KVI_RWIRE_CODEC(kvi_rhello)
+KVI_RWIRE_CODEC(kvi_rchal)
+KVI_RWIRE_CODEC(kvi_rreq)
+KVI_RWIRE_CODEC(kvi_rrep)
 /* The magic a message starts with (0 if shorter than 4 bytes). */
 uint32_t kvi_rwire_magic(const uint8_t *buf, size_t len);
 
