@@ -117,7 +117,10 @@ size_t kvt_sizeof(const char *type_name)
 #define REMOTE_ROW(f, kind, family, help)                                                          \
     DESCRIBE(kvt_remote_stats, "kvtier_remote_", f, kind, family, help)
 
-static const kvt_field offload_fields[] = {KVI_OFFLOAD_STATS(OFFLOAD_ROW)};
+/* the public rows carry each field's type first */
+#define OFFLOAD_TYPED_ROW(type, ...) OFFLOAD_ROW(__VA_ARGS__)
+
+static const kvt_field offload_fields[] = {KVT_OFFLOAD_STATS_ROWS(OFFLOAD_TYPED_ROW)};
 static const kvt_field tier_fields[] = {KVI_TIER_STATS(TIER_ROW)};
 static const kvt_field node_fields[] = {KVI_NODE_STATS(NODE_ROW)};
 static const kvt_field remote_fields[] = {KVI_REMOTE_STATS(REMOTE_ROW)};

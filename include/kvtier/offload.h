@@ -477,80 +477,133 @@ KVT_API uint32_t kvt_offload_take_events(kvt_offload *m, kvt_offload_event *out,
 
 /* ---- metrics --------------------------------------------------------------------------- */
 
+/* The manager's counters and gauges, one row per field in the struct's order:
+ *
+ *   X(type, field, kind, family, help)
+ *
+ * kind: COUNTER or GAUGE, always exposed; DISK_COUNTER or DISK_GAUGE, exposed only with a
+ * disk tier. family: its Prometheus family after "kvtier_offload_", or "" where the field is
+ * exposed in another form (the labelled store_skipped_blocks_total, the tier families). The
+ * struct below, kvt_describe's description of it (from which the Python binding builds its
+ * mirror), the Prometheus exposition (kvt_offload_prometheus) and the table in
+ * docs/offload.md all come from these rows: a new counter is one row, appended (the struct
+ * only grows; see kvt_offload_stats_read), and its increment. */
+#define KVT_OFFLOAD_STATS_ROWS(X)                                                                  \
+    X(uint64_t, lookups, COUNTER, "lookups_total", "Host-tier searches by match.")                 \
+    X(uint64_t, lookup_tokens, COUNTER, "lookup_tokens_total",                                     \
+      "Tokens those searches could have hit.")                                                     \
+    X(uint64_t, hit_tokens, COUNTER, "hit_tokens_total", "Tokens hit in the host tier.")           \
+    X(uint64_t, hit_blocks, COUNTER, "hit_blocks_total", "Host blocks pinned by hits.")            \
+    X(uint64_t, miss_tokens, COUNTER, "miss_tokens_total",                                         \
+      "Searchable tokens the host tier did not have.")                                             \
+    X(uint64_t, miss_blocks, COUNTER, "miss_blocks_total", "Missed scheduler blocks.")             \
+    X(uint64_t, hits_dropped, COUNTER, "hits_dropped_total", "Hits not offered for lack of room.") \
+    X(uint64_t, untracked_requests, COUNTER, "untracked_requests_total",                           \
+      "Eager requests not registered: request table full.")                                        \
+    X(uint64_t, load_events, COUNTER, "load_events_total", "Load events issued.")                  \
+    X(uint64_t, load_blocks, COUNTER, "load_blocks_total", "Blocks in issued load events.")        \
+    X(uint64_t, loads_completed, COUNTER, "loads_completed_total", "Blocks whose load completed.") \
+    X(uint64_t, store_events, COUNTER, "store_events_total", "Store events issued.")               \
+    X(uint64_t, store_blocks, COUNTER, "store_blocks_total", "Blocks in issued store events.")     \
+    X(uint64_t, stores_completed, COUNTER, "stores_completed_total",                               \
+      "Blocks made findable in the host tier.")                                                    \
+    X(uint64_t, stores_abandoned, COUNTER, "stores_abandoned_total",                               \
+      "Blocks whose store completed after a reset.")                                               \
+    X(uint64_t, stores_failed, COUNTER, "stores_failed_total",                                     \
+      "Blocks of store events a worker could not write (not cached).")                             \
+    X(uint64_t, store_skipped_cached, COUNTER, "", "Blocks not stored: already in the host tier.") \
+    X(uint64_t, store_skipped_in_flight, COUNTER, "", "Blocks not stored: already being stored.")  \
+    X(uint64_t, store_skipped_unhashed, COUNTER, "",                                               \
+      "Blocks not stored: no hash (a masked position).")                                           \
+    X(uint64_t, store_skipped_null, COUNTER, "", "Blocks not stored: the null block.")             \
+    X(uint64_t, store_dropped_full, COUNTER, "", "Store selection stopped: no host block free.")   \
+    X(uint64_t, restores, COUNTER, "restores_total",                                               \
+      "Blocks re-stored after a host-tier eviction.")                                              \
+    X(uint64_t, restores_dropped_hot, COUNTER, "restores_dropped_hot_total",                       \
+      "Re-stores given up because they would have evicted a block in use on the GPU.")             \
+    X(uint64_t, host_evictions, COUNTER, "host_evictions_total",                                   \
+      "Cached host blocks reused for new stores.")                                                 \
+    X(uint64_t, stale_reports, COUNTER, "stale_reports_total",                                     \
+      "Store reports for completed or abandoned events.")                                          \
+    X(uint64_t, bytes_loaded, COUNTER, "loaded_bytes_total",                                       \
+      "Bytes loaded (blocks x block_bytes).")                                                      \
+    X(uint64_t, bytes_stored, COUNTER, "stored_bytes_total",                                       \
+      "Bytes stored (blocks x block_bytes).")                                                      \
+    X(uint64_t, resets, COUNTER, "resets_total", "Successful resets.")                             \
+    X(uint32_t, host_blocks, GAUGE, "host_blocks", "Usable host-tier blocks.")                     \
+    X(uint32_t, host_used_blocks, GAUGE, "host_used_blocks",                                       \
+      "Host blocks pinned by hits or transfers.")                                                  \
+    X(uint32_t, host_cached_blocks, GAUGE, "host_cached_blocks", "Host blocks that can be hit.")   \
+    X(uint32_t, requests, GAUGE, "requests", "Requests tracked.")                                  \
+    X(uint32_t, load_events_in_flight, GAUGE, "load_events_in_flight",                             \
+      "Load events not yet completed.")                                                            \
+    X(uint32_t, store_events_in_flight, GAUGE, "store_events_in_flight",                           \
+      "Store events not yet completed.")                                                           \
+    X(uint32_t, pending_store_blocks, GAUGE, "pending_store_blocks",                               \
+      "Blocks queued or in flight to the host tier.")                                              \
+    X(uint64_t, disk_hit_tokens, DISK_COUNTER, "disk_hit_tokens_total",                            \
+      "Tokens of hits served from the disk tier.")                                                 \
+    X(uint64_t, disk_hit_blocks, DISK_COUNTER, "disk_hit_blocks_total",                            \
+      "Disk slots pinned by hits.")                                                                \
+    X(uint64_t, promotions, DISK_COUNTER, "promotions_total",                                      \
+      "Blocks promoted from disk to host.")                                                        \
+    X(uint64_t, promotions_failed, DISK_COUNTER, "promotions_failed_total",                        \
+      "Blocks whose promotion failed (reported invalid).")                                         \
+    X(uint64_t, disk_load_events, DISK_COUNTER, "disk_load_events_total",                          \
+      "Promotion events issued.")                                                                  \
+    X(uint64_t, disk_store_events, DISK_COUNTER, "disk_store_events_total",                        \
+      "Write-back events issued.")                                                                 \
+    X(uint64_t, disk_store_blocks, DISK_COUNTER, "disk_store_blocks_total",                        \
+      "Blocks in write-back events.")                                                              \
+    X(uint64_t, disk_stores_completed, DISK_COUNTER, "disk_stores_completed_total",                \
+      "Blocks made findable on disk.")                                                             \
+    X(uint64_t, disk_stores_failed, DISK_COUNTER, "disk_stores_failed_total",                      \
+      "Write-back blocks a worker could not write.")                                               \
+    X(uint64_t, disk_stores_abandoned, DISK_COUNTER, "disk_stores_abandoned_total",                \
+      "Write-backs completed after a reset.")                                                      \
+    X(uint64_t, disk_store_skipped_cached, DISK_COUNTER, "disk_store_skipped_cached_total",        \
+      "Blocks not written back: already on disk.")                                                 \
+    X(uint64_t, disk_store_dropped, DISK_COUNTER, "disk_store_dropped_total",                      \
+      "Blocks not written back: no free slot or event room.")                                      \
+    X(uint64_t, disk_evictions, DISK_COUNTER, "disk_evictions_total", "Cached disk slots reused.") \
+    X(uint32_t, disk_blocks, DISK_GAUGE, "disk_blocks", "Usable disk-tier slots (0: two tiers).")  \
+    X(uint32_t, disk_used_blocks, DISK_GAUGE, "disk_used_blocks",                                  \
+      "Disk slots pinned by hits or transfers.")                                                   \
+    X(uint32_t, disk_cached_blocks, DISK_GAUGE, "disk_cached_blocks",                              \
+      "Disk slots that can be hit.")                                                               \
+    X(uint32_t, disk_load_events_in_flight, DISK_GAUGE, "disk_load_events_in_flight",              \
+      "Promotion events not yet completed.")                                                       \
+    X(uint32_t, disk_store_events_in_flight, DISK_GAUGE, "disk_store_events_in_flight",            \
+      "Write-back events not yet completed.")                                                      \
+    X(uint64_t, lookups_misaligned, COUNTER, "lookups_misaligned_total",                           \
+      "Matches whose GPU hit ended inside a scheduler block (a miss, no lookup).")                 \
+    X(uint64_t, lookups_skipped, COUNTER, "lookups_skipped_total",                                 \
+      "Matches of requests that reuse no cached prefix (no lookup).")                              \
+    X(uint64_t, store_recovered_null, COUNTER, "store_recovered_null_total",                       \
+      "Nulled table entries found in the GPU pool by their hash and stored.")                      \
+    X(uint64_t, boundary_states, COUNTER, "boundary_states_total",                                 \
+      "Mamba align: handed-over states selected for a store.")                                     \
+    X(uint64_t, boundary_dropped_gone, COUNTER, "boundary_dropped_gone_total",                     \
+      "Mamba align: handed-over states dropped because their request was gone.")                   \
+    X(uint64_t, partial_hits, COUNTER, "partial_hits_total",                                       \
+      "Host-tier hits that end inside a scheduler block.")                                         \
+    X(uint64_t, partial_tails, COUNTER, "partial_tails_total",                                     \
+      "Partly filled full-attention blocks stored at request finish (partial hash hits).")         \
+    X(uint64_t, remote_hit_blocks, COUNTER, "remote_hit_blocks_total",                             \
+      "Blocks read from the remote tier into hits.")                                               \
+    /* the rows below came after the struct's size was frozen at 448 bytes */                      \
+    /* (KVT_OFFLOAD_STATS_SIZE_0): a program built before them reads none of them */               \
+    X(uint64_t, hit_requests, COUNTER, "hit_requests_total",                                       \
+      "Matches that offered a hit (any tier): the request hit rate's numerator, lookups its "      \
+      "denominator.")                                                                              \
+    X(uint64_t, remote_lookups_spared, COUNTER, "remote_lookups_spared_total",                     \
+      "Remote-tier lookups not sent: the same span missed less than remote_miss_ms ago.")
+
+#define KVT_STATS_FIELD_(type, field, kind, family, help) type field;
 typedef struct kvt_offload_stats {
-    /* counters */
-    uint64_t lookups;                 /* match calls that searched the host tier */
-    uint64_t lookup_tokens;           /* tokens those searches could have hit */
-    uint64_t hit_tokens;              /* tokens they hit */
-    uint64_t hit_blocks;              /* host blocks pinned by hits */
-    uint64_t miss_tokens;             /* searchable tokens the host tier did not have */
-    uint64_t miss_blocks;             /* the same in scheduler blocks (rounded down) */
-    uint64_t hits_dropped;            /* hits not offered for lack of request slots or list room */
-    uint64_t untracked_requests;      /* eager requests not registered: request table full */
-    uint64_t load_events;             /* load events issued */
-    uint64_t load_blocks;             /* blocks in them */
-    uint64_t loads_completed;         /* blocks whose load completed (abandoned ones included) */
-    uint64_t store_events;            /* store events issued */
-    uint64_t store_blocks;            /* blocks in them */
-    uint64_t stores_completed;        /* blocks made findable */
-    uint64_t stores_abandoned;        /* blocks whose store completed after a reset (not cached) */
-    uint64_t stores_failed;           /* blocks of store events a worker reported failed */
-    uint64_t store_skipped_cached;    /* already in the host tier */
-    uint64_t store_skipped_in_flight; /* already being stored */
-    uint64_t store_skipped_unhashed;  /* GPU block carries no hash (masked position) */
-    uint64_t store_skipped_null;      /* null block (not recovered, below) */
-    uint64_t store_dropped_full;      /* selection stopped: no host block free */
-    uint64_t restores;                /* blocks re-stored after a host-tier eviction */
-    uint64_t restores_dropped_hot;    /* re-stores given up: they would have evicted a block
-                                         that is in use on the GPU too */
-    uint64_t host_evictions;          /* cached host blocks reused for new stores */
-    uint64_t stale_reports;           /* store reports for completed or abandoned events */
-    uint64_t bytes_loaded, bytes_stored; /* blocks x block_bytes (0 if unknown) */
-    uint64_t resets;                     /* successful resets */
-    /* gauges */
-    uint32_t host_blocks;        /* usable host blocks */
-    uint32_t host_used_blocks;   /* referenced (pinned by hits or transfers) */
-    uint32_t host_cached_blocks; /* carrying keys */
-    uint32_t requests;           /* requests tracked */
-    uint32_t load_events_in_flight;
-    uint32_t store_events_in_flight;
-    uint32_t pending_store_blocks; /* queued + in flight (abandoned included): if this only
-                                      grows, a transfer is stuck */
-    /* three tiers: counters. The host_* and disk_* fields are a view of tiers 0 and 1 kept for
-     * existing programs; kvt_offload_get_tier_stats reads every tier alike (and tiers past
-     * the disk only there). */
-    uint64_t disk_hit_tokens;           /* tokens of hits served from disk (in hit_tokens too) */
-    uint64_t disk_hit_blocks;           /* disk slots pinned by hits */
-    uint64_t promotions;                /* blocks promoted disk -> host */
-    uint64_t promotions_failed;         /* blocks whose promotion failed (reported invalid) */
-    uint64_t disk_load_events;          /* promotion events issued */
-    uint64_t disk_store_events;         /* write-back events issued */
-    uint64_t disk_store_blocks;         /* blocks in them */
-    uint64_t disk_stores_completed;     /* blocks made findable on disk */
-    uint64_t disk_stores_failed;        /* blocks of write-backs a worker could not write */
-    uint64_t disk_stores_abandoned;     /* write-backs completed after a reset */
-    uint64_t disk_store_skipped_cached; /* already on disk */
-    uint64_t disk_store_dropped;        /* not written back: no free slot or event room */
-    uint64_t disk_evictions;            /* cached disk slots reused */
-    /* three tiers: gauges */
-    uint32_t disk_blocks, disk_used_blocks, disk_cached_blocks;
-    uint32_t disk_load_events_in_flight, disk_store_events_in_flight;
-    uint64_t lookups_misaligned;    /* matches whose GPU hit ended inside a scheduler block: miss */
-    uint64_t lookups_skipped;       /* matches with KVT_MATCH_SKIP_PREFIX_CACHE: no lookup */
-    uint64_t store_recovered_null;  /* nulled table entries whose block was found in the GPU
-                                       pool's index by the position's hash and stored */
-    uint64_t boundary_states;       /* Mamba align: handed-over states selected for a store */
-    uint64_t boundary_dropped_gone; /* ... dropped: their request was unknown or finished */
-    uint64_t partial_hits;          /* matches whose hit ends inside a scheduler block */
-    uint64_t partial_tails;     /* partly filled full-attention blocks stored at request finish */
-    uint64_t remote_hit_blocks; /* blocks read from the remote tier into hits */
-    /* fields after this point came after the struct's size was frozen at 448 bytes
-     * (KVT_OFFLOAD_STATS_SIZE_0): a program built before them reads none of them */
-    uint64_t hit_requests;          /* matches that offered a hit (any tier): the request hit rate's
-                                       numerator, lookups its denominator */
-    uint64_t remote_lookups_spared; /* remote-tier lookups not sent: the same span of hashes
-                                       missed less than remote_miss_ms ago */
+    KVT_OFFLOAD_STATS_ROWS(KVT_STATS_FIELD_)
 } kvt_offload_stats;
+#undef KVT_STATS_FIELD_
 
 /* The stats into the caller's struct of `size` bytes, the struct's size in the caller's
  * header (sizeof *s): the library writes the first min(size, its own size) bytes and zeroes

@@ -147,8 +147,8 @@ int kvt_offload_get_tier_stats(const kvt_offload *m, uint32_t tier, kvt_tier_sta
 
 /* A family read from a field of a stats struct: name (after "kvtier_offload_"), help text,
  * where the field is and how wide (4 or 8 bytes), gauge or counter, only with a disk tier.
- * The rows come from the schema (stats_schema.h); fields without a family of their own and
- * names are left out (a row with no name). */
+ * The rows come from the schema (KVT_OFFLOAD_STATS_ROWS, stats_schema.h); fields without a family
+ * of their own and names are left out (a row with no name). */
 struct stat_row {
     const char *name, *help;
     size_t off, size;
@@ -165,7 +165,9 @@ struct stat_row {
 #define STAT(f, kind, family, help) ROW(kvt_offload_stats, "", f, kind, family, help)
 #define TIER(f, kind, family, help) ROW(kvt_tier_stats, "tier_", f, kind, family, help)
 
-static const struct stat_row offload_rows[] = {KVI_OFFLOAD_STATS(STAT)};
+#define TYPED_STAT(type, ...) STAT(__VA_ARGS__) /* the public rows carry each field's type */
+
+static const struct stat_row offload_rows[] = {KVT_OFFLOAD_STATS_ROWS(TYPED_STAT)};
 /* Every tier's figures, with a tier label, for dashboards that sum or compare tiers (the
  * unlabelled families above stay for existing scrapes). */
 static const struct stat_row tier_rows[] = {KVI_TIER_STATS(TIER)};
