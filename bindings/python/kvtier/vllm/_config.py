@@ -17,8 +17,8 @@ _UNSET = object()
 
 
 class Key:
-    """One kv_connector_extra_config key: its name, what it holds (SIZE, INT, BOOL, TEXT or
-    CHOICE), its default and inclusive bounds, and its documentation (docs/vllm.md's table is
+    """One kv_connector_extra_config (or ec_connector_extra_config) key: its name, what it holds
+    (SIZE, INT, BOOL, TEXT, CHOICE or SECONDS, a positive number), its default and inclusive bounds, and its documentation (docs/vllm.md's table is
     written from these rows by scripts/gen-config-doc). A key that sets a field of a C
     configuration struct names it (c="kvt_offload_config.max_requests") and takes its default
     and bounds from the library's row of that field (kvt_describe_config), so they are written
@@ -49,6 +49,8 @@ class Key:
                         MAX_BYTES if hi is None and self.kind == SIZE else hi)
         if self.kind == BOOL:
             return _bool(extra, self.name, d)
+        if self.kind == SECONDS:
+            return _seconds(extra, self.name, d)
         v = _text(extra, self.name, d)
         if self.kind == CHOICE and (not isinstance(v, str) or v not in self.choices):
             raise ConfigError("kvtier: %s=%r: expected one of %s"
@@ -56,7 +58,7 @@ class Key:
         return v
 
 
-SIZE, INT, BOOL, TEXT, CHOICE = "size", "int", "bool", "text", "choice"
+SIZE, INT, BOOL, TEXT, CHOICE, SECONDS = "size", "int", "bool", "text", "choice", "seconds"
 
 KEYS = (
     Key("cpu_bytes_to_use", SIZE, "host tier for the whole server, split evenly across "
@@ -136,6 +138,29 @@ KEYS = (
         "blocks))", False),
 )
 KEY = {k.name: k for k in KEYS}
+
+# KvtierECConnector's ec_connector_extra_config (vLLM's own ec_* settings are checked in _ec.py)
+EC_KEYS = (
+    Key("push_wait_timeout_s", SECONDS, "how long a request waits for its items' pushes before "
+        "vLLM fails it", 60),
+    Key("control_timeout_ms", INT, "each control exchange's timeout", 30000, 1, 3600000),
+    Key("lease_s", SECONDS, "how long an item that arrived stays available without a request",
+        300),
+    Key("complete_wait_ms", INT, "ignored (a shard never waits on a completion; kept for old "
+        "configs)", 2000, 1),
+    Key("owner_key", TEXT, "consumer: the 32-hex-digit secret the scheduler's cancels show its "
+        "shards", shown="made by each shard, read from a private file on this host"),
+    Key("event_host", TEXT, "consumer: where the shards serve readiness events (an address "
+        "needs CURVE keys)", shown="a unix socket of this user"),
+    Key("curve_server_secret_key", TEXT, "consumer: the shards' CURVE secret key (Z85; "
+        "[security.md](security.md))"),
+    Key("curve_server_public_key", TEXT, "producer / consumer scheduler: the shards' CURVE "
+        "public key"),
+    Key("curve_public_key", TEXT, "this client's CURVE public key"),
+    Key("curve_secret_key", TEXT, "this client's CURVE secret key"),
+    Key("curve_clients", TEXT, "consumer: the client public keys admitted (a list)"),
+)
+EC_KEY = {k.name: k for k in EC_KEYS}
 _KEYS = KEY  # the known keys' names, for the unknown-key error
 
 REMOTE_NAME_CHARS = "_.-"
@@ -178,6 +203,21 @@ def _text(extra, key, default=None):
         raise ConfigError("kvtier: %s: a NUL character inside the value (C would read it "
                           "cut short there)" % key)
     return v
+
+
+def _seconds(extra, key, default):
+    """A positive, finite number (of seconds)."""
+    if key not in extra:
+        return default
+    v = extra[key]
+    try:
+        x = float(v) if not isinstance(v, bool) else None
+    except (TypeError, ValueError):
+        x = None
+    if x is None or x != x or x in (float("inf"), float("-inf")) or x <= 0:
+        raise ConfigError("kvtier: %s=%r: expected a positive, finite number of seconds"
+                          % (key, v))
+    return x
 
 
 def _bool(extra, key, default):

@@ -24,12 +24,11 @@ connector requires.
 """
 import ctypes
 import logging
-import math
 from typing import Any
 
 from .. import EcInbox, EcMeta, EcNetConsumer, EcPlanner, EcProducer, EcScheduler, EcServer
 from .. import EcShard, EcWorkerMeta
-from ._config import ConfigError
+from ._config import EC_KEY, ConfigError
 
 try:
     import torch
@@ -42,37 +41,22 @@ except ImportError as e:  # pragma: no cover
 
 logger = logging.getLogger("kvtier.vllm")
 
-_EXTRA_KEYS = {
-    "push_wait_timeout_s": "how long a request waits for its items' pushes (default 60)",
-    "control_timeout_ms": "each control message's timeout (default 30000)",
-    "lease_s": "how long an arrived item stays available without a request (default 300)",
-    "complete_wait_ms": "ignored (a shard never waits on a completion; kept for old configs)",
-    "owner_key": "consumer: the 32-hex-digit secret the scheduler's cancels show its shards "
-                 "(default: made by each shard, read from a private file on this host)",
-    "event_host": "consumer: where the shards serve readiness events (default: a unix socket "
-                  "of this user; an address needs CURVE keys)",
-    "curve_server_secret_key": "consumer: the shards' CURVE secret key (Z85)",
-    "curve_server_public_key": "producer / consumer scheduler: the shards' CURVE public key",
-    "curve_public_key": "this client's CURVE public key",
-    "curve_secret_key": "this client's CURVE secret key",
-    "curve_clients": "consumer: the client public keys admitted (list)",
-}
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
            "float64": torch.float64, "int8": torch.int8, "uint8": torch.uint8,
            "int32": torch.int32, "int64": torch.int64}
 
 
-def _positive(name, v, kind=int):
+def _positive(name, v):
+    """vLLM's own ec_* integers (a port, a buffer size): whole and positive."""
     if isinstance(v, bool):
         raise ConfigError("kvtier: %s=%r: expected a positive number" % (name, v))
     try:
-        x = kind(v)
-    except (TypeError, ValueError):
+        x = int(v)
+        whole = float(v) == x
+    except (TypeError, ValueError, OverflowError):
         raise ConfigError("kvtier: %s=%r: expected a positive number" % (name, v)) from None
-    if isinstance(x, float) and not math.isfinite(x):
-        raise ConfigError("kvtier: %s=%r: must be finite" % (name, v))
-    if kind is int and float(v) != x:
+    if not whole:
         raise ConfigError("kvtier: %s=%r: expected a whole number" % (name, v))
     if x <= 0:
         raise ConfigError("kvtier: %s=%r: must be positive" % (name, v))
@@ -88,11 +72,11 @@ class KvtierECConfig:
         self.producer = bool(ec.is_ec_producer)
         self.consumer = bool(ec.is_ec_consumer)
         extra = dict(ec.ec_connector_extra_config or {})
-        unknown = sorted(k for k in extra if k not in _EXTRA_KEYS)
+        unknown = sorted(k for k in extra if k not in EC_KEY)
         if unknown:
             raise ConfigError("kvtier: unknown ec_connector_extra_config key%s %s; known keys: "
                               "%s" % ("s" if len(unknown) > 1 else "",
-                                      ", ".join(map(repr, unknown)), ", ".join(sorted(_EXTRA_KEYS))))
+                                      ", ".join(map(repr, unknown)), ", ".join(sorted(EC_KEY))))
         if self.producer and (pc.tensor_parallel_size > 1 or pc.pipeline_parallel_size > 1):
             raise ConfigError("kvtier: an encoder-cache producer runs with one rank "
                               "(tensor_parallel_size=1, pipeline_parallel_size=1)")
@@ -111,19 +95,17 @@ class KvtierECConfig:
         if device not in ("cpu", "cuda"):
             raise ConfigError("kvtier: ec_buffer_device=%r: expected cpu or cuda (kvtier's "
                               "receive buffer is host memory either way)" % ec.ec_buffer_device)
-        self.push_wait_s = _positive("push_wait_timeout_s", extra.get("push_wait_timeout_s", 60),
-                                     float)
-        self.lease_s = _positive("lease_s", extra.get("lease_s", 300), float)
-        self.control_timeout_ms = _positive("control_timeout_ms",
-                                            extra.get("control_timeout_ms", 30000))
-        self.complete_wait_ms = _positive("complete_wait_ms", extra.get("complete_wait_ms", 2000))
-        self.owner_key = extra.get("owner_key")
+        self.push_wait_s = EC_KEY["push_wait_timeout_s"].read(extra)
+        self.lease_s = EC_KEY["lease_s"].read(extra)
+        self.control_timeout_ms = EC_KEY["control_timeout_ms"].read(extra)
+        self.complete_wait_ms = EC_KEY["complete_wait_ms"].read(extra)
+        self.owner_key = EC_KEY["owner_key"].read(extra)
         if self.owner_key is not None and not (
                 isinstance(self.owner_key, str) and len(self.owner_key) == 32 and
                 all(c in "0123456789abcdef" for c in self.owner_key)):
             raise ConfigError("kvtier: owner_key must be 32 lowercase hex digits")
-        self.event_host = extra.get("event_host")
-        self.curve = {k: extra.get(k) for k in _EXTRA_KEYS if k.startswith("curve_")}
+        self.event_host = EC_KEY["event_host"].read(extra)
+        self.curve = {k: EC_KEY[k].read(extra) for k in EC_KEY if k.startswith("curve_")}
 
 
 # ---- metadata ----------------------------------------------------------------------------
