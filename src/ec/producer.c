@@ -264,11 +264,6 @@ static int abandon_room(kvt_ec_producer *p, uint32_t n)
     return 0;
 }
 
-/* Abandons the reservations of the records idx[0..n) on every shard that granted one: one
- * cancel message per (consumer, shard) for them all (cancel_batch), a second attempt for the
- * operations that failed. ok[i] becomes false for a record not abandoned everywhere (its error
- * says why). A shard that did not answer is silenced (see above); a reserve whose reply was
- * lost is asked again first (the shard answers its own client with the same reservation). */
 /* Before abandoning: a shard that stopped answering keeps its reservation (the consumer's TTL
  * ends it); a reservation lost with its connection is asked for again, to be abandoned. */
 static void abandon_prepare(kvt_ec_producer *p, const uint32_t *idx, uint32_t n, bool *ok)
@@ -351,6 +346,11 @@ static bool abandon_on_shard(kvt_ec_producer *p, const uint32_t *idx, uint32_t n
     return true;
 }
 
+/* Abandons the reservations of the records idx[0..n) on every shard that granted one: one
+ * cancel message per (consumer, shard) for them all (cancel_batch), a second attempt for the
+ * operations that failed. ok[i] becomes false for a record not abandoned everywhere (its error
+ * says why). A shard that did not answer is silenced (see above); a reserve whose reply was
+ * lost is asked again first (the shard answers its own client with the same reservation). */
 static void abandon_many(kvt_ec_producer *p, const uint32_t *idx, uint32_t n, bool *ok)
 {
     kvt_ec_batch_op one_op;
@@ -683,9 +683,6 @@ static int push_record(kvt_ec_producer *p, const kvt_ec_push_spec *s, uint32_t *
     return 0;
 }
 
-/* Reserves the new records idx[0..n) on every shard of their consumers: one batch per
- * (consumer, shard). A record refused by a shard is FAILED (the shards it holds abandoned)
- * and asks no further shard. */
 /* The reserve call's scratch, kept from one call to the next, for n records. */
 static int grow_reserve_scratch(kvt_ec_producer *p, uint32_t n)
 {
@@ -727,6 +724,9 @@ static void reserve_on_shard(kvt_ec_producer *p, const ec_key *consumer, uint32_
     }
 }
 
+/* Reserves the new records idx[0..n) on every shard of their consumers: one batch per
+ * (consumer, shard). A record refused by a shard is FAILED (the shards it holds abandoned)
+ * and asks no further shard. */
 static int reserve_new(kvt_ec_producer *p, const uint32_t *idx, uint32_t n)
 {
     int rc = grow_reserve_scratch(p, n);
@@ -957,9 +957,6 @@ static int write_room(kvt_ec_producer *p, uint64_t n)
     return 0;
 }
 
-/* One batch of ready records of one consumer: every write in flight together, then one
- * completion message per shard. A record that fails anywhere has every shard abandoned
- * (FAILED, reported by take_failures, never raised); the others go on. */
 /* Writes every shard of every record of the batch in one call; records that fail are failed
  * later, the others go on to NOTIFYING. Returns the most shards a record has. */
 static uint32_t batch_write(kvt_ec_producer *p, batch *b, const char *consumer)
@@ -1044,6 +1041,9 @@ static void batch_complete(kvt_ec_producer *p, batch *b, const char *consumer, u
     }
 }
 
+/* One batch of ready records of one consumer: every write in flight together, then one
+ * completion message per shard. A record that fails anywhere has every shard abandoned
+ * (FAILED, reported by take_failures, never raised); the others go on. */
 static void push_batch(kvt_ec_producer *p, batch *b, const char *consumer)
 {
     uint64_t need = 0;

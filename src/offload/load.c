@@ -264,7 +264,6 @@ static bool full_attention_only(const kvt_offload *m)
     return true;
 }
 
-/* Checks every pair before anything changes; marks destinations to catch repeats. */
 /* A shorter acceptance than offered ends where a window group may need blocks the offered hit
  * left out (null: before the window of its own end): how many blocks before the end it needs;
  * a state group has states only where the host part and the whole hit end (with partial hits,
@@ -291,6 +290,7 @@ static void clear_marks(kvt_offload *m, const struct kvi_ofl_req *r, const uint3
     }
 }
 
+/* Checks every pair before anything changes; marks destinations to catch repeats. */
 static int check_pairs(kvt_offload *m, const struct kvi_ofl_req *r, const uint32_t *const *blocks,
                        const uint32_t *n_blocks, uint32_t num_external)
 {

@@ -111,7 +111,6 @@ static int validate_config(const kvt_offload_config *c, const kvt_pool_config *g
     return kvi_ofl_tier_validate(c, g);
 }
 
-/* Everything but the GPU pool's identity: m->cfg, m->gcfg, m->gpu / m->ext are set. */
 /* The host-tier search's output per group (a hit of max_model_len tokens at most) and the
  * pool of hit ids: room for several concurrent maximal hits (a hit that does not fit is not
  * offered). */
@@ -144,6 +143,7 @@ static int per_block_setup(kvt_offload *m)
     return 0;
 }
 
+/* Everything but the GPU pool's identity: m->cfg, m->gcfg, m->gpu / m->ext are set. */
 static int create_common(kvt_offload *m)
 {
     const kvt_offload_config *cfg = &m->cfg;

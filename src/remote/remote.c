@@ -880,7 +880,6 @@ void kvi_remote_unstage(kvt_remote *r)
         remote_free(r);
 }
 
-/* The object with its copies of the configuration; nothing started yet. */
 /* The remote's copies of the configuration's strings, in one allocation (r->strs): the
  * credential and the directory's password are not kept (turned into keys; the directories
  * keep their own). A rank of several has the instance name "<instance>#<rank>". */
@@ -931,6 +930,7 @@ static void set_pieces_and_port(kvt_remote *r, const kvt_remote_config *c)
                                  .lookup_only = r->lookup_only};
 }
 
+/* The object with its copies of the configuration; nothing started yet. */
 static int remote_alloc(const kvt_remote_config *c, kvt_remote **out)
 {
     kvt_remote *r = calloc(1, sizeof(*r));

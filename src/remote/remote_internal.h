@@ -83,10 +83,6 @@ typedef struct kvi_rdir {
     void *d;
 } kvi_rdir;
 
-/* The Redis directory at addr ("host:port" or a unix socket path), authenticating with
- * password (NULL: none; "user:password" for an ACL user). Connects lazily: opening never
- * fails for an unreachable server; a server that refuses the password fails each call with
- * KVT_EINVAL (a configuration error, not an outage). */
 /* The worker's reads through remote r (remote_xfer.c; the port's stage_open), and their end:
  * the stage lets go of r, which a kvt_remote_destroy while it read may have left to it. */
 struct kvi_xfer_ops;
@@ -115,6 +111,10 @@ uint32_t kvi_remote_unpublish(kvt_remote *r, const uint32_t *slots, uint32_t n, 
 void kvi_remote_dir_withdraw(kvt_remote *r, const uint8_t *hashes, const uint32_t *slots,
                              const uint64_t *gens, uint32_t n);
 
+/* The Redis directory at addr ("host:port" or a unix socket path), authenticating with
+ * password (NULL: none; "user:password" for an ACL user). Connects lazily: opening never
+ * fails for an unreachable server; a server that refuses the password fails each call with
+ * KVT_EINVAL (a configuration error, not an outage). */
 int kvi_rdir_redis_open(const char *addr, const char *password, uint32_t timeout_ms,
                         uint32_t retry_ms, kvi_rdir *out);
 
