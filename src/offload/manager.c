@@ -116,14 +116,10 @@ static int validate_config(const kvt_offload_config *c, const kvt_pool_config *g
  * offered). */
 static int search_setup(kvt_offload *m)
 {
-    uint32_t search_ids = 0;
-    for (uint32_t g = 0; g < m->ng; g++) {
-        uint32_t n = m->cfg.max_model_len / m->gcfg.groups[g].block_size + 1;
-        m->tier[0].search_out[g] = malloc((size_t)n * sizeof(uint32_t));
-        if (!m->tier[0].search_out[g])
-            return kvt_fail(KVT_ENOMEM, "offload: cannot allocate search buffers");
-        search_ids += n;
-    }
+    uint32_t search_ids;
+    int rc = kvi_ofl_search_out_alloc(m, 0, &search_ids);
+    if (rc)
+        return rc;
     uint64_t ids = (uint64_t)search_ids * 4 + 1024;
     return kvi_idpool_init(&m->hitpool, ids > UINT32_MAX / 2 ? UINT32_MAX / 2 : (uint32_t)ids);
 }

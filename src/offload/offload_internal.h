@@ -529,6 +529,9 @@ void kvi_ofl_chain_host_forgotten(kvt_offload *m);
 
 /* the tiers behind the host (tier.c); every function is a no-op without one */
 int kvi_ofl_tier_validate(const kvt_offload_config *c, const kvt_pool_config *g);
+/* Tier t's search output, one array per group for a hit of max_model_len tokens at most;
+ * *entries (may be NULL): their entries over all groups. */
+int kvi_ofl_search_out_alloc(kvt_offload *m, uint32_t t, uint32_t *entries);
 /* Opens tier t behind the host (name, nb blocks, null block included) / closes every one. */
 int kvi_ofl_tier_setup(kvt_offload *m, uint32_t t, const char *name, uint32_t nb);
 void kvi_ofl_tier_remove(kvt_offload *m, uint32_t t);

@@ -115,18 +115,29 @@ int kvi_ofl_tier_validate(const kvt_offload_config *c, const kvt_pool_config *g)
     return 0;
 }
 
+int kvi_ofl_search_out_alloc(kvt_offload *m, uint32_t t, uint32_t *entries)
+{
+    uint32_t total = 0;
+    for (uint32_t g = 0; g < m->ng; g++) {
+        uint32_t n = m->cfg.max_model_len / m->gcfg.groups[g].block_size + 1;
+        m->tier[t].search_out[g] = malloc((size_t)n * sizeof(uint32_t));
+        if (!m->tier[t].search_out[g])
+            return kvt_fail(KVT_ENOMEM, "offload: cannot allocate the %s tier's search buffers",
+                            kvi_ofl_tier_name(m, t));
+        total += n;
+    }
+    if (entries)
+        *entries = total;
+    return 0;
+}
+
 int kvi_ofl_tier_setup(kvt_offload *m, uint32_t t, const char *name, uint32_t nb)
 {
     struct kvi_ofl_tier *T = &m->tier[t];
     snprintf(T->name, sizeof(T->name), "%s", name);
     int rc = kvi_ofl_tier_open(m, t, nb, m->cfg.event_capacity, MAX_BEHIND_EVENTS);
-    for (uint32_t g = 0; g < m->ng && !rc; g++) {
-        T->search_out[g] = malloc(
-            ((size_t)m->cfg.max_model_len / m->gcfg.groups[g].block_size + 1) * sizeof(uint32_t));
-        if (!T->search_out[g])
-            rc = kvt_fail(KVT_ENOMEM, "offload: cannot allocate state for %u %s blocks", nb,
-                          T->name);
-    }
+    if (!rc)
+        rc = kvi_ofl_search_out_alloc(m, t, NULL);
     if (!rc)
         rc = kvi_ofl_evtable_init(&T->loads, kvi_min_u32(nb, MAX_BEHIND_EVENTS));
     if (!rc)
