@@ -9,6 +9,7 @@ memory.
 """
 import ctypes
 import ctypes.util
+import functools
 import os
 
 c_u32, c_u64, c_i64, c_int, c_bool = (ctypes.c_uint32, ctypes.c_uint64, ctypes.c_int64,
@@ -317,6 +318,17 @@ def _rows(fn_name, row_type, type_name):
     return [rows[i] for i in range(n.value)]
 
 
+def _mirror(type_name, base, fields, offsets):
+    """The ctypes class of fields [(name, ctype)], each offset checked against the library's:
+    ImportError naming the field where ctypes lays it out elsewhere."""
+    cls = type(type_name, (base,), {"_fields_": fields})
+    for (name, _), off in zip(fields, offsets):
+        if getattr(cls, name).offset != off:
+            raise ImportError("kvtier: %s.%s lies at %d in the library, %d in ctypes' layout"
+                              % (type_name, name, off, getattr(cls, name).offset))
+    return cls
+
+
 def described(type_name):
     """A ctypes mirror of public struct type_name laid out as the loaded library describes it
     (kvt_describe): a field the library gained reaches Python without a change here. Every
@@ -335,12 +347,7 @@ def described(type_name):
             t = t * r.count
         fields.append((r.name.decode(), t))
         offsets.append(r.offset)
-    cls = type(type_name, (ctypes.Structure,), {"_fields_": fields})
-    for (name, _), off in zip(fields, offsets):
-        if getattr(cls, name).offset != off:
-            raise ImportError("kvtier: %s.%s lies at %d in the library, %d in ctypes' layout"
-                              % (type_name, name, off, getattr(cls, name).offset))
-    return cls
+    return _mirror(type_name, ctypes.Structure, fields, offsets)
 
 
 class kvt_config_field(ctypes.Structure):
@@ -369,10 +376,11 @@ class ConfigRow:
         self.default, self.min, self.max = signed(r.default), signed(r.min), signed(r.max)
 
 
+@functools.lru_cache(maxsize=None)
 def config_rows(type_name):
     """The rows of configuration struct type_name, from the loaded library: {name: ConfigRow}
-    in the header's order. ImportError naming the struct where the library does not describe
-    it."""
+    in the header's order, read once per struct (callers must not change them). ImportError
+    naming the struct where the library does not describe it."""
     rows = _rows("kvt_describe_config", kvt_config_field, type_name)
     return {r.name: r for r in map(ConfigRow, rows)}
 
@@ -399,12 +407,7 @@ def configured(type_name):
                               % (type_name, r.name, r.size))
         fields.append((r.name, t))
         offsets.append(r.offset)
-    cls = type(type_name, (Struct,), {"_fields_": fields})
-    for (name, _), off in zip(fields, offsets):
-        if getattr(cls, name).offset != off:
-            raise ImportError("kvtier: %s.%s lies at %d in the library, %d in ctypes' layout"
-                              % (type_name, name, off, getattr(cls, name).offset))
-    return cls
+    return _mirror(type_name, Struct, fields, offsets)
 
 
 kvt_offload_config = configured("kvt_offload_config")
@@ -723,7 +726,6 @@ _sig("kvt_pool_block_info", c_int, vp, c_u32, P(kvt_block_info))
 _sig("kvt_pool_reset_prefix_cache", c_int, vp)
 _sig("kvt_pool_hit_capacity", c_u32, vp, c_u32, c_u32, c_u32)
 _sig("kvt_pool_find_longest_hit", c_int, vp, u8p, c_u32, c_u32, P(P(c_u32)), P(kvt_hit))
-# metadata
 
 
 def _meta_sigs(t):

@@ -18,8 +18,9 @@ _UNSET = object()
 
 class Key:
     """One kv_connector_extra_config (or ec_connector_extra_config) key: its name, what it holds
-    (SIZE, INT, BOOL, TEXT, CHOICE or SECONDS, a positive number), its default and inclusive bounds, and its documentation (docs/vllm.md's table is
-    written from these rows by scripts/gen-config-doc). A key that sets a field of a C
+    (SIZE, INT, BOOL, TEXT, CHOICE or SECONDS, a positive number), its default and inclusive
+    bounds, and its documentation (docs/vllm.md's tables are written from these rows by
+    scripts/gen-config-doc). A key that sets a field of a C
     configuration struct names it (c="kvt_offload_config.max_requests") and takes its default
     and bounds from the library's row of that field (kvt_describe_config), so they are written
     once. `shown` is the default as the docs say it where it is computed (None: the value)."""
@@ -39,14 +40,18 @@ class Key:
             return r.default, r.min, r.max
         return self.default, self.lo, self.hi
 
+    def accepted(self, lo, hi):
+        """The bounds a number is held to: lo 0 where unset, a size's hi MAX_BYTES where unset
+        (another number's: none)."""
+        return 0 if lo is None else lo, MAX_BYTES if hi is None and self.kind == SIZE else hi
+
     def read(self, extra, default=_UNSET):
         """The key's value in extra, checked; its default (or the one given) when absent."""
         d, lo, hi = self.bounds()
         if default is not _UNSET:
             d = default
         if self.kind in (SIZE, INT):
-            return _int(extra, self.name, d, 0 if lo is None else lo,
-                        MAX_BYTES if hi is None and self.kind == SIZE else hi)
+            return _int(extra, self.name, d, *self.accepted(lo, hi))
         if self.kind == BOOL:
             return _bool(extra, self.name, d)
         if self.kind == SECONDS:
@@ -161,7 +166,6 @@ EC_KEYS = (
     Key("curve_clients", TEXT, "consumer: the client public keys admitted (a list)"),
 )
 EC_KEY = {k.name: k for k in EC_KEYS}
-_KEYS = KEY  # the known keys' names, for the unknown-key error
 
 REMOTE_NAME_CHARS = "_.-"
 
@@ -238,11 +242,11 @@ class KvtierConfig:
 
     def __init__(self, extra, world_size):
         extra = dict(extra or {})
-        unknown = sorted(k for k in extra if k not in _KEYS)
+        unknown = sorted(k for k in extra if k not in KEY)
         if unknown:
             raise ConfigError("kvtier: unknown kv_connector_extra_config key%s %s; known keys: %s"
                               % ("s" if len(unknown) > 1 else "", ", ".join(map(repr, unknown)),
-                                 ", ".join(sorted(_KEYS))))
+                                 ", ".join(sorted(KEY))))
         if world_size < 1:
             raise ConfigError("kvtier: world_size %d must be positive" % world_size)
         self.world_size = world_size
