@@ -616,16 +616,15 @@ static int keep_meta(kvt_node *n, int rc, int fd, void *p, size_t size, const ch
 static int create_meta(kvt_node *n, const kvt_node_config *c, int fd, const char *path)
 {
     const size_t size = n->lay.size;
-    if (ftruncate(fd, (off_t)size) != 0) {
-        int e = errno;
-        close(fd);
-        shm_unlink(path);
-        return kvi_fail_errno(e, "node %s: cannot size the metadata object to %zu bytes", n->name,
-                              size);
-    }
-    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    int rc = p == MAP_FAILED ? kvi_fail_errno(errno, "node %s: cannot map metadata", n->name)
-                             : init_meta(p, c, &n->lay);
+    void *p = MAP_FAILED;
+    int rc;
+    if (ftruncate(fd, (off_t)size) != 0)
+        rc = kvi_fail_errno(errno, "node %s: cannot size the metadata object to %zu bytes", n->name,
+                            size);
+    else if ((p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED)
+        rc = kvi_fail_errno(errno, "node %s: cannot map metadata", n->name);
+    else
+        rc = init_meta(p, c, &n->lay);
     return keep_meta(n, rc, fd, p, size, path);
 }
 
