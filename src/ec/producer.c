@@ -244,24 +244,28 @@ static int call_cancel(kvt_ec_producer *p, const char *consumer, uint32_t k, kvt
     return 0;
 }
 
+/* Grows k scratch arrays that share one capacity to hold n entries each (kvi_array_grow);
+ * *cap moves only once every one grew (one that grew before a failure stays valid). */
+static int grow_shared(uint32_t *cap, uint64_t n, void **const arr[], const size_t elem[],
+                       uint32_t k)
+{
+    uint32_t c = *cap;
+    for (uint32_t i = 0; i < k; i++) {
+        c = *cap;
+        int rc = kvi_array_grow(arr[i], &c, n, elem[i]);
+        if (rc)
+            return rc;
+    }
+    *cap = c;
+    return 0;
+}
+
 /* Room for n entries in the abandon scratch. */
 static int abandon_room(kvt_ec_producer *p, uint32_t n)
 {
-    if (n <= p->cap_ab)
-        return 0;
-    kvt_ec_batch_op *o = realloc(p->ab_ops, n * sizeof(*o));
-    if (o)
-        p->ab_ops = o;
-    uint32_t *r = realloc(p->ab_rec, n * sizeof(*r));
-    if (r)
-        p->ab_rec = r;
-    bool *g = realloc(p->ab_grouped, n * sizeof(*g));
-    if (g)
-        p->ab_grouped = g;
-    if (!o || !r || !g)
-        return kvt_fail(KVT_ENOMEM, "ec producer: out of memory to abandon %u records", n);
-    p->cap_ab = n;
-    return 0;
+    void **const arr[] = {(void **)&p->ab_ops, (void **)&p->ab_rec, (void **)&p->ab_grouped};
+    const size_t elem[] = {sizeof(*p->ab_ops), sizeof(*p->ab_rec), sizeof(*p->ab_grouped)};
+    return grow_shared(&p->cap_ab, n, arr, elem, 3);
 }
 
 /* Before abandoning: a shard that stopped answering keeps its reservation (the consumer's TTL
@@ -686,24 +690,11 @@ static int push_record(kvt_ec_producer *p, const kvt_ec_push_spec *s, uint32_t *
 /* The reserve call's scratch, kept from one call to the next, for n records. */
 static int grow_reserve_scratch(kvt_ec_producer *p, uint32_t n)
 {
-    if (n <= p->cap_rs)
-        return 0;
-    kvt_ec_batch_op *o2 = realloc(p->rs_ops, n * sizeof(*o2));
-    if (o2)
-        p->rs_ops = o2;
-    kvt_ec_item *i2 = realloc(p->rs_items, n * sizeof(*i2));
-    if (i2)
-        p->rs_items = i2;
-    uint32_t *r2 = realloc(p->rs_rec, n * sizeof(*r2));
-    if (r2)
-        p->rs_rec = r2;
-    bool *d2 = realloc(p->rs_done, n * sizeof(*d2));
-    if (d2)
-        p->rs_done = d2;
-    if (!o2 || !i2 || !r2 || !d2)
-        return kvt_fail(KVT_ENOMEM, "ec producer: out of memory");
-    p->cap_rs = n;
-    return 0;
+    void **const arr[] = {(void **)&p->rs_ops, (void **)&p->rs_items, (void **)&p->rs_rec,
+                          (void **)&p->rs_done};
+    const size_t elem[] = {sizeof(*p->rs_ops), sizeof(*p->rs_items), sizeof(*p->rs_rec),
+                           sizeof(*p->rs_done)};
+    return grow_shared(&p->cap_rs, n, arr, elem, 4);
 }
 
 /* One reserve message to shard k of consumer for the m records rec[] (ops[] their items):
@@ -945,16 +936,9 @@ typedef struct batch {
 /* Room for n writes in the scratch arrays. */
 static int write_room(kvt_ec_producer *p, uint64_t n)
 {
-    uint32_t cap = p->cap_w;
-    if (n <= cap)
-        return 0;
-    if (kvi_array_grow((void **)&p->b_w, &cap, n, sizeof(*p->b_w)))
-        return KVT_ENOMEM;
-    cap = p->cap_w;
-    if (kvi_array_grow((void **)&p->b_w_rec, &cap, n, sizeof(*p->b_w_rec)))
-        return KVT_ENOMEM;
-    p->cap_w = cap;
-    return 0;
+    void **const arr[] = {(void **)&p->b_w, (void **)&p->b_w_rec};
+    const size_t elem[] = {sizeof(*p->b_w), sizeof(*p->b_w_rec)};
+    return grow_shared(&p->cap_w, n, arr, elem, 2);
 }
 
 /* Writes every shard of every record of the batch in one call; records that fail are failed
