@@ -595,9 +595,13 @@ int kvi_ucx_send_many_prep(kvi_ucx *u, kvi_ucx_send_item *v, uint32_t n, uint32_
         return kvt_fail(KVT_EINVAL, "ucx: send_many: no items or a window of 0");
     if (window > n)
         window = n;
-    send_batch B = {
-        v,    n,  window, 0, 0, malloc(n * sizeof(ep_slot *)), calloc(window, sizeof(inflight)),
-        prep, arg};
+    send_batch B = {.v = v,
+                    .n = n,
+                    .window = window,
+                    .ep_of = malloc(n * sizeof(ep_slot *)),
+                    .fl = calloc(window, sizeof(inflight)),
+                    .prep = prep,
+                    .arg = arg};
     if (!B.ep_of || !B.fl) {
         free(B.ep_of);
         free(B.fl);
