@@ -151,6 +151,14 @@ class Json(unittest.TestCase):
         self.assertEqual(p.returncode, 0, p.stderr[-2000:])
         d = json.loads(p.stdout)
         self.assertGreater(d["gbps"], 0)
+        # the headline is the paired round with the median ratio, and says which
+        self.assertEqual(len(d["rounds_ratio"]), 3)
+        self.assertEqual(d["ratio_vs_ucx_perftest"], sorted(d["rounds_ratio"])[1])
+        i = d["rounds_ratio"].index(d["ratio_vs_ucx_perftest"])
+        self.assertEqual((d["gbps"], d["ucx_perftest_gbps"]),
+                         (d["rounds_gbps"][i], d["rounds_ucx_perftest_gbps"][i]))
+        self.assertAlmostEqual(d["ratio_vs_ucx_perftest"], d["gbps"] / d["ucx_perftest_gbps"])
+        self.assertNotEqual(d["host_tcp_congestion_control"], "")
         # UCX did log, on stderr only
         self.assertIn("[ucx ", p.stderr)
 
