@@ -57,14 +57,14 @@ static int take_retire(kvt_ec_shard *sh, void *arg)
 }
 
 /* Serves until stdin closes: prints "port N" once bound. */
-int kvt_bench_ec_consumer(void);
-int kvt_bench_ec_consumer(void)
+static int ec_consumer(bool thp)
 {
     /* the engine's receive buffer as kvtier allocates one (kvt_arena: populated, so no
-     * first-touch faults in the figures; THP advised, as UCX allocates ucx_perftest's buffers) */
+     * first-touch faults in the figures; THP advised with --thp) */
     kvt_arena_config ac;
     kvt_arena_config_init(&ac);
     ac.size = CAP;
+    ac.flags = KVT_ARENA_POPULATE | KVT_ARENA_DONTFORK | (thp ? KVT_ARENA_THP : 0);
     kvt_arena *ar = NULL;
     if (kvt_arena_create(&ac, &ar) != 0) {
         fprintf(stderr, "bench ec consumer: %s\n", kvt_last_error());
@@ -297,7 +297,7 @@ static int paired_rounds(pusher *pu, const phase *tmpl, pair_round *rd, int *mid
     return 0;
 }
 
-static pid_t spawn_consumer(int *out_fd)
+static pid_t spawn_consumer(bool thp, int *out_fd)
 {
     int fds[2];
     if (pipe(fds) != 0)
@@ -311,7 +311,7 @@ static pid_t spawn_consumer(int *out_fd)
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
     posix_spawn_file_actions_addclose(&fa, fds[0]);
-    char *argv[] = {self, "bench", "ec", "--ec-consumer", NULL};
+    char *argv[] = {self, "bench", "ec", "--ec-consumer", thp ? "--thp" : NULL, NULL};
     pid_t pid;
     int rc = posix_spawn(&pid, self, &fa, NULL, argv, environ);
     posix_spawn_file_actions_destroy(&fa);
@@ -334,7 +334,7 @@ static int measure(const kvt_bench_opts *o)
     }
     setenv("UCX_TLS", tls, 1); /* this process, the consumer and ucx_perftest alike */
     int fd;
-    pid_t pid = spawn_consumer(&fd);
+    pid_t pid = spawn_consumer(o->thp, &fd);
     if (pid < 0) {
         fprintf(stderr, "kvtier bench ec: cannot start the consumer process\n");
         return 1;
@@ -363,7 +363,7 @@ static int measure(const kvt_bench_opts *o)
         bad = kvt_ec_producer_create(&pc, &prod);
     }
     uint8_t *src = aligned_alloc(2u << 20, 16u << 20);
-    if (src) /* THP advised, as the baseline's buffers (UCX allocates them) */
+    if (src && o->thp) /* over cma 1.6-1.9x the bytes/s (docs/benchmarks.md) */
         (void)madvise(src, 16u << 20, MADV_HUGEPAGE);
     for (size_t i = 0; src && i < (16u << 20); i++)
         src[i] = (uint8_t)(i * 131u);
@@ -440,6 +440,7 @@ static int measure(const kvt_bench_opts *o)
         kvt_json_str(&j, "bench", "ec");
         kvt_json_str(&j, "transport", tr);
         kvt_json_bool(&j, "detect_peer_failure", o->detect_peer_failure);
+        kvt_json_bool(&j, "thp", o->thp);
         kvt_json_num(&j, "gbps", ph[5].gbps);
         kvt_json_num(&j, "ucx_perftest_gbps", base);
         kvt_json_num(&j, "ucx_perftest_default_gbps", base_default);
@@ -514,10 +515,10 @@ static int measure(const kvt_bench_opts *o)
 static int run(const kvt_bench_opts *o)
 {
     if (o->ec_consumer)
-        return kvt_bench_ec_consumer();
+        return ec_consumer(o->thp);
     return kvt_bench_contended(o, measure, "ec");
 }
 
 const kvt_bench kvt_bench_ec = {
     "ec", "encoder-cache push, 2 processes, vs ucx_perftest", run,
-    "json,seconds,transport,peers,detect-peer-failure,ec-consumer,contend,contend-pin"};
+    "json,seconds,transport,peers,detect-peer-failure,thp,ec-consumer,contend,contend-pin"};

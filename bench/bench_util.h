@@ -27,6 +27,7 @@ typedef struct kvt_bench_opts {
     bool ec_consumer;         /* ec: run as the consumer process (internal) */
     const char *peers;        /* ec: the Python that runs the peers (Mooncake, NIXL), or "none" */
     bool detect_peer_failure; /* ec: UCX peer failure detection on the producer's endpoints */
+    bool thp;                 /* ec: the source and the receive buffer THP advised */
     uint32_t contend;         /* ec, remote: processes spinning while everything is measured */
     bool contend_pin;         /* ... each pinned to a core (i mod cores) */
 } kvt_bench_opts;

@@ -84,10 +84,11 @@ class Values(unittest.TestCase):
         self.assertEqual(spinners(), 0)
         key, val = mark.split("=")
         p = run("bench", "ec", "--json", "--seconds", "0.02", "--transport", "tcp", "--peers",
-                "none", "--contend", "2", "--contend-pin", env={key: val})
+                "none", "--contend", "2", "--contend-pin", "--thp", env={key: val})
         self.assertEqual(p.returncode, 0, p.stderr)
         d = json.loads(p.stdout)
         self.assertEqual((d["contend_processes"], d["contend_pinned"]), (2, True))
+        self.assertIs(d["thp"], True)
         self.assertEqual(spinners(), 0)
         q = run("bench", "ec", "--contend", "65")
         self.assertEqual(q.returncode, 2)

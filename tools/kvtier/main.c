@@ -73,6 +73,9 @@ static int cmd_bench(int argc, char **argv)
         {"detect-peer-failure", KVT_OPT_FLAG, &o.detect_peer_failure, NULL,
          "ec: the producer's endpoints with UCX peer failure detection\n"
          "(kvt_ec_net_config.detect_peer_failure; off by default)"},
+        {"thp", KVT_OPT_FLAG, &o.thp, NULL,
+         "ec: the producer's source and the consumer's buffer THP advised\n"
+         "(default: normal pages, as ucx_perftest's sender has)"},
         {"contend", KVT_OPT_U64, &contend, "N",
          "ec, remote: N processes spin during every phase, kvtier's and the\n"
          "baselines' (default 0: a quiet machine)",
