@@ -260,6 +260,8 @@ json_t *kvt_bench_run_peers(const kvt_bench_opts *o, const char *script_name, co
     }
     json_error_t err;
     json_t *r = json_loadf(f, JSON_DISABLE_EOF_CHECK, &err);
+    while (fgetc(f) != EOF) /* read to its end: a script still writing (the line's newline, */
+        ;                   /* unbuffered) would otherwise die of a broken pipe */
     int st = pclose(f);
     if (!r || !json_is_object(r)) {
         snprintf(why, cap, "%s printed no JSON object (exit status %d): %s", script, st, err.text);

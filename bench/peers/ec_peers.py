@@ -249,7 +249,9 @@ def main():
         OUT.flush()
         os._exit(0)  # NIXL's bundled libnl crashes in its exit handlers (SIGSEGV at exit)
     peers = [a.peer] if a.peer else sorted(PEERS)
-    print(json.dumps({p: one_peer(p, a.transport, a.seconds, a.timeout) for p in peers}))
+    out = json.dumps({p: one_peer(p, a.transport, a.seconds, a.timeout) for p in peers})
+    sys.stdout.write(out + "\n")  # one write: the reader may close once the object is whole
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":

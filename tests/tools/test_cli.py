@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import unittest
 
@@ -147,10 +148,33 @@ class Limits(unittest.TestCase):
 class Json(unittest.TestCase):
     UCX_INFO = {"UCX_LOG_LEVEL": "info"}
 
+    # A stand-in for bench/peers/ec_peers.py: its object, then (a moment later, as an
+    # unbuffered print writes it) the newline; a reader that stopped at the object's end
+    # broke that second write.
+    STAND_IN_PEERS = '''import os, sys, time
+sys.stdout.write('{"mooncake": {"ran": false, "why": "stand-in"}, "nixl": {"ran": true, '
+                 '"gbps_16m": 1.0, "gbps_1m": 1.0, "items_per_s_64k": 1000.0, '
+                 '"version": "0"}}')
+sys.stdout.flush()
+time.sleep(0.5)
+try:
+    sys.stdout.write("\\n")
+    sys.stdout.flush()
+except BrokenPipeError:
+    open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "broken"), "w").close()
+'''
+
     def test_bench_ec_json_parses_while_ucx_logs(self):
-        p = run("bench", "ec", "--json", "--seconds", "0.2", env=self.UCX_INFO)
-        self.assertEqual(p.returncode, 0, p.stderr[-2000:])
+        with tempfile.TemporaryDirectory() as peers:
+            with open(os.path.join(peers, "ec_peers.py"), "w") as f:
+                f.write(self.STAND_IN_PEERS)
+            p = run("bench", "ec", "--json", "--seconds", "0.2", "--peers", sys.executable,
+                    env=dict(self.UCX_INFO, KVTIER_PEERS_DIR=peers))
+            self.assertEqual(p.returncode, 0, p.stderr[-2000:])
+            # the peers' figures arrived, and the script was read to its end
+            self.assertFalse(os.path.exists(os.path.join(peers, "broken")))
         d = json.loads(p.stdout)
+        self.assertEqual((d["mooncake_why"], d["nixl_gbps"]), ("stand-in", 1.0))
         self.assertGreater(d["gbps"], 0)
         # the headline is the paired round with the median ratio, and says which
         self.assertEqual(len(d["rounds_ratio"]), 3)
