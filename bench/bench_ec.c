@@ -286,14 +286,12 @@ static int paired_rounds(pusher *pu, const phase *tmpl, pair_round *rd, int *mid
             return 2;
         rd[r].ratio = rd[r].ph.gbps / rd[r].base;
     }
-    int order[ROUNDS];
-    for (int r = 0; r < ROUNDS; r++) { /* insertion sort of the round numbers by ratio */
-        int k = r;
-        for (; k > 0 && rd[order[k - 1]].ratio > rd[r].ratio; k--)
-            order[k] = order[k - 1];
-        order[k] = r;
-    }
-    *mid = order[ROUNDS / 2];
+    double sorted[ROUNDS];
+    for (int r = 0; r < ROUNDS; r++)
+        sorted[r] = rd[r].ratio;
+    qsort(sorted, ROUNDS, sizeof(double), kvt_cmp_double);
+    for (*mid = 0; rd[*mid].ratio != sorted[ROUNDS / 2]; ++*mid)
+        ;
     return 0;
 }
 
@@ -363,7 +361,7 @@ static int measure(const kvt_bench_opts *o)
         bad = kvt_ec_producer_create(&pc, &prod);
     }
     uint8_t *src = aligned_alloc(2u << 20, 16u << 20);
-    if (src && o->thp) /* over cma 1.6-1.9x the bytes/s (docs/benchmarks.md) */
+    if (src && o->thp) /* over cma, faster pushes (docs/benchmarks.md) */
         (void)madvise(src, 16u << 20, MADV_HUGEPAGE);
     for (size_t i = 0; src && i < (16u << 20); i++)
         src[i] = (uint8_t)(i * 131u);
@@ -419,8 +417,7 @@ static int measure(const kvt_bench_opts *o)
     kill(pid, SIGTERM);
     waitpid(pid, NULL, 0);
     fclose(cf);
-    if (bad == 2) {
-        json_decref(peers);
+    if (bad == 2) { /* (the peers ran only if nothing failed: peers is NULL here) */
         fprintf(stderr,
                 "kvtier bench ec: the baseline `ucx_perftest tag_bw` did not run on %s (is "
                 "ucx-utils installed? scripts/install-deps installs it)\n",
@@ -428,7 +425,6 @@ static int measure(const kvt_bench_opts *o)
         return 1;
     }
     if (bad) {
-        json_decref(peers);
         fprintf(stderr, "kvtier bench ec: %s\n", kvt_last_error());
         return 1;
     }
