@@ -68,7 +68,7 @@ int kvt_ec_net_consumer_create(const kvt_ec_net_config *cfg, kvt_ec_net_consumer
     if (!rc)
         rc = kvi_ecc_client_create((int)cfg->control_timeout_ms, &k, &c->cli);
     if (!rc)
-        rc = kvi_ucx_create(&c->ucx);
+        rc = kvi_ucx_create_as(&c->ucx, KVI_UCX_EC_SENDER);
     if (!rc)
         kvi_ucx_set_peer_failure(c->ucx, cfg->detect_peer_failure);
     if (rc) {

@@ -6,6 +6,7 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -103,7 +104,48 @@ static void route_ucx_log(void)
         ucs_log_push_handler(log_to_stderr);
 }
 
+bool kvi_ucx_host_rdma(void)
+{
+    DIR *d = opendir("/sys/class/infiniband");
+    if (!d)
+        return false;
+    bool any = false;
+    for (struct dirent *e; !any && (e = readdir(d));)
+        any = e->d_name[0] != '.';
+    closedir(d);
+    return any;
+}
+
+const char *kvi_ucx_rndv_thresh(const char *user_env, bool rdma)
+{
+    return (user_env && *user_env) || rdma ? NULL : KVI_UCX_EC_RNDV_THRESH;
+}
+
+/* UCX's configuration (its environment) with kvtier's choices where the user made none. */
+static ucs_status_t read_config(unsigned flags, ucp_config_t **cfg)
+{
+    ucs_status_t st = ucp_config_read(NULL, NULL, cfg);
+    if (st != UCS_OK)
+        return st;
+    /* the classic selection, unless the user chose with UCX_PROTO_ENABLE (ucx.h) */
+    const char *pe = getenv("UCX_PROTO_ENABLE");
+    if ((!pe || !*pe) && ucp_config_modify(*cfg, "PROTO_ENABLE", "n") != UCS_OK)
+        KVT_LOG_D("ucx: this UCX has no PROTO_ENABLE setting; its default protocols are used");
+    /* an encoder-cache sender's small items eager (ucx.h), unless the user chose a threshold */
+    const char *rt = flags & KVI_UCX_EC_SENDER
+                         ? kvi_ucx_rndv_thresh(getenv("UCX_RNDV_THRESH"), kvi_ucx_host_rdma())
+                         : NULL;
+    if (rt && ucp_config_modify(*cfg, "RNDV_THRESH", rt) != UCS_OK)
+        KVT_LOG_D("ucx: this UCX has no RNDV_THRESH setting; its own threshold is used");
+    return UCS_OK;
+}
+
 int kvi_ucx_create(kvi_ucx **out)
+{
+    return kvi_ucx_create_as(out, 0);
+}
+
+int kvi_ucx_create_as(kvi_ucx **out, unsigned flags)
 {
     if (!out)
         return kvt_fail(KVT_EINVAL, "ucx: create: NULL out");
@@ -115,15 +157,11 @@ int kvi_ucx_create(kvi_ucx **out)
     u->efd = -1;
     kvi_spin_init(&u->spin, SPIN_NS, true);
     ucp_config_t *cfg;
-    ucs_status_t st = ucp_config_read(NULL, NULL, &cfg);
+    ucs_status_t st = read_config(flags, &cfg);
     if (st != UCS_OK) {
         free(u);
         return ufail(st, "reading the configuration");
     }
-    /* the classic selection, unless the user chose with UCX_PROTO_ENABLE (ucx.h) */
-    const char *pe = getenv("UCX_PROTO_ENABLE");
-    if ((!pe || !*pe) && ucp_config_modify(cfg, "PROTO_ENABLE", "n") != UCS_OK)
-        KVT_LOG_D("ucx: this UCX has no PROTO_ENABLE setting; its default protocols are used");
     ucp_params_t p = {.field_mask = UCP_PARAM_FIELD_FEATURES,
                       .features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP};
     st = ucp_init(&p, cfg, &u->ctx);
@@ -650,4 +688,25 @@ int kvi_ucx_send(kvi_ucx *u, const void *addr, size_t addr_len, const void *buf,
 {
     kvi_ucx_send_item it = {addr, addr_len, buf, len, tag, 0};
     return kvi_ucx_send_many(u, &it, 1, 1, timeout_ms);
+}
+
+int kvi_ucx_ep_info(kvi_ucx *u, const void *addr, size_t len, char *buf, size_t cap)
+{
+    if (!buf || cap == 0)
+        return kvt_fail(KVT_EINVAL, "ucx: endpoint info: no room");
+    buf[0] = '\0';
+    uint32_t slot;
+    int rc = kvi_ucx_address_check(u, addr, len);
+    if (rc || (rc = endpoint(u, addr, len, &slot)))
+        return rc;
+    char *text = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&text, &n);
+    if (!f)
+        return kvt_fail(KVT_ENOMEM, "ucx: endpoint info: out of memory");
+    ucp_ep_print_info(u->eps[slot]->ep, f);
+    fclose(f);
+    snprintf(buf, cap, "%s", text ? text : "");
+    free(text);
+    return 0;
 }

@@ -26,6 +26,28 @@ typedef struct kvi_ucx_recv kvi_ucx_recv;
  * which keeps its speed on a busy machine, where the newer selection's two-sided pipeline
  * fell to a fifth (docs/benchmarks.md, contention); over tcp the two tie. */
 int kvi_ucx_create(kvi_ucx **out);
+/* kvi_ucx_create for an encoder-cache sender (KVI_UCX_EC_SENDER): besides the classic
+ * selection, items below KVI_UCX_EC_RNDV_THRESH go eager where kvi_ucx_rndv_thresh says so. An
+ * eager item is sent with its tag and lands in the posted receive without the rendezvous's
+ * three extra messages (request, reply, acknowledgement); over tcp, with UCX's own threshold of
+ * 8 KiB, 64 KiB items went from 24-25 k to 33-39 k a second quiet and from 11-14 k to 16-21 k
+ * beside a busy core (docs/benchmarks.md). The threshold is the sender's choice: a consumer
+ * receives either way. 0 flags is kvi_ucx_create. */
+#define KVI_UCX_EC_SENDER      1u
+#define KVI_UCX_EC_RNDV_THRESH "256K"
+int kvi_ucx_create_as(kvi_ucx **out, unsigned flags);
+/* The rendezvous threshold an encoder-cache sender's context is given: NULL (UCX's own) where
+ * the user chose one (user_env: UCX_RNDV_THRESH, set and not empty) or the host has RDMA
+ * devices (rdma: their rendezvous reads the bytes straight into the receive buffer, where eager
+ * copies them once more, and UCX's own threshold is tuned for them); KVI_UCX_EC_RNDV_THRESH
+ * otherwise (tcp and shared memory). */
+const char *kvi_ucx_rndv_thresh(const char *user_env, bool rdma);
+/* Whether this host has RDMA devices (an entry under /sys/class/infiniband). */
+bool kvi_ucx_host_rdma(void);
+/* The protocols UCX chose for the endpoint to a peer's worker address (ucp_ep_print_info, in
+ * this UCX's words: "tag_send: 0..<egr/short>..8185..<egr/zcopy>..262144..<rndv>..(inf)" for
+ * UCX 1.13's classic selection), NUL-terminated, cut at cap. 0, or an error. */
+int kvi_ucx_ep_info(kvi_ucx *u, const void *addr, size_t len, char *buf, size_t cap);
 /* Endpoints are closed (forcibly); receives still posted must have been cancelled. */
 void kvi_ucx_destroy(kvi_ucx *u);
 /* The worker's address, for peers to send to (valid until destroy). */

@@ -897,6 +897,77 @@ static void a_thousand_items_from_another_process(void **state)
     consumer_stop(&c);
 }
 
+/* The rendezvous threshold in an endpoint's protocol table (kvi_ucx_ep_info), 0 where this
+ * UCX words its table otherwise. */
+static unsigned long long rndv_thresh_of(const char *info)
+{
+    const char *l = strstr(info, "tag_send:");
+    const char *r = l ? strstr(l, "..<rndv>") : NULL;
+    const char *eol = l ? strchr(l, '\n') : NULL;
+    if (!r || (eol && r > eol))
+        return 0;
+    const char *d = r;
+    while (d > l && d[-1] >= '0' && d[-1] <= '9')
+        d--;
+    return d < r ? strtoull(d, NULL, 10) : 0;
+}
+
+/* The threshold UCX gave an endpoint of a new context to rx's worker. */
+static unsigned long long rndv_thresh_to(kvi_ucx *rx, unsigned flags, char *info, size_t cap)
+{
+    const void *addr;
+    size_t len;
+    kvi_ucx *tx;
+    KVT_OK_(kvi_ucx_address(rx, &addr, &len));
+    KVT_OK_(kvi_ucx_create_as(&tx, flags));
+    KVT_OK_(kvi_ucx_ep_info(tx, addr, len, info, cap));
+    kvi_ucx_destroy(tx);
+    return rndv_thresh_of(info);
+}
+
+/* An encoder-cache sender's items below 256 KiB go eager (no rendezvous round trip), unless the
+ * user set UCX_RNDV_THRESH or the host has RDMA devices; other contexts keep UCX's own. */
+static void an_encoder_sender_sends_small_items_eager(void **state)
+{
+    (void)state;
+    assert_string_equal(kvi_ucx_rndv_thresh(NULL, false), KVI_UCX_EC_RNDV_THRESH);
+    assert_string_equal(kvi_ucx_rndv_thresh("", false), KVI_UCX_EC_RNDV_THRESH);
+    assert_null(kvi_ucx_rndv_thresh("64K", false));
+    assert_null(kvi_ucx_rndv_thresh(NULL, true));
+    const char *was = getenv("UCX_RNDV_THRESH");
+    char *saved = was ? strdup(was) : NULL;
+    unsetenv("UCX_RNDV_THRESH");
+    kvi_ucx *rx;
+    KVT_OK_(kvi_ucx_create(&rx));
+    static char info[1 << 16];
+    unsigned long long sender = rndv_thresh_to(rx, KVI_UCX_EC_SENDER, info, sizeof(info));
+    unsigned long long plain = sender ? rndv_thresh_to(rx, 0, info, sizeof(info)) : 0;
+    unsigned long long chosen = 0;
+    if (sender && plain) {
+        setenv("UCX_RNDV_THRESH", "32K", 1);
+        chosen = rndv_thresh_to(rx, KVI_UCX_EC_SENDER, info, sizeof(info));
+    }
+    if (saved)
+        setenv("UCX_RNDV_THRESH", saved, 1);
+    else
+        unsetenv("UCX_RNDV_THRESH");
+    free(saved);
+    kvi_ucx_destroy(rx);
+    if (!sender || !plain)
+        KVT_SKIP("this UCX words its endpoint protocols otherwise (UCX_PROTO_ENABLE=y?): %.300s",
+                 info);
+    print_message("rendezvous from %llu bytes (encoder sender), %llu (UCX's own), %llu (the "
+                  "user's 32K)\n",
+                  sender, plain, chosen);
+    if (kvi_ucx_host_rdma())
+        assert_int_equal(sender, plain);
+    else {
+        assert_int_equal(sender, 256u << 10);
+        assert_int_not_equal(plain, 256u << 10);
+    }
+    assert_int_equal(chosen, 32u << 10);
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 6 && strcmp(argv[1], "producer") == 0)
@@ -914,6 +985,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(an_unreachable_consumer_never_blocks_the_scheduler),
         cmocka_unit_test(a_killed_producer_is_reaped_at_its_ttl_and_the_next_one_is_served),
         cmocka_unit_test(a_thousand_items_from_another_process),
+        cmocka_unit_test(an_encoder_sender_sends_small_items_eager),
     };
     return kvt_test_exit(cmocka_run_group_tests(tests, NULL, NULL));
 }
