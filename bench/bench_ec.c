@@ -17,7 +17,9 @@
  * The headline ratio is paired: ROUNDS rounds of (kvtier's 16 MiB phase, then the baseline
  * at once), the round with the median ratio reported. A shared machine's speed moves by 2x
  * within seconds (docs/benchmarks.md); a ratio of two figures taken seconds apart measures
- * that as much as kvtier.
+ * that as much as kvtier. Likewise with the peers: where Mooncake runs, the 64 KiB pipelined
+ * phase is paired ROUNDS times with Mooncake's 64 KiB phase alone, and the pair with the
+ * median items/s ratio is reported (`rounds_*_64k`).
  */
 #include <signal.h>
 #include <spawn.h>
@@ -216,11 +218,14 @@ static int push_phase(pusher *pu, phase *ph, int seq)
 
 /* ---- the peers: Mooncake's transfer engine and NIXL (bench/peers/ec_peers.py) ---------------- */
 
-/* The peers' figures for transport tr, as the script printed them, or NULL with *why set. */
-static json_t *run_peers(const kvt_bench_opts *o, const char *tr, char *why, size_t cap)
+/* The peers' figures for transport tr, as the script printed them (its arguments extra
+ * added), or NULL with *why set. */
+static json_t *run_peers(const kvt_bench_opts *o, const char *tr, const char *extra, char *why,
+                         size_t cap)
 {
-    char args[64];
-    snprintf(args, sizeof(args), "--transport %s --seconds %g", tr, o->seconds);
+    char args[128];
+    snprintf(args, sizeof(args), "--transport %s --seconds %g%s%s", tr, o->seconds,
+             *extra ? " " : "", extra);
     return kvt_bench_run_peers(o, "ec_peers.py", args, why, cap);
 }
 
@@ -260,6 +265,18 @@ static void add_peers(kvt_json *j, json_t *peers, const char *why, const phase *
     }
 }
 
+/* The index of the median of ROUNDS values (ROUNDS is odd). */
+static int median_at(const double *v)
+{
+    double sorted[ROUNDS];
+    memcpy(sorted, v, sizeof(sorted));
+    qsort(sorted, ROUNDS, sizeof(double), kvt_cmp_double);
+    int i = 0;
+    while (v[i] != sorted[ROUNDS / 2])
+        i++;
+    return i;
+}
+
 /* One paired round: kvtier's 16 MiB phase and the baseline measured right after it. */
 typedef struct pair_round {
     phase ph;
@@ -286,13 +303,72 @@ static int paired_rounds(pusher *pu, const phase *tmpl, pair_round *rd, int *mid
             return 2;
         rd[r].ratio = rd[r].ph.gbps / rd[r].base;
     }
-    double sorted[ROUNDS];
+    double ratios[ROUNDS];
     for (int r = 0; r < ROUNDS; r++)
-        sorted[r] = rd[r].ratio;
-    qsort(sorted, ROUNDS, sizeof(double), kvt_cmp_double);
-    for (*mid = 0; rd[*mid].ratio != sorted[ROUNDS / 2]; ++*mid)
-        ;
+        ratios[r] = rd[r].ratio;
+    *mid = median_at(ratios);
     return 0;
+}
+
+/* One paired 64 KiB round: kvtier's pipelined phase, then Mooncake's 64 KiB phase alone. */
+typedef struct pair64 {
+    phase ph;
+    double mooncake, ratio; /* Mooncake's items/s; kvtier's items/s over it */
+} pair64;
+
+/* Where the peers' run had Mooncake (peers: the figures it printed), ROUNDS rounds of kvtier's
+ * 64 KiB phase tmpl, each followed at once by Mooncake's 64 KiB phase alone (ec_peers.py
+ * --peer mooncake --phases 64k); *mid: the round whose items/s ratio is the median, whose
+ * Mooncake figure replaces the one in peers. One lone pair, taken ten seconds apart, measured
+ * the host's speed states as much as either transfer (docs/benchmarks.md). Returns ROUNDS, 0
+ * (Mooncake did not run, here or in a round: the lone figures stay) or -1 (a push failed). */
+static int paired_64k(pusher *pu, const kvt_bench_opts *o, const char *tr, json_t *peers,
+                      const phase *tmpl, pair64 *rd, int *mid)
+{
+    json_t *mc = peers ? json_object_get(peers, "mooncake") : NULL;
+    if (!mc || !json_is_true(json_object_get(mc, "ran")))
+        return 0;
+    double ratios[ROUNDS];
+    for (int r = 0; r < ROUNDS; r++) {
+        rd[r].ph = *tmpl;
+        if (push_phase(pu, &rd[r].ph, 9 + r))
+            return -1;
+        char why[256] = "";
+        json_t *p = run_peers(o, tr, "--peer mooncake --phases 64k", why, sizeof(why));
+        json_t *m = p ? json_object_get(p, "mooncake") : NULL;
+        json_t *v = m && json_is_true(json_object_get(m, "ran"))
+                        ? json_object_get(m, "items_per_s_64k")
+                        : NULL;
+        rd[r].mooncake = json_is_number(v) ? json_number_value(v) : 0;
+        json_decref(p);
+        if (!(rd[r].mooncake > 0)) {
+            fprintf(stderr,
+                    "kvtier bench ec: Mooncake's 64 KiB round %d did not run (%s): the "
+                    "unpaired 64 KiB figures stay\n",
+                    r + 1, *why ? why : "no figure");
+            return 0;
+        }
+        ratios[r] = rd[r].ratio = rd[r].ph.items_per_s / rd[r].mooncake;
+    }
+    *mid = median_at(ratios);
+    json_object_set_new(mc, "items_per_s_64k", json_real(rd[*mid].mooncake));
+    return ROUNDS;
+}
+
+/* The 64 KiB pairs' figures: kvtier's items/s, Mooncake's, and their ratios, round by round. */
+static void add_pairs64(kvt_json *j, const pair64 *rd, int n)
+{
+    if (n <= 0)
+        return;
+    json_t *k = json_array(), *m = json_array(), *r = json_array();
+    for (int i = 0; i < n; i++) {
+        json_array_append_new(k, kvt_json_real(rd[i].ph.items_per_s));
+        json_array_append_new(m, kvt_json_real(rd[i].mooncake));
+        json_array_append_new(r, kvt_json_real(rd[i].ratio));
+    }
+    kvt_json_set(j, "rounds_items_per_s_64k", k);
+    kvt_json_set(j, "rounds_mooncake_items_per_s_64k", m);
+    kvt_json_set(j, "rounds_ratio_vs_mooncake_64k", r);
 }
 
 static pid_t spawn_consumer(bool thp, int *out_fd)
@@ -396,7 +472,14 @@ static int measure(const kvt_bench_opts *o)
     if (!bad)
         bad = push_phase(&pu, &ph[3], 4);
     char why[512] = "";
-    json_t *peers = bad ? NULL : run_peers(o, tr, why, sizeof(why));
+    json_t *peers = bad ? NULL : run_peers(o, tr, "", why, sizeof(why));
+    /* then, with Mooncake, the 64 KiB phase paired with its 64 KiB phase alone, ROUNDS times */
+    pair64 r64[ROUNDS];
+    int n64 = 0, mid64 = 0;
+    if (!bad && (n64 = paired_64k(&pu, o, tr, peers, &ph[3], r64, &mid64)) < 0)
+        bad = 1;
+    if (n64 > 0)
+        ph[3] = r64[mid64].ph;
     /* idle: both processes connected, nothing to send; their CPU per wall second (issue 38
      * asks < 1 % of a core) over 2 x --seconds (--seconds 5: 10 s) */
     double idle_s = 2 * o->seconds, idle_prod = 0, idle_cons = 0;
@@ -426,6 +509,7 @@ static int measure(const kvt_bench_opts *o)
     }
     if (bad) {
         fprintf(stderr, "kvtier bench ec: %s\n", kvt_last_error());
+        json_decref(peers);
         return 1;
     }
     double base_default = rd[mid].base_default, base_proto = rd[mid].base_proto;
@@ -470,6 +554,7 @@ static int measure(const kvt_bench_opts *o)
         kvt_json_num(&j, "idle_cpu_producer", idle_prod);
         kvt_json_num(&j, "idle_cpu_consumer", idle_cons);
         add_peers(&j, peers, why, ph);
+        add_pairs64(&j, r64, n64);
         kvt_json_host(&j);
         kvt_json_end(&j);
     } else {
@@ -502,6 +587,12 @@ static int measure(const kvt_bench_opts *o)
             double i64 = json_number_value(json_object_get(p, "items_per_s_64k"));
             printf("  %s: 16 MiB %.2f GB/s (kvtier %.2fx), 64 KiB %.0f items/s (kvtier %.2fx)\n",
                    names[i], g16, ph[5].gbps / g16, i64, ph[3].items_per_s / i64);
+        }
+        if (n64 > 0) {
+            printf("  64 KiB items/s, kvtier / Mooncake, paired rounds:");
+            for (int r = 0; r < n64; r++)
+                printf(" %.0f/%.0f", r64[r].ph.items_per_s, r64[r].mooncake);
+            printf(" (the median ratio above)\n");
         }
     }
     json_decref(peers);

@@ -4,7 +4,7 @@ same loopback transport by Mooncake's transfer engine (mooncake-transfer-engine,
 vLLM's ECMooncakeConnector uses) and by NIXL (its UCX backend), each through its own documented
 Python API.
 
-    python ec_peers.py --transport tcp|shm [--seconds S]
+    python ec_peers.py --transport tcp|shm [--seconds S] [--peer NAME] [--phases 64k,1m,16m]
 
 prints one JSON object on stdout: for each peer either {"ran": true, "version": ..., "gbps_16m",
 "gbps_1m", "gbps_64k", "items_per_s_64k"} or {"ran": false, "why": "..."}. Everything else goes
@@ -13,7 +13,8 @@ process (a registered source) that writes batches of items into the target's buf
 of 64 KiB, 64 of 1 MiB, 8 of 16 MiB per batch, one batch in flight at a time, as kvtier's
 pipelined phases do (bench/bench_ec.c). Only the bytes move: neither peer has a control plane
 of reservations and completions here, so these figures are their wire ceilings, not a full
-encoder-cache push.
+encoder-cache push. --phases keeps only the named phases (the figures of the others are
+absent): `kvtier bench ec` pairs its 64 KiB phase with Mooncake's alone, right after it.
 
 The script runs in the environment `make bench-env` makes (.venv-bench): bench/peers/
 requirements.txt pins the packages.
@@ -135,10 +136,16 @@ def nixl_run(transport, info, seconds):
 
 # ---- driver ------------------------------------------------------------------------------------
 
+KEYS = {64 << 10: "64k", 1 << 20: "1m", 16 << 20: "16m"}
+WANT = set(KEYS.values())  # the phases to run (--phases)
+
+
 def run_phases(batch, seconds):
     out = {}
     batch(1 << 20, 16, 0)  # connection set-up and warm-up, not measured
     for size, per, items in PHASES:
+        if KEYS[size] not in WANT:
+            continue
         items = scaled(items, seconds)
         done = 0
         t0 = time.perf_counter()
@@ -147,7 +154,7 @@ def run_phases(batch, seconds):
             batch(size, m, done)
             done += m
         dt = time.perf_counter() - t0
-        key = {64 << 10: "64k", 1 << 20: "1m", 16 << 20: "16m"}[size]
+        key = KEYS[size]
         out["gbps_" + key] = size * done / dt / 1e9
         out["items_per_s_" + key] = done / dt
     return out
@@ -186,7 +193,8 @@ def tail(text, n=300):
 
 
 def one_peer(peer, transport, seconds, timeout):
-    me = [sys.executable, os.path.abspath(__file__), "--transport", transport]
+    me = [sys.executable, os.path.abspath(__file__), "--transport", transport,
+          "--phases", ",".join(sorted(WANT))]
     try:
         __import__({"mooncake": "mooncake.engine", "nixl": "numpy"}[peer])
         if peer == "nixl":
@@ -234,7 +242,13 @@ def main():
     ap.add_argument("--peer", choices=sorted(PEERS))
     ap.add_argument("--role", choices=("target", "initiator"))
     ap.add_argument("--info")
+    ap.add_argument("--phases", default="64k,1m,16m",
+                    help="the phases to run, of 64k, 1m, 16m (comma-separated)")
     a = ap.parse_args()
+    global WANT
+    WANT = set(x for x in a.phases.split(",") if x)
+    if not WANT or not WANT <= set(KEYS.values()):
+        ap.error("--phases: a comma-separated list of 64k, 1m, 16m, not %r" % a.phases)
     os.environ["UCX_TLS"] = a.transport  # NIXL's UCX, as kvtier's and ucx_perftest's
     if a.role:
         # the libraries log on stdout: our one line goes to the real stdout, theirs to stderr

@@ -192,6 +192,47 @@ except BrokenPipeError:
         # UCX did log, on stderr only
         self.assertIn("[ucx ", p.stderr)
 
+    # A stand-in whose Mooncake runs: the full run first, then 64 KiB phases alone, each call
+    # with its own figure (from MC below), its arguments logged.
+    STAND_IN_MOONCAKE = '''import json, os, sys
+here = os.path.dirname(os.path.abspath(__file__))
+with open(os.path.join(here, "calls"), "a") as f:
+    f.write(" ".join(sys.argv[1:]) + "\\n")
+with open(os.path.join(here, "calls")) as f:
+    n = len(f.readlines())
+MC = [1000.0, 2e6, 1.0, 3e4]
+out = {"mooncake": {"ran": True, "items_per_s_64k": MC[n - 1], "version": "0"}}
+if n == 1:
+    out["mooncake"].update({"gbps_16m": 1.0, "gbps_1m": 1.0})
+    out["nixl"] = {"ran": False, "why": "stand-in"}
+sys.stdout.write(json.dumps(out) + "\\n")
+'''
+
+    def test_bench_ec_pairs_its_64k_phase_with_mooncakes(self):
+        with tempfile.TemporaryDirectory() as peers:
+            with open(os.path.join(peers, "ec_peers.py"), "w") as f:
+                f.write(self.STAND_IN_MOONCAKE)
+            p = run("bench", "ec", "--json", "--seconds", "0.2", "--peers", sys.executable,
+                    env=dict(KVTIER_PEERS_DIR=peers))
+            self.assertEqual(p.returncode, 0, p.stderr[-2000:])
+            with open(os.path.join(peers, "calls")) as f:
+                calls = f.read().splitlines()
+        # the full run, then three rounds of Mooncake's 64 KiB phase alone
+        self.assertEqual(len(calls), 4, calls)
+        self.assertNotIn("--phases", calls[0])
+        for c in calls[1:]:
+            self.assertIn("--peer mooncake --phases 64k", c)
+        d = json.loads(p.stdout)
+        self.assertEqual(d["rounds_mooncake_items_per_s_64k"], [2e6, 1.0, 3e4])
+        # the headline is the round with the median ratio: here the third
+        r = d["rounds_ratio_vs_mooncake_64k"]
+        self.assertEqual(d["ratio_vs_mooncake_64k"], sorted(r)[1])
+        self.assertEqual(d["ratio_vs_mooncake_64k"], r[2])
+        self.assertEqual((d["items_per_s_64k"], d["mooncake_items_per_s_64k"]),
+                         (d["rounds_items_per_s_64k"][2], 3e4))
+        self.assertAlmostEqual(r[2], d["items_per_s_64k"] / 3e4)
+        self.assertEqual(d["nixl_why"], "stand-in")
+
     def test_every_other_bench_json_parses(self):
         args = {"pool": ["--seconds", "0.1"], "sched": ["--seconds", "0.1"],
                 "copy": ["--gib", "0.02"], "disk": ["--gib", "0.02"]}
