@@ -116,13 +116,25 @@ bool kvi_ucx_host_rdma(void)
     return any;
 }
 
-const char *kvi_ucx_rndv_thresh(const char *user_env, bool rdma)
+const char *kvi_ucx_rndv_thresh(const char *user_env, bool rdma, bool shm)
 {
-    return (user_env && *user_env) || rdma ? NULL : KVI_UCX_EC_RNDV_THRESH;
+    return (user_env && *user_env) || rdma || shm ? NULL : KVI_UCX_EC_RNDV_THRESH;
 }
 
-/* UCX's configuration (its environment) with kvtier's choices where the user made none. */
-static ucs_status_t read_config(unsigned flags, ucp_config_t **cfg)
+/* Whether a context's transports (its address's) include a shared-memory one. */
+static bool has_shm(const kvi_ucx_addr_ref *ref)
+{
+    static const char *const shm[] = {"posix", "sysv", "cma", "xpmem", "knem"};
+    for (uint32_t i = 0; i < ref->n; i++)
+        for (size_t k = 0; k < sizeof(shm) / sizeof(shm[0]); k++)
+            if (ref->e[i].csum == ucs_crc16_string(shm[k]))
+                return true;
+    return false;
+}
+
+/* UCX's configuration (its environment) with kvtier's choices where the user made none:
+ * rndv_thresh, if not NULL, the rendezvous threshold. */
+static ucs_status_t read_config(const char *rndv_thresh, ucp_config_t **cfg)
 {
     ucs_status_t st = ucp_config_read(NULL, NULL, cfg);
     if (st != UCS_OK)
@@ -131,13 +143,58 @@ static ucs_status_t read_config(unsigned flags, ucp_config_t **cfg)
     const char *pe = getenv("UCX_PROTO_ENABLE");
     if ((!pe || !*pe) && ucp_config_modify(*cfg, "PROTO_ENABLE", "n") != UCS_OK)
         KVT_LOG_D("ucx: this UCX has no PROTO_ENABLE setting; its default protocols are used");
-    /* an encoder-cache sender's small items eager (ucx.h), unless the user chose a threshold */
-    const char *rt = flags & KVI_UCX_EC_SENDER
-                         ? kvi_ucx_rndv_thresh(getenv("UCX_RNDV_THRESH"), kvi_ucx_host_rdma())
-                         : NULL;
-    if (rt && ucp_config_modify(*cfg, "RNDV_THRESH", rt) != UCS_OK)
+    if (rndv_thresh && ucp_config_modify(*cfg, "RNDV_THRESH", rndv_thresh) != UCS_OK)
         KVT_LOG_D("ucx: this UCX has no RNDV_THRESH setting; its own threshold is used");
     return UCS_OK;
+}
+
+static void close_worker(kvi_ucx *u)
+{
+    if (u->addr)
+        ucp_worker_release_address(u->worker, u->addr);
+    if (u->worker)
+        ucp_worker_destroy(u->worker);
+    if (u->ctx)
+        ucp_cleanup(u->ctx);
+    u->addr = NULL;
+    u->worker = NULL;
+    u->ctx = NULL;
+}
+
+/* u's context, worker and address (parsed into u->ref), rndv_thresh as read_config takes it. */
+static int open_worker(kvi_ucx *u, const char *rndv_thresh)
+{
+    ucp_config_t *cfg;
+    ucs_status_t st = read_config(rndv_thresh, &cfg);
+    if (st != UCS_OK)
+        return ufail(st, "reading the configuration");
+    ucp_params_t p = {.field_mask = UCP_PARAM_FIELD_FEATURES,
+                      .features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP};
+    st = ucp_init(&p, cfg, &u->ctx);
+    ucp_config_release(cfg);
+    if (st != UCS_OK) {
+        u->ctx = NULL;
+        return ufail(st, "init");
+    }
+    ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+                              .thread_mode = UCS_THREAD_MODE_SINGLE};
+    st = ucp_worker_create(u->ctx, &wp, &u->worker);
+    if (st != UCS_OK)
+        u->worker = NULL;
+    else if ((st = ucp_worker_get_address(u->worker, &u->addr, &u->addr_len)) != UCS_OK)
+        u->addr = NULL;
+    if (st != UCS_OK) {
+        int rc = ufail(st, "worker");
+        close_worker(u);
+        return rc;
+    }
+    u->addr_version = ((const uint8_t *)u->addr)[0] & 0x0fu;
+    u->addr_parses = kvi_ucx_addr_parse(u->addr, u->addr_len, u->addr_version, NULL, &u->ref) == 0;
+    /* tcp's device address is an IPv4 or an IPv6 one: both lengths are its own */
+    uint16_t tcp = ucs_crc16_string("tcp");
+    for (uint32_t i = 0; i < u->ref.n; i++)
+        u->ref.e[i].any_dev_len = u->ref.e[i].csum == tcp;
+    return 0;
 }
 
 int kvi_ucx_create(kvi_ucx **out)
@@ -156,39 +213,21 @@ int kvi_ucx_create_as(kvi_ucx **out, unsigned flags)
         return kvt_fail(KVT_ENOMEM, "ucx: out of memory");
     u->efd = -1;
     kvi_spin_init(&u->spin, SPIN_NS, true);
-    ucp_config_t *cfg;
-    ucs_status_t st = read_config(flags, &cfg);
-    if (st != UCS_OK) {
-        free(u);
-        return ufail(st, "reading the configuration");
+    int rc = open_worker(u, NULL);
+    /* an encoder-cache sender's small items eager (ucx.h): which transports the context has is
+     * known once it is made, so one that qualifies is made again with the threshold */
+    const char *rt =
+        !rc && (flags & KVI_UCX_EC_SENDER) && u->addr_parses
+            ? kvi_ucx_rndv_thresh(getenv("UCX_RNDV_THRESH"), kvi_ucx_host_rdma(), has_shm(&u->ref))
+            : NULL;
+    if (rt) {
+        close_worker(u);
+        rc = open_worker(u, rt);
     }
-    ucp_params_t p = {.field_mask = UCP_PARAM_FIELD_FEATURES,
-                      .features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP};
-    st = ucp_init(&p, cfg, &u->ctx);
-    ucp_config_release(cfg);
-    if (st != UCS_OK) {
-        free(u);
-        return ufail(st, "init");
-    }
-    ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
-                              .thread_mode = UCS_THREAD_MODE_SINGLE};
-    st = ucp_worker_create(u->ctx, &wp, &u->worker);
-    if (st == UCS_OK)
-        st = ucp_worker_get_address(u->worker, &u->addr, &u->addr_len);
-    if (st != UCS_OK) {
-        int rc = ufail(st, "worker");
-        if (u->worker)
-            ucp_worker_destroy(u->worker);
-        ucp_cleanup(u->ctx);
+    if (rc) {
         free(u);
         return rc;
     }
-    u->addr_version = ((const uint8_t *)u->addr)[0] & 0x0fu;
-    u->addr_parses = kvi_ucx_addr_parse(u->addr, u->addr_len, u->addr_version, NULL, &u->ref) == 0;
-    /* tcp's device address is an IPv4 or an IPv6 one: both lengths are its own */
-    uint16_t tcp = ucs_crc16_string("tcp");
-    for (uint32_t i = 0; i < u->ref.n; i++)
-        u->ref.e[i].any_dev_len = u->ref.e[i].csum == tcp;
     if (!u->addr_parses) {
         static _Atomic bool said;
         if (!atomic_exchange(&said, true))
@@ -226,9 +265,7 @@ void kvi_ucx_destroy(kvi_ucx *u)
     for (uint32_t i = 0; i < u->n_mem; i++)
         ucp_mem_unmap(u->ctx, u->mem[i]);
     free(u->mem);
-    ucp_worker_release_address(u->worker, u->addr);
-    ucp_worker_destroy(u->worker);
-    ucp_cleanup(u->ctx);
+    close_worker(u);
     free(u);
 }
 

@@ -30,18 +30,21 @@ int kvi_ucx_create(kvi_ucx **out);
  * selection, items below KVI_UCX_EC_RNDV_THRESH go eager where kvi_ucx_rndv_thresh says so. An
  * eager item is sent with its tag and lands in the posted receive without the rendezvous's
  * three extra messages (request, reply, acknowledgement); over tcp, with UCX's own threshold of
- * 8 KiB, 64 KiB items went from 24-25 k to 33-39 k a second quiet and from 11-14 k to 16-21 k
- * beside a busy core (docs/benchmarks.md). The threshold is the sender's choice: a consumer
- * receives either way. 0 flags is kvi_ucx_create. */
+ * 8 KiB, 64 KiB items went from 16-25 k to 30-39 k a second quiet and from 11-14 k to 16-23 k
+ * beside a busy core (docs/benchmarks.md). Not over shared memory: there an eager item is
+ * copied through the shared queue by both processes, and beside a busy core 64 KiB items fell
+ * from 17-20 k to 8-9 k a second. The threshold is the sender's choice: a consumer receives
+ * either way. 0 flags is kvi_ucx_create. */
 #define KVI_UCX_EC_SENDER      1u
 #define KVI_UCX_EC_RNDV_THRESH "256K"
 int kvi_ucx_create_as(kvi_ucx **out, unsigned flags);
 /* The rendezvous threshold an encoder-cache sender's context is given: NULL (UCX's own) where
- * the user chose one (user_env: UCX_RNDV_THRESH, set and not empty) or the host has RDMA
- * devices (rdma: their rendezvous reads the bytes straight into the receive buffer, where eager
- * copies them once more, and UCX's own threshold is tuned for them); KVI_UCX_EC_RNDV_THRESH
- * otherwise (tcp and shared memory). */
-const char *kvi_ucx_rndv_thresh(const char *user_env, bool rdma);
+ * the user chose one (user_env: UCX_RNDV_THRESH, set and not empty), the host has RDMA devices
+ * (rdma: their rendezvous reads the bytes straight into the receive buffer, where eager copies
+ * them once more, and UCX's own threshold is tuned for them) or the context has a
+ * shared-memory transport (shm: peers on the same host reach it through that);
+ * KVI_UCX_EC_RNDV_THRESH otherwise (tcp, as with UCX_TLS=tcp). */
+const char *kvi_ucx_rndv_thresh(const char *user_env, bool rdma, bool shm);
 /* Whether this host has RDMA devices (an entry under /sys/class/infiniband). */
 bool kvi_ucx_host_rdma(void);
 /* The protocols UCX chose for the endpoint to a peer's worker address (ucp_ep_print_info, in

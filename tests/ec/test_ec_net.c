@@ -925,47 +925,73 @@ static unsigned long long rndv_thresh_to(kvi_ucx *rx, unsigned flags, char *info
     return rndv_thresh_of(info);
 }
 
-/* An encoder-cache sender's items below 256 KiB go eager (no rendezvous round trip), unless the
- * user set UCX_RNDV_THRESH or the host has RDMA devices; other contexts keep UCX's own. */
-static void an_encoder_sender_sends_small_items_eager(void **state)
+/* Sets (or, val NULL, unsets) an environment variable; returns the old value (NULL if unset),
+ * to be given back with env_restore. */
+static char *env_swap(const char *name, const char *val)
 {
-    (void)state;
-    assert_string_equal(kvi_ucx_rndv_thresh(NULL, false), KVI_UCX_EC_RNDV_THRESH);
-    assert_string_equal(kvi_ucx_rndv_thresh("", false), KVI_UCX_EC_RNDV_THRESH);
-    assert_null(kvi_ucx_rndv_thresh("64K", false));
-    assert_null(kvi_ucx_rndv_thresh(NULL, true));
-    const char *was = getenv("UCX_RNDV_THRESH");
+    const char *was = getenv(name);
     char *saved = was ? strdup(was) : NULL;
-    unsetenv("UCX_RNDV_THRESH");
+    if (val)
+        setenv(name, val, 1);
+    else
+        unsetenv(name);
+    return saved;
+}
+
+static void env_restore(const char *name, char *saved)
+{
+    if (saved)
+        setenv(name, saved, 1);
+    else
+        unsetenv(name);
+    free(saved);
+}
+
+/* The thresholds of a sender's endpoint and of a plain context's, to a receiver made under the
+ * same UCX_TLS (tls) with UCX_RNDV_THRESH as user (NULL: unset). */
+static void thresholds(const char *tls, const char *user, unsigned long long *sender,
+                       unsigned long long *plain, char *info, size_t cap)
+{
+    char *old_tls = env_swap("UCX_TLS", tls), *old_th = env_swap("UCX_RNDV_THRESH", user);
     kvi_ucx *rx;
     KVT_OK_(kvi_ucx_create(&rx));
-    static char info[1 << 16];
-    unsigned long long sender = rndv_thresh_to(rx, KVI_UCX_EC_SENDER, info, sizeof(info));
-    unsigned long long plain = sender ? rndv_thresh_to(rx, 0, info, sizeof(info)) : 0;
-    unsigned long long chosen = 0;
-    if (sender && plain) {
-        setenv("UCX_RNDV_THRESH", "32K", 1);
-        chosen = rndv_thresh_to(rx, KVI_UCX_EC_SENDER, info, sizeof(info));
-    }
-    if (saved)
-        setenv("UCX_RNDV_THRESH", saved, 1);
-    else
-        unsetenv("UCX_RNDV_THRESH");
-    free(saved);
+    *sender = rndv_thresh_to(rx, KVI_UCX_EC_SENDER, info, cap);
+    *plain = *sender ? rndv_thresh_to(rx, 0, info, cap) : 0;
     kvi_ucx_destroy(rx);
-    if (!sender || !plain)
+    env_restore("UCX_RNDV_THRESH", old_th);
+    env_restore("UCX_TLS", old_tls);
+}
+
+/* An encoder-cache sender's items below 256 KiB go eager (no rendezvous round trip) over tcp,
+ * unless the user set UCX_RNDV_THRESH or the host has RDMA devices; not where the context has
+ * shared memory; other contexts keep UCX's own threshold. */
+static void an_encoder_sender_sends_small_items_eager_over_tcp(void **state)
+{
+    (void)state;
+    assert_string_equal(kvi_ucx_rndv_thresh(NULL, false, false), KVI_UCX_EC_RNDV_THRESH);
+    assert_string_equal(kvi_ucx_rndv_thresh("", false, false), KVI_UCX_EC_RNDV_THRESH);
+    assert_null(kvi_ucx_rndv_thresh("64K", false, false));
+    assert_null(kvi_ucx_rndv_thresh(NULL, true, false));
+    assert_null(kvi_ucx_rndv_thresh(NULL, false, true));
+    static char info[1 << 16];
+    unsigned long long tcp_s, tcp_p, shm_s, shm_p, user_s, user_p;
+    thresholds("tcp", NULL, &tcp_s, &tcp_p, info, sizeof(info));
+    if (!tcp_s || !tcp_p)
         KVT_SKIP("this UCX words its endpoint protocols otherwise (UCX_PROTO_ENABLE=y?): %.300s",
                  info);
-    print_message("rendezvous from %llu bytes (encoder sender), %llu (UCX's own), %llu (the "
-                  "user's 32K)\n",
-                  sender, plain, chosen);
+    thresholds("tcp,shm", NULL, &shm_s, &shm_p, info, sizeof(info));
+    thresholds("tcp", "32K", &user_s, &user_p, info, sizeof(info));
+    print_message("rendezvous from (encoder sender / UCX's own): tcp %llu / %llu, tcp and shared "
+                  "memory %llu / %llu, the user's 32K %llu / %llu\n",
+                  tcp_s, tcp_p, shm_s, shm_p, user_s, user_p);
     if (kvi_ucx_host_rdma())
-        assert_int_equal(sender, plain);
+        assert_int_equal(tcp_s, tcp_p);
     else {
-        assert_int_equal(sender, 256u << 10);
-        assert_int_not_equal(plain, 256u << 10);
+        assert_int_equal(tcp_s, 256u << 10);
+        assert_int_not_equal(tcp_p, 256u << 10);
     }
-    assert_int_equal(chosen, 32u << 10);
+    assert_int_equal(shm_s, shm_p);
+    assert_int_equal(user_s, 32u << 10);
 }
 
 int main(int argc, char **argv)
@@ -985,7 +1011,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(an_unreachable_consumer_never_blocks_the_scheduler),
         cmocka_unit_test(a_killed_producer_is_reaped_at_its_ttl_and_the_next_one_is_served),
         cmocka_unit_test(a_thousand_items_from_another_process),
-        cmocka_unit_test(an_encoder_sender_sends_small_items_eager),
+        cmocka_unit_test(an_encoder_sender_sends_small_items_eager_over_tcp),
     };
     return kvt_test_exit(cmocka_run_group_tests(tests, NULL, NULL));
 }
