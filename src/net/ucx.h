@@ -30,7 +30,7 @@ int kvi_ucx_create(kvi_ucx **out);
  * selection, items below KVI_UCX_EC_RNDV_THRESH go eager where kvi_ucx_rndv_thresh says so. An
  * eager item is sent with its tag and lands in the posted receive without the rendezvous's
  * three extra messages (request, reply, acknowledgement); over tcp, with UCX's own threshold of
- * 8 KiB, 64 KiB items went from 16-25 k to 30-39 k a second quiet and from 11-14 k to 16-23 k
+ * 8 KiB, 64 KiB items went from 16-25 k to 30-33 k a second quiet and from 11-14 k to 16-23 k
  * beside a busy core (docs/benchmarks.md). Not over shared memory: there an eager item is
  * copied through the shared queue by both processes, and beside a busy core 64 KiB items fell
  * from 17-20 k to 8-9 k a second. The threshold is the sender's choice: a consumer receives
