@@ -49,7 +49,8 @@ const char *kvi_ucx_rndv_thresh(const char *user_env, bool rdma, bool shm);
 bool kvi_ucx_host_rdma(void);
 /* The protocols UCX chose for the endpoint to a peer's worker address (ucp_ep_print_info, in
  * this UCX's words: "tag_send: 0..<egr/short>..8185..<egr/zcopy>..262144..<rndv>..(inf)" for
- * UCX 1.13's classic selection), NUL-terminated, cut at cap. 0, or an error. */
+ * UCX 1.13's classic selection), NUL-terminated, cut at cap; the endpoint is made if there is
+ * none, as a send makes it. 0, or an error. */
 int kvi_ucx_ep_info(kvi_ucx *u, const void *addr, size_t len, char *buf, size_t cap);
 /* Endpoints are closed (forcibly); receives still posted must have been cancelled. */
 void kvi_ucx_destroy(kvi_ucx *u);
