@@ -5,6 +5,7 @@
 #ifndef KVT_TEST_H
 #define KVT_TEST_H
 
+#include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -12,7 +13,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -92,6 +95,57 @@ static inline uint64_t kvt_test_rand(uint64_t *s)
 static inline uint32_t kvt_test_below(uint64_t *s, uint32_t n)
 {
     return kvt_rand_below(s, n);
+}
+
+/* A copy of this test program that another uid can run: the directory it was built in may be
+ * closed to others (a clone under a 0700 home or `mktemp -d`), so a test that re-executes
+ * itself as another user copies itself into a fresh directory under /tmp open to all (the test
+ * programs link kvtier statically, so the copy needs nothing else from the build). Returns 0
+ * with the copy's path in out, or -1 with the reason in why; kvt_test_exe_drop removes it. */
+static inline int kvt_test_exe_for_others(char *out, size_t n, char *why, size_t wn)
+{
+    char dir[] = "/tmp/kvt-exe-XXXXXX";
+    int in = -1, fd = -1, ok = 0;
+    if (!mkdtemp(dir)) {
+        snprintf(why, wn, "mkdtemp under /tmp: %s", strerror(errno));
+        return -1;
+    }
+    snprintf(out, n, "%s/self", dir);
+    if (chmod(dir, 0755) != 0 || (in = open("/proc/self/exe", O_RDONLY | O_CLOEXEC)) < 0 ||
+        (fd = open(out, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0755)) < 0) {
+        snprintf(why, wn, "copying this program to %s: %s", out, strerror(errno));
+    } else {
+        char buf[1 << 16];
+        ssize_t r;
+        ok = 1;
+        while (ok && (r = read(in, buf, sizeof(buf))) != 0)
+            ok = r > 0 && write(fd, buf, (size_t)r) == r;
+        if (!ok)
+            snprintf(why, wn, "copying this program to %s: %s", out, strerror(errno));
+    }
+    if (in >= 0)
+        close(in);
+    if (fd >= 0 && close(fd) != 0)
+        ok = 0;
+    if (!ok) {
+        unlink(out);
+        rmdir(dir);
+        return -1;
+    }
+    return 0;
+}
+
+/* Removes kvt_test_exe_for_others's copy and its directory. */
+static inline void kvt_test_exe_drop(const char *path)
+{
+    char dir[256];
+    snprintf(dir, sizeof(dir), "%s", path);
+    char *slash = strrchr(dir, '/');
+    unlink(path);
+    if (slash) {
+        *slash = 0;
+        rmdir(dir);
+    }
 }
 
 /* `promtool check metrics` on a Prometheus text: its exit status (0: valid), or -1 when

@@ -1,4 +1,4 @@
-#!/bin/sh
+#!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # Installs the build into a scratch prefix, then builds and runs programs against it: app.c
 # (the pool alone) and app_io.c (the disk tier and a link endpoint), with pkg-config and with
@@ -13,28 +13,39 @@ rm -rf "$scratch"
 mkdir -p "$scratch"
 prefix=$scratch/prefix
 cmake --install "$build" --prefix "$prefix" >"$scratch/install.log"
-libdir=$(ls -d "$prefix"/lib*/pkgconfig | head -1 | xargs dirname)
+pcdirs=("$prefix"/lib*/pkgconfig)
+libdir=$(dirname "${pcdirs[0]}")
 fail() {
     echo "install test: $*" >&2
     exit 1
 }
 # pkg-config, as the README shows it: an rpath to the prefix's libdir, so the program starts
-# without LD_LIBRARY_PATH; and no dependency's private include paths in --cflags
+# without LD_LIBRARY_PATH; and no dependency's private include paths in --cflags. The scratch
+# directory may have spaces in its path (a clone in "sp test/kvtier"): pkg-config writes them
+# escaped with a backslash, as a shell reads them, so its output is read as a shell would (pc).
 export PKG_CONFIG_PATH="$libdir/pkgconfig"
+pc() { # pc ARGS...: pkg-config ARGS's output split into words as a shell reads it, in $pcw
+    local out
+    out=$(pkg-config "$@") || fail "pkg-config $* failed"
+    eval "pcw=($out)"
+}
 for m in kvtier kvtier-disk kvtier-net; do
     cflags=$(pkg-config --cflags $m)
     case "$cflags" in
     *pgm* | *krb5* | *libxml2* | *isystem*) fail "pkg-config --cflags $m leaks private include paths: $cflags" ;;
     esac
 done
-rpath="-Wl,-rpath,$(pkg-config --variable=libdir kvtier)"
-cc "$src/app.c" -o "$scratch/app_pc" $(pkg-config --cflags --libs kvtier) $rpath
+pc --variable=libdir kvtier
+rpath="-Wl,-rpath,${pcw[0]}"
+pc --cflags --libs kvtier
+cc "$src/app.c" -o "$scratch/app_pc" "${pcw[@]}" "$rpath"
 env -u LD_LIBRARY_PATH "$scratch/app_pc"
-cc "$src/app_io.c" -o "$scratch/app_io_pc" $(pkg-config --cflags --libs kvtier-disk kvtier-net) $rpath
+pc --cflags --libs kvtier-disk kvtier-net
+cc "$src/app_io.c" -o "$scratch/app_io_pc" "${pcw[@]}" "$rpath"
 env -u LD_LIBRARY_PATH "$scratch/app_io_pc" "$scratch"
 # a program built against an older header (abi0: 3e4dc23's, a shorter kvt_offload_stats)
-cc -I"$src/abi0" "$src/app_abi0.c" -o "$scratch/app_abi0" $(pkg-config --cflags --libs kvtier) \
-    $rpath
+pc --cflags --libs kvtier
+cc -I"$src/abi0" "$src/app_abi0.c" -o "$scratch/app_abi0" "${pcw[@]}" "$rpath"
 env -u LD_LIBRARY_PATH "$scratch/app_abi0"
 # what each program loads: the pool program none of the transports' libraries
 loads() { env -u LD_LIBRARY_PATH ldd "$1"; }
