@@ -78,6 +78,61 @@ static inline double kvt_test_scale(void)
     return v > 0 ? v : 1.0;
 }
 
+/* Tests wait for a condition, never for a time or a count of tries (a count is a time that a
+ * busy machine shrinks): one generous deadline for every wait, KVTIER_TEST_DEADLINE_S seconds
+ * (default 60: what a loaded machine may need, never what a passing run takes).
+ *
+ *     kvt_wait w = kvt_wait_start();
+ *     while (!ready(x) && kvt_wait_more(&w))
+ *         ;
+ *     assert_true(ready(x));
+ *
+ * or KVT_WAIT_UNTIL(ready(x), "x ready"), which fails naming what it waited for. */
+typedef struct {
+    uint64_t end;
+    unsigned nap_us;
+} kvt_wait;
+
+static inline double kvt_test_deadline_s(void)
+{
+    const char *s = getenv("KVTIER_TEST_DEADLINE_S");
+    double v = s ? atof(s) : 60.0;
+    return v > 0 ? v : 60.0;
+}
+
+static inline kvt_wait kvt_wait_start(void)
+{
+    kvt_wait w = {kvt_monotonic_ns() + (uint64_t)(kvt_test_deadline_s() * 1e9), 0};
+    return w;
+}
+
+/* Before the deadline: naps (0.05 ms at first, doubling to 10 ms) and returns 1, ask again;
+ * past it, 0. */
+static inline int kvt_wait_more(kvt_wait *w)
+{
+    if (kvt_monotonic_ns() > w->end)
+        return 0;
+    w->nap_us = w->nap_us ? (w->nap_us < 5000 ? 2 * w->nap_us : 10000) : 50;
+    usleep(w->nap_us);
+    return 1;
+}
+
+/* Before the deadline: 1, without a nap (for loops each of whose turns waits on its own, an
+ * engine's step); past it, 0. */
+static inline int kvt_wait_left(const kvt_wait *w)
+{
+    return kvt_monotonic_ns() <= w->end;
+}
+
+#define KVT_WAIT_UNTIL(cond, what)                                                                 \
+    do {                                                                                           \
+        kvt_wait w_ = kvt_wait_start();                                                            \
+        while (!(cond))                                                                            \
+            if (!kvt_wait_more(&w_))                                                               \
+                fail_msg("waited %.0f s (KVTIER_TEST_DEADLINE_S) for %s", kvt_test_deadline_s(),   \
+                         what);                                                                    \
+    } while (0)
+
 /* Seed from KVTIER_TEST_SEED, else from the clock (printed by the caller on failure). */
 static inline uint64_t kvt_test_seed(void)
 {

@@ -1225,11 +1225,16 @@ int kvi_remote_publish_at(kvt_remote *r, const uint32_t *slots, const uint8_t *h
     slots = ok_slots, hashes = ok_hashes, n = m;
     if (n == 0)
         return 0;
+    /* Not registered at this moment (the directory lost the key and the server thread is
+     * entering again, or it has not entered yet): nothing is lost, the slots are marked
+     * published above and the entry republishes every published slot after it set the epoch
+     * (enter), so they are written then, under the new epoch. */
     uint64_t ep = atomic_load(&r->epoch);
-    if (!ep || r->dir_pub.ops->publish(r->dir_pub.d, &r->self, ep, hashes, slots, gens, n)) {
+    if (!ep)
+        return 0;
+    if (r->dir_pub.ops->publish(r->dir_pub.d, &r->self, ep, hashes, slots, gens, n)) {
         add(&r->a_pub_dropped, n);
-        if (ep)
-            add(&r->a_pub_dir_errors, 1);
+        add(&r->a_pub_dir_errors, 1);
     } else {
         add(&r->a_published, n);
     }

@@ -250,11 +250,10 @@ static void check_block(rig *g, bool host, uint32_t b, uint64_t tag)
 static void wait_hwm(kvt_copy *c, int dir, int64_t event)
 {
     int64_t hwm = -1;
-    for (int i = 0; i < 1000000 && hwm < event; i++) {
+    kvt_wait w = kvt_wait_start();
+    do
         KVT_OK_(kvt_copy_poll(c, dir, &hwm));
-        if (hwm < event)
-            usleep(100);
-    }
+    while (hwm < event && kvt_wait_more(&w));
     assert_true(hwm >= event);
 }
 

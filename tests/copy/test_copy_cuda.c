@@ -126,11 +126,10 @@ static void check_dev(grig *g, uint32_t b, uint64_t tag)
 static void wait_hwm(kvt_copy *c, int dir, int64_t ev)
 {
     int64_t hwm = -1;
-    for (int i = 0; i < 200000 && hwm < ev; i++) {
+    kvt_wait w = kvt_wait_start();
+    do
         KVT_OK_(kvt_copy_poll(c, dir, &hwm));
-        if (hwm < ev)
-            usleep(50);
-    }
+    while (hwm < ev && kvt_wait_more(&w));
     assert_true(hwm >= ev);
 }
 
@@ -340,13 +339,11 @@ static void test_cuda_worker(void **state)
     uint32_t n;
     KVT_OK_(kvt_worker_get_finished(w, g->compute, &reqs, &n));
     kvt_worker_clear(w);
-    for (int i = 0; i < 200000; i++) {
+    kvt_wait wt = kvt_wait_start();
+    do {
         KVT_OK_(kvt_worker_get_finished(w, g->compute, &reqs, &n));
         KVT_OK_(kvt_worker_build_meta(w, &wm));
-        if (wm.stores.n_completed)
-            break;
-        usleep(50);
-    }
+    } while (!wm.stores.n_completed && kvt_wait_more(&wt));
     assert_int_equal(wm.stores.n_completed, 1);
     for (uint32_t b = 1; b <= 8; b++)
         check_host(g, 80 + b, 500 + b);

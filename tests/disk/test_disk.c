@@ -112,11 +112,10 @@ static void rig_close(drig *g)
 static int64_t wait_event(kvt_disk *d, int dir, int64_t ev)
 {
     int64_t hwm = -1;
-    for (int i = 0; i < 200000 && hwm < ev; i++) {
+    kvt_wait w = kvt_wait_start();
+    do
         KVT_OK_(kvt_disk_poll(d, dir, &hwm));
-        if (hwm < ev)
-            usleep(50);
-    }
+    while (hwm < ev && kvt_wait_more(&w));
     assert_true(hwm >= ev);
     return hwm;
 }

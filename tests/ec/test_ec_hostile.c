@@ -267,12 +267,10 @@ static uint32_t writers(consumer *c)
     return n;
 }
 
-/* Waits (bounded) until the shard has no writer left. */
+/* Waits until the shard has no writer left. */
 static void wait_no_writers(consumer *c)
 {
-    for (int i = 0; i < 2000 && writers(c); i++)
-        usleep(5000);
-    assert_int_equal(writers(c), 0);
+    KVT_WAIT_UNTIL(writers(c) == 0, "no writer left");
 }
 
 static void consumer_stop(consumer *c)
@@ -321,13 +319,8 @@ static void honest_finish(honest *h, consumer *c, const char *tid)
     kvi_ecc_item cm = {.transfer_id = S(tid), .reservation_id = S(h->rid)};
     KVT_OK_(call(h->cli, c->ep, KVT_ECC_COMPLETE, &cm, &h->q, &h->p));
     assert_true(h->p.results[0].completed);
-    int st = 0;
-    for (int i = 0; i < 2000 && st != KVT_EC_READY; i++) {
-        st = kvt_ec_server_with_shard(c->srv, state_of, (void *)tid);
-        if (st != KVT_EC_READY)
-            usleep(5000);
-    }
-    assert_int_equal(st, KVT_EC_READY);
+    KVT_WAIT_UNTIL(kvt_ec_server_with_shard(c->srv, state_of, (void *)tid) == KVT_EC_READY,
+                   "the item ready");
     for (int i = 0; i < 4096; i++) /* (ready: no writer writes it any more) */
         assert_int_equal(c->buf[h->off + (uint64_t)i], 0x42);
     kvi_ecc_item ab = {.transfer_id = S(tid), .reservation_id = S(h->rid), .abandon = true};
@@ -420,13 +413,9 @@ static void many_followers_expire_together(void **state)
         for (uint32_t i = 0; i < h.p.n; i++)
             assert_true(h.p.results[i].code == 0 && !h.p.results[i].write);
     }
-    int st = KVT_EC_WRITING;
-    for (int i = 0; i < 6000 && st == KVT_EC_WRITING; i++) {
-        st = kvt_ec_server_with_shard(c.srv, state_of, (void *)"f12287");
-        if (st == KVT_EC_WRITING)
-            usleep(5000);
-    }
-    assert_int_not_equal(st, KVT_EC_WRITING); /* expired */
+    /* expired */
+    KVT_WAIT_UNTIL(kvt_ec_server_with_shard(c.srv, state_of, (void *)"f12287") != KVT_EC_WRITING,
+                   "f12287's reservation expired");
     kvi_ecc_item s = {.transfer_id = S("w")};
     KVT_OK_(call(h.cli, c.ep, KVT_ECC_STATUS, &s, &h.q, &h.p));
     free(tids);

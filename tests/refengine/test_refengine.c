@@ -105,7 +105,7 @@ static void check_against_reference(uint32_t tp, uint32_t window)
         fail_msg("%s", err);
     ref_result out;
     uint32_t got = 0;
-    for (int i = 0; i < 1000 && !got; i++) {
+    for (kvt_wait w = kvt_wait_start(); !got && kvt_wait_left(&w);) {
         if (ref_engine_step(e, err, sizeof(err)) < 0)
             fail_msg("%s", err);
         got = ref_engine_take_finished(e, &out, 1);
@@ -225,7 +225,7 @@ static void run_workload_w(uint32_t gpu_blocks, uint64_t cpu_bytes, bool lazy, u
                 fail_msg("%s", err);
         }
         uint32_t got = 0;
-        for (int steps = 0; got < CONVS && steps < 20000; steps++) {
+        for (kvt_wait w = kvt_wait_start(); got < CONVS && kvt_wait_left(&w);) {
             if (ref_engine_step(e, err, sizeof(err)) < 0)
                 fail_msg("%s", err);
             ref_result out;

@@ -21,13 +21,6 @@
 
 static char g_space[32];
 
-static inline void sleep_ms(unsigned ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
-        ;
-}
-
 static inline int each_setup(void **state)
 {
     (void)state;

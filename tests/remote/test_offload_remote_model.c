@@ -158,11 +158,11 @@ static bool directory_is_the_model(void)
  * directory (after a restart, or an expired liveness). */
 static void sync_directory(uint64_t regs, uint64_t at, uint64_t seed)
 {
-    uint64_t until = kvt_monotonic_ns() + 60ull * 1000000000u;
-    while ((registrations() < regs || !directory_rebuilt(false)) && kvt_monotonic_ns() < until)
-        usleep(20000);
+    kvt_wait w = kvt_wait_start();
+    while ((registrations() < regs || !directory_rebuilt(false)) && kvt_wait_more(&w))
+        ;
     KVT_MODEL_CHECK(WHAT, "step", at, seed, registrations() >= regs && directory_rebuilt(true),
-                    "the directory is not the model's a minute after it lost its entries "
+                    "the directory is not the model's by the deadline after it lost its entries "
                     "(registrations %llu, wanted %llu)",
                     (unsigned long long)registrations(), (unsigned long long)regs);
     g_regs = registrations();
@@ -225,12 +225,14 @@ static int x_main(const char *space, const char *sock)
     inst_open(&a, g_names[X]);
     /* registered first: the liveness of the x killed before may not have expired yet (it
      * holds the name until then), and a publication before registering is dropped */
-    for (int i = 0; i < 3000 && rstats(&a).epoch == 0; i++)
-        usleep(10000);
+    kvt_wait w = kvt_wait_start();
+    while (rstats(&a).epoch == 0 && kvt_wait_more(&w))
+        ;
     sim_req p;
     compute_and_store(&a, &p, "x", XF, MAXB);
-    for (int i = 0; i < 3000 && rstats(&a).published < MAXB; i++)
-        usleep(10000); /* the worker's remote stage writes the directory on its thread */
+    w = kvt_wait_start(); /* the worker's remote stage writes the directory on its thread */
+    while (rstats(&a).published < MAXB && kvt_wait_more(&w))
+        ;
     char c = rstats(&a).published == MAXB ? 'r' : 'e';
     if (write(3, &c, 1) != 1 || c != 'r')
         return 3;
@@ -270,11 +272,11 @@ static void x_kill(uint64_t at, uint64_t seed)
         for (uint32_t j = 0; j < MAXB; j++)
             if (g_dir_owner[f][j] == X)
                 g_dir_owner[f][j] = -1;
-    uint64_t until = kvt_monotonic_ns() + 60ull * 1000000000u;
-    while (!directory_is_the_model() && kvt_monotonic_ns() < until)
-        usleep(50000);
+    kvt_wait w = kvt_wait_start();
+    while (!directory_is_the_model() && kvt_wait_more(&w))
+        ;
     KVT_MODEL_CHECK(WHAT, "step", at, seed, directory_is_the_model(),
-                    "the directory still names x a minute after it was killed");
+                    "the directory still names x at the deadline after it was killed");
 }
 
 typedef struct counts {

@@ -182,9 +182,10 @@ def redis_sock(tmp_path):
                               "--appendonly", "no"], stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
     try:
-        for _ in range(300):
-            if os.path.exists(sock):
-                break
+        deadline = time.monotonic() + 60  # a condition, under one generous deadline
+        while not os.path.exists(sock) and time.monotonic() < deadline:
+            if redis.poll() is not None:
+                pytest.fail("redis-server exited with status %d" % redis.returncode)
             time.sleep(0.01)
         yield sock
     finally:

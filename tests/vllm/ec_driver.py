@@ -90,7 +90,10 @@ def producer_main(model_dir, port, spec):
     cache = {}
     for r in reqs:  # the scheduler admits them: pushes are planned before any encoding
         assert sched.ensure_cache_available(r, 0)
-    for step in range(400):
+    deadline = time.monotonic() + 120  # a condition (nothing pending), under a deadline
+    step = -1
+    while time.monotonic() < deadline:
+        step += 1
         meta = sched.build_connector_meta(empty_output())
         worker.bind_connector_metadata(meta)
         worker.start_save_caches(encoder_cache=cache)

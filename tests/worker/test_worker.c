@@ -66,7 +66,8 @@ static void expect_dev(wrig *g, uint32_t b, unsigned char v)
 /* Steps until the worker reports store event e, returning the reports seen. */
 static void step_until_store(wrig *g, int64_t e)
 {
-    for (int i = 0; i < 100000; i++) {
+    kvt_wait w = kvt_wait_start();
+    do {
         const kvt_str *reqs;
         uint32_t n;
         KVT_OK_(kvt_worker_get_finished(g->w, NULL, &reqs, &n));
@@ -77,8 +78,7 @@ static void step_until_store(wrig *g, int64_t e)
             assert_int_equal(g->wm.stores.counts[0], 1);
             return;
         }
-        usleep(50);
-    }
+    } while (kvt_wait_more(&w));
     fail_msg("store event %lld never completed", (long long)e);
 }
 

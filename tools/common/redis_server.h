@@ -2,9 +2,9 @@
 /*
  * A redis-server of the caller's own, on a unix socket, for the remote tier's tests and its
  * benchmark: no TCP port, no persistence, its log in dir/redis.log, killed with the caller
- * (PR_SET_PDEATHSIG). kvt_redis_start returns its pid once the socket exists (within 3 s), or
- * -1 (no redis-server on PATH, or it did not start); kvt_redis_stop kills it and removes the
- * socket.
+ * (PR_SET_PDEATHSIG). kvt_redis_start returns its pid once the socket exists (waiting 60 s at
+ * most: a loaded machine starts it slowly), or -1 (no redis-server on PATH, or it exited or did
+ * not start); kvt_redis_stop kills it and removes the socket.
  */
 #ifndef KVT_TOOLS_REDIS_SERVER_H
 #define KVT_TOOLS_REDIS_SERVER_H
@@ -31,13 +31,21 @@ static inline pid_t kvt_redis_start(const char *dir, const char *sock, const cha
                "--dir", dir, "--requirepass", password ? password : "", (char *)NULL);
         _exit(127);
     }
-    for (int i = 0; p > 0 && i < 300; i++) {
+    struct timespec now, end;
+    clock_gettime(CLOCK_MONOTONIC, &end);
+    end.tv_sec += 60;
+    for (;;) {
         struct stat st;
+        if (p <= 0)
+            break;
         if (stat(sock, &st) == 0)
             return p;
         if (waitpid(p, NULL, WNOHANG) == p)
             return -1;
-        struct timespec ts = {0, 10000000};
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if (now.tv_sec > end.tv_sec || (now.tv_sec == end.tv_sec && now.tv_nsec > end.tv_nsec))
+            break;
+        struct timespec ts = {0, 5000000};
         nanosleep(&ts, NULL);
     }
     if (p > 0) {
