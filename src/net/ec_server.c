@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <zmq.h>
 
 #include "base/error.h"
@@ -55,6 +56,7 @@ struct kvt_ec_server {
     void *ctx, *rep, *push;
     uint32_t port, event_port; /* event_port: 0 for a unix socket (event_ep) */
     char event_ep[320];
+    bool event_file; /* event_ep is a unix socket this server bound: removed at teardown */
     /* event ring (the thread's) */
     kvi_ring ring; /* kvt_ec_ready_event */
     /* codec state (the thread's) */
@@ -755,6 +757,9 @@ static void teardown(kvt_ec_server *s)
         zmq_close(s->push);
     if (s->ctx)
         zmq_ctx_term(s->ctx);
+    /* the event socket's file, in this user's private directory: ZeroMQ leaves it behind */
+    if (s->event_file)
+        unlink(s->event_ep + strlen("ipc://"));
     kvi_ecc_request_release(&s->req);
     kvi_ecc_reply_release(&s->rep_msg);
     free(s->out);
@@ -886,6 +891,7 @@ static int bind_sockets(kvt_ec_server *s)
             return rc;
         if (zmq_bind(s->push, s->event_ep) != 0)
             return zfail("failed to bind the event socket", s->event_ep);
+        s->event_file = true;
         return 0;
     }
     if ((rc = endpoint(ep, sizeof(ep), s->cfg.event_host, 0)))

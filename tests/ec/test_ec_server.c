@@ -390,15 +390,11 @@ static void events_wait_for_a_puller_and_the_backlog_is_bounded(void **state)
         kvi_ecc_item c = {.transfer_id = S(tid), .reservation_id = S(rids[i])};
         call1(&f, KVT_ECC_COMPLETE, &c);
     }
-    /* the server takes the events into its ring on its own loop: wait for that (bounded), not
-     * for a fixed time */
+    /* the server takes the events into its ring on its own loop: wait for that, not for a
+     * fixed time */
     kvt_ec_server_stats ss;
-    for (int i = 0; i < 1000; i++) {
-        kvt_ec_server_get_stats(f.srv, &ss);
-        if (ss.events_dropped >= 1)
-            break;
-        usleep(10 * 1000);
-    }
+    KVT_WAIT_UNTIL((kvt_ec_server_get_stats(f.srv, &ss), ss.events_dropped >= 1),
+                   "a dropped event");
     assert_int_equal(ss.events_dropped, 1);
     void *zctx = zmq_ctx_new(), *pull = puller(zctx, f.ev_ep);
     kvi_ecc_event e;
@@ -690,7 +686,13 @@ static void events_reach_only_this_users_processes(void **state)
     }
     if (exe[0])
         kvt_test_exe_drop(exe);
+    char sock[300];
+    snprintf(sock, sizeof(sock), "%s", ep + 6);
     stop(&f);
+    /* the socket file goes with the server (issue 56: it stayed behind) */
+    struct stat gone;
+    if (stat(sock, &gone) == 0)
+        fail_msg("the event socket %s is left behind after stop", sock);
     /* an event address without CURVE is refused */
     kvt_ec_server_config c;
     kvt_ec_server_config_init(&c);
