@@ -149,7 +149,12 @@ def test_a_push_that_never_comes_fails_the_request(model_dir):
 
 
 BAD = [({"ec_buffer_size": 0}, "ec_buffer_size"),
-       ({"ec_port": 70000}, "ec_port"),
+       ({"ec_buffer_size": 1 << 70}, "ec_buffer_size"),
+       ({"ec_port": 70000}, "ec_port=70000: must be 1..65535"),
+       # issue 56: 1e300 passed the check, then the engine failed with OverflowError
+       ({"ec_connector_extra_config": {"push_wait_timeout_s": 1e300}}, "push_wait_timeout_s"),
+       ({"ec_connector_extra_config": {"lease_s": 1e300}}, "lease_s"),
+       ({"ec_connector_extra_config": {"complete_wait_ms": 1 << 40}}, "complete_wait_ms"),
        ({"ec_connector_extra_config": {"push_wait": 3}}, "unknown"),
        ({"ec_connector_extra_config": {"push_wait_timeout_s": "soon"}}, "push_wait_timeout_s"),
        ({"ec_connector_extra_config": {"push_wait_timeout_s": float("nan")}},
@@ -157,7 +162,8 @@ BAD = [({"ec_buffer_size": 0}, "ec_buffer_size"),
        ({"ec_buffer_device": "tpu"}, "ec_buffer_device")]
 
 
-@pytest.mark.parametrize("change,word", BAD, ids=[w + "-%d" % i for i, (_, w) in enumerate(BAD)])
+@pytest.mark.parametrize("change,word", BAD,
+                         ids=[w.split("=")[0] + "-%d" % i for i, (_, w) in enumerate(BAD)])
 def test_bad_configuration_is_refused(model_dir, change, word):
     from vllm.distributed.ec_transfer.ec_connector.base import ECConnectorRole
     from vllm.distributed.ec_transfer.ec_connector.factory import ECConnectorFactory

@@ -11,6 +11,9 @@ refused). Every key is one row of KEYS; docs/vllm.md's table is written from the
 
 DEFAULT_CPU_BYTES = 8 << 30  # vLLM's default: 8 GiB for the whole server
 MAX_BYTES = (1 << 63) - 1  # sizes are C uint64_t / off_t: nothing larger is a real size
+# SECONDS keys become C uint64_t nanoseconds: held to a millisecond .. a billion seconds (31
+# years), so that no value overflows the conversion (1e300 raised OverflowError at engine start)
+MIN_SECONDS, MAX_SECONDS = 0.001, 1e9
 DEFAULT_DISK_BYTES = 100 << 30
 BACKENDS = ("cpu", "disk", "cpu+disk")
 _UNSET = object()
@@ -18,7 +21,7 @@ _UNSET = object()
 
 class Key:
     """One kv_connector_extra_config (or ec_connector_extra_config) key: its name, what it holds
-    (SIZE, INT, BOOL, TEXT, CHOICE or SECONDS, a positive number), its default and inclusive
+    (SIZE, INT, BOOL, TEXT, CHOICE or SECONDS, a number of seconds), its default and inclusive
     bounds, and its documentation (docs/vllm.md's tables are written from these rows by
     scripts/gen-config-doc). A key that sets a field of a C
     configuration struct names it (c="kvt_offload_config.max_requests") and takes its default
@@ -41,9 +44,13 @@ class Key:
         return self.default, self.lo, self.hi
 
     def accepted(self, lo, hi):
-        """The bounds a number is held to: lo 0 where unset, a size's hi MAX_BYTES where unset
-        (another number's: none)."""
-        return 0 if lo is None else lo, MAX_BYTES if hi is None and self.kind == SIZE else hi
+        """The bounds a number is held to: lo 0 where unset (SECONDS: MIN_SECONDS), hi where
+        unset MAX_BYTES for a size, MAX_SECONDS for seconds, (1 << 31) - 1 for an integer: every
+        number is checked before it is converted (a C field would wrap a larger one)."""
+        if self.kind == SECONDS:
+            return (MIN_SECONDS if lo is None else lo), (MAX_SECONDS if hi is None else hi)
+        top = MAX_BYTES if self.kind == SIZE else (1 << 31) - 1
+        return 0 if lo is None else lo, top if hi is None else hi
 
     def read(self, extra, default=_UNSET):
         """The key's value in extra, checked; its default (or the one given) when absent."""
@@ -55,7 +62,7 @@ class Key:
         if self.kind == BOOL:
             return _bool(extra, self.name, d)
         if self.kind == SECONDS:
-            return _seconds(extra, self.name, d)
+            return _seconds(extra, self.name, d, *self.accepted(lo, hi))
         v = _text(extra, self.name, d)
         if self.kind == CHOICE and (not isinstance(v, str) or v not in self.choices):
             raise ConfigError("kvtier: %s=%r: expected one of %s"
@@ -80,7 +87,7 @@ KEYS = (
     Key("disk_capacity_bytes", SIZE, "disk tier per rank", DEFAULT_DISK_BYTES, 1),
     Key("use_page_cache", BOOL, "disk I/O through the page cache instead of O_DIRECT", False),
     Key("disk_buffer_slots", INT, "accepted for compatibility with vLLM (kvtier's disk path "
-        "needs no staging slots)", 2, 1),
+        "needs no staging slots)", 2, 1, 1 << 20),
     Key("kvtier_copy_threads", INT, "CPU copy threads per rank (0: one per core)",
         c="kvt_copy_config.threads"),
     Key("kvtier_max_requests", INT, "requests the manager tracks at once",
@@ -152,7 +159,7 @@ EC_KEYS = (
     Key("lease_s", SECONDS, "how long an item that arrived stays available without a request",
         300),
     Key("complete_wait_ms", INT, "ignored (a shard never waits on a completion; kept for old "
-        "configs)", 2000, 1),
+        "configs)", 2000, 1, 3600000),
     Key("owner_key", TEXT, "consumer: the 32-hex-digit secret the scheduler's cancels show its "
         "shards", shown="made by each shard, read from a private file on this host"),
     Key("event_host", TEXT, "consumer: where the shards serve readiness events (an address "
@@ -209,18 +216,18 @@ def _text(extra, key, default=None):
     return v
 
 
-def _seconds(extra, key, default):
-    """A positive, finite number (of seconds)."""
+def _seconds(extra, key, default, minimum, maximum):
+    """A number of seconds in minimum..maximum."""
     if key not in extra:
         return default
     v = extra[key]
     try:
         x = float(v) if not isinstance(v, bool) else None
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         x = None
-    if x is None or x != x or x in (float("inf"), float("-inf")) or x <= 0:
-        raise ConfigError("kvtier: %s=%r: expected a positive, finite number of seconds"
-                          % (key, v))
+    if x is None or x != x or not minimum <= x <= maximum:
+        raise ConfigError("kvtier: %s=%r: expected a number of seconds from %g to %g"
+                          % (key, v, minimum, maximum))
     return x
 
 

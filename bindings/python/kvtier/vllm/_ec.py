@@ -28,7 +28,7 @@ from typing import Any
 
 from .. import EcInbox, EcMeta, EcNetConsumer, EcPlanner, EcProducer, EcScheduler, EcServer
 from .. import EcShard, EcWorkerMeta
-from ._config import EC_KEY, ConfigError
+from ._config import EC_KEY, MAX_BYTES, ConfigError
 
 try:
     import torch
@@ -47,8 +47,9 @@ _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch
            "int32": torch.int32, "int64": torch.int64}
 
 
-def _positive(name, v):
-    """vLLM's own ec_* integers (a port, a buffer size): whole and positive."""
+def _positive(name, v, maximum):
+    """vLLM's own ec_* integers (a port, a buffer size): whole, 1..maximum (checked before any
+    conversion: a C field would wrap a larger one)."""
     if isinstance(v, bool):
         raise ConfigError("kvtier: %s=%r: expected a positive number" % (name, v))
     try:
@@ -58,8 +59,8 @@ def _positive(name, v):
         raise ConfigError("kvtier: %s=%r: expected a positive number" % (name, v)) from None
     if not whole:
         raise ConfigError("kvtier: %s=%r: expected a whole number" % (name, v))
-    if x <= 0:
-        raise ConfigError("kvtier: %s=%r: must be positive" % (name, v))
+    if not 1 <= x <= maximum:
+        raise ConfigError("kvtier: %s=%r: must be 1..%d" % (name, v, maximum))
     return x
 
 
@@ -83,14 +84,22 @@ class KvtierECConfig:
         self.tp_size = pc.tensor_parallel_size
         self.dp_index = getattr(pc, "data_parallel_index", 0) or 0
         self.host = str(ec.ec_ip)
-        port = _positive("ec_port", ec.ec_port)
+        port = _positive("ec_port", ec.ec_port, 65535)
         self.base_port = port
         first = port + self.dp_index * self.tp_size
-        if not 1 <= first <= first + self.tp_size - 1 <= 65535:
-            raise ConfigError("kvtier: ec_port %d (+ dp_index x tp_size + rank) must stay in "
-                              "1..65535" % port)
+        top = 65535 - self.dp_index * self.tp_size - (self.tp_size - 1)  # the last port fits
+        if top < 1 or port > top:
+            raise ConfigError("kvtier: ec_port=%d: rank r of data-parallel index %d serves on "
+                              "ec_port + %d x %d + r, so with tensor_parallel_size %d ec_port "
+                              "must be 1..%d" % (port, self.dp_index, self.dp_index,
+                                                 self.tp_size, self.tp_size, top)
+                              if top >= 1 else
+                              "kvtier: ec_port=%d: data-parallel index %d x tensor_parallel_size "
+                              "%d leaves no port below 65536" % (port, self.dp_index,
+                                                                  self.tp_size))
         self.control_addr = "tcp://%s:%d" % (self.host, first)
-        self.buffer_size = _positive("ec_buffer_size", ec.ec_buffer_size) if self.consumer else 0
+        self.buffer_size = (_positive("ec_buffer_size", ec.ec_buffer_size, MAX_BYTES)
+                            if self.consumer else 0)
         device = str(ec.ec_buffer_device or "cpu").lower()
         if device not in ("cpu", "cuda"):
             raise ConfigError("kvtier: ec_buffer_device=%r: expected cpu or cuda (kvtier's "
