@@ -73,9 +73,13 @@ void kvi_clear_error(void)
     tls_msg[0] = '\0';
 }
 
+/* Formats into a copy first: the arguments may include kvt_last_error() itself (a message that
+ * quotes the one it replaces), which vsnprintf must not read while it writes it. */
 static void vformat(const char *fmt, va_list ap)
 {
-    vsnprintf(tls_msg, sizeof(tls_msg), fmt, ap);
+    char tmp[sizeof(tls_msg)];
+    vsnprintf(tmp, sizeof(tmp), fmt, ap);
+    memcpy(tls_msg, tmp, sizeof(tls_msg));
 }
 
 int kvt_fail(int err, const char *fmt, ...)

@@ -32,6 +32,19 @@ static void failure_message_is_kept_and_wrapped(void **state)
     assert_string_equal(kvt_last_error(), "");
 }
 
+/* The message being replaced may be an argument of its replacement (node.c did so, issue 56:
+ * the output overwrote its own input, garbled); kvt_fail and kvi_fail_errno format it first. */
+static void a_message_may_quote_the_last_one(void **state)
+{
+    (void)state;
+    kvt_fail(KVT_EINVAL, "header version 9, expected 3");
+    kvt_fail(KVT_EINVAL, "node n: /kvtier.n.meta: %s; remove it", kvt_last_error());
+    assert_string_equal(kvt_last_error(),
+                        "node n: /kvtier.n.meta: header version 9, expected 3; remove it");
+    kvi_fail_errno(2, "opening (%s)", kvt_last_error());
+    assert_non_null(strstr(kvt_last_error(), "opening (node n: /kvtier.n.meta: header version"));
+}
+
 static void long_messages_are_truncated_not_overflowed(void **state)
 {
     (void)state;
@@ -68,6 +81,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(every_code_has_a_name_and_a_text),
         cmocka_unit_test(failure_message_is_kept_and_wrapped),
+        cmocka_unit_test(a_message_may_quote_the_last_one),
         cmocka_unit_test(long_messages_are_truncated_not_overflowed),
         cmocka_unit_test(messages_are_per_thread),
     };
