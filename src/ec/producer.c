@@ -858,9 +858,13 @@ static int bind_source(kvt_ec_producer *p, const char *mm_hash, uint32_t len, co
                 continue;
             char why[256];
             const char *bad = desc ? desc_mismatch(r, desc, why, sizeof(why)) : NULL;
-            if (bad) { /* never pushed: the consumer would read it with the wrong shape */
+            if (bad) { /* never pushed: the consumer would read it with the wrong shape; its
+                        * request fails through failed_saves (the message is this one's, not
+                        * whatever an earlier call left in kvt_last_error) */
                 KVT_LOG_W("ec producer: push %s failed: %s", r->t.s, bad);
-                fail(p, r, bad);
+                kvt_fail(KVT_EINVAL, "ec producer: %s", bad);
+                fail(p, r, "binding the source");
+                add_failed_save(p, &r->req);
                 continue;
             }
             r->src = src;
@@ -897,20 +901,30 @@ static bool ready_to_push(const prec *r)
            (!r->fence.done || r->fence.done(r->fence.ctx));
 }
 
-/* Re-reserves shards whose reservation is not ready and has grown stale: abandon with refresh
- * (the consumer keeps nothing of the old one), then a new reservation with a new id. */
+/* Re-reserves shards whose reservation is not ready and has grown stale, as vLLM's Mooncake
+ * producer does: every stale shard abandoned with refresh first (the consumer keeps nothing of
+ * the old ones), then each reserved again with a new id - so no shard holds a new reservation
+ * while another still holds a stale one of the same record. */
 static int refresh_stale(kvt_ec_producer *p, prec *r)
 {
     const kvt_ec_consumer_ops *o = &p->cfg.ops;
     uint64_t now = kvt_clock_now(&p->cfg.clock);
+    uint64_t stale = 0; /* shards (at most KVT_EC_MAX_SHARDS) */
     for (uint32_t k = 0; k < r->n_shards; k++) {
         shard_res *x = &r->sh[k];
         if (!x->ok || x->r.ready || x->r.cancelled || now - x->at <= p->cfg.refresh_age_ns)
             continue;
         int rc =
             o->cancel(o->ctx, r->consumer.s, k, r->t.s, r->t.len, x->r.reservation_id, true, true);
-        if (!rc)
-            rc = reserve_shard(p, r, k);
+        if (rc)
+            return rc;
+        x->ok = false; /* abandoned: nothing to abandon again if a re-reserve fails */
+        stale |= 1ull << k;
+    }
+    for (uint32_t k = 0; k < r->n_shards; k++) {
+        if (!(stale >> k & 1))
+            continue;
+        int rc = reserve_shard(p, r, k);
         if (rc)
             return rc;
         p->st.refreshes++;

@@ -14,6 +14,7 @@
 #define INPROC_MAX 8
 
 enum { OP_RESERVE, OP_WRITE, OP_COMPLETE, OP_CANCEL, N_OPS };
+#define INPROC_LOG 256
 
 typedef struct inproc {
     uint32_t n;
@@ -28,6 +29,8 @@ typedef struct inproc {
      * whole batch call of op that fails before any of its operations is tried */
     uint32_t batch_calls[N_OPS][INPROC_MAX];
     bool fail_batch[N_OPS];
+    /* the single calls in order, op * 100 + shard (the first INPROC_LOG) */
+    uint32_t log[INPROC_LOG], n_log;
 } inproc;
 
 static inline void inproc_open(inproc *c, uint32_t shards, uint64_t cap, kvt_manual_clock *clock)
@@ -59,6 +62,8 @@ static inline void inproc_close(inproc *c)
 static inline int inproc_fault(inproc *c, int op, uint32_t k)
 {
     c->calls[op][k]++;
+    if (c->n_log < INPROC_LOG)
+        c->log[c->n_log++] = (uint32_t)op * 100 + k;
     if (c->fail_next[op][k] > 0) {
         c->fail_next[op][k]--;
         return kvt_fail(KVT_EIO, "injected failure (op %d, shard %u)", op, k);

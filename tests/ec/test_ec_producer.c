@@ -263,10 +263,22 @@ static void a_source_of_another_shape_or_dtype_is_refused(void **state_)
     kvt_ec_push_failure f[2];
     assert_int_equal(kvt_ec_producer_take_failures(g.p, f, 2), 1);
     assert_non_null(strstr(f[0].error, "(4,128) float32 but the push says (2,256) float32"));
+    /* the message is this failure's alone: before, it ended with a stale error of an earlier
+     * call (here the refused desc's "dtype must be 1..64 bytes") */
+    assert_null(strstr(f[0].error, "dtype must be"));
     d = (kvt_ec_source_desc){2, {TOK, 256}, "bfloat16"}; /* the right shape, another dtype */
     assert_int_equal(
         kvt_ec_producer_bind_source_typed(g.p, "h2", 2, g.src[1], TOK * 1024, &d, NULL), 0);
     assert_int_equal(pstate(&g, "u"), KVT_ECP_FAILED);
+    /* both requests fail through failed_saves, as ec.h promises (before: neither was there) */
+    kvt_ec_worker_meta wm;
+    kvt_ec_worker_meta_init(&wm);
+    KVT_OK_(kvt_ec_producer_report(g.p, &wm));
+    assert_int_equal(wm.failed_saves.n, 2);
+    assert_true(kvt_strset_contains(&wm.failed_saves, "r", 1));
+    assert_true(kvt_strset_contains(&wm.failed_saves, "r2", 2));
+    assert_false(kvt_strset_contains(&wm.failed_saves, "r3", 2));
+    kvt_ec_worker_meta_release(&wm);
     d.dtype = "float32";
     assert_int_equal(
         kvt_ec_producer_bind_source_typed(g.p, "h3", 2, g.src[2], TOK * 1024, &d, NULL), 1);
@@ -382,6 +394,35 @@ static void stale_shards_are_refreshed_before_writing(void **state_)
     kvt_ec_producer_get_stats(g.p, &st);
     assert_int_equal(st.refreshes, 1);
     expect_bytes(&g, 0, "t", "h", 0);
+    rig_close(&g);
+}
+
+/* Issue 56: stale reservations on several shards are all abandoned before any is reserved
+ * again, as vLLM's Mooncake producer does (before: abandon and re-reserve shard by shard). */
+static void every_stale_shard_is_abandoned_before_any_is_reserved_again(void **state_)
+{
+    (void)state_;
+    rig g;
+    rig_open(&g, 3, 64 * 1024);
+    push(&g, "t", "h", "r");
+    kvt_clock_manual_advance(&g.clock, 151ull * 1000000000ull); /* older than TTL / 2 */
+    bind(&g, "h", 0, NULL);
+    uint32_t from = g.c.n_log;
+    kvt_ec_producer_dispatch(g.p);
+    assert_int_equal(pstate(&g, "t"), KVT_ECP_DONE);
+    const uint32_t want[] = {OP_CANCEL * 100 + 0,  OP_CANCEL * 100 + 1,  OP_CANCEL * 100 + 2,
+                             OP_RESERVE * 100 + 0, OP_RESERVE * 100 + 1, OP_RESERVE * 100 + 2};
+    assert_true(g.c.n_log >= from + 6);
+    for (uint32_t i = 0; i < 6; i++)
+        if (g.c.log[from + i] != want[i])
+            fail_msg("call %u of the refresh is op %u on shard %u, expected op %u on shard %u", i,
+                     g.c.log[from + i] / 100, g.c.log[from + i] % 100, want[i] / 100,
+                     want[i] % 100);
+    kvt_ec_producer_stats st;
+    kvt_ec_producer_get_stats(g.p, &st);
+    assert_int_equal(st.refreshes, 3);
+    for (uint32_t k = 0; k < 3; k++)
+        expect_bytes(&g, k, "t", "h", 0);
     rig_close(&g);
 }
 
@@ -648,6 +689,7 @@ int main(void)
         cmocka_unit_test(notify_completions_tolerates_rejected_reservation),
         cmocka_unit_test(finished_request_cancels_unbound_reservation),
         cmocka_unit_test(stale_shards_are_refreshed_before_writing),
+        cmocka_unit_test(every_stale_shard_is_abandoned_before_any_is_reserved_again),
         cmocka_unit_test(pushes_into_followers_and_cached_items_write_once),
         cmocka_unit_test(local_consumer_delivers_and_metrics_count_it),
         cmocka_unit_test(a_silent_shard_is_not_asked_again_within_one_call),
