@@ -162,8 +162,14 @@ static int consumer(kvt_ec_net_consumer *c, const char *name, remote **out)
         c->rem[c->n_rem++] = r;
     }
     if (r->n == 0) {
-        kvi_ecc_request_begin(&c->q, KVT_ECC_PEERS);
-        int rc = call(c, r->host, r->ports[0]);
+        /* two attempts, as vLLM's Mooncake producer makes: a consumer still starting, or whose
+         * answer was lost, answers the second (the client made a fresh socket); a refusal is
+         * an answer and is not asked again */
+        int rc = KVT_EIO;
+        for (uint32_t attempt = 0; attempt < 2 && rc == KVT_EIO; attempt++) {
+            kvi_ecc_request_begin(&c->q, KVT_ECC_PEERS);
+            rc = call(c, r->host, r->ports[0]);
+        }
         if (rc)
             return rc;
         memcpy(r->ports, c->p.ports, sizeof(r->ports));

@@ -8,7 +8,9 @@
  * an abandon ending the receive before the memory is released, a consumer shard that is gone
  * failing the push without hanging, and, in a forked process, a producer killed mid-run.
  */
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <spawn.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -418,13 +420,8 @@ static void completion_waits_for_the_bytes_and_abandon_ends_the_receive(void **s
     KVT_OK_(kvi_ecc_request_add(&q, &cm2));
     KVT_OK_(kvi_ecc_client_call(cli, ep, &q, &p));
     assert_true(p.results[0].completed); /* at once, or pending until the bytes land */
-    int ready2 = 0;
-    for (int i = 0; i < 1000 && !ready2; i++) { /* ready means landed: bounded wait */
-        ready2 = kvt_ec_server_with_shard(c.srv[0], ready_of, (void *)"t2");
-        if (!ready2)
-            usleep(5000);
-    }
-    assert_int_equal(ready2, 1);
+    /* ready means landed */
+    KVT_WAIT_UNTIL(kvt_ec_server_with_shard(c.srv[0], ready_of, (void *)"t2") == 1, "t2 ready");
     region_check rc = {c.buf[0] + p2.results[0].offset, 4096, 0x11, false};
     KVT_OK_(kvt_ec_server_with_shard(c.srv[0], check_region, &rc)); /* under the server's lock */
     assert_true(rc.ok);
@@ -447,13 +444,8 @@ static void completion_waits_for_the_bytes_and_abandon_ends_the_receive(void **s
     KVT_OK_(kvi_ecc_client_call(cli, ep, &q, &p));
     memset(good, 0x33, sizeof(good));
     KVT_OK_(kvi_ucx_send(u, p.data_addr, p.data_addr_len, good, sizeof(good), tag3, TIMEOUT));
-    int ready = 0;
-    for (int i = 0; i < 1000 && !ready; i++) { /* the server's loop completes it: bounded wait */
-        ready = kvt_ec_server_with_shard(c.srv[0], ready_of, (void *)"t3");
-        if (!ready)
-            usleep(5000);
-    }
-    assert_int_equal(ready, 1);
+    /* the server's loop completes it */
+    KVT_WAIT_UNTIL(kvt_ec_server_with_shard(c.srv[0], ready_of, (void *)"t3") == 1, "t3 ready");
     region_check rc3 = {c.buf[0] + off3, 4096, 0x33, false};
     KVT_OK_(kvt_ec_server_with_shard(c.srv[0], check_region, &rc3));
     assert_true(rc3.ok);
@@ -619,19 +611,20 @@ static void the_scheduler_hears_its_shards_and_its_cancels_reach_them(void **sta
             kvt_ec_producer_bind_source(prod, hashes[i], 3, src[i], sizeof(src[i]), NULL), 1);
     }
     int pushed = 0;
-    for (int i = 0; i < 10 && pushed < 3; i++)
+    kvt_wait w = kvt_wait_start();
+    do
         pushed += kvt_ec_producer_dispatch(prod);
+    while (pushed < 3 && kvt_wait_more(&w));
     assert_int_equal(pushed, 3);
     /* steps until every transfer is AVAILABLE (readiness from both shards) */
     int available = 0;
-    for (int step = 0; step < 500 && available < 3; step++) {
+    w = kvt_wait_start();
+    do {
         assert_true(kvt_ec_inbox_step(in, sched) >= 0);
         available = 0;
         for (int i = 0; i < 3; i++)
             available += kvt_ec_sched_state(sched, tids[i], 6) == KVT_ECT_AVAILABLE;
-        if (available < 3)
-            usleep(10 * 1000);
-    }
+    } while (available < 3 && kvt_wait_more(&w));
     assert_int_equal(available, 3);
     /* a request that gave up: its transfer is cancelled on every shard */
     kvt_ec_feature f = {"h-a", 3, "xfer-a", 6};
@@ -639,23 +632,19 @@ static void the_scheduler_hears_its_shards_and_its_cancels_reach_them(void **sta
     KVT_OK_(kvt_ec_sched_ensure(sched, "req-1", 5, &f, 1, &ready));
     KVT_OK_(kvt_ec_sched_request_finished(sched, "req-1", 5));
     assert_true(kvt_ec_inbox_step(in, sched) >= 0);
-    int active = 1;
-    for (int i = 0; i < 500 && active; i++) {
+    int active;
+    w = kvt_wait_start();
+    do {
         active = 0;
         for (uint32_t k = 0; k < SHARDS; k++)
             active += kvt_ec_server_with_shard(c.srv[k], status_of, (void *)"xfer-a");
-        if (active)
-            usleep(10 * 1000);
-    }
+    } while (active && kvt_wait_more(&w));
     assert_int_equal(active, 0);
     for (uint32_t k = 0; k < SHARDS; k++) /* the others are still there */
         assert_int_equal(kvt_ec_server_with_shard(c.srv[k], status_of, (void *)"xfer-b"), 1);
     kvt_ec_inbox_stats st;
-    kvt_ec_inbox_get_stats(in, &st);
-    for (int i = 0; i < 500 && st.cancels_sent < 1; i++) { /* counted after its last reply */
-        usleep(10 * 1000);
-        kvt_ec_inbox_get_stats(in, &st);
-    }
+    /* counted after its last reply */
+    KVT_WAIT_UNTIL((kvt_ec_inbox_get_stats(in, &st), st.cancels_sent >= 1), "the cancel sent");
     assert_int_equal(st.shards, SHARDS);
     assert_int_equal(st.events, 3 * SHARDS);
     assert_int_equal(st.cancels_sent, 1);
@@ -690,13 +679,8 @@ static void an_unreachable_consumer_never_blocks_the_scheduler(void **state)
     for (int i = 0; i < 3; i++)
         assert_int_equal(kvt_ec_inbox_step(in, sched), 0);
     kvt_ec_inbox_stats st;
-    for (int i = 0; i < 100; i++) { /* discovery is retried in the background */
-        kvt_ec_inbox_get_stats(in, &st);
-        if (st.discoveries >= 2)
-            break;
-        usleep(50 * 1000);
-    }
-    assert_true(st.discoveries >= 2);
+    /* discovery is retried in the background */
+    KVT_WAIT_UNTIL((kvt_ec_inbox_get_stats(in, &st), st.discoveries >= 2), "a second discovery");
     assert_int_equal(st.shards, 0);
     assert_int_equal(st.cancels_sent, 0); /* queued until there is a topology */
     kvt_ec_inbox_destroy(in);
@@ -714,6 +698,112 @@ static uint64_t item_rows(uint64_t seed, int i)
     uint64_t r = seed * 1000003u + (uint64_t)i;
     uint32_t lg = kvt_test_below(&r, 13); /* 1 .. 8191 rows of 2 KiB: 2 KiB .. 16 MiB */
     return (1ull << lg) + kvt_test_below(&r, (uint32_t)(1ull << lg));
+}
+
+/* A control proxy in front of a consumer's first shard that swallows the first `drop`
+ * requests (no answer: the client times out) and relays the rest; counts what it saw. */
+typedef struct dropper {
+    void *ctx, *front, *back;
+    uint32_t port, drop;
+    _Atomic uint32_t seen;
+    char to[64];
+    pthread_t th;
+    _Atomic int stop;
+} dropper;
+
+static void *dropper_main(void *arg)
+{
+    dropper *d = arg;
+    char buf[65536], id[256];
+    while (!d->stop) {
+        zmq_pollitem_t it = {d->front, 0, ZMQ_POLLIN, 0};
+        if (zmq_poll(&it, 1, 20) != 1)
+            continue;
+        int il = zmq_recv(d->front, id, sizeof(id), 0), more = 1;
+        size_t ml = sizeof(more);
+        int n = -1;
+        while (zmq_getsockopt(d->front, ZMQ_RCVMORE, &more, &ml) == 0 && more)
+            n = zmq_recv(d->front, buf, sizeof(buf), 0); /* the empty delimiter, then the body */
+        if (il <= 0 || n < 0 || d->seen++ < d->drop)
+            continue; /* swallowed */
+        void *req = zmq_socket(d->ctx, ZMQ_REQ);
+        int t = TIMEOUT, zero = 0;
+        zmq_setsockopt(req, ZMQ_RCVTIMEO, &t, sizeof(t));
+        zmq_setsockopt(req, ZMQ_LINGER, &zero, sizeof(zero));
+        zmq_connect(req, d->to);
+        int r = zmq_send(req, buf, (size_t)n, 0) == n ? zmq_recv(req, buf, sizeof(buf), 0) : -1;
+        zmq_close(req);
+        if (r < 0)
+            continue;
+        zmq_send(d->front, id, (size_t)il, ZMQ_SNDMORE);
+        zmq_send(d->front, "", 0, ZMQ_SNDMORE);
+        zmq_send(d->front, buf, (size_t)(r < (int)sizeof(buf) ? r : (int)sizeof(buf)), 0);
+    }
+    return NULL;
+}
+
+static void dropper_start(dropper *d, const char *to, uint32_t drop)
+{
+    memset(d, 0, sizeof(*d));
+    snprintf(d->to, sizeof(d->to), "%s", to);
+    d->drop = drop;
+    d->ctx = zmq_ctx_new();
+    d->front = zmq_socket(d->ctx, ZMQ_ROUTER);
+    int zero = 0;
+    zmq_setsockopt(d->front, ZMQ_LINGER, &zero, sizeof(zero));
+    assert_int_equal(zmq_bind(d->front, "tcp://127.0.0.1:*"), 0);
+    char ep[64];
+    size_t el = sizeof(ep);
+    zmq_getsockopt(d->front, ZMQ_LAST_ENDPOINT, ep, &el);
+    d->port = (uint32_t)atoi(strrchr(ep, ':') + 1);
+    assert_int_equal(pthread_create(&d->th, NULL, dropper_main, d), 0);
+}
+
+static void dropper_stop(dropper *d)
+{
+    d->stop = 1;
+    pthread_join(d->th, NULL);
+    zmq_close(d->front);
+    zmq_ctx_term(d->ctx);
+}
+
+/* Issue 56: the producer asks for a consumer's topology twice, as vLLM's Mooncake producer
+ * does, before it fails a push without a confirmed topology: a first request lost (or a
+ * consumer still starting) costs one control timeout, not the push. A consumer that never
+ * answers costs two attempts and no more. */
+static void a_lost_topology_answer_is_asked_again_once(void **state)
+{
+    (void)state;
+    consumer c;
+    consumer_start(&c, false);
+    dropper d;
+    dropper_start(&d, c.addr, 1);
+    kvt_ec_net_config nc;
+    kvt_ec_net_config_init(&nc);
+    nc.control_timeout_ms = 300;
+    kvt_ec_net_consumer *net;
+    KVT_OK_(kvt_ec_net_consumer_create(&nc, &net));
+    kvt_ec_consumer_ops ops = kvt_ec_net_consumer_ops(net);
+    char via[64];
+    snprintf(via, sizeof(via), "tcp://127.0.0.1:%u", d.port);
+    uint32_t shards = 0;
+    KVT_OK_(ops.shards(ops.ctx, via, &shards));
+    assert_int_equal(shards, SHARDS);
+    assert_int_equal(d.seen, 2); /* the first swallowed, the second answered */
+    kvt_ec_net_consumer_destroy(net);
+    dropper_stop(&d);
+    /* nobody answers: two attempts, then the error */
+    dropper_start(&d, c.addr, 100);
+    KVT_OK_(kvt_ec_net_consumer_create(&nc, &net));
+    ops = kvt_ec_net_consumer_ops(net);
+    snprintf(via, sizeof(via), "tcp://127.0.0.1:%u", d.port);
+    KVT_ERR_(ops.shards(ops.ctx, via, &shards), KVT_EIO);
+    assert_non_null(strstr(kvt_last_error(), "no answer"));
+    KVT_WAIT_UNTIL(d.seen >= 2, "the second attempt");
+    assert_int_equal(d.seen, 2);
+    kvt_ec_net_consumer_destroy(net);
+    dropper_stop(&d);
+    consumer_stop(&c);
 }
 
 /* The producer process (this binary with "producer"): "die" reserves n items on every shard
@@ -838,17 +928,16 @@ static void a_killed_producer_is_reaped_at_its_ttl_and_the_next_one_is_served(vo
     KVT_OK_(kvt_ec_server_with_shard(c.srv[1], shard_state, &st));
     /* reserved when it died (unless its TTL already passed on a slow machine) */
     assert_true(st.writers == 3 || st.writers == 0);
-    /* the reaper runs every 50 ms once the TTL passed: wait for it (bounded) */
-    for (int i = 0; i < 200; i++) {
-        uint32_t w = 0;
+    /* the reaper runs every 50 ms once the TTL passed: wait for it */
+    uint32_t writers;
+    kvt_wait w = kvt_wait_start();
+    do {
+        writers = 0;
         for (uint32_t k = 0; k < SHARDS; k++) {
             KVT_OK_(kvt_ec_server_with_shard(c.srv[k], shard_state, &st));
-            w += st.writers;
+            writers += st.writers;
         }
-        if (w == 0)
-            break;
-        usleep(50 * 1000);
-    }
+    } while (writers && kvt_wait_more(&w));
     for (uint32_t k = 0; k < SHARDS; k++) {
         KVT_OK_(kvt_ec_server_with_shard(c.srv[k], shard_state, &st));
         assert_int_equal(st.writers, 0);
@@ -1009,6 +1098,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(the_scheduler_hears_its_shards_and_its_cancels_reach_them),
         cmocka_unit_test(curve_admits_only_listed_clients),
         cmocka_unit_test(an_unreachable_consumer_never_blocks_the_scheduler),
+        cmocka_unit_test(a_lost_topology_answer_is_asked_again_once),
         cmocka_unit_test(a_killed_producer_is_reaped_at_its_ttl_and_the_next_one_is_served),
         cmocka_unit_test(a_thousand_items_from_another_process),
         cmocka_unit_test(an_encoder_sender_sends_small_items_eager_over_tcp),
