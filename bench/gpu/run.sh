@@ -12,6 +12,8 @@
 #                                      thread blocks per multiprocessor: 1, 4, 8)
 #
 # Where compute-sanitizer is on the PATH, test_copy_cuda also runs under its memcheck tool.
+# Last, bench/gpu/worker_kv.py puts the worker side on CUDA KV tensors allocated by torch
+# (KVT_PYTHON: a Python whose torch sees the GPU; the run fails without one).
 # Without the project's build dependencies on the GPU machine, build here, carry the build
 # and the libraries it links (ldd) and point KVT_BUILD_DIR and LD_LIBRARY_PATH at them.
 set -u
@@ -77,4 +79,22 @@ if [ -n "${KVT_VARIANTS:-}" ]; then
     cat "$out"/variant_*.json
 fi
 cat "$out"/bench_copy_*.json "$out"/bench_copy_*.err
+# The worker side on CUDA KV tensors as vLLM allocates them (bench/gpu/worker_kv.py: store,
+# load, every byte compared, GB/s against a contiguous copy, a forced load error), with a
+# Python whose torch sees the GPU (KVT_PYTHON; its kvtier is this tree's bindings over the
+# library of $build: KVTIER_LIB).
+py=${KVT_PYTHON:-python3}
+if "$py" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+    if KVTIER_LIB="$build/lib/libkvtier.so" KVT_DISK_DIR="$out" "$py" bench/gpu/worker_kv.py \
+        --device cuda --out "$out/worker_kv.json" >"$out/worker_kv.txt" 2>&1; then
+        echo "worker_kv (CUDA KV tensors): ok"
+    else
+        echo "worker_kv (CUDA KV tensors): FAILED"
+        status=1
+    fi
+    tail -30 "$out/worker_kv.txt"
+else
+    echo "worker_kv: not run: $py has no torch that sees a GPU (set KVT_PYTHON)"
+    status=1
+fi
 exit $status

@@ -289,6 +289,36 @@ def test_pause_with_clear_cache_mid_batch(model_dir, baseline):
         close_llm(llm)
 
 
+def test_the_sleep_hooks_of_vllm_033_drain_and_check_the_addresses(model_dir, baseline):
+    """vLLM 0.33 calls unregister_kv_caches before sleep frees the KV cache (it synchronizes
+    the device itself there, not through synchronize_device, so kvtier's drain hook would not
+    run) and restore_kv_caches after wake-up (0.32 has neither: called directly here). The
+    first waits for this rank's copies; the second refuses a KV cache that moved, naming the
+    layer; the engine then serves the same tokens."""
+    prompts = prompts_with_prefixes(2, 400, 1, 400, seed=31)
+    want = baseline(prompts)
+    llm = make_llm(model_dir)
+    try:
+        assert generate(llm, prompts) == want
+        w = worker_connector()
+        drains = w.kvtier_drains()
+        w.unregister_kv_caches()
+        assert w.kvtier_drains() == drains + 1 and w._worker.asleep
+        w.restore_kv_caches()
+        assert not w._worker.asleep
+        regions = w._worker._regions
+        layer, t, off, base = regions[0]
+        regions[0] = (layer, t, off, base + 4096)  # as if the cache were mapped elsewhere
+        with pytest.raises(ValueError, match="%s's KV cache moved across sleep" % layer):
+            w.restore_kv_caches()
+        regions[0] = (layer, t, off, base)
+        w.restore_kv_caches()
+        reset_prefix_cache(llm)
+        assert generate(llm, prompts) == want
+    finally:
+        close_llm(llm)
+
+
 def test_host_tier_events_reach_vllm(model_dir):
     """With vLLM's KV cache events on, take_events hands vLLM one BlockStored per stored host
     block (medium CPU, the block's key) and removals when the host tier evicts."""

@@ -1117,6 +1117,8 @@ class _Worker:
         self._empty_meta = OffloadMeta()
         self.flushes = 0  # preemptions that made this rank wait for its copies
         self.drains = 0  # device synchronizations that waited for this rank's copies
+        self._regions = []  # (layer, tensor, offset, base address) of every region registered
+        self.asleep = False
 
     def register(self, kv_caches):
         cfg = self.kv_cache_config
@@ -1146,6 +1148,7 @@ class _Worker:
                                   "its storage of %d bytes" % (layer, cfg.num_blocks, bb, off,
                                                                storage.nbytes()))
             layout._buffers.append(t)
+            self._regions.append((layer, t, off, base))
             rc = _lib.kvt_layout_add_region(layout._h, base, bb)
             if rc < 0:
                 raise KvtierError(rc, _lib.kvt_last_error().decode(errors="replace"))
@@ -1212,6 +1215,25 @@ class _Worker:
         if self.worker is not None:
             self.drains += 1
             self.worker.flush()
+
+    def unregister(self):
+        """vLLM >= 0.33's unregister_kv_caches, before sleep frees the KV cache's memory: every
+        copy this rank submitted has finished when it returns (0.33 synchronizes the device
+        itself there, not through synchronize_device, so the drain hook would miss it)."""
+        self.drain()
+        self.asleep = True
+
+    def restore(self):
+        """restore_kv_caches, after wake-up: the copies address the KV cache by its virtual
+        addresses, which sleep mode's allocator maps again at the same place; a region that
+        moved would be written where the cache no longer is, so it is refused, naming it."""
+        for layer, t, off, base in self._regions:
+            now = t.untyped_storage().data_ptr() + off
+            if now != base:
+                raise ConfigError("kvtier: layer %s's KV cache moved across sleep (0x%x, was "
+                                  "0x%x); kvtier's copies address it where it was registered"
+                                  % (layer, now, base))
+        self.asleep = False
 
     def bind(self, meta):
         if self.worker is None:
@@ -1293,6 +1315,16 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
     def register_kv_caches(self, kv_caches):
         if self._worker is not None:
             self._worker.register(kv_caches)
+
+    def unregister_kv_caches(self):
+        """vLLM >= 0.33, before sleep: this rank's copies finish first."""
+        if self._worker is not None:
+            self._worker.unregister()
+
+    def restore_kv_caches(self):
+        """vLLM >= 0.33, after wake-up: the KV cache is where it was registered."""
+        if self._worker is not None:
+            self._worker.restore()
 
     def bind_connector_metadata(self, connector_metadata):
         super().bind_connector_metadata(connector_metadata)
