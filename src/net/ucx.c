@@ -47,6 +47,23 @@ typedef struct ep_slot {
  * spinning throughout does, while leaving the CPU to the receiver between items. */
 #define SPIN_NS 200000ull
 #define NAP_MS  1
+/* How long a cancel or a forced close may take to let go of a send, and an endpoint's close to
+ * finish, before it is abandoned (UCX 1.13 keeps a rendezvous send whose peer never answered
+ * pending past its endpoint's forced close: issue 57, an owner's thread spun there for ever). */
+#define LET_GO_NS 100000000ull
+
+typedef struct inflight inflight;
+
+/* A batch's in-flight states that UCX still holds after its sends were abandoned: their
+ * requests' callbacks may still write them, so they are kept until every one completed (a
+ * later call reaps them) or the worker is gone. Closed endpoints whose close did not finish
+ * wait here too (their error handler's argument). */
+typedef struct orphans {
+    inflight *fl;
+    uint32_t n;
+    struct ep_slot *ep;
+    struct orphans *next;
+} orphans;
 
 struct kvi_ucx {
     ucp_context_h ctx;
@@ -63,6 +80,8 @@ struct kvi_ucx {
     bool addr_parses;      /* our own address parses (ucx_addr.c): peers' are checked in full */
     kvi_ucx_addr_ref ref;  /* our own address's transports, what peers' are checked against */
     uint32_t n_eps, evict;
+    orphans *orphans;   /* abandoned sends and closes UCX still holds (reap_orphans) */
+    uint64_t abandoned; /* sends abandoned so far (kvi_ucx_abandoned) */
 };
 
 static int ufail(ucs_status_t st, const char *what)
@@ -240,20 +259,53 @@ int kvi_ucx_create_as(kvi_ucx **out, unsigned flags)
     return 0;
 }
 
+static void keep_orphan(kvi_ucx *u, inflight *fl, uint32_t n, ep_slot *ep)
+{
+    orphans *o = calloc(1, sizeof(*o));
+    if (!o) { /* no room to remember them: kept for good rather than freed under UCX */
+        KVT_LOG_E("ucx: out of memory: an abandoned send's state is kept for good");
+        return;
+    }
+    *o = (orphans){fl, n, ep, u->orphans};
+    u->orphans = o;
+}
+
+/* A forced close, waited for within LET_GO_NS: past it the close is left to UCX (its request
+ * freed when it completes) and the slot, its error handler's argument, kept until the worker
+ * goes. */
 static void close_ep(kvi_ucx *u, uint32_t i)
 {
     ep_slot *s = u->eps[i];
     ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
                              .flags = UCP_EP_CLOSE_FLAG_FORCE};
     void *r = ucp_ep_close_nbx(s->ep, &p);
+    bool done = true;
     if (UCS_PTR_IS_PTR(r)) {
-        while (ucp_request_check_status(r) == UCS_INPROGRESS)
+        uint64_t end = kvt_monotonic_ns() + LET_GO_NS;
+        while ((done = ucp_request_check_status(r) != UCS_INPROGRESS) == false &&
+               kvt_monotonic_ns() < end)
             ucp_worker_progress(u->worker);
-        ucp_request_free(r);
+        ucp_request_free(r); /* in progress: released by UCX when it completes */
+    }
+    u->eps[i] = u->eps[--u->n_eps];
+    if (!done) {
+        KVT_LOG_W("ucx: an endpoint's close did not finish in %llu ms; left to UCX",
+                  (unsigned long long)(LET_GO_NS / 1000000u));
+        keep_orphan(u, NULL, 0, s);
+        return;
     }
     free(s->addr);
     free(s);
-    u->eps[i] = u->eps[--u->n_eps];
+}
+
+static void free_orphan(orphans *o)
+{
+    free(o->fl);
+    if (o->ep) {
+        free(o->ep->addr);
+        free(o->ep);
+    }
+    free(o);
 }
 
 void kvi_ucx_destroy(kvi_ucx *u)
@@ -265,7 +317,12 @@ void kvi_ucx_destroy(kvi_ucx *u)
     for (uint32_t i = 0; i < u->n_mem; i++)
         ucp_mem_unmap(u->ctx, u->mem[i]);
     free(u->mem);
-    close_worker(u);
+    close_worker(u); /* no callback runs once the worker is gone: the orphans' states go */
+    while (u->orphans) {
+        orphans *o = u->orphans;
+        u->orphans = o->next;
+        free_orphan(o);
+    }
     free(u);
 }
 
@@ -489,12 +546,40 @@ static void send_cb(void *req, ucs_status_t st, void *arg)
 }
 
 /* A send in flight: its item and its request. */
-typedef struct inflight {
+struct inflight {
     send_state ss;
     void *q;
     uint32_t item;
     ep_slot *ep;
-} inflight;
+};
+
+/* Frees the requests of abandoned sends that completed since, and the states no request
+ * holds any more. */
+static void reap_orphans(kvi_ucx *u)
+{
+    for (orphans **pp = &u->orphans; *pp;) {
+        orphans *o = *pp;
+        bool held = false;
+        for (uint32_t j = 0; j < o->n; j++) {
+            if (o->fl[j].q && o->fl[j].ss.done) {
+                ucp_request_free(o->fl[j].q);
+                o->fl[j].q = NULL;
+            }
+            held |= o->fl[j].q != NULL;
+        }
+        if (held || o->ep) { /* an unfinished close's slot stays until the worker goes */
+            pp = &o->next;
+            continue;
+        }
+        *pp = o->next;
+        free_orphan(o);
+    }
+}
+
+uint64_t kvi_ucx_abandoned(const kvi_ucx *u)
+{
+    return u ? u->abandoned : 0;
+}
 
 /* Ends a completed send: its item's outcome, its request freed, a failed endpoint closed. */
 static void send_done(kvi_ucx_send_item *it, inflight *f)
@@ -509,20 +594,33 @@ static void send_done(kvi_ucx_send_item *it, inflight *f)
     it->rc = ufail(f->ss.status != UCS_OK ? f->ss.status : UCS_ERR_ENDPOINT_TIMEOUT, "send");
 }
 
-/* Cancels what is still in flight and waits until UCX let go of every source; the endpoints
- * that still hold sends are forced closed (a forced close completes what is outstanding). */
-static void send_abort(kvi_ucx *u, kvi_ucx_send_item *v, inflight *fl, uint32_t nfl, int timeout_ms)
+/* Progresses until no send of fl is in flight, or the deadline: whether none is. */
+static bool let_go(kvi_ucx *u, const inflight *fl, uint32_t nfl, uint64_t end)
+{
+    for (;;) {
+        ucp_worker_progress(u->worker);
+        bool busy = false;
+        for (uint32_t j = 0; j < nfl; j++)
+            busy |= fl[j].q && !fl[j].ss.done;
+        if (!busy)
+            return true;
+        if (kvt_monotonic_ns() >= end)
+            return false;
+    }
+}
+
+/* Cancels what is still in flight and waits, within LET_GO_NS, until UCX lets go of every
+ * source; the endpoints that still hold sends are forced closed (which completes what is
+ * outstanding) and waited for within LET_GO_NS again. A send UCX holds even then is
+ * abandoned: its item fails, its state stays with the request (the caller keeps fl, see
+ * kvi_ucx_send_many_prep). Its endpoint is closed: no more bytes move for it, so its source
+ * is not read again. Returns whether any send was abandoned. */
+static bool send_abort(kvi_ucx *u, kvi_ucx_send_item *v, inflight *fl, uint32_t nfl, int timeout_ms)
 {
     for (uint32_t j = 0; j < nfl; j++)
         if (fl[j].q && !fl[j].ss.done)
             ucp_request_cancel(u->worker, fl[j].q);
-    uint64_t end = kvt_monotonic_ns() + 1000000000ull;
-    for (bool busy = true; busy && kvt_monotonic_ns() < end;) {
-        ucp_worker_progress(u->worker);
-        busy = false;
-        for (uint32_t j = 0; j < nfl; j++)
-            busy |= fl[j].q && !fl[j].ss.done;
-    }
+    (void)let_go(u, fl, nfl, kvt_monotonic_ns() + LET_GO_NS);
     for (uint32_t j = 0; j < nfl; j++) {
         if (!fl[j].q || fl[j].ss.done)
             continue;
@@ -536,18 +634,28 @@ static void send_abort(kvi_ucx *u, kvi_ucx_send_item *v, inflight *fl, uint32_t 
                 break;
             }
     }
+    (void)let_go(u, fl, nfl, kvt_monotonic_ns() + LET_GO_NS);
+    bool kept = false;
     for (uint32_t j = 0; j < nfl; j++) {
         if (!fl[j].q)
             continue;
-        while (!fl[j].ss.done)
-            ucp_worker_progress(u->worker);
-        ucp_request_free(fl[j].q);
-        fl[j].q = NULL;
         if (fl[j].ep)
             fl[j].ep->failed = true; /* cancelled sends leave the stream in doubt: reconnect */
         v[fl[j].item].rc = kvt_fail(KVT_EIO, "ucx: send of %zu bytes made no progress in %d ms",
                                     v[fl[j].item].len, timeout_ms);
+        if (!fl[j].ss.done) { /* abandoned: the request and its state stay with UCX */
+            kept = true;
+            u->abandoned++;
+            continue;
+        }
+        ucp_request_free(fl[j].q);
+        fl[j].q = NULL;
     }
+    if (kept)
+        KVT_LOG_W("ucx: sends that made no progress in %d ms were abandoned (their peer never "
+                  "took them; %llu so far)",
+                  timeout_ms, (unsigned long long)u->abandoned);
+    return kept;
 }
 
 /* Sleeps until the worker has events, or a nap passed. */
@@ -682,8 +790,10 @@ int kvi_ucx_send_many_prep(kvi_ucx *u, kvi_ucx_send_item *v, uint32_t n, uint32_
         free(B.fl);
         return kvt_fail(KVT_ENOMEM, "ucx: out of memory for a batch of %u sends", n);
     }
+    reap_orphans(u);
     int first = batch_endpoints(u, v, n, B.ep_of);
     uint64_t quiet_until = kvt_monotonic_ns() + (uint64_t)timeout_ms * 1000000ull;
+    bool kept = false;
     for (;;) {
         post_window(&B);
         if (!B.live && B.next == n)
@@ -699,7 +809,7 @@ int kvi_ucx_send_many_prep(kvi_ucx *u, kvi_ucx_send_item *v, uint32_t n, uint32_
             if (!kvi_spin_idle(&u->spin, now))
                 wait_events(u);
         } else {
-            send_abort(u, v, B.fl, window, timeout_ms);
+            kept = send_abort(u, v, B.fl, window, timeout_ms);
             for (; B.next < n; B.next++) /* never posted */
                 if (!v[B.next].rc)
                     v[B.next].rc = kvt_fail(KVT_EIO, "ucx: send not attempted: the batch stalled");
@@ -716,7 +826,10 @@ int kvi_ucx_send_many_prep(kvi_ucx *u, kvi_ucx_send_item *v, uint32_t n, uint32_
             e++;
     }
     free(B.ep_of);
-    free(B.fl);
+    if (kept) /* abandoned sends: their states stay until UCX lets go of them */
+        keep_orphan(u, B.fl, window, NULL);
+    else
+        free(B.fl);
     return first; /* kvt_last_error(): the last failure's message */
 }
 

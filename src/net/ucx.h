@@ -130,10 +130,13 @@ typedef struct kvi_ucx_send_item {
 /* Sends n items, at most `window` in flight at once (the next is posted as soon as one
  * completes), and returns when each has completed locally or failed: 0 if all were sent, else
  * the first failure's code (each item's rc says its own). A batch that makes no progress for
- * timeout_ms is cancelled: what is still in flight is cancelled and UCX has let go of every
- * source before this returns. Endpoints are cached per address; a peer that is gone or
- * unreachable fails its sends (KVT_EIO) and its endpoint is dropped. At most 32 distinct
- * addresses per batch. */
+ * timeout_ms is cancelled: what is still in flight is cancelled, its endpoints forced closed,
+ * and this returns within about timeout_ms + 0.3 s whatever the peer does. A send UCX still
+ * holds after its endpoint's forced close (a rendezvous whose peer never answered: UCX 1.13
+ * keeps it) is abandoned (KVT_EIO; kvi_ucx_abandoned counts them): no byte of its source
+ * moves again on the closed endpoint, but the source must stay mapped until kvi_ucx_destroy.
+ * Endpoints are cached per address; a peer that is gone or unreachable fails its sends
+ * (KVT_EIO) and its endpoint is dropped. At most 32 distinct addresses per batch. */
 int kvi_ucx_send_many(kvi_ucx *u, kvi_ucx_send_item *v, uint32_t n, uint32_t window,
                       int timeout_ms);
 /* kvi_ucx_send_many calling prep(arg, i, w) just before item i is posted from window slot w
@@ -144,6 +147,8 @@ int kvi_ucx_send_many(kvi_ucx *u, kvi_ucx_send_item *v, uint32_t n, uint32_t win
 int kvi_ucx_send_many_prep(kvi_ucx *u, kvi_ucx_send_item *v, uint32_t n, uint32_t window,
                            int timeout_ms, int (*prep)(void *arg, uint32_t i, uint32_t w),
                            void *arg);
+/* Sends abandoned so far (kvi_ucx_send_many). */
+uint64_t kvi_ucx_abandoned(const kvi_ucx *u);
 /* One send (kvi_ucx_send_many of one item). */
 int kvi_ucx_send(kvi_ucx *u, const void *addr, size_t addr_len, const void *buf, size_t len,
                  uint64_t tag, int timeout_ms);
