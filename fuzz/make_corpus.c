@@ -202,9 +202,11 @@ static int remote_seeds(const char *dir)
     }
     static uint8_t buf[4096];
     uint8_t hash[16] = {1, 2, 3}, addr[40] = {0x20, 7};
-    kvi_rhello h = {.nr = {9}, .name = (const uint8_t *)"reader-1", .name_len = 8};
+    kvi_rhello h = {.nr = {9}, .er = {5}, .name = (const uint8_t *)"reader-1", .name_len = 8};
     kvi_rchal c = {.nr = {9},
                    .no = {8},
+                   .er = {5},
+                   .eo = {4},
                    .boot = {7},
                    .name = (const uint8_t *)"owner-1",
                    .name_len = 7,
@@ -213,7 +215,6 @@ static int remote_seeds(const char *dir)
     kvi_rreq q = {.seq = 1,
                   .req_id = 2,
                   .epoch = 3,
-                  .tag = 0x100,
                   .flags = 1,
                   .hash_len = 16,
                   .addr = addr,

@@ -16,7 +16,7 @@
 #include "base/error.h"
 #include "remote/auth.h"
 
-static const char SALT[] = "kvtier remote v2";
+static const char SALT[] = "kvtier remote v2"; /* the space key's: unchanged by version 3 */
 
 static int cfail(const char *what)
 {
@@ -77,13 +77,54 @@ int kvi_rauth_block_key(const kvi_rkeys *k, const char *instance, const uint8_t 
     return hkdf(NULL, 0, k->space, KVI_RKEY, info, il, 3, out, KVI_RKEY);
 }
 
-int kvi_rauth_session(const kvi_rkeys *k, const uint8_t nr[KVI_RNONCE],
-                      const uint8_t no[KVI_RNONCE], uint8_t mac_key[KVI_RKEY],
+int kvi_rauth_ephemeral(uint8_t priv[KVI_RDH], uint8_t pub[KVI_RDH])
+{
+    EVP_PKEY_CTX *c = EVP_PKEY_CTX_new_id(EVP_PKEY_X25519, NULL);
+    EVP_PKEY *k = NULL;
+    size_t pl = KVI_RDH, ql = KVI_RDH;
+    bool ok = c && EVP_PKEY_keygen_init(c) > 0 && EVP_PKEY_keygen(c, &k) > 0 &&
+              EVP_PKEY_get_raw_private_key(k, priv, &pl) > 0 &&
+              EVP_PKEY_get_raw_public_key(k, pub, &ql) > 0 && pl == KVI_RDH && ql == KVI_RDH;
+    EVP_PKEY_free(k);
+    EVP_PKEY_CTX_free(c);
+    return ok ? 0 : cfail("X25519 key generation");
+}
+
+/* X25519(priv, peer) into out; KVT_EINVAL when the result is all zeros (a low-order point:
+ * a peer key chosen to make the secret known). */
+static int x25519(const uint8_t priv[KVI_RDH], const uint8_t peer[KVI_RDH], uint8_t out[KVI_RDH])
+{
+    EVP_PKEY *me = EVP_PKEY_new_raw_private_key(EVP_PKEY_X25519, NULL, priv, KVI_RDH);
+    EVP_PKEY *them = EVP_PKEY_new_raw_public_key(EVP_PKEY_X25519, NULL, peer, KVI_RDH);
+    EVP_PKEY_CTX *c = me ? EVP_PKEY_CTX_new(me, NULL) : NULL;
+    size_t n = KVI_RDH;
+    bool ok = c && them && EVP_PKEY_derive_init(c) > 0 && EVP_PKEY_derive_set_peer(c, them) > 0 &&
+              EVP_PKEY_derive(c, out, &n) > 0 && n == KVI_RDH;
+    EVP_PKEY_CTX_free(c);
+    EVP_PKEY_free(them);
+    EVP_PKEY_free(me);
+    if (!ok) /* OpenSSL refuses an all-zero result itself */
+        return kvt_fail(KVT_EINVAL, "remote: the peer's ephemeral key gives no shared secret");
+    uint8_t zero[KVI_RDH] = {0};
+    if (CRYPTO_memcmp(out, zero, KVI_RDH) == 0)
+        return kvt_fail(KVT_EINVAL, "remote: the peer's ephemeral key gives no shared secret");
+    return 0;
+}
+
+int kvi_rauth_session(const kvi_rkeys *k, const kvi_rhs *t, const uint8_t priv[KVI_RDH],
+                      const uint8_t peer[KVI_RDH], uint8_t mac_key[KVI_RKEY],
                       uint8_t enc_key[KVI_RKEY])
 {
-    const void *info[3] = {"session:", nr, no};
-    size_t il[3] = {8, KVI_RNONCE, KVI_RNONCE};
-    int rc = hkdf(NULL, 0, k->auth, KVI_RKEY, info, il, 3, mac_key, KVI_RKEY);
+    uint8_t dh[KVI_RDH];
+    int rc = x25519(priv, peer, dh);
+    if (rc)
+        return rc;
+    /* extract with the DH secret as the salt and the auth key as the input: a key only a
+     * member holding this handshake's private half can compute */
+    const void *info[5] = {"session3:", t->nr, t->no, t->er, t->eo};
+    size_t il[5] = {9, KVI_RNONCE, KVI_RNONCE, KVI_RDH, KVI_RDH};
+    rc = hkdf(dh, sizeof(dh), k->auth, KVI_RKEY, info, il, 5, mac_key, KVI_RKEY);
+    OPENSSL_cleanse(dh, sizeof(dh));
     if (rc)
         return rc;
     const void *ei[1] = {"enc"};
@@ -115,15 +156,30 @@ static int hmac(const uint8_t *key, const void *const *part, const size_t *len, 
     return 0;
 }
 
-int kvi_rauth_proof(const kvi_rkeys *k, const char *role, const uint8_t nr[KVI_RNONCE],
-                    const uint8_t no[KVI_RNONCE], const char *instance,
+int kvi_rauth_proof(const kvi_rkeys *k, const char *role, const kvi_rhs *t, const char *instance,
                     const uint8_t boot[KVI_RBOOT], uint8_t out[KVI_RKEY])
 {
     /* the role and the instance are length-prefixed: no two inputs read the same */
     uint8_t rl = (uint8_t)strlen(role), nl = (uint8_t)strlen(instance);
-    const void *part[7] = {&rl, role, nr, no, &nl, instance, boot};
-    size_t len[7] = {1, rl, KVI_RNONCE, KVI_RNONCE, 1, nl, KVI_RBOOT};
-    return hmac(k->auth, part, len, 7, out, KVI_RKEY);
+    const void *part[9] = {&rl, role, t->nr, t->no, t->er, t->eo, &nl, instance, boot};
+    size_t len[9] = {1, rl, KVI_RNONCE, KVI_RNONCE, KVI_RDH, KVI_RDH, 1, nl, KVI_RBOOT};
+    return hmac(k->auth, part, len, 9, out, KVI_RKEY);
+}
+
+int kvi_rauth_tag(const uint8_t mac_key[KVI_RKEY], uint64_t seq, uint64_t *tag)
+{
+    uint8_t s[8], out[8];
+    for (int i = 0; i < 8; i++)
+        s[i] = (uint8_t)(seq >> (8 * i));
+    const void *part[2] = {"tag", s};
+    size_t len[2] = {3, 8};
+    int rc = hmac(mac_key, part, len, 2, out, sizeof(out));
+    if (rc)
+        return rc;
+    *tag = 0;
+    for (int i = 0; i < 8; i++)
+        *tag |= (uint64_t)out[i] << (8 * i);
+    return 0;
 }
 
 int kvi_rauth_mac(const uint8_t key[KVI_RKEY], const char *label, const uint8_t *msg, size_t len,

@@ -7,9 +7,14 @@
  *   space key   HKDF-SHA256(salt "kvtier remote v2", the credential), expanded with the space's
  *               name: a credential reused in two spaces gives two unrelated keys;
  *   auth key    expanded from the space key ("auth"): proofs of membership in handshakes;
- *   session key expanded from the auth key and both sides' 32-byte handshake nonces: the MACs
- *               of one connection's requests and replies, and, when asked, the encryption of
- *               its bytes (its own expansion, "enc");
+ *   session key HKDF-SHA256(salt X25519(one side's ephemeral key, the other's), the auth key),
+ *               expanded with the handshake's transcript (both 32-byte nonces, both ephemeral
+ *               public keys): the MACs of one connection's requests and replies, the UCX tags
+ *               of its reads (kvi_rauth_tag: a relay that sees a request cannot tell them),
+ *               and, when asked, the encryption of its bytes (its own expansion, "enc"). Each
+ *               side makes a fresh X25519 key pair per handshake and wipes the private half
+ *               once the session keys exist: a member that recorded a handshake, or anyone
+ *               who learns the credential later, cannot derive the session (forward secrecy);
  *   block key   expanded from the space key, an owner's instance name and its boot id (128
  *               random bits per process start): the AES-256-GCM key under which that owner
  *               authenticates what it publishes.
@@ -33,6 +38,13 @@
 #define KVI_RNONCE 32u /* bytes of a handshake nonce */
 #define KVI_RBOOT  16u /* bytes of an owner's boot id */
 #define KVI_RTAG   16u /* bytes of a MAC or GCM tag */
+#define KVI_RDH    32u /* bytes of an X25519 key */
+
+/* A handshake's transcript: the reader's and the owner's nonces and ephemeral public keys. */
+typedef struct kvi_rhs {
+    const uint8_t *nr, *no; /* KVI_RNONCE bytes each */
+    const uint8_t *er, *eo; /* KVI_RDH bytes each */
+} kvi_rhs;
 
 typedef struct kvi_rkeys {
     uint8_t space[KVI_RKEY];
@@ -44,14 +56,22 @@ int kvi_rauth_keys(const char *credential, size_t cred_len, const char *space, k
 /* An owner's block key: its instance name and boot id. */
 int kvi_rauth_block_key(const kvi_rkeys *k, const char *instance, const uint8_t boot[KVI_RBOOT],
                         uint8_t out[KVI_RKEY]);
-/* A handshake proof: HMAC-SHA256(auth key, role || nr || no || instance || boot). */
-int kvi_rauth_proof(const kvi_rkeys *k, const char *role, const uint8_t nr[KVI_RNONCE],
-                    const uint8_t no[KVI_RNONCE], const char *instance,
+/* A fresh X25519 key pair for one handshake. */
+int kvi_rauth_ephemeral(uint8_t priv[KVI_RDH], uint8_t pub[KVI_RDH]);
+/* A handshake proof: HMAC-SHA256(auth key, role || nr || no || er || eo || instance || boot):
+ * the owner's proves it holds the credential and binds both ephemeral keys (a relay that
+ * swaps either key fails it). */
+int kvi_rauth_proof(const kvi_rkeys *k, const char *role, const kvi_rhs *t, const char *instance,
                     const uint8_t boot[KVI_RBOOT], uint8_t out[KVI_RKEY]);
-/* A connection's session key (MACs) and encryption key, from the handshake's nonces. */
-int kvi_rauth_session(const kvi_rkeys *k, const uint8_t nr[KVI_RNONCE],
-                      const uint8_t no[KVI_RNONCE], uint8_t mac_key[KVI_RKEY],
+/* A connection's session key (MACs, tags) and encryption key: this side's ephemeral private
+ * key with the peer's public one, and the transcript. KVT_EINVAL for a peer key that gives no
+ * secret (a low-order point). */
+int kvi_rauth_session(const kvi_rkeys *k, const kvi_rhs *t, const uint8_t priv[KVI_RDH],
+                      const uint8_t peer[KVI_RDH], uint8_t mac_key[KVI_RKEY],
                       uint8_t enc_key[KVI_RKEY]);
+/* The base UCX tag of request seq of a session (HMAC(mac_key, "tag" || seq), its first 8
+ * bytes): both sides compute it; it never travels before the owner's sends do. */
+int kvi_rauth_tag(const uint8_t mac_key[KVI_RKEY], uint64_t seq, uint64_t *tag);
 /* HMAC-SHA256(key, label || msg), its first 16 bytes. */
 int kvi_rauth_mac(const uint8_t key[KVI_RKEY], const char *label, const uint8_t *msg, size_t len,
                   uint8_t tag[KVI_RTAG]);

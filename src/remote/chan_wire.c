@@ -1,17 +1,22 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The remote tier's read channel messages, version 2 (little endian, docs/wire.md):
+ * The remote tier's read channel messages, version 3 (little endian, docs/wire.md):
  *
- *   hello      u32 magic "KVRH"; u32 version; 32 bytes nonce; u32 name_len, name
+ *   hello      u32 magic "KVRH"; u32 version; 32 bytes nonce; 32 bytes X25519 ephemeral
+ *              public key; u32 name_len, name
  *   challenge  u32 magic "KVRC"; u32 version; 32 bytes reader's nonce; 32 bytes owner's
- *              nonce; 16 bytes boot id; u32 name_len, name; 32 bytes proof
- *   request    u32 magic "KVRR"; u32 version; u64 seq; u64 req_id; u64 epoch; u64 tag;
+ *              nonce; 32 bytes reader's ephemeral key (echoed); 32 bytes owner's ephemeral
+ *              key; 16 bytes boot id; u32 name_len, name; 32 bytes proof
+ *   request    u32 magic "KVRR"; u32 version; u64 seq; u64 req_id; u64 epoch;
  *              u32 flags; u32 hash_len; u32 addr_len, addr; u32 n;
  *              n x {u32 slot; u64 generation; hash_len bytes hash}; 16 bytes MAC
  *   reply      u32 magic "KVRP"; u32 version; u64 seq; u64 req_id; i32 status; u32 n;
  *              n x {i32 status; 16 bytes tag}; 16 bytes MAC
  *
- * Version 1 carried the credential itself in every request; it is refused (KVT_EVERSION).
+ * Version 1 carried the credential itself in every request; version 2 derived the session
+ * from the credential and the clear nonces alone (a member that saw a handshake could decrypt
+ * it) and sent the reads' UCX tags in clear (a relay could send under them first). Both are
+ * refused (KVT_EVERSION).
  * Decoding checks every length against what is left and every count against its limit before
  * anything is used, and refuses trailing bytes. The MACs are checked by the caller, who holds
  * the session key.
@@ -87,7 +92,7 @@ static int trailing(const kvi_rd *r, const char *what)
 
 size_t kvi_rhello_size(const kvi_rhello *h)
 {
-    return 4 + 4 + 32 + 4 + h->name_len;
+    return 4 + 4 + 32 + 32 + 4 + h->name_len;
 }
 
 void kvi_rhello_encode(const kvi_rhello *h, uint8_t *buf)
@@ -96,6 +101,7 @@ void kvi_rhello_encode(const kvi_rhello *h, uint8_t *buf)
     wr_u32(&w, KVI_RHELLO_MAGIC);
     wr_u32(&w, KVI_RWIRE_VERSION);
     wr_bytes(&w, h->nr, 32);
+    wr_bytes(&w, h->er, 32);
     wr_u32(&w, h->name_len);
     wr_bytes(&w, h->name, h->name_len);
 }
@@ -105,6 +111,7 @@ int kvi_rhello_decode(const uint8_t *buf, size_t len, kvi_rhello *h)
     kvi_rd r = {buf, buf, buf + len};
     int rc;
     if ((rc = head(&r, KVI_RHELLO_MAGIC, "hello")) || (rc = rd_bytes(&r, h->nr, 32, "nonce")) ||
+        (rc = rd_bytes(&r, h->er, 32, "ephemeral key")) ||
         (rc = bytes(&r, &h->name, &h->name_len, NAME_MAX_, "name")))
         return rc;
     return trailing(&r, "hello");
@@ -112,7 +119,7 @@ int kvi_rhello_decode(const uint8_t *buf, size_t len, kvi_rhello *h)
 
 size_t kvi_rchal_size(const kvi_rchal *c)
 {
-    return 4 + 4 + 32 + 32 + 16 + 4 + c->name_len + 32;
+    return 4 + 4 + 32 + 32 + 32 + 32 + 16 + 4 + c->name_len + 32;
 }
 
 void kvi_rchal_encode(const kvi_rchal *c, uint8_t *buf)
@@ -122,6 +129,8 @@ void kvi_rchal_encode(const kvi_rchal *c, uint8_t *buf)
     wr_u32(&w, KVI_RWIRE_VERSION);
     wr_bytes(&w, c->nr, 32);
     wr_bytes(&w, c->no, 32);
+    wr_bytes(&w, c->er, 32);
+    wr_bytes(&w, c->eo, 32);
     wr_bytes(&w, c->boot, 16);
     wr_u32(&w, c->name_len);
     wr_bytes(&w, c->name, c->name_len);
@@ -133,7 +142,10 @@ int kvi_rchal_decode(const uint8_t *buf, size_t len, kvi_rchal *c)
     kvi_rd r = {buf, buf, buf + len};
     int rc;
     if ((rc = head(&r, KVI_RCHAL_MAGIC, "challenge")) || (rc = rd_bytes(&r, c->nr, 32, "nonce")) ||
-        (rc = rd_bytes(&r, c->no, 32, "nonce")) || (rc = rd_bytes(&r, c->boot, 16, "boot id")) ||
+        (rc = rd_bytes(&r, c->no, 32, "nonce")) ||
+        (rc = rd_bytes(&r, c->er, 32, "ephemeral key")) ||
+        (rc = rd_bytes(&r, c->eo, 32, "ephemeral key")) ||
+        (rc = rd_bytes(&r, c->boot, 16, "boot id")) ||
         (rc = bytes(&r, &c->name, &c->name_len, NAME_MAX_, "name")) ||
         (rc = rd_bytes(&r, c->proof, 32, "proof")))
         return rc;
@@ -144,8 +156,8 @@ int kvi_rchal_decode(const uint8_t *buf, size_t len, kvi_rchal *c)
 
 size_t kvi_rreq_size(const kvi_rreq *q)
 {
-    return 4 + 4 + 8 + 8 + 8 + 8 + 4 + 4 + 4 + q->addr_len + 4 +
-           (size_t)q->n * (4 + 8 + q->hash_len) + KVI_RMAC;
+    return 4 + 4 + 8 + 8 + 8 + 4 + 4 + 4 + q->addr_len + 4 + (size_t)q->n * (4 + 8 + q->hash_len) +
+           KVI_RMAC;
 }
 
 void kvi_rreq_encode(const kvi_rreq *q, uint8_t *buf)
@@ -156,7 +168,6 @@ void kvi_rreq_encode(const kvi_rreq *q, uint8_t *buf)
     wr_u64(&w, q->seq);
     wr_u64(&w, q->req_id);
     wr_u64(&w, q->epoch);
-    wr_u64(&w, q->tag);
     wr_u32(&w, q->flags);
     wr_u32(&w, q->hash_len);
     wr_u32(&w, q->addr_len);
@@ -178,8 +189,7 @@ int kvi_rreq_decode(const uint8_t *buf, size_t len, kvi_rreq *q)
     int rc;
     if ((rc = head(&r, KVI_RREQ_MAGIC, "read request")) || (rc = rd_u64(&r, &q->seq, "seq")) ||
         (rc = rd_u64(&r, &q->req_id, "req_id")) || (rc = rd_u64(&r, &q->epoch, "epoch")) ||
-        (rc = rd_u64(&r, &q->tag, "tag")) || (rc = rd_u32(&r, &q->flags, "flags")) ||
-        (rc = rd_u32(&r, &q->hash_len, "hash_len")))
+        (rc = rd_u32(&r, &q->flags, "flags")) || (rc = rd_u32(&r, &q->hash_len, "hash_len")))
         return rc;
     if (q->flags & ~KVI_RREQ_ENCRYPT)
         return kvt_fail(KVT_EPROTO, "remote: unknown request flags %x", q->flags);

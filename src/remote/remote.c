@@ -76,6 +76,8 @@ typedef struct rpeer {
     /* the session: none, hello sent (nr kept), or ready (keys derived) */
     enum { SESS_NONE, SESS_HELLO, SESS_READY } sess;
     uint8_t nr[KVI_RNONCE];
+    uint8_t er[KVI_RDH], er_priv[KVI_RDH]; /* this handshake's key pair (the private half
+                                              wiped once the session keys exist) */
     uint8_t mac_key[KVI_RKEY], enc_key[KVI_RKEY];
     uint8_t block_key[KVI_RKEY]; /* the owner's, from its boot id */
     uint64_t seq;
@@ -446,14 +448,19 @@ static int on_hello(kvt_remote *r, const void *id, size_t id_len, const uint8_t 
     kvi_rchal c = {.name = (const uint8_t *)r->cfg.instance,
                    .name_len = (uint32_t)strlen(r->cfg.instance)};
     memcpy(c.nr, h.nr, KVI_RNONCE);
+    memcpy(c.er, h.er, KVI_RDH);
     memcpy(c.boot, r->boot, KVI_RBOOT);
-    if ((rc = kvi_rauth_random(s->no, KVI_RNONCE)) ||
-        (rc = kvi_rauth_session(&r->keys, s->nr, s->no, s->mac_key, s->enc_key)) ||
-        (rc =
-             kvi_rauth_proof(&r->keys, "owner", s->nr, s->no, r->cfg.instance, r->boot, c.proof))) {
+    /* this handshake's key pair: the private half lives only until the session keys exist */
+    uint8_t priv[KVI_RDH];
+    kvi_rhs t = {s->nr, s->no, c.er, c.eo};
+    if ((rc = kvi_rauth_random(s->no, KVI_RNONCE)) || (rc = kvi_rauth_ephemeral(priv, c.eo)) ||
+        (rc = kvi_rauth_session(&r->keys, &t, priv, h.er, s->mac_key, s->enc_key)) ||
+        (rc = kvi_rauth_proof(&r->keys, "owner", &t, r->cfg.instance, r->boot, c.proof))) {
+        OPENSSL_cleanse(priv, sizeof(priv));
         s->id_len = 0; /* unusable */
         return rc;
     }
+    OPENSSL_cleanse(priv, sizeof(priv));
     memcpy(c.no, s->no, KVI_RNONCE);
     kvi_rchal_encode(&c, out);
     *out_len = kvi_rchal_size(&c);
@@ -603,9 +610,23 @@ static int check_request(kvt_remote *r, serve_ctx *sc, osess *ss, const uint8_t 
     return 0;
 }
 
+/* The base UCX tag of a session's request seq of n blocks of np pieces each: piece j of block
+ * k travels with tag ^ (k * np + j), the bits above are the session's (kvi_rauth_tag), so a
+ * relay that sees the request cannot send under them first; reader and owner both compute it. */
+static int read_tag(const uint8_t mac_key[KVI_RKEY], uint64_t seq, uint32_t n, uint32_t np,
+                    uint64_t *tag)
+{
+    int rc = kvi_rauth_tag(mac_key, seq, tag);
+    uint64_t span = 1;
+    while (span < (uint64_t)n * np)
+        span <<= 1;
+    *tag &= ~(span - 1);
+    return rc;
+}
+
 /* The sends of the blocks this owner holds as asked (slot, generation, hash, this epoch):
  * one per piece, into sc->items; the others answer "stale". Returns how many sends. */
-static uint32_t plan_sends(kvt_remote *r, serve_ctx *sc, const kvi_rreq *q)
+static uint32_t plan_sends(kvt_remote *r, serve_ctx *sc, const kvi_rreq *q, uint64_t tag)
 {
     uint64_t ep = atomic_load(&r->epoch);
     uint32_t ni = 0;
@@ -634,7 +655,7 @@ static uint32_t plan_sends(kvt_remote *r, serve_ctx *sc, const kvi_rreq *q)
                                                 .addr_len = q->addr_len,
                                                 .buf = piece_at(r, j, b->slot),
                                                 .len = r->piece[j].block_bytes,
-                                                .tag = q->tag ^ ((uint64_t)i * r->n_pieces + j)};
+                                                .tag = tag ^ ((uint64_t)i * r->n_pieces + j)};
             sc->item_block[ni++] = i;
         }
     }
@@ -683,12 +704,14 @@ static int serve(kvt_remote *r, serve_ctx *sc, osess *ss, const uint8_t *buf, si
     rep->req_id = q.req_id;
     rep->seq = q.seq;
     uint32_t window;
+    uint64_t tag;
     if ((rc = check_request(r, sc, ss, buf, len, &q)) ||
         (rc = kvi_ucx_address_check(r->ucx_srv, q.addr, q.addr_len)) ||
-        (rc = grow_items(sc, q.n * r->n_pieces)) || (rc = send_window(sc, &window)))
+        (rc = grow_items(sc, q.n * r->n_pieces)) || (rc = send_window(sc, &window)) ||
+        (rc = read_tag(sc->ss->mac_key, q.seq, q.n, r->n_pieces, &tag)))
         return rc;
     rep->n = q.n;
-    uint32_t ni = plan_sends(r, sc, &q);
+    uint32_t ni = plan_sends(r, sc, &q, tag);
     if (ni)
         (void)kvi_ucx_send_many_prep(r->ucx_srv, sc->items, ni, window, (int)r->cfg.timeout_ms,
                                      prep_item, sc);
@@ -1602,9 +1625,10 @@ static int send_hello(rd_ctx *x, uint32_t p)
                     .name_len = (uint32_t)strlen(r->cfg.instance)};
     uint8_t buf[256];
     int rc = kvi_rauth_random(pe->nr, KVI_RNONCE);
-    if (rc)
+    if (rc || (rc = kvi_rauth_ephemeral(pe->er_priv, pe->er)))
         return rc;
     memcpy(h.nr, pe->nr, KVI_RNONCE);
+    memcpy(h.er, pe->er, KVI_RDH);
     kvi_rhello_encode(&h, buf);
     if ((rc = zsend(pe->sock, buf, kvi_rhello_size(&h))))
         return rc;
@@ -1621,14 +1645,10 @@ static int send_request(rd_ctx *x, uint32_t p)
     rd_peer *rp = &x->rps[p];
     const uint32_t hl = r->cfg.hash_len, np = r->n_pieces;
     uint64_t tag = 0;
-    int rc = kvi_rauth_random(&tag, sizeof(tag));
+    rp->seq = ++pe->seq;
+    int rc = read_tag(pe->mac_key, rp->seq, rp->n, np, &tag);
     if (rc)
         return rc;
-    /* piece j of block k of the request: tag ^ (k * np + j); the bits above stay random */
-    uint64_t span = 1;
-    while (span < (uint64_t)rp->n * np)
-        span <<= 1;
-    tag &= ~(span - 1);
     for (uint32_t k = 0; k < rp->n; k++) {
         uint32_t i = x->order[rp->first + k];
         for (uint32_t j = 0; j < np; j++)
@@ -1641,11 +1661,9 @@ static int send_request(rd_ctx *x, uint32_t p)
                                     .hash = x->hashes + (size_t)i * hl};
     }
     rp->req_id = ++r->next_req;
-    rp->seq = ++pe->seq;
     kvi_rreq q = {.seq = rp->seq,
                   .req_id = rp->req_id,
                   .epoch = pe->k.id.epoch,
-                  .tag = tag,
                   .flags = r->cfg.encrypt ? KVI_RREQ_ENCRYPT : 0,
                   .hash_len = hl,
                   .addr = x->addr,
@@ -1679,22 +1697,25 @@ static void take_challenge(rd_ctx *x, uint32_t p, const uint8_t *buf, size_t len
     if (!rc && memchr(c.name, 0, c.name_len))
         rc = kvt_fail(KVT_EPROTO, "remote: %s: a challenge naming an instance with a NUL byte",
                       pe->k.name);
+    kvi_rhs t = {pe->nr, c.no, pe->er, c.eo};
     if (!rc) {
         memcpy(name, c.name, c.name_len);
         name[c.name_len] = 0;
-        rc = kvi_rauth_proof(&r->keys, "owner", pe->nr, c.no, name, c.boot, proof);
+        rc = kvi_rauth_proof(&r->keys, "owner", &t, name, c.boot, proof);
     }
     if (!rc &&
-        (!kvi_rauth_equal(c.nr, pe->nr, KVI_RNONCE) || !kvi_rauth_equal(proof, c.proof, KVI_RKEY) ||
-         strcmp(name, pe->k.id.instance) != 0)) {
+        (!kvi_rauth_equal(c.nr, pe->nr, KVI_RNONCE) || !kvi_rauth_equal(c.er, pe->er, KVI_RDH) ||
+         !kvi_rauth_equal(proof, c.proof, KVI_RKEY) || strcmp(name, pe->k.id.instance) != 0)) {
         add(&r->a_auth_failures, 1);
         rc = kvt_fail(KVT_EINVAL,
                       "remote: %s did not prove it holds the space's credential "
                       "(or is another instance than the directory named)",
                       pe->k.name);
     }
-    if (!rc && !(rc = kvi_rauth_session(&r->keys, pe->nr, c.no, pe->mac_key, pe->enc_key)) &&
-        !(rc = kvi_rauth_block_key(&r->keys, name, c.boot, pe->block_key))) {
+    if (!rc)
+        rc = kvi_rauth_session(&r->keys, &t, pe->er_priv, c.eo, pe->mac_key, pe->enc_key);
+    OPENSSL_cleanse(pe->er_priv, KVI_RDH); /* forward secrecy: gone once used */
+    if (!rc && !(rc = kvi_rauth_block_key(&r->keys, name, c.boot, pe->block_key))) {
         pe->sess = SESS_READY;
         pe->seq = 0;
         add(&r->a_handshakes, 1);

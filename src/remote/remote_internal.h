@@ -121,31 +121,35 @@ int kvi_rdir_redis_open(const char *addr, const char *password, uint32_t timeout
 /* ---- the data channel's wire (chan_wire.c): validated, authenticated ------------------- */
 
 /* A connection starts with a handshake in which each side proves it holds the space's
- * credential without sending it (auth.h): hello (the reader's nonce), challenge (the owner's
- * nonce, instance, boot id and proof). The reader's first request, MACed with the session key
- * only a member can derive, is its proof; the owner reads nothing of a request (its UCX
- * address included) before that MAC checks. */
+ * credential without sending it (auth.h): hello (the reader's nonce and ephemeral X25519 key),
+ * challenge (the owner's nonce, ephemeral key, instance, boot id and proof over both keys).
+ * The reader's first request, MACed with the session key only a member that took part in
+ * this handshake can derive, is its proof; the owner reads nothing of a request (its UCX
+ * address included) before that MAC checks. The reads' UCX tags come from the session key
+ * (kvi_rauth_tag), never from the wire. */
 #define KVI_RHELLO_MAGIC  0x4852564bu /* "KVRH" */
 #define KVI_RCHAL_MAGIC   0x4352564bu /* "KVRC" */
 #define KVI_RREQ_MAGIC    0x5252564bu /* "KVRR" */
 #define KVI_RREP_MAGIC    0x5052564bu /* "KVRP" */
-#define KVI_RWIRE_VERSION 2u
+#define KVI_RWIRE_VERSION 3u
 #define KVI_RCRED_MAX     256u
 #define KVI_RADDR_MAX     4096u /* bytes of a UCX worker address */
 #define KVI_RREQ_ENCRYPT  1u    /* request flag: send the bytes encrypted under the session */
 
 typedef struct kvi_rhello {
     uint8_t nr[32];      /* the reader's nonce */
+    uint8_t er[32];      /* the reader's ephemeral X25519 public key */
     const uint8_t *name; /* the reader's instance name, for the owner's logs */
     uint32_t name_len;
 } kvi_rhello;
 
 typedef struct kvi_rchal {
     uint8_t nr[32], no[32]; /* the reader's nonce echoed, the owner's */
+    uint8_t er[32], eo[32]; /* the reader's ephemeral key echoed, the owner's */
     uint8_t boot[16];       /* the owner's boot id (its block key) */
     const uint8_t *name;    /* the owner's instance name */
     uint32_t name_len;
-    uint8_t proof[32]; /* kvi_rauth_proof("owner", nr, no, name, boot) */
+    uint8_t proof[32]; /* kvi_rauth_proof("owner", {nr, no, er, eo}, name, boot) */
 } kvi_rchal;
 
 typedef struct kvi_rreq_block {
@@ -158,7 +162,6 @@ typedef struct kvi_rreq {
     uint64_t seq; /* strictly growing per session: a replayed request is refused */
     uint64_t req_id;
     uint64_t epoch; /* the owner's epoch the entries were published in */
-    uint64_t tag;   /* piece j of block i arrives with tag ^ (i * pieces + j) */
     uint32_t flags; /* KVI_RREQ_ENCRYPT */
     uint32_t hash_len;
     const uint8_t *addr; /* the reader's UCX worker address */

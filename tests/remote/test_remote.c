@@ -803,7 +803,6 @@ static void the_read_messages_are_validated(void **state)
     kvi_rreq q = {.seq = 3,
                   .req_id = 11,
                   .epoch = 2,
-                  .tag = 0x10000,
                   .flags = KVI_RREQ_ENCRYPT,
                   .hash_len = HL,
                   .addr = addr,
@@ -831,8 +830,10 @@ static void the_read_messages_are_validated(void **state)
     buf[0] ^= 1;
     buf[4] = 1; /* version 1 carried the credential: refused */
     KVT_ERR_(kvi_rreq_decode(buf, len, &d), KVT_EVERSION);
-    buf[4] = 2;
-    const size_t flags_at = 4 + 4 + 8 + 8 + 8 + 8, hl_at = flags_at + 4;
+    buf[4] = 2; /* version 2's sessions were not forward-secret, its tags in clear: refused */
+    KVT_ERR_(kvi_rreq_decode(buf, len, &d), KVT_EVERSION);
+    buf[4] = 3;
+    const size_t flags_at = 4 + 4 + 8 + 8 + 8, hl_at = flags_at + 4;
     buf[flags_at] = 6;
     KVT_ERR_(kvi_rreq_decode(buf, len, &d), KVT_EPROTO);
     buf[flags_at] = 1;
@@ -863,16 +864,19 @@ static void the_read_messages_are_validated(void **state)
     free(big);
 
     /* hello and challenge: round trips, every truncation refused */
-    kvi_rhello h = {.nr = {1, 2, 3}, .name = (const uint8_t *)"reader", .name_len = 6};
+    kvi_rhello h = {.nr = {1, 2, 3}, .er = {7}, .name = (const uint8_t *)"reader", .name_len = 6};
     uint8_t hb[128], cb[256];
     kvi_rhello_encode(&h, hb);
     kvi_rhello hd;
     KVT_OK_(kvi_rhello_decode(hb, kvi_rhello_size(&h), &hd));
     assert_int_equal(hd.name_len, 6);
+    assert_int_equal(hd.er[0], 7);
     for (size_t cut = 0; cut < kvi_rhello_size(&h); cut++)
         assert_true(kvi_rhello_decode(hb, cut, &hd) < 0);
     kvi_rchal c = {.nr = {1},
                    .no = {2},
+                   .er = {5},
+                   .eo = {6},
                    .boot = {3},
                    .name = (const uint8_t *)"o",
                    .name_len = 1,
@@ -882,6 +886,8 @@ static void the_read_messages_are_validated(void **state)
     KVT_OK_(kvi_rchal_decode(cb, kvi_rchal_size(&c), &cd));
     assert_int_equal(cd.proof[0], 4);
     assert_int_equal(cd.boot[0], 3);
+    assert_int_equal(cd.er[0], 5);
+    assert_int_equal(cd.eo[0], 6);
     for (size_t cut = 0; cut < kvi_rchal_size(&c); cut++)
         assert_true(kvi_rchal_decode(cb, cut, &cd) < 0);
 }

@@ -31,6 +31,9 @@
 
 #include <hiredis/hiredis.h>
 #include <netinet/in.h>
+#include <openssl/core_names.h>
+#include <openssl/evp.h>
+#include <openssl/kdf.h>
 #include <zmq.h>
 
 #include "kvt_test.h"
@@ -63,14 +66,19 @@ static void hexkey(char *buf, size_t cap, const uint8_t *hash)
         n += snprintf(buf + n, cap - (size_t)n, "%02x", hash[j]);
 }
 
+/* Whether the n bytes at x occur anywhere in [p, p + len). */
+static bool has_bytes(const uint8_t *p, size_t len, const void *x, size_t n)
+{
+    for (size_t i = 0; i + n <= len; i++)
+        if (memcmp(p + i, x, n) == 0)
+            return true;
+    return false;
+}
+
 /* Whether `needle` occurs anywhere in [p, p + n). */
 static bool contains(const uint8_t *p, size_t n, const char *needle)
 {
-    size_t k = strlen(needle);
-    for (size_t i = 0; i + k <= n; i++)
-        if (memcmp(p + i, needle, k) == 0)
-            return true;
-    return false;
+    return has_bytes(p, n, needle, strlen(needle));
 }
 
 /* ---- a fake owner: the protocol spoken as far as one can without the credential ---------- */
@@ -116,8 +124,10 @@ static void fake_serve(fake *f, zmq_msg_t *id, const uint8_t *b, size_t n)
     memset(forged, 0xee, sizeof(forged));
     kvi_rgcm *g;
     kvi_rgcm_new(&g);
+    uint64_t tag = 0;
+    kvi_rauth_tag(f->mac_key, q.seq, &tag);
     for (uint32_t i = 0; i < q.n; i++) {
-        (void)kvi_ucx_send(u, q.addr, q.addr_len, forged, BB, q.tag ^ i, 500);
+        (void)kvi_ucx_send(u, q.addr, q.addr_len, forged, BB, tag ^ i, 500);
         uint8_t nonce[12];
         kvi_rauth_block_nonce(blocks[i].slot, blocks[i].generation, nonce);
         kvi_rgcm_begin(g, f->block_key, nonce, 0);
@@ -156,10 +166,14 @@ static void *fake_main(void *arg)
                 atomic_fetch_add(&f->hellos, 1);
                 kvi_rchal c = {.name = (const uint8_t *)"fake", .name_len = 4};
                 memcpy(c.nr, h.nr, KVI_RNONCE);
+                memcpy(c.er, h.er, KVI_RDH);
                 kvi_rauth_random(c.no, KVI_RNONCE);
                 memcpy(c.boot, f->boot, KVI_RBOOT);
-                kvi_rauth_proof(&f->keys, "owner", c.nr, c.no, "fake", c.boot, c.proof);
-                kvi_rauth_session(&f->keys, c.nr, c.no, f->mac_key, f->enc_key);
+                uint8_t priv[KVI_RDH];
+                kvi_rauth_ephemeral(priv, c.eo);
+                kvi_rhs t = {c.nr, c.no, c.er, c.eo};
+                kvi_rauth_proof(&f->keys, "owner", &t, "fake", c.boot, c.proof);
+                kvi_rauth_session(&f->keys, &t, priv, h.er, f->mac_key, f->enc_key);
                 uint8_t buf[256];
                 kvi_rchal_encode(&c, buf);
                 fake_send(f, &id, buf, kvi_rchal_size(&c));
@@ -495,6 +509,8 @@ typedef struct member {
     kvi_rkeys keys;
     uint8_t mac_key[KVI_RKEY], enc_key[KVI_RKEY];
     uint64_t seq;
+    /* the handshake as anyone on the path saw it: both nonces and ephemeral public keys */
+    uint8_t nr[KVI_RNONCE], no[KVI_RNONCE], er[KVI_RDH], eo[KVI_RDH];
 } member;
 
 /* Connects to an owner and shakes hands as a reader would. */
@@ -510,7 +526,9 @@ static void member_open(member *m, uint16_t port, const char *owner)
     snprintf(ep, sizeof(ep), "tcp://127.0.0.1:%u", port);
     assert_int_equal(zmq_connect(m->sock, ep), 0);
     kvi_rhello h = {.name = (const uint8_t *)"m", .name_len = 1};
+    uint8_t priv[KVI_RDH];
     KVT_OK_(kvi_rauth_random(h.nr, KVI_RNONCE));
+    KVT_OK_(kvi_rauth_ephemeral(priv, h.er));
     uint8_t buf[256];
     kvi_rhello_encode(&h, buf);
     assert_true(zmq_send(m->sock, buf, kvi_rhello_size(&h), 0) > 0);
@@ -519,9 +537,12 @@ static void member_open(member *m, uint16_t port, const char *owner)
     kvi_rchal c;
     KVT_OK_(kvi_rchal_decode(buf, (size_t)n, &c));
     uint8_t proof[KVI_RKEY];
-    KVT_OK_(kvi_rauth_proof(&m->keys, "owner", h.nr, c.no, owner, c.boot, proof));
+    kvi_rhs t = {h.nr, c.no, h.er, c.eo};
+    KVT_OK_(kvi_rauth_proof(&m->keys, "owner", &t, owner, c.boot, proof));
     assert_memory_equal(proof, c.proof, KVI_RKEY); /* a real owner */
-    KVT_OK_(kvi_rauth_session(&m->keys, h.nr, c.no, m->mac_key, m->enc_key));
+    KVT_OK_(kvi_rauth_session(&m->keys, &t, priv, c.eo, m->mac_key, m->enc_key));
+    memcpy(m->nr, h.nr, KVI_RNONCE), memcpy(m->no, c.no, KVI_RNONCE);
+    memcpy(m->er, h.er, KVI_RDH), memcpy(m->eo, c.eo, KVI_RDH);
 }
 
 static void member_close(member *m)
@@ -542,7 +563,6 @@ static int member_request(member *m, const void *addr, size_t addr_len, uint64_t
     kvi_rreq q = {.seq = seq,
                   .req_id = seq,
                   .epoch = epoch,
-                  .tag = 0x12340000,
                   .hash_len = HL,
                   .addr = addr,
                   .addr_len = (uint32_t)addr_len,
@@ -636,6 +656,300 @@ static void a_member_with_a_crafted_address_or_a_replay_is_refused(void **state)
     drop_inst(&a);
 }
 
+/* Sends a read of blocks[0..n) into the UCX worker at addr (flags: KVI_RREQ_ENCRYPT or 0) and
+ * waits for the reply, progressing `u` meanwhile when given (the receiver is this thread's);
+ * returns the reply's status (the blocks' in out), its MAC checked; -1 without a reply. */
+static int member_read_as(member *m, kvi_ucx *u, const void *addr, size_t addr_len, uint64_t epoch,
+                          uint32_t flags, const kvi_rreq_block *blocks, uint32_t n,
+                          kvi_rrep_block *out)
+{
+    kvi_rreq q = {.seq = ++m->seq,
+                  .req_id = m->seq,
+                  .epoch = epoch,
+                  .flags = flags,
+                  .hash_len = HL,
+                  .addr = addr,
+                  .addr_len = (uint32_t)addr_len,
+                  .n = n,
+                  .blocks = (kvi_rreq_block *)blocks};
+    size_t len = kvi_rreq_size(&q);
+    uint8_t *buf = malloc(len);
+    kvi_rreq_encode(&q, buf);
+    KVT_OK_(kvi_rauth_mac(m->mac_key, "req", buf, len - KVI_RMAC, buf + len - KVI_RMAC));
+    assert_true(zmq_send(m->sock, buf, len, 0) == (int)len);
+    free(buf);
+    uint8_t rep[4096];
+    int got = -1;
+    kvt_wait w = kvt_wait_start();
+    do {
+        if (u)
+            kvi_ucx_progress(u);
+        zmq_pollitem_t it = {.socket = m->sock, .events = ZMQ_POLLIN};
+        if (zmq_poll(&it, 1, u ? 1 : 5000) == 1)
+            got = zmq_recv(m->sock, rep, sizeof(rep), 0);
+    } while (got < 0 && (u ? kvt_wait_left(&w) : 0));
+    if (got <= 0)
+        return -1; /* no answer */
+    kvi_rrep p = {.blocks = out};
+    KVT_OK_(kvi_rrep_decode(rep, (size_t)got, &p));
+    uint8_t mac[KVI_RMAC];
+    KVT_OK_(kvi_rauth_mac(m->mac_key, "rep", rep, (size_t)got - KVI_RMAC, mac));
+    assert_memory_equal(mac, rep + got - KVI_RMAC, KVI_RMAC);
+    return p.status;
+}
+
+static int member_read(member *m, const void *addr, size_t addr_len, uint64_t epoch,
+                       const kvi_rreq_block *blocks, uint32_t n, int *st)
+{
+    static kvi_rrep_block rb[KVT_REMOTE_MAX_READ];
+    int rc = member_read_as(m, NULL, addr, addr_len, epoch, 0, blocks, n, rb);
+    for (uint32_t i = 0; rc >= 0 && i < n; i++)
+        st[i] = rb[i].status;
+    return rc;
+}
+
+/* A UCX worker that progresses (a live receiver) with one receive posted on a tag nobody
+ * sends: what a member names as "its" address in the attack below. */
+typedef struct live_rx {
+    kvi_ucx *u;
+    kvi_ucx_recv *r;
+    uint8_t *buf;
+    pthread_t th;
+    _Atomic int stop;
+} live_rx;
+
+static void *live_rx_main(void *arg)
+{
+    live_rx *x = arg;
+    while (!x->stop)
+        (void)kvi_ucx_recv_wait(x->u, x->r, 20);
+    return NULL;
+}
+
+#define BIG (1u << 20) /* rendezvous over every transport */
+
+/* An owner of 1 MiB blocks (slots 1 and 2 published, every byte 0x5a) and a reader of its
+ * space. */
+static void big_pair(kvt_remote **a, kvt_remote **b, uint8_t **region, uint8_t *hashes)
+{
+    kvt_remote_config c;
+    test_remote_config(&c, g_space, "a", CRED);
+    c.block_bytes = BIG;
+    c.hash_len = HL;
+    c.hash_seed = 7;
+    c.timeout_ms = 500;
+    c.ttl_ms = 10000; /* the attack keeps the server thread 0.7 s from its heartbeat */
+    *region = malloc(4ull * BIG);
+    memset(*region, 0x5a, 4ull * BIG);
+    c.region = *region;
+    c.n_slots = 4;
+    KVT_OK_(kvt_remote_create(&c, a));
+    chain(9, 2, hashes);
+    uint32_t slots[2] = {1, 2};
+    KVT_OK_(kvt_remote_publish(*a, slots, hashes, 2));
+    c.instance = "b";
+    c.region = NULL;
+    c.n_slots = 0;
+    KVT_OK_(kvt_remote_create(&c, b));
+}
+
+/* b reads both blocks of a; returns how many arrived whole and checked. */
+static uint32_t big_read(kvt_remote *b, const uint8_t *hashes)
+{
+    kvt_remote_loc locs[2];
+    uint32_t hit = 0;
+    KVT_OK_(kvt_remote_lookup(b, hashes, 2, locs, &hit));
+    if (hit != 2)
+        return 0;
+    uint8_t *dst = malloc(2ull * BIG);
+    memset(dst, 0, 2ull * BIG);
+    void *ptrs[2] = {dst, dst + BIG};
+    int st[2];
+    (void)kvt_remote_read(b, locs, hashes, 2, ptrs, st);
+    uint32_t ok = 0;
+    for (uint32_t i = 0; i < 2; i++)
+        ok += st[i] == 0 && dst[(size_t)i * BIG] == 0x5a && dst[(size_t)i * BIG + BIG - 1] == 0x5a;
+    free(dst);
+    return ok;
+}
+
+/* Issue 57: a member asks an owner for 1 MiB blocks into a live receiver that listens on other
+ * tags. Before, the owner's only server thread spun for ever in send_abort (a wait on the
+ * forced close with no bound): it answered nothing again and SIGTERM hung. Now the read costs
+ * that member a failed read within the owner's timeout, and the owner serves the next member
+ * at once. */
+static void a_member_reading_into_a_foreign_receiver_does_not_wedge_the_owner(void **state)
+{
+    (void)state;
+    NEED_REDIS();
+    kvt_remote *a, *b;
+    uint8_t *region, hashes[2 * HL];
+    big_pair(&a, &b, &region, hashes);
+    assert_int_equal(big_read(b, hashes), 2);
+    live_rx x = {0};
+    KVT_OK_(kvi_ucx_create(&x.u));
+    x.buf = malloc(BIG);
+    KVT_OK_(kvi_ucx_recv_post(x.u, x.buf, BIG, 0xdeadbeef00000000ull, &x.r));
+    assert_int_equal(pthread_create(&x.th, NULL, live_rx_main, &x), 0);
+    const void *addr;
+    size_t addr_len;
+    kvi_ucx_address(x.u, &addr, &addr_len);
+    kvt_remote_stats sa;
+    kvt_remote_get_stats(a, &sa);
+    member m;
+    member_open(&m, kvt_remote_port(a), "a");
+    kvi_rreq_block blk[2] = {{.slot = 1, .generation = 1, .hash = hashes},
+                             {.slot = 2, .generation = 1, .hash = hashes + HL}};
+    int st[2] = {-1, -1};
+    double t0 = now_s();
+    int rc = member_read(&m, addr, addr_len, sa.epoch, blk, 2, st);
+    double t_attack = now_s() - t0;
+    print_message("a read into a foreign receiver: reply %d (blocks %d %d) in %.2f s\n", rc, st[0],
+                  st[1], t_attack);
+    assert_int_equal(rc, 0);
+    assert_true(st[0] == KVT_EIO || st[1] == KVT_EIO); /* the sends were abandoned */
+    /* the next member is served, every byte, within a second */
+    t0 = now_s();
+    assert_int_equal(big_read(b, hashes), 2);
+    double t_next = now_s() - t0;
+    print_message("the next member read 2 MiB in %.3f s\n", t_next);
+    assert_true(t_next < 1.0);
+    member_close(&m);
+    x.stop = 1;
+    pthread_join(x.th, NULL);
+    (void)kvi_ucx_recv_end(x.u, x.r, 1000);
+    kvi_ucx_destroy(x.u);
+    free(x.buf);
+    kvt_remote_destroy(b);
+    kvt_remote_destroy(a); /* returns: the server thread is not stuck */
+    free(region);
+}
+
+static void encrypting(kvt_remote_config *c);
+
+/* HKDF-SHA256, expand only (key = prk): how version 2 derived a session from the auth key. */
+static void hkdf_expand(const uint8_t *prk, const void *info, size_t il, uint8_t *out)
+{
+    EVP_KDF *kdf = EVP_KDF_fetch(NULL, "HKDF", NULL);
+    EVP_KDF_CTX *c = EVP_KDF_CTX_new(kdf);
+    int mode = EVP_KDF_HKDF_MODE_EXPAND_ONLY;
+    OSSL_PARAM p[] = {OSSL_PARAM_construct_utf8_string(OSSL_KDF_PARAM_DIGEST, (char *)"SHA256", 0),
+                      OSSL_PARAM_construct_int(OSSL_KDF_PARAM_MODE, &mode),
+                      OSSL_PARAM_construct_octet_string(OSSL_KDF_PARAM_KEY, (void *)prk, KVI_RKEY),
+                      OSSL_PARAM_construct_octet_string(OSSL_KDF_PARAM_INFO, (void *)info, il),
+                      OSSL_PARAM_construct_end()};
+    assert_true(EVP_KDF_derive(c, out, KVI_RKEY, p) > 0);
+    EVP_KDF_CTX_free(c);
+    EVP_KDF_free(kdf);
+}
+
+/* Whether enc_key decrypts block k of request seq (ct, one piece of BB bytes) to the bytes of
+ * block k of sequence `family` under GCM tag `tag`. */
+static bool opens(const uint8_t *enc_key, uint64_t seq, uint32_t k, const uint8_t *ct,
+                  const uint8_t *hash, const uint8_t *tag, uint32_t family)
+{
+    uint8_t nonce[12], *pt = malloc(BB);
+    for (int b = 0; b < 8; b++)
+        nonce[b] = (uint8_t)(seq >> (8 * b));
+    for (int b = 0; b < 4; b++)
+        nonce[8 + b] = (uint8_t)(k >> (8 * b));
+    kvi_rgcm *g;
+    KVT_OK_(kvi_rgcm_new(&g));
+    bool ok = kvi_rgcm_begin(g, enc_key, nonce, -1) == 0 && kvi_rgcm_aad(g, hash, HL) == 0 &&
+              kvi_rgcm_piece(g, ct, pt, BB) == 0 && kvi_rgcm_check(g, tag) &&
+              same_as(pt, family, k);
+    kvi_rgcm_free(g);
+    free(pt);
+    return ok;
+}
+
+/* Issue 57, forward secrecy: a member that recorded a connection's handshake (nonces and
+ * ephemeral public keys, as a relay sees them), its request and its encrypted reads (the
+ * bytes and their GCM tags), and that holds the credential, cannot derive the session: the
+ * reader's own keys open every block, the transcript's do not - neither version 2's
+ * derivation (HKDF of the auth key and the two nonces: before, it opened them) nor
+ * version 3's without an ephemeral private key. The relay in the middle saw the reader's UCX
+ * address but not the tags its receives wait on (version 2 sent them in the request: a relay
+ * could send under them before the owner). */
+static void a_recorded_handshake_does_not_decrypt_its_reads(void **state)
+{
+    (void)state;
+    NEED_REDIS();
+    inst a;
+    KVT_OK_(make_with(&a, "a", true, 7, CRED, 2000, encrypting));
+    store(&a, 4, 2, 1);
+    kvt_remote_stats sa;
+    kvt_remote_get_stats(a.r, &sa);
+    static relay rl;
+    relay_start(&rl, kvt_remote_port(a.r));
+    member m;
+    member_open(&m, rl.port, "a");
+    kvi_ucx *u;
+    KVT_OK_(kvi_ucx_create(&u));
+    const void *addr;
+    size_t addr_len;
+    kvi_ucx_address(u, &addr, &addr_len);
+    uint8_t hashes[2 * HL], *ct = calloc(2, BB);
+    chain(4, 2, hashes);
+    uint64_t tag;
+    KVT_OK_(kvi_rauth_tag(m.mac_key, m.seq + 1, &tag)); /* the next request's */
+    tag &= ~1ull;
+    kvi_ucx_recv *rx[2];
+    for (uint32_t k = 0; k < 2; k++)
+        KVT_OK_(kvi_ucx_recv_post(u, ct + (size_t)k * BB, BB, tag ^ k, &rx[k]));
+    kvi_rreq_block blk[2] = {{.slot = 1, .generation = 1, .hash = hashes},
+                             {.slot = 2, .generation = 1, .hash = hashes + HL}};
+    kvi_rrep_block rb[2];
+    assert_int_equal(member_read_as(&m, u, addr, addr_len, sa.epoch, KVI_RREQ_ENCRYPT, blk, 2, rb),
+                     0);
+    for (uint32_t k = 0; k < 2; k++) {
+        assert_int_equal(rb[k].status, 0);
+        kvt_wait w = kvt_wait_start();
+        int got;
+        while ((got = kvi_ucx_recv_wait(u, rx[k], 10)) == 0 && kvt_wait_left(&w))
+            ;
+        assert_int_equal(got, 1);
+        assert_int_equal(kvi_ucx_recv_end(u, rx[k], 1000), 1);
+        assert_false(same_as(ct + (size_t)k * BB, 4, k)); /* encrypted on the wire */
+        assert_true(opens(m.enc_key, m.seq, k, ct + (size_t)k * BB, hashes + k * HL, rb[k].tag,
+                          4)); /* the reader's own session opens it */
+    }
+    relay_stop(&rl);
+    assert_true(has_bytes(rl.cap, rl.cap_len, addr, addr_len)); /* the relay saw the request */
+    for (uint32_t k = 0; k < 2; k++) {
+        uint8_t le[8];
+        for (int b = 0; b < 8; b++)
+            le[b] = (uint8_t)((tag ^ k) >> (8 * b));
+        assert_false(has_bytes(rl.cap, rl.cap_len, le, sizeof(le))); /* but no tag */
+    }
+    /* what a member who recorded all this derives, holding the credential */
+    kvi_rkeys keys;
+    KVT_OK_(kvi_rauth_keys(CRED, strlen(CRED), g_space, &keys));
+    uint8_t info[8 + 2 * KVI_RNONCE], v2_mac[KVI_RKEY], v2_enc[KVI_RKEY];
+    memcpy(info, "session:", 8), memcpy(info + 8, m.nr, KVI_RNONCE);
+    memcpy(info + 8 + KVI_RNONCE, m.no, KVI_RNONCE);
+    hkdf_expand(keys.auth, info, sizeof(info), v2_mac);
+    hkdf_expand(v2_mac, "enc", 3, v2_enc);
+    uint8_t info3[9 + 2 * KVI_RNONCE + 2 * KVI_RDH], v3_mac[KVI_RKEY], v3_enc[KVI_RKEY];
+    memcpy(info3, "session3:", 9), memcpy(info3 + 9, m.nr, KVI_RNONCE);
+    memcpy(info3 + 9 + KVI_RNONCE, m.no, KVI_RNONCE);
+    memcpy(info3 + 9 + 2 * KVI_RNONCE, m.er, KVI_RDH);
+    memcpy(info3 + 9 + 2 * KVI_RNONCE + KVI_RDH, m.eo, KVI_RDH);
+    hkdf_expand(keys.auth, info3, sizeof(info3), v3_mac); /* no DH secret to extract with */
+    hkdf_expand(v3_mac, "enc", 3, v3_enc);
+    for (uint32_t k = 0; k < 2; k++) {
+        assert_false(opens(v2_enc, m.seq, k, ct + (size_t)k * BB, hashes + k * HL, rb[k].tag, 4));
+        assert_false(opens(v3_enc, m.seq, k, ct + (size_t)k * BB, hashes + k * HL, rb[k].tag, 4));
+    }
+    assert_memory_not_equal(v2_mac, m.mac_key, KVI_RKEY);
+    print_message("a recorded handshake and its 2 encrypted reads: the reader's keys open them, "
+                  "the transcript and the credential do not\n");
+    member_close(&m);
+    kvi_ucx_destroy(u);
+    free(ct);
+    drop_inst(&a);
+}
+
 /* A stranger says hello from more connections than an owner keeps sessions for (1,024): the
  * half-open sessions go first, so a member's proven session survives and its next read needs
  * no new handshake. */
@@ -657,6 +971,8 @@ static void a_hello_flood_does_not_evict_a_members_session(void **state)
     char ep[64];
     snprintf(ep, sizeof(ep), "tcp://127.0.0.1:%u", kvt_remote_port(a.r));
     uint32_t answered = 0;
+    uint8_t er[KVI_RDH], er_priv[KVI_RDH]; /* a stranger can make key pairs too */
+    KVT_OK_(kvi_rauth_ephemeral(er_priv, er));
     for (uint32_t k = 0; k < 1100; k++) {
         void *d = zmq_socket(ctx, ZMQ_DEALER);
         int tmo = 2000, zero = 0;
@@ -667,6 +983,7 @@ static void a_hello_flood_does_not_evict_a_members_session(void **state)
         zmq_setsockopt(d, ZMQ_ROUTING_ID, id, (size_t)idl);
         zmq_connect(d, ep);
         kvi_rhello h = {.name = (const uint8_t *)"stranger", .name_len = 8};
+        memcpy(h.er, er, KVI_RDH);
         uint8_t buf[256];
         kvi_rhello_encode(&h, buf);
         zmq_send(d, buf, kvi_rhello_size(&h), 0);
@@ -820,6 +1137,9 @@ int main(void)
         cmocka_unit_test_setup(a_member_with_a_crafted_address_or_a_replay_is_refused, each_setup),
         cmocka_unit_test_setup(a_hello_flood_does_not_evict_a_members_session, each_setup),
         cmocka_unit_test_setup(encrypted_reads, each_setup),
+        cmocka_unit_test_setup(a_recorded_handshake_does_not_decrypt_its_reads, each_setup),
+        cmocka_unit_test_setup(a_member_reading_into_a_foreign_receiver_does_not_wedge_the_owner,
+                               each_setup),
         cmocka_unit_test_setup(a_dripping_directory_costs_one_deadline, each_setup),
     };
     return kvt_test_exit(cmocka_run_group_tests(tests, group_setup, group_teardown));
