@@ -106,9 +106,11 @@ typedef struct kvt_mirror_config {
     int32_t numa_node;      /* the NUMA node of the mirror's memory (kvt_arena_config's);
                                -1 (config_init): no preference. Choose the GPU's node: a host
                                tier on the far socket halves what the link can carry */
+    const char *node_dir;   /* with node_name: the node tier's rendezvous directory
+                               (kvt_node_config.dir); NULL: the default */
     /* room for fields to come, so the struct keeps its size: zero (as *_config_init
      * leaves it); a create refuses a config whose room is not zero */
-    uint64_t reserved[5];
+    uint64_t reserved[4];
 } kvt_mirror_config;
 
 typedef struct kvt_mirror kvt_mirror;

@@ -4,15 +4,16 @@
  * replicas of one model), so that a prefix one replica stored is a hit for the others
  * (vLLM's shared CPU pool, spec §3.9).
  *
- * Two POSIX shared-memory objects carry it:
- *   /kvtier.<name>.data  the blocks. Every replica's worker maps it as its host mirror
- *                        (kvt_mirror_config.node_name); it has ranks x blocks_per_rank slots,
- *                        and slot ids are global: a slot id means the same bytes in every
- *                        replica.
- *   /kvtier.<name>.meta  which keys each slot holds, who pins it, who is attached. The
- *                        scheduler of each replica attaches it with kvt_node_attach and lends
- *                        it to its offload manager (kvt_offload_attach_node), whose host pool
- *                        then holds every slot of the node.
+ * Two POSIX shared-memory objects carry it, named /kvtier.<name>.<R>.data and .meta, where R is
+ * 32 random hex digits kept in <dir>/<name>.rendezvous, a file in a directory only the sharers
+ * can enter (kvt_node_config.dir): nobody else can know the names, so nobody else can create
+ * them first (before, another user's empty /kvtier.<name>.meta kept a replica from attaching):
+ *   .data  the blocks. Every replica's worker maps it as its host mirror
+ *          (kvt_mirror_config.node_name); it has ranks x blocks_per_rank slots, and slot ids
+ *          are global: a slot id means the same bytes in every replica.
+ *   .meta  which keys each slot holds, who pins it, who is attached. The scheduler of each
+ *          replica attaches it with kvt_node_attach and lends it to its offload manager
+ *          (kvt_offload_attach_node), whose host pool then holds every slot of the node.
  *
  * Ownership: replica r owns slots [r*B + 1, (r+1)*B) for B = blocks_per_rank (slot r*B is
  * never used, like a pool's null block). Only the owner allocates, stores into and evicts its
@@ -39,7 +40,10 @@
  * its header is checked field by field before anything in it is used: a name another user
  * holds is refused with KVT_EEXIST naming the holder, an object whose mode lets others in with
  * KVT_ESTATE, a damaged header with KVT_EPROTO or KVT_EVERSION. The names are removed when the
- * last replica detaches (kvt_node_unlink removes what crashed replicas left behind).
+ * last replica detaches (kvt_node_unlink removes what crashed replicas left behind). A sharer
+ * that shrinks an object under the others (ftruncate) costs them misses, never a signal: their
+ * mappings are guarded, and a SIGBUS inside one puts zero pages in its place; loads from it fail
+ * (the engine recomputes), peers' slots are misses from then on.
  *
  * Thread rules: a kvt_node is used by one thread at a time, the scheduler's (through the
  * manager it is attached to). Calls into the metadata take the mutex, held for microseconds.
@@ -79,9 +83,14 @@ typedef struct kvt_node_config {
                                   group name: replicas running as different users of that group
                                   share it (objects 0660, that group; every replica must name
                                   it, and the workers' mirrors too: kvt_mirror_config) */
+    const char *dir;           /* the directory of the tier's rendezvous (see above); NULL:
+                                  $XDG_RUNTIME_DIR/kvtier when that is this user's and private,
+                                  else $HOME/.kvtier. Required with group: a directory of that
+                                  group closed to others (chmod 2770). Every replica and the
+                                  workers' mirrors (kvt_mirror_config.node_dir) name the same */
     /* room for fields to come, so the struct keeps its size: zero (as *_config_init
      * leaves it); a create refuses a config whose room is not zero */
-    uint64_t reserved[6];
+    uint64_t reserved[5];
 } kvt_node_config;
 
 typedef struct kvt_node kvt_node;
@@ -116,9 +125,12 @@ KVT_API uint32_t kvt_node_num_slots(const kvt_node *node);
  * negative code. */
 KVT_API int kvt_node_reap(kvt_node *node);
 KVT_API int kvt_node_get_stats(kvt_node *node, kvt_node_stats *out);
-/* Removes the names of node tier `name` (both objects); mappings in use stay valid. 0 also
- * when there was nothing to remove. */
+/* Removes the names of node tier `name` (both objects and its rendezvous in the default
+ * directory); mappings in use stay valid. 0 also when there was nothing to remove. */
 KVT_API int kvt_node_unlink(const char *name);
+/* kvt_node_unlink for a tier whose rendezvous is in `dir` (kvt_node_config.dir; NULL: the
+ * default) and shared by `group` (NULL: this user only). */
+KVT_API int kvt_node_unlink_at(const char *name, const char *dir, const char *group);
 
 #ifdef __cplusplus
 }

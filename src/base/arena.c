@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "base/error.h"
+#include "base/guard.h"
 #include "base/log.h"
 #include "base/shm.h"
 #include "base/util.h"
@@ -45,6 +46,7 @@ struct kvt_arena {
     size_t size;
     size_t page;
     size_t used;
+    int guard; /* a shared object's mapping: its SIGBUS guard (base/guard.h); else -1 */
 };
 
 void kvt_arena_config_init(kvt_arena_config *cfg)
@@ -196,7 +198,17 @@ int kvt_arena_create(const kvt_arena_config *cfg, kvt_arena **out)
         int rc = map_shared(cfg->shm_name, cfg->shm_group, size, &p);
         if (rc)
             return rc;
-        return finish(cfg, p, size, page, false, out);
+        /* a sharer may shrink the object: a SIGBUS then poisons the mapping, not the process */
+        int guard;
+        if ((rc = kvi_guard_add(p, size, &guard))) {
+            munmap(p, size);
+            return rc;
+        }
+        if ((rc = finish(cfg, p, size, page, false, out)))
+            kvi_guard_remove(guard);
+        else
+            (*out)->guard = guard;
+        return rc;
     }
     int rc = map_region(size, page, huge_flags, &p);
     if (rc != 0 && huge_flags && (fl & KVT_ARENA_HUGE_FALLBACK)) {
@@ -244,6 +256,7 @@ static int finish(const kvt_arena_config *cfg, void *p, size_t size, size_t page
     a->base = p;
     a->size = size;
     a->page = page;
+    a->guard = -1;
     *out = a;
     return 0;
 }
@@ -252,8 +265,14 @@ void kvt_arena_destroy(kvt_arena *a)
 {
     if (!a)
         return;
+    kvi_guard_remove(a->guard);
     munmap(a->base, a->size);
     free(a);
+}
+
+int kvi_arena_guard(const kvt_arena *a)
+{
+    return a ? a->guard : -1;
 }
 
 KVI_GETTER(void *, kvt_arena_base, kvt_arena, base)

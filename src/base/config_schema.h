@@ -118,7 +118,8 @@
 #define KVI_NODE_CONFIG(X)                                                                         \
     X(name, STRING, 0, 0, 0,                                                                       \
       "the node tier's name (required): 1..KVT_NODE_NAME_MAX bytes of [A-Za-z0-9_.-]; its "        \
-      "objects are /kvtier.NAME.meta and .data in /dev/shm")                                       \
+      "objects are /kvtier.NAME.<32 random hex>.meta and .data in /dev/shm, the random part "      \
+      "kept in DIR/NAME.rendezvous (dir)")                                                         \
     X(rank, UINT, 0, 0, KVT_NODE_MAX_RANKS - 1, "this replica, 0 .. ranks - 1")                    \
     X(ranks, UINT, 1, 1, KVT_NODE_MAX_RANKS, "replicas sharing the tier")                          \
     X(blocks_per_rank, REQUIRED, 0, 2, KVI_U32_MAX - 1,                                            \
@@ -145,6 +146,11 @@
       "bytes): replicas running as different users of that group share it (objects 0660 in that "  \
       "group; an existing object is used only if it has that group and gives nobody outside it "   \
       "access; every replica and the workers' mirrors name it)")                                   \
+    X(dir, STRING, 0, 0, 0,                                                                        \
+      "the directory of the tier's rendezvous, only the sharers may enter it (the objects' names " \
+      "are unguessable to everyone else). NULL: $XDG_RUNTIME_DIR/kvtier if that is this user's "   \
+      "and closed to others, else $HOME/.kvtier; with group it must be given (the group's, "       \
+      "chmod 2770); every replica and the workers' mirrors name the same")                         \
     X(reserved, ROOM, 0, 0, 0, "room for fields to come: zero")
 
 #endif

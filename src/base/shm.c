@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -142,5 +143,163 @@ int kvi_shm_open(const char *name, const kvi_shm_share *share, const char *who, 
         return rc;
     }
     *fd = f;
+    return 0;
+}
+
+/* ---- the rendezvous: unguessable names, kept where only the sharers can look -------------- */
+
+/* Whether directory st may hold the rendezvous of sharers `share`: ours (or the group's) and
+ * closed to everyone else. 0, or the refusal naming what is wrong. */
+static int check_dir(const struct stat *st, const char *path, const kvi_shm_share *share)
+{
+    char u[128], g[128];
+    id_name(false, (unsigned)st->st_uid, u, sizeof(u));
+    id_name(true, (unsigned)st->st_gid, g, sizeof(g));
+    unsigned mode = (unsigned)(st->st_mode & 07777);
+    if (!S_ISDIR(st->st_mode))
+        return kvt_fail(KVT_ESTATE, "shared memory: %s is not a directory", path);
+    if (share->has_group ? (st->st_gid != share->gid || (st->st_mode & 0007))
+                         : (st->st_uid != geteuid() || (st->st_mode & 0077)))
+        return kvt_fail(KVT_ESTATE,
+                        "shared memory: the directory %s (owner %s, group %s, mode %04o) is not "
+                        "%s and closed to everyone else (%s)",
+                        path, u, g, mode, share->has_group ? "the sharing group's" : "this user's",
+                        share->has_group ? "chgrp it, chmod 2770" : "chmod 0700");
+    return 0;
+}
+
+/* path, made with mode `mode` if absent, then checked */
+static int private_dir(const char *path, mode_t mode, const kvi_shm_share *share)
+{
+    if (mkdir(path, mode) != 0 && errno != EEXIST)
+        return kvi_fail_errno(errno, "shared memory: cannot make the directory %s", path);
+    struct stat st;
+    if (lstat(path, &st) != 0)
+        return kvi_fail_errno(errno, "shared memory: cannot stat %s", path);
+    return check_dir(&st, path, share);
+}
+
+int kvi_shm_dir(const char *dir, const kvi_shm_share *share, char *out, size_t cap)
+{
+    if (dir && *dir) {
+        struct stat st;
+        if (snprintf(out, cap, "%s", dir) >= (int)cap)
+            return kvt_fail(KVT_EINVAL, "shared memory: the directory name is too long");
+        if (stat(dir, &st) != 0)
+            return kvi_fail_errno(errno, "shared memory: no directory %s", dir);
+        return check_dir(&st, dir, share);
+    }
+    if (share->has_group)
+        return kvt_fail(KVT_EINVAL,
+                        "shared memory: replicas of several users (a sharing group) need a "
+                        "directory of that group closed to others for their rendezvous (the "
+                        "node tier's dir: chgrp GROUP DIR; chmod 2770 DIR)");
+    /* this user's: the runtime directory if it is a private one, else one in the home */
+    const char *xdg = getenv("XDG_RUNTIME_DIR");
+    struct stat st;
+    if (xdg && *xdg == '/' && stat(xdg, &st) == 0 && check_dir(&st, xdg, share) == 0 &&
+        snprintf(out, cap, "%s/kvtier", xdg) < (int)cap && private_dir(out, 0700, share) == 0)
+        return 0;
+    const char *home = getenv("HOME");
+    char tmp[1024];
+    struct passwd pw, *res = NULL;
+    if ((!home || *home != '/') && getpwuid_r(geteuid(), &pw, tmp, sizeof(tmp), &res) == 0 && res)
+        home = pw.pw_dir;
+    if (!home || *home != '/')
+        return kvt_fail(KVT_EINVAL, "shared memory: no home directory to keep the rendezvous in "
+                                    "(set XDG_RUNTIME_DIR or HOME, or give a directory)");
+    if (snprintf(out, cap, "%s/.kvtier", home) >= (int)cap)
+        return kvt_fail(KVT_EINVAL, "shared memory: the home directory's name is too long");
+    return private_dir(out, 0700, share);
+}
+
+#define STEM_HEX 32 /* 128 random bits */
+static const char RDV_HEAD[] = "kvtier rendezvous 1 ";
+
+/* The stem in the rendezvous file fd (checked like an object: ours or the group's, closed to
+ * others), into stem: "<name>.<32 hex>". */
+static int read_stem(int fd, const char *path, const char *name, const kvi_shm_share *share,
+                     char *stem, size_t cap)
+{
+    int rc = kvi_shm_check(fd, path, share, "shared memory");
+    if (rc)
+        return rc;
+    char buf[sizeof(RDV_HEAD) + STEM_HEX + 2];
+    ssize_t n = pread(fd, buf, sizeof(buf) - 1, 0);
+    const size_t want = sizeof(RDV_HEAD) - 1 + STEM_HEX + 1;
+    if (n < 0)
+        return kvi_fail_errno(errno, "shared memory: cannot read %s", path);
+    buf[n] = 0;
+    bool ok = (size_t)n == want && memcmp(buf, RDV_HEAD, sizeof(RDV_HEAD) - 1) == 0 &&
+              buf[want - 1] == '\n';
+    for (size_t i = sizeof(RDV_HEAD) - 1; ok && i < want - 1; i++)
+        ok = (buf[i] >= '0' && buf[i] <= '9') || (buf[i] >= 'a' && buf[i] <= 'f');
+    if (!ok)
+        return kvt_fail(KVT_EPROTO, "shared memory: %s is not a rendezvous file (remove it)", path);
+    buf[want - 1] = 0;
+    if (snprintf(stem, cap, "%s.%s", name, buf + sizeof(RDV_HEAD) - 1) >= (int)cap)
+        return kvt_fail(KVT_EINVAL, "shared memory: the name %s is too long", name);
+    return 0;
+}
+
+/* A new rendezvous file: written in full under a temporary name, then linked in place (a
+ * caller racing us links its own and one of the two loses with EEXIST). 0, or -EEXIST. */
+static int make_stem(const char *dir, const char *path, const kvi_shm_share *share)
+{
+    uint8_t rnd[STEM_HEX / 2];
+    char tmp[1100], text[sizeof(RDV_HEAD) + STEM_HEX + 2];
+    if (getrandom(rnd, sizeof(rnd), 0) != (ssize_t)sizeof(rnd))
+        return kvi_fail_errno(errno, "shared memory: no random bytes for a rendezvous");
+    int n = snprintf(text, sizeof(text), "%s", RDV_HEAD);
+    for (size_t i = 0; i < sizeof(rnd); i++)
+        n += snprintf(text + n, sizeof(text) - (size_t)n, "%02x", rnd[i]);
+    text[n++] = '\n';
+    snprintf(tmp, sizeof(tmp), "%s/.rendezvous-XXXXXX", dir);
+    int fd = mkstemp(tmp);
+    if (fd < 0)
+        return kvi_fail_errno(errno, "shared memory: cannot write in %s", dir);
+    mode_t mode = share->has_group ? 0640 : 0600;
+    int rc = 0;
+    if ((share->has_group && fchown(fd, (uid_t)-1, share->gid) != 0) || fchmod(fd, mode) != 0 ||
+        write(fd, text, (size_t)n) != n || fsync(fd) != 0)
+        rc = kvi_fail_errno(errno, "shared memory: cannot write the rendezvous %s", tmp);
+    close(fd);
+    if (!rc && link(tmp, path) != 0)
+        rc = errno == EEXIST ? -EEXIST
+                             : kvi_fail_errno(errno, "shared memory: cannot make %s", path);
+    unlink(tmp);
+    return rc;
+}
+
+int kvi_shm_stem(const char *dir, const char *name, const kvi_shm_share *share, bool create,
+                 char *stem, size_t cap)
+{
+    char path[1100];
+    if (snprintf(path, sizeof(path), "%s/%s.rendezvous", dir, name) >= (int)sizeof(path))
+        return kvt_fail(KVT_EINVAL, "shared memory: the directory name is too long");
+    for (int attempt = 0; attempt < 2; attempt++) {
+        int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+        if (fd >= 0) {
+            int rc = read_stem(fd, path, name, share, stem, cap);
+            close(fd);
+            return rc;
+        }
+        if (errno != ENOENT)
+            return kvi_fail_errno(errno, "shared memory: cannot open %s", path);
+        if (!create)
+            return kvt_fail(KVT_ENOENT, "shared memory: no rendezvous %s", path);
+        int rc = make_stem(dir, path, share);
+        if (rc && rc != -EEXIST)
+            return rc;
+    }
+    return kvt_fail(KVT_ESTATE, "shared memory: %s keeps changing", path);
+}
+
+int kvi_shm_forget(const char *dir, const char *name)
+{
+    char path[1100];
+    snprintf(path, sizeof(path), "%s/%s.rendezvous", dir, name);
+    if (unlink(path) != 0 && errno != ENOENT)
+        return kvi_fail_errno(errno, "shared memory: cannot remove %s", path);
     return 0;
 }

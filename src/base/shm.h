@@ -37,4 +37,24 @@ int kvi_shm_open(const char *name, const kvi_shm_share *share, const char *who, 
 /* Whether open object fd (named `name`) may be shared under `share`: 0, or the refusal. */
 int kvi_shm_check(int fd, const char *name, const kvi_shm_share *share, const char *who);
 
+/* Names another user cannot take first (issue 57: an empty object of another user under a
+ * predictable name stopped a replica from attaching, and it could not remove it). Shared
+ * objects are named "<name>.<32 random hex digits>" (the stem), and the stem is kept in a
+ * rendezvous file, <dir>/<name>.rendezvous, in a directory only the sharers can enter: nobody
+ * else can read the stem, so nobody else can create its objects first.
+ *
+ * The directory: `dir` when given (with a sharing group it must be given: that group's, closed
+ * to others, e.g. chmod 2770), else $XDG_RUNTIME_DIR/kvtier when the runtime directory is this
+ * user's and closed to others, else $HOME/.kvtier (made 0700 when absent); in every case it
+ * must be the sharers' and closed to everyone else (KVT_ESTATE naming what is wrong). */
+int kvi_shm_dir(const char *dir, const kvi_shm_share *share, char *out, size_t cap);
+/* The stem of `name` from the rendezvous in dir: read, or (create) made by the first caller
+ * (written in full under a temporary name, then linked in place: a racing caller reads the
+ * winner's). The file must be the sharers' and closed to others, like an object (kvi_shm_check).
+ * KVT_ENOENT without one (create false). */
+int kvi_shm_stem(const char *dir, const char *name, const kvi_shm_share *share, bool create,
+                 char *stem, size_t cap);
+/* Removes the rendezvous of `name` (0 also when there is none). */
+int kvi_shm_forget(const char *dir, const char *name);
+
 #endif

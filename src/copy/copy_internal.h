@@ -44,6 +44,10 @@ struct kvt_mirror {
     void **pins; /* bases registered with CUDA, unregistered at destroy */
 };
 
+/* Whether the mirror is a node tier's data object that a sharer shrank under us (base/guard.h):
+ * its pages read as zeros since, so no load from it may be trusted. */
+bool kvi_mirror_poisoned(const kvt_mirror *m);
+
 /* A copy of size bytes; addresses are device pointers or host pointers as integers. */
 typedef struct kvi_desc {
     uint64_t dst, src, size;

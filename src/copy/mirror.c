@@ -14,6 +14,8 @@
 
 #include "base/cuda.h"
 #include "base/error.h"
+#include "base/guard.h"
+#include "base/shm.h"
 #include "base/log.h"
 #include "base/util.h"
 #include "copy/copy_internal.h"
@@ -108,17 +110,24 @@ int kvt_mirror_create(const kvt_mirror_config *cfg, const kvt_layout *layout, kv
     ac.size = total;
     ac.flags = cfg->arena_flags;
     ac.numa_node = cfg->numa_node;
-    char shm[96];
+    char shm[KVT_NODE_NAME_MAX + 64];
     if (cfg->node_name) {
-        /* the node tier's data region (kvtier/node.h names it) */
+        /* the node tier's data region (kvtier/node.h names it), its name from the rendezvous */
         size_t len = strlen(cfg->node_name);
-        if (len == 0 || len > KVT_NODE_NAME_MAX || strchr(cfg->node_name, '/')) {
+        kvi_shm_share share;
+        char dir[1024], stem[KVT_NODE_NAME_MAX + 40];
+        int rc = len == 0 || len > KVT_NODE_NAME_MAX || strchr(cfg->node_name, '/')
+                     ? kvt_fail(KVT_EINVAL, "mirror: node_name '%s' is not a node tier name",
+                                cfg->node_name)
+                     : kvi_shm_share_of(cfg->node_group, &share);
+        if (!rc && !(rc = kvi_shm_dir(cfg->node_dir, &share, dir, sizeof(dir))))
+            rc = kvi_shm_stem(dir, cfg->node_name, &share, true, stem, sizeof(stem));
+        if (rc) {
             free(m->regions);
             free(m);
-            return kvt_fail(KVT_EINVAL, "mirror: node_name '%s' is not a node tier name",
-                            cfg->node_name);
+            return kvi_fail_wrap(rc, "mirror");
         }
-        snprintf(shm, sizeof(shm), KVI_NODE_SHM_NAME, cfg->node_name, "data");
+        snprintf(shm, sizeof(shm), KVI_NODE_SHM_NAME, stem, "data");
         ac.shm_name = shm;
         ac.shm_group = cfg->node_group;
     }
@@ -152,6 +161,11 @@ void kvt_mirror_destroy(kvt_mirror *m)
     kvt_arena_destroy(m->arena);
     free(m->regions);
     free(m);
+}
+
+bool kvi_mirror_poisoned(const kvt_mirror *m)
+{
+    return m && kvi_guard_poisoned(kvi_arena_guard(m->arena));
 }
 
 KVI_GETTER(uint32_t, kvt_mirror_num_blocks, kvt_mirror, num_blocks)

@@ -38,6 +38,7 @@
 
 #include "base/config.h"
 #include "base/error.h"
+#include "base/guard.h"
 #include "base/log.h"
 #include "base/util.h"
 #include "node/node_internal.h"
@@ -63,10 +64,14 @@ struct node_lay {
     uint32_t log_cap;
 };
 
+#define STEM_MAX (KVT_NODE_NAME_MAX + 40) /* "<name>.<32 hex>" */
+
 struct kvt_node {
     kvt_node_config cfg;
     char name[KVT_NODE_NAME_MAX + 1];
     char group[64];
+    char dir[1024];      /* the rendezvous's directory (kvi_shm_dir) */
+    char stem[STEM_MAX]; /* the objects' names: /kvtier.<stem>.meta, .data (kvi_shm_stem) */
     kvi_shm_share share;
     int fd;
     struct node_hdr *h;
@@ -79,7 +84,10 @@ struct kvt_node {
     uint64_t seq, rescan;
     kvt_pool *pool;
     uint32_t depth;
-    bool orphaned;  /* detached by its owner while still lent: freed when the manager unbinds */
+    int guard;     /* the metadata mapping's SIGBUS guard (base/guard.h) */
+    bool lost;     /* a sharer shrank the metadata object: this replica goes on alone, peers' blocks
+                      are misses (meta_lost) */
+    bool orphaned; /* detached by its owner while still lent: freed when the manager unbinds */
     uint32_t calls; /* locked calls, for the reap clock */
     uint64_t next_reap_ns;
     /* scratch of one slot's keys */
@@ -112,10 +120,23 @@ static void log_slot(kvt_node *n, uint32_t s)
     h->log_seq++;
 }
 
-/* buf holds 96 bytes: the name is checked to fit (KVT_NODE_NAME_MAX) */
-static void shm_path(char *buf, size_t cap, const char *name, const char *kind)
+/* An object of the tier whose stem (kvi_shm_stem) is `stem`; buf holds STEM_MAX + 16 bytes */
+static void shm_path(char *buf, size_t cap, const char *stem, const char *kind)
 {
-    snprintf(buf, cap, KVI_NODE_SHM_NAME, name, kind);
+    snprintf(buf, cap, KVI_NODE_SHM_NAME, stem, kind);
+}
+
+/* Removes the objects named by stem, then the rendezvous of `name` in dir. */
+static int unlink_stem(const char *name, const char *dir, const char *stem)
+{
+    static const char *const kinds[] = {"meta", "data"};
+    for (int i = 0; i < 2; i++) {
+        char path[STEM_MAX + 16];
+        shm_path(path, sizeof(path), stem, kinds[i]);
+        if (shm_unlink(path) != 0 && errno != ENOENT)
+            return kvi_fail_errno(errno, "node %s: cannot remove %s", name, path);
+    }
+    return kvi_shm_forget(dir, name);
 }
 
 static int check_name(const char *name)
@@ -206,6 +227,25 @@ static bool peer_pinned(const kvt_node *n, uint32_t s)
     return false;
 }
 
+/* Whether a sharer shrank the metadata object under us (a replica of this user, or a member of
+ * the group: the SIGBUS guard put zero pages in its place). The first time: every peer slot's
+ * keys are dropped from the pool (their blocks are misses from now: nothing tells this replica
+ * any more what they hold), and the lock, the log and the peers' pins are no longer used. The
+ * replica goes on with its own slots alone, never crashing. */
+static bool meta_lost(kvt_node *n)
+{
+    if (n->lost || !kvi_guard_poisoned(n->guard))
+        return n->lost;
+    n->lost = true;
+    KVT_LOG_E("node %s: the metadata object was cut short by another process; this replica "
+              "goes on alone (the peers' blocks are misses)",
+              n->name);
+    for (uint32_t s = 0; n->pool && s < n->total; s++)
+        if (!own_slot(n, s) && s % n->cfg.blocks_per_rank != 0)
+            (void)kvi_pool_share_set_keys(n->pool, s, 0, NULL, NULL, NULL);
+    return true;
+}
+
 /* Brings the pool's view of slot s up to date (locked, bound). */
 static void sync_slot(kvt_node *n, uint32_t s)
 {
@@ -245,6 +285,8 @@ static void sync_slot(kvt_node *n, uint32_t s)
 
 static void refresh(kvt_node *n)
 {
+    if (meta_lost(n))
+        return;
     struct node_hdr *h = n->h;
     /* the clock is read every 64th locked call: a call costs tens of nanoseconds */
     if (n->cfg.reap_interval_ms && (++n->calls & 63) == 0) {
@@ -287,6 +329,8 @@ static int locked(kvt_node *n, int rc)
 /* Takes the mutex; a holder that died inside it is reaped and every replica rescans. */
 static int lock_raw(kvt_node *n)
 {
+    if (meta_lost(n))
+        return 0; /* nothing shared is left to lock */
     /* uncontended: one trylock. (It also reports a dead holder as EOWNERDEAD to
      * ThreadSanitizer, whose timedlock interceptor records only a plain success.) */
     int rc = pthread_mutex_trylock(&n->h->lock);
@@ -315,8 +359,10 @@ static int lock_raw(kvt_node *n)
 
 static void unlock_raw(kvt_node *n)
 {
+    if (n->lost)
+        return;
     n->h->holder = -1;
-    pthread_mutex_unlock(&n->h->lock);
+    pthread_mutex_unlock(&n->h->lock); /* poisoned meanwhile: EPERM on the zero page, harmless */
 }
 
 int kvi_node_lock(kvt_node *n)
@@ -606,6 +652,14 @@ static int keep_meta(kvt_node *n, int rc, int fd, void *p, size_t size, const ch
             shm_unlink(unlink_path);
         return rc;
     }
+    /* a sharer may shrink the object: a SIGBUS then poisons this mapping, not the process */
+    if ((rc = kvi_guard_add(p, size, &n->guard))) {
+        munmap(p, size);
+        close(fd);
+        if (unlink_path)
+            shm_unlink(unlink_path);
+        return rc;
+    }
     n->fd = fd;
     n->h = p;
     n->size = size;
@@ -662,12 +716,16 @@ static int await_meta(kvt_node *n, int fd, const char *path, struct node_hdr **h
  * used. */
 static int open_meta(kvt_node *n, const kvt_node_config *c)
 {
-    char path[96], who[80];
-    shm_path(path, sizeof(path), n->name, "meta");
+    char path[STEM_MAX + 16], who[80];
+    /* the names, from the rendezvous (made by the first replica or worker to come) */
+    int rc = kvi_shm_stem(n->dir, n->name, &n->share, true, n->stem, sizeof(n->stem));
+    if (rc)
+        return kvi_fail_wrap(rc, "node");
+    shm_path(path, sizeof(path), n->stem, "meta");
     snprintf(who, sizeof(who), "node %s", n->name);
     int fd;
     bool created;
-    int rc = kvi_shm_open(path, &n->share, who, &fd, &created);
+    rc = kvi_shm_open(path, &n->share, who, &fd, &created);
     if (rc)
         return rc;
     if (created)
@@ -684,6 +742,8 @@ static int open_meta(kvt_node *n, const kvt_node_config *c)
 
 static void close_meta(kvt_node *n)
 {
+    kvi_guard_remove(n->guard);
+    n->guard = -1;
     if (n->h)
         munmap(n->h, n->size);
     if (n->fd >= 0)
@@ -696,8 +756,8 @@ static void close_meta(kvt_node *n)
  * between our open and our lock). */
 static bool name_current(const kvt_node *n)
 {
-    char path[96];
-    shm_path(path, sizeof(path), n->name, "meta");
+    char path[STEM_MAX + 16];
+    shm_path(path, sizeof(path), n->stem, "meta");
     int fd = shm_open(path, O_RDONLY | O_CLOEXEC, 0);
     if (fd < 0)
         return false;
@@ -718,11 +778,11 @@ static uint32_t attached_alive(kvt_node *n)
 
 static void node_free(kvt_node *n)
 {
-    if (n->h && lock_raw(n) == 0) {
+    if (n->h && !meta_lost(n) && lock_raw(n) == 0) {
         cleanup_rank(n, n->me);
         bool last = attached_alive(n) == 0;
         if (last)
-            kvt_node_unlink(n->name);
+            unlink_stem(n->name, n->dir, n->stem);
         unlock_raw(n);
     }
     close_meta(n);
@@ -753,6 +813,7 @@ static int node_new(const kvt_node_config *cfg, kvt_node **out)
     if (!n)
         return kvt_fail(KVT_ENOMEM, "node: out of memory");
     n->fd = -1;
+    n->guard = -1;
     n->cfg = *cfg;
     snprintf(n->name, sizeof(n->name), "%s", cfg->name);
     n->cfg.name = n->name;
@@ -764,10 +825,12 @@ static int node_new(const kvt_node_config *cfg, kvt_node **out)
     if (cfg->group)
         snprintf(n->group, sizeof(n->group), "%s", cfg->group);
     n->cfg.group = cfg->group ? n->group : NULL;
-    if ((rc = kvi_shm_share_of(cfg->group, &n->share))) {
+    if ((rc = kvi_shm_share_of(cfg->group, &n->share)) ||
+        (rc = kvi_shm_dir(cfg->dir, &n->share, n->dir, sizeof(n->dir)))) {
         kvt_node_detach(n);
         return kvi_fail_wrap(rc, "node");
     }
+    n->cfg.dir = n->dir;
     if (!meta_layout(cfg->ranks, cfg->blocks_per_rank, cfg->hash_len, cfg->keys_per_block,
                      &n->lay)) {
         kvt_node_detach(n);
@@ -836,7 +899,7 @@ static int join_once(kvt_node *n, const kvt_node_config *cfg, int attempt)
         unlock_raw(n);
         if (stale && attempt < 3) {
             KVT_LOG_W("node %s: replacing a tier left by dead replicas (%s)", n->name, diff);
-            kvt_node_unlink(n->name);
+            unlink_stem(n->name, n->dir, n->stem);
             close_meta(n);
             return JOIN_AGAIN;
         }
@@ -909,15 +972,20 @@ int kvt_node_get_stats(kvt_node *n, kvt_node_stats *s)
 
 int kvt_node_unlink(const char *name)
 {
+    return kvt_node_unlink_at(name, NULL, NULL);
+}
+
+int kvt_node_unlink_at(const char *name, const char *dir, const char *group)
+{
     int rc = check_name(name);
     if (rc)
         return rc;
-    static const char *const kinds[] = {"meta", "data"};
-    for (int i = 0; i < 2; i++) {
-        char path[96];
-        shm_path(path, sizeof(path), name, kinds[i]);
-        if (shm_unlink(path) != 0 && errno != ENOENT)
-            return kvi_fail_errno(errno, "node %s: cannot remove %s", name, path);
-    }
-    return 0;
+    kvi_shm_share share;
+    char d[1024], stem[STEM_MAX];
+    if ((rc = kvi_shm_share_of(group, &share)) || (rc = kvi_shm_dir(dir, &share, d, sizeof(d))))
+        return kvi_fail_wrap(rc, "node");
+    rc = kvi_shm_stem(d, name, &share, false, stem, sizeof(stem));
+    if (rc == KVT_ENOENT)
+        return 0; /* no rendezvous: nothing of the tier can be named */
+    return rc ? kvi_fail_wrap(rc, "node") : unlink_stem(name, d, stem);
 }

@@ -21,6 +21,7 @@
 #include "base/cuda.h"
 #include "base/remote_port.h"
 #include "base/xfer.h"
+#include "copy/copy_internal.h"
 #include "kvtier/disk.h"
 #include "kvtier/worker.h"
 #include "worker/worker_internal.h"
@@ -649,7 +650,9 @@ static int poll_loads(kvt_worker *w)
                 w->n_invalid += p->n_inv;
             }
         }
-        if (!rc && (s->dead || event_in(failed, n_failed, p->event))) {
+        /* a node tier's data object shrunk by a sharer reads as zeros: no load of it counts */
+        bool poisoned = w->mirror && kvi_mirror_poisoned(w->mirror);
+        if (!rc && (s->dead || poisoned || event_in(failed, n_failed, p->event))) {
             rc = grow((void **)&w->invalid, &w->cap_invalid, (uint64_t)w->n_invalid + p->n,
                       sizeof(uint32_t), false);
             if (!rc) {

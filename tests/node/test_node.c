@@ -16,6 +16,7 @@
 #include <sys/wait.h>
 
 #include "kvt_test.h"
+#include "base/shm.h"
 #include "kvtier/disk.h"
 #include "node/node_internal.h"
 #include "offload/sim.h"
@@ -703,11 +704,16 @@ static void detach_before_the_manager_is_deferred_not_a_crash(void **state)
     kvt_node_stats st;
     KVT_OK_(kvt_node_get_stats(r.node, &st)); /* still valid */
     assert_int_equal(st.ranks_attached, 1);
+    char p[160], dir[1024], stem[128];
+    kvi_shm_share me = {0};
+    KVT_OK_(kvi_shm_dir(NULL, &me, dir, sizeof(dir)));
+    KVT_OK_(kvi_shm_stem(dir, g_name, &me, false, stem, sizeof(stem)));
+    snprintf(p, sizeof(p), "/kvtier.%s.meta", stem);
     sim_fini(&r.s); /* the manager lets go: the detach happens now */
-    char p[96];
-    snprintf(p, sizeof(p), "/kvtier.%s.meta", g_name);
     int fd = shm_open(p, O_RDONLY, 0);
     assert_int_equal(fd, -1);
+    /* and its rendezvous */
+    KVT_ERR_(kvi_shm_stem(dir, g_name, &me, false, stem, sizeof(stem)), KVT_ENOENT);
 }
 
 int main(void)

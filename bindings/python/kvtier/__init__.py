@@ -654,9 +654,11 @@ class Node(_Lent):
 
     def __init__(self, name, rank, ranks, blocks_per_rank, hash_len=16, keys_per_block=1,
                  hash_block_size=16, block_bytes=0, hash_seed=0, signature=b"",
-                 reap_interval_ms=1000, group=None):
+                 reap_interval_ms=1000, group=None, dir=None):
         """group: None (only this user's processes share the tier) or the name of the group
-        whose members' replicas share it (every replica, and its workers' Mirror, name it)."""
+        whose members' replicas share it (every replica, and its workers' Mirror, name it).
+        dir: the directory of the tier's rendezvous (kvt_node_config.dir; None: the default;
+        required with group)."""
         cfg = L.kvt_node_config()
         _lib.kvt_node_config_init(ctypes.byref(cfg))
         self._name = name.encode()
@@ -673,6 +675,8 @@ class Node(_Lent):
         cfg.reap_interval_ms = reap_interval_ms
         self._group = group.encode() if group else None
         cfg.group = self._group
+        self._dir = dir.encode() if dir else None
+        cfg.dir = self._dir
         h = ctypes.c_void_p()
         _check(_lib.kvt_node_attach(ctypes.byref(cfg), ctypes.byref(h)))
         self._h = h
@@ -693,9 +697,11 @@ class Node(_Lent):
         return {n: getattr(st, n) for n, _ in L.kvt_node_stats._fields_ if n != "reserved"}
 
     @staticmethod
-    def unlink(name):
-        """Removes the names of node tier `name` (what crashed replicas left behind)."""
-        _check(_lib.kvt_node_unlink(name.encode()))
+    def unlink(name, dir=None, group=None):
+        """Removes the names of node tier `name` (what crashed replicas left behind); dir and
+        group as the tier's replicas name them."""
+        _check(_lib.kvt_node_unlink_at(name.encode(), dir.encode() if dir else None,
+                                       group.encode() if group else None))
 
 
 class Remote(_Lent):
@@ -826,7 +832,7 @@ class Mirror(_Handle):
     _destroy = _lib.kvt_mirror_destroy
 
     def __init__(self, layout, host_blocks, pin=True, node_name=None, node_group=None,
-                 numa_node=-1):
+                 numa_node=-1, node_dir=None):
         """node_name: the data region of that node tier (host_blocks: its num_slots);
         node_group: the node tier's sharing group (Node's group); numa_node: the NUMA node
         whose memory holds the mirror (-1: no preference)."""
@@ -839,6 +845,8 @@ class Mirror(_Handle):
         cfg.node_name = self._node_name
         self._node_group = node_group.encode() if node_group else None
         cfg.node_group = self._node_group
+        self._node_dir = node_dir.encode() if node_dir else None
+        cfg.node_dir = self._node_dir
         h = ctypes.c_void_p()
         _check(_lib.kvt_mirror_create(ctypes.byref(cfg), layout._h, ctypes.byref(h)))
         self._h = h

@@ -426,7 +426,8 @@ kvt_copy_config = configured("kvt_copy_config")
 class kvt_mirror_config(Struct):
     _fields_ = [("host_blocks", c_u32), ("arena_flags", ctypes.c_uint), ("pin", c_bool),
                 ("pin_chunk", c_u64), ("node_name", ctypes.c_char_p),
-                ("node_group", ctypes.c_char_p), ("numa_node", ctypes.c_int32)] + room(5)
+                ("node_group", ctypes.c_char_p), ("numa_node", ctypes.c_int32),
+                ("node_dir", ctypes.c_char_p)] + room(4)
 
 
 kvt_node_config = configured("kvt_node_config")
@@ -781,6 +782,7 @@ _sig("kvt_node_num_slots", c_u32, vp)
 _sig("kvt_node_reap", c_int, vp)
 _sig("kvt_node_get_stats", c_int, vp, P(kvt_node_stats))
 _sig("kvt_node_unlink", c_int, cp)
+_sig("kvt_node_unlink_at", c_int, cp, cp, cp)
 _sig("kvt_offload_lower_disk_blocks", c_int, vp, c_u32)
 _sig("kvt_offload_lower_tier_blocks", c_int, vp, c_u32, c_u32)
 _sig("kvt_offload_add_tier", c_int, vp, ctypes.c_char_p, c_u32, ctypes.POINTER(c_u32))

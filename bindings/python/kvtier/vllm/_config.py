@@ -112,6 +112,11 @@ KEYS = (
     Key("kvtier_node_group", TEXT, "the group whose members' replicas share the node tier, "
         "when replicas run as different users: the tier's objects are mode 0660 in that group "
         "([node.md](node.md#who-may-share-it))", shown="— (this user only)"),
+    Key("kvtier_node_dir", TEXT, "the directory of the node tier's rendezvous: the file that "
+        "keeps its objects' unguessable names; only the sharers may enter it "
+        "([node.md](node.md#names-nobody-else-can-take)). Required with `kvtier_node_group` (a "
+        "directory of that group, `chmod 2770`)", shown="`$XDG_RUNTIME_DIR/kvtier`, else "
+        "`$HOME/.kvtier`"),
     Key("kvtier_node_rank", INT, "this replica's index in the node tier",
         c="kvt_node_config.rank", shown="vLLM's local data-parallel rank"),
     Key("kvtier_node_ranks", INT, "replicas sharing the node tier",
@@ -292,13 +297,18 @@ class KvtierConfig:
             raise ConfigError("kvtier: kvtier_node_group=%r: expected a group name of 1..63 "
                               "characters" % (group,))
         self.node_group = group
+        ndir = KEY["kvtier_node_dir"].read(extra)
+        if ndir is not None and (not isinstance(ndir, str) or not ndir or "\0" in ndir):
+            raise ConfigError("kvtier: kvtier_node_dir=%r: expected a directory path" % (ndir,))
+        self.node_dir = ndir
         self.node_rank = KEY["kvtier_node_rank"].read(extra, None)  # None: vLLM's
         self.node_ranks = KEY["kvtier_node_ranks"].read(extra, None)
         if name is None:
-            if self.node_rank is not None or self.node_ranks is not None or group is not None:
+            if (self.node_rank is not None or self.node_ranks is not None or group is not None
+                    or ndir is not None):
                 raise ConfigError("kvtier: kvtier_node_rank/kvtier_node_ranks/"
-                                  "kvtier_node_group given without kvtier_node_tier (the "
-                                  "shared tier's name)")
+                                  "kvtier_node_group/kvtier_node_dir given without "
+                                  "kvtier_node_tier (the shared tier's name)")
             return
         if (not isinstance(name, str) or not name or len(name) > 48 or
                 any(not (c.isascii() and (c.isalnum() or c in "_.-")) for c in name)):

@@ -607,7 +607,7 @@ class _Scheduler:
         node = Node(c.node_tier, c.node_rank, c.node_ranks, self.node_bpr,
                     hash_len=self.hash_len, keys_per_block=self.gcfg.keys_per_block,
                     hash_block_size=self.gcfg.hash_block_size, block_bytes=self.bpr,
-                    hash_seed=seed, signature=sig, group=c.node_group)
+                    hash_seed=seed, signature=sig, group=c.node_group, dir=c.node_dir)
         self._lend(_lib.kvt_offload_attach_node, node)
         self.node = node
         self._node_pending = False  # only now: a replica that could not join keeps failing
@@ -1170,6 +1170,7 @@ class _Worker:
             self.mirror = Mirror(layout, self.host_blocks * (c.node_ranks if node else 1),
                                  pin=self.cuda, node_name=node,
                                  node_group=c.node_group if node else None,
+                                 node_dir=c.node_dir if node else None,
                                  numa_node=c.numa_node)
             self.worker = Worker(layout, self.mirror, rank=rank, threads=c.copy_threads)
             if c.remote_directory and c.world_size == 1:  # the scheduler's remote serves it
