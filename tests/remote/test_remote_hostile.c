@@ -808,12 +808,11 @@ static void a_member_reading_into_a_foreign_receiver_does_not_wedge_the_owner(vo
                   st[1], t_attack);
     assert_int_equal(rc, 0);
     assert_true(st[0] == KVT_EIO || st[1] == KVT_EIO); /* the sends were abandoned */
-    /* the next member is served, every byte, within a second */
+    /* the next member is served, every byte (a wedged owner answers nothing: the read would
+     * miss); the time is printed, not held to a bound (tests never time things) */
     t0 = now_s();
     assert_int_equal(big_read(b, hashes), 2);
-    double t_next = now_s() - t0;
-    print_message("the next member read 2 MiB in %.3f s\n", t_next);
-    assert_true(t_next < 1.0);
+    print_message("the next member read 2 MiB in %.3f s\n", now_s() - t0);
     member_close(&m);
     x.stop = 1;
     pthread_join(x.th, NULL);
