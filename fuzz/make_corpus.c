@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/shm.h"
 #include "net/ec_ctl.h"
 #include "meta/meta_samples.h"
 #include "net/link_internal.h"
@@ -190,7 +191,7 @@ static int ec_server_seeds(const char *dir)
     return write_file(path, ops, sizeof(ops));
 }
 
-/* Seeds of fuzz_remote_wire (version 2): selector byte, then a hello, a challenge, a request
+/* Seeds of fuzz_remote_wire (version 3): selector byte, then a hello, a challenge, a request
  * of two blocks and its reply. */
 static int remote_seeds(const char *dir)
 {
@@ -234,7 +235,7 @@ static int remote_seeds(const char *dir)
             kvi_rreq_encode(&q, buf + 1);
         else
             kvi_rrep_encode(&p, buf + 1);
-        snprintf(path, sizeof(path), "%s/remote_wire/v2-seed-%d", dir, v);
+        snprintf(path, sizeof(path), "%s/remote_wire/v3-seed-%d", dir, v);
         if (write_file(path, buf, 1 + len[v]))
             return 1;
     }
@@ -265,8 +266,16 @@ static int node_seeds(const char *dir)
             fprintf(stderr, "make_corpus: node tier: %s\n", kvt_last_error());
             return 1;
         }
-        char shm[128];
-        snprintf(shm, sizeof(shm), "/dev/shm/kvtier.%s.meta", name);
+        /* the tier's object as its rendezvous names it (node.h) */
+        kvi_shm_share me = {0};
+        char shm[1200], rdir[1024], stem[128];
+        if (kvi_shm_dir(NULL, &me, rdir, sizeof(rdir)) ||
+            kvi_shm_stem(rdir, name, &me, false, stem, sizeof(stem))) {
+            fprintf(stderr, "make_corpus: node tier: %s\n", kvt_last_error());
+            kvt_node_detach(n);
+            return 1;
+        }
+        snprintf(shm, sizeof(shm), "/dev/shm/kvtier.%s.meta", stem);
         FILE *f = fopen(shm, "rb");
         static uint8_t buf[1 << 20];
         size_t len = f ? fread(buf, 1, sizeof(buf), f) : 0;
