@@ -49,8 +49,10 @@ typedef struct ep_slot {
 #define NAP_MS  1
 /* How long a cancel or a forced close may take to let go of a send, and an endpoint's close to
  * finish, before it is abandoned (UCX 1.13 keeps a rendezvous send whose peer never answered
- * pending past its endpoint's forced close: issue 57, an owner's thread spun there for ever). */
-#define LET_GO_NS 100000000ull
+ * pending past its endpoint's forced close: issue 57, an owner's thread spun there for ever).
+ * A second: a link that comes back within it lets the send finish (a cancel cannot stop a
+ * rendezvous under way), so the receiver's buffer is not left held by a half-done receive. */
+#define LET_GO_NS 1000000000ull
 
 typedef struct inflight inflight;
 

@@ -131,7 +131,7 @@ typedef struct kvi_ucx_send_item {
  * completes), and returns when each has completed locally or failed: 0 if all were sent, else
  * the first failure's code (each item's rc says its own). A batch that makes no progress for
  * timeout_ms is cancelled: what is still in flight is cancelled, its endpoints forced closed,
- * and this returns within about timeout_ms + 0.3 s whatever the peer does. A send UCX still
+ * and this returns within about timeout_ms + 2 s whatever the peer does. A send UCX still
  * holds after its endpoint's forced close (a rendezvous whose peer never answered: UCX 1.13
  * keeps it) is abandoned (KVT_EIO; kvi_ucx_abandoned counts them): no byte of its source
  * moves again on the closed endpoint, but the source must stay mapped until kvi_ucx_destroy.

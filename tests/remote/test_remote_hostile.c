@@ -738,7 +738,7 @@ static void big_pair(kvt_remote **a, kvt_remote **b, uint8_t **region, uint8_t *
     c.hash_len = HL;
     c.hash_seed = 7;
     c.timeout_ms = 500;
-    c.ttl_ms = 10000; /* the attack keeps the server thread 0.7 s from its heartbeat */
+    c.ttl_ms = 10000; /* the attack keeps the server thread 2.5 s from its heartbeat */
     *region = malloc(4ull * BIG);
     memset(*region, 0x5a, 4ull * BIG);
     c.region = *region;
