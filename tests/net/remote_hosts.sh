@@ -52,16 +52,27 @@ for h in D A B; do
     ip -n "$ns" link set lo up || fail "address $h"
 done
 
+# wait_for WHAT CMD...: runs CMD until it succeeds, under the tests' one deadline
+# (KVTIER_TEST_DEADLINE_S, default 60 s), never a count of tries; past it, fails saying WHAT
+wait_for() {
+  local what=$1 d=${KVTIER_TEST_DEADLINE_S:-60}; shift
+  local end=$(( $(date +%s) + ${d%%.*} + 1 ))
+  until "$@"; do
+    [ "$(date +%s)" -lt "$end" ] || fail "$what"
+    sleep 0.05
+  done
+}
+
 start_redis() {
   ip netns exec "$NS_D" redis-server --bind "$IP_D" --port $RPORT --save "" --appendonly no \
     --protected-mode no >"$LOGS/redis.log" 2>&1 &
   REDIS=$!
   PIDS+=("$REDIS")
-  for _ in $(seq 100); do
-    ip netns exec "$NS_A" redis-cli -h "$IP_D" -p $RPORT ping 2>/dev/null | grep -q PONG && return 0
-    sleep 0.05
-  done
-  fail "redis did not start"
+  wait_for "redis did not start" redis_up
+}
+
+redis_up() {
+  ip netns exec "$NS_A" redis-cli -h "$IP_D" -p $RPORT ping 2>/dev/null | grep -q PONG
 }
 
 # serve NS NAME SEQ [extra options]: starts an owner in NS, waits until it serves
@@ -73,8 +84,7 @@ serve() {
     --blocks 48 --block-kib 256 --slots 64 --ttl-ms 600 "$@" >"$log" 2>&1 &
   OWNER=$!
   PIDS+=("$OWNER")
-  for _ in $(seq 200); do grep -q serving "$log" && return 0; sleep 0.05; done
-  fail "$name did not start serving sequence $seq"
+  wait_for "$name did not start serving sequence $seq" grep -q serving "$log"
 }
 
 # read NS NAME SEQ EXPECT [extra]: looks SEQ up from NS, reads and checks; EXPECT hits
@@ -84,6 +94,9 @@ read_seq() {
     --listen "$( [ "$ns" = "$NS_A" ] && echo "$IP_A" || echo "$IP_B")" --read "$seq" \
     --blocks 64 --block-kib 256 --timeout-ms 1000 --expect-hits "$expect" "$@"
 }
+
+# read_seq without its output, for wait_for
+read_seq_quiet() { read_seq "$@" >/dev/null 2>&1; }
 
 start_redis
 
@@ -105,8 +118,8 @@ OUT=$(grep "remote-peer: read" "$LOGS/during-kill.log")
 echo "remote_hosts: while the owner was killed: $OUT"
 echo "$OUT" | grep -q " 0 corrupt" || fail "corrupt blocks while the owner was killed"
 [ -n "$OUT" ] || fail "the reader did not finish"
-sleep 1 # the owner's key (600 ms) expired
-OUT=$(read_seq "$NS_B" rb 1 0) || fail "the killed owner's blocks are still found: $OUT"
+# until the owner's key (600 ms) expired: then its blocks are misses
+wait_for "the killed owner's blocks are still found" read_seq_quiet "$NS_B" rb 1 0
 
 # 3. the owner restarted: empty, a new epoch, serves only what it stores anew
 serve "$NS_A" a 3; A3=$OWNER
@@ -119,12 +132,8 @@ echo "remote_hosts: after the restart: $OUT"
 { kill -9 "$REDIS"; wait "$REDIS"; } 2>/dev/null
 OUT=$(read_seq "$NS_B" rb 3 0) || fail "with Redis down a lookup must miss, not fail: $OUT"
 start_redis
-ok=
-for _ in $(seq 40); do
-  OUT=$(read_seq "$NS_B" rb 3 48 2>&1) && { ok=1; break; }
-  sleep 0.1
-done
-[ -n "$ok" ] || fail "after Redis restarted, A's blocks were not found again: $OUT"
+wait_for "after Redis restarted, A's blocks were not found again" read_seq_quiet "$NS_B" rb 3 48
+OUT=$(read_seq "$NS_B" rb 3 48) || fail "after Redis restarted: $OUT"
 echo "remote_hosts: after Redis restarted: $OUT"
 
 # 5. another hash seed is refused, naming the live instance

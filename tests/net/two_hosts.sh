@@ -27,6 +27,16 @@ cleanup() {
 }
 trap cleanup EXIT
 fail() { echo "two_hosts: FAILED: $*"; [ -n "$LOG" ] && [ -f "$LOG" ] && cat "$LOG"; exit 1; }
+# wait_for WHAT CMD...: runs CMD until it succeeds, under the tests' one deadline
+# (KVTIER_TEST_DEADLINE_S, default 60 s), never a count of tries; past it, fails saying WHAT
+wait_for() {
+  local what=$1 d=${KVTIER_TEST_DEADLINE_S:-60}; shift
+  local end=$(( $(date +%s) + ${d%%.*} + 1 ))
+  until "$@"; do
+    [ "$(date +%s)" -lt "$end" ] || fail "$what"
+    sleep 0.05
+  done
+}
 
 ip netns add "$B" || fail "netns $B"
 ip link add "$VA" type veth peer name "$VB" || fail "veth"
@@ -39,8 +49,7 @@ LOG=$(mktemp)
 ip netns exec "$A" "$KVTIER" ec-consumer --host "$IPA" --port $PORT --shards 2 --ttl 4 \
   --buffer-mib 64 >"$LOG" 2>&1 &
 CONS=$!
-for _ in $(seq 50); do grep -q "control ports" "$LOG" && break; sleep 0.1; done
-grep -q "control ports" "$LOG" || fail "the consumer did not start"
+wait_for "the consumer did not start" grep -q "control ports" "$LOG"
 
 # 1. a clean run across the link
 ip netns exec "$B" "$KVTIER" ec-producer --consumer "tcp://$IPA:$PORT" --items 40 --seed 1 \
