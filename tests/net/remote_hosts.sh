@@ -52,16 +52,7 @@ for h in D A B; do
     ip -n "$ns" link set lo up || fail "address $h"
 done
 
-# wait_for WHAT CMD...: runs CMD until it succeeds, under the tests' one deadline
-# (KVTIER_TEST_DEADLINE_S, default 60 s), never a count of tries; past it, fails saying WHAT
-wait_for() {
-  local what=$1 d=${KVTIER_TEST_DEADLINE_S:-60}; shift
-  local end=$(( $(date +%s) + ${d%%.*} + 1 ))
-  until "$@"; do
-    [ "$(date +%s)" -lt "$end" ] || fail "$what"
-    sleep 0.05
-  done
-}
+. "$(dirname "$0")/wait.sh"
 
 start_redis() {
   ip netns exec "$NS_D" redis-server --bind "$IP_D" --port $RPORT --save "" --appendonly no \

@@ -27,16 +27,7 @@ cleanup() {
 }
 trap cleanup EXIT
 fail() { echo "two_hosts: FAILED: $*"; [ -n "$LOG" ] && [ -f "$LOG" ] && cat "$LOG"; exit 1; }
-# wait_for WHAT CMD...: runs CMD until it succeeds, under the tests' one deadline
-# (KVTIER_TEST_DEADLINE_S, default 60 s), never a count of tries; past it, fails saying WHAT
-wait_for() {
-  local what=$1 d=${KVTIER_TEST_DEADLINE_S:-60}; shift
-  local end=$(( $(date +%s) + ${d%%.*} + 1 ))
-  until "$@"; do
-    [ "$(date +%s)" -lt "$end" ] || fail "$what"
-    sleep 0.05
-  done
-}
+. "$(dirname "$0")/wait.sh"
 
 ip netns add "$B" || fail "netns $B"
 ip link add "$VA" type veth peer name "$VB" || fail "veth"
