@@ -1,9 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The remote tier's two seams (kvtier/remote.h): a directory (which live instance holds which
- * block) and a data channel (the bytes, with the owner's checks). kvt_remote composes one of
- * each; the Redis directory (dir_redis.c) and the ZeroMQ + UCX channel (chan.c) are the ones
- * built today; another backend (Mooncake's store, say) implements the same operations.
+ * The remote tier's seams (kvtier/remote.h): a directory (which live instance holds which
+ * block: an ops table, kvi_rdir_ops, the Redis one in dir_redis.c) and a data channel (the
+ * bytes, with the owner's checks): ZeroMQ requests and UCX sends, its messages in chan_wire.c,
+ * its owner side in owner.c and its reader side in reader.c. The channel has no ops table of
+ * its own yet (issue 58 asks for one, chan.h); kvt_remote (remote.c, remote_impl.h) composes
+ * the two.
  */
 #ifndef KVT_REMOTE_INTERNAL_H
 #define KVT_REMOTE_INTERNAL_H
