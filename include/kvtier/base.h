@@ -29,23 +29,30 @@ extern "C" {
 
 /* ---- errors ---------------------------------------------------------------------------- */
 
-/* Error codes. Values are part of the ABI and never change. */
+/* Error codes: X(name, value, text) per code, written once - the enum below and
+ * kvt_err_name / kvt_strerror are made from it (as libuv's UV_ERRNO_MAP). Values are part of
+ * the ABI and never change. */
+#define KVT_ERRNO_MAP(X)                                                                           \
+    X(OK, 0, "success")                                                                            \
+    X(EINVAL, -1, "invalid argument")                                                              \
+    X(ENOMEM, -2, "out of memory")                                                                 \
+    X(ENOSPC, -3, "not enough free blocks or capacity")                                            \
+    X(ENOENT, -4, "no such item")                                                                  \
+    X(EEXIST, -5, "item already exists")                                                           \
+    X(ESTATE, -6, "not valid in the object's current state")                                       \
+    X(EBUSY, -7, "resource in use, retry later")                                                   \
+    X(ERANGE, -8, "id or value out of range")                                                      \
+    X(EPROTO, -9, "malformed message")                                                             \
+    X(EVERSION, -10, "unsupported message version")                                                \
+    X(ELIMIT, -11, "a configured or protocol limit was exceeded")                                  \
+    X(EIO, -12, "I/O error")                                                                       \
+    X(ESYS, -13, "system call failed (the message carries errno's text)")                          \
+    X(EUNSUPPORTED, -14, "not supported by this build or platform")
+
 enum kvt_err {
-    KVT_OK = 0,
-    KVT_EINVAL = -1,       /* invalid argument */
-    KVT_ENOMEM = -2,       /* out of memory */
-    KVT_ENOSPC = -3,       /* not enough free blocks or capacity */
-    KVT_ENOENT = -4,       /* no such item */
-    KVT_EEXIST = -5,       /* item already exists */
-    KVT_ESTATE = -6,       /* call not valid in the object's current state */
-    KVT_EBUSY = -7,        /* resource in use; retry later */
-    KVT_ERANGE = -8,       /* id or value out of range */
-    KVT_EPROTO = -9,       /* malformed message */
-    KVT_EVERSION = -10,    /* unsupported message version */
-    KVT_ELIMIT = -11,      /* a configured or protocol limit was exceeded */
-    KVT_EIO = -12,         /* I/O error */
-    KVT_ESYS = -13,        /* system call failed; the message carries errno's text */
-    KVT_EUNSUPPORTED = -14 /* not supported by this build or platform */
+#define KVT_ERR_ENUM_(name, value, text) KVT_##name = value,
+    KVT_ERRNO_MAP(KVT_ERR_ENUM_)
+#undef KVT_ERR_ENUM_
 };
 
 /* Short description of an error code ("invalid argument"); never NULL. */

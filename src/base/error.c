@@ -26,21 +26,9 @@ struct err_desc {
 };
 
 static const struct err_desc err_table[] = {
-    {KVT_OK, "KVT_OK", "success"},
-    {KVT_EINVAL, "KVT_EINVAL", "invalid argument"},
-    {KVT_ENOMEM, "KVT_ENOMEM", "out of memory"},
-    {KVT_ENOSPC, "KVT_ENOSPC", "not enough free space"},
-    {KVT_ENOENT, "KVT_ENOENT", "no such item"},
-    {KVT_EEXIST, "KVT_EEXIST", "item already exists"},
-    {KVT_ESTATE, "KVT_ESTATE", "not valid in the current state"},
-    {KVT_EBUSY, "KVT_EBUSY", "resource busy, retry later"},
-    {KVT_ERANGE, "KVT_ERANGE", "value out of range"},
-    {KVT_EPROTO, "KVT_EPROTO", "malformed message"},
-    {KVT_EVERSION, "KVT_EVERSION", "unsupported message version"},
-    {KVT_ELIMIT, "KVT_ELIMIT", "limit exceeded"},
-    {KVT_EIO, "KVT_EIO", "I/O error"},
-    {KVT_ESYS, "KVT_ESYS", "system call failed"},
-    {KVT_EUNSUPPORTED, "KVT_EUNSUPPORTED", "not supported"},
+#define ERR_ROW_(name, value, text) {KVT_##name, "KVT_" #name, text},
+    KVT_ERRNO_MAP(ERR_ROW_)
+#undef ERR_ROW_
 };
 
 static const struct err_desc *find_err(int err)
