@@ -66,8 +66,8 @@ KVT_API int kvt_worker_create(const kvt_worker_config *cfg, const kvt_layout *la
  * transfer fails at once, without I/O, and the engine keeps serving from its GPU. */
 KVT_API int kvt_worker_create_disk(const kvt_worker_config *cfg, const kvt_layout *layout,
                                    kvt_disk *disk, kvt_worker **out);
-/* Three tiers: disk becomes the tier behind this worker's host mirror. It must have been
- * created over kvt_mirror_layout(mirror) (its "device blocks" are the mirror's host blocks);
+/* A disk behind the host tier: disk becomes tier 1 behind this worker's host mirror. It must have
+ * been created over kvt_mirror_layout(mirror) (its "device blocks" are the mirror's host blocks);
  * borrowed, destroy the worker first. From then on the metadata's write-backs (host block ->
  * slot) and promotions (slot -> host block) run on it and are reported in the worker
  * metadata's tier_stores[0] / tier_loads[0] (an I/O error: completed and failed). A fatal disk

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The copy engine behind the worker's transfer interface (base/xfer.h), through its public
+/* The copy engine behind the worker's transfer interface (port/xfer.h), through its public
  * calls. */
-#include "base/xfer.h"
+#include "port/xfer.h"
 
 static int copy_submit(void *impl, int dir, int64_t event, const uint32_t *src, const uint32_t *dst,
                        uint32_t n, void *wait)

@@ -80,7 +80,7 @@ typedef struct disk_geo {
 } disk_geo;
 
 struct kvt_disk {
-    kvi_xfer_port port; /* first: the worker's way in (base/xfer.h) */
+    kvi_xfer_port port; /* first: the worker's way in (port/xfer.h) */
     kvt_disk_config cfg;
     const kvt_layout *layout;
     disk_geo geo;

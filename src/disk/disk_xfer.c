@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The disk tier behind the worker's transfer interface (base/xfer.h), through its public
+/* The disk tier behind the worker's transfer interface (port/xfer.h), through its public
  * calls; a kvt_disk starts with the port that carries these operations. */
 #include "disk/disk_internal.h"
 

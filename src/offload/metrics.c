@@ -10,7 +10,7 @@
 
 #include "base/error.h"
 #include "base/prom.h"
-#include "base/remote_port.h"
+#include "port/remote_port.h"
 #include "offload/offload_internal.h"
 #include "offload/stats_schema.h"
 

@@ -35,7 +35,7 @@
 #include "base/error.h"
 #include "base/hash.h"
 #include "base/log.h"
-#include "base/remote_port.h"
+#include "port/remote_port.h"
 #include "base/util.h"
 #include "offload/offload_internal.h"
 

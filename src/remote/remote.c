@@ -196,7 +196,7 @@ int kvi_remote_map_pieces(kvt_remote *r, kvi_ucx *u)
 
 static void remote_free(kvt_remote *r);
 
-/* The manager let go (base/remote_port.h). */
+/* The manager let go (port/remote_port.h). */
 static void unlend(kvt_remote *r)
 {
     r->rport.lent = false;

@@ -25,7 +25,7 @@
 #include "base/error.h"
 #include "base/hash.h"
 #include "base/log.h"
-#include "base/remote_port.h"
+#include "port/remote_port.h"
 #include "base/util.h"
 #include "net/ucx.h"
 #include "remote/auth.h"
@@ -83,7 +83,7 @@ typedef struct zombie {
 } zombie;
 
 struct kvt_remote {
-    kvi_remote_port rport; /* first: the offload manager's way in (base/remote_port.h) */
+    kvi_remote_port rport; /* first: the offload manager's way in (port/remote_port.h) */
     kvt_remote_config cfg;
     /* a block's pieces, in order: one array per piece, n_slots blocks each (one piece for a
      * plain region; a reader that serves nothing still knows their sizes) */

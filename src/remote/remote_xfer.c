@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * A worker's reads of remote blocks (kvt_worker_attach_remote): the remote tier as a transfer
- * backend of the worker's stack (base/xfer.h), so that the bytes of a remote hit move the way
+ * backend of the worker's stack (port/xfer.h), so that the bytes of a remote hit move the way
  * every promotion does — submitted with the step, polled by event, failures reported — and
  * never on the scheduler's thread.
  *
@@ -34,9 +34,9 @@
 
 #include "base/error.h"
 #include "base/log.h"
-#include "base/remote_port.h"
+#include "port/remote_port.h"
 #include "base/util.h"
-#include "base/xfer.h"
+#include "port/xfer.h"
 #include "kvtier/meta.h"
 #include "remote/remote_internal.h"
 

@@ -19,8 +19,8 @@
 #include "base/log.h"
 #include "base/util.h"
 #include "base/cuda.h"
-#include "base/remote_port.h"
-#include "base/xfer.h"
+#include "port/remote_port.h"
+#include "port/xfer.h"
 #include "copy/copy_internal.h"
 #include "kvtier/disk.h"
 #include "kvtier/worker.h"
@@ -35,7 +35,7 @@ typedef struct pending_load {
     uint32_t *inv; /* of which the manager declared invalid (failed promotions) */
 } pending_load;
 
-/* Three tiers: the disk events of one direction, submitted and not yet reported. */
+/* A tier behind the host: its events of one direction, submitted and not yet reported. */
 typedef struct ev_fifo {
     int64_t *ev;
     uint32_t n, cap;
@@ -476,7 +476,8 @@ static int compute_point(kvt_worker *w, void *stream, void **wait)
     return 0;
 }
 
-/* Three tiers: a promotion (slots -> host blocks) or a write-back (host blocks -> slots). The
+/* A tier behind the host: a promotion (slots -> host blocks) or a write-back (host blocks ->
+ * slots). The
  * manager issues one only after everything it depends on completed on every rank (a
  * write-back reads a host block whose store all ranks reported; a promoted block is loaded to
  * the GPU only after all ranks reported the promotion), so it needs no wait event. */

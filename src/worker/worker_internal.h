@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * What a tier behind the host costs on the worker side: a transfer backend (base/xfer.h) that
+ * What a tier behind the host costs on the worker side: a transfer backend (port/xfer.h) that
  * moves blocks between the host mirror and its own blocks, attached at the tier's index. The
  * disk is one (kvt_worker_attach_disk_tier); a tier kind of its own (tests/disk/test_disk.c
  * writes an in-memory one with injected latency) attaches through this call, and nothing in
@@ -9,7 +9,7 @@
 #ifndef KVT_WORKER_INTERNAL_H
 #define KVT_WORKER_INTERNAL_H
 
-#include "base/xfer.h"
+#include "port/xfer.h"
 #include "kvtier/worker.h"
 
 /* Attaches backend impl (whose port says its operations, its near-side layout — the host

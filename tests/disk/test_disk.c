@@ -655,7 +655,7 @@ static void test_worker_three_tiers(void **state)
 
 /* What a new kind of tier costs: an in-memory "far" tier (a CXL pool, another host's memory)
  * with injected latency. Its whole implementation is this backend — it answers the worker's
- * transfer interface (base/xfer.h), moving blocks between the host mirror and its own memory —
+ * transfer interface (port/xfer.h), moving blocks between the host mirror and its own memory —
  * plus its registration: kvt_offload_add_tier on the scheduler side, kvi_worker_attach_xfer on
  * the worker. Nothing in the offload manager knows it. */
 #define FAR_Q 64

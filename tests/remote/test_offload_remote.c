@@ -15,7 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "base/remote_port.h"
+#include "port/remote_port.h"
 #include "offload_inst.h"
 
 static void a_second_instance_loads_what_the_first_stored(void **state)

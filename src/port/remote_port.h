@@ -22,7 +22,7 @@ typedef struct kvi_remote_port {
      * worker reads through it, this completes that destroy. */
     void (*unlend)(kvt_remote *r);
     /* A worker's reads of remote blocks into the host mirror (kvt_worker_attach_remote): a
-     * transfer backend (base/xfer.h) reading on a thread of its own, by owner, into this
+     * transfer backend (port/xfer.h) reading on a thread of its own, by owner, into this
      * remote's slots; its close lets go of r as unlend does. */
     int (*stage_open)(kvt_remote *r, uint32_t tier, const struct kvi_xfer_ops **ops, void **impl);
     /* kvt_remote_get_stats, for the manager's exposition */
