@@ -161,6 +161,25 @@ static int map_region(size_t size, size_t page, int huge_flags, void **out)
     return 0;
 }
 
+/* An arena over shared object cfg->shm_name, guarded: a sharer may shrink the object, and a
+ * SIGBUS then poisons the mapping (base/guard.h), not the process. */
+static int create_shared(const kvt_arena_config *cfg, size_t size, size_t page, kvt_arena **out)
+{
+    void *p = NULL;
+    int guard, rc = map_shared(cfg->shm_name, cfg->shm_group, size, &p);
+    if (rc)
+        return rc;
+    if ((rc = kvi_guard_add(p, size, &guard))) {
+        munmap(p, size);
+        return rc;
+    }
+    if ((rc = finish(cfg, p, size, page, false, out)))
+        kvi_guard_remove(guard);
+    else
+        (*out)->guard = guard;
+    return rc;
+}
+
 int kvt_arena_create(const kvt_arena_config *cfg, kvt_arena **out)
 {
     *out = NULL;
@@ -195,20 +214,7 @@ int kvt_arena_create(const kvt_arena_config *cfg, kvt_arena **out)
                             "arena: %s: shared memory takes normal pages (THP "
                             "applies), not HugeTLB ones",
                             cfg->shm_name);
-        int rc = map_shared(cfg->shm_name, cfg->shm_group, size, &p);
-        if (rc)
-            return rc;
-        /* a sharer may shrink the object: a SIGBUS then poisons the mapping, not the process */
-        int guard;
-        if ((rc = kvi_guard_add(p, size, &guard))) {
-            munmap(p, size);
-            return rc;
-        }
-        if ((rc = finish(cfg, p, size, page, false, out)))
-            kvi_guard_remove(guard);
-        else
-            (*out)->guard = guard;
-        return rc;
+        return create_shared(cfg, size, page, out);
     }
     int rc = map_region(size, page, huge_flags, &p);
     if (rc != 0 && huge_flags && (fl & KVT_ARENA_HUGE_FALLBACK)) {

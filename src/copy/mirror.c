@@ -80,6 +80,22 @@ static void pin(kvt_mirror *m, uint64_t chunk)
     m->pinned = true;
 }
 
+/* The name of the node tier's data object (kvtier/node.h), from its rendezvous. */
+static int node_data_name(const kvt_mirror_config *cfg, char *shm, size_t cap)
+{
+    size_t len = strlen(cfg->node_name);
+    kvi_shm_share share;
+    char dir[1024], stem[KVT_NODE_NAME_MAX + 40];
+    int rc = len == 0 || len > KVT_NODE_NAME_MAX || strchr(cfg->node_name, '/')
+                 ? kvt_fail(KVT_EINVAL, "node_name '%s' is not a node tier name", cfg->node_name)
+                 : kvi_shm_share_of(cfg->node_group, &share);
+    if (!rc && !(rc = kvi_shm_dir(cfg->node_dir, &share, dir, sizeof(dir))))
+        rc = kvi_shm_stem(dir, cfg->node_name, &share, true, stem, sizeof(stem));
+    if (!rc)
+        snprintf(shm, cap, KVI_NODE_SHM_NAME, stem, "data");
+    return rc;
+}
+
 int kvt_mirror_create(const kvt_mirror_config *cfg, const kvt_layout *layout, kvt_mirror **out)
 {
     *out = NULL;
@@ -111,27 +127,13 @@ int kvt_mirror_create(const kvt_mirror_config *cfg, const kvt_layout *layout, kv
     ac.flags = cfg->arena_flags;
     ac.numa_node = cfg->numa_node;
     char shm[KVT_NODE_NAME_MAX + 64];
-    if (cfg->node_name) {
-        /* the node tier's data region (kvtier/node.h names it), its name from the rendezvous */
-        size_t len = strlen(cfg->node_name);
-        kvi_shm_share share;
-        char dir[1024], stem[KVT_NODE_NAME_MAX + 40];
-        int rc = len == 0 || len > KVT_NODE_NAME_MAX || strchr(cfg->node_name, '/')
-                     ? kvt_fail(KVT_EINVAL, "mirror: node_name '%s' is not a node tier name",
-                                cfg->node_name)
-                     : kvi_shm_share_of(cfg->node_group, &share);
-        if (!rc && !(rc = kvi_shm_dir(cfg->node_dir, &share, dir, sizeof(dir))))
-            rc = kvi_shm_stem(dir, cfg->node_name, &share, true, stem, sizeof(stem));
-        if (rc) {
-            free(m->regions);
-            free(m);
-            return kvi_fail_wrap(rc, "mirror");
-        }
-        snprintf(shm, sizeof(shm), KVI_NODE_SHM_NAME, stem, "data");
+    int rc = cfg->node_name ? node_data_name(cfg, shm, sizeof(shm)) : 0;
+    if (cfg->node_name && !rc) {
         ac.shm_name = shm;
         ac.shm_group = cfg->node_group;
     }
-    int rc = kvt_arena_create(&ac, &m->arena);
+    if (!rc)
+        rc = kvt_arena_create(&ac, &m->arena);
     if (rc) {
         free(m->regions);
         free(m);

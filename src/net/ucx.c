@@ -770,6 +770,24 @@ static unsigned reap_window(kvi_ucx *u, send_batch *B)
     return got;
 }
 
+/* A batch's end: failed peers' endpoints go (a fresh one may reach a restarted successor), and
+ * the in-flight states go too unless some sends were abandoned (kept: they stay until UCX lets
+ * go of them). */
+static void batch_end(kvi_ucx *u, send_batch *B, bool kept)
+{
+    for (uint32_t e = 0; e < u->n_eps;) {
+        if (u->eps[e]->failed)
+            close_ep(u, e);
+        else
+            e++;
+    }
+    free(B->ep_of);
+    if (kept)
+        keep_orphan(u, B->fl, B->window, NULL);
+    else
+        free(B->fl);
+}
+
 int kvi_ucx_send_many_prep(kvi_ucx *u, kvi_ucx_send_item *v, uint32_t n, uint32_t window,
                            int timeout_ms, int (*prep)(void *arg, uint32_t i, uint32_t w),
                            void *arg)
@@ -818,20 +836,9 @@ int kvi_ucx_send_many_prep(kvi_ucx *u, kvi_ucx_send_item *v, uint32_t n, uint32_
             break;
         }
     }
-    /* failed peers: their endpoints go (a fresh one may reach a restarted successor) */
     for (uint32_t i = 0; i < n && !first; i++)
         first = v[i].rc;
-    for (uint32_t e = 0; e < u->n_eps;) {
-        if (u->eps[e]->failed)
-            close_ep(u, e);
-        else
-            e++;
-    }
-    free(B.ep_of);
-    if (kept) /* abandoned sends: their states stay until UCX lets go of them */
-        keep_orphan(u, B.fl, window, NULL);
-    else
-        free(B.fl);
+    batch_end(u, &B, kept);
     return first; /* kvt_last_error(): the last failure's message */
 }
 
