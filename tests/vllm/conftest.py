@@ -169,6 +169,17 @@ def held_instance(model_dir, extra, prompts_path, hold, env):
     assert p.returncode == 0, "the held instance exited with %s" % p.returncode
 
 
+def _listens(sock):
+    """Whether the unix socket sock takes a connection now."""
+    import socket
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        try:
+            s.connect(sock)
+            return True
+        except OSError:
+            return False
+
+
 @pytest.fixture
 def redis_sock(tmp_path):
     """A redis-server of the test's own on a unix socket in tmp_path (the remote tier's
@@ -182,11 +193,15 @@ def redis_sock(tmp_path):
                               "--appendonly", "no"], stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 60  # a condition, under one generous deadline
-        while not os.path.exists(sock) and time.monotonic() < deadline:
+        # Redis binds its socket before it listens: wait until it takes a connection (a
+        # condition, under one generous deadline)
+        deadline = time.monotonic() + 60
+        while not _listens(sock) and time.monotonic() < deadline:
             if redis.poll() is not None:
                 pytest.fail("redis-server exited with status %d" % redis.returncode)
             time.sleep(0.01)
+        if not _listens(sock):
+            pytest.fail("redis-server did not take connections in 60 s")
         yield sock
     finally:
         redis.kill()

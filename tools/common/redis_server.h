@@ -2,9 +2,11 @@
 /*
  * A redis-server of the caller's own, on a unix socket, for the remote tier's tests and its
  * benchmark: no TCP port, no persistence, its log in dir/redis.log, killed with the caller
- * (PR_SET_PDEATHSIG). kvt_redis_start returns its pid once the socket exists (waiting 60 s at
- * most: a loaded machine starts it slowly), or -1 (no redis-server on PATH, or it exited or did
- * not start); kvt_redis_stop kills it and removes the socket.
+ * (PR_SET_PDEATHSIG). kvt_redis_start returns its pid once the socket accepts a connection
+ * (waiting 60 s at most: a loaded machine starts it slowly), or -1 (no redis-server on PATH, or
+ * it exited or did not start); kvt_redis_stop kills it and removes the socket. The socket's file
+ * existing is not enough: Redis binds, then changes its mode, then listens, and a client that
+ * connects in between is refused (seen beside two busy cores).
  */
 #ifndef KVT_TOOLS_REDIS_SERVER_H
 #define KVT_TOOLS_REDIS_SERVER_H
@@ -12,11 +14,30 @@
 #include <signal.h>
 #include <stdio.h>
 #include <sys/prctl.h>
-#include <sys/stat.h>
+#include <string.h>
+#include <sys/socket.h>
 #include <sys/types.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+/* Whether sock takes a connection now (Redis listens on it). */
+static inline int kvt_redis_listens(const char *sock)
+{
+    struct sockaddr_un a;
+    memset(&a, 0, sizeof(a));
+    a.sun_family = AF_UNIX;
+    if (strlen(sock) >= sizeof(a.sun_path))
+        return 0;
+    strcpy(a.sun_path, sock);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return 0;
+    int ok = connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
+    close(fd);
+    return ok;
+}
 
 /* password: requirepass, or NULL for none */
 static inline pid_t kvt_redis_start(const char *dir, const char *sock, const char *password)
@@ -35,10 +56,9 @@ static inline pid_t kvt_redis_start(const char *dir, const char *sock, const cha
     clock_gettime(CLOCK_MONOTONIC, &end);
     end.tv_sec += 60;
     for (;;) {
-        struct stat st;
         if (p <= 0)
             break;
-        if (stat(sock, &st) == 0)
+        if (kvt_redis_listens(sock))
             return p;
         if (waitpid(p, NULL, WNOHANG) == p)
             return -1;

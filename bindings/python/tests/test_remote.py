@@ -4,6 +4,7 @@ directory): two instances in one process, every byte read checked, a withdrawn b
 another hash seed refused, Redis gone = misses."""
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -27,6 +28,16 @@ def block(seq, i):
     return bytes(((seq * 131 + i * 17 + k) * 2654435761 >> 13) & 0xFF for k in range(BB))
 
 
+def listens(sock):
+    """Whether the unix socket sock takes a connection now."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        try:
+            s.connect(sock)
+            return True
+        except OSError:
+            return False
+
+
 @unittest.skipUnless(shutil.which("redis-server"), "needs redis-server (scripts/install-deps)")
 class Remote(unittest.TestCase):
     def setUp(self):
@@ -35,11 +46,13 @@ class Remote(unittest.TestCase):
         self.redis = subprocess.Popen(
             ["redis-server", "--port", "0", "--unixsocket", self.sock, "--save", "",
              "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        for _ in range(200):
-            if os.path.exists(self.sock):
-                break
+        # Redis binds its socket before it listens: wait until it takes a connection (a
+        # condition, under one generous deadline: a loaded machine starts it slowly)
+        deadline = time.monotonic() + 60
+        while not listens(self.sock) and time.monotonic() < deadline:
+            self.assertIsNone(self.redis.poll(), "redis-server exited")
             time.sleep(0.01)
-        self.assertTrue(os.path.exists(self.sock), "redis-server did not start")
+        self.assertTrue(listens(self.sock), "redis-server did not start in 60 s")
         self.objs = []
 
     def tearDown(self):
