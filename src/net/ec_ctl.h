@@ -176,6 +176,24 @@ int kvi_ecc_curve_check(const kvi_ecc_curve *k, bool *on);
 /* Makes sock a CURVE client of k (a no-op without keys). */
 int kvi_ecc_curve_client(void *sock, const kvi_ecc_curve *k);
 
+/* ---- CURVE on a server (ec_curve.c) --------------------------------------------------------- */
+
+/* The ZAP handler of a server with an allowlist: its socket (NULL without one) and the admitted
+ * client keys (raw). */
+typedef struct kvi_ecc_zap {
+    void *sock;
+    uint8_t (*clients)[32];
+    uint32_t n_clients;
+} kvi_ecc_zap;
+/* Makes socks CURVE servers with secret_key (Z85), and with clients (a NULL-terminated list of
+ * public keys) binds z's handler in ctx; without secret_key nothing (clients without it is
+ * KVT_EINVAL). z is zeroed first: kvi_ecc_zap_close it whatever this returns. */
+int kvi_ecc_curve_server(void *ctx, const char *secret_key, const char *const *clients,
+                         void *const *socks, int n_socks, kvi_ecc_zap *z);
+/* Answers the one ZAP request waiting on z->sock: whether its client key was admitted. */
+bool kvi_ecc_zap_answer(kvi_ecc_zap *z);
+void kvi_ecc_zap_close(kvi_ecc_zap *z);
+
 /* REQ sockets to control servers, one per endpoint, reused; one client per thread. curve may
  * be NULL (copied otherwise). */
 typedef struct kvi_ecc_client kvi_ecc_client;

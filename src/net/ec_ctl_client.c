@@ -30,39 +30,6 @@ struct kvi_ecc_client {
     size_t cap;
 };
 
-static bool z85_key(const char *k)
-{
-    uint8_t raw[32];
-    return k && strlen(k) == 40 && zmq_z85_decode(raw, k) != NULL;
-}
-
-int kvi_ecc_curve_check(const kvi_ecc_curve *k, bool *on)
-{
-    *on = false;
-    if (!k || (!k->server_key && !k->public_key && !k->secret_key))
-        return 0;
-    if (!z85_key(k->server_key) || !z85_key(k->public_key) || !z85_key(k->secret_key))
-        return kvt_fail(KVT_EINVAL, "ec control: CURVE needs the server's public key and this "
-                                    "side's key pair, each 40 Z85 characters");
-    if (!zmq_has("curve"))
-        return kvt_fail(KVT_EUNSUPPORTED, "ec control: this libzmq was built without CURVE");
-    *on = true;
-    return 0;
-}
-
-int kvi_ecc_curve_client(void *sock, const kvi_ecc_curve *k)
-{
-    bool on;
-    int rc = kvi_ecc_curve_check(k, &on);
-    if (rc || !on)
-        return rc;
-    if (zmq_setsockopt(sock, ZMQ_CURVE_SERVERKEY, k->server_key, 40) ||
-        zmq_setsockopt(sock, ZMQ_CURVE_PUBLICKEY, k->public_key, 40) ||
-        zmq_setsockopt(sock, ZMQ_CURVE_SECRETKEY, k->secret_key, 40))
-        return kvt_fail(KVT_EIO, "ec control: CURVE keys refused: %s", zmq_strerror(zmq_errno()));
-    return 0;
-}
-
 int kvi_ecc_client_create(int timeout_ms, const kvi_ecc_curve *curve, kvi_ecc_client **out)
 {
     if (!out || timeout_ms < 1)

@@ -79,13 +79,9 @@ struct kvt_ec_server {
     /* the consumer's owner key, and whether this server wrote it to the key file */
     char owner[KVT_EC_RID_LEN + 1];
     bool owner_file;
-    /* CURVE: the ZAP handler's socket and the admitted clients' public keys (raw) */
-    void *zap;
-    uint8_t (*clients)[32];
-    uint32_t n_clients;
+    kvi_ecc_zap zap; /* CURVE with an allowlist: its handler (ec_curve.c) */
 };
 
-static void zap_one(kvt_ec_server *s);
 static void teardown(kvt_ec_server *s);
 
 void kvt_ec_server_config_init(kvt_ec_server_config *cfg)
@@ -680,6 +676,17 @@ static void push_events(kvt_ec_server *s)
     }
 }
 
+/* A ZAP request waiting: answered, a refusal logged and counted. */
+static void zap_one(kvt_ec_server *s)
+{
+    if (kvi_ecc_zap_answer(&s->zap))
+        return;
+    KVT_LOG_W("ec server port %u: refused a client whose CURVE key is not admitted", s->port);
+    pthread_mutex_lock(&s->st_lock);
+    s->st.clients_refused++;
+    pthread_mutex_unlock(&s->st_lock);
+}
+
 static void *server_main(void *arg)
 {
     kvt_ec_server *s = arg;
@@ -711,15 +718,16 @@ static void *server_main(void *arg)
          * are pending already: progress first) */
         if (s->ucx && (kvi_spin_idle(&s->spin, kvt_monotonic_ns()) || kvi_ucx_arm(s->ucx) != 0))
             timeout = 0;
-        zmq_pollitem_t it[3] = {
-            {s->rep, 0, ZMQ_POLLIN, 0}, {s->zap, 0, ZMQ_POLLIN, 0}, {NULL, s->efd, ZMQ_POLLIN, 0}};
+        zmq_pollitem_t it[3] = {{s->rep, 0, ZMQ_POLLIN, 0},
+                                {s->zap.sock, 0, ZMQ_POLLIN, 0},
+                                {NULL, s->efd, ZMQ_POLLIN, 0}};
         int ni = 1;
-        if (s->zap)
+        if (s->zap.sock)
             ni = 2;
         if (s->ucx)
             it[ni++] = (zmq_pollitem_t){NULL, s->efd, ZMQ_POLLIN, 0};
         int n = zmq_poll(it, ni, timeout);
-        if (n > 0 && s->zap && (it[1].revents & ZMQ_POLLIN))
+        if (n > 0 && s->zap.sock && (it[1].revents & ZMQ_POLLIN))
             zap_one(s);
         if (n > 0 && (it[0].revents & ZMQ_POLLIN))
             serve_one(s);
@@ -748,9 +756,7 @@ static void teardown(kvt_ec_server *s)
     free(s->rx);
     free(s->pend);
     kvi_map_free(&s->rx_map);
-    if (s->zap)
-        zmq_close(s->zap);
-    free(s->clients);
+    kvi_ecc_zap_close(&s->zap);
     if (s->rep)
         zmq_close(s->rep);
     if (s->push)
@@ -767,93 +773,6 @@ static void teardown(kvt_ec_server *s)
     pthread_mutex_destroy(&s->lock);
     pthread_mutex_destroy(&s->st_lock);
     free(s);
-}
-
-/* ---- CURVE ---------------------------------------------------------------------------------- */
-
-/* Both sockets become CURVE servers; with an allowlist, a ZAP handler (this server's thread)
- * admits only the listed client keys. */
-static int curve_setup(kvt_ec_server *s)
-{
-    const kvt_ec_server_config *c = &s->cfg;
-    uint8_t raw[32];
-    if (!c->curve_secret_key)
-        return c->curve_clients ? kvt_fail(KVT_EINVAL, "ec server: curve_clients without a "
-                                                       "curve_secret_key")
-                                : 0;
-    if (!zmq_has("curve"))
-        return kvt_fail(KVT_EUNSUPPORTED, "ec server: this libzmq was built without CURVE");
-    if (strlen(c->curve_secret_key) != 40 || !zmq_z85_decode(raw, c->curve_secret_key))
-        return kvt_fail(KVT_EINVAL, "ec server: curve_secret_key is not 40 Z85 characters");
-    uint32_t n = 0;
-    while (c->curve_clients && c->curve_clients[n])
-        n++;
-    if (c->curve_clients) {
-        s->clients = calloc(n ? n : 1, 32);
-        if (!s->clients)
-            return kvt_fail(KVT_ENOMEM, "ec server: out of memory");
-        for (uint32_t i = 0; i < n; i++)
-            if (strlen(c->curve_clients[i]) != 40 ||
-                !zmq_z85_decode(s->clients[i], c->curve_clients[i]))
-                return kvt_fail(KVT_EINVAL,
-                                "ec server: curve client key %u is not 40 Z85 "
-                                "characters",
-                                i);
-        s->n_clients = n;
-        s->zap = zmq_socket(s->ctx, ZMQ_REP);
-        int zero = 0;
-        if (!s->zap)
-            return zfail("socket", "zap");
-        zmq_setsockopt(s->zap, ZMQ_LINGER, &zero, sizeof(zero));
-        if (zmq_bind(s->zap, "inproc://zeromq.zap.01") != 0)
-            return zfail("failed to bind", "inproc://zeromq.zap.01");
-    }
-    int one = 1;
-    void *socks[2] = {s->rep, s->push};
-    for (int i = 0; i < 2; i++)
-        if (zmq_setsockopt(socks[i], ZMQ_CURVE_SERVER, &one, sizeof(one)) ||
-            zmq_setsockopt(socks[i], ZMQ_CURVE_SECRETKEY, c->curve_secret_key, 40) ||
-            zmq_setsockopt(socks[i], ZMQ_ZAP_DOMAIN, "kvtier", 6))
-            return zfail("CURVE", NULL);
-    return 0;
-}
-
-/* One ZAP request (RFC 27): admit the client if its public key is listed. */
-static void zap_one(kvt_ec_server *s)
-{
-    zmq_msg_t f[8];
-    int n = 0;
-    bool more = true;
-    while (more && n < 8) {
-        zmq_msg_init(&f[n]);
-        if (zmq_msg_recv(&f[n], s->zap, ZMQ_DONTWAIT) < 0) {
-            zmq_msg_close(&f[n]);
-            break;
-        }
-        more = zmq_msg_more(&f[n]);
-        n++;
-    }
-    bool ok = false;
-    if (n >= 7 && zmq_msg_size(&f[5]) == 5 && memcmp(zmq_msg_data(&f[5]), "CURVE", 5) == 0 &&
-        zmq_msg_size(&f[6]) == 32)
-        for (uint32_t i = 0; i < s->n_clients && !ok; i++)
-            ok = memcmp(zmq_msg_data(&f[6]), s->clients[i], 32) == 0;
-    if (n >= 2) {
-        zmq_send(s->zap, "1.0", 3, ZMQ_SNDMORE);
-        zmq_send(s->zap, zmq_msg_data(&f[1]), zmq_msg_size(&f[1]), ZMQ_SNDMORE);
-        zmq_send(s->zap, ok ? "200" : "400", 3, ZMQ_SNDMORE);
-        zmq_send(s->zap, ok ? "OK" : "client key not admitted", ok ? 2 : 23, ZMQ_SNDMORE);
-        zmq_send(s->zap, "", 0, ZMQ_SNDMORE);
-        zmq_send(s->zap, "", 0, 0);
-    }
-    if (!ok) {
-        KVT_LOG_W("ec server port %u: refused a client whose CURVE key is not admitted", s->port);
-        pthread_mutex_lock(&s->st_lock);
-        s->st.clients_refused++;
-        pthread_mutex_unlock(&s->st_lock);
-    }
-    for (int i = 0; i < n; i++)
-        zmq_msg_close(&f[i]);
 }
 
 static int bind_sockets(kvt_ec_server *s)
@@ -876,7 +795,9 @@ static int bind_sockets(kvt_ec_server *s)
     zmq_setsockopt(s->rep, ZMQ_IPV6, &one, sizeof(one));
     zmq_setsockopt(s->push, ZMQ_IPV6, &one, sizeof(one));
     zmq_setsockopt(s->rep, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
-    int rc = curve_setup(s);
+    void *socks[2] = {s->rep, s->push};
+    int rc = kvi_ecc_curve_server(s->ctx, s->cfg.curve_secret_key, s->cfg.curve_clients, socks, 2,
+                                  &s->zap);
     if (rc)
         return rc;
     rc = endpoint(ep, sizeof(ep), s->cfg.host, s->port);

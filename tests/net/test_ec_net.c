@@ -573,6 +573,53 @@ static void curve_admits_only_listed_clients(void **state)
     consumer_stop(&c);
 }
 
+/* A server's CURVE settings that cannot work are refused at start, each with its own message,
+ * and nothing is left behind (the allowlist is freed when a later key is malformed). */
+static void a_servers_bad_curve_settings_are_refused(void **state)
+{
+    (void)state;
+    if (!zmq_has("curve"))
+        KVT_SKIP("this libzmq has no CURVE");
+    char pub[41], sec[41];
+    assert_int_equal(zmq_curve_keypair(pub, sec), 0);
+    static uint8_t buf[1u << 20];
+    kvt_ec_shard_config shc;
+    kvt_ec_shard_config_init(&shc);
+    shc.base = buf, shc.capacity = sizeof(buf);
+    kvt_ec_shard *shard;
+    KVT_OK_(kvt_ec_shard_create(&shc, &shard));
+    kvt_ec_server_config sc;
+    kvt_ec_server_config_init(&sc);
+    sc.host = "127.0.0.1";
+    sc.data_plane = false;
+    sc.base_port = 20000 + (uint32_t)(getpid() * 7919u % 30000u);
+    kvt_ec_server *srv = NULL;
+    const char *one[] = {pub, NULL}, *bad_second[] = {pub, "not-a-key", NULL};
+    struct {
+        const char *secret, *const *clients, *says;
+    } cases[] = {
+        {NULL, one, "curve_clients without a curve_secret_key"},
+        {"short", NULL, "curve_secret_key is not 40 Z85 characters"},
+        {sec, bad_second, "curve client key 1 is not 40 Z85 characters"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        sc.curve_secret_key = cases[i].secret;
+        sc.curve_clients = cases[i].clients;
+        KVT_ERR_(kvt_ec_server_start(&sc, shard, &srv), KVT_EINVAL);
+        assert_null(srv);
+        assert_non_null(strstr(kvt_last_error(), cases[i].says));
+    }
+    /* the same settings with good keys start (on the first free port) */
+    sc.curve_secret_key = sec;
+    sc.curve_clients = one;
+    int rc = KVT_EIO;
+    for (uint32_t i = 0; i < 200 && rc; i++, sc.base_port = 20000 + (sc.base_port + 257) % 30000)
+        rc = kvt_ec_server_start(&sc, shard, &srv);
+    KVT_OK_(rc);
+    kvt_ec_server_stop(srv);
+    kvt_ec_shard_destroy(shard);
+}
+
 /* ---- the consumer scheduler's side --------------------------------------------------------- */
 
 /* The scheduler hears readiness from every shard through the inbox, and its cancels reach
@@ -1097,6 +1144,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(a_dead_shard_fails_the_push_and_nothing_hangs),
         cmocka_unit_test(the_scheduler_hears_its_shards_and_its_cancels_reach_them),
         cmocka_unit_test(curve_admits_only_listed_clients),
+        cmocka_unit_test(a_servers_bad_curve_settings_are_refused),
         cmocka_unit_test(an_unreachable_consumer_never_blocks_the_scheduler),
         cmocka_unit_test(a_lost_topology_answer_is_asked_again_once),
         cmocka_unit_test(a_killed_producer_is_reaped_at_its_ttl_and_the_next_one_is_served),
