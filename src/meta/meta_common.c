@@ -285,3 +285,52 @@ bool kvi_strset_equal(const kvt_strset *a, const kvt_strset *b)
             return false;
     return true;
 }
+
+/* ---- block lists and tier sections of the offload messages (both directions) ------------ */
+
+bool kvi_meta_blocks_equal(const uint32_t *a, const uint32_t *b, uint32_t n)
+{
+    return n == 0 || memcmp(a, b, (size_t)n * sizeof(uint32_t)) == 0;
+}
+
+void kvi_meta_wr_blocks(kvi_wr *w, const uint32_t *ids, uint32_t n)
+{
+    wr_u32(w, n);
+    for (uint32_t i = 0; i < n; i++)
+        wr_u32(w, ids[i]);
+}
+
+int kvi_meta_rd_blocks(kvi_rd *r, uint32_t **a, uint32_t *cap, uint32_t *n, const char *what)
+{
+    uint32_t k;
+    int rc = rd_count(r, &k, KVT_META_MAX_BLOCKS, 4, what);
+    if (rc || (k && (rc = kvi_meta_grow((void **)a, cap, k, sizeof(uint32_t)))))
+        return rc;
+    for (uint32_t i = 0; i < k; i++)
+        (*a)[i] = ld_le32(r->p + 4 * (size_t)i);
+    r->p += (size_t)k * 4;
+    *n = k;
+    return 0;
+}
+
+int kvi_meta_rd_tier_count(kvi_rd *r, uint8_t *n)
+{
+    int rc = rd_u8(r, n, "tier sections");
+    if (!rc && *n > KVT_MAX_TIERS - 1)
+        rc = kvt_fail(KVT_EPROTO, "%u tier sections, this build has tiers 1 .. %u", *n,
+                      KVT_MAX_TIERS - 1);
+    return rc;
+}
+
+/* Section i's tier into *tier, which holds the previous section's (0 before the first). */
+int kvi_meta_rd_tier(kvi_rd *r, uint32_t i, uint8_t *tier)
+{
+    uint8_t last = *tier;
+    int rc = rd_u8(r, tier, "tier");
+    if (!rc && (*tier <= last || *tier >= KVT_MAX_TIERS))
+        rc = kvt_fail(KVT_EPROTO,
+                      "tier section %u names tier %u (after tier %u; tiers are 1 .. %u, "
+                      "ascending)",
+                      i, *tier, last, KVT_MAX_TIERS - 1);
+    return rc;
+}

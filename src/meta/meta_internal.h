@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Helpers shared by the metadata sources: array growth, string checks and copies, the string
- * sets of the encoder-cache worker metadata.
+ * sets of the encoder-cache worker metadata, the offload messages' block lists and tier
+ * sections.
  */
 #ifndef KVT_META_INTERNAL_H
 #define KVT_META_INTERNAL_H
@@ -40,5 +41,16 @@ int kvi_strset_add(kvt_strset *set, kvt_bump *b, const char *s, uint32_t len);
 void kvi_strset_release(kvt_strset *set);
 int kvi_strset_validate(const kvt_strset *set, const char *what);
 bool kvi_strset_equal(const kvt_strset *a, const kvt_strset *b);
+
+/* The offload messages' block lists (u32 n; n x u32) and tier sections, both directions. */
+bool kvi_meta_blocks_equal(const uint32_t *a, const uint32_t *b, uint32_t n);
+void kvi_meta_wr_blocks(kvi_wr *w, const uint32_t *ids, uint32_t n);
+/* Reads a list of at most KVT_META_MAX_BLOCKS into *a (capacity *cap, grown), its length *n. */
+int kvi_meta_rd_blocks(kvi_rd *r, uint32_t **a, uint32_t *cap, uint32_t *n, const char *what);
+/* The count of tier sections (at most KVT_MAX_TIERS - 1). */
+int kvi_meta_rd_tier_count(kvi_rd *r, uint8_t *n);
+/* Section i's tier into *tier, which holds the previous section's (0 before the first):
+ * ascending, 1 .. KVT_MAX_TIERS - 1. */
+int kvi_meta_rd_tier(kvi_rd *r, uint32_t i, uint8_t *tier);
 
 #endif

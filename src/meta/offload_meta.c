@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * KV-offload metadata (vLLM SimpleCPUOffloadMetadata and SimpleCPUOffloadWorkerMetadata): the
- * C objects, their builders, validation, aggregation and wire encoding.
+ * KV-offload metadata, scheduler -> worker (vLLM SimpleCPUOffloadMetadata): the C object, its
+ * builders, validation and wire encoding; the worker's answer is worker_meta.c's.
  *
  * Body of an offload message (after the 12-byte header):
  *   i64 load_event
@@ -26,18 +26,8 @@
  *   u32 n; n x { u32 block; hash_len bytes }                         publications
  *   u32 n; n x u32 block                                             withdrawals
  * The two lists of a pair carry their own lengths, as the Python dataclass does, and the
- * decoder insists that they agree.
- *
- * Body of a worker message: the report stores, then
- *   u32 n; n x u32 failed_load_src        tier-0 blocks whose load failed, ascending
- *   u32 n; n x u32 failed_promo           tier-0 blocks whose promotion failed, ascending
- *   u8  n_tiers; n_tiers x, for each tier t with completions (ascending):
- *     u8  t; the reports tier_stores[t - 1], tier_loads[t - 1]
- * where a report is
- *   u32 n; n x { i64 event; u32 count }   events strictly ascending
- *   u32 n; n x i64 failed event           ascending, each among the completed
- * A tier without transfers (without completions) is left out, and a decoder refuses an empty
- * section: the encoding stays canonical, and a message says which tiers it speaks of.
+ * decoder insists that they agree. A tier without transfers is left out, and a decoder refuses
+ * an empty section: the encoding stays canonical.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -579,19 +569,14 @@ int kvt_offload_meta_validate(const kvt_offload_meta *m)
     return 0;
 }
 
-static bool blocks_equal(const uint32_t *a, const uint32_t *b, uint32_t n)
-{
-    return n == 0 || memcmp(a, b, (size_t)n * sizeof(uint32_t)) == 0;
-}
-
 static bool remote_equal(const kvt_remote_reads *a, const kvt_remote_reads *b)
 {
     if (a->tier != b->tier || a->n_owners != b->n_owners || a->n_srcs != b->n_srcs ||
         (a->tier && (a->hash_len != b->hash_len || a->parts != b->parts)) ||
         a->n_pubs != b->n_pubs || a->n_withdraws != b->n_withdraws ||
         a->withdraw_all != b->withdraw_all ||
-        !blocks_equal(a->pub_blocks, b->pub_blocks, a->n_pubs) ||
-        !blocks_equal(a->withdraw_blocks, b->withdraw_blocks, a->n_withdraws) ||
+        !kvi_meta_blocks_equal(a->pub_blocks, b->pub_blocks, a->n_pubs) ||
+        !kvi_meta_blocks_equal(a->withdraw_blocks, b->withdraw_blocks, a->n_withdraws) ||
         (a->n_pubs && memcmp(a->pub_hashes, b->pub_hashes, (size_t)a->n_pubs * a->hash_len) != 0))
         return false;
     for (uint32_t i = 0; i < a->n_owners; i++)
@@ -614,22 +599,22 @@ bool kvt_offload_meta_equal(const kvt_offload_meta *a, const kvt_offload_meta *b
         a->need_flush != b->need_flush || a->n_loads != b->n_loads || a->n_stores != b->n_stores ||
         a->n_load_events != b->n_load_events || a->n_load_reqs != b->n_load_reqs ||
         a->n_load_invalid != b->n_load_invalid ||
-        !blocks_equal(a->load_invalid_blocks, b->load_invalid_blocks, a->n_load_invalid))
+        !kvi_meta_blocks_equal(a->load_invalid_blocks, b->load_invalid_blocks, a->n_load_invalid))
         return false;
     for (uint32_t t = 0; t < KVT_MAX_TIERS - 1; t++) {
         const kvt_tier_xfers *x = &a->tiers[t], *y = &b->tiers[t];
         if (x->load_event != y->load_event || x->store_event != y->store_event ||
             x->n_loads != y->n_loads || x->n_stores != y->n_stores ||
-            !blocks_equal(x->load_src, y->load_src, x->n_loads) ||
-            !blocks_equal(x->load_dst, y->load_dst, x->n_loads) ||
-            !blocks_equal(x->store_src, y->store_src, x->n_stores) ||
-            !blocks_equal(x->store_dst, y->store_dst, x->n_stores))
+            !kvi_meta_blocks_equal(x->load_src, y->load_src, x->n_loads) ||
+            !kvi_meta_blocks_equal(x->load_dst, y->load_dst, x->n_loads) ||
+            !kvi_meta_blocks_equal(x->store_src, y->store_src, x->n_stores) ||
+            !kvi_meta_blocks_equal(x->store_dst, y->store_dst, x->n_stores))
             return false;
     }
-    if (!blocks_equal(a->load_gpu_blocks, b->load_gpu_blocks, a->n_loads) ||
-        !blocks_equal(a->load_cpu_blocks, b->load_cpu_blocks, a->n_loads) ||
-        !blocks_equal(a->store_gpu_blocks, b->store_gpu_blocks, a->n_stores) ||
-        !blocks_equal(a->store_cpu_blocks, b->store_cpu_blocks, a->n_stores))
+    if (!kvi_meta_blocks_equal(a->load_gpu_blocks, b->load_gpu_blocks, a->n_loads) ||
+        !kvi_meta_blocks_equal(a->load_cpu_blocks, b->load_cpu_blocks, a->n_loads) ||
+        !kvi_meta_blocks_equal(a->store_gpu_blocks, b->store_gpu_blocks, a->n_stores) ||
+        !kvi_meta_blocks_equal(a->store_cpu_blocks, b->store_cpu_blocks, a->n_stores))
         return false;
     for (uint32_t i = 0; i < a->n_load_events; i++)
         if (a->load_events[i] != b->load_events[i] ||
@@ -682,13 +667,6 @@ size_t kvt_offload_meta_encoded_size(const kvt_offload_meta *m)
     return n;
 }
 
-static void wr_blocks(kvi_wr *w, const uint32_t *ids, uint32_t n)
-{
-    wr_u32(w, n);
-    for (uint32_t i = 0; i < n; i++)
-        wr_u32(w, ids[i]);
-}
-
 static void wr_remote(kvi_wr *w, const kvt_remote_reads *x)
 {
     wr_u8(w, (uint8_t)x->tier);
@@ -720,7 +698,7 @@ static void wr_remote(kvi_wr *w, const kvt_remote_reads *x)
         memcpy(w->p, x->pub_hashes + (size_t)i * x->hash_len, x->hash_len);
         w->p += x->hash_len;
     }
-    wr_blocks(w, x->withdraw_blocks, x->n_withdraws);
+    kvi_meta_wr_blocks(w, x->withdraw_blocks, x->n_withdraws);
 }
 
 int kvt_offload_meta_encode(const kvt_offload_meta *m, void *buf, size_t cap, size_t *len)
@@ -734,8 +712,8 @@ int kvt_offload_meta_encode(const kvt_offload_meta *m, void *buf, size_t cap, si
     kvi_wr w = {buf};
     kvi_wire_header(&w, KVT_META_OFFLOAD, need - KVT_META_HEADER_LEN);
     wr_u64(&w, (uint64_t)m->load_event);
-    wr_blocks(&w, m->load_gpu_blocks, m->n_loads);
-    wr_blocks(&w, m->load_cpu_blocks, m->n_loads);
+    kvi_meta_wr_blocks(&w, m->load_gpu_blocks, m->n_loads);
+    kvi_meta_wr_blocks(&w, m->load_cpu_blocks, m->n_loads);
     wr_u32(&w, m->n_load_events);
     for (uint32_t i = 0; i < m->n_load_events; i++) {
         wr_u64(&w, (uint64_t)m->load_events[i]);
@@ -745,10 +723,10 @@ int kvt_offload_meta_encode(const kvt_offload_meta *m, void *buf, size_t cap, si
             wr_str(&w, m->load_req_ids[k]);
     }
     wr_u64(&w, (uint64_t)m->store_event);
-    wr_blocks(&w, m->store_gpu_blocks, m->n_stores);
-    wr_blocks(&w, m->store_cpu_blocks, m->n_stores);
+    kvi_meta_wr_blocks(&w, m->store_gpu_blocks, m->n_stores);
+    kvi_meta_wr_blocks(&w, m->store_cpu_blocks, m->n_stores);
     wr_u8(&w, m->need_flush ? 1 : 0);
-    wr_blocks(&w, m->load_invalid_blocks, m->n_load_invalid);
+    kvi_meta_wr_blocks(&w, m->load_invalid_blocks, m->n_load_invalid);
     wr_u8(&w, (uint8_t)xfers_sections(m));
     for (uint32_t t = 0; t < KVT_MAX_TIERS - 1; t++) {
         const kvt_tier_xfers *x = &m->tiers[t];
@@ -756,11 +734,11 @@ int kvt_offload_meta_encode(const kvt_offload_meta *m, void *buf, size_t cap, si
             continue;
         wr_u8(&w, (uint8_t)(t + 1));
         wr_u64(&w, (uint64_t)x->load_event);
-        wr_blocks(&w, x->load_src, x->n_loads);
-        wr_blocks(&w, x->load_dst, x->n_loads);
+        kvi_meta_wr_blocks(&w, x->load_src, x->n_loads);
+        kvi_meta_wr_blocks(&w, x->load_dst, x->n_loads);
         wr_u64(&w, (uint64_t)x->store_event);
-        wr_blocks(&w, x->store_src, x->n_stores);
-        wr_blocks(&w, x->store_dst, x->n_stores);
+        kvi_meta_wr_blocks(&w, x->store_src, x->n_stores);
+        kvi_meta_wr_blocks(&w, x->store_dst, x->n_stores);
     }
     wr_remote(&w, &m->remote);
     return 0;
@@ -768,28 +746,6 @@ int kvt_offload_meta_encode(const kvt_offload_meta *m, void *buf, size_t cap, si
 
 /* The tier sections of both messages: a count, then sections each opening with its tier,
  * strictly ascending in 1 .. KVT_MAX_TIERS - 1. */
-static int rd_tier_count(kvi_rd *r, uint8_t *n)
-{
-    int rc = rd_u8(r, n, "tier sections");
-    if (!rc && *n > KVT_MAX_TIERS - 1)
-        rc = kvt_fail(KVT_EPROTO, "%u tier sections, this build has tiers 1 .. %u", *n,
-                      KVT_MAX_TIERS - 1);
-    return rc;
-}
-
-/* Section i's tier into *tier, which holds the previous section's (0 before the first). */
-static int rd_tier(kvi_rd *r, uint32_t i, uint8_t *tier)
-{
-    uint8_t last = *tier;
-    int rc = rd_u8(r, tier, "tier");
-    if (!rc && (*tier <= last || *tier >= KVT_MAX_TIERS))
-        rc = kvt_fail(KVT_EPROTO,
-                      "tier section %u names tier %u (after tier %u; tiers are 1 .. %u, "
-                      "ascending)",
-                      i, *tier, last, KVT_MAX_TIERS - 1);
-    return rc;
-}
-
 /* Reads a pair of block lists of equal length (names what_a / what_b) into *a / *b. */
 static int rd_block_pair(kvi_rd *r, uint32_t **a, uint32_t **b, uint32_t *cap, uint32_t *n,
                          const char *what_a, const char *what_b)
@@ -813,19 +769,6 @@ static int rd_block_pair(kvi_rd *r, uint32_t **a, uint32_t **b, uint32_t *cap, u
         (*b)[i] = ld_le32(pb + 4 * (size_t)i);
     }
     *n = n_a;
-    return 0;
-}
-
-static int rd_blocks(kvi_rd *r, uint32_t **a, uint32_t *cap, uint32_t *n, const char *what)
-{
-    uint32_t k;
-    int rc = rd_count(r, &k, KVT_META_MAX_BLOCKS, 4, what);
-    if (rc || (k && (rc = kvi_meta_grow((void **)a, cap, k, sizeof(uint32_t)))))
-        return rc;
-    for (uint32_t i = 0; i < k; i++)
-        (*a)[i] = ld_le32(r->p + 4 * (size_t)i);
-    r->p += (size_t)k * 4;
-    *n = k;
     return 0;
 }
 
@@ -895,8 +838,8 @@ static int rd_remote(kvi_rd *r, kvt_offload_meta *m)
         r->p += 4 + (size_t)hl;
     }
     x->n_pubs = n;
-    return rd_blocks(r, &x->withdraw_blocks, &x->cap_withdraws, &x->n_withdraws,
-                     "remote withdrawals");
+    return kvi_meta_rd_blocks(r, &x->withdraw_blocks, &x->cap_withdraws, &x->n_withdraws,
+                              "remote withdrawals");
 }
 
 static int decode_offload(void *obj, kvi_rd *r)
@@ -936,14 +879,14 @@ static int decode_offload(void *obj, kvi_rd *r)
         (rc = rd_block_pair(r, &m->store_gpu_blocks, &m->store_cpu_blocks, &m->cap_stores,
                             &m->n_stores, "store_gpu_blocks", "store_cpu_blocks")) ||
         (rc = rd_bool(r, &m->need_flush, "need_flush")) ||
-        (rc = rd_blocks(r, &m->load_invalid_blocks, &m->cap_invalid, &m->n_load_invalid,
-                        "load_invalid_blocks")))
+        (rc = kvi_meta_rd_blocks(r, &m->load_invalid_blocks, &m->cap_invalid, &m->n_load_invalid,
+                                 "load_invalid_blocks")))
         return rc;
     uint8_t n_tiers, tier = 0;
-    if ((rc = rd_tier_count(r, &n_tiers)))
+    if ((rc = kvi_meta_rd_tier_count(r, &n_tiers)))
         return rc;
     for (uint32_t i = 0; i < n_tiers; i++) {
-        if ((rc = rd_tier(r, i, &tier)))
+        if ((rc = kvi_meta_rd_tier(r, i, &tier)))
             return rc;
         kvt_tier_xfers *x = &m->tiers[tier - 1];
         if ((rc = rd_i64(r, &x->load_event, "tier load_event")) ||
@@ -968,506 +911,5 @@ int kvt_offload_meta_decode(kvt_offload_meta *m, const void *buf, size_t len)
                              "meta: decode offload metadata");
     if (rc)
         kvt_offload_meta_clear(m);
-    return rc;
-}
-
-/* ---- worker -> scheduler --------------------------------------------------------------- */
-
-static void report_release(kvt_event_report *r)
-{
-    free(r->events);
-    free(r->counts);
-    free(r->failed);
-    memset(r, 0, sizeof(*r));
-}
-
-/* The reports of a worker message, in wire order: stores, then each tier's stores and loads. */
-#define N_REPORTS (1 + 2 * (KVT_MAX_TIERS - 1))
-static kvt_event_report *report(kvt_offload_worker_meta *m, int i)
-{
-    if (i == 0)
-        return &m->stores;
-    return (i - 1) % 2 == 0 ? &m->tier_stores[(i - 1) / 2] : &m->tier_loads[(i - 1) / 2];
-}
-static const kvt_event_report *creport(const kvt_offload_worker_meta *m, int i)
-{
-    return report((kvt_offload_worker_meta *)m, i);
-}
-/* Report i's name in messages: a table, as validation runs on every report of every step. */
-static const char *const report_names[] = {
-    "store events",       "tier 1 store events", "tier 1 load events", "tier 2 store events",
-    "tier 2 load events", "tier 3 store events", "tier 3 load events"};
-_Static_assert(sizeof(report_names) / sizeof(report_names[0]) == N_REPORTS,
-               "name the reports of every tier");
-
-/* Tier t's section (t >= 1) of a worker message holds reports 2t - 1 and 2t: it is written
- * when either has a completion (failed events are among the completed). */
-static bool tier_reports_empty(const kvt_offload_worker_meta *m, uint32_t t)
-{
-    return m->tier_stores[t - 1].n_completed == 0 && m->tier_loads[t - 1].n_completed == 0;
-}
-
-void kvt_offload_worker_meta_init(kvt_offload_worker_meta *m)
-{
-    memset(m, 0, sizeof(*m));
-}
-
-void kvt_offload_worker_meta_clear(kvt_offload_worker_meta *m)
-{
-    for (int i = 0; i < N_REPORTS; i++)
-        report(m, i)->n_completed = report(m, i)->n_failed = 0;
-    m->n_failed_load_src = 0;
-    m->n_failed_promo = 0;
-}
-
-void kvt_offload_worker_meta_release(kvt_offload_worker_meta *m)
-{
-    for (int i = 0; i < N_REPORTS; i++)
-        report_release(report(m, i));
-    free(m->failed_load_src);
-    free(m->failed_promo);
-    m->failed_load_src = m->failed_promo = NULL;
-    m->n_failed_load_src = m->cap_failed_load_src = 0;
-    m->n_failed_promo = m->cap_failed_promo = 0;
-}
-
-/* ---- failed load sources and promotions: ascending sets of tier-0 blocks ---------------- */
-
-typedef struct blockset {
-    uint32_t **a, *n, *cap;
-    const char *what;
-} blockset;
-
-static blockset fls_of(kvt_offload_worker_meta *m)
-{
-    return (blockset){&m->failed_load_src, &m->n_failed_load_src, &m->cap_failed_load_src,
-                      "failed load sources"};
-}
-
-static blockset fpr_of(kvt_offload_worker_meta *m)
-{
-    return (blockset){&m->failed_promo, &m->n_failed_promo, &m->cap_failed_promo,
-                      "failed promotions"};
-}
-
-static int set_reserve(blockset s, uint64_t need)
-{
-    if (need > KVT_META_MAX_BLOCKS)
-        return kvt_fail(KVT_ELIMIT, "meta: more than %u %s", KVT_META_MAX_BLOCKS, s.what);
-    return need ? kvi_meta_grow((void **)s.a, s.cap, (uint32_t)need, sizeof(uint32_t)) : 0;
-}
-
-static int set_add(blockset s, uint32_t block)
-{
-    if (block == 0u) /* 0: the null block (kvtier/pool.h) */
-        return kvt_fail(KVT_EINVAL, "meta: %s: the null block", s.what);
-    uint32_t i = *s.n;
-    while (i > 0 && (*s.a)[i - 1] > block)
-        i--;
-    if (i > 0 && (*s.a)[i - 1] == block)
-        return 0;
-    int rc = set_reserve(s, (uint64_t)*s.n + 1);
-    if (rc)
-        return rc;
-    memmove(*s.a + i + 1, *s.a + i, (size_t)(*s.n - i) * sizeof(uint32_t));
-    (*s.a)[i] = block;
-    (*s.n)++;
-    return 0;
-}
-
-int kvt_offload_worker_meta_add_failed_load(kvt_offload_worker_meta *m, uint32_t block)
-{
-    if (!m)
-        return kvt_fail(KVT_EINVAL, "meta: failed load source: NULL metadata");
-    return set_add(fls_of(m), block);
-}
-
-int kvt_offload_worker_meta_add_failed_promo(kvt_offload_worker_meta *m, uint32_t block)
-{
-    if (!m)
-        return kvt_fail(KVT_EINVAL, "meta: failed promotion: NULL metadata");
-    return set_add(fpr_of(m), block);
-}
-
-/* d's set united with the n_src blocks of src (room reserved: *d.n + n_src). */
-static void set_merge(blockset d, const uint32_t *src, uint32_t n_src)
-{
-    uint32_t a = *d.n, b = n_src, k = a + b;
-    uint32_t *x = *d.a;
-    /* merge from the back into the reserved room, then drop duplicates */
-    while (b > 0) {
-        if (a > 0 && x[a - 1] > src[b - 1])
-            x[--k] = x[--a];
-        else
-            x[--k] = src[--b];
-    }
-    uint32_t n = *d.n + n_src, w = 0;
-    for (uint32_t i = 0; i < n; i++)
-        if (w == 0 || x[i] != x[w - 1])
-            x[w++] = x[i];
-    *d.n = w;
-}
-
-static int set_validate(const uint32_t *a, uint32_t n, const char *what)
-{
-    if (n > KVT_META_MAX_BLOCKS)
-        return kvt_fail(KVT_ELIMIT, "%s: %u exceed the limit of %u", what, n, KVT_META_MAX_BLOCKS);
-    if (n && !a)
-        return kvt_fail(KVT_EINVAL, "%s: NULL list", what);
-    for (uint32_t i = 0; i < n; i++)
-        if (a[i] == 0u || (i && a[i] <= a[i - 1]))
-            return kvt_fail(KVT_EINVAL,
-                            "%s: block %u at index %u is the null block or not ascending", what,
-                            a[i], i);
-    return 0;
-}
-
-static int report_reserve(kvt_event_report *m, uint32_t need)
-{
-    if (need > KVT_META_MAX_ITEMS)
-        return kvt_fail(KVT_ELIMIT, "meta: more than %u completed events", KVT_META_MAX_ITEMS);
-    uint32_t cap_e = m->cap, cap_c = m->cap;
-    int rc = kvi_meta_grow((void **)&m->events, &cap_e, need, sizeof(int64_t));
-    if (!rc)
-        rc = kvi_meta_grow((void **)&m->counts, &cap_c, need, sizeof(uint32_t));
-    if (rc)
-        return rc;
-    m->cap = cap_e < cap_c ? cap_e : cap_c;
-    return 0;
-}
-
-int kvt_event_report_add(kvt_event_report *m, int64_t event, uint32_t count)
-{
-    if (event < 0 || count == 0)
-        return kvt_fail(KVT_EINVAL,
-                        "meta: completed event %lld with count %u (need an event >= 0 and a "
-                        "count >= 1)",
-                        (long long)event, count);
-    uint32_t i = kvi_lower_bound_i64(m->events, m->n_completed, event);
-    if (i < m->n_completed && m->events[i] == event) {
-        if (m->counts[i] > UINT32_MAX - count)
-            return kvt_fail(KVT_ELIMIT, "meta: count of event %lld overflows", (long long)event);
-        m->counts[i] += count;
-        return 0;
-    }
-    int rc = report_reserve(m, m->n_completed + 1);
-    if (rc)
-        return rc;
-    memmove(&m->events[i + 1], &m->events[i], (size_t)(m->n_completed - i) * sizeof(int64_t));
-    memmove(&m->counts[i + 1], &m->counts[i], (size_t)(m->n_completed - i) * sizeof(uint32_t));
-    m->events[i] = event;
-    m->counts[i] = count;
-    m->n_completed++;
-    return 0;
-}
-
-bool kvt_event_report_failed(const kvt_event_report *m, int64_t event)
-{
-    uint32_t i = kvi_lower_bound_i64(m->failed, m->n_failed, event);
-    return i < m->n_failed && m->failed[i] == event;
-}
-
-/* Inserts event into the failed set (no check that it is completed). */
-static int insert_failed(kvt_event_report *m, int64_t event)
-{
-    uint32_t i = kvi_lower_bound_i64(m->failed, m->n_failed, event);
-    if (i < m->n_failed && m->failed[i] == event)
-        return 0;
-    if (m->n_failed >= KVT_META_MAX_ITEMS)
-        return kvt_fail(KVT_ELIMIT, "meta: more than %u failed events", KVT_META_MAX_ITEMS);
-    int rc = kvi_meta_grow((void **)&m->failed, &m->cap_failed, m->n_failed + 1, sizeof(int64_t));
-    if (rc)
-        return rc;
-    memmove(&m->failed[i + 1], &m->failed[i], (size_t)(m->n_failed - i) * sizeof(int64_t));
-    m->failed[i] = event;
-    m->n_failed++;
-    return 0;
-}
-
-int kvt_event_report_add_failed(kvt_event_report *m, int64_t event)
-{
-    uint32_t i = kvi_lower_bound_i64(m->events, m->n_completed, event);
-    if (event < 0 || i == m->n_completed || m->events[i] != event)
-        return kvt_fail(KVT_EINVAL, "meta: failed event %lld is not a completed event",
-                        (long long)event);
-    return insert_failed(m, event);
-}
-
-int kvt_offload_worker_meta_add(kvt_offload_worker_meta *m, int64_t event, uint32_t count)
-{
-    return kvt_event_report_add(&m->stores, event, count);
-}
-
-int kvt_offload_worker_meta_add_failed(kvt_offload_worker_meta *m, int64_t event)
-{
-    return kvt_event_report_add_failed(&m->stores, event);
-}
-
-bool kvt_offload_worker_meta_failed(const kvt_offload_worker_meta *m, int64_t event)
-{
-    return kvt_event_report_failed(&m->stores, event);
-}
-
-/* Makes room in dst for dst + src (failed union, completed union) and checks the counts for
- * overflow, so that report_merge cannot fail. *u receives the size of the completed union. */
-static int report_prepare(kvt_event_report *dst, const kvt_event_report *src, uint32_t *u)
-{
-    if (src->n_failed) {
-        uint64_t need = (uint64_t)dst->n_failed + src->n_failed;
-        if (need > KVT_META_MAX_ITEMS)
-            return kvt_fail(KVT_ELIMIT, "meta: aggregate: too many failed events");
-        int rc =
-            kvi_meta_grow((void **)&dst->failed, &dst->cap_failed, (uint32_t)need, sizeof(int64_t));
-        if (rc)
-            return rc;
-    }
-    uint32_t i = 0, j = 0, n = 0;
-    while (i < dst->n_completed || j < src->n_completed) {
-        if (j == src->n_completed || (i < dst->n_completed && dst->events[i] < src->events[j])) {
-            i++;
-        } else if (i == dst->n_completed || src->events[j] < dst->events[i]) {
-            j++;
-        } else {
-            if (dst->counts[i] > UINT32_MAX - src->counts[j])
-                return kvt_fail(KVT_ELIMIT, "meta: aggregate: count of event %lld overflows",
-                                (long long)dst->events[i]);
-            i++;
-            j++;
-        }
-        n++;
-    }
-    *u = n;
-    return report_reserve(dst, n);
-}
-
-static void report_merge(kvt_event_report *dst, const kvt_event_report *src, uint32_t u)
-{
-    /* Merge from the back so dst's entries are moved before they are overwritten. */
-    int64_t a = (int64_t)dst->n_completed - 1, b = (int64_t)src->n_completed - 1;
-    for (int64_t k = (int64_t)u - 1; k >= 0; k--) {
-        if (b < 0 || (a >= 0 && dst->events[a] > src->events[b])) {
-            dst->events[k] = dst->events[a];
-            dst->counts[k] = dst->counts[a];
-            a--;
-        } else if (a < 0 || src->events[b] > dst->events[a]) {
-            dst->events[k] = src->events[b];
-            dst->counts[k] = src->counts[b];
-            b--;
-        } else {
-            dst->events[k] = dst->events[a];
-            dst->counts[k] = dst->counts[a] + src->counts[b];
-            a--;
-            b--;
-        }
-    }
-    dst->n_completed = u;
-    for (uint32_t k = 0; k < src->n_failed; k++)
-        (void)insert_failed(dst, src->failed[k]); /* room reserved */
-}
-
-int kvt_offload_worker_meta_aggregate(kvt_offload_worker_meta *dst,
-                                      const kvt_offload_worker_meta *src)
-{
-    if (!dst || !src)
-        return kvt_fail(KVT_EINVAL, "meta: aggregate: NULL argument");
-    uint32_t u[N_REPORTS];
-    for (int i = 0; i < N_REPORTS; i++) { /* every check and allocation before any change */
-        int rc = report_prepare(report(dst, i), creport(src, i), &u[i]);
-        if (rc)
-            return rc;
-    }
-    int rc = set_reserve(fls_of(dst), (uint64_t)dst->n_failed_load_src + src->n_failed_load_src);
-    if (!rc)
-        rc = set_reserve(fpr_of(dst), (uint64_t)dst->n_failed_promo + src->n_failed_promo);
-    if (rc)
-        return rc;
-    for (int i = 0; i < N_REPORTS; i++)
-        report_merge(report(dst, i), creport(src, i), u[i]);
-    set_merge(fls_of(dst), src->failed_load_src, src->n_failed_load_src);
-    set_merge(fpr_of(dst), src->failed_promo, src->n_failed_promo);
-    return 0;
-}
-
-static int report_validate(const kvt_event_report *m, const char *what)
-{
-    if (m->n_completed > KVT_META_MAX_ITEMS)
-        return kvt_fail(KVT_ELIMIT, "completed %s: %u entries exceed the limit of %u", what,
-                        m->n_completed, KVT_META_MAX_ITEMS);
-    if (m->n_completed && (!m->events || !m->counts))
-        return kvt_fail(KVT_EINVAL, "completed %s: NULL list", what);
-    for (uint32_t i = 0; i < m->n_completed; i++) {
-        if (m->events[i] < 0 || (i && m->events[i] <= m->events[i - 1]))
-            return kvt_fail(KVT_EINVAL,
-                            "completed %s: event %lld at index %u is negative or not ascending",
-                            what, (long long)m->events[i], i);
-        if (m->counts[i] == 0)
-            return kvt_fail(KVT_EINVAL, "completed %s: event %lld has count 0", what,
-                            (long long)m->events[i]);
-    }
-    if (m->n_failed > m->n_completed)
-        return kvt_fail(KVT_EINVAL, "failed %s: more entries than completed events", what);
-    if (m->n_failed && !m->failed)
-        return kvt_fail(KVT_EINVAL, "failed %s: NULL list", what);
-    for (uint32_t i = 0, j = 0; i < m->n_failed; i++) {
-        if (i && m->failed[i] <= m->failed[i - 1])
-            return kvt_fail(KVT_EINVAL, "failed %s: event %lld not ascending", what,
-                            (long long)m->failed[i]);
-        while (j < m->n_completed && m->events[j] < m->failed[i])
-            j++;
-        if (j == m->n_completed || m->events[j] != m->failed[i])
-            return kvt_fail(KVT_EINVAL, "failed %s: event %lld is not a completed event", what,
-                            (long long)m->failed[i]);
-    }
-    return 0;
-}
-
-int kvt_offload_worker_meta_validate(const kvt_offload_worker_meta *m)
-{
-    if (!m)
-        return kvt_fail(KVT_EINVAL, "meta: NULL worker metadata");
-    for (int i = 0; i < N_REPORTS; i++) {
-        int rc = report_validate(creport(m, i), report_names[i]);
-        if (rc)
-            return rc;
-    }
-    int rc = set_validate(m->failed_load_src, m->n_failed_load_src, "failed load sources");
-    return rc ? rc : set_validate(m->failed_promo, m->n_failed_promo, "failed promotions");
-}
-
-static bool report_equal(const kvt_event_report *a, const kvt_event_report *b)
-{
-    if (a->n_completed != b->n_completed || a->n_failed != b->n_failed)
-        return false;
-    for (uint32_t i = 0; i < a->n_completed; i++)
-        if (a->events[i] != b->events[i] || a->counts[i] != b->counts[i])
-            return false;
-    for (uint32_t i = 0; i < a->n_failed; i++)
-        if (a->failed[i] != b->failed[i])
-            return false;
-    return true;
-}
-
-bool kvt_offload_worker_meta_equal(const kvt_offload_worker_meta *a,
-                                   const kvt_offload_worker_meta *b)
-{
-    for (int i = 0; i < N_REPORTS; i++)
-        if (!report_equal(creport(a, i), creport(b, i)))
-            return false;
-    return a->n_failed_load_src == b->n_failed_load_src &&
-           blocks_equal(a->failed_load_src, b->failed_load_src, a->n_failed_load_src) &&
-           a->n_failed_promo == b->n_failed_promo &&
-           blocks_equal(a->failed_promo, b->failed_promo, a->n_failed_promo);
-}
-
-size_t kvt_offload_worker_meta_encoded_size(const kvt_offload_worker_meta *m)
-{
-    size_t n = KVT_META_HEADER_LEN + 1 + 4 + 4 * (size_t)m->n_failed_load_src + 4 +
-               4 * (size_t)m->n_failed_promo;
-    for (int i = 0; i < N_REPORTS; i++) {
-        const kvt_event_report *e = creport(m, i);
-        if (i && tier_reports_empty(m, (uint32_t)(i - 1) / 2 + 1))
-            continue;
-        n +=
-            (i && (i - 1) % 2 == 0) + 4 + 12 * (size_t)e->n_completed + 4 + 8 * (size_t)e->n_failed;
-    }
-    return n;
-}
-
-int kvt_offload_worker_meta_encode(const kvt_offload_worker_meta *m, void *buf, size_t cap,
-                                   size_t *len)
-{
-    int rc = kvt_offload_worker_meta_validate(m);
-    if (rc)
-        return kvi_fail_wrap(rc, "meta: encode worker metadata");
-    size_t need = kvt_offload_worker_meta_encoded_size(m);
-    if ((rc = kvi_wire_check_out(buf, cap, need, len)))
-        return rc;
-    kvi_wr w = {buf};
-    kvi_wire_header(&w, KVT_META_OFFLOAD_WORKER, need - KVT_META_HEADER_LEN);
-    uint32_t sections = 0;
-    for (uint32_t t = 1; t < KVT_MAX_TIERS; t++)
-        sections += !tier_reports_empty(m, t);
-    for (int r = 0; r < N_REPORTS; r++) {
-        const kvt_event_report *e = creport(m, r);
-        uint32_t t = r ? (uint32_t)(r - 1) / 2 + 1 : 0;
-        if (r == 1) {
-            wr_blocks(&w, m->failed_load_src, m->n_failed_load_src);
-            wr_blocks(&w, m->failed_promo, m->n_failed_promo);
-            wr_u8(&w, (uint8_t)sections);
-        }
-        if (t && tier_reports_empty(m, t))
-            continue;
-        if (t && (r - 1) % 2 == 0)
-            wr_u8(&w, (uint8_t)t);
-        wr_u32(&w, e->n_completed);
-        for (uint32_t i = 0; i < e->n_completed; i++) {
-            wr_u64(&w, (uint64_t)e->events[i]);
-            wr_u32(&w, e->counts[i]);
-        }
-        wr_u32(&w, e->n_failed);
-        for (uint32_t i = 0; i < e->n_failed; i++)
-            wr_u64(&w, (uint64_t)e->failed[i]);
-    }
-    return 0;
-}
-
-static int decode_report(kvi_rd *r, kvt_event_report *m, const char *what)
-{
-    uint32_t n;
-    int rc = rd_count(r, &n, KVT_META_MAX_ITEMS, 12, what);
-    if (rc || (rc = report_reserve(m, n)))
-        return rc;
-    for (uint32_t i = 0; i < n; i++) {
-        int64_t ev;
-        uint32_t count;
-        if ((rc = rd_i64(r, &ev, what)) || (rc = rd_u32(r, &count, what)))
-            return rc;
-        m->events[i] = ev;
-        m->counts[i] = count;
-    }
-    m->n_completed = n;
-    if ((rc = rd_count(r, &n, KVT_META_MAX_ITEMS, 8, what)))
-        return rc;
-    if (n && (rc = kvi_meta_grow((void **)&m->failed, &m->cap_failed, n, sizeof(int64_t))))
-        return rc;
-    for (uint32_t i = 0; i < n; i++)
-        if ((rc = rd_i64(r, &m->failed[i], what)))
-            return rc;
-    m->n_failed = n;
-    return 0;
-}
-
-static int decode_worker(void *obj, kvi_rd *r)
-{
-    kvt_offload_worker_meta *m = obj;
-    uint8_t n_tiers, tier = 0;
-    int rc = decode_report(r, &m->stores, report_names[0]);
-    if (rc ||
-        (rc = rd_blocks(r, &m->failed_load_src, &m->cap_failed_load_src, &m->n_failed_load_src,
-                        "failed load sources")) ||
-        (rc = rd_blocks(r, &m->failed_promo, &m->cap_failed_promo, &m->n_failed_promo,
-                        "failed promotions")) ||
-        (rc = rd_tier_count(r, &n_tiers)))
-        return rc;
-    for (uint32_t i = 0; i < n_tiers; i++) {
-        if ((rc = rd_tier(r, i, &tier)))
-            return rc;
-        int k = 2 * tier - 1;
-        if ((rc = decode_report(r, report(m, k), report_names[k])) ||
-            (rc = decode_report(r, report(m, k + 1), report_names[k + 1])))
-            return rc;
-        if (tier_reports_empty(m, tier))
-            return kvt_fail(KVT_EPROTO, "tier %u: an empty section", tier);
-    }
-    return kvt_offload_worker_meta_validate(m);
-}
-
-int kvt_offload_worker_meta_decode(kvt_offload_worker_meta *m, const void *buf, size_t len)
-{
-    kvt_offload_worker_meta_clear(m);
-    int rc = kvi_wire_decode(buf, len, KVT_META_OFFLOAD_WORKER, decode_worker, m,
-                             "meta: decode worker metadata");
-    if (rc)
-        kvt_offload_worker_meta_clear(m);
     return rc;
 }
