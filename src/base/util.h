@@ -9,6 +9,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #define KVT_LIKELY(x)    __builtin_expect(!!(x), 1)
 #define KVT_UNLIKELY(x)  __builtin_expect(!!(x), 0)
@@ -87,5 +88,16 @@ static inline uint64_t kvi_pow2_ceil(uint64_t x)
 /* POSIX shared-memory name of a node tier's object: kind "meta" (kvtier/node.h, src/node) or
  * "data" (the workers' mirrors, src/copy). */
 #define KVI_NODE_SHM_NAME "/kvtier.%s.%s"
+
+/* A get_stats call's first step: false, with *st zeroed where st is given, when obj is NULL (an
+ * object that failed to be created reads as all zero) or st is. */
+static inline bool kvi_stats_begin(const void *obj, void *st, size_t size)
+{
+    if (obj && st)
+        return true;
+    if (st)
+        memset(st, 0, size);
+    return false;
+}
 
 #endif

@@ -487,11 +487,8 @@ int kvt_copy_flush(kvt_copy *c)
 
 void kvt_copy_get_stats(const kvt_copy *c, kvt_copy_stats *s)
 {
-    if (!c || !s) { /* an object that failed to be created reads as all zero */
-        if (s)
-            memset(s, 0, sizeof(*s));
+    if (!kvi_stats_begin(c, s, sizeof(*s)))
         return;
-    }
     kvt_copy *m = (kvt_copy *)c;
     pthread_mutex_lock(&m->mu);
     *s = c->st;

@@ -748,11 +748,8 @@ int kvt_disk_flush(kvt_disk *d)
 
 void kvt_disk_get_stats(const kvt_disk *d, kvt_disk_stats *s)
 {
-    if (!d || !s) { /* an object that failed to be created reads as all zero */
-        if (s)
-            memset(s, 0, sizeof(*s));
+    if (!kvi_stats_begin(d, s, sizeof(*s)))
         return;
-    }
     kvt_disk *m = (kvt_disk *)d;
     pthread_mutex_lock(&m->mu);
     *s = d->st;

@@ -20,6 +20,7 @@
 
 #include "base/array.h"
 #include "base/error.h"
+#include "base/util.h"
 #include "base/log.h"
 #include "base/map.h"
 #include "base/prom.h"
@@ -1191,11 +1192,8 @@ int kvt_ec_producer_state(const kvt_ec_producer *p, const char *tid, uint32_t le
 
 void kvt_ec_producer_get_stats(const kvt_ec_producer *p, kvt_ec_producer_stats *st)
 {
-    if (!p || !st) { /* an object that failed to be created reads as all zero */
-        if (st)
-            memset(st, 0, sizeof(*st));
+    if (!kvi_stats_begin(p, st, sizeof(*st)))
         return;
-    }
     *st = p->st;
 }
 

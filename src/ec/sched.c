@@ -24,6 +24,7 @@
 
 #include "base/array.h"
 #include "base/error.h"
+#include "base/util.h"
 #include "base/map.h"
 #include "base/prom.h"
 #include "ec/ec_key.h"
@@ -926,11 +927,8 @@ int kvt_ec_sched_state(const kvt_ec_sched *s, const char *tid, uint32_t len)
 
 void kvt_ec_sched_get_stats(const kvt_ec_sched *s, kvt_ec_sched_stats *st)
 {
-    if (!s || !st) { /* an object that failed to be created reads as all zero */
-        if (st)
-            memset(st, 0, sizeof(*st));
+    if (!kvi_stats_begin(s, st, sizeof(*st)))
         return;
-    }
     *st = s->st;
     memset(st->transfers, 0, sizeof(st->transfers));
     for (uint32_t i = 0; i < s->n_x; i++)

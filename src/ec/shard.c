@@ -26,6 +26,7 @@
 #include <sys/random.h>
 
 #include "base/error.h"
+#include "base/util.h"
 #include "base/prom.h"
 #include "ec/shard_impl.h"
 
@@ -892,11 +893,8 @@ uint32_t kvt_ec_shard_take_reclaimed(kvt_ec_shard *sh, char (*out)[KVT_EC_KEY_MA
 
 void kvt_ec_shard_get_stats(const kvt_ec_shard *sh, kvt_ec_shard_stats *st)
 {
-    if (!sh || !st) { /* an object that failed to be created reads as all zero */
-        if (st)
-            memset(st, 0, sizeof(*st));
+    if (!kvi_stats_begin(sh, st, sizeof(*st)))
         return;
-    }
     *st = sh->st;
     st->records = sh->live;
     st->tombstones = sh->tomb;

@@ -17,6 +17,7 @@
 #include <zmq.h>
 
 #include "base/error.h"
+#include "base/util.h"
 #include "base/fd.h"
 #include "base/log.h"
 #include "base/ring.h"
@@ -421,11 +422,8 @@ int kvt_ec_inbox_step(kvt_ec_inbox *in, kvt_ec_sched *sched)
 
 void kvt_ec_inbox_get_stats(kvt_ec_inbox *in, kvt_ec_inbox_stats *st)
 {
-    if (!in || !st) { /* an object that failed to be created reads as all zero */
-        if (st)
-            memset(st, 0, sizeof(*st));
+    if (!kvi_stats_begin(in, st, sizeof(*st)))
         return;
-    }
     pthread_mutex_lock(&in->mu);
     *st = in->st;
     pthread_mutex_unlock(&in->mu);

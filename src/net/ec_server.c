@@ -944,11 +944,8 @@ int kvt_ec_server_with_shard(kvt_ec_server *s, int (*fn)(kvt_ec_shard *, void *)
 
 void kvt_ec_server_get_stats(kvt_ec_server *s, kvt_ec_server_stats *st)
 {
-    if (!s || !st) { /* an object that failed to be created reads as all zero */
-        if (st)
-            memset(st, 0, sizeof(*st));
+    if (!kvi_stats_begin(s, st, sizeof(*st)))
         return;
-    }
     pthread_mutex_lock(&s->st_lock);
     *st = s->st;
     pthread_mutex_unlock(&s->st_lock);
