@@ -1,11 +1,15 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * Error codes, names, and the thread-local detail message.
+ * Error codes, names, and the thread-local detail message; a NULL object's stats read as zero.
  */
 #include <pthread.h>
 
 #include "base/error.h"
 #include "kvt_test.h"
+#include "kvtier/copy.h"
+#include "kvtier/disk.h"
+#include "kvtier/ec.h"
+#include "kvtier/ec_net.h"
 
 static void every_code_has_a_name_and_a_text(void **state)
 {
@@ -17,6 +21,30 @@ static void every_code_has_a_name_and_a_text(void **state)
     assert_string_equal(kvt_err_name(KVT_EPROTO), "KVT_EPROTO");
     assert_string_equal(kvt_err_name(-999), "KVT_E?");
     assert_string_equal(kvt_strerror(12345), "unknown error");
+}
+
+/* An object that failed to be created (NULL) reads as all-zero stats, whatever the caller's
+ * struct held; a NULL struct is ignored. */
+#define READS_ZERO(type, fn)                                                                       \
+    do {                                                                                           \
+        type st_, zero_;                                                                           \
+        memset(&st_, 0xA5, sizeof(st_));                                                           \
+        memset(&zero_, 0, sizeof(zero_));                                                          \
+        fn(NULL, &st_);                                                                            \
+        assert_memory_equal(&st_, &zero_, sizeof(st_));                                            \
+        fn(NULL, NULL);                                                                            \
+    } while (0)
+
+static void a_null_object_reads_as_all_zero_stats(void **state)
+{
+    (void)state;
+    READS_ZERO(kvt_copy_stats, kvt_copy_get_stats);
+    READS_ZERO(kvt_disk_stats, kvt_disk_get_stats);
+    READS_ZERO(kvt_ec_shard_stats, kvt_ec_shard_get_stats);
+    READS_ZERO(kvt_ec_sched_stats, kvt_ec_sched_get_stats);
+    READS_ZERO(kvt_ec_producer_stats, kvt_ec_producer_get_stats);
+    READS_ZERO(kvt_ec_server_stats, kvt_ec_server_get_stats);
+    READS_ZERO(kvt_ec_inbox_stats, kvt_ec_inbox_get_stats);
 }
 
 static void failure_message_is_kept_and_wrapped(void **state)
@@ -81,6 +109,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(every_code_has_a_name_and_a_text),
         cmocka_unit_test(failure_message_is_kept_and_wrapped),
+        cmocka_unit_test(a_null_object_reads_as_all_zero_stats),
         cmocka_unit_test(a_message_may_quote_the_last_one),
         cmocka_unit_test(long_messages_are_truncated_not_overflowed),
         cmocka_unit_test(messages_are_per_thread),
