@@ -85,7 +85,8 @@ cat "$out"/bench_copy_*.json "$out"/bench_copy_*.err
 # library of $build: KVTIER_LIB).
 py=${KVT_PYTHON:-python3}
 if "$py" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
-    if KVTIER_LIB="$build/lib/libkvtier.so" KVT_DISK_DIR="$out" "$py" bench/gpu/worker_kv.py \
+    if PYTHONPATH="$PWD/bindings/python${PYTHONPATH:+:$PYTHONPATH}" \
+        KVTIER_LIB="$build/lib/libkvtier.so" KVT_DISK_DIR="$out" "$py" bench/gpu/worker_kv.py \
         --device cuda --out "$out/worker_kv.json" >"$out/worker_kv.txt" 2>&1; then
         echo "worker_kv (CUDA KV tensors): ok"
     else

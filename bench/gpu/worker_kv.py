@@ -21,14 +21,19 @@ shows the byte check failing).
 """
 import argparse
 import glob
+import importlib.util
 import json
 import os
 import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
-                                "bindings", "python"))
+# kvtier as installed (pip install ., as make vllm-env does); where it is not installed, the
+# source tree's package, with the library of build/ or KVTIER_LIB (bench/gpu/run.sh puts the
+# source tree first on PYTHONPATH and names its own build)
+if importlib.util.find_spec("kvtier") is None:
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                    "bindings", "python"))
 import torch  # noqa: E402
 
 import kvtier  # noqa: E402
