@@ -8,7 +8,11 @@
 
 #include "base/config.h"
 #include "base/error.h"
+#include "copy/copy_config.h"
+#include "disk/disk_config.h"
 #include "kvtier/kvtier.h"
+#include "node/node_config.h"
+#include "offload/offload_config.h"
 #include "offload/stats_schema.h"
 
 #define SIZE(t)                                                                                    \
@@ -133,3 +137,30 @@ static const kvi_described described[] = {
 };
 
 KVI_DESCRIBER(kvt_describe, kvt_field, described, "describe")
+
+/* ---- the configuration structs' tables, from the rows beside each component ---------------- */
+
+/* the disk tier's functions live in libkvtier_disk: this library makes its own table of them */
+#define DISK_CONFIG_ROW(...) KVI_CONFIG_ROW(kvt_disk_config, __VA_ARGS__)
+static const kvi_config_table disk_config_table =
+    KVI_CONFIG_TABLE(kvt_disk_config, "disk", KVI_DISK_CONFIG(DISK_CONFIG_ROW));
+
+static const kvi_config_table *const config_tables[] = {
+    &kvi_offload_config_table,
+    &kvi_copy_config_table,
+    &disk_config_table,
+    &kvi_node_config_table,
+};
+
+int kvt_describe_config(const char *type_name, const kvt_config_field **fields, uint32_t *n)
+{
+    enum { N = sizeof(config_tables) / sizeof(config_tables[0]) };
+    kvi_described d[N];
+    for (size_t i = 0; i < N; i++)
+        d[i] = (kvi_described){config_tables[i]->name, config_tables[i]->rows, config_tables[i]->n};
+    const void *rows = NULL;
+    int rc = kvi_describe_find(d, N, "describe_config", type_name, fields ? &rows : NULL, n);
+    if (fields)
+        *fields = rows;
+    return rc;
+}

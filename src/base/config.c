@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The configuration structs' rows (config_schema.h) as tables: defaults, bounds and the
- * description bindings read. A field is read and written through its offset and size, so one
- * loop serves every struct.
+ * The configuration structs' tables (base/config.h) read: defaults and bounds. A field is read
+ * and written through its offset and size, so one loop serves every struct; the tables
+ * themselves lie beside their components.
  */
 #include <inttypes.h>
 #include <stdbool.h>
@@ -11,49 +11,7 @@
 #include <string.h>
 
 #include "base/config.h"
-#include "base/config_schema.h"
 #include "base/error.h"
-#include "kvtier/kvtier.h"
-
-#define ROW(T, f, type, def, min, max, help)                                                       \
-    {#f,                                                                                           \
-     help,                                                                                         \
-     (uint32_t)offsetof(T, f),                                                                     \
-     (uint32_t)sizeof(((T *)0)->f),                                                                \
-     KVI_CFG_TYPE_##type,                                                                          \
-     KVI_CFG_FLAGS_##type,                                                                         \
-     (uint64_t)(def),                                                                              \
-     (uint64_t)(min),                                                                              \
-     (uint64_t)(max)},
-#define OFFLOAD_ROW(...) ROW(kvt_offload_config, __VA_ARGS__)
-#define COPY_ROW(...)    ROW(kvt_copy_config, __VA_ARGS__)
-#define DISK_ROW(...)    ROW(kvt_disk_config, __VA_ARGS__)
-#define NODE_ROW(...)    ROW(kvt_node_config, __VA_ARGS__)
-
-static const kvt_config_field offload_rows[] = {KVI_OFFLOAD_CONFIG(OFFLOAD_ROW)};
-static const kvt_config_field copy_rows[] = {KVI_COPY_CONFIG(COPY_ROW)};
-static const kvt_config_field disk_rows[] = {KVI_DISK_CONFIG(DISK_ROW)};
-static const kvt_config_field node_rows[] = {KVI_NODE_CONFIG(NODE_ROW)};
-
-#define TABLE(T, rows)                                                                             \
-    {                                                                                              \
-#T, rows, sizeof(rows) / sizeof(rows[0])                                                   \
-    }
-
-static const kvi_described tables[] = {
-    [KVI_CONFIG_OFFLOAD] = TABLE(kvt_offload_config, offload_rows),
-    [KVI_CONFIG_COPY] = TABLE(kvt_copy_config, copy_rows),
-    [KVI_CONFIG_DISK] = TABLE(kvt_disk_config, disk_rows),
-    [KVI_CONFIG_NODE] = TABLE(kvt_node_config, node_rows),
-};
-
-/* the module each struct's messages name */
-static const char *const module_of[] = {
-    [KVI_CONFIG_OFFLOAD] = "offload",
-    [KVI_CONFIG_COPY] = "copy",
-    [KVI_CONFIG_DISK] = "disk",
-    [KVI_CONFIG_NODE] = "node",
-};
 
 /* strings, bytes and room are not numbers: no default but zero, no bounds */
 static bool is_number(const kvt_config_field *f)
@@ -94,10 +52,10 @@ static void put(void *cfg, const kvt_config_field *f, uint64_t v)
     }
 }
 
-void kvi_config_init(kvi_config_id id, void *cfg)
+void kvi_config_init(const kvi_config_table *table, void *cfg)
 {
-    const kvt_config_field *rows = tables[id].rows;
-    const uint32_t n = tables[id].n;
+    const kvt_config_field *rows = table->rows;
+    const uint32_t n = table->n;
     memset(cfg, 0, rows[n - 1].offset + rows[n - 1].size);
     for (uint32_t i = 0; i < n; i++)
         if (is_number(&rows[i]))
@@ -117,16 +75,16 @@ static int out_of_range(const char *who, const kvt_config_field *f, uint64_t v)
                     who, f->name, v, f->min, f->max, f->help);
 }
 
-int kvi_config_check(kvi_config_id id, const void *cfg)
+int kvi_config_check(const kvi_config_table *table, const void *cfg)
 {
-    const kvt_config_field *rows = tables[id].rows;
-    for (uint32_t i = 0; i < tables[id].n; i++) {
+    const kvt_config_field *rows = table->rows;
+    for (uint32_t i = 0; i < table->n; i++) {
         const kvt_config_field *f = &rows[i];
         if (f->type == KVT_CONFIG_STRING || f->type == KVT_CONFIG_BYTES)
             continue;
         if (f->type == KVT_CONFIG_ROOM) {
             char what[48];
-            snprintf(what, sizeof(what), "%s config", module_of[id]);
+            snprintf(what, sizeof(what), "%s config", table->module);
             if (kvi_check_reserved((const uint64_t *)(const void *)((const char *)cfg + f->offset),
                                    f->size, what))
                 return KVT_EINVAL;
@@ -137,7 +95,7 @@ int kvi_config_check(kvi_config_id id, const void *cfg)
                        ? (int64_t)v < (int64_t)f->min || (int64_t)v > (int64_t)f->max
                        : v < f->min || v > f->max;
         if (bad)
-            return out_of_range(module_of[id], f, v);
+            return out_of_range(table->module, f, v);
     }
     return 0;
 }
@@ -157,5 +115,3 @@ int kvi_describe_find(const kvi_described *table, size_t count, const char *fn,
     *n = 0;
     return kvt_fail(KVT_ENOENT, "%s: this library does not describe \"%s\"", fn, type_name);
 }
-
-KVI_DESCRIBER(kvt_describe_config, kvt_config_field, tables, "describe_config")

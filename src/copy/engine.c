@@ -25,13 +25,19 @@
 #include "base/log.h"
 #include "base/prom.h"
 #include "base/util.h"
+#include "copy/copy_config.h"
 #include "copy/copy_internal.h"
 #include "copy/cuda_frag_internal.h"
 #include "copy/kernels.h"
 
+#define ROW(...) KVI_CONFIG_ROW(kvt_copy_config, __VA_ARGS__)
+const kvi_config_table kvi_copy_config_table =
+    KVI_CONFIG_TABLE(kvt_copy_config, "copy", KVI_COPY_CONFIG(ROW));
+#undef ROW
+
 void kvt_copy_config_init(kvt_copy_config *cfg)
 {
-    kvi_config_init(KVI_CONFIG_COPY, cfg);
+    kvi_config_init(&kvi_copy_config_table, cfg);
 }
 
 uint32_t kvi_copy_coalesce(const uint32_t *src, const uint32_t *dst, uint32_t n, kvi_run *runs)
@@ -216,7 +222,7 @@ int kvt_copy_create(const kvt_copy_config *cfg, const kvt_layout *layout, const 
                     kvt_copy **out)
 {
     *out = NULL;
-    if (kvi_config_check(KVI_CONFIG_COPY, cfg))
+    if (kvi_config_check(&kvi_copy_config_table, cfg))
         return KVT_EINVAL;
     int rc = check_mirror(layout, mirror);
     if (rc)

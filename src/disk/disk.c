@@ -38,6 +38,7 @@
 #include "base/log.h"
 #include "base/prom.h"
 #include "base/cuda.h"
+#include "disk/disk_config.h"
 #include "disk/disk_internal.h"
 
 enum { DJOB_FREE = 0, DJOB_QUEUED, DJOB_RUNNING, DJOB_DONE };
@@ -103,9 +104,16 @@ struct kvt_disk {
     void *fault_ctx;
 };
 
+/* libkvtier's kvt_describe_config (src/abi.c) makes its own table of the same rows: this
+ * library's functions are not that one's to call */
+#define ROW(...) KVI_CONFIG_ROW(kvt_disk_config, __VA_ARGS__)
+static const kvi_config_table disk_config_table =
+    KVI_CONFIG_TABLE(kvt_disk_config, "disk", KVI_DISK_CONFIG(ROW));
+#undef ROW
+
 void kvt_disk_config_init(kvt_disk_config *cfg)
 {
-    kvi_config_init(KVI_CONFIG_DISK, cfg);
+    kvi_config_init(&disk_config_table, cfg);
 }
 
 void kvt_disk_set_fault(kvt_disk *d, kvt_disk_fault_fn fn, void *ctx)
@@ -542,7 +550,7 @@ static int open_file(kvt_disk *d)
 int kvt_disk_create(const kvt_disk_config *cfg, const kvt_layout *layout, kvt_disk **out)
 {
     *out = NULL;
-    if (kvi_config_check(KVI_CONFIG_DISK, cfg))
+    if (kvi_config_check(&disk_config_table, cfg))
         return KVT_EINVAL;
     if (!cfg->path || !cfg->path[0])
         return kvt_fail(KVT_EINVAL, "disk: path is required");

@@ -41,6 +41,7 @@
 #include "base/guard.h"
 #include "base/log.h"
 #include "base/util.h"
+#include "node/node_config.h"
 #include "node/node_internal.h"
 #include "base/shm.h"
 #include "pool/pool_share.h"
@@ -504,15 +505,20 @@ void kvi_node_unbind(kvt_node *n)
 
 /* ---- attach / detach -------------------------------------------------------------------- */
 
+#define ROW(...) KVI_CONFIG_ROW(kvt_node_config, __VA_ARGS__)
+const kvi_config_table kvi_node_config_table =
+    KVI_CONFIG_TABLE(kvt_node_config, "node", KVI_NODE_CONFIG(ROW));
+#undef ROW
+
 void kvt_node_config_init(kvt_node_config *cfg)
 {
-    kvi_config_init(KVI_CONFIG_NODE, cfg);
+    kvi_config_init(&kvi_node_config_table, cfg);
 }
 
-/* The rows' bounds (src/base/config_schema.h), then what no row can say. */
+/* The rows' bounds (node/node_config.h), then what no row can say. */
 static int validate(const kvt_node_config *c)
 {
-    if (kvi_config_check(KVI_CONFIG_NODE, c))
+    if (kvi_config_check(&kvi_node_config_table, c))
         return KVT_EINVAL;
     int rc = check_name(c->name);
     if (rc)

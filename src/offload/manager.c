@@ -13,15 +13,21 @@
 #include "base/config.h"
 #include "base/error.h"
 #include "base/util.h"
+#include "offload/offload_config.h"
 #include "offload/offload_internal.h"
 
 #define MAX_EVENTS 65536u
 
 /* ---- life cycle ------------------------------------------------------------------------ */
 
+#define ROW(...) KVI_CONFIG_ROW(kvt_offload_config, __VA_ARGS__)
+const kvi_config_table kvi_offload_config_table =
+    KVI_CONFIG_TABLE(kvt_offload_config, "offload", KVI_OFFLOAD_CONFIG(ROW));
+#undef ROW
+
 void kvt_offload_config_init(kvt_offload_config *cfg)
 {
-    kvi_config_init(KVI_CONFIG_OFFLOAD, cfg);
+    kvi_config_init(&kvi_offload_config_table, cfg);
 }
 
 int kvt_offload_size_host(uint64_t capacity_bytes, uint64_t block_bytes, uint32_t *blocks)
@@ -103,10 +109,10 @@ static uint32_t lazy_target(const kvt_offload *m)
     return t > UINT32_MAX ? UINT32_MAX : (uint32_t)t;
 }
 
-/* The rows' bounds (src/base/config_schema.h), then what no row can say. */
+/* The rows' bounds (offload/offload_config.h), then what no row can say. */
 static int validate_config(const kvt_offload_config *c, const kvt_pool_config *g)
 {
-    if (kvi_config_check(KVI_CONFIG_OFFLOAD, c))
+    if (kvi_config_check(&kvi_offload_config_table, c))
         return KVT_EINVAL;
     return kvi_ofl_tier_validate(c, g);
 }
