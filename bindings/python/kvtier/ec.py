@@ -7,20 +7,16 @@ In one process a Producer reaches its consumer's shards directly (EcProducer ove
 objects, kvt_ec_local_consumer_ops). Across processes and hosts (kvtier/ec_net.h): each consumer
 shard runs an EcServer (ZeroMQ control, UCX receives into its buffer), a producer pushes through
 EcProducer.over_network (ZeroMQ + UCX to the consumer's servers), and the consumer scheduler
-learns readiness and sends cancels through an EcInbox. Times are seconds; a ManualClock lets
-tests drive every deadline. See docs/ec.md for the state machines.
+learns readiness and sends cancels through an EcInbox; those three live in kvtier.ec_net. Times
+are seconds; a ManualClock lets tests drive every deadline. See docs/ec.md for the state
+machines.
 """
 import ctypes
-import importlib
 
-# (the package's own `_lib` attribute is the library handle: fetch the declarations module)
-L = importlib.import_module(__package__ + "._lib")
+from . import _lib as L
+from ._core import _Message, _address, _check
+
 _lib = L.lib
-
-
-def _check(rc):
-    from . import _check as check  # the package's error type (imported late: no cycle)
-    return check(rc)
 
 
 def _b(s):
@@ -86,7 +82,7 @@ _getter = L.Handle.getter
 
 # ---- metadata -----------------------------------------------------------------------------------
 
-class EcMeta(L.Meta):
+class EcMeta(_Message):
     """Scheduler -> worker metadata of one step (kvt_ec_meta): loads, pushes, freed."""
 
     _kind = "kvt_ec_meta"
@@ -122,26 +118,8 @@ class EcMeta(L.Meta):
                 for i in range(self._m.n_freed)]
 
 
-def _ec_codec():
-    from . import _decode, _encode  # the package's (defined before this module is imported)
-    return _encode, _decode
-
-
-EcMeta.encode = lambda self: _ec_codec()[0]("kvt_ec_meta", self._m)
-EcMeta.encode.__doc__ = "The wire encoding (docs/wire.md)."
-EcMeta.decode = classmethod(lambda cls, data: _ec_codec()[1](cls, "kvt_ec_meta", data))
-
-
-class EcWorkerMeta(L.Meta):
+class EcWorkerMeta(_Message):
     """Worker -> scheduler report (kvt_ec_worker_meta)."""
-
-    def encode(self):
-        return _ec_codec()[0]("kvt_ec_worker_meta", self._m)
-
-    @classmethod
-    def decode(cls, data):
-        """Decodes and validates an encoded report (KvtierError on anything malformed)."""
-        return _ec_codec()[1](cls, "kvt_ec_worker_meta", data)
 
     _kind = "kvt_ec_worker_meta"
 
@@ -181,7 +159,6 @@ class EcShard(_Owned):
             self.buffer = (ctypes.c_char * capacity)()
             base = ctypes.addressof(self.buffer)
         else:
-            from . import _address
             base, nbytes, _dev = _address(buffer)
             if nbytes < capacity:
                 raise ValueError("kvtier: shard buffer of %d bytes is smaller than capacity %d"
@@ -438,6 +415,16 @@ class EcProducer(_Owned):
         self._lc.n = len(self._shards)
         self._create(_lib.kvt_ec_local_consumer_ops(ctypes.byref(self._lc)), refresh_age_s, clock)
 
+    @classmethod
+    def over_network(cls, net, refresh_age_s=150.0):
+        """An EcProducer whose pushes go to remote consumers through net (an EcNetConsumer,
+        kvtier.ec_net): the push specs name each consumer by its control address."""
+        self = cls.__new__(cls)
+        self._shards = []
+        self._net = net
+        self._create(net.ops(), refresh_age_s, None)
+        return self
+
     def _create(self, ops, refresh_age_s, clock):
         cfg = L.kvt_ec_producer_config()
         _lib.kvt_ec_producer_config_init(ctypes.byref(cfg))
@@ -472,7 +459,36 @@ class EcProducer(_Owned):
         push of mm_hash that says otherwise fails instead of being bound. Returns how many
         pushes it was bound to."""
         buf = ctypes.create_string_buffer(bytes(data), len(data))
-        return _bind(self, mm_hash, ctypes.addressof(buf), len(data), buf, shape, dtype)
+        return self._bind(mm_hash, ctypes.addressof(buf), len(data), buf, shape, dtype)
+
+    def bind_source_at(self, mm_hash, address, nbytes, owner, shape=None, dtype=None):
+        """bind_source without a copy: the encoder output at address (nbytes), kept valid by
+        holding owner (a tensor) until the pushes that read it are done; shape and dtype as for
+        bind_source."""
+        return self._bind(mm_hash, address, nbytes, owner, shape, dtype)
+
+    def _bind(self, mm_hash, address, nbytes, owner, shape, dtype):
+        """Binds nbytes at address as mm_hash's output, owner kept alive meanwhile; typed when
+        shape and dtype are given (both or neither)."""
+        if (shape is None) != (dtype is None):
+            raise ValueError("kvtier: bind_source: give shape and dtype together")
+        h = _b(mm_hash)
+        desc = None
+        if shape is not None:
+            shape = tuple(int(d) for d in shape)
+            if len(shape) > L.EC_MAX_DIMS:
+                raise ValueError("kvtier: bind_source: %d dimensions, at most %d"
+                                 % (len(shape), L.EC_MAX_DIMS))
+            desc = L.kvt_ec_source_desc(len(shape), (L.c_u64 * L.EC_MAX_DIMS)(*shape),
+                                           _b(dtype))
+        self._sources.setdefault(mm_hash, []).append(owner)
+        if desc is None:
+            rc = _lib.kvt_ec_producer_bind_source(self._h, h, len(h), address, nbytes, None)
+        else:
+            rc = _lib.kvt_ec_producer_bind_source_typed(self._h, h, len(h), address, nbytes,
+                                                        ctypes.byref(desc), None)
+        _check(rc if rc < 0 else 0)
+        return rc
 
     def dispatch(self):
         rc = _lib.kvt_ec_producer_dispatch(self._h)
@@ -560,212 +576,3 @@ class EcPlanner(_Owned):
 
     def take_failed(self):
         return _keys(_lib.kvt_ec_planner_take_failed, self._h)
-
-
-# ---- across processes and hosts (kvtier/ec_net.h) -------------------------------------------------
-
-def _s(v):
-    return v.encode() if isinstance(v, str) else v
-
-
-class EcServer:
-    """A consumer shard's control server (kvt_ec_server): ZeroMQ control socket at
-    tcp://host:base_port + dp_index * tp_size + tp_rank, an event socket, and a UCX receive posted
-    on every writer's region of the shard's buffer. From start on the shard belongs to the
-    server's thread: the worker reaches it through apply()."""
-
-    def __init__(self, shard, host, base_port, tp_size=1, tp_rank=0, dp_index=0,
-                 complete_wait_ms=2000, curve_secret_key=None, curve_clients=None,
-                 owner_key=None, event_host=None):
-        """owner_key: the consumer's 32-hex-digit secret its scheduler's cancels must show
-        (None: a random one, left in a private file for the inbox of this host and user);
-        event_host: where readiness events are served (None: a unix socket only this user's
-        processes on this host can reach; an address needs CURVE). complete_wait_ms is
-        accepted and ignored: completions never wait."""
-        cfg = L.kvt_ec_server_config()
-        _lib.kvt_ec_server_config_init(ctypes.byref(cfg))
-        self._keep = [_s(host), _s(curve_secret_key), _s(owner_key), _s(event_host)]
-        cfg.owner_key, cfg.event_host = self._keep[2], self._keep[3]
-        cfg.host = self._keep[0]
-        cfg.base_port = base_port
-        cfg.tp_size = tp_size
-        cfg.tp_rank = tp_rank
-        cfg.dp_index = dp_index
-        cfg.complete_wait_ms = complete_wait_ms
-        if curve_secret_key:
-            cfg.curve_secret_key = self._keep[1]
-        if curve_clients:
-            arr = (ctypes.c_char_p * (len(curve_clients) + 1))(*[_s(k) for k in curve_clients],
-                                                               None)
-            self._keep.append(arr)
-            cfg.curve_clients = arr
-        h = ctypes.c_void_p()
-        _check(_lib.kvt_ec_server_start(ctypes.byref(cfg), shard._h, ctypes.byref(h)))
-        self._h = h
-        self.shard = shard  # must outlive the server
-        self._holds_cb = self._place_cb = None
-
-    def close(self):
-        h, self._h = getattr(self, "_h", None), None
-        if h:
-            _lib.kvt_ec_server_stop(h)
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
-
-    port = _getter("kvt_ec_server_port")
-
-    event_port = _getter("kvt_ec_server_event_port",
-                         "The event socket's TCP port; 0 when it is a unix socket (no "
-                         "event_host).")
-
-    event_endpoint = _getter("kvt_ec_server_event_endpoint",
-                             "What a ZeroMQ PULL connects to for this shard's readiness events.",
-                             text=True)
-
-    def apply(self, meta, holds, place):
-        """The consumer worker's step on this shard (kvt_ec_server_apply): holds(mm_hash) says
-        whether the engine's encoder cache has the item, place(spec, offset, nbytes) puts a
-        loaded item (bytes at offset of the shard's buffer, a dict spec with mm_hash, shape,
-        dtype) into it. Returns the step's EcWorkerMeta. An exception in a callback fails that
-        load (reported in failed_loads) and is raised after the step."""
-        errors = []
-
-        def _holds(_ctx, h, n, _view):
-            try:
-                return bool(holds(ctypes.string_at(h, n).decode()))
-            except BaseException as e:  # never across C
-                errors.append(e)
-                return False
-
-        def _place(_ctx, spec, view):
-            try:
-                sp = spec.contents
-                place({"mm_hash": sp.mm_hash.ptr[:sp.mm_hash.len].decode(),
-                       "shape": tuple(sp.shape[i] for i in range(sp.ndim)),
-                       "dtype": sp.dtype.ptr[:sp.dtype.len].decode(),
-                       "transfer_id": sp.transfer_id.ptr[:sp.transfer_id.len].decode()},
-                      view.contents.offset, view.contents.nbytes)
-                return 0
-            except BaseException as e:
-                errors.append(e)
-                return -22  # KVT_EINVAL: this load failed
-        ops = L.kvt_ec_cache_ops(L.EC_HOLDS(_holds), L.EC_PLACE(_place), None, None)
-        wm = EcWorkerMeta()
-        rc = _lib.kvt_ec_server_apply(self._h, ctypes.byref(meta._m), ctypes.byref(ops),
-                                      ctypes.byref(wm._m))
-        if errors:
-            raise errors[0]
-        _check(rc)
-        return wm
-
-    def stats(self):
-        st = L.kvt_ec_server_stats()
-        _lib.kvt_ec_server_get_stats(self._h, ctypes.byref(st))
-        return {n: getattr(st, n) for n in L.EC_SERVER_COUNTERS}
-
-
-class EcNetConsumer(_Owned):
-    """A producer's view of remote consumers (kvt_ec_net_consumer): reserve, complete and cancel
-    over ZeroMQ to their control servers, the bytes over UCX. One per producer thread."""
-    _destroy = _lib.kvt_ec_net_consumer_destroy
-
-    def __init__(self, control_timeout_ms=30000, write_timeout_ms=30000, curve_server_key=None,
-                 curve_public_key=None, curve_secret_key=None):
-        cfg = L.kvt_ec_net_config()
-        _lib.kvt_ec_net_config_init(ctypes.byref(cfg))
-        cfg.control_timeout_ms = control_timeout_ms
-        cfg.write_timeout_ms = write_timeout_ms
-        self._keep = [_s(curve_server_key), _s(curve_public_key), _s(curve_secret_key)]
-        cfg.curve_server_key, cfg.curve_public_key, cfg.curve_secret_key = self._keep
-        h = ctypes.c_void_p()
-        _check(_lib.kvt_ec_net_consumer_create(ctypes.byref(cfg), ctypes.byref(h)))
-        self._h = h
-
-    def ops(self):
-        return _lib.kvt_ec_net_consumer_ops(self._h)
-
-
-def _producer_over_network(cls, net, refresh_age_s=150.0):
-    """An EcProducer whose pushes go to remote consumers through net (an EcNetConsumer): the
-    push specs name each consumer by its control address."""
-    self = cls.__new__(cls)
-    self._shards = []
-    self._net = net
-    self._create(net.ops(), refresh_age_s, None)
-    return self
-
-
-EcProducer.over_network = classmethod(_producer_over_network)
-
-
-def _bind(self, mm_hash, address, nbytes, owner, shape, dtype):
-    """Binds nbytes at address as mm_hash's output, owner kept alive meanwhile; typed when
-    shape and dtype are given (both or neither)."""
-    if (shape is None) != (dtype is None):
-        raise ValueError("kvtier: bind_source: give shape and dtype together")
-    h = _b(mm_hash)
-    desc = None
-    if shape is not None:
-        shape = tuple(int(d) for d in shape)
-        if len(shape) > L.EC_MAX_DIMS:
-            raise ValueError("kvtier: bind_source: %d dimensions, at most %d"
-                             % (len(shape), L.EC_MAX_DIMS))
-        desc = L.kvt_ec_source_desc(len(shape), (L.c_u64 * L.EC_MAX_DIMS)(*shape),
-                                       _b(dtype))
-    self._sources.setdefault(mm_hash, []).append(owner)
-    if desc is None:
-        rc = _lib.kvt_ec_producer_bind_source(self._h, h, len(h), address, nbytes, None)
-    else:
-        rc = _lib.kvt_ec_producer_bind_source_typed(self._h, h, len(h), address, nbytes,
-                                                    ctypes.byref(desc), None)
-    _check(rc if rc < 0 else 0)
-    return rc
-
-
-def _bind_source_at(self, mm_hash, address, nbytes, owner, shape=None, dtype=None):
-    """bind_source without a copy: the encoder output at address (nbytes), kept valid by
-    holding owner (a tensor) until the pushes that read it are done; shape and dtype as for
-    bind_source."""
-    return _bind(self, mm_hash, address, nbytes, owner, shape, dtype)
-
-
-EcProducer.bind_source_at = _bind_source_at
-
-
-class EcInbox(_Owned):
-    """The consumer scheduler's link to its own shards (kvt_ec_inbox): a background thread
-    discovers them (consumer = shard 0's tcp://host:port), receives their readiness events and
-    sends the scheduler's cancels; step(sched) never waits on the network."""
-    _destroy = _lib.kvt_ec_inbox_destroy
-
-    def __init__(self, consumer, control_timeout_ms=30000, retry_ms=1000,
-                 curve_server_key=None, curve_public_key=None, curve_secret_key=None,
-                 owner_key=None, event_host=None):
-        cfg = L.kvt_ec_inbox_config()
-        _lib.kvt_ec_inbox_config_init(ctypes.byref(cfg))
-        self._keep = [_s(consumer), _s(curve_server_key), _s(curve_public_key),
-                      _s(curve_secret_key), _s(owner_key), _s(event_host)]
-        cfg.consumer = self._keep[0]
-        cfg.control_timeout_ms = control_timeout_ms
-        cfg.retry_ms = retry_ms
-        cfg.curve_server_key, cfg.curve_public_key, cfg.curve_secret_key = self._keep[1:4]
-        cfg.owner_key, cfg.event_host = self._keep[4:6]
-        h = ctypes.c_void_p()
-        _check(_lib.kvt_ec_inbox_create(ctypes.byref(cfg), ctypes.byref(h)))
-        self._h = h
-
-    def step(self, sched):
-        """Events received so far into sched (an EcScheduler), its queued cancels out; returns
-        how many events were delivered."""
-        return _check(_lib.kvt_ec_inbox_step(self._h, sched._h))
-
-    def stats(self):
-        st = L.kvt_ec_inbox_stats()
-        _lib.kvt_ec_inbox_get_stats(self._h, ctypes.byref(st))
-        out = {n: getattr(st, n) for n in L.EC_INBOX_COUNTERS}
-        out["shards"] = st.shards
-        return out

@@ -22,7 +22,6 @@ Limits: the receive buffer lives in host memory whatever ec_buffer_device says (
 in a GPU encoder cache is copied there); producers run with one rank, as vLLM's Mooncake
 connector requires.
 """
-import ctypes
 import logging
 from typing import Any
 
