@@ -12,7 +12,9 @@
  * refers to its source until it is terminal, and pending() stays true until then.
  *
  * Records are found by transfer id (a map); terminal ones are kept, up to max_records, so a
- * repeated spec in later metadata stays idempotent.
+ * repeated spec in later metadata stays idempotent. This file: the records, their abandons and
+ * failures, the life cycle, push and bind_source; the dispatch, request_finished and the
+ * reports are in producer_dispatch.c (the shared state: producer_impl.h).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,77 +27,19 @@
 #include "base/map.h"
 #include "base/prom.h"
 #include "ec/ec_key.h"
+#include "ec/producer_impl.h"
 
-#define NONE UINT32_MAX
-
-typedef struct shard_res {
-    kvt_ec_reply r;
-    bool ok;     /* reserved (not refused) */
-    bool lost;   /* the reserve got no answer: it may have landed */
-    uint64_t at; /* when */
-} shard_res;
-
-typedef struct prec {
-    bool used, reported;
-    uint8_t state;
-    ec_key t, h, consumer, req, dtype;
-    uint64_t nbytes;
-    uint32_t ndim;
-    uint64_t shape[KVT_EC_MAX_DIMS];
-    uint32_t n_shards;
-    shard_res *sh; /* n_shards of them (a record is small; most consumers have few shards) */
-    const void *src;
-    uint64_t src_bytes;
-    kvt_ec_fence fence;
-    bool has_src;
-    bool in_wait; /* listed in the producer's `waiting` map under its mm_hash */
-    char error[256];
-    uint64_t seq;
-    uint64_t pushed_ns; /* when the push arrived: its latency to DONE lands in the histogram */
-    uint32_t free_next;
-} prec;
-
-struct kvt_ec_producer {
-    kvt_ec_producer_config cfg;
-    prec *r;
-    uint32_t n_r, cap_r, free_r, count;
-    uint64_t seq;
-    kvi_map map;
-    kvi_map waiting; /* mm_hash -> records that may still wait for their source */
-    ec_key *failed_saves;
-    uint32_t n_fs, cap_fs;
-    kvt_ec_producer_stats st;
-    kvi_hist push_lat; /* push-to-done latency */
-    /* a dispatch batch's scratch, kept from one dispatch to the next */
-    uint32_t *b_idx, *b_c_rec, *b_w_rec, cap_w;
-    kvt_ec_batch_op *b_c;
-    kvt_ec_write_op *b_w;
-    /* abandon scratch, and the records a batch failed (abandoned together at its end) */
-    kvt_ec_batch_op *ab_ops;
-    uint32_t *ab_rec, cap_ab;
-    bool *ab_grouped;
-    uint32_t *fl, n_fl, cap_fl, cap_fl_ok;
-    bool *fl_ok;
-    uint64_t silent_mask; /* shards of silent_consumer that did not answer in this call */
-    ec_key silent_consumer;
-    /* push_many's reserve scratch, likewise */
-    kvt_ec_batch_op *rs_ops;
-    kvt_ec_item *rs_items;
-    uint32_t *rs_rec, cap_rs;
-    bool *rs_done;
-};
-
-static int pkey_set(ec_key *k, kvt_str s, const char *what, bool may_be_empty)
+int kvi_ecp_key_set(ec_key *k, kvt_str s, const char *what, bool may_be_empty)
 {
     return ec_key_set(k, s.ptr, s.len, may_be_empty, "ec producer", what);
 }
 
-static bool terminal(const prec *r)
+bool kvi_ecp_terminal(const prec *r)
 {
     return r->state == KVT_ECP_DONE || r->state == KVT_ECP_CANCELLED || r->state == KVT_ECP_FAILED;
 }
 
-static prec *find(const kvt_ec_producer *p, const ec_key *t)
+prec *kvi_ecp_find(const kvt_ec_producer *p, const ec_key *t)
 {
     uint32_t i = ec_key_find(&p->map, p->r, sizeof(prec), offsetof(prec, t), t);
     return i == NONE ? NULL : &p->r[i];
@@ -120,7 +64,8 @@ static int make_room(kvt_ec_producer *p)
     while (p->count >= p->cfg.max_records) {
         prec *oldest = NULL;
         for (uint32_t i = 0; i < p->n_r; i++)
-            if (p->r[i].used && terminal(&p->r[i]) && (!oldest || p->r[i].seq < oldest->seq))
+            if (p->r[i].used && kvi_ecp_terminal(&p->r[i]) &&
+                (!oldest || p->r[i].seq < oldest->seq))
                 oldest = &p->r[i];
         if (!oldest)
             return kvt_fail(KVT_ELIMIT, "ec producer: %u pushes in flight (max_records)", p->count);
@@ -176,13 +121,13 @@ static void set_error(prec *r, const char *what)
  * wait two control timeouts per record to abandon each. Its reservations are left to the
  * consumer's TTL reaper; the records say so. Forgotten at the start of every public call. */
 
-static void silence_reset(kvt_ec_producer *p)
+void kvi_ecp_silence_reset(kvt_ec_producer *p)
 {
     p->silent_mask = 0;
     p->silent_consumer.len = 0;
 }
 
-static void silence(kvt_ec_producer *p, const prec *r, uint32_t k)
+void kvi_ecp_silence(kvt_ec_producer *p, const prec *r, uint32_t k)
 {
     if (!ec_key_eq(&p->silent_consumer, &r->consumer)) {
         p->silent_consumer = r->consumer;
@@ -247,8 +192,7 @@ static int call_cancel(kvt_ec_producer *p, const char *consumer, uint32_t k, kvt
 
 /* Grows k scratch arrays that share one capacity to hold n entries each (kvi_array_grow);
  * *cap moves only once every one grew (one that grew before a failure stays valid). */
-static int grow_shared(uint32_t *cap, uint64_t n, void **const arr[], const size_t elem[],
-                       uint32_t k)
+int kvi_ecp_grow(uint32_t *cap, uint64_t n, void **const arr[], const size_t elem[], uint32_t k)
 {
     uint32_t c = *cap;
     for (uint32_t i = 0; i < k; i++) {
@@ -266,7 +210,7 @@ static int abandon_room(kvt_ec_producer *p, uint32_t n)
 {
     void **const arr[] = {(void **)&p->ab_ops, (void **)&p->ab_rec, (void **)&p->ab_grouped};
     const size_t elem[] = {sizeof(*p->ab_ops), sizeof(*p->ab_rec), sizeof(*p->ab_grouped)};
-    return grow_shared(&p->cap_ab, n, arr, elem, 3);
+    return kvi_ecp_grow(&p->cap_ab, n, arr, elem, 3);
 }
 
 /* Before abandoning: a shard that stopped answering keeps its reservation (the consumer's TTL
@@ -347,7 +291,7 @@ static bool abandon_on_shard(kvt_ec_producer *p, const uint32_t *idx, uint32_t n
         ok[rec[j]] = false;
     }
     if (left && (call_rc == KVT_EIO || ops[0].rc == KVT_EIO))
-        silence(p, &p->r[idx[rec[0]]], k);
+        kvi_ecp_silence(p, &p->r[idx[rec[0]]], k);
     return true;
 }
 
@@ -356,7 +300,7 @@ static bool abandon_on_shard(kvt_ec_producer *p, const uint32_t *idx, uint32_t n
  * operations that failed. ok[i] becomes false for a record not abandoned everywhere (its error
  * says why). A shard that did not answer is silenced (see above); a reserve whose reply was
  * lost is asked again first (the shard answers its own client with the same reservation). */
-static void abandon_many(kvt_ec_producer *p, const uint32_t *idx, uint32_t n, bool *ok)
+void kvi_ecp_abandon_many(kvt_ec_producer *p, const uint32_t *idx, uint32_t n, bool *ok)
 {
     kvt_ec_batch_op one_op;
     uint32_t one_rec;
@@ -366,7 +310,7 @@ static void abandon_many(kvt_ec_producer *p, const uint32_t *idx, uint32_t n, bo
     bool *grouped = &one_grouped;
     if (n > 1 && abandon_room(p, n)) { /* no scratch: one record at a time */
         for (uint32_t i = 0; i < n; i++)
-            abandon_many(p, &idx[i], 1, &ok[i]);
+            kvi_ecp_abandon_many(p, &idx[i], 1, &ok[i]);
         return;
     }
     if (n > 1) {
@@ -394,11 +338,11 @@ static bool abandon_all(kvt_ec_producer *p, prec *r)
 {
     uint32_t i = (uint32_t)(r - p->r);
     bool ok;
-    abandon_many(p, &i, 1, &ok);
+    kvi_ecp_abandon_many(p, &i, 1, &ok);
     return ok;
 }
 
-static void fail(kvt_ec_producer *p, prec *r, const char *what)
+void kvi_ecp_fail(kvt_ec_producer *p, prec *r, const char *what)
 {
     set_error(r, what);
     abandon_all(p, r);
@@ -407,14 +351,14 @@ static void fail(kvt_ec_producer *p, prec *r, const char *what)
     p->st.failed++;
 }
 
-/* fail() within a batch: the record is FAILED now (the batch leaves it alone), its
+/* kvi_ecp_fail() within a batch: the record is FAILED now (the batch leaves it alone), its
  * reservations abandoned with the batch's other failures by fail_flush, in one cancel
  * message per shard. */
-static void fail_later(kvt_ec_producer *p, prec *r, const char *what)
+void kvi_ecp_fail_later(kvt_ec_producer *p, prec *r, const char *what)
 {
     uint32_t cap = p->cap_fl;
     if (kvi_array_grow((void **)&p->fl, &cap, p->n_fl + 1ull, sizeof(*p->fl))) {
-        fail(p, r, what); /* no room in the list: abandoned now */
+        kvi_ecp_fail(p, r, what); /* no room in the list: abandoned now */
         return;
     }
     p->cap_fl = cap;
@@ -425,12 +369,12 @@ static void fail_later(kvt_ec_producer *p, prec *r, const char *what)
     p->fl[p->n_fl++] = (uint32_t)(r - p->r);
 }
 
-static void fail_flush(kvt_ec_producer *p)
+void kvi_ecp_fail_flush(kvt_ec_producer *p)
 {
     uint32_t cap = p->cap_fl_ok;
     if (p->n_fl && kvi_array_grow((void **)&p->fl_ok, &cap, p->n_fl, sizeof(bool)) == 0) {
         p->cap_fl_ok = cap;
-        abandon_many(p, p->fl, p->n_fl, p->fl_ok);
+        kvi_ecp_abandon_many(p, p->fl, p->n_fl, p->fl_ok);
     } else {
         for (uint32_t i = 0; i < p->n_fl; i++)
             abandon_all(p, &p->r[p->fl[i]]);
@@ -497,9 +441,9 @@ void kvt_ec_producer_destroy(kvt_ec_producer *p)
 {
     if (!p)
         return;
-    silence_reset(p);
+    kvi_ecp_silence_reset(p);
     for (uint32_t i = 0; i < p->n_r; i++)
-        if (p->r[i].used && !terminal(&p->r[i]))
+        if (p->r[i].used && !kvi_ecp_terminal(&p->r[i]))
             abandon_all(p, &p->r[i]); /* shutdown: cancel the orphans first */
     kvi_map_free(&p->map);
     kvi_map_free(&p->waiting);
@@ -570,8 +514,8 @@ static int call_reserve(kvt_ec_producer *p, const char *consumer, uint32_t k, kv
     return 0;
 }
 
-static int call_complete(kvt_ec_producer *p, const char *consumer, uint32_t k, kvt_ec_batch_op *ops,
-                         uint32_t n)
+int kvi_ecp_call_complete(kvt_ec_producer *p, const char *consumer, uint32_t k,
+                          kvt_ec_batch_op *ops, uint32_t n)
 {
     const kvt_ec_consumer_ops *o = &p->cfg.ops;
     if (o->complete_batch) {
@@ -590,7 +534,7 @@ static int call_complete(kvt_ec_producer *p, const char *consumer, uint32_t k, k
     return 0;
 }
 
-static void call_write(kvt_ec_producer *p, const char *consumer, kvt_ec_write_op *w, uint32_t n)
+void kvi_ecp_call_write(kvt_ec_producer *p, const char *consumer, kvt_ec_write_op *w, uint32_t n)
 {
     const kvt_ec_consumer_ops *o = &p->cfg.ops;
     if (o->write_batch) {
@@ -608,7 +552,7 @@ static void call_write(kvt_ec_producer *p, const char *consumer, kvt_ec_write_op
 }
 
 /* A record's reserve on shard k came back (rc, the reply in r->sh[k].r): 0 when it holds. */
-static int reserved(kvt_ec_producer *p, prec *r, uint32_t k, int rc)
+int kvi_ecp_reserved(kvt_ec_producer *p, prec *r, uint32_t k, int rc)
 {
     r->sh[k].ok = rc == 0;
     r->sh[k].lost = rc == KVT_EIO; /* no answer: the reserve may have landed all the same */
@@ -621,12 +565,12 @@ static int reserved(kvt_ec_producer *p, prec *r, uint32_t k, int rc)
 }
 
 /* Reserves one shard; a refusal (an error reply) is recorded as such. */
-static int reserve_shard(kvt_ec_producer *p, prec *r, uint32_t k)
+int kvi_ecp_reserve_shard(kvt_ec_producer *p, prec *r, uint32_t k)
 {
     const kvt_ec_consumer_ops *o = &p->cfg.ops;
     kvt_ec_item it = item_of(r);
     int rc = o->reserve(o->ctx, r->consumer.s, k, r->t.s, r->t.len, &it, &r->sh[k].r);
-    return reserved(p, r, k, rc);
+    return kvi_ecp_reserved(p, r, k, rc);
 }
 
 /* The record of one spec: *idx is the new record's index, or NONE when the spec shares an
@@ -640,11 +584,11 @@ static int push_record(kvt_ec_producer *p, const kvt_ec_push_spec *s, uint32_t *
     if ((rc = kvt_ec_push_spec_validate(s)))
         return kvi_fail_wrap(rc, "ec producer");
     ec_key t, req;
-    if ((rc = pkey_set(&t, s->transfer_id, "transfer id", false)) ||
-        (rc = pkey_set(&req, s->request_id, "request id", true)))
+    if ((rc = kvi_ecp_key_set(&t, s->transfer_id, "transfer id", false)) ||
+        (rc = kvi_ecp_key_set(&req, s->request_id, "request id", true)))
         return rc;
     p->st.pushes++;
-    prec *r = find(p, &t);
+    prec *r = kvi_ecp_find(p, &t);
     if (r) {
         if (same_push(r, s)) { /* the same encoding asked for twice shares the transfer */
             p->st.reused++;
@@ -656,9 +600,9 @@ static int push_record(kvt_ec_producer *p, const kvt_ec_push_spec *s, uint32_t *
     }
     if (!(r = rec_new(p, &t, &rc)))
         return kvi_fail_wrap(rc, "ec producer: push");
-    if ((rc = pkey_set(&r->h, s->mm_hash, "mm_hash", false)) ||
-        (rc = pkey_set(&r->dtype, s->dtype, "dtype", false)) ||
-        (rc = pkey_set(&r->consumer, s->consumer_zmq, "consumer address", false))) {
+    if ((rc = kvi_ecp_key_set(&r->h, s->mm_hash, "mm_hash", false)) ||
+        (rc = kvi_ecp_key_set(&r->dtype, s->dtype, "dtype", false)) ||
+        (rc = kvi_ecp_key_set(&r->consumer, s->consumer_zmq, "consumer address", false))) {
         rec_free(p, r);
         return rc;
     }
@@ -675,12 +619,12 @@ static int push_record(kvt_ec_producer *p, const kvt_ec_push_spec *s, uint32_t *
     if ((rc = o->shards(o->ctx, r->consumer.s, &n)) || n == 0 || n > KVT_EC_MAX_SHARDS) {
         if (!rc)
             kvt_fail(KVT_EPROTO, "ec producer: consumer %s reports %u shards", r->consumer.s, n);
-        fail(p, r, "discovering the consumer's shards"); /* no RPC without a topology */
+        kvi_ecp_fail(p, r, "discovering the consumer's shards"); /* no RPC without a topology */
         return 0;
     }
     if (!(r->sh = calloc(n, sizeof(*r->sh)))) {
         kvt_fail(KVT_ENOMEM, "ec producer: out of memory");
-        fail(p, r, "reserving");
+        kvi_ecp_fail(p, r, "reserving");
         return 0;
     }
     r->n_shards = n;
@@ -695,7 +639,7 @@ static int grow_reserve_scratch(kvt_ec_producer *p, uint32_t n)
                           (void **)&p->rs_done};
     const size_t elem[] = {sizeof(*p->rs_ops), sizeof(*p->rs_items), sizeof(*p->rs_rec),
                            sizeof(*p->rs_done)};
-    return grow_shared(&p->cap_rs, n, arr, elem, 4);
+    return kvi_ecp_grow(&p->cap_rs, n, arr, elem, 4);
 }
 
 /* One reserve message to shard k of consumer for the m records rec[] (ops[] their items):
@@ -704,15 +648,15 @@ static void reserve_on_shard(kvt_ec_producer *p, const ec_key *consumer, uint32_
                              kvt_ec_batch_op *ops, const uint32_t *rec, uint32_t m)
 {
     if (call_reserve(p, consumer->s, k, ops, m) == KVT_EIO)
-        silence(p, &p->r[rec[0]], k); /* the message got no answer */
+        kvi_ecp_silence(p, &p->r[rec[0]], k); /* the message got no answer */
     for (uint32_t j = 0; j < m; j++) {
         prec *r = &p->r[rec[j]];
         if (!ops[j].rc)
             r->sh[k].r = ops[j].reply;
         else
             kvt_fail(ops[j].rc, "%s", ops[j].error);
-        if (reserved(p, r, k, ops[j].rc))
-            fail_later(p, r, "reserving");
+        if (kvi_ecp_reserved(p, r, k, ops[j].rc))
+            kvi_ecp_fail_later(p, r, "reserving");
     }
 }
 
@@ -731,7 +675,7 @@ static int reserve_new(kvt_ec_producer *p, const uint32_t *idx, uint32_t n)
     for (uint32_t i = 0; i < n; i++)
         if (rc) { /* nothing reserved: these records fail (nothing to abandon) */
             p->r[idx[i]].n_shards = 0;
-            fail_later(p, &p->r[idx[i]], "reserving");
+            kvi_ecp_fail_later(p, &p->r[idx[i]], "reserving");
         }
     for (uint32_t i = 0; !rc && i < n; i++) {
         if (done[i])
@@ -757,7 +701,8 @@ static int reserve_new(kvt_ec_producer *p, const uint32_t *idx, uint32_t n)
             if (ec_key_eq(&p->r[idx[j]].consumer, consumer))
                 done[j] = true;
     }
-    fail_flush(p); /* the refused records' other reservations, one cancel message per shard */
+    kvi_ecp_fail_flush(
+        p); /* the refused records' other reservations, one cancel message per shard */
     return rc;
 }
 
@@ -765,7 +710,7 @@ int kvt_ec_producer_push_many(kvt_ec_producer *p, const kvt_ec_push_spec *specs,
 {
     if (!p || (!specs && n))
         return kvt_fail(KVT_EINVAL, "ec producer: NULL argument");
-    silence_reset(p);
+    kvi_ecp_silence_reset(p);
     uint32_t *fresh = malloc((n ? n : 1) * sizeof(*fresh)), nf = 0;
     if (!fresh)
         return kvt_fail(KVT_ENOMEM, "ec producer: out of memory");
@@ -833,7 +778,7 @@ static int bind_source(kvt_ec_producer *p, const char *mm_hash, uint32_t len, co
                        uint64_t nbytes, const kvt_ec_source_desc *desc, const kvt_ec_fence *fence)
 {
     ec_key h;
-    int rc = pkey_set(&h, (kvt_str){mm_hash, len}, "mm_hash", false);
+    int rc = kvi_ecp_key_set(&h, (kvt_str){mm_hash, len}, "mm_hash", false);
     if (rc)
         return rc;
     if (!src && nbytes)
@@ -864,7 +809,7 @@ static int bind_source(kvt_ec_producer *p, const char *mm_hash, uint32_t len, co
                         * whatever an earlier call left in kvt_last_error) */
                 KVT_LOG_W("ec producer: push %s failed: %s", r->t.s, bad);
                 kvt_fail(KVT_EINVAL, "ec producer: %s", bad);
-                fail(p, r, "binding the source");
+                kvi_ecp_fail(p, r, "binding the source");
                 add_failed_save(p, &r->req);
                 continue;
             }
@@ -891,351 +836,4 @@ int kvt_ec_producer_bind_source_typed(kvt_ec_producer *p, const char *mm_hash, u
     if (!desc)
         return kvt_fail(KVT_EINVAL, "ec producer: bind_source_typed: NULL desc");
     return bind_source(p, mm_hash, len, src, nbytes, desc, fence);
-}
-
-/* ---- dispatch ----------------------------------------------------------------------------------
- */
-
-static bool ready_to_push(const prec *r)
-{
-    return r->used && r->state == KVT_ECP_WAITING_INPUTS && r->has_src &&
-           (!r->fence.done || r->fence.done(r->fence.ctx));
-}
-
-/* Re-reserves shards whose reservation is not ready and has grown stale, as vLLM's Mooncake
- * producer does: every stale shard abandoned with refresh first (the consumer keeps nothing of
- * the old ones), then each reserved again with a new id - so no shard holds a new reservation
- * while another still holds a stale one of the same record. */
-static int refresh_stale(kvt_ec_producer *p, prec *r)
-{
-    const kvt_ec_consumer_ops *o = &p->cfg.ops;
-    uint64_t now = kvt_clock_now(&p->cfg.clock);
-    uint64_t stale = 0; /* shards (at most KVT_EC_MAX_SHARDS) */
-    for (uint32_t k = 0; k < r->n_shards; k++) {
-        shard_res *x = &r->sh[k];
-        if (!x->ok || x->r.ready || x->r.cancelled || now - x->at <= p->cfg.refresh_age_ns)
-            continue;
-        int rc =
-            o->cancel(o->ctx, r->consumer.s, k, r->t.s, r->t.len, x->r.reservation_id, true, true);
-        if (rc)
-            return rc;
-        x->ok = false; /* abandoned: nothing to abandon again if a re-reserve fails */
-        stale |= 1ull << k;
-    }
-    for (uint32_t k = 0; k < r->n_shards; k++) {
-        if (!(stale >> k & 1))
-            continue;
-        int rc = reserve_shard(p, r, k);
-        if (rc)
-            return rc;
-        p->st.refreshes++;
-    }
-    return 0;
-}
-
-/* A record pushed to the end: DONE, its source let go, its latency observed. */
-static void record_done(kvt_ec_producer *p, prec *r)
-{
-    r->state = KVT_ECP_DONE;
-    r->has_src = false; /* the source reference goes */
-    p->st.done++;
-    uint64_t now = kvt_clock_now(&p->cfg.clock);
-    kvi_hist_observe(&p->push_lat, now > r->pushed_ns ? now - r->pushed_ns : 0);
-}
-
-/* One dispatch batch: its records (in the producer's scratch arrays). */
-typedef struct batch {
-    uint32_t *idx, n;
-} batch;
-
-/* Room for n writes in the scratch arrays. */
-static int write_room(kvt_ec_producer *p, uint64_t n)
-{
-    void **const arr[] = {(void **)&p->b_w, (void **)&p->b_w_rec};
-    const size_t elem[] = {sizeof(*p->b_w), sizeof(*p->b_w_rec)};
-    return grow_shared(&p->cap_w, n, arr, elem, 2);
-}
-
-/* Writes every shard of every record of the batch in one call; records that fail are failed
- * later, the others go on to NOTIFYING. Returns the most shards a record has. */
-static uint32_t batch_write(kvt_ec_producer *p, batch *b, const char *consumer)
-{
-    uint32_t nw = 0, max_shards = 0;
-    kvt_ec_write_op *w = p->b_w;
-    uint32_t *w_rec = p->b_w_rec;
-    for (uint32_t i = 0; i < b->n; i++) {
-        prec *r = &p->r[b->idx[i]];
-        if (r->src_bytes != r->nbytes) { /* before anything is written */
-            kvt_fail(KVT_EINVAL, "ec producer: source of %s is %llu bytes, the spec says %llu",
-                     r->h.s, (unsigned long long)r->src_bytes, (unsigned long long)r->nbytes);
-            fail_later(p, r, "checking the source");
-            continue;
-        }
-        if (refresh_stale(p, r)) {
-            fail_later(p, r, "refreshing a stale reservation");
-            continue;
-        }
-        r->state = KVT_ECP_WRITING;
-        if (r->n_shards > max_shards)
-            max_shards = r->n_shards;
-        for (uint32_t k = 0; k < r->n_shards; k++) {
-            shard_res *x = &r->sh[k];
-            if (!x->ok || !x->r.write || x->r.cached || x->r.cancelled)
-                continue;
-            w[nw] = (kvt_ec_write_op){.shard = k, .dst = &x->r, .src = r->src, .nbytes = r->nbytes};
-            w_rec[nw++] = b->idx[i];
-        }
-    }
-    call_write(p, consumer, w, nw);
-    for (uint32_t j = 0; j < nw; j++) {
-        prec *r = &p->r[w_rec[j]];
-        if (w[j].rc) {
-            if (r->state == KVT_ECP_WRITING) {
-                kvt_fail(w[j].rc, "%s", w[j].error);
-                fail_later(p, r, "writing");
-            }
-            continue;
-        }
-        p->st.writes++;
-        p->st.bytes_written += r->nbytes;
-    }
-    for (uint32_t i = 0; i < b->n; i++)
-        if (p->r[b->idx[i]].state == KVT_ECP_WRITING)
-            p->r[b->idx[i]].state = KVT_ECP_NOTIFYING;
-    return max_shards;
-}
-
-/* Completes, on shard k, every record of the batch still notifying, in one message. */
-static void batch_complete(kvt_ec_producer *p, batch *b, const char *consumer, uint32_t k)
-{
-    kvt_ec_batch_op *c = p->b_c;
-    uint32_t *c_rec = p->b_c_rec;
-    uint32_t nc = 0;
-    for (uint32_t i = 0; i < b->n; i++) {
-        prec *r = &p->r[b->idx[i]];
-        shard_res *x = &r->sh[k];
-        if (r->state != KVT_ECP_NOTIFYING || k >= r->n_shards || !x->ok || x->r.cancelled)
-            continue;
-        c[nc] = (kvt_ec_batch_op){
-            .transfer_id = r->t.s, .len = r->t.len, .reservation_id = x->r.reservation_id};
-        c_rec[nc++] = b->idx[i];
-    }
-    if (!nc)
-        return;
-    if (call_complete(p, consumer, k, c, nc) == KVT_EIO)
-        silence(p, &p->r[c_rec[0]], k); /* the message got no answer */
-    p->st.completes += nc;
-    for (uint32_t j = 0; j < nc; j++) {
-        prec *r = &p->r[c_rec[j]];
-        if (c[j].rc) {
-            kvt_fail(c[j].rc, "%s", c[j].error);
-            fail_later(p, r, "completing"); /* every shard abandoned, completed ones too */
-        } else if (!c[j].accepted) {
-            /* the consumer let go of it meanwhile (consumed, cancelled, expired): nothing
-             * to undo, and not a failure of the push ([later] in the spec: logged, the
-             * batch goes on) */
-            KVT_LOG_I("ec producer: shard %u rejected the completion of %s", k, r->t.s);
-            p->st.rejected++;
-        }
-    }
-}
-
-/* One batch of ready records of one consumer: every write in flight together, then one
- * completion message per shard. A record that fails anywhere has every shard abandoned
- * (FAILED, reported by take_failures, never raised); the others go on. */
-static void push_batch(kvt_ec_producer *p, batch *b, const char *consumer)
-{
-    uint64_t need = 0;
-    for (uint32_t i = 0; i < b->n; i++)
-        need += p->r[b->idx[i]].n_shards;
-    if (write_room(p, need)) {
-        kvt_fail(KVT_ENOMEM, "ec producer: out of memory for %llu writes",
-                 (unsigned long long)need);
-        for (uint32_t i = 0; i < b->n; i++)
-            fail_later(p, &p->r[b->idx[i]], "writing");
-        fail_flush(p);
-        return;
-    }
-    uint32_t max_shards = batch_write(p, b, consumer);
-    for (uint32_t k = 0; k < max_shards; k++)
-        batch_complete(p, b, consumer, k);
-    for (uint32_t i = 0; i < b->n; i++)
-        if (p->r[b->idx[i]].state == KVT_ECP_NOTIFYING)
-            record_done(p, &p->r[b->idx[i]]);
-    fail_flush(p); /* the batch's failed records, abandoned together */
-}
-
-int kvt_ec_producer_dispatch(kvt_ec_producer *p)
-{
-    int pushed = 0;
-    batch b = {p->b_idx, 0};
-    silence_reset(p);
-    /* batches per consumer with a ready record; waiting records are not looked at */
-    for (uint32_t i = 0; i < p->n_r; i++) {
-        while (ready_to_push(&p->r[i])) {
-            ec_key consumer = p->r[i].consumer;
-            uint64_t bytes = 0;
-            b.n = 0;
-            for (uint32_t j = i; j < p->n_r && b.n < p->cfg.max_batch; j++) {
-                prec *r = &p->r[j];
-                if (!ready_to_push(r) || !ec_key_eq(&r->consumer, &consumer))
-                    continue;
-                if (b.n && bytes + r->nbytes > p->cfg.max_batch_bytes)
-                    break;
-                bytes += r->nbytes;
-                b.idx[b.n++] = j;
-            }
-            p->st.batches++;
-            push_batch(p, &b, consumer.s);
-            pushed += (int)b.n;
-        }
-    }
-    return pushed;
-}
-
-int kvt_ec_producer_request_finished(kvt_ec_producer *p, const char *req_id, uint32_t len)
-{
-    ec_key req;
-    int rc = pkey_set(&req, (kvt_str){req_id, len}, "request id", false);
-    if (rc)
-        return rc;
-    silence_reset(p);
-    /* the request's records still without a source: abandoned together (one cancel message
-     * per shard); each CANCELLED, or FAILED where a shard could not be reached twice */
-    p->n_fl = 0;
-    for (uint32_t i = 0; i < p->n_r; i++) {
-        prec *r = &p->r[i];
-        if (!r->used || r->state != KVT_ECP_WAITING_INPUTS || r->has_src ||
-            !ec_key_eq(&r->req, &req))
-            continue;
-        uint32_t cap = p->cap_fl;
-        if (kvi_array_grow((void **)&p->fl, &cap, p->n_fl + 1ull, sizeof(*p->fl)))
-            return kvt_fail(KVT_ENOMEM, "ec producer: out of memory");
-        p->cap_fl = cap;
-        r->state = KVT_ECP_CANCEL_PENDING;
-        p->fl[p->n_fl++] = i;
-    }
-    uint32_t cap = p->cap_fl_ok;
-    if (p->n_fl && kvi_array_grow((void **)&p->fl_ok, &cap, p->n_fl, sizeof(bool))) {
-        for (uint32_t i = 0; i < p->n_fl; i++) /* no room for outcomes: one at a time */
-            p->r[p->fl[i]].state = KVT_ECP_WAITING_INPUTS;
-        p->n_fl = 0;
-        return kvt_fail(KVT_ENOMEM, "ec producer: out of memory");
-    }
-    p->cap_fl_ok = cap;
-    if (p->n_fl)
-        abandon_many(p, p->fl, p->n_fl, p->fl_ok);
-    for (uint32_t i = 0; i < p->n_fl; i++) {
-        prec *r = &p->r[p->fl[i]];
-        if (p->fl_ok[i]) {
-            r->state = KVT_ECP_CANCELLED;
-            p->st.cancelled++;
-        } else {
-            r->state = KVT_ECP_FAILED;
-            p->st.failed++;
-        }
-    }
-    p->n_fl = 0;
-    return 0;
-}
-
-/* ---- reports -----------------------------------------------------------------------------------
- */
-
-bool kvt_ec_producer_pending(const kvt_ec_producer *p)
-{
-    for (uint32_t i = 0; i < p->n_r; i++)
-        if (p->r[i].used && !terminal(&p->r[i]))
-            return true;
-    return false;
-}
-
-int kvt_ec_producer_report(kvt_ec_producer *p, kvt_ec_worker_meta *out)
-{
-    if (!out)
-        return kvt_fail(KVT_EINVAL, "ec producer: report: NULL out");
-    out->pending_saves = out->pending_saves || kvt_ec_producer_pending(p);
-    for (uint32_t i = 0; i < p->n_fs; i++) {
-        int rc = kvt_ec_worker_meta_add(out, KVT_EC_FAILED_SAVES, p->failed_saves[i].s,
-                                        p->failed_saves[i].len);
-        if (rc)
-            return kvi_fail_wrap(rc, "ec producer: report");
-    }
-    p->n_fs = 0;
-    return 0;
-}
-
-uint32_t kvt_ec_producer_take_failures(kvt_ec_producer *p, kvt_ec_push_failure *out, uint32_t cap)
-{
-    uint32_t n = 0;
-    for (uint32_t i = 0; i < p->n_r && n < cap; i++) {
-        prec *r = &p->r[i];
-        if (!r->used || r->state != KVT_ECP_FAILED || r->reported)
-            continue;
-        memcpy(out[n].mm_hash, r->h.s, r->h.len + 1);
-        memcpy(out[n].transfer_id, r->t.s, r->t.len + 1);
-        snprintf(out[n].error, sizeof(out[n].error), "%s", r->error);
-        r->reported = true;
-        n++;
-    }
-    return n;
-}
-
-int kvt_ec_producer_state(const kvt_ec_producer *p, const char *tid, uint32_t len)
-{
-    ec_key t;
-    if (pkey_set(&t, (kvt_str){tid, len}, "transfer id", false))
-        return KVT_ECP_NONE;
-    const prec *r = find(p, &t);
-    return r ? r->state : KVT_ECP_NONE;
-}
-
-void kvt_ec_producer_get_stats(const kvt_ec_producer *p, kvt_ec_producer_stats *st)
-{
-    if (!kvi_stats_begin(p, st, sizeof(*st)))
-        return;
-    *st = p->st;
-}
-
-int kvt_ec_producer_prometheus(const kvt_ec_producer *p, char *buf, size_t cap, size_t *len)
-{
-    if (!p || !len || (cap && !buf))
-        return kvt_fail(KVT_EINVAL, "ec producer: prometheus: NULL argument");
-    const kvt_ec_producer_stats *st = &p->st;
-    uint64_t pending = 0;
-    for (uint32_t i = 0; i < p->n_r; i++)
-        pending += p->r[i].used && !terminal(&p->r[i]);
-    kvi_prom pr = {buf, cap, 0};
-    const struct {
-        const char *name, *help;
-        uint64_t v;
-        bool gauge;
-    } m[] = {
-        {"pushes_total", "Push specs received.", st->pushes, false},
-        {"reused_total", "Specs that reused a record (the same push).", st->reused, false},
-        {"conflicts_total", "Conflicting payloads under one transfer id.", st->conflicts, false},
-        {"reservations_total", "Reserve requests sent to shards.", st->reservations, false},
-        {"refreshes_total", "Stale reservations refreshed.", st->refreshes, false},
-        {"batches_total", "Push batches (one per consumer per dispatch).", st->batches, false},
-        {"writes_total", "Shard writes.", st->writes, false},
-        {"written_bytes_total", "Bytes written to shards.", st->bytes_written, false},
-        {"completes_total", "Completions sent.", st->completes, false},
-        {"rejected_total", "Completions a shard rejected (it had let go of the item).",
-         st->rejected, false},
-        {"abandons_total", "Reservations abandoned.", st->abandons, false},
-        {"failed_total", "Pushes failed.", st->failed, false},
-        {"cancelled_total", "Pushes cancelled (request finished without a source).", st->cancelled,
-         false},
-        {"done_total", "Pushes completed on every shard.", st->done, false},
-        {"silent_shards_total",
-         "Shards that let a control message time out (not asked again in that call).",
-         st->silent_shards, false},
-        {"pending", "Push records not yet terminal (pending_saves).", pending, true},
-    };
-    for (size_t i = 0; i < sizeof(m) / sizeof(m[0]); i++)
-        kvi_prom_metric(&pr, "kvtier_ec_producer", m[i].name, m[i].help, m[i].gauge, m[i].v);
-    kvi_prom_hist(&pr, "kvtier_ec_producer", "push_seconds",
-                  "Latency of a push, from push to completed on every shard.", NULL, NULL,
-                  &p->push_lat, 1);
-    return kvi_prom_finish(&pr, len, "ec producer");
 }
