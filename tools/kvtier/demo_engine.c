@@ -435,30 +435,42 @@ static void write_plot(const struct opts *o, const struct run *runs, const char 
                 path);
 }
 
-int kvt_demo_engine(int argc, char **argv)
+/* What the runs showed: each check's result and the figures the tables and the report share. */
+struct verdict {
+    bool bad; /* a run failed (or the report could not be built) */
+    bool identical, ec_identical, leaks, offload_worked, kv_equal;
+    bool hyb, hyb_identical, hyb_worked, hyb_kv; /* hyb: the hybrid runs ran */
+    uint32_t b12, b13, bh;                       /* the first turn whose tokens differ */
+    uint32_t n_ev;                               /* turns whose prefix had left the GPU tier */
+    uint64_t kv_verified, kv_bad;
+    double p50_wo, p50_w, p90_wo, p90_w, speedup;
+};
+
+/* The options into *o: 0, or the exit code (-1: help printed, exit 0). */
+static int parse_opts(int argc, char **argv, struct opts *o)
 {
-    struct opts o = {.convs = 16,
-                     .turns = 4,
-                     .tp = 2,
-                     .concurrency = 4,
-                     .n_sys = 4,
-                     .sys_len = 256,
-                     .doc_min = 1100,
-                     .doc_max = 1500,
-                     .user_min = 48,
-                     .user_max = 112,
-                     .answer = 16,
-                     .n_images = 8,
-                     .gpu_blocks = 512,
-                     .max_batched = 512,
-                     .window = 256,
-                     .cpu_bytes = 512ull << 20,
-                     .seed = 1,
-                     .plot = true,
-                     .out_dir = "."};
-    uint64_t convs = o.convs, turns = o.turns, tp = o.tp, conc = o.concurrency;
-    uint64_t answer = o.answer, images = o.n_images, gpu_blocks = o.gpu_blocks;
-    uint64_t max_batched = o.max_batched, doc_max = o.doc_max, window = o.window;
+    *o = (struct opts){.convs = 16,
+                       .turns = 4,
+                       .tp = 2,
+                       .concurrency = 4,
+                       .n_sys = 4,
+                       .sys_len = 256,
+                       .doc_min = 1100,
+                       .doc_max = 1500,
+                       .user_min = 48,
+                       .user_max = 112,
+                       .answer = 16,
+                       .n_images = 8,
+                       .gpu_blocks = 512,
+                       .max_batched = 512,
+                       .window = 256,
+                       .cpu_bytes = 512ull << 20,
+                       .seed = 1,
+                       .plot = true,
+                       .out_dir = "."};
+    uint64_t convs = o->convs, turns = o->turns, tp = o->tp, conc = o->concurrency;
+    uint64_t answer = o->answer, images = o->n_images, gpu_blocks = o->gpu_blocks;
+    uint64_t max_batched = o->max_batched, doc_max = o->doc_max, window = o->window;
     bool no_plot = false, no_progress = false;
     const char *inject = NULL;
     const kvt_opt opts[] = {
@@ -469,10 +481,10 @@ int kvt_demo_engine(int argc, char **argv)
          .hi = 4},
         {"concurrency", KVT_OPT_U64, &conc, "N", "turns in flight at once (default 4)", .lo = 1,
          .hi = 256},
-        {"cpu-bytes", KVT_OPT_BYTES, &o.cpu_bytes, "B",
+        {"cpu-bytes", KVT_OPT_BYTES, &o->cpu_bytes, "B",
          "host tier across ranks, K/M/G suffix allowed (default 512M)", .lo = 1u << 20,
          .hi = 1ull << 40},
-        {"lazy", KVT_OPT_FLAG, &o.lazy, NULL, "lazy stores (default eager)"},
+        {"lazy", KVT_OPT_FLAG, &o->lazy, NULL, "lazy stores (default eager)"},
         {"gpu-blocks", KVT_OPT_U64, &gpu_blocks, "N",
          "GPU-tier KV blocks of 16 tokens per rank (default 512)", .lo = 64, .hi = 1u << 20},
         {"max-batched-tokens", KVT_OPT_U64, &max_batched, "N", "tokens per step (default 512)",
@@ -487,10 +499,10 @@ int kvt_demo_engine(int argc, char **argv)
          "runs 4-5: a hybrid model whose odd layers attend to the last N tokens\n"
          "(default 256; 0: no hybrid runs)",
          .lo = 0, .hi = 8000},
-        {"seed", KVT_OPT_U64, &o.seed, "N", "workload and weights seed (default 1)", .lo = 0,
+        {"seed", KVT_OPT_U64, &o->seed, "N", "workload and weights seed (default 1)", .lo = 0,
          .hi = UINT64_MAX},
-        {"out", KVT_OPT_STR, &o.out_dir, "DIR", "where report.json and ttft.svg go (default .)"},
-        {"json", KVT_OPT_FLAG, &o.json, NULL, "the report on stdout (the table goes to stderr)"},
+        {"out", KVT_OPT_STR, &o->out_dir, "DIR", "where report.json and ttft.svg go (default .)"},
+        {"json", KVT_OPT_FLAG, &o->json, NULL, "the report on stdout (the table goes to stderr)"},
         {"inject", KVT_OPT_CHOICE, &inject, "F",
          "corrupt|swap|drop: a fault on rank 0 to watch the KV check fail: a\n"
          "loaded block's byte flipped, two loaded blocks swapped, or every store\n"
@@ -523,47 +535,53 @@ int kvt_demo_engine(int argc, char **argv)
                   "(docs/reliability.md)\n"};
     int prc = kvt_cli_parse(&c, argc, argv);
     if (prc)
-        return prc < 0 ? 0 : prc;
-    o.convs = (uint32_t)convs, o.turns = (uint32_t)turns, o.tp = (uint32_t)tp;
-    o.concurrency = (uint32_t)conc, o.answer = (uint32_t)answer, o.n_images = (uint32_t)images;
-    o.gpu_blocks = (uint32_t)gpu_blocks, o.max_batched = (uint32_t)max_batched;
-    o.doc_max = (uint32_t)doc_max;
-    o.window = (uint32_t)window;
-    o.n_runs = o.window ? 5 : 3;
-    o.plot = !no_plot;
-    o.progress = !no_progress;
+        return prc;
+    o->convs = (uint32_t)convs, o->turns = (uint32_t)turns, o->tp = (uint32_t)tp;
+    o->concurrency = (uint32_t)conc, o->answer = (uint32_t)answer, o->n_images = (uint32_t)images;
+    o->gpu_blocks = (uint32_t)gpu_blocks, o->max_batched = (uint32_t)max_batched;
+    o->doc_max = (uint32_t)doc_max;
+    o->window = (uint32_t)window;
+    o->n_runs = o->window ? 5 : 3;
+    o->plot = !no_plot;
+    o->progress = !no_progress;
     static const char *const inject_names[] = {"corrupt", "swap", "drop"};
     for (uint32_t k = 0; inject && k < 3; k++)
         if (strcmp(inject, inject_names[k]) == 0)
-            o.inject = REF_INJECT_CORRUPT + k;
-    if (o.doc_max < o.doc_min)
-        o.doc_min = o.doc_max * 3 / 4;
+            o->inject = REF_INJECT_CORRUPT + k;
+    if (o->doc_max < o->doc_min)
+        o->doc_min = o->doc_max * 3 / 4;
+    return 0;
+}
+
+/* The model's configuration for --tp, the output directory and the address space checked, and
+ * the header printed on tbl: 0, or the exit code. */
+static int check_setup(const struct opts *o, FILE *tbl)
+{
     char cerr[256];
     ref_config mc;
     ref_config_default(&mc);
-    mc.tp = o.tp;
+    mc.tp = o->tp;
     if (ref_config_check(&mc, cerr, sizeof(cerr))) {
-        fprintf(stderr, "kvtier demo: --tp %u: %s\n", o.tp, cerr);
+        fprintf(stderr, "kvtier demo: --tp %u: %s\n", o->tp, cerr);
         return 2;
     }
     struct stat sb;
-    if (stat(o.out_dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
-        fprintf(stderr, "kvtier demo: --out %s is not a directory\n", o.out_dir);
+    if (stat(o->out_dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+        fprintf(stderr, "kvtier demo: --out %s is not a directory\n", o->out_dir);
         return 2;
     }
-    FILE *tbl = o.json ? stderr : stdout;
-    uint64_t kv_tok = ref_kv_bytes_per_token(&mc) * o.tp;
+    uint64_t kv_tok = ref_kv_bytes_per_token(&mc) * o->tp;
     /* Under an address-space limit (ulimit -v) too small for the runs, say so now: OpenBLAS,
      * which the engine's matrix products use, retries a failing allocation for ever. */
     struct rlimit as;
-    uint64_t need = o.cpu_bytes + (uint64_t)o.gpu_blocks * REF_BT * kv_tok + (1ull << 30);
+    uint64_t need = o->cpu_bytes + (uint64_t)o->gpu_blocks * REF_BT * kv_tok + (1ull << 30);
     if (getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY && as.rlim_cur < need) {
         fprintf(stderr,
                 "kvtier demo: needs about %llu MiB of address space (host tier %llu MiB, GPU "
                 "tier %llu MiB, 1 GiB for the engine and its libraries); ulimit -v allows %llu "
                 "MiB (lower --cpu-bytes or --gpu-blocks, or raise the limit)\n",
-                (unsigned long long)(need >> 20), (unsigned long long)(o.cpu_bytes >> 20),
-                (unsigned long long)(((uint64_t)o.gpu_blocks * REF_BT * kv_tok) >> 20),
+                (unsigned long long)(need >> 20), (unsigned long long)(o->cpu_bytes >> 20),
+                (unsigned long long)(((uint64_t)o->gpu_blocks * REF_BT * kv_tok) >> 20),
                 (unsigned long long)(as.rlim_cur >> 20));
         return 1;
     }
@@ -572,193 +590,194 @@ int kvt_demo_engine(int argc, char **argv)
             "tp %u ranks)\nserving %u conversations x %u turns (shared %u-token system prompts, "
             "%u..%u-token documents, %u images),\nGPU tier %u blocks of %u tokens (%.1f MiB of "
             "KV, %.0f KiB per token), host tier %.0f MiB%s\n\n",
-            kvt_version(), mc.n_layers, mc.d_model, mc.n_heads, mc.n_kv_heads, o.tp, o.convs,
-            o.turns, o.sys_len, o.doc_min, o.doc_max, o.n_images, o.gpu_blocks - 1, REF_BT,
-            (double)(o.gpu_blocks - 1) * REF_BT * kv_tok / (1 << 20), kv_tok / 1024.0,
-            (double)o.cpu_bytes / (1 << 20), o.lazy ? " (lazy stores)" : " (eager stores)");
+            kvt_version(), mc.n_layers, mc.d_model, mc.n_heads, mc.n_kv_heads, o->tp, o->convs,
+            o->turns, o->sys_len, o->doc_min, o->doc_max, o->n_images, o->gpu_blocks - 1, REF_BT,
+            (double)(o->gpu_blocks - 1) * REF_BT * kv_tok / (1 << 20), kv_tok / 1024.0,
+            (double)o->cpu_bytes / (1 << 20), o->lazy ? " (lazy stores)" : " (eager stores)");
     fflush(tbl);
-    struct run runs[5] = {{.name = "without offload"},
-                          {.name = "with host tier"},
-                          {.name = "host tier + encoder process"},
-                          {.name = "hybrid, without offload"},
-                          {.name = "hybrid, with host tier"}};
-    int bad = 0;
-    for (int r = 0; r < (int)o.n_runs; r++) {
-        runs[r].t = calloc(o.convs * o.turns, sizeof(struct turn_rec));
-        if (!runs[r].t || run_once(&o, r + 1, &runs[r]))
-            bad = 1;
-        if (bad)
-            break;
-    }
-    uint32_t b12 = 0, b13 = 0, n_ev = 0;
-    bool identical = !bad && same_tokens(&o, &runs[0], &runs[1], &b12) &&
-                     same_tokens(&o, &runs[0], &runs[2], &b13);
-    bool ec_identical = !bad && runs[2].st.image_mismatches == 0 &&
-                        runs[2].st.images_received == (uint64_t)o.n_images * o.tp &&
-                        runs[2].producer_rc == 0;
-    double p50_wo = 0, p50_w = 0, p90_wo = 0, p90_w = 0;
+    return 0;
+}
+
+/* What the runs showed (bad: one of them failed). */
+static void judge(const struct opts *o, const struct run *runs, bool bad, struct verdict *v)
+{
+    memset(v, 0, sizeof(*v));
+    v->bad = bad;
+    v->identical = !bad && same_tokens(o, &runs[0], &runs[1], &v->b12) &&
+                   same_tokens(o, &runs[0], &runs[2], &v->b13);
+    v->ec_identical = !bad && runs[2].st.image_mismatches == 0 &&
+                      runs[2].st.images_received == (uint64_t)o->n_images * o->tp &&
+                      runs[2].producer_rc == 0;
     if (!bad) {
-        p50_wo = ttft_ms(&o, runs, 0, true, 0.5, &n_ev);
-        p50_w = ttft_ms(&o, runs, 1, true, 0.5, NULL);
-        p90_wo = ttft_ms(&o, runs, 0, true, 0.9, NULL);
-        p90_w = ttft_ms(&o, runs, 1, true, 0.9, NULL);
+        v->p50_wo = ttft_ms(o, runs, 0, true, 0.5, &v->n_ev);
+        v->p50_w = ttft_ms(o, runs, 1, true, 0.5, NULL);
+        v->p90_wo = ttft_ms(o, runs, 0, true, 0.9, NULL);
+        v->p90_w = ttft_ms(o, runs, 1, true, 0.9, NULL);
     }
-    double speedup = p50_w > 0 ? p50_wo / p50_w : 0;
-    bool leaks = false;
-    for (int r = 0; r < (int)o.n_runs && !bad; r++)
-        leaks |= runs[r].leaked_gpu || runs[r].leaked_host;
+    v->speedup = v->p50_w > 0 ? v->p50_wo / v->p50_w : 0;
+    for (int r = 0; r < (int)o->n_runs && !bad; r++)
+        v->leaks |= runs[r].leaked_gpu || runs[r].leaked_host;
     /* the hybrid pair: the same tokens, host-tier hits, every loaded block (both groups) right */
     const struct run *h0 = &runs[3], *h1 = &runs[4];
-    uint32_t bh = 0;
-    bool hyb = o.window && !bad;
-    bool hyb_identical = !hyb || same_tokens(&o, h0, h1, &bh);
-    bool hyb_worked = !hyb || (h1->st.host_hit_tokens > 0 && h1->st.loaded_bytes > 0 &&
-                               h1->st.prefill_tokens < h0->st.prefill_tokens);
-    bool hyb_kv = !hyb || (h1->st.kv_blocks_mismatched == 0 && h1->st.kv_loads_verified > 0);
+    v->hyb = o->window && !bad;
+    v->hyb_identical = !v->hyb || same_tokens(o, h0, h1, &v->bh);
+    v->hyb_worked = !v->hyb || (h1->st.host_hit_tokens > 0 && h1->st.loaded_bytes > 0 &&
+                                h1->st.prefill_tokens < h0->st.prefill_tokens);
+    v->hyb_kv = !v->hyb || (h1->st.kv_blocks_mismatched == 0 && h1->st.kv_loads_verified > 0);
     /* offload must have done its work: a run that loaded nothing proves nothing */
-    bool offload_worked = !bad && runs[1].st.host_hit_tokens > 0 && runs[1].st.loaded_bytes > 0 &&
-                          runs[1].st.prefill_tokens < runs[0].st.prefill_tokens;
+    v->offload_worked = !bad && runs[1].st.host_hit_tokens > 0 && runs[1].st.loaded_bytes > 0 &&
+                        runs[1].st.prefill_tokens < runs[0].st.prefill_tokens;
     /* every block loaded from the host tier (runs 2 and 3) holds the KV computed for its hash */
-    uint64_t kv_verified = 0, kv_bad = 0;
     for (int r = 1; r < 3 && !bad; r++) {
-        kv_verified += runs[r].st.kv_loads_verified;
-        kv_bad += runs[r].st.kv_blocks_mismatched;
+        v->kv_verified += runs[r].st.kv_loads_verified;
+        v->kv_bad += runs[r].st.kv_blocks_mismatched;
     }
-    bool kv_equal = !bad && kv_bad == 0 && kv_verified > 0;
-    if (!bad) {
-        fprintf(tbl, "%-44s %15s %15s %17s\n", "", "without offload", "with host tier",
-                "+ encoder process");
+    v->kv_equal = !bad && v->kv_bad == 0 && v->kv_verified > 0;
+}
+
+/* Runs 1-3 side by side on tbl, then each check's result. */
+static void print_tables(const struct opts *o, const struct run *runs, const struct verdict *v,
+                         FILE *tbl)
+{
+    fprintf(tbl, "%-44s %15s %15s %17s\n", "", "without offload", "with host tier",
+            "+ encoder process");
 #define ROW(label, fmt, expr) TABLE_ROW(0, 3, label, fmt, expr)
-        ROW("prompt tokens", "%15.0f", (double)R->st.prompt_tokens);
-        ROW("  hit in the GPU prefix cache (%)", "%15.1f",
-            100.0 * R->st.gpu_hit_tokens / (double)R->st.prompt_tokens);
-        ROW("  loaded from the host tier (%)", "%15.1f",
-            100.0 * R->st.host_hit_tokens / (double)R->st.prompt_tokens);
-        ROW("prefill tokens computed", "%15.0f", (double)R->st.prefill_tokens);
-        ROW("TTFT p50, all turns (ms)", "%15.1f",
-            ttft_ms(&o, runs, (int)(R - runs), false, .5, NULL));
-        ROW("TTFT p90, all turns (ms)", "%15.1f",
-            ttft_ms(&o, runs, (int)(R - runs), false, .9, NULL));
-        ROW("TTFT p50, turns whose prefix left the GPU", "%15.1f",
-            ttft_ms(&o, runs, (int)(R - runs), true, .5, NULL));
-        ROW("TTFT p90, turns whose prefix left the GPU", "%15.1f",
-            ttft_ms(&o, runs, (int)(R - runs), true, .9, NULL));
-        ROW("throughput (tokens in + out per s)", "%15.0f",
-            (R->st.prompt_tokens + R->st.decode_tokens + o.convs * o.turns) / R->wall);
-        ROW("wall time (s)", "%15.2f", R->wall);
-        ROW("KV loaded from the host tier (MiB)", "%15.1f", R->st.loaded_bytes / 1048576.0);
-        ROW("KV stored to the host tier (MiB)", "%15.1f", R->st.stored_bytes / 1048576.0);
-        ROW("  load GB/s (bytes / issue-to-done time)", "%15.2f",
-            R->st.load_seconds > 0 ? R->st.loaded_bytes / R->st.load_seconds / 1e9 : 0.0);
-        ROW("  load wait per loading turn, mean (ms)", "%15.1f",
-            R->st.loads ? R->st.load_seconds / R->st.loads * 1e3 : 0.0);
-        ROW("preemptions", "%15.0f", (double)R->st.preemptions);
-        ROW("images encoded locally", "%15.0f", (double)R->st.images_encoded);
-        ROW("embeddings received over UCX (all ranks)", "%15.0f", (double)R->st.images_received);
-        ROW("  KiB received", "%15.1f", R->st.image_bytes_received / 1024.0);
+    ROW("prompt tokens", "%15.0f", (double)R->st.prompt_tokens);
+    ROW("  hit in the GPU prefix cache (%)", "%15.1f",
+        100.0 * R->st.gpu_hit_tokens / (double)R->st.prompt_tokens);
+    ROW("  loaded from the host tier (%)", "%15.1f",
+        100.0 * R->st.host_hit_tokens / (double)R->st.prompt_tokens);
+    ROW("prefill tokens computed", "%15.0f", (double)R->st.prefill_tokens);
+    ROW("TTFT p50, all turns (ms)", "%15.1f", ttft_ms(o, runs, (int)(R - runs), false, .5, NULL));
+    ROW("TTFT p90, all turns (ms)", "%15.1f", ttft_ms(o, runs, (int)(R - runs), false, .9, NULL));
+    ROW("TTFT p50, turns whose prefix left the GPU", "%15.1f",
+        ttft_ms(o, runs, (int)(R - runs), true, .5, NULL));
+    ROW("TTFT p90, turns whose prefix left the GPU", "%15.1f",
+        ttft_ms(o, runs, (int)(R - runs), true, .9, NULL));
+    ROW("throughput (tokens in + out per s)", "%15.0f",
+        (R->st.prompt_tokens + R->st.decode_tokens + o->convs * o->turns) / R->wall);
+    ROW("wall time (s)", "%15.2f", R->wall);
+    ROW("KV loaded from the host tier (MiB)", "%15.1f", R->st.loaded_bytes / 1048576.0);
+    ROW("KV stored to the host tier (MiB)", "%15.1f", R->st.stored_bytes / 1048576.0);
+    ROW("  load GB/s (bytes / issue-to-done time)", "%15.2f",
+        R->st.load_seconds > 0 ? R->st.loaded_bytes / R->st.load_seconds / 1e9 : 0.0);
+    ROW("  load wait per loading turn, mean (ms)", "%15.1f",
+        R->st.loads ? R->st.load_seconds / R->st.loads * 1e3 : 0.0);
+    ROW("preemptions", "%15.0f", (double)R->st.preemptions);
+    ROW("images encoded locally", "%15.0f", (double)R->st.images_encoded);
+    ROW("embeddings received over UCX (all ranks)", "%15.0f", (double)R->st.images_received);
+    ROW("  KiB received", "%15.1f", R->st.image_bytes_received / 1024.0);
 #undef ROW
-        double all_wo = ttft_ms(&o, runs, 0, false, .5, NULL),
-               all_w = ttft_ms(&o, runs, 1, false, .5, NULL);
-        fprintf(tbl,
-                "\nTTFT p50 of the %u turns whose prefix had left the GPU tier: %.1f ms without "
-                "offload, %.1f ms with the host tier: %.1fx (over all %u turns: %.1fx)\n",
-                n_ev, p50_wo, p50_w, speedup, o.convs * o.turns, all_w > 0 ? all_wo / all_w : 0);
-        fprintf(tbl, "generated tokens identical in all three runs: %s%s\n",
-                identical ? "yes" : "NO", identical ? "" : " (see stderr)");
-        fprintf(tbl,
-                "every transferred embedding equal to the local encoder's: %s (%llu "
-                "received, %llu different, encoder process exit %d)\n",
-                ec_identical ? "yes" : "NO", (unsigned long long)runs[2].st.images_received,
-                (unsigned long long)runs[2].st.image_mismatches, runs[2].producer_rc);
-        fprintf(tbl, "GPU and host blocks left referenced at the end: %s\n",
-                leaks ? "SOME (leak)" : "none");
-        fprintf(tbl,
-                "the host tier did its work (hits, loads, less prefill than without it): %s "
-                "(%llu tokens hit, %llu vs %llu prefill tokens)\n",
-                offload_worked ? "yes" : "NO", (unsigned long long)runs[1].st.host_hit_tokens,
-                (unsigned long long)runs[1].st.prefill_tokens,
-                (unsigned long long)runs[0].st.prefill_tokens);
-        fprintf(tbl,
-                "every loaded KV block equal to the KV computed for its hash: %s (%llu loaded "
-                "blocks verified, %llu different)\n",
-                kv_equal ? "yes" : "NO", (unsigned long long)kv_verified,
-                (unsigned long long)kv_bad);
-        for (int r = 1; r < 3; r++)
-            if (runs[r].st.kv_blocks_mismatched)
-                fprintf(stderr, "demo: KV check failed in run %d (%s): %s\n", r + 1, runs[r].name,
-                        runs[r].st.kv_first_mismatch);
-        if (!identical) {
-            uint32_t i = !same_tokens(&o, &runs[0], &runs[1], &b12) ? b12 : b13;
-            fprintf(stderr, "demo: conversation %u turn %u generated different tokens\n",
-                    i / o.turns, i % o.turns);
-        }
+    double all_wo = ttft_ms(o, runs, 0, false, .5, NULL),
+           all_w = ttft_ms(o, runs, 1, false, .5, NULL);
+    fprintf(tbl,
+            "\nTTFT p50 of the %u turns whose prefix had left the GPU tier: %.1f ms without "
+            "offload, %.1f ms with the host tier: %.1fx (over all %u turns: %.1fx)\n",
+            v->n_ev, v->p50_wo, v->p50_w, v->speedup, o->convs * o->turns,
+            all_w > 0 ? all_wo / all_w : 0);
+    fprintf(tbl, "generated tokens identical in all three runs: %s%s\n",
+            v->identical ? "yes" : "NO", v->identical ? "" : " (see stderr)");
+    fprintf(tbl,
+            "every transferred embedding equal to the local encoder's: %s (%llu "
+            "received, %llu different, encoder process exit %d)\n",
+            v->ec_identical ? "yes" : "NO", (unsigned long long)runs[2].st.images_received,
+            (unsigned long long)runs[2].st.image_mismatches, runs[2].producer_rc);
+    fprintf(tbl, "GPU and host blocks left referenced at the end: %s\n",
+            v->leaks ? "SOME (leak)" : "none");
+    fprintf(tbl,
+            "the host tier did its work (hits, loads, less prefill than without it): %s "
+            "(%llu tokens hit, %llu vs %llu prefill tokens)\n",
+            v->offload_worked ? "yes" : "NO", (unsigned long long)runs[1].st.host_hit_tokens,
+            (unsigned long long)runs[1].st.prefill_tokens,
+            (unsigned long long)runs[0].st.prefill_tokens);
+    fprintf(tbl,
+            "every loaded KV block equal to the KV computed for its hash: %s (%llu loaded "
+            "blocks verified, %llu different)\n",
+            v->kv_equal ? "yes" : "NO", (unsigned long long)v->kv_verified,
+            (unsigned long long)v->kv_bad);
+    for (int r = 1; r < 3; r++)
+        if (runs[r].st.kv_blocks_mismatched)
+            fprintf(stderr, "demo: KV check failed in run %d (%s): %s\n", r + 1, runs[r].name,
+                    runs[r].st.kv_first_mismatch);
+    if (!v->identical) {
+        uint32_t b12;
+        uint32_t i = !same_tokens(o, &runs[0], &runs[1], &b12) ? b12 : v->b13;
+        fprintf(stderr, "demo: conversation %u turn %u generated different tokens\n", i / o->turns,
+                i % o->turns);
     }
-    if (hyb) {
-        fprintf(tbl,
-                "\nhybrid model: layers 1 and 3 attend to the last %u tokens (two KV-cache "
-                "groups: full and sliding window)\n%-44s %15s %15s\n",
-                o.window, "", "without offload", "with host tier");
+}
+
+/* Runs 4-5 (the hybrid model) side by side on tbl, then their checks. */
+static void print_hybrid(const struct opts *o, const struct run *runs, const struct verdict *v,
+                         FILE *tbl)
+{
+    const struct run *h0 = &runs[3], *h1 = &runs[4];
+    fprintf(tbl,
+            "\nhybrid model: layers 1 and 3 attend to the last %u tokens (two KV-cache "
+            "groups: full and sliding window)\n%-44s %15s %15s\n",
+            o->window, "", "without offload", "with host tier");
 #define HROW(label, fmt, expr) TABLE_ROW(3, 2, label, fmt, expr)
-        HROW("prompt tokens", "%15.0f", (double)R->st.prompt_tokens);
-        HROW("  hit in the GPU prefix cache (%)", "%15.1f",
-             100.0 * R->st.gpu_hit_tokens / (double)R->st.prompt_tokens);
-        HROW("  loaded from the host tier (%)", "%15.1f",
-             100.0 * R->st.host_hit_tokens / (double)R->st.prompt_tokens);
-        HROW("prefill tokens computed", "%15.0f", (double)R->st.prefill_tokens);
-        HROW("TTFT p50, all turns (ms)", "%15.1f",
-             ttft_ms(&o, runs, (int)(R - runs), false, .5, NULL));
-        HROW("wall time (s)", "%15.2f", R->wall);
-        HROW("KV loaded from the host tier (MiB)", "%15.1f", R->st.loaded_bytes / 1048576.0);
-        HROW("preemptions", "%15.0f", (double)R->st.preemptions);
+    HROW("prompt tokens", "%15.0f", (double)R->st.prompt_tokens);
+    HROW("  hit in the GPU prefix cache (%)", "%15.1f",
+         100.0 * R->st.gpu_hit_tokens / (double)R->st.prompt_tokens);
+    HROW("  loaded from the host tier (%)", "%15.1f",
+         100.0 * R->st.host_hit_tokens / (double)R->st.prompt_tokens);
+    HROW("prefill tokens computed", "%15.0f", (double)R->st.prefill_tokens);
+    HROW("TTFT p50, all turns (ms)", "%15.1f", ttft_ms(o, runs, (int)(R - runs), false, .5, NULL));
+    HROW("wall time (s)", "%15.2f", R->wall);
+    HROW("KV loaded from the host tier (MiB)", "%15.1f", R->st.loaded_bytes / 1048576.0);
+    HROW("preemptions", "%15.0f", (double)R->st.preemptions);
 #undef HROW
-        fprintf(tbl, "hybrid: generated tokens identical with and without offload: %s\n",
-                hyb_identical ? "yes" : "NO");
-        fprintf(tbl,
-                "hybrid: the host tier did its work: %s (%.1f%% of prompt tokens loaded from "
-                "it, %llu vs %llu prefill tokens)\n",
-                hyb_worked ? "yes" : "NO",
-                100.0 * h1->st.host_hit_tokens /
-                    (double)(h1->st.prompt_tokens ? h1->st.prompt_tokens : 1),
-                (unsigned long long)h1->st.prefill_tokens,
-                (unsigned long long)h0->st.prefill_tokens);
-        fprintf(tbl,
-                "hybrid: every loaded KV block (both groups) equal to the KV computed for its "
-                "hash: %s (%llu verified, %llu different)\n",
-                hyb_kv ? "yes" : "NO", (unsigned long long)h1->st.kv_loads_verified,
-                (unsigned long long)h1->st.kv_blocks_mismatched);
-        if (h1->st.kv_blocks_mismatched)
-            fprintf(stderr, "demo: KV check failed in run 5 (%s): %s\n", h1->name,
-                    h1->st.kv_first_mismatch);
-        if (!hyb_identical)
-            fprintf(stderr, "demo: hybrid: conversation %u turn %u generated different tokens\n",
-                    bh / o.turns, bh % o.turns);
-    }
-    /* report.json */
-    char path[4096];
-    snprintf(path, sizeof(path), "%s/report.json", o.out_dir);
+    fprintf(tbl, "hybrid: generated tokens identical with and without offload: %s\n",
+            v->hyb_identical ? "yes" : "NO");
+    fprintf(tbl,
+            "hybrid: the host tier did its work: %s (%.1f%% of prompt tokens loaded from "
+            "it, %llu vs %llu prefill tokens)\n",
+            v->hyb_worked ? "yes" : "NO",
+            100.0 * h1->st.host_hit_tokens /
+                (double)(h1->st.prompt_tokens ? h1->st.prompt_tokens : 1),
+            (unsigned long long)h1->st.prefill_tokens, (unsigned long long)h0->st.prefill_tokens);
+    fprintf(tbl,
+            "hybrid: every loaded KV block (both groups) equal to the KV computed for its "
+            "hash: %s (%llu verified, %llu different)\n",
+            v->hyb_kv ? "yes" : "NO", (unsigned long long)h1->st.kv_loads_verified,
+            (unsigned long long)h1->st.kv_blocks_mismatched);
+    if (h1->st.kv_blocks_mismatched)
+        fprintf(stderr, "demo: KV check failed in run 5 (%s): %s\n", h1->name,
+                h1->st.kv_first_mismatch);
+    if (!v->hyb_identical)
+        fprintf(stderr, "demo: hybrid: conversation %u turn %u generated different tokens\n",
+                v->bh / o->turns, v->bh % o->turns);
+}
+
+/* report.json's object (NULL when it could not be built). */
+static json_t *build_report(const struct opts *o, const struct run *runs, const struct verdict *v)
+{
+    const struct run *h0 = &runs[3], *h1 = &runs[4];
     json_t *rep;
-    if (!bad) {
+    if (!v->bad) {
         const ref_engine_stats *s1 = &runs[1].st;
-        double all_wo = ttft_ms(&o, runs, 0, false, .5, NULL);
-        double all_w = ttft_ms(&o, runs, 1, false, .5, NULL);
+        double all_wo = ttft_ms(o, runs, 0, false, .5, NULL);
+        double all_w = ttft_ms(o, runs, 1, false, .5, NULL);
         rep = json_pack(
             "{s:b, s:b, s:b, s:b, s:b, s:I, s:I, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:i, "
             "s:o, s:o, s:o, s:o, s:o, s:o}",
-            "identical", identical, "ec_identical", ec_identical, "no_leaks", !leaks,
-            "offload_worked", offload_worked, "kv_equal", kv_equal, "kv_blocks_verified",
-            (json_int_t)kv_verified, "kv_blocks_different", (json_int_t)kv_bad,
+            "identical", v->identical, "ec_identical", v->ec_identical, "no_leaks", !v->leaks,
+            "offload_worked", v->offload_worked, "kv_equal", v->kv_equal, "kv_blocks_verified",
+            (json_int_t)v->kv_verified, "kv_blocks_different", (json_int_t)v->kv_bad,
             "host_tier_hit_rate", kvt_json_real(s1->host_hit_tokens / (double)s1->prompt_tokens),
             "gpu_hit_rate_without",
             kvt_json_real(runs[0].st.gpu_hit_tokens / (double)runs[0].st.prompt_tokens),
             "gpu_hit_rate_with", kvt_json_real(s1->gpu_hit_tokens / (double)s1->prompt_tokens),
-            "ttft_p50_ms_without", kvt_json_real(p50_wo), "ttft_p50_ms_with", kvt_json_real(p50_w),
-            "ttft_p90_ms_without", kvt_json_real(p90_wo), "ttft_p90_ms_with", kvt_json_real(p90_w),
-            "ttft_speedup_p50", kvt_json_real(speedup), "turns_prefix_evicted", (int)n_ev,
+            "ttft_p50_ms_without", kvt_json_real(v->p50_wo), "ttft_p50_ms_with",
+            kvt_json_real(v->p50_w), "ttft_p90_ms_without", kvt_json_real(v->p90_wo),
+            "ttft_p90_ms_with", kvt_json_real(v->p90_w), "ttft_speedup_p50",
+            kvt_json_real(v->speedup), "turns_prefix_evicted", (int)v->n_ev,
             "ttft_p50_ms_all_without", kvt_json_real(all_wo), "ttft_p50_ms_all_with",
             kvt_json_real(all_w), "ttft_p50_ms_all_ec",
-            kvt_json_real(ttft_ms(&o, runs, 2, false, .5, NULL)), "ttft_p90_ms_all_without",
-            kvt_json_real(ttft_ms(&o, runs, 0, false, .9, NULL)), "ttft_p90_ms_all_with",
-            kvt_json_real(ttft_ms(&o, runs, 1, false, .9, NULL)), "ttft_speedup_p50_all",
+            kvt_json_real(ttft_ms(o, runs, 2, false, .5, NULL)), "ttft_p90_ms_all_without",
+            kvt_json_real(ttft_ms(o, runs, 0, false, .9, NULL)), "ttft_p90_ms_all_with",
+            kvt_json_real(ttft_ms(o, runs, 1, false, .9, NULL)), "ttft_speedup_p50_all",
             kvt_json_real(all_w > 0 ? all_wo / all_w : 0.0));
         json_t *more = json_pack(
             "{s:[o,o,o], s:[I,I,I], s:I, s:I, s:o, s:o, s:I, s:I, s:[I,I,I], "
@@ -773,27 +792,27 @@ int kvt_demo_engine(int argc, char **argv)
             "embeddings_received", (json_int_t)runs[2].st.images_received,
             "embedding_bytes_received", (json_int_t)runs[2].st.image_bytes_received, "preemptions",
             (json_int_t)runs[0].st.preemptions, (json_int_t)s1->preemptions,
-            (json_int_t)runs[2].st.preemptions, "config", "requests", (int)o.convs, "turns",
-            (int)o.turns, "tp", (int)o.tp, "cpu_bytes", (json_int_t)o.cpu_bytes, "gpu_blocks",
-            (int)o.gpu_blocks, "lazy", o.lazy, "seed", (json_int_t)o.seed, "images",
-            (int)o.n_images);
+            (json_int_t)runs[2].st.preemptions, "config", "requests", (int)o->convs, "turns",
+            (int)o->turns, "tp", (int)o->tp, "cpu_bytes", (json_int_t)o->cpu_bytes, "gpu_blocks",
+            (int)o->gpu_blocks, "lazy", o->lazy, "seed", (json_int_t)o->seed, "images",
+            (int)o->n_images);
         if (json_object_update(rep, more) != 0) {
             json_decref(rep);
             rep = NULL;
         }
         json_decref(more);
-        if (rep && hyb) {
+        if (rep && v->hyb) {
             const ref_engine_stats *t1 = &h1->st;
             json_t *hj = json_pack(
                 "{s:i, s:b, s:b, s:b, s:o, s:[I,I], s:I, s:I, s:[o,o], s:[o,o]}", "window",
-                (int)o.window, "identical", hyb_identical, "offload_worked", hyb_worked, "kv_equal",
-                hyb_kv, "host_tier_hit_rate",
+                (int)o->window, "identical", v->hyb_identical, "offload_worked", v->hyb_worked,
+                "kv_equal", v->hyb_kv, "host_tier_hit_rate",
                 kvt_json_real(t1->host_hit_tokens / (double)t1->prompt_tokens), "prefill_tokens",
                 (json_int_t)h0->st.prefill_tokens, (json_int_t)t1->prefill_tokens,
                 "kv_blocks_verified", (json_int_t)t1->kv_loads_verified, "bytes_loaded",
                 (json_int_t)t1->loaded_bytes, "ttft_p50_ms_all",
-                kvt_json_real(ttft_ms(&o, runs, 3, false, .5, NULL)),
-                kvt_json_real(ttft_ms(&o, runs, 4, false, .5, NULL)), "wall_s",
+                kvt_json_real(ttft_ms(o, runs, 3, false, .5, NULL)),
+                kvt_json_real(ttft_ms(o, runs, 4, false, .5, NULL)), "wall_s",
                 kvt_json_real(h0->wall), kvt_json_real(h1->wall));
             if (!hj || json_object_set_new(rep, "hybrid", hj) != 0) {
                 json_decref(rep);
@@ -804,56 +823,67 @@ int kvt_demo_engine(int argc, char **argv)
         rep = json_pack("{s:b, s:b, s:s}", "identical", 0, "ec_identical", 0, "error",
                         "a run failed (see stderr)");
     }
+    return rep;
+}
+
+/* report.json written to --out (and stdout with --json), the plot drawn; v->bad when the
+ * report could not be built. */
+static void write_report(const struct opts *o, const struct run *runs, struct verdict *v, FILE *tbl)
+{
+    /* report.json */
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/report.json", o->out_dir);
+    json_t *rep = build_report(o, runs, v);
     char *js = rep ? json_dumps(rep, JSON_REAL_PRECISION(9) | JSON_PRESERVE_ORDER) : NULL;
     json_decref(rep);
     if (!js) {
         fprintf(stderr, "demo: the JSON report could not be built\n");
-        bad = 1;
+        v->bad = true;
     }
     FILE *jf = fopen(path, "w");
     if (jf && js)
         fprintf(jf, "%s\n", js);
     if (jf)
         fclose(jf);
-    if (o.json && js)
+    if (o->json && js)
         printf("%s\n", js);
     free(js);
-    if (!bad && o.plot)
-        write_plot(&o, runs, o.out_dir);
-    if (!bad && o.plot)
-        fprintf(tbl, "wrote %s and %s/ttft.svg\n", path, o.out_dir);
-    else if (!bad)
+    if (!v->bad && o->plot)
+        write_plot(o, runs, o->out_dir);
+    if (!v->bad && o->plot)
+        fprintf(tbl, "wrote %s and %s/ttft.svg\n", path, o->out_dir);
+    else if (!v->bad)
         fprintf(tbl, "wrote %s\n", path);
-    for (int r = 0; r < 5; r++) {
-        for (uint32_t i = 0; runs[r].t && i < o.convs * o.turns; i++)
-            free(runs[r].t[i].gen);
-        free(runs[r].t);
-    }
-    bool pass = !bad && identical && ec_identical && !leaks && offload_worked && kv_equal &&
-                hyb_identical && hyb_worked && hyb_kv;
+}
+
+/* The verdict on tbl (and what failed on stderr too): the exit code. */
+static int report_verdict(const struct verdict *v, FILE *tbl)
+{
+    bool pass = !v->bad && v->identical && v->ec_identical && !v->leaks && v->offload_worked &&
+                v->kv_equal && v->hyb_identical && v->hyb_worked && v->hyb_kv;
     if (pass) {
         fprintf(tbl, "demo: all checks passed\n");
     } else {
         /* name the checks that caught it (stderr too: the caller may read only that) */
         const char *failed[9];
         uint32_t nf = 0;
-        if (bad)
+        if (v->bad)
             failed[nf++] = "a run failed";
-        if (!bad && !kv_equal)
+        if (!v->bad && !v->kv_equal)
             failed[nf++] = "KV check (every loaded KV block equal to the KV computed for its hash)";
-        if (!bad && !identical)
+        if (!v->bad && !v->identical)
             failed[nf++] = "identical tokens";
-        if (!bad && !ec_identical)
+        if (!v->bad && !v->ec_identical)
             failed[nf++] = "transferred embeddings";
-        if (!bad && leaks)
+        if (!v->bad && v->leaks)
             failed[nf++] = "no blocks left referenced";
-        if (!bad && !offload_worked)
+        if (!v->bad && !v->offload_worked)
             failed[nf++] = "the host tier did its work";
-        if (!hyb_identical)
+        if (!v->hyb_identical)
             failed[nf++] = "hybrid: identical tokens";
-        if (!hyb_worked)
+        if (!v->hyb_worked)
             failed[nf++] = "hybrid: the host tier did its work";
-        if (!hyb_kv)
+        if (!v->hyb_kv)
             failed[nf++] = "hybrid: KV check";
         for (FILE *f = tbl; f; f = f == stderr ? NULL : stderr) {
             fprintf(f, "demo: FAILED:");
@@ -863,6 +893,44 @@ int kvt_demo_engine(int argc, char **argv)
         }
     }
     return pass ? 0 : 1;
+}
+
+int kvt_demo_engine(int argc, char **argv)
+{
+    struct opts o;
+    int prc = parse_opts(argc, argv, &o);
+    if (prc)
+        return prc < 0 ? 0 : prc;
+    FILE *tbl = o.json ? stderr : stdout;
+    prc = check_setup(&o, tbl);
+    if (prc)
+        return prc;
+    struct run runs[5] = {{.name = "without offload"},
+                          {.name = "with host tier"},
+                          {.name = "host tier + encoder process"},
+                          {.name = "hybrid, without offload"},
+                          {.name = "hybrid, with host tier"}};
+    int bad = 0;
+    for (int r = 0; r < (int)o.n_runs; r++) {
+        runs[r].t = calloc(o.convs * o.turns, sizeof(struct turn_rec));
+        if (!runs[r].t || run_once(&o, r + 1, &runs[r]))
+            bad = 1;
+        if (bad)
+            break;
+    }
+    struct verdict v;
+    judge(&o, runs, bad, &v);
+    if (!bad)
+        print_tables(&o, runs, &v, tbl);
+    if (v.hyb)
+        print_hybrid(&o, runs, &v, tbl);
+    write_report(&o, runs, &v, tbl);
+    for (int r = 0; r < 5; r++) {
+        for (uint32_t i = 0; runs[r].t && i < o.convs * o.turns; i++)
+            free(runs[r].t[i].gen);
+        free(runs[r].t);
+    }
+    return report_verdict(&v, tbl);
 }
 
 /* ---- `kvtier ec-encoder`: the encoder instance of run 3 ------------------------------------ */
