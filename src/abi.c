@@ -141,9 +141,8 @@ KVI_DESCRIBER(kvt_describe, kvt_field, described, "describe")
 /* ---- the configuration structs' tables, from the rows beside each component ---------------- */
 
 /* the disk tier's functions live in libkvtier_disk: this library makes its own table of them */
-#define DISK_CONFIG_ROW(...) KVI_CONFIG_ROW(kvt_disk_config, __VA_ARGS__)
 static const kvi_config_table disk_config_table =
-    KVI_CONFIG_TABLE(kvt_disk_config, "disk", KVI_DISK_CONFIG(DISK_CONFIG_ROW));
+    KVI_CONFIG_TABLE(kvt_disk_config, "disk", KVI_DISK_CONFIG(KVI_DISK_CONFIG_ROW));
 
 static const kvi_config_table *const config_tables[] = {
     &kvi_offload_config_table,

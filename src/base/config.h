@@ -54,8 +54,8 @@ typedef struct kvi_config_table {
 #define KVI_U32_MAX UINT32_MAX
 #define KVI_U64_MAX UINT64_MAX
 
-/* One row of struct T as a kvt_config_field (a component binds T: #define ROW(...)
- * KVI_CONFIG_ROW(kvt_disk_config, __VA_ARGS__)). */
+/* One row of struct T as a kvt_config_field (each rows header binds its T: KVI_DISK_CONFIG_ROW
+ * is KVI_CONFIG_ROW(kvt_disk_config, ...)). */
 #define KVI_CONFIG_ROW(T, f, type, def, min, max, help)                                            \
     {#f,                                                                                           \
      help,                                                                                         \

@@ -34,6 +34,9 @@
       "kernel, else DMA; 0: always DMA; KVTIER_CUDA_KERNEL_MAX_BYTES overrides")                   \
     X(reserved, ROOM, 0, 0, 0, "room for fields to come: zero")
 
+/* a row of kvt_copy_config (KVI_CONFIG_ROW) */
+#define KVI_COPY_CONFIG_ROW(...) KVI_CONFIG_ROW(kvt_copy_config, __VA_ARGS__)
+
 /* the table of these rows (copy) */
 extern const kvi_config_table kvi_copy_config_table;
 

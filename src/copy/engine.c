@@ -30,10 +30,8 @@
 #include "copy/cuda_frag_internal.h"
 #include "copy/kernels.h"
 
-#define ROW(...) KVI_CONFIG_ROW(kvt_copy_config, __VA_ARGS__)
 const kvi_config_table kvi_copy_config_table =
-    KVI_CONFIG_TABLE(kvt_copy_config, "copy", KVI_COPY_CONFIG(ROW));
-#undef ROW
+    KVI_CONFIG_TABLE(kvt_copy_config, "copy", KVI_COPY_CONFIG(KVI_COPY_CONFIG_ROW));
 
 void kvt_copy_config_init(kvt_copy_config *cfg)
 {

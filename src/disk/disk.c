@@ -106,10 +106,8 @@ struct kvt_disk {
 
 /* libkvtier's kvt_describe_config (src/abi.c) makes its own table of the same rows: this
  * library's functions are not that one's to call */
-#define ROW(...) KVI_CONFIG_ROW(kvt_disk_config, __VA_ARGS__)
 static const kvi_config_table disk_config_table =
-    KVI_CONFIG_TABLE(kvt_disk_config, "disk", KVI_DISK_CONFIG(ROW));
-#undef ROW
+    KVI_CONFIG_TABLE(kvt_disk_config, "disk", KVI_DISK_CONFIG(KVI_DISK_CONFIG_ROW));
 
 void kvt_disk_config_init(kvt_disk_config *cfg)
 {

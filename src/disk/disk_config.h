@@ -24,4 +24,7 @@
     X(max_events, UINT, 1024, 1, 1u << 20, "events outstanding per direction")                     \
     X(reserved, ROOM, 0, 0, 0, "room for fields to come: zero")
 
+/* a row of kvt_disk_config (KVI_CONFIG_ROW) */
+#define KVI_DISK_CONFIG_ROW(...) KVI_CONFIG_ROW(kvt_disk_config, __VA_ARGS__)
+
 #endif

@@ -505,10 +505,8 @@ void kvi_node_unbind(kvt_node *n)
 
 /* ---- attach / detach -------------------------------------------------------------------- */
 
-#define ROW(...) KVI_CONFIG_ROW(kvt_node_config, __VA_ARGS__)
 const kvi_config_table kvi_node_config_table =
-    KVI_CONFIG_TABLE(kvt_node_config, "node", KVI_NODE_CONFIG(ROW));
-#undef ROW
+    KVI_CONFIG_TABLE(kvt_node_config, "node", KVI_NODE_CONFIG(KVI_NODE_CONFIG_ROW));
 
 void kvt_node_config_init(kvt_node_config *cfg)
 {

@@ -50,6 +50,9 @@
       "chmod 2770); every replica and the workers' mirrors name the same")                         \
     X(reserved, ROOM, 0, 0, 0, "room for fields to come: zero")
 
+/* a row of kvt_node_config (KVI_CONFIG_ROW) */
+#define KVI_NODE_CONFIG_ROW(...) KVI_CONFIG_ROW(kvt_node_config, __VA_ARGS__)
+
 /* the table of these rows (node) */
 extern const kvi_config_table kvi_node_config_table;
 

@@ -20,10 +20,8 @@
 
 /* ---- life cycle ------------------------------------------------------------------------ */
 
-#define ROW(...) KVI_CONFIG_ROW(kvt_offload_config, __VA_ARGS__)
 const kvi_config_table kvi_offload_config_table =
-    KVI_CONFIG_TABLE(kvt_offload_config, "offload", KVI_OFFLOAD_CONFIG(ROW));
-#undef ROW
+    KVI_CONFIG_TABLE(kvt_offload_config, "offload", KVI_OFFLOAD_CONFIG(KVI_OFFLOAD_CONFIG_ROW));
 
 void kvt_offload_config_init(kvt_offload_config *cfg)
 {

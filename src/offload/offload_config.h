@@ -52,6 +52,9 @@
       "of hashes for this long; 0: always look up")                                                \
     X(reserved, ROOM, 0, 0, 0, "room for fields to come: zero")
 
+/* a row of kvt_offload_config (KVI_CONFIG_ROW) */
+#define KVI_OFFLOAD_CONFIG_ROW(...) KVI_CONFIG_ROW(kvt_offload_config, __VA_ARGS__)
+
 /* the table of these rows (offload) */
 extern const kvi_config_table kvi_offload_config_table;
 
