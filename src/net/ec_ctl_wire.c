@@ -184,14 +184,21 @@ void kvi_ecc_request_begin(kvi_ecc_request *r, uint32_t op)
     r->op = op;
 }
 
+/* Room for element n of a request's items or a reply's results (arr, cap): at most
+ * KVT_ECC_MAX_BATCH in one message. */
+static int batch_room(void **arr, uint32_t *cap, uint32_t n, size_t elem, const char *what)
+{
+    if (n >= KVT_ECC_MAX_BATCH)
+        return kvt_fail(KVT_ELIMIT, "ec control: more than %u %s in one message", KVT_ECC_MAX_BATCH,
+                        what);
+    return kvi_meta_grow(arr, cap, n + 1, elem);
+}
+
 int kvi_ecc_request_add(kvi_ecc_request *r, const kvi_ecc_item *it)
 {
     if (!it)
         return kvt_fail(KVT_EINVAL, "ec control: NULL item");
-    if (r->n >= KVT_ECC_MAX_BATCH)
-        return kvt_fail(KVT_ELIMIT, "ec control: more than %u items in one request",
-                        KVT_ECC_MAX_BATCH);
-    int rc = kvi_meta_grow((void **)&r->items, &r->cap, r->n + 1, sizeof(*it));
+    int rc = batch_room((void **)&r->items, &r->cap, r->n, sizeof(*it), "items");
     if (rc)
         return rc;
     r->items[r->n++] = *it;
@@ -405,9 +412,7 @@ int kvi_ecc_reply_add(kvi_ecc_reply *r, const kvi_ecc_result *res)
 {
     if (!res)
         return kvt_fail(KVT_EINVAL, "ec control: NULL result");
-    if (r->n >= KVT_ECC_MAX_BATCH)
-        return kvt_fail(KVT_ELIMIT, "ec control: more than %u results", KVT_ECC_MAX_BATCH);
-    int rc = kvi_meta_grow((void **)&r->results, &r->cap, r->n + 1, sizeof(*res));
+    int rc = batch_room((void **)&r->results, &r->cap, r->n, sizeof(*res), "results");
     if (rc)
         return rc;
     kvi_ecc_result *d = &r->results[r->n];
