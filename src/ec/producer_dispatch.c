@@ -265,6 +265,8 @@ int kvt_ec_producer_request_finished(kvt_ec_producer *p, const char *req_id, uin
 
 bool kvt_ec_producer_pending(const kvt_ec_producer *p)
 {
+    if (!p) /* an object that failed to be created has nothing pending */
+        return false;
     for (uint32_t i = 0; i < p->n_r; i++)
         if (p->r[i].used && !kvi_ecp_terminal(&p->r[i]))
             return true;

@@ -182,20 +182,36 @@ static int evict(kvt_ec_sched *sched, uint32_t keep)
     return 0;
 }
 
-int kvt_demo_ec_run(uint64_t seed, const kvt_demo_faults *fl, kvt_demo_ec_result *res,
-                    char **metrics, bool print)
-{
-    static const kvt_demo_faults none;
-    if (!fl)
-        fl = &none;
-    memset(&D, 0, sizeof(D));
-    uint64_t rng = seed * 2654435761u + 17;
+/* One run of the demo: the prefill instance's shards and scheduler, the encoder's planner and
+ * producer, their metadata, the clock they share and the faults injected. */
+struct ec_demo {
+    const kvt_demo_faults *fl;
+    uint64_t rng;
     kvt_manual_clock clock;
-    kvt_clock_manual(&clock, 1);
+    kvt_ec_shard *shards[SHARDS];
+    kvt_ec_local_consumer lc;
+    struct faulty fy;
+    kvt_ec_sched *sched;
+    kvt_ec_producer *prod;
+    kvt_ec_planner *plan;
+    kvt_ec_meta pmeta, cmeta;
+    kvt_ec_worker_meta wm[SHARDS], agg, prep;
+    uint64_t lost; /* readiness events the fault injector dropped */
+    uint32_t next, steps;
+};
+
+/* The demo's two instances in one process: images, the prefill instance's shards and
+ * scheduler, the encoder's producer (its consumer calls through the fault injector) and
+ * planner. */
+static int demo_open(struct ec_demo *e, uint64_t seed)
+{
+    memset(&D, 0, sizeof(D));
+    e->rng = seed * 2654435761u + 17;
+    kvt_clock_manual(&e->clock, 1);
     for (uint32_t i = 0; i < N_IMAGES; i++) {
         struct image *im = &D.img[i];
         snprintf(im->hash, sizeof(im->hash), "sha256:img%02u", i);
-        im->tokens = 64 + kvt_rand_below(&rng, 193);
+        im->tokens = 64 + kvt_rand_below(&e->rng, 193);
         im->nbytes = im->tokens * HIDDEN * 2;
         im->bytes = malloc(im->nbytes);
         if (!im->bytes)
@@ -203,8 +219,7 @@ int kvt_demo_ec_run(uint64_t seed, const kvt_demo_faults *fl, kvt_demo_ec_result
         for (uint64_t b = 0; b < im->nbytes; b++)
             im->bytes[b] = (unsigned char)(i * 97 + b * 13 + (b >> 10));
     }
-    kvt_ec_shard *shards[SHARDS] = {NULL};
-    kvt_ec_local_consumer lc = {{NULL}, SHARDS};
+    e->lc = (kvt_ec_local_consumer){{NULL}, SHARDS};
     int rc = 0;
     for (uint32_t k = 0; k < SHARDS && !rc; k++) {
         D.rank[k].buf = aligned_alloc(256, POOL_BYTES);
@@ -212,215 +227,278 @@ int kvt_demo_ec_run(uint64_t seed, const kvt_demo_faults *fl, kvt_demo_ec_result
         kvt_ec_shard_config_init(&c);
         c.base = D.rank[k].buf;
         c.capacity = POOL_BYTES;
-        c.clock = kvt_clock_manual(&clock, clock.now_ns);
-        rc = D.rank[k].buf ? kvt_ec_shard_create(&c, &shards[k]) : KVT_ENOMEM;
-        lc.shards[k] = shards[k];
+        c.clock = kvt_clock_manual(&e->clock, e->clock.now_ns);
+        rc = D.rank[k].buf ? kvt_ec_shard_create(&c, &e->shards[k]) : KVT_ENOMEM;
+        e->lc.shards[k] = e->shards[k];
     }
     kvt_ec_sched_config scfg;
     kvt_ec_sched_config_init(&scfg);
     scfg.shards = SHARDS;
-    scfg.clock = kvt_clock_manual(&clock, clock.now_ns);
+    scfg.clock = kvt_clock_manual(&e->clock, e->clock.now_ns);
     scfg.resident_capacity = POOL_BYTES;
     kvt_ec_producer_config pcfg;
     kvt_ec_producer_config_init(&pcfg);
-    struct faulty fy = {kvt_ec_local_consumer_ops(&lc), fl->ec_write_fail, seed ^ 0x5eed, 0};
-    pcfg.ops = (kvt_ec_consumer_ops){f_shards, f_reserve, f_write, f_complete, f_cancel, &fy};
-    uint64_t lost = 0;
-    pcfg.clock = kvt_clock_manual(&clock, clock.now_ns);
-    kvt_ec_sched *sched = NULL;
-    kvt_ec_producer *prod = NULL;
-    kvt_ec_planner *plan = NULL;
+    e->fy =
+        (struct faulty){kvt_ec_local_consumer_ops(&e->lc), e->fl->ec_write_fail, seed ^ 0x5eed, 0};
+    pcfg.ops = (kvt_ec_consumer_ops){f_shards, f_reserve, f_write, f_complete, f_cancel, &e->fy};
+    pcfg.clock = kvt_clock_manual(&e->clock, e->clock.now_ns);
     if (!rc)
-        rc = kvt_ec_sched_create(&scfg, &sched);
+        rc = kvt_ec_sched_create(&scfg, &e->sched);
     if (!rc)
-        rc = kvt_ec_producer_create(&pcfg, &prod);
+        rc = kvt_ec_producer_create(&pcfg, &e->prod);
     if (!rc)
-        rc = kvt_ec_planner_create(0, &plan);
-    kvt_ec_meta pmeta, cmeta;
-    kvt_ec_meta_init(&pmeta);
-    kvt_ec_meta_init(&cmeta);
-    kvt_ec_worker_meta wm[SHARDS], agg, prep;
+        rc = kvt_ec_planner_create(0, &e->plan);
+    kvt_ec_meta_init(&e->pmeta);
+    kvt_ec_meta_init(&e->cmeta);
     for (uint32_t k = 0; k < SHARDS; k++)
-        kvt_ec_worker_meta_init(&wm[k]);
-    kvt_ec_worker_meta_init(&agg);
-    kvt_ec_worker_meta_init(&prep);
-    double t0 = kvt_now_s();
-    uint32_t next = 0, steps = 0;
-    /* until every request is served or failed and the encoder has nothing left to push */
-    while (!rc && (D.served + D.failed < N_REQUESTS || kvt_ec_producer_pending(prod)) &&
-           steps < 10000) {
-        steps++;
-        kvt_clock_manual_advance(&clock, 1000000000ull);
-        /* a new request every step, until all have arrived (the proxy sends it to the prefill
-         * instance and its images to the encoder at once) */
-        if (next < N_REQUESTS) {
-            struct ereq *q = &D.req[next];
-            snprintf(q->id, sizeof(q->id), "chat-%u", next);
-            q->n = 1 + kvt_rand_below(&rng, 3);
-            for (uint32_t f = 0; f < q->n && !rc; f++) {
-                q->img[f] = kvt_rand_below(&rng, N_IMAGES);
-                for (uint32_t g = 0; g < f; g++)
-                    if (q->img[g] == q->img[f])
-                        q->img[f] = (q->img[f] + 1) % N_IMAGES;
-                snprintf(q->tid[f], sizeof(q->tid[f]), "xfer-%u-%u", next, f);
-            }
-            q->active = true;
-            q->arrived_at = steps;
-            next++;
+        kvt_ec_worker_meta_init(&e->wm[k]);
+    kvt_ec_worker_meta_init(&e->agg);
+    kvt_ec_worker_meta_init(&e->prep);
+    return rc;
+}
+
+/* A new request every step, until all have arrived (the proxy sends it to the prefill
+ * instance and its images to the encoder at once). */
+static void arrive(struct ec_demo *e)
+{
+    if (e->next < N_REQUESTS) {
+        struct ereq *q = &D.req[e->next];
+        snprintf(q->id, sizeof(q->id), "chat-%u", e->next);
+        q->n = 1 + kvt_rand_below(&e->rng, 3);
+        for (uint32_t f = 0; f < q->n; f++) {
+            q->img[f] = kvt_rand_below(&e->rng, N_IMAGES);
+            for (uint32_t g = 0; g < f; g++)
+                if (q->img[g] == q->img[f])
+                    q->img[f] = (q->img[f] + 1) % N_IMAGES;
+            snprintf(q->tid[f], sizeof(q->tid[f]), "xfer-%u-%u", e->next, f);
         }
-        /* the encoder schedules a request's images a step after they arrive (its own queue)
-         * and has their embeddings a step later */
-        for (uint32_t i = 0; !rc && i < next; i++) {
-            struct ereq *q = &D.req[i];
-            if (q->pushed || steps != q->arrived_at + 1)
-                continue;
-            for (uint32_t f = 0; f < q->n && !rc; f++) {
-                kvt_ec_push_spec s;
-                make_spec(&s, &D.img[q->img[f]], q->tid[f], q->id);
-                rc = kvt_ec_planner_prepare(plan, &s) < 0;
-            }
-            q->pushed = true;
+        q->active = true;
+        q->arrived_at = e->steps;
+        e->next++;
+    }
+}
+
+/* The encoder schedules a request's images a step after they arrive (its own queue) and has
+ * their embeddings a step later: its metadata to its worker, which reserves, then pushes. */
+static int encoder_step(struct ec_demo *e)
+{
+    int rc = 0;
+    for (uint32_t i = 0; !rc && i < e->next; i++) {
+        struct ereq *q = &D.req[i];
+        if (q->pushed || e->steps != q->arrived_at + 1)
+            continue;
+        for (uint32_t f = 0; f < q->n && !rc; f++) {
+            kvt_ec_push_spec s;
+            make_spec(&s, &D.img[q->img[f]], q->tid[f], q->id);
+            rc = kvt_ec_planner_prepare(e->plan, &s) < 0;
         }
-        /* encoder instance: its metadata to its worker, which reserves, then pushes */
-        kvt_ec_meta_clear(&pmeta);
-        if (!rc)
-            rc = kvt_ec_planner_build_meta(plan, &pmeta);
-        for (uint32_t i = 0; !rc && i < pmeta.n_pushes; i++)
-            rc = kvt_ec_producer_push(prod, &pmeta.pushes[i]);
-        for (uint32_t i = 0; !rc && i < N_REQUESTS; i++) {
-            struct ereq *q = &D.req[i];
-            if (!q->pushed || q->arrived_at + 2 != steps)
-                continue;
-            for (uint32_t f = 0; f < q->n; f++) {
-                const struct image *im = &D.img[q->img[f]];
-                (void)kvt_ec_producer_bind_source(prod, im->hash, (uint32_t)strlen(im->hash),
-                                                  im->bytes, im->nbytes, NULL);
-            }
+        q->pushed = true;
+    }
+    /* encoder instance: its metadata to its worker, which reserves, then pushes */
+    kvt_ec_meta_clear(&e->pmeta);
+    if (!rc)
+        rc = kvt_ec_planner_build_meta(e->plan, &e->pmeta);
+    for (uint32_t i = 0; !rc && i < e->pmeta.n_pushes; i++)
+        rc = kvt_ec_producer_push(e->prod, &e->pmeta.pushes[i]);
+    for (uint32_t i = 0; !rc && i < N_REQUESTS; i++) {
+        struct ereq *q = &D.req[i];
+        if (!q->pushed || q->arrived_at + 2 != e->steps)
+            continue;
+        for (uint32_t f = 0; f < q->n; f++) {
+            const struct image *im = &D.img[q->img[f]];
+            (void)kvt_ec_producer_bind_source(e->prod, im->hash, (uint32_t)strlen(im->hash),
+                                              im->bytes, im->nbytes, NULL);
         }
-        if (!rc && kvt_ec_producer_dispatch(prod) < 0)
-            rc = KVT_EIO;
-        /* prefill instance: readiness from both shards */
-        for (uint32_t k = 0; !rc && k < SHARDS; k++) {
-            kvt_ec_ready_event ev[16];
-            uint32_t n;
-            while (!rc && (n = kvt_ec_shard_take_events(shards[k], ev, 16)) > 0)
-                for (uint32_t i = 0; !rc && i < n; i++) {
-                    if (fl->ec_lost_event > 0 &&
-                        kvt_rand_below(&rng, 1000000) < fl->ec_lost_event * 1e6) {
-                        lost++; /* a message that never arrives */
-                        continue;
-                    }
-                    if (ev[i].abandoned) {
-                        rc = kvt_ec_sched_observe_abandoned(sched, ev[i].transfer_id,
-                                                            (uint32_t)strlen(ev[i].transfer_id));
-                        continue;
-                    }
-                    int im = find_img(ev[i].mm_hash, (uint32_t)strlen(ev[i].mm_hash));
-                    if (im < 0)
-                        continue;
-                    kvt_ec_ready r = {ev[i].transfer_id,
-                                      (uint32_t)strlen(ev[i].transfer_id),
-                                      {D.img[im].hash,
-                                       (uint32_t)strlen(D.img[im].hash),
-                                       D.img[im].nbytes,
-                                       2,
-                                       {D.img[im].tokens, HIDDEN},
-                                       "bfloat16",
-                                       8},
-                                      k};
-                    rc = kvt_ec_sched_observe_ready(sched, &r);
+    }
+    if (!rc && kvt_ec_producer_dispatch(e->prod) < 0)
+        rc = KVT_EIO;
+    return rc;
+}
+
+/* The prefill instance: readiness from every shard (an injected fault loses some). */
+static int prefill_events(struct ec_demo *e)
+{
+    int rc = 0;
+    for (uint32_t k = 0; !rc && k < SHARDS; k++) {
+        kvt_ec_ready_event ev[16];
+        uint32_t n;
+        while (!rc && (n = kvt_ec_shard_take_events(e->shards[k], ev, 16)) > 0)
+            for (uint32_t i = 0; !rc && i < n; i++) {
+                if (e->fl->ec_lost_event > 0 &&
+                    kvt_rand_below(&e->rng, 1000000) < e->fl->ec_lost_event * 1e6) {
+                    e->lost++; /* a message that never arrives */
+                    continue;
                 }
-        }
-        /* the prefill scheduler gates its requests: scheduled ones gather their embeddings */
-        for (uint32_t i = 0; !rc && i < N_REQUESTS; i++) {
-            struct ereq *q = &D.req[i];
-            if (!q->active)
-                continue;
-            kvt_ec_feature fs[3];
-            for (uint32_t f = 0; f < q->n; f++)
-                fs[f] =
-                    (kvt_ec_feature){D.img[q->img[f]].hash, (uint32_t)strlen(D.img[q->img[f]].hash),
+                if (ev[i].abandoned) {
+                    rc = kvt_ec_sched_observe_abandoned(e->sched, ev[i].transfer_id,
+                                                        (uint32_t)strlen(ev[i].transfer_id));
+                    continue;
+                }
+                int im = find_img(ev[i].mm_hash, (uint32_t)strlen(ev[i].mm_hash));
+                if (im < 0)
+                    continue;
+                kvt_ec_ready r = {ev[i].transfer_id,
+                                  (uint32_t)strlen(ev[i].transfer_id),
+                                  {D.img[im].hash,
+                                   (uint32_t)strlen(D.img[im].hash),
+                                   D.img[im].nbytes,
+                                   2,
+                                   {D.img[im].tokens, HIDDEN},
+                                   "bfloat16",
+                                   8},
+                                  k};
+                rc = kvt_ec_sched_observe_ready(e->sched, &r);
+            }
+    }
+    return rc;
+}
+
+/* The prefill scheduler gates its requests: scheduled ones gather their embeddings, every
+ * rank checked byte for byte. */
+static int serve_ready(struct ec_demo *e)
+{
+    int rc = 0;
+    for (uint32_t i = 0; !rc && i < N_REQUESTS; i++) {
+        struct ereq *q = &D.req[i];
+        if (!q->active)
+            continue;
+        kvt_ec_feature fs[3];
+        for (uint32_t f = 0; f < q->n; f++)
+            fs[f] = (kvt_ec_feature){D.img[q->img[f]].hash, (uint32_t)strlen(D.img[q->img[f]].hash),
                                      q->tid[f], (uint32_t)strlen(q->tid[f])};
-            bool ready;
-            rc = kvt_ec_sched_ensure(sched, q->id, (uint32_t)strlen(q->id), fs, q->n, &ready);
-            if (rc || !ready)
-                continue;
-            for (uint32_t f = 0; f < q->n; f++) { /* every rank must hold the exact bytes */
-                const struct image *im = &D.img[q->img[f]];
-                for (uint32_t k = 0; k < SHARDS; k++) {
-                    struct rank *r = &D.rank[k];
-                    int s = slot_of(r, im->hash, (uint32_t)strlen(im->hash));
-                    if (s < 0 || memcmp(r->buf + r->off[s], im->bytes, im->nbytes) != 0)
-                        D.mismatches++;
-                    else
-                        r->used[s] = ++r->clock;
-                    D.verified_bytes += im->nbytes;
-                }
-                /* the engine's encoder cache holds it (vLLM: update_state_after_alloc): a
-                 * transfer let go later keeps the shards' copy for a local reload */
-                rc = kvt_ec_sched_cache_added(sched, im->hash, (uint32_t)strlen(im->hash));
-                if (!rc)
-                    rc = kvt_ec_sched_consumed(sched, q->id, (uint32_t)strlen(q->id), &fs[f]);
+        bool ready;
+        rc = kvt_ec_sched_ensure(e->sched, q->id, (uint32_t)strlen(q->id), fs, q->n, &ready);
+        if (rc || !ready)
+            continue;
+        for (uint32_t f = 0; f < q->n; f++) { /* every rank must hold the exact bytes */
+            const struct image *im = &D.img[q->img[f]];
+            for (uint32_t k = 0; k < SHARDS; k++) {
+                struct rank *r = &D.rank[k];
+                int s = slot_of(r, im->hash, (uint32_t)strlen(im->hash));
+                if (s < 0 || memcmp(r->buf + r->off[s], im->bytes, im->nbytes) != 0)
+                    D.mismatches++;
+                else
+                    r->used[s] = ++r->clock;
+                D.verified_bytes += im->nbytes;
             }
+            /* the engine's encoder cache holds it (vLLM: update_state_after_alloc): a
+             * transfer let go later keeps the shards' copy for a local reload */
+            rc = kvt_ec_sched_cache_added(e->sched, im->hash, (uint32_t)strlen(im->hash));
             if (!rc)
-                rc = kvt_ec_sched_request_finished(sched, q->id, (uint32_t)strlen(q->id));
-            if (!rc)
-                rc = kvt_ec_planner_request_finished(plan, q->id, (uint32_t)strlen(q->id));
-            if (!rc)
-                rc = kvt_ec_producer_request_finished(prod, q->id, (uint32_t)strlen(q->id));
-            q->active = false;
-            q->done = true;
-            D.served++;
-        }
-        char failed[16][KVT_EC_KEY_MAX + 1];
-        uint32_t nf;
-        while (!rc && (nf = kvt_ec_sched_take_unavailable(sched, failed, 16)) > 0)
-            for (uint32_t i = 0; !rc && i < nf; i++) { /* the engine fails them (retryable) */
-                uint32_t len = (uint32_t)strlen(failed[i]);
-                rc = kvt_ec_sched_request_finished(sched, failed[i], len);
-                if (!rc)
-                    rc = kvt_ec_planner_request_finished(plan, failed[i], len);
-                if (!rc)
-                    rc = kvt_ec_producer_request_finished(prod, failed[i], len);
-                for (uint32_t j = 0; j < N_REQUESTS; j++)
-                    if (D.req[j].active && strcmp(D.req[j].id, failed[i]) == 0)
-                        D.req[j].active = false;
-                D.failed++;
-            }
-        /* cancels go to both shards */
-        uint32_t nc;
-        while (!rc && (nc = kvt_ec_sched_take_cancels(sched, failed, 16)) > 0)
-            for (uint32_t i = 0; i < nc; i++)
-                for (uint32_t k = 0; k < SHARDS; k++) {
-                    bool done;
-                    (void)kvt_ec_shard_cancel(shards[k], failed[i], (uint32_t)strlen(failed[i]),
-                                              NULL, false, false, &done);
-                }
-        /* the engine's encoder cache keeps room for the next request's images */
-        if (!rc)
-            rc = evict(sched, CACHE_KEEP);
-        kvt_ec_sched_expire(sched);
-        kvt_ec_meta_clear(&cmeta);
-        if (!rc)
-            rc = kvt_ec_sched_build_meta(sched, &cmeta);
-        /* each rank's worker runs the metadata on its shard; reports are aggregated */
-        const kvt_ec_worker_meta *ranks[SHARDS];
-        for (uint32_t k = 0; !rc && k < SHARDS; k++) {
-            kvt_ec_worker_meta_clear(&wm[k]);
-            kvt_ec_cache_ops ops = {rk_holds, rk_place, NULL, &D.rank[k]};
-            rc = kvt_ec_shard_apply(shards[k], &cmeta, &ops, &wm[k]);
-            ranks[k] = &wm[k];
-            kvt_ec_shard_expire(shards[k]);
+                rc = kvt_ec_sched_consumed(e->sched, q->id, (uint32_t)strlen(q->id), &fs[f]);
         }
         if (!rc)
-            rc = kvt_ec_worker_meta_aggregate_ranks(&agg, ranks, SHARDS, NULL);
+            rc = kvt_ec_sched_request_finished(e->sched, q->id, (uint32_t)strlen(q->id));
         if (!rc)
-            rc = kvt_ec_sched_apply_output(sched, &agg);
-        kvt_ec_worker_meta_clear(&prep);
+            rc = kvt_ec_planner_request_finished(e->plan, q->id, (uint32_t)strlen(q->id));
         if (!rc)
-            rc = kvt_ec_producer_report(prod, &prep);
-        if (!rc)
-            rc = kvt_ec_planner_apply_output(plan, &prep);
+            rc = kvt_ec_producer_request_finished(e->prod, q->id, (uint32_t)strlen(q->id));
+        q->active = false;
+        q->done = true;
+        D.served++;
+    }
+    return rc;
+}
+
+/* The requests whose embeddings cannot come fail (retryably); the cancels go to every shard. */
+static int drop_unavailable(struct ec_demo *e)
+{
+    int rc = 0;
+    char failed[16][KVT_EC_KEY_MAX + 1];
+    uint32_t nf;
+    while (!rc && (nf = kvt_ec_sched_take_unavailable(e->sched, failed, 16)) > 0)
+        for (uint32_t i = 0; !rc && i < nf; i++) { /* the engine fails them (retryable) */
+            uint32_t len = (uint32_t)strlen(failed[i]);
+            rc = kvt_ec_sched_request_finished(e->sched, failed[i], len);
+            if (!rc)
+                rc = kvt_ec_planner_request_finished(e->plan, failed[i], len);
+            if (!rc)
+                rc = kvt_ec_producer_request_finished(e->prod, failed[i], len);
+            for (uint32_t j = 0; j < N_REQUESTS; j++)
+                if (D.req[j].active && strcmp(D.req[j].id, failed[i]) == 0)
+                    D.req[j].active = false;
+            D.failed++;
+        }
+    /* cancels go to both shards */
+    uint32_t nc;
+    while (!rc && (nc = kvt_ec_sched_take_cancels(e->sched, failed, 16)) > 0)
+        for (uint32_t i = 0; i < nc; i++)
+            for (uint32_t k = 0; k < SHARDS; k++) {
+                bool done;
+                (void)kvt_ec_shard_cancel(e->shards[k], failed[i], (uint32_t)strlen(failed[i]),
+                                          NULL, false, false, &done);
+            }
+    return rc;
+}
+
+/* The engine's encoder cache keeps room for the next request's images; each rank's worker
+ * runs the step's metadata on its shard, the reports aggregated back to both schedulers. */
+static int workers_step(struct ec_demo *e)
+{
+    int rc = 0;
+    if (!rc)
+        rc = evict(e->sched, CACHE_KEEP);
+    kvt_ec_sched_expire(e->sched);
+    kvt_ec_meta_clear(&e->cmeta);
+    if (!rc)
+        rc = kvt_ec_sched_build_meta(e->sched, &e->cmeta);
+    /* each rank's worker runs the metadata on its shard; reports are aggregated */
+    const kvt_ec_worker_meta *ranks[SHARDS];
+    for (uint32_t k = 0; !rc && k < SHARDS; k++) {
+        kvt_ec_worker_meta_clear(&e->wm[k]);
+        kvt_ec_cache_ops ops = {rk_holds, rk_place, NULL, &D.rank[k]};
+        rc = kvt_ec_shard_apply(e->shards[k], &e->cmeta, &ops, &e->wm[k]);
+        ranks[k] = &e->wm[k];
+        kvt_ec_shard_expire(e->shards[k]);
+    }
+    if (!rc)
+        rc = kvt_ec_worker_meta_aggregate_ranks(&e->agg, ranks, SHARDS, NULL);
+    if (!rc)
+        rc = kvt_ec_sched_apply_output(e->sched, &e->agg);
+    kvt_ec_worker_meta_clear(&e->prep);
+    if (!rc)
+        rc = kvt_ec_producer_report(e->prod, &e->prep);
+    if (!rc)
+        rc = kvt_ec_planner_apply_output(e->plan, &e->prep);
+    return rc;
+}
+
+/* Everything demo_open made. */
+static void demo_close(struct ec_demo *e)
+{
+    kvt_ec_planner_destroy(e->plan);
+    kvt_ec_producer_destroy(e->prod);
+    kvt_ec_sched_destroy(e->sched);
+    for (uint32_t k = 0; k < SHARDS; k++) {
+        if (e->shards[k] && kvt_ec_shard_destroy(e->shards[k]) == 0)
+            free(D.rank[k].buf); /* (a shard with a writer keeps its buffer: never here) */
+        kvt_ec_worker_meta_release(&e->wm[k]);
+    }
+    kvt_ec_worker_meta_release(&e->agg);
+    kvt_ec_worker_meta_release(&e->prep);
+    kvt_ec_meta_release(&e->pmeta);
+    kvt_ec_meta_release(&e->cmeta);
+    for (uint32_t i = 0; i < N_IMAGES; i++)
+        free(D.img[i].bytes);
+}
+
+int kvt_demo_ec_run(uint64_t seed, const kvt_demo_faults *fl, kvt_demo_ec_result *res,
+                    char **metrics, bool print)
+{
+    static const kvt_demo_faults none;
+    struct ec_demo ec = {.fl = fl ? fl : &none}, *e = &ec;
+    int rc = demo_open(e, seed);
+    double t0 = kvt_now_s();
+    /* until every request is served or failed and the encoder has nothing left to push */
+    while (!rc && (D.served + D.failed < N_REQUESTS || kvt_ec_producer_pending(e->prod)) &&
+           e->steps < 10000) {
+        e->steps++;
+        kvt_clock_manual_advance(&e->clock, 1000000000ull);
+        arrive(e);
+        if ((rc = encoder_step(e)) || (rc = prefill_events(e)) || (rc = serve_ready(e)) ||
+            (rc = drop_unavailable(e)))
+            break;
+        rc = workers_step(e);
     }
     double secs = kvt_now_s() - t0;
     if (rc)
@@ -428,13 +506,13 @@ int kvt_demo_ec_run(uint64_t seed, const kvt_demo_faults *fl, kvt_demo_ec_result
     kvt_ec_producer_stats ps;
     kvt_ec_sched_stats ss;
     kvt_ec_shard_stats st0;
-    kvt_ec_producer_get_stats(prod, &ps);
-    kvt_ec_sched_get_stats(sched, &ss);
-    kvt_ec_shard_get_stats(shards[0], &st0);
+    kvt_ec_producer_get_stats(e->prod, &ps);
+    kvt_ec_sched_get_stats(e->sched, &ss);
+    kvt_ec_shard_get_stats(e->shards[0], &st0);
     uint64_t writers = 0, leaked = 0;
     for (uint32_t k = 0; k < SHARDS; k++) {
         kvt_ec_shard_stats hs;
-        kvt_ec_shard_get_stats(shards[k], &hs);
+        kvt_ec_shard_get_stats(e->shards[k], &hs);
         writers += hs.writers;
         leaked += hs.capacity - hs.free_bytes - hs.held_bytes;
     }
@@ -443,11 +521,11 @@ int kvt_demo_ec_run(uint64_t seed, const kvt_demo_faults *fl, kvt_demo_ec_result
         res->failed = D.failed;
         res->mismatches = D.mismatches;
         res->writers_left = writers;
-        res->write_faults = fy.injected;
-        res->lost_events = lost;
+        res->write_faults = e->fy.injected;
+        res->lost_events = e->lost;
         res->leaked_bytes = leaked;
         res->stuck = D.served + D.failed < N_REQUESTS ? N_REQUESTS - D.served - D.failed : 0;
-        res->pending_pushes = kvt_ec_producer_pending(prod);
+        res->pending_pushes = kvt_ec_producer_pending(e->prod);
         res->verified_bytes = D.verified_bytes;
     }
     if (print) {
@@ -461,7 +539,7 @@ int kvt_demo_ec_run(uint64_t seed, const kvt_demo_faults *fl, kvt_demo_ec_result
             "cache of %u images per rank\n",
             N_REQUESTS, N_IMAGES, CACHE_KEEP);
         printf("   requests served %llu, failed %llu, in %u steps (%.1f ms)\n",
-               (unsigned long long)D.served, (unsigned long long)D.failed, steps, secs * 1e3);
+               (unsigned long long)D.served, (unsigned long long)D.failed, e->steps, secs * 1e3);
         printf(
             "   pushes %llu: %llu written to the shards (%.1f MiB), the rest shared or already "
             "resident; %llu loads, %llu of them local handoffs from the shards' pools after %llu "
@@ -476,16 +554,16 @@ int kvt_demo_ec_run(uint64_t seed, const kvt_demo_faults *fl, kvt_demo_ec_result
     }
     /* without faults every request is served; with them, some fail (retryably), none is
      * corrupt or stuck, nothing is left to a writer */
-    bool faults = fl->ec_write_fail > 0 || fl->ec_lost_event > 0;
+    bool faults = e->fl->ec_write_fail > 0 || e->fl->ec_lost_event > 0;
     int bad = rc != 0 || D.mismatches || writers || leaked || D.served + D.failed != N_REQUESTS ||
-              kvt_ec_producer_pending(prod) ||
+              kvt_ec_producer_pending(e->prod) ||
               (!faults && (D.failed || ss.local_loads == 0 || ps.writes == 0));
     if (metrics && !rc) { /* their Prometheus text, each shard with its label, for /metrics */
         char *t[2 + SHARDS] = {0};
-        KVT_DEMO_PROM_TEXT(kvt_ec_sched_prometheus, sched, t[0]);
-        KVT_DEMO_PROM_TEXT(kvt_ec_producer_prometheus, prod, t[1]);
+        KVT_DEMO_PROM_TEXT(kvt_ec_sched_prometheus, e->sched, t[0]);
+        KVT_DEMO_PROM_TEXT(kvt_ec_producer_prometheus, e->prod, t[1]);
         for (uint32_t k = 0; k < SHARDS; k++)
-            KVT_DEMO_PROM_TEXT(kvt_ec_shard_prometheus, shards[k], t[2 + k]);
+            KVT_DEMO_PROM_TEXT(kvt_ec_shard_prometheus, e->shards[k], t[2 + k]);
         static const char *const shard_label[] = {"shard=\"0\"", "shard=\"1\"", "shard=\"2\"",
                                                   "shard=\"3\""};
         kvt_metrics_source src[2 + SHARDS];
@@ -500,20 +578,7 @@ int kvt_demo_ec_run(uint64_t seed, const kvt_demo_faults *fl, kvt_demo_ec_result
         for (uint32_t k = 0; k < 2 + SHARDS; k++)
             free(t[k]);
     }
-    kvt_ec_planner_destroy(plan);
-    kvt_ec_producer_destroy(prod);
-    kvt_ec_sched_destroy(sched);
-    for (uint32_t k = 0; k < SHARDS; k++) {
-        if (shards[k] && kvt_ec_shard_destroy(shards[k]) == 0)
-            free(D.rank[k].buf); /* (a shard with a writer keeps its buffer: never here) */
-        kvt_ec_worker_meta_release(&wm[k]);
-    }
-    kvt_ec_worker_meta_release(&agg);
-    kvt_ec_worker_meta_release(&prep);
-    kvt_ec_meta_release(&pmeta);
-    kvt_ec_meta_release(&cmeta);
-    for (uint32_t i = 0; i < N_IMAGES; i++)
-        free(D.img[i].bytes);
+    demo_close(e);
     return bad;
 }
 
