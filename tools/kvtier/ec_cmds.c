@@ -81,26 +81,32 @@ static int take_check_retire(kvt_ec_shard *sh, void *arg)
     return kvt_ec_shard_retire(sh, a->hash, (uint32_t)strlen(a->hash), NULL) == 1 ? 0 : KVT_ESTATE;
 }
 
-int kvt_cmd_ec_consumer(int argc, char **argv)
+/* What `kvtier ec-consumer` was asked. */
+struct consumer_args {
+    const char *host;
+    uint64_t port, shards, dp, mib, ttl, exit_after;
+};
+
+/* The command line into *a: 0, or the exit code (-1: help printed, exit 0). */
+static int parse_consumer_args(int argc, char **argv, struct consumer_args *a)
 {
-    const char *host = NULL;
-    uint64_t port = 0, shards = 1, dp = 0, mib = 256, ttl = 300, exit_after = 0;
+    *a = (struct consumer_args){.shards = 1, .mib = 256, .ttl = 300};
     const kvt_opt opts[] = {
-        {"host", KVT_OPT_STR, &host, "ADDR",
+        {"host", KVT_OPT_STR, &a->host, "ADDR",
          "address to bind (required; 0.0.0.0 binds every interface)"},
-        {"port", KVT_OPT_U64, &port, "P", "control port of shard 0 (required)", .lo = 1,
+        {"port", KVT_OPT_U64, &a->port, "P", "control port of shard 0 (required)", .lo = 1,
          .hi = 65535},
-        {"shards", KVT_OPT_U64, &shards, "N", "tensor-parallel shards, 1..64 (default 1)", .lo = 1,
-         .hi = 64},
-        {"dp", KVT_OPT_U64, &dp, "D", "data-parallel index of this consumer (default 0)", .lo = 0,
-         .hi = 65535},
-        {"buffer-mib", KVT_OPT_U64, &mib, "M", "receive buffer per shard, MiB (default 256)",
+        {"shards", KVT_OPT_U64, &a->shards, "N", "tensor-parallel shards, 1..64 (default 1)",
+         .lo = 1, .hi = 64},
+        {"dp", KVT_OPT_U64, &a->dp, "D", "data-parallel index of this consumer (default 0)",
+         .lo = 0, .hi = 65535},
+        {"buffer-mib", KVT_OPT_U64, &a->mib, "M", "receive buffer per shard, MiB (default 256)",
          .lo = 1, .hi = 1 << 20},
-        {"ttl", KVT_OPT_U64, &ttl, "S",
+        {"ttl", KVT_OPT_U64, &a->ttl, "S",
          "reservation TTL in seconds (default 300): a producer that\n"
          "dies mid-push has its reservations reaped after it",
          .lo = 1, .hi = 86400},
-        {"exit-after", KVT_OPT_U64, &exit_after, "N",
+        {"exit-after", KVT_OPT_U64, &a->exit_after, "N",
          "stop after N items were checked on every shard (default:\n"
          "run until SIGINT or SIGTERM)",
          .lo = 1, .hi = 1u << 30},
@@ -120,134 +126,191 @@ int kvt_cmd_ec_consumer(int argc, char **argv)
                   "  2: a usage error.\n"};
     int prc = kvt_cli_parse(&cli, argc, argv);
     if (prc)
-        return prc < 0 ? 0 : prc;
-    if (!host || !port) {
+        return prc;
+    if (!a->host || !a->port) {
         fprintf(stderr, "kvtier ec-consumer: --host and --port are required (see --help)\n");
         return 2;
     }
-    /* Shard k listens on port + k; the shards of data-parallel indexes 0..dp-1 sit below. */
-    if (port + shards - 1 > 65535 || dp * shards >= port) {
+    /* Shard k listens on a->port + k; the a->shards of data-parallel indexes 0..dp-1 sit below. */
+    if (a->port + a->shards - 1 > 65535 || a->dp * a->shards >= a->port) {
         fprintf(stderr,
                 "kvtier ec-consumer: --port %llu with --shards %llu and --dp %llu needs ports "
                 "%llu..%llu (base %lld): out of 1..65535\n",
-                (unsigned long long)port, (unsigned long long)shards, (unsigned long long)dp,
-                (unsigned long long)port, (unsigned long long)(port + shards - 1),
-                (long long)port - (long long)(dp * shards));
+                (unsigned long long)a->port, (unsigned long long)a->shards,
+                (unsigned long long)a->dp, (unsigned long long)a->port,
+                (unsigned long long)(a->port + a->shards - 1),
+                (long long)a->port - (long long)(a->dp * a->shards));
         return 2;
     }
-    uint64_t cap = mib << 20;
-    uint8_t *buf[KVT_EC_MAX_SHARDS] = {0};
-    kvt_ec_shard *sh[KVT_EC_MAX_SHARDS] = {0};
-    kvt_ec_server *srv[KVT_EC_MAX_SHARDS] = {0};
-    uint8_t *scratch = malloc(cap);
-    int rc = scratch
+    return 0;
+}
+
+/* A running consumer: its shards, their servers and receive buffers, the events socket and
+ * what was checked. */
+struct consumer {
+    const struct consumer_args *a;
+    uint8_t *buf[KVT_EC_MAX_SHARDS];
+    kvt_ec_shard *sh[KVT_EC_MAX_SHARDS];
+    kvt_ec_server *srv[KVT_EC_MAX_SHARDS];
+    uint8_t *scratch;
+    void *ctx, *pull;
+    uint64_t ok, bad, other, bytes, abandoned;
+};
+
+/* The shards, each with its receive buffer and control server, and the socket their
+ * readiness events arrive on: 0, or the failure (kvt_fail). */
+static int consumer_open(struct consumer *s)
+{
+    const struct consumer_args *a = s->a;
+    uint64_t cap = a->mib << 20;
+    s->scratch = malloc(cap);
+    int rc = s->scratch
                  ? 0
                  : kvt_fail(KVT_ENOMEM, "cannot allocate a %llu MiB check buffer (--buffer-mib)",
-                            (unsigned long long)mib);
-    for (uint32_t k = 0; k < shards && !rc; k++) {
-        buf[k] = aligned_alloc(4096, cap);
-        if (!buf[k]) {
+                            (unsigned long long)a->mib);
+    for (uint32_t k = 0; k < a->shards && !rc; k++) {
+        s->buf[k] = aligned_alloc(4096, cap);
+        if (!s->buf[k]) {
             rc = kvt_fail(KVT_ENOMEM,
                           "cannot allocate the %llu MiB receive buffer of shard %u "
                           "(--buffer-mib)",
-                          (unsigned long long)mib, k);
+                          (unsigned long long)a->mib, k);
             break;
         }
         kvt_ec_shard_config sc;
         kvt_ec_shard_config_init(&sc);
-        sc.base = buf[k];
+        sc.base = s->buf[k];
         sc.capacity = cap;
-        sc.ttl_ns = ttl * 1000000000ull;
-        rc = buf[k] ? kvt_ec_shard_create(&sc, &sh[k]) : KVT_ENOMEM;
+        sc.ttl_ns = a->ttl * 1000000000ull;
+        rc = s->buf[k] ? kvt_ec_shard_create(&sc, &s->sh[k]) : KVT_ENOMEM;
         kvt_ec_server_config c;
         kvt_ec_server_config_init(&c);
-        c.host = host;
-        c.base_port = (uint32_t)port - (uint32_t)(dp * shards); /* port names shard 0 */
-        c.dp_index = (uint32_t)dp;
-        c.tp_size = (uint32_t)shards;
+        c.host = a->host;
+        c.base_port = (uint32_t)a->port - (uint32_t)(a->dp * a->shards); /* --port names shard 0 */
+        c.dp_index = (uint32_t)a->dp;
+        c.tp_size = (uint32_t)a->shards;
         c.tp_rank = k;
         if (!rc)
-            rc = kvt_ec_server_start(&c, sh[k], &srv[k]);
+            rc = kvt_ec_server_start(&c, s->sh[k], &s->srv[k]);
     }
-    void *ctx = zmq_ctx_new(), *pull = zmq_socket(ctx, ZMQ_PULL);
+    s->ctx = zmq_ctx_new();
+    s->pull = s->ctx ? zmq_socket(s->ctx, ZMQ_PULL) : NULL;
+    if (!s->pull && !rc)
+        rc = kvt_fail(KVT_EIO, "cannot open the events socket");
     int t = 200, zero = 0;
-    zmq_setsockopt(pull, ZMQ_RCVTIMEO, &t, sizeof(t));
-    zmq_setsockopt(pull, ZMQ_LINGER, &zero, sizeof(zero));
-    for (uint32_t k = 0; k < shards && !rc; k++) {
-        if (zmq_connect(pull, kvt_ec_server_event_endpoint(srv[k])) != 0)
+    if (s->pull) {
+        zmq_setsockopt(s->pull, ZMQ_RCVTIMEO, &t, sizeof(t));
+        zmq_setsockopt(s->pull, ZMQ_LINGER, &zero, sizeof(zero));
+    }
+    for (uint32_t k = 0; k < a->shards && !rc; k++) {
+        if (zmq_connect(s->pull, kvt_ec_server_event_endpoint(s->srv[k])) != 0)
             rc = kvt_fail(KVT_EIO, "cannot connect to the events of shard %u", k);
     }
-    uint64_t ok = 0, bad = 0, other = 0, bytes = 0, abandoned = 0;
-    if (!rc) {
-        printf("ec-consumer: %llu shard(s) on %s, control ports %u..%u, %llu MiB each\n",
-               (unsigned long long)shards, host, kvt_ec_server_port(srv[0]),
-               kvt_ec_server_port(srv[shards - 1]), (unsigned long long)mib);
-        fflush(stdout);
-        signal(SIGINT, on_signal);
-        signal(SIGTERM, on_signal);
-        double t0 = kvt_now_s(), last = t0;
-        check_arg *a = calloc(1, sizeof(*a));
-        a->scratch = scratch;
-        while (!g_stop && !(exit_after && ok + bad + other >= exit_after * shards)) {
-            uint8_t m[2048];
-            int n = zmq_recv(pull, m, sizeof(m), 0);
-            if (n > 0) {
-                kvt_ec_ready_event e;
-                uint32_t shard;
-                if (kvt_ec_event_decode(m, (size_t)n, &e, &shard) == 0 && shard < shards) {
-                    if (e.abandoned) {
-                        abandoned++;
-                    } else {
-                        snprintf(a->tid, sizeof(a->tid), "%s", e.transfer_id);
-                        snprintf(a->hash, sizeof(a->hash), "%s", e.mm_hash);
-                        a->nbytes = e.nbytes;
-                        if (kvt_ec_server_with_shard(srv[shard], take_check_retire, a) == 0) {
-                            ok += a->result == 1;
-                            bad += a->result == 0;
-                            other += a->result < 0;
-                            bytes += e.nbytes;
-                        }
+    return rc;
+}
+
+/* Every ready item taken, checked and retired until a signal (or --exit-after); a line a
+ * second. */
+static int consumer_run(struct consumer *s)
+{
+    const struct consumer_args *args = s->a;
+    printf("ec-consumer: %llu shard(s) on %s, control ports %u..%u, %llu MiB each\n",
+           (unsigned long long)args->shards, args->host, kvt_ec_server_port(s->srv[0]),
+           kvt_ec_server_port(s->srv[args->shards - 1]), (unsigned long long)args->mib);
+    fflush(stdout);
+    signal(SIGINT, on_signal);
+    signal(SIGTERM, on_signal);
+    double t0 = kvt_now_s(), last = t0;
+    check_arg *a = calloc(1, sizeof(*a));
+    if (!a)
+        return kvt_fail(KVT_ENOMEM, "out of memory");
+    a->scratch = s->scratch;
+    while (!g_stop &&
+           !(args->exit_after && s->ok + s->bad + s->other >= args->exit_after * args->shards)) {
+        uint8_t m[2048];
+        int n = zmq_recv(s->pull, m, sizeof(m), 0);
+        if (n > 0) {
+            kvt_ec_ready_event e;
+            uint32_t shard;
+            if (kvt_ec_event_decode(m, (size_t)n, &e, &shard) == 0 && shard < args->shards) {
+                if (e.abandoned) {
+                    s->abandoned++;
+                } else {
+                    snprintf(a->tid, sizeof(a->tid), "%s", e.transfer_id);
+                    snprintf(a->hash, sizeof(a->hash), "%s", e.mm_hash);
+                    a->nbytes = e.nbytes;
+                    if (kvt_ec_server_with_shard(s->srv[shard], take_check_retire, a) == 0) {
+                        s->ok += a->result == 1;
+                        s->bad += a->result == 0;
+                        s->other += a->result < 0;
+                        s->bytes += e.nbytes;
                     }
                 }
             }
-            double now = kvt_now_s();
-            if (now - last >= 1.0) {
-                printf("ec-consumer: %llu items checked (%llu corrupt), %.1f MiB, %llu abandoned\n",
-                       (unsigned long long)(ok + bad), (unsigned long long)bad,
-                       (double)bytes / (1 << 20), (unsigned long long)abandoned);
-                fflush(stdout);
-                last = now;
-            }
         }
-        free(a);
+        double now = kvt_now_s();
+        if (now - last >= 1.0) {
+            printf("ec-consumer: %llu items checked (%llu corrupt), %.1f MiB, %llu abandoned\n",
+                   (unsigned long long)(s->ok + s->bad), (unsigned long long)s->bad,
+                   (double)s->bytes / (1 << 20), (unsigned long long)s->abandoned);
+            fflush(stdout);
+            last = now;
+        }
     }
-    zmq_close(pull);
-    zmq_ctx_term(ctx);
+    free(a);
+    return 0;
+}
+
+/* Everything consumer_open made (a buffer a writer may still write is kept): the dead
+ * writers the servers reaped and the writers still active. */
+static void consumer_close(struct consumer *s, uint64_t *reaped_out, uint64_t *writers_out)
+{
+    const struct consumer_args *a = s->a;
+    if (s->pull)
+        zmq_close(s->pull);
+    if (s->ctx)
+        zmq_ctx_term(s->ctx);
     uint64_t reaped = 0, writers = 0;
-    for (uint32_t k = 0; k < shards; k++) {
-        if (srv[k]) {
+    for (uint32_t k = 0; k < a->shards; k++) {
+        if (s->srv[k]) {
             kvt_ec_server_stats ss;
-            kvt_ec_server_get_stats(srv[k], &ss);
+            kvt_ec_server_get_stats(s->srv[k], &ss);
             reaped += ss.writers_reaped;
         }
-        kvt_ec_server_stop(srv[k]);
-        if (sh[k]) {
-            writers += kvt_ec_shard_writers(sh[k]);
-            if (kvt_ec_shard_destroy(sh[k]) == 0)
-                free(buf[k]); /* a writer still active keeps its buffer (never freed under it) */
+        kvt_ec_server_stop(s->srv[k]);
+        if (s->sh[k]) {
+            writers += kvt_ec_shard_writers(s->sh[k]);
+            if (kvt_ec_shard_destroy(s->sh[k]) == 0)
+                free(s->buf[k]); /* a writer still active keeps its buffer (never freed under it) */
         }
     }
-    free(scratch);
+    free(s->scratch);
+    *reaped_out = reaped;
+    *writers_out = writers;
+}
+
+int kvt_cmd_ec_consumer(int argc, char **argv)
+{
+    struct consumer_args args;
+    int prc = parse_consumer_args(argc, argv, &args);
+    if (prc)
+        return prc < 0 ? 0 : prc;
+    struct consumer cons = {.a = &args}, *s = &cons;
+    int rc = consumer_open(s);
+    if (!rc)
+        rc = consumer_run(s);
+    uint64_t reaped, writers;
+    consumer_close(s, &reaped, &writers);
     if (rc) {
         fprintf(stderr, "kvtier ec-consumer: %s\n", kvt_last_error());
         return 1;
     }
     printf("ec-consumer: done: %llu items intact, %llu corrupt, %llu not ours, %.1f MiB; %llu "
            "abandoned, %llu dead writers reaped, %llu writers active at exit\n",
-           (unsigned long long)ok, (unsigned long long)bad, (unsigned long long)other,
-           (double)bytes / (1 << 20), (unsigned long long)abandoned, (unsigned long long)reaped,
-           (unsigned long long)writers);
-    return bad ? 1 : 0;
+           (unsigned long long)s->ok, (unsigned long long)s->bad, (unsigned long long)s->other,
+           (double)s->bytes / (1 << 20), (unsigned long long)s->abandoned,
+           (unsigned long long)reaped, (unsigned long long)writers);
+    return s->bad ? 1 : 0;
 }
 
 /* ---- producer ------------------------------------------------------------------------------ */
