@@ -166,6 +166,47 @@ static pid_t spawn_encoder(const struct opts *o, const ref_engine_config *ec, ui
     return posix_spawn(&pid, self, NULL, NULL, argv, environ) == 0 ? pid : -1;
 }
 
+/* Finished turn f (conversation *ci) into res's record, its answer into the conversation's
+ * history (f's tokens freed): 0, or -1 for an id that is not the demo's or no memory. */
+static int record_turn(const struct opts *o, struct run *res, struct conv *cv, ref_result *f,
+                       unsigned *ci)
+{
+    unsigned t;
+    if (sscanf(f->id, "conv%u-turn%u", ci, &t) != 2 || *ci >= o->convs || t >= o->turns) {
+        free(f->tokens);
+        return -1;
+    }
+    struct turn_rec *tr = &res->t[*ci * o->turns + t];
+    tr->n_prompt = f->n_prompt;
+    tr->n_gen = f->n_tokens - f->n_prompt;
+    tr->gen = malloc(tr->n_gen * sizeof(uint32_t));
+    if (tr->gen)
+        memcpy(tr->gen, f->tokens + f->n_prompt, tr->n_gen * sizeof(uint32_t));
+    tr->ttft = f->ttft_s;
+    tr->gpu_hit = f->gpu_hit;
+    tr->host_hit = f->host_hit;
+    tr->computed = f->computed;
+    int rc = 0; /* the answer becomes part of the history */
+    for (uint32_t k = f->n_prompt; k < f->n_tokens && !rc; k++)
+        rc = push_tok(&cv[*ci], f->tokens[k]);
+    free(f->tokens);
+    return rc;
+}
+
+/* The encoder process's exit status, waited for up to 10 s (then it is killed: 128). */
+static int reap_encoder(pid_t enc)
+{
+    int status = 0;
+    double deadline = kvt_now_s() + 10;
+    while (waitpid(enc, &status, WNOHANG) == 0 && kvt_now_s() < deadline)
+        usleep(10000);
+    if (kvt_now_s() >= deadline) {
+        kill(enc, SIGKILL);
+        waitpid(enc, &status, 0);
+    }
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
+
 static int run_once(const struct opts *o, int which, struct run *res)
 {
     ref_engine_config ec;
@@ -264,27 +305,11 @@ static int run_once(const struct opts *o, int which, struct run *res)
         }
         uint32_t n = ref_engine_take_finished(e, fin, 256);
         for (uint32_t i = 0; i < n; i++) {
-            unsigned ci, t;
-            if (sscanf(fin[i].id, "conv%u-turn%u", &ci, &t) != 2 || ci >= o->convs ||
-                t >= o->turns) {
+            unsigned ci;
+            if (record_turn(o, res, cv, &fin[i], &ci)) {
                 rc = -1;
-                free(fin[i].tokens);
                 continue;
             }
-            struct turn_rec *tr = &res->t[ci * o->turns + t];
-            tr->n_prompt = fin[i].n_prompt;
-            tr->n_gen = fin[i].n_tokens - fin[i].n_prompt;
-            tr->gen = malloc(tr->n_gen * sizeof(uint32_t));
-            if (tr->gen)
-                memcpy(tr->gen, fin[i].tokens + fin[i].n_prompt, tr->n_gen * sizeof(uint32_t));
-            tr->ttft = fin[i].ttft_s;
-            tr->gpu_hit = fin[i].gpu_hit;
-            tr->host_hit = fin[i].host_hit;
-            tr->computed = fin[i].computed;
-            /* the answer becomes part of the history */
-            for (uint32_t k = fin[i].n_prompt; k < fin[i].n_tokens && !rc; k++)
-                rc = push_tok(&cv[ci], fin[i].tokens[k]);
-            free(fin[i].tokens);
             busy[ci] = false;
             next_turn[ci]++;
             in_flight--;
@@ -298,17 +323,8 @@ static int run_once(const struct opts *o, int which, struct run *res)
     res->wall = kvt_now_s() - t0;
     ref_engine_leaks(e, &res->leaked_gpu, &res->leaked_host);
     ref_engine_get_stats(e, &res->st);
-    if (enc > 0) {
-        int status = 0;
-        double deadline = kvt_now_s() + 10;
-        while (waitpid(enc, &status, WNOHANG) == 0 && kvt_now_s() < deadline)
-            usleep(10000);
-        if (kvt_now_s() >= deadline) {
-            kill(enc, SIGKILL);
-            waitpid(enc, &status, 0);
-        }
-        res->producer_rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
-    }
+    if (enc > 0)
+        res->producer_rc = reap_encoder(enc);
     ref_engine_destroy(e);
     for (uint32_t i = 0; cv && i < o->convs; i++)
         free(cv[i].tok);
