@@ -33,6 +33,89 @@ static int fail(const char *what, int rc)
     return 1;
 }
 
+/* Longest-hit searches of random cached prompts for `seconds`: blocks and prompts found per
+ * second; each must hit every block. */
+static int search_hits(kvt_pool *pool, const uint8_t *hashes, uint32_t n_prompts, double seconds,
+                       uint64_t *rng, double *bps, double *pps)
+{
+    uint32_t out[PROMPT_BLOCKS], *outs[1] = {out};
+    const uint32_t max_len =
+        PROMPT_BLOCKS * BLOCK_TOKENS; /* num_tokens - 1 of a 1025-token prompt */
+    uint64_t blocks = 0, prompts = 0;
+    double start = kvt_now_s(), now = start;
+    while (now - start < seconds) {
+        for (int k = 0; k < 1024; k++) {
+            uint32_t p = kvt_rand_below(rng, n_prompts);
+            kvt_hit hit;
+            int rc = kvt_pool_find_longest_hit(pool, hashes + (size_t)p * PROMPT_BLOCKS * HASH_LEN,
+                                               PROMPT_BLOCKS, max_len, outs, &hit);
+            if (rc)
+                return fail("find_longest_hit", rc);
+            if (hit.n_blocks[0] != PROMPT_BLOCKS) {
+                fprintf(stderr, "bench pool: prompt %u hit %u of %u blocks\n", p, hit.n_blocks[0],
+                        PROMPT_BLOCKS);
+                return 1;
+            }
+            blocks += hit.n_blocks[0];
+        }
+        prompts += 1024;
+        now = kvt_now_s();
+    }
+    *bps = (double)blocks / (now - start);
+    *pps = (double)prompts / (now - start);
+    return 0;
+}
+
+/* Searches of prompts never cached (MISS_PROMPTS of them in miss) for `seconds`: misses per
+ * second. */
+static void search_misses(kvt_pool *pool, const uint8_t *miss, double seconds, uint64_t *rng,
+                          double *pps)
+{
+    uint32_t out[PROMPT_BLOCKS], *outs[1] = {out};
+    uint64_t misses = 0;
+    double start = kvt_now_s(), now = start;
+    while (now - start < seconds) {
+        for (int k = 0; k < 4096; k++) {
+            kvt_hit hit;
+            const uint8_t *q =
+                miss + (size_t)kvt_rand_below(rng, MISS_PROMPTS) * PROMPT_BLOCKS * HASH_LEN;
+            kvt_pool_find_longest_hit(pool, q, PROMPT_BLOCKS, PROMPT_BLOCKS * BLOCK_TOKENS, outs,
+                                      &hit);
+            misses += hit.n_blocks[0] == 0;
+        }
+        now = kvt_now_s();
+    }
+    *pps = (double)misses / (now - start);
+}
+
+/* Alloc + free of a prompt's blocks for `seconds`, with a new key per block when key is given
+ * (its counter): blocks per second. */
+static int churn(kvt_pool *pool, double seconds, uint64_t *key, uint32_t *ids, double *bps)
+{
+    uint64_t cycles = 0;
+    int rc;
+    double start = kvt_now_s(), now = start;
+    while (now - start < seconds) {
+        for (int k = 0; k < 256; k++) {
+            if ((rc = kvt_pool_alloc(pool, PROMPT_BLOCKS, ids)))
+                return fail("alloc", rc);
+            for (uint32_t b = 0; key && b < PROMPT_BLOCKS; b++) {
+                uint8_t h[HASH_LEN] = {0};
+                ++*key;
+                memcpy(h, key, sizeof(*key));
+                if ((rc = kvt_pool_insert(pool, ids[b], h, 0, BLOCK_TOKENS)))
+                    return fail("insert", rc);
+            }
+            if ((rc = kvt_pool_free(pool, ids, PROMPT_BLOCKS)))
+                return fail("free", rc);
+        }
+        cycles += 256;
+        now = kvt_now_s();
+    }
+    *bps = (double)cycles * PROMPT_BLOCKS / (now - start);
+    return 0;
+}
+
 static int bench_pool_run(const kvt_bench_opts *o)
 {
     uint32_t nb = o->blocks ? o->blocks : (1u << 20);
@@ -52,7 +135,7 @@ static int bench_pool_run(const kvt_bench_opts *o)
     uint8_t *hashes = malloc((size_t)n_prompts * PROMPT_BLOCKS * HASH_LEN);
     uint8_t *miss = malloc((size_t)MISS_PROMPTS * PROMPT_BLOCKS * HASH_LEN);
     uint32_t tokens[PROMPT_BLOCKS * BLOCK_TOKENS];
-    uint32_t ids[PROMPT_BLOCKS], out[PROMPT_BLOCKS];
+    uint32_t ids[PROMPT_BLOCKS];
     if (!hashes || !miss) {
         fprintf(stderr, "bench pool: out of memory\n");
         return 1;
@@ -85,83 +168,18 @@ static int bench_pool_run(const kvt_bench_opts *o)
                         miss + (size_t)m * PROMPT_BLOCKS * HASH_LEN, PROMPT_BLOCKS, &n_miss);
     }
 
-    /* Longest-hit search: every probe a full 64-block hit. */
-    uint32_t *outs[1] = {out};
-    const uint32_t max_len =
-        PROMPT_BLOCKS * BLOCK_TOKENS; /* num_tokens - 1 of a 1025-token prompt */
-    uint64_t blocks = 0, prompts = 0;
-    double start = kvt_now_s(), now = start;
-    while (now - start < o->seconds) {
-        for (int k = 0; k < 1024; k++) {
-            uint32_t p = kvt_rand_below(&rng, n_prompts);
-            kvt_hit hit;
-            rc = kvt_pool_find_longest_hit(pool, hashes + (size_t)p * PROMPT_BLOCKS * HASH_LEN,
-                                           PROMPT_BLOCKS, max_len, outs, &hit);
-            if (rc)
-                return fail("find_longest_hit", rc);
-            if (hit.n_blocks[0] != PROMPT_BLOCKS) {
-                fprintf(stderr, "bench pool: prompt %u hit %u of %u blocks\n", p, hit.n_blocks[0],
-                        PROMPT_BLOCKS);
-                return 1;
-            }
-            blocks += hit.n_blocks[0];
-        }
-        prompts += 1024;
-        now = kvt_now_s();
-    }
-    double lookup_bps = (double)blocks / (now - start);
-    double lookup_pps = (double)prompts / (now - start);
+    /* Longest-hit search: every probe a full 64-block hit; then cold misses. */
+    double lookup_bps, lookup_pps, miss_pps;
+    if ((rc = search_hits(pool, hashes, n_prompts, o->seconds, &rng, &lookup_bps, &lookup_pps)))
+        return rc;
+    search_misses(pool, miss, o->seconds / 2, &rng, &miss_pps);
 
-    uint64_t misses = 0;
-    start = now = kvt_now_s();
-    while (now - start < o->seconds / 2) {
-        for (int k = 0; k < 4096; k++) {
-            kvt_hit hit;
-            const uint8_t *q =
-                miss + (size_t)kvt_rand_below(&rng, MISS_PROMPTS) * PROMPT_BLOCKS * HASH_LEN;
-            kvt_pool_find_longest_hit(pool, q, PROMPT_BLOCKS, max_len, outs, &hit);
-            misses += hit.n_blocks[0] == 0;
-        }
-        now = kvt_now_s();
-    }
-    double miss_pps = (double)misses / (now - start);
-
-    /* Alloc + free churn, with and without a key per block. */
-    uint64_t cycles = 0;
-    start = now = kvt_now_s();
-    while (now - start < o->seconds / 2) {
-        for (int k = 0; k < 256; k++) {
-            if ((rc = kvt_pool_alloc(pool, PROMPT_BLOCKS, ids)))
-                return fail("alloc", rc);
-            if ((rc = kvt_pool_free(pool, ids, PROMPT_BLOCKS)))
-                return fail("free", rc);
-        }
-        cycles += 256;
-        now = kvt_now_s();
-    }
-    double alloc_free_bps = (double)cycles * PROMPT_BLOCKS / (now - start);
-
-    cycles = 0;
+    /* Alloc + free churn, without and with a key per block. */
+    double alloc_free_bps, churn_bps;
     uint64_t key = 0;
-    start = now = kvt_now_s();
-    while (now - start < o->seconds / 2) {
-        for (int k = 0; k < 256; k++) {
-            if ((rc = kvt_pool_alloc(pool, PROMPT_BLOCKS, ids)))
-                return fail("alloc", rc);
-            for (uint32_t b = 0; b < PROMPT_BLOCKS; b++) {
-                uint8_t h[HASH_LEN] = {0};
-                key++;
-                memcpy(h, &key, sizeof(key));
-                if ((rc = kvt_pool_insert(pool, ids[b], h, 0, BLOCK_TOKENS)))
-                    return fail("insert", rc);
-            }
-            if ((rc = kvt_pool_free(pool, ids, PROMPT_BLOCKS)))
-                return fail("free", rc);
-        }
-        cycles += 256;
-        now = kvt_now_s();
-    }
-    double churn_bps = (double)cycles * PROMPT_BLOCKS / (now - start);
+    if ((rc = churn(pool, o->seconds / 2, NULL, ids, &alloc_free_bps)) ||
+        (rc = churn(pool, o->seconds / 2, &key, ids, &churn_bps)))
+        return rc;
 
     if (o->json) {
         kvt_json j;
