@@ -389,6 +389,87 @@ static void one_core(uint64_t bb, uint8_t *buf, double *xxh3, double *gmac, doub
     EVP_CIPHER_free(aes);
 }
 
+/* What one run of the benchmark measured (and the peer's figures or why it did not run). */
+struct remote_figures {
+    const char *tls, *link;
+    uint64_t bb, block_kib;
+    size_t nl;                                       /* lookups */
+    double p50, p99;                                 /* lookup latency, us */
+    double gbps, gbps_fast, gbps_enc, gbps_tp, base; /* reads; base: ucx_perftest */
+    double hs_us, core_xxh3, core_gmac, core_gcm;
+    double mc_gbps; /* the Mooncake store's, -1 when it did not run (mc_why says why) */
+    json_t *mc;
+    const char *mc_why;
+};
+
+/* The figures as one JSON object (--json) or as text. */
+static void print_figures(const kvt_bench_opts *o, const struct remote_figures *f)
+{
+    if (o->json) {
+        kvt_json j;
+        kvt_json_begin(&j, stdout);
+        kvt_json_str(&j, "bench", "remote");
+        kvt_json_host(&j);
+        kvt_json_str(&j, "transport", f->tls);
+        kvt_json_str(&j, "link", f->link);
+        kvt_json_int(&j, "block_bytes", (long long)f->bb);
+        kvt_json_int(&j, "blocks_per_read", NBLK);
+        kvt_json_int(&j, "lookups", (long long)f->nl);
+        kvt_json_num(&j, "lookup_us_p50", f->p50);
+        kvt_json_num(&j, "lookup_us_p99", f->p99);
+        kvt_json_num(&j, "load_gbps", f->gbps);
+        kvt_json_num(&j, "load_gbps_reader_check_only", f->gbps_fast);
+        kvt_json_num(&j, "load_gbps_encrypted", f->gbps_enc);
+        kvt_json_int(&j, "ranks2_owners", TP);
+        kvt_json_num(&j, "ranks2_load_gbps", f->gbps_tp);
+        kvt_json_num(&j, "ratio_vs_ucx_perftest_ranks2",
+                     f->base > 0 ? f->gbps_tp / f->base : 0.0 / 0.0);
+        kvt_json_num(&j, "first_read_extra_us", f->hs_us);
+        kvt_json_num(&j, "one_core_xxh3_gbps", f->core_xxh3);
+        kvt_json_num(&j, "one_core_gmac_gbps", f->core_gmac);
+        kvt_json_num(&j, "one_core_aes_gcm_gbps", f->core_gcm);
+        kvt_json_num(&j, "ucx_perftest_gbps", f->base);
+        kvt_json_num(&j, "ratio_vs_ucx_perftest", f->base > 0 ? f->gbps / f->base : 0.0 / 0.0);
+        kvt_json_num(&j, "ratio_vs_ucx_perftest_reader_check_only",
+                     f->base > 0 ? f->gbps_fast / f->base : 0.0 / 0.0);
+        kvt_json_num(&j, "ratio_vs_ucx_perftest_encrypted",
+                     f->base > 0 ? f->gbps_enc / f->base : 0.0 / 0.0);
+        if (f->mc_gbps > 0) {
+            kvt_json_num(&j, "mooncake_store_gbps", f->mc_gbps);
+            kvt_json_num(&j, "ratio_vs_mooncake_store", f->gbps / f->mc_gbps);
+            kvt_json_str(&j, "mooncake_store_version",
+                         json_string_value(json_object_get(f->mc, "version")));
+        } else {
+            kvt_json_set(&j, "ratio_vs_mooncake_store", json_null());
+            kvt_json_str(&j, "mooncake_store_why", f->mc_why);
+        }
+        kvt_json_end(&j);
+    } else {
+        printf("bench remote (%s, UCX_TLS=%s): lookup of %u chained hashes p50 %.1f us, p99 "
+               "%.1f us (%zu lookups)\n",
+               f->link, f->tls, NBLK, f->p50, f->p99, f->nl);
+        printf("  read of %u x %" PRIu64 " KiB blocks: %.2f GB/s (owner and reader check "
+               "tags), %.2f GB/s (reader only), %.2f GB/s (encrypted); ucx_perftest tag_bw "
+               "%" PRIu64 " KiB: %.2f GB/s; ratios %.2f, %.2f, %.2f\n",
+               NBLK, f->block_kib, f->gbps, f->gbps_fast, f->gbps_enc, f->block_kib, f->base,
+               f->base > 0 ? f->gbps / f->base : 0.0, f->base > 0 ? f->gbps_fast / f->base : 0.0,
+               f->base > 0 ? f->gbps_enc / f->base : 0.0);
+        printf("  tensor parallelism 2 (two owner ranks, two reader ranks at once, each a half "
+               "block): %.2f GB/s of whole blocks; ratio %.2f\n",
+               f->gbps_tp, f->base > 0 ? f->gbps_tp / f->base : 0.0);
+        printf("  a first read costs %.0f us more (connection, handshake, UCX endpoint); one "
+               "core: xxh3 %.1f GB/s, GMAC %.1f GB/s, AES-256-GCM "
+               "%.1f GB/s\n",
+               f->hs_us, f->core_xxh3, f->core_gmac, f->core_gcm);
+        if (f->mc_gbps > 0)
+            printf("  Mooncake store (batch_get_into of the same blocks, same link): %.2f GB/s; "
+                   "ratio %.2f\n",
+                   f->mc_gbps, f->gbps / f->mc_gbps);
+        else
+            printf("  Mooncake store: not run: %s\n", f->mc_why);
+    }
+}
+
 static int measure(const kvt_bench_opts *o)
 {
     env e = {0};
@@ -502,67 +583,26 @@ static int measure(const kvt_bench_opts *o)
         snprintf(mc_why, sizeof(mc_why), "%s", json_string_value(json_object_get(mc, "why")));
     else if (mc_all && !mc_why[0])
         snprintf(mc_why, sizeof(mc_why), "remote_peers.py printed no mooncake_store figures");
-    if (o->json) {
-        kvt_json j;
-        kvt_json_begin(&j, stdout);
-        kvt_json_str(&j, "bench", "remote");
-        kvt_json_host(&j);
-        kvt_json_str(&j, "transport", tls);
-        kvt_json_str(&j, "link", link);
-        kvt_json_int(&j, "block_bytes", (long long)bb);
-        kvt_json_int(&j, "blocks_per_read", NBLK);
-        kvt_json_int(&j, "lookups", (long long)nl);
-        kvt_json_num(&j, "lookup_us_p50", p50);
-        kvt_json_num(&j, "lookup_us_p99", p99);
-        kvt_json_num(&j, "load_gbps", gbps);
-        kvt_json_num(&j, "load_gbps_reader_check_only", gbps_fast);
-        kvt_json_num(&j, "load_gbps_encrypted", gbps_enc);
-        kvt_json_int(&j, "ranks2_owners", TP);
-        kvt_json_num(&j, "ranks2_load_gbps", gbps_tp);
-        kvt_json_num(&j, "ratio_vs_ucx_perftest_ranks2", base > 0 ? gbps_tp / base : 0.0 / 0.0);
-        kvt_json_num(&j, "first_read_extra_us", hs_us);
-        kvt_json_num(&j, "one_core_xxh3_gbps", core_xxh3);
-        kvt_json_num(&j, "one_core_gmac_gbps", core_gmac);
-        kvt_json_num(&j, "one_core_aes_gcm_gbps", core_gcm);
-        kvt_json_num(&j, "ucx_perftest_gbps", base);
-        kvt_json_num(&j, "ratio_vs_ucx_perftest", base > 0 ? gbps / base : 0.0 / 0.0);
-        kvt_json_num(&j, "ratio_vs_ucx_perftest_reader_check_only",
-                     base > 0 ? gbps_fast / base : 0.0 / 0.0);
-        kvt_json_num(&j, "ratio_vs_ucx_perftest_encrypted", base > 0 ? gbps_enc / base : 0.0 / 0.0);
-        if (mc_gbps > 0) {
-            kvt_json_num(&j, "mooncake_store_gbps", mc_gbps);
-            kvt_json_num(&j, "ratio_vs_mooncake_store", gbps / mc_gbps);
-            kvt_json_str(&j, "mooncake_store_version",
-                         json_string_value(json_object_get(mc, "version")));
-        } else {
-            kvt_json_set(&j, "ratio_vs_mooncake_store", json_null());
-            kvt_json_str(&j, "mooncake_store_why", mc_why);
-        }
-        kvt_json_end(&j);
-    } else {
-        printf("bench remote (%s, UCX_TLS=%s): lookup of %u chained hashes p50 %.1f us, p99 "
-               "%.1f us (%zu lookups)\n",
-               link, tls, NBLK, p50, p99, nl);
-        printf("  read of %u x %" PRIu64 " KiB blocks: %.2f GB/s (owner and reader check "
-               "tags), %.2f GB/s (reader only), %.2f GB/s (encrypted); ucx_perftest tag_bw "
-               "%" PRIu64 " KiB: %.2f GB/s; ratios %.2f, %.2f, %.2f\n",
-               NBLK, block_kib, gbps, gbps_fast, gbps_enc, block_kib, base,
-               base > 0 ? gbps / base : 0.0, base > 0 ? gbps_fast / base : 0.0,
-               base > 0 ? gbps_enc / base : 0.0);
-        printf("  tensor parallelism 2 (two owner ranks, two reader ranks at once, each a half "
-               "block): %.2f GB/s of whole blocks; ratio %.2f\n",
-               gbps_tp, base > 0 ? gbps_tp / base : 0.0);
-        printf("  a first read costs %.0f us more (connection, handshake, UCX endpoint); one "
-               "core: xxh3 %.1f GB/s, GMAC %.1f GB/s, AES-256-GCM "
-               "%.1f GB/s\n",
-               hs_us, core_xxh3, core_gmac, core_gcm);
-        if (mc_gbps > 0)
-            printf("  Mooncake store (batch_get_into of the same blocks, same link): %.2f GB/s; "
-                   "ratio %.2f\n",
-                   mc_gbps, gbps / mc_gbps);
-        else
-            printf("  Mooncake store: not run: %s\n", mc_why);
-    }
+    struct remote_figures fig = {.tls = tls,
+                                 .link = link,
+                                 .bb = bb,
+                                 .block_kib = block_kib,
+                                 .nl = nl,
+                                 .p50 = p50,
+                                 .p99 = p99,
+                                 .gbps = gbps,
+                                 .gbps_fast = gbps_fast,
+                                 .gbps_enc = gbps_enc,
+                                 .gbps_tp = gbps_tp,
+                                 .base = base,
+                                 .hs_us = hs_us,
+                                 .core_xxh3 = core_xxh3,
+                                 .core_gmac = core_gmac,
+                                 .core_gcm = core_gcm,
+                                 .mc_gbps = mc_gbps,
+                                 .mc = mc,
+                                 .mc_why = mc_why};
+    print_figures(o, &fig);
     code = 0;
 out:
     json_decref(mc_all);
