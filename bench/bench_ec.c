@@ -398,6 +398,110 @@ static pid_t spawn_consumer(bool thp, int *out_fd)
     return pid;
 }
 
+/* What one run of the benchmark measured: the phases, the paired rounds against ucx_perftest
+ * (mid: the median) and against Mooncake at 64 KiB, the idle CPU and the peers' figures (or why
+ * they did not run). */
+struct ec_figures {
+    const char *tr, *tls;
+    const phase *ph; /* 6 */
+    const pair_round *rd;
+    int mid;
+    const pair64 *r64;
+    int n64;
+    json_t *peers;
+    const char *why;
+    double idle_s, idle_prod, idle_cons;
+};
+
+/* The figures as one JSON object (--json) or as text. */
+static void print_figures(const kvt_bench_opts *o, const struct ec_figures *f)
+{
+    double base_default = f->rd[f->mid].base_default, base_proto = f->rd[f->mid].base_proto;
+    double base = f->rd[f->mid].base, ratio = f->rd[f->mid].ratio;
+    if (o->json) {
+        kvt_json j;
+        kvt_json_begin(&j, stdout);
+        kvt_json_str(&j, "bench", "ec");
+        kvt_json_str(&j, "transport", f->tr);
+        kvt_json_bool(&j, "detect_peer_failure", o->detect_peer_failure);
+        kvt_json_bool(&j, "thp", o->thp);
+        kvt_json_num(&j, "gbps", f->ph[5].gbps);
+        kvt_json_num(&j, "ucx_perftest_gbps", base);
+        kvt_json_num(&j, "ucx_perftest_default_gbps", base_default);
+        kvt_json_num(&j, "ucx_perftest_proto_gbps", base_proto);
+        kvt_json_num(&j, "ratio_vs_ucx_perftest", ratio);
+        json_t *rg = json_array(), *rb = json_array(), *rr = json_array();
+        for (int r = 0; r < ROUNDS; r++) {
+            json_array_append_new(rg, kvt_json_real(f->rd[r].ph.gbps));
+            json_array_append_new(rb, kvt_json_real(f->rd[r].base));
+            json_array_append_new(rr, kvt_json_real(f->rd[r].ratio));
+        }
+        kvt_json_set(&j, "rounds_gbps", rg);
+        kvt_json_set(&j, "rounds_ucx_perftest_gbps", rb);
+        kvt_json_set(&j, "rounds_ratio", rr);
+        kvt_json_num(&j, "gbps_1m", f->ph[4].gbps);
+        kvt_json_num(&j, "gbps_64k", f->ph[3].gbps);
+        kvt_json_num(&j, "items_per_s_64k", f->ph[3].items_per_s);
+        kvt_json_num(&j, "items_per_s_1m", f->ph[4].items_per_s);
+        kvt_json_num(&j, "p50_us_64k", f->ph[0].p50_us);
+        kvt_json_num(&j, "p50_us_1m", f->ph[1].p50_us);
+        kvt_json_num(&j, "p50_us_16m", f->ph[2].p50_us);
+        kvt_json_num(&j, "single_items_per_s_64k", f->ph[0].items_per_s);
+        kvt_json_num(&j, "single_gbps_16m", f->ph[2].gbps);
+        kvt_json_num(&j, "consumer_cpu_64k", f->ph[3].consumer_cpu);
+        kvt_json_num(&j, "consumer_cpu_16m", f->ph[5].consumer_cpu);
+        kvt_json_int(&j, "batch_64k", f->ph[3].batch);
+        kvt_json_int(&j, "batch_1m", f->ph[4].batch);
+        kvt_json_int(&j, "batch_16m", f->ph[5].batch);
+        kvt_json_int(&j, "items_16m", f->ph[5].items);
+        kvt_json_num(&j, "idle_seconds", f->idle_s);
+        kvt_json_num(&j, "idle_cpu_producer", f->idle_prod);
+        kvt_json_num(&j, "idle_cpu_consumer", f->idle_cons);
+        add_peers(&j, f->peers, f->why, f->ph);
+        add_pairs64(&j, f->r64, f->n64);
+        kvt_json_host(&j);
+        kvt_json_end(&j);
+    } else {
+        printf("encoder-cache push over %s (UCX_TLS=%s), producer -> consumer process:\n", f->tr,
+               f->tls);
+        for (int k = 0; k < 6; k++)
+            printf("  %8llu KiB items, %s: %6.2f GB/s, %8.0f items/s, p50 %8.0f us per %s "
+                   "(%d items), consumer CPU %.0f%%\n",
+                   (unsigned long long)(f->ph[k].size >> 10),
+                   f->ph[k].batch == 1 ? "one at a time" : "pipelined", f->ph[k].gbps,
+                   f->ph[k].items_per_s, f->ph[k].p50_us, f->ph[k].batch == 1 ? "push" : "batch",
+                   f->ph[k].items, f->ph[k].consumer_cpu * 100);
+        printf("  ucx_perftest tag_bw 16 MiB: %.2f GB/s; ratio %.2f (the median of %d paired "
+               "rounds:",
+               base, ratio, ROUNDS);
+        for (int r = 0; r < ROUNDS; r++)
+            printf(" %.2f/%.2f", f->rd[r].ph.gbps, f->rd[r].base);
+        printf(" GB/s)\n");
+        printf("  idle for %.0f s: producer CPU %.2f%%, consumer CPU %.2f%% of a core\n", f->idle_s,
+               f->idle_prod * 100, f->idle_cons * 100);
+        static const char *const names[] = {"mooncake", "nixl"};
+        for (int i = 0; i < 2; i++) {
+            json_t *p = f->peers ? json_object_get(f->peers, names[i]) : NULL;
+            if (!p || !json_is_true(json_object_get(p, "ran"))) {
+                json_t *w = p ? json_object_get(p, "why") : NULL;
+                printf("  %s: not run: %s\n", names[i],
+                       w && json_is_string(w) ? json_string_value(w) : f->why);
+                continue;
+            }
+            double g16 = json_number_value(json_object_get(p, "gbps_16m"));
+            double i64 = json_number_value(json_object_get(p, "items_per_s_64k"));
+            printf("  %s: 16 MiB %.2f GB/s (kvtier %.2fx), 64 KiB %.0f items/s (kvtier %.2fx)\n",
+                   names[i], g16, f->ph[5].gbps / g16, i64, f->ph[3].items_per_s / i64);
+        }
+        if (f->n64 > 0) {
+            printf("  64 KiB items/s, kvtier / Mooncake, paired rounds:");
+            for (int r = 0; r < f->n64; r++)
+                printf(" %.0f/%.0f", f->r64[r].ph.items_per_s, f->r64[r].mooncake);
+            printf(" (the median ratio above)\n");
+        }
+    }
+}
+
 static int measure(const kvt_bench_opts *o)
 {
     const char *tr = o->transport ? o->transport : "tcp";
@@ -512,89 +616,19 @@ static int measure(const kvt_bench_opts *o)
         json_decref(peers);
         return 1;
     }
-    double base_default = rd[mid].base_default, base_proto = rd[mid].base_proto;
-    double base = rd[mid].base, ratio = rd[mid].ratio;
-    if (o->json) {
-        kvt_json j;
-        kvt_json_begin(&j, stdout);
-        kvt_json_str(&j, "bench", "ec");
-        kvt_json_str(&j, "transport", tr);
-        kvt_json_bool(&j, "detect_peer_failure", o->detect_peer_failure);
-        kvt_json_bool(&j, "thp", o->thp);
-        kvt_json_num(&j, "gbps", ph[5].gbps);
-        kvt_json_num(&j, "ucx_perftest_gbps", base);
-        kvt_json_num(&j, "ucx_perftest_default_gbps", base_default);
-        kvt_json_num(&j, "ucx_perftest_proto_gbps", base_proto);
-        kvt_json_num(&j, "ratio_vs_ucx_perftest", ratio);
-        json_t *rg = json_array(), *rb = json_array(), *rr = json_array();
-        for (int r = 0; r < ROUNDS; r++) {
-            json_array_append_new(rg, kvt_json_real(rd[r].ph.gbps));
-            json_array_append_new(rb, kvt_json_real(rd[r].base));
-            json_array_append_new(rr, kvt_json_real(rd[r].ratio));
-        }
-        kvt_json_set(&j, "rounds_gbps", rg);
-        kvt_json_set(&j, "rounds_ucx_perftest_gbps", rb);
-        kvt_json_set(&j, "rounds_ratio", rr);
-        kvt_json_num(&j, "gbps_1m", ph[4].gbps);
-        kvt_json_num(&j, "gbps_64k", ph[3].gbps);
-        kvt_json_num(&j, "items_per_s_64k", ph[3].items_per_s);
-        kvt_json_num(&j, "items_per_s_1m", ph[4].items_per_s);
-        kvt_json_num(&j, "p50_us_64k", ph[0].p50_us);
-        kvt_json_num(&j, "p50_us_1m", ph[1].p50_us);
-        kvt_json_num(&j, "p50_us_16m", ph[2].p50_us);
-        kvt_json_num(&j, "single_items_per_s_64k", ph[0].items_per_s);
-        kvt_json_num(&j, "single_gbps_16m", ph[2].gbps);
-        kvt_json_num(&j, "consumer_cpu_64k", ph[3].consumer_cpu);
-        kvt_json_num(&j, "consumer_cpu_16m", ph[5].consumer_cpu);
-        kvt_json_int(&j, "batch_64k", ph[3].batch);
-        kvt_json_int(&j, "batch_1m", ph[4].batch);
-        kvt_json_int(&j, "batch_16m", ph[5].batch);
-        kvt_json_int(&j, "items_16m", ph[5].items);
-        kvt_json_num(&j, "idle_seconds", idle_s);
-        kvt_json_num(&j, "idle_cpu_producer", idle_prod);
-        kvt_json_num(&j, "idle_cpu_consumer", idle_cons);
-        add_peers(&j, peers, why, ph);
-        add_pairs64(&j, r64, n64);
-        kvt_json_host(&j);
-        kvt_json_end(&j);
-    } else {
-        printf("encoder-cache push over %s (UCX_TLS=%s), producer -> consumer process:\n", tr, tls);
-        for (int k = 0; k < 6; k++)
-            printf("  %8llu KiB items, %s: %6.2f GB/s, %8.0f items/s, p50 %8.0f us per %s "
-                   "(%d items), consumer CPU %.0f%%\n",
-                   (unsigned long long)(ph[k].size >> 10),
-                   ph[k].batch == 1 ? "one at a time" : "pipelined", ph[k].gbps, ph[k].items_per_s,
-                   ph[k].p50_us, ph[k].batch == 1 ? "push" : "batch", ph[k].items,
-                   ph[k].consumer_cpu * 100);
-        printf("  ucx_perftest tag_bw 16 MiB: %.2f GB/s; ratio %.2f (the median of %d paired "
-               "rounds:",
-               base, ratio, ROUNDS);
-        for (int r = 0; r < ROUNDS; r++)
-            printf(" %.2f/%.2f", rd[r].ph.gbps, rd[r].base);
-        printf(" GB/s)\n");
-        printf("  idle for %.0f s: producer CPU %.2f%%, consumer CPU %.2f%% of a core\n", idle_s,
-               idle_prod * 100, idle_cons * 100);
-        static const char *const names[] = {"mooncake", "nixl"};
-        for (int i = 0; i < 2; i++) {
-            json_t *p = peers ? json_object_get(peers, names[i]) : NULL;
-            if (!p || !json_is_true(json_object_get(p, "ran"))) {
-                json_t *w = p ? json_object_get(p, "why") : NULL;
-                printf("  %s: not run: %s\n", names[i],
-                       w && json_is_string(w) ? json_string_value(w) : why);
-                continue;
-            }
-            double g16 = json_number_value(json_object_get(p, "gbps_16m"));
-            double i64 = json_number_value(json_object_get(p, "items_per_s_64k"));
-            printf("  %s: 16 MiB %.2f GB/s (kvtier %.2fx), 64 KiB %.0f items/s (kvtier %.2fx)\n",
-                   names[i], g16, ph[5].gbps / g16, i64, ph[3].items_per_s / i64);
-        }
-        if (n64 > 0) {
-            printf("  64 KiB items/s, kvtier / Mooncake, paired rounds:");
-            for (int r = 0; r < n64; r++)
-                printf(" %.0f/%.0f", r64[r].ph.items_per_s, r64[r].mooncake);
-            printf(" (the median ratio above)\n");
-        }
-    }
+    struct ec_figures fig = {.tr = tr,
+                             .tls = tls,
+                             .ph = ph,
+                             .rd = rd,
+                             .mid = mid,
+                             .r64 = r64,
+                             .n64 = n64,
+                             .peers = peers,
+                             .why = why,
+                             .idle_s = idle_s,
+                             .idle_prod = idle_prod,
+                             .idle_cons = idle_cons};
+    print_figures(o, &fig);
     json_decref(peers);
     return 0;
 }
