@@ -45,6 +45,8 @@ static void a_null_object_reads_as_all_zero_stats(void **state)
     READS_ZERO(kvt_ec_producer_stats, kvt_ec_producer_get_stats);
     READS_ZERO(kvt_ec_server_stats, kvt_ec_server_get_stats);
     READS_ZERO(kvt_ec_inbox_stats, kvt_ec_inbox_get_stats);
+    /* and a producer never made has nothing pending (the demo asks after a failed start) */
+    assert_false(kvt_ec_producer_pending(NULL));
 }
 
 static void failure_message_is_kept_and_wrapped(void **state)
