@@ -38,7 +38,7 @@ def baseline(model_dir):
 
 def test_package_imports_without_environment():
     env = {k: v for k, v in os.environ.items() if k != "KVTIER_LIB"}
-    code = ("import kvtier, kvtier.vllm, os; p = kvtier._lib._name; "
+    code = ("import kvtier, kvtier.vllm, os; p = kvtier._lib.lib.path; "
             "assert os.path.dirname(p) == os.path.dirname(kvtier.__file__), p; print(p)")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          cwd="/")
@@ -462,7 +462,7 @@ def test_vllm_specs_map_to_group_kinds():
     position: its states are only valid at boundaries, in blocks that move."""
     import torch
     from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec, SlidingWindowSpec
-    from kvtier.vllm._kv import L, ConfigError, _group_kind
+    from kvtier.vllm.kv.placement import L, ConfigError, _group_kind
     mamba = dict(block_size=16, shapes=((2, 4),), dtypes=(torch.float32,))
     assert _group_kind(0, MambaSpec(**mamba, mamba_cache_mode="align"), True) == \
         (L.GROUP_MAMBA_ALIGN, 0)
@@ -486,7 +486,7 @@ def test_decode_context_parallelism_enters_the_block_sizes_and_partial_hits():
     import torch
     from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
                                             MambaSpec)
-    from kvtier.vllm._kv import L, _group_specs, _lib
+    from kvtier.vllm.kv.placement import L, _group_specs, _lib
     attn = FullAttentionSpec(block_size=64, num_kv_heads=1, head_size=8, dtype=torch.float32)
     mamba = MambaSpec(block_size=16, shapes=((2, 4),), dtypes=(torch.float32,),
                       mamba_cache_mode="align")
@@ -517,7 +517,7 @@ def test_groups_that_are_not_prefix_cacheable_are_mapped_and_cost_no_host_bytes(
     """Spec §2.14: a ring (CircularBufferSpec) or scratch group is accepted; its tensors are
     not part of a host block (the host tier's bytes per block exclude them)."""
     from types import SimpleNamespace as NS
-    from kvtier.vllm._kv import block_bytes_per_rank, kv_regions
+    from kvtier.vllm.kv.placement import block_bytes_per_rank, kv_regions
     nb = 8
     full = NS(layers=["attn.0", "attn.1"], block_stride=4096, layer_stride=nb * 4096, offset=0)
     ring = NS(layers=["ring.0"], block_stride=512, layer_stride=nb * 512, offset=2 * nb * 4096)

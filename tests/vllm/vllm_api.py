@@ -171,12 +171,12 @@ def _optional_getattr(tree):
 
 
 def connector_uses():
-    """Every vLLM name kvtier/vllm/*.py uses, and its classes: [Use], {class: (file, node,
+    """Every vLLM name kvtier/vllm/**/*.py uses, and its classes: [Use], {class: (file, node,
     [(base module, base name)])}."""
     uses, classes = [], {}
-    for fn in sorted(os.listdir(PKG)):
-        if not fn.endswith(".py"):
-            continue
+    files = sorted(os.path.relpath(os.path.join(d, f), PKG)
+                   for d, _, names in os.walk(PKG) for f in names if f.endswith(".py"))
+    for fn in files:
         path = os.path.join(PKG, fn)
         tree = ast.parse(open(path).read(), path)
         optional = _optional_bodies(tree)

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* kvtier._sched: the scheduler side of kvtier's vLLM connector (kvtier/vllm/_kv.py) as compiled
- * calls that take vLLM's own objects.
+/* kvtier._sched: the scheduler side of kvtier's vLLM connector (kvtier/vllm/kv/scheduler.py) as
+ * compiled calls that take vLLM's own objects.
  *
  * Why: through ctypes every hook vLLM calls costs Python frames, a conversion per element
  * (block ids, hashes, request ids) and a release and retake of the GIL per C call; make
@@ -1519,7 +1519,7 @@ static PyType_Slot sched_slots[] = {
     {Py_tp_init, sched_init},
     {Py_tp_dealloc, sched_dealloc},
     {Py_tp_methods, sched_methods},
-    {Py_tp_doc, "kvtier's vLLM scheduler side, compiled (see kvtier/vllm/_kv.py)"},
+    {Py_tp_doc, "kvtier's vLLM scheduler side, compiled (see kvtier/vllm/kv/scheduler.py)"},
     {0, NULL},
 };
 

@@ -17,7 +17,7 @@ import importlib  # noqa: E402
 
 import kvtier  # noqa: E402
 
-L = importlib.import_module("kvtier._lib")  # the module (the package's `_lib` is the CDLL)
+L = importlib.import_module("kvtier._lib")  # the ctypes declarations
 
 EXT = L.load_extension("_sched")
 BS = 16        # block size: one hash per block

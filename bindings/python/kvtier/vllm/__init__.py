@@ -18,7 +18,7 @@ Settings, errors and limits: docs/vllm.md.
 from ._config import ConfigError, KvtierConfig
 from ._ec import (KvtierECConfig, KvtierECConnector, KvtierECConnectorMetadata,
                   KvtierECWorkerMetadata)
-from ._kv import (KvtierConnector, KvtierConnectorMetadata, KvtierStats, KvtierWorkerMetadata,
+from .kv import (KvtierConnector, KvtierConnectorMetadata, KvtierStats, KvtierWorkerMetadata,
                   block_bytes_per_rank, kv_regions)
 
 __all__ = ["KvtierConnector", "KvtierConnectorMetadata", "KvtierWorkerMetadata", "KvtierStats",
