@@ -106,6 +106,7 @@ class Server:
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env,
                                      start_new_session=True)
         self.url = "http://127.0.0.1:%d" % self.port
+        self.shm_at_kill = set()
 
     def wait_ready(self, timeout):
         end = time.monotonic() + timeout
@@ -162,8 +163,28 @@ class Server:
                 out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
         return out
 
+    def shm_in_use(self):
+        """The /dev/shm objects the server's processes have mapped or open (vLLM's message
+        queues: Python's multiprocessing shared memory and semaphores)."""
+        import psutil
+        try:
+            root = psutil.Process(self.proc.pid)
+            procs = [root] + root.children(recursive=True)
+        except psutil.Error:
+            return set()
+        out = set()
+        for p in procs:
+            try:
+                paths = [m.path for m in p.memory_maps()] + [f.path for f in p.open_files()]
+            except psutil.Error:
+                continue
+            out.update(os.path.basename(x) for x in paths if x.startswith("/dev/shm/"))
+        return out
+
     def kill(self):
-        """SIGKILL to every process of the server, as a crash or the OOM killer would."""
+        """SIGKILL to every process of the server, as a crash or the OOM killer would; what it
+        held in /dev/shm is noted first (shm_at_kill)."""
+        self.shm_at_kill = self.shm_in_use()
         os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
 
@@ -349,8 +370,9 @@ def crash_restart(args, logs, srv, shm_before):
     stale = os.stat(disk) if os.path.exists(disk) else None
     # what the killed processes left in /dev/shm: vLLM's message queues (Python's
     # multiprocessing shared memory, psm_*, and its semaphores); removed here, as an operator's
-    # restart script would have to
-    left = sorted(n for n in set(os.listdir("/dev/shm")) - shm_before
+    # restart script would have to. Only what the killed server held: another process on the
+    # host (another server, a test beside this one) has objects of the same names
+    left = sorted(n for n in (set(os.listdir("/dev/shm")) - shm_before) & srv.shm_at_kill
                   if n.startswith(("psm_", "sem.mp-")))
     for n in left:
         os.unlink(os.path.join("/dev/shm", n))
