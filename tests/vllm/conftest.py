@@ -14,6 +14,7 @@ os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout: resu
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools", "vllm"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools", "common"))
 
 import pytest  # noqa: E402
 
@@ -169,39 +170,20 @@ def held_instance(model_dir, extra, prompts_path, hold, env):
     assert p.returncode == 0, "the held instance exited with %s" % p.returncode
 
 
-def _listens(sock):
-    """Whether the unix socket sock takes a connection now."""
-    import socket
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        try:
-            s.connect(sock)
-            return True
-        except OSError:
-            return False
-
-
 @pytest.fixture
 def redis_sock(tmp_path):
     """A redis-server of the test's own on a unix socket in tmp_path (the remote tier's
     directory): its path, the server stopped after the test. Skipped without redis-server."""
     import shutil
-    import time
+    import redis_server
     if not shutil.which("redis-server"):
         pytest.skip("needs redis-server (scripts/install-deps)")
     sock = str(tmp_path / "redis.sock")
-    redis = subprocess.Popen(["redis-server", "--port", "0", "--unixsocket", sock, "--save", "",
-                              "--appendonly", "no"], stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
+    try:  # ready once it takes a connection, not when its socket file appears
+        redis = redis_server.start(sock)
+    except RuntimeError as e:
+        pytest.fail(str(e))
     try:
-        # Redis binds its socket before it listens: wait until it takes a connection (a
-        # condition, under one generous deadline)
-        deadline = time.monotonic() + 60
-        while not _listens(sock) and time.monotonic() < deadline:
-            if redis.poll() is not None:
-                pytest.fail("redis-server exited with status %d" % redis.returncode)
-            time.sleep(0.01)
-        if not _listens(sock):
-            pytest.fail("redis-server did not take connections in 60 s")
         yield sock
     finally:
         redis.kill()

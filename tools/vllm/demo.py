@@ -199,15 +199,15 @@ def run_remote(args, model_dir):
     sock = os.path.join(tmp, "redis.sock")
     env = dict(os.environ, KVTIER_REMOTE_CREDENTIAL=secrets.token_hex(16))
     os.environ["KVTIER_REMOTE_CREDENTIAL"] = env["KVTIER_REMOTE_CREDENTIAL"]
-    redis = subprocess.Popen(["redis-server", "--port", "0", "--unixsocket", sock, "--save", "",
-                              "--appendonly", "no", "--dir", tmp],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+    import redis_server
+    try:  # ready once it takes a connection, not when its socket file appears
+        redis = redis_server.start(sock, workdir=tmp)
+    except RuntimeError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     owner = None
     try:
-        for _ in range(300):
-            if os.path.exists(sock):
-                break
-            time.sleep(0.01)
         cmd = [sys.executable, os.path.abspath(__file__)] + sys.argv[1:] + [
             "--remote-owner", sock, "--model-dir", model_dir]
         owner = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,

@@ -4,16 +4,15 @@ directory): two instances in one process, every byte read checked, a withdrawn b
 another hash seed refused, Redis gone = misses."""
 import os
 import shutil
-import socket
-import subprocess
 import sys
 import tempfile
-import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "..", "tools", "common"))
 import kvtier  # noqa: E402
+import redis_server  # noqa: E402
 
 BB = 4096
 HL = 16
@@ -28,31 +27,15 @@ def block(seq, i):
     return bytes(((seq * 131 + i * 17 + k) * 2654435761 >> 13) & 0xFF for k in range(BB))
 
 
-def listens(sock):
-    """Whether the unix socket sock takes a connection now."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        try:
-            s.connect(sock)
-            return True
-        except OSError:
-            return False
-
-
 @unittest.skipUnless(shutil.which("redis-server"), "needs redis-server (scripts/install-deps)")
 class Remote(unittest.TestCase):
     def setUp(self):
         self.dir = tempfile.mkdtemp(prefix="kvt-pyremote-")
         self.sock = os.path.join(self.dir, "redis.sock")
-        self.redis = subprocess.Popen(
-            ["redis-server", "--port", "0", "--unixsocket", self.sock, "--save", "",
-             "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        # Redis binds its socket before it listens: wait until it takes a connection (a
-        # condition, under one generous deadline: a loaded machine starts it slowly)
-        deadline = time.monotonic() + 60
-        while not listens(self.sock) and time.monotonic() < deadline:
-            self.assertIsNone(self.redis.poll(), "redis-server exited")
-            time.sleep(0.01)
-        self.assertTrue(listens(self.sock), "redis-server did not start in 60 s")
+        try:  # ready once it takes a connection, not when its socket file appears
+            self.redis = redis_server.start(self.sock)
+        except RuntimeError as e:
+            self.fail(str(e))
         self.objs = []
 
     def tearDown(self):
