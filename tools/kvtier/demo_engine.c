@@ -456,8 +456,8 @@ struct verdict {
     bool bad; /* a run failed (or the report could not be built) */
     bool identical, ec_identical, leaks, offload_worked, kv_equal;
     bool hyb, hyb_identical, hyb_worked, hyb_kv; /* hyb: the hybrid runs ran */
-    uint32_t b12, b13, bh;                       /* the first turn whose tokens differ */
-    uint32_t n_ev;                               /* turns whose prefix had left the GPU tier */
+    uint32_t differs, hyb_differs; /* the first turn whose tokens differ (runs 1-3, 4-5) */
+    uint32_t n_ev;                 /* turns whose prefix had left the GPU tier */
     uint64_t kv_verified, kv_bad;
     double p50_wo, p50_w, p90_wo, p90_w, speedup;
 };
@@ -619,8 +619,8 @@ static void judge(const struct opts *o, const struct run *runs, bool bad, struct
 {
     memset(v, 0, sizeof(*v));
     v->bad = bad;
-    v->identical = !bad && same_tokens(o, &runs[0], &runs[1], &v->b12) &&
-                   same_tokens(o, &runs[0], &runs[2], &v->b13);
+    v->identical = !bad && same_tokens(o, &runs[0], &runs[1], &v->differs) &&
+                   same_tokens(o, &runs[0], &runs[2], &v->differs);
     v->ec_identical = !bad && runs[2].st.image_mismatches == 0 &&
                       runs[2].st.images_received == (uint64_t)o->n_images * o->tp &&
                       runs[2].producer_rc == 0;
@@ -636,7 +636,7 @@ static void judge(const struct opts *o, const struct run *runs, bool bad, struct
     /* the hybrid pair: the same tokens, host-tier hits, every loaded block (both groups) right */
     const struct run *h0 = &runs[3], *h1 = &runs[4];
     v->hyb = o->window && !bad;
-    v->hyb_identical = !v->hyb || same_tokens(o, h0, h1, &v->bh);
+    v->hyb_identical = !v->hyb || same_tokens(o, h0, h1, &v->hyb_differs);
     v->hyb_worked = !v->hyb || (h1->st.host_hit_tokens > 0 && h1->st.loaded_bytes > 0 &&
                                 h1->st.prefill_tokens < h0->st.prefill_tokens);
     v->hyb_kv = !v->hyb || (h1->st.kv_blocks_mismatched == 0 && h1->st.kv_loads_verified > 0);
@@ -715,12 +715,9 @@ static void print_tables(const struct opts *o, const struct run *runs, const str
         if (runs[r].st.kv_blocks_mismatched)
             fprintf(stderr, "demo: KV check failed in run %d (%s): %s\n", r + 1, runs[r].name,
                     runs[r].st.kv_first_mismatch);
-    if (!v->identical) {
-        uint32_t b12;
-        uint32_t i = !same_tokens(o, &runs[0], &runs[1], &b12) ? b12 : v->b13;
-        fprintf(stderr, "demo: conversation %u turn %u generated different tokens\n", i / o->turns,
-                i % o->turns);
-    }
+    if (!v->identical)
+        fprintf(stderr, "demo: conversation %u turn %u generated different tokens\n",
+                v->differs / o->turns, v->differs % o->turns);
 }
 
 /* Runs 4-5 (the hybrid model) side by side on tbl, then their checks. */
@@ -763,7 +760,7 @@ static void print_hybrid(const struct opts *o, const struct run *runs, const str
                 h1->st.kv_first_mismatch);
     if (!v->hyb_identical)
         fprintf(stderr, "demo: hybrid: conversation %u turn %u generated different tokens\n",
-                v->bh / o->turns, v->bh % o->turns);
+                v->hyb_differs / o->turns, v->hyb_differs % o->turns);
 }
 
 /* report.json's object (NULL when it could not be built). */
