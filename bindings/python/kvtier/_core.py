@@ -34,10 +34,6 @@ def _u32_array(values):
     return (L.c_u32 * max(1, len(values)))(*values), len(values)
 
 
-def _bytes_ptr(b):
-    return ctypes.cast(ctypes.c_char_p(b), L.u8p)
-
-
 _Handle = L.Handle
 _getter = L.Handle.getter
 
@@ -83,24 +79,3 @@ def _address(obj):
         raise ValueError("kvtier: the buffer must be writable")
     raw = (ctypes.c_char * view.nbytes).from_buffer(obj)
     return ctypes.addressof(raw), view.nbytes, L.HOST_DEVICE
-
-
-def _set_signature(cfg, signature, what):
-    """cfg.signature (32 bytes) from up to 32 bytes of a digest, zero-padded."""
-    if len(signature) > 32:
-        raise ValueError("kvtier: a %s signature has at most 32 bytes" % what)
-    for i, b in enumerate(signature):
-        cfg.signature[i] = b
-
-
-class _Lent(_Handle):
-    """A handle lent to OffloadManagers (attach_node, attach_remote): closing it closes them
-    first, as they must not outlive it."""
-
-    def close(self):
-        for ref in getattr(self, "_managers", ()):
-            m = ref()
-            if m is not None:
-                m.close()
-        self._managers = []
-        super().close()

@@ -7,9 +7,14 @@ import ctypes
 import weakref
 
 from . import _lib as L
-from ._core import _Handle, _Message, _bytes_ptr, _check, _getter, _u32_array
+from ._core import _Handle, _Message, _check, _getter, _u32_array
 
 _lib = L.lib
+
+
+def _bytes_ptr(b):
+    return ctypes.cast(ctypes.c_char_p(b), L.u8p)
+
 
 def hash_prompt(seed, tokens, block_size=16):
     """Chained XXH3-128 block hashes of a prompt's full blocks (vLLM-compatible chaining),

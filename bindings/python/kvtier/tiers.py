@@ -4,9 +4,31 @@ replicas of a host (Node), the remote tier across hosts (Remote), the disk tier 
 import ctypes
 
 from . import _lib as L
-from ._core import _Handle, _Lent, _address, _check, _getter, _set_signature
+from ._core import _Handle, _address, _check, _getter
 
 _lib = L.lib
+
+
+def _set_signature(cfg, signature, what):
+    """cfg.signature (32 bytes) from up to 32 bytes of a digest, zero-padded."""
+    if len(signature) > 32:
+        raise ValueError("kvtier: a %s signature has at most 32 bytes" % what)
+    for i, b in enumerate(signature):
+        cfg.signature[i] = b
+
+
+class _Lent(_Handle):
+    """A handle lent to OffloadManagers (attach_node, attach_remote): closing it closes them
+    first, as they must not outlive it."""
+
+    def close(self):
+        for ref in getattr(self, "_managers", ()):
+            m = ref()
+            if m is not None:
+                m.close()
+        self._managers = []
+        super().close()
+
 
 class Node(_Lent):
     """This replica's scheduler attached to a node tier (kvt_node): one host tier shared by
